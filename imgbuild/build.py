@@ -1,0 +1,173 @@
+"""The pipeline, top to bottom: recipe -> plan -> build context -> engine build -> smoke -> promote.
+
+Promotion loses nothing: the image is built under a candidate tag, smoke-tested, and only then moved to
+`<user>/<name>:<tag>`; the image it replaces stays reachable as `:<tag>-previous`. A failed build or smoke
+test leaves the target tag exactly as it was. A lock keeps two builds of one target apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild.config import Settings
+from imgbuild.engine import BuildRequest, Engine, Redactor
+from imgbuild.errors import ImgbuildError, RegistryUnavailable, SmokeFailed
+from imgbuild.plan import Plan, make_plan
+from imgbuild.recipe import LoadedRecipe, load_recipe
+from imgbuild.registry import RegistryClient, split_reference
+from imgbuild.render import render_context
+from imgbuild.smoke import SmokeReport, run_smoke
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    image_id: str
+    previous_id: str | None
+    promoted: bool
+    smoke: SmokeReport | None
+    context: Path
+    log_path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.plan.target, "image_id": self.image_id, "previous_id": self.previous_id,
+                "promoted": self.promoted, "context": str(self.context), "log": str(self.log_path),
+                "input_hash": self.plan.input_hash, "base": self.plan.base.pinned,
+                "smoke": self.smoke.to_json() if self.smoke else None}
+
+
+def registry_inspector(settings: Settings, engine: Engine | None = None) -> Callable[[str], tuple[str, dict]]:
+    """Base inspection: the registry first (digest + config, no pull); a local image when offline."""
+    clients: dict[str, RegistryClient] = {}
+
+    def inspect(ref: str) -> tuple[str, dict[str, Any]]:
+        host, repo, reference = split_reference(ref)
+        client = clients.setdefault(host, RegistryClient.for_host(host, settings))
+        try:
+            manifest, config = client.image_config(repo, reference)
+            return manifest.digest, config
+        except RegistryUnavailable:
+            local = engine.inspect_local(ref) if engine else None
+            if local is None:
+                raise
+            return local[0] or "", local[1]
+
+    return inspect
+
+
+def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
+    from imgbuild.ngc import newest_matching
+
+    def resolve(repo_ref: str, framework: str | None, pattern: str) -> str:
+        host, repo, _ = split_reference(repo_ref + ":x")
+        tags = RegistryClient.for_host(host, settings).tags(repo)
+        found = newest_matching(framework, pattern, tags)
+        if not found:
+            raise ImgbuildError(f"no tag of {repo_ref} matches {pattern!r} ({len(tags)} tags listed)")
+        return found
+
+    return resolve
+
+
+def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: Engine | None = None,
+                offline: bool = False) -> Plan:
+    inspect = None if offline else registry_inspector(settings, engine)
+    return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings))
+
+
+def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:
+    return Path(out) if out else Path(settings.images_dir) / plan.name
+
+
+@contextmanager
+def build_lock(settings: Settings, plan: Plan, progress: Callable[[str], None]) -> Any:
+    from filelock import FileLock, Timeout
+
+    lock_dir = Path(settings.cache_dir) / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_dir / (plan.target.replace("/", "_").replace(":", "_") + ".lock")))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress(f"waiting for another build of {plan.target} to finish")
+        lock.acquire(timeout=6 * 3600)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) -> dict[str, Path]:
+    """Secret files for BuildKit: a pip.conf (index URLs, maybe with credentials) and the CA bundle."""
+    secrets: dict[str, Path] = {}
+    ca = loaded.ca_bundle_path or (Path(settings.pip_ca_bundle) if settings.pip_ca_bundle else None)
+    if ca:
+        secrets["imgbuild-ca.crt"] = ca
+    lines = ["[global]"]
+    if settings.pip_index_url:
+        lines.append(f"index-url = {settings.pip_index_url}")
+    if settings.pip_extra_index_urls:
+        lines.append("extra-index-url = " + " ".join(settings.pip_extra_index_urls))
+    if settings.pip_trusted_hosts:
+        lines.append("trusted-host = " + " ".join(settings.pip_trusted_hosts))
+    if len(lines) > 1:
+        tmp = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="imgbuild-pip-", suffix=".conf"))
+        os.chmod(tmp.name, 0o600)
+        tmp.write("\n".join(lines) + "\n")
+        tmp.flush()
+        secrets["imgbuild-pip.conf"] = Path(tmp.name)
+    return secrets
+
+
+def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = None,
+          require_gpu: bool = False, no_cache: bool = False, out: str | Path | None = None,
+          progress: Callable[[str], None] = lambda s: None) -> BuildResult:
+    loaded = load_recipe(recipe_path)
+    engine = Engine.connect(settings.docker_cli)
+    chosen = engine.pick_backend(backend or settings.backend)
+    plan = plan_recipe(loaded, settings, engine)
+    redact = Redactor(settings.secrets())
+    ctx = context_dir(plan, settings, out)
+    log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
+    candidate = f"{plan.image}:{plan.tag}-candidate"
+    with build_lock(settings, plan, progress), ExitStack() as stack:
+        render_context(plan, ctx, chosen)
+        progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}")
+        secrets = build_secrets(settings, loaded, stack)
+        if chosen == "sdk" and secrets:
+            if "imgbuild-pip.conf" in secrets:
+                raise ImgbuildError("pip index settings may carry credentials and need the buildkit backend "
+                                    "(the Engine API builder would bake them into a layer)")
+            # The CA bundle is public: with no secret mounts, it travels in the pip folder of the context.
+            (ctx / "imgbuild" / "pip").mkdir(parents=True, exist_ok=True)
+            (ctx / "imgbuild" / "pip" / "ca.crt").write_bytes(secrets.pop("imgbuild-ca.crt").read_bytes())
+        request = BuildRequest(context=ctx, tag=candidate, secrets=secrets, no_cache=no_cache,
+                               log_path=log_path, builder=settings.builder,
+                               build_args={"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)}
+                               if loaded.recipe.user else {})
+        try:
+            image_id = engine.build(chosen, request, progress, redact)
+        finally:
+            (ctx / "imgbuild" / "pip" / "ca.crt").unlink(missing_ok=True)
+        progress(f"built {image_id[:19]}; smoke-testing {candidate}")
+        report = run_smoke(engine, candidate, require_gpu=require_gpu or loaded.recipe.smoke.require_gpu,
+                           min_speedup=loaded.recipe.smoke.min_speedup)
+        (ctx / "smoke.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+        if not report.ok:
+            engine.untag(candidate)
+            kept = engine.image_id(plan.target)
+            raise SmokeFailed(f"{report.summary()}; {plan.target} was left as it was"
+                              + (f" ({kept[:19]})" if kept else " (not built before)"))
+        previous = engine.image_id(plan.target)
+        if previous and previous != image_id:
+            engine.tag(previous, f"{plan.image}:{plan.tag}-previous")
+        engine.tag(image_id, plan.target)
+        engine.untag(candidate)
+        return BuildResult(plan, image_id, previous, previous != image_id, report, ctx, log_path)

@@ -1,0 +1,256 @@
+"""The command line. One error path: every ImgbuildError becomes one line per problem and an exit code.
+
+Exit codes: 0 success, 1 the job ran and failed, 2 bad input or usage, 3 environment.
+Heavy modules are imported inside commands so `imgbuild --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from imgbuild import __version__
+from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ImgbuildError
+
+SECTIONS = [
+    ("Recipes", ["validate", "render", "schema"]),
+    ("Images", ["build", "smoke"]),
+    ("Registry", ["tags"]),
+    ("Settings", ["config"]),
+]
+
+
+class SectionedGroup(click.Group):
+    """Lists commands under headings, in the order of the pipeline."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        ordered = [name for _, names in SECTIONS for name in names if name in self.commands]
+        return ordered + sorted(set(self.commands) - set(ordered))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        placed: set[str] = set()
+        for title, names in SECTIONS:
+            rows = [(n, self.commands[n].get_short_help_str(70)) for n in names if n in self.commands]
+            placed.update(names)
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        rest = [(n, self.commands[n].get_short_help_str(70)) for n in sorted(set(self.commands) - placed)]
+        if rest:
+            with formatter.section("Other"):
+                formatter.write_dl(rest)
+
+
+def _settings(ctx: click.Context, **flags: Any) -> Any:
+    from imgbuild.config import load_settings
+
+    root = ctx.find_root().params
+    merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
+    return load_settings(merged)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100, "terminal_width": 100})
+@click.version_option(__version__, "--version", "-V", prog_name="imgbuild")
+@click.option("--user", metavar="NAME", help="Image namespace (IMGBUILD_USER; default: your login name).")
+@click.option("--ngc-registry", metavar="HOST", help="NGC registry or mirror (IMGBUILD_NGC_REGISTRY; default nvcr.io).")
+def cli(user: str | None, ngc_registry: str | None) -> None:
+    """Build NGC-based images from YAML recipes, prove they work on the GPU, run them on shared servers.
+
+    \b
+    Exit codes: 0 success, 1 the job ran and failed (build, smoke test, stale check),
+                2 bad input or usage, 3 environment (no Docker engine, registry unreachable).
+    Read commands take --json.
+    """
+
+
+# --- recipes ---------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+def validate(files: tuple[Path, ...], as_json: bool) -> None:
+    """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import display_path, load_recipe
+
+    results = []
+    problems: list[str] = []
+    for path in files:
+        try:
+            loaded = load_recipe(path)
+            results.append({"file": display_path(path), "ok": True, "name": loaded.recipe.name, "problems": []})
+        except RecipeError as exc:
+            results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
+            problems.extend(exc.lines())
+    if as_json:
+        _emit_json(results)
+    else:
+        for line in problems:
+            click.echo(line, err=True)
+        for r in results:
+            if r["ok"]:
+                click.echo(f"{r['file']}: ok")
+    if problems:
+        sys.exit(EXIT_USAGE)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Context folder (default: images/<name>).")
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the Dockerfile instead of writing the context.")
+@click.option("--backend", type=click.Choice(["buildkit", "sdk"]), default="buildkit", show_default=True,
+              help="Render for this build backend.")
+@click.option("--offline", is_flag=True, help="Do not ask the registry to pin the base by digest.")
+@click.pass_context
+def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
+    """Render a recipe into a reviewable build context under images/<name>/."""
+    import tempfile
+
+    from imgbuild.build import context_dir, plan_recipe
+    from imgbuild.recipe import load_recipe
+    from imgbuild.render import render_context
+
+    settings = _settings(ctx)
+    loaded = load_recipe(file)
+    plan = plan_recipe(loaded, settings, offline=offline)
+    if to_stdout:
+        with tempfile.TemporaryDirectory() as tmp:
+            rendered = render_context(plan, Path(tmp) / plan.name, backend)
+            click.echo((rendered / "Dockerfile").read_text(), nl=False)
+        return
+    rendered = render_context(plan, context_dir(plan, settings, out), backend)
+    click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")
+
+
+@cli.command()
+def schema() -> None:
+    """Print the recipe JSON schema (generated from the model)."""
+    from imgbuild.recipe import json_schema
+
+    _emit_json(json_schema())
+
+
+# --- images ----------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend (default auto).")
+@click.option("--builder", metavar="NAME", help="buildx builder to use (remote BuildKit).")
+@click.option("--require-gpu", is_flag=True, help="Fail when no GPU is visible to the smoke test.")
+@click.option("--no-cache", is_flag=True, help="Build without the layer cache.")
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def build(ctx: click.Context, file: Path, backend: str | None, builder: str | None, require_gpu: bool,
+          no_cache: bool, out: Path | None, as_json: bool) -> None:
+    """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
+    from imgbuild import build as pipeline
+    from imgbuild.ui import Progress, print_table
+
+    settings = _settings(ctx, backend=backend, builder=builder)
+    with Progress(f"imgbuild build {file}", enabled=True) as progress:
+        result = pipeline.build(file, settings, backend=backend, require_gpu=require_gpu, no_cache=no_cache,
+                                out=out, progress=progress)
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    if result.smoke:
+        _smoke_table(result.smoke, print_table)
+    prev = f" (previous {result.previous_id[:19]} kept as :{result.plan.tag}-previous)" \
+        if result.previous_id and result.promoted else ""
+    click.echo(f"{result.plan.target} -> {result.image_id[:19]}{prev}")
+
+
+def _smoke_table(report: Any, print_table: Any) -> None:
+    print_table(["check", "status", "detail"],
+                [[c["name"], c["status"].upper(), c["reason"]] for c in report.checks],
+                title=f"smoke test: {report.image}")
+    if report.note:
+        click.echo(f"note: {report.note}", err=True)
+    click.echo(report.summary(), err=True)
+
+
+@cli.command()
+@click.argument("image")
+@click.option("--require-gpu", is_flag=True, help="Fail when no GPU is visible.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the JSON report here.")
+@click.pass_context
+def smoke(ctx: click.Context, image: str, require_gpu: bool, as_json: bool, report: Path | None) -> None:
+    """Run the smoke test (CUDA, cuDNN, tensor-core AMP, framework intact) in any image."""
+    from imgbuild.engine import Engine
+    from imgbuild.smoke import run_smoke
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    engine = Engine.connect(settings.docker_cli)
+    result = run_smoke(engine, image, require_gpu=require_gpu)
+    if report:
+        report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+    if as_json:
+        _emit_json(result.to_json())
+    else:
+        _smoke_table(result, print_table)
+    if not result.ok:
+        sys.exit(EXIT_FAILED)
+
+
+# --- settings --------------------------------------------------------------------------------------
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable settings.")
+@click.pass_context
+def config(ctx: click.Context, as_json: bool) -> None:
+    """Show the effective settings and where each comes from (secrets masked)."""
+    from imgbuild.ui import print_table
+
+    view = _settings(ctx).public_view()
+    if as_json:
+        _emit_json(view)
+        return
+    print_table(["setting", "value", "from"], [[k, v["value"], v["source"]] for k, v in view.items()])
+
+
+# --- entry point -----------------------------------------------------------------------------------
+
+_NO_ARGS_IS_HELP: type[Exception] = getattr(click.exceptions, "NoArgsIsHelpError", ()) or ()  # type: ignore[assignment]
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
+    except _NO_ARGS_IS_HELP as exc:  # `imgbuild` alone prints help (click >= 8.2 raises this)
+        click.echo(exc.format_message())
+        sys.exit(EXIT_OK)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("imgbuild: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        message = " ".join(exc.format_message().split())
+        click.echo(f"imgbuild: {message} (see imgbuild --help)", err=True)
+        sys.exit(EXIT_USAGE)
+    except ImgbuildError as exc:
+        lines = exc.lines()
+        click.echo(f"imgbuild: {lines[0]}", err=True)
+        for line in lines[1:]:
+            click.echo(line if line.startswith("  ") else f"imgbuild: {line}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("imgbuild: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,199 @@
+"""Settings in one place, with the usual precedence: flag > environment > user config > site config > default.
+
+Every setting `foo_bar` is read from the flag the CLI maps to it, then `IMGBUILD_FOO_BAR`, then the
+key `foo_bar` in `~/.config/imgbuild/config.yaml` (or `$IMGBUILD_CONFIG`), then `/etc/imgbuild/config.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from imgbuild.errors import UsageError
+
+SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
+
+
+def _user_config_path() -> Path:
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("imgbuild")) / "config.yaml"
+
+
+def _default_cache_dir() -> str:
+    from platformdirs import user_cache_dir
+
+    return user_cache_dir("imgbuild")
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective settings. Secrets are excluded from repr and from `imgbuild config` output."""
+
+    user: str = field(default_factory=_login_name)
+    ngc_registry: str = "nvcr.io"
+    ngc_api_key: str | None = field(default=None, repr=False)
+    insecure_registries: tuple[str, ...] = ()
+    pip_index_url: str | None = field(default=None, repr=False)
+    pip_extra_index_urls: tuple[str, ...] = field(default=(), repr=False)
+    pip_ca_bundle: str | None = None
+    pip_trusted_hosts: tuple[str, ...] = ()
+    uid: int | None = None
+    gid: int | None = None
+    backend: str = "auto"
+    docker_cli: str | None = None
+    builder: str | None = None
+    images_dir: str = "images"
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    tag_cache_ttl: int = 6 * 3600
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
+    BACKENDS = ("auto", "buildkit", "sdk")
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in a log, a layer or the image history."""
+        found: list[str] = []
+        if self.ngc_api_key:
+            found.append(self.ngc_api_key)
+        for url in (self.pip_index_url, *self.pip_extra_index_urls):
+            if url:
+                parts = urlsplit(url)
+                found.extend(s for s in (parts.password, parts.username) if s and len(s) >= 4)
+        return found
+
+    def public_view(self) -> dict[str, Any]:
+        """Settings as shown to a user: secrets masked, with where each value came from."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "sources":
+                continue
+            value = getattr(self, f.name)
+            if f.name in self.SECRET_FIELDS and value:
+                value = mask_url_credentials(value) if f.name != "ngc_api_key" else "****"
+            if isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = {"value": value, "source": self.sources.get(f.name, "default")}
+        return out
+
+
+def mask_url_credentials(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [mask_url_credentials(v) for v in value]
+    parts = urlsplit(value)
+    if parts.password or parts.username:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return parts._replace(netloc=f"****@{host}").geturl()
+    return value
+
+
+_ENV_ALIASES = {"ngc_api_key": ("NGC_API_KEY",)}
+
+
+def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
+    """Turn a config/env value into the field's type; a bad value is a usage error naming its origin."""
+    text_kind = str(kind)
+    try:
+        if "tuple" in text_kind:
+            if isinstance(raw, str):
+                return tuple(s for s in raw.replace(",", " ").split() if s)
+            if isinstance(raw, list):
+                return tuple(str(s) for s in raw)
+            raise ValueError("expected a list")
+        if "int" in text_kind:
+            if raw is None or raw == "":
+                return None
+            if isinstance(raw, bool):
+                raise ValueError("expected an integer")
+            return int(raw)
+        if raw is None:
+            return None
+        if isinstance(raw, (dict, list)):
+            raise ValueError("expected a string")
+        return str(raw)
+    except ValueError as exc:
+        raise UsageError(f"{origin}: {name}: {exc} (got {raw!r})") from None
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise UsageError(f"{where}: cannot read config: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: config must be a mapping of settings")
+    return data
+
+
+def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Resolve every setting by precedence. `flags` holds only the flags the user actually gave."""
+    environ = dict(os.environ if environ is None else environ)
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    user_cfg = Path(environ["IMGBUILD_CONFIG"]) if environ.get("IMGBUILD_CONFIG") else _user_config_path()
+    layers = [
+        ("site config " + str(SITE_CONFIG), _read_config_file(SITE_CONFIG)),
+        ("user config " + str(user_cfg), _read_config_file(user_cfg)),
+    ]
+    known = {f.name: f for f in dataclasses.fields(Settings) if f.name != "sources"}
+    for origin, data in layers:
+        unknown = sorted(set(data) - set(known) - {"run", "slurm"})
+        if unknown:
+            raise UsageError(f"{origin.split(' ', 2)[-1]}: unknown setting {unknown[0]!r} "
+                             f"(known: {', '.join(sorted(known))})")
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, f in known.items():
+        candidates: list[tuple[str, Any]] = []
+        if name in flags:
+            candidates.append(("flag", flags[name]))
+        for env_name in (f"IMGBUILD_{name.upper()}", *_ENV_ALIASES.get(name, ())):
+            if environ.get(env_name, "") != "":
+                candidates.append((f"env {env_name}", environ[env_name]))
+        for origin, data in reversed(layers):
+            if name in data:
+                candidates.append((origin, data[name]))
+        if candidates:
+            origin, raw = candidates[0]
+            values[name] = _coerce(name, raw, f.type, origin)
+            sources[name] = origin
+    settings = Settings(**values, sources=sources)
+    if settings.backend not in Settings.BACKENDS:
+        raise UsageError(f"{sources.get('backend', 'default')}: backend: must be one of "
+                         f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})")
+    if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
+        raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
+    return settings
+
+
+def site_section(name: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """A free-form section (`run:`, `slurm:`) merged site < user."""
+    environ = dict(os.environ if environ is None else environ)
+    user_cfg = Path(environ["IMGBUILD_CONFIG"]) if environ.get("IMGBUILD_CONFIG") else _user_config_path()
+    merged: dict[str, Any] = {}
+    for path in (SITE_CONFIG, user_cfg):
+        section = _read_config_file(path).get(name) or {}
+        if not isinstance(section, dict):
+            raise UsageError(f"{path}: {name}: must be a mapping")
+        merged.update(section)
+    return merged

@@ -1,0 +1,360 @@
+"""Stage 4: the container engine. The only module that talks to Docker.
+
+Two build backends behind one interface: BuildKit through the docker CLI (`docker buildx build` where the
+plugin exists, `DOCKER_BUILDKIT=1 docker build` with a CLI older than 23 that has it built in), and the
+Docker Engine API through the `docker` SDK (no BuildKit: no cache mounts, no secrets). Everything else
+(inspect, tag, run, push) goes through the SDK.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import BuildFailed, EngineUnavailable, ImgbuildError, UsageError
+
+ProgressFn = Callable[[str], None]
+
+
+class Redactor:
+    """Replaces secret values in any text that goes to a log or a terminal."""
+
+    def __init__(self, secrets: Iterable[str]):
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "****")
+        return text
+
+
+@dataclass
+class BuildRequest:
+    context: Path
+    tag: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file (BuildKit only)
+    no_cache: bool = False
+    log_path: Path | None = None
+    builder: str | None = None
+
+
+@dataclass
+class StepTracker:
+    """Follows build output: which step runs now, and the last lines of each step for error reports."""
+
+    current: str = ""
+    steps: dict[str, str] = field(default_factory=dict)      # BuildKit vertex id -> step title
+    tails: dict[str, deque[str]] = field(default_factory=dict)
+    failed: str = ""
+
+    def tail(self, key: str, n: int = 15) -> list[str]:
+        return list(self.tails.get(key, deque()))[-n:]
+
+
+_BK_STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*)$")
+_BK_LINE = re.compile(r"^#(\d+) (?:\d+\.\d+ )?(.*)$")
+_BK_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+_SDK_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
+
+
+class Engine:
+    """A connection to a Docker engine."""
+
+    def __init__(self, client: Any, docker_cli: str | None = None):
+        self.client = client
+        self._cli_hint = docker_cli
+
+    @classmethod
+    def connect(cls, docker_cli: str | None = None) -> Engine:
+        try:
+            import docker
+            from docker.errors import DockerException
+        except ImportError as exc:  # pragma: no cover - installed with imgbuild
+            raise EngineUnavailable(f"the docker SDK is missing ({exc})") from None
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        try:
+            client = docker.from_env(timeout=600)
+            client.ping()
+        except DockerException as exc:
+            reason = str(exc).split("(")[0].strip().rstrip(":")
+            raise EngineUnavailable(
+                f"no Docker engine at {host} ({reason[:80]}): start dockerd or set DOCKER_HOST "
+                "(on a test machine, tests/testbed/up starts one)") from None
+        return cls(client, docker_cli)
+
+    # -- backends -----------------------------------------------------------------------------------
+
+    @cached_property
+    def buildkit_cli(self) -> tuple[str, bool] | None:
+        """(docker CLI path, has buildx) for a CLI that can drive BuildKit, or None."""
+        candidates = [self._cli_hint, shutil.which("docker"), "/usr/bin/docker"]
+        for cli in dict.fromkeys(c for c in candidates if c):
+            if not (os.path.isfile(cli) and os.access(cli, os.X_OK)):
+                continue
+            if _quiet([cli, "buildx", "version"]):
+                return cli, True
+            out = _output([cli, "version", "--format", "{{.Client.Version}}"])
+            major = re.match(r"(\d+)\.", out or "")
+            # The CLI >= 23 refuses DOCKER_BUILDKIT=1 without the buildx plugin; older ones have it built in.
+            if major and int(major.group(1)) < 23:
+                return cli, False
+        return None
+
+    def pick_backend(self, wanted: str) -> str:
+        if wanted == "sdk":
+            return "sdk"
+        if self.buildkit_cli:
+            return "buildkit"
+        if wanted == "buildkit":
+            raise EngineUnavailable("the buildkit backend needs a docker CLI with the buildx plugin "
+                                    "(or Debian's docker.io CLI); install one or use --backend sdk")
+        return "sdk"
+
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str:
+        """Build `req.context` and tag it `req.tag`; returns the image id. Raises BuildFailed."""
+        if req.log_path:
+            req.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(req.log_path or os.devnull, "w", encoding="utf-8") as log:
+            if backend == "buildkit":
+                return self._build_buildkit(req, progress, redact, log)
+            if req.secrets:
+                raise UsageError("build secrets need the buildkit backend: the Engine API builder would "
+                                 "bake them into a layer (use --backend buildkit)")
+            return self._build_sdk(req, progress, redact, log)
+
+    def _build_buildkit(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
+        assert self.buildkit_cli
+        cli, buildx = self.buildkit_cli
+        iidfile = req.context.parent / f".{req.context.name}.iid"
+        cmd = [cli, "buildx", "build", "--load"] if buildx else [cli, "build"]
+        if buildx and req.builder:
+            cmd += ["--builder", req.builder]
+        cmd += ["--progress=plain", "--iidfile", str(iidfile), "-t", req.tag]
+        for key, value in sorted(req.build_args.items()):
+            cmd += ["--build-arg", f"{key}={value}"]
+        for sid, path in sorted(req.secrets.items()):
+            cmd += ["--secret", f"id={sid},src={path}"]
+        if req.no_cache:
+            cmd.append("--no-cache")
+        cmd.append(str(req.context))
+        env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
+        tracker = StepTracker()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env=env, bufsize=1, errors="replace")
+        except OSError as exc:
+            raise EngineUnavailable(f"cannot run {cli}: {exc.strerror}") from None
+        assert proc.stdout
+        error_lines: list[str] = []
+        for raw in proc.stdout:
+            line = redact(raw.rstrip("\n"))
+            log.write(line + "\n")
+            if m := _BK_STEP.match(line):
+                tracker.steps[m.group(1)] = m.group(2)
+                tracker.current = m.group(1)
+                progress(m.group(2))
+            elif m := _BK_ERROR.match(line):
+                tracker.failed = tracker.failed or m.group(1)
+                error_lines.append(m.group(2))
+            elif m := _BK_LINE.match(line):
+                tracker.tails.setdefault(m.group(1), deque(maxlen=40)).append(m.group(2))
+            elif line.startswith(("error:", "ERROR:", "failed to solve")):
+                error_lines.append(line)
+        rc = proc.wait()
+        if rc != 0:
+            step = tracker.steps.get(tracker.failed, "") if tracker.failed else ""
+            tail = tracker.tail(tracker.failed) if tracker.failed else error_lines[-15:]
+            raise BuildFailed(_failure_text(step, tail, error_lines, req.log_path))
+        try:
+            image_id = iidfile.read_text().strip()
+        finally:
+            iidfile.unlink(missing_ok=True)
+        return image_id
+
+    def _build_sdk(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
+        from docker.errors import APIError
+
+        image_id = ""
+        tracker = StepTracker()
+        error = ""
+        try:
+            stream = self.client.api.build(path=str(req.context), tag=req.tag, rm=True, forcerm=True,
+                                           decode=True, buildargs=req.build_args, nocache=req.no_cache,
+                                           dockerfile="Dockerfile")
+            for chunk in stream:
+                if "stream" in chunk:
+                    for raw in chunk["stream"].splitlines():
+                        line = redact(raw.rstrip())
+                        if not line:
+                            continue
+                        log.write(line + "\n")
+                        if m := _SDK_STEP.match(line):
+                            tracker.current = m.group(1)
+                            tracker.steps[m.group(1)] = f"[{m.group(1)}] {m.group(2)}"
+                            progress(tracker.steps[m.group(1)])
+                        else:
+                            tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
+                if "error" in chunk or "errorDetail" in chunk:
+                    error = redact(chunk.get("errorDetail", {}).get("message") or chunk.get("error", ""))
+                    log.write("ERROR: " + error + "\n")
+                if "aux" in chunk and "ID" in chunk["aux"]:
+                    image_id = chunk["aux"]["ID"]
+        except APIError as exc:
+            error = redact(str(exc.explanation or exc))
+        if error or not image_id:
+            step = tracker.steps.get(tracker.current, "")
+            raise BuildFailed(_failure_text(step, tracker.tail(tracker.current), [error or "no image id"],
+                                            req.log_path))
+        return image_id
+
+    # -- images ------------------------------------------------------------------------------------
+
+    def image(self, ref: str) -> Any | None:
+        from docker.errors import ImageNotFound
+
+        try:
+            return self.client.images.get(ref)
+        except ImageNotFound:
+            return None
+
+    def image_id(self, ref: str) -> str | None:
+        img = self.image(ref)
+        return img.id if img else None
+
+    def tag(self, image_id: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":")
+        self.client.api.tag(image_id, repo, tag, force=True)
+
+    def untag(self, ref: str) -> None:
+        from docker.errors import APIError, ImageNotFound
+
+        try:
+            self.client.api.remove_image(ref, noprune=True)
+        except (ImageNotFound, APIError):
+            pass
+
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        """(digest-or-id, config) of a local image, for bases the registry cannot be asked about."""
+        img = self.image(ref)
+        if img is None:
+            return None
+        repo = ref.split("@")[0].rsplit(":", 1)[0]
+        digests = [d.split("@", 1)[1] for d in img.attrs.get("RepoDigests", []) if d.split("@")[0] == repo]
+        return (digests[0] if digests else ""), {"config": img.attrs.get("Config") or {}}
+
+    def pull(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> None:
+        repo, _, tag = ref.rpartition(":") if "@" not in ref else (ref, "", None)
+        last = 0.0
+        for chunk in self.client.api.pull(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+            if "error" in chunk or "errorDetail" in chunk:
+                raise ImgbuildError(f"pull of {ref} failed: {chunk.get('error')}")
+            if time.monotonic() - last > 2 and chunk.get("status"):
+                progress(f"pulling {ref}: {chunk.get('status')} {chunk.get('progress', '')}".strip())
+                last = time.monotonic()
+
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+        """Push and return the pushed digest. The engine reports push errors inside the stream."""
+        repo, _, tag = ref.rpartition(":")
+        digest = ""
+        for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+            if "error" in chunk or "errorDetail" in chunk:
+                msg = chunk.get("errorDetail", {}).get("message") or chunk.get("error")
+                raise ImgbuildError(f"push of {ref} failed: {msg}")
+            if chunk.get("aux", {}).get("Digest"):
+                digest = chunk["aux"]["Digest"]
+            elif chunk.get("status") and chunk.get("id"):
+                progress(f"pushing {ref}: {chunk['id']} {chunk['status']}")
+        if not digest:
+            raise ImgbuildError(f"push of {ref} ended without a digest")
+        return digest
+
+    # -- containers --------------------------------------------------------------------------------
+
+    def host_has_gpus(self) -> bool:
+        return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))
+
+    def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
+                   gpus: bool, timeout: int = 1800, shm_size: str = "1g") -> tuple[int, str, str]:
+        """Run a Python script inside `image` (copied in, so remote engines work too).
+
+        Returns (exit code, output, note). `note` says why GPUs were asked for but not given.
+        """
+        from docker.errors import APIError
+        from docker.types import DeviceRequest
+
+        img = self.client.images.get(image)
+        entrypoint = (img.attrs.get("Config") or {}).get("Entrypoint") or []
+        keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
+        command = ["python3", "/tmp/imgbuild-smoke.py", *args]
+        kwargs: dict[str, Any] = dict(environment=env, shm_size=shm_size, detach=True, user="root")
+        if not keep_entrypoint:
+            kwargs["entrypoint"] = command[:1]
+            command = command[1:]
+        note = ""
+        requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        try:
+            container = self.client.containers.create(image, command, device_requests=requests, **kwargs)
+        except APIError as exc:
+            if not requests:
+                raise
+            note = (f"the host has GPUs but the engine cannot pass them ({exc.explanation}); "
+                    "install nvidia-container-toolkit")
+            container = self.client.containers.create(image, command, **kwargs)
+        try:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                data = script.encode()
+                info = tarfile.TarInfo("imgbuild-smoke.py")
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+            container.put_archive("/tmp", buf.getvalue())
+            container.start()
+            try:
+                code = container.wait(timeout=timeout)["StatusCode"]
+            except Exception:
+                container.kill()
+                raise ImgbuildError(f"the smoke test in {image} ran past {timeout} s") from None
+            out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            return code, out + ("\n" + err if err else ""), note
+        finally:
+            container.remove(force=True)
+
+
+def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
+    head = f"build failed at {step}" if step else "build failed"
+    reason = next((e for e in reversed(errors) if e), "")
+    if reason:
+        head += f": {reason.strip()[:300]}"
+    lines = [head]
+    lines += [f"  | {t}" for t in tail[-12:]]
+    if log_path:
+        lines.append(f"  full log: {log_path}")
+    return "\n".join(lines)
+
+
+def _quiet(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _output(cmd: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None

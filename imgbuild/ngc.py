@@ -1,0 +1,119 @@
+"""NGC facts as data: the tag grammar, framework repositories, and what an image's config says about it."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from typing import Any
+
+TAG_RE = re.compile(r"^(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
+                    r"(?:-(?P<variant>[a-z0-9]+))?$")
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    repository: str             # under the NGC registry host
+    tag_suffix: str             # what `24.05` expands to
+    version_env: str            # env var carrying the framework version
+    release_env: str            # env var carrying the NGC release (YY.MM)
+    packages: tuple[str, ...]   # pip distributions that are the framework itself
+    module: str
+
+
+FRAMEWORKS = {
+    "pytorch": Framework("pytorch", "nvidia/pytorch", "-py3", "PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION",
+                         ("torch",), "torch"),
+    "tensorflow": Framework("tensorflow", "nvidia/tensorflow", "-tf2-py3", "TENSORFLOW_VERSION",
+                            "NVIDIA_TENSORFLOW_VERSION",
+                            ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"), "tensorflow"),
+}
+#: Distributions that belong to the base's CUDA stack: a recipe may never pin them.
+CUDA_PACKAGE_PREFIXES = ("nvidia-", "cupy-cuda", "jax-cuda")
+
+
+@dataclass(frozen=True, order=True)
+class NgcTag:
+    """A parsed NGC tag; sorts oldest to newest, plain tags after variants of the same release."""
+
+    yy: int
+    mm: int
+    plain: bool
+    text: str
+    fw: str | None = None
+    py: str | None = None
+    variant: str | None = None
+
+    @property
+    def release(self) -> str:
+        return f"{self.yy:02d}.{self.mm:02d}"
+
+
+def parse_tag(tag: str) -> NgcTag | None:
+    m = TAG_RE.fullmatch(tag)
+    if not m:
+        return None
+    return NgcTag(int(m["yy"]), int(m["mm"]), m["variant"] is None, tag, m["fw"], m["py"], m["variant"])
+
+
+def is_pattern(tag: str) -> bool:
+    return tag == "latest" or "*" in tag
+
+
+def expand_tag(framework: str, tag: str) -> str:
+    """`24.05` -> `24.05-py3` (pytorch) or `24.05-tf2-py3` (tensorflow); full tags and patterns pass."""
+    fw = FRAMEWORKS[framework]
+    if re.fullmatch(r"\d{2}\.\d{2}", tag):
+        return tag + fw.tag_suffix
+    return tag
+
+
+def newest_matching(framework: str | None, pattern: str, tags: list[str]) -> str | None:
+    """The newest plain (no variant) tag that matches `pattern` (`latest`, `24.*`, `2?.1*`)."""
+    suffix = FRAMEWORKS[framework].tag_suffix if framework else ""
+    wanted = "*" if pattern == "latest" else pattern
+    candidates = []
+    for text in tags:
+        parsed = parse_tag(text)
+        if parsed is None or not parsed.plain or parsed.py == "2":
+            continue
+        if suffix and not text.endswith(suffix):
+            continue
+        release_or_tag = parsed.release if not wanted.endswith(suffix) else text
+        if fnmatch.fnmatchcase(release_or_tag, wanted) or fnmatch.fnmatchcase(text, wanted):
+            candidates.append(parsed)
+    return max(candidates).text if candidates else None
+
+
+def describe_config(config: dict[str, Any]) -> dict[str, str]:
+    """What an image config says: CUDA, cuDNN, framework, Python, driver (from Env and Labels)."""
+    cfg = config.get("config") or config.get("Config") or {}
+    env = dict(item.split("=", 1) for item in (cfg.get("Env") or []) if "=" in item)
+    labels = cfg.get("Labels") or {}
+    out = {
+        "cuda": env.get("CUDA_VERSION", labels.get("com.nvidia.cuda.version", "")),
+        "cudnn": env.get("CUDNN_VERSION", labels.get("com.nvidia.cudnn.version", "")),
+        "driver": env.get("CUDA_DRIVER_VERSION", ""),
+        "nccl": env.get("NCCL_VERSION", ""),
+        "arch_list": env.get("TORCH_CUDA_ARCH_LIST", ""),
+        "python": _python_version(env),
+        "framework": "",
+        "framework_version": "",
+        "release": "",
+    }
+    for fw in FRAMEWORKS.values():
+        if fw.version_env in env:
+            out["framework"] = fw.name
+            out["framework_version"] = env[fw.version_env]
+            out["release"] = env.get(fw.release_env, "")
+            break
+    return out
+
+
+def _python_version(env: dict[str, str]) -> str:
+    for key in ("PYTHON_VERSION", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH"):
+        m = re.search(r"python(3\.\d+)", env.get(key, ""))
+        if m:
+            return m.group(1) if key != "PYTHON_VERSION" else env[key]
+    return env.get("PYTHON_VERSION", "")

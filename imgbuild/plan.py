@@ -1,0 +1,245 @@
+"""Stage 2: plan a build. Resolve the base to a digest, find the framework pins to protect, compute hashes.
+
+Pure apart from the `inspect_base` callable passed in (the registry client in production, a dict in tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild import __version__
+from imgbuild.config import Settings
+from imgbuild.errors import RecipeError, UsageError
+from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS, describe_config, expand_tag, is_pattern
+from imgbuild.recipe import LoadedRecipe, stable_name
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base as resolved: a concrete reference, its digest, and what its config says."""
+
+    ref: str
+    digest: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, str] = field(default_factory=dict)
+    requested: str = ""
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.ref}@{self.digest}" if self.digest else self.ref
+
+    @property
+    def framework(self) -> str:
+        return self.facts.get("framework", "")
+
+    @property
+    def framework_version(self) -> str:
+        return self.facts.get("framework_version", "")
+
+
+#: (reference) -> (digest, image config); raises RegistryUnavailable / RegistryError.
+InspectBase = Callable[[str], tuple[str, dict[str, Any]]]
+#: (repository reference without tag, pattern) -> concrete tag.
+ResolveTag = Callable[[str, str | None, str], str]
+
+
+@dataclass(frozen=True)
+class Plan:
+    loaded: LoadedRecipe
+    image: str
+    tag: str
+    base: BaseImage
+    content_hash: str
+    input_hash: str
+    uid: int
+    gid: int
+    protected: tuple[str, ...]
+
+    @property
+    def target(self) -> str:
+        return f"{self.image}:{self.tag}"
+
+    @property
+    def name(self) -> str:
+        return self.loaded.recipe.name
+
+    def lock(self) -> dict[str, Any]:
+        """What `images/<name>/imgbuild.lock.json` records: enough to know when a rebuild is due."""
+        return {
+            "imgbuild": __version__,
+            "recipe": stable_name(self.loaded.path),
+            "extends": [stable_name(p) for p in self.loaded.chain[:-1]],
+            "image": self.target,
+            "base": {"requested": self.base.requested, "ref": self.base.ref, "digest": self.base.digest,
+                     "framework": self.base.framework, "framework_version": self.base.framework_version,
+                     "cuda": self.base.facts.get("cuda", ""), "cudnn": self.base.facts.get("cudnn", "")},
+            "protected": list(self.protected),
+            "content_hash": self.content_hash,
+            "input_hash": self.input_hash,
+        }
+
+
+def base_reference(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str | None, str]:
+    """(repository reference, framework or None, tag or pattern) for the recipe's base."""
+    base = loaded.recipe.base
+    if base.image:
+        if "@" in base.image or ":" in base.image.rsplit("/", 1)[-1]:
+            repo, _, tag = base.image.rpartition(":") if "@" not in base.image else (base.image, "", "")
+            return (repo, None, tag) if tag else (base.image, None, "")
+        return base.image, None, "latest"
+    assert base.framework and base.tag
+    fw = FRAMEWORKS[base.framework]
+    return f"{settings.ngc_registry}/{fw.repository}", base.framework, expand_tag(base.framework, base.tag)
+
+
+def resolve_base(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,
+                 resolve_tag: ResolveTag | None = None) -> BaseImage:
+    repo, framework, tag = base_reference(loaded, settings)
+    requested = f"{repo}:{tag}" if tag else repo
+    if tag and is_pattern(tag) and (framework or tag != "latest"):
+        if resolve_tag is None:
+            raise UsageError(f"{loaded.display}: base.tag: {tag!r} needs the registry to resolve it")
+        tag = resolve_tag(repo, framework, tag)
+    ref = f"{repo}:{tag}" if tag else repo
+    if inspect_base is None:
+        return BaseImage(ref=ref, requested=requested)
+    digest, config = inspect_base(ref)
+    cfg = config.get("config") or config.get("Config") or {}
+    env = dict(item.split("=", 1) for item in (cfg.get("Env") or []) if "=" in item)
+    return BaseImage(ref=ref.split("@")[0], digest=digest, env=env, labels=dict(cfg.get("Labels") or {}),
+                     facts=describe_config(config), requested=requested)
+
+
+def protected_pins(base: BaseImage) -> tuple[str, ...]:
+    """Constraints that keep the base's framework in place, known before the build from its config."""
+    fw = FRAMEWORKS.get(base.framework)
+    if not fw or not base.framework_version:
+        return ()
+    if fw.name == "pytorch":
+        return (f"torch=={base.framework_version}",)
+    return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
+
+
+def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
+    """A recipe that asks for another torch/tensorflow or CUDA library than the base carries fails here."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    from imgbuild.errors import Problem
+
+    problems: list[Problem] = []
+    recipe = loaded.recipe
+    framework_pkgs = {p for fw in FRAMEWORKS.values() for p in fw.packages}
+    where = f"{loaded.display}"
+    specs = [(f"pip.packages[{i}]", s) for i, s in enumerate(recipe.pip.packages)]
+    specs += [(f"pip.constraints[{i}]", s) for i, s in enumerate(recipe.pip.constraints)]
+    for field_path, spec in specs:
+        req = Requirement(spec)
+        name = canonicalize_name(req.name)
+        if name.startswith(CUDA_PACKAGE_PREFIXES) and req.specifier:
+            problems.append(Problem(where, 0, 0, field_path,
+                                    f"{spec} would replace a CUDA library of the base",
+                                    "the base's CUDA stack is protected; drop the pin"))
+            continue
+        if name not in framework_pkgs or not base.framework_version:
+            continue
+        try:
+            have = Version(base.framework_version)
+        except InvalidVersion:
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            problems.append(Problem(
+                where, 0, 0, field_path,
+                f"{spec} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
+                f"the base's framework is protected: drop the pin, or choose a base tag that carries "
+                f"{req.name} {req.specifier}"))
+    if problems:
+        # Point at the exact line when we can.
+        located = getattr(loaded, "located", None)
+        if located is not None:
+            fixed = []
+            for p in problems:
+                part, _, idx = p.field.partition("[")
+                key = tuple(part.split(".")) + (int(idx.rstrip("]")),)
+                fixed.append(located.problem(key, p.message, p.hint))
+            problems = fixed
+        raise RecipeError(problems)
+
+
+def resolve_ids(loaded: LoadedRecipe, settings: Settings) -> tuple[int, int]:
+    """UID/GID for the image user: recipe > setting > the invoking user (via sudo too) > 1000 for root."""
+    user = loaded.recipe.user
+    uid = (user.uid if user else None) or settings.uid
+    gid = (user.gid if user else None) or settings.gid
+    host_uid = int(os.environ.get("SUDO_UID", os.getuid())) if os.getuid() == 0 else os.getuid()
+    host_gid = int(os.environ.get("SUDO_GID", os.getgid())) if os.getuid() == 0 else os.getgid()
+    if uid is None:
+        uid = host_uid or 1000
+    if gid is None:
+        gid = host_gid or (uid if host_uid == 0 else 1000)
+    return uid, gid
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    if path.is_dir():
+        for sub in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(sub.relative_to(path).as_posix().encode() + b"\0")
+            h.update(_file_digest(sub).encode())
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def templates_digest() -> str:
+    h = hashlib.sha256()
+    for path in sorted(TEMPLATES_DIR.iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update((Path(__file__).parent / "smoke_image.py").read_bytes())
+    return h.hexdigest()
+
+
+def content_hash(loaded: LoadedRecipe) -> str:
+    """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
+    data = loaded.recipe.model_dump(mode="json", exclude={"extends"})
+    for spec in data["files"]:
+        spec["src"] = _file_digest(Path(spec["src"]))
+    if loaded.requirements_path:
+        data["pip"]["requirements"] = _file_digest(loaded.requirements_path)
+    data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
+    data["templates"] = templates_digest()
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def image_name(loaded: LoadedRecipe, settings: Settings) -> str:
+    recipe = loaded.recipe
+    if recipe.image:
+        return recipe.image.split(":")[0]
+    user = settings.user.lower()
+    return f"{user}/{recipe.name}"
+
+
+def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,
+              resolve_tag: ResolveTag | None = None) -> Plan:
+    base = resolve_base(loaded, settings, inspect_base, resolve_tag)
+    check_framework_conflicts(loaded, base)
+    uid, gid = resolve_ids(loaded, settings)
+    chash = content_hash(loaded)
+    inputs = json.dumps({"content": chash, "base": base.digest or base.ref, "uid": uid, "gid": gid},
+                        sort_keys=True).encode()
+    tag = loaded.recipe.image.split(":")[1] if loaded.recipe.image and ":" in loaded.recipe.image \
+        else loaded.recipe.tag
+    return Plan(loaded=loaded, image=image_name(loaded, settings), tag=tag, base=base, content_hash=chash,
+                input_hash="sha256:" + hashlib.sha256(inputs).hexdigest(), uid=uid, gid=gid,
+                protected=protected_pins(base))

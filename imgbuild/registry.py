@@ -1,0 +1,294 @@
+"""Docker Registry HTTP API v2 client: the only module that talks HTTP.
+
+Handles the Bearer challenge flow (anonymous, NGC API key as `$oauthtoken`, docker config credentials),
+nvcr.io's quirks (no `service=` in the challenge; after expiry the challenge names another realm, so we
+go back to the first one), Link pagination with a page cap, retries with backoff, manifest lists and
+OCI indexes, and config blobs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import platform
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import requests
+
+from imgbuild.errors import RegistryError, RegistryUnavailable
+
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+])
+INDEX_TYPES = {"application/vnd.oci.image.index.v1+json",
+               "application/vnd.docker.distribution.manifest.list.v2+json"}
+RETRY_STATUS = {429, 500, 502, 503, 504}
+_CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """`Bearer realm="...",scope="..."` -> ("bearer", {...}); loose about spacing, quotes and order."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3))
+              for m in _CHALLENGE_RE.finditer(rest)}
+    return scheme.lower(), params
+
+
+def split_reference(ref: str) -> tuple[str, str, str]:
+    """`host/org/repo:tag` or `...@sha256:..` -> (host, repository, tag-or-digest). Docker Hub defaults apply."""
+    name, digest = (ref.split("@", 1) + [""])[:2]
+    tag = ""
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        host, repo = name.split("/", 1)
+    else:
+        host, repo = "docker.io", name if "/" in name else f"library/{name}"
+    return host, repo, digest or tag or "latest"
+
+
+def host_platform() -> tuple[str, str]:
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    return "linux", arch
+
+
+@dataclass
+class Credentials:
+    username: str
+    password: str = field(repr=False)
+
+
+def docker_config_credentials(host: str, config_path: Path | None = None) -> Credentials | None:
+    """Credentials for `host` from ~/.docker/config.json: plain `auths`, or a credential helper."""
+    path = config_path or Path.home() / ".docker" / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
+    for key, entry in (config.get("auths") or {}).items():
+        if key.removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0] == host:
+            if entry.get("auth"):
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+                return Credentials(user, password)
+            if entry.get("username"):
+                return Credentials(entry["username"], entry.get("password", ""))
+    if helper:
+        try:
+            out = subprocess.run([f"docker-credential-{helper}", "get"], input=host, capture_output=True,
+                                 text=True, timeout=10, check=True).stdout
+            data = json.loads(out)
+            return Credentials(data["Username"], data["Secret"])
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+            return None
+    return None
+
+
+@dataclass
+class Manifest:
+    digest: str
+    media_type: str
+    body: dict[str, Any]
+
+    @property
+    def config_digest(self) -> str:
+        return str(self.body["config"]["digest"])
+
+    @property
+    def size(self) -> int:
+        """Compressed size of the image: config plus layers."""
+        return int(self.body.get("config", {}).get("size", 0)) + sum(
+            int(layer.get("size", 0)) for layer in self.body.get("layers", []))
+
+
+class RegistryClient:
+    """One client per registry host; reuses tokens per scope."""
+
+    def __init__(self, host: str, *, credentials: Credentials | None = None, insecure: bool = False,
+                 timeout: float = 15.0, retries: int = 4, backoff: float = 0.5,
+                 session: requests.Session | None = None):
+        self.host = host
+        self.scheme = "http" if insecure else "https"
+        self.credentials = credentials
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.session = session or requests.Session()
+        self.requests_made = 0
+        self._tokens: dict[str, str] = {}
+        self._first_realm: dict[str, tuple[str, dict[str, str]]] = {}
+        self._basic = False
+
+    @classmethod
+    def for_host(cls, host: str, settings: Any) -> RegistryClient:
+        """A client with credentials from settings (NGC API key on the NGC host) or the docker config."""
+        creds = None
+        if settings.ngc_api_key and host == settings.ngc_registry:
+            creds = Credentials("$oauthtoken", settings.ngc_api_key)
+        else:
+            creds = docker_config_credentials(host)
+        local = host.startswith(("127.", "localhost")) or host.split(":")[0] in ("127.0.0.1", "localhost")
+        insecure = host in settings.insecure_registries or local
+        return cls(host, credentials=creds, insecure=insecure)
+
+    # -- HTTP with auth and retries --------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return f"{self.scheme}://{self.host}{path}"
+
+    def _send(self, method: str, url: str, headers: dict[str, str], **kw: Any) -> requests.Response:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                self.requests_made += 1
+                resp = self.session.request(method, url, headers=headers, timeout=self.timeout, **kw)
+            except requests.RequestException as exc:
+                if attempt == self.retries:
+                    reason = type(exc).__name__
+                    raise RegistryUnavailable(f"registry {self.host} is unreachable ({reason}); "
+                                              "check the host name, the network or IMGBUILD_NGC_REGISTRY") from None
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if resp.status_code in RETRY_STATUS and attempt < self.retries:
+                retry_after = resp.headers.get("Retry-After", "")
+                time.sleep(min(float(retry_after), 30.0) if retry_after.isdigit() else delay)
+                delay *= 2
+                continue
+            return resp
+        raise AssertionError("unreachable")
+
+    def _token(self, scope: str, realm: str, params: dict[str, str]) -> str:
+        query = {"scope": params.get("scope") or scope, "service": params.get("service") or self.host}
+        auth = (self.credentials.username, self.credentials.password) if self.credentials else None
+        resp = self._send("GET", realm, {}, params=query, auth=auth)
+        if resp.status_code in (401, 403):
+            who = "the NGC API key" if self.credentials and self.credentials.username == "$oauthtoken" else (
+                "the credentials" if self.credentials else "anonymous access")
+            raise RegistryError(f"registry {self.host}: {who} was refused ({resp.status_code}) for {scope}; "
+                                "check the key (NGC_API_KEY / IMGBUILD_NGC_API_KEY) or `docker login`")
+        if not resp.ok:
+            raise RegistryError(f"registry {self.host}: token request failed with HTTP {resp.status_code}")
+        data = resp.json()
+        token = data.get("token") or data.get("access_token")
+        if not token:
+            raise RegistryError(f"registry {self.host}: token endpoint answered without a token")
+        return str(token)
+
+    def request(self, method: str, path: str, scope: str, headers: dict[str, str] | None = None,
+                **kw: Any) -> requests.Response:
+        """A request that answers auth challenges; `scope` is e.g. `repository:nvidia/pytorch:pull`."""
+        url = path if path.startswith("http") else self._url(path)
+        for _ in range(3):
+            hdrs = dict(headers or {})
+            if scope in self._tokens:
+                hdrs["Authorization"] = f"Bearer {self._tokens[scope]}"
+            elif self._basic and self.credentials:
+                raw = f"{self.credentials.username}:{self.credentials.password}".encode()
+                hdrs["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+            resp = self._send(method, url, hdrs, **kw)
+            if resp.status_code != 401:
+                return resp
+            scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+            if scheme == "basic":
+                if self._basic or not self.credentials:
+                    raise RegistryError(f"registry {self.host}: authentication required "
+                                        "(run `docker login` or set credentials)")
+                self._basic = True
+                continue
+            if scheme != "bearer" or "realm" not in params:
+                raise RegistryError(f"registry {self.host}: unsupported auth challenge {scheme!r}")
+            if scope in self._tokens and scope in self._first_realm:
+                # Expired token: nvcr.io now names another realm (authn.nvidia.com) that dead-ends
+                # for anonymous clients; the first realm (proxy_auth) still issues fresh tokens.
+                realm, params = self._first_realm[scope]
+                del self._tokens[scope]
+            else:
+                realm = params["realm"]
+                self._first_realm.setdefault(scope, (realm, params))
+            self._tokens[scope] = self._token(scope, realm, params)
+        raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
+
+    # -- API ---------------------------------------------------------------------------------------
+
+    def _check(self, resp: requests.Response, what: str, repo: str) -> None:
+        if resp.status_code == 404:
+            raise RegistryError(f"registry {self.host}: {what} not found in {repo}")
+        if resp.status_code in (401, 403):
+            raise RegistryError(f"registry {self.host}: access to {repo} denied ({resp.status_code})")
+        if not resp.ok:
+            raise RegistryUnavailable(f"registry {self.host}: HTTP {resp.status_code} for {what} in {repo}")
+
+    def tags(self, repo: str, page_size: int = 1000, max_pages: int = 50) -> list[str]:
+        """Every tag of `repo`, following `Link: <...>; rel="next"` up to `max_pages` pages."""
+        scope = f"repository:{repo}:pull"
+        url: str | None = f"/v2/{repo}/tags/list?n={page_size}"
+        tags: list[str] = []
+        for _ in range(max_pages):
+            if url is None:
+                break
+            resp = self.request("GET", url, scope)
+            if resp.status_code == 404:
+                raise RegistryError(f"registry {self.host}: unknown repository {repo}")
+            self._check(resp, "tag list", repo)
+            tags.extend((resp.json() or {}).get("tags") or [])
+            url = _next_link(resp.headers.get("Link", ""), self._url(""))
+        else:
+            if url is not None:
+                raise RegistryError(f"registry {self.host}: {repo} has more than {max_pages} pages of tags")
+        return tags
+
+    def manifest(self, repo: str, reference: str, *, resolve_platform: bool = True) -> Manifest:
+        """The manifest for a tag or digest; an index/list is resolved to this host's platform."""
+        scope = f"repository:{repo}:pull"
+        resp = self.request("GET", f"/v2/{repo}/manifests/{reference}", scope, {"Accept": MANIFEST_TYPES})
+        self._check(resp, f"manifest {reference}", repo)
+        body = resp.json()
+        media_type = body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0]
+        digest = resp.headers.get("Docker-Content-Digest") or _digest_of(resp.content)
+        if resolve_platform and media_type in INDEX_TYPES:
+            os_name, arch = host_platform()
+            for entry in body.get("manifests", []):
+                plat = entry.get("platform") or {}
+                if plat.get("os") == os_name and plat.get("architecture") == arch:
+                    inner = self.manifest(repo, entry["digest"], resolve_platform=False)
+                    return Manifest(digest, media_type, inner.body)
+            raise RegistryError(f"registry {self.host}: {repo}:{reference} has no {os_name}/{arch} image")
+        return Manifest(digest, media_type, body)
+
+    def blob_json(self, repo: str, digest: str) -> dict[str, Any]:
+        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
+        self._check(resp, f"blob {digest[:19]}", repo)
+        return dict(resp.json())
+
+    def image_config(self, repo: str, reference: str) -> tuple[Manifest, dict[str, Any]]:
+        """Manifest and image config (Env, Labels, ...) without pulling any layer."""
+        manifest = self.manifest(repo, reference)
+        return manifest, self.blob_json(repo, manifest.config_digest)
+
+
+def _next_link(header: str, base: str) -> str | None:
+    for part in header.split(","):
+        m = re.match(r'\s*<([^>]+)>\s*;\s*rel="?next"?', part)
+        if m:
+            target = m.group(1)
+            return target if target.startswith("http") else urljoin(base, target)
+    return None
+
+
+def _digest_of(content: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(content).hexdigest()

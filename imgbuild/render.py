@@ -1,0 +1,180 @@
+"""Stage 3: render a plan into a build context (Dockerfile, pip files, scripts, copied files).
+
+Deterministic: the same plan renders byte-identical files on any machine (sorted, no timestamps,
+normalised modes, no absolute host paths).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild import __version__
+from imgbuild.plan import TEMPLATES_DIR, Plan
+from imgbuild.recipe import stable_name
+
+SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
+TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
+LABEL_PREFIX = "org.imgbuild."
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    context_path: str
+    dest: str
+    chown: str
+
+
+def _dq(value: str) -> str:
+    """Escape for a double-quoted Dockerfile word; `$VAR` expansion stays available on purpose."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _kv_pairs(mapping: dict[str, str], quote_keys: bool = False) -> list[str]:
+    """`KEY="value"` words for ENV and LABEL, in the mapping's order."""
+    return [f'{json.dumps(k) if quote_keys else k}="{_dq(v)}"' for k, v in mapping.items()]
+
+
+def _exec_form(value: str | list[str]) -> str:
+    if isinstance(value, str):
+        return json.dumps(["/bin/sh", "-c", value], ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+    )
+    env.filters["dq"] = _dq
+    env.filters["exec_form"] = _exec_form
+    env.filters["kv_pairs"] = _kv_pairs
+    env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+    return env
+
+
+def image_labels(plan: Plan) -> dict[str, str]:
+    recipe = plan.loaded.recipe
+    labels = dict(sorted(recipe.labels.items()))
+    labels.update({
+        f"{LABEL_PREFIX}version": __version__,
+        f"{LABEL_PREFIX}recipe": stable_name(plan.loaded.path),
+        f"{LABEL_PREFIX}recipe-hash": plan.content_hash,
+        f"{LABEL_PREFIX}input-hash": plan.input_hash,
+        f"{LABEL_PREFIX}base": plan.base.ref,
+        f"{LABEL_PREFIX}base-digest": plan.base.digest or "",
+        f"{LABEL_PREFIX}base-framework": plan.base.framework,
+        f"{LABEL_PREFIX}base-framework-version": plan.base.framework_version,
+    })
+    if recipe.description:
+        labels["org.opencontainers.image.description"] = recipe.description
+    return labels
+
+
+def requirements_text(plan: Plan) -> str:
+    recipe = plan.loaded.recipe
+    lines = ["# Rendered by imgbuild from the recipe's pip section; installed under the base's pins."]
+    if recipe.pip.index_url:
+        lines.append(f"--index-url {recipe.pip.index_url}")
+    lines += [f"--extra-index-url {url}" for url in recipe.pip.extra_index_urls]
+    lines += [f"--trusted-host {host}" for host in recipe.pip.trusted_hosts]
+    lines += list(recipe.pip.packages)
+    if plan.loaded.requirements_path:
+        lines.append(f"# from {plan.loaded.requirements_path.name}")
+        for line in plan.loaded.requirements_path.read_text().splitlines():
+            spec = line.split(" #", 1)[0].strip()
+            if spec and not spec.startswith("#"):
+                lines.append(spec)
+    return "\n".join(lines) + "\n"
+
+
+def constraints_text(plan: Plan) -> str:
+    lines = ["# Pins imgbuild adds on top of the base's own (its constraint file, or a freeze of it):",
+             "# the base's framework, as its image config declares it, and the recipe's constraints."]
+    lines += list(plan.protected)
+    lines += list(plan.loaded.recipe.pip.constraints)
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        content = content.encode()
+    path.write_bytes(content)
+    os.chmod(path, mode)
+
+
+def _copy_source(src: Path, dest: Path, mode: int | None) -> None:
+    if src.is_dir():
+        for sub in sorted(src.rglob("*")):
+            if sub.is_file():
+                _copy_source(sub, dest / sub.relative_to(src), mode)
+        return
+    exec_bit = src.stat().st_mode & stat.S_IXUSR
+    _write(dest, src.read_bytes(), mode if mode is not None else (0o755 if exec_bit else 0o644))
+
+
+def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit") -> Path:
+    """Write the build context to `out_dir`, replacing what was there only once all of it is written."""
+    recipe = plan.loaded.recipe
+    out_dir = Path(out_dir)
+    staging = out_dir.with_name(f".{out_dir.name}.rendering")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+
+    files: list[RenderedFile] = []
+    for spec in recipe.files:
+        context_path = "files" + spec.dest.rstrip("/")
+        mode = int(spec.mode, 8) if spec.mode else None
+        _copy_source(plan.loaded.file_sources[spec.dest], staging / context_path, mode)
+        owner = spec.owner or ("user" if recipe.user else "root")
+        chown = "$IMGBUILD_UID:$IMGBUILD_GID" if owner == "user" and recipe.user else ""
+        files.append(RenderedFile(context_path, spec.dest, chown))
+
+    has_pip = bool(recipe.pip.packages or plan.loaded.requirements_path)
+    if has_pip:
+        _write(staging / "imgbuild/pip/requirements.txt", requirements_text(plan))
+        _write(staging / "imgbuild/pip/constraints.txt", constraints_text(plan))
+        _write(staging / "imgbuild/pip/install.sh", (TEMPLATES_DIR / "install.sh").read_text(), 0o755)
+    if recipe.user:
+        _write(staging / "imgbuild/user/add-user.sh", (TEMPLATES_DIR / "add-user.sh").read_text(), 0o755)
+    _write(staging / "imgbuild/smoke/smoke.py", SMOKE_SCRIPT.read_text(), 0o755)
+
+    user = recipe.user
+    context = {
+        "version": __version__,
+        "backend": backend,
+        "recipe_file": stable_name(plan.loaded.path),
+        "recipe": recipe,
+        "base": plan.base,
+        "files": files,
+        "has_pip": has_pip,
+        "labels": image_labels(plan),
+        "uid_default": (user.uid if user and user.uid else 1000),
+        "gid_default": (user.gid if user and user.gid else 1000),
+        "home": (user.home or f"/home/{user.name}") if user else "",
+        # Caches are per base: two distributions must never share apt lists or wheels.
+        "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
+    }
+    dockerfile = _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context)
+    _write(staging / "Dockerfile", dockerfile)
+    _write(staging / ".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n")
+    _write(staging / "imgbuild.lock.json", json.dumps(plan.lock(), indent=2, sort_keys=True) + "\n")
+
+    # Keep what earlier runs left beside the context (smoke report), then swap in the new files.
+    for keep in ("smoke.json",):
+        if (out_dir / keep).exists():
+            shutil.copy2(out_dir / keep, staging / keep)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    staging.rename(out_dir)
+    return out_dir
