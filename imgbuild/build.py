@@ -118,7 +118,7 @@ def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) ->
     if settings.pip_trusted_hosts:
         lines.append("trusted-host = " + " ".join(settings.pip_trusted_hosts))
     if len(lines) > 1:
-        tmp = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="imgbuild-pip-", suffix=".conf"))
+        tmp = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="imgbuild-pip-", suffix=".conf"))  # noqa: SIM115
         os.chmod(tmp.name, 0o600)
         tmp.write("\n".join(lines) + "\n")
         tmp.flush()

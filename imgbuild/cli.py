@@ -57,7 +57,10 @@ def _emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100, "terminal_width": 100})
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "terminal_width": 100}
+
+
+@click.group(cls=SectionedGroup, context_settings=CONTEXT)
 @click.version_option(__version__, "--version", "-V", prog_name="imgbuild")
 @click.option("--user", metavar="NAME", help="Image namespace (IMGBUILD_USER; default: your login name).")
 @click.option("--ngc-registry", metavar="HOST", help="NGC registry or mirror (IMGBUILD_NGC_REGISTRY; default nvcr.io).")

@@ -73,7 +73,10 @@ class Settings:
         for url in (self.pip_index_url, *self.pip_extra_index_urls):
             if url:
                 parts = urlsplit(url)
-                found.extend(s for s in (parts.password, parts.username) if s and len(s) >= 4)
+                # The password is the secret; a URL with only a user part carries a token there.
+                secret = parts.password or parts.username
+                if secret and len(secret) >= 4:
+                    found.append(secret)
         return found
 
     def public_view(self) -> dict[str, Any]:

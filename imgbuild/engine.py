@@ -8,6 +8,7 @@ Docker Engine API through the `docker` SDK (no BuildKit: no cache mounts, no sec
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -240,10 +241,8 @@ class Engine:
     def untag(self, ref: str) -> None:
         from docker.errors import APIError, ImageNotFound
 
-        try:
+        with contextlib.suppress(ImageNotFound, APIError):
             self.client.api.remove_image(ref, noprune=True)
-        except (ImageNotFound, APIError):
-            pass
 
     def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         """(digest-or-id, config) of a local image, for bases the registry cannot be asked about."""

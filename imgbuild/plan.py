@@ -162,7 +162,7 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
                 where, 0, 0, field_path,
                 f"{spec} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
                 f"the base's framework is protected: drop the pin, or choose a base tag that carries "
-                f"{req.name} {req.specifier}"))
+                f"{req.name}{req.specifier}"))
     if problems:
         # Point at the exact line when we can.
         located = getattr(loaded, "located", None)

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from imgbuild.errors import Problem, RecipeError
 from imgbuild.yamlpos import Located, PathKey, Pos, load_located
@@ -411,8 +419,8 @@ def _merged_positions(layers: list[_Layer]) -> Located:
         for i, item in enumerate(items):
             for layer in reversed(layers):
                 src = _get(layer.located.data, list_path)
-                if isinstance(src, list) and any(item is s or item == s for s in src):
-                    j = next(k for k, s in enumerate(src) if item is s or item == s)
+                if isinstance(src, list) and any(item is s for s in src):
+                    j = next(k for k, s in enumerate(src) if item is s)
                     old = (*list_path, j)
                     for table, src_table in ((merged.values, layer.located.values),
                                              (merged.keys, layer.located.keys)):
@@ -454,16 +462,13 @@ def _translate(err: dict[str, Any], located: Located, recipe_fields: dict[PathKe
     path: list[str | int] = []
     node = located.data
     for part in loc:
-        if isinstance(node, dict) and part in node:
+        in_mapping = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
+        if in_mapping or in_list:
             path.append(part)
             node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            path.append(part)
-            node = node[part]
-        elif err["type"] == "extra_forbidden" and part == loc[-1]:
-            path.append(part)
-        elif err["type"] == "missing" and part == loc[-1]:
-            path.append(part)
+        elif part == loc[-1] and err["type"] in ("extra_forbidden", "missing"):
+            path.append(part)  # the key that is extra or absent
     at = tuple(path)
     kind = err["type"]
     on_key = "[key]" in loc

@@ -73,6 +73,9 @@ class Report:
         self.checks.append(entry)
         return entry.get("details")
 
+    def fail(self, name: str, reason: str) -> None:
+        self.checks.append({"name": name, "status": "fail", "reason": reason, "details": {}, "seconds": 0.0})
+
     @property
     def ok(self) -> bool:
         return all(c["status"] != "fail" for c in self.checks)
@@ -175,7 +178,8 @@ def torch_cudnn(torch) -> dict:
     major, rest = divmod(ver, 10000) if ver >= 90000 else divmod(ver, 1000)
     minor, patch = divmod(rest, 100)
     return {"cudnn": f"{major}.{minor}.{patch}", "forward_err": fwd_err, "backward_err": bwd_err,
-            "reason": f"cuDNN {major}.{minor}.{patch}, conv fwd/bwd match the CPU (max err {max(fwd_err, bwd_err):.1e})"}
+            "reason": f"cuDNN {major}.{minor}.{patch}, conv fwd/bwd match the CPU "
+                      f"(max err {max(fwd_err, bwd_err):.1e})"}
 
 
 def _gemm_tflops(torch, dtype, n: int, warmup: int = 10, iters: int = 30) -> float:
@@ -263,7 +267,7 @@ def run_pytorch(report: Report) -> None:
     try:
         import torch
     except Exception as exc:
-        report.run("framework", lambda: (_ for _ in ()).throw(Fail(f"import torch failed: {exc}")))
+        report.fail("framework", f"import torch failed: {type(exc).__name__}: {exc}")
         return
     report.meta["framework"] = "pytorch"
     report.run("framework", check_framework_version, torch, torch.__version__, "PYTORCH_VERSION")
@@ -338,7 +342,7 @@ def run_tensorflow(report: Report) -> None:
     try:
         import tensorflow as tf
     except Exception as exc:
-        report.run("framework", lambda: (_ for _ in ()).throw(Fail(f"import tensorflow failed: {exc}")))
+        report.fail("framework", f"import tensorflow failed: {type(exc).__name__}: {exc}")
         return
     report.meta["framework"] = "tensorflow"
     for gpu in tf.config.list_physical_devices("GPU"):
@@ -386,14 +390,13 @@ def main(argv: list[str]) -> int:
     framework = args.framework or detect_framework()
     start = time.perf_counter()
     if framework is None:
-        report.run("framework", lambda: (_ for _ in ()).throw(Fail("neither PyTorch nor TensorFlow is installed")))
+        report.fail("framework", "neither PyTorch nor TensorFlow is installed")
     else:
         RUNNERS[framework](report)
     if args.require_gpu:
         gpu = next((c for c in report.checks if c["name"] == "cuda"), None)
         if gpu is None or gpu["status"] != "pass":
-            report.checks.append({"name": "require gpu", "status": "fail", "details": {}, "seconds": 0.0,
-                                  "reason": "a GPU is required (--require-gpu) but none is usable"})
+            report.fail("require gpu", "a GPU is required (--require-gpu) but none is usable")
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     payload = {"ok": report.ok, "meta": report.meta, "checks": report.checks}
     if args.format == "table":

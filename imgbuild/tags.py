@@ -1,0 +1,255 @@
+"""NGC tag listing: list, filter, describe (from config blobs, no layer pulled) and check against this host.
+
+Answers "which NGC PyTorch tags exist, what CUDA/cuDNN/torch is in each, which ones run here?" from the
+registry itself, with an on-disk cache (TTL for tag lists; config blobs are immutable by digest).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import RegistryUnavailable, UsageError
+from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
+from imgbuild.registry import RegistryClient
+
+#: Minimum Linux driver per CUDA toolkit release (CUDA release notes, table "CUDA Toolkit and
+#: Corresponding Driver Versions"). With minor-version compatibility a toolkit runs on the driver of
+#: its major's first release (x.0), without PTX JIT of newer features.
+CUDA_MIN_DRIVER = {
+    (11, 0): "450.36.06", (11, 8): "520.61.05",
+    (12, 0): "525.60.13", (12, 1): "530.30.02", (12, 2): "535.54.03", (12, 3): "545.23.06",
+    (12, 4): "550.54.14", (12, 5): "555.42.02", (12, 6): "560.28.03", (12, 8): "570.26",
+    (12, 9): "575.51.03", (13, 0): "580.65.06", (13, 1): "590.44.01",
+}
+
+
+@dataclass
+class TagInfo:
+    tag: str
+    release: str
+    variant: str | None
+    digest: str = ""
+    size: int = 0
+    cuda: str = ""
+    cudnn: str = ""
+    framework: str = ""
+    framework_version: str = ""
+    python: str = ""
+    driver: str = ""
+    arch_list: str = ""
+    compatible: bool | None = None
+    why: str = ""
+
+
+@dataclass
+class Listing:
+    repository: str
+    tags: list[TagInfo]
+    cached_age: float | None = None  # seconds, when served from cache
+    offline: bool = False
+    total: int = 0
+    requests: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repository": self.repository, "total": self.total, "offline": self.offline,
+                "cached_age_seconds": self.cached_age, "notes": self.notes,
+                "tags": [asdict(t) for t in self.tags]}
+
+
+def repository_for(name: str, registry: str) -> tuple[str, str]:
+    """`pytorch` -> (registry, nvidia/pytorch); `org/repo` -> (registry, org/repo); `host/org/repo` too."""
+    if name in FRAMEWORKS:
+        return registry, FRAMEWORKS[name].repository
+    parts = name.split("/")
+    if len(parts) >= 3 and ("." in parts[0] or ":" in parts[0]):
+        return parts[0], "/".join(parts[1:])
+    if len(parts) == 2:
+        return registry, name
+    raise UsageError(f"tags: {name!r} is not pytorch, tensorflow or ORG/REPO")
+
+
+class TagCache:
+    def __init__(self, root: Path, ttl: int):
+        self.root = root
+        self.ttl = ttl
+
+    def _path(self, kind: str, key: str) -> Path:
+        return self.root / kind / (key.replace("/", "_").replace(":", "_") + ".json")
+
+    def get_tags(self, host: str, repo: str) -> tuple[list[str], float] | None:
+        path = self._path("tags", f"{host}/{repo}")
+        try:
+            data = json.loads(path.read_text())
+            return list(data["tags"]), time.time() - float(data["fetched_at"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def put_tags(self, host: str, repo: str, tags: list[str]) -> None:
+        path = self._path("tags", f"{host}/{repo}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"fetched_at": time.time(), "tags": tags}))
+        tmp.replace(path)
+
+    def get_details(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self._path("details", key).read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def put_details(self, key: str, value: dict[str, Any]) -> None:
+        path = self._path("details", key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+
+
+def list_tags(client: RegistryClient, repo: str, cache: TagCache, *, refresh: bool = False,
+              page_size: int = 1000) -> tuple[list[str], float | None, bool]:
+    """(tags, age of the cached answer or None, offline?)."""
+    cached = cache.get_tags(client.host, repo)
+    if cached and not refresh and cached[1] < cache.ttl:
+        return cached[0], cached[1], False
+    try:
+        tags = client.tags(repo, page_size=page_size)
+    except RegistryUnavailable:
+        if cached:
+            return cached[0], cached[1], True
+        raise
+    cache.put_tags(client.host, repo, tags)
+    return tags, None, False
+
+
+def select(tags: list[str], *, since: str | None, variant: str, limit: int | None) -> list[TagInfo]:
+    """Parse, filter and sort newest first. `variant`: none (plain tags), all, or a name like igpu."""
+    floor = None
+    if since:
+        parsed = parse_tag(since if "-" in since else since + "-py3")
+        if parsed is None:
+            raise UsageError(f"--since: {since!r} is not a release like 24.01")
+        floor = (parsed.yy, parsed.mm)
+    chosen = []
+    for text in tags:
+        parsed = parse_tag(text)
+        if parsed is None or parsed.py == "2":
+            continue
+        if variant == "none" and parsed.variant is not None:
+            continue
+        if variant not in ("none", "all") and parsed.variant != variant:
+            continue
+        if floor and (parsed.yy, parsed.mm) < floor:
+            continue
+        chosen.append(parsed)
+    chosen.sort(reverse=True)
+    if limit:
+        chosen = chosen[:limit]
+    return [TagInfo(p.text, p.release, p.variant) for p in chosen]
+
+
+def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: TagCache,
+                workers: int = 8) -> None:
+    """Fill CUDA/cuDNN/framework/... from each tag's config blob, fetched in parallel."""
+
+    def one(info: TagInfo) -> None:
+        manifest = client.manifest(repo, info.tag)
+        facts = cache.get_details(manifest.config_digest)
+        if facts is None:
+            config = client.blob_json(repo, manifest.config_digest)
+            facts = describe_config(config)
+            cache.put_details(manifest.config_digest, facts)
+        info.digest, info.size = manifest.digest, manifest.size
+        for key in ("cuda", "cudnn", "framework", "framework_version", "python", "driver", "arch_list"):
+            setattr(info, key, facts.get(key, ""))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(infos)))) as pool:
+        list(pool.map(one, infos))
+
+
+# --- what this host can run -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostGpus:
+    driver: str | None
+    capabilities: tuple[str, ...]
+    source: str
+
+
+def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
+    """The host's driver and GPU compute capabilities: flags, else NVML, else nvidia-smi."""
+    if driver or arch:
+        caps = tuple(a.strip() for a in (arch or "").split(",") if a.strip())
+        return HostGpus(driver, caps, "flags")
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            drv = pynvml.nvmlSystemGetDriverVersion()
+            drv = drv.decode() if isinstance(drv, bytes) else drv
+            caps = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
+                caps.append(f"{major}.{minor}")
+            return HostGpus(drv, tuple(caps), "NVML")
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+            if rows:
+                return HostGpus(rows[0][0], tuple(r[1] for r in rows if len(r) > 1), "nvidia-smi")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return HostGpus(None, (), "none")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
+    """Can this host run the tag? Driver against the image's CUDA; each GPU against its arch list."""
+    reasons = []
+    ok = True
+    cuda = _version_tuple(info.cuda)[:2]
+    if host.driver and cuda:
+        need_exact = CUDA_MIN_DRIVER.get(cuda)
+        need_major = CUDA_MIN_DRIVER.get((cuda[0], 0))
+        have = _version_tuple(host.driver)
+        if need_exact and have >= _version_tuple(need_exact):
+            reasons.append(f"driver {host.driver} >= {need_exact} for CUDA {cuda[0]}.{cuda[1]}")
+        elif need_major and have >= _version_tuple(need_major):
+            reasons.append(f"driver {host.driver}: CUDA {cuda[0]}.{cuda[1]} through minor-version compatibility")
+        elif need_major:
+            ok = False
+            reasons.append(f"driver {host.driver} < {need_major} needed by CUDA {cuda[0]}.x")
+    if host.capabilities and info.arch_list:
+        entries = info.arch_list.replace(";", " ").split()
+        sass = {e.replace("+PTX", "") for e in entries}
+        ptx = [_version_tuple(e.replace("+PTX", "")) for e in entries if e.endswith("+PTX")]
+        for cap in host.capabilities:
+            if cap in sass or any(p <= _version_tuple(cap) for p in ptx):
+                continue
+            ok = False
+            reasons.append(f"sm_{cap.replace('.', '')} not in the image's arch list ({info.arch_list})")
+    if not host.driver and not host.capabilities:
+        return True, "no GPU information (give --driver/--arch)"
+    return ok, "; ".join(reasons)

@@ -1,0 +1,123 @@
+"""Shared fixtures. Engine tests use the real test bed (tests/testbed/up): a Docker engine, a registry on
+127.0.0.1 and stand-in NGC bases. If the shell did not bring it up, the first engine test does; if it
+cannot come up, those tests fail (they are never skipped)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTBED_UP = ROOT / "tests" / "testbed" / "up"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: int = 1800) -> Result:
+    """Run imgbuild as a user would: a separate process, real exit code, real stderr."""
+    proc = subprocess.run([sys.executable, "-m", "imgbuild", *args], cwd=cwd or ROOT, capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(autouse=True)
+def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads the developer's config or writes the real cache."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(home / "config.yaml"))
+    monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(home / "cache"))
+    monkeypatch.setenv("IMGBUILD_USER", "imgbuildtest")
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    """write("name.yaml", text) -> path, dedented."""
+    def _write(name: str, text: str = "") -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+        return path
+    return _write
+
+
+_TESTBED: dict[str, str] = {}
+
+
+def testbed_settings() -> dict[str, str]:
+    if _TESTBED:
+        return _TESTBED
+    if os.environ.get("IMGBUILD_TESTBED_REGISTRY"):
+        keys = ("IMGBUILD_NGC_REGISTRY", "IMGBUILD_INSECURE_REGISTRIES", "IMGBUILD_TESTBED_REGISTRY",
+                "IMGBUILD_DOCKER_CLI", "IMGBUILD_PIP_CA_BUNDLE", "IMGBUILD_TESTBED_CACHE")
+        _TESTBED.update({k: os.environ[k] for k in keys if os.environ.get(k)})
+        return _TESTBED
+    proc = subprocess.run([str(TESTBED_UP)], capture_output=True, text=True, timeout=3000)
+    if proc.returncode != 0:
+        pytest.fail(f"the test bed did not come up:\n{proc.stderr[-3000:]}", pytrace=False)
+    for line in proc.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("export"):
+            _TESTBED[key] = value
+    return _TESTBED
+
+
+@pytest.fixture
+def testbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    settings = testbed_settings()
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    return settings
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    import docker
+
+    testbed_settings()
+    client = docker.from_env(timeout=600)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def cleanup_images(docker_client) -> Iterator[list[str]]:
+    """Tests append image refs; they are removed afterwards (layers stay cached)."""
+    refs: list[str] = []
+    yield refs
+    for ref in refs:
+        for suffix in ("", "-previous", "-candidate"):
+            with contextlib.suppress(Exception):
+                docker_client.images.remove(ref + suffix, noprune=True)
+
+
+def in_image(client, image: str, script: str, user: str | None = None) -> str:
+    """Run a Python snippet in the image and return its stdout (raises with the output on failure)."""
+    container = client.containers.run(image, ["python3", "-c", textwrap.dedent(script)], detach=True,
+                                      user=user, entrypoint=[])
+    try:
+        code = container.wait(timeout=600)["StatusCode"]
+        out = container.logs(stdout=True, stderr=True).decode()
+        assert code == 0, out
+        return container.logs(stdout=True, stderr=False).decode()
+    finally:
+        container.remove(force=True)

@@ -1,0 +1,198 @@
+"""Build end to end on the test bed: real engine, real registry, real PyTorch/TensorFlow in the image."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from docker.errors import ImageNotFound
+
+from tests.conftest import ROOT, in_image, run_cli
+
+pytestmark = pytest.mark.engine
+
+STANDIN_TORCH = "2.13.0+cpu"
+
+
+def expected_ids() -> tuple[int, int]:
+    """The host user as imgbuild sees it (under sudo, the invoking user)."""
+    if os.getuid() == 0:
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    return os.getuid(), os.getgid()
+
+
+@pytest.fixture
+def as_host_user(monkeypatch):
+    """In CI we are root: act as a user who ran `sudo imgbuild build` (SUDO_UID is how we find them)."""
+    if os.getuid() == 0:
+        monkeypatch.setenv("SUDO_UID", "4321")
+        monkeypatch.setenv("SUDO_GID", "4322")
+    return expected_ids()
+
+
+def build(recipe: Path | str, out: Path, *extra: str, env: dict[str, str] | None = None):
+    return run_cli("build", str(recipe), "-o", str(out), *extra, env=env)
+
+
+def image_of(client, ref: str):
+    return client.images.get(ref)
+
+
+def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_path, as_host_user, cleanup_images):
+    cleanup_images.append("imgbuildtest/pytorch-research:24.05")
+    res = build(ROOT / "recipes/pytorch-research.yaml", tmp_path / "ctx")
+    assert res.code == 0, res.err
+    assert "smoke test passed" in res.err and "no GPU visible" in res.out
+    uid, gid = as_host_user
+    out = in_image(docker_client, "imgbuildtest/pytorch-research:24.05", """
+        import glob, os, pwd, subprocess, sys
+        import einops, jupyterlab, tensorboard, torch
+        st = os.stat("/workspace")
+        lists = glob.glob("/var/lib/apt/lists/*Packages*")
+        caches = [p for p in ("/root/.cache/pip", os.path.expanduser("~researcher/.cache/pip")) if os.path.exists(p) and os.listdir(p)]
+        print(torch.__version__, os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, st.st_uid, st.st_gid, len(lists), len(caches), flush=True)
+        subprocess.run(["git", "--version"], check=True, capture_output=True)
+        subprocess.run([sys.executable, "/opt/research/train_smoke.py"], check=True)
+        """)
+    version, run_uid, run_gid, name, ws_uid, ws_gid, lists, caches = out.split()[:8]
+    assert version == STANDIN_TORCH, "the base's torch was replaced"
+    assert (int(run_uid), int(run_gid), name) == (uid, gid, "researcher")
+    assert (int(ws_uid), int(ws_gid)) == (uid, gid), "the user must own /workspace"
+    assert lists == "0", "apt lists remain in the image"
+    assert caches == "0", "pip cache remains in the image"
+    report = json.loads((tmp_path / "ctx" / "smoke.json").read_text())
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["framework"] == statuses["pip check"] == "pass"
+    assert all(statuses[k] == "skip" for k in ("cuda", "cudnn conv", "tensor cores", "amp training"))
+    labels = image_of(docker_client, "imgbuildtest/pytorch-research:24.05").labels
+    lock = json.loads((tmp_path / "ctx" / "imgbuild.lock.json").read_text())
+    assert labels["org.imgbuild.input-hash"] == lock["input_hash"]
+    assert labels["org.imgbuild.base-digest"] == lock["base"]["digest"].strip()
+
+
+def test_team_recipe_extends_house_recipe(testbed, docker_client, tmp_path, as_host_user, cleanup_images):
+    cleanup_images.append("imgbuildtest/team-vision:24.05")
+    res = build(ROOT / "recipes/team-vision.yaml", tmp_path / "ctx")
+    assert res.code == 0, res.err
+    out = in_image(docker_client, "imgbuildtest/team-vision:24.05", """
+        import os, cv2, einops, PIL, torch
+        print(torch.__version__, os.environ["TEAM"], os.path.exists("/opt/research/train_smoke.py"))
+        """)
+    assert out.split() == [STANDIN_TORCH, "vision", "True"]
+
+
+def test_tensorflow_example_builds_with_the_sdk_backend(testbed, docker_client, tmp_path, as_host_user,
+                                                        cleanup_images):
+    cleanup_images.append("imgbuildtest/tensorflow-keras:24.05")
+    res = build(ROOT / "recipes/tensorflow-keras.yaml", tmp_path / "ctx", "--backend", "sdk")
+    assert res.code == 0, res.err
+    assert "--mount" not in (tmp_path / "ctx" / "Dockerfile").read_text()
+    report = json.loads((tmp_path / "ctx" / "smoke.json").read_text())
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["framework"] == "pass" and statuses["mixed precision"] == "pass"
+    assert statuses["cuda"] == "skip"
+    uid, _ = as_host_user
+    out = in_image(docker_client, "imgbuildtest/tensorflow-keras:24.05", """
+        import glob, os, keras_tuner, tensorflow as tf
+        print(tf.__version__ == os.environ["TENSORFLOW_VERSION"], os.getuid(), len(glob.glob("/root/.cache/pip/*")))
+        """)
+    assert out.split() == ["True", str(uid), "0"]
+
+
+def test_both_backends_give_equivalent_images(testbed, docker_client, tmp_path, write, as_host_user, cleanup_images):
+    write("files/hello.txt", "hello\n")
+    recipe = write("r.yaml", """
+        name: twoways
+        tag: buildkit
+        base: {framework: pytorch, tag: "24.05"}
+        apt: [jq]
+        pip: [six==1.16.0]
+        user: true
+        files: [{src: files/hello.txt, dest: /workspace/hello.txt, mode: "0640"}]
+        env: {GREETING: hi}
+        """)
+    cleanup_images.extend(["imgbuildtest/twoways:buildkit", "imgbuildtest/twoways:sdk"])
+    assert build(recipe, tmp_path / "bk", "--backend", "buildkit").code == 0
+    res = build(recipe, tmp_path / "sdk", "--backend", "sdk", env={"TAG": "x"})
+    assert res.code == 0, res.err
+    # same recipe, same tag: the sdk build replaced the buildkit one and kept it as -previous
+    probe = """
+        import os, stat, six, shutil
+        st = os.stat("/workspace/hello.txt")
+        print(six.__version__, oct(st.st_mode & 0o777), st.st_uid == os.getuid(), os.environ["GREETING"], bool(shutil.which("jq")))
+        """
+    now = in_image(docker_client, "imgbuildtest/twoways:buildkit", probe)
+    before = in_image(docker_client, "imgbuildtest/twoways:buildkit-previous", probe)
+    assert now.split() == before.split() == ["1.16.0", "0o640", "True", "hi", "True"]
+
+
+def test_failed_smoke_test_never_replaces_a_working_tag(testbed, docker_client, tmp_path, write, cleanup_images):
+    cleanup_images.append("imgbuildtest/promo:v1")
+    good = write("good.yaml", 'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {STAGE: good}\n')
+    assert build(good, tmp_path / "ctx").code == 0
+    working = docker_client.images.get("imgbuildtest/promo:v1").id
+    # pip replaced torch (here: removed it); the smoke test must catch it and keep the working tag.
+    broken = write("broken.yaml", 'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+                                  'run: ["python3 -m pip uninstall -y torch"]\nenv: {STAGE: broken}\n')
+    res = build(broken, tmp_path / "ctx")
+    assert res.code == 1, res.err
+    assert "smoke test failed: framework: import torch failed" in res.err
+    assert "imgbuildtest/promo:v1 was left as it was" in res.err
+    assert docker_client.images.get("imgbuildtest/promo:v1").id == working
+    with pytest.raises(ImageNotFound):
+        docker_client.images.get("imgbuildtest/promo:v1-candidate")
+
+
+def test_upgrading_torch_fails_before_building(testbed, docker_client, tmp_path, write):
+    recipe = write("up.yaml", 'name: upgrade\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+                              'pip:\n  - einops\n  - torch==2.3.0\n')
+    res = build(recipe, tmp_path / "ctx")
+    assert res.code == 2
+    assert "up.yaml:6:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch 2.13.0+cpu" in res.err
+    with pytest.raises(ImageNotFound):
+        docker_client.images.get("imgbuildtest/upgrade:v1")
+
+
+def test_dependency_that_needs_another_torch_fails_the_build_naming_the_conflict(
+        testbed, docker_client, tmp_path, write):
+    # torchvision 0.18.0 requires torch==2.3.0: pip must refuse rather than replace the base's torch.
+    recipe = write("tv.yaml", 'name: tvconflict\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+                              'pip: [torchvision==0.18.0]\n')
+    res = build(recipe, tmp_path / "ctx")
+    assert res.code == 1, res.err
+    assert "build failed at" in res.err and "install.sh" in res.err
+    assert "torch" in res.err and "conflict" in res.err.lower()
+    with pytest.raises(ImageNotFound):
+        docker_client.images.get("imgbuildtest/tvconflict:v1")
+
+
+def test_no_secret_reaches_the_image_history_or_log(testbed, docker_client, tmp_path, write, cleanup_images):
+    ngc_key = "nvapi-FAKEKEY-imgbuild-test-0123456789"
+    pip_password = "pipPassw0rd-imgbuild-test"
+    recipe = write("sec.yaml", 'name: secrets\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+                               'pip: [six]\napt: [jq]\n')
+    cleanup_images.append("imgbuildtest/secrets:v1")
+    env = {"NGC_API_KEY": ngc_key,
+           "IMGBUILD_PIP_INDEX_URL": f"https://imgbuild:{pip_password}@pypi.org/simple"}
+    res = build(recipe, tmp_path / "ctx", "--no-cache", env=env)  # pip must really run with them
+    assert res.code == 0, res.err
+    history = subprocess.run([testbed.get("IMGBUILD_DOCKER_CLI", "docker"), "history", "--no-trunc",
+                              "imgbuildtest/secrets:v1"], capture_output=True, text=True, check=True).stdout
+    tarball = tmp_path / "image.tar"
+    with open(tarball, "wb") as fh:
+        for chunk in docker_client.images.get("imgbuildtest/secrets:v1").save(named=True):
+            fh.write(chunk)
+    log_dir = Path(os.environ["IMGBUILD_CACHE_DIR"]) / "logs"
+    log = "".join(p.read_text() for p in log_dir.glob("*secrets*"))
+    assert "pip install" in log or "imgbuild: installing" in log, "the build log was not written"
+    blob = tarball.read_bytes()
+    context = b"".join(p.read_bytes() for p in (tmp_path / "ctx").rglob("*") if p.is_file())
+    for secret in (ngc_key, pip_password):
+        assert secret not in history
+        assert secret.encode() not in blob
+        assert secret not in log
+        assert secret not in res.out + res.err
+        assert secret.encode() not in context

