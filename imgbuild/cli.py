@@ -207,6 +207,73 @@ def smoke(ctx: click.Context, image: str, require_gpu: bool, as_json: bool, repo
         sys.exit(EXIT_FAILED)
 
 
+# --- registry --------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("repository", default="pytorch")
+@click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
+@click.option("--variant", default="none", show_default=True,
+              help="'none' for plain tags, 'all', or a variant such as igpu.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N tags.")
+@click.option("--all", "show_all", is_flag=True, help="No limit.")
+@click.option("--details", is_flag=True, help="CUDA, cuDNN, framework, Python, driver, size, digest per tag.")
+@click.option("--compatible", is_flag=True, help="Only tags this host's driver and GPUs can run.")
+@click.option("--driver", metavar="VERSION", help="Driver version to check against (default: NVML / nvidia-smi).")
+@click.option("--arch", metavar="X.Y[,X.Y]", help="GPU compute capabilities to check against.")
+@click.option("--refresh", is_flag=True, help="Ignore the cached tag list.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable listing.")
+@click.pass_context
+def tags(ctx: click.Context, repository: str, since: str | None, variant: str, limit: int, show_all: bool,
+         details: bool, compatible: bool, driver: str | None, arch: str | None, refresh: bool,
+         as_json: bool) -> None:
+    """List NGC tags (pytorch, tensorflow or ORG/REPO), newest first, from the registry itself."""
+    from imgbuild import tags as tagmod
+    from imgbuild.registry import RegistryClient
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    tagmod.release_floor(since)
+    host, repo = tagmod.repository_for(repository, settings.ngc_registry)
+    client = RegistryClient.for_host(host, settings)
+    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+    names, age, offline = tagmod.list_tags(client, repo, cache, refresh=refresh)
+    infos = tagmod.select(names, since=since, variant=variant, limit=None if (show_all or compatible) else limit)
+    gpus = tagmod.host_gpus(driver, arch) if compatible else None
+    if (details or compatible) and infos:
+        if offline:
+            raise ImgbuildError(f"registry {host} is unreachable: --details/--compatible need it")
+        tagmod.add_details(client, repo, infos, cache)
+    if gpus is not None:
+        for info in infos:
+            info.compatible, info.why = tagmod.compatibility(info, gpus)
+        infos = [i for i in infos if i.compatible][: None if show_all else limit]
+    listing = tagmod.Listing(f"{host}/{repo}", infos, age, offline, len(names), client.requests_made)
+    if offline:
+        listing.notes.append(f"registry unreachable: cached answer from {age / 3600:.1f} h ago")
+    elif age is not None:
+        listing.notes.append(f"cached {age / 60:.0f} min ago (--refresh to ask the registry)")
+    if gpus is not None:
+        listing.notes.append(f"host: driver {gpus.driver or '?'}, GPUs {','.join(gpus.capabilities) or '?'} "
+                             f"(from {gpus.source})")
+    if as_json:
+        _emit_json(listing.to_json())
+        return
+    if details or compatible:
+        columns = ["tag", "CUDA", "cuDNN", "framework", "python", "driver", "size", "digest"]
+        rows = [[i.tag, i.cuda, i.cudnn, f"{i.framework} {i.framework_version}".strip(), i.python, i.driver,
+                 f"{i.size / 1e9:.1f} GB" if i.size else "", i.digest[:19]] for i in infos]
+        if compatible:
+            columns.append("why")
+            for row, info in zip(rows, infos, strict=True):
+                row.append(info.why)
+    else:
+        columns = ["tag", "release", "variant"]
+        rows = [[i.tag, i.release, i.variant or ""] for i in infos]
+    print_table(columns, rows, title=f"{host}/{repo}: {len(infos)} of {len(names)} tags")
+    for note in listing.notes:
+        click.echo(f"note: {note}", err=True)
+
+
 # --- settings --------------------------------------------------------------------------------------
 
 @cli.command()

@@ -20,14 +20,15 @@ class Framework:
     release_env: str            # env var carrying the NGC release (YY.MM)
     packages: tuple[str, ...]   # pip distributions that are the framework itself
     module: str
+    tag_fw: str | None          # the tag's framework part: 24.05-tf2-py3 -> "tf2"; pytorch has none
 
 
 FRAMEWORKS = {
     "pytorch": Framework("pytorch", "nvidia/pytorch", "-py3", "PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION",
-                         ("torch",), "torch"),
+                         ("torch",), "torch", None),
     "tensorflow": Framework("tensorflow", "nvidia/tensorflow", "-tf2-py3", "TENSORFLOW_VERSION",
                             "NVIDIA_TENSORFLOW_VERSION",
-                            ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"), "tensorflow"),
+                            ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"), "tensorflow", "tf2"),
 }
 #: Distributions that belong to the base's CUDA stack: a recipe may never pin them.
 CUDA_PACKAGE_PREFIXES = ("nvidia-", "cupy-cuda", "jax-cuda")
@@ -71,18 +72,13 @@ def expand_tag(framework: str, tag: str) -> str:
 
 def newest_matching(framework: str | None, pattern: str, tags: list[str]) -> str | None:
     """The newest plain (no variant) tag that matches `pattern` (`latest`, `24.*`, `2?.1*`)."""
-    suffix = FRAMEWORKS[framework].tag_suffix if framework else ""
     wanted = "*" if pattern == "latest" else pattern
-    candidates = []
-    for text in tags:
-        parsed = parse_tag(text)
-        if parsed is None or not parsed.plain or parsed.py == "2":
-            continue
-        if suffix and not text.endswith(suffix):
-            continue
-        release_or_tag = parsed.release if not wanted.endswith(suffix) else text
-        if fnmatch.fnmatchcase(release_or_tag, wanted) or fnmatch.fnmatchcase(text, wanted):
-            candidates.append(parsed)
+    candidates = [
+        parsed for parsed in map(parse_tag, tags)
+        if parsed is not None and parsed.plain and parsed.py != "2"
+        and (framework is None or parsed.fw == FRAMEWORKS[framework].tag_fw)
+        and (fnmatch.fnmatchcase(parsed.release, wanted) or fnmatch.fnmatchcase(parsed.text, wanted))
+    ]
     return max(candidates).text if candidates else None
 
 

@@ -127,14 +127,19 @@ def list_tags(client: RegistryClient, repo: str, cache: TagCache, *, refresh: bo
     return tags, None, False
 
 
+def release_floor(since: str | None) -> tuple[int, int] | None:
+    """`--since 24.01` as (24, 1); a bad value is a usage error, found before any request."""
+    if not since:
+        return None
+    parsed = parse_tag(since if "-" in since else since + "-py3")
+    if parsed is None:
+        raise UsageError(f"--since: {since!r} is not a release like 24.01")
+    return parsed.yy, parsed.mm
+
+
 def select(tags: list[str], *, since: str | None, variant: str, limit: int | None) -> list[TagInfo]:
     """Parse, filter and sort newest first. `variant`: none (plain tags), all, or a name like igpu."""
-    floor = None
-    if since:
-        parsed = parse_tag(since if "-" in since else since + "-py3")
-        if parsed is None:
-            raise UsageError(f"--since: {since!r} is not a release like 24.01")
-        floor = (parsed.yy, parsed.mm)
+    floor = release_floor(since)
     chosen = []
     for text in tags:
         parsed = parse_tag(text)

@@ -53,12 +53,18 @@ def print_table(columns: list[str], rows: list[list[Any]], title: str | None = N
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, box=None, header_style="bold", pad_edge=False)
-    for col in columns:
-        table.add_column(col, overflow="fold")
+    console = Console()
+    # Off a terminal (CI logs, pipes) nothing wraps: one row per line, greppable.
+    wide = not console.is_terminal
+    table = Table(title=title, box=None, header_style="bold", pad_edge=False, title_justify="left")
+    for i, col in enumerate(columns):
+        last = i == len(columns) - 1
+        table.add_column(col, no_wrap=wide or not last, overflow="ignore" if wide else "fold")
     for row in rows:
         table.add_row(*["" if v is None else str(v) for v in row])
-    Console(width=max(100, Console().width)).print(table)
+    if wide:
+        console = Console(width=1000, highlight=False)
+    console.print(table, crop=False, soft_wrap=wide)
 
 
 def echo(text: str = "") -> None:
