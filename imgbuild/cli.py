@@ -248,7 +248,7 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
             info.compatible, info.why = tagmod.compatibility(info, gpus)
         infos = [i for i in infos if i.compatible][: None if show_all else limit]
     listing = tagmod.Listing(f"{host}/{repo}", infos, age, offline, len(names), client.requests_made)
-    if offline:
+    if offline and age is not None:
         listing.notes.append(f"registry unreachable: cached answer from {age / 3600:.1f} h ago")
     elif age is not None:
         listing.notes.append(f"cached {age / 60:.0f} min ago (--refresh to ask the registry)")
@@ -292,7 +292,8 @@ def config(ctx: click.Context, as_json: bool) -> None:
 
 # --- entry point -----------------------------------------------------------------------------------
 
-_NO_ARGS_IS_HELP: type[Exception] = getattr(click.exceptions, "NoArgsIsHelpError", ()) or ()  # type: ignore[assignment]
+# click >= 8.2 raises this for a bare `imgbuild`; older versions print the help themselves.
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def main(argv: list[str] | None = None) -> None:

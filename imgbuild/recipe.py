@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -275,9 +276,10 @@ def interpolate(located: Located, environ: dict[str, str], problems: list[Proble
 
 def _move(located: Located, old: PathKey, new: PathKey) -> None:
     """Re-key positions under `old` to live under `new` (after a shorthand is expanded)."""
-    for table in (located.values, located.keys, located.raw):
+    tables: tuple[dict[PathKey, Any], ...] = (located.values, located.keys, located.raw)
+    for table in tables:
         for path in [p for p in table if p[: len(old)] == old]:
-            table[new + path[len(old):]] = table[path]  # type: ignore[index]
+            table[new + path[len(old):]] = table[path]
 
 
 def normalize(located: Located) -> None:
@@ -324,7 +326,7 @@ def _merge_keyed(parent: list[Any], child: list[Any], key: Any) -> list[Any]:
 
 
 #: How lists merge in `extends` (documented in docs/recipes.md). Anything else: the child replaces.
-LIST_MERGE = {
+LIST_MERGE: dict[PathKey, Callable[[list[Any], list[Any]], list[Any]]] = {
     ("apt",): lambda p, c: _merge_keyed(p, c, lambda x: str(x).split("=")[0]),
     ("pip", "packages"): lambda p, c: _merge_keyed(p, c, lambda x: _pip_name(str(x))),
     ("pip", "constraints"): lambda p, c: _merge_keyed(p, c, lambda x: _pip_name(str(x))),
@@ -332,7 +334,7 @@ LIST_MERGE = {
     ("run",): lambda p, c: p + c,
 }
 #: Mappings that merge key by key (child wins); other mappings too, recursively.
-REPLACE_WHOLE = {("entrypoint",), ("cmd",), ("base",)}
+REPLACE_WHOLE: set[PathKey] = {("entrypoint",), ("cmd",), ("base",)}
 
 
 def merge(parent: Any, child: Any, at: PathKey = ()) -> Any:
@@ -551,7 +553,7 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None) -> Load
         recipe = Recipe.model_validate(located.data)
     except ValidationError as exc:
         fields = _model_fields(Recipe)
-        problems.extend(_translate(e, located, fields) for e in exc.errors(include_url=False))
+        problems.extend(_translate(dict(e), located, fields) for e in exc.errors(include_url=False))
     if problems:
         raise RecipeError(_dedupe(problems))
     assert recipe is not None

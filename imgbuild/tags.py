@@ -198,11 +198,11 @@ def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
         try:
             drv = pynvml.nvmlSystemGetDriverVersion()
             drv = drv.decode() if isinstance(drv, bytes) else drv
-            caps = []
+            nvml_caps = []
             for i in range(pynvml.nvmlDeviceGetCount()):
                 major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
-                caps.append(f"{major}.{minor}")
-            return HostGpus(drv, tuple(caps), "NVML")
+                nvml_caps.append(f"{major}.{minor}")
+            return HostGpus(drv, tuple(nvml_caps), "NVML")
         finally:
             pynvml.nvmlShutdown()
     except Exception:
@@ -234,7 +234,8 @@ def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
     """Can this host run the tag? Driver against the image's CUDA; each GPU against its arch list."""
     reasons = []
     ok = True
-    cuda = _version_tuple(info.cuda)[:2]
+    parts = _version_tuple(info.cuda)
+    cuda = (parts[0], parts[1]) if len(parts) >= 2 else None
     if host.driver and cuda:
         need_exact = CUDA_MIN_DRIVER.get(cuda)
         need_major = CUDA_MIN_DRIVER.get((cuda[0], 0))

@@ -196,3 +196,41 @@ def test_no_secret_reaches_the_image_history_or_log(testbed, docker_client, tmp_
         assert secret not in log
         assert secret not in res.out + res.err
         assert secret.encode() not in context
+
+
+def test_smoke_command_on_stock_ngc_images(testbed, tmp_path):
+    registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
+    for image, framework in ((f"{registry}/nvidia/pytorch:24.05-py3", "pytorch"),
+                             (f"{registry}/nvidia/tensorflow:24.05-tf2-py3", "tensorflow")):
+        report_path = tmp_path / f"{framework}.json"
+        res = run_cli("smoke", image, "--json", "--report", str(report_path))
+        assert res.code == 0, res.err
+        data = json.loads(res.out)
+        assert data == json.loads(report_path.read_text())
+        assert data["ok"] and data["meta"]["framework"] == framework
+        checks = {c["name"]: c for c in data["checks"]}
+        assert checks["framework"]["status"] == "pass" and checks["cpu compute"]["status"] == "pass"
+        assert checks["cuda"]["status"] == "skip" and checks["cuda"]["reason"].startswith("no GPU visible")
+    required = run_cli("smoke", f"{registry}/nvidia/pytorch:24.05-py3", "--require-gpu")
+    assert required.code == 1 and "a GPU is required" in required.out + required.err
+
+
+def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(testbed, docker_client, tmp_path, write,
+                                                                    cleanup_images):
+    import sys
+
+    recipe = write("lock.yaml", 'name: locked\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+                                'run: ["sleep 3"]\nenv: {X: "1"}\n')
+    cleanup_images.append("imgbuildtest/locked:v1")
+    procs = [subprocess.Popen([sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx"),
+                               "--no-cache"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=900), p.stderr.read()) for p in procs]
+    assert all(code == 0 for code, _ in results), results
+    assert any("waiting for another build of imgbuildtest/locked:v1" in err for _, err in results)
+    current = docker_client.images.get("imgbuildtest/locked:v1")
+    previous = docker_client.images.get("imgbuildtest/locked:v1-previous")
+    assert current.id != previous.id  # the second build replaced the first and kept it reachable
+    assert (tmp_path / "ctx" / "Dockerfile").is_file()
+    out = in_image(docker_client, "imgbuildtest/locked:v1", "import os, torch; print(os.environ['X'], torch.__version__)")
+    assert out.split() == ["1", STANDIN_TORCH]

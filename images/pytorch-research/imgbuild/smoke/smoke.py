@@ -211,7 +211,7 @@ def torch_tensor_cores(torch) -> dict:
     bf16 = _gemm_tflops(torch, torch.bfloat16, n) if torch.cuda.is_bf16_supported() else None
     speedup = max(fp16, bf16 or 0.0) / fp32
     floor = float(os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP") or SPEEDUP_FLOORS.get((major, minor), 0.0))
-    details = {"n": n, "fp32_tflops": round(fp32, 1), "fp16_tflops": round(fp16, 1),
+    details: dict = {"n": n, "fp32_tflops": round(fp32, 1), "fp16_tflops": round(fp16, 1),
                "bf16_tflops": round(bf16, 1) if bf16 else None, "speedup": round(speedup, 1), "floor": floor}
     text = (f"fp32 {fp32:.1f}, fp16 {fp16:.1f}" + (f", bf16 {bf16:.1f}" if bf16 else "")
             + f" TFLOP/s: {speedup:.1f}x")
