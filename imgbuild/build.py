@@ -43,12 +43,26 @@ class BuildResult:
                 "smoke": self.smoke.to_json() if self.smoke else None}
 
 
-def registry_inspector(settings: Settings, engine: Engine | None = None) -> Callable[[str], tuple[str, dict]]:
-    """Base inspection: the registry first (digest + config, no pull); a local image when offline."""
+def registry_inspector(settings: Settings, engine: Engine | None = None,
+                       local_refs: frozenset[str] = frozenset()) -> Callable[[str], tuple[str, dict]]:
+    """Base inspection: the registry first (digest + config, no pull); a local image when offline.
+
+    `local_refs` are images this run builds itself (another recipe's target): always the local image,
+    pinned by id, so pushing it later does not make its dependents look stale."""
     clients: dict[str, RegistryClient] = {}
 
     def inspect(ref: str) -> tuple[str, dict[str, Any]]:
         host, repo, reference = split_reference(ref)
+        if engine and ref in local_refs:
+            local = engine.inspect_local(ref)
+            if local is not None:
+                return "", local[1]
+        if engine and "/" in ref and host == "docker.io" and not ref.startswith("docker.io/"):
+            # An unqualified `lab/house:v1` that the engine has is a local build (another recipe's
+            # image): pin it by image id rather than asking Docker Hub about a name it never saw.
+            local = engine.inspect_local(ref)
+            if local is not None:
+                return local[0], local[1]
         client = clients.setdefault(host, RegistryClient.for_host(host, settings))
         try:
             manifest, config = client.image_config(repo, reference)
@@ -77,8 +91,8 @@ def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
 
 
 def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: Engine | None = None,
-                offline: bool = False) -> Plan:
-    inspect = None if offline else registry_inspector(settings, engine)
+                offline: bool = False, local_refs: frozenset[str] = frozenset()) -> Plan:
+    inspect = None if offline else registry_inspector(settings, engine, local_refs)
     return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings))
 
 
@@ -128,11 +142,11 @@ def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) ->
 
 def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = None,
           require_gpu: bool = False, no_cache: bool = False, out: str | Path | None = None,
-          progress: Callable[[str], None] = lambda s: None) -> BuildResult:
+          progress: Callable[[str], None] = lambda s: None, local_refs: frozenset[str] = frozenset()) -> BuildResult:
     loaded = load_recipe(recipe_path)
     engine = Engine.connect(settings.docker_cli)
     chosen = engine.pick_backend(backend or settings.backend)
-    plan = plan_recipe(loaded, settings, engine)
+    plan = plan_recipe(loaded, settings, engine, local_refs=local_refs)
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")

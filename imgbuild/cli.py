@@ -7,6 +7,7 @@ Heavy modules are imported inside commands so `imgbuild --help` stays fast.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from imgbuild import __version__
 from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ImgbuildError
 
 SECTIONS = [
-    ("Recipes", ["validate", "render", "schema"]),
-    ("Images", ["build", "smoke"]),
+    ("Recipes", ["validate", "render", "schema", "bump"]),
+    ("Images", ["build", "smoke", "rebuild"]),
     ("Registry", ["tags"]),
     ("Settings", ["config"]),
 ]
@@ -207,6 +208,101 @@ def smoke(ctx: click.Context, image: str, require_gpu: bool, as_json: bool, repo
         sys.exit(EXIT_FAILED)
 
 
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--check", is_flag=True, help="Build nothing; exit 1 when images/ is stale against the recipes.")
+@click.option("--dry-run", is_flag=True, help="Say what is stale and why; build nothing.")
+@click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Independent images built at once.")
+@click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend.")
+@click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write a JSON report.")
+@click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bool, push: bool, jobs: int,
+            backend: str | None, report_json: Path | None, junit_xml: Path | None, as_json: bool) -> None:
+    """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
+    import threading
+    import time
+
+    from imgbuild import rebuild as rb
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx, backend=backend)
+    start = time.monotonic()
+    targets = list(paths) or ["recipes"]
+    if check:
+        items = rb.check_contexts(targets, settings)
+    else:
+        lock = threading.Lock()
+
+        def log(line: str) -> None:
+            with lock:
+                click.echo(" ".join(line.split())[:200], err=True)
+
+        items = rb.run(targets, settings, rb.RebuildOptions(push=push, jobs=jobs, backend=backend,
+                                                            dry_run=dry_run), log)
+    seconds = time.monotonic() - start
+    report = {"seconds": round(seconds, 2), "mode": "check" if check else ("dry-run" if dry_run else "build"),
+              "images": [i.to_json() for i in items]}
+    if report_json:
+        report_json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    if junit_xml:
+        junit_xml.write_text(rb.junit_xml(items, seconds))
+    if as_json:
+        _emit_json(report)
+    else:
+        rows = [[i.name, i.target, i.status.upper(), "; ".join(i.reasons) if i.status != rb.FAILED
+                 else i.error.splitlines()[0], f"{i.seconds:.1f}s"] for i in items]
+        print_table(["recipe", "image", "status", "why", "time"], rows,
+                    title=f"imgbuild rebuild{' --check' if check else ''}: {len(items)} recipe(s), {seconds:.1f}s")
+        for item in items:
+            if item.status == rb.FAILED and "\n" in item.error:
+                click.echo(f"--- {item.name}\n{item.error}", err=True)
+    bad = {rb.FAILED, rb.INVALID, rb.SKIPPED} | ({rb.STALE} if check else set())
+    if any(i.status in bad for i in items):
+        sys.exit(EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="Show the moves; change no file.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Move recipes with base.follow to the newest matching NGC tag (edits the YAML, re-renders)."""
+    from imgbuild import tags as tagmod
+    from imgbuild.build import context_dir, plan_recipe
+    from imgbuild.bump import bump as do_bump
+    from imgbuild.rebuild import discover
+    from imgbuild.recipe import load_recipe
+    from imgbuild.registry import RegistryClient
+    from imgbuild.render import render_context
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+
+    def tags_for(framework: str) -> list[str]:
+        host, repo = tagmod.repository_for(framework, settings.ngc_registry)
+        return tagmod.list_tags(RegistryClient.for_host(host, settings), repo, cache, refresh=True)[0]
+
+    results = do_bump(discover(list(paths) or ["recipes"]), settings, dry_run=dry_run, tags_for=tags_for)
+    if not dry_run:
+        for moved in (r for r in results if r.changed):
+            loaded = load_recipe(moved.recipe)
+            plan = plan_recipe(loaded, settings)
+            if context_dir(plan, settings).exists():
+                render_context(plan, context_dir(plan, settings))
+    if as_json:
+        _emit_json([r.to_json() for r in results])
+        return
+    print_table(["recipe", "follows", "from", "to", "moved"],
+                [[r.recipe, r.pattern, r.current, r.newest or "(no match)", "yes" if r.changed else "no"]
+                 for r in results], title="imgbuild bump" + (" --dry-run" if dry_run else ""))
+
+
 # --- registry --------------------------------------------------------------------------------------
 
 @cli.command()
@@ -320,6 +416,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("imgbuild: interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # a bug or an unexpected engine answer: still one line, no traceback
+        if os.environ.get("IMGBUILD_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        click.echo(f"imgbuild: unexpected {type(exc).__name__}: {first} "
+                   "(set IMGBUILD_DEBUG=1 for the traceback)", err=True)
+        sys.exit(EXIT_FAILED)
     sys.exit(EXIT_OK)
 
 

@@ -245,13 +245,13 @@ class Engine:
             self.client.api.remove_image(ref, noprune=True)
 
     def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
-        """(digest-or-id, config) of a local image, for bases the registry cannot be asked about."""
+        """(registry digest or "", config with the image "Id") of a local image."""
         img = self.image(ref)
         if img is None:
             return None
         repo = ref.split("@")[0].rsplit(":", 1)[0]
         digests = [d.split("@", 1)[1] for d in img.attrs.get("RepoDigests", []) if d.split("@")[0] == repo]
-        return (digests[0] if digests else ""), {"config": img.attrs.get("Config") or {}}
+        return (digests[0] if digests else ""), {"config": img.attrs.get("Config") or {}, "Id": img.id}
 
     def pull(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> None:
         repo, _, tag = ref.rpartition(":") if "@" not in ref else (ref, "", None)

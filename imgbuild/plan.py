@@ -32,10 +32,16 @@ class BaseImage:
     labels: dict[str, str] = field(default_factory=dict)
     facts: dict[str, str] = field(default_factory=dict)
     requested: str = ""
+    image_id: str = ""  # for a local, never-pushed base (e.g. another recipe's image): no digest exists
 
     @property
     def pinned(self) -> str:
         return f"{self.ref}@{self.digest}" if self.digest else self.ref
+
+    @property
+    def identity(self) -> str:
+        """What changes when the base changes: its registry digest, or the local image id."""
+        return self.digest or self.image_id
 
     @property
     def framework(self) -> str:
@@ -79,7 +85,7 @@ class Plan:
             "recipe": stable_name(self.loaded.path),
             "extends": [stable_name(p) for p in self.loaded.chain[:-1]],
             "image": self.target,
-            "base": {"requested": self.base.requested, "ref": self.base.ref, "digest": self.base.digest,
+            "base": {"requested": self.base.requested, "ref": self.base.ref, "digest": self.base.identity,
                      "framework": self.base.framework, "framework_version": self.base.framework_version,
                      "cuda": self.base.facts.get("cuda", ""), "cudnn": self.base.facts.get("cudnn", "")},
             "protected": list(self.protected),
@@ -115,8 +121,8 @@ def resolve_base(loaded: LoadedRecipe, settings: Settings, inspect_base: Inspect
     digest, config = inspect_base(ref)
     cfg = config.get("config") or config.get("Config") or {}
     env = dict(item.split("=", 1) for item in (cfg.get("Env") or []) if "=" in item)
-    return BaseImage(ref=ref.split("@")[0], digest=digest, env=env, labels=dict(cfg.get("Labels") or {}),
-                     facts=describe_config(config), requested=requested)
+    return BaseImage(ref=ref.split("@")[0], digest=digest or None, env=env, labels=dict(cfg.get("Labels") or {}),
+                     facts=describe_config(config), requested=requested, image_id=str(config.get("Id", "")))
 
 
 def protected_pins(base: BaseImage) -> tuple[str, ...]:
@@ -222,12 +228,16 @@ def content_hash(loaded: LoadedRecipe) -> str:
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
-def image_name(loaded: LoadedRecipe, settings: Settings) -> str:
+def image_and_tag(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str]:
+    """(`<user>/<name>` or the recipe's `image`, tag); a tag in `image` wins over `tag`."""
     recipe = loaded.recipe
-    if recipe.image:
-        return recipe.image.split(":")[0]
-    user = settings.user.lower()
-    return f"{user}/{recipe.name}"
+    if not recipe.image:
+        return f"{settings.user.lower()}/{recipe.name}", recipe.tag
+    head, _, last = recipe.image.rpartition("/")
+    if ":" in last:  # the tag is after the last slash; a registry port is before it
+        last, tag = last.split(":", 1)
+        return f"{head}/{last}" if head else last, tag
+    return recipe.image, recipe.tag
 
 
 def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,
@@ -236,10 +246,9 @@ def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBas
     check_framework_conflicts(loaded, base)
     uid, gid = resolve_ids(loaded, settings)
     chash = content_hash(loaded)
-    inputs = json.dumps({"content": chash, "base": base.digest or base.ref, "uid": uid, "gid": gid},
+    inputs = json.dumps({"content": chash, "base": base.identity or base.ref, "uid": uid, "gid": gid},
                         sort_keys=True).encode()
-    tag = loaded.recipe.image.split(":")[1] if loaded.recipe.image and ":" in loaded.recipe.image \
-        else loaded.recipe.tag
-    return Plan(loaded=loaded, image=image_name(loaded, settings), tag=tag, base=base, content_hash=chash,
+    image, tag = image_and_tag(loaded, settings)
+    return Plan(loaded=loaded, image=image, tag=tag, base=base, content_hash=chash,
                 input_hash="sha256:" + hashlib.sha256(inputs).hexdigest(), uid=uid, gid=gid,
                 protected=protected_pins(base))

@@ -140,6 +140,7 @@ class Base(_Strict):
     tag: Annotated[str, _check(NGC_TAG_RE, "not an NGC tag",
                                "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*")] | None = None
     image: Annotated[str, _check(IMAGE_RE, "not an image reference")] | None = None
+    follow: Annotated[str, _check(NGC_TAG_RE, "not a tag pattern", "e.g. latest or 24.*")] | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> Base:
@@ -147,6 +148,8 @@ class Base(_Strict):
             raise ValueError("give either image, or framework and tag, not both")
         if not self.image and not (self.framework and self.tag):
             raise ValueError("needs framework and tag (e.g. framework: pytorch, tag: \"24.05\") or image")
+        if self.follow and not self.framework:
+            raise ValueError("follow needs framework and tag (imgbuild bump moves tag along the pattern)")
         return self
 
 

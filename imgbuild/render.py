@@ -70,7 +70,7 @@ def image_labels(plan: Plan) -> dict[str, str]:
         f"{LABEL_PREFIX}recipe-hash": plan.content_hash,
         f"{LABEL_PREFIX}input-hash": plan.input_hash,
         f"{LABEL_PREFIX}base": plan.base.ref,
-        f"{LABEL_PREFIX}base-digest": plan.base.digest or "",
+        f"{LABEL_PREFIX}base-digest": plan.base.identity,
         f"{LABEL_PREFIX}base-framework": plan.base.framework,
         f"{LABEL_PREFIX}base-framework-version": plan.base.framework_version,
     })
@@ -168,7 +168,8 @@ def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit") -> Path
     dockerfile = _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context)
     _write(staging / "Dockerfile", dockerfile)
     _write(staging / ".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n")
-    _write(staging / "imgbuild.lock.json", json.dumps(plan.lock(), indent=2, sort_keys=True) + "\n")
+    _write(staging / "imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2,
+                                                      sort_keys=True) + "\n")
 
     # Keep what earlier runs left beside the context (smoke report), then swap in the new files.
     for keep in ("smoke.json",):

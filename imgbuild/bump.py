@@ -1,0 +1,71 @@
+"""`imgbuild bump`: move recipes that follow a framework (`base.follow: 24.*` or `latest`) to the newest
+NGC tag matching their pattern, editing the YAML in place (comments and layout kept) for a human to review,
+and re-rendering their contexts, the way dependency bots open pull requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild.config import Settings
+from imgbuild.errors import UsageError
+from imgbuild.ngc import FRAMEWORKS, expand_tag, parse_tag
+from imgbuild.yamlpos import load_located
+
+
+@dataclass
+class Bump:
+    recipe: str
+    framework: str
+    pattern: str
+    current: str
+    newest: str
+    changed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _rewrite_scalar(text: str, line: int, col: int, old: str, new: str) -> str:
+    lines = text.splitlines(keepends=True)
+    row = lines[line - 1]
+    head, rest = row[: col - 1], row[col - 1:]
+    if rest[:1] in "\"'":
+        quote = rest[0]
+        assert rest[1: 1 + len(old)] == old
+        rest = quote + new + rest[1 + len(old):]
+    else:
+        assert rest.startswith(old)
+        rest = new + rest[len(old):]
+    lines[line - 1] = head + rest
+    return "".join(lines)
+
+
+def bump(paths: list[Path], settings: Settings, *, dry_run: bool = False,
+         tags_for: Any = None) -> list[Bump]:
+    """`tags_for(framework) -> list[str]`: the registry's tags (injected in tests)."""
+    from imgbuild.ngc import newest_matching
+
+    results: list[Bump] = []
+    for path in paths:
+        located = load_located(path, str(path))
+        base = located.data.get("base") if isinstance(located.data, dict) else None
+        if not isinstance(base, dict) or not base.get("follow"):
+            continue
+        framework, pattern, current = base.get("framework"), str(base["follow"]), str(base.get("tag", ""))
+        if framework not in FRAMEWORKS:
+            raise UsageError(f"{path}: base.follow needs base.framework")
+        newest = newest_matching(framework, pattern, tags_for(framework))
+        if newest is None:
+            results.append(Bump(str(path), framework, pattern, current, "", False))
+            continue
+        have, want = parse_tag(expand_tag(framework, current)), parse_tag(newest)
+        changed = bool(want and (have is None or want > have))
+        if changed and not dry_run:
+            short = current == (have.release if have else None)  # keep the recipe's style: 24.05 vs 24.05-py3
+            new_text = want.release if (short and want) else newest
+            pos = located.values[("base", "tag")]
+            path.write_text(_rewrite_scalar(path.read_text(), pos.line, pos.col, current, new_text))
+        results.append(Bump(str(path), framework, pattern, current, newest, changed))
+    return results

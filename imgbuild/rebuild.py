@@ -1,0 +1,320 @@
+"""CI rebuilds: rebuild exactly the images whose inputs changed, in dependency order, push them, report.
+
+An image is stale when its labels (or the registry's copy, with --push) disagree with the plan:
+the recipe or a copied file changed, the base moved to another digest, or the build IDs changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from imgbuild.config import Settings
+from imgbuild.engine import Engine
+from imgbuild.errors import ImgbuildError, RecipeError, UsageError
+from imgbuild.plan import Plan
+from imgbuild.recipe import display_path, load_recipe
+from imgbuild.registry import RegistryClient, docker_config_credentials, split_reference
+
+FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
+
+
+@dataclass
+class Item:
+    path: Path
+    target: str = ""
+    base_ref: str = ""
+    deps: list[str] = field(default_factory=list)   # targets of other recipes this one builds on
+    status: str = ""
+    reasons: list[str] = field(default_factory=list)
+    error: str = ""
+    image_id: str = ""
+    pushed: str = ""
+    seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return display_path(self.path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recipe": self.name, "image": self.target, "status": self.status, "reasons": self.reasons,
+                "error": self.error, "image_id": self.image_id, "pushed_digest": self.pushed,
+                "depends_on": self.deps, "seconds": round(self.seconds, 2)}
+
+
+def discover(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageError(f"{raw}: no such recipe or folder")
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def _normal(ref: str) -> str:
+    host, repo, tag = split_reference(ref)
+    prefix = "" if host == "docker.io" else host + "/"
+    return f"{prefix}{repo.removeprefix('library/')}:{tag}"
+
+
+def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
+    """Load every recipe and link those whose base is another recipe's image. Order: dependencies first."""
+    from imgbuild.plan import base_reference, image_and_tag
+
+    items: list[Item] = []
+    for path in paths:
+        item = Item(path)
+        try:
+            loaded = load_recipe(path)
+            image, tag = image_and_tag(loaded, settings)
+            item.target = f"{image}:{tag}"
+            repo, _, base_tag = base_reference(loaded, settings)
+            item.base_ref = f"{repo}:{base_tag}" if base_tag else repo
+        except RecipeError as exc:
+            item.status, item.error = INVALID, "; ".join(exc.lines())
+        items.append(item)
+    by_target = {_normal(i.target): i for i in items if i.target}
+    for item in items:
+        parent = by_target.get(_normal(item.base_ref)) if item.base_ref else None
+        if parent is not None and parent is not item:
+            item.deps.append(parent.target)
+    return _topological(items)
+
+
+def _topological(items: list[Item]) -> list[Item]:
+    by_target = {i.target: i for i in items}
+    ordered: list[Item] = []
+    state: dict[str, str] = {}
+
+    def visit(item: Item, chain: list[str]) -> None:
+        if state.get(item.name) == "done":
+            return
+        if state.get(item.name) == "visiting":
+            raise UsageError("recipes build on each other in a cycle: " + " -> ".join([*chain, item.name]))
+        state[item.name] = "visiting"
+        for dep in item.deps:
+            visit(by_target[dep], [*chain, item.name])
+        state[item.name] = "done"
+        ordered.append(item)
+
+    for item in items:
+        visit(item, [])
+    return ordered
+
+
+def staleness(plan: Plan, engine: Engine, settings: Settings, push: bool) -> list[str]:
+    """Why the image for `plan` must be built; empty when it is current."""
+    reasons: list[str] = []
+    image = engine.image(plan.target)
+    labels = (image.labels if image else None) or {}
+    if image is None:
+        reasons.append("never built here")
+    else:
+        if labels.get("org.imgbuild.recipe-hash") != plan.content_hash:
+            reasons.append("recipe or its files changed")
+        old_base = labels.get("org.imgbuild.base-digest", "")
+        if old_base != plan.base.identity:
+            reasons.append(f"base {plan.base.ref} moved: {old_base[7:19] or '?'} -> {plan.base.identity[7:19]}")
+        if not reasons and labels.get("org.imgbuild.input-hash") != plan.input_hash:
+            reasons.append("build inputs changed (user IDs)")
+    if push and not reasons:
+        remote = _remote_input_hash(plan.target, settings)
+        if remote != plan.input_hash:
+            reasons.append("not in the registry" if remote is None else "the registry has another build")
+    return reasons
+
+
+def _remote_input_hash(target: str, settings: Settings) -> str | None:
+    host, repo, tag = split_reference(target)
+    client = RegistryClient.for_host(host, settings)
+    try:
+        _, config = client.image_config(repo, tag)
+    except ImgbuildError:
+        return None
+    return ((config.get("config") or {}).get("Labels") or {}).get("org.imgbuild.input-hash")
+
+
+def push_auth(target: str) -> dict[str, str] | None:
+    host, _, _ = split_reference(target)
+    creds = docker_config_credentials(host)
+    return {"username": creds.username, "password": creds.password} if creds else None
+
+
+@dataclass
+class RebuildOptions:
+    check: bool = False
+    push: bool = False
+    jobs: int = 1
+    backend: str | None = None
+    dry_run: bool = False
+
+
+def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print) -> list[Item]:
+    """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
+    from imgbuild import build as pipeline
+
+    items = load_graph(discover(paths), settings)
+    engine = Engine.connect(settings.docker_cli)
+    done: dict[str, Item] = {}
+    local_refs = frozenset(i.base_ref for i in items if i.deps)
+
+    def work(item: Item) -> Item:
+        start = time.monotonic()
+        try:
+            plan = pipeline.plan_recipe(load_recipe(item.path), settings, engine, local_refs=local_refs)
+            item.reasons = staleness(plan, engine, settings, options.push)
+            if not item.reasons:
+                item.status, item.image_id = FRESH, engine.image_id(plan.target) or ""
+                return item
+            if options.dry_run:
+                item.status = STALE
+                return item
+            log(f"{item.target}: building ({'; '.join(item.reasons)})")
+            result = pipeline.build(item.path, settings, backend=options.backend, local_refs=local_refs,
+                                    progress=lambda step: log(f"{item.target}: {step}"))
+            item.status, item.image_id = BUILT, result.image_id
+            if options.push:
+                log(f"{item.target}: pushing")
+                item.pushed = engine.push(item.target, push_auth(item.target),
+                                          lambda step: log(f"{item.target}: {step}"))
+        except ImgbuildError as exc:
+            item.status, item.error = FAILED, "\n".join(exc.lines())
+        except Exception as exc:  # an engine or network error fails this image, not the whole run
+            item.status, item.error = FAILED, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        finally:
+            item.seconds = time.monotonic() - start
+        return item
+
+    pending = [i for i in items if i.status != INVALID]
+    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        running: dict[Future[Item], Item] = {}
+        while pending or running:
+            for item in list(pending):
+                dep_items = [done.get(d) for d in item.deps]
+                if any(d is not None and d.status in (FAILED, SKIPPED, INVALID) for d in dep_items):
+                    item.status, item.error = SKIPPED, f"its base {item.deps[0]} did not build"
+                    done[item.target] = item
+                    pending.remove(item)
+                elif all(d is not None and d.status in (FRESH, BUILT, STALE) for d in dep_items) \
+                        and len(running) < max(1, options.jobs):
+                    running[pool.submit(work, item)] = item
+                    pending.remove(item)
+            if not running:
+                continue
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                item = running.pop(future)
+                done[item.target] = future.result()
+    return items
+
+
+def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
+    """`rebuild --check`: compare images/<name>/ with what the recipes render to now. Builds nothing.
+
+    The base is taken as recorded in each context's lock, so the check needs no registry and flags only
+    recipes (or copied files, or templates) that changed without their rendered context."""
+    import filecmp
+    import tempfile
+
+    from imgbuild.plan import make_plan
+    from imgbuild.render import render_context
+
+    items = []
+    for path in discover(paths):
+        item = Item(path)
+        items.append(item)
+        try:
+            loaded = load_recipe(path)
+        except RecipeError as exc:
+            item.status, item.error = INVALID, "; ".join(exc.lines())
+            continue
+        ctx = Path(settings.images_dir) / loaded.recipe.name
+        item.target = str(ctx)
+        lock_path = ctx / "imgbuild.lock.json"
+        if not lock_path.is_file():
+            item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
+            continue
+        lock = json.loads(lock_path.read_text())
+        base = lock["base"]
+        config = {"config": {"Env": _recorded_env(base)}}
+        digest = base.get("digest") or ""
+        if digest and not digest.startswith("sha256:"):
+            digest = ""
+        registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
+        pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=lock["image"].split("/")[0])
+        recorded_tag = base["ref"].rsplit(":", 1)[-1]
+        try:
+            plan = make_plan(loaded, pinned, _recorded_base(digest, config), _recorded_tag(recorded_tag))
+        except RecipeError as exc:
+            item.status, item.error = INVALID, "; ".join(exc.lines())
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh = render_context(plan, Path(tmp) / ctx.name, lock.get("backend", "buildkit"))
+            diff = _tree_diff(fresh, ctx, filecmp)
+        if diff:
+            item.status = STALE
+            item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]
+        else:
+            item.status = FRESH
+    return items
+
+
+def _recorded_base(digest: str, config: dict[str, Any]) -> Any:
+    return lambda ref: (digest, config)
+
+
+def _recorded_tag(tag: str) -> Any:
+    return lambda repo, framework, pattern: tag
+
+
+def _recorded_env(base: dict[str, Any]) -> list[str]:
+    """The base's env as far as the lock records it: enough to plan exactly as at render time."""
+    from imgbuild.ngc import FRAMEWORKS
+
+    env = [f"CUDA_VERSION={base['cuda']}"] if base.get("cuda") else []
+    env += [f"CUDNN_VERSION={base['cudnn']}"] if base.get("cudnn") else []
+    fw = FRAMEWORKS.get(base.get("framework") or "")
+    if fw and base.get("framework_version"):
+        env.append(f"{fw.version_env}={base['framework_version']}")
+    return env
+
+
+def _tree_diff(expected: Path, actual: Path, filecmp: Any) -> list[str]:
+    ignore = {"smoke.json", "build.log"}
+    want = {p.relative_to(expected).as_posix() for p in expected.rglob("*") if p.is_file()}
+    have = {p.relative_to(actual).as_posix() for p in actual.rglob("*") if p.is_file()} - ignore
+    changed = sorted(want ^ have)
+    changed += sorted(rel for rel in want & have
+                      if not filecmp.cmp(expected / rel, actual / rel, shallow=False))
+    return changed
+
+
+def junit_xml(items: list[Item], seconds: float) -> str:
+    failures = sum(i.status in (FAILED, INVALID) for i in items)
+    skipped = sum(i.status == SKIPPED for i in items)
+    cases = []
+    for item in items:
+        name = quoteattr(f"{item.name} ({item.target or 'invalid'})")
+        body = ""
+        if item.status in (FAILED, INVALID):
+            first = item.error.splitlines()[0] if item.error else item.status
+            body = f"<failure message={quoteattr(first)}>{escape(item.error)}</failure>"
+        elif item.status == SKIPPED:
+            body = f"<skipped message={quoteattr(item.error)}/>"
+        else:
+            body = f"<system-out>{escape(item.status + ': ' + ('; '.join(item.reasons) or 'up to date'))}</system-out>"
+        cases.append(f'  <testcase classname="imgbuild.rebuild" name={name} '
+                     f'time="{item.seconds:.2f}">{body}</testcase>')
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<testsuite name="imgbuild rebuild" tests="{len(items)}" failures="{failures}" errors="0" '
+            f'skipped="{skipped}" time="{seconds:.2f}">\n' + "\n".join(cases) + "\n</testsuite>\n")

@@ -1,0 +1,234 @@
+"""`imgbuild rebuild` and `bump` on the test bed: exactly the stale images, dependency order, push, reports."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import requests
+
+from imgbuild.bump import bump
+from imgbuild.config import load_settings
+from tests.conftest import run_cli
+from tests.fake_nvcr import FakeNvcr, push_many_tags
+
+
+def statuses(report_path: Path) -> dict[str, str]:
+    data = json.loads(report_path.read_text())
+    return {Path(i["recipe"]).stem: i["status"] for i in data["images"]}
+
+
+def reasons(report_path: Path) -> dict[str, str]:
+    data = json.loads(report_path.read_text())
+    return {Path(i["recipe"]).stem: "; ".join(i["reasons"]) for i in data["images"]}
+
+
+@pytest.fixture
+def project(tmp_path: Path, testbed, unique, docker_client):
+    """A project folder with recipes/ on a base of its own in the test bed's registry."""
+    registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
+    base_repo = f"imgbuildtest/base-{unique}"
+    push_many_tags(registry, base_repo, "nvidia/pytorch", "24.05-py3", ["1"])
+    (tmp_path / "recipes").mkdir()
+    created: list[str] = []
+
+    def recipe(name: str, text: str) -> Path:
+        path = tmp_path / "recipes" / f"{name}.yaml"
+        path.write_text(textwrap.dedent(text).lstrip())
+        return path
+
+    yield {"dir": tmp_path, "registry": registry, "base": f"{registry}/{base_repo}:1", "base_repo": base_repo,
+           "u": unique, "recipe": recipe, "created": created}
+    for image in docker_client.images.list(name=f"{registry}/imgbuildtest/*"):
+        for tag in image.tags:
+            if unique in tag:
+                docker_client.images.remove(tag, noprune=True)
+
+
+def rebuild(project: dict, *args: str):
+    report = project["dir"] / "report.json"
+    res = run_cli("rebuild", "--report-json", str(report), *args, cwd=project["dir"])
+    return res, report
+
+
+@pytest.mark.engine
+def test_rebuild_builds_exactly_what_changed_and_its_dependents(project):
+    reg, u = project["registry"], project["u"]
+    project["recipe"]("house", f"""
+        name: house
+        image: {reg}/imgbuildtest/house-{u}:v1
+        base: {project['base']}
+        env: {{LAYER: house}}
+        """)
+    project["recipe"]("team", f"""
+        name: team
+        image: {reg}/imgbuildtest/team-{u}:v1
+        base: {reg}/imgbuildtest/house-{u}:v1
+        env: {{TEAM: one}}
+        """)
+    project["recipe"]("solo", f"""
+        name: solo
+        image: {reg}/imgbuildtest/solo-{u}:v1
+        base: {{framework: pytorch, tag: "24.05"}}
+        env: {{SOLO: "1"}}
+        """)
+    res, report = rebuild(project)
+    assert res.code == 0, res.err
+    assert statuses(report) == {"house": "built", "team": "built", "solo": "built"}
+    order = [Path(i["recipe"]).stem for i in json.loads(report.read_text())["images"]]
+    assert order.index("house") < order.index("team")
+    assert (project["dir"] / "images" / "team" / "Dockerfile").is_file()
+
+    res, report = rebuild(project)
+    assert res.code == 0 and statuses(report) == {"house": "fresh", "team": "fresh", "solo": "fresh"}, res.err
+    assert "building" not in res.err
+
+    project["recipe"]("team", f"""
+        name: team
+        image: {reg}/imgbuildtest/team-{u}:v1
+        base: {reg}/imgbuildtest/house-{u}:v1
+        env: {{TEAM: two}}
+        """)
+    res, report = rebuild(project)
+    assert statuses(report) == {"house": "fresh", "team": "built", "solo": "fresh"}, res.err
+    assert reasons(report)["team"] == "recipe or its files changed"
+
+    project["recipe"]("house", f"""
+        name: house
+        image: {reg}/imgbuildtest/house-{u}:v1
+        base: {project['base']}
+        env: {{LAYER: house2}}
+        """)
+    res, report = rebuild(project)
+    assert statuses(report) == {"house": "built", "team": "built", "solo": "fresh"}, res.err
+    assert "moved" in reasons(report)["team"]
+
+    # NGC publishes a new image under the followed tag: the recipes on it rebuild, the others do not.
+    push_many_tags(reg, project["base_repo"], "nvidia/pytorch", "23.10-py3", ["1"])
+    res, report = rebuild(project, "--dry-run")
+    assert res.code == 0 and statuses(report) == {"house": "stale", "team": "fresh", "solo": "fresh"}
+    assert f"base {project['base']} moved" in reasons(report)["house"]
+    res, report = rebuild(project, "--jobs", "2")
+    assert statuses(report) == {"house": "built", "team": "built", "solo": "fresh"}, res.err
+    assert "imgbuild rebuild" in res.out and "BUILT" in res.out and "FRESH" in res.out
+
+
+@pytest.mark.engine
+def test_push_failures_and_reports(project, docker_client):
+    reg, u = project["registry"], project["u"]
+    for name in ("alpha", "beta"):
+        project["recipe"](name, f"""
+            name: {name}
+            image: {reg}/imgbuildtest/{name}-{u}:v1
+            base: {project['base']}
+            env: {{NAME: {name}}}
+            """)
+    project["recipe"]("broken", f"""
+        name: broken
+        image: {reg}/imgbuildtest/broken-{u}:v1
+        base: {project['base']}
+        run: ["echo about to fail && false"]
+        """)
+    project["recipe"]("child", f"""
+        name: child
+        image: {reg}/imgbuildtest/child-{u}:v1
+        base: {reg}/imgbuildtest/broken-{u}:v1
+        """)
+    junit = project["dir"] / "junit.xml"
+    res, report = rebuild(project, "--push", "--jobs", "2", "--junit-xml", str(junit))
+    assert res.code == 1, res.err
+    assert statuses(report) == {"alpha": "built", "beta": "built", "broken": "failed", "child": "skipped"}
+    data = {Path(i["recipe"]).stem: i for i in json.loads(report.read_text())["images"]}
+    assert "build failed at" in data["broken"]["error"] and "about to fail" in data["broken"]["error"]
+    for name in ("alpha", "beta"):
+        resp = requests.get(f"http://{reg}/v2/imgbuildtest/{name}-{u}/manifests/v1", timeout=10,
+                            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        assert resp.status_code == 200
+        assert resp.headers["Docker-Content-Digest"] == data[name]["pushed_digest"]
+    suite = ET.parse(junit).getroot()
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("4", "1", "1")
+    failed = [case.get("name") for case in suite if case.find("failure") is not None]
+    assert len(failed) == 1 and "broken.yaml" in failed[0]
+
+    # Everything pushed and current: a second --push run builds and pushes nothing.
+    (project["dir"] / "recipes" / "broken.yaml").unlink()
+    (project["dir"] / "recipes" / "child.yaml").unlink()
+    res, report = rebuild(project, "--push")
+    assert res.code == 0 and statuses(report) == {"alpha": "fresh", "beta": "fresh"}, res.err
+
+
+@pytest.mark.engine
+def test_push_errors_reported_in_the_stream_fail_the_run(project):
+    # Port 9 has no registry: the engine reports the failed push inside a 200 stream.
+    project["recipe"]("lost", f"""
+        name: lost
+        image: 127.0.0.1:9/imgbuildtest/lost-{project['u']}:v1
+        base: {project['base']}
+        """)
+    res, report = rebuild(project, "--push")
+    assert res.code == 1
+    data = json.loads(report.read_text())["images"][0]
+    assert data["status"] == "failed" and "push of 127.0.0.1:9/imgbuildtest/lost" in data["error"]
+
+
+@pytest.mark.engine
+def test_check_flags_recipes_whose_context_is_stale(project):
+    project["recipe"]("one", f"name: one\nbase: {project['base']}\nenv: {{A: '1'}}\n")
+    res = run_cli("render", "recipes/one.yaml", cwd=project["dir"])
+    assert res.code == 0, res.err
+    ok = run_cli("rebuild", "--check", cwd=project["dir"])
+    assert ok.code == 0 and "FRESH" in ok.out, ok.err
+    project["recipe"]("one", f"name: one\nbase: {project['base']}\nenv: {{A: '2'}}\n")
+    project["recipe"]("two", f"name: two\nbase: {project['base']}\n")
+    stale = run_cli("rebuild", "--check", "--json", cwd=project["dir"])
+    assert stale.code == 1
+    by_name = {Path(i["recipe"]).stem: i for i in json.loads(stale.out)["images"]}
+    assert by_name["one"]["status"] == "stale" and "Dockerfile" in by_name["one"]["reasons"][0]
+    assert by_name["two"]["status"] == "stale" and "never rendered" in by_name["two"]["reasons"][0]
+
+
+def test_bump_moves_following_recipes_and_keeps_the_file_as_written(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: \"24.05\"   # keep me\n"
+                    "  follow: \"24.*\"\npip: [einops]\n")
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text('name: pinned\nbase: {framework: pytorch, tag: "24.05"}\n')
+    tags = ["24.05-py3", "24.10-py3", "24.12-py3-igpu", "25.01-py3", "24.11-tf2-py3"]
+    result = bump([path, pinned], load_settings(environ={}), tags_for=lambda fw: tags)
+    assert [(r.current, r.newest, r.changed) for r in result] == [("24.05", "24.10-py3", True)]
+    assert path.read_text() == ("# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: \"24.10\"   # keep me\n"
+                                "  follow: \"24.*\"\npip: [einops]\n")
+    again = bump([path], load_settings(environ={}), tags_for=lambda fw: tags)
+    assert again[0].changed is False
+
+
+def test_bump_cli_against_fake_nvcr(tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "lab.yaml"
+    recipe.write_text("name: lab\nbase: {framework: pytorch, tag: 24.01-py3, follow: latest}\n")
+    with FakeNvcr({"nvidia/pytorch": ["24.01-py3", "25.02-py3", "26.01-py3-igpu"]}) as fake:
+        monkeypatch.setenv("IMGBUILD_NGC_REGISTRY", fake.host)
+        dry = run_cli("bump", "--dry-run", "--json", cwd=tmp_path)
+        assert dry.code == 0, dry.err
+        assert json.loads(dry.out)[0]["newest"] == "25.02-py3" and "24.01-py3" in recipe.read_text()
+        res = run_cli("bump", cwd=tmp_path)
+        assert res.code == 0, res.err
+    assert "tag: 25.02-py3, follow: latest" in recipe.read_text()
+
+
+def test_ci_examples_parse_and_use_real_flags():
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent / "docs" / "ci"
+    for name in ("github-actions.yml", "gitlab-ci.yml"):
+        text = (root / name).read_text()
+        yaml.safe_load(text)
+        for command, flags in re.findall(r"imgbuild (rebuild|bump|validate)([^\n#]*)", text):
+            helptext = run_cli(command, "--help").out
+            for flag in re.findall(r"(--[a-z-]+)", flags):
+                assert flag in helptext, f"{name}: imgbuild {command} has no {flag}"
