@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ from typing import Any
 import click
 
 from imgbuild import __version__
-from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ImgbuildError
+from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ImgbuildError, UsageError
 
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump"]),
     ("Images", ["build", "smoke", "rebuild"]),
     ("Registry", ["tags"]),
+    ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
     ("Settings", ["config"]),
 ]
 
@@ -368,6 +370,264 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
     print_table(columns, rows, title=f"{host}/{repo}: {len(infos)} of {len(names)} tags")
     for note in listing.notes:
         click.echo(f"note: {note}", err=True)
+
+
+# --- shared GPU servers ----------------------------------------------------------------------------
+
+def _read_gpus(settings: Any) -> list[Any]:
+    from imgbuild.gpus import NoGpus, read_gpus
+
+    try:
+        return read_gpus(settings.gpu_snapshot)
+    except NoGpus:
+        return []
+
+
+@cli.command()
+@click.argument("image")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--gpus", "gpu_request", default="none", show_default=True,
+              help="N least-loaded free GPUs, a list like 0,3, all, or none.")
+@click.option("--force", is_flag=True, help="Take GPUs other users' processes are on.")
+@click.option("--cpus", type=float, help="CPU limit (default: a fair share per GPU, 8-24 each).")
+@click.option("-v", "--volume", "volumes", multiple=True, help="Extra mounts, as docker -v.")
+@click.option("-e", "--env", "env", multiple=True, help="Environment, as docker -e.")
+@click.option("-p", "--publish", "ports", multiple=True, help="Ports, as docker -p.")
+@click.option("--name", "short", help="The <name> in <user>_<name>_<n> (default: recipe or image name).")
+@click.option("-d", "--detach", is_flag=True, help="Run in the background.")
+@click.option("--keep", is_flag=True, help="Keep the container after it exits (no --rm).")
+@click.option("--shm-size", help="Private /dev/shm of this size instead of --ipc host.")
+@click.option("--no-workspace", is_flag=True, help="Do not mount the current folder at /workspace.")
+@click.option("--user", "as_user", metavar="UID:GID", help="Run as this user instead of yours.")
+@click.option("--entrypoint", help="Override the image's entrypoint.")
+@click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
+@click.pass_context
+def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: str, force: bool,
+        cpus: float | None, volumes: tuple[str, ...], env: tuple[str, ...], ports: tuple[str, ...],
+        short: str | None, detach: bool, keep: bool, shm_size: str | None, no_workspace: bool,
+        as_user: str | None, entrypoint: str | None, dry_run: bool) -> None:
+    """Start a container of IMAGE (or of a RECIPE's image) with the shared-server conventions.
+
+    Options go before `--`; the command after it.
+
+    \b
+    imgbuild run recipes/pytorch-research.yaml --gpus 2 -- python train.py
+    imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
+    """
+    import threading
+    import time
+
+    from imgbuild import run as runmod
+    from imgbuild.config import site_section
+    from imgbuild.engine import Engine
+    from imgbuild.gpus import Sample, current_user, select_gpus, summarize
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    house = runmod.house_rules(site_section("run"))
+    if shm_size:
+        house["shm_size"] = shm_size
+    if no_workspace:
+        house["workspace"] = None
+    ref, default_short = runmod.resolve_image(image, settings)
+    user = settings.user or current_user()
+    gpus = _read_gpus(settings)
+    selection = select_gpus(gpu_request, gpus, current_user(), force=force)
+    uid, gid = runmod.host_ids()
+    if as_user:
+        if not re.fullmatch(r"\d+(:\d+)?", as_user):
+            raise UsageError(f"--user: {as_user!r} is not UID or UID:GID")
+        uid_text, _, gid_text = as_user.partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+    spec = runmod.RunSpec(
+        image=ref, short_name=short or default_short, user=user, uid=int(uid), gid=int(gid),
+        command=list(command), gpus=selection, volumes=list(volumes), env=list(env), ports=list(ports),
+        detach=detach, remove=not keep, interactive=sys.stdin.isatty() and not detach,
+        tty=sys.stdin.isatty() and sys.stdout.isatty() and not detach, house=house, entrypoint=entrypoint,
+        cpus=cpus if cpus is not None else runmod.default_cpus(selection, len(gpus), house.get("cpus_per_gpu")))
+    engine = None if dry_run else Engine.connect(settings.docker_cli)
+    spec.name = runmod.next_name(user, spec.short_name, engine.container_names() if engine else set())
+    for note in selection.forced:
+        click.echo(f"warning: sharing {note} (--force)", err=True)
+    if selection.gpus:
+        click.echo("GPUs: " + ", ".join(f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
+                                        f"{g.utilization if g.utilization is not None else '?'}%)"
+                                        for g in selection.gpus), err=True)
+    if dry_run:
+        click.echo(spec.command_line(settings.docker_cli or "docker"))
+        return
+    assert engine is not None
+    click.echo(f"starting {spec.name} ({ref}{f', {spec.cpus:g} CPUs' if spec.cpus else ''})", err=True)
+    if detach:
+        code, err = engine.run_cli_captured(spec.docker_args())
+        if code != 0:
+            raise ImgbuildError(_explain_start_failure(err))
+        sys.exit(0)
+    samples: list[Any] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        wanted = {g.index for g in selection.gpus}
+        while not stop.wait(2.0):
+            try:
+                now = [g for g in _read_gpus(settings) if g.index in wanted]
+            except Exception:
+                now = []
+            samples.append(Sample({g.index: g.utilization or 0 for g in now},
+                                  {g.index: g.memory_used_mib for g in now}, engine.cpu_percent(spec.name)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    started = time.monotonic()
+    if selection.gpus:
+        sampler.start()
+    code = engine.run_cli(spec.docker_args())
+    stop.set()
+    if code in (125, 126):
+        click.echo("imgbuild: docker could not start the container; if it said 'error setting rlimit', "
+                   + _RLIMIT_HINT, err=True)
+    if selection.gpus:
+        sampler.join(timeout=5)
+        rows, hint = summarize(samples, spec.cpus)
+        if rows:
+            print_table(["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
+                        [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]] for r in rows],
+                        title=f"{spec.name}: {time.monotonic() - started:.0f} s")
+        if hint:
+            click.echo(f"hint: {hint}", err=True)
+    sys.exit(code)
+
+
+_RLIMIT_HINT = ("the engine may not raise the memlock/stack ulimits NVIDIA recommends: start dockerd with "
+                "LimitMEMLOCK=infinity, or set run.ulimits in the imgbuild config")
+
+
+def _explain_start_failure(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else "docker run failed"
+    if "rlimit" in text:
+        reason = text[text.find("error setting rlimit"):].removesuffix(": unknown.")
+        return f"the container did not start ({reason}); {_RLIMIT_HINT}"
+    return f"the container did not start: {text[-300:]}"
+
+
+def _resolve_container(engine: Any, name: str, user: str) -> str:
+    names = engine.container_names()
+    for candidate in (name, f"{user}_{name}"):
+        if candidate in names:
+            return candidate
+    matches = sorted(n for n in names if n.startswith(f"{user}_{name}_"))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise UsageError(f"{name!r} matches {', '.join(matches)}: say which")
+    raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
+
+
+@cli.command()
+@click.option("--all", "all_users", is_flag=True, help="Every user's containers.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@click.pass_context
+def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
+    """Your containers (or --all users'), with their GPUs and CPU limits."""
+    from imgbuild.engine import Engine
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    rows = Engine.connect(settings.docker_cli).containers("" if all_users else f"{settings.user}_")
+    if as_json:
+        _emit_json(rows)
+        return
+    print_table(["name", "user", "image", "status", "GPUs", "CPUs", "created"],
+                [[r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"]]
+                 for r in rows])
+
+
+def _container_command(verb: str, extra: list[str] | None = None):  # type: ignore[no-untyped-def]
+    def command(ctx: click.Context, name: str, args: tuple[str, ...] = (), force: bool = False) -> None:
+        from imgbuild.engine import Engine
+
+        settings = _settings(ctx)
+        engine = Engine.connect(settings.docker_cli)
+        target = _resolve_container(engine, name, settings.user)
+        if verb == "stop" and not target.startswith(f"{settings.user}_") and not force:
+            raise UsageError(f"{target} is not yours (yours start with {settings.user}_); --force to stop it")
+        sys.exit(engine.run_cli([verb, *(extra or []), target, *args]))
+    return command
+
+
+@cli.command()
+@click.argument("name")
+@click.pass_context
+def attach(ctx: click.Context, name: str) -> None:
+    """Attach to one of your containers (detach with Ctrl-P Ctrl-Q)."""
+    _container_command("attach")(ctx, name)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output.")
+@click.option("--tail", default="all", show_default=True, help="Lines from the end.")
+@click.pass_context
+def logs(ctx: click.Context, name: str, follow: bool, tail: str) -> None:
+    """Print a container's output."""
+    _container_command("logs", ["--tail", tail, *(["-f"] if follow else [])])(ctx, name)
+
+
+@cli.command(name="exec")
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def exec_(ctx: click.Context, name: str, command: tuple[str, ...]) -> None:
+    """Run a command in one of your running containers: imgbuild exec NAME -- COMMAND..."""
+    flags = ["-it"] if sys.stdin.isatty() else ["-i"]
+    _container_command("exec", flags)(ctx, name, command)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Stop a container that is not yours.")
+@click.pass_context
+def stop(ctx: click.Context, name: str, force: bool) -> None:
+    """Stop one of your containers."""
+    _container_command("stop")(ctx, name, force=force)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable readings.")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--count", type=click.IntRange(min=1), help="With --watch: stop after N readings.")
+@click.pass_context
+def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None) -> None:
+    """GPUs: memory, utilisation, and who runs what on each (NVML, or nvidia-smi)."""
+    import time
+
+    from imgbuild.gpus import NoGpus, read_gpus
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    shown = 0
+    while True:
+        try:
+            readings = read_gpus(settings.gpu_snapshot)
+        except NoGpus as exc:
+            click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
+            return
+        if as_json:
+            _emit_json({"gpus": [g.to_json() for g in readings]})
+        else:
+            rows = []
+            for g in readings:
+                procs = "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB"
+                                  for p in g.processes) or "-"
+                util = "?" if g.utilization is None else f"{g.utilization}%"
+                rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs])
+            print_table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows,
+                        title=time.strftime("%H:%M:%S") if watch else None)
+        shown += 1
+        if not watch or (count and shown >= count):
+            return
+        time.sleep(interval)
 
 
 # --- settings --------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ class Settings:
     images_dir: str = "images"
     cache_dir: str = field(default_factory=_default_cache_dir)
     tag_cache_ttl: int = 6 * 3600
+    gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")

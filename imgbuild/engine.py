@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections import deque
@@ -280,6 +281,70 @@ class Engine:
         return digest
 
     # -- containers --------------------------------------------------------------------------------
+
+    def cli(self) -> str:
+        """A docker CLI for interactive commands (run -it, attach, exec); any version will do."""
+        for cli in (self._cli_hint, shutil.which("docker"), "/usr/bin/docker"):
+            if cli and os.path.isfile(cli) and os.access(cli, os.X_OK):
+                return cli
+        raise EngineUnavailable("no docker CLI found: install docker (the client) or set IMGBUILD_DOCKER_CLI")
+
+    def run_cli(self, args: list[str]) -> int:
+        """Run the docker CLI with the terminal attached; returns its exit code."""
+        return subprocess.run([self.cli(), *args]).returncode
+
+    def run_cli_captured(self, args: list[str]) -> tuple[int, str]:
+        """Run the docker CLI, passing stdout through and keeping stderr to explain failures."""
+        proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True)
+        if proc.stderr:
+            sys.stderr.write(proc.stderr)
+        return proc.returncode, proc.stderr
+
+    def container_names(self) -> set[str]:
+        return {c.name for c in self.client.containers.list(all=True)}
+
+    def containers(self, name_prefix: str = "") -> list[dict[str, Any]]:
+        rows = []
+        for c in self.client.containers.list(all=True):
+            if name_prefix and not c.name.startswith(name_prefix):
+                continue
+            host = c.attrs.get("HostConfig") or {}
+            labels = (c.attrs.get("Config") or {}).get("Labels") or {}
+            rows.append({"name": c.name, "id": c.short_id, "image": (c.attrs.get("Config") or {}).get("Image", ""),
+                         "status": c.status, "user": labels.get("org.imgbuild.user", c.name.split("_", 1)[0]),
+                         "gpus": labels.get("org.imgbuild.gpus", ""),
+                         "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
+                         "created": c.attrs.get("Created", "")[:19].replace("T", " ")})
+        return sorted(rows, key=lambda r: r["name"])
+
+    def container_info(self, name: str) -> dict[str, Any] | None:
+        from docker.errors import NotFound
+
+        try:
+            return dict(self.client.containers.get(name).attrs)
+        except NotFound:
+            return None
+
+    def cpu_percent(self, name: str) -> float | None:
+        """The container's CPU use as a percentage of its limit (or of the host), from one stats read."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            container = self.client.containers.get(name)
+            stats = container.stats(stream=False)
+        except (NotFound, APIError):
+            return None
+        cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
+        try:
+            used = cpu["cpu_usage"]["total_usage"] - pre["cpu_usage"]["total_usage"]
+            system = cpu["system_cpu_usage"] - pre["system_cpu_usage"]
+        except (KeyError, TypeError):
+            return None
+        online = cpu.get("online_cpus") or os.cpu_count() or 1
+        if system <= 0:
+            return None
+        limit = (container.attrs.get("HostConfig", {}).get("NanoCpus") or 0) / 1e9 or online
+        return 100.0 * used / system * online / limit
 
     def host_has_gpus(self) -> bool:
         return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))

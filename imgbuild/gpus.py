@@ -1,0 +1,312 @@
+"""GPUs on a shared server: read them (NVML, nvidia-smi, or a saved snapshot), say who uses them, pick free ones.
+
+Readers fill one shape (`Gpu`, `GpuProcess`); selection and refusal are pure functions over it, so they
+are tested with readings shaped like real servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from imgbuild.errors import UsageError
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: int
+    user: str = ""
+    container: str = ""
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_used_mib: int
+    memory_total_mib: int
+    utilization: int | None  # percent; None where the driver does not report it (MIG)
+    processes: list[GpuProcess] = field(default_factory=list)
+
+    @property
+    def users(self) -> set[str]:
+        return {p.user for p in self.processes if p.user}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class NoGpus(Exception):
+    """No NVIDIA GPU or driver here; the message says what was tried."""
+
+
+class GpuReader(Protocol):
+    def read(self) -> list[Gpu]: ...
+
+
+# --- who owns a process ---------------------------------------------------------------------------
+
+_CGROUP_ID = re.compile(r"(?:docker[-/]|/containers/)([0-9a-f]{64})")
+
+
+def process_owner(pid: int, proc: Path = Path("/proc"),
+                  container_name: Callable[[str], str] | None = None) -> tuple[str, str]:
+    """(user, container) of a host PID: the process's owner, and the Docker container it runs in."""
+    user = container = ""
+    try:
+        uid = (proc / str(pid)).stat().st_uid
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = f"uid{uid}"
+        match = _CGROUP_ID.search((proc / str(pid) / "cgroup").read_text())
+        if match:
+            cid = match.group(1)
+            container = container_name(cid) if container_name else cid[:12]
+    except OSError:
+        pass
+    if container and "_" in container and user in ("root", ""):
+        user = container.split("_", 1)[0]  # the server convention: <user>_...
+    return user, container
+
+
+# --- readers ----------------------------------------------------------------------------------------
+
+def _int(text: str) -> int | None:
+    text = text.strip()
+    return int(float(text)) if re.fullmatch(r"\d+(\.\d+)?", text) else None
+
+
+GPU_QUERY = "index,uuid,name,memory.used,memory.total,utilization.gpu"
+APP_QUERY = "gpu_uuid,pid,process_name,used_memory"
+
+
+def parse_smi(gpu_csv: str, apps_csv: str) -> list[Gpu]:
+    """Parse `nvidia-smi --query-gpu=GPU_QUERY` and `--query-compute-apps=APP_QUERY`
+    (`--format=csv,noheader,nounits`); `[N/A]` and `[Not Supported]` become None / 0."""
+    gpus: dict[str, Gpu] = {}
+    for line in gpu_csv.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 6:
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-3])
+        used, total, util = parts[-3:]
+        gpus[uuid] = Gpu(int(index), uuid, name, _int(used) or 0, _int(total) or 0, _int(util))
+    for line in apps_csv.splitlines():
+        if not line.strip() or line.startswith("No running"):
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        uuid, pid, used = parts[0], parts[1], parts[-1]
+        name = ", ".join(parts[2:-1])
+        if uuid in gpus and pid.isdigit():
+            gpus[uuid].processes.append(GpuProcess(int(pid), name, _int(used) or 0))
+    return sorted(gpus.values(), key=lambda g: g.index)
+
+
+class SmiReader:
+    def __init__(self, run: Callable[[list[str]], str] | None = None, binary: str | None = None):
+        self.binary = binary or shutil.which("nvidia-smi")
+        self._run = run or self._subprocess
+
+    def _subprocess(self, args: list[str]) -> str:
+        assert self.binary
+        proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise NoGpus(f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip().splitlines()[:1]}")
+        return proc.stdout
+
+    def read(self) -> list[Gpu]:
+        if not self.binary and self._run == self._subprocess:
+            raise NoGpus("nvidia-smi not found")
+        fmt = "--format=csv,noheader,nounits"
+        return parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]),
+                         self._run([f"--query-compute-apps={APP_QUERY}", fmt]))
+
+
+class NvmlReader:
+    def read(self) -> list[Gpu]:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NoGpus("nvidia-ml-py is not installed") from exc
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:
+            raise NoGpus(f"NVML: {exc}") from exc
+        try:
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                try:
+                    util: int | None = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+                except pynvml.NVMLError:
+                    util = None
+                procs = [GpuProcess(p.pid, "", int((p.usedGpuMemory or 0) // 2**20))
+                         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+                name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
+                out.append(Gpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid,
+                               name.decode() if isinstance(name, bytes) else name,
+                               int(mem.used // 2**20), int(mem.total // 2**20), util, procs))
+            return out
+        finally:
+            pynvml.nvmlShutdown()
+
+
+class SnapshotReader:
+    """Readings saved as JSON (`imgbuild gpus --json > snap.json`): to plan or test without the server."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def read(self) -> list[Gpu]:
+        data = json.loads(self.path.read_text())
+        gpus = data["gpus"] if isinstance(data, dict) else data
+        return [Gpu(**{**g, "processes": [GpuProcess(**p) for p in g.get("processes", [])]}) for g in gpus]
+
+
+def read_gpus(snapshot: str | None = None, owner: Callable[[int], tuple[str, str]] | None = None) -> list[Gpu]:
+    """NVML first, then nvidia-smi; each process annotated with its user and container."""
+    if snapshot:
+        return SnapshotReader(snapshot).read()
+    errors = []
+    for reader in (NvmlReader(), SmiReader()):
+        try:
+            gpus = reader.read()
+            break
+        except NoGpus as exc:
+            errors.append(str(exc))
+    else:
+        raise NoGpus("; ".join(errors))
+    for gpu in gpus:
+        for proc in gpu.processes:
+            proc.user, proc.container = (owner or process_owner)(proc.pid)
+    return gpus
+
+
+# --- choosing GPUs ----------------------------------------------------------------------------------
+
+def load_score(gpu: Gpu) -> float:
+    """Lower is freer: memory in use (share), utilisation, and a penalty per running process."""
+    memory = gpu.memory_used_mib / gpu.memory_total_mib if gpu.memory_total_mib else 0.0
+    util = (gpu.utilization or 0) / 100
+    return round(memory + util + 0.25 * len(gpu.processes), 4)
+
+
+@dataclass
+class Selection:
+    gpus: list[Gpu]
+    forced: list[str] = field(default_factory=list)   # "GPU 3 (alice: pid 4242 python)"
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g.uuid for g in self.gpus]
+
+
+def _holders(gpu: Gpu, me: str) -> str:
+    others = [p for p in gpu.processes if p.user and p.user != me]
+    return ", ".join(f"{p.user} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})"
+                     for p in others)
+
+
+def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> Selection:
+    """`request`: N (the N least-loaded GPUs free of other users, as `docker run --gpus N`), a list
+    `0,3` or `device=3` (those GPUs), `all`, or `none`."""
+    request = request.strip().lower()
+    if request in ("", "none", "0"):
+        return Selection([])
+    if not gpus:
+        raise UsageError("--gpus: this host has no NVIDIA GPU (run without --gpus to use the CPU)")
+    by_index = {g.index: g for g in gpus}
+    if request == "all":
+        chosen = list(gpus)
+    elif re.fullmatch(r"\d+", request):
+        count = int(request)
+        free = [g for g in gpus if force or not _holders(g, me)]
+        if count > len(free):
+            held = "; ".join(f"GPU {g.index}: {_holders(g, me)}" for g in gpus if _holders(g, me))
+            raise UsageError(f"--gpus {count}: only {len(free)} of {len(gpus)} GPUs are free of other users "
+                             f"({held}); use --force to share")
+        chosen = sorted(free, key=lambda g: (load_score(g), g.index))[:count]
+        chosen.sort(key=lambda g: g.index)
+    elif re.fullmatch(r"(device=)?\d+(,\d+)*,?", request):
+        wanted = [int(x) for x in request.removeprefix("device=").split(",") if x]
+        missing = [i for i in wanted if i not in by_index]
+        if missing:
+            raise UsageError(f"--gpus {request}: no GPU {missing[0]} (this host has {len(gpus)}: "
+                             f"0-{len(gpus) - 1})")
+        chosen = [by_index[i] for i in dict.fromkeys(wanted)]
+    else:
+        raise UsageError(f"--gpus: {request!r} is not N, a list like 0,3, all or none")
+    busy = [(g, _holders(g, me)) for g in chosen if _holders(g, me)]
+    if busy and not force:
+        first, holders = busy[0]
+        raise UsageError(f"GPU {first.index} is in use by {holders}; choose another or use --force")
+    return Selection(chosen, [f"GPU {g.index} ({h})" for g, h in busy])
+
+
+def cpus_for(gpu_count: int, host_cores: int, total_gpus: int, per_gpu: float | None = None) -> float | None:
+    """The DGX rule of thumb: 8 to 24 CPUs per GPU (the host's fair share within that), never more than
+    the host has. None (no limit) for a CPU-only container."""
+    if gpu_count <= 0:
+        return None
+    if per_gpu is None:
+        fair = host_cores / max(total_gpus, 1)
+        per_gpu = min(24.0, max(8.0, fair))
+    return float(min(host_cores, per_gpu * gpu_count))
+
+
+# --- summaries over a job --------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    gpu_util: dict[int, int]        # index -> percent
+    gpu_mem_mib: dict[int, int]
+    cpu_percent: float | None       # of the container's CPU limit (100 = saturated)
+
+
+def summarize(samples: list[Sample], cpu_limit: float | None) -> tuple[list[dict[str, Any]], str]:
+    """Per GPU mean/max utilisation and memory (like Slurm's seff), and a hint when the GPUs starved."""
+    rows = []
+    indices = sorted({i for s in samples for i in s.gpu_util})
+    for i in indices:
+        utils = [s.gpu_util[i] for s in samples if i in s.gpu_util]
+        mems = [s.gpu_mem_mib.get(i, 0) for s in samples if i in s.gpu_util]
+        rows.append({"gpu": i, "util_mean": round(sum(utils) / len(utils), 1), "util_max": max(utils),
+                     "mem_mean_mib": round(sum(mems) / len(mems)), "mem_max_mib": max(mems),
+                     "samples": len(utils)})
+    cpu = [s.cpu_percent for s in samples if s.cpu_percent is not None]
+    hint = ""
+    if rows and cpu:
+        mean_util = sum(r["util_mean"] for r in rows) / len(rows)
+        cpu_mean = sum(cpu) / len(cpu)
+        if mean_util < 50 and cpu_mean >= 85:
+            hint = (f"GPUs averaged {mean_util:.0f}% while the container's CPUs were saturated "
+                    f"({cpu_mean:.0f}%{f' of {cpu_limit:g} CPUs' if cpu_limit else ''}): the input pipeline "
+                    "is the bottleneck; raise DataLoader num_workers or give more CPUs per GPU (--cpus)")
+        elif mean_util < 50:
+            hint = (f"GPUs averaged {mean_util:.0f}% (sites ask for 90%+): check batch size, data loading "
+                    "and sync points")
+    return rows, hint
+
+
+def current_user() -> str:
+    if os.getuid() == 0 and os.environ.get("SUDO_USER"):
+        return os.environ["SUDO_USER"]
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid{os.getuid()}"

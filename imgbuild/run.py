@@ -1,0 +1,143 @@
+"""Start containers the way shared GPU servers want: `<user>_<name>_<n>` names, your UID, --ipc host,
+NVIDIA's ulimits, the current folder at /workspace, capped logs, free GPUs only, a CPU share per GPU.
+
+The spec renders to a `docker run` argument list; `--dry-run` prints exactly what is executed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import UsageError
+from imgbuild.gpus import Selection, cpus_for
+
+#: The house rules, overridable per site (/etc/imgbuild/config.yaml `run:`), per user, per flag.
+DEFAULTS: dict[str, Any] = {
+    "ipc": "host",                  # NVIDIA's advice for PyTorch DataLoader workers and NCCL
+    "shm_size": None,               # used instead of ipc host when set
+    "ulimits": {"memlock": "-1", "stack": "67108864"},
+    "workspace": "/workspace",      # where the current folder is mounted
+    "mounts": [],                   # e.g. ["/work/{user}:/work/{user}", "/datasets:/datasets:ro"]
+    "log_max_size": "50m",
+    "log_max_file": "3",
+    "cpus_per_gpu": None,           # None: the host's fair share, kept within 8..24
+    "env": {},
+}
+
+
+@dataclass
+class RunSpec:
+    image: str
+    short_name: str
+    user: str
+    uid: int
+    gid: int
+    command: list[str] = field(default_factory=list)
+    gpus: Selection = field(default_factory=lambda: Selection([]))
+    cpus: float | None = None
+    volumes: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    ports: list[str] = field(default_factory=list)
+    detach: bool = False
+    remove: bool = True
+    interactive: bool = False
+    tty: bool = False
+    name: str = ""
+    house: dict[str, Any] = field(default_factory=lambda: dict(DEFAULTS))
+    cwd: Path = field(default_factory=Path.cwd)
+    entrypoint: str | None = None
+
+    def docker_args(self) -> list[str]:
+        """`docker run ...` arguments (without the `docker` binary)."""
+        h = self.house
+        args = ["run", "--name", self.name, "--user", f"{self.uid}:{self.gid}",
+                "--label", f"org.imgbuild.user={self.user}"]
+        if h.get("shm_size"):
+            args += ["--shm-size", str(h["shm_size"])]
+        else:
+            args += ["--ipc", str(h.get("ipc") or "host")]
+        for key, value in (h.get("ulimits") or {}).items():
+            args += ["--ulimit", f"{key}={value}"]
+        workspace = h.get("workspace")
+        if workspace:
+            args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
+        for mount in [*(h.get("mounts") or []), *self.volumes]:
+            args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
+        args += ["--log-driver", "json-file", "--log-opt", f"max-size={h.get('log_max_size', '50m')}",
+                 "--log-opt", f"max-file={h.get('log_max_file', '3')}"]
+        for key, value in sorted((h.get("env") or {}).items()):
+            args += ["-e", f"{key}={value}"]
+        for item in self.env:
+            args += ["-e", item]
+        for port in self.ports:
+            args += ["-p", port]
+        if self.gpus.gpus:
+            args += ["--gpus", f'"device={",".join(self.gpus.uuids)}"',
+                     "--label", "org.imgbuild.gpus=" + ",".join(str(g.index) for g in self.gpus.gpus)]
+        if self.cpus:
+            args += ["--cpus", f"{self.cpus:g}"]
+        if self.remove:
+            args.append("--rm")
+        if self.detach:
+            args.append("-d")
+        if self.interactive:
+            args.append("-i")
+        if self.tty:
+            args.append("-t")
+        if self.entrypoint is not None:
+            args += ["--entrypoint", self.entrypoint]
+        return [*args, self.image, *self.command]
+
+    def command_line(self, docker: str = "docker") -> str:
+        return shlex.join([docker, *self.docker_args()])
+
+
+def house_rules(site: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(site) - set(DEFAULTS))
+    if unknown:
+        raise UsageError(f"config run: unknown setting {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
+    merged = dict(DEFAULTS)
+    merged.update({k: v for k, v in site.items() if v is not None or k == "shm_size"})
+    return merged
+
+
+def next_name(user: str, short: str, existing: set[str]) -> str:
+    """`<user>_<short>_<n>` with the smallest n that no container (running or stopped) has."""
+    n = 1
+    while f"{user}_{short}_{n}" in existing:
+        n += 1
+    return f"{user}_{short}_{n}"
+
+
+def short_name_of(image: str) -> str:
+    last = image.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+    return re.sub(r"[^a-z0-9_.-]", "-", last.lower()) or "job"
+
+
+def resolve_image(arg: str, settings: Any) -> tuple[str, str]:
+    """A recipe file means the image it builds; anything else is an image reference."""
+    path = Path(arg)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        from imgbuild.plan import image_and_tag
+        from imgbuild.recipe import load_recipe
+
+        loaded = load_recipe(path)
+        image, tag = image_and_tag(loaded, settings)
+        return f"{image}:{tag}", loaded.recipe.name
+    return arg, short_name_of(arg)
+
+
+def default_cpus(selection: Selection, total_gpus: int, per_gpu: float | None) -> float | None:
+    return cpus_for(len(selection.gpus), os.cpu_count() or 1, total_gpus, per_gpu)
+
+
+def host_ids() -> tuple[int, int]:
+    """The caller's UID:GID (the sudo caller's when run through sudo)."""
+    if os.getuid() == 0 and os.environ.get("SUDO_UID"):
+        return int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", os.environ["SUDO_UID"]))
+    return os.getuid(), os.getgid()

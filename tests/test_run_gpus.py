@@ -1,0 +1,241 @@
+"""Shared-server conventions: GPU readings and selection (real server shapes), and real containers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from imgbuild.errors import UsageError
+from imgbuild.gpus import Sample, SmiReader, cpus_for, parse_smi, process_owner, select_gpus, summarize
+from tests.conftest import run_cli
+
+DATA = Path(__file__).parent / "data"
+OWNERS = {122956: ("alice", "alice_bert_1"), 2391: ("bob", ""), 40211: ("me", "me_dev_1"),
+          51877: ("me", "me_train_2"), 2312: ("carol", "carol_lm_1"), 2381: ("carol", "carol_lm_1"),
+          2383: ("carol", "carol_lm_1")}
+
+
+def server(name: str) -> list:
+    text = {q: (DATA / f"smi-{name}-{q}.csv").read_text() for q in ("gpus", "apps")}
+    gpus = SmiReader(run=lambda args: text["gpus" if args[0].startswith("--query-gpu") else "apps"]).read()
+    for gpu in gpus:
+        for proc in gpu.processes:
+            proc.user, proc.container = OWNERS[proc.pid]
+    return gpus
+
+
+def test_nvidia_smi_csv_parses_real_output():
+    gpus = server("dgx-a100")
+    assert [g.index for g in gpus] == list(range(8))
+    assert gpus[0].name == "NVIDIA A100-SXM4-40GB" and gpus[0].memory_used_mib == 38012
+    assert gpus[0].memory_total_mib == 40960 and gpus[0].utilization == 97
+    assert gpus[7].utilization is None  # [N/A]
+    assert [p.pid for p in gpus[1].processes] == [2391]
+    assert gpus[1].processes[0].name == "/opt/conda/envs/rapids/bin/python"
+    t4 = server("t4")
+    assert t4[1].utilization is None and len(t4[0].processes) == 2  # [Not Supported]
+
+
+def test_pick_least_loaded_gpus_free_of_other_users():
+    gpus = server("dgx-a100")
+    # 0 alice, 1 bob: never picked; 3 and 5 are mine (busy but allowed); 2, 4, 7 idle; 6 lightly used.
+    assert [g.index for g in select_gpus("2", gpus, "me").gpus] == [2, 4]
+    assert [g.index for g in select_gpus("4", gpus, "me").gpus] == [2, 4, 6, 7]
+    assert [g.index for g in select_gpus("0,3", gpus, "me", force=True).gpus] == [0, 3]
+    assert select_gpus("device=6", gpus, "me").uuids == ["GPU-5d6e7f8a-9b0c-1d2e-3f4a-5b6c7d8e9f0a"]
+
+
+def test_busy_gpu_is_refused_naming_who_holds_it():
+    gpus = server("dgx-a100")
+    with pytest.raises(UsageError, match=r"GPU 0 is in use by alice \(pid 122956 python3 in alice_bert_1\)"):
+        select_gpus("0,3", gpus, "me")
+    forced = select_gpus("0,2", gpus, "me", force=True)
+    assert forced.forced == ["GPU 0 (alice (pid 122956 python3 in alice_bert_1))"]
+    with pytest.raises(UsageError, match="only 6 of 8 GPUs are free of other users"):
+        select_gpus("7", gpus, "me")
+    with pytest.raises(UsageError, match="no GPU 9"):
+        select_gpus("9,", gpus, "me")
+
+
+def test_two_gpu_t4_box():
+    gpus = server("t4")
+    with pytest.raises(UsageError, match="only 0 of 2 GPUs are free"):
+        select_gpus("1", gpus, "me")
+    assert [g.index for g in select_gpus("1", gpus, "carol").gpus] == [1]  # carol's own jobs do not block her
+    assert [g.index for g in select_gpus("all", gpus, "carol").gpus] == [0, 1]
+    with pytest.raises(UsageError, match="no NVIDIA GPU"):
+        select_gpus("1", [], "me")
+    assert select_gpus("none", gpus, "me").gpus == []
+
+
+def test_cpu_share_per_gpu():
+    assert cpus_for(2, host_cores=256, total_gpus=8) == 48   # DGX A100: 32 fair, capped at 24 per GPU
+    assert cpus_for(1, host_cores=40, total_gpus=4) == 10    # CSC Puhti node: 10 per GPU
+    assert cpus_for(2, host_cores=16, total_gpus=2) == 16    # T4 box: 8 each
+    assert cpus_for(1, host_cores=4, total_gpus=1) == 4      # never more than the host has
+    assert cpus_for(0, host_cores=64, total_gpus=8) is None  # CPU-only: no limit
+    assert cpus_for(3, host_cores=64, total_gpus=8, per_gpu=12) == 36
+
+
+def test_job_summary_and_starved_gpu_hint():
+    starved = [Sample({0: 17, 1: 20}, {0: 9000, 1: 9100}, 98.0) for _ in range(5)]
+    rows, hint = summarize(starved, 16)
+    assert rows[0] == {"gpu": 0, "util_mean": 17.0, "util_max": 17, "mem_mean_mib": 9000, "mem_max_mib": 9000,
+                       "samples": 5}
+    assert "DataLoader num_workers" in hint and "16 CPUs" in hint
+    busy = [Sample({0: u}, {0: 30000}, 40.0) for u in (90, 95, 100)]
+    rows, hint = summarize(busy, 8)
+    assert rows[0]["util_mean"] == 95.0 and rows[0]["util_max"] == 100 and hint == ""
+
+
+def test_process_owner_reads_cgroup_and_owner(tmp_path):
+    cid = "a" * 64
+    proc = tmp_path / "4242"
+    proc.mkdir()
+    (proc / "cgroup").write_text(f"12:memory:/docker/{cid}\n0::/system.slice/docker-{cid}.scope\n")
+    user, container = process_owner(4242, proc=tmp_path, container_name=lambda c: "alice_bert_1")
+    assert container == "alice_bert_1"
+    # A root-owned process in a container is credited to the container's <user>_ prefix; otherwise its owner.
+    import os
+    import pwd
+    assert user == ("alice" if os.getuid() == 0 else pwd.getpwuid(os.getuid()).pw_name)
+    assert process_owner(999999, proc=tmp_path) == ("", "")
+
+
+def test_gpus_command_without_gpus_says_so_in_one_line():
+    res = run_cli("gpus")
+    assert res.code == 0 and len(res.out.strip().splitlines()) == 1 and "no NVIDIA GPU" in res.out
+
+
+def test_gpus_command_reads_a_snapshot_as_table_and_json(tmp_path, monkeypatch):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    table = run_cli("gpus")
+    assert table.code == 0 and "alice alice_bert_1 37996 MiB" in table.out and "38012/40960 MiB" in table.out
+    data = json.loads(run_cli("gpus", "--json").out)
+    assert len(data["gpus"]) == 8 and data["gpus"][0]["processes"][0]["user"] == "alice"
+    watch = run_cli("gpus", "--watch", "--count", "2", "--interval", "0.1")
+    assert watch.out.count("NVIDIA A100-SXM4-40GB") == 16
+
+
+# --- real containers ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def engine_limits(tmp_path, monkeypatch):
+    """This sandbox's engine cannot raise memlock above 8 MiB (no CAP_SYS_RESOURCE); real servers run
+    dockerd with LimitMEMLOCK=infinity. The documented config override keeps the rest of the house rules."""
+    config = tmp_path / "config.yaml"
+    config.write_text("run:\n  ulimits: {memlock: 8388608, stack: 67108864}\n  log_max_size: 20m\n")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    return config
+
+
+@pytest.fixture
+def started(docker_client):
+    names: list[str] = []
+    yield names
+    for name in names:
+        try:
+            docker_client.containers.get(name).remove(force=True)
+        except Exception:
+            pass
+
+
+def inspect(client, name: str) -> dict:
+    return client.containers.get(name).attrs
+
+
+@pytest.mark.engine
+def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_limits, started, unique):
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text("print('hello from /workspace')\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    name = f"job{unique}"
+    args = ["run", "-d", "--name", name, "--cpus", "1.5", "-v", f"{data}:/data:ro", "-e", "FOO=bar", image,
+            "--", "sleep", "120"]
+    first = run_cli(*args, cwd=work)
+    started.append(f"imgbuildtest_{name}_1")
+    assert first.code == 0, first.err
+    second = run_cli(*args, cwd=work)
+    started.append(f"imgbuildtest_{name}_2")
+    assert second.code == 0, second.err  # the name clash picks the next free number
+    attrs = inspect(docker_client, f"imgbuildtest_{name}_1")
+    assert docker_client.containers.get(f"imgbuildtest_{name}_2").status == "running"
+    host = attrs["HostConfig"]
+    import os
+    assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
+    assert host["IpcMode"] == "host"
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == \
+        {"memlock": (8388608, 8388608), "stack": (67108864, 67108864)}
+    mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
+    assert mounts["/workspace"] == (str(work), True) and mounts["/data"] == (str(data), False)
+    assert attrs["Config"]["WorkingDir"] == "/workspace"
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "20m", "max-file": "3"}}
+    assert host["NanoCpus"] == 1_500_000_000
+    assert "FOO=bar" in attrs["Config"]["Env"] and host["AutoRemove"] is True
+    assert attrs["Config"]["Labels"]["org.imgbuild.user"] == "imgbuildtest"
+
+    ps = json.loads(run_cli("ps", "--json").out)
+    assert {f"imgbuildtest_{name}_1", f"imgbuildtest_{name}_2"} <= {r["name"] for r in ps}
+    out = run_cli("exec", f"{name}_1", "--", "cat", "/workspace/train.py")
+    assert out.code == 0 and "hello from /workspace" in out.out
+    assert run_cli("stop", f"{name}_2").code == 0
+    assert run_cli("stop", "nobody_else_1").code == 2
+
+
+@pytest.mark.engine
+def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp_path, engine_limits, started,
+                                                     unique):
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    name = f"dry{unique}"
+    res = run_cli("run", "--dry-run", "--name", name, "--keep", "-e", "X=1", "--cpus", "1", image, "--",
+                  "python3", "-c", "import torch, os; print(torch.__version__, os.environ['X'], os.getcwd())",
+                  cwd=tmp_path)
+    assert res.code == 0, res.err
+    line = res.out.strip()
+    assert f"--name imgbuildtest_{name}_1" in line and "--ipc host" in line and "--ulimit memlock=8388608" in line
+    started.append(f"imgbuildtest_{name}_1")
+    by_hand = subprocess.run(line, shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert by_hand.stdout.split() == ["2.13.0+cpu", "1", "/workspace"]
+    attrs = inspect(docker_client, f"imgbuildtest_{name}_1")
+    assert attrs["HostConfig"]["IpcMode"] == "host" and attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
+    logs = run_cli("logs", f"{name}_1")
+    assert "2.13.0+cpu" in logs.out
+
+
+@pytest.mark.engine
+def test_default_rules_are_nvidias_and_gpus_become_device_requests(testbed, docker_client, tmp_path, started,
+                                                                   unique, monkeypatch):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    res = run_cli("run", "--dry-run", "--gpus", "2", "--name", f"gpu{unique}", image, cwd=tmp_path)
+    assert res.code == 0, res.err
+    argv = shlex.split(res.out.strip())
+    assert argv[argv.index("--gpus") + 1] == '"device=GPU-1f3e5d7c-9b8a-4c6d-2e1f-0a9b8c7d6e5f,' \
+                                             'GPU-2c3d4e5f-6a7b-8c9d-0e1f-2a3b4c5d6e7f"'
+    assert "GPUs: 2 NVIDIA A100-SXM4-40GB" in res.err
+    import os
+    assert float(argv[argv.index("--cpus") + 1]) == min(os.cpu_count(), 16.0)  # 2 GPUs x 8..24 CPUs, host-bound
+    assert "--ulimit" in argv and "memlock=-1" in argv and "stack=67108864" in argv
+    refused = run_cli("run", "--dry-run", "--gpus", "0,1", image)
+    assert refused.code == 2 and "GPU 0 is in use by alice" in refused.err
+    # NVIDIA's memlock=-1 is accepted by the engine's API (the container is created, not started here).
+    name = f"imgbuildtest_create{unique}"
+    started.append(name)
+    line = run_cli("run", "--dry-run", image, "--", "true").out
+    create = ["create" if a == "run" else a for a in shlex.split(line)]
+    create[create.index("--name") + 1] = name
+    subprocess.run(create, check=True, capture_output=True, cwd=tmp_path)
+    ulimits = {u["Name"]: u["Soft"] for u in inspect(docker_client, name)["HostConfig"]["Ulimits"]}
+    assert ulimits == {"memlock": -1, "stack": 67108864}
