@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild.errors import UsageError
-from imgbuild.gpus import Sample, SmiReader, cpus_for, parse_smi, process_owner, select_gpus, summarize
+from imgbuild.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
 from tests.conftest import run_cli
 
 DATA = Path(__file__).parent / "data"
