@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import subprocess
@@ -140,10 +141,8 @@ def started(docker_client):
     names: list[str] = []
     yield names
     for name in names:
-        try:
+        with contextlib.suppress(Exception):
             docker_client.containers.get(name).remove(force=True)
-        except Exception:
-            pass
 
 
 def inspect(client, name: str) -> dict:
