@@ -16,13 +16,14 @@ from typing import Any
 import click
 
 from imgbuild import __version__
-from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ImgbuildError, UsageError
+from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EnvironmentProblem, ImgbuildError, UsageError
 
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump"]),
     ("Images", ["build", "smoke", "rebuild"]),
     ("Registry", ["tags"]),
     ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
+    ("Clusters", ["export", "slurm"]),
     ("Settings", ["config"]),
 ]
 
@@ -628,6 +629,139 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         if not watch or (count and shown >= count):
             return
         time.sleep(interval)
+
+
+# --- clusters --------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--apptainer", is_flag=True, required=True, help="Write an Apptainer definition file.")
+@click.option("--from", "bootstrap", type=click.Choice(["docker-daemon", "docker-archive", "native"]),
+              default="docker-daemon", show_default=True,
+              help="Bootstrap from the built image (daemon, or a docker save archive) or render natively.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Definition file to write.")
+@click.option("--build/--no-build", default=True, show_default=True,
+              help="Build the .sif and run its %test when apptainer is installed.")
+@click.pass_context
+def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, out: Path | None, build: bool) -> None:
+    """Export a recipe for clusters: an Apptainer definition (and the .sif where apptainer exists)."""
+    import shutil
+    import subprocess
+
+    from imgbuild.build import context_dir, plan_recipe
+    from imgbuild.cluster import apptainer_definition
+    from imgbuild.engine import Engine
+    from imgbuild.recipe import load_recipe
+    from imgbuild.render import render_context
+
+    settings = _settings(ctx)
+    loaded = load_recipe(recipe)
+    plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
+    out = out or Path(f"{plan.name}.def")
+    archive = None
+    if bootstrap == "docker-archive":
+        engine = Engine.connect(settings.docker_cli)
+        if engine.image(plan.target) is None:
+            raise UsageError(f"{plan.target} is not built: run imgbuild build {recipe} first")
+        archive = str(out.with_suffix(".tar"))
+        engine.save(plan.target, Path(archive))
+        click.echo(f"saved {plan.target} to {archive}", err=True)
+    if bootstrap == "native":
+        ctx_dir = context_dir(plan, settings)
+        render_context(plan, ctx_dir)
+        click.echo(f"rendered {ctx_dir}: run apptainer build from that folder (%files paths are relative)", err=True)
+    out.write_text(apptainer_definition(plan, bootstrap, archive))
+    click.echo(str(out))
+    tool = shutil.which("apptainer") or shutil.which("singularity")
+    if not build:
+        return
+    if not tool:
+        click.echo("note: apptainer is not installed here: copy the definition to a machine that has it and run "
+                   f"`apptainer build {plan.name}.sif {out.name}`", err=True)
+        return
+    sif = out.with_suffix(".sif")
+    cwd = context_dir(plan, settings) if bootstrap == "native" else None
+    steps = ([tool, "build", "--force", str(sif.resolve()), str(out.resolve())], [tool, "test", str(sif.resolve())])
+    for args in steps:
+        if subprocess.run(args, cwd=cwd).returncode != 0:
+            raise ImgbuildError(f"{' '.join(args[:2])} failed for {out}")
+    click.echo(str(sif))
+
+
+@cli.command()
+@click.argument("image")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="GPUs per node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes.")
+@click.option("--gpu-type", help="GRES type (e.g. v100, a100), or a site alias from slurm.gpu_types.")
+@click.option("--cpus-per-gpu", type=click.IntRange(min=1), help="CPUs per GPU (site default, else 10).")
+@click.option("--cpus", type=click.IntRange(min=1), help="CPUs per task, instead of a share per GPU.")
+@click.option("--mem", help="Memory per node (e.g. 64G).")
+@click.option("--time", "walltime", help="Time limit (e.g. 1:00:00).")
+@click.option("--partition", help="Partition (site default).")
+@click.option("--account", help="Account/project (site default).")
+@click.option("--job-name", help="Job name (default: the image name).")
+@click.option("--output", "job_output", default="%x-%j.out", show_default=True, help="Slurm output file.")
+@click.option("--stage", multiple=True, metavar="TAR", help="Dataset tar to extract to node-local scratch.")
+@click.option("--bind", "binds", multiple=True, help="Extra mount (SRC:DEST) into the container.")
+@click.option("--runtime", type=click.Choice(["apptainer", "singularity", "pyxis", "docker"]),
+              help="Container runtime on the nodes (site default apptainer).")
+@click.option("--torchrun/--no-torchrun", default=None, help="Launch with torchrun (default: more than one GPU).")
+@click.option("--nccl-debug", type=click.Choice(["WARN", "INFO", "TRACE"]), help="Set NCCL_DEBUG.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the script here.")
+@click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
+@click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether it would schedule the job.")
+@click.pass_context
+def slurm(ctx: click.Context, image: str, command: tuple[str, ...], gpus: int, nodes: int, gpu_type: str | None,
+          cpus_per_gpu: int | None, cpus: int | None, mem: str | None, walltime: str | None,
+          partition: str | None, account: str | None, job_name: str | None, job_output: str,
+          stage: tuple[str, ...], binds: tuple[str, ...], runtime: str | None, torchrun: bool | None,
+          nccl_debug: str | None, out: Path | None, submit: bool, test_only: bool) -> None:
+    """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
+    import subprocess
+    import tempfile
+
+    from imgbuild.cluster import JobSpec, sbatch_script, sif_path, site_slurm
+    from imgbuild.config import site_section
+    from imgbuild.run import resolve_image
+
+    settings = _settings(ctx)
+    site = site_slurm(site_section("slurm"))
+    ref, short = resolve_image(image, settings)
+    chosen_runtime = runtime or site["runtime"]
+    job = JobSpec(
+        command=list(command),
+        image=sif_path(ref, site["sif_dir"]) if chosen_runtime in ("apptainer", "singularity") else ref,
+        gpus=gpus, nodes=nodes, gpu_type=(site["gpu_types"] or {}).get(gpu_type, gpu_type),
+        cpus_per_gpu=cpus_per_gpu or int(site["cpus_per_gpu"]), cpus=cpus,
+        mem=mem or (f"{int(str(site['mem_per_gpu']).rstrip('G')) * max(gpus, 1)}G" if site["mem_per_gpu"] else None),
+        time=walltime or site["time"], partition=partition or site["partition"],
+        account=account or site["account"], job_name=job_name or short, output=job_output, stage=list(stage),
+        scratch_var=site["scratch_var"], scratch_gres=site["scratch_gres"] if stage else None,
+        runtime=chosen_runtime, binds=list(binds), nccl_debug=nccl_debug, rdzv_port=int(site["rdzv_port"]),
+        torchrun=torchrun)
+    script = sbatch_script(job)
+    if out:
+        out.write_text(script)
+        click.echo(f"wrote {out}", err=True)
+    elif not (submit or test_only):
+        click.echo(script, nl=False)
+    if submit or test_only:
+        with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as fh:
+            fh.write(script)
+        path = str(out or fh.name)
+        args = ["sbatch", *(["--test-only"] if test_only else ["--parsable"]), path]
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            raise EnvironmentProblem("sbatch is not installed here: copy the script to a login node") from None
+        finally:
+            if not out:
+                os.unlink(fh.name)
+        text = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            raise ImgbuildError(f"sbatch refused the job: {text.splitlines()[-1] if text else proc.returncode}")
+        click.echo(text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}")
 
 
 # --- settings --------------------------------------------------------------------------------------

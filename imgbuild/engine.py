@@ -254,6 +254,12 @@ class Engine:
         digests = [d.split("@", 1)[1] for d in img.attrs.get("RepoDigests", []) if d.split("@")[0] == repo]
         return (digests[0] if digests else ""), {"config": img.attrs.get("Config") or {}, "Id": img.id}
 
+    def save(self, ref: str, path: Path) -> None:
+        """`docker save` to a file (for Apptainer's docker-archive bootstrap)."""
+        with open(path, "wb") as fh:
+            for chunk in self.client.images.get(ref).save(named=True):
+                fh.write(chunk)
+
     def pull(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> None:
         repo, _, tag = ref.rpartition(":") if "@" not in ref else (ref, "", None)
         last = 0.0

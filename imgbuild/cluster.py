@@ -1,0 +1,229 @@
+"""Clusters: Apptainer definition files for a recipe, and sbatch scripts that follow cluster conventions.
+
+Docker is not allowed on most Slurm clusters; Apptainer runs the image (`--nv` for GPUs), or pyxis/enroot
+(`srun --container-image`). One recipe, three outputs: the Docker image, an Apptainer definition, a job.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import UsageError
+from imgbuild.plan import Plan
+
+BOOTSTRAPS = ("docker-daemon", "docker-archive", "native")
+
+#: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
+SLURM_DEFAULTS: dict[str, Any] = {
+    "partition": None,
+    "account": None,
+    "gpu_types": {},              # friendly name -> gres type, e.g. {v100: v100, a100: a100_40g}
+    "cpus_per_gpu": 10,
+    "mem_per_gpu": None,          # e.g. "64G"
+    "time": "01:00:00",
+    "scratch_var": "LOCAL_SCRATCH",
+    "scratch_gres": None,         # e.g. "nvme:100" (CSC: fast local disk is requested as gres)
+    "runtime": "apptainer",       # apptainer | singularity | pyxis | docker
+    "sif_dir": None,              # where .sif files live on the cluster
+    "rdzv_port": 29500,
+}
+RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
+
+
+# --- Apptainer ----------------------------------------------------------------------------------------
+
+def _env_lines(env: dict[str, str]) -> list[str]:
+    return [f"    export {key}={shlex.quote(value)}" for key, value in env.items()]
+
+
+def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: str | None = None) -> str:
+    """An Apptainer definition for the recipe's image, bootstrapped from the built image or rendered natively."""
+    if bootstrap not in BOOTSTRAPS:
+        raise UsageError(f"--from: {bootstrap!r} is not one of {', '.join(BOOTSTRAPS)}")
+    recipe = plan.loaded.recipe
+    lines = [f"# Apptainer definition rendered by imgbuild from {plan.loaded.path.name} ({bootstrap})."]
+    if bootstrap == "docker-daemon":
+        lines += ["Bootstrap: docker-daemon", f"From: {plan.target}"]
+    elif bootstrap == "docker-archive":
+        lines += ["Bootstrap: docker-archive", f"From: {archive or plan.name + '.tar'}"]
+    else:
+        lines += ["Bootstrap: docker", f"From: {plan.base.pinned}"]
+    lines.append("")
+    lines += ["%labels"] + [f"    {k} {v}" for k, v in {
+        "org.imgbuild.recipe": plan.loaded.path.name, "org.imgbuild.recipe-hash": plan.content_hash,
+        "org.imgbuild.base": plan.base.ref, **recipe.labels}.items()] + [""]
+    if bootstrap == "native":
+        lines += ["%files"]
+        lines += [f"    {_context_rel(dest)} {dest}" for dest in sorted(plan.loaded.file_sources)]
+        lines += ["    imgbuild/pip /opt/imgbuild/pip" if (recipe.pip.packages or plan.loaded.requirements_path)
+                  else "", "    imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py", ""]
+        post = ["%post", "    set -eu"]
+        if recipe.apt:
+            post += ["    apt-get update",
+                     "    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
+                     + " ".join(recipe.apt),
+                     "    rm -rf /var/lib/apt/lists/*"]
+        if recipe.pip.packages or plan.loaded.requirements_path:
+            post += ["    # the base's framework stays: its constraint file (or a freeze) pins every package",
+                     "    PIP_NO_CACHE_DIR=1 sh /opt/imgbuild/pip/install.sh"]
+        post += [f"    {cmd}" for cmd in recipe.run]
+        post += [f"    mkdir -p {recipe.workdir}", ""]
+        lines += post
+    env = dict(recipe.env) if bootstrap == "native" else {}
+    # Apptainer runs as the calling user and mounts $HOME: keep ~/.local packages out of the image's Python.
+    lines += ["%environment", *_env_lines(env), "    export PYTHONNOUSERSITE=1", ""]
+    run = recipe.entrypoint if recipe.entrypoint is not None else recipe.cmd
+    runscript = "exec \"$@\""
+    if isinstance(run, list) and run:
+        runscript = "if [ $# -gt 0 ]; then exec \"$@\"; fi\n    exec " + shlex.join(run)
+    elif isinstance(run, str):
+        runscript = "if [ $# -gt 0 ]; then exec \"$@\"; fi\n    exec /bin/sh -c " + shlex.quote(run)
+    lines += ["%runscript", f"    cd {recipe.workdir} 2>/dev/null || true", f"    {runscript}", ""]
+    lines += ["%test",
+              "    # the same smoke test as `imgbuild build`: framework intact, CUDA, cuDNN, tensor-core AMP",
+              "    python3 /opt/imgbuild/smoke.py --format table" + (" --require-gpu" if recipe.smoke.require_gpu
+                                                                  else ""), ""]
+    lines += ["%help", f"    {recipe.description or recipe.name}: built by imgbuild from {plan.loaded.path.name}.",
+              "    apptainer exec --nv IMAGE.sif python3 train.py    # --nv passes the host's GPUs and driver", ""]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def _context_rel(dest: str) -> str:
+    return "files" + dest
+
+
+# --- Slurm --------------------------------------------------------------------------------------------
+
+@dataclass
+class JobSpec:
+    command: list[str]
+    image: str                    # .sif path (apptainer/singularity), image ref (pyxis, docker)
+    gpus: int = 1                 # per node
+    nodes: int = 1
+    gpu_type: str | None = None
+    cpus_per_gpu: int = 10
+    cpus: int | None = None       # per task, overrides cpus_per_gpu
+    mem: str | None = None
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "imgbuild"
+    output: str = "%x-%j.out"
+    stage: list[str] = field(default_factory=list)    # dataset tars extracted to $SCRATCH on each node
+    scratch_var: str = "LOCAL_SCRATCH"
+    scratch_gres: str | None = None
+    runtime: str = "apptainer"
+    binds: list[str] = field(default_factory=list)
+    nccl_debug: str | None = None
+    rdzv_port: int = 29500
+    torchrun: bool | None = None  # default: for more than one GPU in all
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def uses_torchrun(self) -> bool:
+        return self.total_gpus > 1 if self.torchrun is None else self.torchrun
+
+
+def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
+    """(extra srun options, command prefix) that run the command in the image with the runtime."""
+    binds = [b for b in job.binds]
+    if job.stage:
+        binds.append(f"${job.scratch_var}:${job.scratch_var}")
+    if job.runtime in ("apptainer", "singularity"):
+        opts = ["--nv"] if job.gpus else []
+        for bind in binds:
+            opts += ["--bind", bind]
+        return [], [job.runtime, "exec", *opts, job.image]
+    if job.runtime == "pyxis":
+        srun = [f"--container-image={job.image}", "--container-workdir=/workspace",
+                f"--container-mounts={','.join(['$PWD:/workspace', *binds])}"]
+        return srun, []
+    if job.runtime == "docker":
+        # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
+        # hostname + pid, which must differ between nodes that share a host in small lab clusters).
+        opts = ["docker", "run", "--rm", "--network", "host", "--ipc", "host", "--pid", "host", "-v", "$PWD:/workspace",
+                "-w", "/workspace", "-e", "SLURM_JOB_ID", "-e", "SLURM_PROCID", "-e", "SLURM_NNODES"]
+        for bind in binds:
+            opts += ["-v", bind]
+        if job.gpus:
+            opts += ["--gpus", "all"]
+        return [], [*opts, job.image]
+    raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+def _words(words: list[str]) -> str:
+    """Shell words; $VARS stay expandable (they are the job's own variables), the rest is quoted."""
+    out = []
+    for word in words:
+        if re.fullmatch(r"[\w@%+=:,./${}-][\w@%+=:,./${}#-]*", word):  # '#' starts a comment only at a word's start
+            out.append(word)
+        elif "$" in word and '"' not in word and "`" not in word:
+            out.append(f'"{word}"')
+        else:
+            out.append(shlex.quote(word))
+    return " ".join(out)
+
+
+def sbatch_script(job: JobSpec) -> str:
+    """An sbatch script: resources per the site, data staged to node-local disk, one launcher per node."""
+    if job.gpus < 0 or job.nodes < 1:
+        raise UsageError("--gpus must be >= 0 and --nodes >= 1")
+    gres = []
+    if job.gpus:
+        gres.append(f"gpu:{job.gpu_type}:{job.gpus}" if job.gpu_type else f"gpu:{job.gpus}")
+    if job.scratch_gres:
+        gres.append(job.scratch_gres)
+    cpus = job.cpus or max(1, job.cpus_per_gpu * max(job.gpus, 1))
+    head = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}"]
+    head += [f"#SBATCH --partition={job.partition}"] if job.partition else []
+    head += [f"#SBATCH --account={job.account}"] if job.account else []
+    head += [f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={cpus}"]
+    head += [f"#SBATCH --gres={','.join(gres)}"] if gres else []
+    head += [f"#SBATCH --mem={job.mem}"] if job.mem else []
+    head += [f"#SBATCH --time={job.time}", f"#SBATCH --output={job.output}", ""]
+    body = ["# Generated by imgbuild: one task per node; on each, the container runs the launcher.",
+            "set -euo pipefail"]
+    if job.nccl_debug:
+        body += [f"export NCCL_DEBUG={job.nccl_debug}"]
+    body += ["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
+    if job.stage:
+        body += ["", f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
+                 f'export {job.scratch_var}="${{{job.scratch_var}:-${{TMPDIR:-/tmp}}/$SLURM_JOB_ID}}"',
+                 f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "${job.scratch_var}"']
+        for tar in job.stage:
+            body += [f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf {shlex.quote(tar)} '
+                     f'-C "${job.scratch_var}"']
+    srun_opts, prefix = _container_prefix(job)
+    command = list(job.command)
+    if job.uses_torchrun:
+        body += ["", "# torchrun on every node; the rendezvous is the first node of the allocation.",
+                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                 'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 '
+                 '|| echo "$head_node")']
+        command = ["torchrun", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={max(job.gpus, 1)}",
+                   "--rdzv-backend=c10d", f"--rdzv-endpoint=$head_node:{job.rdzv_port}",
+                   "--rdzv-id=$SLURM_JOB_ID", *command]
+    body += ["", _words(["srun", *srun_opts, *prefix, *command])]
+    return "\n".join(head + body) + "\n"
+
+
+def site_slurm(site: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(site) - set(SLURM_DEFAULTS))
+    if unknown:
+        raise UsageError(f"config slurm: unknown setting {unknown[0]!r} (known: {', '.join(sorted(SLURM_DEFAULTS))})")
+    return {**SLURM_DEFAULTS, **site}
+
+
+def sif_path(image: str, sif_dir: str | None) -> str:
+    """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
+    if image.endswith(".sif"):
+        return image
+    name = image.rsplit("/", 1)[-1].replace(":", "_")
+    return str(Path(sif_dir) / f"{name}.sif") if sif_dir else f"{name}.sif"

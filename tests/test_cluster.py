@@ -1,0 +1,182 @@
+"""Clusters: Apptainer definitions (parsed with spython) and sbatch scripts run by a real Slurm."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from spython.main.parse.parsers import SingularityParser
+
+from imgbuild.cluster import JobSpec, apptainer_definition, sbatch_script
+from imgbuild.config import load_settings
+from imgbuild.errors import UsageError
+from imgbuild.plan import make_plan
+from imgbuild.recipe import load_recipe
+from tests.conftest import ROOT, run_cli
+
+DIGEST = "sha256:" + "cd" * 32
+
+
+def plan_of(recipe: Path):
+    config = {"config": {"Env": ["PYTORCH_VERSION=2.13.0+cpu", "CUDA_VERSION=12.4.1.003"]}}
+    settings = load_settings({"user": "lab", "ngc_registry": "nvcr.io"}, environ={})
+    return make_plan(load_recipe(recipe), settings, lambda ref: (DIGEST, config))
+
+
+def parse(text: str, tmp_path: Path):
+    path = tmp_path / "x.def"
+    path.write_text(text)
+    return SingularityParser(str(path)).recipe["spython-base"]
+
+
+def section(text: str, name: str) -> list[str]:
+    lines = text.split(name + "\n", 1)[1].split("\n%", 1)[0].splitlines()
+    return [line.strip() for line in lines if line.strip()]
+
+
+def test_definition_from_the_built_image(tmp_path):
+    plan = plan_of(ROOT / "recipes/pytorch-research.yaml")
+    text = apptainer_definition(plan, "docker-daemon")
+    assert text.splitlines()[1:3] == ["Bootstrap: docker-daemon", "From: lab/pytorch-research:24.05"]
+    parsed = parse(text, tmp_path)
+    assert parsed.fromHeader == "lab/pytorch-research:24.05"
+    assert "python3 /opt/imgbuild/smoke.py --format table" in " ".join(parsed.install)  # %test
+    runscript = section(text, "%runscript")
+    assert runscript[0] == "cd /workspace 2>/dev/null || true" and runscript[-1] == "exec bash"  # the recipe's cmd
+    assert "PYTHONNOUSERSITE=1" in parsed.environ
+    archive = apptainer_definition(plan, "docker-archive", "pytorch-research.tar")
+    assert "Bootstrap: docker-archive\nFrom: pytorch-research.tar\n" in archive
+
+
+def test_native_definition_carries_the_recipe(tmp_path):
+    plan = plan_of(ROOT / "recipes/pytorch-research.yaml")
+    text = apptainer_definition(plan, "native")
+    parsed = parse(text, tmp_path)
+    assert parsed.fromHeader == f"nvcr.io/nvidia/pytorch:24.05-py3@{DIGEST}"
+    post = "\n".join(parsed.install)
+    assert "apt-get install -y --no-install-recommends git less tmux" in post
+    assert "sh /opt/imgbuild/pip/install.sh" in post  # the base's framework stays pinned
+    assert {"OMP_NUM_THREADS=8", "TORCH_HOME=/workspace/.cache/torch"} <= set(parsed.environ)
+    assert "files/opt/research/train_smoke.py /opt/research/train_smoke.py" in text  # %files
+    assert "imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py" in text
+    assert "python3 /opt/imgbuild/smoke.py" in post  # %test
+
+
+def test_export_cli_writes_the_definition_and_says_how_to_build(tmp_path):
+    res = run_cli("export", str(ROOT / "recipes/tensorflow-keras.yaml"), "--apptainer", "-o", str(tmp_path / "tf.def"))
+    assert res.code == 0, res.err
+    assert (tmp_path / "tf.def").read_text().startswith("# Apptainer definition rendered by imgbuild")
+    assert "apptainer is not installed here" in res.err
+
+
+def test_sbatch_single_gpu_follows_cluster_conventions():
+    script = sbatch_script(JobSpec(["python3", "train.py", "--lr", "1e-3"], "research.sif", gpus=1,
+                                   gpu_type="v100", partition="gpu", account="project_2001234", mem="64G"))
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=project_2001234", "#SBATCH --gres=gpu:v100:1",
+                 "#SBATCH --cpus-per-task=10", "#SBATCH --mem=64G", "#SBATCH --nodes=1"):
+        assert line in script.splitlines()
+    assert script.rstrip().splitlines()[-1] == "srun apptainer exec --nv research.sif python3 train.py --lr 1e-3"
+    assert "torchrun" not in script
+
+
+def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
+    job = JobSpec(["python", "ddp.py"], "research.sif", gpus=4, nodes=2, gpu_type="a100", stage=["/scratch/p/data.tar"],
+                  scratch_gres="nvme:100", nccl_debug="INFO")
+    script = sbatch_script(job)
+    assert "#SBATCH --gres=gpu:a100:4,nvme:100" in script and "#SBATCH --cpus-per-task=40" in script
+    assert "export NCCL_DEBUG=INFO" in script
+    assert 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf /scratch/p/data.tar -C "$LOCAL_SCRATCH"' in script
+    last = script.rstrip().splitlines()[-1]
+    assert last.startswith("srun apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif torchrun ")
+    assert "--nnodes=$SLURM_NNODES --nproc-per-node=4" in last
+    assert "--rdzv-endpoint=$head_node:29500 --rdzv-id=$SLURM_JOB_ID python ddp.py" in last
+    pyxis = sbatch_script(JobSpec(["python", "t.py"], "nvcr.io#nvidia/pytorch:24.05-py3", runtime="pyxis"))
+    assert pyxis.rstrip().splitlines()[-1].startswith(
+        "srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace")
+    with pytest.raises(UsageError):
+        sbatch_script(JobSpec(["x"], "i", runtime="podman"))
+
+
+def test_bash_accepts_every_generated_script(tmp_path):
+    for job in (JobSpec(["python", "a b.py", "--msg", "it's"], "x.sif"),
+                JobSpec(["python", "d.py"], "x.sif", gpus=8, nodes=4, stage=["d.tar"]),
+                JobSpec(["true"], "img", runtime="docker", gpus=0)):
+        path = tmp_path / "job.sh"
+        path.write_text(sbatch_script(job))
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+
+
+# --- a real Slurm ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slurm():
+    proc = subprocess.run([str(ROOT / "tests/testbed/slurm-up")], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"slurm did not come up:\n{proc.stderr[-2000:]}", pytrace=False)
+    conf = next(line.split("=", 1)[1] for line in proc.stdout.splitlines() if line.startswith("SLURM_CONF="))
+    return conf
+
+
+def wait_for(job_id: str, conf: str, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                             env={**os.environ, "SLURM_CONF": conf}).stdout
+        state = re.search(r"JobState=(\w+)", out).group(1) if "JobState=" in out else "GONE"
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "GONE"):
+            return state
+        time.sleep(1)
+    return state
+
+
+@pytest.mark.engine
+def test_generated_job_runs_to_completion_in_slurm(slurm, testbed, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    monkeypatch.chdir(tmp_path)
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    (tmp_path / "train.py").write_text("import os, torch\nprint('trained with torch', torch.__version__, "
+                                       "'in', os.getcwd(), 'job', os.environ['SLURM_JOB_ID'])\n")
+    res = run_cli("slurm", image, "--runtime", "docker", "--gpus", "0", "--cpus", "1", "--output",
+                  str(tmp_path / "out-%j.txt"), "--submit", "--", "python3", "train.py", cwd=tmp_path)
+    assert res.code == 0, res.err
+    job_id = res.out.split()[-1]
+    assert wait_for(job_id, slurm) == "COMPLETED"
+    output = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert f"trained with torch 2.13.0+cpu in /workspace job {job_id}" in output
+
+
+@pytest.mark.engine
+def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    (tmp_path / "ddp.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(t)\n"
+        "print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():g}', flush=True)\n"
+        "dist.destroy_process_group()\n")
+    res = run_cli("slurm", image, "--runtime", "docker", "--gpus", "0", "--nodes", "2", "--torchrun", "--cpus", "1",
+                  "--output", str(tmp_path / "ddp-%j.txt"), "--submit", "--", "ddp.py", cwd=tmp_path)
+    assert res.code == 0, res.err
+    job_id = res.out.split()[-1]
+    state = wait_for(job_id, slurm)
+    output = (tmp_path / f"ddp-{job_id}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert "rank 0 of 2 sum 3" in output and "rank 1 of 2 sum 3" in output
+
+
+def test_sbatch_test_only_accepts_the_multi_node_gpu_form(slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    res = run_cli("slurm", "research.sif", "--gpus", "4", "--nodes", "2", "--gpu-type", "v100", "--cpus", "1",
+                  "--stage", "/data/set.tar", "--test-only", "--", "python", "train.py", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert "to start at" in res.out and "node[1-2]" in res.out
+    too_big = run_cli("slurm", "research.sif", "--gpus", "8", "--nodes", "2", "--gpu-type", "v100", "--cpus", "1",
+                      "--test-only", "--", "python", "train.py", cwd=tmp_path)
+    assert too_big.code == 1 and "sbatch refused the job" in too_big.err
