@@ -192,3 +192,23 @@ def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
         assert plan.base.ref == f"{testbed['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:24.05-py3"
         assert plan.base.digest and plan.base.digest.startswith("sha256:")
         assert plan.lock()["base"]["requested"].endswith(f":{pattern}")
+
+
+def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch):
+    import base64
+
+    from imgbuild.registry import docker_config_credentials
+
+    config = tmp_path / "config.json"
+    auth = base64.b64encode(b"$oauthtoken:nvapi-from-config").decode()
+    config.write_text(json.dumps({"auths": {"https://nvcr.io": {"auth": auth}},
+                                  "credHelpers": {"registry.corp": "corp"}}))
+    creds = docker_config_credentials("nvcr.io", config)
+    assert (creds.username, creds.password) == ("$oauthtoken", "nvapi-from-config")
+    helper = tmp_path / "docker-credential-corp"
+    helper.write_text('#!/bin/sh\nread host\necho "{\\"Username\\": \\"ci\\", \\"Secret\\": \\"s3cret-for-$host\\"}"\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    creds = docker_config_credentials("registry.corp", config)
+    assert (creds.username, creds.password) == ("ci", "s3cret-for-registry.corp")
+    assert docker_config_credentials("elsewhere.io", config) is None

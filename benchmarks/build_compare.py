@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""The same environment three ways, side by side in one run: imgbuild's rendered Dockerfile, hpccm's
+Dockerfile for the equivalent recipe, and a hand-written Dockerfile as the NGC how-tos write it.
+
+Environment: the test bed's stand-in PyTorch base + 6 pip packages + 3 apt packages + one copied file.
+Measured for each (median, min, max over REPEATS): cold build (build cache pruned), size added over the
+base, warm rebuild after adding one pip package, warm rebuild after changing the copied file, no-op rebuild.
+All three build with the same BuildKit CLI. Needs `pip install hpccm` (benchmarks only).
+
+    s=$(tests/testbed/up) && eval "$s" && .venv/bin/pip install -q hpccm && .venv/bin/python benchmarks/build_compare.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PIP = ["einops", "tqdm", "rich", "tabulate", "pyyaml", "click"]
+EXTRA_PIP = "toolz"
+APT = ["jq", "less", "tmux"]
+REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+TRAIN = "import einops, torch\nprint('step', {n})\n"
+
+
+def docker() -> str:
+    return os.environ.get("IMGBUILD_DOCKER_CLI", "/usr/bin/docker")
+
+
+def base_ref() -> str:
+    return f"{os.environ['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:24.05-py3"
+
+
+def ca_bundle() -> str | None:
+    return os.environ.get("IMGBUILD_PIP_CA_BUNDLE")
+
+
+# --- the three ways -------------------------------------------------------------------------------------
+
+def write_imgbuild(ctx: Path, pip: list[str], n: int) -> list[str]:
+    project = ctx.parent / f"{ctx.name}-recipe"
+    (project / "files").mkdir(parents=True, exist_ok=True)
+    (project / "files" / "train.py").write_text(TRAIN.format(n=n))
+    (project / "bench.yaml").write_text(
+        "name: bench\nbase: {framework: pytorch, tag: \"24.05\"}\n"
+        f"apt: {json.dumps(APT)}\npip: {json.dumps(pip)}\n"
+        "files: [{src: files/train.py, dest: /workspace/train.py}]\n")
+    subprocess.run([sys.executable, "-m", "imgbuild", "render", str(project / "bench.yaml"), "-o", str(ctx)],
+                   check=True, capture_output=True)
+    return [f"--secret=id=imgbuild-ca.crt,src={ca_bundle()}"] if ca_bundle() else []
+
+
+def _ca_lines(ctx: Path) -> str:
+    """Hand-written and hpccm images behind a TLS-intercepting proxy bake the CA in (how-tos do this)."""
+    if not ca_bundle():
+        return ""
+    shutil.copy(ca_bundle(), ctx / "proxy-ca.crt")
+    return "COPY proxy-ca.crt /usr/local/share/proxy-ca.crt\nENV PIP_CERT=/usr/local/share/proxy-ca.crt\n"
+
+
+def write_hpccm(ctx: Path, pip: list[str], n: int) -> list[str]:
+    ctx.mkdir(parents=True, exist_ok=True)
+    recipe = ctx.parent / f"{ctx.name}-hpccm.py"
+    recipe.write_text(
+        "Stage0 += baseimage(image=USERARG.get('base'), _distro='ubuntu22')\n"
+        f"Stage0 += packages(ospackages={APT!r})\n"
+        f"Stage0 += pip(packages={pip!r}, pip='pip3', ospackages=[])\n"
+        "Stage0 += copy(src='train.py', dest='/workspace/train.py')\n")
+    hpccm = shutil.which("hpccm", path=str(Path(sys.executable).parent)) or shutil.which("hpccm")
+    if not hpccm:
+        sys.exit("hpccm is not installed: .venv/bin/pip install hpccm")
+    dockerfile = subprocess.run([hpccm, "--recipe", str(recipe), "--format", "docker", "--userarg",
+                                 f"base={base_ref()}"], check=True, capture_output=True, text=True).stdout
+    first, rest = dockerfile.split("\n", 1)
+    (ctx / "Dockerfile").write_text(first + "\n" + _ca_lines(ctx) + rest)
+    (ctx / "train.py").write_text(TRAIN.format(n=n))
+    return []
+
+
+def write_handwritten(ctx: Path, pip: list[str], n: int) -> list[str]:
+    ctx.mkdir(parents=True, exist_ok=True)
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base_ref()}\n" + _ca_lines(ctx)
+        + "RUN apt-get update && apt-get install -y " + " ".join(APT) + "\n"
+        + "RUN pip install " + " ".join(pip) + "\n"
+        + "COPY train.py /workspace/train.py\n"
+        + "WORKDIR /workspace\n")
+    (ctx / "train.py").write_text(TRAIN.format(n=n))
+    return []
+
+
+WAYS: dict[str, Callable[[Path, list[str], int], list[str]]] = {
+    "imgbuild": write_imgbuild, "hpccm": write_hpccm, "hand-written": write_handwritten}
+
+
+# --- measuring ------------------------------------------------------------------------------------------
+
+def build(ctx: Path, tag: str, extra: list[str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run([docker(), "build", "-q", *extra, "-t", tag, str(ctx)], capture_output=True, text=True,
+                          env=dict(os.environ, DOCKER_BUILDKIT="1"))
+    if proc.returncode != 0:
+        sys.exit(f"build of {ctx} failed:\n{proc.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def size(ref: str) -> int:
+    out = subprocess.run([docker(), "image", "inspect", "-f", "{{.Size}}", ref], check=True, capture_output=True,
+                         text=True).stdout
+    return int(out.strip())
+
+
+def measure(way: str, workdir: Path) -> dict[str, list[float]]:
+    write = WAYS[way]
+    tag = f"imgbuildbench/{way}:bench"
+    results: dict[str, list[float]] = {k: [] for k in ("cold", "size_mb", "add_pip", "change_file", "noop")}
+    for rep in range(REPEATS):
+        ctx = workdir / f"{way}-{rep}"
+        subprocess.run([docker(), "rmi", "-f", tag], capture_output=True)
+        subprocess.run([docker(), "builder", "prune", "-af"], capture_output=True)
+        start = time.perf_counter()
+        extra = write(ctx, PIP, 1)
+        render_s = time.perf_counter() - start
+        results["cold"].append(render_s + build(ctx, tag, extra))
+        results["size_mb"].append((size(tag) - size(base_ref())) / 1e6)
+        results["noop"].append(build(ctx, tag, extra))
+
+        start = time.perf_counter()
+        extra = write(ctx, [*PIP, EXTRA_PIP], 1)
+        results["add_pip"].append(time.perf_counter() - start + build(ctx, tag, extra))
+        build(ctx, tag, write(ctx, PIP, 1))  # back to the original (not timed)
+
+        start = time.perf_counter()
+        extra = write(ctx, PIP, 2)
+        results["change_file"].append(time.perf_counter() - start + build(ctx, tag, extra))
+        print(f"  {way} run {rep + 1}/{REPEATS}: cold {results['cold'][-1]:.1f}s", file=sys.stderr, flush=True)
+    subprocess.run([docker(), "rmi", "-f", tag], capture_output=True)
+    return results
+
+
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def main() -> None:
+    if not os.environ.get("IMGBUILD_NGC_REGISTRY"):
+        sys.exit("bring the test bed up first: s=$(tests/testbed/up) && eval \"$s\"")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {way: measure(way, Path(tmp)) for way in WAYS}
+    metrics = [("cold build, s", "cold"), ("size added over base, MB", "size_mb"),
+               ("rebuild after adding a pip package, s", "add_pip"),
+               ("rebuild after changing the copied file, s", "change_file"), ("no-op rebuild, s", "noop")]
+    print(f"\nSame environment three ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
+          f"PyTorch base; median (min-max) of {REPEATS} runs\n")
+    print("| metric | " + " | ".join(WAYS) + " |")
+    print("|---|" + "---|" * len(WAYS))
+    for label, key in metrics:
+        print(f"| {label} | " + " | ".join(fmt(results[w][key]) for w in WAYS) + " |")
+    ratio = statistics.median(results["imgbuild"]["add_pip"]) / statistics.median(results["hpccm"]["add_pip"])
+    print(f"\nimgbuild's pip-change rebuild is {ratio:.2f}x hpccm's (target: at most 0.5x)")
+    print(json.dumps({w: {k: statistics.median(v) for k, v in r.items()} for w, r in results.items()}),
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

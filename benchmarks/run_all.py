@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Run every benchmark in one go and write docs/benchmarks.md (with the command that produced it).
+
+    s=$(tests/testbed/up) && eval "$s" && .venv/bin/pip install -q hpccm && .venv/bin/python benchmarks/run_all.py
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMAND = ("s=$(tests/testbed/up) && eval \"$s\" && .venv/bin/pip install -q hpccm && "
+           ".venv/bin/python benchmarks/run_all.py")
+
+
+ANALYSIS = """## Where imgbuild loses, and why
+
+- **Rebuild after adding a pip package: imgbuild misses its target** (at most half of hpccm's; measured about the
+  same, 1.1x). With six small pure-Python packages the step is dominated by pip itself, not downloads. pip starts,
+  resolves the whole requirement set again (under the base's pins), and asks the index for every project. The
+  BuildKit pip cache mount saves only the wheel downloads, which are a few hundred kB here. imgbuild also pays
+  `imgbuild render` (about 0.4 s, counted in its column). What would fix it: resolve and install with `uv` against
+  a cached index in the cache mount (no re-resolution cost, no per-project round trips), or put added packages in
+  an incremental layer on top of the last resolved set. Both must keep the base's pins and the secrets flow (uv
+  does not read pip.conf). With large wheels (the usual case for ML extras such as opencv or jax) the cache mount
+  is where the time goes, and imgbuild's advantage appears.
+- **Rebuild after changing the copied file: 0.5 s against 0.1-0.2 s.** The build step is the same single `COPY`
+  layer for all three; the difference is `imgbuild render` (Python start-up, imports, the registry look-up for the
+  base digest). Lazy imports in the render path and a cached base digest would close most of it.
+- **Size: imgbuild's lead is partly an artefact of the stand-in base.** hpccm's apt layer keeps
+  `/var/cache/apt/*.bin` (about 80 MB), and the hand-written one keeps the lists and the `.deb`s too, because the
+  stand-in (a debootstrapped Debian) lacks the `docker-clean` apt hook that official Ubuntu images carry, and so
+  real NGC images. On a real NGC base, hpccm's layer would be about 80 MB smaller, about the same as imgbuild's. The
+  hand-written one would still be larger (recommends, lists). imgbuild's size does not depend on the hook: its apt
+  lists and archives live in cache mounts.
+"""
+
+
+def run_script(name: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name)], capture_output=True, text=True,
+                          cwd=ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip()
+
+
+def timed(cmd: list[str], repeats: int, **kw) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, **kw)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def stats(times: list[float]) -> str:
+    return f"{statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})"
+
+
+def main() -> None:
+    imgbuild = [sys.executable, "-m", "imgbuild"]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print("build comparison (several minutes)...", file=sys.stderr, flush=True)
+    compare = run_script("build_compare.py")
+    print("tag listing...", file=sys.stderr, flush=True)
+    tags = run_script("tags_listing.py")
+    print("no-op rebuild...", file=sys.stderr, flush=True)
+    noop = run_script("rebuild_noop.py")
+    print("tool overhead and smoke test...", file=sys.stderr, flush=True)
+    help_t = timed([*imgbuild, "--help"], 10)
+    with tempfile.TemporaryDirectory() as tmp:
+        render_t = timed([*imgbuild, "render", str(ROOT / "recipes/pytorch-research.yaml"), "-o", f"{tmp}/ctx"], 5)
+        render_off = timed([*imgbuild, "render", "--offline", str(ROOT / "recipes/pytorch-research.yaml"),
+                            "-o", f"{tmp}/ctx2"], 5)
+    base = f"{os.environ['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    smoke_t = timed([*imgbuild, "smoke", base], 3)
+    tf_base = f"{os.environ['IMGBUILD_NGC_REGISTRY']}/nvidia/tensorflow:24.05-tf2-py3"
+    tf_smoke_t = timed([*imgbuild, "smoke", tf_base], 3)
+
+    lines = [
+        "# Benchmarks", "",
+        f"Produced by `{COMMAND}` on {started}, on a {os.cpu_count()}-core {platform.machine()} machine "
+        "(the project's CI size), against the test bed: dockerd 20.10 with BuildKit, a local registry, "
+        "the stand-in NGC bases. PyPI through a TLS-intercepting proxy.", "",
+        "## Same environment, three ways", "", compare, "",
+        "What each way is: imgbuild renders `recipes`-style YAML (BuildKit cache mounts for apt and pip, the "
+        "proxy CA as a build secret); hpccm 26 generates its Dockerfile from the equivalent Python recipe "
+        "(`packages`, `pip`, `copy` blocks); the hand-written one is the NGC how-to pattern (`apt-get install`, "
+        "`pip install`, `COPY`). The hand-written and hpccm images copy the proxy's CA bundle into the image "
+        "(a few hundred kB), as people behind such proxies do. Cold builds start from a pruned build cache "
+        "(`docker builder prune -af`), so imgbuild's cache mounts start empty too. imgbuild's times include "
+        "`imgbuild render`.", "",
+        ANALYSIS,
+        "## Tag listing (600 tags)", "", "```text", tags, "```", "",
+        "## No-op rebuild (20 recipes)", "", "```text", noop, "```", "",
+        "## Tool overhead and smoke test", "",
+        "| what | median s (min-max) | runs |", "|---|---|---|",
+        f"| `imgbuild --help` | {stats(help_t)} | 10 |",
+        f"| `imgbuild render recipes/pytorch-research.yaml` (base digest from the registry) | {stats(render_t)} "
+        "| 5 |",
+        f"| `imgbuild render --offline ...` | {stats(render_off)} | 5 |",
+        f"| `imgbuild smoke` on the CPU-only PyTorch stand-in | {stats(smoke_t)} | 3 |",
+        f"| `imgbuild smoke` on the CPU-only TensorFlow stand-in | {stats(tf_smoke_t)} | 3 |", "",
+        "The GPU checks' duration and TFLOP/s need a GPU: no session has been lent one yet "
+        "(see docs/smoke-on-gpu.md).", ""]
+    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
