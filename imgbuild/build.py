@@ -142,11 +142,12 @@ def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) ->
 
 def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = None,
           require_gpu: bool = False, no_cache: bool = False, out: str | Path | None = None,
-          progress: Callable[[str], None] = lambda s: None, local_refs: frozenset[str] = frozenset()) -> BuildResult:
-    loaded = load_recipe(recipe_path)
+          progress: Callable[[str], None] = lambda s: None, plan: Plan | None = None) -> BuildResult:
+    """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again."""
     engine = Engine.connect(settings.docker_cli)
     chosen = engine.pick_backend(backend or settings.backend)
-    plan = plan_recipe(loaded, settings, engine, local_refs=local_refs)
+    loaded = plan.loaded if plan else load_recipe(recipe_path)
+    plan = plan or plan_recipe(loaded, settings, engine)
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")

@@ -180,7 +180,7 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
                 item.status = STALE
                 return item
             log(f"{item.target}: building ({'; '.join(item.reasons)})")
-            result = pipeline.build(item.path, settings, backend=options.backend, local_refs=local_refs,
+            result = pipeline.build(item.path, settings, backend=options.backend, plan=plan,
                                     progress=lambda step: log(f"{item.target}: {step}"))
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
