@@ -543,17 +543,17 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
                  for r in rows])
 
 
-def _container_command(verb: str, extra: list[str] | None = None):  # type: ignore[no-untyped-def]
-    def command(ctx: click.Context, name: str, args: tuple[str, ...] = (), force: bool = False) -> None:
-        from imgbuild.engine import Engine
+def _on_container(ctx: click.Context, verb: str, name: str, flags: list[str] | None = None,
+                  args: tuple[str, ...] = (), force: bool = False) -> None:
+    """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
+    from imgbuild.engine import Engine
 
-        settings = _settings(ctx)
-        engine = Engine.connect(settings.docker_cli)
-        target = _resolve_container(engine, name, settings.user)
-        if verb == "stop" and not target.startswith(f"{settings.user}_") and not force:
-            raise UsageError(f"{target} is not yours (yours start with {settings.user}_); --force to stop it")
-        sys.exit(engine.run_cli([verb, *(extra or []), target, *args]))
-    return command
+    settings = _settings(ctx)
+    engine = Engine.connect(settings.docker_cli)
+    target = _resolve_container(engine, name, settings.user)
+    if verb == "stop" and not target.startswith(f"{settings.user}_") and not force:
+        raise UsageError(f"{target} is not yours (yours start with {settings.user}_); --force to stop it")
+    sys.exit(engine.run_cli([verb, *(flags or []), target, *args]))
 
 
 @cli.command()
@@ -561,7 +561,7 @@ def _container_command(verb: str, extra: list[str] | None = None):  # type: igno
 @click.pass_context
 def attach(ctx: click.Context, name: str) -> None:
     """Attach to one of your containers (detach with Ctrl-P Ctrl-Q)."""
-    _container_command("attach")(ctx, name)
+    _on_container(ctx, "attach", name)
 
 
 @cli.command()
@@ -571,7 +571,7 @@ def attach(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def logs(ctx: click.Context, name: str, follow: bool, tail: str) -> None:
     """Print a container's output."""
-    _container_command("logs", ["--tail", tail, *(["-f"] if follow else [])])(ctx, name)
+    _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])])
 
 
 @cli.command(name="exec")
@@ -580,8 +580,7 @@ def logs(ctx: click.Context, name: str, follow: bool, tail: str) -> None:
 @click.pass_context
 def exec_(ctx: click.Context, name: str, command: tuple[str, ...]) -> None:
     """Run a command in one of your running containers: imgbuild exec NAME -- COMMAND..."""
-    flags = ["-it"] if sys.stdin.isatty() else ["-i"]
-    _container_command("exec", flags)(ctx, name, command)
+    _on_container(ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"], command)
 
 
 @cli.command()
@@ -590,7 +589,7 @@ def exec_(ctx: click.Context, name: str, command: tuple[str, ...]) -> None:
 @click.pass_context
 def stop(ctx: click.Context, name: str, force: bool) -> None:
     """Stop one of your containers."""
-    _container_command("stop")(ctx, name, force=force)
+    _on_container(ctx, "stop", name, force=force)
 
 
 @cli.command()

@@ -133,7 +133,7 @@ class JobSpec:
 
 def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
     """(extra srun options, command prefix) that run the command in the image with the runtime."""
-    binds = [b for b in job.binds]
+    binds = list(job.binds)
     if job.stage:
         binds.append(f"${job.scratch_var}:${job.scratch_var}")
     if job.runtime in ("apptainer", "singularity"):

@@ -323,14 +323,6 @@ class Engine:
                          "created": c.attrs.get("Created", "")[:19].replace("T", " ")})
         return sorted(rows, key=lambda r: r["name"])
 
-    def container_info(self, name: str) -> dict[str, Any] | None:
-        from docker.errors import NotFound
-
-        try:
-            return dict(self.client.containers.get(name).attrs)
-        except NotFound:
-            return None
-
     def cpu_percent(self, name: str) -> float | None:
         """The container's CPU use as a percentage of its limit (or of the host), from one stats read."""
         from docker.errors import APIError, NotFound
