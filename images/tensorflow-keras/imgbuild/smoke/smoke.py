@@ -263,13 +263,23 @@ def torch_cpu_compute(torch) -> dict:
     return {"reason": f"matmul, inverse and conv2d correct on the CPU ({torch.get_num_threads()} threads)"}
 
 
-def run_pytorch(report: Report) -> None:
+def import_framework(report: Report, module: str, framework: str):
+    """The framework module, or None with a failed `framework` check saying why it did not import."""
+    import importlib
+
     try:
-        import torch
-    except Exception as exc:
-        report.fail("framework", f"import torch failed: {type(exc).__name__}: {exc}")
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # a broken install raises anything, not only ImportError
+        report.fail("framework", f"import {module} failed: {type(exc).__name__}: {exc}")
+        return None
+    report.meta["framework"] = framework
+    return loaded
+
+
+def run_pytorch(report: Report) -> None:
+    torch = import_framework(report, "torch", "pytorch")
+    if torch is None:
         return
-    report.meta["framework"] = "pytorch"
     report.run("framework", check_framework_version, torch, torch.__version__, "PYTORCH_VERSION")
     report.run("pip check", check_pip)
     report.run("cpu compute", torch_cpu_compute, torch)
@@ -339,12 +349,9 @@ def tf_cpu_compute(tf) -> dict:
 
 
 def run_tensorflow(report: Report) -> None:
-    try:
-        import tensorflow as tf
-    except Exception as exc:
-        report.fail("framework", f"import tensorflow failed: {type(exc).__name__}: {exc}")
+    tf = import_framework(report, "tensorflow", "tensorflow")
+    if tf is None:
         return
-    report.meta["framework"] = "tensorflow"
     for gpu in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu, True)
     report.run("framework", check_framework_version, tf, tf.__version__, "TENSORFLOW_VERSION")
