@@ -421,7 +421,8 @@ def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: s
     from imgbuild import run as runmod
     from imgbuild.config import site_section
     from imgbuild.engine import Engine
-    from imgbuild.gpus import Sample, current_user, select_gpus, summarize
+    from imgbuild.gpus import Sample, select_gpus, summarize
+    from imgbuild.host import caller
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -431,9 +432,11 @@ def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: s
     if no_workspace:
         house["workspace"] = None
     ref, default_short = runmod.resolve_image(image, settings)
-    user = settings.user or current_user()
+    if short is not None and not runmod.SHORT_NAME_RE.fullmatch(short):
+        raise UsageError(f"--name: {short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
+    user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
     gpus = _read_gpus(settings)
-    selection = select_gpus(gpu_request, gpus, current_user(), force=force)
+    selection = select_gpus(gpu_request, gpus, user, force=force)
     uid, gid = runmod.host_ids()
     if as_user:
         if not re.fullmatch(r"\d+(:\d+)?", as_user):
@@ -511,19 +514,6 @@ def _explain_start_failure(stderr: str) -> str:
     return f"the container did not start: {text[-300:]}"
 
 
-def _resolve_container(engine: Any, name: str, user: str) -> str:
-    names = engine.container_names()
-    for candidate in (name, f"{user}_{name}"):
-        if candidate in names:
-            return candidate
-    matches = sorted(n for n in names if n.startswith(f"{user}_{name}_"))
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise UsageError(f"{name!r} matches {', '.join(matches)}: say which")
-    raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
-
-
 @cli.command()
 @click.option("--all", "all_users", is_flag=True, help="Every user's containers.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
@@ -531,10 +521,12 @@ def _resolve_container(engine: Any, name: str, user: str) -> str:
 def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     """Your containers (or --all users'), with their GPUs and CPU limits."""
     from imgbuild.engine import Engine
+    from imgbuild.host import caller
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
-    rows = Engine.connect(settings.docker_cli).containers("" if all_users else f"{settings.user}_")
+    who = caller()
+    rows = [r for r in Engine.connect(settings.docker_cli).containers() if all_users or r["user"] == who.name]
     if as_json:
         _emit_json(rows)
         return
@@ -547,45 +539,55 @@ def _on_container(ctx: click.Context, verb: str, name: str, flags: list[str] | N
                   args: tuple[str, ...] = (), force: bool = False) -> None:
     """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
     from imgbuild.engine import Engine
+    from imgbuild.host import caller
+    from imgbuild.run import check_owner, find_container
 
     settings = _settings(ctx)
     engine = Engine.connect(settings.docker_cli)
-    target = _resolve_container(engine, name, settings.user)
-    if verb == "stop" and not target.startswith(f"{settings.user}_") and not force:
-        raise UsageError(f"{target} is not yours (yours start with {settings.user}_); --force to stop it")
-    sys.exit(engine.run_cli([verb, *(flags or []), target, *args]))
+    who = caller()
+    row = find_container(engine.containers(), name, who.name)
+    check_owner(row, who, verb, force)
+    engine.exec_cli([verb, *(flags or []), row["name"], *args])
+
+
+_FORCE = click.option("--force", is_flag=True, help="Root only: act on another user's container.")
 
 
 @cli.command()
 @click.argument("name")
+@_FORCE
 @click.pass_context
-def attach(ctx: click.Context, name: str) -> None:
+def attach(ctx: click.Context, name: str, force: bool) -> None:
     """Attach to one of your containers (detach with Ctrl-P Ctrl-Q)."""
-    _on_container(ctx, "attach", name)
+    _on_container(ctx, "attach", name, force=force)
 
 
 @cli.command()
 @click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output.")
 @click.option("--tail", default="all", show_default=True, help="Lines from the end.")
+@_FORCE
 @click.pass_context
-def logs(ctx: click.Context, name: str, follow: bool, tail: str) -> None:
+def logs(ctx: click.Context, name: str, follow: bool, tail: str, force: bool) -> None:
     """Print a container's output."""
-    _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])])
+    if not re.fullmatch(r"all|\d{1,9}", tail):
+        raise UsageError(f"--tail: {tail!r} is not a number of lines or 'all'")
+    _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])], force=force)
 
 
 @cli.command(name="exec")
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_FORCE
 @click.pass_context
-def exec_(ctx: click.Context, name: str, command: tuple[str, ...]) -> None:
+def exec_(ctx: click.Context, name: str, command: tuple[str, ...], force: bool) -> None:
     """Run a command in one of your running containers: imgbuild exec NAME -- COMMAND..."""
-    _on_container(ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"], command)
+    _on_container(ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"], command, force=force)
 
 
 @cli.command()
 @click.argument("name")
-@click.option("--force", is_flag=True, help="Stop a container that is not yours.")
+@_FORCE
 @click.pass_context
 def stop(ctx: click.Context, name: str, force: bool) -> None:
     """Stop one of your containers."""

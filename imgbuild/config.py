@@ -7,7 +7,6 @@ key `foo_bar` in `~/.config/imgbuild/config.yaml` (or `$IMGBUILD_CONFIG`), then 
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +33,9 @@ def _default_cache_dir() -> str:
 
 
 def _login_name() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid{os.getuid()}"
+    from imgbuild.host import caller
+
+    return caller().name
 
 
 @dataclass(frozen=True)

@@ -299,6 +299,14 @@ class Engine:
         """Run the docker CLI with the terminal attached; returns its exit code."""
         return subprocess.run([self.cli(), *args]).returncode
 
+    def exec_cli(self, args: list[str]) -> None:
+        """Become the docker CLI (attach, logs, exec): signals and the terminal go straight to it, and
+        nothing is left behind when imgbuild is killed."""
+        cli = self.cli()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(cli, [cli, *args])
+
     def run_cli_captured(self, args: list[str]) -> tuple[int, str]:
         """Run the docker CLI, passing stdout through and keeping stderr to explain failures."""
         proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True)

@@ -7,7 +7,6 @@ are tested with readings shaped like real servers.
 from __future__ import annotations
 
 import json
-import os
 import pwd
 import re
 import shutil
@@ -302,11 +301,3 @@ def summarize(samples: list[Sample], cpu_limit: float | None) -> tuple[list[dict
                     "and sync points")
     return rows, hint
 
-
-def current_user() -> str:
-    if os.getuid() == 0 and os.environ.get("SUDO_USER"):
-        return os.environ["SUDO_USER"]
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return f"uid{os.getuid()}"

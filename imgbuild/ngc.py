@@ -7,8 +7,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-TAG_RE = re.compile(r"^(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
-                    r"(?:-(?P<variant>[a-z0-9]+))?$")
+#: The NGC tag grammar (`24.05`, `24.05-py3`, `24.05-tf2-py3`, `24.03-py3-igpu`), matched whole-string.
+TAG_RE = re.compile(r"(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
+                    r"(?:-(?P<variant>[a-z0-9]+))?")
+#: What a recipe's base.tag / base.follow may say: a tag, `latest`, or a glob over releases (`24.*`).
+TAG_OR_PATTERN_RE = re.compile(rf"(?:{TAG_RE.pattern}|latest|[0-9.*]{{1,8}}\*[0-9a-z.*-]{{0,32}})")
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,32 @@ def newest_matching(framework: str | None, pattern: str, tags: list[str]) -> str
     return max(candidates).text if candidates else None
 
 
-def describe_config(config: dict[str, Any]) -> dict[str, str]:
-    """What an image config says: CUDA, cuDNN, framework, Python, driver (from Env and Labels)."""
+#: A fact taken from an image config (a registry's answer: untrusted) must look like a version or a name.
+FACT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_:~ -]{0,127}")
+
+
+def config_env(config: dict[str, Any]) -> dict[str, str]:
+    """The image config's Env as a mapping (shape-checked: a registry's answer is untrusted)."""
     cfg = config.get("config") or config.get("Config") or {}
-    env = dict(item.split("=", 1) for item in (cfg.get("Env") or []) if "=" in item)
-    labels = cfg.get("Labels") or {}
+    items = cfg.get("Env") if isinstance(cfg, dict) else None
+    return dict(item.split("=", 1) for item in (items if isinstance(items, list) else [])
+                if isinstance(item, str) and "=" in item)
+
+
+def describe_config(config: dict[str, Any]) -> dict[str, str]:
+    """What an image config says: CUDA, cuDNN, framework, Python, driver (from Env and Labels).
+
+    Values that are not one plain line (a newline would become a Dockerfile instruction or a pip option
+    once rendered) are dropped."""
+    facts = _describe(config)
+    return {k: (v if not v or FACT_RE.fullmatch(v) else "") for k, v in facts.items()}
+
+
+def _describe(config: dict[str, Any]) -> dict[str, str]:
+    cfg = config.get("config") or config.get("Config") or {}
+    env = config_env(config)
+    labels = cfg.get("Labels") if isinstance(cfg, dict) and isinstance(cfg.get("Labels"), dict) else {}
+    labels = {str(k): str(v) for k, v in labels.items()}
     out = {
         "cuda": env.get("CUDA_VERSION", labels.get("com.nvidia.cuda.version", "")),
         "cudnn": env.get("CUDNN_VERSION", labels.get("com.nvidia.cudnn.version", "")),

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild import __version__
+from imgbuild import __version__, imageref
 from imgbuild.config import Settings
 from imgbuild.errors import RecipeError, UsageError
-from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS, describe_config, expand_tag, is_pattern
+from imgbuild.host import caller
+from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS, config_env, describe_config, expand_tag, is_pattern
 from imgbuild.recipe import LoadedRecipe, stable_name
+from imgbuild.repofiles import SourceFile
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -98,10 +99,8 @@ def base_reference(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str |
     """(repository reference, framework or None, tag or pattern) for the recipe's base."""
     base = loaded.recipe.base
     if base.image:
-        if "@" in base.image or ":" in base.image.rsplit("/", 1)[-1]:
-            repo, _, tag = base.image.rpartition(":") if "@" not in base.image else (base.image, "", "")
-            return (repo, None, tag) if tag else (base.image, None, "")
-        return base.image, None, "latest"
+        ref = imageref.parse(base.image)
+        return (str(ref), None, "") if ref.digest else (ref.name, None, ref.tag or "latest")
     assert base.framework and base.tag
     fw = FRAMEWORKS[base.framework]
     return f"{settings.ngc_registry}/{fw.repository}", base.framework, expand_tag(base.framework, base.tag)
@@ -120,9 +119,11 @@ def resolve_base(loaded: LoadedRecipe, settings: Settings, inspect_base: Inspect
         return BaseImage(ref=ref, requested=requested)
     digest, config = inspect_base(ref)
     cfg = config.get("config") or config.get("Config") or {}
-    env = dict(item.split("=", 1) for item in (cfg.get("Env") or []) if "=" in item)
-    return BaseImage(ref=ref.split("@")[0], digest=digest or None, env=env, labels=dict(cfg.get("Labels") or {}),
-                     facts=describe_config(config), requested=requested, image_id=str(config.get("Id", "")))
+    labels = cfg.get("Labels") if isinstance(cfg, dict) and isinstance(cfg.get("Labels"), dict) else {}
+    image_id = str(config.get("Id", ""))
+    return BaseImage(ref=ref.split("@")[0], digest=digest if imageref.DIGEST_RE.fullmatch(digest or "") else None,
+                     env=config_env(config), labels=dict(labels), facts=describe_config(config),
+                     requested=requested, image_id=image_id if imageref.DIGEST_RE.fullmatch(image_id) else "")
 
 
 def protected_pins(base: BaseImage) -> tuple[str, ...]:
@@ -136,49 +137,59 @@ def protected_pins(base: BaseImage) -> tuple[str, ...]:
 
 
 def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
-    """A recipe that asks for another torch/tensorflow or CUDA library than the base carries fails here."""
+    """A recipe that asks for another torch/tensorflow or CUDA library than the base carries fails here,
+    every conflict at once (pip.packages, pip.constraints and the requirements file's lines)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
     from imgbuild.errors import Problem
+    from imgbuild.recipe import display_path
 
-    problems: list[Problem] = []
+    own = FRAMEWORKS.get(base.framework)
+    try:
+        have = Version(base.framework_version) if base.framework_version else None
+    except InvalidVersion:
+        have = None
     recipe = loaded.recipe
-    framework_pkgs = {p for fw in FRAMEWORKS.values() for p in fw.packages}
-    where = f"{loaded.display}"
-    specs = [(f"pip.packages[{i}]", s) for i, s in enumerate(recipe.pip.packages)]
-    specs += [(f"pip.constraints[{i}]", s) for i, s in enumerate(recipe.pip.constraints)]
-    for field_path, spec in specs:
+    located = loaded.located
+    problems: list[Problem] = []
+
+    def where(at: tuple[str | int, ...] | int, message: str, hint: str) -> Problem:
+        if isinstance(at, int):  # a line of the requirements file
+            return Problem(display_path(loaded.requirements_path or loaded.path), at, 1, "pip.requirements",
+                           message, hint)
+        if located is not None:
+            return located.problem(at, message, hint)
+        return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
+
+    specs: list[tuple[tuple[str | int, ...] | int, str]] = []
+    specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
+    specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
+    specs += list(loaded.requirements)
+    for at, spec in specs:
         req = Requirement(spec)
         name = canonicalize_name(req.name)
-        if name.startswith(CUDA_PACKAGE_PREFIXES) and req.specifier:
-            problems.append(Problem(where, 0, 0, field_path,
-                                    f"{spec} would replace a CUDA library of the base",
-                                    "the base's CUDA stack is protected; drop the pin"))
+        if name.startswith(CUDA_PACKAGE_PREFIXES) and (req.specifier or req.url):
+            problems.append(where(at, f"{req.name} would replace a CUDA library of the base",
+                                  "the base's CUDA stack is protected; drop the pin"))
             continue
-        if name not in framework_pkgs or not base.framework_version:
+        other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
+        if other is not None and own is not None:
+            problems.append(where(at, f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
+                                  f"build on a {other.name} base for {other.name}"))
             continue
-        try:
-            have = Version(base.framework_version)
-        except InvalidVersion:
+        if own is None or name not in own.packages:
             continue
-        if req.specifier and not req.specifier.contains(have, prereleases=True):
-            problems.append(Problem(
-                where, 0, 0, field_path,
-                f"{spec} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
-                f"the base's framework is protected: drop the pin, or choose a base tag that carries "
-                f"{req.name}{req.specifier}"))
+        if req.url:
+            problems.append(where(at, f"{req.name} from a URL would replace the base's {req.name} "
+                                  f"{base.framework_version}", "the base's framework is protected: drop it"))
+        elif have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+            problems.append(where(at, f"{req.name}{req.specifier} conflicts with the base's {req.name} "
+                                  f"{base.framework_version} ({base.ref})",
+                                  f"the base's framework is protected: drop the pin, or choose a base tag that "
+                                  f"carries {req.name}{req.specifier}"))
     if problems:
-        # Point at the exact line when we can.
-        located = getattr(loaded, "located", None)
-        if located is not None:
-            fixed = []
-            for p in problems:
-                part, _, idx = p.field.partition("[")
-                key = tuple(part.split(".")) + (int(idx.rstrip("]")),)
-                fixed.append(located.problem(key, p.message, p.hint))
-            problems = fixed
         raise RecipeError(problems)
 
 
@@ -187,8 +198,8 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings) -> tuple[int, int]:
     user = loaded.recipe.user
     uid = (user.uid if user else None) or settings.uid
     gid = (user.gid if user else None) or settings.gid
-    host_uid = int(os.environ.get("SUDO_UID", os.getuid())) if os.getuid() == 0 else os.getuid()
-    host_gid = int(os.environ.get("SUDO_GID", os.getgid())) if os.getuid() == 0 else os.getgid()
+    who = caller()
+    host_uid, host_gid = who.uid, who.gid
     if uid is None:
         uid = host_uid or 1000
     if gid is None:
@@ -196,14 +207,13 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings) -> tuple[int, int]:
     return uid, gid
 
 
-def _file_digest(path: Path) -> str:
+def _files_digest(files: list[SourceFile]) -> str:
     h = hashlib.sha256()
-    if path.is_dir():
-        for sub in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(sub.relative_to(path).as_posix().encode() + b"\0")
-            h.update(_file_digest(sub).encode())
-    else:
-        h.update(path.read_bytes())
+    for f in files:
+        h.update(f.rel.encode() + b"\0" + (b"x" if f.executable else b"-"))
+        with open(f.path, "rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):  # type: ignore[misc]
+                h.update(block)
     return h.hexdigest()
 
 
@@ -219,9 +229,9 @@ def content_hash(loaded: LoadedRecipe) -> str:
     """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
     data = loaded.recipe.model_dump(mode="json", exclude={"extends"})
     for spec in data["files"]:
-        spec["src"] = _file_digest(Path(spec["src"]))
+        spec["src"] = _files_digest(loaded.file_manifest.get(spec["dest"], []))
     if loaded.requirements_path:
-        data["pip"]["requirements"] = _file_digest(loaded.requirements_path)
+        data["pip"]["requirements"] = [spec for _, spec in loaded.requirements]
     data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
     data["templates"] = templates_digest()
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

@@ -24,23 +24,32 @@ from pydantic import (
     model_validator,
 )
 
+from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
-from imgbuild.yamlpos import Located, PathKey, Pos, load_located
+from imgbuild.imageref import TAG_RE
+from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
+from imgbuild.repofiles import (
+    OutsideRepository,
+    SourceFile,
+    regular_file,
+    repository_root,
+    resolve_inside,
+    source_files,
+)
+from imgbuild.yamlpos import Located, PathKey, Pos, load_located, read_text_bounded
 
 # --- field rules, as data -------------------------------------------------------------------------
+# Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
+# newline, and a newline in a rendered Dockerfile starts a new instruction.
 
-NAME_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-IMAGE_RE = re.compile(r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9._/-]+(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-                      r"(?:@sha256:[a-f0-9]{64})?$")
-NGC_TAG_RE = re.compile(r"^(?:\d{2}\.\d{2}(?:-tf[12])?(?:-py3)?(?:-[a-z0-9]+)?|latest|[0-9.*]+\*[0-9a-z.*-]*)$")
-APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:-]+)?$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-ABS_PATH_RE = re.compile(r"^/[A-Za-z0-9._/@+ -]*$")
-MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
-SHELL_META = re.compile(r"[\n\r\0`;&|$<>\\\"']")
+NAME_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:-]+)?")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+ABS_PATH_RE = re.compile(r"/[A-Za-z0-9._/@+ -]{0,1023}")
+MODE_RE = re.compile(r"0?[0-7]{3,4}")
+HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(?::\d{1,5})?")
 
 #: Env keys that describe the base; overriding them would make the image lie about itself.
 PROTECTED_ENV = frozenset({
@@ -48,32 +57,102 @@ PROTECTED_ENV = frozenset({
     "TENSORFLOW_VERSION", "NVIDIA_TENSORFLOW_VERSION", "PIP_CONSTRAINT", "CUDA_DRIVER_VERSION",
 })
 RESERVED_LABEL_PREFIX = "org.imgbuild."
+#: Accounts every Debian/Ubuntu base already has: the recipe's user must be a new one (add-user.sh would
+#: otherwise rewrite a system account's UID, home and shell).
+SYSTEM_USERS = frozenset({
+    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy", "www-data",
+    "backup", "list", "irc", "gnats", "nobody", "nogroup", "_apt", "systemd-network", "systemd-resolve",
+    "systemd-timesync", "messagebus", "sshd", "syslog", "uuidd", "tcpdump", "postfix", "ntp", "polkitd",
+})
+#: Folders the image user must never own (home and workdir are chown'ed to the user).
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
+               "/sbin", "/sys", "/usr", "/var")
+SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/media", "/usr/local"})
 
 
 def _check(pattern: re.Pattern[str], what: str, hint: str = "") -> Any:
     def check(value: str) -> str:
-        if not pattern.match(value):
-            raise ValueError(f"{what}: {value!r}" + (f" ({hint})" if hint else ""))
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{what}: {_show(value)}" + (f" ({hint})" if hint else ""))
         return value
     return AfterValidator(check)
 
 
+def _show(value: str) -> str:
+    """A value quoted for an error message: bounded, control characters visible."""
+    return repr(value[:60] + ("..." if len(value) > 60 else ""))
+
+
 def _no_newline(value: str) -> str:
-    if any(c in value for c in "\n\r\0"):
-        raise ValueError("must be one line (no newline or NUL)")
+    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in value):
+        raise ValueError("must be one line (no newline, NUL or other control character)")
+    if len(value) > limits.VALUE_CHARS:
+        raise ValueError(f"longer than {limits.VALUE_CHARS} characters")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    """A canonical absolute path: plain characters, no `.`/`..` parts, no `//`, no trailing slash."""
+    if not ABS_PATH_RE.fullmatch(value):
+        raise ValueError(f"must be an absolute path of plain characters: {_show(value)}")
+    parts = value.split("/")[1:]
+    if value != "/" and ("" in parts or any(p in (".", "..") for p in parts)):
+        raise ValueError(f"must be a plain absolute path without '.', '..', '//' or a trailing '/': {_show(value)}")
+    return value
+
+
+def _owned_dir(value: str) -> str:
+    """home and workdir become the image user's: never a system folder."""
+    if value in SYSTEM_DIRS_EXACT or any(value == d or value.startswith(d + "/") for d in SYSTEM_DIRS):
+        raise ValueError(f"{value} is a system folder; the image user would own it (use e.g. /workspace)")
+    return value
+
+
+def _dest_path(value: str) -> str:
+    if value == "/":
+        raise ValueError("cannot copy onto / (name a file or folder under it)")
+    return value
+
+
+def _user_name(value: str) -> str:
+    if value in SYSTEM_USERS or value.startswith("systemd-"):
+        raise ValueError(f"{value} is a system account of the base (choose a new name, e.g. user)")
+    return value
+
+
+def _image_name(value: str) -> str:
+    from imgbuild.imageref import BadReference, parse
+
+    try:
+        ref = parse(value)
+    except BadReference as exc:
+        raise ValueError(f"{exc} (e.g. alice/research or registry.example:5000/lab/research:v1)") from None
+    if ref.digest:
+        raise ValueError("an image to build cannot carry a digest")
+    return value
+
+
+def _base_image(value: str) -> str:
+    from imgbuild.imageref import BadReference, parse
+
+    try:
+        parse(value)
+    except BadReference as exc:
+        raise ValueError(f"{exc} (e.g. ubuntu:22.04 or nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04)") from None
     return value
 
 
 def _pip_requirement(value: str) -> str:
     from packaging.requirements import InvalidRequirement, Requirement
 
+    _no_newline(value)
     if value.startswith("-"):
-        raise ValueError(f"pip options are not allowed in pip.packages: {value!r} "
+        raise ValueError(f"pip options are not allowed in pip.packages: {_show(value)} "
                          "(use pip.index_url / pip.extra_index_urls / pip.requirements)")
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
-        raise ValueError(f"not a valid requirement: {value!r}: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"not a valid requirement: {_show(value)}: {str(exc).splitlines()[0][:120]}") from None
     if req.url and (urlsplit(req.url).username or urlsplit(req.url).password):
         raise ValueError("credentials in a requirement URL would land in the image "
                          "(give them through IMGBUILD_PIP_INDEX_URL at build time)")
@@ -81,15 +160,16 @@ def _pip_requirement(value: str) -> str:
 
 
 def _octal_mode(value: str) -> str:
-    if not MODE_RE.match(value):
-        raise ValueError(f"not an octal file mode: {value!r} (write it quoted, e.g. \"0644\")")
+    if not MODE_RE.fullmatch(value):
+        raise ValueError(f"not an octal file mode: {_show(value)} (write it quoted, e.g. \"0644\")")
     return value.rjust(4, "0")
 
 
 def _index_url(value: str) -> str:
+    _no_newline(value)
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https", "file"):
-        raise ValueError(f"not an index URL: {value!r}")
+    if parts.scheme not in ("http", "https") or not parts.netloc or " " in value:
+        raise ValueError(f"not an index URL: {_show(value)} (http:// or https://)")
     if parts.username or parts.password:
         raise ValueError("credentials in a recipe end up in git and in the image "
                          "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)")
@@ -108,7 +188,8 @@ def _number_to_text(value: Any) -> Any:
 
 
 EnvValue = Annotated[str, BeforeValidator(_number_to_text), AfterValidator(_no_newline)]
-AbsPath = Annotated[str, _check(ABS_PATH_RE, "must be an absolute path of plain characters")]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+OwnedDir = Annotated[str, AfterValidator(_abs_path), AfterValidator(_owned_dir)]
 IndexUrl = Annotated[str, AfterValidator(_index_url)]
 EnvKey = Annotated[str, _check(ENV_KEY_RE, "not a valid environment variable name")]
 
@@ -120,8 +201,8 @@ def _env_key(value: str) -> str:
 
 
 def _label_key(value: str) -> str:
-    if not LABEL_KEY_RE.match(value):
-        raise ValueError(f"not a valid label key: {value!r}")
+    if not LABEL_KEY_RE.fullmatch(value):
+        raise ValueError(f"not a valid label key: {_show(value)}")
     if value.startswith(RESERVED_LABEL_PREFIX):
         raise ValueError(f"labels under {RESERVED_LABEL_PREFIX} are written by imgbuild")
     return value
@@ -137,10 +218,10 @@ class Base(_Strict):
     """An NGC framework image (`framework` + `tag`) or any other image (`image`)."""
 
     framework: Literal["pytorch", "tensorflow"] | None = None
-    tag: Annotated[str, _check(NGC_TAG_RE, "not an NGC tag",
+    tag: Annotated[str, _check(NGC_TAG_OR_PATTERN_RE, "not an NGC tag",
                                "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*")] | None = None
-    image: Annotated[str, _check(IMAGE_RE, "not an image reference")] | None = None
-    follow: Annotated[str, _check(NGC_TAG_RE, "not a tag pattern", "e.g. latest or 24.*")] | None = None
+    image: Annotated[str, AfterValidator(_base_image)] | None = None
+    follow: Annotated[str, _check(NGC_TAG_OR_PATTERN_RE, "not a tag pattern", "e.g. latest or 24.*")] | None = None
 
     @model_validator(mode="after")
     def _one_form(self) -> Base:
@@ -155,25 +236,25 @@ class Base(_Strict):
 
 class Pip(_Strict):
     packages: list[PipSpec] = Field(default_factory=list)
-    requirements: str | None = None
+    requirements: OneLine | None = None
     constraints: list[PipSpec] = Field(default_factory=list)
     index_url: IndexUrl | None = None
     extra_index_urls: list[IndexUrl] = Field(default_factory=list)
-    trusted_hosts: list[Annotated[str, _check(re.compile(r"^[A-Za-z0-9.-]+(:\d+)?$"), "not a host")]] = \
-        Field(default_factory=list)
-    ca_bundle: str | None = None
+    trusted_hosts: list[Annotated[str, _check(HOST_RE, "not a host")]] = Field(default_factory=list)
+    ca_bundle: OneLine | None = None
 
 
 class User(_Strict):
-    name: Annotated[str, _check(USER_RE, "not a valid user name", "lower case, starts with a letter")] = "user"
+    name: Annotated[str, _check(USER_RE, "not a valid user name", "lower case, starts with a letter"),
+                    AfterValidator(_user_name)] = "user"
     uid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     gid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
-    home: AbsPath | None = None
+    home: OwnedDir | None = None
 
 
 class FileSpec(_Strict):
     src: OneLine
-    dest: AbsPath
+    dest: Annotated[str, AfterValidator(_abs_path), AfterValidator(_dest_path)]
     mode: Annotated[str, AfterValidator(_octal_mode)] | None = None
     owner: Literal["user", "root"] | None = None
 
@@ -186,10 +267,11 @@ class Smoke(_Strict):
 class Recipe(_Strict):
     """The validated recipe; the single source of truth for the JSON schema in docs/recipe.schema.json."""
 
-    name: Annotated[str, _check(NAME_RE, "not a valid image name", "lower case letters, digits, . _ -")]
-    tag: Annotated[str, _check(TAG_RE, "not a valid image tag")] = "latest"
-    image: Annotated[str, _check(IMAGE_RE, "not an image name", "e.g. alice/research")] | None = None
-    extends: str | None = None
+    name: Annotated[str, Field(max_length=limits.NAME_CHARS),
+                    _check(NAME_RE, "not a valid image name", "lower case letters, digits, . _ -")]
+    tag: Annotated[str, _check(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")] = "latest"
+    image: Annotated[str, AfterValidator(_image_name)] | None = None
+    extends: OneLine | None = None
     description: OneLine | None = None
     base: Base
     apt: list[AptName] = Field(default_factory=list)
@@ -197,10 +279,10 @@ class Recipe(_Strict):
     user: User | None = None
     run: list[OneLine] = Field(default_factory=list)
     files: list[FileSpec] = Field(default_factory=list)
-    workdir: AbsPath = "/workspace"
+    workdir: OwnedDir = "/workspace"
     env: dict[Annotated[EnvKey, AfterValidator(_env_key)], EnvValue] = Field(default_factory=dict)
     labels: dict[Annotated[str, AfterValidator(_label_key)], OneLine] = Field(default_factory=dict)
-    args: dict[Annotated[EnvKey, _check(re.compile(r"^(?!IMGBUILD_)"), "IMGBUILD_ args are reserved")],
+    args: dict[Annotated[EnvKey, _check(re.compile(r"(?!IMGBUILD_).*"), "IMGBUILD_ args are reserved")],
                EnvValue] = Field(default_factory=dict)
     entrypoint: list[OneLine] | OneLine | None = None
     cmd: list[OneLine] | OneLine | None = None
@@ -218,6 +300,11 @@ class LoadedRecipe:
     requirements_path: Path | None = None
     ca_bundle_path: Path | None = None
     located: Located | None = field(default=None, repr=False)
+    root: Path | None = None  # the repository every named path stays inside
+    #: files[i].dest -> the files to copy (checked: inside the repository, regular, bounded)
+    file_manifest: dict[str, list[SourceFile]] = field(default_factory=dict)
+    #: the requirements file's requirement lines as (line number, text), read once at load
+    requirements: tuple[tuple[int, str], ...] = ()
 
     @property
     def display(self) -> str:
@@ -242,18 +329,48 @@ def display_path(path: Path) -> str:
 _VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{([^}]*)\}?")
 
 
-def interpolate(located: Located, environ: dict[str, str], problems: list[Problem]) -> None:
-    """Replace ${VAR} and ${VAR:-default} in every string value; `$$` is a literal `$`."""
+#: Variables that hold imgbuild's own secrets or a CI system's credentials: never interpolated.
+SECRET_VARIABLES = frozenset({
+    "NGC_API_KEY", "NGC_CLI_API_KEY", "IMGBUILD_NGC_API_KEY", "IMGBUILD_PIP_INDEX_URL",
+    "IMGBUILD_PIP_EXTRA_INDEX_URLS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+    "DOCKER_AUTH_CONFIG", "CI_JOB_TOKEN", "CI_REGISTRY_PASSWORD", "CI_DEPLOY_PASSWORD", "GITHUB_TOKEN",
+    "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+})
+#: Names that say "credential" in any CI system's dialect.
+SECRET_NAME_RE = re.compile(r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|API_?KEY|APIKEY|CREDENTIALS?|"
+                            r"PRIVATE_KEY|AUTH|AUTH_CONFIG)(?:_|$)", re.IGNORECASE)
+
+
+def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> bool:
+    """Would interpolating `name` copy a secret into the image or the committed context?"""
+    if name in SECRET_VARIABLES or SECRET_NAME_RE.search(name):
+        return True
+    if any(secret and secret in value for secret in secrets):
+        return True
+    parts = urlsplit(value) if "://" in value else None
+    return bool(parts and parts.password)
+
+
+def interpolate(located: Located, environ: dict[str, str], problems: list[Problem],
+                secrets: tuple[str, ...] = ()) -> None:
+    """Replace ${VAR} and ${VAR:-default} in every string value; `$$` is a literal `$`.
+
+    A variable that holds a secret (a configured one, a known credential variable, a URL with a
+    password) is refused: whatever it is interpolated into ends in the image or the rendered context."""
 
     def sub(text: str, at: PathKey) -> str:
         def one(m: re.Match[str]) -> str:
             if m.group(0) == "$$":
                 return "$"
             if m.group(3) is not None or m.group(1) is None:
-                problems.append(located.problem(at, f"bad variable reference {m.group(0)!r}",
+                problems.append(located.problem(at, f"bad variable reference {_show(m.group(0))}",
                                                 "write ${NAME} or ${NAME:-default}; $$ for a literal $"))
                 return m.group(0)
             name, default = m.group(1), m.group(2)
+            if name in environ and secret_variable(name, environ[name], secrets):
+                problems.append(located.problem(at, f"${{{name}}} holds a secret; it would be written into the "
+                                                "image and its context", "pass secrets at run time, never in a recipe"))
+                return ""
             if name in environ and (environ[name] != "" or default is None):
                 return environ[name]
             if default is not None:
@@ -361,23 +478,46 @@ class _Layer:
     path: Path
 
 
-def _resolve_relative(located: Located, base_dir: Path) -> None:
-    """Make file paths absolute relative to the file that declared them, before any merge."""
+#: Fields that name files: each is resolved relative to the recipe that wrote it, inside the repository.
+PATH_FIELDS: tuple[PathKey, ...] = (("pip", "requirements"), ("pip", "ca_bundle"))
+
+
+def _resolve_relative(located: Located, base_dir: Path, root: Path, problems: list[Problem]) -> None:
+    """Make file paths absolute relative to the file that declared them, before any merge; each must stay
+    inside the repository (symlinks followed)."""
     data = located.data
     if not isinstance(data, dict):
         return
-    for spec in data.get("files") or []:
+
+    def resolve(at: PathKey, written: str) -> str | None:
+        try:
+            return str(resolve_inside(base_dir, written, root))
+        except OutsideRepository as exc:
+            problems.append(located.problem(at, str(exc), "a recipe may name files of its own repository only"))
+            return None
+
+    files = data.get("files")
+    for i, spec in enumerate(files if isinstance(files, list) else []):
         if isinstance(spec, dict) and isinstance(spec.get("src"), str):
-            spec["src"] = str((base_dir / spec["src"]).resolve())
+            resolved = resolve(("files", i, "src"), spec["src"])
+            if resolved is None:
+                spec.pop("src")
+                located.values.pop(("files", i, "src"), None)
+            else:
+                spec["src"] = resolved
     pip = data.get("pip")
     if isinstance(pip, dict):
-        for key in ("requirements", "ca_bundle"):
+        for _, key in PATH_FIELDS:
             if isinstance(pip.get(key), str):
-                pip[key] = str((base_dir / pip[key]).resolve())
+                resolved = resolve(("pip", key), pip[key])
+                if resolved is None:
+                    del pip[key]
+                else:
+                    pip[key] = resolved
 
 
-def _load_chain(path: Path, environ: dict[str, str], problems: list[Problem],
-                stack: list[Path]) -> list[_Layer]:
+def _load_chain(path: Path, environ: dict[str, str], problems: list[Problem], stack: list[Path],
+                root: Path, secrets: tuple[str, ...]) -> list[_Layer]:
     path = path.resolve()
     display = display_path(path)
     if path in stack:
@@ -386,26 +526,35 @@ def _load_chain(path: Path, environ: dict[str, str], problems: list[Problem],
     located = load_located(path, display)
     if located.data is None or not isinstance(located.data, dict):
         raise RecipeError([Problem(display, 1, 1, "", "a recipe must be a YAML mapping of fields")])
-    interpolate(located, environ, problems)
+    interpolate(located, environ, problems, secrets)
     normalize(located)
-    _resolve_relative(located, path.parent)
+    _resolve_relative(located, path.parent, root, problems)
     layers: list[_Layer] = []
     parent = located.data.get("extends")
     if parent is not None:
-        if not isinstance(parent, str):
+        if not isinstance(parent, str) or not parent or any(ord(c) < 32 for c in parent):
             problems.append(located.problem(("extends",), "must be a path to another recipe"))
+        elif len(stack) + 1 >= limits.EXTENDS_DEPTH:
+            raise RecipeError([located.problem(("extends",), f"extends is nested deeper than {limits.EXTENDS_DEPTH} "
+                                               "recipes", "flatten the chain")])
         else:
-            parent_path = (path.parent / parent)
+            try:
+                parent_path = resolve_inside(path.parent, parent, root)
+            except OutsideRepository as exc:
+                problems.append(located.problem(("extends",), str(exc), "extends names a recipe of this repository"))
+                return [_Layer(located, path)]
             if not parent_path.is_file():
-                problems.append(located.problem(("extends",), f"no such recipe: {parent}",
+                problems.append(located.problem(("extends",), f"no such recipe: {_show(parent)}",
                                                 "paths are relative to this recipe's folder"))
             else:
-                layers = _load_chain(parent_path, environ, problems, [*stack, path])
+                layers = _load_chain(parent_path, environ, problems, [*stack, path], root, secrets)
     return [*layers, _Layer(located, path)]
 
 
 def _merged_positions(layers: list[_Layer]) -> Located:
-    """Positions of the merged recipe: for each path, the last (most specialised) file that set it."""
+    """Positions of the merged recipe: for each path, the last (most specialised) file that set it.
+
+    Linear in the size of the recipes: positions are grouped by list item once, items found by identity."""
     values: dict[PathKey, Pos] = {}
     keys: dict[PathKey, Pos] = {}
     raw: dict[PathKey, str] = {}
@@ -421,18 +570,27 @@ def _merged_positions(layers: list[_Layer]) -> Located:
         items = _get(data, list_path)
         if not isinstance(items, list):
             continue
+        n = len(list_path)
+        origin: dict[int, tuple[_Layer, int]] = {}
+        for layer in layers:  # later layers win, as in the merge
+            src = _get(layer.located.data, list_path)
+            if isinstance(src, list):
+                origin.update({id(item): (layer, j) for j, item in enumerate(src)})
+        grouped: dict[tuple[int, int], list[tuple[str, PathKey, Pos]]] = {}
+        for layer_no, layer in enumerate(layers):
+            for name, table in (("values", layer.located.values), ("keys", layer.located.keys)):
+                for p, pos in table.items():
+                    if len(p) > n and p[:n] == list_path and isinstance(p[n], int):
+                        grouped.setdefault((layer_no, p[n]), []).append((name, p[n + 1:], pos))
+        for p in [p for p in (*merged.values, *merged.keys) if len(p) > n and p[:n] == list_path]:
+            merged.values.pop(p, None)
+            merged.keys.pop(p, None)
         for i, item in enumerate(items):
-            for layer in reversed(layers):
-                src = _get(layer.located.data, list_path)
-                if isinstance(src, list) and any(item is s for s in src):
-                    j = next(k for k, s in enumerate(src) if item is s)
-                    old = (*list_path, j)
-                    for table, src_table in ((merged.values, layer.located.values),
-                                             (merged.keys, layer.located.keys)):
-                        for p, v in src_table.items():
-                            if p[: len(old)] == old:
-                                table[(*list_path, i, *p[len(old):])] = v
-                    break
+            if id(item) not in origin:
+                continue
+            layer, j = origin[id(item)]
+            for name, rest, pos in grouped.get((layers.index(layer), j), []):
+                getattr(merged, name)[(*list_path, i, *rest)] = pos
     return merged
 
 
@@ -505,52 +663,83 @@ def _model_fields(model: type[BaseModel], at: PathKey = ()) -> dict[PathKey, lis
     return out
 
 
-def _check_paths(located: Located, problems: list[Problem]) -> None:
+def _check_paths(loaded_files: dict[str, list[SourceFile]], located: Located, root: Path,
+                 problems: list[Problem]) -> tuple[tuple[int, str], ...]:
+    """Check what the recipe's paths name; return the requirements file's lines. No content is echoed."""
     data = located.data
-    for i, spec in enumerate(data.get("files") or []):
+    files = data.get("files") if isinstance(data.get("files"), list) else []
+    for i, spec in enumerate(files):
         if isinstance(spec, dict) and isinstance(spec.get("src"), str):
             src = Path(spec["src"])
             if not src.exists():
-                problems.append(located.problem(("files", i, "src"), f"no such file: {src.name}",
+                problems.append(located.problem(("files", i, "src"), f"no such file: {_show(src.name)}",
                                                 "paths are relative to the recipe that names them"))
+                continue
+            try:
+                loaded_files[str(spec.get("dest"))] = source_files(src, src.name, root)
+            except OutsideRepository as exc:
+                problems.append(located.problem(("files", i, "src"), str(exc)))
     pip = data.get("pip") if isinstance(data.get("pip"), dict) else {}
-    for key in ("requirements", "ca_bundle"):
-        value = pip.get(key)
-        if isinstance(value, str) and not Path(value).is_file():
-            problems.append(located.problem(("pip", key), f"no such file: {Path(value).name}",
+    for at in PATH_FIELDS:
+        value = pip.get(at[1])
+        if not isinstance(value, str):
+            continue
+        try:
+            regular_file(Path(value), Path(value).name)
+        except OutsideRepository:
+            problems.append(located.problem(at, f"no such file: {_show(Path(value).name)}",
                                             "paths are relative to the recipe that names them"))
+    requirements: list[tuple[int, str]] = []
     req = pip.get("requirements")
     if isinstance(req, str) and Path(req).is_file():
-        for lineno, line in enumerate(Path(req).read_text().splitlines(), 1):
+        display = display_path(Path(req))
+        try:
+            text = read_text_bounded(Path(req), display, limits.REQUIREMENTS_BYTES, "pip.requirements")
+        except RecipeError as exc:
+            problems.extend(exc.problems)
+            text = ""
+        for lineno, line in enumerate(text.splitlines(), 1):
             spec = line.split(" #", 1)[0].strip()
             if not spec or spec.startswith("#"):
                 continue
             try:
                 _pip_requirement(spec)
             except ValueError as exc:
-                problems.append(Problem(display_path(Path(req)), lineno, 1, "pip.requirements", str(exc)))
+                # The line is named, never echoed: a requirements file is not ours to print.
+                reason = str(exc).split(":", 1)[0]
+                problems.append(Problem(display, lineno, 1, "pip.requirements", reason))
+                continue
+            requirements.append((lineno, spec))
     dests: dict[str, int] = {}
-    for i, spec in enumerate(data.get("files") or []):
+    for i, spec in enumerate(files):
         if isinstance(spec, dict) and isinstance(spec.get("dest"), str):
             if spec["dest"] in dests:
                 problems.append(located.problem(("files", i, "dest"), f"{spec['dest']} is already a destination "
                                                 f"of files[{dests[spec['dest']]}]"))
             dests[spec["dest"]] = i
-    for i, cmd in enumerate(data.get("run") or []):
+    for i, cmd in enumerate(data.get("run") or [] if isinstance(data.get("run"), list) else []):
         if isinstance(cmd, str) and cmd.strip() == "":
             problems.append(located.problem(("run", i), "empty command"))
+    return tuple(requirements)
 
 
-def load_recipe(path: str | Path, environ: dict[str, str] | None = None) -> LoadedRecipe:
-    """Load, merge, interpolate and validate a recipe. Raises RecipeError with every problem found."""
+def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
+                secrets: tuple[str, ...] | list[str] = ()) -> LoadedRecipe:
+    """Load, merge, interpolate and validate a recipe. Raises RecipeError with every problem found.
+
+    `secrets` are the configured secret values (Settings.secrets()): a variable holding one is refused."""
     environ = dict(os.environ if environ is None else environ)
     path = Path(path)
+    if any(ord(c) < 32 for c in str(path)):
+        raise RecipeError([Problem(repr(str(path))[1:-1], 0, 0, "", "a recipe's path may not hold control characters")])
     if not path.is_file():
         raise RecipeError([Problem(display_path(path), 0, 0, "", "no such recipe file")])
     problems: list[Problem] = []
-    layers = _load_chain(path, environ, problems, [])
+    root = repository_root(path)
+    layers = _load_chain(path, environ, problems, [], root, tuple(secrets))
     located = _merged_positions(layers)
-    _check_paths(located, problems)
+    manifest: dict[str, list[SourceFile]] = {}
+    requirements = _check_paths(manifest, located, root, problems)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(located.data)
@@ -565,7 +754,7 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None) -> Load
         recipe=recipe, path=path.resolve(), chain=[layer.path for layer in layers], file_sources=sources,
         requirements_path=Path(recipe.pip.requirements) if recipe.pip.requirements else None,
         ca_bundle_path=Path(recipe.pip.ca_bundle) if recipe.pip.ca_bundle else None,
-        located=located,
+        located=located, root=root, file_manifest=manifest, requirements=requirements,
     )
 
 

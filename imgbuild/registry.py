@@ -9,19 +9,24 @@ OCI indexes, and config blobs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import platform
 import re
 import subprocess
+import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from imgbuild import limits
 from imgbuild.errors import RegistryError, RegistryUnavailable
+from imgbuild.imageref import DIGEST_RE
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json",
@@ -104,7 +109,11 @@ class Manifest:
 
     @property
     def config_digest(self) -> str:
-        return str(self.body["config"]["digest"])
+        config = self.body.get("config")
+        digest = str(config.get("digest", "")) if isinstance(config, dict) else ""
+        if not DIGEST_RE.fullmatch(digest):
+            raise RegistryError("the registry's manifest names no valid config digest")
+        return digest
 
     @property
     def size(self) -> int:
@@ -113,12 +122,58 @@ class Manifest:
             int(layer.get("size", 0)) for layer in self.body.get("layers", []))
 
 
+@dataclass
+class Reply:
+    """An HTTP answer read whole, within the deadline and the size cap."""
+
+    status_code: int
+    headers: Any
+    content: bytes
+    url: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code < 400
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.content)
+        except ValueError:
+            raise RegistryError(f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
+                                f"(HTTP {self.status_code}, {len(self.content)} bytes)") from None
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _read_body(resp: requests.Response, cap: int) -> bytes:
+    """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS) \
+        if encoding in ("gzip", "x-gzip", "deflate") else None
+    out = bytearray()
+    for chunk in resp.raw.stream(64 * 1024, decode_content=False):
+        if inflate is not None:
+            chunk = inflate.decompress(chunk, cap + 1 - len(out))
+        out += chunk
+        if len(out) > cap:
+            raise _TooBig()
+    return bytes(out)
+
+
 class RegistryClient:
-    """One client per registry host; reuses tokens per scope."""
+    """One client per registry host; reuses tokens per scope.
+
+    Every exchange is bounded: `request_seconds` for one request (headers and body, however slowly they
+    trickle), `command_seconds` for everything this client does, `body_bytes` per body after decompression.
+    Credentials go to this client's host and to the token realm it names, never to another host (a `Link`
+    header pointing elsewhere is refused)."""
 
     def __init__(self, host: str, *, credentials: Credentials | None = None, insecure: bool = False,
-                 timeout: float = 15.0, retries: int = 4, backoff: float = 0.5,
-                 session: requests.Session | None = None):
+                 timeout: float = limits.HTTP_REQUEST_SECONDS, retries: int = 4, backoff: float = 0.5,
+                 session: requests.Session | None = None, command_seconds: float = limits.HTTP_COMMAND_SECONDS,
+                 body_bytes: int = limits.HTTP_BODY_BYTES):
         self.host = host
         self.scheme = "http" if insecure else "https"
         self.credentials = credentials
@@ -126,6 +181,9 @@ class RegistryClient:
         self.retries = retries
         self.backoff = backoff
         self.session = session or requests.Session()
+        self.deadline = time.monotonic() + command_seconds
+        self.command_seconds = command_seconds
+        self.body_bytes = body_bytes
         self.requests_made = 0
         self._tokens: dict[str, str] = {}
         self._first_realm: dict[str, tuple[str, dict[str, str]]] = {}
@@ -139,32 +197,80 @@ class RegistryClient:
             creds = Credentials("$oauthtoken", settings.ngc_api_key)
         else:
             creds = docker_config_credentials(host)
-        local = host.startswith(("127.", "localhost")) or host.split(":")[0] in ("127.0.0.1", "localhost")
-        insecure = host in settings.insecure_registries or local
-        return cls(host, credentials=creds, insecure=insecure)
+        insecure = host in settings.insecure_registries or _is_loopback(host)
+        return cls(host, credentials=creds, insecure=insecure,
+                   backoff=float(getattr(settings, "registry_backoff", 0.5)))
 
     # -- HTTP with auth and retries --------------------------------------------------------------
 
     def _url(self, path: str) -> str:
         return f"{self.scheme}://{self.host}{path}"
 
-    def _send(self, method: str, url: str, headers: dict[str, str], **kw: Any) -> requests.Response:
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _unavailable(self, why: str) -> RegistryUnavailable:
+        return RegistryUnavailable(f"registry {self.host} {why}; check the host name, the network or "
+                                   "IMGBUILD_NGC_REGISTRY")
+
+    def _exchange(self, method: str, url: str, headers: dict[str, str], kw: dict[str, Any]) -> Reply:
+        """One request, read whole in a daemon thread so that no server can hold it past the deadline."""
+        budget = min(self.timeout, self._left())
+        if budget <= 0:
+            raise self._unavailable(f"did not answer within {self.command_seconds:.0f} s in all")
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                resp = self.session.request(method, url, headers={"Accept-Encoding": "gzip, identity", **headers},
+                                            timeout=(min(10.0, budget), budget), stream=True, **kw)
+                box["resp"] = resp
+                try:
+                    box["reply"] = Reply(resp.status_code, resp.headers, _read_body(resp, self.body_bytes), url)
+                finally:
+                    resp.close()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="imgbuild-http", daemon=True)
+        worker.start()
+        worker.join(budget)
+        if worker.is_alive():
+            if "resp" in box:
+                with contextlib.suppress(Exception):
+                    box["resp"].close()  # unblocks the reader; the daemon thread ends with it
+            raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
+        if "error" in box:
+            error = box["error"]
+            if isinstance(error, _TooBig):
+                raise RegistryError(f"registry {self.host}: an answer is larger than "
+                                    f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})")
+            raise error
+        return box["reply"]  # type: ignore[no-any-return]
+
+    def _send(self, method: str, url: str, headers: dict[str, str], **kw: Any) -> Reply:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
                 self.requests_made += 1
-                resp = self.session.request(method, url, headers=headers, timeout=self.timeout, **kw)
-            except requests.RequestException as exc:
-                if attempt == self.retries:
-                    reason = type(exc).__name__
-                    raise RegistryUnavailable(f"registry {self.host} is unreachable ({reason}); "
-                                              "check the host name, the network or IMGBUILD_NGC_REGISTRY") from None
+                resp = self._exchange(method, url, headers, kw)
+            except (requests.RequestException, OSError, zlib.error) as exc:
+                if attempt == self.retries or self._left() <= delay:
+                    raise self._unavailable(f"is unreachable ({type(exc).__name__})") from None
+                time.sleep(delay)
+                delay *= 2
+                continue
+            except RegistryUnavailable:
+                if attempt == self.retries or self._left() <= delay:
+                    raise
                 time.sleep(delay)
                 delay *= 2
                 continue
             if resp.status_code in RETRY_STATUS and attempt < self.retries:
-                retry_after = resp.headers.get("Retry-After", "")
-                time.sleep(min(float(retry_after), 30.0) if retry_after.isdigit() else delay)
+                wait = _retry_after(resp.headers.get("Retry-After", ""), delay)
+                if wait > limits.RETRY_AFTER_SECONDS or wait >= self._left():
+                    raise self._unavailable(f"answered HTTP {resp.status_code} and asks to retry after {wait:.0f} s")
+                time.sleep(wait)
                 delay *= 2
                 continue
             return resp
@@ -173,6 +279,12 @@ class RegistryClient:
     def _token(self, scope: str, realm: str, params: dict[str, str]) -> str:
         query = {"scope": params.get("scope") or scope, "service": params.get("service") or self.host}
         auth = (self.credentials.username, self.credentials.password) if self.credentials else None
+        parts = urlsplit(realm)
+        if parts.scheme not in ("https", "http") or not parts.netloc:
+            raise RegistryError(f"registry {self.host}: the token realm {realm[:80]!r} is not a URL")
+        if auth and parts.scheme != "https" and not _is_loopback(parts.netloc):
+            raise RegistryError(f"registry {self.host}: refusing to send credentials to a token realm over "
+                                f"plain HTTP ({parts.netloc})")
         resp = self._send("GET", realm, {}, params=query, auth=auth)
         if resp.status_code in (401, 403):
             who = "the NGC API key" if self.credentials and self.credentials.username == "$oauthtoken" else (
@@ -182,7 +294,7 @@ class RegistryClient:
         if not resp.ok:
             raise RegistryError(f"registry {self.host}: token request failed with HTTP {resp.status_code}")
         data = resp.json()
-        token = data.get("token") or data.get("access_token")
+        token = (data.get("token") or data.get("access_token")) if isinstance(data, dict) else None
         if not token:
             raise RegistryError(f"registry {self.host}: token endpoint answered without a token")
         return str(token)
@@ -191,6 +303,9 @@ class RegistryClient:
                 **kw: Any) -> requests.Response:
         """A request that answers auth challenges; `scope` is e.g. `repository:nvidia/pytorch:pull`."""
         url = path if path.startswith("http") else self._url(path)
+        if urlsplit(url).netloc != self.host:
+            raise RegistryError(f"registry {self.host}: refusing to follow a link to another host "
+                                f"({urlsplit(url).netloc[:80]}); credentials stay with {self.host}")
         for _ in range(3):
             hdrs = dict(headers or {})
             if scope in self._tokens:
@@ -201,7 +316,11 @@ class RegistryClient:
             resp = self._send(method, url, hdrs, **kw)
             if resp.status_code != 401:
                 return resp
-            scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+            challenge = resp.headers.get("WWW-Authenticate", "")
+            if not challenge.strip():
+                raise RegistryError(f"registry {self.host}: authentication required, and the registry named no "
+                                    "way to authenticate (no WWW-Authenticate header)")
+            scheme, params = parse_challenge(challenge)
             if scheme == "basic":
                 if self._basic or not self.credentials:
                     raise RegistryError(f"registry {self.host}: authentication required "
@@ -209,7 +328,7 @@ class RegistryClient:
                 self._basic = True
                 continue
             if scheme != "bearer" or "realm" not in params:
-                raise RegistryError(f"registry {self.host}: unsupported auth challenge {scheme!r}")
+                raise RegistryError(f"registry {self.host}: unsupported auth challenge {scheme[:20]!r}")
             if scope in self._tokens and scope in self._first_realm:
                 # Expired token: nvcr.io now names another realm (authn.nvidia.com) that dead-ends
                 # for anonymous clients; the first realm (proxy_auth) still issues fresh tokens.
@@ -223,7 +342,7 @@ class RegistryClient:
 
     # -- API ---------------------------------------------------------------------------------------
 
-    def _check(self, resp: requests.Response, what: str, repo: str) -> None:
+    def _check(self, resp: Reply, what: str, repo: str) -> None:
         if resp.status_code == 404:
             raise RegistryError(f"registry {self.host}: {what} not found in {repo}")
         if resp.status_code in (401, 403):
@@ -236,6 +355,7 @@ class RegistryClient:
         scope = f"repository:{repo}:pull"
         url: str | None = f"/v2/{repo}/tags/list?n={page_size}"
         tags: list[str] = []
+        received = 0
         for _ in range(max_pages):
             if url is None:
                 break
@@ -243,7 +363,13 @@ class RegistryClient:
             if resp.status_code == 404:
                 raise RegistryError(f"registry {self.host}: unknown repository {repo}")
             self._check(resp, "tag list", repo)
-            tags.extend((resp.json() or {}).get("tags") or [])
+            received += len(resp.content)
+            if received > limits.HTTP_TAGS_BYTES:
+                raise RegistryError(f"registry {self.host}: the tag list of {repo} is larger than "
+                                    f"{limits.HTTP_TAGS_BYTES // limits.MIB} MiB")
+            body = resp.json()
+            page = body.get("tags") if isinstance(body, dict) else None
+            tags.extend(t for t in (page or []) if isinstance(t, str) and len(t) <= 128)
             url = _next_link(resp.headers.get("Link", ""), self._url(""))
         else:
             if url is not None:
@@ -256,14 +382,22 @@ class RegistryClient:
         resp = self.request("GET", f"/v2/{repo}/manifests/{reference}", scope, {"Accept": MANIFEST_TYPES})
         self._check(resp, f"manifest {reference}", repo)
         body = resp.json()
-        media_type = body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0]
-        digest = resp.headers.get("Docker-Content-Digest") or _digest_of(resp.content)
+        if not isinstance(body, dict):
+            raise RegistryError(f"registry {self.host}: the manifest of {repo}:{reference} is not a JSON object")
+        media_type = str(body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0])
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        if not DIGEST_RE.fullmatch(digest):
+            digest = _digest_of(resp.content)  # what we received is what we pin
         if resolve_platform and media_type in INDEX_TYPES:
             os_name, arch = host_platform()
-            for entry in body.get("manifests", []):
-                plat = entry.get("platform") or {}
+            entries = body.get("manifests") if isinstance(body.get("manifests"), list) else []
+            for entry in entries:
+                plat = (entry.get("platform") if isinstance(entry, dict) else None) or {}
                 if plat.get("os") == os_name and plat.get("architecture") == arch:
-                    inner = self.manifest(repo, entry["digest"], resolve_platform=False)
+                    inner_digest = str(entry.get("digest", ""))
+                    if not DIGEST_RE.fullmatch(inner_digest):
+                        raise RegistryError(f"registry {self.host}: {repo}:{reference} lists a malformed digest")
+                    inner = self.manifest(repo, inner_digest, resolve_platform=False)
                     return Manifest(digest, media_type, inner.body)
             raise RegistryError(f"registry {self.host}: {repo}:{reference} has no {os_name}/{arch} image")
         return Manifest(digest, media_type, body)
@@ -271,12 +405,34 @@ class RegistryClient:
     def blob_json(self, repo: str, digest: str) -> dict[str, Any]:
         resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
         self._check(resp, f"blob {digest[:19]}", repo)
-        return dict(resp.json())
+        body = resp.json()
+        if not isinstance(body, dict):
+            raise RegistryError(f"registry {self.host}: the config blob of {repo} is not a JSON object")
+        return body
 
     def image_config(self, repo: str, reference: str) -> tuple[Manifest, dict[str, Any]]:
         """Manifest and image config (Env, Labels, ...) without pulling any layer."""
         manifest = self.manifest(repo, reference)
         return manifest, self.blob_json(repo, manifest.config_digest)
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name == "localhost" or name.startswith("127.") or name in ("[::1]", "::1")
+
+
+def _retry_after(header: str, default: float) -> float:
+    header = header.strip()
+    if header.isdigit():
+        return float(header)
+    if header:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(header).timestamp() - time.time())
+        except (TypeError, ValueError):
+            pass
+    return default
 
 
 def _next_link(header: str, base: str) -> str | None:

@@ -9,15 +9,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
+import shlex
 import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__
+from imgbuild.errors import UsageError
 from imgbuild.plan import TEMPLATES_DIR, Plan
 from imgbuild.recipe import stable_name
+from imgbuild.repofiles import SourceFile
 
 SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
@@ -41,6 +44,12 @@ def _kv_pairs(mapping: dict[str, str], quote_keys: bool = False) -> list[str]:
     return [f'{json.dumps(k) if quote_keys else k}="{_dq(v)}"' for k, v in mapping.items()]
 
 
+def _shell_form_run(command: str) -> str:
+    """A `run:` command as exec-form JSON: it cannot continue into the next line (a trailing `\\`) nor
+    open a heredoc (BuildKit parses neither in JSON form), and runs exactly as `/bin/sh -c` would."""
+    return json.dumps(["/bin/sh", "-c", command], ensure_ascii=False)
+
+
 def _exec_form(value: str | list[str]) -> str:
     if isinstance(value, str):
         return json.dumps(["/bin/sh", "-c", value], ensure_ascii=False)
@@ -58,6 +67,8 @@ def _environment() -> Any:
     env.filters["exec_form"] = _exec_form
     env.filters["kv_pairs"] = _kv_pairs
     env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+    env.filters["run_form"] = _shell_form_run
+    env.filters["sh"] = shlex.quote
     return env
 
 
@@ -89,10 +100,7 @@ def requirements_text(plan: Plan) -> str:
     lines += list(recipe.pip.packages)
     if plan.loaded.requirements_path:
         lines.append(f"# from {plan.loaded.requirements_path.name}")
-        for line in plan.loaded.requirements_path.read_text().splitlines():
-            spec = line.split(" #", 1)[0].strip()
-            if spec and not spec.startswith("#"):
-                lines.append(spec)
+        lines += [spec for _, spec in plan.loaded.requirements]
     return "\n".join(lines) + "\n"
 
 
@@ -112,18 +120,40 @@ def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def _copy_source(src: Path, dest: Path, mode: int | None) -> None:
-    if src.is_dir():
-        for sub in sorted(src.rglob("*")):
-            if sub.is_file():
-                _copy_source(sub, dest / sub.relative_to(src), mode)
+def _copy_source(files: list[SourceFile], dest: Path, mode: int | None) -> None:
+    """Stream the checked files (see repofiles) into the context; a file never passes through memory."""
+    for f in files:
+        target = dest / f.rel if f.rel else dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f.path, target, follow_symlinks=True)
+        os.chmod(target, mode if mode is not None else (0o755 if f.executable else 0o644))
+
+
+def context_path_for(dest: str) -> str:
+    """Where `files[].dest` lives in the context: `files/<dest>`, never outside `files/`."""
+    rel = posixpath.normpath("files/" + dest.lstrip("/"))
+    if rel == "files" or not rel.startswith("files/") or ".." in rel.split("/"):
+        raise UsageError(f"files: destination {dest[:80]!r} leaves the build context")
+    return rel
+
+
+def check_no_secrets(folder: Path, secrets: list[str] | tuple[str, ...]) -> None:
+    """No configured secret's value may be written into a rendered file (it is committed and built)."""
+    wanted = [s.encode() for s in secrets if s and len(s) >= 4]
+    if not wanted:
         return
-    exec_bit = src.stat().st_mode & stat.S_IXUSR
-    _write(dest, src.read_bytes(), mode if mode is not None else (0o755 if exec_bit else 0o644))
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_relative_to(folder / "files"):
+            data = path.read_bytes()
+            if any(w in data for w in wanted):
+                raise UsageError(f"{path.relative_to(folder)}: a configured secret would be written into the "
+                                 "rendered context; remove it from the recipe")
 
 
-def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit") -> Path:
-    """Write the build context to `out_dir`, replacing what was there only once all of it is written."""
+def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit", secrets: tuple[str, ...] = ()) -> Path:
+    """Write the build context to `out_dir`, replacing what was there only once all of it is written.
+
+    `secrets` (Settings.secrets()) must appear in no rendered file; the context is refused if one does."""
     recipe = plan.loaded.recipe
     out_dir = Path(out_dir)
     staging = out_dir.with_name(f".{out_dir.name}.rendering")
@@ -133,9 +163,9 @@ def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit") -> Path
 
     files: list[RenderedFile] = []
     for spec in recipe.files:
-        context_path = "files" + spec.dest.rstrip("/")
+        context_path = context_path_for(spec.dest)
         mode = int(spec.mode, 8) if spec.mode else None
-        _copy_source(plan.loaded.file_sources[spec.dest], staging / context_path, mode)
+        _copy_source(plan.loaded.file_manifest[spec.dest], staging / context_path, mode)
         owner = spec.owner or ("user" if recipe.user else "root")
         chown = "$IMGBUILD_UID:$IMGBUILD_GID" if owner == "user" and recipe.user else ""
         files.append(RenderedFile(context_path, spec.dest, chown))
@@ -171,6 +201,11 @@ def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit") -> Path
     _write(staging / "imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2,
                                                       sort_keys=True) + "\n")
 
+    try:
+        check_no_secrets(staging, secrets)
+    except UsageError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     # Keep what earlier runs left beside the context (smoke report), then swap in the new files.
     for keep in ("smoke.json",):
         if (out_dir / keep).exists():

@@ -16,6 +16,9 @@ from typing import Any
 from imgbuild.errors import UsageError
 from imgbuild.gpus import Selection, cpus_for
 
+#: `--name`: the <name> in <user>_<name>_<n>.
+SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
 #: The house rules, overridable per site (/etc/imgbuild/config.yaml `run:`), per user, per flag.
 DEFAULTS: dict[str, Any] = {
     "ipc": "host",                  # NVIDIA's advice for PyTorch DataLoader workers and NCCL
@@ -138,6 +141,39 @@ def default_cpus(selection: Selection, total_gpus: int, per_gpu: float | None) -
 
 def host_ids() -> tuple[int, int]:
     """The caller's UID:GID (the sudo caller's when run through sudo)."""
-    if os.getuid() == 0 and os.environ.get("SUDO_UID"):
-        return int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", os.environ["SUDO_UID"]))
-    return os.getuid(), os.getgid()
+    from imgbuild.host import caller
+
+    who = caller()
+    return who.uid, who.gid
+
+
+# --- your containers, by short name ---------------------------------------------------------------
+
+def find_container(rows: list[dict[str, Any]], name: str, user: str) -> dict[str, Any]:
+    """The container `name` means: an exact name, `<user>_<name>`, or the one `<user>_<name>_<n>`."""
+    by_name = {r["name"]: r for r in rows}
+    for candidate in (name, f"{user}_{name}"):
+        if candidate in by_name:
+            return by_name[candidate]
+    matches = sorted(n for n in by_name if n.startswith(f"{user}_{name}_"))
+    if len(matches) == 1:
+        return by_name[matches[0]]
+    if matches:
+        raise UsageError(f"{name!r} matches {', '.join(matches)}: say which")
+    raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
+
+
+def check_owner(row: dict[str, Any], who: Any, verb: str, force: bool) -> None:
+    """Every verb on a container follows one rule: it is the caller's, or an admin says --force.
+
+    The owner is the `org.imgbuild.user` label `imgbuild run` writes (else the `<user>_` name prefix);
+    the caller is who really runs imgbuild (sudo-aware), never a --user flag."""
+    if row["user"] == who.name:
+        return
+    if force and who.is_admin:
+        return
+    if force:
+        raise UsageError(f"{row['name']} belongs to {row['user'] or 'nobody known'}: only root may {verb} "
+                         "other users' containers")
+    raise UsageError(f"{row['name']} belongs to {row['user'] or 'nobody known'}, not to {who.name}"
+                     + ("; --force to " + verb + " it anyway" if who.is_admin else ""))

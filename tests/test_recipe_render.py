@@ -63,6 +63,7 @@ def test_extends_merges_lists_by_key_and_child_wins(write):
 
 
 def test_parent_files_resolve_relative_to_the_parent(write, tmp_path):
+    (tmp_path / ".git").mkdir()  # one repository holds both folders
     write("house/files/motd", "hello")
     write("house/house.yaml", """
         name: house

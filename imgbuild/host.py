@@ -1,0 +1,57 @@
+"""Who is calling: the one answer, used for image user IDs, container names and ownership.
+
+Under sudo the caller is the person who typed sudo (SUDO_USER / SUDO_UID / SUDO_GID), not root; plain
+root is root. The `--user` flag and IMGBUILD_USER name an image namespace, never an identity: ownership
+of containers is judged by the caller alone.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from dataclasses import dataclass
+
+_NAME_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    uid: int
+    gid: int
+    via_sudo: bool = False
+
+    @property
+    def is_admin(self) -> bool:
+        """Root, or a user acting through sudo: may act on other users' containers with --force."""
+        return os.geteuid() == 0
+
+    @property
+    def prefix(self) -> str:
+        """Container names of this caller start with this."""
+        return f"{self.name}_"
+
+
+def caller(environ: dict[str, str] | None = None) -> Caller:
+    env = os.environ if environ is None else environ
+    uid = os.getuid()
+    if uid == 0 and env.get("SUDO_UID", "").isdigit():
+        sudo_uid = int(env["SUDO_UID"])
+        sudo_gid = int(env["SUDO_GID"]) if env.get("SUDO_GID", "").isdigit() else sudo_uid
+        name = env.get("SUDO_USER") or _name_of(sudo_uid)
+        return Caller(_safe(name, sudo_uid), sudo_uid, sudo_gid, via_sudo=True)
+    return Caller(_safe(_name_of(uid), uid), uid, os.getgid())
+
+
+def _name_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
+def _safe(name: str, uid: int) -> str:
+    """A name usable in a container name and an image namespace."""
+    lowered = name.lower()
+    return lowered if _NAME_RE.fullmatch(lowered) else f"uid{uid}"

@@ -1,0 +1,103 @@
+"""Files a recipe may name: inside its repository, regular files, bounded in number and size.
+
+A recipe is untrusted (it may come from a merge request), so every path it names (`files[].src`,
+`extends`, `pip.requirements` and the files those nest, `pip.ca_bundle`) is resolved with symlinks
+followed and must stay inside the recipe's repository: the git top level above the recipe, else the
+folder that holds `recipes/`, else the recipe's own folder. Inside a copied folder, a symlink must
+point inside the repository too, and only regular files and folders are copied (never a FIFO or a
+device, which would block or leak). Nothing here echoes a file's content.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from imgbuild import limits
+
+
+class OutsideRepository(ValueError):
+    """A path that leaves the repository or is not a plain file; the message is safe to print."""
+
+
+def repository_root(recipe: Path) -> Path:
+    """The root a recipe's paths must stay inside (resolved)."""
+    start = recipe.resolve().parent
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    for folder in (start, *start.parents):
+        if folder.name == "recipes":
+            return folder.parent
+    return start
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def resolve_inside(base_dir: Path, written: str, root: Path) -> Path:
+    """`written` (relative to `base_dir`, or absolute) resolved with symlinks, checked to be under `root`."""
+    if not written or "\0" in written:
+        raise OutsideRepository("empty path")
+    target = Path(base_dir, written).resolve()
+    if not _inside(target, root):
+        raise OutsideRepository(f"{written} is outside the recipe's repository ({root.name}/)")
+    return target
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to copy: its path below the source (`""` for a single file), resolved path, exec bit, size."""
+
+    rel: str
+    path: Path
+    executable: bool
+    size: int
+
+
+def regular_file(path: Path, written: str) -> os.stat_result:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise OutsideRepository(f"cannot read {written}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise OutsideRepository(f"{written} is not a regular file")
+    return st
+
+
+def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
+    """The files under `src` (already resolved and inside `root`), sorted, every symlink checked."""
+    try:
+        st = src.stat()
+    except OSError as exc:
+        raise OutsideRepository(f"cannot read {written}: {exc.strerror}") from None
+    if stat.S_ISREG(st.st_mode):
+        return [SourceFile("", src, bool(st.st_mode & stat.S_IXUSR), st.st_size)]
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutsideRepository(f"{written} is not a regular file or folder")
+    found: list[SourceFile] = []
+    total = 0
+    for folder, dirs, names in os.walk(src, followlinks=False):
+        here = Path(folder)
+        for name in sorted(dirs):
+            if (here / name).is_symlink():
+                raise OutsideRepository(f"{written}: {(here / name).relative_to(src)} is a symlink to a folder "
+                                        "(copy the folder itself)")
+        dirs.sort()
+        for name in sorted(names):
+            entry = here / name
+            rel = entry.relative_to(src).as_posix()
+            real = entry.resolve() if entry.is_symlink() else entry
+            if not _inside(real, root):
+                raise OutsideRepository(f"{written}: {rel} links outside the recipe's repository")
+            info = regular_file(real, f"{written}/{rel}")
+            total += info.st_size
+            found.append(SourceFile(rel, real, bool(info.st_mode & stat.S_IXUSR), info.st_size))
+            if len(found) > limits.COPY_FILES:
+                raise OutsideRepository(f"{written} holds more than {limits.COPY_FILES} files")
+            if total > limits.COPY_BYTES:
+                raise OutsideRepository(f"{written} holds more than {limits.COPY_BYTES // limits.MIB} MiB")
+    return sorted(found, key=lambda f: f.rel)
