@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
@@ -18,7 +19,7 @@ from typing import Any
 
 from imgbuild.config import Settings
 from imgbuild.engine import BuildRequest, Engine, Redactor
-from imgbuild.errors import ImgbuildError, RegistryUnavailable, SmokeFailed
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, RegistryUnavailable, SmokeFailed, UsageError
 from imgbuild.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.registry import RegistryClient, split_reference
@@ -100,22 +101,68 @@ def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -
     return Path(out) if out else Path(settings.images_dir) / plan.name
 
 
+def _lock_name(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()[:24] + ".lock"
+
+
 @contextmanager
-def build_lock(settings: Settings, plan: Plan, progress: Callable[[str], None]) -> Any:
+def build_lock(settings: Settings, plan: Plan, ctx: Path, progress: Callable[[str], None]) -> Any:
+    """Serialise builds that share a context folder or a target (two recipes with one `name` and two tags
+    share `images/<name>/`); locks are taken in one order, so two builds never wait on each other."""
     from filelock import FileLock, Timeout
 
     lock_dir = Path(settings.cache_dir) / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_dir / (plan.target.replace("/", "_").replace(":", "_") + ".lock")))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        progress(f"waiting for another build of {plan.target} to finish")
-        lock.acquire(timeout=6 * 3600)
-    try:
+    _writable_dir(lock_dir)
+    keys = sorted({f"context:{ctx.resolve()}", f"target:{plan.target}"})
+    with ExitStack() as stack:
+        for key in keys:
+            lock = FileLock(str(lock_dir / _lock_name(key)))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                progress(f"waiting for another build of {key.split(':', 1)[1]} to finish")
+                lock.acquire(timeout=6 * 3600)
+            stack.callback(lock.release)
         yield
-    finally:
-        lock.release()
+
+
+def _writable_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from None
+
+
+def _secret_file(stack: ExitStack, name: str, text: str, settings: Settings) -> Path:
+    """A file only this process (and the docker CLI it starts) can read, that no kill can strand: an
+    anonymous memory file (memfd) seen through /proc; elsewhere a 0600 file in a private cache folder,
+    removed at exit and swept by the next run if a kill came first."""
+    data = text.encode()
+    if hasattr(os, "memfd_create") and Path(f"/proc/{os.getpid()}/fd").is_dir():
+        fd = os.memfd_create(f"imgbuild-{name}", os.MFD_CLOEXEC)
+        stack.callback(os.close, fd)
+        os.write(fd, data)
+        return Path(f"/proc/{os.getpid()}/fd/{fd}")
+    folder = Path(settings.cache_dir) / "secrets"
+    _writable_dir(folder)
+    os.chmod(folder, 0o700)
+    sweep_secret_files(folder)
+    path = folder / f"{os.getpid()}-{name}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    stack.callback(lambda: path.unlink(missing_ok=True))
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+def sweep_secret_files(folder: Path) -> None:
+    """Remove secret files whose process is gone (a build killed with SIGKILL)."""
+    for leftover in folder.glob("*-*"):
+        pid = leftover.name.split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            leftover.unlink(missing_ok=True)
 
 
 def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) -> dict[str, Path]:
@@ -132,57 +179,89 @@ def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) ->
     if settings.pip_trusted_hosts:
         lines.append("trusted-host = " + " ".join(settings.pip_trusted_hosts))
     if len(lines) > 1:
-        tmp = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="imgbuild-pip-", suffix=".conf"))  # noqa: SIM115
-        os.chmod(tmp.name, 0o600)
-        tmp.write("\n".join(lines) + "\n")
-        tmp.flush()
-        secrets["imgbuild-pip.conf"] = Path(tmp.name)
+        secrets["imgbuild-pip.conf"] = _secret_file(stack, "pip.conf", "\n".join(lines) + "\n", settings)
     return secrets
+
+
+def needs_buildkit(settings: Settings) -> bool:
+    """Index settings may carry credentials: only BuildKit's secret mounts keep them out of every layer."""
+    return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
 
 
 def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = None,
           require_gpu: bool = False, no_cache: bool = False, out: str | Path | None = None,
           progress: Callable[[str], None] = lambda s: None, plan: Plan | None = None) -> BuildResult:
-    """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again."""
+    """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
+
+    The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
+    loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
     engine = Engine.connect(settings.docker_cli)
     chosen = engine.pick_backend(backend or settings.backend)
-    loaded = plan.loaded if plan else load_recipe(recipe_path)
+    if chosen == "sdk" and needs_buildkit(settings):
+        raise UsageError("pip index settings may carry credentials and need the buildkit backend "
+                         "(the Engine API builder would bake them into a layer)")
     plan = plan or plan_recipe(loaded, settings, engine)
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
+    _writable_dir(log_path.parent)
     candidate = f"{plan.image}:{plan.tag}-candidate"
-    with build_lock(settings, plan, progress), ExitStack() as stack:
-        render_context(plan, ctx, chosen)
-        progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}")
+    with build_lock(settings, plan, ctx, progress), ExitStack() as stack:
+        engine.remove_leftovers(candidate)  # what a killed run of this target left: its smoke container, tag
+        write_context(plan, ctx, chosen, settings)
+        progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         secrets = build_secrets(settings, loaded, stack)
-        if chosen == "sdk" and secrets:
-            if "imgbuild-pip.conf" in secrets:
-                raise ImgbuildError("pip index settings may carry credentials and need the buildkit backend "
-                                    "(the Engine API builder would bake them into a layer)")
+        if chosen == "sdk" and "imgbuild-ca.crt" in secrets:
             # The CA bundle is public: with no secret mounts, it travels in the pip folder of the context.
-            (ctx / "imgbuild" / "pip").mkdir(parents=True, exist_ok=True)
-            (ctx / "imgbuild" / "pip" / "ca.crt").write_bytes(secrets.pop("imgbuild-ca.crt").read_bytes())
+            ca_copy = ctx / "imgbuild" / "pip" / "ca.crt"
+            ca_copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(secrets.pop("imgbuild-ca.crt"), ca_copy)
+            stack.callback(lambda: ca_copy.unlink(missing_ok=True))
+        iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=_cache_subdir(settings, "runs"))
+        os.close(iid_fd)
+        stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
         request = BuildRequest(context=ctx, tag=candidate, secrets=secrets, no_cache=no_cache,
-                               log_path=log_path, builder=settings.builder,
+                               log_path=log_path, builder=settings.builder, iidfile=Path(iid_name),
                                build_args={"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)}
                                if loaded.recipe.user else {})
+        promoted = False
         try:
             image_id = engine.build(chosen, request, progress, redact)
+            progress(f"built {image_id[:19]}; smoke-testing {candidate}")
+            report = run_smoke(engine, candidate, require_gpu=require_gpu or loaded.recipe.smoke.require_gpu,
+                               min_speedup=loaded.recipe.smoke.min_speedup)
+            _write_report(ctx / "smoke.json", report)
+            if not report.ok:
+                kept = engine.image_id(plan.target)
+                raise SmokeFailed(f"{report.summary()}; {plan.target} was left as it was"
+                                  + (f" ({kept[:19]})" if kept else " (not built before)"))
+            previous = engine.image_id(plan.target)
+            if previous and previous != image_id:
+                engine.tag(previous, f"{plan.image}:{plan.tag}-previous")
+            engine.tag(image_id, plan.target)
+            promoted = True
         finally:
-            (ctx / "imgbuild" / "pip" / "ca.crt").unlink(missing_ok=True)
-        progress(f"built {image_id[:19]}; smoke-testing {candidate}")
-        report = run_smoke(engine, candidate, require_gpu=require_gpu or loaded.recipe.smoke.require_gpu,
-                           min_speedup=loaded.recipe.smoke.min_speedup)
-        (ctx / "smoke.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-        if not report.ok:
-            engine.untag(candidate)
-            kept = engine.image_id(plan.target)
-            raise SmokeFailed(f"{report.summary()}; {plan.target} was left as it was"
-                              + (f" ({kept[:19]})" if kept else " (not built before)"))
-        previous = engine.image_id(plan.target)
-        if previous and previous != image_id:
-            engine.tag(previous, f"{plan.image}:{plan.tag}-previous")
-        engine.tag(image_id, plan.target)
-        engine.untag(candidate)
-        return BuildResult(plan, image_id, previous, previous != image_id, report, ctx, log_path)
+            engine.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
+        return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+
+
+def write_context(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
+    """Render the context into `ctx`; a folder that cannot be written is an environment problem (exit 3)."""
+    try:
+        return render_context(plan, ctx, backend, secrets=tuple(settings.secrets()))
+    except OSError as exc:
+        where = exc.filename or ctx
+        raise EnvironmentProblem(f"cannot write the build context {where}: {exc.strerror}") from None
+
+
+def _cache_subdir(settings: Settings, name: str) -> str:
+    path = Path(settings.cache_dir) / name
+    _writable_dir(path)
+    return str(path)
+
+
+def _write_report(path: Path, report: SmokeReport) -> None:
+    try:
+        path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None

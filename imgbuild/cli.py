@@ -6,6 +6,7 @@ Heavy modules are imported inside commands so `imgbuild --help` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,15 @@ from typing import Any
 import click
 
 from imgbuild import __version__
-from imgbuild.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EnvironmentProblem, ImgbuildError, UsageError
+from imgbuild.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EnvironmentProblem,
+    ImgbuildError,
+    UsageError,
+)
 
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump"]),
@@ -83,16 +92,18 @@ def cli(user: str | None, ngc_registry: str | None) -> None:
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def validate(files: tuple[Path, ...], as_json: bool) -> None:
+@click.pass_context
+def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
     from imgbuild.errors import RecipeError
     from imgbuild.recipe import display_path, load_recipe
 
+    secrets = _settings(ctx).secrets()
     results = []
     problems: list[str] = []
     for path in files:
         try:
-            loaded = load_recipe(path)
+            loaded = load_recipe(path, secrets=secrets)
             results.append({"file": display_path(path), "ok": True, "name": loaded.recipe.name, "problems": []})
         except RecipeError as exc:
             results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
@@ -122,19 +133,22 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
     """Render a recipe into a reviewable build context under images/<name>/."""
     import tempfile
 
-    from imgbuild.build import context_dir, plan_recipe
+    from imgbuild.build import context_dir, plan_recipe, write_context
+    from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
-    from imgbuild.render import render_context
 
     settings = _settings(ctx)
-    loaded = load_recipe(file)
-    plan = plan_recipe(loaded, settings, offline=offline)
+    loaded = load_recipe(file, secrets=settings.secrets())
+    try:
+        plan = plan_recipe(loaded, settings, offline=offline)
+    except RegistryUnavailable as exc:
+        raise RegistryUnavailable(f"{exc} (--offline renders without pinning the base by digest)") from None
     if to_stdout:
         with tempfile.TemporaryDirectory() as tmp:
-            rendered = render_context(plan, Path(tmp) / plan.name, backend)
+            rendered = write_context(plan, Path(tmp) / plan.name, backend, settings)
             click.echo((rendered / "Dockerfile").read_text(), nl=False)
         return
-    rendered = render_context(plan, context_dir(plan, settings, out), backend)
+    rendered = write_context(plan, context_dir(plan, settings, out), backend, settings)
     click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")
 
 
@@ -276,12 +290,11 @@ def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bo
 def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Move recipes with base.follow to the newest matching NGC tag (edits the YAML, re-renders)."""
     from imgbuild import tags as tagmod
-    from imgbuild.build import context_dir, plan_recipe
+    from imgbuild.build import context_dir, plan_recipe, write_context
     from imgbuild.bump import bump as do_bump
     from imgbuild.rebuild import discover
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import RegistryClient
-    from imgbuild.render import render_context
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -294,10 +307,10 @@ def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: boo
     results = do_bump(discover(list(paths) or ["recipes"]), settings, dry_run=dry_run, tags_for=tags_for)
     if not dry_run:
         for moved in (r for r in results if r.changed):
-            loaded = load_recipe(moved.recipe)
+            loaded = load_recipe(moved.recipe, secrets=settings.secrets())
             plan = plan_recipe(loaded, settings)
             if context_dir(plan, settings).exists():
-                render_context(plan, context_dir(plan, settings))
+                write_context(plan, context_dir(plan, settings), "buildkit", settings)
     if as_json:
         _emit_json([r.to_json() for r in results])
         return
@@ -327,6 +340,7 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
          as_json: bool) -> None:
     """List NGC tags (pytorch, tensorflow or ORG/REPO), newest first, from the registry itself."""
     from imgbuild import tags as tagmod
+    from imgbuild.errors import RegistryUnavailable
     from imgbuild.registry import RegistryClient
     from imgbuild.ui import print_table
 
@@ -340,7 +354,7 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
     gpus = tagmod.host_gpus(driver, arch) if compatible else None
     if (details or compatible) and infos:
         if offline:
-            raise ImgbuildError(f"registry {host} is unreachable: --details/--compatible need it")
+            raise RegistryUnavailable(f"registry {host} is unreachable: --details/--compatible need it")
         tagmod.add_details(client, repo, infos, cache)
     if gpus is not None:
         for info in infos:
@@ -649,14 +663,16 @@ def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, ou
     import shutil
     import subprocess
 
-    from imgbuild.build import context_dir, plan_recipe
+    from imgbuild.build import context_dir, plan_recipe, write_context
     from imgbuild.cluster import apptainer_definition
     from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe
-    from imgbuild.render import render_context
 
     settings = _settings(ctx)
-    loaded = load_recipe(recipe)
+    loaded = load_recipe(recipe, secrets=settings.secrets())
+    to_stdout = out is not None and str(out) == "-"
+    if to_stdout and bootstrap == "docker-archive":
+        raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
     plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
     out = out or Path(f"{plan.name}.def")
     archive = None
@@ -669,9 +685,13 @@ def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, ou
         click.echo(f"saved {plan.target} to {archive}", err=True)
     if bootstrap == "native":
         ctx_dir = context_dir(plan, settings)
-        render_context(plan, ctx_dir)
+        write_context(plan, ctx_dir, "buildkit", settings)
         click.echo(f"rendered {ctx_dir}: run apptainer build from that folder (%files paths are relative)", err=True)
-    out.write_text(apptainer_definition(plan, bootstrap, archive))
+    definition = apptainer_definition(plan, bootstrap, archive)
+    if to_stdout:
+        click.echo(definition, nl=False)
+        return
+    out.write_text(definition)
     click.echo(str(out))
     tool = shutil.which("apptainer") or shutil.which("singularity")
     if not build:
@@ -787,7 +807,15 @@ def config(ctx: click.Context, as_json: bool) -> None:
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: candidate tags, smoke containers, secret files
+
+
 def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread (tests calling main())
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
     except _NO_ARGS_IS_HELP as exc:  # `imgbuild` alone prints help (click >= 8.2 raises this)
@@ -811,6 +839,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("imgbuild: interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:  # a disk, folder or device the environment refused: read-only, full, no access
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(f"imgbuild: cannot use{where}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
     except Exception as exc:  # a bug or an unexpected engine answer: still one line, no traceback
         if os.environ.get("IMGBUILD_DEBUG"):
             raise

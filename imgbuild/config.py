@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from imgbuild import limits
 from imgbuild.errors import UsageError
 
 SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
@@ -58,6 +59,9 @@ class Settings:
     images_dir: str = "images"
     cache_dir: str = field(default_factory=_default_cache_dir)
     tag_cache_ttl: int = 6 * 3600
+    registry_timeout: float = limits.HTTP_REQUEST_SECONDS    # one registry request, however slowly it trickles
+    registry_deadline: float = limits.HTTP_COMMAND_SECONDS   # everything one command asks of one registry
+    registry_backoff: float = 0.5     # first retry delay (doubles), seconds
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -118,6 +122,13 @@ def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
             if isinstance(raw, list):
                 return tuple(str(s) for s in raw)
             raise ValueError("expected a list")
+        if "float" in text_kind:
+            if isinstance(raw, bool):
+                raise ValueError("expected a number")
+            value = float(raw)
+            if not 0 < value <= 86400:
+                raise ValueError("expected a number of seconds above 0")
+            return value
         if "int" in text_kind:
             if raw is None or raw == "":
                 return None

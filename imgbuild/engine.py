@@ -50,6 +50,7 @@ class BuildRequest:
     no_cache: bool = False
     log_path: Path | None = None
     builder: str | None = None
+    iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
 
 
 @dataclass
@@ -90,6 +91,10 @@ class Engine:
             client = docker.from_env(timeout=600)
             client.ping()
         except DockerException as exc:
+            if "Permission denied" in str(exc) or "PermissionError" in str(exc):
+                raise EngineUnavailable(
+                    f"the Docker engine at {host} refused this user (permission denied on the socket): "
+                    "ask an admin to add you to the docker group") from None
             reason = str(exc).split("(")[0].strip().rstrip(":")
             raise EngineUnavailable(
                 f"no Docker engine at {host} ({reason[:80]}): start dockerd or set DOCKER_HOST "
@@ -139,7 +144,7 @@ class Engine:
     def _build_buildkit(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
         assert self.buildkit_cli
         cli, buildx = self.buildkit_cli
-        iidfile = req.context.parent / f".{req.context.name}.iid"
+        iidfile = req.iidfile or req.context.parent / f".{req.context.name}.{os.getpid()}.iid"
         cmd = [cli, "buildx", "build", "--load"] if buildx else [cli, "build"]
         if buildx and req.builder:
             cmd += ["--builder", req.builder]
@@ -355,12 +360,26 @@ class Engine:
     def host_has_gpus(self) -> bool:
         return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))
 
+    def remove_leftovers(self, candidate: str) -> None:
+        """Remove what a killed run left for `candidate`: smoke containers (labelled) and the candidate tag."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            stale = self.client.containers.list(all=True, filters={"label": f"{SMOKE_LABEL}={candidate}"})
+        except APIError:
+            stale = []
+        for container in stale:
+            with contextlib.suppress(APIError, NotFound):
+                container.remove(force=True)
+        self.untag(candidate)
+
     def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
                    gpus: bool, timeout: int = 1800, shm_size: str = "1g") -> tuple[int, str, str]:
         """Run a Python script inside `image` (copied in, so remote engines work too).
 
-        Returns (exit code, output, note). `note` says why GPUs were asked for but not given.
-        """
+        Returns (exit code, output, note). `note` says why GPUs were asked for but not given. The container
+        is labelled with the image it tests, removed on every way out, and removed by the next run of the
+        same target if this process is killed."""
         from docker.errors import APIError
         from docker.types import DeviceRequest
 
@@ -368,39 +387,52 @@ class Engine:
         entrypoint = (img.attrs.get("Config") or {}).get("Entrypoint") or []
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
-        kwargs: dict[str, Any] = dict(environment=env, shm_size=shm_size, detach=True, user="root")
+        kwargs: dict[str, Any] = dict(environment=env, shm_size=shm_size, detach=True, user="root",
+                                      labels={SMOKE_LABEL: image})
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
         note = ""
         requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        container = self.client.containers.create(image, command, device_requests=requests, **kwargs)
         try:
-            container = self.client.containers.create(image, command, device_requests=requests, **kwargs)
-        except APIError as exc:
-            if not requests:
-                raise
-            note = (f"the host has GPUs but the engine cannot pass them ({exc.explanation}); "
-                    "install nvidia-container-toolkit")
-            container = self.client.containers.create(image, command, **kwargs)
-        try:
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                data = script.encode()
-                info = tarfile.TarInfo("imgbuild-smoke.py")
-                info.size, info.mode = len(data), 0o755
-                tar.addfile(info, io.BytesIO(data))
-            container.put_archive("/tmp", buf.getvalue())
-            container.start()
+            container.put_archive("/tmp", _script_tar(script))
+            try:
+                container.start()
+            except APIError as exc:
+                if not requests:
+                    raise
+                # Docker applies device requests at start: no toolkit, an old driver, CUDA error 804.
+                note = (f"the host has GPUs but the engine cannot pass them ({str(exc.explanation)[:200]}); "
+                        "install nvidia-container-toolkit")
+                container.remove(force=True)
+                container = self.client.containers.create(image, command, **kwargs)
+                container.put_archive("/tmp", _script_tar(script))
+                container.start()
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
-            except Exception:
+            except Exception:  # noqa: BLE001 - the SDK raises a requests timeout of its own shape
                 container.kill()
                 raise ImgbuildError(f"the smoke test in {image} ran past {timeout} s") from None
             out = container.logs(stdout=True, stderr=False).decode(errors="replace")
             err = container.logs(stdout=False, stderr=True).decode(errors="replace")
             return code, out + ("\n" + err if err else ""), note
         finally:
-            container.remove(force=True)
+            with contextlib.suppress(APIError):
+                container.remove(force=True)
+
+
+SMOKE_LABEL = "org.imgbuild.smoke-of"
+
+
+def _script_tar(script: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = script.encode()
+        info = tarfile.TarInfo("imgbuild-smoke.py")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:

@@ -18,6 +18,7 @@ from xml.sax.saxutils import escape, quoteattr
 from imgbuild.config import Settings
 from imgbuild.engine import Engine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
+from imgbuild.imageref import DIGEST_RE
 from imgbuild.plan import Plan
 from imgbuild.recipe import display_path, load_recipe
 from imgbuild.registry import RegistryClient, docker_config_credentials, split_reference
@@ -37,6 +38,7 @@ class Item:
     image_id: str = ""
     pushed: str = ""
     seconds: float = 0.0
+    context: Path | None = None
 
     @property
     def name(self) -> str:
@@ -75,20 +77,38 @@ def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
     for path in paths:
         item = Item(path)
         try:
-            loaded = load_recipe(path)
+            loaded = load_recipe(path, secrets=settings.secrets())
             image, tag = image_and_tag(loaded, settings)
             item.target = f"{image}:{tag}"
+            item.context = Path(settings.images_dir).resolve() / loaded.recipe.name
             repo, _, base_tag = base_reference(loaded, settings)
             item.base_ref = f"{repo}:{base_tag}" if base_tag else repo
         except RecipeError as exc:
             item.status, item.error = INVALID, "; ".join(exc.lines())
         items.append(item)
+    _refuse_shared_contexts(items, settings)
     by_target = {_normal(i.target): i for i in items if i.target}
     for item in items:
         parent = by_target.get(_normal(item.base_ref)) if item.base_ref else None
         if parent is not None and parent is not item:
             item.deps.append(parent.target)
     return _topological(items)
+
+
+def _refuse_shared_contexts(items: list[Item], settings: Settings) -> None:
+    """Two recipes with one `name` would share images/<name>/ (context, lock, smoke report): refuse both."""
+    by_context: dict[Path, list[Item]] = {}
+    for item in items:
+        if item.status != INVALID and item.context is not None:
+            by_context.setdefault(item.context, []).append(item)
+    for context, sharing in by_context.items():
+        if len(sharing) < 2:
+            continue
+        names = ", ".join(i.name for i in sharing)
+        for item in sharing:
+            item.status = INVALID
+            item.error = (f"{names} share the name {context.name!r} and so {context}; give each recipe its own "
+                          "name (two tags of one image: distinct names and image: REPO:TAG)")
 
 
 def _topological(items: list[Item]) -> list[Item]:
@@ -171,7 +191,8 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
     def work(item: Item) -> Item:
         start = time.monotonic()
         try:
-            plan = pipeline.plan_recipe(load_recipe(item.path), settings, engine, local_refs=local_refs)
+            loaded = load_recipe(item.path, secrets=settings.secrets())
+            plan = pipeline.plan_recipe(loaded, settings, engine, local_refs=local_refs)
             item.reasons = staleness(plan, engine, settings, options.push)
             if not item.reasons:
                 item.status, item.image_id = FRESH, engine.image_id(plan.target) or ""
@@ -196,6 +217,7 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
         return item
 
     pending = [i for i in items if i.status != INVALID]
+    done.update({i.target: i for i in items if i.status == INVALID and i.target})
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         running: dict[Future[Item], Item] = {}
         while pending or running:
@@ -210,7 +232,9 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
                     running[pool.submit(work, item)] = item
                     pending.remove(item)
             if not running:
-                continue
+                for item in pending:  # nothing can start and nothing runs: their bases never will
+                    item.status, item.error = SKIPPED, f"its base {item.deps[0] if item.deps else '?'} did not build"
+                break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 item = running.pop(future)
@@ -230,28 +254,39 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
     from imgbuild.render import render_context
 
     items = []
+    loaded_by_item: dict[int, Any] = {}
     for path in discover(paths):
         item = Item(path)
         items.append(item)
         try:
-            loaded = load_recipe(path)
+            loaded = load_recipe(path, secrets=settings.secrets())
         except RecipeError as exc:
             item.status, item.error = INVALID, "; ".join(exc.lines())
             continue
+        loaded_by_item[id(item)] = loaded
+        item.context = Path(settings.images_dir).resolve() / loaded.recipe.name
+    _refuse_shared_contexts(items, settings)
+    for item in items:
+        if item.status == INVALID:
+            continue
+        loaded = loaded_by_item[id(item)]
         ctx = Path(settings.images_dir) / loaded.recipe.name
         item.target = str(ctx)
         lock_path = ctx / "imgbuild.lock.json"
         if not lock_path.is_file():
             item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
             continue
-        lock = json.loads(lock_path.read_text())
-        base = lock["base"]
+        try:
+            lock, base = _read_lock(lock_path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            item.status, item.reasons = STALE, [f"{lock_path} is not a lock imgbuild wrote (render it again)"]
+            continue
         config = {"config": {"Env": _recorded_env(base)}}
-        digest = base.get("digest") or ""
-        if digest and not digest.startswith("sha256:"):
+        digest = str(base.get("digest") or "")
+        if not DIGEST_RE.fullmatch(digest):
             digest = ""
         registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
-        pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=lock["image"].split("/")[0])
+        pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=str(lock["image"]).split("/")[0])
         recorded_tag = base["ref"].rsplit(":", 1)[-1]
         try:
             plan = make_plan(loaded, pinned, _recorded_base(digest, config), _recorded_tag(recorded_tag))
@@ -259,7 +294,8 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
             item.status, item.error = INVALID, "; ".join(exc.lines())
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            fresh = render_context(plan, Path(tmp) / ctx.name, lock.get("backend", "buildkit"))
+            fresh = render_context(plan, Path(tmp) / ctx.name, lock.get("backend", "buildkit"),
+                                   secrets=tuple(settings.secrets()))
             diff = _tree_diff(fresh, ctx, filecmp)
         if diff:
             item.status = STALE
@@ -267,6 +303,19 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
         else:
             item.status = FRESH
     return items
+
+
+def _read_lock(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A context's lock (from the repository: untrusted): bounded, and shaped as imgbuild writes it."""
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 * 1024:
+        raise ValueError("not a lock")
+    lock = json.loads(path.read_text(encoding="utf-8"))
+    base = lock["base"]
+    if not isinstance(base, dict) or not all(isinstance(base.get(k, ""), str) for k in ("ref", "digest")):
+        raise ValueError("not a lock")
+    if not isinstance(lock.get("image"), str) or not isinstance(base["ref"], str):
+        raise ValueError("not a lock")
+    return lock, base
 
 
 def _recorded_base(digest: str, config: dict[str, Any]) -> Any:
@@ -290,10 +339,21 @@ def _recorded_env(base: dict[str, Any]) -> list[str]:
 
 
 def _tree_diff(expected: Path, actual: Path, filecmp: Any) -> list[str]:
+    """Files that differ. The committed side comes from the repository: only its regular files are read
+    (a symlink or a FIFO there counts as a difference, never as something to follow or block on)."""
+    import os
+
     ignore = {"smoke.json", "build.log"}
     want = {p.relative_to(expected).as_posix() for p in expected.rglob("*") if p.is_file()}
-    have = {p.relative_to(actual).as_posix() for p in actual.rglob("*") if p.is_file()} - ignore
-    changed = sorted(want ^ have)
+    have: set[str] = set()
+    odd: set[str] = set()
+    for folder, dirs, names in os.walk(actual, followlinks=False):
+        for name in names + [d for d in dirs if Path(folder, d).is_symlink()]:
+            entry = Path(folder, name)
+            rel = entry.relative_to(actual).as_posix()
+            (have if entry.is_file() and not entry.is_symlink() else odd).add(rel)
+    have -= ignore
+    changed = sorted((want ^ have) | odd)
     changed += sorted(rel for rel in want & have
                       if not filecmp.cmp(expected / rel, actual / rel, shallow=False))
     return changed

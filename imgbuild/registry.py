@@ -198,8 +198,8 @@ class RegistryClient:
         else:
             creds = docker_config_credentials(host)
         insecure = host in settings.insecure_registries or _is_loopback(host)
-        return cls(host, credentials=creds, insecure=insecure,
-                   backoff=float(getattr(settings, "registry_backoff", 0.5)))
+        return cls(host, credentials=creds, insecure=insecure, backoff=settings.registry_backoff,
+                   timeout=settings.registry_timeout, command_seconds=settings.registry_deadline)
 
     # -- HTTP with auth and retries --------------------------------------------------------------
 
@@ -237,8 +237,7 @@ class RegistryClient:
         worker.join(budget)
         if worker.is_alive():
             if "resp" in box:
-                with contextlib.suppress(Exception):
-                    box["resp"].close()  # unblocks the reader; the daemon thread ends with it
+                _shutdown(box["resp"])  # the reader's recv returns; the daemon thread ends with it
             raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
         if "error" in box:
             error = box["error"]
@@ -414,6 +413,17 @@ class RegistryClient:
         """Manifest and image config (Env, Labels, ...) without pulling any layer."""
         manifest = self.manifest(repo, reference)
         return manifest, self.blob_json(repo, manifest.config_digest)
+
+
+def _shutdown(resp: requests.Response) -> None:
+    """Shut the response's socket down without taking the reader's locks (close() would wait for them)."""
+    import socket
+
+    conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _is_loopback(host: str) -> bool:

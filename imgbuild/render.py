@@ -153,14 +153,35 @@ def check_no_secrets(folder: Path, secrets: list[str] | tuple[str, ...]) -> None
 def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit", secrets: tuple[str, ...] = ()) -> Path:
     """Write the build context to `out_dir`, replacing what was there only once all of it is written.
 
-    `secrets` (Settings.secrets()) must appear in no rendered file; the context is refused if one does."""
-    recipe = plan.loaded.recipe
+    `secrets` (Settings.secrets()) must appear in no rendered file; the context is refused if one does.
+    A failure (a full disk, a refused secret, Ctrl-C) leaves `out_dir` as it was and no staging folder."""
     out_dir = Path(out_dir)
     staging = out_dir.with_name(f".{out_dir.name}.rendering")
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
+    try:
+        _render_into(plan, staging, backend)
+        check_no_secrets(staging, secrets)
+        # Keep what earlier runs left beside the context (smoke report), then swap in the new files.
+        for keep in ("smoke.json",):
+            if (out_dir / keep).is_file() and not (out_dir / keep).is_symlink():
+                shutil.copy2(out_dir / keep, staging / keep)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out_dir.exists():
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
 
+
+def _render_into(plan: Plan, staging: Path, backend: str) -> None:
+    recipe = plan.loaded.recipe
     files: list[RenderedFile] = []
     for spec in recipe.files:
         context_path = context_path_for(spec.dest)
@@ -200,17 +221,3 @@ def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit", secrets
     _write(staging / ".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n")
     _write(staging / "imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2,
                                                       sort_keys=True) + "\n")
-
-    try:
-        check_no_secrets(staging, secrets)
-    except UsageError:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    # Keep what earlier runs left beside the context (smoke report), then swap in the new files.
-    for keep in ("smoke.json",):
-        if (out_dir / keep).exists():
-            shutil.copy2(out_dir / keep, staging / keep)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    staging.rename(out_dir)
-    return out_dir

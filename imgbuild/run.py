@@ -129,7 +129,7 @@ def resolve_image(arg: str, settings: Any) -> tuple[str, str]:
         from imgbuild.plan import image_and_tag
         from imgbuild.recipe import load_recipe
 
-        loaded = load_recipe(path)
+        loaded = load_recipe(path, secrets=settings.secrets())
         image, tag = image_and_tag(loaded, settings)
         return f"{image}:{tag}", loaded.recipe.name
     return arg, short_name_of(arg)

@@ -6,7 +6,9 @@ registry itself, with an on-disk cache (TTL for tag lists; config blobs are immu
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -94,10 +96,19 @@ class TagCache:
 
     def put_tags(self, host: str, repo: str, tags: list[str]) -> None:
         path = self._path("tags", f"{host}/{repo}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"fetched_at": time.time(), "tags": tags}))
-        tmp.replace(path)
+        self._write(path, json.dumps({"fetched_at": time.time(), "tags": tags}))
+
+    @staticmethod
+    def _write(path: Path, text: str) -> None:
+        """The cache is an optimisation: a read-only or full cache folder costs speed, never the answer."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def get_details(self, key: str) -> dict[str, Any] | None:
         try:
@@ -106,9 +117,7 @@ class TagCache:
             return None
 
     def put_details(self, key: str, value: dict[str, Any]) -> None:
-        path = self._path("details", key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
+        self._write(self._path("details", key), json.dumps(value))
 
 
 def list_tags(client: RegistryClient, repo: str, cache: TagCache, *, refresh: bool = False,

@@ -171,12 +171,12 @@ def load_located(path: Path, display: str) -> Located:
             raw[at] = n.value
             value = scalar(n, at)
             return n.value if isinstance(value, float) else value  # keep "24.10" as written
+        if n.tag not in PLAIN_TAGS:
+            raise fail(n, f"YAML tag {n.tag!r} is not allowed", at, "recipes hold plain text, numbers, lists, mappings")
         active.add(id(n))
         try:
             if isinstance(n, yaml.SequenceNode):
                 return [build(item, (*at, i)) for i, item in enumerate(n.value)]
-            if not isinstance(n, yaml.MappingNode) or n.tag not in PLAIN_TAGS:
-                raise fail(n, f"YAML tag {n.tag!r} is not allowed", at)
             out: dict[str, Any] = {}
             for k_node, v_node in n.value:
                 if k_node.tag == "tag:yaml.org,2002:merge":

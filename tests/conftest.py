@@ -42,6 +42,7 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     monkeypatch.setenv("IMGBUILD_CONFIG", str(home / "config.yaml"))
     monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(home / "cache"))
     monkeypatch.setenv("IMGBUILD_USER", "imgbuildtest")
+    monkeypatch.setenv("IMGBUILD_REGISTRY_BACKOFF", "0.02")  # retries stay real, the waits short
 
 
 @pytest.fixture

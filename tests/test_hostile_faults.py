@@ -1,0 +1,280 @@
+"""Faults, as a table: kills at each stage of a real build, concurrent builds of same-name recipes, a user
+without access to the Docker socket, read-only and full folders on a small tmpfs.
+
+Each ends with exit 3 (environment) or a clean failure, names the path and cause, and loses nothing: a
+working tag is never replaced, and no candidate tag, smoke container, staging folder or secret file is
+left behind (a SIGKILL's leftovers are removed by the next run of the same target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+# An image whose Python hangs in the smoke test only (the smoke run sets NVIDIA_TF32_OVERRIDE=0).
+HANG_IN_SMOKE = (f"printf 'import os, time\\\\nif os.environ.get(\"NVIDIA_TF32_OVERRIDE\") == \"0\": time.sleep(900)\\\\n'"
+                 f" > {SITE}/sitecustomize.py")
+
+
+def _recipe(folder: Path, file: str, name: str, tag: str, *, hang: bool = False, extra: str = "") -> Path:
+    path = folder / file
+    run = f"run:\n  - '{HANG_IN_SMOKE}'\n" if hang else ""
+    path.write_text(f'name: {name}\ntag: {tag}\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+                    f'labels: {{variant: "{file}"}}\n{run}{extra}')
+    return path
+
+
+def _smoke_containers(client, candidate: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"org.imgbuild.smoke-of={candidate}"})
+
+
+def _image(client, ref: str):
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(ref)
+    except ImageNotFound:
+        return None
+
+
+def _start_build(recipe: Path, ctx: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(ctx)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for(check, seconds: float = 300) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError("timed out waiting")
+
+
+@pytest.fixture
+def names(unique: str, cleanup_images: list[str]) -> Iterator[tuple[str, str]]:
+    name = f"fault{unique}"
+    target = f"imgbuildtest/{name}"
+    cleanup_images += [f"{target}:v1", f"{target}:v2"]
+    yield name, target
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_kill_during_the_smoke_test_loses_nothing_and_leaves_nothing(sig, testbed, docker_client, names, tmp_path):
+    name, target = names
+    hanging = _recipe(tmp_path, "hang.yaml", name, "v1", hang=True)
+    candidate = f"{target}:v1-candidate"
+    proc = _start_build(hanging, tmp_path / "ctx")
+    try:
+        _wait_for(lambda: any(c.status == "running" for c in _smoke_containers(docker_client, candidate)))
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert _image(docker_client, f"{target}:v1") is None  # never promoted
+    if sig == signal.SIGTERM:  # cleaned at once
+        assert proc.returncode == 130, proc.stderr.read()
+        assert _smoke_containers(docker_client, candidate) == []
+        assert _image(docker_client, candidate) is None
+        return
+    # SIGKILL: nothing could clean up; the next run of the same target does, and builds.
+    assert _smoke_containers(docker_client, candidate) != []
+    good = _recipe(tmp_path, "good.yaml", name, "v1")
+    result = run_cli("build", str(good), "-o", str(tmp_path / "ctx"))
+    assert result.code == 0, result.err
+    assert _smoke_containers(docker_client, candidate) == []
+    assert _image(docker_client, candidate) is None
+    assert _image(docker_client, f"{target}:v1").labels["variant"] == "good.yaml"
+
+
+@pytest.mark.engine
+def test_a_failing_smoke_test_keeps_the_working_tag_and_leaves_no_candidate(testbed, docker_client, names, tmp_path):
+    name, target = names
+    good = _recipe(tmp_path, "good.yaml", name, "v1")
+    assert run_cli("build", str(good), "-o", str(tmp_path / "ctx")).code == 0
+    working = _image(docker_client, f"{target}:v1").id
+    broken = _recipe(tmp_path, "broken.yaml", name, "v1", extra=f"files: [{{src: broken.py, dest: {SITE}/torch.py}}]\n")
+    (tmp_path / "broken.py").write_text("raise ImportError('broken on purpose')\n")
+    result = run_cli("build", str(broken), "-o", str(tmp_path / "ctx"))
+    assert result.code == 1 and "was left as it was" in result.err, result.err
+    assert _image(docker_client, f"{target}:v1").id == working
+    assert _image(docker_client, f"{target}:v1-candidate") is None
+    assert _smoke_containers(docker_client, f"{target}:v1-candidate") == []
+
+
+@pytest.mark.engine
+def test_same_name_recipes_with_two_tags_build_concurrently_into_their_own_tags(
+        testbed, docker_client, names, tmp_path):
+    name, target = names
+    v1 = _recipe(tmp_path, "v1.yaml", name, "v1")
+    v2 = _recipe(tmp_path, "v2.yaml", name, "v2")
+    procs = [_start_build(v1, tmp_path / "ctx"), _start_build(v2, tmp_path / "ctx")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err
+    assert _image(docker_client, f"{target}:v1").labels["variant"] == "v1.yaml"
+    assert _image(docker_client, f"{target}:v2").labels["variant"] == "v2.yaml"
+    assert not list(tmp_path.glob(".ctx*")), "a staging folder or iid file was left beside the context"
+
+
+def test_rebuild_refuses_two_recipes_sharing_a_name(tmp_path):
+    (tmp_path / ".git").mkdir()
+    for tag in ("v1", "v2"):
+        _recipe(tmp_path, f"{tag}.yaml", "shared", tag)
+    result = run_cli("rebuild", "--check", str(tmp_path), "--json",
+                     env={"IMGBUILD_IMAGES_DIR": str(tmp_path / "images")})
+    assert result.code == 1
+    import json
+
+    report = json.loads(result.out)
+    assert [i["status"] for i in report["images"]] == ["invalid", "invalid"]
+    assert all("share the name 'shared'" in i["error"] for i in report["images"])
+
+
+def test_a_user_without_docker_access_gets_exit_3_naming_the_cause():
+    """A non-root user outside the docker group: the socket refuses, and imgbuild says so (not 'start dockerd')."""
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="imgbuild-nobody-"))
+    home.chmod(0o777)
+    try:
+        _as_nobody_without_docker(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _as_nobody_without_docker(tmp_path: Path) -> None:
+    site = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+         "env", f"HOME={tmp_path}", f"IMGBUILD_CACHE_DIR={tmp_path}/cache", f"PYTHONPATH={ROOT}:{site}",
+         f"IMGBUILD_CONFIG={tmp_path}/config.yaml",
+         "/usr/bin/python3", "-m", "imgbuild", "ps"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "permission denied on the socket" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, options: str) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _render(recipe: Path, out: Path, **env: str):
+    return run_cli("render", str(recipe), "--offline", "-o", str(out), env=env)
+
+
+def test_read_only_images_folder_is_exit_3_with_the_path(tmp_path):
+    (tmp_path / ".git").mkdir()
+    recipe = _recipe(tmp_path, "r.yaml", "ro", "v1")
+    with _tmpfs(tmp_path / "images", "ro,size=1m") as images:
+        result = _render(recipe, images / "ro")
+    assert result.code == 3, result.err
+    assert str(images) in result.err and "Read-only file system" in result.err
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+def test_full_images_folder_is_exit_3_and_leaves_no_half_context(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "big.bin").write_bytes(os.urandom(512 * 1024))
+    recipe = _recipe(tmp_path, "r.yaml", "full", "v1", extra="files: [{src: big.bin, dest: /opt/big.bin}]\n")
+    with _tmpfs(tmp_path / "images", "size=256k") as images:
+        result = _render(recipe, images / "full")
+        left = sorted(p.name for p in images.iterdir())
+    assert result.code == 3, result.err
+    assert "No space left on device" in result.err
+    assert left == []
+
+
+def test_read_only_cache_folder_is_exit_3_for_build(tmp_path, testbed):
+    (tmp_path / ".git").mkdir()
+    recipe = _recipe(tmp_path, "r.yaml", "rocache", "v1")
+    with _tmpfs(tmp_path / "cache", "ro,size=1m") as cache:
+        result = run_cli("build", str(recipe), "-o", str(tmp_path / "ctx"), env={"IMGBUILD_CACHE_DIR": str(cache)})
+    assert result.code == 3, result.err
+    assert str(cache) in result.err and "Read-only file system" in result.err
+
+
+@pytest.mark.engine
+def test_no_secret_file_survives_a_sigkill_mid_build(testbed, names, tmp_path):
+    """The pip.conf with the index password lives in memory (memfd): a SIGKILL strands nothing on disk."""
+    name, _ = names
+    password = f"CANARY-{name}"
+    recipe = _recipe(tmp_path, "r.yaml", name, "v1", extra="pip: [einops]\n")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "IMGBUILD_CACHE_DIR": str(cache),
+           "IMGBUILD_PIP_INDEX_URL": f"https://bob:{password}@127.0.0.1:9/simple"}
+    proc = subprocess.Popen([sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # kill once the pip step (which holds the secret) runs
+        if "install.sh" in line:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    places = [cache, Path("/tmp"), tmp_path]
+    leaked = [p for place in places if place.exists() for p in place.rglob("*")
+              if p.is_file() and not p.is_symlink() and p.stat().st_size < 1_000_000
+              and password.encode() in p.read_bytes()]
+    assert leaked == []
+
+
+@pytest.fixture
+def someone_elses_container(testbed, docker_client, unique) -> Iterator[str]:
+    name = f"someoneelse_job{unique}_1"
+    container = docker_client.containers.run(f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3",
+                                             ["sleep", "300"], name=name, detach=True, entrypoint=[],
+                                             labels={"org.imgbuild.user": "someoneelse"})
+    yield name
+    container.remove(force=True)
+
+
+# (verb and arguments, extra environment) -> refused: the flag never changes who is calling
+OWNERSHIP_REFUSED = [
+    (["logs", "{name}"], {}),
+    (["exec", "{name}", "--", "true"], {}),
+    (["attach", "{name}"], {}),
+    (["stop", "{name}"], {}),
+    (["--user", "someoneelse", "stop", "{name}"], {}),
+    (["--user", "someoneelse", "logs", "{name}"], {"IMGBUILD_USER": "someoneelse"}),
+    (["logs", "{name}"], {"SUDO_UID": "4321", "SUDO_GID": "4321", "SUDO_USER": "mallory"}),
+]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("argv,env", OWNERSHIP_REFUSED, ids=[" ".join(a) + (" sudo" if e.get("SUDO_USER") else "")
+                                                             for a, e in OWNERSHIP_REFUSED])
+def test_every_verb_refuses_another_users_container(argv, env, someone_elses_container, docker_client):
+    result = run_cli(*[a.format(name=someone_elses_container) for a in argv], env=env, timeout=60)
+    assert result.code == 2, result.err
+    assert "belongs to someoneelse" in result.err and result.err.count("\n") == 1
+    assert docker_client.containers.get(someone_elses_container).status == "running"
+
+
+@pytest.mark.engine
+def test_the_owner_under_sudo_and_root_with_force_may_act(someone_elses_container, docker_client):
+    owner = run_cli("logs", someone_elses_container,
+                    env={"SUDO_UID": "4321", "SUDO_GID": "4321", "SUDO_USER": "someoneelse"}, timeout=60)
+    assert owner.code == 0, owner.err
+    admin = run_cli("stop", someone_elses_container, "--force", timeout=120)
+    assert admin.code == 0, admin.err
+    assert docker_client.containers.get(someone_elses_container).status == "exited"

@@ -1,0 +1,205 @@
+"""A registry that misbehaves, as a table: each fault ends within its deadline, in bounded memory, as one
+line with exit 3 (unreachable, too slow) or 2 (an answer imgbuild refuses), and credentials never travel
+to a host other than the registry that asked for them.
+
+The server is a real HTTP server on 127.0.0.1 that answers each path in one bad way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from imgbuild.errors import RegistryError, RegistryUnavailable
+from imgbuild.registry import Credentials, RegistryClient
+from tests.conftest import run_cli
+
+TAGS = {"name": "nvidia/pytorch", "tags": ["24.05-py3"]}
+# 64 MiB of JSON in about 64 KiB on the wire: made once, served as fast as the socket takes it.
+GZIP_BOMB = gzip.compress(b"[" + b" " * (64 * 1024 * 1024) + b"]", compresslevel=9)
+
+
+class BadRegistry:
+    """Each repository name selects a behaviour (`/v2/<behaviour>/tags/list`)."""
+
+    def __init__(self) -> None:
+        self.seen_auth: list[tuple[str, str]] = []  # (path, Authorization) of every request
+        self.other_host = ""
+        registry = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: C901 - one branch per fault, on purpose
+                registry.seen_auth.append((self.path, self.headers.get("Authorization", "")))
+                kind = self.path.split("/")[2] if self.path.startswith("/v2/") else self.path.strip("/")
+                ok = json.dumps(TAGS).encode()
+                try:
+                    if kind == "trickle-body":
+                        self.send_response(200)
+                        self.send_header("Content-Length", "100000")
+                        self.end_headers()
+                        for _ in range(100000):
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                            time.sleep(0.5)
+                    elif kind == "trickle-headers":
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                        for i in range(10000):
+                            self.wfile.write(f"X-Slow-{i}: a\r\n".encode())
+                            self.wfile.flush()
+                            time.sleep(0.5)
+                    elif kind == "stall-after-headers":
+                        self.send_response(200)
+                        self.send_header("Content-Length", "1000")
+                        self.end_headers()
+                        self.wfile.flush()
+                        time.sleep(120)
+                    elif kind == "retry-after-hour":
+                        self._send(429, b"{}", {"Retry-After": "3600"})
+                    elif kind == "always-503":
+                        self._send(503, b"{}", {"Retry-After": "1"})
+                    elif kind == "gzip-bomb":
+                        self._send(200, GZIP_BOMB, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
+                    elif kind == "huge-pages":
+                        page = json.dumps({"tags": ["x" * 100] * 90_000}).encode()  # 9 MB a page
+                        self._send(200, page, {"Link": f'</v2/huge-pages/tags/list?n=1&last={time.time()}>; rel="next"'})
+                    elif kind == "link-elsewhere":
+                        self._send(200, ok, {"Link": f'<http://{registry.other_host}/v2/x/tags/list?last=a>; rel="next"'})
+                    elif kind == "no-challenge":
+                        self._send(401, b"{}")
+                    elif kind == "not-json":
+                        self._send(200, b"<html>proxy login</html>")
+                    elif kind == "token-flow":
+                        if not self.headers.get("Authorization"):
+                            self._send(401, b"{}", {"WWW-Authenticate":
+                                                    f'Bearer realm="http://{registry.host}/token",scope="x"'})
+                        else:
+                            self._send(200, ok, {"Link": f'<http://{registry.other_host}/v2/y/tags/list>; rel="next"'})
+                    elif kind.startswith("token"):
+                        self._send(200, b'{"token": "t0ken-for-this-host-only"}')
+                    else:
+                        self._send(200, ok)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.block_on_close = False  # a trickling handler must not hold up the test's teardown
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def bad() -> Iterator[BadRegistry]:
+    registry = BadRegistry()
+    other = BadRegistry()  # a second host: it must never see a credential of the first
+    registry.other_host = other.host
+    registry.other = other  # type: ignore[attr-defined]
+    yield registry
+    registry.close()
+    other.close()
+
+
+def _client(bad: BadRegistry, **kw: object) -> RegistryClient:
+    defaults: dict[str, object] = dict(insecure=True, timeout=2.0, command_seconds=6.0, backoff=0.05, retries=2)
+    defaults.update(kw)
+    return RegistryClient(bad.host, **defaults)  # type: ignore[arg-type]
+
+
+# (behaviour, error type, words, most seconds it may take)
+FAULTS = [
+    ("trickle-body", RegistryUnavailable, "did not answer within", 8),
+    ("trickle-headers", RegistryUnavailable, "did not answer within", 8),
+    ("stall-after-headers", RegistryUnavailable, "did not answer within", 8),
+    ("retry-after-hour", RegistryUnavailable, "retry after 3600 s", 2),
+    ("always-503", RegistryUnavailable, "", 8),
+    ("gzip-bomb", RegistryError, "larger than", 8),
+    ("huge-pages", RegistryError, "larger than", 8),
+    ("link-elsewhere", RegistryError, "refusing to follow a link to another host", 2),
+    ("no-challenge", RegistryError, "no WWW-Authenticate header", 2),
+    ("not-json", RegistryError, "not JSON", 2),
+]
+
+
+@pytest.mark.parametrize("behaviour,error,words,seconds", FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_registry_fault_ends_in_time_with_one_line(behaviour, error, words, seconds, bad):
+    import resource
+
+    client = _client(bad, body_bytes=8 * 1024 * 1024)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    with pytest.raises(error) as info:
+        client.tags(behaviour)
+    took = time.monotonic() - start
+    assert took < seconds, f"{behaviour} took {took:.1f} s"
+    assert words in str(info.value)
+    assert "\n" not in str(info.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024  # KiB
+
+
+def test_credentials_never_reach_another_host(bad):
+    """A token earned from this registry is not sent where its `Link` header points."""
+    client = _client(bad, credentials=Credentials("$oauthtoken", "nvapi-secret"))
+    with pytest.raises(RegistryError, match="another host"):
+        client.tags("token-flow")
+    assert any(auth == "Bearer t0ken-for-this-host-only" for _, auth in bad.seen_auth)
+    assert bad.other.seen_auth == []  # type: ignore[attr-defined]
+
+
+def test_credentials_are_not_sent_to_a_plain_http_realm_elsewhere():
+    client = RegistryClient("registry.example", credentials=Credentials("u", "p"))
+    with pytest.raises(RegistryError, match="plain HTTP"):
+        client._token("repository:x:pull", "http://evil.example/token", {})
+
+
+def test_cli_tags_against_a_stalled_registry_exits_3_within_its_deadline(bad):
+    start = time.monotonic()
+    result = run_cli("tags", "stall-after-headers/x", "--refresh",
+                     env={"IMGBUILD_NGC_REGISTRY": bad.host, "IMGBUILD_REGISTRY_TIMEOUT": "2",
+                          "IMGBUILD_REGISTRY_DEADLINE": "5", "IMGBUILD_REGISTRY_BACKOFF": "0.05"})
+    assert time.monotonic() - start < 20
+    assert result.code == 3, result.err
+    assert result.err.count("\n") == 1 and "did not answer within" in result.err
+
+
+def test_tags_work_with_a_read_only_cache(bad, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "registry").write_text("a file where a folder should be: every cache write fails")
+    result = run_cli("tags", "ok/x", "--json", env={"IMGBUILD_NGC_REGISTRY": bad.host,
+                                                     "IMGBUILD_CACHE_DIR": str(cache)})
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["total"] == 1
+
+
+def test_tags_details_with_the_registry_down_is_an_environment_error(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run_cli("tags", "pytorch", "--details", "--refresh",
+                     env={"IMGBUILD_NGC_REGISTRY": f"127.0.0.1:{port}", "IMGBUILD_REGISTRY_BACKOFF": "0.01"})
+    assert result.code == 3, result.err
+    assert "unreachable" in result.err
