@@ -122,7 +122,7 @@ def build_lock(settings: Settings, plan: Plan, ctx: Path, progress: Callable[[st
             try:
                 lock.acquire(timeout=0)
             except Timeout:
-                progress(f"waiting for another build of {key.split(':', 1)[1]} to finish")
+                progress(f"waiting for another build of {plan.target} (or of {ctx}) to finish")
                 lock.acquire(timeout=6 * 3600)
             stack.callback(lock.release)
         yield
@@ -222,6 +222,7 @@ def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = 
         stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
         request = BuildRequest(context=ctx, tag=candidate, secrets=secrets, no_cache=no_cache,
                                log_path=log_path, builder=settings.builder, iidfile=Path(iid_name),
+                               timeout=settings.build_timeout,
                                build_args={"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)}
                                if loaded.recipe.user else {})
         promoted = False
@@ -246,7 +247,13 @@ def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = 
 
 
 def write_context(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
-    """Render the context into `ctx`; a folder that cannot be written is an environment problem (exit 3)."""
+    """Render the context into `ctx`; a folder that cannot be written is an environment problem (exit 3).
+
+    The repository may have committed `images/` or `images/<name>` as a symlink to anywhere: contexts are
+    written into real folders only."""
+    for folder in (ctx, ctx.parent):
+        if folder.is_symlink():
+            raise UsageError(f"{folder} is a symbolic link; imgbuild writes build contexts into real folders only")
     try:
         return render_context(plan, ctx, backend, secrets=tuple(settings.secrets()))
     except OSError as exc:

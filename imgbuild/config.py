@@ -62,6 +62,7 @@ class Settings:
     registry_timeout: float = limits.HTTP_REQUEST_SECONDS    # one registry request, however slowly it trickles
     registry_deadline: float = limits.HTTP_COMMAND_SECONDS   # everything one command asks of one registry
     registry_backoff: float = 0.5     # first retry delay (doubles), seconds
+    build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -24,6 +25,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import requests
+
+from imgbuild import limits
 from imgbuild.errors import BuildFailed, EngineUnavailable, ImgbuildError, UsageError
 
 ProgressFn = Callable[[str], None]
@@ -51,6 +55,7 @@ class BuildRequest:
     log_path: Path | None = None
     builder: str | None = None
     iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
+    timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
 
 
 @dataclass
@@ -165,6 +170,40 @@ class Engine:
             raise EngineUnavailable(f"cannot run {cli}: {exc.strerror}") from None
         assert proc.stdout
         error_lines: list[str] = []
+        timed_out = threading.Event()
+
+        def stop_overtime() -> None:
+            timed_out.set()
+            proc.kill()
+
+        overtime = threading.Timer(req.timeout, stop_overtime)  # a `run: sleep infinity` ends here
+        overtime.daemon = True
+        overtime.start()
+        try:
+            self._follow_buildkit(proc, progress, redact, log, tracker, error_lines)
+            rc = proc.wait()
+        finally:
+            overtime.cancel()
+            if proc.poll() is None:
+                proc.kill()  # Ctrl-C or SIGTERM in imgbuild: the CLI goes too, and BuildKit cancels the build
+                proc.wait()
+        if timed_out.is_set():
+            raise BuildFailed(f"the build ran past {req.timeout:.0f} s (build_timeout) and was stopped"
+                              + (f"\n  full log: {req.log_path}" if req.log_path else ""))
+        if rc != 0:
+            step = tracker.steps.get(tracker.failed, "") if tracker.failed else ""
+            tail = tracker.tail(tracker.failed) if tracker.failed else error_lines[-15:]
+            raise BuildFailed(_failure_text(step, tail, error_lines, req.log_path))
+        try:
+            image_id = iidfile.read_text().strip()
+        finally:
+            iidfile.unlink(missing_ok=True)
+        return image_id
+
+    @staticmethod
+    def _follow_buildkit(proc: subprocess.Popen[str], progress: ProgressFn, redact: Redactor, log: Any,
+                         tracker: StepTracker, error_lines: list[str]) -> None:
+        assert proc.stdout
         for raw in proc.stdout:
             line = redact(raw.rstrip("\n"))
             log.write(line + "\n")
@@ -179,16 +218,6 @@ class Engine:
                 tracker.tails.setdefault(m.group(1), deque(maxlen=40)).append(m.group(2))
             elif line.startswith(("error:", "ERROR:", "failed to solve")):
                 error_lines.append(line)
-        rc = proc.wait()
-        if rc != 0:
-            step = tracker.steps.get(tracker.failed, "") if tracker.failed else ""
-            tail = tracker.tail(tracker.failed) if tracker.failed else error_lines[-15:]
-            raise BuildFailed(_failure_text(step, tail, error_lines, req.log_path))
-        try:
-            image_id = iidfile.read_text().strip()
-        finally:
-            iidfile.unlink(missing_ok=True)
-        return image_id
 
     def _build_sdk(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
         from docker.errors import APIError
@@ -220,6 +249,8 @@ class Engine:
                     image_id = chunk["aux"]["ID"]
         except APIError as exc:
             error = redact(str(exc.explanation or exc))
+        except requests.RequestException as exc:  # the engine went quiet past the client's read timeout
+            error = f"the engine stopped answering ({type(exc).__name__})"
         if error or not image_id:
             step = tracker.steps.get(tracker.current, "")
             raise BuildFailed(_failure_text(step, tracker.tail(tracker.current), [error or "no image id"],

@@ -29,6 +29,12 @@ REFERENCE_CHARS = 255
 #: One string value in a recipe (a run: command, an env value).
 VALUE_CHARS = 8 * KIB
 
+# --- builds --------------------------------------------------------------------------------------
+#: One image build (a `run: sleep infinity` ends here); the `build_timeout` setting changes it.
+BUILD_SECONDS = 4 * 3600.0
+#: One smoke test run inside the image.
+SMOKE_SECONDS = 1800
+
 # --- registries ------------------------------------------------------------------------------------
 #: One HTTP exchange, headers and body, however slowly the server trickles it.
 HTTP_REQUEST_SECONDS = 30.0

@@ -273,6 +273,9 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
         ctx = Path(settings.images_dir) / loaded.recipe.name
         item.target = str(ctx)
         lock_path = ctx / "imgbuild.lock.json"
+        if ctx.is_symlink() or ctx.parent.is_symlink():
+            item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
+            continue
         if not lock_path.is_file():
             item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
             continue

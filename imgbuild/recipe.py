@@ -736,6 +736,9 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
         raise RecipeError([Problem(display_path(path), 0, 0, "", "no such recipe file")])
     problems: list[Problem] = []
     root = repository_root(path)
+    if not path.resolve().is_relative_to(root):
+        raise RecipeError([Problem(display_path(path), 0, 0, "", "the recipe is a link to a file outside its "
+                                   f"repository ({root.name}/)")])
     layers = _load_chain(path, environ, problems, [], root, tuple(secrets))
     located = _merged_positions(layers)
     manifest: dict[str, list[SourceFile]] = {}

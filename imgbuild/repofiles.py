@@ -23,15 +23,16 @@ class OutsideRepository(ValueError):
 
 
 def repository_root(recipe: Path) -> Path:
-    """The root a recipe's paths must stay inside (resolved)."""
-    start = recipe.resolve().parent
+    """The root a recipe's paths must stay inside (resolved), found from where the recipe is named, so a
+    recipe that is a symlink out of its repository does not carry the root along with it."""
+    start = Path(os.path.abspath(recipe)).parent
     for folder in (start, *start.parents):
         if (folder / ".git").exists():
-            return folder
+            return folder.resolve()
     for folder in (start, *start.parents):
         if folder.name == "recipes":
-            return folder.parent
-    return start
+            return folder.parent.resolve()
+    return start.resolve()
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -27,6 +27,21 @@ def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler that logs nothing and answers whole bodies with their length."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 class FakeNvcr:
     def __init__(self, tags: dict[str, list[str]], private: set[str] | None = None, token_uses: int = 1000,
                  throttle_first: int = 0):
@@ -87,18 +102,7 @@ class FakeNvcr:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 url = urlsplit(self.path)
                 query = parse_qs(url.query)

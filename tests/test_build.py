@@ -157,7 +157,8 @@ def test_upgrading_torch_fails_before_building(testbed, docker_client, tmp_path,
 
 
 def test_dependency_that_needs_another_torch_fails_the_build_naming_the_conflict(
-        testbed, docker_client, tmp_path, write):
+        testbed, docker_client, tmp_path, write, cleanup_images):
+    cleanup_images.append("imgbuildtest/tvconflict:v1")
     # torchvision 0.18.0 requires torch==2.3.0: pip must refuse rather than replace the base's torch.
     recipe = write("tv.yaml", 'name: tvconflict\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
                               'pip: [torchvision==0.18.0]\n')
@@ -165,6 +166,7 @@ def test_dependency_that_needs_another_torch_fails_the_build_naming_the_conflict
     assert res.code == 1, res.err
     assert "build failed at" in res.err and "install.sh" in res.err
     assert "torch" in res.err and "conflict" in res.err.lower()
+    assert "pip step failed: the recipe's packages conflict with the base's pins" in res.err
     with pytest.raises(ImageNotFound):
         docker_client.images.get("imgbuildtest/tvconflict:v1")
 

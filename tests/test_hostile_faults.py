@@ -22,16 +22,18 @@ import pytest
 from tests.conftest import ROOT, run_cli
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
-# An image whose Python hangs in the smoke test only (the smoke run sets NVIDIA_TF32_OVERRIDE=0).
-HANG_IN_SMOKE = (f"printf 'import os, time\\\\nif os.environ.get(\"NVIDIA_TF32_OVERRIDE\") == \"0\": time.sleep(900)\\\\n'"
-                 f" > {SITE}/sitecustomize.py")
+# Makes the image's Python hang in the smoke test only (the smoke run sets NVIDIA_TF32_OVERRIDE=0).
+HANG_IN_SMOKE = 'import os, time\nif os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":\n    time.sleep(900)\n'
 
 
 def _recipe(folder: Path, file: str, name: str, tag: str, *, hang: bool = False, extra: str = "") -> Path:
     path = folder / file
-    run = f"run:\n  - '{HANG_IN_SMOKE}'\n" if hang else ""
+    hanging = ""
+    if hang:
+        (folder / "sitecustomize.py").write_text(HANG_IN_SMOKE)
+        hanging = f"files: [{{src: sitecustomize.py, dest: {SITE}/sitecustomize.py}}]\n"
     path.write_text(f'name: {name}\ntag: {tag}\nbase: {{framework: pytorch, tag: "24.05"}}\n'
-                    f'labels: {{variant: "{file}"}}\n{run}{extra}')
+                    f'labels: {{variant: "{file}"}}\n{hanging}{extra}')
     return path
 
 
@@ -53,11 +55,13 @@ def _start_build(recipe: Path, ctx: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _wait_for(check, seconds: float = 300) -> None:
+def _wait_for(check, proc: subprocess.Popen, seconds: float = 180) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if check():
             return
+        if proc.poll() is not None:
+            raise AssertionError(f"imgbuild ended early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
         time.sleep(0.5)
     raise AssertionError("timed out waiting")
 
@@ -78,7 +82,7 @@ def test_kill_during_the_smoke_test_loses_nothing_and_leaves_nothing(sig, testbe
     candidate = f"{target}:v1-candidate"
     proc = _start_build(hanging, tmp_path / "ctx")
     try:
-        _wait_for(lambda: any(c.status == "running" for c in _smoke_containers(docker_client, candidate)))
+        _wait_for(lambda: any(c.status == "running" for c in _smoke_containers(docker_client, candidate)), proc)
         os.killpg(proc.pid, sig)
         proc.wait(timeout=60)
     finally:
@@ -106,8 +110,7 @@ def test_a_failing_smoke_test_keeps_the_working_tag_and_leaves_no_candidate(test
     good = _recipe(tmp_path, "good.yaml", name, "v1")
     assert run_cli("build", str(good), "-o", str(tmp_path / "ctx")).code == 0
     working = _image(docker_client, f"{target}:v1").id
-    broken = _recipe(tmp_path, "broken.yaml", name, "v1", extra=f"files: [{{src: broken.py, dest: {SITE}/torch.py}}]\n")
-    (tmp_path / "broken.py").write_text("raise ImportError('broken on purpose')\n")
+    broken = _recipe(tmp_path, "broken.yaml", name, "v1", extra="run: ['python3 -m pip uninstall -y torch']\n")
     result = run_cli("build", str(broken), "-o", str(tmp_path / "ctx"))
     assert result.code == 1 and "was left as it was" in result.err, result.err
     assert _image(docker_client, f"{target}:v1").id == working
@@ -278,3 +281,17 @@ def test_the_owner_under_sudo_and_root_with_force_may_act(someone_elses_containe
     admin = run_cli("stop", someone_elses_container, "--force", timeout=120)
     assert admin.code == 0, admin.err
     assert docker_client.containers.get(someone_elses_container).status == "exited"
+
+
+@pytest.mark.engine
+def test_a_build_step_that_never_ends_is_stopped_at_the_build_timeout(testbed, docker_client, names, tmp_path):
+    name, target = names
+    recipe = tmp_path / "forever.yaml"
+    recipe.write_text(f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+                      f'run: ["sleep 100000 # {name}"]\n')
+    start = time.monotonic()
+    result = run_cli("build", str(recipe), "-o", str(tmp_path / "ctx"), env={"IMGBUILD_BUILD_TIMEOUT": "20"})
+    assert time.monotonic() - start < 120
+    assert result.code == 1, result.err
+    assert "ran past 20 s (build_timeout)" in result.err
+    assert _image(docker_client, f"{target}:v1") is None and _image(docker_client, f"{target}:v1-candidate") is None

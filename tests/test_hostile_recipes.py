@@ -295,3 +295,29 @@ def test_context_path_never_leaves_files(dest):
 
     with pytest.raises(UsageError):
         context_path_for(dest)
+
+
+def test_a_recipe_that_links_out_of_its_repository_is_not_read(repo):
+    outside = repo.parent.parent / "outside"
+    (outside / "looks-like-yaml.txt").write_text(f"{CANARY}: 1\n")
+    (repo / "innocent.yaml").symlink_to(outside / "looks-like-yaml.txt")
+    lines = _problem_lines(repo / "innocent.yaml")
+    assert lines == ["recipes/innocent.yaml: the recipe is a link to a file outside its repository (repo/)"] or \
+        ("link to a file outside its repository" in lines[0] and len(lines) == 1)
+    assert not any("CANARY" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("link", ["images", "images/demo"])
+def test_a_committed_symlink_in_images_is_never_written_through(link, repo, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = repo.parent
+    (root / "images").mkdir(exist_ok=True) if link != "images" else None
+    (root / link).symlink_to(elsewhere, target_is_directory=True)
+    (repo / "recipe.yaml").write_text(HEAD)
+    result = run_cli("render", "recipes/recipe.yaml", "--offline", cwd=root)
+    assert result.code == 2, result.err
+    assert "is a symbolic link" in result.err
+    assert list(elsewhere.iterdir()) == []
+    check = run_cli("rebuild", "--check", "recipes", cwd=root)
+    assert check.code == 1 and list(elsewhere.iterdir()) == []

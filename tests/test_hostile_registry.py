@@ -13,13 +13,14 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from imgbuild.errors import RegistryError, RegistryUnavailable
 from imgbuild.registry import Credentials, RegistryClient
 from tests.conftest import run_cli
+from tests.fake_nvcr import QuietHandler
 
 TAGS = {"name": "nvidia/pytorch", "tags": ["24.05-py3"]}
 # 64 MiB of JSON in about 64 KiB on the wire: made once, served as fast as the socket takes it.
@@ -34,19 +35,8 @@ class BadRegistry:
         self.other_host = ""
         registry = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
 
             def do_GET(self) -> None:  # noqa: C901 - one branch per fault, on purpose
                 registry.seen_auth.append((self.path, self.headers.get("Authorization", "")))
@@ -104,6 +94,7 @@ class BadRegistry:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.server.block_on_close = False  # a trickling handler must not hold up the test's teardown
+        self.server.handle_error = lambda request, address: None  # clients hang up on purpose here
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

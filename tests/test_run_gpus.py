@@ -12,7 +12,10 @@ import pytest
 
 from imgbuild.errors import UsageError
 from imgbuild.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
+from imgbuild.host import caller
 from tests.conftest import run_cli
+
+ME = caller().name  # containers are named after who runs imgbuild, never after IMGBUILD_USER
 
 DATA = Path(__file__).parent / "data"
 OWNERS = {122956: ("alice", "alice_bert_1"), 2391: ("bob", ""), 40211: ("me", "me_dev_1"),
@@ -161,13 +164,13 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     args = ["run", "-d", "--name", name, "--cpus", "1.5", "-v", f"{data}:/data:ro", "-e", "FOO=bar", image,
             "--", "sleep", "120"]
     first = run_cli(*args, cwd=work)
-    started.append(f"imgbuildtest_{name}_1")
+    started.append(f"{ME}_{name}_1")
     assert first.code == 0, first.err
     second = run_cli(*args, cwd=work)
-    started.append(f"imgbuildtest_{name}_2")
+    started.append(f"{ME}_{name}_2")
     assert second.code == 0, second.err  # the name clash picks the next free number
-    attrs = inspect(docker_client, f"imgbuildtest_{name}_1")
-    assert docker_client.containers.get(f"imgbuildtest_{name}_2").status == "running"
+    attrs = inspect(docker_client, f"{ME}_{name}_1")
+    assert docker_client.containers.get(f"{ME}_{name}_2").status == "running"
     host = attrs["HostConfig"]
     import os
     assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
@@ -180,10 +183,10 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "20m", "max-file": "3"}}
     assert host["NanoCpus"] == 1_500_000_000
     assert "FOO=bar" in attrs["Config"]["Env"] and host["AutoRemove"] is True
-    assert attrs["Config"]["Labels"]["org.imgbuild.user"] == "imgbuildtest"
+    assert attrs["Config"]["Labels"]["org.imgbuild.user"] == ME
 
     ps = json.loads(run_cli("ps", "--json").out)
-    assert {f"imgbuildtest_{name}_1", f"imgbuildtest_{name}_2"} <= {r["name"] for r in ps}
+    assert {f"{ME}_{name}_1", f"{ME}_{name}_2"} <= {r["name"] for r in ps}
     out = run_cli("exec", f"{name}_1", "--", "cat", "/workspace/train.py")
     assert out.code == 0 and "hello from /workspace" in out.out
     assert run_cli("stop", f"{name}_2").code == 0
@@ -200,12 +203,12 @@ def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp
                   cwd=tmp_path)
     assert res.code == 0, res.err
     line = res.out.strip()
-    assert f"--name imgbuildtest_{name}_1" in line and "--ipc host" in line and "--ulimit memlock=8388608" in line
-    started.append(f"imgbuildtest_{name}_1")
+    assert f"--name {ME}_{name}_1" in line and "--ipc host" in line and "--ulimit memlock=8388608" in line
+    started.append(f"{ME}_{name}_1")
     by_hand = subprocess.run(line, shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert by_hand.returncode == 0, by_hand.stderr
     assert by_hand.stdout.split() == ["2.13.0+cpu", "1", "/workspace"]
-    attrs = inspect(docker_client, f"imgbuildtest_{name}_1")
+    attrs = inspect(docker_client, f"{ME}_{name}_1")
     assert attrs["HostConfig"]["IpcMode"] == "host" and attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
     logs = run_cli("logs", f"{name}_1")
     assert "2.13.0+cpu" in logs.out

@@ -5,6 +5,16 @@ set -eu
 name=$1 uid=$2 gid=$3 home=$4 workdir=$5
 shell=/bin/bash; [ -x "$shell" ] || shell=/bin/sh
 
+# Never rewrite a system account (UID < 1000): the recipe's user must be a person's account.
+existing=$(getent passwd "$name" | cut -d: -f3 || true)
+if [ -n "$existing" ] && [ "$existing" -lt 1000 ]; then
+  echo "imgbuild: $name is a system account of the base (UID $existing); choose another user name" >&2; exit 1
+fi
+holder_uid_name=$(getent passwd "$uid" | cut -d: -f1 || true)
+if [ "$uid" -lt 1000 ] && [ -n "$holder_uid_name" ]; then
+  echo "imgbuild: UID $uid belongs to the base's system account $holder_uid_name; build with another UID" >&2; exit 1
+fi
+
 group=$(getent group "$gid" | cut -d: -f1 || true)
 if [ -z "$group" ]; then
   if getent group "$name" >/dev/null; then groupmod -g "$gid" "$name"; else groupadd -g "$gid" "$name"; fi

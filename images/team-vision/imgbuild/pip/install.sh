@@ -16,8 +16,27 @@ if [ -f /run/secrets/imgbuild-ca.crt ]; then export PIP_CERT=/run/secrets/imgbui
 elif [ -f "$here/ca.crt" ]; then export PIP_CERT="$here/ca.crt"; fi
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
 echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") requirement(s) under $(wc -l < "$pins") pins from $origin"
-if ! python3 -m pip install --progress-bar off -c "$pins" -c "$here/constraints.txt" -r "$here/requirements.txt"; then
-  echo "imgbuild: pip cannot install the recipe's packages without changing the base (pins from $origin); see the conflict above" >&2
-  rm -f "$pins"; exit 1
+log=$(mktemp); status=$(mktemp)
+# Live output and a copy to classify a failure; pip's own status survives the pipe through a file.
+{ python3 -m pip install --progress-bar off -c "$pins" -c "$here/constraints.txt" -r "$here/requirements.txt" \
+    && echo 0 > "$status" || echo $? > "$status"; } 2>&1 | tee "$log"
+rc=$(cat "$status" 2>/dev/null || true); rm -f "$status"
+if [ "${rc:-1}" != 0 ]; then
+  # Say what kind of failure this was: the cure differs.
+  if grep -qiE 'SSLError|CERTIFICATE_VERIFY_FAILED|certificate verify failed' "$log"; then
+    why="TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)"
+  elif grep -qiE 'Failed to establish a new connection|Name or service not known|Temporary failure in name resolution|ConnectTimeout|ReadTimeoutError|Network is unreachable|ProxyError' "$log"; then
+    why="network failure reaching the package index (offline? a proxy? set pip_index_url)"
+  elif grep -qiE 'ResolutionImpossible|conflicting dependencies|The conflict is caused by' "$log"; then
+    why="the recipe's packages conflict with the base's pins (from $origin); see the conflict above"
+  elif grep -qiE 'No matching distribution found|Could not find a version that satisfies' "$log"; then
+    why="a package or version does not exist on the index for this Python and platform; see above"
+  elif grep -qiE 'Failed building wheel|subprocess-exited-with-error|metadata-generation-failed' "$log"; then
+    why="building a package from source failed; see the compiler or build output above"
+  else
+    why="pip failed; see its output above"
+  fi
+  echo "imgbuild: pip step failed: $why" >&2
+  rm -f "$pins" "$log"; exit 1
 fi
-rm -f "$pins"
+rm -f "$pins" "$log"

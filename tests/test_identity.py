@@ -1,0 +1,114 @@
+"""One home for each identity fact: image references (Docker's grammar, whole-string) and the caller."""
+
+from __future__ import annotations
+
+import pytest
+
+from imgbuild.host import Caller, caller
+from imgbuild.imageref import BadReference, parse
+from imgbuild.recipe import secret_variable
+from imgbuild.run import check_owner, find_container
+
+# (text, registry, repository, reference, normal form)
+GOOD_REFERENCES = [
+    ("ubuntu", "docker.io", "library/ubuntu", "latest", "ubuntu:latest"),
+    ("ubuntu:22.04", "docker.io", "library/ubuntu", "22.04", "ubuntu:22.04"),
+    ("docker.io/library/ubuntu:22.04", "docker.io", "library/ubuntu", "22.04", "ubuntu:22.04"),
+    ("alice/research:v1", "docker.io", "alice/research", "v1", "alice/research:v1"),
+    ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io", "nvidia/pytorch", "24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3"),
+    ("127.0.0.1:5000/nvidia/pytorch:24.05-py3", "127.0.0.1:5000", "nvidia/pytorch", "24.05-py3",
+     "127.0.0.1:5000/nvidia/pytorch:24.05-py3"),
+    ("localhost/x", "localhost", "x", "latest", "localhost/x:latest"),
+    ("a__b/c-d.e_f:T_1.x-y", "docker.io", "a__b/c-d.e_f", "T_1.x-y", "a__b/c-d.e_f:T_1.x-y"),
+    (f"lab/x@sha256:{'a' * 64}", "docker.io", "lab/x", f"sha256:{'a' * 64}", f"lab/x:latest@sha256:{'a' * 64}"),
+]
+BAD_REFERENCES = ["", "../etc", "-x", "a/../b", "a//b", "UPPER/x", "x:tag\n", "x y", "x:", "x@sha256:abc",
+                  "a..b", "x:-tag", "x:" + "t" * 129, "a/" * 130 + "b", "host:99999999/x"]
+
+
+@pytest.mark.parametrize("text,registry,repository,reference,normal", GOOD_REFERENCES)
+def test_references_parse_like_docker(text, registry, repository, reference, normal):
+    ref = parse(text)
+    assert (ref.registry, ref.repository, ref.reference, ref.normal()) == (registry, repository, reference, normal)
+    assert str(ref) == text
+
+
+@pytest.mark.parametrize("text", BAD_REFERENCES)
+def test_bad_references_are_refused_whole(text):
+    with pytest.raises(BadReference):
+        parse(text)
+
+
+# (environment as root, expected caller)
+CALLERS = [
+    ({"SUDO_UID": "4321", "SUDO_GID": "99", "SUDO_USER": "alice"}, ("alice", 4321, 99, True)),
+    ({"SUDO_UID": "4321", "SUDO_USER": "Alice Smith"}, ("uid4321", 4321, 4321, True)),  # not a usable name
+    ({"SUDO_UID": "not-a-number", "SUDO_USER": "mallory"}, ("root", 0, 0, False)),
+    ({}, ("root", 0, 0, False)),
+]
+
+
+@pytest.mark.parametrize("environ,expected", CALLERS)
+def test_the_caller_is_the_sudo_user_never_a_flag(environ, expected):
+    import os
+
+    if os.getuid() != 0:
+        pytest.fail("these cases describe root (CI runs as root)")
+    who = caller(environ)
+    assert (who.name, who.uid, who.gid, who.via_sudo) == expected
+
+
+ROWS = [{"name": "alice_train_1", "user": "alice"}, {"name": "alice_train_2", "user": "alice"},
+        {"name": "bob_eval_1", "user": "bob"}, {"name": "stray", "user": "stray"}]
+
+
+def test_find_container_by_short_name():
+    assert find_container(ROWS, "eval", "bob")["name"] == "bob_eval_1"
+    assert find_container(ROWS, "alice_train_2", "bob")["name"] == "alice_train_2"  # found, not yet allowed
+    with pytest.raises(Exception, match="matches alice_train_1, alice_train_2"):
+        find_container(ROWS, "train", "alice")
+
+
+# (row, caller, force, allowed)
+OWNERSHIP = [
+    (ROWS[2], Caller("bob", 1001, 1001), False, True),
+    (ROWS[2], Caller("alice", 1000, 1000), False, False),
+    (ROWS[2], Caller("alice", 1000, 1000), True, None),  # --force is root's: allowed only when euid is 0
+    (ROWS[3], Caller("bob", 1001, 1001), False, False),
+]
+
+
+@pytest.mark.parametrize("row,who,force,allowed", OWNERSHIP)
+def test_one_ownership_rule_for_every_verb(row, who, force, allowed):
+    import os
+
+    if allowed is None:
+        allowed = os.geteuid() == 0
+    for verb in ("attach", "logs", "exec", "stop"):
+        if allowed:
+            check_owner(row, who, verb, force)
+        else:
+            with pytest.raises(Exception, match="belongs to"):
+                check_owner(row, who, verb, force)
+
+
+# (name, value, configured secrets, is a secret)
+SECRET_VARIABLES = [
+    ("NGC_API_KEY", "x", (), True),
+    ("IMGBUILD_PIP_INDEX_URL", "https://pypi.org/simple", (), True),
+    ("HF_TOKEN", "hf_x", (), True),
+    ("WANDB_API_KEY", "x", (), True),
+    ("DB_PASSWORD", "x", (), True),
+    ("AWS_SECRET_ACCESS_KEY", "x", (), True),
+    ("MIRROR", "https://u:p@mirror.example/simple", (), True),
+    ("COPY_OF_KEY", "prefix-nvapi-123456-suffix", ("nvapi-123456",), True),
+    ("CUDA_ARCH", "8.0", (), False),
+    ("TOKENIZERS_PARALLELISM", "false", (), False),
+    ("PASSAGE_LEN", "512", (), False),
+    ("MIRROR", "https://mirror.example/simple", (), False),
+]
+
+
+@pytest.mark.parametrize("name,value,secrets,expected", SECRET_VARIABLES)
+def test_which_variables_hold_secrets(name, value, secrets, expected):
+    assert secret_variable(name, value, secrets) is expected
