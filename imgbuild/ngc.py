@@ -109,8 +109,8 @@ def describe_config(config: dict[str, Any]) -> dict[str, str]:
 def _describe(config: dict[str, Any]) -> dict[str, str]:
     cfg = config.get("config") or config.get("Config") or {}
     env = config_env(config)
-    labels = cfg.get("Labels") if isinstance(cfg, dict) and isinstance(cfg.get("Labels"), dict) else {}
-    labels = {str(k): str(v) for k, v in labels.items()}
+    raw_labels = cfg.get("Labels") if isinstance(cfg, dict) else None
+    labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     out = {
         "cuda": env.get("CUDA_VERSION", labels.get("com.nvidia.cuda.version", "")),
         "cudnn": env.get("CUDNN_VERSION", labels.get("com.nvidia.cudnn.version", "")),

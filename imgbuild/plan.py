@@ -119,7 +119,8 @@ def resolve_base(loaded: LoadedRecipe, settings: Settings, inspect_base: Inspect
         return BaseImage(ref=ref, requested=requested)
     digest, config = inspect_base(ref)
     cfg = config.get("config") or config.get("Config") or {}
-    labels = cfg.get("Labels") if isinstance(cfg, dict) and isinstance(cfg.get("Labels"), dict) else {}
+    raw_labels = cfg.get("Labels") if isinstance(cfg, dict) else None
+    labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     image_id = str(config.get("Id", ""))
     return BaseImage(ref=ref.split("@")[0], digest=digest if imageref.DIGEST_RE.fullmatch(digest or "") else None,
                      env=config_env(config), labels=dict(labels), facts=describe_config(config),

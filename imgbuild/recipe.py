@@ -576,7 +576,7 @@ def _merged_positions(layers: list[_Layer]) -> Located:
             src = _get(layer.located.data, list_path)
             if isinstance(src, list):
                 origin.update({id(item): (layer, j) for j, item in enumerate(src)})
-        grouped: dict[tuple[int, int], list[tuple[str, PathKey, Pos]]] = {}
+        grouped: dict[tuple[int, str | int], list[tuple[str, PathKey, Pos]]] = {}
         for layer_no, layer in enumerate(layers):
             for name, table in (("values", layer.located.values), ("keys", layer.located.keys)):
                 for p, pos in table.items():

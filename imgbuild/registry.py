@@ -299,7 +299,7 @@ class RegistryClient:
         return str(token)
 
     def request(self, method: str, path: str, scope: str, headers: dict[str, str] | None = None,
-                **kw: Any) -> requests.Response:
+                **kw: Any) -> Reply:
         """A request that answers auth challenges; `scope` is e.g. `repository:nvidia/pytorch:pull`."""
         url = path if path.startswith("http") else self._url(path)
         if urlsplit(url).netloc != self.host:
@@ -389,8 +389,8 @@ class RegistryClient:
             digest = _digest_of(resp.content)  # what we received is what we pin
         if resolve_platform and media_type in INDEX_TYPES:
             os_name, arch = host_platform()
-            entries = body.get("manifests") if isinstance(body.get("manifests"), list) else []
-            for entry in entries:
+            listed = body.get("manifests")
+            for entry in listed if isinstance(listed, list) else []:
                 plat = (entry.get("platform") if isinstance(entry, dict) else None) or {}
                 if plat.get("os") == os_name and plat.get("architecture") == arch:
                     inner_digest = str(entry.get("digest", ""))

@@ -115,7 +115,8 @@ def _prescan(text: str, display: str) -> None:
         if isinstance(event, _OPEN):
             depth += 1
             if depth > limits.YAML_DEPTH:
-                line, col = event.start_mark.line + 1, event.start_mark.column + 1
+                mark = event.start_mark
+                line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
                 raise RecipeError([Problem(display, line, col, "", f"nested deeper than {limits.YAML_DEPTH} levels")])
         elif isinstance(event, _CLOSE):
             depth -= 1
