@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import UsageError
+from imgbuild.facts import Label
 from imgbuild.plan import Plan
 
 BOOTSTRAPS = ("docker-daemon", "docker-archive", "native")
@@ -54,8 +55,8 @@ def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: 
         lines += ["Bootstrap: docker", f"From: {plan.base.pinned}"]
     lines.append("")
     lines += ["%labels"] + [f"    {k} {v}" for k, v in {
-        "org.imgbuild.recipe": plan.loaded.path.name, "org.imgbuild.recipe-hash": plan.content_hash,
-        "org.imgbuild.base": plan.base.ref, **recipe.labels}.items()] + [""]
+        Label.RECIPE: plan.loaded.path.name, Label.RECIPE_HASH: plan.content_hash,
+        Label.BASE: plan.base.ref, **recipe.labels}.items()] + [""]
     if bootstrap == "native":
         lines += ["%files"]
         lines += [f"    {_context_rel(dest)} {dest}" for dest in sorted(plan.loaded.file_sources)]
@@ -225,5 +226,8 @@ def sif_path(image: str, sif_dir: str | None) -> str:
     """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
     if image.endswith(".sif"):
         return image
-    name = image.rsplit("/", 1)[-1].replace(":", "_")
+    from imgbuild.imageref import parse
+
+    ref = parse(image)
+    name = ref.path.rsplit("/", 1)[-1] + (f"_{ref.tag}" if ref.tag else "")
     return str(Path(sif_dir) / f"{name}.sif") if sif_dir else f"{name}.sif"

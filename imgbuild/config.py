@@ -192,6 +192,11 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
             values[name] = _coerce(name, raw, f.type, origin)
             sources[name] = origin
     settings = Settings(**values, sources=sources)
+    from imgbuild.imageref import COMPONENT_RE
+
+    if not COMPONENT_RE.fullmatch(settings.user.lower()) or len(settings.user) > 64:
+        raise UsageError(f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
+                         "namespace (lower-case letters, digits, . _ -)")
     if settings.backend not in Settings.BACKENDS:
         raise UsageError(f"{sources.get('backend', 'default')}: backend: must be one of "
                          f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})")

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,8 +26,9 @@ from typing import Any
 
 import requests
 
-from imgbuild import limits
+from imgbuild import imageref, limits
 from imgbuild.errors import BuildFailed, EngineUnavailable, ImgbuildError, UsageError
+from imgbuild.facts import Label
 
 ProgressFn = Callable[[str], None]
 
@@ -272,8 +272,8 @@ class Engine:
         return img.id if img else None
 
     def tag(self, image_id: str, ref: str) -> None:
-        repo, _, tag = ref.rpartition(":")
-        self.client.api.tag(image_id, repo, tag, force=True)
+        parsed = imageref.parse(ref)
+        self.client.api.tag(image_id, parsed.name, parsed.tag or "latest", force=True)
 
     def untag(self, ref: str) -> None:
         from docker.errors import APIError, ImageNotFound
@@ -296,19 +296,10 @@ class Engine:
             for chunk in self.client.images.get(ref).save(named=True):
                 fh.write(chunk)
 
-    def pull(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> None:
-        repo, _, tag = ref.rpartition(":") if "@" not in ref else (ref, "", None)
-        last = 0.0
-        for chunk in self.client.api.pull(repo, tag=tag, stream=True, decode=True, auth_config=auth):
-            if "error" in chunk or "errorDetail" in chunk:
-                raise ImgbuildError(f"pull of {ref} failed: {chunk.get('error')}")
-            if time.monotonic() - last > 2 and chunk.get("status"):
-                progress(f"pulling {ref}: {chunk.get('status')} {chunk.get('progress', '')}".strip())
-                last = time.monotonic()
-
     def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
         """Push and return the pushed digest. The engine reports push errors inside the stream."""
-        repo, _, tag = ref.rpartition(":")
+        parsed = imageref.parse(ref)
+        repo, tag = parsed.name, parsed.tag or "latest"
         digest = ""
         for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
             if "error" in chunk or "errorDetail" in chunk:
@@ -361,8 +352,8 @@ class Engine:
             host = c.attrs.get("HostConfig") or {}
             labels = (c.attrs.get("Config") or {}).get("Labels") or {}
             rows.append({"name": c.name, "id": c.short_id, "image": (c.attrs.get("Config") or {}).get("Image", ""),
-                         "status": c.status, "user": labels.get("org.imgbuild.user", c.name.split("_", 1)[0]),
-                         "gpus": labels.get("org.imgbuild.gpus", ""),
+                         "status": c.status, "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
+                         "gpus": labels.get(Label.GPUS, ""),
                          "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
                          "created": c.attrs.get("Created", "")[:19].replace("T", " ")})
         return sorted(rows, key=lambda r: r["name"])
@@ -453,7 +444,7 @@ class Engine:
                 container.remove(force=True)
 
 
-SMOKE_LABEL = "org.imgbuild.smoke-of"
+SMOKE_LABEL = Label.SMOKE_OF
 
 
 def _script_tar(script: str) -> bytes:

@@ -244,11 +244,8 @@ def image_and_tag(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str]:
     recipe = loaded.recipe
     if not recipe.image:
         return f"{settings.user.lower()}/{recipe.name}", recipe.tag
-    head, _, last = recipe.image.rpartition("/")
-    if ":" in last:  # the tag is after the last slash; a registry port is before it
-        last, tag = last.split(":", 1)
-        return f"{head}/{last}" if head else last, tag
-    return recipe.image, recipe.tag
+    ref = imageref.parse(recipe.image)
+    return ref.name, ref.tag or recipe.tag
 
 
 def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from imgbuild import imageref
 from imgbuild.config import Settings
 from imgbuild.engine import Engine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
+from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.plan import Plan
 from imgbuild.recipe import display_path, load_recipe
@@ -64,9 +66,7 @@ def discover(paths: list[str]) -> list[Path]:
 
 
 def _normal(ref: str) -> str:
-    host, repo, tag = split_reference(ref)
-    prefix = "" if host == "docker.io" else host + "/"
-    return f"{prefix}{repo.removeprefix('library/')}:{tag}"
+    return imageref.parse(ref).normal()
 
 
 def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
@@ -140,12 +140,12 @@ def staleness(plan: Plan, engine: Engine, settings: Settings, push: bool) -> lis
     if image is None:
         reasons.append("never built here")
     else:
-        if labels.get("org.imgbuild.recipe-hash") != plan.content_hash:
+        if labels.get(Label.RECIPE_HASH) != plan.content_hash:
             reasons.append("recipe or its files changed")
-        old_base = labels.get("org.imgbuild.base-digest", "")
+        old_base = labels.get(Label.BASE_DIGEST, "")
         if old_base != plan.base.identity:
             reasons.append(f"base {plan.base.ref} moved: {old_base[7:19] or '?'} -> {plan.base.identity[7:19]}")
-        if not reasons and labels.get("org.imgbuild.input-hash") != plan.input_hash:
+        if not reasons and labels.get(Label.INPUT_HASH) != plan.input_hash:
             reasons.append("build inputs changed (user IDs)")
     if push and not reasons:
         remote = _remote_input_hash(plan.target, settings)
@@ -161,7 +161,7 @@ def _remote_input_hash(target: str, settings: Settings) -> str | None:
         _, config = client.image_config(repo, tag)
     except ImgbuildError:
         return None
-    return ((config.get("config") or {}).get("Labels") or {}).get("org.imgbuild.input-hash")
+    return ((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH)
 
 
 def push_auth(target: str) -> dict[str, str] | None:

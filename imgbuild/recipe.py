@@ -26,6 +26,7 @@ from pydantic import (
 
 from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
+from imgbuild.facts import Label
 from imgbuild.imageref import TAG_RE
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.repofiles import (
@@ -56,7 +57,7 @@ PROTECTED_ENV = frozenset({
     "CUDA_VERSION", "CUDNN_VERSION", "NCCL_VERSION", "PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION",
     "TENSORFLOW_VERSION", "NVIDIA_TENSORFLOW_VERSION", "PIP_CONSTRAINT", "CUDA_DRIVER_VERSION",
 })
-RESERVED_LABEL_PREFIX = "org.imgbuild."
+RESERVED_LABEL_PREFIX = Label.PREFIX
 #: Accounts every Debian/Ubuntu base already has: the recipe's user must be a new one (add-user.sh would
 #: otherwise rewrite a system account's UID, home and shell).
 SYSTEM_USERS = frozenset({

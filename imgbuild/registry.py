@@ -24,8 +24,8 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from imgbuild import limits
-from imgbuild.errors import RegistryError, RegistryUnavailable
+from imgbuild import imageref, limits
+from imgbuild.errors import RegistryError, RegistryUnavailable, UsageError
 from imgbuild.imageref import DIGEST_RE
 
 MANIFEST_TYPES = ", ".join([
@@ -50,17 +50,11 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
 
 def split_reference(ref: str) -> tuple[str, str, str]:
     """`host/org/repo:tag` or `...@sha256:..` -> (host, repository, tag-or-digest). Docker Hub defaults apply."""
-    name, digest = (ref.split("@", 1) + [""])[:2]
-    tag = ""
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name, tag = name.rsplit(":", 1)
-    first = name.split("/", 1)[0]
-    if "/" in name and ("." in first or ":" in first or first == "localhost"):
-        host, repo = name.split("/", 1)
-    else:
-        host, repo = "docker.io", name if "/" in name else f"library/{name}"
-    return host, repo, digest or tag or "latest"
+    try:
+        parsed = imageref.parse(ref)
+    except imageref.BadReference as exc:
+        raise UsageError(f"{exc}") from None
+    return parsed.registry, parsed.repository, parsed.reference
 
 
 def host_platform() -> tuple[str, str]:

@@ -18,13 +18,13 @@ from typing import Any
 
 from imgbuild import __version__
 from imgbuild.errors import UsageError
+from imgbuild.facts import Label
 from imgbuild.plan import TEMPLATES_DIR, Plan
 from imgbuild.recipe import stable_name
 from imgbuild.repofiles import SourceFile
 
 SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
-LABEL_PREFIX = "org.imgbuild."
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,14 @@ def image_labels(plan: Plan) -> dict[str, str]:
     recipe = plan.loaded.recipe
     labels = dict(sorted(recipe.labels.items()))
     labels.update({
-        f"{LABEL_PREFIX}version": __version__,
-        f"{LABEL_PREFIX}recipe": stable_name(plan.loaded.path),
-        f"{LABEL_PREFIX}recipe-hash": plan.content_hash,
-        f"{LABEL_PREFIX}input-hash": plan.input_hash,
-        f"{LABEL_PREFIX}base": plan.base.ref,
-        f"{LABEL_PREFIX}base-digest": plan.base.identity,
-        f"{LABEL_PREFIX}base-framework": plan.base.framework,
-        f"{LABEL_PREFIX}base-framework-version": plan.base.framework_version,
+        Label.VERSION: __version__,
+        Label.RECIPE: stable_name(plan.loaded.path),
+        Label.RECIPE_HASH: plan.content_hash,
+        Label.INPUT_HASH: plan.input_hash,
+        Label.BASE: plan.base.ref,
+        Label.BASE_DIGEST: plan.base.identity,
+        Label.BASE_FRAMEWORK: plan.base.framework,
+        Label.BASE_FRAMEWORK_VERSION: plan.base.framework_version,
     })
     if recipe.description:
         labels["org.opencontainers.image.description"] = recipe.description

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import UsageError
+from imgbuild.facts import Label
 from imgbuild.gpus import Selection, cpus_for
 
 #: `--name`: the <name> in <user>_<name>_<n>.
@@ -59,7 +60,7 @@ class RunSpec:
         """`docker run ...` arguments (without the `docker` binary)."""
         h = self.house
         args = ["run", "--name", self.name, "--user", f"{self.uid}:{self.gid}",
-                "--label", f"org.imgbuild.user={self.user}"]
+                "--label", f"{Label.USER}={self.user}"]
         if h.get("shm_size"):
             args += ["--shm-size", str(h["shm_size"])]
         else:
@@ -81,7 +82,7 @@ class RunSpec:
             args += ["-p", port]
         if self.gpus.gpus:
             args += ["--gpus", f'"device={",".join(self.gpus.uuids)}"',
-                     "--label", "org.imgbuild.gpus=" + ",".join(str(g.index) for g in self.gpus.gpus)]
+                     "--label", f"{Label.GPUS}=" + ",".join(str(g.index) for g in self.gpus.gpus)]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
         if self.remove:
@@ -118,8 +119,13 @@ def next_name(user: str, short: str, existing: set[str]) -> str:
 
 
 def short_name_of(image: str) -> str:
-    last = image.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
-    return re.sub(r"[^a-z0-9_.-]", "-", last.lower()) or "job"
+    from imgbuild.imageref import BadReference, parse
+
+    try:
+        last = parse(image).path.rsplit("/", 1)[-1]
+    except BadReference:
+        last = image.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+    return re.sub(r"[^a-z0-9_.-]", "-", last.lower())[:64].strip("-._") or "job"
 
 
 def resolve_image(arg: str, settings: Any) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from imgbuild.engine import Engine
 from imgbuild.errors import ImgbuildError
+from imgbuild.facts import Label
 
 SCRIPT = Path(__file__).parent / "smoke_image.py"
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -53,8 +54,8 @@ def run_smoke(engine: Engine, image: str, *, require_gpu: bool = False, min_spee
         raise ImgbuildError(f"no image {image} in the engine (build or pull it first)")
     labels = (img.attrs.get("Config") or {}).get("Labels") or {}
     env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
-    if labels.get("org.imgbuild.base-framework-version"):
-        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels["org.imgbuild.base-framework-version"]
+    if labels.get(Label.BASE_FRAMEWORK_VERSION):
+        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
     if min_speedup:
         env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(min_speedup)
     args = ["--require-gpu"] if require_gpu else []
