@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.config import Settings
-from imgbuild.engine import BuildRequest, Engine, Redactor
+from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, RegistryUnavailable, SmokeFailed, UsageError
 from imgbuild.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe, load_recipe
@@ -44,7 +44,7 @@ class BuildResult:
                 "smoke": self.smoke.to_json() if self.smoke else None}
 
 
-def registry_inspector(settings: Settings, engine: Engine | None = None,
+def registry_inspector(settings: Settings, engine: ImageEngine | None = None,
                        local_refs: frozenset[str] = frozenset()) -> Callable[[str], tuple[str, dict]]:
     """Base inspection: the registry first (digest + config, no pull); a local image when offline.
 
@@ -91,7 +91,7 @@ def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
     return resolve
 
 
-def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: Engine | None = None,
+def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: ImageEngine | None = None,
                 offline: bool = False, local_refs: frozenset[str] = frozenset()) -> Plan:
     inspect = None if offline else registry_inspector(settings, engine, local_refs)
     return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings))
@@ -190,12 +190,13 @@ def needs_buildkit(settings: Settings) -> bool:
 
 def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = None,
           require_gpu: bool = False, no_cache: bool = False, out: str | Path | None = None,
-          progress: Callable[[str], None] = lambda s: None, plan: Plan | None = None) -> BuildResult:
+          progress: Callable[[str], None] = lambda s: None, plan: Plan | None = None,
+          engine: ImageEngine | None = None) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
-    engine = Engine.connect(settings.docker_cli)
+    engine = engine or Engine.connect(settings.docker_cli)
     chosen = engine.pick_backend(backend or settings.backend)
     if chosen == "sdk" and needs_buildkit(settings):
         raise UsageError("pip index settings may carry credentials and need the buildkit backend "

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 
@@ -56,6 +56,40 @@ class BuildRequest:
     builder: str | None = None
     iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
     timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the pipeline needs to know of a local image (the engine's own type, not docker-py's)."""
+
+    id: str
+    labels: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the image config's Config block (Env, Entrypoint, ...)
+    repo_digests: tuple[str, ...] = ()
+
+    def inspected(self, ref: str) -> tuple[str, dict[str, Any]]:
+        """(registry digest of `ref`'s repository or "", config with the image "Id"), as plan.InspectBase."""
+        repo = ref.split("@")[0].rsplit(":", 1)[0]
+        digests = [d.split("@", 1)[1] for d in self.repo_digests if d.split("@")[0] == repo]
+        return (digests[0] if digests else ""), {"config": self.config, "Id": self.id}
+
+
+class ImageEngine(Protocol):
+    """What the build pipeline, the smoke test and rebuild ask of an engine; `Engine` talks to Docker,
+    `imgbuild.fake_engine.FakeEngine` keeps images in memory for unit tests of the pipeline's logic."""
+
+    def pick_backend(self, wanted: str) -> str: ...
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str: ...
+    def image(self, ref: str) -> ImageInfo | None: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def tag(self, image_id: str, ref: str) -> None: ...
+    def untag(self, ref: str) -> None: ...
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None: ...
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
+    def host_has_gpus(self) -> bool: ...
+    def remove_leftovers(self, candidate: str) -> None: ...
+    def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
+                   gpus: bool, timeout: int = ..., shm_size: str = ...) -> tuple[int, str, str]: ...
 
 
 @dataclass
@@ -259,13 +293,16 @@ class Engine:
 
     # -- images ------------------------------------------------------------------------------------
 
-    def image(self, ref: str) -> Any | None:
+    def image(self, ref: str) -> ImageInfo | None:
         from docker.errors import ImageNotFound
 
         try:
-            return self.client.images.get(ref)
+            img = self.client.images.get(ref)
         except ImageNotFound:
             return None
+        config = img.attrs.get("Config") or {}
+        return ImageInfo(id=img.id, labels=dict(config.get("Labels") or {}), config=config,
+                         repo_digests=tuple(img.attrs.get("RepoDigests") or ()))
 
     def image_id(self, ref: str) -> str | None:
         img = self.image(ref)
@@ -284,11 +321,7 @@ class Engine:
     def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         """(registry digest or "", config with the image "Id") of a local image."""
         img = self.image(ref)
-        if img is None:
-            return None
-        repo = ref.split("@")[0].rsplit(":", 1)[0]
-        digests = [d.split("@", 1)[1] for d in img.attrs.get("RepoDigests", []) if d.split("@")[0] == repo]
-        return (digests[0] if digests else ""), {"config": img.attrs.get("Config") or {}, "Id": img.id}
+        return None if img is None else img.inspected(ref)
 
     def save(self, ref: str, path: Path) -> None:
         """`docker save` to a file (for Apptainer's docker-archive bootstrap)."""

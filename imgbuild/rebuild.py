@@ -17,7 +17,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
 from imgbuild.config import Settings
-from imgbuild.engine import Engine
+from imgbuild.engine import Engine, ImageEngine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
@@ -132,11 +132,11 @@ def _topological(items: list[Item]) -> list[Item]:
     return ordered
 
 
-def staleness(plan: Plan, engine: Engine, settings: Settings, push: bool) -> list[str]:
+def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool) -> list[str]:
     """Why the image for `plan` must be built; empty when it is current."""
     reasons: list[str] = []
     image = engine.image(plan.target)
-    labels = (image.labels if image else None) or {}
+    labels = image.labels if image else {}
     if image is None:
         reasons.append("never built here")
     else:
@@ -179,12 +179,13 @@ class RebuildOptions:
     dry_run: bool = False
 
 
-def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print) -> list[Item]:
+def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print,
+        engine: ImageEngine | None = None) -> list[Item]:
     """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
     from imgbuild import build as pipeline
 
     items = load_graph(discover(paths), settings)
-    engine = Engine.connect(settings.docker_cli)
+    engine = engine or Engine.connect(settings.docker_cli)
     done: dict[str, Item] = {}
     local_refs = frozenset(i.base_ref for i in items if i.deps)
 
@@ -201,7 +202,7 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
                 item.status = STALE
                 return item
             log(f"{item.target}: building ({'; '.join(item.reasons)})")
-            result = pipeline.build(item.path, settings, backend=options.backend, plan=plan,
+            result = pipeline.build(item.path, settings, backend=options.backend, plan=plan, engine=engine,
                                     progress=lambda step: log(f"{item.target}: {step}"))
             item.status, item.image_id = BUILT, result.image_id
             if options.push:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.engine import Engine
+from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
 
@@ -47,12 +47,12 @@ def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeRep
                                        "reason": f"exited {code} without a report: {tail[:400]}"}], {}, note)
 
 
-def run_smoke(engine: Engine, image: str, *, require_gpu: bool = False, min_speedup: float | None = None,
+def run_smoke(engine: ImageEngine, image: str, *, require_gpu: bool = False, min_speedup: float | None = None,
               timeout: int = 1800) -> SmokeReport:
     img = engine.image(image)
     if img is None:
         raise ImgbuildError(f"no image {image} in the engine (build or pull it first)")
-    labels = (img.attrs.get("Config") or {}).get("Labels") or {}
+    labels = img.labels
     env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
     if labels.get(Label.BASE_FRAMEWORK_VERSION):
         env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]

@@ -1,0 +1,118 @@
+"""An in-memory engine: images are records, builds and smoke tests are scripted. For fast unit tests of the
+pipeline's logic (promotion never replaces a working tag, cleanup on every way out, rebuild ordering)
+without a Docker daemon; the integration tests drive the real one.
+
+A build "produces" an image whose labels are what the rendered context's lock says (recipe and input
+hashes, base digest), so rebuild's staleness rules see what they would see on a real engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from imgbuild.engine import BuildRequest, ImageInfo, ProgressFn, Redactor
+from imgbuild.errors import BuildFailed, ImgbuildError
+from imgbuild.facts import Label
+from imgbuild.imageref import parse
+from imgbuild.smoke import MARKER
+
+#: A scripted smoke verdict for an image ref: True passes, False fails, an exception is raised in the run.
+SmokeScript = Callable[[str], bool]
+#: A scripted build for a request: return nothing to build, raise BuildFailed (or anything) to fail.
+BuildScript = Callable[[BuildRequest], None]
+
+
+@dataclass
+class FakeEngine:
+    builds: BuildScript = lambda req: None
+    smoke: SmokeScript = lambda image: True
+    gpus: bool = False
+    tags: dict[str, str] = field(default_factory=dict)          # normal ref -> image id
+    images: dict[str, ImageInfo] = field(default_factory=dict)  # image id -> info
+    containers: list[str] = field(default_factory=list)         # smoke containers alive (a kill leaves them)
+    calls: list[str] = field(default_factory=list)
+    pushed: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(ref: str) -> str:
+        return parse(ref).normal()
+
+    def add_image(self, ref: str, labels: dict[str, str] | None = None, env: list[str] | None = None) -> str:
+        """Put an image in the store (a base, or a build from an earlier run)."""
+        image_id = "sha256:" + hashlib.sha256(f"{ref}{labels}{env}{len(self.images)}".encode()).hexdigest()
+        self.images[image_id] = ImageInfo(image_id, dict(labels or {}), {"Env": env or [], "Labels": labels or {}})
+        self.tags[self._key(ref)] = image_id
+        return image_id
+
+    # -- the ImageEngine protocol ------------------------------------------------------------------
+
+    def pick_backend(self, wanted: str) -> str:
+        return "sdk" if wanted == "sdk" else "buildkit"
+
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str:
+        self.calls.append(f"build {req.tag}")
+        progress(f"[fake] building {req.tag}")
+        self.builds(req)
+        lock = json.loads((req.context / "imgbuild.lock.json").read_text())
+        labels = {Label.RECIPE_HASH: lock["content_hash"], Label.INPUT_HASH: lock["input_hash"],
+                  Label.BASE_DIGEST: lock["base"]["digest"], Label.RECIPE: lock["recipe"]}
+        dockerfile = (req.context / "Dockerfile").read_bytes()
+        image_id = "sha256:" + hashlib.sha256(dockerfile + json.dumps(req.build_args).encode()).hexdigest()
+        self.images[image_id] = ImageInfo(image_id, labels, {"Labels": labels})
+        self.tags[self._key(req.tag)] = image_id
+        return image_id
+
+    def image(self, ref: str) -> ImageInfo | None:
+        image_id = self.tags.get(self._key(ref)) if not ref.startswith("sha256:") else ref
+        return self.images.get(image_id) if image_id else None
+
+    def image_id(self, ref: str) -> str | None:
+        info = self.image(ref)
+        return info.id if info else None
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.calls.append(f"tag {ref}")
+        self.tags[self._key(ref)] = image_id
+
+    def untag(self, ref: str) -> None:
+        self.calls.append(f"untag {ref}")
+        self.tags.pop(self._key(ref), None)
+
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        info = self.image(ref)
+        return None if info is None else info.inspected(ref)
+
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+        image_id = self.image_id(ref)
+        if image_id is None:
+            raise ImgbuildError(f"push of {ref} failed: no such image")
+        self.pushed[ref] = image_id
+        return image_id
+
+    def host_has_gpus(self) -> bool:
+        return self.gpus
+
+    def remove_leftovers(self, candidate: str) -> None:
+        self.containers = [c for c in self.containers if c != candidate]
+        self.untag(candidate)
+
+    def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
+                   gpus: bool, timeout: int = 1800, shm_size: str = "1g") -> tuple[int, str, str]:
+        self.calls.append(f"smoke {image}")
+        self.containers.append(image)
+        ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
+        self.containers.remove(image)
+        check = {"name": "framework", "status": "pass" if ok else "fail", "reason": "" if ok else "scripted failure",
+                 "details": {}, "seconds": 0}
+        report = {"ok": ok, "checks": [check], "meta": {}}
+        return (0 if ok else 1), MARKER + json.dumps(report), ""
+
+
+def failing_build(message: str = "scripted build failure") -> BuildScript:
+    def fail(req: BuildRequest) -> None:
+        raise BuildFailed(message)
+    return fail

@@ -1,0 +1,154 @@
+"""The pipeline's logic on the in-memory engine: promotion, cleanup on every way out, rebuild ordering.
+
+The same paths run against the real dockerd in test_build.py, test_rebuild.py and test_hostile_faults.py;
+these take milliseconds each, so every branch gets a case.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imgbuild import build as pipeline
+from imgbuild import rebuild
+from imgbuild.config import load_settings
+from imgbuild.errors import BuildFailed, SmokeFailed
+from imgbuild.fake_engine import FakeEngine, failing_build
+from imgbuild.plan import make_plan
+from imgbuild.recipe import load_recipe
+from tests.fake_nvcr import FakeNvcr
+from tests.test_recipe_render import fake_inspect
+
+TARGET = "alice/demo:v1"
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "demo.yaml"
+    path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {A: "1"}\n')
+    return path
+
+
+def _build(recipe: Path, engine: FakeEngine, tmp_path: Path):
+    settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
+    plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+    return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+
+
+def test_a_first_build_is_promoted_and_leaves_no_candidate(recipe, tmp_path):
+    engine = FakeEngine()
+    result = _build(recipe, engine, tmp_path)
+    assert engine.image_id(TARGET) == result.image_id and result.smoke and result.smoke.ok
+    assert engine.image_id(f"{TARGET}-candidate") is None and engine.containers == []
+    assert engine.calls[-2:] == [f"tag {TARGET}", f"untag {TARGET}-candidate"]
+
+
+def test_a_changed_build_keeps_the_replaced_image_as_previous(recipe, tmp_path):
+    engine = FakeEngine()
+    first = _build(recipe, engine, tmp_path).image_id
+    recipe.write_text(recipe.read_text().replace('A: "1"', 'A: "2"'))
+    second = _build(recipe, engine, tmp_path)
+    assert second.promoted and engine.image_id(TARGET) == second.image_id != first
+    assert engine.image_id(f"{TARGET}-previous") == first
+
+
+def test_a_failing_smoke_test_never_replaces_the_working_tag(recipe, tmp_path):
+    engine = FakeEngine()
+    working = _build(recipe, engine, tmp_path).image_id
+    recipe.write_text(recipe.read_text().replace('A: "1"', 'A: "broken"'))
+    engine.smoke = lambda image: False
+    with pytest.raises(SmokeFailed, match=f"{TARGET} was left as it was"):
+        _build(recipe, engine, tmp_path)
+    assert engine.image_id(TARGET) == working
+    assert engine.image_id(f"{TARGET}-candidate") is None and engine.image_id(f"{TARGET}-previous") is None
+
+
+def test_a_failed_build_changes_no_tag(recipe, tmp_path):
+    engine = FakeEngine()
+    working = _build(recipe, engine, tmp_path).image_id
+    engine.builds = failing_build()
+    before = dict(engine.tags)
+    with pytest.raises(BuildFailed):
+        _build(recipe, engine, tmp_path)
+    assert engine.tags == before and engine.image_id(TARGET) == working
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_during_the_smoke_test_removes_the_candidate_at_once(interrupt, recipe, tmp_path):
+    engine = FakeEngine()
+
+    def interrupted(image: str) -> bool:
+        raise interrupt()
+
+    engine.smoke = interrupted
+    with pytest.raises(interrupt):
+        _build(recipe, engine, tmp_path)
+    assert engine.image_id(f"{TARGET}-candidate") is None
+    assert engine.image_id(TARGET) is None
+
+
+def test_what_a_killed_run_left_is_removed_before_the_next_build(recipe, tmp_path):
+    engine = FakeEngine()
+    engine.add_image(f"{TARGET}-candidate")
+    engine.containers.append(f"{TARGET}-candidate")  # a SIGKILL left its smoke container
+    _build(recipe, engine, tmp_path)
+    assert engine.calls[0] == f"untag {TARGET}-candidate"
+    assert engine.containers == [] and engine.image_id(f"{TARGET}-candidate") is None
+
+
+# --- rebuild ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def recipes(tmp_path: Path) -> Path:
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (tmp_path / ".git").mkdir()
+    (folder / "house.yaml").write_text('name: house\nimage: lab/house:v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    (folder / "team.yaml").write_text("name: team\nimage: lab/team:v1\nbase: lab/house:v1\nenv: {T: '1'}\n")
+    (folder / "solo.yaml").write_text('name: solo\nimage: lab/solo:v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    return folder
+
+
+def _rebuild(recipes: Path, engine: FakeEngine, nvcr: FakeNvcr, jobs: int = 1) -> dict[str, rebuild.Item]:
+    settings = load_settings({"ngc_registry": nvcr.host, "images_dir": str(recipes.parent / "images")})
+    items = rebuild.run([str(recipes)], settings, rebuild.RebuildOptions(jobs=jobs), log=lambda line: None,
+                        engine=engine)
+    return {Path(i.path).stem: i for i in items}
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_rebuild_builds_bases_first_then_is_fresh(jobs, recipes):
+    engine = FakeEngine()
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        first = _rebuild(recipes, engine, nvcr, jobs)
+        assert {k: v.status for k, v in first.items()} == {"house": "built", "team": "built", "solo": "built"}
+        builds = [c for c in engine.calls if c.startswith("build")]
+        assert builds.index("build lab/house:v1-candidate") < builds.index("build lab/team:v1-candidate")
+        again = _rebuild(recipes, engine, nvcr, jobs)
+    assert {k: v.status for k, v in again.items()} == {"house": "fresh", "team": "fresh", "solo": "fresh"}
+
+
+def test_a_failed_base_skips_its_dependents_but_not_the_others(recipes):
+    engine = FakeEngine()
+
+    def house_fails(req) -> None:
+        if "house" in req.tag:
+            raise BuildFailed("house broke")
+
+    engine.builds = house_fails
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        items = _rebuild(recipes, engine, nvcr)
+    assert {k: v.status for k, v in items.items()} == {"house": "failed", "team": "skipped", "solo": "built"}
+    assert "lab/house:v1 did not build" in items["team"].error
+
+
+def test_a_changed_recipe_rebuilds_it_and_its_dependents_only(recipes):
+    engine = FakeEngine()
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        _rebuild(recipes, engine, nvcr)
+        (recipes / "house.yaml").write_text((recipes / "house.yaml").read_text() + "env: {H: '2'}\n")
+        items = _rebuild(recipes, engine, nvcr)
+    assert {k: v.status for k, v in items.items()} == {"house": "built", "team": "built", "solo": "fresh"}
+    assert "recipe or its files changed" in items["house"].reasons
