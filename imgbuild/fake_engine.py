@@ -106,8 +106,8 @@ class FakeEngine:
         self.containers.append(image)
         ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
         self.containers.remove(image)
-        check: dict[str, Any] = {"name": "framework", "status": "pass" if ok else "fail", "reason": "" if ok else "scripted failure",
-                 "details": {}, "seconds": 0}
+        check: dict[str, Any] = {"name": "framework", "status": "pass" if ok else "fail", "details": {},
+                                 "reason": "" if ok else "scripted failure", "seconds": 0}
         report = {"ok": ok, "checks": [check], "meta": {}}
         return (0 if ok else 1), MARKER + json.dumps(report), ""
 
