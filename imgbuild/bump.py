@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild.config import Settings
 from imgbuild.errors import UsageError
 from imgbuild.ngc import FRAMEWORKS, expand_tag, parse_tag
 from imgbuild.yamlpos import load_located
@@ -31,18 +30,15 @@ def _rewrite_scalar(text: str, line: int, col: int, old: str, new: str) -> str:
     lines = text.splitlines(keepends=True)
     row = lines[line - 1]
     head, rest = row[: col - 1], row[col - 1:]
-    if rest[:1] in "\"'":
-        quote = rest[0]
-        assert rest[1: 1 + len(old)] == old
-        rest = quote + new + rest[1 + len(old):]
-    else:
-        assert rest.startswith(old)
-        rest = new + rest[len(old):]
+    quote = rest[0] if rest[:1] in "\"'" else ""
+    if not rest[len(quote):].startswith(old):
+        raise UsageError(f"line {line}: expected {old!r} at column {col}; the file changed while bumping, run again")
+    rest = quote + new + rest[len(quote) + len(old):]
     lines[line - 1] = head + rest
     return "".join(lines)
 
 
-def bump(paths: list[Path], settings: Settings, *, dry_run: bool = False,
+def bump(paths: list[Path], *, dry_run: bool = False,
          tags_for: Any = None) -> list[Bump]:
     """`tags_for(framework) -> list[str]`: the registry's tags (injected in tests)."""
     from imgbuild.ngc import newest_matching

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,7 @@ def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: boo
         host, repo = tagmod.repository_for(framework, settings.ngc_registry)
         return tagmod.list_tags(RegistryClient.for_host(host, settings), repo, cache, refresh=True)[0]
 
-    results = do_bump(discover(list(paths) or ["recipes"]), settings, dry_run=dry_run, tags_for=tags_for)
+    results = do_bump(discover(list(paths) or ["recipes"]), dry_run=dry_run, tags_for=tags_for)
     if not dry_run:
         for moved in (r for r in results if r.changed):
             loaded = load_recipe(moved.recipe, secrets=settings.secrets())
@@ -489,7 +490,7 @@ def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: s
         while not stop.wait(2.0):
             try:
                 now = [g for g in _read_gpus(settings) if g.index in wanted]
-            except Exception:
+            except (ImgbuildError, OSError, subprocess.SubprocessError):  # a reading lost: the summary has gaps
                 now = []
             samples.append(Sample({g.index: g.utilization or 0 for g in now},
                                   {g.index: g.memory_used_mib for g in now}, engine.cpu_percent(spec.name)))

@@ -14,9 +14,9 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from imgbuild.errors import UsageError
+from imgbuild.errors import EnvironmentProblem, UsageError
 
 
 @dataclass
@@ -46,12 +46,8 @@ class Gpu:
         return asdict(self)
 
 
-class NoGpus(Exception):
+class NoGpus(EnvironmentProblem):
     """No NVIDIA GPU or driver here; the message says what was tried."""
-
-
-class GpuReader(Protocol):
-    def read(self) -> list[Gpu]: ...
 
 
 # --- who owns a process ---------------------------------------------------------------------------
@@ -100,7 +96,7 @@ def parse_smi(gpu_csv: str, apps_csv: str) -> list[Gpu]:
             continue
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 6:
-            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+            raise NoGpus(f"unexpected nvidia-smi output: {line[:120]!r}")
         index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-3])
         used, total, util = parts[-3:]
         gpus[uuid] = Gpu(int(index), uuid, name, _int(used) or 0, _int(total) or 0, _int(util))
@@ -143,7 +139,7 @@ class NvmlReader:
             raise NoGpus("nvidia-ml-py is not installed") from exc
         try:
             pynvml.nvmlInit()
-        except Exception as exc:
+        except pynvml.NVMLError as exc:
             raise NoGpus(f"NVML: {exc}") from exc
         try:
             out = []

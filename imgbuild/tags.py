@@ -202,20 +202,11 @@ def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
         return HostGpus(driver, caps, "flags")
     try:
         import pynvml  # nvidia-ml-py
-
-        pynvml.nvmlInit()
-        try:
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            drv = drv.decode() if isinstance(drv, bytes) else drv
-            nvml_caps = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
-                nvml_caps.append(f"{major}.{minor}")
-            return HostGpus(drv, tuple(nvml_caps), "NVML")
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        pass
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        with contextlib.suppress(pynvml.NVMLError):
+            return _nvml_host_gpus(pynvml)
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
@@ -227,6 +218,20 @@ def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
         except (OSError, subprocess.SubprocessError):
             pass
     return HostGpus(None, (), "none")
+
+
+def _nvml_host_gpus(pynvml: Any) -> HostGpus:
+    pynvml.nvmlInit()
+    try:
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        drv = drv.decode() if isinstance(drv, bytes) else drv
+        caps = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
+            caps.append(f"{major}.{minor}")
+        return HostGpus(drv, tuple(caps), "NVML")
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

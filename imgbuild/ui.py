@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
@@ -65,11 +64,3 @@ def print_table(columns: list[str], rows: list[list[Any]], title: str | None = N
     if wide:
         console = Console(width=1000, highlight=False)
     console.print(table, crop=False, soft_wrap=wide)
-
-
-def echo(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
-
-
-def warn(text: str) -> None:
-    sys.stderr.write(text + "\n")

@@ -11,7 +11,6 @@ import pytest
 import requests
 
 from imgbuild.bump import bump
-from imgbuild.config import load_settings
 from tests.conftest import run_cli
 from tests.fake_nvcr import FakeNvcr, push_many_tags
 
@@ -197,11 +196,11 @@ def test_bump_moves_following_recipes_and_keeps_the_file_as_written(tmp_path):
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text('name: pinned\nbase: {framework: pytorch, tag: "24.05"}\n')
     tags = ["24.05-py3", "24.10-py3", "24.12-py3-igpu", "25.01-py3", "24.11-tf2-py3"]
-    result = bump([path, pinned], load_settings(environ={}), tags_for=lambda fw: tags)
+    result = bump([path, pinned], tags_for=lambda fw: tags)
     assert [(r.current, r.newest, r.changed) for r in result] == [("24.05", "24.10-py3", True)]
     assert path.read_text() == ("# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: \"24.10\"   # keep me\n"
                                 "  follow: \"24.*\"\npip: [einops]\n")
-    again = bump([path], load_settings(environ={}), tags_for=lambda fw: tags)
+    again = bump([path], tags_for=lambda fw: tags)
     assert again[0].changed is False
 
 
