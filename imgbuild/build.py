@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.config import Settings
+from imgbuild.context import write_context as _write
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, RegistryUnavailable, SmokeFailed, UsageError
 from imgbuild.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.registry import RegistryClient, split_reference
-from imgbuild.render import render_context
+from imgbuild.render import render
 from imgbuild.smoke import SmokeReport, run_smoke
 
 
@@ -256,7 +257,7 @@ def write_context(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Pa
         if folder.is_symlink():
             raise UsageError(f"{folder} is a symbolic link; imgbuild writes build contexts into real folders only")
     try:
-        return render_context(plan, ctx, backend, secrets=tuple(settings.secrets()))
+        return _write(render(plan, backend), ctx, settings.secrets())
     except OSError as exc:
         where = exc.filename or ctx
         raise EnvironmentProblem(f"cannot write the build context {where}: {exc.strerror}") from None

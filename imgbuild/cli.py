@@ -132,11 +132,11 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 @click.pass_context
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
-    import tempfile
-
     from imgbuild.build import context_dir, plan_recipe, write_context
+    from imgbuild.context import check_no_secrets
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
+    from imgbuild.render import render as render_plan
 
     settings = _settings(ctx)
     loaded = load_recipe(file, secrets=settings.secrets())
@@ -145,9 +145,9 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
     except RegistryUnavailable as exc:
         raise RegistryUnavailable(f"{exc} (--offline renders without pinning the base by digest)") from None
     if to_stdout:
-        with tempfile.TemporaryDirectory() as tmp:
-            rendered = write_context(plan, Path(tmp) / plan.name, backend, settings)
-            click.echo((rendered / "Dockerfile").read_text(), nl=False)
+        context = render_plan(plan, backend)
+        check_no_secrets(context, settings.secrets())
+        click.echo(context.text("Dockerfile"), nl=False)
         return
     rendered = write_context(plan, context_dir(plan, settings, out), backend, settings)
     click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")

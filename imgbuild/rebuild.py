@@ -248,11 +248,9 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
     The base is taken as recorded in each context's lock, so the check needs no registry and flags only
     recipes (or copied files, or templates) that changed without their rendered context."""
-    import filecmp
-    import tempfile
-
+    from imgbuild.context import diff_context
     from imgbuild.plan import make_plan
-    from imgbuild.render import render_context
+    from imgbuild.render import render
 
     items = []
     loaded_by_item: dict[int, Any] = {}
@@ -297,10 +295,8 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
         except RecipeError as exc:
             item.status, item.error = INVALID, "; ".join(exc.lines())
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            fresh = render_context(plan, Path(tmp) / ctx.name, lock.get("backend", "buildkit"),
-                                   secrets=tuple(settings.secrets()))
-            diff = _tree_diff(fresh, ctx, filecmp)
+        backend = lock.get("backend") if lock.get("backend") in ("buildkit", "sdk") else "buildkit"
+        diff = diff_context(render(plan, str(backend)), ctx)
         if diff:
             item.status = STALE
             item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]
@@ -340,27 +336,6 @@ def _recorded_env(base: dict[str, Any]) -> list[str]:
     if fw and base.get("framework_version"):
         env.append(f"{fw.version_env}={base['framework_version']}")
     return env
-
-
-def _tree_diff(expected: Path, actual: Path, filecmp: Any) -> list[str]:
-    """Files that differ. The committed side comes from the repository: only its regular files are read
-    (a symlink or a FIFO there counts as a difference, never as something to follow or block on)."""
-    import os
-
-    ignore = {"smoke.json", "build.log"}
-    want = {p.relative_to(expected).as_posix() for p in expected.rglob("*") if p.is_file()}
-    have: set[str] = set()
-    odd: set[str] = set()
-    for folder, dirs, names in os.walk(actual, followlinks=False):
-        for name in names + [d for d in dirs if Path(folder, d).is_symlink()]:
-            entry = Path(folder, name)
-            rel = entry.relative_to(actual).as_posix()
-            (have if entry.is_file() and not entry.is_symlink() else odd).add(rel)
-    have -= ignore
-    changed = sorted((want ^ have) | odd)
-    changed += sorted(rel for rel in want & have
-                      if not filecmp.cmp(expected / rel, actual / rel, shallow=False))
-    return changed
 
 
 def junit_xml(items: list[Item], seconds: float) -> str:

@@ -6,12 +6,11 @@ normalised modes, no absolute host paths).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import os
 import posixpath
 import shlex
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 from imgbuild.plan import TEMPLATES_DIR, Plan
 from imgbuild.recipe import stable_name
-from imgbuild.repofiles import SourceFile
 
 SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
@@ -112,23 +110,6 @@ def constraints_text(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, content: str | bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, str):
-        content = content.encode()
-    path.write_bytes(content)
-    os.chmod(path, mode)
-
-
-def _copy_source(files: list[SourceFile], dest: Path, mode: int | None) -> None:
-    """Stream the checked files (see repofiles) into the context; a file never passes through memory."""
-    for f in files:
-        target = dest / f.rel if f.rel else dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f.path, target, follow_symlinks=True)
-        os.chmod(target, mode if mode is not None else (0o755 if f.executable else 0o644))
-
-
 def context_path_for(dest: str) -> str:
     """Where `files[].dest` lives in the context: `files/<dest>`, never outside `files/`."""
     rel = posixpath.normpath("files/" + dest.lstrip("/"))
@@ -137,68 +118,48 @@ def context_path_for(dest: str) -> str:
     return rel
 
 
-def check_no_secrets(folder: Path, secrets: list[str] | tuple[str, ...]) -> None:
-    """No configured secret's value may be written into a rendered file (it is committed and built)."""
-    wanted = [s.encode() for s in secrets if s and len(s) >= 4]
-    if not wanted:
-        return
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.is_relative_to(folder / "files"):
-            data = path.read_bytes()
-            if any(w in data for w in wanted):
-                raise UsageError(f"{path.relative_to(folder)}: a configured secret would be written into the "
-                                 "rendered context; remove it from the recipe")
+@dataclass(frozen=True)
+class Context:
+    """A build context in memory: the files imgbuild renders (content, mode) and the recipe's own files to
+    copy (checked source, mode). Written by `context.write_context`, compared by `context.diff_context`."""
+
+    rendered: dict[str, tuple[bytes, int]]
+    copies: dict[str, tuple[Path, int]]
+
+    def text(self, path: str) -> str:
+        return self.rendered[path][0].decode()
+
+    def paths(self) -> set[str]:
+        return set(self.rendered) | set(self.copies)
 
 
-def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit", secrets: tuple[str, ...] = ()) -> Path:
-    """Write the build context to `out_dir`, replacing what was there only once all of it is written.
-
-    `secrets` (Settings.secrets()) must appear in no rendered file; the context is refused if one does.
-    A failure (a full disk, a refused secret, Ctrl-C) leaves `out_dir` as it was and no staging folder."""
-    out_dir = Path(out_dir)
-    staging = out_dir.with_name(f".{out_dir.name}.rendering")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    try:
-        _render_into(plan, staging, backend)
-        check_no_secrets(staging, secrets)
-        # Keep what earlier runs left beside the context (smoke report), then swap in the new files.
-        for keep in ("smoke.json",):
-            if (out_dir / keep).is_file() and not (out_dir / keep).is_symlink():
-                shutil.copy2(out_dir / keep, staging / keep)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = out_dir.with_name(f".{out_dir.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
-    if out_dir.exists():
-        out_dir.rename(old)
-    staging.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return out_dir
-
-
-def _render_into(plan: Plan, staging: Path, backend: str) -> None:
+def render(plan: Plan, backend: str = "buildkit") -> Context:
+    """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing."""
     recipe = plan.loaded.recipe
+    rendered: dict[str, tuple[bytes, int]] = {}
+    copies: dict[str, tuple[Path, int]] = {}
+
+    def put(path: str, text: str, mode: int = 0o644) -> None:
+        rendered[path] = (text.encode(), mode)
+
     files: list[RenderedFile] = []
     for spec in recipe.files:
         context_path = context_path_for(spec.dest)
-        mode = int(spec.mode, 8) if spec.mode else None
-        _copy_source(plan.loaded.file_manifest[spec.dest], staging / context_path, mode)
+        for f in plan.loaded.file_manifest[spec.dest]:
+            mode = int(spec.mode, 8) if spec.mode else (0o755 if f.executable else 0o644)
+            copies[f"{context_path}/{f.rel}" if f.rel else context_path] = (f.path, mode)
         owner = spec.owner or ("user" if recipe.user else "root")
         chown = "$IMGBUILD_UID:$IMGBUILD_GID" if owner == "user" and recipe.user else ""
         files.append(RenderedFile(context_path, spec.dest, chown))
 
     has_pip = bool(recipe.pip.packages or plan.loaded.requirements_path)
     if has_pip:
-        _write(staging / "imgbuild/pip/requirements.txt", requirements_text(plan))
-        _write(staging / "imgbuild/pip/constraints.txt", constraints_text(plan))
-        _write(staging / "imgbuild/pip/install.sh", (TEMPLATES_DIR / "install.sh").read_text(), 0o755)
+        put("imgbuild/pip/requirements.txt", requirements_text(plan))
+        put("imgbuild/pip/constraints.txt", constraints_text(plan))
+        put("imgbuild/pip/install.sh", _own_file(TEMPLATES_DIR / "install.sh"), 0o755)
     if recipe.user:
-        _write(staging / "imgbuild/user/add-user.sh", (TEMPLATES_DIR / "add-user.sh").read_text(), 0o755)
-    _write(staging / "imgbuild/smoke/smoke.py", SMOKE_SCRIPT.read_text(), 0o755)
+        put("imgbuild/user/add-user.sh", _own_file(TEMPLATES_DIR / "add-user.sh"), 0o755)
+    put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
 
     user = recipe.user
     context = {
@@ -216,8 +177,20 @@ def _render_into(plan: Plan, staging: Path, backend: str) -> None:
         # Caches are per base: two distributions must never share apt lists or wheels.
         "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
     }
-    dockerfile = _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context)
-    _write(staging / "Dockerfile", dockerfile)
-    _write(staging / ".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n")
-    _write(staging / "imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2,
-                                                      sort_keys=True) + "\n")
+    put("Dockerfile", _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
+    put(".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n")
+    put("imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2, sort_keys=True) + "\n")
+    return Context(rendered, copies)
+
+
+@functools.cache
+def _own_file(path: Path) -> str:
+    """imgbuild's own scripts and templates (package data), read once."""
+    return path.read_text()
+
+
+def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit", secrets: tuple[str, ...] = ()) -> Path:
+    """Render and write in one call (see context.write_context)."""
+    from imgbuild.context import write_context
+
+    return write_context(render(plan, backend), Path(out_dir), secrets)

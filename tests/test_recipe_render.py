@@ -242,3 +242,41 @@ def test_committed_example_contexts_are_current():
     assert len(items) >= 3
     stale = {item.name: item.reasons or item.error for item in items if item.status != FRESH}
     assert not stale, f"run imgbuild render for: {stale}"
+
+
+def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path, monkeypatch):
+    """render() computes a context in memory; `render --stdout` and `rebuild --check` write nothing."""
+    import builtins
+    import io
+    import tempfile
+
+    from imgbuild.context import diff_context, write_context
+    from imgbuild.render import render
+
+    write("files/a.txt", "a")
+    path = write("r.yaml", 'name: pure\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n'
+                           'files: [{src: files/a.txt, dest: /opt/a.txt}]\n')
+    plan = plan_for(path)
+    written = write_context(render(plan), tmp_path / "ctx")
+
+    def no_temporary_folder(*args, **kwargs):
+        raise AssertionError("a temporary folder was made")
+
+    def read_only(real):
+        def opener(file, mode="r", *args, **kwargs):
+            assert not set(mode) & set("wax+"), f"{file} was opened for writing"
+            return real(file, mode, *args, **kwargs)
+        return opener
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_temporary_folder)
+    monkeypatch.setattr(builtins, "open", read_only(builtins.open))
+    monkeypatch.setattr(io, "open", read_only(io.open))
+    context = render(plan)
+    assert {"Dockerfile", "imgbuild/pip/requirements.txt", "imgbuild.lock.json"} <= set(context.rendered)
+    assert context.copies["files/opt/a.txt"][0] == (tmp_path / "files/a.txt").resolve()
+    assert diff_context(context, written) == []
+    (written / "Dockerfile").chmod(0o644)
+    monkeypatch.undo()
+    (written / "files/opt/a.txt").write_text("changed")
+    (written / "extra").write_text("x")
+    assert diff_context(render(plan), written) == ["extra", "files/opt/a.txt"]

@@ -1,0 +1,98 @@
+"""Build contexts on disk: write one atomically, compare one with what a recipe renders to now.
+
+The committed side (`images/<name>/`) comes from the repository: only its regular files are read, and a
+symlink or a FIFO there counts as a difference, never as something to follow or block on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from imgbuild.errors import UsageError
+from imgbuild.render import Context
+
+#: Files a build leaves beside the context; they are not part of what the recipe renders to.
+RUN_FILES = frozenset({"smoke.json", "build.log"})
+
+
+def check_no_secrets(context: Context, secrets: tuple[str, ...] | list[str]) -> None:
+    """No configured secret's value may be written into a rendered file (it is committed and built)."""
+    wanted = [s.encode() for s in secrets if s and len(s) >= 4]
+    for path, (data, _) in sorted(context.rendered.items()):
+        if any(w in data for w in wanted):
+            raise UsageError(f"{path}: a configured secret would be written into the rendered context; "
+                             "remove it from the recipe")
+
+
+def write_context(context: Context, out_dir: Path, secrets: tuple[str, ...] | list[str] = ()) -> Path:
+    """Write `context` to `out_dir`, replacing what was there only once all of it is written.
+
+    A failure (a refused secret, a full disk, Ctrl-C) leaves `out_dir` as it was and no staging folder;
+    the smoke report of the previous build is kept."""
+    check_no_secrets(context, secrets)
+    staging = out_dir.with_name(f".{out_dir.name}.rendering")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        for rel, (data, mode) in sorted(context.rendered.items()):
+            _put(staging / rel, mode, data=data)
+        for rel, (source, mode) in sorted(context.copies.items()):
+            _put(staging / rel, mode, source=source)  # streamed: a copied file never passes through memory
+        for keep in RUN_FILES:
+            if (out_dir / keep).is_file() and not (out_dir / keep).is_symlink() and not out_dir.is_symlink():
+                shutil.copy2(out_dir / keep, staging / keep)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out_dir.exists():
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _put(path: Path, mode: int, *, data: bytes | None = None, source: Path | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        shutil.copyfile(source, path, follow_symlinks=True)
+    else:
+        path.write_bytes(data or b"")
+    os.chmod(path, mode)
+
+
+def diff_context(context: Context, folder: Path) -> list[str]:
+    """The paths where `folder` differs from `context` (missing, extra, other content); nothing is written."""
+    have: set[str] = set()
+    odd: set[str] = set()
+    for root, dirs, names in os.walk(folder, followlinks=False):
+        for name in names + [d for d in dirs if Path(root, d).is_symlink()]:
+            entry = Path(root, name)
+            rel = entry.relative_to(folder).as_posix()
+            (have if entry.is_file() and not entry.is_symlink() else odd).add(rel)
+    have -= RUN_FILES
+    want = context.paths()
+    changed = (want ^ have) | odd
+    for rel in sorted(want & have):
+        if rel in context.rendered:
+            same = _same_bytes(folder / rel, context.rendered[rel][0])
+        else:
+            same = _same_file(folder / rel, context.copies[rel][0])
+        if not same:
+            changed.add(rel)
+    return sorted(changed)
+
+
+def _same_bytes(path: Path, data: bytes) -> bool:
+    return path.stat().st_size == len(data) and path.read_bytes() == data
+
+
+def _same_file(path: Path, source: Path) -> bool:
+    import filecmp
+
+    return filecmp.cmp(path, source, shallow=False)
