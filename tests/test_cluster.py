@@ -135,6 +135,7 @@ def wait_for(job_id: str, conf: str, timeout: float = 300) -> str:
 
 
 @pytest.mark.engine
+@pytest.mark.slurm
 def test_generated_job_runs_to_completion_in_slurm(slurm, testbed, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm)
     monkeypatch.chdir(tmp_path)
@@ -151,6 +152,7 @@ def test_generated_job_runs_to_completion_in_slurm(slurm, testbed, tmp_path, mon
 
 
 @pytest.mark.engine
+@pytest.mark.slurm
 def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm)
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
@@ -171,6 +173,8 @@ def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp
     assert "rank 0 of 2 sum 3" in output and "rank 1 of 2 sum 3" in output
 
 
+@pytest.mark.engine  # `-m "not engine"` is the fast set: no engine, no Slurm
+@pytest.mark.slurm
 def test_sbatch_test_only_accepts_the_multi_node_gpu_form(slurm, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm)
     res = run_cli("slurm", "research.sif", "--gpus", "4", "--nodes", "2", "--gpu-type", "v100", "--cpus", "1",

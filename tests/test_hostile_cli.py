@@ -117,3 +117,24 @@ def test_sdk_backend_with_index_credentials_refuses_before_writing_anything(writ
     assert result.code == 2, result.err
     assert "need the buildkit backend" in result.err and "CANARY" not in result.err
     assert sorted(p.name for p in ctx.iterdir()) == ["keep.txt"]
+
+
+# --- engine-free: these need no test bed ---------------------------------------------------------------
+
+def test_no_engine_exits_3_with_one_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: demo\nbase: {framework: pytorch, tag: "24.05"}\n')
+    res = run_cli("build", str(recipe), env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
+    assert res.code == 3, res.err
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("imgbuild:")]
+    assert len(lines) == 1 and "no Docker engine" in lines[0] and "start dockerd" in lines[0], res.err
+    assert "Traceback" not in res.err
+
+
+def test_cli_basics():
+    assert run_cli("--version").out.strip().startswith("imgbuild, version")
+    helptext = run_cli("--help").out
+    for section in ("Recipes:", "Images:", "Settings:"):
+        assert section in helptext
+    res = run_cli("nonsense")
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "No such command" in res.err

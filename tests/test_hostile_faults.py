@@ -207,6 +207,7 @@ def test_full_images_folder_is_exit_3_and_leaves_no_half_context(tmp_path):
     assert left == []
 
 
+@pytest.mark.engine
 def test_read_only_cache_folder_is_exit_3_for_build(tmp_path, testbed):
     (tmp_path / ".git").mkdir()
     recipe = _recipe(tmp_path, "r.yaml", "rocache", "v1")

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import TESTBED_UP, in_image, run_cli
+from tests.conftest import TESTBED_UP, in_image
 
 pytestmark = pytest.mark.engine
 
@@ -58,22 +58,3 @@ def test_second_run_of_up_is_fast_and_prints_settings(testbed):
     assert pairs["IMGBUILD_NGC_REGISTRY"] == testbed["IMGBUILD_TESTBED_REGISTRY"]
     seconds = int(proc.stderr.strip().splitlines()[-1].split("s]")[0].split()[-1])
     assert seconds < 60, proc.stderr
-
-
-def test_no_engine_exits_3_with_one_line(tmp_path):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text('name: demo\nbase: {framework: pytorch, tag: "24.05"}\n')
-    res = run_cli("build", str(recipe), env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
-    assert res.code == 3, res.err
-    lines = [ln for ln in res.err.splitlines() if ln.startswith("imgbuild:")]
-    assert len(lines) == 1 and "no Docker engine" in lines[0] and "start dockerd" in lines[0], res.err
-    assert "Traceback" not in res.err
-
-
-def test_cli_basics():
-    assert run_cli("--version").out.strip().startswith("imgbuild, version")
-    helptext = run_cli("--help").out
-    for section in ("Recipes:", "Images:", "Settings:"):
-        assert section in helptext
-    res = run_cli("nonsense")
-    assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "No such command" in res.err
