@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from imgbuild.errors import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
-    EnvironmentProblem,
     ImgbuildError,
     UsageError,
 )
@@ -390,15 +388,6 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
 
 # --- shared GPU servers ----------------------------------------------------------------------------
 
-def _read_gpus(settings: Any) -> list[Any]:
-    from imgbuild.gpus import NoGpus, read_gpus
-
-    try:
-        return read_gpus(settings.gpu_snapshot)
-    except NoGpus:
-        return []
-
-
 @cli.command()
 @click.argument("image")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -430,103 +419,42 @@ def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: s
     imgbuild run recipes/pytorch-research.yaml --gpus 2 -- python train.py
     imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
     """
-    import threading
-    import time
-
     from imgbuild import run as runmod
-    from imgbuild.config import site_section
     from imgbuild.engine import Engine
-    from imgbuild.gpus import Sample, select_gpus, summarize
-    from imgbuild.host import caller
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
-    house = runmod.house_rules(site_section("run"))
-    if shm_size:
-        house["shm_size"] = shm_size
-    if no_workspace:
-        house["workspace"] = None
-    ref, default_short = runmod.resolve_image(image, settings)
-    if short is not None and not runmod.SHORT_NAME_RE.fullmatch(short):
-        raise UsageError(f"--name: {short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
-    user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
-    gpus = _read_gpus(settings)
-    selection = select_gpus(gpu_request, gpus, user, force=force)
-    uid, gid = runmod.host_ids()
-    if as_user:
-        if not re.fullmatch(r"\d+(:\d+)?", as_user):
-            raise UsageError(f"--user: {as_user!r} is not UID or UID:GID")
-        uid_text, _, gid_text = as_user.partition(":")
-        uid, gid = int(uid_text), int(gid_text or uid_text)
-    spec = runmod.RunSpec(
-        image=ref, short_name=short or default_short, user=user, uid=int(uid), gid=int(gid),
-        command=list(command), gpus=selection, volumes=list(volumes), env=list(env), ports=list(ports),
-        detach=detach, remove=not keep, interactive=sys.stdin.isatty() and not detach,
-        tty=sys.stdin.isatty() and sys.stdout.isatty() and not detach, house=house, entrypoint=entrypoint,
-        cpus=cpus if cpus is not None else runmod.default_cpus(selection, len(gpus), house.get("cpus_per_gpu")))
+    spec = runmod.prepare(runmod.RunRequest(
+        image=image, command=list(command), gpu_request=gpu_request, force=force, cpus=cpus, volumes=list(volumes),
+        env=list(env), ports=list(ports), short=short, detach=detach, keep=keep, shm_size=shm_size,
+        no_workspace=no_workspace, as_user=as_user, entrypoint=entrypoint,
+        interactive=sys.stdin.isatty(), terminal=sys.stdin.isatty() and sys.stdout.isatty()), settings)
     engine = None if dry_run else Engine.connect(settings.docker_cli)
-    spec.name = runmod.next_name(user, spec.short_name, engine.container_names() if engine else set())
-    for note in selection.forced:
+    spec.name = runmod.next_name(spec.user, spec.short_name, engine.container_names() if engine else set())
+    for note in spec.gpus.forced:
         click.echo(f"warning: sharing {note} (--force)", err=True)
-    if selection.gpus:
+    if spec.gpus.gpus:
         click.echo("GPUs: " + ", ".join(f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
                                         f"{g.utilization if g.utilization is not None else '?'}%)"
-                                        for g in selection.gpus), err=True)
-    if dry_run:
+                                        for g in spec.gpus.gpus), err=True)
+    if engine is None:
         click.echo(spec.command_line(settings.docker_cli or "docker"))
         return
-    assert engine is not None
-    click.echo(f"starting {spec.name} ({ref}{f', {spec.cpus:g} CPUs' if spec.cpus else ''})", err=True)
+    click.echo(f"starting {spec.name} ({spec.image}{f', {spec.cpus:g} CPUs' if spec.cpus else ''})", err=True)
     if detach:
-        code, err = engine.run_cli_captured(spec.docker_args())
-        if code != 0:
-            raise ImgbuildError(_explain_start_failure(err))
-        sys.exit(0)
-    samples: list[Any] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        wanted = {g.index for g in selection.gpus}
-        while not stop.wait(2.0):
-            try:
-                now = [g for g in _read_gpus(settings) if g.index in wanted]
-            except (ImgbuildError, OSError, subprocess.SubprocessError):  # a reading lost: the summary has gaps
-                now = []
-            samples.append(Sample({g.index: g.utilization or 0 for g in now},
-                                  {g.index: g.memory_used_mib for g in now}, engine.cpu_percent(spec.name)))
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    started = time.monotonic()
-    if selection.gpus:
-        sampler.start()
-    code = engine.run_cli(spec.docker_args())
-    stop.set()
-    if code in (125, 126):
-        click.echo("imgbuild: docker could not start the container; if it said 'error setting rlimit', "
-                   + _RLIMIT_HINT, err=True)
-    if selection.gpus:
-        sampler.join(timeout=5)
-        rows, hint = summarize(samples, spec.cpus)
-        if rows:
-            print_table(["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
-                        [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]] for r in rows],
-                        title=f"{spec.name}: {time.monotonic() - started:.0f} s")
-        if hint:
-            click.echo(f"hint: {hint}", err=True)
-    sys.exit(code)
-
-
-_RLIMIT_HINT = ("the engine may not raise the memlock/stack ulimits NVIDIA recommends: start dockerd with "
-                "LimitMEMLOCK=infinity, or set run.ulimits in the imgbuild config")
-
-
-def _explain_start_failure(stderr: str) -> str:
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else "docker run failed"
-    if "rlimit" in text:
-        reason = text[text.find("error setting rlimit"):].removesuffix(": unknown.")
-        return f"the container did not start ({reason}); {_RLIMIT_HINT}"
-    return f"the container did not start: {text[-300:]}"
+        runmod.start_detached(engine, spec)
+        return
+    outcome = runmod.start_attached(engine, spec, settings)
+    if outcome.start_failed:
+        click.echo(f"imgbuild: docker could not start the container; if it said 'error setting rlimit', "
+                   f"{runmod.RLIMIT_HINT}", err=True)
+    if outcome.rows:
+        print_table(["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
+                    [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]]
+                     for r in outcome.rows], title=f"{spec.name}: {outcome.seconds:.0f} s")
+    if outcome.hint:
+        click.echo(f"hint: {outcome.hint}", err=True)
+    sys.exit(outcome.code)
 
 
 @cli.command()
@@ -661,11 +589,8 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
 @click.pass_context
 def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, out: Path | None, build: bool) -> None:
     """Export a recipe for clusters: an Apptainer definition (and the .sif where apptainer exists)."""
-    import shutil
-    import subprocess
-
-    from imgbuild.build import context_dir, plan_recipe, write_context
-    from imgbuild.cluster import apptainer_definition
+    from imgbuild.build import plan_recipe
+    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer
     from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe
 
@@ -675,39 +600,27 @@ def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, ou
     if to_stdout and bootstrap == "docker-archive":
         raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
     plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
-    out = out or Path(f"{plan.name}.def")
-    archive = None
-    if bootstrap == "docker-archive":
-        engine = Engine.connect(settings.docker_cli)
-        if engine.image(plan.target) is None:
-            raise UsageError(f"{plan.target} is not built: run imgbuild build {recipe} first")
-        archive = str(out.with_suffix(".tar"))
-        engine.save(plan.target, Path(archive))
-        click.echo(f"saved {plan.target} to {archive}", err=True)
-    if bootstrap == "native":
-        ctx_dir = context_dir(plan, settings)
-        write_context(plan, ctx_dir, "buildkit", settings)
-        click.echo(f"rendered {ctx_dir}: run apptainer build from that folder (%files paths are relative)", err=True)
-    definition = apptainer_definition(plan, bootstrap, archive)
-    if to_stdout:
-        click.echo(definition, nl=False)
+    out = None if to_stdout else (out or Path(f"{plan.name}.def"))
+    engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
+    exported = export_apptainer(plan, settings, bootstrap, out, engine)
+    if exported.archive:
+        click.echo(f"saved {plan.target} to {exported.archive}", err=True)
+    if exported.context:
+        click.echo(f"rendered {exported.context}: run apptainer build from that folder (%files paths are "
+                   "relative)", err=True)
+    if out is None:
+        click.echo(exported.definition, nl=False)
         return
-    out.write_text(definition)
+    out.write_text(exported.definition)
     click.echo(str(out))
-    tool = shutil.which("apptainer") or shutil.which("singularity")
     if not build:
         return
+    tool = apptainer_tool()
     if not tool:
         click.echo("note: apptainer is not installed here: copy the definition to a machine that has it and run "
                    f"`apptainer build {plan.name}.sif {out.name}`", err=True)
         return
-    sif = out.with_suffix(".sif")
-    cwd = context_dir(plan, settings) if bootstrap == "native" else None
-    steps = ([tool, "build", "--force", str(sif.resolve()), str(out.resolve())], [tool, "test", str(sif.resolve())])
-    for args in steps:
-        if subprocess.run(args, cwd=cwd).returncode != 0:
-            raise ImgbuildError(f"{' '.join(args[:2])} failed for {out}")
-    click.echo(str(sif))
+    click.echo(str(build_sif(tool, out, exported.context)))
 
 
 @cli.command()
@@ -740,28 +653,17 @@ def slurm(ctx: click.Context, image: str, command: tuple[str, ...], gpus: int, n
           stage: tuple[str, ...], binds: tuple[str, ...], runtime: str | None, torchrun: bool | None,
           nccl_debug: str | None, out: Path | None, submit: bool, test_only: bool) -> None:
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
-    import subprocess
-    import tempfile
-
-    from imgbuild.cluster import JobSpec, sbatch_script, sif_path, site_slurm
+    from imgbuild.cluster import JobFlags, job_from_flags, sbatch_script, submit_job
     from imgbuild.config import site_section
     from imgbuild.run import resolve_image
 
     settings = _settings(ctx)
-    site = site_slurm(site_section("slurm"))
     ref, short = resolve_image(image, settings)
-    chosen_runtime = runtime or site["runtime"]
-    job = JobSpec(
-        command=list(command),
-        image=sif_path(ref, site["sif_dir"]) if chosen_runtime in ("apptainer", "singularity") else ref,
-        gpus=gpus, nodes=nodes, gpu_type=(site["gpu_types"] or {}).get(gpu_type, gpu_type),
-        cpus_per_gpu=cpus_per_gpu or int(site["cpus_per_gpu"]), cpus=cpus,
-        mem=mem or (f"{int(str(site['mem_per_gpu']).rstrip('G')) * max(gpus, 1)}G" if site["mem_per_gpu"] else None),
-        time=walltime or site["time"], partition=partition or site["partition"],
-        account=account or site["account"], job_name=job_name or short, output=job_output, stage=list(stage),
-        scratch_var=site["scratch_var"], scratch_gres=site["scratch_gres"] if stage else None,
-        runtime=chosen_runtime, binds=list(binds), nccl_debug=nccl_debug, rdzv_port=int(site["rdzv_port"]),
-        torchrun=torchrun)
+    job = job_from_flags(JobFlags(
+        command=list(command), image=ref, short_name=short, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
+        cpus_per_gpu=cpus_per_gpu, cpus=cpus, mem=mem, time=walltime, partition=partition, account=account,
+        job_name=job_name, output=job_output, stage=list(stage), binds=list(binds), runtime=runtime,
+        torchrun=torchrun, nccl_debug=nccl_debug), site_section("slurm"))
     script = sbatch_script(job)
     if out:
         out.write_text(script)
@@ -769,21 +671,7 @@ def slurm(ctx: click.Context, image: str, command: tuple[str, ...], gpus: int, n
     elif not (submit or test_only):
         click.echo(script, nl=False)
     if submit or test_only:
-        with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as fh:
-            fh.write(script)
-        path = str(out or fh.name)
-        args = ["sbatch", *(["--test-only"] if test_only else ["--parsable"]), path]
-        try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
-        except FileNotFoundError:
-            raise EnvironmentProblem("sbatch is not installed here: copy the script to a login node") from None
-        finally:
-            if not out:
-                os.unlink(fh.name)
-        text = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 0:
-            raise ImgbuildError(f"sbatch refused the job: {text.splitlines()[-1] if text else proc.returncode}")
-        click.echo(text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}")
+        click.echo(submit_job(script, test_only=test_only))
 
 
 # --- settings --------------------------------------------------------------------------------------

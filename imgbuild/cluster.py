@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.errors import UsageError
+from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.plan import Plan
 
@@ -231,3 +233,100 @@ def sif_path(image: str, sif_dir: str | None) -> str:
     ref = parse(image)
     name = ref.path.rsplit("/", 1)[-1] + (f"_{ref.tag}" if ref.tag else "")
     return str(Path(sif_dir) / f"{name}.sif") if sif_dir else f"{name}.sif"
+
+
+@dataclass
+class JobFlags:
+    """`imgbuild slurm`'s flags; None means: the site's default."""
+
+    command: list[str]
+    image: str
+    short_name: str
+    gpus: int = 1
+    nodes: int = 1
+    gpu_type: str | None = None
+    cpus_per_gpu: int | None = None
+    cpus: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str | None = None
+    output: str = "%x-%j.out"
+    stage: list[str] = field(default_factory=list)
+    binds: list[str] = field(default_factory=list)
+    runtime: str | None = None
+    torchrun: bool | None = None
+    nccl_debug: str | None = None
+
+
+def job_from_flags(flags: JobFlags, site_config: dict[str, Any]) -> JobSpec:
+    """The job: each flag, else the site's `slurm:` setting, else imgbuild's default."""
+    site = site_slurm(site_config)
+    runtime = flags.runtime or site["runtime"]
+    per_gpu_mem = site["mem_per_gpu"]
+    return JobSpec(
+        command=flags.command,
+        image=sif_path(flags.image, site["sif_dir"]) if runtime in ("apptainer", "singularity") else flags.image,
+        gpus=flags.gpus, nodes=flags.nodes, gpu_type=(site["gpu_types"] or {}).get(flags.gpu_type, flags.gpu_type),
+        cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]), cpus=flags.cpus,
+        mem=flags.mem or (f"{int(str(per_gpu_mem).rstrip('G')) * max(flags.gpus, 1)}G" if per_gpu_mem else None),
+        time=flags.time or site["time"], partition=flags.partition or site["partition"],
+        account=flags.account or site["account"], job_name=flags.job_name or flags.short_name, output=flags.output,
+        stage=flags.stage, scratch_var=site["scratch_var"], scratch_gres=site["scratch_gres"] if flags.stage else None,
+        runtime=runtime, binds=flags.binds, nccl_debug=flags.nccl_debug, rdzv_port=int(site["rdzv_port"]),
+        torchrun=flags.torchrun)
+
+
+def submit_job(script: str, *, test_only: bool = False) -> str:
+    """Hand the script to sbatch on standard input; the job id, or what --test-only says."""
+    args = ["sbatch", *(["--test-only"] if test_only else ["--parsable"])]
+    try:
+        proc = subprocess.run(args, input=script, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise EnvironmentProblem("sbatch is not installed here: copy the script to a login node") from None
+    except subprocess.TimeoutExpired:
+        raise EnvironmentProblem("sbatch did not answer within 60 s: is slurmctld up?") from None
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise JobFailed(f"sbatch refused the job: {text.splitlines()[-1] if text else proc.returncode}")
+    return text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}"
+
+
+@dataclass
+class Exported:
+    definition: str
+    archive: str | None = None      # the docker save tar, for the docker-archive bootstrap
+    context: Path | None = None     # the rendered context, for the native bootstrap
+    sif: Path | None = None         # the built image, where apptainer is installed
+
+
+def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
+    """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
+    from imgbuild.build import context_dir, write_context
+
+    archive = None
+    context = None
+    if bootstrap == "docker-archive":
+        if engine is None or engine.image(plan.target) is None:
+            raise UsageError(f"{plan.target} is not built: run imgbuild build on its recipe first")
+        archive = str((out or Path(f"{plan.name}.def")).with_suffix(".tar"))
+        engine.save(plan.target, Path(archive))
+    if bootstrap == "native":
+        context = write_context(plan, context_dir(plan, settings), "buildkit", settings)
+    return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
+
+
+def apptainer_tool() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def build_sif(tool: str, definition: Path, cwd: Path | None) -> Path:
+    """`apptainer build` the definition, then `apptainer test` it (the %test section runs the smoke test)."""
+    sif = definition.with_suffix(".sif")
+    steps = ([tool, "build", "--force", str(sif.resolve()), str(definition.resolve())],
+             [tool, "test", str(sif.resolve())])
+    for args in steps:
+        if subprocess.run(args, cwd=cwd).returncode != 0:
+            raise JobFailed(f"{' '.join(args[:2])} failed for {definition}")
+    return sif

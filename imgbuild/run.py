@@ -183,3 +183,134 @@ def check_owner(row: dict[str, Any], who: Any, verb: str, force: bool) -> None:
                          "other users' containers")
     raise UsageError(f"{row['name']} belongs to {row['user'] or 'nobody known'}, not to {who.name}"
                      + ("; --force to " + verb + " it anyway" if who.is_admin else ""))
+
+
+# --- starting a container -------------------------------------------------------------------------
+
+RLIMIT_HINT = ("the engine may not raise the memlock/stack ulimits NVIDIA recommends: start dockerd with "
+               "LimitMEMLOCK=infinity, or set run.ulimits in the imgbuild config")
+
+
+@dataclass
+class RunRequest:
+    """What the user asked `imgbuild run` for, as flags."""
+
+    image: str
+    command: list[str] = field(default_factory=list)
+    gpu_request: str = "none"
+    force: bool = False
+    cpus: float | None = None
+    volumes: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    ports: list[str] = field(default_factory=list)
+    short: str | None = None
+    detach: bool = False
+    keep: bool = False
+    shm_size: str | None = None
+    no_workspace: bool = False
+    as_user: str | None = None
+    entrypoint: str | None = None
+    interactive: bool = False
+    terminal: bool = False
+
+
+def read_gpus_or_none(settings: Any) -> list[Any]:
+    from imgbuild.gpus import NoGpus, read_gpus
+
+    try:
+        return read_gpus(settings.gpu_snapshot)
+    except NoGpus:
+        return []
+
+
+def prepare(req: RunRequest, settings: Any) -> RunSpec:
+    """The container to start: house rules, the caller's name and IDs, free GPUs, a CPU share (no engine yet)."""
+    from imgbuild.config import site_section
+    from imgbuild.gpus import select_gpus
+    from imgbuild.host import caller
+
+    house = house_rules(site_section("run"))
+    if req.shm_size:
+        house["shm_size"] = req.shm_size
+    if req.no_workspace:
+        house["workspace"] = None
+    if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
+        raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
+    ref, default_short = resolve_image(req.image, settings)
+    user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
+    gpus = read_gpus_or_none(settings)
+    selection = select_gpus(req.gpu_request, gpus, user, force=req.force)
+    uid, gid = host_ids()
+    if req.as_user:
+        if not re.fullmatch(r"\d+(:\d+)?", req.as_user):
+            raise UsageError(f"--user: {req.as_user!r} is not UID or UID:GID")
+        uid_text, _, gid_text = req.as_user.partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+    return RunSpec(
+        image=ref, short_name=req.short or default_short, user=user, uid=int(uid), gid=int(gid),
+        command=list(req.command), gpus=selection, volumes=list(req.volumes), env=list(req.env),
+        ports=list(req.ports), detach=req.detach, remove=not req.keep,
+        interactive=req.interactive and not req.detach, tty=req.terminal and not req.detach, house=house,
+        entrypoint=req.entrypoint,
+        cpus=req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu")))
+
+
+def start_detached(engine: Any, spec: RunSpec) -> None:
+    from imgbuild.errors import ImgbuildError
+
+    code, err = engine.run_cli_captured(spec.docker_args())
+    if code != 0:
+        raise ImgbuildError(explain_start_failure(err))
+
+
+@dataclass
+class RunOutcome:
+    code: int
+    seconds: float
+    rows: list[dict[str, Any]] = field(default_factory=list)  # per GPU: mean/max utilisation and memory
+    hint: str = ""
+    start_failed: bool = False
+
+
+def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
+    """Run the container in the foreground, sampling its GPUs every 2 s for the job summary."""
+    import subprocess
+    import threading
+    import time
+
+    from imgbuild.errors import ImgbuildError
+    from imgbuild.gpus import Sample, summarize
+
+    samples: list[Sample] = []
+    stop = threading.Event()
+    wanted = {g.index for g in spec.gpus.gpus}
+
+    def sample() -> None:
+        while not stop.wait(2.0):
+            try:
+                now = [g for g in read_gpus_or_none(settings) if g.index in wanted]
+            except (ImgbuildError, OSError, subprocess.SubprocessError):  # a reading lost: the summary has gaps
+                now = []
+            samples.append(Sample({g.index: g.utilization or 0 for g in now},
+                                  {g.index: g.memory_used_mib for g in now}, engine.cpu_percent(spec.name)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    started = time.monotonic()
+    if wanted:
+        sampler.start()
+    code = engine.run_cli(spec.docker_args())
+    stop.set()
+    outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
+    if wanted:
+        sampler.join(timeout=5)
+        outcome.rows, outcome.hint = summarize(samples, spec.cpus)
+    return outcome
+
+
+def explain_start_failure(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else "docker run failed"
+    if "rlimit" in text:
+        reason = text[text.find("error setting rlimit"):].removesuffix(": unknown.")
+        return f"the container did not start ({reason}); {RLIMIT_HINT}"
+    return f"the container did not start: {text[-300:]}"
