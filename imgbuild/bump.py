@@ -65,3 +65,25 @@ def bump(paths: list[Path], *, dry_run: bool = False,
             path.write_text(_rewrite_scalar(path.read_text(), pos.line, pos.col, current, new_text))
         results.append(Bump(str(path), framework, pattern, current, newest, changed))
     return results
+
+
+def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) -> list[Any]:
+    """`imgbuild bump`: move each following recipe to the newest matching tag in the registry, and render
+    again the contexts of the recipes that moved (where one was rendered before)."""
+    from imgbuild import tags as tagmod
+    from imgbuild.build import context_dir, plan_recipe, write_context
+    from imgbuild.recipe import load_recipe
+    from imgbuild.registry import RegistryClient
+
+    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+
+    def tags_for(framework: str) -> list[str]:
+        host, repo = tagmod.repository_for(framework, settings.ngc_registry)
+        return tagmod.list_tags(RegistryClient.for_host(host, settings), repo, cache, refresh=True)[0]
+
+    results = bump(paths, dry_run=dry_run, tags_for=tags_for)
+    for moved in ([] if dry_run else [r for r in results if r.changed]):
+        plan = plan_recipe(load_recipe(moved.recipe, secrets=settings.secrets()), settings)
+        if context_dir(plan, settings).exists():
+            write_context(plan, context_dir(plan, settings), "buildkit", settings)
+    return results

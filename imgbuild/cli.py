@@ -240,44 +240,32 @@ def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bo
             backend: str | None, report_json: Path | None, junit_xml: Path | None, as_json: bool) -> None:
     """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
     import threading
-    import time
 
     from imgbuild import rebuild as rb
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx, backend=backend)
-    start = time.monotonic()
-    targets = list(paths) or ["recipes"]
-    if check:
-        items = rb.check_contexts(targets, settings)
-    else:
-        lock = threading.Lock()
+    lock = threading.Lock()
 
-        def log(line: str) -> None:
-            with lock:
-                click.echo(" ".join(line.split())[:200], err=True)
+    def log(line: str) -> None:
+        with lock:
+            click.echo(" ".join(line.split())[:200], err=True)
 
-        items = rb.run(targets, settings, rb.RebuildOptions(push=push, jobs=jobs, backend=backend,
-                                                            dry_run=dry_run), log)
-    seconds = time.monotonic() - start
-    report = {"seconds": round(seconds, 2), "mode": "check" if check else ("dry-run" if dry_run else "build"),
-              "images": [i.to_json() for i in items]}
+    report = rb.rebuild(list(paths) or ["recipes"], _settings(ctx, backend=backend),
+                        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run), log)
     if report_json:
-        report_json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        report_json.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     if junit_xml:
-        junit_xml.write_text(rb.junit_xml(items, seconds))
+        junit_xml.write_text(rb.junit_xml(report.items, report.seconds))
     if as_json:
-        _emit_json(report)
+        _emit_json(report.to_json())
     else:
-        rows = [[i.name, i.target, i.status.upper(), "; ".join(i.reasons) if i.status != rb.FAILED
-                 else i.error.splitlines()[0], f"{i.seconds:.1f}s"] for i in items]
-        print_table(["recipe", "image", "status", "why", "time"], rows,
-                    title=f"imgbuild rebuild{' --check' if check else ''}: {len(items)} recipe(s), {seconds:.1f}s")
-        for item in items:
+        print_table(["recipe", "image", "status", "why", "time"], report.rows(),
+                    title=f"imgbuild rebuild{' --check' if check else ''}: {len(report.items)} recipe(s), "
+                          f"{report.seconds:.1f}s")
+        for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
                 click.echo(f"--- {item.name}\n{item.error}", err=True)
-    bad = {rb.FAILED, rb.INVALID, rb.SKIPPED} | ({rb.STALE} if check else set())
-    if any(i.status in bad for i in items):
+    if not report.ok:
         sys.exit(EXIT_FAILED)
 
 
@@ -288,28 +276,11 @@ def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bo
 @click.pass_context
 def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Move recipes with base.follow to the newest matching NGC tag (edits the YAML, re-renders)."""
-    from imgbuild import tags as tagmod
-    from imgbuild.build import context_dir, plan_recipe, write_context
-    from imgbuild.bump import bump as do_bump
+    from imgbuild.bump import bump_and_render
     from imgbuild.rebuild import discover
-    from imgbuild.recipe import load_recipe
-    from imgbuild.registry import RegistryClient
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
-    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
-
-    def tags_for(framework: str) -> list[str]:
-        host, repo = tagmod.repository_for(framework, settings.ngc_registry)
-        return tagmod.list_tags(RegistryClient.for_host(host, settings), repo, cache, refresh=True)[0]
-
-    results = do_bump(discover(list(paths) or ["recipes"]), dry_run=dry_run, tags_for=tags_for)
-    if not dry_run:
-        for moved in (r for r in results if r.changed):
-            loaded = load_recipe(moved.recipe, secrets=settings.secrets())
-            plan = plan_recipe(loaded, settings)
-            if context_dir(plan, settings).exists():
-                write_context(plan, context_dir(plan, settings), "buildkit", settings)
+    results = bump_and_render(discover(list(paths) or ["recipes"]), _settings(ctx), dry_run=dry_run)
     if as_json:
         _emit_json([r.to_json() for r in results])
         return
@@ -339,34 +310,12 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
          as_json: bool) -> None:
     """List NGC tags (pytorch, tensorflow or ORG/REPO), newest first, from the registry itself."""
     from imgbuild import tags as tagmod
-    from imgbuild.errors import RegistryUnavailable
-    from imgbuild.registry import RegistryClient
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
-    tagmod.release_floor(since)
-    host, repo = tagmod.repository_for(repository, settings.ngc_registry)
-    client = RegistryClient.for_host(host, settings)
-    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
-    names, age, offline = tagmod.list_tags(client, repo, cache, refresh=refresh)
-    infos = tagmod.select(names, since=since, variant=variant, limit=None if (show_all or compatible) else limit)
-    gpus = tagmod.host_gpus(driver, arch) if compatible else None
-    if (details or compatible) and infos:
-        if offline:
-            raise RegistryUnavailable(f"registry {host} is unreachable: --details/--compatible need it")
-        tagmod.add_details(client, repo, infos, cache)
-    if gpus is not None:
-        for info in infos:
-            info.compatible, info.why = tagmod.compatibility(info, gpus)
-        infos = [i for i in infos if i.compatible][: None if show_all else limit]
-    listing = tagmod.Listing(f"{host}/{repo}", infos, age, offline, len(names), client.requests_made)
-    if offline and age is not None:
-        listing.notes.append(f"registry unreachable: cached answer from {age / 3600:.1f} h ago")
-    elif age is not None:
-        listing.notes.append(f"cached {age / 60:.0f} min ago (--refresh to ask the registry)")
-    if gpus is not None:
-        listing.notes.append(f"host: driver {gpus.driver or '?'}, GPUs {','.join(gpus.capabilities) or '?'} "
-                             f"(from {gpus.source})")
+    listing = tagmod.listing(_settings(ctx), tagmod.Query(
+        repository, since=since, variant=variant, limit=None if show_all else limit, details=details,
+        compatible=compatible, driver=driver, arch=arch, refresh=refresh))
+    infos = listing.tags
     if as_json:
         _emit_json(listing.to_json())
         return
@@ -381,7 +330,7 @@ def tags(ctx: click.Context, repository: str, since: str | None, variant: str, l
     else:
         columns = ["tag", "release", "variant"]
         rows = [[i.tag, i.release, i.variant or ""] for i in infos]
-    print_table(columns, rows, title=f"{host}/{repo}: {len(infos)} of {len(names)} tags")
+    print_table(columns, rows, title=f"{listing.repository}: {len(infos)} of {listing.total} tags")
     for note in listing.notes:
         click.echo(f"note: {note}", err=True)
 

@@ -243,6 +243,34 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
     return items
 
 
+@dataclass
+class Report:
+    mode: str
+    items: list[Item]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """A failed, invalid or skipped image fails the run; with --check a stale one does too."""
+        bad = {FAILED, INVALID, SKIPPED} | ({STALE} if self.mode == "check" else set())
+        return not any(i.status in bad for i in self.items)
+
+    def rows(self) -> list[list[str]]:
+        return [[i.name, i.target, i.status.upper(), "; ".join(i.reasons) if i.status != FAILED
+                 else i.error.splitlines()[0], f"{i.seconds:.1f}s"] for i in self.items]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 2), "mode": self.mode, "images": [i.to_json() for i in self.items]}
+
+
+def rebuild(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print) -> Report:
+    """`imgbuild rebuild`: check the contexts (--check), or plan and build what is stale."""
+    start = time.monotonic()
+    items = check_contexts(paths, settings) if options.check else run(paths, settings, options, log)
+    mode = "check" if options.check else ("dry-run" if options.dry_run else "build")
+    return Report(mode, items, time.monotonic() - start)
+
+
 def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
     """`rebuild --check`: compare images/<name>/ with what the recipes render to now. Builds nothing.
 

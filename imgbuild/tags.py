@@ -273,3 +273,47 @@ def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
     if not host.driver and not host.capabilities:
         return True, "no GPU information (give --driver/--arch)"
     return ok, "; ".join(reasons)
+
+
+@dataclass
+class Query:
+    """What `imgbuild tags` asks: a repository, filters, and whether to describe and check each tag."""
+
+    repository: str = "pytorch"
+    since: str | None = None
+    variant: str = "none"
+    limit: int | None = 20
+    details: bool = False
+    compatible: bool = False
+    driver: str | None = None
+    arch: str | None = None
+    refresh: bool = False
+
+
+def listing(settings: Any, query: Query) -> Listing:
+    """Tags newest first, from the cache or the registry; with details and this host's verdict on each."""
+    release_floor(query.since)  # a bad --since is a usage error before any request
+    host, repo = repository_for(query.repository, settings.ngc_registry)
+    client = RegistryClient.for_host(host, settings)
+    cache = TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+    names, age, offline = list_tags(client, repo, cache, refresh=query.refresh)
+    infos = select(names, since=query.since, variant=query.variant,
+                   limit=None if query.compatible else query.limit)
+    gpus = host_gpus(query.driver, query.arch) if query.compatible else None
+    if (query.details or query.compatible) and infos:
+        if offline:
+            raise RegistryUnavailable(f"registry {host} is unreachable: --details/--compatible need it")
+        add_details(client, repo, infos, cache)
+    if gpus is not None:
+        for info in infos:
+            info.compatible, info.why = compatibility(info, gpus)
+        infos = [i for i in infos if i.compatible][: query.limit]
+    result = Listing(f"{host}/{repo}", infos, age, offline, len(names), client.requests_made)
+    if offline and age is not None:
+        result.notes.append(f"registry unreachable: cached answer from {age / 3600:.1f} h ago")
+    elif age is not None:
+        result.notes.append(f"cached {age / 60:.0f} min ago (--refresh to ask the registry)")
+    if gpus is not None:
+        result.notes.append(f"host: driver {gpus.driver or '?'}, GPUs {','.join(gpus.capabilities) or '?'} "
+                            f"(from {gpus.source})")
+    return result
