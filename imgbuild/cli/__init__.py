@@ -1,0 +1,147 @@
+"""The command line: one module per help section (recipes, images, registry, servers, clusters, settings),
+each command parsing its flags, making one call and printing. One error path: every ImgbuildError becomes
+one line per problem and an exit code.
+
+Exit codes: 0 success, 1 the job ran and failed, 2 bad input or usage, 3 environment.
+Heavy modules are imported inside commands so `imgbuild --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from imgbuild import __version__
+from imgbuild.config import Settings
+from imgbuild.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ImgbuildError,
+)
+
+SECTIONS = [
+    ("Recipes", ["validate", "render", "schema", "bump"]),
+    ("Images", ["build", "smoke", "rebuild"]),
+    ("Registry", ["tags"]),
+    ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
+    ("Clusters", ["export", "slurm"]),
+    ("Settings", ["config"]),
+]
+
+
+class SectionedGroup(click.Group):
+    """Lists commands under headings, in the order of the pipeline."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        ordered = [name for _, names in SECTIONS for name in names if name in self.commands]
+        return ordered + sorted(set(self.commands) - set(ordered))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        placed: set[str] = set()
+        for title, names in SECTIONS:
+            rows = [(n, self.commands[n].get_short_help_str(70)) for n in names if n in self.commands]
+            placed.update(names)
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        rest = [(n, self.commands[n].get_short_help_str(70)) for n in sorted(set(self.commands) - placed)]
+        if rest:
+            with formatter.section("Other"):
+                formatter.write_dl(rest)
+
+
+def _settings(ctx: click.Context, **flags: Any) -> Settings:
+    """Settings by precedence, with the root's --user/--ngc-registry and this command's flags on top."""
+    from imgbuild.config import load_settings
+
+    root = ctx.find_root().params
+    merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
+    return load_settings(merged)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "terminal_width": 100}
+
+
+@click.group(cls=SectionedGroup, context_settings=CONTEXT)
+@click.version_option(__version__, "--version", "-V", prog_name="imgbuild")
+@click.option("--user", metavar="NAME", help="Image namespace (IMGBUILD_USER; default: your login name).")
+@click.option("--ngc-registry", metavar="HOST", help="NGC registry or mirror (IMGBUILD_NGC_REGISTRY; default nvcr.io).")
+def cli(user: str | None, ngc_registry: str | None) -> None:
+    """Build NGC-based images from YAML recipes, prove they work on the GPU, run them on shared servers.
+
+    \b
+    Exit codes: 0 success, 1 the job ran and failed (build, smoke test, stale check),
+                2 bad input or usage, 3 environment (no Docker engine, registry unreachable).
+    Read commands take --json.
+    """
+
+
+
+
+# --- entry point -----------------------------------------------------------------------------------
+
+# click >= 8.2 raises this for a bare `imgbuild`; older versions print the help themselves.
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C: candidate tags, smoke containers, secret files
+
+
+def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread (tests calling main())
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
+    except _NO_ARGS_IS_HELP as exc:  # `imgbuild` alone prints help (click >= 8.2 raises this)
+        click.echo(exc.format_message())
+        sys.exit(EXIT_OK)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("imgbuild: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        message = " ".join(exc.format_message().split())
+        click.echo(f"imgbuild: {message} (see imgbuild --help)", err=True)
+        sys.exit(EXIT_USAGE)
+    except ImgbuildError as exc:
+        lines = exc.lines()
+        click.echo(f"imgbuild: {lines[0]}", err=True)
+        for line in lines[1:]:
+            click.echo(line if line.startswith("  ") else f"imgbuild: {line}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("imgbuild: interrupted", err=True)
+        sys.exit(130)
+    except OSError as exc:  # a disk, folder or device the environment refused: read-only, full, no access
+        where = f" {exc.filename}" if exc.filename else ""
+        click.echo(f"imgbuild: cannot use{where}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_ENVIRONMENT)
+    except Exception as exc:  # a bug or an unexpected engine answer: still one line, no traceback
+        if os.environ.get("IMGBUILD_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        click.echo(f"imgbuild: unexpected {type(exc).__name__}: {first} "
+                   "(set IMGBUILD_DEBUG=1 for the traceback)", err=True)
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_OK)
+
+
+from imgbuild.cli import clusters, images, recipes, registry, servers, settings  # noqa: E402,F401 - registers
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,107 @@
+"""Clusters: export (Apptainer), slurm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from imgbuild.cli import _settings, cli
+from imgbuild.errors import UsageError
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--apptainer", is_flag=True, required=True, help="Write an Apptainer definition file.")
+@click.option("--from", "bootstrap", type=click.Choice(["docker-daemon", "docker-archive", "native"]),
+              default="docker-daemon", show_default=True,
+              help="Bootstrap from the built image (daemon, or a docker save archive) or render natively.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Definition file to write.")
+@click.option("--build/--no-build", default=True, show_default=True,
+              help="Build the .sif and run its %test when apptainer is installed.")
+@click.pass_context
+def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, out: Path | None, build: bool) -> None:
+    """Export a recipe for clusters: an Apptainer definition (and the .sif where apptainer exists)."""
+    from imgbuild.build import plan_recipe
+    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer
+    from imgbuild.engine import Engine
+    from imgbuild.recipe import load_recipe
+
+    settings = _settings(ctx)
+    loaded = load_recipe(recipe, secrets=settings.secrets())
+    to_stdout = out is not None and str(out) == "-"
+    if to_stdout and bootstrap == "docker-archive":
+        raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
+    plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
+    out = None if to_stdout else (out or Path(f"{plan.name}.def"))
+    engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
+    exported = export_apptainer(plan, settings, bootstrap, out, engine)
+    if exported.archive:
+        click.echo(f"saved {plan.target} to {exported.archive}", err=True)
+    if exported.context:
+        click.echo(f"rendered {exported.context}: run apptainer build from that folder (%files paths are "
+                   "relative)", err=True)
+    if out is None:
+        click.echo(exported.definition, nl=False)
+        return
+    out.write_text(exported.definition)
+    click.echo(str(out))
+    if not build:
+        return
+    tool = apptainer_tool()
+    if not tool:
+        click.echo("note: apptainer is not installed here: copy the definition to a machine that has it and run "
+                   f"`apptainer build {plan.name}.sif {out.name}`", err=True)
+        return
+    click.echo(str(build_sif(tool, out, exported.context)))
+
+
+@cli.command()
+@click.argument("image")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="GPUs per node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes.")
+@click.option("--gpu-type", help="GRES type (e.g. v100, a100), or a site alias from slurm.gpu_types.")
+@click.option("--cpus-per-gpu", type=click.IntRange(min=1), help="CPUs per GPU (site default, else 10).")
+@click.option("--cpus", type=click.IntRange(min=1), help="CPUs per task, instead of a share per GPU.")
+@click.option("--mem", help="Memory per node (e.g. 64G).")
+@click.option("--time", "walltime", help="Time limit (e.g. 1:00:00).")
+@click.option("--partition", help="Partition (site default).")
+@click.option("--account", help="Account/project (site default).")
+@click.option("--job-name", help="Job name (default: the image name).")
+@click.option("--output", "job_output", default="%x-%j.out", show_default=True, help="Slurm output file.")
+@click.option("--stage", multiple=True, metavar="TAR", help="Dataset tar to extract to node-local scratch.")
+@click.option("--bind", "binds", multiple=True, help="Extra mount (SRC:DEST) into the container.")
+@click.option("--runtime", type=click.Choice(["apptainer", "singularity", "pyxis", "docker"]),
+              help="Container runtime on the nodes (site default apptainer).")
+@click.option("--torchrun/--no-torchrun", default=None, help="Launch with torchrun (default: more than one GPU).")
+@click.option("--nccl-debug", type=click.Choice(["WARN", "INFO", "TRACE"]), help="Set NCCL_DEBUG.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the script here.")
+@click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
+@click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether it would schedule the job.")
+@click.pass_context
+def slurm(ctx: click.Context, image: str, command: tuple[str, ...], gpus: int, nodes: int, gpu_type: str | None,
+          cpus_per_gpu: int | None, cpus: int | None, mem: str | None, walltime: str | None,
+          partition: str | None, account: str | None, job_name: str | None, job_output: str,
+          stage: tuple[str, ...], binds: tuple[str, ...], runtime: str | None, torchrun: bool | None,
+          nccl_debug: str | None, out: Path | None, submit: bool, test_only: bool) -> None:
+    """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
+    from imgbuild.cluster import JobFlags, job_from_flags, sbatch_script, submit_job
+    from imgbuild.config import site_section
+    from imgbuild.run import resolve_image
+
+    settings = _settings(ctx)
+    ref, short = resolve_image(image, settings)
+    job = job_from_flags(JobFlags(
+        command=list(command), image=ref, short_name=short, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
+        cpus_per_gpu=cpus_per_gpu, cpus=cpus, mem=mem, time=walltime, partition=partition, account=account,
+        job_name=job_name, output=job_output, stage=list(stage), binds=list(binds), runtime=runtime,
+        torchrun=torchrun, nccl_debug=nccl_debug), site_section("slurm"))
+    script = sbatch_script(job)
+    if out:
+        out.write_text(script)
+        click.echo(f"wrote {out}", err=True)
+    elif not (submit or test_only):
+        click.echo(script, nl=False)
+    if submit or test_only:
+        click.echo(submit_job(script, test_only=test_only))

@@ -1,0 +1,198 @@
+"""Shared GPU servers: run, ps, attach, logs, exec, stop, gpus."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import click
+
+from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.errors import UsageError
+
+
+@cli.command()
+@click.argument("image")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--gpus", "gpu_request", default="none", show_default=True,
+              help="N least-loaded free GPUs, a list like 0,3, all, or none.")
+@click.option("--force", is_flag=True, help="Take GPUs other users' processes are on.")
+@click.option("--cpus", type=float, help="CPU limit (default: a fair share per GPU, 8-24 each).")
+@click.option("-v", "--volume", "volumes", multiple=True, help="Extra mounts, as docker -v.")
+@click.option("-e", "--env", "env", multiple=True, help="Environment, as docker -e.")
+@click.option("-p", "--publish", "ports", multiple=True, help="Ports, as docker -p.")
+@click.option("--name", "short", help="The <name> in <user>_<name>_<n> (default: recipe or image name).")
+@click.option("-d", "--detach", is_flag=True, help="Run in the background.")
+@click.option("--keep", is_flag=True, help="Keep the container after it exits (no --rm).")
+@click.option("--shm-size", help="Private /dev/shm of this size instead of --ipc host.")
+@click.option("--no-workspace", is_flag=True, help="Do not mount the current folder at /workspace.")
+@click.option("--user", "as_user", metavar="UID:GID", help="Run as this user instead of yours.")
+@click.option("--entrypoint", help="Override the image's entrypoint.")
+@click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
+@click.pass_context
+def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: str, force: bool,
+        cpus: float | None, volumes: tuple[str, ...], env: tuple[str, ...], ports: tuple[str, ...],
+        short: str | None, detach: bool, keep: bool, shm_size: str | None, no_workspace: bool,
+        as_user: str | None, entrypoint: str | None, dry_run: bool) -> None:
+    """Start a container of IMAGE (or of a RECIPE's image) with the shared-server conventions.
+
+    Options go before `--`; the command after it.
+
+    \b
+    imgbuild run recipes/pytorch-research.yaml --gpus 2 -- python train.py
+    imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
+    """
+    from imgbuild import run as runmod
+    from imgbuild.engine import Engine
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    spec = runmod.prepare(runmod.RunRequest(
+        image=image, command=list(command), gpu_request=gpu_request, force=force, cpus=cpus, volumes=list(volumes),
+        env=list(env), ports=list(ports), short=short, detach=detach, keep=keep, shm_size=shm_size,
+        no_workspace=no_workspace, as_user=as_user, entrypoint=entrypoint,
+        interactive=sys.stdin.isatty(), terminal=sys.stdin.isatty() and sys.stdout.isatty()), settings)
+    engine = None if dry_run else Engine.connect(settings.docker_cli)
+    spec.name = runmod.next_name(spec.user, spec.short_name, engine.container_names() if engine else set())
+    for note in spec.gpus.forced:
+        click.echo(f"warning: sharing {note} (--force)", err=True)
+    if spec.gpus.gpus:
+        click.echo("GPUs: " + ", ".join(f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
+                                        f"{g.utilization if g.utilization is not None else '?'}%)"
+                                        for g in spec.gpus.gpus), err=True)
+    if engine is None:
+        click.echo(spec.command_line(settings.docker_cli or "docker"))
+        return
+    click.echo(f"starting {spec.name} ({spec.image}{f', {spec.cpus:g} CPUs' if spec.cpus else ''})", err=True)
+    if detach:
+        runmod.start_detached(engine, spec)
+        return
+    outcome = runmod.start_attached(engine, spec, settings)
+    if outcome.start_failed:
+        click.echo(f"imgbuild: docker could not start the container; if it said 'error setting rlimit', "
+                   f"{runmod.RLIMIT_HINT}", err=True)
+    if outcome.rows:
+        print_table(["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
+                    [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]]
+                     for r in outcome.rows], title=f"{spec.name}: {outcome.seconds:.0f} s")
+    if outcome.hint:
+        click.echo(f"hint: {outcome.hint}", err=True)
+    sys.exit(outcome.code)
+
+
+@cli.command()
+@click.option("--all", "all_users", is_flag=True, help="Every user's containers.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@click.pass_context
+def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
+    """Your containers (or --all users'), with their GPUs and CPU limits."""
+    from imgbuild.engine import Engine
+    from imgbuild.host import caller
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    who = caller()
+    rows = [r for r in Engine.connect(settings.docker_cli).containers() if all_users or r["user"] == who.name]
+    if as_json:
+        _emit_json(rows)
+        return
+    print_table(["name", "user", "image", "status", "GPUs", "CPUs", "created"],
+                [[r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"]]
+                 for r in rows])
+
+
+def _on_container(ctx: click.Context, verb: str, name: str, flags: list[str] | None = None,
+                  args: tuple[str, ...] = (), force: bool = False) -> None:
+    """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
+    from imgbuild.engine import Engine
+    from imgbuild.host import caller
+    from imgbuild.run import check_owner, find_container
+
+    settings = _settings(ctx)
+    engine = Engine.connect(settings.docker_cli)
+    who = caller()
+    row = find_container(engine.containers(), name, who.name)
+    check_owner(row, who, verb, force)
+    engine.exec_cli([verb, *(flags or []), row["name"], *args])
+
+
+_FORCE = click.option("--force", is_flag=True, help="Root only: act on another user's container.")
+
+
+@cli.command()
+@click.argument("name")
+@_FORCE
+@click.pass_context
+def attach(ctx: click.Context, name: str, force: bool) -> None:
+    """Attach to one of your containers (detach with Ctrl-P Ctrl-Q)."""
+    _on_container(ctx, "attach", name, force=force)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output.")
+@click.option("--tail", default="all", show_default=True, help="Lines from the end.")
+@_FORCE
+@click.pass_context
+def logs(ctx: click.Context, name: str, follow: bool, tail: str, force: bool) -> None:
+    """Print a container's output."""
+    if not re.fullmatch(r"all|\d{1,9}", tail):
+        raise UsageError(f"--tail: {tail!r} is not a number of lines or 'all'")
+    _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])], force=force)
+
+
+@cli.command(name="exec")
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_FORCE
+@click.pass_context
+def exec_(ctx: click.Context, name: str, command: tuple[str, ...], force: bool) -> None:
+    """Run a command in one of your running containers: imgbuild exec NAME -- COMMAND..."""
+    _on_container(ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"], command, force=force)
+
+
+@cli.command()
+@click.argument("name")
+@_FORCE
+@click.pass_context
+def stop(ctx: click.Context, name: str, force: bool) -> None:
+    """Stop one of your containers."""
+    _on_container(ctx, "stop", name, force=force)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable readings.")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--count", type=click.IntRange(min=1), help="With --watch: stop after N readings.")
+@click.pass_context
+def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None) -> None:
+    """GPUs: memory, utilisation, and who runs what on each (NVML, or nvidia-smi)."""
+    import time
+
+    from imgbuild.gpus import NoGpus, read_gpus
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    shown = 0
+    while True:
+        try:
+            readings = read_gpus(settings.gpu_snapshot)
+        except NoGpus as exc:
+            click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
+            return
+        if as_json:
+            _emit_json({"gpus": [g.to_json() for g in readings]})
+        else:
+            rows = []
+            for g in readings:
+                procs = "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB"
+                                  for p in g.processes) or "-"
+                util = "?" if g.utilization is None else f"{g.utilization}%"
+                rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs])
+            print_table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows,
+                        title=time.strftime("%H:%M:%S") if watch else None)
+        shown += 1
+        if not watch or (count and shown >= count):
+            return
+        time.sleep(interval)
