@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgbuild.bases import plan_recipe
 from imgbuild.config import Settings
 from imgbuild.context import write_context as _write
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
-from imgbuild.errors import EnvironmentProblem, ImgbuildError, RegistryUnavailable, SmokeFailed, UsageError
-from imgbuild.plan import Plan, make_plan
+from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
+from imgbuild.plan import Plan
 from imgbuild.recipe import LoadedRecipe, load_recipe
-from imgbuild.registry import RegistryClient, split_reference
 from imgbuild.render import render
 from imgbuild.smoke import SmokeReport, run_smoke
 
@@ -43,59 +43,6 @@ class BuildResult:
                 "promoted": self.promoted, "context": str(self.context), "log": str(self.log_path),
                 "input_hash": self.plan.input_hash, "base": self.plan.base.pinned,
                 "smoke": self.smoke.to_json() if self.smoke else None}
-
-
-def registry_inspector(settings: Settings, engine: ImageEngine | None = None,
-                       local_refs: frozenset[str] = frozenset()) -> Callable[[str], tuple[str, dict]]:
-    """Base inspection: the registry first (digest + config, no pull); a local image when offline.
-
-    `local_refs` are images this run builds itself (another recipe's target): always the local image,
-    pinned by id, so pushing it later does not make its dependents look stale."""
-    clients: dict[str, RegistryClient] = {}
-
-    def inspect(ref: str) -> tuple[str, dict[str, Any]]:
-        host, repo, reference = split_reference(ref)
-        if engine and ref in local_refs:
-            local = engine.inspect_local(ref)
-            if local is not None:
-                return "", local[1]
-        if engine and "/" in ref and host == "docker.io" and not ref.startswith("docker.io/"):
-            # An unqualified `lab/house:v1` that the engine has is a local build (another recipe's
-            # image): pin it by image id rather than asking Docker Hub about a name it never saw.
-            local = engine.inspect_local(ref)
-            if local is not None:
-                return local[0], local[1]
-        client = clients.setdefault(host, RegistryClient.for_host(host, settings))
-        try:
-            manifest, config = client.image_config(repo, reference)
-            return manifest.digest, config
-        except RegistryUnavailable:
-            local = engine.inspect_local(ref) if engine else None
-            if local is None:
-                raise
-            return local[0] or "", local[1]
-
-    return inspect
-
-
-def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
-    from imgbuild.ngc import newest_matching
-
-    def resolve(repo_ref: str, framework: str | None, pattern: str) -> str:
-        host, repo, _ = split_reference(repo_ref + ":x")
-        tags = RegistryClient.for_host(host, settings).tags(repo)
-        found = newest_matching(framework, pattern, tags)
-        if not found:
-            raise ImgbuildError(f"no tag of {repo_ref} matches {pattern!r} ({len(tags)} tags listed)")
-        return found
-
-    return resolve
-
-
-def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: ImageEngine | None = None,
-                offline: bool = False, local_refs: frozenset[str] = frozenset()) -> Plan:
-    inspect = None if offline else registry_inspector(settings, engine, local_refs)
-    return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings))
 
 
 def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:

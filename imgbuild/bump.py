@@ -71,7 +71,8 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     """`imgbuild bump`: move each following recipe to the newest matching tag in the registry, and render
     again the contexts of the recipes that moved (where one was rendered before)."""
     from imgbuild import tags as tagmod
-    from imgbuild.build import context_dir, plan_recipe, write_context
+    from imgbuild.bases import plan_recipe
+    from imgbuild.build import context_dir, write_context
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import RegistryClient
 

@@ -448,14 +448,14 @@ class Engine:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
         note = ""
-        requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
-        container = self.client.containers.create(image, command, device_requests=requests, **kwargs)
+        device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        container = self.client.containers.create(image, command, device_requests=device_requests, **kwargs)
         try:
             container.put_archive("/tmp", _script_tar(script))
             try:
                 container.start()
             except APIError as exc:
-                if not requests:
+                if not device_requests:
                     raise
                 # Docker applies device requests at start: no toolkit, an old driver, CUDA error 804.
                 note = (f"the host has GPUs but the engine cannot pass them ({str(exc.explanation)[:200]}); "
@@ -466,7 +466,7 @@ class Engine:
                 container.start()
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
-            except Exception:  # noqa: BLE001 - the SDK raises a requests timeout of its own shape
+            except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
                 container.kill()
                 raise ImgbuildError(f"the smoke test in {image} ran past {timeout} s") from None
             out = container.logs(stdout=True, stderr=False).decode(errors="replace")

@@ -7,7 +7,6 @@ the recipe or a copied file changed, the base moved to another digest, or the bu
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -183,6 +182,7 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
         engine: ImageEngine | None = None) -> list[Item]:
     """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
     from imgbuild import build as pipeline
+    from imgbuild.bases import plan_recipe
 
     items = load_graph(discover(paths), settings)
     engine = engine or Engine.connect(settings.docker_cli)
@@ -193,7 +193,7 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
         start = time.monotonic()
         try:
             loaded = load_recipe(item.path, secrets=settings.secrets())
-            plan = pipeline.plan_recipe(loaded, settings, engine, local_refs=local_refs)
+            plan = plan_recipe(loaded, settings, engine, local_refs=local_refs)
             item.reasons = staleness(plan, engine, settings, options.push)
             if not item.reasons:
                 item.status, item.image_id = FRESH, engine.image_id(plan.target) or ""
@@ -276,6 +276,7 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
     The base is taken as recorded in each context's lock, so the check needs no registry and flags only
     recipes (or copied files, or templates) that changed without their rendered context."""
+    from imgbuild.bases import read_lock, recorded_base, recorded_env, recorded_tag
     from imgbuild.context import diff_context
     from imgbuild.plan import make_plan
     from imgbuild.render import render
@@ -307,19 +308,19 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
             item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
             continue
         try:
-            lock, base = _read_lock(lock_path)
+            lock, base = read_lock(lock_path)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             item.status, item.reasons = STALE, [f"{lock_path} is not a lock imgbuild wrote (render it again)"]
             continue
-        config = {"config": {"Env": _recorded_env(base)}}
+        config = {"config": {"Env": recorded_env(base)}}
         digest = str(base.get("digest") or "")
         if not DIGEST_RE.fullmatch(digest):
             digest = ""
         registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
         pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=str(lock["image"]).split("/")[0])
-        recorded_tag = base["ref"].rsplit(":", 1)[-1]
+        tag = base["ref"].rsplit(":", 1)[-1]
         try:
-            plan = make_plan(loaded, pinned, _recorded_base(digest, config), _recorded_tag(recorded_tag))
+            plan = make_plan(loaded, pinned, recorded_base(digest, config), recorded_tag(tag))
         except RecipeError as exc:
             item.status, item.error = INVALID, "; ".join(exc.lines())
             continue
@@ -331,39 +332,6 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
         else:
             item.status = FRESH
     return items
-
-
-def _read_lock(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A context's lock (from the repository: untrusted): bounded, and shaped as imgbuild writes it."""
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 * 1024:
-        raise ValueError("not a lock")
-    lock = json.loads(path.read_text(encoding="utf-8"))
-    base = lock["base"]
-    if not isinstance(base, dict) or not all(isinstance(base.get(k, ""), str) for k in ("ref", "digest")):
-        raise ValueError("not a lock")
-    if not isinstance(lock.get("image"), str) or not isinstance(base["ref"], str):
-        raise ValueError("not a lock")
-    return lock, base
-
-
-def _recorded_base(digest: str, config: dict[str, Any]) -> Any:
-    return lambda ref: (digest, config)
-
-
-def _recorded_tag(tag: str) -> Any:
-    return lambda repo, framework, pattern: tag
-
-
-def _recorded_env(base: dict[str, Any]) -> list[str]:
-    """The base's env as far as the lock records it: enough to plan exactly as at render time."""
-    from imgbuild.ngc import FRAMEWORKS
-
-    env = [f"CUDA_VERSION={base['cuda']}"] if base.get("cuda") else []
-    env += [f"CUDNN_VERSION={base['cudnn']}"] if base.get("cudnn") else []
-    fw = FRAMEWORKS.get(base.get("framework") or "")
-    if fw and base.get("framework_version"):
-        env.append(f"{fw.version_env}={base['framework_version']}")
-    return env
 
 
 def junit_xml(items: list[Item], seconds: float) -> str:

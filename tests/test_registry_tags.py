@@ -181,7 +181,7 @@ def test_real_registry_pagination_and_details(testbed):
 
 @pytest.mark.engine
 def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
-    from imgbuild.build import plan_recipe
+    from imgbuild.bases import plan_recipe
     from imgbuild.config import load_settings
     from imgbuild.recipe import load_recipe
 

@@ -22,7 +22,7 @@ from imgbuild.errors import UsageError
 @click.pass_context
 def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, out: Path | None, build: bool) -> None:
     """Export a recipe for clusters: an Apptainer definition (and the .sif where apptainer exists)."""
-    from imgbuild.build import plan_recipe
+    from imgbuild.bases import plan_recipe
     from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer
     from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe

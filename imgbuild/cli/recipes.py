@@ -53,7 +53,8 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 @click.pass_context
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
-    from imgbuild.build import context_dir, plan_recipe, write_context
+    from imgbuild.bases import plan_recipe
+    from imgbuild.build import context_dir, write_context
     from imgbuild.context import check_no_secrets
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
