@@ -67,8 +67,11 @@ def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
 
 def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: ImageEngine | None = None,
                 offline: bool = False, local_refs: frozenset[str] = frozenset()) -> Plan:
+    from imgbuild.host import caller
+
     inspect = None if offline else registry_inspector(settings, engine, local_refs)
-    return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings))
+    who = caller()
+    return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings), (who.uid, who.gid))
 
 
 # --- the lock, for rebuild --check ---------------------------------------------------------------

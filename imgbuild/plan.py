@@ -5,6 +5,7 @@ Pure apart from the `inspect_base` callable passed in (the registry client in pr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from imgbuild.errors import RecipeError, UsageError
 from imgbuild.host import caller
 from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS, config_env, describe_config, expand_tag, is_pattern
 from imgbuild.recipe import LoadedRecipe, stable_name
-from imgbuild.repofiles import SourceFile
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -194,13 +194,12 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
         raise RecipeError(problems)
 
 
-def resolve_ids(loaded: LoadedRecipe, settings: Settings) -> tuple[int, int]:
+def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, int]) -> tuple[int, int]:
     """UID/GID for the image user: recipe > setting > the invoking user (via sudo too) > 1000 for root."""
     user = loaded.recipe.user
     uid = (user.uid if user else None) or settings.uid
     gid = (user.gid if user else None) or settings.gid
-    who = caller()
-    host_uid, host_gid = who.uid, who.gid
+    host_uid, host_gid = host_ids
     if uid is None:
         uid = host_uid or 1000
     if gid is None:
@@ -208,17 +207,9 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings) -> tuple[int, int]:
     return uid, gid
 
 
-def _files_digest(files: list[SourceFile]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.rel.encode() + b"\0" + (b"x" if f.executable else b"-"))
-        with open(f.path, "rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):  # type: ignore[misc]
-                h.update(block)
-    return h.hexdigest()
-
-
+@functools.cache
 def templates_digest() -> str:
+    """imgbuild's own templates and smoke script (package data), hashed once per process."""
     h = hashlib.sha256()
     for path in sorted(TEMPLATES_DIR.iterdir()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -230,7 +221,7 @@ def content_hash(loaded: LoadedRecipe) -> str:
     """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
     data = loaded.recipe.model_dump(mode="json", exclude={"extends"})
     for spec in data["files"]:
-        spec["src"] = _files_digest(loaded.file_manifest.get(spec["dest"], []))
+        spec["src"] = loaded.file_digests.get(spec["dest"], "")
     if loaded.requirements_path:
         data["pip"]["requirements"] = [spec for _, spec in loaded.requirements]
     data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
@@ -249,10 +240,15 @@ def image_and_tag(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str]:
 
 
 def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,
-              resolve_tag: ResolveTag | None = None) -> Plan:
+              resolve_tag: ResolveTag | None = None, host_ids: tuple[int, int] | None = None) -> Plan:
+    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests); `host_ids` is the
+    caller's UID/GID (host.caller() when not given)."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
     check_framework_conflicts(loaded, base)
-    uid, gid = resolve_ids(loaded, settings)
+    if host_ids is None:
+        who = caller()
+        host_ids = (who.uid, who.gid)
+    uid, gid = resolve_ids(loaded, settings, host_ids)
     chash = content_hash(loaded)
     inputs = json.dumps({"content": chash, "base": base.identity or base.ref, "uid": uid, "gid": gid},
                         sort_keys=True).encode()

@@ -32,6 +32,7 @@ from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.repofiles import (
     OutsideRepository,
     SourceFile,
+    files_digest,
     regular_file,
     repository_root,
     resolve_inside,
@@ -306,6 +307,8 @@ class LoadedRecipe:
     file_manifest: dict[str, list[SourceFile]] = field(default_factory=dict)
     #: the requirements file's requirement lines as (line number, text), read once at load
     requirements: tuple[tuple[int, str], ...] = ()
+    #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
+    file_digests: dict[str, str] = field(default_factory=dict)
 
     @property
     def display(self) -> str:
@@ -759,6 +762,7 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
         requirements_path=Path(recipe.pip.requirements) if recipe.pip.requirements else None,
         ca_bundle_path=Path(recipe.pip.ca_bundle) if recipe.pip.ca_bundle else None,
         located=located, root=root, file_manifest=manifest, requirements=requirements,
+        file_digests={dest: files_digest(files) for dest, files in manifest.items()},
     )
 
 

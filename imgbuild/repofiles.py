@@ -102,3 +102,16 @@ def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
             if total > limits.COPY_BYTES:
                 raise OutsideRepository(f"{written} holds more than {limits.COPY_BYTES // limits.MIB} MiB")
     return sorted(found, key=lambda f: f.rel)
+
+
+def files_digest(files: list[SourceFile]) -> str:
+    """sha256 over the files' names, exec bits and content, streamed."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.rel.encode() + b"\0" + (b"x" if f.executable else b"-"))
+        with open(f.path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()

@@ -269,6 +269,16 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
         return opener
 
     monkeypatch.setattr(tempfile, "mkdtemp", no_temporary_folder)
+    loaded = load_recipe(path)
+
+    def no_file(file, *args, **kwargs):
+        raise AssertionError(f"planning opened {file}")
+
+    with monkeypatch.context() as m:  # planning reads no file at all: the loader read each one once
+        m.setattr(builtins, "open", no_file)
+        m.setattr(io, "open", no_file)
+        again = make_plan(loaded, settings(), fake_inspect, host_ids=(1000, 1000))
+    assert again.content_hash == plan.content_hash
     monkeypatch.setattr(builtins, "open", read_only(builtins.open))
     monkeypatch.setattr(io, "open", read_only(io.open))
     context = render(plan)
