@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from imgbuild import limits
 from imgbuild.errors import UsageError
 
@@ -146,6 +144,8 @@ def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
+    import yaml
+
     if not path.is_file():
         return {}
     try:

@@ -296,9 +296,10 @@ class RegistryClient:
                 **kw: Any) -> Reply:
         """A request that answers auth challenges; `scope` is e.g. `repository:nvidia/pytorch:pull`."""
         url = path if path.startswith("http") else self._url(path)
-        if urlsplit(url).netloc != self.host:
-            raise RegistryError(f"registry {self.host}: refusing to follow a link to another host "
-                                f"({urlsplit(url).netloc[:80]}); credentials stay with {self.host}")
+        parts = urlsplit(url)
+        if parts.netloc != self.host or parts.scheme != self.scheme:
+            raise RegistryError(f"registry {self.host}: refusing to follow a link to another host or scheme "
+                                f"({parts.scheme}://{parts.netloc[:80]}); credentials stay with {self.host}")
         for _ in range(3):
             hdrs = dict(headers or {})
             if scope in self._tokens:

@@ -129,7 +129,7 @@ FAULTS = [
     ("always-503", RegistryUnavailable, "", 8),
     ("gzip-bomb", RegistryError, "larger than", 8),
     ("huge-pages", RegistryError, "larger than", 8),
-    ("link-elsewhere", RegistryError, "refusing to follow a link to another host", 2),
+    ("link-elsewhere", RegistryError, "refusing to follow a link to another host or scheme", 2),
     ("no-challenge", RegistryError, "no WWW-Authenticate header", 2),
     ("not-json", RegistryError, "not JSON", 2),
 ]
@@ -158,6 +158,12 @@ def test_credentials_never_reach_another_host(bad):
         client.tags("token-flow")
     assert any(auth == "Bearer t0ken-for-this-host-only" for _, auth in bad.seen_auth)
     assert bad.other.seen_auth == []  # type: ignore[attr-defined]
+
+
+def test_a_link_that_downgrades_to_plain_http_is_refused():
+    client = RegistryClient("registry.example", credentials=Credentials("u", "p"))
+    with pytest.raises(RegistryError, match="another host or scheme"):
+        client.request("GET", "http://registry.example/v2/x/tags/list?last=a", "repository:x:pull")
 
 
 def test_credentials_are_not_sent_to_a_plain_http_realm_elsewhere():

@@ -12,12 +12,11 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from imgbuild import __version__
-from imgbuild.config import Settings
 from imgbuild.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
@@ -25,6 +24,9 @@ from imgbuild.errors import (
     EXIT_USAGE,
     ImgbuildError,
 )
+
+if TYPE_CHECKING:
+    from imgbuild.config import Settings
 
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump"]),
