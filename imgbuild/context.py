@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from imgbuild.errors import UsageError
-from imgbuild.render import Context
+from imgbuild.render import OWN_SCRIPTS, Context
 
 #: Files a build leaves beside the context; they are not part of what the recipe renders to.
 RUN_FILES = frozenset({"smoke.json", "build.log"})
@@ -67,7 +67,9 @@ def _put(path: Path, mode: int, *, data: bytes | None = None, source: Path | Non
 
 
 def diff_context(context: Context, folder: Path) -> list[str]:
-    """The paths where `folder` differs from `context` (missing, extra, other content); nothing is written."""
+    """The paths where `folder` differs from `context` (missing, extra, other content); nothing is written.
+
+    imgbuild's own scripts are not compared (a clean checkout has none; the lock records their digest)."""
     have: set[str] = set()
     odd: set[str] = set()
     for root, dirs, names in os.walk(folder, followlinks=False):
@@ -75,8 +77,8 @@ def diff_context(context: Context, folder: Path) -> list[str]:
             entry = Path(root, name)
             rel = entry.relative_to(folder).as_posix()
             (have if entry.is_file() and not entry.is_symlink() else odd).add(rel)
-    have -= RUN_FILES
-    want = context.paths()
+    have -= RUN_FILES | set(OWN_SCRIPTS)
+    want = context.paths() - set(OWN_SCRIPTS)
     changed = (want ^ have) | odd
     for rel in sorted(want & have):
         if rel in context.rendered:

@@ -91,6 +91,7 @@ class Plan:
                      "cuda": self.base.facts.get("cuda", ""), "cudnn": self.base.facts.get("cudnn", "")},
             "protected": list(self.protected),
             "content_hash": self.content_hash,
+            "scripts": templates_digest(),  # imgbuild's own scripts in the context (not committed)
             "input_hash": self.input_hash,
         }
 

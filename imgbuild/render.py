@@ -22,6 +22,15 @@ from imgbuild.plan import TEMPLATES_DIR, Plan
 from imgbuild.recipe import stable_name
 
 SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
+#: imgbuild's own scripts, written into every context for the build but never committed (the context's
+#: .gitignore lists them; the lock records their digest): a reviewer sees the recipe's files, not ours.
+OWN_SCRIPTS = {
+    "imgbuild/pip/install.sh": TEMPLATES_DIR / "install.sh",
+    "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
+    "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
+}
+GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n" + \
+    "".join(f"/{path}\n" for path in OWN_SCRIPTS) + "/smoke.json\n/build.log\n"
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
 
 
@@ -156,9 +165,9 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     if has_pip:
         put("imgbuild/pip/requirements.txt", requirements_text(plan))
         put("imgbuild/pip/constraints.txt", constraints_text(plan))
-        put("imgbuild/pip/install.sh", _own_file(TEMPLATES_DIR / "install.sh"), 0o755)
+        put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
     if recipe.user:
-        put("imgbuild/user/add-user.sh", _own_file(TEMPLATES_DIR / "add-user.sh"), 0o755)
+        put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
     put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
 
     user = recipe.user
@@ -178,7 +187,8 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
     }
     put("Dockerfile", _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
-    put(".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n")
+    put(".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n.gitignore\n")
+    put(".gitignore", GITIGNORE)
     put("imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2, sort_keys=True) + "\n")
     return Context(rendered, copies)
 
