@@ -747,6 +747,14 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
     located = _merged_positions(layers)
     manifest: dict[str, list[SourceFile]] = {}
     requirements = _check_paths(manifest, located, root, problems)
+    digests: dict[str, str] = {}
+    for i, spec in enumerate(located.data.get("files") or [] if isinstance(located.data.get("files"), list) else []):
+        dest = spec.get("dest") if isinstance(spec, dict) else None
+        if isinstance(dest, str) and dest in manifest:
+            try:
+                digests[dest] = files_digest(manifest[dest], tuple(secrets))
+            except OutsideRepository as exc:
+                problems.append(located.problem(("files", i, "src"), str(exc)))
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(located.data)
@@ -761,8 +769,7 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
         recipe=recipe, path=path.resolve(), chain=[layer.path for layer in layers], file_sources=sources,
         requirements_path=Path(recipe.pip.requirements) if recipe.pip.requirements else None,
         ca_bundle_path=Path(recipe.pip.ca_bundle) if recipe.pip.ca_bundle else None,
-        located=located, root=root, file_manifest=manifest, requirements=requirements,
-        file_digests={dest: files_digest(files) for dest, files in manifest.items()},
+        located=located, root=root, file_manifest=manifest, requirements=requirements, file_digests=digests,
     )
 
 

@@ -76,13 +76,19 @@ def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
     except OSError as exc:
         raise OutsideRepository(f"cannot read {written}: {exc.strerror}") from None
     if stat.S_ISREG(st.st_mode):
+        if ".git" in src.relative_to(root).parts if src.is_relative_to(root) else False:
+            raise OutsideRepository(f"{written} is inside .git (it may hold credentials; it is never copied)")
         return [SourceFile("", src, bool(st.st_mode & stat.S_IXUSR), st.st_size)]
     if not stat.S_ISDIR(st.st_mode):
         raise OutsideRepository(f"{written} is not a regular file or folder")
+    if ".git" in src.relative_to(root).parts if src.is_relative_to(root) else False:
+        raise OutsideRepository(f"{written} is inside .git (it may hold credentials; it is never copied)")
     found: list[SourceFile] = []
     total = 0
     for folder, dirs, names in os.walk(src, followlinks=False):
         here = Path(folder)
+        dirs[:] = [d for d in dirs if d != ".git"]  # a checkout's .git may hold a CI token: never copied
+        names = [n for n in names if n != ".git"]   # (a worktree's .git is a file)
         for name in sorted(dirs):
             if (here / name).is_symlink():
                 raise OutsideRepository(f"{written}: {(here / name).relative_to(src)} is a symlink to a folder "
@@ -104,14 +110,23 @@ def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
     return sorted(found, key=lambda f: f.rel)
 
 
-def files_digest(files: list[SourceFile]) -> str:
-    """sha256 over the files' names, exec bits and content, streamed."""
+def files_digest(files: list[SourceFile], secrets: tuple[str, ...] | list[str] = ()) -> str:
+    """sha256 over the files' names, exec bits and content, streamed; a file that holds a configured
+    secret's value is refused (it would be copied into the image), naming the file, never the secret."""
     import hashlib
 
+    wanted = [s.encode() for s in secrets if s and len(s) >= 4]
+    overlap = max((len(w) for w in wanted), default=1) - 1
     h = hashlib.sha256()
     for f in files:
         h.update(f.rel.encode() + b"\0" + (b"x" if f.executable else b"-"))
+        tail = b""
         with open(f.path, "rb") as fh:
             while block := fh.read(1 << 20):
                 h.update(block)
+                window = tail + block
+                if any(w in window for w in wanted):
+                    raise OutsideRepository(f"{f.rel or f.path.name} holds a configured secret; it would be "
+                                            "copied into the image")
+                tail = window[-overlap:] if overlap else b""
     return h.hexdigest()

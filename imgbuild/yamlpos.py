@@ -17,6 +17,8 @@ from imgbuild.errors import Problem
 PathKey = tuple[str | int, ...]
 #: The YAML types a recipe may use; `!!python/...`, `!!binary`, `!!set`, `!!omap` and custom tags are refused.
 PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq"))
+#: Implicit YAML 1.1 types that a recipe means as text (`tag: 2024-01-01`, `=`): kept as written.
+AS_WRITTEN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("timestamp", "value"))
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ def load_located(path: Path, display: str) -> Located:
         return RecipeError([Problem(display, *_lc(n), dotted(at), message, hint)])
 
     def scalar(n: yaml.Node, at: PathKey) -> Any:
+        if n.tag in AS_WRITTEN_TAGS:
+            return n.value  # an unquoted date or `=`: the text as written, validated like any string
         if n.tag not in PLAIN_TAGS:
             raise fail(n, f"YAML tag {n.tag!r} is not allowed", at, "recipes hold plain text, numbers, lists, mappings")
         try:
@@ -172,7 +176,7 @@ def load_located(path: Path, display: str) -> Located:
             raw[at] = n.value
             value = scalar(n, at)
             return n.value if isinstance(value, float) else value  # keep "24.10" as written
-        if n.tag not in PLAIN_TAGS:
+        if n.tag not in PLAIN_TAGS and n.tag not in AS_WRITTEN_TAGS:
             raise fail(n, f"YAML tag {n.tag!r} is not allowed", at, "recipes hold plain text, numbers, lists, mappings")
         active.add(id(n))
         try:

@@ -321,3 +321,34 @@ def test_a_committed_symlink_in_images_is_never_written_through(link, repo, tmp_
     assert list(elsewhere.iterdir()) == []
     check = run_cli("rebuild", "--check", "recipes", cwd=root)
     assert check.code == 1 and list(elsewhere.iterdir()) == []
+
+
+def test_git_metadata_is_never_copied_into_a_context(repo, tmp_path):
+    """A CI checkout keeps its job token in .git/config: copying the repository must leave .git out."""
+    from imgbuild.config import load_settings
+    from imgbuild.plan import make_plan
+    from imgbuild.render import render
+
+    root = repo.parent
+    for hostile in ("fifo", "link-out", "folder/shadow"):  # the fixture's traps: this test copies everything
+        (repo / hostile).unlink()
+    (root / ".git" / "config").write_text('[remote "origin"]\n  url = https://gitlab-ci-token:CANARY@git.example/x\n')
+    (repo / "recipe.yaml").write_text(HEAD + "files: [{src: .., dest: /opt/repo}]\n")
+    context = render(make_plan(load_recipe(repo / "recipe.yaml"), load_settings(environ={}), None))
+    assert context.copies and not any("/.git/" in path or path.endswith("/.git") for path in context.copies)
+    (repo / "direct.yaml").write_text(HEAD + "files: [{src: ../.git/config, dest: /opt/config}]\n")
+    lines = _problem_lines(repo / "direct.yaml")
+    assert any("inside .git" in ln for ln in lines) and not any("CANARY" in ln for ln in lines)
+
+
+def test_a_copied_file_holding_a_configured_secret_is_refused(repo):
+    (repo / "notes.txt").write_text("key: nvapi-CANARY-key-0123456789\n")
+    (repo / "recipe.yaml").write_text(HEAD + "files: [{src: notes.txt, dest: /opt/notes.txt}]\n")
+    lines = _problem_lines(repo / "recipe.yaml")
+    assert any("files[0].src: notes.txt holds a configured secret" in ln for ln in lines), lines
+    assert not any("CANARY" in ln for ln in lines)
+
+
+def test_an_unquoted_date_is_text_as_written(repo):
+    (repo / "recipe.yaml").write_text(HEAD + "tag: 2024-01-01\n")
+    assert load_recipe(repo / "recipe.yaml").recipe.tag == "2024-01-01"
