@@ -425,7 +425,8 @@ def normalize(located: Located) -> None:
     elif isinstance(user, str):
         _move(located, ("user",), ("user", "name"))
         data["user"] = {"name": user}
-    for i, spec in enumerate(data.get("files") or []):
+    files = data.get("files")
+    for i, spec in enumerate(files if isinstance(files, list) else []):
         mode = spec.get("mode") if isinstance(spec, dict) else None
         if isinstance(mode, int) and not isinstance(mode, bool):
             # YAML 1.1 reads 0644 as the integer 420: take the digits as written.

@@ -43,7 +43,12 @@ def resolve_inside(base_dir: Path, written: str, root: Path) -> Path:
     """`written` (relative to `base_dir`, or absolute) resolved with symlinks, checked to be under `root`."""
     if not written or "\0" in written:
         raise OutsideRepository("empty path")
-    target = Path(base_dir, written).resolve()
+    if len(written) > 4096:
+        raise OutsideRepository("a path longer than 4096 characters")
+    try:
+        target = Path(base_dir, written).resolve()
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop
+        raise OutsideRepository(f"cannot resolve the path: {getattr(exc, 'strerror', None) or exc}") from None
     if not _inside(target, root):
         raise OutsideRepository(f"{written} is outside the recipe's repository ({root.name}/)")
     return target

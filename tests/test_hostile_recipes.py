@@ -352,3 +352,66 @@ def test_a_copied_file_holding_a_configured_secret_is_refused(repo):
 def test_an_unquoted_date_is_text_as_written(repo):
     (repo / "recipe.yaml").write_text(HEAD + "tag: 2024-01-01\n")
     assert load_recipe(repo / "recipe.yaml").recipe.tag == "2024-01-01"
+
+
+# --- every field x every odd value, and garbage: only ever a RecipeError ---------------------------------
+
+FUZZ_FIELDS = [("name",), ("tag",), ("image",), ("extends",), ("description",), ("base",), ("base", "image"),
+               ("base", "tag"), ("base", "framework"), ("base", "follow"), ("apt",), ("pip",), ("pip", "packages"),
+               ("pip", "requirements"), ("pip", "constraints"), ("pip", "index_url"), ("pip", "extra_index_urls"),
+               ("pip", "trusted_hosts"), ("pip", "ca_bundle"), ("user",), ("user", "name"), ("user", "uid"),
+               ("user", "home"), ("run",), ("files",), ("workdir",), ("env",), ("labels",), ("args",),
+               ("entrypoint",), ("cmd",), ("smoke",), ("smoke", "min_speedup"), ("smoke", "require_gpu")]
+FUZZ_VALUES = [None, 0, -1, 1.5, True, [], {}, [None], [{}], [[1]], {"a": None}, {"a": [1]}, "", "x" * 10000,
+               "a\nb", "..", "/etc/passwd", "${NGC_API_KEY}", "${", "-x", "\t", "\u2028", 10**30,
+               [{"src": 5, "dest": "/x"}], [{"src": "here.txt", "dest": 5}], [{"src": "here.txt"}],
+               {"KEY": {"nested": 1}}, ["a", 1, None], [{"src": "here.txt", "dest": "/x", "mode": 99999}]]
+
+
+def test_every_field_with_every_odd_value_is_a_located_error_never_a_crash(repo):
+    import itertools
+    import json
+
+    import yaml
+
+    crashes = []
+    for at, value in itertools.product(FUZZ_FIELDS, FUZZ_VALUES):
+        data = json.loads(HEAD_JSON)
+        node = data
+        for key in at[:-1]:
+            node = node.setdefault(key, {}) if isinstance(node.get(key, {}), dict) else node
+        node[at[-1]] = value
+        path = repo / "fuzz.yaml"
+        path.write_text(yaml.safe_dump(data, allow_unicode=True))
+        try:
+            load_recipe(path, secrets=("nvapi-CANARY-key-0123456789",))
+        except RecipeError as exc:
+            assert not any("CANARY" in ln for ln in exc.lines())
+        except Exception as exc:  # noqa: BLE001 - the point of the test: anything else is a bug
+            crashes.append(f"{'.'.join(at)}={value!r:.40}: {type(exc).__name__}: {exc}")
+    assert crashes == []
+
+
+HEAD_JSON = '{"name": "demo", "base": {"framework": "pytorch", "tag": "24.05"}}'
+GARBAGE = ["name: demo\n", 'base: {framework: pytorch, tag: "24.05"}\n', "&a ", "*a ", "<<: ", "!!str ",
+           "!!python/tuple ", "[", "]", "{", "}", ": ", "- ", "\t", "\r", "\x00", "'", '"', "|\n", "? ",
+           "%YAML 1.1\n", "---\n", "#", "\\", "\u2028", "${X}", "files: [{src: ., dest: /a}]\n", "\n"]
+
+
+def test_garbage_files_are_a_located_error_never_a_crash(repo):
+    import random
+
+    rng = random.Random(7)
+    crashes = []
+    for i in range(600):
+        data = rng.randbytes(rng.randint(0, 300)) if i % 2 else \
+            "".join(rng.choice(GARBAGE) for _ in range(rng.randint(1, 40))).encode()
+        path = repo / "garbage.yaml"
+        path.write_bytes(data)
+        try:
+            load_recipe(path)
+        except RecipeError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the point of the test: anything else is a bug
+            crashes.append(f"{data[:60]!r}: {type(exc).__name__}: {exc}")
+    assert crashes == []
