@@ -363,7 +363,7 @@ class RegistryClient:
                                     f"{limits.HTTP_TAGS_BYTES // limits.MIB} MiB")
             body = resp.json()
             page = body.get("tags") if isinstance(body, dict) else None
-            tags.extend(t for t in (page or []) if isinstance(t, str) and len(t) <= 128)
+            tags.extend(t for t in (page if isinstance(page, list) else []) if isinstance(t, str) and len(t) <= 128)
             url = _next_link(resp.headers.get("Link", ""), self._url(""))
         else:
             if url is not None:
@@ -386,8 +386,8 @@ class RegistryClient:
             os_name, arch = host_platform()
             listed = body.get("manifests")
             for entry in listed if isinstance(listed, list) else []:
-                plat = (entry.get("platform") if isinstance(entry, dict) else None) or {}
-                if plat.get("os") == os_name and plat.get("architecture") == arch:
+                plat = entry.get("platform") if isinstance(entry, dict) else None
+                if isinstance(plat, dict) and plat.get("os") == os_name and plat.get("architecture") == arch:
                     inner_digest = str(entry.get("digest", ""))
                     if not DIGEST_RE.fullmatch(inner_digest):
                         raise RegistryError(f"registry {self.host}: {repo}:{reference} lists a malformed digest")

@@ -7,6 +7,7 @@ The server is a real HTTP server on 127.0.0.1 that answers each path in one bad 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import socket
@@ -200,3 +201,43 @@ def test_tags_details_with_the_registry_down_is_an_environment_error(tmp_path):
                      env={"IMGBUILD_NGC_REGISTRY": f"127.0.0.1:{port}", "IMGBUILD_REGISTRY_BACKOFF": "0.01"})
     assert result.code == 3, result.err
     assert "unreachable" in result.err
+
+
+# Answers of the wrong shape, for every call: a registry error, never a crash.
+ODD_SHAPES = [None, 5, "x", [], {}, {"tags": 5}, {"tags": [1, None, {}]}, {"config": 5}, {"config": {"digest": 5}},
+              {"config": {"digest": "sha256:" + "a" * 64}},
+              {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": 5},
+              {"mediaType": "application/vnd.oci.image.index.v1+json",
+               "manifests": [5, {"platform": 5}, {"platform": {"os": "linux", "architecture": "amd64"}, "digest": "../x"}]},
+              {"config": {"Env": 5, "Labels": 5}}, {"config": {"Env": [5, "A"], "Labels": {"a": 5}}},
+              {"token": 5}, {"token": None}]
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=[json.dumps(s)[:40] for s in ODD_SHAPES])
+def test_answers_of_the_wrong_shape_are_registry_errors(shape):
+    from imgbuild.errors import ImgbuildError
+    from imgbuild.ngc import describe_config
+
+    body = json.dumps(shape).encode()
+
+    class Answer(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(200, body, {"Content-Type": "application/json"})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    calls = {
+        "tags": lambda c: c.tags("x/y"),
+        "manifest": lambda c: c.manifest("x/y", "t").config_digest,
+        "blob": lambda c: describe_config(c.blob_json("x/y", "sha256:" + "a" * 64)),
+        "config": lambda c: c.image_config("x/y", "t"),
+    }
+    try:
+        for call in calls.values():
+            client = RegistryClient(host, insecure=True, retries=0, timeout=3, command_seconds=5)
+            with contextlib.suppress(ImgbuildError):  # anything else fails the test
+                call(client)
+    finally:
+        server.shutdown()
+        server.server_close()
