@@ -32,7 +32,7 @@ def write_context(context: Context, out_dir: Path, secrets: tuple[str, ...] | li
     A failure (a refused secret, a full disk, Ctrl-C) leaves `out_dir` as it was and no staging folder;
     the smoke report of the previous build is kept."""
     check_no_secrets(context, secrets)
-    staging = out_dir.with_name(f".{out_dir.name}.rendering")
+    staging = out_dir.with_name(f".{out_dir.name}.rendering.{os.getpid()}")  # two renders never share one
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
@@ -47,12 +47,16 @@ def write_context(context: Context, out_dir: Path, secrets: tuple[str, ...] | li
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    old = out_dir.with_name(f".{out_dir.name}.old")
+    old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
     if old.exists():
         shutil.rmtree(old)
-    if out_dir.exists():
-        out_dir.rename(old)
-    staging.rename(out_dir)
+    try:
+        if out_dir.exists():
+            out_dir.rename(old)
+        staging.rename(out_dir)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
 

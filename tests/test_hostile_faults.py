@@ -296,3 +296,16 @@ def test_a_build_step_that_never_ends_is_stopped_at_the_build_timeout(testbed, d
     assert result.code == 1, result.err
     assert "ran past 20 s (build_timeout)" in result.err
     assert _image(docker_client, f"{target}:v1") is None and _image(docker_client, f"{target}:v1-candidate") is None
+
+
+def test_concurrent_renders_of_one_recipe_leave_one_whole_context(tmp_path):
+    (tmp_path / ".git").mkdir()
+    recipe = _recipe(tmp_path, "r.yaml", "together", "v1", extra="pip: [einops]\n")
+    out = tmp_path / "images" / "together"
+    procs = [subprocess.Popen([sys.executable, "-m", "imgbuild", "render", str(recipe), "--offline", "-o", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert any(code == 0 for code, _ in results)
+    assert all(code in (0, 3) and "Traceback" not in err for code, err in results), results
+    assert (out / "Dockerfile").is_file() and (out / "imgbuild" / "pip" / "requirements.txt").is_file()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["together"]  # no staging or old folder left
