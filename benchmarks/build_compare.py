@@ -45,16 +45,21 @@ def ca_bundle() -> str | None:
 
 # --- the three ways -------------------------------------------------------------------------------------
 
+
 def write_imgbuild(ctx: Path, pip: list[str], n: int) -> list[str]:
     project = ctx.parent / f"{ctx.name}-recipe"
     (project / "files").mkdir(parents=True, exist_ok=True)
     (project / "files" / "train.py").write_text(TRAIN.format(n=n))
     (project / "bench.yaml").write_text(
-        "name: bench\nbase: {framework: pytorch, tag: \"24.05\"}\n"
+        'name: bench\nbase: {framework: pytorch, tag: "24.05"}\n'
         f"apt: {json.dumps(APT)}\npip: {json.dumps(pip)}\n"
-        "files: [{src: files/train.py, dest: /workspace/train.py}]\n")
-    subprocess.run([sys.executable, "-m", "imgbuild", "render", str(project / "bench.yaml"), "-o", str(ctx)],
-                   check=True, capture_output=True)
+        "files: [{src: files/train.py, dest: /workspace/train.py}]\n"
+    )
+    subprocess.run(
+        [sys.executable, "-m", "imgbuild", "render", str(project / "bench.yaml"), "-o", str(ctx)],
+        check=True,
+        capture_output=True,
+    )
     return [f"--secret=id=imgbuild-ca.crt,src={ca_bundle()}"] if ca_bundle() else []
 
 
@@ -73,12 +78,17 @@ def write_hpccm(ctx: Path, pip: list[str], n: int) -> list[str]:
         "Stage0 += baseimage(image=USERARG.get('base'), _distro='ubuntu22')\n"
         f"Stage0 += packages(ospackages={APT!r})\n"
         f"Stage0 += pip(packages={pip!r}, pip='pip3', ospackages=[])\n"
-        "Stage0 += copy(src='train.py', dest='/workspace/train.py')\n")
+        "Stage0 += copy(src='train.py', dest='/workspace/train.py')\n"
+    )
     hpccm = shutil.which("hpccm", path=str(Path(sys.executable).parent)) or shutil.which("hpccm")
     if not hpccm:
         sys.exit("hpccm is not installed: .venv/bin/pip install hpccm")
-    dockerfile = subprocess.run([hpccm, "--recipe", str(recipe), "--format", "docker", "--userarg",
-                                 f"base={base_ref()}"], check=True, capture_output=True, text=True).stdout
+    dockerfile = subprocess.run(
+        [hpccm, "--recipe", str(recipe), "--format", "docker", "--userarg", f"base={base_ref()}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     first, rest = dockerfile.split("\n", 1)
     (ctx / "Dockerfile").write_text(first + "\n" + _ca_lines(ctx) + rest)
     (ctx / "train.py").write_text(TRAIN.format(n=n))
@@ -88,33 +98,48 @@ def write_hpccm(ctx: Path, pip: list[str], n: int) -> list[str]:
 def write_handwritten(ctx: Path, pip: list[str], n: int) -> list[str]:
     ctx.mkdir(parents=True, exist_ok=True)
     (ctx / "Dockerfile").write_text(
-        f"FROM {base_ref()}\n" + _ca_lines(ctx)
-        + "RUN apt-get update && apt-get install -y " + " ".join(APT) + "\n"
-        + "RUN pip install " + " ".join(pip) + "\n"
+        f"FROM {base_ref()}\n"
+        + _ca_lines(ctx)
+        + "RUN apt-get update && apt-get install -y "
+        + " ".join(APT)
+        + "\n"
+        + "RUN pip install "
+        + " ".join(pip)
+        + "\n"
         + "COPY train.py /workspace/train.py\n"
-        + "WORKDIR /workspace\n")
+        + "WORKDIR /workspace\n"
+    )
     (ctx / "train.py").write_text(TRAIN.format(n=n))
     return []
 
 
 WAYS: dict[str, Callable[[Path, list[str], int], list[str]]] = {
-    "imgbuild": write_imgbuild, "hpccm": write_hpccm, "hand-written": write_handwritten}
+    "imgbuild": write_imgbuild,
+    "hpccm": write_hpccm,
+    "hand-written": write_handwritten,
+}
 
 
 # --- measuring ------------------------------------------------------------------------------------------
 
+
 def build(ctx: Path, tag: str, extra: list[str]) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([docker(), "build", "-q", *extra, "-t", tag, str(ctx)], capture_output=True, text=True,
-                          env=dict(os.environ, DOCKER_BUILDKIT="1"))
+    proc = subprocess.run(
+        [docker(), "build", "-q", *extra, "-t", tag, str(ctx)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, DOCKER_BUILDKIT="1"),
+    )
     if proc.returncode != 0:
         sys.exit(f"build of {ctx} failed:\n{proc.stderr[-2000:]}")
     return time.perf_counter() - start
 
 
 def size(ref: str) -> int:
-    out = subprocess.run([docker(), "image", "inspect", "-f", "{{.Size}}", ref], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [docker(), "image", "inspect", "-f", "{{.Size}}", ref], check=True, capture_output=True, text=True
+    ).stdout
     return int(out.strip())
 
 
@@ -152,22 +177,27 @@ def fmt(values: list[float]) -> str:
 
 def main() -> None:
     if not os.environ.get("IMGBUILD_NGC_REGISTRY"):
-        sys.exit("bring the test bed up first: s=$(tests/testbed/up) && eval \"$s\"")
+        sys.exit('bring the test bed up first: s=$(tests/testbed/up) && eval "$s"')
     with tempfile.TemporaryDirectory() as tmp:
         results = {way: measure(way, Path(tmp)) for way in WAYS}
-    metrics = [("cold build, s", "cold"), ("size added over base, MB", "size_mb"),
-               ("rebuild after adding a pip package, s", "add_pip"),
-               ("rebuild after changing the copied file, s", "change_file"), ("no-op rebuild, s", "noop")]
-    print(f"\nSame environment three ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
-          f"PyTorch base; median (min-max) of {REPEATS} runs\n")
+    metrics = [
+        ("cold build, s", "cold"),
+        ("size added over base, MB", "size_mb"),
+        ("rebuild after adding a pip package, s", "add_pip"),
+        ("rebuild after changing the copied file, s", "change_file"),
+        ("no-op rebuild, s", "noop"),
+    ]
+    print(
+        f"\nSame environment three ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
+        f"PyTorch base; median (min-max) of {REPEATS} runs\n"
+    )
     print("| metric | " + " | ".join(WAYS) + " |")
     print("|---|" + "---|" * len(WAYS))
     for label, key in metrics:
         print(f"| {label} | " + " | ".join(fmt(results[w][key]) for w in WAYS) + " |")
     ratio = statistics.median(results["imgbuild"]["add_pip"]) / statistics.median(results["hpccm"]["add_pip"])
     print(f"\nimgbuild's pip-change rebuild is {ratio:.2f}x hpccm's (target: at most 0.5x)")
-    print(json.dumps({w: {k: statistics.median(v) for k, v in r.items()} for w, r in results.items()}),
-          file=sys.stderr)
+    print(json.dumps({w: {k: statistics.median(v) for k, v in r.items()} for w, r in results.items()}), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run every benchmark in one go and write docs/benchmarks.md (with the command that produced it).
 
-    s=$(tests/testbed/up) && eval "$s" && .venv/bin/pip install -q hpccm && .venv/bin/python benchmarks/run_all.py
+s=$(tests/testbed/up) && eval "$s" && .venv/bin/pip install -q hpccm && .venv/bin/python benchmarks/run_all.py
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = ("s=$(tests/testbed/up) && eval \"$s\" && .venv/bin/pip install -q hpccm && "
-           ".venv/bin/python benchmarks/run_all.py")
+COMMAND = (
+    's=$(tests/testbed/up) && eval "$s" && .venv/bin/pip install -q hpccm && .venv/bin/python benchmarks/run_all.py'
+)
 
 
 ANALYSIS = """## Where imgbuild loses, and why
@@ -44,8 +45,7 @@ ANALYSIS = """## Where imgbuild loses, and why
 
 
 def run_script(name: str) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name)], capture_output=True, text=True,
-                          cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name)], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout.strip()
@@ -77,39 +77,59 @@ def main() -> None:
     help_t = timed([*imgbuild, "--help"], 10)
     with tempfile.TemporaryDirectory() as tmp:
         render_t = timed([*imgbuild, "render", str(ROOT / "recipes/pytorch-research.yaml"), "-o", f"{tmp}/ctx"], 5)
-        render_off = timed([*imgbuild, "render", "--offline", str(ROOT / "recipes/pytorch-research.yaml"),
-                            "-o", f"{tmp}/ctx2"], 5)
+        render_off = timed(
+            [*imgbuild, "render", "--offline", str(ROOT / "recipes/pytorch-research.yaml"), "-o", f"{tmp}/ctx2"], 5
+        )
     base = f"{os.environ['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:24.05-py3"
     smoke_t = timed([*imgbuild, "smoke", base], 3)
     tf_base = f"{os.environ['IMGBUILD_NGC_REGISTRY']}/nvidia/tensorflow:24.05-tf2-py3"
     tf_smoke_t = timed([*imgbuild, "smoke", tf_base], 3)
 
     lines = [
-        "# Benchmarks", "",
+        "# Benchmarks",
+        "",
         f"Produced by `{COMMAND}` on {started}, on a {os.cpu_count()}-core {platform.machine()} machine "
         "(the project's CI size), against the test bed: dockerd 20.10 with BuildKit, a local registry, "
-        "the stand-in NGC bases. PyPI through a TLS-intercepting proxy.", "",
-        "## Same environment, three ways", "", compare, "",
+        "the stand-in NGC bases. PyPI through a TLS-intercepting proxy.",
+        "",
+        "## Same environment, three ways",
+        "",
+        compare,
+        "",
         "What each way is: imgbuild renders `recipes`-style YAML (BuildKit cache mounts for apt and pip, the "
         "proxy CA as a build secret); hpccm 26 generates its Dockerfile from the equivalent Python recipe "
         "(`packages`, `pip`, `copy` blocks); the hand-written one is the NGC how-to pattern (`apt-get install`, "
         "`pip install`, `COPY`). The hand-written and hpccm images copy the proxy's CA bundle into the image "
         "(a few hundred kB), as people behind such proxies do. Cold builds start from a pruned build cache "
         "(`docker builder prune -af`), so imgbuild's cache mounts start empty too. imgbuild's times include "
-        "`imgbuild render`.", "",
+        "`imgbuild render`.",
+        "",
         ANALYSIS,
-        "## Tag listing (600 tags)", "", "```text", tags, "```", "",
-        "## No-op rebuild (20 recipes)", "", "```text", noop, "```", "",
-        "## Tool overhead and smoke test", "",
-        "| what | median s (min-max) | runs |", "|---|---|---|",
+        "## Tag listing (600 tags)",
+        "",
+        "```text",
+        tags,
+        "```",
+        "",
+        "## No-op rebuild (20 recipes)",
+        "",
+        "```text",
+        noop,
+        "```",
+        "",
+        "## Tool overhead and smoke test",
+        "",
+        "| what | median s (min-max) | runs |",
+        "|---|---|---|",
         f"| `imgbuild --help` | {stats(help_t)} | 10 |",
-        f"| `imgbuild render recipes/pytorch-research.yaml` (base digest from the registry) | {stats(render_t)} "
-        "| 5 |",
+        f"| `imgbuild render recipes/pytorch-research.yaml` (base digest from the registry) | {stats(render_t)} | 5 |",
         f"| `imgbuild render --offline ...` | {stats(render_off)} | 5 |",
         f"| `imgbuild smoke` on the CPU-only PyTorch stand-in | {stats(smoke_t)} | 3 |",
-        f"| `imgbuild smoke` on the CPU-only TensorFlow stand-in | {stats(tf_smoke_t)} | 3 |", "",
-        "The GPU checks' duration and TFLOP/s need a GPU: no session has been lent one yet "
-        "(see docs/smoke-on-gpu.md).", ""]
+        f"| `imgbuild smoke` on the CPU-only TensorFlow stand-in | {stats(tf_smoke_t)} | 3 |",
+        "",
+        "The GPU checks' duration and TFLOP/s need a GPU: no session has been lent one yet (see docs/smoke-on-gpu.md).",
+        "",
+    ]
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

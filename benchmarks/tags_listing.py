@@ -33,7 +33,7 @@ def timed(fn):
 def main() -> None:
     registry = os.environ.get("IMGBUILD_TESTBED_REGISTRY")
     if not registry:
-        sys.exit("bring the test bed up first: s=$(tests/testbed/up) && eval \"$s\"")
+        sys.exit('bring the test bed up first: s=$(tests/testbed/up) && eval "$s"')
     names = ngc_tag_names(600)
     push_many_tags(registry, REPO, "nvidia/pytorch", "24.05-py3", names)
     rows = []

@@ -18,8 +18,9 @@ from imgbuild.recipe import LoadedRecipe
 from imgbuild.registry import RegistryClient, split_reference
 
 
-def registry_inspector(settings: Settings, engine: ImageEngine | None = None,
-                       local_refs: frozenset[str] = frozenset()) -> Callable[[str], tuple[str, dict]]:
+def registry_inspector(
+    settings: Settings, engine: ImageEngine | None = None, local_refs: frozenset[str] = frozenset()
+) -> Callable[[str], tuple[str, dict]]:
     """Base inspection: the registry first (digest + config, no pull); a local image when offline.
 
     `local_refs` are images this run builds itself (another recipe's target): always the local image,
@@ -65,8 +66,13 @@ def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
     return resolve
 
 
-def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: ImageEngine | None = None,
-                offline: bool = False, local_refs: frozenset[str] = frozenset()) -> Plan:
+def plan_recipe(
+    loaded: LoadedRecipe,
+    settings: Settings,
+    engine: ImageEngine | None = None,
+    offline: bool = False,
+    local_refs: frozenset[str] = frozenset(),
+) -> Plan:
     from imgbuild.host import caller
 
     inspect = None if offline else registry_inspector(settings, engine, local_refs)
@@ -75,6 +81,7 @@ def plan_recipe(loaded: LoadedRecipe, settings: Settings, engine: ImageEngine | 
 
 
 # --- the lock, for rebuild --check ---------------------------------------------------------------
+
 
 def read_lock(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """A context's lock (from the repository: untrusted): bounded, and shaped as imgbuild writes it."""

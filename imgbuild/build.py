@@ -39,10 +39,17 @@ class BuildResult:
     log_path: Path
 
     def to_json(self) -> dict[str, Any]:
-        return {"image": self.plan.target, "image_id": self.image_id, "previous_id": self.previous_id,
-                "promoted": self.promoted, "context": str(self.context), "log": str(self.log_path),
-                "input_hash": self.plan.input_hash, "base": self.plan.base.pinned,
-                "smoke": self.smoke.to_json() if self.smoke else None}
+        return {
+            "image": self.plan.target,
+            "image_id": self.image_id,
+            "previous_id": self.previous_id,
+            "promoted": self.promoted,
+            "context": str(self.context),
+            "log": str(self.log_path),
+            "input_hash": self.plan.input_hash,
+            "base": self.plan.base.pinned,
+            "smoke": self.smoke.to_json() if self.smoke else None,
+        }
 
 
 def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:
@@ -136,10 +143,18 @@ def needs_buildkit(settings: Settings) -> bool:
     return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
 
 
-def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = None,
-          require_gpu: bool = False, no_cache: bool = False, out: str | Path | None = None,
-          progress: Callable[[str], None] = lambda s: None, plan: Plan | None = None,
-          engine: ImageEngine | None = None) -> BuildResult:
+def build(
+    recipe_path: str | Path,
+    settings: Settings,
+    *,
+    backend: str | None = None,
+    require_gpu: bool = False,
+    no_cache: bool = False,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    plan: Plan | None = None,
+    engine: ImageEngine | None = None,
+) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
@@ -147,8 +162,10 @@ def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = 
     engine = engine or Engine.connect(settings.docker_cli)
     chosen = engine.pick_backend(backend or settings.backend)
     if chosen == "sdk" and needs_buildkit(settings):
-        raise UsageError("pip index settings may carry credentials and need the buildkit backend "
-                         "(the Engine API builder would bake them into a layer)")
+        raise UsageError(
+            "pip index settings may carry credentials and need the buildkit backend "
+            "(the Engine API builder would bake them into a layer)"
+        )
     plan = plan or plan_recipe(loaded, settings, engine)
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
@@ -169,22 +186,34 @@ def build(recipe_path: str | Path, settings: Settings, *, backend: str | None = 
         iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=_cache_subdir(settings, "runs"))
         os.close(iid_fd)
         stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
-        request = BuildRequest(context=ctx, tag=candidate, secrets=secrets, no_cache=no_cache,
-                               log_path=log_path, builder=settings.builder, iidfile=Path(iid_name),
-                               timeout=settings.build_timeout,
-                               build_args={"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)}
-                               if loaded.recipe.user else {})
+        request = BuildRequest(
+            context=ctx,
+            tag=candidate,
+            secrets=secrets,
+            no_cache=no_cache,
+            log_path=log_path,
+            builder=settings.builder,
+            iidfile=Path(iid_name),
+            timeout=settings.build_timeout,
+            build_args={"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {},
+        )
         promoted = False
         try:
             image_id = engine.build(chosen, request, progress, redact)
             progress(f"built {image_id[:19]}; smoke-testing {candidate}")
-            report = run_smoke(engine, candidate, require_gpu=require_gpu or loaded.recipe.smoke.require_gpu,
-                               min_speedup=loaded.recipe.smoke.min_speedup)
+            report = run_smoke(
+                engine,
+                candidate,
+                require_gpu=require_gpu or loaded.recipe.smoke.require_gpu,
+                min_speedup=loaded.recipe.smoke.min_speedup,
+            )
             _write_report(ctx / "smoke.json", report)
             if not report.ok:
                 kept = engine.image_id(plan.target)
-                raise SmokeFailed(f"{report.summary()}; {plan.target} was left as it was"
-                                  + (f" ({kept[:19]})" if kept else " (not built before)"))
+                raise SmokeFailed(
+                    f"{report.summary()}; {plan.target} was left as it was"
+                    + (f" ({kept[:19]})" if kept else " (not built before)")
+                )
             previous = engine.image_id(plan.target)
             if previous and previous != image_id:
                 engine.tag(previous, f"{plan.image}:{plan.tag}-previous")

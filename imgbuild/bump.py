@@ -29,17 +29,16 @@ class Bump:
 def _rewrite_scalar(text: str, line: int, col: int, old: str, new: str) -> str:
     lines = text.splitlines(keepends=True)
     row = lines[line - 1]
-    head, rest = row[: col - 1], row[col - 1:]
+    head, rest = row[: col - 1], row[col - 1 :]
     quote = rest[0] if rest[:1] in "\"'" else ""
-    if not rest[len(quote):].startswith(old):
+    if not rest[len(quote) :].startswith(old):
         raise UsageError(f"line {line}: expected {old!r} at column {col}; the file changed while bumping, run again")
-    rest = quote + new + rest[len(quote) + len(old):]
+    rest = quote + new + rest[len(quote) + len(old) :]
     lines[line - 1] = head + rest
     return "".join(lines)
 
 
-def bump(paths: list[Path], *, dry_run: bool = False,
-         tags_for: Any = None) -> list[Bump]:
+def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None) -> list[Bump]:
     """`tags_for(framework) -> list[str]`: the registry's tags (injected in tests)."""
     from imgbuild.ngc import newest_matching
 
@@ -83,7 +82,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
         return tagmod.list_tags(RegistryClient.for_host(host, settings), repo, cache, refresh=True)[0]
 
     results = bump(paths, dry_run=dry_run, tags_for=tags_for)
-    for moved in ([] if dry_run else [r for r in results if r.changed]):
+    for moved in [] if dry_run else [r for r in results if r.changed]:
         plan = plan_recipe(load_recipe(moved.recipe, secrets=settings.secrets()), settings)
         if context_dir(plan, settings).exists():
             write_context(plan, context_dir(plan, settings), "buildkit", settings)

@@ -24,20 +24,21 @@ BOOTSTRAPS = ("docker-daemon", "docker-archive", "native")
 SLURM_DEFAULTS: dict[str, Any] = {
     "partition": None,
     "account": None,
-    "gpu_types": {},              # friendly name -> gres type, e.g. {v100: v100, a100: a100_40g}
+    "gpu_types": {},  # friendly name -> gres type, e.g. {v100: v100, a100: a100_40g}
     "cpus_per_gpu": 10,
-    "mem_per_gpu": None,          # e.g. "64G"
+    "mem_per_gpu": None,  # e.g. "64G"
     "time": "01:00:00",
     "scratch_var": "LOCAL_SCRATCH",
-    "scratch_gres": None,         # e.g. "nvme:100" (CSC: fast local disk is requested as gres)
-    "runtime": "apptainer",       # apptainer | singularity | pyxis | docker
-    "sif_dir": None,              # where .sif files live on the cluster
+    "scratch_gres": None,  # e.g. "nvme:100" (CSC: fast local disk is requested as gres)
+    "runtime": "apptainer",  # apptainer | singularity | pyxis | docker
+    "sif_dir": None,  # where .sif files live on the cluster
     "rdzv_port": 29500,
 }
 RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
 
 
 # --- Apptainer ----------------------------------------------------------------------------------------
+
 
 def _env_lines(env: dict[str, str]) -> list[str]:
     return [f"    export {key}={shlex.quote(value)}" for key, value in env.items()]
@@ -56,23 +57,39 @@ def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: 
     else:
         lines += ["Bootstrap: docker", f"From: {plan.base.pinned}"]
     lines.append("")
-    lines += ["%labels"] + [f"    {k} {v}" for k, v in {
-        Label.RECIPE: plan.loaded.path.name, Label.RECIPE_HASH: plan.content_hash,
-        Label.BASE: plan.base.ref, **recipe.labels}.items()] + [""]
+    lines += (
+        ["%labels"]
+        + [
+            f"    {k} {v}"
+            for k, v in {
+                Label.RECIPE: plan.loaded.path.name,
+                Label.RECIPE_HASH: plan.content_hash,
+                Label.BASE: plan.base.ref,
+                **recipe.labels,
+            }.items()
+        ]
+        + [""]
+    )
     if bootstrap == "native":
         lines += ["%files"]
         lines += [f"    {_context_rel(dest)} {dest}" for dest in sorted(plan.loaded.file_sources)]
-        lines += ["    imgbuild/pip /opt/imgbuild/pip" if (recipe.pip.packages or plan.loaded.requirements_path)
-                  else "", "    imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py", ""]
+        lines += [
+            "    imgbuild/pip /opt/imgbuild/pip" if (recipe.pip.packages or plan.loaded.requirements_path) else "",
+            "    imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py",
+            "",
+        ]
         post = ["%post", "    set -eu"]
         if recipe.apt:
-            post += ["    apt-get update",
-                     "    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
-                     + " ".join(recipe.apt),
-                     "    rm -rf /var/lib/apt/lists/*"]
+            post += [
+                "    apt-get update",
+                "    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends " + " ".join(recipe.apt),
+                "    rm -rf /var/lib/apt/lists/*",
+            ]
         if recipe.pip.packages or plan.loaded.requirements_path:
-            post += ["    # the base's framework stays: its constraint file (or a freeze) pins every package",
-                     "    PIP_NO_CACHE_DIR=1 sh /opt/imgbuild/pip/install.sh"]
+            post += [
+                "    # the base's framework stays: its constraint file (or a freeze) pins every package",
+                "    PIP_NO_CACHE_DIR=1 sh /opt/imgbuild/pip/install.sh",
+            ]
         post += [f"    {cmd}" for cmd in recipe.run]
         post += [f"    mkdir -p {recipe.workdir}", ""]
         lines += post
@@ -80,18 +97,24 @@ def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: 
     # Apptainer runs as the calling user and mounts $HOME: keep ~/.local packages out of the image's Python.
     lines += ["%environment", *_env_lines(env), "    export PYTHONNOUSERSITE=1", ""]
     run = recipe.entrypoint if recipe.entrypoint is not None else recipe.cmd
-    runscript = "exec \"$@\""
+    runscript = 'exec "$@"'
     if isinstance(run, list) and run:
-        runscript = "if [ $# -gt 0 ]; then exec \"$@\"; fi\n    exec " + shlex.join(run)
+        runscript = 'if [ $# -gt 0 ]; then exec "$@"; fi\n    exec ' + shlex.join(run)
     elif isinstance(run, str):
-        runscript = "if [ $# -gt 0 ]; then exec \"$@\"; fi\n    exec /bin/sh -c " + shlex.quote(run)
+        runscript = 'if [ $# -gt 0 ]; then exec "$@"; fi\n    exec /bin/sh -c ' + shlex.quote(run)
     lines += ["%runscript", f"    cd {recipe.workdir} 2>/dev/null || true", f"    {runscript}", ""]
-    lines += ["%test",
-              "    # the same smoke test as `imgbuild build`: framework intact, CUDA, cuDNN, tensor-core AMP",
-              "    python3 /opt/imgbuild/smoke.py --format table" + (" --require-gpu" if recipe.smoke.require_gpu
-                                                                  else ""), ""]
-    lines += ["%help", f"    {recipe.description or recipe.name}: built by imgbuild from {plan.loaded.path.name}.",
-              "    apptainer exec --nv IMAGE.sif python3 train.py    # --nv passes the host's GPUs and driver", ""]
+    lines += [
+        "%test",
+        "    # the same smoke test as `imgbuild build`: framework intact, CUDA, cuDNN, tensor-core AMP",
+        "    python3 /opt/imgbuild/smoke.py --format table" + (" --require-gpu" if recipe.smoke.require_gpu else ""),
+        "",
+    ]
+    lines += [
+        "%help",
+        f"    {recipe.description or recipe.name}: built by imgbuild from {plan.loaded.path.name}.",
+        "    apptainer exec --nv IMAGE.sif python3 train.py    # --nv passes the host's GPUs and driver",
+        "",
+    ]
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 
@@ -101,22 +124,23 @@ def _context_rel(dest: str) -> str:
 
 # --- Slurm --------------------------------------------------------------------------------------------
 
+
 @dataclass
 class JobSpec:
     command: list[str]
-    image: str                    # .sif path (apptainer/singularity), image ref (pyxis, docker)
-    gpus: int = 1                 # per node
+    image: str  # .sif path (apptainer/singularity), image ref (pyxis, docker)
+    gpus: int = 1  # per node
     nodes: int = 1
     gpu_type: str | None = None
     cpus_per_gpu: int = 10
-    cpus: int | None = None       # per task, overrides cpus_per_gpu
+    cpus: int | None = None  # per task, overrides cpus_per_gpu
     mem: str | None = None
     time: str = "01:00:00"
     partition: str | None = None
     account: str | None = None
     job_name: str = "imgbuild"
     output: str = "%x-%j.out"
-    stage: list[str] = field(default_factory=list)    # dataset tars extracted to $SCRATCH on each node
+    stage: list[str] = field(default_factory=list)  # dataset tars extracted to $SCRATCH on each node
     scratch_var: str = "LOCAL_SCRATCH"
     scratch_gres: str | None = None
     runtime: str = "apptainer"
@@ -145,14 +169,36 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
             opts += ["--bind", bind]
         return [], [job.runtime, "exec", *opts, job.image]
     if job.runtime == "pyxis":
-        srun = [f"--container-image={job.image}", "--container-workdir=/workspace",
-                f"--container-mounts={','.join(['$PWD:/workspace', *binds])}"]
+        srun = [
+            f"--container-image={job.image}",
+            "--container-workdir=/workspace",
+            f"--container-mounts={','.join(['$PWD:/workspace', *binds])}",
+        ]
         return srun, []
     if job.runtime == "docker":
         # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
         # hostname + pid, which must differ between nodes that share a host in small lab clusters).
-        opts = ["docker", "run", "--rm", "--network", "host", "--ipc", "host", "--pid", "host", "-v", "$PWD:/workspace",
-                "-w", "/workspace", "-e", "SLURM_JOB_ID", "-e", "SLURM_PROCID", "-e", "SLURM_NNODES"]
+        opts = [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "--ipc",
+            "host",
+            "--pid",
+            "host",
+            "-v",
+            "$PWD:/workspace",
+            "-w",
+            "/workspace",
+            "-e",
+            "SLURM_JOB_ID",
+            "-e",
+            "SLURM_PROCID",
+            "-e",
+            "SLURM_NNODES",
+        ]
         for bind in binds:
             opts += ["-v", bind]
         if job.gpus:
@@ -191,28 +237,43 @@ def sbatch_script(job: JobSpec) -> str:
     head += [f"#SBATCH --gres={','.join(gres)}"] if gres else []
     head += [f"#SBATCH --mem={job.mem}"] if job.mem else []
     head += [f"#SBATCH --time={job.time}", f"#SBATCH --output={job.output}", ""]
-    body = ["# Generated by imgbuild: one task per node; on each, the container runs the launcher.",
-            "set -euo pipefail"]
+    body = [
+        "# Generated by imgbuild: one task per node; on each, the container runs the launcher.",
+        "set -euo pipefail",
+    ]
     if job.nccl_debug:
         body += [f"export NCCL_DEBUG={job.nccl_debug}"]
     body += ["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
     if job.stage:
-        body += ["", f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
-                 f'export {job.scratch_var}="${{{job.scratch_var}:-${{TMPDIR:-/tmp}}/$SLURM_JOB_ID}}"',
-                 f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "${job.scratch_var}"']
+        body += [
+            "",
+            f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
+            f'export {job.scratch_var}="${{{job.scratch_var}:-${{TMPDIR:-/tmp}}/$SLURM_JOB_ID}}"',
+            f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "${job.scratch_var}"',
+        ]
         for tar in job.stage:
-            body += [f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf {shlex.quote(tar)} '
-                     f'-C "${job.scratch_var}"']
+            body += [
+                f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf {shlex.quote(tar)} -C "${job.scratch_var}"'
+            ]
     srun_opts, prefix = _container_prefix(job)
     command = list(job.command)
     if job.uses_torchrun:
-        body += ["", "# torchrun on every node; the rendezvous is the first node of the allocation.",
-                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                 'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 '
-                 '|| echo "$head_node")']
-        command = ["torchrun", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={max(job.gpus, 1)}",
-                   "--rdzv-backend=c10d", f"--rdzv-endpoint=$head_node:{job.rdzv_port}",
-                   "--rdzv-id=$SLURM_JOB_ID", *command]
+        body += [
+            "",
+            "# torchrun on every node; the rendezvous is the first node of the allocation.",
+            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 '
+            '|| echo "$head_node")',
+        ]
+        command = [
+            "torchrun",
+            "--nnodes=$SLURM_NNODES",
+            f"--nproc-per-node={max(job.gpus, 1)}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=$head_node:{job.rdzv_port}",
+            "--rdzv-id=$SLURM_JOB_ID",
+            *command,
+        ]
     body += ["", _words(["srun", *srun_opts, *prefix, *command])]
     return "\n".join(head + body) + "\n"
 
@@ -268,14 +329,26 @@ def job_from_flags(flags: JobFlags, site_config: dict[str, Any]) -> JobSpec:
     return JobSpec(
         command=flags.command,
         image=sif_path(flags.image, site["sif_dir"]) if runtime in ("apptainer", "singularity") else flags.image,
-        gpus=flags.gpus, nodes=flags.nodes, gpu_type=(site["gpu_types"] or {}).get(flags.gpu_type, flags.gpu_type),
-        cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]), cpus=flags.cpus,
+        gpus=flags.gpus,
+        nodes=flags.nodes,
+        gpu_type=(site["gpu_types"] or {}).get(flags.gpu_type, flags.gpu_type),
+        cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]),
+        cpus=flags.cpus,
         mem=flags.mem or (f"{int(str(per_gpu_mem).rstrip('G')) * max(flags.gpus, 1)}G" if per_gpu_mem else None),
-        time=flags.time or site["time"], partition=flags.partition or site["partition"],
-        account=flags.account or site["account"], job_name=flags.job_name or flags.short_name, output=flags.output,
-        stage=flags.stage, scratch_var=site["scratch_var"], scratch_gres=site["scratch_gres"] if flags.stage else None,
-        runtime=runtime, binds=flags.binds, nccl_debug=flags.nccl_debug, rdzv_port=int(site["rdzv_port"]),
-        torchrun=flags.torchrun)
+        time=flags.time or site["time"],
+        partition=flags.partition or site["partition"],
+        account=flags.account or site["account"],
+        job_name=flags.job_name or flags.short_name,
+        output=flags.output,
+        stage=flags.stage,
+        scratch_var=site["scratch_var"],
+        scratch_gres=site["scratch_gres"] if flags.stage else None,
+        runtime=runtime,
+        binds=flags.binds,
+        nccl_debug=flags.nccl_debug,
+        rdzv_port=int(site["rdzv_port"]),
+        torchrun=flags.torchrun,
+    )
 
 
 def submit_job(script: str, *, test_only: bool = False) -> str:
@@ -296,9 +369,9 @@ def submit_job(script: str, *, test_only: bool = False) -> str:
 @dataclass
 class Exported:
     definition: str
-    archive: str | None = None      # the docker save tar, for the docker-archive bootstrap
-    context: Path | None = None     # the rendered context, for the native bootstrap
-    sif: Path | None = None         # the built image, where apptainer is installed
+    archive: str | None = None  # the docker save tar, for the docker-archive bootstrap
+    context: Path | None = None  # the rendered context, for the native bootstrap
+    sif: Path | None = None  # the built image, where apptainer is installed
 
 
 def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
@@ -324,8 +397,10 @@ def apptainer_tool() -> str | None:
 def build_sif(tool: str, definition: Path, cwd: Path | None) -> Path:
     """`apptainer build` the definition, then `apptainer test` it (the %test section runs the smoke test)."""
     sif = definition.with_suffix(".sif")
-    steps = ([tool, "build", "--force", str(sif.resolve()), str(definition.resolve())],
-             [tool, "test", str(sif.resolve())])
+    steps = (
+        [tool, "build", "--force", str(sif.resolve()), str(definition.resolve())],
+        [tool, "test", str(sif.resolve())],
+    )
     for args in steps:
         if subprocess.run(args, cwd=cwd).returncode != 0:
             raise JobFailed(f"{' '.join(args[:2])} failed for {definition}")

@@ -57,9 +57,9 @@ class Settings:
     images_dir: str = "images"
     cache_dir: str = field(default_factory=_default_cache_dir)
     tag_cache_ttl: int = 6 * 3600
-    registry_timeout: float = limits.HTTP_REQUEST_SECONDS    # one registry request, however slowly it trickles
-    registry_deadline: float = limits.HTTP_COMMAND_SECONDS   # everything one command asks of one registry
-    registry_backoff: float = 0.5     # first retry delay (doubles), seconds
+    registry_timeout: float = limits.HTTP_REQUEST_SECONDS  # one registry request, however slowly it trickles
+    registry_deadline: float = limits.HTTP_COMMAND_SECONDS  # everything one command asks of one registry
+    registry_backoff: float = 0.5  # first retry delay (doubles), seconds
     build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -172,8 +172,9 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
     for origin, data in layers:
         unknown = sorted(set(data) - set(known) - {"run", "slurm"})
         if unknown:
-            raise UsageError(f"{origin.split(' ', 2)[-1]}: unknown setting {unknown[0]!r} "
-                             f"(known: {', '.join(sorted(known))})")
+            raise UsageError(
+                f"{origin.split(' ', 2)[-1]}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})"
+            )
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -195,11 +196,15 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
     from imgbuild.imageref import COMPONENT_RE
 
     if not COMPONENT_RE.fullmatch(settings.user.lower()) or len(settings.user) > 64:
-        raise UsageError(f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
-                         "namespace (lower-case letters, digits, . _ -)")
+        raise UsageError(
+            f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
+            "namespace (lower-case letters, digits, . _ -)"
+        )
     if settings.backend not in Settings.BACKENDS:
-        raise UsageError(f"{sources.get('backend', 'default')}: backend: must be one of "
-                         f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})")
+        raise UsageError(
+            f"{sources.get('backend', 'default')}: backend: must be one of "
+            f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
+        )
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
         raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
     return settings

@@ -22,8 +22,9 @@ def check_no_secrets(context: Context, secrets: tuple[str, ...] | list[str]) -> 
     wanted = [s.encode() for s in secrets if s and len(s) >= 4]
     for path, (data, _) in sorted(context.rendered.items()):
         if any(w in data for w in wanted):
-            raise UsageError(f"{path}: a configured secret would be written into the rendered context; "
-                             "remove it from the recipe")
+            raise UsageError(
+                f"{path}: a configured secret would be written into the rendered context; remove it from the recipe"
+            )
 
 
 def write_context(context: Context, out_dir: Path, secrets: tuple[str, ...] | list[str] = ()) -> Path:

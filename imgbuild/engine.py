@@ -88,8 +88,17 @@ class ImageEngine(Protocol):
     def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
     def host_has_gpus(self) -> bool: ...
     def remove_leftovers(self, candidate: str) -> None: ...
-    def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
-                   gpus: bool, timeout: int = ..., shm_size: str = ...) -> tuple[int, str, str]: ...
+    def run_script(
+        self,
+        image: str,
+        script: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        gpus: bool,
+        timeout: int = ...,
+        shm_size: str = ...,
+    ) -> tuple[int, str, str]: ...
 
 
 @dataclass
@@ -97,7 +106,7 @@ class StepTracker:
     """Follows build output: which step runs now, and the last lines of each step for error reports."""
 
     current: str = ""
-    steps: dict[str, str] = field(default_factory=dict)      # BuildKit vertex id -> step title
+    steps: dict[str, str] = field(default_factory=dict)  # BuildKit vertex id -> step title
     tails: dict[str, deque[str]] = field(default_factory=dict)
     failed: str = ""
 
@@ -133,11 +142,13 @@ class Engine:
             if "Permission denied" in str(exc) or "PermissionError" in str(exc):
                 raise EngineUnavailable(
                     f"the Docker engine at {host} refused this user (permission denied on the socket): "
-                    "ask an admin to add you to the docker group") from None
+                    "ask an admin to add you to the docker group"
+                ) from None
             reason = str(exc).split("(")[0].strip().rstrip(":")
             raise EngineUnavailable(
                 f"no Docker engine at {host} ({reason[:80]}): start dockerd or set DOCKER_HOST "
-                "(on a test machine, tests/testbed/up starts one)") from None
+                "(on a test machine, tests/testbed/up starts one)"
+            ) from None
         return cls(client, docker_cli)
 
     # -- backends -----------------------------------------------------------------------------------
@@ -164,8 +175,10 @@ class Engine:
         if self.buildkit_cli:
             return "buildkit"
         if wanted == "buildkit":
-            raise EngineUnavailable("the buildkit backend needs a docker CLI with the buildx plugin "
-                                    "(or Debian's docker.io CLI); install one or use --backend sdk")
+            raise EngineUnavailable(
+                "the buildkit backend needs a docker CLI with the buildx plugin "
+                "(or Debian's docker.io CLI); install one or use --backend sdk"
+            )
         return "sdk"
 
     def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str:
@@ -176,8 +189,10 @@ class Engine:
             if backend == "buildkit":
                 return self._build_buildkit(req, progress, redact, log)
             if req.secrets:
-                raise UsageError("build secrets need the buildkit backend: the Engine API builder would "
-                                 "bake them into a layer (use --backend buildkit)")
+                raise UsageError(
+                    "build secrets need the buildkit backend: the Engine API builder would "
+                    "bake them into a layer (use --backend buildkit)"
+                )
             return self._build_sdk(req, progress, redact, log)
 
     def _build_buildkit(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
@@ -198,8 +213,9 @@ class Engine:
         env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
         tracker = StepTracker()
         try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env=env, bufsize=1, errors="replace")
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace"
+            )
         except OSError as exc:
             raise EngineUnavailable(f"cannot run {cli}: {exc.strerror}") from None
         assert proc.stdout
@@ -222,8 +238,10 @@ class Engine:
                 proc.kill()  # Ctrl-C or SIGTERM in imgbuild: the CLI goes too, and BuildKit cancels the build
                 proc.wait()
         if timed_out.is_set():
-            raise BuildFailed(f"the build ran past {req.timeout:.0f} s (build_timeout) and was stopped"
-                              + (f"\n  full log: {req.log_path}" if req.log_path else ""))
+            raise BuildFailed(
+                f"the build ran past {req.timeout:.0f} s (build_timeout) and was stopped"
+                + (f"\n  full log: {req.log_path}" if req.log_path else "")
+            )
         if rc != 0:
             step = tracker.steps.get(tracker.failed, "") if tracker.failed else ""
             tail = tracker.tail(tracker.failed) if tracker.failed else error_lines[-15:]
@@ -235,8 +253,14 @@ class Engine:
         return image_id
 
     @staticmethod
-    def _follow_buildkit(proc: subprocess.Popen[str], progress: ProgressFn, redact: Redactor, log: Any,
-                         tracker: StepTracker, error_lines: list[str]) -> None:
+    def _follow_buildkit(
+        proc: subprocess.Popen[str],
+        progress: ProgressFn,
+        redact: Redactor,
+        log: Any,
+        tracker: StepTracker,
+        error_lines: list[str],
+    ) -> None:
         assert proc.stdout
         for raw in proc.stdout:
             line = redact(raw.rstrip("\n"))
@@ -260,9 +284,16 @@ class Engine:
         tracker = StepTracker()
         error = ""
         try:
-            stream = self.client.api.build(path=str(req.context), tag=req.tag, rm=True, forcerm=True,
-                                           decode=True, buildargs=req.build_args, nocache=req.no_cache,
-                                           dockerfile="Dockerfile")
+            stream = self.client.api.build(
+                path=str(req.context),
+                tag=req.tag,
+                rm=True,
+                forcerm=True,
+                decode=True,
+                buildargs=req.build_args,
+                nocache=req.no_cache,
+                dockerfile="Dockerfile",
+            )
             for chunk in stream:
                 if "stream" in chunk:
                     for raw in chunk["stream"].splitlines():
@@ -287,8 +318,9 @@ class Engine:
             error = f"the engine stopped answering ({type(exc).__name__})"
         if error or not image_id:
             step = tracker.steps.get(tracker.current, "")
-            raise BuildFailed(_failure_text(step, tracker.tail(tracker.current), [error or "no image id"],
-                                            req.log_path))
+            raise BuildFailed(
+                _failure_text(step, tracker.tail(tracker.current), [error or "no image id"], req.log_path)
+            )
         return image_id
 
     # -- images ------------------------------------------------------------------------------------
@@ -301,8 +333,12 @@ class Engine:
         except ImageNotFound:
             return None
         config = img.attrs.get("Config") or {}
-        return ImageInfo(id=img.id, labels=dict(config.get("Labels") or {}), config=config,
-                         repo_digests=tuple(img.attrs.get("RepoDigests") or ()))
+        return ImageInfo(
+            id=img.id,
+            labels=dict(config.get("Labels") or {}),
+            config=config,
+            repo_digests=tuple(img.attrs.get("RepoDigests") or ()),
+        )
 
     def image_id(self, ref: str) -> str | None:
         img = self.image(ref)
@@ -384,11 +420,18 @@ class Engine:
                 continue
             host = c.attrs.get("HostConfig") or {}
             labels = (c.attrs.get("Config") or {}).get("Labels") or {}
-            rows.append({"name": c.name, "id": c.short_id, "image": (c.attrs.get("Config") or {}).get("Image", ""),
-                         "status": c.status, "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
-                         "gpus": labels.get(Label.GPUS, ""),
-                         "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
-                         "created": c.attrs.get("Created", "")[:19].replace("T", " ")})
+            rows.append(
+                {
+                    "name": c.name,
+                    "id": c.short_id,
+                    "image": (c.attrs.get("Config") or {}).get("Image", ""),
+                    "status": c.status,
+                    "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
+                    "gpus": labels.get(Label.GPUS, ""),
+                    "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
+                    "created": c.attrs.get("Created", "")[:19].replace("T", " "),
+                }
+            )
         return sorted(rows, key=lambda r: r["name"])
 
     def cpu_percent(self, name: str) -> float | None:
@@ -428,8 +471,17 @@ class Engine:
                 container.remove(force=True)
         self.untag(candidate)
 
-    def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
-                   gpus: bool, timeout: int = 1800, shm_size: str = "1g") -> tuple[int, str, str]:
+    def run_script(
+        self,
+        image: str,
+        script: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        gpus: bool,
+        timeout: int = 1800,
+        shm_size: str = "1g",
+    ) -> tuple[int, str, str]:
         """Run a Python script inside `image` (copied in, so remote engines work too).
 
         Returns (exit code, output, note). `note` says why GPUs were asked for but not given. The container
@@ -442,8 +494,9 @@ class Engine:
         entrypoint = (img.attrs.get("Config") or {}).get("Entrypoint") or []
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
-        kwargs: dict[str, Any] = dict(environment=env, shm_size=shm_size, detach=True, user="root",
-                                      labels={SMOKE_LABEL: image})
+        kwargs: dict[str, Any] = dict(
+            environment=env, shm_size=shm_size, detach=True, user="root", labels={SMOKE_LABEL: image}
+        )
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -458,8 +511,10 @@ class Engine:
                 if not device_requests:
                     raise
                 # Docker applies device requests at start: no toolkit, an old driver, CUDA error 804.
-                note = (f"the host has GPUs but the engine cannot pass them ({str(exc.explanation)[:200]}); "
-                        "install nvidia-container-toolkit")
+                note = (
+                    f"the host has GPUs but the engine cannot pass them ({str(exc.explanation)[:200]}); "
+                    "install nvidia-container-toolkit"
+                )
                 container.remove(force=True)
                 container = self.client.containers.create(image, command, **kwargs)
                 container.put_archive("/tmp", _script_tar(script))

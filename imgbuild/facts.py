@@ -21,6 +21,6 @@ class Label:
     BASE_FRAMEWORK = PREFIX + "base-framework"
     BASE_FRAMEWORK_VERSION = PREFIX + "base-framework-version"
     # on containers
-    USER = PREFIX + "user"              # who started it (the caller, sudo-aware)
-    GPUS = PREFIX + "gpus"              # the GPU indices it was given
-    SMOKE_OF = PREFIX + "smoke-of"      # a smoke-test container, and the image it tests
+    USER = PREFIX + "user"  # who started it (the caller, sudo-aware)
+    GPUS = PREFIX + "gpus"  # the GPU indices it was given
+    SMOKE_OF = PREFIX + "smoke-of"  # a smoke-test container, and the image it tests

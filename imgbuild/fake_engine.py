@@ -31,9 +31,9 @@ class FakeEngine:
     builds: BuildScript = lambda req: None
     smoke: SmokeScript = lambda image: True
     gpus: bool = False
-    tags: dict[str, str] = field(default_factory=dict)          # normal ref -> image id
+    tags: dict[str, str] = field(default_factory=dict)  # normal ref -> image id
     images: dict[str, ImageInfo] = field(default_factory=dict)  # image id -> info
-    containers: list[str] = field(default_factory=list)         # smoke containers alive (a kill leaves them)
+    containers: list[str] = field(default_factory=list)  # smoke containers alive (a kill leaves them)
     calls: list[str] = field(default_factory=list)
     pushed: dict[str, str] = field(default_factory=dict)
 
@@ -58,8 +58,12 @@ class FakeEngine:
         progress(f"[fake] building {req.tag}")
         self.builds(req)
         lock = json.loads((req.context / "imgbuild.lock.json").read_text())
-        labels = {Label.RECIPE_HASH: lock["content_hash"], Label.INPUT_HASH: lock["input_hash"],
-                  Label.BASE_DIGEST: lock["base"]["digest"], Label.RECIPE: lock["recipe"]}
+        labels = {
+            Label.RECIPE_HASH: lock["content_hash"],
+            Label.INPUT_HASH: lock["input_hash"],
+            Label.BASE_DIGEST: lock["base"]["digest"],
+            Label.RECIPE: lock["recipe"],
+        }
         dockerfile = (req.context / "Dockerfile").read_bytes()
         image_id = "sha256:" + hashlib.sha256(dockerfile + json.dumps(req.build_args).encode()).hexdigest()
         self.images[image_id] = ImageInfo(image_id, labels, {"Labels": labels})
@@ -100,14 +104,28 @@ class FakeEngine:
         self.containers = [c for c in self.containers if c != candidate]
         self.untag(candidate)
 
-    def run_script(self, image: str, script: str, args: list[str], env: dict[str, str], *,
-                   gpus: bool, timeout: int = 1800, shm_size: str = "1g") -> tuple[int, str, str]:
+    def run_script(
+        self,
+        image: str,
+        script: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        gpus: bool,
+        timeout: int = 1800,
+        shm_size: str = "1g",
+    ) -> tuple[int, str, str]:
         self.calls.append(f"smoke {image}")
         self.containers.append(image)
         ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
         self.containers.remove(image)
-        check: dict[str, Any] = {"name": "framework", "status": "pass" if ok else "fail", "details": {},
-                                 "reason": "" if ok else "scripted failure", "seconds": 0}
+        check: dict[str, Any] = {
+            "name": "framework",
+            "status": "pass" if ok else "fail",
+            "details": {},
+            "reason": "" if ok else "scripted failure",
+            "seconds": 0,
+        }
         report = {"ok": ok, "checks": [check], "meta": {}}
         return (0 if ok else 1), MARKER + json.dumps(report), ""
 
@@ -115,4 +133,5 @@ class FakeEngine:
 def failing_build(message: str = "scripted build failure") -> BuildScript:
     def fail(req: BuildRequest) -> None:
         raise BuildFailed(message)
+
     return fail

@@ -55,8 +55,9 @@ class NoGpus(EnvironmentProblem):
 _CGROUP_ID = re.compile(r"(?:docker[-/]|/containers/)([0-9a-f]{64})")
 
 
-def process_owner(pid: int, proc: Path = Path("/proc"),
-                  container_name: Callable[[str], str] | None = None) -> tuple[str, str]:
+def process_owner(
+    pid: int, proc: Path = Path("/proc"), container_name: Callable[[str], str] | None = None
+) -> tuple[str, str]:
     """(user, container) of a host PID: the process's owner, and the Docker container it runs in."""
     user = container = ""
     try:
@@ -77,6 +78,7 @@ def process_owner(pid: int, proc: Path = Path("/proc"),
 
 
 # --- readers ----------------------------------------------------------------------------------------
+
 
 def _int(text: str) -> int | None:
     text = text.strip()
@@ -127,8 +129,9 @@ class SmiReader:
         if not self.binary and self._run == self._subprocess:
             raise NoGpus("nvidia-smi not found")
         fmt = "--format=csv,noheader,nounits"
-        return parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]),
-                         self._run([f"--query-compute-apps={APP_QUERY}", fmt]))
+        return parse_smi(
+            self._run([f"--query-gpu={GPU_QUERY}", fmt]), self._run([f"--query-compute-apps={APP_QUERY}", fmt])
+        )
 
 
 class NvmlReader:
@@ -150,12 +153,22 @@ class NvmlReader:
                     util: int | None = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
                 except pynvml.NVMLError:
                     util = None
-                procs = [GpuProcess(p.pid, "", int((p.usedGpuMemory or 0) // 2**20))
-                         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+                procs = [
+                    GpuProcess(p.pid, "", int((p.usedGpuMemory or 0) // 2**20))
+                    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                ]
                 name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
-                out.append(Gpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid,
-                               name.decode() if isinstance(name, bytes) else name,
-                               int(mem.used // 2**20), int(mem.total // 2**20), util, procs))
+                out.append(
+                    Gpu(
+                        i,
+                        uuid.decode() if isinstance(uuid, bytes) else uuid,
+                        name.decode() if isinstance(name, bytes) else name,
+                        int(mem.used // 2**20),
+                        int(mem.total // 2**20),
+                        util,
+                        procs,
+                    )
+                )
             return out
         finally:
             pynvml.nvmlShutdown()
@@ -194,6 +207,7 @@ def read_gpus(snapshot: str | None = None, owner: Callable[[int], tuple[str, str
 
 # --- choosing GPUs ----------------------------------------------------------------------------------
 
+
 def load_score(gpu: Gpu) -> float:
     """Lower is freer: memory in use (share), utilisation, and a penalty per running process."""
     memory = gpu.memory_used_mib / gpu.memory_total_mib if gpu.memory_total_mib else 0.0
@@ -204,7 +218,7 @@ def load_score(gpu: Gpu) -> float:
 @dataclass
 class Selection:
     gpus: list[Gpu]
-    forced: list[str] = field(default_factory=list)   # "GPU 3 (alice: pid 4242 python)"
+    forced: list[str] = field(default_factory=list)  # "GPU 3 (alice: pid 4242 python)"
 
     @property
     def uuids(self) -> list[str]:
@@ -213,8 +227,9 @@ class Selection:
 
 def _holders(gpu: Gpu, me: str) -> str:
     others = [p for p in gpu.processes if p.user and p.user != me]
-    return ", ".join(f"{p.user} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})"
-                     for p in others)
+    return ", ".join(
+        f"{p.user} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})" for p in others
+    )
 
 
 def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> Selection:
@@ -233,16 +248,17 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> 
         free = [g for g in gpus if force or not _holders(g, me)]
         if count > len(free):
             held = "; ".join(f"GPU {g.index}: {_holders(g, me)}" for g in gpus if _holders(g, me))
-            raise UsageError(f"--gpus {count}: only {len(free)} of {len(gpus)} GPUs are free of other users "
-                             f"({held}); use --force to share")
+            raise UsageError(
+                f"--gpus {count}: only {len(free)} of {len(gpus)} GPUs are free of other users "
+                f"({held}); use --force to share"
+            )
         chosen = sorted(free, key=lambda g: (load_score(g), g.index))[:count]
         chosen.sort(key=lambda g: g.index)
     elif re.fullmatch(r"(device=)?\d+(,\d+)*,?", request):
         wanted = [int(x) for x in request.removeprefix("device=").split(",") if x]
         missing = [i for i in wanted if i not in by_index]
         if missing:
-            raise UsageError(f"--gpus {request}: no GPU {missing[0]} (this host has {len(gpus)}: "
-                             f"0-{len(gpus) - 1})")
+            raise UsageError(f"--gpus {request}: no GPU {missing[0]} (this host has {len(gpus)}: 0-{len(gpus) - 1})")
         chosen = [by_index[i] for i in dict.fromkeys(wanted)]
     else:
         raise UsageError(f"--gpus: {request!r} is not N, a list like 0,3, all or none")
@@ -266,11 +282,12 @@ def cpus_for(gpu_count: int, host_cores: int, total_gpus: int, per_gpu: float | 
 
 # --- summaries over a job --------------------------------------------------------------------------
 
+
 @dataclass
 class Sample:
-    gpu_util: dict[int, int]        # index -> percent
+    gpu_util: dict[int, int]  # index -> percent
     gpu_mem_mib: dict[int, int]
-    cpu_percent: float | None       # of the container's CPU limit (100 = saturated)
+    cpu_percent: float | None  # of the container's CPU limit (100 = saturated)
 
 
 def summarize(samples: list[Sample], cpu_limit: float | None) -> tuple[list[dict[str, Any]], str]:
@@ -280,20 +297,29 @@ def summarize(samples: list[Sample], cpu_limit: float | None) -> tuple[list[dict
     for i in indices:
         utils = [s.gpu_util[i] for s in samples if i in s.gpu_util]
         mems = [s.gpu_mem_mib.get(i, 0) for s in samples if i in s.gpu_util]
-        rows.append({"gpu": i, "util_mean": round(sum(utils) / len(utils), 1), "util_max": max(utils),
-                     "mem_mean_mib": round(sum(mems) / len(mems)), "mem_max_mib": max(mems),
-                     "samples": len(utils)})
+        rows.append(
+            {
+                "gpu": i,
+                "util_mean": round(sum(utils) / len(utils), 1),
+                "util_max": max(utils),
+                "mem_mean_mib": round(sum(mems) / len(mems)),
+                "mem_max_mib": max(mems),
+                "samples": len(utils),
+            }
+        )
     cpu = [s.cpu_percent for s in samples if s.cpu_percent is not None]
     hint = ""
     if rows and cpu:
         mean_util = sum(r["util_mean"] for r in rows) / len(rows)
         cpu_mean = sum(cpu) / len(cpu)
         if mean_util < 50 and cpu_mean >= 85:
-            hint = (f"GPUs averaged {mean_util:.0f}% while the container's CPUs were saturated "
-                    f"({cpu_mean:.0f}%{f' of {cpu_limit:g} CPUs' if cpu_limit else ''}): the input pipeline "
-                    "is the bottleneck; raise DataLoader num_workers or give more CPUs per GPU (--cpus)")
+            hint = (
+                f"GPUs averaged {mean_util:.0f}% while the container's CPUs were saturated "
+                f"({cpu_mean:.0f}%{f' of {cpu_limit:g} CPUs' if cpu_limit else ''}): the input pipeline "
+                "is the bottleneck; raise DataLoader num_workers or give more CPUs per GPU (--cpus)"
+            )
         elif mean_util < 50:
-            hint = (f"GPUs averaged {mean_util:.0f}% (sites ask for 90%+): check batch size, data loading "
-                    "and sync points")
+            hint = (
+                f"GPUs averaged {mean_util:.0f}% (sites ask for 90%+): check batch size, data loading and sync points"
+            )
     return rows, hint
-

@@ -29,14 +29,15 @@ COMPONENT_RE = re.compile(_COMPONENT)
 TAG_RE = re.compile(_TAG)
 DIGEST_RE = re.compile(_DIGEST)
 REFERENCE_RE = re.compile(
-    rf"(?:(?P<host>{_HOST})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?")
+    rf"(?:(?P<host>{_HOST})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
+)
 DOCKER_HUB = "docker.io"
 
 
 @dataclass(frozen=True)
 class ImageRef:
-    host: str          # "" when none was written (Docker Hub)
-    path: str          # e.g. nvidia/pytorch, alice/research, ubuntu
+    host: str  # "" when none was written (Docker Hub)
+    path: str  # e.g. nvidia/pytorch, alice/research, ubuntu
     tag: str = ""
     digest: str = ""
 

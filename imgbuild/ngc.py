@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 #: The NGC tag grammar (`24.05`, `24.05-py3`, `24.05-tf2-py3`, `24.03-py3-igpu`), matched whole-string.
-TAG_RE = re.compile(r"(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
-                    r"(?:-(?P<variant>[a-z0-9]+))?")
+TAG_RE = re.compile(
+    r"(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
+    r"(?:-(?P<variant>[a-z0-9]+))?"
+)
 #: What a recipe's base.tag / base.follow may say: a tag, `latest`, or a glob over releases (`24.*`).
 TAG_OR_PATTERN_RE = re.compile(rf"(?:{TAG_RE.pattern}|latest|[0-9.*]{{1,8}}\*[0-9a-z.*-]{{0,32}})")
 
@@ -17,21 +19,29 @@ TAG_OR_PATTERN_RE = re.compile(rf"(?:{TAG_RE.pattern}|latest|[0-9.*]{{1,8}}\*[0-
 @dataclass(frozen=True)
 class Framework:
     name: str
-    repository: str             # under the NGC registry host
-    tag_suffix: str             # what `24.05` expands to
-    version_env: str            # env var carrying the framework version
-    release_env: str            # env var carrying the NGC release (YY.MM)
-    packages: tuple[str, ...]   # pip distributions that are the framework itself
+    repository: str  # under the NGC registry host
+    tag_suffix: str  # what `24.05` expands to
+    version_env: str  # env var carrying the framework version
+    release_env: str  # env var carrying the NGC release (YY.MM)
+    packages: tuple[str, ...]  # pip distributions that are the framework itself
     module: str
-    tag_fw: str | None          # the tag's framework part: 24.05-tf2-py3 -> "tf2"; pytorch has none
+    tag_fw: str | None  # the tag's framework part: 24.05-tf2-py3 -> "tf2"; pytorch has none
 
 
 FRAMEWORKS = {
-    "pytorch": Framework("pytorch", "nvidia/pytorch", "-py3", "PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION",
-                         ("torch",), "torch", None),
-    "tensorflow": Framework("tensorflow", "nvidia/tensorflow", "-tf2-py3", "TENSORFLOW_VERSION",
-                            "NVIDIA_TENSORFLOW_VERSION",
-                            ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"), "tensorflow", "tf2"),
+    "pytorch": Framework(
+        "pytorch", "nvidia/pytorch", "-py3", "PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION", ("torch",), "torch", None
+    ),
+    "tensorflow": Framework(
+        "tensorflow",
+        "nvidia/tensorflow",
+        "-tf2-py3",
+        "TENSORFLOW_VERSION",
+        "NVIDIA_TENSORFLOW_VERSION",
+        ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"),
+        "tensorflow",
+        "tf2",
+    ),
 }
 #: Distributions that belong to the base's CUDA stack: a recipe may never pin them.
 CUDA_PACKAGE_PREFIXES = ("nvidia-", "cupy-cuda", "jax-cuda")
@@ -77,8 +87,11 @@ def newest_matching(framework: str | None, pattern: str, tags: list[str]) -> str
     """The newest plain (no variant) tag that matches `pattern` (`latest`, `24.*`, `2?.1*`)."""
     wanted = "*" if pattern == "latest" else pattern
     candidates = [
-        parsed for parsed in map(parse_tag, tags)
-        if parsed is not None and parsed.plain and parsed.py != "2"
+        parsed
+        for parsed in map(parse_tag, tags)
+        if parsed is not None
+        and parsed.plain
+        and parsed.py != "2"
         and (framework is None or parsed.fw == FRAMEWORKS[framework].tag_fw)
         and (fnmatch.fnmatchcase(parsed.release, wanted) or fnmatch.fnmatchcase(parsed.text, wanted))
     ]
@@ -93,8 +106,11 @@ def config_env(config: dict[str, Any]) -> dict[str, str]:
     """The image config's Env as a mapping (shape-checked: a registry's answer is untrusted)."""
     cfg = config.get("config") or config.get("Config") or {}
     items = cfg.get("Env") if isinstance(cfg, dict) else None
-    return dict(item.split("=", 1) for item in (items if isinstance(items, list) else [])
-                if isinstance(item, str) and "=" in item)
+    return dict(
+        item.split("=", 1)
+        for item in (items if isinstance(items, list) else [])
+        if isinstance(item, str) and "=" in item
+    )
 
 
 def describe_config(config: dict[str, Any]) -> dict[str, str]:

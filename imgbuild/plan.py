@@ -86,9 +86,15 @@ class Plan:
             "recipe": stable_name(self.loaded.path),
             "extends": [stable_name(p) for p in self.loaded.chain[:-1]],
             "image": self.target,
-            "base": {"requested": self.base.requested, "ref": self.base.ref, "digest": self.base.identity,
-                     "framework": self.base.framework, "framework_version": self.base.framework_version,
-                     "cuda": self.base.facts.get("cuda", ""), "cudnn": self.base.facts.get("cudnn", "")},
+            "base": {
+                "requested": self.base.requested,
+                "ref": self.base.ref,
+                "digest": self.base.identity,
+                "framework": self.base.framework,
+                "framework_version": self.base.framework_version,
+                "cuda": self.base.facts.get("cuda", ""),
+                "cudnn": self.base.facts.get("cudnn", ""),
+            },
             "protected": list(self.protected),
             "content_hash": self.content_hash,
             "scripts": templates_digest(),  # imgbuild's own scripts in the context (not committed)
@@ -107,8 +113,9 @@ def base_reference(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str |
     return f"{settings.ngc_registry}/{fw.repository}", base.framework, expand_tag(base.framework, base.tag)
 
 
-def resolve_base(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,
-                 resolve_tag: ResolveTag | None = None) -> BaseImage:
+def resolve_base(
+    loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None, resolve_tag: ResolveTag | None = None
+) -> BaseImage:
     repo, framework, tag = base_reference(loaded, settings)
     requested = f"{repo}:{tag}" if tag else repo
     if tag and is_pattern(tag) and (framework or tag != "latest"):
@@ -123,9 +130,15 @@ def resolve_base(loaded: LoadedRecipe, settings: Settings, inspect_base: Inspect
     raw_labels = cfg.get("Labels") if isinstance(cfg, dict) else None
     labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     image_id = str(config.get("Id", ""))
-    return BaseImage(ref=ref.split("@")[0], digest=digest if imageref.DIGEST_RE.fullmatch(digest or "") else None,
-                     env=config_env(config), labels=dict(labels), facts=describe_config(config),
-                     requested=requested, image_id=image_id if imageref.DIGEST_RE.fullmatch(image_id) else "")
+    return BaseImage(
+        ref=ref.split("@")[0],
+        digest=digest if imageref.DIGEST_RE.fullmatch(digest or "") else None,
+        env=config_env(config),
+        labels=dict(labels),
+        facts=describe_config(config),
+        requested=requested,
+        image_id=image_id if imageref.DIGEST_RE.fullmatch(image_id) else "",
+    )
 
 
 def protected_pins(base: BaseImage) -> tuple[str, ...]:
@@ -159,8 +172,9 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
 
     def where(at: tuple[str | int, ...] | int, message: str, hint: str) -> Problem:
         if isinstance(at, int):  # a line of the requirements file
-            return Problem(display_path(loaded.requirements_path or loaded.path), at, 1, "pip.requirements",
-                           message, hint)
+            return Problem(
+                display_path(loaded.requirements_path or loaded.path), at, 1, "pip.requirements", message, hint
+            )
         if located is not None:
             return located.problem(at, message, hint)
         return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
@@ -173,24 +187,44 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
         req = Requirement(spec)
         name = canonicalize_name(req.name)
         if name.startswith(CUDA_PACKAGE_PREFIXES) and (req.specifier or req.url):
-            problems.append(where(at, f"{req.name} would replace a CUDA library of the base",
-                                  "the base's CUDA stack is protected; drop the pin"))
+            problems.append(
+                where(
+                    at,
+                    f"{req.name} would replace a CUDA library of the base",
+                    "the base's CUDA stack is protected; drop the pin",
+                )
+            )
             continue
         other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
         if other is not None and own is not None:
-            problems.append(where(at, f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
-                                  f"build on a {other.name} base for {other.name}"))
+            problems.append(
+                where(
+                    at,
+                    f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
+                    f"build on a {other.name} base for {other.name}",
+                )
+            )
             continue
         if own is None or name not in own.packages:
             continue
         if req.url:
-            problems.append(where(at, f"{req.name} from a URL would replace the base's {req.name} "
-                                  f"{base.framework_version}", "the base's framework is protected: drop it"))
+            problems.append(
+                where(
+                    at,
+                    f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}",
+                    "the base's framework is protected: drop it",
+                )
+            )
         elif have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
-            problems.append(where(at, f"{req.name}{req.specifier} conflicts with the base's {req.name} "
-                                  f"{base.framework_version} ({base.ref})",
-                                  f"the base's framework is protected: drop the pin, or choose a base tag that "
-                                  f"carries {req.name}{req.specifier}"))
+            problems.append(
+                where(
+                    at,
+                    f"{req.name}{req.specifier} conflicts with the base's {req.name} "
+                    f"{base.framework_version} ({base.ref})",
+                    f"the base's framework is protected: drop the pin, or choose a base tag that "
+                    f"carries {req.name}{req.specifier}",
+                )
+            )
     if problems:
         raise RecipeError(problems)
 
@@ -240,8 +274,13 @@ def image_and_tag(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str]:
     return ref.name, ref.tag or recipe.tag
 
 
-def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None,
-              resolve_tag: ResolveTag | None = None, host_ids: tuple[int, int] | None = None) -> Plan:
+def make_plan(
+    loaded: LoadedRecipe,
+    settings: Settings,
+    inspect_base: InspectBase | None,
+    resolve_tag: ResolveTag | None = None,
+    host_ids: tuple[int, int] | None = None,
+) -> Plan:
     """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests); `host_ids` is the
     caller's UID/GID (host.caller() when not given)."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
@@ -251,9 +290,18 @@ def make_plan(loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBas
         host_ids = (who.uid, who.gid)
     uid, gid = resolve_ids(loaded, settings, host_ids)
     chash = content_hash(loaded)
-    inputs = json.dumps({"content": chash, "base": base.identity or base.ref, "uid": uid, "gid": gid},
-                        sort_keys=True).encode()
+    inputs = json.dumps(
+        {"content": chash, "base": base.identity or base.ref, "uid": uid, "gid": gid}, sort_keys=True
+    ).encode()
     image, tag = image_and_tag(loaded, settings)
-    return Plan(loaded=loaded, image=image, tag=tag, base=base, content_hash=chash,
-                input_hash="sha256:" + hashlib.sha256(inputs).hexdigest(), uid=uid, gid=gid,
-                protected=protected_pins(base))
+    return Plan(
+        loaded=loaded,
+        image=image,
+        tag=tag,
+        base=base,
+        content_hash=chash,
+        input_hash="sha256:" + hashlib.sha256(inputs).hexdigest(),
+        uid=uid,
+        gid=gid,
+        protected=protected_pins(base),
+    )

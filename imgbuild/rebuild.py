@@ -32,7 +32,7 @@ class Item:
     path: Path
     target: str = ""
     base_ref: str = ""
-    deps: list[str] = field(default_factory=list)   # targets of other recipes this one builds on
+    deps: list[str] = field(default_factory=list)  # targets of other recipes this one builds on
     status: str = ""
     reasons: list[str] = field(default_factory=list)
     error: str = ""
@@ -46,9 +46,17 @@ class Item:
         return display_path(self.path)
 
     def to_json(self) -> dict[str, Any]:
-        return {"recipe": self.name, "image": self.target, "status": self.status, "reasons": self.reasons,
-                "error": self.error, "image_id": self.image_id, "pushed_digest": self.pushed,
-                "depends_on": self.deps, "seconds": round(self.seconds, 2)}
+        return {
+            "recipe": self.name,
+            "image": self.target,
+            "status": self.status,
+            "reasons": self.reasons,
+            "error": self.error,
+            "image_id": self.image_id,
+            "pushed_digest": self.pushed,
+            "depends_on": self.deps,
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def discover(paths: list[str]) -> list[Path]:
@@ -106,8 +114,10 @@ def _refuse_shared_contexts(items: list[Item], settings: Settings) -> None:
         names = ", ".join(i.name for i in sharing)
         for item in sharing:
             item.status = INVALID
-            item.error = (f"{names} share the name {context.name!r} and so {context}; give each recipe its own "
-                          "name (two tags of one image: distinct names and image: REPO:TAG)")
+            item.error = (
+                f"{names} share the name {context.name!r} and so {context}; give each recipe its own "
+                "name (two tags of one image: distinct names and image: REPO:TAG)"
+            )
 
 
 def _topological(items: list[Item]) -> list[Item]:
@@ -178,8 +188,9 @@ class RebuildOptions:
     dry_run: bool = False
 
 
-def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print,
-        engine: ImageEngine | None = None) -> list[Item]:
+def run(
+    paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print, engine: ImageEngine | None = None
+) -> list[Item]:
     """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
     from imgbuild import build as pipeline
     from imgbuild.bases import plan_recipe
@@ -202,16 +213,23 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
                 item.status = STALE
                 return item
             log(f"{item.target}: building ({'; '.join(item.reasons)})")
-            result = pipeline.build(item.path, settings, backend=options.backend, plan=plan, engine=engine,
-                                    progress=lambda step: log(f"{item.target}: {step}"))
+            result = pipeline.build(
+                item.path,
+                settings,
+                backend=options.backend,
+                plan=plan,
+                engine=engine,
+                progress=lambda step: log(f"{item.target}: {step}"),
+            )
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
                 log(f"{item.target}: pushing")
-                item.pushed = engine.push(item.target, push_auth(item.target),
-                                          lambda step: log(f"{item.target}: {step}"))
+                item.pushed = engine.push(
+                    item.target, push_auth(item.target), lambda step: log(f"{item.target}: {step}")
+                )
         except ImgbuildError as exc:
             item.status, item.error = FAILED, "\n".join(exc.lines())
-        except Exception as exc:  # an engine or network error fails this image, not the whole run
+        except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
             item.status, item.error = FAILED, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         finally:
             item.seconds = time.monotonic() - start
@@ -228,8 +246,9 @@ def run(paths: list[str], settings: Settings, options: RebuildOptions, log: Any 
                     item.status, item.error = SKIPPED, f"its base {item.deps[0]} did not build"
                     done[item.target] = item
                     pending.remove(item)
-                elif all(d is not None and d.status in (FRESH, BUILT, STALE) for d in dep_items) \
-                        and len(running) < max(1, options.jobs):
+                elif all(d is not None and d.status in (FRESH, BUILT, STALE) for d in dep_items) and len(running) < max(
+                    1, options.jobs
+                ):
                     running[pool.submit(work, item)] = item
                     pending.remove(item)
             if not running:
@@ -256,8 +275,16 @@ class Report:
         return not any(i.status in bad for i in self.items)
 
     def rows(self) -> list[list[str]]:
-        return [[i.name, i.target, i.status.upper(), "; ".join(i.reasons) if i.status != FAILED
-                 else i.error.splitlines()[0], f"{i.seconds:.1f}s"] for i in self.items]
+        return [
+            [
+                i.name,
+                i.target,
+                i.status.upper(),
+                "; ".join(i.reasons) if i.status != FAILED else i.error.splitlines()[0],
+                f"{i.seconds:.1f}s",
+            ]
+            for i in self.items
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 2), "mode": self.mode, "images": [i.to_json() for i in self.items]}
@@ -348,8 +375,11 @@ def junit_xml(items: list[Item], seconds: float) -> str:
             body = f"<skipped message={quoteattr(item.error)}/>"
         else:
             body = f"<system-out>{escape(item.status + ': ' + ('; '.join(item.reasons) or 'up to date'))}</system-out>"
-        cases.append(f'  <testcase classname="imgbuild.rebuild" name={name} '
-                     f'time="{item.seconds:.2f}">{body}</testcase>')
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<testsuite name="imgbuild rebuild" tests="{len(items)}" failures="{failures}" errors="0" '
-            f'skipped="{skipped}" time="{seconds:.2f}">\n' + "\n".join(cases) + "\n</testsuite>\n")
+        cases.append(
+            f'  <testcase classname="imgbuild.rebuild" name={name} time="{item.seconds:.2f}">{body}</testcase>'
+        )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuite name="imgbuild rebuild" tests="{len(items)}" failures="{failures}" errors="0" '
+        f'skipped="{skipped}" time="{seconds:.2f}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )

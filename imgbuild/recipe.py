@@ -54,21 +54,75 @@ MODE_RE = re.compile(r"0?[0-7]{3,4}")
 HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(?::\d{1,5})?")
 
 #: Env keys that describe the base; overriding them would make the image lie about itself.
-PROTECTED_ENV = frozenset({
-    "CUDA_VERSION", "CUDNN_VERSION", "NCCL_VERSION", "PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION",
-    "TENSORFLOW_VERSION", "NVIDIA_TENSORFLOW_VERSION", "PIP_CONSTRAINT", "CUDA_DRIVER_VERSION",
-})
+PROTECTED_ENV = frozenset(
+    {
+        "CUDA_VERSION",
+        "CUDNN_VERSION",
+        "NCCL_VERSION",
+        "PYTORCH_VERSION",
+        "NVIDIA_PYTORCH_VERSION",
+        "TENSORFLOW_VERSION",
+        "NVIDIA_TENSORFLOW_VERSION",
+        "PIP_CONSTRAINT",
+        "CUDA_DRIVER_VERSION",
+    }
+)
 RESERVED_LABEL_PREFIX = Label.PREFIX
 #: Accounts every Debian/Ubuntu base already has: the recipe's user must be a new one (add-user.sh would
 #: otherwise rewrite a system account's UID, home and shell).
-SYSTEM_USERS = frozenset({
-    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy", "www-data",
-    "backup", "list", "irc", "gnats", "nobody", "nogroup", "_apt", "systemd-network", "systemd-resolve",
-    "systemd-timesync", "messagebus", "sshd", "syslog", "uuidd", "tcpdump", "postfix", "ntp", "polkitd",
-})
+SYSTEM_USERS = frozenset(
+    {
+        "root",
+        "daemon",
+        "bin",
+        "sys",
+        "sync",
+        "games",
+        "man",
+        "lp",
+        "mail",
+        "news",
+        "uucp",
+        "proxy",
+        "www-data",
+        "backup",
+        "list",
+        "irc",
+        "gnats",
+        "nobody",
+        "nogroup",
+        "_apt",
+        "systemd-network",
+        "systemd-resolve",
+        "systemd-timesync",
+        "messagebus",
+        "sshd",
+        "syslog",
+        "uuidd",
+        "tcpdump",
+        "postfix",
+        "ntp",
+        "polkitd",
+    }
+)
 #: Folders the image user must never own (home and workdir are chown'ed to the user).
-SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
-               "/sbin", "/sys", "/usr", "/var")
+SYSTEM_DIRS = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+)
 SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/media", "/usr/local"})
 
 
@@ -77,6 +131,7 @@ def _check(pattern: re.Pattern[str], what: str, hint: str = "") -> Any:
         if not pattern.fullmatch(value):
             raise ValueError(f"{what}: {_show(value)}" + (f" ({hint})" if hint else ""))
         return value
+
     return AfterValidator(check)
 
 
@@ -149,21 +204,25 @@ def _pip_requirement(value: str) -> str:
 
     _no_newline(value)
     if value.startswith("-"):
-        raise ValueError(f"pip options are not allowed in pip.packages: {_show(value)} "
-                         "(use pip.index_url / pip.extra_index_urls / pip.requirements)")
+        raise ValueError(
+            f"pip options are not allowed in pip.packages: {_show(value)} "
+            "(use pip.index_url / pip.extra_index_urls / pip.requirements)"
+        )
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
         raise ValueError(f"not a valid requirement: {_show(value)}: {str(exc).splitlines()[0][:120]}") from None
     if req.url and (urlsplit(req.url).username or urlsplit(req.url).password):
-        raise ValueError("credentials in a requirement URL would land in the image "
-                         "(give them through IMGBUILD_PIP_INDEX_URL at build time)")
+        raise ValueError(
+            "credentials in a requirement URL would land in the image "
+            "(give them through IMGBUILD_PIP_INDEX_URL at build time)"
+        )
     return value
 
 
 def _octal_mode(value: str) -> str:
     if not MODE_RE.fullmatch(value):
-        raise ValueError(f"not an octal file mode: {_show(value)} (write it quoted, e.g. \"0644\")")
+        raise ValueError(f'not an octal file mode: {_show(value)} (write it quoted, e.g. "0644")')
     return value.rjust(4, "0")
 
 
@@ -173,13 +232,16 @@ def _index_url(value: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc or " " in value:
         raise ValueError(f"not an index URL: {_show(value)} (http:// or https://)")
     if parts.username or parts.password:
-        raise ValueError("credentials in a recipe end up in git and in the image "
-                         "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)")
+        raise ValueError(
+            "credentials in a recipe end up in git and in the image "
+            "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)"
+        )
     return _no_newline(value)
 
 
-AptName = Annotated[str, _check(APT_RE, "not a Debian/Ubuntu package name",
-                                "letters, digits and + . - only; optional =version")]
+AptName = Annotated[
+    str, _check(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")
+]
 PipSpec = Annotated[str, AfterValidator(_pip_requirement)]
 OneLine = Annotated[str, AfterValidator(_no_newline)]
 
@@ -212,6 +274,7 @@ def _label_key(value: str) -> str:
 
 # --- the model ------------------------------------------------------------------------------------
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -220,8 +283,12 @@ class Base(_Strict):
     """An NGC framework image (`framework` + `tag`) or any other image (`image`)."""
 
     framework: Literal["pytorch", "tensorflow"] | None = None
-    tag: Annotated[str, _check(NGC_TAG_OR_PATTERN_RE, "not an NGC tag",
-                               "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*")] | None = None
+    tag: (
+        Annotated[
+            str, _check(NGC_TAG_OR_PATTERN_RE, "not an NGC tag", "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*")
+        ]
+        | None
+    ) = None
     image: Annotated[str, AfterValidator(_base_image)] | None = None
     follow: Annotated[str, _check(NGC_TAG_OR_PATTERN_RE, "not a tag pattern", "e.g. latest or 24.*")] | None = None
 
@@ -230,7 +297,7 @@ class Base(_Strict):
         if self.image and (self.framework or self.tag):
             raise ValueError("give either image, or framework and tag, not both")
         if not self.image and not (self.framework and self.tag):
-            raise ValueError("needs framework and tag (e.g. framework: pytorch, tag: \"24.05\") or image")
+            raise ValueError('needs framework and tag (e.g. framework: pytorch, tag: "24.05") or image')
         if self.follow and not self.framework:
             raise ValueError("follow needs framework and tag (imgbuild bump moves tag along the pattern)")
         return self
@@ -247,8 +314,9 @@ class Pip(_Strict):
 
 
 class User(_Strict):
-    name: Annotated[str, _check(USER_RE, "not a valid user name", "lower case, starts with a letter"),
-                    AfterValidator(_user_name)] = "user"
+    name: Annotated[
+        str, _check(USER_RE, "not a valid user name", "lower case, starts with a letter"), AfterValidator(_user_name)
+    ] = "user"
     uid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     gid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     home: OwnedDir | None = None
@@ -269,8 +337,11 @@ class Smoke(_Strict):
 class Recipe(_Strict):
     """The validated recipe; the single source of truth for the JSON schema in docs/recipe.schema.json."""
 
-    name: Annotated[str, Field(max_length=limits.NAME_CHARS),
-                    _check(NAME_RE, "not a valid image name", "lower case letters, digits, . _ -")]
+    name: Annotated[
+        str,
+        Field(max_length=limits.NAME_CHARS),
+        _check(NAME_RE, "not a valid image name", "lower case letters, digits, . _ -"),
+    ]
     tag: Annotated[str, _check(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")] = "latest"
     image: Annotated[str, AfterValidator(_image_name)] | None = None
     extends: OneLine | None = None
@@ -284,8 +355,9 @@ class Recipe(_Strict):
     workdir: OwnedDir = "/workspace"
     env: dict[Annotated[EnvKey, AfterValidator(_env_key)], EnvValue] = Field(default_factory=dict)
     labels: dict[Annotated[str, AfterValidator(_label_key)], OneLine] = Field(default_factory=dict)
-    args: dict[Annotated[EnvKey, _check(re.compile(r"(?!IMGBUILD_).*"), "IMGBUILD_ args are reserved")],
-               EnvValue] = Field(default_factory=dict)
+    args: dict[Annotated[EnvKey, _check(re.compile(r"(?!IMGBUILD_).*"), "IMGBUILD_ args are reserved")], EnvValue] = (
+        Field(default_factory=dict)
+    )
     entrypoint: list[OneLine] | OneLine | None = None
     cmd: list[OneLine] | OneLine | None = None
     smoke: Smoke = Field(default_factory=Smoke)
@@ -334,15 +406,34 @@ _VAR_RE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{([^
 
 
 #: Variables that hold imgbuild's own secrets or a CI system's credentials: never interpolated.
-SECRET_VARIABLES = frozenset({
-    "NGC_API_KEY", "NGC_CLI_API_KEY", "IMGBUILD_NGC_API_KEY", "IMGBUILD_PIP_INDEX_URL",
-    "IMGBUILD_PIP_EXTRA_INDEX_URLS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
-    "DOCKER_AUTH_CONFIG", "CI_JOB_TOKEN", "CI_REGISTRY_PASSWORD", "CI_DEPLOY_PASSWORD", "GITHUB_TOKEN",
-    "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-})
+SECRET_VARIABLES = frozenset(
+    {
+        "NGC_API_KEY",
+        "NGC_CLI_API_KEY",
+        "IMGBUILD_NGC_API_KEY",
+        "IMGBUILD_PIP_INDEX_URL",
+        "IMGBUILD_PIP_EXTRA_INDEX_URLS",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "UV_INDEX_URL",
+        "UV_EXTRA_INDEX_URL",
+        "DOCKER_AUTH_CONFIG",
+        "CI_JOB_TOKEN",
+        "CI_REGISTRY_PASSWORD",
+        "CI_DEPLOY_PASSWORD",
+        "GITHUB_TOKEN",
+        "ACTIONS_RUNTIME_TOKEN",
+        "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    }
+)
 #: Names that say "credential" in any CI system's dialect.
-SECRET_NAME_RE = re.compile(r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|API_?KEY|APIKEY|CREDENTIALS?|"
-                            r"PRIVATE_KEY|AUTH|AUTH_CONFIG)(?:_|$)", re.IGNORECASE)
+SECRET_NAME_RE = re.compile(
+    r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|API_?KEY|APIKEY|CREDENTIALS?|"
+    r"PRIVATE_KEY|AUTH|AUTH_CONFIG)(?:_|$)",
+    re.IGNORECASE,
+)
 
 
 def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> bool:
@@ -355,8 +446,9 @@ def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> boo
     return bool(parts and parts.password)
 
 
-def interpolate(located: Located, environ: dict[str, str], problems: list[Problem],
-                secrets: tuple[str, ...] = ()) -> None:
+def interpolate(
+    located: Located, environ: dict[str, str], problems: list[Problem], secrets: tuple[str, ...] = ()
+) -> None:
     """Replace ${VAR} and ${VAR:-default} in every string value; `$$` is a literal `$`.
 
     A variable that holds a secret (a configured one, a known credential variable, a URL with a
@@ -367,21 +459,33 @@ def interpolate(located: Located, environ: dict[str, str], problems: list[Proble
             if m.group(0) == "$$":
                 return "$"
             if m.group(3) is not None or m.group(1) is None:
-                problems.append(located.problem(at, f"bad variable reference {_show(m.group(0))}",
-                                                "write ${NAME} or ${NAME:-default}; $$ for a literal $"))
+                problems.append(
+                    located.problem(
+                        at,
+                        f"bad variable reference {_show(m.group(0))}",
+                        "write ${NAME} or ${NAME:-default}; $$ for a literal $",
+                    )
+                )
                 return m.group(0)
             name, default = m.group(1), m.group(2)
             if name in environ and secret_variable(name, environ[name], secrets):
-                problems.append(located.problem(at, f"${{{name}}} holds a secret; it would be written into the "
-                                                "image and its context", "pass secrets at run time, never in a recipe"))
+                problems.append(
+                    located.problem(
+                        at,
+                        f"${{{name}}} holds a secret; it would be written into the image and its context",
+                        "pass secrets at run time, never in a recipe",
+                    )
+                )
                 return ""
             if name in environ and (environ[name] != "" or default is None):
                 return environ[name]
             if default is not None:
                 return default
-            problems.append(located.problem(at, f"environment variable {name} is not set",
-                                            f"set it, or write ${{{name}:-default}}"))
+            problems.append(
+                located.problem(at, f"environment variable {name} is not set", f"set it, or write ${{{name}:-default}}")
+            )
             return ""
+
         return _VAR_RE.sub(one, text)
 
     def walk(value: Any, at: PathKey) -> Any:
@@ -398,12 +502,13 @@ def interpolate(located: Located, environ: dict[str, str], problems: list[Proble
 
 # --- shorthands and merging -----------------------------------------------------------------------
 
+
 def _move(located: Located, old: PathKey, new: PathKey) -> None:
     """Re-key positions under `old` to live under `new` (after a shorthand is expanded)."""
     tables: tuple[dict[PathKey, Any], ...] = (located.values, located.keys, located.raw)
     for table in tables:
         for path in [p for p in table if p[: len(old)] == old]:
-            table[new + path[len(old):]] = table[path]
+            table[new + path[len(old) :]] = table[path]
 
 
 def normalize(located: Located) -> None:
@@ -477,6 +582,7 @@ def merge(parent: Any, child: Any, at: PathKey = ()) -> Any:
 
 # --- loading --------------------------------------------------------------------------------------
 
+
 @dataclass
 class _Layer:
     located: Located
@@ -521,8 +627,14 @@ def _resolve_relative(located: Located, base_dir: Path, root: Path, problems: li
                     pip[key] = resolved
 
 
-def _load_chain(path: Path, environ: dict[str, str], problems: list[Problem], stack: list[Path],
-                root: Path, secrets: tuple[str, ...]) -> list[_Layer]:
+def _load_chain(
+    path: Path,
+    environ: dict[str, str],
+    problems: list[Problem],
+    stack: list[Path],
+    root: Path,
+    secrets: tuple[str, ...],
+) -> list[_Layer]:
     path = path.resolve()
     display = display_path(path)
     if path in stack:
@@ -540,8 +652,15 @@ def _load_chain(path: Path, environ: dict[str, str], problems: list[Problem], st
         if not isinstance(parent, str) or not parent or any(ord(c) < 32 for c in parent):
             problems.append(located.problem(("extends",), "must be a path to another recipe"))
         elif len(stack) + 1 >= limits.EXTENDS_DEPTH:
-            raise RecipeError([located.problem(("extends",), f"extends is nested deeper than {limits.EXTENDS_DEPTH} "
-                                               "recipes", "flatten the chain")])
+            raise RecipeError(
+                [
+                    located.problem(
+                        ("extends",),
+                        f"extends is nested deeper than {limits.EXTENDS_DEPTH} recipes",
+                        "flatten the chain",
+                    )
+                ]
+            )
         else:
             try:
                 parent_path = resolve_inside(path.parent, parent, root)
@@ -549,8 +668,11 @@ def _load_chain(path: Path, environ: dict[str, str], problems: list[Problem], st
                 problems.append(located.problem(("extends",), str(exc), "extends names a recipe of this repository"))
                 return [_Layer(located, path)]
             if not parent_path.is_file():
-                problems.append(located.problem(("extends",), f"no such recipe: {_show(parent)}",
-                                                "paths are relative to this recipe's folder"))
+                problems.append(
+                    located.problem(
+                        ("extends",), f"no such recipe: {_show(parent)}", "paths are relative to this recipe's folder"
+                    )
+                )
             else:
                 layers = _load_chain(parent_path, environ, problems, [*stack, path], root, secrets)
     return [*layers, _Layer(located, path)]
@@ -586,7 +708,7 @@ def _merged_positions(layers: list[_Layer]) -> Located:
             for name, table in (("values", layer.located.values), ("keys", layer.located.keys)):
                 for p, pos in table.items():
                     if len(p) > n and p[:n] == list_path and isinstance(p[n], int):
-                        grouped.setdefault((layer_no, p[n]), []).append((name, p[n + 1:], pos))
+                        grouped.setdefault((layer_no, p[n]), []).append((name, p[n + 1 :], pos))
         for p in [p for p in (*merged.values, *merged.keys) if len(p) > n and p[:n] == list_path]:
             merged.values.pop(p, None)
             merged.keys.pop(p, None)
@@ -651,7 +773,7 @@ def _translate(err: dict[str, Any], located: Located, recipe_fields: dict[PathKe
     if kind in ("string_type",) and isinstance(err.get("input"), bool):
         message = "must be a string (quote it: YAML reads yes/no/on/off as booleans)"
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     hint = ""
     if message.endswith(")") and " (" in message:
         message, hint = message[:-1].split(" (", 1)
@@ -668,8 +790,9 @@ def _model_fields(model: type[BaseModel], at: PathKey = ()) -> dict[PathKey, lis
     return out
 
 
-def _check_paths(loaded_files: dict[str, list[SourceFile]], located: Located, root: Path,
-                 problems: list[Problem]) -> tuple[tuple[int, str], ...]:
+def _check_paths(
+    loaded_files: dict[str, list[SourceFile]], located: Located, root: Path, problems: list[Problem]
+) -> tuple[tuple[int, str], ...]:
     """Check what the recipe's paths name; return the requirements file's lines. No content is echoed."""
     data = located.data
     files = data.get("files") if isinstance(data.get("files"), list) else []
@@ -677,8 +800,13 @@ def _check_paths(loaded_files: dict[str, list[SourceFile]], located: Located, ro
         if isinstance(spec, dict) and isinstance(spec.get("src"), str):
             src = Path(spec["src"])
             if not src.exists():
-                problems.append(located.problem(("files", i, "src"), f"no such file: {_show(src.name)}",
-                                                "paths are relative to the recipe that names them"))
+                problems.append(
+                    located.problem(
+                        ("files", i, "src"),
+                        f"no such file: {_show(src.name)}",
+                        "paths are relative to the recipe that names them",
+                    )
+                )
                 continue
             try:
                 loaded_files[str(spec.get("dest"))] = source_files(src, src.name, root)
@@ -692,8 +820,11 @@ def _check_paths(loaded_files: dict[str, list[SourceFile]], located: Located, ro
         try:
             regular_file(Path(value), Path(value).name)
         except OutsideRepository:
-            problems.append(located.problem(at, f"no such file: {_show(Path(value).name)}",
-                                            "paths are relative to the recipe that names them"))
+            problems.append(
+                located.problem(
+                    at, f"no such file: {_show(Path(value).name)}", "paths are relative to the recipe that names them"
+                )
+            )
     requirements: list[tuple[int, str]] = []
     req = pip.get("requirements")
     if isinstance(req, str) and Path(req).is_file():
@@ -719,8 +850,11 @@ def _check_paths(loaded_files: dict[str, list[SourceFile]], located: Located, ro
     for i, spec in enumerate(files):
         if isinstance(spec, dict) and isinstance(spec.get("dest"), str):
             if spec["dest"] in dests:
-                problems.append(located.problem(("files", i, "dest"), f"{spec['dest']} is already a destination "
-                                                f"of files[{dests[spec['dest']]}]"))
+                problems.append(
+                    located.problem(
+                        ("files", i, "dest"), f"{spec['dest']} is already a destination of files[{dests[spec['dest']]}]"
+                    )
+                )
             dests[spec["dest"]] = i
     for i, cmd in enumerate(data.get("run") or [] if isinstance(data.get("run"), list) else []):
         if isinstance(cmd, str) and cmd.strip() == "":
@@ -728,8 +862,9 @@ def _check_paths(loaded_files: dict[str, list[SourceFile]], located: Located, ro
     return tuple(requirements)
 
 
-def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
-                secrets: tuple[str, ...] | list[str] = ()) -> LoadedRecipe:
+def load_recipe(
+    path: str | Path, environ: dict[str, str] | None = None, secrets: tuple[str, ...] | list[str] = ()
+) -> LoadedRecipe:
     """Load, merge, interpolate and validate a recipe. Raises RecipeError with every problem found.
 
     `secrets` are the configured secret values (Settings.secrets()): a variable holding one is refused."""
@@ -742,8 +877,17 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
     problems: list[Problem] = []
     root = repository_root(path)
     if not path.resolve().is_relative_to(root):
-        raise RecipeError([Problem(display_path(path), 0, 0, "", "the recipe is a link to a file outside its "
-                                   f"repository ({root.name}/)")])
+        raise RecipeError(
+            [
+                Problem(
+                    display_path(path),
+                    0,
+                    0,
+                    "",
+                    f"the recipe is a link to a file outside its repository ({root.name}/)",
+                )
+            ]
+        )
     layers = _load_chain(path, environ, problems, [], root, tuple(secrets))
     located = _merged_positions(layers)
     manifest: dict[str, list[SourceFile]] = {}
@@ -767,10 +911,17 @@ def load_recipe(path: str | Path, environ: dict[str, str] | None = None,
     assert recipe is not None
     sources = {f.dest: Path(f.src) for f in recipe.files}
     return LoadedRecipe(
-        recipe=recipe, path=path.resolve(), chain=[layer.path for layer in layers], file_sources=sources,
+        recipe=recipe,
+        path=path.resolve(),
+        chain=[layer.path for layer in layers],
+        file_sources=sources,
         requirements_path=Path(recipe.pip.requirements) if recipe.pip.requirements else None,
         ca_bundle_path=Path(recipe.pip.ca_bundle) if recipe.pip.ca_bundle else None,
-        located=located, root=root, file_manifest=manifest, requirements=requirements, file_digests=digests,
+        located=located,
+        root=root,
+        file_manifest=manifest,
+        requirements=requirements,
+        file_digests=digests,
     )
 
 

@@ -28,14 +28,15 @@ from imgbuild import imageref, limits
 from imgbuild.errors import RegistryError, RegistryUnavailable, UsageError
 from imgbuild.imageref import DIGEST_RE
 
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-])
-INDEX_TYPES = {"application/vnd.oci.image.index.v1+json",
-               "application/vnd.docker.distribution.manifest.list.v2+json"}
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
+INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
 RETRY_STATUS = {429, 500, 502, 503, 504}
 _CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 
@@ -43,8 +44,9 @@ _CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     """`Bearer realm="...",scope="..."` -> ("bearer", {...}); loose about spacing, quotes and order."""
     scheme, _, rest = header.strip().partition(" ")
-    params = {m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3))
-              for m in _CHALLENGE_RE.finditer(rest)}
+    params = {
+        m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)) for m in _CHALLENGE_RE.finditer(rest)
+    }
     return scheme.lower(), params
 
 
@@ -86,8 +88,14 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
                 return Credentials(entry["username"], entry.get("password", ""))
     if helper:
         try:
-            out = subprocess.run([f"docker-credential-{helper}", "get"], input=host, capture_output=True,
-                                 text=True, timeout=10, check=True).stdout
+            out = subprocess.run(
+                [f"docker-credential-{helper}", "get"],
+                input=host,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
             data = json.loads(out)
             return Credentials(data["Username"], data["Secret"])
         except (OSError, subprocess.SubprocessError, ValueError, KeyError):
@@ -113,7 +121,8 @@ class Manifest:
     def size(self) -> int:
         """Compressed size of the image: config plus layers."""
         return int(self.body.get("config", {}).get("size", 0)) + sum(
-            int(layer.get("size", 0)) for layer in self.body.get("layers", []))
+            int(layer.get("size", 0)) for layer in self.body.get("layers", [])
+        )
 
 
 @dataclass
@@ -133,8 +142,10 @@ class Reply:
         try:
             return json.loads(self.content)
         except ValueError:
-            raise RegistryError(f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
-                                f"(HTTP {self.status_code}, {len(self.content)} bytes)") from None
+            raise RegistryError(
+                f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
+                f"(HTTP {self.status_code}, {len(self.content)} bytes)"
+            ) from None
 
 
 class _TooBig(Exception):
@@ -144,8 +155,11 @@ class _TooBig(Exception):
 def _read_body(resp: requests.Response, cap: int) -> bytes:
     """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
     encoding = resp.headers.get("Content-Encoding", "").strip().lower()
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS) \
-        if encoding in ("gzip", "x-gzip", "deflate") else None
+    inflate = (
+        zlib.decompressobj(16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+        if encoding in ("gzip", "x-gzip", "deflate")
+        else None
+    )
     out = bytearray()
     for chunk in resp.raw.stream(64 * 1024, decode_content=False):
         if inflate is not None:
@@ -164,10 +178,19 @@ class RegistryClient:
     Credentials go to this client's host and to the token realm it names, never to another host (a `Link`
     header pointing elsewhere is refused)."""
 
-    def __init__(self, host: str, *, credentials: Credentials | None = None, insecure: bool = False,
-                 timeout: float = limits.HTTP_REQUEST_SECONDS, retries: int = 4, backoff: float = 0.5,
-                 session: requests.Session | None = None, command_seconds: float = limits.HTTP_COMMAND_SECONDS,
-                 body_bytes: int = limits.HTTP_BODY_BYTES):
+    def __init__(
+        self,
+        host: str,
+        *,
+        credentials: Credentials | None = None,
+        insecure: bool = False,
+        timeout: float = limits.HTTP_REQUEST_SECONDS,
+        retries: int = 4,
+        backoff: float = 0.5,
+        session: requests.Session | None = None,
+        command_seconds: float = limits.HTTP_COMMAND_SECONDS,
+        body_bytes: int = limits.HTTP_BODY_BYTES,
+    ):
         self.host = host
         self.scheme = "http" if insecure else "https"
         self.credentials = credentials
@@ -192,8 +215,14 @@ class RegistryClient:
         else:
             creds = docker_config_credentials(host)
         insecure = host in settings.insecure_registries or _is_loopback(host)
-        return cls(host, credentials=creds, insecure=insecure, backoff=settings.registry_backoff,
-                   timeout=settings.registry_timeout, command_seconds=settings.registry_deadline)
+        return cls(
+            host,
+            credentials=creds,
+            insecure=insecure,
+            backoff=settings.registry_backoff,
+            timeout=settings.registry_timeout,
+            command_seconds=settings.registry_deadline,
+        )
 
     # -- HTTP with auth and retries --------------------------------------------------------------
 
@@ -204,8 +233,9 @@ class RegistryClient:
         return self.deadline - time.monotonic()
 
     def _unavailable(self, why: str) -> RegistryUnavailable:
-        return RegistryUnavailable(f"registry {self.host} {why}; check the host name, the network or "
-                                   "IMGBUILD_NGC_REGISTRY")
+        return RegistryUnavailable(
+            f"registry {self.host} {why}; check the host name, the network or IMGBUILD_NGC_REGISTRY"
+        )
 
     def _exchange(self, method: str, url: str, headers: dict[str, str], kw: dict[str, Any]) -> Reply:
         """One request, read whole in a daemon thread so that no server can hold it past the deadline."""
@@ -216,8 +246,14 @@ class RegistryClient:
 
         def work() -> None:
             try:
-                resp = self.session.request(method, url, headers={"Accept-Encoding": "gzip, identity", **headers},
-                                            timeout=(min(10.0, budget), budget), stream=True, **kw)
+                resp = self.session.request(
+                    method,
+                    url,
+                    headers={"Accept-Encoding": "gzip, identity", **headers},
+                    timeout=(min(10.0, budget), budget),
+                    stream=True,
+                    **kw,
+                )
                 box["resp"] = resp
                 try:
                     box["reply"] = Reply(resp.status_code, resp.headers, _read_body(resp, self.body_bytes), url)
@@ -236,8 +272,10 @@ class RegistryClient:
         if "error" in box:
             error = box["error"]
             if isinstance(error, _TooBig):
-                raise RegistryError(f"registry {self.host}: an answer is larger than "
-                                    f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})")
+                raise RegistryError(
+                    f"registry {self.host}: an answer is larger than "
+                    f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
+                )
             raise error
         return box["reply"]  # type: ignore[no-any-return]
 
@@ -276,14 +314,20 @@ class RegistryClient:
         if parts.scheme not in ("https", "http") or not parts.netloc:
             raise RegistryError(f"registry {self.host}: the token realm {realm[:80]!r} is not a URL")
         if auth and parts.scheme != "https" and not _is_loopback(parts.netloc):
-            raise RegistryError(f"registry {self.host}: refusing to send credentials to a token realm over "
-                                f"plain HTTP ({parts.netloc})")
+            raise RegistryError(
+                f"registry {self.host}: refusing to send credentials to a token realm over plain HTTP ({parts.netloc})"
+            )
         resp = self._send("GET", realm, {}, params=query, auth=auth)
         if resp.status_code in (401, 403):
-            who = "the NGC API key" if self.credentials and self.credentials.username == "$oauthtoken" else (
-                "the credentials" if self.credentials else "anonymous access")
-            raise RegistryError(f"registry {self.host}: {who} was refused ({resp.status_code}) for {scope}; "
-                                "check the key (NGC_API_KEY / IMGBUILD_NGC_API_KEY) or `docker login`")
+            who = (
+                "the NGC API key"
+                if self.credentials and self.credentials.username == "$oauthtoken"
+                else ("the credentials" if self.credentials else "anonymous access")
+            )
+            raise RegistryError(
+                f"registry {self.host}: {who} was refused ({resp.status_code}) for {scope}; "
+                "check the key (NGC_API_KEY / IMGBUILD_NGC_API_KEY) or `docker login`"
+            )
         if not resp.ok:
             raise RegistryError(f"registry {self.host}: token request failed with HTTP {resp.status_code}")
         data = resp.json()
@@ -292,14 +336,15 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: token endpoint answered without a token")
         return str(token)
 
-    def request(self, method: str, path: str, scope: str, headers: dict[str, str] | None = None,
-                **kw: Any) -> Reply:
+    def request(self, method: str, path: str, scope: str, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
         """A request that answers auth challenges; `scope` is e.g. `repository:nvidia/pytorch:pull`."""
         url = path if path.startswith("http") else self._url(path)
         parts = urlsplit(url)
         if parts.netloc != self.host or parts.scheme != self.scheme:
-            raise RegistryError(f"registry {self.host}: refusing to follow a link to another host or scheme "
-                                f"({parts.scheme}://{parts.netloc[:80]}); credentials stay with {self.host}")
+            raise RegistryError(
+                f"registry {self.host}: refusing to follow a link to another host or scheme "
+                f"({parts.scheme}://{parts.netloc[:80]}); credentials stay with {self.host}"
+            )
         for _ in range(3):
             hdrs = dict(headers or {})
             if scope in self._tokens:
@@ -312,13 +357,16 @@ class RegistryClient:
                 return resp
             challenge = resp.headers.get("WWW-Authenticate", "")
             if not challenge.strip():
-                raise RegistryError(f"registry {self.host}: authentication required, and the registry named no "
-                                    "way to authenticate (no WWW-Authenticate header)")
+                raise RegistryError(
+                    f"registry {self.host}: authentication required, and the registry named no "
+                    "way to authenticate (no WWW-Authenticate header)"
+                )
             scheme, params = parse_challenge(challenge)
             if scheme == "basic":
                 if self._basic or not self.credentials:
-                    raise RegistryError(f"registry {self.host}: authentication required "
-                                        "(run `docker login` or set credentials)")
+                    raise RegistryError(
+                        f"registry {self.host}: authentication required (run `docker login` or set credentials)"
+                    )
                 self._basic = True
                 continue
             if scheme != "bearer" or "realm" not in params:
@@ -359,8 +407,10 @@ class RegistryClient:
             self._check(resp, "tag list", repo)
             received += len(resp.content)
             if received > limits.HTTP_TAGS_BYTES:
-                raise RegistryError(f"registry {self.host}: the tag list of {repo} is larger than "
-                                    f"{limits.HTTP_TAGS_BYTES // limits.MIB} MiB")
+                raise RegistryError(
+                    f"registry {self.host}: the tag list of {repo} is larger than "
+                    f"{limits.HTTP_TAGS_BYTES // limits.MIB} MiB"
+                )
             body = resp.json()
             page = body.get("tags") if isinstance(body, dict) else None
             tags.extend(t for t in (page if isinstance(page, list) else []) if isinstance(t, str) and len(t) <= 128)

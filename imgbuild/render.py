@@ -29,8 +29,11 @@ OWN_SCRIPTS = {
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
-GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n" + \
-    "".join(f"/{path}\n" for path in OWN_SCRIPTS) + "/smoke.json\n/build.log\n"
+GITIGNORE = (
+    "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n"
+    + "".join(f"/{path}\n" for path in OWN_SCRIPTS)
+    + "/smoke.json\n/build.log\n"
+)
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
 
 
@@ -67,8 +70,12 @@ def _environment() -> Any:
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), undefined=jinja2.StrictUndefined,
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
     )
     env.filters["dq"] = _dq
     env.filters["exec_form"] = _exec_form
@@ -82,16 +89,18 @@ def _environment() -> Any:
 def image_labels(plan: Plan) -> dict[str, str]:
     recipe = plan.loaded.recipe
     labels = dict(sorted(recipe.labels.items()))
-    labels.update({
-        Label.VERSION: __version__,
-        Label.RECIPE: stable_name(plan.loaded.path),
-        Label.RECIPE_HASH: plan.content_hash,
-        Label.INPUT_HASH: plan.input_hash,
-        Label.BASE: plan.base.ref,
-        Label.BASE_DIGEST: plan.base.identity,
-        Label.BASE_FRAMEWORK: plan.base.framework,
-        Label.BASE_FRAMEWORK_VERSION: plan.base.framework_version,
-    })
+    labels.update(
+        {
+            Label.VERSION: __version__,
+            Label.RECIPE: stable_name(plan.loaded.path),
+            Label.RECIPE_HASH: plan.content_hash,
+            Label.INPUT_HASH: plan.input_hash,
+            Label.BASE: plan.base.ref,
+            Label.BASE_DIGEST: plan.base.identity,
+            Label.BASE_FRAMEWORK: plan.base.framework,
+            Label.BASE_FRAMEWORK_VERSION: plan.base.framework_version,
+        }
+    )
     if recipe.description:
         labels["org.opencontainers.image.description"] = recipe.description
     return labels
@@ -112,8 +121,10 @@ def requirements_text(plan: Plan) -> str:
 
 
 def constraints_text(plan: Plan) -> str:
-    lines = ["# Pins imgbuild adds on top of the base's own (its constraint file, or a freeze of it):",
-             "# the base's framework, as its image config declares it, and the recipe's constraints."]
+    lines = [
+        "# Pins imgbuild adds on top of the base's own (its constraint file, or a freeze of it):",
+        "# the base's framework, as its image config declares it, and the recipe's constraints.",
+    ]
     lines += list(plan.protected)
     lines += list(plan.loaded.recipe.pip.constraints)
     return "\n".join(lines) + "\n"

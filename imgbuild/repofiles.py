@@ -93,11 +93,12 @@ def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
     for folder, dirs, names in os.walk(src, followlinks=False):
         here = Path(folder)
         dirs[:] = [d for d in dirs if d != ".git"]  # a checkout's .git may hold a CI token: never copied
-        names = [n for n in names if n != ".git"]   # (a worktree's .git is a file)
+        names = [n for n in names if n != ".git"]  # (a worktree's .git is a file)
         for name in sorted(dirs):
             if (here / name).is_symlink():
-                raise OutsideRepository(f"{written}: {(here / name).relative_to(src)} is a symlink to a folder "
-                                        "(copy the folder itself)")
+                raise OutsideRepository(
+                    f"{written}: {(here / name).relative_to(src)} is a symlink to a folder (copy the folder itself)"
+                )
         dirs.sort()
         for name in sorted(names):
             entry = here / name
@@ -131,7 +132,8 @@ def files_digest(files: list[SourceFile], secrets: tuple[str, ...] | list[str] =
                 h.update(block)
                 window = tail + block
                 if any(w in window for w in wanted):
-                    raise OutsideRepository(f"{f.rel or f.path.name} holds a configured secret; it would be "
-                                            "copied into the image")
+                    raise OutsideRepository(
+                        f"{f.rel or f.path.name} holds a configured secret; it would be copied into the image"
+                    )
                 tail = window[-overlap:] if overlap else b""
     return h.hexdigest()

@@ -22,14 +22,14 @@ SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 #: The house rules, overridable per site (/etc/imgbuild/config.yaml `run:`), per user, per flag.
 DEFAULTS: dict[str, Any] = {
-    "ipc": "host",                  # NVIDIA's advice for PyTorch DataLoader workers and NCCL
-    "shm_size": None,               # used instead of ipc host when set
+    "ipc": "host",  # NVIDIA's advice for PyTorch DataLoader workers and NCCL
+    "shm_size": None,  # used instead of ipc host when set
     "ulimits": {"memlock": "-1", "stack": "67108864"},
-    "workspace": "/workspace",      # where the current folder is mounted
-    "mounts": [],                   # e.g. ["/work/{user}:/work/{user}", "/datasets:/datasets:ro"]
+    "workspace": "/workspace",  # where the current folder is mounted
+    "mounts": [],  # e.g. ["/work/{user}:/work/{user}", "/datasets:/datasets:ro"]
     "log_max_size": "50m",
     "log_max_file": "3",
-    "cpus_per_gpu": None,           # None: the host's fair share, kept within 8..24
+    "cpus_per_gpu": None,  # None: the host's fair share, kept within 8..24
     "env": {},
 }
 
@@ -59,8 +59,7 @@ class RunSpec:
     def docker_args(self) -> list[str]:
         """`docker run ...` arguments (without the `docker` binary)."""
         h = self.house
-        args = ["run", "--name", self.name, "--user", f"{self.uid}:{self.gid}",
-                "--label", f"{Label.USER}={self.user}"]
+        args = ["run", "--name", self.name, "--user", f"{self.uid}:{self.gid}", "--label", f"{Label.USER}={self.user}"]
         if h.get("shm_size"):
             args += ["--shm-size", str(h["shm_size"])]
         else:
@@ -72,8 +71,14 @@ class RunSpec:
             args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
         for mount in [*(h.get("mounts") or []), *self.volumes]:
             args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
-        args += ["--log-driver", "json-file", "--log-opt", f"max-size={h.get('log_max_size', '50m')}",
-                 "--log-opt", f"max-file={h.get('log_max_file', '3')}"]
+        args += [
+            "--log-driver",
+            "json-file",
+            "--log-opt",
+            f"max-size={h.get('log_max_size', '50m')}",
+            "--log-opt",
+            f"max-file={h.get('log_max_file', '3')}",
+        ]
         for key, value in sorted((h.get("env") or {}).items()):
             args += ["-e", f"{key}={value}"]
         for item in self.env:
@@ -81,8 +86,12 @@ class RunSpec:
         for port in self.ports:
             args += ["-p", port]
         if self.gpus.gpus:
-            args += ["--gpus", f'"device={",".join(self.gpus.uuids)}"',
-                     "--label", f"{Label.GPUS}=" + ",".join(str(g.index) for g in self.gpus.gpus)]
+            args += [
+                "--gpus",
+                f'"device={",".join(self.gpus.uuids)}"',
+                "--label",
+                f"{Label.GPUS}=" + ",".join(str(g.index) for g in self.gpus.gpus),
+            ]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
         if self.remove:
@@ -155,6 +164,7 @@ def host_ids() -> tuple[int, int]:
 
 # --- your containers, by short name ---------------------------------------------------------------
 
+
 def find_container(rows: list[dict[str, Any]], name: str, user: str) -> dict[str, Any]:
     """The container `name` means: an exact name, `<user>_<name>`, or the one `<user>_<name>_<n>`."""
     by_name = {r["name"]: r for r in rows}
@@ -179,16 +189,21 @@ def check_owner(row: dict[str, Any], who: Any, verb: str, force: bool) -> None:
     if force and who.is_admin:
         return
     if force:
-        raise UsageError(f"{row['name']} belongs to {row['user'] or 'nobody known'}: only root may {verb} "
-                         "other users' containers")
-    raise UsageError(f"{row['name']} belongs to {row['user'] or 'nobody known'}, not to {who.name}"
-                     + ("; --force to " + verb + " it anyway" if who.is_admin else ""))
+        raise UsageError(
+            f"{row['name']} belongs to {row['user'] or 'nobody known'}: only root may {verb} other users' containers"
+        )
+    raise UsageError(
+        f"{row['name']} belongs to {row['user'] or 'nobody known'}, not to {who.name}"
+        + ("; --force to " + verb + " it anyway" if who.is_admin else "")
+    )
 
 
 # --- starting a container -------------------------------------------------------------------------
 
-RLIMIT_HINT = ("the engine may not raise the memlock/stack ulimits NVIDIA recommends: start dockerd with "
-               "LimitMEMLOCK=infinity, or set run.ulimits in the imgbuild config")
+RLIMIT_HINT = (
+    "the engine may not raise the memlock/stack ulimits NVIDIA recommends: start dockerd with "
+    "LimitMEMLOCK=infinity, or set run.ulimits in the imgbuild config"
+)
 
 
 @dataclass
@@ -247,12 +262,24 @@ def prepare(req: RunRequest, settings: Any) -> RunSpec:
         uid_text, _, gid_text = req.as_user.partition(":")
         uid, gid = int(uid_text), int(gid_text or uid_text)
     return RunSpec(
-        image=ref, short_name=req.short or default_short, user=user, uid=int(uid), gid=int(gid),
-        command=list(req.command), gpus=selection, volumes=list(req.volumes), env=list(req.env),
-        ports=list(req.ports), detach=req.detach, remove=not req.keep,
-        interactive=req.interactive and not req.detach, tty=req.terminal and not req.detach, house=house,
+        image=ref,
+        short_name=req.short or default_short,
+        user=user,
+        uid=int(uid),
+        gid=int(gid),
+        command=list(req.command),
+        gpus=selection,
+        volumes=list(req.volumes),
+        env=list(req.env),
+        ports=list(req.ports),
+        detach=req.detach,
+        remove=not req.keep,
+        interactive=req.interactive and not req.detach,
+        tty=req.terminal and not req.detach,
+        house=house,
         entrypoint=req.entrypoint,
-        cpus=req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu")))
+        cpus=req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu")),
+    )
 
 
 def start_detached(engine: Any, spec: RunSpec) -> None:
@@ -291,8 +318,13 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
                 now = [g for g in read_gpus_or_none(settings) if g.index in wanted]
             except (ImgbuildError, OSError, subprocess.SubprocessError):  # a reading lost: the summary has gaps
                 now = []
-            samples.append(Sample({g.index: g.utilization or 0 for g in now},
-                                  {g.index: g.memory_used_mib for g in now}, engine.cpu_percent(spec.name)))
+            samples.append(
+                Sample(
+                    {g.index: g.utilization or 0 for g in now},
+                    {g.index: g.memory_used_mib for g in now},
+                    engine.cpu_percent(spec.name),
+                )
+            )
 
     sampler = threading.Thread(target=sample, daemon=True)
     started = time.monotonic()
@@ -311,6 +343,6 @@ def explain_start_failure(stderr: str) -> str:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     text = lines[-1] if lines else "docker run failed"
     if "rlimit" in text:
-        reason = text[text.find("error setting rlimit"):].removesuffix(": unknown.")
+        reason = text[text.find("error setting rlimit") :].removesuffix(": unknown.")
         return f"the container did not start ({reason}); {RLIMIT_HINT}"
     return f"the container did not start: {text[-300:]}"

@@ -40,15 +40,29 @@ class SmokeReport:
 def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:
     for line in reversed(output.splitlines()):
         if line.startswith(MARKER):
-            data = json.loads(line[len(MARKER):])
+            data = json.loads(line[len(MARKER) :])
             return SmokeReport(image, bool(data["ok"]) and code == 0, data["checks"], data.get("meta", {}), note)
     tail = " | ".join(ln for ln in output.strip().splitlines()[-5:])
-    return SmokeReport(image, False, [{"name": "smoke script", "status": "fail", "details": {}, "seconds": 0,
-                                       "reason": f"exited {code} without a report: {tail[:400]}"}], {}, note)
+    return SmokeReport(
+        image,
+        False,
+        [
+            {
+                "name": "smoke script",
+                "status": "fail",
+                "details": {},
+                "seconds": 0,
+                "reason": f"exited {code} without a report: {tail[:400]}",
+            }
+        ],
+        {},
+        note,
+    )
 
 
-def run_smoke(engine: ImageEngine, image: str, *, require_gpu: bool = False, min_speedup: float | None = None,
-              timeout: int = 1800) -> SmokeReport:
+def run_smoke(
+    engine: ImageEngine, image: str, *, require_gpu: bool = False, min_speedup: float | None = None, timeout: int = 1800
+) -> SmokeReport:
     img = engine.image(image)
     if img is None:
         raise ImgbuildError(f"no image {image} in the engine (build or pull it first)")
@@ -59,8 +73,9 @@ def run_smoke(engine: ImageEngine, image: str, *, require_gpu: bool = False, min
     if min_speedup:
         env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(min_speedup)
     args = ["--require-gpu"] if require_gpu else []
-    code, output, note = engine.run_script(image, SCRIPT.read_text(), args, env,
-                                           gpus=engine.host_has_gpus(), timeout=timeout)
+    code, output, note = engine.run_script(
+        image, SCRIPT.read_text(), args, env, gpus=engine.host_has_gpus(), timeout=timeout
+    )
     report = parse_output(image, code, output, note)
     if note and require_gpu:
         report.ok = False

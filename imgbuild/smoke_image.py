@@ -34,8 +34,18 @@ SHM_DEFAULT_BYTES = 64 * 1024 * 1024
 # H100 SXM 989/67 = 15x, T4 65/8.1 = 8x, A10/L4/RTX (8.6/8.9) about 4x; measured cuBLAS reaches
 # 60-85% of the half peak and about 90% of fp32, so the floors sit at roughly half the peak ratio,
 # lower where clocks throttle (T4, consumer cards). Pascal and older have no tensor cores: no floor.
-SPEEDUP_FLOORS = {(7, 0): 4.0, (7, 2): 3.0, (7, 5): 3.0, (8, 0): 8.0, (8, 6): 2.5, (8, 7): 2.5,
-                  (8, 9): 2.5, (9, 0): 8.0, (10, 0): 8.0, (12, 0): 2.5}
+SPEEDUP_FLOORS = {
+    (7, 0): 4.0,
+    (7, 2): 3.0,
+    (7, 5): 3.0,
+    (8, 0): 8.0,
+    (8, 6): 2.5,
+    (8, 7): 2.5,
+    (8, 9): 2.5,
+    (9, 0): 8.0,
+    (10, 0): 8.0,
+    (12, 0): 2.5,
+}
 
 
 class Skip(Exception):
@@ -67,7 +77,7 @@ class Report:
             entry.update(status="warn", reason=str(exc), details={})
         except Fail as exc:
             entry.update(status="fail", reason=str(exc), details={})
-        except Exception as exc:  # a crash in a check is that check failing, not the script
+        except Exception as exc:  # noqa: BLE001 - a crash in a check is that check failing, not the script
             entry.update(status="fail", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300], details={})
         entry["seconds"] = round(time.perf_counter() - start, 3)
         self.checks.append(entry)
@@ -83,6 +93,7 @@ class Report:
 
 # --- checks for every image -----------------------------------------------------------------------
 
+
 def expected_version(env_name: str) -> str:
     return os.environ.get("IMGBUILD_EXPECT_FRAMEWORK_VERSION") or os.environ.get(env_name, "")
 
@@ -93,8 +104,10 @@ def check_framework_version(module, version: str, env_name: str) -> dict:
     if not want:
         return {"version": version, "location": where, "reason": f"{version} (the base declares no version)"}
     if version != want:
-        raise Fail(f"{module.__name__} is {version} but the base carries {want}: "
-                   f"something replaced the base's framework ({where})")
+        raise Fail(
+            f"{module.__name__} is {version} but the base carries {want}: "
+            f"something replaced the base's framework ({where})"
+        )
     return {"version": version, "location": where, "reason": f"{version}, the base's own"}
 
 
@@ -113,12 +126,15 @@ def check_shm() -> dict:
     size = st.f_frsize * st.f_blocks
     mib = size // (1024 * 1024)
     if size <= SHM_DEFAULT_BYTES:
-        raise Warn(f"/dev/shm is {mib} MiB (Docker's default): DataLoader workers and NCCL need more; "
-                   "run with --ipc host or --shm-size (imgbuild run does)")
+        raise Warn(
+            f"/dev/shm is {mib} MiB (Docker's default): DataLoader workers and NCCL need more; "
+            "run with --ipc host or --shm-size (imgbuild run does)"
+        )
     return {"shm_mib": mib, "reason": f"/dev/shm is {mib} MiB"}
 
 
 # --- PyTorch --------------------------------------------------------------------------------------
+
 
 def torch_cuda(torch) -> dict:
     if not torch.cuda.is_available():
@@ -129,10 +145,14 @@ def torch_cuda(torch) -> dict:
     torch.cuda.synchronize()
     if float(x.item()) != 2.0:
         raise Fail("a one-element kernel gave the wrong answer")
-    return {"devices": torch.cuda.device_count(), "name": torch.cuda.get_device_name(i),
-            "capability": f"{major}.{minor}", "cuda": torch.version.cuda,
-            "reason": f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(i)} (sm_{major}{minor}), "
-                      f"CUDA {torch.version.cuda}"}
+    return {
+        "devices": torch.cuda.device_count(),
+        "name": torch.cuda.get_device_name(i),
+        "capability": f"{major}.{minor}",
+        "cuda": torch.version.cuda,
+        "reason": f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(i)} (sm_{major}{minor}), "
+        f"CUDA {torch.version.cuda}",
+    }
 
 
 def torch_arch(torch) -> dict:
@@ -177,9 +197,12 @@ def torch_cudnn(torch) -> dict:
         raise Fail(f"cuDNN convolution differs from the CPU: forward {fwd_err:.2e}, backward {bwd_err:.2e}")
     major, rest = divmod(ver, 10000) if ver >= 90000 else divmod(ver, 1000)
     minor, patch = divmod(rest, 100)
-    return {"cudnn": f"{major}.{minor}.{patch}", "forward_err": fwd_err, "backward_err": bwd_err,
-            "reason": f"cuDNN {major}.{minor}.{patch}, conv fwd/bwd match the CPU "
-                      f"(max err {max(fwd_err, bwd_err):.1e})"}
+    return {
+        "cudnn": f"{major}.{minor}.{patch}",
+        "forward_err": fwd_err,
+        "backward_err": bwd_err,
+        "reason": f"cuDNN {major}.{minor}.{patch}, conv fwd/bwd match the CPU (max err {max(fwd_err, bwd_err):.1e})",
+    }
 
 
 def _gemm_tflops(torch, dtype, n: int, warmup: int = 10, iters: int = 30) -> float:
@@ -211,10 +234,15 @@ def torch_tensor_cores(torch) -> dict:
     bf16 = _gemm_tflops(torch, torch.bfloat16, n) if torch.cuda.is_bf16_supported() else None
     speedup = max(fp16, bf16 or 0.0) / fp32
     floor = float(os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP") or SPEEDUP_FLOORS.get((major, minor), 0.0))
-    details: dict = {"n": n, "fp32_tflops": round(fp32, 1), "fp16_tflops": round(fp16, 1),
-               "bf16_tflops": round(bf16, 1) if bf16 else None, "speedup": round(speedup, 1), "floor": floor}
-    text = (f"fp32 {fp32:.1f}, fp16 {fp16:.1f}" + (f", bf16 {bf16:.1f}" if bf16 else "")
-            + f" TFLOP/s: {speedup:.1f}x")
+    details: dict = {
+        "n": n,
+        "fp32_tflops": round(fp32, 1),
+        "fp16_tflops": round(fp16, 1),
+        "bf16_tflops": round(bf16, 1) if bf16 else None,
+        "speedup": round(speedup, 1),
+        "floor": floor,
+    }
+    text = f"fp32 {fp32:.1f}, fp16 {fp16:.1f}" + (f", bf16 {bf16:.1f}" if bf16 else "") + f" TFLOP/s: {speedup:.1f}x"
     if floor and speedup < floor:
         raise Fail(f"{text}, below the sm_{major}{minor} floor of {floor}x: tensor cores are not in use")
     details["reason"] = text + (f" (floor {floor}x)" if floor else " (no tensor cores: no floor)")
@@ -249,8 +277,12 @@ def torch_amp_training(torch) -> dict:
         raise Fail("AMP training produced a non-finite loss")
     if not losses[-1] < losses[0] * 0.9:
         raise Fail(f"AMP training did not learn: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    return {"loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4), "bf16_dtype": str(out_dtype),
-            "reason": f"autocast fp16 + GradScaler: loss {losses[0]:.3f} -> {losses[-1]:.3f}"}
+    return {
+        "loss_first": round(losses[0], 4),
+        "loss_last": round(losses[-1], 4),
+        "bf16_dtype": str(out_dtype),
+        "reason": f"autocast fp16 + GradScaler: loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+    }
 
 
 def torch_cpu_compute(torch) -> dict:
@@ -269,7 +301,7 @@ def import_framework(report: Report, module: str, framework: str):
 
     try:
         loaded = importlib.import_module(module)
-    except Exception as exc:  # a broken install raises anything, not only ImportError
+    except Exception as exc:  # noqa: BLE001 - a broken install raises anything, not only ImportError
         report.fail("framework", f"import {module} failed: {type(exc).__name__}: {exc}")
         return None
     report.meta["framework"] = framework
@@ -293,14 +325,18 @@ def run_pytorch(report: Report) -> None:
 
 # --- TensorFlow -----------------------------------------------------------------------------------
 
+
 def tf_gpus(tf) -> dict:
     gpus = tf.config.list_physical_devices("GPU")
     info = tf.sysconfig.get_build_info()
     if not gpus:
         raise Skip("no GPU visible" + ("" if info.get("is_cuda_build") else " (and this is not a CUDA build)"))
-    return {"gpus": len(gpus), "cuda": info.get("cuda_version"), "cudnn": info.get("cudnn_version"),
-            "reason": f"{len(gpus)} GPU(s); built with CUDA {info.get('cuda_version')}, "
-                      f"cuDNN {info.get('cudnn_version')}"}
+    return {
+        "gpus": len(gpus),
+        "cuda": info.get("cuda_version"),
+        "cudnn": info.get("cudnn_version"),
+        "reason": f"{len(gpus)} GPU(s); built with CUDA {info.get('cuda_version')}, cuDNN {info.get('cudnn_version')}",
+    }
 
 
 def tf_conv(tf) -> dict:

@@ -25,10 +25,19 @@ from imgbuild.registry import RegistryClient
 #: Corresponding Driver Versions"). With minor-version compatibility a toolkit runs on the driver of
 #: its major's first release (x.0), without PTX JIT of newer features.
 CUDA_MIN_DRIVER = {
-    (11, 0): "450.36.06", (11, 8): "520.61.05",
-    (12, 0): "525.60.13", (12, 1): "530.30.02", (12, 2): "535.54.03", (12, 3): "545.23.06",
-    (12, 4): "550.54.14", (12, 5): "555.42.02", (12, 6): "560.28.03", (12, 8): "570.26",
-    (12, 9): "575.51.03", (13, 0): "580.65.06", (13, 1): "590.44.01",
+    (11, 0): "450.36.06",
+    (11, 8): "520.61.05",
+    (12, 0): "525.60.13",
+    (12, 1): "530.30.02",
+    (12, 2): "535.54.03",
+    (12, 3): "545.23.06",
+    (12, 4): "550.54.14",
+    (12, 5): "555.42.02",
+    (12, 6): "560.28.03",
+    (12, 8): "570.26",
+    (12, 9): "575.51.03",
+    (13, 0): "580.65.06",
+    (13, 1): "590.44.01",
 }
 
 
@@ -61,9 +70,14 @@ class Listing:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"repository": self.repository, "total": self.total, "offline": self.offline,
-                "cached_age_seconds": self.cached_age, "notes": self.notes,
-                "tags": [asdict(t) for t in self.tags]}
+        return {
+            "repository": self.repository,
+            "total": self.total,
+            "offline": self.offline,
+            "cached_age_seconds": self.cached_age,
+            "notes": self.notes,
+            "tags": [asdict(t) for t in self.tags],
+        }
 
 
 def repository_for(name: str, registry: str) -> tuple[str, str]:
@@ -120,8 +134,9 @@ class TagCache:
         self._write(self._path("details", key), json.dumps(value))
 
 
-def list_tags(client: RegistryClient, repo: str, cache: TagCache, *, refresh: bool = False,
-              page_size: int = 1000) -> tuple[list[str], float | None, bool]:
+def list_tags(
+    client: RegistryClient, repo: str, cache: TagCache, *, refresh: bool = False, page_size: int = 1000
+) -> tuple[list[str], float | None, bool]:
     """(tags, age of the cached answer or None, offline?)."""
     cached = cache.get_tags(client.host, repo)
     if cached and not refresh and cached[1] < cache.ttl:
@@ -167,8 +182,7 @@ def select(tags: list[str], *, since: str | None, variant: str, limit: int | Non
     return [TagInfo(p.text, p.release, p.variant) for p in chosen]
 
 
-def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: TagCache,
-                workers: int = 8) -> None:
+def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: TagCache, workers: int = 8) -> None:
     """Fill CUDA/cuDNN/framework/... from each tag's config blob, fetched in parallel."""
 
     def one(info: TagInfo) -> None:
@@ -187,6 +201,7 @@ def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: 
 
 
 # --- what this host can run -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HostGpus:
@@ -210,8 +225,13 @@ def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
             rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
             if rows:
                 return HostGpus(rows[0][0], tuple(r[1] for r in rows if len(r) > 1), "nvidia-smi")
@@ -297,8 +317,7 @@ def listing(settings: Any, query: Query) -> Listing:
     client = RegistryClient.for_host(host, settings)
     cache = TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
     names, age, offline = list_tags(client, repo, cache, refresh=query.refresh)
-    infos = select(names, since=query.since, variant=query.variant,
-                   limit=None if query.compatible else query.limit)
+    infos = select(names, since=query.since, variant=query.variant, limit=None if query.compatible else query.limit)
     gpus = host_gpus(query.driver, query.arch) if query.compatible else None
     if (query.details or query.compatible) and infos:
         if offline:
@@ -314,6 +333,7 @@ def listing(settings: Any, query: Query) -> Listing:
     elif age is not None:
         result.notes.append(f"cached {age / 60:.0f} min ago (--refresh to ask the registry)")
     if gpus is not None:
-        result.notes.append(f"host: driver {gpus.driver or '?'}, GPUs {','.join(gpus.capabilities) or '?'} "
-                            f"(from {gpus.source})")
+        result.notes.append(
+            f"host: driver {gpus.driver or '?'}, GPUs {','.join(gpus.capabilities) or '?'} (from {gpus.source})"
+        )
     return result

@@ -48,8 +48,9 @@ class Located:
                 return self.values[prefix]
         return None
 
-    def problem(self, path: PathKey, message: str, hint: str = "", *, key: bool = False,
-                fallback_file: str = "") -> Problem:
+    def problem(
+        self, path: PathKey, message: str, hint: str = "", *, key: bool = False, fallback_file: str = ""
+    ) -> Problem:
         pos = self.where(path, key=key)
         field = dotted(path)
         if pos is None:
@@ -81,8 +82,18 @@ def read_text_bounded(path: Path, display: str, limit: int, field: str = "") -> 
     except OSError as exc:
         raise RecipeError([Problem(display, 0, 0, field, f"cannot read file: {exc.strerror}")]) from None
     if len(data) > limit:
-        raise RecipeError([Problem(display, 0, 0, field, f"file is larger than {limit // 1024} KiB",
-                                   "imgbuild reads recipes and requirement files of sane size only")])
+        raise RecipeError(
+            [
+                Problem(
+                    display,
+                    0,
+                    0,
+                    field,
+                    f"file is larger than {limit // 1024} KiB",
+                    "imgbuild reads recipes and requirement files of sane size only",
+                )
+            ]
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -191,8 +202,9 @@ def load_located(path: Path, display: str) -> Located:
                 key = scalar(k_node, at)
                 key = key if isinstance(key, str) else str(key)
                 if key in out:
-                    problems.append(Problem(display, *_lc(k_node), dotted((*at, key)), "duplicate key",
-                                            "each key may appear once"))
+                    problems.append(
+                        Problem(display, *_lc(k_node), dotted((*at, key)), "duplicate key", "each key may appear once")
+                    )
                     continue
                 keys[(*at, key)] = pos(k_node)
                 out[key] = build(v_node, (*at, key))

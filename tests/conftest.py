@@ -27,11 +27,16 @@ class Result:
     err: str
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: int = 1800) -> Result:
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 1800) -> Result:
     """Run imgbuild as a user would: a separate process, real exit code, real stderr."""
-    proc = subprocess.run([sys.executable, "-m", "imgbuild", *args], cwd=cwd or ROOT, capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "imgbuild", *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -48,11 +53,13 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
 @pytest.fixture
 def write(tmp_path: Path):
     """write("name.yaml", text) -> path, dedented."""
+
     def _write(name: str, text: str = "") -> Path:
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip("\n"))
         return path
+
     return _write
 
 
@@ -63,8 +70,14 @@ def testbed_settings() -> dict[str, str]:
     if _TESTBED:
         return _TESTBED
     if os.environ.get("IMGBUILD_TESTBED_REGISTRY"):
-        keys = ("IMGBUILD_NGC_REGISTRY", "IMGBUILD_INSECURE_REGISTRIES", "IMGBUILD_TESTBED_REGISTRY",
-                "IMGBUILD_DOCKER_CLI", "IMGBUILD_PIP_CA_BUNDLE", "IMGBUILD_TESTBED_CACHE")
+        keys = (
+            "IMGBUILD_NGC_REGISTRY",
+            "IMGBUILD_INSECURE_REGISTRIES",
+            "IMGBUILD_TESTBED_REGISTRY",
+            "IMGBUILD_DOCKER_CLI",
+            "IMGBUILD_PIP_CA_BUNDLE",
+            "IMGBUILD_TESTBED_CACHE",
+        )
         _TESTBED.update({k: os.environ[k] for k in keys if os.environ.get(k)})
         return _TESTBED
     proc = subprocess.run([str(TESTBED_UP)], capture_output=True, text=True, timeout=3000)
@@ -113,8 +126,9 @@ def cleanup_images(docker_client) -> Iterator[list[str]]:
 
 def in_image(client, image: str, script: str, user: str | None = None) -> str:
     """Run a Python snippet in the image and return its stdout (raises with the output on failure)."""
-    container = client.containers.run(image, ["python3", "-c", textwrap.dedent(script)], detach=True,
-                                      user=user, entrypoint=[])
+    container = client.containers.run(
+        image, ["python3", "-c", textwrap.dedent(script)], detach=True, user=user, entrypoint=[]
+    )
     try:
         code = container.wait(timeout=600)["StatusCode"]
         out = container.logs(stdout=True, stderr=True).decode()

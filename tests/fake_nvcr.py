@@ -43,8 +43,13 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 class FakeNvcr:
-    def __init__(self, tags: dict[str, list[str]], private: set[str] | None = None, token_uses: int = 1000,
-                 throttle_first: int = 0):
+    def __init__(
+        self,
+        tags: dict[str, list[str]],
+        private: set[str] | None = None,
+        token_uses: int = 1000,
+        throttle_first: int = 0,
+    ):
         self.tags = tags
         self.private = private or set()
         self.token_uses = token_uses
@@ -67,26 +72,57 @@ class FakeNvcr:
         cuda = "12.4.1.003" if (yy, mm) >= (24, 1) else "12.2.2.009"
         per_arch = {}
         for arch in ("amd64", "arm64"):
-            config = json.dumps({"architecture": arch, "os": "linux", "config": {
-                "Env": [f"CUDA_VERSION={cuda}", "CUDNN_VERSION=9.1.0.70", "CUDA_DRIVER_VERSION=550.54.15",
-                        f"NVIDIA_PYTORCH_VERSION={release}", "PYTORCH_VERSION=2.4.0a0+07cecf4168",
-                        "TORCH_CUDA_ARCH_LIST=5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX",
-                        "PATH=/usr/local/lib/python3.10/dist-packages/torch_tensorrt/bin:/usr/bin"],
-                "Labels": {"com.nvidia.pytorch.version": "2.4.0a0+07cecf4168"}}}).encode()
+            config = json.dumps(
+                {
+                    "architecture": arch,
+                    "os": "linux",
+                    "config": {
+                        "Env": [
+                            f"CUDA_VERSION={cuda}",
+                            "CUDNN_VERSION=9.1.0.70",
+                            "CUDA_DRIVER_VERSION=550.54.15",
+                            f"NVIDIA_PYTORCH_VERSION={release}",
+                            "PYTORCH_VERSION=2.4.0a0+07cecf4168",
+                            "TORCH_CUDA_ARCH_LIST=5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX",
+                            "PATH=/usr/local/lib/python3.10/dist-packages/torch_tensorrt/bin:/usr/bin",
+                        ],
+                        "Labels": {"com.nvidia.pytorch.version": "2.4.0a0+07cecf4168"},
+                    },
+                }
+            ).encode()
             self.blobs[_digest(config)] = config
-            manifest = json.dumps({"schemaVersion": 2,
-                                   "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                                   "config": {"digest": _digest(config), "size": len(config),
-                                              "mediaType": "application/vnd.docker.container.image.v1+json"},
-                                   "layers": [{"digest": "sha256:" + "0" * 64, "size": 9_000_000_000}]}).encode()
-            self.manifests[(repo, _digest(manifest))] = ("application/vnd.docker.distribution.manifest.v2+json",
-                                                         manifest)
+            manifest = json.dumps(
+                {
+                    "schemaVersion": 2,
+                    "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                    "config": {
+                        "digest": _digest(config),
+                        "size": len(config),
+                        "mediaType": "application/vnd.docker.container.image.v1+json",
+                    },
+                    "layers": [{"digest": "sha256:" + "0" * 64, "size": 9_000_000_000}],
+                }
+            ).encode()
+            self.manifests[(repo, _digest(manifest))] = (
+                "application/vnd.docker.distribution.manifest.v2+json",
+                manifest,
+            )
             per_arch[arch] = (_digest(manifest), len(manifest))
-        index = json.dumps({"schemaVersion": 2,
-                            "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
-                            "manifests": [{"digest": d, "size": s, "platform": {"os": "linux", "architecture": a},
-                                           "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
-                                          for a, (d, s) in per_arch.items()]}).encode()
+        index = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+                "manifests": [
+                    {
+                        "digest": d,
+                        "size": s,
+                        "platform": {"os": "linux", "architecture": a},
+                        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                    }
+                    for a, (d, s) in per_arch.items()
+                ],
+            }
+        ).encode()
         entry = ("application/vnd.docker.distribution.manifest.list.v2+json", index)
         self.manifests[(repo, tag)] = entry
         self.manifests[(repo, _digest(index))] = entry
@@ -131,8 +167,9 @@ class FakeNvcr:
                     return self._send(401, b'{"error":"authentication required"}')
                 token = f"tok-{len(fake.tokens)}-{repo}"
                 fake.tokens[token] = fake.token_uses
-                self._send(200, json.dumps({"token": token, "expires_in": 600}).encode(),
-                           {"Content-Type": "application/json"})
+                self._send(
+                    200, json.dumps({"token": token, "expires_in": 600}).encode(), {"Content-Type": "application/json"}
+                )
 
             def _api(self, rest: str, query: dict[str, list[str]]) -> None:
                 if rest == "":
@@ -152,12 +189,20 @@ class FakeNvcr:
                     if uses is not None:
                         fake.tokens[token] = uses - 1
                 if uses is None:
-                    return self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {
-                        "WWW-Authenticate": f'Bearer realm="http://{fake.host}/proxy_auth",scope="{scope}"'})
+                    return self._send(
+                        401,
+                        b'{"errors":[{"code":"UNAUTHORIZED"}]}',
+                        {"WWW-Authenticate": f'Bearer realm="http://{fake.host}/proxy_auth",scope="{scope}"'},
+                    )
                 if uses <= 0 or repo not in token:
-                    return self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {
-                        "WWW-Authenticate": f'Bearer realm="http://{fake.host}/authn/token",service="registry",'
-                                            f'scope="{scope}",error="invalid_token"'})
+                    return self._send(
+                        401,
+                        b'{"errors":[{"code":"UNAUTHORIZED"}]}',
+                        {
+                            "WWW-Authenticate": f'Bearer realm="http://{fake.host}/authn/token",service="registry",'
+                            f'scope="{scope}",error="invalid_token"'
+                        },
+                    )
                 if repo not in fake.tags:
                     return self._send(404, b'{"errors":[{"code":"NAME_UNKNOWN"}]}')
                 if kind == "tags":
@@ -207,5 +252,6 @@ def push_many_tags(registry: str, repo: str, source_repo: str, source_tag: str, 
     media = {"Content-Type": body["mediaType"]}
     with requests.Session() as session:
         for name in names:
-            session.put(f"{base}/{repo}/manifests/{name}", data=manifest.content, headers=media,
-                        timeout=30).raise_for_status()
+            session.put(
+                f"{base}/{repo}/manifests/{name}", data=manifest.content, headers=media, timeout=30
+            ).raise_for_status()

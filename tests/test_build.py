@@ -47,7 +47,10 @@ def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_p
     assert res.code == 0, res.err
     assert "smoke test passed" in res.err and "no GPU visible" in res.out
     uid, gid = as_host_user
-    out = in_image(docker_client, "imgbuildtest/pytorch-research:24.05", """
+    out = in_image(
+        docker_client,
+        "imgbuildtest/pytorch-research:24.05",
+        """
         import glob, os, pwd, subprocess, sys
         import einops, jupyterlab, tensorboard, torch
         st = os.stat("/workspace")
@@ -56,7 +59,8 @@ def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_p
         print(torch.__version__, os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, st.st_uid, st.st_gid, len(lists), len(caches), flush=True)
         subprocess.run(["git", "--version"], check=True, capture_output=True)
         subprocess.run([sys.executable, "/opt/research/train_smoke.py"], check=True)
-        """)
+        """,
+    )
     version, run_uid, run_gid, name, ws_uid, ws_gid, lists, caches = out.split()[:8]
     assert version == STANDIN_TORCH, "the base's torch was replaced"
     assert (int(run_uid), int(run_gid), name) == (uid, gid, "researcher")
@@ -77,15 +81,18 @@ def test_team_recipe_extends_house_recipe(testbed, docker_client, tmp_path, as_h
     cleanup_images.append("imgbuildtest/team-vision:24.05")
     res = build(ROOT / "recipes/team-vision.yaml", tmp_path / "ctx")
     assert res.code == 0, res.err
-    out = in_image(docker_client, "imgbuildtest/team-vision:24.05", """
+    out = in_image(
+        docker_client,
+        "imgbuildtest/team-vision:24.05",
+        """
         import os, cv2, einops, PIL, torch
         print(torch.__version__, os.environ["TEAM"], os.path.exists("/opt/research/train_smoke.py"))
-        """)
+        """,
+    )
     assert out.split() == [STANDIN_TORCH, "vision", "True"]
 
 
-def test_tensorflow_example_builds_with_the_sdk_backend(testbed, docker_client, tmp_path, as_host_user,
-                                                        cleanup_images):
+def test_tensorflow_example_builds_with_the_sdk_backend(testbed, docker_client, tmp_path, as_host_user, cleanup_images):
     cleanup_images.append("imgbuildtest/tensorflow-keras:24.05")
     res = build(ROOT / "recipes/tensorflow-keras.yaml", tmp_path / "ctx", "--backend", "sdk")
     assert res.code == 0, res.err
@@ -95,16 +102,22 @@ def test_tensorflow_example_builds_with_the_sdk_backend(testbed, docker_client, 
     assert statuses["framework"] == "pass" and statuses["mixed precision"] == "pass"
     assert statuses["cuda"] == "skip"
     uid, _ = as_host_user
-    out = in_image(docker_client, "imgbuildtest/tensorflow-keras:24.05", """
+    out = in_image(
+        docker_client,
+        "imgbuildtest/tensorflow-keras:24.05",
+        """
         import glob, os, keras_tuner, tensorflow as tf
         print(tf.__version__ == os.environ["TENSORFLOW_VERSION"], os.getuid(), len(glob.glob("/root/.cache/pip/*")))
-        """)
+        """,
+    )
     assert out.split() == ["True", str(uid), "0"]
 
 
 def test_both_backends_give_equivalent_images(testbed, docker_client, tmp_path, write, as_host_user, cleanup_images):
     write("files/hello.txt", "hello\n")
-    recipe = write("r.yaml", """
+    recipe = write(
+        "r.yaml",
+        """
         name: twoways
         tag: buildkit
         base: {framework: pytorch, tag: "24.05"}
@@ -113,7 +126,8 @@ def test_both_backends_give_equivalent_images(testbed, docker_client, tmp_path, 
         user: true
         files: [{src: files/hello.txt, dest: /workspace/hello.txt, mode: "0640"}]
         env: {GREETING: hi}
-        """)
+        """,
+    )
     cleanup_images.extend(["imgbuildtest/twoways:buildkit", "imgbuildtest/twoways:sdk"])
     assert build(recipe, tmp_path / "bk", "--backend", "buildkit").code == 0
     res = build(recipe, tmp_path / "sdk", "--backend", "sdk", env={"TAG": "x"})
@@ -135,8 +149,11 @@ def test_failed_smoke_test_never_replaces_a_working_tag(testbed, docker_client, 
     assert build(good, tmp_path / "ctx").code == 0
     working = docker_client.images.get("imgbuildtest/promo:v1").id
     # pip replaced torch (here: removed it); the smoke test must catch it and keep the working tag.
-    broken = write("broken.yaml", 'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
-                                  'run: ["python3 -m pip uninstall -y torch"]\nenv: {STAGE: broken}\n')
+    broken = write(
+        "broken.yaml",
+        'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+        'run: ["python3 -m pip uninstall -y torch"]\nenv: {STAGE: broken}\n',
+    )
     res = build(broken, tmp_path / "ctx")
     assert res.code == 1, res.err
     assert "smoke test failed: framework: import torch failed" in res.err
@@ -147,8 +164,10 @@ def test_failed_smoke_test_never_replaces_a_working_tag(testbed, docker_client, 
 
 
 def test_upgrading_torch_fails_before_building(testbed, docker_client, tmp_path, write):
-    recipe = write("up.yaml", 'name: upgrade\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
-                              'pip:\n  - einops\n  - torch==2.3.0\n')
+    recipe = write(
+        "up.yaml",
+        'name: upgrade\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  - einops\n  - torch==2.3.0\n',
+    )
     res = build(recipe, tmp_path / "ctx")
     assert res.code == 2
     assert "up.yaml:6:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch 2.13.0+cpu" in res.err
@@ -157,11 +176,13 @@ def test_upgrading_torch_fails_before_building(testbed, docker_client, tmp_path,
 
 
 def test_dependency_that_needs_another_torch_fails_the_build_naming_the_conflict(
-        testbed, docker_client, tmp_path, write, cleanup_images):
+    testbed, docker_client, tmp_path, write, cleanup_images
+):
     cleanup_images.append("imgbuildtest/tvconflict:v1")
     # torchvision 0.18.0 requires torch==2.3.0: pip must refuse rather than replace the base's torch.
-    recipe = write("tv.yaml", 'name: tvconflict\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
-                              'pip: [torchvision==0.18.0]\n')
+    recipe = write(
+        "tv.yaml", 'name: tvconflict\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip: [torchvision==0.18.0]\n'
+    )
     res = build(recipe, tmp_path / "ctx")
     assert res.code == 1, res.err
     assert "build failed at" in res.err and "install.sh" in res.err
@@ -174,15 +195,19 @@ def test_dependency_that_needs_another_torch_fails_the_build_naming_the_conflict
 def test_no_secret_reaches_the_image_history_or_log(testbed, docker_client, tmp_path, write, cleanup_images):
     ngc_key = "nvapi-FAKEKEY-imgbuild-test-0123456789"
     pip_password = "pipPassw0rd-imgbuild-test"
-    recipe = write("sec.yaml", 'name: secrets\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
-                               'pip: [six]\napt: [jq]\n')
+    recipe = write(
+        "sec.yaml", 'name: secrets\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip: [six]\napt: [jq]\n'
+    )
     cleanup_images.append("imgbuildtest/secrets:v1")
-    env = {"NGC_API_KEY": ngc_key,
-           "IMGBUILD_PIP_INDEX_URL": f"https://imgbuild:{pip_password}@pypi.org/simple"}
+    env = {"NGC_API_KEY": ngc_key, "IMGBUILD_PIP_INDEX_URL": f"https://imgbuild:{pip_password}@pypi.org/simple"}
     res = build(recipe, tmp_path / "ctx", "--no-cache", env=env)  # pip must really run with them
     assert res.code == 0, res.err
-    history = subprocess.run([testbed.get("IMGBUILD_DOCKER_CLI", "docker"), "history", "--no-trunc",
-                              "imgbuildtest/secrets:v1"], capture_output=True, text=True, check=True).stdout
+    history = subprocess.run(
+        [testbed.get("IMGBUILD_DOCKER_CLI", "docker"), "history", "--no-trunc", "imgbuildtest/secrets:v1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     tarball = tmp_path / "image.tar"
     with open(tarball, "wb") as fh:
         for chunk in docker_client.images.get("imgbuildtest/secrets:v1").save(named=True):
@@ -202,8 +227,10 @@ def test_no_secret_reaches_the_image_history_or_log(testbed, docker_client, tmp_
 
 def test_smoke_command_on_stock_ngc_images(testbed, tmp_path):
     registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
-    for image, framework in ((f"{registry}/nvidia/pytorch:24.05-py3", "pytorch"),
-                             (f"{registry}/nvidia/tensorflow:24.05-tf2-py3", "tensorflow")):
+    for image, framework in (
+        (f"{registry}/nvidia/pytorch:24.05-py3", "pytorch"),
+        (f"{registry}/nvidia/tensorflow:24.05-tf2-py3", "tensorflow"),
+    ):
         report_path = tmp_path / f"{framework}.json"
         res = run_cli("smoke", image, "--json", "--report", str(report_path))
         assert res.code == 0, res.err
@@ -217,16 +244,26 @@ def test_smoke_command_on_stock_ngc_images(testbed, tmp_path):
     assert required.code == 1 and "a GPU is required" in required.out + required.err
 
 
-def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(testbed, docker_client, tmp_path, write,
-                                                                    cleanup_images):
+def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(
+    testbed, docker_client, tmp_path, write, cleanup_images
+):
     import sys
 
-    recipe = write("lock.yaml", 'name: locked\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
-                                'run: ["sleep 3"]\nenv: {X: "1"}\n')
+    recipe = write(
+        "lock.yaml",
+        'name: locked\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nrun: ["sleep 3"]\nenv: {X: "1"}\n',
+    )
     cleanup_images.append("imgbuildtest/locked:v1")
-    procs = [subprocess.Popen([sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx"),
-                               "--no-cache"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx"), "--no-cache"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=900), p.stderr.read()) for p in procs]
     assert all(code == 0 for code, _ in results), results
     assert any("waiting for another build of imgbuildtest/locked:v1" in err for _, err in results)
@@ -234,5 +271,7 @@ def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(testbed, doc
     previous = docker_client.images.get("imgbuildtest/locked:v1-previous")
     assert current.id != previous.id  # the second build replaced the first and kept it reachable
     assert (tmp_path / "ctx" / "Dockerfile").is_file()
-    out = in_image(docker_client, "imgbuildtest/locked:v1", "import os, torch; print(os.environ['X'], torch.__version__)")
+    out = in_image(
+        docker_client, "imgbuildtest/locked:v1", "import os, torch; print(os.environ['X'], torch.__version__)"
+    )
     assert out.split() == ["1", STANDIN_TORCH]

@@ -74,18 +74,41 @@ def test_export_cli_writes_the_definition_and_says_how_to_build(tmp_path):
 
 
 def test_sbatch_single_gpu_follows_cluster_conventions():
-    script = sbatch_script(JobSpec(["python3", "train.py", "--lr", "1e-3"], "research.sif", gpus=1,
-                                   gpu_type="v100", partition="gpu", account="project_2001234", mem="64G"))
-    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=project_2001234", "#SBATCH --gres=gpu:v100:1",
-                 "#SBATCH --cpus-per-task=10", "#SBATCH --mem=64G", "#SBATCH --nodes=1"):
+    script = sbatch_script(
+        JobSpec(
+            ["python3", "train.py", "--lr", "1e-3"],
+            "research.sif",
+            gpus=1,
+            gpu_type="v100",
+            partition="gpu",
+            account="project_2001234",
+            mem="64G",
+        )
+    )
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=project_2001234",
+        "#SBATCH --gres=gpu:v100:1",
+        "#SBATCH --cpus-per-task=10",
+        "#SBATCH --mem=64G",
+        "#SBATCH --nodes=1",
+    ):
         assert line in script.splitlines()
     assert script.rstrip().splitlines()[-1] == "srun apptainer exec --nv research.sif python3 train.py --lr 1e-3"
     assert "torchrun" not in script
 
 
 def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
-    job = JobSpec(["python", "ddp.py"], "research.sif", gpus=4, nodes=2, gpu_type="a100", stage=["/scratch/p/data.tar"],
-                  scratch_gres="nvme:100", nccl_debug="INFO")
+    job = JobSpec(
+        ["python", "ddp.py"],
+        "research.sif",
+        gpus=4,
+        nodes=2,
+        gpu_type="a100",
+        stage=["/scratch/p/data.tar"],
+        scratch_gres="nvme:100",
+        nccl_debug="INFO",
+    )
     script = sbatch_script(job)
     assert "#SBATCH --gres=gpu:a100:4,nvme:100" in script and "#SBATCH --cpus-per-task=40" in script
     assert "export NCCL_DEBUG=INFO" in script
@@ -95,22 +118,28 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     assert "--nnodes=$SLURM_NNODES --nproc-per-node=4" in last
     assert "--rdzv-endpoint=$head_node:29500 --rdzv-id=$SLURM_JOB_ID python ddp.py" in last
     pyxis = sbatch_script(JobSpec(["python", "t.py"], "nvcr.io#nvidia/pytorch:24.05-py3", runtime="pyxis"))
-    assert pyxis.rstrip().splitlines()[-1].startswith(
-        "srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace")
+    assert (
+        pyxis.rstrip()
+        .splitlines()[-1]
+        .startswith("srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace")
+    )
     with pytest.raises(UsageError):
         sbatch_script(JobSpec(["x"], "i", runtime="podman"))
 
 
 def test_bash_accepts_every_generated_script(tmp_path):
-    for job in (JobSpec(["python", "a b.py", "--msg", "it's"], "x.sif"),
-                JobSpec(["python", "d.py"], "x.sif", gpus=8, nodes=4, stage=["d.tar"]),
-                JobSpec(["true"], "img", runtime="docker", gpus=0)):
+    for job in (
+        JobSpec(["python", "a b.py", "--msg", "it's"], "x.sif"),
+        JobSpec(["python", "d.py"], "x.sif", gpus=8, nodes=4, stage=["d.tar"]),
+        JobSpec(["true"], "img", runtime="docker", gpus=0),
+    ):
         path = tmp_path / "job.sh"
         path.write_text(sbatch_script(job))
         assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
 
 
 # --- a real Slurm ---------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def slurm():
@@ -125,8 +154,9 @@ def wait_for(job_id: str, conf: str, timeout: float = 300) -> str:
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
-                             env={**os.environ, "SLURM_CONF": conf}).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
+        ).stdout
         state = re.search(r"JobState=(\w+)", out).group(1) if "JobState=" in out else "GONE"
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "GONE"):
             return state
@@ -140,10 +170,27 @@ def test_generated_job_runs_to_completion_in_slurm(slurm, testbed, tmp_path, mon
     monkeypatch.setenv("SLURM_CONF", slurm)
     monkeypatch.chdir(tmp_path)
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
-    (tmp_path / "train.py").write_text("import os, torch\nprint('trained with torch', torch.__version__, "
-                                       "'in', os.getcwd(), 'job', os.environ['SLURM_JOB_ID'])\n")
-    res = run_cli("slurm", image, "--runtime", "docker", "--gpus", "0", "--cpus", "1", "--output",
-                  str(tmp_path / "out-%j.txt"), "--submit", "--", "python3", "train.py", cwd=tmp_path)
+    (tmp_path / "train.py").write_text(
+        "import os, torch\nprint('trained with torch', torch.__version__, "
+        "'in', os.getcwd(), 'job', os.environ['SLURM_JOB_ID'])\n"
+    )
+    res = run_cli(
+        "slurm",
+        image,
+        "--runtime",
+        "docker",
+        "--gpus",
+        "0",
+        "--cpus",
+        "1",
+        "--output",
+        str(tmp_path / "out-%j.txt"),
+        "--submit",
+        "--",
+        "python3",
+        "train.py",
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err
     job_id = res.out.split()[-1]
     assert wait_for(job_id, slurm) == "COMPLETED"
@@ -162,9 +209,27 @@ def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp
         "t = torch.ones(1) * (dist.get_rank() + 1)\n"
         "dist.all_reduce(t)\n"
         "print(f'rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():g}', flush=True)\n"
-        "dist.destroy_process_group()\n")
-    res = run_cli("slurm", image, "--runtime", "docker", "--gpus", "0", "--nodes", "2", "--torchrun", "--cpus", "1",
-                  "--output", str(tmp_path / "ddp-%j.txt"), "--submit", "--", "ddp.py", cwd=tmp_path)
+        "dist.destroy_process_group()\n"
+    )
+    res = run_cli(
+        "slurm",
+        image,
+        "--runtime",
+        "docker",
+        "--gpus",
+        "0",
+        "--nodes",
+        "2",
+        "--torchrun",
+        "--cpus",
+        "1",
+        "--output",
+        str(tmp_path / "ddp-%j.txt"),
+        "--submit",
+        "--",
+        "ddp.py",
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err
     job_id = res.out.split()[-1]
     state = wait_for(job_id, slurm)
@@ -177,10 +242,42 @@ def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp
 @pytest.mark.slurm
 def test_sbatch_test_only_accepts_the_multi_node_gpu_form(slurm, tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm)
-    res = run_cli("slurm", "research.sif", "--gpus", "4", "--nodes", "2", "--gpu-type", "v100", "--cpus", "1",
-                  "--stage", "/data/set.tar", "--test-only", "--", "python", "train.py", cwd=tmp_path)
+    res = run_cli(
+        "slurm",
+        "research.sif",
+        "--gpus",
+        "4",
+        "--nodes",
+        "2",
+        "--gpu-type",
+        "v100",
+        "--cpus",
+        "1",
+        "--stage",
+        "/data/set.tar",
+        "--test-only",
+        "--",
+        "python",
+        "train.py",
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err
     assert "to start at" in res.out and "node[1-2]" in res.out
-    too_big = run_cli("slurm", "research.sif", "--gpus", "8", "--nodes", "2", "--gpu-type", "v100", "--cpus", "1",
-                      "--test-only", "--", "python", "train.py", cwd=tmp_path)
+    too_big = run_cli(
+        "slurm",
+        "research.sif",
+        "--gpus",
+        "8",
+        "--nodes",
+        "2",
+        "--gpu-type",
+        "v100",
+        "--cpus",
+        "1",
+        "--test-only",
+        "--",
+        "python",
+        "train.py",
+        cwd=tmp_path,
+    )
     assert too_big.code == 1 and "sbatch refused the job" in too_big.err

@@ -24,12 +24,24 @@ def _dead_port() -> int:
 
 # (id, pip lines, line, words): every conflict at once, at its line
 PLAN_CONFLICTS = [
-    ("tensorflow-in-pytorch", "pip: [tensorflow==2.16.1]\n", 3,
-     "tensorflow is tensorflow, but the base is a pytorch image"),
-    ("torch-from-url", "pip: ['torch @ https://download.pytorch.org/whl/cpu/torch-2.1.0.whl']\n", 3,
-     "torch from a URL would replace the base's torch"),
-    ("cuda-lib-from-url", "pip: ['nvidia-cudnn-cu12 @ https://example.org/cudnn.whl']\n", 3,
-     "nvidia-cudnn-cu12 would replace a CUDA library of the base"),
+    (
+        "tensorflow-in-pytorch",
+        "pip: [tensorflow==2.16.1]\n",
+        3,
+        "tensorflow is tensorflow, but the base is a pytorch image",
+    ),
+    (
+        "torch-from-url",
+        "pip: ['torch @ https://download.pytorch.org/whl/cpu/torch-2.1.0.whl']\n",
+        3,
+        "torch from a URL would replace the base's torch",
+    ),
+    (
+        "cuda-lib-from-url",
+        "pip: ['nvidia-cudnn-cu12 @ https://example.org/cudnn.whl']\n",
+        3,
+        "nvidia-cudnn-cu12 would replace a CUDA library of the base",
+    ),
     ("torch-range", "pip: ['torch<2.6']\n", 3, "torch<2.6 conflicts with the base's torch 2.13.0+cpu"),
 ]
 
@@ -78,8 +90,7 @@ def test_a_malformed_digest_from_the_registry_is_not_pinned(write, tmp_path):
 
 def test_render_with_no_registry_says_offline_exists(write):
     path = write("r.yaml", HEAD)
-    result = run_cli("render", str(path), "--stdout",
-                     env={"IMGBUILD_NGC_REGISTRY": f"127.0.0.1:{_dead_port()}"})
+    result = run_cli("render", str(path), "--stdout", env={"IMGBUILD_NGC_REGISTRY": f"127.0.0.1:{_dead_port()}"})
     assert result.code == 3, result.err
     assert "--offline" in result.err and result.err.count("\n") == 1
 
@@ -112,14 +123,22 @@ def test_sdk_backend_with_index_credentials_refuses_before_writing_anything(writ
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "keep.txt").write_text("the previous context")
-    result = run_cli("build", str(path), "--backend", "sdk", "-o", str(ctx),
-                     env={"IMGBUILD_PIP_INDEX_URL": "https://bob:CANARY@pypi.example/simple"})
+    result = run_cli(
+        "build",
+        str(path),
+        "--backend",
+        "sdk",
+        "-o",
+        str(ctx),
+        env={"IMGBUILD_PIP_INDEX_URL": "https://bob:CANARY@pypi.example/simple"},
+    )
     assert result.code == 2, result.err
     assert "need the buildkit backend" in result.err and "CANARY" not in result.err
     assert sorted(p.name for p in ctx.iterdir()) == ["keep.txt"]
 
 
 # --- engine-free: these need no test bed ---------------------------------------------------------------
+
 
 def test_no_engine_exits_3_with_one_line(tmp_path):
     recipe = tmp_path / "r.yaml"

@@ -32,8 +32,10 @@ def _recipe(folder: Path, file: str, name: str, tag: str, *, hang: bool = False,
     if hang:
         (folder / "sitecustomize.py").write_text(HANG_IN_SMOKE)
         hanging = f"files: [{{src: sitecustomize.py, dest: {SITE}/sitecustomize.py}}]\n"
-    path.write_text(f'name: {name}\ntag: {tag}\nbase: {{framework: pytorch, tag: "24.05"}}\n'
-                    f'labels: {{variant: "{file}"}}\n{hanging}{extra}')
+    path.write_text(
+        f'name: {name}\ntag: {tag}\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+        f'labels: {{variant: "{file}"}}\n{hanging}{extra}'
+    )
     return path
 
 
@@ -51,8 +53,14 @@ def _image(client, ref: str):
 
 
 def _start_build(recipe: Path, ctx: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(ctx)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(ctx)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_for(check, proc: subprocess.Popen, seconds: float = 180) -> None:
@@ -61,7 +69,9 @@ def _wait_for(check, proc: subprocess.Popen, seconds: float = 180) -> None:
         if check():
             return
         if proc.poll() is not None:
-            raise AssertionError(f"imgbuild ended early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"imgbuild ended early ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}"
+            )
         time.sleep(0.5)
     raise AssertionError("timed out waiting")
 
@@ -120,7 +130,8 @@ def test_a_failing_smoke_test_keeps_the_working_tag_and_leaves_no_candidate(test
 
 @pytest.mark.engine
 def test_same_name_recipes_with_two_tags_build_concurrently_into_their_own_tags(
-        testbed, docker_client, names, tmp_path):
+    testbed, docker_client, names, tmp_path
+):
     name, target = names
     v1 = _recipe(tmp_path, "v1.yaml", name, "v1")
     v2 = _recipe(tmp_path, "v2.yaml", name, "v2")
@@ -137,8 +148,9 @@ def test_rebuild_refuses_two_recipes_sharing_a_name(tmp_path):
     (tmp_path / ".git").mkdir()
     for tag in ("v1", "v2"):
         _recipe(tmp_path, f"{tag}.yaml", "shared", tag)
-    result = run_cli("rebuild", "--check", str(tmp_path), "--json",
-                     env={"IMGBUILD_IMAGES_DIR": str(tmp_path / "images")})
+    result = run_cli(
+        "rebuild", "--check", str(tmp_path), "--json", env={"IMGBUILD_IMAGES_DIR": str(tmp_path / "images")}
+    )
     assert result.code == 1
     import json
 
@@ -163,10 +175,27 @@ def test_a_user_without_docker_access_gets_exit_3_naming_the_cause():
 def _as_nobody_without_docker(tmp_path: Path) -> None:
     site = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
     proc = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-         "env", f"HOME={tmp_path}", f"IMGBUILD_CACHE_DIR={tmp_path}/cache", f"PYTHONPATH={ROOT}:{site}",
-         f"IMGBUILD_CONFIG={tmp_path}/config.yaml",
-         "/usr/bin/python3", "-m", "imgbuild", "ps"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "env",
+            f"HOME={tmp_path}",
+            f"IMGBUILD_CACHE_DIR={tmp_path}/cache",
+            f"PYTHONPATH={ROOT}:{site}",
+            f"IMGBUILD_CONFIG={tmp_path}/config.yaml",
+            "/usr/bin/python3",
+            "-m",
+            "imgbuild",
+            "ps",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 3, proc.stderr
     assert "permission denied on the socket" in proc.stderr and proc.stderr.count("\n") == 1
 
@@ -224,11 +253,20 @@ def test_no_secret_file_survives_a_sigkill_mid_build(testbed, names, tmp_path):
     password = f"CANARY-{name}"
     recipe = _recipe(tmp_path, "r.yaml", name, "v1", extra="pip: [einops]\n")
     cache = tmp_path / "cache"
-    env = {**os.environ, "IMGBUILD_CACHE_DIR": str(cache),
-           "IMGBUILD_PIP_INDEX_URL": f"https://bob:{password}@127.0.0.1:9/simple"}
-    proc = subprocess.Popen([sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx")],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "IMGBUILD_CACHE_DIR": str(cache),
+        "IMGBUILD_PIP_INDEX_URL": f"https://bob:{password}@127.0.0.1:9/simple",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:  # kill once the pip step (which holds the secret) runs
         if "install.sh" in line:
@@ -236,18 +274,27 @@ def test_no_secret_file_survives_a_sigkill_mid_build(testbed, names, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     places = [cache, Path("/tmp"), tmp_path]
-    leaked = [p for place in places if place.exists() for p in place.rglob("*")
-              if p.is_file() and not p.is_symlink() and p.stat().st_size < 1_000_000
-              and password.encode() in p.read_bytes()]
+    leaked = [
+        p
+        for place in places
+        if place.exists()
+        for p in place.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.stat().st_size < 1_000_000 and password.encode() in p.read_bytes()
+    ]
     assert leaked == []
 
 
 @pytest.fixture
 def someone_elses_container(testbed, docker_client, unique) -> Iterator[str]:
     name = f"someoneelse_job{unique}_1"
-    container = docker_client.containers.run(f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3",
-                                             ["sleep", "300"], name=name, detach=True, entrypoint=[],
-                                             labels={"org.imgbuild.user": "someoneelse"})
+    container = docker_client.containers.run(
+        f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3",
+        ["sleep", "300"],
+        name=name,
+        detach=True,
+        entrypoint=[],
+        labels={"org.imgbuild.user": "someoneelse"},
+    )
     yield name
     container.remove(force=True)
 
@@ -265,8 +312,11 @@ OWNERSHIP_REFUSED = [
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("argv,env", OWNERSHIP_REFUSED, ids=[" ".join(a) + (" sudo" if e.get("SUDO_USER") else "")
-                                                             for a, e in OWNERSHIP_REFUSED])
+@pytest.mark.parametrize(
+    "argv,env",
+    OWNERSHIP_REFUSED,
+    ids=[" ".join(a) + (" sudo" if e.get("SUDO_USER") else "") for a, e in OWNERSHIP_REFUSED],
+)
 def test_every_verb_refuses_another_users_container(argv, env, someone_elses_container, docker_client):
     result = run_cli(*[a.format(name=someone_elses_container) for a in argv], env=env, timeout=60)
     assert result.code == 2, result.err
@@ -276,8 +326,12 @@ def test_every_verb_refuses_another_users_container(argv, env, someone_elses_con
 
 @pytest.mark.engine
 def test_the_owner_under_sudo_and_root_with_force_may_act(someone_elses_container, docker_client):
-    owner = run_cli("logs", someone_elses_container,
-                    env={"SUDO_UID": "4321", "SUDO_GID": "4321", "SUDO_USER": "someoneelse"}, timeout=60)
+    owner = run_cli(
+        "logs",
+        someone_elses_container,
+        env={"SUDO_UID": "4321", "SUDO_GID": "4321", "SUDO_USER": "someoneelse"},
+        timeout=60,
+    )
     assert owner.code == 0, owner.err
     admin = run_cli("stop", someone_elses_container, "--force", timeout=120)
     assert admin.code == 0, admin.err
@@ -288,8 +342,9 @@ def test_the_owner_under_sudo_and_root_with_force_may_act(someone_elses_containe
 def test_a_build_step_that_never_ends_is_stopped_at_the_build_timeout(testbed, docker_client, names, tmp_path):
     name, target = names
     recipe = tmp_path / "forever.yaml"
-    recipe.write_text(f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
-                      f'run: ["sleep 100000 # {name}"]\n')
+    recipe.write_text(
+        f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\nrun: ["sleep 100000 # {name}"]\n'
+    )
     start = time.monotonic()
     result = run_cli("build", str(recipe), "-o", str(tmp_path / "ctx"), env={"IMGBUILD_BUILD_TIMEOUT": "20"})
     assert time.monotonic() - start < 120
@@ -302,8 +357,16 @@ def test_concurrent_renders_of_one_recipe_leave_one_whole_context(tmp_path):
     (tmp_path / ".git").mkdir()
     recipe = _recipe(tmp_path, "r.yaml", "together", "v1", extra="pip: [einops]\n")
     out = tmp_path / "images" / "together"
-    procs = [subprocess.Popen([sys.executable, "-m", "imgbuild", "render", str(recipe), "--offline", "-o", str(out)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "imgbuild", "render", str(recipe), "--offline", "-o", str(out)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
     assert any(code == 0 for code, _ in results)
     assert all(code in (0, 3) and "Traceback" not in err for code, err in results), results

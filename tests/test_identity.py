@@ -16,14 +16,34 @@ GOOD_REFERENCES = [
     ("docker.io/library/ubuntu:22.04", "docker.io", "library/ubuntu", "22.04", "ubuntu:22.04"),
     ("alice/research:v1", "docker.io", "alice/research", "v1", "alice/research:v1"),
     ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io", "nvidia/pytorch", "24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3"),
-    ("127.0.0.1:5000/nvidia/pytorch:24.05-py3", "127.0.0.1:5000", "nvidia/pytorch", "24.05-py3",
-     "127.0.0.1:5000/nvidia/pytorch:24.05-py3"),
+    (
+        "127.0.0.1:5000/nvidia/pytorch:24.05-py3",
+        "127.0.0.1:5000",
+        "nvidia/pytorch",
+        "24.05-py3",
+        "127.0.0.1:5000/nvidia/pytorch:24.05-py3",
+    ),
     ("localhost/x", "localhost", "x", "latest", "localhost/x:latest"),
     ("a__b/c-d.e_f:T_1.x-y", "docker.io", "a__b/c-d.e_f", "T_1.x-y", "a__b/c-d.e_f:T_1.x-y"),
     (f"lab/x@sha256:{'a' * 64}", "docker.io", "lab/x", f"sha256:{'a' * 64}", f"lab/x:latest@sha256:{'a' * 64}"),
 ]
-BAD_REFERENCES = ["", "../etc", "-x", "a/../b", "a//b", "UPPER/x", "x:tag\n", "x y", "x:", "x@sha256:abc",
-                  "a..b", "x:-tag", "x:" + "t" * 129, "a/" * 130 + "b", "host:99999999/x"]
+BAD_REFERENCES = [
+    "",
+    "../etc",
+    "-x",
+    "a/../b",
+    "a//b",
+    "UPPER/x",
+    "x:tag\n",
+    "x y",
+    "x:",
+    "x@sha256:abc",
+    "a..b",
+    "x:-tag",
+    "x:" + "t" * 129,
+    "a/" * 130 + "b",
+    "host:99999999/x",
+]
 
 
 @pytest.mark.parametrize("text,registry,repository,reference,normal", GOOD_REFERENCES)
@@ -58,8 +78,12 @@ def test_the_caller_is_the_sudo_user_never_a_flag(environ, expected):
     assert (who.name, who.uid, who.gid, who.via_sudo) == expected
 
 
-ROWS = [{"name": "alice_train_1", "user": "alice"}, {"name": "alice_train_2", "user": "alice"},
-        {"name": "bob_eval_1", "user": "bob"}, {"name": "stray", "user": "stray"}]
+ROWS = [
+    {"name": "alice_train_1", "user": "alice"},
+    {"name": "alice_train_2", "user": "alice"},
+    {"name": "bob_eval_1", "user": "bob"},
+    {"name": "stray", "user": "stray"},
+]
 
 
 def test_find_container_by_short_name():

@@ -100,6 +100,7 @@ def test_what_a_killed_run_left_is_removed_before_the_next_build(recipe, tmp_pat
 
 # --- rebuild ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def recipes(tmp_path: Path) -> Path:
     folder = tmp_path / "recipes"
@@ -113,8 +114,9 @@ def recipes(tmp_path: Path) -> Path:
 
 def _rebuild(recipes: Path, engine: FakeEngine, nvcr: FakeNvcr, jobs: int = 1) -> dict[str, rebuild.Item]:
     settings = load_settings({"ngc_registry": nvcr.host, "images_dir": str(recipes.parent / "images")})
-    items = rebuild.run([str(recipes)], settings, rebuild.RebuildOptions(jobs=jobs), log=lambda line: None,
-                        engine=engine)
+    items = rebuild.run(
+        [str(recipes)], settings, rebuild.RebuildOptions(jobs=jobs), log=lambda line: None, engine=engine
+    )
     return {Path(i.path).stem: i for i in items}
 
 

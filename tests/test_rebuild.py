@@ -39,8 +39,15 @@ def project(tmp_path: Path, testbed, unique, docker_client):
         path.write_text(textwrap.dedent(text).lstrip())
         return path
 
-    yield {"dir": tmp_path, "registry": registry, "base": f"{registry}/{base_repo}:1", "base_repo": base_repo,
-           "u": unique, "recipe": recipe, "created": created}
+    yield {
+        "dir": tmp_path,
+        "registry": registry,
+        "base": f"{registry}/{base_repo}:1",
+        "base_repo": base_repo,
+        "u": unique,
+        "recipe": recipe,
+        "created": created,
+    }
     for image in docker_client.images.list(name=f"{registry}/imgbuildtest/*"):
         for tag in image.tags:
             if unique in tag:
@@ -56,24 +63,33 @@ def rebuild(project: dict, *args: str):
 @pytest.mark.engine
 def test_rebuild_builds_exactly_what_changed_and_its_dependents(project):
     reg, u = project["registry"], project["u"]
-    project["recipe"]("house", f"""
+    project["recipe"](
+        "house",
+        f"""
         name: house
         image: {reg}/imgbuildtest/house-{u}:v1
-        base: {project['base']}
+        base: {project["base"]}
         env: {{LAYER: house}}
-        """)
-    project["recipe"]("team", f"""
+        """,
+    )
+    project["recipe"](
+        "team",
+        f"""
         name: team
         image: {reg}/imgbuildtest/team-{u}:v1
         base: {reg}/imgbuildtest/house-{u}:v1
         env: {{TEAM: one}}
-        """)
-    project["recipe"]("solo", f"""
+        """,
+    )
+    project["recipe"](
+        "solo",
+        f"""
         name: solo
         image: {reg}/imgbuildtest/solo-{u}:v1
         base: {{framework: pytorch, tag: "24.05"}}
         env: {{SOLO: "1"}}
-        """)
+        """,
+    )
     res, report = rebuild(project)
     assert res.code == 0, res.err
     assert statuses(report) == {"house": "built", "team": "built", "solo": "built"}
@@ -85,22 +101,28 @@ def test_rebuild_builds_exactly_what_changed_and_its_dependents(project):
     assert res.code == 0 and statuses(report) == {"house": "fresh", "team": "fresh", "solo": "fresh"}, res.err
     assert "building" not in res.err
 
-    project["recipe"]("team", f"""
+    project["recipe"](
+        "team",
+        f"""
         name: team
         image: {reg}/imgbuildtest/team-{u}:v1
         base: {reg}/imgbuildtest/house-{u}:v1
         env: {{TEAM: two}}
-        """)
+        """,
+    )
     res, report = rebuild(project)
     assert statuses(report) == {"house": "fresh", "team": "built", "solo": "fresh"}, res.err
     assert reasons(report)["team"] == "recipe or its files changed"
 
-    project["recipe"]("house", f"""
+    project["recipe"](
+        "house",
+        f"""
         name: house
         image: {reg}/imgbuildtest/house-{u}:v1
-        base: {project['base']}
+        base: {project["base"]}
         env: {{LAYER: house2}}
-        """)
+        """,
+    )
     res, report = rebuild(project)
     assert statuses(report) == {"house": "built", "team": "built", "solo": "fresh"}, res.err
     assert "moved" in reasons(report)["team"]
@@ -119,23 +141,32 @@ def test_rebuild_builds_exactly_what_changed_and_its_dependents(project):
 def test_push_failures_and_reports(project, docker_client):
     reg, u = project["registry"], project["u"]
     for name in ("alpha", "beta"):
-        project["recipe"](name, f"""
+        project["recipe"](
+            name,
+            f"""
             name: {name}
             image: {reg}/imgbuildtest/{name}-{u}:v1
-            base: {project['base']}
+            base: {project["base"]}
             env: {{NAME: {name}}}
-            """)
-    project["recipe"]("broken", f"""
+            """,
+        )
+    project["recipe"](
+        "broken",
+        f"""
         name: broken
         image: {reg}/imgbuildtest/broken-{u}:v1
-        base: {project['base']}
+        base: {project["base"]}
         run: ["echo about to fail && false"]
-        """)
-    project["recipe"]("child", f"""
+        """,
+    )
+    project["recipe"](
+        "child",
+        f"""
         name: child
         image: {reg}/imgbuildtest/child-{u}:v1
         base: {reg}/imgbuildtest/broken-{u}:v1
-        """)
+        """,
+    )
     junit = project["dir"] / "junit.xml"
     res, report = rebuild(project, "--push", "--jobs", "2", "--junit-xml", str(junit))
     assert res.code == 1, res.err
@@ -143,8 +174,11 @@ def test_push_failures_and_reports(project, docker_client):
     data = {Path(i["recipe"]).stem: i for i in json.loads(report.read_text())["images"]}
     assert "build failed at" in data["broken"]["error"] and "about to fail" in data["broken"]["error"]
     for name in ("alpha", "beta"):
-        resp = requests.get(f"http://{reg}/v2/imgbuildtest/{name}-{u}/manifests/v1", timeout=10,
-                            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        resp = requests.get(
+            f"http://{reg}/v2/imgbuildtest/{name}-{u}/manifests/v1",
+            timeout=10,
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+        )
         assert resp.status_code == 200
         assert resp.headers["Docker-Content-Digest"] == data[name]["pushed_digest"]
     suite = ET.parse(junit).getroot()
@@ -162,11 +196,14 @@ def test_push_failures_and_reports(project, docker_client):
 @pytest.mark.engine
 def test_push_errors_reported_in_the_stream_fail_the_run(project):
     # Port 9 has no registry: the engine reports the failed push inside a 200 stream.
-    project["recipe"]("lost", f"""
+    project["recipe"](
+        "lost",
+        f"""
         name: lost
-        image: 127.0.0.1:9/imgbuildtest/lost-{project['u']}:v1
-        base: {project['base']}
-        """)
+        image: 127.0.0.1:9/imgbuildtest/lost-{project["u"]}:v1
+        base: {project["base"]}
+        """,
+    )
     res, report = rebuild(project, "--push")
     assert res.code == 1
     data = json.loads(report.read_text())["images"][0]
@@ -191,15 +228,19 @@ def test_check_flags_recipes_whose_context_is_stale(project):
 
 def test_bump_moves_following_recipes_and_keeps_the_file_as_written(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: \"24.05\"   # keep me\n"
-                    "  follow: \"24.*\"\npip: [einops]\n")
+    path.write_text(
+        '# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: "24.05"   # keep me\n'
+        '  follow: "24.*"\npip: [einops]\n'
+    )
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text('name: pinned\nbase: {framework: pytorch, tag: "24.05"}\n')
     tags = ["24.05-py3", "24.10-py3", "24.12-py3-igpu", "25.01-py3", "24.11-tf2-py3"]
     result = bump([path, pinned], tags_for=lambda fw: tags)
     assert [(r.current, r.newest, r.changed) for r in result] == [("24.05", "24.10-py3", True)]
-    assert path.read_text() == ("# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: \"24.10\"   # keep me\n"
-                                "  follow: \"24.*\"\npip: [einops]\n")
+    assert path.read_text() == (
+        '# our lab image\nname: lab\nbase:\n  framework: pytorch\n  tag: "24.10"   # keep me\n'
+        '  follow: "24.*"\npip: [einops]\n'
+    )
     again = bump([path], tags_for=lambda fw: tags)
     assert again[0].changed is False
 

@@ -15,10 +15,19 @@ from imgbuild.render import render_context
 
 ROOT = Path(__file__).resolve().parent.parent
 
-STANDIN_CONFIG = {"config": {
-    "Env": ["PATH=/usr/local/bin:/usr/bin", "CUDA_VERSION=12.4.1.003", "CUDNN_VERSION=9.1.0.70",
-            "PYTORCH_VERSION=2.13.0+cpu", "NVIDIA_PYTORCH_VERSION=24.05", "PIP_CONSTRAINT=/etc/pip/constraint.txt"],
-    "Labels": {"com.nvidia.pytorch.version": "2.13.0+cpu"}}}
+STANDIN_CONFIG = {
+    "config": {
+        "Env": [
+            "PATH=/usr/local/bin:/usr/bin",
+            "CUDA_VERSION=12.4.1.003",
+            "CUDNN_VERSION=9.1.0.70",
+            "PYTORCH_VERSION=2.13.0+cpu",
+            "NVIDIA_PYTORCH_VERSION=24.05",
+            "PIP_CONSTRAINT=/etc/pip/constraint.txt",
+        ],
+        "Labels": {"com.nvidia.pytorch.version": "2.13.0+cpu"},
+    }
+}
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -36,24 +45,31 @@ def plan_for(path, **extra):
 
 # --- recipe features -------------------------------------------------------------------------------
 
+
 def test_extends_merges_lists_by_key_and_child_wins(write):
     write("files/a.txt", "a")
-    write("house.yaml", """
+    write(
+        "house.yaml",
+        """
         name: house
         base: {framework: pytorch, tag: "24.05"}
         apt: [git, vim]
         pip: ["einops>=0.7", "rich"]
         env: {A: "1", B: "2"}
         files: [{src: files/a.txt, dest: /opt/a.txt}]
-        """)
-    team = write("team.yaml", """
+        """,
+    )
+    team = write(
+        "team.yaml",
+        """
         extends: house.yaml
         name: team
         apt: [vim, tmux]
         pip:
           packages: ["einops==0.8.0", "timm"]
         env: {B: "3", C: "4"}
-        """)
+        """,
+    )
     recipe = load_recipe(team).recipe
     assert recipe.name == "team"
     assert recipe.apt == ["git", "vim", "tmux"]
@@ -65,37 +81,46 @@ def test_extends_merges_lists_by_key_and_child_wins(write):
 def test_parent_files_resolve_relative_to_the_parent(write, tmp_path):
     (tmp_path / ".git").mkdir()  # one repository holds both folders
     write("house/files/motd", "hello")
-    write("house/house.yaml", """
+    write(
+        "house/house.yaml",
+        """
         name: house
         base: {framework: pytorch, tag: "24.05"}
         files: [{src: files/motd, dest: /etc/motd}]
-        """)
+        """,
+    )
     child = write("teams/vision.yaml", "extends: ../house/house.yaml\nname: vision\n")
     loaded = load_recipe(child)
     assert loaded.file_sources["/etc/motd"] == (tmp_path / "house/files/motd").resolve()
 
 
 def test_env_interpolation_with_defaults(write):
-    path = write("r.yaml", """
+    path = write(
+        "r.yaml",
+        """
         name: demo-${TEAM}
         tag: ${TAG:-dev}
         base: {framework: pytorch, tag: "${NGC:-24.05}"}
         env: {LITERAL: "$$HOME", RUNTIME: "$PATH:/opt/bin"}
-        """)
+        """,
+    )
     recipe = load_recipe(path, environ={"TEAM": "nlp"}).recipe
     assert recipe.name == "demo-nlp" and recipe.tag == "dev" and recipe.base.tag == "24.05"
     assert recipe.env == {"LITERAL": "$HOME", "RUNTIME": "$PATH:/opt/bin"}
 
 
 def test_shorthands_and_yaml_version_floats(write):
-    path = write("r.yaml", """
+    path = write(
+        "r.yaml",
+        """
         name: demo
         base: {framework: pytorch, tag: 24.10}
         pip: [einops]
         user: true
         env: {OMP_NUM_THREADS: 8}
         files: [{src: r.yaml, dest: /opt/r.yaml, mode: 0755}]
-        """)
+        """,
+    )
     recipe = load_recipe(path).recipe
     assert recipe.base.tag == "24.10"  # not 24.1
     assert recipe.pip.packages == ["einops"]
@@ -114,6 +139,7 @@ def test_schema_is_generated_from_the_model():
 
 
 # --- settings ----------------------------------------------------------------------------------------
+
 
 def test_settings_precedence_flag_env_file_default(tmp_path):
     cfg = tmp_path / "config.yaml"
@@ -136,14 +162,16 @@ def test_bad_config_is_a_usage_error_naming_the_file(tmp_path):
 
 
 def test_secrets_are_masked_in_the_settings_view():
-    s = load_settings(environ={"NGC_API_KEY": "nvapi-secret-value",
-                               "IMGBUILD_PIP_INDEX_URL": "https://bob:pa55word@pypi.corp/simple"})
+    s = load_settings(
+        environ={"NGC_API_KEY": "nvapi-secret-value", "IMGBUILD_PIP_INDEX_URL": "https://bob:pa55word@pypi.corp/simple"}
+    )
     view = json.dumps(s.public_view())
     assert "nvapi-secret-value" not in view and "pa55word" not in view
     assert {"nvapi-secret-value", "pa55word"} <= set(s.secrets())
 
 
 # --- planning ----------------------------------------------------------------------------------------
+
 
 def test_plan_pins_base_by_digest_and_protects_the_framework(write):
     plan = plan_for(write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n'))
@@ -172,11 +200,14 @@ def test_compatible_torch_spec_and_cuda_pins(write):
 
 def test_content_hash_follows_inputs(write):
     write("files/a.txt", "one")
-    path = write("r.yaml", """
+    path = write(
+        "r.yaml",
+        """
         name: demo
         base: {framework: pytorch, tag: "24.05"}
         files: [{src: files/a.txt, dest: /opt/a.txt}]
-        """)
+        """,
+    )
     first = plan_for(path)
     assert plan_for(path).content_hash == first.content_hash
     write("files/a.txt", "two")
@@ -192,9 +223,12 @@ def test_uid_resolution_prefers_recipe_then_setting(write):
 
 # --- rendering ---------------------------------------------------------------------------------------
 
+
 def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
     write("files/train.py", "print('hi')\n")
-    path = write("recipes/r.yaml", """
+    path = write(
+        "recipes/r.yaml",
+        """
         name: demo
         base: {framework: pytorch, tag: "24.05"}
         apt: [git]
@@ -204,7 +238,8 @@ def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
         env: {A: "x y", B: 'quote"d'}
         labels: {team: vision}
         cmd: [python3, /workspace/train.py]
-        """)
+        """,
+    )
     plan = plan_for(path)
     one = render_context(plan, tmp_path / "out1")
     two = render_context(plan, tmp_path / "out2")
@@ -214,8 +249,10 @@ def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
         assert (one / rel).read_bytes() == (two / rel).read_bytes(), rel
     assert oct((one / "files/workspace/train.py").stat().st_mode & 0o777) == "0o755"
     dockerfile = (one / "Dockerfile").read_text()
-    order = [dockerfile.index(s) for s in ("FROM ", "apt-get", "add-user.sh", "install.sh",
-                                           "COPY --chown", "ENV ", "LABEL ", "USER dev")]
+    order = [
+        dockerfile.index(s)
+        for s in ("FROM ", "apt-get", "add-user.sh", "install.sh", "COPY --chown", "ENV ", "LABEL ", "USER dev")
+    ]
     assert order == sorted(order), dockerfile
     assert 'B="quote\\"d"' in dockerfile
     assert "--mount=type=cache" in dockerfile and "--mount=type=secret" in dockerfile
@@ -225,7 +262,9 @@ def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
 
 
 def test_sdk_backend_renders_without_buildkit_syntax(write, tmp_path):
-    path = write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\napt: [git]\npip: [einops]\nuser: true\n')
+    path = write(
+        "r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\napt: [git]\npip: [einops]\nuser: true\n'
+    )
     dockerfile = (render_context(plan_for(path), tmp_path / "ctx", "sdk") / "Dockerfile").read_text()
     assert "--mount" not in dockerfile
     assert "rm -rf /var/lib/apt/lists/*" in dockerfile and "PIP_NO_CACHE_DIR=1" in dockerfile
@@ -254,8 +293,11 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
     from imgbuild.render import render
 
     write("files/a.txt", "a")
-    path = write("r.yaml", 'name: pure\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n'
-                           'files: [{src: files/a.txt, dest: /opt/a.txt}]\n')
+    path = write(
+        "r.yaml",
+        'name: pure\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n'
+        "files: [{src: files/a.txt, dest: /opt/a.txt}]\n",
+    )
     plan = plan_for(path)
     written = write_context(render(plan), tmp_path / "ctx")
 
@@ -266,6 +308,7 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
         def opener(file, mode="r", *args, **kwargs):
             assert not set(mode) & set("wax+"), f"{file} was opened for writing"
             return real(file, mode, *args, **kwargs)
+
         return opener
 
     monkeypatch.setattr(tempfile, "mkdtemp", no_temporary_folder)

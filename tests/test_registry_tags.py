@@ -15,10 +15,18 @@ from tests.fake_nvcr import GOOD_KEY, FakeNvcr, ngc_tag_names, push_many_tags
 
 # --- grammar ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tag,release,fw,variant", [
-    ("24.05-py3", "24.05", None, None), ("24.05-tf2-py3", "24.05", "tf2", None),
-    ("20.12-tf1-py3", "20.12", "tf1", None), ("23.11-py3-igpu", "23.11", None, "igpu"),
-    ("18.04-py2", "18.04", None, None), ("17.12", "17.12", None, None)])
+
+@pytest.mark.parametrize(
+    "tag,release,fw,variant",
+    [
+        ("24.05-py3", "24.05", None, None),
+        ("24.05-tf2-py3", "24.05", "tf2", None),
+        ("20.12-tf1-py3", "20.12", "tf1", None),
+        ("23.11-py3-igpu", "23.11", None, "igpu"),
+        ("18.04-py2", "18.04", None, None),
+        ("17.12", "17.12", None, None),
+    ],
+)
 def test_ngc_tag_grammar(tag, release, fw, variant):
     parsed = parse_tag(tag)
     assert parsed and (parsed.release, parsed.fw, parsed.variant) == (release, fw, variant)
@@ -31,10 +39,17 @@ def test_tags_that_do_not_parse(bad):
 
 def test_sorting_and_filters_newest_first_and_yy_rollover():
     names = ["9.99-py3", "99.12-py3", "24.05-py3", "24.10-py3", "24.10-py3-igpu", "18.04-py2", "junk", "00.01-py3"]
-    assert [t.tag for t in select(names, since=None, variant="none", limit=None)] == \
-        ["99.12-py3", "24.10-py3", "24.05-py3", "00.01-py3"]
-    assert [t.tag for t in select(names, since="24.06", variant="all", limit=None)] == \
-        ["99.12-py3", "24.10-py3", "24.10-py3-igpu"]
+    assert [t.tag for t in select(names, since=None, variant="none", limit=None)] == [
+        "99.12-py3",
+        "24.10-py3",
+        "24.05-py3",
+        "00.01-py3",
+    ]
+    assert [t.tag for t in select(names, since="24.06", variant="all", limit=None)] == [
+        "99.12-py3",
+        "24.10-py3",
+        "24.10-py3-igpu",
+    ]
     assert [t.tag for t in select(names, since=None, variant="igpu", limit=1)] == ["24.10-py3-igpu"]
 
 
@@ -47,8 +62,10 @@ def test_patterns_resolve_to_the_newest_plain_tag():
 
 
 def test_challenge_parsing_is_loose():
-    assert parse_challenge('Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/pytorch:pull"') == \
-        ("bearer", {"realm": "https://nvcr.io/proxy_auth", "scope": "repository:nvidia/pytorch:pull"})
+    assert parse_challenge('Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/pytorch:pull"') == (
+        "bearer",
+        {"realm": "https://nvcr.io/proxy_auth", "scope": "repository:nvidia/pytorch:pull"},
+    )
     scheme, params = parse_challenge('bearer  realm=https://x/token , service="registry",error="invalid_token"')
     assert scheme == "bearer" and params["realm"] == "https://x/token" and params["error"] == "invalid_token"
 
@@ -67,6 +84,7 @@ def test_compatibility_uses_driver_and_arch_list():
 
 
 # --- the fake nvcr.io ---------------------------------------------------------------------------------
+
 
 def test_anonymous_token_flow_and_pagination():
     names = ngc_tag_names(250)
@@ -107,6 +125,7 @@ def test_retries_on_429_and_manifest_list_picks_this_platform():
         manifest, config = client.image_config("nvidia/pytorch", "24.05-py3")
         assert manifest.media_type.endswith("manifest.list.v2+json")
         import platform
+
         want = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
         assert config["architecture"] == want
         assert manifest.size > 9e9
@@ -118,11 +137,16 @@ def test_cli_tags_details_json_against_fake_nvcr(monkeypatch):
         res = run_cli("tags", "pytorch", "--details", "--since", "25.01", "--json")
         assert res.code == 0, res.err
         data = json.loads(res.out)
-        assert [t["tag"] for t in data["tags"]] == ["26.03-py3", "26.02-py3", "26.01-py3"] + \
-            [f"25.{m:02d}-py3" for m in range(12, 0, -1)]
+        assert [t["tag"] for t in data["tags"]] == ["26.03-py3", "26.02-py3", "26.01-py3"] + [
+            f"25.{m:02d}-py3" for m in range(12, 0, -1)
+        ]
         first = data["tags"][0]
-        assert (first["cuda"], first["cudnn"], first["framework_version"], first["python"]) == \
-            ("12.4.1.003", "9.1.0.70", "2.4.0a0+07cecf4168", "3.10")
+        assert (first["cuda"], first["cudnn"], first["framework_version"], first["python"]) == (
+            "12.4.1.003",
+            "9.1.0.70",
+            "2.4.0a0+07cecf4168",
+            "3.10",
+        )
         assert first["digest"].startswith("sha256:") and first["size"] > 9e9
         table = run_cli("tags", "--details", "--limit", "2")
         assert table.code == 0 and "26.03-py3" in table.out and "12.4.1.003" in table.out
@@ -160,6 +184,7 @@ def test_unreachable_registry_raises_environment_error():
 
 
 # --- the test bed's real registry ---------------------------------------------------------------------
+
 
 @pytest.mark.engine
 def test_real_registry_pagination_and_details(testbed):
@@ -201,8 +226,9 @@ def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch)
 
     config = tmp_path / "config.json"
     auth = base64.b64encode(b"$oauthtoken:nvapi-from-config").decode()
-    config.write_text(json.dumps({"auths": {"https://nvcr.io": {"auth": auth}},
-                                  "credHelpers": {"registry.corp": "corp"}}))
+    config.write_text(
+        json.dumps({"auths": {"https://nvcr.io": {"auth": auth}}, "credHelpers": {"registry.corp": "corp"}})
+    )
     creds = docker_config_credentials("nvcr.io", config)
     assert (creds.username, creds.password) == ("$oauthtoken", "nvapi-from-config")
     helper = tmp_path / "docker-credential-corp"

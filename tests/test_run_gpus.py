@@ -18,9 +18,15 @@ from tests.conftest import run_cli
 ME = caller().name  # containers are named after who runs imgbuild, never after IMGBUILD_USER
 
 DATA = Path(__file__).parent / "data"
-OWNERS = {122956: ("alice", "alice_bert_1"), 2391: ("bob", ""), 40211: ("me", "me_dev_1"),
-          51877: ("me", "me_train_2"), 2312: ("carol", "carol_lm_1"), 2381: ("carol", "carol_lm_1"),
-          2383: ("carol", "carol_lm_1")}
+OWNERS = {
+    122956: ("alice", "alice_bert_1"),
+    2391: ("bob", ""),
+    40211: ("me", "me_dev_1"),
+    51877: ("me", "me_train_2"),
+    2312: ("carol", "carol_lm_1"),
+    2381: ("carol", "carol_lm_1"),
+    2383: ("carol", "carol_lm_1"),
+}
 
 
 def server(name: str) -> list:
@@ -77,10 +83,10 @@ def test_two_gpu_t4_box():
 
 
 def test_cpu_share_per_gpu():
-    assert cpus_for(2, host_cores=256, total_gpus=8) == 48   # DGX A100: 32 fair, capped at 24 per GPU
-    assert cpus_for(1, host_cores=40, total_gpus=4) == 10    # CSC Puhti node: 10 per GPU
-    assert cpus_for(2, host_cores=16, total_gpus=2) == 16    # T4 box: 8 each
-    assert cpus_for(1, host_cores=4, total_gpus=1) == 4      # never more than the host has
+    assert cpus_for(2, host_cores=256, total_gpus=8) == 48  # DGX A100: 32 fair, capped at 24 per GPU
+    assert cpus_for(1, host_cores=40, total_gpus=4) == 10  # CSC Puhti node: 10 per GPU
+    assert cpus_for(2, host_cores=16, total_gpus=2) == 16  # T4 box: 8 each
+    assert cpus_for(1, host_cores=4, total_gpus=1) == 4  # never more than the host has
     assert cpus_for(0, host_cores=64, total_gpus=8) is None  # CPU-only: no limit
     assert cpus_for(3, host_cores=64, total_gpus=8, per_gpu=12) == 36
 
@@ -88,8 +94,14 @@ def test_cpu_share_per_gpu():
 def test_job_summary_and_starved_gpu_hint():
     starved = [Sample({0: 17, 1: 20}, {0: 9000, 1: 9100}, 98.0) for _ in range(5)]
     rows, hint = summarize(starved, 16)
-    assert rows[0] == {"gpu": 0, "util_mean": 17.0, "util_max": 17, "mem_mean_mib": 9000, "mem_max_mib": 9000,
-                       "samples": 5}
+    assert rows[0] == {
+        "gpu": 0,
+        "util_mean": 17.0,
+        "util_max": 17,
+        "mem_mean_mib": 9000,
+        "mem_max_mib": 9000,
+        "samples": 5,
+    }
     assert "DataLoader num_workers" in hint and "16 CPUs" in hint
     busy = [Sample({0: u}, {0: 30000}, 40.0) for u in (90, 95, 100)]
     rows, hint = summarize(busy, 8)
@@ -106,6 +118,7 @@ def test_process_owner_reads_cgroup_and_owner(tmp_path):
     # A root-owned process in a container is credited to the container's <user>_ prefix; otherwise its owner.
     import os
     import pwd
+
     assert user == ("alice" if os.getuid() == 0 else pwd.getpwuid(os.getuid()).pw_name)
     assert process_owner(999999, proc=tmp_path) == ("", "")
 
@@ -128,6 +141,7 @@ def test_gpus_command_reads_a_snapshot_as_table_and_json(tmp_path, monkeypatch):
 
 
 # --- real containers ----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def engine_limits(tmp_path, monkeypatch):
@@ -161,8 +175,22 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     data = tmp_path / "data"
     data.mkdir()
     name = f"job{unique}"
-    args = ["run", "-d", "--name", name, "--cpus", "1.5", "-v", f"{data}:/data:ro", "-e", "FOO=bar", image,
-            "--", "sleep", "120"]
+    args = [
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--cpus",
+        "1.5",
+        "-v",
+        f"{data}:/data:ro",
+        "-e",
+        "FOO=bar",
+        image,
+        "--",
+        "sleep",
+        "120",
+    ]
     first = run_cli(*args, cwd=work)
     started.append(f"{ME}_{name}_1")
     assert first.code == 0, first.err
@@ -173,10 +201,13 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     assert docker_client.containers.get(f"{ME}_{name}_2").status == "running"
     host = attrs["HostConfig"]
     import os
+
     assert attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
     assert host["IpcMode"] == "host"
-    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == \
-        {"memlock": (8388608, 8388608), "stack": (67108864, 67108864)}
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == {
+        "memlock": (8388608, 8388608),
+        "stack": (67108864, 67108864),
+    }
     mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
     assert mounts["/workspace"] == (str(work), True) and mounts["/data"] == (str(data), False)
     assert attrs["Config"]["WorkingDir"] == "/workspace"
@@ -194,13 +225,26 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
 
 
 @pytest.mark.engine
-def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp_path, engine_limits, started,
-                                                     unique):
+def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp_path, engine_limits, started, unique):
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     name = f"dry{unique}"
-    res = run_cli("run", "--dry-run", "--name", name, "--keep", "-e", "X=1", "--cpus", "1", image, "--",
-                  "python3", "-c", "import torch, os; print(torch.__version__, os.environ['X'], os.getcwd())",
-                  cwd=tmp_path)
+    res = run_cli(
+        "run",
+        "--dry-run",
+        "--name",
+        name,
+        "--keep",
+        "-e",
+        "X=1",
+        "--cpus",
+        "1",
+        image,
+        "--",
+        "python3",
+        "-c",
+        "import torch, os; print(torch.__version__, os.environ['X'], os.getcwd())",
+        cwd=tmp_path,
+    )
     assert res.code == 0, res.err
     line = res.out.strip()
     assert f"--name {ME}_{name}_1" in line and "--ipc host" in line and "--ulimit memlock=8388608" in line
@@ -215,8 +259,9 @@ def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp
 
 
 @pytest.mark.engine
-def test_default_rules_are_nvidias_and_gpus_become_device_requests(testbed, docker_client, tmp_path, started,
-                                                                   unique, monkeypatch):
+def test_default_rules_are_nvidias_and_gpus_become_device_requests(
+    testbed, docker_client, tmp_path, started, unique, monkeypatch
+):
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
@@ -224,10 +269,13 @@ def test_default_rules_are_nvidias_and_gpus_become_device_requests(testbed, dock
     res = run_cli("run", "--dry-run", "--gpus", "2", "--name", f"gpu{unique}", image, cwd=tmp_path)
     assert res.code == 0, res.err
     argv = shlex.split(res.out.strip())
-    assert argv[argv.index("--gpus") + 1] == '"device=GPU-1f3e5d7c-9b8a-4c6d-2e1f-0a9b8c7d6e5f,' \
-                                             'GPU-2c3d4e5f-6a7b-8c9d-0e1f-2a3b4c5d6e7f"'
+    assert (
+        argv[argv.index("--gpus") + 1] == '"device=GPU-1f3e5d7c-9b8a-4c6d-2e1f-0a9b8c7d6e5f,'
+        'GPU-2c3d4e5f-6a7b-8c9d-0e1f-2a3b4c5d6e7f"'
+    )
     assert "GPUs: 2 NVIDIA A100-SXM4-40GB" in res.err
     import os
+
     assert float(argv[argv.index("--cpus") + 1]) == min(os.cpu_count(), 16.0)  # 2 GPUs x 8..24 CPUs, host-bound
     assert "--ulimit" in argv and "memlock=-1" in argv and "stack=67108864" in argv
     refused = run_cli("run", "--dry-run", "--gpus", "0,1", image)

@@ -20,12 +20,16 @@ def test_image_from_standin_base_runs_real_torch(testbed, docker_client, unique,
     cleanup_images.append(tag)
     dockerfile = f"FROM {reg}/nvidia/pytorch:24.05-py3\nRUN echo built > /built.txt\n"
     image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
-    out = in_image(docker_client, tag, """
+    out = in_image(
+        docker_client,
+        tag,
+        """
         import os, torch
         x = torch.randn(64, 64)
         assert torch.allclose(x @ torch.eye(64), x)
         print(torch.__version__, os.environ["PYTORCH_VERSION"], os.environ["NVIDIA_PYTORCH_VERSION"], open("/built.txt").read().strip())
-        """)
+        """,
+    )
     assert out.split() == ["2.13.0+cpu", "2.13.0+cpu", "24.05", "built"]
     labels = image.attrs["Config"]["Labels"]
     assert labels["com.nvidia.pytorch.version"] == "2.13.0+cpu"
@@ -42,12 +46,16 @@ def test_registry_lists_the_pushed_standin_tags(testbed):
 
 
 def test_tensorflow_standin_carries_real_tensorflow(testbed, docker_client):
-    out = in_image(docker_client, f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/tensorflow:24.05-tf2-py3", """
+    out = in_image(
+        docker_client,
+        f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/tensorflow:24.05-tf2-py3",
+        """
         import os
         import tensorflow as tf
         assert float(tf.reduce_sum(tf.ones([3, 3]))) == 9.0
         print(tf.__version__ == os.environ["TENSORFLOW_VERSION"])
-        """)
+        """,
+    )
     assert out.strip() == "True"
 
 

@@ -89,8 +89,6 @@ def cli(user: str | None, ngc_registry: str | None) -> None:
     """
 
 
-
-
 # --- entry point -----------------------------------------------------------------------------------
 
 # click >= 8.2 raises this for a bare `imgbuild`; older versions print the help themselves.
@@ -137,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("IMGBUILD_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        click.echo(f"imgbuild: unexpected {type(exc).__name__}: {first} "
-                   "(set IMGBUILD_DEBUG=1 for the traceback)", err=True)
+        click.echo(
+            f"imgbuild: unexpected {type(exc).__name__}: {first} (set IMGBUILD_DEBUG=1 for the traceback)", err=True
+        )
         sys.exit(EXIT_FAILED)
     sys.exit(EXIT_OK)
 

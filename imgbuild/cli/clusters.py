@@ -13,12 +13,21 @@ from imgbuild.errors import UsageError
 @cli.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--apptainer", is_flag=True, required=True, help="Write an Apptainer definition file.")
-@click.option("--from", "bootstrap", type=click.Choice(["docker-daemon", "docker-archive", "native"]),
-              default="docker-daemon", show_default=True,
-              help="Bootstrap from the built image (daemon, or a docker save archive) or render natively.")
+@click.option(
+    "--from",
+    "bootstrap",
+    type=click.Choice(["docker-daemon", "docker-archive", "native"]),
+    default="docker-daemon",
+    show_default=True,
+    help="Bootstrap from the built image (daemon, or a docker save archive) or render natively.",
+)
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Definition file to write.")
-@click.option("--build/--no-build", default=True, show_default=True,
-              help="Build the .sif and run its %test when apptainer is installed.")
+@click.option(
+    "--build/--no-build",
+    default=True,
+    show_default=True,
+    help="Build the .sif and run its %test when apptainer is installed.",
+)
 @click.pass_context
 def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, out: Path | None, build: bool) -> None:
     """Export a recipe for clusters: an Apptainer definition (and the .sif where apptainer exists)."""
@@ -39,8 +48,9 @@ def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, ou
     if exported.archive:
         click.echo(f"saved {plan.target} to {exported.archive}", err=True)
     if exported.context:
-        click.echo(f"rendered {exported.context}: run apptainer build from that folder (%files paths are "
-                   "relative)", err=True)
+        click.echo(
+            f"rendered {exported.context}: run apptainer build from that folder (%files paths are relative)", err=True
+        )
     if out is None:
         click.echo(exported.definition, nl=False)
         return
@@ -50,8 +60,11 @@ def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, ou
         return
     tool = apptainer_tool()
     if not tool:
-        click.echo("note: apptainer is not installed here: copy the definition to a machine that has it and run "
-                   f"`apptainer build {plan.name}.sif {out.name}`", err=True)
+        click.echo(
+            "note: apptainer is not installed here: copy the definition to a machine that has it and run "
+            f"`apptainer build {plan.name}.sif {out.name}`",
+            err=True,
+        )
         return
     click.echo(str(build_sif(tool, out, exported.context)))
 
@@ -72,19 +85,41 @@ def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, ou
 @click.option("--output", "job_output", default="%x-%j.out", show_default=True, help="Slurm output file.")
 @click.option("--stage", multiple=True, metavar="TAR", help="Dataset tar to extract to node-local scratch.")
 @click.option("--bind", "binds", multiple=True, help="Extra mount (SRC:DEST) into the container.")
-@click.option("--runtime", type=click.Choice(["apptainer", "singularity", "pyxis", "docker"]),
-              help="Container runtime on the nodes (site default apptainer).")
+@click.option(
+    "--runtime",
+    type=click.Choice(["apptainer", "singularity", "pyxis", "docker"]),
+    help="Container runtime on the nodes (site default apptainer).",
+)
 @click.option("--torchrun/--no-torchrun", default=None, help="Launch with torchrun (default: more than one GPU).")
 @click.option("--nccl-debug", type=click.Choice(["WARN", "INFO", "TRACE"]), help="Set NCCL_DEBUG.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the script here.")
 @click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether it would schedule the job.")
 @click.pass_context
-def slurm(ctx: click.Context, image: str, command: tuple[str, ...], gpus: int, nodes: int, gpu_type: str | None,
-          cpus_per_gpu: int | None, cpus: int | None, mem: str | None, walltime: str | None,
-          partition: str | None, account: str | None, job_name: str | None, job_output: str,
-          stage: tuple[str, ...], binds: tuple[str, ...], runtime: str | None, torchrun: bool | None,
-          nccl_debug: str | None, out: Path | None, submit: bool, test_only: bool) -> None:
+def slurm(
+    ctx: click.Context,
+    image: str,
+    command: tuple[str, ...],
+    gpus: int,
+    nodes: int,
+    gpu_type: str | None,
+    cpus_per_gpu: int | None,
+    cpus: int | None,
+    mem: str | None,
+    walltime: str | None,
+    partition: str | None,
+    account: str | None,
+    job_name: str | None,
+    job_output: str,
+    stage: tuple[str, ...],
+    binds: tuple[str, ...],
+    runtime: str | None,
+    torchrun: bool | None,
+    nccl_debug: str | None,
+    out: Path | None,
+    submit: bool,
+    test_only: bool,
+) -> None:
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
     from imgbuild.cluster import JobFlags, job_from_flags, sbatch_script, submit_job
     from imgbuild.config import site_section
@@ -92,11 +127,30 @@ def slurm(ctx: click.Context, image: str, command: tuple[str, ...], gpus: int, n
 
     settings = _settings(ctx)
     ref, short = resolve_image(image, settings)
-    job = job_from_flags(JobFlags(
-        command=list(command), image=ref, short_name=short, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
-        cpus_per_gpu=cpus_per_gpu, cpus=cpus, mem=mem, time=walltime, partition=partition, account=account,
-        job_name=job_name, output=job_output, stage=list(stage), binds=list(binds), runtime=runtime,
-        torchrun=torchrun, nccl_debug=nccl_debug), site_section("slurm"))
+    job = job_from_flags(
+        JobFlags(
+            command=list(command),
+            image=ref,
+            short_name=short,
+            gpus=gpus,
+            nodes=nodes,
+            gpu_type=gpu_type,
+            cpus_per_gpu=cpus_per_gpu,
+            cpus=cpus,
+            mem=mem,
+            time=walltime,
+            partition=partition,
+            account=account,
+            job_name=job_name,
+            output=job_output,
+            stage=list(stage),
+            binds=list(binds),
+            runtime=runtime,
+            torchrun=torchrun,
+            nccl_debug=nccl_debug,
+        ),
+        site_section("slurm"),
+    )
     script = sbatch_script(job)
     if out:
         out.write_text(script)

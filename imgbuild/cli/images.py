@@ -22,30 +22,44 @@ from imgbuild.errors import EXIT_FAILED
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def build(ctx: click.Context, file: Path, backend: str | None, builder: str | None, require_gpu: bool,
-          no_cache: bool, out: Path | None, as_json: bool) -> None:
+def build(
+    ctx: click.Context,
+    file: Path,
+    backend: str | None,
+    builder: str | None,
+    require_gpu: bool,
+    no_cache: bool,
+    out: Path | None,
+    as_json: bool,
+) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
     from imgbuild import build as pipeline
     from imgbuild.ui import Progress, print_table
 
     settings = _settings(ctx, backend=backend, builder=builder)
     with Progress(f"imgbuild build {file}", enabled=True) as progress:
-        result = pipeline.build(file, settings, backend=backend, require_gpu=require_gpu, no_cache=no_cache,
-                                out=out, progress=progress)
+        result = pipeline.build(
+            file, settings, backend=backend, require_gpu=require_gpu, no_cache=no_cache, out=out, progress=progress
+        )
     if as_json:
         _emit_json(result.to_json())
         return
     if result.smoke:
         _smoke_table(result.smoke, print_table)
-    prev = f" (previous {result.previous_id[:19]} kept as :{result.plan.tag}-previous)" \
-        if result.previous_id and result.promoted else ""
+    prev = (
+        f" (previous {result.previous_id[:19]} kept as :{result.plan.tag}-previous)"
+        if result.previous_id and result.promoted
+        else ""
+    )
     click.echo(f"{result.plan.target} -> {result.image_id[:19]}{prev}")
 
 
 def _smoke_table(report: Any, print_table: Any) -> None:
-    print_table(["check", "status", "detail"],
-                [[c["name"], c["status"].upper(), c["reason"]] for c in report.checks],
-                title=f"smoke test: {report.image}")
+    print_table(
+        ["check", "status", "detail"],
+        [[c["name"], c["status"].upper(), c["reason"]] for c in report.checks],
+        title=f"smoke test: {report.image}",
+    )
     if report.note:
         click.echo(f"note: {report.note}", err=True)
     click.echo(report.summary(), err=True)
@@ -81,15 +95,26 @@ def smoke(ctx: click.Context, image: str, require_gpu: bool, as_json: bool, repo
 @click.option("--check", is_flag=True, help="Build nothing; exit 1 when images/ is stale against the recipes.")
 @click.option("--dry-run", is_flag=True, help="Say what is stale and why; build nothing.")
 @click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Independent images built at once.")
+@click.option(
+    "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Independent images built at once."
+)
 @click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend.")
 @click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write a JSON report.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bool, push: bool, jobs: int,
-            backend: str | None, report_json: Path | None, junit_xml: Path | None, as_json: bool) -> None:
+def rebuild(
+    ctx: click.Context,
+    paths: tuple[str, ...],
+    check: bool,
+    dry_run: bool,
+    push: bool,
+    jobs: int,
+    backend: str | None,
+    report_json: Path | None,
+    junit_xml: Path | None,
+    as_json: bool,
+) -> None:
     """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
     import threading
 
@@ -102,8 +127,12 @@ def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bo
         with lock:
             click.echo(" ".join(line.split())[:200], err=True)
 
-    report = rb.rebuild(list(paths) or ["recipes"], _settings(ctx, backend=backend),
-                        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run), log)
+    report = rb.rebuild(
+        list(paths) or ["recipes"],
+        _settings(ctx, backend=backend),
+        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run),
+        log,
+    )
     if report_json:
         report_json.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
     if junit_xml:
@@ -111,9 +140,12 @@ def rebuild(ctx: click.Context, paths: tuple[str, ...], check: bool, dry_run: bo
     if as_json:
         _emit_json(report.to_json())
     else:
-        print_table(["recipe", "image", "status", "why", "time"], report.rows(),
-                    title=f"imgbuild rebuild{' --check' if check else ''}: {len(report.items)} recipe(s), "
-                          f"{report.seconds:.1f}s")
+        print_table(
+            ["recipe", "image", "status", "why", "time"],
+            report.rows(),
+            title=f"imgbuild rebuild{' --check' if check else ''}: {len(report.items)} recipe(s), "
+            f"{report.seconds:.1f}s",
+        )
         for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
                 click.echo(f"--- {item.name}\n{item.error}", err=True)
@@ -136,6 +168,8 @@ def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: boo
     if as_json:
         _emit_json([r.to_json() for r in results])
         return
-    print_table(["recipe", "follows", "from", "to", "moved"],
-                [[r.recipe, r.pattern, r.current, r.newest or "(no match)", "yes" if r.changed else "no"]
-                 for r in results], title="imgbuild bump" + (" --dry-run" if dry_run else ""))
+    print_table(
+        ["recipe", "follows", "from", "to", "moved"],
+        [[r.recipe, r.pattern, r.current, r.newest or "(no match)", "yes" if r.changed else "no"] for r in results],
+        title="imgbuild bump" + (" --dry-run" if dry_run else ""),
+    )

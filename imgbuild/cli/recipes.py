@@ -44,11 +44,17 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Context folder (default: images/<name>).")
+@click.option(
+    "-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder (default: images/<name>)."
+)
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print the Dockerfile instead of writing the context.")
-@click.option("--backend", type=click.Choice(["buildkit", "sdk"]), default="buildkit", show_default=True,
-              help="Render for this build backend.")
+@click.option(
+    "--backend",
+    type=click.Choice(["buildkit", "sdk"]),
+    default="buildkit",
+    show_default=True,
+    help="Render for this build backend.",
+)
 @click.option("--offline", is_flag=True, help="Do not ask the registry to pin the base by digest.")
 @click.pass_context
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:

@@ -10,8 +10,9 @@ from imgbuild.cli import _emit_json, _settings, cli
 @cli.command()
 @click.argument("repository", default="pytorch")
 @click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
-@click.option("--variant", default="none", show_default=True,
-              help="'none' for plain tags, 'all', or a variant such as igpu.")
+@click.option(
+    "--variant", default="none", show_default=True, help="'none' for plain tags, 'all', or a variant such as igpu."
+)
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N tags.")
 @click.option("--all", "show_all", is_flag=True, help="No limit.")
 @click.option("--details", is_flag=True, help="CUDA, cuDNN, framework, Python, driver, size, digest per tag.")
@@ -21,24 +22,57 @@ from imgbuild.cli import _emit_json, _settings, cli
 @click.option("--refresh", is_flag=True, help="Ignore the cached tag list.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable listing.")
 @click.pass_context
-def tags(ctx: click.Context, repository: str, since: str | None, variant: str, limit: int, show_all: bool,
-         details: bool, compatible: bool, driver: str | None, arch: str | None, refresh: bool,
-         as_json: bool) -> None:
+def tags(
+    ctx: click.Context,
+    repository: str,
+    since: str | None,
+    variant: str,
+    limit: int,
+    show_all: bool,
+    details: bool,
+    compatible: bool,
+    driver: str | None,
+    arch: str | None,
+    refresh: bool,
+    as_json: bool,
+) -> None:
     """List NGC tags (pytorch, tensorflow or ORG/REPO), newest first, from the registry itself."""
     from imgbuild import tags as tagmod
     from imgbuild.ui import print_table
 
-    listing = tagmod.listing(_settings(ctx), tagmod.Query(
-        repository, since=since, variant=variant, limit=None if show_all else limit, details=details,
-        compatible=compatible, driver=driver, arch=arch, refresh=refresh))
+    listing = tagmod.listing(
+        _settings(ctx),
+        tagmod.Query(
+            repository,
+            since=since,
+            variant=variant,
+            limit=None if show_all else limit,
+            details=details,
+            compatible=compatible,
+            driver=driver,
+            arch=arch,
+            refresh=refresh,
+        ),
+    )
     infos = listing.tags
     if as_json:
         _emit_json(listing.to_json())
         return
     if details or compatible:
         columns = ["tag", "CUDA", "cuDNN", "framework", "python", "driver", "size", "digest"]
-        rows = [[i.tag, i.cuda, i.cudnn, f"{i.framework} {i.framework_version}".strip(), i.python, i.driver,
-                 f"{i.size / 1e9:.1f} GB" if i.size else "", i.digest[:19]] for i in infos]
+        rows = [
+            [
+                i.tag,
+                i.cuda,
+                i.cudnn,
+                f"{i.framework} {i.framework_version}".strip(),
+                i.python,
+                i.driver,
+                f"{i.size / 1e9:.1f} GB" if i.size else "",
+                i.digest[:19],
+            ]
+            for i in infos
+        ]
         if compatible:
             columns.append("why")
             for row, info in zip(rows, infos, strict=True):

@@ -14,8 +14,13 @@ from imgbuild.errors import UsageError
 @cli.command()
 @click.argument("image")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@click.option("--gpus", "gpu_request", default="none", show_default=True,
-              help="N least-loaded free GPUs, a list like 0,3, all, or none.")
+@click.option(
+    "--gpus",
+    "gpu_request",
+    default="none",
+    show_default=True,
+    help="N least-loaded free GPUs, a list like 0,3, all, or none.",
+)
 @click.option("--force", is_flag=True, help="Take GPUs other users' processes are on.")
 @click.option("--cpus", type=float, help="CPU limit (default: a fair share per GPU, 8-24 each).")
 @click.option("-v", "--volume", "volumes", multiple=True, help="Extra mounts, as docker -v.")
@@ -30,10 +35,25 @@ from imgbuild.errors import UsageError
 @click.option("--entrypoint", help="Override the image's entrypoint.")
 @click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
 @click.pass_context
-def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: str, force: bool,
-        cpus: float | None, volumes: tuple[str, ...], env: tuple[str, ...], ports: tuple[str, ...],
-        short: str | None, detach: bool, keep: bool, shm_size: str | None, no_workspace: bool,
-        as_user: str | None, entrypoint: str | None, dry_run: bool) -> None:
+def run(
+    ctx: click.Context,
+    image: str,
+    command: tuple[str, ...],
+    gpu_request: str,
+    force: bool,
+    cpus: float | None,
+    volumes: tuple[str, ...],
+    env: tuple[str, ...],
+    ports: tuple[str, ...],
+    short: str | None,
+    detach: bool,
+    keep: bool,
+    shm_size: str | None,
+    no_workspace: bool,
+    as_user: str | None,
+    entrypoint: str | None,
+    dry_run: bool,
+) -> None:
     """Start a container of IMAGE (or of a RECIPE's image) with the shared-server conventions.
 
     Options go before `--`; the command after it.
@@ -47,19 +67,42 @@ def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: s
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
-    spec = runmod.prepare(runmod.RunRequest(
-        image=image, command=list(command), gpu_request=gpu_request, force=force, cpus=cpus, volumes=list(volumes),
-        env=list(env), ports=list(ports), short=short, detach=detach, keep=keep, shm_size=shm_size,
-        no_workspace=no_workspace, as_user=as_user, entrypoint=entrypoint,
-        interactive=sys.stdin.isatty(), terminal=sys.stdin.isatty() and sys.stdout.isatty()), settings)
+    spec = runmod.prepare(
+        runmod.RunRequest(
+            image=image,
+            command=list(command),
+            gpu_request=gpu_request,
+            force=force,
+            cpus=cpus,
+            volumes=list(volumes),
+            env=list(env),
+            ports=list(ports),
+            short=short,
+            detach=detach,
+            keep=keep,
+            shm_size=shm_size,
+            no_workspace=no_workspace,
+            as_user=as_user,
+            entrypoint=entrypoint,
+            interactive=sys.stdin.isatty(),
+            terminal=sys.stdin.isatty() and sys.stdout.isatty(),
+        ),
+        settings,
+    )
     engine = None if dry_run else Engine.connect(settings.docker_cli)
     spec.name = runmod.next_name(spec.user, spec.short_name, engine.container_names() if engine else set())
     for note in spec.gpus.forced:
         click.echo(f"warning: sharing {note} (--force)", err=True)
     if spec.gpus.gpus:
-        click.echo("GPUs: " + ", ".join(f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
-                                        f"{g.utilization if g.utilization is not None else '?'}%)"
-                                        for g in spec.gpus.gpus), err=True)
+        click.echo(
+            "GPUs: "
+            + ", ".join(
+                f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
+                f"{g.utilization if g.utilization is not None else '?'}%)"
+                for g in spec.gpus.gpus
+            ),
+            err=True,
+        )
     if engine is None:
         click.echo(spec.command_line(settings.docker_cli or "docker"))
         return
@@ -69,12 +112,16 @@ def run(ctx: click.Context, image: str, command: tuple[str, ...], gpu_request: s
         return
     outcome = runmod.start_attached(engine, spec, settings)
     if outcome.start_failed:
-        click.echo(f"imgbuild: docker could not start the container; if it said 'error setting rlimit', "
-                   f"{runmod.RLIMIT_HINT}", err=True)
+        click.echo(
+            f"imgbuild: docker could not start the container; if it said 'error setting rlimit', {runmod.RLIMIT_HINT}",
+            err=True,
+        )
     if outcome.rows:
-        print_table(["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
-                    [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]]
-                     for r in outcome.rows], title=f"{spec.name}: {outcome.seconds:.0f} s")
+        print_table(
+            ["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
+            [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]] for r in outcome.rows],
+            title=f"{spec.name}: {outcome.seconds:.0f} s",
+        )
     if outcome.hint:
         click.echo(f"hint: {outcome.hint}", err=True)
     sys.exit(outcome.code)
@@ -96,13 +143,20 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     if as_json:
         _emit_json(rows)
         return
-    print_table(["name", "user", "image", "status", "GPUs", "CPUs", "created"],
-                [[r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"]]
-                 for r in rows])
+    print_table(
+        ["name", "user", "image", "status", "GPUs", "CPUs", "created"],
+        [[r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"]] for r in rows],
+    )
 
 
-def _on_container(ctx: click.Context, verb: str, name: str, flags: list[str] | None = None,
-                  args: tuple[str, ...] = (), force: bool = False) -> None:
+def _on_container(
+    ctx: click.Context,
+    verb: str,
+    name: str,
+    flags: list[str] | None = None,
+    args: tuple[str, ...] = (),
+    force: bool = False,
+) -> None:
     """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
@@ -186,12 +240,17 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         else:
             rows = []
             for g in readings:
-                procs = "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB"
-                                  for p in g.processes) or "-"
+                procs = (
+                    "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB" for p in g.processes)
+                    or "-"
+                )
                 util = "?" if g.utilization is None else f"{g.utilization}%"
                 rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs])
-            print_table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows,
-                        title=time.strftime("%H:%M:%S") if watch else None)
+            print_table(
+                ["GPU", "name", "memory", "util", "processes (user container memory)"],
+                rows,
+                title=time.strftime("%H:%M:%S") if watch else None,
+            )
         shown += 1
         if not watch or (count and shown >= count):
             return
