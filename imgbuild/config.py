@@ -111,34 +111,48 @@ def mask_url_credentials(value: Any) -> Any:
 _ENV_ALIASES = {"ngc_api_key": ("NGC_API_KEY",)}
 
 
+def _as_tuple(raw: Any) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        return tuple(s for s in raw.replace(",", " ").split() if s)
+    if isinstance(raw, list):
+        return tuple(str(s) for s in raw)
+    raise ValueError("expected a list")
+
+
+def _as_seconds(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a number")
+    value = float(raw)
+    if not 0 < value <= 86400:
+        raise ValueError("expected a number of seconds above 0")
+    return value
+
+
+def _as_int(raw: Any) -> int | None:
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool):
+        raise ValueError("expected an integer")
+    return int(raw)
+
+
+def _as_text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, (dict, list)):
+        raise ValueError("expected a string")
+    return str(raw)
+
+
+#: How a config or environment value becomes each field type (by the type's spelling in Settings).
+_COERCE = (("tuple", _as_tuple), ("float", _as_seconds), ("int", _as_int))
+
+
 def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
     """Turn a config/env value into the field's type; a bad value is a usage error naming its origin."""
-    text_kind = str(kind)
+    convert = next((fn for word, fn in _COERCE if word in str(kind)), _as_text)
     try:
-        if "tuple" in text_kind:
-            if isinstance(raw, str):
-                return tuple(s for s in raw.replace(",", " ").split() if s)
-            if isinstance(raw, list):
-                return tuple(str(s) for s in raw)
-            raise ValueError("expected a list")
-        if "float" in text_kind:
-            if isinstance(raw, bool):
-                raise ValueError("expected a number")
-            value = float(raw)
-            if not 0 < value <= 86400:
-                raise ValueError("expected a number of seconds above 0")
-            return value
-        if "int" in text_kind:
-            if raw is None or raw == "":
-                return None
-            if isinstance(raw, bool):
-                raise ValueError("expected an integer")
-            return int(raw)
-        if raw is None:
-            return None
-        if isinstance(raw, (dict, list)):
-            raise ValueError("expected a string")
-        return str(raw)
+        return convert(raw)
     except ValueError as exc:
         raise UsageError(f"{origin}: {name}: {exc} (got {raw!r})") from None
 
@@ -175,26 +189,35 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
             raise UsageError(
                 f"{origin.split(' ', 2)[-1]}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})"
             )
-
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, f in known.items():
-        candidates: list[tuple[str, Any]] = []
-        if name in flags:
-            candidates.append(("flag", flags[name]))
-        for env_name in (f"IMGBUILD_{name.upper()}", *_ENV_ALIASES.get(name, ())):
-            if environ.get(env_name, "") != "":
-                candidates.append((f"env {env_name}", environ[env_name]))
-        for origin, data in reversed(layers):
-            if name in data:
-                candidates.append((origin, data[name]))
-        if candidates:
-            origin, raw = candidates[0]
+        found = _first_source(name, flags, environ, layers)
+        if found:
+            origin, raw = found
             values[name] = _coerce(name, raw, f.type, origin)
             sources[name] = origin
     settings = Settings(**values, sources=sources)
+    _check(settings)
+    return settings
+
+
+def _first_source(
+    name: str, flags: dict[str, Any], environ: dict[str, str], layers: list[tuple[str, dict[str, Any]]]
+) -> tuple[str, Any] | None:
+    """(where from, raw value) of the setting's highest-precedence source: flag, env, user, site."""
+    if name in flags:
+        return "flag", flags[name]
+    for env_name in (f"IMGBUILD_{name.upper()}", *_ENV_ALIASES.get(name, ())):
+        if environ.get(env_name, "") != "":
+            return f"env {env_name}", environ[env_name]
+    return next(((origin, data[name]) for origin, data in reversed(layers) if name in data), None)
+
+
+def _check(settings: Settings) -> None:
     from imgbuild.imageref import COMPONENT_RE
 
+    sources = settings.sources
     if not COMPONENT_RE.fullmatch(settings.user.lower()) or len(settings.user) > 64:
         raise UsageError(
             f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
@@ -207,7 +230,6 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
         )
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
         raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
-    return settings
 
 
 def site_section(name: str, environ: dict[str, str] | None = None) -> dict[str, Any]:

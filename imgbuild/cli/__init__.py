@@ -106,40 +106,38 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
-    except _NO_ARGS_IS_HELP as exc:  # `imgbuild` alone prints help (click >= 8.2 raises this)
-        click.echo(exc.format_message())
-        sys.exit(EXIT_OK)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("imgbuild: aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        message = " ".join(exc.format_message().split())
-        click.echo(f"imgbuild: {message} (see imgbuild --help)", err=True)
-        sys.exit(EXIT_USAGE)
-    except ImgbuildError as exc:
-        lines = exc.lines()
-        click.echo(f"imgbuild: {lines[0]}", err=True)
-        for line in lines[1:]:
-            click.echo(line if line.startswith("  ") else f"imgbuild: {line}", err=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("imgbuild: interrupted", err=True)
-        sys.exit(130)
-    except OSError as exc:  # a disk, folder or device the environment refused: read-only, full, no access
-        where = f" {exc.filename}" if exc.filename else ""
-        click.echo(f"imgbuild: cannot use{where}: {exc.strerror or exc}", err=True)
-        sys.exit(EXIT_ENVIRONMENT)
-    except Exception as exc:  # a bug or an unexpected engine answer: still one line, no traceback
-        if os.environ.get("IMGBUILD_DEBUG"):
+    except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
+        if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):
             raise
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        click.echo(
-            f"imgbuild: unexpected {type(exc).__name__}: {first} (set IMGBUILD_DEBUG=1 for the traceback)", err=True
-        )
-        sys.exit(EXIT_FAILED)
+        lines, code = _outcome(exc)
+        for line in lines:
+            click.echo(line, err=code != EXIT_OK)
+        sys.exit(code)
     sys.exit(EXIT_OK)
+
+
+def _outcome(exc: BaseException) -> tuple[list[str], int]:
+    """What the user sees for each way a command can end, and its exit code: never a traceback."""
+    if isinstance(exc, _NO_ARGS_IS_HELP):  # `imgbuild` alone prints help (click >= 8.2 raises this)
+        return [exc.format_message()], EXIT_OK
+    if isinstance(exc, click.exceptions.Exit):
+        return [], exc.exit_code
+    if isinstance(exc, SystemExit):
+        return [], exc.code if isinstance(exc.code, int) else EXIT_FAILED
+    if isinstance(exc, click.exceptions.Abort):
+        return ["imgbuild: aborted"], 130
+    if isinstance(exc, click.ClickException):
+        return [f"imgbuild: {' '.join(exc.format_message().split())} (see imgbuild --help)"], EXIT_USAGE
+    if isinstance(exc, ImgbuildError):
+        first, *rest = exc.lines()
+        return [f"imgbuild: {first}"] + [ln if ln.startswith("  ") else f"imgbuild: {ln}" for ln in rest], exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return ["imgbuild: interrupted"], 130
+    if isinstance(exc, OSError):  # a disk, folder or device the environment refused: read-only, full, no access
+        where = f" {exc.filename}" if exc.filename else ""
+        return [f"imgbuild: cannot use{where}: {exc.strerror or exc}"], EXIT_ENVIRONMENT
+    first = (str(exc).strip().splitlines() or [""])[0][:300]  # a bug or an unexpected engine answer
+    return [f"imgbuild: unexpected {type(exc).__name__}: {first} (set IMGBUILD_DEBUG=1 for the traceback)"], EXIT_FAILED
 
 
 from imgbuild.cli import clusters, images, recipes, registry, servers, settings  # noqa: E402,F401 - registers
