@@ -790,76 +790,82 @@ def _model_fields(model: type[BaseModel], at: PathKey = ()) -> dict[PathKey, lis
     return out
 
 
+_RELATIVE_HINT = "paths are relative to the recipe that names them"
+
+
 def _check_paths(
     loaded_files: dict[str, list[SourceFile]], located: Located, root: Path, problems: list[Problem]
 ) -> tuple[tuple[int, str], ...]:
     """Check what the recipe's paths name; return the requirements file's lines. No content is echoed."""
     data = located.data
     files = data.get("files") if isinstance(data.get("files"), list) else []
-    for i, spec in enumerate(files):
-        if isinstance(spec, dict) and isinstance(spec.get("src"), str):
-            src = Path(spec["src"])
-            if not src.exists():
-                problems.append(
-                    located.problem(
-                        ("files", i, "src"),
-                        f"no such file: {_show(src.name)}",
-                        "paths are relative to the recipe that names them",
-                    )
-                )
-                continue
-            try:
-                loaded_files[str(spec.get("dest"))] = source_files(src, src.name, root)
-            except OutsideRepository as exc:
-                problems.append(located.problem(("files", i, "src"), str(exc)))
+    _check_sources(files, loaded_files, located, root, problems)
     pip = data.get("pip") if isinstance(data.get("pip"), dict) else {}
     for at in PATH_FIELDS:
         value = pip.get(at[1])
-        if not isinstance(value, str):
-            continue
-        try:
-            regular_file(Path(value), Path(value).name)
-        except OutsideRepository:
-            problems.append(
-                located.problem(
-                    at, f"no such file: {_show(Path(value).name)}", "paths are relative to the recipe that names them"
-                )
-            )
-    requirements: list[tuple[int, str]] = []
-    req = pip.get("requirements")
-    if isinstance(req, str) and Path(req).is_file():
-        display = display_path(Path(req))
-        try:
-            text = read_text_bounded(Path(req), display, limits.REQUIREMENTS_BYTES, "pip.requirements")
-        except RecipeError as exc:
-            problems.extend(exc.problems)
-            text = ""
-        for lineno, line in enumerate(text.splitlines(), 1):
-            spec = line.split(" #", 1)[0].strip()
-            if not spec or spec.startswith("#"):
-                continue
+        if isinstance(value, str):
             try:
-                _pip_requirement(spec)
-            except ValueError as exc:
-                # The line is named, never echoed: a requirements file is not ours to print.
-                reason = str(exc).split(":", 1)[0]
-                problems.append(Problem(display, lineno, 1, "pip.requirements", reason))
-                continue
-            requirements.append((lineno, spec))
+                regular_file(Path(value), Path(value).name)
+            except OutsideRepository:
+                problems.append(located.problem(at, f"no such file: {_show(Path(value).name)}", _RELATIVE_HINT))
+    req = pip.get("requirements")
+    requirements = _requirement_lines(Path(req), problems) if isinstance(req, str) and Path(req).is_file() else ()
     dests: dict[str, int] = {}
     for i, spec in enumerate(files):
-        if isinstance(spec, dict) and isinstance(spec.get("dest"), str):
-            if spec["dest"] in dests:
-                problems.append(
-                    located.problem(
-                        ("files", i, "dest"), f"{spec['dest']} is already a destination of files[{dests[spec['dest']]}]"
-                    )
-                )
-            dests[spec["dest"]] = i
-    for i, cmd in enumerate(data.get("run") or [] if isinstance(data.get("run"), list) else []):
-        if isinstance(cmd, str) and cmd.strip() == "":
-            problems.append(located.problem(("run", i), "empty command"))
-    return tuple(requirements)
+        dest = spec.get("dest") if isinstance(spec, dict) else None
+        if isinstance(dest, str) and dest in dests:
+            problems.append(
+                located.problem(("files", i, "dest"), f"{dest} is already a destination of files[{dests[dest]}]")
+            )
+        if isinstance(dest, str):
+            dests.setdefault(dest, i)
+    run = data.get("run") if isinstance(data.get("run"), list) else []
+    problems.extend(
+        located.problem(("run", i), "empty command")
+        for i, cmd in enumerate(run)
+        if isinstance(cmd, str) and cmd.strip() == ""
+    )
+    return requirements
+
+
+def _check_sources(
+    files: list[Any], loaded_files: dict[str, list[SourceFile]], located: Located, root: Path, problems: list[Problem]
+) -> None:
+    """Each `files[].src`: it exists, and everything it holds may be copied (see repofiles.source_files)."""
+    for i, spec in enumerate(files):
+        if not (isinstance(spec, dict) and isinstance(spec.get("src"), str)):
+            continue
+        src = Path(spec["src"])
+        if not src.exists():
+            problems.append(located.problem(("files", i, "src"), f"no such file: {_show(src.name)}", _RELATIVE_HINT))
+            continue
+        try:
+            loaded_files[str(spec.get("dest"))] = source_files(src, src.name, root)
+        except OutsideRepository as exc:
+            problems.append(located.problem(("files", i, "src"), str(exc)))
+
+
+def _requirement_lines(path: Path, problems: list[Problem]) -> tuple[tuple[int, str], ...]:
+    """The requirements file's requirement lines, read once. A bad line is named, never echoed: a
+    requirements file is not ours to print."""
+    display = display_path(path)
+    try:
+        text = read_text_bounded(path, display, limits.REQUIREMENTS_BYTES, "pip.requirements")
+    except RecipeError as exc:
+        problems.extend(exc.problems)
+        return ()
+    lines: list[tuple[int, str]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        spec = line.split(" #", 1)[0].strip()
+        if not spec or spec.startswith("#"):
+            continue
+        try:
+            _pip_requirement(spec)
+        except ValueError as exc:
+            problems.append(Problem(display, lineno, 1, "pip.requirements", str(exc).split(":", 1)[0]))
+            continue
+        lines.append((lineno, spec))
+    return tuple(lines)
 
 
 def load_recipe(

@@ -58,18 +58,28 @@ class RunSpec:
 
     def docker_args(self) -> list[str]:
         """`docker run ...` arguments (without the `docker` binary)."""
+        identity = ["--name", self.name, "--user", f"{self.uid}:{self.gid}", "--label", f"{Label.USER}={self.user}"]
+        return [
+            "run",
+            *identity,
+            *self._house_args(),
+            *self._io_args(),
+            *self._resource_args(),
+            *self._mode_args(),
+            self.image,
+            *self.command,
+        ]
+
+    def _house_args(self) -> list[str]:
+        """The site's house rules: IPC or shm, ulimits, the workspace and data mounts, capped logs, env."""
         h = self.house
-        args = ["run", "--name", self.name, "--user", f"{self.uid}:{self.gid}", "--label", f"{Label.USER}={self.user}"]
-        if h.get("shm_size"):
-            args += ["--shm-size", str(h["shm_size"])]
-        else:
-            args += ["--ipc", str(h.get("ipc") or "host")]
+        args = ["--shm-size", str(h["shm_size"])] if h.get("shm_size") else ["--ipc", str(h.get("ipc") or "host")]
         for key, value in (h.get("ulimits") or {}).items():
             args += ["--ulimit", f"{key}={value}"]
         workspace = h.get("workspace")
         if workspace:
             args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
-        for mount in [*(h.get("mounts") or []), *self.volumes]:
+        for mount in h.get("mounts") or []:
             args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
         args += [
             "--log-driver",
@@ -81,30 +91,32 @@ class RunSpec:
         ]
         for key, value in sorted((h.get("env") or {}).items()):
             args += ["-e", f"{key}={value}"]
+        return args
+
+    def _io_args(self) -> list[str]:
+        """The user's own mounts, environment and ports."""
+        args: list[str] = []
+        for mount in self.volumes:
+            args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
         for item in self.env:
             args += ["-e", item]
         for port in self.ports:
             args += ["-p", port]
+        return args
+
+    def _resource_args(self) -> list[str]:
+        args: list[str] = []
         if self.gpus.gpus:
-            args += [
-                "--gpus",
-                f'"device={",".join(self.gpus.uuids)}"',
-                "--label",
-                f"{Label.GPUS}=" + ",".join(str(g.index) for g in self.gpus.gpus),
-            ]
+            indices = ",".join(str(g.index) for g in self.gpus.gpus)
+            args += ["--gpus", f'"device={",".join(self.gpus.uuids)}"', "--label", f"{Label.GPUS}={indices}"]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
-        if self.remove:
-            args.append("--rm")
-        if self.detach:
-            args.append("-d")
-        if self.interactive:
-            args.append("-i")
-        if self.tty:
-            args.append("-t")
-        if self.entrypoint is not None:
-            args += ["--entrypoint", self.entrypoint]
-        return [*args, self.image, *self.command]
+        return args
+
+    def _mode_args(self) -> list[str]:
+        flags = [("--rm", self.remove), ("-d", self.detach), ("-i", self.interactive), ("-t", self.tty)]
+        args = [flag for flag, on in flags if on]
+        return args + (["--entrypoint", self.entrypoint] if self.entrypoint is not None else [])
 
     def command_line(self, docker: str = "docker") -> str:
         return shlex.join([docker, *self.docker_args()])
