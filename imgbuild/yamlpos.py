@@ -147,75 +147,92 @@ def load_located(path: Path, display: str) -> Located:
     try:
         _prescan(text, display)
         node = loader.get_single_node()
+        return _Builder(loader, display).located(node)
     except yaml.YAMLError as exc:
         raise RecipeError([_yaml_problem(display, exc)]) from None
     finally:
         loader.dispose()
 
-    values: dict[PathKey, Pos] = {}
-    keys: dict[PathKey, Pos] = {}
-    raw: dict[PathKey, str] = {}
-    problems: list[Problem] = []
-    built = 0
-    active: set[int] = set()  # nodes on the path from the root: an alias back to one of them is a cycle
 
-    def pos(n: yaml.Node) -> Pos:
-        return Pos(display, n.start_mark.line + 1, n.start_mark.column + 1)
+_TAG_HINT = "recipes hold plain text, numbers, lists, mappings"
 
-    def fail(n: yaml.Node, message: str, at: PathKey = (), hint: str = "") -> RecipeError:
-        return RecipeError([Problem(display, *_lc(n), dotted(at), message, hint)])
 
-    def scalar(n: yaml.Node, at: PathKey) -> Any:
+class _Builder:
+    """Builds plain data from a node graph, recording each value's position; counts every value built
+    (aliases expand here, so an alias bomb stops at the limit) and refuses an alias back into itself."""
+
+    def __init__(self, loader: Any, display: str):
+        self.loader = loader
+        self.display = display
+        self.values: dict[PathKey, Pos] = {}
+        self.keys: dict[PathKey, Pos] = {}
+        self.raw: dict[PathKey, str] = {}
+        self.problems: list[Problem] = []
+        self.built = 0
+        self.active: set[int] = set()  # nodes on the path from the root
+
+    def located(self, node: yaml.Node | None) -> Located:
+        from imgbuild.errors import RecipeError
+
+        data = self.build(node, ()) if node is not None else {}
+        if self.problems:
+            raise RecipeError(self.problems)
+        return Located(data, self.values, self.keys, self.raw)
+
+    def fail(self, n: yaml.Node, message: str, at: PathKey = (), hint: str = "") -> Exception:
+        from imgbuild.errors import RecipeError
+
+        return RecipeError([Problem(self.display, *_lc(n), dotted(at), message, hint)])
+
+    def pos(self, n: yaml.Node) -> Pos:
+        return Pos(self.display, n.start_mark.line + 1, n.start_mark.column + 1)
+
+    def scalar(self, n: yaml.Node, at: PathKey) -> Any:
         if n.tag in AS_WRITTEN_TAGS:
             return n.value  # an unquoted date or `=`: the text as written, validated like any string
         if n.tag not in PLAIN_TAGS:
-            raise fail(n, f"YAML tag {n.tag!r} is not allowed", at, "recipes hold plain text, numbers, lists, mappings")
-        try:
-            return loader.construct_object(n)
-        except yaml.YAMLError as exc:
-            raise RecipeError([_yaml_problem(display, exc)]) from None
+            raise self.fail(n, f"YAML tag {n.tag!r} is not allowed", at, _TAG_HINT)
+        return self.loader.construct_object(n)
 
-    def build(n: yaml.Node, at: PathKey) -> Any:
-        nonlocal built
-        built += 1
-        if built > limits.YAML_VALUES:
-            raise fail(n, f"the recipe expands to more than {limits.YAML_VALUES} values (YAML aliases?)", at)
-        if id(n) in active:
-            raise fail(n, "recursive YAML alias", at)
-        values[at] = pos(n)
+    def build(self, n: yaml.Node, at: PathKey) -> Any:
+        self.built += 1
+        if self.built > limits.YAML_VALUES:
+            raise self.fail(n, f"the recipe expands to more than {limits.YAML_VALUES} values (YAML aliases?)", at)
+        if id(n) in self.active:
+            raise self.fail(n, "recursive YAML alias", at)
+        self.values[at] = self.pos(n)
         if isinstance(n, yaml.ScalarNode):
-            raw[at] = n.value
-            value = scalar(n, at)
+            self.raw[at] = n.value
+            value = self.scalar(n, at)
             return n.value if isinstance(value, float) else value  # keep "24.10" as written
         if n.tag not in PLAIN_TAGS and n.tag not in AS_WRITTEN_TAGS:
-            raise fail(n, f"YAML tag {n.tag!r} is not allowed", at, "recipes hold plain text, numbers, lists, mappings")
-        active.add(id(n))
+            raise self.fail(n, f"YAML tag {n.tag!r} is not allowed", at, _TAG_HINT)
+        self.active.add(id(n))
         try:
             if isinstance(n, yaml.SequenceNode):
-                return [build(item, (*at, i)) for i, item in enumerate(n.value)]
-            out: dict[str, Any] = {}
-            for k_node, v_node in n.value:
-                if k_node.tag == "tag:yaml.org,2002:merge":
-                    raise fail(k_node, "YAML merge keys (<<) are not supported", at, "use extends: to share fields")
-                if not isinstance(k_node, yaml.ScalarNode):
-                    raise fail(k_node, "a key must be plain text", at)
-                key = scalar(k_node, at)
-                key = key if isinstance(key, str) else str(key)
-                if key in out:
-                    problems.append(
-                        Problem(display, *_lc(k_node), dotted((*at, key)), "duplicate key", "each key may appear once")
-                    )
-                    continue
-                keys[(*at, key)] = pos(k_node)
-                out[key] = build(v_node, (*at, key))
-            return out
+                return [self.build(item, (*at, i)) for i, item in enumerate(n.value)]
+            return self.mapping(n, at)
         finally:
-            active.discard(id(n))
+            self.active.discard(id(n))
 
-    data = build(node, ()) if node is not None else {}
-    if problems:
-        raise RecipeError(problems)
-    return Located(data, values, keys, raw)
+    def mapping(self, n: yaml.Node, at: PathKey) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k_node, v_node in n.value:
+            if k_node.tag == "tag:yaml.org,2002:merge":
+                raise self.fail(k_node, "YAML merge keys (<<) are not supported", at, "use extends: to share fields")
+            if not isinstance(k_node, yaml.ScalarNode):
+                raise self.fail(k_node, "a key must be plain text", at)
+            key = self.scalar(k_node, at)
+            key = key if isinstance(key, str) else str(key)
+            if key in out:
+                where = _lc(k_node)
+                self.problems.append(
+                    Problem(self.display, *where, dotted((*at, key)), "duplicate key", "each key may appear once")
+                )
+                continue
+            self.keys[(*at, key)] = self.pos(k_node)
+            out[key] = self.build(v_node, (*at, key))
+        return out
 
 
 def _lc(n: yaml.Node) -> tuple[int, int]:
