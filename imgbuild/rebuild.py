@@ -192,26 +192,29 @@ def run(
     paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print, engine: ImageEngine | None = None
 ) -> list[Item]:
     """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
+    items = load_graph(discover(paths), settings)
+    engine = engine or Engine.connect(settings.docker_cli)
+    local_refs = frozenset(i.base_ref for i in items if i.deps)
+    _schedule(items, lambda item: _work(item, settings, options, engine, local_refs, log), options.jobs)
+    return items
+
+
+def _work(
+    item: Item, settings: Settings, options: RebuildOptions, engine: ImageEngine, local_refs: frozenset[str], log: Any
+) -> Item:
+    """Plan one recipe; build (and push) it when stale. Any failure fails this image, not the run."""
     from imgbuild import build as pipeline
     from imgbuild.bases import plan_recipe
 
-    items = load_graph(discover(paths), settings)
-    engine = engine or Engine.connect(settings.docker_cli)
-    done: dict[str, Item] = {}
-    local_refs = frozenset(i.base_ref for i in items if i.deps)
-
-    def work(item: Item) -> Item:
-        start = time.monotonic()
-        try:
-            loaded = load_recipe(item.path, secrets=settings.secrets())
-            plan = plan_recipe(loaded, settings, engine, local_refs=local_refs)
-            item.reasons = staleness(plan, engine, settings, options.push)
-            if not item.reasons:
-                item.status, item.image_id = FRESH, engine.image_id(plan.target) or ""
-                return item
-            if options.dry_run:
-                item.status = STALE
-                return item
+    start = time.monotonic()
+    try:
+        plan = plan_recipe(load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs)
+        item.reasons = staleness(plan, engine, settings, options.push)
+        if not item.reasons:
+            item.status, item.image_id = FRESH, engine.image_id(plan.target) or ""
+        elif options.dry_run:
+            item.status = STALE
+        else:
             log(f"{item.target}: building ({'; '.join(item.reasons)})")
             result = pipeline.build(
                 item.path,
@@ -227,39 +230,48 @@ def run(
                 item.pushed = engine.push(
                     item.target, push_auth(item.target), lambda step: log(f"{item.target}: {step}")
                 )
-        except ImgbuildError as exc:
-            item.status, item.error = FAILED, "\n".join(exc.lines())
-        except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
-            item.status, item.error = FAILED, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        finally:
-            item.seconds = time.monotonic() - start
-        return item
+    except ImgbuildError as exc:
+        item.status, item.error = FAILED, "\n".join(exc.lines())
+    except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
+        item.status, item.error = FAILED, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    finally:
+        item.seconds = time.monotonic() - start
+    return item
 
+
+def _schedule(items: list[Item], work: Any, jobs: int) -> None:
+    """Run `work` on each item once its bases are done, `jobs` at a time; an item whose base failed (or
+    was invalid, or skipped) is skipped, and nothing waits on a base that will never build."""
+    jobs = max(1, jobs)
+    done: dict[str, Item] = {i.target: i for i in items if i.status == INVALID and i.target}
     pending = [i for i in items if i.status != INVALID]
-    done.update({i.target: i for i in items if i.status == INVALID and i.target})
-    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
         running: dict[Future[Item], Item] = {}
         while pending or running:
             for item in list(pending):
-                dep_items = [done.get(d) for d in item.deps]
-                if any(d is not None and d.status in (FAILED, SKIPPED, INVALID) for d in dep_items):
+                state = _readiness(item, done)
+                if state == "skip":
                     item.status, item.error = SKIPPED, f"its base {item.deps[0]} did not build"
                     done[item.target] = item
                     pending.remove(item)
-                elif all(d is not None and d.status in (FRESH, BUILT, STALE) for d in dep_items) and len(running) < max(
-                    1, options.jobs
-                ):
+                elif state == "ready" and len(running) < jobs:
                     running[pool.submit(work, item)] = item
                     pending.remove(item)
             if not running:
                 for item in pending:  # nothing can start and nothing runs: their bases never will
                     item.status, item.error = SKIPPED, f"its base {item.deps[0] if item.deps else '?'} did not build"
-                break
+                return
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 item = running.pop(future)
                 done[item.target] = future.result()
-    return items
+
+
+def _readiness(item: Item, done: dict[str, Item]) -> str:
+    bases = [done.get(d) for d in item.deps]
+    if any(b is not None and b.status in (FAILED, SKIPPED, INVALID) for b in bases):
+        return "skip"
+    return "ready" if all(b is not None and b.status in (FRESH, BUILT, STALE) for b in bases) else "wait"
 
 
 @dataclass
