@@ -692,33 +692,31 @@ def _merged_positions(layers: list[_Layer]) -> Located:
         raw.update(layer.located.raw)
         data = merge(data, layer.located.data)
     merged = Located(data, values, keys, raw)
-    # Lists merged by key change indices: re-point each item to the file/line that declared it.
-    for list_path in LIST_MERGE:
-        items = _get(data, list_path)
-        if not isinstance(items, list):
-            continue
-        n = len(list_path)
-        origin: dict[int, tuple[_Layer, int]] = {}
-        for layer in layers:  # later layers win, as in the merge
-            src = _get(layer.located.data, list_path)
-            if isinstance(src, list):
-                origin.update({id(item): (layer, j) for j, item in enumerate(src)})
-        grouped: dict[tuple[int, str | int], list[tuple[str, PathKey, Pos]]] = {}
-        for layer_no, layer in enumerate(layers):
-            for name, table in (("values", layer.located.values), ("keys", layer.located.keys)):
-                for p, pos in table.items():
-                    if len(p) > n and p[:n] == list_path and isinstance(p[n], int):
-                        grouped.setdefault((layer_no, p[n]), []).append((name, p[n + 1 :], pos))
-        for p in [p for p in (*merged.values, *merged.keys) if len(p) > n and p[:n] == list_path]:
-            merged.values.pop(p, None)
-            merged.keys.pop(p, None)
-        for i, item in enumerate(items):
-            if id(item) not in origin:
-                continue
-            layer, j = origin[id(item)]
-            for name, rest, pos in grouped.get((layers.index(layer), j), []):
-                getattr(merged, name)[(*list_path, i, *rest)] = pos
+    for list_path in LIST_MERGE:  # lists merged by key change indices
+        if isinstance(_get(data, list_path), list):
+            _repoint_list(merged, layers, list_path)
     return merged
+
+
+def _repoint_list(merged: Located, layers: list[_Layer], list_path: PathKey) -> None:
+    """Re-point each merged item of the list at `list_path` to the file and line that declared it."""
+    n = len(list_path)
+    origin: dict[int, tuple[int, int]] = {}  # id(item) -> (layer number, index in that layer's list)
+    grouped: dict[tuple[int, str | int], list[tuple[str, PathKey, Pos]]] = {}
+    for layer_no, layer in enumerate(layers):  # later layers win, as in the merge
+        src = _get(layer.located.data, list_path)
+        if isinstance(src, list):
+            origin.update({id(item): (layer_no, j) for j, item in enumerate(src)})
+        for name, table in (("values", layer.located.values), ("keys", layer.located.keys)):
+            for p, pos in table.items():
+                if len(p) > n and p[:n] == list_path and isinstance(p[n], int):
+                    grouped.setdefault((layer_no, p[n]), []).append((name, p[n + 1 :], pos))
+    for p in [p for p in (*merged.values, *merged.keys) if len(p) > n and p[:n] == list_path]:
+        merged.values.pop(p, None)
+        merged.keys.pop(p, None)
+    for i, item in enumerate(_get(merged.data, list_path)):
+        for name, rest, pos in grouped.get(origin.get(id(item), (-1, -1)), []):
+            getattr(merged, name)[(*list_path, i, *rest)] = pos
 
 
 def _get(data: Any, path: PathKey) -> Any:
