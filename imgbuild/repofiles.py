@@ -74,46 +74,53 @@ def regular_file(path: Path, written: str) -> os.stat_result:
     return st
 
 
+def _refuse_git(src: Path, written: str, root: Path) -> None:
+    if src.is_relative_to(root) and ".git" in src.relative_to(root).parts:
+        raise OutsideRepository(f"{written} is inside .git (it may hold credentials; it is never copied)")
+
+
 def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
     """The files under `src` (already resolved and inside `root`), sorted, every symlink checked."""
     try:
         st = src.stat()
     except OSError as exc:
         raise OutsideRepository(f"cannot read {written}: {exc.strerror}") from None
+    _refuse_git(src, written, root)
     if stat.S_ISREG(st.st_mode):
-        if ".git" in src.relative_to(root).parts if src.is_relative_to(root) else False:
-            raise OutsideRepository(f"{written} is inside .git (it may hold credentials; it is never copied)")
         return [SourceFile("", src, bool(st.st_mode & stat.S_IXUSR), st.st_size)]
     if not stat.S_ISDIR(st.st_mode):
         raise OutsideRepository(f"{written} is not a regular file or folder")
-    if ".git" in src.relative_to(root).parts if src.is_relative_to(root) else False:
-        raise OutsideRepository(f"{written} is inside .git (it may hold credentials; it is never copied)")
     found: list[SourceFile] = []
     total = 0
     for folder, dirs, names in os.walk(src, followlinks=False):
         here = Path(folder)
-        dirs[:] = [d for d in dirs if d != ".git"]  # a checkout's .git may hold a CI token: never copied
-        names = [n for n in names if n != ".git"]  # (a worktree's .git is a file)
-        for name in sorted(dirs):
-            if (here / name).is_symlink():
-                raise OutsideRepository(
-                    f"{written}: {(here / name).relative_to(src)} is a symlink to a folder (copy the folder itself)"
-                )
-        dirs.sort()
-        for name in sorted(names):
-            entry = here / name
-            rel = entry.relative_to(src).as_posix()
-            real = entry.resolve() if entry.is_symlink() else entry
-            if not _inside(real, root):
-                raise OutsideRepository(f"{written}: {rel} links outside the recipe's repository")
-            info = regular_file(real, f"{written}/{rel}")
-            total += info.st_size
-            found.append(SourceFile(rel, real, bool(info.st_mode & stat.S_IXUSR), info.st_size))
-            if len(found) > limits.COPY_FILES:
-                raise OutsideRepository(f"{written} holds more than {limits.COPY_FILES} files")
-            if total > limits.COPY_BYTES:
-                raise OutsideRepository(f"{written} holds more than {limits.COPY_BYTES // limits.MIB} MiB")
+        dirs[:] = sorted(d for d in dirs if d != ".git")  # a checkout's .git may hold a CI token: never copied
+        linked = [d for d in dirs if (here / d).is_symlink()]
+        if linked:
+            raise OutsideRepository(
+                f"{written}: {(here / linked[0]).relative_to(src)} is a symlink to a folder (copy the folder itself)"
+            )
+        here_files = [_source_file(here / name, src, written, root) for name in sorted(names) if name != ".git"]
+        found += here_files
+        total += sum(f.size for f in here_files)
+        _within_limits(len(found), total, written)
     return sorted(found, key=lambda f: f.rel)
+
+
+def _source_file(entry: Path, src: Path, written: str, root: Path) -> SourceFile:
+    rel = entry.relative_to(src).as_posix()
+    real = entry.resolve() if entry.is_symlink() else entry
+    if not _inside(real, root):
+        raise OutsideRepository(f"{written}: {rel} links outside the recipe's repository")
+    info = regular_file(real, f"{written}/{rel}")
+    return SourceFile(rel, real, bool(info.st_mode & stat.S_IXUSR), info.st_size)
+
+
+def _within_limits(count: int, total: int, written: str) -> None:
+    if count > limits.COPY_FILES:
+        raise OutsideRepository(f"{written} holds more than {limits.COPY_FILES} files")
+    if total > limits.COPY_BYTES:
+        raise OutsideRepository(f"{written} holds more than {limits.COPY_BYTES // limits.MIB} MiB")
 
 
 def files_digest(files: list[SourceFile], secrets: tuple[str, ...] | list[str] = ()) -> str:
