@@ -454,50 +454,40 @@ def interpolate(
     A variable that holds a secret (a configured one, a known credential variable, a URL with a
     password) is refused: whatever it is interpolated into ends in the image or the rendered context."""
 
-    def sub(text: str, at: PathKey) -> str:
-        def one(m: re.Match[str]) -> str:
-            if m.group(0) == "$$":
-                return "$"
-            if m.group(3) is not None or m.group(1) is None:
-                problems.append(
-                    located.problem(
-                        at,
-                        f"bad variable reference {_show(m.group(0))}",
-                        "write ${NAME} or ${NAME:-default}; $$ for a literal $",
-                    )
-                )
-                return m.group(0)
-            name, default = m.group(1), m.group(2)
-            if name in environ and secret_variable(name, environ[name], secrets):
-                problems.append(
-                    located.problem(
-                        at,
-                        f"${{{name}}} holds a secret; it would be written into the image and its context",
-                        "pass secrets at run time, never in a recipe",
-                    )
-                )
-                return ""
-            if name in environ and (environ[name] != "" or default is None):
-                return environ[name]
-            if default is not None:
-                return default
-            problems.append(
-                located.problem(at, f"environment variable {name} is not set", f"set it, or write ${{{name}:-default}}")
-            )
-            return ""
-
-        return _VAR_RE.sub(one, text)
-
     def walk(value: Any, at: PathKey) -> Any:
         if isinstance(value, dict):
             return {k: walk(v, (*at, k)) for k, v in value.items()}
         if isinstance(value, list):
             return [walk(v, (*at, i)) for i, v in enumerate(value)]
         if isinstance(value, str) and "$" in value:
-            return sub(value, at)
+            return _VAR_RE.sub(
+                lambda m: _substitute(m, environ, secrets, lambda *p: problems.append(located.problem(at, *p))), value
+            )
         return value
 
     located.data = walk(located.data, ())
+
+
+def _substitute(m: re.Match[str], environ: dict[str, str], secrets: tuple[str, ...], report: Any) -> str:
+    """One `$$`, `${NAME}` or `${NAME:-default}`; `report(message, hint)` records a problem."""
+    if m.group(0) == "$$":
+        return "$"
+    if m.group(3) is not None or m.group(1) is None:
+        report(f"bad variable reference {_show(m.group(0))}", "write ${NAME} or ${NAME:-default}; $$ for a literal $")
+        return m.group(0)
+    name, default = m.group(1), m.group(2)
+    if name in environ and secret_variable(name, environ[name], secrets):
+        report(
+            f"${{{name}}} holds a secret; it would be written into the image and its context",
+            "pass secrets at run time, never in a recipe",
+        )
+        return ""
+    if name in environ and (environ[name] != "" or default is None):
+        return environ[name]
+    if default is not None:
+        return str(default)
+    report(f"environment variable {name} is not set", f"set it, or write ${{{name}:-default}}")
+    return ""
 
 
 # --- shorthands and merging -----------------------------------------------------------------------
@@ -595,36 +585,28 @@ PATH_FIELDS: tuple[PathKey, ...] = (("pip", "requirements"), ("pip", "ca_bundle"
 
 def _resolve_relative(located: Located, base_dir: Path, root: Path, problems: list[Problem]) -> None:
     """Make file paths absolute relative to the file that declared them, before any merge; each must stay
-    inside the repository (symlinks followed)."""
+    inside the repository (symlinks followed). A path that may not be used is dropped, with its problem."""
     data = located.data
     if not isinstance(data, dict):
         return
-
-    def resolve(at: PathKey, written: str) -> str | None:
-        try:
-            return str(resolve_inside(base_dir, written, root))
-        except OutsideRepository as exc:
-            problems.append(located.problem(at, str(exc), "a recipe may name files of its own repository only"))
-            return None
-
+    places: list[tuple[dict[str, Any], str, PathKey]] = []
     files = data.get("files")
     for i, spec in enumerate(files if isinstance(files, list) else []):
-        if isinstance(spec, dict) and isinstance(spec.get("src"), str):
-            resolved = resolve(("files", i, "src"), spec["src"])
-            if resolved is None:
-                spec.pop("src")
-                located.values.pop(("files", i, "src"), None)
-            else:
-                spec["src"] = resolved
+        if isinstance(spec, dict):
+            places.append((spec, "src", ("files", i, "src")))
     pip = data.get("pip")
     if isinstance(pip, dict):
-        for _, key in PATH_FIELDS:
-            if isinstance(pip.get(key), str):
-                resolved = resolve(("pip", key), pip[key])
-                if resolved is None:
-                    del pip[key]
-                else:
-                    pip[key] = resolved
+        places += [(pip, str(at[1]), at) for at in PATH_FIELDS]
+    for container, key, at in places:
+        written = container.get(key)
+        if not isinstance(written, str):
+            continue
+        try:
+            container[key] = str(resolve_inside(base_dir, written, root))
+        except OutsideRepository as exc:
+            problems.append(located.problem(at, str(exc), "a recipe may name files of its own repository only"))
+            del container[key]
+            located.values.pop(at, None)
 
 
 def _load_chain(
