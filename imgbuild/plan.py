@@ -155,26 +155,17 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     """A recipe that asks for another torch/tensorflow or CUDA library than the base carries fails here,
     every conflict at once (pip.packages, pip.constraints and the requirements file's lines)."""
     from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-    from packaging.version import InvalidVersion, Version
 
     from imgbuild.errors import Problem
     from imgbuild.recipe import display_path
 
-    own = FRAMEWORKS.get(base.framework)
-    try:
-        have = Version(base.framework_version) if base.framework_version else None
-    except InvalidVersion:
-        have = None
     recipe = loaded.recipe
     located = loaded.located
-    problems: list[Problem] = []
 
     def where(at: tuple[str | int, ...] | int, message: str, hint: str) -> Problem:
         if isinstance(at, int):  # a line of the requirements file
-            return Problem(
-                display_path(loaded.requirements_path or loaded.path), at, 1, "pip.requirements", message, hint
-            )
+            path = display_path(loaded.requirements_path or loaded.path)
+            return Problem(path, at, 1, "pip.requirements", message, hint)
         if located is not None:
             return located.problem(at, message, hint)
         return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
@@ -183,50 +174,47 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
     specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
     specs += list(loaded.requirements)
-    for at, spec in specs:
-        req = Requirement(spec)
-        name = canonicalize_name(req.name)
-        if name.startswith(CUDA_PACKAGE_PREFIXES) and (req.specifier or req.url):
-            problems.append(
-                where(
-                    at,
-                    f"{req.name} would replace a CUDA library of the base",
-                    "the base's CUDA stack is protected; drop the pin",
-                )
-            )
-            continue
-        other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
-        if other is not None and own is not None:
-            problems.append(
-                where(
-                    at,
-                    f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
-                    f"build on a {other.name} base for {other.name}",
-                )
-            )
-            continue
-        if own is None or name not in own.packages:
-            continue
-        if req.url:
-            problems.append(
-                where(
-                    at,
-                    f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}",
-                    "the base's framework is protected: drop it",
-                )
-            )
-        elif have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
-            problems.append(
-                where(
-                    at,
-                    f"{req.name}{req.specifier} conflicts with the base's {req.name} "
-                    f"{base.framework_version} ({base.ref})",
-                    f"the base's framework is protected: drop the pin, or choose a base tag that "
-                    f"carries {req.name}{req.specifier}",
-                )
-            )
+    problems = [where(at, *found) for at, spec in specs if (found := _conflict(Requirement(spec), base))]
     if problems:
         raise RecipeError(problems)
+
+
+def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
+    """(message, hint) when `req` would replace the base's CUDA libraries or framework, else None."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    name = canonicalize_name(req.name)
+    own = FRAMEWORKS.get(base.framework)
+    if name.startswith(CUDA_PACKAGE_PREFIXES) and (req.specifier or req.url):
+        return (
+            f"{req.name} would replace a CUDA library of the base",
+            "the base's CUDA stack is protected; drop the pin",
+        )
+    other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
+    if other is not None and own is not None:
+        return (
+            f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
+            f"build on a {other.name} base for {other.name}",
+        )
+    if own is None or name not in own.packages:
+        return None
+    if req.url:
+        return (
+            f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}",
+            "the base's framework is protected: drop it",
+        )
+    try:
+        have = Version(base.framework_version) if base.framework_version else None
+    except InvalidVersion:
+        have = None
+    if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+        return (
+            f"{req.name}{req.specifier} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
+            f"the base's framework is protected: drop the pin, or choose a base tag that carries "
+            f"{req.name}{req.specifier}",
+        )
+    return None
 
 
 def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, int]) -> tuple[int, int]:
