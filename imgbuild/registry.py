@@ -346,41 +346,46 @@ class RegistryClient:
                 f"({parts.scheme}://{parts.netloc[:80]}); credentials stay with {self.host}"
             )
         for _ in range(3):
-            hdrs = dict(headers or {})
-            if scope in self._tokens:
-                hdrs["Authorization"] = f"Bearer {self._tokens[scope]}"
-            elif self._basic and self.credentials:
-                raw = f"{self.credentials.username}:{self.credentials.password}".encode()
-                hdrs["Authorization"] = "Basic " + base64.b64encode(raw).decode()
-            resp = self._send(method, url, hdrs, **kw)
+            resp = self._send(method, url, {**(headers or {}), **self._authorization(scope)}, **kw)
             if resp.status_code != 401:
                 return resp
-            challenge = resp.headers.get("WWW-Authenticate", "")
-            if not challenge.strip():
-                raise RegistryError(
-                    f"registry {self.host}: authentication required, and the registry named no "
-                    "way to authenticate (no WWW-Authenticate header)"
-                )
-            scheme, params = parse_challenge(challenge)
-            if scheme == "basic":
-                if self._basic or not self.credentials:
-                    raise RegistryError(
-                        f"registry {self.host}: authentication required (run `docker login` or set credentials)"
-                    )
-                self._basic = True
-                continue
-            if scheme != "bearer" or "realm" not in params:
-                raise RegistryError(f"registry {self.host}: unsupported auth challenge {scheme[:20]!r}")
-            if scope in self._tokens and scope in self._first_realm:
-                # Expired token: nvcr.io now names another realm (authn.nvidia.com) that dead-ends
-                # for anonymous clients; the first realm (proxy_auth) still issues fresh tokens.
-                realm, params = self._first_realm[scope]
-                del self._tokens[scope]
-            else:
-                realm = params["realm"]
-                self._first_realm.setdefault(scope, (realm, params))
-            self._tokens[scope] = self._token(scope, realm, params)
+            self._answer_challenge(scope, resp.headers.get("WWW-Authenticate", ""))
         raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
+
+    def _authorization(self, scope: str) -> dict[str, str]:
+        if scope in self._tokens:
+            return {"Authorization": f"Bearer {self._tokens[scope]}"}
+        if self._basic and self.credentials:
+            raw = f"{self.credentials.username}:{self.credentials.password}".encode()
+            return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+        return {}
+
+    def _answer_challenge(self, scope: str, challenge: str) -> None:
+        """After a 401: switch to basic auth, or fetch a (fresh) bearer token for `scope`."""
+        if not challenge.strip():
+            raise RegistryError(
+                f"registry {self.host}: authentication required, and the registry named no "
+                "way to authenticate (no WWW-Authenticate header)"
+            )
+        scheme, params = parse_challenge(challenge)
+        if scheme == "basic":
+            if self._basic or not self.credentials:
+                raise RegistryError(
+                    f"registry {self.host}: authentication required (run `docker login` or set credentials)"
+                )
+            self._basic = True
+            return
+        if scheme != "bearer" or "realm" not in params:
+            raise RegistryError(f"registry {self.host}: unsupported auth challenge {scheme[:20]!r}")
+        if scope in self._tokens and scope in self._first_realm:
+            # Expired token: nvcr.io now names another realm (authn.nvidia.com) that dead-ends
+            # for anonymous clients; the first realm (proxy_auth) still issues fresh tokens.
+            realm, params = self._first_realm[scope]
+            del self._tokens[scope]
+        else:
+            realm = params["realm"]
+            self._first_realm.setdefault(scope, (realm, params))
+        self._tokens[scope] = self._token(scope, realm, params)
 
     # -- API ---------------------------------------------------------------------------------------
 
