@@ -280,9 +280,8 @@ class Engine:
     def _build_sdk(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
         from docker.errors import APIError
 
-        image_id = ""
         tracker = StepTracker()
-        error = ""
+        outcome = {"image_id": "", "error": ""}
         try:
             stream = self.client.api.build(
                 path=str(req.context),
@@ -295,33 +294,16 @@ class Engine:
                 dockerfile="Dockerfile",
             )
             for chunk in stream:
-                if "stream" in chunk:
-                    for raw in chunk["stream"].splitlines():
-                        line = redact(raw.rstrip())
-                        if not line:
-                            continue
-                        log.write(line + "\n")
-                        if m := _SDK_STEP.match(line):
-                            tracker.current = m.group(1)
-                            tracker.steps[m.group(1)] = f"[{m.group(1)}] {m.group(2)}"
-                            progress(tracker.steps[m.group(1)])
-                        else:
-                            tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
-                if "error" in chunk or "errorDetail" in chunk:
-                    error = redact(chunk.get("errorDetail", {}).get("message") or chunk.get("error", ""))
-                    log.write("ERROR: " + error + "\n")
-                if "aux" in chunk and "ID" in chunk["aux"]:
-                    image_id = chunk["aux"]["ID"]
+                _follow_sdk_chunk(chunk, tracker, outcome, progress, redact, log)
         except APIError as exc:
-            error = redact(str(exc.explanation or exc))
+            outcome["error"] = redact(str(exc.explanation or exc))
         except requests.RequestException as exc:  # the engine went quiet past the client's read timeout
-            error = f"the engine stopped answering ({type(exc).__name__})"
-        if error or not image_id:
+            outcome["error"] = f"the engine stopped answering ({type(exc).__name__})"
+        if outcome["error"] or not outcome["image_id"]:
             step = tracker.steps.get(tracker.current, "")
-            raise BuildFailed(
-                _failure_text(step, tracker.tail(tracker.current), [error or "no image id"], req.log_path)
-            )
-        return image_id
+            errors = [outcome["error"] or "no image id"]
+            raise BuildFailed(_failure_text(step, tracker.tail(tracker.current), errors, req.log_path))
+        return outcome["image_id"]
 
     # -- images ------------------------------------------------------------------------------------
 
@@ -533,6 +515,33 @@ class Engine:
 
 
 SMOKE_LABEL = Label.SMOKE_OF
+
+
+def _follow_sdk_chunk(
+    chunk: dict[str, Any],
+    tracker: StepTracker,
+    outcome: dict[str, str],
+    progress: ProgressFn,
+    redact: Redactor,
+    log: Any,
+) -> None:
+    """One decoded chunk of the Engine API's build stream: step lines, output, an error, the image id."""
+    for raw in chunk.get("stream", "").splitlines():
+        line = redact(raw.rstrip())
+        if not line:
+            continue
+        log.write(line + "\n")
+        if m := _SDK_STEP.match(line):
+            tracker.current = m.group(1)
+            tracker.steps[m.group(1)] = f"[{m.group(1)}] {m.group(2)}"
+            progress(tracker.steps[m.group(1)])
+        else:
+            tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
+    if "error" in chunk or "errorDetail" in chunk:
+        outcome["error"] = redact((chunk.get("errorDetail") or {}).get("message") or chunk.get("error", ""))
+        log.write("ERROR: " + outcome["error"] + "\n")
+    if isinstance(chunk.get("aux"), dict) and "ID" in chunk["aux"]:
+        outcome["image_id"] = chunk["aux"]["ID"]
 
 
 def _script_tar(script: str) -> bytes:

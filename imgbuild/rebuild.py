@@ -315,11 +315,6 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
     The base is taken as recorded in each context's lock, so the check needs no registry and flags only
     recipes (or copied files, or templates) that changed without their rendered context."""
-    from imgbuild.bases import read_lock, recorded_base, recorded_env, recorded_tag
-    from imgbuild.context import diff_context
-    from imgbuild.plan import make_plan
-    from imgbuild.render import render
-
     items = []
     loaded_by_item: dict[int, Any] = {}
     for path in discover(paths):
@@ -334,43 +329,51 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
         item.context = Path(settings.images_dir).resolve() / loaded.recipe.name
     _refuse_shared_contexts(items, settings)
     for item in items:
-        if item.status == INVALID:
-            continue
-        loaded = loaded_by_item[id(item)]
-        ctx = Path(settings.images_dir) / loaded.recipe.name
-        item.target = str(ctx)
-        lock_path = ctx / "imgbuild.lock.json"
-        if ctx.is_symlink() or ctx.parent.is_symlink():
-            item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
-            continue
-        if not lock_path.is_file():
-            item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
-            continue
-        try:
-            lock, base = read_lock(lock_path)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            item.status, item.reasons = STALE, [f"{lock_path} is not a lock imgbuild wrote (render it again)"]
-            continue
-        config = {"config": {"Env": recorded_env(base)}}
-        digest = str(base.get("digest") or "")
-        if not DIGEST_RE.fullmatch(digest):
-            digest = ""
-        registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
-        pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=str(lock["image"]).split("/")[0])
-        tag = base["ref"].rsplit(":", 1)[-1]
-        try:
-            plan = make_plan(loaded, pinned, recorded_base(digest, config), recorded_tag(tag))
-        except RecipeError as exc:
-            item.status, item.error = INVALID, "; ".join(exc.lines())
-            continue
-        backend = lock.get("backend") if lock.get("backend") in ("buildkit", "sdk") else "buildkit"
-        diff = diff_context(render(plan, str(backend)), ctx)
-        if diff:
-            item.status = STALE
-            item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]
-        else:
-            item.status = FRESH
+        if item.status != INVALID:
+            _check_one(item, loaded_by_item[id(item)], settings)
     return items
+
+
+def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
+    """Render the recipe against the base its lock records, and compare with the committed context."""
+    from imgbuild.bases import read_lock, recorded_base, recorded_env, recorded_tag
+    from imgbuild.context import diff_context
+    from imgbuild.plan import make_plan
+    from imgbuild.render import render
+
+    ctx = Path(settings.images_dir) / loaded.recipe.name
+    item.target = str(ctx)
+    lock_path = ctx / "imgbuild.lock.json"
+    if ctx.is_symlink() or ctx.parent.is_symlink():
+        item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
+        return
+    if not lock_path.is_file():
+        item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
+        return
+    try:
+        lock, base = read_lock(lock_path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        item.status, item.reasons = STALE, [f"{lock_path} is not a lock imgbuild wrote (render it again)"]
+        return
+    config = {"config": {"Env": recorded_env(base)}}
+    digest = str(base.get("digest") or "")
+    registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
+    pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=str(lock["image"]).split("/")[0])
+    try:
+        plan = make_plan(
+            loaded,
+            pinned,
+            recorded_base(digest if DIGEST_RE.fullmatch(digest) else "", config),
+            recorded_tag(base["ref"].rsplit(":", 1)[-1]),
+        )
+    except RecipeError as exc:
+        item.status, item.error = INVALID, "; ".join(exc.lines())
+        return
+    backend = lock.get("backend") if lock.get("backend") in ("buildkit", "sdk") else "buildkit"
+    diff = diff_context(render(plan, str(backend)), ctx)
+    item.status = STALE if diff else FRESH
+    if diff:
+        item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]
 
 
 def junit_xml(items: list[Item], seconds: float) -> str:
