@@ -13,8 +13,8 @@ import pytest
 from imgbuild import build as pipeline
 from imgbuild import rebuild
 from imgbuild.config import load_settings
+from imgbuild.engine.fake import FakeEngine, failing_build
 from imgbuild.errors import BuildFailed, SmokeFailed
-from imgbuild.fake_engine import FakeEngine, failing_build
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.fake_nvcr import FakeNvcr

@@ -1,123 +1,28 @@
-"""Stage 4: the container engine. The only module that talks to Docker.
-
-Two build backends behind one interface: BuildKit through the docker CLI (`docker buildx build` where the
-plugin exists, `DOCKER_BUILDKIT=1 docker build` with a CLI older than 23 that has it built in), and the
-Docker Engine API through the `docker` SDK (no BuildKit: no cache mounts, no secrets). Everything else
-(inspect, tag, run, push) goes through the SDK.
-"""
+"""The Docker engine: builds (through the BuildKit or the Engine API backend), the image store and the
+containers the smoke test and `imgbuild run` start. The only place that talks to Docker."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import requests
 
-from imgbuild import imageref, limits
-from imgbuild.errors import BuildFailed, EngineUnavailable, ImgbuildError, UsageError
+from imgbuild import imageref
+from imgbuild.engine import buildkit, sdk
+from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
+from imgbuild.errors import EngineUnavailable, ImgbuildError, UsageError
 from imgbuild.facts import Label
 
-ProgressFn = Callable[[str], None]
-
-
-class Redactor:
-    """Replaces secret values in any text that goes to a log or a terminal."""
-
-    def __init__(self, secrets: Iterable[str]):
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "****")
-        return text
-
-
-@dataclass
-class BuildRequest:
-    context: Path
-    tag: str
-    build_args: dict[str, str] = field(default_factory=dict)
-    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file (BuildKit only)
-    no_cache: bool = False
-    log_path: Path | None = None
-    builder: str | None = None
-    iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
-    timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """What the pipeline needs to know of a local image (the engine's own type, not docker-py's)."""
-
-    id: str
-    labels: dict[str, str] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)  # the image config's Config block (Env, Entrypoint, ...)
-    repo_digests: tuple[str, ...] = ()
-
-    def inspected(self, ref: str) -> tuple[str, dict[str, Any]]:
-        """(registry digest of `ref`'s repository or "", config with the image "Id"), as plan.InspectBase."""
-        repo = ref.split("@")[0].rsplit(":", 1)[0]
-        digests = [d.split("@", 1)[1] for d in self.repo_digests if d.split("@")[0] == repo]
-        return (digests[0] if digests else ""), {"config": self.config, "Id": self.id}
-
-
-class ImageEngine(Protocol):
-    """What the build pipeline, the smoke test and rebuild ask of an engine; `Engine` talks to Docker,
-    `imgbuild.fake_engine.FakeEngine` keeps images in memory for unit tests of the pipeline's logic."""
-
-    def pick_backend(self, wanted: str) -> str: ...
-    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str: ...
-    def image(self, ref: str) -> ImageInfo | None: ...
-    def image_id(self, ref: str) -> str | None: ...
-    def tag(self, image_id: str, ref: str) -> None: ...
-    def untag(self, ref: str) -> None: ...
-    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None: ...
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
-    def host_has_gpus(self) -> bool: ...
-    def remove_leftovers(self, candidate: str) -> None: ...
-    def run_script(
-        self,
-        image: str,
-        script: str,
-        args: list[str],
-        env: dict[str, str],
-        *,
-        gpus: bool,
-        timeout: int = ...,
-        shm_size: str = ...,
-    ) -> tuple[int, str, str]: ...
-
-
-@dataclass
-class StepTracker:
-    """Follows build output: which step runs now, and the last lines of each step for error reports."""
-
-    current: str = ""
-    steps: dict[str, str] = field(default_factory=dict)  # BuildKit vertex id -> step title
-    tails: dict[str, deque[str]] = field(default_factory=dict)
-    failed: str = ""
-
-    def tail(self, key: str, n: int = 15) -> list[str]:
-        return list(self.tails.get(key, deque()))[-n:]
-
-
-_BK_STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*)$")
-_BK_LINE = re.compile(r"^#(\d+) (?:\d+\.\d+ )?(.*)$")
-_BK_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
-_SDK_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
+SMOKE_LABEL = Label.SMOKE_OF
 
 
 class Engine:
@@ -156,18 +61,7 @@ class Engine:
     @cached_property
     def buildkit_cli(self) -> tuple[str, bool] | None:
         """(docker CLI path, has buildx) for a CLI that can drive BuildKit, or None."""
-        candidates = [self._cli_hint, shutil.which("docker"), "/usr/bin/docker"]
-        for cli in dict.fromkeys(c for c in candidates if c):
-            if not (os.path.isfile(cli) and os.access(cli, os.X_OK)):
-                continue
-            if _quiet([cli, "buildx", "version"]):
-                return cli, True
-            out = _output([cli, "version", "--format", "{{.Client.Version}}"])
-            major = re.match(r"(\d+)\.", out or "")
-            # The CLI >= 23 refuses DOCKER_BUILDKIT=1 without the buildx plugin; older ones have it built in.
-            if major and int(major.group(1)) < 23:
-                return cli, False
-        return None
+        return buildkit.find_cli(self._cli_hint)
 
     def pick_backend(self, wanted: str) -> str:
         if wanted == "sdk":
@@ -187,123 +81,14 @@ class Engine:
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(req.log_path or os.devnull, "w", encoding="utf-8") as log:
             if backend == "buildkit":
-                return self._build_buildkit(req, progress, redact, log)
+                assert self.buildkit_cli
+                return buildkit.build(*self.buildkit_cli, req, progress, redact, log)
             if req.secrets:
                 raise UsageError(
                     "build secrets need the buildkit backend: the Engine API builder would "
                     "bake them into a layer (use --backend buildkit)"
                 )
-            return self._build_sdk(req, progress, redact, log)
-
-    def _build_buildkit(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
-        assert self.buildkit_cli
-        cli, buildx = self.buildkit_cli
-        iidfile = req.iidfile or req.context.parent / f".{req.context.name}.{os.getpid()}.iid"
-        cmd = [cli, "buildx", "build", "--load"] if buildx else [cli, "build"]
-        if buildx and req.builder:
-            cmd += ["--builder", req.builder]
-        cmd += ["--progress=plain", "--iidfile", str(iidfile), "-t", req.tag]
-        for key, value in sorted(req.build_args.items()):
-            cmd += ["--build-arg", f"{key}={value}"]
-        for sid, path in sorted(req.secrets.items()):
-            cmd += ["--secret", f"id={sid},src={path}"]
-        if req.no_cache:
-            cmd.append("--no-cache")
-        cmd.append(str(req.context))
-        env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
-        tracker = StepTracker()
-        try:
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace"
-            )
-        except OSError as exc:
-            raise EngineUnavailable(f"cannot run {cli}: {exc.strerror}") from None
-        assert proc.stdout
-        error_lines: list[str] = []
-        timed_out = threading.Event()
-
-        def stop_overtime() -> None:
-            timed_out.set()
-            proc.kill()
-
-        overtime = threading.Timer(req.timeout, stop_overtime)  # a `run: sleep infinity` ends here
-        overtime.daemon = True
-        overtime.start()
-        try:
-            self._follow_buildkit(proc, progress, redact, log, tracker, error_lines)
-            rc = proc.wait()
-        finally:
-            overtime.cancel()
-            if proc.poll() is None:
-                proc.kill()  # Ctrl-C or SIGTERM in imgbuild: the CLI goes too, and BuildKit cancels the build
-                proc.wait()
-        if timed_out.is_set():
-            raise BuildFailed(
-                f"the build ran past {req.timeout:.0f} s (build_timeout) and was stopped"
-                + (f"\n  full log: {req.log_path}" if req.log_path else "")
-            )
-        if rc != 0:
-            step = tracker.steps.get(tracker.failed, "") if tracker.failed else ""
-            tail = tracker.tail(tracker.failed) if tracker.failed else error_lines[-15:]
-            raise BuildFailed(_failure_text(step, tail, error_lines, req.log_path))
-        try:
-            image_id = iidfile.read_text().strip()
-        finally:
-            iidfile.unlink(missing_ok=True)
-        return image_id
-
-    @staticmethod
-    def _follow_buildkit(
-        proc: subprocess.Popen[str],
-        progress: ProgressFn,
-        redact: Redactor,
-        log: Any,
-        tracker: StepTracker,
-        error_lines: list[str],
-    ) -> None:
-        assert proc.stdout
-        for raw in proc.stdout:
-            line = redact(raw.rstrip("\n"))
-            log.write(line + "\n")
-            if m := _BK_STEP.match(line):
-                tracker.steps[m.group(1)] = m.group(2)
-                tracker.current = m.group(1)
-                progress(m.group(2))
-            elif m := _BK_ERROR.match(line):
-                tracker.failed = tracker.failed or m.group(1)
-                error_lines.append(m.group(2))
-            elif m := _BK_LINE.match(line):
-                tracker.tails.setdefault(m.group(1), deque(maxlen=40)).append(m.group(2))
-            elif line.startswith(("error:", "ERROR:", "failed to solve")):
-                error_lines.append(line)
-
-    def _build_sdk(self, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
-        from docker.errors import APIError
-
-        tracker = StepTracker()
-        outcome = {"image_id": "", "error": ""}
-        try:
-            stream = self.client.api.build(
-                path=str(req.context),
-                tag=req.tag,
-                rm=True,
-                forcerm=True,
-                decode=True,
-                buildargs=req.build_args,
-                nocache=req.no_cache,
-                dockerfile="Dockerfile",
-            )
-            for chunk in stream:
-                _follow_sdk_chunk(chunk, tracker, outcome, progress, redact, log)
-        except APIError as exc:
-            outcome["error"] = redact(str(exc.explanation or exc))
-        except requests.RequestException as exc:  # the engine went quiet past the client's read timeout
-            outcome["error"] = f"the engine stopped answering ({type(exc).__name__})"
-        if outcome["error"] or not outcome["image_id"]:
-            step = tracker.steps.get(tracker.current, "")
-            errors = [outcome["error"] or "no image id"]
-            raise BuildFailed(_failure_text(step, tracker.tail(tracker.current), errors, req.log_path))
-        return outcome["image_id"]
+            return sdk.build(self.client, req, progress, redact, log)
 
     # -- images ------------------------------------------------------------------------------------
 
@@ -514,36 +299,6 @@ class Engine:
                 container.remove(force=True)
 
 
-SMOKE_LABEL = Label.SMOKE_OF
-
-
-def _follow_sdk_chunk(
-    chunk: dict[str, Any],
-    tracker: StepTracker,
-    outcome: dict[str, str],
-    progress: ProgressFn,
-    redact: Redactor,
-    log: Any,
-) -> None:
-    """One decoded chunk of the Engine API's build stream: step lines, output, an error, the image id."""
-    for raw in chunk.get("stream", "").splitlines():
-        line = redact(raw.rstrip())
-        if not line:
-            continue
-        log.write(line + "\n")
-        if m := _SDK_STEP.match(line):
-            tracker.current = m.group(1)
-            tracker.steps[m.group(1)] = f"[{m.group(1)}] {m.group(2)}"
-            progress(tracker.steps[m.group(1)])
-        else:
-            tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
-    if "error" in chunk or "errorDetail" in chunk:
-        outcome["error"] = redact((chunk.get("errorDetail") or {}).get("message") or chunk.get("error", ""))
-        log.write("ERROR: " + outcome["error"] + "\n")
-    if isinstance(chunk.get("aux"), dict) and "ID" in chunk["aux"]:
-        outcome["image_id"] = chunk["aux"]["ID"]
-
-
 def _script_tar(script: str) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -552,30 +307,3 @@ def _script_tar(script: str) -> bytes:
         info.size, info.mode = len(data), 0o755
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
-    head = f"build failed at {step}" if step else "build failed"
-    reason = next((e for e in reversed(errors) if e), "")
-    if reason:
-        head += f": {reason.strip()[:300]}"
-    lines = [head]
-    lines += [f"  | {t}" for t in tail[-12:]]
-    if log_path:
-        lines.append(f"  full log: {log_path}")
-    return "\n".join(lines)
-
-
-def _quiet(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _output(cmd: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from imgbuild.engine import BuildRequest, ImageInfo, ProgressFn, Redactor
+from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.imageref import parse

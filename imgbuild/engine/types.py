@@ -1,0 +1,113 @@
+"""The engine's own types and the protocol the pipeline asks of an engine (docker-py stays behind it)."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from imgbuild import limits
+
+ProgressFn = Callable[[str], None]
+
+
+class Redactor:
+    """Replaces secret values in any text that goes to a log or a terminal."""
+
+    def __init__(self, secrets: Iterable[str]):
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "****")
+        return text
+
+
+@dataclass
+class BuildRequest:
+    context: Path
+    tag: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file (BuildKit only)
+    no_cache: bool = False
+    log_path: Path | None = None
+    builder: str | None = None
+    iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
+    timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the pipeline needs to know of a local image (the engine's own type, not docker-py's)."""
+
+    id: str
+    labels: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the image config's Config block (Env, Entrypoint, ...)
+    repo_digests: tuple[str, ...] = ()
+
+    def inspected(self, ref: str) -> tuple[str, dict[str, Any]]:
+        """(registry digest of `ref`'s repository or "", config with the image "Id"), as plan.InspectBase."""
+        repo = ref.split("@")[0].rsplit(":", 1)[0]
+        digests = [d.split("@", 1)[1] for d in self.repo_digests if d.split("@")[0] == repo]
+        return (digests[0] if digests else ""), {"config": self.config, "Id": self.id}
+
+
+class ImageEngine(Protocol):
+    """What the build pipeline, the smoke test and rebuild ask of an engine; `Engine` talks to Docker,
+    `imgbuild.engine.fake.FakeEngine` keeps images in memory for unit tests of the pipeline's logic."""
+
+    def pick_backend(self, wanted: str) -> str: ...
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str: ...
+    def image(self, ref: str) -> ImageInfo | None: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def tag(self, image_id: str, ref: str) -> None: ...
+    def untag(self, ref: str) -> None: ...
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None: ...
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
+    def host_has_gpus(self) -> bool: ...
+    def remove_leftovers(self, candidate: str) -> None: ...
+    def run_script(
+        self,
+        image: str,
+        script: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        gpus: bool,
+        timeout: int = ...,
+        shm_size: str = ...,
+    ) -> tuple[int, str, str]: ...
+
+
+@dataclass
+class StepTracker:
+    """Follows build output: which step runs now, and the last lines of each step for error reports."""
+
+    current: str = ""
+    steps: dict[str, str] = field(default_factory=dict)  # BuildKit vertex id -> step title
+    tails: dict[str, deque[str]] = field(default_factory=dict)
+    failed: str = ""
+
+    def tail(self, key: str, n: int = 15) -> list[str]:
+        return list(self.tails.get(key, deque()))[-n:]
+
+
+_BK_STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*)$")
+_BK_LINE = re.compile(r"^#(\d+) (?:\d+\.\d+ )?(.*)$")
+_BK_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+_SDK_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
+
+
+def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
+    head = f"build failed at {step}" if step else "build failed"
+    reason = next((e for e in reversed(errors) if e), "")
+    if reason:
+        head += f": {reason.strip()[:300]}"
+    lines = [head]
+    lines += [f"  | {t}" for t in tail[-12:]]
+    if log_path:
+        lines.append(f"  full log: {log_path}")
+    return "\n".join(lines)
