@@ -91,7 +91,7 @@ def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: 
                 "    PIP_NO_CACHE_DIR=1 sh /opt/imgbuild/pip/install.sh",
             ]
         post += [f"    {cmd}" for cmd in recipe.run]
-        post += [f"    mkdir -p {recipe.workdir}", ""]
+        post += [f"    mkdir -p {shlex.quote(recipe.workdir)}", ""]
         lines += post
     env = dict(recipe.env) if bootstrap == "native" else {}
     # Apptainer runs as the calling user and mounts $HOME: keep ~/.local packages out of the image's Python.
@@ -102,7 +102,7 @@ def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: 
         runscript = 'if [ $# -gt 0 ]; then exec "$@"; fi\n    exec ' + shlex.join(run)
     elif isinstance(run, str):
         runscript = 'if [ $# -gt 0 ]; then exec "$@"; fi\n    exec /bin/sh -c ' + shlex.quote(run)
-    lines += ["%runscript", f"    cd {recipe.workdir} 2>/dev/null || true", f"    {runscript}", ""]
+    lines += ["%runscript", f"    cd {shlex.quote(recipe.workdir)} 2>/dev/null || true", f"    {runscript}", ""]
     lines += [
         "%test",
         "    # the same smoke test as `imgbuild build`: framework intact, CUDA, cuDNN, tensor-core AMP",

@@ -281,3 +281,12 @@ def test_sbatch_test_only_accepts_the_multi_node_gpu_form(slurm, tmp_path, monke
         cwd=tmp_path,
     )
     assert too_big.code == 1 and "sbatch refused the job" in too_big.err
+
+
+def test_a_workdir_with_a_space_is_quoted_in_the_definition(tmp_path):
+    """`workdir` may hold a space: %post and %runscript must pass it as one word."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: spaced\nbase: {framework: pytorch, tag: "24.05"}\nworkdir: /work space\nrun: [echo hi]\n')
+    text = apptainer_definition(plan_of(recipe), "native")
+    assert "    mkdir -p '/work space'" in text and "    cd '/work space' 2>/dev/null || true" in text
