@@ -19,7 +19,7 @@ from typing import Any
 
 from imgbuild.bases import plan_recipe
 from imgbuild.config import Settings
-from imgbuild.context import write_context as _write
+from imgbuild.context import write_context
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
 from imgbuild.plan import Plan
@@ -174,7 +174,7 @@ def build(
     candidate = f"{plan.image}:{plan.tag}-candidate"
     with build_lock(settings, plan, ctx, progress), ExitStack() as stack:
         engine.remove_leftovers(candidate)  # what a killed run of this target left: its smoke container, tag
-        write_context(plan, ctx, chosen, settings)
+        render_into(plan, ctx, chosen, settings)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         secrets = build_secrets(settings, loaded, stack)
         if chosen == "sdk" and "imgbuild-ca.crt" in secrets:
@@ -224,19 +224,9 @@ def build(
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
 
 
-def write_context(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
-    """Render the context into `ctx`; a folder that cannot be written is an environment problem (exit 3).
-
-    The repository may have committed `images/` or `images/<name>` as a symlink to anywhere: contexts are
-    written into real folders only."""
-    for folder in (ctx, ctx.parent):
-        if folder.is_symlink():
-            raise UsageError(f"{folder} is a symbolic link; imgbuild writes build contexts into real folders only")
-    try:
-        return _write(render(plan, backend), ctx, settings.secrets())
-    except OSError as exc:
-        where = exc.filename or ctx
-        raise EnvironmentProblem(f"cannot write the build context {where}: {exc.strerror}") from None
+def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
+    """Render `plan` and write it to `ctx` (see context.write_context)."""
+    return write_context(render(plan, backend), ctx, settings.secrets())
 
 
 def _cache_subdir(settings: Settings, name: str) -> str:

@@ -71,7 +71,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     again the contexts of the recipes that moved (where one was rendered before)."""
     from imgbuild import tags as tagmod
     from imgbuild.bases import plan_recipe
-    from imgbuild.build import context_dir, write_context
+    from imgbuild.build import context_dir, render_into
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import RegistryClient
 
@@ -85,5 +85,5 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     for moved in [] if dry_run else [r for r in results if r.changed]:
         plan = plan_recipe(load_recipe(moved.recipe, secrets=settings.secrets()), settings)
         if context_dir(plan, settings).exists():
-            write_context(plan, context_dir(plan, settings), "buildkit", settings)
+            render_into(plan, context_dir(plan, settings), "buildkit", settings)
     return results

@@ -376,7 +376,7 @@ class Exported:
 
 def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
     """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
-    from imgbuild.build import context_dir, write_context
+    from imgbuild.build import context_dir, render_into
 
     archive = None
     context = None
@@ -386,7 +386,7 @@ def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None
         archive = str((out or Path(f"{plan.name}.def")).with_suffix(".tar"))
         engine.save(plan.target, Path(archive))
     if bootstrap == "native":
-        context = write_context(plan, context_dir(plan, settings), "buildkit", settings)
+        context = render_into(plan, context_dir(plan, settings), "buildkit", settings)
     return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
 
 

@@ -10,11 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
-from imgbuild.errors import UsageError
-from imgbuild.render import OWN_SCRIPTS, Context
-
-#: Files a build leaves beside the context; they are not part of what the recipe renders to.
-RUN_FILES = frozenset({"smoke.json", "build.log"})
+from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.render import OWN_SCRIPTS, RUN_FILES, Context
 
 
 def check_no_secrets(context: Context, secrets: tuple[str, ...] | list[str]) -> None:
@@ -31,8 +28,20 @@ def write_context(context: Context, out_dir: Path, secrets: tuple[str, ...] | li
     """Write `context` to `out_dir`, replacing what was there only once all of it is written.
 
     A failure (a refused secret, a full disk, Ctrl-C) leaves `out_dir` as it was and no staging folder;
-    the smoke report of the previous build is kept."""
+    the smoke report of the previous build is kept. The repository may have committed `images/` or
+    `images/<name>` as a symlink to anywhere: contexts are written into real folders only. A folder that
+    cannot be written is an environment problem (exit 3)."""
     check_no_secrets(context, secrets)
+    for folder in (out_dir, out_dir.parent):
+        if folder.is_symlink():
+            raise UsageError(f"{folder} is a symbolic link; imgbuild writes build contexts into real folders only")
+    try:
+        return _write(context, out_dir)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write the build context {exc.filename or out_dir}: {exc.strerror}") from None
+
+
+def _write(context: Context, out_dir: Path) -> Path:
     staging = out_dir.with_name(f".{out_dir.name}.rendering.{os.getpid()}")  # two renders never share one
     if staging.exists():
         shutil.rmtree(staging)
@@ -43,7 +52,7 @@ def write_context(context: Context, out_dir: Path, secrets: tuple[str, ...] | li
         for rel, (source, mode) in sorted(context.copies.items()):
             _put(staging / rel, mode, source=source)  # streamed: a copied file never passes through memory
         for keep in RUN_FILES:
-            if (out_dir / keep).is_file() and not (out_dir / keep).is_symlink() and not out_dir.is_symlink():
+            if (out_dir / keep).is_file() and not (out_dir / keep).is_symlink():
                 shutil.copy2(out_dir / keep, staging / keep)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -82,7 +91,7 @@ def diff_context(context: Context, folder: Path) -> list[str]:
             entry = Path(root, name)
             rel = entry.relative_to(folder).as_posix()
             (have if entry.is_file() and not entry.is_symlink() else odd).add(rel)
-    have -= RUN_FILES | set(OWN_SCRIPTS)
+    have -= {*RUN_FILES, *OWN_SCRIPTS}
     want = context.paths() - set(OWN_SCRIPTS)
     changed = (want ^ have) | odd
     for rel in sorted(want & have):

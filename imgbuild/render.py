@@ -29,10 +29,10 @@ OWN_SCRIPTS = {
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
-GITIGNORE = (
-    "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n"
-    + "".join(f"/{path}\n" for path in OWN_SCRIPTS)
-    + "/smoke.json\n/build.log\n"
+#: Files a build leaves beside the context: not part of what the recipe renders to, never committed.
+RUN_FILES = ("smoke.json", "build.log")
+GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n" + "".join(
+    f"/{path}\n" for path in (*OWN_SCRIPTS, *RUN_FILES)
 )
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
 
@@ -54,13 +54,10 @@ def _kv_pairs(mapping: dict[str, str], quote_keys: bool = False) -> list[str]:
     return [f'{json.dumps(k) if quote_keys else k}="{_dq(v)}"' for k, v in mapping.items()]
 
 
-def _shell_form_run(command: str) -> str:
-    """A `run:` command as exec-form JSON: it cannot continue into the next line (a trailing `\\`) nor
-    open a heredoc (BuildKit parses neither in JSON form), and runs exactly as `/bin/sh -c` would."""
-    return json.dumps(["/bin/sh", "-c", command], ensure_ascii=False)
-
-
 def _exec_form(value: str | list[str]) -> str:
+    """Exec-form JSON for RUN, ENTRYPOINT and CMD; a string runs as `/bin/sh -c` would run it. In JSON form a
+    `run:` command cannot continue into the next line (a trailing `\\`) nor open a heredoc: BuildKit parses
+    neither there."""
     if isinstance(value, str):
         return json.dumps(["/bin/sh", "-c", value], ensure_ascii=False)
     return json.dumps(value, ensure_ascii=False)
@@ -81,7 +78,6 @@ def _environment() -> Any:
     env.filters["exec_form"] = _exec_form
     env.filters["kv_pairs"] = _kv_pairs
     env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
-    env.filters["run_form"] = _shell_form_run
     env.filters["sh"] = shlex.quote
     return env
 
@@ -198,7 +194,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
     }
     put("Dockerfile", _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
-    put(".dockerignore", "imgbuild.lock.json\nsmoke.json\nbuild.log\n.gitignore\n")
+    put(".dockerignore", "".join(f"{name}\n" for name in ("imgbuild.lock.json", *RUN_FILES, ".gitignore")))
     put(".gitignore", GITIGNORE)
     put("imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2, sort_keys=True) + "\n")
     return Context(rendered, copies)
@@ -208,10 +204,3 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
 def _own_file(path: Path) -> str:
     """imgbuild's own scripts and templates (package data), read once."""
     return path.read_text()
-
-
-def render_context(plan: Plan, out_dir: Path, backend: str = "buildkit", secrets: tuple[str, ...] = ()) -> Path:
-    """Render and write in one call (see context.write_context)."""
-    from imgbuild.context import write_context
-
-    return write_context(render(plan, backend), Path(out_dir), secrets)

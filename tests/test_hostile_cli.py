@@ -67,7 +67,7 @@ def test_requirements_file_conflicts_are_all_reported_with_their_lines(write):
 def test_a_base_config_with_a_multiline_version_never_reaches_the_context(env_value, write, tmp_path):
     """The image config comes from a registry: a newline in PYTORCH_VERSION must not become a pip option
     in constraints.txt or an instruction in the Dockerfile."""
-    from imgbuild.render import render_context
+    from tests.test_recipe_render import render_context
 
     config = json.loads(json.dumps(STANDIN_CONFIG))
     config["config"]["Env"] = [e for e in config["config"]["Env"] if not e.startswith("PYTORCH_VERSION=")]
@@ -80,7 +80,7 @@ def test_a_base_config_with_a_multiline_version_never_reaches_the_context(env_va
 
 
 def test_a_malformed_digest_from_the_registry_is_not_pinned(write, tmp_path):
-    from imgbuild.render import render_context
+    from tests.test_recipe_render import render_context
 
     path = write("r.yaml", HEAD)
     plan = make_plan(load_recipe(path), settings(), lambda ref: ("sha256:abc\nRUN id", STANDIN_CONFIG))

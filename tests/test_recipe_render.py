@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from imgbuild.config import load_settings
+from imgbuild.context import write_context
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
-from imgbuild.render import render_context
+from imgbuild.render import render
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +38,11 @@ def fake_inspect(ref: str):
 
 def settings(**extra):
     return load_settings({"ngc_registry": "registry.test:5000", "user": "alice", **extra}, environ={})
+
+
+def render_context(plan, out_dir, backend="buildkit"):
+    """Render and write a context, as `imgbuild render -o` does."""
+    return write_context(render(plan, backend), out_dir)
 
 
 def plan_for(path, **extra):

@@ -60,7 +60,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
     from imgbuild.bases import plan_recipe
-    from imgbuild.build import context_dir, write_context
+    from imgbuild.build import context_dir, render_into
     from imgbuild.context import check_no_secrets
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
@@ -77,7 +77,7 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
         check_no_secrets(context, settings.secrets())
         click.echo(context.text("Dockerfile"), nl=False)
         return
-    rendered = write_context(plan, context_dir(plan, settings, out), backend, settings)
+    rendered = render_into(plan, context_dir(plan, settings, out), backend, settings)
     click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")
 
 
