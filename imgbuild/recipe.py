@@ -27,7 +27,7 @@ from pydantic import (
 from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
 from imgbuild.facts import Label
-from imgbuild.imageref import TAG_RE
+from imgbuild.imageref import COMPONENT_RE, TAG_RE
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.repofiles import (
     OutsideRepository,
@@ -44,7 +44,6 @@ from imgbuild.yamlpos import Located, PathKey, Pos, load_located, read_text_boun
 # Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
 # newline, and a newline in a rendered Dockerfile starts a new instruction.
 
-NAME_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:-]+)?")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
@@ -177,25 +176,23 @@ def _user_name(value: str) -> str:
     return value
 
 
-def _image_name(value: str) -> str:
+def _reference(value: str, example: str) -> Any:
     from imgbuild.imageref import BadReference, parse
 
     try:
-        ref = parse(value)
+        return parse(value)
     except BadReference as exc:
-        raise ValueError(f"{exc} (e.g. alice/research or registry.example:5000/lab/research:v1)") from None
-    if ref.digest:
+        raise ValueError(f"{exc} (e.g. {example})") from None
+
+
+def _image_name(value: str) -> str:
+    if _reference(value, "alice/research or registry.example:5000/lab/research:v1").digest:
         raise ValueError("an image to build cannot carry a digest")
     return value
 
 
 def _base_image(value: str) -> str:
-    from imgbuild.imageref import BadReference, parse
-
-    try:
-        parse(value)
-    except BadReference as exc:
-        raise ValueError(f"{exc} (e.g. ubuntu:22.04 or nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04)") from None
+    _reference(value, "ubuntu:22.04 or nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04")
     return value
 
 
@@ -340,7 +337,7 @@ class Recipe(_Strict):
     name: Annotated[
         str,
         Field(max_length=limits.NAME_CHARS),
-        _check(NAME_RE, "not a valid image name", "lower case letters, digits, . _ -"),
+        _check(COMPONENT_RE, "not a valid image name", "lower case letters, digits, . _ -"),
     ]
     tag: Annotated[str, _check(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")] = "latest"
     image: Annotated[str, AfterValidator(_image_name)] | None = None
@@ -520,8 +517,7 @@ def normalize(located: Located) -> None:
     elif isinstance(user, str):
         _move(located, ("user",), ("user", "name"))
         data["user"] = {"name": user}
-    files = data.get("files")
-    for i, spec in enumerate(files if isinstance(files, list) else []):
+    for i, spec in enumerate(_list(data, "files")):
         mode = spec.get("mode") if isinstance(spec, dict) else None
         if isinstance(mode, int) and not isinstance(mode, bool):
             # YAML 1.1 reads 0644 as the integer 420: take the digits as written.
@@ -590,8 +586,7 @@ def _resolve_relative(located: Located, base_dir: Path, root: Path, problems: li
     if not isinstance(data, dict):
         return
     places: list[tuple[dict[str, Any], str, PathKey]] = []
-    files = data.get("files")
-    for i, spec in enumerate(files if isinstance(files, list) else []):
+    for i, spec in enumerate(_list(data, "files")):
         if isinstance(spec, dict):
             places.append((spec, "src", ("files", i, "src")))
     pip = data.get("pip")
@@ -701,6 +696,12 @@ def _repoint_list(merged: Located, layers: list[_Layer], list_path: PathKey) -> 
             getattr(merged, name)[(*list_path, i, *rest)] = pos
 
 
+def _list(data: Any, key: str) -> list[Any]:
+    """`data[key]` when it is a list, else no items (the model reports the wrong type, with its line)."""
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, list) else []
+
+
 def _get(data: Any, path: PathKey) -> Any:
     for part in path:
         if isinstance(data, dict) and isinstance(part, str):
@@ -774,12 +775,18 @@ _RELATIVE_HINT = "paths are relative to the recipe that names them"
 
 
 def _check_paths(
-    loaded_files: dict[str, list[SourceFile]], located: Located, root: Path, problems: list[Problem]
+    loaded_files: dict[str, list[SourceFile]],
+    digests: dict[str, str],
+    located: Located,
+    root: Path,
+    secrets: tuple[str, ...],
+    problems: list[Problem],
 ) -> tuple[tuple[int, str], ...]:
-    """Check what the recipe's paths name; return the requirements file's lines. No content is echoed."""
+    """Check what the recipe's paths name, list and hash the files to copy; return the requirements file's
+    lines. No content is echoed."""
     data = located.data
-    files = data.get("files") if isinstance(data.get("files"), list) else []
-    _check_sources(files, loaded_files, located, root, problems)
+    files = _list(data, "files")
+    _check_sources(files, loaded_files, digests, located, root, secrets, problems)
     pip = data.get("pip") if isinstance(data.get("pip"), dict) else {}
     for at in PATH_FIELDS:
         value = pip.get(at[1])
@@ -799,7 +806,7 @@ def _check_paths(
             )
         if isinstance(dest, str):
             dests.setdefault(dest, i)
-    run = data.get("run") if isinstance(data.get("run"), list) else []
+    run = _list(data, "run")
     problems.extend(
         located.problem(("run", i), "empty command")
         for i, cmd in enumerate(run)
@@ -809,9 +816,16 @@ def _check_paths(
 
 
 def _check_sources(
-    files: list[Any], loaded_files: dict[str, list[SourceFile]], located: Located, root: Path, problems: list[Problem]
+    files: list[Any],
+    loaded_files: dict[str, list[SourceFile]],
+    digests: dict[str, str],
+    located: Located,
+    root: Path,
+    secrets: tuple[str, ...],
+    problems: list[Problem],
 ) -> None:
-    """Each `files[].src`: it exists, and everything it holds may be copied (see repofiles.source_files)."""
+    """Each `files[].src`: it exists, everything it holds may be copied (see repofiles.source_files), and
+    none of it holds a configured secret; its digest is taken in the same pass (each file read once)."""
     for i, spec in enumerate(files):
         if not (isinstance(spec, dict) and isinstance(spec.get("src"), str)):
             continue
@@ -819,8 +833,10 @@ def _check_sources(
         if not src.exists():
             problems.append(located.problem(("files", i, "src"), f"no such file: {_show(src.name)}", _RELATIVE_HINT))
             continue
+        dest = str(spec.get("dest"))
         try:
-            loaded_files[str(spec.get("dest"))] = source_files(src, src.name, root)
+            loaded_files[dest] = source_files(src, src.name, root)
+            digests[dest] = files_digest(loaded_files[dest], secrets)
         except OutsideRepository as exc:
             problems.append(located.problem(("files", i, "src"), str(exc)))
 
@@ -877,15 +893,8 @@ def load_recipe(
     layers = _load_chain(path, environ, problems, [], root, tuple(secrets))
     located = _merged_positions(layers)
     manifest: dict[str, list[SourceFile]] = {}
-    requirements = _check_paths(manifest, located, root, problems)
     digests: dict[str, str] = {}
-    for i, spec in enumerate(located.data.get("files") or [] if isinstance(located.data.get("files"), list) else []):
-        dest = spec.get("dest") if isinstance(spec, dict) else None
-        if isinstance(dest, str) and dest in manifest:
-            try:
-                digests[dest] = files_digest(manifest[dest], tuple(secrets))
-            except OutsideRepository as exc:
-                problems.append(located.problem(("files", i, "src"), str(exc)))
+    requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(located.data)
