@@ -276,6 +276,8 @@ class RegistryClient:
                     f"registry {self.host}: an answer is larger than "
                     f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
                 )
+            if isinstance(error, (requests.RequestException, OSError, zlib.error)):
+                raise self._unavailable(f"is unreachable ({type(error).__name__})")
             raise error
         return box["reply"]  # type: ignore[no-any-return]
 
@@ -285,13 +287,7 @@ class RegistryClient:
             try:
                 self.requests_made += 1
                 resp = self._exchange(method, url, headers, kw)
-            except (requests.RequestException, OSError, zlib.error) as exc:
-                if attempt == self.retries or self._left() <= delay:
-                    raise self._unavailable(f"is unreachable ({type(exc).__name__})") from None
-                time.sleep(delay)
-                delay *= 2
-                continue
-            except RegistryUnavailable:
+            except RegistryUnavailable:  # unreachable or too slow: worth another try while time is left
                 if attempt == self.retries or self._left() <= delay:
                     raise
                 time.sleep(delay)
