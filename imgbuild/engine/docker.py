@@ -257,8 +257,8 @@ class Engine:
         from docker.errors import APIError
         from docker.types import DeviceRequest
 
-        img = self.client.images.get(image)
-        entrypoint = (img.attrs.get("Config") or {}).get("Entrypoint") or []
+        info = self.image(image)
+        entrypoint = (info.config.get("Entrypoint") if info else None) or []
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
         kwargs: dict[str, Any] = dict(
@@ -267,15 +267,27 @@ class Engine:
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
+        payload = _script_tar(script)
+
+        def prepared(device_requests: list[Any] | None) -> Any:
+            """A created container with the script copied in; removed again if the copy fails."""
+            container = self.client.containers.create(image, command, device_requests=device_requests, **kwargs)
+            try:
+                container.put_archive("/tmp", payload)
+            except BaseException:
+                with contextlib.suppress(APIError):
+                    container.remove(force=True)
+                raise
+            return container
+
         note = ""
-        device_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
-        container = self.client.containers.create(image, command, device_requests=device_requests, **kwargs)
+        gpu_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        container = prepared(gpu_requests)
         try:
-            container.put_archive("/tmp", _script_tar(script))
             try:
                 container.start()
             except APIError as exc:
-                if not device_requests:
+                if not gpu_requests:
                     raise
                 # Docker applies device requests at start: no toolkit, an old driver, CUDA error 804.
                 note = (
@@ -283,8 +295,7 @@ class Engine:
                     "install nvidia-container-toolkit"
                 )
                 container.remove(force=True)
-                container = self.client.containers.create(image, command, **kwargs)
-                container.put_archive("/tmp", _script_tar(script))
+                container = prepared(None)
                 container.start()
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
