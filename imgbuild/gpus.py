@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild import limits
 from imgbuild.errors import EnvironmentProblem, UsageError
 
 
@@ -37,6 +38,8 @@ class Gpu:
     memory_total_mib: int
     utilization: int | None  # percent; None where the driver does not report it (MIG)
     processes: list[GpuProcess] = field(default_factory=list)
+    compute_cap: str = ""  # "8.0"; empty where the reader cannot tell (old nvidia-smi)
+    driver: str = ""  # the host driver's version, the same on every GPU
 
     @property
     def users(self) -> set[str]:
@@ -85,23 +88,31 @@ def _int(text: str) -> int | None:
     return int(float(text)) if re.fullmatch(r"\d+(\.\d+)?", text) else None
 
 
-GPU_QUERY = "index,uuid,name,memory.used,memory.total,utilization.gpu"
+GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
+EXTRA_FIELDS = ("compute_cap", "driver_version")  # nvidia-smi from R510 on
+GPU_QUERY = ",".join(GPU_FIELDS + EXTRA_FIELDS)
 APP_QUERY = "gpu_uuid,pid,process_name,used_memory"
 
 
-def parse_smi(gpu_csv: str, apps_csv: str) -> list[Gpu]:
-    """Parse `nvidia-smi --query-gpu=GPU_QUERY` and `--query-compute-apps=APP_QUERY`
-    (`--format=csv,noheader,nounits`); `[N/A]` and `[Not Supported]` become None / 0."""
+def parse_smi(gpu_csv: str, apps_csv: str, extra: bool = True) -> list[Gpu]:
+    """Parse `nvidia-smi --query-gpu=GPU_QUERY` (without EXTRA_FIELDS when `extra` is false) and
+    `--query-compute-apps=APP_QUERY` (`--format=csv,noheader,nounits`); `[N/A]` and `[Not Supported]`
+    become None / 0. A GPU name may hold commas: the columns are counted from both ends."""
+    tail = 3 + (len(EXTRA_FIELDS) if extra else 0)
     gpus: dict[str, Gpu] = {}
     for line in gpu_csv.splitlines():
         if not line.strip():
             continue
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 6:
+        if len(parts) < 3 + tail or not parts[0].isdigit():
             raise NoGpus(f"unexpected nvidia-smi output: {line[:120]!r}")
-        index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-3])
-        used, total, util = parts[-3:]
-        gpus[uuid] = Gpu(int(index), uuid, name, _int(used) or 0, _int(total) or 0, _int(util))
+        index, uuid, name = parts[0], parts[1], ", ".join(parts[2:-tail])
+        used, total, util = parts[-tail : len(parts) - tail + 3]
+        cap, driver = (parts[-2], parts[-1]) if extra else ("", "")
+        gpu = Gpu(int(index), uuid, name, _int(used) or 0, _int(total) or 0, _int(util))
+        gpu.compute_cap = cap if re.fullmatch(r"\d+\.\d+", cap) else ""
+        gpu.driver = driver if re.fullmatch(r"\d+(\.\d+)+", driver) else ""
+        gpus[uuid] = gpu
     for line in apps_csv.splitlines():
         if not line.strip() or line.startswith("No running"):
             continue
@@ -114,27 +125,35 @@ def parse_smi(gpu_csv: str, apps_csv: str) -> list[Gpu]:
 
 
 class SmiReader:
+    source = "nvidia-smi"
+
     def __init__(self, run: Callable[[list[str]], str] | None = None, binary: str | None = None):
         self.binary = binary or shutil.which("nvidia-smi")
         self._run = run or self._subprocess
 
     def _subprocess(self, args: list[str]) -> str:
-        assert self.binary
-        proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=30)
+        if not self.binary:
+            raise NoGpus("nvidia-smi not found")
+        try:
+            proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NoGpus(f"nvidia-smi: {exc}") from exc
         if proc.returncode != 0:
             raise NoGpus(f"nvidia-smi failed: {(proc.stderr or proc.stdout).strip().splitlines()[:1]}")
         return proc.stdout
 
     def read(self) -> list[Gpu]:
-        if not self.binary and self._run == self._subprocess:
-            raise NoGpus("nvidia-smi not found")
         fmt = "--format=csv,noheader,nounits"
-        return parse_smi(
-            self._run([f"--query-gpu={GPU_QUERY}", fmt]), self._run([f"--query-compute-apps={APP_QUERY}", fmt])
-        )
+        apps = self._run([f"--query-compute-apps={APP_QUERY}", fmt])
+        try:
+            return parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]), apps)
+        except NoGpus:  # drivers before R510 know no compute_cap field
+            return parse_smi(self._run([f"--query-gpu={','.join(GPU_FIELDS)}", fmt]), apps, extra=False)
 
 
 class NvmlReader:
+    source = "NVML"
+
     def read(self) -> list[Gpu]:
         try:
             import pynvml
@@ -146,6 +165,7 @@ class NvmlReader:
             raise NoGpus(f"NVML: {exc}") from exc
         try:
             out = []
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
             for i in range(pynvml.nvmlDeviceGetCount()):
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 mem = pynvml.nvmlDeviceGetMemoryInfo(h)
@@ -157,48 +177,61 @@ class NvmlReader:
                     GpuProcess(p.pid, "", int((p.usedGpuMemory or 0) // 2**20))
                     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
                 ]
-                name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
-                out.append(
-                    Gpu(
-                        i,
-                        uuid.decode() if isinstance(uuid, bytes) else uuid,
-                        name.decode() if isinstance(name, bytes) else name,
-                        int(mem.used // 2**20),
-                        int(mem.total // 2**20),
-                        util,
-                        procs,
-                    )
-                )
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+                name, uuid = _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h))
+                used, total = int(mem.used // 2**20), int(mem.total // 2**20)
+                out.append(Gpu(i, uuid, name, used, total, util, procs, f"{major}.{minor}", driver))
             return out
+        except pynvml.NVMLError as exc:
+            raise NoGpus(f"NVML: {exc}") from exc
         finally:
             pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class SnapshotReader:
     """Readings saved as JSON (`imgbuild gpus --json > snap.json`): to plan or test without the server."""
 
+    source = "snapshot"
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
     def read(self) -> list[Gpu]:
-        data = json.loads(self.path.read_text())
-        gpus = data["gpus"] if isinstance(data, dict) else data
-        return [Gpu(**{**g, "processes": [GpuProcess(**p) for p in g.get("processes", [])]}) for g in gpus]
+        try:
+            with self.path.open("rb") as handle:
+                data = json.loads(handle.read(limits.HTTP_BODY_BYTES + 1)[: limits.HTTP_BODY_BYTES])
+            gpus = data["gpus"] if isinstance(data, dict) else data
+            return [Gpu(**{**g, "processes": [GpuProcess(**p) for p in g.get("processes", [])]}) for g in gpus]
+        except OSError as exc:
+            raise UsageError(f"{self.path}: cannot read the GPU snapshot: {exc.strerror}") from exc
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UsageError(f"{self.path}: not a GPU snapshot (`imgbuild gpus --json` writes one)") from exc
+
+
+def read_devices(snapshot: str | None = None) -> tuple[list[Gpu], str]:
+    """This host's GPUs and where the answer came from: a snapshot when given, else NVML, else
+    nvidia-smi. The one reader of GPUs: `gpus`, `run` and `tags --compatible` all come here."""
+    readers: list[SnapshotReader | NvmlReader | SmiReader] = (
+        [SnapshotReader(snapshot)] if snapshot else [NvmlReader(), SmiReader()]
+    )
+    errors = []
+    for reader in readers:
+        try:
+            return reader.read(), reader.source
+        except NoGpus as exc:
+            errors.append(str(exc))
+    raise NoGpus("; ".join(errors))
 
 
 def read_gpus(snapshot: str | None = None, owner: Callable[[int], tuple[str, str]] | None = None) -> list[Gpu]:
-    """NVML first, then nvidia-smi; each process annotated with its user and container."""
-    if snapshot:
-        return SnapshotReader(snapshot).read()
-    errors = []
-    for reader in (NvmlReader(), SmiReader()):
-        try:
-            gpus = reader.read()
-            break
-        except NoGpus as exc:
-            errors.append(str(exc))
-    else:
-        raise NoGpus("; ".join(errors))
+    """The GPUs, each process annotated with its user and container (a snapshot keeps those it recorded)."""
+    gpus, source = read_devices(snapshot)
+    if source == SnapshotReader.source:
+        return gpus
     for gpu in gpus:
         for proc in gpu.processes:
             proc.user, proc.container = (owner or process_owner)(proc.pid)

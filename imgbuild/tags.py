@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import RegistryUnavailable, UsageError
+from imgbuild.gpus import NoGpus, read_devices
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
 from imgbuild.registry import RegistryClient
 
@@ -211,47 +210,15 @@ class HostGpus:
 
 
 def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
-    """The host's driver and GPU compute capabilities: flags, else NVML, else nvidia-smi."""
+    """The host's driver and GPU compute capabilities: from the flags, else from the GPU reader."""
     if driver or arch:
         caps = tuple(a.strip() for a in (arch or "").split(",") if a.strip())
         return HostGpus(driver, caps, "flags")
     try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        pynvml = None
-    if pynvml is not None:
-        with contextlib.suppress(pynvml.NVMLError):
-            return _nvml_host_gpus(pynvml)
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=True,
-            ).stdout
-            rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
-            if rows:
-                return HostGpus(rows[0][0], tuple(r[1] for r in rows if len(r) > 1), "nvidia-smi")
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return HostGpus(None, (), "none")
-
-
-def _nvml_host_gpus(pynvml: Any) -> HostGpus:
-    pynvml.nvmlInit()
-    try:
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        drv = drv.decode() if isinstance(drv, bytes) else drv
-        caps = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
-            caps.append(f"{major}.{minor}")
-        return HostGpus(drv, tuple(caps), "NVML")
-    finally:
-        pynvml.nvmlShutdown()
+        gpus, source = read_devices()
+    except NoGpus:
+        return HostGpus(None, (), "none")
+    return HostGpus(gpus[0].driver if gpus else None, tuple(g.compute_cap for g in gpus if g.compute_cap), source)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

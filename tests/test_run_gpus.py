@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from imgbuild import gpus as gpus_module
+from imgbuild import tags as tags_module
 from imgbuild.errors import UsageError
 from imgbuild.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
 from imgbuild.host import caller
@@ -48,6 +50,37 @@ def test_nvidia_smi_csv_parses_real_output():
     assert gpus[1].processes[0].name == "/opt/conda/envs/rapids/bin/python"
     t4 = server("t4")
     assert t4[1].utilization is None and len(t4[0].processes) == 2  # [Not Supported]
+
+
+def test_one_reader_gives_capability_and_driver_and_survives_old_drivers(monkeypatch):
+    t4 = server("t4")
+    assert [(g.compute_cap, g.driver) for g in t4] == [("7.5", "550.54.15")] * 2
+    # A driver before R510 refuses the compute_cap field: the reader asks again without it.
+    old_gpus = "\n".join(line.rsplit(",", 2)[0] for line in (DATA / "smi-t4-gpus.csv").read_text().splitlines())
+
+    def old_smi(args):
+        if args[0].startswith("--query-gpu"):
+            if "compute_cap" in args[0]:
+                raise gpus_module.NoGpus('Field "compute_cap" is not a valid field to query.')
+            return old_gpus
+        return ""
+
+    old = SmiReader(run=old_smi).read()
+    assert [(g.name, g.utilization, g.compute_cap) for g in old] == [("Tesla T4", 93, ""), ("Tesla T4", None, "")]
+    # `tags --compatible` reads the host through the same reader.
+    monkeypatch.setattr(tags_module, "read_devices", lambda: (server("dgx-a100"), "nvidia-smi"))
+    host = tags_module.host_gpus()
+    assert host == tags_module.HostGpus("535.104.05", ("8.0",) * 8, "nvidia-smi")
+    monkeypatch.setattr(tags_module, "read_devices", lambda: (_ for _ in ()).throw(gpus_module.NoGpus("none")))
+    assert tags_module.host_gpus().source == "none"
+
+
+def test_a_broken_gpu_snapshot_is_an_input_error(tmp_path):
+    for text in ("{not json", '{"gpus": [{"index": 0}]}', '["x"]', ""):
+        snapshot = tmp_path / "snap.json"
+        snapshot.write_text(text)
+        result = run_cli("gpus", env={"IMGBUILD_GPU_SNAPSHOT": str(snapshot)})
+        assert result.code == 2 and "snap.json: not a GPU snapshot" in result.err and "Traceback" not in result.err
 
 
 def test_pick_least_loaded_gpus_free_of_other_users():
