@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
-from imgbuild.facts import Label
 from imgbuild.plan import Plan
-
-BOOTSTRAPS = ("docker-daemon", "docker-archive", "native")
+from imgbuild.render import apptainer_definition
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
 SLURM_DEFAULTS: dict[str, Any] = {
@@ -35,91 +33,6 @@ SLURM_DEFAULTS: dict[str, Any] = {
     "rdzv_port": 29500,
 }
 RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
-
-
-# --- Apptainer ----------------------------------------------------------------------------------------
-
-
-def _env_lines(env: dict[str, str]) -> list[str]:
-    return [f"    export {key}={shlex.quote(value)}" for key, value in env.items()]
-
-
-def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: str | None = None) -> str:
-    """An Apptainer definition for the recipe's image, bootstrapped from the built image or rendered natively."""
-    if bootstrap not in BOOTSTRAPS:
-        raise UsageError(f"--from: {bootstrap!r} is not one of {', '.join(BOOTSTRAPS)}")
-    recipe = plan.loaded.recipe
-    lines = [f"# Apptainer definition rendered by imgbuild from {plan.loaded.path.name} ({bootstrap})."]
-    if bootstrap == "docker-daemon":
-        lines += ["Bootstrap: docker-daemon", f"From: {plan.target}"]
-    elif bootstrap == "docker-archive":
-        lines += ["Bootstrap: docker-archive", f"From: {archive or plan.name + '.tar'}"]
-    else:
-        lines += ["Bootstrap: docker", f"From: {plan.base.pinned}"]
-    lines.append("")
-    lines += (
-        ["%labels"]
-        + [
-            f"    {k} {v}"
-            for k, v in {
-                Label.RECIPE: plan.loaded.path.name,
-                Label.RECIPE_HASH: plan.content_hash,
-                Label.BASE: plan.base.ref,
-                **recipe.labels,
-            }.items()
-        ]
-        + [""]
-    )
-    if bootstrap == "native":
-        lines += ["%files"]
-        lines += [f"    {_context_rel(dest)} {dest}" for dest in sorted(plan.loaded.file_sources)]
-        lines += [
-            "    imgbuild/pip /opt/imgbuild/pip" if (recipe.pip.packages or plan.loaded.requirements_path) else "",
-            "    imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py",
-            "",
-        ]
-        post = ["%post", "    set -eu"]
-        if recipe.apt:
-            post += [
-                "    apt-get update",
-                "    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends " + " ".join(recipe.apt),
-                "    rm -rf /var/lib/apt/lists/*",
-            ]
-        if recipe.pip.packages or plan.loaded.requirements_path:
-            post += [
-                "    # the base's framework stays: its constraint file (or a freeze) pins every package",
-                "    PIP_NO_CACHE_DIR=1 sh /opt/imgbuild/pip/install.sh",
-            ]
-        post += [f"    {cmd}" for cmd in recipe.run]
-        post += [f"    mkdir -p {shlex.quote(recipe.workdir)}", ""]
-        lines += post
-    env = dict(recipe.env) if bootstrap == "native" else {}
-    # Apptainer runs as the calling user and mounts $HOME: keep ~/.local packages out of the image's Python.
-    lines += ["%environment", *_env_lines(env), "    export PYTHONNOUSERSITE=1", ""]
-    run = recipe.entrypoint if recipe.entrypoint is not None else recipe.cmd
-    runscript = 'exec "$@"'
-    if isinstance(run, list) and run:
-        runscript = 'if [ $# -gt 0 ]; then exec "$@"; fi\n    exec ' + shlex.join(run)
-    elif isinstance(run, str):
-        runscript = 'if [ $# -gt 0 ]; then exec "$@"; fi\n    exec /bin/sh -c ' + shlex.quote(run)
-    lines += ["%runscript", f"    cd {shlex.quote(recipe.workdir)} 2>/dev/null || true", f"    {runscript}", ""]
-    lines += [
-        "%test",
-        "    # the same smoke test as `imgbuild build`: framework intact, CUDA, cuDNN, tensor-core AMP",
-        "    python3 /opt/imgbuild/smoke.py --format table" + (" --require-gpu" if recipe.smoke.require_gpu else ""),
-        "",
-    ]
-    lines += [
-        "%help",
-        f"    {recipe.description or recipe.name}: built by imgbuild from {plan.loaded.path.name}.",
-        "    apptainer exec --nv IMAGE.sif python3 train.py    # --nv passes the host's GPUs and driver",
-        "",
-    ]
-    return "\n".join(line for line in lines if line is not None) + "\n"
-
-
-def _context_rel(dest: str) -> str:
-    return "files" + dest
 
 
 # --- Slurm --------------------------------------------------------------------------------------------

@@ -232,9 +232,10 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, i
 
 @functools.cache
 def templates_digest() -> str:
-    """imgbuild's own templates and smoke script (package data), hashed once per process."""
+    """imgbuild's own templates and smoke script that shape a Docker image (package data), hashed once per
+    process. The Apptainer template is not among them: editing it must not make every image due."""
     h = hashlib.sha256()
-    for path in sorted(TEMPLATES_DIR.iterdir()):
+    for path in sorted(p for p in TEMPLATES_DIR.iterdir() if p.name != "apptainer.def.j2"):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update((Path(__file__).parent / "smoke_image.py").read_bytes())
     return h.hexdigest()

@@ -41,7 +41,8 @@ TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile
 class RenderedFile:
     context_path: str
     dest: str
-    chown: str
+    chown: str  # Dockerfile --chown value; empty: root owns it
+    mode: str | None  # the recipe's octal mode, applied to every file under dest
 
 
 def _dq(value: str) -> str:
@@ -153,21 +154,11 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing."""
     recipe = plan.loaded.recipe
     rendered: dict[str, tuple[bytes, int]] = {}
-    copies: dict[str, tuple[Path, int]] = {}
 
     def put(path: str, text: str, mode: int = 0o644) -> None:
         rendered[path] = (text.encode(), mode)
 
-    files: list[RenderedFile] = []
-    for spec in recipe.files:
-        context_path = context_path_for(spec.dest)
-        for f in plan.loaded.file_manifest[spec.dest]:
-            mode = int(spec.mode, 8) if spec.mode else (0o755 if f.executable else 0o644)
-            copies[f"{context_path}/{f.rel}" if f.rel else context_path] = (f.path, mode)
-        owner = spec.owner or ("user" if recipe.user else "root")
-        chown = "$IMGBUILD_UID:$IMGBUILD_GID" if owner == "user" and recipe.user else ""
-        files.append(RenderedFile(context_path, spec.dest, chown))
-
+    files, copies = _files(plan)
     has_pip = bool(recipe.pip.packages or plan.loaded.requirements_path)
     if has_pip:
         put("imgbuild/pip/requirements.txt", requirements_text(plan))
@@ -179,17 +170,12 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
 
     user = recipe.user
     context = {
-        "version": __version__,
+        **_common(plan),
         "backend": backend,
-        "recipe_file": stable_name(plan.loaded.path),
-        "recipe": recipe,
-        "base": plan.base,
         "files": files,
         "has_pip": has_pip,
-        "labels": image_labels(plan),
         "uid_default": (user.uid if user and user.uid else 1000),
         "gid_default": (user.gid if user and user.gid else 1000),
-        "home": (user.home or f"/home/{user.name}") if user else "",
         # Caches are per base: two distributions must never share apt lists or wheels.
         "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
     }
@@ -198,6 +184,66 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     put(".gitignore", GITIGNORE)
     put("imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2, sort_keys=True) + "\n")
     return Context(rendered, copies)
+
+
+def _files(plan: Plan) -> tuple[list[RenderedFile], dict[str, tuple[Path, int]]]:
+    """The recipe's `files:` as the templates name them, and the copies that put them into the context."""
+    recipe = plan.loaded.recipe
+    files: list[RenderedFile] = []
+    copies: dict[str, tuple[Path, int]] = {}
+    for spec in recipe.files:
+        context_path = context_path_for(spec.dest)
+        for f in plan.loaded.file_manifest[spec.dest]:
+            mode = int(spec.mode, 8) if spec.mode else (0o755 if f.executable else 0o644)
+            copies[f"{context_path}/{f.rel}" if f.rel else context_path] = (f.path, mode)
+        owner = spec.owner or ("user" if recipe.user else "root")
+        chown = "$IMGBUILD_UID:$IMGBUILD_GID" if owner == "user" and recipe.user else ""
+        files.append(RenderedFile(context_path, spec.dest, chown, spec.mode))
+    return files, copies
+
+
+def _common(plan: Plan) -> dict[str, Any]:
+    recipe = plan.loaded.recipe
+    return {
+        "version": __version__,
+        "recipe_file": stable_name(plan.loaded.path),
+        "recipe": recipe,
+        "base": plan.base,
+        "labels": image_labels(plan),
+        "home": (recipe.user.home or f"/home/{recipe.user.name}") if recipe.user else "",
+    }
+
+
+BOOTSTRAPS = ("docker-daemon", "docker-archive", "native")
+
+
+def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: str | None = None) -> str:
+    """The Apptainer definition for `plan`: from the built image (docker-daemon), its saved archive
+    (docker-archive), or the recipe rendered natively from the build context (native). Pure, like render."""
+    if bootstrap not in BOOTSTRAPS:
+        raise UsageError(f"--from: {bootstrap!r} is not one of {', '.join(BOOTSTRAPS)}")
+    recipe = plan.loaded.recipe
+    files, _ = _files(plan)
+    command = recipe.entrypoint if recipe.entrypoint is not None else recipe.cmd
+    runscript = ""
+    if isinstance(command, list) and command:
+        runscript = shlex.join(command)
+    elif isinstance(command, str):
+        runscript = "/bin/sh -c " + shlex.quote(command)
+    context = {
+        **_common(plan),
+        "bootstrap": bootstrap,
+        "source": plan.target if bootstrap == "docker-daemon" else (archive or f"{plan.name}.tar"),
+        "files": files,
+        "has_pip": bool(recipe.pip.packages or plan.loaded.requirements_path),
+        "run": [c if isinstance(c, str) else shlex.join(c) for c in recipe.run],
+        # the image is built as the recipe's user would be in Docker; Apptainer then runs as the caller
+        "uid": plan.uid,
+        "gid": plan.gid,
+        "env": dict(recipe.env) if bootstrap == "native" else {},
+        "runscript": runscript,
+    }
+    return _environment().get_template("apptainer.def.j2").render(context)
 
 
 @functools.cache

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from spython.main.parse.parsers import SingularityParser
 
-from imgbuild.cluster import JobSpec, apptainer_definition, sbatch_script
+from imgbuild.cluster import JobSpec, sbatch_script
 from imgbuild.config import load_settings
 from imgbuild.errors import UsageError
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
+from imgbuild.render import apptainer_definition
 from tests.conftest import ROOT, run_cli
 
 DIGEST = "sha256:" + "cd" * 32
@@ -64,6 +65,25 @@ def test_native_definition_carries_the_recipe(tmp_path):
     assert "files/opt/research/train_smoke.py /opt/research/train_smoke.py" in text  # %files
     assert "imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py" in text
     assert "python3 /opt/imgbuild/smoke.py" in post  # %test
+
+
+def test_native_definition_keeps_the_user_the_labels_and_the_file_modes(tmp_path):
+    """The definition is rendered from a template like the Dockerfile: nothing the Dockerfile does is dropped."""
+    plan = plan_of(ROOT / "recipes/pytorch-research.yaml")
+    text = apptainer_definition(plan, "native")
+    post = section(text, "%post")
+    assert f"sh /opt/imgbuild/user/add-user.sh researcher {plan.uid} {plan.gid} /home/researcher /workspace" in post
+    assert "find /opt/research/train_smoke.py -type f -exec chmod 0755 {} +" in post
+    assert f"chown -R {plan.uid}:{plan.gid} /opt/research/train_smoke.py" in post
+    assert post.index("PIP_NO_CACHE_DIR=1 sh /opt/imgbuild/pip/install.sh") > post.index(
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git less tmux"
+    )
+    labels = dict(line.split(" ", 1) for line in section(text, "%labels"))
+    from imgbuild.render import image_labels
+
+    assert labels == image_labels(plan)  # the same labels as the Docker image
+    with pytest.raises(UsageError, match="--from"):
+        apptainer_definition(plan, "oras")
 
 
 def test_export_cli_writes_the_definition_and_says_how_to_build(tmp_path):
