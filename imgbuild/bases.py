@@ -30,13 +30,13 @@ def registry_inspector(
     def inspect(ref: str) -> tuple[str, dict[str, Any]]:
         host, repo, reference = split_reference(ref)
         if engine and ref in local_refs:
-            local = engine.inspect_local(ref)
+            local = engine.images.inspect_local(ref)
             if local is not None:
                 return "", local[1]
         if engine and "/" in ref and host == "docker.io" and not ref.startswith("docker.io/"):
             # An unqualified `lab/house:v1` that the engine has is a local build (another recipe's
             # image): pin it by image id rather than asking Docker Hub about a name it never saw.
-            local = engine.inspect_local(ref)
+            local = engine.images.inspect_local(ref)
             if local is not None:
                 return local[0], local[1]
         client = clients.setdefault(host, RegistryClient.for_host(host, settings))
@@ -44,7 +44,7 @@ def registry_inspector(
             manifest, config = client.image_config(repo, reference)
             return manifest.digest, config
         except RegistryUnavailable:
-            local = engine.inspect_local(ref) if engine else None
+            local = engine.images.inspect_local(ref) if engine else None
             if local is None:
                 raise
             return local[0] or "", local[1]

@@ -209,18 +209,18 @@ def build(
             )
             _write_report(ctx / "smoke.json", report)
             if not report.ok:
-                kept = engine.image_id(plan.target)
+                kept = engine.images.image_id(plan.target)
                 raise SmokeFailed(
                     f"{report.summary()}; {plan.target} was left as it was"
                     + (f" ({kept[:19]})" if kept else " (not built before)")
                 )
-            previous = engine.image_id(plan.target)
+            previous = engine.images.image_id(plan.target)
             if previous and previous != image_id:
-                engine.tag(previous, f"{plan.image}:{plan.tag}-previous")
-            engine.tag(image_id, plan.target)
+                engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
+            engine.images.tag(image_id, plan.target)
             promoted = True
         finally:
-            engine.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
+            engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
 
 

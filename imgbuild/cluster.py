@@ -294,10 +294,10 @@ def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None
     archive = None
     context = None
     if bootstrap == "docker-archive":
-        if engine is None or engine.image(plan.target) is None:
+        if engine is None or engine.images.image(plan.target) is None:
             raise UsageError(f"{plan.target} is not built: run imgbuild build on its recipe first")
         archive = str((out or Path(f"{plan.name}.def")).with_suffix(".tar"))
-        engine.save(plan.target, Path(archive))
+        engine.images.save(plan.target, Path(archive))
     if bootstrap == "native":
         context = render_into(plan, context_dir(plan, settings), "buildkit", settings)
     return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)

@@ -144,7 +144,7 @@ def _topological(items: list[Item]) -> list[Item]:
 def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool) -> list[str]:
     """Why the image for `plan` must be built; empty when it is current."""
     reasons: list[str] = []
-    image = engine.image(plan.target)
+    image = engine.images.image(plan.target)
     labels = image.labels if image else {}
     if image is None:
         reasons.append("never built here")
@@ -211,7 +211,7 @@ def _work(
         plan = plan_recipe(load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs)
         item.reasons = staleness(plan, engine, settings, options.push)
         if not item.reasons:
-            item.status, item.image_id = FRESH, engine.image_id(plan.target) or ""
+            item.status, item.image_id = FRESH, engine.images.image_id(plan.target) or ""
         elif options.dry_run:
             item.status = STALE
         else:
@@ -227,7 +227,7 @@ def _work(
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
                 log(f"{item.target}: pushing")
-                item.pushed = engine.push(
+                item.pushed = engine.images.push(
                     item.target, push_auth(item.target), lambda step: log(f"{item.target}: {step}")
                 )
     except ImgbuildError as exc:

@@ -297,7 +297,7 @@ def prepare(req: RunRequest, settings: Any) -> RunSpec:
 def start_detached(engine: Any, spec: RunSpec) -> None:
     from imgbuild.errors import ImgbuildError
 
-    code, err = engine.run_cli_captured(spec.docker_args())
+    code, err = engine.containers.run_cli_captured(spec.docker_args())
     if code != 0:
         raise ImgbuildError(explain_start_failure(err))
 
@@ -334,7 +334,7 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
                 Sample(
                     {g.index: g.utilization or 0 for g in now},
                     {g.index: g.memory_used_mib for g in now},
-                    engine.cpu_percent(spec.name),
+                    engine.containers.cpu_percent(spec.name),
                 )
             )
 
@@ -342,7 +342,7 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
     started = time.monotonic()
     if wanted:
         sampler.start()
-    code = engine.run_cli(spec.docker_args())
+    code = engine.containers.run_cli(spec.docker_args())
     stop.set()
     outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
     if wanted:

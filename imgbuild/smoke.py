@@ -63,7 +63,7 @@ def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeRep
 def run_smoke(
     engine: ImageEngine, image: str, *, require_gpu: bool = False, min_speedup: float | None = None, timeout: int = 1800
 ) -> SmokeReport:
-    img = engine.image(image)
+    img = engine.images.image(image)
     if img is None:
         raise ImgbuildError(f"no image {image} in the engine (build or pull it first)")
     labels = img.labels
@@ -73,7 +73,7 @@ def run_smoke(
     if min_speedup:
         env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(min_speedup)
     args = ["--require-gpu"] if require_gpu else []
-    code, output, note = engine.run_script(
+    code, output, note = engine.containers.run_script(
         image, SCRIPT.read_text(), args, env, gpus=engine.host_has_gpus(), timeout=timeout
     )
     report = parse_output(image, code, output, note)

@@ -40,8 +40,8 @@ def _build(recipe: Path, engine: FakeEngine, tmp_path: Path):
 def test_a_first_build_is_promoted_and_leaves_no_candidate(recipe, tmp_path):
     engine = FakeEngine()
     result = _build(recipe, engine, tmp_path)
-    assert engine.image_id(TARGET) == result.image_id and result.smoke and result.smoke.ok
-    assert engine.image_id(f"{TARGET}-candidate") is None and engine.containers == []
+    assert engine.images.image_id(TARGET) == result.image_id and result.smoke and result.smoke.ok
+    assert engine.images.image_id(f"{TARGET}-candidate") is None and engine.containers.alive == []
     assert engine.calls[-2:] == [f"tag {TARGET}", f"untag {TARGET}-candidate"]
 
 
@@ -50,29 +50,31 @@ def test_a_changed_build_keeps_the_replaced_image_as_previous(recipe, tmp_path):
     first = _build(recipe, engine, tmp_path).image_id
     recipe.write_text(recipe.read_text().replace('A: "1"', 'A: "2"'))
     second = _build(recipe, engine, tmp_path)
-    assert second.promoted and engine.image_id(TARGET) == second.image_id != first
-    assert engine.image_id(f"{TARGET}-previous") == first
+    assert second.promoted and engine.images.image_id(TARGET) == second.image_id != first
+    assert engine.images.image_id(f"{TARGET}-previous") == first
 
 
 def test_a_failing_smoke_test_never_replaces_the_working_tag(recipe, tmp_path):
     engine = FakeEngine()
     working = _build(recipe, engine, tmp_path).image_id
     recipe.write_text(recipe.read_text().replace('A: "1"', 'A: "broken"'))
-    engine.smoke = lambda image: False
+    engine.containers.smoke = lambda image: False
     with pytest.raises(SmokeFailed, match=f"{TARGET} was left as it was"):
         _build(recipe, engine, tmp_path)
-    assert engine.image_id(TARGET) == working
-    assert engine.image_id(f"{TARGET}-candidate") is None and engine.image_id(f"{TARGET}-previous") is None
+    assert engine.images.image_id(TARGET) == working
+    assert (
+        engine.images.image_id(f"{TARGET}-candidate") is None and engine.images.image_id(f"{TARGET}-previous") is None
+    )
 
 
 def test_a_failed_build_changes_no_tag(recipe, tmp_path):
     engine = FakeEngine()
     working = _build(recipe, engine, tmp_path).image_id
     engine.builds = failing_build()
-    before = dict(engine.tags)
+    before = dict(engine.images.tags)
     with pytest.raises(BuildFailed):
         _build(recipe, engine, tmp_path)
-    assert engine.tags == before and engine.image_id(TARGET) == working
+    assert engine.images.tags == before and engine.images.image_id(TARGET) == working
 
 
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
@@ -82,20 +84,20 @@ def test_an_interrupt_during_the_smoke_test_removes_the_candidate_at_once(interr
     def interrupted(image: str) -> bool:
         raise interrupt()
 
-    engine.smoke = interrupted
+    engine.containers.smoke = interrupted
     with pytest.raises(interrupt):
         _build(recipe, engine, tmp_path)
-    assert engine.image_id(f"{TARGET}-candidate") is None
-    assert engine.image_id(TARGET) is None
+    assert engine.images.image_id(f"{TARGET}-candidate") is None
+    assert engine.images.image_id(TARGET) is None
 
 
 def test_what_a_killed_run_left_is_removed_before_the_next_build(recipe, tmp_path):
     engine = FakeEngine()
     engine.add_image(f"{TARGET}-candidate")
-    engine.containers.append(f"{TARGET}-candidate")  # a SIGKILL left its smoke container
+    engine.containers.alive.append(f"{TARGET}-candidate")  # a SIGKILL left its smoke container
     _build(recipe, engine, tmp_path)
     assert engine.calls[0] == f"untag {TARGET}-candidate"
-    assert engine.containers == [] and engine.image_id(f"{TARGET}-candidate") is None
+    assert engine.containers.alive == [] and engine.images.image_id(f"{TARGET}-candidate") is None
 
 
 # --- rebuild ---------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def run(
         settings,
     )
     engine = None if dry_run else Engine.connect(settings.docker_cli)
-    spec.name = runmod.next_name(spec.user, spec.short_name, engine.container_names() if engine else set())
+    spec.name = runmod.next_name(spec.user, spec.short_name, engine.containers.names() if engine else set())
     for note in spec.gpus.forced:
         click.echo(f"warning: sharing {note} (--force)", err=True)
     if spec.gpus.gpus:
@@ -139,7 +139,7 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
 
     settings = _settings(ctx)
     who = caller()
-    rows = [r for r in Engine.connect(settings.docker_cli).containers() if all_users or r["user"] == who.name]
+    rows = [r for r in Engine.connect(settings.docker_cli).containers.rows() if all_users or r["user"] == who.name]
     if as_json:
         _emit_json(rows)
         return
@@ -165,9 +165,9 @@ def _on_container(
     settings = _settings(ctx)
     engine = Engine.connect(settings.docker_cli)
     who = caller()
-    row = find_container(engine.containers(), name, who.name)
+    row = find_container(engine.containers.rows(), name, who.name)
     check_owner(row, who, verb, force)
-    engine.exec_cli([verb, *(flags or []), row["name"], *args])
+    engine.containers.exec_cli([verb, *(flags or []), row["name"], *args])
 
 
 _FORCE = click.option("--force", is_flag=True, help="Root only: act on another user's container.")

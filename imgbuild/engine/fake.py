@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
@@ -27,26 +28,129 @@ BuildScript = Callable[[BuildRequest], None]
 
 
 @dataclass
-class FakeEngine:
-    builds: BuildScript = lambda req: None
-    smoke: SmokeScript = lambda image: True
-    gpus: bool = False
+class FakeImages:
+    """The image store: refs -> image ids -> ImageInfo."""
+
+    calls: list[str]
     tags: dict[str, str] = field(default_factory=dict)  # normal ref -> image id
-    images: dict[str, ImageInfo] = field(default_factory=dict)  # image id -> info
-    containers: list[str] = field(default_factory=list)  # smoke containers alive (a kill leaves them)
-    calls: list[str] = field(default_factory=list)
+    store: dict[str, ImageInfo] = field(default_factory=dict)  # image id -> info
     pushed: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def _key(ref: str) -> str:
         return parse(ref).normal()
 
-    def add_image(self, ref: str, labels: dict[str, str] | None = None, env: list[str] | None = None) -> str:
-        """Put an image in the store (a base, or a build from an earlier run)."""
-        image_id = "sha256:" + hashlib.sha256(f"{ref}{labels}{env}{len(self.images)}".encode()).hexdigest()
-        self.images[image_id] = ImageInfo(image_id, dict(labels or {}), {"Env": env or [], "Labels": labels or {}})
+    def add(self, image_id: str, info: ImageInfo, ref: str) -> str:
+        self.store[image_id] = info
         self.tags[self._key(ref)] = image_id
         return image_id
+
+    def image(self, ref: str) -> ImageInfo | None:
+        image_id = self.tags.get(self._key(ref)) if not ref.startswith("sha256:") else ref
+        return self.store.get(image_id) if image_id else None
+
+    def image_id(self, ref: str) -> str | None:
+        info = self.image(ref)
+        return info.id if info else None
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.calls.append(f"tag {ref}")
+        self.tags[self._key(ref)] = image_id
+
+    def untag(self, ref: str) -> None:
+        self.calls.append(f"untag {ref}")
+        self.tags.pop(self._key(ref), None)
+
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        info = self.image(ref)
+        return None if info is None else info.inspected(ref)
+
+    def save(self, ref: str, path: Path) -> None:
+        if self.image(ref) is None:
+            raise ImgbuildError(f"no such image: {ref}")
+        path.write_text(json.dumps({"saved": ref}))
+
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+        image_id = self.image_id(ref)
+        if image_id is None:
+            raise ImgbuildError(f"push of {ref} failed: no such image")
+        self.pushed[ref] = image_id
+        return image_id
+
+
+@dataclass
+class FakeContainers:
+    """Smoke containers, scripted; `alive` holds the image of each one still there (a kill leaves them)."""
+
+    calls: list[str]
+    smoke: SmokeScript = lambda image: True
+    alive: list[str] = field(default_factory=list)
+
+    def run_script(
+        self,
+        image: str,
+        script: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        gpus: bool,
+        timeout: int = 1800,
+        shm_size: str = "1g",
+    ) -> tuple[int, str, str]:
+        self.calls.append(f"smoke {image}")
+        self.alive.append(image)
+        ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
+        self.alive.remove(image)
+        check: dict[str, Any] = {
+            "name": "framework",
+            "status": "pass" if ok else "fail",
+            "details": {},
+            "reason": "" if ok else "scripted failure",
+            "seconds": 0,
+        }
+        report = {"ok": ok, "checks": [check], "meta": {}}
+        return (0 if ok else 1), MARKER + json.dumps(report), ""
+
+    def remove_labelled(self, label: str, value: str) -> None:
+        self.alive = [c for c in self.alive if c != value]
+
+    def names(self) -> set[str]:
+        return set()
+
+    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
+        return []
+
+    def cpu_percent(self, name: str) -> float | None:
+        return None
+
+    def run_cli(self, args: list[str]) -> int:
+        self.calls.append("docker " + " ".join(args))
+        return 0
+
+    def run_cli_captured(self, args: list[str]) -> tuple[int, str]:
+        return self.run_cli(args), ""
+
+    def exec_cli(self, args: list[str]) -> None:
+        self.run_cli(args)
+
+
+@dataclass
+class FakeEngine:
+    builds: BuildScript = lambda req: None
+    gpus: bool = False
+    calls: list[str] = field(default_factory=list)
+    images: FakeImages = field(init=False)
+    containers: FakeContainers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.images = FakeImages(self.calls)
+        self.containers = FakeContainers(self.calls)
+
+    def add_image(self, ref: str, labels: dict[str, str] | None = None, env: list[str] | None = None) -> str:
+        """Put an image in the store (a base, or a build from an earlier run)."""
+        image_id = "sha256:" + hashlib.sha256(f"{ref}{labels}{env}{len(self.images.store)}".encode()).hexdigest()
+        info = ImageInfo(image_id, dict(labels or {}), {"Env": env or [], "Labels": labels or {}})
+        return self.images.add(image_id, info, ref)
 
     # -- the ImageEngine protocol ------------------------------------------------------------------
 
@@ -66,68 +170,14 @@ class FakeEngine:
         }
         dockerfile = (req.context / "Dockerfile").read_bytes()
         image_id = "sha256:" + hashlib.sha256(dockerfile + json.dumps(req.build_args).encode()).hexdigest()
-        self.images[image_id] = ImageInfo(image_id, labels, {"Labels": labels})
-        self.tags[self._key(req.tag)] = image_id
-        return image_id
-
-    def image(self, ref: str) -> ImageInfo | None:
-        image_id = self.tags.get(self._key(ref)) if not ref.startswith("sha256:") else ref
-        return self.images.get(image_id) if image_id else None
-
-    def image_id(self, ref: str) -> str | None:
-        info = self.image(ref)
-        return info.id if info else None
-
-    def tag(self, image_id: str, ref: str) -> None:
-        self.calls.append(f"tag {ref}")
-        self.tags[self._key(ref)] = image_id
-
-    def untag(self, ref: str) -> None:
-        self.calls.append(f"untag {ref}")
-        self.tags.pop(self._key(ref), None)
-
-    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
-        info = self.image(ref)
-        return None if info is None else info.inspected(ref)
-
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
-        image_id = self.image_id(ref)
-        if image_id is None:
-            raise ImgbuildError(f"push of {ref} failed: no such image")
-        self.pushed[ref] = image_id
-        return image_id
+        return self.images.add(image_id, ImageInfo(image_id, labels, {"Labels": labels}), req.tag)
 
     def host_has_gpus(self) -> bool:
         return self.gpus
 
     def remove_leftovers(self, candidate: str) -> None:
-        self.containers = [c for c in self.containers if c != candidate]
-        self.untag(candidate)
-
-    def run_script(
-        self,
-        image: str,
-        script: str,
-        args: list[str],
-        env: dict[str, str],
-        *,
-        gpus: bool,
-        timeout: int = 1800,
-        shm_size: str = "1g",
-    ) -> tuple[int, str, str]:
-        self.calls.append(f"smoke {image}")
-        self.containers.append(image)
-        ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
-        self.containers.remove(image)
-        check: dict[str, Any] = {
-            "name": "framework",
-            "status": "pass" if ok else "fail",
-            "details": {},
-            "reason": "" if ok else "scripted failure",
-            "seconds": 0,
-        }
-        report = {"ok": ok, "checks": [check], "meta": {}}
-        return (0 if ok else 1), MARKER + json.dumps(report), ""
+        self.containers.remove_labelled(Label.SMOKE_OF, candidate)
+        self.images.untag(candidate)
 
 
 def failing_build(message: str = "scripted build failure") -> BuildScript:

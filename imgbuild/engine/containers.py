@@ -1,0 +1,193 @@
+"""Docker containers: the smoke test's container, and the docker CLI for `imgbuild run`, attach and exec."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from typing import Any
+
+import requests
+
+from imgbuild.engine.images import DockerImages
+from imgbuild.errors import EngineUnavailable, ImgbuildError
+from imgbuild.facts import Label
+
+SMOKE_LABEL = Label.SMOKE_OF
+
+
+class DockerContainers:
+    """Containers on the engine: listed, measured, started through the docker CLI, or run for a script."""
+
+    def __init__(self, client: Any, images: DockerImages, docker_cli: str | None = None):
+        self.client = client
+        self.images = images
+        self._cli_hint = docker_cli
+
+    def cli(self) -> str:
+        """A docker CLI for interactive commands (run -it, attach, exec); any version will do."""
+        for cli in (self._cli_hint, shutil.which("docker"), "/usr/bin/docker"):
+            if cli and os.path.isfile(cli) and os.access(cli, os.X_OK):
+                return cli
+        raise EngineUnavailable("no docker CLI found: install docker (the client) or set IMGBUILD_DOCKER_CLI")
+
+    def run_cli(self, args: list[str]) -> int:
+        """Run the docker CLI with the terminal attached; returns its exit code."""
+        return subprocess.run([self.cli(), *args]).returncode
+
+    def exec_cli(self, args: list[str]) -> None:
+        """Become the docker CLI (attach, logs, exec): signals and the terminal go straight to it, and
+        nothing is left behind when imgbuild is killed."""
+        cli = self.cli()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(cli, [cli, *args])
+
+    def run_cli_captured(self, args: list[str]) -> tuple[int, str]:
+        """Run the docker CLI, passing stdout through and keeping stderr to explain failures."""
+        proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True)
+        if proc.stderr:
+            sys.stderr.write(proc.stderr)
+        return proc.returncode, proc.stderr
+
+    def names(self) -> set[str]:
+        return {c.name for c in self.client.containers.list(all=True)}
+
+    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
+        rows = []
+        for c in self.client.containers.list(all=True):
+            if name_prefix and not c.name.startswith(name_prefix):
+                continue
+            host = c.attrs.get("HostConfig") or {}
+            labels = (c.attrs.get("Config") or {}).get("Labels") or {}
+            rows.append(
+                {
+                    "name": c.name,
+                    "id": c.short_id,
+                    "image": (c.attrs.get("Config") or {}).get("Image", ""),
+                    "status": c.status,
+                    "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
+                    "gpus": labels.get(Label.GPUS, ""),
+                    "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
+                    "created": c.attrs.get("Created", "")[:19].replace("T", " "),
+                }
+            )
+        return sorted(rows, key=lambda r: r["name"])
+
+    def cpu_percent(self, name: str) -> float | None:
+        """The container's CPU use as a percentage of its limit (or of the host), from one stats read."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            container = self.client.containers.get(name)
+            stats = container.stats(stream=False)
+        except (NotFound, APIError):
+            return None
+        cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
+        try:
+            used = cpu["cpu_usage"]["total_usage"] - pre["cpu_usage"]["total_usage"]
+            system = cpu["system_cpu_usage"] - pre["system_cpu_usage"]
+        except (KeyError, TypeError):
+            return None
+        online = cpu.get("online_cpus") or os.cpu_count() or 1
+        if system <= 0:
+            return None
+        limit = (container.attrs.get("HostConfig", {}).get("NanoCpus") or 0) / 1e9 or online
+        return 100.0 * used / system * online / limit
+
+    def remove_labelled(self, label: str, value: str) -> None:
+        """Remove every container labelled `label=value`, running or not (what a killed run left)."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            stale = self.client.containers.list(all=True, filters={"label": f"{label}={value}"})
+        except APIError:
+            stale = []
+        for container in stale:
+            with contextlib.suppress(APIError, NotFound):
+                container.remove(force=True)
+
+    def run_script(
+        self,
+        image: str,
+        script: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        gpus: bool,
+        timeout: int = 1800,
+        shm_size: str = "1g",
+    ) -> tuple[int, str, str]:
+        """Run a Python script inside `image` (copied in, so remote engines work too).
+
+        Returns (exit code, output, note). `note` says why GPUs were asked for but not given. The container
+        is labelled with the image it tests, removed on every way out, and removed by the next run of the
+        same target if this process is killed."""
+        from docker.errors import APIError
+        from docker.types import DeviceRequest
+
+        info = self.images.image(image)
+        entrypoint = (info.config.get("Entrypoint") if info else None) or []
+        keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
+        command = ["python3", "/tmp/imgbuild-smoke.py", *args]
+        kwargs: dict[str, Any] = dict(
+            environment=env, shm_size=shm_size, detach=True, user="root", labels={SMOKE_LABEL: image}
+        )
+        if not keep_entrypoint:
+            kwargs["entrypoint"] = command[:1]
+            command = command[1:]
+        payload = _script_tar(script)
+
+        def prepared(device_requests: list[Any] | None) -> Any:
+            """A created container with the script copied in; removed again if the copy fails."""
+            container = self.client.containers.create(image, command, device_requests=device_requests, **kwargs)
+            try:
+                container.put_archive("/tmp", payload)
+            except BaseException:
+                with contextlib.suppress(APIError):
+                    container.remove(force=True)
+                raise
+            return container
+
+        note = ""
+        gpu_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        container = prepared(gpu_requests)
+        try:
+            try:
+                container.start()
+            except APIError as exc:
+                if not gpu_requests:
+                    raise
+                # Docker applies device requests at start: no toolkit, an old driver, CUDA error 804.
+                note = (
+                    f"the host has GPUs but the engine cannot pass them ({str(exc.explanation)[:200]}); "
+                    "install nvidia-container-toolkit"
+                )
+                container.remove(force=True)
+                container = prepared(None)
+                container.start()
+            try:
+                code = container.wait(timeout=timeout)["StatusCode"]
+            except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
+                container.kill()
+                raise ImgbuildError(f"the smoke test in {image} ran past {timeout} s") from None
+            out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            return code, out + ("\n" + err if err else ""), note
+        finally:
+            with contextlib.suppress(APIError):
+                container.remove(force=True)
+
+
+def _script_tar(script: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = script.encode()
+        info = tarfile.TarInfo("imgbuild-smoke.py")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
