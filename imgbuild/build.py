@@ -25,7 +25,7 @@ from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
 from imgbuild.plan import Plan
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.render import render
-from imgbuild.smoke import SmokeReport, run_smoke
+from imgbuild.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, run_smoke
 
 
 @dataclass
@@ -149,6 +149,7 @@ def build(
     *,
     backend: str | None = None,
     require_gpu: bool = False,
+    skip_gpu: bool = False,
     no_cache: bool = False,
     out: str | Path | None = None,
     progress: Callable[[str], None] = lambda s: None,
@@ -201,12 +202,15 @@ def build(
         try:
             image_id = engine.build(chosen, request, progress, redact)
             progress(f"built {image_id[:19]}; smoke-testing {candidate}")
-            report = run_smoke(
-                engine,
+            smoke = loaded.recipe.smoke
+            wanted = SmokeRequest(
                 candidate,
-                require_gpu=require_gpu or loaded.recipe.smoke.require_gpu,
-                min_speedup=loaded.recipe.smoke.min_speedup,
+                require_gpu=require_gpu or smoke.require_gpu,
+                skip_gpu=skip_gpu,
+                min_speedup=smoke.min_speedup,
             )
+            report = run_smoke(engine, wanted, settings)
+            add_fleet_check(report, *declared_fleet(settings, smoke.targets, engine.host_has_gpus()))
             _write_report(ctx / "smoke.json", report)
             if not report.ok:
                 kept = engine.images.image_id(plan.target)

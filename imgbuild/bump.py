@@ -4,7 +4,8 @@ and re-rendering their contexts, the way dependency bots open pull requests."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ class Bump:
     framework: str
     pattern: str
     current: str
-    newest: str
+    newest: str  # the tag the recipe moves to (the newest one its fleet can run)
     changed: bool
+    held_back: list[str] = field(default_factory=list)  # newer tags its fleet cannot run, and why
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -38,31 +40,51 @@ def _rewrite_scalar(text: str, line: int, col: int, old: str, new: str) -> str:
     return "".join(lines)
 
 
-def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None) -> list[Bump]:
-    """`tags_for(framework) -> list[str]`: the registry's tags (injected in tests)."""
-    from imgbuild.ngc import newest_matching
+def _newer(tag: Any, have: Any) -> bool:
+    return tag is not None and (have is None or tag > have)
+
+
+#: `fits(framework, tag, recipe_targets) -> (ok, why)`: can the recipe's fleet run that tag?
+Fits = Callable[[str, str, list[str]], tuple[bool, str]]
+
+
+def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits: Fits | None = None) -> list[Bump]:
+    """`tags_for(framework) -> list[str]`: the registry's tags (injected in tests). A newer tag the fleet
+    cannot run (`fits`) is passed over, never moved to: the next newer one that fits is taken instead."""
+    from imgbuild.ngc import matching
 
     results: list[Bump] = []
     for path in paths:
         located = load_located(path, str(path))
-        base = located.data.get("base") if isinstance(located.data, dict) else None
+        data = located.data if isinstance(located.data, dict) else {}
+        base = data.get("base")
         if not isinstance(base, dict) or not base.get("follow"):
             continue
         framework, pattern, current = base.get("framework"), str(base["follow"]), str(base.get("tag", ""))
         if framework not in FRAMEWORKS:
             raise UsageError(f"{path}: base.follow needs base.framework")
-        newest = newest_matching(framework, pattern, tags_for(framework))
-        if newest is None:
-            results.append(Bump(str(path), framework, pattern, current, "", False))
-            continue
-        have, want = parse_tag(expand_tag(framework, current)), parse_tag(newest)
-        changed = bool(want and (have is None or want > have))
+        smoke = data.get("smoke")
+        listed = smoke.get("targets") if isinstance(smoke, dict) else None
+        targets = [str(t) for t in listed] if isinstance(listed, list) else []
+        have = parse_tag(expand_tag(framework, current))
+        newer = [t for t in matching(framework, pattern, tags_for(framework)) if _newer(parse_tag(t), have)]
+        held: list[str] = []
+        newest = ""
+        for tag in newer:
+            ok, why = fits(framework, tag, targets) if fits else (True, "")
+            if ok:
+                newest = tag
+                break
+            held.append(f"{tag}: {why}")
+        changed = bool(newest)
+        newest = newest or (have.text if have else "")
         if changed and not dry_run:
+            want = parse_tag(newest)
             short = current == (have.release if have else None)  # keep the recipe's style: 24.05 vs 24.05-py3
             new_text = want.release if (short and want) else newest
             pos = located.values[("base", "tag")]
             path.write_text(_rewrite_scalar(path.read_text(), pos.line, pos.col, current, new_text))
-        results.append(Bump(str(path), framework, pattern, current, newest, changed))
+        results.append(Bump(str(path), framework, pattern, current, newest, changed, held))
     return results
 
 
@@ -72,8 +94,11 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     from imgbuild import tags as tagmod
     from imgbuild.bases import plan_recipe
     from imgbuild.build import context_dir, render_into
+    from imgbuild.fleet import GpuFacts, cuda_of, driver_verdict, judge, ok_and_why
+    from imgbuild.gpus import gpu_devices_present
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import RegistryClient
+    from imgbuild.smoke import declared_fleet
 
     cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
 
@@ -81,7 +106,20 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
         host, repo = tagmod.repository_for(framework, settings.ngc_registry)
         return tagmod.list_tags(RegistryClient.for_host(host, settings), repo, cache, refresh=True)[0]
 
-    results = bump(paths, dry_run=dry_run, tags_for=tags_for)
+    def fits(framework: str, tag: str, recipe_targets: list[str]) -> tuple[bool, str]:
+        targets, driver = declared_fleet(settings, recipe_targets, gpu_devices_present())
+        if not targets and not driver:
+            return True, ""
+        host, repo = tagmod.repository_for(framework, settings.ngc_registry)
+        info = tagmod.TagInfo(tag, tag, None)
+        tagmod.add_details(RegistryClient.for_host(host, settings), repo, [info], cache)
+        facts = GpuFacts(tag, info.cuda, info.arch_list, "TORCH_CUDA_ARCH_LIST")
+        if targets:
+            return ok_and_why(judge(facts, targets, driver))
+        cuda = cuda_of(info.cuda)
+        return driver_verdict(cuda, driver, None) if (cuda and driver) else (True, "")
+
+    results = bump(paths, dry_run=dry_run, tags_for=tags_for, fits=fits)
     for moved in [] if dry_run else [r for r in results if r.changed]:
         plan = plan_recipe(load_recipe(moved.recipe, secrets=settings.secrets()), settings)
         if context_dir(plan, settings).exists():

@@ -62,6 +62,8 @@ class Settings:
     registry_backoff: float = 0.5  # first retry delay (doubles), seconds
     build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
+    fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
+    fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
@@ -183,6 +185,7 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
         ("user config " + str(user_cfg), _read_config_file(user_cfg)),
     ]
     known = {f.name: f for f in dataclasses.fields(Settings) if f.name != "sources"}
+    layers = [(origin, _flatten_fleet(origin, data)) for origin, data in layers]
     for origin, data in layers:
         unknown = sorted(set(data) - set(known) - {"run", "slurm"})
         if unknown:
@@ -200,6 +203,18 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
     settings = Settings(**values, sources=sources)
     _check(settings)
     return settings
+
+
+def _flatten_fleet(origin: str, data: dict[str, Any]) -> dict[str, Any]:
+    """`fleet: {gpus: [...], driver: ...}` in a config file is the settings fleet_gpus and fleet_driver."""
+    if "fleet" not in data:
+        return data
+    fleet = data["fleet"]
+    if not isinstance(fleet, dict) or set(fleet) - {"gpus", "driver"}:
+        raise UsageError(f"{origin.split(' ', 2)[-1]}: fleet: must be a mapping with gpus and driver")
+    flat = {k: v for k, v in data.items() if k != "fleet"}
+    flat.update({f"fleet_{k}": v for k, v in fleet.items()})
+    return flat
 
 
 def _first_source(
@@ -228,6 +243,15 @@ def _check(settings: Settings) -> None:
             f"{sources.get('backend', 'default')}: backend: must be one of "
             f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
         )
+    from imgbuild.fleet import check_driver, parse_targets
+
+    for name, check in (("fleet_gpus", parse_targets), ("fleet_driver", check_driver)):
+        value = getattr(settings, name)
+        if value:
+            try:
+                check(value)
+            except UsageError as exc:
+                raise UsageError(f"{sources.get(name, 'default')}: {name}: {str(exc).split(': ', 1)[-1]}") from None
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
         raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
 

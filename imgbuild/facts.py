@@ -1,10 +1,14 @@
 """Facts imgbuild writes and reads in more than one place, each written once here.
 
 The NGC tag grammar and framework table live in `ngc.py`, image references in `imageref.py`, every
-bound on input in `limits.py`; this module holds the label keys imgbuild puts on images and containers.
+bound on input in `limits.py`, the rule of which kernels run on which GPU in `smoke_image.py` (it runs
+inside images too); this module holds the label keys imgbuild puts on images and containers, the GPU
+models it knows by name, and what each CUDA release needs of the driver.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class Label:
@@ -24,3 +28,79 @@ class Label:
     USER = PREFIX + "user"  # who started it (the caller, sudo-aware)
     GPUS = PREFIX + "gpus"  # the GPU indices it was given
     SMOKE_OF = PREFIX + "smoke-of"  # a smoke-test container, and the image it tests
+
+
+# --- GPU models ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    capability: tuple[int, int]
+    datacenter: bool  # data-center GPUs can run newer CUDA on older drivers (forward compatibility)
+
+
+#: GPUs by the names people use in fleet lists (`--for v100,l40s`). Compute capabilities from NVIDIA's
+#: CUDA GPUs table (developer.nvidia.com/cuda-gpus).
+GPU_MODELS: dict[str, GpuModel] = {
+    "p100": GpuModel("Tesla P100", (6, 0), True),
+    "v100": GpuModel("Tesla V100", (7, 0), True),
+    "t4": GpuModel("Tesla T4", (7, 5), True),
+    "rtx2080ti": GpuModel("GeForce RTX 2080 Ti", (7, 5), False),
+    "a100": GpuModel("A100", (8, 0), True),
+    "a30": GpuModel("A30", (8, 0), True),
+    "a10": GpuModel("A10", (8, 6), True),
+    "a10g": GpuModel("A10G", (8, 6), True),
+    "a40": GpuModel("A40", (8, 6), True),
+    "a6000": GpuModel("RTX A6000", (8, 6), False),
+    "rtx3090": GpuModel("GeForce RTX 3090", (8, 6), False),
+    "l4": GpuModel("L4", (8, 9), True),
+    "l40": GpuModel("L40", (8, 9), True),
+    "l40s": GpuModel("L40S", (8, 9), True),
+    "rtx4090": GpuModel("GeForce RTX 4090", (8, 9), False),
+    "rtx6000ada": GpuModel("RTX 6000 Ada", (8, 9), False),
+    "h100": GpuModel("H100", (9, 0), True),
+    "h200": GpuModel("H200", (9, 0), True),
+    "h20": GpuModel("H20", (9, 0), True),
+    "gh200": GpuModel("GH200", (9, 0), True),
+    "b200": GpuModel("B200", (10, 0), True),
+    "gb200": GpuModel("GB200", (10, 0), True),
+    "b300": GpuModel("B300", (10, 3), True),
+    "gb300": GpuModel("GB300", (10, 3), True),
+    "rtx5090": GpuModel("GeForce RTX 5090", (12, 0), False),
+    "rtxpro6000": GpuModel("RTX PRO 6000 Blackwell", (12, 0), True),
+    "gb10": GpuModel("GB10 (DGX Spark)", (12, 1), False),
+}
+
+
+# --- CUDA and the driver ---------------------------------------------------------------------------
+
+#: The Linux driver each CUDA toolkit release needs (CUDA release notes, "CUDA Toolkit and Corresponding
+#: Driver Versions"). From CUDA 11 on, an application built with X.Y also runs on the X.0 driver
+#: ("minor version compatibility"), except for PTX the driver must JIT-compile and APIs new in X.Y.
+CUDA_MIN_DRIVER: dict[tuple[int, int], str] = {
+    (11, 0): "450.80.02",
+    (11, 1): "455.23",
+    (11, 2): "460.27.03",
+    (11, 4): "470.42.01",
+    (11, 8): "520.61.05",
+    (12, 0): "525.60.13",
+    (12, 1): "530.30.02",
+    (12, 2): "535.54.03",
+    (12, 3): "545.23.06",
+    (12, 4): "550.54.14",
+    (12, 5): "555.42.02",
+    (12, 6): "560.28.03",
+    (12, 8): "570.26",
+    (12, 9): "575.51.03",
+    (13, 0): "580.65.06",
+    (13, 1): "590.44.01",
+}
+
+#: Older data-center driver branches that NGC images of a CUDA major run on through the forward
+#: compatibility libraries they ship (/usr/local/cuda/compat), data-center GPUs only. From the NGC
+#: release notes (24.05: "R470.57 (or later R470), R525.85, R535.86 or R545.23"). None are listed for
+#: CUDA 13: NVIDIA's notes from 25.10 on name no older branch, so imgbuild assumes none.
+FORWARD_COMPAT: dict[int, tuple[str, ...]] = {
+    12: ("470.57", "525.85", "535.86", "545.23"),
+}

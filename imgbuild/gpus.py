@@ -83,6 +83,11 @@ def process_owner(
 # --- readers ----------------------------------------------------------------------------------------
 
 
+def gpu_devices_present() -> bool:
+    """This machine has NVIDIA device nodes (a driver is loaded), whether or not it can be read."""
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))
+
+
 def _int(text: str) -> int | None:
     text = text.strip()
     return int(float(text)) if re.fullmatch(r"\d+(\.\d+)?", text) else None

@@ -85,6 +85,12 @@ def expand_tag(framework: str, tag: str) -> str:
 
 def newest_matching(framework: str | None, pattern: str, tags: list[str]) -> str | None:
     """The newest plain (no variant) tag that matches `pattern` (`latest`, `24.*`, `2?.1*`)."""
+    found = matching(framework, pattern, tags)
+    return found[0] if found else None
+
+
+def matching(framework: str | None, pattern: str, tags: list[str]) -> list[str]:
+    """The plain (no variant) tags that match `pattern`, newest first."""
     wanted = "*" if pattern == "latest" else pattern
     candidates = [
         parsed
@@ -95,7 +101,7 @@ def newest_matching(framework: str | None, pattern: str, tags: list[str]) -> str
         and (framework is None or parsed.fw == FRAMEWORKS[framework].tag_fw)
         and (fnmatch.fnmatchcase(parsed.release, wanted) or fnmatch.fnmatchcase(parsed.text, wanted))
     ]
-    return max(candidates).text if candidates else None
+    return [parsed.text for parsed in sorted(candidates, reverse=True)]
 
 
 #: A fact taken from an image config (a registry's answer: untrusted) must look like a version or a name.

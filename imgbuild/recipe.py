@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from imgbuild import limits
-from imgbuild.errors import Problem, RecipeError
+from imgbuild.errors import Problem, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
@@ -326,9 +326,23 @@ class FileSpec(_Strict):
     owner: Literal["user", "root"] | None = None
 
 
+def _gpu_target(value: str) -> str:
+    from imgbuild.fleet import parse_target
+
+    try:
+        parse_target(value)
+    except UsageError as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+    return value
+
+
 class Smoke(_Strict):
     require_gpu: bool = False
     min_speedup: float | None = None
+    #: GPUs the image must run on (models or capabilities): the build refuses to promote it otherwise
+    targets: Annotated[list[Annotated[OneLine, AfterValidator(_gpu_target)]], Field(max_length=64)] = Field(
+        default_factory=list
+    )
 
 
 class Recipe(_Strict):

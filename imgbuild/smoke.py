@@ -1,4 +1,10 @@
-"""Stage 5: run the in-image smoke test (smoke_image.py) through the engine and read its report."""
+"""Stage 5: run the in-image smoke test (smoke_image.py) through the engine, read its report, and judge the
+image against the fleet it is meant for.
+
+Where the engine's host has GPUs, the smoke test uses them or fails saying why: skipping the GPU half there
+takes an explicit `skip_gpu`. The GPUs tested are picked by `imgbuild run`'s own selection (free ones,
+by UUID), and the test runs as the image's user with the IPC / shm setting `imgbuild run` gives.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild import limits
 from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
+from imgbuild.fleet import GpuFacts, Target, Verdict, blockers, judge
 
 SCRIPT = Path(__file__).parent / "smoke_image.py"
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -26,6 +34,10 @@ class SmokeReport:
     def failures(self) -> list[dict[str, Any]]:
         return [c for c in self.checks if c["status"] == "fail"]
 
+    def fail(self, name: str, reason: str, details: dict[str, Any] | None = None) -> None:
+        self.checks.append({"name": name, "status": "fail", "reason": reason, "details": details or {}, "seconds": 0})
+        self.ok = False
+
     def to_json(self) -> dict[str, Any]:
         return {"image": self.image, "ok": self.ok, "note": self.note, "meta": self.meta, "checks": self.checks}
 
@@ -36,47 +48,135 @@ class SmokeReport:
             return f"smoke test passed ({counts['pass']} passed, {counts['skip']} skipped, {counts['warn']} warned)"
         return "smoke test failed: " + "; ".join(f"{c['name']}: {c['reason']}" for c in failed)
 
+    def gpu_facts(self) -> GpuFacts:
+        """The image's CUDA and arch list as the framework inside it reports them."""
+        archs = self.meta.get("arch_list") or []
+        return GpuFacts(self.image, str(self.meta.get("cuda") or ""), " ".join(archs), "the framework in the image")
+
 
 def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:
     for line in reversed(output.splitlines()):
         if line.startswith(MARKER):
-            data = json.loads(line[len(MARKER) :])
-            return SmokeReport(image, bool(data["ok"]) and code == 0, data["checks"], data.get("meta", {}), note)
+            try:
+                data = json.loads(line[len(MARKER) :])
+                ok = bool(data["ok"]) and code == 0
+                return SmokeReport(image, ok, list(data["checks"]), data.get("meta", {}), note)
+            except (ValueError, KeyError, TypeError):
+                break
     tail = " | ".join(ln for ln in output.strip().splitlines()[-5:])
-    return SmokeReport(
-        image,
-        False,
-        [
-            {
-                "name": "smoke script",
-                "status": "fail",
-                "details": {},
-                "seconds": 0,
-                "reason": f"exited {code} without a report: {tail[:400]}",
-            }
-        ],
-        {},
-        note,
-    )
+    report = SmokeReport(image, False, [], {}, note)
+    report.fail("smoke script", f"exited {code} without a report: {tail[:400]}")
+    return report
 
 
-def run_smoke(
-    engine: ImageEngine, image: str, *, require_gpu: bool = False, min_speedup: float | None = None, timeout: int = 1800
-) -> SmokeReport:
-    img = engine.images.image(image)
+@dataclass(frozen=True)
+class SmokeRequest:
+    """What to smoke-test, and how."""
+
+    image: str
+    require_gpu: bool = False  # fail when no GPU is usable (implied where the engine's host has GPUs)
+    skip_gpu: bool = False  # run no GPU check even where the host has GPUs (explicit)
+    gpus: str = "1"  # which GPUs, as `imgbuild run --gpus` picks them
+    min_speedup: float | None = None
+    libraries_only: bool = False  # what needs no GPU: framework, CUDA libraries, arch list
+    timeout: int = limits.SMOKE_SECONDS
+
+
+def _run_settings() -> dict[str, Any]:
+    from imgbuild.config import site_section
+    from imgbuild.run import house_rules
+
+    return house_rules(site_section("run"))
+
+
+def _pick_gpus(request: str, settings: Any) -> list[str]:
+    """UUIDs of the GPUs `imgbuild run --gpus REQUEST` would give; [] (all) where they cannot be read."""
+    from imgbuild.gpus import NoGpus, read_gpus, select_gpus
+    from imgbuild.host import caller
+
+    try:
+        readings = read_gpus(getattr(settings, "gpu_snapshot", None))
+    except NoGpus:
+        return []
+    return select_gpus(request, readings, caller().name).uuids
+
+
+def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> SmokeReport:
+    img = engine.images.image(req.image)
     if img is None:
-        raise ImgbuildError(f"no image {image} in the engine (build or pull it first)")
-    labels = img.labels
+        raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
     env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
-    if labels.get(Label.BASE_FRAMEWORK_VERSION):
-        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
-    if min_speedup:
-        env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(min_speedup)
-    args = ["--require-gpu"] if require_gpu else []
+    if img.labels.get(Label.BASE_FRAMEWORK_VERSION):
+        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = img.labels[Label.BASE_FRAMEWORK_VERSION]
+    if req.min_speedup:
+        env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(req.min_speedup)
+    host_gpus = engine.host_has_gpus() and not req.skip_gpu and not req.libraries_only
+    require_gpu = (req.require_gpu or host_gpus) and not req.libraries_only
+    args = ["--libraries-only"] if req.libraries_only else []
+    args += ["--require-gpu"] if require_gpu else []
+    house = _run_settings()
     code, output, note = engine.containers.run_script(
-        image, SCRIPT.read_text(), args, env, gpus=engine.host_has_gpus(), timeout=timeout
+        req.image,
+        SCRIPT.read_text(),
+        args,
+        env,
+        gpus=_pick_gpus(req.gpus, settings) if host_gpus else None,
+        timeout=req.timeout,
+        ipc=None if house.get("shm_size") else str(house.get("ipc") or "host"),
+        shm_size=str(house["shm_size"]) if house.get("shm_size") else None,
     )
-    report = parse_output(image, code, output, note)
+    report = parse_output(req.image, code, output, note)
     if note and require_gpu:
-        report.ok = False
+        report.fail("gpu access", note + " (or skip the GPU checks explicitly: --skip-gpu)")
+    return report
+
+
+def add_fleet_check(report: SmokeReport, targets: list[Target], driver: str | None) -> list[Verdict]:
+    """Judge the fleet from what the image's framework reported; a target it cannot serve fails the report."""
+    if not targets:
+        return []
+    verdicts = judge(report.gpu_facts(), targets, driver)
+    blocked = blockers(verdicts)
+    names = ", ".join(v.target for v in verdicts)
+    details = {"verdicts": [v.to_json() for v in verdicts], "driver": driver or ""}
+    if blocked:
+        report.fail("fleet", "cannot run on " + "; ".join(blocked), details)
+    else:
+        jit = [v.target for v in verdicts if v.kernels == "ptx"]
+        status = "warn" if jit else "pass"
+        reason = f"runs on {names}" + (f" (driver {driver})" if driver else " (driver not checked)")
+        if jit:
+            reason += f"; {', '.join(jit)} only through PTX JIT (slow first start)"
+        report.checks.append({"name": "fleet", "status": status, "reason": reason, "details": details, "seconds": 0})
+    return verdicts
+
+
+def declared_fleet(settings: Any, recipe_targets: list[str], host_has_gpus: bool) -> tuple[list[Target], str | None]:
+    """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and this host's
+    GPUs when it has any; the driver is the site's, else this host's."""
+    from imgbuild.fleet import check_driver, parse_targets
+
+    targets = parse_targets([*settings.fleet_gpus, *recipe_targets]) if (settings.fleet_gpus or recipe_targets) else []
+    driver = check_driver(settings.fleet_driver)
+    if host_has_gpus:
+        from imgbuild.gpus import NoGpus, read_devices
+
+        try:
+            readings, _ = read_devices(settings.gpu_snapshot)
+        except NoGpus:
+            readings = []
+        for gpu in readings:
+            if gpu.compute_cap:
+                major, minor = (int(x) for x in gpu.compute_cap.split("."))
+                target = Target(f"this host's {gpu.name}", (major, minor), None)
+                if all(t.capability != target.capability for t in targets):
+                    targets.append(target)
+        driver = driver or next((g.driver for g in readings if g.driver), None)
+    return targets, driver
+
+
+def fleet_report(engine: ImageEngine, image: str, targets: list[Target], driver: str | None) -> SmokeReport:
+    """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target."""
+    report = run_smoke(engine, SmokeRequest(image, libraries_only=True))
+    add_fleet_check(report, targets, driver)
     return report

@@ -16,28 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import RegistryUnavailable, UsageError
+from imgbuild.fleet import GpuFacts, cuda_of, driver_verdict, judge, parse_targets
 from imgbuild.gpus import NoGpus, read_devices
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
 from imgbuild.registry import RegistryClient
-
-#: Minimum Linux driver per CUDA toolkit release (CUDA release notes, table "CUDA Toolkit and
-#: Corresponding Driver Versions"). With minor-version compatibility a toolkit runs on the driver of
-#: its major's first release (x.0), without PTX JIT of newer features.
-CUDA_MIN_DRIVER = {
-    (11, 0): "450.36.06",
-    (11, 8): "520.61.05",
-    (12, 0): "525.60.13",
-    (12, 1): "530.30.02",
-    (12, 2): "535.54.03",
-    (12, 3): "545.23.06",
-    (12, 4): "550.54.14",
-    (12, 5): "555.42.02",
-    (12, 6): "560.28.03",
-    (12, 8): "570.26",
-    (12, 9): "575.51.03",
-    (13, 0): "580.65.06",
-    (13, 1): "590.44.01",
-}
 
 
 @dataclass
@@ -221,45 +203,18 @@ def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
     return HostGpus(gpus[0].driver if gpus else None, tuple(g.compute_cap for g in gpus if g.compute_cap), source)
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
 def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
-    """Can this host run the tag? Driver against the image's CUDA; each GPU against its arch list."""
-    reasons = []
-    ok = True
-    parts = _version_tuple(info.cuda)
-    cuda = (parts[0], parts[1]) if len(parts) >= 2 else None
-    if host.driver and cuda:
-        need_exact = CUDA_MIN_DRIVER.get(cuda)
-        need_major = CUDA_MIN_DRIVER.get((cuda[0], 0))
-        have = _version_tuple(host.driver)
-        if need_exact and have >= _version_tuple(need_exact):
-            reasons.append(f"driver {host.driver} >= {need_exact} for CUDA {cuda[0]}.{cuda[1]}")
-        elif need_major and have >= _version_tuple(need_major):
-            reasons.append(f"driver {host.driver}: CUDA {cuda[0]}.{cuda[1]} through minor-version compatibility")
-        elif need_major:
-            ok = False
-            reasons.append(f"driver {host.driver} < {need_major} needed by CUDA {cuda[0]}.x")
-    if host.capabilities and info.arch_list:
-        entries = info.arch_list.replace(";", " ").split()
-        sass = {e.replace("+PTX", "") for e in entries}
-        ptx = [_version_tuple(e.replace("+PTX", "")) for e in entries if e.endswith("+PTX")]
-        for cap in host.capabilities:
-            if cap in sass or any(p <= _version_tuple(cap) for p in ptx):
-                continue
-            ok = False
-            reasons.append(f"sm_{cap.replace('.', '')} not in the image's arch list ({info.arch_list})")
+    """Can this host run the tag? Judged by `fleet` from the tag's CUDA_VERSION and TORCH_CUDA_ARCH_LIST."""
     if not host.driver and not host.capabilities:
         return True, "no GPU information (give --driver/--arch)"
-    return ok, "; ".join(reasons)
+    facts = GpuFacts(info.tag, info.cuda, info.arch_list, "TORCH_CUDA_ARCH_LIST")
+    if host.capabilities:
+        verdicts = judge(facts, parse_targets(list(host.capabilities)), host.driver)
+        return all(v.runs for v in verdicts), "; ".join(dict.fromkeys(v.reason for v in verdicts))
+    cuda = cuda_of(info.cuda)
+    if cuda is None or host.driver is None:
+        return True, "the tag declares no CUDA version"
+    return driver_verdict(cuda, host.driver, None)
 
 
 @dataclass

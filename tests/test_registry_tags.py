@@ -75,9 +75,11 @@ def test_compatibility_uses_driver_and_arch_list():
     ok, why = compatibility(info, HostGpus("580.95.05", ("9.0",), "flags"))
     assert ok, why
     ok, why = compatibility(info, HostGpus("580.95.05", ("7.0",), "flags"))
-    assert not ok and "sm_70 not in the image's arch list" in why  # a V100 cannot run CUDA 13 images
+    assert not ok and "sm_70: no kernels for this GPU" in why  # a V100 cannot run CUDA 13 images
     ok, why = compatibility(info, HostGpus("535.104.05", ("9.0",), "flags"))
-    assert not ok and "driver 535.104.05 < 580.65.06" in why
+    assert not ok and "driver 535.104.05 is older than 580.65.06 needed by CUDA 13.0" in why
+    ok, why = compatibility(info, HostGpus("580.95.05", ("l40s", "b300"), "flags"))
+    assert ok and "sm_89: native kernels (sm_86" in why and "sm_103: native kernels (sm_100" in why
     old = TagInfo("24.05-py3", "24.05", None, cuda="12.4.1.003", arch_list="5.2 6.0 7.0 8.0 9.0+PTX")
     ok, why = compatibility(old, HostGpus("535.104.05", ("7.0",), "flags"))
     assert ok and "minor-version compatibility" in why
@@ -150,8 +152,13 @@ def test_cli_tags_details_json_against_fake_nvcr(monkeypatch):
         assert first["digest"].startswith("sha256:") and first["size"] > 9e9
         table = run_cli("tags", "--details", "--limit", "2")
         assert table.code == 0 and "26.03-py3" in table.out and "12.4.1.003" in table.out
-        compat = run_cli("tags", "--compatible", "--driver", "470.57.02", "--arch", "7.0", "--json")
-        assert compat.code == 0 and json.loads(compat.out)["tags"] == []
+        compat = run_cli("tags", "--compatible", "--driver", "470.42.01", "--arch", "7.0", "--json")
+        assert compat.code == 0 and json.loads(compat.out)["tags"] == []  # CUDA 12.4 needs 525, or R470.57+
+        # NGC's forward compatibility: R470.57+ runs CUDA 12 images on data-center GPUs, not on a GeForce.
+        v100 = run_cli("tags", "--compatible", "--driver", "470.57.02", "--arch", "v100", "--json", "--limit", "1")
+        assert v100.code == 0 and "forward compatibility" in json.loads(v100.out)["tags"][0]["why"]
+        geforce = run_cli("tags", "--compatible", "--driver", "470.57.02", "--arch", "rtx4090", "--json")
+        assert geforce.code == 0 and json.loads(geforce.out)["tags"] == []
 
 
 def test_cli_errors_one_line_each(monkeypatch):
@@ -214,7 +221,9 @@ def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
     for pattern in ("latest", "24.*"):
         path = write(f"r-{pattern[:2]}.yaml", f'name: demo\nbase: {{framework: pytorch, tag: "{pattern}"}}\n')
         plan = plan_recipe(load_recipe(path), settings)
-        assert plan.base.ref == f"{testbed['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:24.05-py3"
+        # the newest release the registry has: the CUDA 13 stand-in for `latest`, 24.05 for `24.*`
+        newest = "25.10-py3" if pattern == "latest" else "24.05-py3"
+        assert plan.base.ref == f"{testbed['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:{newest}"
         assert plan.base.digest and plan.base.digest.startswith("sha256:")
         assert plan.lock()["base"]["requested"].endswith(f":{pattern}")
 

@@ -18,6 +18,7 @@ from imgbuild.errors import EXIT_FAILED
 @click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend (default auto).")
 @click.option("--builder", metavar="NAME", help="buildx builder to use (remote BuildKit).")
 @click.option("--require-gpu", is_flag=True, help="Fail when no GPU is visible to the smoke test.")
+@click.option("--skip-gpu", is_flag=True, help="Run no GPU check in the smoke test, even on a host with GPUs.")
 @click.option("--no-cache", is_flag=True, help="Build without the layer cache.")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -28,6 +29,7 @@ def build(
     backend: str | None,
     builder: str | None,
     require_gpu: bool,
+    skip_gpu: bool,
     no_cache: bool,
     out: Path | None,
     as_json: bool,
@@ -39,7 +41,14 @@ def build(
     settings = _settings(ctx, backend=backend, builder=builder)
     with Progress(f"imgbuild build {file}", enabled=True) as progress:
         result = pipeline.build(
-            file, settings, backend=backend, require_gpu=require_gpu, no_cache=no_cache, out=out, progress=progress
+            file,
+            settings,
+            backend=backend,
+            require_gpu=require_gpu,
+            skip_gpu=skip_gpu,
+            no_cache=no_cache,
+            out=out,
+            progress=progress,
         )
     if as_json:
         _emit_json(result.to_json())
@@ -67,27 +76,75 @@ def _smoke_table(report: Any, print_table: Any) -> None:
 
 @cli.command()
 @click.argument("image")
+@click.option(
+    "--for",
+    "targets",
+    metavar="GPU[,GPU...]",
+    help="Judge without a GPU whether the image runs on these GPUs (v100, l40s, h100, sm_89, 8.9, ...).",
+)
+@click.option("--driver", metavar="VERSION", help="With --for: the driver those GPUs run (e.g. 535.104.05).")
 @click.option("--require-gpu", is_flag=True, help="Fail when no GPU is visible.")
+@click.option("--skip-gpu", is_flag=True, help="Run no GPU check, even on a host with GPUs.")
+@click.option("--gpus", default="1", show_default=True, help="Which GPUs to test, as `imgbuild run --gpus`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the JSON report here.")
 @click.pass_context
-def smoke(ctx: click.Context, image: str, require_gpu: bool, as_json: bool, report: Path | None) -> None:
-    """Run the smoke test (CUDA, cuDNN, tensor-core AMP, framework intact) in any image."""
+def smoke(
+    ctx: click.Context,
+    image: str,
+    targets: str | None,
+    driver: str | None,
+    require_gpu: bool,
+    skip_gpu: bool,
+    gpus: str,
+    as_json: bool,
+    report: Path | None,
+) -> None:
+    """Run the smoke test (CUDA, cuDNN, tensor-core AMP, framework intact) in any image.
+
+    With --for, run only what needs no GPU and say, per GPU, whether the image runs there:
+
+        imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
+    """
     from imgbuild.engine import Engine
-    from imgbuild.smoke import run_smoke
+    from imgbuild.fleet import check_driver, parse_targets
+    from imgbuild.smoke import SmokeRequest, fleet_report, run_smoke
     from imgbuild.ui import print_table
 
+    fleet = parse_targets(targets) if targets is not None else None
+    driver = check_driver(driver)
+    if driver and fleet is None:
+        raise click.UsageError("--driver goes with --for")
     settings = _settings(ctx)
     engine = Engine.connect(settings.docker_cli)
-    result = run_smoke(engine, image, require_gpu=require_gpu)
+    if fleet is not None:
+        result = fleet_report(engine, image, fleet, driver)
+    else:
+        result = run_smoke(engine, SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus), settings)
     if report:
         report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if as_json:
         _emit_json(result.to_json())
+    elif fleet is not None:
+        _fleet_table(result, print_table)
     else:
         _smoke_table(result, print_table)
     if not result.ok:
         sys.exit(EXIT_FAILED)
+
+
+def _fleet_table(report: Any, print_table: Any) -> None:
+    checks = [c for c in report.checks if c["name"] != "fleet"]
+    fleet = next((c for c in report.checks if c["name"] == "fleet"), None)
+    verdicts = fleet["details"]["verdicts"] if fleet else []
+    print_table(
+        ["gpu", "sm", "verdict", "why"],
+        [[v["target"], v["capability"], "runs" if v["runs"] else "DOES NOT RUN", v["reason"]] for v in verdicts],
+        title=f"{report.image} on each GPU",
+    )
+    for check in checks:
+        click.echo(f"{check['name']}: {check['status'].upper()} {check['reason']}", err=True)
+    click.echo("every GPU can run it" if report.ok else "not every GPU can run it: " + report.summary(), err=True)
 
 
 @cli.command()
@@ -169,7 +226,17 @@ def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: boo
         _emit_json([r.to_json() for r in results])
         return
     print_table(
-        ["recipe", "follows", "from", "to", "moved"],
-        [[r.recipe, r.pattern, r.current, r.newest or "(no match)", "yes" if r.changed else "no"] for r in results],
+        ["recipe", "follows", "from", "to", "moved", "held back (the fleet cannot run it)"],
+        [
+            [
+                r.recipe,
+                r.pattern,
+                r.current,
+                r.newest or "(no match)",
+                "yes" if r.changed else "no",
+                "; ".join(r.held_back),
+            ]
+            for r in results
+        ],
         title="imgbuild bump" + (" --dry-run" if dry_run else ""),
     )

@@ -18,7 +18,7 @@ from imgbuild.cli import _emit_json, _settings, cli
 @click.option("--details", is_flag=True, help="CUDA, cuDNN, framework, Python, driver, size, digest per tag.")
 @click.option("--compatible", is_flag=True, help="Only tags this host's driver and GPUs can run.")
 @click.option("--driver", metavar="VERSION", help="Driver version to check against (default: NVML / nvidia-smi).")
-@click.option("--arch", metavar="X.Y[,X.Y]", help="GPU compute capabilities to check against.")
+@click.option("--arch", metavar="GPU[,GPU]", help="GPUs to check against: models (v100, h100) or capabilities (8.9).")
 @click.option("--refresh", is_flag=True, help="Ignore the cached tag list.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable listing.")
 @click.pass_context

@@ -118,15 +118,17 @@ class DockerContainers:
         args: list[str],
         env: dict[str, str],
         *,
-        gpus: bool,
+        gpus: list[str] | None,
         timeout: int = 1800,
-        shm_size: str = "1g",
+        ipc: str | None = "host",
+        shm_size: str | None = None,
     ) -> tuple[int, str, str]:
-        """Run a Python script inside `image` (copied in, so remote engines work too).
+        """Run a Python script inside `image` (copied in, so remote engines work too), as the image's user.
 
-        Returns (exit code, output, note). `note` says why GPUs were asked for but not given. The container
-        is labelled with the image it tests, removed on every way out, and removed by the next run of the
-        same target if this process is killed."""
+        `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
+        `note` says why GPUs were asked for but not given. The container is labelled with the image it
+        tests, removed on every way out, and removed by the next run of the same target if this process
+        is killed."""
         from docker.errors import APIError
         from docker.types import DeviceRequest
 
@@ -134,9 +136,11 @@ class DockerContainers:
         entrypoint = (info.config.get("Entrypoint") if info else None) or []
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
-        kwargs: dict[str, Any] = dict(
-            environment=env, shm_size=shm_size, detach=True, user="root", labels={SMOKE_LABEL: image}
-        )
+        kwargs: dict[str, Any] = dict(environment=env, detach=True, labels={SMOKE_LABEL: image})
+        if shm_size:
+            kwargs["shm_size"] = shm_size
+        elif ipc:
+            kwargs["ipc_mode"] = ipc
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -154,7 +158,10 @@ class DockerContainers:
             return container
 
         note = ""
-        gpu_requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        gpu_requests = None
+        if gpus is not None:
+            chosen = {"device_ids": list(gpus)} if gpus else {"count": -1}
+            gpu_requests = [DeviceRequest(capabilities=[["gpu"]], **chosen)]
         container = prepared(gpu_requests)
         try:
             try:

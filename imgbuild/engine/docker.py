@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from imgbuild.engine import buildkit, sdk
@@ -86,7 +85,9 @@ class Engine:
     # -- both ---------------------------------------------------------------------------------------
 
     def host_has_gpus(self) -> bool:
-        return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))
+        from imgbuild.gpus import gpu_devices_present
+
+        return gpu_devices_present()
 
     def remove_leftovers(self, candidate: str) -> None:
         """Remove what a killed run left for `candidate`: smoke containers (labelled) and the candidate tag."""

@@ -85,6 +85,9 @@ class FakeContainers:
     calls: list[str]
     smoke: SmokeScript = lambda image: True
     alive: list[str] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # each smoke run's arguments
+    meta: dict[str, Any] = field(default_factory=dict)  # what the script reports of the image (cuda, arch_list)
+    gpu_note: str = ""  # a host whose engine cannot pass GPUs: the run goes on without them, saying so
 
     def run_script(
         self,
@@ -93,14 +96,17 @@ class FakeContainers:
         args: list[str],
         env: dict[str, str],
         *,
-        gpus: bool,
+        gpus: list[str] | None,
         timeout: int = 1800,
-        shm_size: str = "1g",
+        ipc: str | None = "host",
+        shm_size: str | None = None,
     ) -> tuple[int, str, str]:
         self.calls.append(f"smoke {image}")
+        self.runs.append({"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size})
         self.alive.append(image)
         ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
         self.alive.remove(image)
+        note = self.gpu_note if gpus is not None else ""
         check: dict[str, Any] = {
             "name": "framework",
             "status": "pass" if ok else "fail",
@@ -108,8 +114,8 @@ class FakeContainers:
             "reason": "" if ok else "scripted failure",
             "seconds": 0,
         }
-        report = {"ok": ok, "checks": [check], "meta": {}}
-        return (0 if ok else 1), MARKER + json.dumps(report), ""
+        report = {"ok": ok, "checks": [check], "meta": dict(self.meta)}
+        return (0 if ok else 1), MARKER + json.dumps(report), note
 
     def remove_labelled(self, label: str, value: str) -> None:
         self.alive = [c for c in self.alive if c != value]

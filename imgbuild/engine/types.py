@@ -77,9 +77,10 @@ class ContainerRunner(Protocol):
         args: list[str],
         env: dict[str, str],
         *,
-        gpus: bool,
+        gpus: list[str] | None,
         timeout: int = ...,
-        shm_size: str = ...,
+        ipc: str | None = ...,
+        shm_size: str | None = ...,
     ) -> tuple[int, str, str]: ...
     def remove_labelled(self, label: str, value: str) -> None: ...
     def names(self) -> set[str]: ...

@@ -1,6 +1,7 @@
 # A stand-in for an NVIDIA NGC framework image, built from a debootstrapped Debian 12 and a real
 # CPU build of the framework. It carries the env and labels real NGC images carry, so imgbuild sees
-# what it would see on nvcr.io. It has no CUDA: GPU checks in it report "skip: no GPU visible".
+# what it would see on nvcr.io. The CPU stand-ins have no CUDA; the CUDA one (pytorch-cuda) has the
+# real CUDA user space from the index, and no GPU: GPU checks in either report "skip: no GPU visible".
 ARG ROOTFS_IMAGE
 FROM ${ROOTFS_IMAGE}
 ARG FRAMEWORK

@@ -1,0 +1,171 @@
+"""Will an image run on the GPUs it is meant for? Pure judgement, no GPU needed.
+
+An image's GPU facts (its CUDA version and the archs its framework was compiled for) against targets (GPU
+models by name, or compute capabilities) and a driver version. The kernel rule is the smoke script's own
+(`smoke_image.kernels_for`, also used inside images on real GPUs); the driver rule is CUDA's: the release's
+own driver, else minor-version compatibility within the CUDA major, else forward compatibility on
+data-center GPUs where NGC documents it. `smoke --for`, `tags --compatible`, `bump` and promotion in
+`build`/`rebuild` all judge here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from imgbuild.errors import UsageError
+from imgbuild.facts import CUDA_MIN_DRIVER, FORWARD_COMPAT, GPU_MODELS
+from imgbuild.smoke_image import explain_kernels, parse_archs
+
+_CAPABILITY_RE = re.compile(r"(?:sm_(\d{1,2})(\d)|(\d{1,2})\.(\d))")
+_DRIVER_RE = re.compile(r"\d{3}(\.\d{1,3}){1,2}")
+_CUDA_RE = re.compile(r"(\d{1,2})\.(\d{1,2})(\.[0-9.]+)?")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kind of GPU in a fleet: a model by name (`l40s`), or a bare capability (`sm_89`, `8.9`)."""
+
+    label: str
+    capability: tuple[int, int]
+    datacenter: bool | None = None  # None: not known (given as a capability)
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+def parse_target(word: str) -> Target:
+    key = word.strip().lower().replace(" ", "").replace("-", "")
+    if key in GPU_MODELS:
+        model = GPU_MODELS[key]
+        return Target(key, model.capability, model.datacenter)
+    match = _CAPABILITY_RE.fullmatch(key)
+    if match:
+        major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+        return Target(key, (int(major), int(minor)))
+    raise UsageError(
+        f"--for: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
+        f"or one of {', '.join(GPU_MODELS)}"
+    )
+
+
+def parse_targets(words: str | Iterable[str]) -> list[Target]:
+    """`v100,l40s,sm_90` (or a list of such words) as targets, each once, in the order given."""
+    items = words.split(",") if isinstance(words, str) else [w for word in words for w in str(word).split(",")]
+    targets: list[Target] = []
+    for item in items:
+        if item.strip() and (target := parse_target(item)) not in targets:
+            targets.append(target)
+    if not targets:
+        raise UsageError("--for: name at least one GPU (e.g. --for v100,a100,h100)")
+    return targets
+
+
+def check_driver(text: str | None) -> str | None:
+    if text is None or text == "":
+        return None
+    if not _DRIVER_RE.fullmatch(text.strip()):
+        raise UsageError(f"--driver: {text.strip()[:40]!r} is not an NVIDIA driver version (e.g. 535.104.05)")
+    return text.strip()
+
+
+def cuda_of(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA version as images write it: `12.4.1.003`, `13.0`, `13.0.96`."""
+    match = _CUDA_RE.fullmatch((text or "").strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def driver_verdict(cuda: tuple[int, int], driver: str, datacenter: bool | None) -> tuple[bool, str]:
+    """Can a driver run an image built with CUDA `cuda`? (ok, reason in words)."""
+    have = _version(driver)
+    name = f"CUDA {cuda[0]}.{cuda[1]}"
+    exact = CUDA_MIN_DRIVER.get(cuda)
+    if exact and have >= _version(exact):
+        return True, f"driver {driver} >= {exact} ({name})"
+    floor = CUDA_MIN_DRIVER.get((cuda[0], 0))
+    if floor and have >= _version(floor):
+        need = f" (PTX JIT and {name}-only APIs need {exact})" if exact else ""
+        return True, f"driver {driver} runs {name} through minor-version compatibility{need}"
+    branch = have[:1]
+    for minimum in FORWARD_COMPAT.get(cuda[0], ()):
+        if _version(minimum)[:1] == branch and have >= _version(minimum):
+            if datacenter is False:
+                return False, (
+                    f"driver {driver} is older than {floor} for {name}; forward compatibility "
+                    "(R" + str(branch[0]) + ") works on data-center GPUs only"
+                )
+            where = "" if datacenter else " if this is a data-center GPU"
+            return True, (
+                f"driver {driver} runs {name} through forward compatibility (the image's cuda-compat libraries){where}"
+            )
+    why = f"driver {driver} is older than {floor or exact} needed by {name}"
+    if cuda[0] in FORWARD_COMPAT:
+        why += f" (or a data-center forward-compatible branch: {', '.join(FORWARD_COMPAT[cuda[0]])})"
+    return False, why
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What an image offers GPUs: its CUDA version and the archs its framework was compiled for."""
+
+    image: str
+    cuda: str  # "13.0"; empty: no CUDA build of the framework
+    archs: str  # space-separated arch entries, torch's own form (sm_80 compute_90) or NGC's (8.0 9.0+PTX)
+    source: str  # where the archs were read
+
+    @classmethod
+    def from_env(cls, image: str, env: dict[str, str]) -> GpuFacts:
+        """From an image config's env alone (tags, stock images): CUDA_VERSION and TORCH_CUDA_ARCH_LIST."""
+        return cls(image, env.get("CUDA_VERSION", ""), env.get("TORCH_CUDA_ARCH_LIST", ""), "TORCH_CUDA_ARCH_LIST")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    capability: str
+    runs: bool
+    kernels: str  # sass | ptx | none | unknown
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> list[Verdict]:
+    """One verdict per target: kernels for its arch, and a driver that can run the image's CUDA."""
+    verdicts = []
+    cuda = cuda_of(facts.cuda)
+    for target in targets:
+        cap = f"{target.capability[0]}.{target.capability[1]}"
+        if cuda is None:
+            verdicts.append(Verdict(target.label, cap, False, "none", "the image's framework has no CUDA build"))
+            continue
+        reasons = []
+        if parse_archs(facts.archs):
+            runs, kernels, why = explain_kernels(facts.archs, target.capability)
+        else:
+            runs, kernels, why = True, "unknown", f"{target.sm}: the image declares no arch list (not checked)"
+        reasons.append(why)
+        if driver:
+            ok, why = driver_verdict(cuda, driver, target.datacenter)
+            runs = runs and ok
+            reasons.append(why)
+        verdicts.append(Verdict(target.label, cap, runs, kernels, "; ".join(reasons)))
+    return verdicts
+
+
+def blockers(verdicts: list[Verdict]) -> list[str]:
+    return [f"{v.target}: {v.reason}" for v in verdicts if not v.runs]
+
+
+def ok_and_why(verdicts: list[Verdict]) -> tuple[bool, str]:
+    """(every target runs, what stops the ones that do not)."""
+    blocked = blockers(verdicts)
+    return not blocked, "; ".join(blocked)
