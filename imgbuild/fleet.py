@@ -38,14 +38,16 @@ class Target:
 
 
 def parse_target(word: str) -> Target:
-    key = word.strip().lower().replace(" ", "").replace("-", "")
+    text = word.strip().lower()
+    key = text.replace(" ", "").replace("-", "").replace("_", "")
     if key in GPU_MODELS:
         model = GPU_MODELS[key]
         return Target(key, model.capability, model.datacenter)
-    match = _CAPABILITY_RE.fullmatch(key)
+    match = _CAPABILITY_RE.fullmatch(text)
     if match:
         major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-        return Target(key, (int(major), int(minor)))
+        if 3 <= int(major) <= 20:  # Kepler (3.x) to well past anything announced
+            return Target(text, (int(major), int(minor)))
     raise UsageError(
         f"--for: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
         f"or one of {', '.join(GPU_MODELS)}"

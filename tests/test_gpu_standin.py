@@ -1,0 +1,101 @@
+"""GPU truth for real, without a GPU: the CUDA stand-in (NVIDIA's own CUDA 13 user space from the package
+index, torch 2.13.0+cu130) on the test bed's dockerd and registry.
+
+`smoke --for` gives the right verdict for every GPU model imgbuild knows, the library checks read the real
+libraries, a fleet the image cannot serve stops promotion, and `bump` does not move past the fleet's driver.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from imgbuild.facts import GPU_MODELS
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.engine
+
+#: torch 2.13.0+cu130's own arch flags (torch._C._cuda_getArchFlags()): sm_75 sm_80 sm_86 sm_90 sm_100 sm_120.
+SASS_MAJORS = {7: 5, 8: 0, 9: 0, 10: 0, 12: 0}  # per major, the lowest minor with native kernels
+
+
+def _runs_here(capability: tuple[int, int]) -> bool:
+    major, minor = capability
+    return major in SASS_MAJORS and minor >= SASS_MAJORS[major]
+
+
+@pytest.fixture
+def standin(testbed) -> str:
+    return f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:25.10-py3"
+
+
+def test_smoke_for_every_known_gpu_on_the_cuda_standin(standin):
+    models = ",".join(GPU_MODELS)
+    res = run_cli("smoke", standin, "--for", models, "--driver", "580.95.05", "--json")
+    data = json.loads(res.out)
+    checks = {c["name"]: c for c in data["checks"]}
+    libraries = checks["cuda libraries"]
+    assert libraries["status"] == "pass", libraries
+    assert libraries["details"]["cuda"] == "13.0" and libraries["details"]["cudnn"].startswith("9.")
+    assert libraries["details"]["nccl"] and libraries["details"]["arch_list"][0] == "sm_75"
+    verdicts = {v["target"]: v for v in checks["fleet"]["details"]["verdicts"]}
+    assert set(verdicts) == set(GPU_MODELS)
+    for name, model in GPU_MODELS.items():
+        assert verdicts[name]["runs"] is _runs_here(model.capability), verdicts[name]
+    assert res.code == 1  # V100 and P100 have no kernels in a CUDA 13 build
+    assert "v100: sm_70: no kernels for this GPU" in res.out
+    fits = run_cli("smoke", standin, "--for", "t4,l40s,h100,b300", "--driver", "580.95.05")
+    assert fits.code == 0, fits.err
+    assert "l40s" in fits.out and "native kernels (sm_86, binary-compatible within major 8)" in fits.out
+    old_driver = run_cli("smoke", standin, "--for", "h100", "--driver", "570.124.06")
+    assert old_driver.code == 1 and "older than 580.65.06" in old_driver.out
+
+
+def test_a_cpu_build_runs_on_no_gpu(testbed):
+    cpu = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    res = run_cli("smoke", cpu, "--for", "h100", "--json")
+    assert res.code == 1
+    data = json.loads(res.out)
+    assert "no CUDA build" in data["checks"][-1]["reason"]
+    assert {c["name"]: c["status"] for c in data["checks"]}["cuda libraries"] == "skip"
+
+
+def test_bad_fleet_flags_are_usage_errors_before_any_engine(standin):
+    for args in (["--for", "quantum9000"], ["--for", "h100", "--driver", "latest"], ["--driver", "580.95.05"]):
+        res = run_cli("smoke", standin, *args, env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+        assert res.code == 2 and "Traceback" not in res.err, (args, res.err)
+
+
+def test_a_fleet_the_image_cannot_serve_stops_promotion(testbed, tmp_path, docker_client, cleanup_images):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "cu.yaml"
+    recipe.write_text('name: cu\ntag: v1\nbase: {framework: pytorch, tag: "25.10"}\nsmoke: {targets: [h100, v100]}\n')
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1 and "fleet: cannot run on v100: sm_70: no kernels" in res.err, res.err
+    assert "was left as it was (not built before)" in res.err
+    report = json.loads((tmp_path / "images" / "cu" / "smoke.json").read_text())
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["cuda libraries"] == "pass" and statuses["fleet"] == "fail" and statuses["framework"] == "pass"
+    tags = [t for image in docker_client.images.list() for t in image.tags]
+    assert not [t for t in tags if t.split("/")[-1] in ("cu:v1", "cu:v1-candidate")]  # nothing was tagged
+    recipe.write_text('name: cu\ntag: v1\nbase: {framework: pytorch, tag: "25.10"}\nsmoke: {targets: [t4, h100]}\n')
+    ok = run_cli("build", str(recipe), cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "580.95.05"})
+    assert ok.code == 0, ok.err
+    cleanup_images.append(ok.out.split(" -> ")[0].strip())
+
+
+def test_bump_does_not_move_past_the_fleets_driver(testbed, tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "lab.yaml"
+    recipe.write_text('name: lab\nbase: {framework: pytorch, tag: "23.10", follow: latest}\n')
+    held = run_cli("bump", "--json", cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "570.124.06"})
+    assert held.code == 0, held.err
+    moved = json.loads(held.out)[0]
+    assert moved["newest"] == "24.05-py3" and moved["changed"]  # 25.10 (CUDA 13) needs R580
+    assert "25.10-py3" in moved["held_back"][0] and "older than 580.65.06" in moved["held_back"][0]
+    assert 'tag: "24.05"' in recipe.read_text()
+    free = run_cli("bump", "--json", cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "580.95.05"})
+    assert json.loads(free.out)[0]["newest"] == "25.10-py3" and 'tag: "25.10"' in recipe.read_text()

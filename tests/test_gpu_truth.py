@@ -1,0 +1,439 @@
+"""GPU truth without a GPU: the kernel and driver rules, the smoke script's decisions on recorded device
+profiles, and the pipeline's use of them (fleet refusal, GPU hosts that must use their GPUs).
+
+Each smoke-review bug (issue 14, section 3) has a case here named after it; the device profiles and their
+sources are in tests/data/gpu-profiles.json.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from imgbuild import smoke_image as script
+from imgbuild.config import load_settings
+from imgbuild.errors import UsageError
+from imgbuild.fleet import GpuFacts, driver_verdict, judge, parse_target, parse_targets
+
+DATA = Path(__file__).parent / "data"
+PROFILES = json.loads((DATA / "gpu-profiles.json").read_text())["profiles"]
+NGC_2405 = "5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX"
+NGC_2510 = "8.0 8.6 9.0 10.0 11.0 12.0+PTX"
+NGC_2607 = "7.5 8.0 8.6 9.0 10.0 12.0+PTX"
+TORCH_CU130 = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"  # torch 2.13.0+cu130's own arch flags
+
+
+# --- the kernel rule (bug 3.3) -------------------------------------------------------------------------
+
+KERNELS = [
+    # (archs, capability, how) -- how: sass (native), ptx (JIT), none
+    (NGC_2405, (8, 9), "sass"),  # L4 / L40S / RTX 4090: sm_86 SASS runs on 8.9 (bug 3.3: was a fail)
+    (NGC_2405, (8, 0), "sass"),
+    (NGC_2405, (7, 0), "sass"),
+    (NGC_2405, (10, 0), "ptx"),  # B200 on 24.05: only compute_90 PTX
+    (NGC_2607, (10, 3), "sass"),  # B300: sm_100 SASS runs on 10.3 (bug 3.3: was a fail)
+    (NGC_2607, (7, 0), "none"),  # V100 on a CUDA 13 image: no kernels
+    (NGC_2510, (7, 5), "none"),  # T4 on 25.10
+    (NGC_2510, (12, 1), "sass"),  # GB10: sm_120 on 12.1
+    (TORCH_CU130, (8, 9), "sass"),
+    (TORCH_CU130, (7, 0), "none"),
+    ("sm_80 sm_90a compute_120f", (9, 0), "sass"),  # suffixed entries parse (bug 3.3: was a crash)
+    ("sm_80 sm_90a compute_120f", (10, 0), "none"),  # sm_90a runs on 9.0 only; no PTX at or below 10.0
+    ("sm_80 sm_90a compute_120f", (12, 1), "ptx"),  # family PTX: 12.x from 12.0
+    ("sm_80 compute_90a", (10, 0), "none"),  # arch-specific PTX is not forward compatible
+    ("sm_80 compute_80", (9, 0), "ptx"),
+    ("7.5;8.0;9.0a;10.0f", (10, 3), "sass"),  # semicolons, suffixes in TORCH_CUDA_ARCH_LIST form
+    ("Ampere sm_xx 8.0", (8, 6), "sass"),  # unknown words are left out, not crashed on
+    ("", (9, 0), "none"),
+]
+
+
+@pytest.mark.parametrize(("archs", "capability", "how"), KERNELS)
+def test_which_kernels_run_on_which_gpu(archs, capability, how):
+    assert script.kernels_for(archs, capability)[0] == how
+
+
+class FakeCuda:
+    """The slice of torch the arch check reads, for one visible GPU."""
+
+    def __init__(self, archs: str, capability: tuple[int, int]):
+        self.archs, self.capability = archs.split(), capability
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def get_device_capability(self, i: int = 0) -> tuple[int, int]:
+        return self.capability
+
+    def get_arch_list(self) -> list[str]:
+        return self.archs
+
+
+def fake_torch(archs: str, capability: tuple[int, int], **extra) -> types.SimpleNamespace:
+    return types.SimpleNamespace(cuda=FakeCuda(archs, capability), _C=types.SimpleNamespace(), **extra)
+
+
+@pytest.mark.parametrize(
+    ("archs", "capability", "status"),
+    [
+        ("sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90 compute_90", (8, 9), "pass"),  # was: fail (L40S)
+        ("sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_120", (10, 3), "pass"),  # was: fail (B300)
+        ("sm_80 sm_90a sm_100 compute_120f", (9, 0), "pass"),  # was: ValueError on compute_120f
+        ("sm_80 sm_86 sm_90 compute_90", (10, 0), "warn"),  # PTX only: runs, slowly at first
+        ("sm_80 sm_86 sm_90 sm_100 sm_120", (7, 0), "fail"),  # V100 on a CUDA 13 build
+    ],
+)
+def test_the_in_image_arch_check_follows_the_rule(archs, capability, status):
+    report = script.Report()
+    report.run("cuda arch", script.torch_arch, fake_torch(archs, capability))
+    assert report.checks[-1]["status"] == status, report.checks[-1]
+
+
+# --- the driver rule -----------------------------------------------------------------------------------
+
+DRIVERS = [
+    # (cuda, driver, datacenter, ok, words in the reason)
+    ((13, 0), "580.95.05", True, True, "580.65.06"),
+    ((13, 1), "580.95.05", True, True, "minor-version compatibility"),
+    ((13, 0), "570.124.06", True, False, "older than 580.65.06"),  # 25.10 on R570: the revert to 25.02
+    ((13, 0), "535.104.05", True, False, "older than 580.65.06"),
+    ((12, 4), "535.104.05", None, True, "minor-version compatibility"),
+    ((12, 4), "470.57.02", True, True, "forward compatibility"),  # NGC 24.05 notes: R470.57+ on data center
+    ((12, 4), "470.57.02", None, True, "if this is a data-center GPU"),
+    ((12, 4), "470.57.02", False, False, "data-center GPUs only"),  # a GeForce has no forward compatibility
+    ((12, 4), "470.42.01", True, False, "older than 525.60.13"),
+    ((12, 8), "545.23.08", None, True, "minor-version compatibility"),
+    ((12, 8), "470.57.02", True, True, "forward compatibility"),
+    ((11, 8), "450.80.02", None, True, "minor-version compatibility"),
+]
+
+
+@pytest.mark.parametrize(("cuda", "driver", "datacenter", "ok", "words"), DRIVERS)
+def test_driver_against_the_image_cuda(cuda, driver, datacenter, ok, words):
+    verdict, reason = driver_verdict(cuda, driver, datacenter)
+    assert verdict is ok and words in reason, reason
+
+
+def test_a_fleet_is_judged_per_gpu_from_the_image_facts():
+    facts = GpuFacts("25.10", "13.0", TORCH_CU130, "test")
+    verdicts = {v.target: v for v in judge(facts, parse_targets("v100,t4,l40s,b300,sm_121"), "580.95.05")}
+    assert not verdicts["v100"].runs and "no kernels" in verdicts["v100"].reason
+    assert all(verdicts[k].runs for k in ("t4", "l40s", "b300", "sm_121"))
+    old_driver = judge(facts, parse_targets("h100"), "570.124.06")[0]
+    assert not old_driver.runs and "older than 580.65.06" in old_driver.reason
+    cpu = judge(GpuFacts("cpu", "", "", "test"), parse_targets("h100"), None)[0]
+    assert not cpu.runs and "no CUDA build" in cpu.reason
+
+
+HOSTILE_TARGETS = ["", " ", "sm_", "sm_8", "8.9.1", "h100; rm -rf /", "h100\nFROM x", "x" * 5000, "sm_899", "9", "-1.0"]
+
+
+@pytest.mark.parametrize("word", HOSTILE_TARGETS)
+def test_hostile_gpu_names_are_usage_errors(word):
+    with pytest.raises(UsageError) as err:
+        parse_targets(word) if not word.strip() else parse_target(word)
+    assert len(str(err.value)) < 400 and "\n" not in str(err.value)
+
+
+def test_model_names_are_forgiving_about_case_and_dashes():
+    assert parse_target("RTX-4090").capability == (8, 9) and parse_target("GH200").capability == (9, 0)
+    assert parse_target("sm_103").capability == (10, 3) and parse_target("12.1").capability == (12, 1)
+    assert [t.label for t in parse_targets(["v100,a100", "v100"])] == ["v100", "a100"]
+
+
+# --- decisions on recorded device profiles (bugs 3.5, 3.6) ---------------------------------------------
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=[p["name"] for p in PROFILES])
+def test_smoke_decisions_on_recorded_device_profiles(profile):
+    capability = tuple(profile["capability"])
+    status, ratio, floor = script.speed_verdict(capability, profile["fp32"], profile["half"])
+    assert status == profile["verdict"], (ratio, floor)
+    assert script.bf16_usable(capability) is profile["bf16"]  # bug 3.5: never on V100/T4 (emulated)
+    archs = profile["image"].split(": ", 1)[1]
+    assert script.kernels_for(archs, capability)[0] == profile.get("kernels", "sass")
+
+
+def test_speed_fails_only_where_no_tensor_core_can_be_in_use():
+    """Bug 3.6: between the non-tensor-core ratio (4x) and the architecture's floor is a warning."""
+    assert script.speed_verdict((9, 0), 52, 330)[0] == "warn"  # 6.3x on a shared H100: was a fail
+    assert script.speed_verdict((9, 0), 52, 150)[0] == "fail"  # 2.9x: no tensor core gives that
+    assert script.speed_verdict((9, 0), 404, 790)[0] == "fail"  # TF32 measured as fp32 (bug 3.7's symptom)
+    assert script.speed_verdict((6, 0), 9, 18)[0] == "pass"  # Pascal: no tensor cores, no floor
+    assert script.speed_verdict((9, 0), 52, 784, override="100")[0] == "fail"  # an explicit floor is hard
+    assert script.speed_floor((10, 3)) == 8.0 and script.speed_floor((12, 1)) == 2.5
+    assert script.speed_floor((11, 0)) == 2.5 and script.speed_floor((13, 0)) == 2.5  # an unknown newer GPU
+
+
+def test_amp_uses_the_scaler_this_torch_has():
+    """Bug 3.4: torch 2.2 (NGC 24.01 and older) has no torch.amp.GradScaler."""
+    made = []
+    old = types.SimpleNamespace(
+        amp=types.SimpleNamespace(),
+        cuda=types.SimpleNamespace(amp=types.SimpleNamespace(GradScaler=lambda: made.append("cuda.amp") or "old")),
+    )
+    assert script.grad_scaler(old) == "old" and made == ["cuda.amp"]
+    new = types.SimpleNamespace(amp=types.SimpleNamespace(GradScaler=lambda device: f"amp:{device}"))
+    assert script.grad_scaler(new) == "amp:cuda"
+
+
+@pytest.mark.parametrize(
+    ("have", "want", "same"),
+    [
+        ("2.4.0a0+07cecf4168", "2.4.0a0+07cecf4168", True),
+        ("1.10.2", "v1.10.2", True),  # bug 3.8: a leading v is not part of the version
+        ("2.12.1", "2.12.*", True),  # bug 3.8: a wildcard is a prefix
+        ("2.13.0+cu130", "2.13.0", True),  # no local part wanted: the public version decides
+        ("2.13.0", "2.13", False),
+        ("2.5.1", "2.4.0a0+07cecf4168", False),  # pip replaced NGC's torch (the vLLM case)
+        ("2.4.0a0+other", "2.4.0a0+07cecf4168", False),
+        ("2.11.0", "2.1*", True),
+    ],
+)
+def test_framework_versions_compare_as_versions(have, want, same):
+    assert script.same_version(have, want) is same
+
+
+def test_pip_check_fails_only_on_what_the_recipe_added(tmp_path, monkeypatch):
+    """Bug 3.9: a problem the base already had is reported, not failed on."""
+    base_line = "ngc-thing 1.0 has requirement numpy<2, but you have numpy 2.1."
+    new_line = "mylib 0.1 requires torch, which is not installed."
+    baseline = tmp_path / "pip-check.base"
+    monkeypatch.setattr(script, "PIP_CHECK_BASELINE", str(baseline))
+
+    def pip_check(lines):
+        out = "\n".join(lines) + "\n" if lines else "No broken requirements found.\n"
+        fake = types.SimpleNamespace(returncode=1 if lines else 0, stdout=out, stderr="")
+        monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: fake)
+        report = script.Report()
+        report.run("pip check", script.check_pip)
+        return report.checks[-1]
+
+    baseline.write_text(base_line + "\n")
+    assert pip_check([base_line])["status"] == "pass"
+    added = pip_check([base_line, new_line])
+    assert added["status"] == "fail" and new_line in added["reason"] and base_line not in added["reason"]
+    baseline.unlink()  # an image imgbuild did not build: nothing says which layer broke it
+    assert pip_check([base_line])["status"] == "warn"
+    assert pip_check([])["status"] == "pass"
+
+
+def test_tf32_is_turned_off_even_where_the_image_turns_it_on(monkeypatch):
+    """Bug 3.7: NGC sets TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1; a default would leave it on."""
+    seen = {}
+    monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "1")
+    monkeypatch.setitem(script.RUNNERS, "pytorch", lambda report, libraries_only: seen.update(dict(script.os.environ)))
+    script.main(["--framework", "pytorch", "--format", "table"])
+    assert seen["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "0" and seen["NVIDIA_TF32_OVERRIDE"] == "0"
+
+
+def test_tf_conv_tolerance_is_relative():
+    """Bug 3.7 (TensorFlow): outputs of about +-50 in fp32 differ by more than an absolute 1e-3 allows."""
+    assert script.conv_within_tolerance(4e-4, 50.0)
+    assert not script.conv_within_tolerance(5e-2, 50.0)  # TF32's error on such outputs
+    assert not script.conv_within_tolerance(2e-5, 1.0)
+
+
+# --- settings and recipes: a declared fleet -------------------------------------------------------------
+
+
+def test_a_fleet_in_the_config_and_in_a_recipe(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text('fleet:\n  gpus: [v100, h100]\n  driver: "535.104.05"\n')
+    settings = load_settings(environ={"IMGBUILD_CONFIG": str(config)})
+    assert settings.fleet_gpus == ("v100", "h100") and settings.fleet_driver == "535.104.05"
+    config.write_text("fleet:\n  gpus: [v100, quantum9000]\n")
+    with pytest.raises(UsageError, match="config.yaml: fleet_gpus: 'quantum9000' is not a GPU"):
+        load_settings(environ={"IMGBUILD_CONFIG": str(config)})
+    config.write_text("fleet:\n  driver: latest\n")
+    with pytest.raises(UsageError, match="fleet_driver: 'latest' is not an NVIDIA driver version"):
+        load_settings(environ={"IMGBUILD_CONFIG": str(config)})
+    config.write_text("fleet: [v100]\n")
+    with pytest.raises(UsageError, match="fleet: must be a mapping"):
+        load_settings(environ={"IMGBUILD_CONFIG": str(config)})
+
+
+def test_a_recipe_with_an_unknown_gpu_target_names_its_line(tmp_path):
+    from tests.conftest import run_cli
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\nsmoke:\n  targets: [h100, h1000]\n')
+    result = run_cli("validate", str(recipe))
+    assert result.code == 2 and "r.yaml:4" in result.err and "smoke.targets" in result.err
+    assert "Traceback" not in result.err
+
+
+# --- the pipeline on the in-memory engine: GPU hosts and fleets -----------------------------------------
+
+from imgbuild import build as pipeline  # noqa: E402
+from imgbuild.engine.fake import FakeEngine  # noqa: E402
+from imgbuild.errors import SmokeFailed  # noqa: E402
+from imgbuild.plan import make_plan  # noqa: E402
+from imgbuild.recipe import load_recipe  # noqa: E402
+from tests.test_recipe_render import fake_inspect  # noqa: E402
+
+TARGET = "alice/demo:v1"
+CUDA13 = {"cuda": "13.0", "arch_list": TORCH_CU130.split()}
+CUDA124 = {"cuda": "12.4", "arch_list": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "compute_90"]}
+
+
+def _recipe(tmp_path: Path, extra: str = "") -> Path:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "demo.yaml"
+    path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {A: "1"}\n' + extra)
+    return path
+
+
+def _build(tmp_path: Path, engine: FakeEngine, extra: str = "", **flags):
+    options = {k: flags.pop(k) for k in ("skip_gpu", "require_gpu") if k in flags}
+    settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000", **flags})
+    recipe = _recipe(tmp_path, extra)
+    plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+    return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", **options)
+
+
+def _snapshot(tmp_path: Path) -> str:
+    from tests.test_run_gpus import server
+
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    return str(path)
+
+
+def test_a_gpu_host_whose_engine_cannot_pass_gpus_never_promotes(tmp_path):
+    """Bug 3.1: no toolkit / old driver / error 804 skipped every GPU check and promoted the image."""
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    engine.containers.gpu_note = "the host has GPUs but the engine cannot pass them (could not select device driver)"
+    with pytest.raises(SmokeFailed, match="gpu access: the host has GPUs but the engine cannot pass them"):
+        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+    assert engine.images.image_id(TARGET) is None and engine.images.image_id(f"{TARGET}-candidate") is None
+    assert "--require-gpu" in engine.containers.runs[-1]["args"]  # a GPU host requires its GPUs
+    # Skipping the GPU half on a GPU host takes an explicit flag.
+    result = _build(tmp_path, engine, skip_gpu=True, gpu_snapshot=_snapshot(tmp_path))
+    assert result.promoted and engine.containers.runs[-1]["gpus"] is None
+
+
+def test_a_gpu_host_is_part_of_the_fleet_by_default(tmp_path):
+    """The DGX's A100s run driver 535.104.05: a CUDA 13 image cannot run there, whatever the smoke says."""
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA13
+    with pytest.raises(SmokeFailed, match="this host's NVIDIA A100-SXM4-40GB: .*older than 580.65.06"):
+        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+
+
+def test_the_smoke_test_gets_the_gpus_run_would_pick_by_uuid_and_the_run_settings(tmp_path, monkeypatch):
+    """Bug 3.6: count=-1 gave every GPU and tested cuda:0, maybe another user's. Bug 3.10: root, 1 GB shm."""
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+    run = engine.containers.runs[-1]
+    # the DGX snapshot: GPUs 0 and 1 are other users', 2 is idle -> the first free one, by UUID
+    assert run["gpus"] == ["GPU-1f3e5d7c-9b8a-4c6d-2e1f-0a9b8c7d6e5f"]
+    assert run["ipc"] == "host" and run["shm_size"] is None  # what `imgbuild run` gives by default
+    config = tmp_path / "config.yaml"
+    config.write_text("run:\n  shm_size: 16g\n")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+    assert engine.containers.runs[-1]["shm_size"] == "16g" and engine.containers.runs[-1]["ipc"] is None
+
+
+def test_a_build_is_not_promoted_when_the_declared_fleet_cannot_run_it(tmp_path):
+    engine = FakeEngine()
+    engine.containers.meta = CUDA13
+    with pytest.raises(SmokeFailed, match="fleet: cannot run on v100: sm_70: no kernels"):
+        _build(tmp_path, engine, "smoke: {targets: [v100, h100]}\n")
+    assert engine.images.image_id(TARGET) is None
+    # the site's fleet and driver count too: R570 cannot run CUDA 13
+    with pytest.raises(SmokeFailed, match="driver 570.124.06 is older than 580.65.06"):
+        _build(tmp_path, engine, fleet_gpus="h100", fleet_driver="570.124.06")
+    result = _build(tmp_path, engine, "smoke: {targets: [t4, l40s, b300]}\n", fleet_driver="580.95.05")
+    assert result.promoted and result.smoke and result.smoke.checks[-1]["status"] == "pass"
+
+
+def test_bump_never_moves_to_a_tag_the_fleet_cannot_run(tmp_path):
+    from imgbuild.bump import bump
+
+    path = tmp_path / "r.yaml"
+    path.write_text('name: lab\nbase: {framework: pytorch, tag: "25.02", follow: latest}\nsmoke: {targets: [v100]}\n')
+    tags = ["25.02-py3", "25.06-py3", "25.10-py3", "25.12-py3"]
+    cuda13 = {"25.10-py3", "25.12-py3"}
+
+    def fits(framework, tag, targets):
+        assert targets == ["v100"]
+        return (tag not in cuda13, "v100: sm_70: no kernels for this GPU")
+
+    moved = bump([path], tags_for=lambda fw: tags, fits=fits)[0]
+    assert moved.newest == "25.06-py3" and moved.changed and 'tag: "25.06"' in path.read_text()
+    assert moved.held_back == [
+        "25.12-py3: v100: sm_70: no kernels for this GPU",
+        "25.10-py3: v100: sm_70: no kernels for this GPU",
+    ]
+    stuck = bump([path], tags_for=lambda fw: tags, fits=fits)[0]
+    assert not stuck.changed and stuck.newest == "25.06-py3" and len(stuck.held_back) == 2
+
+
+# --- the Docker container runner, against a client that fails the way moby does (bug 3.2) --------------
+
+
+class _Container:
+    def __init__(self, log: list, fail_start: bool):
+        self.log, self.fail_start = log, fail_start
+
+    def put_archive(self, path, data):
+        self.log.append("copy")
+
+    def start(self):
+        from docker.errors import APIError
+
+        self.log.append("start")
+        if self.fail_start:
+            raise APIError("500", explanation='could not select device driver "" with capabilities: [[gpu]]')
+
+    def wait(self, timeout):
+        return {"StatusCode": 0}
+
+    def logs(self, stdout, stderr):
+        return b"IMGBUILD-SMOKE-REPORT {}" if stdout else b""
+
+    def remove(self, force):
+        self.log.append("remove")
+
+    def kill(self):
+        self.log.append("kill")
+
+
+class _Client:
+    """Moby applies device requests when the container starts, not when it is created."""
+
+    def __init__(self):
+        self.log: list = []
+        self.created: list = []
+        self.images = types.SimpleNamespace(get=lambda ref: types.SimpleNamespace(id="sha256:x", attrs={"Config": {}}))
+        self.containers = types.SimpleNamespace(create=self._create)
+
+    def _create(self, image, command, device_requests=None, **kwargs):
+        self.created.append({"device_requests": device_requests, **kwargs})
+        return _Container(self.log, fail_start=bool(device_requests))
+
+
+def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.images import DockerImages
+
+    client = _Client()
+    runner = DockerContainers(client, DockerImages(client))
+    code, output, note = runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
+    assert code == 0 and "cannot pass them" in note and "could not select device driver" in note
+    assert client.log == ["copy", "start", "remove", "copy", "start", "remove"]  # nothing left behind
+    first, second = client.created
+    assert first["device_requests"][0]["DeviceIDs"] == ["GPU-1"] and second["device_requests"] is None
+    assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
