@@ -208,6 +208,9 @@ def build(
                 require_gpu=require_gpu or smoke.require_gpu,
                 skip_gpu=skip_gpu,
                 min_speedup=smoke.min_speedup,
+                imports=tuple(smoke.imports),
+                skip_imports=tuple(smoke.skip_imports),
+                commands=tuple(smoke.run),
             )
             report = run_smoke(engine, wanted, settings)
             add_fleet_check(report, *declared_fleet(settings, smoke.targets, engine.host_has_gpus()))

@@ -38,7 +38,7 @@ FRAMEWORKS = {
         "-tf2-py3",
         "TENSORFLOW_VERSION",
         "NVIDIA_TENSORFLOW_VERSION",
-        ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"),
+        ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "intel-tensorflow", "tensorflow-intel"),
         "tensorflow",
         "tf2",
     ),

@@ -326,6 +326,10 @@ class FileSpec(_Strict):
     owner: Literal["user", "root"] | None = None
 
 
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+
 def _gpu_target(value: str) -> str:
     from imgbuild.fleet import parse_target
 
@@ -343,6 +347,17 @@ class Smoke(_Strict):
     targets: Annotated[list[Annotated[OneLine, AfterValidator(_gpu_target)]], Field(max_length=64)] = Field(
         default_factory=list
     )
+    #: modules to import besides the top-level modules of every package the recipe adds
+    imports: Annotated[
+        list[Annotated[str, _check(_MODULE_RE, "not a module name", "e.g. cv2, torch.distributed")]],
+        Field(max_length=256),
+    ] = Field(default_factory=list)
+    #: distributions whose imports are not checked (they need hardware or a display to import)
+    skip_imports: Annotated[
+        list[Annotated[str, _check(_DIST_RE, "not a package name", "e.g. opencv-python")]], Field(max_length=256)
+    ] = Field(default_factory=list)
+    #: commands that must succeed in the built image (run as its user, no GPU guaranteed)
+    run: Annotated[list[OneLine], Field(max_length=32)] = Field(default_factory=list)
 
 
 class Recipe(_Strict):

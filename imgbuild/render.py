@@ -18,6 +18,7 @@ from typing import Any
 from imgbuild import __version__
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
+from imgbuild.ngc import FRAMEWORKS
 from imgbuild.plan import TEMPLATES_DIR, Plan
 from imgbuild.recipe import stable_name
 
@@ -163,6 +164,9 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     if has_pip:
         put("imgbuild/pip/requirements.txt", requirements_text(plan))
         put("imgbuild/pip/constraints.txt", constraints_text(plan))
+        framework = FRAMEWORKS.get(plan.base.framework)
+        if framework:
+            put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
         put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)

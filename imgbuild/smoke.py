@@ -80,6 +80,9 @@ class SmokeRequest:
     min_speedup: float | None = None
     libraries_only: bool = False  # what needs no GPU: framework, CUDA libraries, arch list
     timeout: int = limits.SMOKE_SECONDS
+    imports: tuple[str, ...] = ()  # modules to import besides the added packages' own
+    skip_imports: tuple[str, ...] = ()  # distributions whose imports are not checked
+    commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
 
 
 def _run_settings() -> dict[str, Any]:
@@ -110,6 +113,12 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
         env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = img.labels[Label.BASE_FRAMEWORK_VERSION]
     if req.min_speedup:
         env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(req.min_speedup)
+    if req.imports:
+        env["IMGBUILD_SMOKE_IMPORTS"] = " ".join(req.imports)
+    if req.skip_imports:
+        env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
+    if req.commands:
+        env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
     host_gpus = engine.host_has_gpus() and not req.skip_gpu and not req.libraries_only
     require_gpu = (req.require_gpu or host_gpus) and not req.libraries_only
     args = ["--libraries-only"] if req.libraries_only else []

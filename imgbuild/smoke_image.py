@@ -27,6 +27,36 @@ import time
 MARKER = "IMGBUILD-SMOKE-REPORT "
 SHM_DEFAULT_BYTES = 64 * 1024 * 1024
 PIP_CHECK_BASELINE = "/opt/imgbuild/pip-check.base"  # `pip check` of the base, written by the Dockerfile
+DISTS_BASELINE = "/opt/imgbuild/dists.base"  # the base's distributions (name==version), likewise
+IMPORT_SECONDS = 120  # one distribution's imports
+#: Shared libraries a wheel expects the system to have, and the Debian/Ubuntu package that has them: the
+#: hint for the recipe's `apt:` line when an import fails on one.
+NATIVE_LIBRARIES = {
+    "libGL.so.1": "libgl1",
+    "libEGL.so.1": "libegl1",
+    "libgthread-2.0.so.0": "libglib2.0-0",
+    "libglib-2.0.so.0": "libglib2.0-0",
+    "libxcb.so.1": "libxcb1",
+    "libSM.so.6": "libsm6",
+    "libICE.so.6": "libice6",
+    "libXext.so.6": "libxext6",
+    "libXrender.so.1": "libxrender1",
+    "libX11.so.6": "libx11-6",
+    "libgomp.so.1": "libgomp1",
+    "libsndfile.so.1": "libsndfile1",
+    "libportaudio.so.2": "libportaudio2",
+    "libaio.so.1": "libaio1",
+    "libjpeg.so.62": "libjpeg62-turbo",
+    "libpng16.so.16": "libpng16-16",
+    "libavcodec.so": "ffmpeg",
+    "libavformat.so": "ffmpeg",
+    "libopenblas.so.0": "libopenblas0",
+    "libgfortran.so.5": "libgfortran5",
+    "libsqlite3.so.0": "libsqlite3-0",
+    "libzstd.so.1": "libzstd1",
+}
+#: Driver libraries the NVIDIA container toolkit mounts at run time: missing in a build, never an error.
+DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-", "libnvcuvid.so", "libnvrtc-builtins")
 #: Below this half/fp32 GEMM ratio no tensor core can be in use: fp16 without tensor cores reaches at
 #: most about 4x fp32 (A100: 78 vs 19.5 TFLOP/s peak). Under it the check fails; between it and the
 #: architecture's floor it warns (a busy or throttled GPU), above the floor it passes.
@@ -201,6 +231,55 @@ def version_prefix_agrees(have: str, want: str, parts: int) -> bool:
     return str(have).split(".")[:parts] == str(want).split(".")[:parts]
 
 
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_baseline(path: str) -> set | None:
+    """`name==version` lines of the base's distributions, canonical names; None when not recorded."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [ln.strip() for ln in handle if "==" in ln]
+    except OSError:
+        return None
+    return {(_canonical(ln.split("==", 1)[0]), ln.split("==", 1)[1]) for ln in lines}
+
+
+def top_level_modules(files, top_level_text: str | None) -> list:
+    """The importable top-level modules a distribution installs: its top_level.txt when it has one, else
+    the first part of each installed path (packages, modules, extension modules)."""
+    names = set()
+    if top_level_text:
+        names = {ln.strip().replace("/", ".").split(".")[0] for ln in top_level_text.splitlines() if ln.strip()}
+    else:
+        for path in files or []:
+            parts = str(path).replace("\\", "/").split("/")
+            head = parts[0]
+            if head.endswith((".dist-info", ".egg-info", ".data", ".pth")) or head in ("..", "__pycache__", "bin"):
+                continue
+            if len(parts) > 1:
+                names.add(head)
+            elif head.endswith(".py"):
+                names.add(head[:-3])
+            elif ".cpython-" in head or head.endswith(".so"):
+                names.add(head.split(".")[0])
+    skip = {"test", "tests", "testing", "docs", "doc", "examples", "example", "benchmarks", "scripts", "tools"}
+    return sorted(n for n in names if n.isidentifier() and not n.startswith("_") and n not in skip)
+
+
+def missing_library(error: str) -> str:
+    """The shared library an ImportError says is missing, or ""."""
+    match = re.search(r"([\w.+-]+\.so(?:\.[\w.]+)?): cannot open shared object file", error)
+    return match.group(1) if match else ""
+
+
+def import_hint(library: str) -> str:
+    for name, package in NATIVE_LIBRARIES.items():
+        if library.startswith(name.split(".so")[0] + ".so"):
+            return f"add apt: [{package}]"
+    return "install the system package that provides it (apt:)"
+
+
 def conv_within_tolerance(err: float, ref_max: float) -> bool:
     """A GPU convolution in real fp32 matches the CPU to about 1e-5 of its outputs' size."""
     return err <= 1e-5 * max(1.0, ref_max)
@@ -274,7 +353,25 @@ def check_framework_version(module, version: str, env_name: str) -> dict:
             f"{module.__name__} is {version} but the base carries {want}: "
             f"something replaced the base's framework ({where})"
         )
-    return {"version": version, "location": where, "reason": f"{version}, the base's own"}
+    owners = module_owners(module.__name__)
+    if len(owners) > 1:
+        raise Fail(
+            f"{module.__name__} is installed by {len(owners)} distributions ({', '.join(owners)}): one "
+            "overwrote the other's files; the base's framework is no longer what it shipped"
+        )
+    return {"version": version, "location": where, "owners": owners, "reason": f"{version}, the base's own"}
+
+
+def module_owners(module_name: str) -> list:
+    """`name version` of every installed distribution that provides the top-level module."""
+    import importlib.metadata as md
+
+    owners = set()
+    for dist in md.distributions():
+        top = dist.read_text("top_level.txt")
+        if module_name in top_level_modules(None if top else dist.files, top):
+            owners.add(f"{dist.metadata['Name']} {dist.version}")
+    return sorted(owners)
 
 
 def _pip_check_lines(text: str) -> list:
@@ -299,6 +396,102 @@ def check_pip() -> dict:
     if lines:
         return {"base_problems": lines, "reason": f"nothing new ({len(lines)} problem(s) the base already had)"}
     return {"reason": "no broken requirements"}
+
+
+_IMPORT_SNIPPET = """
+import importlib, json, sys
+errors = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:  # a module may raise anything at import, SystemExit included
+        errors[name] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
+print(json.dumps(errors))
+"""
+
+
+def _import_one(modules: list) -> dict:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _IMPORT_SNIPPET, *modules], capture_output=True, text=True, timeout=IMPORT_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        return {modules[0]: f"importing took over {IMPORT_SECONDS} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return {modules[0]: f"the interpreter died importing it: {tail[0][:200]}"}
+
+
+def added_distributions(baseline: set) -> list:
+    """(name, version, modules) of every distribution the recipe's layers installed or changed."""
+    import importlib.metadata as md
+
+    seen, out = set(), []
+    for dist in md.distributions():
+        name = _canonical(dist.metadata["Name"] or "")
+        if not name or name in seen:
+            continue  # a second copy further down sys.path is shadowed: it is never imported
+        seen.add(name)
+        if (name, dist.version) in baseline:
+            continue
+        modules = top_level_modules(dist.files, dist.read_text("top_level.txt"))
+        out.append((name, dist.version, modules))
+    return sorted(out)
+
+
+def check_imports() -> dict:
+    """Every package the recipe added imports: each distribution's top-level modules, in a fresh
+    interpreter, plus the recipe's own `smoke.imports`; `smoke.skip_imports` names distributions to leave."""
+    baseline = read_baseline(DISTS_BASELINE)
+    extra = [m for m in os.environ.get("IMGBUILD_SMOKE_IMPORTS", "").split() if m]
+    skipped = {_canonical(n) for n in os.environ.get("IMGBUILD_SMOKE_SKIP_IMPORTS", "").split() if n}
+    if baseline is None and not extra:
+        raise Skip("no record of the base's packages (an image imgbuild did not build): nothing to compare")
+    work = [(n, v, m) for n, v, m in added_distributions(baseline or set()) if m and n not in skipped]
+    if extra:
+        work.append(("smoke.imports", "", extra))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda item: _import_one(item[2]), work))
+    failures, driver_only = [], []
+    for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
+        for module, error in sorted(errors.items()):
+            library = missing_library(error)
+            if library.startswith(DRIVER_LIBRARIES):
+                driver_only.append(f"{name}: import {module} needs the NVIDIA driver ({library})")
+            elif library:
+                failures.append(f"{name} {version}: import {module}: {library} is missing ({import_hint(library)})")
+            else:
+                failures.append(f"{name} {version}: import {module}: {error}")
+    checked = sum(len(m) for _, _, m in work)
+    if failures:
+        raise Fail(f"{len(failures)} of {checked} module(s) do not import: " + "; ".join(failures[:4]))
+    reason = f"{checked} module(s) of {len(work)} added distribution(s) import"
+    if driver_only:
+        reason += f"; {len(driver_only)} need the driver, checked on a GPU host: " + "; ".join(driver_only[:2])
+    return {"distributions": [f"{n}=={v}" for n, v, _ in work if v], "modules": checked, "reason": reason}
+
+
+RUN_SECONDS = 600  # one `smoke.run` command
+
+
+def check_commands() -> dict:
+    """The recipe's own checks (`smoke.run`): each command must exit 0 in the image."""
+    commands = json.loads(os.environ.get("IMGBUILD_SMOKE_RUN") or "[]")
+    if not commands:
+        raise Skip("the recipe declares none (smoke.run)")
+    for command in commands:
+        try:
+            proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=RUN_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise Fail(f"{command[:80]!r} ran past {RUN_SECONDS} s") from None
+        if proc.returncode != 0:
+            tail = ((proc.stderr or proc.stdout).strip().splitlines() or [""])[-1][:200]
+            raise Fail(f"{command[:80]!r} exited {proc.returncode}: {tail}")
+    return {"commands": len(commands), "reason": f"{len(commands)} command(s) of smoke.run succeeded"}
 
 
 def check_shm() -> dict:
@@ -572,6 +765,8 @@ def run_pytorch(report: Report, libraries_only: bool = False) -> None:
     if libraries_only:
         return
     report.run("pip check", check_pip)
+    report.run("imports", check_imports)
+    report.run("recipe checks", check_commands)
     report.run("cpu compute", torch_cpu_compute, torch)
     report.run("cuda", torch_cuda, torch)
     report.run("cuda arch", torch_arch, torch)
@@ -683,6 +878,8 @@ def run_tensorflow(report: Report, libraries_only: bool = False) -> None:
     if libraries_only:
         return
     report.run("pip check", check_pip)
+    report.run("imports", check_imports)
+    report.run("recipe checks", check_commands)
     report.run("cpu compute", tf_cpu_compute, tf)
     report.run("cuda", tf_gpus, tf)
     report.run("cudnn conv", tf_conv, tf)

@@ -11,6 +11,18 @@ else
   python3 -m pip list --format=freeze --exclude pip > "$pins"; origin="a freeze of the base's packages"
 fi
 unset PIP_CONSTRAINT
+# The base's framework under another distribution name (PyPI's tensorflow over the base's tensorflow-cpu)
+# would overwrite its files: every such name the base does not have is refused outright.
+if [ -f "$here/framework.txt" ]; then
+  python3 - "$here/framework.txt" >> "$pins" <<'EOF'
+import importlib.metadata as md, sys
+for name in open(sys.argv[1]).read().split():
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        print(name + "<0")
+EOF
+fi
 [ -f /run/secrets/imgbuild-pip.conf ] && export PIP_CONFIG_FILE=/run/secrets/imgbuild-pip.conf
 if [ -f /run/secrets/imgbuild-ca.crt ]; then export PIP_CERT=/run/secrets/imgbuild-ca.crt
 elif [ -f "$here/ca.crt" ]; then export PIP_CERT="$here/ca.crt"; fi
@@ -27,6 +39,8 @@ if [ "${rc:-1}" != 0 ]; then
     why="TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)"
   elif grep -qiE 'Failed to establish a new connection|Name or service not known|Temporary failure in name resolution|ConnectTimeout|ReadTimeoutError|Network is unreachable|ProxyError' "$log"; then
     why="network failure reaching the package index (offline? a proxy? set pip_index_url)"
+  elif other=$(grep -oE 'requested \(constraint\) [A-Za-z0-9_.-]+<0' "$log" | head -n 1 | sed -E 's/.* ([^<]+)<0/\1/') && [ -n "$other" ]; then
+    why="a package needs $other, another distribution of the base's framework: it would overwrite the base's own; see the conflict above"
   elif grep -qiE 'ResolutionImpossible|conflicting dependencies|The conflict is caused by' "$log"; then
     why="the recipe's packages conflict with the base's pins (from $origin); see the conflict above"
   elif grep -qiE 'No matching distribution found|Could not find a version that satisfies' "$log"; then

@@ -1,0 +1,186 @@
+"""Packages that work: every package a recipe adds is import-checked in the image, the base's framework
+cannot be replaced under another distribution name, and the recipe's own checks run.
+
+The unit cases build real distributions in a temporary site folder and run the smoke script's checks on
+them; the engine cases build real recipes on the test bed's stand-in bases.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgbuild import smoke_image as script
+from tests.conftest import run_cli
+
+
+def _dist(site: Path, name: str, version: str, module: str, body: str = "", top_level: bool = True) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"{module}/__init__.py,,\n{info.name}/METADATA,,\n")
+    if top_level:
+        (info / "top_level.txt").write_text(module + "\n")
+    (site / module).mkdir()
+    (site / module / "__init__.py").write_text(body)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A site folder on sys.path (and the import subprocesses' PYTHONPATH), and a baseline of what was
+    installed before it: the distributions made in it are what a recipe 'added'."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    baseline = tmp_path / "dists.base"
+    baseline.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in md.distributions()))
+    monkeypatch.setattr(script, "DISTS_BASELINE", str(baseline))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", str(folder))
+    monkeypatch.delenv("IMGBUILD_SMOKE_SKIP_IMPORTS", raising=False)
+    monkeypatch.delenv("IMGBUILD_SMOKE_IMPORTS", raising=False)
+    md.distributions.cache_clear() if hasattr(md.distributions, "cache_clear") else None
+    return folder
+
+
+def _imports() -> dict:
+    report = script.Report()
+    report.run("imports", script.check_imports)
+    return report.checks[-1]
+
+
+def test_every_added_package_is_imported_and_a_missing_library_is_named(site, monkeypatch):
+    _dist(site, "goodpkg", "1.0", "goodpkg")
+    _dist(site, "recordonly", "2.0", "recordonly", top_level=False)  # modules found from RECORD
+    missing = "libxcb.so.1: cannot open shared object file: No such file or directory"
+    _dist(site, "opencv-fake", "4.10", "cv2fake", f"raise ImportError({missing!r})")
+    _dist(site, "abi-fake", "2.11", "abifake", "raise OSError('undefined symbol: _ZN3c104cuda9SetDevice')")
+    driver = "libcuda.so.1: cannot open shared object file: No such file or directory"
+    _dist(site, "driverpkg", "1.0", "driverpkg", f"raise ImportError({driver!r})")
+    check = _imports()
+    assert check["status"] == "fail", check
+    assert "opencv-fake 4.10: import cv2fake: libxcb.so.1 is missing (add apt: [libxcb1])" in check["reason"]
+    assert "abi-fake 2.11: import abifake: OSError: undefined symbol" in check["reason"]
+    assert "driverpkg" not in check["reason"]  # libcuda comes with the driver at run time
+    assert "2 of 5 module(s) do not import" in check["reason"]
+    monkeypatch.setenv("IMGBUILD_SMOKE_SKIP_IMPORTS", "opencv_fake abi-fake")  # names are canonicalised
+    check = _imports()
+    assert check["status"] == "pass" and "3 module(s)" in check["reason"] and "need the driver" in check["reason"]
+    assert set(check["details"]["distributions"]) == {"goodpkg==1.0", "recordonly==2.0", "driverpkg==1.0"}
+
+
+def test_the_recipes_own_imports_and_commands(site, monkeypatch):
+    monkeypatch.setenv("IMGBUILD_SMOKE_IMPORTS", "json os.path no_such_module_here")
+    check = _imports()
+    assert check["status"] == "fail" and "import no_such_module_here: ModuleNotFoundError" in check["reason"]
+    monkeypatch.setenv("IMGBUILD_SMOKE_RUN", json.dumps(["true", f"{sys.executable} -c 'import sys; sys.exit(3)'"]))
+    report = script.Report()
+    report.run("recipe checks", script.check_commands)
+    assert report.checks[-1]["status"] == "fail" and "exited 3" in report.checks[-1]["reason"]
+
+
+def test_an_image_without_a_baseline_skips_the_import_check(site, monkeypatch):
+    monkeypatch.setattr(script, "DISTS_BASELINE", str(site / "nothing-here"))
+    assert _imports()["status"] == "skip"
+
+
+def test_a_framework_installed_twice_under_two_names_is_caught(site):
+    """Issue 19 item 2: PyPI's tensorflow over the base's tensorflow-cpu passed as 'the base's own'."""
+    _dist(site, "tensorflow-cpu-fake", "2.21.0", "tffake", "__version__ = '2.21.0'")
+    other = site / "tensorflow_fake-2.22.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow-fake\nVersion: 2.22.0\n")
+    (other / "top_level.txt").write_text("tffake\n")
+    import tffake  # type: ignore[import-not-found]
+
+    report = script.Report()
+    report.run("framework", script.check_framework_version, tffake, "2.21.0", "NO_SUCH_ENV_SET")
+    assert report.checks[-1]["status"] == "pass"  # no version declared: nothing to compare
+    import os
+
+    os.environ["IMGBUILD_TEST_FW_VERSION"] = "2.21.0"
+    try:
+        report.run("framework", script.check_framework_version, tffake, "2.21.0", "IMGBUILD_TEST_FW_VERSION")
+    finally:
+        del os.environ["IMGBUILD_TEST_FW_VERSION"]
+    check = report.checks[-1]
+    assert check["status"] == "fail" and "installed by 2 distributions" in check["reason"], check
+
+
+@pytest.mark.parametrize(
+    ("files", "top", "modules"),
+    [
+        (["six.py", "six-1.16.dist-info/RECORD"], None, ["six"]),
+        (["yaml/__init__.py", "_yaml/__init__.py", "PyYAML.dist-info/RECORD"], None, ["yaml"]),
+        (["cv2/__init__.py", "opencv_python.libs/libxcb.so"], None, ["cv2"]),
+        (["fast.cpython-311-x86_64-linux-gnu.so"], None, ["fast"]),
+        (["tests/__init__.py", "pkg/__init__.py", "../../bin/tool", "pkg.pth"], None, ["pkg"]),
+        ([], "google\ngoogle/protobuf\n", ["google"]),
+    ],
+)
+def test_top_level_modules_from_metadata(files, top, modules):
+    assert script.top_level_modules(files, top) == modules
+
+
+def test_missing_libraries_map_to_apt_packages():
+    assert script.missing_library("libGL.so.1: cannot open shared object file: No such file") == "libGL.so.1"
+    assert script.import_hint("libGL.so.1") == "add apt: [libgl1]"
+    assert script.import_hint("libgthread-2.0.so.0") == "add apt: [libglib2.0-0]"
+    assert script.missing_library("No module named 'x'") == ""
+
+
+# --- on the test bed ------------------------------------------------------------------------------------
+
+
+def _project(tmp_path: Path, text: str) -> Path:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    (tmp_path / "recipes").mkdir(exist_ok=True)
+    path = tmp_path / "recipes" / "pkgs.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.engine
+def test_a_package_that_cannot_import_is_not_promoted_and_the_apt_line_fixes_it(testbed, tmp_path, cleanup_images):
+    """opencv-python needs libGL and glib from the system: pip installs it, `import cv2` fails."""
+    base = 'name: pkgs\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip: [opencv-python]\n'
+    recipe = _project(tmp_path, base)
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1 and "imports: " in res.err, res.err
+    assert "opencv-python" in res.err and "import cv2" in res.err and "is missing (add apt: [" in res.err
+    recipe.write_text(
+        base + "apt: [libgl1, libglib2.0-0, libxcb1]\nsmoke: {imports: [cv2.dnn], run: ['python3 -c \"import cv2\"']}\n"
+    )
+    ok = run_cli("build", str(recipe), cwd=tmp_path)
+    assert ok.code == 0, ok.err
+    cleanup_images.append(ok.out.split(" -> ")[0].strip())
+    report = json.loads((tmp_path / "images" / "pkgs" / "smoke.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["imports"]["status"] == "pass" and "opencv-python==" in str(checks["imports"]["details"])
+    assert checks["recipe checks"]["status"] == "pass"
+
+
+@pytest.mark.engine
+def test_a_dependency_on_the_framework_under_another_name_is_a_named_pip_conflict(testbed, tmp_path):
+    """tensorflow-text needs PyPI's `tensorflow`; the base's is `tensorflow-cpu`: pip must refuse, not
+    install a second TensorFlow over the first (issue 19: 2.18 GB added, smoke said "the base's own")."""
+    recipe = _project(
+        tmp_path, 'name: pkgs\nbase: {framework: tensorflow, tag: "24.05"}\npip: [tensorflow-text==2.18.0]\n'
+    )
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1, res.err
+    assert "a package needs tensorflow, another distribution of the base's framework" in res.err, res.err[-2000:]
+
+
+@pytest.mark.engine
+def test_a_package_built_for_another_framework_version_fails_its_import_check(testbed, tmp_path):
+    """The torchaudio case: a package that declares no framework requirement installs cleanly, pip check
+    passes, and it cannot be imported next to the base's framework (tf-keras 2.15 on TensorFlow 2.21)."""
+    recipe = _project(tmp_path, 'name: pkgs\nbase: {framework: tensorflow, tag: "24.05"}\npip: [tf-keras==2.15.0]\n')
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1, res.err
+    assert "imports: 1 of 1 module(s) do not import: tf-keras 2.15.0: import tf_keras: AttributeError" in res.err
+    assert "was left as it was" in res.err
