@@ -52,8 +52,16 @@ class BuildResult:
         }
 
 
+def context_path(loaded: LoadedRecipe, settings: Settings) -> Path:
+    """`images/<name>/` in the recipe's repository: a relative `images_dir` is the repository's, wherever
+    imgbuild runs from; an absolute one is used as it is."""
+    images = Path(settings.images_dir)
+    return (images if images.is_absolute() else (loaded.root or Path.cwd()) / images) / loaded.recipe.name
+
+
 def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:
-    return Path(out) if out else Path(settings.images_dir) / plan.name
+    """`-o DIR`, else the recipe's `images/<name>/` (context_path)."""
+    return Path(out) if out else context_path(plan.loaded, settings)
 
 
 def _lock_name(key: str) -> str:

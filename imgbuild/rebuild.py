@@ -15,6 +15,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
+from imgbuild.build import context_path
 from imgbuild.config import Settings
 from imgbuild.engine import Engine, ImageEngine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
@@ -87,7 +88,7 @@ def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
             loaded = load_recipe(path, secrets=settings.secrets())
             image, tag = image_and_tag(loaded, settings)
             item.target = f"{image}:{tag}"
-            item.context = Path(settings.images_dir).resolve() / loaded.recipe.name
+            item.context = context_path(loaded, settings).resolve()
             repo, _, base_tag = base_reference(loaded, settings)
             item.base_ref = f"{repo}:{base_tag}" if base_tag else repo
         except RecipeError as exc:
@@ -326,7 +327,7 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
             item.status, item.error = INVALID, "; ".join(exc.lines())
             continue
         loaded_by_item[id(item)] = loaded
-        item.context = Path(settings.images_dir).resolve() / loaded.recipe.name
+        item.context = context_path(loaded, settings).resolve()
     _refuse_shared_contexts(items, settings)
     for item in items:
         if item.status != INVALID:
@@ -341,7 +342,7 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     from imgbuild.plan import make_plan
     from imgbuild.render import render
 
-    ctx = Path(settings.images_dir) / loaded.recipe.name
+    ctx = context_path(loaded, settings)
     item.target = str(ctx)
     lock_path = ctx / "imgbuild.lock.json"
     if ctx.is_symlink() or ctx.parent.is_symlink():

@@ -184,3 +184,13 @@ def test_a_package_built_for_another_framework_version_fails_its_import_check(te
     assert res.code == 1, res.err
     assert "imports: 1 of 1 module(s) do not import: tf-keras 2.15.0: import tf_keras: AttributeError" in res.err
     assert "was left as it was" in res.err
+
+
+def test_a_failed_step_is_named_not_spelled_out_in_mount_flags():
+    from imgbuild.engine.types import step_name
+
+    long = "[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,target=/tmp/imgbuild-pip --mount=type=cache,id=x"
+    assert step_name(long) == "the pip step [stage-0 4/6]"
+    assert step_name("[2/3] RUN apt-get update") == "the apt step [2/3]"
+    assert step_name("[3/3] RUN make") == "[3/3] RUN make"
+    assert len(step_name("[1/1] RUN " + "x" * 500)) == 120

@@ -126,8 +126,27 @@ _BK_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
 _SDK_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
 
 
+#: What imgbuild's own steps are, by a word each step's instruction holds: named in a failure, instead of
+#: a line of BuildKit mount flags.
+_OWN_STEPS = (
+    ("imgbuild-pip", "the pip step"),
+    ("apt-get", "the apt step"),
+    ("add-user.sh", "the user step"),
+    ("pip-check.base", "the base check step"),
+)
+
+
+def step_name(step: str) -> str:
+    """`[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,...` -> `the pip step ([stage-0 4/6])`."""
+    number = step.split("]", 1)[0] + "]" if step.startswith("[") else ""
+    for word, name in _OWN_STEPS:
+        if word in step:
+            return f"{name} {number}".strip()
+    return step if len(step) <= 120 else step[:117] + "..."
+
+
 def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
-    head = f"build failed at {step}" if step else "build failed"
+    head = f"build failed at {step_name(step)}" if step else "build failed"
     reason = next((e for e in reversed(errors) if e), "")
     if reason:
         head += f": {reason.strip()[:300]}"
