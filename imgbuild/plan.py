@@ -19,6 +19,7 @@ from imgbuild.errors import RecipeError, UsageError
 from imgbuild.host import caller
 from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS, config_env, describe_config, expand_tag, is_pattern
 from imgbuild.recipe import LoadedRecipe, stable_name
+from imgbuild.reqfile import ReqLine
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
@@ -157,23 +158,21 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     from packaging.requirements import Requirement
 
     from imgbuild.errors import Problem
-    from imgbuild.recipe import display_path
 
     recipe = loaded.recipe
     located = loaded.located
 
-    def where(at: tuple[str | int, ...] | int, message: str, hint: str) -> Problem:
-        if isinstance(at, int):  # a line of the requirements file
-            path = display_path(loaded.requirements_path or loaded.path)
-            return Problem(path, at, 1, "pip.requirements", message, hint)
+    def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str) -> Problem:
+        if isinstance(at, ReqLine):  # a line of the requirements file, or of a file it nests
+            return Problem(at.file, at.line, 1, "pip.requirements", message, hint)
         if located is not None:
             return located.problem(at, message, hint)
         return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
 
-    specs: list[tuple[tuple[str | int, ...] | int, str]] = []
+    specs: list[tuple[tuple[str | int, ...] | ReqLine, str]] = []
     specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
     specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
-    specs += list(loaded.requirements)
+    specs += [(line, line.spec) for line in (*loaded.requirements, *loaded.requirement_constraints)]
     problems = [where(at, *found) for at, spec in specs if (found := _conflict(Requirement(spec), base))]
     if problems:
         raise RecipeError(problems)
@@ -247,7 +246,11 @@ def content_hash(loaded: LoadedRecipe) -> str:
     for spec in data["files"]:
         spec["src"] = loaded.file_digests.get(spec["dest"], "")
     if loaded.requirements_path:
-        data["pip"]["requirements"] = [spec for _, spec in loaded.requirements]
+        data["pip"]["requirements"] = {
+            "requirements": [[line.spec, *line.hashes] for line in loaded.requirements],
+            "constraints": [line.spec for line in loaded.requirement_constraints],
+            "options": list(loaded.requirement_options),
+        }
     data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
     data["templates"] = templates_digest()
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

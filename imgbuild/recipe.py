@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from imgbuild import limits
+from imgbuild import limits, reqfile
 from imgbuild.errors import Problem, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
@@ -38,7 +38,7 @@ from imgbuild.repofiles import (
     resolve_inside,
     source_files,
 )
-from imgbuild.yamlpos import Located, PathKey, Pos, load_located, read_text_bounded
+from imgbuild.yamlpos import Located, PathKey, Pos, load_located
 
 # --- field rules, as data -------------------------------------------------------------------------
 # Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
@@ -403,8 +403,11 @@ class LoadedRecipe:
     root: Path | None = None  # the repository every named path stays inside
     #: files[i].dest -> the files to copy (checked: inside the repository, regular, bounded)
     file_manifest: dict[str, list[SourceFile]] = field(default_factory=dict)
-    #: the requirements file's requirement lines as (line number, text), read once at load
-    requirements: tuple[tuple[int, str], ...] = ()
+    #: the requirements file's requirements (its nested -r files' too), each with its file and line, read once
+    requirements: tuple[reqfile.ReqLine, ...] = ()
+    #: its constraints (-c files), and the pip options it sets (index URLs, trusted hosts, --pre, ...)
+    requirement_constraints: tuple[reqfile.ReqLine, ...] = ()
+    requirement_options: tuple[str, ...] = ()
     #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
     file_digests: dict[str, str] = field(default_factory=dict)
 
@@ -810,9 +813,9 @@ def _check_paths(
     root: Path,
     secrets: tuple[str, ...],
     problems: list[Problem],
-) -> tuple[tuple[int, str], ...]:
-    """Check what the recipe's paths name, list and hash the files to copy; return the requirements file's
-    lines. No content is echoed."""
+) -> reqfile.Requirements:
+    """Check what the recipe's paths name, list and hash the files to copy; return what the requirements
+    file (and the files it nests) holds. No content is echoed."""
     data = located.data
     files = _list(data, "files")
     _check_sources(files, loaded_files, digests, located, root, secrets, problems)
@@ -825,7 +828,11 @@ def _check_paths(
             except OutsideRepository:
                 problems.append(located.problem(at, f"no such file: {_show(Path(value).name)}", _RELATIVE_HINT))
     req = pip.get("requirements")
-    requirements = _requirement_lines(Path(req), problems) if isinstance(req, str) and Path(req).is_file() else ()
+    requirements = (
+        reqfile.read(Path(req), root, display_path, problems)
+        if isinstance(req, str) and Path(req).is_file()
+        else reqfile.Requirements()
+    )
     dests: dict[str, int] = {}
     for i, spec in enumerate(files):
         dest = spec.get("dest") if isinstance(spec, dict) else None
@@ -868,29 +875,6 @@ def _check_sources(
             digests[dest] = files_digest(loaded_files[dest], secrets)
         except OutsideRepository as exc:
             problems.append(located.problem(("files", i, "src"), str(exc)))
-
-
-def _requirement_lines(path: Path, problems: list[Problem]) -> tuple[tuple[int, str], ...]:
-    """The requirements file's requirement lines, read once. A bad line is named, never echoed: a
-    requirements file is not ours to print."""
-    display = display_path(path)
-    try:
-        text = read_text_bounded(path, display, limits.REQUIREMENTS_BYTES, "pip.requirements")
-    except RecipeError as exc:
-        problems.extend(exc.problems)
-        return ()
-    lines: list[tuple[int, str]] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        spec = line.split(" #", 1)[0].strip()
-        if not spec or spec.startswith("#"):
-            continue
-        try:
-            _pip_requirement(spec)
-        except ValueError as exc:
-            problems.append(Problem(display, lineno, 1, "pip.requirements", str(exc).split(":", 1)[0]))
-            continue
-        lines.append((lineno, spec))
-    return tuple(lines)
 
 
 def load_recipe(
@@ -944,7 +928,9 @@ def load_recipe(
         located=located,
         root=root,
         file_manifest=manifest,
-        requirements=requirements,
+        requirements=tuple(requirements.requirements),
+        requirement_constraints=tuple(requirements.constraints),
+        requirement_options=tuple(requirements.options),
         file_digests=digests,
     )
 

@@ -111,10 +111,11 @@ def requirements_text(plan: Plan) -> str:
         lines.append(f"--index-url {recipe.pip.index_url}")
     lines += [f"--extra-index-url {url}" for url in recipe.pip.extra_index_urls]
     lines += [f"--trusted-host {host}" for host in recipe.pip.trusted_hosts]
+    lines += [option for option in plan.loaded.requirement_options if option not in lines]
     lines += list(recipe.pip.packages)
     if plan.loaded.requirements_path:
-        lines.append(f"# from {plan.loaded.requirements_path.name}")
-        lines += [spec for _, spec in plan.loaded.requirements]
+        lines.append(f"# from {plan.loaded.requirements_path.name} (and the files it nests)")
+        lines += [" ".join((line.spec, *line.hashes)) for line in plan.loaded.requirements]
     return "\n".join(lines) + "\n"
 
 
@@ -125,6 +126,7 @@ def constraints_text(plan: Plan) -> str:
     ]
     lines += list(plan.protected)
     lines += list(plan.loaded.recipe.pip.constraints)
+    lines += [line.spec for line in plan.loaded.requirement_constraints]
     return "\n".join(lines) + "\n"
 
 

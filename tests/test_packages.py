@@ -194,3 +194,83 @@ def test_a_failed_step_is_named_not_spelled_out_in_mount_flags():
     assert step_name("[2/3] RUN apt-get update") == "the apt step [2/3]"
     assert step_name("[3/3] RUN make") == "[3/3] RUN make"
     assert len(step_name("[1/1] RUN " + "x" * 500)) == 120
+
+
+# --- requirements files as projects write them (issue 19 item 4) ----------------------------------------
+
+
+def _load(tmp_path: Path, files: dict[str, str]):
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: {requirements: requirements.txt}\n')
+    return load_recipe(recipe)
+
+
+def test_real_requirements_files_nest_continue_and_carry_options(tmp_path):
+    loaded = _load(
+        tmp_path,
+        {
+            "requirements.txt": (
+                "# the project's file\n-r requirements/common.txt\n-c constraints.txt\n"
+                "--extra-index-url https://download.example.org/whl\n--pre\n"
+                "transformers>=4.40 \\\n    ; python_version >= '3.9'  # a continued line\n"
+                "mylib @ git+https://github.com/example/mylib.git@v1.2\n"
+                "requests==2.32.3 --hash=sha256:" + "ab" * 32 + "\n"
+            ),
+            "requirements/common.txt": "einops\n-r ../more.txt\n-r ../more.txt\n",  # twice: counted once
+            "more.txt": "tqdm\n",
+            "constraints.txt": "numpy<3\n",
+        },
+    )
+    assert [(Path(r.file).name, r.line, r.spec) for r in loaded.requirements] == [
+        ("common.txt", 1, "einops"),
+        ("more.txt", 1, "tqdm"),
+        ("requirements.txt", 6, "transformers>=4.40      ; python_version >= '3.9'"),
+        ("requirements.txt", 8, "mylib @ git+https://github.com/example/mylib.git@v1.2"),
+        ("requirements.txt", 9, "requests==2.32.3"),
+    ]
+    assert loaded.requirements[-1].hashes == ("--hash=sha256:" + "ab" * 32,)
+    assert [c.spec for c in loaded.requirement_constraints] == ["numpy<3"]
+    assert loaded.requirement_options == ("--extra-index-url https://download.example.org/whl", "--pre")
+
+
+BAD_REQUIREMENT_LINES = [
+    ("-e .", "an editable install needs its source in the image"),
+    ("./local/pkg", "a local path is not in the build context"),
+    ("git+https://github.com/x/y.git", "a bare URL names no package"),
+    ("-r ../../etc/passwd", "is outside the recipe's repository"),
+    ("-r missing.txt", "no such file"),
+    ("--extra-index-url https://user:s3cret@pypi.example.org/simple", "credentials in an index URL"),
+    ("x @ https://user:s3cret@files.example.org/x.whl", "credentials in a requirement URL"),
+    ("--find-links /opt/wheels", "a folder of wheels is not in the image"),
+    ("--global-option=build_ext", "is not supported"),
+    ("torch>=<2", "not a valid requirement"),
+    ("-r requirements.txt", "the file includes itself"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_REQUIREMENT_LINES)
+def test_requirement_lines_that_cannot_work_in_an_image_are_named(tmp_path, line, message):
+    from imgbuild.errors import RecipeError
+
+    with pytest.raises(RecipeError) as err:
+        _load(tmp_path, {"requirements.txt": f"einops\n{line}\n"})
+    text = str(err.value)
+    assert "requirements.txt:2:1: pip.requirements" in text and message in text, text
+    assert "s3cret" not in text and "passwd" not in text.replace("../../etc/passwd", "")  # never echoed
+
+
+def test_a_framework_pin_in_a_nested_file_is_reported_at_its_line(tmp_path):
+    from imgbuild.errors import RecipeError
+    from imgbuild.plan import make_plan
+    from tests.test_recipe_render import fake_inspect, settings
+
+    loaded = _load(tmp_path, {"requirements.txt": "einops\n-r deep.txt\n", "deep.txt": "tqdm\ntorch==2.1.1\n"})
+    with pytest.raises(RecipeError) as err:
+        make_plan(loaded, settings(), fake_inspect)
+    assert "deep.txt:2:1: pip.requirements: torch==2.1.1 conflicts with the base's torch" in str(err.value)
