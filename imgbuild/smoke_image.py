@@ -273,6 +273,17 @@ def missing_library(error: str) -> str:
     return match.group(1) if match else ""
 
 
+def optional_dependency(module: str, error: str) -> str:
+    """The other top-level module whose absence stopped `module`'s import, or "". pip installs every
+    requirement, so a module that is not installed at all is an optional one the package does not
+    require (matplotlib-inline without matplotlib): not a broken image."""
+    match = re.match(r"ModuleNotFoundError: No module named '([\w.]+)'", error)
+    if not match:
+        return ""
+    missing = match.group(1).split(".")[0]
+    return missing if missing != module.split(".")[0] else ""
+
+
 def import_hint(library: str) -> str:
     for name, package in NATIVE_LIBRARIES.items():
         if library.startswith(name.split(".so")[0] + ".so"):
@@ -441,6 +452,24 @@ def added_distributions(baseline: set) -> list:
     return sorted(out)
 
 
+def _classify(work: list, results: list) -> tuple:
+    """Import errors as (failures, needing the driver, needing an optional package)."""
+    failures, driver_only, optional = [], [], []
+    for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
+        for module, error in sorted(errors.items()):
+            library = missing_library(error)
+            absent = optional_dependency(module, error)
+            if absent and name != "smoke.imports":
+                optional.append(f"{name}: import {module} needs {absent}, which it does not require")
+            elif library.startswith(DRIVER_LIBRARIES):
+                driver_only.append(f"{name}: import {module} needs the NVIDIA driver ({library})")
+            elif library:
+                failures.append(f"{name} {version}: import {module}: {library} is missing ({import_hint(library)})")
+            else:
+                failures.append(f"{name} {version}: import {module}: {error}")
+    return failures, driver_only, optional
+
+
 def check_imports() -> dict:
     """Every package the recipe added imports: each distribution's top-level modules, in a fresh
     interpreter, plus the recipe's own `smoke.imports`; `smoke.skip_imports` names distributions to leave."""
@@ -456,20 +485,13 @@ def check_imports() -> dict:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda item: _import_one(item[2]), work))
-    failures, driver_only = [], []
-    for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
-        for module, error in sorted(errors.items()):
-            library = missing_library(error)
-            if library.startswith(DRIVER_LIBRARIES):
-                driver_only.append(f"{name}: import {module} needs the NVIDIA driver ({library})")
-            elif library:
-                failures.append(f"{name} {version}: import {module}: {library} is missing ({import_hint(library)})")
-            else:
-                failures.append(f"{name} {version}: import {module}: {error}")
+    failures, driver_only, optional = _classify(work, results)
     checked = sum(len(m) for _, _, m in work)
     if failures:
         raise Fail(f"{len(failures)} of {checked} module(s) do not import: " + "; ".join(failures[:4]))
     reason = f"{checked} module(s) of {len(work)} added distribution(s) import"
+    if optional:
+        reason += f"; {len(optional)} need an optional package that is not installed: " + "; ".join(optional[:2])
     if driver_only:
         reason += f"; {len(driver_only)} need the driver, checked on a GPU host: " + "; ".join(driver_only[:2])
     return {"distributions": [f"{n}=={v}" for n, v, _ in work if v], "modules": checked, "reason": reason}

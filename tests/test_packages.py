@@ -60,16 +60,23 @@ def test_every_added_package_is_imported_and_a_missing_library_is_named(site, mo
     _dist(site, "abi-fake", "2.11", "abifake", "raise OSError('undefined symbol: _ZN3c104cuda9SetDevice')")
     driver = "libcuda.so.1: cannot open shared object file: No such file or directory"
     _dist(site, "driverpkg", "1.0", "driverpkg", f"raise ImportError({driver!r})")
+    _dist(site, "inline-fake", "0.2", "inlinefake", "import not_installed_optional_dep")  # matplotlib-inline
     check = _imports()
     assert check["status"] == "fail", check
     assert "opencv-fake 4.10: import cv2fake: libxcb.so.1 is missing (add apt: [libxcb1])" in check["reason"]
     assert "abi-fake 2.11: import abifake: OSError: undefined symbol" in check["reason"]
     assert "driverpkg" not in check["reason"]  # libcuda comes with the driver at run time
-    assert "2 of 5 module(s) do not import" in check["reason"]
+    assert "2 of 6 module(s) do not import" in check["reason"] and "inline" not in check["reason"]
     monkeypatch.setenv("IMGBUILD_SMOKE_SKIP_IMPORTS", "opencv_fake abi-fake")  # names are canonicalised
     check = _imports()
-    assert check["status"] == "pass" and "3 module(s)" in check["reason"] and "need the driver" in check["reason"]
-    assert set(check["details"]["distributions"]) == {"goodpkg==1.0", "recordonly==2.0", "driverpkg==1.0"}
+    assert check["status"] == "pass" and "4 module(s)" in check["reason"] and "need the driver" in check["reason"]
+    assert "inline-fake: import inlinefake needs not_installed_optional_dep" in check["reason"]
+    assert set(check["details"]["distributions"]) == {
+        "goodpkg==1.0",
+        "recordonly==2.0",
+        "driverpkg==1.0",
+        "inline-fake==0.2",
+    }
 
 
 def test_the_recipes_own_imports_and_commands(site, monkeypatch):
