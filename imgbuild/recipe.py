@@ -300,8 +300,26 @@ class Base(_Strict):
         return self
 
 
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+
+def _unpinnable(value: str) -> str:
+    from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS
+
+    name = re.sub(r"[-_.]+", "-", value).lower()
+    if any(name in fw.packages for fw in FRAMEWORKS.values()) or name.startswith(CUDA_PACKAGE_PREFIXES):
+        raise ValueError(f"{_show(value)} is the base's framework or CUDA stack, which is never unpinned")
+    return value
+
+
 class Pip(_Strict):
     packages: list[PipSpec] = Field(default_factory=list)
+    #: base packages whose pin is dropped on purpose (reviewed): pip may then move them
+    unpin: Annotated[
+        list[Annotated[str, _check(_DIST_RE, "not a package name"), AfterValidator(_unpinnable)]],
+        Field(max_length=64),
+    ] = Field(default_factory=list)
     requirements: OneLine | None = None
     constraints: list[PipSpec] = Field(default_factory=list)
     index_url: IndexUrl | None = None
@@ -324,10 +342,6 @@ class FileSpec(_Strict):
     dest: Annotated[str, AfterValidator(_abs_path), AfterValidator(_dest_path)]
     mode: Annotated[str, AfterValidator(_octal_mode)] | None = None
     owner: Literal["user", "root"] | None = None
-
-
-_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 
 def _gpu_target(value: str) -> str:

@@ -166,6 +166,8 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     if has_pip:
         put("imgbuild/pip/requirements.txt", requirements_text(plan))
         put("imgbuild/pip/constraints.txt", constraints_text(plan))
+        if recipe.pip.unpin:
+            put("imgbuild/pip/unpin.txt", "".join(f"{name}\n" for name in recipe.pip.unpin))
         framework = FRAMEWORKS.get(plan.base.framework)
         if framework:
             put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))

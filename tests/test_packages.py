@@ -281,3 +281,38 @@ def test_a_framework_pin_in_a_nested_file_is_reported_at_its_line(tmp_path):
     with pytest.raises(RecipeError) as err:
         make_plan(loaded, settings(), fake_inspect)
     assert "deep.txt:2:1: pip.requirements: torch==2.1.1 conflicts with the base's torch" in str(err.value)
+
+
+# --- pip.unpin (issue 19 item 7) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["torch", "tensorflow-cpu", "TensorFlow_GPU", "nvidia-cudnn-cu12", "tf.nightly"])
+def test_the_framework_and_cuda_stack_can_never_be_unpinned(tmp_path, name):
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {{packages: [x], unpin: ["{name}"]}}\n'
+    )
+    with pytest.raises(RecipeError, match=r"r.yaml:3:\d+: pip.unpin\[0\]: .* never unpinned"):
+        load_recipe(recipe)
+
+
+@pytest.mark.engine
+def test_unpin_lets_pip_move_a_base_package_on_purpose(testbed, tmp_path, cleanup_images):
+    """`numpy<2.4` against the base's numpy 2.4.6 is a conflict; `unpin: [numpy]` lets pip move it, and the
+    import checks then prove torch still works with it."""
+    base = 'name: pkgs\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: ["numpy<2.4"]\n'
+    recipe = _project(tmp_path, base)
+    pinned = run_cli("build", str(recipe), cwd=tmp_path)
+    assert pinned.code == 1 and "conflict with the base's pins" in pinned.err, pinned.err[-1500:]
+    recipe.write_text(base + "  unpin: [numpy]\n")
+    moved = run_cli("build", str(recipe), cwd=tmp_path)
+    assert moved.code == 0, moved.err[-2000:]
+    cleanup_images.append(moved.out.split(" -> ")[0].strip())
+    report = json.loads((tmp_path / "images" / "pkgs" / "smoke.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert any(d.startswith("numpy==2.3") for d in checks["imports"]["details"]["distributions"])
+    assert checks["framework"]["status"] == "pass" and checks["cpu compute"]["status"] == "pass"

@@ -11,6 +11,18 @@ else
   python3 -m pip list --format=freeze --exclude pip > "$pins"; origin="a freeze of the base's packages"
 fi
 unset PIP_CONSTRAINT
+# pip.unpin: base packages the recipe lets pip move, on purpose (never the framework or CUDA stack).
+if [ -s "$here/unpin.txt" ]; then
+  python3 - "$pins" "$here/unpin.txt" <<'EOF'
+import re, sys
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+drop = {canon(name) for name in open(sys.argv[2]).read().split()}
+lines = open(sys.argv[1]).read().splitlines()
+keep = [ln for ln in lines if canon(re.split(r"[<>=!~;\[ @]", ln.strip(), maxsplit=1)[0]) not in drop]
+open(sys.argv[1], "w").write("".join(ln + "\n" for ln in keep))
+print("imgbuild: unpinned " + ", ".join(sorted(drop)) + " (pip.unpin)")
+EOF
+fi
 # The base's framework under another distribution name (PyPI's tensorflow over the base's tensorflow-cpu)
 # would overwrite its files: every such name the base does not have is refused outright.
 if [ -f "$here/framework.txt" ]; then
