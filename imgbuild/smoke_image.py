@@ -55,6 +55,20 @@ NATIVE_LIBRARIES = {
     "libsqlite3.so.0": "libsqlite3-0",
     "libzstd.so.1": "libzstd1",
 }
+#: What well-known wheels need from the system, all of it: one failed import names one library, the fix
+#: needs the whole line.
+NATIVE_NEEDS = {
+    "opencv-python": ("libgl1", "libglib2.0-0", "libxcb1"),
+    "opencv-contrib-python": ("libgl1", "libglib2.0-0", "libxcb1"),
+    "ultralytics": ("libgl1", "libglib2.0-0", "libxcb1"),
+    "mmcv": ("libgl1", "libglib2.0-0"),
+    "pyaudio": ("libportaudio2",),
+    "sounddevice": ("libportaudio2",),
+    "librosa": ("libsndfile1", "ffmpeg"),
+    "torchcodec": ("ffmpeg",),
+    "decord": ("ffmpeg",),
+    "deepspeed": ("libaio1",),
+}
 #: Driver libraries the NVIDIA container toolkit mounts at run time: missing in a build, never an error.
 DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-", "libnvcuvid.so", "libnvrtc-builtins")
 #: Below this half/fp32 GEMM ratio no tensor core can be in use: fp16 without tensor cores reaches at
@@ -284,7 +298,9 @@ def optional_dependency(module: str, error: str) -> str:
     return missing if missing != module.split(".")[0] else ""
 
 
-def import_hint(library: str) -> str:
+def import_hint(library: str, distribution: str = "") -> str:
+    if distribution in NATIVE_NEEDS:
+        return f"add apt: [{', '.join(NATIVE_NEEDS[distribution])}]"
     for name, package in NATIVE_LIBRARIES.items():
         if library.startswith(name.split(".so")[0] + ".so"):
             return f"add apt: [{package}]"
@@ -464,7 +480,8 @@ def _classify(work: list, results: list) -> tuple:
             elif library.startswith(DRIVER_LIBRARIES):
                 driver_only.append(f"{name}: import {module} needs the NVIDIA driver ({library})")
             elif library:
-                failures.append(f"{name} {version}: import {module}: {library} is missing ({import_hint(library)})")
+                hint = import_hint(library, name)
+                failures.append(f"{name} {version}: import {module}: {library} is missing ({hint})")
             else:
                 failures.append(f"{name} {version}: import {module}: {error}")
     return failures, driver_only, optional

@@ -136,6 +136,8 @@ def test_missing_libraries_map_to_apt_packages():
     assert script.missing_library("libGL.so.1: cannot open shared object file: No such file") == "libGL.so.1"
     assert script.import_hint("libGL.so.1") == "add apt: [libgl1]"
     assert script.import_hint("libgthread-2.0.so.0") == "add apt: [libglib2.0-0]"
+    # a well-known wheel gets its whole line, not one library per failed build
+    assert script.import_hint("libGL.so.1", "opencv-python") == "add apt: [libgl1, libglib2.0-0, libxcb1]"
     assert script.missing_library("No module named 'x'") == ""
 
 

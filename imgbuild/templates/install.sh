@@ -62,6 +62,9 @@ if [ "${rc:-1}" != 0 ]; then
   else
     why="pip failed; see its output above"
   fi
+  # The resolver tried version after version of a package: name it (every version wants another torch?).
+  looked=$(grep -oE 'pip is looking at multiple versions of [A-Za-z0-9_.-]+' "$log" | tail -n 1 | sed 's/.* of //')
+  [ -n "$looked" ] && why="$why (pip backtracked through versions of $looked: each may need another pin of the base)"
   echo "imgbuild: pip step failed: $why" >&2
   rm -f "$pins" "$log"; exit 1
 fi
