@@ -101,6 +101,10 @@ def image_labels(plan: Plan) -> dict[str, str]:
     )
     if recipe.description:
         labels["org.opencontainers.image.description"] = recipe.description
+    # The OCI base annotations: Renovate, crane and registry UIs see the base and its staleness without us.
+    labels["org.opencontainers.image.base.name"] = plan.base.ref
+    if plan.base.digest:
+        labels["org.opencontainers.image.base.digest"] = plan.base.digest
     return labels
 
 

@@ -75,6 +75,10 @@ def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_p
     lock = json.loads((tmp_path / "ctx" / "imgbuild.lock.json").read_text())
     assert labels["org.imgbuild.input-hash"] == lock["input_hash"]
     assert labels["org.imgbuild.base-digest"] == lock["base"]["digest"].strip()
+    # the OCI base annotations, for Renovate, crane and registry UIs
+    assert labels["org.opencontainers.image.base.name"] == lock["base"]["ref"]
+    assert labels["org.opencontainers.image.base.digest"] == lock["base"]["digest"]
+    assert statuses["imports"] == "pass"  # einops, tensorboard, jupyterlab and their dependencies import
 
 
 def test_team_recipe_extends_house_recipe(testbed, docker_client, tmp_path, as_host_user, cleanup_images):
