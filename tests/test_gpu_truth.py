@@ -437,3 +437,20 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
     first, second = client.created
     assert first["device_requests"][0]["DeviceIDs"] == ["GPU-1"] and second["device_requests"] is None
     assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
+
+
+def test_a_remote_engine_is_asked_whether_its_host_has_gpus(monkeypatch):
+    """A DOCKER_HOST elsewhere: this machine's /dev says nothing about the engine's host."""
+    from imgbuild.engine import Engine
+
+    class Client:
+        def __init__(self, info):
+            self._info = info
+
+        def info(self):
+            return self._info
+
+    monkeypatch.setenv("DOCKER_HOST", "tcp://gpu-server:2376")
+    assert Engine(Client({"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}})).host_has_gpus()
+    assert Engine(Client({"DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=all"}]})).host_has_gpus()
+    assert not Engine(Client({"Runtimes": {"runc": {}}})).host_has_gpus()

@@ -85,9 +85,21 @@ class Engine:
     # -- both ---------------------------------------------------------------------------------------
 
     def host_has_gpus(self) -> bool:
+        """Whether the engine's host has NVIDIA GPUs: this machine's device nodes for a local engine; for a
+        remote one (tcp://, ssh://) what the engine reports (an NVIDIA runtime, or CDI GPU devices)."""
         from imgbuild.gpus import gpu_devices_present
 
-        return gpu_devices_present()
+        host = os.environ.get("DOCKER_HOST", "")
+        if not host or host.startswith(("unix://", "npipe://")):
+            return gpu_devices_present()
+        from docker.errors import DockerException
+
+        try:
+            info = self.client.info()
+        except DockerException:
+            return False
+        devices = [str(d.get("ID", "")) for d in info.get("DiscoveredDevices") or [] if isinstance(d, dict)]
+        return "nvidia" in (info.get("Runtimes") or {}) or any("nvidia.com/gpu" in d for d in devices)
 
     def remove_leftovers(self, candidate: str) -> None:
         """Remove what a killed run left for `candidate`: smoke containers (labelled) and the candidate tag."""
