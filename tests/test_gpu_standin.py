@@ -67,20 +67,25 @@ def test_bad_fleet_flags_are_usage_errors_before_any_engine(standin):
         assert res.code == 2 and "Traceback" not in res.err, (args, res.err)
 
 
-def test_a_fleet_the_image_cannot_serve_stops_promotion(testbed, tmp_path, docker_client, cleanup_images):
+def test_a_fleet_the_image_cannot_serve_stops_promotion(testbed, tmp_path, docker_client, cleanup_images, unique):
     (tmp_path / ".git").mkdir()
     (tmp_path / "recipes").mkdir()
     recipe = tmp_path / "recipes" / "cu.yaml"
-    recipe.write_text('name: cu\ntag: v1\nbase: {framework: pytorch, tag: "25.10"}\nsmoke: {targets: [h100, v100]}\n')
+    name = f"cu-{unique}"
+    recipe.write_text(
+        f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "25.10"}}\nsmoke: {{targets: [h100, v100]}}\n'
+    )
     res = run_cli("build", str(recipe), cwd=tmp_path)
     assert res.code == 1 and "fleet: cannot run on v100: sm_70: no kernels" in res.err, res.err
     assert "was left as it was (not built before)" in res.err
-    report = json.loads((tmp_path / "images" / "cu" / "smoke.json").read_text())
+    report = json.loads((tmp_path / "images" / name / "smoke.json").read_text())
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["cuda libraries"] == "pass" and statuses["fleet"] == "fail" and statuses["framework"] == "pass"
     tags = [t for image in docker_client.images.list() for t in image.tags]
-    assert not [t for t in tags if t.split("/")[-1] in ("cu:v1", "cu:v1-candidate")]  # nothing was tagged
-    recipe.write_text('name: cu\ntag: v1\nbase: {framework: pytorch, tag: "25.10"}\nsmoke: {targets: [t4, h100]}\n')
+    assert not [t for t in tags if t.split("/")[-1].startswith(f"{name}:")]  # nothing was tagged
+    recipe.write_text(
+        f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "25.10"}}\nsmoke: {{targets: [t4, h100]}}\n'
+    )
     ok = run_cli("build", str(recipe), cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "580.95.05"})
     assert ok.code == 0, ok.err
     cleanup_images.append(ok.out.split(" -> ")[0].strip())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -145,11 +146,17 @@ def test_missing_libraries_map_to_apt_packages():
 
 
 def _project(tmp_path: Path, text: str) -> Path:
+    """A repository with one recipe; its name gets this run's suffix (images/<name>/ is _context(tmp_path))."""
     (tmp_path / ".git").mkdir(exist_ok=True)
     (tmp_path / "recipes").mkdir(exist_ok=True)
     path = tmp_path / "recipes" / "pkgs.yaml"
-    path.write_text(text)
+    path.write_text(text.replace("name: pkgs\n", f"name: pkgs-{uuid.uuid4().hex[:8]}\n"))
     return path
+
+
+def _smoke_json(tmp_path: Path) -> dict:
+    (context,) = (tmp_path / "images").iterdir()
+    return json.loads((context / "smoke.json").read_text())
 
 
 @pytest.mark.engine
@@ -161,12 +168,13 @@ def test_a_package_that_cannot_import_is_not_promoted_and_the_apt_line_fixes_it(
     assert res.code == 1 and "imports: " in res.err, res.err
     assert "opencv-python" in res.err and "import cv2" in res.err and "is missing (add apt: [" in res.err
     recipe.write_text(
-        base + "apt: [libgl1, libglib2.0-0, libxcb1]\nsmoke: {imports: [cv2.dnn], run: ['python3 -c \"import cv2\"']}\n"
+        recipe.read_text()
+        + "apt: [libgl1, libglib2.0-0, libxcb1]\nsmoke: {imports: [cv2.dnn], run: ['python3 -c \"import cv2\"']}\n"
     )
     ok = run_cli("build", str(recipe), cwd=tmp_path)
     assert ok.code == 0, ok.err
     cleanup_images.append(ok.out.split(" -> ")[0].strip())
-    report = json.loads((tmp_path / "images" / "pkgs" / "smoke.json").read_text())
+    report = _smoke_json(tmp_path)
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["imports"]["status"] == "pass" and "opencv-python==" in str(checks["imports"]["details"])
     assert checks["recipe checks"]["status"] == "pass"
@@ -310,11 +318,11 @@ def test_unpin_lets_pip_move_a_base_package_on_purpose(testbed, tmp_path, cleanu
     recipe = _project(tmp_path, base)
     pinned = run_cli("build", str(recipe), cwd=tmp_path)
     assert pinned.code == 1 and "conflict with the base's pins" in pinned.err, pinned.err[-1500:]
-    recipe.write_text(base + "  unpin: [numpy]\n")
+    recipe.write_text(recipe.read_text() + "  unpin: [numpy]\n")
     moved = run_cli("build", str(recipe), cwd=tmp_path)
     assert moved.code == 0, moved.err[-2000:]
     cleanup_images.append(moved.out.split(" -> ")[0].strip())
-    report = json.loads((tmp_path / "images" / "pkgs" / "smoke.json").read_text())
+    report = _smoke_json(tmp_path)
     checks = {c["name"]: c for c in report["checks"]}
     assert any(d.startswith("numpy==2.3") for d in checks["imports"]["details"]["distributions"])
     assert checks["framework"]["status"] == "pass" and checks["cpu compute"]["status"] == "pass"
