@@ -303,6 +303,25 @@ def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None
     return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
 
 
+def export_devcontainer(plan: Plan, out: Path | None) -> Path:
+    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image with the site's run rules."""
+    import json
+
+    from imgbuild.config import site_section
+    from imgbuild.devcontainer import devcontainer
+    from imgbuild.run import house_rules
+
+    folder = out or Path(".devcontainer")
+    path = folder / "devcontainer.json"
+    document = json.dumps(devcontainer(plan, house_rules(site_section("run"))), indent=2) + "\n"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(document)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
+    return path
+
+
 def apptainer_tool() -> str | None:
     return shutil.which("apptainer") or shutil.which("singularity")
 

@@ -77,6 +77,7 @@ def testbed_settings() -> dict[str, str]:
             "IMGBUILD_DOCKER_CLI",
             "IMGBUILD_PIP_CA_BUNDLE",
             "IMGBUILD_TESTBED_CACHE",
+            "IMGBUILD_TESTBED_DEVCONTAINER",
         )
         _TESTBED.update({k: os.environ[k] for k in keys if os.environ.get(k)})
         return _TESTBED

@@ -12,16 +12,21 @@ from imgbuild.errors import UsageError
 
 @cli.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--apptainer", is_flag=True, required=True, help="Write an Apptainer definition file.")
+@click.option("--apptainer", is_flag=True, help="Write an Apptainer definition file.")
+@click.option(
+    "--devcontainer", is_flag=True, help="Write .devcontainer/devcontainer.json for VS Code and the Dev Containers CLI."
+)
 @click.option(
     "--from",
     "bootstrap",
     type=click.Choice(["docker-daemon", "docker-archive", "native"]),
     default="docker-daemon",
     show_default=True,
-    help="Bootstrap from the built image (daemon, or a docker save archive) or render natively.",
+    help="Apptainer: bootstrap from the built image (daemon, or a docker save archive) or render natively.",
 )
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Definition file to write.")
+@click.option(
+    "-o", "--out", type=click.Path(path_type=Path), help="Definition file (Apptainer) or folder (dev container)."
+)
 @click.option(
     "--build/--no-build",
     default=True,
@@ -29,15 +34,25 @@ from imgbuild.errors import UsageError
     help="Build the .sif and run its %test when apptainer is installed.",
 )
 @click.pass_context
-def export(ctx: click.Context, recipe: Path, apptainer: bool, bootstrap: str, out: Path | None, build: bool) -> None:
-    """Export a recipe for clusters: an Apptainer definition (and the .sif where apptainer exists)."""
+def export(
+    ctx: click.Context, recipe: Path, apptainer: bool, devcontainer: bool, bootstrap: str, out: Path | None, build: bool
+) -> None:
+    """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), or a
+    dev container for VS Code."""
     from imgbuild.bases import plan_recipe
     from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer
     from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe
 
+    if apptainer == devcontainer:
+        raise UsageError("export: give one of --apptainer or --devcontainer")
     settings = _settings(ctx)
     loaded = load_recipe(recipe, secrets=settings.secrets())
+    if devcontainer:
+        from imgbuild.cluster import export_devcontainer
+
+        click.echo(str(export_devcontainer(plan_recipe(loaded, settings, offline=True), out)))
+        return
     to_stdout = out is not None and str(out) == "-"
     if to_stdout and bootstrap == "docker-archive":
         raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
