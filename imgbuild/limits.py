@@ -40,6 +40,8 @@ SMOKE_SECONDS = 1800
 HTTP_REQUEST_SECONDS = 30.0
 #: Everything one command asks of registries (retries and pages included).
 HTTP_COMMAND_SECONDS = 180.0
+#: `imgbuild mirror`: everything one run asks of one registry, blobs of many GB included.
+MIRROR_SECONDS = 6 * 3600.0
 #: One response body, after decompression (manifests and configs are KBs, a tag page 100s of KB).
 HTTP_BODY_BYTES = 8 * MIB
 #: All tag-list pages of one repository together.

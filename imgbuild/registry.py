@@ -207,7 +207,7 @@ class RegistryClient:
         self._basic = False
 
     @classmethod
-    def for_host(cls, host: str, settings: Any) -> RegistryClient:
+    def for_host(cls, host: str, settings: Any, command_seconds: float | None = None) -> RegistryClient:
         """A client with credentials from settings (NGC API key on the NGC host) or the docker config."""
         creds = None
         if settings.ngc_api_key and host == settings.ngc_registry:
@@ -221,7 +221,7 @@ class RegistryClient:
             insecure=insecure,
             backoff=settings.registry_backoff,
             timeout=settings.registry_timeout,
-            command_seconds=settings.registry_deadline,
+            command_seconds=command_seconds or settings.registry_deadline,
         )
 
     # -- HTTP with auth and retries --------------------------------------------------------------
@@ -459,6 +459,138 @@ class RegistryClient:
         """Manifest and image config (Env, Labels, ...) without pulling any layer."""
         manifest = self.manifest(repo, reference)
         return manifest, self.blob_json(repo, manifest.config_digest)
+
+    # -- copying between registries (imgbuild mirror) --------------------------------------------------
+
+    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
+        """(the manifest's bytes as served, its media type, its digest): copied as they are, digests hold."""
+        resp = self.request(
+            "GET", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
+        )
+        self._check(resp, f"manifest {reference}", repo)
+        body = resp.json()
+        media_type = str((body.get("mediaType") if isinstance(body, dict) else "") or "")
+        media_type = media_type or resp.headers.get("Content-Type", "").split(";")[0].strip()
+        digest = _digest_of(resp.content)
+        if DIGEST_RE.fullmatch(reference) and reference != digest:
+            raise RegistryError(f"registry {self.host}: the manifest served for {reference[:19]} has another digest")
+        return resp.content, media_type, digest
+
+    def manifest_digest(self, repo: str, reference: str) -> str | None:
+        """The digest `reference` points at here, or None when there is none."""
+        resp = self.request(
+            "HEAD", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
+        )
+        if resp.status_code == 404:
+            return None
+        self._check(resp, f"manifest {reference}", repo)
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        return digest if DIGEST_RE.fullmatch(digest) else None
+
+    def put_manifest(self, repo: str, reference: str, content: bytes, media_type: str) -> None:
+        resp = self.request(
+            "PUT",
+            f"/v2/{repo}/manifests/{reference}",
+            f"repository:{repo}:pull,push",
+            {"Content-Type": media_type},
+            data=content,
+        )
+        self._check(resp, f"manifest {reference}", repo)
+
+    def delete_manifest(self, repo: str, digest: str) -> None:
+        resp = self.request("DELETE", f"/v2/{repo}/manifests/{digest}", f"repository:{repo}:pull,push,delete")
+        if resp.status_code in (405, 400):
+            raise RegistryError(
+                f"registry {self.host}: deleting manifests is not enabled there (HTTP {resp.status_code})"
+            )
+        self._check(resp, f"manifest {digest[:19]}", repo)
+
+    def has_blob(self, repo: str, digest: str) -> bool:
+        resp = self.request("HEAD", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
+        return resp.status_code == 200
+
+    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
+        """Cross-repository mount: the blob is already here under `from_repo`; True when the registry did it."""
+        resp = self.request(
+            "POST",
+            f"/v2/{repo}/blobs/uploads/?mount={digest}&from={from_repo}",
+            f"repository:{repo}:pull,push",
+            data=b"",
+        )
+        return resp.status_code == 201
+
+    def download_blob(self, repo: str, digest: str, size: int, dest: Path) -> None:
+        """Stream a blob to `dest`, checking its size and digest on the way (a blob is never held in memory)."""
+        import hashlib
+
+        url = self._url(f"/v2/{repo}/blobs/{digest}")
+        resp = self._stream("GET", url, f"repository:{repo}:pull")
+        sha, received = hashlib.sha256(), 0
+        try:
+            self._check(Reply(resp.status_code, resp.headers, b"", url), f"blob {digest[:19]}", repo)
+            with open(dest, "wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    received += len(chunk)
+                    if received > size:
+                        raise RegistryError(
+                            f"registry {self.host}: blob {digest[:19]} is larger than its manifest says"
+                        )
+                    if time.monotonic() > self.deadline:
+                        raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
+                    sha.update(chunk)
+                    out.write(chunk)
+        except requests.RequestException as exc:
+            raise self._unavailable(f"broke off a download ({type(exc).__name__})") from None
+        finally:
+            resp.close()
+        if "sha256:" + sha.hexdigest() != digest:
+            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
+
+    def upload_blob(self, repo: str, digest: str, source: Path) -> None:
+        """Upload a blob in one PUT (the registry checks the digest)."""
+        scope = f"repository:{repo}:pull,push"
+        resp = self.request("POST", f"/v2/{repo}/blobs/uploads/", scope, data=b"")
+        self._check(resp, "upload", repo)
+        location = urljoin(self._url("/"), resp.headers.get("Location", ""))
+        if urlsplit(location).netloc != self.host:
+            raise RegistryError(f"registry {self.host}: the upload location points at another host")
+        url = location + ("&" if "?" in location else "?") + f"digest={digest}"
+        try:
+            with open(source, "rb") as body:
+                headers = {"Content-Type": "application/octet-stream", "Content-Length": str(source.stat().st_size)}
+                put = self._stream("PUT", url, scope, headers=headers, data=body)
+                put.close()
+        except requests.RequestException as exc:
+            raise self._unavailable(f"broke off an upload ({type(exc).__name__})") from None
+        self._check(Reply(put.status_code, put.headers, b"", url), f"blob {digest[:19]}", repo)
+
+    def _stream(
+        self, method: str, url: str, scope: str, headers: dict[str, str] | None = None, **kw: Any
+    ) -> requests.Response:
+        """A request whose body is streamed (blobs): authorised like `request`, bounded by an idle timeout
+        per read and by this client's deadline; the caller reads and closes it."""
+        for _ in range(3):
+            if self._left() <= 0:
+                raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
+            self.requests_made += 1
+            try:
+                resp = self.session.request(
+                    method,
+                    url,
+                    headers={**(headers or {}), **self._authorization(scope)},
+                    timeout=(10.0, self.timeout),
+                    stream=True,
+                    **kw,
+                )
+            except (requests.RequestException, OSError) as exc:
+                raise self._unavailable(f"is unreachable ({type(exc).__name__})") from None
+            if resp.status_code != 401:
+                return resp
+            resp.close()
+            self._answer_challenge(scope, resp.headers.get("WWW-Authenticate", ""))
+            if hasattr(kw.get("data"), "seek"):
+                kw["data"].seek(0)
+        raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
 
 
 def _shutdown(resp: requests.Response) -> None:

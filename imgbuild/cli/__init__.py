@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump"]),
     ("Images", ["build", "smoke", "rebuild"]),
-    ("Registry", ["tags"]),
+    ("Registry", ["tags", "mirror"]),
     ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
     ("Clusters", ["export", "slurm"]),
     ("Settings", ["config"]),

@@ -83,3 +83,45 @@ def tags(
     print_table(columns, rows, title=f"{listing.repository}: {len(infos)} of {listing.total} tags")
     for note in listing.notes:
         click.echo(f"note: {note}", err=True)
+
+
+@cli.command()
+@click.argument("repository", default="pytorch")
+@click.option("--to", "to", required=True, metavar="REGISTRY", help="The site registry to copy into (host[:port]).")
+@click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
+@click.option("--variant", default="none", show_default=True, help="Tag variant: none (plain -py3), any, or e.g. igpu.")
+@click.option("--tag", "only", multiple=True, metavar="TAG", help="Only this tag (repeat for more).")
+@click.option("--keep", type=click.IntRange(min=1), help="Prune mirrored tags of this selection beyond the newest N.")
+@click.option("--dry-run", is_flag=True, help="Say what would be copied or pruned; copy nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@click.pass_context
+def mirror(
+    ctx: click.Context,
+    repository: str,
+    to: str,
+    since: str | None,
+    variant: str,
+    only: tuple[str, ...],
+    keep: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Copy NGC tags (pytorch, tensorflow or ORG/REPO) into a site registry, digests preserved."""
+    from imgbuild.mirror import MirrorRequest
+    from imgbuild.mirror import mirror as copy_tags
+    from imgbuild.ui import Progress, print_table
+
+    request = MirrorRequest(repository, to, since=since, variant=variant, keep=keep, dry_run=dry_run, tags=only)
+    with Progress(f"imgbuild mirror {repository} --to {to}", enabled=not as_json) as progress:
+        results = copy_tags(_settings(ctx), request, progress)
+    if as_json:
+        _emit_json([r.to_json() for r in results])
+        return
+    print_table(
+        ["tag", "status", "digest", "blobs copied", "present", "mounted", "MiB copied"],
+        [
+            [r.tag, r.status, r.digest[:19], r.blobs_copied, r.blobs_present, r.blobs_mounted, r.bytes_copied >> 20]
+            for r in results
+        ],
+        title=f"mirror to {to}",
+    )
