@@ -18,8 +18,6 @@ import requests
 
 from tests.conftest import ROOT, run_cli
 
-pytestmark = pytest.mark.engine
-
 ACCEPT = ", ".join(
     (
         "application/vnd.oci.image.index.v1+json",
@@ -85,6 +83,7 @@ def _source_digest(testbed: dict[str, str], repo: str, tag: str) -> str:
     return resp.headers["Docker-Content-Digest"]
 
 
+@pytest.mark.engine
 def test_mirror_copies_with_digests_kept_and_a_second_run_copies_nothing(testbed, mirror, tmp_path):
     first = run_cli("mirror", "tensorflow", "--to", mirror.host, "--since", "24.01", "--json")
     assert first.code == 0, first.err
@@ -101,6 +100,7 @@ def test_mirror_copies_with_digests_kept_and_a_second_run_copies_nothing(testbed
     assert mirror.digest("nvidia/pytorch", "24.05-py3") == _source_digest(testbed, "nvidia/pytorch", "24.05-py3")
 
 
+@pytest.mark.engine
 def test_a_copy_interrupted_when_the_mirror_stops_resumes_and_completes(testbed, mirror):
     args = ["--to", mirror.host, "--tag", "23.10-py3", "--json"]
     env = {**os.environ, **testbed, "IMGBUILD_REGISTRY_BACKOFF": "0.02", "IMGBUILD_REGISTRY_TIMEOUT": "5"}
@@ -128,6 +128,7 @@ def test_a_copy_interrupted_when_the_mirror_stops_resumes_and_completes(testbed,
     assert mirror.digest("nvidia/pytorch", "23.10-py3") == _source_digest(testbed, "nvidia/pytorch", "23.10-py3")
 
 
+@pytest.mark.engine
 def test_keep_prunes_only_older_mirrored_tags_and_recipes_build_from_the_mirror(testbed, mirror, tmp_path):
     for tag in ("23.10-py3", "24.05-py3"):
         assert run_cli("mirror", "pytorch", "--to", mirror.host, "--tag", tag).code == 0
@@ -153,6 +154,7 @@ def test_keep_prunes_only_older_mirrored_tags_and_recipes_build_from_the_mirror(
     subprocess.run(["docker", "rmi", built.out.split(" -> ")[0].strip()], capture_output=True)
 
 
+@pytest.mark.engine
 def test_bad_targets_are_usage_errors(testbed):
     for args in (
         ["--to", "not a host"],
@@ -161,3 +163,17 @@ def test_bad_targets_are_usage_errors(testbed):
     ):
         res = run_cli("mirror", "pytorch", *args)
         assert res.code == 2 and "Traceback" not in res.err, (args, res.err)
+
+
+@pytest.mark.parametrize("target", ["registry.lab.example:5000", "127.0.0.1:5999"])
+def test_the_ngc_key_goes_to_the_ngc_host_only(target, monkeypatch, tmp_path):
+    """Source and target get a client each; the mirror's client never carries the NGC key."""
+    from imgbuild.config import load_settings
+    from imgbuild.registry import RegistryClient
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no docker login here
+    settings = load_settings({"ngc_registry": "nvcr.io", "ngc_api_key": "nvapi-secret-key"}, environ={})
+    source = RegistryClient.for_host("nvcr.io", settings)
+    mirror = RegistryClient.for_host(target, settings)
+    assert source.credentials and source.credentials.password == "nvapi-secret-key"
+    assert mirror.credentials is None
