@@ -454,3 +454,22 @@ def test_a_remote_engine_is_asked_whether_its_host_has_gpus(monkeypatch):
     assert Engine(Client({"Runtimes": {"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}})).host_has_gpus()
     assert Engine(Client({"DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=all"}]})).host_has_gpus()
     assert not Engine(Client({"Runtimes": {"runc": {}}})).host_has_gpus()
+
+
+def test_rebuild_does_not_promote_what_the_fleet_cannot_run(tmp_path):
+    from imgbuild import rebuild
+    from tests.fake_nvcr import FakeNvcr
+
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (tmp_path / ".git").mkdir()
+    (folder / "lab.yaml").write_text('name: lab\nimage: lab/lab:v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    engine = FakeEngine()
+    engine.containers.meta = CUDA13
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        settings = load_settings(
+            {"ngc_registry": nvcr.host, "images_dir": str(tmp_path / "images"), "fleet_gpus": "v100,h100"}
+        )
+        (item,) = rebuild.run([str(folder)], settings, rebuild.RebuildOptions(), log=lambda line: None, engine=engine)
+    assert item.status == "failed" and "fleet: cannot run on v100" in item.error
+    assert engine.images.image_id("lab/lab:v1") is None
