@@ -156,7 +156,11 @@ def sbatch_script(job: JobSpec) -> str:
     ]
     if job.nccl_debug:
         body += [f"export NCCL_DEBUG={job.nccl_debug}"]
-    body += ["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
+    # Threads per process: all the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
+    # Set on the command itself (env ... inside the container), so it wins over an image's own ENV in
+    # every runtime (Apptainer keeps the image's value over the host's).
+    workers = max(job.gpus, 1) if job.uses_torchrun else 1
+    threads = max(1, cpus // workers)
     if job.stage:
         body += [
             "",
@@ -170,23 +174,29 @@ def sbatch_script(job: JobSpec) -> str:
             ]
     srun_opts, prefix = _container_prefix(job)
     command = list(job.command)
-    if job.uses_torchrun:
+    if job.uses_torchrun and job.nodes == 1:
+        # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
+        command = ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *command]
+    elif job.uses_torchrun:
         body += [
             "",
-            "# torchrun on every node; the rendezvous is the first node of the allocation.",
+            "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
+            "# job's own (from its id), so two jobs sharing a node never join each other's store.",
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 '
             '|| echo "$head_node")',
+            f"rdzv_port=$(( {job.rdzv_port} + SLURM_JOB_ID % 10000 ))",
         ]
         command = [
             "torchrun",
             "--nnodes=$SLURM_NNODES",
             f"--nproc-per-node={max(job.gpus, 1)}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=$head_node:{job.rdzv_port}",
+            "--rdzv-endpoint=$head_node:$rdzv_port",
             "--rdzv-id=$SLURM_JOB_ID",
             *command,
         ]
+    command = ["env", f"OMP_NUM_THREADS={threads}", *command]
     body += ["", _words(["srun", *srun_opts, *prefix, *command])]
     return "\n".join(head + body) + "\n"
 

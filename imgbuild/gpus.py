@@ -274,8 +274,10 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> 
     """`request`: N (the N least-loaded GPUs free of other users, as `docker run --gpus N`), a list
     `0,3` or `device=3` (those GPUs), `all`, or `none`."""
     request = request.strip().lower()
-    if request in ("", "none", "0"):
+    if request in ("", "none"):
         return Selection([])
+    if request == "0":  # `./run_docker 0` on lab servers means GPU 0; docker's `--gpus 0` means none
+        raise UsageError("--gpus 0 is ambiguous: write --gpus none for no GPU, or --gpus device=0 (or 0,) for GPU 0")
     if not gpus:
         raise UsageError("--gpus: this host has no NVIDIA GPU (run without --gpus to use the CPU)")
     by_index = {g.index: g for g in gpus}

@@ -109,6 +109,10 @@ class RunSpec:
         if self.gpus.gpus:
             indices = ",".join(str(g.index) for g in self.gpus.gpus)
             args += ["--gpus", f'"device={",".join(self.gpus.uuids)}"', "--label", f"{Label.GPUS}={indices}"]
+        else:
+            # No GPU asked for: none seen either, even where the engine's default runtime is nvidia and the
+            # image (NGC) says NVIDIA_VISIBLE_DEVICES=all.
+            args += ["-e", "NVIDIA_VISIBLE_DEVICES=void"]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
         return args
@@ -285,7 +289,7 @@ def prepare(req: RunRequest, settings: Any) -> RunSpec:
         env=list(req.env),
         ports=list(req.ports),
         detach=req.detach,
-        remove=not req.keep,
+        remove=not (req.keep or req.detach),  # a detached job's output must outlive it: `imgbuild logs`
         interactive=req.interactive and not req.detach,
         tty=req.terminal and not req.detach,
         house=house,

@@ -114,7 +114,9 @@ def test_sbatch_single_gpu_follows_cluster_conventions():
         "#SBATCH --nodes=1",
     ):
         assert line in script.splitlines()
-    assert script.rstrip().splitlines()[-1] == "srun apptainer exec --nv research.sif python3 train.py --lr 1e-3"
+    # every CPU of the task for the one process, on the command itself: an image's ENV cannot undo it
+    last = "srun apptainer exec --nv research.sif env OMP_NUM_THREADS=10 python3 train.py --lr 1e-3"
+    assert script.rstrip().splitlines()[-1] == last
     assert "torchrun" not in script
 
 
@@ -134,9 +136,17 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     assert "export NCCL_DEBUG=INFO" in script
     assert 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf /scratch/p/data.tar -C "$LOCAL_SCRATCH"' in script
     last = script.rstrip().splitlines()[-1]
-    assert last.startswith("srun apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif torchrun ")
+    # 40 CPUs, 4 workers: 10 threads each (issue 18 item 2: was 4 x 40 on 40 CPUs)
+    prefix = (
+        "srun apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif env OMP_NUM_THREADS=10 torchrun "
+    )
+    assert last.startswith(prefix)
     assert "--nnodes=$SLURM_NNODES --nproc-per-node=4" in last
-    assert "--rdzv-endpoint=$head_node:29500 --rdzv-id=$SLURM_JOB_ID python ddp.py" in last
+    # a port of the job's own (issue 18 item 3: a fixed 29500 let two jobs on one node meet)
+    assert "rdzv_port=$(( 29500 + SLURM_JOB_ID % 10000 ))" in script.splitlines()
+    assert "--rdzv-endpoint=$head_node:$rdzv_port --rdzv-id=$SLURM_JOB_ID python ddp.py" in last
+    single = sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)).rstrip().splitlines()[-1]
+    assert single.endswith("env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=4 python ddp.py")
     pyxis = sbatch_script(JobSpec(["python", "t.py"], "nvcr.io#nvidia/pytorch:24.05-py3", runtime="pyxis"))
     assert (
         pyxis.rstrip()

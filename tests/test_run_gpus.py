@@ -322,3 +322,27 @@ def test_default_rules_are_nvidias_and_gpus_become_device_requests(
     subprocess.run(create, check=True, capture_output=True, cwd=tmp_path)
     ulimits = {u["Name"]: u["Soft"] for u in inspect(docker_client, name)["HostConfig"]["Ulimits"]}
     assert ulimits == {"memlock": -1, "stack": 67108864}
+
+
+def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, monkeypatch):
+    """Issue 18 item 4: `./run_docker 0` means GPU 0 on lab servers, `--gpus 0` none in docker."""
+    from imgbuild.run import RunRequest, prepare
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    with pytest.raises(UsageError, match="--gpus 0 is ambiguous: write --gpus none .* --gpus device=0"):
+        select_gpus("0", server("dgx-a100"), "me")
+    assert [g.index for g in select_gpus("device=2", server("dgx-a100"), "me").gpus] == [2]
+    from imgbuild.config import load_settings
+
+    settings = load_settings({"user": "lab"})
+    none = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
+    assert none[none.index("-e") + 1] == "NVIDIA_VISIBLE_DEVICES=void" and "--gpus" not in none
+    some = prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=2"), settings).docker_args()
+    assert "NVIDIA_VISIBLE_DEVICES=void" not in some and "--gpus" in some
+    # Issue 18 item 5: a detached run keeps its container, so its output and traceback survive it.
+    detached = prepare(RunRequest("ubuntu:22.04", ["true"], detach=True), settings).docker_args()
+    assert "-d" in detached and "--rm" not in detached
+    attached = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
+    assert "--rm" in attached

@@ -28,7 +28,7 @@ from imgbuild.errors import UsageError
 @click.option("-p", "--publish", "ports", multiple=True, help="Ports, as docker -p.")
 @click.option("--name", "short", help="The <name> in <user>_<name>_<n> (default: recipe or image name).")
 @click.option("-d", "--detach", is_flag=True, help="Run in the background.")
-@click.option("--keep", is_flag=True, help="Keep the container after it exits (no --rm).")
+@click.option("--keep", is_flag=True, help="Keep the container after it exits (no --rm; detached runs always are).")
 @click.option("--shm-size", help="Private /dev/shm of this size instead of --ipc host.")
 @click.option("--no-workspace", is_flag=True, help="Do not mount the current folder at /workspace.")
 @click.option("--user", "as_user", metavar="UID:GID", help="Run as this user instead of yours.")
