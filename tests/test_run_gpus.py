@@ -246,7 +246,8 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     assert attrs["Config"]["WorkingDir"] == "/workspace"
     assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "20m", "max-file": "3"}}
     assert host["NanoCpus"] == 1_500_000_000
-    assert "FOO=bar" in attrs["Config"]["Env"] and host["AutoRemove"] is True
+    # detached: kept when it exits, so `imgbuild logs` still has its output (issue 18 item 5)
+    assert "FOO=bar" in attrs["Config"]["Env"] and host["AutoRemove"] is False
     assert attrs["Config"]["Labels"]["org.imgbuild.user"] == ME
 
     ps = json.loads(run_cli("ps", "--json").out)
@@ -254,6 +255,9 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     out = run_cli("exec", f"{name}_1", "--", "cat", "/workspace/train.py")
     assert out.code == 0 and "hello from /workspace" in out.out
     assert run_cli("stop", f"{name}_2").code == 0
+    assert docker_client.containers.get(f"{ME}_{name}_2").status == "exited"  # stopped, kept
+    assert run_cli("stop", "--rm", f"{name}_2").code == 0
+    assert f"{ME}_{name}_2" not in {c.name for c in docker_client.containers.list(all=True)}
     assert run_cli("stop", "nobody_else_1").code == 2
 
 

@@ -207,11 +207,15 @@ def exec_(ctx: click.Context, name: str, command: tuple[str, ...], force: bool) 
 
 @cli.command()
 @click.argument("name")
+@click.option("--rm", "remove", is_flag=True, help="Remove it too (detached runs keep their container).")
 @_FORCE
 @click.pass_context
-def stop(ctx: click.Context, name: str, force: bool) -> None:
-    """Stop one of your containers."""
-    _on_container(ctx, "stop", name, force=force)
+def stop(ctx: click.Context, name: str, remove: bool, force: bool) -> None:
+    """Stop one of your containers (--rm: and remove it)."""
+    if remove:
+        _on_container(ctx, "rm", name, ["-f"], force=force)
+    else:
+        _on_container(ctx, "stop", name, force=force)
 
 
 @cli.command()
