@@ -112,11 +112,17 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
             "-e",
             "SLURM_NNODES",
         ]
+        opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
+        if job.nccl_debug:
+            opts += ["-e", "NCCL_DEBUG"]
         for bind in binds:
             opts += ["-v", bind]
-        if job.gpus:
-            opts += ["--gpus", "all"]
-        return [], [*opts, job.image]
+        if not job.gpus:
+            return [], [*opts, "-e", "NVIDIA_VISIBLE_DEVICES=void", job.image]
+        # The daemon sees every GPU of the node: give the container exactly the step's, read on each node
+        # inside the step (SLURM_STEP_GPUS: the allocated GPUs' host indices).
+        script = _words(opts) + ' --gpus "\\"device=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}\\"" ' + _words([job.image])
+        return [], ["sh", "-c", "exec " + script + ' "$@"', "sh"]
     raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
 
 

@@ -320,3 +320,40 @@ def test_a_workdir_with_a_space_is_quoted_in_the_definition(tmp_path):
     recipe.write_text('name: spaced\nbase: {framework: pytorch, tag: "24.05"}\nworkdir: /work space\nrun: [echo hi]\n')
     text = apptainer_definition(plan_of(recipe), "native")
     assert "    mkdir -p '/work space'" in text and "    cd '/work space' 2>/dev/null || true" in text
+
+
+def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_and_the_jobs_env(tmp_path):
+    """Issue 18 item 1: `--gpus all` gave every GPU of the node; no --user wrote root's files; NCCL_DEBUG
+    stayed outside. The srun line runs here with srun and docker replaced by recorders."""
+    import json as jsonlib
+    import os
+
+    job = JobSpec(["python", "t.py", "--msg", "it's"], "img:1", runtime="docker", gpus=2, nccl_debug="INFO")
+    line = sbatch_script(job).rstrip().splitlines()[-1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nexec "$@"\n')
+    (bin_dir / "docker").write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    for tool in ("srun", "docker"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_STEP_GPUS": "2,3", "NCCL_DEBUG": "INFO"}
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    argv = jsonlib.loads(done.stdout)
+    assert argv[argv.index("--gpus") + 1] == '"device=2,3"'  # the step's GPUs, not all of the node's
+    assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
+    assert argv[argv.index("NCCL_DEBUG") - 1] == "-e"
+    image = argv.index("img:1")
+    assert argv[image + 1 :] == [
+        "env",
+        "OMP_NUM_THREADS=10",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        "python",
+        "t.py",
+        "--msg",
+        "it's",
+    ]
+    cpu_only = sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0)).rstrip().splitlines()[-1]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in cpu_only and "--gpus" not in cpu_only
