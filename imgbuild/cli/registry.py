@@ -1,4 +1,4 @@
-"""Registry: tags."""
+"""Registry: tags, mirror."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ import click
 
 from imgbuild.cli import _emit_json, _settings, cli
 
+#: The tag selection `tags` and `mirror` share (the NGC tag grammar's release and variant).
+_SINCE = click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
+_VARIANT = click.option(
+    "--variant", default="none", show_default=True, help="'none' for plain tags, 'all', or a variant such as igpu."
+)
+
 
 @cli.command()
 @click.argument("repository", default="pytorch")
-@click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
-@click.option(
-    "--variant", default="none", show_default=True, help="'none' for plain tags, 'all', or a variant such as igpu."
-)
+@_SINCE
+@_VARIANT
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="Newest N tags.")
 @click.option("--all", "show_all", is_flag=True, help="No limit.")
 @click.option("--details", is_flag=True, help="CUDA, cuDNN, framework, Python, driver, size, digest per tag.")
@@ -88,8 +92,8 @@ def tags(
 @cli.command()
 @click.argument("repository", default="pytorch")
 @click.option("--to", "to", required=True, metavar="REGISTRY", help="The site registry to copy into (host[:port]).")
-@click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
-@click.option("--variant", default="none", show_default=True, help="Tag variant: none (plain -py3), any, or e.g. igpu.")
+@_SINCE
+@_VARIANT
 @click.option("--tag", "only", multiple=True, metavar="TAG", help="Only this tag (repeat for more).")
 @click.option("--keep", type=click.IntRange(min=1), help="Prune mirrored tags of this selection beyond the newest N.")
 @click.option("--dry-run", is_flag=True, help="Say what would be copied or pruned; copy nothing.")
