@@ -251,6 +251,8 @@ def content_hash(loaded: LoadedRecipe) -> str:
             "constraints": [line.spec for line in loaded.requirement_constraints],
             "options": list(loaded.requirement_options),
         }
+    if loaded.lock_pins:
+        data["pip"]["lock"] = list(loaded.lock_pins)
     data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
     data["templates"] = templates_digest()
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

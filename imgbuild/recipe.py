@@ -38,7 +38,7 @@ from imgbuild.repofiles import (
     resolve_inside,
     source_files,
 )
-from imgbuild.yamlpos import Located, PathKey, Pos, load_located
+from imgbuild.yamlpos import Located, PathKey, Pos, load_located, read_text_bounded
 
 # --- field rules, as data -------------------------------------------------------------------------
 # Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
@@ -422,6 +422,9 @@ class LoadedRecipe:
     #: its constraints (-c files), and the pip options it sets (index URLs, trusted hosts, --pre, ...)
     requirement_constraints: tuple[reqfile.ReqLine, ...] = ()
     requirement_options: tuple[str, ...] = ()
+    #: the recipe's lock (`<recipe>.lock.txt` beside it, written by `imgbuild lock`): name==version lines
+    lock_path: Path | None = None
+    lock_pins: tuple[str, ...] = ()
     #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
     file_digests: dict[str, str] = field(default_factory=dict)
 
@@ -891,6 +894,44 @@ def _check_sources(
             problems.append(located.problem(("files", i, "src"), str(exc)))
 
 
+LOCK_LINE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
+
+
+def lock_path_for(recipe: Path) -> Path:
+    """Where a recipe's lock lives: `recipes/x.yaml` -> `recipes/x.lock.txt`."""
+    return recipe.with_name(recipe.name.rsplit(".", 1)[0] + ".lock.txt")
+
+
+def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[str, ...]]:
+    """The recipe's lock when it has one: `name==version` lines (comments allowed), inside the repository."""
+    path = lock_path_for(recipe)
+    if not path.exists() and not path.is_symlink():
+        return None, ()
+    shown = display_path(path)
+    try:
+        resolved = resolve_inside(path.parent, path.name, root)
+        regular_file(resolved, path.name)
+        text = read_text_bounded(resolved, shown, limits.REQUIREMENTS_BYTES, "lock")
+    except OutsideRepository as exc:
+        problems.append(Problem(shown, 0, 0, "lock", str(exc)))
+        return None, ()
+    except RecipeError as exc:
+        problems.extend(exc.problems)
+        return None, ()
+    pins = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not LOCK_LINE_RE.fullmatch(line):
+            problems.append(
+                Problem(shown, number, 1, "lock", "not a name==version line (imgbuild lock writes this file)")
+            )
+            continue
+        pins.append(line)
+    return path, tuple(pins)
+
+
 def load_recipe(
     path: str | Path, environ: dict[str, str] | None = None, secrets: tuple[str, ...] | list[str] = ()
 ) -> LoadedRecipe:
@@ -922,6 +963,7 @@ def load_recipe(
     manifest: dict[str, list[SourceFile]] = {}
     digests: dict[str, str] = {}
     requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
+    lock_path, lock_pins = _read_lock(path, root, problems)
     recipe: Recipe | None = None
     try:
         recipe = Recipe.model_validate(located.data)
@@ -942,6 +984,8 @@ def load_recipe(
         located=located,
         root=root,
         file_manifest=manifest,
+        lock_path=lock_path,
+        lock_pins=lock_pins,
         requirements=tuple(requirements.requirements),
         requirement_constraints=tuple(requirements.constraints),
         requirement_options=tuple(requirements.options),

@@ -170,6 +170,12 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     if has_pip:
         put("imgbuild/pip/requirements.txt", requirements_text(plan))
         put("imgbuild/pip/constraints.txt", constraints_text(plan))
+        if plan.loaded.lock_pins:
+            put(
+                "imgbuild/pip/resolved.txt",
+                "# The recipe's lock (imgbuild lock): what pip resolved, installed again.\n"
+                + "".join(f"{pin}\n" for pin in plan.loaded.lock_pins),
+            )
         if recipe.pip.unpin:
             put("imgbuild/pip/unpin.txt", "".join(f"{name}\n" for name in recipe.pip.unpin))
         framework = FRAMEWORKS.get(plan.base.framework)

@@ -65,7 +65,7 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
     )
     built = run_cli("build", str(recipe), cwd=tmp_path)
     assert built.code == 0, built.err
-    cleanup_images.append(built.out.split(" -> ")[0].strip())
+    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
     # this engine cannot raise memlock: the site lowers it, as README says
     config = tmp_path / "config.yaml"
     config.write_text("run:\n  ulimits: {memlock: 8388608, stack: 67108864}\n")

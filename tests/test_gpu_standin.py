@@ -88,7 +88,7 @@ def test_a_fleet_the_image_cannot_serve_stops_promotion(testbed, tmp_path, docke
     )
     ok = run_cli("build", str(recipe), cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "580.95.05"})
     assert ok.code == 0, ok.err
-    cleanup_images.append(ok.out.split(" -> ")[0].strip())
+    cleanup_images.append(ok.out.strip().splitlines()[-1].split(" -> ")[0])
 
 
 def test_bump_does_not_move_past_the_fleets_driver(testbed, tmp_path):

@@ -151,7 +151,7 @@ def test_keep_prunes_only_older_mirrored_tags_and_recipes_build_from_the_mirror(
     lock = json.loads((tmp_path / "ctx" / "imgbuild.lock.json").read_text())
     assert lock["base"]["ref"] == f"{mirror.host}/nvidia/pytorch:24.05-py3"
     assert lock["base"]["digest"] == _source_digest(testbed, "nvidia/pytorch", "24.05-py3")
-    subprocess.run(["docker", "rmi", built.out.split(" -> ")[0].strip()], capture_output=True)
+    subprocess.run(["docker", "rmi", built.out.strip().splitlines()[-1].split(" -> ")[0]], capture_output=True)
 
 
 @pytest.mark.engine

@@ -173,7 +173,7 @@ def test_a_package_that_cannot_import_is_not_promoted_and_the_apt_line_fixes_it(
     )
     ok = run_cli("build", str(recipe), cwd=tmp_path)
     assert ok.code == 0, ok.err
-    cleanup_images.append(ok.out.split(" -> ")[0].strip())
+    cleanup_images.append(ok.out.strip().splitlines()[-1].split(" -> ")[0])
     report = _smoke_json(tmp_path)
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["imports"]["status"] == "pass" and "opencv-python==" in str(checks["imports"]["details"])
@@ -321,8 +321,83 @@ def test_unpin_lets_pip_move_a_base_package_on_purpose(testbed, tmp_path, cleanu
     recipe.write_text(recipe.read_text() + "  unpin: [numpy]\n")
     moved = run_cli("build", str(recipe), cwd=tmp_path)
     assert moved.code == 0, moved.err[-2000:]
-    cleanup_images.append(moved.out.split(" -> ")[0].strip())
+    cleanup_images.append(moved.out.strip().splitlines()[-1].split(" -> ")[0])
     report = _smoke_json(tmp_path)
     checks = {c["name"]: c for c in report["checks"]}
     assert any(d.startswith("numpy==2.3") for d in checks["imports"]["details"]["distributions"])
     assert checks["framework"]["status"] == "pass" and checks["cpu compute"]["status"] == "pass"
+
+
+# --- the lock (issue 19 item 6) ---------------------------------------------------------------------------
+
+
+def test_lock_diff_names_what_moved():
+    from imgbuild.lock import diff
+
+    added, removed, changed = diff(
+        ["einops==0.8.1", "tqdm==4.66.0", "Old_Pkg==1"], ["einops==0.8.2", "tqdm==4.66.0", "rich==13"]
+    )
+    assert (added, removed, changed) == (["rich==13"], ["old-pkg==1"], ["einops 0.8.1 -> 0.8.2"])
+
+
+@pytest.mark.parametrize(
+    "line", ["einops", "einops>=0.8", "-r other.txt", "einops==0.8 --hash=sha256:ab", "x==1 FROM y", "==1"]
+)
+def test_a_lock_holds_name_version_lines_only(tmp_path, line):
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n')
+    (tmp_path / "r.lock.txt").write_text(f"# comment\n{line}\n")
+    with pytest.raises(RecipeError, match=r"r.lock.txt:2:1: lock: not a name==version line"):
+        load_recipe(recipe)
+
+
+def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
+    from imgbuild.plan import make_plan
+    from imgbuild.recipe import load_recipe
+    from imgbuild.render import render
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n')
+    unlocked = make_plan(load_recipe(recipe), settings(), fake_inspect)
+    (tmp_path / "r.lock.txt").write_text("einops==0.8.1\n")
+    locked = make_plan(load_recipe(recipe), settings(), fake_inspect)
+    assert locked.content_hash != unlocked.content_hash  # rebuild sees a changed lock
+    context = render(locked)
+    assert context.text("imgbuild/pip/resolved.txt").splitlines()[-1] == "einops==0.8.1"
+    assert "imgbuild/pip/resolved.txt" not in render(unlocked).rendered
+
+
+@pytest.mark.engine
+def test_lock_resolves_in_the_base_and_builds_install_exactly_that(testbed, tmp_path, cleanup_images, docker_client):
+    from tests.conftest import in_image
+
+    recipe = _project(tmp_path, 'name: pkgs\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip: ["einops>=0.7"]\n')
+    locked = run_cli("lock", str(recipe), "--json", cwd=tmp_path)
+    assert locked.code == 0, locked.err
+    result = json.loads(locked.out)
+    (pin,) = result["pins"]
+    assert pin.startswith("einops==") and result["added"] == [pin]
+    lock_file = recipe.with_name("pkgs.lock.txt")
+    assert lock_file.read_text().splitlines()[-1] == pin
+    # an older version, on purpose: the build installs what the lock says, not the newest
+    lock_file.write_text("einops==0.7.0\n")
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    cleanup_images.append(image)
+    assert in_image(docker_client, image, "import einops; print(einops.__version__)").strip() == "0.7.0"
+    assert run_cli("rebuild", "--check", str(tmp_path / "recipes"), cwd=tmp_path).code == 0
+    lock_file.write_text("einops==0.8.0\n")
+    stale = run_cli("rebuild", "--check", str(tmp_path / "recipes"), cwd=tmp_path)
+    assert stale.code == 1  # a changed lock makes the image due, nothing else does
+    # refreshing on purpose: the locked version is kept unless it is freed
+    kept = json.loads(run_cli("lock", str(recipe), "--json", cwd=tmp_path).out)
+    assert kept["pins"] == ["einops==0.8.0"] and kept["changed"] == []
+    freed = json.loads(run_cli("lock", str(recipe), "--upgrade-package", "einops", "--json", cwd=tmp_path).out)
+    assert freed["pins"] == [pin] and freed["changed"] == [f"einops 0.8.0 -> {pin.split('==')[1]}"]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from imgbuild.config import Settings
 
 SECTIONS = [
-    ("Recipes", ["validate", "render", "schema", "bump"]),
+    ("Recipes", ["validate", "render", "schema", "bump", "lock"]),
     ("Images", ["build", "smoke", "rebuild"]),
     ("Registry", ["tags", "mirror"]),
     ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),

@@ -1,4 +1,4 @@
-"""Recipes: validate, render, schema, bump."""
+"""Recipes: validate, render, schema, bump, lock."""
 
 from __future__ import annotations
 
@@ -87,3 +87,26 @@ def schema() -> None:
     from imgbuild.recipe import json_schema
 
     _emit_json(json_schema())
+
+
+@cli.command("lock")
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--upgrade", is_flag=True, help="Resolve afresh, ignoring the versions locked before.")
+@click.option("--upgrade-package", "packages", multiple=True, metavar="PKG", help="Free only this package (repeat).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tuple[str, ...], as_json: bool) -> None:
+    """Resolve the recipe's pip packages in its base and write <recipe>.lock.txt (builds install exactly that)."""
+    from imgbuild.lock import lock
+    from imgbuild.ui import print_table
+
+    result = lock(recipe, _settings(ctx), upgrade=upgrade, upgrade_packages=packages)
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    rows = [["+", p] for p in result.added] + [["-", p] for p in result.removed] + [["~", c] for c in result.changed]
+    if rows:
+        print_table(["", "package"], rows, title=f"{result.path}: {len(result.pins)} package(s) locked")
+    else:
+        click.echo(f"{result.path}: {len(result.pins)} package(s) locked, unchanged", err=True)
+    click.echo(str(result.path))

@@ -65,6 +65,10 @@ class FakeImages:
         info = self.image(ref)
         return None if info is None else info.inspected(ref)
 
+    def pull(self, ref: str) -> None:
+        if self.image(ref) is None:
+            raise ImgbuildError(f"pull of {ref} failed: not in the fake registry")
+
     def save(self, ref: str, path: Path) -> None:
         if self.image(ref) is None:
             raise ImgbuildError(f"no such image: {ref}")

@@ -51,6 +51,16 @@ class DockerImages:
         img = self.image(ref)
         return None if img is None else img.inspected(ref)
 
+    def pull(self, ref: str) -> None:
+        """Pull `ref` (a base pinned by digest) into the engine."""
+        from docker.errors import APIError
+
+        parsed = imageref.parse(ref)
+        try:
+            self.client.api.pull(parsed.name, tag=parsed.digest or parsed.tag or "latest")
+        except APIError as exc:
+            raise ImgbuildError(f"pull of {ref} failed: {str(exc.explanation)[:200]}") from None
+
     def save(self, ref: str, path: Path) -> None:
         """`docker save` to a file (for Apptainer's docker-archive bootstrap)."""
         with open(path, "wb") as fh:

@@ -42,7 +42,12 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_S
 echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") requirement(s) under $(wc -l < "$pins") pins from $origin"
 log=$(mktemp); status=$(mktemp)
 # Live output and a copy to classify a failure; pip's own status survives the pipe through a file.
-{ python3 -m pip install --progress-bar off -c "$pins" -c "$here/constraints.txt" -r "$here/requirements.txt" \
+# The recipe's lock (imgbuild lock): the versions resolved before, installed again.
+locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
+# `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing.
+dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --quiet --report $IMGBUILD_PIP_REPORT"
+# shellcheck disable=SC2086 # $locked and $dry are option lists
+{ python3 -m pip install --progress-bar off $dry -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
     && echo 0 > "$status" || echo $? > "$status"; } 2>&1 | tee "$log"
 rc=$(cat "$status" 2>/dev/null || true); rm -f "$status"
 if [ "${rc:-1}" != 0 ]; then

@@ -1,0 +1,135 @@
+"""`imgbuild lock`: resolve a recipe's pip packages in its base, once, on purpose, and write what pip chose.
+
+The resolution runs the build's own `install.sh` in the base image (the same pins, framework protection,
+unpin, index and CA settings) with `pip install --dry-run --report`. The result, `name==version` for every
+package the recipe adds, goes to `<recipe>.lock.txt` beside the recipe: reviewed in the merge request, part of
+the recipe's hash (so `rebuild` rebuilds when it changes and never because an unpinned requirement would now
+resolve differently), and installed again as constraints by every build. `--upgrade` resolves afresh;
+`--upgrade-package P` frees only P.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import BuildFailed, UsageError
+from imgbuild.recipe import LoadedRecipe, lock_path_for
+
+MARKER = "IMGBUILD-LOCK-REPORT "
+
+_SCRIPT = """
+import base64, json, os, subprocess, sys
+files = json.loads(base64.b64decode(FILES))
+os.makedirs("/tmp/imgbuild-pip", exist_ok=True)
+for name, text in files.items():
+    with open(os.path.join("/tmp/imgbuild-pip", name), "w") as handle:
+        handle.write(text)
+env = dict(os.environ, IMGBUILD_PIP_REPORT="/tmp/imgbuild-report.json", PIP_NO_CACHE_DIR="1")
+if "pip.conf" in files:
+    env["PIP_CONFIG_FILE"] = "/tmp/imgbuild-pip/pip.conf"
+proc = subprocess.run(["sh", "/tmp/imgbuild-pip/install.sh"], capture_output=True, text=True, env=env)
+for name in ("pip.conf",):
+    if os.path.exists(os.path.join("/tmp/imgbuild-pip", name)):
+        os.remove(os.path.join("/tmp/imgbuild-pip", name))
+result = {"ok": proc.returncode == 0, "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:], "install": []}
+if proc.returncode == 0:
+    report = json.load(open("/tmp/imgbuild-report.json"))
+    result["install"] = [[i["metadata"]["name"], i["metadata"]["version"]] for i in report.get("install", [])]
+print("IMGBUILD-LOCK-REPORT " + json.dumps(result))
+"""
+
+
+@dataclass
+class LockResult:
+    path: Path
+    pins: list[str]
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # "name old -> new"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "path": str(self.path)}
+
+
+def diff(old: list[str] | tuple[str, ...], new: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(added, removed, changed) between two lists of `name==version`."""
+
+    def by_name(pins: list[str] | tuple[str, ...]) -> dict[str, str]:
+        return {p.split("==", 1)[0].lower().replace("_", "-"): p.split("==", 1)[1] for p in pins}
+
+    before, after = by_name(old), by_name(new)
+    added = [f"{n}=={v}" for n, v in sorted(after.items()) if n not in before]
+    removed = [f"{n}=={v}" for n, v in sorted(before.items()) if n not in after]
+    changed = [f"{n} {before[n]} -> {v}" for n, v in sorted(after.items()) if n in before and before[n] != v]
+    return added, removed, changed
+
+
+def lock(
+    recipe_path: str | Path,
+    settings: Any,
+    *,
+    upgrade: bool = False,
+    upgrade_packages: tuple[str, ...] = (),
+    engine: Any = None,
+) -> LockResult:
+    from imgbuild.bases import plan_recipe
+    from imgbuild.build import build_secrets
+    from imgbuild.engine import Engine
+    from imgbuild.recipe import load_recipe
+    from imgbuild.render import render
+
+    loaded = load_recipe(recipe_path, secrets=settings.secrets())
+    if not (loaded.recipe.pip.packages or loaded.requirements_path):
+        raise UsageError(f"{loaded.display}: the recipe installs no pip packages: there is nothing to lock")
+    old = loaded.lock_pins
+    freed = {p.lower().replace("_", "-") for p in upgrade_packages}
+    kept = () if upgrade else tuple(p for p in old if p.split("==")[0].lower().replace("_", "-") not in freed)
+    resolving: LoadedRecipe = dataclasses.replace(loaded, lock_pins=kept)
+    engine = engine or Engine.connect(settings.docker_cli)
+    plan = plan_recipe(resolving, settings, engine)
+    context = render(plan)
+    files = {
+        path.rsplit("/", 1)[1]: content.decode()
+        for path, (content, _) in context.rendered.items()
+        if path.startswith("imgbuild/pip/")
+    }
+    with ExitStack() as stack:
+        secrets = build_secrets(settings, loaded, stack)
+        if "imgbuild-ca.crt" in secrets:
+            files["ca.crt"] = secrets["imgbuild-ca.crt"].read_text()
+        if "imgbuild-pip.conf" in secrets:
+            files["pip.conf"] = secrets["imgbuild-pip.conf"].read_text()
+    payload = base64.b64encode(json.dumps(files).encode()).decode()
+    script = f"FILES = {payload!r}\n" + _SCRIPT
+    if engine.images.image(plan.base.pinned) is None:
+        engine.images.pull(plan.base.pinned)
+    code, output, _ = engine.containers.run_script(plan.base.pinned, script, [], {}, gpus=None, timeout=1800)
+    report = _report(output)
+    if not report.get("ok"):
+        tail = "\n".join(f"  | {line}" for line in report.get("tail", [])[-10:])
+        raise BuildFailed(f"pip could not resolve the recipe's packages in {plan.base.ref}:\n{tail}")
+    pins = sorted(f"{name}=={version}" for name, version in report.get("install", []))
+    added, removed, changed = diff(old, pins)
+    path = lock_path_for(loaded.path)
+    header = (
+        f"# imgbuild lock: what pip resolved for {loaded.path.name} in {plan.base.ref}; `imgbuild lock` refreshes it.\n"
+    )
+    path.write_text(header + "".join(f"{pin}\n" for pin in pins))
+    return LockResult(path, pins, added, removed, changed)
+
+
+def _report(output: str) -> dict[str, Any]:
+    for line in reversed(output.splitlines()):
+        if line.startswith(MARKER):
+            try:
+                data = json.loads(line[len(MARKER) :])
+            except ValueError:
+                break
+            return data if isinstance(data, dict) else {}
+    return {"ok": False, "tail": output.strip().splitlines()[-10:]}
