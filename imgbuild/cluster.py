@@ -23,6 +23,9 @@ SLURM_DEFAULTS: dict[str, Any] = {
     "partition": None,
     "account": None,
     "gpu_types": {},  # friendly name -> gres type, e.g. {v100: v100, a100: a100_40g}
+    "gpu_type": None,  # the GRES type asked for when --gpu-type is not given
+    "gpus_per_node": {},  # GPUs a node of each type has, e.g. {v100: 4, a100: 8}: more per node is refused
+    "binds": [],  # folders every job sees, in every runtime (CSC: /scratch, /projappl)
     "cpus_per_gpu": 10,
     "mem_per_gpu": None,  # e.g. "64G"
     "time": "01:00:00",
@@ -211,7 +214,29 @@ def site_slurm(site: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(site) - set(SLURM_DEFAULTS))
     if unknown:
         raise UsageError(f"config slurm: unknown setting {unknown[0]!r} (known: {', '.join(sorted(SLURM_DEFAULTS))})")
-    return {**SLURM_DEFAULTS, **site}
+    merged = {**SLURM_DEFAULTS, **site}
+    for key, kind in (("gpu_types", dict), ("gpus_per_node", dict), ("binds", list)):
+        if not isinstance(merged[key] or kind(), kind):
+            raise UsageError(f"config slurm.{key}: must be a {'mapping' if kind is dict else 'list'}")
+    for bind in merged["binds"] or []:
+        if not isinstance(bind, str) or not re.fullmatch(r"/[^:,\s]*(:/[^:,\s]*)?(:ro)?", bind):
+            raise UsageError(f"config slurm.binds: {str(bind)[:80]!r} is not /HOST[:/CONTAINER][:ro]")
+    if merged["mem_per_gpu"] is not None:
+        slurm_mem(str(merged["mem_per_gpu"]), 1)  # a bad size is reported now, not as a traceback later
+    return merged
+
+
+_MEM_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.IGNORECASE)
+
+
+def slurm_mem(per_gpu: str, gpus: int) -> str:
+    """`mem_per_gpu` times the GPUs, in Slurm's units (a bare number is MB, as Slurm reads it)."""
+    match = _MEM_RE.fullmatch(per_gpu.strip())
+    if not match:
+        raise UsageError(f"config slurm.mem_per_gpu: {per_gpu[:40]!r} is not a Slurm memory size (e.g. 64G, 16000M)")
+    amount, unit = float(match.group(1)), (match.group(2) or "M").upper()
+    total = amount * max(gpus, 1)
+    return f"{int(total) if total == int(total) else round(total, 2)}{unit}"
 
 
 def sif_path(image: str, sif_dir: str | None) -> str:
@@ -255,15 +280,23 @@ def job_from_flags(flags: JobFlags, site_config: dict[str, Any]) -> JobSpec:
     site = site_slurm(site_config)
     runtime = flags.runtime or site["runtime"]
     per_gpu_mem = site["mem_per_gpu"]
+    friendly = flags.gpu_type or site["gpu_type"]
+    limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
+    if limit and flags.gpus > int(limit):
+        nodes = -(-flags.gpus // int(limit))
+        raise UsageError(
+            f"--gpus {flags.gpus} --gpu-type {friendly}: a {friendly} node has {limit} GPUs; ask for "
+            f"--nodes {nodes * flags.nodes} --gpus {-(-flags.gpus // nodes)} (GPUs are per node)"
+        )
     return JobSpec(
         command=flags.command,
         image=sif_path(flags.image, site["sif_dir"]) if runtime in ("apptainer", "singularity") else flags.image,
         gpus=flags.gpus,
         nodes=flags.nodes,
-        gpu_type=(site["gpu_types"] or {}).get(flags.gpu_type, flags.gpu_type),
+        gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,
         cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]),
         cpus=flags.cpus,
-        mem=flags.mem or (f"{int(str(per_gpu_mem).rstrip('G')) * max(flags.gpus, 1)}G" if per_gpu_mem else None),
+        mem=flags.mem or (slurm_mem(str(per_gpu_mem), flags.gpus) if per_gpu_mem else None),
         time=flags.time or site["time"],
         partition=flags.partition or site["partition"],
         account=flags.account or site["account"],
@@ -273,7 +306,7 @@ def job_from_flags(flags: JobFlags, site_config: dict[str, Any]) -> JobSpec:
         scratch_var=site["scratch_var"],
         scratch_gres=site["scratch_gres"] if flags.stage else None,
         runtime=runtime,
-        binds=flags.binds,
+        binds=[*(site["binds"] or []), *flags.binds],
         nccl_debug=flags.nccl_debug,
         rdzv_port=int(site["rdzv_port"]),
         torchrun=flags.torchrun,

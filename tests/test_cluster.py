@@ -357,3 +357,34 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
     ]
     cpu_only = sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0)).rstrip().splitlines()[-1]
     assert "NVIDIA_VISIBLE_DEVICES=void" in cpu_only and "--gpus" not in cpu_only
+
+
+def test_a_csc_like_site_config_describes_the_cluster():
+    """Issue 18 item 8: binds, a default GPU type, memory in Slurm's units, GPUs per node of each type."""
+    from imgbuild.cluster import JobFlags, job_from_flags
+
+    site = {
+        "gpu_types": {"v100": "v100", "a100": "a100"},
+        "gpu_type": "v100",
+        "gpus_per_node": {"v100": 4, "a100": 4},
+        "mem_per_gpu": "16000M",
+        "binds": ["/scratch", "/projappl:/projappl:ro"],
+        "sif_dir": "/projappl/p/images",
+    }
+    job = job_from_flags(JobFlags(["python", "t.py"], "lab/research:1", "research", gpus=4), site)
+    script = sbatch_script(job)
+    assert "#SBATCH --gres=gpu:v100:4" in script and "#SBATCH --mem=64000M" in script
+    assert (
+        "apptainer exec --nv --bind /scratch --bind /projappl:/projappl:ro /projappl/p/images/research_1.sif" in script
+    )
+    assert job_from_flags(JobFlags(["x"], "i", "i", gpus=2), {**site, "mem_per_gpu": "64G"}).mem == "128G"
+    with pytest.raises(UsageError, match=r"a v100 node has 4 GPUs; ask for --nodes 2 --gpus 4"):
+        job_from_flags(JobFlags(["x"], "i", "i", gpus=8), site)
+    for bad, message in (
+        ({"mem_per_gpu": "lots"}, "is not a Slurm memory size"),
+        ({"binds": ["scratch"]}, "is not /HOST"),
+        ({"binds": "/scratch"}, "must be a list"),
+        ({"gpus_per_node": 4}, "must be a mapping"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            job_from_flags(JobFlags(["x"], "i", "i"), {**site, **bad})
