@@ -239,15 +239,29 @@ def slurm_mem(per_gpu: str, gpus: int) -> str:
     return f"{int(total) if total == int(total) else round(total, 2)}{unit}"
 
 
+def sif_name(image: str) -> str:
+    """The one name of an image's .sif: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.sif`
+    (what `export --apptainer` builds and what `slurm` runs)."""
+    from imgbuild.imageref import parse
+
+    ref = parse(image)
+    return ref.path.rsplit("/", 1)[-1] + (f"_{ref.tag}" if ref.tag else "") + ".sif"
+
+
 def sif_path(image: str, sif_dir: str | None) -> str:
     """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
     if image.endswith(".sif"):
         return image
-    from imgbuild.imageref import parse
+    return str(Path(sif_dir) / sif_name(image)) if sif_dir else sif_name(image)
 
-    ref = parse(image)
-    name = ref.path.rsplit("/", 1)[-1] + (f"_{ref.tag}" if ref.tag else "")
-    return str(Path(sif_dir) / f"{name}.sif") if sif_dir else f"{name}.sif"
+
+def check_image_present(job: JobSpec) -> None:
+    """Before a job is queued: the .sif it runs must exist (the job starts where sbatch is called)."""
+    if job.runtime in ("apptainer", "singularity") and not Path(job.image).is_file():
+        raise UsageError(
+            f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
+            ".sif there (slurm.sif_dir), or name the .sif to run"
+        )
 
 
 @dataclass
@@ -345,7 +359,7 @@ def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None
     if bootstrap == "docker-archive":
         if engine is None or engine.images.image(plan.target) is None:
             raise UsageError(f"{plan.target} is not built: run imgbuild build on its recipe first")
-        archive = str((out or Path(f"{plan.name}.def")).with_suffix(".tar"))
+        archive = str((out or Path(sif_name(plan.target))).with_suffix(".tar"))
         engine.images.save(plan.target, Path(archive))
     if bootstrap == "native":
         context = render_into(plan, context_dir(plan, settings), "buildkit", settings)

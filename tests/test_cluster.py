@@ -388,3 +388,17 @@ def test_a_csc_like_site_config_describes_the_cluster():
     ):
         with pytest.raises(UsageError, match=message):
             job_from_flags(JobFlags(["x"], "i", "i"), {**site, **bad})
+
+
+def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path):
+    """Issue 18 item 9: export suggested pytorch-research.sif, slurm ran pytorch-research_24.05.sif."""
+    from imgbuild.cluster import sif_name, sif_path
+
+    assert sif_name("lab/pytorch-research:24.05") == "pytorch-research_24.05.sif"
+    assert sif_path("lab/pytorch-research:24.05", "/projappl/p") == "/projappl/p/pytorch-research_24.05.sif"
+    exported = run_cli("export", str(ROOT / "recipes/pytorch-research.yaml"), "--apptainer", "--no-build", cwd=tmp_path)
+    assert exported.code == 0, exported.err
+    definition = exported.out.strip().splitlines()[-1]
+    assert definition.endswith("pytorch-research_24.05.def")
+    missing = run_cli("slurm", "lab/pytorch-research:24.05", "--submit", "--", "python", "t.py", cwd=tmp_path)
+    assert missing.code == 2 and "pytorch-research_24.05.sif: no such image here" in missing.err, missing.err

@@ -40,7 +40,7 @@ def export(
     """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), or a
     dev container for VS Code."""
     from imgbuild.bases import plan_recipe
-    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer
+    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer, sif_name
     from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe
 
@@ -57,7 +57,7 @@ def export(
     if to_stdout and bootstrap == "docker-archive":
         raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
     plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
-    out = None if to_stdout else (out or Path(f"{plan.name}.def"))
+    out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
     engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
     exported = export_apptainer(plan, settings, bootstrap, out, engine)
     if exported.archive:
@@ -77,7 +77,7 @@ def export(
     if not tool:
         click.echo(
             "note: apptainer is not installed here: copy the definition to a machine that has it and run "
-            f"`apptainer build {plan.name}.sif {out.name}`",
+            f"`apptainer build {out.with_suffix('.sif').name} {out.name}` and copy it to the site's slurm.sif_dir",
             err=True,
         )
         return
@@ -136,7 +136,7 @@ def slurm(
     test_only: bool,
 ) -> None:
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
-    from imgbuild.cluster import JobFlags, job_from_flags, sbatch_script, submit_job
+    from imgbuild.cluster import JobFlags, check_image_present, job_from_flags, sbatch_script, submit_job
     from imgbuild.config import site_section
     from imgbuild.run import resolve_image
 
@@ -172,5 +172,7 @@ def slurm(
         click.echo(f"wrote {out}", err=True)
     elif not (submit or test_only):
         click.echo(script, nl=False)
+    if submit:
+        check_image_present(job)  # fail now, not when the job starts after hours in the queue
     if submit or test_only:
         click.echo(submit_job(script, test_only=test_only))
