@@ -13,6 +13,7 @@ from typing import Any
 
 from imgbuild.errors import UsageError
 from imgbuild.plan import Plan
+from imgbuild.run import limit_flags, log_flags
 
 #: `run.mounts` placeholders, as the Dev Containers spec spells them (resolved on the user's machine).
 _PLACEHOLDERS = {"{user}": "${localEnv:USER}", "{home}": "${localEnv:HOME}"}
@@ -35,16 +36,9 @@ def _mount(spec: str, uid: int) -> str:
 
 
 def run_args(house: dict[str, Any]) -> list[str]:
-    """`docker run` flags of the house rules that the Dev Containers spec has no key for."""
-    args = [f"--shm-size={house['shm_size']}"] if house.get("shm_size") else [f"--ipc={house.get('ipc') or 'host'}"]
-    for key, value in (house.get("ulimits") or {}).items():
-        args.append(f"--ulimit={key}={value}")
-    args += [
-        "--log-driver=json-file",
-        f"--log-opt=max-size={house.get('log_max_size', '50m')}",
-        f"--log-opt=max-file={house.get('log_max_file', '3')}",
-    ]
-    return args
+    """`docker run` flags of the house rules that the Dev Containers spec has no key for (the same flags
+    `imgbuild run` passes, as single `--flag=value` words)."""
+    return [f"{flag}={value}" for flag, value in (*limit_flags(house), *log_flags(house))]
 
 
 def devcontainer(plan: Plan, house: dict[str, Any], image: str | None = None) -> dict[str, Any]:

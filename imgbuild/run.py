@@ -73,22 +73,13 @@ class RunSpec:
     def _house_args(self) -> list[str]:
         """The site's house rules: IPC or shm, ulimits, the workspace and data mounts, capped logs, env."""
         h = self.house
-        args = ["--shm-size", str(h["shm_size"])] if h.get("shm_size") else ["--ipc", str(h.get("ipc") or "host")]
-        for key, value in (h.get("ulimits") or {}).items():
-            args += ["--ulimit", f"{key}={value}"]
+        args = [word for flag in limit_flags(h) for word in flag]
         workspace = h.get("workspace")
         if workspace:
             args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
         for mount in h.get("mounts") or []:
             args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
-        args += [
-            "--log-driver",
-            "json-file",
-            "--log-opt",
-            f"max-size={h.get('log_max_size', '50m')}",
-            "--log-opt",
-            f"max-file={h.get('log_max_file', '3')}",
-        ]
+        args += [word for flag in log_flags(h) for word in flag]
         for key, value in sorted((h.get("env") or {}).items()):
             args += ["-e", f"{key}={value}"]
         return args
@@ -124,6 +115,25 @@ class RunSpec:
 
     def command_line(self, docker: str = "docker") -> str:
         return shlex.join([docker, *self.docker_args()])
+
+
+def limit_flags(house: dict[str, Any]) -> list[tuple[str, str]]:
+    """(flag, value) for the house rules' IPC or shm and ulimits: `imgbuild run` and dev containers alike."""
+    flags = (
+        [("--shm-size", str(house["shm_size"]))]
+        if house.get("shm_size")
+        else [("--ipc", str(house.get("ipc") or "host"))]
+    )
+    return flags + [("--ulimit", f"{key}={value}") for key, value in (house.get("ulimits") or {}).items()]
+
+
+def log_flags(house: dict[str, Any]) -> list[tuple[str, str]]:
+    """(flag, value) for the house rules' capped json-file logs."""
+    return [
+        ("--log-driver", "json-file"),
+        ("--log-opt", f"max-size={house.get('log_max_size', '50m')}"),
+        ("--log-opt", f"max-file={house.get('log_max_file', '3')}"),
+    ]
 
 
 def house_rules(site: dict[str, Any]) -> dict[str, Any]:
