@@ -22,6 +22,7 @@ from imgbuild.config import Settings
 from imgbuild.context import write_context
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
+from imgbuild.facts import Label
 from imgbuild.plan import Plan
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.render import render
@@ -182,7 +183,9 @@ def build(
     _writable_dir(log_path.parent)
     candidate = f"{plan.image}:{plan.tag}-candidate"
     with build_lock(settings, plan, ctx, progress), ExitStack() as stack:
-        engine.remove_leftovers(candidate)  # what a killed run of this target left: its smoke container, tag
+        # what a killed run of this target left: its smoke container (labelled) and the candidate tag
+        engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
+        engine.images.untag(candidate)
         render_into(plan, ctx, chosen, settings)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         secrets = build_secrets(settings, loaded, stack)

@@ -6,7 +6,8 @@
 - `fake`: `FakeEngine`, in memory, for unit tests of the pipeline's logic.
 """
 
-from imgbuild.engine.docker import SMOKE_LABEL, Engine
+from imgbuild.engine.containers import SMOKE_LABEL
+from imgbuild.engine.docker import Engine
 from imgbuild.engine.types import (
     BuildRequest,
     ContainerRunner,

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from imgbuild.engine import buildkit, sdk
-from imgbuild.engine.containers import SMOKE_LABEL, DockerContainers
+from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.types import BuildRequest, ProgressFn, Redactor
 from imgbuild.errors import EngineUnavailable, UsageError
@@ -100,8 +100,3 @@ class Engine:
             return False
         devices = [str(d.get("ID", "")) for d in info.get("DiscoveredDevices") or [] if isinstance(d, dict)]
         return "nvidia" in (info.get("Runtimes") or {}) or any("nvidia.com/gpu" in d for d in devices)
-
-    def remove_leftovers(self, candidate: str) -> None:
-        """Remove what a killed run left for `candidate`: smoke containers (labelled) and the candidate tag."""
-        self.containers.remove_labelled(SMOKE_LABEL, candidate)
-        self.images.untag(candidate)

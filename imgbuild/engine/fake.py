@@ -185,10 +185,6 @@ class FakeEngine:
     def host_has_gpus(self) -> bool:
         return self.gpus
 
-    def remove_leftovers(self, candidate: str) -> None:
-        self.containers.remove_labelled(Label.SMOKE_OF, candidate)
-        self.images.untag(candidate)
-
 
 def failing_build(message: str = "scripted build failure") -> BuildScript:
     def fail(req: BuildRequest) -> None:
