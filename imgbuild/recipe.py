@@ -225,10 +225,10 @@ def _octal_mode(value: str) -> str:
 
 def _index_url(value: str) -> str:
     _no_newline(value)
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or " " in value:
+    fault = reqfile.index_url_fault(value)
+    if fault == "scheme":
         raise ValueError(f"not an index URL: {_show(value)} (http:// or https://)")
-    if parts.username or parts.password:
+    if fault == "credentials":
         raise ValueError(
             "credentials in a recipe end up in git and in the image "
             "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)"

@@ -188,10 +188,17 @@ def _add(options: list[str], option: str) -> None:
         options.append(option)
 
 
-def _url_problem(url: str) -> str:
+def index_url_fault(url: str) -> str:
+    """What is wrong with a package index URL, the one rule for recipes and requirements files:
+    "scheme" (not http(s) with a host), "credentials" (a user or password in it), or ""."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc or " " in url:
-        return "not an http(s) index URL"
-    if parts.username or parts.password:
-        return "credentials in an index URL would land in the image (set pip_index_url at build time)"
-    return ""
+        return "scheme"
+    return "credentials" if parts.username or parts.password else ""
+
+
+def _url_problem(url: str) -> str:
+    return {
+        "scheme": "not an http(s) index URL",
+        "credentials": "credentials in an index URL would land in the image (set pip_index_url at build time)",
+    }.get(index_url_fault(url), "")
