@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from imgbuild.errors import BuildFailed, UsageError
 from imgbuild.recipe import LoadedRecipe, lock_path_for
 
@@ -34,9 +36,8 @@ env = dict(os.environ, IMGBUILD_PIP_REPORT="/tmp/imgbuild-report.json", PIP_NO_C
 if "pip.conf" in files:
     env["PIP_CONFIG_FILE"] = "/tmp/imgbuild-pip/pip.conf"
 proc = subprocess.run(["sh", "/tmp/imgbuild-pip/install.sh"], capture_output=True, text=True, env=env)
-for name in ("pip.conf",):
-    if os.path.exists(os.path.join("/tmp/imgbuild-pip", name)):
-        os.remove(os.path.join("/tmp/imgbuild-pip", name))
+if os.path.exists("/tmp/imgbuild-pip/pip.conf"):
+    os.remove("/tmp/imgbuild-pip/pip.conf")  # index credentials: gone before anything else runs
 result = {"ok": proc.returncode == 0, "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:], "install": []}
 if proc.returncode == 0:
     report = json.load(open("/tmp/imgbuild-report.json"))
@@ -61,7 +62,7 @@ def diff(old: list[str] | tuple[str, ...], new: list[str]) -> tuple[list[str], l
     """(added, removed, changed) between two lists of `name==version`."""
 
     def by_name(pins: list[str] | tuple[str, ...]) -> dict[str, str]:
-        return {p.split("==", 1)[0].lower().replace("_", "-"): p.split("==", 1)[1] for p in pins}
+        return {canonicalize_name(p.split("==", 1)[0]): p.split("==", 1)[1] for p in pins}
 
     before, after = by_name(old), by_name(new)
     added = [f"{n}=={v}" for n, v in sorted(after.items()) if n not in before]
@@ -88,8 +89,8 @@ def lock(
     if not (loaded.recipe.pip.packages or loaded.requirements_path):
         raise UsageError(f"{loaded.display}: the recipe installs no pip packages: there is nothing to lock")
     old = loaded.lock_pins
-    freed = {p.lower().replace("_", "-") for p in upgrade_packages}
-    kept = () if upgrade else tuple(p for p in old if p.split("==")[0].lower().replace("_", "-") not in freed)
+    freed = {canonicalize_name(p) for p in upgrade_packages}
+    kept = () if upgrade else tuple(p for p in old if canonicalize_name(p.split("==")[0]) not in freed)
     resolving: LoadedRecipe = dataclasses.replace(loaded, lock_pins=kept)
     engine = engine or Engine.connect(settings.docker_cli)
     plan = plan_recipe(resolving, settings, engine)

@@ -305,9 +305,11 @@ _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 
 def _unpinnable(value: str) -> str:
+    from packaging.utils import canonicalize_name
+
     from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS
 
-    name = re.sub(r"[-_.]+", "-", value).lower()
+    name = canonicalize_name(value)
     if any(name in fw.packages for fw in FRAMEWORKS.values()) or name.startswith(CUDA_PACKAGE_PREFIXES):
         raise ValueError(f"{_show(value)} is the base's framework or CUDA stack, which is never unpinned")
     return value
