@@ -73,12 +73,9 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 #: Options pip accepts that cannot work in an image, and why.
-REFUSED = {
-    "-e": "an editable install needs its source in the image: copy it with files: and install it with run:",
-    "--editable": "an editable install needs its source in the image: copy it with files: and install it with run:",
-    "-f": "--find-links: a folder of wheels is not in the image; publish them to an index (pip.index_url)",
-    "--find-links": "--find-links: a folder of wheels is not in the image; publish them to an index (pip.index_url)",
-}
+_EDITABLE = "an editable install needs its source in the image: copy it with files: and install it with run:"
+_FIND_LINKS = "--find-links: a folder of wheels is not in the image; publish them to an index (pip.index_url)"
+REFUSED = {"-e": _EDITABLE, "--editable": _EDITABLE, "-f": _FIND_LINKS, "--find-links": _FIND_LINKS}
 NESTING = {"-r": False, "--requirement": False, "-c": True, "--constraint": True}  # option -> constraints?
 INDEX = {"-i": "--index-url", "--index-url": "--index-url", "--extra-index-url": "--extra-index-url"}
 
