@@ -94,7 +94,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     from imgbuild import tags as tagmod
     from imgbuild.bases import plan_recipe
     from imgbuild.build import context_dir, render_into
-    from imgbuild.fleet import GpuFacts, cuda_of, driver_verdict, judge, ok_and_why
+    from imgbuild.fleet import judge_tag, ok_and_why
     from imgbuild.gpus import gpu_devices_present
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import RegistryClient
@@ -113,11 +113,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
         host, repo = tagmod.repository_for(framework, settings.ngc_registry)
         info = tagmod.TagInfo(tag, tag, None)
         tagmod.add_details(RegistryClient.for_host(host, settings), repo, [info], cache)
-        facts = GpuFacts(tag, info.cuda, info.arch_list, "TORCH_CUDA_ARCH_LIST")
-        if targets:
-            return ok_and_why(judge(facts, targets, driver))
-        cuda = cuda_of(info.cuda)
-        return driver_verdict(cuda, driver, None) if (cuda and driver) else (True, "")
+        return ok_and_why(judge_tag(tag, info.cuda, info.arch_list, targets, driver))
 
     results = bump(paths, dry_run=dry_run, tags_for=tags_for, fits=fits)
     for moved in [] if dry_run else [r for r in results if r.changed]:

@@ -122,11 +122,6 @@ class GpuFacts:
     archs: str  # space-separated arch entries, torch's own form (sm_80 compute_90) or NGC's (8.0 9.0+PTX)
     source: str  # where the archs were read
 
-    @classmethod
-    def from_env(cls, image: str, env: dict[str, str]) -> GpuFacts:
-        """From an image config's env alone (tags, stock images): CUDA_VERSION and TORCH_CUDA_ARCH_LIST."""
-        return cls(image, env.get("CUDA_VERSION", ""), env.get("TORCH_CUDA_ARCH_LIST", ""), "TORCH_CUDA_ARCH_LIST")
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -163,8 +158,20 @@ def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> 
     return verdicts
 
 
+def judge_tag(tag: str, cuda: str, archs: str, targets: list[Target], driver: str | None) -> list[Verdict]:
+    """A registry tag, from what its image config declares (CUDA_VERSION, TORCH_CUDA_ARCH_LIST): each target,
+    or with no target the driver alone (one verdict with an empty target). `tags --compatible` and `bump`."""
+    if targets:
+        return judge(GpuFacts(tag, cuda, archs, "TORCH_CUDA_ARCH_LIST"), targets, driver)
+    version = cuda_of(cuda)
+    if version is None or not driver:
+        return [Verdict("", "", True, "unknown", "the tag declares no CUDA version")]
+    ok, why = driver_verdict(version, driver, None)
+    return [Verdict("", "", ok, "unknown", why)]
+
+
 def blockers(verdicts: list[Verdict]) -> list[str]:
-    return [f"{v.target}: {v.reason}" for v in verdicts if not v.runs]
+    return [f"{v.target}: {v.reason}" if v.target else v.reason for v in verdicts if not v.runs]
 
 
 def ok_and_why(verdicts: list[Verdict]) -> tuple[bool, str]:

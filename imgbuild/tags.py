@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import RegistryUnavailable, UsageError
-from imgbuild.fleet import GpuFacts, cuda_of, driver_verdict, judge, parse_targets
+from imgbuild.fleet import judge_tag, parse_targets
 from imgbuild.gpus import NoGpus, read_devices
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
 from imgbuild.registry import RegistryClient
@@ -207,14 +207,9 @@ def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
     """Can this host run the tag? Judged by `fleet` from the tag's CUDA_VERSION and TORCH_CUDA_ARCH_LIST."""
     if not host.driver and not host.capabilities:
         return True, "no GPU information (give --driver/--arch)"
-    facts = GpuFacts(info.tag, info.cuda, info.arch_list, "TORCH_CUDA_ARCH_LIST")
-    if host.capabilities:
-        verdicts = judge(facts, parse_targets(list(host.capabilities)), host.driver)
-        return all(v.runs for v in verdicts), "; ".join(dict.fromkeys(v.reason for v in verdicts))
-    cuda = cuda_of(info.cuda)
-    if cuda is None or host.driver is None:
-        return True, "the tag declares no CUDA version"
-    return driver_verdict(cuda, host.driver, None)
+    targets = parse_targets(list(host.capabilities)) if host.capabilities else []
+    verdicts = judge_tag(info.tag, info.cuda, info.arch_list, targets, host.driver)
+    return all(v.runs for v in verdicts), "; ".join(dict.fromkeys(v.reason for v in verdicts))
 
 
 @dataclass
