@@ -401,3 +401,41 @@ def test_lock_resolves_in_the_base_and_builds_install_exactly_that(testbed, tmp_
     assert kept["pins"] == ["einops==0.8.0"] and kept["changed"] == []
     freed = json.loads(run_cli("lock", str(recipe), "--upgrade-package", "einops", "--json", cwd=tmp_path).out)
     assert freed["pins"] == [pin] and freed["changed"] == [f"einops 0.8.0 -> {pin.split('==')[1]}"]
+
+
+HOSTILE_SMOKE_FIELDS = [
+    ("imports", '["os; rm -rf /"]', "smoke.imports[0]: not a module name"),
+    ("imports", '["cv2\\nFROM x"]', "smoke.imports[0]"),
+    ("skip_imports", '["../x"]', "smoke.skip_imports[0]: not a package name"),
+    ("skip_imports", '["' + "a" * 300 + '"]', "smoke.skip_imports[0]: not a package name"),
+    ("run", '["echo\\nFROM x"]', "smoke.run[0]"),
+    ("targets", '["h100; rm"]', "smoke.targets[0]"),
+    ("run", "[" + ", ".join(['"true"'] * 33) + "]", "smoke.run"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), HOSTILE_SMOKE_FIELDS)
+def test_hostile_smoke_fields_are_named_at_their_line(tmp_path, field, value, message):
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\nsmoke:\n  {field}: {value}\n')
+    result = run_cli("validate", str(recipe))
+    assert result.code == 2 and "r.yaml:4" in result.err and message in result.err, result.err
+    assert "Traceback" not in result.err and len(result.err.splitlines()) <= 3
+
+
+def test_a_lock_that_links_out_of_the_repository_is_not_read(tmp_path):
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / ".git").mkdir()
+    outside = tmp_path / "secret.txt"
+    outside.write_text("hunter2==1\n")
+    recipe = repo / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n')
+    (repo / "r.lock.txt").symlink_to(outside)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe)
+    assert "outside the recipe's repository" in str(err.value) and "hunter2" not in str(err.value)
