@@ -72,12 +72,77 @@ def plan_recipe(
     engine: ImageEngine | None = None,
     offline: bool = False,
     local_refs: frozenset[str] = frozenset(),
+    with_pins: bool = False,
 ) -> Plan:
+    """The plan, from the registry (or local images). `with_pins` (a build, a lock) also reads the base's
+    pins in the base image, so every requirement that one of them excludes is reported before the build."""
     from imgbuild.host import caller
 
     inspect = None if offline else registry_inspector(settings, engine, local_refs)
+    read_pins = pin_reader(settings, engine) if with_pins and engine is not None and not offline else None
     who = caller()
-    return make_plan(loaded, settings, inspect, None if offline else tag_resolver(settings), (who.uid, who.gid))
+    resolve = None if offline else tag_resolver(settings)
+    return make_plan(loaded, settings, inspect, resolve, (who.uid, who.gid), read_pins)
+
+
+# --- the base's pins: what install.sh will hold the base's packages at -----------------------------------
+
+PINS_MARKER = "IMGBUILD-BASE-PINS "
+#: The same source install.sh uses: NGC's PIP_CONSTRAINT file when the base has one, else a freeze.
+PINS_SCRIPT = """
+import json, os, subprocess, sys
+path = os.environ.get("PIP_CONSTRAINT", "")
+if path and os.path.isfile(path):
+    with open(path, errors="replace") as handle:
+        text, origin = handle.read(1 << 20), "the base's " + path
+else:
+    args = [sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude", "pip"]
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    origin = "a freeze of the base's packages"
+print("IMGBUILD-BASE-PINS " + json.dumps({"origin": origin, "lines": text.splitlines()[:20000]}))
+"""
+
+
+def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple[str, tuple[str, ...]]]:
+    """Reads a base's pins in a throwaway container of the base (pulled if need be; the build needs it
+    anyway), cached per base digest. A base whose pins cannot be read gives none: pip still checks them."""
+
+    def read(base: Any) -> tuple[str, tuple[str, ...]]:
+        key = (base.identity or "").replace("sha256:", "")
+        cache = Path(settings.cache_dir) / "base-pins" / f"{key}.json"
+        if key and cache.is_file():
+            found = _pins_from(cache.read_text(errors="replace"))
+            if found is not None:
+                return found
+        try:
+            if engine.images.image(base.pinned) is None:
+                engine.images.pull(base.pinned)
+            _, output, _ = engine.containers.run_script(base.pinned, PINS_SCRIPT, [], {}, gpus=None, timeout=300)
+        except (ImgbuildError, OSError):
+            return "", ()
+        line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(PINS_MARKER)), "")
+        found = _pins_from(line[len(PINS_MARKER) :])
+        if found is None:
+            return "", ()
+        if key:
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps({"origin": found[0], "lines": list(found[1])}))
+            except OSError:
+                pass  # an unwritable cache costs a container start next time, nothing more
+        return found
+
+    return read
+
+
+def _pins_from(text: str) -> tuple[str, tuple[str, ...]] | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not isinstance(data.get("lines"), list):
+        return None
+    return data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000])
 
 
 # --- the lock, for rebuild --check ---------------------------------------------------------------

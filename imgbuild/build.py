@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild.bases import plan_recipe
+from imgbuild.bases import pin_reader, plan_recipe
 from imgbuild.config import Settings
 from imgbuild.context import write_context
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
 from imgbuild.facts import Label
-from imgbuild.plan import Plan
+from imgbuild.plan import Plan, with_base_pins
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.render import render
 from imgbuild.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, run_smoke
@@ -176,7 +176,9 @@ def build(
             "pip index settings may carry credentials and need the buildkit backend "
             "(the Engine API builder would bake them into a layer)"
         )
-    plan = plan or plan_recipe(loaded, settings, engine)
+    # Every requirement a base pin excludes is reported now, all at once, not one pip failure per build.
+    plan = plan or plan_recipe(loaded, settings, engine, with_pins=True)
+    plan = with_base_pins(plan, pin_reader(settings, engine))
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
@@ -207,7 +209,10 @@ def build(
             builder=settings.builder,
             iidfile=Path(iid_name),
             timeout=settings.build_timeout,
-            build_args={"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {},
+            build_args={
+                **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
+                **(pip_bounds(settings) if (ctx / "imgbuild" / "pip" / "install.sh").is_file() else {}),
+            },
         )
         promoted = False
         try:
@@ -240,6 +245,14 @@ def build(
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+
+
+def pip_bounds(settings: Settings) -> dict[str, str]:
+    """The pip step's bounds (install.sh's guard reads them): resolution seconds, download bytes."""
+    return {
+        "IMGBUILD_PIP_RESOLVE_SECONDS": str(int(settings.pip_resolve_timeout)),
+        "IMGBUILD_PIP_DOWNLOAD_LIMIT": str(settings.pip_download_limit),
+    }
 
 
 def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ def _login_name() -> str:
     return caller().name
 
 
+#: A size in bytes; config and environment values may say `16G` (see _as_bytes).
+Bytes = int
+
+
 @dataclass(frozen=True)
 class Settings:
     """Effective settings. Secrets are excluded from repr and from `imgbuild config` output."""
@@ -61,6 +66,8 @@ class Settings:
     registry_deadline: float = limits.HTTP_COMMAND_SECONDS  # everything one command asks of one registry
     registry_backoff: float = 0.5  # first retry delay (doubles), seconds
     build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
+    pip_resolve_timeout: float = limits.PIP_RESOLVE_SECONDS  # pip's resolution in the pip step, seconds
+    pip_download_limit: Bytes = limits.PIP_DOWNLOAD_BYTES  # what the pip step may download ("16G")
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
     fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
     fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
@@ -146,8 +153,22 @@ def _as_text(raw: Any) -> str | None:
     return str(raw)
 
 
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def _as_bytes(raw: Any) -> int:
+    """`17179869184`, `16G`, `500MB`, `2GiB`: a positive size in bytes."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", str(raw).strip(), re.IGNORECASE)
+    if isinstance(raw, bool) or not found:
+        raise ValueError("expected a size such as 16G or 500M")
+    value = int(float(found.group(1)) * _UNITS[found.group(2).upper()])
+    if value <= 0:
+        raise ValueError("expected a size above 0")
+    return value
+
+
 #: How a config or environment value becomes each field type (by the type's spelling in Settings).
-_COERCE = (("tuple", _as_tuple), ("float", _as_seconds), ("int", _as_int))
+_COERCE = (("tuple", _as_tuple), ("float", _as_seconds), ("Bytes", _as_bytes), ("int", _as_int))
 
 
 def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:

@@ -32,6 +32,11 @@ VALUE_CHARS = 8 * KIB
 # --- builds --------------------------------------------------------------------------------------
 #: One image build (a `run: sleep infinity` ends here); the `build_timeout` setting changes it.
 BUILD_SECONDS = 4 * 3600.0
+#: pip's resolution in the pip step (until it starts installing): a resolver backtracking through every
+#: release of a package stops here; the `pip_resolve_timeout` setting changes it.
+PIP_RESOLVE_SECONDS = 1800.0
+#: Bytes the pip step may download (77 wheels of one package were 22.6 GB); `pip_download_limit`.
+PIP_DOWNLOAD_BYTES = 16 * 1024 * MIB
 #: One smoke test run inside the image.
 SMOKE_SECONDS = 1800
 

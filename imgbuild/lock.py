@@ -80,7 +80,7 @@ def lock(
     engine: Any = None,
 ) -> LockResult:
     from imgbuild.bases import plan_recipe
-    from imgbuild.build import build_secrets
+    from imgbuild.build import build_secrets, pip_bounds
     from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe
     from imgbuild.render import render
@@ -93,7 +93,7 @@ def lock(
     kept = () if upgrade else tuple(p for p in old if canonicalize_name(p.split("==")[0]) not in freed)
     resolving: LoadedRecipe = dataclasses.replace(loaded, lock_pins=kept)
     engine = engine or Engine.connect(settings.docker_cli)
-    plan = plan_recipe(resolving, settings, engine)
+    plan = plan_recipe(resolving, settings, engine, with_pins=True)
     context = render(plan)
     files = {
         path.rsplit("/", 1)[1]: content.decode()
@@ -110,7 +110,8 @@ def lock(
     script = f"FILES = {payload!r}\n" + _SCRIPT
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
-    code, output, _ = engine.containers.run_script(plan.base.pinned, script, [], {}, gpus=None, timeout=1800)
+    bounds = pip_bounds(settings)
+    code, output, _ = engine.containers.run_script(plan.base.pinned, script, [], bounds, gpus=None, timeout=1800)
     report = _report(output)
     if not report.get("ok"):
         tail = "\n".join(f"  | {line}" for line in report.get("tail", [])[-10:])

@@ -5,6 +5,7 @@ Pure apart from the `inspect_base` callable passed in (the registry client in pr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -35,6 +36,8 @@ class BaseImage:
     facts: dict[str, str] = field(default_factory=dict)
     requested: str = ""
     image_id: str = ""  # for a local, never-pushed base (e.g. another recipe's image): no digest exists
+    pins: tuple[str, ...] = ()  # every `name==version` the base holds its packages at (see bases.base_pins)
+    pins_origin: str = ""  # where those pins were read: the base's PIP_CONSTRAINT file, or a freeze
 
     @property
     def pinned(self) -> str:
@@ -58,6 +61,8 @@ class BaseImage:
 InspectBase = Callable[[str], tuple[str, dict[str, Any]]]
 #: (repository reference without tag, pattern) -> concrete tag.
 ResolveTag = Callable[[str, str | None, str], str]
+#: (resolved base) -> (where the pins come from, `name==version` lines); reads inside the base image.
+ReadPins = Callable[["BaseImage"], tuple[str, tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -152,9 +157,10 @@ def protected_pins(base: BaseImage) -> tuple[str, ...]:
     return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
 
 
-def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
-    """A recipe that asks for another torch/tensorflow or CUDA library than the base carries fails here,
-    every conflict at once (pip.packages, pip.constraints and the requirements file's lines)."""
+def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
+    """A recipe that asks for another torch/tensorflow or CUDA library than the base carries, or for a
+    version of any package the base pins (numpy, torchvision, ...) that the pin excludes, fails here: every
+    conflict at once, each at its line (pip.packages, pip.constraints, the requirements files' lines)."""
     from packaging.requirements import Requirement
 
     from imgbuild.errors import Problem
@@ -173,9 +179,60 @@ def check_framework_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
     specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
     specs += [(line, line.spec) for line in (*loaded.requirements, *loaded.requirement_constraints)]
-    problems = [where(at, *found) for at, spec in specs if (found := _conflict(Requirement(spec), base))]
+    pins = base_pin_versions(base, loaded.recipe.pip.unpin)
+    problems = [
+        where(at, *found)
+        for at, spec in specs
+        if (found := _conflict(Requirement(spec), base) or _pin_conflict(Requirement(spec), base, pins))
+    ]
     if problems:
         raise RecipeError(problems)
+
+
+def base_pin_versions(base: BaseImage, unpinned: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """{canonical name: (name, version)} for each exact pin of the base that still holds: not the framework
+    or the CUDA stack (those have their own check), not a package the recipe unpins."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    freed = {canonicalize_name(n) for n in unpinned}
+    own = FRAMEWORKS.get(base.framework)
+    guarded = set(own.packages) if own else set()
+    found: dict[str, tuple[str, str]] = {}
+    for line in base.pins:
+        try:
+            req = Requirement(line.split("#", 1)[0].strip())
+        except InvalidRequirement:
+            continue
+        name = canonicalize_name(req.name)
+        specs = list(req.specifier)
+        if req.url or req.marker or len(specs) != 1 or specs[0].operator not in ("==", "==="):
+            continue
+        if name in freed or name in guarded or name.startswith(CUDA_PACKAGE_PREFIXES):
+            continue
+        found[name] = (req.name, specs[0].version)
+    return found
+
+
+def _pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """(message, hint) when `req` asks for a version of a package the base pins that the pin excludes."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    name = canonicalize_name(req.name)
+    if name not in pins or req.marker:  # a marker may not apply in the image: pip will judge it
+        return None
+    pinned, version = pins[name]
+    hint = f"pinned by {base.pins_origin or 'the base'}: drop the pin, or let pip move it with pip.unpin: [{pinned}]"
+    if req.url:
+        return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
+    try:
+        excluded = bool(req.specifier) and not req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return None
+    if excluded:
+        return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
+    return None
 
 
 def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
@@ -214,6 +271,20 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
             f"{req.name}{req.specifier}",
         )
     return None
+
+
+def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
+    origin, pins = read_pins(base)
+    return dataclasses.replace(base, pins=pins, pins_origin=origin)
+
+
+def with_base_pins(plan: Plan, read_pins: ReadPins) -> Plan:
+    """`plan` (made without them, e.g. by `rebuild` to judge staleness) checked against the base's pins."""
+    if plan.base.pins_origin:
+        return plan
+    base = _with_pins(plan.base, read_pins)
+    check_conflicts(plan.loaded, base)
+    return dataclasses.replace(plan, base=base)
 
 
 def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, int]) -> tuple[int, int]:
@@ -274,11 +345,15 @@ def make_plan(
     inspect_base: InspectBase | None,
     resolve_tag: ResolveTag | None = None,
     host_ids: tuple[int, int] | None = None,
+    read_pins: ReadPins | None = None,
 ) -> Plan:
-    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests); `host_ids` is the
-    caller's UID/GID (host.caller() when not given)."""
+    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins`
+    (the base's own pins, read in the base by a build; without it only the framework is checked);
+    `host_ids` is the caller's UID/GID (host.caller() when not given)."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
-    check_framework_conflicts(loaded, base)
+    if read_pins is not None:
+        base = _with_pins(base, read_pins)
+    check_conflicts(loaded, base)
     if host_ids is None:
         who = caller()
         host_ids = (who.uid, who.gid)

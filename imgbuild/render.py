@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild import __version__
+from imgbuild import __version__, limits
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 from imgbuild.ngc import FRAMEWORKS
@@ -27,6 +27,7 @@ SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
 #: .gitignore lists them; the lock records their digest): a reviewer sees the recipe's files, not ours.
 OWN_SCRIPTS = {
     "imgbuild/pip/install.sh": TEMPLATES_DIR / "install.sh",
+    "imgbuild/pip/guard.py": TEMPLATES_DIR / "pip-guard.py",
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
@@ -182,6 +183,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         if framework:
             put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
         put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
+        put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
     put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
@@ -192,6 +194,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         "backend": backend,
         "files": files,
         "has_pip": has_pip,
+        "pip_limits": (int(limits.PIP_RESOLVE_SECONDS), limits.PIP_DOWNLOAD_BYTES),  # build args override them
         "uid_default": (user.uid if user and user.uid else 1000),
         "gid_default": (user.gid if user and user.gid else 1000),
         # Caches are per base: two distributions must never share apt lists or wheels.

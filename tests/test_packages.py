@@ -439,3 +439,270 @@ def test_a_lock_that_links_out_of_the_repository_is_not_read(tmp_path):
     with pytest.raises(RecipeError) as err:
         load_recipe(recipe)
     assert "outside the recipe's repository" in str(err.value) and "hunter2" not in str(err.value)
+
+
+# --- every base pin checked before the build (issue 19 item 3) ------------------------------------------
+
+BASE_PINS = ("numpy==2.1.0", "torchvision==0.20.0", "pillow==10.4.0", "torch==2.13.0", "nvidia-cudnn-cu12==9.1.0.70")
+
+
+def _conflicts(tmp_path: Path, pip: str, files: dict[str, str] | None = None) -> list[str]:
+    from imgbuild.errors import RecipeError
+    from imgbuild.plan import make_plan
+    from imgbuild.recipe import load_recipe
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(text)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {pip}\n')
+    pins = lambda base: ("the base's /etc/pip/constraint.txt", BASE_PINS)  # noqa: E731
+    try:
+        make_plan(load_recipe(recipe), settings(), fake_inspect, read_pins=pins)
+    except RecipeError as exc:
+        return [line.replace(f"{tmp_path}/", "") for line in exc.lines()]
+    return []
+
+
+def test_every_requirement_a_base_pin_excludes_is_reported_at_once_at_its_line(tmp_path):
+    """The real install script: torch, numpy and torchvision pins, in a file and a nested one: one run."""
+    files = {
+        "requirements.txt": "-r nested.txt\neinops\nnumpy==1.26.2  # old\ntorch<2.6\n",
+        "nested.txt": "torchvision==0.16.1\npillow>=10\n",
+    }
+    lines = _conflicts(tmp_path, "{requirements: requirements.txt}", files)
+    assert len(lines) == 3, lines
+    assert any(
+        ln.startswith(
+            "nested.txt:1:1: pip.requirements: torchvision==0.16.1 conflicts with the base's torchvision==0.20.0"
+        )
+        for ln in lines
+    ), lines
+    assert any(ln.startswith("requirements.txt:3:1: pip.requirements: numpy==1.26.2 conflicts") for ln in lines)
+    assert any(ln.startswith("requirements.txt:4:1: pip.requirements: torch<2.6 conflicts") for ln in lines)
+    numpy = next(ln for ln in lines if "numpy" in ln)
+    assert "the base's /etc/pip/constraint.txt" in numpy and "pip.unpin: [numpy]" in numpy
+
+
+@pytest.mark.parametrize(
+    ("pip", "conflicts"),
+    [
+        ('["numpy<2"]', ["numpy<2"]),
+        ('["numpy>=2,<3", "pillow~=10.0", "einops==0.8.0"]', []),  # what the pins allow is no conflict
+        ('["Pillow==9.5.0"]', ["Pillow==9.5.0"]),  # names compare canonically
+        ('["numpy @ https://example.org/numpy-1.0-py3-none-any.whl"]', ["numpy from a URL"]),
+        ("[\"numpy<2; python_version < '3.0'\"]", []),  # a marker: pip judges it in the image
+        ('{packages: ["numpy<2"], unpin: [numpy]}', []),  # unpinned on purpose
+        ('{packages: [einops], constraints: ["torchvision<0.17"]}', ["torchvision<0.17"]),
+        ('["nvidia-cudnn-cu12==8.9.0"]', ["would replace a CUDA library"]),  # the CUDA check, once
+    ],
+)
+def test_base_pins_against_each_kind_of_requirement(tmp_path, pip, conflicts):
+    lines = _conflicts(tmp_path, pip)
+    assert len(lines) == len(conflicts), lines
+    for line, expected in zip(lines, conflicts, strict=True):
+        assert expected in line, lines
+
+
+def test_a_build_reads_the_base_pins_once_and_stops_before_building(tmp_path):
+    from imgbuild import build as pipeline
+    from imgbuild.config import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.engine.types import ImageInfo
+    from imgbuild.errors import RecipeError
+    from imgbuild.plan import make_plan
+    from imgbuild.recipe import load_recipe
+    from tests.test_recipe_render import DIGEST, fake_inspect
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: ["numpy<2", einops]\n')
+    settings = load_settings(
+        {"user": "alice", "ngc_registry": "registry.test:5000", "cache_dir": str(tmp_path / "cache")}, environ={}
+    )
+    engine = FakeEngine()
+    engine.containers.base_pins = list(BASE_PINS)
+    base = f"registry.test:5000/nvidia/pytorch:24.05-py3@{DIGEST}"
+    engine.images.add("sha256:" + "b" * 64, ImageInfo("sha256:" + "b" * 64), base)
+    for _ in range(2):
+        plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+        with pytest.raises(
+            RecipeError,
+            match=r"r.yaml:3:7: pip.packages\[0\]: numpy<2 conflicts with the base.s numpy==2.1.0 .* \(pinned by the base.s constraint file: drop the pin, or let pip move it with pip.unpin: \[numpy\]\)",
+        ):
+            pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    assert engine.calls.count(f"pins {base}") == 1, engine.calls  # the second build read the cache
+    assert not any(c.startswith(("build", "smoke")) for c in engine.calls), engine.calls
+    assert not (tmp_path / "ctx").exists()
+
+
+@pytest.mark.engine
+def test_the_base_pins_are_read_in_the_real_base_and_every_conflict_named_before_building(testbed, tmp_path):
+    """The stand-in's /etc/pip/constraint.txt pins numpy: an old numpy and an old torch in one file are two
+    lines of one exit 2, in seconds, with no build started."""
+    (tmp_path / "recipes").mkdir(exist_ok=True)
+    (tmp_path / "recipes" / "req.txt").write_text("einops\nnumpy==1.26.2\ntorch<2.6\n")
+    recipe = _project(tmp_path, 'name: pkgs\nbase: {framework: pytorch, tag: "24.05"}\npip: {requirements: req.txt}\n')
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 2, res.err
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("imgbuild: ")]
+    assert len(lines) == 2, res.err
+    assert "req.txt:2:1: pip.requirements: numpy==1.26.2 conflicts with the base's numpy==" in lines[0]
+    assert "pinned by the base's /etc/pip/constraint.txt" in lines[0] and "pip.unpin: [numpy]" in lines[0]
+    assert "req.txt:3:1: pip.requirements: torch<2.6 conflicts with the base's torch 2.13.0" in lines[1]
+    assert not (tmp_path / "images").exists()
+
+
+# --- a bounded resolver (issue 19 item 5) ------------------------------------------------------------------
+
+GUARD = Path(__file__).parent.parent / "imgbuild" / "templates" / "pip-guard.py"
+FAKE_PIP = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+print("Collecting hogpkg", flush=True)
+for n in range(5):
+    print(f"  Downloading hogpkg-1.0.{9 - n}-py3-none-any.whl (3.0 MB)", flush=True)
+    if n == 1:
+        print("INFO: pip is looking at multiple versions of hogpkg to determine which version is compatible", flush=True)
+time.sleep(float(sys.argv[2]))
+sys.exit(int(sys.argv[3]))
+"""
+
+
+def _guard(tmp_path: Path, seconds: str, sleep: float, code: int):
+    import os
+    import subprocess
+    import time
+
+    (tmp_path / "fakepip.py").write_text(FAKE_PIP)
+    env = dict(os.environ, IMGBUILD_PIP_RESOLVE_SECONDS=seconds, IMGBUILD_PIP_DOWNLOAD_LIMIT="")
+    cmd = [sys.executable, str(GUARD), "the base's pins", sys.executable, str(tmp_path / "fakepip.py")]
+    start = time.monotonic()
+    proc = subprocess.run([*cmd, str(tmp_path / "pid"), str(sleep), str(code)], capture_output=True, text=True, env=env)
+    return proc, time.monotonic() - start, int((tmp_path / "pid").read_text())
+
+
+def test_the_guard_stops_a_resolver_past_its_time_and_names_the_package_it_backtracks_through(tmp_path):
+    import os
+
+    proc, took, pid = _guard(tmp_path, "2", 120, 0)
+    assert proc.returncode == 1 and took < 15, (proc.stdout, took)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("imgbuild: pip step failed: stopped: pip was still resolving after 2 s"), last
+    assert "pip backtracked through 5 versions of hogpkg" in last and "pin hogpkg to a version made for" in last
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # pip itself is gone, not left running in the build step
+
+
+def test_the_guard_passes_pip_through_when_it_stays_within_bounds(tmp_path):
+    proc, _, _ = _guard(tmp_path, "30", 0.2, 0)
+    assert proc.returncode == 0 and "imgbuild:" not in proc.stdout and proc.stdout.count("Downloading hogpkg") == 5
+    failed, _, _ = _guard(tmp_path, "30", 0.2, 3)
+    assert failed.returncode == 1 and failed.stdout.strip().splitlines()[-1] == (
+        "imgbuild: pip step failed: pip failed; see its output above; pip backtracked through 5 versions of hogpkg: "
+        "each likely needs another version of a package the base pins (its framework?); pin hogpkg to a version "
+        "made for the base"
+    )
+
+
+def _guard_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pip_guard", GUARD)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PIP_CONFLICT = """Collecting hogpkg
+  Downloading http://172.17.0.1:43203/files/hogpkg-1.0.2-py3-none-any.whl (3.1 MB)
+  Downloading http://172.17.0.1:43203/files/hogpkg-1.0.1-py3-none-any.whl (3.1 MB)
+ERROR: Cannot install hogpkg because these package versions have conflicting dependencies.
+The conflict is caused by:
+    hogpkg 1.0.2 depends on torch==1.0.2
+    hogpkg 1.0.1 depends on torch==1.0.1
+    The user requested (constraint) torch==2.13.0+cpu
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
+
+
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [
+        (
+            PIP_CONFLICT,
+            "2 versions of hogpkg need torch==1.0.2 (or similar), but the base holds torch==2.13.0+cpu (from the "
+            "base's /etc/pip/constraint.txt): pin hogpkg to a version made for the base, or drop it",
+        ),
+        (
+            PIP_CONFLICT.replace("hogpkg 1.0.2 depends on torch==1.0.2\n", "").replace("torch==2", "numpy==2"),
+            "the recipe's packages conflict with the base's pins (from the base's /etc/pip/constraint.txt); "
+            "see the conflict above",
+        ),
+        (
+            "ERROR: Could not install packages due to an OSError: HTTPSConnectionPool: Max retries exceeded "
+            "(Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED]')))",
+            "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
+        ),
+        (
+            "WARNING: Retrying ... NewConnectionError: Failed to establish a new connection: [Errno -3] "
+            "Temporary failure in name resolution",
+            "network failure reaching the package index (offline? a proxy? set pip_index_url)",
+        ),
+        (
+            "The conflict is caused by:\n    keras-hub 0.18 depends on tensorflow\n"
+            "    The user requested (constraint) tensorflow<0",
+            "a package needs tensorflow, another distribution of the base's framework: it would overwrite the "
+            "base's own; see the conflict above",
+        ),
+        (
+            "ERROR: Could not find a version that satisfies the requirement nosuch==9 (from versions: none)",
+            "a package or version does not exist on the index for this Python and platform; see above",
+        ),
+        (
+            "  error: subprocess-exited-with-error\n  x Getting requirements to build wheel did not run successfully.",
+            "building a package from source failed; see the compiler or build output above",
+        ),
+        ("Traceback (most recent call last):", "pip failed; see its output above"),
+    ],
+)
+def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why):
+    watch = _guard_module().Watch()
+    for line in output.splitlines():
+        watch.see(line.strip())
+    assert watch.failure("the base's /etc/pip/constraint.txt") == why
+
+
+@pytest.mark.parametrize("line", ["imgbuild: pip still resolving: 40 s, 1.2 GB downloaded", "imgbuild: \x1b[2Jx\x07"])
+def test_the_pip_status_lines_reach_the_progress_and_nothing_else_does(line):
+    from imgbuild.engine.types import own_status
+
+    shown = own_status(line)
+    assert shown is not None and shown.isprintable() and shown.startswith("imgbuild: ")
+    assert own_status("Collecting torch") is None and own_status("x imgbuild: y") is None
+
+
+@pytest.mark.engine
+def test_a_resolver_backtracking_through_every_release_stops_at_the_download_limit(
+    testbed, tmp_path, docker_client, monkeypatch
+):
+    """vLLM in miniature: every release of hogpkg pins another torch than the base's; pip downloads them one
+    after another. The pip step stops at the limit and names the package, instead of 22 GB and a DNS error."""
+    from tests.fake_index import FakeIndex, Release
+
+    gateway = docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    releases = [Release(f"1.0.{n}", [f"torch==1.0.{n}"], padding=3 * 1024 * 1024) for n in range(12)]
+    index = FakeIndex(gateway, {"hogpkg": releases}, delay=0.5)  # a real index is slower than the bridge
+    try:
+        monkeypatch.setenv("IMGBUILD_PIP_DOWNLOAD_LIMIT", "8M")
+        pip = f'{{packages: [hogpkg], index_url: "{index.url}", trusted_hosts: ["{gateway}"]}}'
+        recipe = _project(tmp_path, f'name: pkgs\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {pip}\n')
+        res = run_cli("build", str(recipe), cwd=tmp_path)
+    finally:
+        index.close()
+    assert res.code == 1, res.err
+    assert "build failed at the pip step" in res.err, res.err[-3000:]
+    assert "stopped: pip downloaded" in res.err and "more than the limit of 8.4 MB (pip_download_limit)" in res.err
+    assert "backtracked through" in res.err and "versions of hogpkg" in res.err, res.err[-3000:]
+    assert 2 <= len(index.served) < 12, index.served

@@ -20,6 +20,7 @@ from imgbuild.engine.types import (
     Redactor,
     StepTracker,
     _failure_text,
+    own_status,
 )
 from imgbuild.errors import BuildFailed, EngineUnavailable
 
@@ -118,6 +119,8 @@ def _follow(
             error_lines.append(m.group(2))
         elif m := _BK_LINE.match(line):
             tracker.tails.setdefault(m.group(1), deque(maxlen=40)).append(m.group(2))
+            if status := own_status(m.group(2)):
+                progress(status)
         elif line.startswith(("error:", "ERROR:", "failed to solve")):
             error_lines.append(line)
 

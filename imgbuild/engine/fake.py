@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild.bases import PINS_MARKER, PINS_SCRIPT
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.facts import Label
@@ -92,6 +93,7 @@ class FakeContainers:
     runs: list[dict[str, Any]] = field(default_factory=list)  # each smoke run's arguments
     meta: dict[str, Any] = field(default_factory=dict)  # what the script reports of the image (cuda, arch_list)
     gpu_note: str = ""  # a host whose engine cannot pass GPUs: the run goes on without them, saying so
+    base_pins: list[str] = field(default_factory=list)  # what the base's PIP_CONSTRAINT file holds
 
     def run_script(
         self,
@@ -105,6 +107,9 @@ class FakeContainers:
         ipc: str | None = "host",
         shm_size: str | None = None,
     ) -> tuple[int, str, str]:
+        if script == PINS_SCRIPT:
+            self.calls.append(f"pins {image}")
+            return 0, PINS_MARKER + json.dumps({"origin": "the base's constraint file", "lines": self.base_pins}), ""
         self.calls.append(f"smoke {image}")
         self.runs.append({"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size})
         self.alive.append(image)

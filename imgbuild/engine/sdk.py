@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from imgbuild.engine.types import _SDK_STEP, BuildRequest, ProgressFn, Redactor, StepTracker, _failure_text
+from imgbuild.engine.types import _SDK_STEP, BuildRequest, ProgressFn, Redactor, StepTracker, _failure_text, own_status
 from imgbuild.errors import BuildFailed
 
 
@@ -61,6 +61,8 @@ def _follow_sdk_chunk(
             progress(tracker.steps[m.group(1)])
         else:
             tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
+            if status := own_status(line):
+                progress(status)
     if "error" in chunk or "errorDetail" in chunk:
         outcome["error"] = redact((chunk.get("errorDetail") or {}).get("message") or chunk.get("error", ""))
         log.write("ERROR: " + outcome["error"] + "\n")

@@ -136,6 +136,14 @@ _OWN_STEPS = (
 )
 
 
+def own_status(text: str) -> str | None:
+    """A status line of imgbuild's own scripts in a build step (`imgbuild: pip still resolving: ...`), made
+    safe to show on a terminal (build output is the recipe's: no control characters, bounded); else None."""
+    if not text.startswith("imgbuild: "):
+        return None
+    return "".join(ch for ch in text if ch.isprintable())[:300]
+
+
 def step_name(step: str) -> str:
     """`[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,...` -> `the pip step ([stage-0 4/6])`."""
     number = step.split("]", 1)[0] + "]" if step.startswith("[") else ""

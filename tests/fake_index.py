@@ -1,0 +1,88 @@
+"""A package index on the Docker bridge, for builds to fetch from (PEP 503 simple pages, wheels made on
+the fly): the shapes of real trouble without PyPI, e.g. every release of a package pinning another torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Release:
+    version: str
+    requires: list[str] = field(default_factory=list)
+    padding: int = 0  # incompressible bytes in the wheel: what a big wheel costs to download
+
+
+def wheel(name: str, release: Release) -> bytes:
+    module, dist = name.replace("-", "_"), f"{name.replace('-', '_')}-{release.version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {release.version}\n"
+    meta += "".join(f"Requires-Dist: {req}\n" for req in release.requires)
+    files = {
+        f"{module}/__init__.py": b"",
+        f"{module}/blob.bin": os.urandom(release.padding),
+        f"{dist}/METADATA": meta.encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: imgbuild-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"]).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return buf.getvalue()
+
+
+class FakeIndex:
+    """Serves `packages` ({name: [Release, ...]}) on `host`; `delay` seconds before each wheel."""
+
+    def __init__(self, host: str, packages: dict[str, list[Release]], delay: float = 0.0):
+        self.packages, self.delay, self.served = packages, delay, []
+        self.wheels = {
+            f"{name.replace('-', '_')}-{r.version}-py3-none-any.whl": wheel(name, r)
+            for name, releases in packages.items()
+            for r in releases
+        }
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                parts = [p for p in self.path.split("/") if p]
+                if len(parts) == 2 and parts[0] == "simple" and parts[1] in index.packages:
+                    links = "".join(
+                        f'<a href="/files/{w}#sha256={hashlib.sha256(index.wheels[w]).hexdigest()}">{w}</a>\n'
+                        for w in index.wheels
+                        if w.startswith(parts[1].replace("-", "_") + "-")
+                    )
+                    return self._send(f"<!DOCTYPE html><html><body>\n{links}</body></html>".encode(), "text/html")
+                if len(parts) == 2 and parts[0] == "files" and parts[1] in index.wheels:
+                    time.sleep(index.delay)
+                    index.served.append(parts[1])
+                    return self._send(index.wheels[parts[1]], "application/octet-stream")
+                self.send_error(404)
+
+            def _send(self, body: bytes, kind: str) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # pip was stopped mid-download
+                    self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/simple"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
