@@ -152,9 +152,17 @@ def protected_pins(base: BaseImage) -> tuple[str, ...]:
     fw = FRAMEWORKS.get(base.framework)
     if not fw or not base.framework_version:
         return ()
-    if fw.name == "pytorch":
+    if fw.name != "pytorch":
+        return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
+    # The release without its local label: PyPI's CUDA wheels say `2.13.0+cu130` in torch.__version__ (and
+    # PYTORCH_VERSION) but `2.13.0` in their metadata, which a `==2.13.0+cu130` pin would call a conflict.
+    # The base's own pins (its constraint file or a freeze) still hold the exact build installed.
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (f"torch=={Version(base.framework_version).public}",)
+    except InvalidVersion:
         return (f"torch=={base.framework_version}",)
-    return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
 
 
 def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:

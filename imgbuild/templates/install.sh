@@ -43,7 +43,7 @@ echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") r
 # The recipe's lock (imgbuild lock): the versions resolved before, installed again.
 locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
 # `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing.
-dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --quiet --report $IMGBUILD_PIP_REPORT"
+dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --report $IMGBUILD_PIP_REPORT"
 # guard.py runs pip: live output, bounds on resolution time and download bytes (IMGBUILD_PIP_RESOLVE_SECONDS,
 # IMGBUILD_PIP_DOWNLOAD_LIMIT), and on failure one line saying what kind it was (the cure differs).
 # shellcheck disable=SC2086 # $locked and $dry are option lists

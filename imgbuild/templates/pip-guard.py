@@ -125,9 +125,10 @@ class Watch:
         """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines."""
         for (package, dep), wanted in self.depends.items():
             if dep in self.held:
-                versions = f"{len(wanted)} versions of {package}" if len(wanted) > 1 else f"{package} {wanted[0][0]}"
+                many = len(wanted) > 1
+                versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 return (
-                    f"{versions} need {wanted[0][1]}{' (or similar)' if len(wanted) > 1 else ''}, but the base "
+                    f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but the base "
                     f"holds {self.held[dep]} (from {origin}): pin {package} to a version made for the base, or drop it"
                 )
         return f"the recipe's packages conflict with the base's pins (from {origin}); see the conflict above"
