@@ -8,54 +8,105 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.config import Settings
-from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError, RegistryUnavailable
 from imgbuild.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
-from imgbuild.registry import RegistryClient, split_reference
+
+if TYPE_CHECKING:  # the engine and the registry client are imported where they are used: render stays cheap
+    from imgbuild.engine import ImageEngine
 
 
 def registry_inspector(
-    settings: Settings, engine: ImageEngine | None = None, local_refs: frozenset[str] = frozenset()
+    settings: Settings,
+    engine: ImageEngine | None = None,
+    local_refs: frozenset[str] = frozenset(),
+    fresh: bool = False,
 ) -> Callable[[str], tuple[str, dict]]:
     """Base inspection: the registry first (digest + config, no pull); a local image when offline.
 
     `local_refs` are images this run builds itself (another recipe's target): always the local image,
-    pinned by id, so pushing it later does not make its dependents look stale."""
-    clients: dict[str, RegistryClient] = {}
+    pinned by id, so pushing it later does not make its dependents look stale. A registry answer is kept
+    `base_cache_ttl` seconds (the edit-render-build loop asks the same question many times a minute);
+    `fresh` (rebuild) always asks."""
+    from imgbuild import imageref
+
+    clients: dict[str, Any] = {}
 
     def inspect(ref: str) -> tuple[str, dict[str, Any]]:
-        host, repo, reference = split_reference(ref)
         if engine and ref in local_refs:
             local = engine.images.inspect_local(ref)
             if local is not None:
                 return "", local[1]
-        if engine and "/" in ref and host == "docker.io" and not ref.startswith("docker.io/"):
+        parsed = imageref.parse(ref)
+        if engine and "/" in ref and not parsed.host:
             # An unqualified `lab/house:v1` that the engine has is a local build (another recipe's
             # image): pin it by image id rather than asking Docker Hub about a name it never saw.
             local = engine.images.inspect_local(ref)
             if local is not None:
                 return local[0], local[1]
+        cache = _BaseCache(settings, 0 if fresh else settings.base_cache_ttl)
+        if (kept := cache.get(ref)) is not None:
+            return kept
+        from imgbuild.registry import RegistryClient, split_reference
+
+        host, repo, reference = split_reference(ref)
         client = clients.setdefault(host, RegistryClient.for_host(host, settings))
         try:
             manifest, config = client.image_config(repo, reference)
-            return manifest.digest, config
         except RegistryUnavailable:
             local = engine.images.inspect_local(ref) if engine else None
             if local is None:
                 raise
             return local[0] or "", local[1]
+        cache.put(ref, manifest.digest, config)
+        return manifest.digest, config
 
     return inspect
 
 
-def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
-    from imgbuild.ngc import newest_matching
+class _BaseCache:
+    """Registry answers about bases (digest + config), one small file per reference, kept `ttl` seconds."""
 
+    def __init__(self, settings: Settings, ttl: int):
+        self.folder, self.ttl = Path(settings.cache_dir) / "bases", ttl
+
+    def _path(self, ref: str) -> Path:
+        import hashlib
+
+        return self.folder / (hashlib.sha256(ref.encode()).hexdigest()[:32] + ".json")
+
+    def get(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        import time
+
+        path = self._path(ref)
+        try:
+            if self.ttl <= 0 or time.time() - path.stat().st_mtime > self.ttl or path.stat().st_size > 1 << 20:
+                return None
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("ref") != ref or not isinstance(data.get("config"), dict):
+            return None
+        return str(data.get("digest", "")), data["config"]
+
+    def put(self, ref: str, digest: str, config: dict[str, Any]) -> None:
+        if self.ttl <= 0:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._path(ref).write_text(json.dumps({"ref": ref, "digest": digest, "config": config}))
+        except OSError:
+            pass  # an unwritable cache costs a registry round trip next time, nothing more
+
+
+def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
     def resolve(repo_ref: str, framework: str | None, pattern: str) -> str:
+        from imgbuild.ngc import newest_matching
+        from imgbuild.registry import RegistryClient, split_reference
+
         host, repo, _ = split_reference(repo_ref + ":x")
         tags = RegistryClient.for_host(host, settings).tags(repo)
         found = newest_matching(framework, pattern, tags)
@@ -73,12 +124,13 @@ def plan_recipe(
     offline: bool = False,
     local_refs: frozenset[str] = frozenset(),
     with_pins: bool = False,
+    fresh: bool = False,
 ) -> Plan:
     """The plan, from the registry (or local images). `with_pins` (a build, a lock) also reads the base's
     pins in the base image, so every requirement that one of them excludes is reported before the build."""
     from imgbuild.host import caller
 
-    inspect = None if offline else registry_inspector(settings, engine, local_refs)
+    inspect = None if offline else registry_inspector(settings, engine, local_refs, fresh)
     read_pins = pin_reader(settings, engine) if with_pins and engine is not None and not offline else None
     who = caller()
     resolve = None if offline else tag_resolver(settings)

@@ -62,6 +62,7 @@ class Settings:
     images_dir: str = "images"
     cache_dir: str = field(default_factory=_default_cache_dir)
     tag_cache_ttl: int = 6 * 3600
+    base_cache_ttl: int = 300  # seconds a base's digest and config are reused (0: always ask; rebuild always does)
     registry_timeout: float = limits.HTTP_REQUEST_SECONDS  # one registry request, however slowly it trickles
     registry_deadline: float = limits.HTTP_COMMAND_SECONDS  # everything one command asks of one registry
     registry_backoff: float = 0.5  # first retry delay (doubles), seconds

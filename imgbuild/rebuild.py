@@ -209,7 +209,9 @@ def _work(
 
     start = time.monotonic()
     try:
-        plan = plan_recipe(load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs)
+        plan = plan_recipe(
+            load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs, fresh=True
+        )
         item.reasons = staleness(plan, engine, settings, options.push)
         if not item.reasons:
             item.status, item.image_id = FRESH, engine.images.image_id(plan.target) or ""

@@ -156,3 +156,27 @@ def test_a_changed_recipe_rebuilds_it_and_its_dependents_only(recipes):
         items = _rebuild(recipes, engine, nvcr)
     assert {k: v.status for k, v in items.items()} == {"house": "built", "team": "built", "solo": "fresh"}
     assert "recipe or its files changed" in items["house"].reasons
+
+
+def test_a_base_is_asked_of_the_registry_once_per_ttl_and_always_by_rebuild(tmp_path):
+    """The edit-render-build loop asks about the same base many times a minute: the answer is kept
+    `base_cache_ttl` seconds; rebuild (`fresh`) always asks; a TTL of 0 never keeps it."""
+    from imgbuild.bases import registry_inspector
+
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        ref = f"{nvcr.host}/nvidia/pytorch:24.05-py3"
+
+        def asked(fresh: bool = False, **extra: object) -> int:
+            settings = load_settings({"cache_dir": str(tmp_path / "cache"), **extra}, environ={})
+            asking = []
+            for _ in range(3):
+                before = len(nvcr.log)
+                digest, _ = registry_inspector(settings, fresh=fresh)(ref)
+                assert digest.startswith("sha256:")
+                asking.append(any("/manifests/" in line for line in nvcr.log[before:]))
+            return sum(asking)
+
+        assert asked() == 1  # the first look-up asks, the next two are the kept answer
+        assert asked() == 0
+        assert asked(fresh=True) == 3
+        assert asked(base_cache_ttl=0) == 3

@@ -11,8 +11,6 @@ import sys
 import tarfile
 from typing import Any
 
-import requests
-
 from imgbuild.engine.images import DockerImages
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
@@ -129,6 +127,7 @@ class DockerContainers:
         `note` says why GPUs were asked for but not given. The container is labelled with the image it
         tests, removed on every way out, and removed by the next run of the same target if this process
         is killed."""
+        import requests
         from docker.errors import APIError
         from docker.types import DeviceRequest
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-import requests
-
 from imgbuild.engine.types import _SDK_STEP, BuildRequest, ProgressFn, Redactor, StepTracker, _failure_text, own_status
 from imgbuild.errors import BuildFailed
 
 
 def build(client: Any, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
     """Build through the Engine API (no BuildKit: no cache mounts, no secrets)."""
+    import requests
     from docker.errors import APIError
 
     tracker = StepTracker()
