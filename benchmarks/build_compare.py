@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The same environment three ways, side by side in one run: imgbuild's rendered Dockerfile, hpccm's
+"""The same environment four ways, side by side in one run: imgbuild's rendered Dockerfile (pip, and uv), hpccm's
 Dockerfile for the equivalent recipe, and a hand-written Dockerfile as the NGC how-tos write it.
 
 Environment: the test bed's stand-in PyTorch base + 6 pip packages + 3 apt packages + one copied file.
@@ -43,16 +43,16 @@ def ca_bundle() -> str | None:
     return os.environ.get("IMGBUILD_PIP_CA_BUNDLE")
 
 
-# --- the three ways -------------------------------------------------------------------------------------
+# --- the ways -------------------------------------------------------------------------------------
 
 
-def write_imgbuild(ctx: Path, pip: list[str], n: int) -> list[str]:
+def write_imgbuild(ctx: Path, pip: list[str], n: int, installer: str = "pip") -> list[str]:
     project = ctx.parent / f"{ctx.name}-recipe"
     (project / "files").mkdir(parents=True, exist_ok=True)
     (project / "files" / "train.py").write_text(TRAIN.format(n=n))
     (project / "bench.yaml").write_text(
         'name: bench\nbase: {framework: pytorch, tag: "24.05"}\n'
-        f"apt: {json.dumps(APT)}\npip: {json.dumps(pip)}\n"
+        f"apt: {json.dumps(APT)}\npip: {{packages: {json.dumps(pip)}, installer: {installer}}}\n"
         "files: [{src: files/train.py, dest: /workspace/train.py}]\n"
     )
     subprocess.run(
@@ -113,8 +113,13 @@ def write_handwritten(ctx: Path, pip: list[str], n: int) -> list[str]:
     return []
 
 
+def write_imgbuild_uv(ctx: Path, pip: list[str], n: int) -> list[str]:
+    return write_imgbuild(ctx, pip, n, installer="uv")
+
+
 WAYS: dict[str, Callable[[Path, list[str], int], list[str]]] = {
     "imgbuild": write_imgbuild,
+    "imgbuild (uv)": write_imgbuild_uv,
     "hpccm": write_hpccm,
     "hand-written": write_handwritten,
 }
@@ -145,7 +150,7 @@ def size(ref: str) -> int:
 
 def measure(way: str, workdir: Path) -> dict[str, list[float]]:
     write = WAYS[way]
-    tag = f"imgbuildbench/{way}:bench"
+    tag = f"imgbuildbench/{way.replace(' (', '-').rstrip(')')}:bench"
     results: dict[str, list[float]] = {k: [] for k in ("cold", "size_mb", "add_pip", "change_file", "noop")}
     for rep in range(REPEATS):
         ctx = workdir / f"{way}-{rep}"
@@ -188,15 +193,16 @@ def main() -> None:
         ("no-op rebuild, s", "noop"),
     ]
     print(
-        f"\nSame environment three ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
+        f"\nSame environment four ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
         f"PyTorch base; median (min-max) of {REPEATS} runs\n"
     )
     print("| metric | " + " | ".join(WAYS) + " |")
     print("|---|" + "---|" * len(WAYS))
     for label, key in metrics:
         print(f"| {label} | " + " | ".join(fmt(results[w][key]) for w in WAYS) + " |")
-    ratio = statistics.median(results["imgbuild"]["add_pip"]) / statistics.median(results["hpccm"]["add_pip"])
-    print(f"\nimgbuild's pip-change rebuild is {ratio:.2f}x hpccm's (target: at most 0.5x)")
+    for way in ("imgbuild", "imgbuild (uv)"):
+        ratio = statistics.median(results[way]["add_pip"]) / statistics.median(results["hpccm"]["add_pip"])
+        print(f"\n{way}'s pip-change rebuild is {ratio:.2f}x hpccm's (target: at most 0.5x)")
     print(json.dumps({w: {k: statistics.median(v) for k, v in r.items()} for w, r in results.items()}), file=sys.stderr)
 
 

@@ -69,6 +69,8 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print("build comparison (several minutes)...", file=sys.stderr, flush=True)
     compare = run_script("build_compare.py")
+    print("pip against uv on a realistic set (several minutes)...", file=sys.stderr, flush=True)
+    installers = run_script("installers.py")
     print("tag listing...", file=sys.stderr, flush=True)
     tags = run_script("tags_listing.py")
     print("no-op rebuild...", file=sys.stderr, flush=True)
@@ -92,7 +94,7 @@ def main() -> None:
         "(the project's CI size), against the test bed: dockerd 20.10 with BuildKit, a local registry, "
         "the stand-in NGC bases. PyPI through a TLS-intercepting proxy.",
         "",
-        "## Same environment, three ways",
+        "## Same environment, four ways",
         "",
         compare,
         "",
@@ -105,6 +107,12 @@ def main() -> None:
         "`imgbuild render`.",
         "",
         ANALYSIS,
+        "## pip against uv on a realistic set",
+        "",
+        installers,
+        "",
+        "`pip: {installer: uv}`: the same pins, constraints and protection, uv from a build stage (docs/recipes.md).",
+        "",
         "## Tag listing (600 tags)",
         "",
         "```text",

@@ -104,3 +104,8 @@ CUDA_MIN_DRIVER: dict[tuple[int, int], str] = {
 FORWARD_COMPAT: dict[int, tuple[str, ...]] = {
     12: ("470.57", "525.85", "535.86", "545.23"),
 }
+
+
+#: The uv release the pip step runs when a recipe says `pip.installer: uv` (installed in a build stage of
+#: its own from the package index, never in the image). Bumping it re-runs every uv pip step.
+UV_VERSION = "0.13.9"

@@ -328,6 +328,8 @@ class Pip(_Strict):
     extra_index_urls: list[IndexUrl] = Field(default_factory=list)
     trusted_hosts: list[Annotated[str, _check(HOST_RE, "not a host")]] = Field(default_factory=list)
     ca_bundle: OneLine | None = None
+    #: who installs: pip, or uv (faster; same pins and protection; the buildkit backend only)
+    installer: Literal["pip", "uv"] = "pip"
 
 
 class User(_Strict):

@@ -17,7 +17,7 @@ from typing import Any
 
 from imgbuild import __version__, limits
 from imgbuild.errors import UsageError
-from imgbuild.facts import Label
+from imgbuild.facts import UV_VERSION, Label
 from imgbuild.ngc import FRAMEWORKS
 from imgbuild.plan import TEMPLATES_DIR, Plan
 from imgbuild.recipe import stable_name
@@ -194,6 +194,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         "backend": backend,
         "files": files,
         "has_pip": has_pip,
+        "uv_version": UV_VERSION if has_pip and recipe.pip.installer == "uv" else "",
         "pip_limits": (int(limits.PIP_RESOLVE_SECONDS), limits.PIP_DOWNLOAD_BYTES),  # build args override them
         "uid_default": (user.uid if user and user.uid else 1000),
         "gid_default": (user.gid if user and user.gid else 1000),

@@ -666,6 +666,33 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
             "building a package from source failed; see the compiler or build output above",
         ),
         ("Traceback (most recent call last):", "pip failed; see its output above"),
+        # uv says the same things its own way
+        (
+            "error: No solution found when resolving dependencies\n  cause: Because torchvision==0.18.0 depends on "
+            "torch==2.3.0 and torch==2.13.0+cpu, we can conclude that torchvision==0.18.0 cannot be used.",
+            "torchvision 0.18.0 needs torch==2.3.0, but the base holds torch==2.13.0+cpu (from the base's "
+            "/etc/pip/constraint.txt): pin torchvision to a version made for the base, or drop it",
+        ),
+        (
+            "  x No solution found when resolving dependencies:\n  Because all versions of hogpkg depend on "
+            "torch==1.0.0 and torch==2.13.0+cpu, we can conclude that all versions of hogpkg cannot be used.",
+            "every version of hogpkg needs torch==1.0.0, but the base holds torch==2.13.0+cpu (from the base's "
+            "/etc/pip/constraint.txt): pin hogpkg to a version made for the base, or drop it",
+        ),
+        (
+            "  Because keras-hub==0.18.1 depends on tensorflow and you require tensorflow<0, we can conclude that "
+            "keras-hub==0.18.1 cannot be used.\nNo solution found when resolving dependencies",
+            "a package needs tensorflow, another distribution of the base's framework: it would overwrite the "
+            "base's own; see the conflict above",
+        ),
+        (
+            "error: Because nosuch was not found in the package registry and you require nosuch, we can conclude",
+            "a package or version does not exist on the index for this Python and platform; see above",
+        ),
+        (
+            "error: Request failed after 3 retries\n  Caused by: invalid peer certificate: UnknownIssuer",
+            "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
+        ),
     ],
 )
 def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why):

@@ -39,15 +39,39 @@ fi
 if [ -f /run/secrets/imgbuild-ca.crt ]; then export PIP_CERT=/run/secrets/imgbuild-ca.crt
 elif [ -f "$here/ca.crt" ]; then export PIP_CERT="$here/ca.crt"; fi
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
-echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") requirement(s) under $(wc -l < "$pins") pins from $origin"
 # The recipe's lock (imgbuild lock): the versions resolved before, installed again.
 locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
 # `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing.
 dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --report $IMGBUILD_PIP_REPORT"
-# guard.py runs pip: live output, bounds on resolution time and download bytes (IMGBUILD_PIP_RESOLVE_SECONDS,
-# IMGBUILD_PIP_DOWNLOAD_LIMIT), and on failure one line saying what kind it was (the cure differs).
+# pip.installer: uv mounts uv here (a build stage of its own); `imgbuild lock` always resolves with pip.
+uv=/tmp/imgbuild-uv/bin/uv
+if [ -x "$uv" ] && [ -z "$dry" ]; then
+  # uv reads no pip.conf: the site's index settings go from the secret into this step's environment only.
+  if [ -n "${PIP_CONFIG_FILE:-}" ]; then
+    eval "$(python3 - "$PIP_CONFIG_FILE" <<'EOF'
+import configparser, shlex, sys
+conf = configparser.ConfigParser(interpolation=None)
+conf.read(sys.argv[1])
+found = conf["global"] if conf.has_section("global") else {}
+for key, env in (("index-url", "UV_INDEX_URL"), ("extra-index-url", "UV_EXTRA_INDEX_URL"), ("trusted-host", "UV_INSECURE_HOST")):
+    if found.get(key):
+        print(f"export {env}={shlex.quote(' '.join(found[key].split()))}")
+EOF
+)"
+  fi
+  if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi
+  export UV_CACHE_DIR=/root/.cache/uv UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
+  tool=uv; set -- "$uv" pip install --python "$(command -v python3)" --system --break-system-packages --compile-bytecode \
+    --link-mode copy
+else
+  tool=pip; set -- python3 -m pip install --progress-bar off
+fi
+echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") requirement(s) with $tool under $(wc -l < "$pins") pins from $origin"
+# guard.py runs the installer: live output, bounds on resolution time and download bytes
+# (IMGBUILD_PIP_RESOLVE_SECONDS, IMGBUILD_PIP_DOWNLOAD_LIMIT), and on failure one line saying what kind it
+# was (the cure differs). Both installers get the same pins, constraints and lock.
 # shellcheck disable=SC2086 # $locked and $dry are option lists
-python3 "$here/guard.py" "$origin" python3 -m pip install --progress-bar off $dry -c "$pins" \
-    -c "$here/constraints.txt" $locked -r "$here/requirements.txt" && rc=0 || rc=$?
-rm -f "$pins"
+python3 "$here/guard.py" "$origin" "$@" $dry -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
+    && rc=0 || rc=$?
+rm -f "$pins" /tmp/uv-*.lock
 [ "$rc" = 0 ] || exit 1

@@ -20,11 +20,17 @@ QUIET_SECONDS = 20
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-(\d[^-\s]*)-")
 BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
+#: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
+#: conclude ..." (the second requirement is the base's pin).
+UV_DEPENDS = re.compile(
+    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and \3(\S+), we"
+)
+OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0\b")
 DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 #: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
 KINDS = (
-    ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed")),
+    ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
     (
         "network",
         (
@@ -35,11 +41,27 @@ KINDS = (
             "ReadTimeoutError",
             "Network is unreachable",
             "ProxyError",
+            "dns error",
+            "failed to lookup address",
         ),
     ),
-    ("conflict", ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by")),
-    ("missing", ("No matching distribution found", "Could not find a version that satisfies")),
-    ("sdist", ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed")),
+    (
+        "conflict",
+        ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
+    ),
+    (
+        "missing",
+        (
+            "No matching distribution found",
+            "Could not find a version that satisfies",
+            "was not found in the package registry",
+            "there is no version of",
+        ),
+    ),
+    (
+        "sdist",
+        ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
+    ),
 )
 
 
@@ -86,7 +108,16 @@ class Watch:
 
     def see(self, line):
         self.last_line = time.monotonic()
-        self.installing = self.installing or line.startswith("Installing collected packages")
+        installing = line.startswith("Installing collected packages") or bool(
+            re.match(r"Resolved \d+ packages? in", line)
+        )
+        self.installing = self.installing or installing
+        if found := OTHER_FRAMEWORK.search(line):
+            self.other_framework = found.group(1)
+        if found := UV_DEPENDS.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+            self.held[canon(found.group(3))] = found.group(3) + found.group(5)
         for kind, words in KINDS:
             if any(word.lower() in line.lower() for word in words):
                 self.kinds.add(kind)
@@ -97,11 +128,8 @@ class Watch:
         elif found := DEPENDS.match(line):
             key = (found.group(1), canon(found.group(3)))
             self.depends.setdefault(key, []).append((found.group(2), found.group(3) + found.group(4).strip()))
-        elif found := CONSTRAINT.match(line):
-            if found.group(2) == "<0":
-                self.other_framework = found.group(1)
-            else:
-                self.held[canon(found.group(1))] = found.group(1) + found.group(2)
+        elif (found := CONSTRAINT.match(line)) and found.group(2) != "<0":
+            self.held[canon(found.group(1))] = found.group(1) + found.group(2)
 
     def backtracking(self):
         """The package pip went through release after release of: named by pip, else the most fetched."""
@@ -127,6 +155,8 @@ class Watch:
             if dep in self.held:
                 many = len(wanted) > 1
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
+                if not wanted[0][0]:  # uv: "all versions of X depend on ..."
+                    versions = f"every version of {package} needs"
                 return (
                     f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but the base "
                     f"holds {self.held[dep]} (from {origin}): pin {package} to a version made for the base, or drop it"
