@@ -56,6 +56,15 @@ class FakeIndex:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def do_HEAD(self) -> None:  # uv asks whether a wheel can be read in ranges first
+                parts = [p for p in self.path.split("/") if p]
+                if len(parts) == 2 and parts[0] == "files" and parts[1] in index.wheels:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(index.wheels[parts[1]])))
+                    self.end_headers()
+                else:
+                    self.send_error(404)
+
             def do_GET(self) -> None:
                 parts = [p for p in self.path.split("/") if p]
                 if len(parts) == 2 and parts[0] == "simple" and parts[1] in index.packages:

@@ -344,7 +344,7 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
 
 
 def test_uv_is_installed_in_a_stage_of_its_own_and_mounted_into_the_pip_step(write):
-    """pip.installer: uv: a build stage installs the pinned uv; the pip step mounts it (never a layer of the
+    """uv (the default installer): a build stage installs the pinned uv; the pip step mounts it (never a layer of the
     image) with a cache of its own; the Engine API builder has no mounts, so it keeps pip."""
     from imgbuild.facts import UV_VERSION
     from imgbuild.render import render
@@ -358,5 +358,7 @@ def test_uv_is_installed_in_a_stage_of_its_own_and_mounted_into_the_pip_step(wri
     assert "--mount=type=bind,from=imgbuild-uv,source=/opt/imgbuild-uv,target=/tmp/imgbuild-uv" in main
     assert "COPY --from=imgbuild-uv" not in dockerfile
     assert "imgbuild-uv" not in render(plan, "sdk").text("Dockerfile")
-    pip_only = plan_for(write("p.yaml", 'name: p\nbase: {framework: pytorch, tag: "24.05"}\npip: [six]\n'))
+    pip_only = plan_for(
+        write("p.yaml", 'name: p\nbase: {framework: pytorch, tag: "24.05"}\npip: {packages: [six], installer: pip}\n')
+    )
     assert "imgbuild-uv" not in render(pip_only, "buildkit").text("Dockerfile")

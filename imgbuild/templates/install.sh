@@ -59,6 +59,9 @@ for key, env in (("index-url", "UV_INDEX_URL"), ("extra-index-url", "UV_EXTRA_IN
 EOF
 )"
   fi
+  # uv ignores --trusted-host inside requirements files: the recipe's (and its files') go in the environment.
+  hosts=$(sed -n 's/^--trusted-host[ =]*//p' "$here/requirements.txt" | tr '\n' ' ')
+  if [ -n "$hosts" ]; then export UV_INSECURE_HOST="${UV_INSECURE_HOST:-} $hosts"; fi
   if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi
   export UV_CACHE_DIR=/root/.cache/uv UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
   tool=uv; set -- "$uv" pip install --python "$(command -v python3)" --system --break-system-packages --compile-bytecode \

@@ -43,6 +43,7 @@ KINDS = (
             "ProxyError",
             "dns error",
             "failed to lookup address",
+            "HTTP status server error",
         ),
     ),
     (
@@ -195,9 +196,9 @@ def over(watch, elapsed, got):
     """Why pip must stop now, or ""."""
     limit_s, limit_b = bound("IMGBUILD_PIP_RESOLVE_SECONDS", float), bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int)
     if limit_b and got > limit_b:
-        return f"pip downloaded {size(got)}, more than the limit of {size(limit_b)} (pip_download_limit)"
+        return f"the step downloaded {size(got)}, more than the limit of {size(limit_b)} (pip_download_limit)"
     if limit_s and not watch.installing and elapsed > limit_s:
-        return f"pip was still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
+        return f"still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
     return ""
 
 
