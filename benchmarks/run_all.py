@@ -23,18 +23,21 @@ COMMAND = (
 
 ANALYSIS = """## Where imgbuild loses, and why
 
-- **Rebuild after adding a pip package: imgbuild misses its target** (at most half of hpccm's; measured about the
-  same, 1.1x). With six small pure-Python packages the step is dominated by pip itself, not downloads. pip starts,
-  resolves the whole requirement set again (under the base's pins), and asks the index for every project. The
-  BuildKit pip cache mount saves only the wheel downloads, which are a few hundred kB here. imgbuild also pays
-  `imgbuild render` (about 0.4 s, counted in its column). What would fix it: resolve and install with `uv` against
-  a cached index in the cache mount (no re-resolution cost, no per-project round trips), or put added packages in
-  an incremental layer on top of the last resolved set. Both must keep the base's pins and the secrets flow (uv
-  does not read pip.conf). With large wheels (the usual case for ML extras such as opencv or jax) the cache mount
-  is where the time goes, and imgbuild's advantage appears.
-- **Rebuild after changing the copied file: 0.5 s against 0.1-0.2 s.** The build step is the same single `COPY`
-  layer for all three; the difference is `imgbuild render` (Python start-up, imports, the registry look-up for the
-  base digest). Lazy imports in the render path and a cached base digest would close most of it.
+This run's machine was about 1.6-2x slower than the one on 2026-11-21 (hpccm's cold build 9.5 s against 5.6 s,
+`imgbuild --help` 0.16 s against 0.08 s): compare the columns of one run, not runs of different days.
+
+- **Rebuild after adding a pip package: imgbuild still misses its target** (at most half of hpccm's). With uv,
+  the default installer since this run, it is 0.82x hpccm's (pip: 1.67x). On a realistic set (the table below)
+  uv takes 0.46x of pip's time for the same change. What is left: the pip step resolves and installs the whole
+  set again (uv's cache saves the downloads, not the resolution round trips through the proxy or the bytecode
+  compilation), and `imgbuild render` (0.34 s measured alone, more on this loaded run). What would close it:
+  an incremental layer on top of the last resolved set (install only what the lock diff adds).
+- **Rebuild after changing the copied file: 1.0 s (uv) against 0.2-0.3 s.** The build step is the same single
+  `COPY` layer; the difference is `imgbuild render`: Python start-up and importing pydantic's recipe models
+  (about 0.15 s), Jinja2, and the rest. The registry look-up is now cached (`base_cache_ttl`), and the engine and
+  the registry client are imported only where used: `imgbuild render` went from 0.69 s to 0.34 s measured alone
+  (`/usr/bin/time -f %e .venv/bin/imgbuild render recipes/pytorch-research.yaml -o /tmp/rr`, four runs), still
+  above the 0.2 s target.
 - **Size: imgbuild's lead is partly an artefact of the stand-in base.** hpccm's apt layer keeps
   `/var/cache/apt/*.bin` (about 80 MB), and the hand-written one keeps the lists and the `.deb`s too, because the
   stand-in (a debootstrapped Debian) lacks the `docker-clean` apt hook that official Ubuntu images carry, and so
