@@ -177,8 +177,10 @@ def build(
             "(the Engine API builder would bake them into a layer)"
         )
     # Every requirement a base pin excludes is reported now, all at once, not one pip failure per build.
-    plan = plan or plan_recipe(loaded, settings, engine, with_pins=True)
-    plan = with_base_pins(plan, pin_reader(settings, engine))
+    if plan is None:
+        plan = plan_recipe(loaded, settings, engine, with_pins=True)
+    else:  # planned by the caller (rebuild, to judge staleness), without the base's pins
+        plan = with_base_pins(plan, pin_reader(settings, engine))
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")

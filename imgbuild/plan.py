@@ -36,7 +36,7 @@ class BaseImage:
     facts: dict[str, str] = field(default_factory=dict)
     requested: str = ""
     image_id: str = ""  # for a local, never-pushed base (e.g. another recipe's image): no digest exists
-    pins: tuple[str, ...] = ()  # every `name==version` the base holds its packages at (see bases.base_pins)
+    pins: tuple[str, ...] = ()  # every `name==version` the base holds its packages at (see bases.pin_reader)
     pins_origin: str = ""  # where those pins were read: the base's PIP_CONSTRAINT file, or a freeze
 
     @property
