@@ -27,6 +27,7 @@ class Label:
     # on containers
     USER = PREFIX + "user"  # who started it (the caller, sudo-aware)
     GPUS = PREFIX + "gpus"  # the GPU indices it was given
+    GPU_UUIDS = PREFIX + "gpu-uuids"  # and their UUIDs (indices can change across reboots, UUIDs do not)
     SMOKE_OF = PREFIX + "smoke-of"  # a smoke-test container, and the image it tests
 
 

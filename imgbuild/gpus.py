@@ -40,6 +40,7 @@ class Gpu:
     processes: list[GpuProcess] = field(default_factory=list)
     compute_cap: str = ""  # "8.0"; empty where the reader cannot tell (old nvidia-smi)
     driver: str = ""  # the host driver's version, the same on every GPU
+    cpu_affinity: str = ""  # the CPUs of the GPU's NUMA node, as a list like 0-31,64-95 ("" unknown)
 
     @property
     def users(self) -> set[str]:
@@ -151,9 +152,20 @@ class SmiReader:
         fmt = "--format=csv,noheader,nounits"
         apps = self._run([f"--query-compute-apps={APP_QUERY}", fmt])
         try:
-            return parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]), apps)
+            gpus = parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]), apps)
         except NoGpus:  # drivers before R510 know no compute_cap field
-            return parse_smi(self._run([f"--query-gpu={','.join(GPU_FIELDS)}", fmt]), apps, extra=False)
+            gpus = parse_smi(self._run([f"--query-gpu={','.join(GPU_FIELDS)}", fmt]), apps, extra=False)
+        buses: dict[str, str] = {}
+        try:
+            for line in self._run(["--query-gpu=uuid,pci.bus_id", fmt]).splitlines():
+                uuid, _, bus = line.partition(",")
+                if bus and "," not in bus:
+                    buses[uuid.strip()] = bus.strip()
+        except NoGpus:
+            pass
+        for gpu in gpus:
+            gpu.cpu_affinity = numa_cpus(buses.get(gpu.uuid, ""))
+        return gpus
 
 
 class NvmlReader:
@@ -185,12 +197,32 @@ class NvmlReader:
                 major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
                 name, uuid = _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h))
                 used, total = int(mem.used // 2**20), int(mem.total // 2**20)
-                out.append(Gpu(i, uuid, name, used, total, util, procs, f"{major}.{minor}", driver))
+                gpu = Gpu(i, uuid, name, used, total, util, procs, f"{major}.{minor}", driver)
+                gpu.cpu_affinity = numa_cpus(_text(pynvml.nvmlDeviceGetPciInfo(h).busId))
+                out.append(gpu)
             return out
         except pynvml.NVMLError as exc:
             raise NoGpus(f"NVML: {exc}") from exc
         finally:
             pynvml.nvmlShutdown()
+
+
+def numa_cpus(bus_id: str, sys: Path = Path("/sys")) -> str:
+    """The CPUs near a PCI device (`00000000:07:00.0`, as NVIDIA writes it), from sysfs; "" unknown."""
+    match = re.fullmatch(r"(?:[0-9a-fA-F]{4})?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])", bus_id.strip())
+    if not match:
+        return ""
+    try:
+        text = (sys / "bus/pci/devices" / match.group(1).lower() / "local_cpulist").read_text(errors="replace")
+    except OSError:
+        return ""
+    from imgbuild.host import parse_cpulist
+
+    try:
+        parse_cpulist(text)
+    except ValueError:
+        return ""
+    return text.strip()
 
 
 def _text(value: str | bytes) -> str:
@@ -263,16 +295,36 @@ class Selection:
         return [g.uuid for g in self.gpus]
 
 
-def _holders(gpu: Gpu, me: str) -> str:
+@dataclass(frozen=True)
+class Claim:
+    """A hold on a GPU by other means than a process on it: a container given it, a run starting on it."""
+
+    user: str
+    what: str  # "container bob_train_1", "bob_lm_2 starting"
+
+
+Claims = dict[str, list[Claim]]  # GPU UUID -> its claims
+
+
+def _holders(gpu: Gpu, me: str, claims: Claims | None = None) -> str:
     others = [p for p in gpu.processes if p.user and p.user != me]
-    return ", ".join(
-        f"{p.user} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})" for p in others
-    )
+    held = [f"{p.user} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})" for p in others] + [
+        f"{c.user} ({c.what})" for c in (claims or {}).get(gpu.uuid, []) if c.user != me
+    ]
+    return ", ".join(dict.fromkeys(held))
 
 
-def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> Selection:
+def _mine(gpu: Gpu, me: str, claims: Claims | None) -> str:
+    return ", ".join(c.what for c in (claims or {}).get(gpu.uuid, []) if c.user == me)
+
+
+def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, claims: Claims | None = None) -> Selection:
     """`request`: N (the N least-loaded GPUs free of other users, as `docker run --gpus N`), a list
-    `0,3` or `device=3` (those GPUs), `all`, or `none`."""
+    `0,3` or `device=3` (those GPUs), `all`, or `none`.
+
+    `claims`: GPUs given to containers or being handed to a starting run (the ledger). Another user's claim
+    refuses a GPU like their process on it; for N GPUs, the caller's own claimed GPUs are not free either
+    (two of your jobs on one GPU is a mistake more often than a plan); naming them is allowed."""
     request = request.strip().lower()
     if request in ("", "none"):
         return Selection([])
@@ -285,12 +337,15 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> 
         chosen = list(gpus)
     elif re.fullmatch(r"\d+", request):
         count = int(request)
-        free = [g for g in gpus if force or not _holders(g, me)]
+        free = [g for g in gpus if force or not (_holders(g, me, claims) or _mine(g, me, claims))]
         if count > len(free):
-            held = "; ".join(f"GPU {g.index}: {_holders(g, me)}" for g in gpus if _holders(g, me))
+            held = "; ".join(
+                f"GPU {g.index}: {_holders(g, me, claims) or 'your ' + _mine(g, me, claims)}"
+                for g in gpus
+                if _holders(g, me, claims) or _mine(g, me, claims)
+            )
             raise UsageError(
-                f"--gpus {count}: only {len(free)} of {len(gpus)} GPUs are free of other users "
-                f"({held}); use --force to share"
+                f"--gpus {count}: only {len(free)} of {len(gpus)} GPUs are free ({held}); use --force to share"
             )
         chosen = sorted(free, key=lambda g: (load_score(g), g.index))[:count]
         chosen.sort(key=lambda g: g.index)
@@ -302,11 +357,26 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False) -> 
         chosen = [by_index[i] for i in dict.fromkeys(wanted)]
     else:
         raise UsageError(f"--gpus: {request!r} is not N, a list like 0,3, all or none")
-    busy = [(g, _holders(g, me)) for g in chosen if _holders(g, me)]
+    busy = [(g, _holders(g, me, claims)) for g in chosen if _holders(g, me, claims)]
     if busy and not force:
         first, holders = busy[0]
         raise UsageError(f"GPU {first.index} is in use by {holders}; choose another or use --force")
     return Selection(chosen, [f"GPU {g.index} ({h})" for g, h in busy])
+
+
+def pick_cpus(count: int, near: list[int], host: list[int], taken: dict[int, int]) -> list[int]:
+    """`count` CPUs to pin a container to: free ones near its GPUs first, then free ones elsewhere, then
+    the least shared. `taken`: CPU -> containers (and starting runs) pinned to it. [] when `count` covers
+    every usable CPU anyway (nothing to pin)."""
+    if count <= 0 or count >= len(host):
+        return []
+    usable = set(host)
+    near_set = set(near) & usable
+
+    def rank(cpu: int) -> tuple[int, int, int]:
+        return (taken.get(cpu, 0), 0 if cpu in near_set else 1, cpu)
+
+    return sorted(sorted(usable, key=rank)[:count])
 
 
 def cpus_for(gpu_count: int, host_cores: int, total_gpus: int, per_gpu: float | None = None) -> float | None:

@@ -55,3 +55,45 @@ def _safe(name: str, uid: int) -> str:
     """A name usable in a container name and an image namespace."""
     lowered = name.lower()
     return lowered if _NAME_RE.fullmatch(lowered) else f"uid{uid}"
+
+
+# --- CPUs -------------------------------------------------------------------------------------------
+
+_CPULIST_RE = re.compile(r"\d{1,5}(-\d{1,5})?(,\d{1,5}(-\d{1,5})?)*")
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """`0-3,8-11` (the kernel's and Docker's CPU list) -> [0, 1, 2, 3, 8, 9, 10, 11]; "" -> []."""
+    text = text.strip()
+    if not text:
+        return []
+    if not _CPULIST_RE.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is not a CPU list like 0-3,8-11")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return sorted(cpus)
+
+
+def format_cpulist(cpus: list[int] | set[int]) -> str:
+    """[0, 1, 2, 3, 8] -> `0-3,8`."""
+    ordered = sorted(set(cpus))
+    runs: list[str] = []
+    start = prev = None
+    for cpu in [*ordered, None]:
+        if cpu is not None and prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            runs.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = cpu
+    return ",".join(runs)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: a cgroup or taskset narrows the host's)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))

@@ -6,16 +6,20 @@ The spec renders to a `docker run` argument list; `--dry-run` prints exactly wha
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
-from imgbuild.gpus import Selection, cpus_for
+from imgbuild.gpus import Claim, Claims, Selection, cpus_for, pick_cpus
+from imgbuild.host import format_cpulist, parse_cpulist
 
 #: `--name`: the <name> in <user>_<name>_<n>.
 SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -30,8 +34,13 @@ DEFAULTS: dict[str, Any] = {
     "log_max_size": "50m",
     "log_max_file": "3",
     "cpus_per_gpu": None,  # None: the host's fair share, kept within 8..24
+    "pin_cpus": True,  # --cpuset-cpus near the GPUs, and thread variables to match
+    "gpu_flag": "gpus",  # "gpus": docker --gpus; "env": NVIDIA_VISIBLE_DEVICES (nvidia as the default runtime)
+    "state_dir": None,  # the host-wide ledger of GPUs being handed out (default ledger.DEFAULT_STATE_DIR)
     "env": {},
 }
+#: Thread pools that size themselves to every CPU of the host unless told (PyTorch, NumPy, MKL, OpenBLAS).
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @dataclass
@@ -44,6 +53,7 @@ class RunSpec:
     command: list[str] = field(default_factory=list)
     gpus: Selection = field(default_factory=lambda: Selection([]))
     cpus: float | None = None
+    cpuset: list[int] = field(default_factory=list)  # pinned CPUs ([]: not pinned)
     volumes: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)
@@ -99,14 +109,32 @@ class RunSpec:
         args: list[str] = []
         if self.gpus.gpus:
             indices = ",".join(str(g.index) for g in self.gpus.gpus)
-            args += ["--gpus", f'"device={",".join(self.gpus.uuids)}"', "--label", f"{Label.GPUS}={indices}"]
+            uuids = ",".join(self.gpus.uuids)
+            if self.house.get("gpu_flag") == "env":  # the nvidia runtime reads it (nvidia-docker2 servers)
+                args += ["-e", f"NVIDIA_VISIBLE_DEVICES={uuids}"]
+            else:
+                args += ["--gpus", f'"device={uuids}"']
+            args += ["--label", f"{Label.GPUS}={indices}", "--label", f"{Label.GPU_UUIDS}={uuids}"]
         else:
             # No GPU asked for: none seen either, even where the engine's default runtime is nvidia and the
             # image (NGC) says NVIDIA_VISIBLE_DEVICES=all.
             args += ["-e", "NVIDIA_VISIBLE_DEVICES=void"]
         if self.cpus:
             args += ["--cpus", f"{self.cpus:g}"]
+        if self.cpuset:
+            args += ["--cpuset-cpus", format_cpulist(self.cpuset)]
+        threads = self.threads
+        mine = {item.partition("=")[0] for item in self.env}
+        for var in THREAD_VARS if threads else ():
+            if var not in mine:  # the user's own -e wins
+                args += ["-e", f"{var}={threads}"]
         return args
+
+    @property
+    def threads(self) -> int | None:
+        """Threads per process: the CPUs per GPU (one process per GPU under torchrun), all for CPU jobs."""
+        cpus = len(self.cpuset) or int(self.cpus or 0)
+        return max(1, cpus // max(1, len(self.gpus.gpus))) if cpus else None
 
     def _mode_args(self) -> list[str]:
         flags = [("--rm", self.remove), ("-d", self.detach), ("-i", self.interactive), ("-t", self.tty)]
@@ -142,6 +170,14 @@ def house_rules(site: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"config run: unknown setting {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
     merged = dict(DEFAULTS)
     merged.update({k: v for k, v in site.items() if v is not None or k == "shm_size"})
+    if merged["gpu_flag"] not in ("gpus", "env"):
+        raise UsageError(f"config run.gpu_flag: {str(merged['gpu_flag'])[:40]!r} is not gpus or env")
+    if not isinstance(merged["pin_cpus"], bool):
+        raise UsageError("config run.pin_cpus: must be true or false")
+    if merged["state_dir"] is not None and not (
+        isinstance(merged["state_dir"], str) and merged["state_dir"].startswith("/")
+    ):
+        raise UsageError("config run.state_dir: must be an absolute path")
     return merged
 
 
@@ -241,6 +277,7 @@ class RunRequest:
     gpu_request: str = "none"
     force: bool = False
     cpus: float | None = None
+    cpuset: list[int] = field(default_factory=list)  # pinned CPUs ([]: not pinned)
     volumes: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)
@@ -264,13 +301,62 @@ def read_gpus_or_none(settings: Any) -> list[Any]:
         return []
 
 
-def prepare(req: RunRequest, settings: Any) -> RunSpec:
-    """The container to start: house rules, the caller's name and IDs, free GPUs, a CPU share (no engine yet)."""
+@dataclass
+class Held:
+    """What is taken on this host: GPUs given to containers or to starting runs, and pinned CPUs."""
+
+    gpus: Claims = field(default_factory=dict)
+    cpus: dict[int, int] = field(default_factory=dict)  # CPU -> how many containers are pinned to it
+
+
+def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]) -> Held:
+    """Claims from the engine's live containers (their labels and cpusets) and the ledger's entries."""
+    held = Held()
+    uuid_of = {g.index: g.uuid for g in gpus}
+
+    def claim(uuid: str, user: str, what: str) -> None:
+        held.gpus.setdefault(uuid, []).append(Claim(user, what))
+
+    for row in rows:
+        if row.get("status") not in ("running", "restarting", "paused"):
+            continue
+        for uuid in container_gpus(row, uuid_of):
+            claim(uuid, row["user"], f"container {row['name']}")
+        for cpu in _cpulist(row.get("cpuset") or ""):
+            held.cpus[cpu] = held.cpus.get(cpu, 0) + 1
+    for entry in entries:
+        for uuid in entry.gpus:
+            claim(uuid, entry.user, f"{entry.name} starting")
+        for cpu in entry.cpus:
+            held.cpus[cpu] = held.cpus.get(cpu, 0) + 1
+    return held
+
+
+def container_gpus(row: dict[str, Any], uuid_of: dict[int, str]) -> list[str]:
+    """The UUIDs of a container's GPUs, from its labels (indices, for containers started before UUIDs)."""
+    uuids = [u for u in (row.get("gpu_uuids") or "").split(",") if u]
+    if uuids:
+        return uuids
+    indices = [int(i) for i in (row.get("gpus") or "").split(",") if i.isdigit()]
+    return [uuid_of[i] for i in indices if i in uuid_of]
+
+
+def _cpulist(text: str) -> list[int]:
+    try:
+        return parse_cpulist(text)
+    except ValueError:
+        return []
+
+
+def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dict[str, Any] | None = None) -> RunSpec:
+    """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
+    a CPU share pinned near them (no engine yet)."""
     from imgbuild.config import site_section
     from imgbuild.gpus import select_gpus
-    from imgbuild.host import caller
+    from imgbuild.host import caller, usable_cpus
 
-    house = house_rules(site_section("run"))
+    house = dict(house if house is not None else house_rules(site_section("run")))
+    held = held or Held()
     if req.shm_size:
         house["shm_size"] = req.shm_size
     if req.no_workspace:
@@ -280,7 +366,12 @@ def prepare(req: RunRequest, settings: Any) -> RunSpec:
     ref, default_short = resolve_image(req.image, settings)
     user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
     gpus = read_gpus_or_none(settings)
-    selection = select_gpus(req.gpu_request, gpus, user, force=req.force)
+    selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
+    cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu"))
+    cpuset: list[int] = []
+    if cpus and house.get("pin_cpus"):
+        near = sorted({c for g in selection.gpus for c in _affinity(g)})
+        cpuset = pick_cpus(math.ceil(cpus), near, usable_cpus(), held.cpus)
     uid, gid = host_ids()
     if req.as_user:
         if not re.fullmatch(r"\d+(:\d+)?", req.as_user):
@@ -304,8 +395,35 @@ def prepare(req: RunRequest, settings: Any) -> RunSpec:
         tty=req.terminal and not req.detach,
         house=house,
         entrypoint=req.entrypoint,
-        cpus=req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu")),
+        cpus=cpus,
+        cpuset=cpuset,
     )
+
+
+def _affinity(gpu: Any) -> list[int]:
+    return _cpulist(gpu.cpu_affinity or "")
+
+
+@contextlib.contextmanager
+def reserved(req: RunRequest, settings: Any, engine: Any) -> Iterator[RunSpec]:
+    """The container to start, its name, GPUs and CPUs chosen under the host's ledger lock and held there
+    until the block ends (by then the container holds them by its name, labels and cpuset)."""
+    from imgbuild.config import site_section
+    from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
+
+    house = house_rules(site_section("run"))
+    ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
+    with ledger.transaction() as book:
+        rows = engine.containers.rows()
+        held = held_on_host(rows, book.entries, read_gpus_or_none(settings))
+        spec = prepare(req, settings, held, house)
+        # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
+        spec.name = next_name(spec.user, spec.short_name, {r["name"] for r in rows} | {e.name for e in book.entries})
+        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset)
+    try:
+        yield spec
+    finally:
+        ledger.drop(spec.name)
 
 
 def start_detached(engine: Any, spec: RunSpec) -> None:

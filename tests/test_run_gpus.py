@@ -98,7 +98,7 @@ def test_busy_gpu_is_refused_naming_who_holds_it():
         select_gpus("0,3", gpus, "me")
     forced = select_gpus("0,2", gpus, "me", force=True)
     assert forced.forced == ["GPU 0 (alice (pid 122956 python3 in alice_bert_1))"]
-    with pytest.raises(UsageError, match="only 6 of 8 GPUs are free of other users"):
+    with pytest.raises(UsageError, match="only 6 of 8 GPUs are free"):
         select_gpus("7", gpus, "me")
     with pytest.raises(UsageError, match="no GPU 9"):
         select_gpus("9,", gpus, "me")
@@ -181,7 +181,10 @@ def engine_limits(tmp_path, monkeypatch):
     """This sandbox's engine cannot raise memlock above 8 MiB (no CAP_SYS_RESOURCE); real servers run
     dockerd with LimitMEMLOCK=infinity. The documented config override keeps the rest of the house rules."""
     config = tmp_path / "config.yaml"
-    config.write_text("run:\n  ulimits: {memlock: 8388608, stack: 67108864}\n  log_max_size: 20m\n")
+    config.write_text(
+        "run:\n  ulimits: {memlock: 8388608, stack: 67108864}\n  log_max_size: 20m\n"
+        f"  state_dir: {tmp_path / 'state'}\n"
+    )
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
     return config
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from imgbuild.cli import _emit_json, _settings, cli
 from imgbuild.errors import UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.run import RunSpec
 
 
 @cli.command()
@@ -67,50 +71,39 @@ def run(
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
-    spec = runmod.prepare(
-        runmod.RunRequest(
-            image=image,
-            command=list(command),
-            gpu_request=gpu_request,
-            force=force,
-            cpus=cpus,
-            volumes=list(volumes),
-            env=list(env),
-            ports=list(ports),
-            short=short,
-            detach=detach,
-            keep=keep,
-            shm_size=shm_size,
-            no_workspace=no_workspace,
-            as_user=as_user,
-            entrypoint=entrypoint,
-            interactive=sys.stdin.isatty(),
-            terminal=sys.stdin.isatty() and sys.stdout.isatty(),
-        ),
-        settings,
+    request = runmod.RunRequest(
+        image=image,
+        command=list(command),
+        gpu_request=gpu_request,
+        force=force,
+        cpus=cpus,
+        volumes=list(volumes),
+        env=list(env),
+        ports=list(ports),
+        short=short,
+        detach=detach,
+        keep=keep,
+        shm_size=shm_size,
+        no_workspace=no_workspace,
+        as_user=as_user,
+        entrypoint=entrypoint,
+        interactive=sys.stdin.isatty(),
+        terminal=sys.stdin.isatty() and sys.stdout.isatty(),
     )
-    engine = None if dry_run else Engine.connect(settings.docker_cli)
-    spec.name = runmod.next_name(spec.user, spec.short_name, engine.containers.names() if engine else set())
-    for note in spec.gpus.forced:
-        click.echo(f"warning: sharing {note} (--force)", err=True)
-    if spec.gpus.gpus:
-        click.echo(
-            "GPUs: "
-            + ", ".join(
-                f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
-                f"{g.utilization if g.utilization is not None else '?'}%)"
-                for g in spec.gpus.gpus
-            ),
-            err=True,
-        )
-    if engine is None:
+    if dry_run:
+        spec = runmod.prepare(request, settings)
+        spec.name = runmod.next_name(spec.user, spec.short_name, set())
+        _say_chosen(spec)
         click.echo(spec.command_line(settings.docker_cli or "docker"))
         return
-    click.echo(f"starting {spec.name} ({spec.image}{f', {spec.cpus:g} CPUs' if spec.cpus else ''})", err=True)
-    if detach:
-        runmod.start_detached(engine, spec)
-        return
-    outcome = runmod.start_attached(engine, spec, settings)
+    engine = Engine.connect(settings.docker_cli)
+    with runmod.reserved(request, settings, engine) as spec:
+        _say_chosen(spec)
+        click.echo(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})", err=True)
+        if detach:
+            runmod.start_detached(engine, spec)
+            return
+        outcome = runmod.start_attached(engine, spec, settings)
     if outcome.start_failed:
         click.echo(
             f"imgbuild: docker could not start the container; if it said 'error setting rlimit', {runmod.RLIMIT_HINT}",
@@ -125,6 +118,30 @@ def run(
     if outcome.hint:
         click.echo(f"hint: {outcome.hint}", err=True)
     sys.exit(outcome.code)
+
+
+def _say_chosen(spec: RunSpec) -> None:
+    for note in spec.gpus.forced:
+        click.echo(f"warning: sharing {note} (--force)", err=True)
+    if spec.gpus.gpus:
+        click.echo(
+            "GPUs: "
+            + ", ".join(
+                f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
+                f"{g.utilization if g.utilization is not None else '?'}%)"
+                for g in spec.gpus.gpus
+            ),
+            err=True,
+        )
+
+
+def _cpu_note(spec: RunSpec) -> str:
+    from imgbuild.host import format_cpulist
+
+    if not spec.cpus:
+        return ""
+    pinned = f" on CPUs {format_cpulist(spec.cpuset)}" if spec.cpuset else ""
+    return f", {spec.cpus:g} CPUs{pinned}, {spec.threads} threads per process"
 
 
 @cli.command()

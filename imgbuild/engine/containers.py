@@ -70,6 +70,8 @@ class DockerContainers:
                     "status": c.status,
                     "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
                     "gpus": labels.get(Label.GPUS, ""),
+                    "gpu_uuids": labels.get(Label.GPU_UUIDS, ""),
+                    "cpuset": host.get("CpusetCpus") or "",
                     "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
                     "created": c.attrs.get("Created", "")[:19].replace("T", " "),
                 }

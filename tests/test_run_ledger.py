@@ -1,0 +1,277 @@
+"""Issue 18 items 6 and 7: GPUs chosen and started atomically across users (the host's ledger), CPUs
+pinned near the chosen GPUs with the thread variables to match."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.gpus import Gpu, numa_cpus, pick_cpus, select_gpus
+from imgbuild.host import caller, format_cpulist, parse_cpulist
+from imgbuild.ledger import Entry, Ledger, alive, process_start
+from imgbuild.run import RunRequest, held_on_host, prepare
+from tests.conftest import ROOT
+
+ME = caller().name
+
+
+def gpu(index: int, cpus: str = "", used: int = 0) -> Gpu:
+    return Gpu(index, f"GPU-{index:08d}-aaaa", "NVIDIA H100 80GB HBM3", used, 81559, 0, cpu_affinity=cpus)
+
+
+#: A DGX H100 as its topology reads: 8 GPUs, two sockets of 56 cores (and their SMT siblings).
+DGX = [gpu(i, "0-55,112-167" if i < 4 else "56-111,168-223") for i in range(8)]
+
+
+# --- the ledger ---------------------------------------------------------------------------------------
+
+
+def test_an_entry_lives_while_its_process_lives(tmp_path):
+    ledger = Ledger(tmp_path / "state")
+    with ledger.transaction() as book:
+        mine = book.add("me_train_1", "me", ["GPU-1"], [0, 1])
+    assert alive(mine) and ledger.entries() == [mine]
+    assert oct((tmp_path / "state").stat().st_mode & 0o7777) == "0o1777"  # every user of the host writes it
+    assert oct((tmp_path / "state" / "ledger.json").stat().st_mode & 0o777) == "0o666"
+    # A killed run leaves an entry whose process is gone: the next reader drops it.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = Entry("bob_lm_1", "bob", dead.pid, "12345", ["GPU-2"], [])
+    assert not alive(gone)
+    # A reused PID is not the same run: our own PID with another start time.
+    reused = Entry("bob_lm_2", "bob", os.getpid(), "1", ["GPU-3"], [])
+    assert process_start(os.getpid()) != "1" and not alive(reused)
+    with ledger.transaction() as book:
+        book.entries += [gone, reused]
+    assert ledger.entries() == [mine]
+    ledger.drop("me_train_1")
+    assert ledger.entries() == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"not json", b'{"entries": [{"name": 1}]}', b'{"entries": "x"}', b"[]", b"{" * 100_000, b"\xff\xfe"],
+    ids=["garbage", "wrong-fields", "wrong-type", "a-list", "deep", "binary"],
+)
+def test_a_vandalised_ledger_reads_as_empty_and_is_rewritten(tmp_path, content):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "ledger.json").write_bytes(content)
+    ledger = Ledger(state)
+    assert ledger.entries() == []
+    assert json.loads((state / "ledger.json").read_text()) == {"entries": []}
+
+
+def test_a_linked_ledger_or_state_folder_is_refused(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (state / "ledger.json").symlink_to(victim)
+    with pytest.raises(EnvironmentProblem, match="is a symbolic link"):
+        Ledger(state).entries()
+    assert victim.read_text() == "precious"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EnvironmentProblem, match="state folder"):
+        Ledger(tmp_path / "file").entries()
+
+
+# --- selection against what is held -----------------------------------------------------------------
+
+
+def test_gpus_held_by_containers_and_starting_runs_are_not_free():
+    """A container holds its GPUs from its start, not from its first CUDA call; a run that has chosen
+    GPUs but not started holds them through the ledger."""
+    gpus = [gpu(i) for i in range(4)]
+    rows = [
+        {"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpus[0].uuid, "cpuset": "0-3"},
+        {"name": "carol_old_1", "user": "carol", "status": "running", "gpus": "1", "gpu_uuids": ""},  # indices only
+        {"name": "dave_x_1", "user": "dave", "status": "exited", "gpu_uuids": gpus[3].uuid},  # exited: holds nothing
+        {"name": f"{ME}_dev_1", "user": ME, "status": "running", "gpu_uuids": gpus[3].uuid, "cpuset": "2"},
+    ]
+    entries = [Entry("erin_bert_2", "erin", 1, "1", [gpus[2].uuid], [4, 5])]
+    held = held_on_host(rows, entries, gpus)
+    assert held.cpus == {0: 1, 1: 1, 2: 2, 3: 1, 4: 1, 5: 1}
+    with pytest.raises(UsageError) as refused:
+        select_gpus("1", gpus, ME, claims=held.gpus)
+    message = str(refused.value)
+    assert "only 0 of 4 GPUs are free" in message
+    for holder in ("bob (container bob_lm_1)", "carol (container carol_old_1)", "erin (erin_bert_2 starting)"):
+        assert holder in message
+    assert f"GPU 3: your container {ME}_dev_1" in message
+    with pytest.raises(UsageError, match=r"GPU 2 is in use by erin \(erin_bert_2 starting\)"):
+        select_gpus("device=2", gpus, ME, claims=held.gpus)
+    assert select_gpus("device=3", gpus, ME, claims=held.gpus).uuids == [gpus[3].uuid]  # yours, named: allowed
+    assert select_gpus("device=0", gpus, "bob", claims=held.gpus).uuids == [gpus[0].uuid]  # bob's own, named
+
+
+# --- CPUs -----------------------------------------------------------------------------------------------
+
+
+def test_cpu_lists_round_trip_and_bad_ones_are_refused():
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert format_cpulist([11, 10, 8, 3, 2, 1, 0]) == "0-3,8,10-11"
+    assert parse_cpulist("") == [] and format_cpulist([]) == ""
+    for bad in ("0-3;rm", "a", "1,,2", "-1", "0-3,"):
+        with pytest.raises(ValueError):
+            parse_cpulist(bad)
+
+
+def test_numa_cpus_come_from_the_gpus_pci_device(tmp_path):
+    device = tmp_path / "bus/pci/devices/0000:c1:00.0"
+    device.mkdir(parents=True)
+    (device / "local_cpulist").write_text("56-111,168-223\n")
+    assert numa_cpus("00000000:C1:00.0", tmp_path) == "56-111,168-223"
+    assert numa_cpus("0000:c1:00.0", tmp_path) == "56-111,168-223"
+    assert numa_cpus("00000000:C2:00.0", tmp_path) == ""  # not there: unknown, not an error
+    assert numa_cpus("../../../../etc/passwd", tmp_path) == ""
+    (device / "local_cpulist").write_text("garbage")
+    assert numa_cpus("0000:c1:00.0", tmp_path) == ""
+
+
+def test_cpus_are_pinned_near_the_gpus_and_away_from_other_containers():
+    host = list(range(224))
+    near = parse_cpulist(DGX[5].cpu_affinity)
+    first = pick_cpus(24, near, host, {})
+    assert first == list(range(56, 80))  # the GPU's own socket
+    taken = dict.fromkeys(first, 1)
+    second = pick_cpus(24, near, host, taken)
+    assert second == list(range(80, 104))  # the same socket, not the first container's cores
+    whole_socket = dict.fromkeys(near, 1)
+    assert pick_cpus(8, near, host, whole_socket) == list(range(0, 8))  # socket full: free cores elsewhere
+    everything = dict.fromkeys(host, 1)
+    assert pick_cpus(4, near, host, {**everything, 60: 0}) == [56, 57, 58, 60]  # least shared, near first
+    assert pick_cpus(2, [], [0, 1], {}) == []  # the whole host: nothing to pin
+
+
+def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
+    """Issue 18 item 7: `--cpus 48` alone let PyTorch see 256 cores (2147% CPU at num_workers=0)."""
+    from imgbuild.config import load_settings
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in DGX]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    monkeypatch.setattr("imgbuild.host.usable_cpus", lambda: list(range(224)))
+    settings = load_settings({})
+    spec = prepare(RunRequest("ubuntu:22.04", ["python", "t.py"], gpu_request="device=4,5", cpus=48), settings)
+    argv = spec.docker_args()
+    assert argv[argv.index("--cpuset-cpus") + 1] == "56-103"  # 48 CPUs on the GPUs' socket
+    env = [argv[i + 1] for i, word in enumerate(argv) if word == "-e"]
+    assert {"OMP_NUM_THREADS=24", "MKL_NUM_THREADS=24", "OPENBLAS_NUM_THREADS=24"} <= set(env)  # 48 / 2 GPUs
+    own = prepare(
+        RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8, env=["OMP_NUM_THREADS=2"]), settings
+    ).docker_args()
+    own_env = [own[i + 1] for i, word in enumerate(own) if word == "-e"]
+    assert "OMP_NUM_THREADS=2" in own_env and "OMP_NUM_THREADS=8" not in own_env  # the user's -e wins
+    cpu_job = prepare(RunRequest("ubuntu:22.04", ["true"], cpus=4), settings).docker_args()
+    assert "--cpuset-cpus" in cpu_job and "OMP_NUM_THREADS=4" in cpu_job
+    config = tmp_path / "config.yaml"
+    config.write_text("run: {pin_cpus: false}\n")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    unpinned = prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8), settings).docker_args()
+    assert "--cpuset-cpus" not in unpinned and "OMP_NUM_THREADS=8" in unpinned  # threads still match the quota
+    for bad, message in (
+        ("{gpu_flag: nvidia}", "gpu_flag"),
+        ("{pin_cpus: 3}", "pin_cpus"),
+        ("{state_dir: x}", "state"),
+    ):
+        config.write_text(f"run: {bad}\n")
+        with pytest.raises(UsageError, match=message):
+            prepare(RunRequest("ubuntu:22.04", ["true"]), settings)
+
+
+# --- the race, for real -------------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed, docker_client, tmp_path, unique):
+    """Issue 18 item 6: two `--gpus 1` starts at the same moment got the same GPU. Two real containers
+    started concurrently must hold different GPUs (as the nvidia runtime reads them) and CPUs; a third
+    start is refused, naming both."""
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    two = [gpu(0, "0"), gpu(1, "1")]
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in two]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "run:\n  ulimits: {memlock: 8388608}\n  gpu_flag: env\n"  # the engine has no GPU runtime: env mode
+        f"  state_dir: {tmp_path / 'state'}\n"
+    )
+    env = {**os.environ, "IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    args = ["run", "-d", "--gpus", "1", "--cpus", "1", "--name", f"race{unique}", image, "--", "sleep", "120"]
+    names = [f"{ME}_race{unique}_{n}" for n in (1, 2, 3)]
+    try:
+        starts = [
+            subprocess.Popen(
+                [sys.executable, "-m", "imgbuild", *args],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        results = [p.communicate(timeout=300) for p in starts]
+        assert [p.returncode for p in starts] == [0, 0], results
+        seen = {}
+        for name in names[:2]:
+            attrs = docker_client.containers.get(name).attrs
+            visible = next(e for e in attrs["Config"]["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES="))
+            seen[name] = (visible.split("=", 1)[1], attrs["HostConfig"]["CpusetCpus"])
+            assert attrs["Config"]["Labels"]["org.imgbuild.gpu-uuids"] == seen[name][0]
+        by_gpu = dict(seen.values())
+        assert sorted(by_gpu) == [two[0].uuid, two[1].uuid], seen  # one GPU each
+        assert by_gpu == {two[0].uuid: "0", two[1].uuid: "1"}  # each pinned to its GPU's own CPU
+        third = subprocess.run(
+            [sys.executable, "-m", "imgbuild", *args], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert third.returncode == 2 and "only 0 of 2 GPUs are free" in third.stderr
+        assert names[0] in third.stderr and names[1] in third.stderr
+        assert Ledger(tmp_path / "state").entries() == []  # started: the containers hold them now
+    finally:
+        for name in names:
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(name).remove(force=True)
+
+
+def test_a_killed_start_leaves_no_hold(tmp_path):
+    """A run killed between choosing and starting (here: blocked in the engine) holds nothing after."""
+    state = tmp_path / "state"
+    code = (
+        "import sys, time\n"
+        "from imgbuild.ledger import Ledger\n"
+        f"with Ledger({str(state)!r}).transaction() as book:\n"
+        "    book.add('me_x_1', 'me', ['GPU-1'], [0])\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        assert [e.name for e in Ledger(state).entries()] == ["me_x_1"]
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while Ledger(state).entries() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Ledger(state).entries() == []
+
+
+def test_dry_run_does_not_touch_the_ledger(tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run: {{state_dir: {tmp_path / 'state'}}}\n")
+    from tests.conftest import run_cli
+
+    res = run_cli("run", "--dry-run", "ubuntu:22.04", "--", "true", env={"IMGBUILD_CONFIG": str(config)})
+    assert res.code == 0, res.err
+    assert not Path(tmp_path / "state").exists()
