@@ -64,6 +64,13 @@ class JobSpec:
     nccl_debug: str | None = None
     rdzv_port: int = 29500
     torchrun: bool | None = None  # default: for more than one GPU in all
+    task_per_gpu: bool = False  # one task per GPU (MPI, Horovod), each seeing only its own GPU
+    docker_gpu_flag: str = "gpus"  # the docker runtime: --gpus, or NVIDIA_VISIBLE_DEVICES (site run.gpu_flag)
+    max_restarts: int = 0  # torchrun restarts its workers this often after a failure
+    requeue: bool = False  # before the time limit: signal the step, wait for it, requeue the job
+    signal_lead: int = 300  # seconds before the time limit the step gets SIGTERM (requeue)
+    snapshot_dir: str | None = None  # persistent folder for snapshots, passed as SNAPSHOT_DIR
+    usage: bool = True  # sample GPU use on each node; summarise it at the end of the job
 
     @property
     def total_gpus(self) -> int:
@@ -71,7 +78,25 @@ class JobSpec:
 
     @property
     def uses_torchrun(self) -> bool:
+        if self.task_per_gpu:
+            return False
         return self.total_gpus > 1 if self.torchrun is None else self.torchrun
+
+    @property
+    def tasks_per_node(self) -> int:
+        return max(self.gpus, 1) if self.task_per_gpu else 1
+
+    @property
+    def cpus_per_task(self) -> int:
+        if self.cpus:
+            return self.cpus
+        return max(1, self.cpus_per_gpu * (1 if self.task_per_gpu else max(self.gpus, 1)))
+
+    @property
+    def threads(self) -> int:
+        """Threads per process: a task's CPUs, shared among torchrun's workers (one per GPU)."""
+        workers = max(self.gpus, 1) if self.uses_torchrun else 1
+        return max(1, self.cpus_per_task // workers)
 
 
 def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
@@ -79,6 +104,8 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
     binds = list(job.binds)
     if job.stage:
         binds.append(f"${job.scratch_var}:${job.scratch_var}")
+    if job.snapshot_dir:
+        binds.append(f"{job.snapshot_dir}:{job.snapshot_dir}")
     if job.runtime in ("apptainer", "singularity"):
         opts = ["--nv"] if job.gpus else []
         for bind in binds:
@@ -92,41 +119,60 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
         ]
         return srun, []
     if job.runtime == "docker":
-        # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
-        # hostname + pid, which must differ between nodes that share a host in small lab clusters).
-        opts = [
-            "docker",
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "--ipc",
-            "host",
-            "--pid",
-            "host",
-            "-v",
-            "$PWD:/workspace",
-            "-w",
-            "/workspace",
-            "-e",
-            "SLURM_JOB_ID",
-            "-e",
-            "SLURM_PROCID",
-            "-e",
-            "SLURM_NNODES",
-        ]
-        opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
-        if job.nccl_debug:
-            opts += ["-e", "NCCL_DEBUG"]
-        for bind in binds:
-            opts += ["-v", bind]
-        if not job.gpus:
-            return [], [*opts, "-e", "NVIDIA_VISIBLE_DEVICES=void", job.image]
-        # The daemon sees every GPU of the node: give the container exactly the step's, read on each node
-        # inside the step (SLURM_STEP_GPUS: the allocated GPUs' host indices).
-        script = _words(opts) + ' --gpus "\\"device=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}\\"" ' + _words([job.image])
-        return [], ["sh", "-c", "exec " + script + ' "$@"', "sh"]
+        return [], _docker_prefix(job, binds)
     raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
+    """`docker run` on the node as the caller, with the step's GPUs and the job's variables."""
+    # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
+    # hostname + pid, which must differ between nodes that share a host in small lab clusters).
+    opts = [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--pid",
+        "host",
+        "-v",
+        "$PWD:/workspace",
+        "-w",
+        "/workspace",
+        "-e",
+        "SLURM_JOB_ID",
+        "-e",
+        "SLURM_PROCID",
+        "-e",
+        "SLURM_NNODES",
+        "-e",
+        "SLURM_LOCALID",
+        "-e",
+        "SLURM_NTASKS",
+        "-e",
+        "SLURM_RESTART_COUNT",
+    ]
+    opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
+    if job.nccl_debug:
+        opts += ["-e", "NCCL_DEBUG"]
+    if job.snapshot_dir:
+        opts += ["-e", "SNAPSHOT_DIR"]
+    for bind in binds:
+        opts += ["-v", bind]
+    if not job.gpus:
+        return [*opts, "-e", "NVIDIA_VISIBLE_DEVICES=void", job.image]
+    # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
+    # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
+    step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
+    gpus = (
+        f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
+        if job.docker_gpu_flag == "env"
+        else f' --gpus "\\"device={step_gpus}\\"" '
+    )
+    script = _words(opts) + gpus + _words([job.image])
+    return ["sh", "-c", "exec " + script + ' "$@"', "sh"]
 
 
 def _words(words: list[str]) -> str:
@@ -143,71 +189,156 @@ def _words(words: list[str]) -> str:
 
 
 def sbatch_script(job: JobSpec) -> str:
-    """An sbatch script: resources per the site, data staged to node-local disk, one launcher per node."""
+    """An sbatch script: resources per the site, data staged to node-local disk, one launcher per node
+    (or one task per GPU), GPU use sampled, and a requeue before the time limit when asked."""
     if job.gpus < 0 or job.nodes < 1:
         raise UsageError("--gpus must be >= 0 and --nodes >= 1")
+    body = ["set -euo pipefail"]
+    if job.nccl_debug:
+        body += [f"export NCCL_DEBUG={job.nccl_debug}"]
+    if job.snapshot_dir:
+        body += [
+            "",
+            "# Snapshots go to persistent storage (node-local scratch vanishes with the job).",
+            f"export SNAPSHOT_DIR={_words([job.snapshot_dir])}",
+            'mkdir -p "$SNAPSHOT_DIR"',
+        ]
+    body += _stage_lines(job)
+    if job.usage and job.gpus:
+        body += USAGE_START
+    srun_opts, prefix = _container_prefix(job)
+    srun = ["srun", *(["--gpus-per-task=1", "--gpu-bind=per_task:1"] if job.task_per_gpu else []), *srun_opts]
+    launch, command = _launcher(job)
+    body += launch
+    # Threads per process: the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
+    # Set on the command itself (env ... inside the container), so it wins over an image's own ENV in
+    # every runtime (Apptainer keeps the image's value over the host's).
+    step = _words([*srun, *prefix, "env", f"OMP_NUM_THREADS={job.threads}", *command])
+    if job.requeue:
+        body += [
+            "",
+            f"# {job.signal_lead} s before the time limit Slurm signals this script (USR1): the step gets SIGTERM",
+            "# (torchrun passes it to its workers: write a snapshot to $SNAPSHOT_DIR and exit), then the job",
+            "# goes back to the queue and starts again with SLURM_RESTART_COUNT raised.",
+            "requeue() {",
+            '  echo "imgbuild: time limit near: stopping the step and requeueing job $SLURM_JOB_ID" >&2',
+            '  scancel --signal=TERM "$SLURM_JOB_ID"  # the steps\' tasks (not this script): srun would SIGKILL them',
+            '  wait "$step" || true',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "  exit 0",
+            "}",
+            "trap requeue USR1",
+            f"{step} &",
+            "step=$!",
+            'status=0; wait "$step" || status=$?',
+        ]
+    else:
+        body += ["", "status=0", f"{step} || status=$?"]
+    if job.usage and job.gpus:
+        body += USAGE_END
+    body += ['exit "$status"']
+    return "\n".join(_header(job) + ["", f"# Generated by imgbuild: {_layout(job)}."] + body) + "\n"
+
+
+def _layout(job: JobSpec) -> str:
+    if job.task_per_gpu:
+        return f"{job.tasks_per_node} tasks per node, one GPU each"
+    return "one task per node; on each, the container runs " + ("torchrun" if job.uses_torchrun else "the command")
+
+
+def _header(job: JobSpec) -> list[str]:
     gres = []
-    if job.gpus:
+    if job.gpus and not job.task_per_gpu:
         gres.append(f"gpu:{job.gpu_type}:{job.gpus}" if job.gpu_type else f"gpu:{job.gpus}")
     if job.scratch_gres:
         gres.append(job.scratch_gres)
-    cpus = job.cpus or max(1, job.cpus_per_gpu * max(job.gpus, 1))
     head = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}"]
     head += [f"#SBATCH --partition={job.partition}"] if job.partition else []
     head += [f"#SBATCH --account={job.account}"] if job.account else []
-    head += [f"#SBATCH --nodes={job.nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --cpus-per-task={cpus}"]
+    head += [
+        f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --ntasks-per-node={job.tasks_per_node}",
+        f"#SBATCH --cpus-per-task={job.cpus_per_task}",
+    ]
+    if job.task_per_gpu and job.gpus:
+        head += [f"#SBATCH --gpus-per-task={job.gpu_type + ':' if job.gpu_type else ''}1"]
     head += [f"#SBATCH --gres={','.join(gres)}"] if gres else []
     head += [f"#SBATCH --mem={job.mem}"] if job.mem else []
-    head += [f"#SBATCH --time={job.time}", f"#SBATCH --output={job.output}", ""]
-    body = [
-        "# Generated by imgbuild: one task per node; on each, the container runs the launcher.",
-        "set -euo pipefail",
+    head += [f"#SBATCH --time={job.time}", f"#SBATCH --output={job.output}"]
+    if job.requeue:
+        head += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{job.signal_lead}", "#SBATCH --open-mode=append"]
+    return head
+
+
+def _stage_lines(job: JobSpec) -> list[str]:
+    if not job.stage:
+        return []
+    lines = [
+        "",
+        f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
+        f'export {job.scratch_var}="${{{job.scratch_var}:-${{TMPDIR:-/tmp}}/$SLURM_JOB_ID}}"',
+        f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "${job.scratch_var}"',
     ]
-    if job.nccl_debug:
-        body += [f"export NCCL_DEBUG={job.nccl_debug}"]
-    # Threads per process: all the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
-    # Set on the command itself (env ... inside the container), so it wins over an image's own ENV in
-    # every runtime (Apptainer keeps the image's value over the host's).
-    workers = max(job.gpus, 1) if job.uses_torchrun else 1
-    threads = max(1, cpus // workers)
-    if job.stage:
-        body += [
-            "",
-            f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
-            f'export {job.scratch_var}="${{{job.scratch_var}:-${{TMPDIR:-/tmp}}/$SLURM_JOB_ID}}"',
-            f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "${job.scratch_var}"',
-        ]
-        for tar in job.stage:
-            body += [
-                f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf {shlex.quote(tar)} -C "${job.scratch_var}"'
-            ]
-    srun_opts, prefix = _container_prefix(job)
+    per_node = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1'
+    for tar in job.stage:
+        lines += [f'{per_node} tar xf {shlex.quote(tar)} -C "${job.scratch_var}"']
+    return lines
+
+
+def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
+    """(script lines before the step, the command the container runs): torchrun or the command itself."""
     command = list(job.command)
-    if job.uses_torchrun and job.nodes == 1:
+    restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
+    if not job.uses_torchrun:
+        return [], command
+    if job.nodes == 1:
         # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
-        command = ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *command]
-    elif job.uses_torchrun:
-        body += [
-            "",
-            "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
-            "# job's own (from its id), so two jobs sharing a node never join each other's store.",
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 '
-            '|| echo "$head_node")',
-            f"rdzv_port=$(( {job.rdzv_port} + SLURM_JOB_ID % 10000 ))",
-        ]
-        command = [
-            "torchrun",
-            "--nnodes=$SLURM_NNODES",
-            f"--nproc-per-node={max(job.gpus, 1)}",
-            "--rdzv-backend=c10d",
-            "--rdzv-endpoint=$head_node:$rdzv_port",
-            "--rdzv-id=$SLURM_JOB_ID",
-            *command,
-        ]
-    command = ["env", f"OMP_NUM_THREADS={threads}", *command]
-    body += ["", _words(["srun", *srun_opts, *prefix, *command])]
-    return "\n".join(head + body) + "\n"
+        return [], ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *restarts, *command]
+    lines = [
+        "",
+        "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
+        "# job's own (from its id), so two jobs sharing a node never join each other's store.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
+        f"rdzv_port=$(( {job.rdzv_port} + SLURM_JOB_ID % 10000 ))",
+    ]
+    return lines, [
+        "torchrun",
+        "--nnodes=$SLURM_NNODES",
+        f"--nproc-per-node={max(job.gpus, 1)}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=$head_node:$rdzv_port",
+        "--rdzv-id=$SLURM_JOB_ID",
+        *restarts,
+        *command,
+    ]
+
+
+#: GPU use sampled every 30 s on each node (nvidia-smi, where the node has it), beside the job's output.
+USAGE_START = [
+    "",
+    "# Sample GPU use on every node (like `imgbuild run`'s summary; seff gives CPU and memory afterwards).",
+    'usage_dir="${SLURM_SUBMIT_DIR:-$PWD}/imgbuild-usage-$SLURM_JOB_ID"',
+    'mkdir -p "$usage_dir"',
+    'srun --overlap --ntasks="$SLURM_NNODES" --ntasks-per-node=1 sh -c \'command -v nvidia-smi >/dev/null && '
+    "exec nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 30 "
+    '> "$0/${SLURMD_NODENAME:-$(hostname -s)}.csv"\' "$usage_dir" 2>/dev/null &',
+    "sampler=$!",
+]
+USAGE_END = [
+    "",
+    "# The job's GPU summary: per node and GPU, mean and max utilisation and the most memory used.",
+    'kill "$sampler" 2>/dev/null || true',
+    'wait "$sampler" 2>/dev/null || true',
+    'echo "imgbuild: GPU use of job $SLURM_JOB_ID (node GPU samples util-mean% util-max% mem-max-MiB):"',
+    'for f in "$usage_dir"/*.csv; do',
+    '  [ -s "$f" ] || continue',
+    '  awk -F\', *\' -v node="$(basename "$f" .csv)" \'$1 ~ /^[0-9]+$/ { n[$1]++; s[$1]+=$2; '
+    'if ($2>u[$1]) u[$1]=$2; if ($3>m[$1]) m[$1]=$3 } END { for (g in n) printf "%s %s %d %.0f %d %d\\n", '
+    'node, g, n[g], s[g]/n[g], u[g], m[g] }\' "$f"',
+    "done",
+    'command -v seff >/dev/null && echo "imgbuild: CPU and memory efficiency: seff $SLURM_JOB_ID (after the job)"',
+]
 
 
 def site_slurm(site: dict[str, Any]) -> dict[str, Any]:
@@ -287,12 +418,43 @@ class JobFlags:
     runtime: str | None = None
     torchrun: bool | None = None
     nccl_debug: str | None = None
+    task_per_gpu: bool = False
+    max_restarts: int = 0
+    requeue: bool = False
+    signal_lead: int = 300
+    snapshot_dir: str | None = None
+    usage: bool = True
 
 
-def job_from_flags(flags: JobFlags, site_config: dict[str, Any]) -> JobSpec:
-    """The job: each flag, else the site's `slurm:` setting, else imgbuild's default."""
+#: A snapshot folder: an absolute path or one under a job variable ($SLURM_SUBMIT_DIR/...), no spaces,
+#: quotes or colons (it becomes a bind SRC:DEST).
+_SNAPSHOT_RE = re.compile(r"(?:/|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)[\w@%+=.,/-]*")
+
+
+def _snapshot_dir(flags: JobFlags, scratch_var: str) -> str | None:
+    wanted = flags.snapshot_dir or ("$SLURM_SUBMIT_DIR/snapshots" if flags.requeue else None)
+    if wanted is None:
+        return None
+    if not _SNAPSHOT_RE.fullmatch(wanted):
+        raise UsageError(f"--snapshot-dir: {wanted[:80]!r} is not an absolute path or $VAR/path (no spaces or colons)")
+    local = (f"${scratch_var}", f"${{{scratch_var}}}", "$TMPDIR", "${TMPDIR}", "/tmp", "/dev/shm", "/var/tmp")
+    if any(wanted == root or wanted.startswith(root + "/") for root in local):
+        raise UsageError(
+            f"--snapshot-dir {wanted}: node-local disk is wiped when the job ends or is requeued; use "
+            "persistent storage (default $SLURM_SUBMIT_DIR/snapshots)"
+        )
+    return wanted
+
+
+def job_from_flags(flags: JobFlags, site_config: dict[str, Any], docker_gpu_flag: str = "gpus") -> JobSpec:
+    """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
+    how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
     site = site_slurm(site_config)
     runtime = flags.runtime or site["runtime"]
+    if flags.task_per_gpu and flags.torchrun:
+        raise UsageError("--task-per-gpu starts one task per GPU itself (MPI, Horovod): it does not take --torchrun")
+    if flags.max_restarts and (flags.task_per_gpu or flags.torchrun is False):
+        raise UsageError("--max-restarts: torchrun restarts the workers; this job does not use torchrun")
     per_gpu_mem = site["mem_per_gpu"]
     friendly = flags.gpu_type or site["gpu_type"]
     limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
@@ -323,7 +485,14 @@ def job_from_flags(flags: JobFlags, site_config: dict[str, Any]) -> JobSpec:
         binds=[*(site["binds"] or []), *flags.binds],
         nccl_debug=flags.nccl_debug,
         rdzv_port=int(site["rdzv_port"]),
-        torchrun=flags.torchrun,
+        torchrun=True if flags.max_restarts and flags.torchrun is None else flags.torchrun,
+        task_per_gpu=flags.task_per_gpu,
+        docker_gpu_flag=docker_gpu_flag,
+        max_restarts=flags.max_restarts,
+        requeue=flags.requeue,
+        signal_lead=flags.signal_lead,
+        snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
+        usage=flags.usage,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from spython.main.parse.parsers import SingularityParser
 
-from imgbuild.cluster import JobSpec, sbatch_script
+from imgbuild.cluster import JobFlags, JobSpec, job_from_flags, sbatch_script
 from imgbuild.config import load_settings
 from imgbuild.errors import UsageError
 from imgbuild.plan import make_plan
@@ -93,6 +93,14 @@ def test_export_cli_writes_the_definition_and_says_how_to_build(tmp_path):
     assert "apptainer is not installed here" in res.err
 
 
+def step_line(script: str) -> str:
+    """The job's step: the srun that runs the command (not the staging or sampling ones)."""
+    for line in script.splitlines():
+        if line.startswith("srun ") and not line.startswith(('srun --ntasks="$SLURM_NNODES"', "srun --overlap")):
+            return line.removesuffix(" || status=$?").removesuffix(" &")
+    raise AssertionError("no step in the script")
+
+
 def test_sbatch_single_gpu_follows_cluster_conventions():
     script = sbatch_script(
         JobSpec(
@@ -116,7 +124,7 @@ def test_sbatch_single_gpu_follows_cluster_conventions():
         assert line in script.splitlines()
     # every CPU of the task for the one process, on the command itself: an image's ENV cannot undo it
     last = "srun apptainer exec --nv research.sif env OMP_NUM_THREADS=10 python3 train.py --lr 1e-3"
-    assert script.rstrip().splitlines()[-1] == last
+    assert step_line(script) == last
     assert "torchrun" not in script
 
 
@@ -135,7 +143,7 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     assert "#SBATCH --gres=gpu:a100:4,nvme:100" in script and "#SBATCH --cpus-per-task=40" in script
     assert "export NCCL_DEBUG=INFO" in script
     assert 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf /scratch/p/data.tar -C "$LOCAL_SCRATCH"' in script
-    last = script.rstrip().splitlines()[-1]
+    last = step_line(script)
     # 40 CPUs, 4 workers: 10 threads each (issue 18 item 2: was 4 x 40 on 40 CPUs)
     prefix = (
         "srun apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif env OMP_NUM_THREADS=10 torchrun "
@@ -145,13 +153,11 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     # a port of the job's own (issue 18 item 3: a fixed 29500 let two jobs on one node meet)
     assert "rdzv_port=$(( 29500 + SLURM_JOB_ID % 10000 ))" in script.splitlines()
     assert "--rdzv-endpoint=$head_node:$rdzv_port --rdzv-id=$SLURM_JOB_ID python ddp.py" in last
-    single = sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)).rstrip().splitlines()[-1]
+    single = step_line(sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)))
     assert single.endswith("env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=4 python ddp.py")
     pyxis = sbatch_script(JobSpec(["python", "t.py"], "nvcr.io#nvidia/pytorch:24.05-py3", runtime="pyxis"))
-    assert (
-        pyxis.rstrip()
-        .splitlines()[-1]
-        .startswith("srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace")
+    assert step_line(pyxis).startswith(
+        "srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace"
     )
     with pytest.raises(UsageError):
         sbatch_script(JobSpec(["x"], "i", runtime="podman"))
@@ -162,6 +168,9 @@ def test_bash_accepts_every_generated_script(tmp_path):
         JobSpec(["python", "a b.py", "--msg", "it's"], "x.sif"),
         JobSpec(["python", "d.py"], "x.sif", gpus=8, nodes=4, stage=["d.tar"]),
         JobSpec(["true"], "img", runtime="docker", gpus=0),
+        JobSpec(["hvd.py"], "img", runtime="docker", gpus=4, nodes=2, task_per_gpu=True, docker_gpu_flag="env"),
+        JobSpec(["t.py"], "x.sif", gpus=2, requeue=True, max_restarts=2, snapshot_dir="$SLURM_SUBMIT_DIR/s"),
+        JobSpec(["t.py"], "x.sif", gpus=2, usage=False, runtime="pyxis"),
     ):
         path = tmp_path / "job.sh"
         path.write_text(sbatch_script(job))
@@ -329,7 +338,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
     import os
 
     job = JobSpec(["python", "t.py", "--msg", "it's"], "img:1", runtime="docker", gpus=2, nccl_debug="INFO")
-    line = sbatch_script(job).rstrip().splitlines()[-1]
+    line = step_line(sbatch_script(job))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text('#!/bin/sh\nexec "$@"\n')
@@ -355,7 +364,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
         "--msg",
         "it's",
     ]
-    cpu_only = sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0)).rstrip().splitlines()[-1]
+    cpu_only = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0)))
     assert "NVIDIA_VISIBLE_DEVICES=void" in cpu_only and "--gpus" not in cpu_only
 
 
@@ -402,3 +411,119 @@ def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path
     assert definition.endswith("pytorch-research_24.05.def")
     missing = run_cli("slurm", "lab/pytorch-research:24.05", "--submit", "--", "python", "t.py", cwd=tmp_path)
     assert missing.code == 2 and "pytorch-research_24.05.sif: no such image here" in missing.err, missing.err
+
+
+def test_one_task_per_gpu_layout_and_fault_tolerance_flags():
+    """Issue 18 item 10 (CSC's 8 tasks x 1 GPU for MPI/Horovod) and the fault-tolerance take-over."""
+    per_gpu = sbatch_script(JobSpec(["python", "hvd.py"], "x.sif", gpus=4, nodes=2, gpu_type="v100", cpus_per_gpu=10))
+    assert "#SBATCH --gres=gpu:v100:4" in per_gpu  # the torchrun layout, for contrast
+    job = JobSpec(["python", "hvd.py"], "x.sif", gpus=4, nodes=2, gpu_type="v100", cpus_per_gpu=10, task_per_gpu=True)
+    script = sbatch_script(job)
+    lines = script.splitlines()
+    for line in ("#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-task=v100:1", "#SBATCH --cpus-per-task=10"):
+        assert line in lines
+    assert not any(line.startswith("#SBATCH --gres=gpu") for line in lines)
+    step = step_line(script)
+    assert step.startswith("srun --gpus-per-task=1 --gpu-bind=per_task:1 apptainer exec --nv x.sif")
+    assert step.endswith("env OMP_NUM_THREADS=10 python hvd.py") and "torchrun" not in step
+    site: dict = {}
+    with pytest.raises(UsageError, match="does not take --torchrun"):
+        job_from_flags(JobFlags(["x"], "i.sif", "i", task_per_gpu=True, torchrun=True), site)
+    with pytest.raises(UsageError, match="--max-restarts: torchrun restarts"):
+        job_from_flags(JobFlags(["x"], "i.sif", "i", max_restarts=2, torchrun=False), site)
+    restart = job_from_flags(JobFlags(["t.py"], "i.sif", "i", gpus=1, max_restarts=3), site)
+    assert "torchrun --standalone --nproc-per-node=1 --max-restarts=3 t.py" in step_line(sbatch_script(restart))
+    requeued = sbatch_script(job_from_flags(JobFlags(["t.py"], "i.sif", "i", gpus=2, requeue=True), site))
+    for line in (
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@300",
+        "trap requeue USR1",
+        "export SNAPSHOT_DIR=$SLURM_SUBMIT_DIR/snapshots",
+    ):
+        assert line in requeued.splitlines()
+    assert "--bind $SLURM_SUBMIT_DIR/snapshots:$SLURM_SUBMIT_DIR/snapshots" in step_line(requeued)
+    for bad in ("$LOCAL_SCRATCH/snaps", "/tmp/x", "$TMPDIR", "rel/path", "/a b", "/x:/y", "/x;rm -rf ~", "$(id)"):
+        with pytest.raises(UsageError, match="--snapshot-dir"):
+            job_from_flags(JobFlags(["t.py"], "i.sif", "i", requeue=True, snapshot_dir=bad), site)
+
+
+def fake_nvidia_smi(bin_dir: Path) -> None:
+    """The one fake here: a GPU's nvidia-smi (this machine has none), answering the sampler's query."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text("#!/bin/sh\nwhile :; do printf '0, 87, 30000\\n1, 45, 12000\\n'; sleep 1; done\n")
+    tool.chmod(0o755)
+
+
+@pytest.mark.engine
+@pytest.mark.slurm
+def test_one_task_per_gpu_on_two_real_nodes_each_container_sees_its_own_gpu(slurm, testbed, tmp_path, monkeypatch):
+    """Issues 18 items 1 and 10 on the bed's real Slurm: 2 nodes x 2 tasks, the docker runtime; each
+    container sees exactly its task's GPU (as the nvidia runtime reads it), runs as the caller, with the
+    job's variables; the job's end prints the GPU use sampled on each node."""
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    fake_nvidia_smi(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    config = tmp_path / "config.yaml"
+    config.write_text("run: {gpu_flag: env}\n")  # the bed's engine has no GPU runtime: the variable form
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    # `$VAR` in a command expands in the job script (`--data '$LOCAL_SCRATCH/set'`); `\\$` inside the container
+    show = r"echo task=\$SLURM_PROCID local=\$SLURM_LOCALID gpus=\$NVIDIA_VISIBLE_DEVICES uid=\$(id -u) omp=\$OMP_NUM_THREADS"
+    res = run_cli(
+        "slurm", image, "--runtime", "docker", "--gpus", "2", "--nodes", "2", "--task-per-gpu", "--cpus-per-gpu", "1",
+        "--gpu-type", "v100", "--output", str(tmp_path / "out-%j.txt"), "--submit", "--", "sh", "-c", show,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.code == 0, res.err
+    job_id = res.out.split()[-1]
+    state = wait_for(job_id, slurm)
+    output = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    tasks = sorted(line for line in output.splitlines() if line.startswith("task="))
+    assert tasks == [
+        f"task=0 local=0 gpus=0 uid={os.getuid()} omp=1",
+        f"task=1 local=1 gpus=1 uid={os.getuid()} omp=1",
+        f"task=2 local=0 gpus=0 uid={os.getuid()} omp=1",
+        f"task=3 local=1 gpus=1 uid={os.getuid()} omp=1",
+    ], output[-3000:]
+    assert "imgbuild: GPU use of job" in output
+    summary = [line.split() for line in output.splitlines() if re.fullmatch(r"node[12] [01] \d+ \d+ \d+ \d+", line)]
+    assert {(node, gpu) for node, gpu, *_ in summary} == {
+        ("node1", "0"),
+        ("node1", "1"),
+        ("node2", "0"),
+        ("node2", "1"),
+    }
+    assert all(int(n) >= 1 and (mean, top) in (("87", "87"), ("45", "45")) for _, _, n, mean, top, _ in summary)
+
+
+@pytest.mark.engine
+@pytest.mark.slurm
+def test_requeue_stops_the_step_before_the_time_limit_and_the_job_resumes(slurm, testbed, tmp_path, monkeypatch):
+    """The fault-tolerance take-over on the real Slurm: the step gets SIGTERM ahead of the limit, writes
+    its snapshot to persistent storage, the job is requeued and the second start finds the snapshot."""
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    train = (
+        'if [ -f "$SNAPSHOT_DIR/step" ]; then echo "resumed from step $(cat $SNAPSHOT_DIR/step) '
+        'restart=$SLURM_RESTART_COUNT"; exit 0; fi; '
+        'trap \'echo 41 > "$SNAPSHOT_DIR/step"; echo "snapshot written"; exit 0\' TERM; '
+        "echo training; while :; do sleep 1; done"
+    )
+    res = run_cli(
+        "slurm", image, "--runtime", "docker", "--gpus", "0", "--cpus", "1", "--time", "1", "--requeue",
+        "--signal-lead", "55", "--output", str(tmp_path / "out-%j.txt"), "--submit", "--", "sh", "-c", train,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.code == 0, res.err
+    job_id = res.out.split()[-1]
+    try:
+        state = wait_for(job_id, slurm, timeout=300)  # Slurm holds a requeued job about 2 minutes
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    output = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert "training" in output and "snapshot written" in output, output[-3000:]
+    assert "requeueing job" in output and "resumed from step 41 restart=1" in output, output[-3000:]
+    assert (tmp_path / "snapshots" / "step").read_text().strip() == "41"

@@ -107,6 +107,22 @@ def export(
 )
 @click.option("--torchrun/--no-torchrun", default=None, help="Launch with torchrun (default: more than one GPU).")
 @click.option("--nccl-debug", type=click.Choice(["WARN", "INFO", "TRACE"]), help="Set NCCL_DEBUG.")
+@click.option("--task-per-gpu", is_flag=True, help="One task per GPU, each seeing only its GPU (MPI, Horovod).")
+@click.option(
+    "--max-restarts", type=click.IntRange(min=0), default=0, help="torchrun restarts failed workers this often."
+)
+@click.option("--requeue", is_flag=True, help="Before the time limit: SIGTERM the step, then requeue the job.")
+@click.option(
+    "--signal-lead",
+    type=click.IntRange(min=10, max=86400),
+    default=300,
+    show_default=True,
+    help="With --requeue: seconds before the time limit the step is stopped.",
+)
+@click.option(
+    "--snapshot-dir", help="Persistent folder for snapshots, as $SNAPSHOT_DIR (--requeue: submit dir/snapshots)."
+)
+@click.option("--usage/--no-usage", default=True, show_default=True, help="Sample GPU use; summarise it at the end.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the script here.")
 @click.option("--submit", is_flag=True, help="Submit with sbatch and print the job id.")
 @click.option("--test-only", is_flag=True, help="Ask sbatch --test-only whether it would schedule the job.")
@@ -131,6 +147,12 @@ def slurm(
     runtime: str | None,
     torchrun: bool | None,
     nccl_debug: str | None,
+    task_per_gpu: bool,
+    max_restarts: int,
+    requeue: bool,
+    signal_lead: int,
+    snapshot_dir: str | None,
+    usage: bool,
     out: Path | None,
     submit: bool,
     test_only: bool,
@@ -138,7 +160,7 @@ def slurm(
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
     from imgbuild.cluster import JobFlags, check_image_present, job_from_flags, sbatch_script, submit_job
     from imgbuild.config import site_section
-    from imgbuild.run import resolve_image
+    from imgbuild.run import house_rules, resolve_image
 
     settings = _settings(ctx)
     ref, short = resolve_image(image, settings)
@@ -163,8 +185,15 @@ def slurm(
             runtime=runtime,
             torchrun=torchrun,
             nccl_debug=nccl_debug,
+            task_per_gpu=task_per_gpu,
+            max_restarts=max_restarts,
+            requeue=requeue,
+            signal_lead=signal_lead,
+            snapshot_dir=snapshot_dir,
+            usage=usage,
         ),
         site_section("slurm"),
+        house_rules(site_section("run"))["gpu_flag"],
     )
     script = sbatch_script(job)
     if out:
