@@ -34,6 +34,7 @@ SLURM_DEFAULTS: dict[str, Any] = {
     "runtime": "apptainer",  # apptainer | singularity | pyxis | docker
     "sif_dir": None,  # where .sif files live on the cluster
     "rdzv_port": 29500,
+    "stage_dir": None,  # where `--stage DIR` writes its tars; must be seen by the nodes (default ./.imgbuild-stage)
 }
 RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
 
@@ -494,6 +495,59 @@ def job_from_flags(flags: JobFlags, site_config: dict[str, Any], docker_gpu_flag
         snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
         usage=flags.usage,
     )
+
+
+def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
+    """`folder` as one tar in `into` (for `--stage`), made once: (the tar, whether it was made now).
+
+    The tar's name carries a digest of every entry's path, size, modification time and mode, so an
+    unchanged folder reuses its tar and a changed one gets a new one (the older tar of the same folder is
+    removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
+    import hashlib
+    import os
+    import tarfile
+
+    folder = folder.resolve()
+    if not folder.is_dir():
+        raise UsageError(f"--stage {folder}: not a folder or a tar")
+    digest = hashlib.sha256()
+    entries: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(dirs) + sorted(files):
+            path = Path(root) / name
+            info = path.lstat()
+            if not (path.is_symlink() or path.is_file() or path.is_dir()):
+                continue  # sockets, fifos, devices: not data
+            entries.append(path)
+            rel = path.relative_to(folder).as_posix()
+            digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", folder.name) or "data"
+    target = into / f"{stem}-{digest.hexdigest()[:16]}.tar"
+    if target.is_file():
+        return target, False
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        partial = into / f".{target.name}.{os.getpid()}.partial"
+        try:
+            with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(folder, arcname=stem, recursive=False)
+                for path in entries:
+                    tar.add(path, arcname=f"{stem}/{path.relative_to(folder).as_posix()}", recursive=False)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        for old in into.glob(f"{stem}-" + "[0-9a-f]" * 16 + ".tar"):
+            if old != target:
+                old.unlink(missing_ok=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"--stage {folder}: cannot write {target}: {exc.strerror}") from None
+    return target, True
+
+
+def stage_dir(site_config: dict[str, Any]) -> Path:
+    configured = site_slurm(site_config)["stage_dir"]
+    return Path(configured) if configured else Path.cwd() / ".imgbuild-stage"
 
 
 def submit_job(script: str, *, test_only: bool = False) -> str:

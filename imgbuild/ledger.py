@@ -45,6 +45,7 @@ class Entry:
     gpus: list[str] = field(default_factory=list)
     cpus: list[int] = field(default_factory=list)
     since: float = 0.0
+    ports: list[int] = field(default_factory=list)  # host ports it publishes (`run --jupyter`)
 
 
 def process_start(pid: int, proc: Path = Path("/proc")) -> str:
@@ -135,9 +136,9 @@ class Book:
     entries: list[Entry]
     clock: Callable[[], float]
 
-    def add(self, name: str, user: str, gpus: list[str], cpus: list[int]) -> Entry:
+    def add(self, name: str, user: str, gpus: list[str], cpus: list[int], ports: list[int] | None = None) -> Entry:
         pid = os.getpid()
-        entry = Entry(name, user, pid, process_start(pid), list(gpus), list(cpus), self.clock())
+        entry = Entry(name, user, pid, process_start(pid), list(gpus), list(cpus), self.clock(), list(ports or []))
         self.entries = [e for e in self.entries if e.name != name] + [entry]
         return entry
 
@@ -159,7 +160,7 @@ def _read(fd: int) -> list[Entry]:
 
 def _entry(item: Any) -> Entry:
     entry = Entry(**item)
-    if not (isinstance(entry.pid, int) and isinstance(entry.gpus, list) and isinstance(entry.cpus, list)):
+    if not all(isinstance(v, list) for v in (entry.gpus, entry.cpus, entry.ports)) or not isinstance(entry.pid, int):
         raise TypeError("malformed entry")
     return entry
 

@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import re
+import secrets
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ class RunSpec:
     house: dict[str, Any] = field(default_factory=lambda: dict(DEFAULTS))
     cwd: Path = field(default_factory=Path.cwd)
     entrypoint: str | None = None
+    jupyter_port: int | None = None  # `--jupyter`: the host port on 127.0.0.1
 
     def docker_args(self) -> list[str]:
         """`docker run ...` arguments (without the `docker` binary)."""
@@ -290,6 +292,7 @@ class RunRequest:
     entrypoint: str | None = None
     interactive: bool = False
     terminal: bool = False
+    jupyter: bool = False
 
 
 def read_gpus_or_none(settings: Any) -> list[Any]:
@@ -307,6 +310,7 @@ class Held:
 
     gpus: Claims = field(default_factory=dict)
     cpus: dict[int, int] = field(default_factory=dict)  # CPU -> how many containers are pinned to it
+    ports: set[int] = field(default_factory=set)  # host ports published by containers or starting runs
 
 
 def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]) -> Held:
@@ -324,7 +328,9 @@ def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]
             claim(uuid, row["user"], f"container {row['name']}")
         for cpu in _cpulist(row.get("cpuset") or ""):
             held.cpus[cpu] = held.cpus.get(cpu, 0) + 1
+        held.ports.update(row.get("ports") or [])
     for entry in entries:
+        held.ports.update(entry.ports)
         for uuid in entry.gpus:
             claim(uuid, entry.user, f"{entry.name} starting")
         for cpu in entry.cpus:
@@ -378,26 +384,85 @@ def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dic
             raise UsageError(f"--user: {req.as_user!r} is not UID or UID:GID")
         uid_text, _, gid_text = req.as_user.partition(":")
         uid, gid = int(uid_text), int(gid_text or uid_text)
+    command, env, ports, detach = list(req.command), list(req.env), list(req.ports), req.detach
+    jupyter_port = None
+    if req.jupyter:
+        jupyter_port = free_port(held.ports)
+        command = command or jupyter_command(house.get("workspace"))
+        env = [*JUPYTER_ENV, f"JUPYTER_TOKEN={secrets.token_hex(24)}", *env]
+        ports = [f"127.0.0.1:{jupyter_port}:{JUPYTER_PORT}", *ports]  # this host only: reached by an ssh tunnel
+        detach = True
     return RunSpec(
         image=ref,
         short_name=req.short or default_short,
         user=user,
         uid=int(uid),
         gid=int(gid),
-        command=list(req.command),
+        command=command,
         gpus=selection,
         volumes=list(req.volumes),
-        env=list(req.env),
-        ports=list(req.ports),
-        detach=req.detach,
-        remove=not (req.keep or req.detach),  # a detached job's output must outlive it: `imgbuild logs`
-        interactive=req.interactive and not req.detach,
-        tty=req.terminal and not req.detach,
+        env=env,
+        ports=ports,
+        detach=detach,
+        remove=not (req.keep or detach),  # a detached job's output must outlive it: `imgbuild logs`
+        interactive=req.interactive and not detach,
+        tty=req.terminal and not detach,
+        jupyter_port=jupyter_port,
         house=house,
         entrypoint=req.entrypoint,
         cpus=cpus,
         cpuset=cpuset,
     )
+
+
+#: `--jupyter`: the server's port in the container, its writable folders (the container runs as the caller,
+#: whose home may not exist there), and the host ports it may be published on.
+JUPYTER_PORT = 8888
+JUPYTER_ENV = (
+    "JUPYTER_RUNTIME_DIR=/tmp/jupyter/runtime",
+    "JUPYTER_DATA_DIR=/tmp/jupyter/data",
+    "JUPYTER_CONFIG_DIR=/tmp/jupyter/config",
+    "IPYTHONDIR=/tmp/jupyter/ipython",
+)
+JUPYTER_HOST_PORTS = range(8888, 9888)
+
+
+def jupyter_command(workspace: str | None) -> list[str]:
+    return [
+        "jupyter",
+        "lab",
+        "--ip=0.0.0.0",
+        f"--port={JUPYTER_PORT}",
+        "--no-browser",
+        f"--ServerApp.root_dir={workspace or '/'}",
+    ]
+
+
+def free_port(taken: set[int], candidates: range = JUPYTER_HOST_PORTS) -> int:
+    """A host port no container publishes and nothing on 127.0.0.1 listens on."""
+    import socket
+
+    for port in candidates:
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise UsageError(f"--jupyter: no free port in {candidates.start}-{candidates.stop - 1} on this host")
+
+
+def jupyter_notes(spec: RunSpec, host: str) -> list[str]:
+    """How to reach a `--jupyter` container from a laptop: the tunnel, then the address with its token."""
+    token = next((e.split("=", 1)[1] for e in spec.env if e.startswith("JUPYTER_TOKEN=")), "")
+    port = spec.jupyter_port
+    return [
+        f"on your laptop: ssh -N -L {port}:127.0.0.1:{port} {spec.user}@{host}",
+        f"then open:      http://127.0.0.1:{port}/lab?token={token}",
+        f"stop it with:   imgbuild stop --rm {spec.name}",
+    ]
 
 
 def _affinity(gpu: Any) -> list[int]:
@@ -419,7 +484,7 @@ def reserved(req: RunRequest, settings: Any, engine: Any) -> Iterator[RunSpec]:
         spec = prepare(req, settings, held, house)
         # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
         spec.name = next_name(spec.user, spec.short_name, {r["name"] for r in rows} | {e.name for e in book.entries})
-        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset)
+        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, [spec.jupyter_port] if spec.jupyter_port else [])
     try:
         yield spec
     finally:

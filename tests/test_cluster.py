@@ -527,3 +527,39 @@ def test_requeue_stops_the_step_before_the_time_limit_and_the_job_resumes(slurm,
     assert "training" in output and "snapshot written" in output, output[-3000:]
     assert "requeueing job" in output and "resumed from step 41 restart=1" in output, output[-3000:]
     assert (tmp_path / "snapshots" / "step").read_text().strip() == "41"
+
+
+def test_stage_a_folder_packs_it_once_and_repacks_only_when_it_changes(tmp_path):
+    """The `--stage DIR` take-over: the tar is built by imgbuild, once per state of the folder."""
+    import tarfile
+
+    data = tmp_path / "imagenet-mini"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "a.jpg").write_bytes(b"\xff\xd8" + b"x" * 1000)
+    (data / "labels.csv").write_text("a.jpg,cat\n")
+    (data / "link").symlink_to("labels.csv")
+    first = run_cli("slurm", "x.sif", "--stage", str(data), "--", "python", "t.py", cwd=tmp_path)
+    assert first.code == 0, first.err
+    tars = list((tmp_path / ".imgbuild-stage").glob("imagenet-mini-*.tar"))
+    assert len(tars) == 1 and f"packed {tars[0]}: the job sees it as $LOCAL_SCRATCH/imagenet-mini" in first.err
+    assert f'tar xf {tars[0]} -C "$LOCAL_SCRATCH"' in first.out
+    with tarfile.open(tars[0]) as tar:
+        names = sorted(tar.getnames())
+        assert names == [
+            "imagenet-mini",
+            "imagenet-mini/labels.csv",
+            "imagenet-mini/link",
+            "imagenet-mini/train",
+            "imagenet-mini/train/a.jpg",
+        ]
+        assert tar.getmember("imagenet-mini/link").issym()
+    made = tars[0].stat().st_mtime_ns
+    again = run_cli("slurm", "x.sif", "--stage", str(data), "--", "python", "t.py", cwd=tmp_path)
+    assert again.code == 0 and f"reusing {tars[0]}" in again.err and tars[0].stat().st_mtime_ns == made
+    (data / "labels.csv").write_text("a.jpg,dog\n")
+    changed = run_cli("slurm", "x.sif", "--stage", str(data), "--", "python", "t.py", cwd=tmp_path)
+    now = list((tmp_path / ".imgbuild-stage").glob("imagenet-mini-*.tar"))
+    assert changed.code == 0 and len(now) == 1 and now != tars  # a new tar; the stale one removed
+    assert not list((tmp_path / ".imgbuild-stage").glob(".*partial"))
+    plain = run_cli("slurm", "x.sif", "--stage", "/scratch/p/set.tar", "--", "python", "t.py", cwd=tmp_path)
+    assert "tar xf /scratch/p/set.tar" in plain.out

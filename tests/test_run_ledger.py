@@ -275,3 +275,76 @@ def test_dry_run_does_not_touch_the_ledger(tmp_path, monkeypatch):
     res = run_cli("run", "--dry-run", "ubuntu:22.04", "--", "true", env={"IMGBUILD_CONFIG": str(config)})
     assert res.code == 0, res.err
     assert not Path(tmp_path / "state").exists()
+
+
+# --- Jupyter on a shared server ----------------------------------------------------------------------
+
+
+def test_jupyter_dry_run_binds_localhost_only_and_runs_jupyter_lab(tmp_path):
+    from tests.conftest import run_cli
+
+    res = run_cli("run", "--jupyter", "--dry-run", "ubuntu:22.04", cwd=tmp_path)
+    assert res.code == 0, res.err
+    import shlex
+
+    argv = shlex.split(res.out.strip())
+    published = argv[argv.index("-p") + 1]
+    host, port, inner = published.split(":")
+    assert host == "127.0.0.1" and 8888 <= int(port) < 9888 and inner == "8888"  # never on the host's network
+    assert argv[-6:] == [
+        "jupyter",
+        "lab",
+        "--ip=0.0.0.0",
+        "--port=8888",
+        "--no-browser",
+        "--ServerApp.root_dir=/workspace",
+    ]
+    assert "-d" in argv and "--rm" not in argv
+    tokens = [a for a in argv if a.startswith("JUPYTER_TOKEN=")]
+    assert len(tokens) == 1 and len(tokens[0].split("=", 1)[1]) == 48
+    assert "JUPYTER_RUNTIME_DIR=/tmp/jupyter/runtime" in argv  # the caller's UID may have no home in the image
+
+
+@pytest.mark.engine
+def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_client, tmp_path, unique):
+    """`run --jupyter` picks a port no container publishes, binds it to 127.0.0.1, prints the tunnel; a
+    second one gets another port. (The stand-in has no JupyterLab: a web server stands in on 8888.)"""
+    import urllib.request
+
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run:\n  ulimits: {{memlock: 8388608}}\n  state_dir: {tmp_path / 'state'}\n")
+    env = {"IMGBUILD_CONFIG": str(config)}
+    names = [f"{ME}_nb{unique}_{n}" for n in (1, 2)]
+    (tmp_path / "hello.txt").write_text("from the workspace\n")
+    try:
+        ports = []
+        for name in names:
+            res = run_cli(
+                "run", "--jupyter", "--name", f"nb{unique}", image, "--",
+                "python3", "-m", "http.server", "8888", cwd=tmp_path, env=env,
+            )  # fmt: skip
+            assert res.code == 0, res.err
+            tunnel = next(line for line in res.out.splitlines() if "ssh -N -L" in line)
+            port = int(tunnel.split("-L ")[1].split(":")[0])
+            assert f"ssh -N -L {port}:127.0.0.1:{port} {ME}@" in tunnel
+            bindings = docker_client.containers.get(name).attrs["HostConfig"]["PortBindings"]
+            assert bindings == {"8888/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
+            ports.append(port)
+        assert ports[0] != ports[1]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/hello.txt", timeout=5).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert body == b"from the workspace\n"
+    finally:
+        for name in names:
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(name).remove(force=True)

@@ -98,7 +98,12 @@ def export(
 @click.option("--account", help="Account/project (site default).")
 @click.option("--job-name", help="Job name (default: the image name).")
 @click.option("--output", "job_output", default="%x-%j.out", show_default=True, help="Slurm output file.")
-@click.option("--stage", multiple=True, metavar="TAR", help="Dataset tar to extract to node-local scratch.")
+@click.option(
+    "--stage",
+    multiple=True,
+    metavar="TAR|DIR",
+    help="Dataset tar (or folder, packed once) to extract to node-local scratch.",
+)
 @click.option("--bind", "binds", multiple=True, help="Extra mount (SRC:DEST) into the container.")
 @click.option(
     "--runtime",
@@ -158,12 +163,28 @@ def slurm(
     test_only: bool,
 ) -> None:
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
-    from imgbuild.cluster import JobFlags, check_image_present, job_from_flags, sbatch_script, submit_job
+    from imgbuild.cluster import (
+        JobFlags,
+        check_image_present,
+        job_from_flags,
+        pack_dataset,
+        sbatch_script,
+        stage_dir,
+        submit_job,
+    )
     from imgbuild.config import site_section
     from imgbuild.run import house_rules, resolve_image
 
     settings = _settings(ctx)
     ref, short = resolve_image(image, settings)
+    tars, packed = [], []
+    for item in stage:
+        if Path(item).is_dir():
+            tar, made = pack_dataset(Path(item), stage_dir(site_section("slurm")))
+            packed.append((tar, made))
+            tars.append(str(tar))
+        else:
+            tars.append(item)
     job = job_from_flags(
         JobFlags(
             command=list(command),
@@ -180,7 +201,7 @@ def slurm(
             account=account,
             job_name=job_name,
             output=job_output,
-            stage=list(stage),
+            stage=tars,
             binds=list(binds),
             runtime=runtime,
             torchrun=torchrun,
@@ -195,6 +216,9 @@ def slurm(
         site_section("slurm"),
         house_rules(site_section("run"))["gpu_flag"],
     )
+    for tar, made in packed:
+        folder = tar.name.rsplit("-", 1)[0]
+        click.echo(f"{'packed' if made else 'reusing'} {tar}: the job sees it as ${job.scratch_var}/{folder}", err=True)
     script = sbatch_script(job)
     if out:
         out.write_text(script)

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 @click.option("--no-workspace", is_flag=True, help="Do not mount the current folder at /workspace.")
 @click.option("--user", "as_user", metavar="UID:GID", help="Run as this user instead of yours.")
 @click.option("--entrypoint", help="Override the image's entrypoint.")
+@click.option(
+    "--jupyter", is_flag=True, help="JupyterLab in the background on a free port of 127.0.0.1; prints the ssh tunnel."
+)
 @click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
 @click.pass_context
 def run(
@@ -56,6 +59,7 @@ def run(
     no_workspace: bool,
     as_user: str | None,
     entrypoint: str | None,
+    jupyter: bool,
     dry_run: bool,
 ) -> None:
     """Start a container of IMAGE (or of a RECIPE's image) with the shared-server conventions.
@@ -89,6 +93,7 @@ def run(
         entrypoint=entrypoint,
         interactive=sys.stdin.isatty(),
         terminal=sys.stdin.isatty() and sys.stdout.isatty(),
+        jupyter=jupyter,
     )
     if dry_run:
         spec = runmod.prepare(request, settings)
@@ -100,8 +105,13 @@ def run(
     with runmod.reserved(request, settings, engine) as spec:
         _say_chosen(spec)
         click.echo(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})", err=True)
-        if detach:
+        if spec.detach:
             runmod.start_detached(engine, spec)
+            if spec.jupyter_port:
+                import socket
+
+                for line in runmod.jupyter_notes(spec, socket.getfqdn()):
+                    click.echo(line)
             return
         outcome = runmod.start_attached(engine, spec, settings)
     if outcome.start_failed:

@@ -72,6 +72,7 @@ class DockerContainers:
                     "gpus": labels.get(Label.GPUS, ""),
                     "gpu_uuids": labels.get(Label.GPU_UUIDS, ""),
                     "cpuset": host.get("CpusetCpus") or "",
+                    "ports": _host_ports(host.get("PortBindings")),
                     "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
                     "created": c.attrs.get("Created", "")[:19].replace("T", " "),
                 }
@@ -189,6 +190,17 @@ class DockerContainers:
         finally:
             with contextlib.suppress(APIError):
                 container.remove(force=True)
+
+
+def _host_ports(bindings: Any) -> list[int]:
+    """The host ports a container publishes (HostConfig.PortBindings)."""
+    ports = []
+    for binds in (bindings or {}).values() if isinstance(bindings, dict) else ():
+        for bind in binds or []:
+            port = str((bind or {}).get("HostPort") or "")
+            if port.isdigit():
+                ports.append(int(port))
+    return ports
 
 
 def _script_tar(script: str) -> bytes:
