@@ -295,6 +295,10 @@ class Selection:
         return [g.uuid for g in self.gpus]
 
 
+class GpusBusy(UsageError):
+    """The GPUs asked for are held now (by others, or past a quota): `run --wait` waits on this, and only this."""
+
+
 @dataclass(frozen=True)
 class Claim:
     """A hold on a GPU by other means than a process on it: a container given it, a run starting on it."""
@@ -344,7 +348,7 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, cla
                 for g in gpus
                 if _holders(g, me, claims) or _mine(g, me, claims)
             )
-            raise UsageError(
+            raise GpusBusy(
                 f"--gpus {count}: only {len(free)} of {len(gpus)} GPUs are free ({held}); use --force to share"
             )
         chosen = sorted(free, key=lambda g: (load_score(g), g.index))[:count]
@@ -360,7 +364,7 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, cla
     busy = [(g, _holders(g, me, claims)) for g in chosen if _holders(g, me, claims)]
     if busy and not force:
         first, holders = busy[0]
-        raise UsageError(f"GPU {first.index} is in use by {holders}; choose another or use --force")
+        raise GpusBusy(f"GPU {first.index} is in use by {holders}; choose another or use --force")
     return Selection(chosen, [f"GPU {g.index} ({h})" for g, h in busy])
 
 

@@ -46,6 +46,7 @@ class Entry:
     cpus: list[int] = field(default_factory=list)
     since: float = 0.0
     ports: list[int] = field(default_factory=list)  # host ports it publishes (`run --jupyter`)
+    waiting: str = ""  # a place in the queue (`run --wait`): what it waits for ("2 GPUs"); holds nothing
 
 
 def process_start(pid: int, proc: Path = Path("/proc")) -> str:
@@ -141,6 +142,26 @@ class Book:
         entry = Entry(name, user, pid, process_start(pid), list(gpus), list(cpus), self.clock(), list(ports or []))
         self.entries = [e for e in self.entries if e.name != name] + [entry]
         return entry
+
+    def holds(self) -> list[Entry]:
+        return [e for e in self.entries if not e.waiting]
+
+    def queue(self) -> list[Entry]:
+        """Waiting runs, first come first."""
+        return [e for e in self.entries if e.waiting]
+
+    def enqueue(self, ticket: str, user: str, what: str) -> Entry:
+        """A place at the end of the queue (kept if `ticket` already has one)."""
+        for entry in self.entries:
+            if entry.name == ticket:
+                return entry
+        pid = os.getpid()
+        entry = Entry(ticket, user, pid, process_start(pid), since=self.clock(), waiting=what)
+        self.entries.append(entry)
+        return entry
+
+    def leave(self, name: str) -> None:
+        self.entries = [e for e in self.entries if e.name != name]
 
 
 def _read(fd: int) -> list[Entry]:

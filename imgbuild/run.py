@@ -12,12 +12,13 @@ import os
 import re
 import secrets
 import shlex
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.errors import UsageError
+from imgbuild.errors import JobFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.gpus import Claim, Claims, Selection, cpus_for, pick_cpus
 from imgbuild.host import format_cpulist, parse_cpulist
@@ -38,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "pin_cpus": True,  # --cpuset-cpus near the GPUs, and thread variables to match
     "gpu_flag": "gpus",  # "gpus": docker --gpus; "env": NVIDIA_VISIBLE_DEVICES (nvidia as the default runtime)
     "state_dir": None,  # the host-wide ledger of GPUs being handed out (default ledger.DEFAULT_STATE_DIR)
+    "max_gpus_per_user": None,  # GPUs one user's containers may hold at once
+    "max_gpus_per_group": {},  # {group: GPUs all its members' containers may hold at once}
+    "wait_poll": 5,  # seconds between looks while `run --wait` queues
     "env": {},
 }
 #: Thread pools that size themselves to every CPU of the host unless told (PyTorch, NumPy, MKL, OpenBLAS).
@@ -176,11 +180,22 @@ def house_rules(site: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"config run.gpu_flag: {str(merged['gpu_flag'])[:40]!r} is not gpus or env")
     if not isinstance(merged["pin_cpus"], bool):
         raise UsageError("config run.pin_cpus: must be true or false")
+    if merged["max_gpus_per_user"] is not None and not _count(merged["max_gpus_per_user"]):
+        raise UsageError("config run.max_gpus_per_user: must be a whole number >= 0")
+    groups = merged["max_gpus_per_group"]
+    if not isinstance(groups, dict) or not all(isinstance(g, str) and _count(n) for g, n in groups.items()):
+        raise UsageError("config run.max_gpus_per_group: must map group names to whole numbers >= 0")
+    if not isinstance(merged["wait_poll"], (int, float)) or not 0.05 <= merged["wait_poll"] <= 600:
+        raise UsageError("config run.wait_poll: must be seconds between 0.05 and 600")
     if merged["state_dir"] is not None and not (
         isinstance(merged["state_dir"], str) and merged["state_dir"].startswith("/")
     ):
         raise UsageError("config run.state_dir: must be an absolute path")
     return merged
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def next_name(user: str, short: str, existing: set[str]) -> str:
@@ -354,6 +369,54 @@ def _cpulist(text: str) -> list[int]:
         return []
 
 
+def check_quota(user: str, selection: Selection, held: Held, house: dict[str, Any]) -> None:
+    """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
+    from imgbuild.gpus import GpusBusy
+
+    if not selection.gpus:
+        return
+    wanted = set(selection.uuids)
+
+    limits = [("run.max_gpus_per_user", house.get("max_gpus_per_user"), {user}, "you hold")]
+    for group, limit in sorted((house.get("max_gpus_per_group") or {}).items()):
+        members = group_members(group)
+        if user in members:
+            limits.append((f"run.max_gpus_per_group {group}", limit, members, f"group {group} holds"))
+    for key, limit, members, who in limits:
+        if limit is None:
+            continue
+        have = _holding(held, members)
+        total = len(set(have) | wanted)
+        if total > int(limit):
+            listed = "; ".join(sorted(w for ws in have.values() for w in ws)) or "none"
+            raise GpusBusy(
+                f"quota: at most {limit} GPUs at once ({key}); {who} {len(have)} ({listed}) and this run asks "
+                f"for {len(wanted - set(have))} more"
+            )
+
+
+def _holding(held: Held, members: set[str]) -> dict[str, set[str]]:
+    """GPU UUID -> what of `members` holds it."""
+    out: dict[str, set[str]] = {}
+    for uuid, claims in held.gpus.items():
+        for c in claims:
+            if c.user in members:
+                out.setdefault(uuid, set()).add(f"{c.user}: {c.what}")
+    return out
+
+
+def group_members(group: str) -> set[str]:
+    """Users in a Unix group: its listed members and those whose primary group it is."""
+    import grp
+    import pwd
+
+    try:
+        entry = grp.getgrnam(group)
+    except KeyError:
+        return set()
+    return set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
+
+
 def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dict[str, Any] | None = None) -> RunSpec:
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet)."""
@@ -373,6 +436,7 @@ def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dic
     user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
     gpus = read_gpus_or_none(settings)
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
+    check_quota(user, selection, held, house)
     cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu"))
     cpuset: list[int] = []
     if cpus and house.get("pin_cpus"):
@@ -469,26 +533,92 @@ def _affinity(gpu: Any) -> list[int]:
     return _cpulist(gpu.cpu_affinity or "")
 
 
+class WaitTimedOut(JobFailed):
+    """`run --wait`: the GPUs did not come free in time (exit 1; the place in the queue is given up)."""
+
+
+_DURATION_RE = re.compile(r"(\d{1,7})([smhd]?)")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, what: str) -> float:
+    """`90`, `90s`, `30m`, `2h`, `7d` -> seconds."""
+    match = _DURATION_RE.fullmatch(text.strip().lower())
+    if not match:
+        raise UsageError(f"{what}: {text[:40]!r} is not a duration like 600, 30m, 2h or 7d")
+    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
 @contextlib.contextmanager
-def reserved(req: RunRequest, settings: Any, engine: Any) -> Iterator[RunSpec]:
+def reserved(
+    req: RunRequest,
+    settings: Any,
+    engine: Any,
+    wait: float | None = None,
+    on_wait: Callable[[int, str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[RunSpec]:
     """The container to start, its name, GPUs and CPUs chosen under the host's ledger lock and held there
-    until the block ends (by then the container holds them by its name, labels and cpuset)."""
+    until the block ends (by then the container holds them by its name, labels and cpuset).
+
+    `wait` (seconds): while the GPUs are busy (other users, or the caller's quota), queue for them, first
+    come first served across users: only the head of the queue may take GPUs. `on_wait(place, why)` is
+    told each look; the place is given up on every way out (and, if this process dies, with it)."""
     from imgbuild.config import site_section
+    from imgbuild.gpus import GpusBusy
     from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
 
     house = house_rules(site_section("run"))
     ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
-    with ledger.transaction() as book:
-        rows = engine.containers.rows()
-        held = held_on_host(rows, book.entries, read_gpus_or_none(settings))
-        spec = prepare(req, settings, held, house)
-        # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
-        spec.name = next_name(spec.user, spec.short_name, {r["name"] for r in rows} | {e.name for e in book.entries})
-        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, [spec.jupyter_port] if spec.jupyter_port else [])
+    ticket = f"wait-{os.getpid()}"
+    wants_gpus = req.gpu_request.strip().lower() not in ("", "none")  # the queue is for GPUs only
+    deadline = None if wait is None else clock() + wait
+    try:
+        while True:
+            with ledger.transaction() as book:
+                queue = [e.name for e in book.queue()]
+                ahead = (queue.index(ticket) if ticket in queue else len(queue)) if wants_gpus else 0
+                why = f"{ahead} ahead of you"
+                if ahead == 0:
+                    rows = engine.containers.rows()
+                    held = held_on_host(rows, book.holds(), read_gpus_or_none(settings))
+                    try:
+                        spec = prepare(req, settings, held, house)
+                    except GpusBusy as busy:
+                        if deadline is None:
+                            raise
+                        why = str(busy)
+                    else:
+                        book.leave(ticket)
+                        # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
+                        taken = {r["name"] for r in rows} | {e.name for e in book.entries}
+                        spec.name = next_name(spec.user, spec.short_name, taken)
+                        ports = [spec.jupyter_port] if spec.jupyter_port else []
+                        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, ports)
+                        break
+                if deadline is None:  # runs are queued for GPUs: first come, first served
+                    raise GpusBusy(
+                        f"{ahead} run(s) wait for GPUs before you (imgbuild run --wait); add --wait to queue"
+                    )
+                book.enqueue(ticket, _caller_name(), f"--gpus {req.gpu_request}")
+            if clock() >= deadline:
+                raise WaitTimedOut(f"gave up waiting after {wait:g} s ({why})")
+            if on_wait:
+                on_wait(ahead + 1, why)
+            sleep(float(house["wait_poll"]))
+    finally:
+        ledger.drop(ticket)
     try:
         yield spec
     finally:
         ledger.drop(spec.name)
+
+
+def _caller_name() -> str:
+    from imgbuild.host import caller
+
+    return caller().name
 
 
 def start_detached(engine: Any, spec: RunSpec) -> None:

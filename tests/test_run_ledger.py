@@ -348,3 +348,197 @@ def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_c
         for name in names:
             with contextlib.suppress(Exception):
                 docker_client.containers.get(name).remove(force=True)
+
+
+# --- issue 15: wait instead of refuse, quotas -------------------------------------------------------
+
+
+class Rows:
+    """The engine's container list, as the ledger reads it (the pipeline's logic, no engine)."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows_now = rows
+        self.containers = self
+
+    def rows(self) -> list[dict]:
+        return list(self.rows_now)
+
+
+def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None):
+    from imgbuild.config import load_settings
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in gpus or [gpu(0)]]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run:\n  state_dir: {tmp_path / 'state'}\n  wait_poll: 1\n{extra}")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    return load_settings({})
+
+
+def test_wait_queues_first_come_first_served_and_starts_when_free(tmp_path, monkeypatch):
+    from imgbuild.run import reserved
+
+    settings = _site(tmp_path, monkeypatch)
+    engine = Rows([{"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpu(0).uuid}])
+    ledger = Ledger(tmp_path / "state")
+    now = [0.0]
+    seen: list[tuple[int, str]] = []
+    with ledger.transaction() as book:  # carol queued first (a live process: this one, another ticket)
+        book.enqueue("wait-carol", "carol", "--gpus 1")
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        queue = [e.name for e in ledger.entries() if e.waiting]
+        if now[0] == 3:  # bob's job ends: the GPU is free, but carol came first
+            assert queue == ["wait-carol", f"wait-{os.getpid()}"]
+            engine.rows_now = []
+        if now[0] == 5:  # carol has started
+            with ledger.transaction() as book:
+                book.leave("wait-carol")
+            engine.rows_now = [{"name": "carol_x_1", "user": "carol", "status": "running", "gpu_uuids": ""}]
+
+    request = RunRequest("ubuntu:22.04", ["true"], gpu_request="1")
+    with reserved(request, settings, engine, wait=60, on_wait=lambda p, w: seen.append((p, w)), clock=lambda: now[0], sleep=sleep) as spec:  # fmt: skip
+        assert spec.gpus.uuids == [gpu(0).uuid] and now[0] == 5
+        holds = [e for e in ledger.entries() if not e.waiting]
+        assert [e.name for e in holds] == [spec.name] and not [e for e in ledger.entries() if e.waiting][1:]
+    assert seen[0] == (2, "1 ahead of you") and seen[-1] == (2, "1 ahead of you")
+    assert ledger.entries() == []  # started: nothing left in the ledger
+    with ledger.transaction() as book:
+        book.enqueue("wait-carol", "carol", "--gpus 1")
+    cpu_only = RunRequest("ubuntu:22.04", ["true"])
+    with reserved(cpu_only, settings, engine) as spec:  # a queue for GPUs does not hold up CPU-only runs
+        assert not spec.gpus.gpus
+    gpu_run = RunRequest("ubuntu:22.04", ["true"], gpu_request="1")
+    queued_first = pytest.raises(UsageError, match=r"1 run\(s\) wait for GPUs before you .* add --wait to queue")
+    with queued_first, reserved(gpu_run, settings, Rows([]), clock=lambda: now[0], sleep=sleep):
+        raise AssertionError("jumped the queue")
+
+
+def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch):
+    from imgbuild.run import WaitTimedOut, reserved
+
+    settings = _site(tmp_path, monkeypatch)
+    engine = Rows([{"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpu(0).uuid}])
+    now = [0.0]
+    whys: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    request = RunRequest("ubuntu:22.04", ["true"], gpu_request="1")
+    gave_up = pytest.raises(WaitTimedOut, match=r"gave up waiting after 10 s \(--gpus 1: only 0 of 1 GPUs are free")
+    with gave_up, reserved(request, settings, engine, wait=10, on_wait=lambda p, w: whys.append(w), clock=lambda: now[0], sleep=sleep):  # fmt: skip
+        raise AssertionError("started")
+    assert now[0] == 10 and "bob (container bob_lm_1)" in whys[0]
+    assert Ledger(tmp_path / "state").entries() == []
+    refused = pytest.raises(UsageError, match="GPU 0 is in use by bob")  # without --wait: refused at once
+    with refused, reserved(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=0"), settings, engine):
+        raise AssertionError("started")
+
+
+def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monkeypatch):
+    import grp
+
+    group = grp.getgrgid(os.getgid()).gr_name
+    four = [gpu(i) for i in range(4)]
+    settings = _site(tmp_path, monkeypatch, f"  max_gpus_per_user: 2\n  max_gpus_per_group: {{{group}: 2}}\n", four)
+    rows = [{"name": f"{ME}_a_1", "user": ME, "status": "running", "gpu_uuids": four[0].uuid}]
+    held = held_on_host(rows, [], four)
+    assert prepare(RunRequest("img", ["true"], gpu_request="1"), settings, held).gpus.uuids == [four[1].uuid]
+    with pytest.raises(UsageError) as refused:
+        prepare(RunRequest("img", ["true"], gpu_request="2"), settings, held)
+    assert str(refused.value) == (
+        f"quota: at most 2 GPUs at once (run.max_gpus_per_user); you hold 1 ({ME}: container {ME}_a_1) and this "
+        "run asks for 2 more"
+    )
+    assert prepare(RunRequest("img", ["true"], gpu_request="device=0"), settings, held).gpus  # the one you hold
+    other = f"{ME}x"  # a group member's container counts against the group's share
+    monkeypatch.setattr("imgbuild.run.group_members", lambda g: {ME, other})
+    rows.append({"name": f"{other}_b_1", "user": other, "status": "running", "gpu_uuids": four[1].uuid})
+    held = held_on_host(rows, [], four)
+    with pytest.raises(UsageError, match=f"run.max_gpus_per_group {group}.*group {group} holds 2"):
+        prepare(RunRequest("img", ["true"], gpu_request="1"), settings, held)
+    for bad, key in (("max_gpus_per_user: -1", "max_gpus_per_user"), ("max_gpus_per_group: [a]", "group"), ("wait_poll: 0", "wait_poll")):  # fmt: skip
+        (tmp_path / "config.yaml").write_text(f"run:\n  {bad}\n")
+        with pytest.raises(UsageError, match=key):
+            prepare(RunRequest("img", ["true"]), settings)
+
+
+def test_a_bare_wait_does_not_swallow_the_image(tmp_path):
+    from tests.conftest import run_cli
+
+    res = run_cli("run", "--wait", "--dry-run", "ubuntu:22.04", "--", "true", cwd=tmp_path)
+    assert res.code == 0 and "ubuntu:22.04 true" in res.out, res.err
+    bad = run_cli("run", "--wait=soon", "ubuntu:22.04", cwd=tmp_path)
+    assert bad.code == 2 and "--wait: 'soon' is not a duration" in bad.err
+
+
+@pytest.mark.engine
+def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_nothing(
+    testbed, docker_client, tmp_path, unique
+):
+    """Real processes and containers: A holds the only GPU; B then C queue (`--wait`); a waiter killed
+    with SIGKILL leaves no stale place; when A ends B starts, C still waits; when B ends C starts."""
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [gpu(0).to_json()]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  wait_poll: 0.2\n  state_dir: {tmp_path / 'state'}\n"
+    )
+    env = {**os.environ, "IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    ledger = Ledger(tmp_path / "state")
+
+    def start(name: str, *extra: str) -> subprocess.Popen:
+        args = ["run", "-d", *extra, "--gpus", "1", "--name", f"{name}{unique}", image, "--", "sleep", "300"]
+        return subprocess.Popen(
+            [sys.executable, "-m", "imgbuild", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def until(check, what: str, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    def queued() -> int:
+        return len([e for e in ledger.entries() if e.waiting])
+
+    def running(name: str) -> bool:
+        with contextlib.suppress(Exception):
+            return docker_client.containers.get(f"{ME}_{name}{unique}_1").status == "running"
+        return False
+
+    waiters: list[subprocess.Popen] = []
+    try:
+        first = start("a")
+        assert first.wait(timeout=120) == 0, first.communicate()
+        waiters.append(start("b", "--wait", "120"))
+        until(lambda: queued() == 1, "b queued")
+        doomed = start("d", "--wait")
+        waiters.append(doomed)
+        until(lambda: queued() == 2, "d queued")
+        waiters.append(start("c", "--wait", "120"))
+        until(lambda: queued() == 3, "c queued")
+        doomed.kill()
+        doomed.wait()
+        until(lambda: queued() == 2, "the killed waiter's place is gone")
+        docker_client.containers.get(f"{ME}_a{unique}_1").remove(force=True)
+        until(lambda: running("b"), "b started when a ended")
+        assert waiters[0].wait(timeout=60) == 0
+        assert "waiting: place 1 in the queue" in waiters[0].communicate()[1]
+        time.sleep(1)  # c keeps waiting: b holds the GPU now
+        assert not running("c") and queued() == 1
+        docker_client.containers.get(f"{ME}_b{unique}_1").remove(force=True)
+        until(lambda: running("c"), "c started when b ended")
+        assert waiters[2].wait(timeout=60) == 0 and ledger.entries() == []
+    finally:
+        for proc in waiters:
+            with contextlib.suppress(Exception):
+                proc.kill()
+        for name in ("a", "b", "c", "d"):
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(f"{ME}_{name}{unique}_1").remove(force=True)

@@ -15,7 +15,26 @@ if TYPE_CHECKING:
     from imgbuild.run import RunSpec
 
 
-@cli.command()
+class _RunCommand(click.Command):
+    """`--wait` takes an optional TIMEOUT: a bare `--wait` before the image must not swallow the image."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from imgbuild.run import _DURATION_RE
+
+        out: list[str] = []
+        rest = list(args)
+        while rest:
+            word = rest.pop(0)
+            if word == "--":
+                out += [word, *rest]
+                break
+            if word == "--wait" and not (rest and _DURATION_RE.fullmatch(rest[0].strip().lower())):
+                word = "--wait=30d"
+            out.append(word)
+        return super().parse_args(ctx, out)
+
+
+@cli.command(cls=_RunCommand)
 @click.argument("image")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option(
@@ -38,6 +57,13 @@ if TYPE_CHECKING:
 @click.option("--user", "as_user", metavar="UID:GID", help="Run as this user instead of yours.")
 @click.option("--entrypoint", help="Override the image's entrypoint.")
 @click.option(
+    "--wait",
+    "wait",
+    default=None,
+    metavar="[TIMEOUT]",
+    help="Queue for busy GPUs (first come, first served) instead of refusing; give up after TIMEOUT (e.g. 2h).",
+)
+@click.option(
     "--jupyter", is_flag=True, help="JupyterLab in the background on a free port of 127.0.0.1; prints the ssh tunnel."
 )
 @click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
@@ -59,6 +85,7 @@ def run(
     no_workspace: bool,
     as_user: str | None,
     entrypoint: str | None,
+    wait: str | None,
     jupyter: bool,
     dry_run: bool,
 ) -> None:
@@ -102,7 +129,15 @@ def run(
         click.echo(spec.command_line(settings.docker_cli or "docker"))
         return
     engine = Engine.connect(settings.docker_cli)
-    with runmod.reserved(request, settings, engine) as spec:
+    told: list[tuple[int, str]] = []
+
+    def waiting(place: int, why: str) -> None:
+        if not told or told[-1] != (place, why):
+            click.echo(f"waiting: place {place} in the queue ({why})", err=True)
+            told.append((place, why))
+
+    timeout = runmod.parse_duration(wait, "--wait") if wait is not None else None
+    with runmod.reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
         _say_chosen(spec)
         click.echo(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})", err=True)
         if spec.detach:
