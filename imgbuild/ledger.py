@@ -115,10 +115,11 @@ class Ledger:
         fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            book = Book(_read(fd), self.clock)
+            entries, extended = _read(fd)
+            book = Book(entries, self.clock, extended)
             book.entries = [e for e in book.entries if self.is_alive(e)]
             yield book
-            _write(fd, book.entries)
+            _write(fd, book.entries, book.extended)
         finally:
             os.close(fd)  # closing releases the lock
 
@@ -136,6 +137,9 @@ class Ledger:
 class Book:
     entries: list[Entry]
     clock: Callable[[], float]
+    #: container ID -> its deadline as `imgbuild extend` moved it (bounded by the site's max_time, so what
+    #: anyone writes here can only move a deadline within what `extend` itself allows)
+    extended: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, user: str, gpus: list[str], cpus: list[int], ports: list[int] | None = None) -> Entry:
         pid = os.getpid()
@@ -164,7 +168,7 @@ class Book:
         self.entries = [e for e in self.entries if e.name != name]
 
 
-def _read(fd: int) -> list[Entry]:
+def _read(fd: int) -> tuple[list[Entry], dict[str, float]]:
     os.lseek(fd, 0, os.SEEK_SET)
     data = b""
     while len(data) <= LEDGER_BYTES:
@@ -174,9 +178,15 @@ def _read(fd: int) -> list[Entry]:
         data += chunk
     try:
         raw = json.loads(data or b"{}") if len(data) <= LEDGER_BYTES else {}
-        return [_entry(item) for item in raw.get("entries", [])]
-    except (ValueError, TypeError, AttributeError, KeyError):
-        return []  # unreadable: nobody's hold is lost for more than the few seconds of a start
+        entries = [_entry(item) for item in raw.get("entries", [])]
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
+        return [], {}  # unreadable: nobody's hold is lost for more than the few seconds of a start
+    extended = raw.get("extended")
+    if not isinstance(extended, dict):
+        extended = {}
+    return entries, {
+        str(k)[:64]: float(v) for k, v in extended.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _entry(item: Any) -> Entry:
@@ -186,8 +196,8 @@ def _entry(item: Any) -> Entry:
     return entry
 
 
-def _write(fd: int, entries: list[Entry]) -> None:
-    data = json.dumps({"entries": [asdict(e) for e in entries]}).encode()
+def _write(fd: int, entries: list[Entry], extended: dict[str, float]) -> None:
+    data = json.dumps({"entries": [asdict(e) for e in entries], "extended": extended}).encode()
     os.lseek(fd, 0, os.SEEK_SET)
     os.ftruncate(fd, 0)
     os.write(fd, data)

@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "max_gpus_per_user": None,  # GPUs one user's containers may hold at once
     "max_gpus_per_group": {},  # {group: GPUs all its members' containers may hold at once}
     "wait_poll": 5,  # seconds between looks while `run --wait` queues
+    "default_time": None,  # a run's deadline when --time is not given ("2d"; None: no deadline)
+    "max_time": None,  # the longest --time, and how far `imgbuild extend` may go from the start ("7d")
     "env": {},
 }
 #: Thread pools that size themselves to every CPU of the host unless told (PyTorch, NumPy, MKL, OpenBLAS).
@@ -71,10 +73,13 @@ class RunSpec:
     cwd: Path = field(default_factory=Path.cwd)
     entrypoint: str | None = None
     jupyter_port: int | None = None  # `--jupyter`: the host port on 127.0.0.1
+    deadline: float | None = None  # when `imgbuild reap` stops it (seconds since the epoch)
 
     def docker_args(self) -> list[str]:
         """`docker run ...` arguments (without the `docker` binary)."""
         identity = ["--name", self.name, "--user", f"{self.uid}:{self.gid}", "--label", f"{Label.USER}={self.user}"]
+        if self.deadline is not None:
+            identity += ["--label", f"{Label.DEADLINE}={self.deadline:.0f}"]
         return [
             "run",
             *identity,
@@ -187,6 +192,9 @@ def house_rules(site: dict[str, Any]) -> dict[str, Any]:
         raise UsageError("config run.max_gpus_per_group: must map group names to whole numbers >= 0")
     if not isinstance(merged["wait_poll"], (int, float)) or not 0.05 <= merged["wait_poll"] <= 600:
         raise UsageError("config run.wait_poll: must be seconds between 0.05 and 600")
+    for key in ("default_time", "max_time"):
+        if merged[key] is not None:
+            merged[key] = parse_duration(str(merged[key]), f"config run.{key}")
     if merged["state_dir"] is not None and not (
         isinstance(merged["state_dir"], str) and merged["state_dir"].startswith("/")
     ):
@@ -308,6 +316,7 @@ class RunRequest:
     interactive: bool = False
     terminal: bool = False
     jupyter: bool = False
+    time: str | None = None  # --time: how long the container may run ("2d")
 
 
 def read_gpus_or_none(settings: Any) -> list[Any]:
@@ -367,6 +376,102 @@ def _cpulist(text: str) -> list[int]:
         return parse_cpulist(text)
     except ValueError:
         return []
+
+
+def deadline_of(wanted: str | None, house: dict[str, Any], now: float | None = None) -> float | None:
+    """`--time` (else the site's default_time) from now, within the site's max_time."""
+    seconds = parse_duration(wanted, "--time") if wanted else house.get("default_time")
+    if seconds is None:
+        return None
+    most = house.get("max_time")
+    if most is not None and seconds > most:
+        raise UsageError(f"--time {wanted}: this site allows at most {human_duration(most)} (run.max_time)")
+    return (time.time() if now is None else now) + seconds
+
+
+def human_duration(seconds: float) -> str:
+    """1d 2h, 45m, 30s."""
+    seconds = int(round(seconds))
+    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "m")]
+    text = " ".join(f"{n}{unit}" for n, unit in parts if n)
+    return text or f"{seconds}s"
+
+
+def effective_deadline(row: dict[str, Any], extended: dict[str, float], house: dict[str, Any]) -> float | None:
+    """A container's deadline: its label, moved by `extend` (never past its start + the site's max_time)."""
+    label = row.get("deadline")
+    moved = extended.get(row.get("id") or "")
+    if label is None or moved is None or moved <= label:
+        return label
+    most = house.get("max_time")
+    created = row.get("created_ts")
+    if most is not None and created is not None:
+        moved = min(moved, created + most)
+    return max(label, moved)
+
+
+def extend(row: dict[str, Any], by: str, house: dict[str, Any]) -> float:
+    """Move one container's deadline by `by`, within the site's max_time from its start; the new deadline."""
+    from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
+
+    seconds = parse_duration(by, "extend")
+    if row.get("deadline") is None:
+        raise UsageError(f"{row['name']} has no deadline to extend")
+    ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
+    with ledger.transaction() as book:
+        current = effective_deadline(row, book.extended, house) or 0.0
+        wanted = current + seconds
+        most = house.get("max_time")
+        created = row.get("created_ts")
+        if most is not None and created is not None and wanted > created + most + 1:
+            raise UsageError(
+                f"extend {row['name']} {by}: the site allows {human_duration(most)} from its start (run.max_time); "
+                f"at most {human_duration(max(0.0, created + most - current))} more"
+            )
+        book.extended[row["id"]] = wanted
+    return wanted
+
+
+#: What a container says when the host's GPUs were re-attached under it (a `systemctl daemon-reload`
+#: rewrites the device cgroup of containers started with NVIDIA's hook).
+LOST_GPU_SIGNS = ("NVML: Unknown Error", "Failed to initialize NVML")
+LOST_GPU_FIX = (
+    "GPUs lost (NVML: Unknown Error, typically after `systemctl daemon-reload` on the host): save your work, "
+    "then `imgbuild stop --rm {name}` and start it again (admins: use CDI devices to prevent it)"
+)
+
+
+def gpus_lost(engine: Any, row: dict[str, Any]) -> str:
+    """The one-line fix when a running container with GPUs can no longer reach them; "" otherwise."""
+    if row.get("status") != "running" or not (row.get("gpus") or row.get("gpu_uuids")):
+        return ""
+    code, output = engine.containers.probe(row["name"], ["nvidia-smi", "-L"])
+    if code != 0 and any(sign in output for sign in LOST_GPU_SIGNS):
+        return LOST_GPU_FIX.format(name=row["name"])
+    return ""
+
+
+def container_view(engine: Any, now: float | None = None) -> list[dict[str, Any]]:
+    """`ps`'s rows: the engine's, with each deadline (as `extend` moved it), the time left, lost GPUs."""
+    from imgbuild.config import site_section
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
+
+    house = house_rules(site_section("run"))
+    try:
+        with Ledger(house["state_dir"] or DEFAULT_STATE_DIR).transaction() as book:
+            extended = dict(book.extended)
+    except EnvironmentProblem:
+        extended = {}
+    now = time.time() if now is None else now
+    rows = []
+    for row in engine.containers.rows():
+        if row.get("smoke"):
+            continue
+        deadline = effective_deadline(row, extended, house)
+        left = "" if deadline is None else ("passed" if deadline <= now else human_duration(deadline - now))
+        rows.append({**row, "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})
+    return rows
 
 
 def check_quota(user: str, selection: Selection, held: Held, house: dict[str, Any]) -> None:
@@ -472,6 +577,7 @@ def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dic
         interactive=req.interactive and not detach,
         tty=req.terminal and not detach,
         jupyter_port=jupyter_port,
+        deadline=deadline_of(req.time, house),
         house=house,
         entrypoint=req.entrypoint,
         cpus=cpus,
@@ -582,6 +688,7 @@ def reserved(
                 why = f"{ahead} ahead of you"
                 if ahead == 0:
                     rows = engine.containers.rows()
+                    book.extended = {k: v for k, v in book.extended.items() if k in {r["id"] for r in rows}}
                     held = held_on_host(rows, book.holds(), read_gpus_or_none(settings))
                     try:
                         spec = prepare(req, settings, held, house)

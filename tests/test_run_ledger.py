@@ -67,7 +67,7 @@ def test_a_vandalised_ledger_reads_as_empty_and_is_rewritten(tmp_path, content):
     (state / "ledger.json").write_bytes(content)
     ledger = Ledger(state)
     assert ledger.entries() == []
-    assert json.loads((state / "ledger.json").read_text()) == {"entries": []}
+    assert json.loads((state / "ledger.json").read_text()) == {"entries": [], "extended": {}}
 
 
 def test_a_linked_ledger_or_state_folder_is_refused(tmp_path):

@@ -63,6 +63,7 @@ class _RunCommand(click.Command):
     metavar="[TIMEOUT]",
     help="Queue for busy GPUs (first come, first served) instead of refusing; give up after TIMEOUT (e.g. 2h).",
 )
+@click.option("--time", "walltime", metavar="DURATION", help="Deadline: `imgbuild reap` stops it after this (e.g. 2d).")
 @click.option(
     "--jupyter", is_flag=True, help="JupyterLab in the background on a free port of 127.0.0.1; prints the ssh tunnel."
 )
@@ -86,6 +87,7 @@ def run(
     as_user: str | None,
     entrypoint: str | None,
     wait: str | None,
+    walltime: str | None,
     jupyter: bool,
     dry_run: bool,
 ) -> None:
@@ -121,6 +123,7 @@ def run(
         interactive=sys.stdin.isatty(),
         terminal=sys.stdin.isatty() and sys.stdout.isatty(),
         jupyter=jupyter,
+        time=walltime,
     )
     if dry_run:
         spec = runmod.prepare(request, settings)
@@ -194,21 +197,29 @@ def _cpu_note(spec: RunSpec) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @click.pass_context
 def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
-    """Your containers (or --all users'), with their GPUs and CPU limits."""
+    """Your containers (or --all users'), with their GPUs, CPU limits and deadlines."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
+    from imgbuild.run import container_view
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
     who = caller()
-    rows = [r for r in Engine.connect(settings.docker_cli).containers.rows() if all_users or r["user"] == who.name]
+    engine = Engine.connect(settings.docker_cli)
+    rows = [r for r in container_view(engine) if all_users or r["user"] == who.name]
     if as_json:
         _emit_json(rows)
         return
     print_table(
-        ["name", "user", "image", "status", "GPUs", "CPUs", "created"],
-        [[r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"]] for r in rows],
+        ["name", "user", "image", "status", "GPUs", "CPUs", "created", "time left"],
+        [
+            [r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"], r["time_left"]]
+            for r in rows
+        ],
     )
+    for r in rows:
+        if r.get("gpus_lost"):
+            click.echo(f"{r['name']}: {r['gpus_lost']}", err=True)
 
 
 def _on_container(
@@ -281,6 +292,91 @@ def stop(ctx: click.Context, name: str, remove: bool, force: bool) -> None:
 
 
 @cli.command()
+@click.option("--dry-run", is_flag=True, help="List what it would do; do nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable actions.")
+@click.pass_context
+def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Enforce the house rules (for admins, from cron or a systemd timer): warn, then stop containers past
+    their deadline or idle too long; remove old exited ones where the site asks (config `reap:`)."""
+    import time
+
+    from imgbuild import reap as reaper
+    from imgbuild.config import site_section
+    from imgbuild.engine import Engine
+    from imgbuild.run import house_rules, read_gpus_or_none
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    house, rules = house_rules(site_section("run")), reaper.policy(site_section("reap"))
+    engine = Engine.connect(settings.docker_cli)
+    report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
+    rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
+    if as_json:
+        _emit_json(rows)
+        return
+    if not rows:
+        click.echo("nothing to do")
+        return
+    print_table(
+        ["action", "container", "user", "rule", "why", "outcome"],
+        [[r["verb"], r["name"], r["user"], r["rule"], r["reason"], r["outcome"]] for r in rows],
+    )
+
+
+def _lost_containers(settings: object) -> list[dict[str, str]]:
+    """Running containers whose GPUs vanished under them (best effort: no engine, no answer)."""
+    from imgbuild.engine import Engine
+    from imgbuild.errors import ImgbuildError
+    from imgbuild.run import gpus_lost
+
+    try:
+        engine = Engine.connect(getattr(settings, "docker_cli", None))
+        rows = engine.containers.rows()
+    except ImgbuildError:
+        return []
+    found = [(r["name"], gpus_lost(engine, r)) for r in rows if not r.get("smoke")]
+    return [{"name": name, "fix": fix} for name, fix in found if fix]
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("duration")
+@_FORCE
+@click.pass_context
+def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
+    """Move one of your containers' deadline: imgbuild extend NAME 1d (within the site's run.max_time)."""
+    import time
+
+    from imgbuild.config import site_section
+    from imgbuild.engine import Engine
+    from imgbuild.host import caller
+    from imgbuild.run import check_owner, find_container, house_rules, human_duration
+    from imgbuild.run import extend as extend_deadline
+
+    settings = _settings(ctx)
+    who = caller()
+    row = find_container(Engine.connect(settings.docker_cli).containers.rows(), name, who.name)
+    check_owner(row, who, "extend", force)
+    deadline = extend_deadline(row, duration, house_rules(site_section("run")))
+    click.echo(
+        f"{row['name']}: deadline {time.strftime('%Y-%m-%d %H:%M', time.localtime(deadline))} "
+        f"(in {human_duration(deadline - time.time())})"
+    )
+
+
+@cli.command()
+@click.argument("name")
+@_FORCE
+@click.pass_context
+def shell(ctx: click.Context, name: str, force: bool) -> None:
+    """Another shell in one of your running containers, as you (bash, else sh)."""
+    _on_container(
+        ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"],
+        ("sh", "-c", "command -v bash >/dev/null && exec bash -l || exec sh -l"), force=force,
+    )  # fmt: skip
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable readings.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes.")
@@ -301,8 +397,9 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         except NoGpus as exc:
             click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
             return
+        lost = _lost_containers(settings)
         if as_json:
-            _emit_json({"gpus": [g.to_json() for g in readings]})
+            _emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
         else:
             rows = []
             for g in readings:
@@ -317,6 +414,8 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
                 rows,
                 title=time.strftime("%H:%M:%S") if watch else None,
             )
+            for item in lost:
+                click.echo(f"{item['name']}: {item['fix']}", err=True)
         shown += 1
         if not watch or (count and shown >= count):
             return

@@ -62,10 +62,16 @@ class DockerContainers:
                 continue
             host = c.attrs.get("HostConfig") or {}
             labels = (c.attrs.get("Config") or {}).get("Labels") or {}
+            state = c.attrs.get("State") or {}
             rows.append(
                 {
                     "name": c.name,
                     "id": c.short_id,
+                    "labelled": Label.USER in labels,  # started by imgbuild run (else: named by hand)
+                    "smoke": Label.SMOKE_OF in labels,
+                    "deadline": _number(labels.get(Label.DEADLINE)),
+                    "created_ts": _timestamp(c.attrs.get("Created")),
+                    "finished_ts": _timestamp(state.get("FinishedAt")),
                     "image": (c.attrs.get("Config") or {}).get("Image", ""),
                     "status": c.status,
                     "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
@@ -78,6 +84,47 @@ class DockerContainers:
                 }
             )
         return sorted(rows, key=lambda r: r["name"])
+
+    def stop(self, name: str, timeout: int = 30) -> None:
+        """Stop a container (SIGTERM, then SIGKILL after `timeout` s); gone already is fine."""
+        from docker.errors import APIError, NotFound
+
+        with contextlib.suppress(NotFound):
+            try:
+                self.client.containers.get(name).stop(timeout=timeout)
+            except APIError as exc:
+                raise ImgbuildError(f"could not stop {name}: {exc.explanation}") from None
+
+    def remove(self, name: str) -> None:
+        from docker.errors import APIError, NotFound
+
+        with contextlib.suppress(NotFound):
+            try:
+                self.client.containers.get(name).remove(force=True)
+            except APIError as exc:
+                raise ImgbuildError(f"could not remove {name}: {exc.explanation}") from None
+
+    def note(self, name: str, text: str) -> bool:
+        """Write a line into a running container's own log (its PID 1's output); False where it cannot."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            result = self.client.containers.get(name).exec_run(
+                ["sh", "-c", 'printf "%s\\n" "$0" >> /proc/1/fd/1', text], user="0"
+            )
+        except (APIError, NotFound):
+            return False
+        return result.exit_code == 0
+
+    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
+        """Run a command in a running container as its user: (exit code, output); (-1, why) where it cannot."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            result = self.client.containers.get(name).exec_run(["timeout", str(timeout), *command])
+        except (APIError, NotFound) as exc:
+            return -1, str(exc)[:200]
+        return result.exit_code, result.output.decode(errors="replace")[-2000:]
 
     def cpu_percent(self, name: str) -> float | None:
         """The container's CPU use as a percentage of its limit (or of the host), from one stats read."""
@@ -190,6 +237,29 @@ class DockerContainers:
         finally:
             with contextlib.suppress(APIError):
                 container.remove(force=True)
+
+
+def _number(text: Any) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _timestamp(text: Any) -> float | None:
+    """Docker's RFC 3339 times (nanoseconds, `Z`) as seconds since the epoch; None for its year-1 "never"."""
+    from datetime import datetime
+
+    if not isinstance(text, str) or text.startswith("0001-"):
+        return None
+    head, _, rest = text.partition(".")
+    zone = rest.lstrip("0123456789") if rest else text[19:]
+    try:
+        when = datetime.fromisoformat(head[:19] + (zone.replace("Z", "+00:00") or "+00:00"))
+    except ValueError:
+        return None
+    fraction = rest[: len(rest) - len(zone)] if rest else ""
+    return when.timestamp() + (float(f"0.{fraction}") if fraction else 0.0)
 
 
 def _host_ports(bindings: Any) -> list[int]:

@@ -138,6 +138,19 @@ class FakeContainers:
     def cpu_percent(self, name: str) -> float | None:
         return None
 
+    def stop(self, name: str, timeout: int = 30) -> None:
+        self.calls.append(f"stop {name}")
+
+    def remove(self, name: str) -> None:
+        self.calls.append(f"remove {name}")
+
+    def note(self, name: str, text: str) -> bool:
+        self.calls.append(f"note {name}")
+        return True
+
+    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
+        return -1, "the fake engine runs nothing"
+
     def run_cli(self, args: list[str]) -> int:
         self.calls.append("docker " + " ".join(args))
         return 0

@@ -1,0 +1,363 @@
+"""`imgbuild reap`: the house rules of a shared GPU server, enforced from cron or a systemd timer.
+
+Each run reads the containers and the GPUs, records a sample of each container's GPU use, decides
+(`decide`, pure: rows, samples, the time and the policy in; actions out) and acts: it warns an owner
+first (a line in the container's own log and a notice file in their home), stops only after the lead
+time, and records every action in a log. Stopping is the default; removing is a separate setting.
+Running it twice does nothing more the second time; `--dry-run` prints exactly what it would do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import pwd
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import EnvironmentProblem, UsageError
+
+#: The site's `reap:` settings (/etc/imgbuild/config.yaml).
+DEFAULTS: dict[str, Any] = {
+    "idle_timeout": None,  # "2h": stop containers whose GPUs were idle this long (None: never)
+    "idle_percent": 5,  # a GPU at or below this utilisation is idle
+    "warn_lead": "30m",  # warn this long before stopping
+    "exited_max_age": None,  # "7d": exited or never-started <user>_ containers older than this are removed
+    "remove": False,  # remove what is stopped, and remove old exited containers (nothing is removed otherwise)
+    "unnamed": False,  # stop containers that follow no <user>_ convention and carry no imgbuild owner
+    "exempt": [],  # container name patterns never touched (fnmatch), e.g. ["registry", "gitlab-runner*"]
+    "log": None,  # the action log (default <state_dir>/reap.log)
+}
+STATE_FILE = "reap-state.json"
+STATE_BYTES = 4 * 1024 * 1024
+#: Samples kept per container (a run every 5 minutes keeps 2 days).
+SAMPLES_KEPT = 576
+NOTICE_FILE = "imgbuild-notices.txt"
+
+
+def policy(site: dict[str, Any]) -> dict[str, Any]:
+    """The site's `reap:` section, checked; durations as seconds."""
+    from imgbuild.run import parse_duration
+
+    unknown = sorted(set(site) - set(DEFAULTS))
+    if unknown:
+        raise UsageError(f"config reap: unknown setting {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
+    merged = {**DEFAULTS, **{k: v for k, v in site.items() if v is not None}}
+    for key in ("idle_timeout", "warn_lead", "exited_max_age"):
+        if merged[key] is not None:
+            merged[key] = parse_duration(str(merged[key]), f"config reap.{key}")
+    for key in ("remove", "unnamed"):
+        if not isinstance(merged[key], bool):
+            raise UsageError(f"config reap.{key}: must be true or false")
+    percent = merged["idle_percent"]
+    if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 <= percent <= 100:
+        raise UsageError("config reap.idle_percent: must be a number from 0 to 100")
+    if not isinstance(merged["exempt"], list) or not all(isinstance(p, str) for p in merged["exempt"]):
+        raise UsageError("config reap.exempt: must be a list of container name patterns")
+    if merged["log"] is not None and not (isinstance(merged["log"], str) and merged["log"].startswith("/")):
+        raise UsageError("config reap.log: must be an absolute path")
+    return merged
+
+
+@dataclass
+class Action:
+    verb: str  # warn | stop | remove
+    name: str
+    user: str
+    reason: str
+    rule: str  # deadline | idle | exited | unnamed
+    id: str = ""
+
+
+@dataclass
+class State:
+    """What earlier runs saw: GPU samples per container ID, and which warnings were given (and when)."""
+
+    samples: dict[str, list[list[float]]] = field(default_factory=dict)  # id -> [[time, busy 0/1], ...]
+    warned: dict[str, dict[str, float]] = field(default_factory=dict)  # id -> {rule: when}
+
+
+# --- deciding (pure) ----------------------------------------------------------------------------------
+
+
+def idle_since(samples: list[list[float]]) -> float | None:
+    """When the trailing run of idle samples began (None when the newest sample is busy, or none)."""
+    since = None
+    for when, busy in reversed(samples):
+        if busy:
+            break
+        since = when
+    return since
+
+
+def decide(
+    rows: list[dict[str, Any]],
+    state: State,
+    now: float,
+    rules: dict[str, Any],
+    deadlines: dict[str, float | None],
+    known_user: Callable[[str], bool],
+) -> list[Action]:
+    """The actions one run takes. A running container past its deadline, or idle past idle_timeout, is
+    warned first and stopped once the warning is warn_lead old; `deadlines`: each container's deadline as
+    `extend` moved it."""
+    actions: list[Action] = []
+    for row in rows:
+        if row.get("smoke") or any(fnmatch.fnmatchcase(row["name"], p) for p in rules["exempt"]):
+            continue
+        owned = bool(row.get("labelled") or ("_" in row["name"] and known_user(row["name"].split("_", 1)[0])))
+        if row.get("status") in ("exited", "created", "dead"):
+            action = _exited(row, owned, now, rules)
+        elif row.get("status") == "running":
+            action = _running(row, owned, state, now, rules, deadlines.get(row["id"]))
+        else:
+            action = None
+        if action:
+            actions.append(action)
+    return actions
+
+
+def _exited(row: dict[str, Any], owned: bool, now: float, rules: dict[str, Any]) -> Action | None:
+    """An old exited or never-started container of a user: removed, where the site asked for removal."""
+    ended = row.get("finished_ts") or row.get("created_ts")
+    if not (rules["remove"] and rules["exited_max_age"] is not None and owned and ended is not None):
+        return None
+    if now - ended < rules["exited_max_age"]:
+        return None
+    reason = f"{'never started' if row.get('status') == 'created' else 'exited'} {human(now - ended)} ago"
+    return Action("remove", row["name"], row.get("user") or "", reason, "exited", row["id"])
+
+
+def _running(
+    row: dict[str, Any], owned: bool, state: State, now: float, rules: dict[str, Any], deadline: float | None
+) -> Action | None:
+    name, cid, user = row["name"], row["id"], row.get("user") or ""
+    lead = rules["warn_lead"] or 0
+    final = "remove" if rules["remove"] else "stop"
+    if not owned:
+        reason = "not named <user>_... and not started by imgbuild run"
+        return Action(final, name, user, reason, "unnamed", cid) if rules["unnamed"] else None
+    warned = dict(state.warned.get(cid, {}))
+    if deadline is not None and warned.get("deadline", deadline) < deadline - lead:
+        del warned["deadline"]  # warned of an earlier deadline; `extend` moved it: warn again
+    if deadline is not None and now >= deadline - lead:
+        verb = _warn_then(final, warned, "deadline", now, lead, deadline)
+        if verb:
+            when = "passed" if now >= deadline else f"in {human(deadline - now)}"
+            return Action(verb, name, user, f"its deadline {when}", "deadline", cid)
+    timeout = rules["idle_timeout"]
+    since = idle_since(state.samples.get(cid, []))
+    if timeout is not None and since is not None and now - since >= timeout:
+        verb = _warn_then(final, warned, "idle", now, lead, None)
+        if verb:
+            return Action(verb, name, user, f"its GPUs idle for {human(now - since)}", "idle", cid)
+    return None
+
+
+def _warn_then(final: str, warned: dict[str, float], rule: str, now: float, lead: float, due: float | None) -> str:
+    """ "warn" the first time, `final` once the warning is `lead` old (and a deadline has come), else ""."""
+    if rule not in warned:
+        return "warn"
+    if now - warned[rule] >= lead and (due is None or now >= due):
+        return final
+    return ""
+
+
+def human(seconds: float) -> str:
+    from imgbuild.run import human_duration
+
+    return human_duration(max(0.0, seconds))
+
+
+# --- sampling ------------------------------------------------------------------------------------------
+
+
+def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], now: float, state: State) -> None:
+    """Add one sample per running container with GPUs: busy when any of its GPUs is above idle_percent
+    (a GPU whose use cannot be read, as on MIG, counts as busy: never stop what cannot be measured)."""
+    from imgbuild.run import container_gpus
+
+    uuid_of = {g.index: g.uuid for g in gpus}
+    by_uuid = {g.uuid: g for g in gpus}
+    alive = set()
+    for row in rows:
+        if row.get("status") != "running":
+            continue
+        uuids = [u for u in container_gpus(row, uuid_of) if u in by_uuid]
+        if not uuids:
+            continue
+        alive.add(row["id"])
+        busy = any(by_uuid[u].utilization is None or by_uuid[u].utilization > rules["idle_percent"] for u in uuids)
+        kept = state.samples.setdefault(row["id"], [])
+        kept.append([now, 1.0 if busy else 0.0])
+        del kept[:-SAMPLES_KEPT]
+        if busy:
+            state.warned.get(row["id"], {}).pop("idle", None)  # busy again: a later idleness is warned anew
+    state.samples = {k: v for k, v in state.samples.items() if k in alive}
+    present = {r["id"] for r in rows}
+    state.warned = {k: v for k, v in state.warned.items() if k in present and v}
+
+
+# --- state, log and notices (I/O) ------------------------------------------------------------------------
+
+
+def load_state(path: Path) -> State:
+    """The reaper's own state. Written only by the reaper (an admin); one that someone else owns is not
+    believed (forged idle samples would stop a busy user's job)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return State()
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode) or info.st_mode & 0o022:
+            return State()
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(STATE_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        raw = json.loads(data) if len(data) <= STATE_BYTES else {}
+        return State(
+            {str(k): [[float(t), float(b)] for t, b in v] for k, v in dict(raw.get("samples", {})).items()},
+            {str(k): {str(r): float(w) for r, w in dict(v).items()} for k, v in dict(raw.get("warned", {})).items()},
+        )
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return State()
+
+
+def save_state(path: Path, state: State) -> None:
+    """Replace the state file (written beside it, renamed over it: never half written)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(asdict(state), handle)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
+def append_log(path: Path, now: float, action: Action, outcome: str) -> None:
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)), **asdict(action), "outcome": outcome}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write the reap log {path}: {exc.strerror}") from None
+
+
+def write_notice(user: str, text: str) -> bool:
+    """Append a line to NOTICE_FILE in the user's home, as a file they own; never through a link."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return False
+    home = Path(entry.pw_dir)
+    try:
+        if os.lstat(home).st_uid != entry.pw_uid:
+            return False  # not their own folder: write nothing there
+        fd = os.open(home / NOTICE_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return False
+        if info.st_uid != entry.pw_uid:
+            if info.st_uid != os.geteuid() or info.st_size:
+                return False
+            with contextlib.suppress(OSError):
+                os.fchown(fd, entry.pw_uid, entry.pw_gid)
+        os.write(fd, (text + "\n").encode())
+        return True
+    finally:
+        os.close(fd)
+
+
+def known_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+# --- one run --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    actions: list[Action]
+    outcomes: list[str]
+
+
+def reap(
+    engine: Any,
+    gpus: list[Any],
+    house: dict[str, Any],
+    rules: dict[str, Any],
+    now: float,
+    dry_run: bool = False,
+    notify: Callable[[str, str], bool] = write_notice,
+) -> Report:
+    """One reaper run at time `now` (injectable): sample, decide, then (unless `dry_run`) warn, stop,
+    remove, and record each action in the log."""
+    from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.run import effective_deadline
+
+    state_dir = Path(house["state_dir"] or DEFAULT_STATE_DIR)
+    ledger = Ledger(state_dir)
+    with ledger.transaction() as book:
+        extended = dict(book.extended)
+    state_path = state_dir / STATE_FILE
+    state = load_state(state_path)
+    rows = engine.containers.rows()
+    sample(rows, gpus, rules, now, state)
+    deadlines = {r["id"]: effective_deadline(r, extended, house) for r in rows}
+    actions = decide(rows, state, now, rules, deadlines, known_user)
+    if dry_run:
+        return Report(actions, ["dry run"] * len(actions))
+    log = Path(rules["log"]) if rules["log"] else state_dir / "reap.log"
+    outcomes = []
+    for action in actions:
+        outcome = _act(engine, action, rules, now, notify)
+        if action.verb == "warn":
+            state.warned.setdefault(action.id, {})[action.rule] = now
+        append_log(log, now, action, outcome)
+        outcomes.append(outcome)
+    save_state(state_path, state)
+    return Report(actions, outcomes)
+
+
+def _act(engine: Any, action: Action, rules: dict[str, Any], now: float, notify: Callable[[str, str], bool]) -> str:
+    if action.verb == "warn":
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now + (rules["warn_lead"] or 0)))
+        then = "removed" if rules["remove"] else "stopped"
+        text = (
+            f"imgbuild reap: {action.name} will be {then} at about {when}: {action.reason} "
+            f"(this server's house rules; `imgbuild extend {action.name} 1d` where a deadline allows it)"
+        )
+        logged = engine.containers.note(action.name, text)
+        noticed = notify(action.user, text) if action.user else False
+        channels = ["container log" if logged else "no container log", "notice file" if noticed else "no notice file"]
+        return f"warned ({', '.join(channels)})"
+    try:
+        engine.containers.stop(action.name)
+        if action.verb == "remove":
+            engine.containers.remove(action.name)
+    except Exception as exc:  # noqa: BLE001 - one container's failure must not stop the run; it is logged
+        return f"failed: {str(exc)[:200]}"
+    return "stopped" if action.verb == "stop" else "removed"

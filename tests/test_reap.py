@@ -1,0 +1,346 @@
+"""Issue 15: deadlines, idle reaping, old containers, unnamed containers, notices and the action log.
+
+The decisions are a pure function tested as tables; one test drives real containers on the test bed,
+with GPU readings from snapshots and the time injected (no test sleeps for real)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+import time
+
+import pytest
+
+from imgbuild.errors import UsageError
+from imgbuild.gpus import Gpu
+from imgbuild.host import caller
+from imgbuild.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
+from imgbuild.run import RunRequest, effective_deadline, house_rules, prepare
+
+ME = caller().name
+H = 3600.0
+RULES = policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "7d"})
+
+
+def row(name: str, status: str = "running", **extra) -> dict:
+    return {"name": name, "id": name[-12:], "user": name.split("_")[0], "status": status, "labelled": True, **extra}
+
+
+def verbs(actions: list[Action]) -> list[tuple[str, str, str]]:
+    return [(a.verb, a.name, a.rule) for a in actions]
+
+
+def run_decide(rows, state=None, now=100 * H, rules=RULES, deadlines=None):
+    return decide(rows, state or State(), now, rules, deadlines or {}, known_user=lambda u: u in ("alice", "bob"))
+
+
+# --- the rules, as tables -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "warned", "expected"),
+    [
+        (10 * H - 31 * 60, {}, []),  # before the warning window
+        (10 * H - 30 * 60, {}, [("warn", "alice_a_1", "deadline")]),  # warned a lead ahead
+        (10 * H - 10 * 60, {"deadline": 10 * H - 30 * 60}, []),  # warned: nothing until the deadline
+        (10 * H, {"deadline": 10 * H - 30 * 60}, [("stop", "alice_a_1", "deadline")]),
+        (12 * H, {}, [("warn", "alice_a_1", "deadline")]),  # never warned (reap was down): warn first
+        (12 * H + 29 * 60, {"deadline": 12 * H}, []),
+        (12 * H + 30 * 60, {"deadline": 12 * H}, [("stop", "alice_a_1", "deadline")]),
+    ],
+)
+def test_a_deadline_is_warned_then_enforced(now, warned, expected):
+    state = State(warned={"alice_a_1": warned} if warned else {})
+    assert verbs(run_decide([row("alice_a_1")], state, now, deadlines={"alice_a_1": 10 * H})) == expected
+
+
+def test_an_extended_deadline_is_warned_again():
+    state = State(warned={"alice_a_1": {"deadline": 10 * H - 30 * 60}})
+    moved = {"alice_a_1": 34 * H}  # `extend 1d` after the first warning
+    assert run_decide([row("alice_a_1")], state, 20 * H, deadlines=moved) == []
+    assert verbs(run_decide([row("alice_a_1")], state, 34 * H - 30 * 60, deadlines=moved)) == [
+        ("warn", "alice_a_1", "deadline")
+    ]
+
+
+def samples(pattern: str, end: float, step: float = 600) -> list[list[float]]:
+    """'i' idle, 'b' busy, one per `step` seconds, the last at `end`."""
+    return [[end - step * (len(pattern) - 1 - i), 1.0 if c == "b" else 0.0] for i, c in enumerate(pattern)]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "warned", "expected"),
+    [
+        ("b" * 30, {}, []),  # busy: never
+        ("i" * 12, {}, []),  # idle 1 h 50 min: not yet
+        ("i" * 13, {}, [("warn", "bob_x_1", "idle")]),  # idle 2 h
+        ("i" * 14, {"idle": 100 * H - 600}, []),  # warned 10 min ago
+        ("i" * 17, {"idle": 100 * H - 1800}, [("stop", "bob_x_1", "idle")]),  # warned 30 min ago, still idle
+        ("i" * 20 + "b", {"idle": 100 * H - 1800}, []),  # busy again: never stopped
+        ("b" * 5 + "i" * 3, {}, []),  # idle only since the last busy sample
+        ("", {}, []),  # no samples (no GPUs, or just started)
+    ],
+)
+def test_idle_gpus_are_warned_then_stopped_and_a_busy_container_never(pattern, warned, expected):
+    state = State(samples={"bob_x_1": samples(pattern, 100 * H)}, warned={"bob_x_1": warned} if warned else {})
+    assert verbs(run_decide([row("bob_x_1")], state)) == expected
+
+
+def test_idle_since_is_the_start_of_the_trailing_idle_run():
+    assert idle_since([]) is None
+    assert idle_since([[1, 0], [2, 1], [3, 0], [4, 0]]) == 3
+    assert idle_since([[1, 0], [2, 1]]) is None
+
+
+@pytest.mark.parametrize(
+    ("container", "rules", "expected"),
+    [
+        (row("alice_old_1", "exited", finished_ts=90 * H), RULES, []),  # removing is not asked for
+        (row("alice_old_1", "exited", finished_ts=90 * H), {**RULES, "remove": True}, []),  # 110 h: too young
+        (
+            row("alice_old_1", "exited", finished_ts=1 * H),
+            {**RULES, "remove": True},
+            [("remove", "alice_old_1", "exited")],
+        ),  # fmt: skip
+        (
+            row("alice_new_1", "created", created_ts=1 * H),
+            {**RULES, "remove": True},
+            [("remove", "alice_new_1", "exited")],
+        ),  # fmt: skip
+        (row("registry", "exited", finished_ts=1 * H, labelled=False), {**RULES, "remove": True}, []),  # not a user's
+        (row("registry", labelled=False), RULES, []),  # unnamed: left alone unless the site says
+        (row("registry", labelled=False), {**RULES, "unnamed": True}, [("stop", "registry", "unnamed")]),
+        (row("registry", labelled=False), {**RULES, "unnamed": True, "exempt": ["regis*"]}, []),
+        (
+            row("mallory_x_1", labelled=False),
+            {**RULES, "unnamed": True},
+            [("stop", "mallory_x_1", "unnamed")],
+        ),  # no such user  # fmt: skip
+        (row("bob_x_1", labelled=False), {**RULES, "unnamed": True}, []),  # named by hand after a real user
+        (row("alice_a_1", smoke=True), {**RULES, "unnamed": True}, []),  # smoke containers are imgbuild's own
+    ],
+)
+def test_old_unnamed_and_exempt_containers(container, rules, expected):
+    assert verbs(run_decide([container], now=200 * H, rules=rules)) == expected
+
+
+def test_with_remove_set_the_final_action_removes():
+    state = State(warned={"alice_a_1": {"deadline": 0.0}})
+    rules = {**RULES, "remove": True}
+    assert verbs(run_decide([row("alice_a_1")], state, rules=rules, deadlines={"alice_a_1": 1.0})) == [
+        ("remove", "alice_a_1", "deadline")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"idle_timeout": "soon"}, "reap.idle_timeout"),
+        ({"warn_lead": "-1"}, "reap.warn_lead"),
+        ({"remove": "yes"}, "reap.remove"),
+        ({"idle_percent": 101}, "idle_percent"),
+        ({"exempt": "registry"}, "reap.exempt"),
+        ({"log": "reap.log"}, "reap.log"),
+        ({"reap_everything": True}, "unknown setting"),
+    ],
+)
+def test_bad_reap_settings_are_refused(setting, message):
+    with pytest.raises(UsageError, match=message):
+        policy(setting)
+
+
+def test_time_and_its_site_maximum():
+    house = house_rules({"default_time": "1d", "max_time": "3d"})
+    assert house["default_time"] == 86400 and house["max_time"] == 3 * 86400
+    with pytest.raises(UsageError, match=r"--time 4d: this site allows at most 3d \(run.max_time\)"):
+        prepare(RunRequest("img", ["true"], time="4d"), _settings(), house=house)
+    spec = prepare(RunRequest("img", ["true"], time="2h"), _settings(), house=house)
+    assert spec.deadline is not None and abs(spec.deadline - time.time() - 7200) < 60
+    assert f"org.imgbuild.deadline={spec.deadline:.0f}" in spec.docker_args()
+    default = prepare(RunRequest("img", ["true"]), _settings(), house=house)
+    assert default.deadline is not None and abs(default.deadline - time.time() - 86400) < 60
+    assert prepare(RunRequest("img", ["true"]), _settings(), house=house_rules({})).deadline is None
+    # `extend` moves a deadline, never past the start plus max_time, whatever the ledger says
+    container = {"id": "abc", "deadline": 100.0, "created_ts": 0.0}
+    assert effective_deadline(container, {"abc": 50.0}, house) == 100.0
+    assert effective_deadline(container, {"abc": 5000.0}, house) == 5000.0
+    assert effective_deadline(container, {"abc": 10**9}, house) == 3 * 86400
+
+
+def _settings():
+    from imgbuild.config import load_settings
+
+    return load_settings({})
+
+
+# --- state, notices ----------------------------------------------------------------------------------------
+
+
+def test_state_written_by_anyone_else_is_not_believed(tmp_path):
+    path = tmp_path / "reap-state.json"
+    save_state(path, State({"x": [[1.0, 0.0]]}, {"x": {"idle": 1.0}}))
+    assert load_state(path).samples == {"x": [[1.0, 0.0]]}
+    os.chmod(path, 0o666)  # writable by others: forged idle samples would stop a busy job
+    assert load_state(path) == State()
+    os.chmod(path, 0o644)
+    path.write_text("{not json")
+    assert load_state(path) == State()
+    (tmp_path / "link.json").symlink_to(path)
+    with pytest.raises(Exception, match="cannot read"):
+        load_state(tmp_path / "link.json")
+
+
+def test_notices_go_to_a_file_the_user_owns_never_through_a_link(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    me = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
+    monkeypatch.setattr("imgbuild.reap.pwd.getpwnam", lambda name: fake)
+    assert write_notice("someone", "first")
+    assert write_notice("someone", "second")
+    assert (home / "imgbuild-notices.txt").read_text() == "first\nsecond\n"
+    (home / "imgbuild-notices.txt").unlink()
+    target = tmp_path / "shadow"
+    target.write_text("root:x\n")
+    (home / "imgbuild-notices.txt").symlink_to(target)
+    assert not write_notice("someone", "pwned") and target.read_text() == "root:x\n"
+
+
+# --- real containers ---------------------------------------------------------------------------------------
+
+
+def gpu(index: int, util: int) -> Gpu:
+    return Gpu(index, f"GPU-{index:08d}-reap", "NVIDIA A100-SXM4-80GB", 1000, 81920, util)
+
+
+@pytest.mark.engine
+def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monkeypatch):
+    """A deadline passed is warned then stopped; an idle container is warned, then stopped after the lead
+    time, a busy one never; a never-started container is removed only when the site allows it; an unnamed
+    one only when the site says; dry-run lists exactly what the run does; a second run does nothing more."""
+    from imgbuild.engine import Engine
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [gpu(0, 0).to_json(), gpu(1, 93).to_json()]}))
+    state = tmp_path / "state"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {state}\n")
+    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    late, idle, busy = (f"{ME}_{n}{unique}_1" for n in ("late", "idle", "busy"))
+    never, unnamed = f"{ME}_never{unique}_1", f"handmade{unique}"
+    notices: list[tuple[str, str]] = []
+    job = ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]  # a job that ends on SIGTERM, as a trainer does
+    try:
+        for short, flags in (("late", ["--time", "60"]), ("idle", ["--gpus", "device=0"]), ("busy", ["--gpus", "device=1"])):  # fmt: skip
+            res = run_cli("run", "-d", *flags, "--name", f"{short}{unique}", image, "--", *job, cwd=tmp_path, env=env)  # fmt: skip
+            assert res.code == 0, res.err
+        subprocess.run(["docker", "create", "--name", never, "--label", f"org.imgbuild.user={ME}", image, "true"], check=True, capture_output=True)  # fmt: skip
+        subprocess.run(["docker", "run", "-d", "--name", unnamed, image, *job], check=True, capture_output=True)  # fmt: skip
+        engine = Engine.connect(None)
+        house = house_rules({"state_dir": str(state)})
+        rules = policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "1d"})
+        gpus = [gpu(0, 0), gpu(1, 93)]
+        t0 = time.time()
+
+        def run(now, rules=rules, dry=False):
+            report = reap(
+                engine, gpus, house, rules, now, dry_run=dry, notify=lambda u, t: notices.append((u, t)) or True
+            )
+            return {(a.verb, a.name, a.rule) for a in report.actions if unique in a.name}
+
+        assert run(t0 + 61, dry=True) == {("warn", late, "deadline")}
+        assert run(t0 + 61) == {("warn", late, "deadline")}  # the late one's deadline passed: warned first
+        assert run(t0 + 62) == set()  # a second run does nothing more
+        logs = docker_client.containers.get(late).logs().decode()
+        assert f"imgbuild reap: {late} will be stopped at about" in logs and "its deadline passed" in logs
+        assert notices and notices[0][0] == ME and late in notices[0][1]
+        assert run(t0 + 2 * H + 120) == {("stop", late, "deadline"), ("warn", idle, "idle")}
+        assert docker_client.containers.get(late).status == "exited"
+        expected = {("stop", idle, "idle")}
+        assert run(t0 + 2 * H + 33 * 60, dry=True) == expected
+        assert run(t0 + 2 * H + 33 * 60) == expected  # dry-run listed exactly this
+        assert run(t0 + 2 * H + 34 * 60) == set()
+        assert docker_client.containers.get(idle).status == "exited"
+        assert docker_client.containers.get(busy).status == "running"  # busy: never
+        assert docker_client.containers.get(never).status == "created"  # removing was not asked for
+        everything = {**rules, "remove": True, "unnamed": True}
+        later = run(t0 + 2 * 86400, rules=everything)
+        assert (("remove", never, "exited") in later) and (("remove", unnamed, "unnamed") in later)
+        assert ("remove", late, "exited") in later and ("remove", idle, "exited") in later
+        names = {c.name for c in docker_client.containers.list(all=True)}
+        assert never not in names and unnamed not in names and busy in names
+        log = [json.loads(line) for line in (state / "reap.log").read_text().splitlines()]
+        mine = [entry for entry in log if unique in entry["name"]]
+        assert sorted((e["verb"], e["rule"], e["name"]) for e in mine[:4]) == [
+            ("stop", "deadline", late),
+            ("stop", "idle", idle),
+            ("warn", "deadline", late),
+            ("warn", "idle", idle),
+        ]
+        assert all(e["outcome"] in ("stopped", "removed") or e["outcome"].startswith("warned") for e in mine)
+        cli = run_cli("reap", "--dry-run", "--json", env=env)
+        assert cli.code == 0, cli.err
+        assert isinstance(json.loads(cli.out), list)
+    finally:
+        for name in (late, idle, busy, never, unnamed):
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(name).remove(force=True)
+
+
+@pytest.mark.engine
+def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbed, docker_client, tmp_path, unique):
+    """`run --time` labels the deadline, `ps` shows the time left, `extend` moves it within the site's
+    max_time; a container whose GPUs vanished (NVML: Unknown Error) is flagged by `ps` and `gpus` with the
+    fix; `shell` opens another shell in a kept container, as the user."""
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [gpu(0, 0).to_json(), gpu(1, 0).to_json()]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {tmp_path / 'state'}\n  max_time: 2h\n"
+    )
+    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'Failed to initialize NVML: Unknown Error'\nexit 255\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    path = "PATH=/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    dev, lost = f"{ME}_dev{unique}_1", f"{ME}_lost{unique}_1"
+    try:
+        res = run_cli("run", "-d", "--keep", "--time", "1h", "--name", f"dev{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
+        assert res.code == 0, res.err
+        res = run_cli("run", "-d", "--gpus", "device=1", "-e", path, "--name", f"lost{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
+        assert res.code == 0, res.err
+        too_long = run_cli("run", "-d", "--time", "3h", image, "--", "true", cwd=tmp_path, env=env)
+        assert too_long.code == 2 and "at most 2h (run.max_time)" in too_long.err
+        rows = {r["name"]: r for r in json.loads(run_cli("ps", "--json", env=env).out)}
+        assert rows[dev]["time_left"] in ("59m", "1h")
+        refused = run_cli("extend", f"dev{unique}", "2h", env=env)
+        assert refused.code == 2 and "allows 2h from its start (run.max_time)" in refused.err
+        moved = run_cli("extend", f"dev{unique}", "30m", env=env)
+        assert moved.code == 0 and "deadline" in moved.out, moved.err
+        rows = {r["name"]: r for r in json.loads(run_cli("ps", "--json", env=env).out)}
+        assert rows[dev]["time_left"] in ("1h 29m", "1h 30m")
+        assert rows[lost]["gpus_lost"].startswith("GPUs lost (NVML: Unknown Error") and not rows[dev]["gpus_lost"]
+        assert f"imgbuild stop --rm {lost}" in rows[lost]["gpus_lost"]
+        shown = run_cli("gpus", env=env)
+        assert f"{lost}: GPUs lost" in shown.err
+        assert json.loads(run_cli("gpus", "--json", env=env).out)["lost"][0]["name"] == lost
+        shell = subprocess.run(
+            [sys.executable, "-m", "imgbuild", "shell", f"dev{unique}"],
+            input="id -u; pwd\n", capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+        )  # fmt: skip
+        assert shell.returncode == 0 and shell.stdout.split() == [str(os.getuid()), "/workspace"], shell.stderr
+    finally:
+        for name in (dev, lost):
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(name).remove(force=True)
