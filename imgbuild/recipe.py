@@ -339,6 +339,9 @@ class User(_Strict):
     uid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     gid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     home: OwnedDir | None = None
+    #: passwordless sudo for this user inside their own container (people who install things as they go);
+    #: the image gains the sudo package
+    sudo: bool = False
 
 
 class FileSpec(_Strict):
@@ -405,6 +408,12 @@ class Recipe(_Strict):
     entrypoint: list[OneLine] | OneLine | None = None
     cmd: list[OneLine] | OneLine | None = None
     smoke: Smoke = Field(default_factory=Smoke)
+
+    @model_validator(mode="after")
+    def _sudo_needs_its_package(self) -> Recipe:
+        if self.user and self.user.sudo and "sudo" not in self.apt:
+            return self.model_copy(update={"apt": [*self.apt, "sudo"]})
+        return self
 
 
 @dataclass

@@ -344,3 +344,38 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
         for name in (dev, lost):
             with contextlib.suppress(Exception):
                 docker_client.containers.get(name).remove(force=True)
+
+
+@pytest.mark.engine
+def test_a_persistent_environment_with_passwordless_sudo(testbed, docker_client, tmp_path, write, cleanup_images):
+    """Issue 15 item 6: `user: {sudo: true}` gives the recipe's user passwordless sudo in their own
+    container (the image gains the sudo package); without it, sudo is absent."""
+    from tests.conftest import in_image, run_cli
+
+    recipe = write(
+        "r.yaml",
+        """
+        name: devbox
+        tag: sudo
+        base: {framework: pytorch, tag: "24.05"}
+        user: {name: dev, sudo: true}
+        """,
+    )
+    cleanup_images.append("imgbuildtest/devbox:sudo")
+    res = run_cli("build", str(recipe), "-o", str(tmp_path / "ctx"))
+    assert res.code == 0, res.err
+    out = in_image(
+        docker_client,
+        "imgbuildtest/devbox:sudo",
+        """
+        import os, subprocess
+        root = subprocess.run(["sudo", "-n", "id", "-u"], capture_output=True, text=True, check=True).stdout.strip()
+        print(os.getuid() != 0, root, oct(os.stat("/etc/sudoers.d/90-imgbuild-dev").st_mode & 0o777))
+        """,
+        user="dev",
+    )
+    assert out.split() == ["True", "0", "0o440"]
+    plain = write("p.yaml", 'name: devbox\ntag: plain\nbase: {framework: pytorch, tag: "24.05"}\nuser: {name: dev}\n')
+    from imgbuild.recipe import load_recipe
+
+    assert "sudo" not in load_recipe(plain).recipe.apt and load_recipe(recipe).recipe.apt == ["sudo"]

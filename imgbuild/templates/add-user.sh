@@ -2,7 +2,7 @@
 # Creates the image's non-root user with the host's UID/GID, adopting a user or group that already
 # holds them (NGC images from 25.01 are Ubuntu 24.04 and ship `ubuntu` with UID/GID 1000).
 set -eu
-name=$1 uid=$2 gid=$3 home=$4 workdir=$5
+name=$1 uid=$2 gid=$3 home=$4 workdir=$5 sudo=${6:-0}
 shell=/bin/bash; [ -x "$shell" ] || shell=/bin/sh
 
 # Never rewrite a system account (UID < 1000): the recipe's user must be a person's account.
@@ -33,4 +33,13 @@ elif [ -z "$holder" ]; then
 fi
 mkdir -p "$home" "$workdir"
 chown "$uid:$gid" "$home" "$workdir"
+if [ "$sudo" = 1 ]; then
+  # user.sudo: passwordless sudo inside the user's own container (the recipe's apt installs sudo)
+  command -v sudo >/dev/null || { echo "imgbuild: user.sudo needs the sudo package in apt:" >&2; exit 1; }
+  mkdir -p /etc/sudoers.d
+  printf '%s ALL=(ALL) NOPASSWD:ALL\n' "$name" > "/etc/sudoers.d/90-imgbuild-$name"
+  chmod 0440 "/etc/sudoers.d/90-imgbuild-$name"
+  if command -v visudo >/dev/null; then visudo -cqf "/etc/sudoers.d/90-imgbuild-$name"; fi
+  echo "imgbuild: $name may use sudo without a password"
+fi
 echo "imgbuild: user $name ($uid:$gid) owns $workdir"
