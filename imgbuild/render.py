@@ -124,6 +124,13 @@ def requirements_text(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lock_layer_text(plan: Plan) -> str:
+    """The lock layer's requirements: the recipe's index options and the lock's exact pins."""
+    options = [line for line in requirements_text(plan).splitlines() if line.startswith("--")]
+    lines = ["# The recipe's lock (imgbuild lock), installed exactly; the next layer adds what it lacks.", *options]
+    return "\n".join([*lines, *plan.loaded.lock_pins]) + "\n"
+
+
 def constraints_text(plan: Plan) -> str:
     lines = [
         "# Pins imgbuild adds on top of the base's own (its constraint file, or a freeze of it):",
@@ -184,6 +191,14 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
             put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
         put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
         put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
+        if plan.loaded.lock_pins and backend == "buildkit":
+            # The lock layer: exactly the lock's pins, from a folder of its own, so that editing the recipe's
+            # packages leaves this layer cached and the next layer installs only what the lock lacks.
+            for name in ("constraints.txt", "unpin.txt", "framework.txt", "install.sh", "guard.py"):
+                if f"imgbuild/pip/{name}" in rendered:
+                    rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]
+            put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan))
+            put("imgbuild/pip-lock/lock-layer", "installed with --no-deps: every dependency is pinned here\n")
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
     put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
@@ -194,6 +209,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         "backend": backend,
         "files": files,
         "has_pip": has_pip,
+        "lock_layer": "imgbuild/pip-lock/lock-layer" in rendered,
         "uv_version": UV_VERSION if has_pip and recipe.pip.installer == "uv" else "",
         "pip_limits": (int(limits.PIP_RESOLVE_SECONDS), limits.PIP_DOWNLOAD_BYTES),  # build args override them
         "uid_default": (user.uid if user and user.uid else 1000),

@@ -372,6 +372,17 @@ def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
     context = render(locked)
     assert context.text("imgbuild/pip/resolved.txt").splitlines()[-1] == "einops==0.8.1"
     assert "imgbuild/pip/resolved.txt" not in render(unlocked).rendered
+    # The lock layer (issue 16): the lock's pins alone, in a folder of their own, installed before the recipe's
+    # packages; editing the packages leaves it cached. Only BuildKit builds it (bind mounts per folder).
+    assert context.text("imgbuild/pip-lock/requirements.txt").splitlines()[1:] == ["einops==0.8.1"]
+    assert "imgbuild/pip-lock/lock-layer" in context.rendered
+    dockerfile = context.text("Dockerfile")
+    assert dockerfile.count("sh /tmp/imgbuild-pip/install.sh") == 2
+    assert dockerfile.index("source=imgbuild/pip-lock,") < dockerfile.index("source=imgbuild/pip,")
+    assert "imgbuild/pip-lock/lock-layer" not in render(unlocked).rendered
+    assert render(unlocked).text("Dockerfile").count("install.sh") == 1
+    sdk = render(locked, "sdk")
+    assert "imgbuild/pip-lock/lock-layer" not in sdk.rendered and sdk.text("Dockerfile").count("install.sh") == 1
 
 
 @pytest.mark.engine
@@ -402,6 +413,38 @@ def test_lock_resolves_in_the_base_and_builds_install_exactly_that(testbed, tmp_
     assert kept["pins"] == ["einops==0.8.0"] and kept["changed"] == []
     freed = json.loads(run_cli("lock", str(recipe), "--upgrade-package", "einops", "--json", cwd=tmp_path).out)
     assert freed["pins"] == [pin] and freed["changed"] == [f"einops 0.8.0 -> {pin.split('==')[1]}"]
+
+
+@pytest.mark.engine
+def test_adding_a_package_to_a_locked_recipe_reuses_the_lock_layer(testbed, tmp_path, cleanup_images, docker_client):
+    """Issue 16: with a lock, the pip step is two layers: the lock exactly (cached while the lock stands),
+    then the recipe's packages over it; a package added to the recipe installs alone on top."""
+    from tests.conftest import in_image
+
+    head = 'name: inc\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
+    recipe = _project(tmp_path, head + 'pip: {packages: ["einops>=0.7"], installer: uv}\n')
+    assert run_cli("lock", str(recipe), cwd=tmp_path).code == 0
+    recipe.with_name("pkgs.lock.txt").write_text("einops==0.7.0\n")
+    first = run_cli("build", str(recipe), cwd=tmp_path)
+    assert first.code == 0, first.err
+    cleanup_images.append("imgbuildtest/inc:v1")
+    recipe.write_text(head.replace("v1", "v2") + 'pip: {packages: ["einops>=0.7", "toolz"], installer: uv}\n')
+    second = run_cli("build", str(recipe), cwd=tmp_path)
+    assert second.code == 0, second.err
+    cleanup_images.append("imgbuildtest/inc:v2")
+
+    def layers(ref: str) -> list[str]:
+        return docker_client.api.inspect_image(ref)["RootFS"]["Layers"]
+
+    base = len(layers(f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"))
+    v1, v2 = layers("imgbuildtest/inc:v1"), layers("imgbuildtest/inc:v2")
+    shared = next(i for i, (a, b) in enumerate(zip(v1, v2, strict=False)) if a != b)
+    # the base, the base's record, the lock layer: the same; the recipe's layer onwards: new
+    assert shared == base + 2, (base, v1, v2)
+    versions = in_image(
+        docker_client, "imgbuildtest/inc:v2", "import einops, toolz; print(einops.__version__, bool(toolz.__version__))"
+    )
+    assert versions.split() == ["0.7.0", "True"]
 
 
 HOSTILE_SMOKE_FIELDS = [

@@ -41,6 +41,8 @@ elif [ -f "$here/ca.crt" ]; then export PIP_CERT="$here/ca.crt"; fi
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
 # The recipe's lock (imgbuild lock): the versions resolved before, installed again.
 locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
+# The lock layer (its requirements are the lock's exact pins): install exactly those, resolving nothing.
+nodeps=""; [ -f "$here/lock-layer" ] && nodeps="--no-deps"
 # `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing.
 dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --report $IMGBUILD_PIP_REPORT"
 # pip.installer: uv mounts uv here (a build stage of its own); `imgbuild lock` always resolves with pip.
@@ -73,8 +75,8 @@ echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") r
 # guard.py runs the installer: live output, bounds on resolution time and download bytes
 # (IMGBUILD_PIP_RESOLVE_SECONDS, IMGBUILD_PIP_DOWNLOAD_LIMIT), and on failure one line saying what kind it
 # was (the cure differs). Both installers get the same pins, constraints and lock.
-# shellcheck disable=SC2086 # $locked and $dry are option lists
-python3 "$here/guard.py" "$origin" "$@" $dry -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
+# shellcheck disable=SC2086 # $locked, $dry and $nodeps are option lists
+python3 "$here/guard.py" "$origin" "$@" $dry $nodeps -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
     && rc=0 || rc=$?
 rm -f "$pins" /tmp/uv-*.lock
 [ "$rc" = 0 ] || exit 1
