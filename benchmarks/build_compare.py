@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The same environment four ways, side by side in one run: imgbuild's rendered Dockerfile (pip, and uv), hpccm's
+"""The same environment five ways, side by side in one run: imgbuild's rendered Dockerfile (pip; uv; uv with a
+lock, `imgbuild lock` timed with the cold build), hpccm's
 Dockerfile for the equivalent recipe, and a hand-written Dockerfile as the NGC how-tos write it.
 
 Environment: the test bed's stand-in PyTorch base + 6 pip packages + 3 apt packages + one copied file.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -46,7 +48,7 @@ def ca_bundle() -> str | None:
 # --- the ways -------------------------------------------------------------------------------------
 
 
-def write_imgbuild(ctx: Path, pip: list[str], n: int, installer: str = "pip") -> list[str]:
+def write_imgbuild(ctx: Path, pip: list[str], n: int, installer: str = "pip", locked: bool = False) -> list[str]:
     project = ctx.parent / f"{ctx.name}-recipe"
     (project / "files").mkdir(parents=True, exist_ok=True)
     (project / "files" / "train.py").write_text(TRAIN.format(n=n))
@@ -55,6 +57,11 @@ def write_imgbuild(ctx: Path, pip: list[str], n: int, installer: str = "pip") ->
         f"apt: {json.dumps(APT)}\npip: {{packages: {json.dumps(pip)}, installer: {installer}}}\n"
         "files: [{src: files/train.py, dest: /workspace/train.py}]\n"
     )
+    if locked and not (project / "bench.lock.txt").exists():
+        # The documented loop: lock once (committed with the recipe), then edit. Timed with the cold build.
+        subprocess.run(
+            [sys.executable, "-m", "imgbuild", "lock", str(project / "bench.yaml")], check=True, capture_output=True
+        )
     subprocess.run(
         [sys.executable, "-m", "imgbuild", "render", str(project / "bench.yaml"), "-o", str(ctx)],
         check=True,
@@ -117,9 +124,14 @@ def write_imgbuild_uv(ctx: Path, pip: list[str], n: int) -> list[str]:
     return write_imgbuild(ctx, pip, n, installer="uv")
 
 
+def write_imgbuild_locked(ctx: Path, pip: list[str], n: int) -> list[str]:
+    return write_imgbuild(ctx, pip, n, installer="uv", locked=True)
+
+
 WAYS: dict[str, Callable[[Path, list[str], int], list[str]]] = {
     "imgbuild": write_imgbuild,
     "imgbuild (uv)": write_imgbuild_uv,
+    "imgbuild (uv, locked)": write_imgbuild_locked,
     "hpccm": write_hpccm,
     "hand-written": write_handwritten,
 }
@@ -150,7 +162,7 @@ def size(ref: str) -> int:
 
 def measure(way: str, workdir: Path) -> dict[str, list[float]]:
     write = WAYS[way]
-    tag = f"imgbuildbench/{way.replace(' (', '-').rstrip(')')}:bench"
+    tag = f"imgbuildbench/{re.sub(r'[^a-z0-9]+', '-', way).strip('-')}:bench"
     results: dict[str, list[float]] = {k: [] for k in ("cold", "size_mb", "add_pip", "change_file", "noop")}
     for rep in range(REPEATS):
         ctx = workdir / f"{way}-{rep}"
@@ -193,14 +205,14 @@ def main() -> None:
         ("no-op rebuild, s", "noop"),
     ]
     print(
-        f"\nSame environment four ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
+        f"\nSame environment {len(WAYS)} ways: {len(PIP)} pip + {len(APT)} apt packages + 1 file on the stand-in "
         f"PyTorch base; median (min-max) of {REPEATS} runs\n"
     )
     print("| metric | " + " | ".join(WAYS) + " |")
     print("|---|" + "---|" * len(WAYS))
     for label, key in metrics:
         print(f"| {label} | " + " | ".join(fmt(results[w][key]) for w in WAYS) + " |")
-    for way in ("imgbuild", "imgbuild (uv)"):
+    for way in ("imgbuild", "imgbuild (uv)", "imgbuild (uv, locked)"):
         ratio = statistics.median(results[way]["add_pip"]) / statistics.median(results["hpccm"]["add_pip"])
         print(f"\n{way}'s pip-change rebuild is {ratio:.2f}x hpccm's (target: at most 0.5x)")
     print(json.dumps({w: {k: statistics.median(v) for k, v in r.items()} for w, r in results.items()}), file=sys.stderr)
