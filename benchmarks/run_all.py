@@ -21,23 +21,24 @@ COMMAND = (
 )
 
 
-ANALYSIS = """## Where imgbuild loses, and why
+ANALYSIS = """## Where imgbuild stands, and why
 
-This run's machine was about 1.6-2x slower than the one on 2026-11-21 (hpccm's cold build 9.5 s against 5.6 s,
-`imgbuild --help` 0.16 s against 0.08 s): compare the columns of one run, not runs of different days.
+Compare the columns of one run, not runs of different days: this 2-core machine's speed varies by up to 1.5x
+between runs (the hand-written cold build's spread in the table above shows it).
 
-- **Rebuild after adding a pip package: imgbuild still misses its target** (at most half of hpccm's). With uv,
-  the default installer since this run, it is 0.82x hpccm's (pip: 1.67x). On a realistic set (the table below)
-  uv takes 0.46x of pip's time for the same change. What is left: the pip step resolves and installs the whole
-  set again (uv's cache saves the downloads, not the resolution round trips through the proxy or the bytecode
-  compilation), and `imgbuild render` (0.34 s measured alone, more on this loaded run). What would close it:
-  an incremental layer on top of the last resolved set (install only what the lock diff adds).
-- **Rebuild after changing the copied file: 1.0 s (uv) against 0.2-0.3 s.** The build step is the same single
-  `COPY` layer; the difference is `imgbuild render`: Python start-up and importing pydantic's recipe models
-  (about 0.15 s), Jinja2, and the rest. The registry look-up is now cached (`base_cache_ttl`), and the engine and
-  the registry client are imported only where used: `imgbuild render` went from 0.69 s to 0.34 s measured alone
-  (`/usr/bin/time -f %e .venv/bin/imgbuild render recipes/pytorch-research.yaml -o /tmp/rr`, four runs), still
-  above the 0.2 s target.
+- **Rebuild after adding a pip package: met with a lock** (at most half of hpccm's). With a lock (`imgbuild lock`,
+  committed with the recipe: the documented loop), BuildKit builds the pip step as two layers, the lock's exact
+  pins and then the recipe's packages; an added package installs alone on top of the cached lock layer
+  ("uv, locked"). Without a lock, uv (the default) still resolves and installs the whole set again, and
+  bytecode-compiles it (about half of the step); pip is slower again.
+- **Cold build: uv without a lock is level with hpccm**; the base's record (`pip check`, its package list) now
+  runs in a build stage of its own, beside apt and pip. The "locked" column's cold build includes
+  `imgbuild lock` itself (a resolution in a container of the base), which a project pays once, not per build.
+- **Rebuild after changing the copied file: missed** (about 1.0 s against 0.3-0.4 s). The build is the same
+  single `COPY` layer (plus the label that records the file's digest); the difference is `imgbuild render`
+  itself: Python start-up, click, and above all importing pydantic and building the recipe models (about 0.15 s
+  of the 0.35-0.4 s; see "Tool overhead" below, still above its 0.2 s target). What would close it: a validation
+  path that does not build the pydantic models on every start.
 - **Size: imgbuild's lead is partly an artefact of the stand-in base.** hpccm's apt layer keeps
   `/var/cache/apt/*.bin` (about 80 MB), and the hand-written one keeps the lists and the `.deb`s too, because the
   stand-in (a debootstrapped Debian) lacks the `docker-clean` apt hook that official Ubuntu images carry, and so
@@ -97,12 +98,14 @@ def main() -> None:
         "(the project's CI size), against the test bed: dockerd 20.10 with BuildKit, a local registry, "
         "the stand-in NGC bases. PyPI through a TLS-intercepting proxy.",
         "",
-        "## Same environment, four ways",
+        "## Same environment, five ways",
         "",
         compare,
         "",
         "What each way is: imgbuild renders `recipes`-style YAML (BuildKit cache mounts for apt and pip, the "
-        "proxy CA as a build secret); hpccm 26 generates its Dockerfile from the equivalent Python recipe "
+        "proxy CA as a build secret), with pip, with uv (the default), and with uv and a lock (`imgbuild lock` run "
+        "once per project, timed with its cold build; the added package is not locked); hpccm 26 generates its "
+        "Dockerfile from the equivalent Python recipe "
         "(`packages`, `pip`, `copy` blocks); the hand-written one is the NGC how-to pattern (`apt-get install`, "
         "`pip install`, `COPY`). The hand-written and hpccm images copy the proxy's CA bundle into the image "
         "(a few hundred kB), as people behind such proxies do. Cold builds start from a pruned build cache "
