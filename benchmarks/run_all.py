@@ -23,22 +23,25 @@ COMMAND = (
 
 ANALYSIS = """## Where imgbuild stands, and why
 
-Compare the columns of one run, not runs of different days: this 2-core machine's speed varies by up to 1.5x
-between runs (the hand-written cold build's spread in the table above shows it).
+Compare the columns of one run, not runs of different days: this 2-core machine's speed varies a lot. During the
+run of 2026-11-22 14:40 it was about 2.5x slower than on 2026-11-21 (`imgbuild --help` 0.18 s against 0.07 s,
+`imgbuild smoke` 13 s against 4.7 s, `python3 -c pass` 0.06 s).
 
-- **Rebuild after adding a pip package: met with a lock** (at most half of hpccm's). With a lock (`imgbuild lock`,
-  committed with the recipe: the documented loop), BuildKit builds the pip step as two layers, the lock's exact
-  pins and then the recipe's packages; an added package installs alone on top of the cached lock layer
-  ("uv, locked"). Without a lock, uv (the default) still resolves and installs the whole set again, and
-  bytecode-compiles it (about half of the step); pip is slower again.
-- **Cold build: uv without a lock is level with hpccm**; the base's record (`pip check`, its package list) now
-  runs in a build stage of its own, beside apt and pip. The "locked" column's cold build includes
-  `imgbuild lock` itself (a resolution in a container of the base), which a project pays once, not per build.
-- **Rebuild after changing the copied file: missed** (about 1.0 s against 0.3-0.4 s). The build is the same
-  single `COPY` layer (plus the label that records the file's digest); the difference is `imgbuild render`
-  itself: Python start-up, click, and above all importing pydantic and building the recipe models (about 0.15 s
-  of the 0.35-0.4 s; see "Tool overhead" below, still above its 0.2 s target). What would close it: a validation
-  path that does not build the pydantic models on every start.
+- **Rebuild after adding a pip package: met with a lock** (target: at most half of hpccm's; 0.45x in that run,
+  0.38x in a `build_compare.py` run alone the same afternoon). With a lock (`imgbuild lock`, committed with the
+  recipe: the documented loop), BuildKit builds the pip step as two layers, the lock's exact pins and then the
+  recipe's packages; an added package installs alone on top of the cached lock layer ("uv, locked"). Without a
+  lock, uv (the default) resolves, installs and bytecode-compiles the whole set again (compiling is about half of
+  the step): 0.95x hpccm's in that run (0.64x alone); pip is slower again.
+- **Cold build: uv without a lock is level with hpccm within this machine's noise** (11.7 s against 11.1 s in that
+  run, 10.3 s against 11.3 s alone). The base's record (`pip check`, its package list) now runs in a build stage
+  of its own, beside apt and pip. The "locked" column's cold build includes `imgbuild lock` itself (a resolution
+  in a container of the base), which a project pays once, not per build.
+- **Rebuild after changing the copied file: missed** (about 1.0 s against 0.4 s). The build is the same single
+  `COPY` layer (plus the label that records the file's digest); the difference is `imgbuild render` itself:
+  Python start-up, click, and above all importing pydantic and building the recipe models (about 0.15 s on a
+  quiet machine, of a render of about 0.35 s then; see "Tool overhead" below for this run's). Its target, 0.2 s,
+  is missed too. What would close both: a validation path that does not build the pydantic models on every start.
 - **Size: imgbuild's lead is partly an artefact of the stand-in base.** hpccm's apt layer keeps
   `/var/cache/apt/*.bin` (about 80 MB), and the hand-written one keeps the lists and the `.deb`s too, because the
   stand-in (a debootstrapped Debian) lacks the `docker-clean` apt hook that official Ubuntu images carry, and so
