@@ -128,7 +128,26 @@ class Ledger:
         with contextlib.suppress(EnvironmentProblem), self.transaction() as book:
             book.entries = [e for e in book.entries if e.name != name]
 
+    def read(self) -> Book:
+        """The ledger as it stands (live runs' entries only), under a shared lock; nothing is written, and a
+        ledger not made yet reads as empty."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return Book([], self.clock)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise EnvironmentProblem(f"{self.path} is a symbolic link; remove it (run.state_dir)") from None
+            raise EnvironmentProblem(f"cannot read the GPU ledger {self.path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            entries, extended = _read(fd)
+        finally:
+            os.close(fd)
+        return Book([e for e in entries if self.is_alive(e)], self.clock, extended)
+
     def entries(self) -> list[Entry]:
+        """The live runs' entries, the dead ones dropped from the file (and a malformed file rewritten)."""
         with self.transaction() as book:
             return list(book.entries)
 

@@ -320,8 +320,7 @@ def reap(
 
     state_dir = Path(house["state_dir"] or DEFAULT_STATE_DIR)
     ledger = Ledger(state_dir)
-    with ledger.transaction() as book:
-        extended = dict(book.extended)
+    extended = ledger.read().extended
     state_path = state_dir / STATE_FILE
     state = load_state(state_path)
     rows = engine.containers.rows()

@@ -124,9 +124,9 @@ def requirements_text(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lock_layer_text(plan: Plan) -> str:
-    """The lock layer's requirements: the recipe's index options and the lock's exact pins."""
-    options = [line for line in requirements_text(plan).splitlines() if line.startswith("--")]
+def lock_layer_text(plan: Plan, requirements: str) -> str:
+    """The lock layer's requirements: the recipe's index options (from its `requirements`) and the lock's pins."""
+    options = [line for line in requirements.splitlines() if line.startswith("--")]
     lines = ["# The recipe's lock (imgbuild lock), installed exactly; the next layer adds what it lacks.", *options]
     return "\n".join([*lines, *plan.loaded.lock_pins]) + "\n"
 
@@ -176,7 +176,8 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
     files, copies = _files(plan)
     has_pip = bool(recipe.pip.packages or plan.loaded.requirements_path)
     if has_pip:
-        put("imgbuild/pip/requirements.txt", requirements_text(plan))
+        requirements = requirements_text(plan)
+        put("imgbuild/pip/requirements.txt", requirements)
         put("imgbuild/pip/constraints.txt", constraints_text(plan))
         if plan.loaded.lock_pins:
             put(
@@ -197,7 +198,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
             for name in ("constraints.txt", "unpin.txt", "framework.txt", "install.sh", "guard.py"):
                 if f"imgbuild/pip/{name}" in rendered:
                     rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]
-            put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan))
+            put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan, requirements))
             put("imgbuild/pip-lock/lock-layer", "installed with --no-deps: every dependency is pinned here\n")
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)

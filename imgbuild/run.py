@@ -302,7 +302,6 @@ class RunRequest:
     gpu_request: str = "none"
     force: bool = False
     cpus: float | None = None
-    cpuset: list[int] = field(default_factory=list)  # pinned CPUs ([]: not pinned)
     volumes: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)
@@ -451,6 +450,12 @@ def gpus_lost(engine: Any, row: dict[str, Any]) -> str:
     return ""
 
 
+def lost_containers(engine: Any) -> list[dict[str, str]]:
+    """Running containers whose GPUs vanished under them, each with the fix (`imgbuild gpus`)."""
+    found = [(r["name"], gpus_lost(engine, r)) for r in engine.containers.rows() if not r.get("smoke")]
+    return [{"name": name, "fix": fix} for name, fix in found if fix]
+
+
 def container_view(engine: Any, now: float | None = None) -> list[dict[str, Any]]:
     """`ps`'s rows: the engine's, with each deadline (as `extend` moved it), the time left, lost GPUs."""
     from imgbuild.config import site_section
@@ -459,8 +464,7 @@ def container_view(engine: Any, now: float | None = None) -> list[dict[str, Any]
 
     house = house_rules(site_section("run"))
     try:
-        with Ledger(house["state_dir"] or DEFAULT_STATE_DIR).transaction() as book:
-            extended = dict(book.extended)
+        extended = Ledger(house["state_dir"] or DEFAULT_STATE_DIR).read().extended
     except EnvironmentProblem:
         extended = {}
     now = time.time() if now is None else now
@@ -522,9 +526,15 @@ def group_members(group: str) -> set[str]:
     return set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
 
 
-def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dict[str, Any] | None = None) -> RunSpec:
+def prepare(
+    req: RunRequest,
+    settings: Any,
+    held: Held | None = None,
+    house: dict[str, Any] | None = None,
+    gpus: list[Any] | None = None,
+) -> RunSpec:
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
-    a CPU share pinned near them (no engine yet)."""
+    a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them."""
     from imgbuild.config import site_section
     from imgbuild.gpus import select_gpus
     from imgbuild.host import caller, usable_cpus
@@ -539,7 +549,7 @@ def prepare(req: RunRequest, settings: Any, held: Held | None = None, house: dic
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
     ref, default_short = resolve_image(req.image, settings)
     user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
-    gpus = read_gpus_or_none(settings)
+    gpus = read_gpus_or_none(settings) if gpus is None else gpus
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
     cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu"))
@@ -673,6 +683,7 @@ def reserved(
     told each look; the place is given up on every way out (and, if this process dies, with it)."""
     from imgbuild.config import site_section
     from imgbuild.gpus import GpusBusy
+    from imgbuild.host import caller
     from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
 
     house = house_rules(site_section("run"))
@@ -689,9 +700,10 @@ def reserved(
                 if ahead == 0:
                     rows = engine.containers.rows()
                     book.extended = {k: v for k, v in book.extended.items() if k in {r["id"] for r in rows}}
-                    held = held_on_host(rows, book.holds(), read_gpus_or_none(settings))
+                    gpus = read_gpus_or_none(settings)
+                    held = held_on_host(rows, book.holds(), gpus)
                     try:
-                        spec = prepare(req, settings, held, house)
+                        spec = prepare(req, settings, held, house, gpus)
                     except GpusBusy as busy:
                         if deadline is None:
                             raise
@@ -708,7 +720,7 @@ def reserved(
                     raise GpusBusy(
                         f"{ahead} run(s) wait for GPUs before you (imgbuild run --wait); add --wait to queue"
                     )
-                book.enqueue(ticket, _caller_name(), f"--gpus {req.gpu_request}")
+                book.enqueue(ticket, caller().name, f"--gpus {req.gpu_request}")
             if clock() >= deadline:
                 raise WaitTimedOut(f"gave up waiting after {wait:g} s ({why})")
             if on_wait:
@@ -720,12 +732,6 @@ def reserved(
         yield spec
     finally:
         ledger.drop(spec.name)
-
-
-def _caller_name() -> str:
-    from imgbuild.host import caller
-
-    return caller().name
 
 
 def start_detached(engine: Any, spec: RunSpec) -> None:

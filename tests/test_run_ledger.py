@@ -542,3 +542,21 @@ def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_
         for name in ("a", "b", "c", "d"):
             with contextlib.suppress(Exception):
                 docker_client.containers.get(f"{ME}_{name}{unique}_1").remove(force=True)
+
+
+def test_reading_the_ledger_writes_nothing(tmp_path):
+    """`ps` and `reap --dry-run` only read the ledger: no folder or file is made, a bad file stays as it is,
+    a linked one is refused."""
+    state = tmp_path / "state"
+    assert Ledger(state).read().entries == [] and not state.exists()
+    state.mkdir()
+    (state / "ledger.json").write_text('{"entries":  [], "extended": {"abc": 5}}')
+    book = Ledger(state).read()
+    assert book.entries == [] and book.extended == {"abc": 5.0}
+    assert (state / "ledger.json").read_text() == '{"entries":  [], "extended": {"abc": 5}}'  # not rewritten
+    (state / "ledger.json").write_text("garbage")
+    assert Ledger(state).read().entries == [] and (state / "ledger.json").read_text() == "garbage"
+    (state / "ledger.json").unlink()
+    (state / "ledger.json").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(EnvironmentProblem, match="is a symbolic link"):
+        Ledger(state).read()

@@ -323,21 +323,6 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     )
 
 
-def _lost_containers(settings: object) -> list[dict[str, str]]:
-    """Running containers whose GPUs vanished under them (best effort: no engine, no answer)."""
-    from imgbuild.engine import Engine
-    from imgbuild.errors import ImgbuildError
-    from imgbuild.run import gpus_lost
-
-    try:
-        engine = Engine.connect(getattr(settings, "docker_cli", None))
-        rows = engine.containers.rows()
-    except ImgbuildError:
-        return []
-    found = [(r["name"], gpus_lost(engine, r)) for r in rows if not r.get("smoke")]
-    return [{"name": name, "fix": fix} for name, fix in found if fix]
-
-
 @cli.command()
 @click.argument("name")
 @click.argument("duration")
@@ -384,12 +369,25 @@ def shell(ctx: click.Context, name: str, force: bool) -> None:
 @click.pass_context
 def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None) -> None:
     """GPUs: memory, utilisation, and who runs what on each (NVML, or nvidia-smi)."""
+    import functools
     import time
 
+    from imgbuild.engine import Engine
+    from imgbuild.errors import ImgbuildError
     from imgbuild.gpus import NoGpus, read_gpus
+    from imgbuild.run import lost_containers
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
+
+    @functools.cache
+    def engine() -> Engine | None:
+        """Connected once, at the first reading: containers whose GPUs vanished are flagged where it answers."""
+        try:
+            return Engine.connect(settings.docker_cli)
+        except ImgbuildError:
+            return None
+
     shown = 0
     while True:
         try:
@@ -397,7 +395,11 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         except NoGpus as exc:
             click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
             return
-        lost = _lost_containers(settings)
+        connected = engine()
+        try:
+            lost = lost_containers(connected) if connected else []
+        except ImgbuildError:
+            lost = []
         if as_json:
             _emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
         else:
