@@ -6,8 +6,11 @@ symlink or a FIFO there counts as a difference, never as something to follow or 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from imgbuild.errors import EnvironmentProblem, UsageError
@@ -57,6 +60,27 @@ def _write(context: Context, out_dir: Path) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    with _swap_lock(out_dir.parent):
+        _swap(staging, out_dir)
+    return out_dir
+
+
+@contextlib.contextmanager
+def _swap_lock(parent: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the folder that holds the context while the old one is swapped out.
+
+    Two renders of one recipe at once would otherwise interleave their two renames and one of them
+    could leave the previous context behind as a hidden folder. The lock is on the folder itself, so
+    nothing is left behind for it either."""
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _swap(staging: Path, out_dir: Path) -> None:
     old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
     if old.exists():
         shutil.rmtree(old)
@@ -64,11 +88,13 @@ def _write(context: Context, out_dir: Path) -> Path:
         if out_dir.exists():
             out_dir.rename(old)
         staging.rename(out_dir)
-    except OSError:
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if old.exists() and not out_dir.exists():
+            old.rename(out_dir)  # put the working context back
         raise
-    shutil.rmtree(old, ignore_errors=True)
-    return out_dir
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _put(path: Path, mode: int, *, data: bytes | None = None, source: Path | None = None) -> None:
