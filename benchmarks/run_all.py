@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,8 +84,19 @@ def main() -> None:
     print("no-op rebuild...", file=sys.stderr, flush=True)
     noop = run_script("rebuild_noop.py")
     print("tool overhead and smoke test...", file=sys.stderr, flush=True)
+    python_t = timed([sys.executable, "-c", "pass"], 10)  # the machine's speed, for reading the rest
     help_t = timed([*imgbuild, "--help"], 10)
+    validate_t = timed([*imgbuild, "validate", str(ROOT / "recipes/pytorch-research.yaml")], 10)
+    hpccm = shutil.which("hpccm", path=str(Path(sys.executable).parent)) or shutil.which("hpccm")
     with tempfile.TemporaryDirectory() as tmp:
+        hpccm_t = []
+        if hpccm:  # the alternative's generation step, for the render rows
+            recipe = Path(tmp) / "hpccm-recipe.py"
+            recipe.write_text(
+                "Stage0 += baseimage(image='nvcr.io/nvidia/pytorch:24.05-py3', _distro='ubuntu22')\n"
+                "Stage0 += packages(ospackages=['git', 'less'])\nStage0 += pip(packages=['einops'], pip='pip3')\n"
+            )
+            hpccm_t = timed([hpccm, "--recipe", str(recipe), "--format", "docker"], 10)
         render_t = timed([*imgbuild, "render", str(ROOT / "recipes/pytorch-research.yaml"), "-o", f"{tmp}/ctx"], 5)
         render_off = timed(
             [*imgbuild, "render", "--offline", str(ROOT / "recipes/pytorch-research.yaml"), "-o", f"{tmp}/ctx2"], 5
@@ -138,9 +150,16 @@ def main() -> None:
         "",
         "| what | median s (min-max) | runs |",
         "|---|---|---|",
+        f"| `python3 -c pass` (the machine's speed) | {stats(python_t)} | 10 |",
         f"| `imgbuild --help` | {stats(help_t)} | 10 |",
+        f"| `imgbuild validate recipes/pytorch-research.yaml` | {stats(validate_t)} | 10 |",
         f"| `imgbuild render recipes/pytorch-research.yaml` (base digest from the registry) | {stats(render_t)} | 5 |",
         f"| `imgbuild render --offline ...` | {stats(render_off)} | 5 |",
+        *(
+            [f"| `hpccm --recipe ... --format docker` (its generation step) | {stats(hpccm_t)} | 10 |"]
+            if hpccm_t
+            else []
+        ),
         f"| `imgbuild smoke` on the CPU-only PyTorch stand-in | {stats(smoke_t)} | 3 |",
         f"| `imgbuild smoke` on the CPU-only TensorFlow stand-in | {stats(tf_smoke_t)} | 3 |",
         "",

@@ -19,13 +19,12 @@ from typing import Any
 
 from imgbuild.bases import pin_reader, plan_recipe
 from imgbuild.config import Settings
-from imgbuild.context import write_context
+from imgbuild.context import context_dir, render_into
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.plan import Plan, with_base_pins
 from imgbuild.recipe import LoadedRecipe, load_recipe
-from imgbuild.render import render
 from imgbuild.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, run_smoke
 
 
@@ -51,18 +50,6 @@ class BuildResult:
             "base": self.plan.base.pinned,
             "smoke": self.smoke.to_json() if self.smoke else None,
         }
-
-
-def context_path(loaded: LoadedRecipe, settings: Settings) -> Path:
-    """`images/<name>/` in the recipe's repository: a relative `images_dir` is the repository's, wherever
-    imgbuild runs from; an absolute one is used as it is."""
-    images = Path(settings.images_dir)
-    return (images if images.is_absolute() else (loaded.root or Path.cwd()) / images) / loaded.recipe.name
-
-
-def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:
-    """`-o DIR`, else the recipe's `images/<name>/` (context_path)."""
-    return Path(out) if out else context_path(plan.loaded, settings)
 
 
 def _lock_name(key: str) -> str:
@@ -255,11 +242,6 @@ def pip_bounds(settings: Settings) -> dict[str, str]:
         "IMGBUILD_PIP_RESOLVE_SECONDS": str(int(settings.pip_resolve_timeout)),
         "IMGBUILD_PIP_DOWNLOAD_LIMIT": str(settings.pip_download_limit),
     }
-
-
-def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
-    """Render `plan` and write it to `ctx` (see context.write_context)."""
-    return write_context(render(plan, backend), ctx, settings.secrets())
 
 
 def _cache_subdir(settings: Settings, name: str) -> str:

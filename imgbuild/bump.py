@@ -93,7 +93,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     again the contexts of the recipes that moved (where one was rendered before)."""
     from imgbuild import tags as tagmod
     from imgbuild.bases import plan_recipe
-    from imgbuild.build import context_dir, render_into
+    from imgbuild.context import context_dir, render_into
     from imgbuild.fleet import judge_tag, ok_and_why
     from imgbuild.gpus import gpu_devices_present
     from imgbuild.recipe import load_recipe

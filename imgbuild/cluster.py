@@ -575,7 +575,7 @@ class Exported:
 
 def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
     """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
-    from imgbuild.build import context_dir, render_into
+    from imgbuild.context import context_dir, render_into
 
     archive = None
     context = None

@@ -12,9 +12,32 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.render import OWN_SCRIPTS, RUN_FILES, Context
+from imgbuild.render import OWN_SCRIPTS, RUN_FILES, Context, render
+
+if TYPE_CHECKING:
+    from imgbuild.config import Settings
+    from imgbuild.plan import Plan
+    from imgbuild.recipe import LoadedRecipe
+
+
+def context_path(loaded: LoadedRecipe, settings: Settings) -> Path:
+    """`images/<name>/` in the recipe's repository: a relative `images_dir` is the repository's, wherever
+    imgbuild runs from; an absolute one is used as it is."""
+    images = Path(settings.images_dir)
+    return (images if images.is_absolute() else (loaded.root or Path.cwd()) / images) / loaded.recipe.name
+
+
+def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:
+    """`-o DIR`, else the recipe's `images/<name>/` (context_path)."""
+    return Path(out) if out else context_path(plan.loaded, settings)
+
+
+def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
+    """Render `plan` and write it to `ctx` (see context.write_context)."""
+    return write_context(render(plan, backend), ctx, settings.secrets())
 
 
 def check_no_secrets(context: Context, secrets: tuple[str, ...] | list[str]) -> None:

@@ -321,7 +321,8 @@ def templates_digest() -> str:
 
 def content_hash(loaded: LoadedRecipe) -> str:
     """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
-    data = loaded.recipe.model_dump(mode="json", exclude={"extends"})
+    data = dataclasses.asdict(loaded.recipe)
+    del data["extends"]
     for spec in data["files"]:
         spec["src"] = loaded.file_digests.get(spec["dest"], "")
     if loaded.requirements_path:

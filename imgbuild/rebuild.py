@@ -15,8 +15,8 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
-from imgbuild.build import context_path
 from imgbuild.config import Settings
+from imgbuild.context import context_path
 from imgbuild.engine import Engine, ImageEngine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from imgbuild.facts import Label

@@ -5,28 +5,35 @@ Every problem is reported at once as `FILE:LINE:COL: field.path: what is wrong (
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
-
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
 
 from imgbuild import limits, reqfile
 from imgbuild.errors import Problem, RecipeError, UsageError
 from imgbuild.facts import Label
+from imgbuild.fields import (
+    Flag,
+    Integer,
+    ListOf,
+    ListOrText,
+    MapOf,
+    Maybe,
+    Model,
+    Number,
+    OneOf,
+    Text,
+    matches,
+    typed,
+    validate,
+)
+from imgbuild.fields import json_schema as _json_schema
+from imgbuild.fields import show as _show
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.repofiles import (
@@ -123,20 +130,6 @@ SYSTEM_DIRS = (
     "/var",
 )
 SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/media", "/usr/local"})
-
-
-def _check(pattern: re.Pattern[str], what: str, hint: str = "") -> Any:
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value):
-            raise ValueError(f"{what}: {_show(value)}" + (f" ({hint})" if hint else ""))
-        return value
-
-    return AfterValidator(check)
-
-
-def _show(value: str) -> str:
-    """A value quoted for an error message: bounded, control characters visible."""
-    return repr(value[:60] + ("..." if len(value) > 60 else ""))
 
 
 def _no_newline(value: str) -> str:
@@ -236,25 +229,6 @@ def _index_url(value: str) -> str:
     return _no_newline(value)
 
 
-AptName = Annotated[
-    str, _check(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")
-]
-PipSpec = Annotated[str, AfterValidator(_pip_requirement)]
-OneLine = Annotated[str, AfterValidator(_no_newline)]
-
-
-def _number_to_text(value: Any) -> Any:
-    """`OMP_NUM_THREADS: 4` means the text "4"; booleans stay an error (yes/no are ambiguous)."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
-EnvValue = Annotated[str, BeforeValidator(_number_to_text), AfterValidator(_no_newline)]
-AbsPath = Annotated[str, AfterValidator(_abs_path)]
-OwnedDir = Annotated[str, AfterValidator(_abs_path), AfterValidator(_owned_dir)]
-IndexUrl = Annotated[str, AfterValidator(_index_url)]
-EnvKey = Annotated[str, _check(ENV_KEY_RE, "not a valid environment variable name")]
-
-
 def _env_key(value: str) -> str:
     if value in PROTECTED_ENV:
         raise ValueError(f"{value} describes the base image and cannot be overridden")
@@ -269,41 +243,6 @@ def _label_key(value: str) -> str:
     return value
 
 
-# --- the model ------------------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Base(_Strict):
-    """An NGC framework image (`framework` + `tag`) or any other image (`image`)."""
-
-    framework: Literal["pytorch", "tensorflow"] | None = None
-    tag: (
-        Annotated[
-            str, _check(NGC_TAG_OR_PATTERN_RE, "not an NGC tag", "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*")
-        ]
-        | None
-    ) = None
-    image: Annotated[str, AfterValidator(_base_image)] | None = None
-    follow: Annotated[str, _check(NGC_TAG_OR_PATTERN_RE, "not a tag pattern", "e.g. latest or 24.*")] | None = None
-
-    @model_validator(mode="after")
-    def _one_form(self) -> Base:
-        if self.image and (self.framework or self.tag):
-            raise ValueError("give either image, or framework and tag, not both")
-        if not self.image and not (self.framework and self.tag):
-            raise ValueError('needs framework and tag (e.g. framework: pytorch, tag: "24.05") or image')
-        if self.follow and not self.framework:
-            raise ValueError("follow needs framework and tag (imgbuild bump moves tag along the pattern)")
-        return self
-
-
-_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
-
-
 def _unpinnable(value: str) -> str:
     from packaging.utils import canonicalize_name
 
@@ -315,40 +254,10 @@ def _unpinnable(value: str) -> str:
     return value
 
 
-class Pip(_Strict):
-    packages: list[PipSpec] = Field(default_factory=list)
-    #: base packages whose pin is dropped on purpose (reviewed): pip may then move them
-    unpin: Annotated[
-        list[Annotated[str, _check(_DIST_RE, "not a package name"), AfterValidator(_unpinnable)]],
-        Field(max_length=64),
-    ] = Field(default_factory=list)
-    requirements: OneLine | None = None
-    constraints: list[PipSpec] = Field(default_factory=list)
-    index_url: IndexUrl | None = None
-    extra_index_urls: list[IndexUrl] = Field(default_factory=list)
-    trusted_hosts: list[Annotated[str, _check(HOST_RE, "not a host")]] = Field(default_factory=list)
-    ca_bundle: OneLine | None = None
-    #: who installs: uv (the default: about half the time of pip) or pip; same pins and protection either way
-    installer: Literal["pip", "uv"] = "uv"
-
-
-class User(_Strict):
-    name: Annotated[
-        str, _check(USER_RE, "not a valid user name", "lower case, starts with a letter"), AfterValidator(_user_name)
-    ] = "user"
-    uid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
-    gid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
-    home: OwnedDir | None = None
-    #: passwordless sudo for this user inside their own container (people who install things as they go);
-    #: the image gains the sudo package
-    sudo: bool = False
-
-
-class FileSpec(_Strict):
-    src: OneLine
-    dest: Annotated[str, AfterValidator(_abs_path), AfterValidator(_dest_path)]
-    mode: Annotated[str, AfterValidator(_octal_mode)] | None = None
-    owner: Literal["user", "root"] | None = None
+def _not_imgbuild(value: str) -> str:
+    if value.startswith("IMGBUILD_"):
+        raise ValueError("IMGBUILD_ args are reserved")
+    return value
 
 
 def _gpu_target(value: str) -> str:
@@ -361,58 +270,152 @@ def _gpu_target(value: str) -> str:
     return value
 
 
-class Smoke(_Strict):
-    require_gpu: bool = False
-    min_speedup: float | None = None
-    #: GPUs the image must run on (models or capabilities): the build refuses to promote it otherwise
-    targets: Annotated[list[Annotated[OneLine, AfterValidator(_gpu_target)]], Field(max_length=64)] = Field(
-        default_factory=list
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+# The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
+ONE_LINE = Text(_no_newline)
+ABS_PATH = Text(_abs_path)
+OWNED_DIR = Text(_abs_path, _owned_dir)
+PIP_SPEC = Text(_pip_requirement)
+INDEX_URL = Text(_index_url)
+ENV_VALUE = Text(_no_newline, numbers=True)  # `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
+ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
+APT_NAME = Text(
+    matches(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")
+)
+NGC_TAG = Text(matches(NGC_TAG_OR_PATTERN_RE, "not an NGC tag", "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*"))
+DIST_NAME = Text(matches(_DIST_RE, "not a package name", "e.g. opencv-python"))
+UID = Maybe(Integer(ge=1, le=2**31 - 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Base:
+    """An NGC framework image (`framework` + `tag`) or any other image (`image`)."""
+
+    framework: str | None = typed(Maybe(OneOf("pytorch", "tensorflow")), None)
+    tag: str | None = typed(Maybe(NGC_TAG), None, doc="the NGC release, e.g. 24.05")
+    image: str | None = typed(Maybe(Text(_base_image)), None, doc="any other base image (instead of framework/tag)")
+    follow: str | None = typed(
+        Maybe(Text(matches(NGC_TAG_OR_PATTERN_RE, "not a tag pattern", "e.g. latest or 24.*"))),
+        None,
+        doc="the tag pattern imgbuild bump moves tag along",
     )
-    #: modules to import besides the top-level modules of every package the recipe adds
-    imports: Annotated[
-        list[Annotated[str, _check(_MODULE_RE, "not a module name", "e.g. cv2, torch.distributed")]],
-        Field(max_length=256),
-    ] = Field(default_factory=list)
-    #: distributions whose imports are not checked (they need hardware or a display to import)
-    skip_imports: Annotated[
-        list[Annotated[str, _check(_DIST_RE, "not a package name", "e.g. opencv-python")]], Field(max_length=256)
-    ] = Field(default_factory=list)
-    #: commands that must succeed in the built image (run as its user, no GPU guaranteed)
-    run: Annotated[list[OneLine], Field(max_length=32)] = Field(default_factory=list)
+
+    def checked(self) -> Base:
+        if self.image and (self.framework or self.tag):
+            raise ValueError("give either image, or framework and tag, not both")
+        if not self.image and not (self.framework and self.tag):
+            raise ValueError('needs framework and tag (e.g. framework: pytorch, tag: "24.05") or image')
+        if self.follow and not self.framework:
+            raise ValueError("follow needs framework and tag (imgbuild bump moves tag along the pattern)")
+        return self
 
 
-class Recipe(_Strict):
+@dataclass(frozen=True, kw_only=True)
+class Pip:
+    packages: list[str] = typed(ListOf(PIP_SPEC), factory=list)
+    unpin: list[str] = typed(
+        ListOf(Text(matches(_DIST_RE, "not a package name"), _unpinnable), max_length=64),
+        factory=list,
+        doc="base packages whose pin is dropped on purpose (reviewed): the installer may then move them",
+    )
+    requirements: str | None = typed(Maybe(ONE_LINE), None, doc="a requirements file, relative to the recipe")
+    constraints: list[str] = typed(ListOf(PIP_SPEC), factory=list)
+    index_url: str | None = typed(Maybe(INDEX_URL), None)
+    extra_index_urls: list[str] = typed(ListOf(INDEX_URL), factory=list)
+    trusted_hosts: list[str] = typed(ListOf(Text(matches(HOST_RE, "not a host"))), factory=list)
+    ca_bundle: str | None = typed(Maybe(ONE_LINE), None, doc="a CA bundle for the index, mounted at build time only")
+    installer: str = typed(
+        OneOf("pip", "uv"),
+        "uv",
+        doc="who installs: uv (about half the time of pip) or pip; same pins and protection either way",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class User:
+    name: str = typed(
+        Text(matches(USER_RE, "not a valid user name", "lower case, starts with a letter"), _user_name), "user"
+    )
+    uid: int | None = typed(UID, None)
+    gid: int | None = typed(UID, None)
+    home: str | None = typed(Maybe(OWNED_DIR), None)
+    sudo: bool = typed(
+        Flag(),
+        False,
+        doc="passwordless sudo for this user inside their own container; the image gains the sudo package",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSpec:
+    src: str = typed(ONE_LINE, doc="a file or folder of the repository, relative to the recipe")
+    dest: str = typed(Text(_abs_path, _dest_path))
+    mode: str | None = typed(Maybe(Text(_octal_mode)), None)
+    owner: str | None = typed(Maybe(OneOf("user", "root")), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoke:
+    require_gpu: bool = typed(Flag(), False)
+    min_speedup: float | None = typed(Maybe(Number()), None)
+    targets: list[str] = typed(
+        ListOf(Text(_no_newline, _gpu_target), max_length=64),
+        factory=list,
+        doc="GPUs the image must run on (models or capabilities): the build refuses to promote it otherwise",
+    )
+    imports: list[str] = typed(
+        ListOf(Text(matches(_MODULE_RE, "not a module name", "e.g. cv2, torch.distributed")), max_length=256),
+        factory=list,
+        doc="modules to import besides the top-level modules of every package the recipe adds",
+    )
+    skip_imports: list[str] = typed(
+        ListOf(DIST_NAME, max_length=256),
+        factory=list,
+        doc="distributions whose imports are not checked (they need hardware or a display to import)",
+    )
+    run: list[str] = typed(
+        ListOf(ONE_LINE, max_length=32),
+        factory=list,
+        doc="commands that must succeed in the built image (run as its user, no GPU guaranteed)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
     """The validated recipe; the single source of truth for the JSON schema in docs/recipe.schema.json."""
 
-    name: Annotated[
-        str,
-        Field(max_length=limits.NAME_CHARS),
-        _check(COMPONENT_RE, "not a valid image name", "lower case letters, digits, . _ -"),
-    ]
-    tag: Annotated[str, _check(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")] = "latest"
-    image: Annotated[str, AfterValidator(_image_name)] | None = None
-    extends: OneLine | None = None
-    description: OneLine | None = None
-    base: Base
-    apt: list[AptName] = Field(default_factory=list)
-    pip: Pip = Field(default_factory=Pip)
-    user: User | None = None
-    run: list[OneLine] = Field(default_factory=list)
-    files: list[FileSpec] = Field(default_factory=list)
-    workdir: OwnedDir = "/workspace"
-    env: dict[Annotated[EnvKey, AfterValidator(_env_key)], EnvValue] = Field(default_factory=dict)
-    labels: dict[Annotated[str, AfterValidator(_label_key)], OneLine] = Field(default_factory=dict)
-    args: dict[Annotated[EnvKey, _check(re.compile(r"(?!IMGBUILD_).*"), "IMGBUILD_ args are reserved")], EnvValue] = (
-        Field(default_factory=dict)
+    name: str = typed(
+        Text(
+            matches(COMPONENT_RE, "not a valid image name", "lower case letters, digits, . _ -"),
+            max_length=limits.NAME_CHARS,
+        )
     )
-    entrypoint: list[OneLine] | OneLine | None = None
-    cmd: list[OneLine] | OneLine | None = None
-    smoke: Smoke = Field(default_factory=Smoke)
+    tag: str = typed(Text(matches(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")), "latest")
+    image: str | None = typed(Maybe(Text(_image_name)), None, doc="the image to build, instead of <user>/<name>")
+    extends: str | None = typed(Maybe(ONE_LINE), None, doc="a recipe this one adds to, relative to it")
+    description: str | None = typed(Maybe(ONE_LINE), None)
+    base: Base = typed(Model(Base))
+    apt: list[str] = typed(ListOf(APT_NAME), factory=list)
+    pip: Pip = typed(Model(Pip), factory=Pip)
+    user: User | None = typed(Maybe(Model(User)), None)
+    run: list[str] = typed(ListOf(ONE_LINE), factory=list)
+    files: list[FileSpec] = typed(ListOf(Model(FileSpec)), factory=list)
+    workdir: str = typed(OWNED_DIR, "/workspace")
+    env: dict[str, str] = typed(MapOf(ENV_KEY, ENV_VALUE), factory=dict)
+    labels: dict[str, str] = typed(MapOf(Text(_label_key), ONE_LINE), factory=dict)
+    args: dict[str, str] = typed(
+        MapOf(Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _not_imgbuild), ENV_VALUE),
+        factory=dict,
+    )
+    entrypoint: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
+    cmd: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
+    smoke: Smoke = typed(Model(Smoke), factory=Smoke)
 
-    @model_validator(mode="after")
-    def _sudo_needs_its_package(self) -> Recipe:
+    def checked(self) -> Recipe:
         if self.user and self.user.sudo and "sudo" not in self.apt:
-            return self.model_copy(update={"apt": [*self.apt, "sudo"]})
+            return dataclasses.replace(self, apt=[*self.apt, "sudo"])
         return self
 
 
@@ -775,64 +778,6 @@ def _get(data: Any, path: PathKey) -> Any:
     return data
 
 
-_PYDANTIC_MESSAGES = {
-    "missing": "missing required field",
-    "string_type": "must be a string (quote it)",
-    "int_type": "must be an integer",
-    "int_parsing": "must be an integer",
-    "bool_type": "must be true or false",
-    "list_type": "must be a list",
-    "dict_type": "must be a mapping",
-    "model_type": "must be a mapping",
-    "model_attributes_type": "must be a mapping",
-    "literal_error": None,  # pydantic's text names the allowed values
-}
-
-
-def _translate(err: dict[str, Any], located: Located, recipe_fields: dict[PathKey, list[str]]) -> Problem:
-    loc: PathKey = tuple(err["loc"])
-    # Drop union branch names (e.g. 'list[str]') that are not part of the data path.
-    path: list[str | int] = []
-    node = located.data
-    for part in loc:
-        in_mapping = isinstance(node, dict) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and part < len(node)
-        if in_mapping or in_list:
-            path.append(part)
-            node = node[part]
-        elif part == loc[-1] and err["type"] in ("extra_forbidden", "missing"):
-            path.append(part)  # the key that is extra or absent
-    at = tuple(path)
-    kind = err["type"]
-    on_key = "[key]" in loc
-    if kind == "extra_forbidden":
-        known = recipe_fields.get(at[:-1], [])
-        close = difflib.get_close_matches(str(at[-1]), known, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else (f"known: {', '.join(known)}" if known else "")
-        return located.problem(at, "unknown key", hint, key=True)
-    if kind == "missing":
-        return located.problem(at, "missing required field")
-    message = _PYDANTIC_MESSAGES.get(kind) or err["msg"]
-    if kind in ("string_type",) and isinstance(err.get("input"), bool):
-        message = "must be a string (quote it: YAML reads yes/no/on/off as booleans)"
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    hint = ""
-    if message.endswith(")") and " (" in message:
-        message, hint = message[:-1].split(" (", 1)
-    return located.problem(at, message, hint, key=on_key)
-
-
-def _model_fields(model: type[BaseModel], at: PathKey = ()) -> dict[PathKey, list[str]]:
-    out = {at: list(model.model_fields)}
-    for name, info in model.model_fields.items():
-        ann = info.annotation
-        for candidate in getattr(ann, "__args__", (ann,)):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                out.update(_model_fields(candidate, (*at, name)))
-    return out
-
-
 _RELATIVE_HINT = "paths are relative to the recipe that names them"
 
 
@@ -977,12 +922,8 @@ def load_recipe(
     digests: dict[str, str] = {}
     requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
     lock_path, lock_pins = _read_lock(path, root, problems)
-    recipe: Recipe | None = None
-    try:
-        recipe = Recipe.model_validate(located.data)
-    except ValidationError as exc:
-        fields = _model_fields(Recipe)
-        problems.extend(_translate(dict(e), located, fields) for e in exc.errors(include_url=False))
+    recipe, issues = validate(Recipe, located.data)
+    problems.extend(located.problem(i.at, i.message, i.hint, key=i.key) for i in issues)
     if problems:
         raise RecipeError(_dedupe(problems))
     assert recipe is not None
@@ -1018,7 +959,6 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
 
 
 def json_schema() -> dict[str, Any]:
-    schema = Recipe.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema = _json_schema(Recipe)
     schema["title"] = "imgbuild recipe"
     return schema

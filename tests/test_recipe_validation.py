@@ -112,6 +112,28 @@ BAD_RECIPES = [
     ("yaml-syntax", HEAD + "pip: [einops\n", 4, "", "YAML syntax error"),
     ("extends-missing", "extends: nowhere.yaml\n" + HEAD, 1, "extends", "no such recipe"),
     ("smoke-unknown", HEAD + "smoke: {require_gpus: true}\n", 3, "smoke.require_gpus", "did you mean 'require_gpu'"),
+    ("installer-unknown", HEAD + "pip: {installer: conda}\n", 3, "pip.installer", "must be 'pip' or 'uv'"),
+    ("min-speedup-nan", HEAD + "smoke: {min_speedup: .nan}\n", 3, "smoke.min_speedup", "must be a finite number"),
+    ("min-speedup-inf", HEAD + "smoke: {min_speedup: .inf}\n", 3, "smoke.min_speedup", "must be a finite number"),
+    ("min-speedup-text", HEAD + "smoke: {min_speedup: fast}\n", 3, "smoke.min_speedup", "must be a finite number"),
+    ("require-gpu-text", HEAD + "smoke: {require_gpu: maybe}\n", 3, "smoke.require_gpu", "must be true or false"),
+    ("uid-text", HEAD + "user: {uid: 'ten'}\n", 3, "user.uid", "must be an integer"),
+    ("uid-float", HEAD + "user: {uid: 1000.5}\n", 3, "user.uid", "must be an integer"),
+    ("uid-huge", HEAD + "user: {uid: 99999999999999999999999}\n", 3, "user.uid", "less than or equal to 2147483647"),
+    ("uid-bool", HEAD + "user: {uid: true}\n", 3, "user.uid", "must be an integer"),
+    ("env-key-number", HEAD + "env: {1: x}\n", 3, "env.1", "not a valid environment variable name"),
+    ("env-value-list", HEAD + "env: {A: [1]}\n", 3, "env.A", "must be a string"),
+    (
+        "targets-too-many",
+        HEAD + "smoke: {targets: [" + ", ".join(["a100"] * 65) + "]}\n",
+        3,
+        "smoke.targets",
+        "at most 64 items",
+    ),
+    ("cmd-mapping", HEAD + "cmd: {a: b}\n", 3, "cmd", "must be a string or a list of strings"),
+    ("files-not-mappings", HEAD + "files: [x]\n", 3, "files[0]", "must be a mapping"),
+    ("user-null-name", HEAD + "user: {name: null}\n", 3, "user.name", "must be a string"),
+    ("base-list", "name: demo\nbase: [pytorch]\n", 2, "base", "must be a mapping"),
 ]
 
 
@@ -178,3 +200,41 @@ def test_problem_in_parent_recipe_points_at_parent_file(write):
     with pytest.raises(RecipeError) as info:
         load_recipe(child)
     assert re.search(r"house\.yaml:3:\d+: apt\[0\]:", str(info.value)), str(info.value)
+
+
+def test_interpolated_numbers_and_flags_become_their_types(write, monkeypatch):
+    """`${VAR}` gives text: an integer, number or flag field takes it as YAML would have read it."""
+    monkeypatch.setenv("IMGBUILD_TEST_UID", "1234")
+    monkeypatch.setenv("IMGBUILD_TEST_GPU", "yes")
+    path = write(
+        "recipe.yaml",
+        HEAD + "user: {uid: '${IMGBUILD_TEST_UID}'}\n"
+        "smoke: {require_gpu: '${IMGBUILD_TEST_GPU}', min_speedup: '1.5'}\nenv: {OMP_NUM_THREADS: 4}\n",
+    )
+    recipe = load_recipe(path).recipe
+    assert recipe.user is not None and recipe.user.uid == 1234
+    assert recipe.smoke.require_gpu is True and recipe.smoke.min_speedup == 1.5
+    assert recipe.env == {"OMP_NUM_THREADS": "4"}
+
+
+def test_the_model_is_frozen_and_sudo_brings_its_package(write):
+    import dataclasses
+
+    recipe = load_recipe(write("recipe.yaml", HEAD + "user: {sudo: true}\napt: [git]\n")).recipe
+    assert recipe.apt == ["git", "sudo"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.name = "other"  # type: ignore[misc]
+
+
+def test_validation_starts_without_a_model_library():
+    """validate and render run on every edit: loading a recipe imports no model-building library."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from imgbuild.recipe import load_recipe; load_recipe('recipes/pytorch-research.yaml'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'docker', 'requests', 'rich')))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

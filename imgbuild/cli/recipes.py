@@ -60,8 +60,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
     from imgbuild.bases import plan_recipe
-    from imgbuild.build import context_dir, render_into
-    from imgbuild.context import check_no_secrets
+    from imgbuild.context import check_no_secrets, context_dir, render_into
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
     from imgbuild.render import render as render_plan
