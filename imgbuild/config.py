@@ -265,13 +265,13 @@ def _check(settings: Settings) -> None:
             f"{sources.get('backend', 'default')}: backend: must be one of "
             f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
         )
-    from imgbuild.fleet import check_driver, parse_targets
-
-    for name, check in (("fleet_gpus", parse_targets), ("fleet_driver", check_driver)):
+    for name in ("fleet_gpus", "fleet_driver"):
         value = getattr(settings, name)
         if value:
+            from imgbuild.fleet import check_driver, parse_targets  # only when a fleet is configured
+
             try:
-                check(value)
+                (parse_targets if name == "fleet_gpus" else check_driver)(value)
             except UsageError as exc:
                 raise UsageError(f"{sources.get(name, 'default')}: {name}: {str(exc).split(': ', 1)[-1]}") from None
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
