@@ -95,8 +95,8 @@ class Text(Check):
         self.rules, self.max_length, self.numbers = rules, max_length, numbers
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
-        if self.numbers and isinstance(value, int | float) and not isinstance(value, bool):
-            value = str(value)  # `OMP_NUM_THREADS: 4` means the text "4"
+        if self.numbers and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # `OMP_NUM_THREADS: 4` means the text "4"; `1.10` (the float 1.1) stays an error
         if not isinstance(value, str):
             quote = "quote it: YAML reads yes/no/on/off as booleans" if isinstance(value, bool) else "quote it"
             issues.append(Issue(at, "must be a string", quote, key))

@@ -209,12 +209,12 @@ def test_interpolated_numbers_and_flags_become_their_types(write, monkeypatch):
     path = write(
         "recipe.yaml",
         HEAD + "user: {uid: '${IMGBUILD_TEST_UID}'}\n"
-        "smoke: {require_gpu: '${IMGBUILD_TEST_GPU}', min_speedup: '1.5'}\nenv: {OMP_NUM_THREADS: 4}\n",
+        "smoke: {require_gpu: '${IMGBUILD_TEST_GPU}', min_speedup: '1.5'}\nenv: {OMP_NUM_THREADS: 4, VERSION: 1.10}\n",
     )
     recipe = load_recipe(path).recipe
     assert recipe.user is not None and recipe.user.uid == 1234
     assert recipe.smoke.require_gpu is True and recipe.smoke.min_speedup == 1.5
-    assert recipe.env == {"OMP_NUM_THREADS": "4"}
+    assert recipe.env == {"OMP_NUM_THREADS": "4", "VERSION": "1.10"}  # a number is its text as written
 
 
 def test_the_model_is_frozen_and_sudo_brings_its_package(write):
