@@ -275,7 +275,6 @@ _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 # The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
 ONE_LINE = Text(_no_newline)
-ABS_PATH = Text(_abs_path)
 OWNED_DIR = Text(_abs_path, _owned_dir)
 PIP_SPEC = Text(_pip_requirement)
 INDEX_URL = Text(_index_url)
