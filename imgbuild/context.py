@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.render import OWN_SCRIPTS, RUN_FILES, Context, render
+from imgbuild.render import OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
 
 if TYPE_CHECKING:
     from imgbuild.config import Settings
@@ -37,7 +37,7 @@ def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -
 
 def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:
     """Render `plan` and write it to `ctx` (see context.write_context)."""
-    return write_context(render(plan, backend), ctx, settings.secrets())
+    return write_context(render(plan, backend, template_cache(settings.cache_dir)), ctx, settings.secrets())
 
 
 def check_no_secrets(context: Context, secrets: tuple[str, ...] | list[str]) -> None:

@@ -342,7 +342,7 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     from imgbuild.bases import read_lock, recorded_base, recorded_env, recorded_tag
     from imgbuild.context import diff_context
     from imgbuild.plan import make_plan
-    from imgbuild.render import render
+    from imgbuild.render import render, template_cache
 
     ctx = context_path(loaded, settings)
     item.target = str(ctx)
@@ -373,7 +373,7 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
         item.status, item.error = INVALID, "; ".join(exc.lines())
         return
     backend = lock.get("backend") if lock.get("backend") in ("buildkit", "sdk") else "buildkit"
-    diff = diff_context(render(plan, str(backend)), ctx)
+    diff = diff_context(render(plan, str(backend), template_cache(settings.cache_dir)), ctx)
     item.status = STALE if diff else FRESH
     if diff:
         item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]

@@ -66,10 +66,37 @@ def _exec_form(value: str | list[str]) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _environment() -> Any:
+def template_cache(cache_dir: str | Path) -> Any:
+    """Compiled templates kept between runs in `<cache_dir>/templates`, or None.
+
+    Lexing and compiling the Dockerfile templates is most of a render's own time (about 35 ms of 40 here);
+    Jinja reuses a compiled template only while its source's checksum and Jinja's version match. A compiled
+    template is code, so the folder is used only when the caller owns it and its parent, and no one else
+    can write either (a shared `cache_dir` set by a site gets no cache, not someone else's code)."""
+    import os
+    import stat
+
+    folder = Path(cache_dir) / "templates"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        infos = [os.lstat(folder), os.lstat(folder.parent)]
+    except OSError:
+        return None
+    for info in infos:
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return None
+    if infos[0].st_mode & 0o077:
+        return None
+    import jinja2
+
+    return jinja2.FileSystemBytecodeCache(str(folder))
+
+
+def _environment(cache: Any = None) -> Any:
     import jinja2
 
     env = jinja2.Environment(
+        bytecode_cache=cache,
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -165,8 +192,9 @@ class Context:
         return set(self.rendered) | set(self.copies)
 
 
-def render(plan: Plan, backend: str = "buildkit") -> Context:
-    """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing."""
+def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
+    """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing
+    (but for the compiled templates of `cache`, a `template_cache`, when the caller gives one)."""
     recipe = plan.loaded.recipe
     rendered: dict[str, tuple[bytes, int]] = {}
 
@@ -218,7 +246,7 @@ def render(plan: Plan, backend: str = "buildkit") -> Context:
         # Caches are per base: two distributions must never share apt lists or wheels.
         "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
     }
-    put("Dockerfile", _environment().get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
+    put("Dockerfile", _environment(cache).get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
     put(".dockerignore", "".join(f"{name}\n" for name in ("imgbuild.lock.json", *RUN_FILES, ".gitignore")))
     put(".gitignore", GITIGNORE)
     put("imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2, sort_keys=True) + "\n")

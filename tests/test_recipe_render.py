@@ -363,3 +363,50 @@ def test_uv_is_installed_in_a_stage_of_its_own_and_mounted_into_the_pip_step(wri
         write("p.yaml", 'name: p\nbase: {framework: pytorch, tag: "24.05"}\npip: {packages: [six], installer: pip}\n')
     )
     assert "imgbuild-uv" not in render(pip_only, "buildkit").text("Dockerfile")
+
+
+# --- compiled templates kept between runs ----------------------------------------------------------------
+
+
+def test_compiled_templates_are_kept_privately_and_render_the_same(tmp_path):
+    from imgbuild.render import template_cache
+
+    plan = plan_for(ROOT / "recipes" / "pytorch-research.yaml")
+    plain = render(plan)
+    cache_dir = tmp_path / "cache"
+    for _ in range(2):  # the first render writes the compiled templates, the second loads them
+        cached = render(plan, cache=template_cache(cache_dir))
+        assert cached.rendered == plain.rendered
+    folder = cache_dir / "templates"
+    kept = list(folder.iterdir())
+    assert kept and (folder.stat().st_mode & 0o777) == 0o700
+    assert all((f.stat().st_mode & 0o077) == 0 for f in kept)
+
+
+@pytest.mark.parametrize("setup", ["group-writable", "world-writable-parent", "foreign-owner", "symlink", "a-file"])
+def test_no_template_cache_where_someone_else_could_write_code(tmp_path, setup):
+    """A compiled template is code: a folder another user could write gets no cache (render compiles)."""
+    import os
+
+    from imgbuild.render import template_cache
+
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    folder = cache_dir / "templates"
+    if setup == "group-writable":
+        folder.mkdir(mode=0o770)
+        folder.chmod(0o770)
+    elif setup == "world-writable-parent":
+        cache_dir.chmod(0o777)
+    elif setup == "foreign-owner":
+        folder.mkdir(mode=0o700)
+        os.chown(folder, 65534, 65534)
+    elif setup == "symlink":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir(mode=0o700)
+        folder.symlink_to(elsewhere)
+    else:
+        folder.write_text("not a folder")
+    assert template_cache(cache_dir) is None
+    plan = plan_for(ROOT / "recipes" / "pytorch-research.yaml")
+    assert render(plan, cache=template_cache(cache_dir)).rendered == render(plan).rendered

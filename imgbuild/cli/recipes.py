@@ -64,6 +64,7 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
     from imgbuild.render import render as render_plan
+    from imgbuild.render import template_cache
 
     settings = _settings(ctx)
     loaded = load_recipe(file, secrets=settings.secrets())
@@ -72,7 +73,7 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
     except RegistryUnavailable as exc:
         raise RegistryUnavailable(f"{exc} (--offline renders without pinning the base by digest)") from None
     if to_stdout:
-        context = render_plan(plan, backend)
+        context = render_plan(plan, backend, template_cache(settings.cache_dir))
         check_no_secrets(context, settings.secrets())
         click.echo(context.text("Dockerfile"), nl=False)
         return
