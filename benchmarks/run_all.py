@@ -24,25 +24,31 @@ COMMAND = (
 
 ANALYSIS = """## Where imgbuild stands, and why
 
-Compare the columns of one run, not runs of different days: this 2-core machine's speed varies a lot. During the
-run of 2026-11-22 14:40 it was about 2.5x slower than on 2026-11-21 (`imgbuild --help` 0.18 s against 0.07 s,
-`imgbuild smoke` 13 s against 4.7 s, `python3 -c pass` 0.06 s).
+Compare the columns of one run, not runs of different days: this 2-core machine's speed varies a lot. The last
+table starts with `python3 -c pass` as the yardstick (0.03 s in the run of 2026-11-22 17:25 and 18:12; 0.06 s
+on the slow afternoon of 14:40, when every figure was about 2.5x this).
 
-- **Rebuild after adding a pip package: met with a lock** (target: at most half of hpccm's; 0.45x in that run,
-  0.38x in a `build_compare.py` run alone the same afternoon). With a lock (`imgbuild lock`, committed with the
-  recipe: the documented loop), BuildKit builds the pip step as two layers, the lock's exact pins and then the
-  recipe's packages; an added package installs alone on top of the cached lock layer ("uv, locked"). Without a
-  lock, uv (the default) resolves, installs and bytecode-compiles the whole set again (compiling is about half of
-  the step): 0.95x hpccm's in that run (0.64x alone); pip is slower again.
-- **Cold build: uv without a lock is level with hpccm within this machine's noise** (11.7 s against 11.1 s in that
-  run, 10.3 s against 11.3 s alone). The base's record (`pip check`, its package list) now runs in a build stage
-  of its own, beside apt and pip. The "locked" column's cold build includes `imgbuild lock` itself (a resolution
-  in a container of the base), which a project pays once, not per build.
-- **Rebuild after changing the copied file: missed** (about 1.0 s against 0.4 s). The build is the same single
-  `COPY` layer (plus the label that records the file's digest); the difference is `imgbuild render` itself:
-  Python start-up, click, and above all importing pydantic and building the recipe models (about 0.15 s on a
-  quiet machine, of a render of about 0.35 s then; see "Tool overhead" below for this run's). Its target, 0.2 s,
-  is missed too. What would close both: a validation path that does not build the pydantic models on every start.
+- **Rebuild after adding a pip package: met with a lock** (target: at most half of hpccm's; 0.34x in the runs
+  of 17:25 and 18:12). With a lock (`imgbuild lock`, committed with the recipe: the documented loop), BuildKit
+  builds the pip step as two layers, the lock's exact pins and then the recipe's packages; an added package
+  installs alone on top of the cached lock layer ("uv, locked"). Without a lock, uv (the default) resolves,
+  installs and bytecode-compiles the whole set again (compiling is about half of the step): 0.6-0.7x hpccm's;
+  pip is slower again (about 1.1x).
+- **Cold build: met with uv** (5.8 s against hpccm's 6.5 s at 18:12, 6.0 s against 6.0 s at 17:25). The base's
+  record (`pip check`, its package list) runs in a build stage of its own, beside apt and pip. The "locked"
+  column's cold build includes `imgbuild lock` itself (a resolution in a container of the base), which a
+  project pays once, not per build.
+- **`validate` and `render` under 0.2 s: met** (0.15 s and 0.18-0.19 s; they were 0.57 s and about 0.35 s on a
+  quiet machine before). The recipe model no longer builds pydantic models at every start (about 0.1 s): its
+  fields are declared once in `imgbuild/fields.py` terms, which check them and write the JSON schema. The
+  compiled Dockerfile templates are kept between runs (Jinja's bytecode cache, in a folder only the caller can
+  write), which saves their lexing and compiling (about 35 ms); render imports no engine code.
+- **Rebuild after changing the copied file: missed by about 0.2 s** (0.4 s against hpccm's 0.2 s). The
+  build is the same one changed `COPY` for both, about 0.1-0.15 s of BuildKit's own round trip each (imgbuild's
+  Dockerfile has a few more cached steps to check). The rest is start-up: `imgbuild render` (0.18 s) against
+  hpccm's generation (0.09 s). What is left of render is Python itself and importing click, PyYAML, Jinja2 and
+  packaging (about 0.13 s together), then validating, pinning and writing the context (about 0.03 s). Closing
+  it would mean a render path without those libraries; not done.
 - **Size: imgbuild's lead is partly an artefact of the stand-in base.** hpccm's apt layer keeps
   `/var/cache/apt/*.bin` (about 80 MB), and the hand-written one keeps the lists and the `.deb`s too, because the
   stand-in (a debootstrapped Debian) lacks the `docker-clean` apt hook that official Ubuntu images carry, and so
