@@ -25,16 +25,16 @@ COMMAND = (
 ANALYSIS = """## Where imgbuild stands, and why
 
 Compare the columns of one run, not runs of different days: this 2-core machine's speed varies a lot. The last
-table starts with `python3 -c pass` as the yardstick (0.03 s in the run of 2026-11-22 17:25 and 18:12; 0.06 s
+table starts with `python3 -c pass` as the yardstick (0.03 s in the run of 2026-11-22 17:25 and 18:10; 0.06 s
 on the slow afternoon of 14:40, when every figure was about 2.5x this).
 
 - **Rebuild after adding a pip package: met with a lock** (target: at most half of hpccm's; 0.34x in the runs
-  of 17:25 and 18:12). With a lock (`imgbuild lock`, committed with the recipe: the documented loop), BuildKit
+  of 17:25 and 18:10). With a lock (`imgbuild lock`, committed with the recipe: the documented loop), BuildKit
   builds the pip step as two layers, the lock's exact pins and then the recipe's packages; an added package
   installs alone on top of the cached lock layer ("uv, locked"). Without a lock, uv (the default) resolves,
   installs and bytecode-compiles the whole set again (compiling is about half of the step): 0.6-0.7x hpccm's;
   pip is slower again (about 1.1x).
-- **Cold build: met with uv** (5.8 s against hpccm's 6.5 s at 18:12, 6.0 s against 6.0 s at 17:25). The base's
+- **Cold build: met with uv** (5.8 s against hpccm's 6.5 s at 18:10, 6.0 s against 6.0 s at 17:25). The base's
   record (`pip check`, its package list) runs in a build stage of its own, beside apt and pip. The "locked"
   column's cold build includes `imgbuild lock` itself (a resolution in a container of the base), which a
   project pays once, not per build.
