@@ -33,6 +33,10 @@ class BuildFailed(JobFailed):
     pass
 
 
+class EngineFault(BuildFailed):
+    """The build failed in the engine itself (BuildKit lost a step's container), not in a step's command."""
+
+
 class SmokeFailed(JobFailed):
     pass
 

@@ -372,3 +372,62 @@ def test_concurrent_renders_of_one_recipe_leave_one_whole_context(tmp_path):
     assert all(code in (0, 3) and "Traceback" not in err for code, err in results), results
     assert (out / "Dockerfile").is_file() and (out / "imgbuild" / "pip" / "requirements.txt").is_file()
     assert sorted(p.name for p in out.parent.iterdir()) == ["together"]  # no staging or old folder left
+
+
+# --- the engine failing on its own ------------------------------------------------------------------------
+
+# A stand-in docker CLI that prints BuildKit's plain progress: the first N builds fail the way the engine
+# fails by itself (moby/buildkit#4483) or the way a step fails, then it builds.
+FLAKY_CLI = """#!/bin/sh
+count_file="$IMGBUILD_TEST_FLAKY_COUNT"; n=$(cat "$count_file" 2>/dev/null || echo 0); echo $((n+1)) > "$count_file"
+while [ $# -gt 0 ]; do [ "$1" = --iidfile ] && iid="$2"; shift; done
+echo '#5 [stage-2 2/6] RUN apt-get update'
+if [ "$n" -lt "$IMGBUILD_TEST_FLAKY_FAILS" ]; then
+  echo "#5 ERROR: $IMGBUILD_TEST_FLAKY_ERROR"
+  exit 1
+fi
+echo '#5 DONE 0.1s'
+echo sha256:feedbeef > "$iid"
+"""
+
+
+@pytest.mark.parametrize(
+    "error,fails,builds,ok",
+    [
+        ("rpc error: code = Internal desc = unexpected EOF", 1, 2, True),  # retried once, then built
+        ("runc run failed: container process is already dead", 1, 2, True),
+        ("rpc error: code = Internal desc = unexpected EOF", 2, 2, False),  # a second fault is the answer
+        ("executor failed running [/bin/sh -c apt-get update]: exit code: 100", 1, 1, False),  # the step's own
+        (
+            "process did not complete successfully: exit code: 1 (rpc error: code = Internal desc = unexpected EOF)",
+            1,
+            1,
+            False,
+        ),
+    ],
+)
+def test_an_engine_fault_is_built_once_more_and_a_step_failure_never(tmp_path, monkeypatch, error, fails, builds, ok):
+    from imgbuild.engine.docker import Engine
+    from imgbuild.engine.types import BuildRequest
+    from imgbuild.errors import BuildFailed
+
+    cli = tmp_path / "docker"
+    cli.write_text(FLAKY_CLI)
+    cli.chmod(0o755)
+    count = tmp_path / "count"
+    monkeypatch.setenv("IMGBUILD_TEST_FLAKY_COUNT", str(count))
+    monkeypatch.setenv("IMGBUILD_TEST_FLAKY_FAILS", str(fails))
+    monkeypatch.setenv("IMGBUILD_TEST_FLAKY_ERROR", error)
+    engine = object.__new__(Engine)
+    engine.buildkit_cli = (str(cli), False)
+    (tmp_path / "ctx").mkdir()
+    said: list[str] = []
+    req = BuildRequest(context=tmp_path / "ctx", tag="t/flaky:1", log_path=tmp_path / "build.log", timeout=30)
+    if ok:
+        assert engine.build("buildkit", req, said.append, lambda s: s) == "sha256:feedbeef"
+        assert any("building once more" in s for s in said)
+        assert "engine fault, building once more" in (tmp_path / "build.log").read_text()
+    else:
+        with pytest.raises(BuildFailed):
+            engine.build("buildkit", req, said.append, lambda s: s)
+    assert int(count.read_text()) == builds

@@ -20,9 +20,10 @@ from imgbuild.engine.types import (
     Redactor,
     StepTracker,
     _failure_text,
+    engine_fault,
     own_status,
 )
-from imgbuild.errors import BuildFailed, EngineUnavailable
+from imgbuild.errors import BuildFailed, EngineFault, EngineUnavailable
 
 
 def find_cli(hint: str | None) -> tuple[str, bool] | None:
@@ -90,7 +91,8 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
     if rc != 0:
         step = tracker.steps.get(tracker.failed, "") if tracker.failed else ""
         tail = tracker.tail(tracker.failed) if tracker.failed else error_lines[-15:]
-        raise BuildFailed(_failure_text(step, tail, error_lines, req.log_path))
+        failure = EngineFault if engine_fault(error_lines) else BuildFailed
+        raise failure(_failure_text(step, tail, error_lines, req.log_path))
     try:
         image_id = iidfile.read_text().strip()
     finally:

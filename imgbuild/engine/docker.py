@@ -11,7 +11,7 @@ from imgbuild.engine import buildkit, sdk
 from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.types import BuildRequest, ProgressFn, Redactor
-from imgbuild.errors import EngineUnavailable, UsageError
+from imgbuild.errors import EngineFault, EngineUnavailable, UsageError
 
 
 class Engine:
@@ -74,7 +74,15 @@ class Engine:
         with open(req.log_path or os.devnull, "w", encoding="utf-8") as log:
             if backend == "buildkit":
                 assert self.buildkit_cli
-                return buildkit.build(*self.buildkit_cli, req, progress, redact, log)
+                try:
+                    return buildkit.build(*self.buildkit_cli, req, progress, redact, log)
+                except EngineFault as exc:
+                    # BuildKit loses a step's container now and then (moby/buildkit#4483); the steps done
+                    # are cached, so one more try costs little. A step's own failure is never retried.
+                    first = str(exc).splitlines()[0]
+                    progress(f"the engine failed on its own ({first[:120]}); building once more")
+                    log.write(f"--- imgbuild: engine fault, building once more: {first}\n")
+                    return buildkit.build(*self.buildkit_cli, req, progress, redact, log)
             if req.secrets:
                 raise UsageError(
                     "build secrets need the buildkit backend: the Engine API builder would "

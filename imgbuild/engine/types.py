@@ -127,6 +127,19 @@ class StepTracker:
 _BK_STEP = re.compile(r"^#(\d+) (\[[^\]]+\] .*)$")
 _BK_LINE = re.compile(r"^#(\d+) (?:\d+\.\d+ )?(.*)$")
 _BK_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+#: BuildKit's own failures, not a step's: the runc/containerd race of moby/buildkit#4483 and its kin. A step
+#: whose command failed always says "exit code: N"; these say nothing of the command.
+_ENGINE_FAULT = re.compile(
+    r"rpc error: code = (?:Internal|Unavailable) desc = unexpected EOF|container process is already dead"
+)
+
+
+def engine_fault(error_lines: Iterable[str]) -> bool:
+    """Whether a failed build failed in the engine itself (worth one more try), not in a step's command."""
+    lines = list(error_lines)
+    return any(_ENGINE_FAULT.search(ln) for ln in lines) and not any("exit code:" in ln for ln in lines)
+
+
 _SDK_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
 
 
