@@ -265,15 +265,17 @@ def _check(settings: Settings) -> None:
             f"{sources.get('backend', 'default')}: backend: must be one of "
             f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
         )
-    for name in ("fleet_gpus", "fleet_driver"):
-        value = getattr(settings, name)
-        if value:
-            from imgbuild.fleet import check_driver, parse_targets  # only when a fleet is configured
+    if settings.fleet_gpus or settings.fleet_driver:  # fleet rules are imported only for a configured fleet
+        from imgbuild.fleet import check_driver, parse_targets
 
-            try:
-                (parse_targets if name == "fleet_gpus" else check_driver)(value)
-            except UsageError as exc:
-                raise UsageError(f"{sources.get(name, 'default')}: {name}: {str(exc).split(': ', 1)[-1]}") from None
+        for name, check in (("fleet_gpus", parse_targets), ("fleet_driver", check_driver)):
+            value = getattr(settings, name)
+            if value:
+                try:
+                    check(value)
+                except UsageError as exc:
+                    where = sources.get(name, "default")
+                    raise UsageError(f"{where}: {name}: {str(exc).split(': ', 1)[-1]}") from None
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
         raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
 

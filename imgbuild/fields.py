@@ -18,6 +18,7 @@ interpolation gives), a flag takes true/false (and yes/no/on/off/1/0 as text).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import re
@@ -54,23 +55,14 @@ def _issue(at: Path, text: str, key: bool = False) -> Issue:
     return Issue(at, message, hint, key)
 
 
-class Check:
+class Check(abc.ABC):
     """Checks one value; `check` returns the value to keep, or records issues and returns _BAD."""
 
-    def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any: ...
 
-    def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _rules(self, rules: tuple[Rule, ...], value: Any, at: Path, issues: list[Issue], key: bool) -> Any:
-        for rule in rules:
-            try:
-                value = rule(value)
-            except ValueError as exc:
-                issues.append(_issue(at, str(exc), key))
-                return _BAD
-        return value
+    @abc.abstractmethod
+    def schema(self, defs: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def matches(pattern: re.Pattern[str], what: str, hint: str = "") -> Rule:
@@ -96,7 +88,7 @@ class Text(Check):
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if self.numbers and isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)  # `OMP_NUM_THREADS: 4` means the text "4"; `1.10` (the float 1.1) stays an error
+            value = str(value)  # `OMP_NUM_THREADS: 4` means the text "4" (a YAML float arrives as its text)
         if not isinstance(value, str):
             quote = "quote it: YAML reads yes/no/on/off as booleans" if isinstance(value, bool) else "quote it"
             issues.append(Issue(at, "must be a string", quote, key))
@@ -104,7 +96,13 @@ class Text(Check):
         if self.max_length is not None and len(value) > self.max_length:
             issues.append(Issue(at, f"must be at most {self.max_length} characters", f"it has {len(value)}", key))
             return _BAD
-        return self._rules(self.rules, value, at, issues, key)
+        for rule in self.rules:
+            try:
+                value = rule(value)
+            except ValueError as exc:
+                issues.append(_issue(at, str(exc), key))
+                return _BAD
+        return value
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "string"}

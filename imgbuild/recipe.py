@@ -35,6 +35,7 @@ from imgbuild.fields import (
 from imgbuild.fields import json_schema as _json_schema
 from imgbuild.fields import show as _show
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
+from imgbuild.ngc import FRAMEWORKS
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.repofiles import (
     OutsideRepository,
@@ -246,7 +247,7 @@ def _label_key(value: str) -> str:
 def _unpinnable(value: str) -> str:
     from packaging.utils import canonicalize_name
 
-    from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS
+    from imgbuild.ngc import CUDA_PACKAGE_PREFIXES
 
     name = canonicalize_name(value)
     if any(name in fw.packages for fw in FRAMEWORKS.values()) or name.startswith(CUDA_PACKAGE_PREFIXES):
@@ -292,7 +293,7 @@ UID = Maybe(Integer(ge=1, le=2**31 - 1))
 class Base:
     """An NGC framework image (`framework` + `tag`) or any other image (`image`)."""
 
-    framework: str | None = typed(Maybe(OneOf("pytorch", "tensorflow")), None)
+    framework: str | None = typed(Maybe(OneOf(*FRAMEWORKS)), None)
     tag: str | None = typed(Maybe(NGC_TAG), None, doc="the NGC release, e.g. 24.05")
     image: str | None = typed(Maybe(Text(_base_image)), None, doc="any other base image (instead of framework/tag)")
     follow: str | None = typed(

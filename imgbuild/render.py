@@ -82,11 +82,9 @@ def template_cache(cache_dir: str | Path) -> Any:
         infos = [os.lstat(folder), os.lstat(folder.parent)]
     except OSError:
         return None
-    for info in infos:
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-            return None
-    if infos[0].st_mode & 0o077:
-        return None
+    ours = all(stat.S_ISDIR(i.st_mode) and i.st_uid == os.geteuid() for i in infos)
+    if not ours or infos[0].st_mode & 0o077 or infos[1].st_mode & 0o022:
+        return None  # private folder, parent no one else can write
     import jinja2
 
     return jinja2.FileSystemBytecodeCache(str(folder))
