@@ -32,6 +32,12 @@ class Label:
     DEADLINE = PREFIX + "deadline"  # when `imgbuild reap` stops it (seconds since the epoch; `extend` moves it)
 
 
+#: imgbuild's own folder in an image: the base's records (`pip check`, its package list) that the smoke test
+#: compares against, and the smoke script. The templates and smoke_image.py (which runs inside images) spell
+#: it too. Recipes may not copy files into it.
+IMAGE_DIR = "/opt/imgbuild"
+
+
 # --- GPU models ------------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from imgbuild import limits, reqfile
 from imgbuild.errors import Problem, RecipeError, UsageError
-from imgbuild.facts import Label
+from imgbuild.facts import IMAGE_DIR, Label
 from imgbuild.fields import (
     Flag,
     Integer,
@@ -46,7 +46,7 @@ from imgbuild.repofiles import (
     resolve_inside,
     source_files,
 )
-from imgbuild.yamlpos import Located, PathKey, Pos, load_located, read_text_bounded
+from imgbuild.yamlpos import Located, PathKey, Pos, dotted, load_located, read_text_bounded
 
 # --- field rules, as data -------------------------------------------------------------------------
 # Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
@@ -161,6 +161,8 @@ def _owned_dir(value: str) -> str:
 def _dest_path(value: str) -> str:
     if value == "/":
         raise ValueError("cannot copy onto / (name a file or folder under it)")
+    if value == IMAGE_DIR or value.startswith(IMAGE_DIR + "/"):
+        raise ValueError(f"{IMAGE_DIR} is imgbuild's own folder (the base's records the smoke test reads)")
     return value
 
 
@@ -923,7 +925,12 @@ def load_recipe(
     requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
     lock_path, lock_pins = _read_lock(path, root, problems)
     recipe, issues = validate(Recipe, located.data)
-    problems.extend(located.problem(i.at, i.message, i.hint, key=i.key) for i in issues)
+    reported = {p.field for p in problems}  # a path refused above is not also "missing"
+    problems.extend(
+        located.problem(i.at, i.message, i.hint, key=i.key, fallback_file=display_path(path))
+        for i in issues
+        if dotted(i.at) not in reported
+    )
     if problems:
         raise RecipeError(_dedupe(problems))
     assert recipe is not None

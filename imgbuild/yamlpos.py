@@ -192,7 +192,10 @@ class _Builder:
             return n.value  # an unquoted date or `=`: the text as written, validated like any string
         if n.tag not in PLAIN_TAGS:
             raise self.fail(n, f"YAML tag {n.tag!r} is not allowed", at, _TAG_HINT)
-        return self.loader.construct_object(n)
+        try:
+            return self.loader.construct_object(n)
+        except ValueError:  # an integer past Python's digit limit (sys.get_int_max_str_digits)
+            raise self.fail(n, "a number too long to read", at, "quote it if it is text") from None
 
     def build(self, n: yaml.Node, at: PathKey) -> Any:
         self.built += 1

@@ -70,6 +70,7 @@ FIELD_ABUSE = [
     ("env-key-trailing-newline", HEAD + 'env: {"A\\n": x}\n', 3, "env.A\n", "not a valid environment variable name"),
     ("env-value-cr", HEAD + 'env: {A: "x\\rRUN id"}\n', 3, "env.A", "must be one line"),
     ("env-value-huge", HEAD + f'env: {{A: "{"x" * 9000}"}}\n', 3, "env.A", "longer than"),
+    ("env-value-int-past-digit-limit", HEAD + f"env: {{A: {'9' * 5000}}}\n", 3, "env.A", "a number too long to read"),
     ("label-key-newline", HEAD + 'labels: {"a\\nRUN id": x}\n', 3, "labels.a\nRUN id", "not a valid label key"),
     ("label-value-newline", HEAD + 'labels: {a: "x\\nRUN id"}\n', 3, "labels.a", "must be one line"),
     ("arg-key-newline", HEAD + 'args: {"A\\n": x}\n', 3, "args.A\n", "not a valid environment variable name"),
@@ -106,6 +107,14 @@ FIELD_ABUSE = [
         "without '.', '..'",
     ),
     ("dest-slash", HEAD + "files: [{src: here.txt, dest: /}]\n", 3, "files[0].dest", "cannot copy onto /"),
+    ("dest-imgbuild-dir", HEAD + "files: [{src: here.txt, dest: /opt/imgbuild}]\n", 3, "files[0].dest", "own folder"),
+    (
+        "dest-imgbuild-record",
+        HEAD + "files: [{src: here.txt, dest: /opt/imgbuild/dists.base}]\n",
+        3,
+        "files[0].dest",
+        "imgbuild's own folder",
+    ),
     ("dest-newline", HEAD + 'files: [{src: here.txt, dest: "/x\\n"}]\n', 3, "files[0].dest", "plain characters"),
     (
         "src-absolute-host-file",
@@ -226,6 +235,25 @@ def test_each_abuse_of_each_field_is_one_located_line(case_id, text, line, field
     assert matching, f"no problem at line {line} for {field!r} in {lines}"
     assert any(words in ln for ln in matching), f"{words!r} not in {matching}"
     assert not any("CANARY" in ln for ln in lines), f"a secret or host file leaked into {lines}"
+
+
+def test_a_refused_path_is_one_line_not_also_a_missing_field(repo):
+    path = repo / "recipe.yaml"
+    path.write_text(HEAD + "files: [{src: /etc/passwd, dest: /opt/x}]\n")
+    lines = _problem_lines(path)
+    assert len(lines) == 1 and "files[0].src" in lines[0] and "outside the recipe's repository" in lines[0], lines
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n"])
+def test_an_empty_recipe_names_its_file_and_the_missing_fields(text, repo):
+    path = repo / "recipe.yaml"
+    path.write_text(text)
+    lines = _problem_lines(path)
+    assert sorted(lines) == [
+        f"{lines[0].split(':')[0]}: base: missing required field",
+        f"{lines[0].split(':')[0]}: name: missing required field",
+    ]
+    assert lines[0].split(":")[0].endswith("recipe.yaml")
 
 
 def test_alias_bomb_stops_fast_with_bounded_memory(repo):

@@ -259,7 +259,18 @@ def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
     dockerfile = (one / "Dockerfile").read_text()
     order = [
         dockerfile.index(s)
-        for s in ("FROM ", "apt-get", "add-user.sh", "install.sh", "COPY --chown", "ENV ", "LABEL ", "USER dev")
+        for s in (
+            "FROM ",
+            "apt-get",
+            "add-user.sh",
+            "install.sh",
+            "COPY --from=imgbuild-base-record",
+            "COPY imgbuild/smoke/smoke.py",
+            "COPY --chown",  # a copied file last of the layers: editing it rebuilds nothing else
+            "ENV ",
+            "LABEL ",
+            "USER dev",
+        )
     ]
     assert order == sorted(order), dockerfile
     assert 'B="quote\\"d"' in dockerfile
