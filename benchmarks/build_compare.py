@@ -168,8 +168,9 @@ METRICS = ("cold", "size_mb", "add_pip", "change_file", "change_file_gen", "noop
 def measure_once(way: str, workdir: Path, rep: int, results: dict[str, list[float]]) -> None:
     """One repetition of every measurement for one way, appended to `results`."""
     write = WAYS[way]
-    tag = f"imgbuildbench/{re.sub(r'[^a-z0-9]+', '-', way).strip('-')}:bench"
-    ctx = workdir / f"{re.sub(r'[^a-z0-9]+', '-', way).strip('-')}-{rep}"
+    slug = re.sub(r"[^a-z0-9]+", "-", way).strip("-")
+    tag = f"imgbuildbench/{slug}:bench"
+    ctx = workdir / f"{slug}-{rep}"
     subprocess.run([docker(), "rmi", "-f", tag], capture_output=True)
     subprocess.run([docker(), "builder", "prune", "-af"], capture_output=True)
     start = time.perf_counter()
