@@ -112,14 +112,14 @@ def _follow(
     for raw in proc.stdout:
         line = redact(raw.rstrip("\n"))
         log.write(line + "\n")
-        if m := _BK_STEP.match(line):
+        if m := _BK_STEP.fullmatch(line):
             tracker.steps[m.group(1)] = m.group(2)
             tracker.current = m.group(1)
             progress(m.group(2))
-        elif m := _BK_ERROR.match(line):
+        elif m := _BK_ERROR.fullmatch(line):
             tracker.failed = tracker.failed or m.group(1)
             error_lines.append(m.group(2))
-        elif m := _BK_LINE.match(line):
+        elif m := _BK_LINE.fullmatch(line):
             tracker.tails.setdefault(m.group(1), deque(maxlen=40)).append(m.group(2))
             if status := own_status(m.group(2)):
                 progress(status)

@@ -54,7 +54,7 @@ def _follow_sdk_chunk(
         if not line:
             continue
         log.write(line + "\n")
-        if m := _SDK_STEP.match(line):
+        if m := _SDK_STEP.fullmatch(line):
             tracker.current = m.group(1)
             tracker.steps[m.group(1)] = f"[{m.group(1)}] {m.group(2)}"
             progress(tracker.steps[m.group(1)])
