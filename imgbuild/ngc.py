@@ -134,7 +134,8 @@ def _describe(config: dict[str, Any]) -> dict[str, str]:
     raw_labels = cfg.get("Labels") if isinstance(cfg, dict) else None
     labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, dict) else {}
     out = {
-        "cuda": env.get("CUDA_VERSION", labels.get("com.nvidia.cuda.version", "")),
+        # Not the label com.nvidia.cuda.version: NGC writes 9.0 there in every release (NVIDIA_REQUIRE_CUDA too).
+        "cuda": env.get("CUDA_VERSION", ""),
         "cudnn": env.get("CUDNN_VERSION", labels.get("com.nvidia.cudnn.version", "")),
         "driver": env.get("CUDA_DRIVER_VERSION", ""),
         "nccl": env.get("NCCL_VERSION", ""),

@@ -273,12 +273,28 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
     except InvalidVersion:
         have = None
     if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+        if have.is_prerelease and req.specifier.contains(Version(have.base_version), prereleases=True):
+            return prerelease_conflict(req.name, str(req.specifier), base.framework_version, base.ref)
         return (
             f"{req.name}{req.specifier} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
             f"the base's framework is protected: drop the pin, or choose a base tag that carries "
             f"{req.name}{req.specifier}",
         )
     return None
+
+
+def prerelease_conflict(name: str, specifier: str, have: str, ref: str) -> tuple[str, str]:
+    """(message, hint) for NGC's everyday trap: its framework is a pre-release (`2.9.0a0+145a3a7`), and
+    under PEP 440 `2.9.0a0 < 2.9`, so `torch>=2.9` excludes the very build it was written for."""
+    from packaging.version import Version
+
+    public = Version(have).public
+    return (
+        f"{name}{specifier} is not met by the base's {name} {have} ({ref}): NGC's {name} is a pre-release of "
+        f"{Version(have).base_version}, and under PEP 440 {public} sorts before {Version(have).base_version}",
+        f"the base's {name} is what you asked for: drop the pin, or write it to admit the pre-release "
+        f"({name}>={public})",
+    )
 
 
 def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:

@@ -227,17 +227,25 @@ def _public(version: str) -> list:
 
 
 def same_version(have: str, want: str) -> bool:
-    """Versions as bases write them: `2.4.0a0+07cec` (exact, local part included), `v1.10.2` (a leading
-    v is not part of it), `2.12.*` (a prefix), `2.13.0` against `2.13.0+cu130` (no local part wanted:
-    the public version decides)."""
-    have_parts, want_parts = _public(have), _public(want)
-    want_public = want_parts[0]
+    """A framework's version against the one its base declares, public versions only: NGC's env says
+    `2.9.0a0+145a3a7` where torch says `2.9.0a0+145a3a7bda.nv25.10`, PyPI's `2.13.0+cu130` where the metadata
+    says `2.13.0`, so the local part proves nothing. `v1.10.2` (a leading v is not part of it) and `2.12.*`
+    (a prefix) are read as written."""
+    have_public, want_public = _public(have)[0], _public(want)[0]
     if want_public.endswith("*"):
-        prefix = want_public[:-1]
-        return have_parts[0].startswith(prefix)
-    if len(want_parts) == 1:
-        return have_parts[0] == want_public
-    return have_parts == want_parts
+        return have_public.startswith(want_public[:-1])
+    return have_public == want_public
+
+
+def normal_version(version: str) -> str:
+    """A version as pip writes it (PEP 440's normal form, as far as these strings need): lower case, no
+    leading v, the local part's separators as dots and its numbers without leading zeros, so the metadata's
+    `2.6.0a0+ecf3bae40a.nv25.01` and pip's `2.6.0a0+ecf3bae40a.nv25.1` are one version."""
+    public, _, local = str(version).strip().lower().lstrip("v").partition("+")
+    if not local:
+        return public
+    parts = [str(int(p)) if p.isdigit() and p.isascii() else p for p in re.split(r"[._-]", local)]
+    return public + "+" + ".".join(parts)
 
 
 def version_prefix_agrees(have: str, want: str, parts: int) -> bool:
@@ -250,13 +258,14 @@ def _canonical(name: str) -> str:
 
 
 def read_baseline(path: str) -> set | None:
-    """`name==version` lines of the base's distributions, canonical names; None when not recorded."""
+    """`name==version` lines of the base's distributions, canonical names and normal versions (pip wrote
+    them; the metadata may spell them otherwise); None when not recorded."""
     try:
         with open(path, encoding="utf-8") as handle:
             lines = [ln.strip() for ln in handle if "==" in ln]
     except OSError:
         return None
-    return {(_canonical(ln.split("==", 1)[0]), ln.split("==", 1)[1]) for ln in lines}
+    return {(_canonical(ln.split("==", 1)[0]), normal_version(ln.split("==", 1)[1])) for ln in lines}
 
 
 def top_level_modules(files, top_level_text: str | None) -> list:
@@ -370,21 +379,46 @@ def expected_version(env_name: str) -> str:
     return os.environ.get("IMGBUILD_EXPECT_FRAMEWORK_VERSION") or os.environ.get(env_name, "")
 
 
-def check_framework_version(module, version: str, env_name: str) -> dict:
-    want = expected_version(env_name)
+def check_framework_version(module, version: str, env_name: str, baseline_path: str = "") -> dict:
+    """The framework is the base's own. In an image imgbuild built, the distribution that provides the
+    framework's module is exactly the one the base recorded before the recipe's layers (`dists.base`); in
+    any other image, the module's version has the base's declared public version (NGC's env and torch's
+    own string differ in their local part). Either way one distribution only may provide the module."""
     where = os.path.dirname(getattr(module, "__file__", "") or "")
+    owners = module_owners(module.__name__)
+    if len(owners) > 1:
+        raise Fail(
+            f"{module.__name__} is installed by {len(owners)} distributions ({', '.join(owners)}): one "
+            "overwrote the other's files; the base's framework is no longer what it shipped"
+        )
+    baseline = read_baseline(baseline_path or DISTS_BASELINE)
+    if baseline is not None and owners:
+        name, have = owners[0].rsplit(" ", 1)
+        recorded = dict(baseline)
+        if _canonical(name) not in recorded:
+            raise Fail(
+                f"{module.__name__} {version} is now provided by {name} {have}, which the base did not have: "
+                f"something replaced the base's framework ({where})"
+            )
+        if recorded[_canonical(name)] != normal_version(have):
+            raise Fail(
+                f"{name} is {have} but the base carries {name} {recorded[_canonical(name)]}: something "
+                f"replaced the base's framework ({where})"
+            )
+        return {
+            "version": version,
+            "distribution": f"{name} {have}",
+            "location": where,
+            "owners": owners,
+            "reason": f"{version} ({name} {have}), the base's own",
+        }
+    want = expected_version(env_name)
     if not want:
         return {"version": version, "location": where, "reason": f"{version} (the base declares no version)"}
     if not same_version(version, want):
         raise Fail(
             f"{module.__name__} is {version} but the base carries {want}: "
             f"something replaced the base's framework ({where})"
-        )
-    owners = module_owners(module.__name__)
-    if len(owners) > 1:
-        raise Fail(
-            f"{module.__name__} is installed by {len(owners)} distributions ({', '.join(owners)}): one "
-            "overwrote the other's files; the base's framework is no longer what it shipped"
         )
     return {"version": version, "location": where, "owners": owners, "reason": f"{version}, the base's own"}
 
@@ -461,7 +495,7 @@ def added_distributions(baseline: set) -> list:
         if not name or name in seen:
             continue  # a second copy further down sys.path is shadowed: it is never imported
         seen.add(name)
-        if (name, dist.version) in baseline:
+        if (name, normal_version(dist.version)) in baseline:
             continue
         modules = top_level_modules(dist.files, dist.read_text("top_level.txt"))
         out.append((name, dist.version, modules))

@@ -81,7 +81,7 @@ def testbed_settings() -> dict[str, str]:
         )
         _TESTBED.update({k: os.environ[k] for k in keys if os.environ.get(k)})
         return _TESTBED
-    proc = subprocess.run([str(TESTBED_UP)], capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run([str(TESTBED_UP), "--all"], capture_output=True, text=True, timeout=3000)
     if proc.returncode != 0:
         pytest.fail(f"the test bed did not come up:\n{proc.stderr[-3000:]}", pytrace=False)
     for line in proc.stdout.splitlines():

@@ -192,7 +192,10 @@ def test_amp_uses_the_scaler_this_torch_has():
         ("2.13.0+cu130", "2.13.0", True),  # no local part wanted: the public version decides
         ("2.13.0", "2.13", False),
         ("2.5.1", "2.4.0a0+07cecf4168", False),  # pip replaced NGC's torch (the vLLM case)
-        ("2.4.0a0+other", "2.4.0a0+07cecf4168", False),
+        # The env's local part is not the module's (NGC 25.10: 2.9.0a0+145a3a7 against
+        # 2.9.0a0+145a3a7bda.nv25.10): it proves nothing either way; the image's record of the base does.
+        ("2.9.0a0+145a3a7bda.nv25.10", "2.9.0a0+145a3a7", True),
+        ("2.4.0a0+other", "2.4.0a0+07cecf4168", True),
         ("2.11.0", "2.1*", True),
     ],
 )

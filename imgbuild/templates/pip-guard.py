@@ -66,6 +66,34 @@ KINDS = (
 )
 
 
+PRERELEASE = re.compile(r"==\s*v?([0-9]+(?:\.[0-9]+)*)(?:a|b|rc)[0-9]+")
+LOWER_BOUND = re.compile(r"(>=|==|~=)\s*([0-9]+(?:\.[0-9]+)*)(?![0-9.]*(?:a|b|rc|dev))")
+
+
+def release_tuple(text):
+    parts = [int(p) for p in text.split(".")]
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def prerelease_trap(held, wanted):
+    """Why `wanted` (torch>=2.13) excludes `held` (torch==2.13.0a0+07cecf4168.nv24.5), when the reason is
+    NGC's pre-release framework; else "". Under PEP 440 2.13.0a0 sorts before 2.13, so a requirement written
+    for this very release does not admit it."""
+    pre = PRERELEASE.search(held)
+    if not pre:
+        return ""
+    release = release_tuple(pre.group(1))
+    for _, bound in LOWER_BOUND.findall(wanted):
+        if release_tuple(bound) == release:
+            version = held.split("==", 1)[1].split("+")[0]
+            return (
+                f"NGC's framework is a pre-release of {pre.group(1)}, and under PEP 440 {version} sorts before {bound}"
+            )
+    return ""
+
+
 def canon(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -158,6 +186,13 @@ class Watch:
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 if not wanted[0][0]:  # uv: "all versions of X depend on ..."
                     versions = f"every version of {package} needs"
+                trap = prerelease_trap(self.held[dep], wanted[0][1])
+                if trap:
+                    return (
+                        f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, which the base's "
+                        f"{self.held[dep]} (from {origin}) does not meet: {trap}; pin {package} to an older "
+                        "release that admits it, or drop it"
+                    )
                 return (
                     f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but the base "
                     f"holds {self.held[dep]} (from {origin}): pin {package} to a version made for the base, or drop it"

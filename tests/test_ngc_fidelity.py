@@ -1,0 +1,232 @@
+"""imgbuild against the strings real NGC images carry (tests/ngc_facts.py, from ../shared/docs/ngc-real-facts.md),
+at unit level: every place that reads an NGC env value, label or version is fed the real one, release by release.
+The stand-ins carry the same shapes (tests/test_testbed.py checks that they do)."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from imgbuild import fleet, ngc, plan
+from imgbuild import smoke_image as script
+from tests import ngc_facts
+from tests.ngc_facts import REAL
+
+PYTORCH = [r for r in REAL.values() if r.framework == "pytorch"]
+TENSORFLOW = [r for r in REAL.values() if r.framework == "tensorflow"]
+ALL = list(REAL.values())
+
+
+def _config(release: ngc_facts.Release, platform: str = "amd64") -> dict:
+    env = release.config_env(platform)
+    return {"config": {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": release.labels(platform)}}
+
+
+def _fake_dist(site: Path, name: str, version: str, module: str, module_version: str) -> types.ModuleType:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text(module + "\n")
+    (site / module).mkdir()
+    (site / module / "__init__.py").write_text(f"__version__ = {module_version!r}\n")
+    spec = importlib.util.spec_from_file_location(module, site / module / "__init__.py")
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+@pytest.fixture
+def framework_site(tmp_path, monkeypatch):
+    """An empty site folder first on the path: the fake framework made in it is the only owner of its module."""
+    import importlib.metadata as md
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(md, "distributions", lambda: md.Distribution.discover(path=[str(site)]))
+    return site
+
+
+@pytest.mark.parametrize("release", ALL, ids=lambda r: r.key)
+def test_the_base_s_own_framework_passes_the_framework_check_on_every_real_release(
+    release, framework_site, tmp_path, monkeypatch
+):
+    """Issue 26: since 24.03 PYTORCH_VERSION (2.9.0a0+145a3a7) and torch.__version__
+    (2.9.0a0+145a3a7bda.nv25.10) differ; the check failed every real base."""
+    module = _fake_dist(framework_site, release.dist_name, release.dist_version, "ngcfw", release.module_version)
+    monkeypatch.setenv(release.version_env, release.config_env()[release.version_env])
+    monkeypatch.delenv("IMGBUILD_EXPECT_FRAMEWORK_VERSION", raising=False)
+    # a stock image (no record of the base): the declared public version decides
+    details = script.check_framework_version(module, release.module_version, release.version_env, str(tmp_path / "x"))
+    assert details["reason"].endswith("the base's own")
+    # an image imgbuild built: the record of the base, written by pip (normal form), decides
+    record = tmp_path / "dists.base"
+    record.write_text(f"numpy==2.1.0\n{release.dist_name}=={release.dist_version}\n")
+    details = script.check_framework_version(module, release.module_version, release.version_env, str(record))
+    assert details["distribution"] == f"{release.dist_name} {release.dist_version}"
+
+
+@pytest.mark.parametrize("release", PYTORCH, ids=lambda r: r.key)
+def test_a_replaced_framework_fails_the_check_on_every_real_release(release, framework_site, tmp_path, monkeypatch):
+    """pip replacing NGC's torch with PyPI's (the vLLM case): caught by the record and by the env alike."""
+    module = _fake_dist(framework_site, "torch", "2.10.0", "ngcfw", "2.10.0+cu130")
+    monkeypatch.setenv("PYTORCH_VERSION", release.env["PYTORCH_VERSION"])
+    record = tmp_path / "dists.base"
+    record.write_text(f"torch=={release.dist_version}\n")
+    with pytest.raises(script.Fail, match=r"torch is 2\.10\.0 but the base carries torch .*something replaced"):
+        script.check_framework_version(module, "2.10.0+cu130", "PYTORCH_VERSION", str(record))
+    with pytest.raises(script.Fail, match="something replaced the base's framework"):
+        script.check_framework_version(module, "2.10.0+cu130", "PYTORCH_VERSION", str(tmp_path / "none"))
+
+
+def test_the_framework_under_a_name_the_base_did_not_have_fails(framework_site, tmp_path):
+    module = _fake_dist(framework_site, "tensorflow-cpu", "2.17.0", "ngcfw", "2.17.0")
+    record = tmp_path / "dists.base"
+    record.write_text("tensorflow==2.17.0+nv25.2\n")
+    with pytest.raises(script.Fail, match="provided by tensorflow-cpu 2.17.0, which the base did not have"):
+        script.check_framework_version(module, "2.17.0", "TENSORFLOW_VERSION", str(record))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "pip"),
+    [
+        ("2.6.0a0+ecf3bae40a.nv25.01", "2.6.0a0+ecf3bae40a.nv25.1"),  # [PIPNORM]
+        ("2.10.0a0+a36e1d39eb.nv26.01.42222806", "2.10.0a0+a36e1d39eb.nv26.1.42222806"),  # [T26.01b]
+        ("2.17.0+nv25.2", "2.17.0+nv25.2"),
+        ("V1.0", "1.0"),
+    ],
+)
+def test_versions_compare_in_pip_s_normal_form(metadata, pip):
+    assert script.normal_version(metadata) == script.normal_version(pip) == str(Version(pip))
+
+
+@pytest.mark.parametrize("release", ALL, ids=lambda r: r.key)
+def test_the_facts_read_from_a_real_config(release):
+    """CUDA from CUDA_VERSION (never the label com.nvidia.cuda.version, which is 9.0 in every release),
+    Python from the paths, the framework version as the env writes it."""
+    facts = ngc.describe_config(_config(release))
+    assert facts["cuda"] == release.env["CUDA_VERSION"]
+    assert facts["python"] == release.python.rsplit(".", 1)[0]
+    assert facts["framework"] == release.framework
+    assert facts["framework_version"] == release.env[release.version_env]
+    assert (
+        facts["release"]
+        == release.config_env()[
+            "NVIDIA_PYTORCH_VERSION" if release.framework == "pytorch" else "NVIDIA_TENSORFLOW_VERSION"
+        ]
+    )
+    assert facts["cudnn"] == release.env.get("CUDNN_VERSION", "")
+
+
+def test_a_config_without_cuda_version_is_not_read_as_cuda_9():
+    config = {"config": {"Env": ["PYTORCH_VERSION=2.9.0a0+145a3a7"], "Labels": ngc_facts.COMMON_LABELS}}
+    assert ngc.describe_config(config)["cuda"] == ""
+
+
+@pytest.mark.parametrize("release", PYTORCH, ids=lambda r: r.key)
+def test_the_protected_pin_admits_the_real_torch(release):
+    """The plan's pin (public version) admits the installed torch in pip's form, local part and all."""
+    base = plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", facts=ngc.describe_config(_config(release)))
+    (pin,) = plan.protected_pins(base)
+    assert Requirement(pin).specifier.contains(Version(release.dist_version), prereleases=True)
+
+
+@pytest.mark.parametrize(
+    "release", [r for r in PYTORCH if Version(r.module_version).is_prerelease], ids=lambda r: r.key
+)
+def test_a_requirement_written_for_the_release_is_explained_as_the_pre_release_trap(release):
+    """`torch>=2.9` on 25.10 (torch 2.9.0a0): PEP 440 excludes it, and the message says why and what to write."""
+    base = plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", facts=ngc.describe_config(_config(release)))
+    release_version = Version(release.module_version).base_version
+    short = ".".join(release_version.split(".")[:2])
+    message, hint = plan._conflict(Requirement(f"torch>={short}"), base)
+    assert f"torch>={short} is not met by the base's torch {release.env['PYTORCH_VERSION']}" in message
+    assert "pre-release" in message and "PEP 440" in message
+    assert f"torch>={Version(release.module_version).public}" in hint
+    # a requirement past the release is a plain conflict; one below it is met
+    nxt = f"{int(short.split('.')[0])}.{int(short.split('.')[1]) + 1}"
+    assert "pre-release" not in plan._conflict(Requirement(f"torch>={nxt}"), base)[0]
+    assert plan._conflict(Requirement("torch>=2.0"), base) is None
+
+
+def _guard():
+    path = Path(script.__file__).parent / "templates" / "pip-guard.py"
+    spec = importlib.util.spec_from_file_location("pip_guard", path)
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    return guard
+
+
+@pytest.mark.parametrize(
+    "release", [r for r in PYTORCH if Version(r.module_version).is_prerelease], ids=lambda r: r.key
+)
+def test_a_dependency_written_for_the_release_names_the_package_and_the_trap(release):
+    """pip's own conflict lines, with the constraint as NGC's file writes it (pip form)."""
+    guard = _guard()
+    watch = guard.Watch()
+    short = ".".join(Version(release.module_version).base_version.split(".")[:2])
+    for line in (
+        "ERROR: Cannot install fancylib==1.4 because these package versions have conflicting dependencies.",
+        "The conflict is caused by:",
+        f"    The user requested (constraint) torch=={release.dist_version}",
+        f"    fancylib 1.4 depends on torch>={short}",
+        "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/",
+    ):
+        watch.see(line.strip())
+    why = watch.failure("the base's /etc/pip/constraint.txt")
+    assert why.startswith(f"fancylib 1.4 needs torch>={short}, which the base's torch=={release.dist_version}")
+    assert "pre-release" in why and "pin fancylib to an older release" in why
+
+
+@pytest.mark.parametrize("release", [r for r in ALL if r.arch_lists], ids=lambda r: r.key)
+def test_fleet_checks_read_the_real_cuda_version_and_arch_lists(release):
+    """CUDA_VERSION in NGC's four-field form (13.0.2.006) and each platform's TORCH_CUDA_ARCH_LIST."""
+    for platform, archs in release.arch_lists.items():
+        facts = ngc.describe_config(_config(release, platform))
+        assert facts["arch_list"] == archs
+        verdicts = fleet.judge_tag(release.tag, facts["cuda"], facts["arch_list"], fleet.parse_targets("h100"), None)
+        assert [v.runs for v in verdicts] == [True], verdicts
+    assert fleet.cuda_of(release.env["CUDA_VERSION"]) == tuple(
+        int(p) for p in release.env["CUDA_VERSION"].split(".")[:2]
+    )
+
+
+@pytest.mark.parametrize(
+    ("loaded", "declared"),
+    [(8905, "8.9.5.29"), (8907, "8.9.7.29+cuda12.2"), (90100, "9.1.0.70"), (91400, "9.14.0.64")],
+)
+def test_cudnn_as_torch_reports_it_matches_the_env_as_ngc_writes_it(loaded, declared):
+    assert script.version_prefix_agrees(script.cudnn_text(loaded), declared, 3)
+
+
+@pytest.mark.parametrize("release", ALL, ids=lambda r: r.key)
+def test_the_framework_is_detected_from_the_real_env(release, monkeypatch):
+    for name in ("PYTORCH_VERSION", "NVIDIA_PYTORCH_VERSION", "TENSORFLOW_VERSION", "NVIDIA_TENSORFLOW_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    for key, value in release.config_env().items():
+        if key.endswith("_VERSION"):
+            monkeypatch.setenv(key, value)
+    assert script.detect_framework() == release.framework
+
+
+def test_the_stand_ins_keep_every_ngc_shape_but_the_public_version():
+    """What the bed builds: the real strings with only the public version replaced (README's table)."""
+    s = ngc_facts.standin("pytorch:24.05-py3", "2.13.0a0")
+    assert s["env"]["amd64"]["PYTORCH_VERSION"] == "2.13.0a0+07cecf4"
+    assert s["module_version"] == "2.13.0a0+07cecf4168.nv24.05"
+    assert s["dist_version"] == "2.13.0a0+07cecf4168.nv24.5"
+    assert s["labels"]["amd64"]["com.nvidia.cuda.version"] == "9.0"
+    assert s["env"]["amd64"]["NVIDIA_REQUIRE_CUDA"] == "cuda>=9.0"
+    assert "PIP_CONSTRAINT" not in s["env"]["amd64"] and not s["constraint_file"]
+    s = ngc_facts.standin("pytorch:26.01-py3", "2.13.0a0")
+    assert s["dist_version"] == "2.13.0a0+a36e1d39eb.nv26.1.42222806" and s["constraint_file"]
+    assert s["env"]["amd64"]["TORCH_CUDA_ARCH_LIST"] != s["env"]["arm64"]["TORCH_CUDA_ARCH_LIST"]
+    s = ngc_facts.standin("tensorflow:25.02-tf2-py3", "2.21.0")
+    assert s["dist_name"] == "tensorflow" and s["dist_version"] == "2.21.0+nv25.2"
+    assert s["env"]["amd64"]["TENSORFLOW_VERSION"] == "2.21.0"
+    assert s["env"]["amd64"]["NVIDIA_TENSORFLOW_VERSION"] == "25.02-tf2"

@@ -1,0 +1,185 @@
+"""The test bed's NGC releases, built from the recorded facts (tests/ngc_facts.py); stdlib only.
+
+python3 release.py context KEY PUBLIC FROM_IMAGE DIR [ENV=VALUE ...]
+    writes DIR/Dockerfile (and the entrypoint, the shaping script) for the stand-in of release KEY over
+    FROM_IMAGE, whose framework's public version is PUBLIC; ENV=VALUE overrides the amd64 env (the CUDA
+    stand-in says what it has installed)
+python3 release.py index REGISTRY KEY PUBLIC
+    turns the pushed amd64 image at KEY's tag into a manifest list with a config-only arm64 image that
+    carries NGC's arm64 config (nothing runs it; registry code, `tags` and fleet checks read it)
+python3 release.py fingerprint
+    a hash of everything a stand-in is made from: a bed built from other facts is rebuilt
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shlex
+import shutil
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import ngc_facts  # noqa: E402
+
+FINGERPRINT_LABEL = "org.imgbuild.testbed.facts"
+LIST_TYPE = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
+LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+SLA_LICENSE = (
+    "GOVERNING TERMS: The software and materials are governed by the NVIDIA Software License Agreement\n"
+    "(found at https://www.nvidia.com/en-us/agreements/enterprise-software/nvidia-software-license-agreement/)\n\n"
+)
+
+
+def fingerprint() -> str:
+    parts = [HERE.parent / "ngc_facts.py", HERE / "release.py", HERE / "ngc_shape.py", HERE / "nvidia_entrypoint.sh"]
+    parts += sorted((HERE / "entrypoint.d").iterdir())
+    digest = hashlib.sha256()
+    for path in parts:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid, fully quoted Dockerfile ENV/LABEL value
+
+
+def context(key: str, public: str, from_image: str, out: Path, overrides: dict[str, str]) -> None:
+    facts = ngc_facts.standin(key, public)
+    env = {**facts["env"]["amd64"], **overrides}
+    labels = dict(facts["labels"]["amd64"])
+    for name, label in (("CUDNN_VERSION", "cudnn"), ("NCCL_VERSION", "nccl")):
+        if name in overrides and f"com.nvidia.{label}.version" in labels:
+            labels[f"com.nvidia.{label}.version"] = overrides[name]
+    labels[FINGERPRINT_LABEL] = fingerprint()
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "nvidia_entrypoint.sh", out / "nvidia_entrypoint.sh")
+    shutil.copytree(HERE / "entrypoint.d", out / "entrypoint.d", dirs_exist_ok=True)
+    if facts["license"] == "sla":
+        (out / "entrypoint.d" / "30-container-license.txt").write_text(SLA_LICENSE)
+    shutil.copy(HERE / "ngc_shape.py", out / "ngc_shape.py")
+    shaping = json.dumps(
+        {
+            k: facts[k]
+            for k in ("framework", "module_version", "dist_version", "constraint_file", "original_constraint_file")
+        }
+    )
+    lines = [
+        f"FROM {from_image}",
+        "COPY nvidia_entrypoint.sh /opt/nvidia/nvidia_entrypoint.sh",
+        "COPY entrypoint.d/ /opt/nvidia/entrypoint.d/",
+        "COPY ngc_shape.py /tmp/ngc_shape.py",
+        f"RUN python3 /tmp/ngc_shape.py {shlex.quote(shaping)} && rm /tmp/ngc_shape.py && mkdir -p /workspace",
+        "ENV " + " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items()),
+        "LABEL " + " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in labels.items()),
+        "WORKDIR /workspace",
+        "EXPOSE 8888/tcp 6006/tcp",
+        'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"]',
+        'CMD ["/bin/bash"]',
+    ]
+    (out / "Dockerfile").write_text("\n".join(lines) + "\n")
+
+
+# --- the manifest list ---------------------------------------------------------------------------------
+
+
+def _request(method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None):
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    return urllib.request.urlopen(req, timeout=60)  # noqa: S310 - the bed's own registry on 127.0.0.1
+
+
+def _put_blob(base: str, repo: str, blob: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    try:
+        _request("HEAD", f"{base}/v2/{repo}/blobs/{digest}")
+        return digest
+    except urllib.error.HTTPError:
+        pass
+    with _request("POST", f"{base}/v2/{repo}/blobs/uploads/") as resp:
+        location = resp.headers["Location"]
+    if location.startswith("/"):
+        location = base + location
+    sep = "&" if "?" in location else "?"
+    _request("PUT", f"{location}{sep}digest={digest}", blob, {"Content-Type": "application/octet-stream"}).close()
+    return digest
+
+
+def index(registry: str, key: str, public: str) -> None:
+    facts = ngc_facts.standin(key, public)
+    base, repo, tag = f"http://{registry}", facts["repo"], facts["tag"]
+    accept = {"Accept": f"{MANIFEST_TYPE}, {LIST_TYPE}"}
+    with _request("GET", f"{base}/v2/{repo}/manifests/{tag}", headers=accept) as resp:
+        body, media_type = resp.read(), resp.headers.get("Content-Type", "")
+    if media_type.startswith(LIST_TYPE):
+        return
+    amd64 = {
+        "mediaType": MANIFEST_TYPE,
+        "size": len(body),
+        "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+        "platform": {"architecture": "amd64", "os": "linux"},
+    }
+    # The arm64 image: NGC's arm64 config over one empty layer; its Env and Labels are what is read.
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w"):
+        pass
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+    labels = {**facts["labels"]["arm64"], FINGERPRINT_LABEL: fingerprint()}
+    config = {
+        "architecture": "arm64",
+        "variant": "v8",
+        "os": "linux",
+        "config": {
+            "Env": [f"{k}={v}" for k, v in facts["env"]["arm64"].items()],
+            "Labels": labels,
+            "Entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"],
+            "Cmd": ["/bin/bash"],
+            "WorkingDir": "/workspace",
+            "ExposedPorts": {"6006/tcp": {}, "8888/tcp": {}},
+        },
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()]},
+    }
+    config_blob = json.dumps(config, sort_keys=True).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, "size": len(config_blob), "digest": _put_blob(base, repo, config_blob)},
+        "layers": [{"mediaType": LAYER_TYPE, "size": len(layer), "digest": _put_blob(base, repo, layer)}],
+    }
+    arm_body = json.dumps(manifest).encode()
+    arm_digest = "sha256:" + hashlib.sha256(arm_body).hexdigest()
+    _request("PUT", f"{base}/v2/{repo}/manifests/{arm_digest}", arm_body, {"Content-Type": MANIFEST_TYPE}).close()
+    arm64 = {
+        "mediaType": MANIFEST_TYPE,
+        "size": len(arm_body),
+        "digest": arm_digest,
+        "platform": {"architecture": "arm64", "os": "linux", "variant": "v8"},
+    }
+    listing = json.dumps({"schemaVersion": 2, "mediaType": LIST_TYPE, "manifests": [amd64, arm64]}).encode()
+    _request("PUT", f"{base}/v2/{repo}/manifests/{tag}", listing, {"Content-Type": LIST_TYPE}).close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 6 and argv[1] == "context":
+        overrides = dict(item.split("=", 1) for item in argv[6:])
+        context(argv[2], argv[3], argv[4], Path(argv[5]), overrides)
+    elif len(argv) == 5 and argv[1] == "index":
+        index(argv[2], argv[3], argv[4])
+    elif len(argv) == 2 and argv[1] == "fingerprint":
+        print(fingerprint())
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
