@@ -12,6 +12,7 @@ the `nvidia-*` CUDA wheels, which NGC installs as system libraries) and removed 
 import importlib.metadata as md
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -32,17 +33,14 @@ def dist_info(names):
 
 def rename_distribution(dist, folder, name, version):
     """The dist-info folder, METADATA's Name and Version, and RECORD's paths, as pip would have written them."""
-    meta = os.path.join(folder, "METADATA")
-    text = open(meta, encoding="utf-8").read()
-    text = re.sub(r"(?m)^Name: .*$", f"Name: {name}", text, count=1)
-    text = re.sub(r"(?m)^Version: .*$", f"Version: {version}", text, count=1)
-    open(meta, "w", encoding="utf-8").write(text)
+    meta = pathlib.Path(folder, "METADATA")
+    text = re.sub(r"(?m)^Name: .*$", f"Name: {name}", meta.read_text(encoding="utf-8"), count=1)
+    meta.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", text, count=1), encoding="utf-8")
     old = os.path.basename(folder)
     new = f"{name.replace('-', '_')}-{version}.dist-info"
-    record = os.path.join(folder, "RECORD")
-    if os.path.exists(record):
-        lines = open(record, encoding="utf-8").read().replace(old + "/", new + "/")
-        open(record, "w", encoding="utf-8").write(lines)
+    record = pathlib.Path(folder, "RECORD")
+    if record.exists():
+        record.write_text(record.read_text(encoding="utf-8").replace(old + "/", new + "/"), encoding="utf-8")
     # A copy, not a rename: overlayfs refuses to rename a folder of a lower layer (EXDEV).
     shutil.copytree(folder, os.path.join(os.path.dirname(folder), new))
     shutil.rmtree(folder)
@@ -50,10 +48,11 @@ def rename_distribution(dist, folder, name, version):
 
 def shape_torch(facts):
     dist, folder = dist_info(WHEEL_NAMES["pytorch"])
-    version_py = os.path.join(os.path.dirname(folder), "torch", "version.py")
-    text = open(version_py, encoding="utf-8").read()
-    text = re.sub(r"(?m)^__version__ = .*$", f"__version__ = {facts['module_version']!r}", text, count=1)
-    open(version_py, "w", encoding="utf-8").write(text)
+    version_py = pathlib.Path(folder).parent / "torch" / "version.py"
+    text = version_py.read_text(encoding="utf-8")
+    version_py.write_text(
+        re.sub(r"(?m)^__version__ = .*$", f"__version__ = {facts['module_version']!r}", text, count=1)
+    )
     rename_distribution(dist, folder, "torch", facts["dist_version"])
 
 
