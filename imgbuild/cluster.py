@@ -19,23 +19,6 @@ from imgbuild.plan import Plan
 from imgbuild.render import apptainer_definition
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
-SLURM_DEFAULTS: dict[str, Any] = {
-    "partition": None,
-    "account": None,
-    "gpu_types": {},  # friendly name -> gres type, e.g. {v100: v100, a100: a100_40g}
-    "gpu_type": None,  # the GRES type asked for when --gpu-type is not given
-    "gpus_per_node": {},  # GPUs a node of each type has, e.g. {v100: 4, a100: 8}: more per node is refused
-    "binds": [],  # folders every job sees, in every runtime (CSC: /scratch, /projappl)
-    "cpus_per_gpu": 10,
-    "mem_per_gpu": None,  # e.g. "64G"
-    "time": "01:00:00",
-    "scratch_var": "LOCAL_SCRATCH",
-    "scratch_gres": None,  # e.g. "nvme:100" (CSC: fast local disk is requested as gres)
-    "runtime": "apptainer",  # apptainer | singularity | pyxis | docker
-    "sif_dir": None,  # where .sif files live on the cluster
-    "rdzv_port": 29500,
-    "stage_dir": None,  # where `--stage DIR` writes its tars; must be seen by the nodes (default ./.imgbuild-stage)
-}
 RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
 
 
@@ -342,23 +325,15 @@ USAGE_END = [
 ]
 
 
-def site_slurm(site: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(site) - set(SLURM_DEFAULTS))
-    if unknown:
-        raise UsageError(f"config slurm: unknown setting {unknown[0]!r} (known: {', '.join(sorted(SLURM_DEFAULTS))})")
-    merged = {**SLURM_DEFAULTS, **site}
-    for key, kind in (("gpu_types", dict), ("gpus_per_node", dict), ("binds", list)):
-        if not isinstance(merged[key] or kind(), kind):
-            raise UsageError(f"config slurm.{key}: must be a {'mapping' if kind is dict else 'list'}")
-    for bind in merged["binds"] or []:
-        if not isinstance(bind, str) or not re.fullmatch(r"/[^:,\s]*(:/[^:,\s]*)?(:ro)?", bind):
-            raise UsageError(f"config slurm.binds: {str(bind)[:80]!r} is not /HOST[:/CONTAINER][:ro]")
-    if merged["mem_per_gpu"] is not None:
-        slurm_mem(str(merged["mem_per_gpu"]), 1)  # a bad size is reported now, not as a traceback later
-    return merged
+def site_slurm(site: Any) -> dict[str, Any]:
+    """The cluster site's settings from the config's typed `slurm:` section (`settings.slurm`); a mapping is
+    checked as that section would be."""
+    from imgbuild.siteconfig import SlurmSite, as_text, checked_section
+
+    return as_text(checked_section(SlurmSite, "slurm", site))
 
 
-_MEM_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.IGNORECASE)
+_MEM_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)B?", re.IGNORECASE)
 
 
 def slurm_mem(per_gpu: str, gpus: int) -> str:
@@ -447,7 +422,7 @@ def _snapshot_dir(flags: JobFlags, scratch_var: str) -> str | None:
     return wanted
 
 
-def job_from_flags(flags: JobFlags, site_config: dict[str, Any], docker_gpu_flag: str = "gpus") -> JobSpec:
+def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
     """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
     how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
     site = site_slurm(site_config)
@@ -545,7 +520,7 @@ def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
     return target, True
 
 
-def stage_dir(site_config: dict[str, Any]) -> Path:
+def stage_dir(site_config: Any) -> Path:
     configured = site_slurm(site_config)["stage_dir"]
     return Path(configured) if configured else Path.cwd() / ".imgbuild-stage"
 
@@ -589,17 +564,17 @@ def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None
     return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
 
 
-def export_devcontainer(plan: Plan, out: Path | None) -> Path:
-    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image with the site's run rules."""
+def export_devcontainer(plan: Plan, rules: Any, out: Path | None) -> Path:
+    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image with the site's run rules
+    (`settings.run`)."""
     import json
 
-    from imgbuild.config import site_section
     from imgbuild.devcontainer import devcontainer
     from imgbuild.run import house_rules
 
     folder = out or Path(".devcontainer")
     path = folder / "devcontainer.json"
-    document = json.dumps(devcontainer(plan, house_rules(site_section("run"))), indent=2) + "\n"
+    document = json.dumps(devcontainer(plan, house_rules(rules)), indent=2) + "\n"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(document)

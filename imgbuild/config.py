@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from imgbuild import limits
 from imgbuild.errors import UsageError
+from imgbuild.siteconfig import SECTIONS, ReapPolicy, RunRules, SlurmSite
 
 SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
 
@@ -72,6 +73,9 @@ class Settings:
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
     fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
     fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
+    run: RunRules = field(default_factory=RunRules)  # config `run:`, the house rules (imgbuild.siteconfig)
+    reap: ReapPolicy = field(default_factory=ReapPolicy)  # config `reap:`, the site's alone
+    slurm: SlurmSite = field(default_factory=SlurmSite)  # config `slurm:`
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
@@ -93,9 +97,16 @@ class Settings:
 
     def public_view(self) -> dict[str, Any]:
         """Settings as shown to a user: secrets masked, with where each value came from."""
+        from imgbuild.siteconfig import as_text
+
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.name == "sources":
+                continue
+            if f.name in SECTIONS:
+                for key, value in as_text(getattr(self, f.name)).items():
+                    dotted = f"{f.name}.{key}"
+                    out[dotted] = {"value": value, "source": self.sources.get(dotted, "default")}
                 continue
             value = getattr(self, f.name)
             if f.name in self.SECRET_FIELDS and value:
@@ -181,61 +192,161 @@ def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
         raise UsageError(f"{origin}: {name}: {exc} (got {raw!r})") from None
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
-    import yaml
+@dataclass(frozen=True)
+class ConfigFile:
+    """One config file as read: its data and where each value stands (for located errors)."""
 
-    if not path.is_file():
-        return {}
+    origin: str  # "site config /etc/imgbuild/config.yaml"
+    path: Path
+    located: Any = None  # yamlpos.Located; None when the file is absent
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.located.data if self.located is not None else {}
+
+    def problem(self, at: tuple[Any, ...], message: str, hint: str = "", key: bool = False) -> Any:
+        from imgbuild.errors import Problem
+
+        if self.located is None:
+            return Problem(str(self.path), 0, 0, ".".join(map(str, at)), message, hint)
+        return self.located.problem(at, message, hint, key=key, fallback_file=str(self.path))
+
+
+def _read_config_file(path: Path, origin: str) -> ConfigFile:
+    """A config file, bounded and located (`yamlpos`); an absent one, or one that is not a regular file (a
+    FIFO at a user's config path must not block), reads as empty."""
+    from imgbuild import yamlpos
+    from imgbuild.errors import RecipeError
+
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise UsageError(f"{where}: cannot read config: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: config must be a mapping of settings")
-    return data
+        if not path.is_file():
+            return ConfigFile(origin, path)
+    except OSError:
+        return ConfigFile(origin, path)
+    located = yamlpos.load_located(path, str(path))
+    if located.data is None:
+        return ConfigFile(origin, path)
+    if not isinstance(located.data, dict):
+        raise RecipeError([located.problem((), "a config file is a mapping of settings", fallback_file=str(path))])
+    return ConfigFile(origin, path, located)
+
+
+def config_files(environ: dict[str, str] | None = None) -> tuple[Path, Path]:
+    """(the site's config, the user's): `/etc/imgbuild/config.yaml`, `$IMGBUILD_CONFIG` or the user's own.
+
+    `$IMGBUILD_SITE_CONFIG` names another site config for root alone (an admin trying a config before
+    installing it, the test suite): root may write /etc/imgbuild anyway, so it grants nothing; for any other
+    user, and for root through sudo (a user acting), it is ignored: the site's rules are the site's."""
+    environ = dict(os.environ if environ is None else environ)
+    user_cfg = Path(environ["IMGBUILD_CONFIG"]) if environ.get("IMGBUILD_CONFIG") else _user_config_path()
+    site_cfg = SITE_CONFIG
+    if environ.get("IMGBUILD_SITE_CONFIG") and os.getuid() == 0 and not environ.get("SUDO_UID"):
+        site_cfg = Path(environ["IMGBUILD_SITE_CONFIG"])
+    return site_cfg, user_cfg
 
 
 def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Settings:
     """Resolve every setting by precedence. `flags` holds only the flags the user actually gave."""
+    from imgbuild.errors import RecipeError
+
     environ = dict(os.environ if environ is None else environ)
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
-    user_cfg = Path(environ["IMGBUILD_CONFIG"]) if environ.get("IMGBUILD_CONFIG") else _user_config_path()
-    layers = [
-        ("site config " + str(SITE_CONFIG), _read_config_file(SITE_CONFIG)),
-        ("user config " + str(user_cfg), _read_config_file(user_cfg)),
+    site_path, user_path = config_files(environ)
+    files = [
+        _read_config_file(site_path, f"site config {site_path}"),
+        _read_config_file(user_path, f"user config {user_path}"),
     ]
-    known = {f.name: f for f in dataclasses.fields(Settings) if f.name != "sources"}
-    layers = [(origin, _flatten_fleet(origin, data)) for origin, data in layers]
-    for origin, data in layers:
-        unknown = sorted(set(data) - set(known) - {"run", "slurm"})
-        if unknown:
-            raise UsageError(
-                f"{origin.split(' ', 2)[-1]}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})"
-            )
+    known = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("sources", *SECTIONS)}
+    problems = [
+        cfg.problem((k,), "unknown setting", _closest(str(k), [*known, *SECTIONS, "fleet"]), key=True)
+        for cfg in files
+        for k in cfg.data
+        if k not in known and k not in SECTIONS and k != "fleet"
+    ]
+    sections, section_sources = _read_sections(files, problems)
+    layers = [(cfg.origin, _flatten_fleet(cfg, problems)) for cfg in files]
+    if problems:
+        raise RecipeError(problems)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, f in known.items():
         found = _first_source(name, flags, environ, layers)
         if found:
             origin, raw = found
-            values[name] = _coerce(name, raw, f.type, origin)
+            values[name] = _coerce(name, raw, f.type, _where(origin, name, files))
             sources[name] = origin
-    settings = Settings(**values, sources=sources)
+    settings = Settings(**values, **sections, sources={**sources, **section_sources})
     _check(settings)
     return settings
 
 
-def _flatten_fleet(origin: str, data: dict[str, Any]) -> dict[str, Any]:
+def _where(origin: str, name: str, files: list[ConfigFile]) -> str:
+    """`FILE:LINE:COL` of a flat setting in the config file it came from, else the origin as it is."""
+    for cfg in files:
+        if cfg.origin == origin and cfg.located is not None:
+            key = ("fleet", name.removeprefix("fleet_")) if name.startswith("fleet_") else (name,)
+            pos = cfg.located.where(key)
+            if pos is not None:
+                return f"{pos.file}:{pos.line}:{pos.col}"
+    return origin
+
+
+def _closest(word: str, known: list[str]) -> str:
+    import difflib  # only when there is an unknown key to explain
+
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+
+
+def _read_sections(files: list[ConfigFile], problems: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The typed sections (`run:`, `reap:`, `slurm:`): site, then user, each value checked where it stands.
+    A site-only value in the user's config counts only where it tightens the site's (imgbuild.siteconfig)."""
+    from imgbuild import fields, siteconfig
+
+    models: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, model in SECTIONS.items():
+        merged: dict[str, Any] = {}
+        site_values: dict[str, Any] = {}
+        for cfg in files:
+            raw = cfg.data.get(name)
+            if raw is None:
+                continue
+            checked, issues = fields.validate(model, raw)
+            problems.extend(cfg.problem((name, *i.at), i.message, i.hint, key=i.key) for i in issues)
+            if checked is None:
+                continue
+            is_site = cfg is files[0]
+            for f in siteconfig.fields_of(model):
+                if f.name not in raw:
+                    continue
+                value, how, key = getattr(checked, f.name), f.metadata.get("site_only"), f"{name}.{f.name}"
+                if is_site:
+                    site_values[f.name] = value
+                elif how and siteconfig.looser(how, value, site_values.get(f.name, getattr(model(), f.name)), f.name):
+                    sources[key] = (
+                        f"{sources.get(key, 'default')} ({cfg.origin} set aside: only the site may loosen it)"
+                    )
+                    continue
+                merged[f.name] = raw[f.name]
+                sources[key] = cfg.origin
+        made, _ = fields.validate(model, merged)
+        models[name] = made if made is not None else model()
+    return models, sources
+
+
+def _flatten_fleet(cfg: ConfigFile, problems: list[Any]) -> dict[str, Any]:
     """`fleet: {gpus: [...], driver: ...}` in a config file is the settings fleet_gpus and fleet_driver."""
+    from imgbuild import fields, siteconfig
+
+    data = cfg.data
     if "fleet" not in data:
         return data
-    fleet = data["fleet"]
-    if not isinstance(fleet, dict) or set(fleet) - {"gpus", "driver"}:
-        raise UsageError(f"{origin.split(' ', 2)[-1]}: fleet: must be a mapping with gpus and driver")
-    flat = {k: v for k, v in data.items() if k != "fleet"}
-    flat.update({f"fleet_{k}": v for k, v in fleet.items()})
+    _, issues = fields.validate(siteconfig.Fleet, data["fleet"])
+    problems.extend(cfg.problem(("fleet", *i.at), i.message, i.hint, key=i.key) for i in issues)
+    flat = {k: v for k, v in data.items() if k != "fleet" and k not in SECTIONS}
+    if not issues:
+        flat.update({f"fleet_{k}": v for k, v in data["fleet"].items() if v is not None})
     return flat
 
 
@@ -278,16 +389,3 @@ def _check(settings: Settings) -> None:
                     raise UsageError(f"{where}: {name}: {str(exc).split(': ', 1)[-1]}") from None
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
         raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
-
-
-def site_section(name: str, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """A free-form section (`run:`, `slurm:`) merged site < user."""
-    environ = dict(os.environ if environ is None else environ)
-    user_cfg = Path(environ["IMGBUILD_CONFIG"]) if environ.get("IMGBUILD_CONFIG") else _user_config_path()
-    merged: dict[str, Any] = {}
-    for path in (SITE_CONFIG, user_cfg):
-        section = _read_config_file(path).get(name) or {}
-        if not isinstance(section, dict):
-            raise UsageError(f"{path}: {name}: must be a mapping")
-        merged.update(section)
-    return merged

@@ -21,19 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.errors import EnvironmentProblem
 
-#: The site's `reap:` settings (/etc/imgbuild/config.yaml).
-DEFAULTS: dict[str, Any] = {
-    "idle_timeout": None,  # "2h": stop containers whose GPUs were idle this long (None: never)
-    "idle_percent": 5,  # a GPU at or below this utilisation is idle
-    "warn_lead": "30m",  # warn this long before stopping
-    "exited_max_age": None,  # "7d": exited or never-started <user>_ containers older than this are removed
-    "remove": False,  # remove what is stopped, and remove old exited containers (nothing is removed otherwise)
-    "unnamed": False,  # stop containers that follow no <user>_ convention and carry no imgbuild owner
-    "exempt": [],  # container name patterns never touched (fnmatch), e.g. ["registry", "gitlab-runner*"]
-    "log": None,  # the action log (default <state_dir>/reap.log)
-}
 STATE_FILE = "reap-state.json"
 STATE_BYTES = 4 * 1024 * 1024
 #: Samples kept per container (a run every 5 minutes keeps 2 days).
@@ -41,27 +30,15 @@ SAMPLES_KEPT = 576
 NOTICE_FILE = "imgbuild-notices.txt"
 
 
-def policy(site: dict[str, Any]) -> dict[str, Any]:
-    """The site's `reap:` section, checked; durations as seconds."""
-    from imgbuild.run import parse_duration
+def policy(rules: Any) -> dict[str, Any]:
+    """The reaper's rules (durations in seconds) from the config's typed `reap:` section (`settings.reap`);
+    a mapping is checked as that section would be."""
+    from imgbuild.siteconfig import ReapPolicy, as_text, checked_section, duration_seconds
 
-    unknown = sorted(set(site) - set(DEFAULTS))
-    if unknown:
-        raise UsageError(f"config reap: unknown setting {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
-    merged = {**DEFAULTS, **{k: v for k, v in site.items() if v is not None}}
+    merged = as_text(checked_section(ReapPolicy, "reap", rules))
     for key in ("idle_timeout", "warn_lead", "exited_max_age"):
         if merged[key] is not None:
-            merged[key] = parse_duration(str(merged[key]), f"config reap.{key}")
-    for key in ("remove", "unnamed"):
-        if not isinstance(merged[key], bool):
-            raise UsageError(f"config reap.{key}: must be true or false")
-    percent = merged["idle_percent"]
-    if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 <= percent <= 100:
-        raise UsageError("config reap.idle_percent: must be a number from 0 to 100")
-    if not isinstance(merged["exempt"], list) or not all(isinstance(p, str) for p in merged["exempt"]):
-        raise UsageError("config reap.exempt: must be a list of container name patterns")
-    if merged["log"] is not None and not (isinstance(merged["log"], str) and merged["log"].startswith("/")):
-        raise UsageError("config reap.log: must be an absolute path")
+            merged[key] = duration_seconds(merged[key])
     return merged
 
 

@@ -26,26 +26,6 @@ from imgbuild.host import format_cpulist, parse_cpulist
 #: `--name`: the <name> in <user>_<name>_<n>.
 SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
-#: The house rules, overridable per site (/etc/imgbuild/config.yaml `run:`), per user, per flag.
-DEFAULTS: dict[str, Any] = {
-    "ipc": "host",  # NVIDIA's advice for PyTorch DataLoader workers and NCCL
-    "shm_size": None,  # used instead of ipc host when set
-    "ulimits": {"memlock": "-1", "stack": "67108864"},
-    "workspace": "/workspace",  # where the current folder is mounted
-    "mounts": [],  # e.g. ["/work/{user}:/work/{user}", "/datasets:/datasets:ro"]
-    "log_max_size": "50m",
-    "log_max_file": "3",
-    "cpus_per_gpu": None,  # None: the host's fair share, kept within 8..24
-    "pin_cpus": True,  # --cpuset-cpus near the GPUs, and thread variables to match
-    "gpu_flag": "gpus",  # "gpus": docker --gpus; "env": NVIDIA_VISIBLE_DEVICES (nvidia as the default runtime)
-    "state_dir": None,  # the host-wide ledger of GPUs being handed out (default ledger.DEFAULT_STATE_DIR)
-    "max_gpus_per_user": None,  # GPUs one user's containers may hold at once
-    "max_gpus_per_group": {},  # {group: GPUs all its members' containers may hold at once}
-    "wait_poll": 5,  # seconds between looks while `run --wait` queues
-    "default_time": None,  # a run's deadline when --time is not given ("2d"; None: no deadline)
-    "max_time": None,  # the longest --time, and how far `imgbuild extend` may go from the start ("7d")
-    "env": {},
-}
 #: Thread pools that size themselves to every CPU of the host unless told (PyTorch, NumPy, MKL, OpenBLAS).
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -69,7 +49,7 @@ class RunSpec:
     interactive: bool = False
     tty: bool = False
     name: str = ""
-    house: dict[str, Any] = field(default_factory=lambda: dict(DEFAULTS))
+    house: dict[str, Any] = field(default_factory=lambda: house_rules({}))
     cwd: Path = field(default_factory=Path.cwd)
     entrypoint: str | None = None
     jupyter_port: int | None = None  # `--jupyter`: the host port on 127.0.0.1
@@ -175,31 +155,16 @@ def log_flags(house: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def house_rules(site: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(site) - set(DEFAULTS))
-    if unknown:
-        raise UsageError(f"config run: unknown setting {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
-    merged = dict(DEFAULTS)
-    merged.update({k: v for k, v in site.items() if v is not None or k == "shm_size"})
-    if merged["gpu_flag"] not in ("gpus", "env"):
-        raise UsageError(f"config run.gpu_flag: {str(merged['gpu_flag'])[:40]!r} is not gpus or env")
-    if not isinstance(merged["pin_cpus"], bool):
-        raise UsageError("config run.pin_cpus: must be true or false")
-    if merged["max_gpus_per_user"] is not None and not _count(merged["max_gpus_per_user"]):
-        raise UsageError("config run.max_gpus_per_user: must be a whole number >= 0")
-    groups = merged["max_gpus_per_group"]
-    if not isinstance(groups, dict) or not all(isinstance(g, str) and _count(n) for g, n in groups.items()):
-        raise UsageError("config run.max_gpus_per_group: must map group names to whole numbers >= 0")
-    if not isinstance(merged["wait_poll"], (int, float)) or not 0.05 <= merged["wait_poll"] <= 600:
-        raise UsageError("config run.wait_poll: must be seconds between 0.05 and 600")
+def house_rules(rules: Any) -> dict[str, Any]:
+    """The house rules as `run` uses them (deadlines in seconds), from the config's typed `run:` section
+    (`settings.run`); a mapping is checked as that section would be."""
+    from imgbuild.siteconfig import RunRules, as_text, checked_section, duration_seconds
+
+    house = as_text(checked_section(RunRules, "run", rules))
     for key in ("default_time", "max_time"):
-        if merged[key] is not None:
-            merged[key] = parse_duration(str(merged[key]), f"config run.{key}")
-    if merged["state_dir"] is not None and not (
-        isinstance(merged["state_dir"], str) and merged["state_dir"].startswith("/")
-    ):
-        raise UsageError("config run.state_dir: must be an absolute path")
-    return merged
+        if house[key] is not None:
+            house[key] = duration_seconds(house[key])
+    return house
 
 
 def _count(value: Any) -> bool:
@@ -456,13 +421,12 @@ def lost_containers(engine: Any) -> list[dict[str, str]]:
     return [{"name": name, "fix": fix} for name, fix in found if fix]
 
 
-def container_view(engine: Any, now: float | None = None) -> list[dict[str, Any]]:
+def container_view(engine: Any, settings: Any, now: float | None = None) -> list[dict[str, Any]]:
     """`ps`'s rows: the engine's, with each deadline (as `extend` moved it), the time left, lost GPUs."""
-    from imgbuild.config import site_section
     from imgbuild.errors import EnvironmentProblem
     from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
 
-    house = house_rules(site_section("run"))
+    house = house_rules(settings.run)
     try:
         extended = Ledger(house["state_dir"] or DEFAULT_STATE_DIR).read().extended
     except EnvironmentProblem:
@@ -535,11 +499,10 @@ def prepare(
 ) -> RunSpec:
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them."""
-    from imgbuild.config import site_section
     from imgbuild.gpus import select_gpus
     from imgbuild.host import caller, usable_cpus
 
-    house = dict(house if house is not None else house_rules(site_section("run")))
+    house = dict(house if house is not None else house_rules(settings.run))
     held = held or Held()
     if req.shm_size:
         house["shm_size"] = req.shm_size
@@ -653,7 +616,7 @@ class WaitTimedOut(JobFailed):
     """`run --wait`: the GPUs did not come free in time (exit 1; the place in the queue is given up)."""
 
 
-_DURATION_RE = re.compile(r"(\d{1,7})([smhd]?)")
+_DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")  # ASCII digits: `\d` takes any script's
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -681,12 +644,11 @@ def reserved(
     `wait` (seconds): while the GPUs are busy (other users, or the caller's quota), queue for them, first
     come first served across users: only the head of the queue may take GPUs. `on_wait(place, why)` is
     told each look; the place is given up on every way out (and, if this process dies, with it)."""
-    from imgbuild.config import site_section
     from imgbuild.gpus import GpusBusy
     from imgbuild.host import caller
     from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
 
-    house = house_rules(site_section("run"))
+    house = house_rules(settings.run)
     ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
     ticket = f"wait-{os.getpid()}"
     wants_gpus = req.gpu_request.strip().lower() not in ("", "none")  # the queue is for GPUs only

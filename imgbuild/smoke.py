@@ -85,11 +85,11 @@ class SmokeRequest:
     commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
 
 
-def _run_settings() -> dict[str, Any]:
-    from imgbuild.config import site_section
+def _run_settings(settings: Any) -> dict[str, Any]:
+    from imgbuild.config import load_settings
     from imgbuild.run import house_rules
 
-    return house_rules(site_section("run"))
+    return house_rules((settings or load_settings()).run)
 
 
 def _pick_gpus(request: str, settings: Any) -> list[str]:
@@ -123,7 +123,7 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
     require_gpu = (req.require_gpu or host_gpus) and not req.libraries_only
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
-    house = _run_settings()
+    house = _run_settings(settings)
     code, output, note = engine.containers.run_script(
         req.image,
         SCRIPT.read_text(),

@@ -45,6 +45,7 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     """No test reads the developer's config or writes the real cache."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(home / "config.yaml"))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(home / "site-config.yaml"))  # never the machine's /etc one
     monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(home / "cache"))
     monkeypatch.setenv("IMGBUILD_USER", "imgbuildtest")
     monkeypatch.setenv("IMGBUILD_REGISTRY_BACKOFF", "0.02")  # retries stay real, the waits short

@@ -389,6 +389,14 @@ def standin(key: str, public: str) -> dict:
     }
 
 
+#: The bed installs PyPI's torch 2.13.0 (tests/testbed/up): what the 24.05 stand-in then reports, for tests.
+BED_TORCH_PUBLIC = "2.13.0a0"
+BED_24_05 = standin("pytorch:24.05-py3", BED_TORCH_PUBLIC)
+BED_TORCH = BED_24_05["module_version"]  # torch.__version__: 2.13.0a0+07cecf4168.nv24.05
+BED_TORCH_ENV = BED_24_05["env"]["amd64"]["PYTORCH_VERSION"]  # PYTORCH_VERSION: 2.13.0a0+07cecf4
+BED_TORCH_DIST = BED_24_05["dist_version"]  # pip's form: 2.13.0a0+07cecf4168.nv24.5
+
+
 def main(argv: list[str]) -> int:
     """`python3 ngc_facts.py standin KEY PUBLIC`: the stand-in's facts as JSON (for tests/testbed/up)."""
     if len(argv) == 4 and argv[1] == "standin":

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
+from tests import ngc_facts
 from tests.conftest import ROOT, in_image, run_cli
 
 pytestmark = pytest.mark.engine
 
-STANDIN_TORCH = "2.13.0+cpu"
+STANDIN_TORCH = ngc_facts.BED_TORCH
 
 
 def expected_ids() -> tuple[int, int]:
@@ -174,7 +175,10 @@ def test_upgrading_torch_fails_before_building(testbed, docker_client, tmp_path,
     )
     res = build(recipe, tmp_path / "ctx")
     assert res.code == 2
-    assert "up.yaml:6:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch 2.13.0+cpu" in res.err
+    assert (
+        f"up.yaml:6:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch {ngc_facts.BED_TORCH_ENV}"
+        in res.err
+    )
     with pytest.raises(ImageNotFound):
         docker_client.images.get("imgbuildtest/upgrade:v1")
 

@@ -17,6 +17,7 @@ from imgbuild.errors import UsageError
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
 from imgbuild.render import apptainer_definition
+from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
 
 DIGEST = "sha256:" + "cd" * 32
@@ -234,7 +235,7 @@ def test_generated_job_runs_to_completion_in_slurm(slurm, testbed, tmp_path, mon
     job_id = res.out.split()[-1]
     assert wait_for(job_id, slurm) == "COMPLETED"
     output = (tmp_path / f"out-{job_id}.txt").read_text()
-    assert f"trained with torch 2.13.0+cpu in /workspace job {job_id}" in output
+    assert f"trained with torch {ngc_facts.BED_TORCH} in /workspace job {job_id}" in output
 
 
 @pytest.mark.engine
@@ -390,8 +391,8 @@ def test_a_csc_like_site_config_describes_the_cluster():
     with pytest.raises(UsageError, match=r"a v100 node has 4 GPUs; ask for --nodes 2 --gpus 4"):
         job_from_flags(JobFlags(["x"], "i", "i", gpus=8), site)
     for bad, message in (
-        ({"mem_per_gpu": "lots"}, "is not a Slurm memory size"),
-        ({"binds": ["scratch"]}, "is not /HOST"),
+        ({"mem_per_gpu": "lots"}, "not a Slurm memory size"),
+        ({"binds": ["scratch"]}, "not /HOST"),
         ({"binds": "/scratch"}, "must be a list"),
         ({"gpus_per_node": 4}, "must be a mapping"),
     ):

@@ -12,6 +12,7 @@ import pytest
 from imgbuild.devcontainer import devcontainer
 from imgbuild.errors import UsageError
 from imgbuild.run import house_rules
+from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.test_cluster import plan_of
 
@@ -84,7 +85,9 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         probe = "id -un; pwd; cat train.py; python3 -c 'import torch; print(torch.__version__)'"
         run = subprocess.run([cli, "exec", *args, "sh", "-c", probe], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-2000:]
-        assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", "2.13.0+cpu"], run.stderr[-1500:]
+        assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", ngc_facts.BED_TORCH], run.stderr[
+            -1500:
+        ]
     finally:
         subprocess.run(
             f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path} | xargs -r docker rm -f",

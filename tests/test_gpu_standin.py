@@ -99,8 +99,9 @@ def test_bump_does_not_move_past_the_fleets_driver(testbed, tmp_path):
     held = run_cli("bump", "--json", cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "570.124.06"})
     assert held.code == 0, held.err
     moved = json.loads(held.out)[0]
-    assert moved["newest"] == "24.05-py3" and moved["changed"]  # 25.10 (CUDA 13) needs R580
-    assert "25.10-py3" in moved["held_back"][0] and "older than 580.65.06" in moved["held_back"][0]
+    assert moved["newest"] == "24.05-py3" and moved["changed"]  # 25.10 and 26.01 (CUDA 13) need R580
+    held_back = " ".join(moved["held_back"])
+    assert "25.10-py3" in held_back and "26.01-py3" in held_back and "older than 580.65.06" in held_back
     assert 'tag: "24.05"' in recipe.read_text()
     free = run_cli("bump", "--json", cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "580.95.05"})
-    assert json.loads(free.out)[0]["newest"] == "25.10-py3" and 'tag: "25.10"' in recipe.read_text()
+    assert json.loads(free.out)[0]["newest"] == "26.01-py3" and 'tag: "26.01"' in recipe.read_text()

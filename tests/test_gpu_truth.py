@@ -253,13 +253,13 @@ def test_a_fleet_in_the_config_and_in_a_recipe(tmp_path):
     settings = load_settings(environ={"IMGBUILD_CONFIG": str(config)})
     assert settings.fleet_gpus == ("v100", "h100") and settings.fleet_driver == "535.104.05"
     config.write_text("fleet:\n  gpus: [v100, quantum9000]\n")
-    with pytest.raises(UsageError, match="config.yaml: fleet_gpus: 'quantum9000' is not a GPU"):
+    with pytest.raises(UsageError, match=r"config.yaml:2:16: fleet.gpus\[1\]: 'quantum9000' is not a GPU"):
         load_settings(environ={"IMGBUILD_CONFIG": str(config)})
     config.write_text("fleet:\n  driver: latest\n")
-    with pytest.raises(UsageError, match="fleet_driver: 'latest' is not an NVIDIA driver version"):
+    with pytest.raises(UsageError, match=r"config.yaml:2:11: fleet.driver: 'latest' is not an NVIDIA driver version"):
         load_settings(environ={"IMGBUILD_CONFIG": str(config)})
     config.write_text("fleet: [v100]\n")
-    with pytest.raises(UsageError, match="fleet: must be a mapping"):
+    with pytest.raises(UsageError, match=r"config.yaml:1:8: fleet: must be a mapping"):
         load_settings(environ={"IMGBUILD_CONFIG": str(config)})
 
 

@@ -10,6 +10,7 @@ import pytest
 from imgbuild.errors import RecipeError
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
+from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.test_recipe_render import DIGEST, STANDIN_CONFIG, fake_inspect, settings
 
@@ -42,7 +43,7 @@ PLAN_CONFLICTS = [
         3,
         "nvidia-cudnn-cu12 would replace a CUDA library of the base",
     ),
-    ("torch-range", "pip: ['torch<2.6']\n", 3, "torch<2.6 conflicts with the base's torch 2.13.0+cpu"),
+    ("torch-range", "pip: ['torch<2.6']\n", 3, f"torch<2.6 conflicts with the base's torch {ngc_facts.BED_TORCH_ENV}"),
 ]
 
 

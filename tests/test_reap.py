@@ -141,7 +141,7 @@ def test_with_remove_set_the_final_action_removes():
     [
         ({"idle_timeout": "soon"}, "reap.idle_timeout"),
         ({"warn_lead": "-1"}, "reap.warn_lead"),
-        ({"remove": "yes"}, "reap.remove"),
+        ({"remove": "maybe"}, "reap.remove"),
         ({"idle_percent": 101}, "idle_percent"),
         ({"exempt": "registry"}, "reap.exempt"),
         ({"log": "reap.log"}, "reap.log"),
@@ -231,8 +231,9 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
     state = tmp_path / "state"
     config = tmp_path / "config.yaml"
     config.write_text(f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {state}\n")
-    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
     late, idle, busy = (f"{ME}_{n}{unique}_1" for n in ("late", "idle", "busy"))
     never, unnamed = f"{ME}_never{unique}_1", f"handmade{unique}"
     notices: list[tuple[str, str]] = []
@@ -308,7 +309,7 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
     config.write_text(
         f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {tmp_path / 'state'}\n  max_time: 2h\n"
     )
-    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'Failed to initialize NVML: Unknown Error'\nexit 255\n")

@@ -10,6 +10,7 @@ from imgbuild.errors import RegistryError, RegistryUnavailable
 from imgbuild.ngc import newest_matching, parse_tag
 from imgbuild.registry import Credentials, RegistryClient, parse_challenge
 from imgbuild.tags import HostGpus, TagInfo, compatibility, select
+from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.fake_nvcr import GOOD_KEY, FakeNvcr, ngc_tag_names, push_many_tags
 
@@ -207,7 +208,7 @@ def test_real_registry_pagination_and_details(testbed):
     assert res.code == 0, res.err
     data = json.loads(res.out)
     assert [t["tag"] for t in data["tags"]] == ["26.03-py3", "26.02-py3", "26.01-py3"]
-    assert {t["framework_version"] for t in data["tags"]} == {"2.13.0+cpu"}
+    assert {t["framework_version"] for t in data["tags"]} == {ngc_facts.BED_TORCH_ENV}
     assert data["total"] == 260
 
 

@@ -15,6 +15,7 @@ from imgbuild import tags as tags_module
 from imgbuild.errors import UsageError
 from imgbuild.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
 from imgbuild.host import caller
+from tests import ngc_facts
 from tests.conftest import run_cli
 
 ME = caller().name  # containers are named after who runs imgbuild, never after IMGBUILD_USER
@@ -186,6 +187,7 @@ def engine_limits(tmp_path, monkeypatch):
         f"  state_dir: {tmp_path / 'state'}\n"
     )
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
     return config
 
 
@@ -291,11 +293,12 @@ def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp
     started.append(f"{ME}_{name}_1")
     by_hand = subprocess.run(line, shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert by_hand.returncode == 0, by_hand.stderr
-    assert by_hand.stdout.split() == ["2.13.0+cpu", "1", "/workspace"]
+    # NGC's entrypoint prints its banner first, as on a real image; the command's line is the last
+    assert by_hand.stdout.split("\n\n")[-1].split() == [ngc_facts.BED_TORCH, "1", "/workspace"], by_hand.stdout
     attrs = inspect(docker_client, f"{ME}_{name}_1")
     assert attrs["HostConfig"]["IpcMode"] == "host" and attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
     logs = run_cli("logs", f"{name}_1")
-    assert "2.13.0+cpu" in logs.out
+    assert ngc_facts.BED_TORCH in logs.out
 
 
 @pytest.mark.engine

@@ -176,6 +176,8 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text("run: {pin_cpus: false}\n")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
+    settings = load_settings({})
     unpinned = prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8), settings).docker_args()
     assert "--cpuset-cpus" not in unpinned and "OMP_NUM_THREADS=8" in unpinned  # threads still match the quota
     for bad, message in (
@@ -185,7 +187,7 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
     ):
         config.write_text(f"run: {bad}\n")
         with pytest.raises(UsageError, match=message):
-            prepare(RunRequest("ubuntu:22.04", ["true"]), settings)
+            load_settings({})
 
 
 # --- the race, for real -------------------------------------------------------------------------------
@@ -205,7 +207,12 @@ def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed
         "run:\n  ulimits: {memlock: 8388608}\n  gpu_flag: env\n"  # the engine has no GPU runtime: env mode
         f"  state_dir: {tmp_path / 'state'}\n"
     )
-    env = {**os.environ, "IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    env = {
+        **os.environ,
+        "IMGBUILD_CONFIG": str(config),
+        "IMGBUILD_SITE_CONFIG": str(config),
+        "IMGBUILD_GPU_SNAPSHOT": str(snapshot),
+    }
     args = ["run", "-d", "--gpus", "1", "--cpus", "1", "--name", f"race{unique}", image, "--", "sleep", "120"]
     names = [f"{ME}_race{unique}_{n}" for n in (1, 2, 3)]
     try:
@@ -272,7 +279,14 @@ def test_dry_run_does_not_touch_the_ledger(tmp_path, monkeypatch):
     config.write_text(f"run: {{state_dir: {tmp_path / 'state'}}}\n")
     from tests.conftest import run_cli
 
-    res = run_cli("run", "--dry-run", "ubuntu:22.04", "--", "true", env={"IMGBUILD_CONFIG": str(config)})
+    res = run_cli(
+        "run",
+        "--dry-run",
+        "ubuntu:22.04",
+        "--",
+        "true",
+        env={"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config)},
+    )
     assert res.code == 0, res.err
     assert not Path(tmp_path / "state").exists()
 
@@ -316,7 +330,7 @@ def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_c
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     config = tmp_path / "config.yaml"
     config.write_text(f"run:\n  ulimits: {{memlock: 8388608}}\n  state_dir: {tmp_path / 'state'}\n")
-    env = {"IMGBUILD_CONFIG": str(config)}
+    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config)}
     names = [f"{ME}_nb{unique}_{n}" for n in (1, 2)]
     (tmp_path / "hello.txt").write_text("from the workspace\n")
     try:
@@ -373,6 +387,7 @@ def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None)
     config = tmp_path / "config.yaml"
     config.write_text(f"run:\n  state_dir: {tmp_path / 'state'}\n  wait_poll: 1\n{extra}")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
     return load_settings({})
 
 
@@ -441,6 +456,8 @@ def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch)
 def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monkeypatch):
     import grp
 
+    from imgbuild.config import load_settings
+
     group = grp.getgrgid(os.getgid()).gr_name
     four = [gpu(i) for i in range(4)]
     settings = _site(tmp_path, monkeypatch, f"  max_gpus_per_user: 2\n  max_gpus_per_group: {{{group}: 2}}\n", four)
@@ -463,7 +480,7 @@ def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monke
     for bad, key in (("max_gpus_per_user: -1", "max_gpus_per_user"), ("max_gpus_per_group: [a]", "group"), ("wait_poll: 0", "wait_poll")):  # fmt: skip
         (tmp_path / "config.yaml").write_text(f"run:\n  {bad}\n")
         with pytest.raises(UsageError, match=key):
-            prepare(RunRequest("img", ["true"]), settings)
+            load_settings({})  # read once, by every command, before anything runs
 
 
 def test_a_bare_wait_does_not_swallow_the_image(tmp_path):
@@ -488,7 +505,12 @@ def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_
     config.write_text(
         f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  wait_poll: 0.2\n  state_dir: {tmp_path / 'state'}\n"
     )
-    env = {**os.environ, "IMGBUILD_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+    env = {
+        **os.environ,
+        "IMGBUILD_CONFIG": str(config),
+        "IMGBUILD_SITE_CONFIG": str(config),
+        "IMGBUILD_GPU_SNAPSHOT": str(snapshot),
+    }
     ledger = Ledger(tmp_path / "state")
 
     def start(name: str, *extra: str) -> subprocess.Popen:

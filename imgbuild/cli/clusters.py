@@ -51,7 +51,7 @@ def export(
     if devcontainer:
         from imgbuild.cluster import export_devcontainer
 
-        click.echo(str(export_devcontainer(plan_recipe(loaded, settings, offline=True), out)))
+        click.echo(str(export_devcontainer(plan_recipe(loaded, settings, offline=True), settings.run, out)))
         return
     to_stdout = out is not None and str(out) == "-"
     if to_stdout and bootstrap == "docker-archive":
@@ -172,7 +172,6 @@ def slurm(
         stage_dir,
         submit_job,
     )
-    from imgbuild.config import site_section
     from imgbuild.run import house_rules, resolve_image
 
     settings = _settings(ctx)
@@ -180,7 +179,7 @@ def slurm(
     tars, packed = [], []
     for item in stage:
         if Path(item).is_dir():
-            tar, made = pack_dataset(Path(item), stage_dir(site_section("slurm")))
+            tar, made = pack_dataset(Path(item), stage_dir(settings.slurm))
             packed.append((tar, made))
             tars.append(str(tar))
         else:
@@ -213,8 +212,8 @@ def slurm(
             snapshot_dir=snapshot_dir,
             usage=usage,
         ),
-        site_section("slurm"),
-        house_rules(site_section("run"))["gpu_flag"],
+        settings.slurm,
+        house_rules(settings.run)["gpu_flag"],
     )
     for tar, made in packed:
         folder = tar.name.rsplit("-", 1)[0]

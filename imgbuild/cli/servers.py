@@ -206,7 +206,7 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     settings = _settings(ctx)
     who = caller()
     engine = Engine.connect(settings.docker_cli)
-    rows = [r for r in container_view(engine) if all_users or r["user"] == who.name]
+    rows = [r for r in container_view(engine, settings) if all_users or r["user"] == who.name]
     if as_json:
         _emit_json(rows)
         return
@@ -301,13 +301,12 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     import time
 
     from imgbuild import reap as reaper
-    from imgbuild.config import site_section
     from imgbuild.engine import Engine
     from imgbuild.run import house_rules, read_gpus_or_none
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
-    house, rules = house_rules(site_section("run")), reaper.policy(site_section("reap"))
+    house, rules = house_rules(settings.run), reaper.policy(settings.reap)
     engine = Engine.connect(settings.docker_cli)
     report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
@@ -332,7 +331,6 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     """Move one of your containers' deadline: imgbuild extend NAME 1d (within the site's run.max_time)."""
     import time
 
-    from imgbuild.config import site_section
     from imgbuild.engine import Engine
     from imgbuild.host import caller
     from imgbuild.run import check_owner, find_container, house_rules, human_duration
@@ -342,7 +340,7 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     who = caller()
     row = find_container(Engine.connect(settings.docker_cli).containers.rows(), name, who.name)
     check_owner(row, who, "extend", force)
-    deadline = extend_deadline(row, duration, house_rules(site_section("run")))
+    deadline = extend_deadline(row, duration, house_rules(settings.run))
     click.echo(
         f"{row['name']}: deadline {time.strftime('%Y-%m-%d %H:%M', time.localtime(deadline))} "
         f"(in {human_duration(deadline - time.time())})"
