@@ -389,3 +389,39 @@ def _check(settings: Settings) -> None:
                     raise UsageError(f"{where}: {name}: {str(exc).split(': ', 1)[-1]}") from None
     if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
         raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
+
+
+_SCHEMA_TYPES = (
+    ("tuple", {"type": "array", "items": {"type": "string"}}),
+    ("float", {"type": "number"}),
+    ("Bytes", {"type": ["integer", "string"]}),
+    ("int", {"type": "integer"}),
+)
+
+
+def json_schema() -> dict[str, Any]:
+    """The config file (`/etc/imgbuild/config.yaml`, `~/.config/imgbuild/config.yaml`) as a JSON Schema, from
+    the same declarations `load_settings` checks against (`docs/config.schema.json`)."""
+    from imgbuild import fields, siteconfig
+
+    defs: dict[str, Any] = {}
+    properties: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        if f.name == "sources" or f.name.startswith("fleet_"):
+            continue
+        if f.name in SECTIONS:
+            properties[f.name] = fields.Model(SECTIONS[f.name]).schema(defs)
+            continue
+        kind = next((schema for word, schema in _SCHEMA_TYPES if word in str(f.type)), {"type": "string"})
+        properties[f.name] = {**kind, "description": f"IMGBUILD_{f.name.upper()} overrides it"}
+    properties["fleet"] = fields.Model(siteconfig.Fleet).schema(defs)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "imgbuild config",
+        "description": "Site (/etc/imgbuild/config.yaml) and user (~/.config/imgbuild/config.yaml) settings. "
+        "Fields marked x-site-only are the site's: a user's config may only tighten them (lower).",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": dict(sorted(properties.items())),
+        "$defs": defs,
+    }

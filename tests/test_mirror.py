@@ -87,12 +87,20 @@ def _source_digest(testbed: dict[str, str], repo: str, tag: str) -> str:
 def test_mirror_copies_with_digests_kept_and_a_second_run_copies_nothing(testbed, mirror, tmp_path):
     first = run_cli("mirror", "tensorflow", "--to", mirror.host, "--since", "24.01", "--json")
     assert first.code == 0, first.err
-    (copied,) = json.loads(first.out)
-    assert copied["status"] == "copied" and copied["blobs_copied"] >= 2 and copied["bytes_copied"] > 100 * 2**20
+    assert {c["tag"] for c in json.loads(first.out)} == {"24.05-tf2-py3", "25.02-tf2-py3"}
+    (copied,) = [c for c in json.loads(first.out) if c["tag"] == "24.05-tf2-py3"]
+    assert copied["status"] == "copied" and copied["blobs_copied"] >= 2
+    assert sum(c["bytes_copied"] for c in json.loads(first.out)) > 100 * 2**20  # the two share TensorFlow's layers
     want = _source_digest(testbed, "nvidia/tensorflow", "24.05-tf2-py3")
     assert copied["digest"] == want == mirror.digest("nvidia/tensorflow", "24.05-tf2-py3")
-    again = run_cli("mirror", "tensorflow", "--to", mirror.host, "--since", "24.01", "--json")
-    assert json.loads(again.out) == [{**copied, "status": "present", "blobs_copied": 0, "bytes_copied": 0}]
+    # NGC's tags are manifest lists: the arm64 image (config only, on the bed) is copied with the amd64 one
+    listing = requests.get(
+        f"http://{mirror.host}/v2/nvidia/tensorflow/manifests/24.05-tf2-py3", headers={"Accept": ACCEPT}, timeout=10
+    ).json()
+    assert {m["platform"]["architecture"] for m in listing["manifests"]} == {"amd64", "arm64"}
+    again = run_cli("mirror", "tensorflow", "--to", mirror.host, "--tag", "24.05-tf2-py3", "--json")
+    nothing = {"blobs_copied": 0, "blobs_present": 0, "blobs_mounted": 0, "bytes_copied": 0}
+    assert json.loads(again.out) == [{**copied, **nothing, "status": "present"}]
     # another repository sharing the Debian base layer: mounted on the mirror, not copied again
     torch = run_cli("mirror", "pytorch", "--to", mirror.host, "--tag", "24.05-py3", "--json")
     (moved,) = json.loads(torch.out)

@@ -82,8 +82,14 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
 
 
 @cli.command()
-def schema() -> None:
-    """Print the recipe JSON schema (generated from the model)."""
+@click.option("--config", "of_config", is_flag=True, help="The config file's schema instead (docs/config.schema.json).")
+def schema(of_config: bool) -> None:
+    """Print the recipe JSON schema, or the config file's (generated from the models)."""
+    if of_config:
+        from imgbuild.config import json_schema as config_schema
+
+        _emit_json(config_schema())
+        return
     from imgbuild.recipe import json_schema
 
     _emit_json(json_schema())

@@ -1,0 +1,283 @@
+"""The docs run: every fenced example in README.md and docs/ (and every command in docs/ci/) is executed here.
+
+- a YAML block of settings loads as a site config and every value shows in `imgbuild config`;
+- a YAML block that is a recipe validates; one marked `<!-- docs: recipe-fragment -->` validates inside a
+  minimal recipe; one marked `<!-- docs: reference -->` (a field list with placeholders) names only real fields;
+- every `imgbuild ...` line of a shell block, a systemd unit or a CI file parses with imgbuild's own CLI;
+- `text` blocks are shown output or diagrams, and a block marked `<!-- docs: partial -->` is left alone:
+  the mark is the author saying so, and the test counts the marks so none slips in unseen.
+An example that does not run fails here, and so CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from imgbuild import fields
+from imgbuild.config import Settings, load_settings
+from imgbuild.siteconfig import SECTIONS, Fleet
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CI_FILES = sorted((ROOT / "docs" / "ci").glob("*.yml"))
+FENCE = re.compile(r"(?ms)^(?:<!-- docs: (?P<mark>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```")
+MARKS = {"recipe-fragment", "reference", "partial", "main-command", "test-command"}
+SETTING_KEYS = {f.name for f in dataclasses.fields(Settings)} - {"sources"} | {"fleet"}
+MINIMAL_RECIPE = 'name: docs-example\nbase: {framework: pytorch, tag: "24.05"}\n'
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    file: Path
+    line: int
+    lang: str
+    mark: str
+    body: str
+
+    def __str__(self) -> str:
+        return f"{self.file.relative_to(ROOT)}:{self.line}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in FENCE.finditer(text):
+            mark = m["mark"] or _comment_before(text, m.start())
+            found.append(Block(path, text[: m.start("lang")].count("\n") + 1, m["lang"], mark, m["body"]))
+    return found
+
+
+def _comment_before(text: str, at: int) -> str:
+    """README's `<!-- main-command -->` marks stand on the line before the fence too."""
+    before = text[:at].rstrip("\n").rsplit("\n", 1)[-1]
+    found = re.fullmatch(r"<!-- ([a-z-]+) -->", before)
+    return found.group(1) if found else ""
+
+
+BLOCKS = blocks()
+YAML_BLOCKS = [b for b in BLOCKS if b.lang == "yaml"]
+
+
+def test_every_block_is_of_a_kind_the_docs_test_runs():
+    """A block in a language this test does not run, or with an unknown mark, fails: nothing slips by."""
+    for block in BLOCKS:
+        assert block.lang in ("yaml", "sh", "ini", "text"), f"{block}: ```{block.lang}``` is not run by any test"
+        assert not block.mark or block.mark in MARKS, f"{block}: unknown mark {block.mark!r}"
+    assert len(YAML_BLOCKS) >= 6 and sum(b.lang == "sh" for b in BLOCKS) >= 5
+
+
+def _is_settings(data: object) -> bool:
+    return isinstance(data, dict) and bool(data) and set(data) <= SETTING_KEYS
+
+
+@pytest.mark.parametrize("block", [b for b in YAML_BLOCKS if not b.mark], ids=str)
+def test_each_yaml_example_loads_as_what_it_is(block, tmp_path, monkeypatch):
+    data = yaml.safe_load(block.body)
+    if _is_settings(data):
+        site = tmp_path / "config.yaml"
+        site.write_text(block.body)
+        monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+        view = load_settings({}).public_view()
+        for section, values in data.items():
+            shown = {k: v for k, v in view.items() if k == section or k.startswith(section + ".")}
+            if section == "fleet":
+                shown = {k: v for k, v in view.items() if k.startswith("fleet_")}
+            assert shown, f"{block}: {section} does not show in imgbuild config"
+            for key in values if isinstance(values, dict) else ():
+                dotted = f"{section}.{key}" if section in SECTIONS else f"fleet_{key}"
+                assert view[dotted]["source"].startswith("site config"), (str(block), dotted, view[dotted])
+        return
+    assert isinstance(data, dict) and "name" in data, f"{block}: neither settings nor a complete recipe (mark it)"
+    _validates(block.body, tmp_path, block)
+
+
+def _validates(text: str, tmp_path: Path, block: Block) -> None:
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    recipe = tmp_path / "recipes" / "example.yaml"
+    recipe.parent.mkdir(exist_ok=True)
+    recipe.write_text(text)
+    load_recipe(recipe)  # raises a RecipeError naming file, line and field
+
+
+@pytest.mark.parametrize("block", [b for b in YAML_BLOCKS if b.mark == "recipe-fragment"], ids=str)
+def test_recipe_fragments_validate_inside_a_minimal_recipe(block, tmp_path):
+    fragment = yaml.safe_load(block.body)
+    assert isinstance(fragment, dict) and not set(fragment) & {"name", "base"}, block
+    _validates(MINIMAL_RECIPE + block.body, tmp_path, block)
+
+
+def _known_paths(model: type, data: object, at: str = "") -> list[str]:
+    """Keys of `data` that `model` has no field for (recursing into nested models)."""
+    if not isinstance(data, dict):
+        return []
+    fields_by_name = {f.name: f for f in dataclasses.fields(model) if "check" in f.metadata}
+    unknown = []
+    for key, value in data.items():
+        if key not in fields_by_name:
+            unknown.append(f"{at}{key}")
+            continue
+        check = fields_by_name[key].metadata["check"]
+        for inner in (check, getattr(check, "inner", None)):
+            if isinstance(inner, fields.Model):
+                unknown += _known_paths(inner.cls, value, f"{at}{key}.")
+    return unknown
+
+
+@pytest.mark.parametrize("block", [b for b in YAML_BLOCKS if b.mark == "reference"], ids=str)
+def test_reference_listings_name_only_real_fields(block):
+    from imgbuild.recipe import Recipe
+
+    data = yaml.safe_load(block.body.replace("[...]", "[]"))
+    assert not _known_paths(Recipe, data), f"{block}: not recipe fields: {_known_paths(Recipe, data)}"
+    assert len(data) >= 15, block  # the listing is the whole recipe
+
+
+def test_the_config_sections_the_docs_name_are_the_typed_ones():
+    named = {key for b in YAML_BLOCKS if not b.mark for key in (yaml.safe_load(b.body) or {}) if key in SETTING_KEYS}
+    assert {"run", "slurm", "fleet"} <= named
+    assert not _known_paths(Fleet, {"gpus": [], "driver": None})
+
+
+# --- command lines ---------------------------------------------------------------------------------------
+
+
+def _imgbuild_lines(text: str) -> list[list[str]]:
+    """Every `imgbuild ...` invocation in shell text: `&&`, `|` and `;` chains split, sudo and paths dropped."""
+    found = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split(" #", 1)[0]
+        if line.lstrip().startswith("#"):
+            continue
+        for part in re.split(r"&&|\|\||;|\|", line):
+            words = shlex.split(part.replace("$(", "( ").replace("${{", "{{"), comments=True)
+            words = [w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)]
+            while words and words[0] in ("sudo", "exec", "-", "run:", "script:"):
+                words = words[1:]
+            if words and Path(words[0]).name == "imgbuild":
+                found.append(words[1:])
+    return found
+
+
+def _parse(args: list[str], where: str) -> None:
+    import click
+
+    from imgbuild.cli import cli
+
+    try:
+        ctx = cli.make_context("imgbuild", list(args), resilient_parsing=False)
+        with warnings.catch_warnings():  # click 8.2 moves the subcommand from protected_args to args
+            warnings.simplefilter("ignore", DeprecationWarning)
+            words = [*ctx.protected_args, *ctx.args]
+        name, command, rest = cli.resolve_command(ctx, words)
+        assert command is not None, f"{where}: imgbuild {name}: no such command"
+        command.make_context(name, rest, parent=ctx)
+    except click.exceptions.Exit:
+        pass
+    except click.ClickException as exc:
+        pytest.fail(f"{where}: `imgbuild {shlex.join(args)}` does not parse: {exc.format_message()}")
+
+
+COMMAND_SOURCES = [b for b in BLOCKS if b.lang in ("sh", "ini") and b.mark != "partial"]
+
+
+@pytest.mark.parametrize("block", COMMAND_SOURCES, ids=str)
+def test_each_imgbuild_command_in_the_docs_parses(block):
+    body = block.body
+    if block.lang == "ini":  # a systemd unit: the command is what ExecStart says
+        body = "\n".join(ln.split("=", 1)[1] for ln in body.splitlines() if ln.startswith("ExecStart="))
+    for args in _imgbuild_lines(body):
+        _parse(args, str(block))
+
+
+@pytest.mark.parametrize("path", CI_FILES, ids=lambda p: p.name)
+def test_the_ci_examples_load_and_their_imgbuild_commands_parse(path):
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict)
+    commands = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("run", "script", "before_script") and isinstance(value, (str, list)):
+                    commands.extend(value if isinstance(value, list) else [value])
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(data)
+    lines = [args for text in commands for args in _imgbuild_lines(str(text))]
+    assert len(lines) >= 3, path
+    for args in lines:
+        _parse(args, path.name)
+
+
+def test_the_readme_reap_example_works_in_the_site_config(tmp_path):
+    """Issue 26: README's `run:` + `reap:` block in /etc/imgbuild/config.yaml broke every command."""
+    from tests.conftest import run_cli
+
+    block = next(b for b in YAML_BLOCKS if b.file.name == "README.md" and "reap" in (yaml.safe_load(b.body) or {}))
+    site = tmp_path / "config.yaml"
+    site.write_text(block.body)
+    env = {"IMGBUILD_SITE_CONFIG": str(site)}
+    shown = run_cli("config", "--json", env=env)
+    assert shown.code == 0, shown.err
+    assert '"reap.idle_timeout"' in shown.out and "site config" in shown.out
+    valid = run_cli("validate", str(ROOT / "recipes" / "pytorch-research.yaml"), env=env)
+    assert valid.code == 0, valid.err
+
+
+def test_a_misspelt_key_in_any_section_is_one_located_line(tmp_path):
+    from tests.conftest import run_cli
+
+    site = tmp_path / "config.yaml"
+    for text, where in (
+        ("reap:\n  idle_timout: 4h\n", "config.yaml:2:3: reap.idle_timout: unknown key (did you mean 'idle_timeout'?)"),
+        ("run:\n  max_gpu_per_user: 2\n", "config.yaml:2:3: run.max_gpu_per_user: unknown key (did you mean"),
+        ("slurm:\n  partitoin: gpu\n", "config.yaml:2:3: slurm.partitoin: unknown key (did you mean 'partition'?)"),
+        ("fleet:\n  gpu: [v100]\n", "config.yaml:2:3: fleet.gpu: unknown key (did you mean 'gpus'?)"),
+        ("ngc_registy: x\n", "config.yaml:1:1: ngc_registy: unknown setting (did you mean 'ngc_registry'?)"),
+    ):
+        site.write_text(text)
+        res = run_cli("validate", str(ROOT / "recipes" / "pytorch-research.yaml"), env={"IMGBUILD_SITE_CONFIG": str(site)})
+        assert res.code == 2 and where in res.err and len(res.err.strip().splitlines()) == 1, (text, res.err)
+        assert "Traceback" not in res.err
+
+
+def test_a_wrong_example_would_fail_this_test(tmp_path, monkeypatch):
+    """The checks above can fail: an unknown flag, an unknown command, a misspelt setting, a bad recipe."""
+    assert _imgbuild_lines("sudo imgbuild reap --dry-run && X=1 .venv/bin/imgbuild gpus --json | jq .") == [
+        ["reap", "--dry-run"],
+        ["gpus", "--json"],
+    ]
+    for args in (["build", "--no-such-flag", "r.yaml"], ["no-such-command"], ["smoke"]):
+        with pytest.raises(pytest.fail.Exception, match="does not parse"):
+            _parse(args, "example")
+    bad = Block(ROOT / "README.md", 1, "yaml", "", "run:\n  max_gpu_per_user: 2\n")
+    with pytest.raises(Exception, match="unknown key"):
+        test_each_yaml_example_loads_as_what_it_is(bad, tmp_path, monkeypatch)
+    with pytest.raises(Exception, match="smoke.targets"):
+        _validates(MINIMAL_RECIPE + "smoke: {targets: [quantum9000]}\n", tmp_path, bad)
+
+
+def test_the_committed_config_schema_is_generated_from_the_declarations():
+    import json
+
+    from imgbuild.config import json_schema
+
+    committed = json.loads((ROOT / "docs" / "config.schema.json").read_text())
+    assert committed == json_schema(), "docs/config.schema.json is stale: imgbuild schema --config > docs/config.schema.json"
+    run = committed["$defs"]["RunRules"]["properties"]
+    assert run["max_time"]["x-site-only"] == "lower" and run["state_dir"]["x-site-only"] == "never"
+    assert set(committed["properties"]) >= {"run", "reap", "slurm", "fleet", "ngc_registry"}
