@@ -230,3 +230,32 @@ def test_the_stand_ins_keep_every_ngc_shape_but_the_public_version():
     assert s["dist_name"] == "tensorflow" and s["dist_version"] == "2.21.0+nv25.2"
     assert s["env"]["amd64"]["TENSORFLOW_VERSION"] == "2.21.0"
     assert s["env"]["amd64"]["NVIDIA_TENSORFLOW_VERSION"] == "25.02-tf2"
+
+
+def test_uv_s_folded_conflict_names_the_package_and_the_trap():
+    """uv may fold the base's pin into another package's requirement before it explains (the timm set)."""
+    watch = _guard().Watch()
+    for line in (
+        "error: No solution found when resolving dependencies",
+        "  cause: Because torchvision==0.28.0 depends on torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, "
+        "we can conclude that timm>=1.0.31 and torchvision==0.28.0 are incompatible.",
+    ):
+        watch.see(line.strip())
+    why = watch.failure("the base's /etc/pip/constraint.txt")
+    assert why.startswith("torchvision 0.28.0 needs torch==2.13.0, which the base's torch==2.13.0a0"), why
+    assert "pre-release" in why
+
+
+@pytest.mark.parametrize(
+    ("line", "framework"),
+    [
+        ("Because tensorflow<0 was requested and keras-hub depends on tensorflow, we can conclude", "tensorflow"),
+        ("Because torchvision<0.28.0 depends on torch==2.12.0 and torch==2.13.0a0, we can conclude", ""),
+        ("torch<0.4 is not available", ""),
+    ],
+)
+def test_only_the_refused_other_name_reads_as_another_framework(line, framework):
+    """`NAME<0` is imgbuild's refusal of another name of the framework; `torchvision<0.28.0` is a version range."""
+    watch = _guard().Watch()
+    watch.see(line)
+    assert watch.other_framework == framework

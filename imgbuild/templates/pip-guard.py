@@ -25,7 +25,13 @@ BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
 UV_DEPENDS = re.compile(
     rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and \3(\S+), we"
 )
-OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0\b")
+#: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
+#: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
+UV_DEPENDS_VIA = re.compile(
+    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and "
+    rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
+)
+OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
 DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 #: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
@@ -143,10 +149,10 @@ class Watch:
         self.installing = self.installing or installing
         if found := OTHER_FRAMEWORK.search(line):
             self.other_framework = found.group(1)
-        if found := UV_DEPENDS.search(line):
+        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
             key = (found.group(1), canon(found.group(3)))
             self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-            self.held[canon(found.group(3))] = found.group(3) + found.group(5)
+            self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
         for kind, words in KINDS:
             if any(word.lower() in line.lower() for word in words):
                 self.kinds.add(kind)
@@ -179,20 +185,24 @@ class Watch:
         )
 
     def conflict(self, origin):
-        """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines."""
+        """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
+        release written for the base's very framework release, refused only because NGC's is a pre-release,
+        is the most useful thing to say: it comes first."""
+        for (package, dep), wanted in self.depends.items():
+            for version, want in wanted if dep in self.held else ():
+                trap = prerelease_trap(self.held[dep], want)
+                if trap:
+                    named = f"{package} {version}" if version else f"every version of {package}"
+                    return (
+                        f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
+                        f"{trap}; pin {package} to an older release that admits it, or drop it"
+                    )
         for (package, dep), wanted in self.depends.items():
             if dep in self.held:
                 many = len(wanted) > 1
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 if not wanted[0][0]:  # uv: "all versions of X depend on ..."
                     versions = f"every version of {package} needs"
-                trap = prerelease_trap(self.held[dep], wanted[0][1])
-                if trap:
-                    return (
-                        f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, which the base's "
-                        f"{self.held[dep]} (from {origin}) does not meet: {trap}; pin {package} to an older "
-                        "release that admits it, or drop it"
-                    )
                 return (
                     f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but the base "
                     f"holds {self.held[dep]} (from {origin}): pin {package} to a version made for the base, or drop it"
