@@ -250,7 +250,9 @@ def test_a_misspelt_key_in_any_section_is_one_located_line(tmp_path):
         ("ngc_registy: x\n", "config.yaml:1:1: ngc_registy: unknown setting (did you mean 'ngc_registry'?)"),
     ):
         site.write_text(text)
-        res = run_cli("validate", str(ROOT / "recipes" / "pytorch-research.yaml"), env={"IMGBUILD_SITE_CONFIG": str(site)})
+        res = run_cli(
+            "validate", str(ROOT / "recipes" / "pytorch-research.yaml"), env={"IMGBUILD_SITE_CONFIG": str(site)}
+        )
         assert res.code == 2 and where in res.err and len(res.err.strip().splitlines()) == 1, (text, res.err)
         assert "Traceback" not in res.err
 
@@ -277,7 +279,9 @@ def test_the_committed_config_schema_is_generated_from_the_declarations():
     from imgbuild.config import json_schema
 
     committed = json.loads((ROOT / "docs" / "config.schema.json").read_text())
-    assert committed == json_schema(), "docs/config.schema.json is stale: imgbuild schema --config > docs/config.schema.json"
+    assert committed == json_schema(), (
+        "docs/config.schema.json is stale: imgbuild schema --config > docs/config.schema.json"
+    )
     run = committed["$defs"]["RunRules"]["properties"]
     assert run["max_time"]["x-site-only"] == "lower" and run["state_dir"]["x-site-only"] == "never"
     assert set(committed["properties"]) >= {"run", "reap", "slurm", "fleet", "ngc_registry"}
