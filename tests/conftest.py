@@ -138,3 +138,12 @@ def in_image(client, image: str, script: str, user: str | None = None) -> str:
         return container.logs(stdout=True, stderr=False).decode()
     finally:
         container.remove(force=True)
+
+
+def bridge_gateway(client) -> str:
+    """The host's address on Docker's default bridge, as containers reach it. A dockerd that was just
+    started (20.10) reports only the subnet, no Gateway: the engine then takes the subnet's first address."""
+    import ipaddress
+
+    config = client.networks.get("bridge").attrs["IPAM"]["Config"][0]
+    return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))

@@ -259,3 +259,19 @@ def test_only_the_refused_other_name_reads_as_another_framework(line, framework)
     watch = _guard().Watch()
     watch.see(line)
     assert watch.other_framework == framework
+
+
+@pytest.mark.parametrize(
+    ("ipam", "gateway"),
+    [
+        ({"Subnet": "172.17.0.0/16"}, "172.17.0.1"),  # a dockerd 20.10 just started reports no Gateway
+        ({"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.9"}, "172.18.0.9"),
+    ],
+)
+def test_the_bridge_gateway_is_found_on_a_fresh_engine_too(ipam, gateway):
+    """Issue 26: a test read IPAM Gateway, which a fresh engine does not report: CI passed, a new machine failed."""
+    from tests.conftest import bridge_gateway
+
+    network = types.SimpleNamespace(attrs={"IPAM": {"Config": [ipam]}})
+    client = types.SimpleNamespace(networks=types.SimpleNamespace(get=lambda name: network))
+    assert bridge_gateway(client) == gateway

@@ -222,8 +222,8 @@ def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
     for pattern in ("latest", "24.*"):
         path = write(f"r-{pattern[:2]}.yaml", f'name: demo\nbase: {{framework: pytorch, tag: "{pattern}"}}\n')
         plan = plan_recipe(load_recipe(path), settings)
-        # the newest release the registry has: the CUDA 13 stand-in for `latest`, 24.05 for `24.*`
-        newest = "25.10-py3" if pattern == "latest" else "24.05-py3"
+        # the newest release the registry has: 26.01 for `latest`, 24.05 for `24.*`
+        newest = "26.01-py3" if pattern == "latest" else "24.05-py3"
         assert plan.base.ref == f"{testbed['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:{newest}"
         assert plan.base.digest and plan.base.digest.startswith("sha256:")
         assert plan.lock()["base"]["requested"].endswith(f":{pattern}")
