@@ -317,17 +317,19 @@ DIFFERENCES = (
     ),
     (
         "CUDA libraries in the CUDA stand-in (25.10)",
-        "system libraries, no `nvidia-*` wheels; CUDA_VERSION=13.0.2.006, cuDNN 9.14, NCCL 2.27.7 [H25.10a]",
-        "NVIDIA's `nvidia-*-cu13` wheels from PyPI (cuDNN 9.20, NCCL 2.29, CUDA runtime 13.0.96); "
-        "CUDA_VERSION/CUDNN_VERSION/NCCL_VERSION say what is installed, in NGC's four-field form",
-        "the constraint file leaves the wheels out, as NGC's has no such lines; the library checks compare "
-        "what loads with the env, which is what they do on a real image",
+        "system libraries, no `nvidia-*` wheels; cuDNN 9.14.0.64, NCCL 2.27.7 [H25.10a]",
+        "NVIDIA's `nvidia-*-cu13` wheels from PyPI (CUDA runtime 13.0, cuDNN 9.20, NCCL 2.29); CUDA_VERSION is "
+        "the real `13.0.2.006`, CUDNN_VERSION and NCCL_VERSION say what is installed, in NGC's forms",
+        "the constraint file leaves the wheels out, as NGC's has no such lines; the library checks compare what "
+        "loads with the env (CUDA to major.minor, cuDNN to three fields), as on a real image",
     ),
     (
         "torchvision, pytorch-triton and the rest of NGC's Python stack",
-        "about 200 distributions, `pytorch-triton` for Triton [C25.06]",
+        "about 200 distributions, among them `torchvision==0.22.0a0+95f10a4e` and `pytorch-triton` [C25.06]",
         "torch, numpy and their dependencies (`triton` on the CUDA stand-in)",
-        "imgbuild never names these packages: pins come from the base's own constraint file or freeze",
+        "pins come from the base's own constraint file or freeze, whatever it lists. It errs towards failing: "
+        "a recipe asking for an unpinned `torchvision` gets PyPI's here and meets the pre-release trap, where "
+        "NGC's own would satisfy it (a pinned PyPI release meets the trap on NGC too)",
     ),
     (
         "platforms",
@@ -411,3 +413,24 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+
+
+def readme_table() -> str:
+    """README's "How the stand-ins differ": the releases the bed builds, then each difference (fact, real value
+    with its source, stand-in value, why it cannot hide a bug). tests/test_docs_run.py keeps README equal to it."""
+    releases = [REAL[k] for k in (*STANDIN_KEYS[:2], CUDA_STANDIN_KEY, *STANDIN_KEYS[2:])]
+    rows = [
+        "| release | what it stands for | real facts copied (sources in ngc-real-facts.md) |",
+        "|---|---|---|",
+    ]
+    for r in releases:
+        fw = f"{r.version_env}={r.env[r.version_env]}, {r.framework} {r.module_version} (pip: {r.dist_version})"
+        extra = "constraint file" if r.constraint_file else "no constraint file"
+        rows.append(f"| `{r.repo}:{r.tag}` | Ubuntu {r.ubuntu}, Python {r.python}; {fw}; {extra} | {r.sources} |")
+    rows += [
+        "",
+        "| fact | real value (source) | stand-in value | why the difference cannot hide a bug |",
+        "|---|---|---|---|",
+    ]
+    rows += [f"| {fact} | {real} | {standin_value} | {why} |" for fact, real, standin_value, why in DIFFERENCES]
+    return "\n".join(rows) + "\n"

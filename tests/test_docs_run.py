@@ -285,3 +285,11 @@ def test_the_committed_config_schema_is_generated_from_the_declarations():
     run = committed["$defs"]["RunRules"]["properties"]
     assert run["max_time"]["x-site-only"] == "lower" and run["state_dir"]["x-site-only"] == "never"
     assert set(committed["properties"]) >= {"run", "reap", "slurm", "fleet", "ngc_registry"}
+
+
+def test_the_readme_table_of_stand_in_differences_is_the_recorded_one():
+    from tests import ngc_facts
+
+    assert ngc_facts.readme_table() in (ROOT / "README.md").read_text(), "README: paste tests/ngc_facts.readme_table()"
+    for fact, real, _, why in ngc_facts.DIFFERENCES:
+        assert fact and why and real
