@@ -10,7 +10,6 @@ import pytest
 from imgbuild.errors import RecipeError
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
-from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.test_recipe_render import DIGEST, STANDIN_CONFIG, fake_inspect, settings
 
@@ -43,7 +42,8 @@ PLAN_CONFLICTS = [
         3,
         "nvidia-cudnn-cu12 would replace a CUDA library of the base",
     ),
-    ("torch-range", "pip: ['torch<2.6']\n", 3, f"torch<2.6 conflicts with the base's torch {ngc_facts.BED_TORCH_ENV}"),
+    ("torch-range", "pip: ['torch<2.3']\n", 3, "torch<2.3 conflicts with the base's torch 2.4.0a0+07cecf4"),
+    ("torch-prerelease", "pip: ['torch>=2.4']\n", 3, "torch>=2.4 is not met by the base's torch 2.4.0a0+07cecf4"),
 ]
 
 

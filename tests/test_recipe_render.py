@@ -13,20 +13,16 @@ from imgbuild.errors import RecipeError, UsageError
 from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
 from imgbuild.render import render
+from tests import ngc_facts
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: What the registry says of nvcr.io/nvidia/pytorch:24.05-py3, in the real image's strings (tests/ngc_facts.py).
+_REAL_24_05 = ngc_facts.REAL["pytorch:24.05-py3"]
 STANDIN_CONFIG = {
     "config": {
-        "Env": [
-            "PATH=/usr/local/bin:/usr/bin",
-            "CUDA_VERSION=12.4.1.003",
-            "CUDNN_VERSION=9.1.0.70",
-            "PYTORCH_VERSION=2.13.0+cpu",
-            "NVIDIA_PYTORCH_VERSION=24.05",
-            "PIP_CONSTRAINT=/etc/pip/constraint.txt",
-        ],
-        "Labels": {"com.nvidia.pytorch.version": "2.13.0+cpu"},
+        "Env": [f"{k}={v}" for k, v in _REAL_24_05.config_env().items()],
+        "Labels": _REAL_24_05.labels(),
     }
 }
 DIGEST = "sha256:" + "ab" * 32
@@ -183,9 +179,10 @@ def test_plan_pins_base_by_digest_and_protects_the_framework(write):
     plan = plan_for(write("r.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\n'))
     assert plan.base.ref == "registry.test:5000/nvidia/pytorch:24.05-py3"
     assert plan.base.pinned.endswith("@" + DIGEST)
-    # The release without the local label: PyPI's CUDA torch reports 2.13.0+cu130 but its metadata says
-    # 2.13.0, which a `==2.13.0+cu130` pin would refuse; the base's own pins hold the exact build.
-    assert plan.protected == ("torch==2.13.0",)
+    # The release without the local label: NGC's env says 2.4.0a0+07cecf4, torch's metadata
+    # 2.4.0a0+07cecf4168.nv24.5; `==2.4.0a0` admits it (and PyPI's 2.13.0 for 2.13.0+cu130), an exact local
+    # pin would not. The base's own pins hold the exact build.
+    assert plan.protected == ("torch==2.4.0a0",)
     assert plan.target == "alice/demo:latest"
 
 
@@ -194,13 +191,13 @@ def test_recipe_asking_for_another_torch_fails_naming_the_conflict(write):
     with pytest.raises(RecipeError) as info:
         plan_for(path)
     text = str(info.value)
-    assert "r.yaml:5:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch 2.13.0+cpu" in text
+    assert "r.yaml:5:5: pip.packages[1]: torch==2.3.0 conflicts with the base's torch 2.4.0a0+07cecf4" in text
     assert info.value.exit_code == 2
 
 
 def test_compatible_torch_spec_and_cuda_pins(write):
     ok = write("ok.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: ["torch>=2.0"]\n')
-    assert plan_for(ok).protected == ("torch==2.13.0",)
+    assert plan_for(ok).protected == ("torch==2.4.0a0",)
     bad = write("bad.yaml", 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\npip: ["nvidia-cudnn-cu12==8.9"]\n')
     with pytest.raises(RecipeError, match="would replace a CUDA library of the base"):
         plan_for(bad)
