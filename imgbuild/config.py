@@ -170,7 +170,7 @@ _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 def _as_bytes(raw: Any) -> int:
     """`17179869184`, `16G`, `500MB`, `2GiB`: a positive size in bytes."""
-    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", str(raw).strip(), re.IGNORECASE)
+    found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?", str(raw).strip(), re.IGNORECASE)
     if isinstance(raw, bool) or not found:
         raise ValueError("expected a size such as 16G or 500M")
     value = int(float(found.group(1)) * _UNITS[found.group(2).upper()])

@@ -142,16 +142,22 @@ class Integer(Check):
 
 
 class Number(Check):
+    def __init__(self, gt: float | None = None) -> None:
+        self.gt = gt
+
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             value = float(value)
         if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
             issues.append(Issue(at, "must be a finite number", "", key))
             return _BAD
+        if self.gt is not None and not value > self.gt:
+            issues.append(Issue(at, f"must be greater than {self.gt:g}", "", key))
+            return _BAD
         return float(value)
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "number"}
+        return {"type": "number"} if self.gt is None else {"type": "number", "exclusiveMinimum": self.gt}
 
 
 class Flag(Check):

@@ -19,9 +19,9 @@ from imgbuild.errors import UsageError
 from imgbuild.facts import CUDA_MIN_DRIVER, FORWARD_COMPAT, GPU_MODELS
 from imgbuild.smoke_image import explain_kernels, parse_archs
 
-_CAPABILITY_RE = re.compile(r"(?:sm_(\d{1,2})(\d)|(\d{1,2})\.(\d))")
-_DRIVER_RE = re.compile(r"\d{3}(\.\d{1,3}){1,2}")
-_CUDA_RE = re.compile(r"(\d{1,2})\.(\d{1,2})(\.[0-9.]+)?")
+_CAPABILITY_RE = re.compile(r"(?:sm_([0-9]{1,2})([0-9])|([0-9]{1,2})\.([0-9]))")
+_DRIVER_RE = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){1,2}")
+_CUDA_RE = re.compile(r"([0-9]{1,2})\.([0-9]{1,2})(\.[0-9.]+)?")
 
 
 @dataclass(frozen=True)

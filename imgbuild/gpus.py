@@ -91,7 +91,7 @@ def gpu_devices_present() -> bool:
 
 def _int(text: str) -> int | None:
     text = text.strip()
-    return int(float(text)) if re.fullmatch(r"\d+(\.\d+)?", text) else None
+    return int(float(text)) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) else None
 
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
@@ -116,8 +116,8 @@ def parse_smi(gpu_csv: str, apps_csv: str, extra: bool = True) -> list[Gpu]:
         used, total, util = parts[-tail : len(parts) - tail + 3]
         cap, driver = (parts[-2], parts[-1]) if extra else ("", "")
         gpu = Gpu(int(index), uuid, name, _int(used) or 0, _int(total) or 0, _int(util))
-        gpu.compute_cap = cap if re.fullmatch(r"\d+\.\d+", cap) else ""
-        gpu.driver = driver if re.fullmatch(r"\d+(\.\d+)+", driver) else ""
+        gpu.compute_cap = cap if re.fullmatch(r"[0-9]+\.[0-9]+", cap) else ""
+        gpu.driver = driver if re.fullmatch(r"[0-9]+(\.[0-9]+)+", driver) else ""
         gpus[uuid] = gpu
     for line in apps_csv.splitlines():
         if not line.strip() or line.startswith("No running"):
@@ -339,7 +339,7 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, cla
     by_index = {g.index: g for g in gpus}
     if request == "all":
         chosen = list(gpus)
-    elif re.fullmatch(r"\d+", request):
+    elif re.fullmatch(r"[0-9]+", request):
         count = int(request)
         free = [g for g in gpus if force or not (_holders(g, me, claims) or _mine(g, me, claims))]
         if count > len(free):
@@ -353,7 +353,7 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, cla
             )
         chosen = sorted(free, key=lambda g: (load_score(g), g.index))[:count]
         chosen.sort(key=lambda g: g.index)
-    elif re.fullmatch(r"(device=)?\d+(,\d+)*,?", request):
+    elif re.fullmatch(r"(device=)?[0-9]+(,[0-9]+)*,?", request):
         wanted = [int(x) for x in request.removeprefix("device=").split(",") if x]
         missing = [i for i in wanted if i not in by_index]
         if missing:

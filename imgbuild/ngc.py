@@ -9,7 +9,7 @@ from typing import Any
 
 #: The NGC tag grammar (`24.05`, `24.05-py3`, `24.05-tf2-py3`, `24.03-py3-igpu`), matched whole-string.
 TAG_RE = re.compile(
-    r"(?P<yy>\d{2})\.(?P<mm>\d{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
+    r"(?P<yy>[0-9]{2})\.(?P<mm>[0-9]{2})(?:-(?P<fw>tf[12]))?(?:-py(?P<py>[23]))?"
     r"(?:-(?P<variant>[a-z0-9]+))?"
 )
 #: What a recipe's base.tag / base.follow may say: a tag, `latest`, or a glob over releases (`24.*`).
@@ -78,7 +78,7 @@ def is_pattern(tag: str) -> bool:
 def expand_tag(framework: str, tag: str) -> str:
     """`24.05` -> `24.05-py3` (pytorch) or `24.05-tf2-py3` (tensorflow); full tags and patterns pass."""
     fw = FRAMEWORKS[framework]
-    if re.fullmatch(r"\d{2}\.\d{2}", tag):
+    if re.fullmatch(r"[0-9]{2}\.[0-9]{2}", tag):
         return tag + fw.tag_suffix
     return tag
 
@@ -156,7 +156,7 @@ def _describe(config: dict[str, Any]) -> dict[str, str]:
 
 def _python_version(env: dict[str, str]) -> str:
     for key in ("PYTHON_VERSION", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH"):
-        m = re.search(r"python(3\.\d+)", env.get(key, ""))
+        m = re.search(r"python(3\.[0-9]+)", env.get(key, ""))
         if m:
             return m.group(1) if key != "PYTHON_VERSION" else env[key]
     return env.get("PYTHON_VERSION", "")

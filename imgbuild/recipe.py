@@ -58,7 +58,7 @@ LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 ABS_PATH_RE = re.compile(r"/[A-Za-z0-9._/@+ -]{0,1023}")
 MODE_RE = re.compile(r"0?[0-7]{3,4}")
-HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(?::\d{1,5})?")
+HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(?::[0-9]{1,5})?")
 
 #: Env keys that describe the base; overriding them would make the image lie about itself.
 PROTECTED_ENV = frozenset(
@@ -134,8 +134,14 @@ SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/m
 
 
 def _no_newline(value: str) -> str:
-    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in value):
-        raise ValueError("must be one line (no newline, NUL or other control character)")
+    from imgbuild.text import describe, unsafe_character
+
+    bad = unsafe_character(value, allow_tab=True)
+    if bad is not None:
+        raise ValueError(
+            f"must be one line of plain text: {describe(bad)} is refused (no control character, line separator "
+            "or bidirectional control)"
+        )
     if len(value) > limits.VALUE_CHARS:
         raise ValueError(f"longer than {limits.VALUE_CHARS} characters")
     return value
@@ -201,15 +207,13 @@ def _pip_requirement(value: str) -> str:
             f"pip options are not allowed in pip.packages: {_show(value)} "
             "(use pip.index_url / pip.extra_index_urls / pip.requirements)"
         )
+    reqfile.requirement_text_fault(value)
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
         raise ValueError(f"not a valid requirement: {_show(value)}: {str(exc).splitlines()[0][:120]}") from None
-    if req.url and (urlsplit(req.url).username or urlsplit(req.url).password):
-        raise ValueError(
-            "credentials in a requirement URL would land in the image "
-            "(give them through IMGBUILD_PIP_INDEX_URL at build time)"
-        )
+    if req.url and reqfile.requirement_url_fault(req.url):
+        raise ValueError(reqfile.requirement_url_fault(req.url).replace("pip_index_url", "IMGBUILD_PIP_INDEX_URL"))
     return value
 
 
@@ -222,6 +226,8 @@ def _octal_mode(value: str) -> str:
 def _index_url(value: str) -> str:
     _no_newline(value)
     fault = reqfile.index_url_fault(value)
+    if fault == "token":
+        raise ValueError(f"not an index URL: {_show(value)} (one ASCII word: no white space or control character)")
     if fault == "scheme":
         raise ValueError(f"not an index URL: {_show(value)} (http:// or https://)")
     if fault == "credentials":
@@ -361,7 +367,7 @@ class FileSpec:
 @dataclass(frozen=True, kw_only=True)
 class Smoke:
     require_gpu: bool = typed(Flag(), False)
-    min_speedup: float | None = typed(Maybe(Number()), None)
+    min_speedup: float | None = typed(Maybe(Number(gt=0)), None, doc="a hard floor for the tensor-core speed-up (> 0)")
     targets: list[str] = typed(
         ListOf(Text(_no_newline, _gpu_target), max_length=64),
         factory=list,
@@ -488,6 +494,10 @@ SECRET_VARIABLES = frozenset(
         "GITHUB_TOKEN",
         "ACTIONS_RUNTIME_TOKEN",
         "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
+        "ACTIONS_ID_TOKEN_REQUEST_URL",
+        "CI_JOB_JWT",
+        "CI_JOB_JWT_V1",
+        "CI_JOB_JWT_V2",
         "AWS_SECRET_ACCESS_KEY",
         "AWS_SESSION_TOKEN",
     }
@@ -495,9 +505,13 @@ SECRET_VARIABLES = frozenset(
 #: Names that say "credential" in any CI system's dialect.
 SECRET_NAME_RE = re.compile(
     r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|API_?KEY|APIKEY|CREDENTIALS?|"
-    r"PRIVATE_KEY|AUTH|AUTH_CONFIG)(?:_|$)",
+    r"PRIVATE_KEY|AUTH|AUTH_CONFIG|JWT|ID_TOKEN)(?:_|$)",
     re.IGNORECASE,
 )
+
+
+#: A JSON Web Token: base64url header (`{"` encodes as `eyJ`), payload and signature.
+JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{2,}")
 
 
 def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> bool:
@@ -505,6 +519,8 @@ def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> boo
     if name in SECRET_VARIABLES or SECRET_NAME_RE.search(name):
         return True
     if any(secret and secret in value for secret in secrets):
+        return True
+    if JWT_RE.search(value):  # an identity token (GitLab's id_tokens, GitHub's OIDC) whatever its name
         return True
     parts = urlsplit(value) if "://" in value else None
     return bool(parts and parts.password)

@@ -54,10 +54,12 @@ def read(path: Path, root: Path, display: Callable[[Path], str], problems: list[
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) with `\\` continuations joined and comments dropped."""
+    """(first line number, text) with `\\` continuations joined and comments dropped. Lines are what an editor
+    shows (`\\n`, `\\r\\n`); a form feed, NEL or Unicode line separator inside one is refused by `_Reader`,
+    since pip would split there (its `splitlines`) and read what follows as a line of its own."""
     out: list[tuple[int, str]] = []
     pending, start = "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
         if not pending:
             start = number
         if raw.endswith("\\"):
@@ -99,6 +101,10 @@ class _Reader:
         self.chain.append(path)
         for number, line in _logical_lines(text):
             where = (path, shown, number)
+            bad = line_fault(line)
+            if bad:
+                self.bad(where, bad)
+                continue
             if line.startswith("-"):
                 self.option(line, where, constraint=constraint, depth=depth)
             else:
@@ -117,7 +123,7 @@ class _Reader:
             why = _url_problem(value)
             self.bad(where, f"{name}: {why}") if why else _add(self.out.options, f"{INDEX[name]} {value}")
         elif name == "--trusted-host":
-            if re.fullmatch(r"[A-Za-z0-9.-]+(:\d{1,5})?", value):
+            if re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", value):
                 _add(self.out.options, f"--trusted-host {value}")
             else:
                 self.bad(where, "--trusted-host: not a host name")
@@ -167,14 +173,17 @@ class _Reader:
             self.bad(where, "a bare URL names no package: write it as NAME @ URL, so imgbuild can check it")
             return
         try:
+            requirement_text_fault(spec)
+        except ValueError as exc:
+            self.bad(where, str(exc))
+            return
+        try:
             req = Requirement(spec)
         except InvalidRequirement:
             self.bad(where, "not a valid requirement")
             return
-        if req.url and (urlsplit(req.url).username or urlsplit(req.url).password):
-            self.bad(
-                where, "credentials in a requirement URL would land in the image (give them through pip_index_url)"
-            )
+        if req.url and requirement_url_fault(req.url):
+            self.bad(where, requirement_url_fault(req.url))
             return
         line_ = ReqLine(where[1], where[2], spec, hashes)
         (self.out.constraints if constraint else self.out.requirements).append(line_)
@@ -187,15 +196,55 @@ def _add(options: list[str], option: str) -> None:
 
 def index_url_fault(url: str) -> str:
     """What is wrong with a package index URL, the one rule for recipes and requirements files:
-    "scheme" (not http(s) with a host), "credentials" (a user or password in it), or ""."""
+    "scheme" (not http(s) with a host), "token" (white space, a control or non-ASCII character: pip would
+    split it into options), "credentials" (a user or password in it), or ""."""
+    from imgbuild.text import token_fault
+
+    if token_fault(url):
+        return "token"
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or " " in url:
+    if parts.scheme not in ("http", "https") or not parts.netloc:
         return "scheme"
     return "credentials" if parts.username or parts.password else ""
+
+
+def line_fault(line: str) -> str:
+    """Why a requirements file line is refused before it is read: a character pip would split on or an editor
+    hides (a line break other than the newline, a control, a bidi control), or ""."""
+    from imgbuild.text import describe, unsafe_character
+
+    bad = unsafe_character(line, allow_tab=True) or next((c for c in line if c.isspace() and c not in " \t"), None)
+    return f"the line holds {describe(bad)}: pip would split it, a reviewer would not see it" if bad else ""
+
+
+def requirement_url_fault(url: str) -> str:
+    """Why a `NAME @ URL` requirement cannot be installed as written, or "": a `file:` source (any VCS over
+    `file:` too) names a path of the build container, never the project's; credentials would land in a layer."""
+    parts = urlsplit(url)
+    if parts.scheme == "file" or parts.scheme.endswith("+file"):
+        return "a local path (file:) is not in the build context: copy it with files: and install it with run:"
+    if parts.username or parts.password:
+        return "credentials in a requirement URL would land in the image (give them through pip_index_url)"
+    return ""
+
+
+def requirement_text_fault(spec: str) -> None:
+    """A requirement as pip reads a requirements line: plain spaces only (pip splits a line on white space
+    and reads any word starting with `-` as an option), ASCII URLs. ValueError says why."""
+    from imgbuild.text import describe, unsafe_character
+
+    bad = unsafe_character(spec) or next((c for c in spec if c.isspace() and c != " "), None)
+    if bad is not None:
+        raise ValueError(f"a requirement holds {describe(bad)}: pip would read what follows as options")
+    if re.search(r"(?:^|\s)-", spec):
+        raise ValueError("a word starting with '-' in a requirement is a pip option (use pip.index_url and friends)")
+    if "://" in spec and any(not c.isascii() for c in spec):
+        raise ValueError("a requirement URL must be ASCII (write the host in its punycode form)")
 
 
 def _url_problem(url: str) -> str:
     return {
         "scheme": "not an http(s) index URL",
+        "token": "an index URL must be one ASCII word (no white space or control character: pip would split it)",
         "credentials": "credentials in an index URL would land in the image (set pip_index_url at build time)",
     }.get(index_url_fault(url), "")

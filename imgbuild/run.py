@@ -26,6 +26,7 @@ from imgbuild.host import format_cpulist, parse_cpulist
 #: `--name`: the <name> in <user>_<name>_<n>.
 SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
+MAX_CPUS = 4096  # more than any host has: a bound on what reaches docker and the thread variables
 #: Thread pools that size themselves to every CPU of the host unless told (PyTorch, NumPy, MKL, OpenBLAS).
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -347,6 +348,8 @@ def deadline_of(wanted: str | None, house: dict[str, Any], now: float | None = N
     seconds = parse_duration(wanted, "--time") if wanted else house.get("default_time")
     if seconds is None:
         return None
+    if seconds <= 0:
+        raise UsageError(f"--time {wanted}: a deadline must be later than now (e.g. 2h)")
     most = house.get("max_time")
     if most is not None and seconds > most:
         raise UsageError(f"--time {wanted}: this site allows at most {human_duration(most)} (run.max_time)")
@@ -515,6 +518,8 @@ def prepare(
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
+    if req.cpus is not None and not (math.isfinite(req.cpus) and 0 < req.cpus <= MAX_CPUS):
+        raise UsageError(f"--cpus {req.cpus}: not a number of CPUs (above 0, at most {MAX_CPUS})")
     cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu"))
     cpuset: list[int] = []
     if cpus and house.get("pin_cpus"):
@@ -522,7 +527,7 @@ def prepare(
         cpuset = pick_cpus(math.ceil(cpus), near, usable_cpus(), held.cpus)
     uid, gid = host_ids()
     if req.as_user:
-        if not re.fullmatch(r"\d+(:\d+)?", req.as_user):
+        if not re.fullmatch(r"[0-9]+(:[0-9]+)?", req.as_user):
             raise UsageError(f"--user: {req.as_user!r} is not UID or UID:GID")
         uid_text, _, gid_text = req.as_user.partition(":")
         uid, gid = int(uid_text), int(gid_text or uid_text)
@@ -616,7 +621,7 @@ class WaitTimedOut(JobFailed):
     """`run --wait`: the GPUs did not come free in time (exit 1; the place in the queue is given up)."""
 
 
-_DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")  # ASCII digits: `\d` takes any script's
+_DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")  # ASCII digits: `\d` would take any script's
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -65,7 +65,18 @@ def _positive_duration(value: str) -> str:
 DURATION = Text(_duration, numbers=True)
 POSITIVE_DURATION = Text(_positive_duration, numbers=True)
 PATH = Text(matches(_ABSOLUTE, "not an absolute path"))
-ONE_LINE = Text(matches(_ONE_LINE, "must be one line of at most 1024 characters"), numbers=True)
+
+
+def _plain_line(value: str) -> str:
+    from imgbuild.text import describe, unsafe_character
+
+    bad = unsafe_character(value)
+    if bad is not None:
+        raise ValueError(f"must be one line of plain text: {describe(bad)} is refused")
+    return value
+
+
+ONE_LINE = Text(matches(_ONE_LINE, "must be one line of at most 1024 characters"), _plain_line, numbers=True)
 COUNT = Integer(ge=0, le=1_000_000)
 
 
@@ -203,9 +214,7 @@ class SlurmSite:
     runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker"), "apptainer")
     sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files live on the cluster")
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
-    stage_dir: str | None = typed(
-        Maybe(Text(matches(_ONE_LINE, "must be one line"))), None, doc="where --stage writes its tars"
-    )
+    stage_dir: str | None = typed(Maybe(ONE_LINE), None, doc="where --stage writes its tars")
 
 
 def _gpu_name(value: str) -> str:

@@ -107,8 +107,8 @@ SPEEDUP_FLOORS = {
 # exactly X.Y; `sm_XYf` on the family (same major, minor >= Y); PTX `compute_XY` is JIT-compiled by the
 # driver for any GPU >= X.Y (slow first start), `compute_XYa` only for X.Y, `compute_XYf` for the family.
 
-ARCH_RE = re.compile(r"(sm|compute)_(\d{2,3})([af]?)")
-TORCH_ARCH_RE = re.compile(r"(\d{1,2})\.(\d)([af]?)(\+PTX)?")
+ARCH_RE = re.compile(r"(sm|compute)_([0-9]{2,3})([af]?)")
+TORCH_ARCH_RE = re.compile(r"([0-9]{1,2})\.([0-9])([af]?)(\+PTX)?")
 
 
 def parse_archs(text) -> list:

@@ -263,7 +263,7 @@ def attach(ctx: click.Context, name: str, force: bool) -> None:
 @click.pass_context
 def logs(ctx: click.Context, name: str, follow: bool, tail: str, force: bool) -> None:
     """Print a container's output."""
-    if not re.fullmatch(r"all|\d{1,9}", tail):
+    if not re.fullmatch(r"all|[0-9]{1,9}", tail):
         raise UsageError(f"--tail: {tail!r} is not a number of lines or 'all'")
     _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])], force=force)
 

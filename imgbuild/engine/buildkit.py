@@ -35,7 +35,7 @@ def find_cli(hint: str | None) -> tuple[str, bool] | None:
         if _quiet([cli, "buildx", "version"]):
             return cli, True
         out = _output([cli, "version", "--format", "{{.Client.Version}}"])
-        major = re.match(r"(\d+)\.", out or "")
+        major = re.match(r"([0-9]+)\.", out or "")
         # The CLI >= 23 refuses DOCKER_BUILDKIT=1 without the buildx plugin; older ones have it built in.
         if major and int(major.group(1)) < 23:
             return cli, False

