@@ -43,8 +43,21 @@ FRAMEWORKS = {
         "tf2",
     ),
 }
-#: Distributions that belong to the base's CUDA stack: a recipe may never pin them.
+#: Name prefixes of distributions that may belong to the base's CUDA stack (the base's pins of these are
+#: judged by their own check, not as ordinary pins).
 CUDA_PACKAGE_PREFIXES = ("nvidia-", "cupy-cuda", "jax-cuda")
+#: The CUDA libraries themselves as wheels (NVIDIA's and the CUDA builds of CuPy and JAX): a recipe or its lock
+#: may never pin them. Other `nvidia-*` distributions (nvidia-ml-py, nvidia-dali-*, nvidia-modelopt) are
+#: ordinary packages.
+CUDA_LIBRARY_RE = re.compile(
+    r"nvidia-(?:cuda-[a-z0-9-]+|cudnn|cublas|cublasmp|cufft|cufile|curand|cusolver|cusparse|cusparselt|nccl|"
+    r"nvjitlink|nvtx|nvshmem|npp|nvjpeg|nvcomp|nvvm|cuda)(?:-cu[0-9]{1,3})?|cupy-cuda[0-9a-z]+|jax-cuda[0-9]+-[a-z]+"
+)
+
+
+def is_cuda_library(name: str) -> bool:
+    """Is `name` (canonical) a CUDA library wheel of the kind the base carries?"""
+    return bool(CUDA_LIBRARY_RE.fullmatch(name))
 
 
 @dataclass(frozen=True, order=True)

@@ -18,7 +18,15 @@ from imgbuild import __version__, imageref
 from imgbuild.config import Settings
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.host import caller
-from imgbuild.ngc import CUDA_PACKAGE_PREFIXES, FRAMEWORKS, config_env, describe_config, expand_tag, is_pattern
+from imgbuild.ngc import (
+    CUDA_PACKAGE_PREFIXES,
+    FRAMEWORKS,
+    config_env,
+    describe_config,
+    expand_tag,
+    is_cuda_library,
+    is_pattern,
+)
 from imgbuild.recipe import LoadedRecipe, stable_name
 from imgbuild.reqfile import ReqLine
 
@@ -177,8 +185,9 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     located = loaded.located
 
     def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str) -> Problem:
-        if isinstance(at, ReqLine):  # a line of the requirements file, or of a file it nests
-            return Problem(at.file, at.line, 1, "pip.requirements", message, hint)
+        if isinstance(at, ReqLine):  # a line of the requirements file (or a file it nests), or of the lock
+            field = "lock" if loaded.lock_path and at.file.endswith(loaded.lock_path.name) else "pip.requirements"
+            return Problem(at.file, at.line, 1, field, message, hint)
         if located is not None:
             return located.problem(at, message, hint)
         return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
@@ -187,6 +196,8 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
     specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
     specs += [(line, line.spec) for line in (*loaded.requirements, *loaded.requirement_constraints)]
+    # the lock is input too: a torch pin in it would meet the base's framework only in the pip step
+    specs += [(line, line.spec) for line in loaded.lock_lines if line.spec in loaded.lock_pins]
     pins = base_pin_versions(base, loaded.recipe.pip.unpin)
     problems = [
         where(at, *found)
@@ -250,7 +261,7 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
 
     name = canonicalize_name(req.name)
     own = FRAMEWORKS.get(base.framework)
-    if name.startswith(CUDA_PACKAGE_PREFIXES) and (req.specifier or req.url):
+    if is_cuda_library(name) and (req.specifier or req.url):
         return (
             f"{req.name} would replace a CUDA library of the base",
             "the base's CUDA stack is protected; drop the pin",

@@ -449,6 +449,7 @@ class LoadedRecipe:
     #: the recipe's lock (`<recipe>.lock.txt` beside it, written by `imgbuild lock`): name==version lines
     lock_path: Path | None = None
     lock_pins: tuple[str, ...] = ()
+    lock_lines: tuple[reqfile.ReqLine, ...] = ()  # the same pins, each with its line (for located conflicts)
     #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
     file_digests: dict[str, str] = field(default_factory=dict)
 
@@ -878,8 +879,15 @@ def lock_path_for(recipe: Path) -> Path:
     return recipe.with_name(recipe.name.rsplit(".", 1)[0] + ".lock.txt")
 
 
-def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[str, ...]]:
-    """The recipe's lock when it has one: `name==version` lines (comments allowed), inside the repository."""
+def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[reqfile.ReqLine, ...]]:
+    """The recipe's lock when it has one: `name==version` lines (comments allowed), inside the repository.
+    The file is input too (a merge request can edit it): each version must be one, each name once, and no
+    pin may name the base's CUDA libraries (those the plan refuses in pip.packages)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    from imgbuild.ngc import is_cuda_library
+
     path = lock_path_for(recipe)
     if not path.exists() and not path.is_symlink():
         return None, ()
@@ -894,8 +902,9 @@ def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path 
     except RecipeError as exc:
         problems.extend(exc.problems)
         return None, ()
-    pins = []
-    for number, line in enumerate(text.splitlines(), 1):
+    pins: list[reqfile.ReqLine] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -904,7 +913,23 @@ def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path 
                 Problem(shown, number, 1, "lock", "not a name==version line (imgbuild lock writes this file)")
             )
             continue
-        pins.append(line)
+        name, version = line.split("==", 1)
+        try:
+            Version(version)
+        except InvalidVersion:
+            problems.append(Problem(shown, number, 1, "lock", f"{version[:40]!r} is not a version (PEP 440)"))
+            continue
+        key = canonicalize_name(name)
+        if key in seen:
+            problems.append(Problem(shown, number, 1, "lock", f"{name} is locked twice (first at line {seen[key]})"))
+            continue
+        seen[key] = number
+        if is_cuda_library(key):
+            problems.append(
+                Problem(shown, number, 1, "lock", f"{name} would replace a CUDA library of the base (drop the line)")
+            )
+            continue
+        pins.append(reqfile.ReqLine(shown, number, line))
     return path, tuple(pins)
 
 
@@ -939,7 +964,7 @@ def load_recipe(
     manifest: dict[str, list[SourceFile]] = {}
     digests: dict[str, str] = {}
     requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
-    lock_path, lock_pins = _read_lock(path, root, problems)
+    lock_path, lock_lines = _read_lock(path, root, problems)
     recipe, issues = validate(Recipe, located.data)
     reported = {p.field for p in problems}  # a path refused above is not also "missing"
     problems.extend(
@@ -962,7 +987,8 @@ def load_recipe(
         root=root,
         file_manifest=manifest,
         lock_path=lock_path,
-        lock_pins=lock_pins,
+        lock_pins=tuple(line.spec for line in lock_lines),
+        lock_lines=lock_lines,
         requirements=tuple(requirements.requirements),
         requirement_constraints=tuple(requirements.constraints),
         requirement_options=tuple(requirements.options),

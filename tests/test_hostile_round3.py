@@ -262,3 +262,43 @@ def test_21_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, 
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
     with pytest.raises(UsageError, match=re.escape(words)):
         prepare(RunRequest("img", ["true"], **flags), load_settings({}), gpus=[])
+
+
+@pytest.mark.parametrize(
+    ("lock", "line", "words"),
+    [
+        ("einops==0.8.0\nnvidia-cudnn-cu12==8.9.7.29\n", 2, "nvidia-cudnn-cu12 would replace a CUDA library"),
+        ("cupy-cuda12x==13.0.0\n", 1, "would replace a CUDA library"),
+        ("einops==not..a..version\n", 1, "is not a version (PEP 440)"),
+        ("einops==0.8.0\nEinops==0.7.0\n", 2, "einops is locked twice (first at line 1)".replace("einops", "Einops")),
+        ("einops==0.8.0\r\n-r /etc/passwd\r\n", 2, "not a name==version line"),
+        ("torch==2.0.0\n", 1, "torch==2.0.0 conflicts with the base's torch 2.4.0a0+07cecf4"),
+    ],
+    ids=["cuda-wheel", "cupy", "bad-version", "duplicate", "option", "framework"],
+)
+def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
+    """probe-3 #7: CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
+    from imgbuild.plan import make_plan
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(HEAD + "pip: [einops]\n")
+    (tmp_path / "recipe.lock.txt").write_text(lock)
+    with pytest.raises(RecipeError) as info:
+        make_plan(load_recipe(recipe), settings(), fake_inspect)
+    assert any(f"recipe.lock.txt:{line}:1: lock: " in ln and words in ln for ln in info.value.lines()), (
+        info.value.lines()
+    )
+
+
+@pytest.mark.parametrize("name", ["nvidia-ml-py==12.535.161", "nvidia-dali-cuda120==1.40.0", "nvidia-modelopt==0.15"])
+def test_7_nvidia_packages_that_are_not_cuda_libraries_may_be_pinned(name, tmp_path):
+    from imgbuild.plan import make_plan
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(HEAD + f"pip: [{name}]\n")
+    (tmp_path / "recipe.lock.txt").write_text(name + "\n")
+    assert make_plan(load_recipe(recipe), settings(), fake_inspect).loaded.lock_pins == (name,)
