@@ -17,6 +17,7 @@ from typing import Any
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.plan import Plan
 from imgbuild.render import apptainer_definition
+from imgbuild.siteconfig import SLURM_TIME_RE
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
 RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
@@ -159,11 +160,28 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     return ["sh", "-c", "exec " + script + ' "$@"', "sh"]
 
 
+#: A word whose only expansions are variables ($VAR, ${VAR}): double-quoted, so the job's own variables expand;
+#: anything else that shell would run or expand ($(...), $((...)), `...`, ${VAR:-$(...)}) is quoted literally.
+_VARIABLES_ONLY = re.compile(r'(?:[^$"`\\!]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
+
+
+class UserWord(str):
+    """A word the user typed (the job's command): only its $VAR / ${VAR} may expand when the job starts."""
+
+
 def _words(words: list[str]) -> str:
-    """Shell words; $VARS stay expandable (they are the job's own variables), the rest is quoted."""
+    """Shell words; $VARS stay expandable (they are the job's own variables), the rest is quoted. imgbuild's
+    own words may hold a command substitution it wrote ($(id -u)); a UserWord never runs one."""
     out = []
     for word in words:
-        if re.fullmatch(r"[\w@%+=:,./${}-][\w@%+=:,./${}#-]*", word):  # '#' starts a comment only at a word's start
+        if isinstance(word, UserWord):
+            if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", word):
+                out.append(str(word))
+            elif "$" in word and _VARIABLES_ONLY.fullmatch(word):
+                out.append(f'"{word}"')
+            else:
+                out.append(shlex.quote(word))
+        elif re.fullmatch(r"[\w@%+=:,./${}-][\w@%+=:,./${}#-]*", word):  # '#' starts a comment only at a word's start
             out.append(word)
         elif "$" in word and '"' not in word and "`" not in word:
             out.append(f'"{word}"')
@@ -422,6 +440,28 @@ def _snapshot_dir(flags: JobFlags, scratch_var: str) -> str | None:
     return wanted
 
 
+#: What an `#SBATCH` value may hold (each is one line of the script: a newline would end the header and run).
+_HEADER_VALUES = {
+    "job_name": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}"), "letters, digits, _ . + -"),
+    "time": (SLURM_TIME_RE, "e.g. 01:00:00, 2-00:00:00"),
+    "mem": (re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,3})?[KMGT]?", re.IGNORECASE), "e.g. 64G, 16000M"),
+    "output": (re.compile(r"[A-Za-z0-9_.%/+=@-]{1,1024}"), "a path pattern such as %x-%j.out"),
+    "partition": (re.compile(r"[A-Za-z0-9_.,-]{1,128}"), "a partition name"),
+    "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}"), "an account name"),
+    "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
+}
+
+
+def _check_header_values(flags: JobFlags) -> None:
+    """Flags that become `#SBATCH` lines: whole-string patterns, ASCII only (exit 2, never a script that runs
+    what the header smuggled)."""
+    for name, (pattern, example) in _HEADER_VALUES.items():
+        value = getattr(flags, name)
+        if value is not None and not pattern.fullmatch(str(value)):
+            flag = "--" + name.replace("_", "-").replace("time", "time")
+            raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
+
+
 def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
     """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
     how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
@@ -431,6 +471,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         raise UsageError("--task-per-gpu starts one task per GPU itself (MPI, Horovod): it does not take --torchrun")
     if flags.max_restarts and (flags.task_per_gpu or flags.torchrun is False):
         raise UsageError("--max-restarts: torchrun restarts the workers; this job does not use torchrun")
+    _check_header_values(flags)
     per_gpu_mem = site["mem_per_gpu"]
     friendly = flags.gpu_type or site["gpu_type"]
     limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
@@ -441,7 +482,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
             f"--nodes {nodes * flags.nodes} --gpus {-(-flags.gpus // nodes)} (GPUs are per node)"
         )
     return JobSpec(
-        command=flags.command,
+        command=[UserWord(word) for word in flags.command],
         image=sif_path(flags.image, site["sif_dir"]) if runtime in ("apptainer", "singularity") else flags.image,
         gpus=flags.gpus,
         nodes=flags.nodes,
@@ -458,7 +499,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         scratch_var=site["scratch_var"],
         scratch_gres=site["scratch_gres"] if flags.stage else None,
         runtime=runtime,
-        binds=[*(site["binds"] or []), *flags.binds],
+        binds=[*(site["binds"] or []), *(UserWord(b) for b in flags.binds)],
         nccl_debug=flags.nccl_debug,
         rdzv_port=int(site["rdzv_port"]),
         torchrun=True if flags.max_restarts and flags.torchrun is None else flags.torchrun,

@@ -104,21 +104,33 @@ def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
 
 
 def _refuse_shared_contexts(items: list[Item], settings: Settings) -> None:
-    """Two recipes with one `name` would share images/<name>/ (context, lock, smoke report): refuse both."""
-    by_context: dict[Path, list[Item]] = {}
+    """Two recipes with one `name` would share images/<name>/ (context, lock, smoke report); two that build
+    one image:tag would each replace the other's image (and its -previous) on every run: refuse them all."""
+    _refuse_sharing(
+        items,
+        lambda i: i.context,
+        lambda names, context: (
+            f"{names} share the name {context.name!r} and so {context}; give each recipe its "
+            "own name (two tags of one image: distinct names and image: REPO:TAG)"
+        ),
+    )
+    _refuse_sharing(
+        items,
+        lambda i: _normal(i.target) if i.target else None,
+        lambda names, target: f"{names} all build {target}: each would replace the other's image; give each a tag",
+    )
+
+
+def _refuse_sharing(items: list[Item], key: Any, message: Any) -> None:
+    groups: dict[Any, list[Item]] = {}
     for item in items:
-        if item.status != INVALID and item.context is not None:
-            by_context.setdefault(item.context, []).append(item)
-    for context, sharing in by_context.items():
-        if len(sharing) < 2:
-            continue
-        names = ", ".join(i.name for i in sharing)
-        for item in sharing:
-            item.status = INVALID
-            item.error = (
-                f"{names} share the name {context.name!r} and so {context}; give each recipe its own "
-                "name (two tags of one image: distinct names and image: REPO:TAG)"
-            )
+        if item.status != INVALID and key(item) is not None:
+            groups.setdefault(key(item), []).append(item)
+    for shared, sharing in groups.items():
+        if len(sharing) > 1:
+            names = ", ".join(i.name for i in sharing)
+            for item in sharing:
+                item.status, item.error = INVALID, message(names, shared)
 
 
 def _topological(items: list[Item]) -> list[Item]:
@@ -318,6 +330,8 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
     The base is taken as recorded in each context's lock, so the check needs no registry and flags only
     recipes (or copied files, or templates) that changed without their rendered context."""
+    from imgbuild.plan import image_and_tag
+
     items = []
     loaded_by_item: dict[int, Any] = {}
     for path in discover(paths):
@@ -330,6 +344,8 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
             continue
         loaded_by_item[id(item)] = loaded
         item.context = context_path(loaded, settings).resolve()
+        image, tag = image_and_tag(loaded, settings)
+        item.target = f"{image}:{tag}"
     _refuse_shared_contexts(items, settings)
     for item in items:
         if item.status != INVALID:

@@ -834,6 +834,17 @@ def _check_paths(
             problems.append(
                 located.problem(("files", i, "dest"), f"{dest} is already a destination of files[{dests[dest]}]")
             )
+        elif isinstance(dest, str):
+            # one destination inside another: the context would need a file and a folder at one path
+            outer = next((d for d in dests if dest.startswith(d.rstrip("/") + "/") or d.startswith(dest + "/")), None)
+            if outer is not None:
+                problems.append(
+                    located.problem(
+                        ("files", i, "dest"),
+                        f"{dest} and files[{dests[outer]}].dest {outer} lie one inside the other",
+                        "copy one folder that holds both",
+                    )
+                )
         if isinstance(dest, str):
             dests.setdefault(dest, i)
     run = _list(data, "run")

@@ -87,6 +87,7 @@ def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
         raise OutsideRepository(f"cannot read {written}: {exc.strerror}") from None
     _refuse_git(src, written, root)
     if stat.S_ISREG(st.st_mode):
+        _within_limits(1, st.st_size, written)  # one file is bounded as a folder is (a sparse 3 GiB file was not)
         return [SourceFile("", src, bool(st.st_mode & stat.S_IXUSR), st.st_size)]
     if not stat.S_ISDIR(st.st_mode):
         raise OutsideRepository(f"{written} is not a regular file or folder")

@@ -40,7 +40,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ONE_LINE = re.compile(r"[^\x00-\x1f\x7f\u0085\u2028\u2029]{0,1024}")
 _SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})?\s?[kKmMgGtT]?[iI]?[bB]?")
 _BIND = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
-_SLURM_TIME = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
+SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
 
 
 def duration_seconds(text: str) -> float:
@@ -204,7 +204,7 @@ class SlurmSite:
         None,
         doc="Slurm's units: 16000M, 64G (a bare number is MB)",
     )
-    time: str = typed(Text(matches(_SLURM_TIME, "not a Slurm time (01:00:00, 2-00:00:00)")), "01:00:00")
+    time: str = typed(Text(matches(SLURM_TIME_RE, "not a Slurm time (01:00:00, 2-00:00:00)")), "01:00:00")
     scratch_var: str = typed(Text(matches(_ENV_NAME, "not a variable name")), "LOCAL_SCRATCH")
     scratch_gres: str | None = typed(
         Maybe(Text(matches(re.compile(r"[A-Za-z0-9_]{1,64}(?::[A-Za-z0-9_]{1,64}){0,2}"), "not a GRES"))),

@@ -302,3 +302,127 @@ def test_7_nvidia_packages_that_are_not_cuda_libraries_may_be_pinned(name, tmp_p
     recipe.write_text(HEAD + f"pip: [{name}]\n")
     (tmp_path / "recipe.lock.txt").write_text(name + "\n")
     assert make_plan(load_recipe(recipe), settings(), fake_inspect).loaded.lock_pins == (name,)
+
+
+def test_13_one_copied_file_is_bounded_like_a_folder(tmp_path):
+    """probe-3 #13: a 3 GiB sparse files[].src validated after reading it all and filled the context."""
+    import os
+    import time
+
+    from imgbuild import limits
+
+    (tmp_path / "big.bin").touch()
+    os.truncate(tmp_path / "big.bin", limits.COPY_BYTES + 1)
+    start = time.monotonic()
+    lines = _lines(tmp_path, HEAD + "files: [{src: big.bin, dest: /opt/big.bin}]\n")
+    assert time.monotonic() - start < 2, "the size is known before a byte is read"
+    assert any(" files[0].src: " in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        "[{src: a.txt, dest: /opt/app}, {src: b.txt, dest: /opt/app/conf.txt}]",
+        "[{src: b.txt, dest: /opt/app/conf.txt}, {src: a.txt, dest: /opt/app}]",
+    ],
+)
+def test_22_one_destination_inside_another_is_an_input_error(files, tmp_path):
+    """probe-3 #22: /opt/app and /opt/app/conf.txt validated, then render failed as an environment error (exit 3)."""
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    lines = _lines(tmp_path, HEAD + f"files: {files}\n")
+    assert any(" files[1].dest: " in ln and "lie one inside the other" in ln for ln in lines), lines
+
+
+def test_12_two_recipes_building_one_image_tag_are_refused(tmp_path):
+    """probe-3 #12: two names, one `image: p3/clash` and tag: each rebuild built both, and -previous held the other's."""
+    from imgbuild.config import load_settings
+    from imgbuild.rebuild import INVALID, check_contexts, load_graph
+
+    (tmp_path / ".git").mkdir()
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    for name in ("one", "two"):
+        (recipes / f"{name}.yaml").write_text(
+            f'name: {name}\nimage: p3/clash\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+        )
+    (recipes / "three.yaml").write_text(
+        'name: three\nimage: p3/clash\ntag: v2\nbase: {framework: pytorch, tag: "24.05"}\n'
+    )
+    settings = load_settings({})
+    for items in (load_graph(sorted(recipes.glob("*.yaml")), settings), check_contexts([str(recipes)], settings)):
+        by_name = {i.path.stem: i for i in items}
+        assert by_name["one"].status == by_name["two"].status == INVALID
+        assert "all build p3/clash:v1" in by_name["one"].error
+        assert by_name["three"].status != INVALID
+
+
+SHELL_PAYLOADS = ["$(touch PWNED)", "`touch PWNED`", "$((0))$(touch PWNED)", "${HOME:-$(touch PWNED)}", "x;touch PWNED"]
+
+
+@pytest.mark.parametrize("payload", SHELL_PAYLOADS)
+@pytest.mark.parametrize("runtime", ["apptainer", "docker", "pyxis"])
+def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, runtime, tmp_path):
+    """probe-3 #10: `$(...)` in the command ran when the job started (only $VAR/${VAR} may expand there)."""
+    import os
+    import subprocess
+
+    from imgbuild.cluster import JobFlags, job_from_flags, sbatch_script
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for stub in ("srun", "apptainer", "docker", "nvidia-smi", "scontrol", "sbatch", "python3"):
+        (bin_dir / stub).write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$ARGS_LOG"\n')
+        (bin_dir / stub).chmod(0o755)
+    # srun runs its command as a node would (the docker runtime's `sh -c 'exec docker run ...'` included)
+    (bin_dir / "srun").write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$@" >> "$ARGS_LOG"\n'
+        'while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done\n[ $# -gt 0 ] && exec "$@"\n'
+    )
+    flags = JobFlags(
+        ["python3", "train.py", "--tag", payload, "$HOME"],
+        "/sif/x.sif" if runtime == "apptainer" else "lab/x:1",
+        "x",
+        gpus=1,
+        runtime=runtime,
+        binds=[f"/data/{payload}:/data"] if runtime != "pyxis" else [],
+        usage=False,
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(sbatch_script(job_from_flags(flags, {})))
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "ARGS_LOG": str(tmp_path / "args.log"),
+        "SLURM_JOB_ID": "7",
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_NNODES": "1",
+        "HOME": "/home/u",
+    }
+    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert not (tmp_path / "PWNED").exists(), script.read_text()
+    words = (tmp_path / "args.log").read_text().splitlines()
+    assert payload in words or any(payload in w for w in words), words
+    assert "/home/u" in words  # the job's own variables still expand
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("job_name", "x\ntouch PWNED"),
+        ("job_name", "x y"),
+        ("time", "1:00:00\ntouch PWNED"),
+        ("time", "١:00:00"),
+        ("mem", "64G\n#SBATCH --gres=gpu:8"),
+        ("output", "out-%j.txt\ntouch PWNED"),
+        ("partition", "gpu\nrm -rf ~"),
+        ("account", "p;id"),
+        ("gpu_type", "a100\n"),
+    ],
+)
+def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value):
+    from imgbuild.cluster import JobFlags, job_from_flags
+
+    with pytest.raises(UsageError, match="is not valid here"):
+        job_from_flags(JobFlags(["true"], "x.sif", "x", **{flag: value}), {})
