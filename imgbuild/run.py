@@ -133,6 +133,26 @@ class RunSpec:
         args = [flag for flag, on in flags if on]
         return args + (["--entrypoint", self.entrypoint] if self.entrypoint is not None else [])
 
+    def cli_invocation(self) -> tuple[list[str], dict[str, str]]:
+        """The `docker run` argv to execute, and the values it takes from its own environment: each
+        `-e NAME=VALUE` is passed as `-e NAME`, so no value (the Jupyter token, a user's HF_TOKEN) stands in an
+        argv that every user of the host can read in /proc/PID/cmdline."""
+        words = self.docker_args()
+        options, rest = words[: -(len(self.command) + 1)], words[-(len(self.command) + 1) :]
+        args: list[str] = []
+        env: dict[str, str] = {}
+        i = 0
+        while i < len(options):
+            if options[i] == "-e" and i + 1 < len(options) and "=" in options[i + 1]:
+                name, value = options[i + 1].split("=", 1)
+                env[name] = value
+                args += ["-e", name]
+                i += 2
+                continue
+            args.append(options[i])
+            i += 1
+        return args + rest, env
+
     def command_line(self, docker: str = "docker") -> str:
         return shlex.join([docker, *self.docker_args()])
 
@@ -704,7 +724,7 @@ def reserved(
 def start_detached(engine: Any, spec: RunSpec) -> None:
     from imgbuild.errors import ImgbuildError
 
-    code, err = engine.containers.run_cli_captured(spec.docker_args())
+    code, err = engine.containers.run_cli_captured(*spec.cli_invocation())
     if code != 0:
         raise ImgbuildError(explain_start_failure(err))
 
@@ -749,7 +769,7 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
     started = time.monotonic()
     if wanted:
         sampler.start()
-    code = engine.containers.run_cli(spec.docker_args())
+    code = engine.containers.run_cli(*spec.cli_invocation())
     stop.set()
     outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
     if wanted:

@@ -426,3 +426,24 @@ def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value
 
     with pytest.raises(UsageError, match="is not valid here"):
         job_from_flags(JobFlags(["true"], "x.sif", "x", **{flag: value}), {})
+
+
+def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
+    """probe-3 #1: the Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
+    from imgbuild.config import load_settings
+    from imgbuild.run import RunRequest, jupyter_notes, prepare
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": []}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(tmp_path / "site.yaml"))
+    (tmp_path / "site.yaml").write_text(f"run: {{state_dir: {tmp_path / 'state'}, env: {{SITE_VAR: site-value}}}}\n")
+    request = RunRequest("img", ["python3", "-e", "A=B"], jupyter=True, env=["HF_TOKEN=hf_CANARY"])
+    spec = prepare(request, load_settings({}), gpus=[])
+    argv, env = spec.cli_invocation()
+    token = env["JUPYTER_TOKEN"]
+    assert len(token) == 48 and not any(token in word for word in argv)
+    assert env["HF_TOKEN"] == "hf_CANARY" and not any("CANARY" in word for word in argv)
+    assert env["SITE_VAR"] == "site-value" and "-e" in argv and "JUPYTER_TOKEN" in argv
+    assert argv[-3:] == ["python3", "-e", "A=B"], "the command's own words are the command's"
+    assert any(token in line for line in jupyter_notes(spec, "host"))  # told to the user, on their terminal

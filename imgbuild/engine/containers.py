@@ -33,9 +33,10 @@ class DockerContainers:
                 return cli
         raise EngineUnavailable("no docker CLI found: install docker (the client) or set IMGBUILD_DOCKER_CLI")
 
-    def run_cli(self, args: list[str]) -> int:
-        """Run the docker CLI with the terminal attached; returns its exit code."""
-        return subprocess.run([self.cli(), *args]).returncode
+    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int:
+        """Run the docker CLI with the terminal attached; returns its exit code. `env`: values the CLI takes
+        from its own environment (`-e NAME`), never from an argv every user of the host can read."""
+        return subprocess.run([self.cli(), *args], env={**os.environ, **(env or {})}).returncode
 
     def exec_cli(self, args: list[str]) -> None:
         """Become the docker CLI (attach, logs, exec): signals and the terminal go straight to it, and
@@ -45,9 +46,9 @@ class DockerContainers:
         sys.stderr.flush()
         os.execv(cli, [cli, *args])
 
-    def run_cli_captured(self, args: list[str]) -> tuple[int, str]:
+    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
         """Run the docker CLI, passing stdout through and keeping stderr to explain failures."""
-        proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         if proc.stderr:
             sys.stderr.write(proc.stderr)
         return proc.returncode, proc.stderr

@@ -151,11 +151,11 @@ class FakeContainers:
     def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
         return -1, "the fake engine runs nothing"
 
-    def run_cli(self, args: list[str]) -> int:
+    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int:
         self.calls.append("docker " + " ".join(args))
         return 0
 
-    def run_cli_captured(self, args: list[str]) -> tuple[int, str]:
+    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
         return self.run_cli(args), ""
 
     def exec_cli(self, args: list[str]) -> None:
