@@ -184,11 +184,36 @@ def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], n
 # --- state, log and notices (I/O) ------------------------------------------------------------------------
 
 
+REAPER_DIR = ".reap"  # the reaper's own folder inside the state folder: root's alone (0700)
+
+
+def reaper_dir(state_dir: Path) -> Path:
+    """Where the reaper keeps its state and log: `<state_dir>/.reap`, made 0700 by the reaper; the state
+    folder must be root's (or the caller's), and the reaper's folder the caller's and writable by no one
+    else: every user of the host writes the state folder itself."""
+    from imgbuild.ledger import Ledger
+
+    Ledger(state_dir).folder()
+    folder = state_dir / REAPER_DIR
+    try:
+        if not os.path.lexists(folder):
+            os.mkdir(folder, 0o700)
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot use the reaper's folder {folder}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise EnvironmentProblem(
+            f"{folder} is not the reaper's own folder (a link, another user's, or writable by others); an admin "
+            "removes it and the next run makes it again"
+        )
+    return folder
+
+
 def load_state(path: Path) -> State:
     """The reaper's own state. Written only by the reaper (an admin); one that someone else owns is not
     believed (forged idle samples would stop a busy user's job)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return State()
     except OSError as exc:
@@ -227,13 +252,24 @@ def save_state(path: Path, state: State) -> None:
 
 
 def append_log(path: Path, now: float, action: Action, outcome: str) -> None:
+    """One JSON line in the action log: a regular file the reaper owns, never a FIFO or a link (either would
+    hang or redirect root's writes)."""
+    from imgbuild.ledger import open_regular
+
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)), **asdict(action), "outcome": outcome}
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write the reap log {path}: {exc.strerror}") from None
+    if fd is None:
+        raise EnvironmentProblem(f"the reap log {path} is not a regular file (someone put it there); remove it")
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or info.st_nlink != 1:
+            raise EnvironmentProblem(f"the reap log {path} is not the reaper's own file (another owner, or a link)")
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def write_notice(user: str, text: str) -> bool:
@@ -246,7 +282,9 @@ def write_notice(user: str, text: str) -> bool:
     try:
         if os.lstat(home).st_uid != entry.pw_uid:
             return False  # not their own folder: write nothing there
-        fd = os.open(home / NOTICE_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # O_NONBLOCK: a FIFO there (the user's own plant) must not hang root's reaper
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(home / NOTICE_FILE, flags, 0o600)
     except OSError:
         return False
     try:
@@ -298,7 +336,8 @@ def reap(
     state_dir = Path(house["state_dir"] or DEFAULT_STATE_DIR)
     ledger = Ledger(state_dir)
     extended = ledger.read().extended
-    state_path = state_dir / STATE_FILE
+    own = reaper_dir(state_dir)
+    state_path = own / STATE_FILE
     state = load_state(state_path)
     rows = engine.containers.rows()
     sample(rows, gpus, rules, now, state)
@@ -306,15 +345,17 @@ def reap(
     actions = decide(rows, state, now, rules, deadlines, known_user)
     if dry_run:
         return Report(actions, ["dry run"] * len(actions))
-    log = Path(rules["log"]) if rules["log"] else state_dir / "reap.log"
+    log = Path(rules["log"]) if rules["log"] else own / "reap.log"
     outcomes = []
-    for action in actions:
-        outcome = _act(engine, action, rules, now, notify)
-        if action.verb == "warn":
-            state.warned.setdefault(action.id, {})[action.rule] = now
-        append_log(log, now, action, outcome)
-        outcomes.append(outcome)
-    save_state(state_path, state)
+    try:
+        for action in actions:
+            if action.verb == "warn":  # recorded first: a warning that fails half-way is not given twice
+                state.warned.setdefault(action.id, {})[action.rule] = now
+            outcome = _act(engine, action, rules, now, notify)
+            append_log(log, now, action, outcome)
+            outcomes.append(outcome)
+    finally:
+        save_state(state_path, state)  # whatever failed, what was done is remembered
     return Report(actions, outcomes)
 
 

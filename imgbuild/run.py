@@ -384,10 +384,12 @@ def human_duration(seconds: float) -> str:
     return text or f"{seconds}s"
 
 
-def effective_deadline(row: dict[str, Any], extended: dict[str, float], house: dict[str, Any]) -> float | None:
-    """A container's deadline: its label, moved by `extend` (never past its start + the site's max_time)."""
+def effective_deadline(row: dict[str, Any], extended: dict[str, Any], house: dict[str, Any]) -> float | None:
+    """A container's deadline: its label, moved by `extend` (never past its start + the site's max_time), by
+    its owner only (`extended`: container ID -> ledger.Extension)."""
     label = row.get("deadline")
-    moved = extended.get(row.get("id") or "")
+    extension = extended.get(row.get("id") or "")
+    moved = extension.deadline if extension is not None and extension.user == row.get("user") else None
     if label is None or moved is None or moved <= label:
         return label
     most = house.get("max_time")
@@ -399,7 +401,7 @@ def effective_deadline(row: dict[str, Any], extended: dict[str, float], house: d
 
 def extend(row: dict[str, Any], by: str, house: dict[str, Any]) -> float:
     """Move one container's deadline by `by`, within the site's max_time from its start; the new deadline."""
-    from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.ledger import DEFAULT_STATE_DIR, Extension, Ledger
 
     seconds = parse_duration(by, "extend")
     if row.get("deadline") is None:
@@ -415,7 +417,7 @@ def extend(row: dict[str, Any], by: str, house: dict[str, Any]) -> float:
                 f"extend {row['name']} {by}: the site allows {human_duration(most)} from its start (run.max_time); "
                 f"at most {human_duration(max(0.0, created + most - current))} more"
             )
-        book.extended[row["id"]] = wanted
+        book.extended[row["id"]] = Extension(wanted, row.get("user") or "")
     return wanted
 
 

@@ -173,7 +173,9 @@ class ReapPolicy:
     exempt: list[str] = site_only(
         ListOf(ONE_LINE, max_length=256), factory=list, doc="container name patterns never touched (fnmatch)"
     )
-    log: str | None = site_only(Maybe(PATH), None, doc="the action log, JSON lines (default <state_dir>/reap.log)")
+    log: str | None = site_only(
+        Maybe(PATH), None, doc="the action log, JSON lines (default <state_dir>/.reap/reap.log)"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

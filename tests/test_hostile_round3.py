@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import yaml
@@ -447,3 +448,190 @@ def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     assert env["SITE_VAR"] == "site-value" and "-e" in argv and "JUPYTER_TOKEN" in argv
     assert argv[-3:] == ["python3", "-e", "A=B"], "the command's own words are the command's"
     assert any(token in line for line in jupyter_notes(spec, "host"))  # told to the user, on their terminal
+
+
+# --- #2, #3: on a shared server every other user is untrusted ---------------------------------------------
+
+NOBODY = 65534
+
+
+def _user_file(state, uid: int, entries: list, extended: dict | None = None, owner: int | None = None):
+    import os
+
+    path = state / f"ledger-{uid}.json"
+    path.write_text(json.dumps({"entries": entries, "extended": extended or {}}))
+    os.chown(path, NOBODY if owner is None else owner, -1)
+    return path
+
+
+def _entry(**fields):
+    import os
+
+    from imgbuild.ledger import process_start
+
+    base = {
+        "name": "ghost_1",
+        "user": "nobody",
+        "pid": os.getpid(),
+        "started": process_start(os.getpid()),
+        "gpus": ["GPU-0", "GPU-1"],
+        "cpus": [],
+        "since": time.time(),
+        "ports": [8888],
+        "waiting": "",
+        "uid": NOBODY,
+    }
+    return {**base, **fields}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("case", "entry", "owner"),
+    [
+        ("queue-block-pid-1", {"pid": 1, "waiting": "--gpus 1"}, None),
+        ("hold-in-root-s-name", {"user": "root"}, None),
+        ("someone-else-s-process", {}, None),  # this test's own process is root's, not nobody's
+        ("uid-claims-another", {"uid": 0}, None),
+        ("file-of-another-owner", {}, 0),
+        ("stale-hold", {"since": 1.0}, None),
+        ("stale-queue-place", {"waiting": "--gpus 1", "since": 1.0, "seen": 1.0}, None),
+        ("wrong-type-cpus", {"cpus": [{}]}, None),
+        ("wrong-type-gpus", {"gpus": [["GPU-x"]]}, None),
+        ("wrong-type-name", {"name": ["x"]}, None),
+        ("wrong-type-pid", {"pid": True}, None),
+        ("wrong-type-since", {"since": "now"}, None),
+        ("unknown-field", {"admin": True}, None),
+    ],
+)
+def test_3_a_forged_ledger_entry_holds_nothing_and_crashes_nobody(case, entry, owner, tmp_path):
+    """probe-3 #3: an entry naming PID 1 blocked every GPU run forever; one in another user's name held every
+    GPU and port; wrongly typed fields crashed everyone's `run`."""
+    from imgbuild.ledger import Ledger
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o1777)
+    _user_file(state, NOBODY, [_entry(**entry)], owner=owner)
+    book = Ledger(state).read()
+    assert book.entries == [] and book.holds() == [] and book.queue() == []
+    with Ledger(state).transaction() as book:  # a run's view: the same, and nothing of nobody's is rewritten
+        assert book.entries == []
+
+
+@pytest.mark.timeout(60)
+def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
+    """The honest case: nobody's own live process, in nobody's own file, holds what it says; the same file
+    naming root is dropped."""
+    import os
+    import subprocess
+
+    from imgbuild.ledger import Ledger, process_start
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o1777)
+    proc = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 5
+        while os.stat(f"/proc/{proc.pid}").st_uid != NOBODY and time.monotonic() < deadline:
+            time.sleep(0.02)
+        live = _entry(pid=proc.pid, started=process_start(proc.pid))
+        _user_file(state, NOBODY, [live])
+        assert [e.name for e in Ledger(state).read().holds()] == ["ghost_1"]
+        _user_file(state, NOBODY, [{**live, "user": "root"}])
+        assert Ledger(state).read().entries == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_3_an_extension_moves_only_its_owners_container(tmp_path):
+    from imgbuild.ledger import Extension, Ledger
+    from imgbuild.run import effective_deadline
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o1777)
+    _user_file(state, NOBODY, [], {"victim-id": {"deadline": 10**9, "user": "root"}, "own-id": 5000.0})
+    book = Ledger(state).read()
+    assert book.extended["victim-id"] == Extension(10**9, "nobody")  # nobody's file speaks for nobody only
+    victim = {"id": "victim-id", "user": "alice", "deadline": 100.0, "created_ts": 0.0}
+    assert effective_deadline(victim, book.extended, {"max_time": None}) == 100.0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("plant", ["fifo", "folder"])
+def test_2_a_planted_lock_never_blocks_and_root_clears_it(plant, tmp_path):
+    import os
+
+    from imgbuild.ledger import Ledger
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o1777)
+    (os.mkfifo if plant == "fifo" else os.mkdir)(state / "ledger.lock")
+    with Ledger(state).transaction() as book:  # root removes what was planted and goes on
+        book.add("x_1", "root", [], [])
+    assert (state / "ledger.lock").is_file()
+
+
+@pytest.mark.timeout(30)
+def test_2_a_state_folder_another_user_owns_is_refused_by_run_and_reap(tmp_path):
+    """probe-3 #2: the first user to run imgbuild owned the state folder and deleted root's state and log."""
+    import os
+
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.ledger import Ledger
+    from imgbuild.reap import reaper_dir
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o1777)
+    os.chown(state, NOBODY, -1)
+    with pytest.raises(EnvironmentProblem, match=r"belongs to nobody.*chown root"):
+        Ledger(state).entries()
+    with pytest.raises(EnvironmentProblem, match="belongs to nobody"):
+        reaper_dir(state)
+    os.chown(state, 0, -1)
+    assert reaper_dir(state) == state / ".reap" and oct((state / ".reap").stat().st_mode & 0o777) == "0o700"
+    os.chown(state / ".reap", NOBODY, -1)
+    with pytest.raises(EnvironmentProblem, match="not the reaper's own folder"):
+        reaper_dir(state)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("plant", ["fifo", "folder", "symlink", "hardlink", "other-owner"])
+def test_2_the_reap_log_is_only_ever_the_reapers_own_regular_file(plant, tmp_path):
+    import os
+
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.reap import Action, append_log
+
+    log = tmp_path / "reap.log"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if plant == "fifo":
+        os.mkfifo(log)
+    elif plant == "folder":
+        log.mkdir()
+    elif plant == "symlink":
+        log.symlink_to(victim)
+    elif plant == "hardlink":
+        os.link(victim, log)
+    else:
+        log.write_text("")
+        os.chown(log, NOBODY, -1)
+    with pytest.raises(EnvironmentProblem):
+        append_log(log, 0.0, Action("warn", "x_1", "x", "idle", "idle"), "warned")
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.timeout(30)
+def test_2_a_fifo_at_a_users_notices_file_never_blocks_root(tmp_path, monkeypatch):
+    import os
+    import pwd
+
+    from imgbuild.reap import write_notice
+
+    home = tmp_path / "home"
+    home.mkdir()
+    me = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
+    monkeypatch.setattr("imgbuild.reap.pwd.getpwnam", lambda name: fake)
+    os.mkfifo(home / "imgbuild-notices.txt")
+    assert write_notice("someone", "you will be stopped") is False

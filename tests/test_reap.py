@@ -18,6 +18,7 @@ import pytest
 from imgbuild.errors import UsageError
 from imgbuild.gpus import Gpu
 from imgbuild.host import caller
+from imgbuild.ledger import Extension
 from imgbuild.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
 from imgbuild.run import RunRequest, effective_deadline, house_rules, prepare
 
@@ -166,9 +167,11 @@ def test_time_and_its_site_maximum():
     assert prepare(RunRequest("img", ["true"]), _settings(), house=house_rules({})).deadline is None
     # `extend` moves a deadline, never past the start plus max_time, whatever the ledger says
     container = {"id": "abc", "deadline": 100.0, "created_ts": 0.0}
-    assert effective_deadline(container, {"abc": 50.0}, house) == 100.0
-    assert effective_deadline(container, {"abc": 5000.0}, house) == 5000.0
-    assert effective_deadline(container, {"abc": 10**9}, house) == 3 * 86400
+    container["user"] = "alice"
+    assert effective_deadline(container, {"abc": Extension(50.0, "alice")}, house) == 100.0
+    assert effective_deadline(container, {"abc": Extension(5000.0, "alice")}, house) == 5000.0
+    assert effective_deadline(container, {"abc": Extension(5000.0, "mallory")}, house) == 100.0  # not hers
+    assert effective_deadline(container, {"abc": Extension(10**9, "alice")}, house) == 3 * 86400
 
 
 def _settings():

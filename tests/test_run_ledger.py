@@ -40,7 +40,8 @@ def test_an_entry_lives_while_its_process_lives(tmp_path):
         mine = book.add("me_train_1", "me", ["GPU-1"], [0, 1])
     assert alive(mine) and ledger.entries() == [mine]
     assert oct((tmp_path / "state").stat().st_mode & 0o7777) == "0o1777"  # every user of the host writes it
-    assert oct((tmp_path / "state" / "ledger.json").stat().st_mode & 0o777) == "0o666"
+    own = tmp_path / "state" / f"ledger-{os.getuid()}.json"  # each user writes a file of their own
+    assert own.stat().st_uid == os.getuid() and oct(own.stat().st_mode & 0o777) == "0o644"
     # A killed run leaves an entry whose process is gone: the next reader drops it.
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -64,10 +65,11 @@ def test_an_entry_lives_while_its_process_lives(tmp_path):
 def test_a_vandalised_ledger_reads_as_empty_and_is_rewritten(tmp_path, content):
     state = tmp_path / "state"
     state.mkdir()
-    (state / "ledger.json").write_bytes(content)
+    own = state / f"ledger-{os.getuid()}.json"
+    own.write_bytes(content)
     ledger = Ledger(state)
     assert ledger.entries() == []
-    assert json.loads((state / "ledger.json").read_text()) == {"entries": [], "extended": {}}
+    assert json.loads(own.read_text()) == {"entries": [], "extended": {}}
 
 
 def test_a_linked_ledger_or_state_folder_is_refused(tmp_path):
@@ -75,10 +77,13 @@ def test_a_linked_ledger_or_state_folder_is_refused(tmp_path):
     state.mkdir()
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    (state / "ledger.json").symlink_to(victim)
+    (state / "ledger.lock").symlink_to(victim)
     with pytest.raises(EnvironmentProblem, match="is a symbolic link"):
         Ledger(state).entries()
     assert victim.read_text() == "precious"
+    (state / "ledger.lock").unlink()
+    (state / f"ledger-{os.getuid()}.json").symlink_to(victim)  # replaced by rename, never written through
+    assert Ledger(state).entries() == [] and victim.read_text() == "precious"
     (tmp_path / "file").write_text("")
     with pytest.raises(EnvironmentProblem, match="state folder"):
         Ledger(tmp_path / "file").entries()
@@ -568,17 +573,22 @@ def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_
 
 def test_reading_the_ledger_writes_nothing(tmp_path):
     """`ps` and `reap --dry-run` only read the ledger: no folder or file is made, a bad file stays as it is,
-    a linked one is refused."""
+    a linked or planted one is never followed and never blocks."""
+    from imgbuild.ledger import Extension
+
     state = tmp_path / "state"
     assert Ledger(state).read().entries == [] and not state.exists()
     state.mkdir()
-    (state / "ledger.json").write_text('{"entries":  [], "extended": {"abc": 5}}')
+    own = state / f"ledger-{os.getuid()}.json"
+    own.write_text('{"entries":  [], "extended": {"abc": {"deadline": 5, "user": "alice"}}}')
     book = Ledger(state).read()
-    assert book.entries == [] and book.extended == {"abc": 5.0}
-    assert (state / "ledger.json").read_text() == '{"entries":  [], "extended": {"abc": 5}}'  # not rewritten
-    (state / "ledger.json").write_text("garbage")
-    assert Ledger(state).read().entries == [] and (state / "ledger.json").read_text() == "garbage"
-    (state / "ledger.json").unlink()
-    (state / "ledger.json").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(EnvironmentProblem, match="is a symbolic link"):
-        Ledger(state).read()
+    assert book.entries == [] and book.extended == {"abc": Extension(5.0, "alice")}
+    assert own.read_text() == '{"entries":  [], "extended": {"abc": {"deadline": 5, "user": "alice"}}}'  # as it was
+    own.write_text("garbage")
+    assert Ledger(state).read().entries == [] and own.read_text() == "garbage"
+    own.unlink()
+    own.symlink_to(tmp_path / "elsewhere")
+    assert Ledger(state).read().entries == [] and not (tmp_path / "elsewhere").exists()
+    own.unlink()
+    os.mkfifo(own)  # a FIFO is never opened for reading (it would block `ps` and root's reaper forever)
+    assert Ledger(state).read().entries == []
