@@ -280,7 +280,7 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
         assert ("remove", late, "exited") in later and ("remove", idle, "exited") in later
         names = {c.name for c in docker_client.containers.list(all=True)}
         assert never not in names and unnamed not in names and busy in names
-        log = [json.loads(line) for line in (state / "reap.log").read_text().splitlines()]
+        log = [json.loads(line) for line in (state / ".reap" / "reap.log").read_text().splitlines()]
         mine = [entry for entry in log if unique in entry["name"]]
         assert sorted((e["verb"], e["rule"], e["name"]) for e in mine[:4]) == [
             ("stop", "deadline", late),
