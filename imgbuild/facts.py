@@ -29,6 +29,7 @@ class Label:
     GPUS = PREFIX + "gpus"  # the GPU indices it was given
     GPU_UUIDS = PREFIX + "gpu-uuids"  # and their UUIDs (indices can change across reboots, UUIDs do not)
     SMOKE_OF = PREFIX + "smoke-of"  # a smoke-test container, and the image it tests
+    STARTED_BY = PREFIX + "started-by"  # a script's container: the imgbuild process (PID:start) that runs it
     DEADLINE = PREFIX + "deadline"  # when `imgbuild reap` stops it (seconds since the epoch; `extend` moves it)
 
 

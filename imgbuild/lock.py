@@ -33,11 +33,18 @@ for name, text in files.items():
     with open(os.path.join("/tmp/imgbuild-pip", name), "w") as handle:
         handle.write(text)
 env = dict(os.environ, IMGBUILD_PIP_REPORT="/tmp/imgbuild-report.json", PIP_NO_CACHE_DIR="1")
-if "pip.conf" in files:
-    env["PIP_CONFIG_FILE"] = "/tmp/imgbuild-pip/pip.conf"
+# The index credentials come on standard input (never a file of the image or the container's config) and
+# are kept on a tmpfs only while pip runs.
+size = sys.stdin.buffer.readline().strip()
+secret = sys.stdin.buffer.read(int(size)) if size.isdigit() else b""
+if secret:
+    fd = os.open("/run/imgbuild/pip.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, secret)
+    os.close(fd)
+    env["PIP_CONFIG_FILE"] = "/run/imgbuild/pip.conf"
 proc = subprocess.run(["sh", "/tmp/imgbuild-pip/install.sh"], capture_output=True, text=True, env=env)
-if os.path.exists("/tmp/imgbuild-pip/pip.conf"):
-    os.remove("/tmp/imgbuild-pip/pip.conf")  # index credentials: gone before anything else runs
+if secret:
+    os.remove("/run/imgbuild/pip.conf")  # gone before anything else runs
 result = {"ok": proc.returncode == 0, "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:], "install": []}
 if proc.returncode == 0:
     report = json.load(open("/tmp/imgbuild-report.json"))
@@ -100,18 +107,21 @@ def lock(
         for path, (content, _) in context.rendered.items()
         if path.startswith("imgbuild/pip/")
     }
+    secret = b""
     with ExitStack() as stack:
         secrets = build_secrets(settings, loaded, stack)
         if "imgbuild-ca.crt" in secrets:
-            files["ca.crt"] = secrets["imgbuild-ca.crt"].read_text()
+            files["ca.crt"] = secrets["imgbuild-ca.crt"].read_text()  # a CA bundle is public
         if "imgbuild-pip.conf" in secrets:
-            files["pip.conf"] = secrets["imgbuild-pip.conf"].read_text()
+            secret = secrets["imgbuild-pip.conf"].read_bytes()  # index credentials: memory and stdin only
     payload = base64.b64encode(json.dumps(files).encode()).decode()
     script = f"FILES = {payload!r}\n" + _SCRIPT
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
     bounds = pip_bounds(settings)
-    code, output, _ = engine.containers.run_script(plan.base.pinned, script, [], bounds, gpus=None, timeout=1800)
+    code, output, _ = engine.containers.run_script(
+        plan.base.pinned, script, [], bounds, stdin=secret, gpus=None, timeout=1800
+    )
     report = _report(output)
     if not report.get("ok"):
         tail = "\n".join(f"  | {line}" for line in report.get("tail", [])[-10:])

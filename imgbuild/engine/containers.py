@@ -160,6 +160,20 @@ class DockerContainers:
             with contextlib.suppress(APIError, NotFound):
                 container.remove(force=True)
 
+    def sweep_orphans(self) -> int:
+        """Remove script containers (smoke test, `lock`, the base's pins) whose imgbuild process is gone: a
+        SIGKILL leaves one behind, and with it whatever it was given. Returns how many."""
+        from docker.errors import APIError, NotFound
+
+        removed = 0
+        with contextlib.suppress(APIError):
+            for container in self.client.containers.list(all=True, filters={"label": Label.STARTED_BY}):
+                if _gone(str((container.labels or {}).get(Label.STARTED_BY, ""))):
+                    with contextlib.suppress(APIError, NotFound):
+                        container.remove(force=True)
+                        removed += 1
+        return removed
+
     def run_script(
         self,
         image: str,
@@ -167,6 +181,7 @@ class DockerContainers:
         args: list[str],
         env: dict[str, str],
         *,
+        stdin: bytes | None = None,
         gpus: list[str] | None,
         timeout: int = 1800,
         ipc: str | None = "host",
@@ -176,8 +191,10 @@ class DockerContainers:
 
         `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
         `note` says why GPUs were asked for but not given. The container is labelled with the image it
-        tests, removed on every way out, and removed by the next run of the same target if this process
-        is killed."""
+        tests and the process that runs it, removed on every way out, and removed by the next run of a script
+        if this process is killed. `stdin` (a secret: index credentials) reaches the script on its standard
+        input, `<length>\\n<bytes>`, never a file of the container or its config, and the container has a
+        tmpfs at /run/imgbuild for what the script must write of it."""
         import requests
         from docker.errors import APIError
         from docker.types import DeviceRequest
@@ -186,11 +203,8 @@ class DockerContainers:
         entrypoint = (info.config.get("Entrypoint") if info else None) or []
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
-        kwargs: dict[str, Any] = dict(environment=env, detach=True, labels={SMOKE_LABEL: image})
-        if shm_size:
-            kwargs["shm_size"] = shm_size
-        elif ipc:
-            kwargs["ipc_mode"] = ipc
+        self.sweep_orphans()
+        kwargs = _script_container(image, env, stdin is not None, ipc, shm_size)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -215,7 +229,7 @@ class DockerContainers:
         container = prepared(gpu_requests)
         try:
             try:
-                container.start()
+                _start(container, stdin)
             except APIError as exc:
                 if not gpu_requests:
                     raise
@@ -226,7 +240,7 @@ class DockerContainers:
                 )
                 container.remove(force=True)
                 container = prepared(None)
-                container.start()
+                _start(container, stdin)
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
             except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
@@ -238,6 +252,46 @@ class DockerContainers:
         finally:
             with contextlib.suppress(APIError):
                 container.remove(force=True)
+
+
+def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
+    """The create() arguments of a script's container: labelled with the image and the process running it."""
+    labels = {SMOKE_LABEL: image, Label.STARTED_BY: _this_process()}
+    kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
+    if stdin:
+        kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})
+    if shm_size:
+        kwargs["shm_size"] = shm_size
+    elif ipc:
+        kwargs["ipc_mode"] = ipc
+    return kwargs
+
+
+def _start(container: Any, stdin: bytes | None) -> None:
+    """Start the container; with `stdin`, attached first, then fed `<length>\\n<bytes>` and let go."""
+    feed = container.attach_socket(params={"stdin": 1, "stream": 1}) if stdin is not None else None
+    container.start()
+    if feed is not None and stdin is not None:
+        raw = getattr(feed, "_sock", feed)
+        try:
+            raw.sendall(str(len(stdin)).encode() + b"\n" + stdin)
+        finally:
+            with contextlib.suppress(OSError):
+                raw.close()
+
+
+def _this_process() -> str:
+    from imgbuild.ledger import process_start
+
+    return f"{os.getpid()}:{process_start(os.getpid())}"
+
+
+def _gone(started_by: str) -> bool:
+    """Is the imgbuild process that started a script's container gone (killed: nothing will remove it)?"""
+    from imgbuild.ledger import process_start
+
+    pid, _, start = started_by.partition(":")
+    return not (pid.isdigit() and pid.isascii() and process_start(int(pid)) == start)
 
 
 def _number(text: Any) -> float | None:

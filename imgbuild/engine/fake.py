@@ -102,6 +102,7 @@ class FakeContainers:
         args: list[str],
         env: dict[str, str],
         *,
+        stdin: bytes | None = None,
         gpus: list[str] | None,
         timeout: int = 1800,
         ipc: str | None = "host",

@@ -78,6 +78,7 @@ class ContainerRunner(Protocol):
         args: list[str],
         env: dict[str, str],
         *,
+        stdin: bytes | None = None,
         gpus: list[str] | None,
         timeout: int = ...,
         ipc: str | None = ...,
