@@ -691,7 +691,9 @@ def test_4_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_i
         from imgbuild.engine import Engine
 
         assert Engine.connect(testbed.get("IMGBUILD_DOCKER_CLI")).containers.sweep_orphans() >= 1
-        with pytest.raises(Exception):
+        import docker.errors
+
+        with pytest.raises(docker.errors.NotFound):
             docker_client.containers.get(container.id)
         index.delay = 0  # and the credentials did reach pip: slowpkg is on that index alone
         done = subprocess.run(
