@@ -47,6 +47,10 @@ HTTP_REQUEST_SECONDS = 30.0
 HTTP_COMMAND_SECONDS = 180.0
 #: `imgbuild mirror`: everything one run asks of one registry, blobs of many GB included.
 MIRROR_SECONDS = 6 * 3600.0
+#: One blob a mirror copies: NGC's largest layers are a few GB; a manifest claiming more is not believed.
+MIRROR_BLOB_BYTES = 64 * 1024 * MIB
+#: Manifest lists inside manifest lists: real ones are one deep.
+MIRROR_INDEX_DEPTH = 4
 #: One response body, after decompression (manifests and configs are KBs, a tag page 100s of KB).
 HTTP_BODY_BYTES = 8 * MIB
 #: All tag-list pages of one repository together.

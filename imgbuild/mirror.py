@@ -9,7 +9,10 @@ same selection, only when asked.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.errors import RegistryError, UsageError
+from imgbuild.errors import EnvironmentProblem, RegistryError, UsageError
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.registry import INDEX_TYPES, RegistryClient
 
@@ -58,29 +61,49 @@ class _Copier:
     progress: Callable[[str], None]
     seen: dict[str, str] = field(default_factory=dict)  # blob digest -> a target repository that has it
 
-    def manifest(self, reference: str, tally: TagCopy, tag: str | None = None) -> str:
-        """Copy the manifest `reference` (and all it names) and tag it `tag` (by digest when None)."""
+    def manifest(self, reference: str, tally: TagCopy, tag: str | None = None, depth: int = 0) -> str:
+        """Copy the manifest `reference` (and all it names) and tag it `tag` (by digest when None). The source
+        registry is untrusted: every part of its answer is shape-checked before it is used."""
         content, media_type, digest = self.source.manifest_raw(self.repo, reference)
-        body = json.loads(content)
+        bad = f"registry {self.source.host}: {self.repo}:{reference}"
+        try:
+            body = json.loads(content)
+        except (ValueError, RecursionError):
+            raise RegistryError(f"{bad}: the manifest is not JSON") from None
+        if not isinstance(body, dict):
+            raise RegistryError(f"{bad}: the manifest is not a JSON object")
         if media_type in INDEX_TYPES or "manifests" in body:
-            for entry in body.get("manifests") or []:
+            entries = body.get("manifests") or []
+            if depth >= limits.MIRROR_INDEX_DEPTH or not isinstance(entries, list):
+                raise RegistryError(
+                    f"{bad}: a manifest list nested deeper than {limits.MIRROR_INDEX_DEPTH} or malformed"
+                )
+            for entry in entries:
                 child = str(entry.get("digest", "")) if isinstance(entry, dict) else ""
                 if not DIGEST_RE.fullmatch(child):
-                    raise RegistryError(
-                        f"registry {self.source.host}: {self.repo}:{reference} lists a malformed digest"
-                    )
+                    raise RegistryError(f"{bad} lists a malformed digest")
                 if self.target.manifest_digest(self.repo, child) != child:
-                    self.manifest(child, tally)
+                    self.manifest(child, tally, depth=depth + 1)
         else:
-            for blob in [body.get("config") or {}, *(body.get("layers") or [])]:
+            layers = body.get("layers") or []
+            if not isinstance(layers, list):
+                raise RegistryError(f"{bad}: its layers are not a list")
+            for blob in [body.get("config") or {}, *layers]:
                 self.blob(blob, tally, tag or reference)
         self.target.put_manifest(self.repo, tag or digest, content, media_type)
         return digest
 
-    def blob(self, blob: dict[str, Any], tally: TagCopy, label: str) -> None:
-        digest, size = str(blob.get("digest", "")), int(blob.get("size") or 0)
-        if not DIGEST_RE.fullmatch(digest) or not digest.startswith("sha256:") or size < 0:
-            raise RegistryError(f"registry {self.source.host}: {self.repo}:{label} names a malformed blob")
+    def blob(self, blob: Any, tally: TagCopy, label: str) -> None:
+        bad = f"registry {self.source.host}: {self.repo}:{label} names a malformed blob"
+        if not isinstance(blob, dict):
+            raise RegistryError(bad)
+        digest, size = str(blob.get("digest", "")), blob.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= limits.MIRROR_BLOB_BYTES:
+            raise RegistryError(
+                f"{bad} (size {str(size)[:20]!r}: at most {limits.MIRROR_BLOB_BYTES // limits.MIB} MiB)"
+            )
+        if not DIGEST_RE.fullmatch(digest) or not digest.startswith("sha256:"):
+            raise RegistryError(bad)
         if self.target.has_blob(self.repo, digest):
             tally.blobs_present += 1
             self.seen.setdefault(digest, self.repo)
@@ -89,8 +112,14 @@ class _Copier:
         if other and other != self.repo and self.target.mount_blob(self.repo, digest, other):
             tally.blobs_mounted += 1
             return
+        free = shutil.disk_usage(self.scratch).free
+        if size + 256 * limits.MIB > free:
+            raise EnvironmentProblem(
+                f"{self.scratch}: {free // limits.MIB} MiB free, not enough for a {size // limits.MIB} MiB layer "
+                "(set cache_dir to a larger disk)"
+            )
         self.progress(f"{self.repo}:{label}: copying {digest[7:19]} ({size / limits.MIB:.0f} MiB)")
-        with tempfile.NamedTemporaryFile(dir=self.scratch, prefix="blob-") as handle:
+        with tempfile.NamedTemporaryFile(dir=self.scratch, prefix=f"blob-{_this_process()}-") as handle:
             path = Path(handle.name)
             self.source.download_blob(self.repo, digest, size, path)
             self.target.upload_blob(self.repo, digest, path)
@@ -129,6 +158,7 @@ def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = 
         chosen = [t for t in chosen if t in req.tags] or [t for t in req.tags]
     scratch = Path(settings.cache_dir) / "mirror"
     scratch.mkdir(parents=True, exist_ok=True)
+    sweep_partial_blobs(scratch)
     known = scratch / f"{target_host.replace(':', '_')}.blobs.json"
     copier = _Copier(source, target, repo, scratch, progress, _read_known(known))
     results = []
@@ -148,6 +178,28 @@ def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = 
     if req.keep is not None:
         results += _prune(target, repo, req, set(chosen[: req.keep]))
     return results
+
+
+def _this_process() -> str:
+    from imgbuild.ledger import process_start
+
+    return f"{os.getpid()}.{process_start(os.getpid())}"
+
+
+def sweep_partial_blobs(scratch: Path) -> int:
+    """Remove the blob files of mirrors that were killed mid-copy (`blob-PID.START-...` whose process is gone):
+    a SIGKILL leaves one behind, as large as what had arrived."""
+    from imgbuild.ledger import process_start
+
+    removed = 0
+    for path in scratch.glob("blob-*"):
+        owner = path.name.split("-")[1] if path.name.count("-") >= 2 else ""
+        pid, _, start = owner.partition(".")
+        if not (pid.isdigit() and pid.isascii() and process_start(int(pid)) == start):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def _read_known(path: Path) -> dict[str, str]:

@@ -708,3 +708,103 @@ def test_4_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_i
         assert secret not in done.stdout + done.stderr
     finally:
         index.close()
+
+
+# --- #9: mirroring from a hostile registry ---------------------------------------------------------------
+
+INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DIGEST = "sha256:" + "a" * 64
+
+
+class _Source:
+    host = "hostile.example"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def manifest_raw(self, repo, reference):
+        content, media_type = self.answer(reference)
+        return content, media_type, DIGEST
+
+    def download_blob(self, repo, digest, size, path):
+        raise AssertionError("a malformed blob must be refused before a byte is fetched")
+
+
+class _Target:
+    def manifest_digest(self, repo, reference):
+        return None
+
+    def has_blob(self, repo, digest):
+        return False
+
+    def put_manifest(self, *args):
+        pass
+
+
+def _nested(reference):
+    return json.dumps({"mediaType": INDEX, "manifests": [{"digest": DIGEST}]}).encode(), INDEX
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda r: (b'["manifests", 1]', MANIFEST),
+        lambda r: (b"not json", MANIFEST),
+        lambda r: (json.dumps({"config": "x", "layers": ["y"]}).encode(), MANIFEST),
+        lambda r: (json.dumps({"config": {"digest": DIGEST, "size": 1}, "layers": "y"}).encode(), MANIFEST),
+        lambda r: (json.dumps({"layers": [{"digest": DIGEST, "size": "1TB"}]}).encode(), MANIFEST),
+        lambda r: (json.dumps({"layers": [{"digest": DIGEST, "size": 2**50}]}).encode(), MANIFEST),
+        lambda r: (json.dumps({"layers": [{"digest": DIGEST, "size": True}]}).encode(), MANIFEST),
+        lambda r: (json.dumps({"layers": [{"digest": DIGEST, "size": -1}]}).encode(), MANIFEST),
+        lambda r: (json.dumps({"layers": [{"digest": "sha256:../../x", "size": 1}]}).encode(), MANIFEST),
+        lambda r: (json.dumps({"mediaType": INDEX, "manifests": "x"}).encode(), INDEX),
+        lambda r: (json.dumps({"mediaType": INDEX, "manifests": [5]}).encode(), INDEX),
+        _nested,  # an index of indexes, endlessly
+        lambda r: (b"[" * 100_000 + b"]" * 100_000, MANIFEST),
+    ],
+    ids=[
+        "list",
+        "not-json",
+        "strings",
+        "layers-string",
+        "size-text",
+        "size-1PiB",
+        "size-bool",
+        "size-negative",
+        "digest-path",
+        "manifests-string",
+        "manifests-number",
+        "endless-index",
+        "deep-json",
+    ],
+)
+def test_9_a_hostile_source_registry_is_a_registry_error_never_a_crash(answer, tmp_path):
+    """probe-3 #9: a list, strings, `size: "1TB"` crashed mirror; a 1 TB claimed layer streamed 2.7 GB to disk;
+    an index nested 1,500 deep recursed for 55 s."""
+    from imgbuild.errors import RegistryError
+    from imgbuild.mirror import TagCopy, _Copier
+
+    copier = _Copier(_Source(answer), _Target(), "nvidia/pytorch", tmp_path, lambda s: None)
+    start = time.monotonic()
+    with pytest.raises(RegistryError):
+        copier.manifest("24.05-py3", TagCopy("24.05-py3"), "24.05-py3")
+    assert time.monotonic() - start < 5
+
+
+def test_9_a_killed_mirrors_partial_blob_is_swept(tmp_path):
+    import os
+    import subprocess
+
+    from imgbuild.ledger import process_start
+    from imgbuild.mirror import sweep_partial_blobs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"blob-{dead.pid}.12345-abc").write_bytes(b"x" * 1024)
+    mine = tmp_path / f"blob-{os.getpid()}.{process_start(os.getpid())}-def"
+    mine.write_bytes(b"y")
+    (tmp_path / "blob-garbage").write_bytes(b"z")
+    assert sweep_partial_blobs(tmp_path) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [mine.name]
