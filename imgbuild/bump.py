@@ -4,6 +4,7 @@ and re-rendering their contexts, the way dependency bots open pull requests."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,15 +30,25 @@ class Bump:
 
 
 def _rewrite_scalar(text: str, line: int, col: int, old: str, new: str) -> str:
-    lines = text.splitlines(keepends=True)
+    """`text` with the scalar `old` at line:col replaced by `new`; its quotes, an anchor before it (`&t`), the
+    line endings (CRLF stays CRLF) and a byte-order mark kept."""
+    bom = "\ufeff" if text.startswith("\ufeff") else ""
+    lines = text[len(bom) :].splitlines(keepends=True)
     row = lines[line - 1]
     head, rest = row[: col - 1], row[col - 1 :]
+    if rest.startswith("*"):
+        raise UsageError(
+            f"line {line}: base.tag is a YAML alias ({rest.split()[0][:40]}); write the tag in place to bump it"
+        )
+    anchor = re.match(r"&[^\s]+\s+", rest)
+    if anchor:
+        head, rest = head + anchor.group(0), rest[anchor.end() :]
     quote = rest[0] if rest[:1] in "\"'" else ""
     if not rest[len(quote) :].startswith(old):
         raise UsageError(f"line {line}: expected {old!r} at column {col}; the file changed while bumping, run again")
     rest = quote + new + rest[len(quote) + len(old) :]
     lines[line - 1] = head + rest
-    return "".join(lines)
+    return bom + "".join(lines)
 
 
 def _newer(tag: Any, have: Any) -> bool:
@@ -55,6 +66,8 @@ def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits
 
     results: list[Bump] = []
     for path in paths:
+        if path.is_symlink():
+            raise UsageError(f"{path}: a symbolic link; bump edits recipes in place, never through a link")
         located = load_located(path, str(path))
         data = located.data if isinstance(located.data, dict) else {}
         base = data.get("base")
@@ -83,7 +96,13 @@ def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits
             short = current == (have.release if have else None)  # keep the recipe's style: 24.05 vs 24.05-py3
             new_text = want.release if (short and want) else newest
             pos = located.values[("base", "tag")]
-            path.write_text(_rewrite_scalar(path.read_text(), pos.line, pos.col, current, new_text))
+            key = located.keys.get(("base", "tag"))
+            if key is not None and (key.line, key.col) > (pos.line, pos.col):  # an alias: the value stands earlier
+                raise UsageError(f"{path}:{key.line}: base.tag is a YAML alias; write the tag in place to bump it")
+            with open(path, encoding="utf-8", newline="") as handle:  # newline="": CRLF read and written as it is
+                text = handle.read()
+            with open(path, "w", encoding="utf-8", newline="") as handle:
+                handle.write(_rewrite_scalar(text, pos.line, pos.col, current, new_text))
         results.append(Bump(str(path), framework, pattern, current, newest, changed, held))
     return results
 
