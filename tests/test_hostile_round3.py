@@ -856,3 +856,24 @@ def test_20_bump_never_edits_through_a_link_or_an_alias(tmp_path):
     aliased.write_text('x: &t "24.01"\nname: b\nbase:\n  framework: pytorch\n  tag: *t\n  follow: "24.*"\n')
     with pytest.raises(UsageError, match="a YAML alias"):
         bump([aliased], tags_for=lambda fw: ["24.05-py3"])
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_18_the_reapers_note_reaches_a_container_running_as_its_user(testbed, docker_client, unique):
+    """probe-3 #18: the note was written as uid 0, which may not open the PID 1 output of a container started
+    `--user UID:GID`: every warning read `no container log`."""
+    from imgbuild.engine import Engine
+
+    name = f"imgbuildtest_note_{unique}"
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    docker_client.containers.run(image, ["sleep", "120"], name=name, user="65534:65534", detach=True)
+    try:
+        containers = Engine.connect(testbed.get("IMGBUILD_DOCKER_CLI")).containers
+        assert containers.note(name, "imgbuild reap: a test note")
+        deadline = time.monotonic() + 10
+        while "a test note" not in docker_client.containers.get(name).logs().decode() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "imgbuild reap: a test note" in docker_client.containers.get(name).logs().decode()
+    finally:
+        docker_client.containers.get(name).remove(force=True)

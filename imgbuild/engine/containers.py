@@ -106,12 +106,14 @@ class DockerContainers:
                 raise ImgbuildError(f"could not remove {name}: {exc.explanation}") from None
 
     def note(self, name: str, text: str) -> bool:
-        """Write a line into a running container's own log (its PID 1's output); False where it cannot."""
+        """Write a line into a running container's own log (its PID 1's output); False where it cannot. Run as
+        the container's own user: that is who may write its PID 1's output (root inside a container started
+        `--user 1002:1002` may not), and the image's shell never runs as root for it."""
         from docker.errors import APIError, NotFound
 
         try:
             result = self.client.containers.get(name).exec_run(
-                ["sh", "-c", 'printf "%s\\n" "$0" >> /proc/1/fd/1', text], user="0"
+                ["sh", "-c", 'printf "%s\\n" "$0" >> /proc/1/fd/1', text]
             )
         except (APIError, NotFound):
             return False
