@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,7 @@ def _environment(cache: Any = None) -> Any:
     env.filters["exec_form"] = _exec_form
     env.filters["kv_pairs"] = _kv_pairs
     env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+    env.filters["sh_env"] = sh_env
     env.filters["sh"] = shlex.quote
     return env
 
@@ -282,6 +284,43 @@ def _common(plan: Plan) -> dict[str, Any]:
 BOOTSTRAPS = ("docker-daemon", "docker-archive", "native")
 
 
+_ENV_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+
+
+def sh_env(value: str) -> str:
+    """A value as a Dockerfile ENV means it, for a shell: `$VAR` and `${VAR}` expand (`/opt/bin:$PATH`),
+    nothing else does (`$(...)`, backticks, `\\`, `"` are literal)."""
+    out, last = ['"'], 0
+    for ref in _ENV_REFERENCE.finditer(value):
+        out.append(re.sub(r'([\\"`$])', r"\\\1", value[last : ref.start()]))
+        out.append(ref.group(0))
+        last = ref.end()
+    out.append(re.sub(r'([\\"`$])', r"\\\1", value[last:]))
+    return "".join(out) + '"'
+
+
+def _apptainer_fault(plan: Plan, files: list[RenderedFile]) -> None:
+    """What a definition cannot carry as Apptainer reads it: white space in a %files path (it splits there),
+    and `{{` anywhere (Apptainer's build-argument templating would replace it)."""
+    recipe = plan.loaded.recipe
+    for i, f in enumerate(files):
+        if any(c.isspace() for c in f.dest + f.context_path):
+            raise UsageError(
+                f"files[{i}].dest {f.dest!r}: an Apptainer %files line cannot hold white space; "
+                "use --from docker-daemon or docker-archive (they start from the built image)"
+            )
+    texts = [
+        *recipe.env.values(),
+        *recipe.args.values(),
+        *(c if isinstance(c, str) else " ".join(c) for c in recipe.run),
+    ]
+    if any("{{" in text for text in texts):
+        raise UsageError(
+            "the recipe holds `{{`, which Apptainer reads as a build argument; "
+            "use --from docker-daemon or docker-archive"
+        )
+
+
 def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: str | None = None) -> str:
     """The Apptainer definition for `plan`: from the built image (docker-daemon), its saved archive
     (docker-archive), or the recipe rendered natively from the build context (native). Pure, like render."""
@@ -289,6 +328,8 @@ def apptainer_definition(plan: Plan, bootstrap: str = "docker-daemon", archive: 
         raise UsageError(f"--from: {bootstrap!r} is not one of {', '.join(BOOTSTRAPS)}")
     recipe = plan.loaded.recipe
     files, _ = _files(plan)
+    if bootstrap == "native":
+        _apptainer_fault(plan, files)
     command = recipe.entrypoint if recipe.entrypoint is not None else recipe.cmd
     runscript = ""
     if isinstance(command, list) and command:

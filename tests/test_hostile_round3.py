@@ -877,3 +877,73 @@ def test_18_the_reapers_note_reaches_a_container_running_as_its_user(testbed, do
         assert "imgbuild reap: a test note" in docker_client.containers.get(name).logs().decode()
     finally:
         docker_client.containers.get(name).remove(force=True)
+
+
+# --- #19: Apptainer --from native carries what validates, or says why not --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("/opt/tools/bin:$PATH", "/opt/tools/bin:/usr/bin:/bin"),
+        ("${HOME}/cache", "/home/u/cache"),
+        ("a$(touch PWNED)b", "a$(touch PWNED)b"),
+        ("`touch PWNED`", "`touch PWNED`"),
+        ('quote " and \\ back', 'quote " and \\ back'),
+        ("$1 and $$", "$1 and $$"),
+        ("it's", "it's"),
+    ],
+)
+def test_19_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(value, expected, tmp_path):
+    """probe-3 #19: `PATH: /opt/tools/bin:$PATH` (the docs' own example) stayed literal in the SIF."""
+    import subprocess
+
+    from imgbuild.render import sh_env
+
+    script = f'export X={sh_env(value)}\nprintf %s "$X"\n'
+    out = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": "/usr/bin:/bin", "HOME": "/home/u"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert out.stdout == expected and not (tmp_path / "PWNED").exists()
+
+
+def _native(tmp_path, body: str) -> str:
+    from imgbuild.plan import make_plan
+    from imgbuild.render import apptainer_definition
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    (tmp_path / "a.txt").write_text("a")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(HEAD + body)
+    return apptainer_definition(make_plan(load_recipe(recipe), settings(), fake_inspect), "native")
+
+
+def test_19_a_run_command_starting_with_percent_cannot_end_post(tmp_path):
+    """A `run:` command whose first word starts with % ended %post (Apptainer reads a section at a line's first
+    word): each now runs as Docker's RUN does, through /bin/sh -c."""
+    from spython.main.parse.parsers import SingularityParser
+
+    path = tmp_path / "x.def"
+    path.write_text(_native(tmp_path, "run: ['%setup', 'echo {a}']\n"))
+    recipe = SingularityParser(str(path)).recipe["spython-base"]
+    post = "\n".join(recipe.install)
+    assert "/bin/sh -c %setup" in post and "/bin/sh -c 'echo {a}'" in post
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("files: [{src: a.txt, dest: '/opt/my data/a.txt'}]\n", "cannot hold white space"),
+        ("run: ['echo {{ X }}']\n", "Apptainer reads as a build argument"),
+        ("env: {A: '{{ secret }}'}\n", "Apptainer reads as a build argument"),
+    ],
+)
+def test_19_what_a_definition_cannot_carry_is_refused_with_the_way_that_can(body, words, tmp_path):
+    with pytest.raises(UsageError, match=words):
+        _native(tmp_path, body)
