@@ -152,6 +152,17 @@ class _TooBig(Exception):
     pass
 
 
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    import http.client
+
+    import urllib3.exceptions
+
+    return (urllib3.exceptions.HTTPError, http.client.HTTPException)
+
+
+_TRANSPORT_ERRORS = _transport_errors()
+
+
 def _read_body(resp: requests.Response, cap: int) -> bytes:
     """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
     encoding = resp.headers.get("Content-Encoding", "").strip().lower()
@@ -276,7 +287,9 @@ class RegistryClient:
                     f"registry {self.host}: an answer is larger than "
                     f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
                 )
-            if isinstance(error, (requests.RequestException, OSError, zlib.error)):
+            # urllib3's own errors (a read timing out mid-body, ReadTimeoutError) and http.client's reach us
+            # unwrapped when the body is read from resp.raw
+            if isinstance(error, (requests.RequestException, OSError, zlib.error, *_TRANSPORT_ERRORS)):
                 raise self._unavailable(f"is unreachable ({type(error).__name__})")
             raise error
         return box["reply"]  # type: ignore[no-any-return]

@@ -947,3 +947,29 @@ def test_19_a_run_command_starting_with_percent_cannot_end_post(tmp_path):
 def test_19_what_a_definition_cannot_carry_is_refused_with_the_way_that_can(body, words, tmp_path):
     with pytest.raises(UsageError, match=words):
         _native(tmp_path, body)
+
+
+@pytest.mark.parametrize("error", ["read-timeout", "protocol", "incomplete-read"])
+def test_a_transport_error_while_reading_a_body_is_an_environment_error(error):
+    """Found by CI: a registry stalling mid-body raised urllib3's ReadTimeoutError unwrapped (exit 1,
+    "unexpected"); it is the registry being unreachable (exit 3), retried within the deadline."""
+    import http.client
+
+    import urllib3.exceptions
+
+    from imgbuild.errors import RegistryUnavailable
+    from imgbuild.registry import RegistryClient
+
+    raised = {
+        "read-timeout": urllib3.exceptions.ReadTimeoutError(None, "/v2/", "Read timed out."),
+        "protocol": urllib3.exceptions.ProtocolError("Connection broken"),
+        "incomplete-read": http.client.IncompleteRead(b"x", 10),
+    }[error]
+
+    class Session:
+        def request(self, *args, **kwargs):
+            raise raised
+
+    client = RegistryClient("127.0.0.1:9", insecure=True, retries=0, session=Session(), command_seconds=5)
+    with pytest.raises(RegistryUnavailable, match="is unreachable"):
+        client.tags("x/y")
