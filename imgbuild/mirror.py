@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,8 +91,25 @@ class _Copier:
                 raise RegistryError(f"{bad}: its layers are not a list")
             for blob in [body.get("config") or {}, *layers]:
                 self.blob(blob, tally, tag or reference)
-        self.target.put_manifest(self.repo, tag or digest, content, media_type)
+        self.put_manifest(tag or digest, content, media_type)
         return digest
+
+    def put_manifest(self, reference: str, content: bytes, media_type: str) -> None:
+        """Tag the copied manifest; a target that does not have a blob yet (another mirror copying into the
+        same repository, finishing it) is asked again, twice, then named as the likely cause."""
+        for attempt in range(3):
+            try:
+                self.target.put_manifest(self.repo, reference, content, media_type)
+                return
+            except RegistryError as exc:
+                if "BLOB_UNKNOWN" not in str(exc):
+                    raise
+                if attempt == 2:
+                    raise RegistryError(
+                        f"{exc}; a blob it names is not in the target yet: is another mirror copying into "
+                        f"{self.target.host}/{self.repo}? run again when it is done"
+                    ) from None
+                time.sleep(2 * (attempt + 1))
 
     def blob(self, blob: Any, tally: TagCopy, label: str) -> None:
         bad = f"registry {self.source.host}: {self.repo}:{label} names a malformed blob"

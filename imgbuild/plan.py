@@ -208,6 +208,14 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
         raise RecipeError(problems)
 
 
+def check_offline(loaded: LoadedRecipe) -> None:
+    """What `check_conflicts` can judge with no registry, for `imgbuild validate`: a CUDA library pinned or
+    named by URL, the framework from a URL or under another framework's name (render and build check again,
+    with the base's own facts and pins)."""
+    declared = loaded.recipe.base.framework
+    check_conflicts(loaded, BaseImage(ref=f"the {declared or 'base'} image", facts={"framework": declared or ""}))
+
+
 def base_pin_versions(base: BaseImage, unpinned: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
     """{canonical name: (name, version)} for each exact pin of the base that still holds: not the framework
     or the CUDA stack (those have their own check), not a package the recipe unpins."""
@@ -276,7 +284,7 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
         return None
     if req.url:
         return (
-            f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}",
+            f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}".rstrip(),
             "the base's framework is protected: drop it",
         )
     try:

@@ -148,6 +148,16 @@ class Reply:
             ) from None
 
 
+def _code(resp: Reply) -> str:
+    """`: MANIFEST_BLOB_UNKNOWN`, the first error code of a registry's JSON error body, or ""."""
+    try:
+        errors = json.loads(resp.content[:65536]).get("errors")
+        code = str(errors[0].get("code", ""))
+    except (ValueError, AttributeError, TypeError, IndexError, KeyError, RecursionError):
+        return ""
+    return f": {code[:40]}" if code.replace("_", "").isalnum() and code.isascii() else ""
+
+
 class _TooBig(Exception):
     pass
 
@@ -403,6 +413,11 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: {what} not found in {repo}")
         if resp.status_code in (401, 403):
             raise RegistryError(f"registry {self.host}: access to {repo} denied ({resp.status_code})")
+        if 400 <= resp.status_code < 500 and resp.status_code != 429:
+            # the registry refused this request (not busy, not down): say what it said, briefly
+            raise RegistryError(
+                f"registry {self.host}: refused {what} in {repo} (HTTP {resp.status_code}{_code(resp)})"
+            )
         if not resp.ok:
             raise RegistryUnavailable(f"registry {self.host}: HTTP {resp.status_code} for {what} in {repo}")
 

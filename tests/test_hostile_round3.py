@@ -973,3 +973,64 @@ def test_a_transport_error_while_reading_a_body_is_an_environment_error(error):
     client = RegistryClient("127.0.0.1:9", insecure=True, retries=0, session=Session(), command_seconds=5)
     with pytest.raises(RegistryUnavailable, match="is unreachable"):
         client.tags("x/y")
+
+
+@pytest.mark.parametrize(
+    ("pip", "words"),
+    [
+        ('["nvidia-cudnn-cu12 @ https://example.org/cudnn.whl"]', "nvidia-cudnn-cu12 would replace a CUDA library"),
+        ('["nvidia-nccl-cu12==2.20.5"]', "would replace a CUDA library"),
+        ('["torch @ https://example.org/torch.whl"]', "torch from a URL would replace the base's torch"),
+        ('["tensorflow==2.15"]', "tensorflow is tensorflow, but the base is a pytorch image"),
+    ],
+)
+def test_7_validate_makes_every_refusal_render_makes_without_a_registry(pip, words, tmp_path):
+    """probe-3: `validate` missed the `nvidia-* @ URL` refusal that `render` makes."""
+    from tests.conftest import run_cli
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(HEAD + f"pip: {pip}\n")
+    res = run_cli("validate", str(tmp_path / "r.yaml"), env={"IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"})
+    assert res.code == 2 and words in res.err and "r.yaml:3:" in res.err, res.err
+
+
+def test_9_a_target_missing_a_blob_is_asked_again_then_named(monkeypatch):
+    """probe-3 #9: two mirrors into one target: one exited 3 with `HTTP 400 for manifest`, which reads as
+    "unreachable"; the target's own code now says what it refused, and the copy asks again before giving up."""
+    from imgbuild.errors import RegistryError
+    from imgbuild.mirror import TagCopy, _Copier
+
+    class Busy(_Target):
+        host = "mirror.example"
+        tries = 0
+
+        def has_blob(self, repo, digest):
+            return True
+
+        def put_manifest(self, *args):
+            Busy.tries += 1
+            if Busy.tries < 3:
+                raise RegistryError(
+                    "registry mirror.example: refused manifest t in r (HTTP 400: MANIFEST_BLOB_UNKNOWN)"
+                )
+
+    monkeypatch.setattr("imgbuild.mirror.time.sleep", lambda s: None)
+    blobless = lambda r: (json.dumps({"config": {"digest": DIGEST, "size": 2}, "layers": []}).encode(), MANIFEST)  # noqa: E731
+    _Copier(_Source(blobless), Busy(), "nvidia/pytorch", None, lambda s: None).manifest("t", TagCopy("t"), "t")
+    assert Busy.tries == 3
+    Busy.tries = -10
+    with pytest.raises(RegistryError, match="is another mirror copying into mirror.example/nvidia/pytorch"):
+        _Copier(_Source(blobless), Busy(), "nvidia/pytorch", None, lambda s: None).manifest("t", TagCopy("t"), "t")
+
+
+def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
+    from imgbuild.errors import RegistryError, RegistryUnavailable
+    from imgbuild.registry import RegistryClient, Reply
+
+    client = RegistryClient("r.example", insecure=True)
+    body = json.dumps({"errors": [{"code": "MANIFEST_BLOB_UNKNOWN", "message": "blob unknown"}]}).encode()
+    with pytest.raises(RegistryError, match=r"refused manifest t in x \(HTTP 400: MANIFEST_BLOB_UNKNOWN\)") as info:
+        client._check(Reply(400, {}, body, "http://r.example/v2/x/manifests/t"), "manifest t", "x")
+    assert not isinstance(info.value, RegistryUnavailable)
+    with pytest.raises(RegistryUnavailable):
+        client._check(Reply(503, {}, b"", "http://r.example/v2/"), "manifest t", "x")

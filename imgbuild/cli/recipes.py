@@ -18,6 +18,7 @@ from imgbuild.errors import EXIT_USAGE
 def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
     from imgbuild.errors import RecipeError
+    from imgbuild.plan import check_offline
     from imgbuild.recipe import display_path, load_recipe
 
     secrets = _settings(ctx).secrets()
@@ -26,6 +27,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
     for path in files:
         try:
             loaded = load_recipe(path, secrets=secrets)
+            check_offline(loaded)
             results.append({"file": display_path(path), "ok": True, "name": loaded.recipe.name, "problems": []})
         except RecipeError as exc:
             results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
