@@ -178,3 +178,21 @@ def ok_and_why(verdicts: list[Verdict]) -> tuple[bool, str]:
     """(every target runs, what stops the ones that do not)."""
     blocked = blockers(verdicts)
     return not blocked, "; ".join(blocked)
+
+
+def target_rule(value: str) -> str:
+    """`parse_target` as a field rule (ValueError, the message without its prefix): smoke.targets, fleet.gpus."""
+    try:
+        parse_target(value)
+    except UsageError as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+    return value
+
+
+def driver_rule(value: str) -> str:
+    """`check_driver` as a field rule: the config's fleet.driver."""
+    try:
+        check_driver(value)
+    except UsageError as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+    return value

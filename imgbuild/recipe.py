@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from imgbuild import limits, reqfile
-from imgbuild.errors import Problem, RecipeError, UsageError
+from imgbuild.errors import Problem, RecipeError
 from imgbuild.facts import IMAGE_DIR, Label
 from imgbuild.fields import (
     Flag,
@@ -270,13 +270,9 @@ def _not_imgbuild(value: str) -> str:
 
 
 def _gpu_target(value: str) -> str:
-    from imgbuild.fleet import parse_target
+    from imgbuild.fleet import target_rule  # the fleet rules load only for a recipe that names targets
 
-    try:
-        parse_target(value)
-    except UsageError as exc:
-        raise ValueError(str(exc).split(": ", 1)[-1]) from None
-    return value
+    return target_rule(value)
 
 
 _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -290,6 +290,8 @@ _ENV_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_
 def sh_env(value: str) -> str:
     """A value as a Dockerfile ENV means it, for a shell: `$VAR` and `${VAR}` expand (`/opt/bin:$PATH`),
     nothing else does (`$(...)`, backticks, `\\`, `"` are literal)."""
+    if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", value):
+        return value
     out, last = ['"'], 0
     for ref in _ENV_REFERENCE.finditer(value):
         out.append(re.sub(r'([\\"`$])', r"\\\1", value[last : ref.start()]))

@@ -220,25 +220,15 @@ class SlurmSite:
 
 
 def _gpu_name(value: str) -> str:
-    from imgbuild.errors import UsageError
-    from imgbuild.fleet import parse_target
+    from imgbuild.fleet import target_rule  # loaded only for a config that names a fleet
 
-    try:
-        parse_target(value)
-    except UsageError as exc:
-        raise ValueError(str(exc).split(": ", 1)[-1]) from None
-    return value
+    return target_rule(value)
 
 
 def _driver(value: str) -> str:
-    from imgbuild.errors import UsageError
-    from imgbuild.fleet import check_driver
+    from imgbuild.fleet import driver_rule
 
-    try:
-        check_driver(value)
-    except UsageError as exc:
-        raise ValueError(str(exc).split(": ", 1)[-1]) from None
-    return value
+    return driver_rule(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -421,7 +421,7 @@ class _Client:
         self.log: list = []
         self.created: list = []
         self.images = types.SimpleNamespace(get=lambda ref: types.SimpleNamespace(id="sha256:x", attrs={"Config": {}}))
-        self.containers = types.SimpleNamespace(create=self._create)
+        self.containers = types.SimpleNamespace(create=self._create, list=lambda **kw: [])
 
     def _create(self, image, command, device_requests=None, **kwargs):
         self.created.append({"device_requests": device_requests, **kwargs})
@@ -440,6 +440,7 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
     first, second = client.created
     assert first["device_requests"][0]["DeviceIDs"] == ["GPU-1"] and second["device_requests"] is None
     assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
+    assert "org.imgbuild.started-by" in first["labels"]  # a killed run's container is swept by the next
 
 
 def test_a_remote_engine_is_asked_whether_its_host_has_gpus(monkeypatch):
