@@ -336,7 +336,8 @@ def reap(
     state_dir = Path(house["state_dir"] or DEFAULT_STATE_DIR)
     ledger = Ledger(state_dir)
     extended = ledger.read().extended
-    own = reaper_dir(state_dir)
+    # a dry run makes nothing: the reaper's folder is read where it exists, made only by a real run
+    own = reaper_dir(state_dir) if not dry_run or (state_dir / REAPER_DIR).exists() else state_dir / REAPER_DIR
     state_path = own / STATE_FILE
     state = load_state(state_path)
     rows = engine.containers.rows()

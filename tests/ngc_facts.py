@@ -303,7 +303,7 @@ DIFFERENCES = (
     ),
     (
         "the framework's public version",
-        "torch 2.1.0a0 ... 2.10.0a0; TensorFlow 2.15.0, 2.17.0",
+        "torch 2.1.0a0 ... 2.10.0a0 [VLLM1781][T24.10][T25.10][T26.01]; TensorFlow 2.17.0 [TF25.02b]",
         "torch 2.13.0a0 (PyPI's 2.13.0 renamed), TensorFlow 2.21 (PyPI's tensorflow-cpu renamed)",
         "every other part of the string is NGC's: the `a0` pre-release, the short env hash, torch's "
         "`<hash>.nvYY.MM` local version (`.nv26.01.42222806` too), the metadata's `nv24.5`, TensorFlow's "
@@ -311,7 +311,7 @@ DIFFERENCES = (
     ),
     (
         "CUDA, cuDNN, NCCL in the CPU stand-ins",
-        "installed under /usr/local/cuda and /usr/lib/x86_64-linux-gnu",
+        "installed under /usr/local/cuda and /usr/lib/<arch>-linux-gnu [RN-25.12][B26.03]",
         "absent: the env says the real versions, nothing is installed",
         "the library checks run for real on the CUDA stand-in (25.10); the CPU ones prove everything but CUDA",
     ),
@@ -339,7 +339,7 @@ DIFFERENCES = (
     ),
     (
         "GPU, driver and compat library",
-        "`/usr/local/cuda/compat`, the driver through the NVIDIA Container Toolkit",
+        "`/usr/local/cuda/compat`, the driver through the NVIDIA Container Toolkit [H25.10a][H26.07][ENTRY]",
         "none: the entrypoint finds no driver and exports NVIDIA_CPU_ONLY=1, as NGC's does without a GPU",
         "GPU checks report `skip: no GPU visible`; docs/smoke-on-gpu.md is the plan on hardware",
     ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import types
 
 import pytest
 import yaml
@@ -1034,3 +1035,19 @@ def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
     assert not isinstance(info.value, RegistryUnavailable)
     with pytest.raises(RegistryUnavailable):
         client._check(Reply(503, {}, b"", "http://r.example/v2/"), "manifest t", "x")
+
+
+def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
+    """`reap --dry-run` reads: the reaper's own folder is made by a real run only."""
+    from imgbuild.reap import policy, reap
+    from imgbuild.run import house_rules
+
+    class NoContainers:
+        containers = types.SimpleNamespace(rows=lambda: [])
+
+    state = tmp_path / "state"
+    house = house_rules({"state_dir": str(state)})
+    assert reap(NoContainers(), [], house, policy({}), 0.0, dry_run=True).actions == []
+    assert not state.exists()
+    reap(NoContainers(), [], house, policy({}), 0.0)
+    assert (state / ".reap").is_dir()

@@ -41,11 +41,14 @@ SLA_LICENSE = (
 
 
 def fingerprint() -> str:
-    parts = [HERE.parent / "ngc_facts.py", HERE / "release.py", HERE / "ngc_shape.py", HERE / "nvidia_entrypoint.sh"]
+    """What the stand-ins are made from: the facts they carry (not the prose around them) and the scripts."""
+    parts = [HERE / "release.py", HERE / "ngc_shape.py", HERE / "nvidia_entrypoint.sh"]
     parts += sorted((HERE / "entrypoint.d").iterdir())
     digest = hashlib.sha256()
     for path in parts:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    keys = (*ngc_facts.STANDIN_KEYS, ngc_facts.CUDA_STANDIN_KEY)
+    digest.update(json.dumps([ngc_facts.standin(key, "0.0.0") for key in keys], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
