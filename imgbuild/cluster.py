@@ -161,8 +161,10 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
 
 
 #: A word whose only expansions are variables ($VAR, ${VAR}): double-quoted, so the job's own variables expand;
-#: anything else that shell would run or expand ($(...), $((...)), `...`, ${VAR:-$(...)}) is quoted literally.
-_VARIABLES_ONLY = re.compile(r'(?:[^$"`\\!]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
+#: a backslash escape stays one (`\$(id -u)` reaches the container as `$(id -u)`, for the container's own
+#: shell). Anything else the job's shell would run or expand ($(...), $((...)), `...`, ${VAR:-$(...)}) is
+#: quoted literally.
+_VARIABLES_ONLY = re.compile(r'(?:[^$"`\\]|\\[\s\S]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
 
 
 class UserWord(str):

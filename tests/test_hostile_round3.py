@@ -1051,3 +1051,11 @@ def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
     assert not state.exists()
     reap(NoContainers(), [], house, policy({}), 0.0)
     assert (state / ".reap").is_dir()
+
+
+def test_10_an_escaped_dollar_still_reaches_the_container_for_its_own_shell():
+    r"""`sh -c "echo \$SLURM_PROCID \$(id -u)"` is the documented way to expand inside the container."""
+    from imgbuild.cluster import UserWord, _words
+
+    assert _words([UserWord(r"echo \$SLURM_PROCID \$(id -u)")]) == r'"echo \$SLURM_PROCID \$(id -u)"'
+    assert _words([UserWord("$(id -u)")]) == "'$(id -u)'"
