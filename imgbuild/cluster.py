@@ -108,6 +108,17 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
     raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
 
 
+def docker_bind(bind: str) -> str:
+    """A site bind as docker must be told it: `/scratch` is Apptainer's "the same path inside", but to docker a
+    lone path is an anonymous volume that `--rm` deletes, with whatever the job wrote there."""
+    parts = bind.split(":")
+    read_only = parts[-1] == "ro" and len(parts) > 1
+    if read_only:
+        parts = parts[:-1]
+    host, inside = parts[0], (parts[1] if len(parts) > 1 else parts[0])
+    return f"{host}:{inside}" + (":ro" if read_only else "")
+
+
 def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     """`docker run` on the node as the caller, with the step's GPUs and the job's variables."""
     # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
@@ -145,7 +156,7 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     if job.snapshot_dir:
         opts += ["-e", "SNAPSHOT_DIR"]
     for bind in binds:
-        opts += ["-v", bind]
+        opts += ["-v", docker_bind(bind)]
     if not job.gpus:
         return [*opts, "-e", "NVIDIA_VISIBLE_DEVICES=void", job.image]
     # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
@@ -211,7 +222,15 @@ def sbatch_script(job: JobSpec) -> str:
     if job.usage and job.gpus:
         body += USAGE_START
     srun_opts, prefix = _container_prefix(job)
-    srun = ["srun", *(["--gpus-per-task=1", "--gpu-bind=per_task:1"] if job.task_per_gpu else []), *srun_opts]
+    # The step's CPUs said on the step itself: Slurm 22.05-23.02 (Debian 12 ships 22.05.8) give a step one CPU
+    # per task unless told, whatever #SBATCH --cpus-per-task says.
+    per_task = [f"--cpus-per-task={job.cpus_per_task}"]
+    srun = [
+        "srun",
+        *per_task,
+        *(["--gpus-per-task=1", "--gpu-bind=per_task:1"] if job.task_per_gpu else []),
+        *srun_opts,
+    ]
     launch, command = _launcher(job)
     body += launch
     # Threads per process: the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
@@ -294,7 +313,8 @@ def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
     command = list(job.command)
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
     if not job.uses_torchrun:
-        return [], command
+        return [], alone_command(command)
+    command = torchrun_command(command)
     if job.nodes == 1:
         # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
         return [], ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *restarts, *command]
@@ -316,6 +336,34 @@ def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
         *restarts,
         *command,
     ]
+
+
+_PYTHON_RE = re.compile(r"(?:.*/)?python(?:3(?:\.[0-9]{1,2})?)?")
+
+
+def torchrun_command(command: list[str]) -> list[str]:
+    """What follows torchrun's options for the command the user typed, so one command works at 1 GPU and at N:
+    `python3 train.py --lr 1` -> `train.py --lr 1`; `python -m pkg.train` -> `-m pkg.train`; a script ->
+    itself; anything else (`bash run.sh`, `python3 -u x.py`, a binary) -> `--no-python` and the command."""
+    if not command:
+        return command
+    head, rest = command[0], command[1:]
+    if _PYTHON_RE.fullmatch(head):
+        if rest[:1] == ["-m"] and len(rest) > 1:
+            return ["-m", *rest[1:]]
+        if rest and not rest[0].startswith("-"):
+            return rest
+        return ["--no-python", *command]
+    if head.endswith(".py"):
+        return command
+    return ["--no-python", *command]
+
+
+def alone_command(command: list[str]) -> list[str]:
+    """The command on one GPU (no torchrun): a bare `train.py` runs as torchrun would run it, with python3."""
+    if command and command[0].endswith(".py") and not _PYTHON_RE.fullmatch(command[0]):
+        return ["python3", *command]
+    return command
 
 
 #: GPU use sampled every 30 s on each node (nvidia-smi, where the node has it), beside the job's output.

@@ -124,7 +124,8 @@ def test_sbatch_single_gpu_follows_cluster_conventions():
     ):
         assert line in script.splitlines()
     # every CPU of the task for the one process, on the command itself: an image's ENV cannot undo it
-    last = "srun apptainer exec --nv research.sif env OMP_NUM_THREADS=10 python3 train.py --lr 1e-3"
+    # the step says its CPUs itself: Slurm 22.05-23.02 give a step one CPU otherwise (issue 31 N2)
+    last = "srun --cpus-per-task=10 apptainer exec --nv research.sif env OMP_NUM_THREADS=10 python3 train.py --lr 1e-3"
     assert step_line(script) == last
     assert "torchrun" not in script
 
@@ -147,18 +148,20 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     last = step_line(script)
     # 40 CPUs, 4 workers: 10 threads each (issue 18 item 2: was 4 x 40 on 40 CPUs)
     prefix = (
-        "srun apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif env OMP_NUM_THREADS=10 torchrun "
+        "srun --cpus-per-task=40 apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif "
+        "env OMP_NUM_THREADS=10 torchrun "
     )
     assert last.startswith(prefix)
     assert "--nnodes=$SLURM_NNODES --nproc-per-node=4" in last
     # a port of the job's own (issue 18 item 3: a fixed 29500 let two jobs on one node meet)
     assert "rdzv_port=$(( 29500 + SLURM_JOB_ID % 10000 ))" in script.splitlines()
-    assert "--rdzv-endpoint=$head_node:$rdzv_port --rdzv-id=$SLURM_JOB_ID python ddp.py" in last
+    # the command as typed: torchrun takes the script, not `python` (issue 31 N1: "can't open file python3")
+    assert last.endswith("--rdzv-endpoint=$head_node:$rdzv_port --rdzv-id=$SLURM_JOB_ID ddp.py")
     single = step_line(sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)))
-    assert single.endswith("env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=4 python ddp.py")
+    assert single.endswith("env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=4 ddp.py")
     pyxis = sbatch_script(JobSpec(["python", "t.py"], "nvcr.io#nvidia/pytorch:24.05-py3", runtime="pyxis"))
     assert step_line(pyxis).startswith(
-        "srun --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace"
+        "srun --cpus-per-task=10 --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-workdir=/workspace"
     )
     with pytest.raises(UsageError):
         sbatch_script(JobSpec(["x"], "i", runtime="podman"))
@@ -342,7 +345,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
     line = step_line(sbatch_script(job))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text('#!/bin/sh\nexec "$@"\n')
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     (bin_dir / "docker").write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     for tool in ("srun", "docker"):
         (bin_dir / tool).chmod(0o755)
@@ -360,7 +363,6 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
         "torchrun",
         "--standalone",
         "--nproc-per-node=2",
-        "python",
         "t.py",
         "--msg",
         "it's",
@@ -425,7 +427,7 @@ def test_one_task_per_gpu_layout_and_fault_tolerance_flags():
         assert line in lines
     assert not any(line.startswith("#SBATCH --gres=gpu") for line in lines)
     step = step_line(script)
-    assert step.startswith("srun --gpus-per-task=1 --gpu-bind=per_task:1 apptainer exec --nv x.sif")
+    assert step.startswith("srun --cpus-per-task=10 --gpus-per-task=1 --gpu-bind=per_task:1 apptainer exec --nv x.sif")
     assert step.endswith("env OMP_NUM_THREADS=10 python hvd.py") and "torchrun" not in step
     site: dict = {}
     with pytest.raises(UsageError, match="does not take --torchrun"):
@@ -564,3 +566,42 @@ def test_stage_a_folder_packs_it_once_and_repacks_only_when_it_changes(tmp_path)
     assert not list((tmp_path / ".imgbuild-stage").glob(".*partial"))
     plain = run_cli("slurm", "x.sif", "--stage", "/scratch/p/set.tar", "--", "python", "t.py", cwd=tmp_path)
     assert "tar xf /scratch/p/set.tar" in plain.out
+
+
+@pytest.mark.parametrize(
+    ("typed", "under_torchrun", "alone"),
+    [
+        (["python3", "train.py", "--lr", "1"], ["train.py", "--lr", "1"], ["python3", "train.py", "--lr", "1"]),
+        (["python", "-m", "pkg.train"], ["-m", "pkg.train"], ["python", "-m", "pkg.train"]),
+        (["/usr/bin/python3.12", "t.py"], ["t.py"], ["/usr/bin/python3.12", "t.py"]),
+        (["train.py", "--x"], ["train.py", "--x"], ["python3", "train.py", "--x"]),
+        (["bash", "run.sh"], ["--no-python", "bash", "run.sh"], ["bash", "run.sh"]),
+        (["python3", "-u", "t.py"], ["--no-python", "python3", "-u", "t.py"], ["python3", "-u", "t.py"]),
+        (["./bin/trainer"], ["--no-python", "./bin/trainer"], ["./bin/trainer"]),
+    ],
+)
+def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torchrun, alone):
+    """Issue 31 N1: `-- python3 train.py` became `torchrun ... python3 train.py` ("can't open file
+    '/workspace/python3'"), and a bare script was not found at one GPU: no one command worked at both sizes."""
+    from imgbuild.cluster import alone_command, torchrun_command
+
+    assert torchrun_command(typed) == under_torchrun
+    assert alone_command(typed) == alone
+
+
+@pytest.mark.parametrize(
+    ("bind", "docker"),
+    [
+        ("/scratch", "/scratch:/scratch"),
+        ("/data:ro", "/data:/data:ro"),
+        ("/projappl:/projappl:ro", "/projappl:/projappl:ro"),
+        ("/a:/b", "/a:/b"),
+    ],
+)
+def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker):
+    """Issue 31 N3: `binds: [/scratch]` became `-v /scratch`, an anonymous volume --rm deleted with the job's data."""
+    from imgbuild.cluster import docker_bind
+
+    assert docker_bind(bind) == docker
+    line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=[bind])))
+    assert f"-v {docker}" in line
