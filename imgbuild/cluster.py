@@ -98,7 +98,7 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
         return [], [job.runtime, "exec", *opts, job.image]
     if job.runtime == "pyxis":
         srun = [
-            f"--container-image={job.image}",
+            f"--container-image={enroot_reference(job.image)}",
             "--container-workdir=/workspace",
             f"--container-mounts={','.join(['$PWD:/workspace', *binds])}",
         ]
@@ -106,6 +106,17 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
     if job.runtime == "docker":
         return [], _docker_prefix(job, binds)
     raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+def enroot_reference(image: str) -> str:
+    """An image as pyxis/enroot names it: `nvcr.io/nvidia/pytorch:24.05-py3` -> `nvcr.io#nvidia/pytorch:24.05-py3`
+    (enroot's `[REGISTRY#]IMAGE`; the docker form is looked up on Docker Hub). A path (a .sqsh) passes."""
+    if "#" in image or image.startswith(("/", "./")):
+        return image
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return image
 
 
 def docker_bind(bind: str) -> str:
@@ -411,7 +422,10 @@ def slurm_mem(per_gpu: str, gpus: int) -> str:
         raise UsageError(f"config slurm.mem_per_gpu: {per_gpu[:40]!r} is not a Slurm memory size (e.g. 64G, 16000M)")
     amount, unit = float(match.group(1)), (match.group(2) or "M").upper()
     total = amount * max(gpus, 1)
-    return f"{int(total) if total == int(total) else round(total, 2)}{unit}"
+    if total != int(total):  # Slurm reads whole numbers only (strtoll): 7.5G x 3 is 23040M, never 22.5G
+        total, unit = total * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit], "M"
+        return f"{int(total + 0.999999)}M"
+    return f"{int(total)}{unit}"
 
 
 def sif_name(image: str) -> str:
@@ -502,6 +516,22 @@ _HEADER_VALUES = {
 }
 
 
+def _slurm_seconds(text: str) -> int | None:
+    """Slurm's time formats (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) in seconds; None for UNLIMITED."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        hours, minutes, secs = (parts + [0, 0])[:3]
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + secs
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
 def _check_header_values(flags: JobFlags) -> None:
     """Flags that become `#SBATCH` lines: whole-string patterns, ASCII only (exit 2, never a script that runs
     what the header smuggled)."""
@@ -524,6 +554,16 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
     _check_header_values(flags)
     per_gpu_mem = site["mem_per_gpu"]
     friendly = flags.gpu_type or site["gpu_type"]
+    known = site["gpu_types"] or {}
+    if flags.gpu_type and known and flags.gpu_type not in known and flags.gpu_type not in known.values():
+        raise UsageError(f"--gpu-type {flags.gpu_type}: this site has {', '.join(sorted(known))} (slurm.gpu_types)")
+    if flags.requeue:
+        limit = _slurm_seconds(flags.time or site["time"])
+        if limit is not None and limit <= flags.signal_lead:
+            raise UsageError(
+                f"--requeue: the time limit ({flags.time or site['time']}) is no longer than the signal lead "
+                f"({flags.signal_lead} s): the job would be requeued before doing any work"
+            )
     limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
     if limit and flags.gpus > int(limit):
         nodes = -(-flags.gpus // int(limit))

@@ -605,3 +605,47 @@ def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker
     assert docker_bind(bind) == docker
     line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=[bind])))
     assert f"-v {docker}" in line
+
+
+@pytest.mark.parametrize(
+    ("image", "enroot"),
+    [
+        ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3"),
+        ("registry.lab:5000/lab/research:1", "registry.lab:5000#lab/research:1"),
+        ("localhost/x:1", "localhost#x:1"),
+        ("lab/research:1", "lab/research:1"),
+        ("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io#nvidia/pytorch:24.05-py3"),
+        ("/scratch/p/images/research.sqsh", "/scratch/p/images/research.sqsh"),
+    ],
+)
+def test_pyxis_gets_enroots_registry_hash_form(image, enroot):
+    """Issue 31 N4: `--container-image=nvcr.io/nvidia/...` is looked up on Docker Hub by enroot."""
+    line = step_line(sbatch_script(JobSpec(["python3", "t.py"], image, runtime="pyxis")))
+    assert f"--container-image={enroot} " in line
+
+
+def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
+    """Issue 31 N12: --time 00:04:00 --requeue was signalled at once and requeued with no work done."""
+    with pytest.raises(UsageError, match="no longer than the signal lead"):
+        job_from_flags(JobFlags(["t"], "x.sif", "x", time="00:04:00", requeue=True), {})
+    with pytest.raises(UsageError, match="no longer than the signal lead"):
+        job_from_flags(JobFlags(["t"], "x.sif", "x", time="5", requeue=True), {})  # Slurm's bare number: minutes
+    assert job_from_flags(JobFlags(["t"], "x.sif", "x", time="1-00:00", requeue=True), {}).requeue
+
+
+@pytest.mark.parametrize(
+    ("per_gpu", "gpus", "mem"), [("7.5G", 3, "23040M"), ("7.5G", 2, "15G"), ("16000M", 4, "64000M")]
+)
+def test_memory_is_written_in_whole_units_slurm_reads(per_gpu, gpus, mem):
+    """Issue 31 N13: 7.5G x 3 rendered --mem=22.5G, which Slurm rejects."""
+    from imgbuild.cluster import slurm_mem
+
+    assert slurm_mem(per_gpu, gpus) == mem
+
+
+def test_an_unknown_gpu_type_is_refused_where_the_site_lists_its_types():
+    """Issue 31 N14: --gpu-type h100 on a V100-only site rendered --gres=gpu:h100:8."""
+    site = {"gpu_types": {"v100": "v100", "a100": "a100_40g"}}
+    with pytest.raises(UsageError, match="this site has a100, v100"):
+        job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="h100"), site)
+    assert job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="a100"), site).gpu_type == "a100_40g"
