@@ -51,6 +51,7 @@ class JobSpec:
     torchrun: bool | None = None  # default: for more than one GPU in all
     task_per_gpu: bool = False  # one task per GPU (MPI, Horovod), each seeing only its own GPU
     docker_gpu_flag: str = "gpus"  # the docker runtime: --gpus, or NVIDIA_VISIBLE_DEVICES (site run.gpu_flag)
+    local_image: bool = False  # the docker runtime: a recipe's image, built here, never pulled from Docker Hub
     max_restarts: int = 0  # torchrun restarts its workers this often after a failure
     requeue: bool = False  # before the time limit: signal the step, wait for it, requeue the job
     signal_lead: int = 300  # seconds before the time limit the step gets SIGTERM (requeue)
@@ -138,6 +139,7 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         "docker",
         "run",
         "--rm",
+        *(["--pull", "never"] if job.local_image else []),
         "--network",
         "host",
         "--ipc",
@@ -482,6 +484,7 @@ class JobFlags:
     signal_lead: int = 300
     snapshot_dir: str | None = None
     usage: bool = True
+    local_image: bool = False  # the image is a recipe's, built here (docker runtime: never pulled)
 
 
 #: A snapshot folder: an absolute path or one under a job variable ($SLURM_SUBMIT_DIR/...), no spaces,
@@ -595,6 +598,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         torchrun=True if flags.max_restarts and flags.torchrun is None else flags.torchrun,
         task_per_gpu=flags.task_per_gpu,
         docker_gpu_flag=docker_gpu_flag,
+        local_image=flags.local_image,
         max_restarts=flags.max_restarts,
         requeue=flags.requeue,
         signal_lead=flags.signal_lead,

@@ -54,6 +54,7 @@ class RunSpec:
     cwd: Path = field(default_factory=Path.cwd)
     entrypoint: str | None = None
     jupyter_port: int | None = None  # `--jupyter`: the host port on 127.0.0.1
+    local_image: bool = False  # built here from a recipe: never pulled (docker.io/<user>/<name> is a stranger's)
     deadline: float | None = None  # when `imgbuild reap` stops it (seconds since the epoch)
 
     def docker_args(self) -> list[str]:
@@ -130,7 +131,7 @@ class RunSpec:
 
     def _mode_args(self) -> list[str]:
         flags = [("--rm", self.remove), ("-d", self.detach), ("-i", self.interactive), ("-t", self.tty)]
-        args = [flag for flag, on in flags if on]
+        args = [flag for flag, on in flags if on] + (["--pull", "never"] if self.local_image else [])
         return args + (["--entrypoint", self.entrypoint] if self.entrypoint is not None else [])
 
     def cli_invocation(self) -> tuple[list[str], dict[str, str]]:
@@ -210,14 +211,19 @@ def short_name_of(image: str) -> str:
     return re.sub(r"[^a-z0-9_.-]", "-", last.lower())[:64].strip("-._") or "job"
 
 
+def is_recipe(arg: str) -> bool:
+    """Does `arg` name a recipe (whose image is built here), rather than an image reference?"""
+    path = Path(arg)
+    return path.suffix in (".yaml", ".yml") and path.is_file()
+
+
 def resolve_image(arg: str, settings: Any) -> tuple[str, str]:
     """A recipe file means the image it builds; anything else is an image reference."""
-    path = Path(arg)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
+    if is_recipe(arg):
         from imgbuild.plan import image_and_tag
         from imgbuild.recipe import load_recipe
 
-        loaded = load_recipe(path, secrets=settings.secrets())
+        loaded = load_recipe(Path(arg), secrets=settings.secrets())
         image, tag = image_and_tag(loaded, settings)
         return f"{image}:{tag}", loaded.recipe.name
     return arg, short_name_of(arg)
@@ -577,6 +583,7 @@ def prepare(
         interactive=req.interactive and not detach,
         tty=req.terminal and not detach,
         jupyter_port=jupyter_port,
+        local_image=is_recipe(req.image),
         deadline=deadline_of(req.time, house),
         house=house,
         entrypoint=req.entrypoint,

@@ -649,3 +649,21 @@ def test_an_unknown_gpu_type_is_refused_where_the_site_lists_its_types():
     with pytest.raises(UsageError, match="this site has a100, v100"):
         job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="h100"), site)
     assert job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="a100"), site).gpu_type == "a100_40g"
+
+
+def test_a_recipes_image_is_never_pulled_from_docker_hub(tmp_path):
+    """Issue 31 N11: a recipe's `<user>/<name>:<tag>` missing on a node was pulled from docker.io, a namespace
+    the site does not control."""
+    from tests.conftest import run_cli
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: research\nbase: {framework: pytorch, tag: "24.05"}\n')
+    job = run_cli("slurm", str(recipe), "--runtime", "docker", "--", "python3", "t.py", cwd=tmp_path)
+    assert job.code == 0, job.err
+    assert "docker run --rm --pull never" in job.out
+    plain = run_cli("slurm", "nvcr.io/nvidia/pytorch:24.05-py3", "--runtime", "docker", "--", "true", cwd=tmp_path)
+    assert "--pull never" not in plain.out
+    run = run_cli("run", "--dry-run", str(recipe), "--", "true", cwd=tmp_path)
+    assert run.code == 0 and "--pull never" in run.out, run.err
+    assert "--pull never" not in run_cli("run", "--dry-run", "ubuntu:22.04", "--", "true", cwd=tmp_path).out

@@ -172,7 +172,7 @@ def slurm(
         stage_dir,
         submit_job,
     )
-    from imgbuild.run import house_rules, resolve_image
+    from imgbuild.run import house_rules, is_recipe, resolve_image
 
     settings = _settings(ctx)
     ref, short = resolve_image(image, settings)
@@ -211,6 +211,7 @@ def slurm(
             signal_lead=signal_lead,
             snapshot_dir=snapshot_dir,
             usage=usage,
+            local_image=is_recipe(image),
         ),
         settings.slurm,
         house_rules(settings.run)["gpu_flag"],
