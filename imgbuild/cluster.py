@@ -128,7 +128,8 @@ def docker_bind(bind: str) -> str:
     if read_only:
         parts = parts[:-1]
     host, inside = parts[0], (parts[1] if len(parts) > 1 else parts[0])
-    return f"{host}:{inside}" + (":ro" if read_only else "")
+    # a user's --bind stays a UserWord: what it holds is quoted literally when the job starts
+    return type(bind)(f"{host}:{inside}" + (":ro" if read_only else ""))
 
 
 def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
