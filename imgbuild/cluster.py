@@ -335,10 +335,13 @@ def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
     lines = [
         "",
         "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
-        "# job's own (from its id), so two jobs sharing a node never join each other's store.",
+        "# job's own, so two jobs sharing a node never join each other's store.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
-        f"rdzv_port=$(( {job.rdzv_port} + SLURM_JOB_ID % 10000 ))",
+        "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
+        "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
+        "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
+        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
     ]
     return lines, [
         "torchrun",
@@ -386,7 +389,9 @@ USAGE_START = [
     "# Sample GPU use on every node (like `imgbuild run`'s summary; seff gives CPU and memory afterwards).",
     'usage_dir="${SLURM_SUBMIT_DIR:-$PWD}/imgbuild-usage-$SLURM_JOB_ID"',
     'mkdir -p "$usage_dir"',
-    'srun --overlap --ntasks="$SLURM_NNODES" --ntasks-per-node=1 sh -c \'command -v nvidia-smi >/dev/null && '
+    # env -u: sbatch exports SLURM_GPUS_PER_TASK, which srun would read back (one GPU per node for the sampler)
+    'env -u SLURM_GPUS_PER_TASK srun --overlap --ntasks="$SLURM_NNODES" --ntasks-per-node=1 '
+    "sh -c 'command -v nvidia-smi >/dev/null && "
     "exec nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 30 "
     '> "$0/${SLURMD_NODENAME:-$(hostname -s)}.csv"\' "$usage_dir" 2>/dev/null &',
     "sampler=$!",

@@ -154,7 +154,11 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     assert last.startswith(prefix)
     assert "--nnodes=$SLURM_NNODES --nproc-per-node=4" in last
     # a port of the job's own (issue 18 item 3: a fixed 29500 let two jobs on one node meet)
-    assert "rdzv_port=$(( 29500 + SLURM_JOB_ID % 10000 ))" in script.splitlines()
+    # a port free on the head node now (issue 31 N9: job ids 10000 apart shared one), else below the ephemeral range
+    rdzv = next(line for line in script.splitlines() if line.startswith("rdzv_port="))
+    assert 's.bind(("", 0))' in rdzv and rdzv.endswith("|| echo $(( 29500 + SLURM_JOB_ID % 3000 )))")
+    port = subprocess.run(["bash", "-c", rdzv + '\necho "$rdzv_port"'], capture_output=True, text=True, timeout=30)
+    assert 1024 <= int(port.stdout) <= 65535
     # the command as typed: torchrun takes the script, not `python` (issue 31 N1: "can't open file python3")
     assert last.endswith("--rdzv-endpoint=$head_node:$rdzv_port --rdzv-id=$SLURM_JOB_ID ddp.py")
     single = step_line(sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)))
@@ -667,3 +671,11 @@ def test_a_recipes_image_is_never_pulled_from_docker_hub(tmp_path):
     run = run_cli("run", "--dry-run", str(recipe), "--", "true", cwd=tmp_path)
     assert run.code == 0 and "--pull never" in run.out, run.err
     assert "--pull never" not in run_cli("run", "--dry-run", "ubuntu:22.04", "--", "true", cwd=tmp_path).out
+
+
+def test_the_usage_sampler_does_not_inherit_one_gpu_per_task():
+    """Issue 31 N8: sbatch exports SLURM_GPUS_PER_TASK and srun reads it back: in --task-per-gpu jobs the sampler
+    step asked for one GPU per node."""
+    script = sbatch_script(JobSpec(["python", "hvd.py"], "x.sif", gpus=4, task_per_gpu=True))
+    sampler = next(line for line in script.splitlines() if "srun --overlap" in line)
+    assert sampler.startswith("env -u SLURM_GPUS_PER_TASK srun --overlap")
