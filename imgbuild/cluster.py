@@ -408,6 +408,7 @@ USAGE_END = [
     'if ($2>u[$1]) u[$1]=$2; if ($3>m[$1]) m[$1]=$3 } END { for (g in n) printf "%s %s %d %.0f %d %d\\n", '
     'node, g, n[g], s[g]/n[g], u[g], m[g] }\' "$f"',
     "done",
+    'rm -rf "$usage_dir"  # summarised above: nothing left in the submit folder',
     'command -v seff >/dev/null && echo "imgbuild: CPU and memory efficiency: seff $SLURM_JOB_ID (after the job)"',
 ]
 

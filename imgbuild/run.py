@@ -560,6 +560,12 @@ def prepare(
         uid_text, _, gid_text = req.as_user.partition(":")
         uid, gid = int(uid_text), int(gid_text or uid_text)
     command, env, ports, detach = list(req.command), list(req.env), list(req.ports), req.detach
+    if not is_recipe(req.image) and not any(item.startswith("HOME=") for item in env):
+        # A stock image run as the caller has HOME=/, which is not writable: pip --user, ~/.cache (torch,
+        # Hugging Face, Triton) all fail. Their own home where the site mounts it, else a writable one.
+        mounted = [m.format(user=user, home=str(Path.home()), uid=uid).split(":") for m in house.get("mounts") or []]
+        home = str(Path.home()) if any(len(m) > 1 and m[1] == str(Path.home()) for m in mounted) else "/tmp/home"
+        env = [f"HOME={home}", *env]
     jupyter_port = None
     if req.jupyter:
         jupyter_port = free_port(held.ports)
@@ -730,9 +736,22 @@ def reserved(
         ledger.drop(spec.name)
 
 
+def check_mount_sources(spec: RunSpec) -> None:
+    """Every host folder the container mounts exists: docker would create a missing one as root, which the
+    user then cannot write (a site's `/work/{user}` not made yet)."""
+    for mount in [*(spec.house.get("mounts") or []), *spec.volumes]:
+        source = mount.format(user=spec.user, home=str(Path.home()), uid=spec.uid).split(":")[0]
+        if source.startswith("/") and not os.path.exists(source):
+            raise UsageError(
+                f"mount {source}: no such folder on this host; docker would create it as root (create it first, "
+                "or ask your admin for it)"
+            )
+
+
 def start_detached(engine: Any, spec: RunSpec) -> None:
     from imgbuild.errors import ImgbuildError
 
+    check_mount_sources(spec)
     code, err = engine.containers.run_cli_captured(*spec.cli_invocation())
     if code != 0:
         raise ImgbuildError(explain_start_failure(err))
@@ -774,6 +793,7 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
                 )
             )
 
+    check_mount_sources(spec)
     sampler = threading.Thread(target=sample, daemon=True)
     started = time.monotonic()
     if wanted:

@@ -679,3 +679,36 @@ def test_the_usage_sampler_does_not_inherit_one_gpu_per_task():
     script = sbatch_script(JobSpec(["python", "hvd.py"], "x.sif", gpus=4, task_per_gpu=True))
     sampler = next(line for line in script.splitlines() if "srun --overlap" in line)
     assert sampler.startswith("env -u SLURM_GPUS_PER_TASK srun --overlap")
+
+
+def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refused(tmp_path, monkeypatch):
+    """Issue 31 N7 and N10: a stock image run as the caller had HOME=/ (not writable: pip --user, ~/.cache
+    failed); a site mount whose folder did not exist yet was created by dockerd as root."""
+    import json
+
+    from imgbuild.config import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.run import RunRequest, prepare, start_detached
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": []}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    site = tmp_path / "site.yaml"
+    site.write_text(f"run: {{mounts: ['{tmp_path}/work/{{user}}:/work/{{user}}']}}\n")
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    spec = prepare(RunRequest("nvcr.io/nvidia/pytorch:24.05-py3", ["true"]), load_settings({}), gpus=[])
+    assert "HOME=/tmp/home" in spec.env
+    own = prepare(RunRequest("x:1", ["true"], env=["HOME=/data/me"]), load_settings({}), gpus=[])
+    assert "HOME=/tmp/home" not in own.env  # the user's own -e wins
+    with pytest.raises(UsageError, match=r"mount .*/work/.*: no such folder on this host; docker would create it"):
+        start_detached(FakeEngine(), spec)
+
+
+def test_n14_no_empty_labels_in_a_sif_and_no_usage_folder_left_behind():
+    """Issue 31 N14: `export --apptainer` wrote empty base labels over the built image's real ones; every job
+    left an imgbuild-usage-<jobid>/ folder in the submit directory."""
+    plan = plan_of(ROOT / "recipes/pytorch-research.yaml")
+    labels = section(apptainer_definition(plan, "docker-daemon"), "%labels")
+    assert labels and all(len(line.split(None, 1)) == 2 for line in labels)
+    script = sbatch_script(JobSpec(["python3", "t.py"], "x.sif", gpus=2))
+    assert 'rm -rf "$usage_dir"' in script.split("imgbuild: GPU use of job", 1)[1]

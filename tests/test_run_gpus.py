@@ -348,7 +348,8 @@ def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, mon
 
     settings = load_settings({"user": "lab"})
     none = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
-    assert none[none.index("-e") + 1] == "NVIDIA_VISIBLE_DEVICES=void" and "--gpus" not in none
+    values = [none[i + 1] for i, word in enumerate(none) if word == "-e"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in values and "--gpus" not in none
     some = prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=2"), settings).docker_args()
     assert "NVIDIA_VISIBLE_DEVICES=void" not in some and "--gpus" in some
     # Issue 18 item 5: a detached run keeps its container, so its output and traceback survive it.
