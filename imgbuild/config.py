@@ -308,6 +308,7 @@ def _read_sections(files: list[ConfigFile], problems: list[Any]) -> tuple[dict[s
     for name, model in SECTIONS.items():
         merged: dict[str, Any] = {}
         site_values: dict[str, Any] = {}
+        defaults = model()
         for cfg in files:
             raw = cfg.data.get(name)
             if raw is None:
@@ -323,7 +324,7 @@ def _read_sections(files: list[ConfigFile], problems: list[Any]) -> tuple[dict[s
                 value, how, key = getattr(checked, f.name), f.metadata.get("site_only"), f"{name}.{f.name}"
                 if is_site:
                     site_values[f.name] = value
-                elif how and siteconfig.looser(how, value, site_values.get(f.name, getattr(model(), f.name)), f.name):
+                elif how and siteconfig.looser(how, value, site_values.get(f.name, getattr(defaults, f.name)), f.name):
                     sources[key] = (
                         f"{sources.get(key, 'default')} ({cfg.origin} set aside: only the site may loosen it)"
                     )

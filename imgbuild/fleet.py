@@ -11,7 +11,7 @@ data-center GPUs where NGC documents it. `smoke --for`, `tags --compatible`, `bu
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -180,19 +180,19 @@ def ok_and_why(verdicts: list[Verdict]) -> tuple[bool, str]:
     return not blocked, "; ".join(blocked)
 
 
-def target_rule(value: str) -> str:
-    """`parse_target` as a field rule (ValueError, the message without its prefix): smoke.targets, fleet.gpus."""
-    try:
-        parse_target(value)
-    except UsageError as exc:
-        raise ValueError(str(exc).split(": ", 1)[-1]) from None
-    return value
+def _as_rule(check: Callable[[str], Any]) -> Callable[[str], str]:
+    """A fleet check as a field rule: ValueError with the message less its `--flag: ` prefix."""
+
+    def rule(value: str) -> str:
+        try:
+            check(value)
+        except UsageError as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        return value
+
+    return rule
 
 
-def driver_rule(value: str) -> str:
-    """`check_driver` as a field rule: the config's fleet.driver."""
-    try:
-        check_driver(value)
-    except UsageError as exc:
-        raise ValueError(str(exc).split(": ", 1)[-1]) from None
-    return value
+#: smoke.targets and the config's fleet.gpus; the config's fleet.driver.
+target_rule = _as_rule(parse_target)
+driver_rule = _as_rule(check_driver)

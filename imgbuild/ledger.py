@@ -103,6 +103,17 @@ def process_start(pid: int, proc: Path = Path("/proc")) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
+def process_token(sep: str = ":") -> str:
+    """This process as `PID<sep>START`: what a container label or a file name records of who made it."""
+    return f"{os.getpid()}{sep}{process_start(os.getpid())}"
+
+
+def token_alive(token: str, sep: str = ":") -> bool:
+    """Does the process a `process_token` names still run (the same one, not a later one with its PID)?"""
+    pid, _, start = token.partition(sep)
+    return pid.isdigit() and pid.isascii() and process_start(int(pid)) == start
+
+
 def process_uid(pid: int, proc: Path = Path("/proc")) -> int | None:
     try:
         return os.stat(proc / str(pid)).st_uid

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -137,7 +136,9 @@ class _Copier:
                 "(set cache_dir to a larger disk)"
             )
         self.progress(f"{self.repo}:{label}: copying {digest[7:19]} ({size / limits.MIB:.0f} MiB)")
-        with tempfile.NamedTemporaryFile(dir=self.scratch, prefix=f"blob-{_this_process()}-") as handle:
+        from imgbuild.ledger import process_token
+
+        with tempfile.NamedTemporaryFile(dir=self.scratch, prefix=f"blob-{process_token('.')}-") as handle:
             path = Path(handle.name)
             self.source.download_blob(self.repo, digest, size, path)
             self.target.upload_blob(self.repo, digest, path)
@@ -198,22 +199,15 @@ def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = 
     return results
 
 
-def _this_process() -> str:
-    from imgbuild.ledger import process_start
-
-    return f"{os.getpid()}.{process_start(os.getpid())}"
-
-
 def sweep_partial_blobs(scratch: Path) -> int:
     """Remove the blob files of mirrors that were killed mid-copy (`blob-PID.START-...` whose process is gone):
     a SIGKILL leaves one behind, as large as what had arrived."""
-    from imgbuild.ledger import process_start
+    from imgbuild.ledger import token_alive
 
     removed = 0
     for path in scratch.glob("blob-*"):
         owner = path.name.split("-")[1] if path.name.count("-") >= 2 else ""
-        pid, _, start = owner.partition(".")
-        if not (pid.isdigit() and pid.isascii() and process_start(int(pid)) == start):
+        if not token_alive(owner, sep="."):
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed += 1

@@ -189,10 +189,6 @@ def house_rules(rules: Any) -> dict[str, Any]:
     return house
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def next_name(user: str, short: str, existing: set[str]) -> str:
     """`<user>_<short>_<n>` with the smallest n that no container (running or stopped) has."""
     n = 1
@@ -656,16 +652,15 @@ class WaitTimedOut(JobFailed):
     """`run --wait`: the GPUs did not come free in time (exit 1; the place in the queue is given up)."""
 
 
-_DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")  # ASCII digits: `\d` would take any script's
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str, what: str) -> float:
-    """`90`, `90s`, `30m`, `2h`, `7d` -> seconds."""
-    match = _DURATION_RE.fullmatch(text.strip().lower())
-    if not match:
-        raise UsageError(f"{what}: {text[:40]!r} is not a duration like 600, 30m, 2h or 7d")
-    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    """`90`, `90s`, `30m`, `2h`, `7d` -> seconds (the one grammar: siteconfig.duration_seconds); `what` names
+    the flag in the error."""
+    from imgbuild.siteconfig import duration_seconds
+
+    try:
+        return duration_seconds(text)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ class _RunCommand(click.Command):
     """`--wait` takes an optional TIMEOUT: a bare `--wait` before the image must not swallow the image."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from imgbuild.run import _DURATION_RE
+        from imgbuild.siteconfig import DURATION_RE
 
         out: list[str] = []
         rest = list(args)
@@ -28,7 +28,7 @@ class _RunCommand(click.Command):
             if word == "--":
                 out += [word, *rest]
                 break
-            if word == "--wait" and not (rest and _DURATION_RE.fullmatch(rest[0].strip().lower())):
+            if word == "--wait" and not (rest and DURATION_RE.fullmatch(rest[0].strip().lower())):
                 word = "--wait=30d"
             out.append(word)
         return super().parse_args(ctx, out)

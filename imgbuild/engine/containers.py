@@ -167,10 +167,12 @@ class DockerContainers:
         SIGKILL leaves one behind, and with it whatever it was given. Returns how many."""
         from docker.errors import APIError, NotFound
 
+        from imgbuild.ledger import token_alive
+
         removed = 0
         with contextlib.suppress(APIError):
             for container in self.client.containers.list(all=True, filters={"label": Label.STARTED_BY}):
-                if _gone(str((container.labels or {}).get(Label.STARTED_BY, ""))):
+                if not token_alive(str((container.labels or {}).get(Label.STARTED_BY, ""))):
                     with contextlib.suppress(APIError, NotFound):
                         container.remove(force=True)
                         removed += 1
@@ -258,7 +260,9 @@ class DockerContainers:
 
 def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
     """The create() arguments of a script's container: labelled with the image and the process running it."""
-    labels = {SMOKE_LABEL: image, Label.STARTED_BY: _this_process()}
+    from imgbuild.ledger import process_token
+
+    labels = {SMOKE_LABEL: image, Label.STARTED_BY: process_token()}
     kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
     if stdin:
         kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})
@@ -280,20 +284,6 @@ def _start(container: Any, stdin: bytes | None) -> None:
         finally:
             with contextlib.suppress(OSError):
                 raw.close()
-
-
-def _this_process() -> str:
-    from imgbuild.ledger import process_start
-
-    return f"{os.getpid()}:{process_start(os.getpid())}"
-
-
-def _gone(started_by: str) -> bool:
-    """Is the imgbuild process that started a script's container gone (killed: nothing will remove it)?"""
-    from imgbuild.ledger import process_start
-
-    pid, _, start = started_by.partition(":")
-    return not (pid.isdigit() and pid.isascii() and process_start(int(pid)) == start)
 
 
 def _number(text: Any) -> float | None:
