@@ -625,15 +625,11 @@ def test_2_the_reap_log_is_only_ever_the_reapers_own_regular_file(plant, tmp_pat
 @pytest.mark.timeout(30)
 def test_2_a_fifo_at_a_users_notices_file_never_blocks_root(tmp_path, monkeypatch):
     import os
-    import pwd
 
     from imgbuild.reap import write_notice
+    from tests.test_reap import users_home
 
-    home = tmp_path / "home"
-    home.mkdir()
-    me = pwd.getpwuid(os.getuid())
-    fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
-    monkeypatch.setattr("imgbuild.reap.pwd.getpwnam", lambda name: fake)
+    home = users_home(tmp_path, monkeypatch)
     os.mkfifo(home / "imgbuild-notices.txt")
     assert write_notice("someone", "you will be stopped") is False
 

@@ -197,12 +197,18 @@ def test_state_written_by_anyone_else_is_not_believed(tmp_path):
         load_state(tmp_path / "link.json")
 
 
-def test_notices_go_to_a_file_the_user_owns_never_through_a_link(tmp_path, monkeypatch):
+def users_home(tmp_path, monkeypatch):
+    """A home folder the reaper takes for any user's (theirs to own: this test's own user)."""
     home = tmp_path / "home"
     home.mkdir()
     me = pwd.getpwuid(os.getuid())
     fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
     monkeypatch.setattr("imgbuild.reap.pwd.getpwnam", lambda name: fake)
+    return home
+
+
+def test_notices_go_to_a_file_the_user_owns_never_through_a_link(tmp_path, monkeypatch):
+    home = users_home(tmp_path, monkeypatch)
     assert write_notice("someone", "first")
     assert write_notice("someone", "second")
     assert (home / "imgbuild-notices.txt").read_text() == "first\nsecond\n"
