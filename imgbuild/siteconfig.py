@@ -38,7 +38,7 @@ _ABSOLUTE = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ONE_LINE = re.compile(r"[^\x00-\x1f\x7f\u0085\u2028\u2029]{0,1024}")
-_SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})?\s?[kKmMgGtT]?[iI]?[bB]?")
+_SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})? ?[kKmMgGtT]?[iI]?[bB]?")
 _BIND = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
 SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
 

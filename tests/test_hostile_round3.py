@@ -236,6 +236,10 @@ def test_the_config_file_refuses_the_same_characters(tmp_path, monkeypatch):
         {"run": {"env": {"A": "x\u2028y"}}},
         {"run": {"max_time": "١d"}},
         {"reap": {"exempt": ["gitlab-runner\u2067*"]}},
+        # a size's one optional space is an ASCII space: no NBSP, ideographic space or line break
+        {"run": {"shm_size": "16\u00a0g"}},
+        {"run": {"log_max_size": "50\u3000m"}},
+        {"slurm": {"mem_per_gpu": "64\u2028G"}},
     ):
         site.write_text(yaml.safe_dump(section, allow_unicode=True))
         with pytest.raises(RecipeError):
