@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.facts import Label
 from imgbuild.plan import Plan
 from imgbuild.render import apptainer_definition
 from imgbuild.siteconfig import SLURM_TIME_RE
@@ -132,14 +133,28 @@ def docker_bind(bind: str) -> str:
     return type(bind)(f"{host}:{inside}" + (":ro" if read_only else ""))
 
 
+#: A Slurm job's containers, for a site's epilog: dockerd, not the job, is their parent, so a container whose
+#: `docker run` was killed (past KillWait, a node's slurmd restarted) outlives the job and keeps its GPUs.
+SLURM_EPILOG = (
+    f'docker ps -q --filter "label={Label.SLURM_JOB}=$SLURM_JOB_ID" | xargs -r docker rm -f >/dev/null 2>&1 || true'
+)
+
+
 def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
-    """`docker run` on the node as the caller, with the step's GPUs and the job's variables."""
+    """`docker run` on the node as the caller, with the step's GPUs, CPUs and memory and the job's variables.
+
+    The container is dockerd's child, not the step's: Slurm's cgroup limits do not reach it, so the step's
+    CPUs (its affinity, as task/affinity or task/cgroup set it) and memory are passed to docker; it is named
+    and labelled with the job, removed when the step ends or is stopped (SIGTERM reaches it through the
+    docker CLI first, so a snapshot can be written), and a site's epilog finds what a SIGKILL left
+    (SLURM_EPILOG)."""
     # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
     # hostname + pid, which must differ between nodes that share a host in small lab clusters).
     opts = [
         "docker",
         "run",
         "--rm",
+        "--sig-proxy=false",  # the step's trap stops it, once
         *(["--pull", "never"] if job.local_image else []),
         "--network",
         "host",
@@ -165,24 +180,55 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         "SLURM_RESTART_COUNT",
     ]
     opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
+    opts += [
+        "--name",
+        "$name",
+        "--label",
+        f"{Label.SLURM_JOB}=$SLURM_JOB_ID",
+        "--cpus",
+        str(job.cpus_per_task),
+        "--cpuset-cpus",
+        "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
+    ]
     if job.nccl_debug:
         opts += ["-e", "NCCL_DEBUG"]
     if job.snapshot_dir:
         opts += ["-e", "SNAPSHOT_DIR"]
     for bind in binds:
         opts += ["-v", docker_bind(bind)]
+    # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
+    memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
     if not job.gpus:
-        return [*opts, "-e", "NVIDIA_VISIBLE_DEVICES=void", job.image]
-    # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
-    # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
-    step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
-    gpus = (
-        f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
-        if job.docker_gpu_flag == "env"
-        else f' --gpus "\\"device={step_gpus}\\"" '
-    )
-    script = _words(opts) + gpus + _words([job.image])
-    return ["sh", "-c", "exec " + script + ' "$@"', "sh"]
+        gpus = " -e NVIDIA_VISIBLE_DEVICES=void "
+    else:
+        # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
+        # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
+        step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
+        gpus = (
+            f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
+            if job.docker_gpu_flag == "env"
+            else f' --gpus "\\"device={step_gpus}\\"" '
+        )
+    sources = [type(bind)(bind.split(":")[0]) for bind in binds]  # a user's bind stays a UserWord
+    script = [
+        'name="imgbuild-$SLURM_JOB_ID-${SLURM_STEP_ID:-0}-$SLURM_PROCID"',
+        # docker would create a missing folder as root (and an empty one on a node that lacks the mount)
+        *(
+            [
+                f'for d in {_words(sources)}; do [ -d "$d" ] || {{ echo "imgbuild: $d: no such folder on '
+                '$(hostname); docker would create it as root" >&2; exit 2; }; done'
+            ]
+            if sources
+            else []
+        ),
+        "trap 'docker rm -f \"$name\" >/dev/null 2>&1 || true' EXIT",
+        # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
+        # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
+        'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
+        _words(opts) + memory + gpus + _words([job.image]) + ' "$@" &',
+        'wait "$!"',
+    ]
+    return ["sh", "-c", "; ".join(script).replace("&;", "&"), "sh"]
 
 
 #: A word whose only expansions are variables ($VAR, ${VAR}): double-quoted, so the job's own variables expand;
@@ -197,8 +243,9 @@ class UserWord(str):
 
 
 def _words(words: list[str]) -> str:
-    """Shell words; $VARS stay expandable (they are the job's own variables), the rest is quoted. imgbuild's
-    own words may hold a command substitution it wrote ($(id -u)); a UserWord never runs one."""
+    """Shell words; $VARS stay expandable (they are the job's own variables) inside double quotes, so a value
+    with a space ($PWD) stays one word; the rest is quoted. imgbuild's own words may hold a command
+    substitution it wrote ($(id -u)); a UserWord never runs one."""
     out = []
     for word in words:
         if isinstance(word, UserWord):
@@ -208,7 +255,7 @@ def _words(words: list[str]) -> str:
                 out.append(f'"{word}"')
             else:
                 out.append(shlex.quote(word))
-        elif re.fullmatch(r"[\w@%+=:,./${}-][\w@%+=:,./${}#-]*", word):  # '#' starts a comment only at a word's start
+        elif re.fullmatch(r"[\w@%+=:,./-][\w@%+=:,./#-]*", word):  # '#' starts a comment only at a word's start
             out.append(word)
         elif "$" in word and '"' not in word and "`" not in word:
             out.append(f'"{word}"')
@@ -389,8 +436,10 @@ USAGE_START = [
     "# Sample GPU use on every node (like `imgbuild run`'s summary; seff gives CPU and memory afterwards).",
     'usage_dir="${SLURM_SUBMIT_DIR:-$PWD}/imgbuild-usage-$SLURM_JOB_ID"',
     'mkdir -p "$usage_dir"',
-    # env -u: sbatch exports SLURM_GPUS_PER_TASK, which srun would read back (one GPU per node for the sampler)
-    'env -u SLURM_GPUS_PER_TASK srun --overlap --ntasks="$SLURM_NNODES" --ntasks-per-node=1 '
+    # env -u: sbatch exports SLURM_GPUS_PER_TASK, which srun would read back (one GPU per node for the sampler).
+    # --mem=0: where the site tracks memory (CR_Core_Memory) the job's step holds all of it; a sampler asking
+    # for its own share would not start ("Memory required by task is not available").
+    'env -u SLURM_GPUS_PER_TASK srun --overlap --mem=0 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 '
     "sh -c 'command -v nvidia-smi >/dev/null && "
     "exec nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 30 "
     '> "$0/${SLURMD_NODENAME:-$(hostname -s)}.csv"\' "$usage_dir" 2>/dev/null &',

@@ -31,6 +31,7 @@ class Label:
     SMOKE_OF = PREFIX + "smoke-of"  # a smoke-test container, and the image it tests
     STARTED_BY = PREFIX + "started-by"  # a script's container: the imgbuild process (PID:start) that runs it
     DEADLINE = PREFIX + "deadline"  # when `imgbuild reap` stops it (seconds since the epoch; `extend` moves it)
+    SLURM_JOB = PREFIX + "slurm-job"  # a Slurm job's container (docker runtime): the job id, for the epilog
 
 
 #: imgbuild's own folder in an image: the base's records (`pip check`, its package list) that the smoke test

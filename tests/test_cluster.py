@@ -148,11 +148,11 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     last = step_line(script)
     # 40 CPUs, 4 workers: 10 threads each (issue 18 item 2: was 4 x 40 on 40 CPUs)
     prefix = (
-        "srun --cpus-per-task=40 apptainer exec --nv --bind $LOCAL_SCRATCH:$LOCAL_SCRATCH research.sif "
+        'srun --cpus-per-task=40 apptainer exec --nv --bind "$LOCAL_SCRATCH:$LOCAL_SCRATCH" research.sif '
         "env OMP_NUM_THREADS=10 torchrun "
     )
     assert last.startswith(prefix)
-    assert "--nnodes=$SLURM_NNODES --nproc-per-node=4" in last
+    assert '"--nnodes=$SLURM_NNODES" --nproc-per-node=4' in last
     # a port of the job's own (issue 18 item 3: a fixed 29500 let two jobs on one node meet)
     # a port free on the head node now (issue 31 N9: job ids 10000 apart shared one), else below the ephemeral range
     rdzv = next(line for line in script.splitlines() if line.startswith("rdzv_port="))
@@ -160,7 +160,7 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     port = subprocess.run(["bash", "-c", rdzv + '\necho "$rdzv_port"'], capture_output=True, text=True, timeout=30)
     assert 1024 <= int(port.stdout) <= 65535
     # the command as typed: torchrun takes the script, not `python` (issue 31 N1: "can't open file python3")
-    assert last.endswith("--rdzv-endpoint=$head_node:$rdzv_port --rdzv-id=$SLURM_JOB_ID ddp.py")
+    assert last.endswith('"--rdzv-endpoint=$head_node:$rdzv_port" "--rdzv-id=$SLURM_JOB_ID" ddp.py')
     single = step_line(sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)))
     assert single.endswith("env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=4 ddp.py")
     pyxis = sbatch_script(JobSpec(["python", "t.py"], "nvcr.io#nvidia/pytorch:24.05-py3", runtime="pyxis"))
@@ -445,10 +445,10 @@ def test_one_task_per_gpu_layout_and_fault_tolerance_flags():
         "#SBATCH --requeue",
         "#SBATCH --signal=B:USR1@300",
         "trap requeue USR1",
-        "export SNAPSHOT_DIR=$SLURM_SUBMIT_DIR/snapshots",
+        'export SNAPSHOT_DIR="$SLURM_SUBMIT_DIR/snapshots"',
     ):
         assert line in requeued.splitlines()
-    assert "--bind $SLURM_SUBMIT_DIR/snapshots:$SLURM_SUBMIT_DIR/snapshots" in step_line(requeued)
+    assert '--bind "$SLURM_SUBMIT_DIR/snapshots:$SLURM_SUBMIT_DIR/snapshots"' in step_line(requeued)
     for bad in ("$LOCAL_SCRATCH/snaps", "/tmp/x", "$TMPDIR", "rel/path", "/a b", "/x:/y", "/x;rm -rf ~", "$(id)"):
         with pytest.raises(UsageError, match="--snapshot-dir"):
             job_from_flags(JobFlags(["t.py"], "i.sif", "i", requeue=True, snapshot_dir=bad), site)
@@ -665,7 +665,7 @@ def test_a_recipes_image_is_never_pulled_from_docker_hub(tmp_path):
     recipe.write_text('name: research\nbase: {framework: pytorch, tag: "24.05"}\n')
     job = run_cli("slurm", str(recipe), "--runtime", "docker", "--", "python3", "t.py", cwd=tmp_path)
     assert job.code == 0, job.err
-    assert "docker run --rm --pull never" in job.out
+    assert "docker run --rm --sig-proxy=false --pull never" in job.out
     plain = run_cli("slurm", "nvcr.io/nvidia/pytorch:24.05-py3", "--runtime", "docker", "--", "true", cwd=tmp_path)
     assert "--pull never" not in plain.out
     run = run_cli("run", "--dry-run", str(recipe), "--", "true", cwd=tmp_path)

@@ -1,0 +1,160 @@
+"""Issue 31 on a Slurm configured like a GPU site (tests/testbed/slurm-up: cons_tres with core and memory
+tracking, task/affinity,task/cgroup with ConstrainCores, proctrack/cgroup, typed GRES, an epilog): what a
+job really gets, asserted from inside it: the ranks torchrun starts for the command as typed, on one node
+and on two, the CPUs each container may use, and no container left once the job has gone."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from imgbuild.cluster import SLURM_EPILOG
+from tests.conftest import ROOT, run_cli
+from tests.test_cluster import slurm, wait_for  # noqa: F401  (the module's Slurm fixture)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slurm]
+
+#: The user's script, as they would write it for one GPU or many: torch.distributed where torchrun started
+#: it, plain otherwise; gloo on CPUs (the bed has no GPU). Every rank says what it got.
+TRAIN = """\
+import os
+import torch
+import torch.distributed as dist
+
+if "RANK" in os.environ:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = torch.ones(1)
+    dist.all_reduce(total)
+else:
+    rank, world, total = 0, 1, torch.ones(1)
+print(
+    f"rank {rank} of {world} node {os.environ.get('GROUP_RANK', '-')} job {os.environ['SLURM_JOB_ID']} "
+    f"cpus {len(os.sched_getaffinity(0))} threads {os.environ['OMP_NUM_THREADS']} sum {total.item():g}",
+    flush=True,
+)
+if "RANK" in os.environ:
+    dist.destroy_process_group()
+"""
+
+
+def submit(tmp_path: Path, image: str, *flags: str, command: tuple[str, ...] = ("python3", "train.py")) -> str:
+    res = run_cli(
+        "slurm", image, "--runtime", "docker", *flags, "--output", str(tmp_path / "out-%j.txt"), "--submit",
+        "--", *command, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.code == 0, res.err
+    return res.out.split()[-1]
+
+
+def ranks(output: str) -> list[str]:
+    """Each rank's report (two ranks' writes to the job's output may land on one line)."""
+    found = re.findall(r"rank [0-9]+ of [0-9]+ node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ sum [0-9]+", output)
+    return sorted(re.sub(r" job [0-9]+", "", report) for report in found)
+
+
+@pytest.fixture
+def gpu_site(slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
+    """The bed's Slurm with its fake V100s; the engine has no GPU runtime, so GPUs go by variable."""
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    config = tmp_path / "config.yaml"
+    config.write_text("run: {gpu_flag: env}\n")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    (tmp_path / "train.py").write_text(TRAIN)
+    return f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+
+
+def test_the_bed_is_configured_like_a_gpu_site(slurm):  # noqa: F811
+    conf = Path(slurm).read_text()
+    for line in (
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "TaskPlugin=task/affinity,task/cgroup",
+        "ProctrackType=proctrack/cgroup",
+        "GresTypes=gpu",
+    ):
+        assert line in conf.splitlines()
+    cgroup = (Path(slurm).parent / "cgroup.conf").read_text().splitlines()
+    assert "ConstrainCores=yes" in cgroup and "ConstrainRAMSpace=yes" in cgroup
+    # the epilog a site adds for docker jobs is the one docs/slurm-sites.md gives
+    assert SLURM_EPILOG in (Path(slurm).parent / "epilog.sh").read_text()
+    assert SLURM_EPILOG in (ROOT / "docs" / "slurm-sites.md").read_text()
+
+
+def test_python3_train_py_as_typed_runs_under_torchrun_on_two_nodes(gpu_site, slurm, tmp_path):  # noqa: F811
+    """Issue 31 item 3: 2 nodes x 2 GPUs, the command as the user types it; every rank reports its world,
+    its node and the CPUs its container may use (the step's 2, one thread per worker)."""
+    job = submit(tmp_path, gpu_site, "--gpus", "2", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1")
+    state = wait_for(job, slurm)
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert ranks(output) == [f"rank {r} of 4 node {r // 2} cpus 2 threads 1 sum 4" for r in range(4)], output[-3000:]
+
+
+def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
+    """The same `python3 train.py` at 2 GPUs on one node (torchrun --standalone) and at 1 GPU (no torchrun).
+    One CPU asked for: the container gets one of the node's two (the step's, through --cpuset-cpus)."""
+    two = submit(tmp_path, gpu_site, "--gpus", "2", "--cpus", "1")
+    one = submit(tmp_path, gpu_site, "--gpus", "1", "--cpus", "1")
+    for job, expected in (
+        (two, ["rank 0 of 2 node 0 cpus 1 threads 1 sum 2", "rank 1 of 2 node 0 cpus 1 threads 1 sum 2"]),
+        (one, ["rank 0 of 1 node - cpus 1 threads 1 sum 1"]),
+    ):
+        state = wait_for(job, slurm)
+        output = (tmp_path / f"out-{job}.txt").read_text()
+        assert state == "COMPLETED", output[-3000:]
+        assert ranks(output) == expected, output[-3000:]
+
+
+def _job_containers(job: str) -> list[str]:
+    found = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=org.imgbuild.slurm-job={job}"], capture_output=True, text=True
+    )
+    return found.stdout.split()
+
+
+def test_a_cancelled_jobs_container_stops_with_it_and_the_epilog_sweeps_a_leftover(gpu_site, slurm, tmp_path):  # noqa: F811
+    """Issue 31 N5: the container is dockerd's child, not the job's. It is named and labelled with the job,
+    capped to the job's memory, stopped when the job is cancelled, and the site's epilog removes one that a
+    killed `docker run` left (planted here as such a leftover)."""
+    job = submit(tmp_path, gpu_site, "--gpus", "0", "--cpus", "1", "--mem", "600M", command=("sleep", "600"))
+    deadline = time.monotonic() + 120
+    while not _job_containers(job) and time.monotonic() < deadline:
+        time.sleep(1)
+    running = _job_containers(job)
+    assert running, (tmp_path / f"out-{job}.txt").read_text()[-2000:]
+    inspect = subprocess.run(
+        ["docker", "inspect", "-f", "{{.Name}} {{.HostConfig.Memory}} {{.HostConfig.CpusetCpus}}", running[0]],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert inspect[0] == f"/imgbuild-{job}-0-0" and inspect[1] == str(600 * 2**20) and len(inspect[2]) == 1
+    # a leftover of this job: what a SIGKILLed `docker run` leaves behind
+    planted = subprocess.run(
+        ["docker", "run", "-d", "--label", f"org.imgbuild.slurm-job={job}", "--entrypoint", "sleep", gpu_site, "600"],
+        capture_output=True,
+        text=True,
+    )
+    assert planted.returncode == 0, planted.stderr
+    subprocess.run(["scancel", job], check=True)
+    assert wait_for(job, slurm, timeout=120) == "CANCELLED"
+    deadline = time.monotonic() + 60
+    while _job_containers(job) and time.monotonic() < deadline:
+        time.sleep(1)
+    left = _job_containers(job)
+    subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+    assert not left
+
+
+def test_a_bind_whose_folder_is_missing_on_the_node_fails_the_step_not_roots_mkdir(gpu_site, slurm, tmp_path):  # noqa: F811
+    """Issue 31 N10 under Slurm: docker would create a missing bind source as root on the node."""
+    missing = tmp_path / "not-made-yet"
+    job = submit(tmp_path, gpu_site, "--gpus", "0", "--cpus", "1", "--bind", f"{missing}:/data", command=("true",))
+    state = wait_for(job, slurm)
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert state == "FAILED" and f"imgbuild: {missing}: no such folder on" in output, output[-2000:]
+    assert not missing.exists()
