@@ -183,6 +183,9 @@ class SlurmSite:
     """`slurm:` how `imgbuild slurm` writes jobs for this cluster."""
 
     partition: str | None = typed(Maybe(Text(matches(_NAME, "not a partition name"))), None)
+    cpu_partition: str | None = typed(
+        Maybe(Text(matches(_NAME, "not a partition name"))), None, doc="for jobs without GPUs (else partition)"
+    )
     account: str | None = typed(Maybe(Text(matches(_NAME, "not an account name"))), None)
     gpu_types: dict[str, str] = typed(
         MapOf(Text(matches(_NAME, "not a name")), Text(matches(_NAME, "not a GRES type"))),

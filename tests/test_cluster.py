@@ -712,3 +712,15 @@ def test_n14_no_empty_labels_in_a_sif_and_no_usage_folder_left_behind():
     assert labels and all(len(line.split(None, 1)) == 2 for line in labels)
     script = sbatch_script(JobSpec(["python3", "t.py"], "x.sif", gpus=2))
     assert 'rm -rf "$usage_dir"' in script.split("imgbuild: GPU use of job", 1)[1]
+
+
+def test_a_job_without_gpus_goes_to_the_sites_cpu_partition():
+    """Issue 31 N14: CPU-only jobs went to the site's GPU partition, holding a GPU node's CPUs."""
+    site = {"partition": "gpu", "cpu_partition": "small"}
+    cpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), site))
+    gpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=1), site))
+    named = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0, partition="test"), site))
+    assert "#SBATCH --partition=small" in cpu and "#SBATCH --partition=gpu" in gpu
+    assert "#SBATCH --partition=test" in named  # the user's own --partition wins
+    plain = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), {"partition": "gpu"}))
+    assert "#SBATCH --partition=gpu" in plain  # a site with one partition: that one

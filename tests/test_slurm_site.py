@@ -158,3 +158,33 @@ def test_a_bind_whose_folder_is_missing_on_the_node_fails_the_step_not_roots_mkd
     output = (tmp_path / f"out-{job}.txt").read_text()
     assert state == "FAILED" and f"imgbuild: {missing}: no such folder on" in output, output[-2000:]
     assert not missing.exists()
+
+
+def test_staged_data_reaches_the_container_and_a_scratch_of_the_jobs_own_is_removed(
+    gpu_site,
+    slurm,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """Issue 31 N14: where the site sets no $LOCAL_SCRATCH, the job makes one under $TMPDIR on every node and
+    now removes it at the end (it was left behind, a copy of the data set per job)."""
+    import tarfile
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "hello.txt").write_text("staged\n")
+    with tarfile.open(tmp_path / "data.tar", "w") as tar:
+        tar.add(data / "hello.txt", arcname="hello.txt")
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(node_tmp))  # what the nodes' jobs get (sbatch exports it)
+    monkeypatch.delenv("LOCAL_SCRATCH", raising=False)
+    job = submit(
+        tmp_path, gpu_site, "--gpus", "0", "--nodes", "2", "--cpus", "1", "--stage", str(tmp_path / "data.tar"),
+        command=("sh", "-c", "echo read $(cat $LOCAL_SCRATCH/hello.txt) in $LOCAL_SCRATCH"),
+    )  # fmt: skip
+    state = wait_for(job, slurm)
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert f"read staged in {node_tmp}/imgbuild-{job}" in output, output[-2000:]
+    assert list(node_tmp.iterdir()) == []
