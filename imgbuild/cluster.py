@@ -368,7 +368,7 @@ def _stage_lines(job: JobSpec) -> list[str]:
     lines = [
         "",
         f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
-        f'if [ -z "${{{job.scratch_var}:-}}" ]; then  # none from the site: the job's own, removed at the end',
+        f'if [ -z "${{{job.scratch_var}:-}}" ]; then  # none from the site: a folder of the job, removed at the end',
         f'  export {job.scratch_var}="${{TMPDIR:-/tmp}}/imgbuild-$SLURM_JOB_ID"',
         "  own_scratch=1",
         "fi",
