@@ -767,23 +767,38 @@ def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None
     return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
 
 
-def export_devcontainer(plan: Plan, rules: Any, out: Path | None) -> Path:
-    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image with the site's run rules
-    (`settings.run`)."""
+def export_devcontainer(
+    plan: Plan, recipe: Path, settings: Any, out: Path | None, gpus: str | None, engine_of: Any
+) -> tuple[Path, list[str]]:
+    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image; (its path, notes for the user).
+
+    On a shared server (the config has `run:` house rules, or `--gpus` was given) the container gets what
+    `imgbuild run RECIPE --gpus N` would: chosen now under the host's ledger, by the same rules
+    (`engine_of()`: the engine, asked for only then); elsewhere, any GPUs the machine has."""
     import json
 
-    from imgbuild.devcontainer import devcontainer
-    from imgbuild.run import house_rules
+    from imgbuild import run as runmod
+    from imgbuild.devcontainer import NOT_HONOURED, devcontainer
 
+    house = runmod.house_rules(settings.run)
+    shared = gpus is not None or any(key.startswith("run.") for key in settings.sources)
     folder = out or Path(".devcontainer")
     path = folder / "devcontainer.json"
-    document = json.dumps(devcontainer(plan, house_rules(rules)), indent=2) + "\n"
+    notes: list[str] = []
+    if shared:
+        request = runmod.RunRequest(image=str(recipe), gpu_request=gpus or "none")
+        with runmod.reserved(request, settings, engine_of()) as spec:
+            document = devcontainer(plan, house, spec=spec)
+        chosen = ",".join(str(g.index) for g in spec.gpus.gpus) or "none (--gpus N to ask)"
+        notes = [f"GPUs {chosen}, container {spec.name}", *NOT_HONOURED]
+    else:
+        document = devcontainer(plan, house)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(document)
+        path.write_text(json.dumps(document, indent=2) + "\n")
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
-    return path
+    return path, notes
 
 
 def apptainer_tool() -> str | None:

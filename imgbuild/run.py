@@ -67,7 +67,7 @@ class RunSpec:
             *identity,
             *self._house_args(),
             *self._io_args(),
-            *self._resource_args(),
+            *self.resource_args(),
             *self._mode_args(),
             self.image,
             *self.command,
@@ -98,7 +98,8 @@ class RunSpec:
             args += ["-p", port]
         return args
 
-    def _resource_args(self) -> list[str]:
+    def resource_args(self) -> list[str]:
+        """The GPUs (and their labels), CPUs and thread counts the house rules gave it."""
         args: list[str] = []
         if self.gpus.gpus:
             indices = ",".join(str(g.index) for g in self.gpus.gpus)

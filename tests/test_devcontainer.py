@@ -54,8 +54,62 @@ def test_export_needs_exactly_one_target(tmp_path):
         assert res.code == 2 and "one of --apptainer or --devcontainer" in res.err and "Traceback" not in res.err
 
 
+def _shared_server(tmp_path, monkeypatch, gpus: list) -> None:
+    """A shared server: the site's run rules (GPUs by variable, state here) and a snapshot of its GPUs."""
+    from imgbuild.gpus import Gpu
+
+    snapshot = tmp_path / "gpus.json"
+    snapshot.write_text(
+        json.dumps(
+            {"gpus": [Gpu(i, f"GPU-{i:08d}-devc", "Tesla V100-SXM2-32GB", 1000, 32768, u).to_json() for i, u in gpus]}
+        )
+    )
+    site = tmp_path / "site.yaml"
+    site.write_text(f"run: {{gpu_flag: env, cpus_per_gpu: 1, state_dir: {tmp_path / 'state'}}}\n")
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+
+
+def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, monkeypatch):
+    """Issue 31 N6: `hostRequirements.gpu` made the Dev Containers CLI add `--gpus all` (every GPU of a shared
+    server), with no name or labels, so quotas, `ps`, `gpus` and the reaper did not see it. Now the GPUs
+    `run --gpus N` would pick (least used first), by UUID, the caller's name and labels, a CPU share."""
+    from imgbuild.cluster import export_devcontainer
+    from imgbuild.config import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.host import caller
+
+    _shared_server(tmp_path, monkeypatch, [(0, 90), (1, 0), (2, 0)])
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "dev.yaml"
+    recipe.write_text('name: dev\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    settings = load_settings({})
+    plan = plan_of(recipe)
+    path, notes = export_devcontainer(plan, recipe, settings, tmp_path / "devc", "2", FakeEngine)
+    doc = json.loads(path.read_text())
+    me = caller().name
+    assert "hostRequirements" not in doc
+    assert f"--name={me}_dev_1" in doc["runArgs"] and f"--label=org.imgbuild.user={me}" in doc["runArgs"]
+    assert "--label=org.imgbuild.gpus=1,2" in doc["runArgs"]
+    assert doc["containerEnv"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-00000001-devc,GPU-00000002-devc"
+    assert "--cpus=2" in doc["runArgs"] and doc["containerEnv"]["OMP_NUM_THREADS"] == "1"
+    assert notes[0] == f"GPUs 1,2, container {me}_dev_1" and any("no deadline" in n for n in notes)
+    # no --gpus on a shared server: no GPU at all, never every GPU
+    path, notes = export_devcontainer(plan, recipe, settings, tmp_path / "none", None, FakeEngine)
+    doc = json.loads(path.read_text())
+    assert "hostRequirements" not in doc and doc["containerEnv"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert notes[0].startswith("GPUs none (--gpus N to ask)")
+
+
+def test_export_gpus_is_for_dev_containers_only(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: dev\nbase: {framework: pytorch, tag: "24.05"}\n')
+    res = run_cli("export", str(recipe), "--apptainer", "--gpus", "1")
+    assert res.code == 2 and "--gpus is for --devcontainer" in res.err
+
+
 @pytest.mark.engine
-def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path, unique, cleanup_images):
+def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path, unique, cleanup_images, monkeypatch):
     cli = testbed.get("IMGBUILD_TESTBED_DEVCONTAINER", "")
     assert cli and os.access(cli, os.X_OK), "tests/testbed/up installs @devcontainers/cli"
     (tmp_path / ".git").mkdir()
@@ -88,15 +142,38 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", ngc_facts.BED_TORCH], run.stderr[
             -1500:
         ]
+        # Issue 31 N6, on a shared server: the container the CLI starts is the one `imgbuild run` would
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o755)
+        (shared / ".git").mkdir()
+        _shared_server(tmp_path, monkeypatch, [(0, 80), (1, 0)])
+        site = tmp_path / "site.yaml"
+        site.write_text(site.read_text().replace("run: {", "run: {ulimits: {memlock: 8388608, stack: 67108864}, "))
+        env = {"IMGBUILD_CONFIG": str(config)}
+        exported = run_cli(
+            "export", str(recipe), "--devcontainer", "--gpus", "1", "-o", str(shared / ".devcontainer"), env=env
+        )
+        assert exported.code == 0 and "note: GPUs 1, container" in exported.err, exported.err
+        up = subprocess.run([cli, "up", *args[:1], str(shared), *args[2:]], capture_output=True, text=True, timeout=600)
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        container = json.loads(up.stdout.strip().splitlines()[-1])["containerId"]
+        seen = json.loads(subprocess.run(["docker", "inspect", container], capture_output=True, text=True).stdout)[0]
+        labels, env_list = seen["Config"]["Labels"], seen["Config"]["Env"]
+        assert seen["Name"].lstrip("/").startswith(labels["org.imgbuild.user"] + f"_dev-{unique}_")
+        assert labels["org.imgbuild.gpus"] == "1" and labels["org.imgbuild.gpu-uuids"] == "GPU-00000001-devc"
+        assert "NVIDIA_VISIBLE_DEVICES=GPU-00000001-devc" in env_list and seen["HostConfig"]["NanoCpus"] == 10**9
+        listed = run_cli("ps", "--json", env=env)
+        assert listed.code == 0 and seen["Name"].lstrip("/") in listed.out, listed.err
     finally:
         subprocess.run(
-            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path} | xargs -r docker rm -f",
+            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path} | xargs -r docker rm -f; "
+            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/shared | xargs -r docker rm -f",
             shell=True,
             capture_output=True,
         )
         # the CLI's own UID-update image, named after the workspace folder
         subprocess.run(
-            f"docker images --format '{{{{.Repository}}}}' | grep '^vsc-{tmp_path.name.lower()}-' | xargs -r docker rmi",
+            f"docker images --format '{{{{.Repository}}}}' | grep -E '^vsc-({tmp_path.name.lower()}|shared)-' | xargs -r docker rmi",
             shell=True,
             capture_output=True,
         )

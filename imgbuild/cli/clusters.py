@@ -28,6 +28,11 @@ from imgbuild.errors import UsageError
     "-o", "--out", type=click.Path(path_type=Path), help="Definition file (Apptainer) or folder (dev container)."
 )
 @click.option(
+    "--gpus",
+    "gpus",
+    help="Dev container on a shared server: the GPUs, as `imgbuild run --gpus` takes them (N, 0,3, none).",
+)
+@click.option(
     "--build/--no-build",
     default=True,
     show_default=True,
@@ -35,7 +40,14 @@ from imgbuild.errors import UsageError
 )
 @click.pass_context
 def export(
-    ctx: click.Context, recipe: Path, apptainer: bool, devcontainer: bool, bootstrap: str, out: Path | None, build: bool
+    ctx: click.Context,
+    recipe: Path,
+    apptainer: bool,
+    devcontainer: bool,
+    bootstrap: str,
+    out: Path | None,
+    gpus: str | None,
+    build: bool,
 ) -> None:
     """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), or a
     dev container for VS Code."""
@@ -48,10 +60,18 @@ def export(
         raise UsageError("export: give one of --apptainer or --devcontainer")
     settings = _settings(ctx)
     loaded = load_recipe(recipe, secrets=settings.secrets())
+    if gpus is not None and not devcontainer:
+        raise UsageError("export: --gpus is for --devcontainer")
     if devcontainer:
         from imgbuild.cluster import export_devcontainer
 
-        click.echo(str(export_devcontainer(plan_recipe(loaded, settings, offline=True), settings.run, out)))
+        plan = plan_recipe(loaded, settings, offline=True)
+        path, notes = export_devcontainer(
+            plan, recipe, settings, out, gpus, lambda: Engine.connect(settings.docker_cli)
+        )
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+        click.echo(str(path))
         return
     to_stdout = out is not None and str(out) == "-"
     if to_stdout and bootstrap == "docker-archive":
