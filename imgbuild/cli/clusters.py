@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,15 +64,7 @@ def export(
     if gpus is not None and not devcontainer:
         raise UsageError("export: --gpus is for --devcontainer")
     if devcontainer:
-        from imgbuild.cluster import export_devcontainer
-
-        plan = plan_recipe(loaded, settings, offline=True)
-        path, notes = export_devcontainer(
-            plan, recipe, settings, out, gpus, lambda: Engine.connect(settings.docker_cli)
-        )
-        for note in notes:
-            click.echo(f"note: {note}", err=True)
-        click.echo(str(path))
+        _export_devcontainer(plan_recipe(loaded, settings, offline=True), recipe, settings, out, gpus)
         return
     to_stdout = out is not None and str(out) == "-"
     if to_stdout and bootstrap == "docker-archive":
@@ -249,3 +242,13 @@ def slurm(
         check_image_present(job)  # fail now, not when the job starts after hours in the queue
     if submit or test_only:
         click.echo(submit_job(script, test_only=test_only))
+
+
+def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | None, gpus: str | None) -> None:
+    from imgbuild.cluster import export_devcontainer
+    from imgbuild.engine import Engine
+
+    path, notes = export_devcontainer(plan, recipe, settings, out, gpus, lambda: Engine.connect(settings.docker_cli))
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(str(path))
