@@ -3,9 +3,9 @@
 Pure: the plan, the site's `run:` rules and (on a shared server) what `imgbuild run` would choose in, the
 JSON document out. On a laptop or a workstation of one's own, `hostRequirements.gpu: optional` (the Dev
 Containers tooling passes GPUs where there are some); on a shared server, the GPUs, CPUs, name and labels
-`imgbuild run` gives, so quotas, `ps`, `gpus` and the reaper see the container; the user is the recipe's, with its UID moved to the person's own
-(`updateRemoteUserUID`); IPC or shm, ulimits, capped logs, the site's data mounts and env come from the
-same settings `imgbuild run` uses.
+`imgbuild run` gives, so quotas, `ps`, `gpus` and the reaper see the container. The user is the recipe's,
+with its UID moved to the person's own (`updateRemoteUserUID`); IPC or shm, ulimits, capped logs, the site's
+data mounts and env come from the same settings `imgbuild run` uses.
 """
 
 from __future__ import annotations
