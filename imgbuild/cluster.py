@@ -21,7 +21,7 @@ from imgbuild.render import apptainer_definition
 from imgbuild.siteconfig import SLURM_TIME_RE
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
-RUNTIMES = ("apptainer", "singularity", "pyxis", "docker")
+RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci")
 
 
 # --- Slurm --------------------------------------------------------------------------------------------
@@ -107,7 +107,31 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
         return srun, []
     if job.runtime == "docker":
         return [], _docker_prefix(job, binds)
+    if job.runtime == "oci":  # Slurm's own: srun --container runs the bundle with the site's runtime (oci.conf)
+        needed = [f"${job.scratch_var}"] if job.stage else []
+        needed += [job.snapshot_dir] if job.snapshot_dir else []
+        return [f"--container={job.image}"], ["sh", "-c", _OCI_STEP, "imgbuild", "$PWD", *needed, "--"]
     raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+#: The step's command under the oci runtime: Slurm starts it in the image's WORKDIR, so it moves to the job's
+#: folder (the same path inside, as Apptainer has it) after checking each folder the job needs is there.
+_OCI_MISSING = "is not in the container: export the bundle with --bind for a folder above it"
+#: The image's own search paths, which Slurm's job environment hides: kept aside in the bundle (IMGBUILD_IMAGE_*)
+#: and put back by the step.
+OCI_KEPT_ENV = ("PATH", "LD_LIBRARY_PATH")
+OCI_KEPT_PREFIX = "IMGBUILD_IMAGE_"
+_OCI_RESTORE = "".join(
+    f'if [ -n "${{{OCI_KEPT_PREFIX}{name}:-}}" ]; then export {name}="${OCI_KEPT_PREFIX}{name}"; '
+    + ("fi; " if name == "PATH" else f"else unset {name}; fi; ")  # an image without PATH keeps the job's
+    for name in OCI_KEPT_ENV
+)
+_OCI_STEP = (
+    _OCI_RESTORE
+    + f'cd "$1" 2>/dev/null || {{ echo "imgbuild: the job folder $1 {_OCI_MISSING}" >&2; exit 2; }}; shift; '
+    f'while [ "$1" != -- ]; do [ -d "$1" ] || {{ echo "imgbuild: $1 {_OCI_MISSING}" >&2; exit 2; }}; shift; done; '
+    'shift; exec "$@"'
+)
 
 
 def enroot_reference(image: str) -> str:
@@ -513,12 +537,29 @@ def sif_path(image: str, sif_dir: str | None) -> str:
     return str(Path(sif_dir) / sif_name(image)) if sif_dir else sif_name(image)
 
 
+def oci_name(image: str) -> str:
+    """The one name of an image's OCI bundle: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.oci`."""
+    return sif_name(image).removesuffix(".sif") + ".oci"
+
+
+def oci_path(image: str, sif_dir: str | None) -> str:
+    """`lab/x:1` -> `<sif_dir>/x_1.oci` (absolute: the job finds it from any folder); a bundle folder passes."""
+    if image.startswith(("/", "./")) or image.endswith(".oci"):
+        return str(Path(image).absolute())
+    return str((Path(sif_dir) if sif_dir else Path.cwd()) / oci_name(image))
+
+
 def check_image_present(job: JobSpec) -> None:
-    """Before a job is queued: the .sif it runs must exist (the job starts where sbatch is called)."""
+    """Before a job is queued: the .sif or bundle it runs must exist (the job starts where sbatch is called)."""
     if job.runtime in ("apptainer", "singularity") and not Path(job.image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
             ".sif there (slurm.sif_dir), or name the .sif to run"
+        )
+    if job.runtime == "oci" and not (Path(job.image) / "config.json").is_file():
+        raise UsageError(
+            f"{job.image}: no OCI bundle here; write it with `imgbuild export RECIPE --oci DIR` "
+            "where the nodes see it (slurm.sif_dir), or name the bundle to run"
         )
 
 
@@ -612,6 +653,12 @@ def _check_header_values(flags: JobFlags) -> None:
             raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
 
 
+def _image_for(runtime: str, image: str, sif_dir: str | None) -> str:
+    if runtime in ("apptainer", "singularity"):
+        return sif_path(image, sif_dir)
+    return oci_path(image, sif_dir) if runtime == "oci" else image
+
+
 def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
     """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
     how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
@@ -619,6 +666,10 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
     runtime = flags.runtime or site["runtime"]
     if flags.task_per_gpu and flags.torchrun:
         raise UsageError("--task-per-gpu starts one task per GPU itself (MPI, Horovod): it does not take --torchrun")
+    if runtime == "oci" and flags.binds:
+        raise UsageError(
+            "--bind: an OCI bundle's folders are fixed when it is written: imgbuild export RECIPE --oci DIR --bind ..."
+        )
     if flags.max_restarts and (flags.task_per_gpu or flags.torchrun is False):
         raise UsageError("--max-restarts: torchrun restarts the workers; this job does not use torchrun")
     _check_header_values(flags)
@@ -643,7 +694,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         )
     return JobSpec(
         command=[UserWord(word) for word in flags.command],
-        image=sif_path(flags.image, site["sif_dir"]) if runtime in ("apptainer", "singularity") else flags.image,
+        image=_image_for(runtime, flags.image, site["sif_dir"]),
         gpus=flags.gpus,
         nodes=flags.nodes,
         gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,

@@ -39,7 +39,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ONE_LINE = re.compile(r"[^\x00-\x1f\x7f\u0085\u2028\u2029]{0,1024}")
 _SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})? ?[kKmMgGtT]?[iI]?[bB]?")
-_BIND = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
+BIND_RE = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
 SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
 
 
@@ -199,7 +199,7 @@ class SlurmSite:
         MapOf(Text(matches(_NAME, "not a name")), Integer(ge=1, le=1024)), factory=dict, doc="more is refused"
     )
     binds: list[str] = typed(
-        ListOf(Text(matches(_BIND, "not /HOST[:/CONTAINER][:ro]")), max_length=64),
+        ListOf(Text(matches(BIND_RE, "not /HOST[:/CONTAINER][:ro]")), max_length=64),
         factory=list,
         doc="folders every job sees, in every runtime",
     )
@@ -216,8 +216,8 @@ class SlurmSite:
         None,
         doc="requested with --stage (CSC: nvme:100)",
     )
-    runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker"), "apptainer")
-    sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files live on the cluster")
+    runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker", "oci"), "apptainer")
+    sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
     stage_dir: str | None = typed(Maybe(ONE_LINE), None, doc="where --stage writes its tars")
 

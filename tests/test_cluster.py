@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from spython.main.parse.parsers import SingularityParser
 
-from imgbuild.cluster import JobFlags, JobSpec, job_from_flags, sbatch_script
+from imgbuild.cluster import JobFlags, JobSpec, check_image_present, job_from_flags, sbatch_script
 from imgbuild.config import load_settings
 from imgbuild.errors import UsageError
 from imgbuild.plan import make_plan
@@ -724,3 +724,69 @@ def test_a_job_without_gpus_goes_to_the_sites_cpu_partition():
     assert "#SBATCH --partition=test" in named  # the user's own --partition wins
     plain = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), {"partition": "gpu"}))
     assert "#SBATCH --partition=gpu" in plain  # a site with one partition: that one
+
+
+def test_an_oci_bundle_is_made_a_cluster_jobs():
+    """Issue 31 item 4: umoci's config has the container's own network, hostname, PID and IPC namespaces and a
+    64 MB /dev/shm; a cluster job needs the node's (torchrun, NCCL, shared memory), the binds, and the image's
+    search paths kept aside from the job's environment that Slurm puts over them."""
+    from imgbuild.oci import cluster_config
+
+    umoci = {
+        "process": {"terminal": True, "env": ["PATH=/usr/local/cuda/bin:/usr/bin", "HOME=/root"]},
+        "hostname": "umoci-default",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["size=65536k"]},
+        ],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "user")]},
+    }
+    config = cluster_config(umoci, ["/scratch", "/data:/d:ro"])
+    assert [ns["type"] for ns in config["linux"]["namespaces"]] == ["mount", "user"]
+    assert "hostname" not in config and config["process"]["terminal"] is False
+    by_destination = {m["destination"]: m for m in config["mounts"]}
+    assert by_destination["/dev/shm"] == {
+        "destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind", "rw"]
+    }  # fmt: skip
+    assert by_destination["/d"]["source"] == "/data" and by_destination["/d"]["options"] == ["rbind", "ro"]
+    assert by_destination["/scratch"]["source"] == "/scratch" and "/tmp" in by_destination
+    assert by_destination["/etc/hosts"]["options"] == ["rbind", "ro"] and by_destination["/proc"]["type"] == "proc"
+    assert "IMGBUILD_IMAGE_PATH=/usr/local/cuda/bin:/usr/bin" in config["process"]["env"]
+    assert "IMGBUILD_IMAGE_LD_LIBRARY_PATH=" in config["process"]["env"]
+    assert cluster_config(config, [])["process"]["env"].count("IMGBUILD_IMAGE_PATH=/usr/local/cuda/bin:/usr/bin") == 1
+
+
+def test_the_oci_runtime_takes_its_folders_from_the_bundle(tmp_path, monkeypatch):
+    step = step_line(sbatch_script(JobSpec(["python3", "t.py"], "/b/x.oci", gpus=2, runtime="oci")))
+    assert step.startswith("srun --cpus-per-task=20 --container=/b/x.oci sh -c ")
+    assert step.endswith('imgbuild "$PWD" -- env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=2 t.py')
+    with pytest.raises(UsageError, match="fixed when it is written: imgbuild export RECIPE --oci DIR --bind"):
+        job_from_flags(JobFlags(["t.py"], "/b/x.oci", "x", runtime="oci", binds=["/data"]), {})
+    job = job_from_flags(JobFlags(["t.py"], "lab/x:1", "x", runtime="oci"), {"sif_dir": "/proj/images"})
+    assert job.image == "/proj/images/x_1.oci"
+    with pytest.raises(UsageError, match="no OCI bundle here; write it with `imgbuild export RECIPE --oci DIR`"):
+        check_image_present(job)
+    (tmp_path / "ok.oci").mkdir()
+    (tmp_path / "ok.oci" / "config.json").write_text("{}")
+    check_image_present(job_from_flags(JobFlags(["t.py"], str(tmp_path / "ok.oci"), "x", runtime="oci"), {}))
+
+
+@pytest.mark.parametrize(
+    "bind", ["data", "/data:relative", "/a:/b:rw", "/da\u202eta", "/data\n", "/a,b", "/data:/d:ro:x", "/x y"]
+)
+def test_export_oci_refuses_a_bind_that_is_not_a_folder_mount(bind, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: dev\nbase: {framework: pytorch, tag: "24.05"}\n')
+    res = run_cli("export", str(recipe), "--oci", str(tmp_path / "b.oci"), "--bind", bind)
+    assert res.code == 2 and "--bind" in res.err and "Traceback" not in res.err, res.err
+    assert not (tmp_path / "b.oci").exists()
+
+
+def test_export_oci_without_skopeo_or_umoci_is_an_environment_problem(tmp_path, monkeypatch):
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.oci import export_bundle
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither tool
+    with pytest.raises(EnvironmentProblem, match="needs skopeo and umoci"):
+        export_bundle("lab/x:1", tmp_path / "b.oci", [], FakeEngine(), 60)

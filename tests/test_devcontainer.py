@@ -51,7 +51,11 @@ def test_export_needs_exactly_one_target(tmp_path):
     recipe.write_text('name: dev\nbase: {framework: pytorch, tag: "24.05"}\n')
     for flags in ([], ["--apptainer", "--devcontainer"]):
         res = run_cli("export", str(recipe), *flags)
-        assert res.code == 2 and "one of --apptainer or --devcontainer" in res.err and "Traceback" not in res.err
+        assert (
+            res.code == 2
+            and "one of --apptainer, --devcontainer or --oci DIR" in res.err
+            and "Traceback" not in res.err
+        )
 
 
 def _shared_server(tmp_path, monkeypatch, gpus: list) -> None:

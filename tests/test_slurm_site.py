@@ -5,6 +5,8 @@ and on two, the CPUs each container may use, and no container left once the job 
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import time
@@ -188,3 +190,81 @@ def test_staged_data_reaches_the_container_and_a_scratch_of_the_jobs_own_is_remo
     assert state == "COMPLETED", output[-3000:]
     assert f"read staged in {node_tmp}/imgbuild-{job}" in output, output[-2000:]
     assert list(node_tmp.iterdir()) == []
+
+
+def test_an_oci_bundle_runs_under_srun_container_on_every_node(
+    gpu_site,
+    slurm,  # noqa: F811
+    tmp_path,
+    unique,
+    cleanup_images,
+):
+    """Issue 31 item 4: containers on Slurm without Apptainer. `export --oci` writes the built image as a
+    bundle; `slurm --runtime oci` runs it with Slurm's own `srun --container` (runc, from oci.conf) on both
+    nodes: torchrun's ranks, the step's CPUs (Slurm's cgroup holds the container), the step's GPUs, the
+    caller's UID, a site bind, the job's folder; a job from a folder the bundle does not hold says so."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "oci.yaml"
+    recipe.write_text(f'name: oci-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "marker").write_text("site data\n")
+    bundle = tmp_path / "bundle.oci"
+    exported = run_cli("export", str(recipe), "--oci", str(bundle), "--bind", f"{shared}:/shared:ro", cwd=tmp_path)
+    assert exported.code == 0 and exported.out.strip() == str(bundle), exported.err
+    assert "unpacking the bundle" in exported.err  # progress, step by step
+    flags = ("--runtime", "oci", "--gpu-type", "v100", "--no-usage", "--output", str(tmp_path / "out-%j.txt"))
+    two = run_cli(
+        "slurm", str(bundle), *flags, "--gpus", "2", "--nodes", "2", "--cpus-per-gpu", "1", "--submit", "--",
+        "python3", "train.py", cwd=tmp_path,
+    )  # fmt: skip
+    show = "echo uid=$(id -u) cpus=$(nproc) in=$(pwd) path=$PATH $(cat /shared/marker)"
+    one = run_cli(
+        "slurm", str(bundle), *flags, "--gpus", "1", "--cpus", "1", "--submit", "--", "sh", "-c", show, cwd=tmp_path
+    )  # fmt: skip
+    elsewhere = Path("/var/tmp") / f"imgbuild-oci-{unique}"  # not under /tmp, nor a bind of the bundle
+    elsewhere.mkdir()
+    try:
+        away = run_cli(
+            "slurm", str(bundle), *flags, "--gpus", "0", "--cpus", "1", "--output", str(tmp_path / "away-%j.txt"),
+            "--submit", "--", "true", cwd=elsewhere,
+        )  # fmt: skip
+        jobs = [res.out.split()[-1] for res in (two, one, away)]
+        states = [wait_for(job, slurm) for job in jobs]
+    finally:
+        elsewhere.rmdir()
+    outputs = [(tmp_path / f"out-{jobs[0]}.txt"), (tmp_path / f"out-{jobs[1]}.txt"), (tmp_path / f"away-{jobs[2]}.txt")]
+    texts = [path.read_text() for path in outputs]
+    assert states[:2] == ["COMPLETED", "COMPLETED"], texts[0][-2000:] + texts[1][-2000:]
+    assert ranks(texts[0]) == [f"rank {r} of 4 node {r // 2} cpus 2 threads 1 sum 4" for r in range(4)], texts[0]
+    # the image's PATH (Slurm's job environment had hidden it: no /usr/local/cuda/bin)
+    inspect = ["docker", "image", "inspect", "-f", "{{json .Config.Env}}", cleanup_images[-1]]
+    image_env = json.loads(subprocess.run(inspect, capture_output=True, text=True).stdout)
+    image_path = next(item for item in image_env if item.startswith("PATH="))[5:]
+    assert "/usr/local/cuda/bin" in image_path
+    assert f"uid={os.getuid()} cpus=1 in={tmp_path} path={image_path} site data" in texts[1], texts[1][-2000:]
+    assert states[2] == "FAILED" and f"the job folder {elsewhere} is not in the container" in texts[2], texts[2]
+
+
+def test_every_generated_job_script_passes_shellcheck(tmp_path):
+    """Issue 31: each runtime's and layout's script passes `bash -n` and `shellcheck -S warning`."""
+    from imgbuild.cluster import JobSpec, sbatch_script
+
+    jobs = {
+        "apptainer-multi": JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, stage=["/d/a.tar"], requeue=True),
+        "apptainer-alone": JobSpec(["bash", "run.sh"], "x.sif", gpus=1, snapshot_dir="/p/snaps"),
+        "pyxis": JobSpec(["python", "-m", "pkg.train"], "nvcr.io/nvidia/pytorch:24.05-py3", gpus=2, runtime="pyxis"),
+        "docker": JobSpec(["t.py"], "lab/x:1", gpus=2, nodes=2, runtime="docker", binds=["/scratch"], mem="64G"),
+        "docker-per-gpu": JobSpec(["hvd.py"], "lab/x:1", gpus=4, task_per_gpu=True, runtime="docker"),
+        "docker-cpu": JobSpec(["true"], "lab/x:1", gpus=0, runtime="docker", stage=["/d/a.tar"]),
+        "oci": JobSpec(["python3", "t.py"], "/b/x.oci", gpus=2, nodes=2, runtime="oci", stage=["/d/a.tar"]),
+    }
+    for name, job in jobs.items():
+        path = tmp_path / f"{name}.sh"
+        path.write_text(sbatch_script(job))
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, name
+        check = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
+        assert check.returncode == 0, f"{name}:\n{check.stdout[-3000:]}"

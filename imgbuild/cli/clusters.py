@@ -18,6 +18,18 @@ from imgbuild.errors import UsageError
     "--devcontainer", is_flag=True, help="Write .devcontainer/devcontainer.json for VS Code and the Dev Containers CLI."
 )
 @click.option(
+    "--oci",
+    "oci_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the built image as an OCI bundle in this new folder, for srun --container (slurm --runtime oci).",
+)
+@click.option(
+    "--bind",
+    "binds",
+    multiple=True,
+    help="--oci: a folder jobs see (SRC[:DEST][:ro]), besides slurm.binds and /tmp; the job's folder must be in one.",
+)
+@click.option(
     "--from",
     "bootstrap",
     type=click.Choice(["docker-daemon", "docker-archive", "native"]),
@@ -45,31 +57,42 @@ def export(
     recipe: Path,
     apptainer: bool,
     devcontainer: bool,
+    oci_dir: Path | None,
+    binds: tuple[str, ...],
     bootstrap: str,
     out: Path | None,
     gpus: str | None,
     build: bool,
 ) -> None:
-    """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), or a
-    dev container for VS Code."""
+    """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), an OCI
+    bundle for Slurm's srun --container, or a dev container for VS Code."""
     from imgbuild.bases import plan_recipe
-    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer, sif_name
-    from imgbuild.engine import Engine
     from imgbuild.recipe import load_recipe
 
-    if apptainer == devcontainer:
-        raise UsageError("export: give one of --apptainer or --devcontainer")
+    if [apptainer, devcontainer, oci_dir is not None].count(True) != 1:
+        raise UsageError("export: give one of --apptainer, --devcontainer or --oci DIR")
     settings = _settings(ctx)
     loaded = load_recipe(recipe, secrets=settings.secrets())
     if gpus is not None and not devcontainer:
         raise UsageError("export: --gpus is for --devcontainer")
-    if devcontainer:
+    if binds and oci_dir is None:
+        raise UsageError("export: --bind is for --oci (Apptainer binds at run time: slurm --bind)")
+    if oci_dir is not None:
+        _export_oci(plan_recipe(loaded, settings, offline=True).target, oci_dir, list(binds), settings)
+    elif devcontainer:
         _export_devcontainer(plan_recipe(loaded, settings, offline=True), recipe, settings, out, gpus)
-        return
-    to_stdout = out is not None and str(out) == "-"
-    if to_stdout and bootstrap == "docker-archive":
-        raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
-    plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
+    else:
+        to_stdout = out is not None and str(out) == "-"
+        if to_stdout and bootstrap == "docker-archive":
+            raise UsageError("-o -: the docker-archive bootstrap writes a tar beside the definition; name a file")
+        plan = plan_recipe(loaded, settings, offline=bootstrap != "native")
+        _export_apptainer(plan, settings, bootstrap, None if to_stdout else out, to_stdout, build)
+
+
+def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None, to_stdout: bool, build: bool) -> None:
+    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer, sif_name
+    from imgbuild.engine import Engine
+
     out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
     engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
     exported = export_apptainer(plan, settings, bootstrap, out, engine)
@@ -97,6 +120,24 @@ def export(
     click.echo(str(build_sif(tool, out, exported.context)))
 
 
+def _export_oci(target: str, folder: Path, binds: list[str], settings: Any) -> None:
+    from imgbuild.engine import Engine
+    from imgbuild.oci import export_bundle
+    from imgbuild.siteconfig import BIND_RE
+    from imgbuild.text import unsafe_character
+
+    for bind in binds:
+        if unsafe_character(bind) or not BIND_RE.fullmatch(bind):
+            raise UsageError(f"--bind {bind[:80]!r}: not /HOST[:/CONTAINER][:ro]")
+
+    def say(line: str) -> None:
+        click.echo(f"export: {line}", err=True)
+
+    engine = Engine.connect(settings.docker_cli)
+    all_binds = [*settings.slurm.binds, *binds]
+    click.echo(str(export_bundle(target, folder, all_binds, engine, settings.build_timeout, say)))
+
+
 @cli.command()
 @click.argument("image")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -120,7 +161,7 @@ def export(
 @click.option("--bind", "binds", multiple=True, help="Extra mount (SRC:DEST) into the container.")
 @click.option(
     "--runtime",
-    type=click.Choice(["apptainer", "singularity", "pyxis", "docker"]),
+    type=click.Choice(["apptainer", "singularity", "pyxis", "docker", "oci"]),
     help="Container runtime on the nodes (site default apptainer).",
 )
 @click.option("--torchrun/--no-torchrun", default=None, help="Launch with torchrun (default: more than one GPU).")
