@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from imgbuild import limits
 from imgbuild.errors import UsageError
-from imgbuild.siteconfig import SECTIONS, ReapPolicy, RunRules, SlurmSite
+from imgbuild.siteconfig import SECTIONS, K8sSite, ReapPolicy, RunRules, SlurmSite
 
 SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
 
@@ -76,6 +76,7 @@ class Settings:
     run: RunRules = field(default_factory=RunRules)  # config `run:`, the house rules (imgbuild.siteconfig)
     reap: ReapPolicy = field(default_factory=ReapPolicy)  # config `reap:`, the site's alone
     slurm: SlurmSite = field(default_factory=SlurmSite)  # config `slurm:`
+    k8s: K8sSite = field(default_factory=K8sSite)  # config `k8s:`
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")

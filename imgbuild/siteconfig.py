@@ -243,7 +243,41 @@ class Fleet:
 
 
 #: The sections a config file may hold, by key.
-SECTIONS: dict[str, type] = {"run": RunRules, "reap": ReapPolicy, "slurm": SlurmSite}
+#: A Kubernetes quantity (`16Gi`, `500m`, `2`), and a data volume: a PersistentVolumeClaim at a path.
+QUANTITY_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?(?:[kKMGTPE]i?|m)?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+K8S_VOLUME_RE = re.compile(r"([a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?):(/[A-Za-z0-9_./@%+=,-]{0,1023})(:ro)?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class K8sSite:
+    """`k8s:` how `imgbuild k8s` writes jobs for this Kubernetes cluster (checked offline, never applied)."""
+
+    namespace: str | None = typed(Maybe(Text(matches(_DNS_LABEL, "not a namespace name"))), None)
+    queue: str | None = typed(
+        Maybe(Text(matches(_LABEL_VALUE, "not a label value"))), None, doc="Kueue LocalQueue (queue-name label)"
+    )
+    runtime: str = typed(
+        Text(matches(_DNS_LABEL, "not a runtime name")), "torch-distributed", doc="Trainer ClusterTrainingRuntime"
+    )
+    gpu_resource: str = typed(
+        Text(matches(re.compile(r"[a-z0-9.-]{1,253}/[a-z0-9][a-z0-9_.-]{0,62}"), "not a resource name")),
+        "nvidia.com/gpu",
+    )
+    volumes: list[str] = typed(
+        ListOf(Text(matches(K8S_VOLUME_RE, "not CLAIM:/PATH[:ro]")), max_length=64),
+        factory=list,
+        doc="PersistentVolumeClaims every job mounts: CLAIM:/PATH[:ro]",
+    )
+    shm_size: str = typed(Text(matches(QUANTITY_RE, "not a quantity such as 16Gi"), numbers=True), "16Gi")
+    cpus_per_gpu: int = typed(Integer(ge=1, le=4096), 8)
+    mem_per_gpu: str | None = typed(
+        Maybe(Text(matches(QUANTITY_RE, "not a quantity such as 64Gi"), numbers=True)), None
+    )
+
+
+SECTIONS: dict[str, type] = {"run": RunRules, "reap": ReapPolicy, "slurm": SlurmSite, "k8s": K8sSite}
 
 
 def fields_of(model: type) -> list[dataclasses.Field[Any]]:

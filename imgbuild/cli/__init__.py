@@ -33,7 +33,7 @@ SECTIONS = [
     ("Images", ["build", "smoke", "rebuild"]),
     ("Registry", ["tags", "mirror"]),
     ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
-    ("Clusters", ["export", "slurm"]),
+    ("Clusters", ["export", "slurm", "k8s"]),
     ("Settings", ["config"]),
 ]
 

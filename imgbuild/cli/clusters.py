@@ -293,3 +293,63 @@ def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | Non
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(str(path))
+
+
+@cli.command()
+@click.argument("image")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="GPUs per node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes (pods).")
+@click.option("--cpus", type=click.IntRange(min=1), help="CPUs per node (default: k8s.cpus_per_gpu per GPU).")
+@click.option("--mem", help="Memory per node, a quantity (e.g. 64Gi; default: k8s.mem_per_gpu per GPU).")
+@click.option("--name", help="The object's name (default: generateName from the image's name, for kubectl create).")
+@click.option("--torchrun/--no-torchrun", default=None, help="One node: launch with torchrun (default: >1 GPU).")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the manifest here.")
+@click.pass_context
+def k8s(
+    ctx: click.Context,
+    image: str,
+    command: tuple[str, ...],
+    gpus: int,
+    nodes: int,
+    cpus: int | None,
+    mem: str | None,
+    name: str | None,
+    torchrun: bool | None,
+    out: Path | None,
+) -> None:
+    """Write a Kubernetes manifest running COMMAND in IMAGE or a RECIPE's pushed image: a Kubeflow Trainer
+    TrainJob across nodes (torchrun), else a Job of one pod. Checked offline against the published schemas;
+    apply it with kubectl create -f. imgbuild k8s IMG -- CMD"""
+    import yaml
+
+    from imgbuild import k8s as k8smod
+    from imgbuild.engine import Engine
+    from imgbuild.run import host_ids, resolve_image
+    from imgbuild.siteconfig import QUANTITY_RE
+
+    settings = _settings(ctx)
+    if mem is not None and not QUANTITY_RE.fullmatch(mem):
+        raise UsageError(f"--mem {mem[:40]!r}: not a Kubernetes quantity such as 64Gi")
+    pinned = k8smod.pinned_image(image, settings, lambda: Engine.connect(settings.docker_cli))
+    uid, gid = host_ids()
+    job = k8smod.K8sJob(
+        image=pinned,
+        command=list(command),
+        name=name or k8smod.default_name(resolve_image(image, settings)[1]),
+        uid=uid,
+        gid=gid,
+        gpus=gpus,
+        nodes=nodes,
+        cpus=cpus,
+        mem=mem,
+        torchrun=torchrun,
+        generate=name is None,
+        site=settings.k8s,
+    )
+    text = yaml.safe_dump(k8smod.manifest(job), sort_keys=False)
+    if out:
+        out.write_text(text)
+        click.echo(str(out))
+    else:
+        click.echo(text, nl=False)

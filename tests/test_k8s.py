@@ -1,0 +1,186 @@
+"""Issue 31 item 5: `imgbuild k8s`, Kubernetes on paper. No API server can run here, so every manifest is
+validated offline against the published schemas: Kubernetes' own (`kubernetes-validate`, strict: an unknown
+field fails) for the Job and for the pod the TrainJob patches, and Kubeflow Trainer's models
+(`kubeflow-trainer-api`) for the TrainJob, which must come back from them unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import kubernetes_validate
+import pytest
+import requests
+import yaml
+from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
+
+from imgbuild.errors import RecipeError, UsageError
+from imgbuild.k8s import K8sJob, manifest
+from imgbuild.siteconfig import K8sSite, checked_section
+from tests.conftest import run_cli
+
+K8S_VERSION = "1.33.0"
+IMAGE = "registry.example.org/lab/research:24.05@sha256:" + "a" * 64
+SITE = checked_section(
+    K8sSite,
+    "k8s",
+    {
+        "namespace": "ml",
+        "queue": "team-a",
+        "volumes": ["datasets:/datasets:ro", "scratch:/scratch"],
+        "mem_per_gpu": "60Gi",
+    },
+)
+
+
+def validated(doc: dict) -> dict:
+    """The manifest, validated by the schemas of what it is; returns it."""
+    if doc["kind"] == "TrainJob":
+        # Trainer's models: wrong types fail; an unknown field would be dropped, so the round trip must be exact
+        assert TrainerV1alpha1TrainJob.from_dict(doc).to_dict() == doc
+        patch = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod_spec = patch["template"]["spec"]["template"]["spec"]
+        container = {**pod_spec["containers"][0], "image": doc["spec"]["trainer"]["image"]}
+        container["resources"] = doc["spec"]["trainer"]["resourcesPerNode"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "node"}}
+        pod["spec"] = {**pod_spec, "containers": [container]}
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)  # the patched pod is a valid pod
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "gpus, nodes, torchrun, kind",
+    [
+        (1, 1, None, "Job"),
+        (0, 1, None, "Job"),
+        (4, 1, False, "Job"),
+        (2, 1, None, "TrainJob"),
+        (8, 4, None, "TrainJob"),
+        (1, 1, True, "TrainJob"),
+    ],
+)
+def test_every_layout_validates_against_the_published_schemas(gpus, nodes, torchrun, kind):
+    job = K8sJob(IMAGE, ["python3", "train.py", "--lr", "3e-4"], "research", 1000, 1000, gpus, nodes, torchrun=torchrun)
+    job.site = SITE
+    doc = validated(manifest(job))
+    assert doc["kind"] == kind and doc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert doc["metadata"]["namespace"] == "ml" and doc["metadata"]["name"] == "research"
+    if kind == "Job":
+        pod = doc["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["image"] == IMAGE and container["command"] == ["python3", "train.py", "--lr", "3e-4"]
+        resources = container["resources"]
+    else:
+        pod = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = pod["template"]["spec"]["template"]["spec"]
+        trainer = doc["spec"]["trainer"]
+        # the command as typed, under torchrun (the runtime gives PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR ...)
+        assert trainer["command"] == ["torchrun", "train.py", "--lr", "3e-4"]
+        assert trainer["numNodes"] == nodes and trainer["numProcPerNode"] == max(gpus, 1)
+        assert doc["spec"]["runtimeRef"] == {
+            "name": "torch-distributed", "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"
+        }  # fmt: skip
+        resources = trainer["resourcesPerNode"]
+    assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
+    assert pod["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+    assert pod["volumes"][1]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+    assert resources["limits"].get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+    assert resources["limits"]["memory"] == f"{60 * max(gpus, 1)}Gi" == resources["requests"]["memory"]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"image": "lab/research:24.05"}, "pinned by digest"),
+        ({"image": "lab/research@sha256:" + "a" * 63}, "pinned by digest"),
+        ({"name": "Research"}, "--name 'Research'"),
+        ({"name": "a" * 64}, "--name"),
+        ({"name": "x;rm"}, "--name"),
+        ({"nodes": 2, "torchrun": False}, "runs under torchrun"),
+        ({"command": []}, "give the command"),
+    ],
+)
+def test_what_kubernetes_would_refuse_is_refused_here(change, words):
+    fields = {"image": IMAGE, "command": ["t.py"], "name": "research", "uid": 1000, "gid": 1000, **change}
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace("[", r"\[")):
+        manifest(K8sJob(**fields))
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"volumes": ["Data:/data"]},
+        {"volumes": ["data:relative"]},
+        {"volumes": ["data:/da\u202eta"]},
+        {"volumes": ["data:/data:rw"]},
+        {"queue": "team a"},
+        {"namespace": "ML"},
+        {"shm_size": "16 GB"},
+        {"shm_size": "١٦Gi"},
+        {"gpu_resource": "gpu"},
+    ],
+)
+def test_the_k8s_section_of_the_site_config_is_checked_like_any_input(section, tmp_path, monkeypatch):
+    from imgbuild.config import load_settings
+
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"k8s": section}, allow_unicode=True))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    with pytest.raises(RecipeError, match=r"k8s\."):
+        load_settings({})
+
+
+def test_a_recipe_that_was_never_pushed_has_no_digest_to_pin(tmp_path):
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: never-pushed\nbase: {framework: pytorch, tag: "24.05"}\n')
+    res = run_cli("k8s", str(recipe), "--", "python3", "t.py", cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent"})
+    assert res.code in (2, 3) and "Traceback" not in res.err, res.err
+    bad = run_cli("k8s", IMAGE, "--mem", "64 GB", "--", "t.py")
+    assert bad.code == 2 and "--mem '64 GB': not a Kubernetes quantity" in bad.err
+
+
+@pytest.mark.engine
+def test_the_cli_pins_an_image_and_a_pushed_recipe_by_their_registry_digests(testbed, tmp_path, unique, cleanup_images):
+    """End to end on the bed: a tag is pinned by the registry's digest for it; a recipe by the digest its push
+    recorded; the written manifest validates."""
+    registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
+    tag = f"{registry}/nvidia/pytorch:24.05-py3"
+    accept = ", ".join(
+        [
+            "application/vnd.oci.image.index.v1+json",
+            "application/vnd.docker.distribution.manifest.list.v2+json",
+            "application/vnd.docker.distribution.manifest.v2+json",
+            "application/vnd.oci.image.manifest.v1+json",
+        ]
+    )
+    head = requests.head(
+        f"http://{registry}/v2/nvidia/pytorch/manifests/24.05-py3", headers={"Accept": accept}, timeout=30
+    )
+    digest = head.headers["Docker-Content-Digest"]
+    out = tmp_path / "job.yaml"
+    res = run_cli("k8s", tag, "--gpus", "2", "--nodes", "2", "-o", str(out), "--", "python3", "train.py")
+    assert res.code == 0, res.err
+    doc = validated(yaml.safe_load(out.read_text()))
+    assert doc["spec"]["trainer"]["image"] == f"{tag}@{digest}"
+    assert doc["metadata"]["generateName"] == "pytorch-"
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: k8s-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    local = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    cleanup_images.append(local)
+    pushed = f"{registry}/lab/k8s-{unique}:v1"
+    for step in (["docker", "tag", local, pushed], ["docker", "push", pushed]):
+        assert subprocess.run(step, capture_output=True).returncode == 0, step
+    cleanup_images.append(pushed)
+    res = run_cli("k8s", str(recipe), "--gpus", "1", "--name", "smoke", "--", "python3", "t.py", cwd=tmp_path)
+    assert res.code == 0, res.err
+    doc = validated(yaml.safe_load(res.out))
+    image = doc["spec"]["template"]["spec"]["containers"][0]["image"]
+    inspect = subprocess.run(["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", local], capture_output=True)
+    assert image in json.loads(inspect.stdout) and image.startswith(f"{registry}/lab/k8s-{unique}@sha256:")
