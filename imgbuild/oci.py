@@ -102,3 +102,82 @@ def export_bundle(
     config = cluster_config(json.loads((out / "config.json").read_text()), binds)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+# --- enroot's squashfs (pyxis) ---------------------------------------------------------------------------
+
+
+def enroot_files(config: dict[str, Any]) -> dict[str, str]:
+    """The files enroot reads in an image (its documented image format: doc/image-format.md), from the image
+    config's Config block: `/etc/environment` (the image's env), `/etc/fstab` (its volumes, bound from the
+    container's own root as enroot's import does), `/etc/rc` (into the WORKDIR, then the entrypoint with the
+    start command, else with the image's CMD) and an empty `/etc/rc.local` that rc sources."""
+    import shlex
+
+    env = [item for item in config.get("Env") or [] if "=" in item and "\n" not in item]
+    volumes = sorted(config.get("Volumes") or {})
+    workdir = config.get("WorkingDir") or "/"
+    entrypoint = [shlex.quote(word) for word in config.get("Entrypoint") or []]
+    cmd = [shlex.quote(word) for word in config.get("Cmd") or []]
+    if not entrypoint and not cmd:
+        cmd = ["/bin/sh"]
+    labels = [f"# {key} {value}" for key, value in sorted((config.get("Labels") or {}).items()) if "\n" not in value]
+    rc = [
+        *labels,
+        *([""] if labels else []),
+        f"mkdir -p {shlex.quote(workdir)} 2> /dev/null",
+        f"cd {shlex.quote(workdir)} && unset OLDPWD || exit 1",
+        "",
+        "if [ -s /etc/rc.local ]; then",
+        "    . /etc/rc.local",
+        "fi",
+        "",
+        "if [ $# -gt 0 ]; then",
+        f'    exec {" ".join(entrypoint)} "$@"'.replace("exec  ", "exec "),
+        "else",
+        f"    exec {' '.join([*entrypoint, *cmd])}",
+        "fi",
+    ]
+    return {
+        "etc/environment": "".join(f"{item}\n" for item in env),
+        "etc/fstab": "".join(f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n" for v in volumes),
+        "etc/rc": "\n".join(rc) + "\n",
+        "etc/rc.local": "# Sourced by /etc/rc when the container starts (written by imgbuild).\n",
+    }
+
+
+def _write_inside(rootfs: Path, name: str, text: str) -> None:
+    """Write `rootfs/name`, never through a link the image planted (`etc -> /etc` would reach the host's)."""
+    path = rootfs / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.resolve().is_relative_to(rootfs.resolve()):
+        raise UsageError(f"the image's /{Path(name).parent} is a link out of the image: refusing to write /{name}")
+    if path.is_symlink():
+        path.unlink()
+    path.write_text(text)
+
+
+def export_sqsh(target: str, out: Path, engine: Any, timeout: float, say: Any = lambda _line: None) -> Path:
+    """Write `target` as an enroot squashfs image at `out` (for pyxis: --container-image=FILE.sqsh)."""
+    if not shutil.which("mksquashfs"):
+        raise EnvironmentProblem("--sqsh needs mksquashfs (Debian/Ubuntu: apt install squashfs-tools)")
+    out = out.absolute()
+    if out.exists():
+        raise UsageError(f"{out}: already there; remove it or name a new file")
+    info = engine.images.image(target)
+    if info is None:
+        raise UsageError(f"{target} is not built: run imgbuild build on its recipe first")
+    work = Path(tempfile.mkdtemp(prefix=".imgbuild-sqsh-", dir=out.parent if out.parent.exists() else None))
+    try:
+        bundle = export_bundle(target, work / "bundle", [], engine, timeout, say)
+        rootfs = bundle / "rootfs"
+        for name, text in enroot_files(info.config).items():
+            _write_inside(rootfs, name, text)
+        say(f"writing the squashfs image {out} (mksquashfs)")
+        _run(["mksquashfs", str(rootfs), str(out), "-all-root", "-noappend", "-no-progress", "-quiet"], timeout)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out

@@ -790,3 +790,33 @@ def test_export_oci_without_skopeo_or_umoci_is_an_environment_problem(tmp_path, 
     monkeypatch.setenv("PATH", str(tmp_path))  # neither tool
     with pytest.raises(EnvironmentProblem, match="needs skopeo and umoci"):
         export_bundle("lab/x:1", tmp_path / "b.oci", [], FakeEngine(), 60)
+
+
+def test_enroots_files_follow_its_image_format_and_never_write_through_a_link(tmp_path):
+    from imgbuild.oci import _write_inside, enroot_files
+
+    files = enroot_files(
+        {
+            "Env": ["PATH=/usr/bin", "A=b c"],
+            "WorkingDir": "/work space",
+            "Entrypoint": ["/entry.sh"],
+            "Cmd": ["python3", "-c", "print('x')"],
+            "Volumes": {"/data": {}},
+            "Labels": {"org.example": "v"},
+        }
+    )
+    assert files["etc/environment"] == "PATH=/usr/bin\nA=b c\n"
+    assert files["etc/fstab"] == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
+    rc = files["etc/rc"]
+    assert "cd '/work space' && unset OLDPWD || exit 1" in rc and '    exec /entry.sh "$@"' in rc
+    assert "    exec /entry.sh python3 -c 'print('\"'\"'x'\"'\"')'" in rc and rc.startswith("# org.example v\n")
+    assert subprocess.run(["sh", "-n"], input=rc, text=True).returncode == 0
+    assert "exec /bin/sh" in enroot_files({})["etc/rc"]  # nothing to run: a shell, as enroot does
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    outside = tmp_path / "host-etc"
+    outside.mkdir()
+    (rootfs / "etc").symlink_to(outside)
+    with pytest.raises(UsageError, match="is a link out of the image"):
+        _write_inside(rootfs, "etc/rc", "x")
+    assert list(outside.iterdir()) == []

@@ -53,7 +53,7 @@ def test_export_needs_exactly_one_target(tmp_path):
         res = run_cli("export", str(recipe), *flags)
         assert (
             res.code == 2
-            and "one of --apptainer, --devcontainer or --oci DIR" in res.err
+            and "one of --apptainer, --devcontainer, --oci DIR or --sqsh FILE" in res.err
             and "Traceback" not in res.err
         )
 

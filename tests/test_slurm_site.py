@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild.cluster import SLURM_EPILOG
+from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
 from tests.test_cluster import slurm, wait_for  # noqa: F401  (the module's Slurm fixture)
 
@@ -268,3 +269,43 @@ def test_every_generated_job_script_passes_shellcheck(tmp_path):
         assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, name
         check = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
         assert check.returncode == 0, f"{name}:\n{check.stdout[-3000:]}"
+
+
+def test_an_enroot_squashfs_image_carries_enroots_files_and_its_rc_starts_the_image(
+    testbed, tmp_path, unique, cleanup_images
+):
+    """Issue 31 item 4: `export --sqsh` for pyxis/enroot, in enroot's documented image format (a squashfs
+    with /etc/rc, /etc/environment, /etc/fstab). enroot cannot run here: the image is inspected, and its
+    /etc/rc run in a chroot of the unpacked tree with the image's /etc/environment, as enroot starts it."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "sq.yaml"
+    recipe.write_text(f'name: sqsh-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
+    image = tmp_path / "x.sqsh"
+    exported = run_cli("export", str(recipe), "--sqsh", str(image), cwd=tmp_path)
+    assert exported.code == 0 and exported.out.strip() == str(image), exported.err
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".imgbuild-")] == []  # no work left behind
+    assert subprocess.run(["file", "-b", str(image)], capture_output=True, text=True).stdout.startswith("Squashfs")
+
+    def cat(name: str) -> str:
+        return subprocess.run(["unsquashfs", "-cat", str(image), name], capture_output=True, text=True).stdout
+
+    environment = cat("etc/environment").splitlines()
+    assert "NVIDIA_PYTORCH_VERSION=24.05" in environment and any(v.startswith("PATH=") for v in environment)
+    assert 'exec /opt/nvidia/nvidia_entrypoint.sh "$@"' in cat("etc/rc") and "cd /workspace" in cat("etc/rc")
+    tree = tmp_path / "tree"
+    unpacked = subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tree), str(image)], capture_output=True, text=True)
+    assert unpacked.returncode == 0, unpacked.stderr[-2000:]
+    env = dict(line.split("=", 1) for line in environment)
+    probe = "import torch, os; print('torch', torch.__version__, 'in', os.getcwd())"
+    started = subprocess.run(
+        ["chroot", str(tree), "/bin/sh", "/etc/rc", "python3", "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert started.stdout.strip().splitlines()[-1] == f"torch {ngc_facts.BED_TORCH} in /workspace"

@@ -24,6 +24,12 @@ from imgbuild.errors import UsageError
     help="Write the built image as an OCI bundle in this new folder, for srun --container (slurm --runtime oci).",
 )
 @click.option(
+    "--sqsh",
+    "sqsh_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the built image as an enroot squashfs image (pyxis: --container-image=FILE).",
+)
+@click.option(
     "--bind",
     "binds",
     multiple=True,
@@ -58,6 +64,7 @@ def export(
     apptainer: bool,
     devcontainer: bool,
     oci_dir: Path | None,
+    sqsh_file: Path | None,
     binds: tuple[str, ...],
     bootstrap: str,
     out: Path | None,
@@ -69,16 +76,16 @@ def export(
     from imgbuild.bases import plan_recipe
     from imgbuild.recipe import load_recipe
 
-    if [apptainer, devcontainer, oci_dir is not None].count(True) != 1:
-        raise UsageError("export: give one of --apptainer, --devcontainer or --oci DIR")
+    if [apptainer, devcontainer, oci_dir is not None, sqsh_file is not None].count(True) != 1:
+        raise UsageError("export: give one of --apptainer, --devcontainer, --oci DIR or --sqsh FILE")
     settings = _settings(ctx)
     loaded = load_recipe(recipe, secrets=settings.secrets())
     if gpus is not None and not devcontainer:
         raise UsageError("export: --gpus is for --devcontainer")
     if binds and oci_dir is None:
         raise UsageError("export: --bind is for --oci (Apptainer binds at run time: slurm --bind)")
-    if oci_dir is not None:
-        _export_oci(plan_recipe(loaded, settings, offline=True).target, oci_dir, list(binds), settings)
+    if oci_dir is not None or sqsh_file is not None:
+        _export_oci(plan_recipe(loaded, settings, offline=True).target, oci_dir, sqsh_file, list(binds), settings)
     elif devcontainer:
         _export_devcontainer(plan_recipe(loaded, settings, offline=True), recipe, settings, out, gpus)
     else:
@@ -120,9 +127,9 @@ def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None
     click.echo(str(build_sif(tool, out, exported.context)))
 
 
-def _export_oci(target: str, folder: Path, binds: list[str], settings: Any) -> None:
+def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list[str], settings: Any) -> None:
     from imgbuild.engine import Engine
-    from imgbuild.oci import export_bundle
+    from imgbuild.oci import export_bundle, export_sqsh
     from imgbuild.siteconfig import BIND_RE
     from imgbuild.text import unsafe_character
 
@@ -134,6 +141,12 @@ def _export_oci(target: str, folder: Path, binds: list[str], settings: Any) -> N
         click.echo(f"export: {line}", err=True)
 
     engine = Engine.connect(settings.docker_cli)
+    if sqsh is not None:
+        if binds:
+            raise UsageError("export: --bind is for --oci (pyxis mounts at run time: slurm --bind)")
+        click.echo(str(export_sqsh(target, sqsh, engine, settings.build_timeout, say)))
+        return
+    assert folder is not None
     all_binds = [*settings.slurm.binds, *binds]
     click.echo(str(export_bundle(target, folder, all_binds, engine, settings.build_timeout, say)))
 
