@@ -250,7 +250,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     assert states[2] == "FAILED" and f"the job folder {elsewhere} is not in the container" in texts[2], texts[2]
 
 
-def test_every_generated_job_script_passes_shellcheck(tmp_path):
+def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa: F811  (slurm-up installs it)
     """Issue 31: each runtime's and layout's script passes `bash -n` and `shellcheck -S warning`."""
     from imgbuild.cluster import JobSpec, sbatch_script
 
@@ -272,7 +272,11 @@ def test_every_generated_job_script_passes_shellcheck(tmp_path):
 
 
 def test_an_enroot_squashfs_image_carries_enroots_files_and_its_rc_starts_the_image(
-    testbed, tmp_path, unique, cleanup_images
+    slurm,  # noqa: F811  (slurm-up installs skopeo, umoci and squashfs-tools)
+    testbed,
+    tmp_path,
+    unique,
+    cleanup_images,
 ):
     """Issue 31 item 4: `export --sqsh` for pyxis/enroot, in enroot's documented image format (a squashfs
     with /etc/rc, /etc/environment, /etc/fstab). enroot cannot run here: the image is inspected, and its
