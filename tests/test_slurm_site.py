@@ -54,6 +54,17 @@ def submit(tmp_path: Path, image: str, *flags: str, command: tuple[str, ...] = (
     return res.out.split()[-1]
 
 
+def built_recipe(folder: Path, name: str, cleanup_images: list[str]) -> Path:
+    """A recipe on the 24.05 stand-in, built (its image removed after the test)."""
+    (folder / ".git").mkdir(exist_ok=True)
+    recipe = folder / f"{name}.yaml"
+    recipe.write_text(f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+    built = run_cli("build", str(recipe), cwd=folder)
+    assert built.code == 0, built.err
+    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
+    return recipe
+
+
 def ranks(output: str) -> list[str]:
     """Each rank's report (two ranks' writes to the job's output may land on one line)."""
     found = re.findall(r"rank [0-9]+ of [0-9]+ node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ sum [0-9]+", output)
@@ -204,12 +215,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     bundle; `slurm --runtime oci` runs it with Slurm's own `srun --container` (runc, from oci.conf) on both
     nodes: torchrun's ranks, the step's CPUs (Slurm's cgroup holds the container), the step's GPUs, the
     caller's UID, a site bind, the job's folder; a job from a folder the bundle does not hold says so."""
-    (tmp_path / ".git").mkdir()
-    recipe = tmp_path / "oci.yaml"
-    recipe.write_text(f'name: oci-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
-    built = run_cli("build", str(recipe), cwd=tmp_path)
-    assert built.code == 0, built.err
-    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
+    recipe = built_recipe(tmp_path, f"oci-{unique}", cleanup_images)
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "marker").write_text("site data\n")
@@ -281,12 +287,7 @@ def test_an_enroot_squashfs_image_carries_enroots_files_and_its_rc_starts_the_im
     """Issue 31 item 4: `export --sqsh` for pyxis/enroot, in enroot's documented image format (a squashfs
     with /etc/rc, /etc/environment, /etc/fstab). enroot cannot run here: the image is inspected, and its
     /etc/rc run in a chroot of the unpacked tree with the image's /etc/environment, as enroot starts it."""
-    (tmp_path / ".git").mkdir()
-    recipe = tmp_path / "sq.yaml"
-    recipe.write_text(f'name: sqsh-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
-    built = run_cli("build", str(recipe), cwd=tmp_path)
-    assert built.code == 0, built.err
-    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
+    recipe = built_recipe(tmp_path, f"sqsh-{unique}", cleanup_images)
     image = tmp_path / "x.sqsh"
     exported = run_cli("export", str(recipe), "--sqsh", str(image), cwd=tmp_path)
     assert exported.code == 0 and exported.out.strip() == str(image), exported.err
