@@ -28,7 +28,7 @@ TRAINER_API = "trainer.kubeflow.org"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Kubernetes object names (DNS-1123 subdomain, kept to a label's 63 so Pods and Services built from it fit).
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-DIGEST_RE = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+DIGEST_RE = re.compile(r"[^@\s;|&$`'\"\\]+@sha256:[0-9a-f]{64}")
 
 
 @dataclass
@@ -219,9 +219,9 @@ def pinned_image(image: str, settings: Any, engine_of: Any) -> str:
     from imgbuild.run import is_recipe, resolve_image
 
     ref, _ = resolve_image(image, settings)
-    if DIGEST_RE.fullmatch(ref):
-        return ref
     parsed = imageref.parse(ref)
+    if parsed.digest:
+        return ref
     if is_recipe(image) or not parsed.host:
         info = engine_of().images.image(ref)
         pushed = [d for d in (info.repo_digests if info else ()) if DIGEST_RE.fullmatch(d)]

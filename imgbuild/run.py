@@ -214,8 +214,15 @@ def is_recipe(arg: str) -> bool:
     return path.suffix in (".yaml", ".yml") and path.is_file()
 
 
-def resolve_image(arg: str, settings: Any) -> tuple[str, str]:
-    """A recipe file means the image it builds; anything else is an image reference."""
+#: Image files and folders a cluster runtime takes by path (Apptainer, enroot, OCI bundles).
+IMAGE_FILE_SUFFIXES = (".sif", ".sqsh", ".squashfs", ".oci")
+
+
+def resolve_image(arg: str, settings: Any, paths: bool = False) -> tuple[str, str]:
+    """A recipe file means the image it builds; anything else must be an image reference (or, with `paths`,
+    an image file or bundle folder by path). Refused here with one line, not by docker hours later."""
+    from imgbuild.imageref import BadReference, parse
+
     if is_recipe(arg):
         from imgbuild.plan import image_and_tag
         from imgbuild.recipe import load_recipe
@@ -223,6 +230,14 @@ def resolve_image(arg: str, settings: Any) -> tuple[str, str]:
         loaded = load_recipe(Path(arg), secrets=settings.secrets())
         image, tag = image_and_tag(loaded, settings)
         return f"{image}:{tag}", loaded.recipe.name
+    if Path(arg).suffix in (".yaml", ".yml"):
+        raise UsageError(f"{arg[:120]}: no such recipe file")
+    if paths and (arg.startswith(("/", "./", "../")) or arg.endswith(IMAGE_FILE_SUFFIXES)):
+        return arg, short_name_of(Path(arg).stem)
+    try:
+        parse(arg)
+    except BadReference as exc:
+        raise UsageError(f"image: {exc}; give REGISTRY/REPO:TAG or a recipe file") from None
     return arg, short_name_of(arg)
 
 

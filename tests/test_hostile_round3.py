@@ -1059,3 +1059,37 @@ def test_10_an_escaped_dollar_still_reaches_the_container_for_its_own_shell():
 
     assert _words([UserWord(r"echo \$SLURM_PROCID \$(id -u)")]) == r'"echo \$SLURM_PROCID \$(id -u)"'
     assert _words([UserWord("$(id -u)")]) == "'$(id -u)'"
+
+
+# --- the image argument of run, slurm and k8s ---------------------------------------------------------------
+
+HOSTILE_IMAGES = [
+    "x;rm -rf /",
+    "127.0.0.1:5000/a b:1",
+    "nvcr.io/nvidia/pytorch:２４.05",
+    "lab/x@sha256:zz",
+    "lab/x\u202e:1",
+    "lab/x:1\n",
+    "",
+    "a" * 300,
+    "typo.yaml",
+    "$(touch PWNED)",
+]
+
+
+@pytest.mark.parametrize("image", HOSTILE_IMAGES, ids=range(len(HOSTILE_IMAGES)))
+@pytest.mark.parametrize(
+    "command",
+    [["run", "--dry-run"], ["slurm", "--runtime", "docker"], ["slurm", "--runtime", "pyxis"], ["k8s"]],
+    ids=["run", "slurm-docker", "slurm-pyxis", "k8s"],
+)
+def test_the_image_argument_is_a_reference_a_recipe_or_nothing(command, image, tmp_path):
+    """An image argument that is no reference (nor recipe, nor image file) is refused at once with one line:
+    it was passed on to docker (`run`), to a job that failed hours later in the queue (`slurm`), or crashed
+    (`k8s`: an unexpected BadReference, exit 1)."""
+    from tests.conftest import run_cli
+
+    res = run_cli(command[0], image, *command[1:], "--", "python3", "t.py", cwd=tmp_path)
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err, res.err
+    assert "give REGISTRY/REPO:TAG or a recipe file" in res.err or "no such recipe file" in res.err
+    assert not (tmp_path / "PWNED").exists()

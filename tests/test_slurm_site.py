@@ -37,7 +37,8 @@ else:
     rank, world, total = 0, 1, torch.ones(1)
 print(
     f"rank {rank} of {world} node {os.environ.get('GROUP_RANK', '-')} job {os.environ['SLURM_JOB_ID']} "
-    f"cpus {len(os.sched_getaffinity(0))} threads {os.environ['OMP_NUM_THREADS']} sum {total.item():g}",
+    f"cpus {len(os.sched_getaffinity(0))} threads {os.environ['OMP_NUM_THREADS']} sum {total.item():g} "
+    f"port {os.environ.get('MASTER_PORT', '-')}",
     flush=True,
 )
 if "RANK" in os.environ:
@@ -67,8 +68,15 @@ def built_recipe(folder: Path, name: str, cleanup_images: list[str]) -> Path:
 
 def ranks(output: str) -> list[str]:
     """Each rank's report (two ranks' writes to the job's output may land on one line)."""
-    found = re.findall(r"rank [0-9]+ of [0-9]+ node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ sum [0-9]+", output)
-    return sorted(re.sub(r" job [0-9]+", "", report) for report in found)
+    found = re.findall(
+        r"rank [0-9]+ of [0-9]+ node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ sum [0-9]+ port [0-9-]+", output
+    )
+    return sorted(re.sub(r" job [0-9]+| port [0-9-]+", "", report) for report in found)
+
+
+def ports(output: str) -> set[str]:
+    """The rendezvous ports the ranks were given."""
+    return set(re.findall(r"rank [0-9]+ of [0-9]+ node .*? port ([0-9-]+)", output))
 
 
 @pytest.fixture
@@ -107,6 +115,9 @@ def test_python3_train_py_as_typed_runs_under_torchrun_on_two_nodes(gpu_site, sl
     output = (tmp_path / f"out-{job}.txt").read_text()
     assert state == "COMPLETED", output[-3000:]
     assert ranks(output) == [f"rank {r} of 4 node {r // 2} cpus 2 threads 1 sum 4" for r in range(4)], output[-3000:]
+    # one rendezvous port for the job, one the head node's kernel gave it (not a fixed or job-id-derived one)
+    (port,) = ports(output)
+    assert 1024 <= int(port) <= 65535 and int(port) != 29500 + int(job) % 3000, port
 
 
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811

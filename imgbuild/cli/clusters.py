@@ -242,7 +242,7 @@ def slurm(
     from imgbuild.run import house_rules, is_recipe, resolve_image
 
     settings = _settings(ctx)
-    ref, short = resolve_image(image, settings)
+    ref, short = resolve_image(image, settings, paths=True)
     tars, packed = [], []
     for item in stage:
         if Path(item).is_dir():
