@@ -199,6 +199,7 @@ class RebuildOptions:
     jobs: int = 1
     backend: str | None = None
     dry_run: bool = False
+    signer: Any = None  # attest.Signer: sign each pushed image and attach its provenance and SBOM
 
 
 def run(
@@ -241,10 +242,8 @@ def _work(
             )
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
-                log(f"{item.target}: pushing")
-                item.pushed = engine.images.push(
-                    item.target, push_auth(item.target), lambda step: log(f"{item.target}: {step}")
-                )
+                smoke = result.smoke.to_json() if result.smoke else {}
+                item.pushed = publish(plan, smoke, settings, engine, options.backend, options.signer, log)
     except ImgbuildError as exc:
         item.status, item.error = FAILED, "\n".join(exc.lines())
     except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
@@ -252,6 +251,34 @@ def _work(
     finally:
         item.seconds = time.monotonic() - start
     return item
+
+
+def publish(
+    plan: Any,
+    smoke: dict[str, Any],
+    settings: Settings,
+    engine: ImageEngine,
+    backend: str | None,
+    signer: Any,
+    log: Any,
+) -> str:
+    """Push `plan`'s image; with a `signer` (attest.Signer), sign the pushed digest and attach its provenance
+    and SBOM beside it (cosign's tags). Returns the pushed digest."""
+    from imgbuild import attest, imageref
+    from imgbuild.registry import RegistryClient
+
+    target = plan.target
+    log(f"{target}: pushing")
+    digest = str(engine.images.push(target, push_auth(target), lambda step: log(f"{target}: {step}")))
+    if signer is None:
+        return digest
+    ref = imageref.parse(target)
+    builder = {"engine": engine.server_version(), "backend": backend or settings.backend}
+    made = attest.describe(plan, smoke, ref.name, digest, builder)
+    client = RegistryClient.for_host(ref.registry, settings)
+    tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
+    log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
+    return digest
 
 
 def _schedule(items: list[Item], work: Any, jobs: int) -> None:

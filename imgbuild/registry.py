@@ -483,6 +483,14 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: the config blob of {repo} is not a JSON object")
         return body
 
+    def blob_bytes(self, repo: str, digest: str) -> bytes:
+        """A small blob (an attachment), read whole within the body cap and checked against its digest."""
+        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
+        self._check(resp, f"blob {digest[:19]}", repo)
+        if _digest_of(resp.content) != digest:
+            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
+        return resp.content
+
     def image_config(self, repo: str, reference: str) -> tuple[Manifest, dict[str, Any]]:
         """Manifest and image config (Env, Labels, ...) without pulling any layer."""
         manifest = self.manifest(repo, reference)

@@ -747,6 +747,39 @@ def reserved(
         ledger.drop(spec.name)
 
 
+def check_signed(image: str, settings: Any) -> str:
+    """The image to run: under the site's `run.signed_only` prefixes, only one signed by `run.signing_key`, and
+    then by its digest (the tag cannot move between the check and the pull); any other image as it is."""
+    from imgbuild import attest, imageref
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.registry import RegistryClient
+
+    rules = settings.run
+    if not rules.signed_only or is_recipe(image):
+        return image
+    try:
+        ref = imageref.parse(image)
+    except imageref.BadReference as exc:
+        raise UsageError(f"image: {exc}; give REGISTRY/REPO:TAG or a recipe file") from None
+    prefix = next((p for p in rules.signed_only if ref.name == p or ref.name.startswith(p.rstrip("/") + "/")), None)
+    if prefix is None:
+        return image
+    if not rules.signing_key:
+        raise EnvironmentProblem("the site sets run.signed_only but no run.signing_key to check against")
+    client = RegistryClient.for_host(ref.registry, settings)
+    digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
+    if not digest:
+        raise UsageError(f"{image}: the registry has no such image")
+    verdict = attest.check_signature(
+        client, ref.repository, ref.name, digest, attest.load_verifier(Path(rules.signing_key))
+    )
+    if not verdict.ok:
+        raise UsageError(
+            f"{image}: this site runs images under {prefix} only when signed by its key ({verdict.detail})"
+        )
+    return f"{ref.name}@{digest}"
+
+
 def check_mount_sources(spec: RunSpec) -> None:
     """Every host folder the container mounts exists: docker would create a missing one as root, which the
     user then cannot write (a site's `/work/{user}` not made yet)."""

@@ -39,6 +39,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ONE_LINE = re.compile(r"[^\x00-\x1f\x7f\u0085\u2028\u2029]{0,1024}")
 _SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})? ?[kKmMgGtT]?[iI]?[bB]?")
+_REPO_PREFIX = re.compile(r"[a-z0-9.-]{1,253}(?::[0-9]{1,5})?(?:/[a-z0-9._-]{1,128}){0,8}")
 BIND_RE = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
 SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
 
@@ -154,6 +155,12 @@ class RunRules:
     env: dict[str, str] = typed(
         MapOf(Text(matches(_ENV_NAME, "not a variable name")), ONE_LINE), factory=dict, doc="-e NAME=VALUE"
     )
+    signed_only: list[str] = site_only(
+        ListOf(Text(matches(_REPO_PREFIX, "not REGISTRY[/NAMESPACE]")), max_length=64),
+        factory=list,
+        doc="images under these prefixes run only when signed by signing_key (imgbuild verify), by digest",
+    )
+    signing_key: str | None = site_only(Maybe(PATH), None, doc="the public key (cosign.pub) of signed_only")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -485,8 +485,8 @@ def _import_one(modules: list) -> dict:
         return {modules[0]: f"the interpreter died importing it: {tail[0][:200]}"}
 
 
-def added_distributions(baseline: set) -> list:
-    """(name, version, modules) of every distribution the recipe's layers installed or changed."""
+def _added(baseline: set) -> list:
+    """(canonical name, distribution) of every distribution the recipe's layers installed or changed."""
     import importlib.metadata as md
 
     seen, out = set(), []
@@ -495,11 +495,32 @@ def added_distributions(baseline: set) -> list:
         if not name or name in seen:
             continue  # a second copy further down sys.path is shadowed: it is never imported
         seen.add(name)
-        if (name, normal_version(dist.version)) in baseline:
-            continue
-        modules = top_level_modules(dist.files, dist.read_text("top_level.txt"))
-        out.append((name, dist.version, modules))
-    return sorted(out)
+        if (name, normal_version(dist.version)) not in baseline:
+            out.append((name, dist))
+    return sorted(out, key=lambda item: item[0])
+
+
+def added_distributions(baseline: set) -> list:
+    """(name, version, modules) of every distribution the recipe's layers installed or changed."""
+    return [(n, d.version, top_level_modules(d.files, d.read_text("top_level.txt"))) for n, d in _added(baseline)]
+
+
+def license_of(metadata) -> str:
+    """A distribution's license as its metadata states it: the SPDX expression, else a one-line License field,
+    else the last part of its license classifiers; "" when it says nothing."""
+    expression = (metadata.get("License-Expression") or "").strip()
+    if expression:
+        return expression[:200]
+    text = (metadata.get("License") or "").strip()
+    if text and "\n" not in text and len(text) <= 100 and text.upper() != "UNKNOWN":
+        return text
+    classified = [c.split("::")[-1].strip() for c in metadata.get_all("Classifier") or [] if c.startswith("License ::")]
+    return ", ".join(sorted(set(classified)))[:200]
+
+
+def added_with_licenses(baseline: set) -> list:
+    """[name, version, license] of every distribution the recipe added or changed (the SBOM's Python part)."""
+    return [[name, dist.version, license_of(dist.metadata)] for name, dist in _added(baseline)]
 
 
 def _classify(work: list, results: list) -> tuple:
@@ -1007,6 +1028,9 @@ def main(argv: list[str]) -> int:
         gpu = next((c for c in report.checks if c["name"] == "cuda"), None)
         if gpu is None or gpu["status"] != "pass":
             report.fail("require gpu", "a GPU is required (--require-gpu) but none is usable")
+    baseline = read_baseline(DISTS_BASELINE)
+    if baseline is not None:  # what the recipe added, for the image's SBOM
+        report.meta["added"] = added_with_licenses(baseline)
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     payload = {"ok": report.ok, "meta": report.meta, "checks": report.checks}
     if args.format == "table":

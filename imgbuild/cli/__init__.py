@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump", "lock"]),
     ("Images", ["build", "smoke", "rebuild"]),
-    ("Registry", ["tags", "mirror"]),
+    ("Registry", ["tags", "mirror", "verify"]),
     ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
     ("Clusters", ["export", "slurm", "k8s"]),
     ("Settings", ["config"]),

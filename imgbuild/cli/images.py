@@ -10,7 +10,28 @@ from typing import Any
 import click
 
 from imgbuild.cli import _emit_json, _settings, cli
-from imgbuild.errors import EXIT_FAILED
+from imgbuild.errors import EXIT_FAILED, UsageError
+
+_SIGN_KEY = click.option(
+    "--sign-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="--push: sign each pushed image with this cosign key (password in IMGBUILD_SIGN_PASSWORD or "
+    "COSIGN_PASSWORD) and attach its provenance and SBOM.",
+)
+
+
+def _signer(sign_key: Path | None, push: bool) -> Any:
+    """The signing key, opened before any build: a wrong key or password stops here, in one line."""
+    if sign_key is None:
+        return None
+    import os
+
+    from imgbuild.attest import load_signer
+
+    if not push:
+        raise UsageError("--sign-key signs what is pushed: add --push")
+    password = os.environ.get("IMGBUILD_SIGN_PASSWORD", os.environ.get("COSIGN_PASSWORD", ""))
+    return load_signer(sign_key, password.encode())
 
 
 @cli.command()
@@ -21,6 +42,8 @@ from imgbuild.errors import EXIT_FAILED
 @click.option("--skip-gpu", is_flag=True, help="Run no GPU check in the smoke test, even on a host with GPUs.")
 @click.option("--no-cache", is_flag=True, help="Build without the layer cache.")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder.")
+@click.option("--push", is_flag=True, help="Push the promoted image.")
+@_SIGN_KEY
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def build(
@@ -32,13 +55,18 @@ def build(
     skip_gpu: bool,
     no_cache: bool,
     out: Path | None,
+    push: bool,
+    sign_key: Path | None,
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
     from imgbuild import build as pipeline
+    from imgbuild import rebuild as rb
+    from imgbuild.engine import Engine
     from imgbuild.ui import Progress, print_table
 
     settings = _settings(ctx, backend=backend, builder=builder)
+    signer = _signer(sign_key, push)
     with Progress(f"imgbuild build {file}", enabled=True) as progress:
         result = pipeline.build(
             file,
@@ -50,8 +78,13 @@ def build(
             out=out,
             progress=progress,
         )
+        pushed = ""
+        if push:
+            smoke = result.smoke.to_json() if result.smoke else {}
+            engine = Engine.connect(settings.docker_cli)
+            pushed = rb.publish(result.plan, smoke, settings, engine, backend, signer, progress)
     if as_json:
-        _emit_json(result.to_json())
+        _emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
         return
     if result.smoke:
         _smoke_table(result.smoke, print_table)
@@ -152,6 +185,7 @@ def _fleet_table(report: Any, print_table: Any) -> None:
 @click.option("--check", is_flag=True, help="Build nothing; exit 1 when images/ is stale against the recipes.")
 @click.option("--dry-run", is_flag=True, help="Say what is stale and why; build nothing.")
 @click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
+@_SIGN_KEY
 @click.option(
     "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Independent images built at once."
 )
@@ -166,6 +200,7 @@ def rebuild(
     check: bool,
     dry_run: bool,
     push: bool,
+    sign_key: Path | None,
     jobs: int,
     backend: str | None,
     report_json: Path | None,
@@ -184,10 +219,11 @@ def rebuild(
         with lock:
             click.echo(" ".join(line.split())[:200], err=True)
 
+    signer = _signer(sign_key, push)
     report = rb.rebuild(
         list(paths) or ["recipes"],
         _settings(ctx, backend=backend),
-        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run),
+        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run, signer=signer),
         log,
     )
     if report_json:

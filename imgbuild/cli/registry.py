@@ -1,10 +1,13 @@
-"""Registry: tags, mirror."""
+"""Registry: tags, mirror, verify."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
 from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.errors import EXIT_FAILED, UsageError
 
 #: The tag selection `tags` and `mirror` share (the NGC tag grammar's release and variant).
 _SINCE = click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
@@ -129,3 +132,47 @@ def mirror(
         ],
         title=f"mirror to {to}",
     )
+
+
+@cli.command()
+@click.argument("image")
+@click.option(
+    "--key",
+    "key",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The signer's public key (cosign.pub).",
+)
+@click.option("--recipe", type=click.Path(dir_okay=False, path_type=Path), help="Also check it was built from this.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable verdicts.")
+@click.pass_context
+def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_json: bool) -> None:
+    """Check a pushed image: its signature by KEY over its digest, its signed SLSA provenance (and, with
+    --recipe, that the recipe is the one it was built from), its SBOM (the one the provenance names, naming
+    the base's digest). Exit 1 with a line per failure. imgbuild verify REGISTRY/REPO:TAG --key cosign.pub"""
+    from imgbuild import attest, imageref
+    from imgbuild.errors import RegistryError
+    from imgbuild.registry import RegistryClient
+    from imgbuild.run import resolve_image
+
+    settings = _settings(ctx)
+    public_key = attest.load_verifier(key)
+    recipe_sha256 = None
+    if recipe is not None:
+        try:
+            recipe_sha256 = attest.sha256(recipe.read_bytes())
+        except OSError as exc:
+            raise UsageError(f"--recipe {recipe}: {exc.strerror}") from None
+    ref = imageref.parse(resolve_image(image, settings)[0])
+    client = RegistryClient.for_host(ref.registry, settings)
+    digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
+    if not digest:
+        raise RegistryError(f"{ref}: the registry has no such image")
+    verdicts = attest.verify(client, ref.repository, ref.name, digest, public_key, recipe_sha256)
+    if as_json:
+        _emit_json({"image": ref.name, "digest": digest, "verdicts": [v.__dict__ for v in verdicts]})
+    else:
+        for verdict in verdicts:
+            click.echo(verdict.line())
+    if not all(v.ok for v in verdicts):
+        raise SystemExit(EXIT_FAILED)

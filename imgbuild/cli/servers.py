@@ -105,7 +105,7 @@ def run(
 
     settings = _settings(ctx)
     request = runmod.RunRequest(
-        image=image,
+        image=runmod.check_signed(image, settings),
         command=list(command),
         gpu_request=gpu_request,
         force=force,

@@ -92,6 +92,13 @@ class Engine:
 
     # -- both ---------------------------------------------------------------------------------------
 
+    def server_version(self) -> str:
+        """The engine's own version (`docker version`'s server), for provenance records; "" if it will not say."""
+        try:
+            return str(self.client.version().get("Version", ""))[:64]
+        except Exception:  # noqa: BLE001 - a record, never a failure
+            return ""
+
     def host_has_gpus(self) -> bool:
         """Whether the engine's host has NVIDIA GPUs: this machine's device nodes for a local engine; for a
         remote one (tcp://, ssh://) what the engine reports (an NVIDIA runtime, or CDI GPU devices)."""

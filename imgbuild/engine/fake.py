@@ -204,6 +204,9 @@ class FakeEngine:
     def host_has_gpus(self) -> bool:
         return self.gpus
 
+    def server_version(self) -> str:
+        return "fake"
+
 
 def failing_build(message: str = "scripted build failure") -> BuildScript:
     def fail(req: BuildRequest) -> None:

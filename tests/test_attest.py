@@ -1,0 +1,358 @@
+"""Issue 34: every pushed image signed, with its provenance and SBOM beside it; `imgbuild verify` checks them.
+
+Fast tests sign with real keys (cosign's format, tests/cosign_keys.py) into an in-memory registry; the engine
+test pushes to the bed's registry (distribution 2.8, cosign's tag scheme), verifies with imgbuild, with an
+independent check (the `cryptography` library over cosign's payload and DSSE's PAE), and with skopeo's
+`sigstoreSigned` policy, which finds the attachment where containers/image looks for it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from imgbuild import attest
+from imgbuild.errors import RegistryError, UsageError
+from tests.conftest import run_cli
+from tests.cosign_keys import write_key_pair
+
+PASSWORD = b"correct horse battery staple"
+DIGEST = "sha256:" + "1" * 64
+BASE = "sha256:" + "b" * 64
+
+
+class MemoryRegistry:
+    """Just the registry calls attest makes, in memory, for one repository."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, bytes] = {}
+
+    def has_blob(self, repo: str, digest: str) -> bool:
+        return digest in self.blobs
+
+    def upload_blob(self, repo: str, digest: str, source: Path) -> None:
+        data = source.read_bytes()
+        assert attest.sha256(data) == digest
+        self.blobs[digest] = data
+
+    def put_manifest(self, repo: str, reference: str, content: bytes, media_type: str) -> None:
+        assert media_type == attest.OCI_MANIFEST
+        self.manifests[reference] = content
+
+    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
+        if reference not in self.manifests:
+            raise RegistryError("MANIFEST_UNKNOWN")
+        return self.manifests[reference], attest.OCI_MANIFEST, attest.sha256(self.manifests[reference])
+
+    def blob_bytes(self, repo: str, digest: str) -> bytes:
+        return self.blobs[digest]
+
+
+def made(**change) -> attest.Made:
+    fields = {
+        "image": "registry.example.org/lab/research",
+        "digest": DIGEST,
+        "tag": "24.05",
+        "recipe_path": "recipes/research.yaml",
+        "recipe_sha256": "sha256:" + "c" * 64,
+        "git_commit": "a" * 40,
+        "lock_path": "recipes/research.lock.txt",
+        "lock_sha256": "sha256:" + "d" * 64,
+        "base_ref": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "base_digest": BASE,
+        "added": (("transformers", "4.44.2", "Apache-2.0"), ("timm", "1.0.9", "")),
+        "hashes": {"timm": ("sha256:" + "e" * 64,)},
+        "apt": ("ffmpeg",),
+        "files": {"/workspace/train.py": "sha256:" + "f" * 64},
+        "builder": {"engine": "20.10.24", "backend": "buildkit"},
+        "imgbuild_version": "0.9.0",
+        "smoke": {"ok": True, "failed": []},
+        "fleet": ("fleet: pass: runs on v100, a100",),
+    }
+    return attest.Made(**{**fields, **change})
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("keys")
+    private, public = write_key_pair(folder, PASSWORD)
+    other, other_public = write_key_pair(folder, PASSWORD, "other")
+    return {"private": private, "public": public, "other": other, "other_public": other_public}
+
+
+def signed(keys, **change) -> MemoryRegistry:
+    registry = MemoryRegistry()
+    signer = attest.load_signer(keys["private"], PASSWORD)
+    description = made(**change)
+    attest.publish(registry, "lab/research", description.digest, attest.attachments(description, signer))
+    return registry
+
+
+def verdicts(registry, keys, digest=DIGEST, public="public", recipe=None) -> dict[str, bool]:
+    key = attest.load_verifier(keys[public])
+    found = attest.verify(registry, "lab/research", "registry.example.org/lab/research", digest, key, recipe)
+    return {v.check: v.ok for v in found}
+
+
+def test_a_signed_image_verifies_and_its_attachments_sit_under_cosigns_tags(keys):
+    registry = signed(keys)
+    sealed = "".join(keys["private"].read_text().splitlines()[1:-1])
+    for blob in [*registry.blobs.values(), *registry.manifests.values()]:  # the key's secrets stay home
+        assert PASSWORD not in blob and sealed[:40].encode() not in blob
+    hexdigest = DIGEST.removeprefix("sha256:")
+    assert set(registry.manifests) == {f"sha256-{hexdigest}.sig", f"sha256-{hexdigest}.att", f"sha256-{hexdigest}.sbom"}
+    assert verdicts(registry, keys, recipe="sha256:" + "c" * 64) == {
+        "signature": True,
+        "provenance": True,
+        "recipe": True,
+        "sbom": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("another key", {"signature": False, "provenance": False, "sbom": False}),
+        ("another digest", {"signature": False, "provenance": False, "sbom": False}),
+        ("recipe changed", {"signature": True, "provenance": True, "recipe": False, "sbom": True}),
+        ("sbom replaced", {"signature": True, "provenance": True, "sbom": False}),
+        ("provenance replaced", {"signature": True, "provenance": False, "sbom": False}),
+        ("signature payload edited", {"signature": False, "provenance": True, "sbom": True}),
+        ("nothing attached", {"signature": False, "provenance": False, "sbom": False}),
+    ],
+)
+def test_what_verify_refuses(case, expected, keys):
+    registry = signed(keys)
+    hexdigest = DIGEST.removeprefix("sha256:")
+    kwargs: dict = {}
+    if case == "another key":
+        kwargs["public"] = "other_public"
+    elif case == "another digest":
+        kwargs["digest"] = "sha256:" + "2" * 64
+    elif case == "recipe changed":
+        kwargs["recipe"] = "sha256:" + "9" * 64
+    elif case == "sbom replaced":  # a different SBOM under the tag, unsigned as cosign's attachments are
+        config, manifest, blobs = attest.artifact([(attest.CYCLONEDX, b'{"components": []}', {})])
+        for blob in (config, *blobs):
+            registry.blobs[attest.sha256(blob)] = blob
+        registry.manifests[f"sha256-{hexdigest}.sbom"] = manifest
+    elif case == "provenance replaced":  # a statement signed by another key
+        forged = signed(keys | {"private": keys["other"]})
+        registry.blobs.update(forged.blobs)
+        registry.manifests[f"sha256-{hexdigest}.att"] = forged.manifests[f"sha256-{hexdigest}.att"]
+    elif case == "signature payload edited":
+        layer = json.loads(registry.manifests[f"sha256-{hexdigest}.sig"])["layers"][0]
+        payload = json.loads(registry.blobs[layer["digest"]])
+        payload["critical"]["identity"]["docker-reference"] = "registry.example.org/lab/other"
+        edited = json.dumps(payload).encode()
+        registry.blobs[layer["digest"]] = edited  # served under the old digest: the client's check is bypassed here
+    elif case == "nothing attached":
+        registry = MemoryRegistry()
+    assert verdicts(registry, keys, **kwargs) == expected
+
+
+def test_the_documents_say_what_the_issue_asks():
+    description = made()
+    sbom = attest.sbom(description)
+    components = {c["bom-ref"]: c for c in sbom["components"]}
+    assert sbom["bomFormat"] == "CycloneDX" and sbom["specVersion"] == "1.5"
+    assert components["base"]["version"] == BASE and components["base"]["type"] == "container"
+    assert components["pypi:transformers"]["purl"] == "pkg:pypi/transformers@4.44.2"
+    assert components["pypi:transformers"]["licenses"] == [{"license": {"name": "Apache-2.0"}}]
+    assert components["pypi:timm"]["hashes"] == [{"alg": "SHA-256", "content": "e" * 64}]
+    assert components["deb:ffmpeg"]["purl"] == "pkg:deb/ffmpeg"
+    assert components["file:/workspace/train.py"]["hashes"][0]["content"] == "f" * 64
+    statement = attest.provenance(description, "sha256:" + "5" * 64)
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert statement["subject"] == [{"name": description.image, "digest": {"sha256": "1" * 64}}]
+    build = statement["predicate"]["buildDefinition"]
+    assert build["externalParameters"]["recipe"] == {
+        "path": "recipes/research.yaml", "sha256": "sha256:" + "c" * 64, "gitCommit": "a" * 40
+    }  # fmt: skip
+    assert build["externalParameters"]["lock"]["sha256"] == "sha256:" + "d" * 64
+    assert build["resolvedDependencies"][0]["digest"] == {"sha256": "b" * 64}
+    run = statement["predicate"]["runDetails"]
+    assert run["builder"]["version"] == {"imgbuild": "0.9.0", "engine": "20.10.24", "backend": "buildkit"}
+    byproducts = {b["name"]: b for b in run["byproducts"]}
+    assert byproducts["sbom"]["digest"] == {"sha256": "5" * 64}
+    assert json.loads(base64.b64decode(byproducts["smoke"]["content"])) == {"ok": True, "failed": []}
+    assert json.loads(base64.b64decode(byproducts["fleet"]["content"])) == ["fleet: pass: runs on v100, a100"]
+
+
+def test_an_independent_ecdsa_check_accepts_the_signature_and_the_envelope(keys):
+    """Not imgbuild's own verifier: the `cryptography` library over cosign's payload and DSSE's PAE."""
+    registry = signed(keys)
+    public = serialization.load_pem_public_key(keys["public"].read_bytes())
+    hexdigest = DIGEST.removeprefix("sha256:")
+    sig_layer = json.loads(registry.manifests[f"sha256-{hexdigest}.sig"])["layers"][0]
+    payload = registry.blobs[sig_layer["digest"]]
+    assert sig_layer["mediaType"] == "application/vnd.dev.cosign.simplesigning.v1+json"
+    assert json.loads(payload) == {
+        "critical": {
+            "identity": {"docker-reference": "registry.example.org/lab/research"},
+            "image": {"docker-manifest-digest": DIGEST},
+            "type": "cosign container image signature",
+        },
+        "optional": None,
+    }
+    signature = base64.b64decode(sig_layer["annotations"]["dev.cosignproject.cosign/signature"])
+    public.verify(signature, payload, ec.ECDSA(hashes.SHA256()))  # raises if wrong
+    att_layer = json.loads(registry.manifests[f"sha256-{hexdigest}.att"])["layers"][0]
+    envelope = json.loads(registry.blobs[att_layer["digest"]])
+    body = base64.b64decode(envelope["payload"])
+    pae = b"DSSEv1 28 application/vnd.in-toto+json %d %s" % (len(body), body)
+    public.verify(base64.b64decode(envelope["signatures"][0]["sig"]), pae, ec.ECDSA(hashes.SHA256()))
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("not a key at all", "not a cosign private key"),
+        ("-----BEGIN ENCRYPTED COSIGN PRIVATE KEY-----\nbm90IGpzb24=\n-----END ENCRYPTED COSIGN PRIVATE KEY-----\n",
+         "sealed content is unreadable"),
+    ],
+)  # fmt: skip
+def test_a_key_that_is_not_cosigns_is_one_line(content, words, tmp_path):
+    key = tmp_path / "k.key"
+    key.write_text(content)
+    with pytest.raises(UsageError, match=words):
+        attest.load_signer(key, PASSWORD)
+
+
+def test_a_wrong_password_or_work_factor_is_refused_without_showing_either(keys, tmp_path):
+    with pytest.raises(UsageError, match="the password does not open it") as caught:
+        attest.load_signer(keys["private"], b"wrong password")
+    assert "wrong password" not in str(caught.value)
+    sealed_text = keys["private"].read_text()
+    body = "".join(sealed_text.splitlines()[1:-1])
+    document = json.loads(base64.b64decode(body))
+    document["kdf"]["params"]["N"] = 2**30  # a key file that would take minutes and gigabytes
+    heavy = tmp_path / "heavy.key"
+    encoded = base64.encodebytes(json.dumps(document).encode()).decode()
+    heavy.write_text(
+        f"-----BEGIN ENCRYPTED COSIGN PRIVATE KEY-----\n{encoded}-----END ENCRYPTED COSIGN PRIVATE KEY-----\n"
+    )
+    with pytest.raises(UsageError, match="not a cosign private key"):
+        attest.load_signer(heavy, PASSWORD)
+    assert "private key" in repr(attest.load_signer(keys["private"], PASSWORD))  # never the key itself
+
+
+def test_sign_key_goes_with_push_and_a_bad_key_stops_before_any_build(keys, tmp_path):
+    (tmp_path / "recipes").mkdir()
+    res = run_cli("rebuild", "--sign-key", str(keys["private"]), cwd=tmp_path)
+    assert res.code == 2 and "--sign-key signs what is pushed: add --push" in res.err
+    env = {"IMGBUILD_SIGN_PASSWORD": "not it"}
+    res = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), cwd=tmp_path, env=env)
+    assert res.code == 2 and "the password does not open it" in res.err and "not it" not in res.err + res.out
+
+
+def test_verify_needs_a_public_key(tmp_path):
+    res = run_cli("verify", "127.0.0.1:9/x:1", "--key", str(tmp_path / "missing.pub"))
+    assert res.code == 2 and "missing.pub" in res.err and "Traceback" not in res.err
+
+
+@pytest.mark.engine
+def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_images):
+    """Push with --sign-key, then verify: OK. The same tag moved to another image: FAIL. The SBOM tampered
+    with: FAIL. skopeo's sigstoreSigned policy refuses an unsigned image, and finds this one's signature where
+    containers/image looks for it (Debian's build then stops: it disables sigstore verification; see README).
+    The password never shows."""
+    registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
+    repo = f"imgbuildtest/signed-{unique}"
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "signed.yaml"
+    recipe.write_text(
+        f'name: signed-{unique}\nimage: {registry}/{repo}:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    )
+    env = {"IMGBUILD_SIGN_PASSWORD": PASSWORD.decode()}
+    pushed = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
+    assert pushed.code == 0, pushed.err
+    cleanup_images.append(f"{registry}/{repo}:v1")
+    assert PASSWORD.decode() not in pushed.out + pushed.err and "BEGIN ENCRYPTED" not in pushed.out + pushed.err
+    digest = json.loads(pushed.out)["images"][0]["pushed_digest"]
+    checked = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["public"]), "--recipe", str(recipe))
+    assert checked.code == 0, checked.out + checked.err
+    assert [line.split(":")[0] for line in checked.out.splitlines()] == [
+        "ok signature", "ok provenance", "ok recipe", "ok sbom"
+    ]  # fmt: skip
+    other_key = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["other_public"]), "--json")
+    assert other_key.code == 1 and not any(v["ok"] for v in json.loads(other_key.out)["verdicts"])
+
+    # the site's opt-in policy: run takes images under its prefix only signed, and then by digest
+    site = tmp_path / "site.yaml"
+    site.write_text(f"run: {{signed_only: ['{registry}/imgbuildtest'], signing_key: '{keys['public']}'}}\n")
+    site_env = {"IMGBUILD_SITE_CONFIG": str(site)}
+    ran = run_cli("run", f"{registry}/{repo}:v1", "--dry-run", "--", "true", env=site_env)
+    assert ran.code == 0 and f"{registry}/{repo}@{digest} true" in ran.out, ran.err
+    unsigned = f"{registry}/imgbuildtest/unsigned-{unique}:v1"
+    for step in (["docker", "tag", f"{registry}/nvidia/pytorch:24.05-py3", unsigned], ["docker", "push", unsigned]):
+        assert subprocess.run(step, capture_output=True).returncode == 0, step
+    cleanup_images.append(unsigned)
+    refused = run_cli("run", unsigned, "--dry-run", "--", "true", env=site_env)
+    assert refused.code == 2 and "only when signed by its key" in refused.err, refused.err
+    elsewhere = run_cli("run", f"{registry}/nvidia/pytorch:24.05-py3", "--dry-run", "--", "true", env=site_env)
+    assert elsewhere.code == 0, elsewhere.err  # outside the prefixes: as before
+
+    # skopeo (containers/image): a sigstoreSigned policy on this repository
+    regd = tmp_path / "registries.d"
+    regd.mkdir()
+    (regd / "bed.yaml").write_text(f"docker:\n  {registry}:\n    use-sigstore-attachments: true\n")
+    policy = tmp_path / "policy.json"
+    rule = {"type": "sigstoreSigned", "keyPath": str(keys["public"]), "signedIdentity": {"type": "matchRepository"}}
+    policy.write_text(
+        json.dumps(
+            {
+                "default": [{"type": "reject"}],
+                "transports": {
+                    "docker": {f"{registry}/{repo}": [rule], f"{registry}/nvidia": [rule]},
+                    "dir": {"": [{"type": "insecureAcceptAnything"}]},
+                },
+            }
+        )
+    )
+
+    def skopeo(ref: str) -> str:
+        args = ["skopeo", "copy", "--quiet", "--policy", str(policy), "--registries.d", str(regd)]
+        args += ["--src-tls-verify=false", f"docker://{ref}", f"dir:{tmp_path / 'copy'}"]
+        return subprocess.run(args, capture_output=True, text=True, timeout=300).stderr
+
+    assert "no signature exists" in skopeo(f"{registry}/nvidia/pytorch:24.05-py3")  # unsigned: refused
+    found = skopeo(f"{registry}/{repo}:v1")
+    assert "no signature exists" not in found and "sigstore disabled" in found, found
+
+    # the SBOM replaced under its tag
+    from imgbuild.config import load_settings
+    from imgbuild.registry import RegistryClient
+
+    client = RegistryClient.for_host(registry, load_settings({}))
+    config, manifest, blobs = attest.artifact([(attest.CYCLONEDX, b'{"components": []}', {})])
+    attest.publish(client, repo, digest, {"sbom": (config, manifest, blobs)})
+    tampered = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["public"]))
+    assert tampered.code == 1 and "FAIL sbom: the SBOM is not the one the signed provenance names" in tampered.out
+
+    # the tag moved to another image: nothing vouches for it
+    moved = f"{registry}/{repo}:v1"
+    for step in (["docker", "tag", f"{registry}/nvidia/pytorch:24.05-py3", moved], ["docker", "push", moved]):
+        assert subprocess.run(step, capture_output=True).returncode == 0, step
+    retagged = run_cli("verify", moved, "--key", str(keys["public"]))
+    assert retagged.code == 1 and "FAIL signature" in retagged.out and "FAIL provenance" in retagged.out
+
+    # build --push --sign-key: the same, for one recipe
+    single = tmp_path / "single.yaml"
+    single.write_text(
+        f'name: one-{unique}\nimage: {registry}/{repo}-one:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    )
+    built = run_cli("build", str(single), "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
+    assert built.code == 0, built.err
+    cleanup_images.append(f"{registry}/{repo}-one:v1")
+    assert json.loads(built.out)["pushed_digest"].startswith("sha256:")
+    one = run_cli("verify", f"{registry}/{repo}-one:v1", "--key", str(keys["public"]), "--recipe", str(single))
+    assert one.code == 0, one.out + one.err
