@@ -271,6 +271,7 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     recipe = tmp_path / "recipes" / "signed.yaml"
     recipe.write_text(
         f'name: signed-{unique}\nimage: {registry}/{repo}:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+        'pip: ["schema==0.7.7"]\napt: [jq]\n'
     )
     env = {"IMGBUILD_SIGN_PASSWORD": PASSWORD.decode()}
     pushed = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
@@ -283,6 +284,17 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     assert [line.split(":")[0] for line in checked.out.splitlines()] == [
         "ok signature", "ok provenance", "ok recipe", "ok sbom"
     ]  # fmt: skip
+    # the SBOM names what the recipe added: the pip package with the license its metadata states, the apt one
+    import requests
+
+    accept = {"Accept": attest.OCI_MANIFEST}
+    sbom_tag = attest.attachment_tag(digest, "sbom")
+    manifest = requests.get(f"http://{registry}/v2/{repo}/manifests/{sbom_tag}", headers=accept, timeout=30).json()
+    blob = requests.get(f"http://{registry}/v2/{repo}/blobs/{manifest['layers'][0]['digest']}", timeout=30).json()
+    components = {c["bom-ref"]: c for c in blob["components"]}
+    assert components["pypi:schema"]["version"] == "0.7.7"
+    assert components["pypi:schema"]["licenses"] == [{"license": {"name": "MIT"}}]
+    assert "deb:jq" in components and components["base"]["version"].startswith("sha256:")
     other_key = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["other_public"]), "--json")
     assert other_key.code == 1 and not any(v["ok"] for v in json.loads(other_key.out)["verdicts"])
 
