@@ -154,8 +154,8 @@ def _topological(items: list[Item]) -> list[Item]:
     return ordered
 
 
-def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool) -> list[str]:
-    """Why the image for `plan` must be built; empty when it is current."""
+def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool, sign: bool = False) -> list[str]:
+    """Why the image for `plan` must be built; empty when it is current (and, with `sign`, signed there)."""
     reasons: list[str] = []
     image = engine.images.image(plan.target)
     labels = image.labels if image else {}
@@ -173,7 +173,22 @@ def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool) -
         remote = _remote_input_hash(plan.target, settings)
         if remote != plan.input_hash:
             reasons.append("not in the registry" if remote is None else "the registry has another build")
+        elif sign and not _remote_signed(plan.target, settings):
+            reasons.append("pushed, but not signed there")
     return reasons
+
+
+def _remote_signed(target: str, settings: Settings) -> bool:
+    """Whether the registry's copy of `target` has a signature attached (whose key, `verify` says)."""
+    from imgbuild.attest import attachment_tag
+
+    host, repo, tag = split_reference(target)
+    client = RegistryClient.for_host(host, settings)
+    try:
+        digest = client.manifest_digest(repo, tag)
+        return bool(digest and client.manifest_digest(repo, attachment_tag(digest, "sig")))
+    except ImgbuildError:
+        return False
 
 
 def _remote_input_hash(target: str, settings: Settings) -> str | None:
@@ -225,7 +240,7 @@ def _work(
         plan = plan_recipe(
             load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs, fresh=True
         )
-        item.reasons = staleness(plan, engine, settings, options.push)
+        item.reasons = staleness(plan, engine, settings, options.push, sign=options.signer is not None)
         if not item.reasons:
             item.status, item.image_id = FRESH, engine.images.image_id(plan.target) or ""
         elif options.dry_run:

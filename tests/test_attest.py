@@ -274,9 +274,14 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
         'pip: ["schema==0.7.7"]\napt: [jq]\n'
     )
     env = {"IMGBUILD_SIGN_PASSWORD": PASSWORD.decode()}
+    unsigned_push = run_cli("rebuild", "--push", "--json", cwd=tmp_path)  # pushed before signing began
+    assert unsigned_push.code == 0, unsigned_push.err
+    cleanup_images.append(f"{registry}/{repo}:v1")
     pushed = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
     assert pushed.code == 0, pushed.err
-    cleanup_images.append(f"{registry}/{repo}:v1")
+    assert json.loads(pushed.out)["images"][0]["reasons"] == ["pushed, but not signed there"]
+    again = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
+    assert again.code == 0 and json.loads(again.out)["images"][0]["status"] == "fresh", again.err
     assert PASSWORD.decode() not in pushed.out + pushed.err and "BEGIN ENCRYPTED" not in pushed.out + pushed.err
     digest = json.loads(pushed.out)["images"][0]["pushed_digest"]
     checked = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["public"]), "--recipe", str(recipe))
