@@ -238,9 +238,20 @@ def _index_url(value: str) -> str:
     return _no_newline(value)
 
 
+#: Env keys an image may not set: the dynamic loader's preloads run in every process of the container, and on
+#: NVIDIA Container Toolkit 1.17.7 or older in its createContainer hook on the host (NVIDIAScape,
+#: CVE-2025-23266); a library a recipe needs belongs in LD_LIBRARY_PATH or an apt package.
+LOADER_ENV = frozenset({"LD_PRELOAD", "LD_AUDIT"})
+
+
 def _env_key(value: str) -> str:
     if value in PROTECTED_ENV:
         raise ValueError(f"{value} describes the base image and cannot be overridden")
+    if value in LOADER_ENV:
+        raise ValueError(
+            f"{value} in an image runs code in every process, and on NVIDIA Container Toolkit 1.17.7 or older on the "
+            "host (CVE-2025-23266); put the library in LD_LIBRARY_PATH or install it"
+        )
     return value
 
 

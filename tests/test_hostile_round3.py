@@ -1093,3 +1093,16 @@ def test_the_image_argument_is_a_reference_a_recipe_or_nothing(command, image, t
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err, res.err
     assert "give REGISTRY/REPO:TAG or a recipe file" in res.err or "no such recipe file" in res.err
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("key", ["LD_PRELOAD", "LD_AUDIT"])
+def test_a_recipe_cannot_set_the_loaders_preload(key, tmp_path):
+    """Issue 28 (NVIDIAScape, CVE-2025-23266): an image whose config sets LD_PRELOAD runs code on the host
+    through NVIDIA Container Toolkit 1.17.7's hook, and in every process of the container anyway."""
+    from tests.conftest import run_cli
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: x\nbase: {{framework: pytorch, tag: "24.05"}}\nenv: {{{key}: /tmp/libx.so}}\n')
+    res = run_cli("validate", str(recipe))
+    assert res.code == 2 and f"r.yaml:3:7: env.{key}: " in res.err and "CVE-2025-23266" in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1
