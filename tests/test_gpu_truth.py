@@ -441,6 +441,26 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
     assert first["device_requests"][0]["DeviceIDs"] == ["GPU-1"] and second["device_requests"] is None
     assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
     assert "org.imgbuild.started-by" in first["labels"]  # a killed run's container is swept by the next
+    # issue 28: where the default runtime is nvidia, no device request still meant NGC's NVIDIA_VISIBLE_DEVICES=all
+    assert "NVIDIA_VISIBLE_DEVICES" not in first["environment"]
+    assert second["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidia():
+    """Issue 28: `--skip-gpu` (gpus=None) created the container without a device request, but an NGC image's
+    own NVIDIA_VISIBLE_DEVICES=all gave it every GPU of a host whose default runtime is nvidia."""
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.images import DockerImages
+
+    client = _Client()
+    runner = DockerContainers(client, DockerImages(client))
+    runner.run_script("img", "print()", [], {"A": "1"}, gpus=None, ipc="host")
+    (created,) = client.created
+    assert created["device_requests"] is None and created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void"}
+    runner.run_script("img", "print()", [], {}, gpus=[], ipc="host")  # all GPUs asked for: nothing hidden
+    asked, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
+    assert asked["device_requests"][0]["Count"] == -1 and "NVIDIA_VISIBLE_DEVICES" not in asked["environment"]
+    assert fallback["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_a_remote_engine_is_asked_whether_its_host_has_gpus(monkeypatch):
@@ -477,3 +497,16 @@ def test_rebuild_does_not_promote_what_the_fleet_cannot_run(tmp_path):
         (item,) = rebuild.run([str(folder)], settings, rebuild.RebuildOptions(), log=lambda line: None, engine=engine)
     assert item.status == "failed" and "fleet: cannot run on v100" in item.error
     assert engine.images.image_id("lab/lab:v1") is None
+
+
+@pytest.mark.engine
+def test_on_the_real_engine_a_script_without_gpus_is_told_void(testbed):
+    """The stand-in, like NGC, says NVIDIA_VISIBLE_DEVICES=all in its config: a script run without GPUs sees void."""
+    from imgbuild.engine import Engine
+
+    engine = Engine.connect(testbed["IMGBUILD_DOCKER_CLI"])
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    assert "NVIDIA_VISIBLE_DEVICES=all" in engine.images.image(image).config["Env"]
+    script = "import os; print('seen', os.environ.get('NVIDIA_VISIBLE_DEVICES'))"
+    code, output, _ = engine.containers.run_script(image, script, [], {}, gpus=None, timeout=120)
+    assert code == 0 and "seen void" in output, output[-1000:]

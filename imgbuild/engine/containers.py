@@ -208,7 +208,7 @@ class DockerContainers:
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
         self.sweep_orphans()
-        kwargs = _script_container(image, env, stdin is not None, ipc, shm_size)
+        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -243,6 +243,7 @@ class DockerContainers:
                     "install nvidia-container-toolkit"
                 )
                 container.remove(force=True)
+                kwargs["environment"] = _gpu_env(env, None)
                 container = prepared(None)
                 _start(container, stdin)
             try:
@@ -256,6 +257,13 @@ class DockerContainers:
         finally:
             with contextlib.suppress(APIError):
                 container.remove(force=True)
+
+
+def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
+    """A script's environment: with no GPU asked for, none seen either. Where the engine's default runtime is
+    nvidia, an NGC image's own NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users'
+    included) without any device request."""
+    return {**env, "NVIDIA_VISIBLE_DEVICES": "void"} if gpus is None else dict(env)
 
 
 def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
