@@ -691,19 +691,22 @@ def _gemm_tflops(torch, dtype, n: int, device: int) -> float:
         torch.mm(a, b)
     torch.cuda.synchronize(device)
     best, iters = 0.0, 4
-    for _ in range(GEMM_REPEATS):
-        while True:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                torch.mm(a, b)
-            end.record()
-            torch.cuda.synchronize(device)
-            seconds = start.elapsed_time(end) / 1000
-            if seconds >= GEMM_SECONDS or iters >= 1 << 14:
-                break
-            iters = min(1 << 14, max(iters * 2, int(iters * GEMM_SECONDS / max(seconds, 1e-6) * 1.1)))
-        best = max(best, 2 * n**3 * iters / seconds / 1e12)
+    # The events record on the current device's stream: it must be the GEMMs' device (on device 0 they timed
+    # nothing of GPU 1's work, and the loop grew to its cap: a false fail or a timeout on every GPU after the first).
+    with torch.cuda.device(device):
+        for _ in range(GEMM_REPEATS):
+            while True:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(iters):
+                    torch.mm(a, b)
+                end.record()
+                torch.cuda.synchronize(device)
+                seconds = start.elapsed_time(end) / 1000
+                if seconds >= GEMM_SECONDS or iters >= 1 << 14:
+                    break
+                iters = min(1 << 14, max(iters * 2, int(iters * GEMM_SECONDS / max(seconds, 1e-6) * 1.1)))
+            best = max(best, 2 * n**3 * iters / max(seconds, 1e-9) / 1e12)
     return best
 
 

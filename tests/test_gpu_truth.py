@@ -510,3 +510,47 @@ def test_on_the_real_engine_a_script_without_gpus_is_told_void(testbed):
     script = "import os; print('seen', os.environ.get('NVIDIA_VISIBLE_DEVICES'))"
     code, output, _ = engine.containers.run_script(image, script, [], {}, gpus=None, timeout=120)
     assert code == 0 and "seen void" in output, output[-1000:]
+
+
+def _clocked_torch(tflops: list[float]) -> types.SimpleNamespace:
+    """A torch whose GPUs each run GEMMs at a set speed on a clock of their own; an event reads the clock of the
+    device current when it records, as CUDA's events do (they record on the current device's stream)."""
+    import contextlib
+
+    state = {"current": 0, "clock": [0.0] * len(tflops)}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = (state["current"], state["clock"][state["current"]])
+
+        def elapsed_time(self, end):
+            assert self.at[0] == end.at[0]
+            return (end.at[1] - self.at[1]) * 1000
+
+    @contextlib.contextmanager
+    def device(index):
+        before, state["current"] = state["current"], index
+        try:
+            yield
+        finally:
+            state["current"] = before
+
+    def randn(n, _m, device, dtype):
+        return types.SimpleNamespace(n=n, device=int(device.split(":")[1]))
+
+    def mm(a, _b):
+        state["clock"][a.device] += 2 * a.n**3 / (tflops[a.device] * 1e12)
+
+    cuda = types.SimpleNamespace(Event=Event, device=device, synchronize=lambda _d: None)
+    return types.SimpleNamespace(cuda=cuda, randn=randn, mm=mm, float32="fp32")
+
+
+def test_every_gpu_is_timed_on_its_own_device():
+    """Issue 28 (gpu-review-3): the events recorded on device 0 while GPU i ran the GEMMs: nothing timed, the loop
+    grew to its cap, a division by zero or a false fail on every GPU after the first."""
+    torch = _clocked_torch([50.0, 400.0, 990.0])
+    for device, speed in enumerate([50.0, 400.0, 990.0]):
+        assert script._gemm_tflops(torch, torch.float32, 1024, device) == pytest.approx(speed, rel=1e-6)
