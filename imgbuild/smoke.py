@@ -119,7 +119,9 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
         env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
     if req.commands:
         env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
-    host_gpus = engine.host_has_gpus() and not req.skip_gpu and not req.libraries_only
+    # `--gpus none` is a choice of no GPU, like --skip-gpu: never "every GPU" (issue 28, review item 10)
+    no_gpu = req.skip_gpu or req.gpus.strip().lower() in ("none", "")
+    host_gpus = engine.host_has_gpus() and not no_gpu and not req.libraries_only
     require_gpu = (req.require_gpu or host_gpus) and not req.libraries_only
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []

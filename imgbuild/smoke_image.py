@@ -334,11 +334,15 @@ class Skip(Exception):
 
 
 class Fail(Exception):
-    pass
+    """A check failed; `details` keeps its numbers (a failing tensor-core check's TFLOP/s and floors)."""
+
+    def __init__(self, reason, details=None):
+        super().__init__(reason)
+        self.details = dict(details or {})
 
 
-class Warn(Exception):
-    pass
+class Warn(Fail):
+    """A check passed with a warning; its numbers kept too."""
 
 
 class Report:
@@ -355,9 +359,9 @@ class Report:
         except Skip as exc:
             entry.update(status="skip", reason=str(exc), details={})
         except Warn as exc:
-            entry.update(status="warn", reason=str(exc), details={})
+            entry.update(status="warn", reason=str(exc), details=exc.details)
         except Fail as exc:
-            entry.update(status="fail", reason=str(exc), details={})
+            entry.update(status="fail", reason=str(exc), details=exc.details)
         except Exception as exc:  # noqa: BLE001 - a crash in a check is that check failing, not the script
             entry.update(status="fail", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300], details={})
         entry["seconds"] = round(time.perf_counter() - start, 3)
@@ -748,9 +752,9 @@ def torch_tensor_cores(torch) -> dict:
         worst = "fail" if "fail" in (worst, status) else ("warn" if "warn" in (worst, status) else "pass")
     text = "; ".join(rows) + f"; fp32 matmul precision {details['fp32_precision']}"
     if worst == "fail":
-        raise Fail(text + ": below what any tensor core gives, tensor cores are not in use")
+        raise Fail(text + ": below what any tensor core gives, tensor cores are not in use", details)
     if worst == "warn":
-        raise Warn(text + ": under the architecture's floor (a busy or throttled GPU?)")
+        raise Warn(text + ": under the architecture's floor (a busy or throttled GPU?)", details)
     details["reason"] = text
     return details
 

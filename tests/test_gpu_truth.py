@@ -512,7 +512,7 @@ def test_on_the_real_engine_a_script_without_gpus_is_told_void(testbed):
     assert code == 0 and "seen void" in output, output[-1000:]
 
 
-def _clocked_torch(tflops: list[float]) -> types.SimpleNamespace:
+def _clocked_torch(tflops: list[float], speedup: float = 1.0, capability=(8, 0)) -> types.SimpleNamespace:
     """A torch whose GPUs each run GEMMs at a set speed on a clock of their own; an event reads the clock of the
     device current when it records, as CUDA's events do (they record on the current device's stream)."""
     import contextlib
@@ -539,13 +539,32 @@ def _clocked_torch(tflops: list[float]) -> types.SimpleNamespace:
             state["current"] = before
 
     def randn(n, _m, device, dtype):
-        return types.SimpleNamespace(n=n, device=int(device.split(":")[1]))
+        return types.SimpleNamespace(n=n, device=int(device.split(":")[1]), dtype=dtype)
 
-    def mm(a, _b):
-        state["clock"][a.device] += 2 * a.n**3 / (tflops[a.device] * 1e12)
+    def mm(a, _b):  # half precision `speedup` times fp32's
+        state["clock"][a.device] += 2 * a.n**3 / (tflops[a.device] * (1 if a.dtype == "fp32" else speedup) * 1e12)
 
-    cuda = types.SimpleNamespace(Event=Event, device=device, synchronize=lambda _d: None)
-    return types.SimpleNamespace(cuda=cuda, randn=randn, mm=mm, float32="fp32")
+    cuda = types.SimpleNamespace(
+        Event=Event,
+        device=device,
+        synchronize=lambda _d: None,
+        is_available=lambda: True,
+        device_count=lambda: len(tflops),
+        get_device_capability=lambda _i: capability,
+        mem_get_info=lambda _i: (40 * 2**30, 80 * 2**30),
+    )
+    matmul = types.SimpleNamespace(allow_tf32=True)
+    return types.SimpleNamespace(
+        cuda=cuda,
+        randn=randn,
+        mm=mm,
+        float32="fp32",
+        float16="fp16",
+        bfloat16="bf16",
+        backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=matmul)),
+        set_float32_matmul_precision=lambda _p: None,
+        get_float32_matmul_precision=lambda: "highest",
+    )
 
 
 def test_every_gpu_is_timed_on_its_own_device():
@@ -554,3 +573,35 @@ def test_every_gpu_is_timed_on_its_own_device():
     torch = _clocked_torch([50.0, 400.0, 990.0])
     for device, speed in enumerate([50.0, 400.0, 990.0]):
         assert script._gemm_tflops(torch, torch.float32, 1024, device) == pytest.approx(speed, rel=1e-6)
+
+
+def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
+    """Issue 28 (review item 10): `smoke --gpus none` on a GPU host picked [] (read as "all") and still required
+    a GPU; it is now what --skip-gpu is."""
+    from imgbuild.config import load_settings
+    from imgbuild.engine.types import ImageInfo
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    engine.images.add("sha256:img", ImageInfo("sha256:img", {}, {}), "lab/x:1")
+    settings = load_settings({"gpu_snapshot": _snapshot(tmp_path)})
+    for request in ("none", "NONE", " none "):
+        run_smoke(engine, SmokeRequest("lab/x:1", gpus=request), settings)
+        run = engine.containers.runs[-1]
+        assert run["gpus"] is None and "--require-gpu" not in run["args"], request
+    run_smoke(engine, SmokeRequest("lab/x:1", gpus="1"), settings)
+    assert engine.containers.runs[-1]["gpus"] and "--require-gpu" in engine.containers.runs[-1]["args"]
+
+
+@pytest.mark.parametrize("speedup, status", [(1.5, "fail"), (5.0, "warn"), (14.0, "pass")])
+def test_a_warned_or_failed_tensor_core_check_keeps_its_numbers(speedup, status):
+    """Issue 28 (review item 17): Warn and Fail dropped the details, so the per-GPU TFLOP/s and floors vanished
+    exactly when the check warned or failed."""
+    report = script.Report()
+    report.run("tensor cores", script.torch_tensor_cores, _clocked_torch([19.5, 19.5], speedup=speedup))
+    (entry,) = report.checks
+    assert entry["status"] == status, entry["reason"]
+    gpus = entry["details"]["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1] and all(g["fp32_tflops"] == 19.5 for g in gpus)
+    assert all(g["speedup"] == pytest.approx(speedup, abs=0.05) and g["floor"] for g in gpus)
