@@ -78,9 +78,48 @@ GPU_MODELS: dict[str, GpuModel] = {
     "b300": GpuModel("B300", (10, 3), True),
     "gb300": GpuModel("GB300", (10, 3), True),
     "rtx5090": GpuModel("GeForce RTX 5090", (12, 0), False),
-    "rtxpro6000": GpuModel("RTX PRO 6000 Blackwell", (12, 0), True),
+    # the Workstation Edition: not a data-center part, so no forward compatibility (CUDA compatibility guide)
+    "rtxpro6000": GpuModel("RTX PRO 6000 Blackwell", (12, 0), False),
     "gb10": GpuModel("GB10 (DGX Spark)", (12, 1), False),
+    # names people type for the variants (--for h100-pcie: dashes and spaces are dropped before the lookup)
+    "h100pcie": GpuModel("H100 PCIe", (9, 0), True),
+    "h100nvl": GpuModel("H100 NVL", (9, 0), True),
+    "h800": GpuModel("H800", (9, 0), True),
+    "a800": GpuModel("A800", (8, 0), True),
+    "l20": GpuModel("L20", (8, 9), True),
+    "a2": GpuModel("A2", (8, 6), True),
+    "a16": GpuModel("A16", (8, 6), True),
+    "orin": GpuModel("Jetson AGX Orin", (8, 7), True),  # Jetson: forward compatibility covers it
+    "thor": GpuModel("Jetson Thor", (11, 0), True),  # sm_110 from CUDA 13 (sm_101 before)
 }
+
+#: The driver branches an architecture runs on, by compute capability: (the first branch that supports it,
+#: the last one, or None while it is still supported). Sources: the CUDA release notes (sm_89/sm_90 arrived with
+#: CUDA 11.8 and R520; Blackwell needs R570, B300 R575; GB10 ships with R580) and NVIDIA's notice that R580 is the
+#: last branch for Maxwell, Pascal and Volta. A driver outside the range cannot drive the GPU, whatever the
+#: image's CUDA says (forward compatibility included: R470 predates Ada and Hopper).
+ARCH_DRIVER_BRANCHES: dict[tuple[int, int], tuple[int, int | None]] = {
+    (5, 0): (346, 580),
+    (5, 2): (346, 580),
+    (6, 0): (367, 580),
+    (6, 1): (367, 580),
+    (7, 0): (384, 580),
+    (7, 5): (410, None),
+    (8, 0): (450, None),
+    (8, 6): (455, None),
+    (8, 7): (510, None),
+    (8, 9): (520, None),
+    (9, 0): (520, None),
+    (10, 0): (570, None),
+    (10, 3): (575, None),
+    (11, 0): (580, None),
+    (12, 0): (570, None),
+    (12, 1): (580, None),
+}
+
+#: The oldest GPU each CUDA major still builds for: an image with no arch list cannot run below it
+#: (CUDA 13 dropped Maxwell, Pascal and Volta; CUDA 12 dropped Kepler).
+CUDA_MIN_CAPABILITY: dict[int, tuple[int, int]] = {11: (3, 5), 12: (5, 0), 13: (7, 5)}
 
 
 # --- CUDA and the driver ---------------------------------------------------------------------------

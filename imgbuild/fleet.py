@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from imgbuild.errors import UsageError
-from imgbuild.facts import CUDA_MIN_DRIVER, FORWARD_COMPAT, GPU_MODELS
+from imgbuild.facts import ARCH_DRIVER_BRANCHES, CUDA_MIN_CAPABILITY, CUDA_MIN_DRIVER, FORWARD_COMPAT, GPU_MODELS
 from imgbuild.smoke_image import explain_kernels, parse_archs
 
 _CAPABILITY_RE = re.compile(r"(?:sm_([0-9]{1,2})([0-9])|([0-9]{1,2})\.([0-9]))")
@@ -84,8 +84,26 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".") if part.isdigit())
 
 
-def driver_verdict(cuda: tuple[int, int], driver: str, datacenter: bool | None) -> tuple[bool, str]:
-    """Can a driver run an image built with CUDA `cuda`? (ok, reason in words)."""
+def arch_driver_verdict(capability: tuple[int, int], driver: str) -> tuple[bool, str] | None:
+    """Can this driver branch drive the GPU at all? None where it can (or the architecture is not in the table)."""
+    branches = ARCH_DRIVER_BRANCHES.get(capability)
+    if branches is None:
+        return None
+    first, last = branches
+    branch = _version(driver)[0]
+    sm = f"sm_{capability[0]}{capability[1]}"
+    if branch < first:
+        return False, f"driver {driver} (R{branch}) predates {sm}, which needs R{first} or later"
+    if last is not None and branch > last:
+        return False, f"driver {driver} (R{branch}) no longer supports {sm} (R{last} was its last branch)"
+    return None
+
+
+def driver_verdict(
+    cuda: tuple[int, int], driver: str, datacenter: bool | None, ptx_only: bool = False
+) -> tuple[bool, str]:
+    """Can a driver run an image built with CUDA `cuda`? (ok, reason in words). `ptx_only`: the GPU has only
+    PTX to JIT-compile, which the driver must do at the image's exact CUDA version."""
     have = _version(driver)
     name = f"CUDA {cuda[0]}.{cuda[1]}"
     exact = CUDA_MIN_DRIVER.get(cuda)
@@ -93,6 +111,11 @@ def driver_verdict(cuda: tuple[int, int], driver: str, datacenter: bool | None) 
         return True, f"driver {driver} >= {exact} ({name})"
     floor = CUDA_MIN_DRIVER.get((cuda[0], 0))
     if floor and have >= _version(floor):
+        if ptx_only and exact:
+            return False, (
+                f"driver {driver} runs {name} only through minor-version compatibility, which cannot JIT-compile "
+                f"its PTX (the only code for this GPU): needs {exact}"
+            )
         need = f" (PTX JIT and {name}-only APIs need {exact})" if exact else ""
         return True, f"driver {driver} runs {name} through minor-version compatibility{need}"
     branch = have[:1]
@@ -148,14 +171,27 @@ def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> 
         if parse_archs(facts.archs):
             runs, kernels, why = explain_kernels(facts.archs, target.capability)
         else:
-            runs, kernels, why = True, "unknown", f"{target.sm}: the image declares no arch list (not checked)"
+            runs, kernels, why = _no_arch_list(cuda, target)
         reasons.append(why)
         if driver:
-            ok, why = driver_verdict(cuda, driver, target.datacenter)
+            ok, why = driver_verdict(cuda, driver, target.datacenter, ptx_only=kernels == "ptx")
             runs = runs and ok
             reasons.append(why)
+            refused = arch_driver_verdict(target.capability, driver)
+            if refused:
+                runs = False
+                reasons.append(refused[1])
         verdicts.append(Verdict(target.label, cap, runs, kernels, "; ".join(reasons)))
     return verdicts
+
+
+def _no_arch_list(cuda: tuple[int, int], target: Target) -> tuple[bool, str, str]:
+    """No arch list declared: what the CUDA major still builds for is the most it can hold."""
+    floor = CUDA_MIN_CAPABILITY.get(cuda[0])
+    if floor and target.capability < floor:
+        why = f"{target.sm}: CUDA {cuda[0]} builds nothing below sm_{floor[0]}{floor[1]} (no arch list declared)"
+        return False, "none", why
+    return True, "unknown", f"{target.sm}: the image declares no arch list (not checked)"
 
 
 def judge_tag(tag: str, cuda: str, archs: str, targets: list[Target], driver: str | None) -> list[Verdict]:

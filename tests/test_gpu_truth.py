@@ -605,3 +605,44 @@ def test_a_warned_or_failed_tensor_core_check_keeps_its_numbers(speedup, status)
     gpus = entry["details"]["gpus"]
     assert [g["index"] for g in gpus] == [0, 1] and all(g["fp32_tflops"] == 19.5 for g in gpus)
     assert all(g["speedup"] == pytest.approx(speedup, abs=0.05) and g["floor"] for g in gpus)
+
+
+#: gpu-review-3 items 4, 13, 14 and 18: verdicts a probe found wrong, each as (image CUDA, its arch list,
+#: --for, --driver, runs?, words in the reason).
+REVIEW_FALSE_PASSES = [
+    # item 4: the driver against the GPU itself
+    ("12.4", "sm_70 sm_80 sm_90", "v100", "590.44.01", False, "R580 was its last branch"),
+    ("12.4", "sm_70 sm_80 sm_90", "v100", "580.95.05", True, ">= 550.54.14"),
+    ("12.4", "sm_80 sm_90 compute_90", "b200", "535.104.05", False, "needs R570 or later"),
+    ("12.4", "sm_80 sm_90 compute_90", "rtx5090", "535.104.05", False, "needs R570 or later"),
+    ("12.8", "sm_80 sm_90 sm_100 sm_120", "rtx5090", "560.35.03", False, "needs R570 or later"),
+    ("12.9", "sm_80 sm_90 sm_100 sm_103", "b300", "570.124.06", False, "needs R575 or later"),
+    ("12.4", "sm_80 sm_89 sm_90", "h100", "470.57.02", False, "predates sm_90"),
+    ("12.4", "sm_80 sm_89 sm_90", "l40s", "470.57.02", False, "predates sm_89"),
+    ("12.4", "sm_70 sm_75 sm_80", "a100", "470.57.02", True, "forward compatibility"),  # right before, still
+    # item 13: PTX only, and the driver below the image's exact CUDA: minor-version compatibility cannot JIT it
+    ("12.6", "sm_80 sm_86 compute_86", "h100", "535.104.05", False, "cannot JIT-compile"),
+    ("12.6", "sm_80 sm_86 compute_86", "h100", "560.35.03", True, ">= 560.28.03"),
+    # item 14: no arch list, yet the CUDA major builds nothing that old
+    ("13.0", "", "v100", "580.95.05", False, "CUDA 13 builds nothing below sm_75"),
+    ("13.0", "", "t4", "580.95.05", True, "no arch list"),
+    # item 18: the RTX PRO 6000 Workstation Edition has no forward compatibility; names people type
+    ("12.8", "sm_80 sm_90 sm_100 sm_120", "rtxpro6000", "570.124.06", True, ">= 570.26"),
+    ("12.8", "sm_80 sm_90 sm_100 sm_120", "rtxpro6000", "535.104.05", False, "needs R570 or later"),
+    ("12.4", "sm_80 sm_90", "h100-pcie", "550.54.15", True, ">= 550.54.14"),
+    ("12.4", "sm_80 sm_90", "H100 NVL", "550.54.15", True, ">= 550.54.14"),
+]
+
+
+@pytest.mark.parametrize(("cuda", "archs", "target", "driver", "runs", "words"), REVIEW_FALSE_PASSES)
+def test_the_reviews_false_verdicts(cuda, archs, target, driver, runs, words):
+    (verdict,) = judge(GpuFacts("img", cuda, archs, "test"), parse_targets(target), driver)
+    assert verdict.runs is runs and words in verdict.reason, verdict.reason
+
+
+def test_forward_compatibility_is_for_data_center_parts_only():
+    from imgbuild.facts import GPU_MODELS
+
+    assert not GPU_MODELS["rtxpro6000"].datacenter and GPU_MODELS["orin"].datacenter
+    for name in ("h800", "a800", "l20", "a2", "a16", "orin", "thor"):
+        assert parse_target(name).label == name
