@@ -71,10 +71,13 @@ NATIVE_NEEDS = {
 }
 #: Driver libraries the NVIDIA container toolkit mounts at run time: missing in a build, never an error.
 DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-", "libnvcuvid.so", "libnvrtc-builtins")
-#: Below this half/fp32 GEMM ratio no tensor core can be in use: fp16 without tensor cores reaches at
-#: most about 4x fp32 (A100: 78 vs 19.5 TFLOP/s peak). Under it the check fails; between it and the
-#: architecture's floor it warns (a busy or throttled GPU), above the floor it passes.
-NO_TENSOR_CORE_RATIO = 4.0
+#: The half/fp32 GEMM ratio an architecture reaches WITHOUT tensor cores (datasheet peaks): 4x only on A100
+#: (78/19.5), 2x on Volta, Turing, Hopper and Blackwell data-center parts (H100 120/60), 1x on GA10x, AD10x and
+#: GB20x (A10: fp16 31.2 = fp32 31.2). The check fails under 1.5 times it (no tensor core can be in use), warns
+#: between that and the architecture's floor (a busy or throttled GPU), passes above the floor.
+NO_TENSOR_CORE_RATIOS = {(8, 0): 4.0, (8, 6): 1.0, (8, 7): 1.0, (8, 9): 1.0, (12, 0): 1.0, (12, 1): 1.0}
+NO_TENSOR_CORE_BY_MAJOR = {7: 2.0, 8: 1.0, 9: 2.0, 10: 2.0, 11: 2.0, 12: 1.0}
+HARD_MARGIN = 1.5
 GEMM_SECONDS = 0.5  # time each dtype at least this long, best of GEMM_REPEATS
 GEMM_REPEATS = 3
 
@@ -202,8 +205,16 @@ def speed_verdict(capability, fp32: float, half: float, override: str | None = N
     ratio = half / fp32 if fp32 > 0 else 0.0
     if not floor or ratio >= floor:
         return "pass", ratio, floor
-    hard = floor if override else min(floor, NO_TENSOR_CORE_RATIO)
+    hard = floor if override else min(floor, HARD_MARGIN * no_tensor_core_ratio(capability))
     return ("fail" if ratio < hard else "warn"), ratio, floor
+
+
+def no_tensor_core_ratio(capability) -> float:
+    """What half precision reaches over fp32 on this architecture without tensor cores."""
+    capability = tuple(capability)
+    if capability in NO_TENSOR_CORE_RATIOS:
+        return NO_TENSOR_CORE_RATIOS[capability]
+    return NO_TENSOR_CORE_BY_MAJOR.get(capability[0], 2.0)
 
 
 def bf16_usable(capability) -> bool:

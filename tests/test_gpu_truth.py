@@ -594,7 +594,7 @@ def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
     assert engine.containers.runs[-1]["gpus"] and "--require-gpu" in engine.containers.runs[-1]["args"]
 
 
-@pytest.mark.parametrize("speedup, status", [(1.5, "fail"), (5.0, "warn"), (14.0, "pass")])
+@pytest.mark.parametrize("speedup, status", [(1.5, "fail"), (7.0, "warn"), (14.0, "pass")])
 def test_a_warned_or_failed_tensor_core_check_keeps_its_numbers(speedup, status):
     """Issue 28 (review item 17): Warn and Fail dropped the details, so the per-GPU TFLOP/s and floors vanished
     exactly when the check warned or failed."""
@@ -646,3 +646,24 @@ def test_forward_compatibility_is_for_data_center_parts_only():
     assert not GPU_MODELS["rtxpro6000"].datacenter and GPU_MODELS["orin"].datacenter
     for name in ("h800", "a800", "l20", "a2", "a16", "orin", "thor"):
         assert parse_target(name).label == name
+
+
+#: gpu-review-3 item 8, measured ratios [S12]: (capability, half/fp32 ratio, verdict)
+RATIOS = [
+    ((9, 0), 3.99, "warn"),  # an H20 whose fp32 reaches 81% of peak: it failed under the one 4x threshold
+    ((9, 0), 4.44, "warn"),  # the H20 as measured
+    ((8, 9), 2.4, "warn"),  # an L20-class Ada part at 2:1 peak: failed, no warning zone on 8.x GeForce/Ada
+    ((8, 9), 2.36, "warn"),  # a contended RTX 4090
+    ((12, 0), 2.83, "pass"),  # an RTX 5050 laptop
+    ((8, 0), 3.8, "fail"),  # A100 on CUDA cores: right before, right now
+    ((9, 0), 2.1, "fail"),  # H100 on CUDA cores
+    ((8, 6), 1.2, "fail"),  # GA10x on CUDA cores
+    ((7, 5), 10.0, "pass"),  # T4 healthy
+    ((10, 0), 25.6, "pass"),  # B200 healthy
+    ((6, 1), 1.0, "pass"),  # P40: no tensor cores, no floor
+]
+
+
+@pytest.mark.parametrize(("capability", "ratio", "verdict"), RATIOS)
+def test_the_tensor_core_threshold_is_per_architecture(capability, ratio, verdict):
+    assert script.speed_verdict(capability, 10.0, 10.0 * ratio)[0] == verdict
