@@ -328,8 +328,9 @@ def import_hint(library: str, distribution: str = "") -> str:
 
 
 def conv_within_tolerance(err: float, ref_max: float) -> bool:
-    """A GPU convolution in real fp32 matches the CPU to about 1e-5 of its outputs' size."""
-    return err <= 1e-5 * max(1.0, ref_max)
+    """A GPU convolution in real fp32 matches the CPU to 1e-4 of its outputs' size: an implicit-GEMM conv
+    lands near 1e-6, and the Winograd or FFT algorithms TensorFlow's autotuner may pick stay within 1e-4."""
+    return err <= 1e-4 * max(1.0, ref_max)
 
 
 def new_problems(current: list, baseline: list | None) -> list:
@@ -618,9 +619,28 @@ def check_shm() -> dict:
 # --- PyTorch --------------------------------------------------------------------------------------
 
 
+def cuda_available(torch) -> tuple:
+    """(is CUDA usable, why not in CUDA's own words): torch says why only in a warning ("the NVIDIA driver on
+    your system is too old", error 804 "forward compatibility was attempted on non supported HW", 802 "system
+    not yet initialized" when the fabric manager is down), which a bare is_available() throws away."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        usable = bool(torch.cuda.is_available())
+    why = ""
+    for warning in caught:
+        text = " ".join(str(warning.message).split())
+        if "cuda" in text.lower() or "driver" in text.lower():
+            why = text[:300]
+            break
+    return usable, why
+
+
 def torch_cuda(torch) -> dict:
-    if not torch.cuda.is_available():
-        raise Skip("no GPU visible")
+    usable, why = cuda_available(torch)
+    if not usable:
+        raise Skip("no GPU visible" + (f": {why}" if why else ""))
     names = []
     for i in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(i)
@@ -1045,7 +1065,8 @@ def main(argv: list[str]) -> int:
     if args.require_gpu:
         gpu = next((c for c in report.checks if c["name"] == "cuda"), None)
         if gpu is None or gpu["status"] != "pass":
-            report.fail("require gpu", "a GPU is required (--require-gpu) but none is usable")
+            why = f" ({gpu['reason']})" if gpu and gpu.get("reason") else ""
+            report.fail("require gpu", f"a GPU is required (--require-gpu) but none is usable{why}")
     baseline = read_baseline(DISTS_BASELINE)
     if baseline is not None:  # what the recipe added, for the image's SBOM
         report.meta["added"] = added_with_licenses(baseline)
