@@ -141,11 +141,23 @@ def arch_name(entry) -> str:
     return f"{kind}_{major}{minor}{suffix}"
 
 
+#: Integrated GPUs (Jetson TX1, TX2, Xavier, Orin; sm_101 Thor before CUDA 13 named it sm_110). As PyTorch's
+#: own capability check has it: their SASS runs on themselves alone (sm_101 also on 11.0, the same chip), and no
+#: discrete GPU's SASS runs on them, whatever the minor.
+IGPU_CAPABILITIES = frozenset({(5, 3), (6, 2), (7, 2), (8, 7), (10, 1)})
+
+
 def _entry_runs(entry, capability) -> bool:
     kind, major, minor, suffix = entry
-    cap_major, cap_minor = capability
+    cap_major, cap_minor = capability = tuple(capability)
     if suffix == "a":
-        return (cap_major, cap_minor) == (major, minor)
+        return capability == (major, minor)
+    if kind == "sm" and (major, minor) == (10, 1):
+        return capability in ((10, 1), (11, 0))
+    if kind == "sm" and (major, minor) in IGPU_CAPABILITIES:
+        return capability == (major, minor)
+    if kind == "sm" and capability in IGPU_CAPABILITIES:
+        return False
     if kind == "sm" or suffix == "f":
         return cap_major == major and cap_minor >= minor
     return (cap_major, cap_minor) >= (major, minor)  # plain PTX: the driver compiles it for newer GPUs

@@ -30,6 +30,18 @@ TORCH_CU130 = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"  # torch 2.13.0+cu130's ow
 
 KERNELS = [
     # (archs, capability, how) -- how: sass (native), ptx (JIT), none
+    # issue 28 (review item 9): PyTorch's iGPU/dGPU exclusions (5.3, 6.2, 7.2, 8.7, 10.1)
+    ("sm_70", (7, 2), "none"),
+    ("sm_72", (7, 5), "none"),
+    ("sm_80 sm_86", (8, 7), "none"),
+    ("sm_87", (8, 9), "none"),
+    ("sm_100", (10, 1), "none"),
+    ("sm_50 sm_52", (5, 3), "none"),
+    ("sm_60 sm_61", (6, 2), "none"),
+    ("sm_101", (11, 0), "sass"),
+    ("sm_72 sm_87", (8, 7), "sass"),  # Orin's own
+    ("7.2 8.7", (7, 5), "none"),  # a Jetson-targeted list on a T4
+    ("7.2 8.7", (8, 9), "none"),  # ... and on an L40S
     (NGC_2405, (8, 9), "sass"),  # L4 / L40S / RTX 4090: sm_86 SASS runs on 8.9 (bug 3.3: was a fail)
     (NGC_2405, (8, 0), "sass"),
     (NGC_2405, (7, 0), "sass"),
