@@ -504,7 +504,8 @@ def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidi
     runner = DockerContainers(client, DockerImages(client))
     runner.run_script("img", "print()", [], {"A": "1"}, gpus=None, ipc="host")
     (created,) = client.created
-    assert created["device_requests"] is None and created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void"}
+    assert created["device_requests"] is None
+    assert created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
     runner.run_script("img", "print()", [], {}, gpus=[], ipc="host")  # all GPUs asked for: nothing hidden
     asked, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
     assert asked["device_requests"][0]["Count"] == -1 and "NVIDIA_VISIBLE_DEVICES" not in asked["environment"]
@@ -715,3 +716,21 @@ RATIOS = [
 @pytest.mark.parametrize(("capability", "ratio", "verdict"), RATIOS)
 def test_the_tensor_core_threshold_is_per_architecture(capability, ratio, verdict):
     assert script.speed_verdict(capability, 10.0, 10.0 * ratio)[0] == verdict
+
+
+def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
+    """Issue 28 (review item 5): with a default nvidia runtime whose hook fails, the fallback without GPUs failed
+    the same way and ended in a bare `unexpected APIError`."""
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.images import DockerImages
+    from imgbuild.errors import ImgbuildError
+
+    client = _Client()
+    client._create = lambda image, command, device_requests=None, **kw: (  # every start fails
+        client.created.append({"device_requests": device_requests, **kw}) or _Container(client.log, fail_start=True)
+    )
+    client.containers.create = client._create
+    runner = DockerContainers(client, DockerImages(client))
+    with pytest.raises(ImgbuildError, match="cannot start it without GPUs either .*default runtime"):
+        runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
+    assert client.log.count("remove") == 2  # nothing left behind

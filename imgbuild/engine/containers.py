@@ -245,7 +245,13 @@ class DockerContainers:
                 container.remove(force=True)
                 kwargs["environment"] = _gpu_env(env, None)
                 container = prepared(None)
-                _start(container, stdin)
+                try:
+                    _start(container, stdin)
+                except APIError as again:  # a default nvidia runtime whose hook fails for every container
+                    raise ImgbuildError(
+                        f"{note}; the engine cannot start it without GPUs either "
+                        f"({str(again.explanation)[:200]}): check the engine's default runtime"
+                    ) from None
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
             except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
@@ -263,7 +269,7 @@ def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
     """A script's environment: with no GPU asked for, none seen either. Where the engine's default runtime is
     nvidia, an NGC image's own NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users'
     included) without any device request."""
-    return {**env, "NVIDIA_VISIBLE_DEVICES": "void"} if gpus is None else dict(env)
+    return {**env, "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""} if gpus is None else dict(env)
 
 
 def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
