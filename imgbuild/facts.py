@@ -48,6 +48,7 @@ class GpuModel:
     name: str
     capability: tuple[int, int]
     datacenter: bool  # data-center GPUs can run newer CUDA on older drivers (forward compatibility)
+    cpu: str = "any"  # the host's CPU architecture where it is fixed: Grace, DGX Spark and Jetson are arm64
 
 
 #: GPUs by the names people use in fleet lists (`--for v100,l40s`). Compute capabilities from NVIDIA's
@@ -72,15 +73,15 @@ GPU_MODELS: dict[str, GpuModel] = {
     "h100": GpuModel("H100", (9, 0), True),
     "h200": GpuModel("H200", (9, 0), True),
     "h20": GpuModel("H20", (9, 0), True),
-    "gh200": GpuModel("GH200", (9, 0), True),
+    "gh200": GpuModel("GH200", (9, 0), True, cpu="arm64"),
     "b200": GpuModel("B200", (10, 0), True),
-    "gb200": GpuModel("GB200", (10, 0), True),
+    "gb200": GpuModel("GB200", (10, 0), True, cpu="arm64"),
     "b300": GpuModel("B300", (10, 3), True),
-    "gb300": GpuModel("GB300", (10, 3), True),
+    "gb300": GpuModel("GB300", (10, 3), True, cpu="arm64"),
     "rtx5090": GpuModel("GeForce RTX 5090", (12, 0), False),
     # the Workstation Edition: not a data-center part, so no forward compatibility (CUDA compatibility guide)
     "rtxpro6000": GpuModel("RTX PRO 6000 Blackwell", (12, 0), False),
-    "gb10": GpuModel("GB10 (DGX Spark)", (12, 1), False),
+    "gb10": GpuModel("GB10 (DGX Spark)", (12, 1), False, cpu="arm64"),
     # names people type for the variants (--for h100-pcie: dashes and spaces are dropped before the lookup)
     "h100pcie": GpuModel("H100 PCIe", (9, 0), True),
     "h100nvl": GpuModel("H100 NVL", (9, 0), True),
@@ -89,8 +90,8 @@ GPU_MODELS: dict[str, GpuModel] = {
     "l20": GpuModel("L20", (8, 9), True),
     "a2": GpuModel("A2", (8, 6), True),
     "a16": GpuModel("A16", (8, 6), True),
-    "orin": GpuModel("Jetson AGX Orin", (8, 7), True),  # Jetson: forward compatibility covers it
-    "thor": GpuModel("Jetson Thor", (11, 0), True),  # sm_110 from CUDA 13 (sm_101 before)
+    "orin": GpuModel("Jetson AGX Orin", (8, 7), True, cpu="arm64"),  # Jetson: forward compatibility covers it
+    "thor": GpuModel("Jetson Thor", (11, 0), True, cpu="arm64"),  # sm_110 from CUDA 13 (sm_101 before)
 }
 
 #: The driver branches an architecture runs on, by compute capability: (the first branch that supports it,

@@ -31,6 +31,7 @@ class Target:
     label: str
     capability: tuple[int, int]
     datacenter: bool | None = None  # None: not known (given as a capability)
+    cpu: str = "any"  # arm64: the GPU comes only in arm64 machines (Grace, DGX Spark, Jetson)
 
     @property
     def sm(self) -> str:
@@ -42,7 +43,7 @@ def parse_target(word: str) -> Target:
     key = text.replace(" ", "").replace("-", "").replace("_", "")
     if key in GPU_MODELS:
         model = GPU_MODELS[key]
-        return Target(key, model.capability, model.datacenter)
+        return Target(key, model.capability, model.datacenter, model.cpu)
     match = _CAPABILITY_RE.fullmatch(text)
     if match:
         major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
@@ -144,6 +145,7 @@ class GpuFacts:
     cuda: str  # "13.0"; empty: no CUDA build of the framework
     archs: str  # space-separated arch entries, torch's own form (sm_80 compute_90) or NGC's (8.0 9.0+PTX)
     source: str  # where the archs were read
+    platforms: tuple[str, ...] = ()  # the CPU architectures the image exists for (amd64, arm64); () unknown
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,11 @@ def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> 
     cuda = cuda_of(facts.cuda)
     for target in targets:
         cap = f"{target.capability[0]}.{target.capability[1]}"
+        if target.cpu != "any" and facts.platforms and target.cpu not in facts.platforms:
+            have = ", ".join(facts.platforms)
+            why = f"a {target.label} host is {target.cpu}; this image has no {target.cpu} variant (only {have})"
+            verdicts.append(Verdict(target.label, cap, False, "none", why))
+            continue
         if cuda is None:
             verdicts.append(Verdict(target.label, cap, False, "none", "the image's framework has no CUDA build"))
             continue

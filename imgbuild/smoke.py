@@ -51,7 +51,16 @@ class SmokeReport:
     def gpu_facts(self) -> GpuFacts:
         """The image's CUDA and arch list as the framework inside it reports them."""
         archs = self.meta.get("arch_list") or []
-        return GpuFacts(self.image, str(self.meta.get("cuda") or ""), " ".join(archs), "the framework in the image")
+        machine = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+            str(self.meta.get("machine") or "")
+        )
+        return GpuFacts(
+            self.image,
+            str(self.meta.get("cuda") or ""),
+            " ".join(archs),
+            "the framework in the image",
+            (machine,) if machine else (),  # the image the smoke test ran: one platform, the engine's
+        )
 
 
 def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:

@@ -734,3 +734,17 @@ def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
     with pytest.raises(ImgbuildError, match="cannot start it without GPUs either .*default runtime"):
         runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
     assert client.log.count("remove") == 2  # nothing left behind
+
+
+def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
+    """Issue 28 (review item 3): GH200, GB200, GB300, GB10 and Jetson hosts are arm64: an amd64-only image said
+    "runs" (then `exec format error`). An image known to have an arm64 variant is judged on its kernels."""
+    amd64 = GpuFacts("img", "13.0", TORCH_CU130, "test", ("amd64",))
+    verdicts = {v.target: v for v in judge(amd64, parse_targets("gh200,gb200,gb300,gb10,h100"), "580.95.05")}
+    for name in ("gh200", "gb200", "gb300", "gb10"):
+        assert not verdicts[name].runs and "no arm64 variant (only amd64)" in verdicts[name].reason
+    assert verdicts["h100"].runs  # a PCIe/SXM H100 sits in either kind of machine
+    both = GpuFacts("img", "13.0", TORCH_CU130, "test", ("amd64", "arm64"))
+    assert all(v.runs for v in judge(both, parse_targets("gh200,gb200"), "580.95.05"))
+    unknown = GpuFacts("img", "13.0", TORCH_CU130, "test")  # platforms not known: kernels and driver decide
+    assert judge(unknown, parse_targets("gh200"), "580.95.05")[0].runs
