@@ -101,16 +101,29 @@ def _run_settings(settings: Any) -> dict[str, Any]:
     return house_rules((settings or load_settings()).run)
 
 
-def _pick_gpus(request: str, settings: Any) -> list[str]:
-    """UUIDs of the GPUs `imgbuild run --gpus REQUEST` would give; [] (all) where they cannot be read."""
-    from imgbuild.gpus import NoGpus, read_gpus, select_gpus
+def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> list[str]:
+    """UUIDs of the GPUs `imgbuild run --gpus REQUEST` would give, by the same rules: none another user's
+    process, container or starting run holds (the host's ledger); [] (all) where they cannot be read."""
+    from imgbuild.gpus import GpusBusy, NoGpus, read_gpus, select_gpus
     from imgbuild.host import caller
+    from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.run import Held, held_on_host
 
     try:
         readings = read_gpus(getattr(settings, "gpu_snapshot", None))
     except NoGpus:
         return []
-    return select_gpus(request, readings, caller().name).uuids
+    try:
+        book = Ledger(_run_settings(settings)["state_dir"] or DEFAULT_STATE_DIR).read()
+        held = held_on_host(engine.containers.rows(), book.holds(), readings)
+    except ImgbuildError:
+        held = Held()  # an unreadable ledger: the GPUs' own processes still count
+    try:
+        return select_gpus(request, readings, caller().name, claims=held.gpus).uuids
+    except GpusBusy as busy:
+        raise ImgbuildError(
+            f"{busy}; the smoke test needs a free GPU: wait, or skip its GPU half explicitly (--skip-gpu)"
+        ) from None
 
 
 def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> SmokeReport:
@@ -140,7 +153,7 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
         SCRIPT.read_text(),
         args,
         env,
-        gpus=_pick_gpus(req.gpus, settings) if host_gpus else None,
+        gpus=_pick_gpus(req.gpus, settings, engine) if host_gpus else None,
         timeout=req.timeout,
         ipc=None if house.get("shm_size") else str(house.get("ipc") or "host"),
         shm_size=str(house["shm_size"]) if house.get("shm_size") else None,

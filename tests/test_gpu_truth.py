@@ -15,7 +15,7 @@ import pytest
 
 from imgbuild import smoke_image as script
 from imgbuild.config import load_settings
-from imgbuild.errors import UsageError
+from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.fleet import GpuFacts, driver_verdict, judge, parse_target, parse_targets
 
 DATA = Path(__file__).parent / "data"
@@ -748,3 +748,28 @@ def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
     assert all(v.runs for v in judge(both, parse_targets("gh200,gb200"), "580.95.05"))
     unknown = GpuFacts("img", "13.0", TORCH_CU130, "test")  # platforms not known: kernels and driver decide
     assert judge(unknown, parse_targets("gh200"), "580.95.05")[0].runs
+
+
+def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path, monkeypatch):
+    """Issue 28 (review item 11): the smoke's choice ignored the ledger's claims, so it could land on a GPU just
+    handed to another user's starting run or idle container; with nothing free it said "use --force", which
+    build does not have."""
+    from imgbuild.ledger import Ledger
+    from tests.test_run_gpus import server
+
+    gpus = server("dgx-a100")
+    free = [g.uuid for g in gpus if not g.processes]
+    state = tmp_path / "state"
+    site = tmp_path / "site.yaml"
+    site.write_text(f"run: {{state_dir: {state}}}\n")
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    with Ledger(str(state)).transaction() as book:  # another user's run, starting on the first free GPU
+        book.add("bob_train_1", "bob", [free[0]], [])
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+    assert engine.containers.runs[-1]["gpus"] == [free[1]]
+    with Ledger(str(state)).transaction() as book:  # every free GPU handed out
+        book.add("bob_train_2", "bob", free[1:], [])
+    with pytest.raises(ImgbuildError, match=r"the smoke test needs a free GPU: wait, or .*--skip-gpu"):
+        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
