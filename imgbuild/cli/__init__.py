@@ -32,7 +32,7 @@ SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump", "lock"]),
     ("Images", ["build", "smoke", "rebuild"]),
     ("Registry", ["tags", "mirror", "verify"]),
-    ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus"]),
+    ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus", "doctor"]),
     ("Clusters", ["export", "slurm", "k8s"]),
     ("Settings", ["config"]),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -420,3 +420,43 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         if not watch or (count and shown >= count):
             return
         time.sleep(interval)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable lines.")
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool) -> None:
+    """This host as a lab admin needs to see it: the driver, the NVIDIA Container Toolkit (and its known container
+    escapes), the engine's default runtime, CDI, GPUs and MIG, memlock, cgroups, who is in the docker group.
+    Each line ok, warn or fail with its fix; exit 1 when one fails. Changes nothing."""
+    from imgbuild import doctor as doc
+    from imgbuild.engine import Engine
+    from imgbuild.errors import EXIT_FAILED, ImgbuildError
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    try:
+        engine: Any = Engine.connect(settings.docker_cli)
+    except ImgbuildError as exc:
+        engine = _Unreachable(str(exc))
+    lines = doc.judge(doc.collect(settings, engine))
+    if as_json:
+        _emit_json({"lines": [line.to_json() for line in lines]})
+    else:
+        print_table(
+            ["check", "status", "detail", "fix"],
+            [[line.check, line.status.upper(), line.detail, line.fix] for line in lines],
+            title="imgbuild doctor",
+        )
+    if any(line.status == "fail" for line in lines):
+        raise SystemExit(EXIT_FAILED)
+
+
+class _Unreachable:
+    """An engine that did not answer, for doctor's one line about it."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def host_info(self) -> dict[str, Any]:
+        return {"error": self.why}

@@ -99,6 +99,24 @@ class Engine:
         except Exception:  # noqa: BLE001 - a record, never a failure
             return ""
 
+    def host_info(self) -> dict[str, Any]:
+        """What `imgbuild doctor` reads of the engine: its version, default and known runtimes, cgroup version,
+        CDI devices; {"error": why} when it does not answer."""
+        from docker.errors import DockerException
+
+        try:
+            info = self.client.info()
+        except DockerException as exc:
+            return {"error": str(exc).splitlines()[0][:200]}
+        devices = [str(d.get("ID", "")) for d in info.get("DiscoveredDevices") or [] if isinstance(d, dict)]
+        return {
+            "version": str(info.get("ServerVersion", "")),
+            "default_runtime": str(info.get("DefaultRuntime", "")),
+            "runtimes": sorted(info.get("Runtimes") or {}),
+            "cgroup_version": str(info.get("CgroupVersion", "")),
+            "cdi_devices": devices,
+        }
+
     def host_has_gpus(self) -> bool:
         """Whether the engine's host has NVIDIA GPUs: this machine's device nodes for a local engine; for a
         remote one (tcp://, ssh://) what the engine reports (an NVIDIA runtime, or CDI GPU devices)."""

@@ -207,6 +207,9 @@ class FakeEngine:
     def server_version(self) -> str:
         return "fake"
 
+    def host_info(self) -> dict[str, Any]:
+        return {"version": "fake", "default_runtime": "runc", "runtimes": ["runc"], "cgroup_version": "2"}
+
 
 def failing_build(message: str = "scripted build failure") -> BuildScript:
     def fail(req: BuildRequest) -> None:
