@@ -85,6 +85,7 @@ def test_each_line_from_a_recorded_host(change, check, status, words):
         assert found[check][2], f"{check}: a {status} line says how to fix it"
 
 
+@pytest.mark.engine
 def test_doctor_on_this_machine(testbed):
     """This machine: no GPU (the GPU lines say so), the test bed's dockerd, its 8 MiB memlock, cgroup v1 hybrid."""
     res = run_cli("doctor", "--json")
