@@ -216,6 +216,23 @@ def _docker_group_line(facts: HostFacts) -> Line:
     )
 
 
+def preload_verdict(image_env: list[str], toolkit: str | None, gpu_host: bool) -> tuple[str, str] | None:
+    """("fail" | "warn", why) for an image whose config sets LD_PRELOAD or LD_AUDIT (NVIDIAScape): refused on a
+    GPU host whose toolkit is 1.17.7 or older (or unknown), said elsewhere; None for an image that sets neither."""
+    names = sorted({item.split("=", 1)[0] for item in image_env} & {"LD_PRELOAD", "LD_AUDIT"})
+    if not names:
+        return None
+    what = f"the image's config sets {' and '.join(names)}"
+    fixed = TOOLKIT_ADVISORIES[0][0]
+    if gpu_host and (toolkit is None or _version(toolkit) < _version(fixed)):
+        have = f"NVIDIA Container Toolkit {toolkit}" if toolkit else "a toolkit of unknown version"
+        return "fail", (
+            f"{what}; on this host ({have}) it would run code on the host through the toolkit's hook "
+            f"(CVE-2025-23266): refused until the toolkit is {fixed} or later"
+        )
+    return "warn", f"{what}: it runs in every process of the container (and on hosts with toolkits before {fixed})"
+
+
 # --- the edge: this machine ---------------------------------------------------------------------------------
 
 
@@ -229,7 +246,7 @@ def _run(args: list[str]) -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
-def _toolkit_version() -> str | None:
+def toolkit_version() -> str | None:
     for args in (["nvidia-ctk", "--version"], ["nvidia-container-cli", "--version"]):
         found = re.search(r"version:?\s*v?([0-9]+\.[0-9]+\.[0-9]+)", _run(args), re.IGNORECASE)
         if found:
@@ -320,7 +337,7 @@ def collect(settings: Any, engine: Any) -> HostFacts:
         driver=driver,
         gpus=tuple(gpus),
         gpu_error=gpu_error,
-        toolkit=_toolkit_version(),
+        toolkit=toolkit_version(),
         engine=engine.host_info(),
         cdi_specs=specs[:20],
         memlock=_engine_memlock(),

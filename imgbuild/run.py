@@ -780,6 +780,22 @@ def check_signed(image: str, settings: Any) -> str:
     return f"{ref.name}@{digest}"
 
 
+def check_preload(image: str, engine: Any) -> str:
+    """Refuse to start an image whose config sets LD_PRELOAD where the host's toolkit would run it on the host
+    (NVIDIAScape); elsewhere, a warning for the caller to print ("" when there is nothing to say)."""
+    from imgbuild.doctor import preload_verdict, toolkit_version
+
+    info = engine.images.image(image)
+    verdict = preload_verdict(list((info.config if info else {}).get("Env") or []), None, False)
+    if verdict is None:
+        return ""
+    verdict = preload_verdict(list(info.config.get("Env") or []), toolkit_version(), engine.host_has_gpus())
+    assert verdict is not None
+    if verdict[0] == "fail":
+        raise UsageError(f"{image}: {verdict[1]}")
+    return f"note: {image}: {verdict[1]}"
+
+
 def check_mount_sources(spec: RunSpec) -> None:
     """Every host folder the container mounts exists: docker would create a missing one as root, which the
     user then cannot write (a site's `/work/{user}` not made yet)."""

@@ -130,6 +130,14 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
     img = engine.images.image(req.image)
     if img is None:
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
+    from imgbuild.doctor import preload_verdict, toolkit_version
+
+    image_env = list(img.config.get("Env") or [])
+    if preload_verdict(image_env, None, False):  # NVIDIAScape: never started on a vulnerable GPU host
+        host_gpus_here = engine.host_has_gpus()
+        verdict = preload_verdict(image_env, toolkit_version() if host_gpus_here else None, host_gpus_here)
+        if verdict and verdict[0] == "fail":
+            raise ImgbuildError(f"{req.image}: {verdict[1]}")
     env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
     if img.labels.get(Label.BASE_FRAMEWORK_VERSION):
         env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = img.labels[Label.BASE_FRAMEWORK_VERSION]

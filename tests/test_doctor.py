@@ -97,3 +97,63 @@ def test_doctor_on_this_machine(testbed):
     assert found["cgroups"]["detail"].startswith("cgroup hybrid") or found["cgroups"]["status"] == "ok"
     table = run_cli("doctor")
     assert table.code == 0 and table.out.splitlines()[1].split()[:4] == ["check", "status", "detail", "fix"]
+
+
+@pytest.mark.parametrize(
+    "env, toolkit, gpu_host, verdict",
+    [
+        (["PATH=/usr/bin"], "1.17.3", True, None),
+        (["LD_PRELOAD=/usr/lib/libx.so"], "1.17.7", True, "fail"),
+        (["LD_PRELOAD=/usr/lib/libx.so"], None, True, "fail"),  # a GPU host whose toolkit says nothing: refused
+        (["LD_AUDIT=/x.so"], "1.17.3", True, "fail"),
+        (["LD_PRELOAD=/usr/lib/libx.so"], "1.17.8", True, "warn"),
+        (["LD_PRELOAD=/usr/lib/libx.so"], None, False, "warn"),  # no GPU host: no hook runs
+    ],
+)
+def test_an_image_that_sets_ld_preload_is_refused_where_the_toolkit_would_run_it(env, toolkit, gpu_host, verdict):
+    """Issue 28 (NVIDIAScape, CVE-2025-23266): `run` and `smoke` refuse such an image on a vulnerable host."""
+    from imgbuild.doctor import preload_verdict
+
+    found = preload_verdict(env, toolkit, gpu_host)
+    assert (found[0] if found else None) == verdict
+    if verdict == "fail":
+        assert "CVE-2025-23266" in found[1] and "1.17.8" in found[1]
+
+
+@pytest.mark.engine
+def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, unique, cleanup_images, monkeypatch):
+    """On the bed (no GPU, no toolkit): the image starts, with a note. On a GPU host with toolkit 1.17.7 (a
+    stand-in nvidia-ctk on PATH; the engine told it has GPUs, as this machine has none) run and smoke refuse it."""
+    import subprocess
+
+    from imgbuild.config import load_settings
+    from imgbuild.engine import Engine
+    from imgbuild.errors import ImgbuildError, UsageError
+    from imgbuild.run import check_preload
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    base = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    image = f"imgbuildtest/preload-{unique}:1"
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {base}\nENV LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libm.so.6\n")
+    built = subprocess.run(["docker", "build", "-q", "-t", image, str(context)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    cleanup_images.append(image)
+    config = tmp_path / "config.yaml"  # this engine cannot raise memlock: the site lowers it, as README says
+    config.write_text("run:\n  ulimits: {memlock: 8388608, stack: 67108864}\n")
+    res = run_cli("run", image, "--", "true", env={"IMGBUILD_CONFIG": str(config)}, cwd=tmp_path)
+    assert res.code == 0 and "sets LD_PRELOAD: it runs in every process" in res.err, res.err
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-ctk").write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.7'\n")
+    (tools / "nvidia-ctk").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:/usr/local/bin:/usr/bin:/bin")
+    engine = Engine.connect(testbed["IMGBUILD_DOCKER_CLI"])
+    monkeypatch.setattr(engine, "host_has_gpus", lambda: True)
+    with pytest.raises(UsageError, match=r"CVE-2025-23266.*1\.17\.8"):
+        check_preload(image, engine)
+    with pytest.raises(ImgbuildError, match="CVE-2025-23266"):
+        run_smoke(engine, SmokeRequest(image, skip_gpu=True), load_settings({}))
+    (tools / "nvidia-ctk").write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\n")
+    assert "runs in every process" in check_preload(image, engine)  # patched toolkit: a note, not a refusal

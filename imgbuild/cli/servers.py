@@ -132,6 +132,7 @@ def run(
         click.echo(spec.command_line(settings.docker_cli or "docker"))
         return
     engine = Engine.connect(settings.docker_cli)
+    _note(runmod.check_preload(runmod.resolve_image(request.image, settings)[0], engine))
     told: list[tuple[int, str]] = []
 
     def waiting(place: int, why: str) -> None:
@@ -460,3 +461,9 @@ class _Unreachable:
 
     def host_info(self) -> dict[str, Any]:
         return {"error": self.why}
+
+
+def _note(text: str) -> None:
+    """A note for the user on stderr, when there is one."""
+    if text:
+        click.echo(text, err=True)
