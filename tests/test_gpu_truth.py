@@ -436,6 +436,8 @@ def test_bump_never_moves_to_a_tag_the_fleet_cannot_run(tmp_path):
 
 
 class _Container:
+    message = 'could not select device driver "" with capabilities: [[gpu]]'
+
     def __init__(self, log: list, fail_start: bool):
         self.log, self.fail_start = log, fail_start
 
@@ -447,7 +449,7 @@ class _Container:
 
         self.log.append("start")
         if self.fail_start:
-            raise APIError("500", explanation='could not select device driver "" with capabilities: [[gpu]]')
+            raise APIError("500", explanation=self.message)
 
     def wait(self, timeout):
         return {"StatusCode": 0}
@@ -484,9 +486,14 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
     runner = DockerContainers(client, DockerImages(client))
     code, output, note = runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
     assert code == 0 and "cannot pass them" in note and "could not select device driver" in note
-    assert client.log == ["copy", "start", "remove", "copy", "start", "remove"]  # nothing left behind
-    first, second = client.created
+    # the legacy request, then the same GPU by CDI name (issue 28, review item 7), then none; nothing left behind
+    assert client.log == ["copy", "start", "remove"] * 3
+    first, cdi, second = client.created
     assert first["device_requests"][0]["DeviceIDs"] == ["GPU-1"] and second["device_requests"] is None
+    assert cdi["device_requests"][0]["Driver"] == "cdi" and cdi["device_requests"][0]["DeviceIDs"] == [
+        "nvidia.com/gpu=GPU-1"
+    ]
+    assert "nvidia-ctk cdi generate" in note
     assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
     assert "org.imgbuild.started-by" in first["labels"]  # a killed run's container is swept by the next
     # issue 28: where the default runtime is nvidia, no device request still meant NGC's NVIDIA_VISIBLE_DEVICES=all
@@ -507,7 +514,7 @@ def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidi
     assert created["device_requests"] is None
     assert created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
     runner.run_script("img", "print()", [], {}, gpus=[], ipc="host")  # all GPUs asked for: nothing hidden
-    asked, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
+    asked, _cdi, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
     assert asked["device_requests"][0]["Count"] == -1 and "NVIDIA_VISIBLE_DEVICES" not in asked["environment"]
     assert fallback["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
 
@@ -733,7 +740,7 @@ def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
     runner = DockerContainers(client, DockerImages(client))
     with pytest.raises(ImgbuildError, match="cannot start it without GPUs either .*default runtime"):
         runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
-    assert client.log.count("remove") == 2  # nothing left behind
+    assert client.log.count("remove") == client.log.count("copy") == 3  # nothing left behind
 
 
 def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
@@ -773,3 +780,31 @@ def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path, monkeypatch):
         book.add("bob_train_2", "bob", free[1:], [])
     with pytest.raises(ImgbuildError, match=r"the smoke test needs a free GPU: wait, or .*--skip-gpu"):
         _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+
+
+def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
+    """Issue 28 (review item 7): on a host whose engine knows GPUs only through CDI (the toolkit in cdi mode, the
+    GPU Operator), the legacy request fails; the smoke said "install nvidia-container-toolkit" and ran without
+    GPUs. Now the same GPUs by CDI name, and no note."""
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.images import DockerImages
+
+    client = _Client()
+    hook = (
+        "invoking the NVIDIA Container Runtime Hook directly (e.g. specifying the docker --gpus flag) is not supported"
+    )
+
+    def create(image, command, device_requests=None, **kw):
+        client.created.append({"device_requests": device_requests, **kw})
+        legacy = bool(device_requests) and device_requests[0].get("Driver") != "cdi"
+        container = _Container(client.log, fail_start=legacy)
+        container.message = hook
+        return container
+
+    client.containers.create = create
+    runner = DockerContainers(client, DockerImages(client))
+    code, _output, note = runner.run_script("img", "print()", [], {}, gpus=["GPU-1", "GPU-2"], ipc="host")
+    assert code == 0 and note == ""
+    legacy, cdi = client.created
+    assert cdi["device_requests"][0]["DeviceIDs"] == ["nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in cdi["environment"]

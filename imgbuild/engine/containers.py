@@ -237,21 +237,10 @@ class DockerContainers:
             except APIError as exc:
                 if not gpu_requests:
                     raise
-                # Docker applies device requests at start: no toolkit, an old driver, CUDA error 804.
-                note = (
-                    f"the host has GPUs but the engine cannot pass them ({str(exc.explanation)[:200]}); "
-                    "install nvidia-container-toolkit"
-                )
                 container.remove(force=True)
-                kwargs["environment"] = _gpu_env(env, None)
-                container = prepared(None)
-                try:
-                    _start(container, stdin)
-                except APIError as again:  # a default nvidia runtime whose hook fails for every container
-                    raise ImgbuildError(
-                        f"{note}; the engine cannot start it without GPUs either "
-                        f"({str(again.explanation)[:200]}): check the engine's default runtime"
-                    ) from None
+                container = None
+                why = str(exc.explanation)[:200]
+                container, note = _start_otherwise(prepared, list(gpus or []), stdin, env, kwargs, why)
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
             except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
@@ -261,8 +250,53 @@ class DockerContainers:
             err = container.logs(stdout=False, stderr=True).decode(errors="replace")
             return code, out + ("\n" + err if err else ""), note
         finally:
-            with contextlib.suppress(APIError):
-                container.remove(force=True)
+            if container is not None:
+                with contextlib.suppress(APIError):
+                    container.remove(force=True)
+
+
+def _start_otherwise(
+    prepared: Any, gpus: list[str], stdin: bytes | None, env: dict[str, str], kwargs: dict[str, Any], why: str
+) -> tuple[Any, str]:
+    """The GPUs' device request failed at start: (the started container, a note saying why it has no GPUs or "").
+    Where the engine has no legacy `nvidia` device driver, the same GPUs by CDI name; else, no GPU, said."""
+    from docker.errors import APIError
+    from docker.types import DeviceRequest
+
+    if cdi_only(why):  # a CDI-only host (the toolkit in cdi mode, the GPU Operator), or no toolkit at all
+        names = [f"nvidia.com/gpu={g}" for g in gpus] if gpus else ["nvidia.com/gpu=all"]
+        container = prepared([DeviceRequest(driver="cdi", device_ids=names)])
+        try:
+            _start(container, stdin)
+            return container, ""
+        except APIError as cdi_exc:
+            container.remove(force=True)
+            why += f"; by CDI: {str(cdi_exc.explanation)[:200]}"
+    note = f"the host has GPUs but the engine cannot pass them ({why}); install nvidia-container-toolkit" + (
+        ", or on a CDI-only host generate its specs (nvidia-ctk cdi generate) for an engine with CDI"
+        if cdi_only(why)
+        else ""
+    )
+    kwargs["environment"] = _gpu_env(env, None)
+    container = prepared(None)
+    try:
+        _start(container, stdin)
+    except APIError as again:  # a default nvidia runtime whose hook fails for every container
+        container.remove(force=True)
+        raise ImgbuildError(
+            f"{note}; the engine cannot start it without GPUs either "
+            f"({str(again.explanation)[:200]}): check the engine's default runtime"
+        ) from None
+    return container, note
+
+
+#: What an engine says when it has no legacy `nvidia` device driver for `--gpus` but the host has CDI specs: Docker
+#: before moby/moby#50228 ("could not select device driver"), the NVIDIA runtime in cdi mode (its hook refuses).
+_CDI_ONLY = ("could not select device driver", "invoking the nvidia container runtime hook directly")
+
+
+def cdi_only(error: str) -> bool:
+    return any(words in error.lower() for words in _CDI_ONLY)
 
 
 def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
