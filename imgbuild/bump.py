@@ -132,7 +132,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
         host, repo = tagmod.repository_for(framework, settings.ngc_registry)
         info = tagmod.TagInfo(tag, tag, None)
         tagmod.add_details(RegistryClient.for_host(host, settings), repo, [info], cache)
-        return ok_and_why(judge_tag(tag, info.cuda, info.arch_list, targets, driver))
+        return ok_and_why(judge_tag(tag, info.cuda, info.arch_list, targets, driver, info.platforms, info.variants))
 
     results = bump(paths, dry_run=dry_run, tags_for=tags_for, fits=fits)
     for moved in [] if dry_run else [r for r in results if r.changed]:

@@ -201,11 +201,28 @@ def _no_arch_list(cuda: tuple[int, int], target: Target) -> tuple[bool, str, str
     return True, "unknown", f"{target.sm}: the image declares no arch list (not checked)"
 
 
-def judge_tag(tag: str, cuda: str, archs: str, targets: list[Target], driver: str | None) -> list[Verdict]:
+def judge_tag(
+    tag: str,
+    cuda: str,
+    archs: str,
+    targets: list[Target],
+    driver: str | None,
+    platforms: tuple[str, ...] = (),
+    variants: dict[str, dict[str, str]] | None = None,
+) -> list[Verdict]:
     """A registry tag, from what its image config declares (CUDA_VERSION, TORCH_CUDA_ARCH_LIST): each target,
-    or with no target the driver alone (one verdict with an empty target). `tags --compatible` and `bump`."""
+    or with no target the driver alone (one verdict with an empty target). `tags --compatible` and `bump`.
+    A target that comes only in arm64 machines is judged on the tag's arm64 variant (`variants`), and cannot
+    run a tag whose `platforms` lack it."""
     if targets:
-        return judge(GpuFacts(tag, cuda, archs, "TORCH_CUDA_ARCH_LIST"), targets, driver)
+        verdicts = []
+        for target in targets:
+            variant = (variants or {}).get(target.cpu)
+            facts = GpuFacts(tag, cuda, archs, "TORCH_CUDA_ARCH_LIST", platforms)
+            if variant is not None:
+                facts = GpuFacts(tag, variant["cuda"], variant["arch_list"], f"its {target.cpu} image", platforms)
+            verdicts += judge(facts, [target], driver)
+        return verdicts
     version = cuda_of(cuda)
     if version is None or not driver:
         return [Verdict("", "", True, "unknown", "the tag declares no CUDA version")]

@@ -108,6 +108,7 @@ class Manifest:
     digest: str
     media_type: str
     body: dict[str, Any]
+    platforms: tuple[str, ...] = ()  # the CPU architectures an index lists (linux); () for a single image
 
     @property
     def config_digest(self) -> str:
@@ -449,8 +450,10 @@ class RegistryClient:
                 raise RegistryError(f"registry {self.host}: {repo} has more than {max_pages} pages of tags")
         return tags
 
-    def manifest(self, repo: str, reference: str, *, resolve_platform: bool = True) -> Manifest:
-        """The manifest for a tag or digest; an index/list is resolved to this host's platform."""
+    def manifest(
+        self, repo: str, reference: str, *, resolve_platform: bool = True, arch: str | None = None
+    ) -> Manifest:
+        """The manifest for a tag or digest; an index/list is resolved to this host's platform (or `arch`)."""
         scope = f"repository:{repo}:pull"
         resp = self.request("GET", f"/v2/{repo}/manifests/{reference}", scope, {"Accept": MANIFEST_TYPES})
         self._check(resp, f"manifest {reference}", repo)
@@ -462,16 +465,19 @@ class RegistryClient:
         if not DIGEST_RE.fullmatch(digest):
             digest = _digest_of(resp.content)  # what we received is what we pin
         if resolve_platform and media_type in INDEX_TYPES:
-            os_name, arch = host_platform()
+            os_name, host_arch = host_platform()
+            arch = arch or host_arch
             listed = body.get("manifests")
-            for entry in listed if isinstance(listed, list) else []:
-                plat = entry.get("platform") if isinstance(entry, dict) else None
-                if isinstance(plat, dict) and plat.get("os") == os_name and plat.get("architecture") == arch:
+            entries = [e for e in (listed if isinstance(listed, list) else [])[:64] if isinstance(e, dict)]
+            plats: list[dict[str, Any]] = [p if isinstance(p := e.get("platform"), dict) else {} for e in entries]
+            platforms = tuple(sorted({str(p.get("architecture")) for p in plats if p.get("os") == os_name}))
+            for entry, plat in zip(entries, plats, strict=True):
+                if plat.get("os") == os_name and plat.get("architecture") == arch:
                     inner_digest = str(entry.get("digest", ""))
                     if not DIGEST_RE.fullmatch(inner_digest):
                         raise RegistryError(f"registry {self.host}: {repo}:{reference} lists a malformed digest")
                     inner = self.manifest(repo, inner_digest, resolve_platform=False)
-                    return Manifest(digest, media_type, inner.body)
+                    return Manifest(digest, media_type, inner.body, platforms)
             raise RegistryError(f"registry {self.host}: {repo}:{reference} has no {os_name}/{arch} image")
         return Manifest(digest, media_type, body)
 

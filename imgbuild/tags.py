@@ -19,7 +19,10 @@ from imgbuild.errors import RegistryUnavailable, UsageError
 from imgbuild.fleet import judge_tag, parse_targets
 from imgbuild.gpus import NoGpus, read_devices
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
-from imgbuild.registry import RegistryClient
+from imgbuild.registry import RegistryClient, host_platform
+
+#: The platforms whose own arch lists a tag is judged on (GPU machines: amd64, and arm64 for Grace and Jetson).
+VARIANT_ARCHS = ("amd64", "arm64")
 
 
 @dataclass
@@ -38,6 +41,8 @@ class TagInfo:
     arch_list: str = ""
     compatible: bool | None = None
     why: str = ""
+    platforms: tuple[str, ...] = ()  # the CPU architectures the tag exists for (a manifest list's)
+    variants: dict[str, dict[str, str]] = field(default_factory=dict)  # other platforms' cuda and arch_list
 
 
 @dataclass
@@ -166,16 +171,23 @@ def select(tags: list[str], *, since: str | None, variant: str, limit: int | Non
 def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: TagCache, workers: int = 8) -> None:
     """Fill CUDA/cuDNN/framework/... from each tag's config blob, fetched in parallel."""
 
-    def one(info: TagInfo) -> None:
-        manifest = client.manifest(repo, info.tag)
+    def facts_of(manifest: Any) -> dict[str, Any]:
         facts = cache.get_details(manifest.config_digest)
         if facts is None:
-            config = client.blob_json(repo, manifest.config_digest)
-            facts = describe_config(config)
+            facts = describe_config(client.blob_json(repo, manifest.config_digest))
             cache.put_details(manifest.config_digest, facts)
-        info.digest, info.size = manifest.digest, manifest.size
+        return facts
+
+    def one(info: TagInfo) -> None:
+        manifest = client.manifest(repo, info.tag)
+        facts = facts_of(manifest)
+        info.digest, info.size, info.platforms = manifest.digest, manifest.size, manifest.platforms
         for key in ("cuda", "cudnn", "framework", "framework_version", "python", "driver", "arch_list"):
             setattr(info, key, facts.get(key, ""))
+        # NGC's arch lists differ by platform (arm64 25.10 has 11.0 and no 7.5): each platform judged by its own
+        for arch in (a for a in manifest.platforms if a in VARIANT_ARCHS and a != host_platform()[1]):
+            other = facts_of(client.manifest(repo, info.tag, arch=arch))
+            info.variants[arch] = {"cuda": other.get("cuda", ""), "arch_list": other.get("arch_list", "")}
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(infos)))) as pool:
         list(pool.map(one, infos))
@@ -208,7 +220,7 @@ def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
     if not host.driver and not host.capabilities:
         return True, "no GPU information (give --driver/--arch)"
     targets = parse_targets(list(host.capabilities)) if host.capabilities else []
-    verdicts = judge_tag(info.tag, info.cuda, info.arch_list, targets, host.driver)
+    verdicts = judge_tag(info.tag, info.cuda, info.arch_list, targets, host.driver, info.platforms, info.variants)
     return all(v.runs for v in verdicts), "; ".join(dict.fromkeys(v.reason for v in verdicts))
 
 

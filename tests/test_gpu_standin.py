@@ -109,3 +109,15 @@ def test_bump_does_not_move_past_the_fleets_driver(testbed, tmp_path):
     assert 'tag: "24.05"' in recipe.read_text()
     free = run_cli("bump", "--json", cwd=tmp_path, env={"IMGBUILD_FLEET_DRIVER": "580.95.05"})
     assert json.loads(free.out)[0]["newest"] == "26.01-py3" and 'tag: "26.01"' in recipe.read_text()
+
+
+def test_tags_judges_an_arm64_gpu_on_the_tags_arm64_image(testbed):
+    """Issue 28: the bed's tags are manifest lists with NGC's arm64 config beside the amd64 image; Thor (11.0,
+    arm64 only) is judged on the arm64 arch list, which has 11.0 (the amd64 one has not)."""
+    res = run_cli(
+        "tags", "pytorch", "--since", "25.10", "--compatible", "--driver", "580.95.05", "--arch", "thor", "--json"
+    )
+    assert res.code == 0, res.err
+    tag = next(t for t in json.loads(res.out)["tags"] if t["tag"] == "25.10-py3")
+    assert tag["platforms"] == ["amd64", "arm64"] and "11.0" in tag["variants"]["arm64"]["arch_list"]
+    assert tag["compatible"] is True and "sm_110: native kernels" in tag["why"]

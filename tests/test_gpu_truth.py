@@ -16,7 +16,7 @@ import pytest
 from imgbuild import smoke_image as script
 from imgbuild.config import load_settings
 from imgbuild.errors import ImgbuildError, UsageError
-from imgbuild.fleet import GpuFacts, driver_verdict, judge, parse_target, parse_targets
+from imgbuild.fleet import GpuFacts, driver_verdict, judge, judge_tag, parse_target, parse_targets
 
 DATA = Path(__file__).parent / "data"
 PROFILES = json.loads((DATA / "gpu-profiles.json").read_text())["profiles"]
@@ -808,3 +808,20 @@ def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
     legacy, cdi = client.created
     assert cdi["device_requests"][0]["DeviceIDs"] == ["nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"]
     assert "NVIDIA_VISIBLE_DEVICES" not in cdi["environment"]
+
+
+def test_a_registry_tag_is_judged_on_the_platform_of_each_target():
+    """Issue 28 (review item 3): `tags --compatible` and `bump` read this host's (amd64) arch list for every
+    target; NGC's arm64 25.10 list differs (11.0 for Thor, no 7.5). An arm64-only GPU is judged on the arm64
+    variant, and cannot run a tag that has none."""
+    amd64 = "7.5 8.0 8.6 9.0 10.0 12.0+PTX"
+    arm64 = {"arm64": {"cuda": "13.0", "arch_list": "8.0 8.6 9.0 10.0 11.0 12.0+PTX"}}
+    both = ("amd64", "arm64")
+    (thor,) = judge_tag("25.10-py3", "13.0", amd64, parse_targets("thor"), "580.95.05", both, arm64)
+    assert thor.runs and "sm_110: native kernels" in thor.reason
+    (on_amd64_list,) = judge_tag("25.10-py3", "13.0", amd64, parse_targets("thor"), "580.95.05", both, {})
+    assert not on_amd64_list.runs  # what the old code said from the amd64 list alone
+    (none,) = judge_tag("24.05-py3", "13.0", amd64, parse_targets("gh200"), "580.95.05", ("amd64",), {})
+    assert not none.runs and "no arm64 variant (only amd64)" in none.reason
+    t4 = judge_tag("25.10-py3", "13.0", amd64, parse_targets("t4"), "580.95.05", both, arm64)[0]
+    assert t4.runs  # an x86 GPU is judged on the tag's own (amd64) list
