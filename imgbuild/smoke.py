@@ -172,11 +172,29 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
     return report
 
 
-def add_fleet_check(report: SmokeReport, targets: list[Target], driver: str | None) -> list[Verdict]:
-    """Judge the fleet from what the image's framework reported; a target it cannot serve fails the report."""
+def add_fleet_check(
+    report: SmokeReport,
+    targets: list[Target],
+    driver: str | None,
+    platforms: tuple[str, ...] = (),
+    variants: dict[str, dict[str, str]] | None = None,
+) -> list[Verdict]:
+    """Judge the fleet from what the image's framework reported; a target it cannot serve fails the report.
+    `platforms`/`variants`: what the registry says of the image's other platforms (an arm64-only GPU is judged
+    on the arm64 image's own arch list)."""
     if not targets:
         return []
-    verdicts = judge(report.gpu_facts(), targets, driver)
+    facts = report.gpu_facts()
+    if platforms:
+        facts = GpuFacts(facts.image, facts.cuda, facts.archs, facts.source, platforms)
+    verdicts = []
+    for target in targets:
+        variant = (variants or {}).get(target.cpu)
+        if variant is not None:
+            judged = GpuFacts(facts.image, variant["cuda"], variant["arch_list"], f"its {target.cpu} image", platforms)
+            verdicts += judge(judged, [target], driver)
+        else:
+            verdicts += judge(facts, [target], driver)
     blocked = blockers(verdicts)
     names = ", ".join(v.target for v in verdicts)
     details = {"verdicts": [v.to_json() for v in verdicts], "driver": driver or ""}
@@ -216,8 +234,38 @@ def declared_fleet(settings: Any, recipe_targets: list[str], host_has_gpus: bool
     return targets, driver
 
 
-def fleet_report(engine: ImageEngine, image: str, targets: list[Target], driver: str | None) -> SmokeReport:
-    """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target."""
+def fleet_report(
+    engine: ImageEngine, image: str, targets: list[Target], driver: str | None, settings: Any = None
+) -> SmokeReport:
+    """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target. For a GPU
+    that comes only in arm64 machines, a registry image's arm64 variant is read from the registry."""
     report = run_smoke(engine, SmokeRequest(image, libraries_only=True))
-    add_fleet_check(report, targets, driver)
+    platforms, variants = _registry_platforms(image, settings) if any(t.cpu != "any" for t in targets) else ((), {})
+    add_fleet_check(report, targets, driver, platforms, variants)
     return report
+
+
+def _registry_platforms(image: str, settings: Any) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+    """(the platforms a registry image exists for, the other platforms' cuda and arch list); nothing for a local
+    image or a registry that does not answer (then the image the engine holds is what is judged)."""
+    from pathlib import Path
+
+    from imgbuild import imageref
+    from imgbuild import tags as tagmod
+    from imgbuild.config import load_settings
+    from imgbuild.registry import RegistryClient
+
+    try:
+        ref = imageref.parse(image)
+    except imageref.BadReference:
+        return (), {}
+    if not ref.host or ref.digest:
+        return (), {}
+    settings = settings or load_settings()
+    info = tagmod.TagInfo(ref.tag or "latest", ref.tag or "latest", None)
+    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+    try:
+        tagmod.add_details(RegistryClient.for_host(ref.host, settings), ref.repository, [info], cache, workers=1)
+    except ImgbuildError:
+        return (), {}
+    return info.platforms, info.variants

@@ -41,12 +41,12 @@ def test_smoke_for_every_known_gpu_on_the_cuda_standin(standin):
     assert libraries["details"]["nccl"] and libraries["details"]["arch_list"][0] == "sm_75"
     verdicts = {v["target"]: v for v in checks["fleet"]["details"]["verdicts"]}
     assert set(verdicts) == set(GPU_MODELS)
+    # arm64-only machines are judged on the tag's arm64 image (NGC's arm64 25.10 list: 8.0 8.6 9.0 10.0 11.0
+    # 12.0+PTX), read from the registry: Orin (8.7, an iGPU) has nothing there, Thor (11.0) has its own
+    arm64 = {"gh200": True, "gb200": True, "gb300": True, "gb10": True, "orin": False, "thor": True}
     for name, model in GPU_MODELS.items():
-        # the stand-in, like the 25.10 image it imitates on this host, is amd64: arm64-only machines cannot run it
-        runs = _runs_here(model.capability) and model.cpu == "any"
+        runs = arm64[name] if model.cpu == "arm64" else _runs_here(model.capability)
         assert verdicts[name]["runs"] is runs, verdicts[name]
-    for name in ("gh200", "gb200", "gb10"):  # issue 28: the CPU architecture is part of the verdict
-        assert "host is arm64; this image has no arm64 variant (only amd64)" in verdicts[name]["reason"]
     assert res.code == 1  # V100 and P100 have no kernels in a CUDA 13 build
     assert "v100: sm_70: no kernels for this GPU" in res.out
     fits = run_cli("smoke", standin, "--for", "t4,l40s,h100,b300", "--driver", "580.95.05")
@@ -121,3 +121,25 @@ def test_tags_judges_an_arm64_gpu_on_the_tags_arm64_image(testbed):
     tag = next(t for t in json.loads(res.out)["tags"] if t["tag"] == "25.10-py3")
     assert tag["platforms"] == ["amd64", "arm64"] and "11.0" in tag["variants"]["arm64"]["arch_list"]
     assert tag["compatible"] is True and "sm_110: native kernels" in tag["why"]
+
+
+def test_smoke_for_arm64_gpus_on_an_amd64_only_image(testbed):
+    """Issue 28's done-when: `smoke --for gh200,gb200,gb10` on an amd64-only image (here: the stand-in under a
+    local name, which no registry lists for arm64) says it cannot run and why."""
+    import subprocess
+
+    local = "imgbuildtest/amd64-only:1"
+    standin = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:25.10-py3"
+    assert subprocess.run(["docker", "tag", standin, local], capture_output=True).returncode == 0
+    try:
+        res = run_cli("smoke", local, "--for", "gh200,gb200,gb10,h100", "--driver", "580.95.05", "--json")
+    finally:
+        subprocess.run(["docker", "rmi", local], capture_output=True)
+    assert res.code == 1, res.err
+    verdicts = {
+        v["target"]: v
+        for v in next(c for c in json.loads(res.out)["checks"] if c["name"] == "fleet")["details"]["verdicts"]
+    }
+    for name in ("gh200", "gb200", "gb10"):
+        assert not verdicts[name]["runs"] and "no arm64 variant (only amd64)" in verdicts[name]["reason"]
+    assert verdicts["h100"]["runs"]

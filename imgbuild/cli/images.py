@@ -151,7 +151,7 @@ def smoke(
     settings = _settings(ctx)
     engine = Engine.connect(settings.docker_cli)
     if fleet is not None:
-        result = fleet_report(engine, image, fleet, driver)
+        result = fleet_report(engine, image, fleet, driver, settings)
     else:
         result = run_smoke(engine, SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus), settings)
     if report:
