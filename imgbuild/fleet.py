@@ -201,6 +201,23 @@ def _no_arch_list(cuda: tuple[int, int], target: Target) -> tuple[bool, str, str
     return True, "unknown", f"{target.sm}: the image declares no arch list (not checked)"
 
 
+def judge_per_platform(
+    facts: GpuFacts, targets: list[Target], driver: str | None, variants: dict[str, dict[str, str]] | None = None
+) -> list[Verdict]:
+    """Each target judged on the image of its own platform: a GPU that comes only in arm64 machines on the
+    arm64 variant's CUDA and arch list where the registry has one (`variants`), else on `facts`."""
+    verdicts = []
+    for target in targets:
+        variant = (variants or {}).get(target.cpu)
+        if variant is not None:
+            source = f"its {target.cpu} image"
+            judged = GpuFacts(facts.image, variant["cuda"], variant["arch_list"], source, facts.platforms)
+        else:
+            judged = facts
+        verdicts += judge(judged, [target], driver)
+    return verdicts
+
+
 def judge_tag(
     tag: str,
     cuda: str,
@@ -215,14 +232,9 @@ def judge_tag(
     A target that comes only in arm64 machines is judged on the tag's arm64 variant (`variants`), and cannot
     run a tag whose `platforms` lack it."""
     if targets:
-        verdicts = []
-        for target in targets:
-            variant = (variants or {}).get(target.cpu)
-            facts = GpuFacts(tag, cuda, archs, "TORCH_CUDA_ARCH_LIST", platforms)
-            if variant is not None:
-                facts = GpuFacts(tag, variant["cuda"], variant["arch_list"], f"its {target.cpu} image", platforms)
-            verdicts += judge(facts, [target], driver)
-        return verdicts
+        return judge_per_platform(
+            GpuFacts(tag, cuda, archs, "TORCH_CUDA_ARCH_LIST", platforms), targets, driver, variants
+        )
     version = cuda_of(cuda)
     if version is None or not driver:
         return [Verdict("", "", True, "unknown", "the tag declares no CUDA version")]

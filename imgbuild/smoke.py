@@ -17,7 +17,7 @@ from imgbuild import limits
 from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
-from imgbuild.fleet import GpuFacts, Target, Verdict, blockers, judge
+from imgbuild.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 
 SCRIPT = Path(__file__).parent / "smoke_image.py"
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -187,14 +187,7 @@ def add_fleet_check(
     facts = report.gpu_facts()
     if platforms:
         facts = GpuFacts(facts.image, facts.cuda, facts.archs, facts.source, platforms)
-    verdicts = []
-    for target in targets:
-        variant = (variants or {}).get(target.cpu)
-        if variant is not None:
-            judged = GpuFacts(facts.image, variant["cuda"], variant["arch_list"], f"its {target.cpu} image", platforms)
-            verdicts += judge(judged, [target], driver)
-        else:
-            verdicts += judge(facts, [target], driver)
+    verdicts = judge_per_platform(facts, targets, driver, variants)
     blocked = blockers(verdicts)
     names = ", ".join(v.target for v in verdicts)
     details = {"verdicts": [v.to_json() for v in verdicts], "driver": driver or ""}
