@@ -41,6 +41,8 @@ class Gpu:
     compute_cap: str = ""  # "8.0"; empty where the reader cannot tell (old nvidia-smi)
     driver: str = ""  # the host driver's version, the same on every GPU
     cpu_affinity: str = ""  # the CPUs of the GPU's NUMA node, as a list like 0-31,64-95 ("" unknown)
+    mig_parent: str = ""  # a MIG slice: its GPU's UUID (the slice is the unit a container is given, by MIG- UUID)
+    mig_profile: str = ""  # "1g.10gb"
 
     @property
     def users(self) -> set[str]:
@@ -100,7 +102,9 @@ GPU_QUERY = ",".join(GPU_FIELDS + EXTRA_FIELDS)
 APP_QUERY = "gpu_uuid,pid,process_name,used_memory"
 
 
-def parse_smi(gpu_csv: str, apps_csv: str, extra: bool = True) -> list[Gpu]:
+def parse_smi(
+    gpu_csv: str, apps_csv: str, extra: bool = True, elsewhere: dict[str, list[GpuProcess]] | None = None
+) -> list[Gpu]:
     """Parse `nvidia-smi --query-gpu=GPU_QUERY` (without EXTRA_FIELDS when `extra` is false) and
     `--query-compute-apps=APP_QUERY` (`--format=csv,noheader,nounits`); `[N/A]` and `[Not Supported]`
     become None / 0. A GPU name may hold commas: the columns are counted from both ends."""
@@ -127,6 +131,8 @@ def parse_smi(gpu_csv: str, apps_csv: str, extra: bool = True) -> list[Gpu]:
         name = ", ".join(parts[2:-1])
         if uuid in gpus and pid.isdigit():
             gpus[uuid].processes.append(GpuProcess(int(pid), name, _int(used) or 0))
+        elif elsewhere is not None and pid.isdigit():  # on a device that is no GPU of the list: a MIG slice
+            elsewhere.setdefault(uuid, []).append(GpuProcess(int(pid), name, _int(used) or 0))
     return sorted(gpus.values(), key=lambda g: g.index)
 
 
@@ -151,10 +157,12 @@ class SmiReader:
     def read(self) -> list[Gpu]:
         fmt = "--format=csv,noheader,nounits"
         apps = self._run([f"--query-compute-apps={APP_QUERY}", fmt])
+        on_slices: dict[str, list[GpuProcess]] = {}
         try:
-            gpus = parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]), apps)
+            gpus = parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]), apps, elsewhere=on_slices)
         except NoGpus:  # drivers before R510 know no compute_cap field
-            gpus = parse_smi(self._run([f"--query-gpu={','.join(GPU_FIELDS)}", fmt]), apps, extra=False)
+            on_slices.clear()
+            gpus = parse_smi(self._run([f"--query-gpu={','.join(GPU_FIELDS)}", fmt]), apps, False, on_slices)
         buses: dict[str, str] = {}
         try:
             for line in self._run(["--query-gpu=uuid,pci.bus_id", fmt]).splitlines():
@@ -165,7 +173,11 @@ class SmiReader:
             pass
         for gpu in gpus:
             gpu.cpu_affinity = numa_cpus(buses.get(gpu.uuid, ""))
-        return gpus
+        try:
+            layout = mig_layout(self._run(["-L"]))
+        except NoGpus:
+            layout = {}
+        return split_mig(gpus, layout, on_slices)
 
 
 class NvmlReader:
@@ -199,12 +211,109 @@ class NvmlReader:
                 used, total = int(mem.used // 2**20), int(mem.total // 2**20)
                 gpu = Gpu(i, uuid, name, used, total, util, procs, f"{major}.{minor}", driver)
                 gpu.cpu_affinity = numa_cpus(_text(pynvml.nvmlDeviceGetPciInfo(h).busId))
-                out.append(gpu)
+                slices = _mig_slices(pynvml, h, gpu)
+                out.extend(slices or [gpu])  # a MIG GPU is its slices: each is given, and busy, on its own
             return out
         except pynvml.NVMLError as exc:
             raise NoGpus(f"NVML: {exc}") from exc
         finally:
             pynvml.nvmlShutdown()
+
+
+_MIG_PROFILE = re.compile(r"MIG ([0-9]+g\.[0-9]+gb(?:\+[a-z]+)?)")
+
+
+def _mig_slices(pynvml: Any, handle: Any, parent: Gpu) -> list[Gpu]:
+    """The MIG devices of a GPU in MIG mode, each with its own memory and processes; [] when MIG is off."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:  # a GPU without MIG
+        return []
+    if current != getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return []
+    slices = []
+    for j in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except pynvml.NVMLError:  # an empty slot
+            continue
+        name = _text(pynvml.nvmlDeviceGetName(mig))
+        mem = pynvml.nvmlDeviceGetMemoryInfo(mig)
+        procs = [
+            GpuProcess(p.pid, "", int((p.usedGpuMemory or 0) // 2**20))
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+        ]
+        profile = _MIG_PROFILE.search(name)
+        slices.append(
+            Gpu(
+                parent.index,
+                _text(pynvml.nvmlDeviceGetUUID(mig)),
+                name,
+                int(mem.used // 2**20),
+                int(mem.total // 2**20),
+                None,  # NVML reports no utilisation for a MIG device
+                procs,
+                parent.compute_cap,
+                parent.driver,
+                parent.cpu_affinity,
+                mig_parent=parent.uuid,
+                mig_profile=profile.group(1) if profile else "",
+            )
+        )
+    return slices
+
+
+_SMI_GPU_LINE = re.compile(r"GPU ([0-9]+): .* \(UUID: (GPU-[0-9a-fA-F-]+)\)")
+_SMI_MIG_LINE = re.compile(r"\s+MIG (\S+)\s+Device\s+([0-9]+): \(UUID: (MIG-[0-9a-fA-F/-]+)\)")
+
+
+def mig_layout(listing: str) -> dict[str, list[tuple[str, str]]]:
+    """`nvidia-smi -L`: each MIG-mode GPU's UUID -> its slices as (profile, MIG- UUID)."""
+    layout: dict[str, list[tuple[str, str]]] = {}
+    parent = ""
+    for line in listing.splitlines()[:4096]:
+        gpu = _SMI_GPU_LINE.match(line)
+        if gpu:
+            parent = gpu.group(2)
+            continue
+        mig = _SMI_MIG_LINE.match(line)
+        if mig and parent:
+            layout.setdefault(parent, []).append((mig.group(1), mig.group(3)))
+    return layout
+
+
+def split_mig(
+    gpus: list[Gpu], layout: dict[str, list[tuple[str, str]]], on_slices: dict[str, list[GpuProcess]] | None = None
+) -> list[Gpu]:
+    """nvidia-smi's GPUs with each MIG-mode GPU replaced by its slices. A process nvidia-smi reports on a slice's
+    MIG UUID (`on_slices`) is that slice's; one it names only by the GPU counts on every slice of it (it cannot
+    be placed, and a free-looking slice that is not would be worse)."""
+    out: list[Gpu] = []
+    for gpu in gpus:
+        slices = layout.get(gpu.uuid)
+        if not slices:
+            out.append(gpu)
+            continue
+        for profile, uuid in slices:
+            placed = [*gpu.processes, *(on_slices or {}).get(uuid, [])]
+            share = gpu.memory_total_mib // max(1, len(slices))
+            out.append(
+                Gpu(
+                    gpu.index,
+                    uuid,
+                    f"{gpu.name} MIG {profile}",
+                    0,
+                    share,
+                    None,
+                    placed,
+                    gpu.compute_cap,
+                    gpu.driver,
+                    gpu.cpu_affinity,
+                    mig_parent=gpu.uuid,
+                    mig_profile=profile,
+                )  # fmt: skip
+            )
+    return out
 
 
 def numa_cpus(bus_id: str, sys: Path = Path("/sys")) -> str:

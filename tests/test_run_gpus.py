@@ -357,3 +357,109 @@ def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, mon
     assert "-d" in detached and "--rm" not in detached
     attached = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
     assert "--rm" in attached
+
+
+# --- MIG (issue 28, gpu-review-3 item 6) ------------------------------------------------------------------
+
+
+def _fake_nvml(monkeypatch, busy_slice: int):
+    """NVML of a host with GPU 0 an H100 in MIG mode (three 1g.10gb slices; `busy_slice` runs bob's job) and
+    GPU 1 a whole H100."""
+    import sys
+    import types
+
+    class NVMLError(Exception):
+        pass
+
+    class Handle:
+        def __init__(self, uuid, name, mig=None, procs=()):
+            self.uuid, self.name, self.mig, self.procs = uuid, name, mig, list(procs)
+
+    slices = [
+        Handle(f"MIG-{j}aaaaaaa-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+               procs=[types.SimpleNamespace(pid=4242, usedGpuMemory=2**30)] if j == busy_slice else [])
+        for j in range(3)
+    ]  # fmt: skip
+    gpus = [
+        Handle("GPU-00000000-0000-0000-0000-00000000aaaa", "NVIDIA H100 80GB HBM3", mig=slices),
+        Handle("GPU-00000000-0000-0000-0000-00000000bbbb", "NVIDIA H100 80GB HBM3"),
+    ]
+
+    def mig_mode(h):
+        if h.mig is None:
+            raise NVMLError("not supported")
+        return 1, 1
+
+    def mig_handle(h, j):
+        if j >= len(h.mig):
+            raise NVMLError("not found")
+        return h.mig[j]
+
+    nvml = types.SimpleNamespace(
+        NVMLError=NVMLError,
+        NVML_DEVICE_MIG_ENABLE=1,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: "580.95.05",
+        nvmlDeviceGetCount=lambda: len(gpus),
+        nvmlDeviceGetHandleByIndex=lambda i: gpus[i],
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=0, total=(10 if h.mig is None and "MIG" in h.name else 80) * 2**30),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=0),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: h.procs,
+        nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
+        nvmlDeviceGetName=lambda h: h.name,
+        nvmlDeviceGetUUID=lambda h: h.uuid,
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=""),
+        nvmlDeviceGetMigMode=mig_mode,
+        nvmlDeviceGetMaxMigDeviceCount=lambda h: 7,
+        nvmlDeviceGetMigDeviceHandleByIndex=mig_handle,
+    )  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    return slices
+
+
+def test_a_mig_gpu_is_its_slices_and_one_busy_slice_leaves_the_others_free(monkeypatch):
+    """The parent UUID of a MIG GPU is no device CUDA can use, and one busy slice marked the whole GPU busy: the
+    slices are the units now, each with its own processes, chosen by MIG- UUID."""
+    from imgbuild.gpus import NvmlReader, select_gpus
+
+    slices = _fake_nvml(monkeypatch, busy_slice=0)
+    gpus = NvmlReader().read()
+    assert [g.uuid for g in gpus] == [s.uuid for s in slices] + ["GPU-00000000-0000-0000-0000-00000000bbbb"]
+    assert {g.mig_profile for g in gpus[:3]} == {"1g.10gb"} and gpus[0].mig_parent.endswith("aaaa")
+    for gpu in gpus:
+        for proc in gpu.processes:
+            proc.user = "bob"
+    chosen = select_gpus("2", gpus, "alice")
+    assert slices[0].uuid not in chosen.uuids and len(chosen.uuids) == 2  # bob's slice is his alone
+    named = select_gpus("3", gpus, "alice")  # the whole GPU 1 and the two free slices
+    assert set(named.uuids) == {slices[1].uuid, slices[2].uuid, "GPU-00000000-0000-0000-0000-00000000bbbb"}
+
+
+def test_nvidia_smi_lists_mig_slices_and_places_processes_it_can():
+    from imgbuild.gpus import Gpu, GpuProcess, mig_layout, split_mig
+
+    listing = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-1111-2222-3333-444455556666)\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-c6d4f1ef-aaaa-bbbb-cccc-ddddeeeeffff)\n"
+        "  MIG 1g.5gb      Device  1: (UUID: MIG-11111111-aaaa-bbbb-cccc-ddddeeeeffff)\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-77777777-1111-2222-3333-444455556666)\n"
+    )
+    layout = mig_layout(listing)
+    assert layout == {
+        "GPU-5d5ba0d6-1111-2222-3333-444455556666": [
+            ("3g.20gb", "MIG-c6d4f1ef-aaaa-bbbb-cccc-ddddeeeeffff"),
+            ("1g.5gb", "MIG-11111111-aaaa-bbbb-cccc-ddddeeeeffff"),
+        ]
+    }
+    parent = Gpu(0, "GPU-5d5ba0d6-1111-2222-3333-444455556666", "NVIDIA A100-SXM4-40GB", 0, 40960, None)
+    whole = Gpu(1, "GPU-77777777-1111-2222-3333-444455556666", "NVIDIA A100-SXM4-40GB", 0, 40960, 0)
+    on_slices = {"MIG-11111111-aaaa-bbbb-cccc-ddddeeeeffff": [GpuProcess(99, "python", 900)]}
+    gpus = split_mig([parent, whole], layout, on_slices)
+    assert [g.uuid for g in gpus] == [
+        "MIG-c6d4f1ef-aaaa-bbbb-cccc-ddddeeeeffff",
+        "MIG-11111111-aaaa-bbbb-cccc-ddddeeeeffff",
+        "GPU-77777777-1111-2222-3333-444455556666",
+    ]
+    assert gpus[0].processes == [] and [p.pid for p in gpus[1].processes] == [99]
+    assert gpus[0].mig_profile == "3g.20gb" and gpus[1].name.endswith("MIG 1g.5gb")
