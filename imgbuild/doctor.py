@@ -319,15 +319,15 @@ def collect(settings: Any, engine: Any) -> HostFacts:
     gpu_error = ""
     if driver is not None:
         try:
-            for gpu in read_gpus(getattr(settings, "gpu_snapshot", None)):
-                gpus.append(
-                    {
-                        "index": gpu.index,
-                        "name": gpu.name,
-                        "capability": getattr(gpu, "compute_cap", ""),
-                        "mig": bool(getattr(gpu, "mig", False)),
-                    }
+            seen: dict[int, dict[str, Any]] = {}
+            for gpu in read_gpus(getattr(settings, "gpu_snapshot", None)):  # a MIG GPU's slices: one line
+                entry = seen.setdefault(
+                    gpu.index, {"index": gpu.index, "name": gpu.name, "capability": gpu.compute_cap}
                 )
+                entry["mig"] = entry.get("mig", False) or bool(gpu.mig_parent)
+                if gpu.mig_parent:
+                    entry["name"] = gpu.name.split(" MIG ")[0]
+            gpus = list(seen.values())
         except NoGpus as exc:
             gpu_error = str(exc)[:200]
     specs = tuple(
