@@ -157,3 +157,27 @@ def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, uniqu
         run_smoke(engine, SmokeRequest(image, skip_gpu=True), load_settings({}))
     (tools / "nvidia-ctk").write_text("#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.8'\n")
     assert "runs in every process" in check_preload(image, engine)  # patched toolkit: a note, not a refusal
+
+
+def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
+    """collect() on a GPU host (the driver's version file and the GPUs faked: this machine has none): a MIG GPU's
+    slices make one GPU line, and a V100 on R590 fails."""
+    from imgbuild import doctor
+    from imgbuild.config import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.gpus import Gpu
+
+    slices = [
+        Gpu(0, f"MIG-{j}", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 0, 5120, None, [], "8.0", "590.44.01", "",
+            "GPU-a", "1g.5gb")
+        for j in range(2)
+    ]  # fmt: skip
+    volta = Gpu(1, "GPU-v", "Tesla V100-SXM2-32GB", 0, 32768, 0, [], "7.0", "590.44.01")
+    snapshot = tmp_path / "gpus.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in [*slices, volta]]}))
+    monkeypatch.setattr(doctor, "_driver_version", lambda: "590.44.01")
+    facts = doctor.collect(load_settings({"gpu_snapshot": str(snapshot)}), FakeEngine())
+    assert [g["index"] for g in facts.gpus] == [0, 1] and facts.gpus[0]["mig"] and not facts.gpus[1]["mig"]
+    assert facts.gpus[0]["name"] == "NVIDIA A100-SXM4-40GB"
+    found = lines(facts)
+    assert found["mig"][0] == "warn" and found["gpus"][0] == "fail" and "R580 at the latest" in found["gpus"][1]
