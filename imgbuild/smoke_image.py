@@ -842,6 +842,24 @@ def torch_amp_training(torch) -> dict:
     }
 
 
+def loaded_library(name: str) -> str:
+    """The file this process loaded for a shared library (`libcudart.so`), from /proc/self/maps; "" if none."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                if "/" + name in path:
+                    return path
+    except OSError:
+        pass
+    return ""
+
+
+def is_wheel_path(path: str) -> bool:
+    """A library from a Python wheel (nvidia-cuda-runtime-cu12 and the like), not the system's CUDA."""
+    return "/site-packages/" in path or "/dist-packages/" in path
+
+
 def torch_libraries(torch) -> dict:
     """CUDA runtime, cuDNN and NCCL as the framework loads them, against what the image declares. No GPU needed."""
     cuda = torch.version.cuda
@@ -854,7 +872,11 @@ def torch_libraries(torch) -> dict:
     details = {"cuda": cuda, "arch_list": torch_arch_list(torch)}
     problems = []
     if declared and not version_prefix_agrees(cuda, declared, 2):
-        problems.append(f"torch was built with CUDA {cuda} but the image declares CUDA_VERSION={declared}")
+        runtime = loaded_library("libcudart.so")
+        if is_wheel_path(runtime):  # pip's torch on a CUDA base: its own runtime, not the system copy declared
+            details["cuda_note"] = f"torch loads its own CUDA {cuda} runtime ({runtime}), not the image's {declared}"
+        else:
+            problems.append(f"torch was built with CUDA {cuda} but the image declares CUDA_VERSION={declared}")
     if not torch.backends.cudnn.is_available():
         problems.append("cuDNN does not load")
     else:

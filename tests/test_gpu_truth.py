@@ -825,3 +825,42 @@ def test_a_registry_tag_is_judged_on_the_platform_of_each_target():
     assert not none.runs and "no arm64 variant (only amd64)" in none.reason
     t4 = judge_tag("25.10-py3", "13.0", amd64, parse_targets("t4"), "580.95.05", both, arm64)[0]
     assert t4.runs  # an x86 GPU is judged on the tag's own (amd64) list
+
+
+@pytest.mark.parametrize(
+    "runtime, status",
+    [
+        ("/usr/local/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12", "pass"),
+        ("/usr/local/cuda/lib64/libcudart.so.12", "fail"),
+        ("", "fail"),
+    ],
+)
+def test_pip_torch_on_a_cuda_base_is_not_held_to_the_system_cuda(runtime, status, monkeypatch):
+    """Issue 28 (review item 15): pip's torch cu121 on nvidia/cuda:12.4 loads its own CUDA runtime wheel, so the
+    base's CUDA_VERSION legitimately differs; it is reported, and still a failure where torch uses the system's."""
+    monkeypatch.setenv("CUDA_VERSION", "12.4.1")
+    monkeypatch.delenv("CUDNN_VERSION", raising=False)
+    monkeypatch.setattr(script, "loaded_library", lambda name: runtime)
+    torch = types.SimpleNamespace(
+        __version__="2.5.1+cu121",
+        version=types.SimpleNamespace(cuda="12.1"),
+        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(is_available=lambda: True, version=lambda: 90100)),
+        cuda=types.SimpleNamespace(
+            nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)), get_arch_list=lambda: ["sm_80"]
+        ),
+        distributed=types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True),
+        _C=types.SimpleNamespace(_cuda_getArchFlags=lambda: "sm_80 sm_90"),
+    )
+    report = script.Report()
+    report.run("cuda libraries", script.torch_libraries, torch)
+    (entry,) = report.checks
+    assert entry["status"] == status, entry["reason"]
+    if status == "pass":
+        assert "its own CUDA 12.1 runtime" in entry["details"]["cuda_note"]
+
+
+def test_loaded_library_reads_this_process_maps():
+    path = script.loaded_library("libc.so")
+    assert "/libc.so" in path and not script.is_wheel_path(path)
+    assert script.loaded_library("libnothing-such.so") == ""
+    assert script.is_wheel_path("/usr/lib/python3/dist-packages/nvidia/cudnn/lib/libcudnn.so.9")
