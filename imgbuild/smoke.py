@@ -101,8 +101,8 @@ def _run_settings(settings: Any) -> dict[str, Any]:
     return house_rules((settings or load_settings()).run)
 
 
-def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> list[str]:
-    """UUIDs of the GPUs `imgbuild run --gpus REQUEST` would give, by the same rules: none another user's
+def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> tuple[list[str], list[str]]:
+    """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
     process, container or starting run holds (the host's ledger); [] (all) where they cannot be read."""
     from imgbuild.gpus import GpusBusy, NoGpus, read_gpus, select_gpus
     from imgbuild.host import caller
@@ -112,18 +112,35 @@ def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> list[str]:
     try:
         readings = read_gpus(getattr(settings, "gpu_snapshot", None))
     except NoGpus:
-        return []
+        return [], []
     try:
         book = Ledger(_run_settings(settings)["state_dir"] or DEFAULT_STATE_DIR).read()
         held = held_on_host(engine.containers.rows(), book.holds(), readings)
     except ImgbuildError:
         held = Held()  # an unreadable ledger: the GPUs' own processes still count
     try:
-        return select_gpus(request, readings, caller().name, claims=held.gpus).uuids
+        chosen = select_gpus(request, readings, caller().name, claims=held.gpus)
     except GpusBusy as busy:
         raise ImgbuildError(
             f"{busy}; the smoke test needs a free GPU: wait, or skip its GPU half explicitly (--skip-gpu)"
         ) from None
+    return chosen.uuids, [g.mig_profile for g in chosen.gpus if g.mig_profile]
+
+
+def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
+    """What the in-image script is told: real fp32, the base framework's version, the recipe's smoke settings."""
+    env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
+    if labels.get(Label.BASE_FRAMEWORK_VERSION):
+        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
+    if req.min_speedup:
+        env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(req.min_speedup)
+    if req.imports:
+        env["IMGBUILD_SMOKE_IMPORTS"] = " ".join(req.imports)
+    if req.skip_imports:
+        env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
+    if req.commands:
+        env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
+    return env
 
 
 def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> SmokeReport:
@@ -138,17 +155,7 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
         verdict = preload_verdict(image_env, toolkit_version() if host_gpus_here else None, host_gpus_here)
         if verdict and verdict[0] == "fail":
             raise ImgbuildError(f"{req.image}: {verdict[1]}")
-    env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
-    if img.labels.get(Label.BASE_FRAMEWORK_VERSION):
-        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = img.labels[Label.BASE_FRAMEWORK_VERSION]
-    if req.min_speedup:
-        env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(req.min_speedup)
-    if req.imports:
-        env["IMGBUILD_SMOKE_IMPORTS"] = " ".join(req.imports)
-    if req.skip_imports:
-        env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
-    if req.commands:
-        env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
+    env = _script_env(img.labels, req)
     # `--gpus none` is a choice of no GPU, like --skip-gpu: never "every GPU" (issue 28, review item 10)
     no_gpu = req.skip_gpu or req.gpus.strip().lower() in ("none", "")
     host_gpus = engine.host_has_gpus() and not no_gpu and not req.libraries_only
@@ -156,17 +163,20 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
     house = _run_settings(settings)
+    chosen, mig_profiles = _pick_gpus(req.gpus, settings, engine) if host_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
         SCRIPT.read_text(),
         args,
         env,
-        gpus=_pick_gpus(req.gpus, settings, engine) if host_gpus else None,
+        gpus=chosen,
         timeout=req.timeout,
         ipc=None if house.get("shm_size") else str(house.get("ipc") or "host"),
         shm_size=str(house["shm_size"]) if house.get("shm_size") else None,
     )
     report = parse_output(req.image, code, output, note)
+    if mig_profiles:  # the slice the GPU checks ran on: its figures are a slice's, not the whole GPU's
+        report.meta["mig"] = mig_profiles
     if note and require_gpu:
         report.fail("gpu access", note + " (or skip the GPU checks explicitly: --skip-gpu)")
     return report

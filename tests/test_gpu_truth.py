@@ -864,3 +864,24 @@ def test_loaded_library_reads_this_process_maps():
     assert "/libc.so" in path and not script.is_wheel_path(path)
     assert script.loaded_library("libnothing-such.so") == ""
     assert script.is_wheel_path("/usr/lib/python3/dist-packages/nvidia/cudnn/lib/libcudnn.so.9")
+
+
+def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
+    """Issue 28 (review item 6): the smoke test is given a free MIG slice by its MIG- UUID (not the parent GPU's
+    UUID, no device for CUDA), and the report records the slice's profile (its figures are a slice's)."""
+    from imgbuild.config import load_settings
+    from imgbuild.engine.types import ImageInfo
+    from imgbuild.gpus import Gpu, GpuProcess
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    busy = Gpu(0, "MIG-aaaa", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 9000, 20000, None, [GpuProcess(7, "python", 9000, "bob")],
+               "8.0", "580.95.05", "", "GPU-0", "3g.20gb")  # fmt: skip
+    free = Gpu(0, "MIG-bbbb", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 0, 20000, None, [], "8.0", "580.95.05", "",
+               "GPU-0", "3g.20gb")  # fmt: skip
+    snapshot = tmp_path / "gpus.json"
+    snapshot.write_text(json.dumps({"gpus": [busy.to_json(), free.to_json()]}))
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    engine.images.add("sha256:img", ImageInfo("sha256:img", {}, {}), "lab/x:1")
+    report = run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({"gpu_snapshot": str(snapshot)}))
+    assert engine.containers.runs[-1]["gpus"] == ["MIG-bbbb"] and report.meta["mig"] == ["3g.20gb"]
