@@ -111,8 +111,14 @@ def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> tuple[list[s
 
     try:
         readings = read_gpus(getattr(settings, "gpu_snapshot", None))
-    except NoGpus:
-        return [], []
+    except NoGpus as exc:
+        if request.strip().lower() == "all":  # asked for every GPU by name: no reading needed
+            return [], []
+        # a GPU host whose GPUs cannot be read: taking every GPU (other users' too) is not the way round it
+        raise ImgbuildError(
+            f"this host has GPUs but they cannot be read ({exc}), so none can be chosen for the smoke test: "
+            "fix nvidia-smi/NVML (imgbuild doctor), or say --gpus all, or skip the GPU half (--skip-gpu)"
+        ) from None
     try:
         book = Ledger(_run_settings(settings)["state_dir"] or DEFAULT_STATE_DIR).read()
         held = held_on_host(engine.containers.rows(), book.holds(), readings)

@@ -885,3 +885,23 @@ def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
     engine.images.add("sha256:img", ImageInfo("sha256:img", {}, {}), "lab/x:1")
     report = run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({"gpu_snapshot": str(snapshot)}))
     assert engine.containers.runs[-1]["gpus"] == ["MIG-bbbb"] and report.meta["mig"] == ["3g.20gb"]
+
+
+def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did_not_choose(monkeypatch):
+    """Issue 28 (review item 10): GPUs that could not be read became [] (every GPU, other users' too)."""
+    from imgbuild import gpus as gpumod
+    from imgbuild.engine.types import ImageInfo
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    def unreadable(*_args, **_kw):
+        raise gpumod.NoGpus("nvidia-smi not found; nvidia-ml-py is not installed")
+
+    monkeypatch.setattr(gpumod, "read_gpus", unreadable)
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    engine.images.add("sha256:img", ImageInfo("sha256:img", {}, {}), "lab/x:1")
+    with pytest.raises(ImgbuildError, match=r"cannot be read .*--gpus all, or skip the GPU half \(--skip-gpu\)"):
+        run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({}))
+    assert engine.containers.runs == []
+    run_smoke(engine, SmokeRequest("lab/x:1", gpus="all"), load_settings({}))
+    assert engine.containers.runs[-1]["gpus"] == []  # every GPU, because it was asked for by name
