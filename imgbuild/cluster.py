@@ -251,10 +251,9 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
         # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
         'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
-        _words(opts) + memory + gpus + _words([job.image]) + ' "$@" &',
-        'wait "$!"',
+        _words(opts) + memory + gpus + _words([job.image]) + ' "$@" & wait "$!"',
     ]
-    return ["sh", "-c", "; ".join(script).replace("&;", "&"), "sh"]
+    return ["sh", "-c", "; ".join(script), "sh"]
 
 
 #: A word whose only expansions are variables ($VAR, ${VAR}): double-quoted, so the job's own variables expand;
@@ -649,7 +648,7 @@ def _check_header_values(flags: JobFlags) -> None:
     for name, (pattern, example) in _HEADER_VALUES.items():
         value = getattr(flags, name)
         if value is not None and not pattern.fullmatch(str(value)):
-            flag = "--" + name.replace("_", "-").replace("time", "time")
+            flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
 
 

@@ -820,3 +820,9 @@ def test_enroots_files_follow_its_image_format_and_never_write_through_a_link(tm
     with pytest.raises(UsageError, match="is a link out of the image"):
         _write_inside(rootfs, "etc/rc", "x")
     assert list(outside.iterdir()) == []
+
+
+def test_the_docker_steps_script_keeps_every_bind_as_written():
+    """The step's script was joined with '; ' and then '&;' replaced by '&': a bind holding '&;' lost its ';'."""
+    line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=["/d&;x"])))
+    assert "/d&;x:/d&;x" in line and "/d&x" not in line
