@@ -288,7 +288,7 @@ def publish(
     if signer is None:
         return digest
     ref = imageref.parse(target)
-    builder = {"engine": engine.server_version(), "backend": backend or settings.backend}
+    builder = {"engine": str(engine.host_info().get("version", "")), "backend": backend or settings.backend}
     made = attest.describe(plan, smoke, ref.name, digest, builder)
     client = RegistryClient.for_host(ref.registry, settings)
     tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))

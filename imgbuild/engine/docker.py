@@ -92,21 +92,15 @@ class Engine:
 
     # -- both ---------------------------------------------------------------------------------------
 
-    def server_version(self) -> str:
-        """The engine's own version (`docker version`'s server), for provenance records; "" if it will not say."""
-        try:
-            return str(self.client.version().get("Version", ""))[:64]
-        except Exception:  # noqa: BLE001 - a record, never a failure
-            return ""
-
     def host_info(self) -> dict[str, Any]:
-        """What `imgbuild doctor` reads of the engine: its version, default and known runtimes, cgroup version,
-        CDI devices; {"error": why} when it does not answer."""
+        """What the engine says of its host: its version (for `doctor` and provenance records), default and known
+        runtimes, cgroup version, CDI devices; {"error": why} when it does not answer."""
+        import requests
         from docker.errors import DockerException
 
         try:
             info = self.client.info()
-        except DockerException as exc:
+        except (DockerException, requests.RequestException) as exc:
             return {"error": str(exc).splitlines()[0][:200]}
         devices = [str(d.get("ID", "")) for d in info.get("DiscoveredDevices") or [] if isinstance(d, dict)]
         return {
@@ -125,11 +119,5 @@ class Engine:
         host = os.environ.get("DOCKER_HOST", "")
         if not host or host.startswith(("unix://", "npipe://")):
             return gpu_devices_present()
-        from docker.errors import DockerException
-
-        try:
-            info = self.client.info()
-        except DockerException:
-            return False
-        devices = [str(d.get("ID", "")) for d in info.get("DiscoveredDevices") or [] if isinstance(d, dict)]
-        return "nvidia" in (info.get("Runtimes") or {}) or any("nvidia.com/gpu" in d for d in devices)
+        info = self.host_info()
+        return "nvidia" in info.get("runtimes", []) or any("nvidia.com/gpu" in d for d in info.get("cdi_devices", []))

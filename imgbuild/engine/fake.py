@@ -204,9 +204,6 @@ class FakeEngine:
     def host_has_gpus(self) -> bool:
         return self.gpus
 
-    def server_version(self) -> str:
-        return "fake"
-
     def host_info(self) -> dict[str, Any]:
         return {"version": "fake", "default_runtime": "runc", "runtimes": ["runc"], "cgroup_version": "2"}
 
