@@ -9,10 +9,11 @@ own version commands, the engine's info, CDI spec folders, cgroups, the docker g
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from imgbuild.facts import ARCH_DRIVER_BRANCHES
+from imgbuild.facts import ARCH_DRIVER_BRANCHES, LOADER_ENV
 
 #: NVIDIA Container Toolkit releases that fix a container escape (NVIDIA security bulletins): a toolkit older
 #: than the fix is refused by `doctor` with the advisory's name.
@@ -219,7 +220,7 @@ def _docker_group_line(facts: HostFacts) -> Line:
 def preload_verdict(image_env: list[str], toolkit: str | None, gpu_host: bool) -> tuple[str, str] | None:
     """("fail" | "warn", why) for an image whose config sets LD_PRELOAD or LD_AUDIT (NVIDIAScape): refused on a
     GPU host whose toolkit is 1.17.7 or older (or unknown), said elsewhere; None for an image that sets neither."""
-    names = sorted({item.split("=", 1)[0] for item in image_env} & {"LD_PRELOAD", "LD_AUDIT"})
+    names = _preloads(image_env)
     if not names:
         return None
     what = f"the image's config sets {' and '.join(names)}"
@@ -231,6 +232,19 @@ def preload_verdict(image_env: list[str], toolkit: str | None, gpu_host: bool) -
             f"(CVE-2025-23266): refused until the toolkit is {fixed} or later"
         )
     return "warn", f"{what}: it runs in every process of the container (and on hosts with toolkits before {fixed})"
+
+
+def _preloads(image_env: list[str]) -> list[str]:
+    return sorted({item.split("=", 1)[0] for item in image_env} & LOADER_ENV)
+
+
+def image_preload_verdict(image_env: list[str], gpu_host: Callable[[], bool]) -> tuple[str, str] | None:
+    """`preload_verdict` for an image about to start here: the host (its GPUs, then its toolkit) is asked only
+    when the image sets a preload at all."""
+    if not _preloads(image_env):
+        return None
+    on_gpus = gpu_host()
+    return preload_verdict(image_env, toolkit_version() if on_gpus else None, on_gpus)
 
 
 # --- the edge: this machine ---------------------------------------------------------------------------------

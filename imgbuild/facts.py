@@ -34,6 +34,11 @@ class Label:
     SLURM_JOB = PREFIX + "slurm-job"  # a Slurm job's container (docker runtime): the job id, for the epilog
 
 
+#: Env keys that preload code into every process: a recipe may not set them, and an image whose config does is
+#: refused on a host whose NVIDIA Container Toolkit (1.17.7 or older) runs them in its createContainer hook on
+#: the host (NVIDIAScape, CVE-2025-23266). A library an image needs belongs in LD_LIBRARY_PATH or a package.
+LOADER_ENV = frozenset({"LD_PRELOAD", "LD_AUDIT"})
+
 #: imgbuild's own folder in an image: the base's records (`pip check`, its package list) that the smoke test
 #: compares against, and the smoke script. The templates and smoke_image.py (which runs inside images) spell
 #: it too. Recipes may not copy files into it.

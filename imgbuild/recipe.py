@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from imgbuild import limits, reqfile
 from imgbuild.errors import Problem, RecipeError
-from imgbuild.facts import IMAGE_DIR, Label
+from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
 from imgbuild.fields import (
     Flag,
     Integer,
@@ -236,12 +236,6 @@ def _index_url(value: str) -> str:
             "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)"
         )
     return _no_newline(value)
-
-
-#: Env keys an image may not set: the dynamic loader's preloads run in every process of the container, and on
-#: NVIDIA Container Toolkit 1.17.7 or older in its createContainer hook on the host (NVIDIAScape,
-#: CVE-2025-23266); a library a recipe needs belongs in LD_LIBRARY_PATH or an apt package.
-LOADER_ENV = frozenset({"LD_PRELOAD", "LD_AUDIT"})
 
 
 def _env_key(value: str) -> str:

@@ -783,14 +783,12 @@ def check_signed(image: str, settings: Any) -> str:
 def check_preload(image: str, engine: Any) -> str:
     """Refuse to start an image whose config sets LD_PRELOAD where the host's toolkit would run it on the host
     (NVIDIAScape); elsewhere, a warning for the caller to print ("" when there is nothing to say)."""
-    from imgbuild.doctor import preload_verdict, toolkit_version
+    from imgbuild.doctor import image_preload_verdict
 
     info = engine.images.image(image)
-    verdict = preload_verdict(list((info.config if info else {}).get("Env") or []), None, False)
+    verdict = image_preload_verdict(list((info.config if info else {}).get("Env") or []), engine.host_has_gpus)
     if verdict is None:
         return ""
-    verdict = preload_verdict(list(info.config.get("Env") or []), toolkit_version(), engine.host_has_gpus())
-    assert verdict is not None
     if verdict[0] == "fail":
         raise UsageError(f"{image}: {verdict[1]}")
     return f"note: {image}: {verdict[1]}"

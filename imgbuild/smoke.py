@@ -8,6 +8,7 @@ by UUID), and the test runs as the image's user with the IPC / shm setting `imgb
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,7 +104,8 @@ def _run_settings(settings: Any) -> dict[str, Any]:
 
 def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> tuple[list[str], list[str]]:
     """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
-    process, container or starting run holds (the host's ledger); [] (all) where they cannot be read."""
+    process, container or starting run holds (the host's ledger). GPUs that cannot be read give [] (all) only
+    to `--gpus all`; otherwise the smoke test stops, saying why."""
     from imgbuild.gpus import GpusBusy, NoGpus, read_gpus, select_gpus
     from imgbuild.host import caller
     from imgbuild.ledger import DEFAULT_STATE_DIR, Ledger
@@ -153,18 +155,16 @@ def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> S
     img = engine.images.image(req.image)
     if img is None:
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
-    from imgbuild.doctor import preload_verdict, toolkit_version
+    from imgbuild.doctor import image_preload_verdict
 
-    image_env = list(img.config.get("Env") or [])
-    if preload_verdict(image_env, None, False):  # NVIDIAScape: never started on a vulnerable GPU host
-        host_gpus_here = engine.host_has_gpus()
-        verdict = preload_verdict(image_env, toolkit_version() if host_gpus_here else None, host_gpus_here)
-        if verdict and verdict[0] == "fail":
-            raise ImgbuildError(f"{req.image}: {verdict[1]}")
+    gpu_host = engine.host_has_gpus()
+    verdict = image_preload_verdict(list(img.config.get("Env") or []), lambda: gpu_host)
+    if verdict and verdict[0] == "fail":  # NVIDIAScape: never started on a vulnerable GPU host
+        raise ImgbuildError(f"{req.image}: {verdict[1]}")
     env = _script_env(img.labels, req)
     # `--gpus none` is a choice of no GPU, like --skip-gpu: never "every GPU" (issue 28, review item 10)
     no_gpu = req.skip_gpu or req.gpus.strip().lower() in ("none", "")
-    host_gpus = engine.host_has_gpus() and not no_gpu and not req.libraries_only
+    host_gpus = gpu_host and not no_gpu and not req.libraries_only
     require_gpu = (req.require_gpu or host_gpus) and not req.libraries_only
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
@@ -202,7 +202,7 @@ def add_fleet_check(
         return []
     facts = report.gpu_facts()
     if platforms:
-        facts = GpuFacts(facts.image, facts.cuda, facts.archs, facts.source, platforms)
+        facts = dataclasses.replace(facts, platforms=platforms)
     verdicts = judge_per_platform(facts, targets, driver, variants)
     blocked = blockers(verdicts)
     names = ", ".join(v.target for v in verdicts)
