@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from imgbuild.facts import ARCH_DRIVER_BRANCHES, LOADER_ENV
+from imgbuild.facts import LOADER_ENV
+from imgbuild.fleet import branch_outside
 
 #: NVIDIA Container Toolkit releases that fix a container escape (NVIDIA security bulletins): a toolkit older
 #: than the fix is refused by `doctor` with the advisory's name.
@@ -87,11 +88,11 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
     names = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in facts.gpus) or "none"
     lines.append(Line("gpus", "ok" if facts.gpus else "warn", f"{len(facts.gpus)} GPU(s): {names}"))
     for gpu in facts.gpus:
-        capability = tuple(_version(str(gpu.get("capability") or "")))[:2]
-        branches = ARCH_DRIVER_BRANCHES.get(capability)  # type: ignore[arg-type]
-        if branches and (branch < branches[0] or (branches[1] is not None and branch > branches[1])):
-            first, last = branches
-            need = f"R{first} or later" if branch < first else f"R{last} at the latest"
+        capability = _version(str(gpu.get("capability") or ""))
+        outside = branch_outside((capability[0], capability[1]), facts.driver) if len(capability) >= 2 else None
+        if outside:
+            where, _, bound = outside
+            need = f"R{bound} or later" if where == "before" else f"R{bound} at the latest"
             lines.append(
                 Line(
                     "gpus",
@@ -107,7 +108,8 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
                 "mig",
                 "warn",
                 f"MIG is enabled on GPU {', '.join(mig)}",
-                "imgbuild gives whole GPUs; users of MIG slices pass --gpus by their MIG- UUIDs",
+                "imgbuild gives each slice on its own (by MIG- UUID); with nvidia-ml-py it also sees which slice a "
+                "process runs on (nvidia-smi alone counts a process on every slice of its GPU)",
             )
         )
     return lines

@@ -85,19 +85,31 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".") if part.isdigit())
 
 
-def arch_driver_verdict(capability: tuple[int, int], driver: str) -> tuple[bool, str] | None:
-    """Can this driver branch drive the GPU at all? None where it can (or the architecture is not in the table)."""
+def branch_outside(capability: tuple[int, int], driver: str) -> tuple[str, int, int] | None:
+    """Where a driver's branch falls outside the ones that drive this architecture (facts.ARCH_DRIVER_BRANCHES):
+    ("before", branch, the first) or ("after", branch, the last); None inside, or for an architecture not listed."""
     branches = ARCH_DRIVER_BRANCHES.get(capability)
     if branches is None:
         return None
     first, last = branches
     branch = _version(driver)[0]
-    sm = f"sm_{capability[0]}{capability[1]}"
     if branch < first:
-        return False, f"driver {driver} (R{branch}) predates {sm}, which needs R{first} or later"
+        return "before", branch, first
     if last is not None and branch > last:
-        return False, f"driver {driver} (R{branch}) no longer supports {sm} (R{last} was its last branch)"
+        return "after", branch, last
     return None
+
+
+def arch_driver_verdict(capability: tuple[int, int], driver: str) -> tuple[bool, str] | None:
+    """Can this driver branch drive the GPU at all? None where it can (or the architecture is not in the table)."""
+    outside = branch_outside(capability, driver)
+    if outside is None:
+        return None
+    where, branch, bound = outside
+    sm = f"sm_{capability[0]}{capability[1]}"
+    if where == "before":
+        return False, f"driver {driver} (R{branch}) predates {sm}, which needs R{bound} or later"
+    return False, f"driver {driver} (R{branch}) no longer supports {sm} (R{bound} was its last branch)"
 
 
 def driver_verdict(
