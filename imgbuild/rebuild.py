@@ -170,35 +170,32 @@ def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool, s
         if not reasons and labels.get(Label.INPUT_HASH) != plan.input_hash:
             reasons.append("build inputs changed (user IDs)")
     if push and not reasons:
-        remote = _remote_input_hash(plan.target, settings)
+        remote, signed = _remote_build(plan.target, settings, sign)
         if remote != plan.input_hash:
             reasons.append("not in the registry" if remote is None else "the registry has another build")
-        elif sign and not _remote_signed(plan.target, settings):
+        elif sign and not signed:
             reasons.append("pushed, but not signed there")
     return reasons
 
 
-def _remote_signed(target: str, settings: Settings) -> bool:
-    """Whether the registry's copy of `target` has a signature attached (whose key, `verify` says)."""
+def _remote_build(target: str, settings: Settings, sign: bool) -> tuple[str | None, bool]:
+    """(the registry copy's input hash, None where it has none; with `sign`, whether that copy has a signature
+    attached, whose key `verify` says), from one manifest read."""
     from imgbuild.attest import attachment_tag
 
     host, repo, tag = split_reference(target)
     client = RegistryClient.for_host(host, settings)
     try:
-        digest = client.manifest_digest(repo, tag)
-        return bool(digest and client.manifest_digest(repo, attachment_tag(digest, "sig")))
+        manifest, config = client.image_config(repo, tag)
     except ImgbuildError:
-        return False
-
-
-def _remote_input_hash(target: str, settings: Settings) -> str | None:
-    host, repo, tag = split_reference(target)
-    client = RegistryClient.for_host(host, settings)
+        return None, False
+    remote = ((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH)
+    if not sign:
+        return remote, False
     try:
-        _, config = client.image_config(repo, tag)
+        return remote, bool(client.manifest_digest(repo, attachment_tag(manifest.digest, "sig")))
     except ImgbuildError:
-        return None
-    return ((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH)
+        return remote, False
 
 
 def push_auth(target: str) -> dict[str, str] | None:
