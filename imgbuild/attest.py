@@ -407,8 +407,9 @@ def _layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[
         return []
     out = []
     for layer in layers:
-        blob_digest, notes = str(layer.get("digest", "")), layer.get("annotations") or {}
-        if DIGEST_RE.fullmatch(blob_digest) and int(layer.get("size", 0)) <= MAX_ATTACHMENT and isinstance(notes, dict):
+        blob_digest, notes, size = str(layer.get("digest", "")), layer.get("annotations") or {}, layer.get("size")
+        sized = isinstance(size, int) and 0 <= size <= MAX_ATTACHMENT  # the registry's word is untrusted too
+        if DIGEST_RE.fullmatch(blob_digest) and sized and isinstance(notes, dict):
             try:
                 content = client.blob_bytes(repo, blob_digest)
             except RegistryError:  # absent, or served with another digest: this layer vouches for nothing

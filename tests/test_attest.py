@@ -393,3 +393,15 @@ def test_syft_reads_the_sbom(tmp_path):
     found = {a["purl"]: a for a in json.loads(done.stdout)["artifacts"]}
     assert found["pkg:pypi/transformers@4.44.2"]["licenses"][0]["spdxExpression"] == "Apache-2.0"
     assert found["pkg:pypi/timm@1.0.9"]["type"] == "python" and found["pkg:deb/ffmpeg"]["type"] == "deb"
+
+
+@pytest.mark.parametrize("size", ["big", -1, None, 2**40, 1.5])
+def test_a_hostile_attachment_manifest_vouches_for_nothing_and_crashes_nothing(size, keys):
+    """The registry is untrusted: an attachment whose layer size is not a small whole number is skipped (it
+    raised ValueError on int("big") before)."""
+    registry = signed(keys)
+    tag = f"sha256-{DIGEST.removeprefix('sha256:')}.sig"
+    manifest = json.loads(registry.manifests[tag])
+    manifest["layers"][0]["size"] = size
+    registry.manifests[tag] = json.dumps(manifest).encode()
+    assert verdicts(registry, keys)["signature"] is False
