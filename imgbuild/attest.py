@@ -421,7 +421,7 @@ def _layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[
 def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
     try:
         raw = base64.b64decode(signature, validate=True)
-    except ValueError:
+    except (ValueError, TypeError):  # not base64, or not text at all (an envelope's "sig" is untrusted)
         return False
     return signature_ok(public_key, raw, payload)
 

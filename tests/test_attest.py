@@ -405,3 +405,19 @@ def test_a_hostile_attachment_manifest_vouches_for_nothing_and_crashes_nothing(s
     manifest["layers"][0]["size"] = size
     registry.manifests[tag] = json.dumps(manifest).encode()
     assert verdicts(registry, keys)["signature"] is False
+
+
+@pytest.mark.parametrize("sig", [5, None, ["x"], {"a": 1}, "not base64!"])
+def test_a_hostile_envelope_signature_vouches_for_nothing_and_crashes_nothing(sig, keys):
+    """An attestation envelope's signature of another type than text raised TypeError before."""
+    registry = signed(keys)
+    tag = f"sha256-{DIGEST.removeprefix('sha256:')}.att"
+    layer = json.loads(registry.manifests[tag])["layers"][0]
+    envelope = json.loads(registry.blobs[layer["digest"]])
+    envelope["signatures"] = [{"keyid": "", "sig": sig}]
+    forged = json.dumps(envelope).encode()
+    config, manifest, blobs = attest.artifact([(attest.DSSE, forged, {"predicateType": attest.SLSA_PROVENANCE})])
+    for blob in (config, *blobs):
+        registry.blobs[attest.sha256(blob)] = blob
+    registry.manifests[tag] = manifest
+    assert verdicts(registry, keys)["provenance"] is False
