@@ -80,7 +80,7 @@ def export_bundle(
     if engine.images.image(target) is None:
         raise UsageError(f"{target} is not built: run imgbuild build on its recipe first")
     out = out.absolute()
-    if out.exists():
+    if out.exists() or out.is_symlink():  # a dangling link too: never written through
         raise UsageError(f"{out}: already there; remove it or name a new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".imgbuild-oci-", dir=out.parent))
@@ -162,7 +162,7 @@ def export_sqsh(target: str, out: Path, engine: Any, timeout: float, say: Any = 
     if not shutil.which("mksquashfs"):
         raise EnvironmentProblem("--sqsh needs mksquashfs (Debian/Ubuntu: apt install squashfs-tools)")
     out = out.absolute()
-    if out.exists():
+    if out.exists() or out.is_symlink():  # a dangling link too: mksquashfs would write where it points
         raise UsageError(f"{out}: already there; remove it or name a new file")
     info = engine.images.image(target)
     if info is None:

@@ -826,3 +826,29 @@ def test_the_docker_steps_script_keeps_every_bind_as_written():
     """The step's script was joined with '; ' and then '&;' replaced by '&': a bind holding '&;' lost its ';'."""
     line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=["/d&;x"])))
     assert "/d&;x:/d&;x" in line and "/d&x" not in line
+
+
+@pytest.mark.parametrize("kind", ["oci", "sqsh"])
+def test_export_never_writes_through_a_link_at_its_target(kind, tmp_path, monkeypatch):
+    """A dangling symbolic link at the folder or file to write is refused like an existing one (mksquashfs and
+    umoci would write where it points)."""
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.engine.types import ImageInfo
+    from imgbuild.oci import export_bundle, export_sqsh
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("skopeo", "umoci", "mksquashfs"):
+        (tools / tool).write_text("#!/bin/sh\nexit 1\n")
+        (tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
+    link = tmp_path / f"out.{kind}"
+    link.symlink_to(tmp_path / "elsewhere")
+    engine = FakeEngine()
+    engine.images.add("sha256:x", ImageInfo("sha256:x", {}, {}), "lab/x:1")
+    with pytest.raises(UsageError, match="already there"):
+        if kind == "oci":
+            export_bundle("lab/x:1", link, [], engine, 60)
+        else:
+            export_sqsh("lab/x:1", link, engine, 60)
+    assert not (tmp_path / "elsewhere").exists()
