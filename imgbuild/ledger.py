@@ -50,16 +50,23 @@ def open_regular(path: Path, flags: int, mode: int = 0o644) -> int | None:
     """`path` opened without following a link or blocking on a FIFO, created (O_EXCL) when absent and
     `flags` asks; None when it is there but not a regular file (a FIFO, folder or socket someone planted)."""
     base = flags & ~(os.O_CREAT | os.O_EXCL)
-    try:
-        fd = os.open(path, base | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if not flags & os.O_CREAT:
+    for attempt in range(3):  # two processes may both find it absent; the one that loses the create opens it
+        try:
+            fd = os.open(path, base | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            break
+        except FileNotFoundError:
+            if not flags & os.O_CREAT:
+                raise
+            try:
+                fd = os.open(path, base | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+                break
+            except FileExistsError:
+                if attempt == 2:
+                    raise
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO with no reader, a folder
+                return None
             raise
-        fd = os.open(path, base | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO with no reader, a folder
-            return None
-        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         return None

@@ -279,6 +279,30 @@ def test_a_killed_start_leaves_no_hold(tmp_path):
     assert Ledger(state).entries() == []
 
 
+def test_the_run_that_loses_the_race_to_create_the_lock_opens_the_winners(tmp_path, monkeypatch):
+    """CI stop 36: two starts on a fresh state folder both found the lock absent; the one whose O_EXCL
+    create lost said "ledger.lock: File exists" (exit 3). The loser opens the file the winner made."""
+    import imgbuild.ledger as ledger_module
+
+    path = tmp_path / "ledger.lock"
+    real_open = os.open
+    calls: list[int] = []
+
+    def racing_open(name, flags, mode=0o777):
+        calls.append(flags)
+        if len(calls) == 1:  # the plain open: absent ...
+            raise FileNotFoundError(2, "No such file or directory")
+        if len(calls) == 2:  # ... and before our create, the other run creates it
+            Path(name).write_text("")
+        return real_open(name, flags, mode)
+
+    monkeypatch.setattr(ledger_module.os, "open", racing_open)
+    fd = ledger_module.open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
+    assert fd is not None
+    os.close(fd)
+    assert len(calls) == 3 and calls[1] & os.O_EXCL and not calls[2] & os.O_CREAT
+
+
 def test_dry_run_does_not_touch_the_ledger(tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text(f"run: {{state_dir: {tmp_path / 'state'}}}\n")
