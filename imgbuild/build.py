@@ -25,7 +25,7 @@ from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.plan import Plan, with_base_pins
 from imgbuild.recipe import LoadedRecipe, load_recipe
-from imgbuild.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, run_smoke
+from imgbuild.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, host_gpus, run_smoke
 
 
 @dataclass
@@ -217,8 +217,9 @@ def build(
                 skip_imports=tuple(smoke.skip_imports),
                 commands=tuple(smoke.run),
             )
-            report = run_smoke(engine, wanted, settings)
-            add_fleet_check(report, *declared_fleet(settings, smoke.targets, engine.host_has_gpus()))
+            host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
+            report = run_smoke(engine, wanted, settings, host)
+            add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
             _write_report(ctx / "smoke.json", report)
             if not report.ok:
                 kept = engine.images.image_id(plan.target)

@@ -71,6 +71,7 @@ class Settings:
     pip_resolve_timeout: float = limits.PIP_RESOLVE_SECONDS  # pip's resolution in the pip step, seconds
     pip_download_limit: Bytes = limits.PIP_DOWNLOAD_BYTES  # what the pip step may download ("16G")
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
+    gpu_source: str = "auto"  # the smoke test's GPUs: this machine's (local), read through the engine (engine)
     fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
     fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
     run: RunRules = field(default_factory=RunRules)  # config `run:`, the house rules (imgbuild.siteconfig)
@@ -81,6 +82,7 @@ class Settings:
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
     BACKENDS = ("auto", "buildkit", "sdk")
+    GPU_SOURCES = ("auto", "local", "engine")  # auto: local where the engine shares this machine, else engine
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log, a layer or the image history."""
@@ -377,6 +379,11 @@ def _check(settings: Settings) -> None:
         raise UsageError(
             f"{sources.get('backend', 'default')}: backend: must be one of "
             f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
+        )
+    if settings.gpu_source not in Settings.GPU_SOURCES:
+        raise UsageError(
+            f"{sources.get('gpu_source', 'default')}: gpu_source: must be one of "
+            f"{', '.join(Settings.GPU_SOURCES)} (got {settings.gpu_source[:40]!r})"
         )
     if settings.fleet_gpus or settings.fleet_driver:  # fleet rules are imported only for a configured fleet
         from imgbuild.fleet import check_driver, parse_targets

@@ -139,9 +139,21 @@ def parse_smi(
 class SmiReader:
     source = "nvidia-smi"
 
-    def __init__(self, run: Callable[[list[str]], str] | None = None, binary: str | None = None):
+    #: Every nvidia-smi call `read` may make (the GPU read through the engine runs them all in the image at once).
+    CALLS = (
+        [f"--query-compute-apps={APP_QUERY}", "--format=csv,noheader,nounits"],
+        [f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+        [f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+        ["--query-gpu=uuid,pci.bus_id", "--format=csv,noheader,nounits"],
+        ["-L"],
+    )
+
+    def __init__(
+        self, run: Callable[[list[str]], str] | None = None, binary: str | None = None, numa: bool = True
+    ) -> None:
         self.binary = binary or shutil.which("nvidia-smi")
         self._run = run or self._subprocess
+        self.numa = numa  # False where the GPUs are another machine's (this machine's /sys says nothing of them)
 
     def _subprocess(self, args: list[str]) -> str:
         if not self.binary:
@@ -155,17 +167,17 @@ class SmiReader:
         return proc.stdout
 
     def read(self) -> list[Gpu]:
-        fmt = "--format=csv,noheader,nounits"
-        apps = self._run([f"--query-compute-apps={APP_QUERY}", fmt])
+        apps_call, full_call, short_call, bus_call, list_call = self.CALLS
+        apps = self._run(apps_call)
         on_slices: dict[str, list[GpuProcess]] = {}
         try:
-            gpus = parse_smi(self._run([f"--query-gpu={GPU_QUERY}", fmt]), apps, elsewhere=on_slices)
+            gpus = parse_smi(self._run(full_call), apps, elsewhere=on_slices)
         except NoGpus:  # drivers before R510 know no compute_cap field
             on_slices.clear()
-            gpus = parse_smi(self._run([f"--query-gpu={','.join(GPU_FIELDS)}", fmt]), apps, False, on_slices)
+            gpus = parse_smi(self._run(short_call), apps, False, on_slices)
         buses: dict[str, str] = {}
         try:
-            for line in self._run(["--query-gpu=uuid,pci.bus_id", fmt]).splitlines():
+            for line in self._run(bus_call).splitlines() if self.numa else []:
                 uuid, _, bus = line.partition(",")
                 if bus and "," not in bus:
                     buses[uuid.strip()] = bus.strip()
@@ -174,7 +186,7 @@ class SmiReader:
         for gpu in gpus:
             gpu.cpu_affinity = numa_cpus(buses.get(gpu.uuid, ""))
         try:
-            layout = mig_layout(self._run(["-L"]))
+            layout = mig_layout(self._run(list_call))
         except NoGpus:
             layout = {}
         return split_mig(gpus, layout, on_slices)
@@ -382,6 +394,104 @@ def read_gpus(snapshot: str | None = None, owner: Callable[[int], tuple[str, str
         for proc in gpu.processes:
             proc.user, proc.container = (owner or process_owner)(proc.pid)
     return gpus
+
+
+# --- GPUs read through the engine -------------------------------------------------------------------
+#
+# Where the engine is not on this machine's kernel (DOCKER_HOST=tcp:// or ssh://, or imgbuild itself in a
+# container with the socket mounted), this machine's /dev, driver and NVML say nothing of the engine's GPUs.
+# They are read in a short-lived container of the image at hand, given every GPU: nvidia-smi (the toolkit
+# mounts it) answers SmiReader's calls, and the host's PCI bus (/sys is not namespaced) says whether NVIDIA
+# GPUs are there at all, even where the engine cannot pass them.
+
+ENGINE_READ_MARKER = "IMGBUILD-ENGINE-GPUS "
+#: Runs in the image: stdlib only. Bounded: 30 s per call, 256 KiB kept per answer.
+ENGINE_READ_SCRIPT = """
+import glob, json, os, shutil, subprocess
+nvidia = 0
+for dev in glob.glob("/sys/bus/pci/devices/*")[:4096]:
+    try:
+        with open(dev + "/vendor") as v, open(dev + "/class") as c:
+            if v.read(16).strip() == "0x10de" and c.read(16).strip().startswith("0x03"):
+                nvidia += 1
+    except OSError:
+        pass
+smi = shutil.which("nvidia-smi")
+answers = {}
+for args in json.loads(os.environ.get("IMGBUILD_SMI_CALLS", "[]"))[:8]:
+    key = " ".join(args)
+    if not smi:
+        answers[key] = {"code": 127, "out": "", "err": "nvidia-smi not found in the container"}
+        continue
+    try:
+        p = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
+        answers[key] = {"code": p.returncode, "out": p.stdout[:262144], "err": p.stderr[-2000:]}
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        answers[key] = {"code": 126, "out": "", "err": str(exc)[:200]}
+print("IMGBUILD-ENGINE-GPUS " + json.dumps({"pci_nvidia": nvidia, "smi": answers}), flush=True)
+"""
+
+#: What nvidia-smi or the engine says where a host has no NVIDIA GPU (as opposed to one it cannot pass).
+_NO_GPU_WORDS = ("no devices were found", "driver not loaded", "couldn't communicate with the nvidia driver")
+
+
+@dataclass(frozen=True)
+class EngineGpus:
+    """What a read through the engine found: whether its host has NVIDIA GPUs, their readings (None where they
+    could not be read), and why not."""
+
+    present: bool
+    readings: list[Gpu] | None
+    why: str = ""
+
+
+def engine_read_env() -> dict[str, str]:
+    """The read container's environment: nvidia-smi's calls, and the toolkit told to mount nvidia-smi."""
+    return {
+        "IMGBUILD_SMI_CALLS": json.dumps([list(c) for c in SmiReader.CALLS]),
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+
+
+def judge_engine_read(code: int, output: str, note: str, cdi_gpus: bool) -> EngineGpus:
+    """The read container's exit code, output and note (why the engine gave it no GPUs): GPUs present when
+    nvidia-smi listed some, the host's PCI bus has NVIDIA display devices, or the engine lists CDI GPU devices;
+    an engine that only has an NVIDIA runtime registered is no GPU host. Pure; hostile output reads as none."""
+    data: Any = None
+    for line in output.splitlines():
+        if line.startswith(ENGINE_READ_MARKER):
+            try:
+                data = json.loads(line[len(ENGINE_READ_MARKER) :][: limits.HTTP_BODY_BYTES])
+            except ValueError:
+                data = None
+    if not isinstance(data, dict) or code != 0:
+        why = f"the GPU read in the image failed (exit {code})" + (f"; {note}" if note else "")
+        return EngineGpus(cdi_gpus, None, why)
+    pci = data.get("pci_nvidia")
+    pci_gpus = isinstance(pci, int) and not isinstance(pci, bool) and pci > 0
+    smi = data.get("smi")
+    answers: dict[str, Any] = smi if isinstance(smi, dict) else {}
+
+    def recorded(args: list[str]) -> str:
+        answer = answers.get(" ".join(args))
+        if not isinstance(answer, dict) or not isinstance(answer.get("out"), str):
+            raise NoGpus("nvidia-smi gave no answer")
+        if answer.get("code") != 0:
+            err = str(answer["err"]) if isinstance(answer.get("err"), str) else ""
+            first = (err.strip() or str(answer["out"]).strip()).splitlines()[:1]
+            raise NoGpus(f"nvidia-smi in the container: {first[0][:200] if first else 'failed'}")
+        return str(answer["out"])
+
+    try:
+        readings = SmiReader(run=recorded, numa=False).read()
+    except NoGpus as exc:
+        why = note or str(exc)
+        said_none = any(words in why.lower() for words in _NO_GPU_WORDS) or "not found" in why
+        # the engine gave the container GPUs (no note) and nvidia-smi failed for another reason: a GPU host
+        return EngineGpus(pci_gpus or cdi_gpus or (not note and not said_none), None, why)
+    if not readings:
+        return EngineGpus(pci_gpus or cdi_gpus, None, note or "nvidia-smi listed no GPU")
+    return EngineGpus(True, readings, "")
 
 
 # --- choosing GPUs ----------------------------------------------------------------------------------

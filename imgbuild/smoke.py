@@ -102,7 +102,39 @@ def _run_settings(settings: Any) -> dict[str, Any]:
     return house_rules((settings or load_settings()).run)
 
 
-def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> tuple[list[str], list[str]]:
+@dataclass(frozen=True)
+class HostGpus:
+    """The engine's host's GPUs as the smoke test sees them. `source` "local": this machine is the engine's host
+    (its GPUs are read when needed); "engine": they were read through the engine, `readings` None where they
+    could not be (`why`)."""
+
+    present: bool
+    source: str = "local"
+    readings: list[Any] | None = None
+    why: str = ""
+
+
+def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> HostGpus:
+    """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
+    where the engine shares it; else through the engine, in a short-lived container of `image` given every
+    GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
+    from imgbuild.gpus import ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
+
+    source = str(getattr(settings, "gpu_source", "auto") or "auto")
+    if source == "auto":
+        local = engine.shares_host() or bool(getattr(settings, "gpu_snapshot", None))
+        source = "local" if local else "engine"
+    if source == "local":
+        return HostGpus(engine.host_has_gpus())
+    code, output, note = engine.containers.run_script(
+        image, ENGINE_READ_SCRIPT, [], engine_read_env(), gpus=[], timeout=limits.GPU_READ_SECONDS, ipc=None
+    )
+    cdi = any("nvidia.com/gpu" in str(d) for d in engine.host_info().get("cdi_devices") or [])
+    found = judge_engine_read(code, output, note, cdi)
+    return HostGpus(found.present, "engine", found.readings, found.why)
+
+
+def _pick_gpus(request: str, settings: Any, engine: ImageEngine, host: HostGpus) -> tuple[list[str], list[str]]:
     """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
     process, container or starting run holds (the host's ledger). GPUs that cannot be read give [] (all) only
     to `--gpus all`; otherwise the smoke test stops, saying why."""
@@ -112,14 +144,19 @@ def _pick_gpus(request: str, settings: Any, engine: ImageEngine) -> tuple[list[s
     from imgbuild.run import Held, held_on_host
 
     try:
-        readings = read_gpus(getattr(settings, "gpu_snapshot", None))
+        if host.source == "engine" and host.readings is None:
+            raise NoGpus(host.why or "the engine's GPUs could not be read")
+        readings = host.readings if host.readings is not None else read_gpus(getattr(settings, "gpu_snapshot", None))
     except NoGpus as exc:
         if request.strip().lower() == "all":  # asked for every GPU by name: no reading needed
             return [], []
         # a GPU host whose GPUs cannot be read: taking every GPU (other users' too) is not the way round it
+        where, fix = ("this host", "fix nvidia-smi/NVML (imgbuild doctor)")
+        if host.source == "engine":
+            where, fix = ("the engine's host", "give its engine the NVIDIA Container Toolkit (or CDI specs)")
         raise ImgbuildError(
-            f"this host has GPUs but they cannot be read ({exc}), so none can be chosen for the smoke test: "
-            "fix nvidia-smi/NVML (imgbuild doctor), or say --gpus all, or skip the GPU half (--skip-gpu)"
+            f"{where} has GPUs but they cannot be read ({exc}), so none can be chosen for the smoke test: "
+            f"{fix}, or say --gpus all, or skip the GPU half (--skip-gpu)"
         ) from None
     try:
         book = Ledger(_run_settings(settings)["state_dir"] or DEFAULT_STATE_DIR).read()
@@ -151,25 +188,34 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
     return env
 
 
-def run_smoke(engine: ImageEngine, req: SmokeRequest, settings: Any = None) -> SmokeReport:
+def run_smoke(
+    engine: ImageEngine, req: SmokeRequest, settings: Any = None, host: HostGpus | None = None
+) -> SmokeReport:
+    """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus)."""
     img = engine.images.image(req.image)
     if img is None:
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
     from imgbuild.doctor import image_preload_verdict
 
-    gpu_host = engine.host_has_gpus()
-    verdict = image_preload_verdict(list(img.config.get("Env") or []), lambda: gpu_host)
+    read: list[HostGpus] = [host] if host is not None else []
+
+    def engine_host() -> HostGpus:  # read once, and only where something depends on it
+        if not read:
+            read.append(host_gpus(engine, req.image, settings))
+        return read[0]
+
+    verdict = image_preload_verdict(list(img.config.get("Env") or []), lambda: engine_host().present)
     if verdict and verdict[0] == "fail":  # NVIDIAScape: never started on a vulnerable GPU host
         raise ImgbuildError(f"{req.image}: {verdict[1]}")
     env = _script_env(img.labels, req)
     # `--gpus none` is a choice of no GPU, like --skip-gpu: never "every GPU" (issue 28, review item 10)
     no_gpu = req.skip_gpu or req.gpus.strip().lower() in ("none", "")
-    host_gpus = gpu_host and not no_gpu and not req.libraries_only
-    require_gpu = (req.require_gpu or host_gpus) and not req.libraries_only
+    use_gpus = not no_gpu and not req.libraries_only and engine_host().present
+    require_gpu = (req.require_gpu or use_gpus) and not req.libraries_only
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
     house = _run_settings(settings)
-    chosen, mig_profiles = _pick_gpus(req.gpus, settings, engine) if host_gpus else (None, [])
+    chosen, mig_profiles = _pick_gpus(req.gpus, settings, engine, engine_host()) if use_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
         SCRIPT.read_text(),
@@ -219,27 +265,31 @@ def add_fleet_check(
     return verdicts
 
 
-def declared_fleet(settings: Any, recipe_targets: list[str], host_has_gpus: bool) -> tuple[list[Target], str | None]:
-    """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and this host's
-    GPUs when it has any; the driver is the site's, else this host's."""
+def declared_fleet(settings: Any, recipe_targets: list[str], host: HostGpus | bool) -> tuple[list[Target], str | None]:
+    """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and the engine's host's
+    GPUs when it has any (`host`: as host_gpus read them; True: this machine's); the driver is the site's, else
+    the host's."""
     from imgbuild.fleet import check_driver, parse_targets
 
     targets = parse_targets([*settings.fleet_gpus, *recipe_targets]) if (settings.fleet_gpus or recipe_targets) else []
     driver = check_driver(settings.fleet_driver)
-    if host_has_gpus:
+    host = host if isinstance(host, HostGpus) else HostGpus(host)
+    if host.present:
         from imgbuild.gpus import NoGpus, read_devices
 
-        try:
-            readings, _ = read_devices(settings.gpu_snapshot)
-        except NoGpus:
-            readings = []
-        for gpu in readings:
+        readings = host.readings
+        if readings is None and host.source == "local":
+            try:
+                readings, _ = read_devices(settings.gpu_snapshot)
+            except NoGpus:
+                readings = []
+        for gpu in readings or []:
             if gpu.compute_cap:
                 major, minor = (int(x) for x in gpu.compute_cap.split("."))
                 target = Target(f"this host's {gpu.name}", (major, minor), None)
                 if all(t.capability != target.capability for t in targets):
                     targets.append(target)
-        driver = driver or next((g.driver for g in readings if g.driver), None)
+        driver = driver or next((g.driver for g in readings or [] if g.driver), None)
     return targets, driver
 
 

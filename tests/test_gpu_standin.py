@@ -8,6 +8,7 @@ libraries, a fleet the image cannot serve stops promotion, and `bump` does not m
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,70 @@ def test_smoke_for_arm64_gpus_on_an_amd64_only_image(testbed):
     for name in ("gh200", "gb200", "gb10"):
         assert not verdicts[name]["runs"] and "no arm64 variant (only amd64)" in verdicts[name]["reason"]
     assert verdicts["h100"]["runs"]
+
+
+def test_a_gpu_host_behind_the_socket_is_read_through_the_engine(
+    testbed, tmp_path, docker_client, cleanup_images, unique
+):
+    """Issue 28, review item 16, on the bed's dockerd: imgbuild in a container (or DOCKER_HOST elsewhere) cannot
+    see the engine's GPUs in this machine's /dev. Read through the engine, an image whose nvidia-smi answers as a
+    DGX's does makes the engine's host a GPU host, and the bed's engine (no toolkit) cannot pass them: the smoke
+    test requires a GPU and does not pass. With the GPUs read from this machine, that host would pass untested."""
+    from imgbuild.config import load_settings
+    from imgbuild.engine import Engine
+    from imgbuild.smoke import SmokeRequest, host_gpus, run_smoke
+
+    data = Path(__file__).parent / "data"
+    (tmp_path / "gpus.csv").write_text((data / "smi-dgx-a100-gpus.csv").read_text())
+    (tmp_path / "apps.csv").write_text((data / "smi-dgx-a100-apps.csv").read_text())
+    (tmp_path / "nvidia-smi").write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  --query-compute-apps=*) cat /opt/smi/apps.csv ;;\n"
+        "  --query-gpu=index,*) cat /opt/smi/gpus.csv ;;\n"
+        "  *) exit 0 ;;\n"
+        "esac\n"
+    )
+    base = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base}\nCOPY gpus.csv apps.csv /opt/smi/\nCOPY nvidia-smi /usr/local/bin/\nUSER root\nRUN chmod 755 /usr/local/bin/nvidia-smi\n"
+    )
+    tag = f"imgbuildtest/dgx-{unique}:1"
+    cleanup_images.append(tag)
+    docker_client.images.build(path=str(tmp_path), tag=tag, rm=True)
+    engine = Engine.connect(testbed["IMGBUILD_DOCKER_CLI"])
+    assert host_gpus(engine, tag, load_settings({"gpu_source": "local"})).present is False  # this machine: none
+    found = host_gpus(engine, tag, load_settings({"gpu_source": "engine"}))
+    assert found.present and found.source == "engine"
+    assert [g.name for g in found.readings or []] == ["NVIDIA A100-SXM4-40GB"] * 8
+    report = run_smoke(
+        engine, SmokeRequest(tag, gpus="all", libraries_only=False), load_settings({"gpu_source": "engine"})
+    )
+    assert not report.ok and "gpu access" in [c["name"] for c in report.failures()], report.summary()
+    assert not [c.name for c in docker_client.containers.list(all=True, filters={"ancestor": tag})]
+
+
+def test_whether_the_engine_shares_this_machine_is_asked_of_the_kernel(testbed):
+    """The bed's dockerd runs in the same container as the tests (/.dockerenv is there): the marker file alone would
+    call it remote. The socket's peer PID (SO_PEERCRED) and mount namespace decide: the same daemon seen from a PID
+    namespace below its own (a container given the socket) is 0, and from another mount namespace sees another
+    /dev; both read the GPUs through the engine."""
+    import subprocess
+    import sys
+
+    from imgbuild.engine import Engine
+
+    assert Engine.connect(testbed["IMGBUILD_DOCKER_CLI"]).shares_host()
+    code = (
+        "from imgbuild.engine.docker import _engine_pid\n"
+        "from imgbuild.engine import Engine\n"
+        "print(_engine_pid(), Engine.connect(None).shares_host())\n"
+    )
+    root = str(Path(__file__).parent.parent)
+    for how, pid_zero in ((["--pid", "--fork", "--mount-proc"], True), (["--mount"], False)):
+        proc = subprocess.run(
+            ["unshare", *how, sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root
+        )
+        assert proc.returncode == 0, proc.stderr
+        pid, shares = proc.stdout.split()
+        assert (pid == "0") is pid_zero and shares == "False", (how, proc.stdout)

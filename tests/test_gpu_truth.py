@@ -905,3 +905,192 @@ def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did
     assert engine.containers.runs == []
     run_smoke(engine, SmokeRequest("lab/x:1", gpus="all"), load_settings({}))
     assert engine.containers.runs[-1]["gpus"] == []  # every GPU, because it was asked for by name
+
+
+# --- GPUs read through the engine (issue 28, review item 16) ----------------------------------------------
+
+from imgbuild.gpus import ENGINE_READ_MARKER, SmiReader, judge_engine_read  # noqa: E402
+from imgbuild.smoke import declared_fleet, host_gpus  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+NO_DRIVER = 'could not select device driver "" with capabilities: [[gpu]]'
+
+
+def _engine_read(pci: object = 0, smi: dict | None = None, code: int = 0, note: str = "") -> tuple[int, str, str]:
+    """What the read container prints: the host's NVIDIA PCI devices and nvidia-smi's answer to each call."""
+    return code, "noise\n" + ENGINE_READ_MARKER + json.dumps({"pci_nvidia": pci, "smi": smi or {}}) + "\n", note
+
+
+def _smi(gpus_csv: str, apps_csv: str = "", listing: str = "") -> dict:
+    """nvidia-smi's answers as the read script records them, keyed by the call's arguments."""
+    apps, full, short, bus, lst = (" ".join(c) for c in SmiReader.CALLS)
+    ok = lambda out: {"code": 0, "out": out, "err": ""}  # noqa: E731
+    return {apps: ok(apps_csv), full: ok(gpus_csv), short: ok(""), bus: ok(""), lst: ok(listing)}
+
+
+DGX_GPUS = (DATA / "smi-dgx-a100-gpus.csv").read_text()
+DGX_APPS = (DATA / "smi-dgx-a100-apps.csv").read_text()
+NONE_FOUND = {" ".join(c): {"code": 6, "out": "No devices were found\n", "err": ""} for c in SmiReader.CALLS}
+NOT_IN_IMAGE = {
+    " ".join(c): {"code": 127, "out": "", "err": "nvidia-smi not found in the container"} for c in SmiReader.CALLS
+}
+
+
+@pytest.mark.parametrize(
+    "why, read, cdi, present, count",
+    [
+        ("a DGX read through the engine", _engine_read(8, _smi(DGX_GPUS, DGX_APPS)), False, True, 8),
+        ("an nvidia runtime on a host without GPUs", _engine_read(0, NONE_FOUND), False, False, 0),
+        ("no toolkit and no NVIDIA device on the bus", _engine_read(0, NOT_IN_IMAGE, note=NO_DRIVER), False, False, 0),
+        (
+            "no toolkit on a host with 4 NVIDIA GPUs on its bus",
+            _engine_read(4, NOT_IN_IMAGE, note=NO_DRIVER),
+            False,
+            True,
+            0,
+        ),
+        ("a CDI-only host whose specs the engine lists", _engine_read(0, NOT_IN_IMAGE, note=NO_DRIVER), True, True, 0),
+        (
+            "driver not loaded, said by the toolkit's hook",
+            _engine_read(0, NOT_IN_IMAGE, note="nvml error: driver not loaded"),
+            False,
+            False,
+            0,
+        ),
+        (
+            "GPUs given, nvidia-smi fails otherwise (mismatch)",
+            _engine_read(
+                0,
+                {
+                    k: {"code": 18, "out": "", "err": "Failed to initialize NVML: Driver/library version mismatch"}
+                    for k in NONE_FOUND
+                },
+            ),
+            False,
+            True,
+            0,
+        ),
+        ("the script never ran (exit 1, no report)", (1, "python3: not found", ""), False, False, 0),
+        ("the script never ran on a CDI host", (1, "python3: not found", ""), True, True, 0),
+        # hostile or broken reports read as nothing, never as a crash
+        ("not JSON", (0, ENGINE_READ_MARKER + "{nope", ""), False, False, 0),
+        ("a list, not a mapping", (0, ENGINE_READ_MARKER + "[1, 2]", ""), False, False, 0),
+        ("pci as text", _engine_read("8", NONE_FOUND), False, False, 0),
+        ("pci as true", _engine_read(True, NONE_FOUND), False, False, 0),
+        ("pci negative", _engine_read(-3, NONE_FOUND), False, False, 0),
+        (
+            # GPUs given (no note), then nothing readable: a GPU host whose GPUs cannot be read (fail closed)
+            "smi answers not a mapping",
+            (0, ENGINE_READ_MARKER + json.dumps({"pci_nvidia": 0, "smi": [1]}), ""),
+            False,
+            True,
+            0,
+        ),
+        (
+            "an answer whose output is a number",
+            _engine_read(0, {k: {"code": 0, "out": 5} for k in NONE_FOUND}),
+            False,
+            True,
+            0,
+        ),
+        ("garbage CSV", _engine_read(0, _smi("x, y, z\n")), False, False, 0),
+        ("a marker with nothing after it", (0, ENGINE_READ_MARKER, ""), False, False, 0),
+    ],
+)
+def test_the_engine_read_is_judged_from_what_the_host_has_not_what_the_engine_registers(why, read, cdi, present, count):
+    found = judge_engine_read(*read, cdi)
+    assert found.present is present, why
+    assert len(found.readings or []) == count, why
+    assert count or found.why, why  # nothing read: it says why
+
+
+def test_gpus_read_through_the_engine_keep_their_numbers_but_no_host_paths():
+    """The readings are the engine's host's: memory, processes (no owner: this machine's /proc is not theirs) and
+    no NUMA CPUs from this machine's /sys."""
+    found = judge_engine_read(*_engine_read(8, _smi(DGX_GPUS, DGX_APPS)), False)
+    assert found.readings is not None
+    first = found.readings[0]
+    assert (first.name, first.compute_cap, first.driver, first.memory_used_mib) == (
+        "NVIDIA A100-SXM4-40GB",
+        "8.0",
+        "535.104.05",
+        38012,
+    )
+    assert [p.pid for p in first.processes] == [122956] and first.processes[0].user == ""
+    assert all(g.cpu_affinity == "" for g in found.readings)
+
+
+def _remote(read: tuple[int, str, str], gpus: bool = True, cdi: list[str] | None = None) -> FakeEngine:
+    from imgbuild.engine.types import ImageInfo
+
+    engine = FakeEngine(gpus=gpus, shares=False, cdi_gpus=cdi or [])  # gpus: what a guess from the runtime says
+    engine.containers.meta = CUDA124
+    engine.containers.engine_read = read
+    engine.images.add("sha256:img", ImageInfo("sha256:img", {}, {}), "lab/x:1")
+    return engine
+
+
+def test_a_remote_gpu_host_gets_the_smoke_test_a_free_gpu_it_read_through_the_engine():
+    """Before: a remote engine's GPUs were this machine's (none here, or another machine's); now they are read in
+    a container of the image, given every GPU, and the smoke test gets a free one by UUID and requires it."""
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    engine = _remote(_engine_read(8, _smi(DGX_GPUS, DGX_APPS)))
+    run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({}))
+    assert "read gpus lab/x:1 gpus=[]" in engine.calls
+    run = engine.containers.runs[-1]
+    assert run["gpus"] == ["GPU-1f3e5d7c-9b8a-4c6d-2e1f-0a9b8c7d6e5f"] and "--require-gpu" in run["args"]
+
+
+def test_a_remote_engine_with_an_nvidia_runtime_but_no_gpu_is_no_gpu_host():
+    """Review item 16: an `nvidia` runtime registered on a host without GPUs counted as a GPU host, and every
+    smoke test there failed for want of a GPU."""
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    engine = _remote(_engine_read(0, NONE_FOUND), gpus=True)
+    report = run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({}))
+    assert report.ok and engine.containers.runs[-1]["gpus"] is None
+    assert "--require-gpu" not in engine.containers.runs[-1]["args"]
+
+
+def test_imgbuild_in_a_container_on_a_gpu_host_whose_engine_cannot_pass_gpus_never_promotes(tmp_path):
+    """Review item 16: in a container with the socket mounted, this machine's /dev has no GPU, and the GPU half
+    was skipped (bug 1 again). The bus says the host has GPUs: the smoke test requires one and fails."""
+    from imgbuild.smoke import SmokeRequest, run_smoke
+
+    engine = _remote(_engine_read(8, NOT_IN_IMAGE, note=NO_DRIVER), gpus=False)
+    with pytest.raises(ImgbuildError, match="the engine's host has GPUs but they cannot be read .*could not select"):
+        run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({}))
+    engine.containers.gpu_note = "the host has GPUs but the engine cannot pass them (could not select device driver)"
+    report = run_smoke(engine, SmokeRequest("lab/x:1", gpus="all"), load_settings({}))
+    assert not report.ok and [c["name"] for c in report.failures()] == ["gpu access"]
+    with pytest.raises(ImgbuildError, match="the engine's host has GPUs but they cannot be read"):
+        _build(tmp_path, engine)
+    assert engine.images.image_id(TARGET) is None
+
+
+def test_the_fleet_of_a_remote_gpu_host_is_its_own_gpus_and_driver(tmp_path):
+    """The DGX behind DOCKER_HOST runs driver 535.104.05: a CUDA 13 image built there is not promoted, from the
+    GPUs and driver read through the engine (not this machine's, which has none)."""
+    engine = _remote(_engine_read(8, _smi(DGX_GPUS, DGX_APPS)))
+    engine.containers.meta = CUDA13
+    with pytest.raises(SmokeFailed, match="this host's NVIDIA A100-SXM4-40GB: .*older than 580.65.06"):
+        _build(tmp_path, engine)
+    assert sum(c.startswith("read gpus") for c in engine.calls) == 1  # read once for the smoke test and the fleet
+    host = host_gpus(engine, "lab/x:1", load_settings({}))
+    targets, driver = declared_fleet(load_settings({}), [], host)
+    assert driver == "535.104.05" and [t.label for t in targets] == ["this host's NVIDIA A100-SXM4-40GB"]
+
+
+def test_gpu_source_says_where_the_gpus_are_read(monkeypatch):
+    engine = _remote(_engine_read(8, _smi(DGX_GPUS)), gpus=False)
+    assert host_gpus(engine, "lab/x:1", load_settings({"gpu_source": "local"})).present is False  # this machine's
+    assert not any(c.startswith("read gpus") for c in engine.calls)
+    local = FakeEngine(gpus=False)  # an engine on this machine's kernel ...
+    local.containers.engine_read = _engine_read(8, _smi(DGX_GPUS))
+    monkeypatch.setenv("IMGBUILD_GPU_SOURCE", "engine")  # ... read through the engine when the site says so
+    found = host_gpus(local, "lab/x:1", load_settings())
+    assert found.present and found.source == "engine" and len(found.readings or []) == 8
+    monkeypatch.setenv("IMGBUILD_GPU_SOURCE", "remote")
+    with pytest.raises(UsageError, match=r"env IMGBUILD_GPU_SOURCE: gpu_source: must be one of auto, local, engine"):
+        load_settings()

@@ -111,13 +111,56 @@ class Engine:
             "cdi_devices": devices,
         }
 
+    def shares_host(self) -> bool:
+        """Whether the engine runs on this machine's kernel, so that this machine's GPUs, driver and NVML are
+        the engine's: a local socket, and imgbuild not itself in a container (where the socket is mounted in,
+        this machine's /dev holds no GPU even on a GPU host)."""
+        if not _local_socket():
+            return False
+        pid = _engine_pid()
+        if pid is None:  # not answered over a unix socket here: a container's marker files are all there is
+            return not any(os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv"))
+        if pid == 0:  # the kernel's word: the engine is in a PID namespace above ours (its socket was mounted in)
+            return False
+        try:  # in our PID namespace; the same mount namespace sees the same /dev (a daemon in the same container)
+            mine, theirs = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
+        except OSError:  # another user's daemon cannot be looked into: it is on this machine
+            return True
+        return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
     def host_has_gpus(self) -> bool:
-        """Whether the engine's host has NVIDIA GPUs: this machine's device nodes for a local engine; for a
-        remote one (tcp://, ssh://) what the engine reports (an NVIDIA runtime, or CDI GPU devices)."""
+        """Whether the engine's host may have NVIDIA GPUs, without starting anything: this machine's device nodes
+        where the engine shares this machine; else what the engine reports (an NVIDIA runtime, CDI GPU devices).
+        A guess for a remote engine (a runtime can be registered on a host without GPUs): the smoke test reads
+        the GPUs through the engine instead (imgbuild.smoke.host_gpus); this serves the cheap safety checks."""
         from imgbuild.gpus import gpu_devices_present
 
-        host = os.environ.get("DOCKER_HOST", "")
-        if not host or host.startswith(("unix://", "npipe://")):
+        if self.shares_host() or (_local_socket() and gpu_devices_present()):  # in a container given GPUs
             return gpu_devices_present()
         info = self.host_info()
         return "nvidia" in info.get("runtimes", []) or any("nvidia.com/gpu" in d for d in info.get("cdi_devices", []))
+
+
+def _local_socket() -> bool:
+    host = os.environ.get("DOCKER_HOST", "")
+    return not host or host.startswith(("unix://", "npipe://"))
+
+
+def _engine_pid() -> int | None:
+    """The engine's PID as this process's PID namespace sees it (SO_PEERCRED of its unix socket: 0 where the
+    engine is in a namespace above ours); None where that cannot be asked."""
+    import socket
+    import struct
+
+    host = os.environ.get("DOCKER_HOST", "") or "unix:///var/run/docker.sock"
+    option = getattr(socket, "SO_PEERCRED", None)
+    if not host.startswith("unix://") or option is None:
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(host.removeprefix("unix://"))
+            pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    except OSError:
+        return None
+    return int(pid)

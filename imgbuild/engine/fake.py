@@ -19,6 +19,7 @@ from imgbuild.bases import PINS_MARKER, PINS_SCRIPT
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.facts import Label
+from imgbuild.gpus import ENGINE_READ_SCRIPT
 from imgbuild.imageref import parse
 from imgbuild.smoke import MARKER
 
@@ -94,6 +95,7 @@ class FakeContainers:
     meta: dict[str, Any] = field(default_factory=dict)  # what the script reports of the image (cuda, arch_list)
     gpu_note: str = ""  # a host whose engine cannot pass GPUs: the run goes on without them, saying so
     base_pins: list[str] = field(default_factory=list)  # what the base's PIP_CONSTRAINT file holds
+    engine_read: tuple[int, str, str] = (0, "", "")  # the GPU read through the engine: (exit code, output, note)
 
     def run_script(
         self,
@@ -108,6 +110,9 @@ class FakeContainers:
         ipc: str | None = "host",
         shm_size: str | None = None,
     ) -> tuple[int, str, str]:
+        if script == ENGINE_READ_SCRIPT:
+            self.calls.append(f"read gpus {image} gpus={gpus}")
+            return self.engine_read
         if script == PINS_SCRIPT:
             self.calls.append(f"pins {image}")
             return 0, PINS_MARKER + json.dumps({"origin": "the base's constraint file", "lines": self.base_pins}), ""
@@ -167,6 +172,8 @@ class FakeContainers:
 class FakeEngine:
     builds: BuildScript = lambda req: None
     gpus: bool = False
+    shares: bool = True  # False: a remote engine, or imgbuild in a container (GPUs are read through the engine)
+    cdi_gpus: list[str] = field(default_factory=list)  # the CDI devices the engine lists
     calls: list[str] = field(default_factory=list)
     images: FakeImages = field(init=False)
     containers: FakeContainers = field(init=False)
@@ -204,8 +211,17 @@ class FakeEngine:
     def host_has_gpus(self) -> bool:
         return self.gpus
 
+    def shares_host(self) -> bool:
+        return self.shares
+
     def host_info(self) -> dict[str, Any]:
-        return {"version": "fake", "default_runtime": "runc", "runtimes": ["runc"], "cgroup_version": "2"}
+        return {
+            "version": "fake",
+            "default_runtime": "runc",
+            "runtimes": ["runc"],
+            "cgroup_version": "2",
+            "cdi_devices": list(self.cdi_gpus),
+        }
 
 
 def failing_build(message: str = "scripted build failure") -> BuildScript:
