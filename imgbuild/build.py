@@ -139,6 +139,20 @@ def needs_buildkit(settings: Settings) -> bool:
     return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
 
 
+def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool) -> dict[str, Any]:
+    """BuildRequest's cache fields: BuildKit images always carry their inline cache (unless `registry_cache: off`);
+    a build to be pushed is seeded from the registry's copy of its target, and with `registry_cache: registry`
+    (a buildx builder) from and to `<image>:imgbuild-cache`, every stage's cache (mode=max)."""
+    if backend != "buildkit" or settings.registry_cache == "off":
+        return {}
+    fields: dict[str, Any] = {"inline_cache": True}
+    if seed:
+        fields["cache_from"] = (plan.target,)
+        if settings.registry_cache == "registry":
+            fields["cache_to"] = f"{plan.image}:imgbuild-cache"
+    return fields
+
+
 def build(
     recipe_path: str | Path,
     settings: Settings,
@@ -151,8 +165,11 @@ def build(
     progress: Callable[[str], None] = lambda s: None,
     plan: Plan | None = None,
     engine: ImageEngine | None = None,
+    seed_from_registry: bool = False,
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
+    `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
+    fresh CI runner re-runs only the steps whose inputs changed (settings `registry_cache`).
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
@@ -198,6 +215,7 @@ def build(
             builder=settings.builder,
             iidfile=Path(iid_name),
             timeout=settings.build_timeout,
+            **registry_cache(plan, settings, chosen, seed_from_registry),
             build_args={
                 **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
                 **(pip_bounds(settings) if (ctx / "imgbuild" / "pip" / "install.sh").is_file() else {}),

@@ -71,6 +71,7 @@ class Settings:
     pip_resolve_timeout: float = limits.PIP_RESOLVE_SECONDS  # pip's resolution in the pip step, seconds
     pip_download_limit: Bytes = limits.PIP_DOWNLOAD_BYTES  # what the pip step may download ("16G")
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
+    registry_cache: str = "inline"  # inline: images carry their cache, pushes seed from the registry; registry; off
     gpu_source: str = "auto"  # the smoke test's GPUs: this machine's (local), read through the engine (engine)
     fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
     fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
@@ -82,7 +83,12 @@ class Settings:
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
     BACKENDS = ("auto", "buildkit", "sdk")
-    GPU_SOURCES = ("auto", "local", "engine")  # auto: local where the engine shares this machine, else engine
+    GPU_SOURCES = ("auto", "local", "engine")
+    REGISTRY_CACHES = (
+        "inline",
+        "registry",
+        "off",
+    )  # registry: a buildx builder's cache export (needs `builder`)  # auto: local where the engine shares this machine, else engine
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log, a layer or the image history."""
@@ -379,6 +385,16 @@ def _check(settings: Settings) -> None:
         raise UsageError(
             f"{sources.get('backend', 'default')}: backend: must be one of "
             f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
+        )
+    if settings.registry_cache not in Settings.REGISTRY_CACHES:
+        raise UsageError(
+            f"{sources.get('registry_cache', 'default')}: registry_cache: must be one of "
+            f"{', '.join(Settings.REGISTRY_CACHES)} (got {settings.registry_cache[:40]!r})"
+        )
+    if settings.registry_cache == "registry" and not settings.builder:
+        raise UsageError(
+            f"{sources.get('registry_cache', 'default')}: registry_cache: registry is a buildx builder's cache "
+            "export: set builder (a docker-container builder), or say inline"
         )
     if settings.gpu_source not in Settings.GPU_SOURCES:
         raise UsageError(

@@ -154,11 +154,19 @@ def _topological(items: list[Item]) -> list[Item]:
     return ordered
 
 
-def staleness(plan: Plan, engine: ImageEngine, settings: Settings, push: bool, sign: bool = False) -> list[str]:
-    """Why the image for `plan` must be built; empty when it is current (and, with `sign`, signed there)."""
+def staleness(
+    plan: Plan, engine: ImageEngine, settings: Settings, push: bool, sign: bool = False, needed_here: bool = False
+) -> list[str]:
+    """Why the image for `plan` must be built; empty when it is current (and, with `sign`, signed there). With
+    `push`, an image this engine never built is current when the registry's copy is this plan's build (a fresh
+    CI runner has nothing to do), unless another recipe of the run builds on it here (`needed_here`)."""
     reasons: list[str] = []
     image = engine.images.image(plan.target)
     labels = image.labels if image else {}
+    if image is None and push and not needed_here:
+        remote, signed = _remote_build(plan.target, settings, sign)
+        if remote == plan.input_hash and (signed or not sign):
+            return []
     if image is None:
         reasons.append("never built here")
     else:
@@ -237,7 +245,14 @@ def _work(
         plan = plan_recipe(
             load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs, fresh=True
         )
-        item.reasons = staleness(plan, engine, settings, options.push, sign=options.signer is not None)
+        item.reasons = staleness(
+            plan,
+            engine,
+            settings,
+            options.push,
+            options.signer is not None,
+            _normal(plan.target) in {_normal(r) for r in local_refs},
+        )
         if not item.reasons:
             item.status, item.image_id = FRESH, engine.images.image_id(plan.target) or ""
         elif options.dry_run:
@@ -251,6 +266,7 @@ def _work(
                 plan=plan,
                 engine=engine,
                 progress=lambda step: log(f"{item.target}: {step}"),
+                seed_from_registry=options.push,
             )
             item.status, item.image_id = BUILT, result.image_id
             if options.push:

@@ -293,3 +293,31 @@ def test_the_readme_table_of_stand_in_differences_is_the_recorded_one():
     assert ngc_facts.readme_table() in (ROOT / "README.md").read_text(), "README: paste tests/ngc_facts.readme_table()"
     for fact, real, _, why in ngc_facts.DIFFERENCES:
         assert fact and why and real
+
+
+@pytest.mark.parametrize("path", CI_FILES, ids=lambda p: p.name)
+def test_the_ci_examples_settings_are_real_settings_with_valid_values(path):
+    """An `IMGBUILD_*` variable a CI example sets is a setting imgbuild reads, with a value it accepts (a literal;
+    the CI system's own expansions are not imgbuild's to check)."""
+    from imgbuild.config import load_settings
+
+    data = yaml.safe_load(path.read_text())
+    found: dict[str, str] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("env", "variables") and isinstance(value, dict):
+                    found.update({k: str(v) for k, v in value.items() if str(k).startswith("IMGBUILD_")})
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(data)
+    assert "IMGBUILD_REGISTRY_CACHE" in found, path  # the CI examples use the registry cache (issue 33)
+    literal = {k: v for k, v in found.items() if "$" not in v}
+    settings = load_settings(environ={**literal, "IMGBUILD_CONFIG": "/nonexistent"})
+    for key in literal:
+        name = key.removeprefix("IMGBUILD_").lower()
+        assert settings.sources.get(name) == f"env {key}", (path, key)

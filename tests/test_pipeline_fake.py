@@ -180,3 +180,69 @@ def test_a_base_is_asked_of_the_registry_once_per_ttl_and_always_by_rebuild(tmp_
         assert asked() == 0
         assert asked(fresh=True) == 3
         assert asked(base_cache_ttl=0) == 3
+
+
+# --- the registry cache (issue 33, item 1) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "setting, builder, seed, backend, expected",
+    [
+        ("inline", None, False, "buildkit", {"inline_cache": True}),
+        ("inline", None, True, "buildkit", {"inline_cache": True, "cache_from": ("alice/demo:v1",)}),
+        (
+            "registry",
+            "ci",
+            True,
+            "buildkit",
+            {"inline_cache": True, "cache_from": ("alice/demo:v1",), "cache_to": "alice/demo:imgbuild-cache"},
+        ),
+        ("off", None, True, "buildkit", {}),
+        ("inline", None, True, "sdk", {}),  # the Engine API's builder has no inline cache
+    ],
+)
+def test_the_cache_a_build_carries_and_is_seeded_from(setting, builder, seed, backend, expected, recipe):
+    settings = load_settings({"user": "alice", "registry_cache": setting, "builder": builder})
+    plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+    assert pipeline.registry_cache(plan, settings, backend, seed) == expected
+
+
+def test_the_cache_flags_on_the_cli_and_on_buildx():
+    from imgbuild.engine.buildkit import cache_args
+    from imgbuild.engine.types import BuildRequest
+
+    req = BuildRequest(Path("."), "t", inline_cache=True, cache_from=("reg/a/b:v1",), cache_to="reg/a/b:imgbuild-cache")
+    assert cache_args(req, buildx=False) == ["--build-arg", "BUILDKIT_INLINE_CACHE=1", "--cache-from", "reg/a/b:v1"]
+    with_builder = BuildRequest(**{**req.__dict__, "builder": "ci"})
+    assert cache_args(with_builder, buildx=True) == [
+        "--build-arg", "BUILDKIT_INLINE_CACHE=1",
+        "--cache-from", "type=registry,ref=reg/a/b:v1",
+        "--cache-from", "type=registry,ref=reg/a/b:imgbuild-cache",
+        "--cache-to", "type=registry,ref=reg/a/b:imgbuild-cache,mode=max",
+    ]  # fmt: skip
+    assert "--cache-to" not in cache_args(req, buildx=True)  # buildx's docker driver exports no cache
+    assert cache_args(BuildRequest(Path("."), "t"), buildx=True) == []
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"registry_cache": "max"}, "registry_cache: must be one of inline, registry, off"),
+        ({"registry_cache": "registry"}, "registry is a buildx builder's cache export: set builder"),
+    ],
+)
+def test_a_bad_registry_cache_setting_is_one_line(flags, message):
+    from imgbuild.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        load_settings(flags)
+
+
+def test_a_pushed_build_is_seeded_from_the_registry_copy_of_its_target(recipe, tmp_path):
+    seen = []
+    engine = FakeEngine(builds=seen.append)
+    settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
+    plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
+    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    assert [(r.inline_cache, r.cache_from) for r in seen] == [(True, (TARGET,)), (True, ())]

@@ -77,6 +77,7 @@ def build(
             no_cache=no_cache,
             out=out,
             progress=progress,
+            seed_from_registry=push,
         )
         pushed = ""
         if push:

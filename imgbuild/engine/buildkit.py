@@ -55,6 +55,7 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
         cmd += ["--secret", f"id={sid},src={path}"]
     if req.no_cache:
         cmd.append("--no-cache")
+    cmd += cache_args(req, buildx)
     cmd.append(str(req.context))
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     tracker = StepTracker()
@@ -98,6 +99,21 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
     finally:
         iidfile.unlink(missing_ok=True)
     return image_id
+
+
+def cache_args(req: BuildRequest, buildx: bool) -> list[str]:
+    """The registry-cache flags of a build. Every BuildKit has the inline cache (the image's config records the
+    cache of its own layers; a pushed copy seeds a build anywhere, `--cache-from IMAGE`); a buildx builder of
+    its own (`--builder`, docker-container driver) also exports every stage's cache to `cache_to` (mode=max)."""
+    args: list[str] = []
+    if req.inline_cache:
+        args += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+    for ref in req.cache_from:
+        args += ["--cache-from", f"type=registry,ref={ref}" if buildx else ref]
+    if req.cache_to and buildx and req.builder:
+        args += ["--cache-from", f"type=registry,ref={req.cache_to}"]
+        args += ["--cache-to", f"type=registry,ref={req.cache_to},mode=max"]
+    return args
 
 
 def _follow(

@@ -37,6 +37,9 @@ class BuildRequest:
     builder: str | None = None
     iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
     timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
+    inline_cache: bool = False  # the image carries BuildKit's cache record, so a registry copy can seed another build
+    cache_from: tuple[str, ...] = ()  # registry images whose inline cache seeds this build (a fresh CI runner)
+    cache_to: str = ""  # a registry ref for a buildx builder's full cache export (mode=max); "" none
 
 
 @dataclass(frozen=True)

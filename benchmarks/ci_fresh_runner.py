@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""A fresh CI runner after a copied-file edit, with and without the registry cache, side by side in one run.
+
+The recipe is the realistic ML set `benchmarks/installers.py` uses (the HF text-classification example's
+requirements plus tensorboard, on the stand-in PyTorch base) with one copied file. Each round:
+edit the copied file, make the runner fresh (the image, its `-previous` and every build cache, pip's and uv's
+download caches included, removed: `docker builder prune -af`), then time `imgbuild rebuild --push` (render,
+build, smoke test, push). With the registry cache (`registry_cache: inline`, the default) the build is seeded from
+the registry's copy of the target; without it (`off`) the runner has nothing to start from.
+The third column is the time a fresh runner takes to pull the pushed image (`docker pull`): the floor for any
+cache that lives in the registry. Bytes pulled are the pushed image's layers above the base's (compressed,
+from the registry's manifest): what the seeded build fetches. The table gives the median of 3 rounds.
+
+Targets (issue 33): 0 pip steps re-run; wall time at most 0.3x the cache-less rebuild and at most 1.3x the pull.
+
+    s=$(tests/testbed/up) && eval "$s" && .venv/bin/python benchmarks/ci_fresh_runner.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SET = (ROOT / "tests" / "realsets" / "hf-text-classification.txt").read_text()
+
+
+def docker() -> str:
+    return os.environ.get("IMGBUILD_DOCKER_CLI", "/usr/bin/docker")
+
+
+def quiet(*args: str) -> None:
+    subprocess.run([docker(), *args], capture_output=True)
+
+
+def fresh_runner(target: str) -> None:
+    for ref in (target, f"{target}-previous", f"{target}-candidate"):
+        quiet("rmi", "-f", ref)
+    quiet("builder", "prune", "-af")
+
+
+def rebuild(project: Path, cache: str) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "imgbuild", "rebuild", "--push", "--report-json", "report.json", "recipes"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, IMGBUILD_REGISTRY_CACHE=cache, IMGBUILD_CACHE_DIR=str(project / "cache")),
+    )
+    seconds = time.perf_counter() - start
+    report = json.loads((project / "report.json").read_text()) if (project / "report.json").is_file() else {}
+    statuses = [i.get("status") for i in report.get("images", [])]
+    if proc.returncode != 0 or statuses != ["built"]:
+        sys.exit(f"rebuild --push failed ({statuses}):\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def pip_step(log: Path) -> str:
+    text = log.read_text()
+    step = next(line.split()[0] for line in text.splitlines() if line.startswith("#") and "install.sh" in line)
+    return "cached" if f"{step} CACHED" in text else "ran"
+
+
+def layer_bytes(registry: str, repo: str, tag: str) -> list[tuple[str, int]]:
+    req = urllib.request.Request(
+        f"http://{registry}/v2/{repo}/manifests/{tag}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        manifest = json.load(resp)
+    return [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
+
+
+def measure(cache: str, workdir: Path, rounds: int) -> dict[str, object]:
+    registry = os.environ["IMGBUILD_TESTBED_REGISTRY"]
+    project = workdir / cache
+    (project / ".git").mkdir(parents=True)
+    (project / "recipes" / "files").mkdir(parents=True)
+    (project / "recipes" / "set.txt").write_text(SET + "tensorboard\n")
+    (project / "recipes" / "files" / "train.py").write_text("print('round 0')\n")
+    repo = f"imgbuildbench/fresh-{cache}-{os.getpid()}"
+    target = f"{registry}/{repo}:v1"
+    (project / "recipes" / "set.yaml").write_text(
+        f"name: fresh-{cache}\nimage: {registry}/{repo}\ntag: v1\n"
+        f'base: {{framework: pytorch, tag: "24.05"}}\npip: {{requirements: set.txt}}\n'
+        "files:\n  - {src: files/train.py, dest: /opt/train/train.py}\n"
+    )
+    log = project / "cache" / "logs" / (target.replace("/", "_").replace(":", "_") + ".log")
+    fresh_runner(target)
+    rebuild(project, "inline")  # the first push (with the cache, so the registry has it for the cached column)
+    times, pulls, steps = [], [], []
+    for n in range(1, rounds + 1):
+        (project / "recipes" / "files" / "train.py").write_text(f"print('round {n}')\n")
+        fresh_runner(target)
+        times.append(rebuild(project, cache))
+        steps.append(pip_step(log))
+        fresh_runner(target)
+        start = time.perf_counter()
+        quiet("pull", target)
+        pulls.append(time.perf_counter() - start)
+        print(f"  {cache} round {n}: {times[-1]:.1f} s, pip step {steps[-1]}, pull {pulls[-1]:.1f} s", file=sys.stderr)
+    base = layer_bytes(registry, "nvidia/pytorch", "24.05-py3")
+    above = [size for digest, size in layer_bytes(registry, repo, "v1") if digest not in dict(base)]
+    fresh_runner(target)
+    return {
+        "seconds": statistics.median(times),
+        "pull": statistics.median(pulls),
+        "pip_reruns": steps.count("ran"),
+        "bytes": sum(above),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    rounds = parser.parse_args().rounds
+    if not os.environ.get("IMGBUILD_TESTBED_REGISTRY"):
+        sys.exit('bring the test bed up first: s=$(tests/testbed/up) && eval "$s"')
+    workdir = Path(tempfile.mkdtemp(prefix="imgbuild-fresh-runner-"))
+    try:
+        seeded = measure("inline", workdir, rounds)
+        bare = measure("off", workdir, rounds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    ratio = seeded["seconds"] / bare["seconds"]  # type: ignore[operator]
+    to_pull = seeded["seconds"] / seeded["pull"]  # type: ignore[operator]
+    print(f"\nA fresh runner, copied-file edit, `imgbuild rebuild --push` (median of {rounds}), docker engine\n")
+    print("| | registry cache (inline) | no registry cache | target |")
+    print("|---|---|---|---|")
+    print(f"| wall time, s | {seeded['seconds']:.1f} | {bare['seconds']:.1f} | |")
+    print(f"| pip steps re-run | {seeded['pip_reruns']} of {rounds} | {bare['pip_reruns']} of {rounds} | 0 |")
+    print(f"| bytes pulled above the base | {seeded['bytes'] / 1e6:.0f} MB | 0 (rebuilt) | |")
+    print(f"| pull of the pushed image, s | {seeded['pull']:.1f} | | |")
+    print(f"| cached / cache-less | {ratio:.2f} | | <= 0.3: {'met' if ratio <= 0.3 else 'missed'} |")
+    print(f"| cached / pull | {to_pull:.2f} | | <= 1.3: {'met' if to_pull <= 1.3 else 'missed'} |")
+
+
+if __name__ == "__main__":
+    main()
