@@ -21,7 +21,7 @@ from imgbuild.bases import pin_reader, plan_recipe
 from imgbuild.config import Settings
 from imgbuild.context import context_dir, render_into
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
-from imgbuild.errors import EnvironmentProblem, SmokeFailed, UsageError
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.plan import Plan, with_base_pins
 from imgbuild.recipe import LoadedRecipe, load_recipe
@@ -153,6 +153,20 @@ def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool) -> 
     return fields
 
 
+def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> None:
+    """A fresh runner pulls the registry's copy of `target` before a seeded build. Docker's built-in BuildKit,
+    given an inline cache it has not pulled, re-exports no cache for the layers it took from it, so the next
+    runner misses every other time (moby/buildkit#1981, #2274); pulled first, every build hits. The local tag was
+    absent, so the pull replaces nothing; a registry without the image yet is no error."""
+    if engine.images.image_id(target) is not None:
+        return
+    progress(f"pulling {target} to seed the build cache")
+    try:
+        engine.images.pull(target)
+    except ImgbuildError as exc:
+        progress(f"nothing to seed from ({str(exc)[:120]})")
+
+
 def build(
     recipe_path: str | Path,
     settings: Settings,
@@ -223,6 +237,8 @@ def build(
         )
         promoted = False
         try:
+            if request.cache_from:
+                _seed(engine, plan.target, progress)
             image_id = engine.build(chosen, request, progress, redact)
             progress(f"built {image_id[:19]}; smoke-testing {candidate}")
             smoke = loaded.recipe.smoke

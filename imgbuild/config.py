@@ -83,12 +83,10 @@ class Settings:
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
     BACKENDS = ("auto", "buildkit", "sdk")
+    # auto: local where the engine shares this machine, else through the engine
     GPU_SOURCES = ("auto", "local", "engine")
-    REGISTRY_CACHES = (
-        "inline",
-        "registry",
-        "off",
-    )  # registry: a buildx builder's cache export (needs `builder`)  # auto: local where the engine shares this machine, else engine
+    # registry: a buildx builder's full cache export (needs `builder`)
+    REGISTRY_CACHES = ("inline", "registry", "off")
 
     def secrets(self) -> list[str]:
         """Values that must never appear in a log, a layer or the image history."""
@@ -381,25 +379,20 @@ def _check(settings: Settings) -> None:
             f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
             "namespace (lower-case letters, digits, . _ -)"
         )
-    if settings.backend not in Settings.BACKENDS:
-        raise UsageError(
-            f"{sources.get('backend', 'default')}: backend: must be one of "
-            f"{', '.join(Settings.BACKENDS)} (got {settings.backend!r})"
-        )
-    if settings.registry_cache not in Settings.REGISTRY_CACHES:
-        raise UsageError(
-            f"{sources.get('registry_cache', 'default')}: registry_cache: must be one of "
-            f"{', '.join(Settings.REGISTRY_CACHES)} (got {settings.registry_cache[:40]!r})"
-        )
+    for name, choices in (
+        ("backend", Settings.BACKENDS),
+        ("registry_cache", Settings.REGISTRY_CACHES),
+        ("gpu_source", Settings.GPU_SOURCES),
+    ):
+        if getattr(settings, name) not in choices:
+            raise UsageError(
+                f"{sources.get(name, 'default')}: {name}: must be one of "
+                f"{', '.join(choices)} (got {str(getattr(settings, name))[:40]!r})"
+            )
     if settings.registry_cache == "registry" and not settings.builder:
         raise UsageError(
             f"{sources.get('registry_cache', 'default')}: registry_cache: registry is a buildx builder's cache "
             "export: set builder (a docker-container builder), or say inline"
-        )
-    if settings.gpu_source not in Settings.GPU_SOURCES:
-        raise UsageError(
-            f"{sources.get('gpu_source', 'default')}: gpu_source: must be one of "
-            f"{', '.join(Settings.GPU_SOURCES)} (got {settings.gpu_source[:40]!r})"
         )
     if settings.fleet_gpus or settings.fleet_driver:  # fleet rules are imported only for a configured fleet
         from imgbuild.fleet import check_driver, parse_targets

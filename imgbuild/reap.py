@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild import usage
 from imgbuild.errors import EnvironmentProblem
 
 STATE_FILE = "reap-state.json"
@@ -58,6 +59,7 @@ class State:
 
     samples: dict[str, list[list[float]]] = field(default_factory=dict)  # id -> [[time, busy 0/1], ...]
     warned: dict[str, dict[str, float]] = field(default_factory=dict)  # id -> {rule: when}
+    last_run: float | None = None  # when the previous run sampled (the usage log's intervals)
 
 
 # --- deciding (pure) ----------------------------------------------------------------------------------
@@ -228,9 +230,11 @@ def load_state(path: Path) -> State:
         os.close(fd)
     try:
         raw = json.loads(data) if len(data) <= STATE_BYTES else {}
+        last = raw.get("last_run")
         return State(
             {str(k): [[float(t), float(b)] for t, b in v] for k, v in dict(raw.get("samples", {})).items()},
             {str(k): {str(r): float(w) for r, w in dict(v).items()} for k, v in dict(raw.get("warned", {})).items()},
+            float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None,
         )
     except (ValueError, TypeError, AttributeError, RecursionError):
         return State()
@@ -302,6 +306,20 @@ def write_notice(user: str, text: str) -> bool:
         os.close(fd)
 
 
+def primary_group(user: str) -> str:
+    """The user's primary group's name ("" for a name this host does not know)."""
+    import grp
+
+    try:
+        gid = pwd.getpwnam(user).pw_gid
+    except KeyError:
+        return ""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def known_user(name: str) -> bool:
     try:
         pwd.getpwnam(name)
@@ -355,6 +373,9 @@ def reap(
             outcome = _act(engine, action, rules, now, notify)
             append_log(log, now, action, outcome)
             outcomes.append(outcome)
+        # what the GPUs were held for since the last run (imgbuild usage), once the rules are enforced
+        usage.append(own, usage.record(now, state.last_run, usage.holds_of(rows, gpus, primary_group)))
+        state.last_run = now
     finally:
         save_state(state_path, state)  # whatever failed, what was done is remembered
     return Report(actions, outcomes)

@@ -246,3 +246,9 @@ def test_a_pushed_build_is_seeded_from_the_registry_copy_of_its_target(recipe, t
     pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
     pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
     assert [(r.inline_cache, r.cache_from) for r in seen] == [(True, (TARGET,)), (True, ())]
+    # a fresh runner (no local image) pulls the registry's copy first (moby/buildkit#1981); a warm one does not
+    assert engine.calls.count(f"pull {TARGET}") == 1 and engine.calls.index(f"pull {TARGET}") < engine.calls.index(
+        f"build {TARGET}-candidate"
+    )
+    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
+    assert engine.calls.count(f"pull {TARGET}") == 1

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from imgbuild import usage
 from imgbuild.errors import UsageError
 from imgbuild.gpus import Gpu
 from imgbuild.host import caller
@@ -295,6 +296,18 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
             ("warn", "idle", idle),
         ]
         assert all(e["outcome"] in ("stopped", "removed") or e["outcome"].startswith("warned") for e in mine)
+        # Issue 32 item 2: each run recorded what the GPUs were held for since the previous run (capped at 15
+        # minutes): the busy container (GPU 1 at 93%) was running at all six runs, the idle one until it stopped.
+        records = usage.read(state / ".reap")
+        for rec in records:
+            rec["holds"] = [h for h in rec["holds"] if unique in h["container"]]
+        by_gpu = {r.key: r for r in usage.summarize(records, "gpu")}
+        assert set(by_gpu) == {gpu(0, 0).uuid, gpu(1, 93).uuid}
+        assert by_gpu[gpu(1, 93).uuid].held_hours * H == pytest.approx(1 + 900 + 900 + 60 + 900)
+        assert by_gpu[gpu(1, 93).uuid].used_hours * H == pytest.approx(0.93 * 2761)
+        assert by_gpu[gpu(0, 0).uuid].held_hours * H == pytest.approx(1 + 900 + 900)
+        assert by_gpu[gpu(0, 0).uuid].used_hours == 0
+        assert [r.key for r in usage.summarize(records, "user")] == [ME]
         cli = run_cli("reap", "--dry-run", "--json", env=env)
         assert cli.code == 0, cli.err
         assert isinstance(json.loads(cli.out), list)

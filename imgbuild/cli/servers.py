@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -320,6 +321,48 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     print_table(
         ["action", "container", "user", "rule", "why", "outcome"],
         [[r["verb"], r["name"], r["user"], r["rule"], r["reason"], r["outcome"]] for r in rows],
+    )
+
+
+@cli.command()
+@click.option("--since", metavar="DURATION", help="Only the last DURATION (30d, 12h); default: all of the log.")
+@click.option("--by", type=click.Choice(["user", "group", "gpu"]), default="user", show_default=True)
+@click.option("--prometheus", type=click.Path(dir_okay=False, path_type=Path), help="Also write a textfile for "
+              "node_exporter's textfile collector (per-user and per-GPU gauges).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.pass_context
+def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | None, as_json: bool) -> None:
+    """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
+    import time
+
+    from imgbuild import usage as accounting
+    from imgbuild.run import house_rules
+    from imgbuild.ui import print_table
+
+    settings = _settings(ctx)
+    now = time.time()
+    found = accounting.account(house_rules(settings.run)["state_dir"], by, since, now)
+    if prometheus:
+        accounting.write_textfile(prometheus, accounting.prometheus(found.by_user, found.by_gpu, found.since, now))
+    if as_json:
+        _emit_json([r.to_json() for r in found.rows])
+        return
+    if not found.rows:
+        click.echo(f"no GPU use recorded ({found.records} reaper runs read)")
+        return
+    print_table(
+        [by, "GPU-h held", "GPU-h used", "mean util", "containers"],
+        [
+            [
+                r.key,
+                f"{r.held_hours:.2f}",
+                f"{r.used_hours:.2f}",
+                "n/a" if r.mean_util is None else f"{r.mean_util:.0f}%",
+                str(len(r.containers)),
+            ]
+            for r in found.rows
+        ],  # fmt: skip
+        title=f"GPU usage per {by}" + (f" since {since}" if since else "") + f" ({found.records} reaper runs)",
     )
 
 

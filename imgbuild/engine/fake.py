@@ -68,6 +68,7 @@ class FakeImages:
         return None if info is None else info.inspected(ref)
 
     def pull(self, ref: str) -> None:
+        self.calls.append(f"pull {ref}")
         if self.image(ref) is None:
             raise ImgbuildError(f"pull of {ref} failed: not in the fake registry")
 
