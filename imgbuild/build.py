@@ -260,6 +260,7 @@ def build(
                 raise SmokeFailed(
                     f"{report.summary()}; {plan.target} was left as it was"
                     + (f" ({kept[:19]})" if kept else " (not built before)")
+                    + f"; every failure in full: {ctx / 'smoke.json'}; build log: {log_path}"
                 )
             previous = engine.images.image_id(plan.target)
             if previous and previous != image_id:

@@ -330,13 +330,19 @@ def optional_dependency(module: str, error: str) -> str:
     return missing if missing != module.split(".")[0] else ""
 
 
-def import_hint(library: str, distribution: str = "") -> str:
+def apt_packages(library: str, distribution: str = "") -> list:
+    """The Debian/Ubuntu packages that provide `library` (a well-known wheel's whole set); [] when unknown."""
     if distribution in NATIVE_NEEDS:
-        return f"add apt: [{', '.join(NATIVE_NEEDS[distribution])}]"
+        return list(NATIVE_NEEDS[distribution])
     for name, package in NATIVE_LIBRARIES.items():
         if library.startswith(name.split(".so")[0] + ".so"):
-            return f"add apt: [{package}]"
-    return "install the system package that provides it (apt:)"
+            return [package]
+    return []
+
+
+def import_hint(library: str, distribution: str = "") -> str:
+    packages = apt_packages(library, distribution)
+    return f"add apt: [{', '.join(packages)}]" if packages else "install the system package that provides it (apt:)"
 
 
 def conv_within_tolerance(err: float, ref_max: float) -> bool:
@@ -552,8 +558,9 @@ def added_with_licenses(baseline: set) -> list:
 
 
 def _classify(work: list, results: list) -> tuple:
-    """Import errors as (failures, needing the driver, needing an optional package)."""
-    failures, driver_only, optional = [], [], []
+    """Import errors as (failures, needing the driver, needing an optional package, the apt packages that cure
+    the failures: one list for all of them)."""
+    failures, driver_only, optional, apt = [], [], [], []
     for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
         for module, error in sorted(errors.items()):
             library = missing_library(error)
@@ -564,10 +571,11 @@ def _classify(work: list, results: list) -> tuple:
                 driver_only.append(f"{name}: import {module} needs the NVIDIA driver ({library})")
             elif library:
                 hint = import_hint(library, name)
+                apt += [p for p in apt_packages(library, name) if p not in apt]
                 failures.append(f"{name} {version}: import {module}: {library} is missing ({hint})")
             else:
                 failures.append(f"{name} {version}: import {module}: {error}")
-    return failures, driver_only, optional
+    return failures, driver_only, optional, apt
 
 
 def check_imports() -> dict:
@@ -585,10 +593,15 @@ def check_imports() -> dict:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda item: _import_one(item[2]), work))
-    failures, driver_only, optional = _classify(work, results)
+    failures, driver_only, optional, apt = _classify(work, results)
     checked = sum(len(m) for _, _, m in work)
     if failures:
-        raise Fail(f"{len(failures)} of {checked} module(s) do not import: " + "; ".join(failures[:4]))
+        shown = "; ".join(failures[:4]) + (
+            f"; and {len(failures) - 4} more (all in smoke.json)" if failures[4:] else ""
+        )
+        cure = f"; for all of them, add to the recipe: apt: [{', '.join(sorted(apt))}]" if apt else ""
+        details = {"failures": failures[:2000], "apt": sorted(apt)}
+        raise Fail(f"{len(failures)} of {checked} module(s) do not import: {shown}{cure}", details)
     reason = f"{checked} module(s) of {len(work)} added distribution(s) import"
     if optional:
         reason += f"; {len(optional)} need an optional package that is not installed: " + "; ".join(optional[:2])
@@ -605,15 +618,34 @@ def check_commands() -> dict:
     commands = json.loads(os.environ.get("IMGBUILD_SMOKE_RUN") or "[]")
     if not commands:
         raise Skip("the recipe declares none (smoke.run)")
+    import tempfile
+
     for command in commands:
-        try:
-            proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=RUN_SECONDS)
-        except subprocess.TimeoutExpired:
-            raise Fail(f"{command[:80]!r} ran past {RUN_SECONDS} s") from None
-        if proc.returncode != 0:
-            tail = ((proc.stderr or proc.stdout).strip().splitlines() or [""])[-1][:200]
-            raise Fail(f"{command[:80]!r} exited {proc.returncode}: {tail}")
+        with tempfile.TemporaryFile() as out:  # the output in order, on disk: a chatty build stays bounded here
+            try:
+                code = subprocess.run(["/bin/sh", "-c", command], stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=RUN_SECONDS).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                code = None
+            out.seek(max(0, out.seek(0, 2) - RUN_TAIL_BYTES))
+            output = [line[:300] for line in out.read().decode("utf-8", "replace").splitlines()[-RUN_TAIL_LINES:]]
+        if code != 0:
+            details = {"command": command, "exit": code, "output": output}
+            how = f"ran past {RUN_SECONDS} s" if code is None else f"exited {code}"
+            raise Fail(f"{command[:80]!r} {how}: {' | '.join(run_causes(output))}", details)
     return {"commands": len(commands), "reason": f"{len(commands)} command(s) of smoke.run succeeded"}
+
+
+RUN_TAIL_BYTES = 64 * 1024  # what is kept of a failing command's output
+RUN_TAIL_LINES = 60
+_CAUSE = re.compile(r"error|not found|no such file|cannot|fatal|undefined reference|permission denied", re.IGNORECASE)
+
+
+def run_causes(output: list) -> list:
+    """The lines of a failed command's output that say why (the compiler's, not ninja's "build stopped"): the
+    last three that name an error, else its last line."""
+    causes = [line.strip()[:200] for line in output if _CAUSE.search(line)]
+    return causes[-3:] or [line.strip()[:200] for line in output[-1:]] or ["(no output)"]
 
 
 def check_shm() -> dict:

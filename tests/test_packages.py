@@ -787,3 +787,63 @@ def test_a_resolver_backtracking_through_every_release_stops_at_the_download_lim
     if installer == "pip":  # pip says which wheel it fetches; uv fetches them silently
         assert "backtracked through" in res.err and "versions of hogpkg" in res.err, res.err[-3000:]
     assert f"with {installer} under" in res.err and 2 <= len(index.served) < 12, index.served
+
+
+def test_every_import_failure_is_kept_and_the_apt_cure_is_one_line(site):
+    """Issue 30 item 3: failures were cut to the first four and smoke.json kept no more, so OpenCV's whole apt
+    line hid behind a partial one and cost a rebuild. All are kept in the details; the reason names how many more
+    and one apt line cures them all."""
+    missing = "{}: cannot open shared object file: No such file or directory"
+    for n, lib in enumerate(["libGL.so.1", "libxcb.so.1", "libSM.so.6", "libgthread-2.0.so.0", "libXext.so.6"]):
+        _dist(site, f"native{n}", "1.0", f"native{n}", f"raise ImportError({missing.format(lib)!r})")
+    _dist(site, "broken", "1.0", "brokenmod", "raise RuntimeError('boom')")
+    check = _imports()
+    assert check["status"] == "fail"
+    assert "6 of 6 module(s) do not import" in check["reason"] and "and 2 more (all in smoke.json)" in check["reason"]
+    assert (
+        "for all of them, add to the recipe: apt: [libgl1, libglib2.0-0, libsm6, libxcb1, libxext6]" in check["reason"]
+    )
+    assert len(check["details"]["failures"]) == 6 and any("brokenmod" in f for f in check["details"]["failures"])
+    assert check["details"]["apt"] == ["libgl1", "libglib2.0-0", "libsm6", "libxcb1", "libxext6"]
+
+
+@pytest.mark.parametrize(
+    "why, script_text, said, not_said",
+    [
+        (
+            "a CUDA extension build without a compiler and Python headers (the cause is above ninja's last line)",
+            "echo '[1/2] c++ -c ext.cpp'; echo 'sh: 1: c++: not found' >&2; "
+            "echo 'ext.cpp:1:10: fatal error: Python.h: No such file or directory'; "
+            "for i in $(seq 30); do echo compiling $i; done; echo 'ninja: build stopped: subcommand failed.' >&2; exit 1",
+            ["c++: not found", "fatal error: Python.h: No such file or directory"],
+            ["compiling 30"],
+        ),
+        ("no error words: the last line", "echo one; echo two; exit 4", ["exited 4: two"], ["one"]),
+        ("no output at all", "exit 9", ["exited 9: (no output)"], []),
+    ],
+)
+def test_a_failed_smoke_run_command_keeps_its_cause_and_its_output(site, monkeypatch, why, script_text, said, not_said):
+    """Issue 30 item 3: a smoke.run failure kept only its last stderr line ("ninja: build stopped"); the cause two
+    screens up was lost. The reason carries the lines that name an error; the details keep the output's tail."""
+    monkeypatch.setenv("IMGBUILD_SMOKE_RUN", json.dumps([script_text]))
+    report = script.Report()
+    report.run("recipe checks", script.check_commands)
+    check = report.checks[-1]
+    assert check["status"] == "fail", why
+    for words in said:
+        assert words in check["reason"], (why, check["reason"])
+    causes = check["reason"].rsplit("' exited ", 1)[-1]  # the command itself is quoted before it
+    for words in not_said:
+        assert words not in causes, (why, check["reason"])
+    assert check["details"]["command"] == script_text and len(check["details"]["output"]) <= script.RUN_TAIL_LINES
+
+
+def test_a_chatty_failing_command_is_kept_bounded(site, monkeypatch):
+    monkeypatch.setenv(
+        "IMGBUILD_SMOKE_RUN", json.dumps(["yes 'a long line of build output' | head -c 20000000; exit 2"])
+    )
+    report = script.Report()
+    report.run("recipe checks", script.check_commands)
+    check = report.checks[-1]
+    assert check["status"] == "fail" and len(check["details"]["output"]) == script.RUN_TAIL_LINES
+    assert len(json.dumps(check)) < 40_000
