@@ -30,6 +30,7 @@ class Label:
     GPU_UUIDS = PREFIX + "gpu-uuids"  # and their UUIDs (indices can change across reboots, UUIDs do not)
     SMOKE_OF = PREFIX + "smoke-of"  # a smoke-test container, and the image it tests
     STARTED_BY = PREFIX + "started-by"  # a script's container: the imgbuild process (PID:start) that runs it
+    NOTIFY = PREFIX + "notify"  # `run --notify`: the reaper leaves a notice when it ends
     DEADLINE = PREFIX + "deadline"  # when `imgbuild reap` stops it (seconds since the epoch; `extend` moves it)
     SLURM_JOB = PREFIX + "slurm-job"  # a Slurm job's container (docker runtime): the job id, for the epilog
 

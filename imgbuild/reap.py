@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import usage
-from imgbuild.errors import EnvironmentProblem
+from imgbuild.errors import EnvironmentProblem, UsageError
 
 STATE_FILE = "reap-state.json"
 STATE_BYTES = 4 * 1024 * 1024
@@ -37,6 +37,11 @@ def policy(rules: Any) -> dict[str, Any]:
     from imgbuild.siteconfig import ReapPolicy, as_text, checked_section, duration_seconds
 
     merged = as_text(checked_section(ReapPolicy, "reap", rules))
+    command = merged.get("notify_command") or []
+    if command and not str(command[0]).startswith("/"):
+        raise UsageError(
+            f"reap.notify_command: {command[0]!r}: the program by absolute path (no shell, no PATH search)"
+        )
     for key in ("idle_timeout", "warn_lead", "exited_max_age"):
         if merged[key] is not None:
             merged[key] = duration_seconds(merged[key])
@@ -45,7 +50,7 @@ def policy(rules: Any) -> dict[str, Any]:
 
 @dataclass
 class Action:
-    verb: str  # warn | stop | remove
+    verb: str  # warn | stop | remove | notice
     name: str
     user: str
     reason: str
@@ -60,6 +65,7 @@ class State:
     samples: dict[str, list[list[float]]] = field(default_factory=dict)  # id -> [[time, busy 0/1], ...]
     warned: dict[str, dict[str, float]] = field(default_factory=dict)  # id -> {rule: when}
     last_run: float | None = None  # when the previous run sampled (the usage log's intervals)
+    noticed: dict[str, float] = field(default_factory=dict)  # id -> when its `--notify` notice was given
 
 
 # --- deciding (pure) ----------------------------------------------------------------------------------
@@ -235,6 +241,7 @@ def load_state(path: Path) -> State:
             {str(k): [[float(t), float(b)] for t, b in v] for k, v in dict(raw.get("samples", {})).items()},
             {str(k): {str(r): float(w) for r, w in dict(v).items()} for k, v in dict(raw.get("warned", {})).items()},
             float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None,
+            {str(k): float(w) for k, w in dict(raw.get("noticed", {})).items()},
         )
     except (ValueError, TypeError, AttributeError, RecursionError):
         return State()
@@ -376,9 +383,74 @@ def reap(
         # what the GPUs were held for since the last run (imgbuild usage), once the rules are enforced
         usage.append(own, usage.record(now, state.last_run, usage.holds_of(rows, gpus, primary_group)))
         state.last_run = now
+        present = {r["id"] for r in rows}
+        state.noticed = {k: v for k, v in state.noticed.items() if k in present}
+        for row in rows:
+            notice = job_notice(row, state.noticed)
+            if notice is None:
+                continue
+            state.noticed[row["id"]] = now  # given once, whatever its channels say
+            text, facts = notice
+            outcome = _give_notice(row["user"], text, facts, rules, notify)
+            append_log(log, now, Action("notice", row["name"], row["user"], text, "notify", row["id"]), outcome)
     finally:
         save_state(state_path, state)  # whatever failed, what was done is remembered
     return Report(actions, outcomes)
+
+
+def job_notice(row: dict[str, Any], noticed: dict[str, float]) -> tuple[str, dict[str, str]] | None:
+    """The notice of a `run --notify` job that ended and has none yet: (its line, the facts for notify_command).
+    Only for a container named for the user its label names (`<user>_...`): a hand-made one cannot send
+    another user notices."""
+    user, name = str(row.get("user") or ""), str(row.get("name") or "")
+    if not row.get("notify") or row.get("status") not in ("exited", "dead") or row.get("id") in noticed:
+        return None
+    if not user or not name.startswith(user + "_"):
+        return None
+    code = row.get("exit_code")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    started, finished = row.get("started_ts"), row.get("finished_ts")
+    seconds = max(0.0, finished - started) if isinstance(started, float) and isinstance(finished, float) else 0.0
+    gpus = len([g for g in str(row.get("gpu_uuids") or row.get("gpus") or "").split(",") if g])
+    gpu_hours = gpus * seconds / 3600
+    outcome = "finished" if code == 0 else f"failed (exit {code if code is not None else 'unknown'})"
+    text = f"imgbuild: {name} {outcome} after {human(seconds)}, {gpu_hours:.2f} GPU-hours on {gpus} GPU(s)"
+    facts = {
+        "IMGBUILD_NOTICE_USER": user,
+        "IMGBUILD_NOTICE_CONTAINER": name,
+        "IMGBUILD_NOTICE_EXIT": "" if code is None else str(code),
+        "IMGBUILD_NOTICE_SECONDS": f"{seconds:.0f}",
+        "IMGBUILD_NOTICE_GPU_HOURS": f"{gpu_hours:.4f}",
+        "IMGBUILD_NOTICE_TEXT": text,
+    }
+    return text, facts
+
+
+NOTIFY_SECONDS = 30  # the site's notify_command, once
+
+
+def _give_notice(
+    user: str, text: str, facts: dict[str, str], rules: dict[str, Any], notify: Callable[[str, str], bool]
+) -> str:
+    """A line in the user's notice file, and the site's notify_command run with the facts in its environment
+    (argv as configured, no shell; bounded in time, its output discarded)."""
+    import subprocess
+
+    channels = ["notice file" if notify(user, text) else "no notice file"]
+    argv = list(rules.get("notify_command") or [])
+    if argv:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **facts}
+        try:
+            done = subprocess.run(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=NOTIFY_SECONDS, check=False,
+            )  # fmt: skip
+            channels.append(f"notify_command exit {done.returncode}")
+        except subprocess.TimeoutExpired:
+            channels.append(f"notify_command ran past {NOTIFY_SECONDS} s")
+        except OSError as exc:
+            channels.append(f"notify_command failed: {exc.strerror}")
+    return "noticed (" + ", ".join(channels) + ")"
 
 
 def _act(engine: Any, action: Action, rules: dict[str, Any], now: float, notify: Callable[[str, str], bool]) -> str:

@@ -56,12 +56,15 @@ class RunSpec:
     jupyter_port: int | None = None  # `--jupyter`: the host port on 127.0.0.1
     local_image: bool = False  # built here from a recipe: never pulled (docker.io/<user>/<name> is a stranger's)
     deadline: float | None = None  # when `imgbuild reap` stops it (seconds since the epoch)
+    notify: bool = False  # `--notify`: kept after it ends, for the reaper's notice
 
     def docker_args(self) -> list[str]:
         """`docker run ...` arguments (without the `docker` binary)."""
         identity = ["--name", self.name, "--user", f"{self.uid}:{self.gid}", "--label", f"{Label.USER}={self.user}"]
         if self.deadline is not None:
             identity += ["--label", f"{Label.DEADLINE}={self.deadline:.0f}"]
+        if self.notify:
+            identity += ["--label", f"{Label.NOTIFY}=1"]
         return [
             "run",
             *identity,
@@ -320,6 +323,7 @@ class RunRequest:
     terminal: bool = False
     jupyter: bool = False
     time: str | None = None  # --time: how long the container may run ("2d")
+    notify: bool = False  # --notify: a notice when it ends (the reaper's next run)
 
 
 def read_gpus_or_none(settings: Any) -> list[Any]:
@@ -597,7 +601,8 @@ def prepare(
         env=env,
         ports=ports,
         detach=detach,
-        remove=not (req.keep or detach),  # a detached job's output must outlive it: `imgbuild logs`
+        remove=not (req.keep or detach or req.notify),  # a detached job's output must outlive it: `imgbuild logs`
+        notify=req.notify,
         interactive=req.interactive and not detach,
         tty=req.terminal and not detach,
         jupyter_port=jupyter_port,

@@ -183,6 +183,12 @@ class ReapPolicy:
     log: str | None = site_only(
         Maybe(PATH), None, doc="the action log, JSON lines (default <state_dir>/.reap/reap.log)"
     )
+    notify_command: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=32),
+        factory=list,
+        doc="run for each `run --notify` job that ended: a program by absolute path, then its arguments; the facts "
+        "in IMGBUILD_NOTICE_* variables, never through a shell",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -402,3 +402,111 @@ def test_a_persistent_environment_with_passwordless_sudo(testbed, docker_client,
     from imgbuild.recipe import load_recipe
 
     assert "sudo" not in load_recipe(plain).recipe.apt and load_recipe(recipe).recipe.apt == ["sudo"]
+
+
+# --- notices of `run --notify` jobs (issue 32, item 4) ---------------------------------------------------
+
+from imgbuild.reap import job_notice  # noqa: E402
+
+ENDED = {
+    "id": "c1", "name": "alice_train_1", "user": "alice", "status": "exited", "notify": True, "exit_code": 0,
+    "started_ts": 1000.0, "finished_ts": 1000.0 + 2 * H, "gpu_uuids": "GPU-a,GPU-b",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "why, change, expected",
+    [
+        ("finished", {}, "alice_train_1 finished after 2h, 4.00 GPU-hours on 2 GPU(s)"),
+        ("failed", {"exit_code": 3}, "alice_train_1 failed (exit 3) after 2h"),
+        ("an exit code that is no number", {"exit_code": "3; rm -rf /"}, "failed (exit unknown)"),
+        ("an exit code that is a bool", {"exit_code": True}, "failed (exit unknown)"),
+        ("no start time: no hours made up", {"started_ts": None}, "after 0s, 0.00 GPU-hours"),
+        ("GPUs by index", {"gpu_uuids": "", "gpus": "0,1,2"}, "on 3 GPU(s)"),
+        ("still running", {"status": "running"}, None),
+        ("not asked for", {"notify": False}, None),
+        ("given already", {"id": "noticed-before"}, None),
+        ("a name that is not the user's (a hand-made container naming a victim)", {"name": "mallory_x_1"}, None),
+        ("no user", {"user": ""}, None),
+    ],
+)
+def test_which_ended_jobs_get_a_notice_and_what_it_says(why, change, expected):
+    notice = job_notice({**ENDED, **change}, {"noticed-before": 1.0})
+    if expected is None:
+        assert notice is None, why
+        return
+    assert notice is not None and expected in notice[0], (why, notice)
+    text, facts = notice
+    assert facts["IMGBUILD_NOTICE_TEXT"] == text and facts["IMGBUILD_NOTICE_USER"] == "alice"
+
+
+def test_a_notify_command_by_relative_path_is_refused():
+    with pytest.raises(UsageError, match="notify_command: 'mail': the program by absolute path"):
+        policy({"notify_command": ["mail", "-s", "done"]})
+
+
+class _Containers:
+    def __init__(self, rows):
+        self._rows = rows
+
+    def rows(self):
+        return self._rows
+
+
+class _Engine:
+    def __init__(self, rows):
+        self.containers = _Containers(rows)
+
+
+def test_a_notice_is_given_once_with_the_facts_in_the_site_commands_environment(tmp_path):
+    """The site's notify_command gets the facts as environment variables (a value with shell syntax stays data)
+    and runs once per job; the notice line goes to the user's file; the action log records it."""
+    out = tmp_path / "facts.json"
+    command = tmp_path / "notify.py"
+    command.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{k: v for k, v in os.environ.items() if k.startswith('IMGBUILD_NOTICE_')}} | "
+        f"{{'argv': sys.argv[1:]}}, open({str(out)!r}, 'w'))\n"
+    )
+    command.chmod(0o755)
+    rows = [{**ENDED, "name": "alice_$(id)_1", "exit_code": 2}]
+    house = house_rules({"state_dir": str(tmp_path / "state")})
+    rules = policy({"notify_command": [str(command), "--subject", "job ended"]})
+    given: list[tuple[str, str]] = []
+    for now in (5 * H, 5 * H + 300):
+        reap(_Engine(rows), [], house, rules, now, notify=lambda u, t: given.append((u, t)) or True)
+    assert len(given) == 1 and given[0][0] == "alice" and "alice_$(id)_1 failed (exit 2)" in given[0][1]
+    facts = json.loads(out.read_text())
+    assert facts["argv"] == ["--subject", "job ended"]
+    assert facts["IMGBUILD_NOTICE_CONTAINER"] == "alice_$(id)_1" and facts["IMGBUILD_NOTICE_EXIT"] == "2"
+    assert facts["IMGBUILD_NOTICE_GPU_HOURS"] == "4.0000" and facts["IMGBUILD_NOTICE_SECONDS"] == "7200"
+    log = [json.loads(line) for line in (tmp_path / "state" / ".reap" / "reap.log").read_text().splitlines()]
+    assert [(e["verb"], e["outcome"]) for e in log] == [("notice", "noticed (notice file, notify_command exit 0)")]
+
+
+@pytest.mark.engine
+def test_run_notify_on_a_real_container_leaves_one_notice(testbed, docker_client, tmp_path, unique, monkeypatch):
+    """`imgbuild run --notify` keeps the container when it ends (a foreground run is otherwise removed), and the
+    reaper's next run leaves one notice naming its exit code."""
+    from imgbuild.engine import Engine
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    state = tmp_path / "state"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {state}\n")
+    env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config)}
+    name = f"{ME}_notify{unique}_1"
+    try:
+        res = run_cli("run", "--notify", "--name", f"notify{unique}", image, "--", "sh", "-c", "exit 3", cwd=tmp_path, env=env)  # fmt: skip
+        assert res.code == 3, res.err
+        assert docker_client.containers.get(name).status == "exited"  # kept for the notice
+        given: list[tuple[str, str]] = []
+        house, rules = house_rules({"state_dir": str(state)}), policy({})
+        for now in (time.time(), time.time() + 300):
+            reap(Engine.connect(None), [], house, rules, now, notify=lambda u, t: given.append((u, t)) or True)
+        mine = [(u, t) for u, t in given if name in t]
+        assert len(mine) == 1 and mine[0][0] == ME and f"{name} failed (exit 3)" in mine[0][1], given
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.containers.get(name).remove(force=True)

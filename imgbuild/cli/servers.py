@@ -66,6 +66,9 @@ class _RunCommand(click.Command):
 )
 @click.option("--time", "walltime", metavar="DURATION", help="Deadline: `imgbuild reap` stops it after this (e.g. 2d).")
 @click.option(
+    "--notify", is_flag=True, help="When it ends, a line in ~/imgbuild-notices.txt (and the site's notify_command)."
+)
+@click.option(
     "--jupyter", is_flag=True, help="JupyterLab in the background on a free port of 127.0.0.1; prints the ssh tunnel."
 )
 @click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
@@ -89,6 +92,7 @@ def run(
     entrypoint: str | None,
     wait: str | None,
     walltime: str | None,
+    notify: bool,
     jupyter: bool,
     dry_run: bool,
 ) -> None:
@@ -125,6 +129,7 @@ def run(
         terminal=sys.stdin.isatty() and sys.stdout.isatty(),
         jupyter=jupyter,
         time=walltime,
+        notify=notify,
     )
     if dry_run:
         spec = runmod.prepare(request, settings)

@@ -71,6 +71,9 @@ class DockerContainers:
                     "labelled": Label.USER in labels,  # started by imgbuild run (else: named by hand)
                     "smoke": Label.SMOKE_OF in labels,
                     "deadline": _number(labels.get(Label.DEADLINE)),
+                    "notify": labels.get(Label.NOTIFY) == "1",
+                    "exit_code": state.get("ExitCode"),
+                    "started_ts": _timestamp(state.get("StartedAt")),
                     "created_ts": _timestamp(c.attrs.get("Created")),
                     "finished_ts": _timestamp(state.get("FinishedAt")),
                     "image": (c.attrs.get("Config") or {}).get("Image", ""),
