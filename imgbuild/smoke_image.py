@@ -297,6 +297,10 @@ def top_level_modules(files, top_level_text: str | None) -> list:
     names = set()
     if top_level_text:
         names = {ln.strip().replace("/", ".").split(".")[0] for ln in top_level_text.splitlines() if ln.strip()}
+        if files:  # a name the distribution installs nothing for is no module of it (lmdb 1.4.1 lists `cpython`)
+            heads = {str(p).replace("\\", "/").split("/")[0] for p in files}
+            stems = {h.split(".")[0] for h in heads}
+            names = {n for n in names if n in heads or n in stems}
     else:
         for path in files or []:
             parts = str(path).replace("\\", "/").split("/")
@@ -311,6 +315,65 @@ def top_level_modules(files, top_level_text: str | None) -> list:
                 names.add(head.split(".")[0])
     skip = {"test", "tests", "testing", "docs", "doc", "examples", "example", "benchmarks", "scripts", "tools"}
     return sorted(n for n in names if n.isidentifier() and not n.startswith("_") and n not in skip)
+
+
+#: Programs a distribution runs at run time (not libraries it links), and the apt package that provides each.
+RUNTIME_TOOLS = {
+    "openai-whisper": {"ffmpeg": "ffmpeg"},
+    "pydub": {"ffmpeg": "ffmpeg"},
+    "ffmpeg-python": {"ffmpeg": "ffmpeg"},
+    "audioread": {"ffmpeg": "ffmpeg"},
+    "pytesseract": {"tesseract": "tesseract-ocr"},
+    "pdf2image": {"pdftoppm": "poppler-utils"},
+    "graphviz": {"dot": "graphviz"},
+    "pygraphviz": {"dot": "graphviz"},
+    "sox": {"sox": "sox"},
+}
+
+
+def missing_tools(names, which=None) -> list:
+    """(distribution, program, apt package) for each program an added distribution runs that is not on PATH."""
+    import shutil
+
+    which = which or shutil.which
+    return [
+        (name, tool, package)
+        for name in sorted(names)
+        for tool, package in sorted(RUNTIME_TOOLS.get(name, {}).items())
+        if not which(tool)
+    ]
+
+
+def _module_file(path: str) -> bool:
+    """A top-level module's own file: `pkg/__init__.py`, `mod.py` or an extension module at the top."""
+    parts = path.split("/")
+    if len(parts) == 2:
+        return parts[1] == "__init__.py" and not parts[0].endswith((".dist-info", ".egg-info", ".data"))
+    return len(parts) == 1 and (path.endswith(".py") or ".cpython-" in path or path.endswith(".so"))
+
+
+def shared_modules(dists, added) -> list:
+    """Module files two distributions both install with different contents (opencv-python and -headless both own
+    cv2/__init__.py: the one installed last wins, whatever pip says), where one of them is an added distribution.
+    `dists`: (name, version, files) of every distribution; identical files (namespace boilerplate) are fine."""
+    owners: dict = {}
+    for name, version, files in dists:
+        for f in files or []:
+            path = str(f).replace("\\", "/")
+            if _module_file(path):
+                digest = getattr(getattr(f, "hash", None), "value", "") or ""
+                owners.setdefault(path, []).append((name, version, digest))
+    found = []
+    for path, who in sorted(owners.items()):
+        names = {n for n, _, _ in who}
+        if len(names) < 2 or not names & set(added):
+            continue
+        if len({d for _, _, d in who}) == 1 and who[0][2]:
+            continue  # the same bytes from each: nothing was overwritten
+        listed = " and ".join(f"{n} {v}" for n, v, _ in sorted(who))
+        found.append(f"{path.split('/')[0].split('.')[0]} is installed by {listed}: the last one installed "
+                     f"overwrote the other's files; keep one of them")  # fmt: skip
+    return found
 
 
 def missing_library(error: str) -> str:
@@ -534,6 +597,19 @@ def _added(baseline: set) -> list:
     return sorted(out, key=lambda item: item[0])
 
 
+def _all_distributions() -> list:
+    """(canonical name, version, files) of every distribution on the path (each once, as imported)."""
+    import importlib.metadata as md
+
+    seen, out = set(), []
+    for dist in md.distributions():
+        name = _canonical(dist.metadata["Name"] or "")
+        if name and name not in seen:
+            seen.add(name)
+            out.append((name, dist.version, dist.files))
+    return out
+
+
 def added_distributions(baseline: set) -> list:
     """(name, version, modules) of every distribution the recipe's layers installed or changed."""
     return [(n, d.version, top_level_modules(d.files, d.read_text("top_level.txt"))) for n, d in _added(baseline)]
@@ -594,6 +670,11 @@ def check_imports() -> dict:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda item: _import_one(item[2]), work))
     failures, driver_only, optional, apt = _classify(work, results)
+    added_names = [n for n, _, _ in work]
+    for name, tool, package in missing_tools(added_names):
+        failures.append(f"{name}: runs `{tool}`, which is not installed (add apt: [{package}])")
+        apt += [package] if package not in apt else []
+    failures += shared_modules(_all_distributions(), added_names)
     checked = sum(len(m) for _, _, m in work)
     if failures:
         shown = "; ".join(failures[:4]) + (

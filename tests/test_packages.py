@@ -128,6 +128,10 @@ def test_a_framework_installed_twice_under_two_names_is_caught(site):
         (["fast.cpython-311-x86_64-linux-gnu.so"], None, ["fast"]),
         (["tests/__init__.py", "pkg/__init__.py", "../../bin/tool", "pkg.pth"], None, ["pkg"]),
         ([], "google\ngoogle/protobuf\n", ["google"]),
+        # issue 30 item 4: lmdb 1.4.1's top_level.txt names `cpython`, which it installs nothing for
+        (["lmdb/__init__.py", "lmdb/cpython.cpython-311-x86_64-linux-gnu.so"], "cpython\nlmdb\n", ["lmdb"]),
+        (["yaml/__init__.py", "_yaml.cpython-311-x86_64-linux-gnu.so"], "_yaml\nyaml\n", ["yaml"]),
+        (["six.py"], "six\n", ["six"]),
     ],
 )
 def test_top_level_modules_from_metadata(files, top, modules):
@@ -847,3 +851,57 @@ def test_a_chatty_failing_command_is_kept_bounded(site, monkeypatch):
     check = report.checks[-1]
     assert check["status"] == "fail" and len(check["details"]["output"]) == script.RUN_TAIL_LINES
     assert len(json.dumps(check)) < 40_000
+
+
+def _record(site: Path, name: str, version: str, lines: list[str]) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{line}\n" for line in lines) + f"{info.name}/METADATA,,\n")
+
+
+def test_two_distributions_owning_one_module_fail_where_their_files_differ(site):
+    """Issue 30 item 4: opencv-python and opencv-python-headless both own cv2/ at two versions; the one installed
+    last overwrote the other's files and nothing said so. Identical files (namespace boilerplate) are fine."""
+    (site / "cv2x").mkdir()
+    (site / "cv2x" / "__init__.py").write_text("")
+    _record(site, "opencv-python-x", "4.10.0", ["cv2x/__init__.py,sha256=AAAA,10"])
+    _record(site, "opencv-python-headless-x", "4.9.0", ["cv2x/__init__.py,sha256=BBBB,12"])
+    (site / "nsx").mkdir()
+    (site / "nsx" / "__init__.py").write_text("")
+    _record(site, "ns-one", "1.0", ["nsx/__init__.py,sha256=SAME,5"])
+    _record(site, "ns-two", "1.0", ["nsx/__init__.py,sha256=SAME,5"])
+    check = _imports()
+    assert check["status"] == "fail", check
+    found = [f for f in check["details"]["failures"] if "installed by" in f]
+    assert found == [
+        "cv2x is installed by opencv-python-headless-x 4.9.0 and opencv-python-x 4.10.0: the last one installed "
+        "overwrote the other's files; keep one of them"
+    ], found
+
+
+@pytest.mark.parametrize(
+    "names, on_path, expected",
+    [
+        (["openai-whisper"], set(), [("openai-whisper", "ffmpeg", "ffmpeg")]),
+        (["openai-whisper"], {"ffmpeg"}, []),
+        (
+            ["pytesseract", "pdf2image"],
+            set(),
+            [("pdf2image", "pdftoppm", "poppler-utils"), ("pytesseract", "tesseract", "tesseract-ocr")],
+        ),
+        (["numpy"], set(), []),
+    ],
+)
+def test_programs_a_package_runs_are_checked_like_libraries(names, on_path, expected):
+    """Issue 30 item 4: openai-whisper was promoted with no ffmpeg and no hint."""
+    assert script.missing_tools(names, which=lambda tool: f"/usr/bin/{tool}" if tool in on_path else None) == expected
+
+
+def test_a_missing_program_fails_the_import_check_with_its_apt_line(site, monkeypatch):
+    monkeypatch.setitem(script.RUNTIME_TOOLS, "whisperx-fake", {"no-such-program-here": "ffmpeg"})
+    _dist(site, "whisperx-fake", "1.0", "whisperxfake")
+    check = _imports()
+    assert check["status"] == "fail"
+    assert "whisperx-fake: runs `no-such-program-here`, which is not installed (add apt: [ffmpeg])" in check["reason"]
+    assert check["details"]["apt"] == ["ffmpeg"]
