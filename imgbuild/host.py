@@ -24,13 +24,29 @@ class Caller:
 
     @property
     def is_admin(self) -> bool:
-        """Root, or a user acting through sudo: may act on other users' containers with --force."""
-        return os.geteuid() == 0
+        """Root, or a member of an admin group acting through sudo (root through sudo anyway): may act on other
+        users' containers with --force. A user whom the sudoers drop-in lets run imgbuild is not."""
+        return os.geteuid() == 0 and (not self.via_sudo or self.uid == 0 or in_admin_group(self))
 
     @property
     def prefix(self) -> str:
         """Container names of this caller start with this."""
         return f"{self.name}_"
+
+
+#: Groups whose members hold root through sudo already (Debian's sudo, RHEL's wheel, old Ubuntu's admin).
+ADMIN_GROUPS = ("sudo", "wheel", "admin")
+
+
+def in_admin_group(who: Caller) -> bool:
+    import grp
+
+    try:
+        names = {g.gr_name for g in grp.getgrall() if who.name in g.gr_mem}
+        names.add(grp.getgrgid(who.gid).gr_name)
+    except (KeyError, OSError):
+        return False
+    return bool(names & set(ADMIN_GROUPS))
 
 
 def caller(environ: dict[str, str] | None = None) -> Caller:

@@ -263,21 +263,26 @@ def save_state(path: Path, state: State) -> None:
 
 
 def append_log(path: Path, now: float, action: Action, outcome: str) -> None:
-    """One JSON line in the action log: a regular file the reaper owns, never a FIFO or a link (either would
-    hang or redirect root's writes)."""
+    """One JSON line in the action log."""
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)), **asdict(action), "outcome": outcome}
+    append_record(path, record, "the reap log")
+
+
+def append_record(path: Path, record: dict[str, Any], what: str) -> None:
+    """One JSON line appended to a log of root's (or the reaper's): a regular file it owns, never a FIFO or a
+    link (either would hang or redirect root's writes)."""
     from imgbuild.ledger import open_regular
 
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)), **asdict(action), "outcome": outcome}
     try:
         fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as exc:
-        raise EnvironmentProblem(f"cannot write the reap log {path}: {exc.strerror}") from None
+        raise EnvironmentProblem(f"cannot write {what} {path}: {exc.strerror}") from None
     if fd is None:
-        raise EnvironmentProblem(f"the reap log {path} is not a regular file (someone put it there); remove it")
+        raise EnvironmentProblem(f"{what} {path} is not a regular file (someone put it there); remove it")
     try:
         info = os.fstat(fd)
         if info.st_uid != os.geteuid() or info.st_nlink != 1:
-            raise EnvironmentProblem(f"the reap log {path} is not the reaper's own file (another owner, or a link)")
+            raise EnvironmentProblem(f"{what} {path} is not the reaper's own file (another owner, or a link)")
         os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)

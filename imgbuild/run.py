@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class RunSpec:
     local_image: bool = False  # built here from a recipe: never pulled (docker.io/<user>/<name> is a stranger's)
     deadline: float | None = None  # when `imgbuild reap` stops it (seconds since the epoch)
     notify: bool = False  # `--notify`: kept after it ends, for the reaper's notice
+    enforced: list[Any] | None = None  # enforced mode: the user's mounts as checked (enforce.Mount); None: not
+    workdir: str | None = None  # enforced mode: the workspace, mounted among `enforced`
 
     def docker_args(self) -> list[str]:
         """`docker run ...` arguments (without the `docker` binary)."""
@@ -84,7 +87,7 @@ class RunSpec:
         if workspace:
             args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
         for mount in h.get("mounts") or []:
-            args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
+            args += ["-v", mount.format(user=self.user, home=_home(self.uid), uid=self.uid)]
         args += [word for flag in log_flags(h) for word in flag]
         for key, value in sorted((h.get("env") or {}).items()):
             args += ["-e", f"{key}={value}"]
@@ -94,7 +97,7 @@ class RunSpec:
         """The user's own mounts, environment and ports."""
         args: list[str] = []
         for mount in self.volumes:
-            args += ["-v", mount.format(user=self.user, home=str(Path.home()), uid=self.uid)]
+            args += ["-v", mount.format(user=self.user, home=_home(self.uid), uid=self.uid)]
         for item in self.env:
             args += ["-e", item]
         for port in self.ports:
@@ -136,6 +139,10 @@ class RunSpec:
     def _mode_args(self) -> list[str]:
         flags = [("--rm", self.remove), ("-d", self.detach), ("-i", self.interactive), ("-t", self.tty)]
         args = [flag for flag, on in flags if on] + (["--pull", "never"] if self.local_image else [])
+        if self.enforced is not None:  # a user acting through sudo: their own privileges and no more
+            args += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+        if self.workdir:
+            args += ["-w", self.workdir]
         return args + (["--entrypoint", self.entrypoint] if self.entrypoint is not None else [])
 
     def cli_invocation(self) -> tuple[list[str], dict[str, str]]:
@@ -537,6 +544,31 @@ def group_members(group: str) -> set[str]:
     return set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
 
 
+def _home(uid: int) -> str:
+    """`{home}` in a mount: the caller's own home (under sudo $HOME is root's)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return str(Path.home())
+
+
+def _enforce(req: RunRequest, who: Any, house: dict[str, Any], ref: str) -> list[Any] | None:
+    """Enforced mode (a user through sudo): the flags, image and mounts checked as the caller; the workspace
+    becomes one of the checked mounts. None where imgbuild runs as the user themself or as root."""
+    from imgbuild import enforce
+
+    if not enforce.acting_for_user(who):
+        return None
+    enforce.check_run(req, who, house, ref)
+    specs = list(req.volumes)
+    if house.get("workspace"):
+        specs.append(f"{Path.cwd()}:{house['workspace']}")
+        house["enforced_workdir"], house["workspace"] = house["workspace"], None
+    return enforce.check_mounts(specs, who, house)
+
+
 def prepare(
     req: RunRequest,
     settings: Any,
@@ -558,7 +590,9 @@ def prepare(
     if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
     ref, default_short = resolve_image(req.image, settings)
-    user = caller().name  # containers are named and owned by who runs imgbuild, never by --user
+    who = caller()
+    user = who.name  # containers are named and owned by who runs imgbuild, never by --user
+    enforced = _enforce(req, who, house, ref)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
@@ -612,6 +646,8 @@ def prepare(
         entrypoint=req.entrypoint,
         cpus=cpus,
         cpuset=cpuset,
+        enforced=enforced,
+        workdir=house.get("enforced_workdir"),
     )
 
 
@@ -803,7 +839,7 @@ def check_mount_sources(spec: RunSpec) -> None:
     """Every host folder the container mounts exists: docker would create a missing one as root, which the
     user then cannot write (a site's `/work/{user}` not made yet)."""
     for mount in [*(spec.house.get("mounts") or []), *spec.volumes]:
-        source = mount.format(user=spec.user, home=str(Path.home()), uid=spec.uid).split(":")[0]
+        source = mount.format(user=spec.user, home=_home(spec.uid), uid=spec.uid).split(":")[0]
         if source.startswith("/") and not os.path.exists(source):
             raise UsageError(
                 f"mount {source}: no such folder on this host; docker would create it as root (create it first, "
@@ -811,11 +847,26 @@ def check_mount_sources(spec: RunSpec) -> None:
             )
 
 
+@contextlib.contextmanager
+def _staged(spec: RunSpec) -> Iterator[None]:
+    """Enforced mode: the checked mounts through root's staging binds, for as long as the start needs them."""
+    if spec.enforced is None:
+        yield
+        return
+    from imgbuild import enforce
+
+    with enforce.staged(spec.enforced) as volumes:
+        spec.volumes = volumes
+        enforce.audit("run", sys.argv[1:], f"allowed: starting {spec.name} ({spec.image})", spec.house["state_dir"])
+        yield
+
+
 def start_detached(engine: Any, spec: RunSpec) -> None:
     from imgbuild.errors import ImgbuildError
 
     check_mount_sources(spec)
-    code, err = engine.containers.run_cli_captured(*spec.cli_invocation())
+    with _staged(spec):
+        code, err = engine.containers.run_cli_captured(*spec.cli_invocation())
     if code != 0:
         raise ImgbuildError(explain_start_failure(err))
 
@@ -861,7 +912,8 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
     started = time.monotonic()
     if wanted:
         sampler.start()
-    code = engine.containers.run_cli(*spec.cli_invocation())
+    with _staged(spec):
+        code = engine.containers.run_cli(*spec.cli_invocation())
     stop.set()
     outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
     if wanted:

@@ -161,6 +161,16 @@ class RunRules:
         doc="images under these prefixes run only when signed by signing_key (imgbuild verify), by digest",
     )
     signing_key: str | None = site_only(Maybe(PATH), None, doc="the public key (cosign.pub) of signed_only")
+    allowed_images: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=256),
+        factory=lambda: ["nvcr.io/nvidia/*", "{user}/*"],
+        doc="enforced mode (users through sudo): the images a run may use, fnmatch patterns, {user} expanded",
+    )
+    allowed_mounts: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=64),
+        factory=lambda: ["{home}"],
+        doc="enforced mode: the host folders a run may mount (and use as its workspace), {user} and {home} expanded",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,10 +27,12 @@ def expected_ids() -> tuple[int, int]:
 
 @pytest.fixture
 def as_host_user(monkeypatch):
-    """In CI we are root: act as a user who ran `sudo imgbuild build` (SUDO_UID is how we find them)."""
+    """In CI we are root: act as an admin who ran `sudo imgbuild build` (SUDO_UID is how we find them; a user who
+    is no admin may not build through sudo: enforced mode)."""
     if os.getuid() == 0:
         monkeypatch.setenv("SUDO_UID", "4321")
         monkeypatch.setenv("SUDO_GID", "4322")
+        monkeypatch.setenv("SUDO_USER", "imgbt-admin")  # the test bed's member of the sudo group
     return expected_ids()
 
 

@@ -104,16 +104,37 @@ def main(argv: list[str] | None = None) -> None:
 
     with contextlib.suppress(ValueError):  # not the main thread (tests calling main())
         signal.signal(signal.SIGTERM, _terminate)
+    args = list(sys.argv[1:] if argv is None else argv)
+    acting = False
     try:
+        from imgbuild import enforce
+
+        acting = enforce.acting_for_user()
+        enforce.gate(args)  # through sudo: the user commands, and nothing else
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):
             raise
         lines, code = _outcome(exc)
+        if acting:
+            _audit(args, f"exit {code}" + (f": {lines[0][:300]}" if lines and code else ""))
         for line in lines:
             click.echo(line, err=code != EXIT_OK)
         sys.exit(code)
+    if acting:
+        _audit(args, f"exit {EXIT_OK}")
     sys.exit(EXIT_OK)
+
+
+def _audit(args: list[str], decision: str) -> None:
+    """Enforced mode: how a user's command ended, in root's audit log (a log that cannot be written is said,
+    never lets the command's own outcome be lost)."""
+    from imgbuild.enforce import audit
+
+    try:
+        audit(args[0] if args else "", args, decision)
+    except ImgbuildError as exc:
+        click.echo(f"imgbuild: the audit log: {exc}", err=True)
 
 
 def _outcome(exc: BaseException) -> tuple[list[str], int]:

@@ -515,3 +515,21 @@ def _note(text: str) -> None:
     """A note for the user on stderr, when there is one."""
     if text:
         click.echo(text, err=True)
+
+
+@cli.group()
+def admin() -> None:
+    """For the admin of a shared GPU server."""
+
+
+@admin.command()
+@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one running now).")
+def sudoers(binary: str | None) -> None:
+    """Print the sudoers drop-in for enforced mode: users run imgbuild's user commands as root, nothing else."""
+    import os
+    import shutil
+
+    from imgbuild.enforce import sudoers as drop_in
+
+    found = binary or shutil.which("imgbuild") or os.path.abspath(sys.argv[0])
+    click.echo(drop_in(found), nl=False)

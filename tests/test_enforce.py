@@ -1,0 +1,357 @@
+"""Issue 32, item 1: enforced mode. Users are not in the docker group; they run imgbuild's user commands through
+sudo (the drop-in `imgbuild admin sudoers` prints) and get nothing they would not have without it.
+
+The rules are tables of attempts, each refused with one line: pure ones here, and on the test bed the same
+attempts made by real unprivileged users (imgbt-alice, imgbt-bob) through Debian's sudo against the real engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgbuild import enforce
+from imgbuild.errors import UsageError
+from imgbuild.host import Caller
+from imgbuild.run import RunRequest
+
+ALICE = Caller("alice", 1001, 1001, via_sudo=True)
+HOUSE = {
+    "allowed_images": ["nvcr.io/nvidia/*", "{user}/*"],
+    "allowed_mounts": ["{home}", "/srv/datasets"],
+}
+
+
+def req(**kw) -> RunRequest:
+    return RunRequest(image="nvcr.io/nvidia/pytorch:25.10-py3", **kw)
+
+
+@pytest.mark.parametrize(
+    "why, request_, image, message",
+    [
+        ("run as root in the container", req(as_user="0:0"), None, "--user: under this server's rules"),
+        ("take another user's GPU", req(force=True), None, "--force: only root"),
+        ("a stranger's image", req(), "docker.io/library/alpine:3", "not an image this server allows"),
+        ("another user's namespace", req(), "bob/secret:1", "not an image this server allows"),
+        ("every GPU of the host", req(env=["NVIDIA_VISIBLE_DEVICES=all"]), None, "-e NVIDIA_VISIBLE_DEVICES: set by"),
+        ("the hook's capabilities", req(env=["NVIDIA_DRIVER_CAPABILITIES=all"]), None, "set by imgbuild"),
+        ("a preload for the NVIDIA hook (CVE-2025-23266)", req(env=["LD_PRELOAD=/x.so"]), None, "-e LD_PRELOAD"),
+        ("CUDA's view of the GPUs", req(env=["CUDA_VISIBLE_DEVICES=0,1,2,3"]), None, "set by imgbuild"),
+        ("a variable name with a newline", req(env=["A\nB=1"]), None, "not a variable name"),
+        ("a privileged port", req(ports=["127.0.0.1:80:80"]), None, "below 1024"),
+        ("every interface", req(ports=["0.0.0.0:8888:8888"]), None, "publish on this host only"),
+        ("no address at all", req(ports=["8888:8888"]), None, "publish on this host only"),
+        ("a port range", req(ports=["127.0.0.1:9000-9100:9000-9100"]), None, "not 127.0.0.1:HOSTPORT"),
+        ("fullwidth digits", req(ports=["127.0.0.1:８８８８:8888"]), None, "not 127.0.0.1:HOSTPORT"),
+    ],
+)
+def test_run_flags_a_user_may_not_give_through_sudo(why, request_, image, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        enforce.check_run(request_, ALICE, HOUSE, image or request_.image)
+
+
+def test_what_a_user_may_give():
+    enforce.check_run(req(env=["HF_TOKEN=x", "OMP_NUM_THREADS=8"], ports=["127.0.0.1:8888:8888"]), ALICE, HOUSE,
+                      "nvcr.io/nvidia/pytorch:25.10-py3")  # fmt: skip
+    enforce.check_run(req(), ALICE, HOUSE, "alice/research:v1")  # her own builds
+
+
+def _probe(paths: dict[str, dict]):
+    return lambda who, path: paths.get(path, {"error": "No such file or directory"})
+
+
+SEEN = {"dev": 1, "ino": 2, "dir": True}
+
+
+@pytest.mark.parametrize(
+    "why, spec, seen, message",
+    [
+        (
+            "the host's /etc",
+            "/etc:/host",
+            {"/etc": {"path": "/etc", **SEEN}},
+            "outside what this server lets runs mount",
+        ),
+        (
+            "a link in her home to /root",
+            "/home/alice/r:/r",
+            {"/home/alice/r": {"path": "/root", **SEEN}},
+            "/root is outside",
+        ),
+        (
+            "a folder she cannot read",
+            "/home/bob/private:/b",
+            {"/home/bob/private": {"error": "you cannot read it"}},
+            "you cannot read it",
+        ),
+        ("a missing folder (docker would make it as root)", "/home/alice/nope:/x", {}, "No such file"),
+        ("a named volume (maybe another user's)", "bobs-data:/data", {}, "a host path"),
+        (
+            "into the container's /proc",
+            "/home/alice/d:/proc/x",
+            {"/home/alice/d": {"path": "/home/alice/d", **SEEN}},
+            "not a place in the container",
+        ),
+        (
+            "over the container's root",
+            "/home/alice/d:/",
+            {"/home/alice/d": {"path": "/home/alice/d", **SEEN}},
+            "not a place",
+        ),
+        (
+            "a prefix of an allowed root",
+            "/srv/datasets-private:/d",
+            {"/srv/datasets-private": {"path": "/srv/datasets-private", **SEEN}},
+            "outside",
+        ),
+        ("an odd mode", "/home/alice/d:/d:rw,z", {}, "HOSTPATH:CONTAINERPATH"),
+        ("too many colons", "/a:/b:/c:ro", {}, "HOSTPATH:CONTAINERPATH"),
+    ],
+)
+def test_mounts_a_user_may_not_ask_for(why, spec, seen, message, monkeypatch):
+    monkeypatch.setattr(enforce, "home_of", lambda who: "/home/alice")
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        enforce.check_mounts([spec], ALICE, HOUSE, probe=_probe(seen))
+
+
+def test_mounts_a_user_may_ask_for(monkeypatch):
+    monkeypatch.setattr(enforce, "home_of", lambda who: "/home/alice")
+    seen = {
+        "/home/alice/data": {"path": "/home/alice/data", **SEEN},
+        "/srv/datasets/imagenet": {"path": "/srv/datasets/imagenet", "dev": 3, "ino": 4, "dir": True},
+    }
+    mounts = enforce.check_mounts(["{home}/data:/data", "/srv/datasets/imagenet:/in:ro"], ALICE, HOUSE, _probe(seen))
+    assert [(m.source, m.target, m.read_only) for m in mounts] == [
+        ("/home/alice/data", "/data", False),
+        ("/srv/datasets/imagenet", "/in", True),
+    ]
+
+
+def test_the_audit_log_keeps_no_variable_value():
+    assert enforce._summary(["run", "-e", "HF_TOKEN=hf_secret", "--env=A=b", "-eX=1", "img"]) == [
+        "run", "-e", "HF_TOKEN=…", "--env=…", "-eX=…", "img",
+    ]  # fmt: skip
+
+
+def test_the_sudoers_binary_must_be_a_plain_absolute_path():
+    for bad in ("imgbuild", "/usr/bin/imgbuild ALL", "/usr/bin/img,build", "/usr/bin/imgbuild\n"):
+        with pytest.raises(UsageError, match="--binary"):
+            enforce.sudoers(bad)
+
+
+# --- real users, Debian's sudo, the real engine --------------------------------------------------------
+
+BINARY = str(Path(sys.executable).parent / "imgbuild")
+USERS = ("imgbt-alice", "imgbt-bob")
+
+
+def _have_users() -> bool:
+    try:
+        return all(pwd.getpwnam(u) for u in USERS) and bool(shutil.which("visudo"))
+    except KeyError:
+        return False
+
+
+@pytest.fixture
+def enforced(testbed, tmp_path, unique):
+    """The test bed as an enforced server: the sudoers drop-in for this checkout's imgbuild, a site config with
+    the rules, two GPUs from a snapshot; restored afterwards."""
+    assert os.geteuid() == 0, "enforced mode is root's to install: the tests that set it up run as root"
+    assert _have_users(), "the test bed makes imgbt-alice, imgbt-bob and installs sudo (tests/testbed/up --all)"
+    reg = testbed["IMGBUILD_TESTBED_REGISTRY"]
+    shared = Path(f"/srv/imgbt-shared-{unique}")
+    shared.mkdir(parents=True)
+    (shared / "README").write_text("shared data\n")
+    state = Path(f"/var/tmp/imgbt-state-{unique}")
+    snapshot = shared / "gpus.json"
+    gpus = [
+        {"index": i, "uuid": f"GPU-{i}-{unique}", "name": "NVIDIA A100-SXM4-80GB", "memory_used_mib": 0,
+         "memory_total_mib": 81920, "utilization": 0, "processes": [], "compute_cap": "8.0", "driver": "580.95.05"}
+        for i in range(2)
+    ]  # fmt: skip
+    snapshot.write_text(json.dumps({"gpus": gpus}))
+    site = Path("/etc/imgbuild/config.yaml")
+    kept = site.read_bytes() if site.exists() else None
+    site.parent.mkdir(exist_ok=True)
+    site.write_text(
+        f"ngc_registry: {reg}\ninsecure_registries: [{reg}]\ngpu_snapshot: {snapshot}\n"
+        f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {state}\n  max_gpus_per_user: 1\n"
+        f'  allowed_images: ["{reg}/nvidia/*", "{{user}}/*"]\n  allowed_mounts: ["{{home}}", "{shared}"]\n'
+    )
+    drop_in = Path("/etc/sudoers.d/imgbuild-test")
+    candidate = tmp_path / "sudoers"
+    candidate.write_text(enforce.sudoers(BINARY))
+    assert subprocess.run(["visudo", "-cf", str(candidate)], capture_output=True).returncode == 0
+    shutil.copyfile(candidate, drop_in)
+    os.chmod(drop_in, 0o440)
+    try:
+        yield {"registry": reg, "shared": shared, "state": state, "image": f"{reg}/nvidia/pytorch:24.05-py3"}
+    finally:
+        drop_in.unlink(missing_ok=True)
+        if kept is None:
+            site.unlink(missing_ok=True)
+        else:
+            site.write_bytes(kept)
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+        subprocess.run(
+            ["sh", "-c", f"docker ps -aq --filter name={unique} | xargs -r docker rm -f"], capture_output=True
+        )
+
+
+def as_user(user: str, *args: str, sudo_args: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
+    """What `user` types: `sudo imgbuild ARGS`, in their home."""
+    home = pwd.getpwnam(user).pw_dir
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "sudo", "-n", *sudo_args, BINARY, *args],
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "LANG": "C.UTF-8"},
+    )
+
+
+@pytest.mark.engine
+def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docker_client):
+    """At least 25 attempts by real users through Debian's sudo on the real engine, each refused with one line
+    (the same table is in SECURITY.md); what the rules allow works, as the user, and the audit log has it all."""
+    image, shared = enforced["image"], enforced["shared"]
+    alice_home, bob_home = (Path(pwd.getpwnam(u).pw_dir) for u in USERS)
+    alice, bob = (pwd.getpwnam(u) for u in USERS)
+    # what alice has and what she may not reach
+    data = alice_home / f"data-{unique}"
+    data.mkdir()
+    (data / "train.txt").write_text("hers\n")
+    os.chown(data, alice.pw_uid, alice.pw_gid)
+    private = bob_home / f"private-{unique}"
+    private.mkdir(mode=0o700)
+    (private / "notes.txt").write_text("bob's\n")
+    os.chmod(private / "notes.txt", 0o644)  # readable, but inside a folder only bob may enter
+    os.chown(private, bob.pw_uid, bob.pw_gid)
+    os.chmod(bob_home, 0o755)
+    link = alice_home / f"to-root-{unique}"
+    link.symlink_to("/root")
+    hard = alice_home / f"shadow-{unique}"
+    os.link("/etc/shadow", hard)  # a hard link made for her (protected_hardlinks stops her making it herself)
+
+    # bob's running job
+    started = as_user("imgbt-bob", "run", "-d", "--name", f"job{unique}", image, "--", "sleep", "300")
+    assert started.returncode == 0, started.stderr
+    bobs = f"imgbt-bob_job{unique}_1"
+
+    attempts = [
+        ("run as root in the container", ["run", "--user", "0:0", image, "--", "id"]),
+        ("take bob's GPU", ["run", "--force", "--gpus", "1", image, "--", "true"]),
+        ("more GPUs than the quota", ["run", "--gpus", "2", image, "--", "true"]),
+        ("every GPU by the hook's variable", ["run", "-e", "NVIDIA_VISIBLE_DEVICES=all", image, "--", "true"]),
+        ("a preload for the hook", ["run", "-e", "LD_PRELOAD=/tmp/x.so", image, "--", "true"]),
+        ("a privileged port", ["run", "-p", "127.0.0.1:80:80", image, "--", "true"]),
+        ("every interface", ["run", "-p", "0.0.0.0:18888:8888", image, "--", "true"]),
+        ("the host's /etc", ["run", "-v", "/etc:/host", image, "--", "true"]),
+        ("root's home", ["run", "-v", "/root:/r", image, "--", "true"]),
+        ("a link in her home to /root", ["run", "-v", f"{link}:/r", image, "--", "true"]),
+        ("a hard link to /etc/shadow", ["run", "-v", f"{hard}:/s", image, "--", "true"]),
+        ("bob's private folder", ["run", "-v", f"{private}:/b", image, "--", "true"]),
+        ("a named volume", ["run", "-v", "bobs-data:/data", image, "--", "true"]),
+        ("a folder that does not exist", ["run", "-v", f"{alice_home}/nope-{unique}:/x", image, "--", "true"]),
+        ("the container's /proc", ["run", "-v", f"{data}:/proc/x", image, "--", "true"]),
+        ("an image from elsewhere", ["run", "docker.io/library/alpine:3", "--", "true"]),
+        ("bob's namespace", ["run", f"imgbt-bob/secret-{unique}:1", "--", "true"]),
+        ("bob's logs", ["logs", bobs]),
+        ("a shell in bob's job", ["exec", bobs, "--", "cat", "/etc/hostname"]),
+        ("stop bob's job", ["stop", bobs]),
+        ("stop bob's job with --force", ["stop", "--force", bobs]),
+        ("extend bob's deadline", ["extend", bobs, "1d"]),
+        ("attach to bob's job", ["attach", bobs]),
+    ]
+    refused = []
+    for why, args in attempts:
+        res = as_user("imgbt-alice", *args)
+        refused.append((why, res.returncode, res.stderr))
+        assert res.returncode in (2, 3), (why, res.returncode, res.stdout, res.stderr)
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, (why, res.stderr)
+    # what sudo itself refuses: commands outside the drop-in, a global flag first, setting a variable
+    for why, args, sudo_args in [
+        ("build through sudo (recipes would be read as root)", ["build", "x.yaml"], ()),
+        ("the reaper", ["reap"], ()),
+        ("a global flag before the command", ["--user", "imgbt-bob", "run", image], ()),
+        ("her own site config by variable", ["run", image], ("IMGBUILD_SITE_CONFIG=/tmp/evil.yaml",)),
+    ]:
+        res = as_user("imgbt-alice", *args, sudo_args=sudo_args)
+        assert res.returncode == 1 and "sudo" in res.stderr, (why, res.stderr)
+    assert docker_client.containers.get(bobs).status == "running"
+    assert len(refused) + 4 >= 25
+
+    # what the rules allow: her data, as her, no new privileges, no capabilities
+    ok = as_user("imgbt-alice", "run", "-v", f"{data}:/data:ro", "-v", f"{shared}:/shared:ro", image, "--",
+                 "sh", "-c", "echo uid=$(id -u); cat /data/train.txt /shared/README; grep NoNewPrivs /proc/self/status")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert f"uid={alice.pw_uid}\nhers\nshared data\n" in ok.stdout and "NoNewPrivs:\t1" in ok.stdout, ok.stdout
+    for why, code, err in refused:  # each names its own reason (not a refusal for some other cause)
+        print(f"{why}: {code}: {err.strip()}")
+    # swapping her folder for a link after the check changes nothing: the engine mounts the staged object
+    assert not list(enforce.STAGING.glob("*/*")), "staging binds are undone after the start"
+    audit = [json.loads(line) for line in (enforced["state"] / ".reap" / "audit.log").read_text().splitlines()]
+    hers = [a for a in audit if a["user"] == "imgbt-alice"]
+    assert len(hers) >= len(attempts) + 1
+    assert any(a["decision"].startswith("allowed: starting imgbt-alice_") for a in hers)
+    assert all(a["decision"].startswith("exit 2") or a["decision"].startswith("exit 3") for a in hers[: len(attempts)])
+    assert oct((enforced["state"] / ".reap").stat().st_mode & 0o777) == "0o700"  # no user can write or read it
+    hard.unlink()
+    link.unlink()
+    with contextlib.suppress(OSError):
+        shutil.rmtree(data)
+        shutil.rmtree(private)
+
+
+@pytest.mark.engine
+def test_a_folder_swapped_for_a_link_after_the_check_is_never_mounted(tmp_path, monkeypatch):
+    """The check resolves the path as the caller; the start binds the very object checked (same device and
+    inode, walked without following links): a link swapped in between is refused, not followed as root."""
+    assert os.geteuid() == 0, "staging binds are root's (mount(8))"
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    who = Caller("root", 0, 0)
+    (mount,) = enforce.check_mounts([f"{folder}:/data"], who, {"allowed_mounts": [str(tmp_path)]})
+    folder.rename(tmp_path / "moved")
+    folder.symlink_to("/etc")
+    with pytest.raises(UsageError, match="changed since it was checked"), enforce.staged([mount]):
+        pass
+    folder.unlink()
+    (tmp_path / "moved").rename(folder)
+    with enforce.staged([mount]) as specs:
+        point = specs[0].split(":")[0]
+        assert (os.stat(point).st_dev, os.stat(point).st_ino) == (mount.dev, mount.ino)  # the object itself
+    assert not os.path.exists(point)
+
+
+@pytest.mark.parametrize(
+    "who, acting",
+    [
+        (Caller("alice", 1001, 1001, via_sudo=True), True),  # through the drop-in
+        (Caller("root", 0, 0, via_sudo=True), False),  # root saying sudo
+        (Caller("alice", 1001, 1001), False),  # alice with her own engine access: the engine's rules, not ours
+    ],
+)
+def test_who_is_held_to_the_rules(who, acting, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert enforce.acting_for_user(who) is acting
+
+
+def test_a_member_of_the_sudo_group_is_an_admin(monkeypatch):
+    import grp
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(grp, "getgrall", lambda: [grp.struct_group(("sudo", "x", 27, ["carol"]))])
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: grp.struct_group(("carol", "x", gid, [])))
+    assert Caller("carol", 1005, 1005, via_sudo=True).is_admin
+    assert not Caller("dave", 1006, 1006, via_sudo=True).is_admin
