@@ -7,6 +7,7 @@ of containers is judged by the caller alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -41,11 +42,11 @@ ADMIN_GROUPS = ("sudo", "wheel", "admin")
 def in_admin_group(who: Caller) -> bool:
     import grp
 
-    try:
-        names = {g.gr_name for g in grp.getgrall() if who.name in g.gr_mem}
+    names: set[str] = set()
+    with contextlib.suppress(KeyError, OSError):
+        names |= {g.gr_name for g in grp.getgrall() if who.name in g.gr_mem}
+    with contextlib.suppress(KeyError, OSError):  # a primary group this host does not name
         names.add(grp.getgrgid(who.gid).gr_name)
-    except (KeyError, OSError):
-        return False
     return bool(names & set(ADMIN_GROUPS))
 
 

@@ -355,3 +355,9 @@ def test_a_member_of_the_sudo_group_is_an_admin(monkeypatch):
     monkeypatch.setattr(grp, "getgrgid", lambda gid: grp.struct_group(("carol", "x", gid, [])))
     assert Caller("carol", 1005, 1005, via_sudo=True).is_admin
     assert not Caller("dave", 1006, 1006, via_sudo=True).is_admin
+
+    def unnamed(gid):
+        raise KeyError(gid)
+
+    monkeypatch.setattr(grp, "getgrgid", unnamed)  # a primary group with no name here: membership still counts
+    assert Caller("carol", 4321, 4322, via_sudo=True).is_admin
