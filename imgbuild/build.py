@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -153,6 +154,20 @@ def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool) -> 
     return fields
 
 
+def _known_good(path: Path, current: str | None, base: str) -> tuple[str, ...]:
+    """`name==version` of the distributions that imported in the image promoted now (`current`), on the same base,
+    as its smoke report says; nothing where the report is another image's, another base's, or unreadable."""
+    try:
+        data = json.loads(path.read_bytes()[: 16 * 1024 * 1024]) if current and path.is_file() else {}
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(data, dict) or data.get("promoted") != current or data.get("base") != base or not data.get("ok"):
+        return ()
+    added = (data.get("meta") or {}).get("added") if isinstance(data.get("meta"), dict) else None
+    words = [f"{row[0]}=={row[1]}" for row in added or [] if isinstance(row, list) and len(row) >= 2]
+    return tuple(w for w in words if re.fullmatch(r"[A-Za-z0-9._-]{1,200}==[A-Za-z0-9.+!_-]{1,100}", w))
+
+
 def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> None:
     """A fresh runner pulls the registry's copy of `target` before a seeded build. Docker's built-in BuildKit,
     given an inline cache it has not pulled, re-exports no cache for the layers it took from it, so the next
@@ -208,6 +223,7 @@ def build(
         # what a killed run of this target left: its smoke container (labelled) and the candidate tag
         engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
         engine.images.untag(candidate)
+        known_good = _known_good(ctx / "smoke.json", engine.images.image_id(plan.target), plan.base.identity)
         render_into(plan, ctx, chosen, settings)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         secrets = build_secrets(settings, loaded, stack)
@@ -250,6 +266,7 @@ def build(
                 imports=tuple(smoke.imports),
                 skip_imports=tuple(smoke.skip_imports),
                 commands=tuple(smoke.run),
+                known_good=known_good,
             )
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
             report = run_smoke(engine, wanted, settings, host)
@@ -267,6 +284,7 @@ def build(
                 engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
             engine.images.tag(image_id, plan.target)
             promoted = True
+            _write_report(ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity})
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
@@ -286,8 +304,10 @@ def _cache_subdir(settings: Settings, name: str) -> str:
     return str(path)
 
 
-def _write_report(path: Path, report: SmokeReport) -> None:
+def _write_report(path: Path, report: SmokeReport, promoted: dict[str, str] | None = None) -> None:
+    """The smoke report beside the context; once promoted, with the image and base it vouches for (the next
+    build's import check leaves alone what imported here and did not change: `_known_good`)."""
     try:
-        path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+        path.write_text(json.dumps({**report.to_json(), **(promoted or {})}, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None

@@ -93,6 +93,7 @@ class SmokeRequest:
     imports: tuple[str, ...] = ()  # modules to import besides the added packages' own
     skip_imports: tuple[str, ...] = ()  # distributions whose imports are not checked
     commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
+    known_good: tuple[str, ...] = ()  # name==version that imported in the last promoted image (not re-imported)
 
 
 def _run_settings(settings: Any) -> dict[str, Any]:
@@ -185,6 +186,8 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
         env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
     if req.commands:
         env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
+    if req.known_good:
+        env["IMGBUILD_SMOKE_KNOWN_GOOD"] = " ".join(req.known_good)
     return env
 
 

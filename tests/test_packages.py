@@ -905,3 +905,34 @@ def test_a_missing_program_fails_the_import_check_with_its_apt_line(site, monkey
     assert check["status"] == "fail"
     assert "whisperx-fake: runs `no-such-program-here`, which is not installed (add apt: [ffmpeg])" in check["reason"]
     assert check["details"]["apt"] == ["ffmpeg"]
+
+
+def _dist_needing(site: Path, name: str, version: str, module: str, needs: list[str], body: str = "") -> None:
+    _dist(site, name, version, module, body)
+    meta = site / f"{name}-{version}.dist-info" / "METADATA"
+    meta.write_text(meta.read_text() + "".join(f"Requires-Dist: {n}\n" for n in needs))
+
+
+def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monkeypatch):
+    """Issue 30 item 6: adding one package re-imported all 62 distributions (55 of 57 s). With the last promoted
+    image's record, a distribution at the same version that needs nothing that changed is not imported again;
+    one that needs a changed one is (a new numpy can break what imports it)."""
+    _dist_needing(site, "top-fake", "1.0", "topfake", ["mid-fake>=1"])
+    _dist_needing(site, "mid-fake", "2.0", "midfake", [])
+    _dist_needing(site, "solo-fake", "1.0", "solofake", [], "raise ImportError('would fail if imported')")
+    _dist_needing(site, "new-fake", "0.1", "newfake", [])
+    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "top-fake==1.0 mid_fake==1.0 Solo.Fake==1.0")
+    check = _imports()
+    assert check["status"] == "pass", check  # solo-fake is unchanged and needs nothing changed: not imported
+    assert "1 unchanged since the last promoted image" in check["reason"]
+    assert set(check["details"]["distributions"]) == {"top-fake==1.0", "mid-fake==2.0", "new-fake==0.1"}
+    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "top-fake==1.0 mid-fake==2.0 solo-fake==0.9")  # solo moved
+    assert _imports()["status"] == "fail"
+    # something solo-fake needed is gone since: solo-fake is imported again
+    (site / "solo-fake-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: solo-fake\nVersion: 1.0\nRequires-Dist: dropped-fake\n"
+    )
+    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "top-fake==1.0 mid-fake==2.0 solo-fake==1.0 dropped-fake==3")
+    assert _imports()["status"] == "fail"
+    monkeypatch.delenv("IMGBUILD_SMOKE_KNOWN_GOOD")  # no record: everything
+    assert _imports()["status"] == "fail"

@@ -6,6 +6,7 @@ these take milliseconds each, so every branch gets a case.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,37 @@ def test_a_pushed_build_is_seeded_from_the_registry_copy_of_its_target(recipe, t
     )
     pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
     assert engine.calls.count(f"pull {TARGET}") == 1
+
+
+def test_the_next_build_is_told_what_imported_in_the_image_it_replaces(recipe, tmp_path):
+    """Issue 30 item 6, the host's half: the promoted image's smoke report vouches for its distributions on its base;
+    the next build of the recipe passes them on, unless the image or the base is not the one the report names."""
+    engine = FakeEngine()
+    engine.containers.meta = {"added": [["einops", "0.8.0", "MIT"], ["rich", "13.0", "MIT"]]}
+    _build(recipe, engine, tmp_path)
+    assert "IMGBUILD_SMOKE_KNOWN_GOOD" not in engine.containers.runs[-1]["env"]  # nothing before the first
+    (recipe.parent / "demo.yaml").write_text(recipe.read_text().replace('A: "1"', 'A: "2"'))
+    _build(recipe, engine, tmp_path)
+    assert engine.containers.runs[-1]["env"]["IMGBUILD_SMOKE_KNOWN_GOOD"] == "einops==0.8.0 rich==13.0"
+    engine.images.untag(TARGET)  # the image the report vouches for is gone: nothing is taken on trust
+    _build(recipe, engine, tmp_path)
+    assert "IMGBUILD_SMOKE_KNOWN_GOOD" not in engine.containers.runs[-1]["env"]
+
+
+@pytest.mark.parametrize(
+    "why, report, expected",
+    [
+        ("the promoted image, same base", {"promoted": "sha256:cur", "base": "sha256:b", "ok": True}, ("a==1",)),
+        ("another image", {"promoted": "sha256:old", "base": "sha256:b", "ok": True}, ()),
+        ("another base", {"promoted": "sha256:cur", "base": "sha256:other", "ok": True}, ()),
+        ("a failed report", {"promoted": "sha256:cur", "base": "sha256:b", "ok": False}, ()),
+        ("not promoted", {"base": "sha256:b", "ok": True}, ()),
+    ],
+)
+def test_a_smoke_report_vouches_only_for_the_image_it_names(why, report, expected, tmp_path):
+    path = tmp_path / "smoke.json"
+    added = [["a", "1", ""], ["bad name", "1", ""], ["b", "1; rm -rf /", ""], "c==1", ["d"]]
+    path.write_text(json.dumps({**report, "meta": {"added": added}}))
+    assert pipeline._known_good(path, "sha256:cur", "sha256:b") == expected, why
+    path.write_text("{not json")
+    assert pipeline._known_good(path, "sha256:cur", "sha256:b") == ()

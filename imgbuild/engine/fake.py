@@ -118,7 +118,9 @@ class FakeContainers:
             self.calls.append(f"pins {image}")
             return 0, PINS_MARKER + json.dumps({"origin": "the base's constraint file", "lines": self.base_pins}), ""
         self.calls.append(f"smoke {image}")
-        self.runs.append({"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size})
+        self.runs.append(
+            {"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size, "env": dict(env)}
+        )
         self.alive.append(image)
         ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
         self.alive.remove(image)
