@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.host import Caller, caller
+from imgbuild.host import Caller, caller, expand
 
 #: What a user may run through sudo (the sudoers drop-in lists exactly these).
 USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus")
@@ -95,7 +95,7 @@ def check_run(req: Any, who: Caller, house: dict[str, Any], image_ref: str) -> N
         raise UsageError(f"--user: under this server's rules containers run as you ({who.uid}:{who.gid})")
     if req.force:
         raise UsageError("--force: only root may take GPUs other users hold")
-    allowed = [p.format(user=who.name) for p in house.get("allowed_images") or []]
+    allowed = [expand(p, user=who.name) for p in house.get("allowed_images") or []]
     if not any(fnmatch.fnmatchcase(image_ref, pattern) for pattern in allowed):
         raise UsageError(
             f"{image_ref}: not an image this server allows (run.allowed_images: {', '.join(allowed) or 'none'})"
@@ -155,10 +155,10 @@ def check_mounts(
     """Each `-v HOST:CONTAINER[:ro]` as the caller may have it: an absolute host path that exists, that the caller
     can reach and read (resolved with the caller's own permissions), under one of the site's allowed roots."""
     home = home_of(who)
-    roots = [os.path.realpath(r.format(user=who.name, home=home)) for r in house.get("allowed_mounts") or []]
+    roots = [os.path.realpath(expand(r, user=who.name, home=home)) for r in house.get("allowed_mounts") or []]
     mounts = []
     for spec in specs:
-        source, target, read_only = _split(spec.format(user=who.name, home=home, uid=who.uid))
+        source, target, read_only = _split(expand(spec, user=who.name, home=home, uid=who.uid))
         if not source.startswith("/"):
             raise UsageError(f"-v {source[:80]}: a host path (named volumes may be other users')")
         if not target.startswith("/") or target == "/" or target.split("/")[1] in ("proc", "sys", "dev"):
@@ -207,13 +207,18 @@ def resolve_as(who: Caller, path: str) -> dict[str, Any]:
         finally:
             os._exit(0)
     os.close(writer)
+    data, deadline = b"", time.monotonic() + CHECK_SECONDS
     try:
-        ready, _, _ = select.select([reader], [], [], CHECK_SECONDS)
-        data = os.read(reader, 65536) if ready else b""
+        while len(data) <= 65536:  # to the child's end of the pipe, or the deadline
+            ready, _, _ = select.select([reader], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(reader, 65536) if ready else b""
+            if not chunk:
+                break
+            data += chunk
     finally:
         os.close(reader)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9) if not data else None
+            os.kill(pid, 9)  # done, or past the deadline (a hung NFS stat): it goes either way
         os.waitpid(pid, 0)
     try:
         found = json.loads(data)

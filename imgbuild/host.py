@@ -114,3 +114,11 @@ def usable_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return list(range(os.cpu_count() or 1))
+
+
+def expand(template: str, **values: object) -> str:
+    """`{user}`, `{home}`, `{uid}` in a mount or pattern replaced by their values, and nothing else: a user's `-v`
+    text is never a format string (`{0}` or `{user.__class__}` stay as they are, and are then refused as paths)."""
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", str(value))
+    return template

@@ -22,7 +22,7 @@ from typing import Any
 from imgbuild.errors import JobFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.gpus import Claim, Claims, Selection, cpus_for, pick_cpus
-from imgbuild.host import format_cpulist, parse_cpulist
+from imgbuild.host import expand, format_cpulist, parse_cpulist
 
 #: `--name`: the <name> in <user>_<name>_<n>.
 SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -87,7 +87,7 @@ class RunSpec:
         if workspace:
             args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
         for mount in h.get("mounts") or []:
-            args += ["-v", mount.format(user=self.user, home=_home(self.uid), uid=self.uid)]
+            args += ["-v", expand(mount, user=self.user, home=_home(self.uid), uid=self.uid)]
         args += [word for flag in log_flags(h) for word in flag]
         for key, value in sorted((h.get("env") or {}).items()):
             args += ["-e", f"{key}={value}"]
@@ -97,7 +97,7 @@ class RunSpec:
         """The user's own mounts, environment and ports."""
         args: list[str] = []
         for mount in self.volumes:
-            args += ["-v", mount.format(user=self.user, home=_home(self.uid), uid=self.uid)]
+            args += ["-v", expand(mount, user=self.user, home=_home(self.uid), uid=self.uid)]
         for item in self.env:
             args += ["-e", item]
         for port in self.ports:
@@ -613,8 +613,9 @@ def prepare(
     if not is_recipe(req.image) and not any(item.startswith("HOME=") for item in env):
         # A stock image run as the caller has HOME=/, which is not writable: pip --user, ~/.cache (torch,
         # Hugging Face, Triton) all fail. Their own home where the site mounts it, else a writable one.
-        mounted = [m.format(user=user, home=str(Path.home()), uid=uid).split(":") for m in house.get("mounts") or []]
-        home = str(Path.home()) if any(len(m) > 1 and m[1] == str(Path.home()) for m in mounted) else "/tmp/home"
+        own = _home(uid)  # the caller's home from the password database: under sudo $HOME is root's
+        mounted = [expand(m, user=user, home=own, uid=uid).split(":") for m in house.get("mounts") or []]
+        home = own if any(len(m) > 1 and m[1] == own for m in mounted) else "/tmp/home"
         env = [f"HOME={home}", *env]
     jupyter_port = None
     if req.jupyter:
@@ -839,7 +840,7 @@ def check_mount_sources(spec: RunSpec) -> None:
     """Every host folder the container mounts exists: docker would create a missing one as root, which the
     user then cannot write (a site's `/work/{user}` not made yet)."""
     for mount in [*(spec.house.get("mounts") or []), *spec.volumes]:
-        source = mount.format(user=spec.user, home=_home(spec.uid), uid=spec.uid).split(":")[0]
+        source = expand(mount, user=spec.user, home=_home(spec.uid), uid=spec.uid).split(":")[0]
         if source.startswith("/") and not os.path.exists(source):
             raise UsageError(
                 f"mount {source}: no such folder on this host; docker would create it as root (create it first, "

@@ -361,3 +361,30 @@ def test_a_member_of_the_sudo_group_is_an_admin(monkeypatch):
 
     monkeypatch.setattr(grp, "getgrgid", unnamed)  # a primary group with no name here: membership still counts
     assert Caller("carol", 4321, 4322, via_sudo=True).is_admin
+
+
+@pytest.mark.parametrize("spec", ["{0}:/x", "{user.__class__.__mro__}:/x", "{home!r}:/x", "{:>99999999}:/x", "{"])
+def test_a_mount_is_never_a_format_string(spec, monkeypatch):
+    """`-v` text went through str.format: `{0}` raised IndexError (an unexpected-error exit), `{user.__class__}` read
+    attributes. Only {user}, {home} and {uid} are replaced; anything else stays text and is refused as a path."""
+    from imgbuild.host import expand
+
+    assert expand(spec, user="alice", home="/home/alice", uid=1001) == spec
+    assert expand("{home}/{user}/{uid}", user="alice", home="/home/alice", uid=1001) == "/home/alice/alice/1001"
+    monkeypatch.setattr(enforce, "home_of", lambda who: "/home/alice")
+    with pytest.raises(UsageError):
+        enforce.check_mounts([spec], ALICE, HOUSE, probe=_probe({}))
+
+
+@pytest.mark.engine
+def test_a_path_is_resolved_with_the_callers_own_permissions():
+    """resolve_as forks, becomes the caller (UID, GID, groups) and looks: root's view is not the question."""
+    assert os.geteuid() == 0, "becoming another user is root's"
+    alice = pwd.getpwnam("imgbt-alice")
+    who = Caller("imgbt-alice", alice.pw_uid, alice.pw_gid, via_sudo=True)
+    assert enforce.resolve_as(who, "/root") == {"error": "you cannot read it"}
+    assert enforce.resolve_as(who, "/etc/shadow") == {"error": "you cannot read it"}
+    assert enforce.resolve_as(who, "/nonexistent-imgbt")["error"] == "No such file or directory"
+    assert enforce.resolve_as(who, "/dev/null") == {"error": "not a folder or a regular file"}
+    seen = enforce.resolve_as(who, alice.pw_dir)
+    assert seen["path"] == os.path.realpath(alice.pw_dir) and seen["dir"] is True
