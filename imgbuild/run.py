@@ -231,8 +231,14 @@ IMAGE_FILE_SUFFIXES = (".sif", ".sqsh", ".squashfs", ".oci")
 def resolve_image(arg: str, settings: Any, paths: bool = False) -> tuple[str, str]:
     """A recipe file means the image it builds; anything else must be an image reference (or, with `paths`,
     an image file or bundle folder by path). Refused here with one line, not by docker hours later."""
+    from imgbuild.enforce import acting_for_user
     from imgbuild.imageref import BadReference, parse
 
+    if Path(arg).suffix in (".yaml", ".yml") and acting_for_user():  # not even looked at: root would read it
+        raise UsageError(
+            f"{arg[:120]}: through sudo a run names an image, not a recipe file (a file would be read as root); "
+            "give the image the recipe builds, <user>/<name>:<tag>"
+        )
     if is_recipe(arg):
         from imgbuild.plan import image_and_tag
         from imgbuild.recipe import load_recipe

@@ -266,6 +266,7 @@ def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docke
         ("the container's /proc", ["run", "-v", f"{data}:/proc/x", image, "--", "true"]),
         ("an image from elsewhere", ["run", "docker.io/library/alpine:3", "--", "true"]),
         ("bob's namespace", ["run", f"imgbt-bob/secret-{unique}:1", "--", "true"]),
+        ("a recipe file only root can read (read as root, it would leak)", ["run", "/root/secret.yaml"]),
         ("bob's logs", ["logs", bobs]),
         ("a shell in bob's job", ["exec", bobs, "--", "cat", "/etc/hostname"]),
         ("stop bob's job", ["stop", bobs]),
