@@ -287,3 +287,28 @@ def test_a_smoke_report_vouches_only_for_the_image_it_names(why, report, expecte
     assert pipeline._known_good(path, "sha256:cur", "sha256:b") == expected, why
     path.write_text("{not json")
     assert pipeline._known_good(path, "sha256:cur", "sha256:b") == ()
+
+
+def test_a_missing_registry_cache_is_not_the_step_that_failed():
+    """CI: on a first push the cache import says `#11 ERROR: ...: not found` before the real step fails; it was
+    taken for the failed step ("build failed:" without "at", and the wrong lines). It is a note now."""
+    import io
+    import types
+
+    from imgbuild.engine.buildkit import _follow
+    from imgbuild.engine.types import StepTracker
+
+    log = [
+        "#11 importing cache manifest from 127.0.0.1:5000/lab/x:v1",
+        "#11 ERROR: 127.0.0.1:5000/lab/x:v1: not found",
+        '#5 [stage-1 2/5] RUN ["/bin/sh", "-c", "echo about to fail && false"]',
+        "#5 0.301 about to fail",
+        "#5 ERROR: executor failed running [/bin/sh -c echo about to fail && false]: exit code: 1",
+    ]
+    proc = types.SimpleNamespace(stdout=[line + "\n" for line in log])
+    tracker, errors, said = StepTracker(), [], []
+    _follow(proc, said.append, lambda s: s, io.StringIO(), tracker, errors)  # type: ignore[arg-type]
+    assert tracker.failed == "5" and errors == [
+        "executor failed running [/bin/sh -c echo about to fail && false]: exit code: 1"
+    ]
+    assert any(s.startswith("no registry cache to start from") for s in said)

@@ -125,6 +125,7 @@ def _follow(
     error_lines: list[str],
 ) -> None:
     assert proc.stdout
+    cache_imports: set[str] = set()  # vertices importing a registry cache: their failure fails no build
     for raw in proc.stdout:
         line = redact(raw.rstrip("\n"))
         log.write(line + "\n")
@@ -132,6 +133,10 @@ def _follow(
             tracker.steps[m.group(1)] = m.group(2)
             tracker.current = m.group(1)
             progress(m.group(2))
+        elif m := _BK_CACHE_IMPORT.fullmatch(line):
+            cache_imports.add(m.group(1))
+        elif (m := _BK_ERROR.fullmatch(line)) and m.group(1) in cache_imports:
+            progress(f"no registry cache to start from ({m.group(2)[:160]})")  # a first push: nothing there yet
         elif m := _BK_ERROR.fullmatch(line):
             tracker.failed = tracker.failed or m.group(1)
             error_lines.append(m.group(2))
@@ -141,6 +146,9 @@ def _follow(
                 progress(status)
         elif line.startswith(("error:", "ERROR:", "failed to solve")):
             error_lines.append(line)
+
+
+_BK_CACHE_IMPORT = re.compile(r"#([0-9]+) importing cache manifest from .*")
 
 
 def _quiet(cmd: list[str]) -> bool:
