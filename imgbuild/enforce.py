@@ -40,7 +40,7 @@ from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, caller, expand
 
 #: What a user may run through sudo (the sudoers drop-in lists exactly these).
-USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus")
+USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus", "queue")
 #: Variables the host's NVIDIA hook, the dynamic loader or the engine read: the site's and imgbuild's to set.
 _HOST_ENV = re.compile(r"(NVIDIA_|LD_|DOCKER_|CUDA_VISIBLE_DEVICES).*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

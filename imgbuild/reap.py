@@ -249,11 +249,19 @@ def load_state(path: Path) -> State:
 
 def save_state(path: Path, state: State) -> None:
     """Replace the state file (written beside it, renamed over it: never half written)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    write_whole(path, asdict(state))
+
+
+def write_whole(path: Path, data: Any, owner: int | None = None) -> None:
+    """`data` as JSON in `path`, written beside it (never through a link) and renamed over it: never half
+    written; given to `owner` where root writes another user's file."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(fd, "w") as handle:
-            json.dump(asdict(state), handle)
+            json.dump(data, handle)
+            if owner is not None and os.geteuid() == 0 and owner != 0:
+                os.fchown(handle.fileno(), owner, -1)
         os.replace(partial, path)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None

@@ -389,3 +389,41 @@ def test_a_path_is_resolved_with_the_callers_own_permissions():
     assert enforce.resolve_as(who, "/dev/null") == {"error": "not a folder or a regular file"}
     seen = enforce.resolve_as(who, alice.pw_dir)
     assert seen["path"] == os.path.realpath(alice.pw_dir) and seen["dir"] is True
+
+
+@pytest.mark.engine
+def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
+    """Issue 32 item 3 on the real engine: alice queues two jobs through sudo; the first starts at once (as her,
+    under the rules), the second waits (her quota is one GPU); bob cannot take it back; a drained queue starts
+    nothing; resumed, root's `queue run` (what the reaper's timer does) starts it when the first has ended."""
+    import time
+
+    from tests.conftest import run_cli
+
+    image = enforced["image"]
+    root = {"IMGBUILD_SITE_CONFIG": "/etc/imgbuild/config.yaml"}
+    alice = pwd.getpwnam("imgbt-alice")
+    first = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--name", f"q1{unique}", image, "--", "sleep", "4")
+    assert first.returncode == 0, first.stderr
+    assert f"started imgbt-alice_q1{unique}_1" in first.stderr
+    second = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--name", f"q2{unique}", image, "--", "true")
+    assert second.returncode == 0 and "started" not in second.stderr, second.stderr
+    waiting = second.stdout.strip()
+    listed = {j["id"]: j for j in json.loads(as_user("imgbt-bob", "queue", "ls", "--json").stdout)}
+    assert listed[waiting]["state"] == "queued" and listed[waiting]["user"] == "imgbt-alice"
+    taken = as_user("imgbt-bob", "queue", "rm", waiting)
+    assert taken.returncode == 2 and "is imgbt-alice's, not yours" in taken.stderr
+    refused = as_user("imgbt-bob", "queue", "drain")
+    assert refused.returncode == 2 and "the admin's" in refused.stderr
+    assert run_cli("queue", "drain", env=root).code == 0
+    deadline = time.monotonic() + 60
+    while docker_client.containers.get(f"imgbt-alice_q1{unique}_1").status == "running" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    nothing = run_cli("queue", "run", env=root)
+    assert "nothing started" in nothing.err, nothing.err
+    assert run_cli("queue", "resume", env=root).code == 0
+    went = run_cli("queue", "run", env=root)
+    assert f"started imgbt-alice_q2{unique}_1" in went.err, went.err
+    started = docker_client.containers.get(f"imgbt-alice_q2{unique}_1")
+    assert started.attrs["Config"]["User"] == f"{alice.pw_uid}:{alice.pw_gid}"
+    assert "no-new-privileges" in (started.attrs["HostConfig"]["SecurityOpt"] or [])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +134,8 @@ def run(
         notify=notify,
     )
     if dry_run:
-        spec = runmod.prepare(request, settings)
+        with _queued_busy():  # `queue add` checks a job this way: busy GPUs now are no reason to refuse it
+            spec = runmod.prepare(request, settings)
         spec.name = runmod.next_name(spec.user, spec.short_name, set())
         _say_chosen(spec)
         click.echo(spec.command_line(settings.docker_cli or "docker"))
@@ -147,7 +150,7 @@ def run(
             told.append((place, why))
 
     timeout = runmod.parse_duration(wait, "--wait") if wait is not None else None
-    with runmod.reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
+    with _queued_busy(), runmod.reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
         _say_chosen(spec)
         click.echo(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})", err=True)
         if spec.detach:
@@ -173,6 +176,22 @@ def run(
     if outcome.hint:
         click.echo(f"hint: {outcome.hint}", err=True)
     sys.exit(outcome.code)
+
+
+@contextlib.contextmanager
+def _queued_busy() -> Iterator[None]:
+    """A queued job's start (`imgbuild queue`): busy GPUs exit 75 (it stays queued), not 2 (it failed)."""
+    import os
+
+    from imgbuild.gpus import GpusBusy
+
+    try:
+        yield
+    except GpusBusy as busy:
+        if os.environ.get("IMGBUILD_QUEUE_JOB") != "1":
+            raise
+        click.echo(f"imgbuild: {busy}", err=True)
+        sys.exit(75)
 
 
 def _say_chosen(spec: RunSpec) -> None:
@@ -316,6 +335,12 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     house, rules = house_rules(settings.run), reaper.policy(settings.reap)
     engine = Engine.connect(settings.docker_cli)
     report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
+    if not dry_run:  # the queue advances on every reaper run: no daemon needed
+        from imgbuild import queue as jobs
+        from imgbuild.host import caller
+        from imgbuild.ledger import DEFAULT_STATE_DIR
+
+        _say_tried(jobs.advance(Path(house["state_dir"] or DEFAULT_STATE_DIR), caller()))
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
     if as_json:
         _emit_json(rows)
@@ -533,3 +558,123 @@ def sudoers(binary: str | None) -> None:
 
     found = binary or shutil.which("imgbuild") or os.path.abspath(sys.argv[0])
     click.echo(drop_in(found), nl=False)
+
+
+@cli.group()
+def queue() -> None:
+    """A batch queue: jobs that start like `run -d` when their GPUs are free, in turn across users."""
+
+
+def _queue_dir(ctx: click.Context) -> Path:
+    from imgbuild.ledger import DEFAULT_STATE_DIR
+    from imgbuild.run import house_rules
+
+    return Path(house_rules(_settings(ctx).run)["state_dir"] or DEFAULT_STATE_DIR)
+
+
+def _say_tried(tried: list[Any]) -> None:
+    for job in tried:
+        what = f"started {job.container}" if job.state == "started" else f"failed: {job.detail}"
+        click.echo(f"job {job.id} ({job.user}): {what}", err=True)
+
+
+@queue.command(name="add", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.pass_context
+def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """File a job: `imgbuild queue add --gpus 2 IMAGE -- python train.py` (run's options; it starts detached)."""
+    import os
+
+    from imgbuild import queue as jobs
+    from imgbuild.host import caller
+
+    state = _queue_dir(ctx)
+    job = jobs.add(state, caller(), list(args), os.getcwd())
+    click.echo(job.id)
+    _say_tried(jobs.advance(state, caller()))
+
+
+@queue.command(name="ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
+@click.pass_context
+def queue_ls(ctx: click.Context, as_json: bool) -> None:
+    """Every user's jobs: waiting, started and failed."""
+    import time
+    from dataclasses import asdict
+
+    from imgbuild import queue as jobs
+    from imgbuild.ui import print_table
+
+    found = jobs.Queue(_queue_dir(ctx)).load().jobs
+    if as_json:
+        _emit_json([asdict(j) for j in sorted(found, key=lambda j: j.submitted)])
+        return
+    if not found:
+        click.echo("the queue is empty")
+        return
+    place = {j.id: n for n, j in enumerate(jobs.order(found), 1)}
+    print_table(
+        ["id", "user", "state", "place", "submitted", "container / why", "command"],
+        [
+            [
+                j.id,
+                j.user,
+                j.state,
+                str(place.get(j.id, "")),
+                time.strftime("%m-%d %H:%M", time.localtime(j.submitted)),
+                j.container or j.detail,
+                " ".join(j.args)[:80],
+            ]
+            for j in sorted(found, key=lambda j: j.submitted)
+        ],  # fmt: skip
+        title="imgbuild queue" + (" (drained: nothing starts)" if jobs.drained(_queue_dir(ctx)) else ""),
+    )
+
+
+@queue.command(name="rm")
+@click.argument("job_id")
+@click.pass_context
+def queue_rm(ctx: click.Context, job_id: str) -> None:
+    """Take one of your waiting (or ended) jobs out of the queue."""
+    from imgbuild import queue as jobs
+    from imgbuild.host import caller
+
+    job = jobs.remove(_queue_dir(ctx), caller(), job_id)
+    click.echo(f"removed job {job.id}", err=True)
+
+
+@queue.command(name="run")
+@click.pass_context
+def queue_run(ctx: click.Context) -> None:
+    """Start what fits now (root: every user's jobs; a user: their own). `imgbuild reap` does this on each run."""
+    from imgbuild import queue as jobs
+    from imgbuild.host import caller
+
+    tried = jobs.advance(_queue_dir(ctx), caller())
+    _say_tried(tried)
+    if not tried:
+        click.echo("nothing started", err=True)
+
+
+@queue.command(name="drain")
+@click.pass_context
+def queue_drain(ctx: click.Context) -> None:
+    """Root: jobs that run finish, no job starts (before maintenance)."""
+    _set_drained(ctx, True, "drained: no queued job starts until `imgbuild queue resume`")
+
+
+@queue.command(name="resume")
+@click.pass_context
+def queue_resume(ctx: click.Context) -> None:
+    """Root: queued jobs start again."""
+    _set_drained(ctx, False, "resumed")
+
+
+def _set_drained(ctx: click.Context, on: bool, said: str) -> None:
+    from imgbuild import queue as jobs
+    from imgbuild.host import caller
+
+    if not caller().is_admin:
+        raise UsageError(f"queue {'drain' if on else 'resume'}: the admin's (root)")
+    jobs.set_drained(_queue_dir(ctx), on)
+    click.echo(said, err=True)
