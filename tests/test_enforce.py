@@ -403,7 +403,7 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     image = enforced["image"]
     root = {"IMGBUILD_SITE_CONFIG": "/etc/imgbuild/config.yaml"}
     alice = pwd.getpwnam("imgbt-alice")
-    first = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--name", f"q1{unique}", image, "--", "sleep", "4")
+    first = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--notify", "--name", f"q1{unique}", image, "--", "sleep", "4")  # fmt: skip
     assert first.returncode == 0, first.stderr
     assert f"started imgbt-alice_q1{unique}_1" in first.stderr
     second = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--name", f"q2{unique}", image, "--", "true")
@@ -427,3 +427,18 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     started = docker_client.containers.get(f"imgbt-alice_q2{unique}_1")
     assert started.attrs["Config"]["User"] == f"{alice.pw_uid}:{alice.pw_gid}"
     assert "no-new-privileges" in (started.attrs["HostConfig"]["SecurityOpt"] or [])
+    # notices, for both users: alice's queued job (--notify) ended; bob's own run --notify fails
+    bobs = as_user("imgbt-bob", "run", "--notify", "--name", f"nb{unique}", image, "--", "sh", "-c", "exit 4")
+    assert bobs.returncode == 4, bobs.stderr
+    from imgbuild.engine import Engine
+    from imgbuild.reap import policy, reap
+    from imgbuild.run import house_rules
+
+    given: list[tuple[str, str]] = []
+    house = house_rules({"state_dir": str(enforced["state"])})
+    reap(Engine.connect(None), [], house, policy({}), time.time(), notify=lambda u, t: given.append((u, t)) or True)
+    mine = sorted((u, t.split(" after ")[0]) for u, t in given if unique in t)
+    assert mine == [
+        ("imgbt-alice", f"imgbuild: imgbt-alice_q1{unique}_1 finished"),
+        ("imgbt-bob", f"imgbuild: imgbt-bob_nb{unique}_1 failed (exit 4)"),
+    ], given
