@@ -568,11 +568,16 @@ def _enforce(req: RunRequest, who: Any, house: dict[str, Any], ref: str) -> list
     if not enforce.acting_for_user(who):
         return None
     enforce.check_run(req, who, house, ref)
-    specs = list(req.volumes)
+    mounts = enforce.check_mounts(list(req.volumes), who, house)
     if house.get("workspace"):
-        specs.append(f"{Path.cwd()}:{house['workspace']}")
+        try:
+            mounts += enforce.check_mounts([f"{Path.cwd()}:{house['workspace']}"], who, house)
+        except UsageError as exc:
+            raise UsageError(
+                f"the current folder as {house['workspace']}: {exc} (cd into it, or --no-workspace)"
+            ) from None
         house["enforced_workdir"], house["workspace"] = house["workspace"], None
-    return enforce.check_mounts(specs, who, house)
+    return mounts
 
 
 def prepare(

@@ -207,12 +207,14 @@ def enforced(testbed, tmp_path, unique):
         )
 
 
-def as_user(user: str, *args: str, sudo_args: tuple[str, ...] = (), timeout: int = 120) -> subprocess.CompletedProcess:
-    """What `user` types: `sudo imgbuild ARGS`, in their home."""
+def as_user(
+    user: str, *args: str, sudo_args: tuple[str, ...] = (), timeout: int = 120, cwd: str | None = None
+) -> subprocess.CompletedProcess:
+    """What `user` types: `sudo imgbuild ARGS`, in their home (or `cwd`)."""
     home = pwd.getpwnam(user).pw_dir
     return subprocess.run(
         ["runuser", "-u", user, "--", "sudo", "-n", *sudo_args, BINARY, *args],
-        cwd=home,
+        cwd=cwd or home,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -291,6 +293,9 @@ def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docke
         assert res.returncode == 1 and "sudo" in res.stderr, (why, res.stderr)
     assert docker_client.containers.get(bobs).status == "running"
     assert len(refused) + 4 >= 25
+    outside = as_user("imgbt-alice", "run", image, "--", "true", cwd="/tmp")  # the workspace is a mount too
+    assert outside.returncode == 2 and "the current folder as /workspace" in outside.stderr, outside.stderr
+    assert "--no-workspace" in outside.stderr and outside.stderr.count("\n") == 1
 
     # what the rules allow: her data, as her, no new privileges, no capabilities
     ok = as_user("imgbt-alice", "run", "-v", f"{data}:/data:ro", "-v", f"{shared}:/shared:ro", image, "--",
