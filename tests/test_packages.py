@@ -709,8 +709,8 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
         (
             "The conflict is caused by:\n    keras-hub 0.18 depends on tensorflow\n"
             "    The user requested (constraint) tensorflow<0",
-            "a package needs tensorflow, another distribution of the base's framework: it would overwrite the "
-            "base's own; see the conflict above",
+            "keras-hub 0.18 needs tensorflow, another distribution of the base's framework: it would overwrite the "
+            "base's own; see the conflict above (drop keras-hub, or pin a release of it that needs no tensorflow)",
         ),
         (
             "ERROR: Could not find a version that satisfies the requirement nosuch==9 (from versions: none)",
@@ -737,8 +737,15 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
         (
             "  Because keras-hub==0.18.1 depends on tensorflow and you require tensorflow<0, we can conclude that "
             "keras-hub==0.18.1 cannot be used.\nNo solution found when resolving dependencies",
-            "a package needs tensorflow, another distribution of the base's framework: it would overwrite the "
-            "base's own; see the conflict above",
+            "keras-hub 0.18.1 needs tensorflow, another distribution of the base's framework: it would overwrite the "
+            "base's own; see the conflict above (drop keras-hub, or pin a release of it that needs no tensorflow)",
+        ),
+        (  # issue 30 item 2: "a package needs tensorflow" did not say which (tf-keras)
+            "The conflict is caused by:\n    tf-keras 2.20.1 depends on tensorflow<2.21,>=2.20\n"
+            "    tf-keras 2.20.0 depends on tensorflow<2.21,>=2.20\n    The user requested (constraint) tensorflow<0",
+            "every version of tf-keras needs tensorflow, another distribution of the base's framework: it would "
+            "overwrite the base's own; see the conflict above (drop tf-keras, or pin a release of it that needs no "
+            "tensorflow)",
         ),
         (
             "error: Because nosuch was not found in the package registry and you require nosuch, we can conclude",

@@ -32,6 +32,11 @@ UV_DEPENDS_VIA = re.compile(
     rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
 )
 OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
+#: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
+#: tensorflow and you require tensorflow<0, we can conclude ..."
+UV_NEEDS_REFUSED = re.compile(
+    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and you require \3<0"
+)
 DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 #: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
@@ -149,6 +154,9 @@ class Watch:
         self.installing = self.installing or installing
         if found := OTHER_FRAMEWORK.search(line):
             self.other_framework = found.group(1)
+        if found := UV_NEEDS_REFUSED.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
         if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
             key = (found.group(1), canon(found.group(3)))
             self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
@@ -216,9 +224,18 @@ class Watch:
         if "network" in self.kinds:
             return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
         if self.other_framework:
+            other = canon(self.other_framework)
+            asked = [(pkg, wanted) for (pkg, dep), wanted in self.depends.items() if dep == other and pkg]
+            who = "a package"
+            if asked:
+                package, wanted = asked[0]
+                who = f"{package} {wanted[0][0]}".strip() if len(wanted) == 1 else f"every version of {package}"
+            cure = (
+                f" (drop {asked[0][0]}, or pin a release of it that needs no {self.other_framework})" if asked else ""
+            )
             return (
-                f"a package needs {self.other_framework}, another distribution of the base's framework: it would "
-                "overwrite the base's own; see the conflict above"
+                f"{who} needs {self.other_framework}, another distribution of the base's framework: it would "
+                f"overwrite the base's own; see the conflict above{cure}"
             )
         if "conflict" in self.kinds:
             return self.conflict(origin)
