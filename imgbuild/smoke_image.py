@@ -582,23 +582,9 @@ def _import_one(modules: list) -> dict:
         return {modules[0]: f"the interpreter died importing it: {tail[0][:200]}"}
 
 
-def _added(baseline: set) -> list:
-    """(canonical name, distribution) of every distribution the recipe's layers installed or changed."""
-    import importlib.metadata as md
-
-    seen, out = set(), []
-    for dist in md.distributions():
-        name = _canonical(dist.metadata["Name"] or "")
-        if not name or name in seen:
-            continue  # a second copy further down sys.path is shadowed: it is never imported
-        seen.add(name)
-        if (name, normal_version(dist.version)) not in baseline:
-            out.append((name, dist))
-    return sorted(out, key=lambda item: item[0])
-
-
-def _all_distributions() -> list:
-    """(canonical name, version, files) of every distribution on the path (each once, as imported)."""
+def _distributions() -> list:
+    """(canonical name, distribution) of every distribution on the path, each once: a second copy further down
+    sys.path is shadowed, it is never imported. One pass over the metadata, for every question asked of it."""
     import importlib.metadata as md
 
     seen, out = set(), []
@@ -606,8 +592,18 @@ def _all_distributions() -> list:
         name = _canonical(dist.metadata["Name"] or "")
         if name and name not in seen:
             seen.add(name)
-            out.append((name, dist.version, dist.files))
+            out.append((name, dist))
     return out
+
+
+def _added(baseline: set, every=None) -> list:
+    """(canonical name, distribution) of every distribution the recipe's layers installed or changed."""
+    found = every if every is not None else _distributions()
+    return sorted(((n, d) for n, d in found if (n, normal_version(d.version)) not in baseline), key=lambda i: i[0])
+
+
+def _modules(dist) -> list:
+    return top_level_modules(dist.files, dist.read_text("top_level.txt"))
 
 
 def requirement_names(requires) -> set:
@@ -638,11 +634,6 @@ def unchanged_since_last(work: list, known_text: str, needs: dict) -> set:
                 affected.add(name)
                 grew = True
     return set(versions) - affected
-
-
-def added_distributions(baseline: set) -> list:
-    """(name, version, modules) of every distribution the recipe's layers installed or changed."""
-    return [(n, d.version, top_level_modules(d.files, d.read_text("top_level.txt"))) for n, d in _added(baseline)]
 
 
 def license_of(metadata) -> str:
@@ -692,8 +683,10 @@ def check_imports() -> dict:
     skipped = {_canonical(n) for n in os.environ.get("IMGBUILD_SMOKE_SKIP_IMPORTS", "").split() if n}
     if baseline is None and not extra:
         raise Skip("no record of the base's packages (an image imgbuild did not build): nothing to compare")
-    work = [(n, v, m) for n, v, m in added_distributions(baseline or set()) if m and n not in skipped]
-    needs = {n: requirement_names(d.requires) for n, d in _added(baseline or set())}
+    every = _distributions()
+    added = _added(baseline or set(), every)
+    work = [(n, d.version, m) for n, d in added if n not in skipped and (m := _modules(d))]
+    needs = {n: requirement_names(d.requires) for n, d in added}
     unchanged = unchanged_since_last(work, os.environ.get("IMGBUILD_SMOKE_KNOWN_GOOD", ""), needs)
     work = [item for item in work if item[0] not in unchanged]
     if extra:
@@ -707,7 +700,7 @@ def check_imports() -> dict:
     for name, tool, package in missing_tools(added_names):
         failures.append(f"{name}: runs `{tool}`, which is not installed (add apt: [{package}])")
         apt += [package] if package not in apt else []
-    failures += shared_modules(_all_distributions(), added_names)
+    failures += shared_modules([(n, d.version, d.files) for n, d in every], added_names)
     checked = sum(len(m) for _, _, m in work)
     if failures:
         shown = "; ".join(failures[:4]) + (
