@@ -276,13 +276,13 @@ def append_log(path: Path, now: float, action: Action, outcome: str) -> None:
     append_record(path, record, "the reap log")
 
 
-def append_record(path: Path, record: dict[str, Any], what: str) -> None:
+def append_record(path: Path, record: dict[str, Any], what: str, mode: int = 0o644) -> None:
     """One JSON line appended to a log of root's (or the reaper's): a regular file it owns, never a FIFO or a
-    link (either would hang or redirect root's writes)."""
+    link (either would hang or redirect root's writes); `mode` when it is made."""
     from imgbuild.ledger import open_regular
 
     try:
-        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {what} {path}: {exc.strerror}") from None
     if fd is None:

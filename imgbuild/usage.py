@@ -187,7 +187,7 @@ def write_textfile(path: Path, text: str) -> None:
 def append(folder: Path, rec: dict[str, Any]) -> None:
     """Append `rec` to the usage log in the reaper's own folder: a regular file the reaper owns, never a link;
     past LOG_BYTES the log is rotated once (usage.jsonl.1 keeps the previous span)."""
-    from imgbuild.ledger import open_regular
+    from imgbuild.reap import append_record
 
     path = folder / USAGE_FILE
     try:
@@ -195,19 +195,7 @@ def append(folder: Path, rec: dict[str, Any]) -> None:
             os.replace(path, path.with_name(USAGE_FILE + ".1"))
     except OSError:
         pass
-    try:
-        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot write the usage log {path}: {exc.strerror}") from None
-    if fd is None:
-        raise EnvironmentProblem(f"the usage log {path} is not a regular file (someone put it there); remove it")
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid() or info.st_nlink != 1:
-            raise EnvironmentProblem(f"the usage log {path} is not the reaper's own file (another owner, or a link)")
-        os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
-    finally:
-        os.close(fd)
+    append_record(path, rec, "the usage log", mode=0o600)
 
 
 def read(folder: Path) -> list[Any]:
