@@ -74,6 +74,37 @@ def open_regular(path: Path, flags: int, mode: int = 0o644) -> int | None:
     return fd
 
 
+def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS) -> int:
+    """A host-wide lock file shared by every user, held exclusively (bounded wait); the descriptor to close. A
+    planted FIFO or folder is removed by root and refused for anyone else."""
+    try:
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
+        if fd is None and os.geteuid() == 0:
+            _remove(path)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise EnvironmentProblem(f"{path} is a symbolic link; remove it (run.state_dir)") from None
+        raise EnvironmentProblem(f"cannot use {what} {path}: {exc.strerror}") from None
+    if fd is None:
+        raise EnvironmentProblem(f"{path} is not a regular file (someone put it there); an admin removes it")
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o666)  # every user of the host locks it
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise EnvironmentProblem(
+                    f"another process has held {what} {path} for {seconds:.0f} s; try again"
+                ) from None
+            time.sleep(0.05)
+
+
 @dataclass
 class Entry:
     """One run's hold on GPUs (UUIDs) and CPUs while it starts its container."""
@@ -192,35 +223,7 @@ class Ledger:
         return True
 
     def _lock(self) -> int:
-        """The host-wide lock file, held exclusively (bounded wait). A planted FIFO or folder is removed by
-        root and refused for anyone else."""
-        path = self.dir / LOCK_FILE
-        try:
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
-            if fd is None and os.geteuid() == 0:
-                _remove(path)
-                fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise EnvironmentProblem(f"{path} is a symbolic link; remove it (run.state_dir)") from None
-            raise EnvironmentProblem(f"cannot use the GPU ledger's lock {path}: {exc.strerror}") from None
-        if fd is None:
-            raise EnvironmentProblem(f"{path} is not a regular file (someone put it there); an admin removes it")
-        with contextlib.suppress(OSError):
-            if os.fstat(fd).st_uid == os.geteuid():
-                os.fchmod(fd, 0o666)  # every user of the host locks it
-        deadline = time.monotonic() + LOCK_SECONDS
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise EnvironmentProblem(
-                        f"another process has held the GPU ledger's lock {path} for {LOCK_SECONDS} s; try again"
-                    ) from None
-                time.sleep(0.05)
+        return hold_lock(self.dir / LOCK_FILE, "the GPU ledger's lock")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Book]:

@@ -17,7 +17,6 @@ starts it: the enforced mode's rules then apply to it as to the user).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -130,28 +129,11 @@ class Queue:
     @contextlib.contextmanager
     def locked(self):  # type: ignore[no-untyped-def]
         """The queue's own lock (never the GPU ledger's: a job's start takes that one), bounded."""
-        from imgbuild.ledger import Ledger, open_regular
+        from imgbuild.ledger import Ledger, hold_lock
 
         Ledger(self.state_dir).folder()
-        path = self.state_dir / "queue.lock"
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
-        if fd is None:
-            raise EnvironmentProblem(f"{path} is not a regular file (someone put it there); an admin removes it")
-        with contextlib.suppress(OSError):
-            if os.fstat(fd).st_uid == os.geteuid():
-                os.fchmod(fd, 0o666)
-        deadline = time.monotonic() + 120
+        fd = hold_lock(self.state_dir / "queue.lock", "the queue's lock")
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise EnvironmentProblem(
-                            f"the queue's lock {path} has been held for 120 s; try again"
-                        ) from None
-                    time.sleep(0.1)
             yield self.load()
         finally:
             os.close(fd)
