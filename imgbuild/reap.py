@@ -166,19 +166,12 @@ def human(seconds: float) -> str:
 def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], now: float, state: State) -> None:
     """Add one sample per running container with GPUs: busy when any of its GPUs is above idle_percent
     (a GPU whose use cannot be read, as on MIG, counts as busy: never stop what cannot be measured)."""
-    from imgbuild.run import container_gpus
+    from imgbuild.run import running_with_gpus
 
-    uuid_of = {g.index: g.uuid for g in gpus}
-    by_uuid = {g.uuid: g for g in gpus}
     alive = set()
-    for row in rows:
-        if row.get("status") != "running":
-            continue
-        uuids = [u for u in container_gpus(row, uuid_of) if u in by_uuid]
-        if not uuids:
-            continue
+    for row, held in running_with_gpus(rows, gpus):
         alive.add(row["id"])
-        busy = any(by_uuid[u].utilization is None or by_uuid[u].utilization > rules["idle_percent"] for u in uuids)
+        busy = any(g.utilization is None or g.utilization > rules["idle_percent"] for g in held)
         kept = state.samples.setdefault(row["id"], [])
         kept.append([now, 1.0 if busy else 0.0])
         del kept[:-SAMPLES_KEPT]

@@ -391,6 +391,19 @@ def container_gpus(row: dict[str, Any], uuid_of: dict[int, str]) -> list[str]:
     return [uuid_of[i] for i in indices if i in uuid_of]
 
 
+def running_with_gpus(rows: list[dict[str, Any]], gpus: list[Any]) -> list[tuple[dict[str, Any], list[Any]]]:
+    """Each running container with GPUs this host reads, and those GPUs (the reaper's samples, the usage log)."""
+    uuid_of = {g.index: g.uuid for g in gpus}
+    by_uuid = {g.uuid: g for g in gpus}
+    found = []
+    for row in rows:
+        if row.get("status") == "running":
+            held = [by_uuid[u] for u in container_gpus(row, uuid_of) if u in by_uuid]
+            if held:
+                found.append((row, held))
+    return found
+
+
 def _cpulist(text: str) -> list[int]:
     try:
         return parse_cpulist(text)

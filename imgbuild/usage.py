@@ -44,25 +44,19 @@ def record(now: float, previous: float | None, holds: list[dict[str, Any]]) -> d
 
 def holds_of(rows: list[dict[str, Any]], gpus: list[Any], group_of: Any) -> list[dict[str, Any]]:
     """The running containers' GPUs as a record holds them (`group_of(user)`: the user's primary group)."""
-    from imgbuild.run import container_gpus
+    from imgbuild.run import running_with_gpus
 
-    uuid_of = {g.index: g.uuid for g in gpus}
-    by_uuid = {g.uuid: g for g in gpus}
     holds = []
-    for row in rows:
-        if row.get("status") != "running":
-            continue
-        uuids = [u for u in container_gpus(row, uuid_of) if u in by_uuid]
-        if uuids:
-            user = str(row.get("user") or "")
-            holds.append(
-                {
-                    "user": user,
-                    "group": group_of(user) if user else "",
-                    "container": str(row.get("name") or ""),
-                    "gpus": [{"uuid": u, "util": by_uuid[u].utilization} for u in uuids],
-                }
-            )
+    for row, held in running_with_gpus(rows, gpus):
+        user = str(row.get("user") or "")
+        holds.append(
+            {
+                "user": user,
+                "group": group_of(user) if user else "",
+                "container": str(row.get("name") or ""),
+                "gpus": [{"uuid": g.uuid, "util": g.utilization} for g in held],
+            }
+        )
     return holds
 
 
