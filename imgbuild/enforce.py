@@ -73,13 +73,11 @@ def sudoers(binary: str) -> str:
 
 
 def gate(args: list[str]) -> None:
-    """Before any command: through sudo, a user runs only USER_COMMANDS, named first (no global flag before it:
-    the sudoers patterns match the command word first, and so does this)."""
-    if not acting_for_user():
-        return
+    """Before any command of a user acting through sudo (`acting_for_user`): only USER_COMMANDS, named first (no
+    global flag before it: the sudoers patterns match the command word first, and so does this). The refusal is
+    audited with every other outcome, by the caller."""
     verb = args[0] if args else ""
     if verb not in USER_COMMANDS:
-        audit(verb or "(none)", args, f"refused: {verb!r} is not a user command")
         raise UsageError(
             f"through sudo, imgbuild runs only {', '.join(USER_COMMANDS)} (this server's enforced mode); "
             f"{verb or 'that'} is for the admin"

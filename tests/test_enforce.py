@@ -447,3 +447,24 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
         ("imgbt-alice", f"imgbuild: imgbt-alice_q1{unique}_1 finished"),
         ("imgbt-bob", f"imgbuild: imgbt-bob_nb{unique}_1 failed (exit 4)"),
     ], given
+
+
+@pytest.mark.parametrize(
+    "args, allowed",
+    [
+        (["run", "img"], True),
+        (["queue", "add", "img"], True),
+        (["build", "r.yaml"], False),  # would read a recipe's files as root
+        (["reap"], False),
+        (["--user", "bob", "run", "img"], False),  # a global flag before the command
+        (["admin", "sudoers"], False),
+        ([], False),
+        (["run\n"], False),
+    ],
+)
+def test_the_gate_lets_a_user_through_sudo_run_only_the_user_commands(args, allowed):
+    if allowed:
+        enforce.gate(args)
+    else:
+        with pytest.raises(UsageError, match="through sudo, imgbuild runs only run, ps, logs"):
+            enforce.gate(args)

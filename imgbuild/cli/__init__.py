@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         from imgbuild import enforce
 
         acting = enforce.acting_for_user()
-        enforce.gate(args)  # through sudo: the user commands, and nothing else
+        if acting:
+            enforce.gate(args)  # through sudo: the user commands, and nothing else
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):
