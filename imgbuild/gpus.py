@@ -437,11 +437,13 @@ _NO_GPU_WORDS = ("no devices were found", "driver not loaded", "couldn't communi
 
 @dataclass(frozen=True)
 class EngineGpus:
-    """What a read through the engine found: whether its host has NVIDIA GPUs, their readings (None where they
-    could not be read), and why not."""
+    """The engine's host's GPUs: whether it has NVIDIA GPUs, and from where they are read. `source` "local": this
+    machine is the engine's host (its GPUs are read when needed); "engine": read through the engine, `readings`
+    None where they could not be (`why`)."""
 
     present: bool
-    readings: list[Gpu] | None
+    source: str = "local"
+    readings: list[Gpu] | None = None
     why: str = ""
 
 
@@ -466,7 +468,7 @@ def judge_engine_read(code: int, output: str, note: str, cdi_gpus: bool) -> Engi
                 data = None
     if not isinstance(data, dict) or code != 0:
         why = f"the GPU read in the image failed (exit {code})" + (f"; {note}" if note else "")
-        return EngineGpus(cdi_gpus, None, why)
+        return EngineGpus(cdi_gpus, "engine", None, why)
     pci = data.get("pci_nvidia")
     pci_gpus = isinstance(pci, int) and not isinstance(pci, bool) and pci > 0
     smi = data.get("smi")
@@ -488,10 +490,10 @@ def judge_engine_read(code: int, output: str, note: str, cdi_gpus: bool) -> Engi
         why = note or str(exc)
         said_none = any(words in why.lower() for words in _NO_GPU_WORDS) or "not found" in why
         # the engine gave the container GPUs (no note) and nvidia-smi failed for another reason: a GPU host
-        return EngineGpus(pci_gpus or cdi_gpus or (not note and not said_none), None, why)
+        return EngineGpus(pci_gpus or cdi_gpus or (not note and not said_none), "engine", None, why)
     if not readings:
-        return EngineGpus(pci_gpus or cdi_gpus, None, note or "nvidia-smi listed no GPU")
-    return EngineGpus(True, readings, "")
+        return EngineGpus(pci_gpus or cdi_gpus, "engine", None, note or "nvidia-smi listed no GPU")
+    return EngineGpus(True, "engine", readings)
 
 
 # --- choosing GPUs ----------------------------------------------------------------------------------

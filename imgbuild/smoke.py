@@ -19,6 +19,7 @@ from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
+from imgbuild.gpus import EngineGpus
 
 SCRIPT = Path(__file__).parent / "smoke_image.py"
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -103,19 +104,7 @@ def _run_settings(settings: Any) -> dict[str, Any]:
     return house_rules((settings or load_settings()).run)
 
 
-@dataclass(frozen=True)
-class HostGpus:
-    """The engine's host's GPUs as the smoke test sees them. `source` "local": this machine is the engine's host
-    (its GPUs are read when needed); "engine": they were read through the engine, `readings` None where they
-    could not be (`why`)."""
-
-    present: bool
-    source: str = "local"
-    readings: list[Any] | None = None
-    why: str = ""
-
-
-def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> HostGpus:
+def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGpus:
     """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
     where the engine shares it; else through the engine, in a short-lived container of `image` given every
     GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
@@ -126,16 +115,15 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> HostGpus
         local = engine.shares_host() or bool(getattr(settings, "gpu_snapshot", None))
         source = "local" if local else "engine"
     if source == "local":
-        return HostGpus(engine.host_has_gpus())
+        return EngineGpus(engine.host_has_gpus())
     code, output, note = engine.containers.run_script(
         image, ENGINE_READ_SCRIPT, [], engine_read_env(), gpus=[], timeout=limits.GPU_READ_SECONDS, ipc=None
     )
     cdi = any("nvidia.com/gpu" in str(d) for d in engine.host_info().get("cdi_devices") or [])
-    found = judge_engine_read(code, output, note, cdi)
-    return HostGpus(found.present, "engine", found.readings, found.why)
+    return judge_engine_read(code, output, note, cdi)
 
 
-def _pick_gpus(request: str, settings: Any, engine: ImageEngine, host: HostGpus) -> tuple[list[str], list[str]]:
+def _pick_gpus(request: str, settings: Any, engine: ImageEngine, host: EngineGpus) -> tuple[list[str], list[str]]:
     """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
     process, container or starting run holds (the host's ledger). GPUs that cannot be read give [] (all) only
     to `--gpus all`; otherwise the smoke test stops, saying why."""
@@ -192,7 +180,7 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
 
 
 def run_smoke(
-    engine: ImageEngine, req: SmokeRequest, settings: Any = None, host: HostGpus | None = None
+    engine: ImageEngine, req: SmokeRequest, settings: Any = None, host: EngineGpus | None = None
 ) -> SmokeReport:
     """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus)."""
     img = engine.images.image(req.image)
@@ -200,9 +188,9 @@ def run_smoke(
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
     from imgbuild.doctor import image_preload_verdict
 
-    read: list[HostGpus] = [host] if host is not None else []
+    read: list[EngineGpus] = [host] if host is not None else []
 
-    def engine_host() -> HostGpus:  # read once, and only where something depends on it
+    def engine_host() -> EngineGpus:  # read once, and only where something depends on it
         if not read:
             read.append(host_gpus(engine, req.image, settings))
         return read[0]
@@ -268,7 +256,9 @@ def add_fleet_check(
     return verdicts
 
 
-def declared_fleet(settings: Any, recipe_targets: list[str], host: HostGpus | bool) -> tuple[list[Target], str | None]:
+def declared_fleet(
+    settings: Any, recipe_targets: list[str], host: EngineGpus | bool
+) -> tuple[list[Target], str | None]:
     """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and the engine's host's
     GPUs when it has any (`host`: as host_gpus read them; True: this machine's); the driver is the site's, else
     the host's."""
@@ -276,7 +266,7 @@ def declared_fleet(settings: Any, recipe_targets: list[str], host: HostGpus | bo
 
     targets = parse_targets([*settings.fleet_gpus, *recipe_targets]) if (settings.fleet_gpus or recipe_targets) else []
     driver = check_driver(settings.fleet_driver)
-    host = host if isinstance(host, HostGpus) else HostGpus(host)
+    host = host if isinstance(host, EngineGpus) else EngineGpus(host)
     if host.present:
         from imgbuild.gpus import NoGpus, read_devices
 
