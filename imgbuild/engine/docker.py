@@ -23,6 +23,7 @@ class Engine:
         self._cli_hint = docker_cli
         self.images = DockerImages(client)
         self.containers = DockerContainers(client, self.images, docker_cli)
+        self._shares: bool | None = None  # shares_host's answer: asked of the kernel once per engine
 
     @classmethod
     def connect(cls, docker_cli: str | None = None) -> Engine:
@@ -115,18 +116,9 @@ class Engine:
         """Whether the engine runs on this machine's kernel, so that this machine's GPUs, driver and NVML are
         the engine's: a local socket, and imgbuild not itself in a container (where the socket is mounted in,
         this machine's /dev holds no GPU even on a GPU host)."""
-        if not _local_socket():
-            return False
-        pid = _engine_pid()
-        if pid is None:  # not answered over a unix socket here: a container's marker files are all there is
-            return not any(os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv"))
-        if pid == 0:  # the kernel's word: the engine is in a PID namespace above ours (its socket was mounted in)
-            return False
-        try:  # in our PID namespace; the same mount namespace sees the same /dev (a daemon in the same container)
-            mine, theirs = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
-        except OSError:  # another user's daemon cannot be looked into: it is on this machine
-            return True
-        return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+        if self._shares is None:
+            self._shares = _shares_this_machine()
+        return self._shares
 
     def host_has_gpus(self) -> bool:
         """Whether the engine's host may have NVIDIA GPUs, without starting anything: this machine's device nodes
@@ -164,3 +156,19 @@ def _engine_pid() -> int | None:
     except OSError:
         return None
     return int(pid)
+
+
+def _shares_this_machine() -> bool:
+    """Engine.shares_host, asked of the kernel: the socket's peer and its mount namespace."""
+    if not _local_socket():
+        return False
+    pid = _engine_pid()
+    if pid is None:  # not answered over a unix socket here: a container's marker files are all there is
+        return not any(os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv"))
+    if pid == 0:  # the kernel's word: the engine is in a PID namespace above ours (its socket was mounted in)
+        return False
+    try:  # in our PID namespace; the same mount namespace sees the same /dev (a daemon in the same container)
+        mine, theirs = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
+    except OSError:  # another user's daemon cannot be looked into: it is on this machine
+        return True
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
