@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config import Settings
+from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, RegistryUnavailable
 from imgbuild.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
@@ -153,6 +154,7 @@ else:
     origin = "a freeze of the base's packages"
 print("IMGBUILD-BASE-PINS " + json.dumps({"origin": origin, "lines": text.splitlines()[:20000]}))
 """
+PINS = Probe("pins", PINS_SCRIPT, PINS_MARKER)
 
 
 def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple[str, tuple[str, ...]]]:
@@ -169,11 +171,10 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         try:
             if engine.images.image(base.pinned) is None:
                 engine.images.pull(base.pinned)
-            _, output, _ = engine.containers.run_script(base.pinned, PINS_SCRIPT, [], {}, gpus=None, timeout=300)
+            _, output, _ = engine.containers.run_script(base.pinned, PINS, [], {}, gpus=None, timeout=300)
         except (ImgbuildError, OSError):
             return "", ()
-        line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(PINS_MARKER)), "")
-        found = _pins_from(line[len(PINS_MARKER) :])
+        found = _pins_in(PINS.answer(output))
         if found is None:
             return "", ()
         if key:
@@ -189,9 +190,12 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
 
 def _pins_from(text: str) -> tuple[str, tuple[str, ...]] | None:
     try:
-        data = json.loads(text)
+        return _pins_in(json.loads(text))
     except ValueError:
         return None
+
+
+def _pins_in(data: Any) -> tuple[str, tuple[str, ...]] | None:
     if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not isinstance(data.get("lines"), list):
         return None
     return data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000])

@@ -18,14 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgbuild import limits
 from imgbuild.bases import pin_reader, plan_recipe
 from imgbuild.config import Settings
-from imgbuild.context import context_dir, render_into
+from imgbuild.context import context_dir, write_context
+from imgbuild.enforce import Acting, as_user, private_copy, read_as, write_as
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
-from imgbuild.plan import Plan, with_base_pins
+from imgbuild.host import Caller
+from imgbuild.plan import Plan, base_reference, with_base_pins
 from imgbuild.recipe import LoadedRecipe, load_recipe
+from imgbuild.render import render, template_cache
 from imgbuild.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, host_gpus, run_smoke
 
 
@@ -87,11 +91,11 @@ def _writable_dir(path: Path) -> None:
         raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from None
 
 
-def _secret_file(stack: ExitStack, name: str, text: str, settings: Settings) -> Path:
+def _secret_file(stack: ExitStack, name: str, text: str | bytes, settings: Settings) -> Path:
     """A file only this process (and the docker CLI it starts) can read, that no kill can strand: an
     anonymous memory file (memfd) seen through /proc; elsewhere a 0600 file in a private cache folder,
     removed at exit and swept by the next run if a kill came first."""
-    data = text.encode()
+    data = text.encode() if isinstance(text, str) else text
     if hasattr(os, "memfd_create") and Path(f"/proc/{os.getpid()}/fd").is_dir():
         fd = os.memfd_create(f"imgbuild-{name}", os.MFD_CLOEXEC)
         stack.callback(os.close, fd)
@@ -117,11 +121,17 @@ def sweep_secret_files(folder: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def build_secrets(settings: Settings, loaded: LoadedRecipe, stack: ExitStack) -> dict[str, Path]:
-    """Secret files for BuildKit: a pip.conf (index URLs, maybe with credentials) and the CA bundle."""
+def build_secrets(
+    settings: Settings, loaded: LoadedRecipe, stack: ExitStack, acting: Acting | None = None
+) -> dict[str, Path]:
+    """Secret files for BuildKit: a pip.conf (index URLs, maybe with credentials) and the CA bundle. Acting for a
+    user through sudo, the recipe's CA bundle is read as they may read it, into a file of this process."""
     secrets: dict[str, Path] = {}
     ca = loaded.ca_bundle_path or (Path(settings.pip_ca_bundle) if settings.pip_ca_bundle else None)
-    if ca:
+    if ca and acting and loaded.ca_bundle_path:
+        data = read_as(acting.who, loaded.ca_bundle_path, 16 * 1024 * 1024, "pip.ca_bundle")
+        secrets["imgbuild-ca.crt"] = _secret_file(stack, "ca.crt", data, settings)
+    elif ca:
         secrets["imgbuild-ca.crt"] = ca
     lines = ["[global]"]
     if settings.pip_index_url:
@@ -195,13 +205,21 @@ def build(
     plan: Plan | None = None,
     engine: ImageEngine | None = None,
     seed_from_registry: bool = False,
+    acting: Acting | None = None,
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
     `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
     fresh CI runner re-runs only the steps whose inputs changed (settings `registry_cache`).
+    `acting` (through sudo for a user, enforce.acting): every file of theirs is read and written as they may, the
+    engine builds root's private copy of the context, and the image goes only into their namespace.
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
-    loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
+    who = acting.who if acting else None
+    with as_user(who):
+        loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
+    if acting:
+        repo, _, base_tag = base_reference(loaded, settings)
+        acting.check_image(f"{repo}:{base_tag}" if base_tag else repo, "base")
     engine = engine or Engine.connect(settings.docker_cli)
     chosen = engine.pick_backend(backend or settings.backend)
     if chosen == "sdk" and needs_buildkit(settings):
@@ -214,6 +232,10 @@ def build(
         plan = plan_recipe(loaded, settings, engine, with_pins=True)
     else:  # planned by the caller (rebuild, to judge staleness), without the base's pins
         plan = with_base_pins(plan, pin_reader(settings, engine))
+    if acting:
+        from imgbuild.enforce import check_target
+
+        check_target(acting.who, plan.target)
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
@@ -223,13 +245,17 @@ def build(
         # what a killed run of this target left: its smoke container (labelled) and the candidate tag
         engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
         engine.images.untag(candidate)
-        known_good = _known_good(ctx / "smoke.json", engine.images.image_id(plan.target), plan.base.identity)
-        render_into(plan, ctx, chosen, settings)
+        current = engine.images.image_id(plan.target)
+        rendered = render(plan, chosen, template_cache(settings.cache_dir))
+        with as_user(who):
+            known_good = _known_good(ctx / "smoke.json", current, plan.base.identity)
+            write_context(rendered, ctx, settings.secrets())
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
-        secrets = build_secrets(settings, loaded, stack)
+        source = _private_context(ctx, acting, settings, stack) if acting else ctx
+        secrets = build_secrets(settings, loaded, stack, acting)
         if chosen == "sdk" and "imgbuild-ca.crt" in secrets:
             # The CA bundle is public: with no secret mounts, it travels in the pip folder of the context.
-            ca_copy = ctx / "imgbuild" / "pip" / "ca.crt"
+            ca_copy = source / "imgbuild" / "pip" / "ca.crt"
             ca_copy.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(secrets.pop("imgbuild-ca.crt"), ca_copy)
             stack.callback(lambda: ca_copy.unlink(missing_ok=True))
@@ -237,7 +263,7 @@ def build(
         os.close(iid_fd)
         stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
         request = BuildRequest(
-            context=ctx,
+            context=source,
             tag=candidate,
             secrets=secrets,
             no_cache=no_cache,
@@ -248,7 +274,7 @@ def build(
             **registry_cache(plan, settings, chosen, seed_from_registry),
             build_args={
                 **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
-                **(pip_bounds(settings) if (ctx / "imgbuild" / "pip" / "install.sh").is_file() else {}),
+                **(pip_bounds(settings) if (source / "imgbuild" / "pip" / "install.sh").is_file() else {}),
             },
         )
         promoted = False
@@ -271,7 +297,7 @@ def build(
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
             report = run_smoke(engine, wanted, settings, host)
             add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
-            _write_report(ctx / "smoke.json", report)
+            _write_report(ctx / "smoke.json", report, who=who)
             if not report.ok:
                 kept = engine.images.image_id(plan.target)
                 raise SmokeFailed(
@@ -284,7 +310,7 @@ def build(
                 engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
             engine.images.tag(image_id, plan.target)
             promoted = True
-            _write_report(ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity})
+            _write_report(ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity}, who)
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
@@ -304,10 +330,17 @@ def _cache_subdir(settings: Settings, name: str) -> str:
     return str(path)
 
 
-def _write_report(path: Path, report: SmokeReport, promoted: dict[str, str] | None = None) -> None:
-    """The smoke report beside the context; once promoted, with the image and base it vouches for (the next
-    build's import check leaves alone what imported here and did not change: `_known_good`)."""
-    try:
-        path.write_text(json.dumps({**report.to_json(), **(promoted or {})}, indent=2, sort_keys=True) + "\n")
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
+def _write_report(
+    path: Path, report: SmokeReport, promoted: dict[str, str] | None = None, who: Caller | None = None
+) -> None:
+    """The smoke report beside the context, written as `who` when acting for them; once promoted, with the image
+    and base it vouches for (the next build's import check leaves alone what imported here and did not change:
+    `_known_good`)."""
+    write_as(who, path, json.dumps({**report.to_json(), **(promoted or {})}, indent=2, sort_keys=True) + "\n")
+
+
+def _private_context(ctx: Path, acting: Acting, settings: Settings, stack: ExitStack) -> Path:
+    """Root's private copy of the context the user's build rendered (enforce.private_copy), removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="context-", dir=_cache_subdir(settings, "runs")))
+    stack.callback(shutil.rmtree, folder, True)
+    return private_copy(ctx, folder, acting.who, limits.COPY_BYTES + 64 * limits.MIB, limits.COPY_FILES + 100)

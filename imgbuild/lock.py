@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from imgbuild.engine.probe import Probe
 from imgbuild.errors import BuildFailed, UsageError
 from imgbuild.recipe import LoadedRecipe, lock_path_for
 
@@ -63,6 +65,23 @@ class LockResult:
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "path": str(self.path)}
+
+
+def _pins(install: Any) -> list[str]:
+    """`name==version` of what pip said it would install; a row of any other shape is not a pin (the answer comes
+    from a container of the base, which is trusted as much as the build that runs on it, and no more)."""
+    rows = install if isinstance(install, list) else []
+    pins = {
+        f"{row[0]}=={row[1]}"
+        for row in rows[:10000]
+        if isinstance(row, list) and len(row) == 2 and all(isinstance(x, str) for x in row)
+        and _NAME.fullmatch(row[0]) and _VERSION.fullmatch(row[1])
+    }  # fmt: skip
+    return sorted(pins)
+
+
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
+_VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,100}")
 
 
 def diff(old: list[str] | tuple[str, ...], new: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -115,18 +134,18 @@ def lock(
         if "imgbuild-pip.conf" in secrets:
             secret = secrets["imgbuild-pip.conf"].read_bytes()  # index credentials: memory and stdin only
     payload = base64.b64encode(json.dumps(files).encode()).decode()
-    script = f"FILES = {payload!r}\n" + _SCRIPT
+    probe = Probe("lock", f"FILES = {payload!r}\n" + _SCRIPT, MARKER)
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
     bounds = pip_bounds(settings)
     code, output, _ = engine.containers.run_script(
-        plan.base.pinned, script, [], bounds, stdin=secret, gpus=None, timeout=1800
+        plan.base.pinned, probe, [], bounds, stdin=secret, gpus=None, timeout=1800
     )
-    report = _report(output)
+    report = probe.answer(output) or {"ok": False, "tail": output.strip().splitlines()[-10:]}
     if not report.get("ok"):
         tail = "\n".join(f"  | {line}" for line in report.get("tail", [])[-10:])
         raise BuildFailed(f"pip could not resolve the recipe's packages in {plan.base.ref}:\n{tail}")
-    pins = sorted(f"{name}=={version}" for name, version in report.get("install", []))
+    pins = _pins(report.get("install"))
     added, removed, changed = diff(old, pins)
     path = lock_path_for(loaded.path)
     header = (
@@ -134,14 +153,3 @@ def lock(
     )
     path.write_text(header + "".join(f"{pin}\n" for pin in pins))
     return LockResult(path, pins, added, removed, changed)
-
-
-def _report(output: str) -> dict[str, Any]:
-    for line in reversed(output.splitlines()):
-        if line.startswith(MARKER):
-            try:
-                data = json.loads(line[len(MARKER) :])
-            except ValueError:
-                break
-            return data if isinstance(data, dict) else {}
-    return {"ok": False, "tail": output.strip().splitlines()[-10:]}

@@ -16,6 +16,7 @@ from typing import Any
 
 from imgbuild import limits
 from imgbuild.engine import ImageEngine
+from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
@@ -65,15 +66,20 @@ class SmokeReport:
         )
 
 
+def smoke_probe() -> Probe:
+    """The smoke test as the engine runs it: smoke_image.py, answering on its MARKER line."""
+    return Probe("smoke", SCRIPT.read_text(), MARKER)
+
+
 def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:
-    for line in reversed(output.splitlines()):
-        if line.startswith(MARKER):
-            try:
-                data = json.loads(line[len(MARKER) :])
-                ok = bool(data["ok"]) and code == 0
-                return SmokeReport(image, ok, list(data["checks"]), data.get("meta", {}), note)
-            except (ValueError, KeyError, TypeError):
-                break
+    data = Probe("smoke", "", MARKER).answer(output)
+    if data is not None:
+        try:
+            ok = bool(data["ok"]) and code == 0
+            meta = data.get("meta", {})
+            return SmokeReport(image, ok, list(data["checks"]), meta if isinstance(meta, dict) else {}, note)
+        except (KeyError, TypeError):
+            pass
     tail = " | ".join(ln for ln in output.strip().splitlines()[-5:])
     report = SmokeReport(image, False, [], {}, note)
     report.fail("smoke script", f"exited {code} without a report: {tail[:400]}")
@@ -108,7 +114,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGp
     """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
     where the engine shares it; else through the engine, in a short-lived container of `image` given every
     GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
-    from imgbuild.gpus import ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
+    from imgbuild.gpus import ENGINE_READ_MARKER, ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
 
     source = str(getattr(settings, "gpu_source", "auto") or "auto")
     if source == "auto":
@@ -117,7 +123,13 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGp
     if source == "local":
         return EngineGpus(engine.host_has_gpus())
     code, output, note = engine.containers.run_script(
-        image, ENGINE_READ_SCRIPT, [], engine_read_env(), gpus=[], timeout=limits.GPU_READ_SECONDS, ipc=None
+        image,
+        Probe("gpus", ENGINE_READ_SCRIPT, ENGINE_READ_MARKER),
+        [],
+        engine_read_env(),
+        gpus=[],
+        timeout=limits.GPU_READ_SECONDS,
+        ipc=None,
     )
     cdi = any("nvidia.com/gpu" in str(d) for d in engine.host_info().get("cdi_devices") or [])
     return judge_engine_read(code, output, note, cdi)
@@ -209,7 +221,7 @@ def run_smoke(
     chosen, mig_profiles = _pick_gpus(req.gpus, settings, engine, engine_host()) if use_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
-        SCRIPT.read_text(),
+        smoke_probe(),
         args,
         env,
         gpus=chosen,

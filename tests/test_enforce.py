@@ -181,8 +181,9 @@ def enforced(testbed, tmp_path, unique):
     site = Path("/etc/imgbuild/config.yaml")
     kept = site.read_bytes() if site.exists() else None
     site.parent.mkdir(exist_ok=True)
+    cli = f"docker_cli: {testbed['IMGBUILD_DOCKER_CLI']}\n" if testbed.get("IMGBUILD_DOCKER_CLI") else ""
     site.write_text(
-        f"ngc_registry: {reg}\ninsecure_registries: [{reg}]\ngpu_snapshot: {snapshot}\n"
+        f"ngc_registry: {reg}\ninsecure_registries: [{reg}]\ngpu_snapshot: {snapshot}\n{cli}"
         f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {state}\n  max_gpus_per_user: 1\n"
         f'  allowed_images: ["{reg}/nvidia/*", "{{user}}/*"]\n  allowed_mounts: ["{{home}}", "{shared}"]\n'
     )
@@ -284,7 +285,7 @@ def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docke
         assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, (why, res.stderr)
     # what sudo itself refuses: commands outside the drop-in, a global flag first, setting a variable
     for why, args, sudo_args in [
-        ("build through sudo (recipes would be read as root)", ["build", "x.yaml"], ()),
+        ("rebuild (CI's, with its registry login)", ["rebuild"], ()),
         ("the reaper", ["reap"], ()),
         ("a global flag before the command", ["--user", "imgbt-bob", "run", image], ()),
         ("her own site config by variable", ["run", image], ("IMGBUILD_SITE_CONFIG=/tmp/evil.yaml",)),
@@ -454,7 +455,10 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     [
         (["run", "img"], True),
         (["queue", "add", "img"], True),
-        (["build", "r.yaml"], False),  # would read a recipe's files as root
+        (["build", "r.yaml"], True),  # the recipe's files are read as the user (test_builds_through_sudo_...)
+        (["smoke", "img"], True),
+        (["rebuild"], False),  # CI's: pushes with the registry login
+        (["lock", "r.yaml"], False),
         (["reap"], False),
         (["--user", "bob", "run", "img"], False),  # a global flag before the command
         (["admin", "sudoers"], False),
@@ -468,3 +472,185 @@ def test_the_gate_lets_a_user_through_sudo_run_only_the_user_commands(args, allo
     else:
         with pytest.raises(UsageError, match="through sudo, imgbuild runs only run, ps, logs"):
             enforce.gate(args)
+
+
+@pytest.mark.engine
+def test_builds_through_sudo_read_as_the_user_and_tag_into_her_namespace(enforced, unique, docker_client):
+    """`sudo imgbuild build` reads every file of the recipe, and writes the context, as the user; the engine
+    builds root's private copy; the image goes only into her namespace. Each attempt to use root's reach through
+    a build or a smoke test is refused with one line; her own build works and is hers."""
+    alice = pwd.getpwnam("imgbt-alice")
+    repo = Path(alice.pw_dir) / f"repo-{unique}"
+    (repo / "files").mkdir(parents=True)
+    (repo / "files" / "hello.txt").write_text("hello\n")
+    (repo / ".git").mkdir()
+    head = f'name: mine-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    recipes = {
+        "ok.yaml": head + "files:\n  - {src: files/hello.txt, dest: /opt/hello.txt}\n",
+        "shadow.yaml": head + "files:\n  - {src: files/shadow, dest: /opt/s}\n",
+        "ca.yaml": head + "pip: {packages: [six], ca_bundle: files/shadow}\n",
+        "bobs.yaml": head.replace("tag: v1", f"image: imgbt-bob/mine-{unique}:v1"),
+        "alpine.yaml": f"name: a-{unique}\nbase: {{image: docker.io/library/alpine:3}}\n",
+    }
+    for name, text in recipes.items():
+        (repo / name).write_text(text)
+    subprocess.run(["chown", "-R", f"{alice.pw_uid}:{alice.pw_gid}", str(repo)], check=True)
+    os.link("/etc/shadow", repo / "files" / "shadow")  # made for her by root (protected_hardlinks stops her)
+    linked = Path(alice.pw_dir) / f"linked-{unique}"
+    (linked / ".git").mkdir(parents=True)
+    (linked / "ok.yaml").write_text(
+        recipes["ok.yaml"].replace("files:\n  - {src: files/hello.txt, dest: /opt/hello.txt}\n", "")
+    )
+    (linked / "images").symlink_to("/root")
+    subprocess.run(["chown", "-R", "-h", f"{alice.pw_uid}:{alice.pw_gid}", str(linked)], check=True)
+    attempts = [
+        ("a hard link to /etc/shadow copied into the image", ["build", str(repo / "shadow.yaml")], "files"),
+        ("the same link as the CA bundle (a build secret)", ["build", str(repo / "ca.yaml")], "ca_bundle"),
+        ("a recipe only root can read", ["build", "/etc/shadow"], "shadow"),
+        ("bob's namespace", ["build", str(repo / "bobs.yaml")], "you build only imgbt-alice/"),
+        ("a base this server does not allow", ["build", str(repo / "alpine.yaml")], "base docker.io/library/alpine:3"),
+        ("push with root's registry login", ["build", "--push", str(repo / "ok.yaml")], "--push"),
+        ("a remote builder", ["build", "--builder", "x", str(repo / "ok.yaml")], "--builder"),
+        ("the context into root's home", ["build", "-o", f"/root/ctx-{unique}", str(repo / "ok.yaml")], "/root"),
+        ("images/ a link to /root", ["build", str(linked / "ok.yaml")], "Permission denied"),
+        ("smoke-test an image from elsewhere", ["smoke", "docker.io/library/alpine:3"], "not an image this server"),
+        ("smoke-test bob's image", ["smoke", f"imgbt-bob/x-{unique}:1"], "not an image this server"),
+    ]
+    for why, args, names in attempts:
+        res = as_user("imgbt-alice", *args, timeout=300)
+        assert res.returncode in (2, 3), (why, res.returncode, res.stdout, res.stderr)
+        said = [line for line in res.stderr.splitlines() if line.startswith("imgbuild: ")]  # not progress lines
+        assert len(said) == 1 and "Traceback" not in res.stderr, (why, res.stderr)
+        assert names in said[0], (why, res.stderr)
+    assert not Path(f"/root/ctx-{unique}").exists()
+    target = f"imgbt-alice/mine-{unique}:v1"
+    try:
+        built = as_user("imgbt-alice", "build", "--skip-gpu", str(repo / "ok.yaml"), timeout=900)
+        assert built.returncode == 0, built.stderr[-3000:]
+        assert target in built.stdout
+        out = docker_client.containers.run(target, ["cat", "/opt/hello.txt"], remove=True)
+        assert out.endswith(b"\nhello\n")  # after the base image's banner
+        context = repo / "images" / f"mine-{unique}"
+        for path in [context, context / "Dockerfile", context / "smoke.json"]:
+            assert path.stat().st_uid == alice.pw_uid, path  # written as her, not as root
+        assert json.loads((context / "smoke.json").read_text())["ok"] is True
+        report = as_user("imgbt-alice", "smoke", "--skip-gpu", target, "--report", f"/etc/imgbt-{unique}.json")
+        assert report.returncode == 3 and "cannot write /etc/imgbt-" in report.stderr, report.stderr
+        assert not Path(f"/etc/imgbt-{unique}.json").exists()  # written as her, so not at all
+        assert not list(Path("/root/.cache/imgbuild/runs").glob("context-*")), "root's private copy is removed"
+        audit = (enforced["state"] / ".reap" / "audit.log").read_text().splitlines()
+        assert any('"build"' in line and '"exit 0"' in line and "imgbt-alice" in line for line in audit)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", target], capture_output=True)
+        (repo / "files" / "shadow").unlink()
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.rmtree(linked, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "why, make, message",
+    [
+        ("a link to a root-only file", lambda d: (d / "x").symlink_to("/etc/shadow"), "Too many levels"),
+        ("a link to a folder", lambda d: (d / "x").symlink_to("/root"), "Too many levels"),
+        ("a FIFO (would block the build)", lambda d: os.mkfifo(d / "x"), "not a regular file or folder"),
+        ("too many files", lambda d: [(d / f"f{i}").write_text("x") for i in range(5)], "more than 4 files"),
+        ("too many bytes", lambda d: (d / "big").write_bytes(b"x" * 5000), "larger than"),
+    ],
+)
+def test_a_private_copy_takes_only_the_users_own_files(why, make, message, tmp_path):
+    """What a user can swap into her rendered context before the engine reads it is refused, not followed."""
+    src, dest = tmp_path / "ctx", tmp_path / "copy"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "Dockerfile").write_text("FROM x\n")
+    dest.mkdir()
+    me = Caller("me", os.getuid(), os.getgid())
+    make(src / "sub")
+    with pytest.raises(UsageError, match=message):
+        enforce.private_copy(src, dest, me, 4096, 4)
+
+
+def test_a_private_copy_keeps_folders_files_and_exec_bits(tmp_path):
+    src, dest = tmp_path / "ctx", tmp_path / "copy"
+    (src / "imgbuild").mkdir(parents=True)
+    (src / "Dockerfile").write_text("FROM x\n")
+    (src / "imgbuild" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(src / "imgbuild" / "run.sh", 0o700)
+    dest.mkdir()
+    enforce.private_copy(src, dest, Caller("me", os.getuid(), os.getgid()), 4096, 10)
+    assert (dest / "Dockerfile").read_text() == "FROM x\n"
+    assert oct((dest / "imgbuild" / "run.sh").stat().st_mode & 0o777) == "0o755"
+
+
+@pytest.mark.parametrize(
+    "target, ok",
+    [
+        ("alice/research:v1", True),
+        ("bob/research:v1", False),
+        ("alice:v1", False),  # no namespace at all
+        ("registry.example.org/alice/research:v1", False),  # a registry's name: a push with root's login
+        ("alicex/research:v1", False),
+        ("library/alice:v1", False),
+    ],
+)
+def test_a_build_for_a_user_tags_only_her_namespace(target, ok):
+    if ok:
+        enforce.check_target(ALICE, target)
+    else:
+        with pytest.raises(UsageError, match="you build only alice/NAME:TAG"):
+            enforce.check_target(ALICE, target)
+
+
+@pytest.mark.parametrize("flags", [{"push": True}, {"builder": "remote"}, {"sign_key": "/root/cosign.key"}])
+def test_build_flags_that_reach_past_this_host_are_refused(flags):
+    acting = enforce.Acting(ALICE, ())
+    given = {"push": False, "builder": None, "sign_key": None, **flags}
+    with pytest.raises(UsageError, match="builds stay on this host"):
+        enforce.check_build(acting, **given)
+    enforce.check_build(None, **given)  # root, an admin, a user with her own engine: nothing to enforce
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """(modules imported at the top, modules imported inside a function) by `module`."""
+    import ast
+    import importlib
+
+    tree = ast.parse(Path(importlib.import_module(module).__file__).read_text())
+    top: set[str] = set()
+    late: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                late |= _named(inner)
+    for node in tree.body:
+        top |= _named(node)
+    return top, late - {"__future__"}
+
+
+def _named(node) -> set[str]:
+    import ast
+
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return {node.module} | ({f"{node.module}.{a.name}" for a in node.names} if node.module == "imgbuild" else set())
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    return set()
+
+
+def test_what_runs_as_the_user_imports_nothing_after_the_switch():
+    """A build acting for a user reads her files as her (`as_user`); Python's own files may be where she cannot
+    read them (this bed's Python is under /root), so an import inside the block failed with ModuleNotFoundError.
+    Every import inside a function of the modules that run there, and of every imgbuild module they import, is
+    imported before the switch (enforce.PRELOAD)."""
+    import importlib.util
+
+    seen, todo = set(), list(enforce.USER_SIDE)
+    while todo:
+        module = todo.pop()
+        if module in seen or importlib.util.find_spec(module) is None:
+            continue
+        seen.add(module)
+        top, late = _imports(module)
+        missing = {m for m in late if m not in enforce.PRELOAD and m != "imgbuild.config"}  # types only
+        assert not missing, f"{module} imports {sorted(missing)} inside a function: add them to enforce.PRELOAD"
+        todo += [m for m in top | late if m.startswith("imgbuild.") and m != "imgbuild.config"]
+    assert {"imgbuild.fields", "imgbuild.text", "imgbuild.fleet"} <= seen

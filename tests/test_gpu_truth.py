@@ -15,8 +15,11 @@ import pytest
 
 from imgbuild import smoke_image as script
 from imgbuild.config import load_settings
+from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.fleet import GpuFacts, driver_verdict, judge, judge_tag, parse_target, parse_targets
+
+PRINT = Probe("test", "print()", "TEST ")
 
 DATA = Path(__file__).parent / "data"
 PROFILES = json.loads((DATA / "gpu-profiles.json").read_text())["profiles"]
@@ -484,7 +487,7 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
 
     client = _Client()
     runner = DockerContainers(client, DockerImages(client))
-    code, output, note = runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
+    code, output, note = runner.run_script("img", PRINT, [], {}, gpus=["GPU-1"], ipc="host")
     assert code == 0 and "cannot pass them" in note and "could not select device driver" in note
     # the legacy request, then the same GPU by CDI name (issue 28, review item 7), then none; nothing left behind
     assert client.log == ["copy", "start", "remove"] * 3
@@ -509,11 +512,11 @@ def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidi
 
     client = _Client()
     runner = DockerContainers(client, DockerImages(client))
-    runner.run_script("img", "print()", [], {"A": "1"}, gpus=None, ipc="host")
+    runner.run_script("img", PRINT, [], {"A": "1"}, gpus=None, ipc="host")
     (created,) = client.created
     assert created["device_requests"] is None
     assert created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
-    runner.run_script("img", "print()", [], {}, gpus=[], ipc="host")  # all GPUs asked for: nothing hidden
+    runner.run_script("img", PRINT, [], {}, gpus=[], ipc="host")  # all GPUs asked for: nothing hidden
     asked, _cdi, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
     assert asked["device_requests"][0]["Count"] == -1 and "NVIDIA_VISIBLE_DEVICES" not in asked["environment"]
     assert fallback["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -564,7 +567,7 @@ def test_on_the_real_engine_a_script_without_gpus_is_told_void(testbed):
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     assert "NVIDIA_VISIBLE_DEVICES=all" in engine.images.image(image).config["Env"]
     script = "import os; print('seen', os.environ.get('NVIDIA_VISIBLE_DEVICES'))"
-    code, output, _ = engine.containers.run_script(image, script, [], {}, gpus=None, timeout=120)
+    code, output, _ = engine.containers.run_script(image, Probe("env", script, ""), [], {}, gpus=None, timeout=120)
     assert code == 0 and "seen void" in output, output[-1000:]
 
 
@@ -739,7 +742,7 @@ def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
     client.containers.create = client._create
     runner = DockerContainers(client, DockerImages(client))
     with pytest.raises(ImgbuildError, match="cannot start it without GPUs either .*default runtime"):
-        runner.run_script("img", "print()", [], {}, gpus=["GPU-1"], ipc="host")
+        runner.run_script("img", PRINT, [], {}, gpus=["GPU-1"], ipc="host")
     assert client.log.count("remove") == client.log.count("copy") == 3  # nothing left behind
 
 
@@ -803,7 +806,7 @@ def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
 
     client.containers.create = create
     runner = DockerContainers(client, DockerImages(client))
-    code, _output, note = runner.run_script("img", "print()", [], {}, gpus=["GPU-1", "GPU-2"], ipc="host")
+    code, _output, note = runner.run_script("img", PRINT, [], {}, gpus=["GPU-1", "GPU-2"], ipc="host")
     assert code == 0 and note == ""
     legacy, cdi = client.created
     assert cdi["device_requests"][0]["DeviceIDs"] == ["nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"]

@@ -396,6 +396,74 @@ def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
     assert "imgbuild/pip-lock/lock-layer" not in sdk.rendered and sdk.text("Dockerfile").count("install.sh") == 1
 
 
+def _lock_on_fake(tmp_path, answer, pins: list[str] | None = None):
+    """`imgbuild lock` on the fake engine, its base served by the fake registry: the lock probe answers `answer`."""
+    from imgbuild.config import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.lock import lock
+    from tests.fake_nvcr import FakeNvcr
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops, rich]\n')
+    engine = FakeEngine()
+    engine.images.pull = lambda ref: engine.add_image(ref)  # the fake registry has every base
+    engine.containers.base_pins = pins or []
+    engine.containers.answers["lock"] = answer
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
+        return recipe, engine, lock(recipe, settings, engine=engine)
+
+
+def test_lock_runs_install_sh_in_the_pinned_base_and_writes_what_pip_chose(tmp_path):
+    """Issue 27: `imgbuild lock` on the fake engine (the fake answers the lock probe by name)."""
+    install = [["einops", "0.8.1"], ["rich", "13.7.1"], ["markdown-it-py", "3.0.0"]]
+    recipe, engine, result = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
+    (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
+    assert "@sha256:" in run.image and run.gpus is None  # the base, pinned; no GPU
+    assert run.env["IMGBUILD_PIP_RESOLVE_SECONDS"] and run.stdin == b""  # no index credentials configured
+    assert "FILES = " in run.probe.script and "install.sh" in run.probe.script
+    assert result.pins == ["einops==0.8.1", "markdown-it-py==3.0.0", "rich==13.7.1"] == result.added
+    lines = (tmp_path / "r.lock.txt").read_text().splitlines()
+    assert lines[0].startswith("# imgbuild lock:") and lines[1:] == result.pins
+    # locked again, with einops moved: the diff says so, and the file holds the new answer
+    install[0][1] = "0.8.2"
+    _, _, again = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
+    assert again.changed == ["einops 0.8.1 -> 0.8.2"] and not again.added and not again.removed
+
+
+@pytest.mark.parametrize(
+    "install, kept",
+    [
+        ([["einops", "0.8.1"], ["x y", "1"], ["ok", "1 ; rm -rf /"], ["", "1"], ["a", ""]], ["einops==0.8.1"]),
+        ([["einops"], "einops==1", None, 3, {"a": 1}, ["a", 1], ["a", "1", "2"]], []),
+        ("einops==1", []),
+        ({"einops": "1"}, []),
+        ([["-e", "1"], ["x\n", "1"], ["ok", "1\nevil==2"]], []),
+    ],
+)
+def test_a_hostile_lock_answer_gives_only_name_version_pins(tmp_path, install, kept):
+    _, _, result = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
+    assert result.pins == kept
+    assert (tmp_path / "r.lock.txt").read_text().splitlines()[1:] == kept
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ((1, {"ok": False, "tail": ["ResolutionImpossible: rich>=99"]}, ""), "ResolutionImpossible: rich>=99"),
+        ((1, "Traceback: no marker line at all", ""), "no marker line at all"),
+        ((0, "IMGBUILD-LOCK-REPORT {not json", ""), "could not resolve"),
+    ],
+)
+def test_a_lock_that_fails_in_the_base_writes_nothing(tmp_path, answer, message):
+    from imgbuild.errors import BuildFailed
+
+    with pytest.raises(BuildFailed, match=re.escape(message)):
+        _lock_on_fake(tmp_path, lambda run: answer)
+    assert not (tmp_path / "r.lock.txt").exists()
+
+
 @pytest.mark.engine
 def test_lock_resolves_in_the_base_and_builds_install_exactly_that(testbed, tmp_path, cleanup_images, docker_client):
     from tests.conftest import in_image

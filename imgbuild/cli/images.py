@@ -61,11 +61,14 @@ def build(
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
     from imgbuild import build as pipeline
+    from imgbuild import enforce
     from imgbuild import rebuild as rb
     from imgbuild.engine import Engine
     from imgbuild.ui import Progress, print_table
 
     settings = _settings(ctx, backend=backend, builder=builder)
+    acting = enforce.acting(settings)  # through sudo: the user's files as theirs, the image in their namespace
+    enforce.check_build(acting, push=push, builder=builder, sign_key=sign_key)
     signer = _signer(sign_key, push)
     with Progress(f"imgbuild build {file}", enabled=True) as progress:
         result = pipeline.build(
@@ -78,6 +81,7 @@ def build(
             out=out,
             progress=progress,
             seed_from_registry=push,
+            acting=acting,
         )
         pushed = ""
         if push:
@@ -140,6 +144,7 @@ def smoke(
 
         imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
     """
+    from imgbuild import enforce
     from imgbuild.engine import Engine
     from imgbuild.fleet import check_driver, parse_targets
     from imgbuild.smoke import SmokeRequest, fleet_report, run_smoke
@@ -150,13 +155,18 @@ def smoke(
     if driver and fleet is None:
         raise click.UsageError("--driver goes with --for")
     settings = _settings(ctx)
+    acting = enforce.acting(settings)
+    if acting:
+        acting.check_image(image)
     engine = Engine.connect(settings.docker_cli)
     if fleet is not None:
         result = fleet_report(engine, image, fleet, driver, settings)
     else:
         result = run_smoke(engine, SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus), settings)
     if report:
-        report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+        enforce.write_as(
+            acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n"
+        )
     if as_json:
         _emit_json(result.to_json())
     elif fleet is not None:

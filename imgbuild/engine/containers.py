@@ -12,6 +12,7 @@ import tarfile
 from typing import Any
 
 from imgbuild.engine.images import DockerImages
+from imgbuild.engine.probe import Probe
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
 
@@ -184,7 +185,7 @@ class DockerContainers:
     def run_script(
         self,
         image: str,
-        script: str,
+        probe: Probe,
         args: list[str],
         env: dict[str, str],
         *,
@@ -194,7 +195,7 @@ class DockerContainers:
         ipc: str | None = "host",
         shm_size: str | None = None,
     ) -> tuple[int, str, str]:
-        """Run a Python script inside `image` (copied in, so remote engines work too), as the image's user.
+        """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user.
 
         `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
         `note` says why GPUs were asked for but not given. The container is labelled with the image it
@@ -215,7 +216,7 @@ class DockerContainers:
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
-        payload = _script_tar(script)
+        payload = _script_tar(probe.script)
 
         def prepared(device_requests: list[Any] | None) -> Any:
             """A created container with the script copied in; removed again if the copy fails."""

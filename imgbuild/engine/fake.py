@@ -1,9 +1,11 @@
-"""An in-memory engine: images are records, builds and smoke tests are scripted. For fast unit tests of the
-pipeline's logic (promotion never replaces a working tag, cleanup on every way out, rebuild ordering)
-without a Docker daemon; the integration tests drive the real one.
+"""An in-memory engine: images are records, builds and probes are scripted. For fast unit tests of the
+pipeline's logic (promotion never replaces a working tag, cleanup on every way out, rebuild ordering, the pip
+lock) without a Docker daemon; the integration tests drive the real one.
 
-A build "produces" an image whose labels are what the rendered context's lock says (recipe and input
-hashes, base digest), so rebuild's staleness rules see what they would see on a real engine.
+A build "produces" an image whose labels are what the rendered context's record says (recipe and input
+hashes, base digest), so rebuild's staleness rules see what they would see on a real engine. A probe (a script
+imgbuild runs in an image, engine.probe) is answered by its name: a test gives `answers[name]`; the smoke test,
+the base's pins and the GPU read have defaults. Nothing here knows the pipeline's scripts.
 """
 
 from __future__ import annotations
@@ -15,18 +17,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.bases import PINS_MARKER, PINS_SCRIPT
+from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.facts import Label
-from imgbuild.gpus import ENGINE_READ_SCRIPT
 from imgbuild.imageref import parse
-from imgbuild.smoke import MARKER
 
 #: A scripted smoke verdict for an image ref: True passes, False fails, an exception is raised in the run.
 SmokeScript = Callable[[str], bool]
 #: A scripted build for a request: return nothing to build, raise BuildFailed (or anything) to fail.
 BuildScript = Callable[[BuildRequest], None]
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One run of a probe on the fake, as the engine was asked for it."""
+
+    image: str
+    probe: Probe
+    args: list[str]
+    env: dict[str, str]
+    stdin: bytes | None
+    gpus: list[str] | None
+
+
+#: A scripted probe: (exit code, the answer's JSON object or the raw output, the engine's note).
+ProbeAnswer = Callable[[ProbeRun], tuple[int, "dict[str, Any] | str", str]]
 
 
 @dataclass
@@ -97,11 +113,13 @@ class FakeContainers:
     gpu_note: str = ""  # a host whose engine cannot pass GPUs: the run goes on without them, saying so
     base_pins: list[str] = field(default_factory=list)  # what the base's PIP_CONSTRAINT file holds
     engine_read: tuple[int, str, str] = (0, "", "")  # the GPU read through the engine: (exit code, output, note)
+    answers: dict[str, ProbeAnswer] = field(default_factory=dict)  # probe name -> its scripted answer
+    probed: list[ProbeRun] = field(default_factory=list)
 
     def run_script(
         self,
         image: str,
-        script: str,
+        probe: Probe,
         args: list[str],
         env: dict[str, str],
         *,
@@ -111,12 +129,22 @@ class FakeContainers:
         ipc: str | None = "host",
         shm_size: str | None = None,
     ) -> tuple[int, str, str]:
-        if script == ENGINE_READ_SCRIPT:
+        run = ProbeRun(image, probe, list(args), dict(env), stdin, gpus)
+        self.probed.append(run)
+        if probe.name in self.answers:
+            self.calls.append(f"{probe.name} {image}")
+            code, answer, note = self.answers[probe.name](run)
+            return code, probe.says(answer) if isinstance(answer, dict) else answer, note
+        if probe.name == "gpus":
             self.calls.append(f"read gpus {image} gpus={gpus}")
             return self.engine_read
-        if script == PINS_SCRIPT:
+        if probe.name == "pins":
             self.calls.append(f"pins {image}")
-            return 0, PINS_MARKER + json.dumps({"origin": "the base's constraint file", "lines": self.base_pins}), ""
+            return 0, probe.says({"origin": "the base's constraint file", "lines": self.base_pins}), ""
+        if probe.name != "smoke":
+            raise ImgbuildError(
+                f"the fake engine has no answer for the {probe.name} probe (give answers[{probe.name!r}])"
+            )
         self.calls.append(f"smoke {image}")
         self.runs.append(
             {"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size, "env": dict(env)}
@@ -133,7 +161,7 @@ class FakeContainers:
             "seconds": 0,
         }
         report = {"ok": ok, "checks": [check], "meta": dict(self.meta)}
-        return (0 if ok else 1), MARKER + json.dumps(report), note
+        return (0 if ok else 1), probe.says(report), note
 
     def remove_labelled(self, label: str, value: str) -> None:
         self.alive = [c for c in self.alive if c != value]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from imgbuild import limits
+from imgbuild.engine.probe import Probe
 
 ProgressFn = Callable[[str], None]
 
@@ -77,7 +78,7 @@ class ContainerRunner(Protocol):
     def run_script(
         self,
         image: str,
-        script: str,
+        probe: Probe,
         args: list[str],
         env: dict[str, str],
         *,

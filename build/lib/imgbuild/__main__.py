@@ -1,0 +1,3 @@
+from imgbuild.cli import main
+
+main()

@@ -1,0 +1,573 @@
+"""Supply chain: what a pushed image holds (SBOM), how it was made (provenance), and a signature over both.
+
+Formats that other tools read, in the registry beside the image (distribution 2.8 has no referrers API, so
+cosign's tag scheme: `sha256-<hex>.sig`, `.att`, `.sbom` in the image's repository):
+- `.sig`: a sigstore "simple signing" payload (the repository and the manifest digest) signed with an ECDSA
+  P-256 key, as cosign signs and as containers/image (skopeo, podman: a `sigstoreSigned` policy) verifies;
+- `.att`: an in-toto Statement with a SLSA v1 provenance predicate, in a DSSE envelope signed by the same key;
+  it names the SBOM by digest, so the SBOM cannot change unseen;
+- `.sbom`: a CycloneDX 1.5 JSON document of what the recipe added over its base (CycloneDX: a container
+  image's layers of Python distributions, OS packages and files are its native shape, and syft reads it).
+
+Keys are cosign's: `cosign generate-key-pair` writes them (an scrypt + nacl/secretbox encrypted PKCS#8 P-256
+key, and a PEM public key). The key and its password never leave this process: no argv, log or message.
+Pure in the middle (documents, envelopes, manifests); the registry client at the edges.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import EnvironmentProblem, UsageError
+
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+DSSE = "application/vnd.dsse.envelope.v1+json"
+IN_TOTO = "application/vnd.in-toto+json"
+CYCLONEDX = "application/vnd.cyclonedx+json"
+STATEMENT = "https://in-toto.io/Statement/v1"
+SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+BUILD_TYPE = "https://github.com/imgbuild/imgbuild/recipe-build/v1"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+KINDS = ("sig", "att", "sbom")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+MAX_ATTACHMENT = 16 * 2**20  # bytes of one attachment blob read back (an SBOM of thousands of packages fits)
+
+
+def attachment_tag(digest: str, kind: str) -> str:
+    """cosign's tag for an image digest's signature, attestation or SBOM."""
+    if not DIGEST_RE.fullmatch(digest) or kind not in KINDS:
+        raise ValueError(f"not an attachment of a sha256 digest: {digest[:80]!r} {kind!r}")
+    return f"sha256-{digest.removeprefix('sha256:')}.{kind}"
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def canonical(document: Any) -> bytes:
+    """One byte form of a JSON document: what is hashed and signed is what is stored."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# --- the documents ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Made:
+    """What imgbuild knows of a promoted image: the recipe, its inputs and the smoke test's findings."""
+
+    image: str  # the pushed repository (REGISTRY/REPO), no tag
+    digest: str  # the pushed manifest's digest
+    tag: str
+    recipe_path: str  # as the repository names it
+    recipe_sha256: str
+    git_commit: str | None
+    lock_path: str | None
+    lock_sha256: str | None
+    base_ref: str
+    base_digest: str
+    added: tuple[tuple[str, str, str], ...]  # (distribution, version, license) the recipe added or changed
+    hashes: dict[str, tuple[str, ...]]  # distribution -> the requirement's --hash values
+    apt: tuple[str, ...]
+    files: dict[str, str]  # destination -> sha256 of what was copied
+    builder: dict[str, str]  # engine, version, backend
+    imgbuild_version: str
+    smoke: dict[str, Any]  # ok, summary
+    fleet: tuple[str, ...]  # the fleet verdicts
+
+
+def sbom(made: Made) -> dict[str, Any]:
+    """CycloneDX 1.5 of what the recipe added over its base; the base itself one component, pinned by digest."""
+    base_name, _, base_version = made.base_ref.rpartition(":")
+    components: list[dict[str, Any]] = [
+        {
+            "type": "container",
+            "bom-ref": "base",
+            "name": base_name or made.base_ref,
+            "version": made.base_digest,
+            "description": f"the base image {made.base_ref}, pinned by digest",
+            "hashes": [{"alg": "SHA-256", "content": made.base_digest.removeprefix("sha256:")}],
+        }
+    ]
+    for name, version, license_ in made.added:
+        component: dict[str, Any] = {
+            "type": "library",
+            "bom-ref": f"pypi:{name}",
+            "name": name,
+            "version": version,
+            "purl": f"pkg:pypi/{name}@{version}",
+        }
+        if license_:
+            component["licenses"] = [{"license": {"name": license_[:200]}}]
+        if made.hashes.get(name):
+            component["hashes"] = [
+                {"alg": "SHA-256", "content": h.split(":", 1)[1]} for h in made.hashes[name] if h.startswith("sha256:")
+            ]
+        components.append(component)
+    for package in made.apt:
+        components.append(
+            {"type": "library", "bom-ref": f"deb:{package}", "name": package, "purl": f"pkg:deb/{package}"}
+        )
+    for dest, digest in sorted(made.files.items()):
+        components.append(
+            {
+                "type": "file",
+                "bom-ref": f"file:{dest}",
+                "name": dest,
+                "hashes": [{"alg": "SHA-256", "content": digest.removeprefix("sha256:")}],
+            }
+        )
+    return {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "version": 1,
+        "metadata": {
+            "tools": {"components": [{"type": "application", "name": "imgbuild", "version": made.imgbuild_version}]},
+            "component": {
+                "type": "container",
+                "bom-ref": "image",
+                "name": made.image,
+                "version": made.digest,
+            },
+        },
+        "components": components,
+        "dependencies": [{"ref": "image", "dependsOn": [c["bom-ref"] for c in components]}],
+    }
+
+
+def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
+    """An in-toto Statement, SLSA v1 provenance: the recipe (path, hash, commit), the lock, the base, the builder,
+    imgbuild, the smoke result and fleet verdicts, and the SBOM by digest."""
+    parameters: dict[str, Any] = {"recipe": {"path": made.recipe_path, "sha256": made.recipe_sha256}}
+    if made.git_commit:
+        parameters["recipe"]["gitCommit"] = made.git_commit
+    if made.lock_path:
+        parameters["lock"] = {"path": made.lock_path, "sha256": made.lock_sha256}
+    return {
+        "_type": STATEMENT,
+        "subject": [{"name": made.image, "digest": {"sha256": made.digest.removeprefix("sha256:")}}],
+        "predicateType": SLSA_PROVENANCE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": parameters,
+                "internalParameters": {"tag": made.tag},
+                "resolvedDependencies": [
+                    {"uri": f"oci://{made.base_ref}", "digest": {"sha256": made.base_digest.removeprefix("sha256:")}}
+                ],
+            },
+            "runDetails": {
+                "builder": {
+                    "id": "https://github.com/imgbuild/imgbuild",
+                    "version": {"imgbuild": made.imgbuild_version, **made.builder},
+                },
+                "metadata": {},
+                "byproducts": [
+                    {"name": "sbom", "mediaType": CYCLONEDX, "digest": {"sha256": sbom_digest.removeprefix("sha256:")}},
+                    {"name": "smoke", "content": base64.b64encode(canonical(made.smoke)).decode()},
+                    {"name": "fleet", "content": base64.b64encode(canonical(list(made.fleet))).decode()},
+                ],
+            },
+        },
+    }
+
+
+def simple_signing(image: str, digest: str) -> bytes:
+    """The payload cosign signs and containers/image checks: the repository and the manifest digest."""
+    payload = {
+        "critical": {
+            "identity": {"docker-reference": image},
+            "image": {"docker-manifest-digest": digest},
+            "type": "cosign container image signature",
+        },
+        "optional": None,
+    }
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what an envelope's signature covers."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(body), body)
+
+
+# --- keys ---------------------------------------------------------------------------------------------------
+
+
+def _crypto() -> Any:
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return ec
+    except ImportError:
+        raise EnvironmentProblem("signing needs the cryptography package: pip install 'imgbuild[sign]'") from None
+
+
+class Signer:
+    """An ECDSA P-256 private key, from cosign's encrypted key file. Its repr and errors never show it."""
+
+    def __init__(self, key: Any) -> None:
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "Signer(<private key>)"
+
+    def sign(self, data: bytes) -> bytes:
+        from cryptography.hazmat.primitives import hashes
+
+        ec = _crypto()
+        return bytes(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
+
+    def public_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return bytes(
+            self._key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+
+
+_PEM_RE = re.compile(
+    r"-----BEGIN ENCRYPTED (COSIGN|SIGSTORE) PRIVATE KEY-----\s+([A-Za-z0-9+/=\s]{1,65536}?)\s+-----END"
+)
+
+
+def load_signer(path: Path, password: bytes) -> Signer:
+    """cosign's encrypted private key: scrypt derives the key that opens a nacl/secretbox over PKCS#8 DER."""
+    try:
+        text = path.read_text(errors="replace")[:70000]
+    except OSError as exc:
+        raise UsageError(f"signing key {path}: {exc.strerror}") from None
+    found = _PEM_RE.search(text)
+    if not found:
+        raise UsageError(f"signing key {path}: not a cosign private key (cosign generate-key-pair writes one)")
+    try:
+        import nacl.exceptions
+        import nacl.secret
+    except ImportError:
+        raise EnvironmentProblem("signing needs the pynacl package: pip install 'imgbuild[sign]'") from None
+    try:
+        sealed = json.loads(base64.b64decode(found.group(2)))
+        kdf, cipher = sealed["kdf"], sealed["cipher"]
+        params = kdf["params"]
+        if kdf["name"] != "scrypt" or cipher["name"] != "nacl/secretbox":
+            raise ValueError
+        n, r, p = int(params["N"]), int(params["r"]), int(params["p"])
+        if not (2 <= n <= 2**20 and 1 <= r <= 32 and 1 <= p <= 16):  # bounded work and memory
+            raise ValueError
+        secret = hashlib.scrypt(
+            password, salt=base64.b64decode(kdf["salt"]), n=n, r=r, p=p, dklen=32, maxmem=256 * 2**20
+        )
+        der = nacl.secret.SecretBox(secret).decrypt(
+            base64.b64decode(sealed["ciphertext"]), base64.b64decode(cipher["nonce"])
+        )
+    except nacl.exceptions.CryptoError:
+        raise UsageError(f"signing key {path}: the password does not open it") from None
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"signing key {path}: not a cosign private key (its sealed content is unreadable)") from None
+    from cryptography.hazmat.primitives import serialization
+
+    ec = _crypto()
+    key = serialization.load_der_private_key(der, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+        raise UsageError(f"signing key {path}: not an ECDSA P-256 key")
+    return Signer(key)
+
+
+def load_verifier(path: Path) -> Any:
+    """A PEM public key (cosign.pub)."""
+    _crypto()
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        return serialization.load_pem_public_key(path.read_bytes()[:65536])
+    except OSError as exc:
+        raise UsageError(f"--key {path}: {exc.strerror}") from None
+    except ValueError:
+        raise UsageError(f"--key {path}: not a PEM public key (cosign.pub)") from None
+
+
+def signature_ok(public_key: Any, signature: bytes, data: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+
+    ec = _crypto()
+    try:
+        public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+# --- OCI artifacts ------------------------------------------------------------------------------------------
+
+
+def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, bytes, list[bytes]]:
+    """(config, manifest, blobs) of an OCI artifact holding `layers` (media type, content, annotations), shaped
+    as cosign writes its attachments (a config naming the layers' digests)."""
+    config = canonical(
+        {
+            "architecture": "",
+            "os": "",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [sha256(content) for _, content, _ in layers]},
+        }
+    )
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "size": len(config), "digest": sha256(config)},
+        "layers": [
+            {
+                "mediaType": media,
+                "size": len(content),
+                "digest": sha256(content),
+                **({"annotations": notes} if notes else {}),
+            }
+            for media, content, notes in layers
+        ],
+    }
+    return config, canonical(manifest), [content for _, content, _ in layers]
+
+
+def attachments(made: Made, signer: Signer) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
+    """The three artifacts for `made`, by kind: signature, attestation (provenance naming the SBOM), SBOM."""
+    sbom_bytes = canonical(sbom(made))
+    statement = canonical(provenance(made, sha256(sbom_bytes)))
+    envelope = canonical(
+        {
+            "payloadType": IN_TOTO,
+            "payload": base64.b64encode(statement).decode(),
+            "signatures": [{"keyid": "", "sig": base64.b64encode(signer.sign(pae(IN_TOTO, statement))).decode()}],
+        }
+    )
+    payload = simple_signing(made.image, made.digest)
+    signature = base64.b64encode(signer.sign(payload)).decode()
+    return {
+        "sig": artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})]),
+        "att": artifact([(DSSE, envelope, {"predicateType": SLSA_PROVENANCE})]),
+        "sbom": artifact([(CYCLONEDX, sbom_bytes, {})]),
+    }
+
+
+def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]) -> list[str]:
+    """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written."""
+    import tempfile
+
+    written = []
+    for kind, (config, manifest, blobs) in parts.items():
+        for blob in (config, *blobs):
+            blob_digest = sha256(blob)
+            if client.has_blob(repo, blob_digest):
+                continue
+            with tempfile.NamedTemporaryFile(prefix="imgbuild-attach-") as tmp:
+                tmp.write(blob)
+                tmp.flush()
+                client.upload_blob(repo, blob_digest, Path(tmp.name))
+        tag = attachment_tag(digest, kind)
+        client.put_manifest(repo, tag, manifest, OCI_MANIFEST)
+        written.append(tag)
+    return written
+
+
+# --- verification -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str  # signature, provenance, recipe, sbom
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.ok else 'FAIL'} {self.check}: {self.detail}"
+
+
+def _layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
+    """The `media` layers of `digest`'s `kind` attachment: (content, annotations); none when it is absent."""
+    from imgbuild.errors import RegistryError
+
+    try:
+        body, _, _ = client.manifest_raw(repo, attachment_tag(digest, kind))
+    except RegistryError:
+        return []
+    try:
+        manifest = json.loads(body)
+        layers = [layer for layer in manifest.get("layers", [])[:16] if layer.get("mediaType") == media]
+    except (ValueError, AttributeError):
+        return []
+    out = []
+    for layer in layers:
+        blob_digest, notes, size = str(layer.get("digest", "")), layer.get("annotations") or {}, layer.get("size")
+        sized = isinstance(size, int) and 0 <= size <= MAX_ATTACHMENT  # the registry's word is untrusted too
+        if DIGEST_RE.fullmatch(blob_digest) and sized and isinstance(notes, dict):
+            try:
+                content = client.blob_bytes(repo, blob_digest)
+            except RegistryError:  # absent, or served with another digest: this layer vouches for nothing
+                continue
+            out.append((content, {str(k): str(v) for k, v in notes.items()}))
+    return out
+
+
+def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (ValueError, TypeError):  # not base64, or not text at all (an envelope's "sig" is untrusted)
+        return False
+    return signature_ok(public_key, raw, payload)
+
+
+def check_signature(client: Any, repo: str, image: str, digest: str, public_key: Any) -> Verdict:
+    for payload, notes in _layers(client, repo, digest, "sig", SIMPLE_SIGNING):
+        if not _signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
+            continue
+        try:
+            critical = json.loads(payload)["critical"]
+            signed_digest = critical["image"]["docker-manifest-digest"]
+            signed_image = critical["identity"]["docker-reference"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if signed_digest == digest and signed_image == image:
+            return Verdict("signature", True, f"{image}@{digest[:19]} signed by the key")
+    return Verdict("signature", False, f"no signature by this key over {image}@{digest[:19]}")
+
+
+def check_attestation(
+    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
+) -> tuple[list[Verdict], dict[str, Any] | None]:
+    """The provenance verdicts, and the statement when one is signed by the key for this digest."""
+    for envelope_bytes, _ in _layers(client, repo, digest, "att", DSSE):
+        try:
+            envelope = json.loads(envelope_bytes)
+            statement_bytes = base64.b64decode(envelope["payload"], validate=True)
+            signatures = [s["sig"] for s in envelope["signatures"]]
+            if envelope["payloadType"] != IN_TOTO:
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not any(_signed_payload(public_key, pae(IN_TOTO, statement_bytes), sig) for sig in signatures):
+            continue
+        try:
+            statement = json.loads(statement_bytes)
+            subjects = {s["digest"]["sha256"] for s in statement["subject"]}
+        except (ValueError, KeyError, TypeError):
+            continue
+        if digest.removeprefix("sha256:") not in subjects or statement.get("predicateType") != SLSA_PROVENANCE:
+            continue
+        verdicts = [Verdict("provenance", True, f"signed SLSA provenance for {digest[:19]}")]
+        if recipe_sha256 is not None:
+            recipe = statement["predicate"]["buildDefinition"]["externalParameters"].get("recipe", {})
+            same = recipe.get("sha256") == recipe_sha256
+            detail = f"built from {recipe.get('path')} " + (
+                "as it is here" if same else "as it was then; it has changed"
+            )
+            verdicts.append(Verdict("recipe", same, detail))
+        return verdicts, statement
+    return [Verdict("provenance", False, f"no provenance signed by this key for {digest[:19]}")], None
+
+
+def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | None) -> Verdict:
+    layers = _layers(client, repo, digest, "sbom", CYCLONEDX)
+    if not layers:
+        return Verdict("sbom", False, f"no SBOM for {digest[:19]}")
+    content, _ = layers[0]
+    if statement is None:
+        return Verdict("sbom", False, "an SBOM, but no signed provenance vouches for it")
+    try:
+        run = statement["predicate"]["runDetails"]
+        named = {b["digest"]["sha256"] for b in run["byproducts"] if b.get("name") == "sbom"}
+        base = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"]
+        document = json.loads(content)
+        bases = {c.get("version") for c in document.get("components", []) if c.get("bom-ref") == "base"}
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return Verdict("sbom", False, "the SBOM or the provenance is malformed")
+    if sha256(content).removeprefix("sha256:") not in named:
+        return Verdict("sbom", False, "the SBOM is not the one the signed provenance names (changed since)")
+    if f"sha256:{base}" not in bases:
+        return Verdict("sbom", False, "the SBOM does not name the base image's digest")
+    count = len(document.get("components", []))
+    return Verdict("sbom", True, f"{count} components over the base sha256:{base[:12]}")
+
+
+def verify(
+    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
+) -> list[Verdict]:
+    """Every check of a pushed image: its signature, its signed provenance (and recipe), its SBOM."""
+    verdicts = [check_signature(client, repo, image, digest, public_key)]
+    provenance_verdicts, statement = check_attestation(client, repo, image, digest, public_key, recipe_sha256)
+    return [*verdicts, *provenance_verdicts, check_sbom(client, repo, digest, statement)]
+
+
+# --- the edges: what imgbuild knows of a pushed image ----------------------------------------------------
+
+
+def _file_sha256(path: Path | None) -> str | None:
+    return sha256(path.read_bytes()) if path and path.is_file() else None
+
+
+def _git_commit(folder: Path) -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit) else None
+
+
+def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder: dict[str, str]) -> Made:
+    """`Made` for `plan`'s image pushed as `image@digest`; `smoke` is its smoke report (smoke.json)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    from imgbuild import __version__
+    from imgbuild.recipe import stable_name
+
+    loaded, recipe = plan.loaded, plan.loaded.recipe
+    hashes: dict[str, tuple[str, ...]] = {}
+    for line in loaded.requirements:
+        try:
+            name = canonicalize_name(Requirement(line.spec).name)
+        except InvalidRequirement:
+            continue
+        values = tuple(h.split("=", 1)[-1].split(" ", 1)[-1] for h in line.hashes)
+        hashes[str(name)] = values
+    added = tuple((str(n), str(v), str(lic)) for n, v, lic in (smoke.get("meta") or {}).get("added") or [] if n and v)
+    fleet = tuple(
+        f"{c['name']}: {c['status']}: {c.get('reason', '')}"[:300]
+        for c in smoke.get("checks") or []
+        if str(c.get("name", "")).startswith("fleet")
+    )
+    failed = [c for c in smoke.get("checks") or [] if c.get("status") == "fail"]
+    return Made(
+        image=image,
+        digest=digest,
+        tag=plan.tag,
+        recipe_path=stable_name(loaded.path),
+        recipe_sha256=sha256(Path(loaded.path).read_bytes()),
+        git_commit=_git_commit(Path(loaded.path).parent),
+        lock_path=stable_name(loaded.lock_path) if loaded.lock_path else None,
+        lock_sha256=_file_sha256(loaded.lock_path),
+        base_ref=plan.base.ref,
+        base_digest=plan.base.digest or plan.base.image_id,
+        added=added,
+        hashes=hashes,
+        apt=tuple(recipe.apt),
+        files=dict(loaded.file_digests),
+        builder=builder,
+        imgbuild_version=__version__,
+        smoke={"ok": bool(smoke.get("ok")), "failed": [c.get("name") for c in failed]},
+        fleet=fleet,
+    )

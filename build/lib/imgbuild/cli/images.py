@@ -1,0 +1,289 @@
+"""Images: build, smoke, rebuild."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.errors import EXIT_FAILED, UsageError
+
+_SIGN_KEY = click.option(
+    "--sign-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="--push: sign each pushed image with this cosign key (password in IMGBUILD_SIGN_PASSWORD or "
+    "COSIGN_PASSWORD) and attach its provenance and SBOM.",
+)
+
+
+def _signer(sign_key: Path | None, push: bool) -> Any:
+    """The signing key, opened before any build: a wrong key or password stops here, in one line."""
+    if sign_key is None:
+        return None
+    import os
+
+    from imgbuild.attest import load_signer
+
+    if not push:
+        raise UsageError("--sign-key signs what is pushed: add --push")
+    password = os.environ.get("IMGBUILD_SIGN_PASSWORD", os.environ.get("COSIGN_PASSWORD", ""))
+    return load_signer(sign_key, password.encode())
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend (default auto).")
+@click.option("--builder", metavar="NAME", help="buildx builder to use (remote BuildKit).")
+@click.option("--require-gpu", is_flag=True, help="Fail when no GPU is visible to the smoke test.")
+@click.option("--skip-gpu", is_flag=True, help="Run no GPU check in the smoke test, even on a host with GPUs.")
+@click.option("--no-cache", is_flag=True, help="Build without the layer cache.")
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder.")
+@click.option("--push", is_flag=True, help="Push the promoted image.")
+@_SIGN_KEY
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def build(
+    ctx: click.Context,
+    file: Path,
+    backend: str | None,
+    builder: str | None,
+    require_gpu: bool,
+    skip_gpu: bool,
+    no_cache: bool,
+    out: Path | None,
+    push: bool,
+    sign_key: Path | None,
+    as_json: bool,
+) -> None:
+    """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
+    from imgbuild import build as pipeline
+    from imgbuild import enforce
+    from imgbuild import rebuild as rb
+    from imgbuild.engine import Engine
+    from imgbuild.ui import Progress, print_table
+
+    settings = _settings(ctx, backend=backend, builder=builder)
+    acting = enforce.acting(settings)  # through sudo: the user's files as theirs, the image in their namespace
+    enforce.check_build(acting, push=push, builder=builder, sign_key=sign_key)
+    signer = _signer(sign_key, push)
+    with Progress(f"imgbuild build {file}", enabled=True) as progress:
+        result = pipeline.build(
+            file,
+            settings,
+            backend=backend,
+            require_gpu=require_gpu,
+            skip_gpu=skip_gpu,
+            no_cache=no_cache,
+            out=out,
+            progress=progress,
+            seed_from_registry=push,
+            acting=acting,
+        )
+        pushed = ""
+        if push:
+            smoke = result.smoke.to_json() if result.smoke else {}
+            engine = Engine.connect(settings.docker_cli)
+            pushed = rb.publish(result.plan, smoke, settings, engine, backend, signer, progress)
+    if as_json:
+        _emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
+        return
+    if result.smoke:
+        _smoke_table(result.smoke, print_table)
+    prev = (
+        f" (previous {result.previous_id[:19]} kept as :{result.plan.tag}-previous)"
+        if result.previous_id and result.promoted
+        else ""
+    )
+    click.echo(f"{result.plan.target} -> {result.image_id[:19]}{prev}")
+
+
+def _smoke_table(report: Any, print_table: Any) -> None:
+    print_table(
+        ["check", "status", "detail"],
+        [[c["name"], c["status"].upper(), c["reason"]] for c in report.checks],
+        title=f"smoke test: {report.image}",
+    )
+    if report.note:
+        click.echo(f"note: {report.note}", err=True)
+    click.echo(report.summary(), err=True)
+
+
+@cli.command()
+@click.argument("image")
+@click.option(
+    "--for",
+    "targets",
+    metavar="GPU[,GPU...]",
+    help="Judge without a GPU whether the image runs on these GPUs (v100, l40s, h100, sm_89, 8.9, ...).",
+)
+@click.option("--driver", metavar="VERSION", help="With --for: the driver those GPUs run (e.g. 535.104.05).")
+@click.option("--require-gpu", is_flag=True, help="Fail when no GPU is visible.")
+@click.option("--skip-gpu", is_flag=True, help="Run no GPU check, even on a host with GPUs.")
+@click.option("--gpus", default="1", show_default=True, help="Which GPUs to test, as `imgbuild run --gpus`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), help="Also write the JSON report here.")
+@click.pass_context
+def smoke(
+    ctx: click.Context,
+    image: str,
+    targets: str | None,
+    driver: str | None,
+    require_gpu: bool,
+    skip_gpu: bool,
+    gpus: str,
+    as_json: bool,
+    report: Path | None,
+) -> None:
+    """Run the smoke test (CUDA, cuDNN, tensor-core AMP, framework intact) in any image.
+
+    With --for, run only what needs no GPU and say, per GPU, whether the image runs there:
+
+        imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
+    """
+    from imgbuild import enforce
+    from imgbuild.engine import Engine
+    from imgbuild.fleet import check_driver, parse_targets
+    from imgbuild.smoke import SmokeRequest, fleet_report, run_smoke
+    from imgbuild.ui import print_table
+
+    fleet = parse_targets(targets) if targets is not None else None
+    driver = check_driver(driver)
+    if driver and fleet is None:
+        raise click.UsageError("--driver goes with --for")
+    settings = _settings(ctx)
+    acting = enforce.acting(settings)
+    if acting:
+        acting.check_image(image)
+    engine = Engine.connect(settings.docker_cli)
+    if fleet is not None:
+        result = fleet_report(engine, image, fleet, driver, settings)
+    else:
+        result = run_smoke(engine, SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus), settings)
+    if report:
+        enforce.write_as(
+            acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n"
+        )
+    if as_json:
+        _emit_json(result.to_json())
+    elif fleet is not None:
+        _fleet_table(result, print_table)
+    else:
+        _smoke_table(result, print_table)
+    if not result.ok:
+        sys.exit(EXIT_FAILED)
+
+
+def _fleet_table(report: Any, print_table: Any) -> None:
+    checks = [c for c in report.checks if c["name"] != "fleet"]
+    fleet = next((c for c in report.checks if c["name"] == "fleet"), None)
+    verdicts = fleet["details"]["verdicts"] if fleet else []
+    print_table(
+        ["gpu", "sm", "verdict", "why"],
+        [[v["target"], v["capability"], "runs" if v["runs"] else "DOES NOT RUN", v["reason"]] for v in verdicts],
+        title=f"{report.image} on each GPU",
+    )
+    for check in checks:
+        click.echo(f"{check['name']}: {check['status'].upper()} {check['reason']}", err=True)
+    click.echo("every GPU can run it" if report.ok else "not every GPU can run it: " + report.summary(), err=True)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--check", is_flag=True, help="Build nothing; exit 1 when images/ is stale against the recipes.")
+@click.option("--dry-run", is_flag=True, help="Say what is stale and why; build nothing.")
+@click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
+@_SIGN_KEY
+@click.option(
+    "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Independent images built at once."
+)
+@click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend.")
+@click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write a JSON report.")
+@click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def rebuild(
+    ctx: click.Context,
+    paths: tuple[str, ...],
+    check: bool,
+    dry_run: bool,
+    push: bool,
+    sign_key: Path | None,
+    jobs: int,
+    backend: str | None,
+    report_json: Path | None,
+    junit_xml: Path | None,
+    as_json: bool,
+) -> None:
+    """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
+    import threading
+
+    from imgbuild import rebuild as rb
+    from imgbuild.ui import print_table
+
+    lock = threading.Lock()
+
+    def log(line: str) -> None:
+        with lock:
+            click.echo(" ".join(line.split())[:200], err=True)
+
+    signer = _signer(sign_key, push)
+    report = rb.rebuild(
+        list(paths) or ["recipes"],
+        _settings(ctx, backend=backend),
+        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run, signer=signer),
+        log,
+    )
+    if report_json:
+        report_json.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    if junit_xml:
+        junit_xml.write_text(rb.junit_xml(report.items, report.seconds))
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        print_table(
+            ["recipe", "image", "status", "why", "time"],
+            report.rows(),
+            title=f"imgbuild rebuild{' --check' if check else ''}: {len(report.items)} recipe(s), "
+            f"{report.seconds:.1f}s",
+        )
+        for item in report.items:
+            if item.status == rb.FAILED and "\n" in item.error:
+                click.echo(f"--- {item.name}\n{item.error}", err=True)
+    if not report.ok:
+        sys.exit(EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="Show the moves; change no file.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Move recipes with base.follow to the newest matching NGC tag (edits the YAML, re-renders)."""
+    from imgbuild.bump import bump_and_render
+    from imgbuild.rebuild import discover
+    from imgbuild.ui import print_table
+
+    results = bump_and_render(discover(list(paths) or ["recipes"]), _settings(ctx), dry_run=dry_run)
+    if as_json:
+        _emit_json([r.to_json() for r in results])
+        return
+    print_table(
+        ["recipe", "follows", "from", "to", "moved", "held back (the fleet cannot run it)"],
+        [
+            [
+                r.recipe,
+                r.pattern,
+                r.current,
+                r.newest or "(no match)",
+                "yes" if r.changed else "no",
+                "; ".join(r.held_back),
+            ]
+            for r in results
+        ],
+        title="imgbuild bump" + (" --dry-run" if dry_run else ""),
+    )

@@ -1,0 +1,120 @@
+"""Recipes: validate, render, schema, bump, lock."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.errors import EXIT_USAGE
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
+    """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
+    from imgbuild.errors import RecipeError
+    from imgbuild.plan import check_offline
+    from imgbuild.recipe import display_path, load_recipe
+
+    secrets = _settings(ctx).secrets()
+    results = []
+    problems: list[str] = []
+    for path in files:
+        try:
+            loaded = load_recipe(path, secrets=secrets)
+            check_offline(loaded)
+            results.append({"file": display_path(path), "ok": True, "name": loaded.recipe.name, "problems": []})
+        except RecipeError as exc:
+            results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
+            problems.extend(exc.lines())
+    if as_json:
+        _emit_json(results)
+    else:
+        for line in problems:
+            click.echo(line, err=True)
+        for r in results:
+            if r["ok"]:
+                click.echo(f"{r['file']}: ok")
+    if problems:
+        sys.exit(EXIT_USAGE)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder (default: images/<name>)."
+)
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print the Dockerfile instead of writing the context.")
+@click.option(
+    "--backend",
+    type=click.Choice(["buildkit", "sdk"]),
+    default="buildkit",
+    show_default=True,
+    help="Render for this build backend.",
+)
+@click.option("--offline", is_flag=True, help="Do not ask the registry to pin the base by digest.")
+@click.pass_context
+def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
+    """Render a recipe into a reviewable build context under images/<name>/."""
+    from imgbuild.bases import plan_recipe
+    from imgbuild.context import check_no_secrets, context_dir, render_into
+    from imgbuild.errors import RegistryUnavailable
+    from imgbuild.recipe import load_recipe
+    from imgbuild.render import render as render_plan
+    from imgbuild.render import template_cache
+
+    settings = _settings(ctx)
+    loaded = load_recipe(file, secrets=settings.secrets())
+    try:
+        plan = plan_recipe(loaded, settings, offline=offline)
+    except RegistryUnavailable as exc:
+        raise RegistryUnavailable(f"{exc} (--offline renders without pinning the base by digest)") from None
+    if to_stdout:
+        context = render_plan(plan, backend, template_cache(settings.cache_dir))
+        check_no_secrets(context, settings.secrets())
+        click.echo(context.text("Dockerfile"), nl=False)
+        return
+    rendered = render_into(plan, context_dir(plan, settings, out), backend, settings)
+    click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")
+
+
+@cli.command()
+@click.option("--config", "of_config", is_flag=True, help="The config file's schema instead (docs/config.schema.json).")
+def schema(of_config: bool) -> None:
+    """Print the recipe JSON schema, or the config file's (generated from the models)."""
+    if of_config:
+        from imgbuild.config import json_schema as config_schema
+
+        _emit_json(config_schema())
+        return
+    from imgbuild.recipe import json_schema
+
+    _emit_json(json_schema())
+
+
+@cli.command("lock")
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--upgrade", is_flag=True, help="Resolve afresh, ignoring the versions locked before.")
+@click.option("--upgrade-package", "packages", multiple=True, metavar="PKG", help="Free only this package (repeat).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@click.pass_context
+def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tuple[str, ...], as_json: bool) -> None:
+    """Resolve the recipe's pip packages in its base and write <recipe>.lock.txt (builds install exactly that)."""
+    from imgbuild.lock import lock
+    from imgbuild.ui import print_table
+
+    result = lock(recipe, _settings(ctx), upgrade=upgrade, upgrade_packages=packages)
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    rows = [["+", p] for p in result.added] + [["-", p] for p in result.removed] + [["~", c] for c in result.changed]
+    if rows:
+        print_table(["", "package"], rows, title=f"{result.path}: {len(result.pins)} package(s) locked")
+    else:
+        click.echo(f"{result.path}: {len(result.pins)} package(s) locked, unchanged", err=True)
+    click.echo(str(result.path))

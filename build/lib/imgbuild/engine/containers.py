@@ -1,0 +1,382 @@
+"""Docker containers: the smoke test's container, and the docker CLI for `imgbuild run`, attach and exec."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from typing import Any
+
+from imgbuild.engine.images import DockerImages
+from imgbuild.engine.probe import Probe
+from imgbuild.errors import EngineUnavailable, ImgbuildError
+from imgbuild.facts import Label
+
+SMOKE_LABEL = Label.SMOKE_OF
+
+
+class DockerContainers:
+    """Containers on the engine: listed, measured, started through the docker CLI, or run for a script."""
+
+    def __init__(self, client: Any, images: DockerImages, docker_cli: str | None = None):
+        self.client = client
+        self.images = images
+        self._cli_hint = docker_cli
+
+    def cli(self) -> str:
+        """A docker CLI for interactive commands (run -it, attach, exec); any version will do."""
+        for cli in (self._cli_hint, shutil.which("docker"), "/usr/bin/docker"):
+            if cli and os.path.isfile(cli) and os.access(cli, os.X_OK):
+                return cli
+        raise EngineUnavailable("no docker CLI found: install docker (the client) or set IMGBUILD_DOCKER_CLI")
+
+    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int:
+        """Run the docker CLI with the terminal attached; returns its exit code. `env`: values the CLI takes
+        from its own environment (`-e NAME`), never from an argv every user of the host can read."""
+        return subprocess.run([self.cli(), *args], env={**os.environ, **(env or {})}).returncode
+
+    def exec_cli(self, args: list[str]) -> None:
+        """Become the docker CLI (attach, logs, exec): signals and the terminal go straight to it, and
+        nothing is left behind when imgbuild is killed."""
+        cli = self.cli()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(cli, [cli, *args])
+
+    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run the docker CLI, passing stdout through and keeping stderr to explain failures."""
+        proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        if proc.stderr:
+            sys.stderr.write(proc.stderr)
+        return proc.returncode, proc.stderr
+
+    def names(self) -> set[str]:
+        return {c.name for c in self.client.containers.list(all=True)}
+
+    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
+        rows = []
+        for c in self.client.containers.list(all=True):
+            if name_prefix and not c.name.startswith(name_prefix):
+                continue
+            host = c.attrs.get("HostConfig") or {}
+            labels = (c.attrs.get("Config") or {}).get("Labels") or {}
+            state = c.attrs.get("State") or {}
+            rows.append(
+                {
+                    "name": c.name,
+                    "id": c.short_id,
+                    "labelled": Label.USER in labels,  # started by imgbuild run (else: named by hand)
+                    "smoke": Label.SMOKE_OF in labels,
+                    "deadline": _number(labels.get(Label.DEADLINE)),
+                    "notify": labels.get(Label.NOTIFY) == "1",
+                    "exit_code": state.get("ExitCode"),
+                    "started_ts": _timestamp(state.get("StartedAt")),
+                    "created_ts": _timestamp(c.attrs.get("Created")),
+                    "finished_ts": _timestamp(state.get("FinishedAt")),
+                    "image": (c.attrs.get("Config") or {}).get("Image", ""),
+                    "status": c.status,
+                    "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
+                    "gpus": labels.get(Label.GPUS, ""),
+                    "gpu_uuids": labels.get(Label.GPU_UUIDS, ""),
+                    "cpuset": host.get("CpusetCpus") or "",
+                    "ports": _host_ports(host.get("PortBindings")),
+                    "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
+                    "created": c.attrs.get("Created", "")[:19].replace("T", " "),
+                }
+            )
+        return sorted(rows, key=lambda r: r["name"])
+
+    def stop(self, name: str, timeout: int = 30) -> None:
+        """Stop a container (SIGTERM, then SIGKILL after `timeout` s); gone already is fine."""
+        from docker.errors import APIError, NotFound
+
+        with contextlib.suppress(NotFound):
+            try:
+                self.client.containers.get(name).stop(timeout=timeout)
+            except APIError as exc:
+                raise ImgbuildError(f"could not stop {name}: {exc.explanation}") from None
+
+    def remove(self, name: str) -> None:
+        from docker.errors import APIError, NotFound
+
+        with contextlib.suppress(NotFound):
+            try:
+                self.client.containers.get(name).remove(force=True)
+            except APIError as exc:
+                raise ImgbuildError(f"could not remove {name}: {exc.explanation}") from None
+
+    def note(self, name: str, text: str) -> bool:
+        """Write a line into a running container's own log (its PID 1's output); False where it cannot. Run as
+        the container's own user: that is who may write its PID 1's output (root inside a container started
+        `--user 1002:1002` may not), and the image's shell never runs as root for it."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            result = self.client.containers.get(name).exec_run(
+                ["sh", "-c", 'printf "%s\\n" "$0" >> /proc/1/fd/1', text]
+            )
+        except (APIError, NotFound):
+            return False
+        return result.exit_code == 0
+
+    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
+        """Run a command in a running container as its user: (exit code, output); (-1, why) where it cannot."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            result = self.client.containers.get(name).exec_run(["timeout", str(timeout), *command])
+        except (APIError, NotFound) as exc:
+            return -1, str(exc)[:200]
+        return result.exit_code, result.output.decode(errors="replace")[-2000:]
+
+    def cpu_percent(self, name: str) -> float | None:
+        """The container's CPU use as a percentage of its limit (or of the host), from one stats read."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            container = self.client.containers.get(name)
+            stats = container.stats(stream=False)
+        except (NotFound, APIError):
+            return None
+        cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
+        try:
+            used = cpu["cpu_usage"]["total_usage"] - pre["cpu_usage"]["total_usage"]
+            system = cpu["system_cpu_usage"] - pre["system_cpu_usage"]
+        except (KeyError, TypeError):
+            return None
+        online = cpu.get("online_cpus") or os.cpu_count() or 1
+        if system <= 0:
+            return None
+        limit = (container.attrs.get("HostConfig", {}).get("NanoCpus") or 0) / 1e9 or online
+        return 100.0 * used / system * online / limit
+
+    def remove_labelled(self, label: str, value: str) -> None:
+        """Remove every container labelled `label=value`, running or not (what a killed run left)."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            stale = self.client.containers.list(all=True, filters={"label": f"{label}={value}"})
+        except APIError:
+            stale = []
+        for container in stale:
+            with contextlib.suppress(APIError, NotFound):
+                container.remove(force=True)
+
+    def sweep_orphans(self) -> int:
+        """Remove script containers (smoke test, `lock`, the base's pins) whose imgbuild process is gone: a
+        SIGKILL leaves one behind, and with it whatever it was given. Returns how many."""
+        from docker.errors import APIError, NotFound
+
+        from imgbuild.ledger import token_alive
+
+        removed = 0
+        with contextlib.suppress(APIError):
+            for container in self.client.containers.list(all=True, filters={"label": Label.STARTED_BY}):
+                if not token_alive(str((container.labels or {}).get(Label.STARTED_BY, ""))):
+                    with contextlib.suppress(APIError, NotFound):
+                        container.remove(force=True)
+                        removed += 1
+        return removed
+
+    def run_script(
+        self,
+        image: str,
+        probe: Probe,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        stdin: bytes | None = None,
+        gpus: list[str] | None,
+        timeout: int = 1800,
+        ipc: str | None = "host",
+        shm_size: str | None = None,
+    ) -> tuple[int, str, str]:
+        """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user.
+
+        `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
+        `note` says why GPUs were asked for but not given. The container is labelled with the image it
+        tests and the process that runs it, removed on every way out, and removed by the next run of a script
+        if this process is killed. `stdin` (a secret: index credentials) reaches the script on its standard
+        input, `<length>\\n<bytes>`, never a file of the container or its config, and the container has a
+        tmpfs at /run/imgbuild for what the script must write of it."""
+        import requests
+        from docker.errors import APIError
+        from docker.types import DeviceRequest
+
+        info = self.images.image(image)
+        entrypoint = (info.config.get("Entrypoint") if info else None) or []
+        keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
+        command = ["python3", "/tmp/imgbuild-smoke.py", *args]
+        self.sweep_orphans()
+        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size)
+        if not keep_entrypoint:
+            kwargs["entrypoint"] = command[:1]
+            command = command[1:]
+        payload = _script_tar(probe.script)
+
+        def prepared(device_requests: list[Any] | None) -> Any:
+            """A created container with the script copied in; removed again if the copy fails."""
+            container = self.client.containers.create(image, command, device_requests=device_requests, **kwargs)
+            try:
+                container.put_archive("/tmp", payload)
+            except BaseException:
+                with contextlib.suppress(APIError):
+                    container.remove(force=True)
+                raise
+            return container
+
+        note = ""
+        gpu_requests = None
+        if gpus is not None:
+            chosen = {"device_ids": list(gpus)} if gpus else {"count": -1}
+            gpu_requests = [DeviceRequest(capabilities=[["gpu"]], **chosen)]
+        container = prepared(gpu_requests)
+        try:
+            try:
+                _start(container, stdin)
+            except APIError as exc:
+                if not gpu_requests:
+                    raise
+                container.remove(force=True)
+                container = None
+                why = str(exc.explanation)[:200]
+                container, note = _start_otherwise(prepared, list(gpus or []), stdin, env, kwargs, why)
+            try:
+                code = container.wait(timeout=timeout)["StatusCode"]
+            except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
+                container.kill()
+                raise ImgbuildError(f"the smoke test in {image} ran past {timeout} s") from None
+            out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            return code, out + ("\n" + err if err else ""), note
+        finally:
+            if container is not None:
+                with contextlib.suppress(APIError):
+                    container.remove(force=True)
+
+
+def _start_otherwise(
+    prepared: Any, gpus: list[str], stdin: bytes | None, env: dict[str, str], kwargs: dict[str, Any], why: str
+) -> tuple[Any, str]:
+    """The GPUs' device request failed at start: (the started container, a note saying why it has no GPUs or "").
+    Where the engine has no legacy `nvidia` device driver, the same GPUs by CDI name; else, no GPU, said."""
+    from docker.errors import APIError
+    from docker.types import DeviceRequest
+
+    if cdi_only(why):  # a CDI-only host (the toolkit in cdi mode, the GPU Operator), or no toolkit at all
+        names = [f"nvidia.com/gpu={g}" for g in gpus] if gpus else ["nvidia.com/gpu=all"]
+        container = prepared([DeviceRequest(driver="cdi", device_ids=names)])
+        try:
+            _start(container, stdin)
+            return container, ""
+        except APIError as cdi_exc:
+            container.remove(force=True)
+            why += f"; by CDI: {str(cdi_exc.explanation)[:200]}"
+    note = f"the host has GPUs but the engine cannot pass them ({why}); install nvidia-container-toolkit" + (
+        ", or on a CDI-only host generate its specs (nvidia-ctk cdi generate) for an engine with CDI"
+        if cdi_only(why)
+        else ""
+    )
+    kwargs["environment"] = _gpu_env(env, None)
+    container = prepared(None)
+    try:
+        _start(container, stdin)
+    except APIError as again:  # a default nvidia runtime whose hook fails for every container
+        container.remove(force=True)
+        raise ImgbuildError(
+            f"{note}; the engine cannot start it without GPUs either "
+            f"({str(again.explanation)[:200]}): check the engine's default runtime"
+        ) from None
+    return container, note
+
+
+#: What an engine says when it has no legacy `nvidia` device driver for `--gpus` but the host has CDI specs: Docker
+#: before moby/moby#50228 ("could not select device driver"), the NVIDIA runtime in cdi mode (its hook refuses).
+_CDI_ONLY = ("could not select device driver", "invoking the nvidia container runtime hook directly")
+
+
+def cdi_only(error: str) -> bool:
+    return any(words in error.lower() for words in _CDI_ONLY)
+
+
+def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
+    """A script's environment: with no GPU asked for, none seen either. Where the engine's default runtime is
+    nvidia, an NGC image's own NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users'
+    included) without any device request."""
+    return {**env, "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""} if gpus is None else dict(env)
+
+
+def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
+    """The create() arguments of a script's container: labelled with the image and the process running it."""
+    from imgbuild.ledger import process_token
+
+    labels = {SMOKE_LABEL: image, Label.STARTED_BY: process_token()}
+    kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
+    if stdin:
+        kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})
+    if shm_size:
+        kwargs["shm_size"] = shm_size
+    elif ipc:
+        kwargs["ipc_mode"] = ipc
+    return kwargs
+
+
+def _start(container: Any, stdin: bytes | None) -> None:
+    """Start the container; with `stdin`, attached first, then fed `<length>\\n<bytes>` and let go."""
+    feed = container.attach_socket(params={"stdin": 1, "stream": 1}) if stdin is not None else None
+    container.start()
+    if feed is not None and stdin is not None:
+        raw = getattr(feed, "_sock", feed)
+        try:
+            raw.sendall(str(len(stdin)).encode() + b"\n" + stdin)
+        finally:
+            with contextlib.suppress(OSError):
+                raw.close()
+
+
+def _number(text: Any) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _timestamp(text: Any) -> float | None:
+    """Docker's RFC 3339 times (nanoseconds, `Z`) as seconds since the epoch; None for its year-1 "never"."""
+    from datetime import datetime
+
+    if not isinstance(text, str) or text.startswith("0001-"):
+        return None
+    head, _, rest = text.partition(".")
+    zone = rest.lstrip("0123456789") if rest else text[19:]
+    try:
+        when = datetime.fromisoformat(head[:19] + (zone.replace("Z", "+00:00") or "+00:00"))
+    except ValueError:
+        return None
+    fraction = rest[: len(rest) - len(zone)] if rest else ""
+    return when.timestamp() + (float(f"0.{fraction}") if fraction else 0.0)
+
+
+def _host_ports(bindings: Any) -> list[int]:
+    """The host ports a container publishes (HostConfig.PortBindings)."""
+    ports = []
+    for binds in (bindings or {}).values() if isinstance(bindings, dict) else ():
+        for bind in binds or []:
+            port = str((bind or {}).get("HostPort") or "")
+            if port.isdigit():
+                ports.append(int(port))
+    return ports
+
+
+def _script_tar(script: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = script.encode()
+        info = tarfile.TarInfo("imgbuild-smoke.py")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -1,0 +1,262 @@
+"""An in-memory engine: images are records, builds and probes are scripted. For fast unit tests of the
+pipeline's logic (promotion never replaces a working tag, cleanup on every way out, rebuild ordering, the pip
+lock) without a Docker daemon; the integration tests drive the real one.
+
+A build "produces" an image whose labels are what the rendered context's record says (recipe and input
+hashes, base digest), so rebuild's staleness rules see what they would see on a real engine. A probe (a script
+imgbuild runs in an image, engine.probe) is answered by its name: a test gives `answers[name]`; the smoke test,
+the base's pins and the GPU read have defaults. Nothing here knows the pipeline's scripts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.engine.probe import Probe
+from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
+from imgbuild.errors import BuildFailed, ImgbuildError
+from imgbuild.facts import Label
+from imgbuild.imageref import parse
+
+#: A scripted smoke verdict for an image ref: True passes, False fails, an exception is raised in the run.
+SmokeScript = Callable[[str], bool]
+#: A scripted build for a request: return nothing to build, raise BuildFailed (or anything) to fail.
+BuildScript = Callable[[BuildRequest], None]
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One run of a probe on the fake, as the engine was asked for it."""
+
+    image: str
+    probe: Probe
+    args: list[str]
+    env: dict[str, str]
+    stdin: bytes | None
+    gpus: list[str] | None
+
+
+#: A scripted probe: (exit code, the answer's JSON object or the raw output, the engine's note).
+ProbeAnswer = Callable[[ProbeRun], tuple[int, "dict[str, Any] | str", str]]
+
+
+@dataclass
+class FakeImages:
+    """The image store: refs -> image ids -> ImageInfo."""
+
+    calls: list[str]
+    tags: dict[str, str] = field(default_factory=dict)  # normal ref -> image id
+    store: dict[str, ImageInfo] = field(default_factory=dict)  # image id -> info
+    pushed: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(ref: str) -> str:
+        return parse(ref).normal()
+
+    def add(self, image_id: str, info: ImageInfo, ref: str) -> str:
+        self.store[image_id] = info
+        self.tags[self._key(ref)] = image_id
+        return image_id
+
+    def image(self, ref: str) -> ImageInfo | None:
+        image_id = self.tags.get(self._key(ref)) if not ref.startswith("sha256:") else ref
+        return self.store.get(image_id) if image_id else None
+
+    def image_id(self, ref: str) -> str | None:
+        info = self.image(ref)
+        return info.id if info else None
+
+    def tag(self, image_id: str, ref: str) -> None:
+        self.calls.append(f"tag {ref}")
+        self.tags[self._key(ref)] = image_id
+
+    def untag(self, ref: str) -> None:
+        self.calls.append(f"untag {ref}")
+        self.tags.pop(self._key(ref), None)
+
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        info = self.image(ref)
+        return None if info is None else info.inspected(ref)
+
+    def pull(self, ref: str) -> None:
+        self.calls.append(f"pull {ref}")
+        if self.image(ref) is None:
+            raise ImgbuildError(f"pull of {ref} failed: not in the fake registry")
+
+    def save(self, ref: str, path: Path) -> None:
+        if self.image(ref) is None:
+            raise ImgbuildError(f"no such image: {ref}")
+        path.write_text(json.dumps({"saved": ref}))
+
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+        image_id = self.image_id(ref)
+        if image_id is None:
+            raise ImgbuildError(f"push of {ref} failed: no such image")
+        self.pushed[ref] = image_id
+        return image_id
+
+
+@dataclass
+class FakeContainers:
+    """Smoke containers, scripted; `alive` holds the image of each one still there (a kill leaves them)."""
+
+    calls: list[str]
+    smoke: SmokeScript = lambda image: True
+    alive: list[str] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # each smoke run's arguments
+    meta: dict[str, Any] = field(default_factory=dict)  # what the script reports of the image (cuda, arch_list)
+    gpu_note: str = ""  # a host whose engine cannot pass GPUs: the run goes on without them, saying so
+    base_pins: list[str] = field(default_factory=list)  # what the base's PIP_CONSTRAINT file holds
+    engine_read: tuple[int, str, str] = (0, "", "")  # the GPU read through the engine: (exit code, output, note)
+    answers: dict[str, ProbeAnswer] = field(default_factory=dict)  # probe name -> its scripted answer
+    probed: list[ProbeRun] = field(default_factory=list)
+
+    def run_script(
+        self,
+        image: str,
+        probe: Probe,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        stdin: bytes | None = None,
+        gpus: list[str] | None,
+        timeout: int = 1800,
+        ipc: str | None = "host",
+        shm_size: str | None = None,
+    ) -> tuple[int, str, str]:
+        run = ProbeRun(image, probe, list(args), dict(env), stdin, gpus)
+        self.probed.append(run)
+        if probe.name in self.answers:
+            self.calls.append(f"{probe.name} {image}")
+            code, answer, note = self.answers[probe.name](run)
+            return code, probe.says(answer) if isinstance(answer, dict) else answer, note
+        if probe.name == "gpus":
+            self.calls.append(f"read gpus {image} gpus={gpus}")
+            return self.engine_read
+        if probe.name == "pins":
+            self.calls.append(f"pins {image}")
+            return 0, probe.says({"origin": "the base's constraint file", "lines": self.base_pins}), ""
+        if probe.name != "smoke":
+            raise ImgbuildError(
+                f"the fake engine has no answer for the {probe.name} probe (give answers[{probe.name!r}])"
+            )
+        self.calls.append(f"smoke {image}")
+        self.runs.append(
+            {"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size, "env": dict(env)}
+        )
+        self.alive.append(image)
+        ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)
+        self.alive.remove(image)
+        note = self.gpu_note if gpus is not None else ""
+        check: dict[str, Any] = {
+            "name": "framework",
+            "status": "pass" if ok else "fail",
+            "details": {},
+            "reason": "" if ok else "scripted failure",
+            "seconds": 0,
+        }
+        report = {"ok": ok, "checks": [check], "meta": dict(self.meta)}
+        return (0 if ok else 1), probe.says(report), note
+
+    def remove_labelled(self, label: str, value: str) -> None:
+        self.alive = [c for c in self.alive if c != value]
+
+    def names(self) -> set[str]:
+        return set()
+
+    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
+        return []
+
+    def cpu_percent(self, name: str) -> float | None:
+        return None
+
+    def stop(self, name: str, timeout: int = 30) -> None:
+        self.calls.append(f"stop {name}")
+
+    def remove(self, name: str) -> None:
+        self.calls.append(f"remove {name}")
+
+    def note(self, name: str, text: str) -> bool:
+        self.calls.append(f"note {name}")
+        return True
+
+    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
+        return -1, "the fake engine runs nothing"
+
+    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int:
+        self.calls.append("docker " + " ".join(args))
+        return 0
+
+    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        return self.run_cli(args), ""
+
+    def exec_cli(self, args: list[str]) -> None:
+        self.run_cli(args)
+
+
+@dataclass
+class FakeEngine:
+    builds: BuildScript = lambda req: None
+    gpus: bool = False
+    shares: bool = True  # False: a remote engine, or imgbuild in a container (GPUs are read through the engine)
+    cdi_gpus: list[str] = field(default_factory=list)  # the CDI devices the engine lists
+    calls: list[str] = field(default_factory=list)
+    images: FakeImages = field(init=False)
+    containers: FakeContainers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.images = FakeImages(self.calls)
+        self.containers = FakeContainers(self.calls)
+
+    def add_image(self, ref: str, labels: dict[str, str] | None = None, env: list[str] | None = None) -> str:
+        """Put an image in the store (a base, or a build from an earlier run)."""
+        image_id = "sha256:" + hashlib.sha256(f"{ref}{labels}{env}{len(self.images.store)}".encode()).hexdigest()
+        info = ImageInfo(image_id, dict(labels or {}), {"Env": env or [], "Labels": labels or {}})
+        return self.images.add(image_id, info, ref)
+
+    # -- the ImageEngine protocol ------------------------------------------------------------------
+
+    def pick_backend(self, wanted: str) -> str:
+        return "sdk" if wanted == "sdk" else "buildkit"
+
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str:
+        self.calls.append(f"build {req.tag}")
+        progress(f"[fake] building {req.tag}")
+        self.builds(req)
+        lock = json.loads((req.context / "imgbuild.lock.json").read_text())
+        labels = {
+            Label.RECIPE_HASH: lock["content_hash"],
+            Label.INPUT_HASH: lock["input_hash"],
+            Label.BASE_DIGEST: lock["base"]["digest"],
+            Label.RECIPE: lock["recipe"],
+        }
+        dockerfile = (req.context / "Dockerfile").read_bytes()
+        image_id = "sha256:" + hashlib.sha256(dockerfile + json.dumps(req.build_args).encode()).hexdigest()
+        return self.images.add(image_id, ImageInfo(image_id, labels, {"Labels": labels}), req.tag)
+
+    def host_has_gpus(self) -> bool:
+        return self.gpus
+
+    def shares_host(self) -> bool:
+        return self.shares
+
+    def host_info(self) -> dict[str, Any]:
+        return {
+            "version": "fake",
+            "default_runtime": "runc",
+            "runtimes": ["runc"],
+            "cgroup_version": "2",
+            "cdi_devices": list(self.cdi_gpus),
+        }
+
+
+def failing_build(message: str = "scripted build failure") -> BuildScript:
+    def fail(req: BuildRequest) -> None:
+        raise BuildFailed(message)
+
+    return fail

@@ -1,0 +1,85 @@
+"""The Docker image store: look up, tag, untag, save and push images (docker-py stays in here)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from imgbuild import imageref
+from imgbuild.engine.types import ImageInfo, ProgressFn
+from imgbuild.errors import ImgbuildError
+
+
+class DockerImages:
+    """The engine's images, by reference."""
+
+    def __init__(self, client: Any):
+        self.client = client
+
+    def image(self, ref: str) -> ImageInfo | None:
+        from docker.errors import ImageNotFound
+
+        try:
+            img = self.client.images.get(ref)
+        except ImageNotFound:
+            return None
+        config = img.attrs.get("Config") or {}
+        return ImageInfo(
+            id=img.id,
+            labels=dict(config.get("Labels") or {}),
+            config=config,
+            repo_digests=tuple(img.attrs.get("RepoDigests") or ()),
+        )
+
+    def image_id(self, ref: str) -> str | None:
+        img = self.image(ref)
+        return img.id if img else None
+
+    def tag(self, image_id: str, ref: str) -> None:
+        parsed = imageref.parse(ref)
+        self.client.api.tag(image_id, parsed.name, parsed.tag or "latest", force=True)
+
+    def untag(self, ref: str) -> None:
+        from docker.errors import APIError, ImageNotFound
+
+        with contextlib.suppress(ImageNotFound, APIError):
+            self.client.api.remove_image(ref, noprune=True)
+
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        """(registry digest or "", config with the image "Id") of a local image."""
+        img = self.image(ref)
+        return None if img is None else img.inspected(ref)
+
+    def pull(self, ref: str) -> None:
+        """Pull `ref` (a base pinned by digest) into the engine."""
+        from docker.errors import APIError
+
+        parsed = imageref.parse(ref)
+        try:
+            self.client.api.pull(parsed.name, tag=parsed.digest or parsed.tag or "latest")
+        except APIError as exc:
+            raise ImgbuildError(f"pull of {ref} failed: {str(exc.explanation)[:200]}") from None
+
+    def save(self, ref: str, path: Path) -> None:
+        """`docker save` to a file (for Apptainer's docker-archive bootstrap)."""
+        with open(path, "wb") as fh:
+            for chunk in self.client.images.get(ref).save(named=True):
+                fh.write(chunk)
+
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+        """Push and return the pushed digest. The engine reports push errors inside the stream."""
+        parsed = imageref.parse(ref)
+        repo, tag = parsed.name, parsed.tag or "latest"
+        digest = ""
+        for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+            if "error" in chunk or "errorDetail" in chunk:
+                msg = chunk.get("errorDetail", {}).get("message") or chunk.get("error")
+                raise ImgbuildError(f"push of {ref} failed: {msg}")
+            if chunk.get("aux", {}).get("Digest"):
+                digest = chunk["aux"]["Digest"]
+            elif chunk.get("status") and chunk.get("id"):
+                progress(f"pushing {ref}: {chunk['id']} {chunk['status']}")
+        if not digest:
+            raise ImgbuildError(f"push of {ref} ended without a digest")
+        return digest

@@ -1,0 +1,40 @@
+"""Programs imgbuild runs inside an image, for itself: the smoke test, the base's pins, the pip lock, the GPU read.
+
+Each is a stdlib Python script that answers on one line: its marker, then JSON. One type for all of them, so the
+engine runs any of them the same way (`ContainerRunner.run_script`), each caller reads its answer the same way, and
+the fake engine answers each by name without knowing the pipeline's scripts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from imgbuild import limits
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str  # what the fake engine answers by: "smoke", "pins", "lock", "gpus"
+    script: str  # Python source, run by the image's python3
+    marker: str  # the answer's line starts with this
+
+    def answer(self, output: str) -> dict[str, Any] | None:
+        """The JSON object on the last line that starts with the marker; None when there is none, or it is not an
+        object, or not JSON, or longer than an HTTP body may be (hostile output reads as no answer)."""
+        for line in reversed(output.splitlines()):
+            if line.startswith(self.marker):
+                text = line[len(self.marker) :]
+                if len(text) > limits.HTTP_BODY_BYTES:
+                    return None
+                try:
+                    data = json.loads(text)
+                except ValueError:
+                    return None
+                return data if isinstance(data, dict) else None
+        return None
+
+    def says(self, data: dict[str, Any]) -> str:
+        """The line the script prints to answer `data` (what a fake engine answers)."""
+        return self.marker + json.dumps(data)

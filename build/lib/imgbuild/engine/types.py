@@ -1,0 +1,190 @@
+"""The engine's own types and the protocol the pipeline asks of an engine (docker-py stays behind it)."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from imgbuild import limits
+from imgbuild.engine.probe import Probe
+
+ProgressFn = Callable[[str], None]
+
+
+class Redactor:
+    """Replaces secret values in any text that goes to a log or a terminal."""
+
+    def __init__(self, secrets: Iterable[str]):
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "****")
+        return text
+
+
+@dataclass
+class BuildRequest:
+    context: Path
+    tag: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file (BuildKit only)
+    no_cache: bool = False
+    log_path: Path | None = None
+    builder: str | None = None
+    iidfile: Path | None = None  # where BuildKit writes the image id; one per build, never shared
+    timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
+    inline_cache: bool = False  # the image carries BuildKit's cache record, so a registry copy can seed another build
+    cache_from: tuple[str, ...] = ()  # registry images whose inline cache seeds this build (a fresh CI runner)
+    cache_to: str = ""  # a registry ref for a buildx builder's full cache export (mode=max); "" none
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the pipeline needs to know of a local image (the engine's own type, not docker-py's)."""
+
+    id: str
+    labels: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the image config's Config block (Env, Entrypoint, ...)
+    repo_digests: tuple[str, ...] = ()
+
+    def inspected(self, ref: str) -> tuple[str, dict[str, Any]]:
+        """(registry digest of `ref`'s repository or "", config with the image "Id"), as plan.InspectBase."""
+        repo = ref.split("@")[0].rsplit(":", 1)[0]
+        digests = [d.split("@", 1)[1] for d in self.repo_digests if d.split("@")[0] == repo]
+        return (digests[0] if digests else ""), {"config": self.config, "Id": self.id}
+
+
+class ImageStore(Protocol):
+    """The engine's images, by reference."""
+
+    def image(self, ref: str) -> ImageInfo | None: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def tag(self, image_id: str, ref: str) -> None: ...
+    def untag(self, ref: str) -> None: ...
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None: ...
+    def save(self, ref: str, path: Path) -> None: ...
+    def pull(self, ref: str) -> None: ...
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
+
+
+class ContainerRunner(Protocol):
+    """Containers: the smoke test's run of a script, and what `imgbuild run` and friends need."""
+
+    def run_script(
+        self,
+        image: str,
+        probe: Probe,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        stdin: bytes | None = None,
+        gpus: list[str] | None,
+        timeout: int = ...,
+        ipc: str | None = ...,
+        shm_size: str | None = ...,
+    ) -> tuple[int, str, str]: ...
+    def remove_labelled(self, label: str, value: str) -> None: ...
+    def names(self) -> set[str]: ...
+    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]: ...
+    def cpu_percent(self, name: str) -> float | None: ...
+    def stop(self, name: str, timeout: int = 30) -> None: ...
+    def remove(self, name: str) -> None: ...
+    def note(self, name: str, text: str) -> bool: ...
+    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]: ...
+    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int: ...
+    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]: ...
+    def exec_cli(self, args: list[str]) -> None: ...
+
+
+class ImageEngine(Protocol):
+    """What the build pipeline, the smoke test and rebuild ask of an engine: two build backends, an image
+    store and a container runner. `Engine` talks to Docker; `imgbuild.engine.fake.FakeEngine` keeps images
+    in memory for unit tests of the pipeline's logic."""
+
+    @property
+    def images(self) -> ImageStore: ...
+    @property
+    def containers(self) -> ContainerRunner: ...
+
+    def pick_backend(self, wanted: str) -> str: ...
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str: ...
+    def host_has_gpus(self) -> bool: ...
+    def shares_host(self) -> bool: ...
+    def host_info(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class StepTracker:
+    """Follows build output: which step runs now, and the last lines of each step for error reports."""
+
+    current: str = ""
+    steps: dict[str, str] = field(default_factory=dict)  # BuildKit vertex id -> step title
+    tails: dict[str, deque[str]] = field(default_factory=dict)
+    failed: str = ""
+
+    def tail(self, key: str, n: int = 15) -> list[str]:
+        return list(self.tails.get(key, deque()))[-n:]
+
+
+#: Engine output lines (newline already stripped), each matched whole (fullmatch).
+_BK_STEP = re.compile(r"#([0-9]+) (\[[^\]]+\] .*)")
+_BK_LINE = re.compile(r"#([0-9]+) (?:[0-9]+\.[0-9]+ )?(.*)")
+_BK_ERROR = re.compile(r"#([0-9]+) ERROR: (.*)")
+#: BuildKit's own failures, not a step's: the runc/containerd race of moby/buildkit#4483 and its kin. A step
+#: whose command failed always says "exit code: N"; these say nothing of the command.
+_ENGINE_FAULT = re.compile(
+    r"rpc error: code = (?:Internal|Unavailable) desc = unexpected EOF|container process is already dead"
+)
+
+
+def engine_fault(error_lines: Iterable[str]) -> bool:
+    """Whether a failed build failed in the engine itself (worth one more try), not in a step's command."""
+    lines = list(error_lines)
+    return any(_ENGINE_FAULT.search(ln) for ln in lines) and not any("exit code:" in ln for ln in lines)
+
+
+_SDK_STEP = re.compile(r"Step ([0-9]+/[0-9]+) : (.*)")
+
+
+#: What imgbuild's own steps are, by a word each step's instruction holds: named in a failure, instead of
+#: a line of BuildKit mount flags.
+_OWN_STEPS = (
+    ("imgbuild-pip", "the pip step"),
+    ("apt-get", "the apt step"),
+    ("add-user.sh", "the user step"),
+    ("pip-check.base", "the base check step"),
+)
+
+
+def own_status(text: str) -> str | None:
+    """A status line of imgbuild's own scripts in a build step (`imgbuild: pip still resolving: ...`), made
+    safe to show on a terminal (build output is the recipe's: no control characters, bounded); else None."""
+    if not text.startswith("imgbuild: "):
+        return None
+    return "".join(ch for ch in text if ch.isprintable())[:300]
+
+
+def step_name(step: str) -> str:
+    """`[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,...` -> `the pip step ([stage-0 4/6])`."""
+    number = step.split("]", 1)[0] + "]" if step.startswith("[") else ""
+    for word, name in _OWN_STEPS:
+        if word in step:
+            return f"{name} {number}".strip()
+    return step if len(step) <= 120 else step[:117] + "..."
+
+
+def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
+    head = f"build failed at {step_name(step)}" if step else "build failed"
+    reason = next((e for e in reversed(errors) if e), "")
+    if reason:
+        head += f": {reason.strip()[:300]}"
+    lines = [head]
+    lines += [f"  | {t}" for t in tail[-12:]]
+    if log_path:
+        lines.append(f"  full log: {log_path}")
+    return "\n".join(lines)

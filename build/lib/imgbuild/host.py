@@ -1,0 +1,124 @@
+"""Who is calling: the one answer, used for image user IDs, container names and ownership.
+
+Under sudo the caller is the person who typed sudo (SUDO_USER / SUDO_UID / SUDO_GID), not root; plain
+root is root. The `--user` flag and IMGBUILD_USER name an image namespace, never an identity: ownership
+of containers is judged by the caller alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+from dataclasses import dataclass
+
+_NAME_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    uid: int
+    gid: int
+    via_sudo: bool = False
+
+    @property
+    def is_admin(self) -> bool:
+        """Root, or a member of an admin group acting through sudo (root through sudo anyway): may act on other
+        users' containers with --force. A user whom the sudoers drop-in lets run imgbuild is not."""
+        return os.geteuid() == 0 and (not self.via_sudo or self.uid == 0 or in_admin_group(self))
+
+    @property
+    def prefix(self) -> str:
+        """Container names of this caller start with this."""
+        return f"{self.name}_"
+
+
+#: Groups whose members hold root through sudo already (Debian's sudo, RHEL's wheel, old Ubuntu's admin).
+ADMIN_GROUPS = ("sudo", "wheel", "admin")
+
+
+def in_admin_group(who: Caller) -> bool:
+    import grp
+
+    names: set[str] = set()
+    with contextlib.suppress(KeyError, OSError):
+        names |= {g.gr_name for g in grp.getgrall() if who.name in g.gr_mem}
+    with contextlib.suppress(KeyError, OSError):  # a primary group this host does not name
+        names.add(grp.getgrgid(who.gid).gr_name)
+    return bool(names & set(ADMIN_GROUPS))
+
+
+def caller(environ: dict[str, str] | None = None) -> Caller:
+    env = os.environ if environ is None else environ
+    uid = os.getuid()
+    if uid == 0 and env.get("SUDO_UID", "").isdigit():
+        sudo_uid = int(env["SUDO_UID"])
+        sudo_gid = int(env["SUDO_GID"]) if env.get("SUDO_GID", "").isdigit() else sudo_uid
+        name = env.get("SUDO_USER") or _name_of(sudo_uid)
+        return Caller(_safe(name, sudo_uid), sudo_uid, sudo_gid, via_sudo=True)
+    return Caller(_safe(_name_of(uid), uid), uid, os.getgid())
+
+
+def _name_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
+def _safe(name: str, uid: int) -> str:
+    """A name usable in a container name and an image namespace."""
+    lowered = name.lower()
+    return lowered if _NAME_RE.fullmatch(lowered) else f"uid{uid}"
+
+
+# --- CPUs -------------------------------------------------------------------------------------------
+
+_CPULIST_RE = re.compile(r"[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*")
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """`0-3,8-11` (the kernel's and Docker's CPU list) -> [0, 1, 2, 3, 8, 9, 10, 11]; "" -> []."""
+    text = text.strip()
+    if not text:
+        return []
+    if not _CPULIST_RE.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is not a CPU list like 0-3,8-11")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return sorted(cpus)
+
+
+def format_cpulist(cpus: list[int] | set[int]) -> str:
+    """[0, 1, 2, 3, 8] -> `0-3,8`."""
+    ordered = sorted(set(cpus))
+    runs: list[str] = []
+    start = prev = None
+    for cpu in [*ordered, None]:
+        if cpu is not None and prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            runs.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = cpu
+    return ",".join(runs)
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: a cgroup or taskset narrows the host's)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def expand(template: str, **values: object) -> str:
+    """`{user}`, `{home}`, `{uid}` in a mount or pattern replaced by their values, and nothing else: a user's `-v`
+    text is never a format string (`{0}` or `{user.__class__}` stay as they are, and are then refused as paths)."""
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", str(value))
+    return template

@@ -1,0 +1,115 @@
+"""Image references: the one parser (Docker's distribution grammar, matched whole-string).
+
+    reference := name [ ":" tag ] [ "@" digest ]
+    name      := [ domain "/" ] path-component ( "/" path-component )*
+    domain    := host [ ":" port ], host made of [A-Za-z0-9-] labels joined by "."
+    path      := [a-z0-9]+ ( ( "." | "_" | "__" | "-"+ ) [a-z0-9]+ )*
+    tag       := [A-Za-z0-9_] [A-Za-z0-9_.-]{0,127}
+    digest    := "sha256:" 64 hex
+
+A first component is a registry host when it has a "." or a ":" or is `localhost` (Docker's rule);
+otherwise the reference is on Docker Hub, where one-component names live under `library/`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from imgbuild import limits
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"sha256:[a-f0-9]{64}"
+
+HOST_RE = re.compile(_HOST)
+COMPONENT_RE = re.compile(_COMPONENT)
+TAG_RE = re.compile(_TAG)
+DIGEST_RE = re.compile(_DIGEST)
+REFERENCE_RE = re.compile(
+    rf"(?:(?P<host>{_HOST})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
+)
+DOCKER_HUB = "docker.io"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    host: str  # "" when none was written (Docker Hub)
+    path: str  # e.g. nvidia/pytorch, alice/research, ubuntu
+    tag: str = ""
+    digest: str = ""
+
+    @property
+    def registry(self) -> str:
+        """The host to talk to: the written one, or Docker Hub."""
+        return self.host or DOCKER_HUB
+
+    @property
+    def repository(self) -> str:
+        """The repository path as the registry API names it (`library/ubuntu` on Docker Hub)."""
+        if not self.host and "/" not in self.path:
+            return f"library/{self.path}"
+        return self.path
+
+    @property
+    def name(self) -> str:
+        """host/path as written, without tag or digest."""
+        return f"{self.host}/{self.path}" if self.host else self.path
+
+    @property
+    def reference(self) -> str:
+        """What to ask the registry's manifest endpoint for: the digest, else the tag, else `latest`."""
+        return self.digest or self.tag or "latest"
+
+    def with_tag(self, tag: str) -> ImageRef:
+        return ImageRef(self.host, self.path, tag, "")
+
+    def normal(self) -> str:
+        """A spelling that compares equal for equal images: `ubuntu` == `docker.io/library/ubuntu:latest`."""
+        host = "" if self.registry == DOCKER_HUB else self.registry + "/"
+        path = self.repository.removeprefix("library/") if self.registry == DOCKER_HUB else self.path
+        return f"{host}{path}:{self.tag or 'latest'}" + (f"@{self.digest}" if self.digest else "")
+
+    def __str__(self) -> str:
+        out = self.name
+        if self.tag:
+            out += f":{self.tag}"
+        if self.digest:
+            out += f"@{self.digest}"
+        return out
+
+
+class BadReference(ValueError):
+    pass
+
+
+def parse(text: str) -> ImageRef:
+    """Parse a whole reference; raises BadReference saying what is wrong (never a partial match)."""
+    if not isinstance(text, str) or not text:
+        raise BadReference("empty image reference")
+    if len(text) > limits.REFERENCE_CHARS:
+        raise BadReference(f"longer than {limits.REFERENCE_CHARS} characters")
+    m = REFERENCE_RE.fullmatch(text)
+    if not m:
+        raise BadReference(f"not an image reference: {text[:80]!r}")
+    host, path = m["host"] or "", m["path"]
+    if host and not _is_host(host):
+        # `alice/research`: the first part is a path component, not a registry.
+        path, host = f"{host}/{path}", ""
+        if not COMPONENT_RE.fullmatch(path.split("/", 1)[0]):
+            raise BadReference(f"not an image reference: {text[:80]!r}")
+    return ImageRef(host, path, m["tag"] or "", m["digest"] or "")
+
+
+def _is_host(first: str) -> bool:
+    return "." in first or ":" in first or first == "localhost"
+
+
+def is_reference(text: str) -> bool:
+    try:
+        parse(text)
+    except BadReference:
+        return False
+    return True

@@ -1,0 +1,255 @@
+"""load_recipe: one recipe file (and what it extends, its requirements, its lock, its files) to a LoadedRecipe,
+every problem at once as FILE:LINE:COL."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from imgbuild import limits, reqfile
+from imgbuild.errors import Problem, RecipeError
+from imgbuild.fields import json_schema as _json_schema
+from imgbuild.fields import show as _show
+from imgbuild.fields import (
+    validate,
+)
+from imgbuild.recipe.extends import PATH_FIELDS, list_at, load_chain, merged_positions
+from imgbuild.recipe.model import LoadedRecipe, Recipe, display_path
+from imgbuild.repofiles import (
+    OutsideRepository,
+    SourceFile,
+    files_digest,
+    regular_file,
+    repository_root,
+    resolve_inside,
+    source_files,
+)
+from imgbuild.yamlpos import Located, dotted, read_text_bounded
+
+_RELATIVE_HINT = "paths are relative to the recipe that names them"
+
+
+def _check_paths(
+    loaded_files: dict[str, list[SourceFile]],
+    digests: dict[str, str],
+    located: Located,
+    root: Path,
+    secrets: tuple[str, ...],
+    problems: list[Problem],
+) -> reqfile.Requirements:
+    """Check what the recipe's paths name, list and hash the files to copy; return what the requirements
+    file (and the files it nests) holds. No content is echoed."""
+    data = located.data
+    files = list_at(data, "files")
+    _check_sources(files, loaded_files, digests, located, root, secrets, problems)
+    pip = data.get("pip") if isinstance(data.get("pip"), dict) else {}
+    for at in PATH_FIELDS:
+        value = pip.get(at[1])
+        if isinstance(value, str):
+            try:
+                regular_file(Path(value), Path(value).name)
+            except OutsideRepository:
+                problems.append(located.problem(at, f"no such file: {_show(Path(value).name)}", _RELATIVE_HINT))
+    req = pip.get("requirements")
+    requirements = (
+        reqfile.read(Path(req), root, display_path, problems)
+        if isinstance(req, str) and Path(req).is_file()
+        else reqfile.Requirements()
+    )
+    dests: dict[str, int] = {}
+    for i, spec in enumerate(files):
+        dest = spec.get("dest") if isinstance(spec, dict) else None
+        if isinstance(dest, str) and dest in dests:
+            problems.append(
+                located.problem(("files", i, "dest"), f"{dest} is already a destination of files[{dests[dest]}]")
+            )
+        elif isinstance(dest, str):
+            # one destination inside another: the context would need a file and a folder at one path
+            outer = next((d for d in dests if dest.startswith(d.rstrip("/") + "/") or d.startswith(dest + "/")), None)
+            if outer is not None:
+                problems.append(
+                    located.problem(
+                        ("files", i, "dest"),
+                        f"{dest} and files[{dests[outer]}].dest {outer} lie one inside the other",
+                        "copy one folder that holds both",
+                    )
+                )
+        if isinstance(dest, str):
+            dests.setdefault(dest, i)
+    run = list_at(data, "run")
+    problems.extend(
+        located.problem(("run", i), "empty command")
+        for i, cmd in enumerate(run)
+        if isinstance(cmd, str) and cmd.strip() == ""
+    )
+    return requirements
+
+
+def _check_sources(
+    files: list[Any],
+    loaded_files: dict[str, list[SourceFile]],
+    digests: dict[str, str],
+    located: Located,
+    root: Path,
+    secrets: tuple[str, ...],
+    problems: list[Problem],
+) -> None:
+    """Each `files[].src`: it exists, everything it holds may be copied (see repofiles.source_files), and
+    none of it holds a configured secret; its digest is taken in the same pass (each file read once)."""
+    for i, spec in enumerate(files):
+        if not (isinstance(spec, dict) and isinstance(spec.get("src"), str)):
+            continue
+        src = Path(spec["src"])
+        if not src.exists():
+            problems.append(located.problem(("files", i, "src"), f"no such file: {_show(src.name)}", _RELATIVE_HINT))
+            continue
+        dest = str(spec.get("dest"))
+        try:
+            loaded_files[dest] = source_files(src, src.name, root)
+            digests[dest] = files_digest(loaded_files[dest], secrets)
+        except OutsideRepository as exc:
+            problems.append(located.problem(("files", i, "src"), str(exc)))
+
+
+LOCK_LINE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
+
+
+def lock_path_for(recipe: Path) -> Path:
+    """Where a recipe's lock lives: `recipes/x.yaml` -> `recipes/x.lock.txt`."""
+    return recipe.with_name(recipe.name.rsplit(".", 1)[0] + ".lock.txt")
+
+
+def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[reqfile.ReqLine, ...]]:
+    """The recipe's lock when it has one: `name==version` lines (comments allowed), inside the repository.
+    The file is input too (a merge request can edit it): each version must be one, each name once, and no
+    pin may name the base's CUDA libraries (those the plan refuses in pip.packages)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    from imgbuild.ngc import is_cuda_library
+
+    path = lock_path_for(recipe)
+    if not path.exists() and not path.is_symlink():
+        return None, ()
+    shown = display_path(path)
+    try:
+        resolved = resolve_inside(path.parent, path.name, root)
+        regular_file(resolved, path.name)
+        text = read_text_bounded(resolved, shown, limits.REQUIREMENTS_BYTES, "lock")
+    except OutsideRepository as exc:
+        problems.append(Problem(shown, 0, 0, "lock", str(exc)))
+        return None, ()
+    except RecipeError as exc:
+        problems.extend(exc.problems)
+        return None, ()
+    pins: list[reqfile.ReqLine] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not LOCK_LINE_RE.fullmatch(line):
+            problems.append(
+                Problem(shown, number, 1, "lock", "not a name==version line (imgbuild lock writes this file)")
+            )
+            continue
+        name, version = line.split("==", 1)
+        try:
+            Version(version)
+        except InvalidVersion:
+            problems.append(Problem(shown, number, 1, "lock", f"{version[:40]!r} is not a version (PEP 440)"))
+            continue
+        key = canonicalize_name(name)
+        if key in seen:
+            problems.append(Problem(shown, number, 1, "lock", f"{name} is locked twice (first at line {seen[key]})"))
+            continue
+        seen[key] = number
+        if is_cuda_library(key):
+            problems.append(
+                Problem(shown, number, 1, "lock", f"{name} would replace a CUDA library of the base (drop the line)")
+            )
+            continue
+        pins.append(reqfile.ReqLine(shown, number, line))
+    return path, tuple(pins)
+
+
+def load_recipe(
+    path: str | Path, environ: dict[str, str] | None = None, secrets: tuple[str, ...] | list[str] = ()
+) -> LoadedRecipe:
+    """Load, merge, interpolate and validate a recipe. Raises RecipeError with every problem found.
+
+    `secrets` are the configured secret values (Settings.secrets()): a variable holding one is refused."""
+    environ = dict(os.environ if environ is None else environ)
+    path = Path(path)
+    if any(ord(c) < 32 for c in str(path)):
+        raise RecipeError([Problem(repr(str(path))[1:-1], 0, 0, "", "a recipe's path may not hold control characters")])
+    if not path.is_file():
+        raise RecipeError([Problem(display_path(path), 0, 0, "", "no such recipe file")])
+    problems: list[Problem] = []
+    root = repository_root(path)
+    if not path.resolve().is_relative_to(root):
+        raise RecipeError(
+            [
+                Problem(
+                    display_path(path),
+                    0,
+                    0,
+                    "",
+                    f"the recipe is a link to a file outside its repository ({root.name}/)",
+                )
+            ]
+        )
+    layers = load_chain(path, environ, problems, [], root, tuple(secrets))
+    located = merged_positions(layers)
+    manifest: dict[str, list[SourceFile]] = {}
+    digests: dict[str, str] = {}
+    requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
+    lock_path, lock_lines = _read_lock(path, root, problems)
+    recipe, issues = validate(Recipe, located.data)
+    reported = {p.field for p in problems}  # a path refused above is not also "missing"
+    problems.extend(
+        located.problem(i.at, i.message, i.hint, key=i.key, fallback_file=display_path(path))
+        for i in issues
+        if dotted(i.at) not in reported
+    )
+    if problems:
+        raise RecipeError(_dedupe(problems))
+    assert recipe is not None
+    sources = {f.dest: Path(f.src) for f in recipe.files}
+    return LoadedRecipe(
+        recipe=recipe,
+        path=path.resolve(),
+        chain=[layer.path for layer in layers],
+        file_sources=sources,
+        requirements_path=Path(recipe.pip.requirements) if recipe.pip.requirements else None,
+        ca_bundle_path=Path(recipe.pip.ca_bundle) if recipe.pip.ca_bundle else None,
+        located=located,
+        root=root,
+        file_manifest=manifest,
+        lock_path=lock_path,
+        lock_pins=tuple(line.spec for line in lock_lines),
+        lock_lines=lock_lines,
+        requirements=tuple(requirements.requirements),
+        requirement_constraints=tuple(requirements.constraints),
+        requirement_options=tuple(requirements.options),
+        file_digests=digests,
+    )
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for p in problems:
+        key = (p.file, p.line, p.col, p.field, p.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    schema = _json_schema(Recipe)
+    schema["title"] = "imgbuild recipe"
+    return schema

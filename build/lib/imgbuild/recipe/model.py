@@ -1,0 +1,458 @@
+"""A recipe's fields: the typed model (Base, Pip, User, FileSpec, Smoke, Recipe, LoadedRecipe) and each field's
+rules, as data (fields.Model checks them, gives defaults and writes the JSON schema)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild import limits, reqfile
+from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
+from imgbuild.fields import (
+    Flag,
+    Integer,
+    ListOf,
+    ListOrText,
+    MapOf,
+    Maybe,
+    Model,
+    Number,
+    OneOf,
+    Text,
+    matches,
+    typed,
+)
+from imgbuild.fields import show as _show
+from imgbuild.imageref import COMPONENT_RE, TAG_RE
+from imgbuild.ngc import FRAMEWORKS
+from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
+from imgbuild.repofiles import (
+    SourceFile,
+)
+from imgbuild.yamlpos import Located
+
+# --- field rules, as data -------------------------------------------------------------------------
+# Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
+# newline, and a newline in a rendered Dockerfile starts a new instruction.
+
+APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?(?:=[A-Za-z0-9.+~:-]+)?")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LABEL_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+ABS_PATH_RE = re.compile(r"/[A-Za-z0-9._/@+ -]{0,1023}")
+MODE_RE = re.compile(r"0?[0-7]{3,4}")
+HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(?::[0-9]{1,5})?")
+
+#: Env keys that describe the base; overriding them would make the image lie about itself.
+PROTECTED_ENV = frozenset(
+    {
+        "CUDA_VERSION",
+        "CUDNN_VERSION",
+        "NCCL_VERSION",
+        "PYTORCH_VERSION",
+        "NVIDIA_PYTORCH_VERSION",
+        "TENSORFLOW_VERSION",
+        "NVIDIA_TENSORFLOW_VERSION",
+        "PIP_CONSTRAINT",
+        "CUDA_DRIVER_VERSION",
+    }
+)
+RESERVED_LABEL_PREFIX = Label.PREFIX
+#: Accounts every Debian/Ubuntu base already has: the recipe's user must be a new one (add-user.sh would
+#: otherwise rewrite a system account's UID, home and shell).
+SYSTEM_USERS = frozenset(
+    {
+        "root",
+        "daemon",
+        "bin",
+        "sys",
+        "sync",
+        "games",
+        "man",
+        "lp",
+        "mail",
+        "news",
+        "uucp",
+        "proxy",
+        "www-data",
+        "backup",
+        "list",
+        "irc",
+        "gnats",
+        "nobody",
+        "nogroup",
+        "_apt",
+        "systemd-network",
+        "systemd-resolve",
+        "systemd-timesync",
+        "messagebus",
+        "sshd",
+        "syslog",
+        "uuidd",
+        "tcpdump",
+        "postfix",
+        "ntp",
+        "polkitd",
+    }
+)
+#: Folders the image user must never own (home and workdir are chown'ed to the user).
+SYSTEM_DIRS = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+)
+SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/media", "/usr/local"})
+
+
+def _no_newline(value: str) -> str:
+    from imgbuild.text import describe, unsafe_character
+
+    bad = unsafe_character(value, allow_tab=True)
+    if bad is not None:
+        raise ValueError(
+            f"must be one line of plain text: {describe(bad)} is refused (no control character, line separator "
+            "or bidirectional control)"
+        )
+    if len(value) > limits.VALUE_CHARS:
+        raise ValueError(f"longer than {limits.VALUE_CHARS} characters")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    """A canonical absolute path: plain characters, no `.`/`..` parts, no `//`, no trailing slash."""
+    if not ABS_PATH_RE.fullmatch(value):
+        raise ValueError(f"must be an absolute path of plain characters: {_show(value)}")
+    parts = value.split("/")[1:]
+    if value != "/" and ("" in parts or any(p in (".", "..") for p in parts)):
+        raise ValueError(f"must be a plain absolute path without '.', '..', '//' or a trailing '/': {_show(value)}")
+    return value
+
+
+def _owned_dir(value: str) -> str:
+    """home and workdir become the image user's: never a system folder."""
+    if value in SYSTEM_DIRS_EXACT or any(value == d or value.startswith(d + "/") for d in SYSTEM_DIRS):
+        raise ValueError(f"{value} is a system folder; the image user would own it (use e.g. /workspace)")
+    return value
+
+
+def _dest_path(value: str) -> str:
+    if value == "/":
+        raise ValueError("cannot copy onto / (name a file or folder under it)")
+    if value == IMAGE_DIR or value.startswith(IMAGE_DIR + "/"):
+        raise ValueError(f"{IMAGE_DIR} is imgbuild's own folder (the base's records the smoke test reads)")
+    return value
+
+
+def _user_name(value: str) -> str:
+    if value in SYSTEM_USERS or value.startswith("systemd-"):
+        raise ValueError(f"{value} is a system account of the base (choose a new name, e.g. user)")
+    return value
+
+
+def _reference(value: str, example: str) -> Any:
+    from imgbuild.imageref import BadReference, parse
+
+    try:
+        return parse(value)
+    except BadReference as exc:
+        raise ValueError(f"{exc} (e.g. {example})") from None
+
+
+def _image_name(value: str) -> str:
+    if _reference(value, "alice/research or registry.example:5000/lab/research:v1").digest:
+        raise ValueError("an image to build cannot carry a digest")
+    return value
+
+
+def _base_image(value: str) -> str:
+    _reference(value, "ubuntu:22.04 or nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04")
+    return value
+
+
+def _pip_requirement(value: str) -> str:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    _no_newline(value)
+    if value.startswith("-"):
+        raise ValueError(
+            f"pip options are not allowed in pip.packages: {_show(value)} "
+            "(use pip.index_url / pip.extra_index_urls / pip.requirements)"
+        )
+    reqfile.requirement_text_fault(value)
+    try:
+        req = Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"not a valid requirement: {_show(value)}: {str(exc).splitlines()[0][:120]}") from None
+    if req.url and reqfile.requirement_url_fault(req.url):
+        raise ValueError(reqfile.requirement_url_fault(req.url).replace("pip_index_url", "IMGBUILD_PIP_INDEX_URL"))
+    return value
+
+
+def _octal_mode(value: str) -> str:
+    if not MODE_RE.fullmatch(value):
+        raise ValueError(f'not an octal file mode: {_show(value)} (write it quoted, e.g. "0644")')
+    return value.rjust(4, "0")
+
+
+def _index_url(value: str) -> str:
+    _no_newline(value)
+    fault = reqfile.index_url_fault(value)
+    if fault == "token":
+        raise ValueError(f"not an index URL: {_show(value)} (one ASCII word: no white space or control character)")
+    if fault == "scheme":
+        raise ValueError(f"not an index URL: {_show(value)} (http:// or https://)")
+    if fault == "credentials":
+        raise ValueError(
+            "credentials in a recipe end up in git and in the image "
+            "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)"
+        )
+    return _no_newline(value)
+
+
+def _env_key(value: str) -> str:
+    if value in PROTECTED_ENV:
+        raise ValueError(f"{value} describes the base image and cannot be overridden")
+    if value in LOADER_ENV:
+        raise ValueError(
+            f"{value} in an image runs code in every process, and on NVIDIA Container Toolkit 1.17.7 or older on the "
+            "host (CVE-2025-23266); put the library in LD_LIBRARY_PATH or install it"
+        )
+    return value
+
+
+def _label_key(value: str) -> str:
+    if not LABEL_KEY_RE.fullmatch(value):
+        raise ValueError(f"not a valid label key: {_show(value)}")
+    if value.startswith(RESERVED_LABEL_PREFIX):
+        raise ValueError(f"labels under {RESERVED_LABEL_PREFIX} are written by imgbuild")
+    return value
+
+
+def _unpinnable(value: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    from imgbuild.ngc import CUDA_PACKAGE_PREFIXES
+
+    name = canonicalize_name(value)
+    if any(name in fw.packages for fw in FRAMEWORKS.values()) or name.startswith(CUDA_PACKAGE_PREFIXES):
+        raise ValueError(f"{_show(value)} is the base's framework or CUDA stack, which is never unpinned")
+    return value
+
+
+def _not_imgbuild(value: str) -> str:
+    if value.startswith("IMGBUILD_"):
+        raise ValueError("IMGBUILD_ args are reserved")
+    return value
+
+
+def _gpu_target(value: str) -> str:
+    from imgbuild.fleet import target_rule  # the fleet rules load only for a recipe that names targets
+
+    return target_rule(value)
+
+
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+# The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
+ONE_LINE = Text(_no_newline)
+OWNED_DIR = Text(_abs_path, _owned_dir)
+PIP_SPEC = Text(_pip_requirement)
+INDEX_URL = Text(_index_url)
+ENV_VALUE = Text(_no_newline, numbers=True)  # `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
+ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
+APT_NAME = Text(
+    matches(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")
+)
+NGC_TAG = Text(matches(NGC_TAG_OR_PATTERN_RE, "not an NGC tag", "e.g. 24.05, 24.05-py3, 24.05-tf2-py3, latest or 24.*"))
+DIST_NAME = Text(matches(_DIST_RE, "not a package name", "e.g. opencv-python"))
+UID = Maybe(Integer(ge=1, le=2**31 - 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Base:
+    """An NGC framework image (`framework` + `tag`) or any other image (`image`)."""
+
+    framework: str | None = typed(Maybe(OneOf(*FRAMEWORKS)), None)
+    tag: str | None = typed(Maybe(NGC_TAG), None, doc="the NGC release, e.g. 24.05")
+    image: str | None = typed(Maybe(Text(_base_image)), None, doc="any other base image (instead of framework/tag)")
+    follow: str | None = typed(
+        Maybe(Text(matches(NGC_TAG_OR_PATTERN_RE, "not a tag pattern", "e.g. latest or 24.*"))),
+        None,
+        doc="the tag pattern imgbuild bump moves tag along",
+    )
+
+    def checked(self) -> Base:
+        if self.image and (self.framework or self.tag):
+            raise ValueError("give either image, or framework and tag, not both")
+        if not self.image and not (self.framework and self.tag):
+            raise ValueError('needs framework and tag (e.g. framework: pytorch, tag: "24.05") or image')
+        if self.follow and not self.framework:
+            raise ValueError("follow needs framework and tag (imgbuild bump moves tag along the pattern)")
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pip:
+    packages: list[str] = typed(ListOf(PIP_SPEC), factory=list)
+    unpin: list[str] = typed(
+        ListOf(Text(matches(_DIST_RE, "not a package name"), _unpinnable), max_length=64),
+        factory=list,
+        doc="base packages whose pin is dropped on purpose (reviewed): the installer may then move them",
+    )
+    requirements: str | None = typed(Maybe(ONE_LINE), None, doc="a requirements file, relative to the recipe")
+    constraints: list[str] = typed(ListOf(PIP_SPEC), factory=list)
+    index_url: str | None = typed(Maybe(INDEX_URL), None)
+    extra_index_urls: list[str] = typed(ListOf(INDEX_URL), factory=list)
+    trusted_hosts: list[str] = typed(ListOf(Text(matches(HOST_RE, "not a host"))), factory=list)
+    ca_bundle: str | None = typed(Maybe(ONE_LINE), None, doc="a CA bundle for the index, mounted at build time only")
+    installer: str = typed(
+        OneOf("pip", "uv"),
+        "uv",
+        doc="who installs: uv (about half the time of pip) or pip; same pins and protection either way",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class User:
+    name: str = typed(
+        Text(matches(USER_RE, "not a valid user name", "lower case, starts with a letter"), _user_name), "user"
+    )
+    uid: int | None = typed(UID, None)
+    gid: int | None = typed(UID, None)
+    home: str | None = typed(Maybe(OWNED_DIR), None)
+    sudo: bool = typed(
+        Flag(),
+        False,
+        doc="passwordless sudo for this user inside their own container; the image gains the sudo package",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSpec:
+    src: str = typed(ONE_LINE, doc="a file or folder of the repository, relative to the recipe")
+    dest: str = typed(Text(_abs_path, _dest_path))
+    mode: str | None = typed(Maybe(Text(_octal_mode)), None)
+    owner: str | None = typed(Maybe(OneOf("user", "root")), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoke:
+    require_gpu: bool = typed(Flag(), False)
+    min_speedup: float | None = typed(Maybe(Number(gt=0)), None, doc="a hard floor for the tensor-core speed-up (> 0)")
+    targets: list[str] = typed(
+        ListOf(Text(_no_newline, _gpu_target), max_length=64),
+        factory=list,
+        doc="GPUs the image must run on (models or capabilities): the build refuses to promote it otherwise",
+    )
+    imports: list[str] = typed(
+        ListOf(Text(matches(_MODULE_RE, "not a module name", "e.g. cv2, torch.distributed")), max_length=256),
+        factory=list,
+        doc="modules to import besides the top-level modules of every package the recipe adds",
+    )
+    skip_imports: list[str] = typed(
+        ListOf(DIST_NAME, max_length=256),
+        factory=list,
+        doc="distributions whose imports are not checked (they need hardware or a display to import)",
+    )
+    run: list[str] = typed(
+        ListOf(ONE_LINE, max_length=32),
+        factory=list,
+        doc="commands that must succeed in the built image (run as its user, no GPU guaranteed)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """The validated recipe; the single source of truth for the JSON schema in docs/recipe.schema.json."""
+
+    name: str = typed(
+        Text(
+            matches(COMPONENT_RE, "not a valid image name", "lower case letters, digits, . _ -"),
+            max_length=limits.NAME_CHARS,
+        )
+    )
+    tag: str = typed(Text(matches(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")), "latest")
+    image: str | None = typed(Maybe(Text(_image_name)), None, doc="the image to build, instead of <user>/<name>")
+    extends: str | None = typed(Maybe(ONE_LINE), None, doc="a recipe this one adds to, relative to it")
+    description: str | None = typed(Maybe(ONE_LINE), None)
+    base: Base = typed(Model(Base))
+    apt: list[str] = typed(ListOf(APT_NAME), factory=list)
+    pip: Pip = typed(Model(Pip), factory=Pip)
+    user: User | None = typed(Maybe(Model(User)), None)
+    run: list[str] = typed(ListOf(ONE_LINE), factory=list)
+    files: list[FileSpec] = typed(ListOf(Model(FileSpec)), factory=list)
+    workdir: str = typed(OWNED_DIR, "/workspace")
+    env: dict[str, str] = typed(MapOf(ENV_KEY, ENV_VALUE), factory=dict)
+    labels: dict[str, str] = typed(MapOf(Text(_label_key), ONE_LINE), factory=dict)
+    args: dict[str, str] = typed(
+        MapOf(Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _not_imgbuild), ENV_VALUE),
+        factory=dict,
+    )
+    entrypoint: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
+    cmd: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
+    smoke: Smoke = typed(Model(Smoke), factory=Smoke)
+
+    def checked(self) -> Recipe:
+        if self.user and self.user.sudo and "sudo" not in self.apt:
+            return dataclasses.replace(self, apt=[*self.apt, "sudo"])
+        return self
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe with where it came from: the file, its `extends` chain, resolved paths."""
+
+    recipe: Recipe
+    path: Path
+    chain: list[Path]
+    file_sources: dict[str, Path] = field(default_factory=dict)  # files[i].dest -> absolute src
+    requirements_path: Path | None = None
+    ca_bundle_path: Path | None = None
+    located: Located | None = field(default=None, repr=False)
+    root: Path | None = None  # the repository every named path stays inside
+    #: files[i].dest -> the files to copy (checked: inside the repository, regular, bounded)
+    file_manifest: dict[str, list[SourceFile]] = field(default_factory=dict)
+    #: the requirements file's requirements (its nested -r files' too), each with its file and line, read once
+    requirements: tuple[reqfile.ReqLine, ...] = ()
+    #: its constraints (-c files), and the pip options it sets (index URLs, trusted hosts, --pre, ...)
+    requirement_constraints: tuple[reqfile.ReqLine, ...] = ()
+    requirement_options: tuple[str, ...] = ()
+    #: the recipe's lock (`<recipe>.lock.txt` beside it, written by `imgbuild lock`): name==version lines
+    lock_path: Path | None = None
+    lock_pins: tuple[str, ...] = ()
+    lock_lines: tuple[reqfile.ReqLine, ...] = ()  # the same pins, each with its line (for located conflicts)
+    #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
+    file_digests: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        return display_path(self.path)
+
+
+def stable_name(path: Path) -> str:
+    """`recipes/x.yaml`: the recipe's folder and file name, the same on every machine and from any cwd."""
+    path = Path(path)
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,680 @@
+"""Docker Registry HTTP API v2 client: the only module that talks HTTP.
+
+Handles the Bearer challenge flow (anonymous, NGC API key as `$oauthtoken`, docker config credentials),
+nvcr.io's quirks (no `service=` in the challenge; after expiry the challenge names another realm, so we
+go back to the first one), Link pagination with a page cap, retries with backoff, manifest lists and
+OCI indexes, and config blobs.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import platform
+import re
+import subprocess
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import requests
+
+from imgbuild import imageref, limits
+from imgbuild.errors import RegistryError, RegistryUnavailable, UsageError
+from imgbuild.imageref import DIGEST_RE
+
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
+INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
+RETRY_STATUS = {429, 500, 502, 503, 504}
+_CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """`Bearer realm="...",scope="..."` -> ("bearer", {...}); loose about spacing, quotes and order."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {
+        m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)) for m in _CHALLENGE_RE.finditer(rest)
+    }
+    return scheme.lower(), params
+
+
+def split_reference(ref: str) -> tuple[str, str, str]:
+    """`host/org/repo:tag` or `...@sha256:..` -> (host, repository, tag-or-digest). Docker Hub defaults apply."""
+    try:
+        parsed = imageref.parse(ref)
+    except imageref.BadReference as exc:
+        raise UsageError(f"{exc}") from None
+    return parsed.registry, parsed.repository, parsed.reference
+
+
+def host_platform() -> tuple[str, str]:
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    return "linux", arch
+
+
+@dataclass
+class Credentials:
+    username: str
+    password: str = field(repr=False)
+
+
+def docker_config_credentials(host: str, config_path: Path | None = None) -> Credentials | None:
+    """Credentials for `host` from ~/.docker/config.json: plain `auths`, or a credential helper."""
+    path = config_path or Path.home() / ".docker" / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
+    for key, entry in (config.get("auths") or {}).items():
+        if key.removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0] == host:
+            if entry.get("auth"):
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+                return Credentials(user, password)
+            if entry.get("username"):
+                return Credentials(entry["username"], entry.get("password", ""))
+    if helper:
+        try:
+            out = subprocess.run(
+                [f"docker-credential-{helper}", "get"],
+                input=host,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
+            data = json.loads(out)
+            return Credentials(data["Username"], data["Secret"])
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+            return None
+    return None
+
+
+@dataclass
+class Manifest:
+    digest: str
+    media_type: str
+    body: dict[str, Any]
+    platforms: tuple[str, ...] = ()  # the CPU architectures an index lists (linux); () for a single image
+
+    @property
+    def config_digest(self) -> str:
+        config = self.body.get("config")
+        digest = str(config.get("digest", "")) if isinstance(config, dict) else ""
+        if not DIGEST_RE.fullmatch(digest):
+            raise RegistryError("the registry's manifest names no valid config digest")
+        return digest
+
+    @property
+    def size(self) -> int:
+        """Compressed size of the image: config plus layers."""
+        return int(self.body.get("config", {}).get("size", 0)) + sum(
+            int(layer.get("size", 0)) for layer in self.body.get("layers", [])
+        )
+
+
+@dataclass
+class Reply:
+    """An HTTP answer read whole, within the deadline and the size cap."""
+
+    status_code: int
+    headers: Any
+    content: bytes
+    url: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code < 400
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.content)
+        except ValueError:
+            raise RegistryError(
+                f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
+                f"(HTTP {self.status_code}, {len(self.content)} bytes)"
+            ) from None
+
+
+def _code(resp: Reply) -> str:
+    """`: MANIFEST_BLOB_UNKNOWN`, the first error code of a registry's JSON error body, or ""."""
+    try:
+        errors = json.loads(resp.content[:65536]).get("errors")
+        code = str(errors[0].get("code", ""))
+    except (ValueError, AttributeError, TypeError, IndexError, KeyError, RecursionError):
+        return ""
+    return f": {code[:40]}" if code.replace("_", "").isalnum() and code.isascii() else ""
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    import http.client
+
+    import urllib3.exceptions
+
+    return (urllib3.exceptions.HTTPError, http.client.HTTPException)
+
+
+_TRANSPORT_ERRORS = _transport_errors()
+
+
+def _read_body(resp: requests.Response, cap: int) -> bytes:
+    """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    inflate = (
+        zlib.decompressobj(16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+        if encoding in ("gzip", "x-gzip", "deflate")
+        else None
+    )
+    out = bytearray()
+    for chunk in resp.raw.stream(64 * 1024, decode_content=False):
+        if inflate is not None:
+            chunk = inflate.decompress(chunk, cap + 1 - len(out))
+        out += chunk
+        if len(out) > cap:
+            raise _TooBig()
+    return bytes(out)
+
+
+class RegistryClient:
+    """One client per registry host; reuses tokens per scope.
+
+    Every exchange is bounded: `request_seconds` for one request (headers and body, however slowly they
+    trickle), `command_seconds` for everything this client does, `body_bytes` per body after decompression.
+    Credentials go to this client's host and to the token realm it names, never to another host (a `Link`
+    header pointing elsewhere is refused)."""
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        credentials: Credentials | None = None,
+        insecure: bool = False,
+        timeout: float = limits.HTTP_REQUEST_SECONDS,
+        retries: int = 4,
+        backoff: float = 0.5,
+        session: requests.Session | None = None,
+        command_seconds: float = limits.HTTP_COMMAND_SECONDS,
+        body_bytes: int = limits.HTTP_BODY_BYTES,
+    ):
+        self.host = host
+        self.scheme = "http" if insecure else "https"
+        self.credentials = credentials
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.session = session or requests.Session()
+        self.deadline = time.monotonic() + command_seconds
+        self.command_seconds = command_seconds
+        self.body_bytes = body_bytes
+        self.requests_made = 0
+        self._tokens: dict[str, str] = {}
+        self._first_realm: dict[str, tuple[str, dict[str, str]]] = {}
+        self._basic = False
+
+    @classmethod
+    def for_host(cls, host: str, settings: Any, command_seconds: float | None = None) -> RegistryClient:
+        """A client with credentials from settings (NGC API key on the NGC host) or the docker config."""
+        creds = None
+        if settings.ngc_api_key and host == settings.ngc_registry:
+            creds = Credentials("$oauthtoken", settings.ngc_api_key)
+        else:
+            creds = docker_config_credentials(host)
+        insecure = host in settings.insecure_registries or _is_loopback(host)
+        return cls(
+            host,
+            credentials=creds,
+            insecure=insecure,
+            backoff=settings.registry_backoff,
+            timeout=settings.registry_timeout,
+            command_seconds=command_seconds or settings.registry_deadline,
+        )
+
+    # -- HTTP with auth and retries --------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return f"{self.scheme}://{self.host}{path}"
+
+    def _left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _unavailable(self, why: str) -> RegistryUnavailable:
+        return RegistryUnavailable(
+            f"registry {self.host} {why}; check the host name, the network or IMGBUILD_NGC_REGISTRY"
+        )
+
+    def _exchange(self, method: str, url: str, headers: dict[str, str], kw: dict[str, Any]) -> Reply:
+        """One request, read whole in a daemon thread so that no server can hold it past the deadline."""
+        budget = min(self.timeout, self._left())
+        if budget <= 0:
+            raise self._unavailable(f"did not answer within {self.command_seconds:.0f} s in all")
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                resp = self.session.request(
+                    method,
+                    url,
+                    headers={"Accept-Encoding": "gzip, identity", **headers},
+                    timeout=(min(10.0, budget), budget),
+                    stream=True,
+                    **kw,
+                )
+                box["resp"] = resp
+                try:
+                    box["reply"] = Reply(resp.status_code, resp.headers, _read_body(resp, self.body_bytes), url)
+                finally:
+                    resp.close()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="imgbuild-http", daemon=True)
+        worker.start()
+        worker.join(budget)
+        if worker.is_alive():
+            if "resp" in box:
+                _shutdown(box["resp"])  # the reader's recv returns; the daemon thread ends with it
+            raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
+        if "error" in box:
+            error = box["error"]
+            if isinstance(error, _TooBig):
+                raise RegistryError(
+                    f"registry {self.host}: an answer is larger than "
+                    f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
+                )
+            # urllib3's own errors (a read timing out mid-body, ReadTimeoutError) and http.client's reach us
+            # unwrapped when the body is read from resp.raw
+            if isinstance(error, (requests.RequestException, OSError, zlib.error, *_TRANSPORT_ERRORS)):
+                raise self._unavailable(f"is unreachable ({type(error).__name__})")
+            raise error
+        return box["reply"]  # type: ignore[no-any-return]
+
+    def _send(self, method: str, url: str, headers: dict[str, str], **kw: Any) -> Reply:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                self.requests_made += 1
+                resp = self._exchange(method, url, headers, kw)
+            except RegistryUnavailable:  # unreachable or too slow: worth another try while time is left
+                if attempt == self.retries or self._left() <= delay:
+                    raise
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if resp.status_code in RETRY_STATUS and attempt < self.retries:
+                wait = _retry_after(resp.headers.get("Retry-After", ""), delay)
+                if wait > limits.RETRY_AFTER_SECONDS or wait >= self._left():
+                    raise self._unavailable(f"answered HTTP {resp.status_code} and asks to retry after {wait:.0f} s")
+                time.sleep(wait)
+                delay *= 2
+                continue
+            return resp
+        raise AssertionError("unreachable")
+
+    def _token(self, scope: str, realm: str, params: dict[str, str]) -> str:
+        query = {"scope": params.get("scope") or scope, "service": params.get("service") or self.host}
+        auth = (self.credentials.username, self.credentials.password) if self.credentials else None
+        parts = urlsplit(realm)
+        if parts.scheme not in ("https", "http") or not parts.netloc:
+            raise RegistryError(f"registry {self.host}: the token realm {realm[:80]!r} is not a URL")
+        if auth and parts.scheme != "https" and not _is_loopback(parts.netloc):
+            raise RegistryError(
+                f"registry {self.host}: refusing to send credentials to a token realm over plain HTTP ({parts.netloc})"
+            )
+        resp = self._send("GET", realm, {}, params=query, auth=auth)
+        if resp.status_code in (401, 403):
+            who = (
+                "the NGC API key"
+                if self.credentials and self.credentials.username == "$oauthtoken"
+                else ("the credentials" if self.credentials else "anonymous access")
+            )
+            raise RegistryError(
+                f"registry {self.host}: {who} was refused ({resp.status_code}) for {scope}; "
+                "check the key (NGC_API_KEY / IMGBUILD_NGC_API_KEY) or `docker login`"
+            )
+        if not resp.ok:
+            raise RegistryError(f"registry {self.host}: token request failed with HTTP {resp.status_code}")
+        data = resp.json()
+        token = (data.get("token") or data.get("access_token")) if isinstance(data, dict) else None
+        if not token:
+            raise RegistryError(f"registry {self.host}: token endpoint answered without a token")
+        return str(token)
+
+    def request(self, method: str, path: str, scope: str, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
+        """A request that answers auth challenges; `scope` is e.g. `repository:nvidia/pytorch:pull`."""
+        url = path if path.startswith("http") else self._url(path)
+        parts = urlsplit(url)
+        if parts.netloc != self.host or parts.scheme != self.scheme:
+            raise RegistryError(
+                f"registry {self.host}: refusing to follow a link to another host or scheme "
+                f"({parts.scheme}://{parts.netloc[:80]}); credentials stay with {self.host}"
+            )
+        for _ in range(3):
+            resp = self._send(method, url, {**(headers or {}), **self._authorization(scope)}, **kw)
+            if resp.status_code != 401:
+                return resp
+            self._answer_challenge(scope, resp.headers.get("WWW-Authenticate", ""))
+        raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
+
+    def _authorization(self, scope: str) -> dict[str, str]:
+        if scope in self._tokens:
+            return {"Authorization": f"Bearer {self._tokens[scope]}"}
+        if self._basic and self.credentials:
+            raw = f"{self.credentials.username}:{self.credentials.password}".encode()
+            return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+        return {}
+
+    def _answer_challenge(self, scope: str, challenge: str) -> None:
+        """After a 401: switch to basic auth, or fetch a (fresh) bearer token for `scope`."""
+        if not challenge.strip():
+            raise RegistryError(
+                f"registry {self.host}: authentication required, and the registry named no "
+                "way to authenticate (no WWW-Authenticate header)"
+            )
+        scheme, params = parse_challenge(challenge)
+        if scheme == "basic":
+            if self._basic or not self.credentials:
+                raise RegistryError(
+                    f"registry {self.host}: authentication required (run `docker login` or set credentials)"
+                )
+            self._basic = True
+            return
+        if scheme != "bearer" or "realm" not in params:
+            raise RegistryError(f"registry {self.host}: unsupported auth challenge {scheme[:20]!r}")
+        if scope in self._tokens and scope in self._first_realm:
+            # Expired token: nvcr.io now names another realm (authn.nvidia.com) that dead-ends
+            # for anonymous clients; the first realm (proxy_auth) still issues fresh tokens.
+            realm, params = self._first_realm[scope]
+            del self._tokens[scope]
+        else:
+            realm = params["realm"]
+            self._first_realm.setdefault(scope, (realm, params))
+        self._tokens[scope] = self._token(scope, realm, params)
+
+    # -- API ---------------------------------------------------------------------------------------
+
+    def _check(self, resp: Reply, what: str, repo: str) -> None:
+        if resp.status_code == 404:
+            raise RegistryError(f"registry {self.host}: {what} not found in {repo}")
+        if resp.status_code in (401, 403):
+            raise RegistryError(f"registry {self.host}: access to {repo} denied ({resp.status_code})")
+        if 400 <= resp.status_code < 500 and resp.status_code != 429:
+            # the registry refused this request (not busy, not down): say what it said, briefly
+            raise RegistryError(
+                f"registry {self.host}: refused {what} in {repo} (HTTP {resp.status_code}{_code(resp)})"
+            )
+        if not resp.ok:
+            raise RegistryUnavailable(f"registry {self.host}: HTTP {resp.status_code} for {what} in {repo}")
+
+    def tags(self, repo: str, page_size: int = 1000, max_pages: int = 50) -> list[str]:
+        """Every tag of `repo`, following `Link: <...>; rel="next"` up to `max_pages` pages."""
+        scope = f"repository:{repo}:pull"
+        url: str | None = f"/v2/{repo}/tags/list?n={page_size}"
+        tags: list[str] = []
+        received = 0
+        for _ in range(max_pages):
+            if url is None:
+                break
+            resp = self.request("GET", url, scope)
+            if resp.status_code == 404:
+                raise RegistryError(f"registry {self.host}: unknown repository {repo}")
+            self._check(resp, "tag list", repo)
+            received += len(resp.content)
+            if received > limits.HTTP_TAGS_BYTES:
+                raise RegistryError(
+                    f"registry {self.host}: the tag list of {repo} is larger than "
+                    f"{limits.HTTP_TAGS_BYTES // limits.MIB} MiB"
+                )
+            body = resp.json()
+            page = body.get("tags") if isinstance(body, dict) else None
+            tags.extend(t for t in (page if isinstance(page, list) else []) if isinstance(t, str) and len(t) <= 128)
+            url = _next_link(resp.headers.get("Link", ""), self._url(""))
+        else:
+            if url is not None:
+                raise RegistryError(f"registry {self.host}: {repo} has more than {max_pages} pages of tags")
+        return tags
+
+    def manifest(
+        self, repo: str, reference: str, *, resolve_platform: bool = True, arch: str | None = None
+    ) -> Manifest:
+        """The manifest for a tag or digest; an index/list is resolved to this host's platform (or `arch`)."""
+        scope = f"repository:{repo}:pull"
+        resp = self.request("GET", f"/v2/{repo}/manifests/{reference}", scope, {"Accept": MANIFEST_TYPES})
+        self._check(resp, f"manifest {reference}", repo)
+        body = resp.json()
+        if not isinstance(body, dict):
+            raise RegistryError(f"registry {self.host}: the manifest of {repo}:{reference} is not a JSON object")
+        media_type = str(body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0])
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        if not DIGEST_RE.fullmatch(digest):
+            digest = _digest_of(resp.content)  # what we received is what we pin
+        if resolve_platform and media_type in INDEX_TYPES:
+            os_name, host_arch = host_platform()
+            arch = arch or host_arch
+            listed = body.get("manifests")
+            entries = [e for e in (listed if isinstance(listed, list) else [])[:64] if isinstance(e, dict)]
+            plats: list[dict[str, Any]] = [p if isinstance(p := e.get("platform"), dict) else {} for e in entries]
+            platforms = tuple(sorted({str(p.get("architecture")) for p in plats if p.get("os") == os_name}))
+            for entry, plat in zip(entries, plats, strict=True):
+                if plat.get("os") == os_name and plat.get("architecture") == arch:
+                    inner_digest = str(entry.get("digest", ""))
+                    if not DIGEST_RE.fullmatch(inner_digest):
+                        raise RegistryError(f"registry {self.host}: {repo}:{reference} lists a malformed digest")
+                    inner = self.manifest(repo, inner_digest, resolve_platform=False)
+                    return Manifest(digest, media_type, inner.body, platforms)
+            raise RegistryError(f"registry {self.host}: {repo}:{reference} has no {os_name}/{arch} image")
+        return Manifest(digest, media_type, body)
+
+    def blob_json(self, repo: str, digest: str) -> dict[str, Any]:
+        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
+        self._check(resp, f"blob {digest[:19]}", repo)
+        body = resp.json()
+        if not isinstance(body, dict):
+            raise RegistryError(f"registry {self.host}: the config blob of {repo} is not a JSON object")
+        return body
+
+    def blob_bytes(self, repo: str, digest: str) -> bytes:
+        """A small blob (an attachment), read whole within the body cap and checked against its digest."""
+        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
+        self._check(resp, f"blob {digest[:19]}", repo)
+        if _digest_of(resp.content) != digest:
+            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
+        return resp.content
+
+    def image_config(self, repo: str, reference: str) -> tuple[Manifest, dict[str, Any]]:
+        """Manifest and image config (Env, Labels, ...) without pulling any layer."""
+        manifest = self.manifest(repo, reference)
+        return manifest, self.blob_json(repo, manifest.config_digest)
+
+    # -- copying between registries (imgbuild mirror) --------------------------------------------------
+
+    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
+        """(the manifest's bytes as served, its media type, its digest): copied as they are, digests hold."""
+        resp = self.request(
+            "GET", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
+        )
+        self._check(resp, f"manifest {reference}", repo)
+        body = resp.json()
+        media_type = str((body.get("mediaType") if isinstance(body, dict) else "") or "")
+        media_type = media_type or resp.headers.get("Content-Type", "").split(";")[0].strip()
+        digest = _digest_of(resp.content)
+        if DIGEST_RE.fullmatch(reference) and reference != digest:
+            raise RegistryError(f"registry {self.host}: the manifest served for {reference[:19]} has another digest")
+        return resp.content, media_type, digest
+
+    def manifest_digest(self, repo: str, reference: str) -> str | None:
+        """The digest `reference` points at here, or None when there is none."""
+        resp = self.request(
+            "HEAD", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
+        )
+        if resp.status_code == 404:
+            return None
+        self._check(resp, f"manifest {reference}", repo)
+        digest = resp.headers.get("Docker-Content-Digest", "")
+        return digest if DIGEST_RE.fullmatch(digest) else None
+
+    def put_manifest(self, repo: str, reference: str, content: bytes, media_type: str) -> None:
+        resp = self.request(
+            "PUT",
+            f"/v2/{repo}/manifests/{reference}",
+            f"repository:{repo}:pull,push",
+            {"Content-Type": media_type},
+            data=content,
+        )
+        self._check(resp, f"manifest {reference}", repo)
+
+    def delete_manifest(self, repo: str, digest: str) -> None:
+        resp = self.request("DELETE", f"/v2/{repo}/manifests/{digest}", f"repository:{repo}:pull,push,delete")
+        if resp.status_code in (405, 400):
+            raise RegistryError(
+                f"registry {self.host}: deleting manifests is not enabled there (HTTP {resp.status_code})"
+            )
+        self._check(resp, f"manifest {digest[:19]}", repo)
+
+    def has_blob(self, repo: str, digest: str) -> bool:
+        resp = self.request("HEAD", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
+        return resp.status_code == 200
+
+    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
+        """Cross-repository mount: the blob is already here under `from_repo`; True when the registry did it."""
+        resp = self.request(
+            "POST",
+            f"/v2/{repo}/blobs/uploads/?mount={digest}&from={from_repo}",
+            f"repository:{repo}:pull,push",
+            data=b"",
+        )
+        return resp.status_code == 201
+
+    def download_blob(self, repo: str, digest: str, size: int, dest: Path) -> None:
+        """Stream a blob to `dest`, checking its size and digest on the way (a blob is never held in memory)."""
+        import hashlib
+
+        url = self._url(f"/v2/{repo}/blobs/{digest}")
+        resp = self._stream("GET", url, f"repository:{repo}:pull")
+        sha, received = hashlib.sha256(), 0
+        try:
+            self._check(Reply(resp.status_code, resp.headers, b"", url), f"blob {digest[:19]}", repo)
+            with open(dest, "wb") as out:
+                for chunk in resp.iter_content(1 << 20):
+                    received += len(chunk)
+                    if received > size:
+                        raise RegistryError(
+                            f"registry {self.host}: blob {digest[:19]} is larger than its manifest says"
+                        )
+                    if time.monotonic() > self.deadline:
+                        raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
+                    sha.update(chunk)
+                    out.write(chunk)
+        except requests.RequestException as exc:
+            raise self._unavailable(f"broke off a download ({type(exc).__name__})") from None
+        finally:
+            resp.close()
+        if "sha256:" + sha.hexdigest() != digest:
+            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
+
+    def upload_blob(self, repo: str, digest: str, source: Path) -> None:
+        """Upload a blob in one PUT (the registry checks the digest)."""
+        scope = f"repository:{repo}:pull,push"
+        resp = self.request("POST", f"/v2/{repo}/blobs/uploads/", scope, data=b"")
+        self._check(resp, "upload", repo)
+        location = urljoin(self._url("/"), resp.headers.get("Location", ""))
+        if urlsplit(location).netloc != self.host:
+            raise RegistryError(f"registry {self.host}: the upload location points at another host")
+        url = location + ("&" if "?" in location else "?") + f"digest={digest}"
+        try:
+            with open(source, "rb") as body:
+                headers = {"Content-Type": "application/octet-stream", "Content-Length": str(source.stat().st_size)}
+                put = self._stream("PUT", url, scope, headers=headers, data=body)
+                put.close()
+        except requests.RequestException as exc:
+            raise self._unavailable(f"broke off an upload ({type(exc).__name__})") from None
+        self._check(Reply(put.status_code, put.headers, b"", url), f"blob {digest[:19]}", repo)
+
+    def _stream(
+        self, method: str, url: str, scope: str, headers: dict[str, str] | None = None, **kw: Any
+    ) -> requests.Response:
+        """A request whose body is streamed (blobs): authorised like `request`, bounded by an idle timeout
+        per read and by this client's deadline; the caller reads and closes it."""
+        for _ in range(3):
+            if self._left() <= 0:
+                raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
+            self.requests_made += 1
+            try:
+                resp = self.session.request(
+                    method,
+                    url,
+                    headers={**(headers or {}), **self._authorization(scope)},
+                    timeout=(10.0, self.timeout),
+                    stream=True,
+                    **kw,
+                )
+            except (requests.RequestException, OSError) as exc:
+                raise self._unavailable(f"is unreachable ({type(exc).__name__})") from None
+            if resp.status_code != 401:
+                return resp
+            resp.close()
+            self._answer_challenge(scope, resp.headers.get("WWW-Authenticate", ""))
+            if hasattr(kw.get("data"), "seek"):
+                kw["data"].seek(0)
+        raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
+
+
+def _shutdown(resp: requests.Response) -> None:
+    """Shut the response's socket down without taking the reader's locks (close() would wait for them)."""
+    import socket
+
+    conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name == "localhost" or name.startswith("127.") or name in ("[::1]", "::1")
+
+
+def _retry_after(header: str, default: float) -> float:
+    header = header.strip()
+    if header.isdigit():
+        return float(header)
+    if header:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(header).timestamp() - time.time())
+        except (TypeError, ValueError):
+            pass
+    return default
+
+
+def _next_link(header: str, base: str) -> str | None:
+    for part in header.split(","):
+        m = re.match(r'\s*<([^>]+)>\s*;\s*rel="?next"?', part)
+        if m:
+            target = m.group(1)
+            return target if target.startswith("http") else urljoin(base, target)
+    return None
+
+
+def _digest_of(content: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(content).hexdigest()

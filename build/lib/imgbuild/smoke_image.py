@@ -1,0 +1,1260 @@
+#!/usr/bin/env python3
+"""imgbuild smoke test, run inside an image. Depends on nothing but the stdlib and the image's framework.
+
+Proves the framework is the base's own and works: CUDA visible and compiled for this GPU, cuDNN
+convolutions match the CPU, tensor-core mixed precision is actually fast, AMP training converges.
+Each check is pass / fail / skip / warn with its reason and numbers.
+
+    python3 smoke.py [--framework pytorch|tensorflow] [--require-gpu] [--libraries-only] [--format json|table]
+
+The last line of JSON output starts with IMGBUILD-SMOKE-REPORT so logs before it cannot break parsing.
+`--libraries-only` runs what needs no GPU (framework, CUDA/cuDNN/NCCL libraries against the image's
+declared versions) and reports the archs the framework was compiled for: `imgbuild smoke --for` judges
+GPU models from that. Env: IMGBUILD_EXPECT_FRAMEWORK_VERSION (the base's version; default: the image's
+PYTORCH_VERSION / TENSORFLOW_VERSION), IMGBUILD_SMOKE_MIN_SPEEDUP (override the per-architecture floor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+MARKER = "IMGBUILD-SMOKE-REPORT "
+SHM_DEFAULT_BYTES = 64 * 1024 * 1024
+PIP_CHECK_BASELINE = "/opt/imgbuild/pip-check.base"  # `pip check` of the base, written by the Dockerfile
+DISTS_BASELINE = "/opt/imgbuild/dists.base"  # the base's distributions (name==version), likewise
+IMPORT_SECONDS = 120  # one distribution's imports
+#: Shared libraries a wheel expects the system to have, and the Debian/Ubuntu package that has them: the
+#: hint for the recipe's `apt:` line when an import fails on one.
+NATIVE_LIBRARIES = {
+    "libGL.so.1": "libgl1",
+    "libEGL.so.1": "libegl1",
+    "libgthread-2.0.so.0": "libglib2.0-0",
+    "libglib-2.0.so.0": "libglib2.0-0",
+    "libxcb.so.1": "libxcb1",
+    "libSM.so.6": "libsm6",
+    "libICE.so.6": "libice6",
+    "libXext.so.6": "libxext6",
+    "libXrender.so.1": "libxrender1",
+    "libX11.so.6": "libx11-6",
+    "libgomp.so.1": "libgomp1",
+    "libsndfile.so.1": "libsndfile1",
+    "libportaudio.so.2": "libportaudio2",
+    "libaio.so.1": "libaio1",
+    "libjpeg.so.62": "libjpeg62-turbo",
+    "libpng16.so.16": "libpng16-16",
+    "libavcodec.so": "ffmpeg",
+    "libavformat.so": "ffmpeg",
+    "libopenblas.so.0": "libopenblas0",
+    "libgfortran.so.5": "libgfortran5",
+    "libsqlite3.so.0": "libsqlite3-0",
+    "libzstd.so.1": "libzstd1",
+}
+#: What well-known wheels need from the system, all of it: one failed import names one library, the fix
+#: needs the whole line.
+NATIVE_NEEDS = {
+    "opencv-python": ("libgl1", "libglib2.0-0", "libxcb1"),
+    "opencv-contrib-python": ("libgl1", "libglib2.0-0", "libxcb1"),
+    "ultralytics": ("libgl1", "libglib2.0-0", "libxcb1"),
+    "mmcv": ("libgl1", "libglib2.0-0"),
+    "pyaudio": ("libportaudio2",),
+    "sounddevice": ("libportaudio2",),
+    "librosa": ("libsndfile1", "ffmpeg"),
+    "torchcodec": ("ffmpeg",),
+    "decord": ("ffmpeg",),
+    "deepspeed": ("libaio1",),
+}
+#: Driver libraries the NVIDIA container toolkit mounts at run time: missing in a build, never an error.
+DRIVER_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-", "libnvcuvid.so", "libnvrtc-builtins")
+#: The half/fp32 GEMM ratio an architecture reaches WITHOUT tensor cores (datasheet peaks): 4x only on A100
+#: (78/19.5), 2x on Volta, Turing, Hopper and Blackwell data-center parts (H100 120/60), 1x on GA10x, AD10x and
+#: GB20x (A10: fp16 31.2 = fp32 31.2). The check fails under 1.5 times it (no tensor core can be in use), warns
+#: between that and the architecture's floor (a busy or throttled GPU), passes above the floor.
+NO_TENSOR_CORE_RATIOS = {(8, 0): 4.0, (8, 6): 1.0, (8, 7): 1.0, (8, 9): 1.0, (12, 0): 1.0, (12, 1): 1.0}
+NO_TENSOR_CORE_BY_MAJOR = {7: 2.0, 8: 1.0, 9: 2.0, 10: 2.0, 11: 2.0, 12: 1.0}
+HARD_MARGIN = 1.5
+GEMM_SECONDS = 0.5  # time each dtype at least this long, best of GEMM_REPEATS
+GEMM_REPEATS = 3
+
+# Minimum half-precision GEMM speed-up over real fp32, by compute capability (major, minor).
+# From datasheet dense peaks (fp16 tensor core / fp32): V100 125/15.7 = 8x, A100 312/19.5 = 16x,
+# H100 SXM 989/67 = 15x, T4 65/8.1 = 8x, A10/L4/RTX (8.6/8.9) about 4x; measured cuBLAS reaches
+# 60-85% of the half peak and about 90% of fp32, so the floors sit at roughly half the peak ratio,
+# lower where clocks throttle (T4, consumer cards). Pascal and older have no tensor cores: no floor.
+SPEEDUP_FLOORS = {
+    (7, 0): 4.0,
+    (7, 2): 3.0,
+    (7, 5): 3.0,
+    (8, 0): 8.0,
+    (8, 6): 2.5,
+    (8, 7): 2.5,
+    (8, 9): 2.5,
+    (9, 0): 8.0,
+    (10, 0): 8.0,
+    (10, 3): 8.0,
+    (11, 0): 2.5,
+    (12, 0): 2.5,
+    (12, 1): 2.5,
+}
+
+
+# --- GPU architectures: which kernels run on which GPU --------------------------------------------
+# The one implementation of the rule (imgbuild.fleet imports it for `smoke --for`, `tags --compatible` and
+# `bump`; this script uses it on the GPUs it sees). It follows CUDA's binary compatibility, as PyTorch's
+# own `_check_cubins` does: SASS `sm_XY` runs on a GPU of the same major with minor >= Y; `sm_XYa` only on
+# exactly X.Y; `sm_XYf` on the family (same major, minor >= Y); PTX `compute_XY` is JIT-compiled by the
+# driver for any GPU >= X.Y (slow first start), `compute_XYa` only for X.Y, `compute_XYf` for the family.
+
+ARCH_RE = re.compile(r"(sm|compute)_([0-9]{2,3})([af]?)")
+TORCH_ARCH_RE = re.compile(r"([0-9]{1,2})\.([0-9])([af]?)(\+PTX)?")
+
+
+def parse_archs(text) -> list:
+    """Arch entries from `torch.cuda.get_arch_list()` (a list, or `sm_80 compute_90`) or from
+    TORCH_CUDA_ARCH_LIST (`7.5 8.0 9.0a 12.0+PTX`, spaces or semicolons): (kind, major, minor, suffix)
+    tuples, kind "sm" or "compute". Names it does not know ("Ampere", "sm_xx") are left out."""
+    words = text if isinstance(text, (list, tuple)) else str(text).replace(";", " ").split()
+    out = []
+    for word in words:
+        word = str(word).strip()
+        match = ARCH_RE.fullmatch(word)
+        if match:
+            major, minor = divmod(int(match.group(2)), 10)
+            out.append((match.group(1), major, minor, match.group(3)))
+            continue
+        match = TORCH_ARCH_RE.fullmatch(word)
+        if match:
+            major, minor, suffix = int(match.group(1)), int(match.group(2)), match.group(3)
+            out.append(("sm", major, minor, suffix))
+            if match.group(4):
+                out.append(("compute", major, minor, suffix))
+    return out
+
+
+def arch_name(entry) -> str:
+    kind, major, minor, suffix = entry
+    return f"{kind}_{major}{minor}{suffix}"
+
+
+#: Integrated GPUs (Jetson TX1, TX2, Xavier, Orin; sm_101 Thor before CUDA 13 named it sm_110). As PyTorch's
+#: own capability check has it: their SASS runs on themselves alone (sm_101 also on 11.0, the same chip), and no
+#: discrete GPU's SASS runs on them, whatever the minor.
+IGPU_CAPABILITIES = frozenset({(5, 3), (6, 2), (7, 2), (8, 7), (10, 1)})
+
+
+def _entry_runs(entry, capability) -> bool:
+    kind, major, minor, suffix = entry
+    cap_major, cap_minor = capability = tuple(capability)
+    if suffix == "a":
+        return capability == (major, minor)
+    if kind == "sm" and (major, minor) == (10, 1):
+        return capability in ((10, 1), (11, 0))
+    if kind == "sm" and (major, minor) in IGPU_CAPABILITIES:
+        return capability == (major, minor)
+    if kind == "sm" and capability in IGPU_CAPABILITIES:
+        return False
+    if kind == "sm" or suffix == "f":
+        return cap_major == major and cap_minor >= minor
+    return (cap_major, cap_minor) >= (major, minor)  # plain PTX: the driver compiles it for newer GPUs
+
+
+def kernels_for(archs, capability) -> tuple:
+    """How an image built for `archs` runs on a GPU of `capability` (major, minor):
+    ("sass", entry) with native kernels, ("ptx", entry) only through the driver's JIT, or ("none", None)."""
+    entries = parse_archs(archs)
+    sass = [e for e in entries if e[0] == "sm" and _entry_runs(e, capability)]
+    if sass:  # the closest: an exact match first, then the highest minor below
+        return "sass", max(sass, key=lambda e: (e[1], e[2], e[3] == "a"))
+    ptx = [e for e in entries if e[0] == "compute" and _entry_runs(e, capability)]
+    if ptx:
+        return "ptx", max(ptx, key=lambda e: (e[1], e[2]))
+    return "none", None
+
+
+def explain_kernels(archs, capability) -> tuple:
+    """(runs, how, reason) in words, for one GPU of `capability`."""
+    how, entry = kernels_for(archs, capability)
+    gpu = f"sm_{capability[0]}{capability[1]}"
+    known = " ".join(arch_name(e) for e in parse_archs(archs)) or "nothing"
+    if how == "sass":
+        if (entry[1], entry[2]) == tuple(capability):
+            return True, how, f"{gpu}: native kernels ({arch_name(entry)})"
+        return True, how, f"{gpu}: native kernels ({arch_name(entry)}, binary-compatible within major {entry[1]})"
+    if how == "ptx":
+        return (
+            True,
+            how,
+            (
+                f"{gpu}: no native kernels; the driver JIT-compiles {arch_name(entry)} PTX "
+                "(the first start takes minutes, cache it with CUDA_CACHE_PATH)"
+            ),
+        )
+    return False, how, f"{gpu}: no kernels for this GPU (the image has {known})"
+
+
+# --- decisions on a GPU: pure functions of what the device reports (tested with recorded profiles) ---
+
+
+def speed_floor(capability, override: str | None = None) -> float:
+    """The half/fp32 GEMM ratio a GPU of `capability` must reach; 0 where it has no tensor cores."""
+    if override:
+        return float(override)
+    if capability in SPEEDUP_FLOORS:
+        return SPEEDUP_FLOORS[capability]
+    major = capability[0]
+    known = [floor for (mj, _), floor in SPEEDUP_FLOORS.items() if mj == major]
+    return min(known) if known else (0.0 if major < 7 else 2.5)
+
+
+def speed_verdict(capability, fp32: float, half: float, override: str | None = None) -> tuple:
+    """("pass" | "warn" | "fail", ratio, floor): fail only where no tensor core can be in use."""
+    floor = speed_floor(capability, override)
+    ratio = half / fp32 if fp32 > 0 else 0.0
+    if not floor or ratio >= floor:
+        return "pass", ratio, floor
+    hard = floor if override else min(floor, HARD_MARGIN * no_tensor_core_ratio(capability))
+    return ("fail" if ratio < hard else "warn"), ratio, floor
+
+
+def no_tensor_core_ratio(capability) -> float:
+    """What half precision reaches over fp32 on this architecture without tensor cores."""
+    capability = tuple(capability)
+    if capability in NO_TENSOR_CORE_RATIOS:
+        return NO_TENSOR_CORE_RATIOS[capability]
+    return NO_TENSOR_CORE_BY_MAJOR.get(capability[0], 2.0)
+
+
+def bf16_usable(capability) -> bool:
+    """bf16 has tensor-core support from Ampere (8.0) on; `torch.cuda.is_bf16_supported()` also says
+    True on Volta and Turing, where bf16 is emulated and slow."""
+    return tuple(capability) >= (8, 0)
+
+
+def grad_scaler(torch):
+    """The AMP gradient scaler of this torch: `torch.amp.GradScaler("cuda")` from 2.3, else the
+    `torch.cuda.amp` one (NGC 24.01 and older ship torch 2.2)."""
+    amp = getattr(torch, "amp", None)
+    if amp is not None and hasattr(amp, "GradScaler"):
+        return amp.GradScaler("cuda")
+    return torch.cuda.amp.GradScaler()
+
+
+def _public(version: str) -> list:
+    text = str(version).strip().lstrip("vV")
+    return text.split("+", 1)
+
+
+def same_version(have: str, want: str) -> bool:
+    """A framework's version against the one its base declares, public versions only: NGC's env says
+    `2.9.0a0+145a3a7` where torch says `2.9.0a0+145a3a7bda.nv25.10`, PyPI's `2.13.0+cu130` where the metadata
+    says `2.13.0`, so the local part proves nothing. `v1.10.2` (a leading v is not part of it) and `2.12.*`
+    (a prefix) are read as written."""
+    have_public, want_public = _public(have)[0], _public(want)[0]
+    if want_public.endswith("*"):
+        return have_public.startswith(want_public[:-1])
+    return have_public == want_public
+
+
+def normal_version(version: str) -> str:
+    """A version as pip writes it (PEP 440's normal form, as far as these strings need): lower case, no
+    leading v, the local part's separators as dots and its numbers without leading zeros, so the metadata's
+    `2.6.0a0+ecf3bae40a.nv25.01` and pip's `2.6.0a0+ecf3bae40a.nv25.1` are one version."""
+    public, _, local = str(version).strip().lower().lstrip("v").partition("+")
+    if not local:
+        return public
+    parts = [str(int(p)) if p.isdigit() and p.isascii() else p for p in re.split(r"[._-]", local)]
+    return public + "+" + ".".join(parts)
+
+
+def version_prefix_agrees(have: str, want: str, parts: int) -> bool:
+    """`13.0` against CUDA_VERSION `13.0.96`: the first `parts` numbers agree."""
+    return str(have).split(".")[:parts] == str(want).split(".")[:parts]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_baseline(path: str) -> set | None:
+    """`name==version` lines of the base's distributions, canonical names and normal versions (pip wrote
+    them; the metadata may spell them otherwise); None when not recorded."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [ln.strip() for ln in handle if "==" in ln]
+    except OSError:
+        return None
+    return {(_canonical(ln.split("==", 1)[0]), normal_version(ln.split("==", 1)[1])) for ln in lines}
+
+
+def top_level_modules(files, top_level_text: str | None) -> list:
+    """The importable top-level modules a distribution installs: its top_level.txt when it has one, else
+    the first part of each installed path (packages, modules, extension modules)."""
+    names = set()
+    if top_level_text:
+        names = {ln.strip().replace("/", ".").split(".")[0] for ln in top_level_text.splitlines() if ln.strip()}
+        if files:  # a name the distribution installs nothing for is no module of it (lmdb 1.4.1 lists `cpython`)
+            heads = {str(p).replace("\\", "/").split("/")[0] for p in files}
+            stems = {h.split(".")[0] for h in heads}
+            names = {n for n in names if n in heads or n in stems}
+    else:
+        for path in files or []:
+            parts = str(path).replace("\\", "/").split("/")
+            head = parts[0]
+            if head.endswith((".dist-info", ".egg-info", ".data", ".pth")) or head in ("..", "__pycache__", "bin"):
+                continue
+            if len(parts) > 1:
+                names.add(head)
+            elif head.endswith(".py"):
+                names.add(head[:-3])
+            elif ".cpython-" in head or head.endswith(".so"):
+                names.add(head.split(".")[0])
+    skip = {"test", "tests", "testing", "docs", "doc", "examples", "example", "benchmarks", "scripts", "tools"}
+    return sorted(n for n in names if n.isidentifier() and not n.startswith("_") and n not in skip)
+
+
+#: Programs a distribution runs at run time (not libraries it links), and the apt package that provides each.
+RUNTIME_TOOLS = {
+    "openai-whisper": {"ffmpeg": "ffmpeg"},
+    "pydub": {"ffmpeg": "ffmpeg"},
+    "ffmpeg-python": {"ffmpeg": "ffmpeg"},
+    "audioread": {"ffmpeg": "ffmpeg"},
+    "pytesseract": {"tesseract": "tesseract-ocr"},
+    "pdf2image": {"pdftoppm": "poppler-utils"},
+    "graphviz": {"dot": "graphviz"},
+    "pygraphviz": {"dot": "graphviz"},
+    "sox": {"sox": "sox"},
+}
+
+
+def missing_tools(names, which=None) -> list:
+    """(distribution, program, apt package) for each program an added distribution runs that is not on PATH."""
+    import shutil
+
+    which = which or shutil.which
+    return [
+        (name, tool, package)
+        for name in sorted(names)
+        for tool, package in sorted(RUNTIME_TOOLS.get(name, {}).items())
+        if not which(tool)
+    ]
+
+
+def _module_file(path: str) -> bool:
+    """A top-level module's own file: `pkg/__init__.py`, `mod.py` or an extension module at the top."""
+    parts = path.split("/")
+    if len(parts) == 2:
+        return parts[1] == "__init__.py" and not parts[0].endswith((".dist-info", ".egg-info", ".data"))
+    return len(parts) == 1 and (path.endswith(".py") or ".cpython-" in path or path.endswith(".so"))
+
+
+def shared_modules(dists, added) -> list:
+    """Module files two distributions both install with different contents (opencv-python and -headless both own
+    cv2/__init__.py: the one installed last wins, whatever pip says), where one of them is an added distribution.
+    `dists`: (name, version, files) of every distribution; identical files (namespace boilerplate) are fine."""
+    owners: dict = {}
+    for name, version, files in dists:
+        for f in files or []:
+            path = str(f).replace("\\", "/")
+            if _module_file(path):
+                digest = getattr(getattr(f, "hash", None), "value", "") or ""
+                owners.setdefault(path, []).append((name, version, digest))
+    found = []
+    for path, who in sorted(owners.items()):
+        names = {n for n, _, _ in who}
+        if len(names) < 2 or not names & set(added):
+            continue
+        if len({d for _, _, d in who}) == 1 and who[0][2]:
+            continue  # the same bytes from each: nothing was overwritten
+        listed = " and ".join(f"{n} {v}" for n, v, _ in sorted(who))
+        found.append(f"{path.split('/')[0].split('.')[0]} is installed by {listed}: the last one installed "
+                     f"overwrote the other's files; keep one of them")  # fmt: skip
+    return found
+
+
+def missing_library(error: str) -> str:
+    """The shared library an ImportError says is missing, or ""."""
+    match = re.search(r"([\w.+-]+\.so(?:\.[\w.]+)?): cannot open shared object file", error)
+    return match.group(1) if match else ""
+
+
+def optional_dependency(module: str, error: str) -> str:
+    """The other top-level module whose absence stopped `module`'s import, or "". pip installs every
+    requirement, so a module that is not installed at all is an optional one the package does not
+    require (matplotlib-inline without matplotlib): not a broken image."""
+    match = re.match(r"ModuleNotFoundError: No module named '([\w.]+)'", error)
+    if not match:
+        return ""
+    missing = match.group(1).split(".")[0]
+    return missing if missing != module.split(".")[0] else ""
+
+
+def apt_packages(library: str, distribution: str = "") -> list:
+    """The Debian/Ubuntu packages that provide `library` (a well-known wheel's whole set); [] when unknown."""
+    if distribution in NATIVE_NEEDS:
+        return list(NATIVE_NEEDS[distribution])
+    for name, package in NATIVE_LIBRARIES.items():
+        if library.startswith(name.split(".so")[0] + ".so"):
+            return [package]
+    return []
+
+
+def import_hint(library: str, distribution: str = "") -> str:
+    packages = apt_packages(library, distribution)
+    return f"add apt: [{', '.join(packages)}]" if packages else "install the system package that provides it (apt:)"
+
+
+def conv_within_tolerance(err: float, ref_max: float) -> bool:
+    """A GPU convolution in real fp32 matches the CPU to 1e-4 of its outputs' size: an implicit-GEMM conv
+    lands near 1e-6, and the Winograd or FFT algorithms TensorFlow's autotuner may pick stay within 1e-4."""
+    return err <= 1e-4 * max(1.0, ref_max)
+
+
+def new_problems(current: list, baseline: list | None) -> list:
+    """`pip check` lines the image has and its base did not."""
+    if baseline is None:
+        return list(current)
+    seen = set(baseline)
+    return [line for line in current if line not in seen]
+
+
+class Skip(Exception):
+    pass
+
+
+class Fail(Exception):
+    """A check failed; `details` keeps its numbers (a failing tensor-core check's TFLOP/s and floors)."""
+
+    def __init__(self, reason, details=None):
+        super().__init__(reason)
+        self.details = dict(details or {})
+
+
+class Warn(Fail):
+    """A check passed with a warning; its numbers kept too."""
+
+
+class Report:
+    def __init__(self) -> None:
+        self.checks: list[dict] = []
+        self.meta: dict = {"python": platform.python_version(), "machine": platform.machine()}
+
+    def run(self, name: str, fn, *args) -> dict | None:
+        start = time.perf_counter()
+        entry: dict = {"name": name}
+        try:
+            details = fn(*args) or {}
+            entry.update(status="pass", reason=details.pop("reason", ""), details=details)
+        except Skip as exc:
+            entry.update(status="skip", reason=str(exc), details={})
+        except Warn as exc:
+            entry.update(status="warn", reason=str(exc), details=exc.details)
+        except Fail as exc:
+            entry.update(status="fail", reason=str(exc), details=exc.details)
+        except Exception as exc:  # noqa: BLE001 - a crash in a check is that check failing, not the script
+            entry.update(status="fail", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300], details={})
+        entry["seconds"] = round(time.perf_counter() - start, 3)
+        self.checks.append(entry)
+        return entry.get("details")
+
+    def fail(self, name: str, reason: str) -> None:
+        self.checks.append({"name": name, "status": "fail", "reason": reason, "details": {}, "seconds": 0.0})
+
+    @property
+    def ok(self) -> bool:
+        return all(c["status"] != "fail" for c in self.checks)
+
+
+# --- checks for every image -----------------------------------------------------------------------
+
+
+def expected_version(env_name: str) -> str:
+    return os.environ.get("IMGBUILD_EXPECT_FRAMEWORK_VERSION") or os.environ.get(env_name, "")
+
+
+def check_framework_version(module, version: str, env_name: str, baseline_path: str = "") -> dict:
+    """The framework is the base's own. In an image imgbuild built, the distribution that provides the
+    framework's module is exactly the one the base recorded before the recipe's layers (`dists.base`); in
+    any other image, the module's version has the base's declared public version (NGC's env and torch's
+    own string differ in their local part). Either way one distribution only may provide the module."""
+    where = os.path.dirname(getattr(module, "__file__", "") or "")
+    owners = module_owners(module.__name__)
+    if len(owners) > 1:
+        raise Fail(
+            f"{module.__name__} is installed by {len(owners)} distributions ({', '.join(owners)}): one "
+            "overwrote the other's files; the base's framework is no longer what it shipped"
+        )
+    baseline = read_baseline(baseline_path or DISTS_BASELINE)
+    if baseline is not None and owners:
+        name, have = owners[0].rsplit(" ", 1)
+        recorded = dict(baseline)
+        if _canonical(name) not in recorded:
+            raise Fail(
+                f"{module.__name__} {version} is now provided by {name} {have}, which the base did not have: "
+                f"something replaced the base's framework ({where})"
+            )
+        if recorded[_canonical(name)] != normal_version(have):
+            raise Fail(
+                f"{name} is {have} but the base carries {name} {recorded[_canonical(name)]}: something "
+                f"replaced the base's framework ({where})"
+            )
+        return {
+            "version": version,
+            "distribution": f"{name} {have}",
+            "location": where,
+            "owners": owners,
+            "reason": f"{version} ({name} {have}), the base's own",
+        }
+    want = expected_version(env_name)
+    if not want:
+        return {"version": version, "location": where, "reason": f"{version} (the base declares no version)"}
+    if not same_version(version, want):
+        raise Fail(
+            f"{module.__name__} is {version} but the base carries {want}: "
+            f"something replaced the base's framework ({where})"
+        )
+    return {"version": version, "location": where, "owners": owners, "reason": f"{version}, the base's own"}
+
+
+def module_owners(module_name: str) -> list:
+    """`name version` of every installed distribution that provides the top-level module."""
+    import importlib.metadata as md
+
+    owners = set()
+    for dist in md.distributions():
+        top = dist.read_text("top_level.txt")
+        if module_name in top_level_modules(None if top else dist.files, top):
+            owners.add(f"{dist.metadata['Name']} {dist.version}")
+    return sorted(owners)
+
+
+def _pip_check_lines(text: str) -> list:
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("No broken requirements")]
+
+
+def check_pip() -> dict:
+    proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=300)
+    if "No module named pip" in proc.stderr:
+        raise Skip("pip is not installed in the image")
+    lines = _pip_check_lines(proc.stdout + proc.stderr) if proc.returncode != 0 else []
+    try:
+        with open(PIP_CHECK_BASELINE, encoding="utf-8") as handle:
+            baseline = _pip_check_lines(handle.read())
+    except OSError:
+        baseline = None
+    added = new_problems(lines, baseline)
+    if added and baseline is not None:
+        raise Fail(f"pip check found {len(added)} new problem(s): " + "; ".join(added[:3]))
+    if added:  # no baseline: an image imgbuild did not build; nothing says which layer broke it
+        raise Warn(f"pip check found {len(added)} problem(s) (no baseline of the base): " + "; ".join(added[:3]))
+    if lines:
+        return {"base_problems": lines, "reason": f"nothing new ({len(lines)} problem(s) the base already had)"}
+    return {"reason": "no broken requirements"}
+
+
+_IMPORT_SNIPPET = """
+import importlib, json, sys
+errors = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:  # a module may raise anything at import, SystemExit included
+        errors[name] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
+print(json.dumps(errors))
+"""
+
+
+def _import_one(modules: list) -> dict:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _IMPORT_SNIPPET, *modules], capture_output=True, text=True, timeout=IMPORT_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        return {modules[0]: f"importing took over {IMPORT_SECONDS} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return {modules[0]: f"the interpreter died importing it: {tail[0][:200]}"}
+
+
+def _distributions() -> list:
+    """(canonical name, distribution) of every distribution on the path, each once: a second copy further down
+    sys.path is shadowed, it is never imported. One pass over the metadata, for every question asked of it."""
+    import importlib.metadata as md
+
+    seen, out = set(), []
+    for dist in md.distributions():
+        name = _canonical(dist.metadata["Name"] or "")
+        if name and name not in seen:
+            seen.add(name)
+            out.append((name, dist))
+    return out
+
+
+def _added(baseline: set, every=None) -> list:
+    """(canonical name, distribution) of every distribution the recipe's layers installed or changed."""
+    found = every if every is not None else _distributions()
+    return sorted(((n, d) for n, d in found if (n, normal_version(d.version)) not in baseline), key=lambda i: i[0])
+
+
+def _modules(dist) -> list:
+    return top_level_modules(dist.files, dist.read_text("top_level.txt"))
+
+
+def requirement_names(requires) -> set:
+    """The canonical names a distribution's Requires-Dist lines name (extras' and markers' included: erring
+    towards re-checking)."""
+    return {_canonical(re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0]) for r in requires or [] if r.strip()}
+
+
+def unchanged_since_last(work: list, known_text: str, needs: dict) -> set:
+    """The added distributions that need no import check again: the same version imported in the last promoted
+    image of this recipe (`known_text`: its `name==version` words, on the same base), and nothing they require
+    (`needs`: name -> the names it requires), directly or not, changed since. Empty without a record."""
+    known = set()
+    for word in known_text.split()[:100000]:
+        name, sep, version = word.partition("==")
+        if sep:
+            known.add((_canonical(name), normal_version(version)))
+    if not known:
+        return set()
+    versions = {n: normal_version(v) for n, v, _ in work}
+    changed = {n for n, v in versions.items() if (n, v) not in known}
+    changed |= {n for n, _ in known} - set(versions)  # gone (or no longer checked): what needed it is re-checked
+    affected, grew = set(changed), True
+    while grew:  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
+        grew = False
+        for name, wanted in needs.items():
+            if name in versions and name not in affected and wanted & affected:
+                affected.add(name)
+                grew = True
+    return set(versions) - affected
+
+
+def license_of(metadata) -> str:
+    """A distribution's license as its metadata states it: the SPDX expression, else a one-line License field,
+    else the last part of its license classifiers; "" when it says nothing."""
+    expression = (metadata.get("License-Expression") or "").strip()
+    if expression:
+        return expression[:200]
+    text = (metadata.get("License") or "").strip()
+    if text and "\n" not in text and len(text) <= 100 and text.upper() != "UNKNOWN":
+        return text
+    classified = [c.split("::")[-1].strip() for c in metadata.get_all("Classifier") or [] if c.startswith("License ::")]
+    return ", ".join(sorted(set(classified)))[:200]
+
+
+def added_with_licenses(baseline: set) -> list:
+    """[name, version, license] of every distribution the recipe added or changed (the SBOM's Python part)."""
+    return [[name, dist.version, license_of(dist.metadata)] for name, dist in _added(baseline)]
+
+
+def _classify(work: list, results: list) -> tuple:
+    """Import errors as (failures, needing the driver, needing an optional package, the apt packages that cure
+    the failures: one list for all of them)."""
+    failures, driver_only, optional, apt = [], [], [], []
+    for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
+        for module, error in sorted(errors.items()):
+            library = missing_library(error)
+            absent = optional_dependency(module, error)
+            if absent and name != "smoke.imports":
+                optional.append(f"{name}: import {module} needs {absent}, which it does not require")
+            elif library.startswith(DRIVER_LIBRARIES):
+                driver_only.append(f"{name}: import {module} needs the NVIDIA driver ({library})")
+            elif library:
+                hint = import_hint(library, name)
+                apt += [p for p in apt_packages(library, name) if p not in apt]
+                failures.append(f"{name} {version}: import {module}: {library} is missing ({hint})")
+            else:
+                failures.append(f"{name} {version}: import {module}: {error}")
+    return failures, driver_only, optional, apt
+
+
+def check_imports() -> dict:
+    """Every package the recipe added imports: each distribution's top-level modules, in a fresh
+    interpreter, plus the recipe's own `smoke.imports`; `smoke.skip_imports` names distributions to leave."""
+    baseline = read_baseline(DISTS_BASELINE)
+    extra = [m for m in os.environ.get("IMGBUILD_SMOKE_IMPORTS", "").split() if m]
+    skipped = {_canonical(n) for n in os.environ.get("IMGBUILD_SMOKE_SKIP_IMPORTS", "").split() if n}
+    if baseline is None and not extra:
+        raise Skip("no record of the base's packages (an image imgbuild did not build): nothing to compare")
+    every = _distributions()
+    added = _added(baseline or set(), every)
+    work = [(n, d.version, m) for n, d in added if n not in skipped and (m := _modules(d))]
+    needs = {n: requirement_names(d.requires) for n, d in added}
+    unchanged = unchanged_since_last(work, os.environ.get("IMGBUILD_SMOKE_KNOWN_GOOD", ""), needs)
+    work = [item for item in work if item[0] not in unchanged]
+    if extra:
+        work.append(("smoke.imports", "", extra))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda item: _import_one(item[2]), work))
+    failures, driver_only, optional, apt = _classify(work, results)
+    added_names = [n for n, _, _ in work]
+    for name, tool, package in missing_tools(added_names):
+        failures.append(f"{name}: runs `{tool}`, which is not installed (add apt: [{package}])")
+        apt += [package] if package not in apt else []
+    failures += shared_modules([(n, d.version, d.files) for n, d in every], added_names)
+    checked = sum(len(m) for _, _, m in work)
+    if failures:
+        shown = "; ".join(failures[:4]) + (
+            f"; and {len(failures) - 4} more (all in smoke.json)" if failures[4:] else ""
+        )
+        cure = f"; for all of them, add to the recipe: apt: [{', '.join(sorted(apt))}]" if apt else ""
+        details = {"failures": failures[:2000], "apt": sorted(apt)}
+        raise Fail(f"{len(failures)} of {checked} module(s) do not import: {shown}{cure}", details)
+    reason = f"{checked} module(s) of {len(work)} added distribution(s) import"
+    if unchanged:
+        reason += f"; {len(unchanged)} unchanged since the last promoted image, nor what they need: not re-imported"
+    if optional:
+        reason += f"; {len(optional)} need an optional package that is not installed: " + "; ".join(optional[:2])
+    if driver_only:
+        reason += f"; {len(driver_only)} need the driver, checked on a GPU host: " + "; ".join(driver_only[:2])
+    return {"distributions": [f"{n}=={v}" for n, v, _ in work if v], "modules": checked, "reason": reason}
+
+
+RUN_SECONDS = 600  # one `smoke.run` command
+
+
+def check_commands() -> dict:
+    """The recipe's own checks (`smoke.run`): each command must exit 0 in the image."""
+    commands = json.loads(os.environ.get("IMGBUILD_SMOKE_RUN") or "[]")
+    if not commands:
+        raise Skip("the recipe declares none (smoke.run)")
+    import tempfile
+
+    for command in commands:
+        with tempfile.TemporaryFile() as out:  # the output in order, on disk: a chatty build stays bounded here
+            try:
+                code = subprocess.run(["/bin/sh", "-c", command], stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=RUN_SECONDS).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                code = None
+            out.seek(max(0, out.seek(0, 2) - RUN_TAIL_BYTES))
+            output = [line[:300] for line in out.read().decode("utf-8", "replace").splitlines()[-RUN_TAIL_LINES:]]
+        if code != 0:
+            details = {"command": command, "exit": code, "output": output}
+            how = f"ran past {RUN_SECONDS} s" if code is None else f"exited {code}"
+            raise Fail(f"{command[:80]!r} {how}: {' | '.join(run_causes(output))}", details)
+    return {"commands": len(commands), "reason": f"{len(commands)} command(s) of smoke.run succeeded"}
+
+
+RUN_TAIL_BYTES = 64 * 1024  # what is kept of a failing command's output
+RUN_TAIL_LINES = 60
+_CAUSE = re.compile(r"error|not found|no such file|cannot|fatal|undefined reference|permission denied", re.IGNORECASE)
+
+
+def run_causes(output: list) -> list:
+    """The lines of a failed command's output that say why (the compiler's, not ninja's "build stopped"): the
+    last three that name an error, else its last line."""
+    causes = [line.strip()[:200] for line in output if _CAUSE.search(line)]
+    return causes[-3:] or [line.strip()[:200] for line in output[-1:]] or ["(no output)"]
+
+
+def check_shm() -> dict:
+    st = os.statvfs("/dev/shm")
+    size = st.f_frsize * st.f_blocks
+    mib = size // (1024 * 1024)
+    if size <= SHM_DEFAULT_BYTES:
+        raise Warn(
+            f"/dev/shm is {mib} MiB (Docker's default): DataLoader workers and NCCL need more; "
+            "run with --ipc host or --shm-size (imgbuild run does)"
+        )
+    return {"shm_mib": mib, "reason": f"/dev/shm is {mib} MiB"}
+
+
+# --- PyTorch --------------------------------------------------------------------------------------
+
+
+def cuda_available(torch) -> tuple:
+    """(is CUDA usable, why not in CUDA's own words): torch says why only in a warning ("the NVIDIA driver on
+    your system is too old", error 804 "forward compatibility was attempted on non supported HW", 802 "system
+    not yet initialized" when the fabric manager is down), which a bare is_available() throws away."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        usable = bool(torch.cuda.is_available())
+    why = ""
+    for warning in caught:
+        text = " ".join(str(warning.message).split())
+        if "cuda" in text.lower() or "driver" in text.lower():
+            why = text[:300]
+            break
+    return usable, why
+
+
+def torch_cuda(torch) -> dict:
+    usable, why = cuda_available(torch)
+    if not usable:
+        raise Skip("no GPU visible" + (f": {why}" if why else ""))
+    names = []
+    for i in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(i)
+        x = torch.ones(1, device=f"cuda:{i}") + 1
+        torch.cuda.synchronize(i)
+        if float(x.item()) != 2.0:
+            raise Fail(f"a one-element kernel on GPU {i} gave the wrong answer")
+        names.append(f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})")
+    return {
+        "devices": torch.cuda.device_count(),
+        "names": names,
+        "cuda": torch.version.cuda,
+        "reason": f"{', '.join(names)}, CUDA {torch.version.cuda}",
+    }
+
+
+def torch_arch_list(torch) -> list:
+    """The archs this torch was compiled for, with or without a GPU (`get_arch_list()` is empty without one)."""
+    flags = getattr(torch._C, "_cuda_getArchFlags", None)
+    text = flags() if callable(flags) else ""
+    return str(text or "").split() or list(torch.cuda.get_arch_list())
+
+
+def torch_arch(torch) -> dict:
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    archs = torch_arch_list(torch)
+    verdicts = [explain_kernels(archs, torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+    problems = [reason for runs, _, reason in verdicts if not runs]
+    if problems:
+        raise Fail("; ".join(problems) + " (choose an NGC release that supports this GPU)")
+    jit = [reason for _, how, reason in verdicts if how == "ptx"]
+    if jit:
+        raise Warn("; ".join(jit))
+    return {"arch_list": archs, "reason": "; ".join(sorted({reason for _, _, reason in verdicts}))}
+
+
+def torch_cudnn(torch) -> dict:
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    if not torch.backends.cudnn.is_available():
+        raise Fail("cuDNN is not available to PyTorch")
+    ver = torch.backends.cudnn.version()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+    x = torch.randn(8, 64, 32, 32, requires_grad=True)
+    ref = conv(x)
+    ref.sum().backward()
+    ref_grad = x.grad.clone()
+    conv_gpu = conv.cuda()
+    xg = x.detach().cuda().requires_grad_(True)
+    out = conv_gpu(xg)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    fwd_err = (out.cpu() - ref).abs().max().item()
+    bwd_err = (xg.grad.cpu() - ref_grad).abs().max().item()
+    if fwd_err > 1e-3 or bwd_err > 1e-3:
+        raise Fail(f"cuDNN convolution differs from the CPU: forward {fwd_err:.2e}, backward {bwd_err:.2e}")
+    return {
+        "cudnn": cudnn_text(ver),
+        "forward_err": fwd_err,
+        "backward_err": bwd_err,
+        "reason": f"cuDNN {cudnn_text(ver)}, conv fwd/bwd match the CPU (max err {max(fwd_err, bwd_err):.1e})",
+    }
+
+
+def cudnn_text(version: int) -> str:
+    """`90100` -> 9.1.0 (cuDNN 9), `8905` -> 8.9.5 (cuDNN 8)."""
+    major, rest = divmod(version, 10000) if version >= 90000 else divmod(version, 1000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
+def _gemm_tflops(torch, dtype, n: int, device: int) -> float:
+    """Best of GEMM_REPEATS windows of at least GEMM_SECONDS each: one time slice lost to another
+    process cannot halve the figure."""
+    a = torch.randn(n, n, device=f"cuda:{device}", dtype=dtype)
+    b = torch.randn(n, n, device=f"cuda:{device}", dtype=dtype)
+    for _ in range(3):
+        torch.mm(a, b)
+    torch.cuda.synchronize(device)
+    best, iters = 0.0, 4
+    # The events record on the current device's stream: it must be the GEMMs' device (on device 0 they timed
+    # nothing of GPU 1's work, and the loop grew to its cap: a false fail or a timeout on every GPU after the first).
+    with torch.cuda.device(device):
+        for _ in range(GEMM_REPEATS):
+            while True:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(iters):
+                    torch.mm(a, b)
+                end.record()
+                torch.cuda.synchronize(device)
+                seconds = start.elapsed_time(end) / 1000
+                if seconds >= GEMM_SECONDS or iters >= 1 << 14:
+                    break
+                iters = min(1 << 14, max(iters * 2, int(iters * GEMM_SECONDS / max(seconds, 1e-6) * 1.1)))
+            best = max(best, 2 * n**3 * iters / max(seconds, 1e-9) / 1e12)
+    return best
+
+
+def torch_tensor_cores(torch) -> dict:
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    rows, worst, details = [], "pass", {"fp32_precision": torch.get_float32_matmul_precision(), "gpus": []}
+    for i in range(torch.cuda.device_count()):
+        capability = tuple(torch.cuda.get_device_capability(i))
+        free, _total = torch.cuda.mem_get_info(i)
+        n = 8192 if free > 4 * 1024**3 else 4096  # every dimension a multiple of 8 for tensor cores
+        fp32 = _gemm_tflops(torch, torch.float32, n, i)
+        fp16 = _gemm_tflops(torch, torch.float16, n, i)
+        bf16 = _gemm_tflops(torch, torch.bfloat16, n, i) if bf16_usable(capability) else None
+        status, ratio, floor = speed_verdict(
+            capability, fp32, max(fp16, bf16 or 0.0), os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP")
+        )
+        text = (
+            f"GPU {i} fp32 {fp32:.1f}, fp16 {fp16:.1f}"
+            + (f", bf16 {bf16:.1f}" if bf16 else "")
+            + f" TFLOP/s: {ratio:.1f}x"
+        )
+        text += f" (floor {floor}x)" if floor else " (no tensor cores: no floor)"
+        details["gpus"].append(
+            {
+                "index": i,
+                "n": n,
+                "fp32_tflops": round(fp32, 1),
+                "fp16_tflops": round(fp16, 1),
+                "bf16_tflops": round(bf16, 1) if bf16 else None,
+                "speedup": round(ratio, 1),
+                "floor": floor,
+                "status": status,
+            }
+        )
+        rows.append(text)
+        worst = "fail" if "fail" in (worst, status) else ("warn" if "warn" in (worst, status) else "pass")
+    text = "; ".join(rows) + f"; fp32 matmul precision {details['fp32_precision']}"
+    if worst == "fail":
+        raise Fail(text + ": below what any tensor core gives, tensor cores are not in use", details)
+    if worst == "warn":
+        raise Warn(text + ": under the architecture's floor (a busy or throttled GPU?)", details)
+    details["reason"] = text
+    return details
+
+
+def torch_amp_training(torch) -> dict:
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.02)
+    scaler = grad_scaler(torch)
+    x = torch.randn(1024, 256, device="cuda")
+    y = x[:, :8].sum(dim=1, keepdim=True)
+    losses = []
+    for _ in range(30):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = model(x)
+            if out.dtype != torch.float16:
+                raise Fail(f"autocast produced {out.dtype}, not float16")
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    bf16 = bf16_usable(torch.cuda.get_device_capability())
+    if bf16:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if model(x).dtype != torch.bfloat16:
+                raise Fail("autocast with bfloat16 did not compute in bfloat16")
+    if not all(map(lambda v: v == v and abs(v) != float("inf"), losses)):
+        raise Fail("AMP training produced a non-finite loss")
+    if not losses[-1] < losses[0] * 0.9:
+        raise Fail(f"AMP training did not learn: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return {
+        "loss_first": round(losses[0], 4),
+        "loss_last": round(losses[-1], 4),
+        "scaler": type(scaler).__module__ + "." + type(scaler).__name__,
+        "bf16": bf16,
+        "reason": f"autocast fp16 + GradScaler: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        + (", bf16 autocast too" if bf16 else ""),
+    }
+
+
+def loaded_library(name: str) -> str:
+    """The file this process loaded for a shared library (`libcudart.so`), from /proc/self/maps; "" if none."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                if "/" + name in path:
+                    return path
+    except OSError:
+        pass
+    return ""
+
+
+def is_wheel_path(path: str) -> bool:
+    """A library from a Python wheel (nvidia-cuda-runtime-cu12 and the like), not the system's CUDA."""
+    return "/site-packages/" in path or "/dist-packages/" in path
+
+
+def torch_libraries(torch) -> dict:
+    """CUDA runtime, cuDNN and NCCL as the framework loads them, against what the image declares. No GPU needed."""
+    cuda = torch.version.cuda
+    declared = os.environ.get("CUDA_VERSION", "")
+    if not cuda:
+        raise Skip(
+            f"torch {torch.__version__} is a CPU-only build"
+            + (f" (the image declares CUDA {declared})" if declared else "")
+        )
+    details = {"cuda": cuda, "arch_list": torch_arch_list(torch)}
+    problems = []
+    if declared and not version_prefix_agrees(cuda, declared, 2):
+        runtime = loaded_library("libcudart.so")
+        if is_wheel_path(runtime):  # pip's torch on a CUDA base: its own runtime, not the system copy declared
+            details["cuda_note"] = f"torch loads its own CUDA {cuda} runtime ({runtime}), not the image's {declared}"
+        else:
+            problems.append(f"torch was built with CUDA {cuda} but the image declares CUDA_VERSION={declared}")
+    if not torch.backends.cudnn.is_available():
+        problems.append("cuDNN does not load")
+    else:
+        details["cudnn"] = cudnn_text(torch.backends.cudnn.version())
+        want = os.environ.get("CUDNN_VERSION", "")
+        if want and not version_prefix_agrees(details["cudnn"], want, 3):
+            problems.append(f"cuDNN {details['cudnn']} loads but the image declares CUDNN_VERSION={want}")
+    try:
+        nccl = torch.cuda.nccl.version()
+        details["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception as exc:  # noqa: BLE001 - a missing or broken libnccl raises anything
+        if torch.distributed.is_available() and torch.distributed.is_nccl_available():
+            problems.append(f"NCCL is built in but does not load: {type(exc).__name__}: {str(exc)[:120]}")
+    if problems:
+        raise Fail("; ".join(problems))
+    parts = [f"CUDA {cuda}"] + [f"{k} {details[k]}" for k in ("cudnn", "nccl") if k in details]
+    details["reason"] = ", ".join(parts) + " load and match the image's declared versions"
+    return details
+
+
+def torch_cpu_compute(torch) -> dict:
+    torch.manual_seed(0)
+    a = torch.randn(256, 256, dtype=torch.float64)
+    err = (a @ torch.linalg.inv(a) - torch.eye(256, dtype=torch.float64)).abs().max().item()
+    conv = torch.nn.functional.conv2d(torch.ones(1, 1, 5, 5), torch.ones(1, 1, 3, 3))
+    if err > 1e-6 or conv.flatten()[0].item() != 9.0:
+        raise Fail(f"CPU arithmetic is wrong (inverse error {err:.1e})")
+    return {"reason": f"matmul, inverse and conv2d correct on the CPU ({torch.get_num_threads()} threads)"}
+
+
+def import_framework(report: Report, module: str, framework: str):
+    """The framework module, or None with a failed `framework` check saying why it did not import."""
+    import importlib
+
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a broken install raises anything, not only ImportError
+        report.fail("framework", f"import {module} failed: {type(exc).__name__}: {exc}")
+        return None
+    report.meta["framework"] = framework
+    return loaded
+
+
+def run_pytorch(report: Report, libraries_only: bool = False) -> None:
+    torch = import_framework(report, "torch", "pytorch")
+    if torch is None:
+        return
+    report.run("framework", check_framework_version, torch, torch.__version__, "PYTORCH_VERSION")
+    libraries = report.run("cuda libraries", torch_libraries, torch) or {}
+    report.meta["cuda"] = libraries.get("cuda") or (torch.version.cuda or "")
+    report.meta["arch_list"] = libraries.get("arch_list") or (torch_arch_list(torch) if torch.version.cuda else [])
+    if libraries_only:
+        return
+    report.run("pip check", check_pip)
+    report.run("imports", check_imports)
+    report.run("recipe checks", check_commands)
+    report.run("cpu compute", torch_cpu_compute, torch)
+    report.run("cuda", torch_cuda, torch)
+    report.run("cuda arch", torch_arch, torch)
+    report.run("cudnn conv", torch_cudnn, torch)
+    report.run("tensor cores", torch_tensor_cores, torch)
+    report.run("amp training", torch_amp_training, torch)
+    report.run("shared memory", check_shm)
+
+
+# --- TensorFlow -----------------------------------------------------------------------------------
+
+
+def tf_gpus(tf) -> dict:
+    gpus = tf.config.list_physical_devices("GPU")
+    info = tf.sysconfig.get_build_info()
+    if not gpus:
+        raise Skip("no GPU visible" + ("" if info.get("is_cuda_build") else " (and this is not a CUDA build)"))
+    return {
+        "gpus": len(gpus),
+        "cuda": info.get("cuda_version"),
+        "cudnn": info.get("cudnn_version"),
+        "reason": f"{len(gpus)} GPU(s); built with CUDA {info.get('cuda_version')}, cuDNN {info.get('cudnn_version')}",
+    }
+
+
+def tf_libraries(tf) -> dict:
+    """The CUDA and cuDNN TensorFlow was built with, against what the image declares. No GPU needed."""
+    info = tf.sysconfig.get_build_info()
+    if not info.get("is_cuda_build"):
+        raise Skip(f"TensorFlow {tf.__version__} is not a CUDA build")
+    cuda, cudnn = str(info.get("cuda_version") or ""), str(info.get("cudnn_version") or "")
+    archs = [a for a in str(info.get("cuda_compute_capabilities") or "").replace(",", " ").split() if a]
+    details = {"cuda": cuda, "cudnn": cudnn, "arch_list": archs}
+    problems = []
+    declared = os.environ.get("CUDA_VERSION", "")
+    if declared and cuda and not version_prefix_agrees(cuda, declared, 2):
+        problems.append(f"TensorFlow was built with CUDA {cuda} but the image declares CUDA_VERSION={declared}")
+    want = os.environ.get("CUDNN_VERSION", "")
+    if want and cudnn and not version_prefix_agrees(cudnn, want, len(cudnn.split("."))):
+        problems.append(f"TensorFlow was built with cuDNN {cudnn} but the image declares CUDNN_VERSION={want}")
+    if problems:
+        raise Fail("; ".join(problems))
+    details["reason"] = f"built with CUDA {cuda}, cuDNN {cudnn}, as the image declares"
+    return details
+
+
+def tf_conv(tf) -> dict:
+    if not tf.config.list_physical_devices("GPU"):
+        raise Skip("no GPU visible")
+    # TF turns TF32 on by default from Ampere on: compare in real fp32.
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    with tf.device("/GPU:0"):
+        x = tf.random.normal([8, 32, 32, 16], seed=0)
+        k = tf.Variable(tf.random.normal([3, 3, 16, 16], seed=1))
+        with tf.GradientTape() as tape:
+            y = tf.nn.conv2d(x, k, strides=1, padding="SAME")
+            loss = tf.reduce_sum(y)
+        grad = tape.gradient(loss, k)
+    if not y.device.endswith("GPU:0"):
+        raise Fail(f"conv2d ran on {y.device}, not the GPU")
+    with tf.device("/CPU:0"):
+        ref = tf.nn.conv2d(x, k, strides=1, padding="SAME")
+    err = float(tf.reduce_max(tf.abs(ref - y)))
+    scale = max(1.0, float(tf.reduce_max(tf.abs(ref))))
+    if grad is None or not conv_within_tolerance(err, scale):
+        raise Fail(f"GPU conv2d differs from the CPU by {err:.1e} (outputs up to {scale:.0f})")
+    return {
+        "max_err": err,
+        "relative_err": err / scale,
+        "reason": f"conv2d with gradient on {y.device.split('device:')[-1]}, err {err / scale:.1e} relative",
+    }
+
+
+def tf_mixed_precision(tf) -> dict:
+    keras = tf.keras
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = keras.layers.Dense(16)
+        out = layer(tf.ones([8, 16]))
+        if layer.compute_dtype != "float16" or layer.variable_dtype != "float32":
+            raise Fail(f"mixed_float16 computes in {layer.compute_dtype}, stores {layer.variable_dtype}")
+        if out.dtype != tf.float16:
+            raise Fail(f"a Dense layer under mixed_float16 returned {out.dtype.name}")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    where = "GPU" if tf.config.list_physical_devices("GPU") else "CPU (no GPU visible)"
+    return {"reason": f"mixed_float16 computes in float16, keeps float32 variables, on the {where}"}
+
+
+def tf_cpu_compute(tf) -> dict:
+    with tf.device("/CPU:0"):
+        conv = tf.nn.conv2d(tf.ones([1, 5, 5, 1]), tf.ones([3, 3, 1, 1]), strides=1, padding="VALID")
+        m = tf.linalg.matmul(tf.eye(64), tf.ones([64, 64]))
+    if float(conv[0, 0, 0, 0]) != 9.0 or float(tf.reduce_sum(m)) != 64 * 64:
+        raise Fail("CPU arithmetic is wrong")
+    return {"reason": "matmul and conv2d correct on the CPU"}
+
+
+def run_tensorflow(report: Report, libraries_only: bool = False) -> None:
+    tf = import_framework(report, "tensorflow", "tensorflow")
+    if tf is None:
+        return
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    report.run("framework", check_framework_version, tf, tf.__version__, "TENSORFLOW_VERSION")
+    libraries = report.run("cuda libraries", tf_libraries, tf) or {}
+    report.meta["cuda"] = libraries.get("cuda", "")
+    report.meta["arch_list"] = libraries.get("arch_list", [])
+    if libraries_only:
+        return
+    report.run("pip check", check_pip)
+    report.run("imports", check_imports)
+    report.run("recipe checks", check_commands)
+    report.run("cpu compute", tf_cpu_compute, tf)
+    report.run("cuda", tf_gpus, tf)
+    report.run("cudnn conv", tf_conv, tf)
+    report.run("mixed precision", tf_mixed_precision, tf)
+    report.run("shared memory", check_shm)
+
+
+RUNNERS = {"pytorch": run_pytorch, "tensorflow": run_tensorflow}
+
+
+def detect_framework() -> str | None:
+    if os.environ.get("PYTORCH_VERSION") or os.environ.get("NVIDIA_PYTORCH_VERSION"):
+        return "pytorch"
+    if os.environ.get("TENSORFLOW_VERSION") or os.environ.get("NVIDIA_TENSORFLOW_VERSION"):
+        return "tensorflow"
+    import importlib.util
+
+    for name, module in (("pytorch", "torch"), ("tensorflow", "tensorflow")):
+        if importlib.util.find_spec(module):
+            return name
+    return None
+
+
+def table(report: Report) -> str:
+    rows = [(c["name"], c["status"].upper(), c["reason"]) for c in report.checks]
+    width = max(len(r[0]) for r in rows) if rows else 10
+    return "\n".join(f"{n:<{width}}  {s:<4}  {r}" for n, s, r in rows)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="imgbuild in-image smoke test")
+    parser.add_argument("--framework", choices=sorted(RUNNERS))
+    parser.add_argument("--require-gpu", action="store_true")
+    parser.add_argument("--libraries-only", action="store_true", help="only what needs no GPU, and the arch list")
+    parser.add_argument("--format", choices=("json", "table"), default="json")
+    args = parser.parse_args(argv)
+    # Real fp32 baselines: NGC images set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (TF32 in cuBLAS), so this is
+    # assigned, not defaulted; set before the framework loads. The matmul precision used is reported.
+    os.environ["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "0"
+    os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    report = Report()
+    framework = args.framework or detect_framework()
+    start = time.perf_counter()
+    if framework is None:
+        report.fail("framework", "neither PyTorch nor TensorFlow is installed")
+    else:
+        RUNNERS[framework](report, args.libraries_only)
+    if args.require_gpu:
+        gpu = next((c for c in report.checks if c["name"] == "cuda"), None)
+        if gpu is None or gpu["status"] != "pass":
+            why = f" ({gpu['reason']})" if gpu and gpu.get("reason") else ""
+            report.fail("require gpu", f"a GPU is required (--require-gpu) but none is usable{why}")
+    baseline = read_baseline(DISTS_BASELINE)
+    if baseline is not None:  # what the recipe added, for the image's SBOM
+        report.meta["added"] = added_with_licenses(baseline)
+    report.meta["seconds"] = round(time.perf_counter() - start, 2)
+    payload = {"ok": report.ok, "meta": report.meta, "checks": report.checks}
+    if args.format == "table":
+        print(table(report))
+        print(f"{'PASSED' if report.ok else 'FAILED'} in {report.meta['seconds']} s")
+    else:
+        sys.stdout.flush()
+        print(MARKER + json.dumps(payload, sort_keys=True))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

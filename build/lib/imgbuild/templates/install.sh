@@ -1,0 +1,82 @@
+#!/bin/sh
+# Installs the recipe's pip packages without ever replacing the base's framework:
+# everything already in the base is a constraint (NGC's own /etc/pip/constraint.txt when the base
+# has one, a freeze of the base's packages otherwise).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+pins=$(mktemp)
+if [ -n "${PIP_CONSTRAINT:-}" ] && [ -f "$PIP_CONSTRAINT" ]; then
+  cp "$PIP_CONSTRAINT" "$pins"; origin="the base's $PIP_CONSTRAINT"
+else
+  python3 -m pip list --format=freeze --exclude pip > "$pins"; origin="a freeze of the base's packages"
+fi
+unset PIP_CONSTRAINT
+# pip.unpin: base packages the recipe lets pip move, on purpose (never the framework or CUDA stack).
+if [ -s "$here/unpin.txt" ]; then
+  python3 - "$pins" "$here/unpin.txt" <<'EOF'
+import re, sys
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+drop = {canon(name) for name in open(sys.argv[2]).read().split()}
+lines = open(sys.argv[1]).read().splitlines()
+keep = [ln for ln in lines if canon(re.split(r"[<>=!~;\[ @]", ln.strip(), maxsplit=1)[0]) not in drop]
+open(sys.argv[1], "w").write("".join(ln + "\n" for ln in keep))
+print("imgbuild: unpinned " + ", ".join(sorted(drop)) + " (pip.unpin)")
+EOF
+fi
+# The base's framework under another distribution name (PyPI's tensorflow over the base's tensorflow-cpu)
+# would overwrite its files: every such name the base does not have is refused outright.
+if [ -f "$here/framework.txt" ]; then
+  python3 - "$here/framework.txt" >> "$pins" <<'EOF'
+import importlib.metadata as md, sys
+for name in open(sys.argv[1]).read().split():
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        print(name + "<0")
+EOF
+fi
+[ -f /run/secrets/imgbuild-pip.conf ] && export PIP_CONFIG_FILE=/run/secrets/imgbuild-pip.conf
+if [ -f /run/secrets/imgbuild-ca.crt ]; then export PIP_CERT=/run/secrets/imgbuild-ca.crt
+elif [ -f "$here/ca.crt" ]; then export PIP_CERT="$here/ca.crt"; fi
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
+# The recipe's lock (imgbuild lock): the versions resolved before, installed again.
+locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
+# The lock layer (its requirements are the lock's exact pins): install exactly those, resolving nothing.
+nodeps=""; [ -f "$here/lock-layer" ] && nodeps="--no-deps"
+# `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing.
+dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --report $IMGBUILD_PIP_REPORT"
+# pip.installer: uv mounts uv here (a build stage of its own); `imgbuild lock` always resolves with pip.
+uv=/tmp/imgbuild-uv/bin/uv
+if [ -x "$uv" ] && [ -z "$dry" ]; then
+  # uv reads no pip.conf: the site's index settings go from the secret into this step's environment only.
+  if [ -n "${PIP_CONFIG_FILE:-}" ]; then
+    eval "$(python3 - "$PIP_CONFIG_FILE" <<'EOF'
+import configparser, shlex, sys
+conf = configparser.ConfigParser(interpolation=None)
+conf.read(sys.argv[1])
+found = conf["global"] if conf.has_section("global") else {}
+for key, env in (("index-url", "UV_INDEX_URL"), ("extra-index-url", "UV_EXTRA_INDEX_URL"), ("trusted-host", "UV_INSECURE_HOST")):
+    if found.get(key):
+        print(f"export {env}={shlex.quote(' '.join(found[key].split()))}")
+EOF
+)"
+  fi
+  # uv ignores --trusted-host inside requirements files: the recipe's (and its files') go in the environment.
+  hosts=$(sed -n 's/^--trusted-host[ =]*//p' "$here/requirements.txt" | tr '\n' ' ')
+  if [ -n "$hosts" ]; then export UV_INSECURE_HOST="${UV_INSECURE_HOST:-} $hosts"; fi
+  if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi
+  export UV_CACHE_DIR=/root/.cache/uv UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
+  tool=uv; set -- "$uv" pip install --python "$(command -v python3)" --system --break-system-packages --compile-bytecode \
+    --link-mode copy
+else
+  tool=pip; set -- python3 -m pip install --progress-bar off
+fi
+echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") requirement(s) with $tool under $(wc -l < "$pins") pins from $origin"
+# guard.py runs the installer: live output, bounds on resolution time and download bytes
+# (IMGBUILD_PIP_RESOLVE_SECONDS, IMGBUILD_PIP_DOWNLOAD_LIMIT), and on failure one line saying what kind it
+# was (the cure differs). Both installers get the same pins, constraints and lock.
+# shellcheck disable=SC2086 # $locked, $dry and $nodeps are option lists
+python3 "$here/guard.py" "$origin" "$@" $dry $nodeps -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
+    && rc=0 || rc=$?
+rm -f "$pins" /tmp/uv-*.lock
+[ "$rc" = 0 ] || exit 1

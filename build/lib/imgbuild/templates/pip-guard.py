@@ -1,0 +1,321 @@
+"""Runs pip for install.sh: its output goes on to the build log as it comes, resolution is bounded (time
+until pip starts installing, bytes downloaded by the whole step), a status line ("imgbuild: pip ...",
+which the build's progress shows) comes whenever pip has been quiet for a while, and a failure ends in
+one line saying what kind it was, naming the package: the cure differs.
+
+usage: python3 guard.py ORIGIN COMMAND...   ORIGIN: where the base's pins came from, for messages.
+Bounds from the environment: IMGBUILD_PIP_RESOLVE_SECONDS, IMGBUILD_PIP_DOWNLOAD_LIMIT (bytes); unset: none.
+Exit status: 0, or 1 after the line "imgbuild: pip step failed: WHY". Stdlib only: it runs in the base.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+QUIET_SECONDS = 20
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-([0-9][^-\s]*)-")
+BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
+#: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
+#: conclude ..." (the second requirement is the base's pin).
+UV_DEPENDS = re.compile(
+    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and \3(\S+), we"
+)
+#: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
+#: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
+UV_DEPENDS_VIA = re.compile(
+    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and "
+    rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
+)
+OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
+#: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
+#: tensorflow and you require tensorflow<0, we can conclude ..."
+UV_NEEDS_REFUSED = re.compile(
+    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and you require \3<0"
+)
+DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
+CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
+#: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
+KINDS = (
+    ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
+    (
+        "network",
+        (
+            "Failed to establish a new connection",
+            "Name or service not known",
+            "Temporary failure in name resolution",
+            "ConnectTimeout",
+            "ReadTimeoutError",
+            "Network is unreachable",
+            "ProxyError",
+            "dns error",
+            "failed to lookup address",
+            "HTTP status server error",
+        ),
+    ),
+    (
+        "conflict",
+        ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
+    ),
+    (
+        "missing",
+        (
+            "No matching distribution found",
+            "Could not find a version that satisfies",
+            "was not found in the package registry",
+            "there is no version of",
+        ),
+    ),
+    (
+        "sdist",
+        ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
+    ),
+)
+
+
+PRERELEASE = re.compile(r"==\s*v?([0-9]+(?:\.[0-9]+)*)(?:a|b|rc)[0-9]+")
+LOWER_BOUND = re.compile(r"(>=|==|~=)\s*([0-9]+(?:\.[0-9]+)*)(?![0-9.]*(?:a|b|rc|dev))")
+
+
+def release_tuple(text):
+    parts = [int(p) for p in text.split(".")]
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def prerelease_trap(held, wanted):
+    """Why `wanted` (torch>=2.13) excludes `held` (torch==2.13.0a0+07cecf4168.nv24.5), when the reason is
+    NGC's pre-release framework; else "". Under PEP 440 2.13.0a0 sorts before 2.13, so a requirement written
+    for this very release does not admit it."""
+    pre = PRERELEASE.search(held)
+    if not pre:
+        return ""
+    release = release_tuple(pre.group(1))
+    for _, bound in LOWER_BOUND.findall(wanted):
+        if release_tuple(bound) == release:
+            version = held.split("==", 1)[1].split("+")[0]
+            return (
+                f"NGC's framework is a pre-release of {pre.group(1)}, and under PEP 440 {version} sorts before {bound}"
+            )
+    return ""
+
+
+def canon(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def received_bytes():
+    """Bytes received on this network namespace's interfaces but loopback (a build step has its own)."""
+    try:
+        with open("/proc/net/dev") as handle:
+            rows = handle.read().splitlines()[2:]
+    except OSError:
+        return 0
+    total = 0
+    for row in rows:
+        name, _, counters = row.partition(":")
+        fields = counters.split()
+        if name.strip() != "lo" and fields and fields[0].isdigit():
+            total += int(fields[0])
+    return total
+
+
+def size(count):
+    for unit in ("B", "KB", "MB"):
+        if count < 1000:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+class Watch:
+    """What pip's output has said so far, line by line (nothing is kept but these facts)."""
+
+    def __init__(self):
+        self.installing = False
+        self.looking_at = ""
+        self.versions = {}  # canonical name -> versions pip fetched
+        self.kinds = set()
+        self.depends = {}  # (package, dependency) -> [(version, wanted)]
+        self.held = {}  # canonical dependency -> the base's constraint, e.g. "torch==2.3.0"
+        self.other_framework = ""
+        self.last_line = time.monotonic()
+
+    def see(self, line):
+        self.last_line = time.monotonic()
+        installing = line.startswith("Installing collected packages") or bool(
+            re.match(r"Resolved [0-9]+ packages? in", line)
+        )
+        self.installing = self.installing or installing
+        if found := OTHER_FRAMEWORK.search(line):
+            self.other_framework = found.group(1)
+        if found := UV_NEEDS_REFUSED.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+            self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+        for kind, words in KINDS:
+            if any(word.lower() in line.lower() for word in words):
+                self.kinds.add(kind)
+        if found := FETCH.match(line):
+            self.versions.setdefault(canon(found.group(1)), set()).add(found.group(2))
+        elif found := BACKTRACK.search(line):
+            self.looking_at = canon(found.group(1))
+        elif found := DEPENDS.match(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2), found.group(3) + found.group(4).strip()))
+        elif (found := CONSTRAINT.match(line)) and found.group(2) != "<0":
+            self.held[canon(found.group(1))] = found.group(1) + found.group(2)
+
+    def backtracking(self):
+        """The package pip went through release after release of: named by pip, else the most fetched."""
+        if self.looking_at:
+            return self.looking_at
+        most = max(self.versions.items(), key=lambda item: len(item[1]), default=("", ()))
+        return most[0] if len(most[1]) >= 3 else ""
+
+    def backtrack_note(self):
+        name = self.backtracking()
+        if not name:
+            return ""
+        tried = len(self.versions.get(name, ()))
+        count = f"{tried} versions" if tried > 1 else "versions"
+        return (
+            f"; pip backtracked through {count} of {name}: each likely needs another version of a package "
+            f"the base pins (its framework?); pin {name} to a version made for the base"
+        )
+
+    def conflict(self, origin):
+        """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
+        release written for the base's very framework release, refused only because NGC's is a pre-release,
+        is the most useful thing to say: it comes first."""
+        for (package, dep), wanted in self.depends.items():
+            for version, want in wanted if dep in self.held else ():
+                trap = prerelease_trap(self.held[dep], want)
+                if trap:
+                    named = f"{package} {version}" if version else f"every version of {package}"
+                    return (
+                        f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
+                        f"{trap}; pin {package} to an older release that admits it, or drop it"
+                    )
+        for (package, dep), wanted in self.depends.items():
+            if dep in self.held:
+                many = len(wanted) > 1
+                versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
+                if not wanted[0][0]:  # uv: "all versions of X depend on ..."
+                    versions = f"every version of {package} needs"
+                return (
+                    f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but the base "
+                    f"holds {self.held[dep]} (from {origin}): pin {package} to a version made for the base, or drop it"
+                )
+        return f"the recipe's packages conflict with the base's pins (from {origin}); see the conflict above"
+
+    def failure(self, origin):
+        """One line: what kind of failure this was."""
+        if "tls" in self.kinds:
+            return "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)"
+        if "network" in self.kinds:
+            return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
+        if self.other_framework:
+            other = canon(self.other_framework)
+            asked = [(pkg, wanted) for (pkg, dep), wanted in self.depends.items() if dep == other and pkg]
+            who = "a package"
+            if asked:
+                package, wanted = asked[0]
+                who = f"{package} {wanted[0][0]}".strip() if len(wanted) == 1 else f"every version of {package}"
+            cure = (
+                f" (drop {asked[0][0]}, or pin a release of it that needs no {self.other_framework})" if asked else ""
+            )
+            return (
+                f"{who} needs {self.other_framework}, another distribution of the base's framework: it would "
+                f"overwrite the base's own; see the conflict above{cure}"
+            )
+        if "conflict" in self.kinds:
+            return self.conflict(origin)
+        if "missing" in self.kinds:
+            return "a package or version does not exist on the index for this Python and platform; see above"
+        if "sdist" in self.kinds:
+            return "building a package from source failed; see the compiler or build output above"
+        return "pip failed; see its output above"
+
+
+def bound(name, kind):
+    """A bound from the environment (the Dockerfile's ARG, set by imgbuild from its settings); 0: none."""
+    try:
+        return max(kind(os.environ.get(name) or 0), 0)
+    except ValueError:
+        return 0
+
+
+def over(watch, elapsed, got):
+    """Why pip must stop now, or ""."""
+    limit_s, limit_b = bound("IMGBUILD_PIP_RESOLVE_SECONDS", float), bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int)
+    if limit_b and got > limit_b:
+        return f"the step downloaded {size(got)}, more than the limit of {size(limit_b)} (pip_download_limit)"
+    if limit_s and not watch.installing and elapsed > limit_s:
+        return f"still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
+    return ""
+
+
+def stop(proc):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=5)
+            return
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+
+
+def run(command, watch):
+    """pip's exit status, or (text) the reason a bound stopped it."""
+    start, start_rx = time.monotonic(), received_bytes()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def pump():
+        for raw in proc.stdout:
+            sys.stdout.buffer.write(raw)
+            sys.stdout.flush()
+            watch.see(raw.decode(errors="replace").strip())
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        time.sleep(0.2)
+        elapsed, got = time.monotonic() - start, received_bytes() - start_rx
+        reason = over(watch, elapsed, got)
+        if reason:
+            stop(proc)
+            reader.join(timeout=5)
+            return reason
+        if time.monotonic() - watch.last_line > QUIET_SECONDS:
+            doing = "installing" if watch.installing else "resolving"
+            busy = f", backtracking through {watch.backtracking()}" if watch.backtracking() else ""
+            print(f"imgbuild: pip still {doing}: {elapsed:.0f} s, {size(got)} downloaded{busy}", flush=True)
+            watch.last_line = time.monotonic()
+    reader.join(timeout=30)
+    return proc.returncode
+
+
+def main(argv):
+    origin, command = argv[1], argv[2:]
+    watch = Watch()
+    outcome = run(command, watch)
+    if outcome == 0:
+        return 0
+    why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
+    if watch.backtracking() not in why:  # a conflict that names the package says it already
+        why += watch.backtrack_note()
+    print(f"imgbuild: pip step failed: {why}", flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,41 @@
+"""What untrusted text may hold, in one place: refused by Unicode category, not by a list of bad bytes.
+
+Free text (a description, an env value, a `run:` command) is one line a reviewer reads as it runs: no control
+character (Cc, C0 and C1, so no newline, NUL, ESC or NEL; a TAB only where a field allows it), no
+bidirectional control (the Cf characters of "Trojan Source", which make a reviewer see other text than
+what runs), no line or paragraph separator (Zl, Zp). Text that reaches a pip file or a URL is a token: ASCII,
+no white space at all (pip splits option lines on it: a TAB in an index URL became `-r /etc/passwd`).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+#: Cf characters that reorder text on screen (Unicode's bidi controls).
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def unsafe_character(value: str, allow_tab: bool = False) -> str | None:
+    """The first character free text may not hold, or None."""
+    for char in value:
+        if char == "\t" and allow_tab:
+            continue
+        category = unicodedata.category(char)
+        if category in ("Cc", "Zl", "Zp") or char in BIDI_CONTROLS:
+            return char
+    return None
+
+
+def describe(char: str) -> str:
+    """`U+202E RIGHT-TO-LEFT OVERRIDE`: a character named for a message, never printed as itself."""
+    return f"U+{ord(char):04X} {unicodedata.name(char, 'control character')}"
+
+
+def token_fault(value: str) -> str:
+    """Why `value` cannot be a token of a pip file or a URL (ASCII, printable, no white space), or ""."""
+    for char in value:
+        if not char.isascii():
+            return f"a non-ASCII character ({describe(char)}); write the host in its ASCII (punycode) form"
+        if char.isspace() or not char.isprintable():
+            return f"white space or a control character ({describe(char)})"
+    return ""
