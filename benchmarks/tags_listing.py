@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from imgbuild.registry import RegistryClient  # noqa: E402
-from imgbuild.tags import TagCache, add_details, list_tags, select  # noqa: E402
+from imgbuild.registry.client import RegistryClient  # noqa: E402
+from imgbuild.registry.tags import TagCache, add_details, list_tags, select  # noqa: E402
 from tests.fake_nvcr import ngc_tag_names, push_many_tags  # noqa: E402
 
 REPO = "imgbuildbench/pytorch600"

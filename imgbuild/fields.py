@@ -324,7 +324,7 @@ class Model(Check):
             prop = f.metadata["check"].schema(defs)
             if f.metadata["doc"]:
                 prop = {**prop, "description": f.metadata["doc"]}
-            if f.metadata.get("site_only"):  # settings only the site config may set (imgbuild.siteconfig)
+            if f.metadata.get("site_only"):  # settings only the site config may set (imgbuild.config.site)
                 prop = {**prop, "x-site-only": f.metadata["site_only"]}
             if f.default is not MISSING and (f.default is None or isinstance(f.default, str | int | float | bool)):
                 prop = {**prop, "default": f.default}

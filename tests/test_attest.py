@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from imgbuild import attest
+from imgbuild.build import attest
 from imgbuild.errors import RegistryError, UsageError
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
@@ -346,8 +346,8 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     assert "no signature exists" not in found and "sigstore disabled" in found, found
 
     # the SBOM replaced under its tag
-    from imgbuild.config import load_settings
-    from imgbuild.registry import RegistryClient
+    from imgbuild.config.settings import load_settings
+    from imgbuild.registry.client import RegistryClient
 
     client = RegistryClient.for_host(registry, load_settings({}))
     config, manifest, blobs = attest.artifact([(attest.CYCLONEDX, b'{"components": []}', {})])

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from spython.main.parse.parsers import SingularityParser
 
-from imgbuild.cluster import JobFlags, JobSpec, check_image_present, job_from_flags, sbatch_script
-from imgbuild.config import load_settings
+from imgbuild.build.plan import make_plan
+from imgbuild.build.render import apptainer_definition
+from imgbuild.clusters.slurm import JobFlags, JobSpec, check_image_present, job_from_flags, sbatch_script
+from imgbuild.config.settings import load_settings
 from imgbuild.errors import UsageError
-from imgbuild.plan import make_plan
 from imgbuild.recipe import load_recipe
-from imgbuild.render import apptainer_definition
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
 
@@ -80,7 +80,7 @@ def test_native_definition_keeps_the_user_the_labels_and_the_file_modes(tmp_path
         "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git less tmux"
     )
     labels = dict(line.split(" ", 1) for line in section(text, "%labels"))
-    from imgbuild.render import image_labels
+    from imgbuild.build.render import image_labels
 
     assert labels == image_labels(plan)  # the same labels as the Docker image
     with pytest.raises(UsageError, match="--from"):
@@ -377,7 +377,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
 
 def test_a_csc_like_site_config_describes_the_cluster():
     """Issue 18 item 8: binds, a default GPU type, memory in Slurm's units, GPUs per node of each type."""
-    from imgbuild.cluster import JobFlags, job_from_flags
+    from imgbuild.clusters.slurm import JobFlags, job_from_flags
 
     site = {
         "gpu_types": {"v100": "v100", "a100": "a100"},
@@ -408,7 +408,7 @@ def test_a_csc_like_site_config_describes_the_cluster():
 
 def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path):
     """Issue 18 item 9: export suggested pytorch-research.sif, slurm ran pytorch-research_24.05.sif."""
-    from imgbuild.cluster import sif_name, sif_path
+    from imgbuild.clusters.slurm import sif_name, sif_path
 
     assert sif_name("lab/pytorch-research:24.05") == "pytorch-research_24.05.sif"
     assert sif_path("lab/pytorch-research:24.05", "/projappl/p") == "/projappl/p/pytorch-research_24.05.sif"
@@ -587,7 +587,7 @@ def test_stage_a_folder_packs_it_once_and_repacks_only_when_it_changes(tmp_path)
 def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torchrun, alone):
     """Issue 31 N1: `-- python3 train.py` became `torchrun ... python3 train.py` ("can't open file
     '/workspace/python3'"), and a bare script was not found at one GPU: no one command worked at both sizes."""
-    from imgbuild.cluster import alone_command, torchrun_command
+    from imgbuild.clusters.slurm import alone_command, torchrun_command
 
     assert torchrun_command(typed) == under_torchrun
     assert alone_command(typed) == alone
@@ -604,7 +604,7 @@ def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torc
 )
 def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker):
     """Issue 31 N3: `binds: [/scratch]` became `-v /scratch`, an anonymous volume --rm deleted with the job's data."""
-    from imgbuild.cluster import docker_bind
+    from imgbuild.clusters.slurm import docker_bind
 
     assert docker_bind(bind) == docker
     line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=[bind])))
@@ -642,7 +642,7 @@ def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
 )
 def test_memory_is_written_in_whole_units_slurm_reads(per_gpu, gpus, mem):
     """Issue 31 N13: 7.5G x 3 rendered --mem=22.5G, which Slurm rejects."""
-    from imgbuild.cluster import slurm_mem
+    from imgbuild.clusters.slurm import slurm_mem
 
     assert slurm_mem(per_gpu, gpus) == mem
 
@@ -686,9 +686,9 @@ def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refuse
     failed); a site mount whose folder did not exist yet was created by dockerd as root."""
     import json
 
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.run import RunRequest, prepare, start_detached
+    from imgbuild.servers.run import RunRequest, prepare, start_detached
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))
@@ -730,7 +730,7 @@ def test_an_oci_bundle_is_made_a_cluster_jobs():
     """Issue 31 item 4: umoci's config has the container's own network, hostname, PID and IPC namespaces and a
     64 MB /dev/shm; a cluster job needs the node's (torchrun, NCCL, shared memory), the binds, and the image's
     search paths kept aside from the job's environment that Slurm puts over them."""
-    from imgbuild.oci import cluster_config
+    from imgbuild.clusters.oci import cluster_config
 
     umoci = {
         "process": {"terminal": True, "env": ["PATH=/usr/local/cuda/bin:/usr/bin", "HOME=/root"]},
@@ -783,9 +783,9 @@ def test_export_oci_refuses_a_bind_that_is_not_a_folder_mount(bind, tmp_path):
 
 
 def test_export_oci_without_skopeo_or_umoci_is_an_environment_problem(tmp_path, monkeypatch):
+    from imgbuild.clusters.oci import export_bundle
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.errors import EnvironmentProblem
-    from imgbuild.oci import export_bundle
 
     monkeypatch.setenv("PATH", str(tmp_path))  # neither tool
     with pytest.raises(EnvironmentProblem, match="needs skopeo and umoci"):
@@ -793,7 +793,7 @@ def test_export_oci_without_skopeo_or_umoci_is_an_environment_problem(tmp_path, 
 
 
 def test_enroots_files_follow_its_image_format_and_never_write_through_a_link(tmp_path):
-    from imgbuild.oci import _write_inside, enroot_files
+    from imgbuild.clusters.oci import _write_inside, enroot_files
 
     files = enroot_files(
         {
@@ -832,9 +832,9 @@ def test_the_docker_steps_script_keeps_every_bind_as_written():
 def test_export_never_writes_through_a_link_at_its_target(kind, tmp_path, monkeypatch):
     """A dangling symbolic link at the folder or file to write is refused like an existing one (mksquashfs and
     umoci would write where it points)."""
+    from imgbuild.clusters.oci import export_bundle, export_sqsh
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.engine.types import ImageInfo
-    from imgbuild.oci import export_bundle, export_sqsh
 
     tools = tmp_path / "bin"
     tools.mkdir()

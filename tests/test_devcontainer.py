@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from imgbuild.devcontainer import devcontainer
+from imgbuild.clusters.devcontainer import devcontainer
 from imgbuild.errors import UsageError
-from imgbuild.run import house_rules
+from imgbuild.servers.run import house_rules
 from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.test_cluster import plan_of
@@ -60,7 +60,7 @@ def test_export_needs_exactly_one_target(tmp_path):
 
 def _shared_server(tmp_path, monkeypatch, gpus: list) -> None:
     """A shared server: the site's run rules (GPUs by variable, state here) and a snapshot of its GPUs."""
-    from imgbuild.gpus import Gpu
+    from imgbuild.gpu.gpus import Gpu
 
     snapshot = tmp_path / "gpus.json"
     snapshot.write_text(
@@ -78,8 +78,8 @@ def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, mon
     """Issue 31 N6: `hostRequirements.gpu` made the Dev Containers CLI add `--gpus all` (every GPU of a shared
     server), with no name or labels, so quotas, `ps`, `gpus` and the reaper did not see it. Now the GPUs
     `run --gpus N` would pick (least used first), by UUID, the caller's name and labels, a CPU share."""
-    from imgbuild.cluster import export_devcontainer
-    from imgbuild.config import load_settings
+    from imgbuild.clusters.slurm import export_devcontainer
+    from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.host import caller
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from imgbuild import fields
-from imgbuild.config import Settings, load_settings
-from imgbuild.siteconfig import SECTIONS, Fleet
+from imgbuild.config.settings import Settings, load_settings
+from imgbuild.config.site import SECTIONS, Fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -276,7 +276,7 @@ def test_a_wrong_example_would_fail_this_test(tmp_path, monkeypatch):
 def test_the_committed_config_schema_is_generated_from_the_declarations():
     import json
 
-    from imgbuild.config import json_schema
+    from imgbuild.config.settings import json_schema
 
     committed = json.loads((ROOT / "docs" / "config.schema.json").read_text())
     assert committed == json_schema(), (
@@ -299,7 +299,7 @@ def test_the_readme_table_of_stand_in_differences_is_the_recorded_one():
 def test_the_ci_examples_settings_are_real_settings_with_valid_values(path):
     """An `IMGBUILD_*` variable a CI example sets is a setting imgbuild reads, with a value it accepts (a literal;
     the CI system's own expansions are not imgbuild's to check)."""
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     data = yaml.safe_load(path.read_text())
     found: dict[str, str] = {}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from imgbuild.doctor import HostFacts, judge
+from imgbuild.servers.doctor import HostFacts, judge
 from tests.conftest import run_cli
 
 ENGINE = {"version": "27.5.1", "default_runtime": "runc", "runtimes": ["nvidia", "runc"], "cgroup_version": "2"}
@@ -112,7 +112,7 @@ def test_doctor_on_this_machine(testbed):
 )
 def test_an_image_that_sets_ld_preload_is_refused_where_the_toolkit_would_run_it(env, toolkit, gpu_host, verdict):
     """Issue 28 (NVIDIAScape, CVE-2025-23266): `run` and `smoke` refuse such an image on a vulnerable host."""
-    from imgbuild.doctor import preload_verdict
+    from imgbuild.servers.doctor import preload_verdict
 
     found = preload_verdict(env, toolkit, gpu_host)
     assert (found[0] if found else None) == verdict
@@ -126,11 +126,11 @@ def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, uniqu
     stand-in nvidia-ctk on PATH; the engine told it has GPUs, as this machine has none) run and smoke refuse it."""
     import subprocess
 
-    from imgbuild.config import load_settings
+    from imgbuild.build.smoke import SmokeRequest, run_smoke
+    from imgbuild.config.settings import load_settings
     from imgbuild.engine import Engine
     from imgbuild.errors import ImgbuildError, UsageError
-    from imgbuild.run import check_preload
-    from imgbuild.smoke import SmokeRequest, run_smoke
+    from imgbuild.servers.run import check_preload
 
     base = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     image = f"imgbuildtest/preload-{unique}:1"
@@ -162,10 +162,10 @@ def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, uniqu
 def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
     """collect() on a GPU host (the driver's version file and the GPUs faked: this machine has none): a MIG GPU's
     slices make one GPU line, and a V100 on R590 fails."""
-    from imgbuild import doctor
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.gpus import Gpu
+    from imgbuild.gpu.gpus import Gpu
+    from imgbuild.servers import doctor
 
     slices = [
         Gpu(0, f"MIG-{j}", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 0, 5120, None, [], "8.0", "590.44.01", "",

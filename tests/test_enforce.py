@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import enforce
 from imgbuild.errors import UsageError
 from imgbuild.host import Caller
-from imgbuild.run import RunRequest
+from imgbuild.servers import enforce
+from imgbuild.servers.run import RunRequest
 
 ALICE = Caller("alice", 1001, 1001, via_sudo=True)
 HOUSE = {
@@ -437,8 +437,8 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     bobs = as_user("imgbt-bob", "run", "--notify", "--name", f"nb{unique}", image, "--", "sh", "-c", "exit 4")
     assert bobs.returncode == 4, bobs.stderr
     from imgbuild.engine import Engine
-    from imgbuild.reap import policy, reap
-    from imgbuild.run import house_rules
+    from imgbuild.servers.reap import policy, reap
+    from imgbuild.servers.run import house_rules
 
     given: list[tuple[str, str]] = []
     house = house_rules({"state_dir": str(enforced["state"])})
@@ -650,7 +650,7 @@ def test_what_runs_as_the_user_imports_nothing_after_the_switch():
             continue
         seen.add(module)
         top, late = _imports(module)
-        missing = {m for m in late if m not in enforce.PRELOAD and m != "imgbuild.config"}  # types only
+        missing = {m for m in late if m not in enforce.PRELOAD and m != "imgbuild.config.settings"}  # types only
         assert not missing, f"{module} imports {sorted(missing)} inside a function: add them to enforce.PRELOAD"
-        todo += [m for m in top | late if m.startswith("imgbuild.") and m != "imgbuild.config"]
-    assert {"imgbuild.fields", "imgbuild.text", "imgbuild.fleet"} <= seen
+        todo += [m for m in top | late if m.startswith("imgbuild.") and m != "imgbuild.config.settings"]
+    assert {"imgbuild.fields", "imgbuild.text", "imgbuild.gpu.fleet"} <= seen

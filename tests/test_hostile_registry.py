@@ -19,7 +19,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from imgbuild.errors import RegistryError, RegistryUnavailable
-from imgbuild.registry import Credentials, RegistryClient
+from imgbuild.registry.client import Credentials, RegistryClient
 from tests.conftest import run_cli
 from tests.fake_nvcr import QuietHandler
 

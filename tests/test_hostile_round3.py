@@ -160,7 +160,9 @@ def test_8_a_registry_tag_in_other_digits_is_never_a_release():
     ],
 )
 def test_21_unicode_digits_are_refused_wherever_a_number_is_parsed(parse, text):
-    from imgbuild import fleet, gpus, host, run
+    from imgbuild import host
+    from imgbuild.gpu import fleet, gpus
+    from imgbuild.servers import run
 
     if parse == "duration":
         with pytest.raises(UsageError):
@@ -227,7 +229,7 @@ def test_22_an_index_host_is_ascii(host, tmp_path):
 
 def test_the_config_file_refuses_the_same_characters(tmp_path, monkeypatch):
     """The site config is text someone else wrote too: a bidi control in a mount, a TAB in an env value."""
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     site = tmp_path / "site.yaml"
     monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
@@ -260,8 +262,8 @@ def test_the_config_file_refuses_the_same_characters(tmp_path, monkeypatch):
 )
 def test_21_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, monkeypatch):
     """probe-3 #21: `--cpus nan` was a traceback (exit 1), `--cpus 1e308` reached docker, `--time 0` meant now."""
-    from imgbuild.config import load_settings
-    from imgbuild.run import RunRequest, prepare
+    from imgbuild.config.settings import load_settings
+    from imgbuild.servers.run import RunRequest, prepare
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))
@@ -284,7 +286,7 @@ def test_21_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, 
 )
 def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
     """probe-3 #7: CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
-    from imgbuild.plan import make_plan
+    from imgbuild.build.plan import make_plan
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
@@ -300,7 +302,7 @@ def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
 
 @pytest.mark.parametrize("name", ["nvidia-ml-py==12.535.161", "nvidia-dali-cuda120==1.40.0", "nvidia-modelopt==0.15"])
 def test_7_nvidia_packages_that_are_not_cuda_libraries_may_be_pinned(name, tmp_path):
-    from imgbuild.plan import make_plan
+    from imgbuild.build.plan import make_plan
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
@@ -342,8 +344,8 @@ def test_22_one_destination_inside_another_is_an_input_error(files, tmp_path):
 
 def test_12_two_recipes_building_one_image_tag_are_refused(tmp_path):
     """probe-3 #12: two names, one `image: p3/clash` and tag: each rebuild built both, and -previous held the other's."""
-    from imgbuild.config import load_settings
-    from imgbuild.rebuild import INVALID, check_contexts, load_graph
+    from imgbuild.build.rebuild import INVALID, check_contexts, load_graph
+    from imgbuild.config.settings import load_settings
 
     (tmp_path / ".git").mkdir()
     recipes = tmp_path / "recipes"
@@ -373,7 +375,7 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
     import os
     import subprocess
 
-    from imgbuild.cluster import JobFlags, job_from_flags, sbatch_script
+    from imgbuild.clusters.slurm import JobFlags, job_from_flags, sbatch_script
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -428,7 +430,7 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
     ],
 )
 def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value):
-    from imgbuild.cluster import JobFlags, job_from_flags
+    from imgbuild.clusters.slurm import JobFlags, job_from_flags
 
     with pytest.raises(UsageError, match="is not valid here"):
         job_from_flags(JobFlags(["true"], "x.sif", "x", **{flag: value}), {})
@@ -436,8 +438,8 @@ def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value
 
 def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     """probe-3 #1: the Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
-    from imgbuild.config import load_settings
-    from imgbuild.run import RunRequest, jupyter_notes, prepare
+    from imgbuild.config.settings import load_settings
+    from imgbuild.servers.run import RunRequest, jupyter_notes, prepare
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))
@@ -472,7 +474,7 @@ def _user_file(state, uid: int, entries: list, extended: dict | None = None, own
 def _entry(**fields):
     import os
 
-    from imgbuild.ledger import process_start
+    from imgbuild.servers.ledger import process_start
 
     base = {
         "name": "ghost_1",
@@ -511,7 +513,7 @@ def _entry(**fields):
 def test_3_a_forged_ledger_entry_holds_nothing_and_crashes_nobody(case, entry, owner, tmp_path):
     """probe-3 #3: an entry naming PID 1 blocked every GPU run forever; one in another user's name held every
     GPU and port; wrongly typed fields crashed everyone's `run`."""
-    from imgbuild.ledger import Ledger
+    from imgbuild.servers.ledger import Ledger
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -529,7 +531,7 @@ def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
     import os
     import subprocess
 
-    from imgbuild.ledger import Ledger, process_start
+    from imgbuild.servers.ledger import Ledger, process_start
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -549,8 +551,8 @@ def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
 
 
 def test_3_an_extension_moves_only_its_owners_container(tmp_path):
-    from imgbuild.ledger import Extension, Ledger
-    from imgbuild.run import effective_deadline
+    from imgbuild.servers.ledger import Extension, Ledger
+    from imgbuild.servers.run import effective_deadline
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -566,7 +568,7 @@ def test_3_an_extension_moves_only_its_owners_container(tmp_path):
 def test_2_a_planted_lock_never_blocks_and_root_clears_it(plant, tmp_path):
     import os
 
-    from imgbuild.ledger import Ledger
+    from imgbuild.servers.ledger import Ledger
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -582,8 +584,8 @@ def test_2_a_state_folder_another_user_owns_is_refused_by_run_and_reap(tmp_path)
     import os
 
     from imgbuild.errors import EnvironmentProblem
-    from imgbuild.ledger import Ledger
-    from imgbuild.reap import reaper_dir
+    from imgbuild.servers.ledger import Ledger
+    from imgbuild.servers.reap import reaper_dir
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -605,7 +607,7 @@ def test_2_the_reap_log_is_only_ever_the_reapers_own_regular_file(plant, tmp_pat
     import os
 
     from imgbuild.errors import EnvironmentProblem
-    from imgbuild.reap import Action, append_log
+    from imgbuild.servers.reap import Action, append_log
 
     log = tmp_path / "reap.log"
     victim = tmp_path / "victim"
@@ -630,7 +632,7 @@ def test_2_the_reap_log_is_only_ever_the_reapers_own_regular_file(plant, tmp_pat
 def test_2_a_fifo_at_a_users_notices_file_never_blocks_root(tmp_path, monkeypatch):
     import os
 
-    from imgbuild.reap import write_notice
+    from imgbuild.servers.reap import write_notice
     from tests.test_reap import users_home
 
     home = users_home(tmp_path, monkeypatch)
@@ -785,7 +787,7 @@ def test_9_a_hostile_source_registry_is_a_registry_error_never_a_crash(answer, t
     """probe-3 #9: a list, strings, `size: "1TB"` crashed mirror; a 1 TB claimed layer streamed 2.7 GB to disk;
     an index nested 1,500 deep recursed for 55 s."""
     from imgbuild.errors import RegistryError
-    from imgbuild.mirror import TagCopy, _Copier
+    from imgbuild.registry.mirror import TagCopy, _Copier
 
     copier = _Copier(_Source(answer), _Target(), "nvidia/pytorch", tmp_path, lambda s: None)
     start = time.monotonic()
@@ -798,8 +800,8 @@ def test_9_a_killed_mirrors_partial_blob_is_swept(tmp_path):
     import os
     import subprocess
 
-    from imgbuild.ledger import process_start
-    from imgbuild.mirror import sweep_partial_blobs
+    from imgbuild.registry.mirror import sweep_partial_blobs
+    from imgbuild.servers.ledger import process_start
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -834,7 +836,7 @@ FOLLOWING = 'name: b\nbase:\n  framework: pytorch\n  tag: {tag}\n  follow: "24.*
 )
 def test_20_bump_keeps_line_endings_bom_anchors_and_quotes(text, expected, tmp_path):
     """probe-3 #20: a CRLF recipe came back LF (every line changed in review); a BOM or an anchor gave exit 2."""
-    from imgbuild.bump import bump
+    from imgbuild.build.bump import bump
 
     recipe = tmp_path / "r.yaml"
     recipe.write_bytes(text.encode())
@@ -843,7 +845,7 @@ def test_20_bump_keeps_line_endings_bom_anchors_and_quotes(text, expected, tmp_p
 
 
 def test_20_bump_never_edits_through_a_link_or_an_alias(tmp_path):
-    from imgbuild.bump import bump
+    from imgbuild.build.bump import bump
 
     outside = tmp_path / "outside.yaml"
     outside.write_text(FOLLOWING.format(tag='"24.01"'))
@@ -899,7 +901,7 @@ def test_19_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(
     """probe-3 #19: `PATH: /opt/tools/bin:$PATH` (the docs' own example) stayed literal in the SIF."""
     import subprocess
 
-    from imgbuild.render import sh_env
+    from imgbuild.build.render import sh_env
 
     script = f'export X={sh_env(value)}\nprintf %s "$X"\n'
     out = subprocess.run(
@@ -914,8 +916,8 @@ def test_19_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(
 
 
 def _native(tmp_path, body: str) -> str:
-    from imgbuild.plan import make_plan
-    from imgbuild.render import apptainer_definition
+    from imgbuild.build.plan import make_plan
+    from imgbuild.build.render import apptainer_definition
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir(exist_ok=True)
@@ -959,7 +961,7 @@ def test_a_transport_error_while_reading_a_body_is_an_environment_error(error):
     import urllib3.exceptions
 
     from imgbuild.errors import RegistryUnavailable
-    from imgbuild.registry import RegistryClient
+    from imgbuild.registry.client import RegistryClient
 
     raised = {
         "read-timeout": urllib3.exceptions.ReadTimeoutError(None, "/v2/", "Read timed out."),
@@ -999,7 +1001,7 @@ def test_9_a_target_missing_a_blob_is_asked_again_then_named(monkeypatch):
     """probe-3 #9: two mirrors into one target: one exited 3 with `HTTP 400 for manifest`, which reads as
     "unreachable"; the target's own code now says what it refused, and the copy asks again before giving up."""
     from imgbuild.errors import RegistryError
-    from imgbuild.mirror import TagCopy, _Copier
+    from imgbuild.registry.mirror import TagCopy, _Copier
 
     class Busy(_Target):
         host = "mirror.example"
@@ -1015,7 +1017,7 @@ def test_9_a_target_missing_a_blob_is_asked_again_then_named(monkeypatch):
                     "registry mirror.example: refused manifest t in r (HTTP 400: MANIFEST_BLOB_UNKNOWN)"
                 )
 
-    monkeypatch.setattr("imgbuild.mirror.time.sleep", lambda s: None)
+    monkeypatch.setattr("imgbuild.registry.mirror.time.sleep", lambda s: None)
     blobless = lambda r: (json.dumps({"config": {"digest": DIGEST, "size": 2}, "layers": []}).encode(), MANIFEST)  # noqa: E731
     _Copier(_Source(blobless), Busy(), "nvidia/pytorch", None, lambda s: None).manifest("t", TagCopy("t"), "t")
     assert Busy.tries == 3
@@ -1026,7 +1028,7 @@ def test_9_a_target_missing_a_blob_is_asked_again_then_named(monkeypatch):
 
 def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
     from imgbuild.errors import RegistryError, RegistryUnavailable
-    from imgbuild.registry import RegistryClient, Reply
+    from imgbuild.registry.client import RegistryClient, Reply
 
     client = RegistryClient("r.example", insecure=True)
     body = json.dumps({"errors": [{"code": "MANIFEST_BLOB_UNKNOWN", "message": "blob unknown"}]}).encode()
@@ -1039,8 +1041,8 @@ def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
 
 def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
     """`reap --dry-run` reads: the reaper's own folder is made by a real run only."""
-    from imgbuild.reap import policy, reap
-    from imgbuild.run import house_rules
+    from imgbuild.servers.reap import policy, reap
+    from imgbuild.servers.run import house_rules
 
     class NoContainers:
         containers = types.SimpleNamespace(rows=lambda: [])
@@ -1055,7 +1057,7 @@ def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
 
 def test_10_an_escaped_dollar_still_reaches_the_container_for_its_own_shell():
     r"""`sh -c "echo \$SLURM_PROCID \$(id -u)"` is the documented way to expand inside the container."""
-    from imgbuild.cluster import UserWord, _words
+    from imgbuild.clusters.slurm import UserWord, _words
 
     assert _words([UserWord(r"echo \$SLURM_PROCID \$(id -u)")]) == r'"echo \$SLURM_PROCID \$(id -u)"'
     assert _words([UserWord("$(id -u)")]) == "'$(id -u)'"

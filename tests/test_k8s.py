@@ -14,9 +14,9 @@ import requests
 import yaml
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
+from imgbuild.clusters.k8s import K8sJob, manifest
+from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import RecipeError, UsageError
-from imgbuild.k8s import K8sJob, manifest
-from imgbuild.siteconfig import K8sSite, checked_section
 from tests.conftest import run_cli
 
 K8S_VERSION = "1.33.0"
@@ -123,7 +123,7 @@ def test_what_kubernetes_would_refuse_is_refused_here(change, words):
     ],
 )
 def test_the_k8s_section_of_the_site_config_is_checked_like_any_input(section, tmp_path, monkeypatch):
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"k8s": section}, allow_unicode=True))

@@ -176,8 +176,8 @@ def test_bad_targets_are_usage_errors(testbed):
 @pytest.mark.parametrize("target", ["registry.lab.example:5000", "127.0.0.1:5999"])
 def test_the_ngc_key_goes_to_the_ngc_host_only(target, monkeypatch, tmp_path):
     """Source and target get a client each; the mirror's client never carries the NGC key."""
-    from imgbuild.config import load_settings
-    from imgbuild.registry import RegistryClient
+    from imgbuild.config.settings import load_settings
+    from imgbuild.registry.client import RegistryClient
 
     monkeypatch.setenv("HOME", str(tmp_path))  # no docker login here
     settings = load_settings({"ngc_registry": "nvcr.io", "ngc_api_key": "nvapi-secret-key"}, environ={})

@@ -12,8 +12,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from imgbuild import fleet, ngc, plan
-from imgbuild import smoke_image as script
+from imgbuild import ngc
+from imgbuild.build import plan
+from imgbuild.gpu import fleet
+from imgbuild.payload import smoke_image as script
 from tests import ngc_facts
 from tests.ngc_facts import REAL
 
@@ -155,7 +157,7 @@ def test_a_requirement_written_for_the_release_is_explained_as_the_pre_release_t
 
 
 def _guard():
-    path = Path(script.__file__).parent / "templates" / "pip-guard.py"
+    path = plan.TEMPLATES_DIR / "pip-guard.py"
     spec = importlib.util.spec_from_file_location("pip_guard", path)
     guard = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(guard)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import smoke_image as script
+from imgbuild.payload import smoke_image as script
 from tests.conftest import bridge_gateway, run_cli
 
 
@@ -294,8 +294,8 @@ def test_requirement_lines_that_cannot_work_in_an_image_are_named(tmp_path, line
 
 
 def test_a_framework_pin_in_a_nested_file_is_reported_at_its_line(tmp_path):
+    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
-    from imgbuild.plan import make_plan
     from tests.test_recipe_render import fake_inspect, settings
 
     loaded = _load(tmp_path, {"requirements.txt": "einops\n-r deep.txt\n", "deep.txt": "tqdm\ntorch==2.1.1\n"})
@@ -344,7 +344,7 @@ def test_unpin_lets_pip_move_a_base_package_on_purpose(testbed, tmp_path, cleanu
 
 
 def test_lock_diff_names_what_moved():
-    from imgbuild.lock import diff
+    from imgbuild.build.pins import diff
 
     added, removed, changed = diff(
         ["einops==0.8.1", "tqdm==4.66.0", "Old_Pkg==1"], ["einops==0.8.2", "tqdm==4.66.0", "rich==13"]
@@ -368,9 +368,9 @@ def test_a_lock_holds_name_version_lines_only(tmp_path, line):
 
 
 def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
-    from imgbuild.plan import make_plan
+    from imgbuild.build.plan import make_plan
+    from imgbuild.build.render import render
     from imgbuild.recipe import load_recipe
-    from imgbuild.render import render
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
@@ -398,9 +398,9 @@ def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
 
 def _lock_on_fake(tmp_path, answer, pins: list[str] | None = None):
     """`imgbuild lock` on the fake engine, its base served by the fake registry: the lock probe answers `answer`."""
-    from imgbuild.config import load_settings
+    from imgbuild.build.pins import lock
+    from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.lock import lock
     from tests.fake_nvcr import FakeNvcr
 
     (tmp_path / ".git").mkdir(exist_ok=True)
@@ -570,8 +570,8 @@ BASE_PINS = ("numpy==2.1.0", "torchvision==0.20.0", "pillow==10.4.0", "torch==2.
 
 
 def _conflicts(tmp_path: Path, pip: str, files: dict[str, str] | None = None) -> list[str]:
+    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
-    from imgbuild.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 
@@ -629,12 +629,12 @@ def test_base_pins_against_each_kind_of_requirement(tmp_path, pip, conflicts):
 
 
 def test_a_build_reads_the_base_pins_once_and_stops_before_building(tmp_path):
-    from imgbuild import build as pipeline
-    from imgbuild.config import load_settings
+    from imgbuild.build import pipeline
+    from imgbuild.build.plan import make_plan
+    from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.engine.types import ImageInfo
     from imgbuild.errors import RecipeError
-    from imgbuild.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import DIGEST, fake_inspect
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import queue as jobs
 from imgbuild.errors import UsageError
 from imgbuild.host import Caller, caller
+from imgbuild.servers import queue as jobs
 
 
 def job(user: str, submitted: float, uid: int | None = None, n: int = 0, state: str = "queued") -> jobs.Job:

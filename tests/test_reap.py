@@ -15,13 +15,13 @@ import time
 
 import pytest
 
-from imgbuild import usage
 from imgbuild.errors import UsageError
-from imgbuild.gpus import Gpu
+from imgbuild.gpu.gpus import Gpu
 from imgbuild.host import caller
-from imgbuild.ledger import Extension
-from imgbuild.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
-from imgbuild.run import RunRequest, effective_deadline, house_rules, prepare
+from imgbuild.servers import usage
+from imgbuild.servers.ledger import Extension
+from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
+from imgbuild.servers.run import RunRequest, effective_deadline, house_rules, prepare
 
 ME = caller().name
 H = 3600.0
@@ -176,7 +176,7 @@ def test_time_and_its_site_maximum():
 
 
 def _settings():
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     return load_settings({})
 
@@ -204,7 +204,7 @@ def users_home(tmp_path, monkeypatch):
     home.mkdir()
     me = pwd.getpwuid(os.getuid())
     fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
-    monkeypatch.setattr("imgbuild.reap.pwd.getpwnam", lambda name: fake)
+    monkeypatch.setattr("imgbuild.servers.reap.pwd.getpwnam", lambda name: fake)
     return home
 
 
@@ -406,7 +406,7 @@ def test_a_persistent_environment_with_passwordless_sudo(testbed, docker_client,
 
 # --- notices of `run --notify` jobs (issue 32, item 4) ---------------------------------------------------
 
-from imgbuild.reap import job_notice  # noqa: E402
+from imgbuild.servers.reap import job_notice  # noqa: E402
 
 ENDED = {
     "id": "c1", "name": "alice_train_1", "user": "alice", "status": "exited", "notify": True, "exit_code": 0,

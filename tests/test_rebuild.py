@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from imgbuild.bump import bump
+from imgbuild.build.bump import bump
 from tests.conftest import run_cli
 from tests.fake_nvcr import FakeNvcr, push_many_tags
 

@@ -8,8 +8,8 @@ import pytest
 
 from imgbuild.errors import RegistryError, RegistryUnavailable
 from imgbuild.ngc import newest_matching, parse_tag
-from imgbuild.registry import Credentials, RegistryClient, parse_challenge
-from imgbuild.tags import HostGpus, TagInfo, compatibility, select
+from imgbuild.registry.client import Credentials, RegistryClient, parse_challenge
+from imgbuild.registry.tags import HostGpus, TagInfo, compatibility, select
 from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.fake_nvcr import GOOD_KEY, FakeNvcr, ngc_tag_names, push_many_tags
@@ -214,8 +214,8 @@ def test_real_registry_pagination_and_details(testbed):
 
 @pytest.mark.engine
 def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
-    from imgbuild.bases import plan_recipe
-    from imgbuild.config import load_settings
+    from imgbuild.build.resolve import plan_recipe
+    from imgbuild.config.settings import load_settings
     from imgbuild.recipe import load_recipe
 
     settings = load_settings()
@@ -232,7 +232,7 @@ def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
 def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch):
     import base64
 
-    from imgbuild.registry import docker_config_credentials
+    from imgbuild.registry.client import docker_config_credentials
 
     config = tmp_path / "config.json"
     auth = base64.b64encode(b"$oauthtoken:nvapi-from-config").decode()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import gpus as gpus_module
-from imgbuild import tags as tags_module
 from imgbuild.errors import UsageError
-from imgbuild.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
+from imgbuild.gpu import gpus as gpus_module
+from imgbuild.gpu.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
 from imgbuild.host import caller
+from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
 from tests.conftest import run_cli
 
@@ -336,7 +336,7 @@ def test_default_rules_are_nvidias_and_gpus_become_device_requests(
 
 def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, monkeypatch):
     """Issue 18 item 4: `./run_docker 0` means GPU 0 on lab servers, `--gpus 0` none in docker."""
-    from imgbuild.run import RunRequest, prepare
+    from imgbuild.servers.run import RunRequest, prepare
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
@@ -344,7 +344,7 @@ def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, mon
     with pytest.raises(UsageError, match="--gpus 0 is ambiguous: write --gpus none .* --gpus device=0"):
         select_gpus("0", server("dgx-a100"), "me")
     assert [g.index for g in select_gpus("device=2", server("dgx-a100"), "me").gpus] == [2]
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     settings = load_settings({"user": "lab"})
     none = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
@@ -421,7 +421,7 @@ def _fake_nvml(monkeypatch, busy_slice: int):
 def test_a_mig_gpu_is_its_slices_and_one_busy_slice_leaves_the_others_free(monkeypatch):
     """The parent UUID of a MIG GPU is no device CUDA can use, and one busy slice marked the whole GPU busy: the
     slices are the units now, each with its own processes, chosen by MIG- UUID."""
-    from imgbuild.gpus import NvmlReader, select_gpus
+    from imgbuild.gpu.gpus import NvmlReader, select_gpus
 
     slices = _fake_nvml(monkeypatch, busy_slice=0)
     gpus = NvmlReader().read()
@@ -437,7 +437,7 @@ def test_a_mig_gpu_is_its_slices_and_one_busy_slice_leaves_the_others_free(monke
 
 
 def test_nvidia_smi_lists_mig_slices_and_places_processes_it_can():
-    from imgbuild.gpus import Gpu, GpuProcess, mig_layout, split_mig
+    from imgbuild.gpu.gpus import Gpu, GpuProcess, mig_layout, split_mig
 
     listing = (
         "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-1111-2222-3333-444455556666)\n"

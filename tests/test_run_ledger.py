@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.gpus import Gpu, numa_cpus, pick_cpus, select_gpus
+from imgbuild.gpu.gpus import Gpu, numa_cpus, pick_cpus, select_gpus
 from imgbuild.host import caller, format_cpulist, parse_cpulist
-from imgbuild.ledger import Entry, Ledger, alive, process_start
-from imgbuild.run import RunRequest, held_on_host, prepare
+from imgbuild.servers.ledger import Entry, Ledger, alive, process_start
+from imgbuild.servers.run import RunRequest, held_on_host, prepare
 from tests.conftest import ROOT
 
 ME = caller().name
@@ -159,7 +159,7 @@ def test_cpus_are_pinned_near_the_gpus_and_away_from_other_containers():
 
 def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
     """Issue 18 item 7: `--cpus 48` alone let PyTorch see 256 cores (2147% CPU at num_workers=0)."""
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in DGX]}))
@@ -260,7 +260,7 @@ def test_a_killed_start_leaves_no_hold(tmp_path):
     state = tmp_path / "state"
     code = (
         "import sys, time\n"
-        "from imgbuild.ledger import Ledger\n"
+        "from imgbuild.servers.ledger import Ledger\n"
         f"with Ledger({str(state)!r}).transaction() as book:\n"
         "    book.add('me_x_1', 'me', ['GPU-1'], [0])\n"
         "print('held', flush=True)\n"
@@ -282,7 +282,7 @@ def test_a_killed_start_leaves_no_hold(tmp_path):
 def test_the_run_that_loses_the_race_to_create_the_lock_opens_the_winners(tmp_path, monkeypatch):
     """CI stop 36: two starts on a fresh state folder both found the lock absent; the one whose O_EXCL
     create lost said "ledger.lock: File exists" (exit 3). The loser opens the file the winner made."""
-    import imgbuild.ledger as ledger_module
+    import imgbuild.servers.ledger as ledger_module
 
     path = tmp_path / "ledger.lock"
     real_open = os.open
@@ -408,7 +408,7 @@ class Rows:
 
 
 def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None):
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in gpus or [gpu(0)]]}))
@@ -421,7 +421,7 @@ def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None)
 
 
 def test_wait_queues_first_come_first_served_and_starts_when_free(tmp_path, monkeypatch):
-    from imgbuild.run import reserved
+    from imgbuild.servers.run import reserved
 
     settings = _site(tmp_path, monkeypatch)
     engine = Rows([{"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpu(0).uuid}])
@@ -461,7 +461,7 @@ def test_wait_queues_first_come_first_served_and_starts_when_free(tmp_path, monk
 
 
 def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch):
-    from imgbuild.run import WaitTimedOut, reserved
+    from imgbuild.servers.run import WaitTimedOut, reserved
 
     settings = _site(tmp_path, monkeypatch)
     engine = Rows([{"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpu(0).uuid}])
@@ -485,7 +485,7 @@ def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch)
 def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monkeypatch):
     import grp
 
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     group = grp.getgrgid(os.getgid()).gr_name
     four = [gpu(i) for i in range(4)]
@@ -501,7 +501,7 @@ def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monke
     )
     assert prepare(RunRequest("img", ["true"], gpu_request="device=0"), settings, held).gpus  # the one you hold
     other = f"{ME}x"  # a group member's container counts against the group's share
-    monkeypatch.setattr("imgbuild.run.group_members", lambda g: {ME, other})
+    monkeypatch.setattr("imgbuild.servers.run.group_members", lambda g: {ME, other})
     rows.append({"name": f"{other}_b_1", "user": other, "status": "running", "gpu_uuids": four[1].uuid})
     held = held_on_host(rows, [], four)
     with pytest.raises(UsageError, match=f"run.max_gpus_per_group {group}.*group {group} holds 2"):
@@ -598,7 +598,7 @@ def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_
 def test_reading_the_ledger_writes_nothing(tmp_path):
     """`ps` and `reap --dry-run` only read the ledger: no folder or file is made, a bad file stays as it is,
     a linked or planted one is never followed and never blocks."""
-    from imgbuild.ledger import Extension
+    from imgbuild.servers.ledger import Extension
 
     state = tmp_path / "state"
     assert Ledger(state).read().entries == [] and not state.exists()

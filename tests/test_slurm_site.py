@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.cluster import SLURM_EPILOG
+from imgbuild.clusters.slurm import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
 from tests.test_cluster import slurm, wait_for  # noqa: F401  (the module's Slurm fixture)
@@ -269,7 +269,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
 
 def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa: F811  (slurm-up installs it)
     """Issue 31: each runtime's and layout's script passes `bash -n` and `shellcheck -S warning`."""
-    from imgbuild.cluster import JobSpec, sbatch_script
+    from imgbuild.clusters.slurm import JobSpec, sbatch_script
 
     jobs = {
         "apptainer-multi": JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, stage=["/d/a.tar"], requeue=True),

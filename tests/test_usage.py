@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import usage
 from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.servers import usage
 from tests.conftest import run_cli
 
 H = 3600

@@ -26,7 +26,7 @@ from imgbuild.errors import (
 )
 
 if TYPE_CHECKING:
-    from imgbuild.config import Settings
+    from imgbuild.config.settings import Settings
 
 SECTIONS = [
     ("Recipes", ["validate", "render", "schema", "bump", "lock"]),
@@ -61,7 +61,7 @@ class SectionedGroup(click.Group):
 
 def _settings(ctx: click.Context, **flags: Any) -> Settings:
     """Settings by precedence, with the root's --user/--ngc-registry and this command's flags on top."""
-    from imgbuild.config import load_settings
+    from imgbuild.config.settings import load_settings
 
     root = ctx.find_root().params
     merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     acting = False
     try:
-        from imgbuild import enforce
+        from imgbuild.servers import enforce
 
         acting = enforce.acting_for_user()
         if acting:
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
 def _audit(args: list[str], decision: str) -> None:
     """Enforced mode: how a user's command ended, in root's audit log (a log that cannot be written is said,
     never lets the command's own outcome be lost)."""
-    from imgbuild.enforce import audit
+    from imgbuild.servers.enforce import audit
 
     try:
         audit(args[0] if args else "", args, decision)

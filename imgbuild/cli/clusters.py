@@ -73,7 +73,7 @@ def export(
 ) -> None:
     """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), an OCI
     bundle for Slurm's srun --container, or a dev container for VS Code."""
-    from imgbuild.bases import plan_recipe
+    from imgbuild.build.resolve import plan_recipe
     from imgbuild.recipe import load_recipe
 
     if [apptainer, devcontainer, oci_dir is not None, sqsh_file is not None].count(True) != 1:
@@ -97,7 +97,7 @@ def export(
 
 
 def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None, to_stdout: bool, build: bool) -> None:
-    from imgbuild.cluster import apptainer_tool, build_sif, export_apptainer, sif_name
+    from imgbuild.clusters.slurm import apptainer_tool, build_sif, export_apptainer, sif_name
     from imgbuild.engine import Engine
 
     out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
@@ -128,9 +128,9 @@ def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None
 
 
 def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list[str], settings: Any) -> None:
+    from imgbuild.clusters.oci import export_bundle, export_sqsh
+    from imgbuild.config.site import BIND_RE
     from imgbuild.engine import Engine
-    from imgbuild.oci import export_bundle, export_sqsh
-    from imgbuild.siteconfig import BIND_RE
     from imgbuild.text import unsafe_character
 
     for bind in binds:
@@ -230,7 +230,7 @@ def slurm(
     test_only: bool,
 ) -> None:
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
-    from imgbuild.cluster import (
+    from imgbuild.clusters.slurm import (
         JobFlags,
         check_image_present,
         job_from_flags,
@@ -239,7 +239,7 @@ def slurm(
         stage_dir,
         submit_job,
     )
-    from imgbuild.run import house_rules, is_recipe, resolve_image
+    from imgbuild.servers.run import house_rules, is_recipe, resolve_image
 
     settings = _settings(ctx)
     ref, short = resolve_image(image, settings, paths=True)
@@ -299,7 +299,7 @@ def slurm(
 
 
 def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | None, gpus: str | None) -> None:
-    from imgbuild.cluster import export_devcontainer
+    from imgbuild.clusters.slurm import export_devcontainer
     from imgbuild.engine import Engine
 
     path, notes = export_devcontainer(plan, recipe, settings, out, gpus, lambda: Engine.connect(settings.docker_cli))
@@ -336,10 +336,10 @@ def k8s(
     apply it with kubectl create -f. imgbuild k8s IMG -- CMD"""
     import yaml
 
-    from imgbuild import k8s as k8smod
+    from imgbuild.clusters import k8s as k8smod
+    from imgbuild.config.site import QUANTITY_RE
     from imgbuild.engine import Engine
-    from imgbuild.run import host_ids, resolve_image
-    from imgbuild.siteconfig import QUANTITY_RE
+    from imgbuild.servers.run import host_ids, resolve_image
 
     settings = _settings(ctx)
     if mem is not None and not QUANTITY_RE.fullmatch(mem):

@@ -26,7 +26,7 @@ def _signer(sign_key: Path | None, push: bool) -> Any:
         return None
     import os
 
-    from imgbuild.attest import load_signer
+    from imgbuild.build.attest import load_signer
 
     if not push:
         raise UsageError("--sign-key signs what is pushed: add --push")
@@ -60,10 +60,10 @@ def build(
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
-    from imgbuild import build as pipeline
-    from imgbuild import enforce
-    from imgbuild import rebuild as rb
+    from imgbuild.build import pipeline
+    from imgbuild.build import rebuild as rb
     from imgbuild.engine import Engine
+    from imgbuild.servers import enforce
     from imgbuild.ui import Progress, print_table
 
     settings = _settings(ctx, backend=backend, builder=builder)
@@ -144,10 +144,10 @@ def smoke(
 
         imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
     """
-    from imgbuild import enforce
+    from imgbuild.build.smoke import SmokeRequest, fleet_report, run_smoke
     from imgbuild.engine import Engine
-    from imgbuild.fleet import check_driver, parse_targets
-    from imgbuild.smoke import SmokeRequest, fleet_report, run_smoke
+    from imgbuild.gpu.fleet import check_driver, parse_targets
+    from imgbuild.servers import enforce
     from imgbuild.ui import print_table
 
     fleet = parse_targets(targets) if targets is not None else None
@@ -221,7 +221,7 @@ def rebuild(
     """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
     import threading
 
-    from imgbuild import rebuild as rb
+    from imgbuild.build import rebuild as rb
     from imgbuild.ui import print_table
 
     lock = threading.Lock()
@@ -264,8 +264,8 @@ def rebuild(
 @click.pass_context
 def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Move recipes with base.follow to the newest matching NGC tag (edits the YAML, re-renders)."""
-    from imgbuild.bump import bump_and_render
-    from imgbuild.rebuild import discover
+    from imgbuild.build.bump import bump_and_render
+    from imgbuild.build.rebuild import discover
     from imgbuild.ui import print_table
 
     results = bump_and_render(discover(list(paths) or ["recipes"]), _settings(ctx), dry_run=dry_run)

@@ -17,8 +17,8 @@ from imgbuild.errors import EXIT_USAGE
 @click.pass_context
 def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
+    from imgbuild.build.plan import check_offline
     from imgbuild.errors import RecipeError
-    from imgbuild.plan import check_offline
     from imgbuild.recipe import display_path, load_recipe
 
     secrets = _settings(ctx).secrets()
@@ -61,12 +61,12 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 @click.pass_context
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
-    from imgbuild.bases import plan_recipe
-    from imgbuild.context import check_no_secrets, context_dir, render_into
+    from imgbuild.build.context import check_no_secrets, context_dir, render_into
+    from imgbuild.build.render import render as render_plan
+    from imgbuild.build.render import template_cache
+    from imgbuild.build.resolve import plan_recipe
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
-    from imgbuild.render import render as render_plan
-    from imgbuild.render import template_cache
 
     settings = _settings(ctx)
     loaded = load_recipe(file, secrets=settings.secrets())
@@ -88,7 +88,7 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
 def schema(of_config: bool) -> None:
     """Print the recipe JSON schema, or the config file's (generated from the models)."""
     if of_config:
-        from imgbuild.config import json_schema as config_schema
+        from imgbuild.config.settings import json_schema as config_schema
 
         _emit_json(config_schema())
         return
@@ -105,7 +105,7 @@ def schema(of_config: bool) -> None:
 @click.pass_context
 def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tuple[str, ...], as_json: bool) -> None:
     """Resolve the recipe's pip packages in its base and write <recipe>.lock.txt (builds install exactly that)."""
-    from imgbuild.lock import lock
+    from imgbuild.build.pins import lock
     from imgbuild.ui import print_table
 
     result = lock(recipe, _settings(ctx), upgrade=upgrade, upgrade_packages=packages)

@@ -44,7 +44,7 @@ def tags(
     as_json: bool,
 ) -> None:
     """List NGC tags (pytorch, tensorflow or ORG/REPO), newest first, from the registry itself."""
-    from imgbuild import tags as tagmod
+    from imgbuild.registry import tags as tagmod
     from imgbuild.ui import print_table
 
     listing = tagmod.listing(
@@ -114,8 +114,8 @@ def mirror(
     as_json: bool,
 ) -> None:
     """Copy NGC tags (pytorch, tensorflow or ORG/REPO) into a site registry, digests preserved."""
-    from imgbuild.mirror import MirrorRequest
-    from imgbuild.mirror import mirror as copy_tags
+    from imgbuild.registry.mirror import MirrorRequest
+    from imgbuild.registry.mirror import mirror as copy_tags
     from imgbuild.ui import Progress, print_table
 
     request = MirrorRequest(repository, to, since=since, variant=variant, keep=keep, dry_run=dry_run, tags=only)
@@ -150,10 +150,11 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
     """Check a pushed image: its signature by KEY over its digest, its signed SLSA provenance (and, with
     --recipe, that the recipe is the one it was built from), its SBOM (the one the provenance names, naming
     the base's digest). Exit 1 with a line per failure. imgbuild verify REGISTRY/REPO:TAG --key cosign.pub"""
-    from imgbuild import attest, imageref
+    from imgbuild import imageref
+    from imgbuild.build import attest
     from imgbuild.errors import RegistryError
-    from imgbuild.registry import RegistryClient
-    from imgbuild.run import resolve_image
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.servers.run import resolve_image
 
     settings = _settings(ctx)
     public_key = attest.load_verifier(key)

@@ -15,14 +15,14 @@ from imgbuild.cli import _emit_json, _settings, cli
 from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
-    from imgbuild.run import RunSpec
+    from imgbuild.servers.run import RunSpec
 
 
 class _RunCommand(click.Command):
     """`--wait` takes an optional TIMEOUT: a bare `--wait` before the image must not swallow the image."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from imgbuild.siteconfig import DURATION_RE
+        from imgbuild.config.site import DURATION_RE
 
         out: list[str] = []
         rest = list(args)
@@ -106,8 +106,8 @@ def run(
     imgbuild run recipes/pytorch-research.yaml --gpus 2 -- python train.py
     imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
     """
-    from imgbuild import run as runmod
     from imgbuild.engine import Engine
+    from imgbuild.servers import run as runmod
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -183,7 +183,7 @@ def _queued_busy() -> Iterator[None]:
     """A queued job's start (`imgbuild queue`): busy GPUs exit 75 (it stays queued), not 2 (it failed)."""
     import os
 
-    from imgbuild.gpus import GpusBusy
+    from imgbuild.gpu.gpus import GpusBusy
 
     try:
         yield
@@ -226,7 +226,7 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     """Your containers (or --all users'), with their GPUs, CPU limits and deadlines."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.run import container_view
+    from imgbuild.servers.run import container_view
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -259,7 +259,7 @@ def _on_container(
     """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.run import check_owner, find_container
+    from imgbuild.servers.run import check_owner, find_container
 
     settings = _settings(ctx)
     engine = Engine.connect(settings.docker_cli)
@@ -326,9 +326,9 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     their deadline or idle too long; remove old exited ones where the site asks (config `reap:`)."""
     import time
 
-    from imgbuild import reap as reaper
     from imgbuild.engine import Engine
-    from imgbuild.run import house_rules, read_gpus_or_none
+    from imgbuild.servers import reap as reaper
+    from imgbuild.servers.run import house_rules, read_gpus_or_none
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -336,9 +336,9 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     engine = Engine.connect(settings.docker_cli)
     report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
     if not dry_run:  # the queue advances on every reaper run: no daemon needed
-        from imgbuild import queue as jobs
         from imgbuild.host import caller
-        from imgbuild.ledger import DEFAULT_STATE_DIR
+        from imgbuild.servers import queue as jobs
+        from imgbuild.servers.ledger import DEFAULT_STATE_DIR
 
         _say_tried(jobs.advance(Path(house["state_dir"] or DEFAULT_STATE_DIR), caller()))
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
@@ -365,8 +365,8 @@ def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | Non
     """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
     import time
 
-    from imgbuild import usage as accounting
-    from imgbuild.run import house_rules
+    from imgbuild.servers import usage as accounting
+    from imgbuild.servers.run import house_rules
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -407,8 +407,8 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
 
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.run import check_owner, find_container, house_rules, human_duration
-    from imgbuild.run import extend as extend_deadline
+    from imgbuild.servers.run import check_owner, find_container, house_rules, human_duration
+    from imgbuild.servers.run import extend as extend_deadline
 
     settings = _settings(ctx)
     who = caller()
@@ -446,8 +446,8 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
 
     from imgbuild.engine import Engine
     from imgbuild.errors import ImgbuildError
-    from imgbuild.gpus import NoGpus, read_gpus
-    from imgbuild.run import lost_containers
+    from imgbuild.gpu.gpus import NoGpus, read_gpus
+    from imgbuild.servers.run import lost_containers
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -503,9 +503,9 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     """This host as a lab admin needs to see it: the driver, the NVIDIA Container Toolkit (and its known container
     escapes), the engine's default runtime, CDI, GPUs and MIG, memlock, cgroups, who is in the docker group.
     Each line ok, warn or fail with its fix; exit 1 when one fails. Changes nothing."""
-    from imgbuild import doctor as doc
     from imgbuild.engine import Engine
     from imgbuild.errors import EXIT_FAILED, ImgbuildError
+    from imgbuild.servers import doctor as doc
     from imgbuild.ui import print_table
 
     settings = _settings(ctx)
@@ -554,7 +554,7 @@ def sudoers(binary: str | None) -> None:
     import os
     import shutil
 
-    from imgbuild.enforce import sudoers as drop_in
+    from imgbuild.servers.enforce import sudoers as drop_in
 
     found = binary or shutil.which("imgbuild") or os.path.abspath(sys.argv[0])
     click.echo(drop_in(found), nl=False)
@@ -566,8 +566,8 @@ def queue() -> None:
 
 
 def _queue_dir(ctx: click.Context) -> Path:
-    from imgbuild.ledger import DEFAULT_STATE_DIR
-    from imgbuild.run import house_rules
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
+    from imgbuild.servers.run import house_rules
 
     return Path(house_rules(_settings(ctx).run)["state_dir"] or DEFAULT_STATE_DIR)
 
@@ -585,8 +585,8 @@ def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
     """File a job: `imgbuild queue add --gpus 2 IMAGE -- python train.py` (run's options; it starts detached)."""
     import os
 
-    from imgbuild import queue as jobs
     from imgbuild.host import caller
+    from imgbuild.servers import queue as jobs
 
     state = _queue_dir(ctx)
     job = jobs.add(state, caller(), list(args), os.getcwd())
@@ -602,7 +602,7 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
     import time
     from dataclasses import asdict
 
-    from imgbuild import queue as jobs
+    from imgbuild.servers import queue as jobs
     from imgbuild.ui import print_table
 
     found = jobs.Queue(_queue_dir(ctx)).load().jobs
@@ -636,8 +636,8 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def queue_rm(ctx: click.Context, job_id: str) -> None:
     """Take one of your waiting (or ended) jobs out of the queue."""
-    from imgbuild import queue as jobs
     from imgbuild.host import caller
+    from imgbuild.servers import queue as jobs
 
     job = jobs.remove(_queue_dir(ctx), caller(), job_id)
     click.echo(f"removed job {job.id}", err=True)
@@ -647,8 +647,8 @@ def queue_rm(ctx: click.Context, job_id: str) -> None:
 @click.pass_context
 def queue_run(ctx: click.Context) -> None:
     """Start what fits now (root: every user's jobs; a user: their own). `imgbuild reap` does this on each run."""
-    from imgbuild import queue as jobs
     from imgbuild.host import caller
+    from imgbuild.servers import queue as jobs
 
     tried = jobs.advance(_queue_dir(ctx), caller())
     _say_tried(tried)
@@ -671,8 +671,8 @@ def queue_resume(ctx: click.Context) -> None:
 
 
 def _set_drained(ctx: click.Context, on: bool, said: str) -> None:
-    from imgbuild import queue as jobs
     from imgbuild.host import caller
+    from imgbuild.servers import queue as jobs
 
     if not caller().is_admin:
         raise UsageError(f"queue {'drain' if on else 'resume'}: the admin's (root)")

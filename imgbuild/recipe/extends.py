@@ -14,7 +14,7 @@ from imgbuild.errors import Problem, RecipeError
 from imgbuild.fields import show as _show
 from imgbuild.recipe.interpolate import interpolate
 from imgbuild.recipe.model import display_path
-from imgbuild.repofiles import (
+from imgbuild.recipe.repofiles import (
     OutsideRepository,
     resolve_inside,
 )

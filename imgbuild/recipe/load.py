@@ -8,16 +8,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from imgbuild import limits, reqfile
+from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
 from imgbuild.fields import json_schema as _json_schema
 from imgbuild.fields import show as _show
 from imgbuild.fields import (
     validate,
 )
+from imgbuild.recipe import reqfile
 from imgbuild.recipe.extends import PATH_FIELDS, list_at, load_chain, merged_positions
 from imgbuild.recipe.model import LoadedRecipe, Recipe, display_path
-from imgbuild.repofiles import (
+from imgbuild.recipe.repofiles import (
     OutsideRepository,
     SourceFile,
     files_digest,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild import limits, reqfile
+from imgbuild import limits
 from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
 from imgbuild.fields import (
     Flag,
@@ -29,7 +29,8 @@ from imgbuild.fields import show as _show
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
 from imgbuild.ngc import FRAMEWORKS
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
-from imgbuild.repofiles import (
+from imgbuild.recipe import reqfile
+from imgbuild.recipe.repofiles import (
     SourceFile,
 )
 from imgbuild.yamlpos import Located
@@ -261,7 +262,7 @@ def _not_imgbuild(value: str) -> str:
 
 
 def _gpu_target(value: str) -> str:
-    from imgbuild.fleet import target_rule  # the fleet rules load only for a recipe that names targets
+    from imgbuild.gpu.fleet import target_rule  # the fleet rules load only for a recipe that names targets
 
     return target_rule(value)
 

@@ -1,3 +1,0 @@
-from imgbuild.cli import main
-
-main()

@@ -1,0 +1,346 @@
+"""The pipeline, top to bottom: recipe -> plan -> build context -> engine build -> smoke -> promote.
+
+Promotion loses nothing: the image is built under a candidate tag, smoke-tested, and only then moved to
+`<user>/<name>:<tag>`; the image it replaces stays reachable as `:<tag>-previous`. A failed build or smoke
+test leaves the target tag exactly as it was. A lock keeps two builds of one target apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild import limits
+from imgbuild.build.context import context_dir, write_context
+from imgbuild.build.plan import Plan, base_reference, with_base_pins
+from imgbuild.build.render import render, template_cache
+from imgbuild.build.resolve import pin_reader, plan_recipe
+from imgbuild.build.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, host_gpus, run_smoke
+from imgbuild.config.settings import Settings
+from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
+from imgbuild.facts import Label
+from imgbuild.host import Caller
+from imgbuild.recipe import LoadedRecipe, load_recipe
+from imgbuild.servers.enforce import Acting, as_user, private_copy, read_as, write_as
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    image_id: str
+    previous_id: str | None
+    promoted: bool
+    smoke: SmokeReport | None
+    context: Path
+    log_path: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.plan.target,
+            "image_id": self.image_id,
+            "previous_id": self.previous_id,
+            "promoted": self.promoted,
+            "context": str(self.context),
+            "log": str(self.log_path),
+            "input_hash": self.plan.input_hash,
+            "base": self.plan.base.pinned,
+            "smoke": self.smoke.to_json() if self.smoke else None,
+        }
+
+
+def _lock_name(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()[:24] + ".lock"
+
+
+@contextmanager
+def build_lock(settings: Settings, plan: Plan, ctx: Path, progress: Callable[[str], None]) -> Any:
+    """Serialise builds that share a context folder or a target (two recipes with one `name` and two tags
+    share `images/<name>/`); locks are taken in one order, so two builds never wait on each other."""
+    from filelock import FileLock, Timeout
+
+    lock_dir = Path(settings.cache_dir) / "locks"
+    _writable_dir(lock_dir)
+    keys = sorted({f"context:{ctx.resolve()}", f"target:{plan.target}"})
+    with ExitStack() as stack:
+        for key in keys:
+            lock = FileLock(str(lock_dir / _lock_name(key)))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                progress(f"waiting for another build of {plan.target} (or of {ctx}) to finish")
+                lock.acquire(timeout=6 * 3600)
+            stack.callback(lock.release)
+        yield
+
+
+def _writable_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from None
+
+
+def _secret_file(stack: ExitStack, name: str, text: str | bytes, settings: Settings) -> Path:
+    """A file only this process (and the docker CLI it starts) can read, that no kill can strand: an
+    anonymous memory file (memfd) seen through /proc; elsewhere a 0600 file in a private cache folder,
+    removed at exit and swept by the next run if a kill came first."""
+    data = text.encode() if isinstance(text, str) else text
+    if hasattr(os, "memfd_create") and Path(f"/proc/{os.getpid()}/fd").is_dir():
+        fd = os.memfd_create(f"imgbuild-{name}", os.MFD_CLOEXEC)
+        stack.callback(os.close, fd)
+        os.write(fd, data)
+        return Path(f"/proc/{os.getpid()}/fd/{fd}")
+    folder = Path(settings.cache_dir) / "secrets"
+    _writable_dir(folder)
+    os.chmod(folder, 0o700)
+    sweep_secret_files(folder)
+    path = folder / f"{os.getpid()}-{name}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    stack.callback(lambda: path.unlink(missing_ok=True))
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+def sweep_secret_files(folder: Path) -> None:
+    """Remove secret files whose process is gone (a build killed with SIGKILL)."""
+    for leftover in folder.glob("*-*"):
+        pid = leftover.name.split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            leftover.unlink(missing_ok=True)
+
+
+def build_secrets(
+    settings: Settings, loaded: LoadedRecipe, stack: ExitStack, acting: Acting | None = None
+) -> dict[str, Path]:
+    """Secret files for BuildKit: a pip.conf (index URLs, maybe with credentials) and the CA bundle. Acting for a
+    user through sudo, the recipe's CA bundle is read as they may read it, into a file of this process."""
+    secrets: dict[str, Path] = {}
+    ca = loaded.ca_bundle_path or (Path(settings.pip_ca_bundle) if settings.pip_ca_bundle else None)
+    if ca and acting and loaded.ca_bundle_path:
+        data = read_as(acting.who, loaded.ca_bundle_path, 16 * 1024 * 1024, "pip.ca_bundle")
+        secrets["imgbuild-ca.crt"] = _secret_file(stack, "ca.crt", data, settings)
+    elif ca:
+        secrets["imgbuild-ca.crt"] = ca
+    lines = ["[global]"]
+    if settings.pip_index_url:
+        lines.append(f"index-url = {settings.pip_index_url}")
+    if settings.pip_extra_index_urls:
+        lines.append("extra-index-url = " + " ".join(settings.pip_extra_index_urls))
+    if settings.pip_trusted_hosts:
+        lines.append("trusted-host = " + " ".join(settings.pip_trusted_hosts))
+    if len(lines) > 1:
+        secrets["imgbuild-pip.conf"] = _secret_file(stack, "pip.conf", "\n".join(lines) + "\n", settings)
+    return secrets
+
+
+def needs_buildkit(settings: Settings) -> bool:
+    """Index settings may carry credentials: only BuildKit's secret mounts keep them out of every layer."""
+    return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
+
+
+def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool) -> dict[str, Any]:
+    """BuildRequest's cache fields: BuildKit images always carry their inline cache (unless `registry_cache: off`);
+    a build to be pushed is seeded from the registry's copy of its target, and with `registry_cache: registry`
+    (a buildx builder) from and to `<image>:imgbuild-cache`, every stage's cache (mode=max)."""
+    if backend != "buildkit" or settings.registry_cache == "off":
+        return {}
+    fields: dict[str, Any] = {"inline_cache": True}
+    if seed:
+        fields["cache_from"] = (plan.target,)
+        if settings.registry_cache == "registry":
+            fields["cache_to"] = f"{plan.image}:imgbuild-cache"
+    return fields
+
+
+def _known_good(path: Path, current: str | None, base: str) -> tuple[str, ...]:
+    """`name==version` of the distributions that imported in the image promoted now (`current`), on the same base,
+    as its smoke report says; nothing where the report is another image's, another base's, or unreadable."""
+    try:
+        data = json.loads(path.read_bytes()[: 16 * 1024 * 1024]) if current and path.is_file() else {}
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(data, dict) or data.get("promoted") != current or data.get("base") != base or not data.get("ok"):
+        return ()
+    added = (data.get("meta") or {}).get("added") if isinstance(data.get("meta"), dict) else None
+    words = [f"{row[0]}=={row[1]}" for row in added or [] if isinstance(row, list) and len(row) >= 2]
+    return tuple(w for w in words if re.fullmatch(r"[A-Za-z0-9._-]{1,200}==[A-Za-z0-9.+!_-]{1,100}", w))
+
+
+def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> None:
+    """A fresh runner pulls the registry's copy of `target` before a seeded build. Docker's built-in BuildKit,
+    given an inline cache it has not pulled, re-exports no cache for the layers it took from it, so the next
+    runner misses every other time (moby/buildkit#1981, #2274); pulled first, every build hits. The local tag was
+    absent, so the pull replaces nothing; a registry without the image yet is no error."""
+    if engine.images.image_id(target) is not None:
+        return
+    progress(f"pulling {target} to seed the build cache")
+    try:
+        engine.images.pull(target)
+    except ImgbuildError as exc:
+        progress(f"nothing to seed from ({str(exc)[:120]})")
+
+
+def build(
+    recipe_path: str | Path,
+    settings: Settings,
+    *,
+    backend: str | None = None,
+    require_gpu: bool = False,
+    skip_gpu: bool = False,
+    no_cache: bool = False,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    plan: Plan | None = None,
+    engine: ImageEngine | None = None,
+    seed_from_registry: bool = False,
+    acting: Acting | None = None,
+) -> BuildResult:
+    """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
+    `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
+    fresh CI runner re-runs only the steps whose inputs changed (settings `registry_cache`).
+    `acting` (through sudo for a user, enforce.acting): every file of theirs is read and written as they may, the
+    engine builds root's private copy of the context, and the image goes only into their namespace.
+
+    The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
+    who = acting.who if acting else None
+    with as_user(who):
+        loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
+    if acting:
+        repo, _, base_tag = base_reference(loaded, settings)
+        acting.check_image(f"{repo}:{base_tag}" if base_tag else repo, "base")
+    engine = engine or Engine.connect(settings.docker_cli)
+    chosen = engine.pick_backend(backend or settings.backend)
+    if chosen == "sdk" and needs_buildkit(settings):
+        raise UsageError(
+            "pip index settings may carry credentials and need the buildkit backend "
+            "(the Engine API builder would bake them into a layer)"
+        )
+    # Every requirement a base pin excludes is reported now, all at once, not one pip failure per build.
+    if plan is None:
+        plan = plan_recipe(loaded, settings, engine, with_pins=True)
+    else:  # planned by the caller (rebuild, to judge staleness), without the base's pins
+        plan = with_base_pins(plan, pin_reader(settings, engine))
+    if acting:
+        from imgbuild.servers.enforce import check_target
+
+        check_target(acting.who, plan.target)
+    redact = Redactor(settings.secrets())
+    ctx = context_dir(plan, settings, out)
+    log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
+    _writable_dir(log_path.parent)
+    candidate = f"{plan.image}:{plan.tag}-candidate"
+    with build_lock(settings, plan, ctx, progress), ExitStack() as stack:
+        # what a killed run of this target left: its smoke container (labelled) and the candidate tag
+        engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
+        engine.images.untag(candidate)
+        current = engine.images.image_id(plan.target)
+        rendered = render(plan, chosen, template_cache(settings.cache_dir))
+        with as_user(who):
+            known_good = _known_good(ctx / "smoke.json", current, plan.base.identity)
+            write_context(rendered, ctx, settings.secrets())
+        progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
+        source = _private_context(ctx, acting, settings, stack) if acting else ctx
+        secrets = build_secrets(settings, loaded, stack, acting)
+        if chosen == "sdk" and "imgbuild-ca.crt" in secrets:
+            # The CA bundle is public: with no secret mounts, it travels in the pip folder of the context.
+            ca_copy = source / "imgbuild" / "pip" / "ca.crt"
+            ca_copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(secrets.pop("imgbuild-ca.crt"), ca_copy)
+            stack.callback(lambda: ca_copy.unlink(missing_ok=True))
+        iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=_cache_subdir(settings, "runs"))
+        os.close(iid_fd)
+        stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
+        request = BuildRequest(
+            context=source,
+            tag=candidate,
+            secrets=secrets,
+            no_cache=no_cache,
+            log_path=log_path,
+            builder=settings.builder,
+            iidfile=Path(iid_name),
+            timeout=settings.build_timeout,
+            **registry_cache(plan, settings, chosen, seed_from_registry),
+            build_args={
+                **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
+                **(pip_bounds(settings) if (source / "imgbuild" / "pip" / "install.sh").is_file() else {}),
+            },
+        )
+        promoted = False
+        try:
+            if request.cache_from:
+                _seed(engine, plan.target, progress)
+            image_id = engine.build(chosen, request, progress, redact)
+            progress(f"built {image_id[:19]}; smoke-testing {candidate}")
+            smoke = loaded.recipe.smoke
+            wanted = SmokeRequest(
+                candidate,
+                require_gpu=require_gpu or smoke.require_gpu,
+                skip_gpu=skip_gpu,
+                min_speedup=smoke.min_speedup,
+                imports=tuple(smoke.imports),
+                skip_imports=tuple(smoke.skip_imports),
+                commands=tuple(smoke.run),
+                known_good=known_good,
+            )
+            host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
+            report = run_smoke(engine, wanted, settings, host)
+            add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
+            _write_report(ctx / "smoke.json", report, who=who)
+            if not report.ok:
+                kept = engine.images.image_id(plan.target)
+                raise SmokeFailed(
+                    f"{report.summary()}; {plan.target} was left as it was"
+                    + (f" ({kept[:19]})" if kept else " (not built before)")
+                    + f"; every failure in full: {ctx / 'smoke.json'}; build log: {log_path}"
+                )
+            previous = engine.images.image_id(plan.target)
+            if previous and previous != image_id:
+                engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
+            engine.images.tag(image_id, plan.target)
+            promoted = True
+            _write_report(ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity}, who)
+        finally:
+            engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
+        return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+
+
+def pip_bounds(settings: Settings) -> dict[str, str]:
+    """The pip step's bounds (install.sh's guard reads them): resolution seconds, download bytes."""
+    return {
+        "IMGBUILD_PIP_RESOLVE_SECONDS": str(int(settings.pip_resolve_timeout)),
+        "IMGBUILD_PIP_DOWNLOAD_LIMIT": str(settings.pip_download_limit),
+    }
+
+
+def _cache_subdir(settings: Settings, name: str) -> str:
+    path = Path(settings.cache_dir) / name
+    _writable_dir(path)
+    return str(path)
+
+
+def _write_report(
+    path: Path, report: SmokeReport, promoted: dict[str, str] | None = None, who: Caller | None = None
+) -> None:
+    """The smoke report beside the context, written as `who` when acting for them; once promoted, with the image
+    and base it vouches for (the next build's import check leaves alone what imported here and did not change:
+    `_known_good`)."""
+    write_as(who, path, json.dumps({**report.to_json(), **(promoted or {})}, indent=2, sort_keys=True) + "\n")
+
+
+def _private_context(ctx: Path, acting: Acting, settings: Settings, stack: ExitStack) -> Path:
+    """Root's private copy of the context the user's build rendered (enforce.private_copy), removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="context-", dir=_cache_subdir(settings, "runs")))
+    stack.callback(shutil.rmtree, folder, True)
+    return private_copy(ctx, folder, acting.who, limits.COPY_BYTES + 64 * limits.MIB, limits.COPY_FILES + 100)

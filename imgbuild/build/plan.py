@@ -1,0 +1,421 @@
+"""Stage 2: plan a build. Resolve the base to a digest, find the framework pins to protect, compute hashes.
+
+Pure apart from the `inspect_base` callable passed in (the registry client in production, a dict in tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild import __version__, imageref
+from imgbuild.config.settings import Settings
+from imgbuild.errors import RecipeError, UsageError
+from imgbuild.host import caller
+from imgbuild.ngc import (
+    CUDA_PACKAGE_PREFIXES,
+    FRAMEWORKS,
+    config_env,
+    describe_config,
+    expand_tag,
+    is_cuda_library,
+    is_pattern,
+)
+from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.recipe import LoadedRecipe, stable_name
+from imgbuild.recipe.reqfile import ReqLine
+
+TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The base as resolved: a concrete reference, its digest, and what its config says."""
+
+    ref: str
+    digest: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, str] = field(default_factory=dict)
+    requested: str = ""
+    image_id: str = ""  # for a local, never-pushed base (e.g. another recipe's image): no digest exists
+    pins: tuple[str, ...] = ()  # every `name==version` the base holds its packages at (see bases.pin_reader)
+    pins_origin: str = ""  # where those pins were read: the base's PIP_CONSTRAINT file, or a freeze
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.ref}@{self.digest}" if self.digest else self.ref
+
+    @property
+    def identity(self) -> str:
+        """What changes when the base changes: its registry digest, or the local image id."""
+        return self.digest or self.image_id
+
+    @property
+    def framework(self) -> str:
+        return self.facts.get("framework", "")
+
+    @property
+    def framework_version(self) -> str:
+        return self.facts.get("framework_version", "")
+
+
+#: (reference) -> (digest, image config); raises RegistryUnavailable / RegistryError.
+InspectBase = Callable[[str], tuple[str, dict[str, Any]]]
+#: (repository reference without tag, pattern) -> concrete tag.
+ResolveTag = Callable[[str, str | None, str], str]
+#: (resolved base) -> (where the pins come from, `name==version` lines); reads inside the base image.
+ReadPins = Callable[["BaseImage"], tuple[str, tuple[str, ...]]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    loaded: LoadedRecipe
+    image: str
+    tag: str
+    base: BaseImage
+    content_hash: str
+    input_hash: str
+    uid: int
+    gid: int
+    protected: tuple[str, ...]
+
+    @property
+    def target(self) -> str:
+        return f"{self.image}:{self.tag}"
+
+    @property
+    def name(self) -> str:
+        return self.loaded.recipe.name
+
+    def lock(self) -> dict[str, Any]:
+        """What `images/<name>/imgbuild.lock.json` records: enough to know when a rebuild is due."""
+        return {
+            "imgbuild": __version__,
+            "recipe": stable_name(self.loaded.path),
+            "extends": [stable_name(p) for p in self.loaded.chain[:-1]],
+            "image": self.target,
+            "base": {
+                "requested": self.base.requested,
+                "ref": self.base.ref,
+                "digest": self.base.identity,
+                "framework": self.base.framework,
+                "framework_version": self.base.framework_version,
+                "cuda": self.base.facts.get("cuda", ""),
+                "cudnn": self.base.facts.get("cudnn", ""),
+            },
+            "protected": list(self.protected),
+            "content_hash": self.content_hash,
+            "scripts": templates_digest(),  # imgbuild's own scripts in the context (not committed)
+            "input_hash": self.input_hash,
+        }
+
+
+def base_reference(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str | None, str]:
+    """(repository reference, framework or None, tag or pattern) for the recipe's base."""
+    base = loaded.recipe.base
+    if base.image:
+        ref = imageref.parse(base.image)
+        return (str(ref), None, "") if ref.digest else (ref.name, None, ref.tag or "latest")
+    assert base.framework and base.tag
+    fw = FRAMEWORKS[base.framework]
+    return f"{settings.ngc_registry}/{fw.repository}", base.framework, expand_tag(base.framework, base.tag)
+
+
+def resolve_base(
+    loaded: LoadedRecipe, settings: Settings, inspect_base: InspectBase | None, resolve_tag: ResolveTag | None = None
+) -> BaseImage:
+    repo, framework, tag = base_reference(loaded, settings)
+    requested = f"{repo}:{tag}" if tag else repo
+    if tag and is_pattern(tag) and (framework or tag != "latest"):
+        if resolve_tag is None:
+            raise UsageError(f"{loaded.display}: base.tag: {tag!r} needs the registry to resolve it")
+        tag = resolve_tag(repo, framework, tag)
+    ref = f"{repo}:{tag}" if tag else repo
+    if inspect_base is None:
+        return BaseImage(ref=ref, requested=requested)
+    digest, config = inspect_base(ref)
+    cfg = config.get("config") or config.get("Config") or {}
+    raw_labels = cfg.get("Labels") if isinstance(cfg, dict) else None
+    labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, dict) else {}
+    image_id = str(config.get("Id", ""))
+    return BaseImage(
+        ref=ref.split("@")[0],
+        digest=digest if imageref.DIGEST_RE.fullmatch(digest or "") else None,
+        env=config_env(config),
+        labels=dict(labels),
+        facts=describe_config(config),
+        requested=requested,
+        image_id=image_id if imageref.DIGEST_RE.fullmatch(image_id) else "",
+    )
+
+
+def protected_pins(base: BaseImage) -> tuple[str, ...]:
+    """Constraints that keep the base's framework in place, known before the build from its config."""
+    fw = FRAMEWORKS.get(base.framework)
+    if not fw or not base.framework_version:
+        return ()
+    if fw.name != "pytorch":
+        return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
+    # The release without its local label: PyPI's CUDA wheels say `2.13.0+cu130` in torch.__version__ (and
+    # PYTORCH_VERSION) but `2.13.0` in their metadata, which a `==2.13.0+cu130` pin would call a conflict.
+    # The base's own pins (its constraint file or a freeze) still hold the exact build installed.
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (f"torch=={Version(base.framework_version).public}",)
+    except InvalidVersion:
+        return (f"torch=={base.framework_version}",)
+
+
+def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
+    """A recipe that asks for another torch/tensorflow or CUDA library than the base carries, or for a
+    version of any package the base pins (numpy, torchvision, ...) that the pin excludes, fails here: every
+    conflict at once, each at its line (pip.packages, pip.constraints, the requirements files' lines)."""
+    from packaging.requirements import Requirement
+
+    from imgbuild.errors import Problem
+
+    recipe = loaded.recipe
+    located = loaded.located
+
+    def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str) -> Problem:
+        if isinstance(at, ReqLine):  # a line of the requirements file (or a file it nests), or of the lock
+            field = "lock" if loaded.lock_path and at.file.endswith(loaded.lock_path.name) else "pip.requirements"
+            return Problem(at.file, at.line, 1, field, message, hint)
+        if located is not None:
+            return located.problem(at, message, hint)
+        return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
+
+    specs: list[tuple[tuple[str | int, ...] | ReqLine, str]] = []
+    specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
+    specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
+    specs += [(line, line.spec) for line in (*loaded.requirements, *loaded.requirement_constraints)]
+    # the lock is input too: a torch pin in it would meet the base's framework only in the pip step
+    specs += [(line, line.spec) for line in loaded.lock_lines if line.spec in loaded.lock_pins]
+    pins = base_pin_versions(base, loaded.recipe.pip.unpin)
+    problems = [
+        where(at, *found)
+        for at, spec in specs
+        if (found := _conflict(Requirement(spec), base) or _pin_conflict(Requirement(spec), base, pins))
+    ]
+    if problems:
+        raise RecipeError(problems)
+
+
+def check_offline(loaded: LoadedRecipe) -> None:
+    """What `check_conflicts` can judge with no registry, for `imgbuild validate`: a CUDA library pinned or
+    named by URL, the framework from a URL or under another framework's name (render and build check again,
+    with the base's own facts and pins)."""
+    declared = loaded.recipe.base.framework
+    check_conflicts(loaded, BaseImage(ref=f"the {declared or 'base'} image", facts={"framework": declared or ""}))
+
+
+def base_pin_versions(base: BaseImage, unpinned: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """{canonical name: (name, version)} for each exact pin of the base that still holds: not the framework
+    or the CUDA stack (those have their own check), not a package the recipe unpins."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    freed = {canonicalize_name(n) for n in unpinned}
+    own = FRAMEWORKS.get(base.framework)
+    guarded = set(own.packages) if own else set()
+    found: dict[str, tuple[str, str]] = {}
+    for line in base.pins:
+        try:
+            req = Requirement(line.split("#", 1)[0].strip())
+        except InvalidRequirement:
+            continue
+        name = canonicalize_name(req.name)
+        specs = list(req.specifier)
+        if req.url or req.marker or len(specs) != 1 or specs[0].operator not in ("==", "==="):
+            continue
+        if name in freed or name in guarded or name.startswith(CUDA_PACKAGE_PREFIXES):
+            continue
+        found[name] = (req.name, specs[0].version)
+    return found
+
+
+def _pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """(message, hint) when `req` asks for a version of a package the base pins that the pin excludes."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    name = canonicalize_name(req.name)
+    if name not in pins or req.marker:  # a marker may not apply in the image: pip will judge it
+        return None
+    pinned, version = pins[name]
+    hint = f"pinned by {base.pins_origin or 'the base'}: drop the pin, or let pip move it with pip.unpin: [{pinned}]"
+    if req.url:
+        return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
+    try:
+        excluded = bool(req.specifier) and not req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return None
+    if excluded:
+        return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
+    return None
+
+
+def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
+    """(message, hint) when `req` would replace the base's CUDA libraries or framework, else None."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    name = canonicalize_name(req.name)
+    own = FRAMEWORKS.get(base.framework)
+    if is_cuda_library(name) and (req.specifier or req.url):
+        return (
+            f"{req.name} would replace a CUDA library of the base",
+            "the base's CUDA stack is protected; drop the pin",
+        )
+    other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
+    if other is not None and own is not None:
+        return (
+            f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
+            f"build on a {other.name} base for {other.name}",
+        )
+    if own is None or name not in own.packages:
+        return None
+    if req.url:
+        return (
+            f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}".rstrip(),
+            "the base's framework is protected: drop it",
+        )
+    try:
+        have = Version(base.framework_version) if base.framework_version else None
+    except InvalidVersion:
+        have = None
+    if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+        if have.is_prerelease and req.specifier.contains(Version(have.base_version), prereleases=True):
+            return prerelease_conflict(req.name, str(req.specifier), base.framework_version, base.ref)
+        return (
+            f"{req.name}{req.specifier} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
+            f"the base's framework is protected: drop the pin, or choose a base tag that carries "
+            f"{req.name}{req.specifier}",
+        )
+    return None
+
+
+def prerelease_conflict(name: str, specifier: str, have: str, ref: str) -> tuple[str, str]:
+    """(message, hint) for NGC's everyday trap: its framework is a pre-release (`2.9.0a0+145a3a7`), and
+    under PEP 440 `2.9.0a0 < 2.9`, so `torch>=2.9` excludes the very build it was written for."""
+    from packaging.version import Version
+
+    public = Version(have).public
+    return (
+        f"{name}{specifier} is not met by the base's {name} {have} ({ref}): NGC's {name} is a pre-release of "
+        f"{Version(have).base_version}, and under PEP 440 {public} sorts before {Version(have).base_version}",
+        f"the base's {name} is what you asked for: drop the pin, or write it to admit the pre-release "
+        f"({name}>={public})",
+    )
+
+
+def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
+    origin, pins = read_pins(base)
+    return dataclasses.replace(base, pins=pins, pins_origin=origin)
+
+
+def with_base_pins(plan: Plan, read_pins: ReadPins) -> Plan:
+    """`plan` (made without them, e.g. by `rebuild` to judge staleness) checked against the base's pins."""
+    if plan.base.pins_origin:
+        return plan
+    base = _with_pins(plan.base, read_pins)
+    check_conflicts(plan.loaded, base)
+    return dataclasses.replace(plan, base=base)
+
+
+def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, int]) -> tuple[int, int]:
+    """UID/GID for the image user: recipe > setting > the invoking user (via sudo too) > 1000 for root."""
+    user = loaded.recipe.user
+    uid = (user.uid if user else None) or settings.uid
+    gid = (user.gid if user else None) or settings.gid
+    host_uid, host_gid = host_ids
+    if uid is None:
+        uid = host_uid or 1000
+    if gid is None:
+        gid = host_gid or (uid if host_uid == 0 else 1000)
+    return uid, gid
+
+
+@functools.cache
+def templates_digest() -> str:
+    """imgbuild's own templates and smoke script that shape a Docker image (package data), hashed once per
+    process. The Apptainer template is not among them: editing it must not make every image due."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in TEMPLATES_DIR.iterdir() if p.name != "apptainer.def.j2"):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(SMOKE_SCRIPT.read_bytes())
+    return h.hexdigest()
+
+
+def content_hash(loaded: LoadedRecipe) -> str:
+    """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
+    data = dataclasses.asdict(loaded.recipe)
+    del data["extends"]
+    for spec in data["files"]:
+        spec["src"] = loaded.file_digests.get(spec["dest"], "")
+    if loaded.requirements_path:
+        data["pip"]["requirements"] = {
+            "requirements": [[line.spec, *line.hashes] for line in loaded.requirements],
+            "constraints": [line.spec for line in loaded.requirement_constraints],
+            "options": list(loaded.requirement_options),
+        }
+    if loaded.lock_pins:
+        data["pip"]["lock"] = list(loaded.lock_pins)
+    data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
+    data["templates"] = templates_digest()
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def image_and_tag(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str]:
+    """(`<user>/<name>` or the recipe's `image`, tag); a tag in `image` wins over `tag`."""
+    recipe = loaded.recipe
+    if not recipe.image:
+        return f"{settings.user.lower()}/{recipe.name}", recipe.tag
+    ref = imageref.parse(recipe.image)
+    return ref.name, ref.tag or recipe.tag
+
+
+def make_plan(
+    loaded: LoadedRecipe,
+    settings: Settings,
+    inspect_base: InspectBase | None,
+    resolve_tag: ResolveTag | None = None,
+    host_ids: tuple[int, int] | None = None,
+    read_pins: ReadPins | None = None,
+) -> Plan:
+    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins`
+    (the base's own pins, read in the base by a build; without it only the framework is checked);
+    `host_ids` is the caller's UID/GID (host.caller() when not given)."""
+    base = resolve_base(loaded, settings, inspect_base, resolve_tag)
+    if read_pins is not None:
+        base = _with_pins(base, read_pins)
+    check_conflicts(loaded, base)
+    if host_ids is None:
+        who = caller()
+        host_ids = (who.uid, who.gid)
+    uid, gid = resolve_ids(loaded, settings, host_ids)
+    chash = content_hash(loaded)
+    inputs = json.dumps(
+        {"content": chash, "base": base.identity or base.ref, "uid": uid, "gid": gid}, sort_keys=True
+    ).encode()
+    image, tag = image_and_tag(loaded, settings)
+    return Plan(
+        loaded=loaded,
+        image=image,
+        tag=tag,
+        base=base,
+        content_hash=chash,
+        input_hash="sha256:" + hashlib.sha256(inputs).hexdigest(),
+        uid=uid,
+        gid=gid,
+        protected=protected_pins(base),
+    )

@@ -1,0 +1,475 @@
+"""CI rebuilds: rebuild exactly the images whose inputs changed, in dependency order, push them, report.
+
+An image is stale when its labels (or the registry's copy, with --push) disagree with the plan:
+the recipe or a copied file changed, the base moved to another digest, or the build IDs changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from imgbuild import imageref
+from imgbuild.build.context import context_path
+from imgbuild.build.plan import Plan
+from imgbuild.config.settings import Settings
+from imgbuild.engine import Engine, ImageEngine
+from imgbuild.errors import ImgbuildError, RecipeError, UsageError
+from imgbuild.facts import Label
+from imgbuild.imageref import DIGEST_RE
+from imgbuild.recipe import display_path, load_recipe
+from imgbuild.registry.client import RegistryClient, docker_config_credentials, split_reference
+
+FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
+
+
+@dataclass
+class Item:
+    path: Path
+    target: str = ""
+    base_ref: str = ""
+    deps: list[str] = field(default_factory=list)  # targets of other recipes this one builds on
+    status: str = ""
+    reasons: list[str] = field(default_factory=list)
+    error: str = ""
+    image_id: str = ""
+    pushed: str = ""
+    seconds: float = 0.0
+    context: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return display_path(self.path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.name,
+            "image": self.target,
+            "status": self.status,
+            "reasons": self.reasons,
+            "error": self.error,
+            "image_id": self.image_id,
+            "pushed_digest": self.pushed,
+            "depends_on": self.deps,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def discover(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageError(f"{raw}: no such recipe or folder")
+    return list(dict.fromkeys(p.resolve() for p in found))
+
+
+def _normal(ref: str) -> str:
+    return imageref.parse(ref).normal()
+
+
+def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
+    """Load every recipe and link those whose base is another recipe's image. Order: dependencies first."""
+    from imgbuild.build.plan import base_reference, image_and_tag
+
+    items: list[Item] = []
+    for path in paths:
+        item = Item(path)
+        try:
+            loaded = load_recipe(path, secrets=settings.secrets())
+            image, tag = image_and_tag(loaded, settings)
+            item.target = f"{image}:{tag}"
+            item.context = context_path(loaded, settings).resolve()
+            repo, _, base_tag = base_reference(loaded, settings)
+            item.base_ref = f"{repo}:{base_tag}" if base_tag else repo
+        except RecipeError as exc:
+            item.status, item.error = INVALID, "; ".join(exc.lines())
+        items.append(item)
+    _refuse_shared_contexts(items, settings)
+    by_target = {_normal(i.target): i for i in items if i.target}
+    for item in items:
+        parent = by_target.get(_normal(item.base_ref)) if item.base_ref else None
+        if parent is not None and parent is not item:
+            item.deps.append(parent.target)
+    return _topological(items)
+
+
+def _refuse_shared_contexts(items: list[Item], settings: Settings) -> None:
+    """Two recipes with one `name` would share images/<name>/ (context, lock, smoke report); two that build
+    one image:tag would each replace the other's image (and its -previous) on every run: refuse them all."""
+    _refuse_sharing(
+        items,
+        lambda i: i.context,
+        lambda names, context: (
+            f"{names} share the name {context.name!r} and so {context}; give each recipe its "
+            "own name (two tags of one image: distinct names and image: REPO:TAG)"
+        ),
+    )
+    _refuse_sharing(
+        items,
+        lambda i: _normal(i.target) if i.target else None,
+        lambda names, target: f"{names} all build {target}: each would replace the other's image; give each a tag",
+    )
+
+
+def _refuse_sharing(items: list[Item], key: Any, message: Any) -> None:
+    groups: dict[Any, list[Item]] = {}
+    for item in items:
+        if item.status != INVALID and key(item) is not None:
+            groups.setdefault(key(item), []).append(item)
+    for shared, sharing in groups.items():
+        if len(sharing) > 1:
+            names = ", ".join(i.name for i in sharing)
+            for item in sharing:
+                item.status, item.error = INVALID, message(names, shared)
+
+
+def _topological(items: list[Item]) -> list[Item]:
+    by_target = {i.target: i for i in items}
+    ordered: list[Item] = []
+    state: dict[str, str] = {}
+
+    def visit(item: Item, chain: list[str]) -> None:
+        if state.get(item.name) == "done":
+            return
+        if state.get(item.name) == "visiting":
+            raise UsageError("recipes build on each other in a cycle: " + " -> ".join([*chain, item.name]))
+        state[item.name] = "visiting"
+        for dep in item.deps:
+            visit(by_target[dep], [*chain, item.name])
+        state[item.name] = "done"
+        ordered.append(item)
+
+    for item in items:
+        visit(item, [])
+    return ordered
+
+
+def staleness(
+    plan: Plan, engine: ImageEngine, settings: Settings, push: bool, sign: bool = False, needed_here: bool = False
+) -> list[str]:
+    """Why the image for `plan` must be built; empty when it is current (and, with `sign`, signed there). With
+    `push`, an image this engine never built is current when the registry's copy is this plan's build (a fresh
+    CI runner has nothing to do), unless another recipe of the run builds on it here (`needed_here`)."""
+    reasons: list[str] = []
+    image = engine.images.image(plan.target)
+    labels = image.labels if image else {}
+    if image is None and push and not needed_here:
+        remote, signed = _remote_build(plan.target, settings, sign)
+        if remote == plan.input_hash and (signed or not sign):
+            return []
+    if image is None:
+        reasons.append("never built here")
+    else:
+        if labels.get(Label.RECIPE_HASH) != plan.content_hash:
+            reasons.append("recipe or its files changed")
+        old_base = labels.get(Label.BASE_DIGEST, "")
+        if old_base != plan.base.identity:
+            reasons.append(f"base {plan.base.ref} moved: {old_base[7:19] or '?'} -> {plan.base.identity[7:19]}")
+        if not reasons and labels.get(Label.INPUT_HASH) != plan.input_hash:
+            reasons.append("build inputs changed (user IDs)")
+    if push and not reasons:
+        remote, signed = _remote_build(plan.target, settings, sign)
+        if remote != plan.input_hash:
+            reasons.append("not in the registry" if remote is None else "the registry has another build")
+        elif sign and not signed:
+            reasons.append("pushed, but not signed there")
+    return reasons
+
+
+def _remote_build(target: str, settings: Settings, sign: bool) -> tuple[str | None, bool]:
+    """(the registry copy's input hash, None where it has none; with `sign`, whether that copy has a signature
+    attached, whose key `verify` says), from one manifest read."""
+    from imgbuild.build.attest import attachment_tag
+
+    host, repo, tag = split_reference(target)
+    client = RegistryClient.for_host(host, settings)
+    try:
+        manifest, config = client.image_config(repo, tag)
+    except ImgbuildError:
+        return None, False
+    remote = ((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH)
+    if not sign:
+        return remote, False
+    try:
+        return remote, bool(client.manifest_digest(repo, attachment_tag(manifest.digest, "sig")))
+    except ImgbuildError:
+        return remote, False
+
+
+def push_auth(target: str) -> dict[str, str] | None:
+    host, _, _ = split_reference(target)
+    creds = docker_config_credentials(host)
+    return {"username": creds.username, "password": creds.password} if creds else None
+
+
+@dataclass
+class RebuildOptions:
+    check: bool = False
+    push: bool = False
+    jobs: int = 1
+    backend: str | None = None
+    dry_run: bool = False
+    signer: Any = None  # attest.Signer: sign each pushed image and attach its provenance and SBOM
+
+
+def run(
+    paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print, engine: ImageEngine | None = None
+) -> list[Item]:
+    """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
+    items = load_graph(discover(paths), settings)
+    engine = engine or Engine.connect(settings.docker_cli)
+    local_refs = frozenset(i.base_ref for i in items if i.deps)
+    _schedule(items, lambda item: _work(item, settings, options, engine, local_refs, log), options.jobs)
+    return items
+
+
+def _work(
+    item: Item, settings: Settings, options: RebuildOptions, engine: ImageEngine, local_refs: frozenset[str], log: Any
+) -> Item:
+    """Plan one recipe; build (and push) it when stale. Any failure fails this image, not the run."""
+    from imgbuild.build import pipeline
+    from imgbuild.build.resolve import plan_recipe
+
+    start = time.monotonic()
+    try:
+        plan = plan_recipe(
+            load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs, fresh=True
+        )
+        item.reasons = staleness(
+            plan,
+            engine,
+            settings,
+            options.push,
+            options.signer is not None,
+            _normal(plan.target) in {_normal(r) for r in local_refs},
+        )
+        if not item.reasons:
+            item.status, item.image_id = FRESH, engine.images.image_id(plan.target) or ""
+        elif options.dry_run:
+            item.status = STALE
+        else:
+            log(f"{item.target}: building ({'; '.join(item.reasons)})")
+            result = pipeline.build(
+                item.path,
+                settings,
+                backend=options.backend,
+                plan=plan,
+                engine=engine,
+                progress=lambda step: log(f"{item.target}: {step}"),
+                seed_from_registry=options.push,
+            )
+            item.status, item.image_id = BUILT, result.image_id
+            if options.push:
+                smoke = result.smoke.to_json() if result.smoke else {}
+                item.pushed = publish(plan, smoke, settings, engine, options.backend, options.signer, log)
+    except ImgbuildError as exc:
+        item.status, item.error = FAILED, "\n".join(exc.lines())
+    except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
+        item.status, item.error = FAILED, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    finally:
+        item.seconds = time.monotonic() - start
+    return item
+
+
+def publish(
+    plan: Any,
+    smoke: dict[str, Any],
+    settings: Settings,
+    engine: ImageEngine,
+    backend: str | None,
+    signer: Any,
+    log: Any,
+) -> str:
+    """Push `plan`'s image; with a `signer` (attest.Signer), sign the pushed digest and attach its provenance
+    and SBOM beside it (cosign's tags). Returns the pushed digest."""
+    from imgbuild import imageref
+    from imgbuild.build import attest
+    from imgbuild.registry.client import RegistryClient
+
+    target = plan.target
+    log(f"{target}: pushing")
+    digest = str(engine.images.push(target, push_auth(target), lambda step: log(f"{target}: {step}")))
+    if signer is None:
+        return digest
+    ref = imageref.parse(target)
+    builder = {"engine": str(engine.host_info().get("version", "")), "backend": backend or settings.backend}
+    made = attest.describe(plan, smoke, ref.name, digest, builder)
+    client = RegistryClient.for_host(ref.registry, settings)
+    tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
+    log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
+    return digest
+
+
+def _schedule(items: list[Item], work: Any, jobs: int) -> None:
+    """Run `work` on each item once its bases are done, `jobs` at a time; an item whose base failed (or
+    was invalid, or skipped) is skipped, and nothing waits on a base that will never build."""
+    jobs = max(1, jobs)
+    done: dict[str, Item] = {i.target: i for i in items if i.status == INVALID and i.target}
+    pending = [i for i in items if i.status != INVALID]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        running: dict[Future[Item], Item] = {}
+        while pending or running:
+            for item in list(pending):
+                state = _readiness(item, done)
+                if state == "skip":
+                    item.status, item.error = SKIPPED, f"its base {item.deps[0]} did not build"
+                    done[item.target] = item
+                    pending.remove(item)
+                elif state == "ready" and len(running) < jobs:
+                    running[pool.submit(work, item)] = item
+                    pending.remove(item)
+            if not running:
+                for item in pending:  # nothing can start and nothing runs: their bases never will
+                    item.status, item.error = SKIPPED, f"its base {item.deps[0] if item.deps else '?'} did not build"
+                return
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                item = running.pop(future)
+                done[item.target] = future.result()
+
+
+def _readiness(item: Item, done: dict[str, Item]) -> str:
+    bases = [done.get(d) for d in item.deps]
+    if any(b is not None and b.status in (FAILED, SKIPPED, INVALID) for b in bases):
+        return "skip"
+    return "ready" if all(b is not None and b.status in (FRESH, BUILT, STALE) for b in bases) else "wait"
+
+
+@dataclass
+class Report:
+    mode: str
+    items: list[Item]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """A failed, invalid or skipped image fails the run; with --check a stale one does too."""
+        bad = {FAILED, INVALID, SKIPPED} | ({STALE} if self.mode == "check" else set())
+        return not any(i.status in bad for i in self.items)
+
+    def rows(self) -> list[list[str]]:
+        return [
+            [
+                i.name,
+                i.target,
+                i.status.upper(),
+                "; ".join(i.reasons) if i.status != FAILED else i.error.splitlines()[0],
+                f"{i.seconds:.1f}s",
+            ]
+            for i in self.items
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 2), "mode": self.mode, "images": [i.to_json() for i in self.items]}
+
+
+def rebuild(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print) -> Report:
+    """`imgbuild rebuild`: check the contexts (--check), or plan and build what is stale."""
+    start = time.monotonic()
+    items = check_contexts(paths, settings) if options.check else run(paths, settings, options, log)
+    mode = "check" if options.check else ("dry-run" if options.dry_run else "build")
+    return Report(mode, items, time.monotonic() - start)
+
+
+def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
+    """`rebuild --check`: compare images/<name>/ with what the recipes render to now. Builds nothing.
+
+    The base is taken as recorded in each context's lock, so the check needs no registry and flags only
+    recipes (or copied files, or templates) that changed without their rendered context."""
+    from imgbuild.build.plan import image_and_tag
+
+    items = []
+    loaded_by_item: dict[int, Any] = {}
+    for path in discover(paths):
+        item = Item(path)
+        items.append(item)
+        try:
+            loaded = load_recipe(path, secrets=settings.secrets())
+        except RecipeError as exc:
+            item.status, item.error = INVALID, "; ".join(exc.lines())
+            continue
+        loaded_by_item[id(item)] = loaded
+        item.context = context_path(loaded, settings).resolve()
+        image, tag = image_and_tag(loaded, settings)
+        item.target = f"{image}:{tag}"
+    _refuse_shared_contexts(items, settings)
+    for item in items:
+        if item.status != INVALID:
+            _check_one(item, loaded_by_item[id(item)], settings)
+    return items
+
+
+def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
+    """Render the recipe against the base its lock records, and compare with the committed context."""
+    from imgbuild.build.context import diff_context
+    from imgbuild.build.plan import make_plan
+    from imgbuild.build.render import render, template_cache
+    from imgbuild.build.resolve import read_lock, recorded_base, recorded_env, recorded_tag
+
+    ctx = context_path(loaded, settings)
+    item.target = str(ctx)
+    lock_path = ctx / "imgbuild.lock.json"
+    if ctx.is_symlink() or ctx.parent.is_symlink():
+        item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
+        return
+    if not lock_path.is_file():
+        item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
+        return
+    try:
+        lock, base = read_lock(lock_path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        item.status, item.reasons = STALE, [f"{lock_path} is not a lock imgbuild wrote (render it again)"]
+        return
+    config = {"config": {"Env": recorded_env(base)}}
+    digest = str(base.get("digest") or "")
+    registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
+    pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=str(lock["image"]).split("/")[0])
+    try:
+        plan = make_plan(
+            loaded,
+            pinned,
+            recorded_base(digest if DIGEST_RE.fullmatch(digest) else "", config),
+            recorded_tag(base["ref"].rsplit(":", 1)[-1]),
+        )
+    except RecipeError as exc:
+        item.status, item.error = INVALID, "; ".join(exc.lines())
+        return
+    backend = lock.get("backend") if lock.get("backend") in ("buildkit", "sdk") else "buildkit"
+    diff = diff_context(render(plan, str(backend), template_cache(settings.cache_dir)), ctx)
+    item.status = STALE if diff else FRESH
+    if diff:
+        item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]
+
+
+def junit_xml(items: list[Item], seconds: float) -> str:
+    failures = sum(i.status in (FAILED, INVALID) for i in items)
+    skipped = sum(i.status == SKIPPED for i in items)
+    cases = []
+    for item in items:
+        name = quoteattr(f"{item.name} ({item.target or 'invalid'})")
+        body = ""
+        if item.status in (FAILED, INVALID):
+            first = item.error.splitlines()[0] if item.error else item.status
+            body = f"<failure message={quoteattr(first)}>{escape(item.error)}</failure>"
+        elif item.status == SKIPPED:
+            body = f"<skipped message={quoteattr(item.error)}/>"
+        else:
+            body = f"<system-out>{escape(item.status + ': ' + ('; '.join(item.reasons) or 'up to date'))}</system-out>"
+        cases.append(
+            f'  <testcase classname="imgbuild.build.rebuild" name={name} time="{item.seconds:.2f}">{body}</testcase>'
+        )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuite name="imgbuild rebuild" tests="{len(items)}" failures="{failures}" errors="0" '
+        f'skipped="{skipped}" time="{seconds:.2f}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )

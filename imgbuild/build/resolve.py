@@ -1,0 +1,237 @@
+"""Where the facts about a recipe's base come from: the registry (digest and image config, no pull), a
+local image when offline or when the base is another recipe's image, or a context's lock (for
+`rebuild --check`, which needs no registry). Each source is an `InspectBase` for `plan.make_plan`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from imgbuild.build.plan import Plan, make_plan
+from imgbuild.config.settings import Settings
+from imgbuild.engine.probe import Probe
+from imgbuild.errors import ImgbuildError, RegistryUnavailable
+from imgbuild.recipe import LoadedRecipe
+
+if TYPE_CHECKING:  # the engine and the registry client are imported where they are used: render stays cheap
+    from imgbuild.engine import ImageEngine
+
+
+def registry_inspector(
+    settings: Settings,
+    engine: ImageEngine | None = None,
+    local_refs: frozenset[str] = frozenset(),
+    fresh: bool = False,
+) -> Callable[[str], tuple[str, dict]]:
+    """Base inspection: the registry first (digest + config, no pull); a local image when offline.
+
+    `local_refs` are images this run builds itself (another recipe's target): always the local image,
+    pinned by id, so pushing it later does not make its dependents look stale. A registry answer is kept
+    `base_cache_ttl` seconds (the edit-render-build loop asks the same question many times a minute);
+    `fresh` (rebuild) always asks."""
+    from imgbuild import imageref
+
+    clients: dict[str, Any] = {}
+
+    def inspect(ref: str) -> tuple[str, dict[str, Any]]:
+        if engine and ref in local_refs:
+            local = engine.images.inspect_local(ref)
+            if local is not None:
+                return "", local[1]
+        parsed = imageref.parse(ref)
+        if engine and "/" in ref and not parsed.host:
+            # An unqualified `lab/house:v1` that the engine has is a local build (another recipe's
+            # image): pin it by image id rather than asking Docker Hub about a name it never saw.
+            local = engine.images.inspect_local(ref)
+            if local is not None:
+                return local[0], local[1]
+        cache = _BaseCache(settings, 0 if fresh else settings.base_cache_ttl)
+        if (kept := cache.get(ref)) is not None:
+            return kept
+        from imgbuild.registry.client import RegistryClient, split_reference
+
+        host, repo, reference = split_reference(ref)
+        client = clients.setdefault(host, RegistryClient.for_host(host, settings))
+        try:
+            manifest, config = client.image_config(repo, reference)
+        except RegistryUnavailable:
+            local = engine.images.inspect_local(ref) if engine else None
+            if local is None:
+                raise
+            return local[0] or "", local[1]
+        cache.put(ref, manifest.digest, config)
+        return manifest.digest, config
+
+    return inspect
+
+
+class _BaseCache:
+    """Registry answers about bases (digest + config), one small file per reference, kept `ttl` seconds."""
+
+    def __init__(self, settings: Settings, ttl: int):
+        self.folder, self.ttl = Path(settings.cache_dir) / "bases", ttl
+
+    def _path(self, ref: str) -> Path:
+        import hashlib
+
+        return self.folder / (hashlib.sha256(ref.encode()).hexdigest()[:32] + ".json")
+
+    def get(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        import time
+
+        path = self._path(ref)
+        try:
+            if self.ttl <= 0 or time.time() - path.stat().st_mtime > self.ttl or path.stat().st_size > 1 << 20:
+                return None
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("ref") != ref or not isinstance(data.get("config"), dict):
+            return None
+        return str(data.get("digest", "")), data["config"]
+
+    def put(self, ref: str, digest: str, config: dict[str, Any]) -> None:
+        if self.ttl <= 0:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._path(ref).write_text(json.dumps({"ref": ref, "digest": digest, "config": config}))
+        except OSError:
+            pass  # an unwritable cache costs a registry round trip next time, nothing more
+
+
+def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
+    def resolve(repo_ref: str, framework: str | None, pattern: str) -> str:
+        from imgbuild.ngc import newest_matching
+        from imgbuild.registry.client import RegistryClient, split_reference
+
+        host, repo, _ = split_reference(repo_ref + ":x")
+        tags = RegistryClient.for_host(host, settings).tags(repo)
+        found = newest_matching(framework, pattern, tags)
+        if not found:
+            raise ImgbuildError(f"no tag of {repo_ref} matches {pattern!r} ({len(tags)} tags listed)")
+        return found
+
+    return resolve
+
+
+def plan_recipe(
+    loaded: LoadedRecipe,
+    settings: Settings,
+    engine: ImageEngine | None = None,
+    offline: bool = False,
+    local_refs: frozenset[str] = frozenset(),
+    with_pins: bool = False,
+    fresh: bool = False,
+) -> Plan:
+    """The plan, from the registry (or local images). `with_pins` (a build, a lock) also reads the base's
+    pins in the base image, so every requirement that one of them excludes is reported before the build."""
+    from imgbuild.host import caller
+
+    inspect = None if offline else registry_inspector(settings, engine, local_refs, fresh)
+    read_pins = pin_reader(settings, engine) if with_pins and engine is not None and not offline else None
+    who = caller()
+    resolve = None if offline else tag_resolver(settings)
+    return make_plan(loaded, settings, inspect, resolve, (who.uid, who.gid), read_pins)
+
+
+# --- the base's pins: what install.sh will hold the base's packages at -----------------------------------
+
+PINS_MARKER = "IMGBUILD-BASE-PINS "
+#: The same source install.sh uses: NGC's PIP_CONSTRAINT file when the base has one, else a freeze.
+PINS_SCRIPT = """
+import json, os, subprocess, sys
+path = os.environ.get("PIP_CONSTRAINT", "")
+if path and os.path.isfile(path):
+    with open(path, errors="replace") as handle:
+        text, origin = handle.read(1 << 20), "the base's " + path
+else:
+    args = [sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude", "pip"]
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    origin = "a freeze of the base's packages"
+print("IMGBUILD-BASE-PINS " + json.dumps({"origin": origin, "lines": text.splitlines()[:20000]}))
+"""
+PINS = Probe("pins", PINS_SCRIPT, PINS_MARKER)
+
+
+def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple[str, tuple[str, ...]]]:
+    """Reads a base's pins in a throwaway container of the base (pulled if need be; the build needs it
+    anyway), cached per base digest. A base whose pins cannot be read gives none: pip still checks them."""
+
+    def read(base: Any) -> tuple[str, tuple[str, ...]]:
+        key = (base.identity or "").replace("sha256:", "")
+        cache = Path(settings.cache_dir) / "base-pins" / f"{key}.json"
+        if key and cache.is_file():
+            found = _pins_from(cache.read_text(errors="replace"))
+            if found is not None:
+                return found
+        try:
+            if engine.images.image(base.pinned) is None:
+                engine.images.pull(base.pinned)
+            _, output, _ = engine.containers.run_script(base.pinned, PINS, [], {}, gpus=None, timeout=300)
+        except (ImgbuildError, OSError):
+            return "", ()
+        found = _pins_in(PINS.answer(output))
+        if found is None:
+            return "", ()
+        if key:
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps({"origin": found[0], "lines": list(found[1])}))
+            except OSError:
+                pass  # an unwritable cache costs a container start next time, nothing more
+        return found
+
+    return read
+
+
+def _pins_from(text: str) -> tuple[str, tuple[str, ...]] | None:
+    try:
+        return _pins_in(json.loads(text))
+    except ValueError:
+        return None
+
+
+def _pins_in(data: Any) -> tuple[str, tuple[str, ...]] | None:
+    if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not isinstance(data.get("lines"), list):
+        return None
+    return data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000])
+
+
+# --- the lock, for rebuild --check ---------------------------------------------------------------
+
+
+def read_lock(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A context's lock (from the repository: untrusted): bounded, and shaped as imgbuild writes it."""
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 * 1024:
+        raise ValueError("not a lock")
+    lock = json.loads(path.read_text(encoding="utf-8"))
+    base = lock["base"]
+    if not isinstance(base, dict) or not all(isinstance(base.get(k, ""), str) for k in ("ref", "digest")):
+        raise ValueError("not a lock")
+    if not isinstance(lock.get("image"), str) or not isinstance(base["ref"], str):
+        raise ValueError("not a lock")
+    return lock, base
+
+
+def recorded_base(digest: str, config: dict[str, Any]) -> Any:
+    return lambda ref: (digest, config)
+
+
+def recorded_tag(tag: str) -> Any:
+    return lambda repo, framework, pattern: tag
+
+
+def recorded_env(base: dict[str, Any]) -> list[str]:
+    """The base's env as far as the lock records it: enough to plan exactly as at render time."""
+    from imgbuild.ngc import FRAMEWORKS
+
+    env = [f"CUDA_VERSION={base['cuda']}"] if base.get("cuda") else []
+    env += [f"CUDNN_VERSION={base['cudnn']}"] if base.get("cudnn") else []
+    fw = FRAMEWORKS.get(base.get("framework") or "")
+    if fw and base.get("framework_version"):
+        env.append(f"{fw.version_env}={base['framework_version']}")
+    return env

@@ -1,0 +1,335 @@
+"""Stage 5: run the in-image smoke test (smoke_image.py) through the engine, read its report, and judge the
+image against the fleet it is meant for.
+
+Where the engine's host has GPUs, the smoke test uses them or fails saying why: skipping the GPU half there
+takes an explicit `skip_gpu`. The GPUs tested are picked by `imgbuild run`'s own selection (free ones,
+by UUID), and the test runs as the image's user with the IPC / shm setting `imgbuild run` gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild import limits
+from imgbuild.engine import ImageEngine
+from imgbuild.engine.probe import Probe
+from imgbuild.errors import ImgbuildError
+from imgbuild.facts import Label
+from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
+from imgbuild.gpu.gpus import EngineGpus
+from imgbuild.payload import SMOKE_SCRIPT
+
+SCRIPT = SMOKE_SCRIPT
+MARKER = "IMGBUILD-SMOKE-REPORT "
+
+
+@dataclass
+class SmokeReport:
+    image: str
+    ok: bool
+    checks: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+    def failures(self) -> list[dict[str, Any]]:
+        return [c for c in self.checks if c["status"] == "fail"]
+
+    def fail(self, name: str, reason: str, details: dict[str, Any] | None = None) -> None:
+        self.checks.append({"name": name, "status": "fail", "reason": reason, "details": details or {}, "seconds": 0})
+        self.ok = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image, "ok": self.ok, "note": self.note, "meta": self.meta, "checks": self.checks}
+
+    def summary(self) -> str:
+        failed = self.failures()
+        if not failed:
+            counts = {s: sum(c["status"] == s for c in self.checks) for s in ("pass", "skip", "warn")}
+            return f"smoke test passed ({counts['pass']} passed, {counts['skip']} skipped, {counts['warn']} warned)"
+        return "smoke test failed: " + "; ".join(f"{c['name']}: {c['reason']}" for c in failed)
+
+    def gpu_facts(self) -> GpuFacts:
+        """The image's CUDA and arch list as the framework inside it reports them."""
+        archs = self.meta.get("arch_list") or []
+        machine = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+            str(self.meta.get("machine") or "")
+        )
+        return GpuFacts(
+            self.image,
+            str(self.meta.get("cuda") or ""),
+            " ".join(archs),
+            "the framework in the image",
+            (machine,) if machine else (),  # the image the smoke test ran: one platform, the engine's
+        )
+
+
+def smoke_probe() -> Probe:
+    """The smoke test as the engine runs it: smoke_image.py, answering on its MARKER line."""
+    return Probe("smoke", SCRIPT.read_text(), MARKER)
+
+
+def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:
+    data = Probe("smoke", "", MARKER).answer(output)
+    if data is not None:
+        try:
+            ok = bool(data["ok"]) and code == 0
+            meta = data.get("meta", {})
+            return SmokeReport(image, ok, list(data["checks"]), meta if isinstance(meta, dict) else {}, note)
+        except (KeyError, TypeError):
+            pass
+    tail = " | ".join(ln for ln in output.strip().splitlines()[-5:])
+    report = SmokeReport(image, False, [], {}, note)
+    report.fail("smoke script", f"exited {code} without a report: {tail[:400]}")
+    return report
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    """What to smoke-test, and how."""
+
+    image: str
+    require_gpu: bool = False  # fail when no GPU is usable (implied where the engine's host has GPUs)
+    skip_gpu: bool = False  # run no GPU check even where the host has GPUs (explicit)
+    gpus: str = "1"  # which GPUs, as `imgbuild run --gpus` picks them
+    min_speedup: float | None = None
+    libraries_only: bool = False  # what needs no GPU: framework, CUDA libraries, arch list
+    timeout: int = limits.SMOKE_SECONDS
+    imports: tuple[str, ...] = ()  # modules to import besides the added packages' own
+    skip_imports: tuple[str, ...] = ()  # distributions whose imports are not checked
+    commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
+    known_good: tuple[str, ...] = ()  # name==version that imported in the last promoted image (not re-imported)
+
+
+def _run_settings(settings: Any) -> dict[str, Any]:
+    from imgbuild.config.settings import load_settings
+    from imgbuild.servers.run import house_rules
+
+    return house_rules((settings or load_settings()).run)
+
+
+def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGpus:
+    """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
+    where the engine shares it; else through the engine, in a short-lived container of `image` given every
+    GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
+    from imgbuild.gpu.gpus import ENGINE_READ_MARKER, ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
+
+    source = str(getattr(settings, "gpu_source", "auto") or "auto")
+    if source == "auto":
+        local = engine.shares_host() or bool(getattr(settings, "gpu_snapshot", None))
+        source = "local" if local else "engine"
+    if source == "local":
+        return EngineGpus(engine.host_has_gpus())
+    code, output, note = engine.containers.run_script(
+        image,
+        Probe("gpus", ENGINE_READ_SCRIPT, ENGINE_READ_MARKER),
+        [],
+        engine_read_env(),
+        gpus=[],
+        timeout=limits.GPU_READ_SECONDS,
+        ipc=None,
+    )
+    cdi = any("nvidia.com/gpu" in str(d) for d in engine.host_info().get("cdi_devices") or [])
+    return judge_engine_read(code, output, note, cdi)
+
+
+def _pick_gpus(request: str, settings: Any, engine: ImageEngine, host: EngineGpus) -> tuple[list[str], list[str]]:
+    """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
+    process, container or starting run holds (the host's ledger). GPUs that cannot be read give [] (all) only
+    to `--gpus all`; otherwise the smoke test stops, saying why."""
+    from imgbuild.gpu.gpus import GpusBusy, NoGpus, read_gpus, select_gpus
+    from imgbuild.host import caller
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.servers.run import Held, held_on_host
+
+    try:
+        if host.source == "engine" and host.readings is None:
+            raise NoGpus(host.why or "the engine's GPUs could not be read")
+        readings = host.readings if host.readings is not None else read_gpus(getattr(settings, "gpu_snapshot", None))
+    except NoGpus as exc:
+        if request.strip().lower() == "all":  # asked for every GPU by name: no reading needed
+            return [], []
+        # a GPU host whose GPUs cannot be read: taking every GPU (other users' too) is not the way round it
+        where, fix = ("this host", "fix nvidia-smi/NVML (imgbuild doctor)")
+        if host.source == "engine":
+            where, fix = ("the engine's host", "give its engine the NVIDIA Container Toolkit (or CDI specs)")
+        raise ImgbuildError(
+            f"{where} has GPUs but they cannot be read ({exc}), so none can be chosen for the smoke test: "
+            f"{fix}, or say --gpus all, or skip the GPU half (--skip-gpu)"
+        ) from None
+    try:
+        book = Ledger(_run_settings(settings)["state_dir"] or DEFAULT_STATE_DIR).read()
+        held = held_on_host(engine.containers.rows(), book.holds(), readings)
+    except ImgbuildError:
+        held = Held()  # an unreadable ledger: the GPUs' own processes still count
+    try:
+        chosen = select_gpus(request, readings, caller().name, claims=held.gpus)
+    except GpusBusy as busy:
+        raise ImgbuildError(
+            f"{busy}; the smoke test needs a free GPU: wait, or skip its GPU half explicitly (--skip-gpu)"
+        ) from None
+    return chosen.uuids, [g.mig_profile for g in chosen.gpus if g.mig_profile]
+
+
+def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
+    """What the in-image script is told: real fp32, the base framework's version, the recipe's smoke settings."""
+    env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
+    if labels.get(Label.BASE_FRAMEWORK_VERSION):
+        env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
+    if req.min_speedup:
+        env["IMGBUILD_SMOKE_MIN_SPEEDUP"] = str(req.min_speedup)
+    if req.imports:
+        env["IMGBUILD_SMOKE_IMPORTS"] = " ".join(req.imports)
+    if req.skip_imports:
+        env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
+    if req.commands:
+        env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
+    if req.known_good:
+        env["IMGBUILD_SMOKE_KNOWN_GOOD"] = " ".join(req.known_good)
+    return env
+
+
+def run_smoke(
+    engine: ImageEngine, req: SmokeRequest, settings: Any = None, host: EngineGpus | None = None
+) -> SmokeReport:
+    """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus)."""
+    img = engine.images.image(req.image)
+    if img is None:
+        raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
+    from imgbuild.servers.doctor import image_preload_verdict
+
+    read: list[EngineGpus] = [host] if host is not None else []
+
+    def engine_host() -> EngineGpus:  # read once, and only where something depends on it
+        if not read:
+            read.append(host_gpus(engine, req.image, settings))
+        return read[0]
+
+    verdict = image_preload_verdict(list(img.config.get("Env") or []), lambda: engine_host().present)
+    if verdict and verdict[0] == "fail":  # NVIDIAScape: never started on a vulnerable GPU host
+        raise ImgbuildError(f"{req.image}: {verdict[1]}")
+    env = _script_env(img.labels, req)
+    # `--gpus none` is a choice of no GPU, like --skip-gpu: never "every GPU" (issue 28, review item 10)
+    no_gpu = req.skip_gpu or req.gpus.strip().lower() in ("none", "")
+    use_gpus = not no_gpu and not req.libraries_only and engine_host().present
+    require_gpu = (req.require_gpu or use_gpus) and not req.libraries_only
+    args = ["--libraries-only"] if req.libraries_only else []
+    args += ["--require-gpu"] if require_gpu else []
+    house = _run_settings(settings)
+    chosen, mig_profiles = _pick_gpus(req.gpus, settings, engine, engine_host()) if use_gpus else (None, [])
+    code, output, note = engine.containers.run_script(
+        req.image,
+        smoke_probe(),
+        args,
+        env,
+        gpus=chosen,
+        timeout=req.timeout,
+        ipc=None if house.get("shm_size") else str(house.get("ipc") or "host"),
+        shm_size=str(house["shm_size"]) if house.get("shm_size") else None,
+    )
+    report = parse_output(req.image, code, output, note)
+    if mig_profiles:  # the slice the GPU checks ran on: its figures are a slice's, not the whole GPU's
+        report.meta["mig"] = mig_profiles
+    if note and require_gpu:
+        report.fail("gpu access", note + " (or skip the GPU checks explicitly: --skip-gpu)")
+    return report
+
+
+def add_fleet_check(
+    report: SmokeReport,
+    targets: list[Target],
+    driver: str | None,
+    platforms: tuple[str, ...] = (),
+    variants: dict[str, dict[str, str]] | None = None,
+) -> list[Verdict]:
+    """Judge the fleet from what the image's framework reported; a target it cannot serve fails the report.
+    `platforms`/`variants`: what the registry says of the image's other platforms (an arm64-only GPU is judged
+    on the arm64 image's own arch list)."""
+    if not targets:
+        return []
+    facts = report.gpu_facts()
+    if platforms:
+        facts = dataclasses.replace(facts, platforms=platforms)
+    verdicts = judge_per_platform(facts, targets, driver, variants)
+    blocked = blockers(verdicts)
+    names = ", ".join(v.target for v in verdicts)
+    details = {"verdicts": [v.to_json() for v in verdicts], "driver": driver or ""}
+    if blocked:
+        report.fail("fleet", "cannot run on " + "; ".join(blocked), details)
+    else:
+        jit = [v.target for v in verdicts if v.kernels == "ptx"]
+        status = "warn" if jit else "pass"
+        reason = f"runs on {names}" + (f" (driver {driver})" if driver else " (driver not checked)")
+        if jit:
+            reason += f"; {', '.join(jit)} only through PTX JIT (slow first start)"
+        report.checks.append({"name": "fleet", "status": status, "reason": reason, "details": details, "seconds": 0})
+    return verdicts
+
+
+def declared_fleet(
+    settings: Any, recipe_targets: list[str], host: EngineGpus | bool
+) -> tuple[list[Target], str | None]:
+    """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and the engine's host's
+    GPUs when it has any (`host`: as host_gpus read them; True: this machine's); the driver is the site's, else
+    the host's."""
+    from imgbuild.gpu.fleet import check_driver, parse_targets
+
+    targets = parse_targets([*settings.fleet_gpus, *recipe_targets]) if (settings.fleet_gpus or recipe_targets) else []
+    driver = check_driver(settings.fleet_driver)
+    host = host if isinstance(host, EngineGpus) else EngineGpus(host)
+    if host.present:
+        from imgbuild.gpu.gpus import NoGpus, read_devices
+
+        readings = host.readings
+        if readings is None and host.source == "local":
+            try:
+                readings, _ = read_devices(settings.gpu_snapshot)
+            except NoGpus:
+                readings = []
+        for gpu in readings or []:
+            if gpu.compute_cap:
+                major, minor = (int(x) for x in gpu.compute_cap.split("."))
+                target = Target(f"this host's {gpu.name}", (major, minor), None)
+                if all(t.capability != target.capability for t in targets):
+                    targets.append(target)
+        driver = driver or next((g.driver for g in readings or [] if g.driver), None)
+    return targets, driver
+
+
+def fleet_report(
+    engine: ImageEngine, image: str, targets: list[Target], driver: str | None, settings: Any = None
+) -> SmokeReport:
+    """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target. For a GPU
+    that comes only in arm64 machines, a registry image's arm64 variant is read from the registry."""
+    report = run_smoke(engine, SmokeRequest(image, libraries_only=True))
+    platforms, variants = _registry_platforms(image, settings) if any(t.cpu != "any" for t in targets) else ((), {})
+    add_fleet_check(report, targets, driver, platforms, variants)
+    return report
+
+
+def _registry_platforms(image: str, settings: Any) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+    """(the platforms a registry image exists for, the other platforms' cuda and arch list); nothing for a local
+    image or a registry that does not answer (then the image the engine holds is what is judged)."""
+
+    from imgbuild import imageref
+    from imgbuild.config.settings import load_settings
+    from imgbuild.registry import tags as tagmod
+    from imgbuild.registry.client import RegistryClient
+
+    try:
+        ref = imageref.parse(image)
+    except imageref.BadReference:
+        return (), {}
+    if not ref.host or ref.digest:
+        return (), {}
+    settings = settings or load_settings()
+    info = tagmod.TagInfo(ref.tag or "latest", ref.tag or "latest", None)
+    cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+    try:
+        tagmod.add_details(RegistryClient.for_host(ref.host, settings), ref.repository, [info], cache, workers=1)
+    except ImgbuildError:
+        return (), {}
+    return info.platforms, info.variants

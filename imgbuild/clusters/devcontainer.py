@@ -1,0 +1,99 @@
+"""VS Code dev containers: a `devcontainer.json` for a recipe's image, with `imgbuild run`'s house rules.
+
+Pure: the plan, the site's `run:` rules and (on a shared server) what `imgbuild run` would choose in, the
+JSON document out. On a laptop or a workstation of one's own, `hostRequirements.gpu: optional` (the Dev
+Containers tooling passes GPUs where there are some); on a shared server, the GPUs, CPUs, name and labels
+`imgbuild run` gives, so quotas, `ps`, `gpus` and the reaper see the container. The user is the recipe's,
+with its UID moved to the person's own (`updateRemoteUserUID`); IPC or shm, ulimits, capped logs, the site's
+data mounts and env come from the same settings `imgbuild run` uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imgbuild.build.plan import Plan
+from imgbuild.errors import UsageError
+from imgbuild.facts import Label
+from imgbuild.servers.run import RunSpec, limit_flags, log_flags
+
+#: What a container the Dev Containers CLI starts cannot have of `imgbuild run`'s house rules, said to the user.
+NOT_HONOURED = (
+    "the GPUs and CPUs are chosen now, and the Dev Containers CLI starts the container later: imgbuild holds "
+    "them only until then (start it soon, or export again if someone took them)",
+    "no deadline (run.default_time, --time): the container's start is not known here; the reaper's idle rules "
+    "apply to it as to any container named and labelled as yours",
+)
+
+#: `run.mounts` placeholders, as the Dev Containers spec spells them (resolved on the user's machine).
+_PLACEHOLDERS = {"{user}": "${localEnv:USER}", "{home}": "${localEnv:HOME}"}
+
+
+def _mount(spec: str, uid: int) -> str:
+    """`/work/{user}:/work/{user}:ro` (docker -v form) as a devcontainer mount string."""
+    source, _, rest = spec.partition(":")
+    target, _, options = rest.partition(":")
+    if not source or not target.startswith("/") or "," in spec:
+        raise UsageError(f"config run.mounts: {spec[:80]!r} is not SOURCE:/TARGET[:ro]")
+
+    def local(text: str) -> str:
+        for placeholder, variable in _PLACEHOLDERS.items():
+            text = text.replace(placeholder, variable)
+        return text.replace("{uid}", str(uid))
+
+    mount = f"source={local(source)},target={local(target)},type=bind"
+    return mount + (",readonly" if "ro" in options.split(",") else "")
+
+
+def run_args(house: dict[str, Any]) -> list[str]:
+    """`docker run` flags of the house rules that the Dev Containers spec has no key for (the same flags
+    `imgbuild run` passes, as single `--flag=value` words)."""
+    return [f"{flag}={value}" for flag, value in (*limit_flags(house), *log_flags(house))]
+
+
+def chosen_args(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
+    """(runArgs, containerEnv) for what `imgbuild run` chose on this shared server: its name, the caller's
+    label, exactly the chosen GPUs (by UUID) with their labels, the CPU share and pinning, the threads."""
+    words = ["--name", spec.name, "--label", f"{Label.USER}={spec.user}", *spec.resource_args()]
+    args: list[str] = []
+    env: dict[str, str] = {}
+    for flag, value in zip(words[::2], words[1::2], strict=True):
+        if flag == "-e":
+            name, _, text = value.partition("=")
+            env[name] = text
+        else:
+            args.append(f"{flag}={value}")
+    return args, env
+
+
+def devcontainer(
+    plan: Plan, house: dict[str, Any], image: str | None = None, spec: RunSpec | None = None
+) -> dict[str, Any]:
+    """The devcontainer.json document for `plan`'s image (`image` overrides the built tag, e.g. a digest).
+
+    `spec`: on a shared server, what `imgbuild run` chose (GPUs, CPUs, name): the container gets exactly
+    that. Without it (a laptop, a workstation of one's own), `hostRequirements.gpu: optional`, which the Dev
+    Containers CLI turns into `--gpus all` wherever there are GPUs."""
+    recipe = plan.loaded.recipe
+    workspace = str(house.get("workspace") or recipe.workdir)
+    chosen, chosen_env = chosen_args(spec) if spec else ([], {})
+    doc: dict[str, Any] = {
+        "name": recipe.name,
+        "image": image or plan.target,
+        **({} if spec else {"hostRequirements": {"gpu": "optional"}}),
+        "runArgs": [*run_args(house), *chosen],
+        "workspaceMount": f"source=${{localWorkspaceFolder}},target={workspace},type=bind",
+        "workspaceFolder": workspace,
+    }
+    if recipe.user:
+        doc["remoteUser"] = recipe.user.name
+        doc["containerUser"] = recipe.user.name
+        doc["updateRemoteUserUID"] = True
+    mounts = [_mount(spec, plan.uid) for spec in house.get("mounts") or []]
+    if mounts:
+        doc["mounts"] = mounts
+    env = {**{str(k): str(v) for k, v in (house.get("env") or {}).items()}, **chosen_env}
+    if env:
+        doc["containerEnv"] = dict(sorted(env.items()))
+    doc["customizations"] = {"vscode": {"extensions": ["ms-python.python", "ms-toolsai.jupyter"]}}
+    return doc

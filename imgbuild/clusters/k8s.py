@@ -1,0 +1,238 @@
+"""Kubernetes, on paper: the manifest for a training run, checked offline against the published schemas.
+
+Pure: the job (image pinned by digest, command, GPUs, the caller's IDs, the site's `k8s:` section) in, one
+manifest out. Across nodes, or more than one GPU under torchrun, a Kubeflow Trainer v2 `TrainJob` (the
+site's ClusterTrainingRuntime, `torch-distributed` by default, sets the rendezvous; the command runs under
+`torchrun`, which reads the `PET_*` variables the runtime gives each node); else a plain `batch/v1` Job of
+one pod. Both carry:
+- a Kueue `queue-name` label (the site's queue);
+- `nvidia.com/gpu` limits;
+- the caller's UID and GID;
+- a memory-backed `/dev/shm`;
+- the site's data volumes.
+
+No API server runs where imgbuild is tested: the output is validated, never applied.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from imgbuild.clusters.slurm import alone_command, torchrun_command
+from imgbuild.config.site import K8S_VOLUME_RE, K8sSite
+from imgbuild.errors import UsageError
+
+TRAINER_API = "trainer.kubeflow.org"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Kubernetes object names (DNS-1123 subdomain, kept to a label's 63 so Pods and Services built from it fit).
+NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+DIGEST_RE = re.compile(r"[^@\s;|&$`'\"\\]+@sha256:[0-9a-f]{64}")
+
+
+@dataclass
+class K8sJob:
+    image: str  # pinned: REPO[:TAG]@sha256:...
+    command: list[str]
+    name: str  # metadata.name, or the generateName stem when generate is set
+    uid: int
+    gid: int
+    gpus: int = 1  # per node
+    nodes: int = 1
+    cpus: int | None = None  # per node (default: the site's CPUs per GPU)
+    mem: str | None = None  # per node, a quantity (default: the site's memory per GPU)
+    torchrun: bool | None = None  # default: more than one GPU in all
+    generate: bool = False  # metadata.generateName (kubectl create) instead of a fixed name
+    site: K8sSite = field(default_factory=K8sSite)
+
+    @property
+    def uses_torchrun(self) -> bool:
+        return self.nodes > 1 or (self.gpus > 1 if self.torchrun is None else self.torchrun)
+
+
+def check(job: K8sJob) -> None:
+    """What Kubernetes would refuse, refused here with the flag to blame."""
+    if not DIGEST_RE.fullmatch(job.image):
+        raise UsageError(f"{job.image[:120]}: a Kubernetes job's image is pinned by digest (REPO@sha256:...)")
+    if not NAME_RE.fullmatch(job.name):
+        raise UsageError(
+            f"--name {job.name[:80]!r}: a Kubernetes name is lower-case letters, digits and - (63 at most)"
+        )
+    if job.gpus < 0 or job.nodes < 1:
+        raise UsageError("--gpus must be >= 0 and --nodes >= 1")
+    if job.nodes > 1 and job.torchrun is False:
+        raise UsageError("--nodes: a job across nodes runs under torchrun (Trainer's torch runtime)")
+    if not job.command:
+        raise UsageError("give the command after --, e.g. -- python3 train.py")
+
+
+def _resources(job: K8sJob) -> dict[str, Any]:
+    """Guaranteed QoS: requests equal to limits, so the node's CPUs and memory are the job's."""
+    per_gpu_cpus = job.site.cpus_per_gpu * max(job.gpus, 1)
+    amounts: dict[str, Any] = {"cpu": str(job.cpus or per_gpu_cpus)}
+    mem = job.mem or (_times(job.site.mem_per_gpu, max(job.gpus, 1)) if job.site.mem_per_gpu else None)
+    if mem:
+        amounts["memory"] = mem
+    limits = {**amounts, **({job.site.gpu_resource: str(job.gpus)} if job.gpus else {})}
+    return {"limits": limits, "requests": dict(amounts)}
+
+
+def _times(quantity: str, n: int) -> str:
+    number, unit = re.fullmatch(r"([0-9.]+)(.*)", quantity).groups()  # type: ignore[union-attr]
+    value = float(number) * n
+    return f"{value:g}{unit}"
+
+
+def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container mounts): the memory-backed /dev/shm, then each site volume."""
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.site.shm_size}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for i, spec in enumerate(job.site.volumes):
+        claim, path, read_only = K8S_VOLUME_RE.fullmatch(spec).groups()  # type: ignore[union-attr]
+        volumes.append(
+            {"name": f"data-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": bool(read_only)}}
+        )
+        mounts.append({"name": f"data-{i}", "mountPath": path, "readOnly": bool(read_only)})
+    return volumes, mounts
+
+
+def _security(job: K8sJob) -> dict[str, Any]:
+    context: dict[str, Any] = {"runAsUser": job.uid, "runAsGroup": job.gid}
+    if job.uid != 0:
+        context["runAsNonRoot"] = True
+    return context
+
+
+def _env(job: K8sJob) -> list[dict[str, str]]:
+    """Threads per process, and a writable HOME for the caller's UID (the image's may not be theirs)."""
+    cpus = job.cpus or job.site.cpus_per_gpu * max(job.gpus, 1)
+    workers = max(job.gpus, 1) if job.uses_torchrun else 1
+    return [{"name": "OMP_NUM_THREADS", "value": str(max(1, cpus // workers))}, {"name": "HOME", "value": "/tmp/home"}]
+
+
+def _metadata(job: K8sJob) -> dict[str, Any]:
+    meta: dict[str, Any] = {"generateName": f"{job.name}-"} if job.generate else {"name": job.name}
+    if job.site.namespace:
+        meta["namespace"] = job.site.namespace
+    labels = {"app.kubernetes.io/managed-by": "imgbuild"}
+    if job.site.queue:
+        labels[QUEUE_LABEL] = job.site.queue
+    meta["labels"] = labels
+    return meta
+
+
+def plain_job(job: K8sJob) -> dict[str, Any]:
+    """A `batch/v1` Job: one pod, the command as typed (never retried: a failed run is looked at, not rerun)."""
+    volumes, mounts = _volumes(job)
+    container = {
+        "name": "main",
+        "image": job.image,
+        "command": alone_command(list(job.command)),
+        "env": _env(job),
+        "resources": _resources(job),
+        "securityContext": {"allowPrivilegeEscalation": False},
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/managed-by": "imgbuild"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": _security(job),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def train_job(job: K8sJob) -> dict[str, Any]:
+    """A Kubeflow Trainer v2 TrainJob: torchrun on each node, the runtime's rendezvous, the pod's user, shm and
+    volumes as a runtime patch on the runtime's `node` job."""
+    volumes, mounts = _volumes(job)
+    pod_patch = {
+        "securityContext": _security(job),
+        "volumes": volumes,
+        "containers": [
+            {"name": "node", "volumeMounts": mounts, "securityContext": {"allowPrivilegeEscalation": False}}
+        ],
+    }
+    patch = {
+        "manager": "imgbuild",
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}},
+                    ]
+                }
+            }
+        },
+    }
+    return {
+        "apiVersion": f"{TRAINER_API}/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": _metadata(job),
+        "spec": {
+            "runtimeRef": {"name": job.site.runtime, "apiGroup": TRAINER_API, "kind": "ClusterTrainingRuntime"},
+            "trainer": {
+                "image": job.image,
+                "command": ["torchrun", *torchrun_command(list(job.command))],
+                "numNodes": job.nodes,
+                "numProcPerNode": max(job.gpus, 1),
+                "resourcesPerNode": _resources(job),
+                "env": _env(job),
+            },
+            "runtimePatches": [patch],
+        },
+    }
+
+
+def manifest(job: K8sJob) -> dict[str, Any]:
+    """The one manifest for `job`, checked first."""
+    check(job)
+    return train_job(job) if job.uses_torchrun else plain_job(job)
+
+
+# --- the edges: where the digest comes from ----------------------------------------------------------------
+
+
+def default_name(short: str) -> str:
+    """A Kubernetes name stem from an image's short name: `pytorch_research` -> `pytorch-research`."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", short.lower()).strip("-")[:50].strip("-")
+    return stem or "imgbuild"
+
+
+def pinned_image(image: str, settings: Any, engine_of: Any) -> str:
+    """`image` pinned by its registry digest: as written where it carries one; a recipe's (or a local image's)
+    from the digest its push recorded; else the registry's answer for the tag."""
+    from imgbuild import imageref
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.servers.run import is_recipe, resolve_image
+
+    ref, _ = resolve_image(image, settings)
+    parsed = imageref.parse(ref)
+    if parsed.digest:
+        return ref
+    if is_recipe(image) or not parsed.host:
+        info = engine_of().images.image(ref)
+        pushed = [d for d in (info.repo_digests if info else ()) if DIGEST_RE.fullmatch(d)]
+        if not pushed:
+            raise UsageError(
+                f"{ref}: no registry digest recorded: push it first (imgbuild rebuild --push, docker push), or give "
+                "REPO@sha256:... "
+                "(a cluster pulls images by digest, never a local tag)"
+            )
+        return str(pushed[0])
+    digest = RegistryClient.for_host(parsed.host, settings).manifest_digest(parsed.repository, parsed.reference)
+    if not digest:
+        raise EnvironmentProblem(f"{ref}: the registry has no such tag")
+    return f"{parsed.name}:{parsed.tag or 'latest'}@{digest}"

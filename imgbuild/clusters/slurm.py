@@ -1,0 +1,868 @@
+"""Clusters: Apptainer definition files for a recipe, and sbatch scripts that follow cluster conventions.
+
+Docker is not allowed on most Slurm clusters; Apptainer runs the image (`--nv` for GPUs), or pyxis/enroot
+(`srun --container-image`). One recipe, three outputs: the Docker image, an Apptainer definition, a job.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.build.plan import Plan
+from imgbuild.build.render import apptainer_definition
+from imgbuild.config.site import SLURM_TIME_RE
+from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.facts import Label
+
+#: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
+RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci")
+
+
+# --- Slurm --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobSpec:
+    command: list[str]
+    image: str  # .sif path (apptainer/singularity), image ref (pyxis, docker)
+    gpus: int = 1  # per node
+    nodes: int = 1
+    gpu_type: str | None = None
+    cpus_per_gpu: int = 10
+    cpus: int | None = None  # per task, overrides cpus_per_gpu
+    mem: str | None = None
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "imgbuild"
+    output: str = "%x-%j.out"
+    stage: list[str] = field(default_factory=list)  # dataset tars extracted to $SCRATCH on each node
+    scratch_var: str = "LOCAL_SCRATCH"
+    scratch_gres: str | None = None
+    runtime: str = "apptainer"
+    binds: list[str] = field(default_factory=list)
+    nccl_debug: str | None = None
+    rdzv_port: int = 29500
+    torchrun: bool | None = None  # default: for more than one GPU in all
+    task_per_gpu: bool = False  # one task per GPU (MPI, Horovod), each seeing only its own GPU
+    docker_gpu_flag: str = "gpus"  # the docker runtime: --gpus, or NVIDIA_VISIBLE_DEVICES (site run.gpu_flag)
+    local_image: bool = False  # the docker runtime: a recipe's image, built here, never pulled from Docker Hub
+    max_restarts: int = 0  # torchrun restarts its workers this often after a failure
+    requeue: bool = False  # before the time limit: signal the step, wait for it, requeue the job
+    signal_lead: int = 300  # seconds before the time limit the step gets SIGTERM (requeue)
+    snapshot_dir: str | None = None  # persistent folder for snapshots, passed as SNAPSHOT_DIR
+    usage: bool = True  # sample GPU use on each node; summarise it at the end of the job
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def uses_torchrun(self) -> bool:
+        if self.task_per_gpu:
+            return False
+        return self.total_gpus > 1 if self.torchrun is None else self.torchrun
+
+    @property
+    def tasks_per_node(self) -> int:
+        return max(self.gpus, 1) if self.task_per_gpu else 1
+
+    @property
+    def cpus_per_task(self) -> int:
+        if self.cpus:
+            return self.cpus
+        return max(1, self.cpus_per_gpu * (1 if self.task_per_gpu else max(self.gpus, 1)))
+
+    @property
+    def threads(self) -> int:
+        """Threads per process: a task's CPUs, shared among torchrun's workers (one per GPU)."""
+        workers = max(self.gpus, 1) if self.uses_torchrun else 1
+        return max(1, self.cpus_per_task // workers)
+
+
+def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
+    """(extra srun options, command prefix) that run the command in the image with the runtime."""
+    binds = list(job.binds)
+    if job.stage:
+        binds.append(f"${job.scratch_var}:${job.scratch_var}")
+    if job.snapshot_dir:
+        binds.append(f"{job.snapshot_dir}:{job.snapshot_dir}")
+    if job.runtime in ("apptainer", "singularity"):
+        opts = ["--nv"] if job.gpus else []
+        for bind in binds:
+            opts += ["--bind", bind]
+        return [], [job.runtime, "exec", *opts, job.image]
+    if job.runtime == "pyxis":
+        srun = [
+            f"--container-image={enroot_reference(job.image)}",
+            "--container-workdir=/workspace",
+            f"--container-mounts={','.join(['$PWD:/workspace', *binds])}",
+        ]
+        return srun, []
+    if job.runtime == "docker":
+        return [], _docker_prefix(job, binds)
+    if job.runtime == "oci":  # Slurm's own: srun --container runs the bundle with the site's runtime (oci.conf)
+        needed = [f"${job.scratch_var}"] if job.stage else []
+        needed += [job.snapshot_dir] if job.snapshot_dir else []
+        return [f"--container={job.image}"], ["sh", "-c", _OCI_STEP, "imgbuild", "$PWD", *needed, "--"]
+    raise UsageError(f"--runtime: {job.runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+#: The step's command under the oci runtime: Slurm starts it in the image's WORKDIR, so it moves to the job's
+#: folder (the same path inside, as Apptainer has it) after checking each folder the job needs is there.
+_OCI_MISSING = "is not in the container: export the bundle with --bind for a folder above it"
+#: The image's own search paths, which Slurm's job environment hides: kept aside in the bundle (IMGBUILD_IMAGE_*)
+#: and put back by the step.
+OCI_KEPT_ENV = ("PATH", "LD_LIBRARY_PATH")
+OCI_KEPT_PREFIX = "IMGBUILD_IMAGE_"
+_OCI_RESTORE = "".join(
+    f'if [ -n "${{{OCI_KEPT_PREFIX}{name}:-}}" ]; then export {name}="${OCI_KEPT_PREFIX}{name}"; '
+    + ("fi; " if name == "PATH" else f"else unset {name}; fi; ")  # an image without PATH keeps the job's
+    for name in OCI_KEPT_ENV
+)
+_OCI_STEP = (
+    _OCI_RESTORE
+    + f'cd "$1" 2>/dev/null || {{ echo "imgbuild: the job folder $1 {_OCI_MISSING}" >&2; exit 2; }}; shift; '
+    f'while [ "$1" != -- ]; do [ -d "$1" ] || {{ echo "imgbuild: $1 {_OCI_MISSING}" >&2; exit 2; }}; shift; done; '
+    'shift; exec "$@"'
+)
+
+
+def enroot_reference(image: str) -> str:
+    """An image as pyxis/enroot names it: `nvcr.io/nvidia/pytorch:24.05-py3` -> `nvcr.io#nvidia/pytorch:24.05-py3`
+    (enroot's `[REGISTRY#]IMAGE`; the docker form is looked up on Docker Hub). A path (a .sqsh) passes."""
+    if "#" in image or image.startswith(("/", "./")):
+        return image
+    first, sep, rest = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return image
+
+
+def docker_bind(bind: str) -> str:
+    """A site bind as docker must be told it: `/scratch` is Apptainer's "the same path inside", but to docker a
+    lone path is an anonymous volume that `--rm` deletes, with whatever the job wrote there."""
+    parts = bind.split(":")
+    read_only = parts[-1] == "ro" and len(parts) > 1
+    if read_only:
+        parts = parts[:-1]
+    host, inside = parts[0], (parts[1] if len(parts) > 1 else parts[0])
+    # a user's --bind stays a UserWord: what it holds is quoted literally when the job starts
+    return type(bind)(f"{host}:{inside}" + (":ro" if read_only else ""))
+
+
+#: A Slurm job's containers, for a site's epilog: dockerd, not the job, is their parent, so a container whose
+#: `docker run` was killed (past KillWait, a node's slurmd restarted) outlives the job and keeps its GPUs.
+SLURM_EPILOG = (
+    f'docker ps -q --filter "label={Label.SLURM_JOB}=$SLURM_JOB_ID" | xargs -r docker rm -f >/dev/null 2>&1 || true'
+)
+
+
+def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
+    """`docker run` on the node as the caller, with the step's GPUs, CPUs and memory and the job's variables.
+
+    The container is dockerd's child, not the step's: Slurm's cgroup limits do not reach it, so the step's
+    CPUs (its affinity, as task/affinity or task/cgroup set it) and memory are passed to docker; it is named
+    and labelled with the job, removed when the step ends or is stopped (SIGTERM reaches it through the
+    docker CLI first, so a snapshot can be written), and a site's epilog finds what a SIGKILL left
+    (SLURM_EPILOG)."""
+    # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
+    # hostname + pid, which must differ between nodes that share a host in small lab clusters).
+    opts = [
+        "docker",
+        "run",
+        "--rm",
+        "--sig-proxy=false",  # the step's trap stops it, once
+        *(["--pull", "never"] if job.local_image else []),
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--pid",
+        "host",
+        "-v",
+        "$PWD:/workspace",
+        "-w",
+        "/workspace",
+        "-e",
+        "SLURM_JOB_ID",
+        "-e",
+        "SLURM_PROCID",
+        "-e",
+        "SLURM_NNODES",
+        "-e",
+        "SLURM_LOCALID",
+        "-e",
+        "SLURM_NTASKS",
+        "-e",
+        "SLURM_RESTART_COUNT",
+    ]
+    opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
+    opts += [
+        "--name",
+        "$name",
+        "--label",
+        f"{Label.SLURM_JOB}=$SLURM_JOB_ID",
+        "--cpus",
+        str(job.cpus_per_task),
+        "--cpuset-cpus",
+        "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
+    ]
+    if job.nccl_debug:
+        opts += ["-e", "NCCL_DEBUG"]
+    if job.snapshot_dir:
+        opts += ["-e", "SNAPSHOT_DIR"]
+    if job.stage:  # the staged data's folder, as Apptainer and pyxis pass it (the host's environment)
+        opts += ["-e", job.scratch_var]
+    for bind in binds:
+        opts += ["-v", docker_bind(bind)]
+    # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
+    memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
+    if not job.gpus:
+        gpus = " -e NVIDIA_VISIBLE_DEVICES=void "
+    else:
+        # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
+        # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
+        step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
+        gpus = (
+            f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
+            if job.docker_gpu_flag == "env"
+            else f' --gpus "\\"device={step_gpus}\\"" '
+        )
+    sources = [type(bind)(bind.split(":")[0]) for bind in binds]  # a user's bind stays a UserWord
+    script = [
+        'name="imgbuild-$SLURM_JOB_ID-${SLURM_STEP_ID:-0}-$SLURM_PROCID"',
+        # docker would create a missing folder as root (and an empty one on a node that lacks the mount)
+        *(
+            [
+                f'for d in {_words(sources)}; do [ -d "$d" ] || {{ echo "imgbuild: $d: no such folder on '
+                '$(hostname); docker would create it as root" >&2; exit 2; }; done'
+            ]
+            if sources
+            else []
+        ),
+        "trap 'docker rm -f \"$name\" >/dev/null 2>&1 || true' EXIT",
+        # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
+        # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
+        'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
+        _words(opts) + memory + gpus + _words([job.image]) + ' "$@" & wait "$!"',
+    ]
+    return ["sh", "-c", "; ".join(script), "sh"]
+
+
+#: A word whose only expansions are variables ($VAR, ${VAR}): double-quoted, so the job's own variables expand;
+#: a backslash escape stays one (`\$(id -u)` reaches the container as `$(id -u)`, for the container's own
+#: shell). Anything else the job's shell would run or expand ($(...), $((...)), `...`, ${VAR:-$(...)}) is
+#: quoted literally.
+_VARIABLES_ONLY = re.compile(r'(?:[^$"`\\]|\\[\s\S]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
+
+
+class UserWord(str):
+    """A word the user typed (the job's command): only its $VAR / ${VAR} may expand when the job starts."""
+
+
+def _words(words: list[str]) -> str:
+    """Shell words; $VARS stay expandable (they are the job's own variables) inside double quotes, so a value
+    with a space ($PWD) stays one word; the rest is quoted. imgbuild's own words may hold a command
+    substitution it wrote ($(id -u)); a UserWord never runs one."""
+    out = []
+    for word in words:
+        if isinstance(word, UserWord):
+            if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", word):
+                out.append(str(word))
+            elif "$" in word and _VARIABLES_ONLY.fullmatch(word):
+                out.append(f'"{word}"')
+            else:
+                out.append(shlex.quote(word))
+        elif re.fullmatch(r"[\w@%+=:,./-][\w@%+=:,./#-]*", word):  # '#' starts a comment only at a word's start
+            out.append(word)
+        elif "$" in word and '"' not in word and "`" not in word:
+            out.append(f'"{word}"')
+        else:
+            out.append(shlex.quote(word))
+    return " ".join(out)
+
+
+def sbatch_script(job: JobSpec) -> str:
+    """An sbatch script: resources per the site, data staged to node-local disk, one launcher per node
+    (or one task per GPU), GPU use sampled, and a requeue before the time limit when asked."""
+    if job.gpus < 0 or job.nodes < 1:
+        raise UsageError("--gpus must be >= 0 and --nodes >= 1")
+    body = ["set -euo pipefail"]
+    if job.nccl_debug:
+        body += [f"export NCCL_DEBUG={job.nccl_debug}"]
+    if job.snapshot_dir:
+        body += [
+            "",
+            "# Snapshots go to persistent storage (node-local scratch vanishes with the job).",
+            f"export SNAPSHOT_DIR={_words([job.snapshot_dir])}",
+            'mkdir -p "$SNAPSHOT_DIR"',
+        ]
+    body += _stage_lines(job)
+    if job.usage and job.gpus:
+        body += USAGE_START
+    srun_opts, prefix = _container_prefix(job)
+    # The step's CPUs said on the step itself: Slurm 22.05-23.02 (Debian 12 ships 22.05.8) give a step one CPU
+    # per task unless told, whatever #SBATCH --cpus-per-task says.
+    per_task = [f"--cpus-per-task={job.cpus_per_task}"]
+    srun = [
+        "srun",
+        *per_task,
+        *(["--gpus-per-task=1", "--gpu-bind=per_task:1"] if job.task_per_gpu else []),
+        *srun_opts,
+    ]
+    launch, command = _launcher(job)
+    body += launch
+    # Threads per process: the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
+    # Set on the command itself (env ... inside the container), so it wins over an image's own ENV in
+    # every runtime (Apptainer keeps the image's value over the host's).
+    step = _words([*srun, *prefix, "env", f"OMP_NUM_THREADS={job.threads}", *command])
+    if job.requeue:
+        body += [
+            "",
+            f"# {job.signal_lead} s before the time limit Slurm signals this script (USR1): the step gets SIGTERM",
+            "# (torchrun passes it to its workers: write a snapshot to $SNAPSHOT_DIR and exit), then the job",
+            "# goes back to the queue and starts again with SLURM_RESTART_COUNT raised.",
+            "requeue() {",
+            '  echo "imgbuild: time limit near: stopping the step and requeueing job $SLURM_JOB_ID" >&2',
+            '  scancel --signal=TERM "$SLURM_JOB_ID"  # the steps\' tasks (not this script): srun would SIGKILL them',
+            '  wait "$step" || true',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "  exit 0",
+            "}",
+            "trap requeue USR1",
+            f"{step} &",
+            "step=$!",
+            'status=0; wait "$step" || status=$?',
+        ]
+    else:
+        body += ["", "status=0", f"{step} || status=$?"]
+    if job.usage and job.gpus:
+        body += USAGE_END
+    if job.stage:
+        body += [
+            'if [ -n "${own_scratch:-}" ]; then',
+            f'  srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 rm -rf "${job.scratch_var}" || true',
+            "fi",
+        ]
+    body += ['exit "$status"']
+    return "\n".join(_header(job) + ["", f"# Generated by imgbuild: {_layout(job)}."] + body) + "\n"
+
+
+def _layout(job: JobSpec) -> str:
+    if job.task_per_gpu:
+        return f"{job.tasks_per_node} tasks per node, one GPU each"
+    return "one task per node; on each, the container runs " + ("torchrun" if job.uses_torchrun else "the command")
+
+
+def _header(job: JobSpec) -> list[str]:
+    gres = []
+    if job.gpus and not job.task_per_gpu:
+        gres.append(f"gpu:{job.gpu_type}:{job.gpus}" if job.gpu_type else f"gpu:{job.gpus}")
+    if job.scratch_gres:
+        gres.append(job.scratch_gres)
+    head = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}"]
+    head += [f"#SBATCH --partition={job.partition}"] if job.partition else []
+    head += [f"#SBATCH --account={job.account}"] if job.account else []
+    head += [
+        f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --ntasks-per-node={job.tasks_per_node}",
+        f"#SBATCH --cpus-per-task={job.cpus_per_task}",
+    ]
+    if job.task_per_gpu and job.gpus:
+        head += [f"#SBATCH --gpus-per-task={job.gpu_type + ':' if job.gpu_type else ''}1"]
+    head += [f"#SBATCH --gres={','.join(gres)}"] if gres else []
+    head += [f"#SBATCH --mem={job.mem}"] if job.mem else []
+    head += [f"#SBATCH --time={job.time}", f"#SBATCH --output={job.output}"]
+    if job.requeue:
+        head += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{job.signal_lead}", "#SBATCH --open-mode=append"]
+    return head
+
+
+def _stage_lines(job: JobSpec) -> list[str]:
+    if not job.stage:
+        return []
+    lines = [
+        "",
+        f"# Stage the data once per node to the node's fast local disk (${job.scratch_var}).",
+        f'if [ -z "${{{job.scratch_var}:-}}" ]; then  # none from the site: a folder of the job, removed at the end',
+        f'  export {job.scratch_var}="${{TMPDIR:-/tmp}}/imgbuild-$SLURM_JOB_ID"',
+        "  own_scratch=1",
+        "fi",
+        f'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 mkdir -p "${job.scratch_var}"',
+    ]
+    per_node = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1'
+    for tar in job.stage:
+        lines += [f'{per_node} tar xf {shlex.quote(tar)} -C "${job.scratch_var}"']
+    return lines
+
+
+def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
+    """(script lines before the step, the command the container runs): torchrun or the command itself."""
+    command = list(job.command)
+    restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
+    if not job.uses_torchrun:
+        return [], alone_command(command)
+    command = torchrun_command(command)
+    if job.nodes == 1:
+        # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
+        return [], ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *restarts, *command]
+    lines = [
+        "",
+        "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
+        "# job's own, so two jobs sharing a node never join each other's store.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
+        "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
+        "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
+        "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
+        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
+    ]
+    return lines, [
+        "torchrun",
+        "--nnodes=$SLURM_NNODES",
+        f"--nproc-per-node={max(job.gpus, 1)}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=$head_node:$rdzv_port",
+        "--rdzv-id=$SLURM_JOB_ID",
+        *restarts,
+        *command,
+    ]
+
+
+_PYTHON_RE = re.compile(r"(?:.*/)?python(?:3(?:\.[0-9]{1,2})?)?")
+
+
+def torchrun_command(command: list[str]) -> list[str]:
+    """What follows torchrun's options for the command the user typed, so one command works at 1 GPU and at N:
+    `python3 train.py --lr 1` -> `train.py --lr 1`; `python -m pkg.train` -> `-m pkg.train`; a script ->
+    itself; anything else (`bash run.sh`, `python3 -u x.py`, a binary) -> `--no-python` and the command."""
+    if not command:
+        return command
+    head, rest = command[0], command[1:]
+    if _PYTHON_RE.fullmatch(head):
+        if rest[:1] == ["-m"] and len(rest) > 1:
+            return ["-m", *rest[1:]]
+        if rest and not rest[0].startswith("-"):
+            return rest
+        return ["--no-python", *command]
+    if head.endswith(".py"):
+        return command
+    return ["--no-python", *command]
+
+
+def alone_command(command: list[str]) -> list[str]:
+    """The command on one GPU (no torchrun): a bare `train.py` runs as torchrun would run it, with python3."""
+    if command and command[0].endswith(".py") and not _PYTHON_RE.fullmatch(command[0]):
+        return ["python3", *command]
+    return command
+
+
+#: GPU use sampled every 30 s on each node (nvidia-smi, where the node has it), beside the job's output.
+USAGE_START = [
+    "",
+    "# Sample GPU use on every node (like `imgbuild run`'s summary; seff gives CPU and memory afterwards).",
+    'usage_dir="${SLURM_SUBMIT_DIR:-$PWD}/imgbuild-usage-$SLURM_JOB_ID"',
+    'mkdir -p "$usage_dir"',
+    # env -u: sbatch exports SLURM_GPUS_PER_TASK, which srun would read back (one GPU per node for the sampler).
+    # --mem=0: where the site tracks memory (CR_Core_Memory) the job's step holds all of it; a sampler asking
+    # for its own share would not start ("Memory required by task is not available").
+    'env -u SLURM_GPUS_PER_TASK srun --overlap --mem=0 --ntasks="$SLURM_NNODES" --ntasks-per-node=1 '
+    "sh -c 'command -v nvidia-smi >/dev/null && "
+    "exec nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 30 "
+    '> "$0/${SLURMD_NODENAME:-$(hostname -s)}.csv"\' "$usage_dir" 2>/dev/null &',
+    "sampler=$!",
+]
+USAGE_END = [
+    "",
+    "# The job's GPU summary: per node and GPU, mean and max utilisation and the most memory used.",
+    'kill "$sampler" 2>/dev/null || true',
+    'wait "$sampler" 2>/dev/null || true',
+    'echo "imgbuild: GPU use of job $SLURM_JOB_ID (node GPU samples util-mean% util-max% mem-max-MiB):"',
+    'for f in "$usage_dir"/*.csv; do',
+    '  [ -s "$f" ] || continue',
+    '  awk -F\', *\' -v node="$(basename "$f" .csv)" \'$1 ~ /^[0-9]+$/ { n[$1]++; s[$1]+=$2; '
+    'if ($2>u[$1]) u[$1]=$2; if ($3>m[$1]) m[$1]=$3 } END { for (g in n) printf "%s %s %d %.0f %d %d\\n", '
+    'node, g, n[g], s[g]/n[g], u[g], m[g] }\' "$f"',
+    "done",
+    'rm -rf "$usage_dir"  # summarised above: nothing left in the submit folder',
+    'command -v seff >/dev/null && echo "imgbuild: CPU and memory efficiency: seff $SLURM_JOB_ID (after the job)"',
+]
+
+
+def site_slurm(site: Any) -> dict[str, Any]:
+    """The cluster site's settings from the config's typed `slurm:` section (`settings.slurm`); a mapping is
+    checked as that section would be."""
+    from imgbuild.config.site import SlurmSite, as_text, checked_section
+
+    return as_text(checked_section(SlurmSite, "slurm", site))
+
+
+_MEM_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)B?", re.IGNORECASE)
+
+
+def slurm_mem(per_gpu: str, gpus: int) -> str:
+    """`mem_per_gpu` times the GPUs, in Slurm's units (a bare number is MB, as Slurm reads it)."""
+    match = _MEM_RE.fullmatch(per_gpu.strip())
+    if not match:
+        raise UsageError(f"config slurm.mem_per_gpu: {per_gpu[:40]!r} is not a Slurm memory size (e.g. 64G, 16000M)")
+    amount, unit = float(match.group(1)), (match.group(2) or "M").upper()
+    total = amount * max(gpus, 1)
+    if total != int(total):  # Slurm reads whole numbers only (strtoll): 7.5G x 3 is 23040M, never 22.5G
+        total, unit = total * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit], "M"
+        return f"{int(total + 0.999999)}M"
+    return f"{int(total)}{unit}"
+
+
+def sif_name(image: str) -> str:
+    """The one name of an image's .sif: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.sif`
+    (what `export --apptainer` builds and what `slurm` runs)."""
+    from imgbuild.imageref import parse
+
+    ref = parse(image)
+    return ref.path.rsplit("/", 1)[-1] + (f"_{ref.tag}" if ref.tag else "") + ".sif"
+
+
+def sif_path(image: str, sif_dir: str | None) -> str:
+    """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
+    if image.endswith(".sif"):
+        return image
+    return str(Path(sif_dir) / sif_name(image)) if sif_dir else sif_name(image)
+
+
+def oci_name(image: str) -> str:
+    """The one name of an image's OCI bundle: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.oci`."""
+    return sif_name(image).removesuffix(".sif") + ".oci"
+
+
+def oci_path(image: str, sif_dir: str | None) -> str:
+    """`lab/x:1` -> `<sif_dir>/x_1.oci` (absolute: the job finds it from any folder); a bundle folder passes."""
+    if image.startswith(("/", "./")) or image.endswith(".oci"):
+        return str(Path(image).absolute())
+    return str((Path(sif_dir) if sif_dir else Path.cwd()) / oci_name(image))
+
+
+def check_image_present(job: JobSpec) -> None:
+    """Before a job is queued: the .sif or bundle it runs must exist (the job starts where sbatch is called)."""
+    if job.runtime in ("apptainer", "singularity") and not Path(job.image).is_file():
+        raise UsageError(
+            f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
+            ".sif there (slurm.sif_dir), or name the .sif to run"
+        )
+    if job.runtime == "oci" and not (Path(job.image) / "config.json").is_file():
+        raise UsageError(
+            f"{job.image}: no OCI bundle here; write it with `imgbuild export RECIPE --oci DIR` "
+            "where the nodes see it (slurm.sif_dir), or name the bundle to run"
+        )
+
+
+@dataclass
+class JobFlags:
+    """`imgbuild slurm`'s flags; None means: the site's default."""
+
+    command: list[str]
+    image: str
+    short_name: str
+    gpus: int = 1
+    nodes: int = 1
+    gpu_type: str | None = None
+    cpus_per_gpu: int | None = None
+    cpus: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str | None = None
+    output: str = "%x-%j.out"
+    stage: list[str] = field(default_factory=list)
+    binds: list[str] = field(default_factory=list)
+    runtime: str | None = None
+    torchrun: bool | None = None
+    nccl_debug: str | None = None
+    task_per_gpu: bool = False
+    max_restarts: int = 0
+    requeue: bool = False
+    signal_lead: int = 300
+    snapshot_dir: str | None = None
+    usage: bool = True
+    local_image: bool = False  # the image is a recipe's, built here (docker runtime: never pulled)
+
+
+#: A snapshot folder: an absolute path or one under a job variable ($SLURM_SUBMIT_DIR/...), no spaces,
+#: quotes or colons (it becomes a bind SRC:DEST).
+_SNAPSHOT_RE = re.compile(r"(?:/|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)[\w@%+=.,/-]*")
+
+
+def _snapshot_dir(flags: JobFlags, scratch_var: str) -> str | None:
+    wanted = flags.snapshot_dir or ("$SLURM_SUBMIT_DIR/snapshots" if flags.requeue else None)
+    if wanted is None:
+        return None
+    if not _SNAPSHOT_RE.fullmatch(wanted):
+        raise UsageError(f"--snapshot-dir: {wanted[:80]!r} is not an absolute path or $VAR/path (no spaces or colons)")
+    local = (f"${scratch_var}", f"${{{scratch_var}}}", "$TMPDIR", "${TMPDIR}", "/tmp", "/dev/shm", "/var/tmp")
+    if any(wanted == root or wanted.startswith(root + "/") for root in local):
+        raise UsageError(
+            f"--snapshot-dir {wanted}: node-local disk is wiped when the job ends or is requeued; use "
+            "persistent storage (default $SLURM_SUBMIT_DIR/snapshots)"
+        )
+    return wanted
+
+
+#: What an `#SBATCH` value may hold (each is one line of the script: a newline would end the header and run).
+_HEADER_VALUES = {
+    "job_name": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}"), "letters, digits, _ . + -"),
+    "time": (SLURM_TIME_RE, "e.g. 01:00:00, 2-00:00:00"),
+    "mem": (re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,3})?[KMGT]?", re.IGNORECASE), "e.g. 64G, 16000M"),
+    "output": (re.compile(r"[A-Za-z0-9_.%/+=@-]{1,1024}"), "a path pattern such as %x-%j.out"),
+    "partition": (re.compile(r"[A-Za-z0-9_.,-]{1,128}"), "a partition name"),
+    "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}"), "an account name"),
+    "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
+}
+
+
+def _slurm_seconds(text: str) -> int | None:
+    """Slurm's time formats (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) in seconds; None for UNLIMITED."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        hours, minutes, secs = (parts + [0, 0])[:3]
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + secs
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _check_header_values(flags: JobFlags) -> None:
+    """Flags that become `#SBATCH` lines: whole-string patterns, ASCII only (exit 2, never a script that runs
+    what the header smuggled)."""
+    for name, (pattern, example) in _HEADER_VALUES.items():
+        value = getattr(flags, name)
+        if value is not None and not pattern.fullmatch(str(value)):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
+
+
+def _image_for(runtime: str, image: str, sif_dir: str | None) -> str:
+    if runtime in ("apptainer", "singularity"):
+        return sif_path(image, sif_dir)
+    return oci_path(image, sif_dir) if runtime == "oci" else image
+
+
+def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
+    """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
+    how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
+    site = site_slurm(site_config)
+    runtime = flags.runtime or site["runtime"]
+    if flags.task_per_gpu and flags.torchrun:
+        raise UsageError("--task-per-gpu starts one task per GPU itself (MPI, Horovod): it does not take --torchrun")
+    if runtime == "oci" and flags.binds:
+        raise UsageError(
+            "--bind: an OCI bundle's folders are fixed when it is written: imgbuild export RECIPE --oci DIR --bind ..."
+        )
+    if flags.max_restarts and (flags.task_per_gpu or flags.torchrun is False):
+        raise UsageError("--max-restarts: torchrun restarts the workers; this job does not use torchrun")
+    _check_header_values(flags)
+    per_gpu_mem = site["mem_per_gpu"]
+    friendly = flags.gpu_type or site["gpu_type"]
+    known = site["gpu_types"] or {}
+    if flags.gpu_type and known and flags.gpu_type not in known and flags.gpu_type not in known.values():
+        raise UsageError(f"--gpu-type {flags.gpu_type}: this site has {', '.join(sorted(known))} (slurm.gpu_types)")
+    if flags.requeue:
+        limit = _slurm_seconds(flags.time or site["time"])
+        if limit is not None and limit <= flags.signal_lead:
+            raise UsageError(
+                f"--requeue: the time limit ({flags.time or site['time']}) is no longer than the signal lead "
+                f"({flags.signal_lead} s): the job would be requeued before doing any work"
+            )
+    limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
+    if limit and flags.gpus > int(limit):
+        nodes = -(-flags.gpus // int(limit))
+        raise UsageError(
+            f"--gpus {flags.gpus} --gpu-type {friendly}: a {friendly} node has {limit} GPUs; ask for "
+            f"--nodes {nodes * flags.nodes} --gpus {-(-flags.gpus // nodes)} (GPUs are per node)"
+        )
+    return JobSpec(
+        command=[UserWord(word) for word in flags.command],
+        image=_image_for(runtime, flags.image, site["sif_dir"]),
+        gpus=flags.gpus,
+        nodes=flags.nodes,
+        gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,
+        cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]),
+        cpus=flags.cpus,
+        mem=flags.mem or (slurm_mem(str(per_gpu_mem), flags.gpus) if per_gpu_mem else None),
+        time=flags.time or site["time"],
+        # a job without GPUs does not hold a GPU node's CPUs where the site has a partition for it
+        partition=flags.partition or (flags.gpus == 0 and site["cpu_partition"]) or site["partition"],
+        account=flags.account or site["account"],
+        job_name=flags.job_name or flags.short_name,
+        output=flags.output,
+        stage=flags.stage,
+        scratch_var=site["scratch_var"],
+        scratch_gres=site["scratch_gres"] if flags.stage else None,
+        runtime=runtime,
+        binds=[*(site["binds"] or []), *(UserWord(b) for b in flags.binds)],
+        nccl_debug=flags.nccl_debug,
+        rdzv_port=int(site["rdzv_port"]),
+        torchrun=True if flags.max_restarts and flags.torchrun is None else flags.torchrun,
+        task_per_gpu=flags.task_per_gpu,
+        docker_gpu_flag=docker_gpu_flag,
+        local_image=flags.local_image,
+        max_restarts=flags.max_restarts,
+        requeue=flags.requeue,
+        signal_lead=flags.signal_lead,
+        snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
+        usage=flags.usage,
+    )
+
+
+def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
+    """`folder` as one tar in `into` (for `--stage`), made once: (the tar, whether it was made now).
+
+    The tar's name carries a digest of every entry's path, size, modification time and mode, so an
+    unchanged folder reuses its tar and a changed one gets a new one (the older tar of the same folder is
+    removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
+    import hashlib
+    import os
+    import tarfile
+
+    folder = folder.resolve()
+    if not folder.is_dir():
+        raise UsageError(f"--stage {folder}: not a folder or a tar")
+    digest = hashlib.sha256()
+    entries: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(dirs) + sorted(files):
+            path = Path(root) / name
+            info = path.lstat()
+            if not (path.is_symlink() or path.is_file() or path.is_dir()):
+                continue  # sockets, fifos, devices: not data
+            entries.append(path)
+            rel = path.relative_to(folder).as_posix()
+            digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", folder.name) or "data"
+    target = into / f"{stem}-{digest.hexdigest()[:16]}.tar"
+    if target.is_file():
+        return target, False
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        partial = into / f".{target.name}.{os.getpid()}.partial"
+        try:
+            with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(folder, arcname=stem, recursive=False)
+                for path in entries:
+                    tar.add(path, arcname=f"{stem}/{path.relative_to(folder).as_posix()}", recursive=False)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        for old in into.glob(f"{stem}-" + "[0-9a-f]" * 16 + ".tar"):
+            if old != target:
+                old.unlink(missing_ok=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"--stage {folder}: cannot write {target}: {exc.strerror}") from None
+    return target, True
+
+
+def stage_dir(site_config: Any) -> Path:
+    configured = site_slurm(site_config)["stage_dir"]
+    return Path(configured) if configured else Path.cwd() / ".imgbuild-stage"
+
+
+def submit_job(script: str, *, test_only: bool = False) -> str:
+    """Hand the script to sbatch on standard input; the job id, or what --test-only says."""
+    args = ["sbatch", *(["--test-only"] if test_only else ["--parsable"])]
+    try:
+        proc = subprocess.run(args, input=script, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise EnvironmentProblem("sbatch is not installed here: copy the script to a login node") from None
+    except subprocess.TimeoutExpired:
+        raise EnvironmentProblem("sbatch did not answer within 60 s: is slurmctld up?") from None
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise JobFailed(f"sbatch refused the job: {text.splitlines()[-1] if text else proc.returncode}")
+    return text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}"
+
+
+@dataclass
+class Exported:
+    definition: str
+    archive: str | None = None  # the docker save tar, for the docker-archive bootstrap
+    context: Path | None = None  # the rendered context, for the native bootstrap
+    sif: Path | None = None  # the built image, where apptainer is installed
+
+
+def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
+    """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
+    from imgbuild.build.context import context_dir, render_into
+
+    archive = None
+    context = None
+    if bootstrap == "docker-archive":
+        if engine is None or engine.images.image(plan.target) is None:
+            raise UsageError(f"{plan.target} is not built: run imgbuild build on its recipe first")
+        archive = str((out or Path(sif_name(plan.target))).with_suffix(".tar"))
+        engine.images.save(plan.target, Path(archive))
+    if bootstrap == "native":
+        context = render_into(plan, context_dir(plan, settings), "buildkit", settings)
+    return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
+
+
+def export_devcontainer(
+    plan: Plan, recipe: Path, settings: Any, out: Path | None, gpus: str | None, engine_of: Any
+) -> tuple[Path, list[str]]:
+    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image; (its path, notes for the user).
+
+    On a shared server (the config has `run:` house rules, or `--gpus` was given) the container gets what
+    `imgbuild run RECIPE --gpus N` would: chosen now under the host's ledger, by the same rules
+    (`engine_of()`: the engine, asked for only then); elsewhere, any GPUs the machine has."""
+    import json
+
+    from imgbuild.clusters.devcontainer import NOT_HONOURED, devcontainer
+    from imgbuild.servers import run as runmod
+
+    house = runmod.house_rules(settings.run)
+    shared = gpus is not None or any(key.startswith("run.") for key in settings.sources)
+    folder = out or Path(".devcontainer")
+    path = folder / "devcontainer.json"
+    notes: list[str] = []
+    if shared:
+        request = runmod.RunRequest(image=str(recipe), gpu_request=gpus or "none")
+        with runmod.reserved(request, settings, engine_of()) as spec:
+            document = devcontainer(plan, house, spec=spec)
+        chosen = ",".join(str(g.index) for g in spec.gpus.gpus) or "none (--gpus N to ask)"
+        notes = [f"GPUs {chosen}, container {spec.name}", *NOT_HONOURED]
+    else:
+        document = devcontainer(plan, house)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
+    return path, notes
+
+
+def apptainer_tool() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def build_sif(tool: str, definition: Path, cwd: Path | None) -> Path:
+    """`apptainer build` the definition, then `apptainer test` it (the %test section runs the smoke test)."""
+    sif = definition.with_suffix(".sif")
+    steps = (
+        [tool, "build", "--force", str(sif.resolve()), str(definition.resolve())],
+        [tool, "test", str(sif.resolve())],
+    )
+    for args in steps:
+        if subprocess.run(args, cwd=cwd).returncode != 0:
+            raise JobFailed(f"{' '.join(args[:2])} failed for {definition}")
+    return sif

@@ -1,0 +1,448 @@
+"""Settings in one place, with the usual precedence: flag > environment > user config > site config > default.
+
+Every setting `foo_bar` is read from the flag the CLI maps to it, then `IMGBUILD_FOO_BAR`, then the
+key `foo_bar` in `~/.config/imgbuild/config.yaml` (or `$IMGBUILD_CONFIG`), then `/etc/imgbuild/config.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from imgbuild import limits
+from imgbuild.config.site import SECTIONS, K8sSite, ReapPolicy, RunRules, SlurmSite
+from imgbuild.errors import UsageError
+
+SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
+
+
+def _user_config_path() -> Path:
+    from platformdirs import user_config_dir
+
+    return Path(user_config_dir("imgbuild")) / "config.yaml"
+
+
+def _default_cache_dir() -> str:
+    from platformdirs import user_cache_dir
+
+    return user_cache_dir("imgbuild")
+
+
+def _login_name() -> str:
+    from imgbuild.host import caller
+
+    return caller().name
+
+
+#: A size in bytes; config and environment values may say `16G` (see _as_bytes).
+Bytes = int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective settings. Secrets are excluded from repr and from `imgbuild config` output."""
+
+    user: str = field(default_factory=_login_name)
+    ngc_registry: str = "nvcr.io"
+    ngc_api_key: str | None = field(default=None, repr=False)
+    insecure_registries: tuple[str, ...] = ()
+    pip_index_url: str | None = field(default=None, repr=False)
+    pip_extra_index_urls: tuple[str, ...] = field(default=(), repr=False)
+    pip_ca_bundle: str | None = None
+    pip_trusted_hosts: tuple[str, ...] = ()
+    uid: int | None = None
+    gid: int | None = None
+    backend: str = "auto"
+    docker_cli: str | None = None
+    builder: str | None = None
+    images_dir: str = "images"
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    tag_cache_ttl: int = 6 * 3600
+    base_cache_ttl: int = 300  # seconds a base's digest and config are reused (0: always ask; rebuild always does)
+    registry_timeout: float = limits.HTTP_REQUEST_SECONDS  # one registry request, however slowly it trickles
+    registry_deadline: float = limits.HTTP_COMMAND_SECONDS  # everything one command asks of one registry
+    registry_backoff: float = 0.5  # first retry delay (doubles), seconds
+    build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
+    pip_resolve_timeout: float = limits.PIP_RESOLVE_SECONDS  # pip's resolution in the pip step, seconds
+    pip_download_limit: Bytes = limits.PIP_DOWNLOAD_BYTES  # what the pip step may download ("16G")
+    gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
+    registry_cache: str = "inline"  # inline: images carry their cache, pushes seed from the registry; registry; off
+    gpu_source: str = "auto"  # the smoke test's GPUs: this machine's (local), read through the engine (engine)
+    fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
+    fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
+    run: RunRules = field(default_factory=RunRules)  # config `run:`, the house rules (imgbuild.config.site)
+    reap: ReapPolicy = field(default_factory=ReapPolicy)  # config `reap:`, the site's alone
+    slurm: SlurmSite = field(default_factory=SlurmSite)  # config `slurm:`
+    k8s: K8sSite = field(default_factory=K8sSite)  # config `k8s:`
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
+    BACKENDS = ("auto", "buildkit", "sdk")
+    # auto: local where the engine shares this machine, else through the engine
+    GPU_SOURCES = ("auto", "local", "engine")
+    # registry: a buildx builder's full cache export (needs `builder`)
+    REGISTRY_CACHES = ("inline", "registry", "off")
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in a log, a layer or the image history."""
+        found: list[str] = []
+        if self.ngc_api_key:
+            found.append(self.ngc_api_key)
+        for url in (self.pip_index_url, *self.pip_extra_index_urls):
+            if url:
+                parts = urlsplit(url)
+                # The password is the secret; a URL with only a user part carries a token there.
+                secret = parts.password or parts.username
+                if secret and len(secret) >= 4:
+                    found.append(secret)
+        return found
+
+    def public_view(self) -> dict[str, Any]:
+        """Settings as shown to a user: secrets masked, with where each value came from."""
+        from imgbuild.config.site import as_text
+
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "sources":
+                continue
+            if f.name in SECTIONS:
+                for key, value in as_text(getattr(self, f.name)).items():
+                    dotted = f"{f.name}.{key}"
+                    out[dotted] = {"value": value, "source": self.sources.get(dotted, "default")}
+                continue
+            value = getattr(self, f.name)
+            if f.name in self.SECRET_FIELDS and value:
+                value = mask_url_credentials(value) if f.name != "ngc_api_key" else "****"
+            if isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = {"value": value, "source": self.sources.get(f.name, "default")}
+        return out
+
+
+def mask_url_credentials(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [mask_url_credentials(v) for v in value]
+    parts = urlsplit(value)
+    if parts.password or parts.username:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return parts._replace(netloc=f"****@{host}").geturl()
+    return value
+
+
+_ENV_ALIASES = {"ngc_api_key": ("NGC_API_KEY",)}
+
+
+def _as_tuple(raw: Any) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        return tuple(s for s in raw.replace(",", " ").split() if s)
+    if isinstance(raw, list):
+        return tuple(str(s) for s in raw)
+    raise ValueError("expected a list")
+
+
+def _as_seconds(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a number")
+    value = float(raw)
+    if not 0 < value <= 86400:
+        raise ValueError("expected a number of seconds above 0")
+    return value
+
+
+def _as_int(raw: Any) -> int | None:
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool):
+        raise ValueError("expected an integer")
+    return int(raw)
+
+
+def _as_text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, (dict, list)):
+        raise ValueError("expected a string")
+    return str(raw)
+
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def _as_bytes(raw: Any) -> int:
+    """`17179869184`, `16G`, `500MB`, `2GiB`: a positive size in bytes."""
+    found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?", str(raw).strip(), re.IGNORECASE)
+    if isinstance(raw, bool) or not found:
+        raise ValueError("expected a size such as 16G or 500M")
+    value = int(float(found.group(1)) * _UNITS[found.group(2).upper()])
+    if value <= 0:
+        raise ValueError("expected a size above 0")
+    return value
+
+
+#: How a config or environment value becomes each field type (by the type's spelling in Settings).
+_COERCE = (("tuple", _as_tuple), ("float", _as_seconds), ("Bytes", _as_bytes), ("int", _as_int))
+
+
+def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
+    """Turn a config/env value into the field's type; a bad value is a usage error naming its origin."""
+    convert = next((fn for word, fn in _COERCE if word in str(kind)), _as_text)
+    try:
+        return convert(raw)
+    except ValueError as exc:
+        raise UsageError(f"{origin}: {name}: {exc} (got {raw!r})") from None
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """One config file as read: its data and where each value stands (for located errors)."""
+
+    origin: str  # "site config /etc/imgbuild/config.yaml"
+    path: Path
+    located: Any = None  # yamlpos.Located; None when the file is absent
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.located.data if self.located is not None else {}
+
+    def problem(self, at: tuple[Any, ...], message: str, hint: str = "", key: bool = False) -> Any:
+        from imgbuild.errors import Problem
+
+        if self.located is None:
+            return Problem(str(self.path), 0, 0, ".".join(map(str, at)), message, hint)
+        return self.located.problem(at, message, hint, key=key, fallback_file=str(self.path))
+
+
+def _read_config_file(path: Path, origin: str) -> ConfigFile:
+    """A config file, bounded and located (`yamlpos`); an absent one, or one that is not a regular file (a
+    FIFO at a user's config path must not block), reads as empty."""
+    from imgbuild import yamlpos
+    from imgbuild.errors import RecipeError
+
+    try:
+        if not path.is_file():
+            return ConfigFile(origin, path)
+    except OSError:
+        return ConfigFile(origin, path)
+    located = yamlpos.load_located(path, str(path))
+    if located.data is None:
+        return ConfigFile(origin, path)
+    if not isinstance(located.data, dict):
+        raise RecipeError([located.problem((), "a config file is a mapping of settings", fallback_file=str(path))])
+    return ConfigFile(origin, path, located)
+
+
+def config_files(environ: dict[str, str] | None = None) -> tuple[Path, Path]:
+    """(the site's config, the user's): `/etc/imgbuild/config.yaml`, `$IMGBUILD_CONFIG` or the user's own.
+
+    `$IMGBUILD_SITE_CONFIG` names another site config for root alone (an admin trying a config before
+    installing it, the test suite): root may write /etc/imgbuild anyway, so it grants nothing; for any other
+    user, and for root through sudo (a user acting), it is ignored: the site's rules are the site's."""
+    environ = dict(os.environ if environ is None else environ)
+    user_cfg = Path(environ["IMGBUILD_CONFIG"]) if environ.get("IMGBUILD_CONFIG") else _user_config_path()
+    site_cfg = SITE_CONFIG
+    if environ.get("IMGBUILD_SITE_CONFIG") and os.getuid() == 0 and not environ.get("SUDO_UID"):
+        site_cfg = Path(environ["IMGBUILD_SITE_CONFIG"])
+    return site_cfg, user_cfg
+
+
+def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Resolve every setting by precedence. `flags` holds only the flags the user actually gave."""
+    from imgbuild.errors import RecipeError
+
+    environ = dict(os.environ if environ is None else environ)
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    site_path, user_path = config_files(environ)
+    files = [
+        _read_config_file(site_path, f"site config {site_path}"),
+        _read_config_file(user_path, f"user config {user_path}"),
+    ]
+    known = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("sources", *SECTIONS)}
+    problems = [
+        cfg.problem((k,), "unknown setting", _closest(str(k), [*known, *SECTIONS, "fleet"]), key=True)
+        for cfg in files
+        for k in cfg.data
+        if k not in known and k not in SECTIONS and k != "fleet"
+    ]
+    sections, section_sources = _read_sections(files, problems)
+    layers = [(cfg.origin, _flatten_fleet(cfg, problems)) for cfg in files]
+    if problems:
+        raise RecipeError(problems)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, f in known.items():
+        found = _first_source(name, flags, environ, layers)
+        if found:
+            origin, raw = found
+            values[name] = _coerce(name, raw, f.type, _where(origin, name, files))
+            sources[name] = origin
+    settings = Settings(**values, **sections, sources={**sources, **section_sources})
+    _check(settings)
+    return settings
+
+
+def _where(origin: str, name: str, files: list[ConfigFile]) -> str:
+    """`FILE:LINE:COL` of a flat setting in the config file it came from, else the origin as it is."""
+    for cfg in files:
+        if cfg.origin == origin and cfg.located is not None:
+            key = ("fleet", name.removeprefix("fleet_")) if name.startswith("fleet_") else (name,)
+            pos = cfg.located.where(key)
+            if pos is not None:
+                return f"{pos.file}:{pos.line}:{pos.col}"
+    return origin
+
+
+def _closest(word: str, known: list[str]) -> str:
+    import difflib  # only when there is an unknown key to explain
+
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
+
+
+def _read_sections(files: list[ConfigFile], problems: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The typed sections (`run:`, `reap:`, `slurm:`): site, then user, each value checked where it stands.
+    A site-only value in the user's config counts only where it tightens the site's (imgbuild.config.site)."""
+    from imgbuild import fields
+    from imgbuild.config import site as siteconfig
+
+    models: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, model in SECTIONS.items():
+        merged: dict[str, Any] = {}
+        site_values: dict[str, Any] = {}
+        defaults = model()
+        for cfg in files:
+            raw = cfg.data.get(name)
+            if raw is None:
+                continue
+            checked, issues = fields.validate(model, raw)
+            problems.extend(cfg.problem((name, *i.at), i.message, i.hint, key=i.key) for i in issues)
+            if checked is None:
+                continue
+            is_site = cfg is files[0]
+            for f in siteconfig.fields_of(model):
+                if f.name not in raw:
+                    continue
+                value, how, key = getattr(checked, f.name), f.metadata.get("site_only"), f"{name}.{f.name}"
+                if is_site:
+                    site_values[f.name] = value
+                elif how and siteconfig.looser(how, value, site_values.get(f.name, getattr(defaults, f.name)), f.name):
+                    sources[key] = (
+                        f"{sources.get(key, 'default')} ({cfg.origin} set aside: only the site may loosen it)"
+                    )
+                    continue
+                merged[f.name] = raw[f.name]
+                sources[key] = cfg.origin
+        made, _ = fields.validate(model, merged)
+        models[name] = made if made is not None else model()
+    return models, sources
+
+
+def _flatten_fleet(cfg: ConfigFile, problems: list[Any]) -> dict[str, Any]:
+    """`fleet: {gpus: [...], driver: ...}` in a config file is the settings fleet_gpus and fleet_driver."""
+    from imgbuild import fields
+    from imgbuild.config import site as siteconfig
+
+    data = cfg.data
+    if "fleet" not in data:
+        return data
+    _, issues = fields.validate(siteconfig.Fleet, data["fleet"])
+    problems.extend(cfg.problem(("fleet", *i.at), i.message, i.hint, key=i.key) for i in issues)
+    flat = {k: v for k, v in data.items() if k != "fleet" and k not in SECTIONS}
+    if not issues:
+        flat.update({f"fleet_{k}": v for k, v in data["fleet"].items() if v is not None})
+    return flat
+
+
+def _first_source(
+    name: str, flags: dict[str, Any], environ: dict[str, str], layers: list[tuple[str, dict[str, Any]]]
+) -> tuple[str, Any] | None:
+    """(where from, raw value) of the setting's highest-precedence source: flag, env, user, site."""
+    if name in flags:
+        return "flag", flags[name]
+    for env_name in (f"IMGBUILD_{name.upper()}", *_ENV_ALIASES.get(name, ())):
+        if environ.get(env_name, "") != "":
+            return f"env {env_name}", environ[env_name]
+    return next(((origin, data[name]) for origin, data in reversed(layers) if name in data), None)
+
+
+def _check(settings: Settings) -> None:
+    from imgbuild.imageref import COMPONENT_RE
+
+    sources = settings.sources
+    if not COMPONENT_RE.fullmatch(settings.user.lower()) or len(settings.user) > 64:
+        raise UsageError(
+            f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
+            "namespace (lower-case letters, digits, . _ -)"
+        )
+    for name, choices in (
+        ("backend", Settings.BACKENDS),
+        ("registry_cache", Settings.REGISTRY_CACHES),
+        ("gpu_source", Settings.GPU_SOURCES),
+    ):
+        if getattr(settings, name) not in choices:
+            raise UsageError(
+                f"{sources.get(name, 'default')}: {name}: must be one of "
+                f"{', '.join(choices)} (got {str(getattr(settings, name))[:40]!r})"
+            )
+    if settings.registry_cache == "registry" and not settings.builder:
+        raise UsageError(
+            f"{sources.get('registry_cache', 'default')}: registry_cache: registry is a buildx builder's cache "
+            "export: set builder (a docker-container builder), or say inline"
+        )
+    if settings.fleet_gpus or settings.fleet_driver:  # fleet rules are imported only for a configured fleet
+        from imgbuild.gpu.fleet import check_driver, parse_targets
+
+        for name, check in (("fleet_gpus", parse_targets), ("fleet_driver", check_driver)):
+            value = getattr(settings, name)
+            if value:
+                try:
+                    check(value)
+                except UsageError as exc:
+                    where = sources.get(name, "default")
+                    raise UsageError(f"{where}: {name}: {str(exc).split(': ', 1)[-1]}") from None
+    if settings.pip_ca_bundle and not Path(settings.pip_ca_bundle).is_file():
+        raise UsageError(f"{sources.get('pip_ca_bundle')}: pip_ca_bundle: no such file {settings.pip_ca_bundle}")
+
+
+_SCHEMA_TYPES = (
+    ("tuple", {"type": "array", "items": {"type": "string"}}),
+    ("float", {"type": "number"}),
+    ("Bytes", {"type": ["integer", "string"]}),
+    ("int", {"type": "integer"}),
+)
+
+
+def json_schema() -> dict[str, Any]:
+    """The config file (`/etc/imgbuild/config.yaml`, `~/.config/imgbuild/config.yaml`) as a JSON Schema, from
+    the same declarations `load_settings` checks against (`docs/config.schema.json`)."""
+    from imgbuild import fields
+    from imgbuild.config import site as siteconfig
+
+    defs: dict[str, Any] = {}
+    properties: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        if f.name == "sources" or f.name.startswith("fleet_"):
+            continue
+        if f.name in SECTIONS:
+            properties[f.name] = fields.Model(SECTIONS[f.name]).schema(defs)
+            continue
+        kind = next((schema for word, schema in _SCHEMA_TYPES if word in str(f.type)), {"type": "string"})
+        properties[f.name] = {**kind, "description": f"IMGBUILD_{f.name.upper()} overrides it"}
+    properties["fleet"] = fields.Model(siteconfig.Fleet).schema(defs)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "imgbuild config",
+        "description": "Site (/etc/imgbuild/config.yaml) and user (~/.config/imgbuild/config.yaml) settings. "
+        "Fields marked x-site-only are the site's: a user's config may only tighten them (lower).",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": dict(sorted(properties.items())),
+        "$defs": defs,
+    }

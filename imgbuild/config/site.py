@@ -1,0 +1,345 @@
+"""The config file's sections, declared once: `run:` (house rules), `reap:` (the reaper), `slurm:` (the cluster
+site) and `fleet:` (the GPUs images must run on). Each field's check, default and text live here; the JSON
+schema (`docs/config.schema.json`), `imgbuild config` and every reader take them from here.
+
+Some settings belong to the site alone (quotas, deadlines, the ledger folder, the reaper): a user's config
+may tighten a limit (a lower quota, a shorter deadline), never loosen it or move a folder, so a value the
+user's config holds that would loosen one is set aside and `imgbuild config` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from imgbuild.fields import (
+    _BAD,
+    Check,
+    Flag,
+    Integer,
+    Issue,
+    ListOf,
+    MapOf,
+    Maybe,
+    Number,
+    OneOf,
+    Text,
+    matches,
+    typed,
+)
+
+#: How a site-only setting may be changed by a user's config: never, or only downwards (a tighter limit).
+NEVER, LOWER = "never", "lower"
+DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")
+DURATION_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_ABSOLUTE = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_ONE_LINE = re.compile(r"[^\x00-\x1f\x7f\u0085\u2028\u2029]{0,1024}")
+_SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})? ?[kKmMgGtT]?[iI]?[bB]?")
+_REPO_PREFIX = re.compile(r"[a-z0-9.-]{1,253}(?::[0-9]{1,5})?(?:/[a-z0-9._-]{1,128}){0,8}")
+BIND_RE = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
+SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
+
+
+def duration_seconds(text: str) -> float:
+    """`90`, `90s`, `30m`, `2h`, `7d` -> seconds; ASCII digits only. ValueError otherwise."""
+    match = DURATION_RE.fullmatch(str(text).strip().lower())
+    if not match:
+        raise ValueError(f"{str(text)[:40]!r} is not a duration like 600, 30m, 2h or 7d")
+    return float(int(match.group(1)) * DURATION_SECONDS[match.group(2)])
+
+
+def _duration(value: str) -> str:
+    duration_seconds(value)
+    return value
+
+
+def _positive_duration(value: str) -> str:
+    if duration_seconds(value) <= 0:
+        raise ValueError("must be longer than 0")
+    return value
+
+
+DURATION = Text(_duration, numbers=True)
+POSITIVE_DURATION = Text(_positive_duration, numbers=True)
+PATH = Text(matches(_ABSOLUTE, "not an absolute path"))
+
+
+def _plain_line(value: str) -> str:
+    from imgbuild.text import describe, unsafe_character
+
+    bad = unsafe_character(value)
+    if bad is not None:
+        raise ValueError(f"must be one line of plain text: {describe(bad)} is refused")
+    return value
+
+
+ONE_LINE = Text(matches(_ONE_LINE, "must be one line of at most 1024 characters"), _plain_line, numbers=True)
+COUNT = Integer(ge=0, le=1_000_000)
+
+
+class Between(Check):
+    """A number within [low, high] (seconds, percent)."""
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high, self.number = low, high, Number()
+
+    def check(self, value: Any, at: tuple[Any, ...], issues: list[Issue], key: bool = False) -> Any:
+        made = self.number.check(value, at, issues, key)
+        if isinstance(made, float) and not self.low <= made <= self.high:
+            issues.append(Issue(at, f"must be from {self.low:g} to {self.high:g}", "", key))
+            return _BAD
+        return made
+
+    def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "number", "minimum": self.low, "maximum": self.high}
+
+
+def site_only(check: Check, default: Any = None, *, how: str = NEVER, doc: str = "", factory: Any = None) -> Any:
+    """A field only the site config may set (`how`: NEVER from a user's config, or LOWER: only tighter)."""
+    metadata = {"check": check, "doc": doc, "site_only": how}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRules:
+    """`run:` the house rules of `imgbuild run` (and of dev containers) on a shared GPU server."""
+
+    ipc: str = typed(OneOf("host", "private", "shareable", "none"), "host", doc="--ipc (NVIDIA's advice: host)")
+    shm_size: str | None = typed(
+        Maybe(Text(matches(_SIZE, "not a size such as 16g"))), None, doc="--shm-size instead of ipc host"
+    )
+    ulimits: dict[str, str] = typed(
+        MapOf(
+            Text(matches(_NAME, "not a ulimit name")),
+            Text(matches(re.compile(r"-?[0-9]{1,20}"), "not a number"), numbers=True),
+        ),
+        factory=lambda: {"memlock": "-1", "stack": "67108864"},
+        doc="--ulimit NAME=VALUE for every container",
+    )
+    workspace: str = typed(PATH, "/workspace", doc="where the current folder is mounted")
+    mounts: list[str] = typed(
+        ListOf(ONE_LINE, max_length=64),
+        factory=list,
+        doc="data folders every run sees: HOST:CONTAINER[:ro], {user} and {home} expanded",
+    )
+    log_max_size: str = typed(Text(matches(_SIZE, "not a size such as 50m"), numbers=True), "50m")
+    log_max_file: str = typed(Text(matches(re.compile(r"[0-9]{1,3}"), "not a count"), numbers=True), "3")
+    cpus_per_gpu: float | None = typed(
+        Maybe(Between(0.1, 4096)), None, doc="CPUs per GPU (default: the host's fair share, within 8..24)"
+    )
+    pin_cpus: bool = typed(Flag(), True, doc="--cpuset-cpus near the GPUs, thread variables to match")
+    gpu_flag: str = typed(
+        OneOf("gpus", "env"), "gpus", doc="gpus: docker --gpus; env: NVIDIA_VISIBLE_DEVICES (nvidia default runtime)"
+    )
+    state_dir: str | None = site_only(PATH, None, doc="the host-wide GPU ledger (default /var/tmp/imgbuild)")
+    max_gpus_per_user: int | None = site_only(Maybe(COUNT), None, how=LOWER, doc="GPUs one user may hold at once")
+    max_gpus_per_group: dict[str, int] = site_only(
+        MapOf(Text(matches(_NAME, "not a group name")), COUNT),
+        how=LOWER,
+        factory=dict,
+        doc="GPUs all members of a group may hold at once",
+    )
+    wait_poll: float = typed(Between(0.05, 600), 5, doc="seconds between looks while `run --wait` queues")
+    default_time: str | None = site_only(
+        Maybe(POSITIVE_DURATION), None, how=LOWER, doc="a run's deadline when --time is not given (2d)"
+    )
+    max_time: str | None = site_only(
+        Maybe(POSITIVE_DURATION), None, how=LOWER, doc="the longest --time, and how far extend may go (7d)"
+    )
+    env: dict[str, str] = typed(
+        MapOf(Text(matches(_ENV_NAME, "not a variable name")), ONE_LINE), factory=dict, doc="-e NAME=VALUE"
+    )
+    signed_only: list[str] = site_only(
+        ListOf(Text(matches(_REPO_PREFIX, "not REGISTRY[/NAMESPACE]")), max_length=64),
+        factory=list,
+        doc="images under these prefixes run only when signed by signing_key (imgbuild verify), by digest",
+    )
+    signing_key: str | None = site_only(Maybe(PATH), None, doc="the public key (cosign.pub) of signed_only")
+    allowed_images: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=256),
+        factory=lambda: ["nvcr.io/nvidia/*", "{user}/*"],
+        doc="enforced mode (users through sudo): the images a run may use, fnmatch patterns, {user} expanded",
+    )
+    allowed_mounts: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=64),
+        factory=lambda: ["{home}"],
+        doc="enforced mode: the host folders a run may mount (and use as its workspace), {user} and {home} expanded",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReapPolicy:
+    """`reap:` what `imgbuild reap` (root, from a timer) stops and removes. The site's alone."""
+
+    idle_timeout: str | None = site_only(
+        Maybe(POSITIVE_DURATION), None, doc="GPUs idle this long: warn, then stop (None: never)"
+    )
+    idle_percent: float = site_only(Between(0, 100), 5, doc="a GPU at or below this utilisation is idle")
+    warn_lead: str = site_only(DURATION, "30m", doc="warn this long before stopping")
+    exited_max_age: str | None = site_only(
+        Maybe(POSITIVE_DURATION), None, doc="exited <user>_ containers older than this are removed (with remove)"
+    )
+    remove: bool = site_only(Flag(), False, doc="remove what is reaped (default: stop only)")
+    unnamed: bool = site_only(Flag(), False, doc="also stop containers that follow no <user>_ convention")
+    exempt: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=256), factory=list, doc="container name patterns never touched (fnmatch)"
+    )
+    log: str | None = site_only(
+        Maybe(PATH), None, doc="the action log, JSON lines (default <state_dir>/.reap/reap.log)"
+    )
+    notify_command: list[str] = site_only(
+        ListOf(ONE_LINE, max_length=32),
+        factory=list,
+        doc="run for each `run --notify` job that ended: a program by absolute path, then its arguments; the facts "
+        "in IMGBUILD_NOTICE_* variables, never through a shell",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSite:
+    """`slurm:` how `imgbuild slurm` writes jobs for this cluster."""
+
+    partition: str | None = typed(Maybe(Text(matches(_NAME, "not a partition name"))), None)
+    cpu_partition: str | None = typed(
+        Maybe(Text(matches(_NAME, "not a partition name"))), None, doc="for jobs without GPUs (else partition)"
+    )
+    account: str | None = typed(Maybe(Text(matches(_NAME, "not an account name"))), None)
+    gpu_types: dict[str, str] = typed(
+        MapOf(Text(matches(_NAME, "not a name")), Text(matches(_NAME, "not a GRES type"))),
+        factory=dict,
+        doc="--gpu-type alias -> GRES type",
+    )
+    gpu_type: str | None = typed(
+        Maybe(Text(matches(_NAME, "not a GRES type"))), None, doc="when --gpu-type is not given"
+    )
+    gpus_per_node: dict[str, int] = typed(
+        MapOf(Text(matches(_NAME, "not a name")), Integer(ge=1, le=1024)), factory=dict, doc="more is refused"
+    )
+    binds: list[str] = typed(
+        ListOf(Text(matches(BIND_RE, "not /HOST[:/CONTAINER][:ro]")), max_length=64),
+        factory=list,
+        doc="folders every job sees, in every runtime",
+    )
+    cpus_per_gpu: int = typed(Integer(ge=1, le=4096), 10)
+    mem_per_gpu: str | None = typed(
+        Maybe(Text(matches(_SIZE, "not a Slurm memory size (e.g. 64G, 16000M)"), numbers=True)),
+        None,
+        doc="Slurm's units: 16000M, 64G (a bare number is MB)",
+    )
+    time: str = typed(Text(matches(SLURM_TIME_RE, "not a Slurm time (01:00:00, 2-00:00:00)")), "01:00:00")
+    scratch_var: str = typed(Text(matches(_ENV_NAME, "not a variable name")), "LOCAL_SCRATCH")
+    scratch_gres: str | None = typed(
+        Maybe(Text(matches(re.compile(r"[A-Za-z0-9_]{1,64}(?::[A-Za-z0-9_]{1,64}){0,2}"), "not a GRES"))),
+        None,
+        doc="requested with --stage (CSC: nvme:100)",
+    )
+    runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker", "oci"), "apptainer")
+    sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
+    rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
+    stage_dir: str | None = typed(Maybe(ONE_LINE), None, doc="where --stage writes its tars")
+
+
+def _gpu_name(value: str) -> str:
+    from imgbuild.gpu.fleet import target_rule  # loaded only for a config that names a fleet
+
+    return target_rule(value)
+
+
+def _driver(value: str) -> str:
+    from imgbuild.gpu.fleet import driver_rule
+
+    return driver_rule(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fleet:
+    """`fleet:` the GPUs images must run on (the settings fleet_gpus and fleet_driver)."""
+
+    gpus: list[str] = typed(ListOf(Text(_gpu_name), max_length=64), factory=list, doc="v100, a100, sm_89, 8.9")
+    driver: str | None = typed(Maybe(Text(_driver, numbers=True)), None, doc="the oldest driver among them")
+
+
+#: The sections a config file may hold, by key.
+#: A Kubernetes quantity (`16Gi`, `500m`, `2`), and a data volume: a PersistentVolumeClaim at a path.
+QUANTITY_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?(?:[kKMGTPE]i?|m)?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+K8S_VOLUME_RE = re.compile(r"([a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?):(/[A-Za-z0-9_./@%+=,-]{0,1023})(:ro)?")
+
+
+@dataclass(frozen=True, kw_only=True)
+class K8sSite:
+    """`k8s:` how `imgbuild k8s` writes jobs for this Kubernetes cluster (checked offline, never applied)."""
+
+    namespace: str | None = typed(Maybe(Text(matches(_DNS_LABEL, "not a namespace name"))), None)
+    queue: str | None = typed(
+        Maybe(Text(matches(_LABEL_VALUE, "not a label value"))), None, doc="Kueue LocalQueue (queue-name label)"
+    )
+    runtime: str = typed(
+        Text(matches(_DNS_LABEL, "not a runtime name")), "torch-distributed", doc="Trainer ClusterTrainingRuntime"
+    )
+    gpu_resource: str = typed(
+        Text(matches(re.compile(r"[a-z0-9.-]{1,253}/[a-z0-9][a-z0-9_.-]{0,62}"), "not a resource name")),
+        "nvidia.com/gpu",
+    )
+    volumes: list[str] = typed(
+        ListOf(Text(matches(K8S_VOLUME_RE, "not CLAIM:/PATH[:ro]")), max_length=64),
+        factory=list,
+        doc="PersistentVolumeClaims every job mounts: CLAIM:/PATH[:ro]",
+    )
+    shm_size: str = typed(Text(matches(QUANTITY_RE, "not a quantity such as 16Gi"), numbers=True), "16Gi")
+    cpus_per_gpu: int = typed(Integer(ge=1, le=4096), 8)
+    mem_per_gpu: str | None = typed(
+        Maybe(Text(matches(QUANTITY_RE, "not a quantity such as 64Gi"), numbers=True)), None
+    )
+
+
+SECTIONS: dict[str, type] = {"run": RunRules, "reap": ReapPolicy, "slurm": SlurmSite, "k8s": K8sSite}
+
+
+def fields_of(model: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(model) if "check" in f.metadata]
+
+
+def looser(how: str, user: Any, site: Any, name: str) -> bool:
+    """Would the user's value loosen the site's? (NEVER: any value differing from the site's does.)"""
+    if how == NEVER:
+        return user != site
+    if site is None or site == {}:
+        return False  # no limit at the site: any user limit is a tighter one
+    if user is None:
+        return True
+    if isinstance(site, dict):
+        return any(k not in user or user[k] > v for k, v in site.items())
+    if name.endswith("_time"):
+        return duration_seconds(user) > duration_seconds(site)
+    return bool(user > site)
+
+
+def as_text(model: Any) -> dict[str, Any]:
+    """The section as a config file would write it."""
+    return {f.name: getattr(model, f.name) for f in fields_of(type(model))}
+
+
+def checked_section(model: type, name: str, value: Any) -> Any:
+    """`value` as the section's model: a model passes; a mapping (a caller's own rules, a test's) is checked
+    as the config file's section would be, its first issue a UsageError naming `config NAME.KEY`."""
+    from imgbuild import fields
+    from imgbuild.errors import UsageError
+    from imgbuild.yamlpos import dotted
+
+    if isinstance(value, model):
+        return value
+    made, issues = fields.validate(model, value if value is not None else {})
+    if issues:
+        issue = issues[0]
+        message = "unknown setting" if issue.message == "unknown key" else issue.message
+        hint = f" ({issue.hint})" if issue.hint else ""
+        raise UsageError(f"config {dotted((name, *issue.at))}: {message}{hint}")
+    return made

@@ -1,0 +1,268 @@
+"""NGC tag listing: list, filter, describe (from config blobs, no layer pulled) and check against this host.
+
+Answers "which NGC PyTorch tags exist, what CUDA/cuDNN/torch is in each, which ones run here?" from the
+registry itself, with an on-disk cache (TTL for tag lists; config blobs are immutable by digest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import RegistryUnavailable, UsageError
+from imgbuild.gpu.fleet import judge_tag, parse_targets
+from imgbuild.gpu.gpus import NoGpus, read_devices
+from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
+from imgbuild.registry.client import RegistryClient, host_platform
+
+#: The platforms whose own arch lists a tag is judged on (GPU machines: amd64, and arm64 for Grace and Jetson).
+VARIANT_ARCHS = ("amd64", "arm64")
+
+
+@dataclass
+class TagInfo:
+    tag: str
+    release: str
+    variant: str | None
+    digest: str = ""
+    size: int = 0
+    cuda: str = ""
+    cudnn: str = ""
+    framework: str = ""
+    framework_version: str = ""
+    python: str = ""
+    driver: str = ""
+    arch_list: str = ""
+    compatible: bool | None = None
+    why: str = ""
+    platforms: tuple[str, ...] = ()  # the CPU architectures the tag exists for (a manifest list's)
+    variants: dict[str, dict[str, str]] = field(default_factory=dict)  # other platforms' cuda and arch_list
+
+
+@dataclass
+class Listing:
+    repository: str
+    tags: list[TagInfo]
+    cached_age: float | None = None  # seconds, when served from cache
+    offline: bool = False
+    total: int = 0
+    requests: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "repository": self.repository,
+            "total": self.total,
+            "offline": self.offline,
+            "cached_age_seconds": self.cached_age,
+            "notes": self.notes,
+            "tags": [asdict(t) for t in self.tags],
+        }
+
+
+def repository_for(name: str, registry: str) -> tuple[str, str]:
+    """`pytorch` -> (registry, nvidia/pytorch); `org/repo` -> (registry, org/repo); `host/org/repo` too."""
+    if name in FRAMEWORKS:
+        return registry, FRAMEWORKS[name].repository
+    parts = name.split("/")
+    if len(parts) >= 3 and ("." in parts[0] or ":" in parts[0]):
+        return parts[0], "/".join(parts[1:])
+    if len(parts) == 2:
+        return registry, name
+    raise UsageError(f"tags: {name!r} is not pytorch, tensorflow or ORG/REPO")
+
+
+class TagCache:
+    def __init__(self, root: Path, ttl: int):
+        self.root = root
+        self.ttl = ttl
+
+    def _path(self, kind: str, key: str) -> Path:
+        return self.root / kind / (key.replace("/", "_").replace(":", "_") + ".json")
+
+    def get_tags(self, host: str, repo: str) -> tuple[list[str], float] | None:
+        path = self._path("tags", f"{host}/{repo}")
+        try:
+            data = json.loads(path.read_text())
+            return list(data["tags"]), time.time() - float(data["fetched_at"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def put_tags(self, host: str, repo: str, tags: list[str]) -> None:
+        path = self._path("tags", f"{host}/{repo}")
+        self._write(path, json.dumps({"fetched_at": time.time(), "tags": tags}))
+
+    @staticmethod
+    def _write(path: Path, text: str) -> None:
+        """The cache is an optimisation: a read-only or full cache folder costs speed, never the answer."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    def get_details(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self._path("details", key).read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def put_details(self, key: str, value: dict[str, Any]) -> None:
+        self._write(self._path("details", key), json.dumps(value))
+
+
+def list_tags(
+    client: RegistryClient, repo: str, cache: TagCache, *, refresh: bool = False, page_size: int = 1000
+) -> tuple[list[str], float | None, bool]:
+    """(tags, age of the cached answer or None, offline?)."""
+    cached = cache.get_tags(client.host, repo)
+    if cached and not refresh and cached[1] < cache.ttl:
+        return cached[0], cached[1], False
+    try:
+        tags = client.tags(repo, page_size=page_size)
+    except RegistryUnavailable:
+        if cached:
+            return cached[0], cached[1], True
+        raise
+    cache.put_tags(client.host, repo, tags)
+    return tags, None, False
+
+
+def release_floor(since: str | None) -> tuple[int, int] | None:
+    """`--since 24.01` as (24, 1); a bad value is a usage error, found before any request."""
+    if not since:
+        return None
+    parsed = parse_tag(since if "-" in since else since + "-py3")
+    if parsed is None:
+        raise UsageError(f"--since: {since!r} is not a release like 24.01")
+    return parsed.yy, parsed.mm
+
+
+def select(tags: list[str], *, since: str | None, variant: str, limit: int | None) -> list[TagInfo]:
+    """Parse, filter and sort newest first. `variant`: none (plain tags), all, or a name like igpu."""
+    floor = release_floor(since)
+    chosen = []
+    for text in tags:
+        parsed = parse_tag(text)
+        if parsed is None or parsed.py == "2":
+            continue
+        if variant == "none" and parsed.variant is not None:
+            continue
+        if variant not in ("none", "all") and parsed.variant != variant:
+            continue
+        if floor and (parsed.yy, parsed.mm) < floor:
+            continue
+        chosen.append(parsed)
+    chosen.sort(reverse=True)
+    if limit:
+        chosen = chosen[:limit]
+    return [TagInfo(p.text, p.release, p.variant) for p in chosen]
+
+
+def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: TagCache, workers: int = 8) -> None:
+    """Fill CUDA/cuDNN/framework/... from each tag's config blob, fetched in parallel."""
+
+    def facts_of(manifest: Any) -> dict[str, Any]:
+        facts = cache.get_details(manifest.config_digest)
+        if facts is None:
+            facts = describe_config(client.blob_json(repo, manifest.config_digest))
+            cache.put_details(manifest.config_digest, facts)
+        return facts
+
+    def one(info: TagInfo) -> None:
+        manifest = client.manifest(repo, info.tag)
+        facts = facts_of(manifest)
+        info.digest, info.size, info.platforms = manifest.digest, manifest.size, manifest.platforms
+        for key in ("cuda", "cudnn", "framework", "framework_version", "python", "driver", "arch_list"):
+            setattr(info, key, facts.get(key, ""))
+        # NGC's arch lists differ by platform (arm64 25.10 has 11.0 and no 7.5): each platform judged by its own
+        for arch in (a for a in manifest.platforms if a in VARIANT_ARCHS and a != host_platform()[1]):
+            other = facts_of(client.manifest(repo, info.tag, arch=arch))
+            info.variants[arch] = {"cuda": other.get("cuda", ""), "arch_list": other.get("arch_list", "")}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(infos)))) as pool:
+        list(pool.map(one, infos))
+
+
+# --- what this host can run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    driver: str | None
+    capabilities: tuple[str, ...]
+    source: str
+
+
+def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
+    """The host's driver and GPU compute capabilities: from the flags, else from the GPU reader."""
+    if driver or arch:
+        caps = tuple(a.strip() for a in (arch or "").split(",") if a.strip())
+        return HostGpus(driver, caps, "flags")
+    try:
+        gpus, source = read_devices()
+    except NoGpus:
+        return HostGpus(None, (), "none")
+    return HostGpus(gpus[0].driver if gpus else None, tuple(g.compute_cap for g in gpus if g.compute_cap), source)
+
+
+def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
+    """Can this host run the tag? Judged by `fleet` from the tag's CUDA_VERSION and TORCH_CUDA_ARCH_LIST."""
+    if not host.driver and not host.capabilities:
+        return True, "no GPU information (give --driver/--arch)"
+    targets = parse_targets(list(host.capabilities)) if host.capabilities else []
+    verdicts = judge_tag(info.tag, info.cuda, info.arch_list, targets, host.driver, info.platforms, info.variants)
+    return all(v.runs for v in verdicts), "; ".join(dict.fromkeys(v.reason for v in verdicts))
+
+
+@dataclass
+class Query:
+    """What `imgbuild tags` asks: a repository, filters, and whether to describe and check each tag."""
+
+    repository: str = "pytorch"
+    since: str | None = None
+    variant: str = "none"
+    limit: int | None = 20
+    details: bool = False
+    compatible: bool = False
+    driver: str | None = None
+    arch: str | None = None
+    refresh: bool = False
+
+
+def listing(settings: Any, query: Query) -> Listing:
+    """Tags newest first, from the cache or the registry; with details and this host's verdict on each."""
+    release_floor(query.since)  # a bad --since is a usage error before any request
+    host, repo = repository_for(query.repository, settings.ngc_registry)
+    client = RegistryClient.for_host(host, settings)
+    cache = TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
+    names, age, offline = list_tags(client, repo, cache, refresh=query.refresh)
+    infos = select(names, since=query.since, variant=query.variant, limit=None if query.compatible else query.limit)
+    gpus = host_gpus(query.driver, query.arch) if query.compatible else None
+    if (query.details or query.compatible) and infos:
+        if offline:
+            raise RegistryUnavailable(f"registry {host} is unreachable: --details/--compatible need it")
+        add_details(client, repo, infos, cache)
+    if gpus is not None:
+        for info in infos:
+            info.compatible, info.why = compatibility(info, gpus)
+        infos = [i for i in infos if i.compatible][: query.limit]
+    result = Listing(f"{host}/{repo}", infos, age, offline, len(names), client.requests_made)
+    if offline and age is not None:
+        result.notes.append(f"registry unreachable: cached answer from {age / 3600:.1f} h ago")
+    elif age is not None:
+        result.notes.append(f"cached {age / 60:.0f} min ago (--refresh to ask the registry)")
+    if gpus is not None:
+        result.notes.append(
+            f"host: driver {gpus.driver or '?'}, GPUs {','.join(gpus.capabilities) or '?'} (from {gpus.source})"
+        )
+    return result

@@ -1,0 +1,362 @@
+"""`imgbuild doctor`: the host as a lab admin needs to see it before users arrive, each line ok, warn or fail
+with its fix.
+
+Pure in the middle: `judge(HostFacts)` decides every line from recorded facts (tests feed snapshots of real
+hosts); `collect()` at the edge reads this machine and its engine (the driver's version file, the toolkit's
+own version commands, the engine's info, CDI spec folders, cgroups, the docker group). Nothing is changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from imgbuild.facts import LOADER_ENV
+from imgbuild.gpu.fleet import branch_outside
+
+#: NVIDIA Container Toolkit releases that fix a container escape (NVIDIA security bulletins): a toolkit older
+#: than the fix is refused by `doctor` with the advisory's name.
+TOOLKIT_ADVISORIES = (
+    (
+        "1.17.8",
+        "CVE-2025-23266 (NVIDIAScape: an image's LD_PRELOAD runs on the host through the createContainer "
+        "hook) and CVE-2025-23267",
+    ),
+    ("1.16.2", "CVE-2024-0132 (a crafted image's symlinks reach the host's files, TOCTOU)"),
+)
+#: The memlock limit NCCL and RDMA want in a container: unlimited; below this, say so.
+MEMLOCK_WANTED = 64 * 2**30
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    driver: str | None = None  # "580.95.05"; None: no NVIDIA kernel module
+    gpus: tuple[dict[str, Any], ...] = ()  # {"index", "name", "capability" "8.0", "mig": bool}
+    gpu_error: str = ""  # why the GPUs could not be read
+    toolkit: str | None = None  # "1.17.8"; None: not installed
+    engine: dict[str, Any] = field(default_factory=dict)  # Engine.host_info()
+    cdi_specs: tuple[str, ...] = ()  # spec files in /etc/cdi and /var/run/cdi
+    memlock: int | None = 0  # bytes the engine's containers may lock (its daemon's limit); None: unlimited
+    cgroup: str = ""  # "v2", "v1", "hybrid"
+    docker_group: tuple[str, ...] = ()  # the users in the docker group (root-equivalent on the host)
+
+
+@dataclass(frozen=True)
+class Line:
+    check: str
+    status: str  # ok | warn | fail | info
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"[0-9]+", text)[:3])
+
+
+def judge(facts: HostFacts) -> list[Line]:
+    """Every line, from the facts alone."""
+    return [
+        *_driver_lines(facts),
+        *_toolkit_lines(facts),
+        *_engine_lines(facts),
+        _memlock_line(facts),
+        _cgroup_line(facts),
+        _docker_group_line(facts),
+    ]
+
+
+def _driver_lines(facts: HostFacts) -> list[Line]:
+    if facts.driver is None:
+        return [Line("driver", "info", "no NVIDIA driver: a build host without GPUs (the GPU lines are skipped)")]
+    branch = _version(facts.driver)[0]
+    lines = [Line("driver", "ok", f"NVIDIA driver {facts.driver} (R{branch})")]
+    if facts.gpu_error:
+        lines.append(
+            Line(
+                "gpus",
+                "fail",
+                f"the driver is loaded but the GPUs cannot be read: {facts.gpu_error}",
+                "check nvidia-smi; a fabric manager that is down (HGX, DGX) leaves CUDA error 802",
+            )
+        )
+        return lines
+    names = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in facts.gpus) or "none"
+    lines.append(Line("gpus", "ok" if facts.gpus else "warn", f"{len(facts.gpus)} GPU(s): {names}"))
+    for gpu in facts.gpus:
+        capability = _version(str(gpu.get("capability") or ""))
+        outside = branch_outside((capability[0], capability[1]), facts.driver) if len(capability) >= 2 else None
+        if outside:
+            where, _, bound = outside
+            need = f"R{bound} or later" if where == "before" else f"R{bound} at the latest"
+            lines.append(
+                Line(
+                    "gpus",
+                    "fail",
+                    f"GPU {gpu.get('index')} ({gpu.get('name')}) needs {need}; this is R{branch}",
+                    "install a driver branch that supports this GPU",
+                )
+            )
+    mig = [str(g.get("index")) for g in facts.gpus if g.get("mig")]
+    if mig:
+        lines.append(
+            Line(
+                "mig",
+                "warn",
+                f"MIG is enabled on GPU {', '.join(mig)}",
+                "imgbuild gives each slice on its own (by MIG- UUID); with nvidia-ml-py it also sees which slice a "
+                "process runs on (nvidia-smi alone counts a process on every slice of its GPU)",
+            )
+        )
+    return lines
+
+
+def _toolkit_lines(facts: HostFacts) -> list[Line]:
+    if facts.toolkit is None:
+        if facts.driver is None:
+            return [Line("toolkit", "info", "no NVIDIA Container Toolkit (no GPU here to pass to containers)")]
+        return [
+            Line(
+                "toolkit",
+                "fail",
+                "the NVIDIA Container Toolkit is not installed: containers get no GPU",
+                "install nvidia-container-toolkit, then nvidia-ctk runtime configure --runtime=docker",
+            )
+        ]
+    for fixed, advisory in TOOLKIT_ADVISORIES:
+        if _version(facts.toolkit) < _version(fixed):
+            return [
+                Line(
+                    "toolkit",
+                    "fail",
+                    f"NVIDIA Container Toolkit {facts.toolkit} is vulnerable to {advisory}",
+                    f"upgrade to {TOOLKIT_ADVISORIES[0][0]} or later",
+                )
+            ]
+    return [Line("toolkit", "ok", f"NVIDIA Container Toolkit {facts.toolkit} (no known container escape)")]
+
+
+def _engine_lines(facts: HostFacts) -> list[Line]:
+    engine = facts.engine
+    if engine.get("error"):
+        return [
+            Line(
+                "engine",
+                "fail",
+                f"the container engine does not answer: {engine['error']}",
+                "start it (systemctl start docker), or set DOCKER_HOST",
+            )
+        ]
+    lines = [
+        Line(
+            "engine", "ok", f"engine {engine.get('version') or '?'}, runtimes {', '.join(engine.get('runtimes') or [])}"
+        )
+    ]
+    if engine.get("default_runtime") == "nvidia":
+        lines.append(
+            Line(
+                "default runtime",
+                "warn",
+                "the default runtime is nvidia: any container of an NGC image (NVIDIA_VISIBLE_DEVICES=all) "
+                "sees every GPU, other users' too, unless told void (imgbuild does; docker run does not)",
+                "set default-runtime back to runc in /etc/docker/daemon.json; GPUs by --gpus or CDI",
+            )
+        )
+    cdi = list(facts.cdi_specs) + [d for d in engine.get("cdi_devices") or [] if d]
+    if cdi:
+        lines.append(Line("cdi", "ok", f"CDI: {', '.join(cdi[:6])}"))
+    elif facts.driver is not None:
+        lines.append(
+            Line(
+                "cdi",
+                "info",
+                "no CDI specs (the legacy --gpus path is used)",
+                "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml, for Podman and CDI-only engines",
+            )
+        )
+    return lines
+
+
+def _memlock_line(facts: HostFacts) -> Line:
+    if facts.memlock is None or facts.memlock >= MEMLOCK_WANTED:
+        return Line("memlock", "ok", "containers may lock memory without limit (NCCL, RDMA)")
+    return Line(
+        "memlock",
+        "warn",
+        f"containers may lock {facts.memlock // 2**20} MiB: NCCL and RDMA want unlimited, "
+        "and `--ulimit memlock=-1` fails to start",
+        "LimitMEMLOCK=infinity for the engine (systemd), or "
+        "lower the site's run.ulimits.memlock to what the engine allows",
+    )
+
+
+def _cgroup_line(facts: HostFacts) -> Line:
+    if facts.cgroup == "v2":
+        return Line("cgroups", "ok", "cgroup v2")
+    return Line(
+        "cgroups",
+        "warn",
+        f"cgroup {facts.cgroup or 'unknown'}: CPU and memory limits per container and per "
+        "Slurm step are v2's strength; current toolkits and Slurm expect it",
+        "boot with systemd.unified_cgroup_hierarchy=1",
+    )
+
+
+def _docker_group_line(facts: HostFacts) -> Line:
+    if not facts.docker_group:
+        return Line("docker group", "ok", "no user is in the docker group")
+    users = ", ".join(facts.docker_group[:12]) + (" ..." if len(facts.docker_group) > 12 else "")
+    return Line(
+        "docker group",
+        "warn",
+        f"{len(facts.docker_group)} user(s) in the docker group, each root on this "
+        f"host (docker run -v /:/host): {users}; the house rules are advisory to them",
+        "remove them from the group where the site's rules must hold",
+    )
+
+
+def preload_verdict(image_env: list[str], toolkit: str | None, gpu_host: bool) -> tuple[str, str] | None:
+    """("fail" | "warn", why) for an image whose config sets LD_PRELOAD or LD_AUDIT (NVIDIAScape): refused on a
+    GPU host whose toolkit is 1.17.7 or older (or unknown), said elsewhere; None for an image that sets neither."""
+    names = _preloads(image_env)
+    if not names:
+        return None
+    what = f"the image's config sets {' and '.join(names)}"
+    fixed = TOOLKIT_ADVISORIES[0][0]
+    if gpu_host and (toolkit is None or _version(toolkit) < _version(fixed)):
+        have = f"NVIDIA Container Toolkit {toolkit}" if toolkit else "a toolkit of unknown version"
+        return "fail", (
+            f"{what}; on this host ({have}) it would run code on the host through the toolkit's hook "
+            f"(CVE-2025-23266): refused until the toolkit is {fixed} or later"
+        )
+    return "warn", f"{what}: it runs in every process of the container (and on hosts with toolkits before {fixed})"
+
+
+def _preloads(image_env: list[str]) -> list[str]:
+    return sorted({item.split("=", 1)[0] for item in image_env} & LOADER_ENV)
+
+
+def image_preload_verdict(image_env: list[str], gpu_host: Callable[[], bool]) -> tuple[str, str] | None:
+    """`preload_verdict` for an image about to start here: the host (its GPUs, then its toolkit) is asked only
+    when the image sets a preload at all."""
+    if not _preloads(image_env):
+        return None
+    on_gpus = gpu_host()
+    return preload_verdict(image_env, toolkit_version() if on_gpus else None, on_gpus)
+
+
+# --- the edge: this machine ---------------------------------------------------------------------------------
+
+
+def _run(args: list[str]) -> str:
+    import subprocess
+
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def toolkit_version() -> str | None:
+    for args in (["nvidia-ctk", "--version"], ["nvidia-container-cli", "--version"]):
+        found = re.search(r"version:?\s*v?([0-9]+\.[0-9]+\.[0-9]+)", _run(args), re.IGNORECASE)
+        if found:
+            return found.group(1)
+    return None
+
+
+def _driver_version() -> str | None:
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()[:4096]
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]{3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?)", text)
+    return found.group(1) if found else None
+
+
+def _engine_memlock() -> int | None:
+    """The engine daemon's own memlock limit (its containers cannot be given more); this process's if no daemon
+    is found. None: unlimited."""
+    from pathlib import Path
+
+    limits = Path("/proc/self/limits")
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() in ("dockerd", "podman"):
+                limits = proc / "limits"
+                break
+        except OSError:
+            continue
+    try:
+        for line in limits.read_text().splitlines():
+            if line.startswith("Max locked memory"):
+                soft = line.split()[3]
+                return None if soft == "unlimited" else int(soft)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _cgroup_version() -> str:
+    from pathlib import Path
+
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "v2"
+    return "hybrid" if Path("/sys/fs/cgroup/unified").is_dir() else "v1"
+
+
+def _docker_group() -> tuple[str, ...]:
+    import grp
+    import pwd
+
+    try:
+        group = grp.getgrnam("docker")
+    except KeyError:
+        return ()
+    members = set(group.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == group.gr_gid}
+    return tuple(sorted(members))
+
+
+def collect(settings: Any, engine: Any) -> HostFacts:
+    """This machine and its engine, read (nothing changed)."""
+    from pathlib import Path
+
+    from imgbuild.gpu.gpus import NoGpus, read_gpus
+
+    driver = _driver_version()
+    gpus: list[dict[str, Any]] = []
+    gpu_error = ""
+    if driver is not None:
+        try:
+            seen: dict[int, dict[str, Any]] = {}
+            for gpu in read_gpus(getattr(settings, "gpu_snapshot", None)):  # a MIG GPU's slices: one line
+                entry = seen.setdefault(
+                    gpu.index, {"index": gpu.index, "name": gpu.name, "capability": gpu.compute_cap}
+                )
+                entry["mig"] = entry.get("mig", False) or bool(gpu.mig_parent)
+                if gpu.mig_parent:
+                    entry["name"] = gpu.name.split(" MIG ")[0]
+            gpus = list(seen.values())
+        except NoGpus as exc:
+            gpu_error = str(exc)[:200]
+    specs = tuple(
+        str(p) for folder in ("/etc/cdi", "/var/run/cdi") for p in sorted(Path(folder).glob("*")) if p.is_file()
+    )
+    return HostFacts(
+        driver=driver,
+        gpus=tuple(gpus),
+        gpu_error=gpu_error,
+        toolkit=toolkit_version(),
+        engine=engine.host_info(),
+        cdi_specs=specs[:20],
+        memlock=_engine_memlock(),
+        cgroup=_cgroup_version(),
+        docker_group=_docker_group(),
+    )

@@ -1,0 +1,511 @@
+"""Enforced mode: the house rules hold because users are not in the docker group.
+
+An admin installs the sudoers drop-in `imgbuild admin sudoers` prints: every user may run imgbuild's user-facing
+commands as root, and nothing else. Under sudo imgbuild acts for the caller (SUDO_UID) and gives them nothing
+they would not have without it:
+
+- containers run as the caller's UID:GID, with no new privileges and no capabilities; no `--user`, no `--force`;
+- only the images the site allows (`run.allowed_images`, fnmatch patterns with {user});
+- no variables that steer the host's NVIDIA hook or loader (NVIDIA_*, LD_*), published ports only on 127.0.0.1
+  and above 1023;
+- mounts only under the site's allowed roots (`run.allowed_mounts`, {user} and {home}), each source resolved and
+  checked *as the caller* (a path they cannot reach is refused, a hard link to a file they cannot read too),
+  never created, and handed to the engine through a root-owned staging bind of the very object checked, so a
+  symbolic link swapped in afterwards changes nothing;
+- containers of other users are not theirs to see into or stop (`check_owner`), whatever --force says;
+- builds read every file the recipe names, and write the context, with the caller's permissions (`as_user`);
+  the engine builds from root's private copy of the caller's own files (`private_copy`), and the image goes only
+  into the caller's namespace (`check_build`); bases and smoke-tested images only from `run.allowed_images`;
+- every decision goes to an audit log in root's folder (`<state_dir>/.reap/audit.log`), which users cannot write.
+
+Members of the host's admin groups (sudo, wheel, admin: root through sudo anyway) are not restricted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import pwd
+import re
+import secrets
+import select
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.host import Caller, caller, expand
+
+#: What a user may run through sudo (the sudoers drop-in lists exactly these).
+USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus", "queue", "build", "smoke")
+#: Variables the host's NVIDIA hook, the dynamic loader or the engine read: the site's and imgbuild's to set.
+_HOST_ENV = re.compile(r"(NVIDIA_|LD_|DOCKER_|CUDA_VISIBLE_DEVICES).*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_PORT = re.compile(r"(?:(?P<ip>[0-9.]{7,15}):)?(?:(?P<host>[0-9]{1,5}):)?(?P<container>[0-9]{1,5})(?:/(?:tcp|udp))?")
+STAGING = Path("/run/imgbuild/mounts")
+AUDIT_FILE = "audit.log"
+CHECK_SECONDS = 10  # resolving a mount source as the caller
+
+
+def acting_for_user(who: Caller | None = None) -> bool:
+    """imgbuild runs as root through sudo for a user who is not an admin: the rules are enforced."""
+    who = who or caller()
+    return who.via_sudo and os.geteuid() == 0 and not who.is_admin
+
+
+def sudoers(binary: str) -> str:
+    """The sudoers drop-in for `binary` (an absolute path): the user-facing commands as root, nothing else."""
+    if not binary.startswith("/") or not re.fullmatch(r"[A-Za-z0-9_./+-]{1,512}", binary):
+        raise UsageError(f"--binary {binary[:80]!r}: imgbuild's absolute path, plain characters only")
+    commands = ", \\\n    ".join(f"{binary} {verb}, {binary} {verb} *" for verb in USER_COMMANDS)
+    return (
+        "# /etc/sudoers.d/imgbuild, from `imgbuild admin sudoers`; check it with `visudo -cf FILE` first.\n"
+        "# Every user may run imgbuild's user-facing commands as root, and nothing else; imgbuild then acts for\n"
+        "# them under the site's rules (/etc/imgbuild/config.yaml). Take users out of the docker group.\n"
+        f"Cmnd_Alias IMGBUILD_USER = \\\n    {commands}\n"
+        'Defaults!IMGBUILD_USER env_reset, !setenv, secure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:'
+        '/usr/bin:/sbin:/bin"\n'
+        "ALL ALL=(root) NOPASSWD: IMGBUILD_USER\n"
+    )
+
+
+def gate(args: list[str]) -> None:
+    """Before any command of a user acting through sudo (`acting_for_user`): only USER_COMMANDS, named first (no
+    global flag before it: the sudoers patterns match the command word first, and so does this). The refusal is
+    audited with every other outcome, by the caller."""
+    verb = args[0] if args else ""
+    if verb not in USER_COMMANDS:
+        raise UsageError(
+            f"through sudo, imgbuild runs only {', '.join(USER_COMMANDS)} (this server's enforced mode); "
+            f"{verb or 'that'} is for the admin"
+        )
+
+
+# --- run: flags, image, env, ports -------------------------------------------------------------------------
+
+
+def check_run(req: Any, who: Caller, house: dict[str, Any], image_ref: str) -> None:
+    """The flags of `imgbuild run` a user acting through sudo may not give (one line for the first)."""
+    if req.as_user:
+        raise UsageError(f"--user: under this server's rules containers run as you ({who.uid}:{who.gid})")
+    if req.force:
+        raise UsageError("--force: only root may take GPUs other users hold")
+    check_image(who, house, image_ref)
+    for item in req.env:
+        name = item.split("=", 1)[0]
+        if not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"-e {name[:60]!r}: not a variable name")
+        if _HOST_ENV.fullmatch(name):
+            raise UsageError(f"-e {name}: set by imgbuild and the site (the GPUs you were given), not by a run")
+    for spec in req.ports:
+        check_port(spec)
+
+
+def check_port(spec: str) -> None:
+    match = _PORT.fullmatch(spec)
+    if not match:
+        raise UsageError(f"-p {spec[:60]!r}: not 127.0.0.1:HOSTPORT:CONTAINERPORT")
+    if match.group("ip") != "127.0.0.1" or match.group("host") is None:  # docker's default is every interface
+        raise UsageError(f"-p {spec}: publish on this host only, as 127.0.0.1:HOSTPORT:PORT (reach it by ssh -L)")
+    if not 1024 <= int(match.group("host")) <= 65535:
+        raise UsageError(f"-p {spec}: host ports below 1024 are the system's")
+
+
+# --- build and smoke: the caller's files, the caller's namespace --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Acting:
+    """imgbuild acting for a user through sudo: who, and the site's images (`run.allowed_images`)."""
+
+    who: Caller
+    allowed_images: tuple[str, ...]
+
+    def check_image(self, image_ref: str, what: str = "") -> None:
+        check_image(self.who, {"allowed_images": self.allowed_images}, image_ref, what)
+
+
+def acting(settings: Any) -> Acting | None:
+    """`Acting` when imgbuild runs as root through sudo for a user who is not an admin, else None."""
+    who = caller()
+    if not acting_for_user(who):
+        return None
+    from imgbuild.servers.run import house_rules
+
+    return Acting(who, tuple(house_rules(settings.run).get("allowed_images") or ()))
+
+
+def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_key: Any) -> None:
+    """The flags of `imgbuild build` a user acting through sudo may not give: what reaches past this host's
+    engine uses root's credentials (a registry login, a remote builder, a key)."""
+    if acting is None:
+        return
+    for given, flag in ((push, "--push"), (builder, "--builder"), (sign_key, "--sign-key")):
+        if given:
+            raise UsageError(f"{flag}: under this server's rules builds stay on this host (ask an admin to publish)")
+
+
+def check_image(who: Caller, house: dict[str, Any], image_ref: str, what: str = "") -> None:
+    """`image_ref` (to run, a build's base, an image to smoke-test) is one the site allows (`run.allowed_images`)."""
+    allowed = [expand(p, user=who.name) for p in house.get("allowed_images") or []]
+    if not any(fnmatch.fnmatchcase(image_ref, pattern) for pattern in allowed):
+        raise UsageError(
+            f"{what + ' ' if what else ''}{image_ref}: not an image this server allows "
+            f"(run.allowed_images: {', '.join(allowed) or 'none'})"
+        )
+
+
+def check_target(who: Caller, target: str) -> None:
+    """A build acting for a user tags only into their own namespace, `<user>/NAME:TAG` on this host."""
+    from imgbuild.imageref import parse
+
+    ref = parse(target)
+    if ref.host or ref.path.split("/")[0] != who.name or "/" not in ref.path:
+        raise UsageError(f"{target}: under this server's rules you build only {who.name}/NAME:TAG (remove `image:`)")
+
+
+#: Modules the code run `as_user` imports inside functions (and the modules those import so): imported before
+#: the switch, since Python itself may live where the user cannot read (a pyenv in /root). A test reads the
+#: modules of USER_SIDE for imports inside functions and checks that each is here.
+USER_SIDE = (
+    "imgbuild.recipe",
+    "imgbuild.recipe.reqfile",
+    "imgbuild.recipe.repofiles",
+    "imgbuild.yamlpos",
+    "imgbuild.build.context",
+)
+PRELOAD = (
+    *USER_SIDE,
+    *("argparse", "concurrent.futures", "difflib", "filecmp", "grp", "hashlib", "importlib.metadata"),
+    *("importlib.util", "os", "shutil", "stat", "sysconfig", "tempfile", "warnings", "importlib", "jinja2"),
+    *("packaging.requirements", "packaging.specifiers", "packaging.tags", "packaging.utils", "packaging.version"),
+    *("imgbuild.errors", "imgbuild.fields", "imgbuild.gpu.fleet", "imgbuild.imageref", "imgbuild.ngc", "imgbuild.text"),
+)
+
+
+@contextlib.contextmanager
+def as_user(who: Caller | None) -> Iterator[None]:
+    """File access with `who`'s permissions (effective UID, GID and groups) inside the block, root's again after;
+    nothing to do for None or when imgbuild is not root. Only file access changes: the engine is never asked
+    inside (its socket is root's)."""
+    if who is None or os.geteuid() != 0 or who.uid == 0:
+        yield
+        return
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    groups = os.getgroups()
+    os.setgroups(os.getgrouplist(who.name, who.gid) if who.name else [who.gid])
+    os.setegid(who.gid)
+    os.seteuid(who.uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
+def write_as(who: Caller | None, path: Path, text: str) -> None:
+    """Write `text` to `path` as `who` would (a link there is theirs to point at their own files only)."""
+    with as_user(who):
+        try:
+            path.write_text(text)
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
+
+
+def read_as(who: Caller | None, path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file `path` as `who` may read them (no link followed at the end), at most `limit`."""
+    with as_user(who):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise UsageError(f"{what} {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise UsageError(f"{what} {path}: not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise UsageError(f"{what} {path}: larger than {limit} bytes")
+    return data
+
+
+def private_copy(src: Path, dest: Path, who: Caller, max_bytes: int, max_files: int) -> Path:
+    """Copy the build context `src`, written as `who`, into root's folder `dest`: only folders and regular files
+    `who` owns, each opened without following a link, so nothing swapped in after rendering (a link, a hard link
+    to a file `who` cannot read, a FIFO) reaches the build. Bounded in files and bytes."""
+    with as_user(who):
+        top = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _CopyOwned(src, who.uid, max_bytes, max_files).folder(top, dest, "")
+    finally:
+        os.close(top)
+    return dest
+
+
+class _CopyOwned:
+    """private_copy's walk: one budget of files and bytes for the whole tree."""
+
+    def __init__(self, src: Path, uid: int, max_bytes: int, max_files: int) -> None:
+        self.src, self.uid, self.bytes_left, self.files_left = src, uid, max_bytes, max_files
+        self.max_bytes, self.max_files = max_bytes, max_files
+
+    def folder(self, dir_fd: int, out: Path, rel: str) -> None:
+        self._owned(os.fstat(dir_fd), rel)
+        for name in sorted(os.listdir(dir_fd)):
+            here = f"{rel}/{name}" if rel else name
+            self.files_left -= 1
+            if self.files_left < 0:
+                raise UsageError(f"{self.src}: more than {self.max_files} files")
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError as exc:  # a link (ELOOP), or gone
+                raise UsageError(f"{self.src / here}: {exc.strerror} (a build context holds only your files)") from None
+            try:
+                info = os.fstat(fd)
+                self._owned(info, here)
+                if stat.S_ISDIR(info.st_mode):
+                    (out / name).mkdir(mode=0o700)
+                    self.folder(fd, out / name, here)
+                elif stat.S_ISREG(info.st_mode):
+                    self._file(fd, info, out / name)
+                else:
+                    raise UsageError(f"{self.src / here}: not a regular file or folder")
+            finally:
+                os.close(fd)
+
+    def _owned(self, info: os.stat_result, rel: str) -> None:
+        if info.st_uid != self.uid:
+            raise UsageError(f"{self.src / rel}: not yours (a build context holds only files you wrote)")
+
+    def _file(self, fd: int, info: os.stat_result, out: Path) -> None:
+        self.bytes_left -= info.st_size
+        if self.bytes_left < 0:
+            raise UsageError(f"{self.src}: larger than {self.max_bytes // (1024 * 1024)} MiB")
+        sink_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(sink_fd, "wb") as sink:
+            left = info.st_size
+            while left > 0 and (block := os.read(fd, min(left, 1 << 20))):
+                sink.write(block)
+                left -= len(block)
+        os.chmod(out, 0o755 if info.st_mode & stat.S_IXUSR else 0o644)
+
+
+# --- mounts, checked as the caller ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  # resolved as the caller: no link left in it
+    target: str
+    read_only: bool
+    dev: int
+    ino: int
+    is_dir: bool
+
+
+def _split(spec: str) -> tuple[str, str, bool]:
+    parts = spec.split(":")
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        return parts[0], parts[1], parts[2] == "ro"
+    if len(parts) == 2:
+        return parts[0], parts[1], False
+    raise UsageError(f"-v {spec[:80]!r}: HOSTPATH:CONTAINERPATH[:ro]")
+
+
+def home_of(who: Caller) -> str:
+    try:
+        return pwd.getpwuid(who.uid).pw_dir
+    except KeyError:
+        return "/nonexistent"
+
+
+def check_mounts(
+    specs: list[str], who: Caller, house: dict[str, Any], probe: Callable[..., Any] | None = None
+) -> list[Mount]:
+    """Each `-v HOST:CONTAINER[:ro]` as the caller may have it: an absolute host path that exists, that the caller
+    can reach and read (resolved with the caller's own permissions), under one of the site's allowed roots."""
+    home = home_of(who)
+    roots = [os.path.realpath(expand(r, user=who.name, home=home)) for r in house.get("allowed_mounts") or []]
+    mounts = []
+    for spec in specs:
+        source, target, read_only = _split(expand(spec, user=who.name, home=home, uid=who.uid))
+        if not source.startswith("/"):
+            raise UsageError(f"-v {source[:80]}: a host path (named volumes may be other users')")
+        if not target.startswith("/") or target == "/" or target.split("/")[1] in ("proc", "sys", "dev"):
+            raise UsageError(f"-v ...:{target[:80]}: not a place in the container a mount may go")
+        seen = (probe or resolve_as)(who, source)
+        if "error" in seen:
+            raise UsageError(f"-v {source}: {seen['error']} (checked as {who.name})")
+        real = seen["path"]
+        if not any(real == root or real.startswith(root.rstrip("/") + "/") for root in roots):
+            raise UsageError(
+                f"-v {source}: {real} is outside what this server lets runs mount "
+                f"(run.allowed_mounts: {', '.join(roots) or 'nothing'})"
+            )
+        mounts.append(Mount(real, target, read_only, seen["dev"], seen["ino"], seen["dir"]))
+    return mounts
+
+
+def _resolve(path: str) -> dict[str, Any]:
+    """In the caller's process: the path with its links resolved, the object's identity, and whether the
+    caller may read it (and, for a folder, enter it)."""
+    try:
+        real = os.path.realpath(path, strict=True)
+        info = os.stat(real)
+    except OSError as exc:
+        return {"error": exc.strerror or "cannot be reached"}
+    is_dir = stat.S_ISDIR(info.st_mode)
+    if not (is_dir or stat.S_ISREG(info.st_mode)):
+        return {"error": "not a folder or a regular file"}
+    if not os.access(real, os.R_OK | (os.X_OK if is_dir else 0)):
+        return {"error": "you cannot read it"}
+    return {"path": real, "dev": info.st_dev, "ino": info.st_ino, "dir": is_dir}
+
+
+def resolve_as(who: Caller, path: str) -> dict[str, Any]:
+    """`_resolve(path)` in a child process with the caller's UID, GID and groups: what root can see is not the
+    question. Bounded: a path that hangs (a dead NFS server) is refused after CHECK_SECONDS."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the caller, look, report, exit
+        try:
+            os.close(reader)
+            os.setgroups(os.getgrouplist(who.name, who.gid) if who.name else [who.gid])
+            os.setgid(who.gid)
+            os.setuid(who.uid)
+            os.write(writer, json.dumps(_resolve(path)).encode()[:65536])
+        finally:
+            os._exit(0)
+    os.close(writer)
+    data, deadline = b"", time.monotonic() + CHECK_SECONDS
+    try:
+        while len(data) <= 65536:  # to the child's end of the pipe, or the deadline
+            ready, _, _ = select.select([reader], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(reader, 65536) if ready else b""
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(reader)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)  # done, or past the deadline (a hung NFS stat): it goes either way
+        os.waitpid(pid, 0)
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return {"error": f"could not be checked within {CHECK_SECONDS} s"}
+    return found if isinstance(found, dict) else {"error": "could not be checked"}
+
+
+def _open_no_links(path: str) -> int:
+    """An O_PATH descriptor of `path`, walked one name at a time without following any link."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in [p for p in path.split("/") if p]:
+            following = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = following
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise UsageError(f"-v {path}: it changed since it was checked (a link now); try again")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def staged(mounts: list[Mount]) -> Iterator[list[str]]:
+    """`-v` arguments for `mounts`, each a root-owned bind of the exact object checked (same device and inode),
+    under STAGING: what the engine mounts cannot be swapped by the user between the check and the start.
+    Unmounted when the block ends (the container keeps its own)."""
+    if not mounts:
+        yield []
+        return
+    base = STAGING / secrets.token_hex(8)
+    made: list[Path] = []
+    try:
+        base.mkdir(parents=True, mode=0o700)
+        specs = []
+        for i, mount in enumerate(mounts):
+            fd = _open_no_links(mount.source)
+            try:
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) != (mount.dev, mount.ino):
+                    raise UsageError(f"-v {mount.source}: it changed since it was checked; try again")
+                point = base / str(i)
+                point.mkdir(mode=0o700) if mount.is_dir else point.touch(mode=0o600)
+                _mount(["--bind", f"/proc/self/fd/{fd}", str(point)], fd)
+                made.append(point)
+                if mount.read_only:
+                    _mount(["-o", "remount,bind,ro", str(point)])
+            finally:
+                os.close(fd)
+            specs.append(f"{point}:{mount.target}" + (":ro" if mount.read_only else ""))
+        yield specs
+    finally:
+        for point in made:
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=30)
+        with contextlib.suppress(OSError):
+            for point in base.iterdir():
+                point.rmdir() if point.is_dir() else point.unlink()
+            base.rmdir()
+
+
+def _mount(args: list[str], fd: int | None = None) -> None:
+    try:
+        done = subprocess.run(
+            ["mount", *args], capture_output=True, text=True, timeout=30, pass_fds=(fd,) if fd else ()
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EnvironmentProblem(
+            f"cannot stage a mount ({exc}); this server's enforced mode needs mount(8) as root"
+        ) from None
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"cannot stage a mount: {(done.stderr or done.stdout).strip()[:200]}")
+
+
+# --- the audit log ---------------------------------------------------------------------------------------
+
+
+def _summary(args: list[str]) -> list[str]:
+    """The command line as the audit log keeps it: no variable's value (a token), bounded."""
+    kept: list[str] = []
+    for i, word in enumerate(args[:64]):
+        after_flag = i and args[i - 1] in ("-e", "--env") and "=" in word
+        if after_flag or (word.startswith(("-e", "--env=")) and "=" in word[2:]):
+            word = word.split("=", 1)[0] + "=…"
+        kept.append(word[:200])
+    return kept
+
+
+def audit(verb: str, args: list[str], decision: str, state_dir: str | None = None) -> None:
+    """One JSON line per decision taken for a user acting through sudo: who, what, when, the decision. In
+    root's folder of the state folder; an audit log that cannot be written stops the command (exit 3)."""
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
+    from imgbuild.servers.reap import append_record, reaper_dir
+
+    who = caller()
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "user": who.name,
+        "uid": who.uid,
+        "command": verb,
+        "args": _summary(args),
+        "decision": decision,
+    }
+    if state_dir is None:
+        from imgbuild.config.settings import load_settings
+        from imgbuild.servers.run import house_rules
+
+        state_dir = house_rules(load_settings().run)["state_dir"]
+    folder = reaper_dir(Path(state_dir or DEFAULT_STATE_DIR))
+    append_record(folder / AUDIT_FILE, record, "the audit log")
