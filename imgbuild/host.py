@@ -12,6 +12,7 @@ import os
 import pwd
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 _NAME_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
 
@@ -122,3 +123,28 @@ def expand(template: str, **values: object) -> str:
     for key, value in values.items():
         template = template.replace("{" + key + "}", str(value))
     return template
+
+
+# --- processes: who started what -------------------------------------------------------------------
+
+
+def process_start(pid: int, proc: Path = Path("/proc")) -> str:
+    """A PID's start time in clock ticks since boot ("" when the process is gone)."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return ""
+    # The command name (field 2) may hold spaces and parentheses: count from its closing one.
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def process_token(sep: str = ":") -> str:
+    """This process as `PID<sep>START`: what a container label or a file name records of who made it."""
+    return f"{os.getpid()}{sep}{process_start(os.getpid())}"
+
+
+def token_alive(token: str, sep: str = ":") -> bool:
+    """Does the process a `process_token` names still run (the same one, not a later one with its PID)?"""
+    pid, _, start = token.partition(sep)
+    return pid.isdigit() and pid.isascii() and process_start(int(pid)) == start

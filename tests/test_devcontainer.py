@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from imgbuild.clusters.devcontainer import devcontainer
+from imgbuild.config.site import house_rules
 from imgbuild.errors import UsageError
-from imgbuild.servers.run import house_rules
 from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.test_cluster import plan_of

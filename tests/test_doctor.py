@@ -112,7 +112,7 @@ def test_doctor_on_this_machine(testbed):
 )
 def test_an_image_that_sets_ld_preload_is_refused_where_the_toolkit_would_run_it(env, toolkit, gpu_host, verdict):
     """Issue 28 (NVIDIAScape, CVE-2025-23266): `run` and `smoke` refuse such an image on a vulnerable host."""
-    from imgbuild.servers.doctor import preload_verdict
+    from imgbuild.gpu.toolkit import preload_verdict
 
     found = preload_verdict(env, toolkit, gpu_host)
     assert (found[0] if found else None) == verdict

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from imgbuild import acting
 from imgbuild.errors import UsageError
 from imgbuild.host import Caller
 from imgbuild.servers import enforce
@@ -436,9 +437,9 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     # notices, for both users: alice's queued job (--notify) ended; bob's own run --notify fails
     bobs = as_user("imgbt-bob", "run", "--notify", "--name", f"nb{unique}", image, "--", "sh", "-c", "exit 4")
     assert bobs.returncode == 4, bobs.stderr
+    from imgbuild.config.site import house_rules
     from imgbuild.engine import Engine
     from imgbuild.servers.reap import policy, reap
-    from imgbuild.servers.run import house_rules
 
     given: list[tuple[str, str]] = []
     house = house_rules({"state_dir": str(enforced["state"])})
@@ -566,7 +567,7 @@ def test_a_private_copy_takes_only_the_users_own_files(why, make, message, tmp_p
     me = Caller("me", os.getuid(), os.getgid())
     make(src / "sub")
     with pytest.raises(UsageError, match=message):
-        enforce.private_copy(src, dest, me, 4096, 4)
+        acting.private_copy(src, dest, me, 4096, 4)
 
 
 def test_a_private_copy_keeps_folders_files_and_exec_bits(tmp_path):
@@ -576,7 +577,7 @@ def test_a_private_copy_keeps_folders_files_and_exec_bits(tmp_path):
     (src / "imgbuild" / "run.sh").write_text("#!/bin/sh\n")
     os.chmod(src / "imgbuild" / "run.sh", 0o700)
     dest.mkdir()
-    enforce.private_copy(src, dest, Caller("me", os.getuid(), os.getgid()), 4096, 10)
+    acting.private_copy(src, dest, Caller("me", os.getuid(), os.getgid()), 4096, 10)
     assert (dest / "Dockerfile").read_text() == "FROM x\n"
     assert oct((dest / "imgbuild" / "run.sh").stat().st_mode & 0o777) == "0o755"
 
@@ -594,18 +595,18 @@ def test_a_private_copy_keeps_folders_files_and_exec_bits(tmp_path):
 )
 def test_a_build_for_a_user_tags_only_her_namespace(target, ok):
     if ok:
-        enforce.check_target(ALICE, target)
+        acting.check_target(ALICE, target)
     else:
         with pytest.raises(UsageError, match="you build only alice/NAME:TAG"):
-            enforce.check_target(ALICE, target)
+            acting.check_target(ALICE, target)
 
 
 @pytest.mark.parametrize("flags", [{"push": True}, {"builder": "remote"}, {"sign_key": "/root/cosign.key"}])
 def test_build_flags_that_reach_past_this_host_are_refused(flags):
-    acting = enforce.Acting(ALICE, ())
+    for_alice = acting.Acting(ALICE, ())
     given = {"push": False, "builder": None, "sign_key": None, **flags}
     with pytest.raises(UsageError, match="builds stay on this host"):
-        enforce.check_build(acting, **given)
+        enforce.check_build(for_alice, **given)
     enforce.check_build(None, **given)  # root, an admin, a user with her own engine: nothing to enforce
 
 
@@ -640,17 +641,17 @@ def test_what_runs_as_the_user_imports_nothing_after_the_switch():
     """A build acting for a user reads her files as her (`as_user`); Python's own files may be where she cannot
     read them (this bed's Python is under /root), so an import inside the block failed with ModuleNotFoundError.
     Every import inside a function of the modules that run there, and of every imgbuild module they import, is
-    imported before the switch (enforce.PRELOAD)."""
+    imported before the switch (acting.PRELOAD)."""
     import importlib.util
 
-    seen, todo = set(), list(enforce.USER_SIDE)
+    seen, todo = set(), list(acting.USER_SIDE)
     while todo:
         module = todo.pop()
         if module in seen or importlib.util.find_spec(module) is None:
             continue
         seen.add(module)
         top, late = _imports(module)
-        missing = {m for m in late if m not in enforce.PRELOAD and m != "imgbuild.config.settings"}  # types only
-        assert not missing, f"{module} imports {sorted(missing)} inside a function: add them to enforce.PRELOAD"
+        missing = {m for m in late if m not in acting.PRELOAD and m != "imgbuild.config.settings"}  # types only
+        assert not missing, f"{module} imports {sorted(missing)} inside a function: add them to acting.PRELOAD"
         todo += [m for m in top | late if m.startswith("imgbuild.") and m != "imgbuild.config.settings"]
     assert {"imgbuild.fields", "imgbuild.text", "imgbuild.gpu.fleet"} <= seen

@@ -347,7 +347,7 @@ def _recipe(tmp_path: Path, extra: str = "") -> Path:
 
 
 def _build(tmp_path: Path, engine: FakeEngine, extra: str = "", **flags):
-    options = {k: flags.pop(k) for k in ("skip_gpu", "require_gpu") if k in flags}
+    options = {k: flags.pop(k) for k in ("skip_gpu", "require_gpu", "claims") if k in flags}
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000", **flags})
     recipe = _recipe(tmp_path, extra)
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
@@ -760,29 +760,35 @@ def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
     assert judge(unknown, parse_targets("gh200"), "580.95.05")[0].runs
 
 
-def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path, monkeypatch):
+def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path):
     """Issue 28 (review item 11): the smoke's choice ignored the ledger's claims, so it could land on a GPU just
     handed to another user's starting run or idle container; with nothing free it said "use --force", which
     build does not have."""
+    import dataclasses
+
+    from imgbuild.config.site import RunRules, checked_section
     from imgbuild.servers.ledger import Ledger
+    from imgbuild.servers.run import gpu_claims
     from tests.test_run_gpus import server
 
     gpus = server("dgx-a100")
     free = [g.uuid for g in gpus if not g.processes]
     state = tmp_path / "state"
-    site = tmp_path / "site.yaml"
-    site.write_text(f"run: {{state_dir: {state}}}\n")
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    # the host's claims, as the CLI hands them to the pipeline (Stage 5 reads no ledger or config of its own)
+    rules = checked_section(RunRules, "run", {"state_dir": str(state)})
+    claims = gpu_claims(dataclasses.replace(load_settings(environ={}), run=rules))
     with Ledger(str(state)).transaction() as book:  # another user's run, starting on the first free GPU
         book.add("bob_train_1", "bob", [free[0]], [])
     engine = FakeEngine(gpus=True)
     engine.containers.meta = CUDA124
-    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path), claims=claims)
     assert engine.containers.runs[-1]["gpus"] == [free[1]]
+    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))  # no claims given: only the GPUs' processes count
+    assert engine.containers.runs[-1]["gpus"] == [free[0]]
     with Ledger(str(state)).transaction() as book:  # every free GPU handed out
         book.add("bob_train_2", "bob", free[1:], [])
     with pytest.raises(ImgbuildError, match=r"the smoke test needs a free GPU: wait, or .*--skip-gpu"):
-        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path), claims=claims)
 
 
 def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():

@@ -474,7 +474,7 @@ def _user_file(state, uid: int, entries: list, extended: dict | None = None, own
 def _entry(**fields):
     import os
 
-    from imgbuild.servers.ledger import process_start
+    from imgbuild.host import process_start
 
     base = {
         "name": "ghost_1",
@@ -531,7 +531,8 @@ def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
     import os
     import subprocess
 
-    from imgbuild.servers.ledger import Ledger, process_start
+    from imgbuild.host import process_start
+    from imgbuild.servers.ledger import Ledger
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -584,8 +585,7 @@ def test_2_a_state_folder_another_user_owns_is_refused_by_run_and_reap(tmp_path)
     import os
 
     from imgbuild.errors import EnvironmentProblem
-    from imgbuild.servers.ledger import Ledger
-    from imgbuild.servers.reap import reaper_dir
+    from imgbuild.servers.ledger import Ledger, reaper_dir
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
@@ -800,8 +800,8 @@ def test_9_a_killed_mirrors_partial_blob_is_swept(tmp_path):
     import os
     import subprocess
 
+    from imgbuild.host import process_start
     from imgbuild.registry.mirror import sweep_partial_blobs
-    from imgbuild.servers.ledger import process_start
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -1041,8 +1041,8 @@ def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
 
 def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
     """`reap --dry-run` reads: the reaper's own folder is made by a real run only."""
+    from imgbuild.config.site import house_rules
     from imgbuild.servers.reap import policy, reap
-    from imgbuild.servers.run import house_rules
 
     class NoContainers:
         containers = types.SimpleNamespace(rows=lambda: [])

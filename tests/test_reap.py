@@ -15,13 +15,14 @@ import time
 
 import pytest
 
+from imgbuild.config.site import house_rules
 from imgbuild.errors import UsageError
 from imgbuild.gpu.gpus import Gpu
 from imgbuild.host import caller
 from imgbuild.servers import usage
 from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
-from imgbuild.servers.run import RunRequest, effective_deadline, house_rules, prepare
+from imgbuild.servers.run import RunRequest, effective_deadline, prepare
 
 ME = caller().name
 H = 3600.0

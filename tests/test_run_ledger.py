@@ -15,8 +15,8 @@ import pytest
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.gpu.gpus import Gpu, numa_cpus, pick_cpus, select_gpus
-from imgbuild.host import caller, format_cpulist, parse_cpulist
-from imgbuild.servers.ledger import Entry, Ledger, alive, process_start
+from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
+from imgbuild.servers.ledger import Entry, Ledger, alive
 from imgbuild.servers.run import RunRequest, held_on_host, prepare
 from tests.conftest import ROOT
 

@@ -19,18 +19,26 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.acting import Acting, as_user, private_copy, read_as, write_as
 from imgbuild.build.context import context_dir, write_context
 from imgbuild.build.plan import Plan, base_reference, with_base_pins
 from imgbuild.build.render import render, template_cache
 from imgbuild.build.resolve import pin_reader, plan_recipe
-from imgbuild.build.smoke import SmokeReport, SmokeRequest, add_fleet_check, declared_fleet, host_gpus, run_smoke
+from imgbuild.build.smoke import (
+    ClaimsOf,
+    SmokeReport,
+    SmokeRequest,
+    add_fleet_check,
+    declared_fleet,
+    host_gpus,
+    run_smoke,
+)
 from imgbuild.config.settings import Settings
 from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.host import Caller
 from imgbuild.recipe import LoadedRecipe, load_recipe
-from imgbuild.servers.enforce import Acting, as_user, private_copy, read_as, write_as
 
 
 @dataclass
@@ -206,12 +214,14 @@ def build(
     engine: ImageEngine | None = None,
     seed_from_registry: bool = False,
     acting: Acting | None = None,
+    claims: ClaimsOf | None = None,
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
     `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
     fresh CI runner re-runs only the steps whose inputs changed (settings `registry_cache`).
     `acting` (through sudo for a user, enforce.acting): every file of theirs is read and written as they may, the
-    engine builds root's private copy of the context, and the image goes only into their namespace.
+    engine builds root's private copy of the context, and the image goes only into their namespace. `claims`: who
+    else holds which GPU on the host, for the smoke test's choice (build.smoke.ClaimsOf).
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     who = acting.who if acting else None
@@ -233,7 +243,7 @@ def build(
     else:  # planned by the caller (rebuild, to judge staleness), without the base's pins
         plan = with_base_pins(plan, pin_reader(settings, engine))
     if acting:
-        from imgbuild.servers.enforce import check_target
+        from imgbuild.acting import check_target
 
         check_target(acting.who, plan.target)
     redact = Redactor(settings.secrets())
@@ -293,9 +303,10 @@ def build(
                 skip_imports=tuple(smoke.skip_imports),
                 commands=tuple(smoke.run),
                 known_good=known_good,
+                user=who.name if who else "",
             )
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
-            report = run_smoke(engine, wanted, settings, host)
+            report = run_smoke(engine, wanted, settings, host, claims)
             add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
             _write_report(ctx / "smoke.json", report, who=who)
             if not report.ok:
@@ -340,7 +351,7 @@ def _write_report(
 
 
 def _private_context(ctx: Path, acting: Acting, settings: Settings, stack: ExitStack) -> Path:
-    """Root's private copy of the context the user's build rendered (enforce.private_copy), removed at the end."""
+    """Root's private copy of the context the user's build rendered (acting.private_copy), removed at the end."""
     folder = Path(tempfile.mkdtemp(prefix="context-", dir=_cache_subdir(settings, "runs")))
     stack.callback(shutil.rmtree, folder, True)
     return private_copy(ctx, folder, acting.who, limits.COPY_BYTES + 64 * limits.MIB, limits.COPY_FILES + 100)

@@ -220,6 +220,7 @@ class RebuildOptions:
     backend: str | None = None
     dry_run: bool = False
     signer: Any = None  # attest.Signer: sign each pushed image and attach its provenance and SBOM
+    claims: Any = None  # build.smoke.ClaimsOf: who else holds which GPU on the host (the smoke tests' choice)
 
 
 def run(
@@ -267,6 +268,7 @@ def _work(
                 engine=engine,
                 progress=lambda step: log(f"{item.target}: {step}"),
                 seed_from_registry=options.push,
+                claims=options.claims,
             )
             item.status, item.image_id = BUILT, result.image_id
             if options.push:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
-from imgbuild.gpu.gpus import EngineGpus
+from imgbuild.gpu.gpus import Claim, EngineGpus, Gpu
 from imgbuild.payload import SMOKE_SCRIPT
 
 SCRIPT = SMOKE_SCRIPT
@@ -102,13 +103,20 @@ class SmokeRequest:
     skip_imports: tuple[str, ...] = ()  # distributions whose imports are not checked
     commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
     known_good: tuple[str, ...] = ()  # name==version that imported in the last promoted image (not re-imported)
+    user: str = ""  # whose test it is (GPUs held by this user are theirs to test on); the caller's when empty
+
+
+#: Who else holds which GPU on the engine's host, given the GPUs read there: UUID -> claims (the servers' ledger and
+#: their containers). Its caller, which knows the host's rules, passes one (servers.run.gpu_claims); with none,
+#: only the GPUs' own processes count. Stage 5 reads no ledger itself.
+ClaimsOf = Callable[[ImageEngine, list[Gpu]], dict[str, list[Claim]]]
 
 
 def _run_settings(settings: Any) -> dict[str, Any]:
-    from imgbuild.config.settings import load_settings
-    from imgbuild.servers.run import house_rules
+    """The run rules the smoke container follows (ipc, shm_size), from the settings given; defaults without."""
+    from imgbuild.config.site import house_rules
 
-    return house_rules((settings or load_settings()).run)
+    return house_rules(settings.run if settings is not None else {})
 
 
 def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGpus:
@@ -136,14 +144,16 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGp
     return judge_engine_read(code, output, note, cdi)
 
 
-def _pick_gpus(request: str, settings: Any, engine: ImageEngine, host: EngineGpus) -> tuple[list[str], list[str]]:
+def _pick_gpus(
+    req: SmokeRequest, settings: Any, engine: ImageEngine, host: EngineGpus, claims: ClaimsOf | None
+) -> tuple[list[str], list[str]]:
     """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
-    process, container or starting run holds (the host's ledger). GPUs that cannot be read give [] (all) only
-    to `--gpus all`; otherwise the smoke test stops, saying why."""
+    process, container or starting run holds (`claims`). GPUs that cannot be read give [] (all) only to
+    `--gpus all`; otherwise the smoke test stops, saying why."""
     from imgbuild.gpu.gpus import GpusBusy, NoGpus, read_gpus, select_gpus
     from imgbuild.host import caller
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
-    from imgbuild.servers.run import Held, held_on_host
+
+    request = req.gpus
 
     try:
         if host.source == "engine" and host.readings is None:
@@ -160,13 +170,9 @@ def _pick_gpus(request: str, settings: Any, engine: ImageEngine, host: EngineGpu
             f"{where} has GPUs but they cannot be read ({exc}), so none can be chosen for the smoke test: "
             f"{fix}, or say --gpus all, or skip the GPU half (--skip-gpu)"
         ) from None
+    held = claims(engine, readings) if claims else {}
     try:
-        book = Ledger(_run_settings(settings)["state_dir"] or DEFAULT_STATE_DIR).read()
-        held = held_on_host(engine.containers.rows(), book.holds(), readings)
-    except ImgbuildError:
-        held = Held()  # an unreadable ledger: the GPUs' own processes still count
-    try:
-        chosen = select_gpus(request, readings, caller().name, claims=held.gpus)
+        chosen = select_gpus(request, readings, req.user or caller().name, claims=held)
     except GpusBusy as busy:
         raise ImgbuildError(
             f"{busy}; the smoke test needs a free GPU: wait, or skip its GPU half explicitly (--skip-gpu)"
@@ -193,13 +199,18 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
 
 
 def run_smoke(
-    engine: ImageEngine, req: SmokeRequest, settings: Any = None, host: EngineGpus | None = None
+    engine: ImageEngine,
+    req: SmokeRequest,
+    settings: Any = None,
+    host: EngineGpus | None = None,
+    claims: ClaimsOf | None = None,
 ) -> SmokeReport:
-    """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus)."""
+    """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus);
+    `claims`: who else holds which GPU there (ClaimsOf)."""
     img = engine.images.image(req.image)
     if img is None:
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
-    from imgbuild.servers.doctor import image_preload_verdict
+    from imgbuild.gpu.toolkit import image_preload_verdict
 
     read: list[EngineGpus] = [host] if host is not None else []
 
@@ -219,7 +230,7 @@ def run_smoke(
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
     house = _run_settings(settings)
-    chosen, mig_profiles = _pick_gpus(req.gpus, settings, engine, engine_host()) if use_gpus else (None, [])
+    chosen, mig_profiles = _pick_gpus(req, settings, engine, engine_host(), claims) if use_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
         smoke_probe(),

@@ -9,14 +9,13 @@ Heavy modules are imported inside commands so `imgbuild --help` stays fast.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from imgbuild import __version__
+from imgbuild.cli.base import cli
 from imgbuild.errors import (
     EXIT_ENVIRONMENT,
     EXIT_FAILED,
@@ -24,70 +23,6 @@ from imgbuild.errors import (
     EXIT_USAGE,
     ImgbuildError,
 )
-
-if TYPE_CHECKING:
-    from imgbuild.config.settings import Settings
-
-SECTIONS = [
-    ("Recipes", ["validate", "render", "schema", "bump", "lock"]),
-    ("Images", ["build", "smoke", "rebuild"]),
-    ("Registry", ["tags", "mirror", "verify"]),
-    ("Servers", ["run", "ps", "attach", "logs", "exec", "stop", "gpus", "doctor"]),
-    ("Clusters", ["export", "slurm", "k8s"]),
-    ("Settings", ["config"]),
-]
-
-
-class SectionedGroup(click.Group):
-    """Lists commands under headings, in the order of the pipeline."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        ordered = [name for _, names in SECTIONS for name in names if name in self.commands]
-        return ordered + sorted(set(self.commands) - set(ordered))
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        placed: set[str] = set()
-        for title, names in SECTIONS:
-            rows = [(n, self.commands[n].get_short_help_str(70)) for n in names if n in self.commands]
-            placed.update(names)
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-        rest = [(n, self.commands[n].get_short_help_str(70)) for n in sorted(set(self.commands) - placed)]
-        if rest:
-            with formatter.section("Other"):
-                formatter.write_dl(rest)
-
-
-def _settings(ctx: click.Context, **flags: Any) -> Settings:
-    """Settings by precedence, with the root's --user/--ngc-registry and this command's flags on top."""
-    from imgbuild.config.settings import load_settings
-
-    root = ctx.find_root().params
-    merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
-    return load_settings(merged)
-
-
-def _emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "terminal_width": 100}
-
-
-@click.group(cls=SectionedGroup, context_settings=CONTEXT)
-@click.version_option(__version__, "--version", "-V", prog_name="imgbuild")
-@click.option("--user", metavar="NAME", help="Image namespace (IMGBUILD_USER; default: your login name).")
-@click.option("--ngc-registry", metavar="HOST", help="NGC registry or mirror (IMGBUILD_NGC_REGISTRY; default nvcr.io).")
-def cli(user: str | None, ngc_registry: str | None) -> None:
-    """Build NGC-based images from YAML recipes, prove they work on the GPU, run them on shared servers.
-
-    \b
-    Exit codes: 0 success, 1 the job ran and failed (build, smoke test, stale check),
-                2 bad input or usage, 3 environment (no Docker engine, registry unreachable).
-    Read commands take --json.
-    """
-
 
 # --- entry point -----------------------------------------------------------------------------------
 
@@ -162,7 +97,8 @@ def _outcome(exc: BaseException) -> tuple[list[str], int]:
     return [f"imgbuild: unexpected {type(exc).__name__}: {first} (set IMGBUILD_DEBUG=1 for the traceback)"], EXIT_FAILED
 
 
-from imgbuild.cli import clusters, images, recipes, registry, servers, settings  # noqa: E402,F401 - registers
+# Each module declares its help section and registers its commands; imported in the pipeline's order.
+from imgbuild.cli import recipes, images, registry, servers, clusters, settings  # noqa: E402,F401,I001 - registers
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -7,11 +7,13 @@ from typing import Any
 
 import click
 
-from imgbuild.cli import _settings, cli
+from imgbuild.cli.base import Section, settings_of
 from imgbuild.errors import UsageError
 
+SECTION = Section("Clusters")
 
-@cli.command()
+
+@SECTION.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--apptainer", is_flag=True, help="Write an Apptainer definition file.")
 @click.option(
@@ -78,7 +80,7 @@ def export(
 
     if [apptainer, devcontainer, oci_dir is not None, sqsh_file is not None].count(True) != 1:
         raise UsageError("export: give one of --apptainer, --devcontainer, --oci DIR or --sqsh FILE")
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     loaded = load_recipe(recipe, secrets=settings.secrets())
     if gpus is not None and not devcontainer:
         raise UsageError("export: --gpus is for --devcontainer")
@@ -151,7 +153,7 @@ def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list
     click.echo(str(export_bundle(target, folder, all_binds, engine, settings.build_timeout, say)))
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("image")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="GPUs per node.")
@@ -239,9 +241,10 @@ def slurm(
         stage_dir,
         submit_job,
     )
-    from imgbuild.servers.run import house_rules, is_recipe, resolve_image
+    from imgbuild.config.site import house_rules
+    from imgbuild.servers.run import is_recipe, resolve_image
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     ref, short = resolve_image(image, settings, paths=True)
     tars, packed = [], []
     for item in stage:
@@ -308,7 +311,7 @@ def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | Non
     click.echo(str(path))
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("image")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="GPUs per node.")
@@ -341,7 +344,7 @@ def k8s(
     from imgbuild.engine import Engine
     from imgbuild.servers.run import host_ids, resolve_image
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     if mem is not None and not QUANTITY_RE.fullmatch(mem):
         raise UsageError(f"--mem {mem[:40]!r}: not a Kubernetes quantity such as 64Gi")
     pinned = k8smod.pinned_image(image, settings, lambda: Engine.connect(settings.docker_cli))

@@ -9,8 +9,10 @@ from typing import Any
 
 import click
 
-from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import EXIT_FAILED, UsageError
+
+SECTION = Section("Images")
 
 _SIGN_KEY = click.option(
     "--sign-key",
@@ -34,7 +36,7 @@ def _signer(sign_key: Path | None, push: bool) -> Any:
     return load_signer(sign_key, password.encode())
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend (default auto).")
 @click.option("--builder", metavar="NAME", help="buildx builder to use (remote BuildKit).")
@@ -64,9 +66,10 @@ def build(
     from imgbuild.build import rebuild as rb
     from imgbuild.engine import Engine
     from imgbuild.servers import enforce
+    from imgbuild.servers.run import gpu_claims
     from imgbuild.ui import Progress, print_table
 
-    settings = _settings(ctx, backend=backend, builder=builder)
+    settings = settings_of(ctx, backend=backend, builder=builder)
     acting = enforce.acting(settings)  # through sudo: the user's files as theirs, the image in their namespace
     enforce.check_build(acting, push=push, builder=builder, sign_key=sign_key)
     signer = _signer(sign_key, push)
@@ -82,6 +85,7 @@ def build(
             progress=progress,
             seed_from_registry=push,
             acting=acting,
+            claims=gpu_claims(settings),
         )
         pushed = ""
         if push:
@@ -89,7 +93,7 @@ def build(
             engine = Engine.connect(settings.docker_cli)
             pushed = rb.publish(result.plan, smoke, settings, engine, backend, signer, progress)
     if as_json:
-        _emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
+        emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
         return
     if result.smoke:
         _smoke_table(result.smoke, print_table)
@@ -112,7 +116,7 @@ def _smoke_table(report: Any, print_table: Any) -> None:
     click.echo(report.summary(), err=True)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("image")
 @click.option(
     "--for",
@@ -144,17 +148,19 @@ def smoke(
 
         imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
     """
+    from imgbuild.acting import write_as
     from imgbuild.build.smoke import SmokeRequest, fleet_report, run_smoke
     from imgbuild.engine import Engine
     from imgbuild.gpu.fleet import check_driver, parse_targets
     from imgbuild.servers import enforce
+    from imgbuild.servers.run import gpu_claims
     from imgbuild.ui import print_table
 
     fleet = parse_targets(targets) if targets is not None else None
     driver = check_driver(driver)
     if driver and fleet is None:
         raise click.UsageError("--driver goes with --for")
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     acting = enforce.acting(settings)
     if acting:
         acting.check_image(image)
@@ -162,13 +168,12 @@ def smoke(
     if fleet is not None:
         result = fleet_report(engine, image, fleet, driver, settings)
     else:
-        result = run_smoke(engine, SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus), settings)
+        wanted = SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus)
+        result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings))
     if report:
-        enforce.write_as(
-            acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n"
-        )
+        write_as(acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if as_json:
-        _emit_json(result.to_json())
+        emit_json(result.to_json())
     elif fleet is not None:
         _fleet_table(result, print_table)
     else:
@@ -191,7 +196,7 @@ def _fleet_table(report: Any, print_table: Any) -> None:
     click.echo("every GPU can run it" if report.ok else "not every GPU can run it: " + report.summary(), err=True)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("paths", nargs=-1)
 @click.option("--check", is_flag=True, help="Build nothing; exit 1 when images/ is stale against the recipes.")
 @click.option("--dry-run", is_flag=True, help="Say what is stale and why; build nothing.")
@@ -222,6 +227,7 @@ def rebuild(
     import threading
 
     from imgbuild.build import rebuild as rb
+    from imgbuild.servers.run import gpu_claims
     from imgbuild.ui import print_table
 
     lock = threading.Lock()
@@ -231,10 +237,19 @@ def rebuild(
             click.echo(" ".join(line.split())[:200], err=True)
 
     signer = _signer(sign_key, push)
+    settings = settings_of(ctx, backend=backend)
     report = rb.rebuild(
         list(paths) or ["recipes"],
-        _settings(ctx, backend=backend),
-        rb.RebuildOptions(check=check, push=push, jobs=jobs, backend=backend, dry_run=dry_run, signer=signer),
+        settings,
+        rb.RebuildOptions(
+            check=check,
+            push=push,
+            jobs=jobs,
+            backend=backend,
+            dry_run=dry_run,
+            signer=signer,
+            claims=gpu_claims(settings),
+        ),
         log,
     )
     if report_json:
@@ -242,7 +257,7 @@ def rebuild(
     if junit_xml:
         junit_xml.write_text(rb.junit_xml(report.items, report.seconds))
     if as_json:
-        _emit_json(report.to_json())
+        emit_json(report.to_json())
     else:
         print_table(
             ["recipe", "image", "status", "why", "time"],
@@ -257,7 +272,7 @@ def rebuild(
         sys.exit(EXIT_FAILED)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("paths", nargs=-1)
 @click.option("--dry-run", is_flag=True, help="Show the moves; change no file.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
@@ -268,9 +283,9 @@ def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: boo
     from imgbuild.build.rebuild import discover
     from imgbuild.ui import print_table
 
-    results = bump_and_render(discover(list(paths) or ["recipes"]), _settings(ctx), dry_run=dry_run)
+    results = bump_and_render(discover(list(paths) or ["recipes"]), settings_of(ctx), dry_run=dry_run)
     if as_json:
-        _emit_json([r.to_json() for r in results])
+        emit_json([r.to_json() for r in results])
         return
     print_table(
         ["recipe", "follows", "from", "to", "moved", "held back (the fleet cannot run it)"],

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 
-from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import EXIT_USAGE
 
+SECTION = Section("Recipes")
 
-@cli.command()
+
+@SECTION.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @click.pass_context
@@ -21,7 +23,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
     from imgbuild.errors import RecipeError
     from imgbuild.recipe import display_path, load_recipe
 
-    secrets = _settings(ctx).secrets()
+    secrets = settings_of(ctx).secrets()
     results = []
     problems: list[str] = []
     for path in files:
@@ -33,7 +35,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
             results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
             problems.extend(exc.lines())
     if as_json:
-        _emit_json(results)
+        emit_json(results)
     else:
         for line in problems:
             click.echo(line, err=True)
@@ -44,7 +46,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
         sys.exit(EXIT_USAGE)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder (default: images/<name>)."
@@ -68,7 +70,7 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
     from imgbuild.errors import RegistryUnavailable
     from imgbuild.recipe import load_recipe
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     loaded = load_recipe(file, secrets=settings.secrets())
     try:
         plan = plan_recipe(loaded, settings, offline=offline)
@@ -83,21 +85,21 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
     click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--config", "of_config", is_flag=True, help="The config file's schema instead (docs/config.schema.json).")
 def schema(of_config: bool) -> None:
     """Print the recipe JSON schema, or the config file's (generated from the models)."""
     if of_config:
         from imgbuild.config.settings import json_schema as config_schema
 
-        _emit_json(config_schema())
+        emit_json(config_schema())
         return
     from imgbuild.recipe import json_schema
 
-    _emit_json(json_schema())
+    emit_json(json_schema())
 
 
-@cli.command("lock")
+@SECTION.command("lock")
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--upgrade", is_flag=True, help="Resolve afresh, ignoring the versions locked before.")
 @click.option("--upgrade-package", "packages", multiple=True, metavar="PKG", help="Free only this package (repeat).")
@@ -108,9 +110,9 @@ def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tupl
     from imgbuild.build.pins import lock
     from imgbuild.ui import print_table
 
-    result = lock(recipe, _settings(ctx), upgrade=upgrade, upgrade_packages=packages)
+    result = lock(recipe, settings_of(ctx), upgrade=upgrade, upgrade_packages=packages)
     if as_json:
-        _emit_json(result.to_json())
+        emit_json(result.to_json())
         return
     rows = [["+", p] for p in result.added] + [["-", p] for p in result.removed] + [["~", c] for c in result.changed]
     if rows:

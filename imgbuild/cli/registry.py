@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
-from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import EXIT_FAILED, UsageError
+
+SECTION = Section("Registry")
 
 #: The tag selection `tags` and `mirror` share (the NGC tag grammar's release and variant).
 _SINCE = click.option("--since", metavar="YY.MM", help="Only releases from this one on (e.g. 24.01).")
@@ -16,7 +18,7 @@ _VARIANT = click.option(
 )
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("repository", default="pytorch")
 @_SINCE
 @_VARIANT
@@ -48,7 +50,7 @@ def tags(
     from imgbuild.ui import print_table
 
     listing = tagmod.listing(
-        _settings(ctx),
+        settings_of(ctx),
         tagmod.Query(
             repository,
             since=since,
@@ -63,7 +65,7 @@ def tags(
     )
     infos = listing.tags
     if as_json:
-        _emit_json(listing.to_json())
+        emit_json(listing.to_json())
         return
     if details or compatible:
         columns = ["tag", "CUDA", "cuDNN", "framework", "python", "driver", "size", "digest"]
@@ -92,7 +94,7 @@ def tags(
         click.echo(f"note: {note}", err=True)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("repository", default="pytorch")
 @click.option("--to", "to", required=True, metavar="REGISTRY", help="The site registry to copy into (host[:port]).")
 @_SINCE
@@ -120,9 +122,9 @@ def mirror(
 
     request = MirrorRequest(repository, to, since=since, variant=variant, keep=keep, dry_run=dry_run, tags=only)
     with Progress(f"imgbuild mirror {repository} --to {to}", enabled=not as_json) as progress:
-        results = copy_tags(_settings(ctx), request, progress)
+        results = copy_tags(settings_of(ctx), request, progress)
     if as_json:
-        _emit_json([r.to_json() for r in results])
+        emit_json([r.to_json() for r in results])
         return
     print_table(
         ["tag", "status", "digest", "blobs copied", "present", "mounted", "MiB copied"],
@@ -134,7 +136,7 @@ def mirror(
     )
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("image")
 @click.option(
     "--key",
@@ -156,7 +158,7 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
     from imgbuild.registry.client import RegistryClient
     from imgbuild.servers.run import resolve_image
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     public_key = attest.load_verifier(key)
     recipe_sha256 = None
     if recipe is not None:
@@ -171,7 +173,7 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
         raise RegistryError(f"{ref}: the registry has no such image")
     verdicts = attest.verify(client, ref.repository, ref.name, digest, public_key, recipe_sha256)
     if as_json:
-        _emit_json({"image": ref.name, "digest": digest, "verdicts": [v.__dict__ for v in verdicts]})
+        emit_json({"image": ref.name, "digest": digest, "verdicts": [v.__dict__ for v in verdicts]})
     else:
         for verdict in verdicts:
             click.echo(verdict.line())

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import UsageError
+
+SECTION = Section("Servers")
 
 if TYPE_CHECKING:
     from imgbuild.servers.run import RunSpec
@@ -37,7 +39,7 @@ class _RunCommand(click.Command):
         return super().parse_args(ctx, out)
 
 
-@cli.command(cls=_RunCommand)
+@SECTION.command(cls=_RunCommand)
 @click.argument("image")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option(
@@ -110,7 +112,7 @@ def run(
     from imgbuild.servers import run as runmod
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     request = runmod.RunRequest(
         image=runmod.check_signed(image, settings),
         command=list(command),
@@ -218,7 +220,7 @@ def _cpu_note(spec: RunSpec) -> str:
     return f", {spec.cpus:g} CPUs{pinned}, {spec.threads} threads per process"
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--all", "all_users", is_flag=True, help="Every user's containers.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @click.pass_context
@@ -229,12 +231,12 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     from imgbuild.servers.run import container_view
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     who = caller()
     engine = Engine.connect(settings.docker_cli)
     rows = [r for r in container_view(engine, settings) if all_users or r["user"] == who.name]
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     print_table(
         ["name", "user", "image", "status", "GPUs", "CPUs", "created", "time left"],
@@ -261,7 +263,7 @@ def _on_container(
     from imgbuild.host import caller
     from imgbuild.servers.run import check_owner, find_container
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     engine = Engine.connect(settings.docker_cli)
     who = caller()
     row = find_container(engine.containers.rows(), name, who.name)
@@ -272,7 +274,7 @@ def _on_container(
 _FORCE = click.option("--force", is_flag=True, help="Root only: act on another user's container.")
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("name")
 @_FORCE
 @click.pass_context
@@ -281,7 +283,7 @@ def attach(ctx: click.Context, name: str, force: bool) -> None:
     _on_container(ctx, "attach", name, force=force)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output.")
 @click.option("--tail", default="all", show_default=True, help="Lines from the end.")
@@ -294,7 +296,7 @@ def logs(ctx: click.Context, name: str, follow: bool, tail: str, force: bool) ->
     _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])], force=force)
 
 
-@cli.command(name="exec")
+@SECTION.command(name="exec")
 @click.argument("name")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @_FORCE
@@ -304,7 +306,7 @@ def exec_(ctx: click.Context, name: str, command: tuple[str, ...], force: bool) 
     _on_container(ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"], command, force=force)
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("name")
 @click.option("--rm", "remove", is_flag=True, help="Remove it too (detached runs keep their container).")
 @_FORCE
@@ -317,7 +319,7 @@ def stop(ctx: click.Context, name: str, remove: bool, force: bool) -> None:
         _on_container(ctx, "stop", name, force=force)
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--dry-run", is_flag=True, help="List what it would do; do nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable actions.")
 @click.pass_context
@@ -326,12 +328,13 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     their deadline or idle too long; remove old exited ones where the site asks (config `reap:`)."""
     import time
 
+    from imgbuild.config.site import house_rules
     from imgbuild.engine import Engine
     from imgbuild.servers import reap as reaper
-    from imgbuild.servers.run import house_rules, read_gpus_or_none
+    from imgbuild.servers.run import read_gpus_or_none
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     house, rules = house_rules(settings.run), reaper.policy(settings.reap)
     engine = Engine.connect(settings.docker_cli)
     report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
@@ -343,7 +346,7 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
         _say_tried(jobs.advance(Path(house["state_dir"] or DEFAULT_STATE_DIR), caller()))
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     if not rows:
         click.echo("nothing to do")
@@ -354,7 +357,7 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     )
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--since", metavar="DURATION", help="Only the last DURATION (30d, 12h); default: all of the log.")
 @click.option("--by", type=click.Choice(["user", "group", "gpu"]), default="user", show_default=True)
 @click.option("--prometheus", type=click.Path(dir_okay=False, path_type=Path), help="Also write a textfile for "
@@ -365,17 +368,17 @@ def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | Non
     """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
     import time
 
+    from imgbuild.config.site import house_rules
     from imgbuild.servers import usage as accounting
-    from imgbuild.servers.run import house_rules
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     now = time.time()
     found = accounting.account(house_rules(settings.run)["state_dir"], by, since, now)
     if prometheus:
         accounting.write_textfile(prometheus, accounting.prometheus(found.by_user, found.by_gpu, found.since, now))
     if as_json:
-        _emit_json([r.to_json() for r in found.rows])
+        emit_json([r.to_json() for r in found.rows])
         return
     if not found.rows:
         click.echo(f"no GPU use recorded ({found.records} reaper runs read)")
@@ -396,7 +399,7 @@ def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | Non
     )
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("name")
 @click.argument("duration")
 @_FORCE
@@ -405,12 +408,13 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     """Move one of your containers' deadline: imgbuild extend NAME 1d (within the site's run.max_time)."""
     import time
 
+    from imgbuild.config.site import house_rules
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.servers.run import check_owner, find_container, house_rules, human_duration
+    from imgbuild.servers.run import check_owner, find_container, human_duration
     from imgbuild.servers.run import extend as extend_deadline
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     who = caller()
     row = find_container(Engine.connect(settings.docker_cli).containers.rows(), name, who.name)
     check_owner(row, who, "extend", force)
@@ -421,7 +425,7 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     )
 
 
-@cli.command()
+@SECTION.command()
 @click.argument("name")
 @_FORCE
 @click.pass_context
@@ -433,7 +437,7 @@ def shell(ctx: click.Context, name: str, force: bool) -> None:
     )  # fmt: skip
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable readings.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes.")
@@ -450,7 +454,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
     from imgbuild.servers.run import lost_containers
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
 
     @functools.cache
     def engine() -> Engine | None:
@@ -473,7 +477,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         except ImgbuildError:
             lost = []
         if as_json:
-            _emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
+            emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
         else:
             rows = []
             for g in readings:
@@ -496,7 +500,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         time.sleep(interval)
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable lines.")
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
@@ -508,14 +512,14 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     from imgbuild.servers import doctor as doc
     from imgbuild.ui import print_table
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     try:
         engine: Any = Engine.connect(settings.docker_cli)
     except ImgbuildError as exc:
         engine = _Unreachable(str(exc))
     lines = doc.judge(doc.collect(settings, engine))
     if as_json:
-        _emit_json({"lines": [line.to_json() for line in lines]})
+        emit_json({"lines": [line.to_json() for line in lines]})
     else:
         print_table(
             ["check", "status", "detail", "fix"],
@@ -542,7 +546,7 @@ def _note(text: str) -> None:
         click.echo(text, err=True)
 
 
-@cli.group()
+@SECTION.group()
 def admin() -> None:
     """For the admin of a shared GPU server."""
 
@@ -560,16 +564,16 @@ def sudoers(binary: str | None) -> None:
     click.echo(drop_in(found), nl=False)
 
 
-@cli.group()
+@SECTION.group()
 def queue() -> None:
     """A batch queue: jobs that start like `run -d` when their GPUs are free, in turn across users."""
 
 
 def _queue_dir(ctx: click.Context) -> Path:
+    from imgbuild.config.site import house_rules
     from imgbuild.servers.ledger import DEFAULT_STATE_DIR
-    from imgbuild.servers.run import house_rules
 
-    return Path(house_rules(_settings(ctx).run)["state_dir"] or DEFAULT_STATE_DIR)
+    return Path(house_rules(settings_of(ctx).run)["state_dir"] or DEFAULT_STATE_DIR)
 
 
 def _say_tried(tried: list[Any]) -> None:
@@ -607,7 +611,7 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
 
     found = jobs.Queue(_queue_dir(ctx)).load().jobs
     if as_json:
-        _emit_json([asdict(j) for j in sorted(found, key=lambda j: j.submitted)])
+        emit_json([asdict(j) for j in sorted(found, key=lambda j: j.submitted)])
         return
     if not found:
         click.echo("the queue is empty")

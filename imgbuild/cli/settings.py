@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import click
 
-from imgbuild.cli import _emit_json, _settings, cli
+from imgbuild.cli.base import Section, emit_json, settings_of
+
+SECTION = Section("Settings")
 
 
-@cli.command()
+@SECTION.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable settings.")
 @click.pass_context
 def config(ctx: click.Context, as_json: bool) -> None:
     """Show the effective settings and where each comes from (secrets masked)."""
     from imgbuild.ui import print_table
 
-    view = _settings(ctx).public_view()
+    view = settings_of(ctx).public_view()
     if as_json:
-        _emit_json(view)
+        emit_json(view)
         return
     print_table(["setting", "value", "from"], [[k, v["value"], v["source"]] for k, v in view.items()])

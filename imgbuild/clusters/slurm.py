@@ -828,9 +828,10 @@ def export_devcontainer(
     import json
 
     from imgbuild.clusters.devcontainer import NOT_HONOURED, devcontainer
+    from imgbuild.config.site import house_rules
     from imgbuild.servers import run as runmod
 
-    house = runmod.house_rules(settings.run)
+    house = house_rules(settings.run)
     shared = gpus is not None or any(key.startswith("run.") for key in settings.sources)
     folder = out or Path(".devcontainer")
     path = folder / "devcontainer.json"

@@ -343,3 +343,13 @@ def checked_section(model: type, name: str, value: Any) -> Any:
         hint = f" ({issue.hint})" if issue.hint else ""
         raise UsageError(f"config {dotted((name, *issue.at))}: {message}{hint}")
     return made
+
+
+def house_rules(rules: Any) -> dict[str, Any]:
+    """The house rules as `run` uses them (deadlines in seconds), from the config's typed `run:` section
+    (`settings.run`); a mapping is checked as that section would be."""
+    house = as_text(checked_section(RunRules, "run", rules))
+    for key in ("default_time", "max_time"):
+        if house[key] is not None:
+            house[key] = duration_seconds(house[key])
+    return house

@@ -171,7 +171,7 @@ class DockerContainers:
         SIGKILL leaves one behind, and with it whatever it was given. Returns how many."""
         from docker.errors import APIError, NotFound
 
-        from imgbuild.servers.ledger import token_alive
+        from imgbuild.host import token_alive
 
         removed = 0
         with contextlib.suppress(APIError):
@@ -312,7 +312,7 @@ def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
 
 def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
     """The create() arguments of a script's container: labelled with the image and the process running it."""
-    from imgbuild.servers.ledger import process_token
+    from imgbuild.host import process_token
 
     labels = {SMOKE_LABEL: image, Label.STARTED_BY: process_token()}
     kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)

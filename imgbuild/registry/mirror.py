@@ -136,7 +136,7 @@ class _Copier:
                 "(set cache_dir to a larger disk)"
             )
         self.progress(f"{self.repo}:{label}: copying {digest[7:19]} ({size / limits.MIB:.0f} MiB)")
-        from imgbuild.servers.ledger import process_token
+        from imgbuild.host import process_token
 
         with tempfile.NamedTemporaryFile(dir=self.scratch, prefix=f"blob-{process_token('.')}-") as handle:
             path = Path(handle.name)
@@ -202,7 +202,7 @@ def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = 
 def sweep_partial_blobs(scratch: Path) -> int:
     """Remove the blob files of mirrors that were killed mid-copy (`blob-PID.START-...` whose process is gone):
     a SIGKILL leaves one behind, as large as what had arrived."""
-    from imgbuild.servers.ledger import token_alive
+    from imgbuild.host import token_alive
 
     removed = 0
     for path in scratch.glob("blob-*"):

@@ -9,23 +9,12 @@ own version commands, the engine's info, CDI spec folders, cgroups, the docker g
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from imgbuild.facts import LOADER_ENV
 from imgbuild.gpu.fleet import branch_outside
+from imgbuild.gpu.toolkit import TOOLKIT_ADVISORIES, toolkit_version, version_tuple
 
-#: NVIDIA Container Toolkit releases that fix a container escape (NVIDIA security bulletins): a toolkit older
-#: than the fix is refused by `doctor` with the advisory's name.
-TOOLKIT_ADVISORIES = (
-    (
-        "1.17.8",
-        "CVE-2025-23266 (NVIDIAScape: an image's LD_PRELOAD runs on the host through the createContainer "
-        "hook) and CVE-2025-23267",
-    ),
-    ("1.16.2", "CVE-2024-0132 (a crafted image's symlinks reach the host's files, TOCTOU)"),
-)
 #: The memlock limit NCCL and RDMA want in a container: unlimited; below this, say so.
 MEMLOCK_WANTED = 64 * 2**30
 
@@ -54,10 +43,6 @@ class Line:
         return asdict(self)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"[0-9]+", text)[:3])
-
-
 def judge(facts: HostFacts) -> list[Line]:
     """Every line, from the facts alone."""
     return [
@@ -73,7 +58,7 @@ def judge(facts: HostFacts) -> list[Line]:
 def _driver_lines(facts: HostFacts) -> list[Line]:
     if facts.driver is None:
         return [Line("driver", "info", "no NVIDIA driver: a build host without GPUs (the GPU lines are skipped)")]
-    branch = _version(facts.driver)[0]
+    branch = version_tuple(facts.driver)[0]
     lines = [Line("driver", "ok", f"NVIDIA driver {facts.driver} (R{branch})")]
     if facts.gpu_error:
         lines.append(
@@ -88,7 +73,7 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
     names = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in facts.gpus) or "none"
     lines.append(Line("gpus", "ok" if facts.gpus else "warn", f"{len(facts.gpus)} GPU(s): {names}"))
     for gpu in facts.gpus:
-        capability = _version(str(gpu.get("capability") or ""))
+        capability = version_tuple(str(gpu.get("capability") or ""))
         outside = branch_outside((capability[0], capability[1]), facts.driver) if len(capability) >= 2 else None
         if outside:
             where, _, bound = outside
@@ -128,7 +113,7 @@ def _toolkit_lines(facts: HostFacts) -> list[Line]:
             )
         ]
     for fixed, advisory in TOOLKIT_ADVISORIES:
-        if _version(facts.toolkit) < _version(fixed):
+        if version_tuple(facts.toolkit) < version_tuple(fixed):
             return [
                 Line(
                     "toolkit",
@@ -219,55 +204,7 @@ def _docker_group_line(facts: HostFacts) -> Line:
     )
 
 
-def preload_verdict(image_env: list[str], toolkit: str | None, gpu_host: bool) -> tuple[str, str] | None:
-    """("fail" | "warn", why) for an image whose config sets LD_PRELOAD or LD_AUDIT (NVIDIAScape): refused on a
-    GPU host whose toolkit is 1.17.7 or older (or unknown), said elsewhere; None for an image that sets neither."""
-    names = _preloads(image_env)
-    if not names:
-        return None
-    what = f"the image's config sets {' and '.join(names)}"
-    fixed = TOOLKIT_ADVISORIES[0][0]
-    if gpu_host and (toolkit is None or _version(toolkit) < _version(fixed)):
-        have = f"NVIDIA Container Toolkit {toolkit}" if toolkit else "a toolkit of unknown version"
-        return "fail", (
-            f"{what}; on this host ({have}) it would run code on the host through the toolkit's hook "
-            f"(CVE-2025-23266): refused until the toolkit is {fixed} or later"
-        )
-    return "warn", f"{what}: it runs in every process of the container (and on hosts with toolkits before {fixed})"
-
-
-def _preloads(image_env: list[str]) -> list[str]:
-    return sorted({item.split("=", 1)[0] for item in image_env} & LOADER_ENV)
-
-
-def image_preload_verdict(image_env: list[str], gpu_host: Callable[[], bool]) -> tuple[str, str] | None:
-    """`preload_verdict` for an image about to start here: the host (its GPUs, then its toolkit) is asked only
-    when the image sets a preload at all."""
-    if not _preloads(image_env):
-        return None
-    on_gpus = gpu_host()
-    return preload_verdict(image_env, toolkit_version() if on_gpus else None, on_gpus)
-
-
 # --- the edge: this machine ---------------------------------------------------------------------------------
-
-
-def _run(args: list[str]) -> str:
-    import subprocess
-
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
-
-
-def toolkit_version() -> str | None:
-    for args in (["nvidia-ctk", "--version"], ["nvidia-container-cli", "--version"]):
-        found = re.search(r"version:?\s*v?([0-9]+\.[0-9]+\.[0-9]+)", _run(args), re.IGNORECASE)
-        if found:
-            return found.group(1)
-    return None
 
 
 def _driver_version() -> str | None:

@@ -24,7 +24,6 @@ Members of the host's admin groups (sudo, wheel, admin: root through sudo anyway
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import json
 import os
 import pwd
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgbuild.acting import Acting, check_image
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, caller, expand
 
@@ -120,23 +120,12 @@ def check_port(spec: str) -> None:
 # --- build and smoke: the caller's files, the caller's namespace --------------------------------------------
 
 
-@dataclass(frozen=True)
-class Acting:
-    """imgbuild acting for a user through sudo: who, and the site's images (`run.allowed_images`)."""
-
-    who: Caller
-    allowed_images: tuple[str, ...]
-
-    def check_image(self, image_ref: str, what: str = "") -> None:
-        check_image(self.who, {"allowed_images": self.allowed_images}, image_ref, what)
-
-
 def acting(settings: Any) -> Acting | None:
     """`Acting` when imgbuild runs as root through sudo for a user who is not an admin, else None."""
     who = caller()
     if not acting_for_user(who):
         return None
-    from imgbuild.servers.run import house_rules
+    from imgbuild.config.site import house_rules
 
     return Acting(who, tuple(house_rules(settings.run).get("allowed_images") or ()))
 
@@ -149,154 +138,6 @@ def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_
     for given, flag in ((push, "--push"), (builder, "--builder"), (sign_key, "--sign-key")):
         if given:
             raise UsageError(f"{flag}: under this server's rules builds stay on this host (ask an admin to publish)")
-
-
-def check_image(who: Caller, house: dict[str, Any], image_ref: str, what: str = "") -> None:
-    """`image_ref` (to run, a build's base, an image to smoke-test) is one the site allows (`run.allowed_images`)."""
-    allowed = [expand(p, user=who.name) for p in house.get("allowed_images") or []]
-    if not any(fnmatch.fnmatchcase(image_ref, pattern) for pattern in allowed):
-        raise UsageError(
-            f"{what + ' ' if what else ''}{image_ref}: not an image this server allows "
-            f"(run.allowed_images: {', '.join(allowed) or 'none'})"
-        )
-
-
-def check_target(who: Caller, target: str) -> None:
-    """A build acting for a user tags only into their own namespace, `<user>/NAME:TAG` on this host."""
-    from imgbuild.imageref import parse
-
-    ref = parse(target)
-    if ref.host or ref.path.split("/")[0] != who.name or "/" not in ref.path:
-        raise UsageError(f"{target}: under this server's rules you build only {who.name}/NAME:TAG (remove `image:`)")
-
-
-#: Modules the code run `as_user` imports inside functions (and the modules those import so): imported before
-#: the switch, since Python itself may live where the user cannot read (a pyenv in /root). A test reads the
-#: modules of USER_SIDE for imports inside functions and checks that each is here.
-USER_SIDE = (
-    "imgbuild.recipe",
-    "imgbuild.recipe.reqfile",
-    "imgbuild.recipe.repofiles",
-    "imgbuild.yamlpos",
-    "imgbuild.build.context",
-)
-PRELOAD = (
-    *USER_SIDE,
-    *("argparse", "concurrent.futures", "difflib", "filecmp", "grp", "hashlib", "importlib.metadata"),
-    *("importlib.util", "os", "shutil", "stat", "sysconfig", "tempfile", "warnings", "importlib", "jinja2"),
-    *("packaging.requirements", "packaging.specifiers", "packaging.tags", "packaging.utils", "packaging.version"),
-    *("imgbuild.errors", "imgbuild.fields", "imgbuild.gpu.fleet", "imgbuild.imageref", "imgbuild.ngc", "imgbuild.text"),
-)
-
-
-@contextlib.contextmanager
-def as_user(who: Caller | None) -> Iterator[None]:
-    """File access with `who`'s permissions (effective UID, GID and groups) inside the block, root's again after;
-    nothing to do for None or when imgbuild is not root. Only file access changes: the engine is never asked
-    inside (its socket is root's)."""
-    if who is None or os.geteuid() != 0 or who.uid == 0:
-        yield
-        return
-    import importlib
-
-    for name in PRELOAD:
-        importlib.import_module(name)
-    groups = os.getgroups()
-    os.setgroups(os.getgrouplist(who.name, who.gid) if who.name else [who.gid])
-    os.setegid(who.gid)
-    os.seteuid(who.uid)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
-        os.setgroups(groups)
-
-
-def write_as(who: Caller | None, path: Path, text: str) -> None:
-    """Write `text` to `path` as `who` would (a link there is theirs to point at their own files only)."""
-    with as_user(who):
-        try:
-            path.write_text(text)
-        except OSError as exc:
-            raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
-
-
-def read_as(who: Caller | None, path: Path, limit: int, what: str) -> bytes:
-    """The bytes of a regular file `path` as `who` may read them (no link followed at the end), at most `limit`."""
-    with as_user(who):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            raise UsageError(f"{what} {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise UsageError(f"{what} {path}: not a regular file")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise UsageError(f"{what} {path}: larger than {limit} bytes")
-    return data
-
-
-def private_copy(src: Path, dest: Path, who: Caller, max_bytes: int, max_files: int) -> Path:
-    """Copy the build context `src`, written as `who`, into root's folder `dest`: only folders and regular files
-    `who` owns, each opened without following a link, so nothing swapped in after rendering (a link, a hard link
-    to a file `who` cannot read, a FIFO) reaches the build. Bounded in files and bytes."""
-    with as_user(who):
-        top = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        _CopyOwned(src, who.uid, max_bytes, max_files).folder(top, dest, "")
-    finally:
-        os.close(top)
-    return dest
-
-
-class _CopyOwned:
-    """private_copy's walk: one budget of files and bytes for the whole tree."""
-
-    def __init__(self, src: Path, uid: int, max_bytes: int, max_files: int) -> None:
-        self.src, self.uid, self.bytes_left, self.files_left = src, uid, max_bytes, max_files
-        self.max_bytes, self.max_files = max_bytes, max_files
-
-    def folder(self, dir_fd: int, out: Path, rel: str) -> None:
-        self._owned(os.fstat(dir_fd), rel)
-        for name in sorted(os.listdir(dir_fd)):
-            here = f"{rel}/{name}" if rel else name
-            self.files_left -= 1
-            if self.files_left < 0:
-                raise UsageError(f"{self.src}: more than {self.max_files} files")
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-            except OSError as exc:  # a link (ELOOP), or gone
-                raise UsageError(f"{self.src / here}: {exc.strerror} (a build context holds only your files)") from None
-            try:
-                info = os.fstat(fd)
-                self._owned(info, here)
-                if stat.S_ISDIR(info.st_mode):
-                    (out / name).mkdir(mode=0o700)
-                    self.folder(fd, out / name, here)
-                elif stat.S_ISREG(info.st_mode):
-                    self._file(fd, info, out / name)
-                else:
-                    raise UsageError(f"{self.src / here}: not a regular file or folder")
-            finally:
-                os.close(fd)
-
-    def _owned(self, info: os.stat_result, rel: str) -> None:
-        if info.st_uid != self.uid:
-            raise UsageError(f"{self.src / rel}: not yours (a build context holds only files you wrote)")
-
-    def _file(self, fd: int, info: os.stat_result, out: Path) -> None:
-        self.bytes_left -= info.st_size
-        if self.bytes_left < 0:
-            raise UsageError(f"{self.src}: larger than {self.max_bytes // (1024 * 1024)} MiB")
-        sink_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(sink_fd, "wb") as sink:
-            left = info.st_size
-            while left > 0 and (block := os.read(fd, min(left, 1 << 20))):
-                sink.write(block)
-                left -= len(block)
-        os.chmod(out, 0o755 if info.st_mode & stat.S_IXUSR else 0o644)
 
 
 # --- mounts, checked as the caller ------------------------------------------------------------------------
@@ -490,8 +331,7 @@ def _summary(args: list[str]) -> list[str]:
 def audit(verb: str, args: list[str], decision: str, state_dir: str | None = None) -> None:
     """One JSON line per decision taken for a user acting through sudo: who, what, when, the decision. In
     root's folder of the state folder; an audit log that cannot be written stops the command (exit 3)."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
-    from imgbuild.servers.reap import append_record, reaper_dir
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, append_record, reaper_dir
 
     who = caller()
     record = {
@@ -504,7 +344,7 @@ def audit(verb: str, args: list[str], decision: str, state_dir: str | None = Non
     }
     if state_dir is None:
         from imgbuild.config.settings import load_settings
-        from imgbuild.servers.run import house_rules
+        from imgbuild.config.site import house_rules
 
         state_dir = house_rules(load_settings().run)["state_dir"]
     folder = reaper_dir(Path(state_dir or DEFAULT_STATE_DIR))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import EnvironmentProblem
+from imgbuild.host import process_start
 
 #: Where the ledger lives unless the site says (`run.state_dir`); created sticky and world-writable.
 DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
@@ -128,28 +129,6 @@ class Extension:
 
     deadline: float
     user: str
-
-
-def process_start(pid: int, proc: Path = Path("/proc")) -> str:
-    """A PID's start time in clock ticks since boot ("" when the process is gone)."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return ""
-    # The command name (field 2) may hold spaces and parentheses: count from its closing one.
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else ""
-
-
-def process_token(sep: str = ":") -> str:
-    """This process as `PID<sep>START`: what a container label or a file name records of who made it."""
-    return f"{os.getpid()}{sep}{process_start(os.getpid())}"
-
-
-def token_alive(token: str, sep: str = ":") -> bool:
-    """Does the process a `process_token` names still run (the same one, not a later one with its PID)?"""
-    pid, _, start = token.partition(sep)
-    return pid.isdigit() and pid.isascii() and process_start(int(pid)) == start
 
 
 def process_uid(pid: int, proc: Path = Path("/proc")) -> int | None:
@@ -415,3 +394,46 @@ class Book:
 
     def leave(self, name: str) -> None:
         self.entries = [e for e in self.entries if e.name != name]
+
+
+# --- root's own files in the state folder: the reaper's, the audit log, usage ------------------------------
+
+REAPER_DIR = ".reap"  # the reaper's own folder inside the state folder: root's alone (0700)
+
+
+def reaper_dir(state_dir: Path) -> Path:
+    """Where the reaper keeps its state and log: `<state_dir>/.reap`, made 0700 by the reaper; the state
+    folder must be root's (or the caller's), and the reaper's folder the caller's and writable by no one
+    else: every user of the host writes the state folder itself."""
+    Ledger(state_dir).folder()
+    folder = state_dir / REAPER_DIR
+    try:
+        if not os.path.lexists(folder):
+            os.mkdir(folder, 0o700)
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot use the reaper's folder {folder}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise EnvironmentProblem(
+            f"{folder} is not the reaper's own folder (a link, another user's, or writable by others); an admin "
+            "removes it and the next run makes it again"
+        )
+    return folder
+
+
+def append_record(path: Path, record: dict[str, Any], what: str, mode: int = 0o644) -> None:
+    """One JSON line appended to a log of root's (or the reaper's): a regular file it owns, never a FIFO or a
+    link (either would hang or redirect root's writes); `mode` when it is made."""
+    try:
+        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {what} {path}: {exc.strerror}") from None
+    if fd is None:
+        raise EnvironmentProblem(f"{what} {path} is not a regular file (someone put it there); remove it")
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or info.st_nlink != 1:
+            raise EnvironmentProblem(f"{what} {path} is not the reaper's own file (another owner, or a link)")
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)

@@ -168,13 +168,13 @@ def _read(path: Path, uid: int) -> list[Job]:
 
 
 def drained(state_dir: Path) -> bool:
-    from imgbuild.servers.reap import REAPER_DIR
+    from imgbuild.servers.ledger import REAPER_DIR
 
     return (state_dir / REAPER_DIR / DRAIN_FILE).exists()
 
 
 def set_drained(state_dir: Path, on: bool) -> None:
-    from imgbuild.servers.reap import reaper_dir
+    from imgbuild.servers.ledger import reaper_dir
 
     flag = reaper_dir(state_dir) / DRAIN_FILE
     if on:

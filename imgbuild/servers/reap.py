@@ -23,6 +23,7 @@ from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.servers import usage
+from imgbuild.servers.ledger import REAPER_DIR, append_record, reaper_dir
 
 STATE_FILE = "reap-state.json"
 STATE_BYTES = 4 * 1024 * 1024
@@ -185,31 +186,6 @@ def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], n
 # --- state, log and notices (I/O) ------------------------------------------------------------------------
 
 
-REAPER_DIR = ".reap"  # the reaper's own folder inside the state folder: root's alone (0700)
-
-
-def reaper_dir(state_dir: Path) -> Path:
-    """Where the reaper keeps its state and log: `<state_dir>/.reap`, made 0700 by the reaper; the state
-    folder must be root's (or the caller's), and the reaper's folder the caller's and writable by no one
-    else: every user of the host writes the state folder itself."""
-    from imgbuild.servers.ledger import Ledger
-
-    Ledger(state_dir).folder()
-    folder = state_dir / REAPER_DIR
-    try:
-        if not os.path.lexists(folder):
-            os.mkdir(folder, 0o700)
-        info = os.lstat(folder)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot use the reaper's folder {folder}: {exc.strerror}") from None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise EnvironmentProblem(
-            f"{folder} is not the reaper's own folder (a link, another user's, or writable by others); an admin "
-            "removes it and the next run makes it again"
-        )
-    return folder
-
-
 def load_state(path: Path) -> State:
     """The reaper's own state. Written only by the reaper (an admin); one that someone else owns is not
     believed (forged idle samples would stop a busy user's job)."""
@@ -267,26 +243,6 @@ def append_log(path: Path, now: float, action: Action, outcome: str) -> None:
     """One JSON line in the action log."""
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)), **asdict(action), "outcome": outcome}
     append_record(path, record, "the reap log")
-
-
-def append_record(path: Path, record: dict[str, Any], what: str, mode: int = 0o644) -> None:
-    """One JSON line appended to a log of root's (or the reaper's): a regular file it owns, never a FIFO or a
-    link (either would hang or redirect root's writes); `mode` when it is made."""
-    from imgbuild.servers.ledger import open_regular
-
-    try:
-        fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot write {what} {path}: {exc.strerror}") from None
-    if fd is None:
-        raise EnvironmentProblem(f"{what} {path} is not a regular file (someone put it there); remove it")
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid() or info.st_nlink != 1:
-            raise EnvironmentProblem(f"{what} {path} is not the reaper's own file (another owner, or a link)")
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 def write_notice(user: str, text: str) -> bool:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.errors import JobFailed, UsageError
+from imgbuild.config.site import house_rules
+from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.gpu.gpus import Claim, Claims, Selection, cpus_for, pick_cpus
 from imgbuild.host import expand, format_cpulist, parse_cpulist
@@ -188,18 +189,6 @@ def log_flags(house: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def house_rules(rules: Any) -> dict[str, Any]:
-    """The house rules as `run` uses them (deadlines in seconds), from the config's typed `run:` section
-    (`settings.run`); a mapping is checked as that section would be."""
-    from imgbuild.config.site import RunRules, as_text, checked_section, duration_seconds
-
-    house = as_text(checked_section(RunRules, "run", rules))
-    for key in ("default_time", "max_time"):
-        if house[key] is not None:
-            house[key] = duration_seconds(house[key])
-    return house
-
-
 def next_name(user: str, short: str, existing: set[str]) -> str:
     """`<user>_<short>_<n>` with the smallest n that no container (running or stopped) has."""
     n = 1
@@ -355,6 +344,21 @@ class Held:
     gpus: Claims = field(default_factory=dict)
     cpus: dict[int, int] = field(default_factory=dict)  # CPU -> how many containers are pinned to it
     ports: set[int] = field(default_factory=set)  # host ports published by containers or starting runs
+
+
+def gpu_claims(settings: Any) -> Callable[[Any, list[Any]], dict[str, list[Claim]]]:
+    """Who else holds which GPU on this host, for a smoke test's choice (build.smoke.ClaimsOf): the ledger's entries
+    and the engine's live containers. An unreadable ledger counts for nothing (the GPUs' own processes still do)."""
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+
+    def read(engine: Any, readings: list[Any]) -> dict[str, list[Claim]]:
+        try:
+            book = Ledger(house_rules(settings.run)["state_dir"] or DEFAULT_STATE_DIR).read()
+            return held_on_host(engine.containers.rows(), book.holds(), readings).gpus
+        except ImgbuildError:
+            return {}
+
+    return read
 
 
 def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]) -> Held:
@@ -850,7 +854,7 @@ def check_signed(image: str, settings: Any) -> str:
 def check_preload(image: str, engine: Any) -> str:
     """Refuse to start an image whose config sets LD_PRELOAD where the host's toolkit would run it on the host
     (NVIDIAScape); elsewhere, a warning for the caller to print ("" when there is nothing to say)."""
-    from imgbuild.servers.doctor import image_preload_verdict
+    from imgbuild.gpu.toolkit import image_preload_verdict
 
     info = engine.images.image(image)
     verdict = image_preload_verdict(list((info.config if info else {}).get("Env") or []), engine.host_has_gpus)

@@ -181,7 +181,7 @@ def write_textfile(path: Path, text: str) -> None:
 def append(folder: Path, rec: dict[str, Any]) -> None:
     """Append `rec` to the usage log in the reaper's own folder: a regular file the reaper owns, never a link;
     past LOG_BYTES the log is rotated once (usage.jsonl.1 keeps the previous span)."""
-    from imgbuild.servers.reap import append_record
+    from imgbuild.servers.ledger import append_record
 
     path = folder / USAGE_FILE
     try:
@@ -252,8 +252,7 @@ class Account:
 
 def account(state_dir: str | None, by: str, since_text: str | None, now: float | None = None) -> Account:
     """`imgbuild usage`: the reaper's usage log under `state_dir`, summed per `by` since `since_text` (30d)."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
-    from imgbuild.servers.reap import REAPER_DIR
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, REAPER_DIR
 
     now = time.time() if now is None else now
     since = since_of(since_text, now)

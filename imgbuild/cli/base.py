@@ -1,0 +1,89 @@
+"""The command group and what every cli module shares: the help's sections (each module declares its own),
+settings from the flags given, JSON output."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from imgbuild import __version__
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+
+
+class Section:
+    """A heading of `imgbuild --help` and the commands a cli module declares under it, in the order declared.
+    Sections are listed in the order their modules are imported (the pipeline's: cli/__init__.py)."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.names: list[str] = []
+        SECTIONS.append(self)
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
+        def register(fn: Callable[..., Any]) -> click.Command:
+            made = cli.command(*args, **kwargs)(fn)
+            self.names.append(str(made.name))
+            return made
+
+        return register
+
+    def group(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Group]:
+        def register(fn: Callable[..., Any]) -> click.Group:
+            made = cli.group(*args, **kwargs)(fn)
+            self.names.append(str(made.name))
+            return made
+
+        return register
+
+
+SECTIONS: list[Section] = []
+
+
+class SectionedGroup(click.Group):
+    """Lists commands under their modules' headings, in the order of the pipeline."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        ordered = [name for section in SECTIONS for name in section.names if name in self.commands]
+        return ordered + sorted(set(self.commands) - set(ordered))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for section in SECTIONS:
+            rows = [(n, self.commands[n].get_short_help_str(70)) for n in section.names if n in self.commands]
+            if rows:
+                with formatter.section(section.title):
+                    formatter.write_dl(rows)
+
+
+def settings_of(ctx: click.Context, **flags: Any) -> Settings:
+    """Settings by precedence, with the root's --user/--ngc-registry and this command's flags on top."""
+    from imgbuild.config.settings import load_settings
+
+    root = ctx.find_root().params
+    merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
+    return load_settings(merged)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "terminal_width": 100}
+
+
+@click.group(cls=SectionedGroup, context_settings=CONTEXT)
+@click.version_option(__version__, "--version", "-V", prog_name="imgbuild")
+@click.option("--user", metavar="NAME", help="Image namespace (IMGBUILD_USER; default: your login name).")
+@click.option("--ngc-registry", metavar="HOST", help="NGC registry or mirror (IMGBUILD_NGC_REGISTRY; default nvcr.io).")
+def cli(user: str | None, ngc_registry: str | None) -> None:
+    """Build NGC-based images from YAML recipes, prove they work on the GPU, run them on shared servers.
+
+    \b
+    Exit codes: 0 success, 1 the job ran and failed (build, smoke test, stale check),
+                2 bad input or usage, 3 environment (no Docker engine, registry unreachable).
+    Read commands take --json.
+    """

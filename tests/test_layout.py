@@ -1,0 +1,141 @@
+"""Issue 27: the house by domain. The packages a newcomer reads like a map, and the rules that keep it one:
+no import runs back up the levels, no module imports itself round a cycle, no module but the in-image script
+passes 500 lines, and the fake engine knows nothing of the pipeline.
+
+Every import counts: at the top of a module and inside a function alike (a late import is a dependency all the
+same); only those under `if TYPE_CHECKING:` (annotations) do not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "imgbuild"
+
+#: The levels, bottom up: a unit may import its own level's shared facts (level 0) and anything lower; at any
+#: other level, only its own unit and lower levels. A unit is a package (a folder) or a top-level module.
+LEVELS: list[set[str]] = [
+    {"errors", "facts", "limits", "ngc", "imageref", "host", "fields", "text", "ui", "yamlpos", "payload", "acting"},
+    {"gpu"},  # GPUs without Docker
+    {"config", "recipe", "engine", "registry"},  # settings, stage 1, stage 4, HTTP
+    {"build"},  # stages 2, 3, 5 and the pipeline
+    {"servers"},  # the shared GPU server
+    {"clusters"},  # Slurm, Apptainer, Kubernetes, dev containers
+    {"cli"},
+    {"__main__"},
+]
+LEVEL = {unit: i for i, units in enumerate(LEVELS) for unit in units}
+#: The one module allowed past MAX_LINES: the in-image smoke script (stdlib only, one file copied into images).
+MAX_LINES = 500
+LONG_ALLOWED = {"payload/smoke_image.py"}
+
+
+def _modules() -> dict[str, Path]:
+    """imgbuild's modules by name; the templates folder holds files for images, not modules."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[1] == "templates":
+            continue
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path] | None = None) -> set[str]:
+    """The modules `path` imports (`from PKG import MOD` counts as MOD), anywhere but under `if TYPE_CHECKING:`;
+    with `modules`, only those of imgbuild."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for node in ast.walk(branch)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                names.add(sub if modules is not None and sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n for n in names if modules is None or n in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name, "imgbuild"} for name, path in modules.items()}
+
+
+def _unit(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_every_unit_has_a_level():
+    units = {_unit(m) for m in _modules() if m != "imgbuild"}
+    assert units <= set(LEVEL), f"a new package or top-level module needs a place in LEVELS: {units - set(LEVEL)}"
+
+
+def test_no_import_runs_back_up_the_levels():
+    wrong = []
+    for module, imported in _graph().items():
+        if module == "imgbuild":
+            continue
+        mine = _unit(module)
+        for other in imported:
+            theirs = _unit(other)
+            if theirs == mine or LEVEL[theirs] == 0 or LEVEL[theirs] < LEVEL[mine]:
+                continue
+            wrong.append(f"{module} (level {LEVEL[mine]}) imports {other} (level {LEVEL[theirs]})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, path: list[str]) -> bool:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle.extend([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
+                return True
+            if nxt not in state and visit(nxt, [*path, nxt]):
+                return True
+        state[node] = 2
+        return False
+
+    for start in sorted(graph):
+        if start not in state and visit(start, [start]):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_module_but_the_in_image_script_passes_500_lines():
+    long = {
+        str(path.relative_to(PACKAGE)): len(path.read_text().splitlines())
+        for path in PACKAGE.rglob("*.py")
+        if len(path.read_text().splitlines()) > MAX_LINES
+    }
+    assert set(long) <= LONG_ALLOWED, {k: v for k, v in long.items() if k not in LONG_ALLOWED}
+
+
+def test_the_fake_engine_imports_nothing_from_the_pipeline():
+    imported = _imports(PACKAGE / "engine" / "fake.py", _modules())
+    assert {_unit(m) for m in imported} <= {"engine", *LEVELS[0]}, imported
+
+
+@pytest.mark.parametrize("script", ["payload/smoke_image.py", "templates/pip-guard.py"])
+def test_what_runs_inside_images_imports_only_the_stdlib(script):
+    """The in-image scripts are copied into images alone: an import of imgbuild, or of anything but the standard
+    library (and the framework, asked for by name at run time), would fail there."""
+    import sys
+
+    imported = {name.split(".")[0] for name in _imports(PACKAGE / script)}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
