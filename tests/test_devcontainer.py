@@ -60,7 +60,7 @@ def test_export_needs_exactly_one_target(tmp_path):
 
 def _shared_server(tmp_path, monkeypatch, gpus: list) -> None:
     """A shared server: the site's run rules (GPUs by variable, state here) and a snapshot of its GPUs."""
-    from imgbuild.gpu.gpus import Gpu
+    from imgbuild.gpu.read import Gpu
 
     snapshot = tmp_path / "gpus.json"
     snapshot.write_text(

@@ -164,7 +164,7 @@ def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
     slices make one GPU line, and a V100 on R590 fails."""
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.gpu.gpus import Gpu
+    from imgbuild.gpu.read import Gpu
     from imgbuild.servers import doctor
 
     slices = [

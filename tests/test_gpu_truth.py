@@ -881,7 +881,7 @@ def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
     from imgbuild.build.smoke import SmokeRequest, run_smoke
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.types import ImageInfo
-    from imgbuild.gpu.gpus import Gpu, GpuProcess
+    from imgbuild.gpu.read import Gpu, GpuProcess
 
     busy = Gpu(0, "MIG-aaaa", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 9000, 20000, None, [GpuProcess(7, "python", 9000, "bob")],
                "8.0", "580.95.05", "", "GPU-0", "3g.20gb")  # fmt: skip
@@ -900,7 +900,7 @@ def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did
     """Issue 28 (review item 10): GPUs that could not be read became [] (every GPU, other users' too)."""
     from imgbuild.build.smoke import SmokeRequest, run_smoke
     from imgbuild.engine.types import ImageInfo
-    from imgbuild.gpu import gpus as gpumod
+    from imgbuild.gpu import read as gpumod
 
     def unreadable(*_args, **_kw):
         raise gpumod.NoGpus("nvidia-smi not found; nvidia-ml-py is not installed")
@@ -919,7 +919,8 @@ def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did
 # --- GPUs read through the engine (issue 28, review item 16) ----------------------------------------------
 
 from imgbuild.build.smoke import declared_fleet, host_gpus  # noqa: E402
-from imgbuild.gpu.gpus import ENGINE_READ_MARKER, SmiReader, judge_engine_read  # noqa: E402
+from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, judge_engine_read  # noqa: E402
+from imgbuild.gpu.read import SmiReader  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 NO_DRIVER = 'could not select device driver "" with capabilities: [[gpu]]'

@@ -19,7 +19,8 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from imgbuild.errors import RegistryError, RegistryUnavailable
-from imgbuild.registry.client import Credentials, RegistryClient
+from imgbuild.registry.auth import Credentials
+from imgbuild.registry.client import RegistryClient
 from tests.conftest import run_cli
 from tests.fake_nvcr import QuietHandler
 

@@ -161,16 +161,16 @@ def test_8_a_registry_tag_in_other_digits_is_never_a_release():
 )
 def test_21_unicode_digits_are_refused_wherever_a_number_is_parsed(parse, text):
     from imgbuild import host
-    from imgbuild.gpu import fleet, gpus
+    from imgbuild.gpu import allocate, fleet, read
     from imgbuild.servers import run
 
     if parse == "duration":
         with pytest.raises(UsageError):
             run.parse_duration(text, "--time")
     elif parse == "gpus":
-        readings = [gpus.Gpu(i, f"GPU-{i}", "H100", 0, 81559, 0) for i in range(4)]
+        readings = [read.Gpu(i, f"GPU-{i}", "H100", 0, 81559, 0) for i in range(4)]
         with pytest.raises(UsageError):
-            gpus.select_gpus(text, readings, "me")
+            allocate.select_gpus(text, readings, "me")
     elif parse == "cpulist":
         with pytest.raises(ValueError):
             host.parse_cpulist(text)
@@ -1028,7 +1028,8 @@ def test_9_a_target_missing_a_blob_is_asked_again_then_named(monkeypatch):
 
 def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
     from imgbuild.errors import RegistryError, RegistryUnavailable
-    from imgbuild.registry.client import RegistryClient, Reply
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.registry.transport import Reply
 
     client = RegistryClient("r.example", insecure=True)
     body = json.dumps({"errors": [{"code": "MANIFEST_BLOB_UNKNOWN", "message": "blob unknown"}]}).encode()

@@ -17,7 +17,7 @@ import pytest
 
 from imgbuild.config.site import house_rules
 from imgbuild.errors import UsageError
-from imgbuild.gpu.gpus import Gpu
+from imgbuild.gpu.read import Gpu
 from imgbuild.host import caller
 from imgbuild.servers import usage
 from imgbuild.servers.ledger import Extension

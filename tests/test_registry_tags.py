@@ -8,7 +8,8 @@ import pytest
 
 from imgbuild.errors import RegistryError, RegistryUnavailable
 from imgbuild.ngc import newest_matching, parse_tag
-from imgbuild.registry.client import Credentials, RegistryClient, parse_challenge
+from imgbuild.registry.auth import Credentials, parse_challenge
+from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.tags import HostGpus, TagInfo, compatibility, select
 from tests import ngc_facts
 from tests.conftest import run_cli
@@ -232,7 +233,7 @@ def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
 def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch):
     import base64
 
-    from imgbuild.registry.client import docker_config_credentials
+    from imgbuild.registry.auth import docker_config_credentials
 
     config = tmp_path / "config.json"
     auth = base64.b64encode(b"$oauthtoken:nvapi-from-config").decode()

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from imgbuild.errors import UsageError
-from imgbuild.gpu import gpus as gpus_module
-from imgbuild.gpu.gpus import Sample, SmiReader, cpus_for, process_owner, select_gpus, summarize
+from imgbuild.gpu import read as gpus_module
+from imgbuild.gpu.allocate import Sample, cpus_for, select_gpus, summarize
+from imgbuild.gpu.read import SmiReader, process_owner
 from imgbuild.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
@@ -421,7 +422,8 @@ def _fake_nvml(monkeypatch, busy_slice: int):
 def test_a_mig_gpu_is_its_slices_and_one_busy_slice_leaves_the_others_free(monkeypatch):
     """The parent UUID of a MIG GPU is no device CUDA can use, and one busy slice marked the whole GPU busy: the
     slices are the units now, each with its own processes, chosen by MIG- UUID."""
-    from imgbuild.gpu.gpus import NvmlReader, select_gpus
+    from imgbuild.gpu.allocate import select_gpus
+    from imgbuild.gpu.read import NvmlReader
 
     slices = _fake_nvml(monkeypatch, busy_slice=0)
     gpus = NvmlReader().read()
@@ -437,7 +439,7 @@ def test_a_mig_gpu_is_its_slices_and_one_busy_slice_leaves_the_others_free(monke
 
 
 def test_nvidia_smi_lists_mig_slices_and_places_processes_it_can():
-    from imgbuild.gpu.gpus import Gpu, GpuProcess, mig_layout, split_mig
+    from imgbuild.gpu.read import Gpu, GpuProcess, mig_layout, split_mig
 
     listing = (
         "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-1111-2222-3333-444455556666)\n"

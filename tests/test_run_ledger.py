@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.gpu.gpus import Gpu, numa_cpus, pick_cpus, select_gpus
+from imgbuild.gpu.allocate import pick_cpus, select_gpus
+from imgbuild.gpu.read import Gpu, numa_cpus
 from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
 from imgbuild.servers.ledger import Entry, Ledger, alive
 from imgbuild.servers.run import RunRequest, held_on_host, prepare

@@ -114,7 +114,7 @@ def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) 
     from imgbuild.build.resolve import plan_recipe
     from imgbuild.build.smoke import declared_fleet
     from imgbuild.gpu.fleet import judge_tag, ok_and_why
-    from imgbuild.gpu.gpus import gpu_devices_present
+    from imgbuild.gpu.read import gpu_devices_present
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import tags as tagmod
     from imgbuild.registry.client import RegistryClient

@@ -23,7 +23,9 @@ from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.recipe import display_path, load_recipe
-from imgbuild.registry.client import RegistryClient, docker_config_credentials, split_reference
+from imgbuild.registry.auth import docker_config_credentials
+from imgbuild.registry.client import RegistryClient
+from imgbuild.registry.manifest import split_reference
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
 

@@ -51,7 +51,8 @@ def registry_inspector(
         cache = _BaseCache(settings, 0 if fresh else settings.base_cache_ttl)
         if (kept := cache.get(ref)) is not None:
             return kept
-        from imgbuild.registry.client import RegistryClient, split_reference
+        from imgbuild.registry.client import RegistryClient
+        from imgbuild.registry.manifest import split_reference
 
         host, repo, reference = split_reference(ref)
         client = clients.setdefault(host, RegistryClient.for_host(host, settings))
@@ -106,7 +107,8 @@ class _BaseCache:
 def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
     def resolve(repo_ref: str, framework: str | None, pattern: str) -> str:
         from imgbuild.ngc import newest_matching
-        from imgbuild.registry.client import RegistryClient, split_reference
+        from imgbuild.registry.client import RegistryClient
+        from imgbuild.registry.manifest import split_reference
 
         host, repo, _ = split_reference(repo_ref + ":x")
         tags = RegistryClient.for_host(host, settings).tags(repo)

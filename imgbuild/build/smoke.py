@@ -20,8 +20,10 @@ from imgbuild.engine import ImageEngine
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError
 from imgbuild.facts import Label
+from imgbuild.gpu.allocate import Claim
+from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
-from imgbuild.gpu.gpus import Claim, EngineGpus, Gpu
+from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
 
 SCRIPT = SMOKE_SCRIPT
@@ -123,7 +125,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGp
     """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
     where the engine shares it; else through the engine, in a short-lived container of `image` given every
     GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
-    from imgbuild.gpu.gpus import ENGINE_READ_MARKER, ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
+    from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
 
     source = str(getattr(settings, "gpu_source", "auto") or "auto")
     if source == "auto":
@@ -150,7 +152,8 @@ def _pick_gpus(
     """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
     process, container or starting run holds (`claims`). GPUs that cannot be read give [] (all) only to
     `--gpus all`; otherwise the smoke test stops, saying why."""
-    from imgbuild.gpu.gpus import GpusBusy, NoGpus, read_gpus, select_gpus
+    from imgbuild.gpu.allocate import GpusBusy, select_gpus
+    from imgbuild.gpu.read import NoGpus, read_gpus
     from imgbuild.host import caller
 
     request = req.gpus
@@ -292,7 +295,7 @@ def declared_fleet(
     driver = check_driver(settings.fleet_driver)
     host = host if isinstance(host, EngineGpus) else EngineGpus(host)
     if host.present:
-        from imgbuild.gpu.gpus import NoGpus, read_devices
+        from imgbuild.gpu.read import NoGpus, read_devices
 
         readings = host.readings
         if readings is None and host.source == "local":

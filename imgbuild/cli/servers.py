@@ -185,7 +185,7 @@ def _queued_busy() -> Iterator[None]:
     """A queued job's start (`imgbuild queue`): busy GPUs exit 75 (it stays queued), not 2 (it failed)."""
     import os
 
-    from imgbuild.gpu.gpus import GpusBusy
+    from imgbuild.gpu.allocate import GpusBusy
 
     try:
         yield
@@ -450,7 +450,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
 
     from imgbuild.engine import Engine
     from imgbuild.errors import ImgbuildError
-    from imgbuild.gpu.gpus import NoGpus, read_gpus
+    from imgbuild.gpu.read import NoGpus, read_gpus
     from imgbuild.servers.run import lost_containers
     from imgbuild.ui import print_table
 

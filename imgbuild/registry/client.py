@@ -9,187 +9,33 @@ OCI indexes, and config blobs.
 from __future__ import annotations
 
 import base64
-import contextlib
-import json
-import platform
-import re
-import subprocess
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from imgbuild import imageref, limits
-from imgbuild.errors import RegistryError, RegistryUnavailable, UsageError
+from imgbuild import limits
+from imgbuild.errors import RegistryError, RegistryUnavailable
 from imgbuild.imageref import DIGEST_RE
-
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    ]
+from imgbuild.registry.auth import Credentials, docker_config_credentials, parse_challenge
+from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
+from imgbuild.registry.transport import (
+    RETRY_STATUS,
+    TRANSPORT_ERRORS,
+    Reply,
+    TooBig,
+    digest_of,
+    error_code,
+    is_loopback,
+    next_link,
+    read_body,
+    retry_after,
+    shutdown,
 )
-INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
-RETRY_STATUS = {429, 500, 502, 503, 504}
-_CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
-
-
-def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
-    """`Bearer realm="...",scope="..."` -> ("bearer", {...}); loose about spacing, quotes and order."""
-    scheme, _, rest = header.strip().partition(" ")
-    params = {
-        m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)) for m in _CHALLENGE_RE.finditer(rest)
-    }
-    return scheme.lower(), params
-
-
-def split_reference(ref: str) -> tuple[str, str, str]:
-    """`host/org/repo:tag` or `...@sha256:..` -> (host, repository, tag-or-digest). Docker Hub defaults apply."""
-    try:
-        parsed = imageref.parse(ref)
-    except imageref.BadReference as exc:
-        raise UsageError(f"{exc}") from None
-    return parsed.registry, parsed.repository, parsed.reference
-
-
-def host_platform() -> tuple[str, str]:
-    machine = platform.machine().lower()
-    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
-    return "linux", arch
-
-
-@dataclass
-class Credentials:
-    username: str
-    password: str = field(repr=False)
-
-
-def docker_config_credentials(host: str, config_path: Path | None = None) -> Credentials | None:
-    """Credentials for `host` from ~/.docker/config.json: plain `auths`, or a credential helper."""
-    path = config_path or Path.home() / ".docker" / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
-    for key, entry in (config.get("auths") or {}).items():
-        if key.removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0] == host:
-            if entry.get("auth"):
-                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
-                return Credentials(user, password)
-            if entry.get("username"):
-                return Credentials(entry["username"], entry.get("password", ""))
-    if helper:
-        try:
-            out = subprocess.run(
-                [f"docker-credential-{helper}", "get"],
-                input=host,
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout
-            data = json.loads(out)
-            return Credentials(data["Username"], data["Secret"])
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError):
-            return None
-    return None
-
-
-@dataclass
-class Manifest:
-    digest: str
-    media_type: str
-    body: dict[str, Any]
-    platforms: tuple[str, ...] = ()  # the CPU architectures an index lists (linux); () for a single image
-
-    @property
-    def config_digest(self) -> str:
-        config = self.body.get("config")
-        digest = str(config.get("digest", "")) if isinstance(config, dict) else ""
-        if not DIGEST_RE.fullmatch(digest):
-            raise RegistryError("the registry's manifest names no valid config digest")
-        return digest
-
-    @property
-    def size(self) -> int:
-        """Compressed size of the image: config plus layers."""
-        return int(self.body.get("config", {}).get("size", 0)) + sum(
-            int(layer.get("size", 0)) for layer in self.body.get("layers", [])
-        )
-
-
-@dataclass
-class Reply:
-    """An HTTP answer read whole, within the deadline and the size cap."""
-
-    status_code: int
-    headers: Any
-    content: bytes
-    url: str
-
-    @property
-    def ok(self) -> bool:
-        return self.status_code < 400
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.content)
-        except ValueError:
-            raise RegistryError(
-                f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
-                f"(HTTP {self.status_code}, {len(self.content)} bytes)"
-            ) from None
-
-
-def _code(resp: Reply) -> str:
-    """`: MANIFEST_BLOB_UNKNOWN`, the first error code of a registry's JSON error body, or ""."""
-    try:
-        errors = json.loads(resp.content[:65536]).get("errors")
-        code = str(errors[0].get("code", ""))
-    except (ValueError, AttributeError, TypeError, IndexError, KeyError, RecursionError):
-        return ""
-    return f": {code[:40]}" if code.replace("_", "").isalnum() and code.isascii() else ""
-
-
-class _TooBig(Exception):
-    pass
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    import http.client
-
-    import urllib3.exceptions
-
-    return (urllib3.exceptions.HTTPError, http.client.HTTPException)
-
-
-_TRANSPORT_ERRORS = _transport_errors()
-
-
-def _read_body(resp: requests.Response, cap: int) -> bytes:
-    """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
-    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
-    inflate = (
-        zlib.decompressobj(16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
-        if encoding in ("gzip", "x-gzip", "deflate")
-        else None
-    )
-    out = bytearray()
-    for chunk in resp.raw.stream(64 * 1024, decode_content=False):
-        if inflate is not None:
-            chunk = inflate.decompress(chunk, cap + 1 - len(out))
-        out += chunk
-        if len(out) > cap:
-            raise _TooBig()
-    return bytes(out)
 
 
 class RegistryClient:
@@ -236,7 +82,7 @@ class RegistryClient:
             creds = Credentials("$oauthtoken", settings.ngc_api_key)
         else:
             creds = docker_config_credentials(host)
-        insecure = host in settings.insecure_registries or _is_loopback(host)
+        insecure = host in settings.insecure_registries or is_loopback(host)
         return cls(
             host,
             credentials=creds,
@@ -278,7 +124,7 @@ class RegistryClient:
                 )
                 box["resp"] = resp
                 try:
-                    box["reply"] = Reply(resp.status_code, resp.headers, _read_body(resp, self.body_bytes), url)
+                    box["reply"] = Reply(resp.status_code, resp.headers, read_body(resp, self.body_bytes), url)
                 finally:
                     resp.close()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
@@ -289,18 +135,18 @@ class RegistryClient:
         worker.join(budget)
         if worker.is_alive():
             if "resp" in box:
-                _shutdown(box["resp"])  # the reader's recv returns; the daemon thread ends with it
+                shutdown(box["resp"])  # the reader's recv returns; the daemon thread ends with it
             raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
         if "error" in box:
             error = box["error"]
-            if isinstance(error, _TooBig):
+            if isinstance(error, TooBig):
                 raise RegistryError(
                     f"registry {self.host}: an answer is larger than "
                     f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
                 )
             # urllib3's own errors (a read timing out mid-body, ReadTimeoutError) and http.client's reach us
             # unwrapped when the body is read from resp.raw
-            if isinstance(error, (requests.RequestException, OSError, zlib.error, *_TRANSPORT_ERRORS)):
+            if isinstance(error, (requests.RequestException, OSError, zlib.error, *TRANSPORT_ERRORS)):
                 raise self._unavailable(f"is unreachable ({type(error).__name__})")
             raise error
         return box["reply"]  # type: ignore[no-any-return]
@@ -318,7 +164,7 @@ class RegistryClient:
                 delay *= 2
                 continue
             if resp.status_code in RETRY_STATUS and attempt < self.retries:
-                wait = _retry_after(resp.headers.get("Retry-After", ""), delay)
+                wait = retry_after(resp.headers.get("Retry-After", ""), delay)
                 if wait > limits.RETRY_AFTER_SECONDS or wait >= self._left():
                     raise self._unavailable(f"answered HTTP {resp.status_code} and asks to retry after {wait:.0f} s")
                 time.sleep(wait)
@@ -333,7 +179,7 @@ class RegistryClient:
         parts = urlsplit(realm)
         if parts.scheme not in ("https", "http") or not parts.netloc:
             raise RegistryError(f"registry {self.host}: the token realm {realm[:80]!r} is not a URL")
-        if auth and parts.scheme != "https" and not _is_loopback(parts.netloc):
+        if auth and parts.scheme != "https" and not is_loopback(parts.netloc):
             raise RegistryError(
                 f"registry {self.host}: refusing to send credentials to a token realm over plain HTTP ({parts.netloc})"
             )
@@ -417,7 +263,7 @@ class RegistryClient:
         if 400 <= resp.status_code < 500 and resp.status_code != 429:
             # the registry refused this request (not busy, not down): say what it said, briefly
             raise RegistryError(
-                f"registry {self.host}: refused {what} in {repo} (HTTP {resp.status_code}{_code(resp)})"
+                f"registry {self.host}: refused {what} in {repo} (HTTP {resp.status_code}{error_code(resp)})"
             )
         if not resp.ok:
             raise RegistryUnavailable(f"registry {self.host}: HTTP {resp.status_code} for {what} in {repo}")
@@ -444,7 +290,7 @@ class RegistryClient:
             body = resp.json()
             page = body.get("tags") if isinstance(body, dict) else None
             tags.extend(t for t in (page if isinstance(page, list) else []) if isinstance(t, str) and len(t) <= 128)
-            url = _next_link(resp.headers.get("Link", ""), self._url(""))
+            url = next_link(resp.headers.get("Link", ""), self._url(""))
         else:
             if url is not None:
                 raise RegistryError(f"registry {self.host}: {repo} has more than {max_pages} pages of tags")
@@ -463,7 +309,7 @@ class RegistryClient:
         media_type = str(body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0])
         digest = resp.headers.get("Docker-Content-Digest", "")
         if not DIGEST_RE.fullmatch(digest):
-            digest = _digest_of(resp.content)  # what we received is what we pin
+            digest = digest_of(resp.content)  # what we received is what we pin
         if resolve_platform and media_type in INDEX_TYPES:
             os_name, host_arch = host_platform()
             arch = arch or host_arch
@@ -493,7 +339,7 @@ class RegistryClient:
         """A small blob (an attachment), read whole within the body cap and checked against its digest."""
         resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
         self._check(resp, f"blob {digest[:19]}", repo)
-        if _digest_of(resp.content) != digest:
+        if digest_of(resp.content) != digest:
             raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
         return resp.content
 
@@ -513,7 +359,7 @@ class RegistryClient:
         body = resp.json()
         media_type = str((body.get("mediaType") if isinstance(body, dict) else "") or "")
         media_type = media_type or resp.headers.get("Content-Type", "").split(";")[0].strip()
-        digest = _digest_of(resp.content)
+        digest = digest_of(resp.content)
         if DIGEST_RE.fullmatch(reference) and reference != digest:
             raise RegistryError(f"registry {self.host}: the manifest served for {reference[:19]} has another digest")
         return resp.content, media_type, digest
@@ -633,48 +479,3 @@ class RegistryClient:
             if hasattr(kw.get("data"), "seek"):
                 kw["data"].seek(0)
         raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
-
-
-def _shutdown(resp: requests.Response) -> None:
-    """Shut the response's socket down without taking the reader's locks (close() would wait for them)."""
-    import socket
-
-    conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
-    sock = getattr(conn, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _is_loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name == "localhost" or name.startswith("127.") or name in ("[::1]", "::1")
-
-
-def _retry_after(header: str, default: float) -> float:
-    header = header.strip()
-    if header.isdigit():
-        return float(header)
-    if header:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            return max(0.0, parsedate_to_datetime(header).timestamp() - time.time())
-        except (TypeError, ValueError):
-            pass
-    return default
-
-
-def _next_link(header: str, base: str) -> str | None:
-    for part in header.split(","):
-        m = re.match(r'\s*<([^>]+)>\s*;\s*rel="?next"?', part)
-        if m:
-            target = m.group(1)
-            return target if target.startswith("http") else urljoin(base, target)
-    return None
-
-
-def _digest_of(content: bytes) -> str:
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(content).hexdigest()

@@ -22,7 +22,8 @@ from typing import Any
 from imgbuild import limits
 from imgbuild.errors import EnvironmentProblem, RegistryError, UsageError
 from imgbuild.imageref import DIGEST_RE
-from imgbuild.registry.client import INDEX_TYPES, RegistryClient
+from imgbuild.registry.client import RegistryClient
+from imgbuild.registry.manifest import INDEX_TYPES
 
 _HOST_RE_HINT = "a registry host such as registry.example.org or 127.0.0.1:5001"
 

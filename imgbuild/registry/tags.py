@@ -17,9 +17,10 @@ from typing import Any
 
 from imgbuild.errors import RegistryUnavailable, UsageError
 from imgbuild.gpu.fleet import judge_tag, parse_targets
-from imgbuild.gpu.gpus import NoGpus, read_devices
+from imgbuild.gpu.read import NoGpus, read_devices
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
-from imgbuild.registry.client import RegistryClient, host_platform
+from imgbuild.registry.client import RegistryClient
+from imgbuild.registry.manifest import host_platform
 
 #: The platforms whose own arch lists a tag is judged on (GPU machines: amd64, and arm64 for Grace and Jetson).
 VARIANT_ARCHS = ("amd64", "arm64")

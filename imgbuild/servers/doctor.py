@@ -265,7 +265,7 @@ def collect(settings: Any, engine: Any) -> HostFacts:
     """This machine and its engine, read (nothing changed)."""
     from pathlib import Path
 
-    from imgbuild.gpu.gpus import NoGpus, read_gpus
+    from imgbuild.gpu.read import NoGpus, read_gpus
 
     driver = _driver_version()
     gpus: list[dict[str, Any]] = []

@@ -22,7 +22,7 @@ from typing import Any
 from imgbuild.config.site import house_rules
 from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.facts import Label
-from imgbuild.gpu.gpus import Claim, Claims, Selection, cpus_for, pick_cpus
+from imgbuild.gpu.allocate import Claim, Claims, Selection, cpus_for, pick_cpus
 from imgbuild.host import expand, format_cpulist, parse_cpulist
 
 #: `--name`: the <name> in <user>_<name>_<n>.
@@ -329,7 +329,7 @@ class RunRequest:
 
 
 def read_gpus_or_none(settings: Any) -> list[Any]:
-    from imgbuild.gpu.gpus import NoGpus, read_gpus
+    from imgbuild.gpu.read import NoGpus, read_gpus
 
     try:
         return read_gpus(settings.gpu_snapshot)
@@ -521,7 +521,7 @@ def container_view(engine: Any, settings: Any, now: float | None = None) -> list
 
 def check_quota(user: str, selection: Selection, held: Held, house: dict[str, Any]) -> None:
     """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
-    from imgbuild.gpu.gpus import GpusBusy
+    from imgbuild.gpu.allocate import GpusBusy
 
     if not selection.gpus:
         return
@@ -606,7 +606,7 @@ def prepare(
 ) -> RunSpec:
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them."""
-    from imgbuild.gpu.gpus import select_gpus
+    from imgbuild.gpu.allocate import select_gpus
     from imgbuild.host import caller, usable_cpus
 
     house = dict(house if house is not None else house_rules(settings.run))
@@ -765,7 +765,7 @@ def reserved(
     `wait` (seconds): while the GPUs are busy (other users, or the caller's quota), queue for them, first
     come first served across users: only the head of the queue may take GPUs. `on_wait(place, why)` is
     told each look; the place is given up on every way out (and, if this process dies, with it)."""
-    from imgbuild.gpu.gpus import GpusBusy
+    from imgbuild.gpu.allocate import GpusBusy
     from imgbuild.host import caller
     from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
 
@@ -917,7 +917,7 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
     import time
 
     from imgbuild.errors import ImgbuildError
-    from imgbuild.gpu.gpus import Sample, summarize
+    from imgbuild.gpu.allocate import Sample, summarize
 
     samples: list[Sample] = []
     stop = threading.Event()

@@ -1,0 +1,130 @@
+"""HTTP answers read whole within a deadline and a size cap, and the small rules around them: which statuses are
+retried and after how long, where the next page is, whether a host is this machine, a body's digest."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import requests
+
+from imgbuild.errors import RegistryError
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+@dataclass
+class Reply:
+    """An HTTP answer read whole, within the deadline and the size cap."""
+
+    status_code: int
+    headers: Any
+    content: bytes
+    url: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code < 400
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.content)
+        except ValueError:
+            raise RegistryError(
+                f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
+                f"(HTTP {self.status_code}, {len(self.content)} bytes)"
+            ) from None
+
+
+def error_code(resp: Reply) -> str:
+    """`: MANIFEST_BLOB_UNKNOWN`, the first error code of a registry's JSON error body, or ""."""
+    try:
+        errors = json.loads(resp.content[:65536]).get("errors")
+        code = str(errors[0].get("code", ""))
+    except (ValueError, AttributeError, TypeError, IndexError, KeyError, RecursionError):
+        return ""
+    return f": {code[:40]}" if code.replace("_", "").isalnum() and code.isascii() else ""
+
+
+class TooBig(Exception):
+    pass
+
+
+def transport_errors() -> tuple[type[BaseException], ...]:
+    import http.client
+
+    import urllib3.exceptions
+
+    return (urllib3.exceptions.HTTPError, http.client.HTTPException)
+
+
+TRANSPORT_ERRORS = transport_errors()
+
+
+def read_body(resp: requests.Response, cap: int) -> bytes:
+    """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    inflate = (
+        zlib.decompressobj(16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+        if encoding in ("gzip", "x-gzip", "deflate")
+        else None
+    )
+    out = bytearray()
+    for chunk in resp.raw.stream(64 * 1024, decode_content=False):
+        if inflate is not None:
+            chunk = inflate.decompress(chunk, cap + 1 - len(out))
+        out += chunk
+        if len(out) > cap:
+            raise TooBig()
+    return bytes(out)
+
+
+def shutdown(resp: requests.Response) -> None:
+    """Shut the response's socket down without taking the reader's locks (close() would wait for them)."""
+    import socket
+
+    conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def is_loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name == "localhost" or name.startswith("127.") or name in ("[::1]", "::1")
+
+
+def retry_after(header: str, default: float) -> float:
+    header = header.strip()
+    if header.isdigit():
+        return float(header)
+    if header:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(header).timestamp() - time.time())
+        except (TypeError, ValueError):
+            pass
+    return default
+
+
+def next_link(header: str, base: str) -> str | None:
+    for part in header.split(","):
+        m = re.match(r'\s*<([^>]+)>\s*;\s*rel="?next"?', part)
+        if m:
+            target = m.group(1)
+            return target if target.startswith("http") else urljoin(base, target)
+    return None
+
+
+def digest_of(content: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(content).hexdigest()
