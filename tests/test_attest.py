@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from imgbuild.build import attest
+from imgbuild.build import attest, verify
 from imgbuild.errors import RegistryError, UsageError
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
@@ -96,7 +96,7 @@ def signed(keys, **change) -> MemoryRegistry:
 
 def verdicts(registry, keys, digest=DIGEST, public="public", recipe=None) -> dict[str, bool]:
     key = attest.load_verifier(keys[public])
-    found = attest.verify(registry, "lab/research", "registry.example.org/lab/research", digest, key, recipe)
+    found = verify.verify(registry, "lab/research", "registry.example.org/lab/research", digest, key, recipe)
     return {v.check: v.ok for v in found}
 
 

@@ -13,7 +13,8 @@ from spython.main.parse.parsers import SingularityParser
 
 from imgbuild.build.plan import make_plan
 from imgbuild.build.render import apptainer_definition
-from imgbuild.clusters.slurm import JobFlags, JobSpec, check_image_present, job_from_flags, sbatch_script
+from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
+from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.settings import load_settings
 from imgbuild.errors import UsageError
 from imgbuild.recipe import load_recipe
@@ -377,7 +378,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
 
 def test_a_csc_like_site_config_describes_the_cluster():
     """Issue 18 item 8: binds, a default GPU type, memory in Slurm's units, GPUs per node of each type."""
-    from imgbuild.clusters.slurm import JobFlags, job_from_flags
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
 
     site = {
         "gpu_types": {"v100": "v100", "a100": "a100"},
@@ -408,7 +409,7 @@ def test_a_csc_like_site_config_describes_the_cluster():
 
 def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path):
     """Issue 18 item 9: export suggested pytorch-research.sif, slurm ran pytorch-research_24.05.sif."""
-    from imgbuild.clusters.slurm import sif_name, sif_path
+    from imgbuild.clusters.apptainer import sif_name, sif_path
 
     assert sif_name("lab/pytorch-research:24.05") == "pytorch-research_24.05.sif"
     assert sif_path("lab/pytorch-research:24.05", "/projappl/p") == "/projappl/p/pytorch-research_24.05.sif"
@@ -642,7 +643,7 @@ def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
 )
 def test_memory_is_written_in_whole_units_slurm_reads(per_gpu, gpus, mem):
     """Issue 31 N13: 7.5G x 3 rendered --mem=22.5G, which Slurm rejects."""
-    from imgbuild.clusters.slurm import slurm_mem
+    from imgbuild.clusters.jobs import slurm_mem
 
     assert slurm_mem(per_gpu, gpus) == mem
 

@@ -78,7 +78,7 @@ def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, mon
     """Issue 31 N6: `hostRequirements.gpu` made the Dev Containers CLI add `--gpus all` (every GPU of a shared
     server), with no name or labels, so quotas, `ps`, `gpus` and the reaper did not see it. Now the GPUs
     `run --gpus N` would pick (least used first), by UUID, the caller's name and labels, a CPU share."""
-    from imgbuild.clusters.slurm import export_devcontainer
+    from imgbuild.clusters.devcontainer import export_devcontainer
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.host import caller

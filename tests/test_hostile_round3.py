@@ -375,7 +375,8 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
     import os
     import subprocess
 
-    from imgbuild.clusters.slurm import JobFlags, job_from_flags, sbatch_script
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.clusters.slurm import sbatch_script
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -430,7 +431,7 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
     ],
 )
 def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value):
-    from imgbuild.clusters.slurm import JobFlags, job_from_flags
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
 
     with pytest.raises(UsageError, match="is not valid here"):
         job_from_flags(JobFlags(["true"], "x.sif", "x", **{flag: value}), {})

@@ -99,7 +99,7 @@ def export(
 
 
 def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None, to_stdout: bool, build: bool) -> None:
-    from imgbuild.clusters.slurm import apptainer_tool, build_sif, export_apptainer, sif_name
+    from imgbuild.clusters.apptainer import apptainer_tool, build_sif, export_apptainer, sif_name
     from imgbuild.engine import Engine
 
     out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
@@ -232,15 +232,15 @@ def slurm(
     test_only: bool,
 ) -> None:
     """Write (and --submit) an sbatch script running COMMAND in IMAGE or a RECIPE's image: imgbuild slurm IMG -- CMD"""
-    from imgbuild.clusters.slurm import (
+    from imgbuild.clusters.jobs import (
         JobFlags,
         check_image_present,
         job_from_flags,
         pack_dataset,
-        sbatch_script,
         stage_dir,
         submit_job,
     )
+    from imgbuild.clusters.slurm import sbatch_script
     from imgbuild.config.site import house_rules
     from imgbuild.servers.run import is_recipe, resolve_image
 
@@ -302,7 +302,7 @@ def slurm(
 
 
 def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | None, gpus: str | None) -> None:
-    from imgbuild.clusters.slurm import export_devcontainer
+    from imgbuild.clusters.devcontainer import export_devcontainer
     from imgbuild.engine import Engine
 
     path, notes = export_devcontainer(plan, recipe, settings, out, gpus, lambda: Engine.connect(settings.docker_cli))

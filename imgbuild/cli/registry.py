@@ -153,7 +153,7 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
     --recipe, that the recipe is the one it was built from), its SBOM (the one the provenance names, naming
     the base's digest). Exit 1 with a line per failure. imgbuild verify REGISTRY/REPO:TAG --key cosign.pub"""
     from imgbuild import imageref
-    from imgbuild.build import attest
+    from imgbuild.build import attest, verify
     from imgbuild.errors import RegistryError
     from imgbuild.registry.client import RegistryClient
     from imgbuild.servers.run import resolve_image
@@ -171,7 +171,7 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
     digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
     if not digest:
         raise RegistryError(f"{ref}: the registry has no such image")
-    verdicts = attest.verify(client, ref.repository, ref.name, digest, public_key, recipe_sha256)
+    verdicts = verify.verify(client, ref.repository, ref.name, digest, public_key, recipe_sha256)
     if as_json:
         emit_json({"image": ref.name, "digest": digest, "verdicts": [v.__dict__ for v in verdicts]})
     else:

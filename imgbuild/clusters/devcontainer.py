@@ -10,10 +10,11 @@ data mounts and env come from the same settings `imgbuild run` uses.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from imgbuild.build.plan import Plan
-from imgbuild.errors import UsageError
+from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
 from imgbuild.servers.run import RunSpec, limit_flags, log_flags
 
@@ -97,3 +98,37 @@ def devcontainer(
         doc["containerEnv"] = dict(sorted(env.items()))
     doc["customizations"] = {"vscode": {"extensions": ["ms-python.python", "ms-toolsai.jupyter"]}}
     return doc
+
+
+def export_devcontainer(
+    plan: Plan, recipe: Path, settings: Any, out: Path | None, gpus: str | None, engine_of: Any
+) -> tuple[Path, list[str]]:
+    """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image; (its path, notes for the user).
+
+    On a shared server (the config has `run:` house rules, or `--gpus` was given) the container gets what
+    `imgbuild run RECIPE --gpus N` would: chosen now under the host's ledger, by the same rules
+    (`engine_of()`: the engine, asked for only then); elsewhere, any GPUs the machine has."""
+    import json
+
+    from imgbuild.config.site import house_rules
+    from imgbuild.servers import run as runmod
+
+    house = house_rules(settings.run)
+    shared = gpus is not None or any(key.startswith("run.") for key in settings.sources)
+    folder = out or Path(".devcontainer")
+    path = folder / "devcontainer.json"
+    notes: list[str] = []
+    if shared:
+        request = runmod.RunRequest(image=str(recipe), gpu_request=gpus or "none")
+        with runmod.reserved(request, settings, engine_of()) as spec:
+            document = devcontainer(plan, house, spec=spec)
+        chosen = ",".join(str(g.index) for g in spec.gpus.gpus) or "none (--gpus N to ask)"
+        notes = [f"GPUs {chosen}, container {spec.name}", *NOT_HONOURED]
+    else:
+        document = devcontainer(plan, house)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
+    return path, notes

@@ -821,7 +821,7 @@ def check_signed(image: str, settings: Any) -> str:
     """The image to run: under the site's `run.signed_only` prefixes, only one signed by `run.signing_key`, and
     then by its digest (the tag cannot move between the check and the pull); any other image as it is."""
     from imgbuild import imageref
-    from imgbuild.build import attest
+    from imgbuild.build import attest, verify
     from imgbuild.errors import EnvironmentProblem
     from imgbuild.registry.client import RegistryClient
 
@@ -841,7 +841,7 @@ def check_signed(image: str, settings: Any) -> str:
     digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
     if not digest:
         raise UsageError(f"{image}: the registry has no such image")
-    verdict = attest.check_signature(
+    verdict = verify.check_signature(
         client, ref.repository, ref.name, digest, attest.load_verifier(Path(rules.signing_key))
     )
     if not verdict.ok:

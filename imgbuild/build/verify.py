@@ -1,0 +1,149 @@
+"""`imgbuild verify`: check what a pushed image carries beside it, as another site would: the signature over its
+digest, the provenance statement (signed, naming this recipe and the SBOM by digest) and the SBOM itself."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from imgbuild.build.attest import (
+    CYCLONEDX,
+    DIGEST_RE,
+    DSSE,
+    IN_TOTO,
+    MAX_ATTACHMENT,
+    SIGNATURE_ANNOTATION,
+    SIMPLE_SIGNING,
+    SLSA_PROVENANCE,
+    attachment_tag,
+    pae,
+    sha256,
+    signature_ok,
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str  # signature, provenance, recipe, sbom
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.ok else 'FAIL'} {self.check}: {self.detail}"
+
+
+def _layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
+    """The `media` layers of `digest`'s `kind` attachment: (content, annotations); none when it is absent."""
+    from imgbuild.errors import RegistryError
+
+    try:
+        body, _, _ = client.manifest_raw(repo, attachment_tag(digest, kind))
+    except RegistryError:
+        return []
+    try:
+        manifest = json.loads(body)
+        layers = [layer for layer in manifest.get("layers", [])[:16] if layer.get("mediaType") == media]
+    except (ValueError, AttributeError):
+        return []
+    out = []
+    for layer in layers:
+        blob_digest, notes, size = str(layer.get("digest", "")), layer.get("annotations") or {}, layer.get("size")
+        sized = isinstance(size, int) and 0 <= size <= MAX_ATTACHMENT  # the registry's word is untrusted too
+        if DIGEST_RE.fullmatch(blob_digest) and sized and isinstance(notes, dict):
+            try:
+                content = client.blob_bytes(repo, blob_digest)
+            except RegistryError:  # absent, or served with another digest: this layer vouches for nothing
+                continue
+            out.append((content, {str(k): str(v) for k, v in notes.items()}))
+    return out
+
+
+def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (ValueError, TypeError):  # not base64, or not text at all (an envelope's "sig" is untrusted)
+        return False
+    return signature_ok(public_key, raw, payload)
+
+
+def check_signature(client: Any, repo: str, image: str, digest: str, public_key: Any) -> Verdict:
+    for payload, notes in _layers(client, repo, digest, "sig", SIMPLE_SIGNING):
+        if not _signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
+            continue
+        try:
+            critical = json.loads(payload)["critical"]
+            signed_digest = critical["image"]["docker-manifest-digest"]
+            signed_image = critical["identity"]["docker-reference"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if signed_digest == digest and signed_image == image:
+            return Verdict("signature", True, f"{image}@{digest[:19]} signed by the key")
+    return Verdict("signature", False, f"no signature by this key over {image}@{digest[:19]}")
+
+
+def check_attestation(
+    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
+) -> tuple[list[Verdict], dict[str, Any] | None]:
+    """The provenance verdicts, and the statement when one is signed by the key for this digest."""
+    for envelope_bytes, _ in _layers(client, repo, digest, "att", DSSE):
+        try:
+            envelope = json.loads(envelope_bytes)
+            statement_bytes = base64.b64decode(envelope["payload"], validate=True)
+            signatures = [s["sig"] for s in envelope["signatures"]]
+            if envelope["payloadType"] != IN_TOTO:
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not any(_signed_payload(public_key, pae(IN_TOTO, statement_bytes), sig) for sig in signatures):
+            continue
+        try:
+            statement = json.loads(statement_bytes)
+            subjects = {s["digest"]["sha256"] for s in statement["subject"]}
+        except (ValueError, KeyError, TypeError):
+            continue
+        if digest.removeprefix("sha256:") not in subjects or statement.get("predicateType") != SLSA_PROVENANCE:
+            continue
+        verdicts = [Verdict("provenance", True, f"signed SLSA provenance for {digest[:19]}")]
+        if recipe_sha256 is not None:
+            recipe = statement["predicate"]["buildDefinition"]["externalParameters"].get("recipe", {})
+            same = recipe.get("sha256") == recipe_sha256
+            detail = f"built from {recipe.get('path')} " + (
+                "as it is here" if same else "as it was then; it has changed"
+            )
+            verdicts.append(Verdict("recipe", same, detail))
+        return verdicts, statement
+    return [Verdict("provenance", False, f"no provenance signed by this key for {digest[:19]}")], None
+
+
+def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | None) -> Verdict:
+    layers = _layers(client, repo, digest, "sbom", CYCLONEDX)
+    if not layers:
+        return Verdict("sbom", False, f"no SBOM for {digest[:19]}")
+    content, _ = layers[0]
+    if statement is None:
+        return Verdict("sbom", False, "an SBOM, but no signed provenance vouches for it")
+    try:
+        run = statement["predicate"]["runDetails"]
+        named = {b["digest"]["sha256"] for b in run["byproducts"] if b.get("name") == "sbom"}
+        base = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"]
+        document = json.loads(content)
+        bases = {c.get("version") for c in document.get("components", []) if c.get("bom-ref") == "base"}
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return Verdict("sbom", False, "the SBOM or the provenance is malformed")
+    if sha256(content).removeprefix("sha256:") not in named:
+        return Verdict("sbom", False, "the SBOM is not the one the signed provenance names (changed since)")
+    if f"sha256:{base}" not in bases:
+        return Verdict("sbom", False, "the SBOM does not name the base image's digest")
+    count = len(document.get("components", []))
+    return Verdict("sbom", True, f"{count} components over the base sha256:{base[:12]}")
+
+
+def verify(
+    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
+) -> list[Verdict]:
+    """Every check of a pushed image: its signature, its signed provenance (and recipe), its SBOM."""
+    verdicts = [check_signature(client, repo, image, digest, public_key)]
+    provenance_verdicts, statement = check_attestation(client, repo, image, digest, public_key, recipe_sha256)
+    return [*verdicts, *provenance_verdicts, check_sbom(client, repo, digest, statement)]

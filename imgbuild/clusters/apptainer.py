@@ -1,0 +1,74 @@
+"""Apptainer: a recipe's definition file exported (from the built image's archive, or the rendered context), the
+.sif built with the site's apptainer or singularity, and the one name a .sif of an image has.
+
+Docker is not allowed on most Slurm clusters; Apptainer runs the image there (`--nv` for GPUs).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imgbuild.build.plan import Plan
+from imgbuild.build.render import apptainer_definition
+from imgbuild.errors import JobFailed, UsageError
+
+
+def sif_name(image: str) -> str:
+    """The one name of an image's .sif: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.sif`
+    (what `export --apptainer` builds and what `slurm` runs)."""
+    from imgbuild.imageref import parse
+
+    ref = parse(image)
+    return ref.path.rsplit("/", 1)[-1] + (f"_{ref.tag}" if ref.tag else "") + ".sif"
+
+
+def sif_path(image: str, sif_dir: str | None) -> str:
+    """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
+    if image.endswith(".sif"):
+        return image
+    return str(Path(sif_dir) / sif_name(image)) if sif_dir else sif_name(image)
+
+
+@dataclass
+class Exported:
+    definition: str
+    archive: str | None = None  # the docker save tar, for the docker-archive bootstrap
+    context: Path | None = None  # the rendered context, for the native bootstrap
+    sif: Path | None = None  # the built image, where apptainer is installed
+
+
+def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
+    """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
+    from imgbuild.build.context import context_dir, render_into
+
+    archive = None
+    context = None
+    if bootstrap == "docker-archive":
+        if engine is None or engine.images.image(plan.target) is None:
+            raise UsageError(f"{plan.target} is not built: run imgbuild build on its recipe first")
+        archive = str((out or Path(sif_name(plan.target))).with_suffix(".tar"))
+        engine.images.save(plan.target, Path(archive))
+    if bootstrap == "native":
+        context = render_into(plan, context_dir(plan, settings), "buildkit", settings)
+    return Exported(apptainer_definition(plan, bootstrap, archive), archive, context)
+
+
+def apptainer_tool() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def build_sif(tool: str, definition: Path, cwd: Path | None) -> Path:
+    """`apptainer build` the definition, then `apptainer test` it (the %test section runs the smoke test)."""
+    sif = definition.with_suffix(".sif")
+    steps = (
+        [tool, "build", "--force", str(sif.resolve()), str(definition.resolve())],
+        [tool, "test", str(sif.resolve())],
+    )
+    for args in steps:
+        if subprocess.run(args, cwd=cwd).returncode != 0:
+            raise JobFailed(f"{' '.join(args[:2])} failed for {definition}")
+    return sif

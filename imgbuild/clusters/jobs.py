@@ -1,0 +1,296 @@
+"""From `imgbuild slurm` flags and the site's `slurm:` section to a JobSpec: the image's file for the runtime,
+header values checked, memory per GPU, a dataset packed for node-local staging, and the submission (sbatch)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgbuild.clusters.apptainer import sif_name, sif_path
+from imgbuild.clusters.slurm import JobSpec, UserWord
+from imgbuild.config.site import SLURM_TIME_RE
+from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+
+
+def site_slurm(site: Any) -> dict[str, Any]:
+    """The cluster site's settings from the config's typed `slurm:` section (`settings.slurm`); a mapping is
+    checked as that section would be."""
+    from imgbuild.config.site import SlurmSite, as_text, checked_section
+
+    return as_text(checked_section(SlurmSite, "slurm", site))
+
+
+_MEM_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)B?", re.IGNORECASE)
+
+
+def slurm_mem(per_gpu: str, gpus: int) -> str:
+    """`mem_per_gpu` times the GPUs, in Slurm's units (a bare number is MB, as Slurm reads it)."""
+    match = _MEM_RE.fullmatch(per_gpu.strip())
+    if not match:
+        raise UsageError(f"config slurm.mem_per_gpu: {per_gpu[:40]!r} is not a Slurm memory size (e.g. 64G, 16000M)")
+    amount, unit = float(match.group(1)), (match.group(2) or "M").upper()
+    total = amount * max(gpus, 1)
+    if total != int(total):  # Slurm reads whole numbers only (strtoll): 7.5G x 3 is 23040M, never 22.5G
+        total, unit = total * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit], "M"
+        return f"{int(total + 0.999999)}M"
+    return f"{int(total)}{unit}"
+
+
+def oci_name(image: str) -> str:
+    """The one name of an image's OCI bundle: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.oci`."""
+    return sif_name(image).removesuffix(".sif") + ".oci"
+
+
+def oci_path(image: str, sif_dir: str | None) -> str:
+    """`lab/x:1` -> `<sif_dir>/x_1.oci` (absolute: the job finds it from any folder); a bundle folder passes."""
+    if image.startswith(("/", "./")) or image.endswith(".oci"):
+        return str(Path(image).absolute())
+    return str((Path(sif_dir) if sif_dir else Path.cwd()) / oci_name(image))
+
+
+def check_image_present(job: JobSpec) -> None:
+    """Before a job is queued: the .sif or bundle it runs must exist (the job starts where sbatch is called)."""
+    if job.runtime in ("apptainer", "singularity") and not Path(job.image).is_file():
+        raise UsageError(
+            f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
+            ".sif there (slurm.sif_dir), or name the .sif to run"
+        )
+    if job.runtime == "oci" and not (Path(job.image) / "config.json").is_file():
+        raise UsageError(
+            f"{job.image}: no OCI bundle here; write it with `imgbuild export RECIPE --oci DIR` "
+            "where the nodes see it (slurm.sif_dir), or name the bundle to run"
+        )
+
+
+@dataclass
+class JobFlags:
+    """`imgbuild slurm`'s flags; None means: the site's default."""
+
+    command: list[str]
+    image: str
+    short_name: str
+    gpus: int = 1
+    nodes: int = 1
+    gpu_type: str | None = None
+    cpus_per_gpu: int | None = None
+    cpus: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str | None = None
+    output: str = "%x-%j.out"
+    stage: list[str] = field(default_factory=list)
+    binds: list[str] = field(default_factory=list)
+    runtime: str | None = None
+    torchrun: bool | None = None
+    nccl_debug: str | None = None
+    task_per_gpu: bool = False
+    max_restarts: int = 0
+    requeue: bool = False
+    signal_lead: int = 300
+    snapshot_dir: str | None = None
+    usage: bool = True
+    local_image: bool = False  # the image is a recipe's, built here (docker runtime: never pulled)
+
+
+#: A snapshot folder: an absolute path or one under a job variable ($SLURM_SUBMIT_DIR/...), no spaces,
+#: quotes or colons (it becomes a bind SRC:DEST).
+_SNAPSHOT_RE = re.compile(r"(?:/|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)[\w@%+=.,/-]*")
+
+
+def _snapshot_dir(flags: JobFlags, scratch_var: str) -> str | None:
+    wanted = flags.snapshot_dir or ("$SLURM_SUBMIT_DIR/snapshots" if flags.requeue else None)
+    if wanted is None:
+        return None
+    if not _SNAPSHOT_RE.fullmatch(wanted):
+        raise UsageError(f"--snapshot-dir: {wanted[:80]!r} is not an absolute path or $VAR/path (no spaces or colons)")
+    local = (f"${scratch_var}", f"${{{scratch_var}}}", "$TMPDIR", "${TMPDIR}", "/tmp", "/dev/shm", "/var/tmp")
+    if any(wanted == root or wanted.startswith(root + "/") for root in local):
+        raise UsageError(
+            f"--snapshot-dir {wanted}: node-local disk is wiped when the job ends or is requeued; use "
+            "persistent storage (default $SLURM_SUBMIT_DIR/snapshots)"
+        )
+    return wanted
+
+
+#: What an `#SBATCH` value may hold (each is one line of the script: a newline would end the header and run).
+_HEADER_VALUES = {
+    "job_name": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}"), "letters, digits, _ . + -"),
+    "time": (SLURM_TIME_RE, "e.g. 01:00:00, 2-00:00:00"),
+    "mem": (re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,3})?[KMGT]?", re.IGNORECASE), "e.g. 64G, 16000M"),
+    "output": (re.compile(r"[A-Za-z0-9_.%/+=@-]{1,1024}"), "a path pattern such as %x-%j.out"),
+    "partition": (re.compile(r"[A-Za-z0-9_.,-]{1,128}"), "a partition name"),
+    "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}"), "an account name"),
+    "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
+}
+
+
+def _slurm_seconds(text: str) -> int | None:
+    """Slurm's time formats (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) in seconds; None for UNLIMITED."""
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        hours, minutes, secs = (parts + [0, 0])[:3]
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + secs
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def _check_header_values(flags: JobFlags) -> None:
+    """Flags that become `#SBATCH` lines: whole-string patterns, ASCII only (exit 2, never a script that runs
+    what the header smuggled)."""
+    for name, (pattern, example) in _HEADER_VALUES.items():
+        value = getattr(flags, name)
+        if value is not None and not pattern.fullmatch(str(value)):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
+
+
+def _image_for(runtime: str, image: str, sif_dir: str | None) -> str:
+    if runtime in ("apptainer", "singularity"):
+        return sif_path(image, sif_dir)
+    return oci_path(image, sif_dir) if runtime == "oci" else image
+
+
+def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
+    """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
+    how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
+    site = site_slurm(site_config)
+    runtime = flags.runtime or site["runtime"]
+    if flags.task_per_gpu and flags.torchrun:
+        raise UsageError("--task-per-gpu starts one task per GPU itself (MPI, Horovod): it does not take --torchrun")
+    if runtime == "oci" and flags.binds:
+        raise UsageError(
+            "--bind: an OCI bundle's folders are fixed when it is written: imgbuild export RECIPE --oci DIR --bind ..."
+        )
+    if flags.max_restarts and (flags.task_per_gpu or flags.torchrun is False):
+        raise UsageError("--max-restarts: torchrun restarts the workers; this job does not use torchrun")
+    _check_header_values(flags)
+    per_gpu_mem = site["mem_per_gpu"]
+    friendly = flags.gpu_type or site["gpu_type"]
+    known = site["gpu_types"] or {}
+    if flags.gpu_type and known and flags.gpu_type not in known and flags.gpu_type not in known.values():
+        raise UsageError(f"--gpu-type {flags.gpu_type}: this site has {', '.join(sorted(known))} (slurm.gpu_types)")
+    if flags.requeue:
+        limit = _slurm_seconds(flags.time or site["time"])
+        if limit is not None and limit <= flags.signal_lead:
+            raise UsageError(
+                f"--requeue: the time limit ({flags.time or site['time']}) is no longer than the signal lead "
+                f"({flags.signal_lead} s): the job would be requeued before doing any work"
+            )
+    limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
+    if limit and flags.gpus > int(limit):
+        nodes = -(-flags.gpus // int(limit))
+        raise UsageError(
+            f"--gpus {flags.gpus} --gpu-type {friendly}: a {friendly} node has {limit} GPUs; ask for "
+            f"--nodes {nodes * flags.nodes} --gpus {-(-flags.gpus // nodes)} (GPUs are per node)"
+        )
+    return JobSpec(
+        command=[UserWord(word) for word in flags.command],
+        image=_image_for(runtime, flags.image, site["sif_dir"]),
+        gpus=flags.gpus,
+        nodes=flags.nodes,
+        gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,
+        cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]),
+        cpus=flags.cpus,
+        mem=flags.mem or (slurm_mem(str(per_gpu_mem), flags.gpus) if per_gpu_mem else None),
+        time=flags.time or site["time"],
+        # a job without GPUs does not hold a GPU node's CPUs where the site has a partition for it
+        partition=flags.partition or (flags.gpus == 0 and site["cpu_partition"]) or site["partition"],
+        account=flags.account or site["account"],
+        job_name=flags.job_name or flags.short_name,
+        output=flags.output,
+        stage=flags.stage,
+        scratch_var=site["scratch_var"],
+        scratch_gres=site["scratch_gres"] if flags.stage else None,
+        runtime=runtime,
+        binds=[*(site["binds"] or []), *(UserWord(b) for b in flags.binds)],
+        nccl_debug=flags.nccl_debug,
+        rdzv_port=int(site["rdzv_port"]),
+        torchrun=True if flags.max_restarts and flags.torchrun is None else flags.torchrun,
+        task_per_gpu=flags.task_per_gpu,
+        docker_gpu_flag=docker_gpu_flag,
+        local_image=flags.local_image,
+        max_restarts=flags.max_restarts,
+        requeue=flags.requeue,
+        signal_lead=flags.signal_lead,
+        snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
+        usage=flags.usage,
+    )
+
+
+def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
+    """`folder` as one tar in `into` (for `--stage`), made once: (the tar, whether it was made now).
+
+    The tar's name carries a digest of every entry's path, size, modification time and mode, so an
+    unchanged folder reuses its tar and a changed one gets a new one (the older tar of the same folder is
+    removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
+    import hashlib
+    import os
+    import tarfile
+
+    folder = folder.resolve()
+    if not folder.is_dir():
+        raise UsageError(f"--stage {folder}: not a folder or a tar")
+    digest = hashlib.sha256()
+    entries: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(dirs) + sorted(files):
+            path = Path(root) / name
+            info = path.lstat()
+            if not (path.is_symlink() or path.is_file() or path.is_dir()):
+                continue  # sockets, fifos, devices: not data
+            entries.append(path)
+            rel = path.relative_to(folder).as_posix()
+            digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", folder.name) or "data"
+    target = into / f"{stem}-{digest.hexdigest()[:16]}.tar"
+    if target.is_file():
+        return target, False
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        partial = into / f".{target.name}.{os.getpid()}.partial"
+        try:
+            with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(folder, arcname=stem, recursive=False)
+                for path in entries:
+                    tar.add(path, arcname=f"{stem}/{path.relative_to(folder).as_posix()}", recursive=False)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        for old in into.glob(f"{stem}-" + "[0-9a-f]" * 16 + ".tar"):
+            if old != target:
+                old.unlink(missing_ok=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"--stage {folder}: cannot write {target}: {exc.strerror}") from None
+    return target, True
+
+
+def stage_dir(site_config: Any) -> Path:
+    configured = site_slurm(site_config)["stage_dir"]
+    return Path(configured) if configured else Path.cwd() / ".imgbuild-stage"
+
+
+def submit_job(script: str, *, test_only: bool = False) -> str:
+    """Hand the script to sbatch on standard input; the job id, or what --test-only says."""
+    args = ["sbatch", *(["--test-only"] if test_only else ["--parsable"])]
+    try:
+        proc = subprocess.run(args, input=script, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise EnvironmentProblem("sbatch is not installed here: copy the script to a login node") from None
+    except subprocess.TimeoutExpired:
+        raise EnvironmentProblem("sbatch did not answer within 60 s: is slurmctld up?") from None
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise JobFailed(f"sbatch refused the job: {text.splitlines()[-1] if text else proc.returncode}")
+    return text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}"
