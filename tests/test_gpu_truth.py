@@ -767,8 +767,8 @@ def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path):
     import dataclasses
 
     from imgbuild.config.site import RunRules, checked_section
+    from imgbuild.servers.holds import gpu_claims
     from imgbuild.servers.ledger import Ledger
-    from imgbuild.servers.run import gpu_claims
     from tests.test_run_gpus import server
 
     gpus = server("dgx-a100")

@@ -162,11 +162,11 @@ def test_8_a_registry_tag_in_other_digits_is_never_a_release():
 def test_21_unicode_digits_are_refused_wherever_a_number_is_parsed(parse, text):
     from imgbuild import host
     from imgbuild.gpu import allocate, fleet, read
-    from imgbuild.servers import run
+    from imgbuild.servers import spec
 
     if parse == "duration":
         with pytest.raises(UsageError):
-            run.parse_duration(text, "--time")
+            spec.parse_duration(text, "--time")
     elif parse == "gpus":
         readings = [read.Gpu(i, f"GPU-{i}", "H100", 0, 81559, 0) for i in range(4)]
         with pytest.raises(UsageError):
@@ -440,7 +440,8 @@ def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value
 def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     """probe-3 #1: the Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
     from imgbuild.config.settings import load_settings
-    from imgbuild.servers.run import RunRequest, jupyter_notes, prepare
+    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.spec import jupyter_notes
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))
@@ -553,8 +554,8 @@ def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
 
 
 def test_3_an_extension_moves_only_its_owners_container(tmp_path):
+    from imgbuild.servers.containers import effective_deadline
     from imgbuild.servers.ledger import Extension, Ledger
-    from imgbuild.servers.run import effective_deadline
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)

@@ -7,7 +7,7 @@ import pytest
 from imgbuild.host import Caller, caller
 from imgbuild.imageref import BadReference, parse
 from imgbuild.recipe import secret_variable
-from imgbuild.servers.run import check_owner, find_container
+from imgbuild.servers.containers import check_owner, find_container
 
 # (text, registry, repository, reference, normal form)
 GOOD_REFERENCES = [

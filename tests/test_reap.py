@@ -20,9 +20,10 @@ from imgbuild.errors import UsageError
 from imgbuild.gpu.read import Gpu
 from imgbuild.host import caller
 from imgbuild.servers import usage
+from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
-from imgbuild.servers.run import RunRequest, effective_deadline, prepare
+from imgbuild.servers.run import RunRequest, prepare
 
 ME = caller().name
 H = 3600.0

@@ -17,8 +17,9 @@ from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.gpu.allocate import pick_cpus, select_gpus
 from imgbuild.gpu.read import Gpu, numa_cpus
 from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
+from imgbuild.servers.holds import held_on_host
 from imgbuild.servers.ledger import Entry, Ledger, alive
-from imgbuild.servers.run import RunRequest, held_on_host, prepare
+from imgbuild.servers.run import RunRequest, prepare
 from tests.conftest import ROOT
 
 ME = caller().name
@@ -502,7 +503,7 @@ def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monke
     )
     assert prepare(RunRequest("img", ["true"], gpu_request="device=0"), settings, held).gpus  # the one you hold
     other = f"{ME}x"  # a group member's container counts against the group's share
-    monkeypatch.setattr("imgbuild.servers.run.group_members", lambda g: {ME, other})
+    monkeypatch.setattr("imgbuild.servers.holds.group_members", lambda g: {ME, other})
     rows.append({"name": f"{other}_b_1", "user": other, "status": "running", "gpu_uuids": four[1].uuid})
     held = held_on_host(rows, [], four)
     with pytest.raises(UsageError, match=f"run.max_gpus_per_group {group}.*group {group} holds 2"):

@@ -98,7 +98,7 @@ def _outcome(exc: BaseException) -> tuple[list[str], int]:
 
 
 # Each module declares its help section and registers its commands; imported in the pipeline's order.
-from imgbuild.cli import recipes, images, registry, servers, clusters, settings  # noqa: E402,F401,I001 - registers
+from imgbuild.cli import recipes, images, registry, servers, queue, admin, clusters, settings  # noqa: E402,F401,I001
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -242,7 +242,7 @@ def slurm(
     )
     from imgbuild.clusters.slurm import sbatch_script
     from imgbuild.config.site import house_rules
-    from imgbuild.servers.run import is_recipe, resolve_image
+    from imgbuild.servers.spec import is_recipe, resolve_image
 
     settings = settings_of(ctx)
     ref, short = resolve_image(image, settings, paths=True)
@@ -342,7 +342,7 @@ def k8s(
     from imgbuild.clusters import k8s as k8smod
     from imgbuild.config.site import QUANTITY_RE
     from imgbuild.engine import Engine
-    from imgbuild.servers.run import host_ids, resolve_image
+    from imgbuild.servers.spec import host_ids, resolve_image
 
     settings = settings_of(ctx)
     if mem is not None and not QUANTITY_RE.fullmatch(mem):

@@ -66,7 +66,7 @@ def build(
     from imgbuild.build import rebuild as rb
     from imgbuild.engine import Engine
     from imgbuild.servers import enforce
-    from imgbuild.servers.run import gpu_claims
+    from imgbuild.servers.holds import gpu_claims
     from imgbuild.ui import Progress, print_table
 
     settings = settings_of(ctx, backend=backend, builder=builder)
@@ -153,7 +153,7 @@ def smoke(
     from imgbuild.engine import Engine
     from imgbuild.gpu.fleet import check_driver, parse_targets
     from imgbuild.servers import enforce
-    from imgbuild.servers.run import gpu_claims
+    from imgbuild.servers.holds import gpu_claims
     from imgbuild.ui import print_table
 
     fleet = parse_targets(targets) if targets is not None else None
@@ -227,7 +227,7 @@ def rebuild(
     import threading
 
     from imgbuild.build import rebuild as rb
-    from imgbuild.servers.run import gpu_claims
+    from imgbuild.servers.holds import gpu_claims
     from imgbuild.ui import print_table
 
     lock = threading.Lock()

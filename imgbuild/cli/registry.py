@@ -156,7 +156,7 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
     from imgbuild.build import attest, verify
     from imgbuild.errors import RegistryError
     from imgbuild.registry.client import RegistryClient
-    from imgbuild.servers.run import resolve_image
+    from imgbuild.servers.spec import resolve_image
 
     settings = settings_of(ctx)
     public_key = attest.load_verifier(key)

@@ -1,4 +1,4 @@
-"""Shared GPU servers: run, ps, attach, logs, exec, stop, gpus."""
+"""Shared GPU servers, for their users: run, ps, attach, logs, exec, stop, extend, shell, gpus."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,7 +16,7 @@ from imgbuild.errors import UsageError
 SECTION = Section("Servers")
 
 if TYPE_CHECKING:
-    from imgbuild.servers.run import RunSpec
+    from imgbuild.servers.spec import RunSpec
 
 
 class _RunCommand(click.Command):
@@ -110,6 +109,7 @@ def run(
     """
     from imgbuild.engine import Engine
     from imgbuild.servers import run as runmod
+    from imgbuild.servers import spec as runspec
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
@@ -138,12 +138,12 @@ def run(
     if dry_run:
         with _queued_busy():  # `queue add` checks a job this way: busy GPUs now are no reason to refuse it
             spec = runmod.prepare(request, settings)
-        spec.name = runmod.next_name(spec.user, spec.short_name, set())
+        spec.name = runspec.next_name(spec.user, spec.short_name, set())
         _say_chosen(spec)
         click.echo(spec.command_line(settings.docker_cli or "docker"))
         return
     engine = Engine.connect(settings.docker_cli)
-    _note(runmod.check_preload(runmod.resolve_image(request.image, settings)[0], engine))
+    _note(runmod.check_preload(runspec.resolve_image(request.image, settings)[0], engine))
     told: list[tuple[int, str]] = []
 
     def waiting(place: int, why: str) -> None:
@@ -151,7 +151,7 @@ def run(
             click.echo(f"waiting: place {place} in the queue ({why})", err=True)
             told.append((place, why))
 
-    timeout = runmod.parse_duration(wait, "--wait") if wait is not None else None
+    timeout = runspec.parse_duration(wait, "--wait") if wait is not None else None
     with _queued_busy(), runmod.reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
         _say_chosen(spec)
         click.echo(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})", err=True)
@@ -160,7 +160,7 @@ def run(
             if spec.jupyter_port:
                 import socket
 
-                for line in runmod.jupyter_notes(spec, socket.getfqdn()):
+                for line in runspec.jupyter_notes(spec, socket.getfqdn()):
                     click.echo(line)
             return
         outcome = runmod.start_attached(engine, spec, settings)
@@ -228,7 +228,7 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     """Your containers (or --all users'), with their GPUs, CPU limits and deadlines."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.servers.run import container_view
+    from imgbuild.servers.containers import container_view
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
@@ -261,7 +261,7 @@ def _on_container(
     """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.servers.run import check_owner, find_container
+    from imgbuild.servers.containers import check_owner, find_container
 
     settings = settings_of(ctx)
     engine = Engine.connect(settings.docker_cli)
@@ -320,86 +320,6 @@ def stop(ctx: click.Context, name: str, remove: bool, force: bool) -> None:
 
 
 @SECTION.command()
-@click.option("--dry-run", is_flag=True, help="List what it would do; do nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable actions.")
-@click.pass_context
-def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
-    """Enforce the house rules (for admins, from cron or a systemd timer): warn, then stop containers past
-    their deadline or idle too long; remove old exited ones where the site asks (config `reap:`)."""
-    import time
-
-    from imgbuild.config.site import house_rules
-    from imgbuild.engine import Engine
-    from imgbuild.servers import reap as reaper
-    from imgbuild.servers.run import read_gpus_or_none
-    from imgbuild.ui import print_table
-
-    settings = settings_of(ctx)
-    house, rules = house_rules(settings.run), reaper.policy(settings.reap)
-    engine = Engine.connect(settings.docker_cli)
-    report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
-    if not dry_run:  # the queue advances on every reaper run: no daemon needed
-        from imgbuild.host import caller
-        from imgbuild.servers import queue as jobs
-        from imgbuild.servers.ledger import DEFAULT_STATE_DIR
-
-        _say_tried(jobs.advance(Path(house["state_dir"] or DEFAULT_STATE_DIR), caller()))
-    rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
-    if as_json:
-        emit_json(rows)
-        return
-    if not rows:
-        click.echo("nothing to do")
-        return
-    print_table(
-        ["action", "container", "user", "rule", "why", "outcome"],
-        [[r["verb"], r["name"], r["user"], r["rule"], r["reason"], r["outcome"]] for r in rows],
-    )
-
-
-@SECTION.command()
-@click.option("--since", metavar="DURATION", help="Only the last DURATION (30d, 12h); default: all of the log.")
-@click.option("--by", type=click.Choice(["user", "group", "gpu"]), default="user", show_default=True)
-@click.option("--prometheus", type=click.Path(dir_okay=False, path_type=Path), help="Also write a textfile for "
-              "node_exporter's textfile collector (per-user and per-GPU gauges).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-@click.pass_context
-def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | None, as_json: bool) -> None:
-    """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
-    import time
-
-    from imgbuild.config.site import house_rules
-    from imgbuild.servers import usage as accounting
-    from imgbuild.ui import print_table
-
-    settings = settings_of(ctx)
-    now = time.time()
-    found = accounting.account(house_rules(settings.run)["state_dir"], by, since, now)
-    if prometheus:
-        accounting.write_textfile(prometheus, accounting.prometheus(found.by_user, found.by_gpu, found.since, now))
-    if as_json:
-        emit_json([r.to_json() for r in found.rows])
-        return
-    if not found.rows:
-        click.echo(f"no GPU use recorded ({found.records} reaper runs read)")
-        return
-    print_table(
-        [by, "GPU-h held", "GPU-h used", "mean util", "containers"],
-        [
-            [
-                r.key,
-                f"{r.held_hours:.2f}",
-                f"{r.used_hours:.2f}",
-                "n/a" if r.mean_util is None else f"{r.mean_util:.0f}%",
-                str(len(r.containers)),
-            ]
-            for r in found.rows
-        ],  # fmt: skip
-        title=f"GPU usage per {by}" + (f" since {since}" if since else "") + f" ({found.records} reaper runs)",
-    )
-
-
-@SECTION.command()
 @click.argument("name")
 @click.argument("duration")
 @_FORCE
@@ -411,8 +331,8 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     from imgbuild.config.site import house_rules
     from imgbuild.engine import Engine
     from imgbuild.host import caller
-    from imgbuild.servers.run import check_owner, find_container, human_duration
-    from imgbuild.servers.run import extend as extend_deadline
+    from imgbuild.servers.containers import check_owner, find_container, human_duration
+    from imgbuild.servers.containers import extend as extend_deadline
 
     settings = settings_of(ctx)
     who = caller()
@@ -451,7 +371,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
     from imgbuild.engine import Engine
     from imgbuild.errors import ImgbuildError
     from imgbuild.gpu.read import NoGpus, read_gpus
-    from imgbuild.servers.run import lost_containers
+    from imgbuild.servers.containers import lost_containers
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
@@ -500,185 +420,7 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         time.sleep(interval)
 
 
-@SECTION.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable lines.")
-@click.pass_context
-def doctor(ctx: click.Context, as_json: bool) -> None:
-    """This host as a lab admin needs to see it: the driver, the NVIDIA Container Toolkit (and its known container
-    escapes), the engine's default runtime, CDI, GPUs and MIG, memlock, cgroups, who is in the docker group.
-    Each line ok, warn or fail with its fix; exit 1 when one fails. Changes nothing."""
-    from imgbuild.engine import Engine
-    from imgbuild.errors import EXIT_FAILED, ImgbuildError
-    from imgbuild.servers import doctor as doc
-    from imgbuild.ui import print_table
-
-    settings = settings_of(ctx)
-    try:
-        engine: Any = Engine.connect(settings.docker_cli)
-    except ImgbuildError as exc:
-        engine = _Unreachable(str(exc))
-    lines = doc.judge(doc.collect(settings, engine))
-    if as_json:
-        emit_json({"lines": [line.to_json() for line in lines]})
-    else:
-        print_table(
-            ["check", "status", "detail", "fix"],
-            [[line.check, line.status.upper(), line.detail, line.fix] for line in lines],
-            title="imgbuild doctor",
-        )
-    if any(line.status == "fail" for line in lines):
-        raise SystemExit(EXIT_FAILED)
-
-
-class _Unreachable:
-    """An engine that did not answer, for doctor's one line about it."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def host_info(self) -> dict[str, Any]:
-        return {"error": self.why}
-
-
 def _note(text: str) -> None:
     """A note for the user on stderr, when there is one."""
     if text:
         click.echo(text, err=True)
-
-
-@SECTION.group()
-def admin() -> None:
-    """For the admin of a shared GPU server."""
-
-
-@admin.command()
-@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one running now).")
-def sudoers(binary: str | None) -> None:
-    """Print the sudoers drop-in for enforced mode: users run imgbuild's user commands as root, nothing else."""
-    import os
-    import shutil
-
-    from imgbuild.servers.enforce import sudoers as drop_in
-
-    found = binary or shutil.which("imgbuild") or os.path.abspath(sys.argv[0])
-    click.echo(drop_in(found), nl=False)
-
-
-@SECTION.group()
-def queue() -> None:
-    """A batch queue: jobs that start like `run -d` when their GPUs are free, in turn across users."""
-
-
-def _queue_dir(ctx: click.Context) -> Path:
-    from imgbuild.config.site import house_rules
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
-
-    return Path(house_rules(settings_of(ctx).run)["state_dir"] or DEFAULT_STATE_DIR)
-
-
-def _say_tried(tried: list[Any]) -> None:
-    for job in tried:
-        what = f"started {job.container}" if job.state == "started" else f"failed: {job.detail}"
-        click.echo(f"job {job.id} ({job.user}): {what}", err=True)
-
-
-@queue.command(name="add", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True)
-@click.pass_context
-def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
-    """File a job: `imgbuild queue add --gpus 2 IMAGE -- python train.py` (run's options; it starts detached)."""
-    import os
-
-    from imgbuild.host import caller
-    from imgbuild.servers import queue as jobs
-
-    state = _queue_dir(ctx)
-    job = jobs.add(state, caller(), list(args), os.getcwd())
-    click.echo(job.id)
-    _say_tried(jobs.advance(state, caller()))
-
-
-@queue.command(name="ls")
-@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
-@click.pass_context
-def queue_ls(ctx: click.Context, as_json: bool) -> None:
-    """Every user's jobs: waiting, started and failed."""
-    import time
-    from dataclasses import asdict
-
-    from imgbuild.servers import queue as jobs
-    from imgbuild.ui import print_table
-
-    found = jobs.Queue(_queue_dir(ctx)).load().jobs
-    if as_json:
-        emit_json([asdict(j) for j in sorted(found, key=lambda j: j.submitted)])
-        return
-    if not found:
-        click.echo("the queue is empty")
-        return
-    place = {j.id: n for n, j in enumerate(jobs.order(found), 1)}
-    print_table(
-        ["id", "user", "state", "place", "submitted", "container / why", "command"],
-        [
-            [
-                j.id,
-                j.user,
-                j.state,
-                str(place.get(j.id, "")),
-                time.strftime("%m-%d %H:%M", time.localtime(j.submitted)),
-                j.container or j.detail,
-                " ".join(j.args)[:80],
-            ]
-            for j in sorted(found, key=lambda j: j.submitted)
-        ],  # fmt: skip
-        title="imgbuild queue" + (" (drained: nothing starts)" if jobs.drained(_queue_dir(ctx)) else ""),
-    )
-
-
-@queue.command(name="rm")
-@click.argument("job_id")
-@click.pass_context
-def queue_rm(ctx: click.Context, job_id: str) -> None:
-    """Take one of your waiting (or ended) jobs out of the queue."""
-    from imgbuild.host import caller
-    from imgbuild.servers import queue as jobs
-
-    job = jobs.remove(_queue_dir(ctx), caller(), job_id)
-    click.echo(f"removed job {job.id}", err=True)
-
-
-@queue.command(name="run")
-@click.pass_context
-def queue_run(ctx: click.Context) -> None:
-    """Start what fits now (root: every user's jobs; a user: their own). `imgbuild reap` does this on each run."""
-    from imgbuild.host import caller
-    from imgbuild.servers import queue as jobs
-
-    tried = jobs.advance(_queue_dir(ctx), caller())
-    _say_tried(tried)
-    if not tried:
-        click.echo("nothing started", err=True)
-
-
-@queue.command(name="drain")
-@click.pass_context
-def queue_drain(ctx: click.Context) -> None:
-    """Root: jobs that run finish, no job starts (before maintenance)."""
-    _set_drained(ctx, True, "drained: no queued job starts until `imgbuild queue resume`")
-
-
-@queue.command(name="resume")
-@click.pass_context
-def queue_resume(ctx: click.Context) -> None:
-    """Root: queued jobs start again."""
-    _set_drained(ctx, False, "resumed")
-
-
-def _set_drained(ctx: click.Context, on: bool, said: str) -> None:
-    from imgbuild.host import caller
-    from imgbuild.servers import queue as jobs
-
-    if not caller().is_admin:
-        raise UsageError(f"queue {'drain' if on else 'resume'}: the admin's (root)")
-    jobs.set_drained(_queue_dir(ctx), on)
-    click.echo(said, err=True)

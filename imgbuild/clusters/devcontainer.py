@@ -16,7 +16,7 @@ from typing import Any
 from imgbuild.build.plan import Plan
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
-from imgbuild.servers.run import RunSpec, limit_flags, log_flags
+from imgbuild.servers.spec import RunSpec, limit_flags, log_flags
 
 #: What a container the Dev Containers CLI starts cannot have of `imgbuild run`'s house rules, said to the user.
 NOT_HONOURED = (

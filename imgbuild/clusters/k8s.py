@@ -216,7 +216,7 @@ def pinned_image(image: str, settings: Any, engine_of: Any) -> str:
     from imgbuild import imageref
     from imgbuild.errors import EnvironmentProblem
     from imgbuild.registry.client import RegistryClient
-    from imgbuild.servers.run import is_recipe, resolve_image
+    from imgbuild.servers.spec import is_recipe, resolve_image
 
     ref, _ = resolve_image(image, settings)
     parsed = imageref.parse(ref)

@@ -156,7 +156,7 @@ def _warn_then(final: str, warned: dict[str, float], rule: str, now: float, lead
 
 
 def human(seconds: float) -> str:
-    from imgbuild.servers.run import human_duration
+    from imgbuild.servers.containers import human_duration
 
     return human_duration(max(0.0, seconds))
 
@@ -167,7 +167,7 @@ def human(seconds: float) -> str:
 def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], now: float, state: State) -> None:
     """Add one sample per running container with GPUs: busy when any of its GPUs is above idle_percent
     (a GPU whose use cannot be read, as on MIG, counts as busy: never stop what cannot be measured)."""
-    from imgbuild.servers.run import running_with_gpus
+    from imgbuild.servers.holds import running_with_gpus
 
     alive = set()
     for row, held in running_with_gpus(rows, gpus):
@@ -317,8 +317,8 @@ def reap(
 ) -> Report:
     """One reaper run at time `now` (injectable): sample, decide, then (unless `dry_run`) warn, stop,
     remove, and record each action in the log."""
+    from imgbuild.servers.containers import effective_deadline
     from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
-    from imgbuild.servers.run import effective_deadline
 
     state_dir = Path(house["state_dir"] or DEFAULT_STATE_DIR)
     ledger = Ledger(state_dir)

@@ -44,7 +44,7 @@ def record(now: float, previous: float | None, holds: list[dict[str, Any]]) -> d
 
 def holds_of(rows: list[dict[str, Any]], gpus: list[Any], group_of: Any) -> list[dict[str, Any]]:
     """The running containers' GPUs as a record holds them (`group_of(user)`: the user's primary group)."""
-    from imgbuild.servers.run import running_with_gpus
+    from imgbuild.servers.holds import running_with_gpus
 
     holds = []
     for row, held in running_with_gpus(rows, gpus):

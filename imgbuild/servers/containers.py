@@ -1,0 +1,150 @@
+"""Your containers, by short name: finding one, whose it is, its deadline and moving it (`extend`), GPUs it has
+lost (a re-attached driver), and the `ps` view of them all."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from imgbuild.config.site import house_rules
+from imgbuild.errors import UsageError
+from imgbuild.servers.spec import parse_duration
+
+# --- your containers, by short name ---------------------------------------------------------------
+
+
+def find_container(rows: list[dict[str, Any]], name: str, user: str) -> dict[str, Any]:
+    """The container `name` means: an exact name, `<user>_<name>`, or the one `<user>_<name>_<n>`."""
+    by_name = {r["name"]: r for r in rows}
+    for candidate in (name, f"{user}_{name}"):
+        if candidate in by_name:
+            return by_name[candidate]
+    matches = sorted(n for n in by_name if n.startswith(f"{user}_{name}_"))
+    if len(matches) == 1:
+        return by_name[matches[0]]
+    if matches:
+        raise UsageError(f"{name!r} matches {', '.join(matches)}: say which")
+    raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
+
+
+def check_owner(row: dict[str, Any], who: Any, verb: str, force: bool) -> None:
+    """Every verb on a container follows one rule: it is the caller's, or an admin says --force.
+
+    The owner is the `org.imgbuild.user` label `imgbuild run` writes (else the `<user>_` name prefix);
+    the caller is who really runs imgbuild (sudo-aware), never a --user flag."""
+    if row["user"] == who.name:
+        return
+    if force and who.is_admin:
+        return
+    if force:
+        raise UsageError(
+            f"{row['name']} belongs to {row['user'] or 'nobody known'}: only root may {verb} other users' containers"
+        )
+    raise UsageError(
+        f"{row['name']} belongs to {row['user'] or 'nobody known'}, not to {who.name}"
+        + ("; --force to " + verb + " it anyway" if who.is_admin else "")
+    )
+
+
+def deadline_of(wanted: str | None, house: dict[str, Any], now: float | None = None) -> float | None:
+    """`--time` (else the site's default_time) from now, within the site's max_time."""
+    seconds = parse_duration(wanted, "--time") if wanted else house.get("default_time")
+    if seconds is None:
+        return None
+    if seconds <= 0:
+        raise UsageError(f"--time {wanted}: a deadline must be later than now (e.g. 2h)")
+    most = house.get("max_time")
+    if most is not None and seconds > most:
+        raise UsageError(f"--time {wanted}: this site allows at most {human_duration(most)} (run.max_time)")
+    return (time.time() if now is None else now) + seconds
+
+
+def human_duration(seconds: float) -> str:
+    """1d 2h, 45m, 30s."""
+    seconds = int(round(seconds))
+    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "m")]
+    text = " ".join(f"{n}{unit}" for n, unit in parts if n)
+    return text or f"{seconds}s"
+
+
+def effective_deadline(row: dict[str, Any], extended: dict[str, Any], house: dict[str, Any]) -> float | None:
+    """A container's deadline: its label, moved by `extend` (never past its start + the site's max_time), by
+    its owner only (`extended`: container ID -> ledger.Extension)."""
+    label = row.get("deadline")
+    extension = extended.get(row.get("id") or "")
+    moved = extension.deadline if extension is not None and extension.user == row.get("user") else None
+    if label is None or moved is None or moved <= label:
+        return label
+    most = house.get("max_time")
+    created = row.get("created_ts")
+    if most is not None and created is not None:
+        moved = min(moved, created + most)
+    return max(label, moved)
+
+
+def extend(row: dict[str, Any], by: str, house: dict[str, Any]) -> float:
+    """Move one container's deadline by `by`, within the site's max_time from its start; the new deadline."""
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Extension, Ledger
+
+    seconds = parse_duration(by, "extend")
+    if row.get("deadline") is None:
+        raise UsageError(f"{row['name']} has no deadline to extend")
+    ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
+    with ledger.transaction() as book:
+        current = effective_deadline(row, book.extended, house) or 0.0
+        wanted = current + seconds
+        most = house.get("max_time")
+        created = row.get("created_ts")
+        if most is not None and created is not None and wanted > created + most + 1:
+            raise UsageError(
+                f"extend {row['name']} {by}: the site allows {human_duration(most)} from its start (run.max_time); "
+                f"at most {human_duration(max(0.0, created + most - current))} more"
+            )
+        book.extended[row["id"]] = Extension(wanted, row.get("user") or "")
+    return wanted
+
+
+#: What a container says when the host's GPUs were re-attached under it (a `systemctl daemon-reload`
+#: rewrites the device cgroup of containers started with NVIDIA's hook).
+LOST_GPU_SIGNS = ("NVML: Unknown Error", "Failed to initialize NVML")
+LOST_GPU_FIX = (
+    "GPUs lost (NVML: Unknown Error, typically after `systemctl daemon-reload` on the host): save your work, "
+    "then `imgbuild stop --rm {name}` and start it again (admins: use CDI devices to prevent it)"
+)
+
+
+def gpus_lost(engine: Any, row: dict[str, Any]) -> str:
+    """The one-line fix when a running container with GPUs can no longer reach them; "" otherwise."""
+    if row.get("status") != "running" or not (row.get("gpus") or row.get("gpu_uuids")):
+        return ""
+    code, output = engine.containers.probe(row["name"], ["nvidia-smi", "-L"])
+    if code != 0 and any(sign in output for sign in LOST_GPU_SIGNS):
+        return LOST_GPU_FIX.format(name=row["name"])
+    return ""
+
+
+def lost_containers(engine: Any) -> list[dict[str, str]]:
+    """Running containers whose GPUs vanished under them, each with the fix (`imgbuild gpus`)."""
+    found = [(r["name"], gpus_lost(engine, r)) for r in engine.containers.rows() if not r.get("smoke")]
+    return [{"name": name, "fix": fix} for name, fix in found if fix]
+
+
+def container_view(engine: Any, settings: Any, now: float | None = None) -> list[dict[str, Any]]:
+    """`ps`'s rows: the engine's, with each deadline (as `extend` moved it), the time left, lost GPUs."""
+    from imgbuild.errors import EnvironmentProblem
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+
+    house = house_rules(settings.run)
+    try:
+        extended = Ledger(house["state_dir"] or DEFAULT_STATE_DIR).read().extended
+    except EnvironmentProblem:
+        extended = {}
+    now = time.time() if now is None else now
+    rows = []
+    for row in engine.containers.rows():
+        if row.get("smoke"):
+            continue
+        deadline = effective_deadline(row, extended, house)
+        left = "" if deadline is None else ("passed" if deadline <= now else human_duration(deadline - now))
+        rows.append({**row, "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})
+    return rows

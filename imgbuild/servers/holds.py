@@ -1,0 +1,132 @@
+"""Who holds what on this host: GPUs, CPUs and ports of live containers (their labels and cpusets) and of the
+ledger's starting runs, and the quotas over them (per user, per group)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from imgbuild.config.site import house_rules
+from imgbuild.errors import ImgbuildError
+from imgbuild.gpu.allocate import Claim, Claims, Selection
+from imgbuild.servers.spec import cpulist_of
+
+
+@dataclass
+class Held:
+    """What is taken on this host: GPUs given to containers or to starting runs, and pinned CPUs."""
+
+    gpus: Claims = field(default_factory=dict)
+    cpus: dict[int, int] = field(default_factory=dict)  # CPU -> how many containers are pinned to it
+    ports: set[int] = field(default_factory=set)  # host ports published by containers or starting runs
+
+
+def gpu_claims(settings: Any) -> Callable[[Any, list[Any]], dict[str, list[Claim]]]:
+    """Who else holds which GPU on this host, for a smoke test's choice (build.smoke.ClaimsOf): the ledger's entries
+    and the engine's live containers. An unreadable ledger counts for nothing (the GPUs' own processes still do)."""
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+
+    def read(engine: Any, readings: list[Any]) -> dict[str, list[Claim]]:
+        try:
+            book = Ledger(house_rules(settings.run)["state_dir"] or DEFAULT_STATE_DIR).read()
+            return held_on_host(engine.containers.rows(), book.holds(), readings).gpus
+        except ImgbuildError:
+            return {}
+
+    return read
+
+
+def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]) -> Held:
+    """Claims from the engine's live containers (their labels and cpusets) and the ledger's entries."""
+    held = Held()
+    uuid_of = {g.index: g.uuid for g in gpus}
+
+    def claim(uuid: str, user: str, what: str) -> None:
+        held.gpus.setdefault(uuid, []).append(Claim(user, what))
+
+    for row in rows:
+        if row.get("status") not in ("running", "restarting", "paused"):
+            continue
+        for uuid in container_gpus(row, uuid_of):
+            claim(uuid, row["user"], f"container {row['name']}")
+        for cpu in cpulist_of(row.get("cpuset") or ""):
+            held.cpus[cpu] = held.cpus.get(cpu, 0) + 1
+        held.ports.update(row.get("ports") or [])
+    for entry in entries:
+        held.ports.update(entry.ports)
+        for uuid in entry.gpus:
+            claim(uuid, entry.user, f"{entry.name} starting")
+        for cpu in entry.cpus:
+            held.cpus[cpu] = held.cpus.get(cpu, 0) + 1
+    return held
+
+
+def container_gpus(row: dict[str, Any], uuid_of: dict[int, str]) -> list[str]:
+    """The UUIDs of a container's GPUs, from its labels (indices, for containers started before UUIDs)."""
+    uuids = [u for u in (row.get("gpu_uuids") or "").split(",") if u]
+    if uuids:
+        return uuids
+    indices = [int(i) for i in (row.get("gpus") or "").split(",") if i.isdigit()]
+    return [uuid_of[i] for i in indices if i in uuid_of]
+
+
+def running_with_gpus(rows: list[dict[str, Any]], gpus: list[Any]) -> list[tuple[dict[str, Any], list[Any]]]:
+    """Each running container with GPUs this host reads, and those GPUs (the reaper's samples, the usage log)."""
+    uuid_of = {g.index: g.uuid for g in gpus}
+    by_uuid = {g.uuid: g for g in gpus}
+    found = []
+    for row in rows:
+        if row.get("status") == "running":
+            held = [by_uuid[u] for u in container_gpus(row, uuid_of) if u in by_uuid]
+            if held:
+                found.append((row, held))
+    return found
+
+
+def check_quota(user: str, selection: Selection, held: Held, house: dict[str, Any]) -> None:
+    """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
+    from imgbuild.gpu.allocate import GpusBusy
+
+    if not selection.gpus:
+        return
+    wanted = set(selection.uuids)
+
+    limits = [("run.max_gpus_per_user", house.get("max_gpus_per_user"), {user}, "you hold")]
+    for group, limit in sorted((house.get("max_gpus_per_group") or {}).items()):
+        members = group_members(group)
+        if user in members:
+            limits.append((f"run.max_gpus_per_group {group}", limit, members, f"group {group} holds"))
+    for key, limit, members, who in limits:
+        if limit is None:
+            continue
+        have = _holding(held, members)
+        total = len(set(have) | wanted)
+        if total > int(limit):
+            listed = "; ".join(sorted(w for ws in have.values() for w in ws)) or "none"
+            raise GpusBusy(
+                f"quota: at most {limit} GPUs at once ({key}); {who} {len(have)} ({listed}) and this run asks "
+                f"for {len(wanted - set(have))} more"
+            )
+
+
+def _holding(held: Held, members: set[str]) -> dict[str, set[str]]:
+    """GPU UUID -> what of `members` holds it."""
+    out: dict[str, set[str]] = {}
+    for uuid, claims in held.gpus.items():
+        for c in claims:
+            if c.user in members:
+                out.setdefault(uuid, set()).add(f"{c.user}: {c.what}")
+    return out
+
+
+def group_members(group: str) -> set[str]:
+    """Users in a Unix group: its listed members and those whose primary group it is."""
+    import grp
+    import pwd
+
+    try:
+        entry = grp.getgrnam(group)
+    except KeyError:
+        return set()
+    return set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
