@@ -147,3 +147,12 @@ def bridge_gateway(client) -> str:
 
     config = client.networks.get("bridge").attrs["IPAM"]["Config"][0]
     return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+
+
+def run_words(spec) -> list[str]:
+    """A RunSpec's `docker run` words as `run --dry-run` shows them (variables with their values)."""
+    import shlex
+
+    from imgbuild.engine.containers import run_command_line
+
+    return shlex.split(run_command_line(spec.options()))[1:]

@@ -440,6 +440,7 @@ def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value
 def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     """probe-3 #1: the Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
     from imgbuild.config.settings import load_settings
+    from imgbuild.engine.containers import run_argv
     from imgbuild.servers.run import RunRequest, prepare
     from imgbuild.servers.spec import jupyter_notes
 
@@ -450,7 +451,7 @@ def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     (tmp_path / "site.yaml").write_text(f"run: {{state_dir: {tmp_path / 'state'}, env: {{SITE_VAR: site-value}}}}\n")
     request = RunRequest("img", ["python3", "-e", "A=B"], jupyter=True, env=["HF_TOKEN=hf_CANARY"])
     spec = prepare(request, load_settings({}), gpus=[])
-    argv, env = spec.cli_invocation()
+    argv, env = run_argv(spec.options())
     token = env["JUPYTER_TOKEN"]
     assert len(token) == 48 and not any(token in word for word in argv)
     assert env["HF_TOKEN"] == "hf_CANARY" and not any("CANARY" in word for word in argv)

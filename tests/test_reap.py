@@ -24,6 +24,7 @@ from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
 from imgbuild.servers.run import RunRequest, prepare
+from tests.conftest import run_words
 
 ME = caller().name
 H = 3600.0
@@ -164,7 +165,7 @@ def test_time_and_its_site_maximum():
         prepare(RunRequest("img", ["true"], time="4d"), _settings(), house=house)
     spec = prepare(RunRequest("img", ["true"], time="2h"), _settings(), house=house)
     assert spec.deadline is not None and abs(spec.deadline - time.time() - 7200) < 60
-    assert f"org.imgbuild.deadline={spec.deadline:.0f}" in spec.docker_args()
+    assert f"org.imgbuild.deadline={spec.deadline:.0f}" in run_words(spec)
     default = prepare(RunRequest("img", ["true"]), _settings(), house=house)
     assert default.deadline is not None and abs(default.deadline - time.time() - 86400) < 60
     assert prepare(RunRequest("img", ["true"]), _settings(), house=house_rules({})).deadline is None

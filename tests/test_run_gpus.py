@@ -17,7 +17,7 @@ from imgbuild.gpu.read import SmiReader, process_owner
 from imgbuild.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_words
 
 ME = caller().name  # containers are named after who runs imgbuild, never after IMGBUILD_USER
 
@@ -348,15 +348,15 @@ def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, mon
     from imgbuild.config.settings import load_settings
 
     settings = load_settings({"user": "lab"})
-    none = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
+    none = run_words(prepare(RunRequest("ubuntu:22.04", ["true"]), settings))
     values = [none[i + 1] for i, word in enumerate(none) if word == "-e"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in values and "--gpus" not in none
-    some = prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=2"), settings).docker_args()
+    some = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=2"), settings))
     assert "NVIDIA_VISIBLE_DEVICES=void" not in some and "--gpus" in some
     # Issue 18 item 5: a detached run keeps its container, so its output and traceback survive it.
-    detached = prepare(RunRequest("ubuntu:22.04", ["true"], detach=True), settings).docker_args()
+    detached = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], detach=True), settings))
     assert "-d" in detached and "--rm" not in detached
-    attached = prepare(RunRequest("ubuntu:22.04", ["true"]), settings).docker_args()
+    attached = run_words(prepare(RunRequest("ubuntu:22.04", ["true"]), settings))
     assert "--rm" in attached
 
 

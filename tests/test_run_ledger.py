@@ -20,7 +20,7 @@ from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
 from imgbuild.servers.holds import held_on_host
 from imgbuild.servers.ledger import Entry, Ledger, alive
 from imgbuild.servers.run import RunRequest, prepare
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_words
 
 ME = caller().name
 
@@ -169,23 +169,25 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
     monkeypatch.setattr("imgbuild.host.usable_cpus", lambda: list(range(224)))
     settings = load_settings({})
     spec = prepare(RunRequest("ubuntu:22.04", ["python", "t.py"], gpu_request="device=4,5", cpus=48), settings)
-    argv = spec.docker_args()
+    argv = run_words(spec)
     assert argv[argv.index("--cpuset-cpus") + 1] == "56-103"  # 48 CPUs on the GPUs' socket
     env = [argv[i + 1] for i, word in enumerate(argv) if word == "-e"]
     assert {"OMP_NUM_THREADS=24", "MKL_NUM_THREADS=24", "OPENBLAS_NUM_THREADS=24"} <= set(env)  # 48 / 2 GPUs
-    own = prepare(
-        RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8, env=["OMP_NUM_THREADS=2"]), settings
-    ).docker_args()
+    own = run_words(
+        prepare(
+            RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8, env=["OMP_NUM_THREADS=2"]), settings
+        )
+    )
     own_env = [own[i + 1] for i, word in enumerate(own) if word == "-e"]
     assert "OMP_NUM_THREADS=2" in own_env and "OMP_NUM_THREADS=8" not in own_env  # the user's -e wins
-    cpu_job = prepare(RunRequest("ubuntu:22.04", ["true"], cpus=4), settings).docker_args()
+    cpu_job = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], cpus=4), settings))
     assert "--cpuset-cpus" in cpu_job and "OMP_NUM_THREADS=4" in cpu_job
     config = tmp_path / "config.yaml"
     config.write_text("run: {pin_cpus: false}\n")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
     monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
     settings = load_settings({})
-    unpinned = prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8), settings).docker_args()
+    unpinned = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8), settings))
     assert "--cpuset-cpus" not in unpinned and "OMP_NUM_THREADS=8" in unpinned  # threads still match the quota
     for bad, message in (
         ("{gpu_flag: nvidia}", "gpu_flag"),
@@ -618,3 +620,31 @@ def test_reading_the_ledger_writes_nothing(tmp_path):
     own.unlink()
     os.mkfifo(own)  # a FIFO is never opened for reading (it would block `ps` and root's reaper forever)
     assert Ledger(state).read().entries == []
+
+
+def test_runs_start_path_on_the_fake_engine(tmp_path, monkeypatch):
+    """Issue 27: `imgbuild run`'s start path on the fake engine, which records the typed RunOptions (no docker
+    words outside engine/): the GPU chosen under the ledger, the caller's IDs and labels, the house rules; the
+    ledger's hold is gone once the container runs; a start the engine refuses says why and holds nothing."""
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.errors import ImgbuildError
+    from imgbuild.facts import Label
+    from imgbuild.servers.run import reserved, start_detached
+
+    settings = _site(tmp_path, monkeypatch, "  ulimits: {memlock: -1}\n  env: {SITE: 'yes'}\n")
+    engine = FakeEngine()
+    request = RunRequest("ubuntu:22.04", ["python", "train.py"], gpu_request="1", detach=True, env=["HF_TOKEN=t"])
+    with reserved(request, settings, engine) as spec:
+        assert [e.name for e in Ledger(tmp_path / "state").entries()] == [spec.name]  # held while it starts
+        start_detached(engine, spec)
+    (started,) = engine.containers.started
+    assert started.name == spec.name and started.command == ("python", "train.py") and started.detach
+    assert started.gpus == (gpu(0).uuid,) and started.user == f"{os.getuid()}:{os.getgid()}"
+    assert dict(started.labels)[Label.GPU_UUIDS] == gpu(0).uuid and dict(started.labels)[Label.USER] == spec.user
+    assert ("memlock", "-1") in started.ulimits and started.ipc == "host" and not started.hardened
+    assert {("SITE", "yes"), ("HF_TOKEN", "t")} <= set(started.env)
+    assert Ledger(tmp_path / "state").entries() == []  # started: the ledger holds nothing
+    engine.containers.start_code = 125
+    with pytest.raises(ImgbuildError, match="the container did not start"), reserved(request, settings, engine) as spec:
+        start_detached(engine, spec)
+    assert Ledger(tmp_path / "state").entries() == []

@@ -16,6 +16,7 @@ from imgbuild.errors import UsageError
 SECTION = Section("Servers")
 
 if TYPE_CHECKING:
+    from imgbuild.engine import ImageEngine
     from imgbuild.servers.spec import RunSpec
 
 
@@ -108,6 +109,7 @@ def run(
     imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
     """
     from imgbuild.engine import Engine
+    from imgbuild.engine.containers import run_command_line
     from imgbuild.servers import run as runmod
     from imgbuild.servers import spec as runspec
     from imgbuild.ui import print_table
@@ -140,7 +142,7 @@ def run(
             spec = runmod.prepare(request, settings)
         spec.name = runspec.next_name(spec.user, spec.short_name, set())
         _say_chosen(spec)
-        click.echo(spec.command_line(settings.docker_cli or "docker"))
+        click.echo(run_command_line(spec.options(), settings.docker_cli or "docker"))
         return
     engine = Engine.connect(settings.docker_cli)
     _note(runmod.check_preload(runspec.resolve_image(request.image, settings)[0], engine))
@@ -250,25 +252,18 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
             click.echo(f"{r['name']}: {r['gpus_lost']}", err=True)
 
 
-def _on_container(
-    ctx: click.Context,
-    verb: str,
-    name: str,
-    flags: list[str] | None = None,
-    args: tuple[str, ...] = (),
-    force: bool = False,
-) -> None:
-    """`docker VERB [flags] CONTAINER [args]` on one of your containers, found by its short name."""
+def _on_container(ctx: click.Context, verb: str, name: str, force: bool) -> tuple[ImageEngine, str]:
+    """(the engine, the container's full name) for one of your containers, found by its short name; another user's
+    only for root with --force."""
     from imgbuild.engine import Engine
     from imgbuild.host import caller
     from imgbuild.servers.containers import check_owner, find_container
 
-    settings = settings_of(ctx)
-    engine = Engine.connect(settings.docker_cli)
+    engine = Engine.connect(settings_of(ctx).docker_cli)
     who = caller()
     row = find_container(engine.containers.rows(), name, who.name)
     check_owner(row, who, verb, force)
-    engine.containers.exec_cli([verb, *(flags or []), row["name"], *args])
+    return engine, str(row["name"])
 
 
 _FORCE = click.option("--force", is_flag=True, help="Root only: act on another user's container.")
@@ -280,7 +275,8 @@ _FORCE = click.option("--force", is_flag=True, help="Root only: act on another u
 @click.pass_context
 def attach(ctx: click.Context, name: str, force: bool) -> None:
     """Attach to one of your containers (detach with Ctrl-P Ctrl-Q)."""
-    _on_container(ctx, "attach", name, force=force)
+    engine, full = _on_container(ctx, "attach", name, force)
+    engine.containers.attach(full)
 
 
 @SECTION.command()
@@ -293,7 +289,8 @@ def logs(ctx: click.Context, name: str, follow: bool, tail: str, force: bool) ->
     """Print a container's output."""
     if not re.fullmatch(r"all|[0-9]{1,9}", tail):
         raise UsageError(f"--tail: {tail!r} is not a number of lines or 'all'")
-    _on_container(ctx, "logs", name, ["--tail", tail, *(["-f"] if follow else [])], force=force)
+    engine, full = _on_container(ctx, "logs", name, force)
+    engine.containers.logs(full, tail, follow)
 
 
 @SECTION.command(name="exec")
@@ -303,7 +300,8 @@ def logs(ctx: click.Context, name: str, follow: bool, tail: str, force: bool) ->
 @click.pass_context
 def exec_(ctx: click.Context, name: str, command: tuple[str, ...], force: bool) -> None:
     """Run a command in one of your running containers: imgbuild exec NAME -- COMMAND..."""
-    _on_container(ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"], command, force=force)
+    engine, full = _on_container(ctx, "exec", name, force)
+    engine.containers.exec_in(full, command, sys.stdin.isatty())
 
 
 @SECTION.command()
@@ -313,10 +311,12 @@ def exec_(ctx: click.Context, name: str, command: tuple[str, ...], force: bool) 
 @click.pass_context
 def stop(ctx: click.Context, name: str, remove: bool, force: bool) -> None:
     """Stop one of your containers (--rm: and remove it)."""
+    engine, full = _on_container(ctx, "rm" if remove else "stop", name, force)
     if remove:
-        _on_container(ctx, "rm", name, ["-f"], force=force)
+        engine.containers.remove(full)  # killed and removed at once, as `docker rm -f` does
     else:
-        _on_container(ctx, "stop", name, force=force)
+        engine.containers.stop(full)
+    click.echo(full)
 
 
 @SECTION.command()
@@ -351,10 +351,10 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
 @click.pass_context
 def shell(ctx: click.Context, name: str, force: bool) -> None:
     """Another shell in one of your running containers, as you (bash, else sh)."""
-    _on_container(
-        ctx, "exec", name, ["-it"] if sys.stdin.isatty() else ["-i"],
-        ("sh", "-c", "command -v bash >/dev/null && exec bash -l || exec sh -l"), force=force,
-    )  # fmt: skip
+    engine, full = _on_container(ctx, "exec", name, force)
+    engine.containers.exec_in(
+        full, ("sh", "-c", "command -v bash >/dev/null && exec bash -l || exec sh -l"), sys.stdin.isatty()
+    )
 
 
 @SECTION.command()

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.build.plan import Plan
+from imgbuild.config.site import house_rules
+from imgbuild.engine.containers import container_env, house_flags, resource_flags
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
-from imgbuild.servers.spec import RunSpec, limit_flags, log_flags
+from imgbuild.servers.spec import THREAD_VARS, RunSpec
 
 #: What a container the Dev Containers CLI starts cannot have of `imgbuild run`'s house rules, said to the user.
 NOT_HONOURED = (
@@ -49,22 +51,17 @@ def _mount(spec: str, uid: int) -> str:
 def run_args(house: dict[str, Any]) -> list[str]:
     """`docker run` flags of the house rules that the Dev Containers spec has no key for (the same flags
     `imgbuild run` passes, as single `--flag=value` words)."""
-    return [f"{flag}={value}" for flag, value in (*limit_flags(house), *log_flags(house))]
+    options = RunSpec("", "", "", 0, 0, house=house).options()
+    return [f"{flag}={value}" for flag, value in house_flags(options)]
 
 
 def chosen_args(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     """(runArgs, containerEnv) for what `imgbuild run` chose on this shared server: its name, the caller's
     label, exactly the chosen GPUs (by UUID) with their labels, the CPU share and pinning, the threads."""
-    words = ["--name", spec.name, "--label", f"{Label.USER}={spec.user}", *spec.resource_args()]
-    args: list[str] = []
-    env: dict[str, str] = {}
-    for flag, value in zip(words[::2], words[1::2], strict=True):
-        if flag == "-e":
-            name, _, text = value.partition("=")
-            env[name] = text
-        else:
-            args.append(f"{flag}={value}")
-    return args, env
+    options = spec.options()
+    words = [("--name", spec.name), ("--label", f"{Label.USER}={spec.user}"), *resource_flags(options)]
+    chosen = {"NVIDIA_VISIBLE_DEVICES", *THREAD_VARS}
+    return [f"{flag}={value}" for flag, value in words], {k: v for k, v in container_env(options) if k in chosen}
 
 
 def devcontainer(
@@ -110,7 +107,6 @@ def export_devcontainer(
     (`engine_of()`: the engine, asked for only then); elsewhere, any GPUs the machine has."""
     import json
 
-    from imgbuild.config.site import house_rules
     from imgbuild.servers import run as runmod
 
     house = house_rules(settings.run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.probe import Probe
+from imgbuild.engine.types import RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
 
@@ -34,25 +36,35 @@ class DockerContainers:
                 return cli
         raise EngineUnavailable("no docker CLI found: install docker (the client) or set IMGBUILD_DOCKER_CLI")
 
-    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int:
-        """Run the docker CLI with the terminal attached; returns its exit code. `env`: values the CLI takes
-        from its own environment (`-e NAME`), never from an argv every user of the host can read."""
-        return subprocess.run([self.cli(), *args], env={**os.environ, **(env or {})}).returncode
+    def run(self, options: RunOptions) -> tuple[int, str]:
+        """`docker run` for `options`: detached, stdout passed through and stderr kept to explain a failure;
+        else with the terminal attached. (exit code, stderr); each variable's value reaches the CLI through its
+        own environment, never its argv."""
+        argv, env = run_argv(options)
+        full_env = {**os.environ, **env}
+        if not options.detach:
+            return subprocess.run([self.cli(), *argv], env=full_env).returncode, ""
+        proc = subprocess.run([self.cli(), *argv], stderr=subprocess.PIPE, text=True, env=full_env)
+        if proc.stderr:
+            sys.stderr.write(proc.stderr)
+        return proc.returncode, proc.stderr
 
-    def exec_cli(self, args: list[str]) -> None:
+    def attach(self, name: str) -> None:
+        self._become(["attach", name])
+
+    def logs(self, name: str, tail: str, follow: bool) -> None:
+        self._become(["logs", "--tail", tail, *(["-f"] if follow else []), name])
+
+    def exec_in(self, name: str, command: tuple[str, ...], tty: bool) -> None:
+        self._become(["exec", "-it" if tty else "-i", name, *command])
+
+    def _become(self, args: list[str]) -> None:
         """Become the docker CLI (attach, logs, exec): signals and the terminal go straight to it, and
         nothing is left behind when imgbuild is killed."""
         cli = self.cli()
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(cli, [cli, *args])
-
-    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-        """Run the docker CLI, passing stdout through and keeping stderr to explain failures."""
-        proc = subprocess.run([self.cli(), *args], stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-        if proc.stderr:
-            sys.stderr.write(proc.stderr)
-        return proc.returncode, proc.stderr
 
     def names(self) -> set[str]:
         return {c.name for c in self.client.containers.list(all=True)}
@@ -380,3 +392,74 @@ def _script_tar(script: str) -> bytes:
         info.size, info.mode = len(data), 0o755
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+# --- `docker run`, from RunOptions ------------------------------------------------------------------------
+
+
+def run_argv(o: RunOptions) -> tuple[list[str], dict[str, str]]:
+    """The `docker run` words for `o` (without the binary), and the environment that carries each `-e NAME`'s
+    value: no value (a Jupyter token, a user's HF_TOKEN) stands in an argv."""
+    return _run_words(o, values=False), dict(container_env(o))
+
+
+def run_command_line(o: RunOptions, docker: str = "docker") -> str:
+    """The command as a user would type it (`run --dry-run`): values shown, since the user gave them."""
+    return shlex.join([docker, *_run_words(o, values=True)])
+
+
+def house_flags(o: RunOptions) -> list[tuple[str, str]]:
+    """(flag, value) of a site's house rules: IPC or shm, ulimits, capped json-file logs. Dev containers' runArgs
+    take the same (clusters.devcontainer)."""
+    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc or "host")]
+    flags += [("--ulimit", f"{key}={value}") for key, value in o.ulimits]
+    return flags + [
+        ("--log-driver", "json-file"),
+        ("--log-opt", f"max-size={o.log_max_size}"),
+        ("--log-opt", f"max-file={o.log_max_file}"),
+    ]
+
+
+def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
+    """(flag, value) of the GPUs and CPUs chosen, with their labels: `imgbuild run` and a dev container alike."""
+    flags = [] if o.gpus_by_env or not o.gpus else [("--gpus", f'"device={",".join(o.gpus)}"')]
+    flags += [("--label", f"{key}={value}") for key, value in o.labels if key in (Label.GPUS, Label.GPU_UUIDS)]
+    if o.cpus:
+        flags.append(("--cpus", f"{o.cpus:g}"))
+    if o.cpuset:
+        flags.append(("--cpuset-cpus", o.cpuset))
+    return flags
+
+
+def container_env(o: RunOptions) -> list[tuple[str, str]]:
+    """The container's variables: the given ones, then the GPUs' (the last word on NVIDIA_VISIBLE_DEVICES)."""
+    gpus = ",".join(o.gpus) if o.gpus and o.gpus_by_env else ("void" if not o.gpus else None)
+    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", gpus)] if gpus else [])]
+
+
+def _run_words(o: RunOptions, values: bool) -> list[str]:
+    words = ["run", "--name", o.name, "--user", o.user]
+    for key, value in o.labels:
+        if key not in (Label.GPUS, Label.GPU_UUIDS):
+            words += ["--label", f"{key}={value}"]
+    for flag, value in house_flags(o):
+        words += [flag, value]
+    for mount in o.mounts:
+        words += ["-v", mount]
+    if o.workdir:
+        words += ["-w", o.workdir]
+    for key, value in container_env(o):
+        words += ["-e", f"{key}={value}" if values else key]
+    for port in o.ports:
+        words += ["-p", port]
+    for flag, value in resource_flags(o):
+        words += [flag, value]
+    return [*words, *_mode_words(o), o.image, *o.command]
+
+
+def _mode_words(o: RunOptions) -> list[str]:
+    modes = [("--rm", o.remove), ("-d", o.detach), ("-i", o.interactive), ("-t", o.tty)]
+    words = [flag for flag, on in modes if on] + ([] if o.pull else ["--pull", "never"])
+    if o.hardened:
+        words += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+    return words + (["--entrypoint", o.entrypoint] if o.entrypoint is not None else [])

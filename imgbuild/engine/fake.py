@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.engine.probe import Probe
-from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor
+from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, RunOptions
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.imageref import parse
@@ -115,6 +115,8 @@ class FakeContainers:
     engine_read: tuple[int, str, str] = (0, "", "")  # the GPU read through the engine: (exit code, output, note)
     answers: dict[str, ProbeAnswer] = field(default_factory=dict)  # probe name -> its scripted answer
     probed: list[ProbeRun] = field(default_factory=list)
+    started: list[RunOptions] = field(default_factory=list)  # every container `run` started, as asked
+    start_code: int = 0  # what a start exits with (125: the engine refused it)
 
     def run_script(
         self,
@@ -188,15 +190,20 @@ class FakeContainers:
     def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
         return -1, "the fake engine runs nothing"
 
-    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int:
-        self.calls.append("docker " + " ".join(args))
-        return 0
+    def run(self, options: RunOptions) -> tuple[int, str]:
+        """Records the container as the engine was asked for it; `start_code` says how the start went."""
+        self.calls.append(f"run {options.name} {options.image}")
+        self.started.append(options)
+        return self.start_code, "" if self.start_code == 0 else "docker: scripted start failure"
 
-    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-        return self.run_cli(args), ""
+    def attach(self, name: str) -> None:
+        self.calls.append(f"attach {name}")
 
-    def exec_cli(self, args: list[str]) -> None:
-        self.run_cli(args)
+    def logs(self, name: str, tail: str, follow: bool) -> None:
+        self.calls.append(f"logs {name} tail={tail} follow={follow}")
+
+    def exec_in(self, name: str, command: tuple[str, ...], tty: bool) -> None:
+        self.calls.append(f"exec {name} {' '.join(command)}")
 
 
 @dataclass

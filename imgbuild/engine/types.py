@@ -59,6 +59,38 @@ class ImageInfo:
         return (digests[0] if digests else ""), {"config": self.config, "Id": self.id}
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """A container to start, in imgbuild's words; only the engine turns it into its own (engine.containers.run_argv).
+    `env` values never reach an argv (every user of a host can read /proc/PID/cmdline)."""
+
+    image: str
+    command: tuple[str, ...] = ()
+    name: str = ""
+    user: str = ""  # "UID:GID"
+    labels: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[str, ...] = ()  # HOST:CONTAINER[:ro]
+    ports: tuple[str, ...] = ()
+    workdir: str | None = None
+    gpus: tuple[str, ...] = ()  # UUIDs; none: no GPU, hidden even where the default runtime is nvidia
+    gpus_by_env: bool = False  # hand them to the nvidia runtime by variable (nvidia-docker2 hosts), not --gpus
+    cpus: float | None = None
+    cpuset: str = ""  # a cpulist: "0-3,8"
+    ipc: str | None = "host"  # None with shm_size: a private IPC namespace of that size
+    shm_size: str | None = None
+    ulimits: tuple[tuple[str, str], ...] = ()
+    log_max_size: str = "50m"
+    log_max_file: str = "3"
+    remove: bool = True
+    detach: bool = False
+    interactive: bool = False
+    tty: bool = False
+    pull: bool = True  # False: built here, never pulled (docker.io/<user>/<name> is a stranger's)
+    hardened: bool = False  # no new privileges and no capabilities (a user acting through sudo)
+    entrypoint: str | None = None
+
+
 class ImageStore(Protocol):
     """The engine's images, by reference."""
 
@@ -96,9 +128,10 @@ class ContainerRunner(Protocol):
     def remove(self, name: str) -> None: ...
     def note(self, name: str, text: str) -> bool: ...
     def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]: ...
-    def run_cli(self, args: list[str], env: dict[str, str] | None = None) -> int: ...
-    def run_cli_captured(self, args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]: ...
-    def exec_cli(self, args: list[str]) -> None: ...
+    def run(self, options: RunOptions) -> tuple[int, str]: ...
+    def attach(self, name: str) -> None: ...
+    def logs(self, name: str, tail: str, follow: bool) -> None: ...
+    def exec_in(self, name: str, command: tuple[str, ...], tty: bool) -> None: ...
 
 
 class ImageEngine(Protocol):

@@ -338,7 +338,7 @@ def start_detached(engine: Any, spec: RunSpec) -> None:
 
     check_mount_sources(spec)
     with _staged(spec):
-        code, err = engine.containers.run_cli_captured(*spec.cli_invocation())
+        code, err = engine.containers.run(spec.options())
     if code != 0:
         raise ImgbuildError(explain_start_failure(err))
 
@@ -384,7 +384,7 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
     if wanted:
         sampler.start()
     with _staged(spec):
-        code = engine.containers.run_cli(*spec.cli_invocation())
+        code, _ = engine.containers.run(spec.options())
     stop.set()
     outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
     if wanted:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imgbuild.config.site import house_rules
+from imgbuild.engine.types import RunOptions
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 from imgbuild.gpu.allocate import Selection, cpus_for
@@ -54,131 +54,59 @@ class RunSpec:
     enforced: list[Any] | None = None  # enforced mode: the user's mounts as checked (enforce.Mount); None: not
     workdir: str | None = None  # enforced mode: the workspace, mounted among `enforced`
 
-    def docker_args(self) -> list[str]:
-        """`docker run ...` arguments (without the `docker` binary)."""
-        identity = ["--name", self.name, "--user", f"{self.uid}:{self.gid}", "--label", f"{Label.USER}={self.user}"]
-        if self.deadline is not None:
-            identity += ["--label", f"{Label.DEADLINE}={self.deadline:.0f}"]
-        if self.notify:
-            identity += ["--label", f"{Label.NOTIFY}=1"]
-        return [
-            "run",
-            *identity,
-            *self._house_args(),
-            *self._io_args(),
-            *self.resource_args(),
-            *self._mode_args(),
-            self.image,
-            *self.command,
-        ]
-
-    def _house_args(self) -> list[str]:
-        """The site's house rules: IPC or shm, ulimits, the workspace and data mounts, capped logs, env."""
+    def options(self) -> RunOptions:
+        """The container as the engine starts it: the house rules (IPC or shm, ulimits, the workspace, the site's
+        mounts and variables, capped logs), the user's mounts, variables and ports, the GPUs and CPUs chosen
+        (labelled, with thread counts), and the mode."""
         h = self.house
-        args = [word for flag in limit_flags(h) for word in flag]
-        workspace = h.get("workspace")
-        if workspace:
-            args += ["-v", f"{self.cwd}:{workspace}", "-w", str(workspace)]
-        for mount in h.get("mounts") or []:
-            args += ["-v", expand(mount, user=self.user, home=home_of_uid(self.uid), uid=self.uid)]
-        args += [word for flag in log_flags(h) for word in flag]
-        for key, value in sorted((h.get("env") or {}).items()):
-            args += ["-e", f"{key}={value}"]
-        return args
-
-    def _io_args(self) -> list[str]:
-        """The user's own mounts, environment and ports."""
-        args: list[str] = []
-        for mount in self.volumes:
-            args += ["-v", expand(mount, user=self.user, home=home_of_uid(self.uid), uid=self.uid)]
-        for item in self.env:
-            args += ["-e", item]
-        for port in self.ports:
-            args += ["-p", port]
-        return args
-
-    def resource_args(self) -> list[str]:
-        """The GPUs (and their labels), CPUs and thread counts the house rules gave it."""
-        args: list[str] = []
+        labels = [(Label.USER, self.user)]
+        labels += [(Label.DEADLINE, f"{self.deadline:.0f}")] if self.deadline is not None else []
+        labels += [(Label.NOTIFY, "1")] if self.notify else []
         if self.gpus.gpus:
-            indices = ",".join(str(g.index) for g in self.gpus.gpus)
-            uuids = ",".join(self.gpus.uuids)
-            if self.house.get("gpu_flag") == "env":  # the nvidia runtime reads it (nvidia-docker2 servers)
-                args += ["-e", f"NVIDIA_VISIBLE_DEVICES={uuids}"]
-            else:
-                args += ["--gpus", f'"device={uuids}"']
-            args += ["--label", f"{Label.GPUS}={indices}", "--label", f"{Label.GPU_UUIDS}={uuids}"]
-        else:
-            # No GPU asked for: none seen either, even where the engine's default runtime is nvidia and the
-            # image (NGC) says NVIDIA_VISIBLE_DEVICES=all.
-            args += ["-e", "NVIDIA_VISIBLE_DEVICES=void"]
-        if self.cpus:
-            args += ["--cpus", f"{self.cpus:g}"]
-        if self.cpuset:
-            args += ["--cpuset-cpus", format_cpulist(self.cpuset)]
-        threads = self.threads
+            labels += [(Label.GPUS, ",".join(str(g.index) for g in self.gpus.gpus))]
+            labels += [(Label.GPU_UUIDS, ",".join(self.gpus.uuids))]
+        home = home_of_uid(self.uid)
+        mounts = [f"{self.cwd}:{h['workspace']}"] if h.get("workspace") else []
+        mounts += [
+            expand(m, user=self.user, home=home, uid=self.uid) for m in [*(h.get("mounts") or []), *self.volumes]
+        ]
+        env = [(str(k), str(v)) for k, v in sorted((h.get("env") or {}).items())]
+        env += [(item.partition("=")[0], item.partition("=")[2]) for item in self.env]
         mine = {item.partition("=")[0] for item in self.env}
-        for var in THREAD_VARS if threads else ():
-            if var not in mine:  # the user's own -e wins
-                args += ["-e", f"{var}={threads}"]
-        return args
+        env += [(var, str(self.threads)) for var in (THREAD_VARS if self.threads else ()) if var not in mine]
+        return RunOptions(
+            image=self.image,
+            command=tuple(self.command),
+            name=self.name,
+            user=f"{self.uid}:{self.gid}",
+            labels=tuple(labels),
+            env=tuple(env),
+            mounts=tuple(mounts),
+            ports=tuple(self.ports),
+            workdir=self.workdir or (str(h["workspace"]) if h.get("workspace") else None),
+            gpus=tuple(self.gpus.uuids),
+            gpus_by_env=h.get("gpu_flag") == "env",  # the nvidia runtime reads it (nvidia-docker2 servers)
+            cpus=self.cpus,
+            cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
+            ipc=None if h.get("shm_size") else str(h.get("ipc") or "host"),
+            shm_size=str(h["shm_size"]) if h.get("shm_size") else None,
+            ulimits=tuple((str(k), str(v)) for k, v in (h.get("ulimits") or {}).items()),
+            log_max_size=str(h.get("log_max_size", "50m")),
+            log_max_file=str(h.get("log_max_file", "3")),
+            remove=self.remove,
+            detach=self.detach,
+            interactive=self.interactive,
+            tty=self.tty,
+            pull=not self.local_image,
+            hardened=self.enforced is not None,  # a user acting through sudo: their own privileges and no more
+            entrypoint=self.entrypoint,
+        )
 
     @property
     def threads(self) -> int | None:
         """Threads per process: the CPUs per GPU (one process per GPU under torchrun), all for CPU jobs."""
         cpus = len(self.cpuset) or int(self.cpus or 0)
         return max(1, cpus // max(1, len(self.gpus.gpus))) if cpus else None
-
-    def _mode_args(self) -> list[str]:
-        flags = [("--rm", self.remove), ("-d", self.detach), ("-i", self.interactive), ("-t", self.tty)]
-        args = [flag for flag, on in flags if on] + (["--pull", "never"] if self.local_image else [])
-        if self.enforced is not None:  # a user acting through sudo: their own privileges and no more
-            args += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
-        if self.workdir:
-            args += ["-w", self.workdir]
-        return args + (["--entrypoint", self.entrypoint] if self.entrypoint is not None else [])
-
-    def cli_invocation(self) -> tuple[list[str], dict[str, str]]:
-        """The `docker run` argv to execute, and the values it takes from its own environment: each
-        `-e NAME=VALUE` is passed as `-e NAME`, so no value (the Jupyter token, a user's HF_TOKEN) stands in an
-        argv that every user of the host can read in /proc/PID/cmdline."""
-        words = self.docker_args()
-        options, rest = words[: -(len(self.command) + 1)], words[-(len(self.command) + 1) :]
-        args: list[str] = []
-        env: dict[str, str] = {}
-        i = 0
-        while i < len(options):
-            if options[i] == "-e" and i + 1 < len(options) and "=" in options[i + 1]:
-                name, value = options[i + 1].split("=", 1)
-                env[name] = value
-                args += ["-e", name]
-                i += 2
-                continue
-            args.append(options[i])
-            i += 1
-        return args + rest, env
-
-    def command_line(self, docker: str = "docker") -> str:
-        return shlex.join([docker, *self.docker_args()])
-
-
-def limit_flags(house: dict[str, Any]) -> list[tuple[str, str]]:
-    """(flag, value) for the house rules' IPC or shm and ulimits: `imgbuild run` and dev containers alike."""
-    flags = (
-        [("--shm-size", str(house["shm_size"]))]
-        if house.get("shm_size")
-        else [("--ipc", str(house.get("ipc") or "host"))]
-    )
-    return flags + [("--ulimit", f"{key}={value}") for key, value in (house.get("ulimits") or {}).items()]
-
-
-def log_flags(house: dict[str, Any]) -> list[tuple[str, str]]:
-    """(flag, value) for the house rules' capped json-file logs."""
-    return [
-        ("--log-driver", "json-file"),
-        ("--log-opt", f"max-size={house.get('log_max_size', '50m')}"),
-        ("--log-opt", f"max-file={house.get('log_max_file', '3')}"),
-    ]
 
 
 def next_name(user: str, short: str, existing: set[str]) -> str:
