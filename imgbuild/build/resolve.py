@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imgbuild import limits
 from imgbuild.build.plan import Plan, make_plan
+from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, RegistryUnavailable
@@ -48,9 +50,10 @@ def registry_inspector(
             local = engine.images.inspect_local(ref)
             if local is not None:
                 return local[0], local[1]
-        cache = _BaseCache(settings, 0 if fresh else settings.base_cache_ttl)
-        if (kept := cache.get(ref)) is not None:
-            return kept
+        cache = JsonCache(Path(settings.cache_dir) / "bases", 0 if fresh else settings.base_cache_ttl)
+        kept = cache.get(ref)
+        if isinstance(kept, dict) and isinstance(kept.get("config"), dict):
+            return str(kept.get("digest", "")), kept["config"]
         from imgbuild.registry.client import RegistryClient
         from imgbuild.registry.manifest import split_reference
 
@@ -63,45 +66,10 @@ def registry_inspector(
             if local is None:
                 raise
             return local[0] or "", local[1]
-        cache.put(ref, manifest.digest, config)
+        cache.put(ref, {"digest": manifest.digest, "config": config})
         return manifest.digest, config
 
     return inspect
-
-
-class _BaseCache:
-    """Registry answers about bases (digest + config), one small file per reference, kept `ttl` seconds."""
-
-    def __init__(self, settings: Settings, ttl: int):
-        self.folder, self.ttl = Path(settings.cache_dir) / "bases", ttl
-
-    def _path(self, ref: str) -> Path:
-        import hashlib
-
-        return self.folder / (hashlib.sha256(ref.encode()).hexdigest()[:32] + ".json")
-
-    def get(self, ref: str) -> tuple[str, dict[str, Any]] | None:
-        import time
-
-        path = self._path(ref)
-        try:
-            if self.ttl <= 0 or time.time() - path.stat().st_mtime > self.ttl or path.stat().st_size > 1 << 20:
-                return None
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        if not isinstance(data, dict) or data.get("ref") != ref or not isinstance(data.get("config"), dict):
-            return None
-        return str(data.get("digest", "")), data["config"]
-
-    def put(self, ref: str, digest: str, config: dict[str, Any]) -> None:
-        if self.ttl <= 0:
-            return
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._path(ref).write_text(json.dumps({"ref": ref, "digest": digest, "config": config}))
-        except OSError:
-            pass  # an unwritable cache costs a registry round trip next time, nothing more
 
 
 def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
@@ -164,12 +132,11 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
     anyway), cached per base digest. A base whose pins cannot be read gives none: pip still checks them."""
 
     def read(base: Any) -> tuple[str, tuple[str, ...]]:
-        key = (base.identity or "").replace("sha256:", "")
-        cache = Path(settings.cache_dir) / "base-pins" / f"{key}.json"
-        if key and cache.is_file():
-            found = _pins_from(cache.read_text(errors="replace"))
-            if found is not None:
-                return found
+        key = base.identity or ""  # a digest: the pins of one base never change
+        cache = JsonCache(Path(settings.cache_dir) / "base-pins", None, 16 * limits.MIB)
+        found = _pins_in(cache.get(key)) if key else None
+        if found is not None:
+            return found
         try:
             if engine.images.image(base.pinned) is None:
                 engine.images.pull(base.pinned)
@@ -180,21 +147,10 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         if found is None:
             return "", ()
         if key:
-            try:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps({"origin": found[0], "lines": list(found[1])}))
-            except OSError:
-                pass  # an unwritable cache costs a container start next time, nothing more
+            cache.put(key, {"origin": found[0], "lines": list(found[1])})
         return found
 
     return read
-
-
-def _pins_from(text: str) -> tuple[str, tuple[str, ...]] | None:
-    try:
-        return _pins_in(json.loads(text))
-    except ValueError:
-        return None
 
 
 def _pins_in(data: Any) -> tuple[str, tuple[str, ...]] | None:

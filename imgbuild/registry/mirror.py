@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.cache import JsonCache
 from imgbuild.errors import EnvironmentProblem, RegistryError, UsageError
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.registry.client import RegistryClient
@@ -179,8 +180,8 @@ def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = 
     scratch = Path(settings.cache_dir) / "mirror"
     scratch.mkdir(parents=True, exist_ok=True)
     sweep_partial_blobs(scratch)
-    known = scratch / f"{target_host.replace(':', '_')}.blobs.json"
-    copier = _Copier(source, target, repo, scratch, progress, _read_known(known))
+    known = JsonCache(scratch / "known", None, 64 * limits.MIB)  # only an optimisation: unknown blobs are copied
+    copier = _Copier(source, target, repo, scratch, progress, _read_known(known, target_host))
     results = []
     for tag in chosen:
         tally = TagCopy(tag)
@@ -194,7 +195,7 @@ def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = 
             tally.digest = copier.manifest(tag, tally, tag)
             tally.status = "copied"
         results.append(tally)
-        _write_known(known, copier.seen)
+        known.put(f"blobs:{target_host}", copier.seen)
     if req.keep is not None:
         results += _prune(target, repo, req, set(chosen[: req.keep]))
     return results
@@ -215,22 +216,10 @@ def sweep_partial_blobs(scratch: Path) -> int:
     return removed
 
 
-def _read_known(path: Path) -> dict[str, str]:
+def _read_known(cache: JsonCache, host: str) -> dict[str, str]:
     """Blobs mirrored to this target before, by the repository that has them (for cross-repository mounts)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    data = cache.get(f"blobs:{host}")
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-def _write_known(path: Path, seen: dict[str, str]) -> None:
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(seen, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # only an optimisation: the next run copies instead of mounting
 
 
 def _prune(target: RegistryClient, repo: str, req: MirrorRequest, kept: set[str]) -> list[TagCopy]:

@@ -6,15 +6,13 @@ registry itself, with an on-disk cache (TTL for tag lists; config blobs are immu
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild import limits
+from imgbuild.cache import JsonCache
 from imgbuild.errors import RegistryUnavailable, UsageError
 from imgbuild.gpu.fleet import judge_tag, parse_targets
 from imgbuild.gpu.read import NoGpus, read_devices
@@ -80,45 +78,29 @@ def repository_for(name: str, registry: str) -> tuple[str, str]:
 
 
 class TagCache:
-    def __init__(self, root: Path, ttl: int):
-        self.root = root
-        self.ttl = ttl
+    """Tag lists (with their age: `tag_cache_ttl` decides when to ask again) and tag details (config blobs are
+    immutable by digest: kept for good), in the one JSON cache discipline (imgbuild.cache)."""
 
-    def _path(self, kind: str, key: str) -> Path:
-        return self.root / kind / (key.replace("/", "_").replace(":", "_") + ".json")
+    def __init__(self, root: Path, ttl: int):
+        self.ttl = ttl
+        self._tags = JsonCache(root / "tags", None, limits.HTTP_TAGS_BYTES)
+        self._details = JsonCache(root / "details", None)
 
     def get_tags(self, host: str, repo: str) -> tuple[list[str], float] | None:
-        path = self._path("tags", f"{host}/{repo}")
-        try:
-            data = json.loads(path.read_text())
-            return list(data["tags"]), time.time() - float(data["fetched_at"])
-        except (OSError, ValueError, KeyError):
+        found = self._tags.get_with_age(f"{host}/{repo}")
+        if found is None or not isinstance(found[0], list):
             return None
+        return [str(t) for t in found[0]], found[1]
 
     def put_tags(self, host: str, repo: str, tags: list[str]) -> None:
-        path = self._path("tags", f"{host}/{repo}")
-        self._write(path, json.dumps({"fetched_at": time.time(), "tags": tags}))
-
-    @staticmethod
-    def _write(path: Path, text: str) -> None:
-        """The cache is an optimisation: a read-only or full cache folder costs speed, never the answer."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            tmp.replace(path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+        self._tags.put(f"{host}/{repo}", tags)
 
     def get_details(self, key: str) -> dict[str, Any] | None:
-        try:
-            return dict(json.loads(self._path("details", key).read_text()))
-        except (OSError, ValueError):
-            return None
+        found = self._details.get(key)
+        return dict(found) if isinstance(found, dict) else None
 
     def put_details(self, key: str, value: dict[str, Any]) -> None:
-        self._write(self._path("details", key), json.dumps(value))
+        self._details.put(key, value)
 
 
 def list_tags(

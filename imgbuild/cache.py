@@ -1,0 +1,76 @@
+"""One discipline for imgbuild's JSON caches under `cache_dir`: registry answers about bases and tags, tag details,
+a base's pins, the blobs a mirror target already has.
+
+One small file per key (its name a hash of the key, so no key names a path), written whole (a temporary file,
+then a rename: a reader never sees half of one), read back only while fresh, only from a regular file (never
+through a link, never a FIFO that would block), and only below a size cap. Anything else reads as a miss. A cache
+is an optimisation: one that cannot be written or read costs a round trip, never the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from imgbuild import limits
+
+
+class JsonCache:
+    def __init__(self, folder: Path, ttl: float | None = None, max_bytes: int = limits.MIB) -> None:
+        """`ttl`: seconds an entry stays fresh (None: always; 0 or less: never kept, never read)."""
+        self.folder, self.ttl, self.max_bytes = Path(folder), ttl, max_bytes
+
+    def path(self, key: str) -> Path:
+        return self.folder / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".json")
+
+    def get(self, key: str) -> Any | None:
+        found = self.get_with_age(key)
+        return None if found is None else found[0]
+
+    def get_with_age(self, key: str) -> tuple[Any, float] | None:
+        """(the entry, its age in seconds), or None: missing, stale, too big, not a regular file, not JSON, or an
+        entry written for another key (two keys whose hashes met)."""
+        if self.ttl is not None and self.ttl <= 0:
+            return None
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        info = os.fstat(fd)
+        age = time.time() - info.st_mtime
+        stale = self.ttl is not None and age > self.ttl
+        if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_bytes or stale:
+            os.close(fd)
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            try:
+                record = json.loads(handle.read(self.max_bytes + 1))
+            except (OSError, ValueError):
+                return None
+        if not isinstance(record, dict) or record.get("key") != key or "value" not in record:
+            return None
+        return record["value"], max(0.0, age)
+
+    def put(self, key: str, value: Any) -> None:
+        if self.ttl is not None and self.ttl <= 0:
+            return
+        path = self.path(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            data = json.dumps({"key": key, "value": value}, sort_keys=True)
+            if len(data) > self.max_bytes:
+                return  # kept by no one: it would not be read back
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(data)
+            tmp.replace(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
