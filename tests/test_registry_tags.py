@@ -215,6 +215,7 @@ def test_real_registry_pagination_and_details(testbed):
 
 @pytest.mark.engine
 def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
+    from imgbuild.build.record import Record
     from imgbuild.build.resolve import plan_recipe
     from imgbuild.config.settings import load_settings
     from imgbuild.recipe import load_recipe
@@ -227,7 +228,7 @@ def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
         newest = "26.01-py3" if pattern == "latest" else "24.05-py3"
         assert plan.base.ref == f"{testbed['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:{newest}"
         assert plan.base.digest and plan.base.digest.startswith("sha256:")
-        assert plan.lock()["base"]["requested"].endswith(f":{pattern}")
+        assert Record.of(plan, "buildkit").base.requested.endswith(f":{pattern}")
 
 
 def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch):

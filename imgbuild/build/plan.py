@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild import __version__, imageref
+from imgbuild import imageref
 from imgbuild.config.settings import Settings
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.host import caller
@@ -28,7 +28,7 @@ from imgbuild.ngc import (
     is_pattern,
 )
 from imgbuild.payload import SMOKE_SCRIPT
-from imgbuild.recipe import LoadedRecipe, stable_name
+from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import ReqLine
 
 TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
@@ -93,28 +93,6 @@ class Plan:
     @property
     def name(self) -> str:
         return self.loaded.recipe.name
-
-    def lock(self) -> dict[str, Any]:
-        """What `images/<name>/imgbuild.lock.json` records: enough to know when a rebuild is due."""
-        return {
-            "imgbuild": __version__,
-            "recipe": stable_name(self.loaded.path),
-            "extends": [stable_name(p) for p in self.loaded.chain[:-1]],
-            "image": self.target,
-            "base": {
-                "requested": self.base.requested,
-                "ref": self.base.ref,
-                "digest": self.base.identity,
-                "framework": self.base.framework,
-                "framework_version": self.base.framework_version,
-                "cuda": self.base.facts.get("cuda", ""),
-                "cudnn": self.base.facts.get("cudnn", ""),
-            },
-            "protected": list(self.protected),
-            "content_hash": self.content_hash,
-            "scripts": templates_digest(),  # imgbuild's own scripts in the context (not committed)
-            "input_hash": self.input_hash,
-        }
 
 
 def base_reference(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str | None, str]:

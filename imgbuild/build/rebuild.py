@@ -417,12 +417,12 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     """Render the recipe against the base its lock records, and compare with the committed context."""
     from imgbuild.build.context import diff_context
     from imgbuild.build.plan import make_plan
+    from imgbuild.build.record import RECORD_FILE, Record
     from imgbuild.build.render import render, template_cache
-    from imgbuild.build.resolve import read_lock, recorded_base, recorded_env, recorded_tag
 
     ctx = context_path(loaded, settings)
     item.target = str(ctx)
-    lock_path = ctx / "imgbuild.lock.json"
+    lock_path = ctx / RECORD_FILE
     if ctx.is_symlink() or ctx.parent.is_symlink():
         item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
         return
@@ -430,26 +430,25 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
         item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
         return
     try:
-        lock, base = read_lock(lock_path)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        item.status, item.reasons = STALE, [f"{lock_path} is not a lock imgbuild wrote (render it again)"]
+        record = Record.read(lock_path)
+    except ValueError:
+        item.status, item.reasons = STALE, [f"{lock_path} is not a record imgbuild wrote (render it again)"]
         return
-    config = {"config": {"Env": recorded_env(base)}}
-    digest = str(base.get("digest") or "")
-    registry_host = base["ref"].split("/")[0] if "/" in base["ref"] else settings.ngc_registry
-    pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=str(lock["image"]).split("/")[0])
+    base, config = record.base, {"config": {"Env": record.base.env()}}
+    digest = base.digest if DIGEST_RE.fullmatch(base.digest) else ""
+    registry_host = base.reference().host or settings.ngc_registry
+    pinned = dataclasses.replace(settings, ngc_registry=registry_host, user=record.namespace)
     try:
         plan = make_plan(
             loaded,
             pinned,
-            recorded_base(digest if DIGEST_RE.fullmatch(digest) else "", config),
-            recorded_tag(base["ref"].rsplit(":", 1)[-1]),
+            lambda ref: (digest, config),  # the base as recorded, not as the registry says today
+            lambda repo, framework, pattern: base.reference().tag,
         )
     except RecipeError as exc:
         item.status, item.error = INVALID, "; ".join(exc.lines())
         return
-    backend = lock.get("backend") if lock.get("backend") in ("buildkit", "sdk") else "buildkit"
-    diff = diff_context(render(plan, str(backend), template_cache(settings.cache_dir)), ctx)
+    diff = diff_context(render(plan, record.backend, template_cache(settings.cache_dir)), ctx)
     item.status = STALE if diff else FRESH
     if diff:
         item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]

@@ -18,6 +18,7 @@ from typing import Any
 
 from imgbuild import __version__, limits
 from imgbuild.build.plan import TEMPLATES_DIR, Plan
+from imgbuild.build.record import RECORD_FILE, Record
 from imgbuild.errors import UsageError
 from imgbuild.facts import UV_VERSION, Label
 from imgbuild.ngc import FRAMEWORKS
@@ -249,7 +250,7 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
     put("Dockerfile", _environment(cache).get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
     put(".dockerignore", "".join(f"{name}\n" for name in ("imgbuild.lock.json", *RUN_FILES, ".gitignore")))
     put(".gitignore", GITIGNORE)
-    put("imgbuild.lock.json", json.dumps({**plan.lock(), "backend": backend}, indent=2, sort_keys=True) + "\n")
+    put(RECORD_FILE, Record.of(plan, backend).text())
     return Context(rendered, copies)
 
 

@@ -5,7 +5,6 @@ local image when offline or when the base is another recipe's image, or a contex
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,39 +156,3 @@ def _pins_in(data: Any) -> tuple[str, tuple[str, ...]] | None:
     if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not isinstance(data.get("lines"), list):
         return None
     return data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000])
-
-
-# --- the lock, for rebuild --check ---------------------------------------------------------------
-
-
-def read_lock(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A context's lock (from the repository: untrusted): bounded, and shaped as imgbuild writes it."""
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 * 1024:
-        raise ValueError("not a lock")
-    lock = json.loads(path.read_text(encoding="utf-8"))
-    base = lock["base"]
-    if not isinstance(base, dict) or not all(isinstance(base.get(k, ""), str) for k in ("ref", "digest")):
-        raise ValueError("not a lock")
-    if not isinstance(lock.get("image"), str) or not isinstance(base["ref"], str):
-        raise ValueError("not a lock")
-    return lock, base
-
-
-def recorded_base(digest: str, config: dict[str, Any]) -> Any:
-    return lambda ref: (digest, config)
-
-
-def recorded_tag(tag: str) -> Any:
-    return lambda repo, framework, pattern: tag
-
-
-def recorded_env(base: dict[str, Any]) -> list[str]:
-    """The base's env as far as the lock records it: enough to plan exactly as at render time."""
-    from imgbuild.ngc import FRAMEWORKS
-
-    env = [f"CUDA_VERSION={base['cuda']}"] if base.get("cuda") else []
-    env += [f"CUDNN_VERSION={base['cudnn']}"] if base.get("cudnn") else []
-    fw = FRAMEWORKS.get(base.get("framework") or "")
-    if fw and base.get("framework_version"):
-        env.append(f"{fw.version_env}={base['framework_version']}")
-    return env

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,6 @@ from typing import Any
 from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, RunOptions
 from imgbuild.errors import BuildFailed, ImgbuildError
-from imgbuild.facts import Label
 from imgbuild.imageref import parse
 
 #: A scripted smoke verdict for an image ref: True passes, False fails, an exception is raised in the run.
@@ -235,14 +235,8 @@ class FakeEngine:
         self.calls.append(f"build {req.tag}")
         progress(f"[fake] building {req.tag}")
         self.builds(req)
-        lock = json.loads((req.context / "imgbuild.lock.json").read_text())
-        labels = {
-            Label.RECIPE_HASH: lock["content_hash"],
-            Label.INPUT_HASH: lock["input_hash"],
-            Label.BASE_DIGEST: lock["base"]["digest"],
-            Label.RECIPE: lock["recipe"],
-        }
         dockerfile = (req.context / "Dockerfile").read_bytes()
+        labels = dockerfile_labels(dockerfile.decode())  # what a real build's image carries
         image_id = "sha256:" + hashlib.sha256(dockerfile + json.dumps(req.build_args).encode()).hexdigest()
         return self.images.add(image_id, ImageInfo(image_id, labels, {"Labels": labels}), req.tag)
 
@@ -267,3 +261,16 @@ def failing_build(message: str = "scripted build failure") -> BuildScript:
         raise BuildFailed(message)
 
     return fail
+
+
+_LABEL_PAIR = re.compile(r'"((?:[^"\\]|\\.)*)"="((?:[^"\\]|\\.)*)"')
+
+
+def dockerfile_labels(dockerfile: str) -> dict[str, str]:
+    """The `LABEL "key"="value" ...` pairs of a Dockerfile (continuation lines joined), as a build sets them."""
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    labels: dict[str, str] = {}
+    for line in joined.splitlines():
+        if line.lstrip().upper().startswith("LABEL "):
+            labels.update({k.replace('\\"', '"'): v.replace('\\"', '"') for k, v in _LABEL_PAIR.findall(line)})
+    return labels
