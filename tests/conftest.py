@@ -45,7 +45,7 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     """No test reads the developer's config or writes the real cache."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(home / "config.yaml"))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(home / "site-config.yaml"))  # never the machine's /etc one
+    use_site_config(monkeypatch, home / "site-config.yaml")  # never the machine's /etc one
     monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(home / "cache"))
     monkeypatch.setenv("IMGBUILD_USER", "imgbuildtest")
     monkeypatch.setenv("IMGBUILD_REGISTRY_BACKOFF", "0.02")  # retries stay real, the waits short
@@ -156,3 +156,19 @@ def run_words(spec) -> list[str]:
     from imgbuild.engine.containers import run_command_line
 
     return shlex.split(run_command_line(spec.options()))[1:]
+
+
+def use_site_config(monkeypatch: pytest.MonkeyPatch, path: str | Path) -> None:
+    """`path` as the site config: for this process (the module's SITE_CONFIG, whoever runs the tests) and for the
+    imgbuild processes it starts as root (IMGBUILD_SITE_CONFIG, which imgbuild honours for plain root alone)."""
+    from imgbuild.config import settings as config_settings
+
+    monkeypatch.setattr(config_settings, "SITE_CONFIG", Path(path))
+    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(path))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked `root` need root by nature; for anyone else they are skipped with their reason."""
+    marker = item.get_closest_marker("root")
+    if marker is not None and os.geteuid() != 0:
+        pytest.skip(f"needs root: {marker.args[0] if marker.args else 'by nature'}")

@@ -19,7 +19,7 @@ from imgbuild.config.settings import load_settings
 from imgbuild.errors import UsageError
 from imgbuild.recipe import load_recipe
 from tests import ngc_facts
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, use_site_config
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -696,7 +696,7 @@ def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refuse
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
     site = tmp_path / "site.yaml"
     site.write_text(f"run: {{mounts: ['{tmp_path}/work/{{user}}:/work/{{user}}']}}\n")
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    use_site_config(monkeypatch, str(site))
     spec = prepare(RunRequest("nvcr.io/nvidia/pytorch:24.05-py3", ["true"]), load_settings({}), gpus=[])
     assert "HOME=/tmp/home" in spec.env
     own = prepare(RunRequest("x:1", ["true"], env=["HOME=/data/me"]), load_settings({}), gpus=[])

@@ -13,7 +13,7 @@ from imgbuild.clusters.devcontainer import devcontainer
 from imgbuild.config.site import house_rules
 from imgbuild.errors import UsageError
 from tests import ngc_facts
-from tests.conftest import run_cli
+from tests.conftest import run_cli, use_site_config
 from tests.test_cluster import plan_of
 
 
@@ -70,7 +70,7 @@ def _shared_server(tmp_path, monkeypatch, gpus: list) -> None:
     )
     site = tmp_path / "site.yaml"
     site.write_text(f"run: {{gpu_flag: env, cpus_per_gpu: 1, state_dir: {tmp_path / 'state'}}}\n")
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    use_site_config(monkeypatch, str(site))
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
 
 

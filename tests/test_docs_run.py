@@ -23,6 +23,7 @@ import yaml
 from imgbuild import fields
 from imgbuild.config.settings import Settings, load_settings
 from imgbuild.config.site import SECTIONS, Fleet
+from tests.conftest import use_site_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -84,7 +85,7 @@ def test_each_yaml_example_loads_as_what_it_is(block, tmp_path, monkeypatch):
     if _is_settings(data):
         site = tmp_path / "config.yaml"
         site.write_text(block.body)
-        monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+        use_site_config(monkeypatch, str(site))
         view = load_settings({}).public_view()
         for section, values in data.items():
             shown = {k: v for k, v in view.items() if k == section or k.startswith(section + ".")}

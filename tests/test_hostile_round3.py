@@ -13,6 +13,7 @@ import yaml
 
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.recipe import load_recipe
+from tests.conftest import use_site_config
 
 HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'
 
@@ -232,7 +233,7 @@ def test_the_config_file_refuses_the_same_characters(tmp_path, monkeypatch):
     from imgbuild.config.settings import load_settings
 
     site = tmp_path / "site.yaml"
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    use_site_config(monkeypatch, str(site))
     for section in (
         {"run": {"mounts": ["/data:/data\u202e"]}},
         {"run": {"env": {"A": "x\u2028y"}}},
@@ -447,7 +448,7 @@ def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(tmp_path / "site.yaml"))
+    use_site_config(monkeypatch, str(tmp_path / "site.yaml"))
     (tmp_path / "site.yaml").write_text(f"run: {{state_dir: {tmp_path / 'state'}, env: {{SITE_VAR: site-value}}}}\n")
     request = RunRequest("img", ["python3", "-e", "A=B"], jupyter=True, env=["HF_TOKEN=hf_CANARY"])
     spec = prepare(request, load_settings({}), gpus=[])

@@ -17,7 +17,7 @@ from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 from imgbuild.clusters.k8s import K8sJob, manifest
 from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import RecipeError, UsageError
-from tests.conftest import run_cli
+from tests.conftest import run_cli, use_site_config
 
 K8S_VERSION = "1.33.0"
 IMAGE = "registry.example.org/lab/research:24.05@sha256:" + "a" * 64
@@ -127,7 +127,7 @@ def test_the_k8s_section_of_the_site_config_is_checked_like_any_input(section, t
 
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump({"k8s": section}, allow_unicode=True))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(site))
+    use_site_config(monkeypatch, str(site))
     with pytest.raises(RecipeError, match=r"k8s\."):
         load_settings({})
 

@@ -24,7 +24,7 @@ from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
 from imgbuild.servers.run import RunRequest, prepare
-from tests.conftest import run_words
+from tests.conftest import run_words, use_site_config
 
 ME = caller().name
 H = 3600.0
@@ -246,7 +246,7 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
     config.write_text(f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {state}\n")
     env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
+    use_site_config(monkeypatch, str(config))  # the site's rules
     late, idle, busy = (f"{ME}_{n}{unique}_1" for n in ("late", "idle", "busy"))
     never, unnamed = f"{ME}_never{unique}_1", f"handmade{unique}"
     notices: list[tuple[str, str]] = []

@@ -17,7 +17,7 @@ from imgbuild.gpu.read import SmiReader, process_owner
 from imgbuild.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
-from tests.conftest import run_cli, run_words
+from tests.conftest import run_cli, run_words, use_site_config
 
 ME = caller().name  # containers are named after who runs imgbuild, never after IMGBUILD_USER
 
@@ -188,7 +188,7 @@ def engine_limits(tmp_path, monkeypatch):
         f"  state_dir: {tmp_path / 'state'}\n"
     )
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
+    use_site_config(monkeypatch, str(config))  # the site's rules
     return config
 
 

@@ -20,7 +20,7 @@ from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
 from imgbuild.servers.holds import held_on_host
 from imgbuild.servers.ledger import Entry, Ledger, alive
 from imgbuild.servers.run import RunRequest, prepare
-from tests.conftest import ROOT, run_words
+from tests.conftest import ROOT, run_words, use_site_config
 
 ME = caller().name
 
@@ -185,7 +185,7 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text("run: {pin_cpus: false}\n")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
+    use_site_config(monkeypatch, str(config))  # the site's rules
     settings = load_settings({})
     unpinned = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=4", cpus=8), settings))
     assert "--cpuset-cpus" not in unpinned and "OMP_NUM_THREADS=8" in unpinned  # threads still match the quota
@@ -420,7 +420,7 @@ def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None)
     config = tmp_path / "config.yaml"
     config.write_text(f"run:\n  state_dir: {tmp_path / 'state'}\n  wait_poll: 1\n{extra}")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
-    monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(config))  # the site's rules
+    use_site_config(monkeypatch, str(config))  # the site's rules
     return load_settings({})
 
 

@@ -40,6 +40,13 @@ def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path
     return write_context(render(plan, backend, template_cache(settings.cache_dir)), ctx, settings.secrets())
 
 
+def render_checked(plan: Plan, backend: str, settings: Settings) -> Context:
+    """Render `plan` in memory (`render --stdout`), refused as render_into would refuse it: no secret in it."""
+    context = render(plan, backend, template_cache(settings.cache_dir))
+    check_no_secrets(context, settings.secrets())
+    return context
+
+
 def check_no_secrets(context: Context, secrets: tuple[str, ...] | list[str]) -> None:
     """No configured secret's value may be written into a rendered file (it is committed and built)."""
     wanted = [s.encode() for s in secrets if s and len(s) >= 4]

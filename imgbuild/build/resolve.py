@@ -87,6 +87,18 @@ def tag_resolver(settings: Settings) -> Callable[[str, str | None, str], str]:
     return resolve
 
 
+def plan_file(path: Path, settings: Settings, offline: bool = False) -> Plan:
+    """Load and plan the recipe at `path` for `render` and `validate`-like commands: the registry pins the base by
+    digest unless `offline`; an unreachable registry says how to go on without it."""
+    from imgbuild.recipe import load_recipe
+
+    loaded = load_recipe(path, secrets=settings.secrets())
+    try:
+        return plan_recipe(loaded, settings, offline=offline)
+    except RegistryUnavailable as exc:
+        raise RegistryUnavailable(f"{exc} (--offline renders without pinning the base by digest)") from None
+
+
 def plan_recipe(
     loaded: LoadedRecipe,
     settings: Settings,

@@ -63,23 +63,13 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 @click.pass_context
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
-    from imgbuild.build.context import check_no_secrets, context_dir, render_into
-    from imgbuild.build.render import render as render_plan
-    from imgbuild.build.render import template_cache
-    from imgbuild.build.resolve import plan_recipe
-    from imgbuild.errors import RegistryUnavailable
-    from imgbuild.recipe import load_recipe
+    from imgbuild.build.context import context_dir, render_checked, render_into
+    from imgbuild.build.resolve import plan_file
 
     settings = settings_of(ctx)
-    loaded = load_recipe(file, secrets=settings.secrets())
-    try:
-        plan = plan_recipe(loaded, settings, offline=offline)
-    except RegistryUnavailable as exc:
-        raise RegistryUnavailable(f"{exc} (--offline renders without pinning the base by digest)") from None
+    plan = plan_file(file, settings, offline=offline)
     if to_stdout:
-        context = render_plan(plan, backend, template_cache(settings.cache_dir))
-        check_no_secrets(context, settings.secrets())
-        click.echo(context.text("Dockerfile"), nl=False)
+        click.echo(render_checked(plan, backend, settings).text("Dockerfile"), nl=False)
         return
     rendered = render_into(plan, context_dir(plan, settings, out), backend, settings)
     click.echo(f"{rendered}/ (base {plan.base.pinned}, {plan.content_hash[:19]})")
