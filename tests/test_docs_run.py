@@ -224,6 +224,7 @@ def test_the_ci_examples_load_and_their_imgbuild_commands_parse(path):
         _parse(args, path.name)
 
 
+@pytest.mark.root("names a site config for imgbuild processes it starts (root's alone)")
 def test_the_readme_reap_example_works_in_the_site_config(tmp_path):
     """Issue 26: README's `run:` + `reap:` block in /etc/imgbuild/config.yaml broke every command."""
     from tests.conftest import run_cli
@@ -239,6 +240,7 @@ def test_the_readme_reap_example_works_in_the_site_config(tmp_path):
     assert valid.code == 0, valid.err
 
 
+@pytest.mark.root("names a site config for imgbuild processes it starts (root's alone)")
 def test_a_misspelt_key_in_any_section_is_one_located_line(tmp_path):
     from tests.conftest import run_cli
 

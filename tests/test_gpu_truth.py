@@ -760,6 +760,7 @@ def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
     assert judge(unknown, parse_targets("gh200"), "580.95.05")[0].runs
 
 
+@pytest.mark.root("another user's hold in the ledger (root's file may name anyone)")
 def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path):
     """Issue 28 (review item 11): the smoke's choice ignored the ledger's claims, so it could land on a GPU just
     handed to another user's starting run or idle container; with nothing free it said "use --force", which

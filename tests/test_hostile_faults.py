@@ -159,6 +159,7 @@ def test_rebuild_refuses_two_recipes_sharing_a_name(tmp_path):
     assert all("share the name 'shared'" in i["error"] for i in report["images"])
 
 
+@pytest.mark.root("becomes another user (setpriv)")
 def test_a_user_without_docker_access_gets_exit_3_naming_the_cause():
     """A non-root user outside the docker group: the socket refuses, and imgbuild says so (not 'start dockerd')."""
     import shutil
@@ -214,6 +215,7 @@ def _render(recipe: Path, out: Path, **env: str):
     return run_cli("render", str(recipe), "--offline", "-o", str(out), env=env)
 
 
+@pytest.mark.root("mounts a read-only tmpfs (mount(8))")
 def test_read_only_images_folder_is_exit_3_with_the_path(tmp_path):
     (tmp_path / ".git").mkdir()
     recipe = _recipe(tmp_path, "r.yaml", "ro", "v1")
@@ -224,6 +226,7 @@ def test_read_only_images_folder_is_exit_3_with_the_path(tmp_path):
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
 
 
+@pytest.mark.root("mounts a small tmpfs (mount(8))")
 def test_full_images_folder_is_exit_3_and_leaves_no_half_context(tmp_path):
     (tmp_path / ".git").mkdir()
     (tmp_path / "big.bin").write_bytes(os.urandom(512 * 1024))

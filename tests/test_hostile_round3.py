@@ -495,6 +495,7 @@ def _entry(**fields):
     return {**base, **fields}
 
 
+@pytest.mark.root("writes ledger files as other users (chown)")
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("case", "entry", "owner"),
@@ -528,6 +529,7 @@ def test_3_a_forged_ledger_entry_holds_nothing_and_crashes_nobody(case, entry, o
         assert book.entries == []
 
 
+@pytest.mark.root("writes another user's ledger file (chown)")
 @pytest.mark.timeout(60)
 def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
     """The honest case: nobody's own live process, in nobody's own file, holds what it says; the same file
@@ -555,6 +557,7 @@ def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
         proc.wait()
 
 
+@pytest.mark.root("writes another user's ledger file (chown)")
 def test_3_an_extension_moves_only_its_owners_container(tmp_path):
     from imgbuild.servers.containers import effective_deadline
     from imgbuild.servers.ledger import Extension, Ledger
@@ -568,6 +571,7 @@ def test_3_an_extension_moves_only_its_owners_container(tmp_path):
     assert effective_deadline(victim, book.extended, {"max_time": None}) == 100.0
 
 
+@pytest.mark.root("root clearing what another user planted")
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("plant", ["fifo", "folder"])
 def test_2_a_planted_lock_never_blocks_and_root_clears_it(plant, tmp_path):
@@ -583,6 +587,7 @@ def test_2_a_planted_lock_never_blocks_and_root_clears_it(plant, tmp_path):
     assert (state / "ledger.lock").is_file()
 
 
+@pytest.mark.root("a state folder another user owns (chown)")
 @pytest.mark.timeout(30)
 def test_2_a_state_folder_another_user_owns_is_refused_by_run_and_reap(tmp_path):
     """probe-3 #2: the first user to run imgbuild owned the state folder and deleted root's state and log."""
@@ -605,6 +610,7 @@ def test_2_a_state_folder_another_user_owns_is_refused_by_run_and_reap(tmp_path)
         reaper_dir(state)
 
 
+@pytest.mark.root("a reap log another user owns (chown)")
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("plant", ["fifo", "folder", "symlink", "hardlink", "other-owner"])
 def test_2_the_reap_log_is_only_ever_the_reapers_own_regular_file(plant, tmp_path):

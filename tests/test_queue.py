@@ -84,6 +84,7 @@ def test_a_drained_queue_starts_nothing_and_only_the_admin_drains(tmp_path, monk
     assert len(jobs.advance(tmp_path, me, start=lambda j, as_root: (0, "x"))) == 1
 
 
+@pytest.mark.root("two users' jobs in a root-owned state folder")
 def test_a_user_advances_and_removes_only_their_own_jobs(tmp_path, monkeypatch):
     me = caller()
     other = Caller("someoneelse", me.uid + 1, me.uid + 1)

@@ -292,7 +292,7 @@ def test_committed_example_contexts_are_current():
 
     from imgbuild.build.rebuild import FRESH, check_contexts
 
-    settings = dataclasses.replace(load_settings(environ={}), images_dir=str(ROOT / "images"))
+    settings = dataclasses.replace(load_settings(environ={}), images_dir=str(ROOT / "images"), uid=1000, gid=1000)
     items = check_contexts([str(ROOT / "recipes")], settings)
     assert len(items) >= 3
     stale = {item.name: item.reasons or item.error for item in items if item.status != FRESH}
@@ -391,6 +391,7 @@ def test_compiled_templates_are_kept_privately_and_render_the_same(tmp_path):
     assert all((f.stat().st_mode & 0o077) == 0 for f in kept)
 
 
+@pytest.mark.root("a template cache another user owns (chown)")
 @pytest.mark.parametrize("setup", ["group-writable", "world-writable-parent", "foreign-owner", "symlink", "a-file"])
 def test_no_template_cache_where_someone_else_could_write_code(tmp_path, setup):
     """A compiled template is code: a folder another user could write gets no cache (render compiles)."""

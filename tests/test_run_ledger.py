@@ -38,8 +38,9 @@ DGX = [gpu(i, "0-55,112-167" if i < 4 else "56-111,168-223") for i in range(8)]
 
 def test_an_entry_lives_while_its_process_lives(tmp_path):
     ledger = Ledger(tmp_path / "state")
+    me = caller().name  # a user's own file names only them (root's may name anyone)
     with ledger.transaction() as book:
-        mine = book.add("me_train_1", "me", ["GPU-1"], [0, 1])
+        mine = book.add(f"{me}_train_1", me, ["GPU-1"], [0, 1])
     assert alive(mine) and ledger.entries() == [mine]
     assert oct((tmp_path / "state").stat().st_mode & 0o7777) == "0o1777"  # every user of the host writes it
     own = tmp_path / "state" / f"ledger-{os.getuid()}.json"  # each user writes a file of their own
@@ -55,7 +56,7 @@ def test_an_entry_lives_while_its_process_lives(tmp_path):
     with ledger.transaction() as book:
         book.entries += [gone, reused]
     assert ledger.entries() == [mine]
-    ledger.drop("me_train_1")
+    ledger.drop(f"{me}_train_1")
     assert ledger.entries() == []
 
 
@@ -266,14 +267,14 @@ def test_a_killed_start_leaves_no_hold(tmp_path):
         "import sys, time\n"
         "from imgbuild.servers.ledger import Ledger\n"
         f"with Ledger({str(state)!r}).transaction() as book:\n"
-        "    book.add('me_x_1', 'me', ['GPU-1'], [0])\n"
+        f"    book.add('{caller().name}_x_1', {caller().name!r}, ['GPU-1'], [0])\n"
         "print('held', flush=True)\n"
         "time.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-        assert [e.name for e in Ledger(state).entries()] == ["me_x_1"]
+        assert [e.name for e in Ledger(state).entries()] == [f"{caller().name}_x_1"]
     finally:
         proc.kill()
         proc.wait()
@@ -424,6 +425,7 @@ def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None)
     return load_settings({})
 
 
+@pytest.mark.root("another user's queue place (root's file may name anyone)")
 def test_wait_queues_first_come_first_served_and_starts_when_free(tmp_path, monkeypatch):
     from imgbuild.servers.run import reserved
 
@@ -516,6 +518,7 @@ def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monke
             load_settings({})  # read once, by every command, before anything runs
 
 
+@pytest.mark.root("names a site config for imgbuild processes it starts (root's alone)")
 def test_a_bare_wait_does_not_swallow_the_image(tmp_path):
     from tests.conftest import run_cli
 
