@@ -611,10 +611,11 @@ def test_reading_the_ledger_writes_nothing(tmp_path):
     assert Ledger(state).read().entries == [] and not state.exists()
     state.mkdir()
     own = state / f"ledger-{os.getuid()}.json"
-    own.write_text('{"entries":  [], "extended": {"abc": {"deadline": 5, "user": "alice"}}}')
+    text = '{"entries":  [], "extended": {"abc": {"deadline": 5, "user": "' + caller().name + '"}}}'
+    own.write_text(text)
     book = Ledger(state).read()
-    assert book.entries == [] and book.extended == {"abc": Extension(5.0, "alice")}
-    assert own.read_text() == '{"entries":  [], "extended": {"abc": {"deadline": 5, "user": "alice"}}}'  # as it was
+    assert book.entries == [] and book.extended == {"abc": Extension(5.0, caller().name)}
+    assert own.read_text() == text  # as it was
     own.write_text("garbage")
     assert Ledger(state).read().entries == [] and own.read_text() == "garbage"
     own.unlink()
