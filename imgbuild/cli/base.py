@@ -25,16 +25,16 @@ class Section:
         SECTIONS.append(self)
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
-        def register(fn: Callable[..., Any]) -> click.Command:
-            made = cli.command(*args, **kwargs)(fn)
-            self.names.append(str(made.name))
-            return made
-
-        return register
+        return self._listed(cli.command(*args, **kwargs))
 
     def group(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Group]:
-        def register(fn: Callable[..., Any]) -> click.Group:
-            made = cli.group(*args, **kwargs)(fn)
+        return self._listed(cli.group(*args, **kwargs))
+
+    def _listed(self, decorator: Callable[[Callable[..., Any]], Any]) -> Callable[[Callable[..., Any]], Any]:
+        """`decorator` (the group's command or group), and the command it makes listed under this heading."""
+
+        def register(fn: Callable[..., Any]) -> Any:
+            made = decorator(fn)
             self.names.append(str(made.name))
             return made
 
