@@ -17,7 +17,6 @@ SECTION = Section("Servers")
 
 if TYPE_CHECKING:
     from imgbuild.engine import ImageEngine
-    from imgbuild.servers.spec import RunSpec
 
 
 class _RunCommand(click.Command):
@@ -108,10 +107,7 @@ def run(
     imgbuild run recipes/pytorch-research.yaml --gpus 2 -- python train.py
     imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
     """
-    from imgbuild.engine import Engine
-    from imgbuild.engine.containers import run_command_line
     from imgbuild.servers import run as runmod
-    from imgbuild.servers import spec as runspec
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
@@ -137,35 +133,16 @@ def run(
         time=walltime,
         notify=notify,
     )
-    if dry_run:
-        with _queued_busy():  # `queue add` checks a job this way: busy GPUs now are no reason to refuse it
-            spec = runmod.prepare(request, settings)
-        spec.name = runspec.next_name(spec.user, spec.short_name, set())
-        _say_chosen(spec)
-        click.echo(run_command_line(spec.options(), settings.docker_cli or "docker"))
+    with _queued_busy():
+        done = runmod.launch(request, settings, wait=wait, dry_run=dry_run, say=lambda line: click.echo(line, err=True))
+    if done.command_line:  # --dry-run
+        click.echo(done.command_line)
         return
-    engine = Engine.connect(settings.docker_cli)
-    _note(runmod.check_preload(runspec.resolve_image(request.image, settings)[0], engine))
-    told: list[tuple[int, str]] = []
-
-    def waiting(place: int, why: str) -> None:
-        if not told or told[-1] != (place, why):
-            click.echo(f"waiting: place {place} in the queue ({why})", err=True)
-            told.append((place, why))
-
-    timeout = runspec.parse_duration(wait, "--wait") if wait is not None else None
-    with _queued_busy(), runmod.reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
-        _say_chosen(spec)
-        click.echo(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})", err=True)
-        if spec.detach:
-            runmod.start_detached(engine, spec)
-            if spec.jupyter_port:
-                import socket
-
-                for line in runspec.jupyter_notes(spec, socket.getfqdn()):
-                    click.echo(line)
-            return
-        outcome = runmod.start_attached(engine, spec, settings)
+    for line in done.notes:
+        click.echo(line)
+    if done.outcome is None:  # detached
+        return
+    outcome = done.outcome
     if outcome.start_failed:
         click.echo(
             f"imgbuild: docker could not start the container; if it said 'error setting rlimit', {runmod.RLIMIT_HINT}",
@@ -175,7 +152,7 @@ def run(
         print_table(
             ["GPU", "util mean %", "util max %", "mem mean MiB", "mem max MiB"],
             [[r["gpu"], r["util_mean"], r["util_max"], r["mem_mean_mib"], r["mem_max_mib"]] for r in outcome.rows],
-            title=f"{spec.name}: {outcome.seconds:.0f} s",
+            title=f"{done.spec.name}: {outcome.seconds:.0f} s",
         )
     if outcome.hint:
         click.echo(f"hint: {outcome.hint}", err=True)
@@ -196,30 +173,6 @@ def _queued_busy() -> Iterator[None]:
             raise
         click.echo(f"imgbuild: {busy}", err=True)
         sys.exit(75)
-
-
-def _say_chosen(spec: RunSpec) -> None:
-    for note in spec.gpus.forced:
-        click.echo(f"warning: sharing {note} (--force)", err=True)
-    if spec.gpus.gpus:
-        click.echo(
-            "GPUs: "
-            + ", ".join(
-                f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
-                f"{g.utilization if g.utilization is not None else '?'}%)"
-                for g in spec.gpus.gpus
-            ),
-            err=True,
-        )
-
-
-def _cpu_note(spec: RunSpec) -> str:
-    from imgbuild.host import format_cpulist
-
-    if not spec.cpus:
-        return ""
-    pinned = f" on CPUs {format_cpulist(spec.cpuset)}" if spec.cpuset else ""
-    return f", {spec.cpus:g} CPUs{pinned}, {spec.threads} threads per process"
 
 
 @SECTION.command()
@@ -418,9 +371,3 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
         if not watch or (count and shown >= count):
             return
         time.sleep(interval)
-
-
-def _note(text: str) -> None:
-    """A note for the user on stderr, when there is one."""
-    if text:
-        click.echo(text, err=True)

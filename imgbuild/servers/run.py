@@ -22,7 +22,7 @@ from typing import Any
 from imgbuild.config.site import house_rules
 from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
-from imgbuild.host import expand
+from imgbuild.host import expand, format_cpulist
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, check_quota, held_on_host
 from imgbuild.servers.spec import (
@@ -31,14 +31,16 @@ from imgbuild.servers.spec import (
     MAX_CPUS,
     SHORT_NAME_RE,
     RunSpec,
-    _affinity,
     default_cpus,
     free_port,
+    gpu_affinity,
     home_of_uid,
     host_ids,
     is_recipe,
     jupyter_command,
+    jupyter_notes,
     next_name,
+    parse_duration,
     resolve_image,
 )
 
@@ -137,7 +139,7 @@ def prepare(
     cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu"))
     cpuset: list[int] = []
     if cpus and house.get("pin_cpus"):
-        near = sorted({c for g in selection.gpus for c in _affinity(g)})
+        near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
         cpuset = pick_cpus(math.ceil(cpus), near, usable_cpus(), held.cpus)
     uid, gid = host_ids()
     if req.as_user:
@@ -400,3 +402,75 @@ def explain_start_failure(stderr: str) -> str:
         reason = text[text.find("error setting rlimit") :].removesuffix(": unknown.")
         return f"the container did not start ({reason}); {RLIMIT_HINT}"
     return f"the container did not start: {text[-300:]}"
+
+
+# --- `imgbuild run`, top to bottom ----------------------------------------------------------------------------
+
+
+@dataclass
+class Launched:
+    """What `imgbuild run` did: its spec, and the outcome of an attached run (None detached, or with --dry-run)."""
+
+    spec: RunSpec
+    command_line: str = ""  # --dry-run: the command it would run
+    notes: list[str] = field(default_factory=list)  # for the user's terminal (Jupyter's address and token)
+    outcome: RunOutcome | None = None
+
+
+def launch(
+    request: RunRequest, settings: Any, *, wait: str | None, dry_run: bool, say: Callable[[str], None]
+) -> Launched:
+    """`imgbuild run`: the spec under the house rules; with `dry_run` only the command it would run. Else GPUs held
+    in the ledger (waiting for them up to `wait`, saying each new place), then started detached or attached.
+    `say`: progress for the user (stderr)."""
+    import socket
+
+    from imgbuild.engine import Engine
+    from imgbuild.engine.containers import run_command_line
+
+    if dry_run:
+        spec = prepare(request, settings)
+        spec.name = next_name(spec.user, spec.short_name, set())
+        _say_chosen(spec, say)
+        return Launched(spec, command_line=run_command_line(spec.options(), settings.docker_cli or "docker"))
+    engine = Engine.connect(settings.docker_cli)
+    note = check_preload(resolve_image(request.image, settings)[0], engine)
+    if note:
+        say(note)
+    told: list[tuple[int, str]] = []
+
+    def waiting(place: int, why: str) -> None:
+        if not told or told[-1] != (place, why):
+            say(f"waiting: place {place} in the queue ({why})")
+            told.append((place, why))
+
+    timeout = parse_duration(wait, "--wait") if wait is not None else None
+    with reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
+        _say_chosen(spec, say)
+        say(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})")
+        if spec.detach:
+            start_detached(engine, spec)
+            return Launched(spec, notes=jupyter_notes(spec, socket.getfqdn()) if spec.jupyter_port else [])
+        outcome = start_attached(engine, spec, settings)
+    return Launched(spec, outcome=outcome)
+
+
+def _say_chosen(spec: RunSpec, say: Callable[[str], None]) -> None:
+    for note in spec.gpus.forced:
+        say(f"warning: sharing {note} (--force)")
+    if spec.gpus.gpus:
+        say(
+            "GPUs: "
+            + ", ".join(
+                f"{g.index} {g.name} ({g.memory_used_mib}/{g.memory_total_mib} MiB, "
+                f"{g.utilization if g.utilization is not None else '?'}%)"
+                for g in spec.gpus.gpus
+            )
+        )
+
+
+def _cpu_note(spec: RunSpec) -> str:
+    if not spec.cpus:
+        return ""
+    pinned = f" on CPUs {format_cpulist(spec.cpuset)}" if spec.cpuset else ""
+    return f", {spec.cpus:g} CPUs{pinned}, {spec.threads} threads per process"

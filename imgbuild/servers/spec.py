@@ -228,7 +228,7 @@ def jupyter_notes(spec: RunSpec, host: str) -> list[str]:
     ]
 
 
-def _affinity(gpu: Any) -> list[int]:
+def gpu_affinity(gpu: Any) -> list[int]:
     return cpulist_of(gpu.cpu_affinity or "")
 
 
