@@ -99,34 +99,17 @@ def export(
 
 
 def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None, to_stdout: bool, build: bool) -> None:
-    from imgbuild.clusters.apptainer import apptainer_tool, build_sif, export_apptainer, sif_name
-    from imgbuild.engine import Engine
+    from imgbuild.clusters.apptainer import export_definition
 
-    out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
-    engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
-    exported = export_apptainer(plan, settings, bootstrap, out, engine)
-    if exported.archive:
-        click.echo(f"saved {plan.target} to {exported.archive}", err=True)
-    if exported.context:
-        click.echo(
-            f"rendered {exported.context}: run apptainer build from that folder (%files paths are relative)", err=True
-        )
-    if out is None:
-        click.echo(exported.definition, nl=False)
+    done = export_definition(
+        plan, settings, bootstrap, out, to_stdout=to_stdout, build=build, say=lambda line: click.echo(line, err=True)
+    )
+    if done.path is None:
+        click.echo(done.exported.definition, nl=False)
         return
-    out.write_text(exported.definition)
-    click.echo(str(out))
-    if not build:
-        return
-    tool = apptainer_tool()
-    if not tool:
-        click.echo(
-            "note: apptainer is not installed here: copy the definition to a machine that has it and run "
-            f"`apptainer build {out.with_suffix('.sif').name} {out.name}` and copy it to the site's slurm.sif_dir",
-            err=True,
-        )
-        return
-    click.echo(str(build_sif(tool, out, exported.context)))
+    click.echo(str(done.path))
+    if done.sif:
+        click.echo(str(done.sif))
 
 
 def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list[str], settings: Any) -> None:
@@ -236,8 +219,7 @@ def slurm(
         JobFlags,
         check_image_present,
         job_from_flags,
-        pack_dataset,
-        stage_dir,
+        stage_datasets,
         submit_job,
     )
     from imgbuild.clusters.slurm import sbatch_script
@@ -246,14 +228,7 @@ def slurm(
 
     settings = settings_of(ctx)
     ref, short = resolve_image(image, settings, paths=True)
-    tars, packed = [], []
-    for item in stage:
-        if Path(item).is_dir():
-            tar, made = pack_dataset(Path(item), stage_dir(settings.slurm))
-            packed.append((tar, made))
-            tars.append(str(tar))
-        else:
-            tars.append(item)
+    tars, packed = stage_datasets(stage, settings.slurm)
     job = job_from_flags(
         JobFlags(
             command=list(command),

@@ -6,7 +6,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -318,56 +318,29 @@ def shell(ctx: click.Context, name: str, force: bool) -> None:
 @click.pass_context
 def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None) -> None:
     """GPUs: memory, utilisation, and who runs what on each (NVML, or nvidia-smi)."""
-    import functools
     import time
 
-    from imgbuild.engine import Engine
-    from imgbuild.errors import ImgbuildError
-    from imgbuild.gpu.read import NoGpus, read_gpus
-    from imgbuild.servers.containers import lost_containers
+    from imgbuild.gpu.read import NoGpus
+    from imgbuild.servers.containers import watch_gpus
     from imgbuild.ui import print_table
 
-    settings = settings_of(ctx)
+    readings_of = watch_gpus(settings_of(ctx), interval if watch else None, count)
+    try:
+        for readings, lost in readings_of:
+            _show_gpus(readings, lost, as_json, time.strftime("%H:%M:%S") if watch else None, print_table)
+    except NoGpus as exc:
+        click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
 
-    @functools.cache
-    def engine() -> Engine | None:
-        """Connected once, at the first reading: containers whose GPUs vanished are flagged where it answers."""
-        try:
-            return Engine.connect(settings.docker_cli)
-        except ImgbuildError:
-            return None
 
-    shown = 0
-    while True:
-        try:
-            readings = read_gpus(settings.gpu_snapshot)
-        except NoGpus as exc:
-            click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
-            return
-        connected = engine()
-        try:
-            lost = lost_containers(connected) if connected else []
-        except ImgbuildError:
-            lost = []
-        if as_json:
-            emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
-        else:
-            rows = []
-            for g in readings:
-                procs = (
-                    "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB" for p in g.processes)
-                    or "-"
-                )
-                util = "?" if g.utilization is None else f"{g.utilization}%"
-                rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs])
-            print_table(
-                ["GPU", "name", "memory", "util", "processes (user container memory)"],
-                rows,
-                title=time.strftime("%H:%M:%S") if watch else None,
-            )
-            for item in lost:
-                click.echo(f"{item['name']}: {item['fix']}", err=True)
-        shown += 1
-        if not watch or (count and shown >= count):
-            return
-        time.sleep(interval)
+def _show_gpus(readings: list[Any], lost: list[dict[str, str]], as_json: bool, title: str | None, table: Any) -> None:
+    if as_json:
+        emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
+        return
+    rows = []
+    for g in readings:
+        procs = "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB" for p in g.processes)
+        util = "?" if g.utilization is None else f"{g.utilization}%"
+        rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs or "-"])
+    table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows, title=title)
+    for item in lost:
+        click.echo(f"{item['name']}: {item['fix']}", err=True)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imgbuild.build.plan import Plan
 from imgbuild.build.render import apptainer_definition
-from imgbuild.errors import JobFailed, UsageError
+from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 
 
 def sif_name(image: str) -> str:
@@ -72,3 +73,47 @@ def build_sif(tool: str, definition: Path, cwd: Path | None) -> Path:
         if subprocess.run(args, cwd=cwd).returncode != 0:
             raise JobFailed(f"{' '.join(args[:2])} failed for {definition}")
     return sif
+
+
+@dataclass
+class Written:
+    exported: Exported
+    path: Path | None  # the definition file; None: for standard output
+    sif: Path | None = None  # the .sif built from it, where apptainer is installed
+
+
+def export_definition(
+    plan: Plan,
+    settings: Any,
+    bootstrap: str,
+    out: Path | None,
+    *,
+    to_stdout: bool,
+    build: bool,
+    say: Callable[[str], None],
+) -> Written:
+    """`imgbuild export --apptainer`: the definition (to `out`, default `<image>_<tag>.def`; with `to_stdout` it is
+    the caller's to print), and with `build` the .sif and its %test where apptainer is installed (else `say` how
+    to build it elsewhere)."""
+    from imgbuild.engine import Engine
+
+    out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
+    engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
+    exported = export_apptainer(plan, settings, bootstrap, out, engine)
+    if exported.archive:
+        say(f"saved {plan.target} to {exported.archive}")
+    if exported.context:
+        say(f"rendered {exported.context}: run apptainer build from that folder (%files paths are relative)")
+    if out is None:
+        return Written(exported, None)
+    try:
+        out.write_text(exported.definition)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write {out}: {exc.strerror}") from None
+    tool = apptainer_tool() if build else None
+    if build and not tool:
+        say(
+            "note: apptainer is not installed here: copy the definition to a machine that has it and run "
+            f"`apptainer build {out.with_suffix('.sif').name} {out.name}` and copy it to the site's slurm.sif_dir"
+        )
+    return Written(exported, out, build_sif(tool, out, exported.context) if tool else None)

@@ -294,3 +294,18 @@ def submit_job(script: str, *, test_only: bool = False) -> str:
     if proc.returncode != 0:
         raise JobFailed(f"sbatch refused the job: {text.splitlines()[-1] if text else proc.returncode}")
     return text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}"
+
+
+def stage_datasets(items: tuple[str, ...] | list[str], site: Any) -> tuple[list[str], list[tuple[Path, bool]]]:
+    """`--stage` items as the job stages them: a tar as it is, a folder packed once into the site's stage folder.
+    (the tars, [(a packed tar, whether it was made now rather than reused)])."""
+    tars: list[str] = []
+    packed: list[tuple[Path, bool]] = []
+    for item in items:
+        if Path(item).is_dir():
+            tar, made = pack_dataset(Path(item), stage_dir(site))
+            packed.append((tar, made))
+            tars.append(str(tar))
+        else:
+            tars.append(item)
+    return tars, packed

@@ -3,11 +3,13 @@ lost (a re-attached driver), and the `ps` view of them all."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from imgbuild.config.site import house_rules
-from imgbuild.errors import UsageError
+from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.servers.spec import parse_duration
 
 # --- your containers, by short name ---------------------------------------------------------------
@@ -148,3 +150,30 @@ def container_view(engine: Any, settings: Any, now: float | None = None) -> list
         left = "" if deadline is None else ("passed" if deadline <= now else human_duration(deadline - now))
         rows.append({**row, "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})
     return rows
+
+
+def watch_gpus(
+    settings: Any, interval: float | None, count: int | None = None, sleep: Callable[[float], None] = time.sleep
+) -> Iterator[tuple[list[Any], list[dict[str, str]]]]:
+    """This host's GPUs and the containers that lost theirs (`imgbuild gpus`): one reading, or one every `interval`
+    seconds (`count` at most). The engine is asked from the first reading on, where it answers; a host without
+    GPUs raises NoGpus."""
+    from imgbuild.engine import Engine
+    from imgbuild.gpu.read import read_gpus
+
+    engine: Any = None
+    shown = 0
+    while True:
+        readings = read_gpus(settings.gpu_snapshot)
+        if shown == 0:
+            with contextlib.suppress(ImgbuildError):
+                engine = Engine.connect(settings.docker_cli)
+        try:
+            lost = lost_containers(engine) if engine else []
+        except ImgbuildError:
+            lost = []
+        yield readings, lost
+        shown += 1
+        if interval is None or (count and shown >= count):
+            return
+        sleep(interval)
