@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from imgbuild.errors import RegistryError, RegistryUnavailable
+from imgbuild.errors import RegistryError, RegistryUnavailable, UsageError
 from imgbuild.ngc import newest_matching, parse_tag
 from imgbuild.registry.auth import Credentials, parse_challenge
 from imgbuild.registry.client import RegistryClient
@@ -250,3 +250,30 @@ def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch)
     creds = docker_config_credentials("registry.corp", config)
     assert (creds.username, creds.password) == ("ci", "s3cret-for-registry.corp")
     assert docker_config_credentials("elsewhere.io", config) is None
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("pytorch", ("nvcr.io", "nvidia/pytorch")),
+        ("nvidia/tritonserver", ("nvcr.io", "nvidia/tritonserver")),
+        ("registry.lab:5000/nvidia/pytorch", ("registry.lab:5000", "nvidia/pytorch")),
+        ("localhost:5000/mirror/pytorch", ("localhost:5000", "mirror/pytorch")),
+        ("torch", None),  # neither a framework nor ORG/REPO
+        ("nvidia/pytorch:25.10-py3", None),  # a tag: `tags` lists them, it does not take one
+        ("nvidia/pytorch@sha256:" + "a" * 64, None),
+        ("../etc/passwd", None),
+        ("nvidia//pytorch", None),
+        ("", None),
+    ],
+)
+def test_a_tags_repository_is_read_as_an_image_reference(name, expected):
+    """Issue 27: the repository of `imgbuild tags` went through imageref, not a hand split (which took
+    `nvidia/pytorch:25.10-py3` as a repository)."""
+    from imgbuild.registry.tags import repository_for
+
+    if expected is None:
+        with pytest.raises(UsageError, match="is not pytorch, tensorflow or ORG/REPO"):
+            repository_for(name, "nvcr.io")
+    else:
+        assert repository_for(name, "nvcr.io") == expected

@@ -26,12 +26,15 @@ from imgbuild.engine.types import (
 from imgbuild.errors import BuildFailed, EngineFault, EngineUnavailable
 
 
+def docker_clis(hint: str | None) -> list[str]:
+    """The docker CLIs to try, in order: the one the settings name, the PATH's, /usr/bin/docker; executable ones."""
+    candidates = [hint, shutil.which("docker"), "/usr/bin/docker"]
+    return [c for c in dict.fromkeys(c for c in candidates if c) if os.path.isfile(c) and os.access(c, os.X_OK)]
+
+
 def find_cli(hint: str | None) -> tuple[str, bool] | None:
     """(docker CLI path, has buildx) for a CLI that can drive BuildKit, or None."""
-    candidates = [hint, shutil.which("docker"), "/usr/bin/docker"]
-    for cli in dict.fromkeys(c for c in candidates if c):
-        if not (os.path.isfile(cli) and os.access(cli, os.X_OK)):
-            continue
+    for cli in docker_clis(hint):
         if _quiet([cli, "buildx", "version"]):
             return cli, True
         out = _output([cli, "version", "--format", "{{.Client.Version}}"])

@@ -6,12 +6,12 @@ import contextlib
 import io
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
 from typing import Any
 
+from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import RunOptions
@@ -31,9 +31,9 @@ class DockerContainers:
 
     def cli(self) -> str:
         """A docker CLI for interactive commands (run -it, attach, exec); any version will do."""
-        for cli in (self._cli_hint, shutil.which("docker"), "/usr/bin/docker"):
-            if cli and os.path.isfile(cli) and os.access(cli, os.X_OK):
-                return cli
+        found = docker_clis(self._cli_hint)
+        if found:
+            return found[0]
         raise EngineUnavailable("no docker CLI found: install docker (the client) or set IMGBUILD_DOCKER_CLI")
 
     def run(self, options: RunOptions) -> tuple[int, str]:

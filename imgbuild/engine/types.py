@@ -54,8 +54,15 @@ class ImageInfo:
 
     def inspected(self, ref: str) -> tuple[str, dict[str, Any]]:
         """(registry digest of `ref`'s repository or "", config with the image "Id"), as plan.InspectBase."""
-        repo = ref.split("@")[0].rsplit(":", 1)[0]
-        digests = [d.split("@", 1)[1] for d in self.repo_digests if d.split("@")[0] == repo]
+        from imgbuild.imageref import BadReference, parse
+
+        def same_repository(digested: str) -> bool:
+            try:
+                return parse(digested).name == parse(ref).name
+            except BadReference:
+                return False
+
+        digests = [d.split("@", 1)[1] for d in self.repo_digests if "@" in d and same_repository(d)]
         return (digests[0] if digests else ""), {"config": self.config, "Id": self.id}
 
 

@@ -67,14 +67,17 @@ class Listing:
 
 def repository_for(name: str, registry: str) -> tuple[str, str]:
     """`pytorch` -> (registry, nvidia/pytorch); `org/repo` -> (registry, org/repo); `host/org/repo` too."""
+    from imgbuild.imageref import BadReference, parse
+
     if name in FRAMEWORKS:
         return registry, FRAMEWORKS[name].repository
-    parts = name.split("/")
-    if len(parts) >= 3 and ("." in parts[0] or ":" in parts[0]):
-        return parts[0], "/".join(parts[1:])
-    if len(parts) == 2:
-        return registry, name
-    raise UsageError(f"tags: {name!r} is not pytorch, tensorflow or ORG/REPO")
+    try:
+        ref = parse(name)
+    except BadReference:
+        ref = None
+    if ref is None or ref.tag or ref.digest or (not ref.host and "/" not in ref.path):
+        raise UsageError(f"tags: {name[:80]!r} is not pytorch, tensorflow or ORG/REPO")
+    return ref.host or registry, ref.path
 
 
 class TagCache:
