@@ -259,6 +259,7 @@ def test_verify_needs_a_public_key(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_images):
     """Push with --sign-key, then verify: OK. The same tag moved to another image: FAIL. The SBOM tampered
     with: FAIL. skopeo's sigstoreSigned policy refuses an unsigned image, and finds this one's signature where

@@ -224,6 +224,7 @@ def as_user(
     )
 
 
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
 @pytest.mark.engine
 def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docker_client):
     """At least 25 attempts by real users through Debian's sudo on the real engine, each refused with one line
@@ -321,6 +322,7 @@ def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docke
         shutil.rmtree(private)
 
 
+@pytest.mark.root("staging binds are mount(8)'s")
 @pytest.mark.engine
 def test_a_folder_swapped_for_a_link_after_the_check_is_never_mounted(tmp_path, monkeypatch):
     """The check resolves the path as the caller; the start binds the very object checked (same device and
@@ -384,6 +386,7 @@ def test_a_mount_is_never_a_format_string(spec, monkeypatch):
         enforce.check_mounts([spec], ALICE, HOUSE, probe=_probe({}))
 
 
+@pytest.mark.root("becomes another user")
 @pytest.mark.engine
 def test_a_path_is_resolved_with_the_callers_own_permissions():
     """resolve_as forks, becomes the caller (UID, GID, groups) and looks: root's view is not the question."""
@@ -398,6 +401,7 @@ def test_a_path_is_resolved_with_the_callers_own_permissions():
     assert seen["path"] == os.path.realpath(alice.pw_dir) and seen["dir"] is True
 
 
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
 @pytest.mark.engine
 def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     """Issue 32 item 3 on the real engine: alice queues two jobs through sudo; the first starts at once (as her,
@@ -475,6 +479,7 @@ def test_the_gate_lets_a_user_through_sudo_run_only_the_user_commands(args, allo
             enforce.gate(args)
 
 
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
 @pytest.mark.engine
 def test_builds_through_sudo_read_as_the_user_and_tag_into_her_namespace(enforced, unique, docker_client):
     """`sudo imgbuild build` reads every file of the recipe, and writes the context, as the user; the engine

@@ -231,6 +231,7 @@ def gpu(index: int, util: int) -> Gpu:
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monkeypatch):
     """A deadline passed is warned then stopped; an idle container is warned, then stopped after the lead
     time, a busy one never; a never-started container is removed only when the site allows it; an unnamed
@@ -321,6 +322,7 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbed, docker_client, tmp_path, unique):
     """`run --time` labels the deadline, `ps` shows the time left, `extend` moves it within the site's
     max_time; a container whose GPUs vanished (NVML: Unknown Error) is flagged by `ps` and `gpus` with the
@@ -488,6 +490,7 @@ def test_a_notice_is_given_once_with_the_facts_in_the_site_commands_environment(
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_run_notify_on_a_real_container_leaves_one_notice(testbed, docker_client, tmp_path, unique, monkeypatch):
     """`imgbuild run --notify` keeps the container when it ends (a foreground run is otherwise removed), and the
     reaper's next run leaves one notice naming its exit code."""

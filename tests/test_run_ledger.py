@@ -204,6 +204,7 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed, docker_client, tmp_path, unique):
     """Issue 18 item 6: two `--gpus 1` starts at the same moment got the same GPU. Two real containers
     started concurrently must hold different GPUs (as the nvidia runtime reads them) and CPUs; a third
@@ -308,6 +309,7 @@ def test_the_run_that_loses_the_race_to_create_the_lock_opens_the_winners(tmp_pa
     assert len(calls) == 3 and calls[1] & os.O_EXCL and not calls[2] & os.O_CREAT
 
 
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_dry_run_does_not_touch_the_ledger(tmp_path, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text(f"run: {{state_dir: {tmp_path / 'state'}}}\n")
@@ -354,6 +356,7 @@ def test_jupyter_dry_run_binds_localhost_only_and_runs_jupyter_lab(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_client, tmp_path, unique):
     """`run --jupyter` picks a port no container publishes, binds it to 127.0.0.1, prints the tunnel; a
     second one gets another port. (The stand-in has no JupyterLab: a web server stands in on 8888.)"""
@@ -529,6 +532,7 @@ def test_a_bare_wait_does_not_swallow_the_image(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_nothing(
     testbed, docker_client, tmp_path, unique
 ):

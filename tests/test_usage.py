@@ -192,6 +192,7 @@ def test_a_big_log_is_rotated_once_and_both_halves_are_read(tmp_path, monkeypatc
 
 
 @pytest.mark.root("names a site config for imgbuild processes it starts, and reads root's usage log")
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_the_usage_command(tmp_path):
     _reaper_folder(tmp_path, RECORDED)
     site = tmp_path / "site.yaml"
