@@ -17,7 +17,6 @@ from typing import Any
 from imgbuild import imageref
 from imgbuild.config.settings import Settings
 from imgbuild.errors import RecipeError, UsageError
-from imgbuild.host import caller
 from imgbuild.ngc import (
     CUDA_PACKAGE_PREFIXES,
     FRAMEWORKS,
@@ -367,19 +366,17 @@ def make_plan(
     settings: Settings,
     inspect_base: InspectBase | None,
     resolve_tag: ResolveTag | None = None,
-    host_ids: tuple[int, int] | None = None,
+    host_ids: tuple[int, int] = (0, 0),
     read_pins: ReadPins | None = None,
 ) -> Plan:
     """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins`
     (the base's own pins, read in the base by a build; without it only the framework is checked);
-    `host_ids` is the caller's UID/GID (host.caller() when not given)."""
+    `host_ids` is the caller's UID/GID, read at the edge (resolve.plan_recipe); root's (0, 0) gives 1000, as for
+    root itself. Nothing here asks who is calling."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
     if read_pins is not None:
         base = _with_pins(base, read_pins)
     check_conflicts(loaded, base)
-    if host_ids is None:
-        who = caller()
-        host_ids = (who.uid, who.gid)
     uid, gid = resolve_ids(loaded, settings, host_ids)
     chash = content_hash(loaded)
     inputs = json.dumps(

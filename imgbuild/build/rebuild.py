@@ -418,6 +418,9 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     from imgbuild.build.context import diff_context
     from imgbuild.build.plan import make_plan
     from imgbuild.build.record import RECORD_FILE, Record
+    from imgbuild.host import caller
+
+    who = caller()
     from imgbuild.build.render import render, template_cache
 
     ctx = context_path(loaded, settings)
@@ -444,6 +447,7 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
             pinned,
             lambda ref: (digest, config),  # the base as recorded, not as the registry says today
             lambda repo, framework, pattern: base.reference().tag,
+            (who.uid, who.gid),  # as `imgbuild render` by this user would
         )
     except RecipeError as exc:
         item.status, item.error = INVALID, "; ".join(exc.lines())
