@@ -112,6 +112,7 @@ def test_export_gpus_is_for_dev_containers_only(tmp_path):
     assert res.code == 2 and "--gpus is for --devcontainer" in res.err
 
 
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 @pytest.mark.engine
 def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path, unique, cleanup_images, monkeypatch):
     cli = testbed.get("IMGBUILD_TESTBED_DEVCONTAINER", "")

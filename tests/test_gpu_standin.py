@@ -187,6 +187,7 @@ def test_a_gpu_host_behind_the_socket_is_read_through_the_engine(
     assert not [c.name for c in docker_client.containers.list(all=True, filters={"ancestor": tag})]
 
 
+@pytest.mark.root("a PID namespace of its own (unshare)")
 def test_whether_the_engine_shares_this_machine_is_asked_of_the_kernel(testbed):
     """The bed's dockerd runs in the same container as the tests (/.dockerenv is there): the marker file alone would
     call it remote. The socket's peer PID (SO_PEERCRED) and mount namespace decide: the same daemon seen from a PID
