@@ -16,6 +16,7 @@ from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, expand
+from imgbuild.regular import read_regular
 
 
 @dataclass(frozen=True)
@@ -104,16 +105,12 @@ def read_as(who: Caller | None, path: Path, limit: int, what: str) -> bytes:
     """The bytes of a regular file `path` as `who` may read them (no link followed at the end), at most `limit`."""
     with as_user(who):
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            found = read_regular(path, limit)
         except OSError as exc:
             raise UsageError(f"{what} {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise UsageError(f"{what} {path}: not a regular file")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise UsageError(f"{what} {path}: larger than {limit} bytes")
-    return data
+    if found is None:
+        raise UsageError(f"{what} {path}: not a regular file of at most {limit} bytes")
+    return found[0]
 
 
 def private_copy(src: Path, dest: Path, who: Caller, max_bytes: int, max_files: int) -> Path:

@@ -13,12 +13,12 @@ import contextlib
 import hashlib
 import json
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.regular import read_regular
 
 
 class JsonCache:
@@ -39,20 +39,19 @@ class JsonCache:
         if self.ttl is not None and self.ttl <= 0:
             return None
         try:
-            fd = os.open(self.path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            found = read_regular(self.path(key), self.max_bytes)
         except OSError:
             return None
-        info = os.fstat(fd)
-        age = time.time() - info.st_mtime
-        stale = self.ttl is not None and age > self.ttl
-        if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_bytes or stale:
-            os.close(fd)
+        if found is None:
             return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                record = json.loads(handle.read(self.max_bytes + 1))
-            except (OSError, ValueError):
-                return None
+        data, info = found
+        age = time.time() - info.st_mtime
+        if self.ttl is not None and age > self.ttl:
+            return None
+        try:
+            record = json.loads(data)
+        except ValueError:
+            return None
         if not isinstance(record, dict) or record.get("key") != key or "value" not in record:
             return None
         return record["value"], max(0.0, age)

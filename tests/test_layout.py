@@ -18,7 +18,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "imgbuild"
 #: The levels, bottom up: a unit may import its own level's shared facts (level 0) and anything lower; at any
 #: other level, only its own unit and lower levels. A unit is a package (a folder) or a top-level module.
 LEVELS: list[set[str]] = [
-    {"errors", "facts", "limits", "ngc", "imageref", "host", "fields", "text", "ui", "yamlpos", "payload", "acting"}
+    {
+        "errors",
+        "facts",
+        "limits",
+        "ngc",
+        "imageref",
+        "host",
+        "fields",
+        "text",
+        "ui",
+        "yamlpos",
+        "payload",
+        "acting",
+        "regular",
+    }
     | {"cache"},
     {"gpu"},  # GPUs without Docker
     {"config", "recipe", "engine", "registry"},  # settings, stage 1, stage 4, HTTP

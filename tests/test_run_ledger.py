@@ -288,7 +288,7 @@ def test_a_killed_start_leaves_no_hold(tmp_path):
 def test_the_run_that_loses_the_race_to_create_the_lock_opens_the_winners(tmp_path, monkeypatch):
     """CI stop 36: two starts on a fresh state folder both found the lock absent; the one whose O_EXCL
     create lost said "ledger.lock: File exists" (exit 3). The loser opens the file the winner made."""
-    import imgbuild.servers.ledger as ledger_module
+    import imgbuild.regular as regular_module
 
     path = tmp_path / "ledger.lock"
     real_open = os.open
@@ -302,8 +302,8 @@ def test_the_run_that_loses_the_race_to_create_the_lock_opens_the_winners(tmp_pa
             Path(name).write_text("")
         return real_open(name, flags, mode)
 
-    monkeypatch.setattr(ledger_module.os, "open", racing_open)
-    fd = ledger_module.open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
+    monkeypatch.setattr(regular_module.os, "open", racing_open)
+    fd = regular_module.open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
     assert fd is not None
     os.close(fd)
     assert len(calls) == 3 and calls[1] & os.O_EXCL and not calls[2] & os.O_CREAT

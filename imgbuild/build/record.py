@@ -8,8 +8,6 @@ what `rebuild --check` reads back from a repository (untrusted: bounded, and sha
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from imgbuild import __version__, imageref
 from imgbuild.build.plan import Plan, templates_digest
 from imgbuild.ngc import FRAMEWORKS
 from imgbuild.recipe import stable_name
+from imgbuild.regular import read_regular
 
 RECORD_FILE = "imgbuild.lock.json"
 MAX_BYTES = 64 * 1024
@@ -118,17 +117,13 @@ class Record:
         """The record at `path`, as committed to a repository: a regular file (no link, no FIFO), at most MAX_BYTES,
         of the shape imgbuild writes; ValueError (saying nothing of the content) otherwise."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            found = read_regular(path, MAX_BYTES)
         except OSError:
-            raise ValueError("not a record") from None
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise ValueError("not a record")
-            raw = handle.read(MAX_BYTES + 1)
-        if len(raw) > MAX_BYTES:
+            found = None
+        if found is None:
             raise ValueError("not a record")
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = json.loads(found[0].decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise ValueError("not a record") from None
         return cls._shaped(data)

@@ -32,6 +32,7 @@ from typing import Any
 
 from imgbuild.errors import EnvironmentProblem
 from imgbuild.host import process_start
+from imgbuild.regular import open_regular
 
 #: Where the ledger lives unless the site says (`run.state_dir`); created sticky and world-writable.
 DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
@@ -45,34 +46,6 @@ HOLD_SECONDS = 900
 WAIT_SECONDS = 120
 #: How long a run waits for another to let go of the host's lock before it says so.
 LOCK_SECONDS = 120
-
-
-def open_regular(path: Path, flags: int, mode: int = 0o644) -> int | None:
-    """`path` opened without following a link or blocking on a FIFO, created (O_EXCL) when absent and
-    `flags` asks; None when it is there but not a regular file (a FIFO, folder or socket someone planted)."""
-    base = flags & ~(os.O_CREAT | os.O_EXCL)
-    for attempt in range(3):  # two processes may both find it absent; the one that loses the create opens it
-        try:
-            fd = os.open(path, base | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            break
-        except FileNotFoundError:
-            if not flags & os.O_CREAT:
-                raise
-            try:
-                fd = os.open(path, base | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-                break
-            except FileExistsError:
-                if attempt == 2:
-                    raise
-        except OSError as exc:
-            if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO with no reader, a folder
-                return None
-            raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    os.set_blocking(fd, True)
-    return fd
 
 
 def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS) -> int:

@@ -140,7 +140,7 @@ class Queue:
 
 
 def _read(path: Path, uid: int) -> list[Job]:
-    from imgbuild.servers.ledger import open_regular
+    from imgbuild.regular import open_regular
 
     try:
         fd = open_regular(path, os.O_RDONLY)

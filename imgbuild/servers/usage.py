@@ -195,7 +195,7 @@ def append(folder: Path, rec: dict[str, Any]) -> None:
 def read(folder: Path) -> list[Any]:
     """The records of the usage log (and its rotated half), oldest first; bounded, torn lines skipped. A log that
     is not the reaper's own (another owner, a link, writable by others) is refused: its figures are forged."""
-    from imgbuild.servers.ledger import open_regular
+    from imgbuild.regular import open_regular
 
     records: list[Any] = []
     for path in (folder / (USAGE_FILE + ".1"), folder / USAGE_FILE):

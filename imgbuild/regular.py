@@ -1,0 +1,52 @@
+"""Files someone else may have put in the way: opened without following a link or blocking on a FIFO, believed only
+when they are regular files, read only up to a bound. The ledger, the reaper's logs, the queue, the JSON caches,
+a committed context record and a file read as the user acting through sudo all open their files here."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+
+def open_regular(path: Path, flags: int, mode: int = 0o644) -> int | None:
+    """`path` opened without following a link or blocking on a FIFO, created (O_EXCL) when absent and
+    `flags` asks; None when it is there but not a regular file (a FIFO, folder or socket someone planted)."""
+    base = flags & ~(os.O_CREAT | os.O_EXCL)
+    for attempt in range(3):  # two processes may both find it absent; the one that loses the create opens it
+        try:
+            fd = os.open(path, base | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            break
+        except FileNotFoundError:
+            if not flags & os.O_CREAT:
+                raise
+            try:
+                fd = os.open(path, base | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+                break
+            except FileExistsError:
+                if attempt == 2:
+                    raise
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO with no reader, a folder
+                return None
+            raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result] | None:
+    """(the bytes, the file's status) of `path` when it is a regular file of at most `limit` bytes (opened as
+    open_regular opens it); None when it is something else or larger. OSError when it cannot be opened."""
+    fd = open_regular(path, os.O_RDONLY)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if info.st_size > limit:
+            return None
+        data = handle.read(limit + 1)
+    return (data, info) if len(data) <= limit else None
