@@ -60,6 +60,26 @@ def is_cuda_library(name: str) -> bool:
     return bool(CUDA_LIBRARY_RE.fullmatch(name))
 
 
+#: How a wheel or an extra says which CUDA it is built for: `nvidia-cudnn-cu12`, `cupy-cuda12x`, `cupy-cuda117`,
+#: `jax-cuda12-plugin`, `jax[cuda12]`, `jax[cuda12_local]`.
+CUDA_BUILD_RE = re.compile(r"(?:(?<=-)cu|(?:^|(?<=-))cuda)([0-9]{2,3})(?=x?(?:$|[-_]))")
+
+
+def cuda_build(name: str) -> str | None:
+    """The CUDA major a distribution name (canonical) or an extra is built for (`12`), or None."""
+    found = CUDA_BUILD_RE.search(name)
+    if not found:
+        return None
+    digits = found.group(1)
+    return digits if len(digits) == 2 else digits[:2].lstrip("0") or None  # cupy-cuda117: CUDA 11.7
+
+
+def cuda_major(env: dict[str, str]) -> str | None:
+    """The base's CUDA major from its CUDA_VERSION (`13.0.2.006`: `13`), or None when it says none."""
+    first = env.get("CUDA_VERSION", "").split(".")[0]
+    return first if first.isascii() and first.isdigit() and len(first) <= 3 else None
+
+
 @dataclass(frozen=True, order=True)
 class NgcTag:
     """A parsed NGC tag; sorts oldest to newest, plain tags after variants of the same release."""

@@ -20,15 +20,16 @@ class Release:
     version: str
     requires: list[str] = field(default_factory=list)
     padding: int = 0  # incompressible bytes in the wheel: what a big wheel costs to download
+    files: dict[str, bytes] | None = None  # what the wheel installs, when not its own module
 
 
 def wheel(name: str, release: Release) -> bytes:
     module, dist = name.replace("-", "_"), f"{name.replace('-', '_')}-{release.version}.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {release.version}\n"
     meta += "".join(f"Requires-Dist: {req}\n" for req in release.requires)
+    own = {f"{module}/__init__.py": b"", f"{module}/blob.bin": os.urandom(release.padding)}
     files = {
-        f"{module}/__init__.py": b"",
-        f"{module}/blob.bin": os.urandom(release.padding),
+        **(release.files if release.files is not None else own),
         f"{dist}/METADATA": meta.encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: imgbuild-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }

@@ -18,9 +18,12 @@ from imgbuild import imageref
 from imgbuild.config.settings import Settings
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.ngc import (
+    CUDA_BUILD_RE,
     CUDA_PACKAGE_PREFIXES,
     FRAMEWORKS,
     config_env,
+    cuda_build,
+    cuda_major,
     describe_config,
     expand_tag,
     is_cuda_library,
@@ -247,6 +250,8 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
 
     name = canonicalize_name(req.name)
     own = FRAMEWORKS.get(base.framework)
+    if found := _other_cuda(name, req, base):
+        return found
     if is_cuda_library(name) and (req.specifier or req.url):
         return (
             f"{req.name} would replace a CUDA library of the base",
@@ -276,6 +281,28 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
             f"{req.name}{req.specifier} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
             f"the base's framework is protected: drop the pin, or choose a base tag that carries "
             f"{req.name}{req.specifier}",
+        )
+    return None
+
+
+def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, str] | None:
+    """(message, hint) when `req` asks for a build for another CUDA major than the base's (`jax[cuda12]`,
+    `cupy-cuda12x`, `nvidia-cudnn-cu12` on a CUDA 13 base): its nvidia-*-cuNN wheels land in the folders of the
+    base's own (nvidia/cudnn, nvidia/nccl) and replace its libraries, or it cannot load them at all."""
+    major = cuda_major(base.env)
+    if major is None:
+        return None
+    asked = [(req.name, name, cuda_build(name))]
+    asked += [(f"{req.name}[{extra}]", extra, cuda_build("-" + extra)) for extra in sorted(req.extras)]
+    for shown, word, theirs in asked:
+        if theirs is None or theirs == major:
+            continue
+        cure = CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), "-" + word if word != name else word)
+        cure = req.name + f"[{cure.lstrip('-')}]" if word != name else cure
+        return (
+            f"{shown} is built for CUDA {theirs}, but the base has CUDA {major} ({base.ref}): its CUDA {theirs} "
+            f"libraries would overwrite the base's in nvidia/, or fail to load",
+            f"ask for the CUDA {major} build ({cure}), or drop it",
         )
     return None
 

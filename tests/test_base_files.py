@@ -1,0 +1,238 @@
+"""The base's files are safe at install time (issue 30, item 1): a distribution of another name that writes
+over a file a base distribution owns (jax[cuda12]'s nvidia-cudnn-cu12 over a CUDA 13 base's
+nvidia-cudnn-cu13, both in nvidia/cudnn/) fails the pip step, naming the package, who asked for it, whose
+files, and the cure.
+
+Real pip installs real wheels (made here) into a throwaway environment, under the real guard script.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+GUARD = Path(__file__).parent.parent / "imgbuild" / "templates" / "pip-guard.py"
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requires: tuple[str, ...] = ()) -> None:
+    """A real wheel: METADATA, WHEEL and a RECORD with sha256 hashes, as build backends write them."""
+    dist = f"{name.replace('-', '_')}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {req}\n" for req in requires
+    )
+    content = dict(files)
+    content[f"{dist}/METADATA"] = meta.encode()
+    content[f"{dist}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: imgbuild-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+
+    def line(path: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(data)}\n"
+
+    record = "".join(line(path, data) for path, data in content.items()) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as archive:
+        for path, data in content.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{dist}/RECORD", record)
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A Python environment holding a 'base' (nvidia-cudnn-cu13 and a package with its own namespace file),
+    and a folder of wheels to install on it: pip runs from this interpreter with --python."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "nvidia-cudnn-cu13", "9.20.0.48", {"nvidia/cudnn/lib/libcudnn.so.9": b"cudnn 9.20 for CUDA 13"})
+    _wheel(wheels, "nvidia-cudnn-cu12", "9.10.2.21", {"nvidia/cudnn/lib/libcudnn.so.9": b"cudnn 9.10 for CUDA 12"})
+    _wheel(wheels, "jax-cuda12-plugin", "0.7.2", {"jax_plugins/cuda12/__init__.py": b""}, ("nvidia-cudnn-cu12",))
+    _wheel(wheels, "jax-cuda13-plugin", "0.7.2", {"jax_plugins/cuda13/__init__.py": b""}, ("nvidia-cudnn-cu13",))
+    _wheel(wheels, "basetool", "1.0", {"basetool/__init__.py": b"VERSION = 1\n", "gns/__init__.py": b""})
+    _wheel(wheels, "basetool", "1.1", {"basetool/__init__.py": b"VERSION = 2\n", "gns/__init__.py": b""})
+    _wheel(wheels, "friend", "2.0", {"friend/__init__.py": b"", "gns/__init__.py": b""})
+    _wheel(wheels, "squatter", "0.1", {"basetool/__init__.py": b"import os\n"})
+    _wheel(wheels, "needs-squatter", "3.0", {"needs_squatter/__init__.py": b""}, ("squatter",))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--find-links"]
+    subprocess.run([*pip, str(wheels), "nvidia-cudnn-cu13", "basetool==1.0"], check=True, capture_output=True)
+
+    def install(*names: str, dry: bool = False) -> subprocess.CompletedProcess[str]:
+        command = [*pip, str(wheels), *(["--dry-run"] if dry else []), *names]
+        environ = dict(os.environ, CUDA_VERSION="13.0.2.006", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        return subprocess.run(
+            [str(python), str(GUARD), "the base's pins", *command], capture_output=True, text=True, env=environ
+        )
+
+    install.site = next((venv / "lib").glob("python3*/site-packages"))  # type: ignore[attr-defined]
+    return install
+
+
+def test_a_dependency_for_another_cuda_that_writes_over_the_bases_cudnn_fails_the_step_naming_the_cure(env):
+    proc = env("jax-cuda12-plugin")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "imgbuild: pip step failed: nvidia-cudnn-cu12 9.10.2.21 (needed by jax-cuda12-plugin 0.7.2) would overwrite "
+        "1 file(s) of the base's nvidia-cudnn-cu13 9.20.0.48 (nvidia/cudnn/lib/libcudnn.so.9); the base's files "
+        "are protected, so this layer is not kept: nvidia-cudnn-cu12 is built for CUDA 12 and the base has CUDA 13: "
+        "ask for the CUDA 13 build of jax-cuda12-plugin (e.g. its cuda13 extra or -cu13 name), or drop it"
+    )
+
+
+def test_a_package_of_another_name_over_a_base_module_names_who_asked_and_the_cure(env):
+    proc = env("needs-squatter")
+    assert proc.returncode == 1
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "imgbuild: pip step failed: squatter 0.1 (needed by needs-squatter 3.0) would overwrite 1 file(s) of the "
+        "base's basetool 1.0 (basetool/__init__.py); the base's files are protected, so this layer is not kept: "
+        "pin needs-squatter to a release that does not need squatter, or drop it"
+    )
+
+
+def test_a_package_the_recipe_names_over_a_base_module_is_named_as_the_recipes(env):
+    direct = env("squatter")
+    assert direct.returncode == 1 and direct.stdout.strip().splitlines()[-1].endswith(
+        "(asked for by the recipe) would overwrite 1 file(s) of the base's basetool 1.0 (basetool/__init__.py); "
+        "the base's files are protected, so this layer is not kept: drop squatter: the base's basetool provides "
+        "these files"
+    )
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("jax-cuda13-plugin",),  # the build for the base's CUDA: its cuDNN is the base's own
+        ("friend",),  # a namespace package's empty __init__.py, shared with a base package
+        ("basetool==1.1",),  # the base's own package, moved on purpose (pip.unpin): its files are its own
+    ],
+)
+def test_what_does_not_touch_another_distributions_files_installs(env, names):
+    proc = env(*names)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "imgbuild:" not in proc.stdout
+
+
+def test_a_resolve_only_run_installs_nothing_and_checks_nothing(env):
+    proc = env("jax-cuda12-plugin", dry=True)
+    assert proc.returncode == 0 and "imgbuild:" not in proc.stdout
+    assert (env.site / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9").read_bytes() == b"cudnn 9.20 for CUDA 13"
+
+
+# --- before anything is fetched: a requirement that names another CUDA's build (plan time) ---------------
+
+
+def _real_base(key: str):
+    from imgbuild import ngc
+    from imgbuild.build import plan
+    from tests.ngc_facts import REAL
+
+    release = REAL[key]
+    env = release.config_env("amd64")
+    config = {"config": {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": release.labels("amd64")}}
+    return plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", env=env, facts=ngc.describe_config(config))
+
+
+@pytest.mark.parametrize(
+    ("spec", "on_cuda13", "cure"),
+    [
+        ("jax[cuda12]", "jax[cuda12] is built for CUDA 12", "jax[cuda13]"),
+        ("jax[cuda12_pip]>=0.4", "jax[cuda12_pip] is built for CUDA 12", "jax[cuda13_pip]"),
+        ("numba-cuda[cu12]", "numba-cuda[cu12] is built for CUDA 12", "numba-cuda[cu13]"),
+        ("cupy-cuda12x", "cupy-cuda12x is built for CUDA 12", "cupy-cuda13x"),
+        ("cupy-cuda117", "cupy-cuda117 is built for CUDA 11", "cupy-cuda13"),
+        ("cudf-cu12==25.8.0", "cudf-cu12 is built for CUDA 12", "cudf-cu13"),
+        ("nvidia-cudnn-cu12", "nvidia-cudnn-cu12 is built for CUDA 12", "nvidia-cudnn-cu13"),
+        ("jax-cuda12-plugin", "jax-cuda12-plugin is built for CUDA 12", "jax-cuda13-plugin"),
+        ("jax[cuda13]", None, None),
+        ("cupy-cuda13x", None, None),
+        ("cuda-python", None, None),  # names with "cuda" in them that are not a CUDA build
+        ("pycuda", None, None),
+        ("tensorflow-io[and-cuda]", None, None),  # no major in it: the pip step's file check judges it
+    ],
+)
+def test_a_requirement_for_another_cuda_major_is_refused_at_plan_time_on_a_real_base(spec, on_cuda13, cure):
+    """On the real 25.10 config (CUDA 13.0.2.006) and the real 24.05 one (CUDA 12.4.1.003)."""
+    from packaging.requirements import Requirement
+
+    from imgbuild.build import plan
+
+    cuda13, cuda12 = _real_base("pytorch:25.10-py3"), _real_base("pytorch:24.05-py3")
+    found = plan._conflict(Requirement(spec), cuda13)
+    if on_cuda13 is None:
+        assert found is None
+    else:
+        assert found is not None and found[0].startswith(f"{on_cuda13}, but the base has CUDA 13 ({cuda13.ref})")
+        assert found[1] == f"ask for the CUDA 13 build ({cure}), or drop it"
+    other = plan._conflict(Requirement(spec), cuda12)
+    refused_on_12 = spec.startswith(("jax[cuda13]", "cupy-cuda13x", "cupy-cuda117"))
+    assert (other is not None) == refused_on_12, other
+
+
+def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
+    """Through the whole plan: recipe line, field and cure, exit 2 before anything is fetched."""
+    from imgbuild.build.plan import make_plan
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+    from tests.test_recipe_render import settings
+
+    base = _real_base("pytorch:25.10-py3")
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "25.10"}\npip:\n  packages: [einops, "jax[cuda12]"]\n')
+    config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
+    with pytest.raises(RecipeError) as err:
+        make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))
+    (line,) = [ln.replace(f"{tmp_path}/", "") for ln in err.value.lines()]
+    assert line.startswith("r.yaml:4:22: pip.packages[1]: jax[cuda12] is built for CUDA 12, but the base has CUDA 13")
+    assert "ask for the CUDA 13 build (jax[cuda13]), or drop it" in line
+
+
+# --- the real pip step on the CUDA 13 stand-in, whose cuDNN is NVIDIA's nvidia-cudnn-cu13 wheel ------------
+
+
+@pytest.mark.engine
+def test_a_dependency_writing_over_the_stand_ins_cudnn_fails_the_pip_step_and_tags_nothing(
+    testbed, tmp_path, docker_client
+):
+    """`jaxish-plugin` (no CUDA in its name: the plan cannot know) needs `nvidia-cudnn-cu12`, whose wheel
+    writes nvidia/cudnn/lib/libcudnn.so.9 as jax[cuda12]'s does: the step fails with the package, who asked,
+    whose file and the cure, and no image is tagged."""
+    import uuid
+
+    from tests.conftest import bridge_gateway, run_cli
+    from tests.fake_index import FakeIndex, Release
+
+    gateway = bridge_gateway(docker_client)
+    cudnn12 = {"nvidia/cudnn/lib/libcudnn.so.9": b"\x7fELF cudnn 9.10 for CUDA 12"}
+    index = FakeIndex(
+        gateway,
+        {
+            "jaxish-plugin": [Release("0.7.2", ["nvidia-cudnn-cu12"])],
+            "nvidia-cudnn-cu12": [Release("9.10.2.21", files=cudnn12)],
+        },
+    )
+    (tmp_path / ".git").mkdir()
+    name = f"cuda12-{uuid.uuid4().hex[:8]}"
+    recipe = tmp_path / "r.yaml"
+    pip = f'{{packages: [jaxish-plugin], index_url: "{index.url}", trusted_hosts: ["{gateway}"]}}'
+    recipe.write_text(f'name: {name}\nbase: {{framework: pytorch, tag: "25.10"}}\npip: {pip}\n')
+    try:
+        res = run_cli("build", str(recipe), cwd=tmp_path)
+    finally:
+        index.close()
+    assert res.code == 1, res.err[-3000:]
+    assert "build failed at the pip step" in res.err, res.err[-3000:]
+    assert (
+        "nvidia-cudnn-cu12 9.10.2.21 (needed by jaxish-plugin 0.7.2) would overwrite 1 file(s) of the base's "
+        "nvidia-cudnn-cu13 9.20.0.48 (nvidia/cudnn/lib/libcudnn.so.9)"
+    ) in res.err, res.err[-3000:]
+    assert "ask for the CUDA 13 build of jaxish-plugin" in res.err
+    assert not [i for i in docker_client.images.list() if any(name in t for t in i.tags)]
