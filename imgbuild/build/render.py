@@ -193,6 +193,43 @@ class Context:
         return set(self.rendered) | set(self.copies)
 
 
+def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
+    """The pip step's folder (`imgbuild/pip/`), and with a lock on BuildKit the lock layer's (`pip-lock/`)."""
+    recipe = plan.loaded.recipe
+    rendered: dict[str, tuple[bytes, int]] = {}
+
+    def put(path: str, text: str, mode: int = 0o644) -> None:
+        rendered[path] = (text.encode(), mode)
+
+    requirements = requirements_text(plan)
+    put("imgbuild/pip/requirements.txt", requirements)
+    put("imgbuild/pip/constraints.txt", constraints_text(plan))
+    if plan.loaded.lock_pins:
+        put(
+            "imgbuild/pip/resolved.txt",
+            "# The recipe's lock (imgbuild lock): what pip resolved, installed again.\n"
+            + "".join(f"{pin}\n" for pin in plan.loaded.lock_pins),
+        )
+    if recipe.pip.unpin:
+        put("imgbuild/pip/unpin.txt", "".join(f"{name}\n" for name in recipe.pip.unpin))
+    if recipe.pip.provides:
+        put("imgbuild/pip/provides.txt", "".join(f"{k} {v}\n" for k, v in sorted(recipe.pip.provides.items())))
+    framework = FRAMEWORKS.get(plan.base.framework)
+    if framework:
+        put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
+    put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
+    put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
+    if plan.loaded.lock_pins and backend == "buildkit":
+        # The lock layer: exactly the lock's pins, from a folder of its own, so that editing the recipe's
+        # packages leaves this layer cached and the next layer installs only what the lock lacks.
+        for name in ("constraints.txt", "unpin.txt", "provides.txt", "framework.txt", "install.sh", "guard.py"):
+            if f"imgbuild/pip/{name}" in rendered:
+                rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]
+        put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan, requirements))
+        put("imgbuild/pip-lock/lock-layer", "installed with --no-deps: every dependency is pinned here\n")
+    return rendered
+
+
 def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
     """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing
     (but for the compiled templates of `cache`, a `template_cache`, when the caller gives one)."""
@@ -205,30 +242,7 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
     files, copies = _files(plan)
     has_pip = bool(recipe.pip.packages or plan.loaded.requirements_path)
     if has_pip:
-        requirements = requirements_text(plan)
-        put("imgbuild/pip/requirements.txt", requirements)
-        put("imgbuild/pip/constraints.txt", constraints_text(plan))
-        if plan.loaded.lock_pins:
-            put(
-                "imgbuild/pip/resolved.txt",
-                "# The recipe's lock (imgbuild lock): what pip resolved, installed again.\n"
-                + "".join(f"{pin}\n" for pin in plan.loaded.lock_pins),
-            )
-        if recipe.pip.unpin:
-            put("imgbuild/pip/unpin.txt", "".join(f"{name}\n" for name in recipe.pip.unpin))
-        framework = FRAMEWORKS.get(plan.base.framework)
-        if framework:
-            put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
-        put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
-        put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
-        if plan.loaded.lock_pins and backend == "buildkit":
-            # The lock layer: exactly the lock's pins, from a folder of its own, so that editing the recipe's
-            # packages leaves this layer cached and the next layer installs only what the lock lacks.
-            for name in ("constraints.txt", "unpin.txt", "framework.txt", "install.sh", "guard.py"):
-                if f"imgbuild/pip/{name}" in rendered:
-                    rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]
-            put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan, requirements))
-            put("imgbuild/pip-lock/lock-layer", "installed with --no-deps: every dependency is pinned here\n")
+        rendered.update(_pip_folders(plan, backend))
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
     put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)

@@ -255,6 +255,20 @@ def _unpinnable(value: str) -> str:
     return value
 
 
+def _not_cuda(value: str) -> str:
+    from imgbuild.ngc import is_cuda_library
+
+    if is_cuda_library(_canonical(value)):
+        raise ValueError(f"{_show(value)} is a CUDA library: the base's own are never stood in for")
+    return value
+
+
+def _canonical(value: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return str(canonicalize_name(value))
+
+
 def _not_imgbuild(value: str) -> str:
     if value.startswith("IMGBUILD_"):
         raise ValueError("IMGBUILD_ args are reserved")
@@ -327,6 +341,24 @@ class Pip:
         "uv",
         doc="who installs: uv (about half the time of pip) or pip; same pins and protection either way",
     )
+    provides: dict[str, str] = typed(
+        MapOf(Text(matches(_DIST_RE, "not a package name"), _not_cuda), Text(matches(_DIST_RE, "not a package name"))),
+        factory=dict,
+        doc="a name a dependency asks for, provided by a base package of another name (tensorflow: tensorflow-cpu):"
+        " pinned at the base package's version",
+    )
+
+    def checked(self) -> Pip:
+        for name, provider in self.provides.items():
+            if _canonical(name) == _canonical(provider):
+                raise ValueError(f"provides.{name}: a package cannot provide itself")
+            family = next((fw for fw in FRAMEWORKS.values() if _canonical(name) in fw.packages), None)
+            if family is not None and _canonical(provider) not in family.packages:
+                raise ValueError(
+                    f"provides.{name}: {name} is {family.name}; only another distribution of {family.name} "
+                    f"({', '.join(p for p in family.packages if p != _canonical(name))}) can provide it"
+                )
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)

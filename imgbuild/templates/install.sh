@@ -23,6 +23,43 @@ open(sys.argv[1], "w").write("".join(ln + "\n" for ln in keep))
 print("imgbuild: unpinned " + ", ".join(sorted(drop)) + " (pip.unpin)")
 EOF
 fi
+# pip.provides: a name a dependency asks for (tensorflow), provided by a base package of another name
+# (tensorflow-cpu). A stub distribution of that name, with no files, stands at the provider's version and is
+# pinned there: the dependency is met, and pip can never fetch the real thing over the base's.
+if [ -s "$here/provides.txt" ]; then
+  python3 - "$here/provides.txt" >> "$pins" <<'EOF'
+import importlib.metadata as md, os, re, sys
+for line in open(sys.argv[1]).read().splitlines():
+    name, provider = line.split()
+    try:
+        base = md.distribution(provider)
+    except md.PackageNotFoundError:
+        sys.exit(f"imgbuild: pip step failed: pip.provides: {name} is to be provided by the base's {provider}, "
+                 f"which the base does not have (drop the line, or name the base package that provides it)")
+    version = base.version
+    try:
+        have = md.distribution(name)
+    except md.PackageNotFoundError:
+        have = None
+    if have is not None and (have.read_text("INSTALLER") or "").strip() != "imgbuild-provides":
+        sys.exit(f"imgbuild: pip step failed: pip.provides: the base has {name} {have.version} itself "
+                 f"(drop pip.provides.{name})")
+    if have is None:
+        info = os.path.join(str(base.locate_file("")), f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info")
+        os.makedirs(info)
+        files = {
+            "METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            f"Summary: provided by the base's {provider} {version} (imgbuild pip.provides); installs no files\n",
+            "INSTALLER": "imgbuild-provides\n",
+        }
+        files["RECORD"] = "".join(f"{os.path.basename(info)}/{f},,\n" for f in (*files, "RECORD"))
+        for file, text in files.items():
+            with open(os.path.join(info, file), "w") as handle:
+                handle.write(text)
+        print(f"imgbuild: {name} is provided by the base's {provider} {version} (pip.provides)", file=sys.stderr)
+    print(f"{name}=={version}")
+EOF
+fi
 # The base's framework under another distribution name (PyPI's tensorflow over the base's tensorflow-cpu)
 # would overwrite its files: every such name the base does not have is refused outright.
 if [ -f "$here/framework.txt" ]; then
