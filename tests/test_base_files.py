@@ -8,40 +8,14 @@ Real pip installs real wheels (made here) into a throwaway environment, under th
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import subprocess
 import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 
-GUARD = Path(__file__).parent.parent / "imgbuild" / "templates" / "pip-guard.py"
-
-
-def _wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requires: tuple[str, ...] = ()) -> None:
-    """A real wheel: METADATA, WHEEL and a RECORD with sha256 hashes, as build backends write them."""
-    dist = f"{name.replace('-', '_')}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {req}\n" for req in requires
-    )
-    content = dict(files)
-    content[f"{dist}/METADATA"] = meta.encode()
-    content[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: imgbuild-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-
-    def line(path: str, data: bytes) -> str:
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        return f"{path},sha256={digest},{len(data)}\n"
-
-    record = "".join(line(path, data) for path, data in content.items()) + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as archive:
-        for path, data in content.items():
-            archive.writestr(path, data)
-        archive.writestr(f"{dist}/RECORD", record)
+from tests.pipstep import guard_folder
+from tests.pipstep import wheel as _wheel
 
 
 @pytest.fixture
@@ -59,7 +33,7 @@ def env(tmp_path):
     _wheel(wheels, "friend", "2.0", {"friend/__init__.py": b"", "gns/__init__.py": b""})
     _wheel(wheels, "squatter", "0.1", {"basetool/__init__.py": b"import os\n"})
     _wheel(wheels, "needs-squatter", "3.0", {"needs_squatter/__init__.py": b""}, ("squatter",))
-    venv = tmp_path / "venv"
+    venv, guard = tmp_path / "venv", guard_folder(tmp_path / "pip")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--find-links"]
@@ -69,7 +43,7 @@ def env(tmp_path):
         command = [*pip, str(wheels), *(["--dry-run"] if dry else []), *names]
         environ = dict(os.environ, CUDA_VERSION="13.0.2.006", PIP_DISABLE_PIP_VERSION_CHECK="1")
         return subprocess.run(
-            [str(python), str(GUARD), "the base's pins", *command], capture_output=True, text=True, env=environ
+            [str(python), str(guard), "the base's pins", *command], capture_output=True, text=True, env=environ
         )
 
     install.site = next((venv / "lib").glob("python3*/site-packages"))  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ import pytest
 
 from imgbuild.payload import smoke_image as script
 from tests.conftest import bridge_gateway, run_cli
+from tests.pipstep import guard_folder
 
 
 def _dist(site: Path, name: str, version: str, module: str, body: str = "", top_level: bool = True) -> None:
@@ -701,7 +702,8 @@ def _guard(tmp_path: Path, seconds: str, sleep: float, code: int):
 
     (tmp_path / "fakepip.py").write_text(FAKE_PIP)
     env = dict(os.environ, IMGBUILD_PIP_RESOLVE_SECONDS=seconds, IMGBUILD_PIP_DOWNLOAD_LIMIT="")
-    cmd = [sys.executable, str(GUARD), "the base's pins", sys.executable, str(tmp_path / "fakepip.py")]
+    guard = guard_folder(tmp_path / "pip")
+    cmd = [sys.executable, str(guard), "the base's pins", sys.executable, str(tmp_path / "fakepip.py")]
     start = time.monotonic()
     proc = subprocess.run([*cmd, str(tmp_path / "pid"), str(sleep), str(code)], capture_output=True, text=True, env=env)
     return proc, time.monotonic() - start, int((tmp_path / "pid").read_text())
@@ -761,8 +763,8 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
         ),
         (
             PIP_CONFLICT.replace("hogpkg 1.0.2 depends on torch==1.0.2\n", "").replace("torch==2", "numpy==2"),
-            "the recipe's packages conflict with the base's pins (from the base's /etc/pip/constraint.txt); "
-            "see the conflict above",
+            "the recipe's packages conflict with each other or with the pins (from the base's "
+            "/etc/pip/constraint.txt); see the conflict above",
         ),
         (
             "ERROR: Could not install packages due to an OSError: HTTPSConnectionPool: Max retries exceeded "

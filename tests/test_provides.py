@@ -8,16 +8,14 @@ The real install script and guard run real pip on real wheels (made here) in a t
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from imgbuild.ngc import FRAMEWORKS
-from tests.test_base_files import _wheel
+from tests.pipstep import PipStep
+from tests.pipstep import wheel as _wheel
 
 TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "templates"
 
@@ -35,45 +33,13 @@ def wheels(tmp_path_factory):
 
 @pytest.fixture
 def step(tmp_path, wheels):
-    """The pip step's folder (install.sh, guard.py, framework.txt, ...) over an environment whose base holds
-    tensorflow-cpu; `python3` on PATH is that environment's, as in an image."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [
-            venv / "bin" / "python3",
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--find-links",
-            wheels,
-            "tensorflow-cpu",
-            "opencv-python-headless",
-        ],
-        check=True,
-        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
-    )
-    folder = tmp_path / "pip"
-    folder.mkdir()
-    shutil.copy(TEMPLATES / "install.sh", folder / "install.sh")
-    shutil.copy(TEMPLATES / "pip-guard.py", folder / "guard.py")
-    (folder / "constraints.txt").write_text("")
-    (folder / "framework.txt").write_text("".join(f"{n}\n" for n in FRAMEWORKS["tensorflow"].packages))
+    """The pip step over a base that holds tensorflow-cpu (and an OpenCV)."""
+    pip = PipStep(tmp_path, wheels, ["tensorflow-cpu", "opencv-python-headless"], FRAMEWORKS["tensorflow"].packages)
 
     def run(packages: list[str], provides: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        (folder / "requirements.txt").write_text(
-            f"--no-index\n--find-links {wheels}\n" + "".join(f"{p}\n" for p in packages)
-        )
-        (folder / "provides.txt").unlink(missing_ok=True)
-        if provides:
-            (folder / "provides.txt").write_text("".join(f"{k} {v}\n" for k, v in provides.items()))
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
-        environ.update(PATH=f"{venv / 'bin'}:{environ['PATH']}", PIP_CONFIG_FILE=os.devnull)
-        return subprocess.run(["sh", str(folder / "install.sh")], capture_output=True, text=True, env=environ)
+        return pip.run(packages, provides="".join(f"{k} {v}\n" for k, v in provides.items()))
 
-    run.python = venv / "bin" / "python3"  # type: ignore[attr-defined]
+    run.python = pip.python  # type: ignore[attr-defined]
     return run
 
 

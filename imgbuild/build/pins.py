@@ -97,6 +97,20 @@ def diff(old: list[str] | tuple[str, ...], new: list[str]) -> tuple[list[str], l
     return added, removed, changed
 
 
+def _outgrown(loaded: LoadedRecipe) -> list[str]:
+    """Packages whose locked version the recipe's own requirements now exclude (it was edited since): these
+    are resolved again, not kept."""
+    from packaging.requirements import Requirement
+
+    from imgbuild.build.plan import lock_conflict
+
+    locked = {str(canonicalize_name(line.spec.split("==", 1)[0])): line for line in loaded.lock_lines}
+    recipe = loaded.recipe
+    specs = [*recipe.pip.packages, *recipe.pip.constraints]
+    specs += [line.spec for line in (*loaded.requirements, *loaded.requirement_constraints)]
+    return [str(canonicalize_name(Requirement(s).name)) for s in specs if lock_conflict(Requirement(s), locked, "")]
+
+
 def lock(
     recipe_path: str | Path,
     settings: Any,
@@ -115,7 +129,8 @@ def lock(
     if not (loaded.recipe.pip.packages or loaded.requirements_path):
         raise UsageError(f"{loaded.display}: the recipe installs no pip packages: there is nothing to lock")
     old = loaded.lock_pins
-    freed = {canonicalize_name(p) for p in upgrade_packages}
+    freed = {str(canonicalize_name(p)) for p in upgrade_packages}
+    freed |= set(_outgrown(loaded))
     kept = () if upgrade else tuple(p for p in old if canonicalize_name(p.split("==")[0]) not in freed)
     resolving: LoadedRecipe = dataclasses.replace(loaded, lock_pins=kept)
     engine = engine or Engine.connect(settings.docker_cli)

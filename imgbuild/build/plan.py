@@ -159,6 +159,7 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     version of any package the base pins (numpy, torchvision, ...) that the pin excludes, fails here: every
     conflict at once, each at its line (pip.packages, pip.constraints, the requirements files' lines)."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     from imgbuild.errors import Problem
 
@@ -180,13 +181,38 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     # the lock is input too: a torch pin in it would meet the base's framework only in the pip step
     specs += [(line, line.spec) for line in loaded.lock_lines if line.spec in loaded.lock_pins]
     pins = base_pin_versions(base, loaded.recipe.pip.unpin)
-    problems = [
-        where(at, *found)
-        for at, spec in specs
-        if (found := _conflict(Requirement(spec), base) or _pin_conflict(Requirement(spec), base, pins))
-    ]
+    locked = {str(canonicalize_name(line.spec.split("==", 1)[0])): line for line in loaded.lock_lines}
+    problems = []
+    for at, spec in specs:
+        req = Requirement(spec)
+        found = _conflict(req, base) or _pin_conflict(req, base, pins)
+        if found is None and at not in loaded.lock_lines:  # the recipe's own asks, against its lock
+            found = lock_conflict(req, locked, loaded.display)
+        if found is not None:
+            problems.append(where(at, *found))
     if problems:
         raise RecipeError(problems)
+
+
+def lock_conflict(req: Any, locked: dict[str, ReqLine], recipe: str) -> tuple[str, str] | None:
+    """(message, hint) when the recipe asks for a version its own lock's pin excludes: the recipe was edited
+    since `imgbuild lock` ran (the lock, not the base, is what holds the other version)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    line = locked.get(canonicalize_name(req.name))
+    if line is None or not req.specifier or req.marker is not None:
+        return None
+    version = line.spec.split("==", 1)[1]
+    try:
+        if req.specifier.contains(Version(version), prereleases=True):
+            return None
+    except InvalidVersion:
+        return None
+    return (
+        f"{req.name}{req.specifier} excludes {line.spec}, which the recipe's lock holds ({line.file}:{line.line})",
+        f"the recipe changed since its lock was written: run imgbuild lock {recipe} (it re-resolves {req.name})",
+    )
 
 
 def check_offline(loaded: LoadedRecipe) -> None:

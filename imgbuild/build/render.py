@@ -30,6 +30,7 @@ from imgbuild.recipe import stable_name
 OWN_SCRIPTS = {
     "imgbuild/pip/install.sh": TEMPLATES_DIR / "install.sh",
     "imgbuild/pip/guard.py": TEMPLATES_DIR / "pip-guard.py",
+    "imgbuild/pip/owners.py": TEMPLATES_DIR / "pip-owners.py",
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
@@ -219,10 +220,19 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
         put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
     put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
     put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
+    put("imgbuild/pip/owners.py", _own_file(OWN_SCRIPTS["imgbuild/pip/owners.py"]), 0o644)
     if plan.loaded.lock_pins and backend == "buildkit":
         # The lock layer: exactly the lock's pins, from a folder of its own, so that editing the recipe's
         # packages leaves this layer cached and the next layer installs only what the lock lacks.
-        for name in ("constraints.txt", "unpin.txt", "provides.txt", "framework.txt", "install.sh", "guard.py"):
+        for name in (
+            "constraints.txt",
+            "unpin.txt",
+            "provides.txt",
+            "framework.txt",
+            "install.sh",
+            "guard.py",
+            "owners.py",
+        ):
             if f"imgbuild/pip/{name}" in rendered:
                 rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]
         put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan, requirements))

@@ -7,13 +7,10 @@ usage: python3 guard.py ORIGIN COMMAND...   ORIGIN: where the base's pins came f
 Bounds from the environment: IMGBUILD_PIP_RESOLVE_SECONDS, IMGBUILD_PIP_DOWNLOAD_LIMIT (bytes); unset: none.
 Exit status: 0, or 1 after the line "imgbuild: pip step failed: WHY". Stdlib only: it runs in the base.
 
-An install (not `--dry-run`) must leave every file a base distribution owns as it was: a distribution of
-another name writing over one (jax[cuda12]'s nvidia-cudnn-cu12 over a CUDA 13 base's nvidia-cudnn-cu13, both
-in nvidia/cudnn/) fails the step, so the layer holding it is never kept.
+An install (not `--dry-run`) must leave every file a base distribution owns as it was (owners.py, beside
+this script): a distribution of another name writing over one fails the step, so its layer is never kept.
 """
 
-import base64
-import hashlib
 import os
 import re
 import signal
@@ -45,6 +42,7 @@ UV_NEEDS_REFUSED = re.compile(
 )
 DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
+REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
 #: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
 KINDS = (
     ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
@@ -111,6 +109,32 @@ def prerelease_trap(held, wanted):
     return ""
 
 
+CLAUSE = re.compile(r"\s*(===|==|!=|<=|>=|~=|<|>)\s*v?([0-9]+(?:\.[0-9]+)*)(\.\*)?([A-Za-z0-9.+!-]*)\s*")
+
+
+def exact_pin(spec):
+    """`numpy==1.26.4` -> (1, 26, 4); None for anything but one exact pin of a final release."""
+    found = re.fullmatch(rf"{NAME}==([0-9]+(?:\.[0-9]+)*)", spec)
+    return release_tuple(found.group(1)) if found else None
+
+
+def meets(version, wanted):
+    """Whether the release `version` (a tuple) meets `wanted` (">=2,<3"): True, False, or None when this
+    small reading of PEP 440 cannot say (pre-releases, local parts, `~=`, an unknown clause)."""
+    if version is None or not wanted:
+        return None
+    for clause in wanted.split(","):
+        found = CLAUSE.fullmatch(clause)
+        if not found or found.group(3) or found.group(4) or found.group(1) in ("~=", "==="):
+            return None
+        bound = release_tuple(found.group(2))
+        ops = {"==": version == bound, "!=": version != bound, "<=": version <= bound, ">=": version >= bound}
+        ok = ops.get(found.group(1), version < bound if found.group(1) == "<" else version > bound)
+        if ok is not True:
+            return ok
+    return True
+
+
 def canon(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -142,7 +166,9 @@ def size(count):
 class Watch:
     """What pip's output has said so far, line by line (nothing is kept but these facts)."""
 
-    def __init__(self):
+    def __init__(self, sources=None):
+        self.sources = sources or {}  # canonical name -> [(spec, who holds it)], from the -c files
+        self.asked = {}  # canonical name -> what the recipe asked for ("The user requested ...")
         self.installing = False
         self.looking_at = ""
         self.versions = {}  # canonical name -> versions pip fetched
@@ -170,6 +196,10 @@ class Watch:
         for kind, words in KINDS:
             if any(word.lower() in line.lower() for word in words):
                 self.kinds.add(kind)
+        self.see_pip(line)
+
+    def see_pip(self, line):
+        """pip's own lines: what it fetched, backtracked through, and said of the conflict."""
         if found := FETCH.match(line):
             self.versions.setdefault(canon(found.group(1)), set()).add(found.group(2))
         elif found := BACKTRACK.search(line):
@@ -179,6 +209,8 @@ class Watch:
             self.depends.setdefault(key, []).append((found.group(2), found.group(3) + found.group(4).strip()))
         elif (found := CONSTRAINT.match(line)) and found.group(2) != "<0":
             self.held[canon(found.group(1))] = found.group(1) + found.group(2)
+        elif found := REQUESTED.match(line):
+            self.asked[canon(found.group(1))] = found.group(1) + found.group(2)
 
     def backtracking(self):
         """The package pip went through release after release of: named by pip, else the most fetched."""
@@ -187,16 +219,53 @@ class Watch:
         most = max(self.versions.items(), key=lambda item: len(item[1]), default=("", ()))
         return most[0] if len(most[1]) >= 3 else ""
 
-    def backtrack_note(self):
+    def backtrack_note(self, origin=""):
         name = self.backtracking()
         if not name:
             return ""
         tried = len(self.versions.get(name, ()))
         count = f"{tried} versions" if tried > 1 else "versions"
+        if name in self.sources:  # pinned on purpose: pinning it is not the cure
+            return (
+                f"; pip backtracked through {count} of {name}, which {self.holders(name, origin)}: something the "
+                f"recipe asks for needs another {name}; see the conflict above"
+            )
         return (
             f"; pip backtracked through {count} of {name}: each likely needs another version of a package "
             f"the base pins (its framework?); pin {name} to a version made for the base"
         )
+
+    def causes(self, dep, want=""):
+        """The pins of `dep` from the -c files that `want` (what the package asked for) excludes: an exact pin
+        that meets it is not the cause. All of them when none can be judged."""
+        found = self.sources.get(dep, [])
+        wanted = want[len(re.match(NAME, want).group(0)) :] if re.match(NAME, want) else ""
+        judged = [(spec, who) for spec, who in found if meets(exact_pin(spec), wanted) is not True]
+        return judged or found
+
+    def holders(self, dep, origin, want=""):
+        """Who holds `dep` at what, from the -c files: "the recipe's lock holds huggingface-hub==2.4.0 and the
+        recipe's pip.constraints hold huggingface-hub<1"; pip's own words when the files do not say."""
+        found = self.causes(dep, want)
+        if not found:
+            return f"the base holds {self.held.get(dep, dep)} (from {origin})"
+        said = [
+            f"the base holds {spec} (from {origin})"
+            if who == origin
+            else f"{who} {'hold' if who.endswith('constraints') else 'holds'} {spec}"
+            for spec, who in found
+        ]
+        return " and ".join(said)
+
+    def cure(self, dep, package, want=""):
+        """One cure, by who holds `dep`: the base (pin the package that asked), the lock (lock again), the
+        recipe's constraints (loosen them)."""
+        who = {w for _, w in self.causes(dep, want)}
+        if "the recipe's lock" in who and not any(w.startswith("the base") for w in who):
+            return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
+        if who and all(w.startswith("the recipe") for w in who):
+            return f"loosen the recipe's constraint on {dep}, or drop {package}"
+        return f"pin {package} to a version made for the base, or drop it"
 
     def conflict(self, origin):
         """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
@@ -212,16 +281,21 @@ class Watch:
                         f"{trap}; pin {package} to an older release that admits it, or drop it"
                     )
         for (package, dep), wanted in self.depends.items():
-            if dep in self.held:
+            if dep in self.held or dep in self.sources:
                 many = len(wanted) > 1
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 if not wanted[0][0]:  # uv: "all versions of X depend on ..."
                     versions = f"every version of {package} needs"
                 return (
-                    f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but the base "
-                    f"holds {self.held[dep]} (from {origin}): pin {package} to a version made for the base, or drop it"
+                    f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but "
+                    f"{self.holders(dep, origin, wanted[0][1])}: {self.cure(dep, package, wanted[0][1])}"
                 )
-        return f"the recipe's packages conflict with the base's pins (from {origin}); see the conflict above"
+        for dep, want in self.asked.items():
+            if dep in self.held or dep in self.sources:
+                return f"the recipe asks for {want}, but {self.holders(dep, origin)}: {self.cure(dep, dep)}"
+        return (
+            f"the recipe's packages conflict with each other or with the pins (from {origin}); see the conflict above"
+        )
 
     def failure(self, origin):
         """One line: what kind of failure this was."""
@@ -310,120 +384,53 @@ def run(command, watch):
     return proc.returncode
 
 
-#: Bytes of base files hashed at the snapshot when their RECORD gives no hash (Debian's egg-info, old pips);
-#: past it, a file without a hash counts as changed when another distribution lists it.
-HASH_BUDGET = 256 << 20
-NAMESPACE_INIT = 1024  # an __init__.py this small that extends __path__ is namespace boilerplate
+#: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
+#: copy of the base's constraint file, or a freeze) is the base's.
+PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
+PIN_LINE = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(?:\[[^\]]*\])?\s*((?:[<>=!~]=?|===)[^;#\s]*(?:\s*,\s*(?:[<>=!~]=?|===)[^;#\s,]*)*)"
+)
 
 
-def file_hash(where):
-    digest = hashlib.sha256()
-    with open(where, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
-
-
-def owners(paths=None, budget=HASH_BUDGET):
-    """{file: [(canonical distribution, version, hash)]} for the files inside site-packages that installed
-    distributions list (their metadata folders and bytecode aside). A missing hash is computed from the file
-    while `budget` lasts, else left ""."""
-    import importlib.metadata as md
-
-    found = {}
-    for dist in md.distributions(path=paths) if paths is not None else md.distributions():
-        name, root = canon(dist.metadata["Name"] or ""), os.path.normpath(str(dist.locate_file("")))
-        for entry in dist.files or ():
-            text = str(entry)
-            if "__pycache__" in text or text.endswith(".pyc") or re.search(r"\.(dist|egg)-info(/|$)", text):
-                continue
-            where = os.path.normpath(str(dist.locate_file(entry)))
-            if not where.startswith(root + os.sep) or not os.path.lexists(where):
-                continue  # scripts in bin/ and data files are not what this protects; egg-info lists sources
-            digest = f"{entry.hash.mode}={entry.hash.value}" if entry.hash else ""
-            if not digest and budget > 0 and os.path.isfile(where) and not os.path.islink(where):
-                budget -= os.path.getsize(where)
-                digest = file_hash(where)
-            found.setdefault(where, []).append((name, dist.version, digest))
-    return found
-
-
-def boilerplate(where):
-    """A namespace package's __init__.py (empty, or extending __path__): the same in spirit wherever it is."""
-    if os.path.basename(where) != "__init__.py" or not os.path.isfile(where):
-        return False
-    if os.path.getsize(where) > NAMESPACE_INIT:
-        return False
-    with open(where, "rb") as handle:
-        text = handle.read()
-    return not text.strip() or b"extend_path" in text or b"declare_namespace" in text
-
-
-def overwritten(before, after):
-    """{(distribution, version): {(base distribution, version): [files]}}: files a base distribution owned
-    that a distribution of another name now lists with other contents."""
-    hits = {}
-    for where, listed in after.items():
-        had = before.get(where)
-        if not had:
+def pin_sources(command, origin):
+    """{canonical name: [(spec, who holds it)]} from the -c files in `command`. The framework's pin in
+    constraints.txt is the base's (its image config declares it)."""
+    sources, first = {}, True
+    frameworks = set(read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt")))
+    for flag, path in zip(command, command[1:], strict=False):
+        if flag not in ("-c", "--constraint"):
             continue
-        base_names = {name for name, _, _ in had}
-        for name, version, digest in listed:
-            if name in base_names or (digest and digest == had[0][2]) or boilerplate(where):
-                continue
-            hits.setdefault((name, version), {}).setdefault(had[0][:2], []).append(where)
-    return hits
+        who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
+        first = False
+        try:
+            with open(path, errors="replace") as handle:
+                lines = handle.read(1 << 22).splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            found = PIN_LINE.match(line.strip())
+            if found and found.group(2) != "<0":
+                spec = found.group(1) + found.group(2).replace(" ", "")
+                framework = who == PIN_FILES["constraints.txt"] and canon(found.group(1)) in frameworks
+                holder = "the base's framework (its image config)" if framework else who
+                sources.setdefault(canon(found.group(1)), []).append((spec, holder))
+    return sources
 
 
-def requirers(name, paths=None):
-    """Installed distributions whose requirements name `name` (canonical), sorted."""
-    import importlib.metadata as md
-
-    found = set()
-    for dist in md.distributions(path=paths) if paths is not None else md.distributions():
-        for req in dist.requires or ():
-            if canon(re.split(r"[\s<>=!~;\[(@]", req.strip(), maxsplit=1)[0]) == name:
-                found.add(f"{canon(dist.metadata['Name'] or '')} {dist.version}")
-    return sorted(found)
-
-
-CUDA_MAJOR = re.compile(r"(?:-cu|cuda)([0-9]{2,3})(?![0-9])")
-
-
-def protected(hits, paths=None, cuda_version=None):
-    """One line on the first distribution that wrote over the base's files: which, who asked for it, whose
-    files, and the cure; "" when none did."""
-    if not hits:
-        return ""
-    (name, version), victims = sorted(hits.items())[0]
-    (base, base_version), files = sorted(victims.items(), key=lambda item: -len(item[1]))[0]
-    asked = [who for who in requirers(name, paths) if not who.startswith(base + " ")]
-    by = f" (needed by {', '.join(asked[:3])})" if asked else " (asked for by the recipe)"
-    shown = ", ".join(sorted(re.sub(r"^.*/(?:site|dist)-packages/", "", f) for f in files)[:2])
-    more = f" and {sum(map(len, victims.values())) - 2} more" if sum(map(len, victims.values())) > 2 else ""
-    cuda = (cuda_version if cuda_version is not None else os.environ.get("CUDA_VERSION", "")).split(".")[0]
-    theirs = CUDA_MAJOR.search(name)
-    first = canon(asked[0].split()[0]) if asked else name
-    if theirs and cuda.isascii() and cuda.isdigit() and theirs.group(1) != cuda:
-        cure = (
-            f"{name} is built for CUDA {theirs.group(1)} and the base has CUDA {cuda}: ask for the CUDA {cuda} "
-            f"build of {first} (e.g. its cuda{cuda} extra or -cu{cuda} name), or drop it"
-        )
-    elif asked:
-        cure = f"pin {first} to a release that does not need {name}, or drop it"
-    else:
-        cure = f"drop {name}: the base's {base} provides these files"
-    others = f" (and {len(hits) - 1} other distribution(s))" if len(hits) > 1 else ""
-    return (
-        f"{name} {version}{by} would overwrite {len(files)} file(s) of the base's {base} {base_version} "
-        f"({shown}{more}){others}; the base's files are protected, so this layer is not kept: {cure}"
-    )
+def read_names(path):
+    try:
+        with open(path) as handle:
+            return [canon(name) for name in handle.read(1 << 16).split()]
+    except OSError:
+        return []
 
 
 def main(argv):
     origin, command = argv[1], argv[2:]
+    from owners import overwritten, owners, protected  # beside this script
+
     before = None if "--dry-run" in command else owners()
-    watch = Watch()
+    watch = Watch(pin_sources(command, origin))
     outcome = run(command, watch)
     if outcome == 0:
         why = protected(overwritten(before, owners())) if before is not None else ""
@@ -433,7 +440,7 @@ def main(argv):
         return 1
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
     if watch.backtracking() not in why:  # a conflict that names the package says it already
-        why += watch.backtrack_note()
+        why += watch.backtrack_note(origin)
     print(f"imgbuild: pip step failed: {why}", flush=True)
     return 1
 

@@ -1,0 +1,127 @@
+"""The base's files, safe at install time: the pip step's guard (guard.py, beside this script) takes a
+snapshot of which distribution owns each file in site-packages before the installer runs, and compares after.
+A distribution of another name that wrote over a base file with other contents (jax[cuda12]'s
+nvidia-cudnn-cu12 over a CUDA 13 base's nvidia-cudnn-cu13, both in nvidia/cudnn/) fails the step, so the layer
+holding it is never kept; the line names the package, who asked for it, whose files, and the cure.
+
+Stdlib only: it runs in the base.
+"""
+
+import base64
+import hashlib
+import os
+import re
+
+
+def canon(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+#: Bytes of base files hashed at the snapshot when their RECORD gives no hash (Debian's egg-info, old pips);
+#: past it, a file without a hash counts as changed when another distribution lists it.
+HASH_BUDGET = 256 << 20
+NAMESPACE_INIT = 1024  # an __init__.py this small that extends __path__ is namespace boilerplate
+
+
+def file_hash(where):
+    digest = hashlib.sha256()
+    with open(where, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def owners(paths=None, budget=HASH_BUDGET):
+    """{file: [(canonical distribution, version, hash)]} for the files inside site-packages that installed
+    distributions list (their metadata folders and bytecode aside). A missing hash is computed from the file
+    while `budget` lasts, else left ""."""
+    import importlib.metadata as md
+
+    found = {}
+    for dist in md.distributions(path=paths) if paths is not None else md.distributions():
+        name, root = canon(dist.metadata["Name"] or ""), os.path.normpath(str(dist.locate_file("")))
+        for entry in dist.files or ():
+            text = str(entry)
+            if "__pycache__" in text or text.endswith(".pyc") or re.search(r"\.(dist|egg)-info(/|$)", text):
+                continue
+            where = os.path.normpath(str(dist.locate_file(entry)))
+            if not where.startswith(root + os.sep) or not os.path.lexists(where):
+                continue  # scripts in bin/ and data files are not what this protects; egg-info lists sources
+            digest = f"{entry.hash.mode}={entry.hash.value}" if entry.hash else ""
+            if not digest and budget > 0 and os.path.isfile(where) and not os.path.islink(where):
+                budget -= os.path.getsize(where)
+                digest = file_hash(where)
+            found.setdefault(where, []).append((name, dist.version, digest))
+    return found
+
+
+def boilerplate(where):
+    """A namespace package's __init__.py (empty, or extending __path__): the same in spirit wherever it is."""
+    if os.path.basename(where) != "__init__.py" or not os.path.isfile(where):
+        return False
+    if os.path.getsize(where) > NAMESPACE_INIT:
+        return False
+    with open(where, "rb") as handle:
+        text = handle.read()
+    return not text.strip() or b"extend_path" in text or b"declare_namespace" in text
+
+
+def overwritten(before, after):
+    """{(distribution, version): {(base distribution, version): [files]}}: files a base distribution owned
+    that a distribution of another name now lists with other contents."""
+    hits = {}
+    for where, listed in after.items():
+        had = before.get(where)
+        if not had:
+            continue
+        base_names = {name for name, _, _ in had}
+        for name, version, digest in listed:
+            if name in base_names or (digest and digest == had[0][2]) or boilerplate(where):
+                continue
+            hits.setdefault((name, version), {}).setdefault(had[0][:2], []).append(where)
+    return hits
+
+
+def requirers(name, paths=None):
+    """Installed distributions whose requirements name `name` (canonical), sorted."""
+    import importlib.metadata as md
+
+    found = set()
+    for dist in md.distributions(path=paths) if paths is not None else md.distributions():
+        for req in dist.requires or ():
+            if canon(re.split(r"[\s<>=!~;\[(@]", req.strip(), maxsplit=1)[0]) == name:
+                found.add(f"{canon(dist.metadata['Name'] or '')} {dist.version}")
+    return sorted(found)
+
+
+CUDA_MAJOR = re.compile(r"(?:-cu|cuda)([0-9]{2,3})(?![0-9])")
+
+
+def protected(hits, paths=None, cuda_version=None):
+    """One line on the first distribution that wrote over the base's files: which, who asked for it, whose
+    files, and the cure; "" when none did."""
+    if not hits:
+        return ""
+    (name, version), victims = sorted(hits.items())[0]
+    (base, base_version), files = sorted(victims.items(), key=lambda item: -len(item[1]))[0]
+    asked = [who for who in requirers(name, paths) if not who.startswith(base + " ")]
+    by = f" (needed by {', '.join(asked[:3])})" if asked else " (asked for by the recipe)"
+    shown = ", ".join(sorted(re.sub(r"^.*/(?:site|dist)-packages/", "", f) for f in files)[:2])
+    more = f" and {sum(map(len, victims.values())) - 2} more" if sum(map(len, victims.values())) > 2 else ""
+    cuda = (cuda_version if cuda_version is not None else os.environ.get("CUDA_VERSION", "")).split(".")[0]
+    theirs = CUDA_MAJOR.search(name)
+    first = canon(asked[0].split()[0]) if asked else name
+    if theirs and cuda.isascii() and cuda.isdigit() and theirs.group(1) != cuda:
+        cure = (
+            f"{name} is built for CUDA {theirs.group(1)} and the base has CUDA {cuda}: ask for the CUDA {cuda} "
+            f"build of {first} (e.g. its cuda{cuda} extra or -cu{cuda} name), or drop it"
+        )
+    elif asked:
+        cure = f"pin {first} to a release that does not need {name}, or drop it"
+    else:
+        cure = f"drop {name}: the base's {base} provides these files"
+    others = f" (and {len(hits) - 1} other distribution(s))" if len(hits) > 1 else ""
+    return (
+        f"{name} {version}{by} would overwrite {len(files)} file(s) of the base's {base} {base_version} "
+        f"({shown}{more}){others}; the base's files are protected, so this layer is not kept: {cure}"
+    )

@@ -1,0 +1,97 @@
+"""The pip step as it runs in an image, on this machine: imgbuild's own install.sh and guard.py, real pip,
+real wheels made by the test, over a throwaway environment that plays the base. `python3` on PATH is that
+environment's, as in an image; the site's pip configuration is kept out.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "templates"
+
+
+def wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requires: tuple[str, ...] = ()) -> None:
+    """A real wheel: METADATA, WHEEL and a RECORD with sha256 hashes, as build backends write them."""
+    dist = f"{name.replace('-', '_')}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {req}\n" for req in requires
+    )
+    content = dict(files)
+    content[f"{dist}/METADATA"] = meta.encode()
+    content[f"{dist}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: imgbuild-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+
+    def line(path: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(data)}\n"
+
+    record = "".join(line(path, data) for path, data in content.items()) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as archive:
+        for path, data in content.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{dist}/RECORD", record)
+
+
+def guard_folder(folder: Path) -> Path:
+    """The guard and what it imports, as the context holds them (`imgbuild/pip/`): guard.py's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(TEMPLATES / "pip-guard.py", folder / "guard.py")
+    shutil.copy(TEMPLATES / "pip-owners.py", folder / "owners.py")
+    return folder / "guard.py"
+
+
+class PipStep:
+    """A base environment holding `base` (names or name==version from `wheels`), and the step's folder."""
+
+    def __init__(self, tmp_path: Path, wheels: Path, base: list[str], frameworks: tuple[str, ...] = ()):
+        self.wheels, self.venv, self.folder = wheels, tmp_path / "venv", tmp_path / "pip"
+        subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
+        self.pip("install", "-q", "--no-index", "--find-links", str(wheels), *base, check=True)
+        guard_folder(self.folder)
+        shutil.copy(TEMPLATES / "install.sh", self.folder / "install.sh")
+        (self.folder / "constraints.txt").write_text("")
+        (self.folder / "framework.txt").write_text("".join(f"{n}\n" for n in frameworks))
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python3"
+
+    def environ(self) -> dict[str, str]:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "UV_"))}
+        environ.update(PATH=f"{self.venv / 'bin'}:{environ['PATH']}", PIP_CONFIG_FILE=os.devnull)
+        environ["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        return environ
+
+    def pip(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.python), "-m", "pip", *args], capture_output=True, text=True, env=self.environ(), check=check
+        )
+
+    def run(self, packages: list[str], **files: str) -> subprocess.CompletedProcess[str]:
+        """install.sh with these requirements; `files` (provides, constraints, resolved) are the folder's
+        other inputs, as render writes them (an empty text: no such file)."""
+        (self.folder / "requirements.txt").write_text(
+            f"--no-index\n--find-links {self.wheels}\n" + "".join(f"{p}\n" for p in packages)
+        )
+        for name in ("provides", "resolved", "constraints"):
+            path = self.folder / f"{name}.txt"
+            path.unlink(missing_ok=True)
+            if files.get(name) or name == "constraints":
+                path.write_text(files.get(name, ""))
+        return subprocess.run(
+            ["sh", str(self.folder / "install.sh")], capture_output=True, text=True, env=self.environ()
+        )
+
+    def failure(self, proc: subprocess.CompletedProcess[str]) -> str:
+        """The guard's one line, without its prefix."""
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("imgbuild: pip step failed: ")]
+        assert proc.returncode != 0 and lines, proc.stdout + proc.stderr
+        return lines[-1].removeprefix("imgbuild: pip step failed: ")

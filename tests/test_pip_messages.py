@@ -1,0 +1,191 @@
+"""Messages that name the right cause (issue 30, item 2): who holds the version a package cannot have (the
+base, the recipe's lock or its constraints), and one cure that fits. Real pip under imgbuild's install.sh
+and guard; the plan-time checks with the recipe's FILE:LINE.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pipstep import PipStep, wheel
+
+ORIGIN = "a freeze of the base's packages"
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wheels")
+    for version in ("0.36.0", "1.0.0", "2.4.0"):
+        wheel(folder, "hub-lib", version, {f"hub_lib_{version.replace('.', '_')}/__init__.py": b""})
+    for version in ("1.26.4", "2.1.0"):
+        wheel(folder, "numlib", version, {"numlib/__init__.py": version.encode()})
+    wheel(folder, "app", "1.0", {"app/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "oldapp", "0.9", {"oldapp/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "tools", "3.0", {"tools/__init__.py": b""}, ("hub-lib<1",))
+    return folder
+
+
+@pytest.fixture
+def step(tmp_path, wheels):
+    return PipStep(tmp_path, wheels, ["numlib==2.1.0"])
+
+
+def test_a_recipe_constraint_against_its_own_lock_names_the_lock_not_the_base(step):
+    """The issue's case: `huggingface-hub<1` in the recipe, `==2.4.0` in its lock: pip folds both into one
+    "(constraint)" line, which had been called the base's."""
+    said = step.failure(step.run(["hub-lib"], constraints="hub-lib<1\n", resolved="hub-lib==2.4.0\n"))
+    assert said == (
+        "the recipe asks for hub-lib, but the recipe's pip.constraints hold hub-lib<1 and the recipe's lock holds "
+        "hub-lib==2.4.0: the recipe changed since its lock was written: run imgbuild lock (it re-resolves hub-lib)"
+    )
+    assert "the base" not in said
+
+
+def test_a_dependency_against_the_lock_names_the_package_that_asked_and_the_lock(step):
+    said = step.failure(step.run(["tools"], resolved="hub-lib==2.4.0\n"))
+    assert said == (
+        "tools 3.0 needs hub-lib<1, but the recipe's lock holds hub-lib==2.4.0: the recipe changed since its lock "
+        "was written: run imgbuild lock (it re-resolves hub-lib)"
+    )
+
+
+def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_from(step):
+    said = step.failure(step.run(["oldapp"]))
+    assert said == (
+        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
+        "for the base, or drop it"
+    )
+
+
+def test_of_two_holders_only_the_one_that_excludes_what_was_asked_is_named(step):
+    """The base's numlib==2.1.0 meets app's numlib>=2; the recipe's numlib<2 does not: it alone is the cause."""
+    said = step.failure(step.run(["app"], constraints="numlib<2\n"))
+    assert said == (
+        "app 1.0 needs numlib>=2, but the recipe's pip.constraints hold numlib<2: loosen the recipe's constraint "
+        "on numlib, or drop app"
+    )
+
+
+def test_a_dependency_against_a_recipe_constraint_says_loosen_it(step):
+    step.pip("uninstall", "-y", "-q", "numlib", check=True)  # a base without numlib: only the recipe holds it
+    said = step.failure(step.run(["app"], constraints="numlib<2\n"))
+    assert said == (
+        "app 1.0 needs numlib>=2, but the recipe's pip.constraints hold numlib<2: loosen the recipe's constraint "
+        "on numlib, or drop app"
+    )
+
+
+def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
+    """pip went through releases of numpy, which the recipe's lock pins: "pin numpy" is not the cure."""
+    from tests.test_packages import _guard_module
+
+    guard = _guard_module()
+    watch = guard.Watch({"numpy": [("numpy==1.26.4", "the recipe's lock")]})
+    for n in range(5):
+        watch.see(f"Downloading numpy-1.26.{n}-cp311-cp311-manylinux_2_17_x86_64.whl (18.2 MB)")
+    note = watch.backtrack_note(ORIGIN)
+    assert "pin numpy" not in note
+    assert note == (
+        "; pip backtracked through 5 versions of numpy, which the recipe's lock holds numpy==1.26.4: something the "
+        "recipe asks for needs another numpy; see the conflict above"
+    )
+    free = guard.Watch({})
+    for n in range(5):
+        free.see(f"Downloading vllm-0.1{n}.0-cp38-abi3-manylinux1_x86_64.whl (300 MB)")
+    assert "pin vllm to a version made for the base" in free.backtrack_note(ORIGIN)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("numpy==1.26.4\n", {"numpy": [("numpy==1.26.4", "the recipe's lock")]}),
+        (
+            "# a comment\n\n--index-url http://x\nhub-lib<1,>=0.30  # why\n",
+            {"hub-lib": [("hub-lib<1,>=0.30", "the recipe's lock")]},
+        ),
+        ("Bad Name==1\nx" * 3, {}),
+        ("torch<0\n", {}),  # imgbuild's refusal of another framework name: not a pin
+        ("a" * 200_000 + "==1\n", {}),  # a name past what the pattern admits is no pin
+    ],
+)
+def test_pin_files_are_read_as_data(tmp_path, text, expected):
+    """Hostile pin files: options, comments, junk, the framework refusal and a 200 KB name are not pins."""
+    from tests.test_packages import _guard_module
+
+    (tmp_path / "resolved.txt").write_text(text)
+    (tmp_path / "base.txt").write_text("")
+    got = _guard_module().pin_sources(["-c", str(tmp_path / "base.txt"), "-c", str(tmp_path / "resolved.txt")], ORIGIN)
+    assert got == expected
+
+
+# --- plan time: the recipe against its own lock, at the recipe's line -------------------------------------
+
+
+def _plan_lines(tmp_path, pip: str, lock: str) -> list[str]:
+    from imgbuild.build.plan import make_plan
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip:\n{pip}')
+    (tmp_path / "r.lock.txt").write_text(lock)
+    try:
+        make_plan(load_recipe(recipe), settings(), fake_inspect)
+    except RecipeError as exc:
+        return [line.replace(f"{tmp_path}/", "") for line in exc.lines()]
+    return []
+
+
+def test_a_recipe_line_its_lock_excludes_is_named_at_both_lines_before_building(tmp_path):
+    lines = _plan_lines(
+        tmp_path,
+        '  packages: [einops, "huggingface-hub<1"]\n  constraints: ["numpy>=2"]\n',
+        "einops==0.8.0\nhuggingface-hub==2.4.0\nnumpy==1.26.4\n",
+    )
+    assert lines == [
+        "r.yaml:4:22: pip.packages[1]: huggingface-hub<1 excludes huggingface-hub==2.4.0, which the recipe's lock "
+        "holds (r.lock.txt:2) (the recipe changed since its lock was written: run imgbuild lock r.yaml (it "
+        "re-resolves huggingface-hub))",
+        "r.yaml:5:17: pip.constraints[0]: numpy>=2 excludes numpy==1.26.4, which the recipe's lock holds "
+        "(r.lock.txt:3) (the recipe changed since its lock was written: run imgbuild lock r.yaml (it re-resolves "
+        "numpy))",
+    ]
+
+
+def test_what_the_lock_admits_or_a_marker_guards_is_no_conflict(tmp_path):
+    pip = "  packages: [einops>=0.8, \"numpy<2; python_version < '3.0'\"]\n"
+    assert _plan_lines(tmp_path, pip, "einops==0.8.0\nnumpy==1.26.4\n") == []
+
+
+def test_lock_re_resolves_what_the_recipe_now_excludes_and_keeps_the_rest(tmp_path):
+    from imgbuild.build.pins import _outgrown
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops, "huggingface-hub<1"]\n')
+    (tmp_path / "r.lock.txt").write_text("einops==0.8.0\nhuggingface-hub==2.4.0\n")
+    assert _outgrown(load_recipe(recipe)) == ["huggingface-hub"]
+
+
+@pytest.mark.parametrize(
+    ("version", "wanted", "meets"),
+    [
+        ((2, 1), ">=2", True),
+        ((2, 1), "<2", False),
+        ((2, 1), ">=2,<3", True),
+        ((1, 26, 4), ">=1.26,!=1.26.4", False),
+        ((2, 1), "==2.1.0", True),
+        ((2, 1), "==2.*", None),  # wildcards, pre-releases, local parts, ~=: not judged, so never wrongly cleared
+        ((2, 1), ">=2.1rc1", None),
+        ((2, 1), "~=2.0", None),
+        ((2, 1), ">=２", None),  # fullwidth digits are not digits here
+        ((2, 1), "", None),
+    ],
+)
+def test_the_guards_small_version_reading_says_unknown_when_unsure(version, wanted, meets):
+    from tests.test_packages import _guard_module
+
+    assert _guard_module().meets(version, wanted) is meets
