@@ -138,6 +138,36 @@ print("IMGBUILD-BASE-PINS " + json.dumps({"origin": origin, "lines": text.splitl
 PINS = Probe("pins", PINS_SCRIPT, PINS_MARKER)
 
 
+class NotKnownHere(ImgbuildError):
+    """The base has not been read on this host yet (validate asks nothing of the registry or the engine)."""
+
+
+def check_known(loaded: LoadedRecipe, settings: Settings) -> str:
+    """`validate`'s second half: the recipe against what this host already knows of its base (the config and
+    pins an earlier render, lock or build read, whatever their age), with no registry and no engine. Raises
+    RecipeError as the build would; returns what it checked against, or why it could not."""
+
+    def inspect(ref: str) -> tuple[str, dict[str, Any]]:
+        kept = JsonCache(Path(settings.cache_dir) / "bases", None).get(ref)
+        if isinstance(kept, dict) and isinstance(kept.get("config"), dict):
+            return str(kept.get("digest", "")), kept["config"]
+        raise NotKnownHere(ref)
+
+    def read_pins(base: Any) -> tuple[str, tuple[str, ...]]:
+        cache = JsonCache(Path(settings.cache_dir) / "base-pins", None, 16 * limits.MIB)
+        return (_pins_in(cache.get(base.identity)) if base.identity else None) or ("", ())
+
+    def pattern(repo: str, framework: str | None, tag: str) -> str:
+        raise NotKnownHere(f"{repo}:{tag}")
+
+    try:
+        plan = make_plan(loaded, settings, inspect, pattern, (0, 0), read_pins)
+    except NotKnownHere as exc:
+        return f"its base ({exc}) not read on this host yet: render, lock or build check it"
+    pins = f", its pins ({plan.base.pins_origin})" if plan.base.pins_origin else ""
+    return f"checked against the base as last read here: {plan.base.pinned}{pins}"
+
+
 def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple[str, tuple[str, ...]]]:
     """Reads a base's pins in a throwaway container of the base (pulled if need be; the build needs it
     anyway), cached per base digest. A base whose pins cannot be read gives none: pip still checks them."""

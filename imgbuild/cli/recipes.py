@@ -20,17 +20,21 @@ SECTION = Section("Recipes")
 def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
     from imgbuild.build.plan import check_offline
+    from imgbuild.build.resolve import check_known
     from imgbuild.errors import RecipeError
     from imgbuild.recipe import display_path, load_recipe
 
-    secrets = settings_of(ctx).secrets()
+    settings = settings_of(ctx)
     results = []
     problems: list[str] = []
     for path in files:
         try:
-            loaded = load_recipe(path, secrets=secrets)
+            loaded = load_recipe(path, secrets=settings.secrets())
             check_offline(loaded)
-            results.append({"file": display_path(path), "ok": True, "name": loaded.recipe.name, "problems": []})
+            base = check_known(loaded, settings)
+            results.append(
+                {"file": display_path(path), "ok": True, "name": loaded.recipe.name, "problems": [], "base": base}
+            )
         except RecipeError as exc:
             results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
             problems.extend(exc.lines())
@@ -41,7 +45,7 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
             click.echo(line, err=True)
         for r in results:
             if r["ok"]:
-                click.echo(f"{r['file']}: ok")
+                click.echo(f"{r['file']}: ok ({r['base']})")
     if problems:
         sys.exit(EXIT_USAGE)
 
