@@ -89,6 +89,13 @@ def write_hpccm(ctx: Path, pip: list[str], n: int) -> list[str]:
         f"Stage0 += pip(packages={pip!r}, pip='pip3', ospackages=[])\n"
         "Stage0 += copy(src='train.py', dest='/workspace/train.py')\n"
     )
+    hpccm_dockerfile(recipe, ctx)
+    (ctx / "train.py").write_text(TRAIN.format(n=n))
+    return []
+
+
+def hpccm_dockerfile(recipe: Path, ctx: Path) -> None:
+    """`ctx/Dockerfile` from the hpccm recipe at `recipe`, on the stand-in base (the proxy's CA baked in)."""
     hpccm = shutil.which("hpccm", path=str(Path(sys.executable).parent)) or shutil.which("hpccm")
     if not hpccm:
         sys.exit("hpccm is not installed: .venv/bin/pip install hpccm")
@@ -100,8 +107,6 @@ def write_hpccm(ctx: Path, pip: list[str], n: int) -> list[str]:
     ).stdout
     first, rest = dockerfile.split("\n", 1)
     (ctx / "Dockerfile").write_text(first + "\n" + _ca_lines(ctx) + rest)
-    (ctx / "train.py").write_text(TRAIN.format(n=n))
-    return []
 
 
 def write_handwritten(ctx: Path, pip: list[str], n: int) -> list[str]:

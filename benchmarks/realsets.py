@@ -7,19 +7,32 @@ a built image in which every added package imports, or one line naming the packa
 
 Columns: the set, its base, the expected ending, the exit code, seconds, whether it ended as expected, and
 the line it ended with. The heavy sets download GBs of wheels (ultralytics, diffusers, vLLM): minutes each.
+
+`--edit-loop` measures the edit loop instead (issue 30, item 6): one package added to a locked set (by default
+hf-text-classification, 59 locked distributions), `imgbuild build` end to end (render, build, smoke test,
+promotion) against the same edit in hpccm's and a hand-written Dockerfile (a `docker build`, which checks
+nothing). Each way is built once untimed, then the edit is timed; median (min-max) of BENCH_REPEATS (3).
+Target: imgbuild at most 15 s. hpccm needs `.venv/bin/pip install hpccm`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tests.realsets import load  # noqa: E402
 
@@ -29,11 +42,114 @@ def last_line(err: str) -> str:
     return (lines[-1] if lines else err.strip().splitlines()[-1] if err.strip() else "")[:110]
 
 
+EXTRA = "tabulate"  # the package the edit adds: small, pure Python, in none of the sets
+#: Each run adds it as `tabulate>=0.0.N` with an N of its own: any release meets it, and no way finds the
+#: edited layer in its build cache from an earlier run.
+TARGET_S = 15.0
+
+
+def _requirements(realset: Any, recipes: Path) -> list[str]:
+    pip = yaml.safe_load((recipes / f"{realset.name}.yaml").read_text())["pip"]
+    lines = (recipes / pip["requirements"]).read_text().splitlines() if "requirements" in pip else []
+    lines += pip.get("packages", []) if isinstance(pip, dict) else pip
+    return [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+
+
+def _edit_imgbuild(recipe: Path, extra: str) -> None:
+    data = yaml.safe_load(recipe.read_text())
+    pip = data["pip"] if isinstance(data["pip"], dict) else {"packages": data["pip"]}
+    pip["packages"] = [*pip.get("packages", []), extra]
+    data["pip"] = pip
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _dockerfile(way: str, ctx: Path, packages: list[str]) -> None:
+    """hpccm's Dockerfile for the set (its pip building block), or one as the NGC how-tos write it."""
+    from build_compare import _ca_lines, base_ref, hpccm_dockerfile
+
+    ctx.mkdir(parents=True, exist_ok=True)
+    if way == "hand-written":
+        (ctx / "requirements.txt").write_text("".join(f"{p}\n" for p in packages))
+        text = (
+            f"FROM {base_ref()}\n"
+            + _ca_lines(ctx)
+            + "COPY requirements.txt /tmp/\nRUN pip install -r /tmp/requirements.txt\n"
+        )
+        (ctx / "Dockerfile").write_text(text)
+        return
+    recipe = ctx / "recipe.py"
+    recipe.write_text(
+        "Stage0 += baseimage(image=USERARG.get('base'), _distro='ubuntu22')\n"
+        f"Stage0 += pip(packages={packages!r}, pip='pip3', ospackages=[])\n"
+    )
+    hpccm_dockerfile(recipe, ctx)
+
+
+def edit_loop(name: str) -> int:
+    """One package added to a locked set: seconds per way, median (min-max)."""
+    from build_compare import build, docker
+
+    realset = load()[name]
+    repeats = int(os.environ.get("BENCH_REPEATS", "3"))
+    times: dict[str, list[float]] = {"imgbuild build (lock, smoke test)": [], "hpccm": [], "hand-written": []}
+    notes: list[str] = []
+    for rep in range(repeats):
+        with tempfile.TemporaryDirectory(prefix=f"editloop-{name}-") as tmp:
+            recipe = realset.stage(Path(tmp))
+            command = [sys.executable, "-m", "imgbuild", "build", str(recipe)]
+            first = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
+            if first.returncode != 0:
+                sys.exit(f"the first build of {name} failed:\n{first.stderr[-2000:]}")
+            extra = f"{EXTRA}>=0.0.{random.randrange(10**9)}"
+            _edit_imgbuild(recipe, extra)
+            start = time.monotonic()
+            edited = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
+            times["imgbuild build (lock, smoke test)"].append(time.monotonic() - start)
+            if edited.returncode != 0:
+                sys.exit(f"the edited build of {name} failed:\n{edited.stderr[-2000:]}")
+            said = [ln.strip() for ln in (edited.stderr + edited.stdout).splitlines() if "not re-imported" in ln]
+            notes = said[:1] or notes
+            packages = _requirements(realset, recipe.parent)
+            for way in ("hpccm", "hand-written"):
+                ctx, tag = Path(tmp) / way, f"imgbuildbench/editloop-{way}:{rep}"
+                _dockerfile(way, ctx, [p for p in packages if p != extra])
+                build(ctx, tag, [])
+                _dockerfile(way, ctx, [p for p in packages if p != extra] + [extra])
+                times[way].append(build(ctx, tag, []))
+                subprocess.run([docker(), "rmi", "-f", tag], capture_output=True)
+        print(
+            f"  edit loop run {rep + 1}/{repeats}: " + ", ".join(f"{w} {t[-1]:.1f}s" for w, t in times.items()),
+            file=sys.stderr,
+            flush=True,
+        )
+    lock = ROOT / "tests" / "realsets" / f"{name}.lock.txt"
+    locked = sum(1 for ln in lock.read_text().splitlines() if ln.split("#")[0].strip()) if lock.exists() else 0
+    print(f"\n+1 package ({EXTRA}) on {name} ({locked} locked distributions), median (min-max) of {repeats}:\n")
+    print("| way | seconds | checks |")
+    print("|---|---|---|")
+    checks = {
+        "imgbuild build (lock, smoke test)": "framework, CUDA, imports of what changed, pip check",
+        "hpccm": "none",
+        "hand-written": "none",
+    }
+    for way, values in times.items():
+        print(f"| {way} | {statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) | {checks[way]} |")
+    ours = statistics.median(times["imgbuild build (lock, smoke test)"])
+    verdict = "met" if ours <= TARGET_S else "missed"
+    print(f"\nimgbuild's edit loop: {ours:.1f} s against the target of at most {TARGET_S:.0f} s: {verdict}")
+    if notes:
+        print(f"smoke test said: {notes[0][:200]}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "heavy"])
+    parser.add_argument("--edit-loop", action="store_true", help="measure adding one package to a locked set")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
+    if args.edit_loop:
+        return edit_loop(args.names[0] if args.names else "hf-text-classification")
     sets = [
         s
         for s in load().values()

@@ -1013,3 +1013,30 @@ def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monk
     assert _imports()["status"] == "fail"
     monkeypatch.delenv("IMGBUILD_SMOKE_KNOWN_GOOD")  # no record: everything
     assert _imports()["status"] == "fail"
+
+
+def test_a_new_package_that_an_old_one_lists_only_for_an_extra_re_imports_nothing_else(site, monkeypatch):
+    """The measured edit loop: adding tabulate re-imported pandas and the 10 that need it (8.5 of 12 s of the
+    smoke test), because pandas lists tabulate for its `output-formatting` extra. An extra's requirement is not
+    what a package imports; a marker of another kind still counts."""
+    _dist_needing(site, "pandas-fake", "3.1", "pandasfake", ['tabulate-fake>=0.9; extra == "output-formatting"'])
+    _dist_needing(site, "datasets-fake", "5.2", "datasetsfake", ["pandas-fake"], "raise ImportError('re-imported')")
+    _dist_needing(site, "tabulate-fake", "0.10", "tabulatefake", [])
+    _dist_needing(site, "marker-fake", "1.0", "markerfake", ['tabulate-fake; python_version >= "3"'])
+    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "pandas-fake==3.1 datasets-fake==5.2 marker-fake==1.0")
+    check = _imports()
+    assert check["status"] == "pass", check
+    assert set(check["details"]["distributions"]) == {"tabulate-fake==0.10", "marker-fake==1.0"}
+    assert "2 unchanged since the last promoted image" in check["reason"]
+
+
+def test_a_distribution_skipped_by_the_recipe_is_not_taken_for_gone(site, monkeypatch):
+    """smoke.skip_imports leaves a distribution out of the work, not out of the image: what needs it is not
+    re-imported as if it had been removed."""
+    _dist_needing(site, "lib-fake", "1.0", "libfake", [])
+    _dist_needing(site, "app-fake", "2.0", "appfake", ["lib-fake"], "raise ImportError('re-imported')")
+    monkeypatch.setenv("IMGBUILD_SMOKE_SKIP_IMPORTS", "lib-fake")
+    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "lib-fake==1.0 app-fake==2.0")
+    check = _imports()
+    assert check["status"] == "pass", check
+    assert "1 unchanged since the last promoted image" in check["reason"]

@@ -606,16 +606,26 @@ def _modules(dist) -> list:
     return top_level_modules(dist.files, dist.read_text("top_level.txt"))
 
 
+EXTRA_MARKER = re.compile(r"""\bextra\s*==""")
+
+
 def requirement_names(requires) -> set:
-    """The canonical names a distribution's Requires-Dist lines name (extras' and markers' included: erring
-    towards re-checking)."""
-    return {_canonical(re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0]) for r in requires or [] if r.strip()}
+    """The canonical names a distribution's Requires-Dist lines name, other markers' included (erring towards
+    re-checking), but not its extras': pandas lists tabulate for its `output-formatting` extra, and adding
+    tabulate does not change how pandas imports (it would re-check pandas and all that needs it)."""
+    return {
+        _canonical(re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0])
+        for r in requires or []
+        if r.strip() and not EXTRA_MARKER.search(r.partition(";")[2])
+    }
 
 
-def unchanged_since_last(work: list, known_text: str, needs: dict) -> set:
+def unchanged_since_last(work: list, known_text: str, needs: dict, present: dict | None = None) -> set:
     """The added distributions that need no import check again: the same version imported in the last promoted
     image of this recipe (`known_text`: its `name==version` words, on the same base), and nothing they require
-    (`needs`: name -> the names it requires), directly or not, changed since. Empty without a record."""
+    (`needs`: name -> the names it requires), directly or not, changed since. `present` ({name: version}) is
+    every added distribution, modules or not (tzdata's data, a skipped one): what is gone is judged against it,
+    not against `work`. Empty without a record."""
     known = set()
     for word in known_text.split()[:100000]:
         name, sep, version = word.partition("==")
@@ -624,8 +634,9 @@ def unchanged_since_last(work: list, known_text: str, needs: dict) -> set:
     if not known:
         return set()
     versions = {n: normal_version(v) for n, v, _ in work}
-    changed = {n for n, v in versions.items() if (n, v) not in known}
-    changed |= {n for n, _ in known} - set(versions)  # gone (or no longer checked): what needed it is re-checked
+    every = {n: normal_version(v) for n, v in (present or {}).items()} or versions
+    changed = {n for n, v in every.items() if (n, v) not in known}
+    changed |= {n for n, _ in known} - set(every)  # gone: what needed it is re-checked
     affected, grew = set(changed), True
     while grew:  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
         grew = False
@@ -687,7 +698,8 @@ def check_imports() -> dict:
     added = _added(baseline or set(), every)
     work = [(n, d.version, m) for n, d in added if n not in skipped and (m := _modules(d))]
     needs = {n: requirement_names(d.requires) for n, d in added}
-    unchanged = unchanged_since_last(work, os.environ.get("IMGBUILD_SMOKE_KNOWN_GOOD", ""), needs)
+    present = {n: d.version for n, d in added}
+    unchanged = unchanged_since_last(work, os.environ.get("IMGBUILD_SMOKE_KNOWN_GOOD", ""), needs, present)
     work = [item for item in work if item[0] not in unchanged]
     if extra:
         work.append(("smoke.imports", "", extra))

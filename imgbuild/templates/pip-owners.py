@@ -39,7 +39,8 @@ def owners(paths=None, budget=HASH_BUDGET):
 
     found = {}
     for dist in md.distributions(path=paths) if paths is not None else md.distributions():
-        name, root = canon(dist.metadata["Name"] or ""), os.path.normpath(str(dist.locate_file("")))
+        meta = dist.metadata  # parsed once: each call parses METADATA again
+        name, version, root = canon(meta["Name"] or ""), meta["Version"], os.path.normpath(str(dist.locate_file("")))
         for entry in dist.files or ():
             text = str(entry)
             if "__pycache__" in text or text.endswith(".pyc") or re.search(r"\.(dist|egg)-info(/|$)", text):
@@ -51,7 +52,7 @@ def owners(paths=None, budget=HASH_BUDGET):
             if not digest and budget > 0 and os.path.isfile(where) and not os.path.islink(where):
                 budget -= os.path.getsize(where)
                 digest = file_hash(where)
-            found.setdefault(where, []).append((name, dist.version, digest))
+            found.setdefault(where, []).append((name, version, digest))
     return found
 
 
