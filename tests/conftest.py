@@ -79,6 +79,7 @@ def testbed_settings() -> dict[str, str]:
             "IMGBUILD_PIP_CA_BUNDLE",
             "IMGBUILD_TESTBED_CACHE",
             "IMGBUILD_TESTBED_DEVCONTAINER",
+            "IMGBUILD_TESTBED_PODMAN",
         )
         _TESTBED.update({k: os.environ[k] for k in keys if os.environ.get(k)})
         return _TESTBED

@@ -122,7 +122,7 @@ def lock(
     from imgbuild.build.pipeline import build_secrets, pip_bounds
     from imgbuild.build.render import render
     from imgbuild.build.resolve import plan_recipe
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.recipe import load_recipe
 
     loaded = load_recipe(recipe_path, secrets=settings.secrets())
@@ -133,7 +133,7 @@ def lock(
     freed |= set(_outgrown(loaded))
     kept = () if upgrade else tuple(p for p in old if canonicalize_name(p.split("==")[0]) not in freed)
     resolving: LoadedRecipe = dataclasses.replace(loaded, lock_pins=kept)
-    engine = engine or Engine.connect(settings.docker_cli)
+    engine = engine or connect_engine(settings)
     plan = plan_recipe(resolving, settings, engine, with_pins=True)
     context = render(plan)
     files = {

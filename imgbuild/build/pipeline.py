@@ -34,7 +34,7 @@ from imgbuild.build.smoke import (
     run_smoke,
 )
 from imgbuild.config.settings import Settings
-from imgbuild.engine import BuildRequest, Engine, ImageEngine, Redactor
+from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.host import Caller
@@ -158,11 +158,14 @@ def needs_buildkit(settings: Settings) -> bool:
     return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
 
 
-def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool) -> dict[str, Any]:
+def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool, engine: str = "docker") -> dict[str, Any]:
     """BuildRequest's cache fields: BuildKit images always carry their inline cache (unless `registry_cache: off`);
     a build to be pushed is seeded from the registry's copy of its target, and with `registry_cache: registry`
-    (a buildx builder) from and to `<image>:imgbuild-cache`, every stage's cache (mode=max)."""
-    if backend != "buildkit" or settings.registry_cache == "off":
+    (a buildx builder) from and to `<image>:imgbuild-cache`, every stage's cache (mode=max).
+    Podman: none. Buildah 1.28's registry cache (`--cache-to/--cache-from`), measured on a fresh runner, restored
+    the steps before the recipe's first `ARG` and ran the pip step again; and a stage it restored could not be
+    bind-mounted (uv was missing from the pip step, which fell back to pip). README says so."""
+    if settings.registry_cache == "off" or engine == "podman" or backend != "buildkit":
         return {}
     fields: dict[str, Any] = {"inline_cache": True}
     if seed:
@@ -215,13 +218,17 @@ def build(
     seed_from_registry: bool = False,
     acting: Acting | None = None,
     claims: ClaimsOf | None = None,
+    reproducible: bool = False,
+    promote: bool = True,
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
     `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
     fresh CI runner re-runs only the steps whose inputs changed (settings `registry_cache`).
     `acting` (through sudo for a user, enforce.acting): every file of theirs is read and written as they may, the
     engine builds root's private copy of the context, and the image goes only into their namespace. `claims`: who
-    else holds which GPU on the host, for the smoke test's choice (build.smoke.ClaimsOf).
+    else holds which GPU on the host, for the smoke test's choice (build.smoke.ClaimsOf). `reproducible`: every
+    time in the image is SOURCE_DATE_EPOCH (0 when unset), so the same inputs give the same digest (Podman).
+    `promote=False`: built and smoke-tested, the target left as it is (the candidate goes, as always).
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     who = acting.who if acting else None
@@ -230,7 +237,7 @@ def build(
     if acting:
         repo, _, base_tag = base_reference(loaded, settings)
         acting.check_image(f"{repo}:{base_tag}" if base_tag else repo, "base")
-    engine = engine or Engine.connect(settings.docker_cli)
+    engine = engine or connect_engine(settings)
     chosen = engine.pick_backend(backend or settings.backend)
     if chosen == "sdk" and needs_buildkit(settings):
         raise UsageError(
@@ -281,11 +288,13 @@ def build(
             builder=settings.builder,
             iidfile=Path(iid_name),
             timeout=settings.build_timeout,
-            **registry_cache(plan, settings, chosen, seed_from_registry),
+            **registry_cache(plan, settings, chosen, seed_from_registry, engine.name),
             build_args={
                 **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
                 **(pip_bounds(settings) if (source / "imgbuild" / "pip" / "install.sh").is_file() else {}),
+                **({"SOURCE_DATE_EPOCH": str(source_date_epoch())} if reproducible else {}),
             },
+            timestamp=source_date_epoch() if reproducible else None,
         )
         promoted = False
         try:
@@ -317,6 +326,8 @@ def build(
                     + f"; every failure in full: {ctx / 'smoke.json'}; build log: {log_path}"
                 )
             previous = engine.images.image_id(plan.target)
+            if not promote:  # rebuild --verify-reproducible: built and smoke-tested, never tagged
+                return BuildResult(plan, image_id, previous, False, report, ctx, log_path)
             if previous and previous != image_id:
                 engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
             engine.images.tag(image_id, plan.target)
@@ -325,6 +336,12 @@ def build(
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+
+
+def source_date_epoch() -> int:
+    """The time a reproducible build stamps everywhere: SOURCE_DATE_EPOCH (ASCII digits), else 0."""
+    text = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else 0
 
 
 def pip_bounds(settings: Settings) -> dict[str, str]:

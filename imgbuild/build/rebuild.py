@@ -18,7 +18,7 @@ from imgbuild import imageref
 from imgbuild.build.context import context_path
 from imgbuild.build.plan import Plan
 from imgbuild.config.settings import Settings
-from imgbuild.engine import Engine, ImageEngine
+from imgbuild.engine import ImageEngine, connect_engine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
@@ -230,7 +230,7 @@ def run(
 ) -> list[Item]:
     """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
     items = load_graph(discover(paths), settings)
-    engine = engine or Engine.connect(settings.docker_cli)
+    engine = engine or connect_engine(settings)
     local_refs = frozenset(i.base_ref for i in items if i.deps)
     _schedule(items, lambda item: _work(item, settings, options, engine, local_refs, log), options.jobs)
     return items

@@ -24,14 +24,14 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     import time
 
     from imgbuild.config.site import house_rules
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.servers import reap as reaper
     from imgbuild.servers.run import read_gpus_or_none
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
     house, rules = house_rules(settings.run), reaper.policy(settings.reap)
-    engine = Engine.connect(settings.docker_cli)
+    engine = connect_engine(settings)
     report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
     if not dry_run:  # the queue advances on every reaper run: no daemon needed
         from imgbuild.host import caller
@@ -101,14 +101,14 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     """This host as a lab admin needs to see it: the driver, the NVIDIA Container Toolkit (and its known container
     escapes), the engine's default runtime, CDI, GPUs and MIG, memlock, cgroups, who is in the docker group.
     Each line ok, warn or fail with its fix; exit 1 when one fails. Changes nothing."""
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.errors import EXIT_FAILED, ImgbuildError
     from imgbuild.servers import doctor as doc
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
     try:
-        engine: Any = Engine.connect(settings.docker_cli)
+        engine: Any = connect_engine(settings)
     except ImgbuildError as exc:
         engine = _Unreachable(str(exc))
     lines = doc.judge(doc.collect(settings, engine))

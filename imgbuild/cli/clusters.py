@@ -115,7 +115,7 @@ def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None
 def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list[str], settings: Any) -> None:
     from imgbuild.clusters.oci import export_bundle, export_sqsh
     from imgbuild.config.site import BIND_RE
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.text import unsafe_character
 
     for bind in binds:
@@ -125,7 +125,7 @@ def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list
     def say(line: str) -> None:
         click.echo(f"export: {line}", err=True)
 
-    engine = Engine.connect(settings.docker_cli)
+    engine = connect_engine(settings)
     if sqsh is not None:
         if binds:
             raise UsageError("export: --bind is for --oci (pyxis mounts at run time: slurm --bind)")
@@ -278,9 +278,9 @@ def slurm(
 
 def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | None, gpus: str | None) -> None:
     from imgbuild.clusters.devcontainer import export_devcontainer
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
 
-    path, notes = export_devcontainer(plan, recipe, settings, out, gpus, lambda: Engine.connect(settings.docker_cli))
+    path, notes = export_devcontainer(plan, recipe, settings, out, gpus, lambda: connect_engine(settings))
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(str(path))
@@ -316,13 +316,13 @@ def k8s(
 
     from imgbuild.clusters import k8s as k8smod
     from imgbuild.config.site import QUANTITY_RE
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.servers.spec import host_ids, resolve_image
 
     settings = settings_of(ctx)
     if mem is not None and not QUANTITY_RE.fullmatch(mem):
         raise UsageError(f"--mem {mem[:40]!r}: not a Kubernetes quantity such as 64Gi")
-    pinned = k8smod.pinned_image(image, settings, lambda: Engine.connect(settings.docker_cli))
+    pinned = k8smod.pinned_image(image, settings, lambda: connect_engine(settings))
     uid, gid = host_ids()
     job = k8smod.K8sJob(
         image=pinned,

@@ -45,6 +45,9 @@ def _signer(sign_key: Path | None, push: bool) -> Any:
 @click.option("--no-cache", is_flag=True, help="Build without the layer cache.")
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path), help="Context folder.")
 @click.option("--push", is_flag=True, help="Push the promoted image.")
+@click.option(
+    "--reproducible", is_flag=True, help="Stamp every time as SOURCE_DATE_EPOCH (0): same inputs, same digest (Podman)."
+)
 @_SIGN_KEY
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
@@ -58,13 +61,14 @@ def build(
     no_cache: bool,
     out: Path | None,
     push: bool,
+    reproducible: bool,
     sign_key: Path | None,
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
     from imgbuild.build import pipeline
     from imgbuild.build import rebuild as rb
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims
     from imgbuild.ui import Progress, print_table
@@ -86,11 +90,12 @@ def build(
             seed_from_registry=push,
             acting=acting,
             claims=gpu_claims(settings),
+            reproducible=reproducible,
         )
         pushed = ""
         if push:
             smoke = result.smoke.to_json() if result.smoke else {}
-            engine = Engine.connect(settings.docker_cli)
+            engine = connect_engine(settings)
             pushed = rb.publish(result.plan, smoke, settings, engine, backend, signer, progress)
     if as_json:
         emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
@@ -103,6 +108,23 @@ def build(
         else ""
     )
     click.echo(f"{result.plan.target} -> {result.image_id[:19]}{prev}")
+
+
+def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | None, as_json: bool) -> None:
+    from imgbuild.build.reproduce import verify
+    from imgbuild.ui import print_table
+
+    verdicts = verify(paths, settings_of(ctx, backend=backend), lambda line: click.echo(line[:200], err=True))
+    if as_json:
+        emit_json([v.to_json() for v in verdicts])
+    else:
+        rows = [
+            [v.recipe, v.image, v.promoted[:19], v.rebuilt[:19], "same" if v.same else v.error or "differs"]
+            for v in verdicts
+        ]
+        print_table(["recipe", "image", "promoted", "rebuilt", "verdict"], rows)
+    if not all(v.same for v in verdicts):
+        sys.exit(1)
 
 
 def _smoke_table(report: Any, print_table: Any) -> None:
@@ -150,7 +172,7 @@ def smoke(
     """
     from imgbuild.acting import write_as
     from imgbuild.build.smoke import SmokeRequest, fleet_report, run_smoke
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.gpu.fleet import check_driver, parse_targets
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims
@@ -164,7 +186,7 @@ def smoke(
     acting = enforce.acting(settings)
     if acting:
         acting.check_image(image)
-    engine = Engine.connect(settings.docker_cli)
+    engine = connect_engine(settings)
     if fleet is not None:
         result = fleet_report(engine, image, fleet, driver, settings)
     else:
@@ -208,6 +230,11 @@ def _fleet_table(report: Any, print_table: Any) -> None:
 @click.option("--backend", type=click.Choice(["auto", "buildkit", "sdk"]), help="Build backend.")
 @click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write a JSON report.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write a JUnit XML report.")
+@click.option(
+    "--verify-reproducible",
+    is_flag=True,
+    help="Build each recipe again from nothing (reproducibly, not promoted); exit 1 unless its id is the promoted one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def rebuild(
@@ -221,10 +248,15 @@ def rebuild(
     backend: str | None,
     report_json: Path | None,
     junit_xml: Path | None,
+    verify_reproducible: bool,
     as_json: bool,
 ) -> None:
     """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
     import threading
+
+    if verify_reproducible:
+        _verify_reproducible(ctx, list(paths) or ["recipes"], backend, as_json)
+        return
 
     from imgbuild.build import rebuild as rb
     from imgbuild.servers.holds import gpu_claims

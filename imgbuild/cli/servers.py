@@ -181,14 +181,14 @@ def _queued_busy() -> Iterator[None]:
 @click.pass_context
 def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     """Your containers (or --all users'), with their GPUs, CPU limits and deadlines."""
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.host import caller
     from imgbuild.servers.containers import container_view
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
     who = caller()
-    engine = Engine.connect(settings.docker_cli)
+    engine = connect_engine(settings)
     rows = [r for r in container_view(engine, settings) if all_users or r["user"] == who.name]
     if as_json:
         emit_json(rows)
@@ -208,11 +208,11 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
 def _on_container(ctx: click.Context, verb: str, name: str, force: bool) -> tuple[ImageEngine, str]:
     """(the engine, the container's full name) for one of your containers, found by its short name; another user's
     only for root with --force."""
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.host import caller
     from imgbuild.servers.containers import check_owner, find_container
 
-    engine = Engine.connect(settings_of(ctx).docker_cli)
+    engine = connect_engine(settings_of(ctx))
     who = caller()
     row = find_container(engine.containers.rows(), name, who.name)
     check_owner(row, who, verb, force)
@@ -282,14 +282,14 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     import time
 
     from imgbuild.config.site import house_rules
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.host import caller
     from imgbuild.servers.containers import check_owner, find_container, human_duration
     from imgbuild.servers.containers import extend as extend_deadline
 
     settings = settings_of(ctx)
     who = caller()
-    row = find_container(Engine.connect(settings.docker_cli).containers.rows(), name, who.name)
+    row = find_container(connect_engine(settings).containers.rows(), name, who.name)
     check_owner(row, who, "extend", force)
     deadline = extend_deadline(row, duration, house_rules(settings.run))
     click.echo(

@@ -95,10 +95,10 @@ def export_definition(
     """`imgbuild export --apptainer`: the definition (to `out`, default `<image>_<tag>.def`; with `to_stdout` it is
     the caller's to print), and with `build` the .sif and its %test where apptainer is installed (else `say` how
     to build it elsewhere)."""
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
 
     out = None if to_stdout else (out or Path(sif_name(plan.target)).with_suffix(".def"))
-    engine = Engine.connect(settings.docker_cli) if bootstrap == "docker-archive" else None
+    engine = connect_engine(settings) if bootstrap == "docker-archive" else None
     exported = export_apptainer(plan, settings, bootstrap, out, engine)
     if exported.archive:
         say(f"saved {plan.target} to {exported.archive}")

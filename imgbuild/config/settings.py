@@ -58,6 +58,8 @@ class Settings:
     uid: int | None = None
     gid: int | None = None
     backend: str = "auto"
+    engine: str = "auto"  # docker, podman, or auto: Docker when its socket answers, else Podman's
+    podman_socket: str | None = None  # Podman's API socket (default: CONTAINER_HOST, root's, the user's)
     docker_cli: str | None = None
     builder: str | None = None
     images_dir: str = "images"
@@ -83,6 +85,7 @@ class Settings:
 
     SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
     BACKENDS = ("auto", "buildkit", "sdk")
+    ENGINES = ("auto", "docker", "podman")
     # auto: local where the engine shares this machine, else through the engine
     GPU_SOURCES = ("auto", "local", "engine")
     # registry: a buildx builder's full cache export (needs `builder`)
@@ -383,6 +386,7 @@ def _check(settings: Settings) -> None:
         )
     for name, choices in (
         ("backend", Settings.BACKENDS),
+        ("engine", Settings.ENGINES),
         ("registry_cache", Settings.REGISTRY_CACHES),
         ("gpu_source", Settings.GPU_SOURCES),
     ):

@@ -3,8 +3,12 @@
 - `types`: the engine's own types (BuildRequest, ImageInfo, Redactor) and the protocol;
 - `docker`: `Engine`, the Docker engine (with `images` and `containers`, the only code that talks to Docker);
 - `buildkit`, `sdk`: its two build backends; `images`: the image store; `containers`: containers and the CLI;
+- `podman`: `PodmanEngine`, the same protocol on Podman (builds with `podman build`, the rest through its
+  Docker-compatible API socket);
 - `fake`: `FakeEngine`, in memory, for unit tests of the pipeline's logic.
 """
+
+from typing import Any
 
 from imgbuild.engine.containers import SMOKE_LABEL
 from imgbuild.engine.docker import Engine
@@ -19,7 +23,28 @@ from imgbuild.engine.types import (
     StepTracker,
 )
 
+
+def connect_engine(settings: Any) -> ImageEngine:
+    """The engine the settings name (`engine`): Docker, Podman, or `auto`: Docker, unless Docker is absent (no
+    DOCKER_HOST, no /var/run/docker.sock) and podman is installed. A Docker that is there but refuses or is down
+    is Docker's error, never hidden behind Podman's."""
+    import os
+    import shutil
+
+    if settings.engine == "podman":
+        from imgbuild.engine.podman import PodmanEngine
+
+        return PodmanEngine.connect_podman(settings.podman_socket)
+    docker_absent = not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock")
+    if settings.engine == "auto" and docker_absent and shutil.which("podman"):
+        from imgbuild.engine.podman import PodmanEngine
+
+        return PodmanEngine.connect_podman(settings.podman_socket)
+    return Engine.connect(settings.docker_cli)
+
+
 __all__ = [
+    "connect_engine",
     "SMOKE_LABEL",
     "BuildRequest",
     "ContainerRunner",

@@ -60,14 +60,37 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
         cmd.append("--no-cache")
     cmd += cache_args(req, buildx)
     cmd.append(str(req.context))
+    if req.timestamp is not None:
+        progress(
+            "--reproducible: the docker CLI's BuildKit cannot set layer times (BuildKit 0.8 has no SOURCE_DATE_EPOCH), "
+            "so this image's digest differs run to run; its bytecode does not (engine: podman builds it bit for bit)"
+        )
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
+    return drive(cmd, env, req, iidfile, _follow, progress, redact, log)
+
+
+Follower = Any  # (proc, progress, redact, log, tracker, error_lines) -> None: reads one CLI's build output
+
+
+def drive(
+    cmd: list[str],
+    env: dict[str, str],
+    req: BuildRequest,
+    iidfile: Any,
+    follow: Follower,
+    progress: ProgressFn,
+    redact: Redactor,
+    log: Any,
+) -> str:
+    """Run a build CLI (docker's, podman's) to its end within `req.timeout`, its output read by `follow`; the
+    image id from `iidfile`. Raises BuildFailed (EngineFault for the engine's own failures)."""
     tracker = StepTracker()
     try:
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1, errors="replace"
         )
     except OSError as exc:
-        raise EngineUnavailable(f"cannot run {cli}: {exc.strerror}") from None
+        raise EngineUnavailable(f"cannot run {cmd[0]}: {exc.strerror}") from None
     assert proc.stdout
     error_lines: list[str] = []
     timed_out = threading.Event()
@@ -80,12 +103,12 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
     overtime.daemon = True
     overtime.start()
     try:
-        _follow(proc, progress, redact, log, tracker, error_lines)
+        follow(proc, progress, redact, log, tracker, error_lines)
         rc = proc.wait()
     finally:
         overtime.cancel()
         if proc.poll() is None:
-            proc.kill()  # Ctrl-C or SIGTERM in imgbuild: the CLI goes too, and BuildKit cancels the build
+            proc.kill()  # Ctrl-C or SIGTERM in imgbuild: the CLI goes too, and the builder cancels the build
             proc.wait()
     if timed_out.is_set():
         raise BuildFailed(

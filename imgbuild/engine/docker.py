@@ -18,6 +18,8 @@ class Engine:
     """A connection to a Docker engine: its two build backends, `images` (the image store) and
     `containers` (the smoke test's container and the docker CLI)."""
 
+    name = "docker"
+
     def __init__(self, client: Any, docker_cli: str | None = None):
         self.client = client
         self._cli_hint = docker_cli

@@ -208,6 +208,7 @@ class FakeContainers:
 
 @dataclass
 class FakeEngine:
+    name: str = "docker"  # the engine it imitates
     builds: BuildScript = lambda req: None
     gpus: bool = False
     shares: bool = True  # False: a remote engine, or imgbuild in a container (GPUs are read through the engine)

@@ -41,6 +41,7 @@ class BuildRequest:
     inline_cache: bool = False  # the image carries BuildKit's cache record, so a registry copy can seed another build
     cache_from: tuple[str, ...] = ()  # registry images whose inline cache seeds this build (a fresh CI runner)
     cache_to: str = ""  # a registry ref for a buildx builder's full cache export (mode=max); "" none
+    timestamp: int | None = None  # --reproducible: every layer's and the config's time (Podman); None: now
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,11 @@ class ContainerRunner(Protocol):
 
 class ImageEngine(Protocol):
     """What the build pipeline, the smoke test and rebuild ask of an engine: two build backends, an image
-    store and a container runner. `Engine` talks to Docker; `imgbuild.engine.fake.FakeEngine` keeps images
-    in memory for unit tests of the pipeline's logic."""
+    store and a container runner. `Engine` talks to Docker, `PodmanEngine` to Podman;
+    `imgbuild.engine.fake.FakeEngine` keeps images in memory for unit tests of the pipeline's logic. `name`:
+    "docker" or "podman" (their registry caches differ)."""
+
+    name: str
 
     @property
     def images(self) -> ImageStore: ...

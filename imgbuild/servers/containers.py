@@ -158,7 +158,7 @@ def watch_gpus(
     """This host's GPUs and the containers that lost theirs (`imgbuild gpus`): one reading, or one every `interval`
     seconds (`count` at most). The engine is asked from the first reading on, where it answers; a host without
     GPUs raises NoGpus."""
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.gpu.read import read_gpus
 
     engine: Any = None
@@ -167,7 +167,7 @@ def watch_gpus(
         readings = read_gpus(settings.gpu_snapshot)
         if shown == 0:
             with contextlib.suppress(ImgbuildError):
-                engine = Engine.connect(settings.docker_cli)
+                engine = connect_engine(settings)
         try:
             lost = lost_containers(engine) if engine else []
         except ImgbuildError:

@@ -425,7 +425,7 @@ def launch(
     `say`: progress for the user (stderr)."""
     import socket
 
-    from imgbuild.engine import Engine
+    from imgbuild.engine import connect_engine
     from imgbuild.engine.containers import run_command_line
 
     if dry_run:
@@ -433,7 +433,7 @@ def launch(
         spec.name = next_name(spec.user, spec.short_name, set())
         _say_chosen(spec, say)
         return Launched(spec, command_line=run_command_line(spec.options(), settings.docker_cli or "docker"))
-    engine = Engine.connect(settings.docker_cli)
+    engine = connect_engine(settings)
     note = check_preload(resolve_image(request.image, settings)[0], engine)
     if note:
         say(note)

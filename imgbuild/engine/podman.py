@@ -1,0 +1,209 @@
+"""The Podman engine: builds through `podman build` (Buildah: cache, secret and bind mounts, build stages,
+`--timestamp`), the image store and containers through Podman's Docker-compatible API socket (`podman system
+service`), the same docker-py code as Docker's; pushes through the podman CLI. The only code that runs Podman.
+
+Names: Podman qualifies a short name (`lab/x:1`) with `localhost/` when it builds, and its compatible API with
+`docker.io/` when it tags. Every reference without a registry host is qualified here, once, as `localhost/`:
+what a build tags and what a promotion tags are then the same image, as `podman run lab/x:1` finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from imgbuild import imageref
+from imgbuild.engine.buildkit import drive
+from imgbuild.engine.containers import DockerContainers
+from imgbuild.engine.docker import Engine
+from imgbuild.engine.images import DockerImages
+from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, StepTracker, own_status
+from imgbuild.errors import EngineUnavailable, ImgbuildError
+
+#: `[2/3] STEP 4/9: RUN ...` (a multi-stage build) or `STEP 4/9: RUN ...`
+_STEP = re.compile(r"(?:\[([0-9]+)/[0-9]+\] )?STEP (([0-9]+)/[0-9]+): (.*)")
+_ERROR = re.compile(r"(?:Error|error): (.*)")
+
+
+def default_socket(environ: dict[str, str] | None = None) -> str:
+    """Podman's API socket: CONTAINER_HOST when set, root's, or the user's (rootless)."""
+    env = os.environ if environ is None else environ
+    if env.get("CONTAINER_HOST"):
+        return env["CONTAINER_HOST"]
+    if os.geteuid() == 0:
+        return "unix:///run/podman/podman.sock"
+    runtime = env.get("XDG_RUNTIME_DIR") or f"/run/user/{os.geteuid()}"
+    return f"unix://{runtime}/podman/podman.sock"
+
+
+def local(ref: str) -> str:
+    """`lab/x:1` -> `localhost/lab/x:1`; a reference with a registry host, or an image id, as it is."""
+    if ref.startswith("sha256:") or re.fullmatch(r"[0-9a-f]{12,64}", ref):
+        return ref
+    parsed = imageref.parse(ref)
+    return ref if parsed.host else f"localhost/{ref}"
+
+
+class PodmanImages(DockerImages):
+    """Podman's image store through its Docker-compatible API, every short name qualified as `localhost/`;
+    pushes through the podman CLI."""
+
+    def __init__(self, client: Any, podman_cli: str):
+        super().__init__(client)
+        self.podman = podman_cli
+
+    def image(self, ref: str) -> ImageInfo | None:
+        return super().image(local(ref))
+
+    def tag(self, image_id: str, ref: str) -> None:
+        super().tag(image_id, local(ref))
+
+    def untag(self, ref: str) -> None:
+        super().untag(local(ref))
+
+    def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
+        img = self.image(ref)
+        return None if img is None else img.inspected(local(ref))
+
+    def save(self, ref: str, path: Path) -> None:
+        super().save(local(ref), path)
+
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+        """`podman push` (its compatible API's push stream names no digest); credentials through a private
+        auth file for this push alone, never argv."""
+        import base64
+        import json
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="imgbuild-push-") as tmp:
+            digestfile = Path(tmp) / "digest"
+            cmd = [self.podman, "push", "--digestfile", str(digestfile)]
+            if auth and auth.get("username"):
+                token = base64.b64encode(f"{auth['username']}:{auth.get('password', '')}".encode()).decode()
+                authfile = Path(tmp) / "auth.json"
+                authfile.touch(mode=0o600)
+                host = imageref.parse(ref).host or "docker.io"
+                authfile.write_text(json.dumps({"auths": {host: {"auth": token}}}))
+                cmd += ["--authfile", str(authfile)]
+            progress(f"{ref}: pushing")
+            proc = subprocess.run([*cmd, local(ref)], capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0:
+                why = (proc.stderr.strip().splitlines() or ["podman push failed"])[-1]
+                raise ImgbuildError(f"push of {ref} failed: {why[:300]}")
+            digest = digestfile.read_text().strip() if digestfile.is_file() else ""
+        if not imageref.DIGEST_RE.fullmatch(digest):
+            raise ImgbuildError(f"push of {ref} ended without a digest")
+        return digest
+
+
+class PodmanContainers(DockerContainers):
+    """Containers through the compatible API; `imgbuild run`, attach and exec through the podman CLI."""
+
+    def __init__(self, client: Any, images: DockerImages, podman_cli: str):
+        super().__init__(client, images, None)
+        self.podman = podman_cli
+
+    def cli(self) -> str:
+        return self.podman
+
+
+class PodmanEngine(Engine):
+    """A connection to Podman: `podman build` for builds, its API socket for images and containers."""
+
+    name = "podman"
+
+    def __init__(self, client: Any, podman_cli: str, socket: str):
+        super().__init__(client, None)
+        self.podman, self.socket = podman_cli, socket
+        self.images = PodmanImages(client, podman_cli)
+        self.containers = PodmanContainers(client, self.images, podman_cli)
+
+    @classmethod
+    def connect_podman(cls, socket: str | None = None) -> PodmanEngine:
+        podman = shutil.which("podman")
+        if not podman:
+            raise EngineUnavailable("no podman on PATH: install podman (Debian: apt install podman) or use Docker")
+        socket = socket or default_socket()
+        try:
+            import docker
+            from docker.errors import DockerException
+        except ImportError as exc:  # pragma: no cover - installed with imgbuild
+            raise EngineUnavailable(f"the docker SDK is missing ({exc})") from None
+        try:
+            client = docker.DockerClient(base_url=socket, timeout=600)
+            client.ping()
+        except DockerException as exc:
+            reason = str(exc).split("(")[0].strip().rstrip(":")
+            raise EngineUnavailable(
+                f"no Podman API at {socket} ({reason[:80]}): start it (systemctl enable --now podman.socket, "
+                "or podman system service --time=0 &) or set podman_socket"
+            ) from None
+        return cls(client, podman, socket)
+
+    def pick_backend(self, wanted: str) -> str:
+        """Buildah builds the BuildKit Dockerfile (its mounts, secrets and stages) as it is."""
+        if wanted == "sdk":
+            raise EngineUnavailable("the sdk backend is Docker's Engine API builder: on Podman, use buildkit")
+        return "buildkit"
+
+    @property
+    def buildkit_cli(self) -> tuple[str, bool] | None:
+        return None
+
+    def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str:
+        """`podman build` of `req.context`, tagged `req.tag`; the image id. Raises BuildFailed."""
+        if req.log_path:
+            req.log_path.parent.mkdir(parents=True, exist_ok=True)
+        iidfile = req.iidfile or req.context.parent / f".{req.context.name}.{os.getpid()}.iid"
+        with open(req.log_path or os.devnull, "w", encoding="utf-8") as log:
+            return drive(build_argv(self.podman, req, iidfile), dict(os.environ), req, iidfile, _follow, progress,
+                         redact, log)  # fmt: skip
+
+    def shares_host(self) -> bool:
+        if self._shares is None:
+            self._shares = self.socket.startswith("unix://") and not os.path.exists("/run/.containerenv")
+        return self._shares
+
+
+def build_argv(podman: str, req: BuildRequest, iidfile: Path) -> list[str]:
+    """The `podman build` command for `req`: layers kept (the edit loop's cache), Docker's image format (labels,
+    healthchecks and the rest as Docker has them), secrets as files; no registry cache (pipeline.registry_cache)."""
+    # Docker's format records the build container's id and hostname (random); a reproducible build is OCI's.
+    image_format = "oci" if req.timestamp is not None else "docker"
+    cmd = [podman, "build", "--layers", "--format", image_format, "--iidfile", str(iidfile), "-t", local(req.tag)]
+    for key, value in sorted(req.build_args.items()):
+        cmd += ["--build-arg", f"{key}={value}"]
+    for sid, path in sorted(req.secrets.items()):
+        cmd += ["--secret", f"id={sid},src={path}"]
+    if req.no_cache:
+        cmd.append("--no-cache")
+    if req.timestamp is not None:  # created times of the config and every file in the layers; no history, whose
+        cmd += ["--timestamp", str(req.timestamp), "--omit-history"]  # entries name intermediate images' ids
+    cmd.append(str(req.context))
+    return cmd
+
+
+def _follow(
+    proc: Any, progress: ProgressFn, redact: Redactor, log: Any, tracker: StepTracker, error_lines: list[str]
+) -> None:
+    """podman build's plain output: `STEP n/m: INSTRUCTION` lines start steps; what follows is the step's."""
+    for raw in proc.stdout:
+        line = redact(raw.rstrip("\n"))
+        log.write(line + "\n")
+        if m := _STEP.fullmatch(line):  # titled as BuildKit titles steps: `[stage-3 4/9] RUN ...`
+            key = f"{m.group(1) or 1}.{m.group(3)}"
+            tracker.steps[key] = f"[stage-{m.group(1) or 1} {m.group(2)}] {m.group(4)}"
+            tracker.current = key
+            progress(m.group(4)[:200])
+        elif (m := _ERROR.fullmatch(line)) and line.startswith(("Error:", "error:")):
+            tracker.failed = tracker.failed or tracker.current
+            error_lines.append(m.group(1))
+        elif tracker.current:
+            tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
+            if status := own_status(line):
+                progress(status)

@@ -1,0 +1,209 @@
+"""The pipeline's engine-level guarantees on both real engines of the bed (issue 33, item 2): Docker (Engine
+20.10, its BuildKit through the docker CLI) and Podman 4.3 (Buildah 1.28 builds, the rest through Podman's
+Docker-compatible API socket, `tests/testbed/up --all`). The same recipe, the same checks, parametrized:
+the BuildKit Dockerfile's cache, bind and secret mounts and build stages build; the smoke test runs in the
+image; only a working image is promoted, a failure leaves the tag and no candidate; and on Podman the same
+inputs build to the same digest (`build --reproducible`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(params=["docker", "podman"])
+def engine(request, testbed, monkeypatch):
+    """The engine under test: IMGBUILD_ENGINE for imgbuild, a docker-py client of its API for the checks, and
+    how it names a short reference (Podman: localhost/)."""
+    import docker
+
+    from imgbuild.engine.podman import local
+
+    if request.param == "podman":
+        socket = testbed.get("IMGBUILD_TESTBED_PODMAN")
+        if not socket:
+            pytest.fail("no Podman on the bed: bring it up with tests/testbed/up --all")
+        monkeypatch.setenv("IMGBUILD_PODMAN_SOCKET", socket)
+        client = docker.DockerClient(base_url=socket, timeout=600)
+        named = local
+    else:
+        client = docker.from_env(timeout=600)
+        named = str
+    monkeypatch.setenv("IMGBUILD_ENGINE", request.param)
+    made: list[str] = []
+    yield SimpleNamespace(kind=request.param, client=client, ref=named, made=made)
+    for ref in made:
+        for suffix in ("", "-previous", "-candidate"):
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(named(ref + suffix), noprune=True)
+    client.close()
+
+
+def _project(tmp_path: Path, body: str) -> tuple[Path, str]:
+    """A repository with one recipe named for this test run; (recipe, its image reference)."""
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    (tmp_path / "files").mkdir(exist_ok=True)
+    name = f"engines-{uuid.uuid4().hex[:8]}"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n{body}')
+    return recipe, f"imgbuildtest/{name}:v1"
+
+
+def _id(engine, ref: str) -> str | None:
+    import docker
+
+    try:
+        return engine.client.images.get(engine.ref(ref)).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _in_image(engine, ref: str, code: str) -> str:
+    out = engine.client.containers.run(engine.ref(ref), ["python3", "-c", code], remove=True, entrypoint=[])
+    return out.decode().strip().splitlines()[-1]
+
+
+RECIPE = """user: {name: researcher, uid: 4242, gid: 4242}
+pip: {packages: [einops==0.8.1]}
+files: [{src: files/train.py, dest: /opt/app/train.py}]
+env: {STAGE: "1"}
+"""
+
+
+def test_a_recipe_builds_through_every_mount_is_smoke_tested_and_promoted(engine, tmp_path):
+    recipe, ref = _project(tmp_path, RECIPE)
+    engine.made.append(ref)
+    (tmp_path / "files" / "train.py").write_text("print('one')\n")
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 0, res.err[-3000:]
+    assert "smoke test passed" in res.err and f"{ref} -> sha256:" in res.out
+    first = _id(engine, ref)
+    assert first and _id(engine, ref + "-candidate") is None
+    labels = engine.client.images.get(engine.ref(ref)).labels
+    assert labels["org.imgbuild.recipe"].endswith("r.yaml") and labels["org.imgbuild.recipe-hash"].startswith("sha256:")
+    said = _in_image(
+        engine,
+        ref,
+        "import os, einops; print(os.getuid(), einops.__version__, open('/opt/app/train.py').read().strip())",
+    )
+    assert said == "4242 0.8.1 print('one')"
+    # the base's packages as recorded by the base stage; no secret left at its mount point
+    assert (
+        _in_image(
+            engine,
+            ref,
+            "import os; print(os.path.exists('/opt/imgbuild/dists.base'), os.path.exists('/run/secrets/imgbuild-ca.crt'))",
+        )
+        == "True False"
+    )
+
+    (tmp_path / "files" / "train.py").write_text("print('two')\n")  # an edit: only the COPY runs again
+    again = run_cli("build", str(recipe), cwd=tmp_path)
+    assert again.code == 0, again.err[-3000:]
+    assert _id(engine, ref + "-previous") == first and _id(engine, ref) != first
+    assert _in_image(engine, ref, "print(open('/opt/app/train.py').read().strip())") == "print('two')"
+
+
+def test_a_failed_smoke_test_or_step_never_replaces_the_working_tag_and_leaves_no_candidate(engine, tmp_path):
+    recipe, ref = _project(tmp_path, RECIPE)
+    engine.made.append(ref)
+    (tmp_path / "files" / "train.py").write_text("print('ok')\n")
+    assert run_cli("build", str(recipe), cwd=tmp_path).code == 0
+    working = _id(engine, ref)
+
+    recipe.write_text(recipe.read_text() + 'run: ["python3 -m pip uninstall -y torch"]\n')  # pip took torch away
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1 and "smoke test failed: framework: import torch failed" in res.err, res.err[-3000:]
+    assert f"{ref} was left as it was" in res.err
+    assert _id(engine, ref) == working and _id(engine, ref + "-candidate") is None
+
+    recipe.write_text(recipe.read_text().replace("python3 -m pip uninstall -y torch", "exit 3"))  # a step fails
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1 and "build failed at " in res.err, res.err[-3000:]
+    assert _id(engine, ref) == working and _id(engine, ref + "-candidate") is None
+
+
+def test_the_pip_step_names_its_failure_on_both_engines(engine, tmp_path):
+    """The guard's one line reaches the user through either builder's output."""
+    recipe, ref = _project(tmp_path, 'pip: {packages: ["torch==1.0.0"], installer: pip}\n')
+    engine.made.append(ref)
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 2 and "torch==1.0.0 conflicts with the base's torch" in res.err, res.err[-2000:]
+    recipe.write_text(recipe.read_text().replace("torch==1.0.0", "imgbuild-no-such-package-x7q==1.0"))
+    res = run_cli("build", str(recipe), cwd=tmp_path)
+    assert res.code == 1, res.err[-3000:]
+    assert "build failed at the pip step" in res.err, res.err[-3000:]
+    assert "a package or version does not exist on the index" in res.err
+    assert _id(engine, ref) is None and _id(engine, ref + "-candidate") is None
+
+
+def test_the_same_inputs_build_to_the_same_digest_on_podman_and_docker_says_why_not(engine, tmp_path):
+    recipe, ref = _project(tmp_path, "pip: [einops==0.8.1]\n")
+    engine.made.append(ref)
+    ids = []
+    for _ in range(2):
+        res = run_cli("build", "--reproducible", "--no-cache", str(recipe), cwd=tmp_path)
+        assert res.code == 0, res.err[-3000:]
+        ids.append(_id(engine, ref))
+    verified = run_cli("rebuild", "--verify-reproducible", "--json", str(recipe), cwd=tmp_path)
+    (verdict,) = json.loads(verified.out)
+    assert verdict["promoted"] == ids[1] and verdict["rebuilt"].startswith("sha256:"), verified.err[-2000:]
+    assert _id(engine, ref) == ids[1]  # the check promotes nothing
+    if engine.kind == "podman":
+        assert ids[0] == ids[1]
+        created = engine.client.images.get(engine.ref(ref)).attrs["Created"]
+        assert created.startswith("1970-01-01"), created
+        assert verified.code == 0 and verdict["reproducible"] is True and verdict["rebuilt"] == ids[1]
+    else:
+        assert ids[0] != ids[1]
+        assert "the docker CLI's BuildKit cannot set layer times" in res.err
+        assert verified.code == 1 and verdict["reproducible"] is False
+
+
+def test_a_build_killed_during_its_smoke_test_leaves_no_candidate_nor_container(engine, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    recipe, ref = _project(tmp_path, 'smoke: {run: ["sleep 600"]}\n')
+    engine.made.append(ref)
+    candidate = ref + "-candidate"
+
+    def smoke_containers() -> list:
+        return engine.client.containers.list(all=True, filters={"label": f"org.imgbuild.smoke-of={candidate}"})
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild", "build", str(recipe)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        end = time.monotonic() + 300
+        while not any(c.status == "running" for c in smoke_containers()):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < end, "the smoke test never started"
+            time.sleep(0.5)
+        time.sleep(2)  # inside the recipe's command now
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
+    assert smoke_containers() == []
+    assert _id(engine, candidate) is None and _id(engine, ref) is None
