@@ -51,13 +51,7 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
     cmd = [cli, "buildx", "build", "--load"] if buildx else [cli, "build"]
     if buildx and req.builder:
         cmd += ["--builder", req.builder]
-    cmd += ["--progress=plain", "--iidfile", str(iidfile), "-t", req.tag]
-    for key, value in sorted(req.build_args.items()):
-        cmd += ["--build-arg", f"{key}={value}"]
-    for sid, path in sorted(req.secrets.items()):
-        cmd += ["--secret", f"id={sid},src={path}"]
-    if req.no_cache:
-        cmd.append("--no-cache")
+    cmd += ["--progress=plain", "--iidfile", str(iidfile), "-t", req.tag, *input_args(req)]
     cmd += cache_args(req, buildx)
     cmd.append(str(req.context))
     if req.timestamp is not None:
@@ -67,6 +61,16 @@ def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redac
         )
     env = dict(os.environ, DOCKER_BUILDKIT="1", BUILDKIT_PROGRESS="plain")
     return drive(cmd, env, req, iidfile, _follow, progress, redact, log)
+
+
+def input_args(req: BuildRequest) -> list[str]:
+    """What both build CLIs (docker's, podman's) spell alike: build arguments, secrets as files, no cache."""
+    args: list[str] = []
+    for key, value in sorted(req.build_args.items()):
+        args += ["--build-arg", f"{key}={value}"]
+    for sid, path in sorted(req.secrets.items()):
+        args += ["--secret", f"id={sid},src={path}"]
+    return [*args, "--no-cache"] if req.no_cache else args
 
 
 Follower = Any  # (proc, progress, redact, log, tracker, error_lines) -> None: reads one CLI's build output

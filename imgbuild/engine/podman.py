@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import imageref
-from imgbuild.engine.buildkit import drive
+from imgbuild.engine.buildkit import drive, input_args
 from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.docker import Engine
 from imgbuild.engine.images import DockerImages
@@ -176,12 +176,7 @@ def build_argv(podman: str, req: BuildRequest, iidfile: Path) -> list[str]:
     # Docker's format records the build container's id and hostname (random); a reproducible build is OCI's.
     image_format = "oci" if req.timestamp is not None else "docker"
     cmd = [podman, "build", "--layers", "--format", image_format, "--iidfile", str(iidfile), "-t", local(req.tag)]
-    for key, value in sorted(req.build_args.items()):
-        cmd += ["--build-arg", f"{key}={value}"]
-    for sid, path in sorted(req.secrets.items()):
-        cmd += ["--secret", f"id={sid},src={path}"]
-    if req.no_cache:
-        cmd.append("--no-cache")
+    cmd += input_args(req)
     if req.timestamp is not None:  # created times of the config and every file in the layers; no history, whose
         cmd += ["--timestamp", str(req.timestamp), "--omit-history"]  # entries name intermediate images' ids
     cmd.append(str(req.context))
