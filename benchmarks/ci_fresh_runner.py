@@ -13,7 +13,11 @@ from the registry's manifest): what the seeded build fetches. The table gives th
 
 Targets (issue 33): 0 pip steps re-run; wall time at most 0.3x the cache-less rebuild and at most 1.3x the pull.
 
-    s=$(tests/testbed/up) && eval "$s" && .venv/bin/python benchmarks/ci_fresh_runner.py [--rounds 3]
+The Podman column (`engine: podman`, needs `tests/testbed/up --all`) makes its runner fresh the same way: the
+image and every other image but the base removed, and Buildah's cache-mount folders with them. imgbuild asks
+Buildah for no registry cache (README says why), so it rebuilds.
+
+    s=$(tests/testbed/up --all) && eval "$s" && .venv/bin/python benchmarks/ci_fresh_runner.py [--rounds 3]
 """
 
 from __future__ import annotations
@@ -42,20 +46,32 @@ def quiet(*args: str) -> None:
     subprocess.run([docker(), *args], capture_output=True)
 
 
-def fresh_runner(target: str) -> None:
+def fresh_runner(target: str, engine: str = "docker") -> None:
+    if engine == "podman":  # every image but the base, and Buildah's cache mounts
+        base = f"{os.environ['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+        keep = subprocess.run(["podman", "image", "inspect", "-f", "{{.Id}}", base], capture_output=True, text=True)
+        ids = subprocess.run(["podman", "images", "-aq", "--no-trunc"], capture_output=True, text=True).stdout.split()
+        doomed = sorted({i.removeprefix("sha256:") for i in ids} - {keep.stdout.strip()})
+        if doomed:
+            subprocess.run(["podman", "rmi", "-f", *doomed], capture_output=True)
+        for folder in Path("/var/tmp").glob("buildah-cache*"):
+            shutil.rmtree(folder, ignore_errors=True)
+        return
     for ref in (target, f"{target}-previous", f"{target}-candidate"):
         quiet("rmi", "-f", ref)
     quiet("builder", "prune", "-af")
 
 
-def rebuild(project: Path, cache: str) -> float:
+def rebuild(project: Path, cache: str, engine: str = "docker") -> float:
     start = time.perf_counter()
+    env = dict(os.environ, IMGBUILD_REGISTRY_CACHE=cache, IMGBUILD_CACHE_DIR=str(project / "cache"))
+    env["IMGBUILD_ENGINE"] = engine
     proc = subprocess.run(
         [sys.executable, "-m", "imgbuild", "rebuild", "--push", "--report-json", "report.json", "recipes"],
         cwd=project,
         capture_output=True,
         text=True,
-        env=dict(os.environ, IMGBUILD_REGISTRY_CACHE=cache, IMGBUILD_CACHE_DIR=str(project / "cache")),
+        env=env,
     )
     seconds = time.perf_counter() - start
     report = json.loads((project / "report.json").read_text()) if (project / "report.json").is_file() else {}
@@ -67,7 +83,11 @@ def rebuild(project: Path, cache: str) -> float:
 
 def pip_step(log: Path) -> str:
     text = log.read_text()
-    step = next(line.split()[0] for line in text.splitlines() if line.startswith("#") and "install.sh" in line)
+    lines = text.splitlines()
+    if not any(line.startswith("#") for line in lines):  # Buildah's: the step's next line says "Using cache"
+        at = next(n for n, line in enumerate(lines) if "STEP" in line and "install.sh" in line)
+        return "cached" if at + 1 < len(lines) and lines[at + 1].startswith("--> Using cache") else "ran"
+    step = next(line.split()[0] for line in lines if line.startswith("#") and "install.sh" in line)
     return "cached" if f"{step} CACHED" in text else "ran"
 
 
@@ -81,14 +101,14 @@ def layer_bytes(registry: str, repo: str, tag: str) -> list[tuple[str, int]]:
     return [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
 
 
-def measure(cache: str, workdir: Path, rounds: int) -> dict[str, object]:
+def measure(cache: str, workdir: Path, rounds: int, engine: str = "docker") -> dict[str, object]:
     registry = os.environ["IMGBUILD_TESTBED_REGISTRY"]
-    project = workdir / cache
+    project = workdir / f"{cache}-{engine}"
     (project / ".git").mkdir(parents=True)
     (project / "recipes" / "files").mkdir(parents=True)
     (project / "recipes" / "set.txt").write_text(SET + "tensorboard\n")
     (project / "recipes" / "files" / "train.py").write_text("print('round 0')\n")
-    repo = f"imgbuildbench/fresh-{cache}-{os.getpid()}"
+    repo = f"imgbuildbench/fresh-{cache}-{engine}-{os.getpid()}"
     target = f"{registry}/{repo}:v1"
     (project / "recipes" / "set.yaml").write_text(
         f"name: fresh-{cache}\nimage: {registry}/{repo}\ntag: v1\n"
@@ -96,24 +116,27 @@ def measure(cache: str, workdir: Path, rounds: int) -> dict[str, object]:
         "files:\n  - {src: files/train.py, dest: /opt/train/train.py}\n"
     )
     log = project / "cache" / "logs" / (target.replace("/", "_").replace(":", "_") + ".log")
-    fresh_runner(target)
-    rebuild(project, "inline")  # the first push (with the cache, so the registry has it for the cached column)
+    fresh_runner(target, engine)
+    rebuild(project, "inline", engine)  # the first push (with the cache, so the registry has it for the cached column)
     times, pulls, steps, smokes = [], [], [], []
     for n in range(1, rounds + 1):
         (project / "recipes" / "files" / "train.py").write_text(f"print('round {n}')\n")
-        fresh_runner(target)
-        times.append(rebuild(project, cache))
+        fresh_runner(target, engine)
+        times.append(rebuild(project, cache, engine))
         steps.append(pip_step(log))
         report = json.loads((project / "images" / f"fresh-{cache}" / "smoke.json").read_text())
         smokes.append(sum(float(c.get("seconds") or 0) for c in report.get("checks", [])))
-        fresh_runner(target)
+        fresh_runner(target, engine)
         start = time.perf_counter()
-        quiet("pull", target)
+        subprocess.run([docker() if engine == "docker" else "podman", "pull", target], capture_output=True)
         pulls.append(time.perf_counter() - start)
-        print(f"  {cache} round {n}: {times[-1]:.1f} s, pip step {steps[-1]}, pull {pulls[-1]:.1f} s", file=sys.stderr)
+        print(
+            f"  {engine} {cache} round {n}: {times[-1]:.1f} s, pip step {steps[-1]}, pull {pulls[-1]:.1f} s",
+            file=sys.stderr,
+        )
     base = layer_bytes(registry, "nvidia/pytorch", "24.05-py3")
     above = [size for digest, size in layer_bytes(registry, repo, "v1") if digest not in dict(base)]
-    fresh_runner(target)
+    fresh_runner(target, engine)
     return {
         "seconds": statistics.median(times),
         "pull": statistics.median(pulls),
@@ -133,6 +156,7 @@ def main() -> None:
     try:
         seeded = measure("inline", workdir, rounds)
         bare = measure("off", workdir, rounds)
+        podman = measure("inline", workdir, rounds, "podman") if os.environ.get("IMGBUILD_TESTBED_PODMAN") else None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     ratio = seeded["seconds"] / bare["seconds"]  # type: ignore[operator]
@@ -149,6 +173,17 @@ def main() -> None:
     print(f"| cached / cache-less | {ratio:.2f} | | <= 0.3: {'met' if ratio <= 0.3 else 'missed'} |")
     print(f"| cached / pull | {to_pull:.2f} | | <= 1.3: {'met' if to_pull <= 1.3 else 'missed'} |")
     print(f"| the same without the smoke test: cached / cache-less | {without:.2f} | | |")
+    if podman is None:
+        print("\n(no Podman column: bring the bed up with --all)")
+        return
+    print(f"\nThe same on Podman 4.3 (Buildah 1.28; imgbuild asks for no registry cache), median of {rounds}:\n")
+    print("| | podman | docker, no registry cache | docker, registry cache |")
+    print("|---|---|---|---|")
+    print(f"| wall time, s | {podman['seconds']:.1f} | {bare['seconds']:.1f} | {seeded['seconds']:.1f} |")
+    print(f"| of which the smoke test, s | {podman['smoke']:.1f} | {bare['smoke']:.1f} | {seeded['smoke']:.1f} |")
+    print(f"| pip steps re-run | {podman['pip_reruns']} of {rounds} | {bare['pip_reruns']} of {rounds} | "
+          f"{seeded['pip_reruns']} of {rounds} |")  # fmt: skip
+    print(f"| pull of the pushed image, s | {podman['pull']:.1f} | | {seeded['pull']:.1f} |")
 
 
 if __name__ == "__main__":
