@@ -102,13 +102,11 @@ def _outgrown(loaded: LoadedRecipe) -> list[str]:
     are resolved again, not kept."""
     from packaging.requirements import Requirement
 
-    from imgbuild.build.plan import lock_conflict
+    from imgbuild.build.plan import lock_conflict, lock_index, recipe_specs
 
-    locked = {str(canonicalize_name(line.spec.split("==", 1)[0])): line for line in loaded.lock_lines}
-    recipe = loaded.recipe
-    specs = [*recipe.pip.packages, *recipe.pip.constraints]
-    specs += [line.spec for line in (*loaded.requirements, *loaded.requirement_constraints)]
-    return [str(canonicalize_name(Requirement(s).name)) for s in specs if lock_conflict(Requirement(s), locked, "")]
+    locked = lock_index(loaded)
+    asked = [Requirement(spec) for _, spec in recipe_specs(loaded)]
+    return [str(canonicalize_name(req.name)) for req in asked if lock_conflict(req, locked, "")]
 
 
 def lock(

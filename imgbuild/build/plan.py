@@ -159,11 +159,9 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     version of any package the base pins (numpy, torchvision, ...) that the pin excludes, fails here: every
     conflict at once, each at its line (pip.packages, pip.constraints, the requirements files' lines)."""
     from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
 
     from imgbuild.errors import Problem
 
-    recipe = loaded.recipe
     located = loaded.located
 
     def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str) -> Problem:
@@ -174,19 +172,17 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
             return located.problem(at, message, hint)
         return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
 
-    specs: list[tuple[tuple[str | int, ...] | ReqLine, str]] = []
-    specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
-    specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
-    specs += [(line, line.spec) for line in (*loaded.requirements, *loaded.requirement_constraints)]
-    # the lock is input too: a torch pin in it would meet the base's framework only in the pip step
-    specs += [(line, line.spec) for line in loaded.lock_lines if line.spec in loaded.lock_pins]
+    # the recipe's own asks are checked against its lock too; the lock is input as well: a torch pin in it
+    # would meet the base's framework only in the pip step
+    specs = [(at, spec, True) for at, spec in recipe_specs(loaded)]
+    specs += [(line, line.spec, False) for line in loaded.lock_lines if line.spec in loaded.lock_pins]
     pins = base_pin_versions(base, loaded.recipe.pip.unpin)
-    locked = {str(canonicalize_name(line.spec.split("==", 1)[0])): line for line in loaded.lock_lines}
+    locked = lock_index(loaded)
     problems = []
-    for at, spec in specs:
+    for at, spec, own in specs:
         req = Requirement(spec)
         found = _conflict(req, base) or _pin_conflict(req, base, pins)
-        if found is None and at not in loaded.lock_lines:  # the recipe's own asks, against its lock
+        if found is None and own:
             found = lock_conflict(req, locked, loaded.display)
         if found is not None:
             problems.append(where(at, *found))
@@ -194,9 +190,27 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
         raise RecipeError(problems)
 
 
+def recipe_specs(loaded: LoadedRecipe) -> list[tuple[tuple[str | int, ...] | ReqLine, str]]:
+    """Every requirement and constraint the recipe itself asks for, each with where it stands: pip.packages,
+    pip.constraints, and the requirements files' lines (not the lock's)."""
+    recipe = loaded.recipe
+    specs: list[tuple[tuple[str | int, ...] | ReqLine, str]] = []
+    specs += [(("pip", "packages", i), s) for i, s in enumerate(recipe.pip.packages)]
+    specs += [(("pip", "constraints", i), s) for i, s in enumerate(recipe.pip.constraints)]
+    specs += [(line, line.spec) for line in (*loaded.requirements, *loaded.requirement_constraints)]
+    return specs
+
+
+def lock_index(loaded: LoadedRecipe) -> dict[str, ReqLine]:
+    """The recipe's lock lines by canonical name."""
+    from packaging.utils import canonicalize_name
+
+    return {str(canonicalize_name(line.spec.split("==", 1)[0])): line for line in loaded.lock_lines}
+
+
 def lock_conflict(req: Any, locked: dict[str, ReqLine], recipe: str) -> tuple[str, str] | None:
-    """(message, hint) when the recipe asks for a version its own lock's pin excludes: the recipe was edited
-    since `imgbuild lock` ran (the lock, not the base, is what holds the other version)."""
+    """(message, hint) when the recipe asks for a version its own lock's pin (`locked`: lock_index) excludes: the
+    recipe was edited since `imgbuild lock` ran (the lock, not the base, is what holds the other version)."""
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
@@ -318,13 +332,17 @@ def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, str] | None:
     major = cuda_major(base.env)
     if major is None:
         return None
-    asked = [(req.name, name, cuda_build(name))]
-    asked += [(f"{req.name}[{extra}]", extra, cuda_build("-" + extra)) for extra in sorted(req.extras)]
-    for shown, word, theirs in asked:
+
+    def for_base(word: str) -> str:  # the same name or extra, for the base's major: cuda12_pip -> cuda13_pip
+        return CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), word)
+
+    asked = [(req.name, cuda_build(name), for_base(name))]  # extras match as words after a "-", as names do
+    asked += [
+        (f"{req.name}[{x}]", cuda_build("-" + x), f"{req.name}[{for_base('-' + x)[1:]}]") for x in sorted(req.extras)
+    ]
+    for shown, theirs, cure in asked:
         if theirs is None or theirs == major:
             continue
-        cure = CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), "-" + word if word != name else word)
-        cure = req.name + f"[{cure.lstrip('-')}]" if word != name else cure
         return (
             f"{shown} is built for CUDA {theirs}, but the base has CUDA {major} ({base.ref}): its CUDA {theirs} "
             f"libraries would overwrite the base's in nvidia/, or fail to load",

@@ -21,6 +21,23 @@ if TYPE_CHECKING:  # the engine and the registry client are imported where they 
     from imgbuild.engine import ImageEngine
 
 
+def base_answers(settings: Settings, ttl: float | None) -> JsonCache:
+    """The registry's answers on bases (digest and config), by reference, fresh for `ttl` seconds."""
+    return JsonCache(Path(settings.cache_dir) / "bases", ttl)
+
+
+def base_pins(settings: Settings) -> JsonCache:
+    """Each base's pins, by digest (the pins of one base never change)."""
+    return JsonCache(Path(settings.cache_dir) / "base-pins", None, 16 * limits.MIB)
+
+
+def _answer_in(kept: Any) -> tuple[str, dict[str, Any]] | None:
+    """(digest, config) of a cached registry answer; None for an entry of any other shape."""
+    if isinstance(kept, dict) and isinstance(kept.get("config"), dict):
+        return str(kept.get("digest", "")), kept["config"]
+    return None
+
+
 def registry_inspector(
     settings: Settings,
     engine: ImageEngine | None = None,
@@ -49,10 +66,9 @@ def registry_inspector(
             local = engine.images.inspect_local(ref)
             if local is not None:
                 return local[0], local[1]
-        cache = JsonCache(Path(settings.cache_dir) / "bases", 0 if fresh else settings.base_cache_ttl)
-        kept = cache.get(ref)
-        if isinstance(kept, dict) and isinstance(kept.get("config"), dict):
-            return str(kept.get("digest", "")), kept["config"]
+        cache = base_answers(settings, 0 if fresh else settings.base_cache_ttl)
+        if (kept := _answer_in(cache.get(ref))) is not None:
+            return kept
         from imgbuild.registry.client import RegistryClient
         from imgbuild.registry.manifest import split_reference
 
@@ -148,14 +164,12 @@ def check_known(loaded: LoadedRecipe, settings: Settings) -> str:
     RecipeError as the build would; returns what it checked against, or why it could not."""
 
     def inspect(ref: str) -> tuple[str, dict[str, Any]]:
-        kept = JsonCache(Path(settings.cache_dir) / "bases", None).get(ref)
-        if isinstance(kept, dict) and isinstance(kept.get("config"), dict):
-            return str(kept.get("digest", "")), kept["config"]
+        if (kept := _answer_in(base_answers(settings, None).get(ref))) is not None:
+            return kept
         raise NotKnownHere(ref)
 
     def read_pins(base: Any) -> tuple[str, tuple[str, ...]]:
-        cache = JsonCache(Path(settings.cache_dir) / "base-pins", None, 16 * limits.MIB)
-        return (_pins_in(cache.get(base.identity)) if base.identity else None) or ("", ())
+        return (_pins_in(base_pins(settings).get(base.identity)) if base.identity else None) or ("", ())
 
     def pattern(repo: str, framework: str | None, tag: str) -> str:
         raise NotKnownHere(f"{repo}:{tag}")
@@ -174,7 +188,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
 
     def read(base: Any) -> tuple[str, tuple[str, ...]]:
         key = base.identity or ""  # a digest: the pins of one base never change
-        cache = JsonCache(Path(settings.cache_dir) / "base-pins", None, 16 * limits.MIB)
+        cache = base_pins(settings)
         found = _pins_in(cache.get(key)) if key else None
         if found is not None:
             return found

@@ -239,7 +239,8 @@ class Watch:
         """The pins of `dep` from the -c files that `want` (what the package asked for) excludes: an exact pin
         that meets it is not the cause. All of them when none can be judged."""
         found = self.sources.get(dep, [])
-        wanted = want[len(re.match(NAME, want).group(0)) :] if re.match(NAME, want) else ""
+        named = re.match(NAME, want)
+        wanted = want[named.end() :] if named else ""
         judged = [(spec, who) for spec, who in found if meets(exact_pin(spec), wanted) is not True]
         return judged or found
 
