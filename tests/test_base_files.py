@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +211,21 @@ def test_a_dependency_writing_over_the_stand_ins_cudnn_fails_the_pip_step_and_ta
     ) in res.err, res.err[-3000:]
     assert "ask for the CUDA 13 build of jaxish-plugin" in res.err
     assert not [i for i in docker_client.images.list() if any(name in t for t in i.tags)]
+
+
+def test_the_pip_steps_reading_of_a_cuda_build_is_the_plans():
+    """owners.py runs in the base without imgbuild, so it carries its own copy of ngc.cuda_build: the two agree."""
+    import importlib.util
+
+    from imgbuild import ngc
+
+    spec = importlib.util.spec_from_file_location(
+        "owners", Path(__file__).parent.parent / "imgbuild/templates/pip-owners.py"
+    )
+    assert spec and spec.loader
+    owners = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(owners)
+    assert owners.CUDA_BUILD_RE.pattern == ngc.CUDA_BUILD_RE.pattern
+    names = ["nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "cupy-cuda12x", "cupy-cuda117", "cupy-cuda102", "cudf-cu12",
+             "jax-cuda12-plugin", "nvidia-cuda-runtime-cu13", "cuda-python", "pycuda", "numba-cuda", "cu12", "torch"]  # fmt: skip
+    assert [owners.cuda_build(n) for n in names] == [ngc.cuda_build(n) for n in names]

@@ -27,6 +27,7 @@ from imgbuild.errors import EngineUnavailable, ImgbuildError
 #: `[2/3] STEP 4/9: RUN ...` (a multi-stage build) or `STEP 4/9: RUN ...`
 _STEP = re.compile(r"(?:\[([0-9]+)/[0-9]+\] )?STEP (([0-9]+)/[0-9]+): (.*)")
 _ERROR = re.compile(r"(?:Error|error): (.*)")
+PUSH_SECONDS = 3600  # one `podman push`
 
 
 def default_socket(environ: dict[str, str] | None = None) -> str:
@@ -91,7 +92,10 @@ class PodmanImages(DockerImages):
                 authfile.write_text(json.dumps({"auths": {host: {"auth": token}}}))
                 cmd += ["--authfile", str(authfile)]
             progress(f"{ref}: pushing")
-            proc = subprocess.run([*cmd, local(ref)], capture_output=True, text=True, timeout=3600)
+            try:
+                proc = subprocess.run([*cmd, local(ref)], capture_output=True, text=True, timeout=PUSH_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise ImgbuildError(f"push of {ref} ran past {PUSH_SECONDS} s and was stopped") from None
             if proc.returncode != 0:
                 why = (proc.stderr.strip().splitlines() or ["podman push failed"])[-1]
                 raise ImgbuildError(f"push of {ref} failed: {why[:300]}")

@@ -95,7 +95,18 @@ def requirers(name, paths=None):
     return sorted(found)
 
 
-CUDA_MAJOR = re.compile(r"(?:-cu|cuda)([0-9]{2,3})(?![0-9])")
+#: imgbuild.ngc.CUDA_BUILD_RE, copied (this script runs in the base, without imgbuild); a test keeps them equal.
+CUDA_BUILD_RE = re.compile(r"(?:(?<=-)cu|(?:^|(?<=-))cuda)([0-9]{2,3})(?=x?(?:$|[-_]))")
+
+
+def cuda_build(name):
+    """The CUDA major a distribution's canonical name is built for (`nvidia-cudnn-cu12`: `12`), or None;
+    imgbuild.ngc.cuda_build's twin."""
+    found = CUDA_BUILD_RE.search(name)
+    if not found:
+        return None
+    digits = found.group(1)
+    return digits if len(digits) == 2 else digits[:2].lstrip("0") or None
 
 
 def protected(hits, paths=None, cuda_version=None):
@@ -108,13 +119,13 @@ def protected(hits, paths=None, cuda_version=None):
     asked = [who for who in requirers(name, paths) if not who.startswith(base + " ")]
     by = f" (needed by {', '.join(asked[:3])})" if asked else " (asked for by the recipe)"
     shown = ", ".join(sorted(re.sub(r"^.*/(?:site|dist)-packages/", "", f) for f in files)[:2])
-    more = f" and {sum(map(len, victims.values())) - 2} more" if sum(map(len, victims.values())) > 2 else ""
+    more = f" and {len(files) - 2} more" if len(files) > 2 else ""
     cuda = (cuda_version if cuda_version is not None else os.environ.get("CUDA_VERSION", "")).split(".")[0]
-    theirs = CUDA_MAJOR.search(name)
+    theirs = cuda_build(name)
     first = canon(asked[0].split()[0]) if asked else name
-    if theirs and cuda.isascii() and cuda.isdigit() and theirs.group(1) != cuda:
+    if theirs and cuda.isascii() and cuda.isdigit() and theirs != cuda:
         cure = (
-            f"{name} is built for CUDA {theirs.group(1)} and the base has CUDA {cuda}: ask for the CUDA {cuda} "
+            f"{name} is built for CUDA {theirs} and the base has CUDA {cuda}: ask for the CUDA {cuda} "
             f"build of {first} (e.g. its cuda{cuda} extra or -cu{cuda} name), or drop it"
         )
     elif asked:
