@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import subprocess
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,6 +71,21 @@ def _id(engine, ref: str) -> str | None:
         return None
 
 
+def _log(ref: str) -> Path:
+    return Path(os.environ["IMGBUILD_CACHE_DIR"]) / "logs" / (ref.replace("/", "_").replace(":", "_") + ".log")
+
+
+def _pip_step(engine, ref: str) -> str:
+    """How the build log of `ref` says the pip step went: "cached" or "ran". BuildKit: the step's `#N CACHED`;
+    Buildah: `--> Using cache` after the step's line (pulled from a registry cache first, or not)."""
+    lines = _log(ref).read_text().splitlines()
+    if engine.kind == "podman":
+        at = next(n for n, line in enumerate(lines) if "STEP" in line and "imgbuild-pip/install.sh" in line)
+        return "cached" if any(line.startswith("--> Using cache") for line in lines[at + 1 : at + 3]) else "ran"
+    step = next(line.split()[0] for line in lines if line.startswith("#") and "imgbuild-pip/install.sh" in line)
+    return "cached" if f"{step} CACHED" in lines else "ran"
+
+
 def _in_image(engine, ref: str, code: str) -> str:
     out = engine.client.containers.run(engine.ref(ref), ["python3", "-c", code], remove=True, entrypoint=[])
     return out.decode().strip().splitlines()[-1]
@@ -113,6 +130,15 @@ def test_a_recipe_builds_through_every_mount_is_smoke_tested_and_promoted(engine
     assert again.code == 0, again.err[-3000:]
     assert _id(engine, ref + "-previous") == first and _id(engine, ref) != first
     assert _in_image(engine, ref, "print(open('/opt/app/train.py').read().strip())") == "print('two')"
+    assert _pip_step(engine, ref) == "cached"
+
+    # Another version: the pip step runs again. Buildah keys a step by its line alone, never by the files it
+    # bind-mounts (containers/buildah#5400): without the line's digest, Podman kept einops 0.8.1.
+    recipe.write_text(recipe.read_text().replace("einops==0.8.1", "einops==0.8.0"))
+    again = run_cli("build", str(recipe), cwd=tmp_path)
+    assert again.code == 0, again.err[-3000:]
+    assert _pip_step(engine, ref) == "ran"
+    assert _in_image(engine, ref, "import einops; print(einops.__version__)") == "0.8.0"
 
 
 def test_a_failed_smoke_test_or_step_never_replaces_the_working_tag_and_leaves_no_candidate(engine, tmp_path):
@@ -207,3 +233,66 @@ def test_a_build_killed_during_its_smoke_test_leaves_no_candidate_nor_container(
     assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
     assert smoke_containers() == []
     assert _id(engine, candidate) is None and _id(engine, ref) is None
+
+
+def _fresh_runner(engine, ref: str) -> None:
+    """A CI runner that starts empty: the image gone, and this engine's cache of its layers with it (Docker: the
+    build cache; Podman: every image but the base's, and Buildah's cache-mount folders)."""
+    import docker
+
+    if engine.kind == "docker":
+        for suffix in ("", "-previous"):
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                engine.client.images.remove(ref + suffix, force=True)
+        engine.client.api.prune_builds(all=True)  # without all, BuildKit keeps the layers it last used
+        return
+    base = engine.client.images.get(f"{os.environ['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3").id
+    doomed = [img.id for img in engine.client.images.list(all=True) if img.id != base]
+    if doomed:
+        subprocess.run(["podman", "rmi", "-f", *doomed], capture_output=True, timeout=300, check=False)
+    for folder in Path("/var/tmp").glob("buildah-cache*"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_fresh_runner_restores_the_pip_step_from_the_registry_and_reruns_only_the_copy(engine, tmp_path):
+    """Issue 33: a CI runner starts empty. Docker: the pushed image carries BuildKit's inline cache, and the build
+    is seeded from the registry's copy. Podman: Buildah pushes every step's layer to `<image>-imgbuild-cache` and
+    pulls them back. After a copied file's edit the pip step is restored and only the COPY runs; after a
+    requirement's edit it runs (on Podman with uv installed in the step: Buildah 1.28 mounts a restored stage
+    empty) and the image has the new version."""
+    registry = os.environ["IMGBUILD_TESTBED_REGISTRY"]
+    recipe, short = _project(tmp_path, RECIPE)
+    ref = f"{registry}/{short}"
+    recipe.write_text(recipe.read_text().replace("tag: v1\n", f"image: {ref.rsplit(':', 1)[0]}\ntag: v1\n"))
+    engine.made.append(ref)
+    app = tmp_path / "files" / "train.py"
+    app.write_text("print('one')\n")
+
+    def rebuild() -> str:
+        res = run_cli("rebuild", "--push", "--report-json", "report.json", str(recipe), cwd=tmp_path)
+        assert res.code == 0, res.err[-3000:]
+        (item,) = json.loads((tmp_path / "report.json").read_text())["images"]
+        return str(item["status"])
+
+    _fresh_runner(engine, ref)  # the other tests' builds share this pip layer (it is the same for every uid)
+    assert rebuild() == "built" and _pip_step(engine, ref) == "ran"
+    _fresh_runner(engine, ref)
+    assert rebuild() == "fresh" and _id(engine, ref) is None  # the registry is current: nothing built nor pulled
+    for edit in ("two", "two and a half"):  # twice: Docker's BuildKit missed every second runner (moby/buildkit#1981)
+        app.write_text(f"print('{edit}')\n")
+        _fresh_runner(engine, ref)
+        assert rebuild() == "built"
+        assert _pip_step(engine, ref) == "cached", _log(ref).read_text()[-3000:]
+        said = _in_image(
+            engine, ref, "import os, einops; print(os.getuid(), einops.__version__, open('/opt/app/train.py').read())"
+        )
+        assert said == f"4242 0.8.1 print('{edit}')"
+    if engine.kind == "podman":  # Buildah names the cache's layers <repository>:<key> locally: those names went
+        assert not engine.client.images.list(name=f"{ref.rsplit(':', 1)[0]}-imgbuild-cache")
+
+    recipe.write_text(recipe.read_text().replace("einops==0.8.1", "einops==0.8.0"))
+    _fresh_runner(engine, ref)
+    assert rebuild() == "built" and _pip_step(engine, ref) == "ran"
+    if engine.kind == "podman":
+        assert "installing uv==" in _log(ref).read_text()
+    assert _in_image(engine, ref, "import einops; print(einops.__version__)") == "0.8.0"

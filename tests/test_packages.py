@@ -1040,3 +1040,47 @@ def test_a_distribution_skipped_by_the_recipe_is_not_taken_for_gone(site, monkey
     check = _imports()
     assert check["status"] == "pass", check
     assert "1 unchanged since the last promoted image" in check["reason"]
+
+
+def _guard_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pip_guard_bounds", GUARD)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("secret", "env", "seconds", "limit"),
+    [
+        ("IMGBUILD_PIP_RESOLVE_SECONDS=1800\nIMGBUILD_PIP_DOWNLOAD_LIMIT=17179869184\n", {}, 1800, 17179869184),
+        (None, {"IMGBUILD_PIP_RESOLVE_SECONDS": "60", "IMGBUILD_PIP_DOWNLOAD_LIMIT": "100"}, 60, 100),  # lock, sdk
+        ("IMGBUILD_PIP_RESOLVE_SECONDS=30\n", {"IMGBUILD_PIP_RESOLVE_SECONDS": "60"}, 30, 0),  # the secret wins
+        ("IMGBUILD_PIP_RESOLVE_SECONDS=-5\n", {}, 0, 0),  # a sign
+        ("IMGBUILD_PIP_RESOLVE_SECONDS=1e9\n", {}, 0, 0),  # an exponent
+        ("IMGBUILD_PIP_RESOLVE_SECONDS=\u0661\u0662\n", {}, 0, 0),  # Arabic-Indic digits: not ASCII
+        ("IMGBUILD_PIP_RESOLVE_SECONDS= 5\n", {}, 0, 0),  # a space
+        ("IMGBUILD_PIP_RESOLVE_SECONDS=" + "9" * 21 + "\n", {}, 0, 0),  # past 20 digits
+        (" IMGBUILD_PIP_RESOLVE_SECONDS=5\nimgbuild_pip_resolve_seconds=5\n", {}, 0, 0),  # not the name
+        ("\x00\xff garbage", {"IMGBUILD_PIP_DOWNLOAD_LIMIT": "7"}, 0, 7),  # unreadable: the environment's
+        (None, {"IMGBUILD_PIP_RESOLVE_SECONDS": "nan", "IMGBUILD_PIP_DOWNLOAD_LIMIT": "inf"}, 0, 0),
+        (None, {"IMGBUILD_PIP_RESOLVE_SECONDS": "2.5"}, 2.5, 0),
+    ],
+)
+def test_the_guard_reads_its_bounds_from_the_steps_secret_or_the_environment_as_ascii_digits(
+    tmp_path, monkeypatch, secret, env, seconds, limit
+):
+    """The bounds arrive as a secret on BuildKit and Buildah (no layer's cache key holds them), in the environment
+    for `imgbuild lock` and the sdk backend. Anything but ASCII digits is no bound, never an error."""
+    guard = _guard_module()
+    path = tmp_path / "imgbuild-pip-bounds"
+    if secret is not None:
+        path.write_bytes(secret.encode("utf-8", "surrogateescape") if "\xff" not in secret else b"\x00\xff garbage")
+    for name in ("IMGBUILD_PIP_RESOLVE_SECONDS", "IMGBUILD_PIP_DOWNLOAD_LIMIT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert guard.bound("IMGBUILD_PIP_RESOLVE_SECONDS", float, str(path)) == seconds
+    assert guard.bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int, str(path)) == limit

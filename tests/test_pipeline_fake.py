@@ -207,6 +207,36 @@ def test_the_cache_a_build_carries_and_is_seeded_from(setting, builder, seed, ba
     assert pipeline.registry_cache(plan, settings, backend, seed) == expected
 
 
+@pytest.mark.parametrize(
+    ("setting", "seed", "expected"),
+    [
+        ("inline", True, {"cache_from": ("alice/demo-imgbuild-cache",), "cache_to": "alice/demo-imgbuild-cache"}),
+        ("registry", True, {"cache_from": ("alice/demo-imgbuild-cache",), "cache_to": "alice/demo-imgbuild-cache"}),
+        ("inline", False, {}),  # a local build has its own layers
+        ("off", True, {}),
+    ],
+)
+def test_buildahs_registry_cache_is_a_repository_beside_the_image_with_the_pushs_credentials(
+    setting, seed, expected, recipe, tmp_path, monkeypatch
+):
+    import base64
+    import json
+
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    token = base64.b64encode(b"ci:hunter2").decode()
+    (config / "config.json").write_text(json.dumps({"auths": {"https://reg.example:5000": {"auth": token}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    recipe.write_text(recipe.read_text() + "image: reg.example:5000/alice/demo\n")
+    settings = load_settings({"user": "alice", "registry_cache": setting, "builder": "ci"})
+    plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+    fields = pipeline.registry_cache(plan, settings, "buildkit", seed, "podman")
+    auth = fields.pop("cache_auth", None)
+    assert fields == {k: tuple(f"reg.example:5000/{r}" for r in v) if k == "cache_from" else f"reg.example:5000/{v}"
+                      for k, v in expected.items()}  # fmt: skip
+    assert auth == ({"username": "ci", "password": "hunter2"} if expected else None)
+
+
 def test_the_cache_flags_on_the_cli_and_on_buildx():
     from imgbuild.engine.buildkit import cache_args
     from imgbuild.engine.types import BuildRequest

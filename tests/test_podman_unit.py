@@ -39,17 +39,48 @@ def test_the_build_command_carries_secrets_as_files_and_reproducibility_as_podma
         secrets={"imgbuild-pip.conf": tmp_path / "pip.conf"},
         no_cache=True,
         timestamp=0,
-        cache_to="127.0.0.1:5000/lab/x:imgbuild-cache",  # a buildx export: Podman asks for none
+        cache_from=("127.0.0.1:5000/lab/x-imgbuild-cache",),
+        cache_to="127.0.0.1:5000/lab/x-imgbuild-cache",
+        cache_auth={"username": "ci", "password": "hunter2"},
     )
     argv = podman.build_argv("/usr/bin/podman", req, tmp_path / "iid")
     assert argv[:4] == ["/usr/bin/podman", "build", "--layers", "--format"]
     assert argv[4] == "oci" and "--omit-history" in argv and argv[argv.index("--timestamp") + 1] == "0"
     assert argv[argv.index("-t") + 1] == "localhost/lab/x:1-candidate"
     assert f"id=imgbuild-pip.conf,src={tmp_path / 'pip.conf'}" in argv and "--no-cache" in argv
-    assert "--cache-to" not in argv and "--cache-from" not in argv
+    assert argv[argv.index("--cache-to") + 1] == argv[argv.index("--cache-from") + 1] == req.cache_to
+    assert not any("hunter2" in word for word in argv)  # credentials go in an auth file (authfile_args)
     assert argv[-1] == str(tmp_path / "ctx")
     plain = podman.build_argv("podman", BuildRequest(context=tmp_path, tag="x:1"), tmp_path / "iid")
     assert plain[4] == "docker" and "--timestamp" not in plain and "--omit-history" not in plain
+    assert "--cache-to" not in plain and "--cache-from" not in plain
+
+
+@pytest.mark.parametrize(
+    ("ref", "auth", "host"),
+    [
+        ("127.0.0.1:5000/lab/x-imgbuild-cache", {"username": "ci", "password": "hunter2"}, "127.0.0.1:5000"),
+        ("registry.example.org/lab/x:1", {"username": "ci"}, "registry.example.org"),
+        ("lab/x:1", {"username": "ci", "password": "s3cr3t-pw"}, "docker.io"),
+        ("registry.example.org/lab/x:1", None, None),
+        ("registry.example.org/lab/x:1", {"username": "", "password": "p"}, None),  # no user: no file
+    ],
+)
+def test_registry_credentials_reach_podman_as_a_private_auth_file_never_argv(tmp_path, ref, auth, host):
+    import base64
+    import json
+    import stat
+
+    args = podman.authfile_args(tmp_path, ref, auth)
+    if host is None:
+        assert args == [] and not list(tmp_path.iterdir())
+        return
+    assert args[0] == "--authfile" and all((auth.get("password") or "~") not in a for a in args)
+    path = Path(args[1])
+    assert path.parent == tmp_path and stat.S_IMODE(path.stat().st_mode) == 0o600
+    (entry,) = json.loads(path.read_text())["auths"].items()
+    user, _, password = base64.b64decode(entry[1]["auth"]).decode().partition(":")
+    assert entry[0] == host and (user, password) == (auth["username"], auth.get("password", ""))
 
 
 BUILDAH_FAILURE = """[1/3] STEP 1/3: FROM 127.0.0.1:5000/nvidia/pytorch:24.05-py3 AS imgbuild-base-record

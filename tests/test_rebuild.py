@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -273,65 +272,3 @@ def test_ci_examples_parse_and_use_real_flags():
             helptext = run_cli(command, "--help").out
             for flag in re.findall(r"(--[a-z-]+)", flags):
                 assert flag in helptext, f"{name}: imgbuild {command} has no {flag}"
-
-
-def _pip_step(log: Path) -> str:
-    """How BuildKit's plain log says the pip step went: "CACHED", or "ran" (it has its own DONE)."""
-    text = log.read_text()
-    step = next(line.split()[0] for line in text.splitlines() if line.startswith("#") and "install.sh" in line)
-    return "CACHED" if f"{step} CACHED" in text else "ran"
-
-
-@pytest.mark.engine
-def test_a_fresh_runner_reuses_the_registrys_layers_and_reruns_only_the_copy(project, docker_client):
-    """Issue 33, item 1: a CI runner starts empty. A pushed image carries BuildKit's inline cache, and a build that
-    will be pushed is seeded from the registry's copy: after a copied file's edit the pip step is CACHED and only
-    the COPY runs. Nothing changed: a fresh runner's `rebuild --push` builds nothing (the registry is current)."""
-    reg, u = project["registry"], project["u"]
-    target = f"{reg}/imgbuildtest/seeded-{u}:v1"
-    (project["dir"] / "recipes" / "files").mkdir()
-    app = project["dir"] / "recipes" / "files" / "app.py"
-    app.write_text("print('one')\n")
-    project["recipe"](
-        "seeded",
-        f"""
-        name: seeded
-        image: {target.rsplit(":", 1)[0]}
-        tag: v1
-        base: {project["base"]}
-        pip: [einops]
-        env: {{SEED: "{u}"}}
-        files:
-          - {{src: files/app.py, dest: /opt/app/app.py}}
-        """,
-    )
-    res, report = rebuild(project, "--push")
-    assert res.code == 0 and statuses(report) == {"seeded": "built"}, res.err
-    log = Path(os.environ["IMGBUILD_CACHE_DIR"]) / "logs" / (target.replace("/", "_").replace(":", "_") + ".log")
-    assert _pip_step(log) == "ran"
-
-    def fresh_runner() -> None:  # the image gone and this engine's cache of its layers with it
-        for ref in (target, target + "-previous"):
-            if docker_client.images.list(name=ref):
-                docker_client.images.remove(ref, force=True)
-        docker_client.api.prune_builds()
-
-    fresh_runner()
-    res, report = rebuild(project, "--push")
-    assert res.code == 0 and statuses(report) == {"seeded": "fresh"}, res.err  # nothing to do
-    assert not docker_client.images.list(name=target)  # not even pulled
-
-    # twice in a row: Docker's BuildKit re-exports no inline cache for layers it took from an unpulled cache
-    # image, so without the pull before the build every second runner missed (moby/buildkit#1981)
-    for edit in ("two", "two and a half"):
-        app.write_text(f"print('{edit}')\n")
-        fresh_runner()
-        res, report = rebuild(project, "--push")
-        assert res.code == 0 and statuses(report) == {"seeded": "built"}, res.err
-        assert _pip_step(log) == "CACHED", log.read_text()[-3000:]
-    # the same edit without the registry's copy (a build that is not pushed): the pip step runs again
-    app.write_text("print('three')\n")
-    fresh_runner()
-    res = run_cli("build", str(project["dir"] / "recipes" / "seeded.yaml"), cwd=project["dir"])
-    assert res.code == 0, res.err
-    assert _pip_step(log) == "ran"

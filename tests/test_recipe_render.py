@@ -259,8 +259,8 @@ def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
         for s in (
             "FROM ",
             "apt-get",
+            "install.sh",  # the pip layer before the user's: the same whichever uid builds it
             "add-user.sh",
-            "install.sh",
             "COPY --from=imgbuild-base-record",
             "COPY imgbuild/smoke/smoke.py",
             "COPY --chown",  # a copied file last of the layers: editing it rebuilds nothing else
@@ -371,6 +371,72 @@ def test_uv_is_installed_in_a_stage_of_its_own_and_mounted_into_the_pip_step(wri
         write("p.yaml", 'name: p\nbase: {framework: pytorch, tag: "24.05"}\npip: {packages: [six], installer: pip}\n')
     )
     assert "imgbuild-uv" not in render(pip_only, "buildkit").text("Dockerfile")
+
+
+def _pip_lines(dockerfile: str) -> list[str]:
+    """Each RUN instruction of `dockerfile` that runs install.sh, its continuation lines joined."""
+    joined = dockerfile.replace("\\\n", " ")
+    return [line for line in joined.splitlines() if line.startswith("RUN ") and "imgbuild-pip/install.sh" in line]
+
+
+PIP_LAYER_RECIPE = """
+name: d
+base: {framework: pytorch, tag: "24.05"}
+apt: [git]
+user: {name: dev}
+pip: {packages: [einops==0.8.1], installer: INSTALLER}
+"""
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+@pytest.mark.parametrize(
+    ("change", "settings_extra", "pip_step_changes"),
+    [
+        ("", {"uid": 2000, "gid": 2000}, False),  # another user's build shares the pip layer
+        ("", {"pip_resolve_timeout": 5, "pip_download_limit": 1000}, False),  # bounds limit, they shape nothing
+        ("einops==0.8.1/einops==0.8.0", {}, True),  # another version: another layer, on Buildah too
+        ("installer: INSTALLER/installer: INSTALLER, constraints: [six<2]", {}, True),
+        ("apt: [git]/apt: [git, tmux]", {}, True),  # a layer below changed (the line is the same)
+    ],
+)
+def test_the_pip_steps_line_changes_exactly_when_its_mounted_inputs_do(
+    write, installer, change, settings_extra, pip_step_changes
+):
+    """Buildah keys a step by its line alone, never by the files it bind-mounts (containers/buildah#5400): the line
+    carries their digest. Nothing else of the build (the uid, the bounds) reaches the pip layer's key, and no
+    ARG comes before it in the final stage (Buildah < 1.29 restores no step after an ARG from a registry cache)."""
+    text = PIP_LAYER_RECIPE.replace("INSTALLER", installer)
+    before = render(plan_for(write("r.yaml", text)), "buildkit").text("Dockerfile")
+    old, _, new = change.partition("/")
+    after = render(
+        plan_for(
+            write("r.yaml", text.replace(old.replace("INSTALLER", installer), new.replace("INSTALLER", installer))),
+            **settings_extra,
+        ),
+        "buildkit",
+    ).text("Dockerfile")
+    assert (_pip_lines(before) != _pip_lines(after)) == (pip_step_changes and "apt" not in change)
+    final = before.rsplit("\nFROM ", 1)[1]
+    assert "\nARG " not in final[: final.index("imgbuild-pip/install.sh")]
+    assert "IMGBUILD_PIP_RESOLVE_SECONDS" not in before and "SOURCE_DATE_EPOCH" not in before
+    if not pip_step_changes:  # every layer the same (the labels name the build's inputs, uid included)
+        assert before.split("\nLABEL ")[0] == after.split("\nLABEL ")[0]
+
+
+def test_a_mount_digest_covers_every_name_mode_and_byte_of_its_folder_and_nothing_else():
+    from imgbuild.build.render import mount_digest
+
+    folder = {"imgbuild/pip/a.txt": (b"x", 0o644), "imgbuild/pip/install.sh": (b"sh", 0o755)}
+    one = mount_digest({**folder, "imgbuild/pipe/z": (b"?", 0o644), "Dockerfile": (b"FROM", 0o644)}, "imgbuild/pip")
+    assert one == mount_digest(folder, "imgbuild/pip") and one.startswith("sha256:") and len(one) == 71
+    for changed in (
+        {**folder, "imgbuild/pip/a.txt": (b"y", 0o644)},
+        {**folder, "imgbuild/pip/a.txt": (b"x", 0o755)},
+        {"imgbuild/pip/b.txt": (b"x", 0o644), "imgbuild/pip/install.sh": (b"sh", 0o755)},
+        {**folder, "imgbuild/pip/uv.txt": (b"uv==0.0.1\n", 0o644)},
+        {"imgbuild/pip/a.txtx": (b"", 0o644), "imgbuild/pip/install.sh": (b"sh", 0o755)},  # names and bytes apart
+    ):
+        assert mount_digest(changed, "imgbuild/pip") != one, changed
 
 
 # --- compiled templates kept between runs ----------------------------------------------------------------

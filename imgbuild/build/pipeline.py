@@ -39,6 +39,7 @@ from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, Usag
 from imgbuild.facts import Label
 from imgbuild.host import Caller
 from imgbuild.recipe import LoadedRecipe, load_recipe
+from imgbuild.registry.auth import engine_auth
 
 
 @dataclass
@@ -153,6 +154,22 @@ def build_secrets(
     return secrets
 
 
+def _backend_secrets(
+    secrets: dict[str, Path], settings: Settings, stack: ExitStack, source: Path, backend: str, pip_step: bool
+) -> None:
+    """What a backend adds to the build's secrets. BuildKit: the pip step's bounds, a secret so that no layer's
+    cache key holds them (the sdk backend passes them as build arguments). The sdk backend has no secret mounts:
+    the CA bundle, which is public, travels in the pip folder of the context."""
+    if pip_step and backend == "buildkit":
+        text = "".join(f"{key}={value}\n" for key, value in pip_bounds(settings).items())
+        secrets["imgbuild-pip-bounds"] = _secret_file(stack, "pip-bounds", text, settings)
+    if backend == "sdk" and "imgbuild-ca.crt" in secrets:
+        ca_copy = source / "imgbuild" / "pip" / "ca.crt"
+        ca_copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(secrets.pop("imgbuild-ca.crt"), ca_copy)
+        stack.callback(lambda: ca_copy.unlink(missing_ok=True))
+
+
 def needs_buildkit(settings: Settings) -> bool:
     """Index settings may carry credentials: only BuildKit's secret mounts keep them out of every layer."""
     return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
@@ -162,17 +179,24 @@ def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool, eng
     """BuildRequest's cache fields: BuildKit images always carry their inline cache (unless `registry_cache: off`);
     a build to be pushed is seeded from the registry's copy of its target, and with `registry_cache: registry`
     (a buildx builder) from and to `<image>:imgbuild-cache`, every stage's cache (mode=max).
-    Podman: none. Buildah 1.28's registry cache (`--cache-to/--cache-from`), measured on a fresh runner, restored
-    the steps before the recipe's first `ARG` and ran the pip step again; and a stage it restored could not be
-    bind-mounted (uv was missing from the pip step, which fell back to pip). README says so."""
-    if settings.registry_cache == "off" or engine == "podman" or backend != "buildkit":
+    Podman, a build to be pushed (`inline` or `registry`): Buildah's registry cache, every step's layer pushed
+    to and pulled from the repository `<image>-imgbuild-cache`, with the push's credentials."""
+    if settings.registry_cache == "off" or backend != "buildkit":
         return {}
+    if engine == "podman":
+        cache = podman_cache_repository(plan.image)
+        return {"cache_from": (cache,), "cache_to": cache, "cache_auth": engine_auth(cache)} if seed else {}
     fields: dict[str, Any] = {"inline_cache": True}
     if seed:
         fields["cache_from"] = (plan.target,)
         if settings.registry_cache == "registry":
             fields["cache_to"] = f"{plan.image}:imgbuild-cache"
     return fields
+
+
+def podman_cache_repository(image: str) -> str:
+    """Where Buildah keeps `image`'s registry cache: a repository beside it, one tag per step."""
+    return f"{image}-imgbuild-cache"
 
 
 def _known_good(path: Path, current: str | None, base: str) -> tuple[str, ...]:
@@ -270,12 +294,8 @@ def build(
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         source = _private_context(ctx, acting, settings, stack) if acting else ctx
         secrets = build_secrets(settings, loaded, stack, acting)
-        if chosen == "sdk" and "imgbuild-ca.crt" in secrets:
-            # The CA bundle is public: with no secret mounts, it travels in the pip folder of the context.
-            ca_copy = source / "imgbuild" / "pip" / "ca.crt"
-            ca_copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(secrets.pop("imgbuild-ca.crt"), ca_copy)
-            stack.callback(lambda: ca_copy.unlink(missing_ok=True))
+        pip_step = (source / "imgbuild" / "pip" / "install.sh").is_file()
+        _backend_secrets(secrets, settings, stack, source, chosen, pip_step)
         iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=_cache_subdir(settings, "runs"))
         os.close(iid_fd)
         stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
@@ -291,14 +311,13 @@ def build(
             **registry_cache(plan, settings, chosen, seed_from_registry, engine.name),
             build_args={
                 **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
-                **(pip_bounds(settings) if (source / "imgbuild" / "pip" / "install.sh").is_file() else {}),
-                **({"SOURCE_DATE_EPOCH": str(source_date_epoch())} if reproducible else {}),
+                **(pip_bounds(settings) if pip_step and chosen == "sdk" else {}),
             },
             timestamp=source_date_epoch() if reproducible else None,
         )
         promoted = False
         try:
-            if request.cache_from:
+            if request.inline_cache and request.cache_from:  # BuildKit's; Buildah pulls each step's own layer
                 _seed(engine, plan.target, progress)
             image_id = engine.build(chosen, request, progress, redact)
             progress(f"built {image_id[:19]}; smoke-testing {candidate}")

@@ -23,7 +23,7 @@ from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.recipe import display_path, load_recipe
-from imgbuild.registry.auth import docker_config_credentials
+from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import split_reference
 
@@ -208,12 +208,6 @@ def _remote_build(target: str, settings: Settings, sign: bool) -> tuple[str | No
         return remote, False
 
 
-def push_auth(target: str) -> dict[str, str] | None:
-    host, _, _ = split_reference(target)
-    creds = docker_config_credentials(host)
-    return {"username": creds.username, "password": creds.password} if creds else None
-
-
 @dataclass
 class RebuildOptions:
     check: bool = False
@@ -302,7 +296,7 @@ def publish(
 
     target = plan.target
     log(f"{target}: pushing")
-    digest = str(engine.images.push(target, push_auth(target), lambda step: log(f"{target}: {step}")))
+    digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
     if signer is None:
         return digest
     ref = imageref.parse(target)

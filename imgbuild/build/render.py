@@ -40,6 +40,8 @@ GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbu
     f"/{path}\n" for path in (*OWN_SCRIPTS, *RUN_FILES)
 )
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
+#: The context's folders that BuildKit Dockerfile steps bind-mount (each step's line carries their digest).
+MOUNTED_FOLDERS = ("imgbuild/pip", "imgbuild/pip-lock", "imgbuild/user")
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,8 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
     framework = FRAMEWORKS.get(plan.base.framework)
     if framework:
         put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
+    if recipe.pip.installer == "uv":  # the step installs it itself where the uv stage's mount came empty
+        put("imgbuild/pip/uv.txt", f"uv=={UV_VERSION}\n")
     put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
     put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
     put("imgbuild/pip/owners.py", _own_file(OWN_SCRIPTS["imgbuild/pip/owners.py"]), 0o644)
@@ -229,6 +233,7 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
             "unpin.txt",
             "provides.txt",
             "framework.txt",
+            "uv.txt",
             "install.sh",
             "guard.py",
             "owners.py",
@@ -238,6 +243,18 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
         put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan, requirements))
         put("imgbuild/pip-lock/lock-layer", "installed with --no-deps: every dependency is pinned here\n")
     return rendered
+
+
+def mount_digest(rendered: dict[str, tuple[bytes, int]], folder: str) -> str:
+    """A digest of what a RUN step bind-mounts from `folder` (names, modes, contents). The step's line carries
+    it: Buildah keys a step by its line alone and reuses it after the mounted files changed
+    (containers/buildah#5400); BuildKit, which keys the files, runs it again exactly when the digest changes."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in rendered if p.startswith(folder + "/")):
+        content, mode = rendered[path]
+        digest.update(f"{path[len(folder) + 1 :]}\0{mode:o}\0{len(content)}\0".encode())
+        digest.update(content)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
@@ -270,6 +287,7 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
         "gid_default": (user.gid if user and user.gid else 1000),
         # Caches are per base: two distributions must never share apt lists or wheels.
         "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
+        "inputs": {folder: mount_digest(rendered, folder) for folder in MOUNTED_FOLDERS},
     }
     put("Dockerfile", _environment(cache).get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))
     put(".dockerignore", "".join(f"{name}\n" for name in ("imgbuild.lock.json", *RUN_FILES, ".gitignore")))

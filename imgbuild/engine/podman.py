@@ -9,9 +9,13 @@ what a build tags and what a promotion tags are then the same image, as `podman 
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import shutil
+import subprocess
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -73,24 +77,26 @@ class PodmanImages(DockerImages):
     def save(self, ref: str, path: Path) -> None:
         super().save(local(ref), path)
 
+    def untag_repository(self, repository: str) -> None:
+        """Buildah names each step it pushes to or pulls from a registry cache `<repository>:<key>`: those names
+        go, the layers stay (as every intermediate layer does). Best effort, bounded."""
+        try:
+            found = self.client.images.list(name=repository)
+        except Exception:  # noqa: BLE001 - the build's result stands either way
+            return
+        names = [n for img in found for n in img.tags if n.rsplit(":", 1)[0] == repository]
+        for name in names:
+            try:
+                subprocess.run([self.podman, "untag", name, name], capture_output=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                return
+
     def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
         """`podman push` (its compatible API's push stream names no digest); credentials through a private
         auth file for this push alone, never argv."""
-        import base64
-        import json
-        import subprocess
-        import tempfile
-
         with tempfile.TemporaryDirectory(prefix="imgbuild-push-") as tmp:
             digestfile = Path(tmp) / "digest"
-            cmd = [self.podman, "push", "--digestfile", str(digestfile)]
-            if auth and auth.get("username"):
-                token = base64.b64encode(f"{auth['username']}:{auth.get('password', '')}".encode()).decode()
-                authfile = Path(tmp) / "auth.json"
-                authfile.touch(mode=0o600)
-                host = imageref.parse(ref).host or "docker.io"
-                authfile.write_text(json.dumps({"auths": {host: {"auth": token}}}))
-                cmd += ["--authfile", str(authfile)]
+            cmd = [self.podman, "push", "--digestfile", str(digestfile), *authfile_args(Path(tmp), ref, auth)]
             progress(f"{ref}: pushing")
             try:
                 proc = subprocess.run([*cmd, local(ref)], capture_output=True, text=True, timeout=PUSH_SECONDS)
@@ -120,6 +126,7 @@ class PodmanEngine(Engine):
     """A connection to Podman: `podman build` for builds, its API socket for images and containers."""
 
     name = "podman"
+    images: PodmanImages
 
     def __init__(self, client: Any, podman_cli: str, socket: str):
         super().__init__(client, None)
@@ -164,9 +171,18 @@ class PodmanEngine(Engine):
         if req.log_path:
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
         iidfile = req.iidfile or req.context.parent / f".{req.context.name}.{os.getpid()}.iid"
-        with open(req.log_path or os.devnull, "w", encoding="utf-8") as log:
-            return drive(build_argv(self.podman, req, iidfile), dict(os.environ), req, iidfile, _follow, progress,
-                         redact, log)  # fmt: skip
+        with (
+            open(req.log_path or os.devnull, "w", encoding="utf-8") as log,
+            tempfile.TemporaryDirectory(prefix="imgbuild-build-") as tmp,
+        ):
+            cmd = build_argv(self.podman, req, iidfile)
+            if req.cache_to or req.cache_from:
+                cmd[2:2] = authfile_args(Path(tmp), req.cache_to or req.cache_from[0], req.cache_auth)
+            try:
+                return drive(cmd, dict(os.environ), req, iidfile, _follow, progress, redact, log)
+            finally:
+                if req.cache_to:
+                    self.images.untag_repository(req.cache_to)
 
     def shares_host(self) -> bool:
         if self._shares is None:
@@ -174,13 +190,30 @@ class PodmanEngine(Engine):
         return self._shares
 
 
+def authfile_args(folder: Path, ref: str, auth: dict[str, str] | None) -> list[str]:
+    """`--authfile FILE` for `ref`'s registry where there are credentials: a 0600 file in `folder` (the caller's
+    private temporary folder), so they are never in argv; nothing where there are none."""
+    if not (auth and auth.get("username")):
+        return []
+    token = base64.b64encode(f"{auth['username']}:{auth.get('password', '')}".encode()).decode()
+    authfile = folder / "auth.json"
+    authfile.touch(mode=0o600)
+    authfile.write_text(json.dumps({"auths": {imageref.parse(ref).host or "docker.io": {"auth": token}}}))
+    return ["--authfile", str(authfile)]
+
+
 def build_argv(podman: str, req: BuildRequest, iidfile: Path) -> list[str]:
     """The `podman build` command for `req`: layers kept (the edit loop's cache), Docker's image format (labels,
-    healthchecks and the rest as Docker has them), secrets as files; no registry cache (pipeline.registry_cache)."""
+    healthchecks and the rest as Docker has them), secrets as files; Buildah's registry cache, every step's
+    layer, from and to `cache_to`'s repository (pipeline.registry_cache)."""
     # Docker's format records the build container's id and hostname (random); a reproducible build is OCI's.
     image_format = "oci" if req.timestamp is not None else "docker"
     cmd = [podman, "build", "--layers", "--format", image_format, "--iidfile", str(iidfile), "-t", local(req.tag)]
     cmd += input_args(req)
+    for ref in req.cache_from:
+        cmd += ["--cache-from", ref]
+    if req.cache_to:
+        cmd += ["--cache-to", req.cache_to]
     if req.timestamp is not None:  # created times of the config and every file in the layers; no history, whose
         cmd += ["--timestamp", str(req.timestamp), "--omit-history"]  # entries name intermediate images' ids
     cmd.append(str(req.context))

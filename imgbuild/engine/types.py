@@ -40,7 +40,8 @@ class BuildRequest:
     timeout: float = limits.BUILD_SECONDS  # the build is stopped past this
     inline_cache: bool = False  # the image carries BuildKit's cache record, so a registry copy can seed another build
     cache_from: tuple[str, ...] = ()  # registry images whose inline cache seeds this build (a fresh CI runner)
-    cache_to: str = ""  # a registry ref for a buildx builder's full cache export (mode=max); "" none
+    cache_to: str = ""  # a registry ref for a full cache export (buildx: mode=max; Buildah: a repository); "" none
+    cache_auth: dict[str, str] | None = None  # credentials for cache_from/cache_to (Podman: an auth file, never argv)
     timestamp: int | None = None  # --reproducible: every layer's and the config's time (Podman); None: now
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -29,8 +30,9 @@ class Credentials:
 
 
 def docker_config_credentials(host: str, config_path: Path | None = None) -> Credentials | None:
-    """Credentials for `host` from ~/.docker/config.json: plain `auths`, or a credential helper."""
-    path = config_path or Path.home() / ".docker" / "config.json"
+    """Credentials for `host` from the docker config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json, as
+    the docker CLI reads it): plain `auths`, or a credential helper."""
+    path = config_path or Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -58,3 +60,13 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
         except (OSError, subprocess.SubprocessError, ValueError, KeyError):
             return None
     return None
+
+
+def engine_auth(ref: str) -> dict[str, str] | None:
+    """The credentials an engine uses for `ref`'s registry (a push, a registry cache): the docker config's,
+    as docker-py takes them; None where it has none."""
+    from imgbuild.registry.manifest import split_reference
+
+    host, _, _ = split_reference(ref)
+    creds = docker_config_credentials(host)
+    return {"username": creds.username, "password": creds.password} if creds else None

@@ -76,6 +76,9 @@ fi
 if [ -f /run/secrets/imgbuild-ca.crt ]; then export PIP_CERT=/run/secrets/imgbuild-ca.crt
 elif [ -f "$here/ca.crt" ]; then export PIP_CERT="$here/ca.crt"; fi
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_SCRIPT_LOCATION=1
+# Bytecode that records its source's hash, not the install time (py_compile does so when SOURCE_DATE_EPOCH is
+# set): the same inputs give the same layer, and build --reproducible the same digest. 1980: ZIP's earliest.
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-315532800}"
 # The recipe's lock (imgbuild lock): the versions resolved before, installed again.
 locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
 # The lock layer (its requirements are the lock's exact pins): install exactly those, resolving nothing.
@@ -84,6 +87,15 @@ nodeps=""; [ -f "$here/lock-layer" ] && nodeps="--no-deps"
 dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --report $IMGBUILD_PIP_REPORT"
 # pip.installer: uv mounts uv here (a build stage of its own); `imgbuild lock` always resolves with pip.
 uv=/tmp/imgbuild-uv/bin/uv
+if [ -s "$here/uv.txt" ] && [ ! -x "$uv" ] && [ -z "$dry" ]; then
+  # Buildah before 1.29 mounts a stage it restored from a registry cache empty: uv is installed here instead,
+  # never silently replaced by pip.
+  own=$(mktemp -d)
+  echo "imgbuild: uv's stage came without uv (a registry cache restored it); installing $(cat "$here/uv.txt") in this step"
+  python3 -m pip install -q --no-deps --target "$own" -r "$here/uv.txt" \
+    || { echo "imgbuild: pip step failed: uv (pip.installer: uv) could not be installed; see above"; exit 1; }
+  uv="$own/bin/uv"
+fi
 if [ -x "$uv" ] && [ -z "$dry" ]; then
   # uv reads no pip.conf: the site's index settings go from the secret into this step's environment only.
   if [ -n "${PIP_CONFIG_FILE:-}" ]; then
@@ -115,5 +127,5 @@ echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") r
 # shellcheck disable=SC2086 # $locked, $dry and $nodeps are option lists
 python3 "$here/guard.py" "$origin" "$@" $dry $nodeps -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
     && rc=0 || rc=$?
-rm -f "$pins" /tmp/uv-*.lock
+rm -rf "$pins" /tmp/uv-*.lock ${own:+"$own"}
 [ "$rc" = 0 ] || exit 1

@@ -327,12 +327,23 @@ class Watch:
         return "pip failed; see its output above"
 
 
-def bound(name, kind):
-    """A bound from the environment (the Dockerfile's ARG, set by imgbuild from its settings); 0: none."""
+BOUNDS_SECRET = "/run/secrets/imgbuild-pip-bounds"
+
+
+def bound(name, kind, secret=BOUNDS_SECRET):
+    """A bound set by imgbuild from its settings: a `NAME=digits` line of the step's secret (BuildKit, Buildah),
+    else the environment (the sdk backend's ARG, `imgbuild lock`); 0: none."""
+    text = os.environ.get(name) or ""
     try:
-        return max(kind(os.environ.get(name) or 0), 0)
-    except ValueError:
-        return 0
+        with open(secret, encoding="ascii") as handle:
+            lines = handle.read(4096).splitlines()
+    except (OSError, ValueError):
+        lines = []
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == name and re.fullmatch(r"[0-9]{1,20}", value):
+            text = value
+    return max(kind(text), 0) if re.fullmatch(r"[0-9]{1,20}(\.[0-9]{1,9})?", text) else 0
 
 
 def over(watch, elapsed, got):
