@@ -1042,16 +1042,6 @@ def test_a_distribution_skipped_by_the_recipe_is_not_taken_for_gone(site, monkey
     assert "1 unchanged since the last promoted image" in check["reason"]
 
 
-def _guard_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pip_guard_bounds", GUARD)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     ("secret", "env", "seconds", "limit"),
     [

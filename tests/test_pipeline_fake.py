@@ -341,3 +341,39 @@ def test_a_missing_registry_cache_is_not_the_step_that_failed():
         "executor failed running [/bin/sh -c echo about to fail && false]: exit code: 1"
     ]
     assert any(s.startswith("no registry cache to start from") for s in said)
+
+
+@pytest.mark.parametrize(
+    "why, record, expected",
+    [
+        ("a passed record, same base", {"base": "sha256:b", "ok": True}, ("a==1", "e==2.0+cu130")),
+        ("another base", {"base": "sha256:other", "ok": True}, ()),
+        ("a failed record", {"base": "sha256:b", "ok": False}, ()),
+        ("ok, but not the boolean", {"base": "sha256:b", "ok": "true"}, ()),
+        ("no base", {"ok": True}, ()),
+        ("not an object", ["a==1"], ()),
+    ],
+)
+def test_a_pushed_images_smoke_record_vouches_only_for_its_base_and_well_formed_words(why, record, expected):
+    """The registry's `.smoke` record is as untrusted as the registry: names and versions of ASCII letters, digits
+    and `._-+!` only (the words reach the smoke test's environment), a passed report on this base only."""
+    from imgbuild.build import attest
+
+    added = [
+        ["a", "1", ""],
+        ["bad name", "1"],
+        ["b", "1; rm -rf /"],
+        "c==1",
+        ["d"],
+        ["\u0661x", "1"],
+        ["e", "2.0+cu130"],
+    ]
+    if isinstance(record, dict):
+        record = {**record, "meta": {"added": added}}
+    assert pipeline.vouched(record, "sha256:b") == expected, why
+    # what rebuild.publish attaches reads back as the same words
+    config, manifest, (blob,) = attest.smoke_record({"ok": True, "meta": {"added": added}}, "sha256:b")["smoke"]
+    assert json.loads(manifest)["layers"][0]["mediaType"] == attest.SMOKE_RECORD
+    assert pipeline.vouched(json.loads(blob), "sha256:b") == ("a==1", "e==2.0+cu130")
+    failed = attest.smoke_record({"ok": False, "meta": {"added": added}}, "sha256:b")["smoke"][2][0]
+    assert pipeline.vouched(json.loads(failed), "sha256:b") == ()

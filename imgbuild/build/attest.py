@@ -36,13 +36,16 @@ SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/imgbuild/imgbuild/recipe-build/v1"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-KINDS = ("sig", "att", "sbom")
+KINDS = ("sig", "att", "sbom", "smoke")
+#: `.smoke`: what imported in a pushed image, on which base (smoke_record): a fresh runner's next smoke test
+#: imports only what changed. Unsigned: it can only spare imports, never pass an image.
+SMOKE_RECORD = "application/vnd.imgbuild.smoke-record.v1+json"
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_ATTACHMENT = 16 * 2**20  # bytes of one attachment blob read back (an SBOM of thousands of packages fits)
 
 
 def attachment_tag(digest: str, kind: str) -> str:
-    """cosign's tag for an image digest's signature, attestation or SBOM."""
+    """cosign's tag for an image digest's signature, attestation or SBOM (or imgbuild's smoke record)."""
     if not DIGEST_RE.fullmatch(digest) or kind not in KINDS:
         raise ValueError(f"not an attachment of a sha256 digest: {digest[:80]!r} {kind!r}")
     return f"sha256-{digest.removeprefix('sha256:')}.{kind}"
@@ -337,6 +340,42 @@ def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, by
         ],
     }
     return config, canonical(manifest), [content for _, content, _ in layers]
+
+
+def smoke_record(smoke: dict[str, Any], base: str) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
+    """The `.smoke` attachment of an image that passed its smoke test on `base` (the base's identity): the
+    distributions the recipe added that imported, as the local report records them (pipeline.vouched)."""
+    meta = smoke.get("meta")
+    meta = meta if isinstance(meta, dict) else {}
+    added = [[str(row[0]), str(row[1])] for row in meta.get("added") or [] if isinstance(row, list) and len(row) >= 2]
+    record = canonical({"base": base, "ok": bool(smoke.get("ok")), "meta": {"added": added}})
+    return {"smoke": artifact([(SMOKE_RECORD, record, {})])}
+
+
+def attached_layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
+    """The `media` layers of `digest`'s `kind` attachment: (content, annotations); none when it is absent."""
+    from imgbuild.errors import RegistryError
+
+    try:
+        body, _, _ = client.manifest_raw(repo, attachment_tag(digest, kind))
+    except RegistryError:
+        return []
+    try:
+        manifest = json.loads(body)
+        layers = [layer for layer in manifest.get("layers", [])[:16] if layer.get("mediaType") == media]
+    except (ValueError, AttributeError):
+        return []
+    out = []
+    for layer in layers:
+        blob_digest, notes, size = str(layer.get("digest", "")), layer.get("annotations") or {}, layer.get("size")
+        sized = isinstance(size, int) and 0 <= size <= MAX_ATTACHMENT  # the registry's word is untrusted too
+        if DIGEST_RE.fullmatch(blob_digest) and sized and isinstance(notes, dict):
+            try:
+                content = client.blob_bytes(repo, blob_digest)
+            except RegistryError:  # absent, or served with another digest: this layer vouches for nothing
+                continue
+            out.append((content, {str(k): str(v) for k, v in notes.items()}))
+    return out
 
 
 def attachments(made: Made, signer: Signer) -> dict[str, tuple[bytes, bytes, list[bytes]]]:

@@ -206,11 +206,37 @@ def _known_good(path: Path, current: str | None, base: str) -> tuple[str, ...]:
         data = json.loads(path.read_bytes()[: 16 * 1024 * 1024]) if current and path.is_file() else {}
     except (OSError, ValueError):
         return ()
-    if not isinstance(data, dict) or data.get("promoted") != current or data.get("base") != base or not data.get("ok"):
+    return vouched(data, base) if isinstance(data, dict) and data.get("promoted") == current else ()
+
+
+def vouched(data: Any, base: str) -> tuple[str, ...]:
+    """What a passed smoke report (a local one, or a pushed image's `.smoke` record) vouches for on `base`:
+    `name==version` words of ASCII letters, digits and `._-+!`; nothing from another base or a failed report."""
+    if not isinstance(data, dict) or data.get("base") != base or data.get("ok") is not True:
         return ()
     added = (data.get("meta") or {}).get("added") if isinstance(data.get("meta"), dict) else None
     words = [f"{row[0]}=={row[1]}" for row in added or [] if isinstance(row, list) and len(row) >= 2]
     return tuple(w for w in words if re.fullmatch(r"[A-Za-z0-9._-]{1,200}==[A-Za-z0-9.+!_-]{1,100}", w))
+
+
+def _registry_known_good(plan: Plan, settings: Settings, progress: Callable[[str], None]) -> tuple[str, ...]:
+    """On a fresh runner (the target not local), what the registry's copy of the target vouches for: its `.smoke`
+    record, bound to the digest the tag names now (rebuild.publish attaches it). Nothing on any doubt."""
+    from imgbuild import imageref
+    from imgbuild.build import attest
+    from imgbuild.registry.client import RegistryClient
+
+    try:
+        ref = imageref.parse(plan.target)
+        client = RegistryClient.for_host(ref.registry, settings, command_seconds=30)
+        digest = client.manifest_digest(ref.repository, ref.tag or "latest")
+        layers = attest.attached_layers(client, ref.repository, digest, "smoke", attest.SMOKE_RECORD) if digest else []
+        found = vouched(json.loads(layers[0][0]), plan.base.identity) if layers else ()
+    except (ImgbuildError, ValueError):  # a bad reference is a ValueError too
+        return ()
+    if found:
+        progress(f"the registry's {plan.target} vouches for {len(found)} distribution(s): not re-imported")
+    return found
 
 
 def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> None:
@@ -291,6 +317,8 @@ def build(
         with as_user(who):
             known_good = _known_good(ctx / "smoke.json", current, plan.base.identity)
             write_context(rendered, ctx, settings.secrets())
+        if not known_good and current is None and seed_from_registry and settings.registry_cache != "off":
+            known_good = _registry_known_good(plan, settings, progress)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         source = _private_context(ctx, acting, settings, stack) if acting else ctx
         secrets = build_secrets(settings, loaded, stack, acting)
@@ -336,13 +364,15 @@ def build(
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
             report = run_smoke(engine, wanted, settings, host, claims)
             add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
-            _write_report(ctx / "smoke.json", report, who=who)
+            # a check that promotes nothing (rebuild --verify-reproducible) leaves the promoted image's report be
+            report_path = ctx / ("smoke.json" if promote else "smoke.verify.json")
+            _write_report(report_path, report, who=who)
             if not report.ok:
                 kept = engine.images.image_id(plan.target)
                 raise SmokeFailed(
                     f"{report.summary()}; {plan.target} was left as it was"
                     + (f" ({kept[:19]})" if kept else " (not built before)")
-                    + f"; every failure in full: {ctx / 'smoke.json'}; build log: {log_path}"
+                    + f"; every failure in full: {report_path}; build log: {log_path}"
                 )
             previous = engine.images.image_id(plan.target)
             if not promote:  # rebuild --verify-reproducible: built and smoke-tested, never tagged

@@ -35,7 +35,7 @@ OWN_SCRIPTS = {
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
 #: Files a build leaves beside the context: not part of what the recipe renders to, never committed.
-RUN_FILES = ("smoke.json", "build.log")
+RUN_FILES = ("smoke.json", "smoke.verify.json", "build.log")
 GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n" + "".join(
     f"/{path}\n" for path in (*OWN_SCRIPTS, *RUN_FILES)
 )

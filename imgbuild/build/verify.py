@@ -10,14 +10,12 @@ from typing import Any
 
 from imgbuild.build.attest import (
     CYCLONEDX,
-    DIGEST_RE,
     DSSE,
     IN_TOTO,
-    MAX_ATTACHMENT,
     SIGNATURE_ANNOTATION,
     SIMPLE_SIGNING,
     SLSA_PROVENANCE,
-    attachment_tag,
+    attached_layers,
     pae,
     sha256,
     signature_ok,
@@ -34,32 +32,6 @@ class Verdict:
         return f"{'ok' if self.ok else 'FAIL'} {self.check}: {self.detail}"
 
 
-def _layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
-    """The `media` layers of `digest`'s `kind` attachment: (content, annotations); none when it is absent."""
-    from imgbuild.errors import RegistryError
-
-    try:
-        body, _, _ = client.manifest_raw(repo, attachment_tag(digest, kind))
-    except RegistryError:
-        return []
-    try:
-        manifest = json.loads(body)
-        layers = [layer for layer in manifest.get("layers", [])[:16] if layer.get("mediaType") == media]
-    except (ValueError, AttributeError):
-        return []
-    out = []
-    for layer in layers:
-        blob_digest, notes, size = str(layer.get("digest", "")), layer.get("annotations") or {}, layer.get("size")
-        sized = isinstance(size, int) and 0 <= size <= MAX_ATTACHMENT  # the registry's word is untrusted too
-        if DIGEST_RE.fullmatch(blob_digest) and sized and isinstance(notes, dict):
-            try:
-                content = client.blob_bytes(repo, blob_digest)
-            except RegistryError:  # absent, or served with another digest: this layer vouches for nothing
-                continue
-            out.append((content, {str(k): str(v) for k, v in notes.items()}))
-    return out
-
-
 def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
     try:
         raw = base64.b64decode(signature, validate=True)
@@ -69,7 +41,7 @@ def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
 
 
 def check_signature(client: Any, repo: str, image: str, digest: str, public_key: Any) -> Verdict:
-    for payload, notes in _layers(client, repo, digest, "sig", SIMPLE_SIGNING):
+    for payload, notes in attached_layers(client, repo, digest, "sig", SIMPLE_SIGNING):
         if not _signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
             continue
         try:
@@ -87,7 +59,7 @@ def check_attestation(
     client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
 ) -> tuple[list[Verdict], dict[str, Any] | None]:
     """The provenance verdicts, and the statement when one is signed by the key for this digest."""
-    for envelope_bytes, _ in _layers(client, repo, digest, "att", DSSE):
+    for envelope_bytes, _ in attached_layers(client, repo, digest, "att", DSSE):
         try:
             envelope = json.loads(envelope_bytes)
             statement_bytes = base64.b64decode(envelope["payload"], validate=True)
@@ -118,7 +90,7 @@ def check_attestation(
 
 
 def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | None) -> Verdict:
-    layers = _layers(client, repo, digest, "sbom", CYCLONEDX)
+    layers = attached_layers(client, repo, digest, "sbom", CYCLONEDX)
     if not layers:
         return Verdict("sbom", False, f"no SBOM for {digest[:19]}")
     content, _ = layers[0]
