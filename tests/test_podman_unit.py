@@ -163,3 +163,24 @@ def test_source_date_epoch_is_ascii_digits_or_zero(monkeypatch):
     for text, want in [("1700000000", 1700000000), ("", 0), ("-5", 0), ("１７", 0), ("1e9", 0), ("9" * 13, 0)]:
         monkeypatch.setenv("SOURCE_DATE_EPOCH", text)
         assert source_date_epoch() == want, text
+
+
+@pytest.mark.parametrize(
+    ("repository", "listed", "untagged"),
+    [
+        ("127.0.0.1:5000/lab/x-imgbuild-cache", ["127.0.0.1:5000/lab/x-imgbuild-cache:k1"], ["k1"]),
+        ("lab/x-imgbuild-cache", ["docker.io/lab/x-imgbuild-cache:k2", "docker.io/lab/x:v1"], ["k2"]),
+        ("x-imgbuild-cache", ["docker.io/library/x-imgbuild-cache:k3"], ["k3"]),
+        ("lab/x-imgbuild-cache", ["docker.io/lab/x-imgbuild-cache-other:k4", "localhost/lab/x:v1-candidate"], []),
+    ],
+)
+def test_the_names_buildah_gives_a_registry_caches_layers_go_and_only_those(monkeypatch, repository, listed, untagged):
+    """Only `<repository>:<key>` names are removed (`podman untag IMAGE NAME`, that name alone): never the
+    candidate's or another repository's, whose names may share a prefix."""
+    calls = []
+    monkeypatch.setattr(podman.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    image = SimpleNamespace(tags=listed)
+    client = SimpleNamespace(images=SimpleNamespace(list=lambda name: [image]))
+    podman.PodmanImages(client, "podman").untag_repository(repository)
+    assert [argv[-1].rsplit(":", 1)[1] for argv in calls] == untagged
+    assert all(argv[:2] == ["podman", "untag"] and argv[2] == argv[3] for argv in calls)

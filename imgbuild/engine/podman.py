@@ -84,7 +84,9 @@ class PodmanImages(DockerImages):
             found = self.client.images.list(name=repository)
         except Exception:  # noqa: BLE001 - the build's result stands either way
             return
-        names = [n for img in found for n in img.tags if n.rsplit(":", 1)[0] == repository]
+        # a short name (Docker Hub's) is listed as Podman qualifies it
+        wanted = {repository, f"docker.io/{repository}", f"docker.io/library/{repository}"}
+        names = [n for img in found for n in img.tags if n.rsplit(":", 1)[0] in wanted]
         for name in names:
             try:
                 subprocess.run([self.podman, "untag", name, name], capture_output=True, timeout=60)
