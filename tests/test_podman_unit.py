@@ -43,6 +43,8 @@ def test_the_build_command_carries_secrets_as_files_and_reproducibility_as_podma
         cache_to="127.0.0.1:5000/lab/x-imgbuild-cache",
         cache_auth={"username": "ci", "password": "hunter2"},
     )
+    argv = podman.build_argv("/usr/bin/podman", req, tmp_path / "iid", ["--authfile", "/private/auth.json"])
+    assert argv[:6] == ["/usr/bin/podman", "build", "--authfile", "/private/auth.json", "--layers", "--format"]
     argv = podman.build_argv("/usr/bin/podman", req, tmp_path / "iid")
     assert argv[:4] == ["/usr/bin/podman", "build", "--layers", "--format"]
     assert argv[4] == "oci" and "--omit-history" in argv and argv[argv.index("--timestamp") + 1] == "0"

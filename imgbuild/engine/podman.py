@@ -79,10 +79,14 @@ class PodmanImages(DockerImages):
 
     def untag_repository(self, repository: str) -> None:
         """Buildah names each step it pushes to or pulls from a registry cache `<repository>:<key>`: those names
-        go, the layers stay (as every intermediate layer does). Best effort, bounded."""
+        go, the layers stay (as every intermediate layer does). `podman untag IMAGE NAME`, not `untag`: the
+        API's removal of an image's only name removes the image. Best effort, bounded."""
+        from docker.errors import DockerException
+        from requests.exceptions import RequestException
+
         try:
             found = self.client.images.list(name=repository)
-        except Exception:  # noqa: BLE001 - the build's result stands either way
+        except (DockerException, RequestException):  # the build's result stands either way
             return
         # a short name (Docker Hub's) is listed as Podman qualifies it
         wanted = {repository, f"docker.io/{repository}", f"docker.io/library/{repository}"}
@@ -177,11 +181,11 @@ class PodmanEngine(Engine):
             open(req.log_path or os.devnull, "w", encoding="utf-8") as log,
             tempfile.TemporaryDirectory(prefix="imgbuild-build-") as tmp,
         ):
-            cmd = build_argv(self.podman, req, iidfile)
-            if req.cache_to or req.cache_from:
-                cmd[2:2] = authfile_args(Path(tmp), req.cache_to or req.cache_from[0], req.cache_auth)
+            cache = req.cache_to or (req.cache_from[0] if req.cache_from else "")
+            auth = authfile_args(Path(tmp), cache, req.cache_auth) if cache else []
             try:
-                return drive(cmd, dict(os.environ), req, iidfile, _follow, progress, redact, log)
+                return drive(build_argv(self.podman, req, iidfile, auth), dict(os.environ), req, iidfile, _follow,
+                             progress, redact, log)  # fmt: skip
             finally:
                 if req.cache_to:
                     self.images.untag_repository(req.cache_to)
@@ -204,13 +208,14 @@ def authfile_args(folder: Path, ref: str, auth: dict[str, str] | None) -> list[s
     return ["--authfile", str(authfile)]
 
 
-def build_argv(podman: str, req: BuildRequest, iidfile: Path) -> list[str]:
+def build_argv(podman: str, req: BuildRequest, iidfile: Path, auth: list[str] | None = None) -> list[str]:
     """The `podman build` command for `req`: layers kept (the edit loop's cache), Docker's image format (labels,
     healthchecks and the rest as Docker has them), secrets as files; Buildah's registry cache, every step's
-    layer, from and to `cache_to`'s repository (pipeline.registry_cache)."""
+    layer, from and to `cache_to`'s repository (pipeline.registry_cache), with `auth` (authfile_args)."""
     # Docker's format records the build container's id and hostname (random); a reproducible build is OCI's.
     image_format = "oci" if req.timestamp is not None else "docker"
-    cmd = [podman, "build", "--layers", "--format", image_format, "--iidfile", str(iidfile), "-t", local(req.tag)]
+    cmd = [podman, "build", *(auth or []), "--layers", "--format", image_format, "--iidfile", str(iidfile)]
+    cmd += ["-t", local(req.tag)]
     cmd += input_args(req)
     for ref in req.cache_from:
         cmd += ["--cache-from", ref]
