@@ -34,6 +34,11 @@ class Label:
     DEADLINE = PREFIX + "deadline"  # when `imgbuild reap` stops it (seconds since the epoch; `extend` moves it)
     SLURM_JOB = PREFIX + "slurm-job"  # a Slurm job's container (docker runtime): the job id, for the epilog
 
+    #: Every key imgbuild reads on a container. `run` sets each of them, empty where unused: a label an image
+    #: carries in its config is inherited by its containers, and must never steer the house rules (hide a
+    #: container from `ps` and the reaper, hold GPUs, move a deadline).
+    CONTAINER_KEYS = (USER, GPUS, GPU_UUIDS, SMOKE_OF, STARTED_BY, NOTIFY, DEADLINE, SLURM_JOB)
+
 
 #: Env keys that preload code into every process: a recipe may not set them, and an image whose config does is
 #: refused on a host whose NVIDIA Container Toolkit (1.17.7 or older) runs them in its createContainer hook on

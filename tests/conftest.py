@@ -20,6 +20,27 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTBED_UP = ROOT / "tests" / "testbed" / "up"
 
 
+def _import_the_installed_copy() -> None:
+    """Import imgbuild as users get it: from the environment's site-packages, never from this checkout because
+    pytest put the checkout first on sys.path (it does, for the `tests` package). With the README's test command
+    that is the built wheel, so the suite fails what an installed copy fails; with an editable install it is the
+    checkout, through the install's own path entry."""
+    checkout = {str(ROOT), ""}
+    saved = sys.path[:]
+    sys.path[:] = [entry for entry in sys.path if str(Path(entry or ".").resolve()) not in checkout]
+    try:
+        import imgbuild  # noqa: F401
+    finally:
+        sys.path[:] = saved
+
+
+_import_the_installed_copy()
+
+#: The command a user types: the installed console script (never `python -m imgbuild`, which imports from the
+#: working folder: run from the checkout, that is the source tree, not what is installed).
+IMGBUILD = [str(Path(sys.executable).parent / "imgbuild")]
+
+
 @dataclass
 class Result:
     code: int
@@ -30,7 +51,7 @@ class Result:
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 1800) -> Result:
     """Run imgbuild as a user would: a separate process, real exit code, real stderr."""
     proc = subprocess.run(
-        [sys.executable, "-m", "imgbuild", *args],
+        [*IMGBUILD, *args],
         cwd=cwd or ROOT,
         capture_output=True,
         text=True,
@@ -154,7 +175,7 @@ def run_words(spec) -> list[str]:
     """A RunSpec's `docker run` words as `run --dry-run` shows them (variables with their values)."""
     import shlex
 
-    from imgbuild.engine.containers import run_command_line
+    from imgbuild.engine.runargs import run_command_line
 
     return shlex.split(run_command_line(spec.options()))[1:]
 

@@ -11,7 +11,7 @@ import pytest
 from docker.errors import ImageNotFound
 
 from tests import ngc_facts
-from tests.conftest import ROOT, in_image, run_cli
+from tests.conftest import IMGBUILD, ROOT, in_image, run_cli
 
 pytestmark = pytest.mark.engine
 
@@ -267,7 +267,6 @@ def test_smoke_command_on_stock_ngc_images(testbed, tmp_path):
 def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(
     testbed, docker_client, tmp_path, write, cleanup_images
 ):
-    import sys
 
     recipe = write(
         "lock.yaml",
@@ -276,7 +275,7 @@ def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(
     cleanup_images.append("imgbuildtest/locked:v1")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx"), "--no-cache"],
+            [*IMGBUILD, "build", str(recipe), "-o", str(tmp_path / "ctx"), "--no-cache"],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import IMGBUILD, run_cli
 
 pytestmark = pytest.mark.engine
 
@@ -203,7 +203,6 @@ def test_the_same_inputs_build_to_the_same_digest_on_podman_and_docker_says_why_
 def test_a_build_killed_during_its_smoke_test_leaves_no_candidate_nor_container(engine, tmp_path):
     import signal
     import subprocess
-    import sys
     import time
 
     recipe, ref = _project(tmp_path, 'smoke: {run: ["sleep 600"]}\n')
@@ -214,7 +213,7 @@ def test_a_build_killed_during_its_smoke_test_leaves_no_candidate_nor_container(
         return engine.client.containers.list(all=True, filters={"label": f"org.imgbuild.smoke-of={candidate}"})
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "imgbuild", "build", str(recipe)],
+        [*IMGBUILD, "build", str(recipe)],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

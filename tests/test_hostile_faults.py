@@ -12,14 +12,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import IMGBUILD, ROOT, run_cli
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
 # Makes the image's Python hang in the smoke test only (the smoke run sets NVIDIA_TF32_OVERRIDE=0).
@@ -54,7 +53,7 @@ def _image(client, ref: str):
 
 def _start_build(recipe: Path, ctx: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(ctx)],
+        [*IMGBUILD, "build", str(recipe), "-o", str(ctx)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -263,7 +262,7 @@ def test_no_secret_file_survives_a_sigkill_mid_build(testbed, names, tmp_path):
         "IMGBUILD_PIP_INDEX_URL": f"https://bob:{password}@127.0.0.1:9/simple",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "imgbuild", "build", str(recipe), "-o", str(tmp_path / "ctx")],
+        [*IMGBUILD, "build", str(recipe), "-o", str(tmp_path / "ctx")],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -372,7 +371,7 @@ def test_concurrent_renders_of_one_recipe_leave_one_whole_context(tmp_path):
     out = tmp_path / "images" / "together"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "imgbuild", "render", str(recipe), "--offline", "-o", str(out)],
+            [*IMGBUILD, "render", str(recipe), "--offline", "-o", str(out)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -13,7 +13,7 @@ import yaml
 
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.recipe import load_recipe
-from tests.conftest import use_site_config
+from tests.conftest import IMGBUILD, use_site_config
 
 HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'
 
@@ -441,7 +441,7 @@ def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value
 def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     """probe-3 #1: the Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
     from imgbuild.config.settings import load_settings
-    from imgbuild.engine.containers import run_argv
+    from imgbuild.engine.runargs import run_argv
     from imgbuild.servers.run import RunRequest, prepare
     from imgbuild.servers.spec import jupyter_notes
 
@@ -660,7 +660,6 @@ def test_4_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_i
     import os
     import signal
     import subprocess
-    import sys
 
     from imgbuild.facts import Label
     from tests.conftest import ROOT, bridge_gateway
@@ -681,7 +680,7 @@ def test_4_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_i
             "IMGBUILD_PIP_INDEX_URL": f"http://bob:{secret}@{host}/simple",
             "PYTHONPATH": str(ROOT),
         }
-        proc = subprocess.Popen([sys.executable, "-m", "imgbuild", "lock", str(recipe)], cwd=tmp_path, env=env)
+        proc = subprocess.Popen([*IMGBUILD, "lock", str(recipe)], cwd=tmp_path, env=env)
         found = []
         deadline = time.monotonic() + 240
         while not found and time.monotonic() < deadline:
@@ -710,7 +709,7 @@ def test_4_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_i
             docker_client.containers.get(container.id)
         index.delay = 0  # and the credentials did reach pip: slowpkg is on that index alone
         done = subprocess.run(
-            [sys.executable, "-m", "imgbuild", "lock", str(recipe)],
+            [*IMGBUILD, "lock", str(recipe)],
             cwd=tmp_path,
             env=env,
             capture_output=True,

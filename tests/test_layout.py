@@ -32,6 +32,7 @@ LEVELS: list[set[str]] = [
         "payload",
         "acting",
         "regular",
+        "rootside",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import IMGBUILD, ROOT, run_cli
 
 ACCEPT = ", ".join(
     (
@@ -113,7 +112,7 @@ def test_a_copy_interrupted_when_the_mirror_stops_resumes_and_completes(testbed,
     args = ["--to", mirror.host, "--tag", "23.10-py3", "--json"]
     env = {**os.environ, **testbed, "IMGBUILD_REGISTRY_BACKOFF": "0.02", "IMGBUILD_REGISTRY_TIMEOUT": "5"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "imgbuild", "mirror", "pytorch", *args],
+        [*IMGBUILD, "mirror", "pytorch", *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -24,7 +24,7 @@ from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
 from imgbuild.servers.run import RunRequest, prepare
-from tests.conftest import run_words, use_site_config
+from tests.conftest import IMGBUILD, run_words, use_site_config
 
 ME = caller().name
 H = 3600.0
@@ -364,7 +364,7 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
         assert f"{lost}: GPUs lost" in shown.err
         assert json.loads(run_cli("gpus", "--json", env=env).out)["lost"][0]["name"] == lost
         shell = subprocess.run(
-            [sys.executable, "-m", "imgbuild", "shell", f"dev{unique}"],
+            [*IMGBUILD, "shell", f"dev{unique}"],
             input="id -u; pwd\n", capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
         )  # fmt: skip
         assert shell.returncode == 0 and shell.stdout.split() == [str(os.getuid()), "/workspace"], shell.stderr

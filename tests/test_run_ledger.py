@@ -20,7 +20,7 @@ from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
 from imgbuild.servers.holds import held_on_host
 from imgbuild.servers.ledger import Entry, Ledger, alive
 from imgbuild.servers.run import RunRequest, prepare
-from tests.conftest import ROOT, run_words, use_site_config
+from tests.conftest import IMGBUILD, ROOT, run_words, use_site_config
 
 ME = caller().name
 
@@ -229,7 +229,7 @@ def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed
     try:
         starts = [
             subprocess.Popen(
-                [sys.executable, "-m", "imgbuild", *args],
+                [*IMGBUILD, *args],
                 cwd=tmp_path,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -249,9 +249,7 @@ def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed
         by_gpu = dict(seen.values())
         assert sorted(by_gpu) == [two[0].uuid, two[1].uuid], seen  # one GPU each
         assert by_gpu == {two[0].uuid: "0", two[1].uuid: "1"}  # each pinned to its GPU's own CPU
-        third = subprocess.run(
-            [sys.executable, "-m", "imgbuild", *args], cwd=tmp_path, env=env, capture_output=True, text=True
-        )
+        third = subprocess.run([*IMGBUILD, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert third.returncode == 2 and "only 0 of 2 GPUs are free" in third.stderr
         assert names[0] in third.stderr and names[1] in third.stderr
         assert Ledger(tmp_path / "state").entries() == []  # started: the containers hold them now
@@ -556,7 +554,7 @@ def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_
     def start(name: str, *extra: str) -> subprocess.Popen:
         args = ["run", "-d", *extra, "--gpus", "1", "--name", f"{name}{unique}", image, "--", "sleep", "300"]
         return subprocess.Popen(
-            [sys.executable, "-m", "imgbuild", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            [*IMGBUILD, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 

@@ -360,6 +360,7 @@ def build(
                 commands=tuple(smoke.run),
                 known_good=known_good,
                 user=who.name if who else "",
+                run_as=f"{who.uid}:{who.gid}" if acting and who else "",
             )
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
             report = run_smoke(engine, wanted, settings, host, claims)

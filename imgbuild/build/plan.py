@@ -34,6 +34,17 @@ from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import ReqLine
 
 TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
+#: The files of TEMPLATES_DIR that shape a Docker image, by name. Only these are hashed: an installed copy holds
+#: other entries too (pip byte-compiles the .py scripts into `__pycache__/`), and the Apptainer template is left out
+#: so that editing it does not make every image due. A test keeps this list equal to the package data.
+IMAGE_TEMPLATES = (
+    "Dockerfile.buildkit.j2",
+    "Dockerfile.j2",
+    "add-user.sh",
+    "install.sh",
+    "pip-guard.py",
+    "pip-owners.py",
+)
 
 
 @dataclass(frozen=True)
@@ -397,8 +408,8 @@ def templates_digest() -> str:
     """imgbuild's own templates and smoke script that shape a Docker image (package data), hashed once per
     process. The Apptainer template is not among them: editing it must not make every image due."""
     h = hashlib.sha256()
-    for path in sorted(p for p in TEMPLATES_DIR.iterdir() if p.name != "apptainer.def.j2"):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for name in IMAGE_TEMPLATES:
+        h.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes())
     h.update(SMOKE_SCRIPT.read_bytes())
     return h.hexdigest()
 

@@ -106,6 +106,9 @@ class SmokeRequest:
     commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
     known_good: tuple[str, ...] = ()  # name==version that imported in the last promoted image (not re-imported)
     user: str = ""  # whose test it is (GPUs held by this user are theirs to test on); the caller's when empty
+    #: "UID:GID" when imgbuild acts for a user through sudo: the container runs as them, with no new privileges,
+    #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
+    run_as: str = ""
 
 
 #: Who else holds which GPU on the engine's host, given the GPUs read there: UUID -> claims (the servers' ledger and
@@ -243,6 +246,7 @@ def run_smoke(
         timeout=req.timeout,
         ipc=None if house.get("shm_size") else str(house.get("ipc") or "host"),
         shm_size=str(house["shm_size"]) if house.get("shm_size") else None,
+        as_user=req.run_as or None,
     )
     report = parse_output(req.image, code, output, note)
     if mig_profiles:  # the slice the GPU checks ran on: its figures are a slice's, not the whole GPU's

@@ -37,8 +37,12 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     import signal
 
+    from imgbuild import rootside
+
+    rootside.harden()  # as root: no import from a user-writable place; under sudo, a fixed environment
     with contextlib.suppress(ValueError):  # not the main thread (tests calling main())
-        signal.signal(signal.SIGTERM, _terminate)
+        for signum in (signal.SIGTERM, signal.SIGHUP):  # sudo relays a hang-up: clean up as for Ctrl-C
+            signal.signal(signum, _terminate)
     args = list(sys.argv[1:] if argv is None else argv)
     acting = False
     try:

@@ -190,7 +190,10 @@ def smoke(
     if fleet is not None:
         result = fleet_report(engine, image, fleet, driver, settings)
     else:
-        wanted = SmokeRequest(image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus)
+        wanted = SmokeRequest(
+            image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
+            run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
+        )  # fmt: skip
         result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings))
     if report:
         write_as(acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")

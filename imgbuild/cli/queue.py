@@ -51,7 +51,7 @@ def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
 @click.pass_context
 def queue_ls(ctx: click.Context, as_json: bool) -> None:
-    """Every user's jobs: waiting, started and failed."""
+    """Every user's jobs: waiting, started and failed (a variable's value is never shown, only its name)."""
     import time
     from dataclasses import asdict
 
@@ -60,7 +60,7 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
 
     found = jobs.Queue(_queue_dir(ctx)).load().jobs
     if as_json:
-        emit_json([asdict(j) for j in sorted(found, key=lambda j: j.submitted)])
+        emit_json([{**asdict(j), "args": jobs.shown_args(j.args)} for j in sorted(found, key=lambda j: j.submitted)])
         return
     if not found:
         click.echo("the queue is empty")
@@ -76,7 +76,7 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
                 str(place.get(j.id, "")),
                 time.strftime("%m-%d %H:%M", time.localtime(j.submitted)),
                 j.container or j.detail,
-                " ".join(j.args)[:80],
+                " ".join(jobs.shown_args(j.args))[:80],
             ]
             for j in sorted(found, key=lambda j: j.submitted)
         ],  # fmt: skip

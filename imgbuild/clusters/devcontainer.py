@@ -15,7 +15,7 @@ from typing import Any
 
 from imgbuild.build.plan import Plan
 from imgbuild.config.site import house_rules
-from imgbuild.engine.containers import container_env, house_flags, resource_flags
+from imgbuild.engine.runargs import container_env, house_flags, resource_flags
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
 from imgbuild.servers.spec import THREAD_VARS, RunSpec

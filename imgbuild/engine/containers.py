@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shlex
 import subprocess
 import sys
 import tarfile
@@ -14,6 +13,7 @@ from typing import Any
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.probe import Probe
+from imgbuild.engine.runargs import env_file, run_argv
 from imgbuild.engine.types import RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
@@ -38,13 +38,16 @@ class DockerContainers:
 
     def run(self, options: RunOptions) -> tuple[int, str]:
         """`docker run` for `options`: detached, stdout passed through and stderr kept to explain a failure;
-        else with the terminal attached. (exit code, stderr); each variable's value reaches the CLI through its
-        own environment, never its argv."""
+        else with the terminal attached. (exit code, stderr). The container's variables reach the CLI as data, in
+        an env file read from a private descriptor (`--env-file /dev/fd/N`): never its argv, and never the CLI's
+        own environment (a container's HOME, PATH or proxy would steer the CLI itself: its config, credential
+        helpers, context)."""
         argv, env = run_argv(options)
-        full_env = {**os.environ, **env}
-        if not options.detach:
-            return subprocess.run([self.cli(), *argv], env=full_env).returncode, ""
-        proc = subprocess.run([self.cli(), *argv], stderr=subprocess.PIPE, text=True, env=full_env)
+        with env_file(env) as (fd, path):
+            argv, fds = ([argv[0], "--env-file", path, *argv[1:]], (fd,)) if env else (argv, ())
+            if not options.detach:
+                return subprocess.run([self.cli(), *argv], pass_fds=fds).returncode, ""
+            proc = subprocess.run([self.cli(), *argv], stderr=subprocess.PIPE, text=True, pass_fds=fds)
         if proc.stderr:
             sys.stderr.write(proc.stderr)
         return proc.returncode, proc.stderr
@@ -70,8 +73,9 @@ class DockerContainers:
         return {c.name for c in self.client.containers.list(all=True)}
 
     def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
+        """Every container, as imgbuild reads it; one removed while the list is read is left out, never an error."""
         rows = []
-        for c in self.client.containers.list(all=True):
+        for c in self.client.containers.list(all=True, ignore_removed=True):
             if name_prefix and not c.name.startswith(name_prefix):
                 continue
             host = c.attrs.get("HostConfig") or {}
@@ -81,8 +85,8 @@ class DockerContainers:
                 {
                     "name": c.name,
                     "id": c.short_id,
-                    "labelled": Label.USER in labels,  # started by imgbuild run (else: named by hand)
-                    "smoke": Label.SMOKE_OF in labels,
+                    "labelled": bool(labels.get(Label.USER)),  # started by imgbuild run (else: named by hand)
+                    "smoke": bool(labels.get(Label.SMOKE_OF)),  # `run` sets it empty: an image cannot
                     "deadline": _number(labels.get(Label.DEADLINE)),
                     "notify": labels.get(Label.NOTIFY) == "1",
                     "exit_code": state.get("ExitCode"),
@@ -206,8 +210,11 @@ class DockerContainers:
         timeout: int = 1800,
         ipc: str | None = "host",
         shm_size: str | None = None,
+        as_user: str | None = None,
     ) -> tuple[int, str, str]:
-        """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user.
+        """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user;
+        `as_user` ("UID:GID", a user imgbuild acts for through sudo): as them instead, with no new privileges, no
+        capabilities and a private IPC namespace.
 
         `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
         `note` says why GPUs were asked for but not given. The container is labelled with the image it
@@ -224,7 +231,7 @@ class DockerContainers:
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
         self.sweep_orphans()
-        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size)
+        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -322,14 +329,20 @@ def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
     return {**env, "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""} if gpus is None else dict(env)
 
 
-def _script_container(image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None) -> dict:
-    """The create() arguments of a script's container: labelled with the image and the process running it."""
+def _script_container(
+    image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None, as_user: str | None = None
+) -> dict:
+    """The create() arguments of a script's container: labelled with the image and the process running it; for a
+    user imgbuild acts for (`as_user`), as that user, hardened as their `imgbuild run` is, IPC its own."""
     from imgbuild.host import process_token
 
     labels = {SMOKE_LABEL: image, Label.STARTED_BY: process_token()}
     kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
     if stdin:
         kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})
+    if as_user:
+        kwargs.update(user=as_user, security_opt=["no-new-privileges"], cap_drop=["ALL"])
+        ipc = "private" if ipc == "host" else ipc
     if shm_size:
         kwargs["shm_size"] = shm_size
     elif ipc:
@@ -392,74 +405,3 @@ def _script_tar(script: str) -> bytes:
         info.size, info.mode = len(data), 0o755
         tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-# --- `docker run`, from RunOptions ------------------------------------------------------------------------
-
-
-def run_argv(o: RunOptions) -> tuple[list[str], dict[str, str]]:
-    """The `docker run` words for `o` (without the binary), and the environment that carries each `-e NAME`'s
-    value: no value (a Jupyter token, a user's HF_TOKEN) stands in an argv."""
-    return _run_words(o, values=False), dict(container_env(o))
-
-
-def run_command_line(o: RunOptions, docker: str = "docker") -> str:
-    """The command as a user would type it (`run --dry-run`): values shown, since the user gave them."""
-    return shlex.join([docker, *_run_words(o, values=True)])
-
-
-def house_flags(o: RunOptions) -> list[tuple[str, str]]:
-    """(flag, value) of a site's house rules: IPC or shm, ulimits, capped json-file logs. Dev containers' runArgs
-    take the same (clusters.devcontainer)."""
-    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc or "host")]
-    flags += [("--ulimit", f"{key}={value}") for key, value in o.ulimits]
-    return flags + [
-        ("--log-driver", "json-file"),
-        ("--log-opt", f"max-size={o.log_max_size}"),
-        ("--log-opt", f"max-file={o.log_max_file}"),
-    ]
-
-
-def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
-    """(flag, value) of the GPUs and CPUs chosen, with their labels: `imgbuild run` and a dev container alike."""
-    flags = [] if o.gpus_by_env or not o.gpus else [("--gpus", f'"device={",".join(o.gpus)}"')]
-    flags += [("--label", f"{key}={value}") for key, value in o.labels if key in (Label.GPUS, Label.GPU_UUIDS)]
-    if o.cpus:
-        flags.append(("--cpus", f"{o.cpus:g}"))
-    if o.cpuset:
-        flags.append(("--cpuset-cpus", o.cpuset))
-    return flags
-
-
-def container_env(o: RunOptions) -> list[tuple[str, str]]:
-    """The container's variables: the given ones, then the GPUs' (the last word on NVIDIA_VISIBLE_DEVICES)."""
-    gpus = ",".join(o.gpus) if o.gpus and o.gpus_by_env else ("void" if not o.gpus else None)
-    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", gpus)] if gpus else [])]
-
-
-def _run_words(o: RunOptions, values: bool) -> list[str]:
-    words = ["run", "--name", o.name, "--user", o.user]
-    for key, value in o.labels:
-        if key not in (Label.GPUS, Label.GPU_UUIDS):
-            words += ["--label", f"{key}={value}"]
-    for flag, value in house_flags(o):
-        words += [flag, value]
-    for mount in o.mounts:
-        words += ["-v", mount]
-    if o.workdir:
-        words += ["-w", o.workdir]
-    for key, value in container_env(o):
-        words += ["-e", f"{key}={value}" if values else key]
-    for port in o.ports:
-        words += ["-p", port]
-    for flag, value in resource_flags(o):
-        words += [flag, value]
-    return [*words, *_mode_words(o), o.image, *o.command]
-
-
-def _mode_words(o: RunOptions) -> list[str]:
-    modes = [("--rm", o.remove), ("-d", o.detach), ("-i", o.interactive), ("-t", o.tty)]
-    words = [flag for flag, on in modes if on] + ([] if o.pull else ["--pull", "never"])
-    if o.hardened:
-        words += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
-    return words + (["--entrypoint", o.entrypoint] if o.entrypoint is not None else [])

@@ -39,6 +39,7 @@ class ProbeRun:
     env: dict[str, str]
     stdin: bytes | None
     gpus: list[str] | None
+    as_user: str | None = None
 
 
 #: A scripted probe: (exit code, the answer's JSON object or the raw output, the engine's note).
@@ -130,8 +131,9 @@ class FakeContainers:
         timeout: int = 1800,
         ipc: str | None = "host",
         shm_size: str | None = None,
+        as_user: str | None = None,
     ) -> tuple[int, str, str]:
-        run = ProbeRun(image, probe, list(args), dict(env), stdin, gpus)
+        run = ProbeRun(image, probe, list(args), dict(env), stdin, gpus, as_user)
         self.probed.append(run)
         if probe.name in self.answers:
             self.calls.append(f"{probe.name} {image}")

@@ -70,7 +70,7 @@ class ImageInfo:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """A container to start, in imgbuild's words; only the engine turns it into its own (engine.containers.run_argv).
+    """A container to start, in imgbuild's words; only the engine turns it into its own (engine.runargs.run_argv).
     `env` values never reach an argv (every user of a host can read /proc/PID/cmdline)."""
 
     image: str
@@ -128,6 +128,7 @@ class ContainerRunner(Protocol):
         timeout: int = ...,
         ipc: str | None = ...,
         shm_size: str | None = ...,
+        as_user: str | None = ...,
     ) -> tuple[int, str, str]: ...
     def remove_labelled(self, label: str, value: str) -> None: ...
     def names(self) -> set[str]: ...

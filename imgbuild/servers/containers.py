@@ -144,8 +144,6 @@ def container_view(engine: Any, settings: Any, now: float | None = None) -> list
     now = time.time() if now is None else now
     rows = []
     for row in engine.containers.rows():
-        if row.get("smoke"):
-            continue
         deadline = effective_deadline(row, extended, house)
         left = "" if deadline is None else ("passed" if deadline <= now else human_duration(deadline - now))
         rows.append({**row, "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})

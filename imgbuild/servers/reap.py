@@ -221,22 +221,46 @@ def save_state(path: Path, state: State) -> None:
     write_whole(path, asdict(state))
 
 
-def write_whole(path: Path, data: Any, owner: int | None = None) -> None:
-    """`data` as JSON in `path`, written beside it (never through a link) and renamed over it: never half
-    written; given to `owner` where root writes another user's file."""
+def write_whole(path: Path, data: Any, mode: int = 0o644, owner: int = 0) -> None:
+    """`data` as JSON in `path`, written beside it (never through a link), synced and renamed over it: never half
+    written; given to `owner` where root writes a user's own file. Root first removes what someone else planted
+    at the name (a folder, a FIFO, a link: the state folder is sticky and world-writable, and only root may take
+    another user's entry away)."""
+    if os.geteuid() == 0:
+        clear_planted(path, owner)
     partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle)
-            if owner is not None and os.geteuid() == 0 and owner != 0:
+            if owner and os.geteuid() == 0:
                 os.fchown(handle.fileno(), owner, -1)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(partial, path)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
+
+
+def clear_planted(path: Path, owner: int = 0) -> None:
+    """Remove what stands at `path` unless it is a regular file of root's (or of `owner`, whose file it is): root's
+    names in a shared folder are root's (a folder is removed whole, never followed through a link)."""
+    import shutil
+
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_uid in (0, owner):
+        return
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def append_log(path: Path, now: float, action: Action, outcome: str) -> None:

@@ -426,7 +426,7 @@ def launch(
     import socket
 
     from imgbuild.engine import connect_engine
-    from imgbuild.engine.containers import run_command_line
+    from imgbuild.engine.runargs import run_command_line
 
     if dry_run:
         spec = prepare(request, settings)

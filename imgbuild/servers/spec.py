@@ -65,6 +65,7 @@ class RunSpec:
         if self.gpus.gpus:
             labels += [(Label.GPUS, ",".join(str(g.index) for g in self.gpus.gpus))]
             labels += [(Label.GPU_UUIDS, ",".join(self.gpus.uuids))]
+        labels += [(key, "") for key in Label.CONTAINER_KEYS if key not in dict(labels)]  # none inherited
         home = home_of_uid(self.uid)
         mounts = [f"{self.cwd}:{h['workspace']}"] if h.get("workspace") else []
         mounts += [

@@ -1,0 +1,117 @@
+"""`docker run` (and `podman run`) from RunOptions: the words, the env file that carries the container's
+variables, and the flags dev containers share. Pure, but for `env_file`'s in-memory file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+
+from imgbuild.engine.types import RunOptions
+from imgbuild.errors import UsageError
+from imgbuild.facts import Label
+
+
+def run_argv(o: RunOptions) -> tuple[list[str], dict[str, str]]:
+    """The `docker run` words for `o` (without the binary), and the container's variables, which go to the CLI in
+    an env file (`env_file`): no value (a Jupyter token, a user's HF_TOKEN) stands in an argv."""
+    return _run_words(o, values=False), dict(container_env(o))
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+
+
+def env_file_text(env: dict[str, str]) -> bytes:
+    """`NAME=VALUE` lines as the docker and podman CLIs read an env file. A value the format cannot carry (a line
+    break, NUL) is refused, never cut: the container would get another value than the one given."""
+    lines = []
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"-e {name[:60]!r}: not a variable name (letters, digits, _)")
+        if any(c in value for c in "\n\r\0"):
+            raise UsageError(f"-e {name}: a value with a line break or NUL cannot be passed to a container")
+        lines.append(f"{name}={value}\n")
+    try:
+        return "".join(lines).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("-e: a value that is not UTF-8 text cannot be passed to a container") from None
+
+
+@contextlib.contextmanager
+def env_file(env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """(fd, /dev/fd/fd) of an anonymous in-memory file holding `env` (no name on any disk, readable by this
+    process and the child it is passed to only); (-1, "") for no variables."""
+    if not env:
+        yield -1, ""
+        return
+    data = env_file_text(env)
+    fd = os.memfd_create("imgbuild-env", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd, f"/dev/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def run_command_line(o: RunOptions, docker: str = "docker") -> str:
+    """The command as a user would type it (`run --dry-run`): values shown, since the user gave them."""
+    return shlex.join([docker, *_run_words(o, values=True)])
+
+
+def house_flags(o: RunOptions) -> list[tuple[str, str]]:
+    """(flag, value) of a site's house rules: IPC or shm, ulimits, capped json-file logs. Dev containers' runArgs
+    take the same (clusters.devcontainer)."""
+    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc or "host")]
+    flags += [("--ulimit", f"{key}={value}") for key, value in o.ulimits]
+    return flags + [
+        ("--log-driver", "json-file"),
+        ("--log-opt", f"max-size={o.log_max_size}"),
+        ("--log-opt", f"max-file={o.log_max_file}"),
+    ]
+
+
+def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
+    """(flag, value) of the GPUs and CPUs chosen, with their labels: `imgbuild run` and a dev container alike."""
+    flags = [] if o.gpus_by_env or not o.gpus else [("--gpus", f'"device={",".join(o.gpus)}"')]
+    flags += [("--label", f"{key}={value}") for key, value in o.labels if key in (Label.GPUS, Label.GPU_UUIDS)]
+    if o.cpus:
+        flags.append(("--cpus", f"{o.cpus:g}"))
+    if o.cpuset:
+        flags.append(("--cpuset-cpus", o.cpuset))
+    return flags
+
+
+def container_env(o: RunOptions) -> list[tuple[str, str]]:
+    """The container's variables: the given ones, then the GPUs' (the last word on NVIDIA_VISIBLE_DEVICES)."""
+    gpus = ",".join(o.gpus) if o.gpus and o.gpus_by_env else ("void" if not o.gpus else None)
+    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", gpus)] if gpus else [])]
+
+
+def _run_words(o: RunOptions, values: bool) -> list[str]:
+    words = ["run", "--name", o.name, "--user", o.user]
+    for key, value in o.labels:
+        if key not in (Label.GPUS, Label.GPU_UUIDS):
+            words += ["--label", f"{key}={value}"]
+    for flag, value in house_flags(o):
+        words += [flag, value]
+    for mount in o.mounts:
+        words += ["-v", mount]
+    if o.workdir:
+        words += ["-w", o.workdir]
+    for key, value in container_env(o):
+        words += ["-e", f"{key}={value}" if values else key]
+    for port in o.ports:
+        words += ["-p", port]
+    for flag, value in resource_flags(o):
+        words += [flag, value]
+    return [*words, *_mode_words(o), o.image, *o.command]
+
+
+def _mode_words(o: RunOptions) -> list[str]:
+    modes = [("--rm", o.remove), ("-d", o.detach), ("-i", o.interactive), ("-t", o.tty)]
+    words = [flag for flag, on in modes if on] + ([] if o.pull else ["--pull", "never"])
+    if o.hardened:
+        words += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+    return words + (["--entrypoint", o.entrypoint] if o.entrypoint is not None else [])

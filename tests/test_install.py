@@ -1,0 +1,123 @@
+"""imgbuild as users install it: a built wheel, in a fresh virtual environment, not this checkout.
+
+Every other test imports the copy installed in the suite's own environment (tests/conftest.py makes sure the
+checkout never shadows it); the README's test command installs that copy from a built wheel. These tests build
+the wheel here, check what it carries, and drive the installed command from a folder that holds no source.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import imgbuild
+from imgbuild.build.plan import IMAGE_TEMPLATES, TEMPLATES_DIR, templates_digest
+from tests.conftest import IMGBUILD, ROOT
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    (found,) = out.glob("imgbuild-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed as `pip install imgbuild-*.whl` installs it (byte-compiled)."""
+    venv = tmp_path_factory.mktemp("venv") / "v"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+        check=True, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return venv
+
+
+def test_the_wheel_carries_the_templates_and_in_image_scripts_and_no_tests_or_bytecode(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    for template in (*IMAGE_TEMPLATES, "apptainer.def.j2"):
+        assert f"imgbuild/templates/{template}" in names, template
+    assert "imgbuild/payload/smoke_image.py" in names
+    assert "imgbuild/py.typed" in names
+    assert not [n for n in names if n.startswith("tests/")], "tests are not part of the package"
+    assert not [n for n in names if n.endswith((".pyc", ".pyo")) or "__pycache__" in n]
+
+
+def test_the_declared_templates_are_exactly_the_package_data_that_shapes_an_image():
+    """IMAGE_TEMPLATES is the list the digest hashes: every template file but Apptainer's, nothing else."""
+    on_disk = {p.name for p in TEMPLATES_DIR.iterdir() if p.is_file() and not p.name.endswith((".pyc", ".pyo"))}
+    assert set(IMAGE_TEMPLATES) == on_disk - {"apptainer.def.j2"}
+
+
+def test_a_byte_compiled_templates_folder_changes_nothing(tmp_path, monkeypatch):
+    """What a regular install holds beside the templates (pip's __pycache__) neither breaks nor moves the digest."""
+    import imgbuild.build.plan as plan
+
+    copy = tmp_path / "templates"
+    shutil.copytree(TEMPLATES_DIR, copy)
+    before = templates_digest()
+    (copy / "__pycache__").mkdir(exist_ok=True)
+    (copy / "__pycache__" / "pip-guard.cpython-311.pyc").write_bytes(b"\0" * 16)
+    monkeypatch.setattr(plan, "TEMPLATES_DIR", copy)
+    plan.templates_digest.cache_clear()
+    try:
+        assert plan.templates_digest() == before
+    finally:
+        plan.templates_digest.cache_clear()
+
+
+def test_the_suite_imports_the_installed_copy():
+    """Under the README's test command the package under test is the wheel's, not this checkout."""
+    if os.environ.get("IMGBUILD_TEST_INSTALLED") != "wheel":
+        assert Path(imgbuild.__file__).resolve().is_relative_to(ROOT) or "site-packages" in imgbuild.__file__
+        return
+    assert "site-packages" in imgbuild.__file__ and not Path(imgbuild.__file__).resolve().is_relative_to(ROOT)
+
+
+def test_the_installed_command_validates_renders_and_exports_from_a_folder_without_source(installed, tmp_path):
+    work = tmp_path / "project"
+    shutil.copytree(ROOT / "recipes", work / "recipes")
+    env = {
+        "PATH": f"{installed / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "IMGBUILD_CACHE_DIR": str(tmp_path / "cache"),
+        "IMGBUILD_CONFIG": str(tmp_path / "config.yaml"),
+        "IMGBUILD_SITE_CONFIG": str(tmp_path / "site.yaml"),
+    }
+    command = str(installed / "bin" / "imgbuild")
+
+    def imgbuild_(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([command, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    compiled = list((installed / "lib").glob("python3*/site-packages/imgbuild/templates/__pycache__"))
+    assert compiled, "pip byte-compiles the templates folder's scripts: the case this test is about"
+    checked = imgbuild_("validate", "recipes/pytorch-research.yaml")
+    assert checked.returncode == 0, checked.stderr
+    rendered = imgbuild_("render", "recipes/pytorch-research.yaml", "--offline")
+    assert rendered.returncode == 0, rendered.stderr
+    context = work / "images" / "pytorch-research"
+    assert (context / "Dockerfile").is_file() and (context / "imgbuild" / "smoke" / "smoke.py").is_file()
+    assert (context / "imgbuild" / "pip" / "guard.py").read_bytes() == (TEMPLATES_DIR / "pip-guard.py").read_bytes()
+    exported = imgbuild_("export", "recipes/pytorch-research.yaml", "--apptainer", "-o", str(work / "r.def"))
+    assert exported.returncode == 0, exported.stderr
+    assert "\nBootstrap: docker-daemon\n" in (work / "r.def").read_text()
+    # an installed copy renders what the suite's own copy renders, byte for byte, with the same settings
+    again = subprocess.run(
+        [*IMGBUILD, "render", "recipes/pytorch-research.yaml", "--offline", "-o", str(tmp_path / "again")],
+        cwd=work, env={**env, "PATH": f"{Path(IMGBUILD[0]).parent}:/usr/bin:/bin"}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    for path in sorted(p for p in (tmp_path / "again").rglob("*") if p.is_file()):
+        assert (context / path.relative_to(tmp_path / "again")).read_bytes() == path.read_bytes(), path
