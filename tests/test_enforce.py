@@ -660,3 +660,190 @@ def test_what_runs_as_the_user_imports_nothing_after_the_switch():
         assert not missing, f"{module} imports {sorted(missing)} inside a function: add them to acting.PRELOAD"
         todo += [m for m in top | late if m.startswith("imgbuild.") and m != "imgbuild.config.settings"]
     assert {"imgbuild.fields", "imgbuild.text", "imgbuild.gpu.fleet"} <= seen
+
+
+def _as_plain(user: str, script: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """`user` in their own shell, without sudo: what they can do to files by hand."""
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "sh", "-c", script], input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def _give(path: Path, user: str) -> None:
+    entry = pwd.getpwnam(user)
+    for folder, _, files in os.walk(path):
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+        for name in files:
+            os.chown(os.path.join(folder, name), entry.pw_uid, entry.pw_gid)
+
+
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.engine
+def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_state_folder(
+    enforced, unique, docker_client
+):
+    """The root paths of a shared server, each tried by a real user (imgbt-alice) through Debian's sudo on the real
+    engine, attack first: a package named imgbuild in the folder a job is queued from; a queue file written by
+    hand with the sudo group's gid and root's flags; HOME and PATH given as container variables to run her own
+    credential helper in root's docker CLI; a docker config planted in a shared HOME to steer bob's runs; folders
+    planted at root's names in a fresh state folder; the host's lock held; bob's queued secret read; an image whose
+    labels would hide its container and hold every GPU. None of her code runs as root, none of bob's secrets
+    reach her, and bob's runs go on."""
+    import time
+
+    from imgbuild.facts import Label
+    from imgbuild.servers.ledger import Ledger
+    from tests.conftest import run_cli
+
+    image, state, reg = enforced["image"], enforced["state"], enforced["registry"]
+    alice, bob = (pwd.getpwnam(u) for u in USERS)
+    ahome = Path(alice.pw_dir)
+    proof = Path(f"/tmp/imgbt-proof-{unique}")  # what any of her code leaves when it runs
+    code = f"import os\nopen({str(proof)!r}, 'a').write(f'uid={{os.getuid()}}\\n')\n"
+    root = {"IMGBUILD_SITE_CONFIG": "/etc/imgbuild/config.yaml"}
+    planted_home = Path("/tmp/home")
+    planted_home_is_ours = not planted_home.exists()
+    holder = None
+    try:
+        # -- a fresh state folder (root's, sticky, as the first run makes it): she plants root's names first
+        Ledger(state).folder()
+        planted = _as_plain(
+            "imgbt-alice",
+            f"mkdir {state}/.reap {state}/ledger-0.json {state}/queue-{bob.pw_uid}.json && "
+            f"echo '{{}}' > {state}/.reap/usage.jsonl",
+        )
+        assert planted.returncode == 0, planted.stderr
+        went = as_user("imgbt-bob", "queue", "add", "--name", f"qb{unique}", "-e", f"HF_TOKEN=hf_bob_{unique}",
+                       image, "--", "sleep", "30")  # fmt: skip
+        assert went.returncode == 0 and "started" in went.stderr, went.stderr
+        reap = os.lstat(state / ".reap")
+        assert reap.st_uid == 0 and reap.st_mode & 0o777 == 0o700, "root's folder is root's again"
+        bobs_file = os.stat(state / f"queue-{bob.pw_uid}.json")
+        assert bobs_file.st_uid == 0 and bobs_file.st_mode & 0o777 == 0o600, "bob's queue: root's, private"
+
+        # -- bob's secret is not hers to read
+        for args in (["queue", "ls"], ["queue", "ls", "--json"]):
+            listed = as_user("imgbt-alice", *args)
+            assert listed.returncode == 0 and f"hf_bob_{unique}" not in listed.stdout + listed.stderr, listed.stdout
+            assert "HF_TOKEN=***" in listed.stdout
+        read = _as_plain("imgbt-alice", f"cat {state}/queue-{bob.pw_uid}.json")
+        assert read.returncode != 0 and f"hf_bob_{unique}" not in read.stdout
+
+        # -- a queue file she writes by hand: the sudo group's gid, root in the container, the host's / mounted
+        job = {"id": "0badc0de", "user": "imgbt-alice", "uid": alice.pw_uid, "gid": 27, "submitted": time.time(),
+               "cwd": str(ahome), "args": ["--user", "0:0", "-v", "/:/host", "--no-workspace", "--name",
+                                           f"qr{unique}", image, "--", "sh", "-c", f"id > /host{proof}"]}  # fmt: skip
+        hers = state / f"queue-{alice.pw_uid}.json"
+        wrote = _as_plain("imgbt-alice", f"umask 022; cat > {hers}", json.dumps({"jobs": [job]}))
+        assert wrote.returncode == 0, wrote.stderr
+        run_cli("queue", "run", env=root)  # root's timer advances the queue
+        assert not proof.exists(), proof.read_text()
+        assert not docker_client.containers.list(all=True, filters={"name": f"qr{unique}"})
+        assert os.stat(hers).st_uid == alice.pw_uid, "her file stays hers: root never vouches for it"
+        assert _as_plain("imgbt-alice", f"rm -f {hers}").returncode == 0
+
+        # -- a package named imgbuild in the folder she queues from
+        folder = ahome / f"q-{unique}"
+        (folder / "imgbuild").mkdir(parents=True)
+        for name in ("__init__.py", "__main__.py"):
+            (folder / "imgbuild" / name).write_text(code)
+        _give(folder, "imgbt-alice")
+        queued = as_user("imgbt-alice", "queue", "add", "--name", f"qa{unique}", image, "--", "true", cwd=str(folder))
+        assert queued.returncode == 0, queued.stderr
+        run_cli("queue", "run", env=root)
+        assert not proof.exists(), proof.read_text()
+
+        # -- HOME and PATH as container variables, to run her credential helper in root's docker CLI
+        fake_home, bin_dir = ahome / f"h-{unique}", ahome / f"bin-{unique}"
+        (fake_home / ".docker").mkdir(parents=True)
+        (fake_home / ".docker" / "config.json").write_text('{"credsStore": "imgbt"}')
+        bin_dir.mkdir()
+        helper = bin_dir / "docker-credential-imgbt"
+        helper.write_text(f"#!/bin/sh\nid >> {proof}\necho '{{}}'\n")
+        helper.chmod(0o755)
+        _give(fake_home, "imgbt-alice")
+        _give(bin_dir, "imgbt-alice")
+        pulled = as_user("imgbt-alice", "run", "-e", f"HOME={fake_home}", "-e", f"PATH={bin_dir}:/usr/bin:/bin",
+                         f"{reg}/nvidia/absent-{unique}:1", "--", "true")  # fmt: skip
+        assert pulled.returncode != 0
+        assert not proof.exists(), proof.read_text()
+
+        # -- a docker config planted in the default HOME of every stock-image run, to steer bob's CLI
+        if planted_home_is_ours:
+            _as_plain("imgbt-alice", "mkdir -p /tmp/home/.docker && echo "
+                      "'{\"proxies\":{\"default\":{\"httpProxy\":\"http://alice-proxy:3128\"}}}' > /tmp/home/.docker/config.json")  # fmt: skip
+        seen = as_user("imgbt-bob", "run", image, "--", "env")
+        assert seen.returncode == 0, seen.stderr
+        assert "alice-proxy" not in seen.stdout, [ln for ln in seen.stdout.splitlines() if "prox" in ln.lower()]
+
+        # -- the host's lock, held by her: bob's run still starts, within seconds
+        holder = subprocess.Popen(
+            ["runuser", "-u", "imgbt-alice", "--", "/usr/bin/python3", "-c",
+             "import fcntl,sys,time;f=open(sys.argv[1],'a');fcntl.flock(f,fcntl.LOCK_EX);print('held',flush=True);"
+             "time.sleep(120)", str(state / "ledger.lock")],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert holder.stdout and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        quick = as_user("imgbt-bob", "run", image, "--", "true")
+        assert quick.returncode == 0, quick.stderr
+        assert time.monotonic() - started < 60
+
+        # -- an image whose labels would hide its container from ps and the reaper and hold every GPU
+        evil = f"imgbt-alice/evil{unique}:1"
+        labels = {Label.SMOKE_OF: "x", Label.GPU_UUIDS: "GPU-0,GPU-1", Label.GPUS: "0,1", Label.DEADLINE: "9999999999"}
+        docker_client.images.build(
+            fileobj=__import__("io").BytesIO(f"FROM {image}\n".encode()), tag=evil, labels=labels, rm=True
+        )
+        try:
+            ran = as_user("imgbt-alice", "run", "-d", "--name", f"ev{unique}", evil, "--", "sleep", "60")
+            assert ran.returncode == 0, ran.stderr
+            (container,) = docker_client.containers.list(all=True, filters={"name": f"ev{unique}"})
+            got = container.attrs["Config"]["Labels"]
+            assert {k: got.get(k) for k in labels} == dict.fromkeys(labels, ""), got
+            shown = as_user("imgbt-alice", "ps", "--all")
+            assert f"ev{unique}" in shown.stdout, shown.stdout
+            free = as_user("imgbt-bob", "run", "--gpus", "1", image, "--", "true")
+            assert free.returncode == 0, free.stderr
+        finally:
+            with contextlib.suppress(Exception):
+                docker_client.images.remove(evil, force=True)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        proof.unlink(missing_ok=True)
+        if planted_home_is_ours:
+            shutil.rmtree(planted_home, ignore_errors=True)
+        for name in ("q", "h", "bin"):
+            shutil.rmtree(ahome / f"{name}-{unique}", ignore_errors=True)
+
+
+@pytest.mark.root("runs a script's container as another user on the real engine")
+@pytest.mark.engine
+def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(testbed, docker_client):
+    """The smoke test's container, acting for a user through sudo: their IDs, no new privileges, no capabilities,
+    and an IPC namespace of its own (another user's /dev/shm segments are not in it)."""
+    from imgbuild.engine import connect_engine
+    from imgbuild.engine.probe import Probe
+
+    script = (
+        "import json,os\n"
+        "status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "print('ANSWER' + json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'nnp': status['NoNewPrivs'].strip(),\n"
+        "      'cap': status['CapEff'].strip(), 'ipc': os.readlink('/proc/self/ns/ipc')}))\n"
+    )
+    from imgbuild.config.settings import load_settings
+
+    engine = connect_engine(load_settings({}))
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    probe = Probe("probe", script, "ANSWER")
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, as_user="4321:4322", timeout=120)
+    answer = probe.answer(output)
+    assert code == 0 and answer, output
+    assert (answer["uid"], answer["gid"], answer["nnp"]) == (4321, 4322, "1")
+    assert int(answer["cap"], 16) == 0
+    assert answer["ipc"] != os.readlink("/proc/self/ns/ipc")  # not the host's
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120)
+    plain = probe.answer(output)
+    assert plain and plain["ipc"] == os.readlink("/proc/self/ns/ipc")  # root's own smoke test: the house's IPC

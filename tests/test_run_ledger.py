@@ -81,10 +81,15 @@ def test_a_linked_ledger_or_state_folder_is_refused(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious")
     (state / "ledger.lock").symlink_to(victim)
-    with pytest.raises(EnvironmentProblem, match="is a symbolic link"):
-        Ledger(state).entries()
+    if os.geteuid() == 0:  # root removes what was planted at its name, and never follows it
+        assert Ledger(state).entries() == []
+        assert not (state / "ledger.lock").is_symlink()
+    else:
+        with pytest.raises(EnvironmentProblem, match="is a symbolic link"):
+            Ledger(state).entries()
     assert victim.read_text() == "precious"
     (state / "ledger.lock").unlink()
+    (state / f"ledger-{os.getuid()}.json").unlink(missing_ok=True)
     (state / f"ledger-{os.getuid()}.json").symlink_to(victim)  # replaced by rename, never written through
     assert Ledger(state).entries() == [] and victim.read_text() == "precious"
     (tmp_path / "file").write_text("")

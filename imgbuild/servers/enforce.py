@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import pwd
 import re
 import secrets
@@ -181,7 +182,10 @@ def check_mounts(
         source, target, read_only = _split(expand(spec, user=who.name, home=home, uid=who.uid))
         if not source.startswith("/"):
             raise UsageError(f"-v {source[:80]}: a host path (named volumes may be other users')")
-        if not target.startswith("/") or target == "/" or target.split("/")[1] in ("proc", "sys", "dev"):
+        if not target.startswith("/"):
+            raise UsageError(f"-v ...:{target[:80]}: not a place in the container a mount may go")
+        target = posixpath.normpath("/" + target.lstrip("/"))  # `//proc/x`, `/a/../proc` are /proc's
+        if target == "/" or target.split("/")[1] in ("proc", "sys", "dev"):
             raise UsageError(f"-v ...:{target[:80]}: not a place in the container a mount may go")
         seen = (probe or resolve_as)(who, source)
         if "error" in seen:

@@ -46,16 +46,21 @@ HOLD_SECONDS = 900
 WAIT_SECONDS = 120
 #: How long a run waits for another to let go of the host's lock before it says so.
 LOCK_SECONDS = 120
+#: How long root waits for the shared lock, which any user can hold, once it holds its own.
+SHARED_LOCK_SECONDS = 5
 
 
-def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS) -> int:
-    """A host-wide lock file shared by every user, held exclusively (bounded wait); the descriptor to close. A
-    planted FIFO or folder is removed by root and refused for anyone else."""
+def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS, shared: bool = True) -> int:
+    """A host-wide lock file held exclusively (bounded wait): shared by every user, or (`shared=False`) root's
+    own, 0600; the descriptor to close. A planted FIFO or folder is removed by root and refused for anyone else."""
+    mode = 0o666 if shared else 0o600
+    if os.geteuid() == 0 and os.path.islink(path):
+        _remove(path)  # root's name in a sticky folder: a link planted there goes, never followed
     try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
         if fd is None and os.geteuid() == 0:
             _remove(path)
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise EnvironmentProblem(f"{path} is a symbolic link; remove it (run.state_dir)") from None
@@ -64,7 +69,7 @@ def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS) -> int:
         raise EnvironmentProblem(f"{path} is not a regular file (someone put it there); an admin removes it")
     with contextlib.suppress(OSError):
         if os.fstat(fd).st_uid == os.geteuid():
-            os.fchmod(fd, 0o666)  # every user of the host locks it
+            os.fchmod(fd, mode)  # every user of the host locks the shared one
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -77,6 +82,21 @@ def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS) -> int:
                     f"another process has held {what} {path} for {seconds:.0f} s; try again"
                 ) from None
             time.sleep(0.05)
+
+
+def host_locks(state_dir: Path, name: str, what: str) -> list[int]:
+    """The host's lock `name` in the state folder, as descriptors to close. Every user can open a shared lock
+    file (users of the docker group run imgbuild as themselves), so any user can hold one to stall everyone. Root
+    (imgbuild acting for users through sudo, and root's timers) therefore serialises on a lock of its own, in
+    its own folder, and waits for the shared one only briefly: a user who holds it stalls nobody who comes
+    through sudo."""
+    if os.geteuid() != 0:
+        return [hold_lock(state_dir / name, what)]
+    own = hold_lock(reaper_dir(state_dir) / name, f"root's copy of {what}", shared=False)
+    try:
+        return [own, hold_lock(state_dir / name, what, SHARED_LOCK_SECONDS)]
+    except EnvironmentProblem:
+        return [own]  # held by a user past the bound: root's own lock orders root's runs
 
 
 @dataclass
@@ -174,20 +194,18 @@ class Ledger:
                 os.chmod(self.dir, 0o1777)  # shared by every user of the host, like /tmp
         return True
 
-    def _lock(self) -> int:
-        return hold_lock(self.dir / LOCK_FILE, "the GPU ledger's lock")
-
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Book]:
         """Every user's live entries, the host locked; this user's own written back on the way out."""
         self.folder()
-        fd = self._lock()
+        fds = host_locks(self.dir, LOCK_FILE, "the GPU ledger's lock")
         try:
             book = self._book()
             yield book
             self._write([e for e in book.entries if e.uid == self.uid], book.own_extended(self.uid))
         finally:
-            os.close(fd)  # closing releases the lock
+            for fd in fds:
+                os.close(fd)  # closing releases the lock
 
     def drop(self, name: str) -> None:
         """Forget `name`'s entry (its container now holds what it chose, by its labels)."""
@@ -238,6 +256,10 @@ class Ledger:
         """Replace this user's file whole (a file beside it, renamed over it). In a sticky folder nobody can
         replace a file another user owns: a planted one is refused, and root removes it."""
         data = json.dumps({"entries": [asdict(e) for e in entries], "extended": extended}).encode()
+        if os.geteuid() == 0:
+            from imgbuild.regular import clear_planted
+
+            clear_planted(self.path)  # a folder or FIFO planted at root's name would stop every `run`
         partial = self.dir / f".ledger-{self.uid}.json.{os.getpid()}"
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -380,6 +402,8 @@ def reaper_dir(state_dir: Path) -> Path:
     else: every user of the host writes the state folder itself."""
     Ledger(state_dir).folder()
     folder = state_dir / REAPER_DIR
+    if os.geteuid() == 0:
+        _clear_planted_folder(folder)  # root's name: whatever a user put there goes
     try:
         if not os.path.lexists(folder):
             os.mkdir(folder, 0o700)
@@ -392,6 +416,20 @@ def reaper_dir(state_dir: Path) -> Path:
             "removes it and the next run makes it again"
         )
     return folder
+
+
+def _clear_planted_folder(folder: Path) -> None:
+    """Root: remove `folder` unless it is root's own folder that nobody else can write (a user who made it first,
+    in the sticky state folder, would own the reaper's state, the audit log and usage)."""
+    from imgbuild.regular import clear_planted
+
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+        return
+    clear_planted(folder)
 
 
 def append_record(path: Path, record: dict[str, Any], what: str, mode: int = 0o644) -> None:

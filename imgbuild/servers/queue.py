@@ -145,14 +145,15 @@ class Queue:
     @contextlib.contextmanager
     def locked(self):  # type: ignore[no-untyped-def]
         """The queue's own lock (never the GPU ledger's: a job's start takes that one), bounded."""
-        from imgbuild.servers.ledger import Ledger, hold_lock
+        from imgbuild.servers.ledger import Ledger, host_locks
 
         Ledger(self.state_dir).folder()
-        fd = hold_lock(self.state_dir / "queue.lock", "the queue's lock")
+        fds = host_locks(self.state_dir, "queue.lock", "the queue's lock")
         try:
             yield self.load()
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
 
 
 def _read(path: Path, uid: int) -> tuple[list[Job], bool]:

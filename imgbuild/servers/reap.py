@@ -227,6 +227,8 @@ def write_whole(path: Path, data: Any, mode: int = 0o644, owner: int = 0) -> Non
     at the name (a folder, a FIFO, a link: the state folder is sticky and world-writable, and only root may take
     another user's entry away)."""
     if os.geteuid() == 0:
+        from imgbuild.regular import clear_planted
+
         clear_planted(path, owner)
     partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
@@ -243,24 +245,6 @@ def write_whole(path: Path, data: Any, mode: int = 0o644, owner: int = 0) -> Non
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
-
-
-def clear_planted(path: Path, owner: int = 0) -> None:
-    """Remove what stands at `path` unless it is a regular file of root's (or of `owner`, whose file it is): root's
-    names in a shared folder are root's (a folder is removed whole, never followed through a link)."""
-    import shutil
-
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISREG(info.st_mode) and info.st_uid in (0, owner):
-        return
-    with contextlib.suppress(OSError):
-        if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 def append_log(path: Path, now: float, action: Action, outcome: str) -> None:
