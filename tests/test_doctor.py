@@ -130,7 +130,7 @@ def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, uniqu
     from imgbuild.config.settings import load_settings
     from imgbuild.engine import Engine
     from imgbuild.errors import ImgbuildError, UsageError
-    from imgbuild.servers.run import check_preload
+    from imgbuild.servers.admission import check_preload
 
     base = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     image = f"imgbuildtest/preload-{unique}:1"

@@ -847,3 +847,16 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120)
     plain = probe.answer(output)
     assert plain and plain["ipc"] == os.readlink("/proc/self/ns/ipc")  # root's own smoke test: the house's IPC
+
+
+def test_two_drop_ins_coexist_in_one_sudoers(tmp_path):
+    """Two installs (or a test's drop-in beside a site's): each alias is its own, and sudo accepts both files
+    together (one alias defined twice makes sudo grant neither)."""
+    assert shutil.which("visudo"), "the test bed installs sudo (tests/testbed/up --all)"
+    both = tmp_path / "sudoers"
+    both.write_text(enforce.sudoers("/opt/imgbuild/bin/imgbuild") + enforce.sudoers("/usr/local/bin/imgbuild"))
+    checked = subprocess.run(["visudo", "-cf", str(both)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    twice = tmp_path / "twice"
+    twice.write_text(enforce.sudoers("/opt/imgbuild/bin/imgbuild") * 2)  # what one alias for all did
+    assert subprocess.run(["visudo", "-cf", str(twice)], capture_output=True).returncode != 0

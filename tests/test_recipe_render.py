@@ -485,3 +485,19 @@ def test_no_template_cache_where_someone_else_could_write_code(tmp_path, setup):
     assert template_cache(cache_dir) is None
     plan = plan_for(ROOT / "recipes" / "pytorch-research.yaml")
     assert render(plan, cache=template_cache(cache_dir)).rendered == render(plan).rendered
+
+
+def test_a_users_build_caches_are_theirs_alone(write):
+    """Built for a user through sudo, every cache mount of the pip, uv and apt steps is keyed by that user too:
+    one user's sdist that rewrites a cached wheel never reaches another user's image (a shared server)."""
+    import re
+
+    path = write("recipes/r.yaml", 'name: r\nbase: {framework: pytorch, tag: "24.05"}\napt: [jq]\npip: [einops]\n')
+    plan = plan_for(path)
+    shared = render(plan).text("Dockerfile")
+    alice = render(plan, cache_scope="u1001").text("Dockerfile")
+    bob = render(plan, cache_scope="u1002").text("Dockerfile")
+    ids = {text: re.findall(r"type=cache,id=([^,]+)", text) for text in (shared, alice, bob)}
+    assert len(ids[shared]) >= 4 and all(not i.endswith(("-u1001", "-u1002")) for i in ids[shared])
+    assert all(i.endswith("-u1001") for i in ids[alice]) and all(i.endswith("-u1002") for i in ids[bob])
+    assert not set(ids[alice]) & set(ids[bob])

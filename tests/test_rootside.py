@@ -305,3 +305,38 @@ def test_a_user_holding_the_shared_lock_stalls_no_root_run(unique):
         holder.wait()
         shutil.rmtree(state, ignore_errors=True)
     assert fcntl  # the holder used flock(2), as imgbuild does
+
+
+# --- images cannot steer the rules ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("image", "local"),
+    [
+        ("alice/seed:1", True),  # the name imgbuild gives what it builds here
+        ("alice/seed", True),
+        ("docker.io/alice/seed:1", False),  # a registry named: pulled from there, as asked
+        ("registry.example.org/alice/seed:1", False),
+        ("bob/seed:1", False),  # not hers (refused elsewhere in enforced mode)
+        ("alice", False),  # Docker Hub's library/alice
+        ("Alice/seed:1", False),  # not a reference at all
+        ("", False),
+    ],
+)
+def test_an_image_in_the_users_namespace_is_never_pulled(image, local):
+    from imgbuild.servers.admission import built_here
+
+    assert built_here(image, {"alice", ""}) is local
+
+
+def test_an_image_the_host_lacks_is_pulled_and_judged_before_its_first_run():
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.servers.admission import pull_to_inspect
+
+    engine = FakeEngine()
+    pulled: list[str] = []
+    engine.images.pull = pulled.append  # type: ignore[method-assign]
+    pull_to_inspect("registry.example.org/team/x:1", engine, local_only=False)
+    assert pulled == ["registry.example.org/team/x:1"]
+    pull_to_inspect("alice/x:1", engine, local_only=True)
+    assert pulled == ["registry.example.org/team/x:1"], "one built here is never pulled"

@@ -313,7 +313,8 @@ def build(
         engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
         engine.images.untag(candidate)
         current = engine.images.image_id(plan.target)
-        rendered = render(plan, chosen, template_cache(settings.cache_dir))
+        scope = f"u{acting.who.uid}" if acting else ""  # a user's build caches are theirs alone
+        rendered = render(plan, chosen, template_cache(settings.cache_dir), cache_scope=scope)
         with as_user(who):
             known_good = _known_good(ctx / "smoke.json", current, plan.base.identity)
             write_context(rendered, ctx, settings.secrets())

@@ -257,9 +257,12 @@ def mount_digest(rendered: dict[str, tuple[bytes, int]], folder: str) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
+def render(plan: Plan, backend: str = "buildkit", cache: Any = None, cache_scope: str = "") -> Context:
     """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing
-    (but for the compiled templates of `cache`, a `template_cache`, when the caller gives one)."""
+    (but for the compiled templates of `cache`, a `template_cache`, when the caller gives one). `cache_scope`:
+    whose build caches the steps use ("" for the engine's own user, root or a docker-group user; "u<uid>" when
+    imgbuild builds for a user through sudo): one user's package build must never write a wheel another user's
+    build then installs."""
     recipe = plan.loaded.recipe
     rendered: dict[str, tuple[bytes, int]] = {}
 
@@ -286,7 +289,8 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None) -> Context:
         "uid_default": (user.uid if user and user.uid else 1000),
         "gid_default": (user.gid if user and user.gid else 1000),
         # Caches are per base: two distributions must never share apt lists or wheels.
-        "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12],
+        "cache_key": hashlib.sha256(plan.base.ref.encode()).hexdigest()[:12]
+        + (f"-{cache_scope}" if cache_scope else ""),
         "inputs": {folder: mount_digest(rendered, folder) for folder in MOUNTED_FOLDERS},
     }
     put("Dockerfile", _environment(cache).get_template(TEMPLATE_FOR_BACKEND[backend]).render(context))

@@ -108,11 +108,12 @@ def run(
     imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
     """
     from imgbuild.servers import run as runmod
+    from imgbuild.servers.admission import check_signed
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
     request = runmod.RunRequest(
-        image=runmod.check_signed(image, settings),
+        image=check_signed(image, settings),
         command=list(command),
         gpu_request=gpu_request,
         force=force,

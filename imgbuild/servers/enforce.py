@@ -65,15 +65,24 @@ def sudoers(binary: str) -> str:
     if not binary.startswith("/") or not re.fullmatch(r"[A-Za-z0-9_./+-]{1,512}", binary):
         raise UsageError(f"--binary {binary[:80]!r}: imgbuild's absolute path, plain characters only")
     commands = ", \\\n    ".join(f"{binary} {verb}, {binary} {verb} *" for verb in USER_COMMANDS)
+    alias = sudoers_alias(binary)
     return (
         "# /etc/sudoers.d/imgbuild, from `imgbuild admin sudoers`; check it with `visudo -cf FILE` first.\n"
         "# Every user may run imgbuild's user-facing commands as root, and nothing else; imgbuild then acts for\n"
         "# them under the site's rules (/etc/imgbuild/config.yaml). Take users out of the docker group.\n"
-        f"Cmnd_Alias IMGBUILD_USER = \\\n    {commands}\n"
-        'Defaults!IMGBUILD_USER env_reset, !setenv, secure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:'
+        f"Cmnd_Alias {alias} = \\\n    {commands}\n"
+        f'Defaults!{alias} env_reset, !setenv, secure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:'
         '/usr/bin:/sbin:/bin"\n'
-        "ALL ALL=(root) NOPASSWD: IMGBUILD_USER\n"
+        f"ALL ALL=(root) NOPASSWD: {alias}\n"
     )
+
+
+def sudoers_alias(binary: str) -> str:
+    """The drop-in's alias, unique per installed binary: sudo refuses a second definition of one alias across
+    all its files, and then grants neither file's commands (two installs, or a test's drop-in beside a site's)."""
+    import hashlib
+
+    return "IMGBUILD_USER_" + hashlib.sha256(binary.encode()).hexdigest()[:12].upper()
 
 
 def gate(args: list[str]) -> None:

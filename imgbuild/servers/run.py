@@ -23,6 +23,7 @@ from imgbuild.config.site import house_rules
 from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.host import expand, format_cpulist
+from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, check_quota, held_on_host
 from imgbuild.servers.spec import (
@@ -179,7 +180,7 @@ def prepare(
         interactive=req.interactive and not detach,
         tty=req.terminal and not detach,
         jupyter_port=jupyter_port,
-        local_image=is_recipe(req.image),
+        local_image=is_recipe(req.image) or built_here(ref, {user, str(settings.user or "").lower()}),
         deadline=deadline_of(req.time, house),
         house=house,
         entrypoint=req.entrypoint,
@@ -260,54 +261,6 @@ def reserved(
         yield spec
     finally:
         ledger.drop(spec.name)
-
-
-def check_signed(image: str, settings: Any) -> str:
-    """The image to run: under the site's `run.signed_only` prefixes, only one signed by `run.signing_key`, and
-    then by its digest (the tag cannot move between the check and the pull); any other image as it is."""
-    from imgbuild import imageref
-    from imgbuild.build import attest, verify
-    from imgbuild.errors import EnvironmentProblem
-    from imgbuild.registry.client import RegistryClient
-
-    rules = settings.run
-    if not rules.signed_only or is_recipe(image):
-        return image
-    try:
-        ref = imageref.parse(image)
-    except imageref.BadReference as exc:
-        raise UsageError(f"image: {exc}; give REGISTRY/REPO:TAG or a recipe file") from None
-    prefix = next((p for p in rules.signed_only if ref.name == p or ref.name.startswith(p.rstrip("/") + "/")), None)
-    if prefix is None:
-        return image
-    if not rules.signing_key:
-        raise EnvironmentProblem("the site sets run.signed_only but no run.signing_key to check against")
-    client = RegistryClient.for_host(ref.registry, settings)
-    digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
-    if not digest:
-        raise UsageError(f"{image}: the registry has no such image")
-    verdict = verify.check_signature(
-        client, ref.repository, ref.name, digest, attest.load_verifier(Path(rules.signing_key))
-    )
-    if not verdict.ok:
-        raise UsageError(
-            f"{image}: this site runs images under {prefix} only when signed by its key ({verdict.detail})"
-        )
-    return f"{ref.name}@{digest}"
-
-
-def check_preload(image: str, engine: Any) -> str:
-    """Refuse to start an image whose config sets LD_PRELOAD where the host's toolkit would run it on the host
-    (NVIDIAScape); elsewhere, a warning for the caller to print ("" when there is nothing to say)."""
-    from imgbuild.gpu.toolkit import image_preload_verdict
-
-    info = engine.images.image(image)
-    verdict = image_preload_verdict(list((info.config if info else {}).get("Env") or []), engine.host_has_gpus)
-    if verdict is None:
-        return ""
-    if verdict[0] == "fail":
-        raise UsageError(f"{image}: {verdict[1]}")
-    return f"note: {image}: {verdict[1]}"
 
 
 def check_mount_sources(spec: RunSpec) -> None:
@@ -433,8 +386,16 @@ def launch(
         spec.name = next_name(spec.user, spec.short_name, set())
         _say_chosen(spec, say)
         return Launched(spec, command_line=run_command_line(spec.options(), settings.docker_cli or "docker"))
+    timeout = parse_duration(wait, "--wait") if wait is not None else None
     engine = connect_engine(settings)
-    note = check_preload(resolve_image(request.image, settings)[0], engine)
+    ref = resolve_image(request.image, settings)[0]
+    from imgbuild.host import caller
+
+    local = is_recipe(request.image) or built_here(ref, {caller().name, str(settings.user or "").lower()})
+    if local and engine.images.image(ref) is None:
+        raise UsageError(f"{ref}: no such image on this host (build it first: imgbuild build RECIPE)")
+    pull_to_inspect(ref, engine, local)
+    note = check_preload(ref, engine)
     if note:
         say(note)
     told: list[tuple[int, str]] = []
@@ -444,7 +405,6 @@ def launch(
             say(f"waiting: place {place} in the queue ({why})")
             told.append((place, why))
 
-    timeout = parse_duration(wait, "--wait") if wait is not None else None
     with reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
         _say_chosen(spec, say)
         say(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})")
