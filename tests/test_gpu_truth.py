@@ -347,7 +347,7 @@ def _recipe(tmp_path: Path, extra: str = "") -> Path:
 
 
 def _build(tmp_path: Path, engine: FakeEngine, extra: str = "", **flags):
-    options = {k: flags.pop(k) for k in ("skip_gpu", "require_gpu", "claims") if k in flags}
+    options = {k: flags.pop(k) for k in ("skip_gpu", "require_gpu", "claims", "quota") if k in flags}
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000", **flags})
     recipe = _recipe(tmp_path, extra)
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
@@ -790,6 +790,33 @@ def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path):
         book.add("bob_train_2", "bob", free[1:], [])
     with pytest.raises(ImgbuildError, match=r"the smoke test needs a free GPU: wait, or .*--skip-gpu"):
         _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path), claims=claims)
+
+
+@pytest.mark.root("a user's hold in the ledger (root's file may name anyone)")
+def test_a_users_smoke_test_counts_against_their_gpu_quota(tmp_path):
+    """A smoke test run for a user through sudo is a run of theirs: with `run.max_gpus_per_user: 1` and one GPU
+    held already, `smoke --gpus all` (or a build's smoke test) took every free GPU; now it is refused."""
+    import dataclasses
+
+    from imgbuild.config.site import RunRules, checked_section
+    from imgbuild.servers.holds import gpu_claims, quota_check
+    from imgbuild.servers.ledger import Ledger
+    from tests.test_run_gpus import server
+
+    free = [g.uuid for g in server("dgx-a100") if not g.processes]
+    state = tmp_path / "state"
+    rules = checked_section(RunRules, "run", {"state_dir": str(state), "max_gpus_per_user": 1})
+    site = dataclasses.replace(load_settings(environ={}), run=rules)
+    with Ledger(str(state)).transaction() as book:  # alice's own run holds one GPU
+        book.add("alice_train_1", "alice", [free[0]], [])
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA124
+    with pytest.raises(ImgbuildError, match=r"quota: at most 1 GPUs at once \(run.max_gpus_per_user\)"):
+        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path), claims=gpu_claims(site),
+               quota=quota_check(site, "alice"))  # fmt: skip
+    _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path), claims=gpu_claims(site),
+           quota=quota_check(site, "bob"))  # fmt: skip
+    assert engine.containers.runs[-1]["gpus"] == [free[1]]  # bob holds none: his test gets a free GPU
 
 
 def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():

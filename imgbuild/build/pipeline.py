@@ -26,6 +26,7 @@ from imgbuild.build.render import render, template_cache
 from imgbuild.build.resolve import pin_reader, plan_recipe
 from imgbuild.build.smoke import (
     ClaimsOf,
+    QuotaCheck,
     SmokeReport,
     SmokeRequest,
     add_fleet_check,
@@ -268,6 +269,7 @@ def build(
     seed_from_registry: bool = False,
     acting: Acting | None = None,
     claims: ClaimsOf | None = None,
+    quota: QuotaCheck | None = None,
     reproducible: bool = False,
     promote: bool = True,
 ) -> BuildResult:
@@ -364,7 +366,7 @@ def build(
                 run_as=f"{who.uid}:{who.gid}" if acting and who else "",
             )
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
-            report = run_smoke(engine, wanted, settings, host, claims)
+            report = run_smoke(engine, wanted, settings, host, claims, quota)
             add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
             # a check that promotes nothing (rebuild --verify-reproducible) leaves the promoted image's report be
             report_path = ctx / ("smoke.json" if promote else "smoke.verify.json")

@@ -115,6 +115,9 @@ class SmokeRequest:
 #: their containers). Its caller, which knows the host's rules, passes one (servers.run.gpu_claims); with none,
 #: only the GPUs' own processes count. Stage 5 reads no ledger itself.
 ClaimsOf = Callable[[ImageEngine, list[Gpu]], dict[str, list[Claim]]]
+#: The site's GPU quota for whose test it is, given the GPUs chosen and who holds what: raises when the choice would
+#: take them past it (servers.holds.quota_check). A smoke test for a user through sudo is a run of theirs.
+QuotaCheck = Callable[[Any, dict[str, list[Claim]]], None]
 
 
 def _run_settings(settings: Any) -> dict[str, Any]:
@@ -150,7 +153,12 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGp
 
 
 def _pick_gpus(
-    req: SmokeRequest, settings: Any, engine: ImageEngine, host: EngineGpus, claims: ClaimsOf | None
+    req: SmokeRequest,
+    settings: Any,
+    engine: ImageEngine,
+    host: EngineGpus,
+    claims: ClaimsOf | None,
+    quota: QuotaCheck | None = None,
 ) -> tuple[list[str], list[str]]:
     """(UUIDs, MIG profiles) of the GPUs `imgbuild run --gpus REQUEST` would give, by its rules: none another user's
     process, container or starting run holds (`claims`). GPUs that cannot be read give [] (all) only to
@@ -179,6 +187,8 @@ def _pick_gpus(
     held = claims(engine, readings) if claims else {}
     try:
         chosen = select_gpus(request, readings, req.user or caller().name, claims=held)
+        if quota is not None:
+            quota(chosen, held)
     except GpusBusy as busy:
         raise ImgbuildError(
             f"{busy}; the smoke test needs a free GPU: wait, or skip its GPU half explicitly (--skip-gpu)"
@@ -210,6 +220,7 @@ def run_smoke(
     settings: Any = None,
     host: EngineGpus | None = None,
     claims: ClaimsOf | None = None,
+    quota: QuotaCheck | None = None,
 ) -> SmokeReport:
     """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus);
     `claims`: who else holds which GPU there (ClaimsOf)."""
@@ -236,7 +247,7 @@ def run_smoke(
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
     house = _run_settings(settings)
-    chosen, mig_profiles = _pick_gpus(req, settings, engine, engine_host(), claims) if use_gpus else (None, [])
+    chosen, mig_profiles = _pick_gpus(req, settings, engine, engine_host(), claims, quota) if use_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
         smoke_probe(),

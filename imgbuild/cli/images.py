@@ -70,7 +70,7 @@ def build(
     from imgbuild.build import rebuild as rb
     from imgbuild.engine import connect_engine
     from imgbuild.servers import enforce
-    from imgbuild.servers.holds import gpu_claims
+    from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.ui import Progress, print_table
 
     settings = settings_of(ctx, backend=backend, builder=builder)
@@ -90,6 +90,7 @@ def build(
             seed_from_registry=push,
             acting=acting,
             claims=gpu_claims(settings),
+            quota=quota_check(settings, acting.who.name) if acting else None,  # a user's smoke test is a run of theirs
             reproducible=reproducible,
         )
         pushed = ""
@@ -175,7 +176,7 @@ def smoke(
     from imgbuild.engine import connect_engine
     from imgbuild.gpu.fleet import check_driver, parse_targets
     from imgbuild.servers import enforce
-    from imgbuild.servers.holds import gpu_claims
+    from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.ui import print_table
 
     fleet = parse_targets(targets) if targets is not None else None
@@ -194,7 +195,8 @@ def smoke(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
             run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
         )  # fmt: skip
-        result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings))
+        quota = quota_check(settings, acting.who.name) if acting else None
+        result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota)
     if report:
         write_as(acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if as_json:

@@ -37,6 +37,17 @@ def gpu_claims(settings: Any) -> Callable[[Any, list[Any]], dict[str, list[Claim
     return read
 
 
+def quota_check(settings: Any, user: str) -> Callable[[Any, dict[str, list[Claim]]], None]:
+    """The site's GPU quota for `user`'s smoke test (build.smoke.QuotaCheck): the GPUs it would take count as
+    a run of theirs, against what they (and their groups) hold already."""
+    house = house_rules(settings.run)
+
+    def check(selection: Any, claims: dict[str, list[Claim]]) -> None:
+        check_quota(user, selection, Held(gpus=claims), house)
+
+    return check
+
+
 def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]) -> Held:
     """Claims from the engine's live containers (their labels and cpusets) and the ledger's entries."""
     held = Held()
