@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI_FILES = sorted((ROOT / "docs" / "ci").glob("*.yml"))
 FENCE = re.compile(r"(?ms)^(?:<!-- docs: (?P<mark>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```")
-MARKS = {"recipe-fragment", "reference", "partial", "main-command", "test-command"}
+MARKS = {"recipe-fragment", "reference", "partial", "main-command", "test-command", "install"}
 SETTING_KEYS = {f.name for f in dataclasses.fields(Settings)} - {"sources"} | {"fleet"}
 MINIMAL_RECIPE = 'name: docs-example\nbase: {framework: pytorch, tag: "24.05"}\n'
 
@@ -324,3 +324,15 @@ def test_the_ci_examples_settings_are_real_settings_with_valid_values(path):
     for key in literal:
         name = key.removeprefix("IMGBUILD_").lower()
         assert settings.sources.get(name) == f"env {key}", (path, key)
+
+
+def test_the_reaper_unit_sees_the_state_folder_users_write():
+    """A unit with PrivateTmp gets a /var/tmp of its own: the reaper would read an empty ledger and queue at every
+    run while the default state folder is under /var/tmp."""
+    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
+
+    units = [b for b in BLOCKS if b.lang == "ini" and "imgbuild reap" in b.body and "ExecStart=" in b.body]
+    assert units
+    for unit in units:
+        if DEFAULT_STATE_DIR.startswith(("/tmp/", "/var/tmp/")):
+            assert "PrivateTmp=true" not in unit.body, str(unit)

@@ -121,3 +121,70 @@ def test_the_installed_command_validates_renders_and_exports_from_a_folder_witho
     assert again.returncode == 0, again.stderr
     for path in sorted(p for p in (tmp_path / "again").rglob("*") if p.is_file()):
         assert (context / path.relative_to(tmp_path / "again")).read_bytes() == path.read_bytes(), path
+
+
+def _install_blocks() -> list[str]:
+    import re
+
+    text = (ROOT / "docs" / "install.md").read_text()
+    fence = re.compile(r"(?ms)^<!-- docs: install -->\n```sh\n(?P<body>.*?)^```")
+    return [m["body"].strip() for m in fence.finditer(text)]
+
+
+def test_the_install_docs_name_this_version_and_never_the_bare_package_name():
+    text = (ROOT / "docs" / "install.md").read_text()
+    assert f"imgbuild-{imgbuild.__version__}-py3-none-any.whl" in text
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "docs").rglob("*.yml"))]:
+        for line in path.read_text().splitlines():
+            words = line.replace("`", " ").replace('"', " ").replace("'", " ").split()
+            for i, word in enumerate(words[:-1]):
+                direct = i + 2 < len(words) and words[i + 2] == "@"  # `imgbuild[sign] @ URL`: a named source
+                warned = "never" in [w.lower() for w in words[max(0, i - 2) : i]]  # "never `pip install imgbuild`"
+                if word == "install" and words[i + 1].split("[")[0] == "imgbuild" and not (direct or warned):
+                    raise AssertionError(f"{path.relative_to(ROOT)}: installs imgbuild by its bare name: {line}")
+
+
+def test_every_install_line_in_the_docs_works_as_written(tmp_path):
+    """docs/install.md's commands, run in order as written (a wheel, pipx, uv, a venv of one's own, the admin's
+    /opt): only the folders move into a sandbox. Each leaves an `imgbuild` that answers."""
+    blocks = _install_blocks()
+    assert len(blocks) == 5, blocks
+    source = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    tools = tmp_path / "tools"
+    subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True, timeout=120)
+    subprocess.run([str(tools / "bin" / "pip"), "install", "-q", "pipx", "uv"], check=True, timeout=600)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        "PATH": f"{tools / 'bin'}:{os.environ['PATH']}",
+        "HOME": str(home),
+        "PIPX_HOME": str(tmp_path / "pipx"),
+        "PIPX_BIN_DIR": str(tmp_path / "pipx-bin"),
+        "UV_TOOL_DIR": str(tmp_path / "uv"),
+        "UV_TOOL_BIN_DIR": str(tmp_path / "uv-bin"),
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",  # uv, behind this machine's TLS proxy
+        **{k: v for k, v in os.environ.items() if k.startswith(("PIP_", "UV_INDEX", "LANG"))},
+    }
+    moved = {"/opt/imgbuild": str(tmp_path / "opt" / "imgbuild"), "/usr/local/bin": str(tmp_path / "usr-local-bin")}
+    (tmp_path / "usr-local-bin").mkdir()
+    answered = []
+    for block in blocks:
+        command = block
+        for old, new in moved.items():
+            command = command.replace(old, new)
+        done = subprocess.run(["bash", "-c", f"set -e\n{command}"], cwd=source, env=env, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert done.returncode == 0, (block, done.stdout[-2000:], done.stderr[-2000:])
+        for place in ("pipx-bin", "uv-bin", "home/.local/bin", "usr-local-bin"):
+            found = tmp_path / place / "imgbuild"
+            if found.exists() and place not in answered:
+                version = subprocess.run([str(found), "--version"], capture_output=True, text=True, env=env)
+                assert version.returncode == 0 and imgbuild.__version__ in version.stdout, (place, version.stderr)
+                answered.append(place)
+    assert answered == ["pipx-bin", "uv-bin", "home/.local/bin", "usr-local-bin"]

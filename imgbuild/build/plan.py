@@ -435,10 +435,11 @@ def content_hash(loaded: LoadedRecipe) -> str:
 
 
 def image_and_tag(loaded: LoadedRecipe, settings: Settings) -> tuple[str, str]:
-    """(`<user>/<name>` or the recipe's `image`, tag); a tag in `image` wins over `tag`."""
+    """(`[<image_registry>/]<user>/<name>` or the recipe's `image`, tag); a tag in `image` wins over `tag`."""
     recipe = loaded.recipe
     if not recipe.image:
-        return f"{settings.user.lower()}/{recipe.name}", recipe.tag
+        prefix = f"{settings.image_registry}/" if settings.image_registry else ""
+        return f"{prefix}{settings.user.lower()}/{recipe.name}", recipe.tag
     ref = imageref.parse(recipe.image)
     return ref.name, ref.tag or recipe.tag
 

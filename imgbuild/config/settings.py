@@ -48,6 +48,9 @@ class Settings:
     """Effective settings. Secrets are excluded from repr and from `imgbuild config` output."""
 
     user: str = field(default_factory=_login_name)
+    #: where imgbuild's images live: a recipe without `image:` builds `<image_registry>/<user>/<name>:<tag>`
+    #: (a CI job pushes to, and verifies at, the registry it logs in to); none: `<user>/<name>:<tag>`, this host's
+    image_registry: str | None = None
     ngc_registry: str = "nvcr.io"
     ngc_api_key: str | None = field(default=None, repr=False)
     insecure_registries: tuple[str, ...] = ()
@@ -375,6 +378,13 @@ def _first_source(
     return next(((origin, data[name]) for origin, data in reversed(layers) if name in data), None)
 
 
+#: A registry host (a "." or ":" in it, or localhost, as Docker tells a host from a namespace) and optional path.
+_REGISTRY_PREFIX = re.compile(
+    r"(?:localhost|[a-z0-9](?:[a-z0-9-]{0,62})(?:\.[a-z0-9](?:[a-z0-9-]{0,62}))+|[a-z0-9][a-z0-9.-]{0,252}:[0-9]{1,5})"
+    r"(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*){0,8}"
+)
+
+
 def _check(settings: Settings) -> None:
     from imgbuild.imageref import COMPONENT_RE
 
@@ -383,6 +393,11 @@ def _check(settings: Settings) -> None:
         raise UsageError(
             f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
             "namespace (lower-case letters, digits, . _ -)"
+        )
+    if settings.image_registry is not None and not _REGISTRY_PREFIX.fullmatch(settings.image_registry):
+        raise UsageError(
+            f"{sources.get('image_registry', 'default')}: image_registry: {settings.image_registry[:80]!r} is not a "
+            "registry host with an optional path (registry.example.org, localhost:5000/lab)"
         )
     for name, choices in (
         ("backend", Settings.BACKENDS),
