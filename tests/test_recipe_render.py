@@ -501,3 +501,32 @@ def test_a_users_build_caches_are_theirs_alone(write):
     assert len(ids[shared]) >= 4 and all(not i.endswith(("-u1001", "-u1002")) for i in ids[shared])
     assert all(i.endswith("-u1001") for i in ids[alice]) and all(i.endswith("-u1002") for i in ids[bob])
     assert not set(ids[alice]) & set(ids[bob])
+
+
+@pytest.mark.parametrize(
+    ("registry", "target"),
+    [
+        (None, "alice/r:24.05"),
+        ("registry.example.org", "registry.example.org/alice/r:24.05"),
+        ("localhost:5000/lab", "localhost:5000/lab/alice/r:24.05"),
+        ("127.0.0.1:5000", "127.0.0.1:5000/alice/r:24.05"),
+    ],
+)
+def test_images_live_in_the_image_registry_when_one_is_set(write, registry, target):
+    """CI pushes to, and verifies at, the registry it logs in to: `image_registry` names it for every recipe
+    without `image:` (IMGBUILD_USER alone cannot: it is a namespace, and a push of `lab/x` goes to Docker Hub)."""
+    path = write("recipes/r.yaml", 'name: r\ntag: "24.05"\nbase: {framework: pytorch, tag: "24.05"}\n')
+    extra = {"image_registry": registry} if registry else {}
+    assert plan_for(path, **extra).target == target
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["alice", "Registry.example.org", "evil host", "registry.example.org/", "registry.example.org//x",
+     "https://registry.example.org", "registry.example.org:99999999", "régistry.example.org", "a" * 300 + ".org",
+     "registry.example.org/UPPER", "registry.example.org\n", "registry.example.org/../x"],
+)  # fmt: skip
+def test_an_image_registry_that_is_not_a_registry_is_refused_naming_the_setting(bad):
+    with pytest.raises(UsageError, match=r"image_registry: .* is not a registry host") as caught:
+        settings(image_registry=bad)
+    assert "\n" not in str(caught.value)

@@ -385,6 +385,14 @@ _REGISTRY_PREFIX = re.compile(
 )
 
 
+def _check_image_registry(settings: Settings) -> None:
+    if settings.image_registry is not None and not _REGISTRY_PREFIX.fullmatch(settings.image_registry):
+        raise UsageError(
+            f"{settings.sources.get('image_registry', 'default')}: image_registry: {settings.image_registry[:80]!r} "
+            "is not a registry host with an optional path (registry.example.org, localhost:5000/lab)"
+        )
+
+
 def _check(settings: Settings) -> None:
     from imgbuild.imageref import COMPONENT_RE
 
@@ -394,11 +402,7 @@ def _check(settings: Settings) -> None:
             f"{sources.get('user', 'default')}: user: {settings.user[:64]!r} cannot name an image "
             "namespace (lower-case letters, digits, . _ -)"
         )
-    if settings.image_registry is not None and not _REGISTRY_PREFIX.fullmatch(settings.image_registry):
-        raise UsageError(
-            f"{sources.get('image_registry', 'default')}: image_registry: {settings.image_registry[:80]!r} is not a "
-            "registry host with an optional path (registry.example.org, localhost:5000/lab)"
-        )
+    _check_image_registry(settings)
     for name, choices in (
         ("backend", Settings.BACKENDS),
         ("engine", Settings.ENGINES),
