@@ -214,6 +214,7 @@ def test_container_variables_go_to_the_cli_as_a_private_file_never_its_environme
     options = RunOptions(image="img", env=(("HOME", "/home/alice"), ("PATH", "/home/alice/bin"), ("T", "s=e=c")))
     argv, env = run_argv(options)
     assert "/home/alice" not in " ".join(argv) and "s=e=c" not in " ".join(argv)
+    assert "-e" not in argv, "a name-only -e takes the CLI's own value (root's PATH, HOME) over the file's"
     with env_file(env) as (fd, path):
         assert path == f"/dev/fd/{fd}"
         text = os.pread(fd, 4096, 0).decode()

@@ -8,6 +8,7 @@ test leaves the target tag exactly as it was. A lock keeps two builds of one tar
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -362,6 +363,7 @@ def build(
                 skip_imports=tuple(smoke.skip_imports),
                 commands=tuple(smoke.run),
                 known_good=known_good,
+                import_seconds=math.ceil(settings.smoke_import_timeout),
                 user=who.name if who else "",
                 run_as=f"{who.uid}:{who.gid}" if acting and who else "",
             )

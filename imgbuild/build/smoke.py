@@ -109,6 +109,7 @@ class SmokeRequest:
     #: "UID:GID" when imgbuild acts for a user through sudo: the container runs as them, with no new privileges,
     #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
     run_as: str = ""
+    import_seconds: int = 0  # one distribution's import budget on a quiet machine (setting smoke_import_timeout)
 
 
 #: Who else holds which GPU on the engine's host, given the GPUs read there: UUID -> claims (the servers' ledger and
@@ -196,9 +197,26 @@ def _pick_gpus(
     return chosen.uuids, [g.mig_profile for g in chosen.gpus if g.mig_profile]
 
 
+#: The variables of imgbuild's that the in-image smoke script reads (a test keeps this equal to what it reads).
+SCRIPT_VARIABLES = (
+    "IMGBUILD_EXPECT_FRAMEWORK_VERSION",
+    "IMGBUILD_SMOKE_IMPORTS",
+    "IMGBUILD_SMOKE_IMPORT_SECONDS",
+    "IMGBUILD_SMOKE_KNOWN_GOOD",
+    "IMGBUILD_SMOKE_MIN_SPEEDUP",
+    "IMGBUILD_SMOKE_RUN",
+    "IMGBUILD_SMOKE_SKIP_IMPORTS",
+)
+
+
 def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
     """What the in-image script is told: real fp32, the base framework's version, the recipe's smoke settings."""
     env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
+    # Every variable the script reads of imgbuild's is set here, empty where unused: an image's own ENV
+    # (IMGBUILD_SMOKE_KNOWN_GOOD, IMGBUILD_SMOKE_SKIP_IMPORTS, ...) never tells the smoke test what to spare.
+    env.update(dict.fromkeys(SCRIPT_VARIABLES, ""))
+    if req.import_seconds:
+        env["IMGBUILD_SMOKE_IMPORT_SECONDS"] = str(req.import_seconds)
     if labels.get(Label.BASE_FRAMEWORK_VERSION):
         env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
     if req.min_speedup:

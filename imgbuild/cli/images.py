@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,7 @@ def smoke(
         wanted = SmokeRequest(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
             run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
+            import_seconds=math.ceil(settings.smoke_import_timeout),
         )  # fmt: skip
         quota = quota_check(settings, acting.who.name) if acting else None
         result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota)

@@ -73,6 +73,9 @@ class Settings:
     registry_deadline: float = limits.HTTP_COMMAND_SECONDS  # everything one command asks of one registry
     registry_backoff: float = 0.5  # first retry delay (doubles), seconds
     build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
+    #: one added distribution's imports in the smoke test, seconds, on a quiet machine (a busy one gets more, by
+    #: what the base's framework takes to import there, and a timed-out import one more try alone)
+    smoke_import_timeout: float = limits.IMPORT_SECONDS
     pip_resolve_timeout: float = limits.PIP_RESOLVE_SECONDS  # pip's resolution in the pip step, seconds
     pip_download_limit: Bytes = limits.PIP_DOWNLOAD_BYTES  # what the pip step may download ("16G")
     gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)

@@ -100,8 +100,9 @@ def _run_words(o: RunOptions, values: bool) -> list[str]:
         words += ["-v", mount]
     if o.workdir:
         words += ["-w", o.workdir]
-    for key, value in container_env(o):
-        words += ["-e", f"{key}={value}" if values else key]
+    if values:  # shown to the user (`run --dry-run`); the real start passes them in an env file (`env_file`)
+        for key, value in container_env(o):
+            words += ["-e", f"{key}={value}"]
     for port in o.ports:
         words += ["-p", port]
     for flag, value in resource_flags(o):

@@ -1,0 +1,147 @@
+"""The smoke test's import check (payload/smoke_image.py) on a machine others use: at most as many imports at
+once as CPUs, a budget that grows with the machine's load, a timed-out import tried once more alone, and a
+timeout said apart from a failure. A good package is never failed for time; a broken one still fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from imgbuild.build.smoke import SCRIPT_VARIABLES, SmokeRequest, _script_env
+from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.payload import smoke_image as script
+
+
+def _spin(seconds: float) -> str:
+    """Module source that burns `seconds` of CPU at import (a heavy but good package)."""
+    return f"import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end:\n    pass\n"
+
+
+@pytest.fixture
+def modules(tmp_path, monkeypatch):
+    (tmp_path / "fakeframework.py").write_text(_spin(0.4))  # the base's framework: what every import sits on
+    (tmp_path / "heavy_ok.py").write_text("import fakeframework\n" + _spin(1.0))
+    (tmp_path / "light_ok.py").write_text("import fakeframework\n")
+    (tmp_path / "broken.py").write_text("import fakeframework\nraise ImportError('libfoo.so.1: cannot open')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def busy_machine():
+    """Every CPU of this machine busy with another process, for the test's length (bounded: 120 s)."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    time.sleep(0.5)
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
+def test_a_good_package_is_never_failed_for_time_on_a_busy_machine_and_a_broken_one_still_fails(
+    modules, busy_machine
+):
+    """A budget the setting gives for a quiet machine (1 s here, below what heavy_ok takes under load) grows with
+    what the framework takes to import now; with every CPU busy, heavy_ok passes and broken still fails."""
+    configured = 1.0
+    budget = script.import_budget(configured, script.framework_seconds(60, module="fakeframework"))
+    work = [("heavy-ok", "1.0", ["heavy_ok"]), ("light-ok", "1.0", ["light_ok"]), ("broken", "1.0", ["broken"])]
+    results = script.import_all(work, budget, script.import_workers())
+    assert results[0] == {} and results[1] == {}, (budget, results)
+    assert "libfoo.so.1" in results[2]["broken"]
+    failures, _, _, _ = script._classify(work, results)
+    assert len(failures) == 1 and "broken 1.0: import broken" in failures[0]
+
+
+def test_an_import_that_runs_past_its_budget_is_tried_again_alone_then_said_to_have_timed_out():
+    calls = []
+
+    def run(modules, budget):
+        calls.append((modules[0], budget))
+        return {modules[0]: f"{script.TIMED_OUT} after {budget:.0f} s"} if modules[0] == "hangs" else {}
+
+    work = [("hangs", "1", ["hangs"]), ("fine", "1", ["fine"])]
+    results = script.import_all(work, 10, 2, run=run)
+    assert sorted(calls) == [("fine", 10), ("hangs", 10), ("hangs", 20)]
+    failures, _, _, _ = script._classify(work, results)
+    assert failures == [
+        "hangs 1: import hangs: timed out after 20 s, twice (not an import error: the machine may be busy; run the "
+        "smoke test again, or raise smoke_import_timeout)"
+    ]
+
+
+def test_a_module_that_never_returns_is_ended_by_its_budget(tmp_path, monkeypatch):
+    (tmp_path / "forever.py").write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    started = time.monotonic()
+    assert script._import_one(["forever"], 1) == {"forever": f"{script.TIMED_OUT} after 1 s"}
+    assert time.monotonic() - started < 10
+
+
+def test_no_more_imports_at_once_than_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert script.import_workers() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert script.import_workers() == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert script.import_workers() == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("300", 300.0), ("", 120.0), ("0", 120.0), ("-5", 120.0), ("1e9", 120.0), ("١٢٠", 120.0), ("nan", 120.0),
+     ("86401", 120.0), (" 30 ", 30.0), ("30s", 120.0)],
+)  # fmt: skip
+def test_the_import_budget_setting_is_read_as_ascii_digits_only(text, seconds):
+    assert script.configured_import_seconds(text) == seconds
+
+
+def test_the_budget_scales_with_the_framework_import_time():
+    assert script.import_budget(120, 2.0) == 120  # a quiet machine: the setting
+    assert script.import_budget(120, 40.0) == 40 * script.IMPORT_SCALE  # a busy one: more
+
+
+def test_every_variable_the_script_reads_is_set_by_imgbuild(tmp_path):
+    """An image's own ENV never steers the smoke test: each IMGBUILD_* the script reads is set, empty if unused."""
+    import re
+
+    read = set(re.findall(r'environ\.get\("(IMGBUILD_[A-Z_]+)"', SMOKE_SCRIPT.read_text()))
+    assert read == set(SCRIPT_VARIABLES)
+    env = _script_env({}, SmokeRequest("img"))
+    assert {k: env[k] for k in SCRIPT_VARIABLES} == dict.fromkeys(SCRIPT_VARIABLES, "")
+    env = _script_env({}, SmokeRequest("img", import_seconds=300, known_good=("a==1",)))
+    assert env["IMGBUILD_SMOKE_IMPORT_SECONDS"] == "300" and env["IMGBUILD_SMOKE_KNOWN_GOOD"] == "a==1"
+
+
+def test_the_import_timeout_setting_is_refused_naming_it_when_it_is_not_seconds(tmp_path):
+    from imgbuild.config.settings import load_settings
+    from imgbuild.errors import UsageError
+
+    for bad in ("0", "-1", "nan", "inf", "soon", "99999999"):
+        with pytest.raises(UsageError, match="smoke_import_timeout"):
+            load_settings({}, environ={"IMGBUILD_SMOKE_IMPORT_TIMEOUT": bad})
+    assert load_settings({}, environ={"IMGBUILD_SMOKE_IMPORT_TIMEOUT": "300"}).smoke_import_timeout == 300
+
+
+def test_the_script_still_runs_on_its_own(tmp_path):
+    """The payload depends on nothing but the stdlib: it compiles and its helpers import bare."""
+    code = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("s", {str(SMOKE_SCRIPT)!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        print(module.import_workers() >= 1)
+        """
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "True", done.stderr
