@@ -290,7 +290,9 @@ def test_the_next_build_is_told_what_imported_in_the_image_it_replaces(recipe, t
     engine = FakeEngine()
     engine.containers.meta = {"added": [["einops", "0.8.0", "MIT"], ["rich", "13.0", "MIT"]]}
     _build(recipe, engine, tmp_path)
-    assert engine.containers.runs[-1]["env"]["IMGBUILD_SMOKE_KNOWN_GOOD"] == ""  # nothing before the first (set: never the image's)
+    assert (
+        engine.containers.runs[-1]["env"]["IMGBUILD_SMOKE_KNOWN_GOOD"] == ""
+    )  # nothing before the first (set: never the image's)
     (recipe.parent / "demo.yaml").write_text(recipe.read_text().replace('A: "1"', 'A: "2"'))
     _build(recipe, engine, tmp_path)
     assert engine.containers.runs[-1]["env"]["IMGBUILD_SMOKE_KNOWN_GOOD"] == "einops==0.8.0 rich==13.0"

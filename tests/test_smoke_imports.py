@@ -47,9 +47,7 @@ def busy_machine():
         burner.wait()
 
 
-def test_a_good_package_is_never_failed_for_time_on_a_busy_machine_and_a_broken_one_still_fails(
-    modules, busy_machine
-):
+def test_a_good_package_is_never_failed_for_time_on_a_busy_machine_and_a_broken_one_still_fails(modules, busy_machine):
     """A budget the setting gives for a quiet machine (1 s here, below what heavy_ok takes under load) grows with
     what the framework takes to import now; with every CPU busy, heavy_ok passes and broken still fails."""
     configured = 1.0
