@@ -238,3 +238,35 @@ def test_validation_starts_without_a_model_library():
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_validating_a_lock_grows_with_its_length_not_its_square(tmp_path):
+    """A 60,000-line lock took 40-80 s: each line was looked up in a tuple of all of them. Ten times the lines
+    must cost about ten times the work (CPU time of the checks themselves; a quadratic scan is 100 times)."""
+    import time
+
+    from imgbuild.build.plan import make_plan
+    from imgbuild.config.settings import load_settings
+    from imgbuild.recipe import load_recipe
+    from tests import ngc_facts
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "recipes").mkdir()
+    real = ngc_facts.REAL["pytorch:24.05-py3"]
+    config = {"config": {"Env": [f"{k}={v}" for k, v in real.config_env().items()], "Labels": real.labels()}}
+    settings = load_settings({}, environ={})
+
+    def cost(lines: int) -> float:
+        recipe = tmp_path / "recipes" / f"r{lines}.yaml"
+        recipe.write_text(f'name: r{lines}\nbase: {{framework: pytorch, tag: "24.05"}}\npip: [p0]\n')
+        recipe.with_name(f"r{lines}.lock.txt").write_text("".join(f"p{i}==1.{i % 97}\n" for i in range(lines)))
+        best = float("inf")
+        for _ in range(3):
+            started = time.process_time()
+            make_plan(load_recipe(recipe), settings, lambda ref: ("sha256:" + "ab" * 32, config))
+            best = min(best, time.process_time() - started)
+        return best
+
+    small, large = cost(3_000), cost(30_000)
+    assert large < 25 * max(small, 0.005), (small, large)
+    assert large < 5.0, large
