@@ -270,3 +270,39 @@ def test_validating_a_lock_grows_with_its_length_not_its_square(tmp_path):
     small, large = cost(3_000), cost(30_000)
     assert large < 25 * max(small, 0.005), (small, large)
     assert large < 5.0, large
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["PIP_CONSTRAINT", "PIP_FIND_LINKS", "PIP_INDEX_URL", "pip_extra_index_url", "UV_INDEX_URL", "UV_CONSTRAINT",
+     "UV_NO_VERIFY_HASHES", "CONDA_CHANNELS", "PYTHONPATH", "PYTHONSTARTUP", "HTTP_PROXY", "https_proxy",
+     "NO_PROXY", "ALL_PROXY", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE", "NETRC",
+     "LD_PRELOAD", "LD_LIBRARY_PATH", "IMGBUILD_UID"],
+)  # fmt: skip
+def test_a_recipes_args_cannot_set_what_the_installers_read(tmp_path, name):
+    """An ARG is in the environment of every later RUN and its value in the image's history: a recipe's `args:`
+    set PIP_CONSTRAINT (the base's pins replaced), PIP_FIND_LINKS, UV_INDEX_URL with a password."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\nargs: {{{name}: "x"}}\n')
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe)
+    (line,) = caught.value.lines()
+    assert line.startswith(f"{recipe}:3:") and f"args.{name}:" in line
+
+
+def test_a_recipes_own_args_come_after_the_pip_step(tmp_path):
+    from imgbuild.build.plan import make_plan
+    from imgbuild.build.render import render
+    from imgbuild.config.settings import load_settings
+    from tests import ngc_facts
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops]\nargs: {MY_FLAG: "1"}\n')
+    real = ngc_facts.REAL["pytorch:24.05-py3"]
+    config = {"config": {"Env": [f"{k}={v}" for k, v in real.config_env().items()], "Labels": real.labels()}}
+    plan = make_plan(load_recipe(recipe), load_settings({}, environ={}), lambda ref: ("sha256:" + "ab" * 32, config))
+    for backend in ("buildkit", "sdk"):
+        text = render(plan, backend).text("Dockerfile")
+        assert text.index("ARG MY_FLAG=") > text.index("imgbuild-pip"), backend

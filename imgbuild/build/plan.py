@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from imgbuild.ngc import (
 )
 from imgbuild.payload import SMOKE_SCRIPT
 from imgbuild.recipe import LoadedRecipe
-from imgbuild.recipe.reqfile import ReqLine
+from imgbuild.recipe.reqfile import LockedPin, ReqLine
 
 TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 #: The files of TEMPLATES_DIR that shape a Docker image, by name. Only these are hashed: an installed copy holds
@@ -193,7 +192,7 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     locked = lock_index(loaded)
     problems = []
     for at, spec, own in specs:
-        req = Requirement(spec) if own else LockedPin.of(spec)
+        req = Requirement(spec) if own else LockedPin.of(spec)  # a lock's name==version, read cheaply
         found = _conflict(req, base) or _pin_conflict(req, base, pins)
         if found is None and own:
             found = lock_conflict(req, locked, loaded.display)
@@ -294,33 +293,6 @@ def _pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -
     if excluded:
         return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
     return None
-
-
-class LockedPin:
-    """A lock line, `name==version` (what imgbuild lock writes), read only as far as the checks ask: a 60,000-line
-    lock is checked in a fraction of a second, not parsed by packaging line by line. Anything else in a lock is
-    a full Requirement."""
-
-    _LINE = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9._-]{0,200}[A-Za-z0-9])?)==([A-Za-z0-9.+!_-]{1,100})")
-    url = None
-    marker = None
-    extras: frozenset[str] = frozenset()
-
-    def __init__(self, name: str, version: str) -> None:
-        self.name, self.version = name, version
-
-    @classmethod
-    def of(cls, spec: str) -> Any:
-        from packaging.requirements import Requirement
-
-        found = cls._LINE.fullmatch(spec)
-        return cls(found.group(1), found.group(2)) if found else Requirement(spec)
-
-    @functools.cached_property
-    def specifier(self) -> Any:
-        from packaging.specifiers import SpecifierSet
-
-        return SpecifierSet(f"=={self.version}")
 
 
 def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:

@@ -269,9 +269,18 @@ def _canonical(value: str) -> str:
     return str(canonicalize_name(value))
 
 
+#: What package installers, their TLS and proxies read: never a recipe's `args:` (an ARG's value is in history)
+INSTALLER_ARG_RE = re.compile(r"(?i:(PIP|UV|CONDA|LD)_\w*|PYTHON\w*|(HTTPS?|FTP|ALL|NO)_PROXY|(REQUESTS|CURL)_CA_BUNDLE"
+                              r"|SSL_CERT_(FILE|DIR)|NETRC)")  # fmt: skip
+
+
 def _not_imgbuild(value: str) -> str:
-    if value.startswith("IMGBUILD_"):
-        raise ValueError("IMGBUILD_ args are reserved")
+    if value.startswith("IMGBUILD_") or INSTALLER_ARG_RE.fullmatch(value):
+        raise ValueError(
+            "IMGBUILD_ args are reserved" if value.startswith("IMGBUILD_") else f"{value} is read by the package "
+            "installers, their TLS or proxies: those are imgbuild's settings (pip_index_url, pip_ca_bundle, pip.*), "
+            "and an ARG's value is written into the image's history"
+        )  # fmt: skip
     return value
 
 
