@@ -60,9 +60,14 @@ def built_here(image: str, namespaces: set[str]) -> bool:
 def pull_to_inspect(image: str, engine: Any, local_only: bool) -> None:
     """An image this host does not have yet is pulled before it starts, so that its config (LD_PRELOAD, labels)
     is judged before its first run, not after; one built here is never pulled (`built_here`)."""
+    from imgbuild.errors import EnvironmentProblem, ImgbuildError
+
     if local_only or engine.images.image(image) is not None:
         return
-    engine.images.pull(image)
+    try:
+        engine.images.pull(image)
+    except ImgbuildError as exc:
+        raise EnvironmentProblem(str(exc)) from None
 
 
 def check_preload(image: str, engine: Any) -> str:

@@ -390,7 +390,11 @@ def launch(
     engine = connect_engine(settings)
     ref = resolve_image(request.image, settings)[0]
     from imgbuild.host import caller
+    from imgbuild.servers import enforce
 
+    acting = enforce.acting(settings)
+    if acting:  # the site's images only: nothing else is pulled as root
+        acting.check_image(ref)
     local = is_recipe(request.image) or built_here(ref, {caller().name, str(settings.user or "").lower()})
     if local and engine.images.image(ref) is None:
         raise UsageError(f"{ref}: no such image on this host (build it first: imgbuild build RECIPE)")
