@@ -798,13 +798,31 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
         try:
             ran = as_user("imgbt-alice", "run", "-d", "--name", f"ev{unique}", evil, "--", "sleep", "60")
             assert ran.returncode == 0, ran.stderr
-            (container,) = docker_client.containers.list(all=True, filters={"name": f"ev{unique}"})
+            container = docker_client.containers.get(f"imgbt-alice_ev{unique}_1")
             got = container.attrs["Config"]["Labels"]
             assert {k: got.get(k) for k in labels} == dict.fromkeys(labels, ""), got
             shown = as_user("imgbt-alice", "ps", "--all")
             assert f"ev{unique}" in shown.stdout, shown.stdout
-            free = as_user("imgbt-bob", "run", "--gpus", "1", image, "--", "true")
-            assert free.returncode == 0, free.stderr
+            # -- a ledger file she writes by hand: every GPU and port held by a process of hers kept alive
+            from imgbuild.host import process_start
+
+            sleeper = subprocess.Popen(["runuser", "-u", "imgbt-alice", "--", "sleep", "120"])
+            try:
+                time.sleep(0.3)
+                pid = int(subprocess.run(["pgrep", "-u", "imgbt-alice", "-n", "-x", "sleep"], capture_output=True,
+                                         text=True).stdout.split()[0])  # fmt: skip
+                hold = {"name": "imgbt-alice_hog_1", "user": "imgbt-alice", "pid": pid, "started": process_start(pid),
+                        "gpus": [f"GPU-{i}-{unique}" for i in range(2)], "cpus": [], "since": time.time(),
+                        "ports": list(range(8888, 9888)), "waiting": "", "uid": alice.pw_uid, "seen": time.time()}  # fmt: skip
+                ledger = state / f"ledger-{alice.pw_uid}.json"
+                _as_plain("imgbt-alice", f"rm -f {ledger}")
+                wrote = _as_plain("imgbt-alice", f"umask 022; cat > {ledger}", json.dumps({"entries": [hold]}))
+                assert wrote.returncode == 0, wrote.stderr
+                free = as_user("imgbt-bob", "run", "--gpus", "1", image, "--", "true")
+                assert free.returncode == 0, free.stderr
+            finally:
+                sleeper.kill()
+                sleeper.wait()
         finally:
             with contextlib.suppress(Exception):
                 docker_client.images.remove(evil, force=True)

@@ -549,9 +549,12 @@ def test_3_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
             time.sleep(0.02)
         live = _entry(pid=proc.pid, started=process_start(proc.pid))
         _user_file(state, NOBODY, [live])
-        assert [e.name for e in Ledger(state).read().holds()] == ["ghost_1"]
+        engine_user = Ledger(state, holds_of=lambda uid: True)  # nobody as a member of the docker group
+        assert [e.name for e in engine_user.read().holds()] == ["ghost_1"]
+        # the same file, written by a user who cannot start containers themself (enforced mode): holds nothing
+        assert Ledger(state, holds_of=lambda uid: False).read().holds() == []
         _user_file(state, NOBODY, [{**live, "user": "root"}])
-        assert Ledger(state).read().entries == []
+        assert engine_user.read().entries == []
     finally:
         proc.kill()
         proc.wait()

@@ -341,3 +341,32 @@ def test_an_image_the_host_lacks_is_pulled_and_judged_before_its_first_run():
     assert pulled == ["registry.example.org/team/x:1"]
     pull_to_inspect("alice/x:1", engine, local_only=True)
     assert pulled == ["registry.example.org/team/x:1"], "one built here is never pulled"
+
+
+@needs_root
+def test_only_a_user_who_can_reach_the_engine_holds_gpus_by_their_own_ledger_file(tmp_path):
+    """Enforced mode: a user outside the docker group starts containers only through sudo (root's file holds for
+    them). A ledger file they write by hand, holding every GPU and port with a process of theirs kept alive,
+    denied every other user: it now holds nothing. A docker-group member's own file still counts."""
+    import grp
+    import pwd
+    import socket as sockets
+
+    from imgbuild.servers.ledger import can_reach_engine
+
+    path = tmp_path / "docker.sock"
+    server = sockets.socket(sockets.AF_UNIX)
+    server.bind(str(path))
+    try:
+        os.chown(path, 0, grp.getgrnam("root").gr_gid)  # a group nobody is not in
+        os.chmod(path, 0o660)
+        nobody = pwd.getpwnam("nobody").pw_uid
+        assert can_reach_engine(0, str(path))
+        assert not can_reach_engine(nobody, str(path))  # not in the socket's group
+        os.chown(path, 0, pwd.getpwnam("nobody").pw_gid)  # the socket's group is nobody's own
+        assert can_reach_engine(nobody, str(path))
+        os.chmod(path, 0o600)  # the group may not write it
+        assert not can_reach_engine(nobody, str(path))
+        assert can_reach_engine(nobody, str(tmp_path / "absent.sock"))  # no local socket: cannot tell, believed
+    finally:
+        server.close()

@@ -34,6 +34,7 @@ from imgbuild.errors import EnvironmentProblem
 from imgbuild.host import process_start
 from imgbuild.regular import open_regular
 
+DOCKER_SOCKET = "/var/run/docker.sock"
 #: Where the ledger lives unless the site says (`run.state_dir`); created sticky and world-writable.
 DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
 LOCK_FILE = "ledger.lock"
@@ -147,6 +148,32 @@ def alive(entry: Entry) -> bool:
     return process_start(entry.pid) == entry.started
 
 
+def can_reach_engine(uid: int, socket: str | None = None) -> bool:
+    """Can `uid` start containers on the local engine themself (root, the socket's owner, its group's members)?
+    Only such a user runs imgbuild as themself and holds GPUs by a ledger file of their own; a user of enforced
+    mode (not in the docker group) starts containers only through sudo, where root's file holds for them, so a
+    file they write by hand (all GPUs, every port, a process of theirs kept alive) holds nothing. Where the
+    engine is not a local socket this cannot be told, and every file is believed."""
+    import grp
+
+    host = os.environ.get("DOCKER_HOST", "")
+    path = socket or (host.removeprefix("unix://") if host.startswith("unix://") else "" if host else DOCKER_SOCKET)
+    try:
+        info = os.stat(path) if path else None
+    except OSError:
+        info = None
+    if info is None or uid in (0, info.st_uid) or info.st_mode & 0o002:
+        return True
+    try:
+        entry = pwd.getpwuid(uid)
+        groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except (KeyError, OSError):
+        return False
+    with contextlib.suppress(KeyError):
+        groups |= {g.gr_gid for g in grp.getgrall() if entry.pw_name in g.gr_mem}
+    return bool(info.st_mode & 0o020) and info.st_gid in groups
+
+
 def user_name(uid: int) -> str | None:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -162,8 +189,10 @@ class Ledger:
         state_dir: str | Path,
         clock: Callable[[], float] = time.time,
         is_alive: Callable[[Entry], bool] = alive,
+        holds_of: Callable[[int], bool] | None = None,
     ):
         self.dir = Path(state_dir)
+        self.holds_of = holds_of or can_reach_engine
         self.uid = os.getuid()
         self.path = self.dir / f"ledger-{self.uid}.json"  # this user's own file
         self.clock = clock
@@ -231,6 +260,8 @@ class Ledger:
         for uid, path in self._user_files():
             name = user_name(uid)
             mine, moved = _read_user_file(path, uid)
+            if uid != 0 and not self.holds_of(uid):
+                mine = []  # a user who cannot start containers themself holds nothing by their own file
             for entry in mine:
                 stale = now - max(entry.since, entry.seen) > (WAIT_SECONDS if entry.waiting else HOLD_SECONDS)
                 # root's file may name any user (imgbuild acting for a user through sudo); anyone else's only them
