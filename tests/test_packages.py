@@ -819,7 +819,26 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
         ),
         (
             "error: Because nosuch was not found in the package registry and you require nosuch, we can conclude",
-            "a package or version does not exist on the index for this Python and platform; see above",
+            "nosuch: no such package or version on the index for this Python and platform (a typo in the recipe or "
+            "its requirements file? the name as the index spells it); see above",
+        ),
+        (  # uv's not-found ends in "No solution found" too: a typo is not a conflict with the base's pins
+            "  × No solution found when resolving dependencies:\n  ╰─▶ Because einopz was not found in the package "
+            "registry and you require einopz, we can conclude that your requirements are unsatisfiable.",
+            "einopz: no such package or version on the index for this Python and platform (a typo in the recipe or "
+            "its requirements file? the name as the index spells it); see above",
+        ),
+        (
+            "ERROR: Could not find a version that satisfies the requirement einops==9.9 (from versions: 0.8.0)\n"
+            "ERROR: No matching distribution found for einops==9.9",
+            "einops==9.9: no such package or version on the index for this Python and platform (a typo in the "
+            "recipe or its requirements file? the name as the index spells it); see above",
+        ),
+        (
+            "  ╰─▶ Because there is no version of einops==9.9 and you require einops==9.9, we can conclude that your "
+            "requirements are unsatisfiable.",
+            "einops==9.9: no such package or version on the index for this Python and platform (a typo in the "
+            "recipe or its requirements file? the name as the index spells it); see above",
         ),
         (
             "error: Request failed after 3 retries\n  Caused by: invalid peer certificate: UnknownIssuer",

@@ -43,6 +43,12 @@ UV_NEEDS_REFUSED = re.compile(
 DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
+#: the name pip or uv could not find: "No matching distribution found for nosuch", "Because nosuch was not found
+#: in the package registry", "Because there is no version of einops==9.9"
+MISSING = re.compile(
+    rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the package registry"
+    rf"|Because there is no version of ({NAME}\S*?)(?: and|,|$)"
+)
 #: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
 KINDS = (
     ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
@@ -61,10 +67,8 @@ KINDS = (
             "HTTP status server error",
         ),
     ),
-    (
-        "conflict",
-        ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
-    ),
+    # (uv says a name it cannot find as "... was not found in the package registry ... No solution found": both
+    # kinds are seen, and `failure` puts "missing" first: a typo is not a conflict with the base's pins)
     (
         "missing",
         (
@@ -73,6 +77,10 @@ KINDS = (
             "was not found in the package registry",
             "there is no version of",
         ),
+    ),
+    (
+        "conflict",
+        ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
     ),
     (
         "sdist",
@@ -173,6 +181,7 @@ class Watch:
         self.looking_at = ""
         self.versions = {}  # canonical name -> versions pip fetched
         self.kinds = set()
+        self.missing = ""  # the requirement pip or uv could not find on the index
         self.depends = {}  # (package, dependency) -> [(version, wanted)]
         self.held = {}  # canonical dependency -> the base's constraint, e.g. "torch==2.3.0"
         self.other_framework = ""
@@ -196,6 +205,8 @@ class Watch:
         for kind, words in KINDS:
             if any(word.lower() in line.lower() for word in words):
                 self.kinds.add(kind)
+        if not self.missing and (found := MISSING.search(line)):
+            self.missing = next(g for g in found.groups() if g)
         self.see_pip(line)
 
     def see_pip(self, line):
@@ -318,10 +329,15 @@ class Watch:
                 f"{who} needs {self.other_framework}, another distribution of the base's framework: it would "
                 f"overwrite the base's own; see the conflict above{cure}"
             )
+        if "missing" in self.kinds and (self.missing or "conflict" not in self.kinds):
+            if self.missing:
+                return (
+                    f"{self.missing}: no such package or version on the index for this Python and platform (a typo "
+                    "in the recipe or its requirements file? the name as the index spells it); see above"
+                )
+            return "a package or version does not exist on the index for this Python and platform; see above"
         if "conflict" in self.kinds:
             return self.conflict(origin)
-        if "missing" in self.kinds:
-            return "a package or version does not exist on the index for this Python and platform; see above"
         if "sdist" in self.kinds:
             return "building a package from source failed; see the compiler or build output above"
         return "pip failed; see its output above"
