@@ -33,6 +33,7 @@ LEVELS: list[set[str]] = [
         "acting",
         "regular",
         "rootside",
+        "dockerconfig",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

@@ -35,7 +35,11 @@ def connect_engine(settings: Any) -> ImageEngine:
         from imgbuild.engine.podman import PodmanEngine
 
         return PodmanEngine.connect_podman(settings.podman_socket)
-    docker_absent = not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock")
+    docker_absent = (
+        not os.environ.get("DOCKER_HOST")
+        and not os.environ.get("DOCKER_CONTEXT")
+        and not os.path.exists("/var/run/docker.sock")
+    )
     if settings.engine == "auto" and docker_absent and shutil.which("podman"):
         from imgbuild.engine.podman import PodmanEngine
 

@@ -34,20 +34,27 @@ class Engine:
             from docker.errors import DockerException
         except ImportError as exc:  # pragma: no cover - installed with imgbuild
             raise EngineUnavailable(f"the docker SDK is missing ({exc})") from None
-        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        from imgbuild.dockerconfig import docker_config_path
+        from imgbuild.engine import dockerctx
+
+        point = dockerctx.endpoint(dict(os.environ), docker_config_path().parent)
+        dockerctx.apply(point, os.environ)  # the CLIs imgbuild starts talk to the same engine
+        host = point.host or "unix:///var/run/docker.sock"
+        where = f"{host} ({point.source})" if point.source not in ("DOCKER_HOST", "the local engine") else host
         try:
             client = docker.from_env(timeout=600)
             client.ping()
         except DockerException as exc:
             if "Permission denied" in str(exc) or "PermissionError" in str(exc):
                 raise EngineUnavailable(
-                    f"the Docker engine at {host} refused this user (permission denied on the socket): "
-                    "ask an admin to add you to the docker group"
+                    f"the Docker engine at {where} refused this user (permission denied on the socket): ask an "
+                    "admin to add you to the docker group, or, where the server runs imgbuild's enforced mode, "
+                    "run it through sudo (sudo imgbuild ...)"
                 ) from None
             reason = str(exc).split("(")[0].strip().rstrip(":")
             raise EngineUnavailable(
-                f"no Docker engine at {host} ({reason[:80]}): start dockerd or set DOCKER_HOST "
-                "(on a test machine, tests/testbed/up starts one)"
+                f"no Docker engine at {where} ({reason[:80]}): start dockerd, or point DOCKER_HOST or the docker "
+                "context at one (on a test machine, tests/testbed/up starts one)"
             ) from None
         return cls(client, docker_cli)
 

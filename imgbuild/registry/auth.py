@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from imgbuild.dockerconfig import read_docker_config
 
 _CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 
@@ -29,27 +30,37 @@ class Credentials:
     password: str = field(repr=False)
 
 
+#: Docker Hub's names: the docker CLI keeps its login under `https://index.docker.io/v1/` and asks a credential
+#: helper for that, whatever the reference says (docker.io/..., a short name, registry-1.docker.io).
+DOCKER_HUB_HOSTS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+DOCKER_HUB_KEY = "https://index.docker.io/v1/"
+
+
 def docker_config_credentials(host: str, config_path: Path | None = None) -> Credentials | None:
     """Credentials for `host` from the docker config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json, as
-    the docker CLI reads it): plain `auths`, or a credential helper."""
-    path = config_path or Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
-    for key, entry in (config.get("auths") or {}).items():
-        if key.removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0] == host:
+    the docker CLI reads it): plain `auths`, or a credential helper; Docker Hub under the CLI's own key."""
+    config = read_docker_config(config_path)
+    hub = host in DOCKER_HUB_HOSTS
+    helpers: dict = config["credHelpers"] if isinstance(config.get("credHelpers"), dict) else {}
+    helper = helpers.get(DOCKER_HUB_KEY if hub else host) or helpers.get(host) or config.get("credsStore")
+    auths: dict = config["auths"] if isinstance(config.get("auths"), dict) else {}
+    for key, entry in auths.items():
+        named = str(key).removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0]
+        if not isinstance(entry, dict) or not (named == host or (hub and named in DOCKER_HUB_HOSTS)):
+            continue
+        try:
             if entry.get("auth"):
-                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+                user, _, password = base64.b64decode(str(entry["auth"]), validate=True).decode().partition(":")
                 return Credentials(user, password)
-            if entry.get("username"):
-                return Credentials(entry["username"], entry.get("password", ""))
-    if helper:
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if entry.get("username"):
+            return Credentials(str(entry["username"]), str(entry.get("password", "")))
+    if isinstance(helper, str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", helper):
         try:
             out = subprocess.run(
                 [f"docker-credential-{helper}", "get"],
-                input=host,
+                input=DOCKER_HUB_KEY if hub else host,
                 capture_output=True,
                 text=True,
                 timeout=10,
@@ -57,7 +68,7 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
             ).stdout
             data = json.loads(out)
             return Credentials(data["Username"], data["Secret"])
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
             return None
     return None
 
