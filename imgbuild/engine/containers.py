@@ -125,6 +125,16 @@ class DockerContainers:
             except APIError as exc:
                 raise ImgbuildError(f"could not remove {name}: {exc.explanation}") from None
 
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        """The last `lines` lines of a container's output (stdout and stderr); "" when it is gone."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            data = self.client.containers.get(name).logs(tail=lines, stdout=True, stderr=True)
+        except (APIError, NotFound):
+            return ""
+        return data.decode("utf-8", "replace")[-16_384:]
+
     def note(self, name: str, text: str) -> bool:
         """Write a line into a running container's own log (its PID 1's output); False where it cannot. Run as
         the container's own user: that is who may write its PID 1's output (root inside a container started

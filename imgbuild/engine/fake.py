@@ -118,6 +118,8 @@ class FakeContainers:
     probed: list[ProbeRun] = field(default_factory=list)
     started: list[RunOptions] = field(default_factory=list)  # every container `run` started, as asked
     start_code: int = 0  # what a start exits with (125: the engine refused it)
+    listed: list[dict[str, Any]] = field(default_factory=list)  # what `rows` answers (the engine's containers)
+    tails: dict[str, str] = field(default_factory=dict)  # container name -> the last lines of its output
 
     def run_script(
         self,
@@ -174,7 +176,7 @@ class FakeContainers:
         return set()
 
     def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
-        return []
+        return [dict(row) for row in self.listed if str(row.get("name", "")).startswith(name_prefix)]
 
     def cpu_percent(self, name: str) -> float | None:
         return None
@@ -188,6 +190,9 @@ class FakeContainers:
     def note(self, name: str, text: str) -> bool:
         self.calls.append(f"note {name}")
         return True
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        return self.tails.get(name, "")
 
     def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
         return -1, "the fake engine runs nothing"

@@ -380,6 +380,7 @@ def launch(
 
     from imgbuild.engine import connect_engine
     from imgbuild.engine.runargs import run_command_line
+    from imgbuild.servers import jupyter
 
     if dry_run:
         spec = prepare(request, settings)
@@ -402,6 +403,8 @@ def launch(
     note = check_preload(ref, engine)
     if note:
         say(note)
+    if request.jupyter and not request.command:  # imgbuild's own `jupyter lab`: the image must have it
+        jupyter.check_present(engine, ref)
     told: list[tuple[int, str]] = []
 
     def waiting(place: int, why: str) -> None:
@@ -412,11 +415,13 @@ def launch(
     with reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
         _say_chosen(spec, say)
         say(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})")
-        if spec.detach:
-            start_detached(engine, spec)
-            return Launched(spec, notes=jupyter_notes(spec, socket.getfqdn()) if spec.jupyter_port else [])
-        outcome = start_attached(engine, spec, settings)
-    return Launched(spec, outcome=outcome)
+        if not spec.detach:
+            return Launched(spec, outcome=start_attached(engine, spec, settings))
+        start_detached(engine, spec)
+    if not spec.jupyter_port:
+        return Launched(spec)
+    jupyter.wait_until_serving(engine, spec.name, spec.jupyter_port, progress=say)  # the address, once it answers
+    return Launched(spec, notes=jupyter_notes(spec, socket.getfqdn()))
 
 
 def _say_chosen(spec: RunSpec, say: Callable[[str], None]) -> None:
