@@ -878,3 +878,44 @@ def test_two_drop_ins_coexist_in_one_sudoers(tmp_path):
     twice = tmp_path / "twice"
     twice.write_text(enforce.sudoers("/opt/imgbuild/bin/imgbuild") * 2)  # what one alias for all did
     assert subprocess.run(["visudo", "-cf", str(twice)], capture_output=True).returncode != 0
+
+
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.engine
+def test_a_users_smoke_test_through_sudo_runs_their_image_as_them_without_privileges_or_the_hosts_ipc(
+    enforced, unique, docker_client
+):
+    """Rows 28 and 30 of the shared-server review: an entrypoint hook in alice's image ran as root, with Docker's
+    default capabilities, in the host's IPC namespace (bob's /dev/shm file read) during her `sudo imgbuild
+    smoke`. The hook here ends the container (exit 42) if it has any of that; the control is root's own smoke
+    test of the same image, where the hook does end it."""
+    import io
+
+    bob = pwd.getpwnam("imgbt-bob")
+    secret = Path(f"/dev/shm/imgbt-bob-{unique}")
+    secret.write_text("bob's dataloader segment\n")
+    os.chown(secret, bob.pw_uid, bob.pw_gid)
+    secret.chmod(0o600)
+    hook = (
+        f'if [ "$(id -u)" = 0 ] || grep -q "^NoNewPrivs:[[:space:]]*0" /proc/self/status '
+        f'|| ! grep -q "^CapEff:[[:space:]]*0000000000000000" /proc/self/status || [ -e {secret} ]; then exit 42; fi\n'
+    )
+    image = f"imgbt-alice/hook{unique}:1"
+    import base64
+
+    encoded = base64.b64encode(hook.encode()).decode()
+    dockerfile = (
+        f"FROM {enforced['image']}\nRUN mkdir -p /opt/nvidia/entrypoint.d && echo {encoded} | base64 -d "
+        "> /opt/nvidia/entrypoint.d/99-imgbt.sh\n"
+    )
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=image, rm=True)
+    try:
+        from tests.conftest import run_cli
+
+        control = run_cli("smoke", image, env={"IMGBUILD_SITE_CONFIG": "/etc/imgbuild/config.yaml"})
+        assert control.code == 1 and "exited 42" in control.out + control.err, "root's own test: the hook ends it"
+        hers = as_user("imgbt-alice", "smoke", image, timeout=300)
+        assert hers.returncode == 0, hers.stdout[-2000:] + hers.stderr
+    finally:
+        secret.unlink(missing_ok=True)
+        docker_client.images.remove(image, force=True)
