@@ -158,12 +158,15 @@ CUDA_MIN_DRIVER: dict[tuple[int, int], str] = {
     (13, 1): "590.44.01",
 }
 
-#: Older data-center driver branches that NGC images of a CUDA major run on through the forward
-#: compatibility libraries they ship (/usr/local/cuda/compat), data-center GPUs only. From the NGC
-#: release notes (24.05: "R470.57 (or later R470), R525.85, R535.86 or R545.23"). None are listed for
-#: CUDA 13: NVIDIA's notes from 25.10 on name no older branch, so imgbuild assumes none.
+#: Older data-center driver branches that images of a CUDA major run on through the forward compatibility
+#: libraries NGC images ship (/usr/local/cuda/compat), data-center GPUs only. CUDA 12: the NGC release notes
+#: (24.05: "R470.57 (or later R470), R525.85, R535.86 or R545.23"). CUDA 13: the branches NVIDIA's own
+#: nvidia/cuda:13.0.2 images declare in NVIDIA_REQUIRE_CUDA ("cuda>=13.0 brand=tesla,driver>=535,driver<536 ...
+#: driver>=550 ... 565 ... 570 ... 575"; tests/data/nvidia_require_cuda.txt keeps the string, and a test reads the
+#: branches back out of it); a CUDA 13 container logs "CUDA Forward Compatibility mode ENABLED" on a 570 kernel.
 FORWARD_COMPAT: dict[int, tuple[str, ...]] = {
     12: ("470.57", "525.85", "535.86", "545.23"),
+    13: ("535", "550", "565", "570", "575"),
 }
 
 

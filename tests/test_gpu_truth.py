@@ -116,8 +116,14 @@ DRIVERS = [
     # (cuda, driver, datacenter, ok, words in the reason)
     ((13, 0), "580.95.05", True, True, "580.65.06"),
     ((13, 1), "580.95.05", True, True, "minor-version compatibility"),
-    ((13, 0), "570.124.06", True, False, "older than 580.65.06"),  # 25.10 on R570: the revert to 25.02
-    ((13, 0), "535.104.05", True, False, "older than 580.65.06"),
+    # CUDA 13 on the data-center branches NVIDIA's own images declare (tests/data/nvidia_require_cuda.txt)
+    ((13, 0), "570.124.06", True, True, "forward compatibility"),
+    ((13, 0), "535.104.05", True, True, "forward compatibility"),
+    ((13, 0), "575.57.08", True, True, "forward compatibility"),
+    ((13, 0), "570.124.06", False, False, "data-center GPUs only"),  # a GeForce on R570: no forward compatibility
+    ((13, 0), "560.35.03", True, False, "older than 580.65.06"),  # R560 is not among the declared branches
+    ((13, 0), "545.29.06", True, False, "older than 580.65.06"),
+    ((13, 0), "530.30.02", True, False, "older than 580.65.06"),
     ((12, 4), "535.104.05", None, True, "minor-version compatibility"),
     ((12, 4), "470.57.02", True, True, "forward compatibility"),  # NGC 24.05 notes: R470.57+ on data center
     ((12, 4), "470.57.02", None, True, "if this is a data-center GPU"),
@@ -135,12 +141,29 @@ def test_driver_against_the_image_cuda(cuda, driver, datacenter, ok, words):
     assert verdict is ok and words in reason, reason
 
 
+def test_forward_compatible_branches_are_the_ones_nvidias_own_images_declare():
+    """NVIDIA_REQUIRE_CUDA of nvidia/cuda:13.0.2 lists, per brand, the driver branches a CUDA 13.0 container runs on
+    besides R580+ (the forward-compatible ones). imgbuild's table must say exactly those for CUDA 13."""
+    import re
+
+    from imgbuild.facts import FORWARD_COMPAT
+
+    text = next(
+        line for line in (DATA / "nvidia_require_cuda.txt").read_text().splitlines() if line.startswith("NVIDIA")
+    )
+    assert text.startswith("NVIDIA_REQUIRE_CUDA=cuda>=13.0 ")
+    tesla = sorted({int(m) for m in re.findall(r"brand=tesla,driver>=([0-9]+),driver<[0-9]+", text)})
+    assert tesla == [int(v.split(".")[0]) for v in FORWARD_COMPAT[13]]
+
+
 def test_a_fleet_is_judged_per_gpu_from_the_image_facts():
     facts = GpuFacts("25.10", "13.0", TORCH_CU130, "test")
     verdicts = {v.target: v for v in judge(facts, parse_targets("v100,t4,l40s,b300,sm_121"), "580.95.05")}
     assert not verdicts["v100"].runs and "no kernels" in verdicts["v100"].reason
     assert all(verdicts[k].runs for k in ("t4", "l40s", "b300", "sm_121"))
-    old_driver = judge(facts, parse_targets("h100"), "570.124.06")[0]
+    forward = judge(facts, parse_targets("h100"), "570.124.06")[0]  # a DGX H100 on R570: forward compatibility
+    assert forward.runs and "forward compatibility" in forward.reason
+    old_driver = judge(facts, parse_targets("h100"), "560.35.03")[0]
     assert not old_driver.runs and "older than 580.65.06" in old_driver.reason
     cpu = judge(GpuFacts("cpu", "", "", "test"), parse_targets("h100"), None)[0]
     assert not cpu.runs and "no CUDA build" in cpu.reason
@@ -354,11 +377,14 @@ def _build(tmp_path: Path, engine: FakeEngine, extra: str = "", **flags):
     return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", **options)
 
 
-def _snapshot(tmp_path: Path) -> str:
+def _snapshot(tmp_path: Path, driver: str = "") -> str:
     from tests.test_run_gpus import server
 
     path = tmp_path / "snap.json"
-    path.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    gpus = [g.to_json() for g in server("dgx-a100")]
+    for gpu in gpus if driver else []:
+        gpu["driver"] = driver
+    path.write_text(json.dumps({"gpus": gpus}))
     return str(path)
 
 
@@ -376,12 +402,22 @@ def test_a_gpu_host_whose_engine_cannot_pass_gpus_never_promotes(tmp_path):
     assert result.promoted and engine.containers.runs[-1]["gpus"] is None
 
 
-def test_a_gpu_host_is_part_of_the_fleet_by_default(tmp_path):
-    """The DGX's A100s run driver 535.104.05: a CUDA 13 image cannot run there, whatever the smoke says."""
+def _cuda13() -> FakeEngine:
     engine = FakeEngine(gpus=True)
     engine.containers.meta = CUDA13
+    return engine
+
+
+def test_a_gpu_host_is_part_of_the_fleet_by_default(tmp_path):
+    """The host's own GPUs and driver are judged with the declared fleet. The DGX's A100s on R535 run a CUDA 13
+    image through forward compatibility (a branch NVIDIA's CUDA 13 images declare): the image whose smoke test
+    passed on that very GPU is promoted. On R560, a branch they do not declare, it is not."""
+    engine = FakeEngine(gpus=True)
+    engine.containers.meta = CUDA13
+    result = _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+    assert result.promoted
     with pytest.raises(SmokeFailed, match="this host's NVIDIA A100-SXM4-40GB: .*older than 580.65.06"):
-        _build(tmp_path, engine, gpu_snapshot=_snapshot(tmp_path))
+        _build(tmp_path, _cuda13(), gpu_snapshot=_snapshot(tmp_path, "560.35.03"))
 
 
 def test_the_smoke_test_gets_the_gpus_run_would_pick_by_uuid_and_the_run_settings(tmp_path, monkeypatch):
@@ -406,9 +442,13 @@ def test_a_build_is_not_promoted_when_the_declared_fleet_cannot_run_it(tmp_path)
     with pytest.raises(SmokeFailed, match="fleet: cannot run on v100: sm_70: no kernels"):
         _build(tmp_path, engine, "smoke: {targets: [v100, h100]}\n")
     assert engine.images.image_id(TARGET) is None
-    # the site's fleet and driver count too: R570 cannot run CUDA 13
-    with pytest.raises(SmokeFailed, match="driver 570.124.06 is older than 580.65.06"):
-        _build(tmp_path, engine, fleet_gpus="h100", fleet_driver="570.124.06")
+    # the site's fleet and driver count too: R560 cannot run CUDA 13 (R570 can, by forward compatibility; a
+    # GeForce on R570 cannot)
+    with pytest.raises(SmokeFailed, match="driver 560.35.03 is older than 580.65.06"):
+        _build(tmp_path, engine, fleet_gpus="h100", fleet_driver="560.35.03")
+    with pytest.raises(SmokeFailed, match="forward compatibility .*works on data-center GPUs only"):
+        _build(tmp_path, engine, fleet_gpus="rtx4090", fleet_driver="570.124.06")
+    assert _build(tmp_path, engine, fleet_gpus="h100", fleet_driver="570.124.06").promoted
     result = _build(tmp_path, engine, "smoke: {targets: [t4, l40s, b300]}\n", fleet_driver="580.95.05")
     assert result.promoted and result.smoke and result.smoke.checks[-1]["status"] == "pass"
 
@@ -1108,12 +1148,12 @@ def test_imgbuild_in_a_container_on_a_gpu_host_whose_engine_cannot_pass_gpus_nev
 
 
 def test_the_fleet_of_a_remote_gpu_host_is_its_own_gpus_and_driver(tmp_path):
-    """The DGX behind DOCKER_HOST runs driver 535.104.05: a CUDA 13 image built there is not promoted, from the
-    GPUs and driver read through the engine (not this machine's, which has none)."""
+    """The DGX behind DOCKER_HOST runs driver 535.104.05: a CUDA 13 image built there is judged from the GPUs and
+    driver read through the engine (not this machine's, which has none): forward compatibility, promoted."""
     engine = _remote(_engine_read(8, _smi(DGX_GPUS, DGX_APPS)))
     engine.containers.meta = CUDA13
-    with pytest.raises(SmokeFailed, match="this host's NVIDIA A100-SXM4-40GB: .*older than 580.65.06"):
-        _build(tmp_path, engine)
+    result = _build(tmp_path, engine)
+    assert result.promoted and "forward compatibility" in json.dumps(result.smoke.to_json() if result.smoke else {})
     assert sum(c.startswith("read gpus") for c in engine.calls) == 1  # read once for the smoke test and the fleet
     host = host_gpus(engine, "lab/x:1", load_settings({}))
     targets, driver = declared_fleet(load_settings({}), [], host)

@@ -78,8 +78,10 @@ def test_compatibility_uses_driver_and_arch_list():
     assert ok, why
     ok, why = compatibility(info, HostGpus("580.95.05", ("7.0",), "flags"))
     assert not ok and "sm_70: no kernels for this GPU" in why  # a V100 cannot run CUDA 13 images
-    ok, why = compatibility(info, HostGpus("535.104.05", ("9.0",), "flags"))
-    assert not ok and "driver 535.104.05 is older than 580.65.06 needed by CUDA 13.0" in why
+    ok, why = compatibility(info, HostGpus("535.104.05", ("9.0",), "flags"))  # forward compatibility (NVIDIA's R535)
+    assert ok and "forward compatibility" in why, why
+    ok, why = compatibility(info, HostGpus("560.35.03", ("9.0",), "flags"))
+    assert not ok and "driver 560.35.03 is older than 580.65.06 needed by CUDA 13.0" in why
     ok, why = compatibility(info, HostGpus("580.95.05", ("l40s", "b300"), "flags"))
     assert ok and "sm_89: native kernels (sm_86" in why and "sm_103: native kernels (sm_100" in why
     old = TagInfo("24.05-py3", "24.05", None, cuda="12.4.1.003", arch_list="5.2 6.0 7.0 8.0 9.0+PTX")

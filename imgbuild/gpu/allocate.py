@@ -46,10 +46,13 @@ Claims = dict[str, list[Claim]]  # GPU UUID -> its claims
 
 
 def _holders(gpu: Gpu, me: str, claims: Claims | None = None) -> str:
-    others = [p for p in gpu.processes if p.user and p.user != me]
-    held = [f"{p.user} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})" for p in others] + [
-        f"{c.user} ({c.what})" for c in (claims or {}).get(gpu.uuid, []) if c.user != me
-    ]
+    # a process whose owner cannot be read (/proc hidepid=2, imgbuild in a container, a remote engine) is someone
+    # else's: never a free GPU
+    others = [p for p in gpu.processes if p.user != me]
+    held = [
+        f"{p.user or 'an unknown user'} (pid {p.pid} {p.name or '?'}{' in ' + p.container if p.container else ''})"
+        for p in others
+    ] + [f"{c.user} ({c.what})" for c in (claims or {}).get(gpu.uuid, []) if c.user != me]
     return ", ".join(dict.fromkeys(held))
 
 
