@@ -465,3 +465,22 @@ def test_nvidia_smi_lists_mig_slices_and_places_processes_it_can():
     ]
     assert gpus[0].processes == [] and [p.pid for p in gpus[1].processes] == [99]
     assert gpus[0].mig_profile == "3g.20gb" and gpus[1].name.endswith("MIG 1g.5gb")
+
+
+def test_a_gpu_whose_process_owner_cannot_be_read_is_never_handed_out_as_free():
+    """Under /proc hidepid=2, with imgbuild in a container, or through a remote engine, a process's owner is
+    unknown: two H100s at 97-99 % were given out as free. Unknown is someone else; --force still takes it."""
+    from imgbuild.gpu.allocate import GpusBusy
+    from imgbuild.gpu.read import Gpu, GpuProcess
+
+    busy = [
+        Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 70_000, 81_559, 98, [GpuProcess(4242 + i, "python", 69_000)])
+        for i in range(2)
+    ]
+    with pytest.raises(GpusBusy, match="an unknown user"):
+        select_gpus("1", busy, "alice")
+    with pytest.raises(GpusBusy, match="an unknown user"):
+        select_gpus("device=0", busy, "alice")
+    assert select_gpus("device=0", busy, "alice", force=True).uuids == ["GPU-0"]
+    free = [*busy, Gpu(2, "GPU-2", "NVIDIA H100 80GB HBM3", 0, 81_559, 0, [])]
+    assert select_gpus("1", free, "alice").uuids == ["GPU-2"]
