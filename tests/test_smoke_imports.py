@@ -143,3 +143,23 @@ def test_the_script_still_runs_on_its_own(tmp_path):
     )
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_the_import_failure_line_counts_failures_and_timeouts_apart(monkeypatch):
+    """One line: how many do not import, how many timed out, each said once."""
+    work = [("broken", "1", ["broken"]), ("slow", "1", ["slow"])]
+    results = [{"broken": "ImportError: no"}, {"slow": f"{script.TIMED_OUT} after 240 s"}]
+    monkeypatch.setattr(script, "read_baseline", lambda path: set())
+    monkeypatch.setattr(script, "_distributions", lambda: [])
+    monkeypatch.setattr(script, "_added", lambda baseline, every=None: [])
+    monkeypatch.setenv("IMGBUILD_SMOKE_IMPORTS", "x")
+    monkeypatch.setattr(script, "import_all", lambda w, budget, workers: results[: len(w)])
+    monkeypatch.setattr(script, "framework_seconds", lambda limit, module="": 0.1)
+    monkeypatch.setattr(script, "missing_tools", lambda names: [])
+    monkeypatch.setattr(script, "shared_modules", lambda dists, added: [])
+    failures, _, _, _ = script._classify(work, results)
+    line = "; ".join(failures)
+    assert "broken 1: import broken: ImportError: no" in line and "timed out after 240 s, twice" in line
+    with pytest.raises(script.Fail) as caught:
+        script.check_imports()
+    assert str(caught.value).startswith("1 of 1 module(s) do not import: smoke.imports")  # no stray "; "

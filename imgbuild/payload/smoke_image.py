@@ -779,9 +779,9 @@ def check_imports() -> dict:
         cure = f"; for all of them, add to the recipe: apt: [{', '.join(sorted(apt))}]" if apt else ""
         details = {"failures": failures[:2000], "apt": sorted(apt)}
         slow = sum(f"{TIMED_OUT} after" in f for f in failures)
-        what = f"{len(failures) - slow} of {checked} module(s) do not import" if len(failures) > slow else ""
-        what += ("; " if what else "") + (f"{slow} timed out (the machine busy?)" if slow else "")
-        raise Fail(f"{what}: {shown}{cure}", details)
+        said = [f"{len(failures) - slow} of {checked} module(s) do not import"] if len(failures) > slow else []
+        said += [f"{slow} timed out (the machine busy?)"] if slow else []
+        raise Fail(f"{'; '.join(said)}: {shown}{cure}", details)
     reason = f"{checked} module(s) of {len(work)} added distribution(s) import"
     if unchanged:
         reason += f"; {len(unchanged)} unchanged since the last promoted image, nor what they need: not re-imported"
