@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import imgbuild
-from imgbuild.build.plan import IMAGE_TEMPLATES, TEMPLATES_DIR, templates_digest
+from imgbuild.build.plan import IMAGE_TEMPLATES, OTHER_TEMPLATES, TEMPLATES_DIR, templates_digest
 from tests.conftest import IMGBUILD, ROOT
 
 
@@ -46,7 +46,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_templates_and_in_image_scripts_and_no_tests_or_bytecode(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for template in (*IMAGE_TEMPLATES, "apptainer.def.j2"):
+    for template in (*IMAGE_TEMPLATES, *OTHER_TEMPLATES):
         assert f"imgbuild/templates/{template}" in names, template
     assert "imgbuild/payload/smoke_image.py" in names
     assert "imgbuild/py.typed" in names
@@ -55,9 +55,9 @@ def test_the_wheel_carries_the_templates_and_in_image_scripts_and_no_tests_or_by
 
 
 def test_the_declared_templates_are_exactly_the_package_data_that_shapes_an_image():
-    """IMAGE_TEMPLATES is the list the digest hashes: every template file but Apptainer's, nothing else."""
+    """IMAGE_TEMPLATES is the list the digest hashes: every template file but those that shape no Docker image."""
     on_disk = {p.name for p in TEMPLATES_DIR.iterdir() if p.is_file() and not p.name.endswith((".pyc", ".pyo"))}
-    assert set(IMAGE_TEMPLATES) == on_disk - {"apptainer.def.j2"}
+    assert set(IMAGE_TEMPLATES) == on_disk - set(OTHER_TEMPLATES) and set(OTHER_TEMPLATES) <= on_disk
 
 
 def test_a_byte_compiled_templates_folder_changes_nothing(tmp_path, monkeypatch):

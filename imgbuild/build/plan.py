@@ -37,6 +37,7 @@ TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 #: The files of TEMPLATES_DIR that shape a Docker image, by name. Only these are hashed: an installed copy holds
 #: other entries too (pip byte-compiles the .py scripts into `__pycache__/`), and the Apptainer template is left out
 #: so that editing it does not make every image due. A test keeps this list equal to the package data.
+OTHER_TEMPLATES = ("apptainer.def.j2", "ci-github.yml.j2", "ci-gitlab.yml.j2")  # shape no Docker image
 IMAGE_TEMPLATES = (
     "Dockerfile.buildkit.j2",
     "Dockerfile.j2",

@@ -95,6 +95,11 @@ def template_cache(cache_dir: str | Path) -> Any:
     return jinja2.FileSystemBytecodeCache(str(folder))
 
 
+def template_environment(cache: Any = None) -> Any:
+    """Jinja over imgbuild's templates folder, as every template of it is rendered."""
+    return _environment(cache)
+
+
 def _environment(cache: Any = None) -> Any:
     import jinja2
 

@@ -114,3 +114,47 @@ def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tupl
     else:
         click.echo(f"{result.path}: {len(result.pins)} package(s) locked, unchanged", err=True)
     click.echo(str(result.path))
+
+
+@SECTION.command()
+@click.argument("name")
+@click.option(
+    "--from", "source", type=click.Path(dir_okay=False, path_type=Path),
+    help="Start from a requirements file (referenced) or a pyproject.toml ([project].dependencies).",
+)  # fmt: skip
+@click.option("--framework", type=click.Choice(["pytorch", "tensorflow"]), default="pytorch", show_default=True)
+@click.option(
+    "--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=Path("recipes"), show_default=True,
+    help="Where the recipe goes.",
+)  # fmt: skip
+@click.option("--ci", type=click.Choice(["github", "gitlab"]), help="Also write the CI workflow that builds it.")
+@click.pass_context
+def init(ctx: click.Context, name: str, source: Path | None, framework: str, folder: Path, ci: str | None) -> None:
+    """Write a starting recipe (recipes/NAME.yaml) on an NGC base this host's GPUs and driver can run; never over a
+    file. `imgbuild validate` and `imgbuild build` come next."""
+    from imgbuild.build.starter import plan_starter, write_new
+    from imgbuild.errors import RecipeError, UsageError
+    from imgbuild.gpu.read import NoGpus, read_gpus
+    from imgbuild.recipe import load_recipe
+
+    settings = settings_of(ctx)
+    try:
+        gpus = read_gpus(settings.gpu_snapshot)
+    except NoGpus:
+        gpus = []
+    driver = next((g.driver for g in gpus if g.driver), None)
+    starter = plan_starter(name, framework, folder, source, ci, gpus, driver)
+    for path in (starter.recipe, *([starter.ci[0]] if starter.ci else [])):
+        if path.exists() or path.is_symlink():
+            raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)")
+    write_new(starter.recipe, starter.text)
+    try:
+        load_recipe(starter.recipe, secrets=settings.secrets())  # imgbuild writes nothing it would refuse
+    except RecipeError:
+        starter.recipe.unlink()
+        raise
+    click.echo(f"wrote {starter.recipe} (base {framework} {starter.base_why})", err=True)
+    if starter.ci:
+        write_new(*starter.ci)
+        click.echo(f"wrote {starter.ci[0]}", err=True)
+    click.echo(f"next: imgbuild validate {starter.recipe} && imgbuild build {starter.recipe}", err=True)
