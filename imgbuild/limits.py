@@ -1,4 +1,4 @@
-"""Every bound imgbuild enforces on untrusted input, in one table (README "Limits" lists them).
+"""Every bound imgbuild enforces on untrusted input, in one table (docs/limits.md lists them).
 
 Recipes and the files they name come from merge requests; registries can misbehave. Each limit turns
 what would be unbounded time or memory into a one-line error naming the file, line and field.

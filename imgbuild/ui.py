@@ -5,9 +5,33 @@ from __future__ import annotations
 import time
 from typing import Any
 
+#: A live line (a terminal) is cut here; a log line (CI) is kept whole, up to LOG_CHARS.
+LIVE_CHARS = 110
+LOG_CHARS = 4000
+
+
+def ci_kind(environ: dict[str, str] | None = None) -> str:
+    """The CI system this runs under, as its own variables say: "github", "gitlab" or ""."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if env.get("GITHUB_ACTIONS") == "true":
+        return "github"
+    if env.get("GITLAB_CI") == "true":
+        return "gitlab"
+    return ""
+
+
+def annotate(level: str, text: str, environ: dict[str, str] | None = None) -> str:
+    """`text` as the CI system shows an error or warning on its run's page (GitHub's ::error::); else as it is."""
+    if ci_kind(environ) == "github":
+        return f"::{level}::" + text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text
+
 
 class Progress:
-    """Shows the current step and elapsed time; on a non-terminal prints each new step once."""
+    """Shows the current step and a clock that keeps running on a terminal; on a non-terminal prints each new step
+    once, whole, inside a folded group where the CI system has them (GitHub Actions, GitLab CI)."""
 
     def __init__(self, title: str, enabled: bool = True):
         from rich.console import Console
@@ -18,34 +42,70 @@ class Progress:
         self.enabled = enabled
         self._status: Any = None
         self._last = ""
+        self._ticker: Any = None
+        self._stop: Any = None
+        self._ci = ci_kind()
 
     def __enter__(self) -> Progress:
+        import threading
+
         if self.enabled and self.console.is_terminal:
             self._status = self.console.status(self.title)
             self._status.__enter__()
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
         elif self.enabled:
-            self.console.print(self.title, highlight=False, markup=False, soft_wrap=True)
+            self._raw(self._fold_open() + self.title)
         return self
+
+    def _tick(self) -> None:
+        """Keep the live line's clock running while a step takes long (a smoke test, a push, a pull)."""
+        while not self._stop.wait(1.0):
+            if self._last:
+                self._status.update(f"{self.title} {self._line(self._last, LIVE_CHARS)}")
+
+    def _line(self, step: str, limit: int) -> str:
+        elapsed = time.monotonic() - self.start
+        return f"[{elapsed:6.1f}s] {step[:limit] + ('...' if len(step) > limit else '')}"
+
+    def _raw(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def _fold_open(self) -> str:
+        if self._ci == "github":
+            return "::group::"
+        if self._ci == "gitlab":
+            return f"\x1b[0Ksection_start:{int(time.time())}:imgbuild[collapsed=true]\r\x1b[0K"
+        return ""
+
+    def _fold_close(self) -> None:
+        if self._ci == "github":
+            self._raw("::endgroup::")
+        elif self._ci == "gitlab":
+            self._raw(f"\x1b[0Ksection_end:{int(time.time())}:imgbuild\r\x1b[0K")
 
     def __call__(self, step: str) -> None:
         if not self.enabled or step == self._last:
             return
-        self._last = step
-        elapsed = time.monotonic() - self.start
         step = " ".join(step.split())
-        text = f"[{elapsed:6.1f}s] {step[:110] + ('...' if len(step) > 110 else '')}"
+        self._last = step
         if self._status is not None:
-            self._status.update(f"{self.title} {text}")
+            self._status.update(f"{self.title} {self._line(step, LIVE_CHARS)}")
         else:
-            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            self._raw(self._line(step, LOG_CHARS))
 
     def note(self, text: str) -> None:
         if self.enabled:
-            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            self._raw(text)
 
     def __exit__(self, *exc: Any) -> None:
+        if self._stop is not None:
+            self._stop.set()
         if self._status is not None:
             self._status.__exit__(*exc)
+        elif self.enabled:
+            self._fold_close()
 
 
 def print_table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:

@@ -229,7 +229,7 @@ def test_the_readme_reap_example_works_in_the_site_config(tmp_path):
     """Issue 26: README's `run:` + `reap:` block in /etc/imgbuild/config.yaml broke every command."""
     from tests.conftest import run_cli
 
-    block = next(b for b in YAML_BLOCKS if b.file.name == "README.md" and "reap" in (yaml.safe_load(b.body) or {}))
+    block = next(b for b in YAML_BLOCKS if b.file.name == "servers.md" and "reap" in (yaml.safe_load(b.body) or {}))
     site = tmp_path / "config.yaml"
     site.write_text(block.body)
     env = {"IMGBUILD_SITE_CONFIG": str(site)}
@@ -293,7 +293,8 @@ def test_the_committed_config_schema_is_generated_from_the_declarations():
 def test_the_readme_table_of_stand_in_differences_is_the_recorded_one():
     from tests import ngc_facts
 
-    assert ngc_facts.readme_table() in (ROOT / "README.md").read_text(), "README: paste tests/ngc_facts.readme_table()"
+    page = ROOT / "docs" / "development.md"
+    assert ngc_facts.readme_table() in page.read_text(), "docs/development.md: paste tests/ngc_facts.readme_table()"
     for fact, real, _, why in ngc_facts.DIFFERENCES:
         assert fact and why and real
 

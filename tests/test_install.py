@@ -125,11 +125,14 @@ def test_the_installed_command_validates_renders_and_exports_from_a_folder_witho
 
 
 def _install_blocks() -> list[str]:
+    """Every block marked `<!-- docs: install -->` in docs/install.md, then README's (each command once)."""
     import re
 
-    text = (ROOT / "docs" / "install.md").read_text()
     fence = re.compile(r"(?ms)^<!-- docs: install -->\n```sh\n(?P<body>.*?)^```")
-    return [m["body"].strip() for m in fence.finditer(text)]
+    found: list[str] = []
+    for path in (ROOT / "docs" / "install.md", ROOT / "README.md"):
+        found += [m["body"].strip() for m in fence.finditer(path.read_text()) if m["body"].strip() not in found]
+    return found
 
 
 def test_the_install_docs_name_this_version_and_never_the_bare_package_name():

@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> None:
         lines, code = _outcome(exc)
         if acting:
             _audit(args, f"exit {code}" + (f": {lines[0][:300]}" if lines and code else ""))
-        for line in lines:
-            click.echo(line, err=code != EXIT_OK)
+        from imgbuild.ui import annotate
+
+        for line in lines:  # under GitHub Actions an error is also an annotation on the run's page
+            click.echo(annotate("error", line) if code != EXIT_OK else line, err=code != EXIT_OK)
         sys.exit(code)
     if acting:
         _audit(args, f"exit {EXIT_OK}")

@@ -1,0 +1,61 @@
+"""Long work never looks hung: a live clock that keeps running on a terminal; whole lines, folded into a group,
+in CI logs; errors as annotations where the CI system shows them."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from imgbuild import ui
+
+
+def _progress(terminal: bool, monkeypatch, ci: str = "") -> tuple[ui.Progress, io.StringIO]:
+    for name in ("GITHUB_ACTIONS", "GITLAB_CI"):
+        monkeypatch.delenv(name, raising=False)
+    if ci:
+        monkeypatch.setenv({"github": "GITHUB_ACTIONS", "gitlab": "GITLAB_CI"}[ci], "true")
+    progress = ui.Progress("imgbuild smoke x")
+    buffer = io.StringIO()
+    progress.console = Console(file=buffer, force_terminal=terminal, width=200)
+    return progress, buffer
+
+
+def test_the_clock_keeps_running_while_one_step_takes_long(monkeypatch):
+    """The elapsed time stopped at [1.6s] during a 100 s smoke test."""
+    progress, buffer = _progress(True, monkeypatch)
+    with progress:
+        progress("smoke-testing lab/x:1-candidate")
+        time.sleep(2.6)
+    assert "[   2." in buffer.getvalue(), buffer.getvalue()[-500:]
+
+
+def test_a_log_line_is_kept_whole(monkeypatch):
+    progress, buffer = _progress(False, monkeypatch)
+    step = "rendered /a/very/long/path/" + "x" * 300 + " (buildkit backend)"
+    with progress:
+        progress(step)
+    assert step in buffer.getvalue() and "..." not in buffer.getvalue()
+
+
+def test_ci_logs_fold_each_command_into_a_group(monkeypatch):
+    progress, buffer = _progress(False, monkeypatch, ci="github")
+    with progress:
+        progress("built")
+    lines = buffer.getvalue().splitlines()
+    assert lines[0] == "::group::imgbuild smoke x" and lines[-1] == "::endgroup::"
+    progress, buffer = _progress(False, monkeypatch, ci="gitlab")
+    with progress:
+        progress("built")
+    text = buffer.getvalue()
+    assert "section_start:" in text and "section_end:" in text and "[collapsed=true]" in text
+
+
+def test_errors_are_annotations_under_github_actions_and_plain_elsewhere():
+    assert ui.annotate("error", "a.yaml:3:1: pip: bad\nsecond", {"GITHUB_ACTIONS": "true"}) == (
+        "::error::a.yaml:3:1: pip: bad%0Asecond"
+    )
+    assert ui.annotate("error", "100% bad", {"GITHUB_ACTIONS": "true"}) == "::error::100%25 bad"
+    assert ui.annotate("error", "plain", {}) == "plain"
+    assert ui.annotate("error", "plain", {"GITLAB_CI": "true"}) == "plain"
