@@ -3,9 +3,10 @@ it, by the registry client (logins, credential helpers) and the engine (the curr
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from imgbuild.boundedjson import loads as bounded_loads
 
 CONFIG_BYTES = 1024 * 1024
 
@@ -21,7 +22,7 @@ def read_docker_config(path: Path | None = None) -> dict:
 
     try:
         found = read_regular(path or docker_config_path(), CONFIG_BYTES)
-        config = json.loads(found[0]) if found else {}
+        config = bounded_loads(found[0]) if found else {}
     except (OSError, ValueError, RecursionError):
         return {}
     return config if isinstance(config, dict) else {}

@@ -34,6 +34,7 @@ LEVELS: list[set[str]] = [
         "regular",
         "rootside",
         "dockerconfig",
+        "boundedjson",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.errors import EnvironmentProblem, UsageError
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -259,7 +260,7 @@ def load_signer(path: Path, password: bytes) -> Signer:
     except ImportError:
         raise EnvironmentProblem("signing needs the pynacl package: pip install 'imgbuild[sign]'") from None
     try:
-        sealed = json.loads(base64.b64decode(found.group(2)))
+        sealed = bounded_loads(base64.b64decode(found.group(2)))
         kdf, cipher = sealed["kdf"], sealed["cipher"]
         params = kdf["params"]
         if kdf["name"] != "scrypt" or cipher["name"] != "nacl/secretbox":
@@ -361,7 +362,7 @@ def attached_layers(client: Any, repo: str, digest: str, kind: str, media: str) 
     except RegistryError:
         return []
     try:
-        manifest = json.loads(body)
+        manifest = bounded_loads(body)
         layers = [layer for layer in manifest.get("layers", [])[:16] if layer.get("mediaType") == media]
     except (ValueError, AttributeError):
         return []

@@ -4,10 +4,10 @@ digest, the provenance statement (signed, naming this recipe and the SBOM by dig
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.build.attest import (
     CYCLONEDX,
     DSSE,
@@ -45,7 +45,7 @@ def check_signature(client: Any, repo: str, image: str, digest: str, public_key:
         if not _signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
             continue
         try:
-            critical = json.loads(payload)["critical"]
+            critical = bounded_loads(payload)["critical"]
             signed_digest = critical["image"]["docker-manifest-digest"]
             signed_image = critical["identity"]["docker-reference"]
         except (ValueError, KeyError, TypeError):
@@ -61,7 +61,7 @@ def check_attestation(
     """The provenance verdicts, and the statement when one is signed by the key for this digest."""
     for envelope_bytes, _ in attached_layers(client, repo, digest, "att", DSSE):
         try:
-            envelope = json.loads(envelope_bytes)
+            envelope = bounded_loads(envelope_bytes)
             statement_bytes = base64.b64decode(envelope["payload"], validate=True)
             signatures = [s["sig"] for s in envelope["signatures"]]
             if envelope["payloadType"] != IN_TOTO:
@@ -71,7 +71,7 @@ def check_attestation(
         if not any(_signed_payload(public_key, pae(IN_TOTO, statement_bytes), sig) for sig in signatures):
             continue
         try:
-            statement = json.loads(statement_bytes)
+            statement = bounded_loads(statement_bytes)
             subjects = {s["digest"]["sha256"] for s in statement["subject"]}
         except (ValueError, KeyError, TypeError):
             continue
@@ -100,7 +100,7 @@ def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | 
         run = statement["predicate"]["runDetails"]
         named = {b["digest"]["sha256"] for b in run["byproducts"] if b.get("name") == "sbom"}
         base = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"]
-        document = json.loads(content)
+        document = bounded_loads(content)
         bases = {c.get("version") for c in document.get("components", []) if c.get("bom-ref") == "base"}
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return Verdict("sbom", False, "the SBOM or the provenance is malformed")

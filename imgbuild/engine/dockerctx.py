@@ -6,12 +6,12 @@ CLI shows)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.errors import EngineUnavailable
 
 META_BYTES = 64 * 1024
@@ -47,7 +47,7 @@ def endpoint(environ: dict[str, str], config_dir: Path) -> Endpoint:
 
     try:
         found = read_regular(meta_path, META_BYTES)
-        meta = json.loads(found[0]) if found else None
+        meta = bounded_loads(found[0]) if found else None
     except (OSError, ValueError, RecursionError):
         meta = None
     docker = ((meta or {}).get("Endpoints") or {}).get("docker") if isinstance(meta, dict) else None

@@ -10,7 +10,6 @@ same selection, only when asked.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.cache import JsonCache
 from imgbuild.errors import EnvironmentProblem, RegistryError, UsageError
 from imgbuild.imageref import DIGEST_RE
@@ -69,7 +69,7 @@ class _Copier:
         content, media_type, digest = self.source.manifest_raw(self.repo, reference)
         bad = f"registry {self.source.host}: {self.repo}:{reference}"
         try:
-            body = json.loads(content)
+            body = bounded_loads(content)
         except (ValueError, RecursionError):
             raise RegistryError(f"{bad}: the manifest is not JSON") from None
         if not isinstance(body, dict):

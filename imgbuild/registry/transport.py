@@ -33,12 +33,14 @@ class Reply:
         return self.status_code < 400
 
     def json(self) -> Any:
+        from imgbuild.boundedjson import NotJson, loads
+
         try:
-            return json.loads(self.content)
-        except ValueError:
+            return loads(self.content, "its answer")
+        except NotJson as exc:
             raise RegistryError(
-                f"registry {urlsplit(self.url).netloc}: answered with something that is not JSON "
-                f"(HTTP {self.status_code}, {len(self.content)} bytes)"
+                f"registry {urlsplit(self.url).netloc}: answered with something imgbuild does not read ({exc}; "
+                f"HTTP {self.status_code}, {len(self.content)} bytes)"
             ) from None
 
 
