@@ -70,3 +70,26 @@ def clear_planted(path: Path, owner: int = 0) -> None:
             shutil.rmtree(path)
         else:
             os.unlink(path)
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> None:
+    """`path` replaced whole by `data`: written to a new file beside it (never through a link, never a FIFO), synced,
+    then renamed over it. A kill leaves the old file or the new one, never a half or empty one; a link at `path`
+    is replaced itself, its target untouched. The mode is the old file's, else `mode` (0644)."""
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        keep = stat.S_IMODE(os.lstat(path).st_mode) if not os.path.islink(path) else None
+    except FileNotFoundError:
+        keep = None
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), keep if keep is not None else (mode if mode is not None else 0o644))
+        os.replace(partial, path)
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink()

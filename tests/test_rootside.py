@@ -370,3 +370,45 @@ def test_only_a_user_who_can_reach_the_engine_holds_gpus_by_their_own_ledger_fil
         assert can_reach_engine(nobody, str(tmp_path / "absent.sock"))  # no local socket: cannot tell, believed
     finally:
         server.close()
+
+
+# --- files imgbuild writes for the user ----------------------------------------------------------------------
+
+
+def test_a_file_is_replaced_whole_and_never_written_through_a_link(tmp_path):
+    from imgbuild.regular import write_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "devcontainer.json"
+    link.symlink_to(victim)  # a link committed in the repository
+    write_atomic(link, "new\n")
+    assert victim.read_text() == "precious\n" and not link.is_symlink() and link.read_text() == "new\n"
+    script = tmp_path / "job.sh"
+    script.write_text("old\n")
+    script.chmod(0o750)
+    write_atomic(script, "new\n")
+    assert script.read_text() == "new\n" and script.stat().st_mode & 0o777 == 0o750  # its mode kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["devcontainer.json", "job.sh", "victim"]  # no leftovers
+
+
+def test_a_kill_while_a_lock_or_recipe_is_written_leaves_the_old_file_whole(tmp_path):
+    """bump and lock wrote in place: a kill left a 0-byte recipe or lock, and an empty lock validated."""
+    import signal
+    import sys
+
+    path = tmp_path / "r.lock.txt"
+    path.write_text("einops==0.8.1\n")
+    code = (
+        "import os, signal, sys\n"
+        "sys.path[:0] = [p for p in sys.argv[2:]]\n"
+        "import imgbuild.regular as r\n"
+        "real = os.replace\n"
+        "def killed(*a, **k):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "os.replace = killed\n"
+        "r.write_atomic(__import__('pathlib').Path(sys.argv[1]), 'x' * 10_000_000)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path), *sys.path], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    assert path.read_text() == "einops==0.8.1\n"

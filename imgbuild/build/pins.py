@@ -164,5 +164,7 @@ def lock(
     header = (
         f"# imgbuild lock: what pip resolved for {loaded.path.name} in {plan.base.ref}; `imgbuild lock` refreshes it.\n"
     )
-    path.write_text(header + "".join(f"{pin}\n" for pin in pins))
+    from imgbuild.regular import write_atomic
+
+    write_atomic(path, header + "".join(f"{pin}\n" for pin in pins))  # a kill leaves the old lock whole, or the new
     return LockResult(path, pins, added, removed, changed)

@@ -266,7 +266,9 @@ def slurm(
         click.echo(f"{'packed' if made else 'reusing'} {tar}: the job sees it as ${job.scratch_var}/{folder}", err=True)
     script = sbatch_script(job)
     if out:
-        out.write_text(script)
+        from imgbuild.regular import write_atomic
+
+        write_atomic(out, script)
         click.echo(f"wrote {out}", err=True)
     elif not (submit or test_only):
         click.echo(script, nl=False)
@@ -340,7 +342,9 @@ def k8s(
     )
     text = yaml.safe_dump(k8smod.manifest(job), sort_keys=False)
     if out:
-        out.write_text(text)
+        from imgbuild.regular import write_atomic
+
+        write_atomic(out, text)
         click.echo(str(out))
     else:
         click.echo(text, nl=False)

@@ -107,7 +107,9 @@ def export_definition(
     if out is None:
         return Written(exported, None)
     try:
-        out.write_text(exported.definition)
+        from imgbuild.regular import write_atomic
+
+        write_atomic(out, exported.definition)  # never through a link committed in the repository
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {out}: {exc.strerror}") from None
     tool = apptainer_tool() if build else None

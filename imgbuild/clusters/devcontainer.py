@@ -124,7 +124,9 @@ def export_devcontainer(
         document = devcontainer(plan, house)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=2) + "\n")
+        from imgbuild.regular import write_atomic
+
+        write_atomic(path, json.dumps(document, indent=2) + "\n")  # never through a link committed in the repository
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
     return path, notes
