@@ -277,3 +277,45 @@ def test_answers_of_the_wrong_shape_are_registry_errors(shape):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_registry_that_announces_one_digest_and_serves_another_is_caught():
+    """HEAD answered with the signed image's digest while GET served an unsigned one: `verify` printed four "ok"
+    lines, trusting the header. The digest is now the hash of the bytes served, and a header that disagrees is a
+    registry error naming both."""
+    import hashlib
+
+    from imgbuild.errors import RegistryError
+
+    served = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                         "config": {"digest": "sha256:" + "c" * 64, "size": 2}, "layers": []}).encode()  # fmt: skip
+    true_digest = "sha256:" + hashlib.sha256(served).hexdigest()
+    signed = "sha256:" + "5" * 64
+    announce = {"digest": signed}
+
+    class Liar(QuietHandler):
+        def _headers(self) -> dict[str, str]:
+            return {
+                "Content-Type": "application/vnd.oci.image.manifest.v1+json",
+                "Docker-Content-Digest": announce["digest"],
+            }
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._send(200, b"", self._headers())
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(200, served, self._headers())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Liar)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = RegistryClient(
+        f"127.0.0.1:{server.server_address[1]}", insecure=True, retries=0, timeout=3, command_seconds=5
+    )
+    try:
+        with pytest.raises(RegistryError, match=rf"announced as {signed} but serves {true_digest}"):
+            client.content_digest("lab/x", "1")
+        announce["digest"] = true_digest  # an honest registry: the hash of what it serves
+        assert client.content_digest("lab/x", "1") == true_digest
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -168,7 +168,7 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
             raise UsageError(f"--recipe {recipe}: {exc.strerror}") from None
     ref = imageref.parse(resolve_image(image, settings)[0])
     client = RegistryClient.for_host(ref.registry, settings)
-    digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
+    digest = ref.digest or client.content_digest(ref.repository, ref.reference)  # hashed, never a header
     if not digest:
         raise RegistryError(f"{ref}: the registry has no such image")
     verdicts = verify.verify(client, ref.repository, ref.name, digest, public_key, recipe_sha256)

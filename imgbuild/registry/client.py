@@ -364,6 +364,24 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: the manifest served for {reference[:19]} has another digest")
         return resp.content, media_type, digest
 
+    def content_digest(self, repo: str, reference: str) -> str | None:
+        """The digest of what `reference` serves here, computed from the manifest's own bytes (GET and hash), never
+        from a header; None when there is none. A registry whose HEAD names another digest than the bytes it
+        serves is lying about what the tag holds, and is refused."""
+        try:
+            _, _, digest = self.manifest_raw(repo, reference)
+        except RegistryError as exc:
+            if "no such" in str(exc) or "not found" in str(exc).lower() or "MANIFEST_UNKNOWN" in str(exc):
+                return None
+            raise
+        headed = self.manifest_digest(repo, reference)
+        if headed is not None and headed != digest:
+            raise RegistryError(
+                f"registry {self.host}: {repo}:{reference[:80]} is announced as {headed} but serves {digest}: "
+                "the registry does not say truly what the tag holds"
+            )
+        return digest
+
     def manifest_digest(self, repo: str, reference: str) -> str | None:
         """The digest `reference` points at here, or None when there is none."""
         resp = self.request(

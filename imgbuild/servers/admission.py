@@ -32,7 +32,7 @@ def check_signed(image: str, settings: Any) -> str:
     if not rules.signing_key:
         raise EnvironmentProblem("the site sets run.signed_only but no run.signing_key to check against")
     client = RegistryClient.for_host(ref.registry, settings)
-    digest = ref.digest or client.manifest_digest(ref.repository, ref.reference)
+    digest = ref.digest or client.content_digest(ref.repository, ref.reference)  # hashed, never a header
     if not digest:
         raise UsageError(f"{image}: the registry has no such image")
     verdict = verify.check_signature(
