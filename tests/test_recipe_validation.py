@@ -306,3 +306,21 @@ def test_a_recipes_own_args_come_after_the_pip_step(tmp_path):
     for backend in ("buildkit", "sdk"):
         text = render(plan, backend).text("Dockerfile")
         assert text.index("ARG MY_FLAG=") > text.index("imgbuild-pip"), backend
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tag", "v1-candidate"), ("tag", "1-previous"), ("tag", "imgbuild-cache"), ("tag", "sha256-abc.sig"),
+     ("tag", "x.att"), ("tag", "x.sbom"), ("tag", "x.smoke"), ("image", "lab/x-imgbuild-cache"),
+     ("image", "lab/x:v1-candidate"), ("image", "registry.example.org/lab/x:1-previous")],
+)  # fmt: skip
+def test_a_recipe_cannot_name_what_imgbuild_keeps_for_itself(tmp_path, field, value):
+    """A tag ending in -candidate or -previous would be removed or replaced by imgbuild's own promotion; Podman's
+    registry cache and cosign's attachment tags likewise."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\n{field}: "{value}"\n')
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe)
+    (line,) = caught.value.lines()
+    assert f": {field}: " in line and "imgbuild keeps for itself" in line

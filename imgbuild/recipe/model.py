@@ -66,39 +66,11 @@ RESERVED_LABEL_PREFIX = Label.PREFIX
 #: otherwise rewrite a system account's UID, home and shell).
 SYSTEM_USERS = frozenset(
     {
-        "root",
-        "daemon",
-        "bin",
-        "sys",
-        "sync",
-        "games",
-        "man",
-        "lp",
-        "mail",
-        "news",
-        "uucp",
-        "proxy",
-        "www-data",
-        "backup",
-        "list",
-        "irc",
-        "gnats",
-        "nobody",
-        "nogroup",
-        "_apt",
-        "systemd-network",
-        "systemd-resolve",
-        "systemd-timesync",
-        "messagebus",
-        "sshd",
-        "syslog",
-        "uuidd",
-        "tcpdump",
-        "postfix",
-        "ntp",
-        "polkitd",
+        "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy", "www-data",
+        "backup", "list", "irc", "gnats", "nobody", "nogroup", "_apt", "systemd-network", "systemd-resolve",
+        "systemd-timesync", "messagebus", "sshd", "syslog", "uuidd", "tcpdump", "postfix", "ntp", "polkitd",
     }
-)
+)  # fmt: skip
 #: Folders the image user must never own (home and workdir are chown'ed to the user).
 SYSTEM_DIRS = (
     "/bin",
@@ -174,10 +146,21 @@ def _reference(value: str, example: str) -> Any:
         raise ValueError(f"{exc} (e.g. {example})") from None
 
 
+#: Names imgbuild gives its own tags and repositories: a recipe's image or tag may not end in them (the candidate and
+#: the kept previous image of a build, Podman's registry cache, cosign's attachment tags).
+RESERVED_SUFFIX_RE = re.compile(r".*(-candidate|-previous|imgbuild-cache|\.sig|\.att|\.sbom|\.smoke)")
+
+
+def _not_reserved(value: str) -> str:
+    if RESERVED_SUFFIX_RE.fullmatch(value.rsplit("/", 1)[-1]):
+        raise ValueError(f"{value[:80]} ends in a name imgbuild keeps for itself (-candidate, -previous, ...)")
+    return value
+
+
 def _image_name(value: str) -> str:
     if _reference(value, "alice/research or registry.example:5000/lab/research:v1").digest:
         raise ValueError("an image to build cannot carry a digest")
-    return value
+    return _not_reserved(value)
 
 
 def _base_image(value: str) -> str:
@@ -429,7 +412,9 @@ class Recipe:
             max_length=limits.NAME_CHARS,
         )
     )
-    tag: str = typed(Text(matches(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128")), "latest")
+    tag: str = typed(
+        Text(matches(TAG_RE, "not a valid image tag", "letters, digits, _ . -; at most 128"), _not_reserved), "latest"
+    )
     image: str | None = typed(Maybe(Text(_image_name)), None, doc="the image to build, instead of <user>/<name>")
     extends: str | None = typed(Maybe(ONE_LINE), None, doc="a recipe this one adds to, relative to it")
     description: str | None = typed(Maybe(ONE_LINE), None)
