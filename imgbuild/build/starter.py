@@ -61,7 +61,7 @@ def choose_tag(gpus: list[Any], driver: str | None) -> tuple[str, str]:
 
 def packages_from(path: Path) -> tuple[str | None, list[str]]:
     """(a requirements file to reference, or packages to list) from `path`."""
-    from imgbuild.regular import read_regular
+    from imgbuild.acting import read_as
 
     if path.name.endswith(".txt"):
         if not path.is_file():
@@ -69,14 +69,9 @@ def packages_from(path: Path) -> tuple[str | None, list[str]]:
         return str(path), []
     if path.name != "pyproject.toml":
         raise UsageError(f"--from {path}: give a requirements file (*.txt) or a pyproject.toml")
+    text = read_as(None, path, PYPROJECT_BYTES, "--from")  # a regular file, bounded, one line when it is not
     try:
-        found = read_regular(path, PYPROJECT_BYTES)
-    except OSError as exc:
-        raise UsageError(f"--from {path}: {exc.strerror}") from None
-    if found is None:
-        raise UsageError(f"--from {path}: not a regular file of at most {PYPROJECT_BYTES // 1024} KiB")
-    try:
-        data = tomllib.loads(found[0].decode("utf-8"))
+        data = tomllib.loads(text.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise UsageError(f"--from {path}: not TOML ({str(exc)[:120]})") from None
     deps = (data.get("project") or {}).get("dependencies") if isinstance(data.get("project"), dict) else None
