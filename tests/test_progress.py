@@ -59,3 +59,29 @@ def test_errors_are_annotations_under_github_actions_and_plain_elsewhere():
     assert ui.annotate("error", "100% bad", {"GITHUB_ACTIONS": "true"}) == "::error::100%25 bad"
     assert ui.annotate("error", "plain", {}) == "plain"
     assert ui.annotate("error", "plain", {"GITLAB_CI": "true"}) == "plain"
+
+
+def test_a_push_says_each_layers_state_once_not_each_progress_update():
+    """928 repeated `Pushing` lines for one push."""
+    from imgbuild.engine.images import DockerImages
+
+    chunks = [{"status": "Preparing", "id": "aaa"}, {"status": "Preparing", "id": "bbb"}]
+    chunks += [
+        {"status": "Pushing", "id": layer, "progressDetail": {"current": n}}
+        for n in range(400)
+        for layer in ("aaa", "bbb")
+    ]
+    chunks += [{"status": "Pushed", "id": "aaa"}, {"status": "Layer already exists", "id": "bbb"}]
+    chunks += [{"aux": {"Digest": "sha256:" + "d" * 64}}]
+
+    class Api:
+        def push(self, repo, tag, stream, decode, auth_config):
+            return iter(chunks)
+
+    class Client:
+        api = Api()
+
+    said: list[str] = []
+    digest = DockerImages(Client()).push("127.0.0.1:5000/lab/x:1", None, said.append)
+    assert digest == "sha256:" + "d" * 64
+    assert len(said) == 6 and sum("Pushing" in line for line in said) == 2

@@ -72,13 +72,15 @@ class DockerImages:
         parsed = imageref.parse(ref)
         repo, tag = parsed.name, parsed.tag or "latest"
         digest = ""
+        said: set[tuple[str, str]] = set()  # (layer, status): one line each, never one per byte progress update
         for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
             if "error" in chunk or "errorDetail" in chunk:
                 msg = chunk.get("errorDetail", {}).get("message") or chunk.get("error")
                 raise ImgbuildError(f"push of {ref} failed: {msg}")
             if chunk.get("aux", {}).get("Digest"):
                 digest = chunk["aux"]["Digest"]
-            elif chunk.get("status") and chunk.get("id"):
+            elif chunk.get("status") and chunk.get("id") and (chunk["id"], chunk["status"]) not in said:
+                said.add((chunk["id"], chunk["status"]))
                 progress(f"pushing {ref}: {chunk['id']} {chunk['status']}")
         if not digest:
             raise ImgbuildError(f"push of {ref} ended without a digest")
