@@ -33,13 +33,15 @@ class Progress:
     """Shows the current step and a clock that keeps running on a terminal; on a non-terminal prints each new step
     once, whole, inside a folded group where the CI system has them (GitHub Actions, GitLab CI)."""
 
-    def __init__(self, title: str, enabled: bool = True):
+    def __init__(self, title: str, enabled: bool = True, live_only: bool = False):
+        """`live_only`: a spinner with a running clock on a terminal, and nothing at all in a log (a command whose
+        own output says the rest: `lock`, `smoke`)."""
         from rich.console import Console
 
         self.console = Console(stderr=True)
         self.title = title
         self.start = time.monotonic()
-        self.enabled = enabled
+        self.enabled = enabled and (self.console.is_terminal or not live_only)
         self._status: Any = None
         self._last = ""
         self._ticker: Any = None

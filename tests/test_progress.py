@@ -85,3 +85,14 @@ def test_a_push_says_each_layers_state_once_not_each_progress_update():
     digest = DockerImages(Client()).push("127.0.0.1:5000/lab/x:1", None, said.append)
     assert digest == "sha256:" + "d" * 64
     assert len(said) == 6 and sum("Pushing" in line for line in said) == 2
+
+
+def test_a_live_only_progress_shows_a_running_clock_on_a_terminal_and_nothing_in_a_log(monkeypatch):
+    """`lock` was silent for 101 s and `smoke IMAGE` for 151 s at a terminal; their logs stay as they were."""
+    progress = ui.Progress("imgbuild lock r.yaml", live_only=True)
+    assert progress.enabled is progress.console.is_terminal
+    progress.console = Console(file=io.StringIO(), force_terminal=False)
+    progress.enabled = False
+    with progress:
+        progress("resolving")
+    assert progress.console.file.getvalue() == ""

@@ -178,7 +178,7 @@ def smoke(
     from imgbuild.gpu.fleet import check_driver, parse_targets
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
-    from imgbuild.ui import print_table
+    from imgbuild.ui import Progress, print_table
 
     fleet = parse_targets(targets) if targets is not None else None
     driver = check_driver(driver)
@@ -189,8 +189,11 @@ def smoke(
     if acting:
         acting.check_image(image)
     engine = connect_engine(settings)
+    live = Progress(f"imgbuild smoke {image}", enabled=not as_json, live_only=True)
     if fleet is not None:
-        result = fleet_report(engine, image, fleet, driver, settings)
+        with live as progress:
+            progress("reading the image's CUDA and kernels")
+            result = fleet_report(engine, image, fleet, driver, settings)
     else:
         wanted = SmokeRequest(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
@@ -198,7 +201,9 @@ def smoke(
             import_seconds=math.ceil(settings.smoke_import_timeout),
         )  # fmt: skip
         quota = quota_check(settings, acting.who.name) if acting else None
-        result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota)
+        with live as progress:
+            progress("the smoke test runs in the image")  # the clock runs while it imports and times the GPUs
+            result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota)
     if report:
         write_as(acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if as_json:

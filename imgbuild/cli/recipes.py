@@ -102,9 +102,11 @@ def schema(of_config: bool) -> None:
 def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tuple[str, ...], as_json: bool) -> None:
     """Resolve the recipe's pip packages in its base and write <recipe>.lock.txt (builds install exactly that)."""
     from imgbuild.build.pins import lock
-    from imgbuild.ui import print_table
+    from imgbuild.ui import Progress, print_table
 
-    result = lock(recipe, settings_of(ctx), upgrade=upgrade, upgrade_packages=packages)
+    with Progress(f"imgbuild lock {recipe}", enabled=not as_json, live_only=True) as progress:
+        progress("resolving the recipe's packages in its base")  # the clock runs while pip resolves
+        result = lock(recipe, settings_of(ctx), upgrade=upgrade, upgrade_packages=packages)
     if as_json:
         emit_json(result.to_json())
         return
