@@ -57,10 +57,15 @@ def import_path(path: list[str]) -> list[str]:
     """The entries of `path` (sys.path) a root process may import from; zip files are judged by their folder."""
     kept = []
     for entry in path:
+        if entry.startswith("__editable__.") and entry.endswith(".__path_hook__"):
+            kept.append(entry)  # setuptools' editable-install hook: a name in sys.path_hooks, not a folder
+            continue
         if not entry or not os.path.isabs(entry):
             continue  # '' and relative entries are the working folder
-        folder = entry if os.path.isdir(entry) or not os.path.exists(entry) else os.path.dirname(entry)
-        if os.path.exists(folder) and not trusted_folder(folder):
+        folder = entry if os.path.isdir(entry) else os.path.dirname(entry)
+        while not os.path.exists(folder) and folder != "/":  # absent now: whoever may create it decides
+            folder = os.path.dirname(folder)
+        if not trusted_folder(folder):
             continue
         if os.path.isfile(entry) and os.stat(entry).st_uid != 0:
             continue

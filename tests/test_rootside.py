@@ -412,3 +412,15 @@ def test_a_kill_while_a_lock_or_recipe_is_written_leaves_the_old_file_whole(tmp_
     done = subprocess.run([sys.executable, "-c", code, str(path), *sys.path], capture_output=True, timeout=60)
     assert done.returncode == -signal.SIGKILL
     assert path.read_text() == "einops==0.8.1\n"
+
+
+@needs_root
+def test_an_absent_import_path_entry_counts_only_where_only_root_could_create_it(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    os.chown(users, 1234, 1234)
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    absent_under_user, absent_under_root = str(users / "later" / "site-packages"), str(roots / "later")
+    kept = rootside.import_path([absent_under_user, absent_under_root])
+    assert kept == [absent_under_root]
