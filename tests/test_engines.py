@@ -170,7 +170,7 @@ def test_the_pip_step_names_its_failure_on_both_engines(engine, tmp_path):
     res = run_cli("build", str(recipe), cwd=tmp_path)
     assert res.code == 1, res.err[-3000:]
     assert "build failed at the pip step" in res.err, res.err[-3000:]
-    assert "a package or version does not exist on the index" in res.err
+    assert "imgbuild-no-such-package-x7q==1.0: no such package or version on the index" in res.err, res.err[-2000:]
     assert _id(engine, ref) is None and _id(engine, ref + "-candidate") is None
 
 

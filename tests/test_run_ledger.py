@@ -373,6 +373,7 @@ def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_c
     env = {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config)}
     names = [f"{ME}_nb{unique}_{n}" for n in (1, 2)]
     (tmp_path / "hello.txt").write_text("from the workspace\n")
+    (tmp_path / "api").write_text('{"version": "2.14.0"}')  # what Jupyter's /api answers: run waits for it
     try:
         ports = []
         for name in names:
