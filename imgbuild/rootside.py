@@ -53,10 +53,15 @@ def trusted_folder(path: str) -> bool:
     return True
 
 
-def import_path(path: list[str]) -> list[str]:
-    """The entries of `path` (sys.path) a root process may import from; zip files are judged by their folder."""
+def import_path(path: list[str], own: str = "") -> list[str]:
+    """The entries of `path` (sys.path) a root process may import from; zip files are judged by their folder.
+    `own`: the folder imgbuild itself was imported from, always kept (whoever can change it has changed imgbuild
+    already; dropping it would only break the command)."""
     kept = []
     for entry in path:
+        if own and entry and os.path.realpath(entry) == own:
+            kept.append(entry)
+            continue
         if entry.startswith("__editable__.") and entry.endswith(".__path_hook__"):
             kept.append(entry)  # setuptools' editable-install hook: a name in sys.path_hooks, not a folder
             continue
@@ -93,12 +98,15 @@ def environment(source: dict[str, str], sudo: bool = True) -> dict[str, str]:
 
 
 def harden() -> None:
-    """At the start of every imgbuild process: as root, nothing imported from a user-writable place, and when
-    acting for a user through sudo, no environment but the fixed one."""
+    """At the start of every imgbuild process: as root, never the working folder on the import path; through sudo,
+    nothing imported from a folder a user could change, and no environment but the fixed one."""
     if os.geteuid() != 0:
         return
-    sys.path[:] = import_path(sys.path)
-    if os.environ.get("SUDO_UID", "").isdigit() and os.getuid() == 0:
+    if os.environ.get("SUDO_UID", "").isdigit() and os.getuid() == 0:  # through sudo: trust nothing of the caller's
+        own = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the folder holding imgbuild/
+        sys.path[:] = import_path(sys.path, own)
         fixed = environment(dict(os.environ))
         os.environ.clear()
         os.environ.update(fixed)
+    else:  # root's own shell or timer: its installation is the admin's; the working folder is never on the path
+        sys.path[:] = [e for e in sys.path if os.path.isabs(e) or e.startswith("__editable__.")]

@@ -424,3 +424,13 @@ def test_an_absent_import_path_entry_counts_only_where_only_root_could_create_it
     absent_under_user, absent_under_root = str(users / "later" / "site-packages"), str(roots / "later")
     kept = rootside.import_path([absent_under_user, absent_under_root])
     assert kept == [absent_under_root]
+
+
+@needs_root
+def test_the_folder_imgbuild_itself_came_from_is_kept_whoever_owns_it(tmp_path):
+    """Whoever can write that folder has written imgbuild already: dropping it would only break the command."""
+    users = tmp_path / "venv-site"
+    users.mkdir()
+    os.chown(users, 1234, 1234)
+    assert rootside.import_path([str(users)]) == []
+    assert rootside.import_path([str(users)], own=os.path.realpath(users)) == [str(users)]
