@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from imgbuild.build import attest, verify
 from imgbuild.errors import RegistryError, UsageError
+from imgbuild.facts import Label
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
 
@@ -61,6 +62,7 @@ def made(**change) -> attest.Made:
         "tag": "24.05",
         "recipe_path": "recipes/research.yaml",
         "recipe_sha256": "sha256:" + "c" * 64,
+        "content_hash": "sha256:" + "7" * 64,
         "git_commit": "a" * 40,
         "lock_path": "recipes/research.lock.txt",
         "lock_sha256": "sha256:" + "d" * 64,
@@ -107,7 +109,7 @@ def test_a_signed_image_verifies_and_its_attachments_sit_under_cosigns_tags(keys
         assert PASSWORD not in blob and sealed[:40].encode() not in blob
     hexdigest = DIGEST.removeprefix("sha256:")
     assert set(registry.manifests) == {f"sha256-{hexdigest}.sig", f"sha256-{hexdigest}.att", f"sha256-{hexdigest}.sbom"}
-    assert verdicts(registry, keys, recipe="sha256:" + "c" * 64) == {
+    assert verdicts(registry, keys, recipe="sha256:" + "7" * 64) == {
         "signature": True,
         "provenance": True,
         "recipe": True,
@@ -174,7 +176,8 @@ def test_the_documents_say_what_the_issue_asks():
     assert statement["subject"] == [{"name": description.image, "digest": {"sha256": "1" * 64}}]
     build = statement["predicate"]["buildDefinition"]
     assert build["externalParameters"]["recipe"] == {
-        "path": "recipes/research.yaml", "sha256": "sha256:" + "c" * 64, "gitCommit": "a" * 40
+        "path": "recipes/research.yaml", "sha256": "sha256:" + "c" * 64, "gitCommit": "a" * 40,
+        "contentHash": "sha256:" + "7" * 64,
     }  # fmt: skip
     assert build["externalParameters"]["lock"]["sha256"] == "sha256:" + "d" * 64
     assert build["resolvedDependencies"][0]["digest"] == {"sha256": "b" * 64}
@@ -270,9 +273,11 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     (tmp_path / ".git").mkdir()
     (tmp_path / "recipes").mkdir()
     recipe = tmp_path / "recipes" / "signed.yaml"
+    (tmp_path / "parents").mkdir()  # not a recipe rebuild builds
+    parent = tmp_path / "parents" / "common.yaml"  # verify --recipe judges the parents too (probe-4 V1)
+    parent.write_text('name: common\nbase: {framework: pytorch, tag: "24.05"}\napt: [jq]\n')
     recipe.write_text(
-        f'name: signed-{unique}\nimage: {registry}/{repo}:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
-        'pip: ["schema==0.7.7"]\napt: [jq]\n'
+        f'name: signed-{unique}\nextends: ../parents/common.yaml\nimage: {registry}/{repo}:v1\npip: ["schema==0.7.7"]\n'
     )
     env = {"IMGBUILD_SIGN_PASSWORD": PASSWORD.decode()}
     unsigned_push = run_cli("rebuild", "--push", "--json", cwd=tmp_path)  # pushed before signing began
@@ -280,9 +285,19 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     cleanup_images.append(f"{registry}/{repo}:v1")
     pushed = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
     assert pushed.code == 0, pushed.err
-    assert json.loads(pushed.out)["images"][0]["reasons"] == ["pushed, but not signed there"]
+    assert json.loads(pushed.out)["images"][0]["reasons"] == ["pushed, but not signed there by this key"]
     again = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
     assert again.code == 0 and json.loads(again.out)["images"][0]["status"] == "fresh", again.err
+
+    import requests
+
+    label = Label.INPUT_HASH
+    real_hash = subprocess.run(
+        ["docker", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', f"{registry}/{repo}:v1"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert real_hash.startswith("sha256:")
     assert PASSWORD.decode() not in pushed.out + pushed.err and "BEGIN ENCRYPTED" not in pushed.out + pushed.err
     digest = json.loads(pushed.out)["images"][0]["pushed_digest"]
     checked = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["public"]), "--recipe", str(recipe))
@@ -290,9 +305,12 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     assert [line.split(":")[0] for line in checked.out.splitlines()] == [
         "ok signature", "ok provenance", "ok recipe", "ok sbom"
     ]  # fmt: skip
+    original = parent.read_text()
+    parent.write_text(original + 'run: ["true"]\n')  # the recipe file unchanged, its parent not
+    changed = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["public"]), "--recipe", str(recipe))
+    assert changed.code == 1 and "FAIL recipe" in changed.out and "parents" in changed.out, changed.out
+    parent.write_text(original)
     # the SBOM names what the recipe added: the pip package with the license its metadata states, the apt one
-    import requests
-
     accept = {"Accept": attest.OCI_MANIFEST}
     sbom_tag = attest.attachment_tag(digest, "sbom")
     manifest = requests.get(f"http://{registry}/v2/{repo}/manifests/{sbom_tag}", headers=accept, timeout=30).json()
@@ -362,6 +380,30 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
         assert subprocess.run(step, capture_output=True).returncode == 0, step
     retagged = run_cli("verify", moved, "--key", str(keys["public"]))
     assert retagged.code == 1 and "FAIL signature" in retagged.out and "FAIL provenance" in retagged.out
+
+    # probe-4 V2: a co-user with push access puts their own image at the tag, the input-hash label copied, and an
+    # empty .sig tag beside it: the registry copy is judged by its signature under this key, so it is rebuilt
+    planted = f"{registry}/{repo}:planted"
+    built_fake = subprocess.run(
+        ["docker", "build", "-q", "--label", f"{label}={real_hash}", "-t", planted, "-"],
+        input=f"FROM {registry}/nvidia/pytorch:24.05-py3\nRUN echo backdoor > /backdoor\n",
+        capture_output=True,
+        text=True,
+    )
+    assert built_fake.returncode == 0, built_fake.stderr
+    cleanup_images.append(planted)
+    assert subprocess.run(["docker", "push", planted], capture_output=True).returncode == 0
+    accept = {"Accept": "application/vnd.docker.distribution.manifest.v2+json"}
+    fake = requests.get(f"http://{registry}/v2/{repo}/manifests/planted", headers=accept, timeout=30)
+    fake_digest = attest.sha256(fake.content)
+    put = {"Content-Type": fake.headers["Content-Type"]}
+    for tag in ("v1", attest.attachment_tag(fake_digest, "sig")):
+        done = requests.put(f"http://{registry}/v2/{repo}/manifests/{tag}", data=fake.content, headers=put, timeout=30)
+        assert done.status_code == 201, done.text
+    subprocess.run(["docker", "rmi", f"{registry}/{repo}:v1"], capture_output=True)  # a fresh runner
+    replaced = run_cli("rebuild", "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
+    assert replaced.code == 0, replaced.err
+    assert json.loads(replaced.out)["images"][0]["status"] == "built", replaced.out
 
     # build --push --sign-key: the same, for one recipe
     single = tmp_path / "single.yaml"

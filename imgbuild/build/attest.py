@@ -73,6 +73,7 @@ class Made:
     tag: str
     recipe_path: str  # as the repository names it
     recipe_sha256: str
+    content_hash: str  # the plan's: the recipe, its parents, requirements, lock, copied files and templates
     git_commit: str | None
     lock_path: str | None
     lock_sha256: str | None
@@ -150,7 +151,9 @@ def sbom(made: Made) -> dict[str, Any]:
 def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
     """An in-toto Statement, SLSA v1 provenance: the recipe (path, hash, commit), the lock, the base, the builder,
     imgbuild, the smoke result and fleet verdicts, and the SBOM by digest."""
-    parameters: dict[str, Any] = {"recipe": {"path": made.recipe_path, "sha256": made.recipe_sha256}}
+    parameters: dict[str, Any] = {
+        "recipe": {"path": made.recipe_path, "sha256": made.recipe_sha256, "contentHash": made.content_hash}
+    }
     if made.git_commit:
         parameters["recipe"]["gitCommit"] = made.git_commit
     if made.lock_path:
@@ -229,6 +232,10 @@ class Signer:
 
         ec = _crypto()
         return bytes(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
+
+    def public_key(self) -> Any:
+        """The public half, as `verify` takes it (load_verifier)."""
+        return self._key.public_key()
 
     def public_pem(self) -> bytes:
         from cryptography.hazmat.primitives import serialization
@@ -469,6 +476,7 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
         tag=plan.tag,
         recipe_path=stable_name(loaded.path),
         recipe_sha256=sha256(Path(loaded.path).read_bytes()),
+        content_hash=plan.content_hash,
         git_commit=_git_commit(Path(loaded.path).parent),
         lock_path=stable_name(loaded.lock_path) if loaded.lock_path else None,
         lock_sha256=_file_sha256(loaded.lock_path),

@@ -157,17 +157,18 @@ def _topological(items: list[Item]) -> list[Item]:
 
 
 def staleness(
-    plan: Plan, engine: ImageEngine, settings: Settings, push: bool, sign: bool = False, needed_here: bool = False
+    plan: Plan, engine: ImageEngine, settings: Settings, push: bool, verifier: Any = None, needed_here: bool = False
 ) -> list[str]:
-    """Why the image for `plan` must be built; empty when it is current (and, with `sign`, signed there). With
+    """Why the image for `plan` must be built; empty when it is current (and, with `verifier`, the signer's
+    public key, signed there by it). With
     `push`, an image this engine never built is current when the registry's copy is this plan's build (a fresh
     CI runner has nothing to do), unless another recipe of the run builds on it here (`needed_here`)."""
     reasons: list[str] = []
     image = engine.images.image(plan.target)
     labels = image.labels if image else {}
     if image is None and push and not needed_here:
-        remote, signed = _remote_build(plan.target, settings, sign)
-        if remote == plan.input_hash and (signed or not sign):
+        remote, signed = _remote_build(plan.target, settings, verifier)
+        if remote == plan.input_hash and (signed or verifier is None):
             return []
     if image is None:
         reasons.append("never built here")
@@ -180,30 +181,34 @@ def staleness(
         if not reasons and labels.get(Label.INPUT_HASH) != plan.input_hash:
             reasons.append("build inputs changed (user IDs)")
     if push and not reasons:
-        remote, signed = _remote_build(plan.target, settings, sign)
+        remote, signed = _remote_build(plan.target, settings, verifier)
         if remote != plan.input_hash:
             reasons.append("not in the registry" if remote is None else "the registry has another build")
-        elif sign and not signed:
-            reasons.append("pushed, but not signed there")
+        elif verifier is not None and not signed:
+            reasons.append("pushed, but not signed there by this key")
     return reasons
 
 
-def _remote_build(target: str, settings: Settings, sign: bool) -> tuple[str | None, bool]:
-    """(the registry copy's input hash, None where it has none; with `sign`, whether that copy has a signature
-    attached, whose key `verify` says), from one manifest read."""
-    from imgbuild.build.attest import attachment_tag
+def _remote_build(target: str, settings: Settings, verifier: Any = None) -> tuple[str | None, bool]:
+    """(the registry copy's input hash, None where it has none; with `verifier` (the signer's public key),
+    whether that copy is signed by it). The copy is named by the digest of the bytes it serves (never a header),
+    and its signature is verified as `verify` does: a label anyone can copy and any `.sig` tag vouch for nothing."""
+    from imgbuild.build.verify import check_signature
 
     host, repo, tag = split_reference(target)
     client = RegistryClient.for_host(host, settings)
     try:
-        manifest, config = client.image_config(repo, tag)
+        digest = client.content_digest(repo, tag) if verifier is not None else tag
+        if not digest:
+            return None, False
+        _, config = client.image_config(repo, digest)
     except ImgbuildError:
         return None, False
     remote = ((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH)
-    if not sign:
+    if verifier is None:
         return remote, False
     try:
-        return remote, bool(client.manifest_digest(repo, attachment_tag(manifest.digest, "sig")))
+        return remote, check_signature(client, repo, f"{host}/{repo}", digest, verifier).ok
     except ImgbuildError:
         return remote, False
 
@@ -247,7 +252,7 @@ def _work(
             engine,
             settings,
             options.push,
-            options.signer is not None,
+            options.signer.public_key() if options.signer is not None else None,
             _normal(plan.target) in {_normal(r) for r in local_refs},
         )
         if not item.reasons:

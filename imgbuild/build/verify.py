@@ -56,7 +56,7 @@ def check_signature(client: Any, repo: str, image: str, digest: str, public_key:
 
 
 def check_attestation(
-    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
+    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_content: str | None
 ) -> tuple[list[Verdict], dict[str, Any] | None]:
     """The provenance verdicts, and the statement when one is signed by the key for this digest."""
     for envelope_bytes, _ in attached_layers(client, repo, digest, "att", DSSE):
@@ -78,12 +78,17 @@ def check_attestation(
         if digest.removeprefix("sha256:") not in subjects or statement.get("predicateType") != SLSA_PROVENANCE:
             continue
         verdicts = [Verdict("provenance", True, f"signed SLSA provenance for {digest[:19]}")]
-        if recipe_sha256 is not None:
+        if recipe_content is not None:
             recipe = statement["predicate"]["buildDefinition"]["externalParameters"].get("recipe", {})
-            same = recipe.get("sha256") == recipe_sha256
-            detail = f"built from {recipe.get('path')} " + (
-                "as it is here" if same else "as it was then; it has changed"
-            )
+            same = recipe.get("contentHash") == recipe_content
+            if "contentHash" not in recipe:
+                detail = f"built from {recipe.get('path')}, but its provenance records no content hash to compare"
+            else:
+                detail = f"built from {recipe.get('path')} " + (
+                    "as it is here (with its parents, requirements, lock and files)"
+                    if same
+                    else "as it was then; it or its parents, requirements, lock or files have changed"
+                )
             verdicts.append(Verdict("recipe", same, detail))
         return verdicts, statement
     return [Verdict("provenance", False, f"no provenance signed by this key for {digest[:19]}")], None
@@ -113,9 +118,9 @@ def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | 
 
 
 def verify(
-    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_sha256: str | None
+    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_content: str | None
 ) -> list[Verdict]:
     """Every check of a pushed image: its signature, its signed provenance (and recipe), its SBOM."""
     verdicts = [check_signature(client, repo, image, digest, public_key)]
-    provenance_verdicts, statement = check_attestation(client, repo, image, digest, public_key, recipe_sha256)
+    provenance_verdicts, statement = check_attestation(client, repo, image, digest, public_key, recipe_content)
     return [*verdicts, *provenance_verdicts, check_sbom(client, repo, digest, statement)]

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from imgbuild.cli.base import Section, emit_json, settings_of
-from imgbuild.errors import EXIT_FAILED, UsageError
+from imgbuild.errors import EXIT_FAILED
 
 SECTION = Section("Registry")
 
@@ -160,18 +160,18 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
 
     settings = settings_of(ctx)
     public_key = attest.load_verifier(key)
-    recipe_sha256 = None
-    if recipe is not None:
-        try:
-            recipe_sha256 = attest.sha256(recipe.read_bytes())
-        except OSError as exc:
-            raise UsageError(f"--recipe {recipe}: {exc.strerror}") from None
+    recipe_content = None
+    if recipe is not None:  # the whole content the image was built from: parents, requirements, lock, files
+        from imgbuild.build.plan import content_hash
+        from imgbuild.recipe import load_recipe
+
+        recipe_content = content_hash(load_recipe(recipe, secrets=settings.secrets()))
     ref = imageref.parse(resolve_image(image, settings)[0])
     client = RegistryClient.for_host(ref.registry, settings)
     digest = ref.digest or client.content_digest(ref.repository, ref.reference)  # hashed, never a header
     if not digest:
         raise RegistryError(f"{ref}: the registry has no such image")
-    verdicts = verify.verify(client, ref.repository, ref.name, digest, public_key, recipe_sha256)
+    verdicts = verify.verify(client, ref.repository, ref.name, digest, public_key, recipe_content)
     if as_json:
         emit_json({"image": ref.name, "digest": digest, "verdicts": [v.__dict__ for v in verdicts]})
     else:
