@@ -3,7 +3,9 @@ a base's pins, the blobs a mirror target already has.
 
 One small file per key (its name a hash of the key, so no key names a path), written whole (a temporary file,
 then a rename: a reader never sees half of one), read back only while fresh, only from a regular file (never
-through a link, never a FIFO that would block), and only below a size cap. Anything else reads as a miss. A cache
+through a link, never a FIFO that would block), only below a size cap, and only when this user wrote it: in a
+shared cache folder another user's entry (planted first, with a base's answer of their choosing) is a miss. An
+entry dated in the future is stale, whatever its mtime says. Anything else reads as a miss. A cache
 is an optimisation: one that cannot be written or read costs a round trip, never the answer.
 """
 
@@ -19,6 +21,8 @@ from typing import Any
 
 from imgbuild import limits
 from imgbuild.regular import read_regular
+
+FUTURE_SLACK = 5.0  # seconds an entry may seem to come from the future (clock steps between writer and reader)
 
 
 class JsonCache:
@@ -45,8 +49,10 @@ class JsonCache:
         if found is None:
             return None
         data, info = found
+        if info.st_uid != os.geteuid():
+            return None  # another user's: never believed (a shared cache_dir)
         age = time.time() - info.st_mtime
-        if self.ttl is not None and age > self.ttl:
+        if age < -FUTURE_SLACK or (self.ttl is not None and age > self.ttl):
             return None
         try:
             record = json.loads(data)

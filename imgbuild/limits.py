@@ -23,6 +23,8 @@ REQUIREMENTS_BYTES = 1 * MIB
 #: A copied file or folder: files and total bytes (the context is streamed, never held in memory).
 COPY_FILES = 10_000
 COPY_BYTES = 2048 * MIB
+#: Folders inside a folder imgbuild walks (a copied folder, a build context, a staged dataset, recipes/).
+TREE_DEPTH = 128
 #: Length of an image name component (`name:`) and of a whole reference (Docker's own limit).
 NAME_CHARS = 128
 REFERENCE_CHARS = 255

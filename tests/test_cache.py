@@ -45,10 +45,16 @@ def _other_key(path):
     path.write_text(json.dumps({"key": "someone else's", "value": {"digest": "forged"}}))
 
 
+def _future(path):
+    ahead = time.time() + 5 * 365 * 86400
+    os.utime(path, (ahead, ahead))
+
+
 @pytest.mark.parametrize(
     "why, spoil",
     [
         ("older than its ttl", _stale),
+        ("dated five years ahead (probe-4 C1: fresh forever)", _future),
         ("a link to another file", _link),
         ("a FIFO (would block a reader)", _fifo),
         ("over the size cap", _big),
@@ -65,6 +71,22 @@ def test_a_spoiled_entry_reads_as_a_miss(tmp_path, why, spoil):
     assert cache.get("k") == {"v": 1}
     spoil(cache.path("k"))
     assert cache.get("k") is None, why
+
+
+@pytest.mark.parametrize("ttl", [60, None])
+def test_another_users_entry_is_a_miss_and_a_future_one_too_even_without_a_ttl(tmp_path, monkeypatch, ttl):
+    """probe-4 C1: in a shared (1777) cache_dir a co-user planted the answer for a base with another release's
+    digest; root's render pinned it. An entry is believed only from the user reading it."""
+    import imgbuild.cache as cache_module
+
+    cache = JsonCache(tmp_path / "c", ttl=ttl)
+    cache.put("nvcr.io/nvidia/pytorch:24.05-py3", {"digest": "sha256:" + "a" * 64})
+    assert cache.get("nvcr.io/nvidia/pytorch:24.05-py3") is not None
+    monkeypatch.setattr(cache_module.os, "geteuid", lambda: os.getuid() + 4242)  # read by another user
+    assert cache.get("nvcr.io/nvidia/pytorch:24.05-py3") is None
+    monkeypatch.undo()
+    _future(cache.path("nvcr.io/nvidia/pytorch:24.05-py3"))
+    assert cache.get("nvcr.io/nvidia/pytorch:24.05-py3") is None
 
 
 def test_a_cache_that_cannot_be_written_costs_nothing_but_speed(tmp_path):

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import IMGBUILD, run_cli
+from tests.cosign_keys import write_key_pair
 
 pytestmark = pytest.mark.engine
 
@@ -270,8 +271,15 @@ def test_a_fresh_runner_restores_the_pip_step_from_the_registry_and_reruns_only_
     app = tmp_path / "files" / "train.py"
     app.write_text("print('one')\n")
 
+    # the smoke record a fresh runner believes is signed by the key it signs with (build.spared)
+    private, _ = write_key_pair(tmp_path, b"fresh-runner-pw")
+    signing = ["--sign-key", str(private)]
+
     def rebuild() -> str:
-        res = run_cli("rebuild", "--push", "--report-json", "report.json", str(recipe), cwd=tmp_path)
+        res = run_cli(
+            "rebuild", "--push", *signing, "--report-json", "report.json", str(recipe), cwd=tmp_path,
+            env={"IMGBUILD_SIGN_PASSWORD": "fresh-runner-pw"},
+        )  # fmt: skip
         assert res.code == 0, res.err[-3000:]
         (item,) = json.loads((tmp_path / "report.json").read_text())["images"]
         return str(item["status"])
@@ -289,7 +297,7 @@ def test_a_fresh_runner_restores_the_pip_step_from_the_registry_and_reruns_only_
             engine, ref, "import os, einops; print(os.getuid(), einops.__version__, open('/opt/app/train.py').read())"
         )
         assert said == f"4242 0.8.1 print('{edit}')"
-        # the registry's copy vouches (its `.smoke` record) for what imported in it: not imported again
+        # the registry's copy vouches (its signed `.smoke` record) for what imported in it: not imported again
         report = json.loads((tmp_path / "images" / short.split("/")[1].split(":")[0] / "smoke.json").read_text())
         reasons = [check.get("reason") or "" for check in report["checks"]]
         assert any("1 unchanged since the last promoted image" in reason for reason in reasons), reasons

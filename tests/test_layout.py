@@ -35,6 +35,7 @@ LEVELS: list[set[str]] = [
         "rootside",
         "dockerconfig",
         "boundedjson",
+        "tree",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

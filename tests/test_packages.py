@@ -1009,6 +1009,26 @@ def _dist_needing(site: Path, name: str, version: str, module: str, needs: list[
     meta.write_text(meta.read_text() + "".join(f"Requires-Dist: {n}\n" for n in needs))
 
 
+def _known(site: Path, monkeypatch, words: str) -> None:
+    """The known-good file imgbuild writes beside the script: `name==version fingerprint` per word, the
+    fingerprint of the RECORD now installed under that name (any version; a dummy one where there is none)."""
+    import hashlib
+
+    lines = []
+    for word in words.split():
+        name = word.split("==")[0]
+        found = [
+            p
+            for p in site.glob("*.dist-info")
+            if script._canonical(p.name.removesuffix(".dist-info").rsplit("-", 1)[0]) == script._canonical(name)
+        ]
+        record = (found[0] / "RECORD").read_text() if found else "none"
+        lines.append(f"{word} {hashlib.sha256(chr(10).join(sorted(record.splitlines())).encode()).hexdigest()}\n")
+    known = site.parent / "known.txt"
+    known.write_text("".join(lines))
+    monkeypatch.setattr(script, "KNOWN_GOOD_FILE", str(known))
+
+
 def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monkeypatch):
     """Issue 30 item 6: adding one package re-imported all 62 distributions (55 of 57 s). With the last promoted
     image's record, a distribution at the same version that needs nothing that changed is not imported again;
@@ -1017,20 +1037,39 @@ def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monk
     _dist_needing(site, "mid-fake", "2.0", "midfake", [])
     _dist_needing(site, "solo-fake", "1.0", "solofake", [], "raise ImportError('would fail if imported')")
     _dist_needing(site, "new-fake", "0.1", "newfake", [])
-    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "top-fake==1.0 mid_fake==1.0 Solo.Fake==1.0")
+    _known(site, monkeypatch, "top-fake==1.0 mid_fake==1.0 Solo.Fake==1.0")
     check = _imports()
     assert check["status"] == "pass", check  # solo-fake is unchanged and needs nothing changed: not imported
     assert "1 unchanged since the last promoted image" in check["reason"]
     assert set(check["details"]["distributions"]) == {"top-fake==1.0", "mid-fake==2.0", "new-fake==0.1"}
-    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "top-fake==1.0 mid-fake==2.0 solo-fake==0.9")  # solo moved
+    _known(site, monkeypatch, "top-fake==1.0 mid-fake==2.0 solo-fake==0.9")  # solo moved
     assert _imports()["status"] == "fail"
     # something solo-fake needed is gone since: solo-fake is imported again
     (site / "solo-fake-1.0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: solo-fake\nVersion: 1.0\nRequires-Dist: dropped-fake\n"
     )
-    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "top-fake==1.0 mid-fake==2.0 solo-fake==1.0 dropped-fake==3")
+    _known(site, monkeypatch, "top-fake==1.0 mid-fake==2.0 solo-fake==1.0 dropped-fake==3")
     assert _imports()["status"] == "fail"
-    monkeypatch.delenv("IMGBUILD_SMOKE_KNOWN_GOOD")  # no record: everything
+    _known(site, monkeypatch, "")  # no record: everything
+    assert _imports()["status"] == "fail"
+    # the same name and version, another wheel (its files differ): imported again (probe-4 S1)
+    _known(site, monkeypatch, "top-fake==1.0 mid-fake==2.0 solo-fake==1.0")
+    assert _imports()["status"] == "pass"  # the same files: spared
+    record = site / "solo-fake-1.0.dist-info" / "RECORD"
+    record.write_text(record.read_text() + "solofake/extra.py,sha256=swapped,10\n")
+    assert _imports()["status"] == "fail"
+
+
+def test_an_images_own_environment_or_file_never_says_what_to_spare(site, monkeypatch, tmp_path):
+    """probe-4 S5: `ENV IMGBUILD_SMOKE_KNOWN_GOOD` in an image was read as the record; now the script reads only
+    the file imgbuild writes beside it (always written, empty when nothing is spared)."""
+    _dist_needing(site, "broken-fake", "1.0", "brokenfake", [], "raise ImportError('broken')")
+    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "broken-fake==1.0")
+    monkeypatch.setattr(script, "KNOWN_GOOD_FILE", str(tmp_path / "absent.txt"))
+    assert _imports()["status"] == "fail"
+    big = tmp_path / "big.txt"  # over the bound: believed for nothing
+    big.write_text("broken-fake==1.0 " + "0" * 64 + "\n" + "x" * (script.KNOWN_GOOD_LINES * 400))
+    monkeypatch.setattr(script, "KNOWN_GOOD_FILE", str(big))
     assert _imports()["status"] == "fail"
 
 
@@ -1042,7 +1081,7 @@ def test_a_new_package_that_an_old_one_lists_only_for_an_extra_re_imports_nothin
     _dist_needing(site, "datasets-fake", "5.2", "datasetsfake", ["pandas-fake"], "raise ImportError('re-imported')")
     _dist_needing(site, "tabulate-fake", "0.10", "tabulatefake", [])
     _dist_needing(site, "marker-fake", "1.0", "markerfake", ['tabulate-fake; python_version >= "3"'])
-    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "pandas-fake==3.1 datasets-fake==5.2 marker-fake==1.0")
+    _known(site, monkeypatch, "pandas-fake==3.1 datasets-fake==5.2 marker-fake==1.0")
     check = _imports()
     assert check["status"] == "pass", check
     assert set(check["details"]["distributions"]) == {"tabulate-fake==0.10", "marker-fake==1.0"}
@@ -1055,7 +1094,7 @@ def test_a_distribution_skipped_by_the_recipe_is_not_taken_for_gone(site, monkey
     _dist_needing(site, "lib-fake", "1.0", "libfake", [])
     _dist_needing(site, "app-fake", "2.0", "appfake", ["lib-fake"], "raise ImportError('re-imported')")
     monkeypatch.setenv("IMGBUILD_SMOKE_SKIP_IMPORTS", "lib-fake")
-    monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "lib-fake==1.0 app-fake==2.0")
+    _known(site, monkeypatch, "lib-fake==1.0 app-fake==2.0")
     check = _imports()
     assert check["status"] == "pass", check
     assert "1 unchanged since the last promoted image" in check["reason"]

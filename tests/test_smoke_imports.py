@@ -116,8 +116,15 @@ def test_every_variable_the_script_reads_is_set_by_imgbuild(tmp_path):
     assert read == set(SCRIPT_VARIABLES)
     env = _script_env({}, SmokeRequest("img"))
     assert {k: env[k] for k in SCRIPT_VARIABLES} == dict.fromkeys(SCRIPT_VARIABLES, "")
-    env = _script_env({}, SmokeRequest("img", import_seconds=300, known_good=("a==1",)))
-    assert env["IMGBUILD_SMOKE_IMPORT_SECONDS"] == "300" and env["IMGBUILD_SMOKE_KNOWN_GOOD"] == "a==1"
+    env = _script_env({}, SmokeRequest("img", import_seconds=300, known_good=("a==1 " + "0" * 64,)))
+    assert env["IMGBUILD_SMOKE_IMPORT_SECONDS"] == "300" and "IMGBUILD_SMOKE_KNOWN_GOOD" not in env
+    # what may be spared travels as a file beside the script, always written (an image's own is overwritten)
+    from imgbuild.build.smoke import KNOWN_GOOD_NAME, smoke_probe
+    from imgbuild.payload.smoke_image import KNOWN_GOOD_FILE
+
+    assert KNOWN_GOOD_FILE == "/tmp/" + KNOWN_GOOD_NAME
+    assert dict(smoke_probe().files) == {KNOWN_GOOD_NAME: b""}
+    assert dict(smoke_probe(("a==1 " + "0" * 64,)).files) == {KNOWN_GOOD_NAME: ("a==1 " + "0" * 64 + "\n").encode()}
 
 
 def test_the_import_timeout_setting_is_refused_naming_it_when_it_is_not_seconds(tmp_path):

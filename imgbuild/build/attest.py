@@ -350,14 +350,21 @@ def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, by
     return config, canonical(manifest), [content for _, content, _ in layers]
 
 
-def smoke_record(smoke: dict[str, Any], base: str) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
-    """The `.smoke` attachment of an image that passed its smoke test on `base` (the base's identity): the
-    distributions the recipe added that imported, as the local report records them (pipeline.vouched)."""
+def smoke_record(
+    smoke: dict[str, Any], base: str, scope: str, digest: str, signer: Signer | None = None
+) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
+    """The `.smoke` attachment of the image `digest` that passed its smoke test on `base` (the base's identity) in
+    `scope` (build.spared.smoke_scope): the distributions the recipe added that imported, each with its RECORD
+    fingerprint, as the local report records them; signed by `signer` when there is one (a fresh runner believes
+    only a signed record: build.spared)."""
     meta = smoke.get("meta")
     meta = meta if isinstance(meta, dict) else {}
-    added = [[str(row[0]), str(row[1])] for row in meta.get("added") or [] if isinstance(row, list) and len(row) >= 2]
-    record = canonical({"base": base, "ok": bool(smoke.get("ok")), "meta": {"added": added}})
-    return {"smoke": artifact([(SMOKE_RECORD, record, {})])}
+    rows = [row for row in meta.get("added") or [] if isinstance(row, list) and len(row) >= 4]
+    added = [[str(row[0]), str(row[1]), str(row[3])] for row in rows]
+    document = {"base": base, "scope": scope, "digest": digest, "ok": bool(smoke.get("ok")), "meta": {"added": added}}
+    record = canonical(document)
+    notes = {SIGNATURE_ANNOTATION: base64.b64encode(signer.sign(record)).decode()} if signer else {}
+    return {"smoke": artifact([(SMOKE_RECORD, record, notes)])}
 
 
 def attached_layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
@@ -463,7 +470,10 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
             continue
         values = tuple(h.split("=", 1)[-1].split(" ", 1)[-1] for h in line.hashes)
         hashes[str(name)] = values
-    added = tuple((str(n), str(v), str(lic)) for n, v, lic in (smoke.get("meta") or {}).get("added") or [] if n and v)
+    rows = (smoke.get("meta") or {}).get("added") or []
+    added = tuple(
+        (str(r[0]), str(r[1]), str(r[2])) for r in rows if isinstance(r, list) and len(r) >= 3 and r[0] and r[1]
+    )
     fleet = tuple(
         f"{c['name']}: {c['status']}: {c.get('reason', '')}"[:300]
         for c in smoke.get("checks") or []

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from imgbuild.build.render import OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
 from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:
     from imgbuild.build.plan import Plan
@@ -142,7 +143,11 @@ def diff_context(context: Context, folder: Path) -> list[str]:
     imgbuild's own scripts are not compared (a clean checkout has none; the lock records their digest)."""
     have: set[str] = set()
     odd: set[str] = set()
-    for root, dirs, names in os.walk(folder, followlinks=False):
+    try:
+        tree = list(walk(folder))
+    except TooDeep as exc:
+        raise UsageError(str(exc)) from None
+    for root, dirs, names in tree:
         for name in names + [d for d in dirs if Path(root, d).is_symlink()]:
             entry = Path(root, name)
             rel = entry.relative_to(folder).as_posix()

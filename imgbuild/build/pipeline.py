@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 from imgbuild import limits
 from imgbuild.acting import Acting, as_user, private_copy, read_as, write_as
+from imgbuild.build import spared
 from imgbuild.build.context import context_dir, write_context
 from imgbuild.build.plan import Plan, base_reference, with_base_pins
 from imgbuild.build.render import render, template_cache
@@ -201,46 +201,6 @@ def podman_cache_repository(image: str) -> str:
     return f"{image}-imgbuild-cache"
 
 
-def _known_good(path: Path, current: str | None, base: str) -> tuple[str, ...]:
-    """`name==version` of the distributions that imported in the image promoted now (`current`), on the same base,
-    as its smoke report says; nothing where the report is another image's, another base's, or unreadable."""
-    try:
-        data = json.loads(path.read_bytes()[: 16 * 1024 * 1024]) if current and path.is_file() else {}
-    except (OSError, ValueError):
-        return ()
-    return vouched(data, base) if isinstance(data, dict) and data.get("promoted") == current else ()
-
-
-def vouched(data: Any, base: str) -> tuple[str, ...]:
-    """What a passed smoke report (a local one, or a pushed image's `.smoke` record) vouches for on `base`:
-    `name==version` words of ASCII letters, digits and `._-+!`; nothing from another base or a failed report."""
-    if not isinstance(data, dict) or data.get("base") != base or data.get("ok") is not True:
-        return ()
-    added = (data.get("meta") or {}).get("added") if isinstance(data.get("meta"), dict) else None
-    words = [f"{row[0]}=={row[1]}" for row in added or [] if isinstance(row, list) and len(row) >= 2]
-    return tuple(w for w in words if re.fullmatch(r"[A-Za-z0-9._-]{1,200}==[A-Za-z0-9.+!_-]{1,100}", w))
-
-
-def _registry_known_good(plan: Plan, settings: Settings, progress: Callable[[str], None]) -> tuple[str, ...]:
-    """On a fresh runner (the target not local), what the registry's copy of the target vouches for: its `.smoke`
-    record, bound to the digest the tag names now (rebuild.publish attaches it). Nothing on any doubt."""
-    from imgbuild import imageref
-    from imgbuild.build import attest
-    from imgbuild.registry.client import RegistryClient
-
-    try:
-        ref = imageref.parse(plan.target)
-        client = RegistryClient.for_host(ref.registry, settings, command_seconds=30)
-        digest = client.manifest_digest(ref.repository, ref.tag or "latest")
-        layers = attest.attached_layers(client, ref.repository, digest, "smoke", attest.SMOKE_RECORD) if digest else []
-        found = vouched(json.loads(layers[0][0]), plan.base.identity) if layers else ()
-    except (ImgbuildError, ValueError):  # a bad reference is a ValueError too
-        return ()
-    if found:
-        progress(f"the registry's {plan.target} vouches for {len(found)} distribution(s): not re-imported")
-    return found
-
-
 def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> None:
     """A fresh runner pulls the registry's copy of `target` before a seeded build. Docker's built-in BuildKit,
     given an inline cache it has not pulled, re-exports no cache for the layers it took from it, so the next
@@ -273,6 +233,7 @@ def build(
     quota: QuotaCheck | None = None,
     reproducible: bool = False,
     promote: bool = True,
+    trusted_key: Any = None,
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
     `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
@@ -282,6 +243,8 @@ def build(
     else holds which GPU on the host, for the smoke test's choice (build.smoke.ClaimsOf). `reproducible`: every
     time in the image is SOURCE_DATE_EPOCH (0 when unset), so the same inputs give the same digest (Podman).
     `promote=False`: built and smoke-tested, the target left as it is (the candidate goes, as always).
+    `trusted_key`: the public key a registry's smoke record must be signed by (the --sign-key in use; else the
+    site's run.signing_key; build.spared).
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     who = acting.who if acting else None
@@ -316,13 +279,15 @@ def build(
         engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
         engine.images.untag(candidate)
         current = engine.images.image_id(plan.target)
-        scope = f"u{acting.who.uid}" if acting else ""  # a user's build caches are theirs alone
-        rendered = render(plan, chosen, template_cache(settings.cache_dir), cache_scope=scope)
+        cache_scope = f"u{acting.who.uid}" if acting else ""  # a user's build caches are theirs alone
+        rendered = render(plan, chosen, template_cache(settings.cache_dir), cache_scope=cache_scope)
+        scope = spared.smoke_scope(plan)
         with as_user(who):
-            known_good = _known_good(ctx / "smoke.json", current, plan.base.identity)
+            known_good = spared.local_known_good(ctx / "smoke.json", current, plan.base.identity, scope)
             write_context(rendered, ctx, settings.secrets())
         if not known_good and current is None and seed_from_registry and settings.registry_cache != "off":
-            known_good = _registry_known_good(plan, settings, progress)
+            key = trusted_key if trusted_key is not None else spared.trusted_key(settings)
+            known_good = spared.registry_known_good(plan, settings, key, progress)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         source = _private_context(ctx, acting, settings, stack) if acting else ctx
         secrets = build_secrets(settings, loaded, stack, acting)
@@ -387,7 +352,9 @@ def build(
                 engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
             engine.images.tag(image_id, plan.target)
             promoted = True
-            _write_report(ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity}, who)
+            _write_report(
+                ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity, "scope": scope}, who
+            )
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)

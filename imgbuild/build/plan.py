@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import imageref
+from imgbuild.build.targets import check_target
 from imgbuild.config.settings import Settings
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.ngc import (
@@ -459,6 +460,8 @@ def make_plan(
     `host_ids` is the caller's UID/GID, read at the edge (resolve.plan_recipe); root's (0, 0) gives 1000, as for
     root itself. Nothing here asks who is calling."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
+    image, tag = image_and_tag(loaded, settings)
+    check_target(loaded, settings, f"{image}:{tag}", base.ref)
     if read_pins is not None:
         base = _with_pins(base, read_pins)
     check_conflicts(loaded, base)
@@ -467,7 +470,6 @@ def make_plan(
     inputs = json.dumps(
         {"content": chash, "base": base.identity or base.ref, "uid": uid, "gid": gid}, sort_keys=True
     ).encode()
-    image, tag = image_and_tag(loaded, settings)
     return Plan(
         loaded=loaded,
         image=image,

@@ -26,6 +26,7 @@ from imgbuild.recipe import display_path, load_recipe
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import split_reference
+from imgbuild.tree import TooDeep, walk
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
 
@@ -67,7 +68,11 @@ def discover(paths: list[str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+            try:
+                tree = list(walk(path))
+            except TooDeep as exc:
+                raise UsageError(str(exc)) from None
+            found += sorted(Path(f, n) for f, _, names in tree for n in names if n.endswith((".yaml", ".yml")))
         elif path.is_file():
             found.append(path)
         else:
@@ -270,6 +275,7 @@ def _work(
                 progress=lambda step: log(f"{item.target}: {step}"),
                 seed_from_registry=options.push,
                 claims=options.claims,
+                trusted_key=options.signer.public_key() if options.signer is not None else None,
             )
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
@@ -298,6 +304,7 @@ def publish(
     (cosign's tags). Returns the pushed digest."""
     from imgbuild import imageref
     from imgbuild.build import attest
+    from imgbuild.build.spared import smoke_scope
     from imgbuild.registry.client import RegistryClient
 
     target = plan.target
@@ -307,7 +314,8 @@ def publish(
     client = RegistryClient.for_host(ref.registry, settings)
     if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
         try:
-            attest.publish(client, ref.repository, digest, attest.smoke_record(smoke, plan.base.identity))
+            record = attest.smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
+            attest.publish(client, ref.repository, digest, record)
         except ImgbuildError as exc:
             log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
     if signer is None:

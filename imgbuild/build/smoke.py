@@ -70,9 +70,15 @@ class SmokeReport:
         )
 
 
-def smoke_probe() -> Probe:
-    """The smoke test as the engine runs it: smoke_image.py, answering on its MARKER line."""
-    return Probe("smoke", SCRIPT.read_text(), MARKER)
+#: Beside the script in /tmp (the payload's KNOWN_GOOD_FILE): what imported in the last promoted image.
+KNOWN_GOOD_NAME = "imgbuild-smoke-known.txt"
+
+
+def smoke_probe(known_good: tuple[str, ...] = ()) -> Probe:
+    """The smoke test as the engine runs it: smoke_image.py, answering on its MARKER line, with the file of what
+    it may spare beside it (always written, empty when nothing is spared: an image's own never counts)."""
+    known = "".join(f"{line}\n" for line in known_good).encode()
+    return Probe("smoke", SCRIPT.read_text(), MARKER, ((KNOWN_GOOD_NAME, known),))
 
 
 def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:
@@ -104,7 +110,9 @@ class SmokeRequest:
     imports: tuple[str, ...] = ()  # modules to import besides the added packages' own
     skip_imports: tuple[str, ...] = ()  # distributions whose imports are not checked
     commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
-    known_good: tuple[str, ...] = ()  # name==version that imported in the last promoted image (not re-imported)
+    #: `name==version fingerprint` of what imported in the last promoted image, with the same installed files
+    #: (its RECORD's hash), on the same base and system layers (build.spared): not re-imported
+    known_good: tuple[str, ...] = ()
     user: str = ""  # whose test it is (GPUs held by this user are theirs to test on); the caller's when empty
     #: "UID:GID" when imgbuild acts for a user through sudo: the container runs as them, with no new privileges,
     #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
@@ -202,7 +210,6 @@ SCRIPT_VARIABLES = (
     "IMGBUILD_EXPECT_FRAMEWORK_VERSION",
     "IMGBUILD_SMOKE_IMPORTS",
     "IMGBUILD_SMOKE_IMPORT_SECONDS",
-    "IMGBUILD_SMOKE_KNOWN_GOOD",
     "IMGBUILD_SMOKE_MIN_SPEEDUP",
     "IMGBUILD_SMOKE_RUN",
     "IMGBUILD_SMOKE_SKIP_IMPORTS",
@@ -213,7 +220,7 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
     """What the in-image script is told: real fp32, the base framework's version, the recipe's smoke settings."""
     env = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0", "NVIDIA_TF32_OVERRIDE": "0"}
     # Every variable the script reads of imgbuild's is set here, empty where unused: an image's own ENV
-    # (IMGBUILD_SMOKE_KNOWN_GOOD, IMGBUILD_SMOKE_SKIP_IMPORTS, ...) never tells the smoke test what to spare.
+    # (IMGBUILD_SMOKE_SKIP_IMPORTS, ...) never tells the smoke test what to spare; what imported before is a file.
     env.update(dict.fromkeys(SCRIPT_VARIABLES, ""))
     if req.import_seconds:
         env["IMGBUILD_SMOKE_IMPORT_SECONDS"] = str(req.import_seconds)
@@ -227,8 +234,6 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
         env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
     if req.commands:
         env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
-    if req.known_good:
-        env["IMGBUILD_SMOKE_KNOWN_GOOD"] = " ".join(req.known_good)
     return env
 
 
@@ -268,7 +273,7 @@ def run_smoke(
     chosen, mig_profiles = _pick_gpus(req, settings, engine, engine_host(), claims, quota) if use_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
-        smoke_probe(),
+        smoke_probe(req.known_good),
         args,
         env,
         gpus=chosen,

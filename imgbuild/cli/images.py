@@ -93,6 +93,7 @@ def build(
             claims=gpu_claims(settings),
             quota=quota_check(settings, acting.who.name) if acting else None,  # a user's smoke test is a run of theirs
             reproducible=reproducible,
+            trusted_key=signer.public_key() if signer is not None else None,
         )
         pushed = ""
         if push:

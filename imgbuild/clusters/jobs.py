@@ -13,6 +13,7 @@ from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec, UserWord
 from imgbuild.config.site import SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.tree import TooDeep, walk
 
 
 def site_slurm(site: Any) -> dict[str, Any]:
@@ -228,24 +229,19 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
     )
 
 
-def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
-    """`folder` as one tar in `into` (for `--stage`), made once: (the tar, whether it was made now).
-
-    The tar's name carries a digest of every entry's path, size, modification time and mode, so an
-    unchanged folder reuses its tar and a changed one gets a new one (the older tar of the same folder is
-    removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
+def _dataset_entries(folder: Path) -> tuple[list[Path], str]:
+    """Every data entry under `folder` (links, files, folders; not sockets, FIFOs or devices), in walk order,
+    and the digest of their paths, sizes, modification times and modes."""
     import hashlib
-    import os
-    import tarfile
 
-    folder = folder.resolve()
-    if not folder.is_dir():
-        raise UsageError(f"--stage {folder}: not a folder or a tar")
     digest = hashlib.sha256()
     entries: list[Path] = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in sorted(dirs) + sorted(files):
+    try:
+        tree = list(walk(folder))
+    except TooDeep as exc:
+        raise UsageError(f"--stage {exc}") from None
+    for root, dirs, files in tree:
+        for name in dirs + files:
             path = Path(root) / name
             info = path.lstat()
             if not (path.is_symlink() or path.is_file() or path.is_dir()):
@@ -253,8 +249,24 @@ def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
             entries.append(path)
             rel = path.relative_to(folder).as_posix()
             digest.update(f"{rel}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_mode}\n".encode())
+    return entries, digest.hexdigest()
+
+
+def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
+    """`folder` as one tar in `into` (for `--stage`), made once: (the tar, whether it was made now).
+
+    The tar's name carries a digest of every entry's path, size, modification time and mode, so an
+    unchanged folder reuses its tar and a changed one gets a new one (the older tar of the same folder is
+    removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
+    import os
+    import tarfile
+
+    folder = folder.resolve()
+    if not folder.is_dir():
+        raise UsageError(f"--stage {folder}: not a folder or a tar")
+    entries, digest = _dataset_entries(folder)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", folder.name) or "data"
-    target = into / f"{stem}-{digest.hexdigest()[:16]}.tar"
+    target = into / f"{stem}-{digest[:16]}.tar"
     if target.is_file():
         return target, False
     try:

@@ -245,7 +245,7 @@ class DockerContainers:
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
-        payload = _script_tar(probe.script)
+        payload = _script_tar(probe.script, probe.files)
 
         def prepared(device_requests: list[Any] | None) -> Any:
             """A created container with the script copied in; removed again if the copy fails."""
@@ -407,11 +407,11 @@ def _host_ports(bindings: Any) -> list[int]:
     return ports
 
 
-def _script_tar(script: str) -> bytes:
+def _script_tar(script: str, files: tuple[tuple[str, bytes], ...] = ()) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = script.encode()
-        info = tarfile.TarInfo("imgbuild-smoke.py")
-        info.size, info.mode = len(data), 0o755
-        tar.addfile(info, io.BytesIO(data))
+        for name, data, mode in [("imgbuild-smoke.py", script.encode(), 0o755), *((n, d, 0o644) for n, d in files)]:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()

@@ -153,7 +153,15 @@ class FakeContainers:
             )
         self.calls.append(f"smoke {image}")
         self.runs.append(
-            {"image": image, "args": list(args), "gpus": gpus, "ipc": ipc, "shm_size": shm_size, "env": dict(env)}
+            {
+                "image": image,
+                "args": list(args),
+                "gpus": gpus,
+                "ipc": ipc,
+                "shm_size": shm_size,
+                "env": dict(env),
+                "files": dict(probe.files),
+            }
         )
         self.alive.append(image)
         ok = self.smoke(image)  # may raise (a Ctrl-C in the middle of the smoke test)

@@ -19,6 +19,9 @@ class Probe:
     name: str  # what the fake engine answers by: "smoke", "pins", "lock", "gpus"
     script: str  # Python source, run by the image's python3
     marker: str  # the answer's line starts with this
+    #: Files put beside the script in /tmp before it starts (name under /tmp, content): what it is told that is
+    #: too large for an environment variable, always written, so an image's own file of that name never counts.
+    files: tuple[tuple[str, bytes], ...] = ()
 
     def answer(self, output: str) -> dict[str, Any] | None:
         """The JSON object on the last line that starts with the marker; None when there is none, or it is not an

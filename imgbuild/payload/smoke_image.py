@@ -623,23 +623,60 @@ def requirement_names(requires) -> set:
     }
 
 
+#: Where imgbuild puts, beside this script, what imported in the last promoted image: one line per distribution,
+#: `name==version sha256-of-its-RECORD`. Always written (empty when nothing is spared), so an image's own file at
+#: this path is overwritten; the image's environment is never read for it.
+KNOWN_GOOD_FILE = "/tmp/imgbuild-smoke-known.txt"
+KNOWN_GOOD_LINES = 5000  # a longer record is not believed at all
+
+
+def read_known_good(path: str = "") -> str:
+    """The known-good file's text; empty when absent, unreadable, or over its bound."""
+    try:
+        with open(path or KNOWN_GOOD_FILE, "rb") as handle:
+            data = handle.read(KNOWN_GOOD_LINES * 400 + 1)
+    except OSError:
+        return ""
+    if len(data) > KNOWN_GOOD_LINES * 400:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def record_fingerprint(dist) -> str:
+    """sha256 of a distribution's RECORD (every installed file with its own hash), its lines sorted: a wheel
+    swapped at the same name and version installs other files, and so has another fingerprint. Empty without a
+    RECORD: such a distribution is never spared."""
+    import hashlib
+
+    try:
+        text = dist.read_text("RECORD")
+    except (OSError, ValueError):
+        return ""
+    if not text:
+        return ""
+    return hashlib.sha256("\n".join(sorted(text.splitlines())).encode()).hexdigest()
+
+
 def unchanged_since_last(work: list, known_text: str, needs: dict, present: dict | None = None) -> set:
-    """The added distributions that need no import check again: the same version imported in the last promoted
-    image of this recipe (`known_text`: its `name==version` words, on the same base), and nothing they require
-    (`needs`: name -> the names it requires), directly or not, changed since. `present` ({name: version}) is
-    every added distribution, modules or not (tzdata's data, a skipped one): what is gone is judged against it,
-    not against `work`. Empty without a record."""
+    """The added distributions that need no import check again: the same version with the same installed files
+    (its RECORD's fingerprint) imported in the last promoted image of this recipe (`known_text`: its lines
+    `name==version fingerprint`, on the same base and system layers), and nothing they require (`needs`: name ->
+    the names it requires), directly or not, changed since. `present` ({name: (version, fingerprint)}) is every
+    added distribution, modules or not (tzdata's data, a skipped one): what is gone is judged against it, not
+    against `work`. Empty without a record."""
     known = set()
-    for word in known_text.split()[:100000]:
+    for line in known_text.splitlines()[:KNOWN_GOOD_LINES]:
+        word, _, fingerprint = line.strip().partition(" ")
         name, sep, version = word.partition("==")
-        if sep:
-            known.add((_canonical(name), normal_version(version)))
+        if sep and re.fullmatch(r"[0-9a-f]{64}", fingerprint):
+            known.add((_canonical(name), normal_version(version), fingerprint))
     if not known:
         return set()
     versions = {n: normal_version(v) for n, v, _ in work}
-    every = {n: normal_version(v) for n, v in (present or {}).items()} or versions
-    changed = {n for n, v in every.items() if (n, v) not in known}
-    changed |= {n for n, _ in known} - set(every)  # gone: what needed it is re-checked
+    every = {n: (normal_version(v), f) for n, (v, f) in (present or {}).items()}
+    changed = {n for n, (v, f) in every.items() if not f or (n, v, f) not in known}
+    changed |= set(versions) - set(every)  # a fingerprint unknown: never spared
+    changed |= {n for n, _, _ in known} - set(every)  # gone: what needed it is re-checked
     affected, grew = set(changed), True
     while grew:  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
         grew = False
@@ -664,8 +701,11 @@ def license_of(metadata) -> str:
 
 
 def added_with_licenses(baseline: set) -> list:
-    """[name, version, license] of every distribution the recipe added or changed (the SBOM's Python part)."""
-    return [[name, dist.version, license_of(dist.metadata)] for name, dist in _added(baseline)]
+    """[name, version, license, RECORD fingerprint] of every distribution the recipe added or changed (the SBOM's
+    Python part; the fingerprint is what a later smoke test may spare it by)."""
+    return [
+        [name, dist.version, license_of(dist.metadata), record_fingerprint(dist)] for name, dist in _added(baseline)
+    ]
 
 
 def _classify(work: list, results: list) -> tuple:
@@ -757,8 +797,8 @@ def check_imports() -> dict:
     added = _added(baseline or set(), every)
     work = [(n, d.version, m) for n, d in added if n not in skipped and (m := _modules(d))]
     needs = {n: requirement_names(d.requires) for n, d in added}
-    present = {n: d.version for n, d in added}
-    unchanged = unchanged_since_last(work, os.environ.get("IMGBUILD_SMOKE_KNOWN_GOOD", ""), needs, present)
+    present = {n: (d.version, record_fingerprint(d)) for n, d in added}
+    unchanged = unchanged_since_last(work, read_known_good(), needs, present)
     work = [item for item in work if item[0] not in unchanged]
     if extra:
         work.append(("smoke.imports", "", extra))

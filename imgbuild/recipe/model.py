@@ -92,6 +92,18 @@ SYSTEM_DIRS = (
 SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/media", "/usr/local"})
 
 
+def _no_credential(value: str) -> str:
+    """A token, private key or webhook URL by its shape ends in the image or its history: refused, never shown."""
+    from imgbuild.recipe.interpolate import JWT_RE, SECRET_VALUE_RE
+
+    if SECRET_VALUE_RE.search(value) or JWT_RE.search(value):
+        raise ValueError(
+            "holds what looks like a credential (an access token, a private key or a webhook URL): it would be "
+            "in the image and its history; pass it at run time (imgbuild run -e NAME) or as a build secret"
+        )
+    return value
+
+
 def _no_newline(value: str) -> str:
     from imgbuild.text import describe, unsafe_character
 
@@ -158,9 +170,13 @@ def _not_reserved(value: str) -> str:
 
 
 def _image_name(value: str) -> str:
-    if _reference(value, "alice/research or registry.example:5000/lab/research:v1").digest:
+    ref = _reference(value, "alice/research or registry.example:5000/lab/research:v1")
+    if ref.digest:
         raise ValueError("an image to build cannot carry a digest")
-    return _not_reserved(value)
+    for part in (ref.path, ref.tag):  # the repository and the tag, each (x-imgbuild-cache:v1 is Buildah's)
+        if part and RESERVED_SUFFIX_RE.fullmatch(part.rsplit("/", 1)[-1]):
+            raise ValueError(f"{value[:80]} ends in a name imgbuild keeps for itself (-candidate, -previous, ...)")
+    return value
 
 
 def _base_image(value: str) -> str:
@@ -209,6 +225,8 @@ def _index_url(value: str) -> str:
 
 
 def _env_key(value: str) -> str:
+    if value.startswith("IMGBUILD_"):  # an image's own ENV never steers imgbuild (its smoke test, its tools)
+        raise ValueError("IMGBUILD_ variables are imgbuild's own: an image may not set them")
     if value in PROTECTED_ENV:
         raise ValueError(f"{value} describes the base image and cannot be overridden")
     if value in LOADER_ENV:
@@ -277,11 +295,11 @@ _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 # The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
-ONE_LINE = Text(_no_newline)
+ONE_LINE = Text(_no_newline, _no_credential)
 OWNED_DIR = Text(_abs_path, _owned_dir)
 PIP_SPEC = Text(_pip_requirement)
 INDEX_URL = Text(_index_url)
-ENV_VALUE = Text(_no_newline, numbers=True)  # `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
+ENV_VALUE = Text(_no_newline, _no_credential, numbers=True)  # `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
 ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
 APT_NAME = Text(
     matches(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imgbuild import limits
+from imgbuild.tree import TooDeep, walk
 
 
 class OutsideRepository(ValueError):
@@ -93,18 +94,22 @@ def source_files(src: Path, written: str, root: Path) -> list[SourceFile]:
         raise OutsideRepository(f"{written} is not a regular file or folder")
     found: list[SourceFile] = []
     total = 0
-    for folder, dirs, names in os.walk(src, followlinks=False):
-        here = Path(folder)
-        dirs[:] = sorted(d for d in dirs if d != ".git")  # a checkout's .git may hold a CI token: never copied
-        linked = [d for d in dirs if (here / d).is_symlink()]
-        if linked:
-            raise OutsideRepository(
-                f"{written}: {(here / linked[0]).relative_to(src)} is a symlink to a folder (copy the folder itself)"
-            )
-        here_files = [_source_file(here / name, src, written, root) for name in sorted(names) if name != ".git"]
-        found += here_files
-        total += sum(f.size for f in here_files)
-        _within_limits(len(found), total, written)
+    try:
+        for folder, dirs, names in walk(src):
+            here = Path(folder)
+            dirs[:] = [d for d in dirs if d != ".git"]  # a checkout's .git may hold a CI token: never copied
+            linked = [d for d in dirs if (here / d).is_symlink()]
+            if linked:
+                raise OutsideRepository(
+                    f"{written}: {(here / linked[0]).relative_to(src)} is a symlink to a folder (copy the folder "
+                    "itself)"
+                )
+            here_files = [_source_file(here / name, src, written, root) for name in names if name != ".git"]
+            found += here_files
+            total += sum(f.size for f in here_files)
+            _within_limits(len(found), total, written)
+    except TooDeep:
+        raise OutsideRepository(f"{written} holds folders nested more than {limits.TREE_DEPTH} deep") from None
     return sorted(found, key=lambda f: f.rel)
 
 
@@ -113,6 +118,7 @@ def _source_file(entry: Path, src: Path, written: str, root: Path) -> SourceFile
     real = entry.resolve() if entry.is_symlink() else entry
     if not _inside(real, root):
         raise OutsideRepository(f"{written}: {rel} links outside the recipe's repository")
+    _refuse_git(real, f"{written}/{rel}", root)  # a link to .git/config would copy the CI job token
     info = regular_file(real, f"{written}/{rel}")
     return SourceFile(rel, real, bool(info.st_mode & stat.S_IXUSR), info.st_size)
 
