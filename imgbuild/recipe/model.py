@@ -299,7 +299,8 @@ ONE_LINE = Text(_no_newline, _no_credential)
 OWNED_DIR = Text(_abs_path, _owned_dir)
 PIP_SPEC = Text(_pip_requirement)
 INDEX_URL = Text(_index_url)
-ENV_VALUE = Text(_no_newline, _no_credential, numbers=True)  # `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
+#: `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
+ENV_VALUE = Text(_no_newline, _no_credential, numbers=True)
 ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
 APT_NAME = Text(
     matches(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")
