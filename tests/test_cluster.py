@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -853,3 +854,57 @@ def test_export_never_writes_through_a_link_at_its_target(kind, tmp_path, monkey
         else:
             export_sqsh("lab/x:1", link, engine, 60)
     assert not (tmp_path / "elsewhere").exists()
+
+
+def _fake_oci_tools(folder: Path) -> None:
+    """skopeo that does nothing, and an umoci that writes its own config, says so, then takes its time."""
+    folder.mkdir()
+    (folder / "skopeo").write_text("#!/bin/sh\nexit 0\n")
+    (folder / "umoci").write_text(
+        '#!/bin/sh\nfor a; do last=$a; done\nmkdir -p "$last/rootfs"\n'
+        'echo \'{"process": {"terminal": true}, "hostname": "umoci"}\' > "$last/config.json"\n'
+        'touch "$MARK"\nsleep "${UMOCI_SLEEP:-0}"\ntouch "$last/finished"\n'
+    )
+    for tool in ("skopeo", "umoci"):
+        (folder / tool).chmod(0o755)
+
+
+EXPORT = """
+import sys
+from pathlib import Path
+from imgbuild.clusters.oci import export_bundle
+from imgbuild.engine.fake import FakeEngine
+engine = FakeEngine()
+engine.add_image("lab/x:1")
+export_bundle("lab/x:1", Path(sys.argv[1]), ["/scratch"], engine, 60)
+"""
+
+
+def test_a_killed_oci_export_leaves_no_bundle_and_the_next_one_sweeps_its_work(tmp_path):
+    """probe-4 E3: SIGKILL during umoci left a bundle umoci finished with its own config (own namespaces, a
+    terminal, no /tmp bind) that the next export called 'already there', and a 332 MB work folder."""
+    import signal
+    import sys
+
+    _fake_oci_tools(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MARK": str(tmp_path / "mark")}
+    out = tmp_path / "b.oci"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXPORT, str(out)], env={**env, "UMOCI_SLEEP": "3"}, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "mark").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "mark").exists(), proc.stderr.read() if proc.poll() is not None else "umoci never ran"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(4)  # past the fake umoci's sleep: had it lived on, it would have finished its bundle
+    assert not out.exists() and not out.is_symlink()
+    left = list(tmp_path.glob(".imgbuild-oci-*"))
+    assert len(left) == 1 and not list(left[0].rglob("finished")), left  # umoci died with its parent
+    done = subprocess.run([sys.executable, "-c", EXPORT, str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob(".imgbuild-oci-*"))  # the orphan's work folder swept, this one's removed
+    config = json.loads((out / "config.json").read_text())
+    assert config["process"]["terminal"] is False and "hostname" not in config  # the cluster's config, not umoci's
+    assert "/scratch" in {m["destination"] for m in config["mounts"]}

@@ -61,9 +61,16 @@ def cluster_config(config: dict[str, Any], binds: list[str]) -> dict[str, Any]:
     return out
 
 
+WORK_PREFIX = ".imgbuild-oci-"
+
+
 def _run(args: list[str], timeout: float) -> None:
+    """`args`, killed when imgbuild dies (util-linux setpriv --pdeathsig, where there is one): a SIGKILLed export
+    leaves no umoci finishing a bundle on its own."""
+    setpriv = shutil.which("setpriv")
+    argv = [setpriv, "--pdeathsig", "KILL", "--", *args] if setpriv else args
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise JobFailed(f"{args[0]} took longer than {timeout:g} s") from None
     if done.returncode != 0:
@@ -83,7 +90,11 @@ def export_bundle(
     if out.exists() or out.is_symlink():  # a dangling link too: never written through
         raise UsageError(f"{out}: already there; remove it or name a new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".imgbuild-oci-", dir=out.parent))
+    sweep_orphans(out.parent)
+    # Everything is made inside a work folder beside `out` and renamed into place whole, the cluster's config
+    # already in it: a kill at any point leaves no bundle (never umoci's own config), only a work folder that
+    # the next export beside it removes.
+    work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=out.parent))
     try:
         archive = work / "image.tar"
         say(f"saving {target}")
@@ -93,15 +104,30 @@ def export_bundle(
         archive.unlink()
         say(f"unpacking the bundle into {out} (umoci)")
         rootless = ["--rootless"] if os.geteuid() != 0 else []
-        _run(["umoci", "unpack", *rootless, "--image", f"{work / 'layout'}:image", str(out)], timeout)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
-        raise
+        bundle = work / "bundle"
+        _run(["umoci", "unpack", *rootless, "--image", f"{work / 'layout'}:image", str(bundle)], timeout)
+        config = cluster_config(json.loads((bundle / "config.json").read_text()), binds)
+        (bundle / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if out.exists() or out.is_symlink():
+            raise UsageError(f"{out}: appeared while the bundle was made; remove it or name a new folder")
+        bundle.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    config = cluster_config(json.loads((out / "config.json").read_text()), binds)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+def sweep_orphans(folder: Path) -> None:
+    """Remove the work folders of exports beside `folder` whose process is gone (a SIGKILL), this user's only."""
+    for entry in folder.glob(f"{WORK_PREFIX}*"):
+        pid = entry.name.removeprefix(WORK_PREFIX).split("-", 1)[0]
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if not pid.isascii() or not pid.isdigit() or info.st_uid != os.geteuid() or not entry.is_dir():
+            continue
+        if int(pid) != os.getpid() and not Path(f"/proc/{int(pid)}").exists():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 # --- enroot's squashfs (pyxis) ---------------------------------------------------------------------------
