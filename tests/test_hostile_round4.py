@@ -142,3 +142,23 @@ def test_a_hostile_recipe_is_one_line_and_exit_2_from_the_command(tmp_path):
         env={"IMGBUILD_NGC_REGISTRY": "registry.test:5000"},
     )
     assert done.code == 2 and "site's NGC base" in done.err and not (tmp_path / "out").exists(), done.err
+
+
+# probe-4 CF1: a config value of the wrong type was echoed whole, a key or a password with it
+CONFIG_VALUES = [
+    ("ngc_api_key", "[sk-FAKE-P4cfg-0123456789abcdefghij]", "sk-FAKE"),
+    ("ngc_api_key", "{a: nvapi-secret}", "nvapi-secret"),
+    ("pip_extra_index_urls", '{a: "https://bob:p4pw@idx.example/simple"}', "p4pw"),
+    ("pip_index_url", '["https://bob:p4pw@idx.example/simple"]', "p4pw"),
+    ("run_timeout", '"https://bob:p4pw@x"', "p4pw"),
+    ("smoke_import_timeout", '"ghp_' + "z" * 36 + '"', "ghp_"),
+]
+
+
+@pytest.mark.parametrize("field, value, secret", CONFIG_VALUES)
+def test_a_config_error_never_echoes_a_credential(tmp_path, field, value, secret):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"{field}: {value}\n")
+    done = run_cli("doctor", "--json", env={"IMGBUILD_CONFIG": str(config)}, timeout=120)
+    assert secret not in done.out + done.err, done.err
+    assert done.code in (2, 3) and field in done.err and "Traceback" not in done.err, (done.code, done.err)

@@ -36,6 +36,7 @@ LEVELS: list[set[str]] = [
         "dockerconfig",
         "boundedjson",
         "tree",
+        "credentials",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

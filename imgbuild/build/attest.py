@@ -233,8 +233,7 @@ class Signer:
         ec = _crypto()
         return bytes(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
 
-    def public_key(self) -> Any:
-        """The public half, as `verify` takes it (load_verifier)."""
+    def public_key(self) -> Any:  # the public half, as `verify` takes it (load_verifier)
         return self._key.public_key()
 
     def public_pem(self) -> bytes:
@@ -353,10 +352,8 @@ def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, by
 def smoke_record(
     smoke: dict[str, Any], base: str, scope: str, digest: str, signer: Signer | None = None
 ) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
-    """The `.smoke` attachment of the image `digest` that passed its smoke test on `base` (the base's identity) in
-    `scope` (build.spared.smoke_scope): the distributions the recipe added that imported, each with its RECORD
-    fingerprint, as the local report records them; signed by `signer` when there is one (a fresh runner believes
-    only a signed record: build.spared)."""
+    """The `.smoke` attachment of image `digest`, passed on `base` in `scope` (build.spared): what imported, each
+    with its RECORD fingerprint; signed by `signer` when there is one (a fresh runner believes only that)."""
     meta = smoke.get("meta")
     meta = meta if isinstance(meta, dict) else {}
     rows = [row for row in meta.get("added") or [] if isinstance(row, list) and len(row) >= 4]

@@ -205,7 +205,21 @@ def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
     try:
         return convert(raw)
     except ValueError as exc:
-        raise UsageError(f"{origin}: {name}: {exc} (got {raw!r})") from None
+        said = str(exc).replace(repr(str(raw)), "it").replace(str(raw), "it") if str(raw) else str(exc)
+        raise UsageError(f"{origin}: {name}: {said} (got {_shown(name, raw)})") from None
+
+
+def _shown(name: str, raw: Any) -> str:
+    """A wrong value as an error may show it: its type only where it could hold a credential (a key, token or
+    password field, a URL, a list or mapping of anything), else its first 40 characters."""
+    from imgbuild.credentials import SECRET_NAME_RE, SECRET_VALUE_RE
+
+    if not isinstance(raw, str | int | float | bool) or raw is None:
+        return f"a {type(raw).__name__}"
+    text = str(raw)
+    if SECRET_NAME_RE.search(name.upper()) or "://" in text or "@" in text or SECRET_VALUE_RE.search(text):
+        return f"a {type(raw).__name__}, not shown"
+    return repr(raw)[:40]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from imgbuild.credentials import JWT_RE, SECRET_NAME_RE, SECRET_VALUE_RE
 from imgbuild.errors import Problem
 from imgbuild.fields import show as _show
 from imgbuild.yamlpos import Located, PathKey
@@ -42,27 +43,6 @@ SECRET_VARIABLES = frozenset(
         "AWS_SESSION_TOKEN",
     }
 )
-#: Names that say "credential" in any CI system's dialect.
-SECRET_NAME_RE = re.compile(
-    r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|API_?KEY|APIKEY|CREDENTIALS?|"
-    r"PRIVATE_KEY|AUTH|AUTH_CONFIG|JWT|ID_TOKEN|"
-    r"KEY|KEYS|PAT|SSH|WEBHOOK|WEBHOOK_URL|HOOK_URL|DSN|COOKIE|SESSION|SIGNING|CERT_KEY|PASSPHRASE|OTP)(?:_|$)",
-    re.IGNORECASE,
-)
-#: Values that are credentials whatever their variable is called: personal access tokens and API keys by their
-#: issuers' published prefixes (GitHub, GitLab, Hugging Face, Slack, OpenAI-style, AWS access keys, npm, PyPI),
-#: private keys in PEM, and incoming-webhook URLs (Slack, Discord, Teams), whose path is the secret.
-SECRET_VALUE_RE = re.compile(
-    r"(?:\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bglpat-[A-Za-z0-9_-]{16,}"
-    r"|\bgl(?:cbt|dt|rt|soat|ptt)-[A-Za-z0-9_-]{16,}|\bhf_[A-Za-z0-9]{20,}|\bxox[abpors]-[A-Za-z0-9-]{10,}"
-    r"|\bsk-[A-Za-z0-9_-]{20,}|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b|\bnpm_[A-Za-z0-9]{30,}|\bpypi-[A-Za-z0-9_-]{40,}"
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|hooks\.slack\.com/(?:services|workflows)/|discord(?:app)?\.com/api/webhooks/|\.webhook\.office\.com/)"
-)
-
-
-#: A JSON Web Token: base64url header (`{"` encodes as `eyJ`), payload and signature.
-JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{2,}")
 
 
 def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.credentials import refuse_credential
 from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
 from imgbuild.fields import (
     Flag,
@@ -90,18 +91,6 @@ SYSTEM_DIRS = (
     "/var",
 )
 SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/media", "/usr/local"})
-
-
-def _no_credential(value: str) -> str:
-    """A token, private key or webhook URL by its shape ends in the image or its history: refused, never shown."""
-    from imgbuild.recipe.interpolate import JWT_RE, SECRET_VALUE_RE
-
-    if SECRET_VALUE_RE.search(value) or JWT_RE.search(value):
-        raise ValueError(
-            "holds what looks like a credential (an access token, a private key or a webhook URL): it would be "
-            "in the image and its history; pass it at run time (imgbuild run -e NAME) or as a build secret"
-        )
-    return value
 
 
 def _no_newline(value: str) -> str:
@@ -295,12 +284,12 @@ _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 # The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
-ONE_LINE = Text(_no_newline, _no_credential)
+ONE_LINE = Text(_no_newline, refuse_credential)
 OWNED_DIR = Text(_abs_path, _owned_dir)
 PIP_SPEC = Text(_pip_requirement)
 INDEX_URL = Text(_index_url)
 #: `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
-ENV_VALUE = Text(_no_newline, _no_credential, numbers=True)
+ENV_VALUE = Text(_no_newline, refuse_credential, numbers=True)
 ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
 APT_NAME = Text(
     matches(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")
