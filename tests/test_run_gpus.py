@@ -484,3 +484,23 @@ def test_a_gpu_whose_process_owner_cannot_be_read_is_never_handed_out_as_free():
     assert select_gpus("device=0", busy, "alice", force=True).uuids == ["GPU-0"]
     free = [*busy, Gpu(2, "GPU-2", "NVIDIA H100 80GB HBM3", 0, 81_559, 0, [])]
     assert select_gpus("1", free, "alice").uuids == ["GPU-2"]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("detached", [True, False])
+def test_a_run_whose_start_fails_leaves_no_created_container(
+    testbed, docker_client, tmp_path, engine_limits, started, unique, detached
+):
+    """probe-4 RUN1: a `docker run` whose start fails (here the engine refuses an unlimited memlock, as this
+    test bed's dockerd, without CAP_SYS_RESOURCE, does) left a `Created` container, and the next run's name
+    moved on to `_2`. It is removed; a second try gets the same name."""
+    engine_limits.write_text(engine_limits.read_text().replace("memlock: 8388608", "memlock: -1"))
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    name = f"nostart{unique}"
+    args = ["run", *(["-d"] if detached else []), "--name", name, image, "--", "true"]
+    for _ in range(2):
+        done = run_cli(*args, cwd=tmp_path)
+        started.append(f"{ME}_{name}_1")
+        assert done.code != 0 and "rlimit" in done.err and "Traceback" not in done.err, done.err
+        left = docker_client.containers.list(all=True, filters={"name": f"{ME}_{name}"})
+        assert left == [], [(c.name, c.status) for c in left]

@@ -125,6 +125,21 @@ class DockerContainers:
             except APIError as exc:
                 raise ImgbuildError(f"could not remove {name}: {exc.explanation}") from None
 
+    def discard_unstarted(self, name: str) -> bool:
+        """Remove `name` if it was created but never ran (a `docker run` whose start failed leaves it `Created`,
+        and the next run's name moves on); a container that ran, or another's, is left alone."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            container = self.client.containers.get(name)
+            started = str((container.attrs.get("State") or {}).get("StartedAt") or "0001")
+            if container.status != "created" or not started.startswith("0001"):  # Go's zero time: never started
+                return False
+            container.remove(force=True)
+        except (NotFound, APIError):
+            return False
+        return True
+
     def log_tail(self, name: str, lines: int = 20) -> str:
         """The last `lines` lines of a container's output (stdout and stderr); "" when it is gone."""
         from docker.errors import APIError, NotFound

@@ -195,6 +195,10 @@ class FakeContainers:
     def remove(self, name: str) -> None:
         self.calls.append(f"remove {name}")
 
+    def discard_unstarted(self, name: str) -> bool:
+        self.calls.append(f"discard {name}")
+        return self.start_code != 0
+
     def note(self, name: str, text: str) -> bool:
         self.calls.append(f"note {name}")
         return True

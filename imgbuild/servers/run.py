@@ -295,6 +295,8 @@ def start_detached(engine: Any, spec: RunSpec) -> None:
     with _staged(spec):
         code, err = engine.containers.run(spec.options())
     if code != 0:
+        if "Conflict" not in err:  # a name taken by another container is never ours to remove
+            engine.containers.discard_unstarted(spec.name)
         raise ImgbuildError(explain_start_failure(err))
 
 
@@ -342,6 +344,8 @@ def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
         code, _ = engine.containers.run(spec.options())
     stop.set()
     outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
+    if code in (125, 126, 127):  # docker's own codes: a container `Created`, never started, is not left behind
+        engine.containers.discard_unstarted(spec.name)
     if wanted:
         sampler.join(timeout=5)
         outcome.rows, outcome.hint = summarize(samples, spec.cpus)
