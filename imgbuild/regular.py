@@ -9,7 +9,9 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def open_regular(path: Path, flags: int, mode: int = 0o644) -> int | None:
@@ -93,3 +95,36 @@ def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> None
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
+
+
+class _NamedWriter:
+    """A text file whose write errors name it: a full disk's ENOSPC from write() or close() names no file."""
+
+    def __init__(self, handle: Any, path: str) -> None:
+        self._handle, self._path = handle, path
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._handle.write(text))
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self._path) from None
+
+    def flush(self) -> None:
+        try:
+            self._handle.flush()
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self._path) from None
+
+
+@contextlib.contextmanager
+def open_log(path: Path | None) -> Iterator[Any]:
+    """A log file opened for writing (os.devnull for none), whose every error names it."""
+    name = str(path) if path else os.devnull
+    handle = open(name, "w", encoding="utf-8")  # noqa: SIM115 - closed below, its error named
+    try:
+        yield _NamedWriter(handle, name)
+    finally:
+        try:
+            handle.close()
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, name) from None

@@ -162,3 +162,20 @@ def test_a_config_error_never_echoes_a_credential(tmp_path, field, value, secret
     done = run_cli("doctor", "--json", env={"IMGBUILD_CONFIG": str(config)}, timeout=120)
     assert secret not in done.out + done.err, done.err
     assert done.code in (2, 3) and field in done.err and "Traceback" not in done.err, (done.code, done.err)
+
+
+def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
+    """probe-4 D2: a build with cache_dir on a full disk said `cannot use: No space left on device`, naming no
+    path (write() and close() errors carry none); the log's errors name it now."""
+    import errno
+    from pathlib import Path
+
+    from imgbuild.cli import _outcome
+    from imgbuild.regular import open_log
+
+    with pytest.raises(OSError) as caught, open_log(Path("/dev/full")) as log:
+        log.write("#5 [2/5] RUN pip install ...\n" * 1000)
+        log.flush()
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
+    lines, code = _outcome(caught.value)
+    assert lines == ["imgbuild: cannot use /dev/full: No space left on device"] and code == 3

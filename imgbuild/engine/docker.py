@@ -12,6 +12,7 @@ from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.types import BuildRequest, ProgressFn, Redactor
 from imgbuild.errors import EngineFault, EngineUnavailable, UsageError
+from imgbuild.regular import open_log
 
 
 class Engine:
@@ -81,7 +82,7 @@ class Engine:
         """Build `req.context` and tag it `req.tag`; returns the image id. Raises BuildFailed."""
         if req.log_path:
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(req.log_path or os.devnull, "w", encoding="utf-8") as log:
+        with open_log(req.log_path) as log:
             if backend == "buildkit":
                 assert self.buildkit_cli
                 try:

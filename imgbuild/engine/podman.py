@@ -27,6 +27,7 @@ from imgbuild.engine.docker import Engine
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, StepTracker, own_status
 from imgbuild.errors import EngineUnavailable, ImgbuildError
+from imgbuild.regular import open_log
 
 #: `[2/3] STEP 4/9: RUN ...` (a multi-stage build) or `STEP 4/9: RUN ...`
 _STEP = re.compile(r"(?:\[([0-9]+)/[0-9]+\] )?STEP (([0-9]+)/[0-9]+): (.*)")
@@ -178,7 +179,7 @@ class PodmanEngine(Engine):
             req.log_path.parent.mkdir(parents=True, exist_ok=True)
         iidfile = req.iidfile or req.context.parent / f".{req.context.name}.{os.getpid()}.iid"
         with (
-            open(req.log_path or os.devnull, "w", encoding="utf-8") as log,
+            open_log(req.log_path) as log,
             tempfile.TemporaryDirectory(prefix="imgbuild-build-") as tmp,
         ):
             cache = req.cache_to or (req.cache_from[0] if req.cache_from else "")
