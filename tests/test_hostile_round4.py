@@ -179,3 +179,15 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
     lines, code = _outcome(caught.value)
     assert lines == ["imgbuild: cannot use /dev/full: No space left on device"] and code == 3
+
+
+@pytest.mark.parametrize("text", ["", "\n", "   \n\n"])
+def test_an_empty_lock_is_refused_not_taken_for_no_pins(tmp_path, text):
+    """probe-4 K2: a kill during `lock` left 0 bytes, `validate` said ok, and the next build installed unlocked."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "demo.yaml").write_text(HEAD + "pip: [einops==0.8.0]\n")
+    (tmp_path / "demo.lock.txt").write_text(text)
+    with pytest.raises(RecipeError, match="lock: is empty"):
+        load_recipe(tmp_path / "demo.yaml", environ={})
+    (tmp_path / "demo.lock.txt").write_text("# imgbuild lock: what pip resolved\n")  # a lock of no pins is one
+    load_recipe(tmp_path / "demo.yaml", environ={})

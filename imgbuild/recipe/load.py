@@ -145,6 +145,11 @@ def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path 
     except RecipeError as exc:
         problems.extend(exc.problems)
         return None, ()
+    if not text.strip():  # imgbuild lock always writes its header line: nothing at all is a write cut short
+        problems.append(
+            Problem(shown, 1, 1, "lock", "is empty (a write cut short?): run imgbuild lock again, or remove it")
+        )
+        return None, ()
     pins: list[reqfile.ReqLine] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
