@@ -182,3 +182,37 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
             shell=True,
             capture_output=True,
         )
+
+
+@pytest.mark.parametrize(
+    "flags, planted",
+    [
+        (["--devcontainer"], ".devcontainer/devcontainer.json"),  # probe-4 E1
+        (["--apptainer", "--no-build"], "dev_v1.def"),  # probe-4 E2: the default name
+    ],
+)
+def test_export_never_writes_through_a_link_committed_in_the_repository(tmp_path, flags, planted):
+    """The repository commits the file export writes as a link to a file of the user's: the link is replaced by
+    the file, the user's file is untouched."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: dev\nimage: lab/dev:v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own\n")
+    link = tmp_path / planted
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(victim)
+    res = run_cli("export", str(recipe), *flags, cwd=tmp_path, env={"IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"})
+    assert res.code == 0 and victim.read_text() == "the user's own\n", res.err
+    assert not link.is_symlink() and link.read_text().strip()
+
+
+def test_export_refuses_a_devcontainer_folder_committed_as_a_link(tmp_path):
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: dev\nimage: lab/dev:v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / ".devcontainer").symlink_to(elsewhere)
+    res = run_cli("export", str(recipe), "--devcontainer", cwd=tmp_path, env={"IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"})
+    assert res.code == 2 and "symbolic link" in res.err and not list(elsewhere.iterdir()), res.err

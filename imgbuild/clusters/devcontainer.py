@@ -112,6 +112,8 @@ def export_devcontainer(
     house = house_rules(settings.run)
     shared = gpus is not None or any(key.startswith("run.") for key in settings.sources)
     folder = out or Path(".devcontainer")
+    if out is None and folder.is_symlink():  # committed as a link: it would carry the write anywhere
+        raise UsageError(f"{folder} is a symbolic link; imgbuild writes devcontainer.json only into a real folder")
     path = folder / "devcontainer.json"
     notes: list[str] = []
     if shared:
