@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.facts import GPU_MODELS
+from imgbuild.gpu.support import GPU_MODELS
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.engine

@@ -142,18 +142,20 @@ def test_driver_against_the_image_cuda(cuda, driver, datacenter, ok, words):
 
 
 def test_forward_compatible_branches_are_the_ones_nvidias_own_images_declare():
-    """NVIDIA_REQUIRE_CUDA of nvidia/cuda:13.0.2 lists, per brand, the driver branches a CUDA 13.0 container runs on
-    besides R580+ (the forward-compatible ones). imgbuild's table must say exactly those for CUDA 13."""
+    """NVIDIA_REQUIRE_CUDA of each recorded nvidia/cuda image (12.8.1, 13.0.2) lists, per brand, the driver
+    branches a container of that CUDA release runs on besides its own (the forward-compatible ones).
+    imgbuild's support table must say exactly those for that release."""
     import re
 
-    from imgbuild.facts import FORWARD_COMPAT
+    from imgbuild.gpu.support import SUPPORT
 
-    text = next(
-        line for line in (DATA / "nvidia_require_cuda.txt").read_text().splitlines() if line.startswith("NVIDIA")
-    )
-    assert text.startswith("NVIDIA_REQUIRE_CUDA=cuda>=13.0 ")
-    tesla = sorted({int(m) for m in re.findall(r"brand=tesla,driver>=([0-9]+),driver<[0-9]+", text)})
-    assert tesla == [int(v.split(".")[0]) for v in FORWARD_COMPAT[13]]
+    lines = [line for line in (DATA / "nvidia_require_cuda.txt").read_text().splitlines() if line.startswith("NVIDIA")]
+    assert len(lines) >= 2
+    for text in lines:
+        major, minor = re.match(r"NVIDIA_REQUIRE_CUDA=cuda>=([0-9]+)\.([0-9]+) ", text).groups()  # type: ignore[union-attr]
+        tesla = sorted({int(m) for m in re.findall(r"brand=tesla,driver>=([0-9]+),driver<[0-9]+", text)})
+        table = [int(v.split(".")[0]) for v in SUPPORT.forward_branches((int(major), int(minor)))]
+        assert tesla == table, (major, minor)
 
 
 def test_a_fleet_is_judged_per_gpu_from_the_image_facts():
@@ -719,8 +721,10 @@ REVIEW_FALSE_PASSES = [
     ("12.4", "sm_80 sm_89 sm_90", "h100", "470.57.02", False, "predates sm_90"),
     ("12.4", "sm_80 sm_89 sm_90", "l40s", "470.57.02", False, "predates sm_89"),
     ("12.4", "sm_70 sm_75 sm_80", "a100", "470.57.02", True, "forward compatibility"),  # right before, still
-    # item 13: PTX only, and the driver below the image's exact CUDA: minor-version compatibility cannot JIT it
-    ("12.6", "sm_80 sm_86 compute_86", "h100", "535.104.05", False, "cannot JIT-compile"),
+    # item 13: PTX only, and the driver below the image's exact CUDA: minor-version compatibility cannot JIT it on a
+    # GeForce; on a data-center GPU the image's forward-compatibility libraries do (gpu-review-4 item 4)
+    ("12.6", "sm_75 compute_75", "rtx4090", "550.54.15", False, "cannot JIT-compile"),
+    ("12.6", "sm_80 sm_86 compute_86", "h100", "535.104.05", True, "JITs its PTX"),
     ("12.6", "sm_80 sm_86 compute_86", "h100", "560.35.03", True, ">= 560.28.03"),
     # item 14: no arch list, yet the CUDA major builds nothing that old
     ("13.0", "", "v100", "580.95.05", False, "CUDA 13 builds nothing below sm_75"),
@@ -730,6 +734,28 @@ REVIEW_FALSE_PASSES = [
     ("12.8", "sm_80 sm_90 sm_100 sm_120", "rtxpro6000", "535.104.05", False, "needs R570 or later"),
     ("12.4", "sm_80 sm_90", "h100-pcie", "550.54.15", True, ">= 550.54.14"),
     ("12.4", "sm_80 sm_90", "H100 NVL", "550.54.15", True, ">= 550.54.14"),
+    # gpu-review-4 (b) item 3: CUDA 13.2 needs 595.45.04; its PTX on R580 cannot be JIT-compiled on a GeForce, and
+    # a CUDA minor newer than the table is never taken as JIT-able
+    ("13.2", "sm_80 sm_86 sm_90 compute_90", "rtx5090", "580.95.05", False, "needs 595.45.04"),
+    ("13.2", "sm_80 sm_86 sm_90 sm_120", "rtx5090", "580.95.05", True, "minor-version compatibility"),
+    ("13.3", "sm_90 sm_120", "h100", "610.43.02", True, ">= 610.43.02"),
+    ("13.9", "sm_75 compute_75", "rtx4090", "580.95.05", False, "newer than imgbuild's table knows"),
+    # item 4: PTX only on a data-center GPU under minor-version compatibility: forward compatibility JITs it
+    ("13.2", "sm_75 compute_80", "h100", "580.95.05", True, "JITs its PTX"),
+    # item 6: Kepler's last branch is R470
+    ("11.4", "sm_35 sm_37 sm_50", "k80", "535.104.05", False, "R470 was its last branch"),
+    ("11.4", "sm_35 sm_37 sm_50", "k80", "470.82.01", True, ">= 470.42.01"),
+    # item 7: minimum full versions within a branch; the RTX PRO 6000 Server Edition is a data-center part
+    ("12.8", "sm_90 sm_100", "b200", "570.124.06", False, "570.133.20, which NVIDIA requires for b200"),
+    ("12.8", "sm_90 sm_100", "b200", "570.133.20", True, ">= 570.26"),
+    ("12.8", "sm_90 sm_120", "rtxpro6000se", "570.124.06", False, "575.57.08"),
+    ("13.0", "sm_90 sm_100 sm_120", "rtxpro6000se", "575.57.08", True, "forward compatibility"),
+    ("13.0", "sm_90 sm_100 sm_120", "rtxpro6000", "575.57.08", False, "data-center GPUs only"),
+    # the forward-compatible branches per CUDA minor, as NVIDIA's images declare them (12.8: 470 535 550 560 565)
+    ("12.8", "sm_80 sm_90", "a100", "470.82.01", True, "forward compatibility"),
+    ("12.8", "sm_80 sm_90", "a100", "460.32.03", False, "forward-compatible branch: 470, 535, 550, 560, 565"),
+    ("12.8", "sm_80 sm_86", "a6000", "470.82.01", False, "data-center GPUs only"),
+    ("13.0", "sm_80 sm_90", "h100", "570.148.08", True, "forward compatibility"),
 ]
 
 
@@ -740,9 +766,13 @@ def test_the_reviews_false_verdicts(cuda, archs, target, driver, runs, words):
 
 
 def test_forward_compatibility_is_for_data_center_parts_only():
-    from imgbuild.facts import GPU_MODELS
+    from imgbuild.gpu.support import GPU_MODELS
 
-    assert not GPU_MODELS["rtxpro6000"].datacenter and GPU_MODELS["orin"].datacenter
+    assert (
+        not GPU_MODELS["rtxpro6000"].datacenter
+        and GPU_MODELS["rtxpro6000se"].datacenter
+        and GPU_MODELS["orin"].datacenter
+    )
     for name in ("h800", "a800", "l20", "a2", "a16", "orin", "thor"):
         assert parse_target(name).label == name
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from imgbuild.errors import UsageError
-from imgbuild.facts import ARCH_DRIVER_BRANCHES, CUDA_MIN_CAPABILITY, CUDA_MIN_DRIVER, FORWARD_COMPAT, GPU_MODELS
+from imgbuild.gpu.support import ARCH_DRIVER_BRANCHES, CUDA_MIN_CAPABILITY, CUDA_MIN_DRIVER, GPU_MODELS, SUPPORT
 from imgbuild.payload.smoke_image import explain_kernels, parse_archs
 
 _CAPABILITY_RE = re.compile(r"(?:sm_([0-9]{1,2})([0-9])|([0-9]{1,2})\.([0-9]))")
@@ -32,6 +32,7 @@ class Target:
     capability: tuple[int, int]
     datacenter: bool | None = None  # None: not known (given as a capability)
     cpu: str = "any"  # arm64: the GPU comes only in arm64 machines (Grace, DGX Spark, Jetson)
+    min_driver: str = ""  # a full version NVIDIA requires for this model within its branch (HGX B200)
 
     @property
     def sm(self) -> str:
@@ -43,7 +44,7 @@ def parse_target(word: str) -> Target:
     key = text.replace(" ", "").replace("-", "").replace("_", "")
     if key in GPU_MODELS:
         model = GPU_MODELS[key]
-        return Target(key, model.capability, model.datacenter, model.cpu)
+        return Target(key, model.capability, model.datacenter, model.cpu, model.min_driver)
     match = _CAPABILITY_RE.fullmatch(text)
     if match:
         major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
@@ -51,7 +52,7 @@ def parse_target(word: str) -> Target:
             return Target(text, (int(major), int(minor)))
     raise UsageError(
         f"--for: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
-        f"or one of {', '.join(GPU_MODELS)}"
+        f"or a name such as {', '.join(list(GPU_MODELS)[:12])} ({len(GPU_MODELS)} known: docs/gpus.md)"
     )
 
 
@@ -116,23 +117,46 @@ def driver_verdict(
     cuda: tuple[int, int], driver: str, datacenter: bool | None, ptx_only: bool = False
 ) -> tuple[bool, str]:
     """Can a driver run an image built with CUDA `cuda`? (ok, reason in words). `ptx_only`: the GPU has only
-    PTX to JIT-compile, which the driver must do at the image's exact CUDA version."""
+    PTX to JIT-compile, which the driver must do at the image's exact CUDA version (or, on a data-center GPU,
+    the image's forward-compatibility libraries do). A CUDA minor newer than the table knows has no known driver:
+    its PTX is never taken as compilable."""
     have = _version(driver)
     name = f"CUDA {cuda[0]}.{cuda[1]}"
     exact = CUDA_MIN_DRIVER.get(cuda)
+    known = [k for k in CUDA_MIN_DRIVER if k[0] == cuda[0]]
+    newer_than_known = bool(known) and cuda > max(known)
     if exact and have >= _version(exact):
         return True, f"driver {driver} >= {exact} ({name})"
     floor = CUDA_MIN_DRIVER.get((cuda[0], 0))
+    forward = _forward(cuda, driver, have, datacenter, floor)
     if floor and have >= _version(floor):
-        if ptx_only and exact:
+        if ptx_only and (exact or newer_than_known):
+            if forward is not None and forward[0]:
+                return True, forward[1] + ", whose newer PTX compiler JITs its PTX"
+            need = exact or f"the driver of {name}, newer than imgbuild's table knows"
             return False, (
                 f"driver {driver} runs {name} only through minor-version compatibility, which cannot JIT-compile "
-                f"its PTX (the only code for this GPU): needs {exact}"
+                f"its PTX (the only code for this GPU): needs {need}"
             )
         need = f" (PTX JIT and {name}-only APIs need {exact})" if exact else ""
         return True, f"driver {driver} runs {name} through minor-version compatibility{need}"
+    if forward is not None:
+        return forward
+    why = f"driver {driver} is older than {floor or exact} needed by {name}"
+    branches = SUPPORT.forward_branches(cuda)
+    if branches:
+        why += f" (or a data-center forward-compatible branch: {', '.join(branches)})"
+    return False, why
+
+
+def _forward(
+    cuda: tuple[int, int], driver: str, have: tuple[int, ...], datacenter: bool | None, floor: str | None
+) -> tuple[bool, str] | None:
+    """The forward-compatibility verdict where the driver's branch is one NVIDIA lists for this CUDA release
+    (data-center GPUs only); None where it is not."""
+    name = f"CUDA {cuda[0]}.{cuda[1]}"
     branch = have[:1]
-    for minimum in FORWARD_COMPAT.get(cuda[0], ()):
+    for minimum in SUPPORT.forward_branches(cuda):
         if _version(minimum)[:1] == branch and have >= _version(minimum):
             if datacenter is False:
                 return False, (
@@ -143,10 +167,9 @@ def driver_verdict(
             return True, (
                 f"driver {driver} runs {name} through forward compatibility (the image's cuda-compat libraries){where}"
             )
-    why = f"driver {driver} is older than {floor or exact} needed by {name}"
-    if cuda[0] in FORWARD_COMPAT:
-        why += f" (or a data-center forward-compatible branch: {', '.join(FORWARD_COMPAT[cuda[0]])})"
-    return False, why
+    if datacenter and floor and have >= _version(floor):  # the major's own branches: the compat libraries too
+        return True, f"driver {driver} runs {name} through forward compatibility (the image's cuda-compat libraries)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -200,6 +223,11 @@ def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> 
             if refused:
                 runs = False
                 reasons.append(refused[1])
+            elif target.min_driver and _version(driver) < _version(target.min_driver):
+                runs = False
+                reasons.append(
+                    f"driver {driver} is older than {target.min_driver}, which NVIDIA requires for {target.label}"
+                )
         verdicts.append(Verdict(target.label, cap, runs, kernels, "; ".join(reasons)))
     return verdicts
 

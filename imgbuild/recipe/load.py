@@ -122,15 +122,20 @@ def lock_path_for(recipe: Path) -> Path:
     return recipe.with_name(recipe.name.rsplit(".", 1)[0] + ".lock.txt")
 
 
+def _empty_lock(text: str, shown: str, problems: list[Problem]) -> bool:
+    """imgbuild lock always writes its header line: nothing at all is a write cut short, not a lock of no pins."""
+    if text.strip():
+        return False
+    problems.append(
+        Problem(shown, 1, 1, "lock", "is empty (a write cut short?): run imgbuild lock again, or remove it")
+    )
+    return True
+
+
 def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[reqfile.ReqLine, ...]]:
     """The recipe's lock when it has one: `name==version` lines (comments allowed), inside the repository.
     The file is input too (a merge request can edit it): each version must be one, each name once, and no
     pin may name the base's CUDA libraries (those the plan refuses in pip.packages)."""
-    from packaging.utils import canonicalize_name
-    from packaging.version import InvalidVersion, Version
-
-    from imgbuild.ngc import is_cuda_library
-
     path = lock_path_for(recipe)
     if not path.exists() and not path.is_symlink():
         return None, ()
@@ -145,11 +150,17 @@ def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path 
     except RecipeError as exc:
         problems.extend(exc.problems)
         return None, ()
-    if not text.strip():  # imgbuild lock always writes its header line: nothing at all is a write cut short
-        problems.append(
-            Problem(shown, 1, 1, "lock", "is empty (a write cut short?): run imgbuild lock again, or remove it")
-        )
+    if _empty_lock(text, shown, problems):
         return None, ()
+    return path, _lock_pins(text, shown, problems)
+
+
+def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.ReqLine, ...]:
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    from imgbuild.ngc import is_cuda_library
+
     pins: list[reqfile.ReqLine] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
@@ -178,7 +189,7 @@ def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path 
             )
             continue
         pins.append(reqfile.ReqLine(shown, number, line))
-    return path, tuple(pins)
+    return tuple(pins)
 
 
 def load_recipe(

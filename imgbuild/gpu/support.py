@@ -1,0 +1,148 @@
+"""NVIDIA's support table as data (support.json beside this module, each row citing its source): which GPUs
+exist by the names people type, which driver branches drive each architecture, what each CUDA release needs of the
+driver natively, and which older data-center branches run it through forward compatibility. The fleet check,
+`smoke --for`, `tags --compatible`, `bump` and `doctor` all read it from here.
+
+The table is checked when it is read: a malformed row is a one-line error naming it, never a wrong verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TABLE = Path(__file__).with_name("support.json")
+_CAPABILITY = re.compile(r"([0-9]{1,2})\.([0-9])")
+_DRIVER = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){0,2}")
+_CUDA = re.compile(r"([0-9]{1,2})(?:\.([0-9]{1,2}))?")
+
+
+class BadTable(ValueError):
+    """The support table has a row imgbuild cannot read; the message names it."""
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    capability: tuple[int, int]
+    datacenter: bool  # data-center GPUs can run newer CUDA on older drivers (forward compatibility)
+    cpu: str = "any"  # the host's CPU architecture where it is fixed: Grace, DGX Spark and Jetson are arm64
+    tensor_cores: bool = True  # the GTX 16 series (Turing without tensor cores), Pascal and older: none
+    min_driver: str = ""  # a full driver version NVIDIA requires for this model within its branch (HGX B200)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class SupportTable:
+    models: dict[str, GpuModel]
+    arch_branches: dict[tuple[int, int], tuple[int, int | None]]
+    cuda_min_capability: dict[int, tuple[int, int]]
+    cuda_min_driver: dict[tuple[int, int], str]
+    forward_compat: dict[tuple[int, int], tuple[str, ...]]
+    sources: dict[str, str]
+
+    def forward_branches(self, cuda: tuple[int, int]) -> tuple[str, ...]:
+        """The data-center branches that run `cuda` through forward compatibility: the row of the nearest CUDA
+        release at or below it in the same major (the branch lists differ per minor), else the major's first row."""
+        rows = sorted(k for k in self.forward_compat if k[0] == cuda[0])
+        below = [k for k in rows if k <= cuda]
+        key = below[-1] if below else (rows[0] if rows else None)
+        return self.forward_compat[key] if key else ()
+
+
+def _capability(text: Any, where: str) -> tuple[int, int]:
+    match = _CAPABILITY.fullmatch(str(text))
+    if not isinstance(text, str) or not match:
+        raise BadTable(f"{where}: capability {str(text)[:20]!r} is not MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _driver(text: Any, where: str) -> str:
+    if not isinstance(text, str) or not _DRIVER.fullmatch(text):
+        raise BadTable(f"{where}: driver {str(text)[:20]!r} is not an NVIDIA driver version")
+    return text
+
+
+def _cuda(text: Any, where: str) -> tuple[int, int]:
+    match = _CUDA.fullmatch(str(text))
+    if not isinstance(text, str) or not match:
+        raise BadTable(f"{where}: cuda {str(text)[:20]!r} is not MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2) or 0)
+
+
+def _source(row: Any, sources: dict[str, str], where: str) -> str:
+    if not isinstance(row, dict) or row.get("source") not in sources:
+        raise BadTable(f"{where}: names no source of the table's")
+    return str(row["source"])
+
+
+def _models(rows: list[Any], sources: dict[str, str]) -> dict[str, GpuModel]:
+    models: dict[str, GpuModel] = {}
+    for i, row in enumerate(rows):
+        where = f"support table models[{i}]"
+        _source(row, sources, where)
+        if not re.fullmatch(r"[a-z0-9]{2,20}", str(row.get("key", ""))):
+            raise BadTable(f"{where}: needs a key of lower-case letters and digits")
+        if not isinstance(row.get("datacenter"), bool) or row.get("cpu", "any") not in ("any", "amd64", "arm64"):
+            raise BadTable(f"{where}: datacenter must be true or false, cpu any, amd64 or arm64")
+        models[row["key"]] = GpuModel(
+            str(row.get("name") or row["key"])[:80],
+            _capability(row.get("capability"), where),
+            row["datacenter"],
+            row.get("cpu", "any"),
+            bool(row.get("tensor_cores", True)),
+            _driver(row["min_driver"], where) if row.get("min_driver") else "",
+            str(row["source"]),
+        )
+    return models
+
+
+def parse(data: Any) -> SupportTable:
+    """The table from its JSON document; BadTable naming the first row that is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
+        raise BadTable("support table: not an object with sources")
+    sources = {str(k): str(v) for k, v in data["sources"].items()}
+    models = _models(data.get("models") or [], sources)
+    branches: dict[tuple[int, int], tuple[int, int | None]] = {}
+    for i, row in enumerate(data.get("arch_branches") or []):
+        where = f"support table arch_branches[{i}]"
+        _source(row, sources, where)
+        first, last = row.get("first"), row.get("last")
+        if not isinstance(first, int) or not (last is None or isinstance(last, int)):
+            raise BadTable(f"{where}: first and last must be branch numbers (last null while supported)")
+        branches[_capability(row.get("capability"), where)] = (first, last)
+    minimum: dict[int, tuple[int, int]] = {}
+    for i, row in enumerate(data.get("cuda_min_capability") or []):
+        where = f"support table cuda_min_capability[{i}]"
+        _source(row, sources, where)
+        minimum[_cuda(row.get("cuda"), where)[0]] = _capability(row.get("capability"), where)
+    drivers: dict[tuple[int, int], str] = {}
+    for i, row in enumerate(data.get("cuda_min_driver") or []):
+        where = f"support table cuda_min_driver[{i}]"
+        _source(row, sources, where)
+        drivers[_cuda(row.get("cuda"), where)] = _driver(row.get("driver"), where)
+    forward: dict[tuple[int, int], tuple[str, ...]] = {}
+    for i, row in enumerate(data.get("forward_compat") or []):
+        where = f"support table forward_compat[{i}]"
+        _source(row, sources, where)
+        if not isinstance(row.get("branches"), list):
+            raise BadTable(f"{where}: branches must be a list")
+        forward[_cuda(row.get("cuda"), where)] = tuple(_driver(b, where) for b in row["branches"])
+    return SupportTable(models, branches, minimum, drivers, forward, sources)
+
+
+def load(path: Path = TABLE) -> SupportTable:
+    try:
+        return parse(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise BadTable(f"{path}: {exc}") from None
+
+
+SUPPORT = load()
+GPU_MODELS = SUPPORT.models
+ARCH_DRIVER_BRANCHES = SUPPORT.arch_branches
+CUDA_MIN_CAPABILITY = SUPPORT.cuda_min_capability
+CUDA_MIN_DRIVER = SUPPORT.cuda_min_driver
