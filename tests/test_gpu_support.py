@@ -1,0 +1,127 @@
+"""NVIDIA's support table as data (imgbuild/gpu/support.json): every row cites a source, malformed rows are one
+line naming the row, and the table agrees with NVIDIA's own recorded strings (test_gpu_truth reads
+NVIDIA_REQUIRE_CUDA for every recorded CUDA image against it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from imgbuild.gpu.support import SUPPORT, TABLE, BadTable, parse
+
+
+def test_the_shipped_table_reads_and_every_row_names_a_source():
+    data = json.loads(TABLE.read_text())
+    for part in ("models", "arch_branches", "cuda_min_capability", "cuda_min_driver", "forward_compat"):
+        assert data[part] and all(row["source"] in data["sources"] for row in data[part]), part
+    assert SUPPORT.models["b200"].min_driver == "570.133.20"
+    assert SUPPORT.models["rtxpro6000se"].datacenter and not SUPPORT.models["rtxpro6000"].datacenter
+    assert not SUPPORT.models["gtx1660"].tensor_cores and SUPPORT.models["t4"].tensor_cores
+    assert SUPPORT.arch_branches[(3, 7)] == (319, 470)
+    assert SUPPORT.cuda_min_driver[(13, 2)] == "595.45.04" and SUPPORT.cuda_min_driver[(13, 3)] == "610.43.02"
+
+
+@pytest.mark.parametrize(
+    "cuda, branches",
+    [
+        ((12, 4), ("470.57", "525.85", "535.86", "545.23")),
+        ((12, 8), ("470", "535", "550", "560", "565")),
+        ((12, 9), ("470", "535", "550", "560", "565")),  # the nearest release at or below
+        ((13, 0), ("535", "550", "565", "570", "575")),
+        ((13, 2), ("535", "550", "565", "570", "575")),
+        ((11, 8), ()),
+    ],
+)
+def test_forward_branches_come_from_the_nearest_release_at_or_below(cuda, branches):
+    assert SUPPORT.forward_branches(cuda) == branches
+
+
+def _table(**change):
+    data = json.loads(TABLE.read_text())
+    for part, rows in change.items():
+        data[part] = rows
+    return data
+
+
+@pytest.mark.parametrize(
+    "why, change, words",
+    [
+        (
+            "a capability that is not MAJOR.MINOR",
+            {"models": [{"key": "x1", "capability": "9", "datacenter": True, "source": "cuda-gpus"}]},
+            "models[0]: capability",
+        ),
+        (
+            "a capability as a number",
+            {"models": [{"key": "x1", "capability": 9.0, "datacenter": True, "source": "cuda-gpus"}]},
+            "models[0]: capability",
+        ),
+        (
+            "a key with capitals",
+            {"models": [{"key": "H100", "capability": "9.0", "datacenter": True, "source": "cuda-gpus"}]},
+            "models[0]: needs a key",
+        ),
+        (
+            "datacenter as text",
+            {"models": [{"key": "x1", "capability": "9.0", "datacenter": "yes", "source": "cuda-gpus"}]},
+            "datacenter must be",
+        ),
+        (
+            "an unknown cpu",
+            {"models": [{"key": "x1", "capability": "9.0", "datacenter": True, "cpu": "riscv", "source": "cuda-gpus"}]},
+            "cpu any",
+        ),
+        (
+            "a min driver that is no version",
+            {
+                "models": [
+                    {"key": "x1", "capability": "9.0", "datacenter": True, "min_driver": "570.x", "source": "cuda-gpus"}
+                ]
+            },
+            "driver '570.x'",
+        ),
+        (
+            "a row without a source",
+            {"arch_branches": [{"capability": "9.0", "first": 520, "last": None}]},
+            "arch_branches[0]: names no source",
+        ),
+        ("a row that is not an object", {"cuda_min_driver": ["12.8=570.26"]}, "cuda_min_driver[0]: names no source"),
+        (
+            "a branch as text",
+            {"arch_branches": [{"capability": "9.0", "first": "520", "last": None, "source": "cuda-11.8"}]},
+            "branch numbers",
+        ),
+        (
+            "a CUDA release of words",
+            {"cuda_min_driver": [{"cuda": "twelve", "driver": "570.26", "source": "cuda-notes"}]},
+            "cuda 'twelve'",
+        ),
+        (
+            "a driver with a letter",
+            {"cuda_min_driver": [{"cuda": "12.8", "driver": "570.26a", "source": "cuda-notes"}]},
+            "driver '570.26a'",
+        ),
+        (
+            "forward branches not a list",
+            {"forward_compat": [{"cuda": "13.0", "branches": "535", "source": "cuda-13.0-image"}]},
+            "branches must be a list",
+        ),
+        (
+            "a forward branch of Arabic-Indic digits",
+            {"forward_compat": [{"cuda": "13.0", "branches": ["\u0665\u0663\u0665"], "source": "cuda-13.0-image"}]},
+            "forward_compat[0]",
+        ),
+    ],
+)
+def test_a_malformed_table_row_is_one_line_naming_it(why, change, words):
+    with pytest.raises(BadTable) as caught:
+        parse(_table(**change))
+    said = str(caught.value)
+    assert words in said and "\n" not in said, (why, said)
+
+
+@pytest.mark.parametrize("document", [None, [], "x", {"models": []}, {"sources": []}])
+def test_a_table_that_is_no_table_is_refused(document):
+    with pytest.raises(BadTable):
+        parse(document)
