@@ -1031,7 +1031,7 @@ def _engine_read(pci: object = 0, smi: dict | None = None, code: int = 0, note: 
 
 def _smi(gpus_csv: str, apps_csv: str = "", listing: str = "") -> dict:
     """nvidia-smi's answers as the read script records them, keyed by the call's arguments."""
-    apps, full, short, bus, lst = (" ".join(c) for c in SmiReader.CALLS)
+    apps, full, short, bus, lst, _mig = (" ".join(c) for c in SmiReader.CALLS)
     ok = lambda out: {"code": 0, "out": out, "err": ""}  # noqa: E731
     return {apps: ok(apps_csv), full: ok(gpus_csv), short: ok(""), bus: ok(""), lst: ok(listing)}
 
@@ -1202,3 +1202,41 @@ def test_gpu_source_says_where_the_gpus_are_read(monkeypatch):
     monkeypatch.setenv("IMGBUILD_GPU_SOURCE", "remote")
     with pytest.raises(UsageError, match=r"env IMGBUILD_GPU_SOURCE: gpu_source: must be one of auto, local, engine"):
         load_settings()
+
+
+def test_a_mig_gpu_without_instances_is_never_handed_out_whole():
+    """gpu-review-4 (b) item 11: a GPU in MIG mode with no instance was listed, and given, as a whole GPU; the
+    smoke test then got the parent UUID and failed 'none usable'. It is named, never given."""
+    from imgbuild.gpu.allocate import select_gpus
+    from imgbuild.gpu.read import SmiReader
+
+    gpus_csv = (
+        "0, GPU-aaaa, NVIDIA A100-SXM4-40GB, 0, 40960, 0, 8.0, 580.95.05\n"
+        "1, GPU-bbbb, NVIDIA A100-SXM4-40GB, 0, 40960, 0, 8.0, 580.95.05\n"
+    )
+    answers = {
+        " ".join(SmiReader.CALLS[0]): "",
+        " ".join(SmiReader.CALLS[1]): gpus_csv,
+        " ".join(SmiReader.CALLS[3]): "",
+        " ".join(SmiReader.CALLS[4]): "GPU 0: NVIDIA A100 (UUID: GPU-aaaa)\nGPU 1: NVIDIA A100 (UUID: GPU-bbbb)\n",
+        " ".join(SmiReader.CALLS[5]): "GPU-aaaa, Enabled\nGPU-bbbb, Disabled\n",
+    }
+    gpus = SmiReader(run=lambda args: answers[" ".join(args)], binary="nvidia-smi", numa=False).read()
+    assert [(g.uuid, g.mig_unsliced) for g in gpus] == [("GPU-aaaa", True), ("GPU-bbbb", False)]
+    assert [g.uuid for g in select_gpus("1", gpus, "alice").gpus] == ["GPU-bbbb"]
+    assert [g.uuid for g in select_gpus("all", gpus, "alice").gpus] == ["GPU-bbbb"]
+    with pytest.raises(UsageError, match="GPU 0 has MIG mode on but no MIG instance"):
+        select_gpus("0,", gpus, "alice", force=True)
+    with pytest.raises(UsageError, match="no MIG instance"):
+        select_gpus("1", gpus[:1], "alice")
+    # an nvidia-smi that knows no MIG field: as before
+    del answers[" ".join(SmiReader.CALLS[5])]
+
+    def older(args):
+        if " ".join(args) not in answers:
+            from imgbuild.gpu.read import NoGpus
+
+            raise NoGpus("nvidia-smi failed: Field \"mig.mode.current\" is not a valid field to query.")
+        return answers[" ".join(args)]
+
+    assert not any(g.mig_unsliced for g in SmiReader(run=older, binary="nvidia-smi", numa=False).read())

@@ -60,6 +60,25 @@ def _mine(gpu: Gpu, me: str, claims: Claims | None) -> str:
     return ", ".join(c.what for c in (claims or {}).get(gpu.uuid, []) if c.user == me)
 
 
+def _unsliced(gpus: list[Gpu]) -> str:
+    names = ", ".join(f"GPU {g.index}" for g in gpus)
+    return (
+        f"{names} has MIG mode on but no MIG instance, so nothing can run on it: an admin makes instances "
+        "(nvidia-smi mig -cgi PROFILE -C) or turns MIG off (nvidia-smi -mig 0)"
+    )
+
+
+def _named(request: str, by_index: dict[int, Gpu], count: int, unsliced: list[Gpu]) -> list[Gpu]:
+    """The GPUs a list names (`0,3`, `device=3`), each once, in order."""
+    wanted = [int(x) for x in request.removeprefix("device=").split(",") if x]
+    missing = [i for i in wanted if i not in by_index]
+    if missing and any(g.index == missing[0] for g in unsliced):
+        raise UsageError(f"--gpus {request}: {_unsliced([g for g in unsliced if g.index == missing[0]])}")
+    if missing:
+        raise UsageError(f"--gpus {request}: no GPU {missing[0]} (this host has {count}: 0-{count - 1})")
+    return [by_index[i] for i in dict.fromkeys(wanted)]
+
+
 def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, claims: Claims | None = None) -> Selection:
     """`request`: N (the N least-loaded GPUs free of other users, as `docker run --gpus N`), a list
     `0,3` or `device=3` (those GPUs), `all`, or `none`.
@@ -74,7 +93,11 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, cla
         raise UsageError("--gpus 0 is ambiguous: write --gpus none for no GPU, or --gpus device=0 (or 0,) for GPU 0")
     if not gpus:
         raise UsageError("--gpus: this host has no NVIDIA GPU (run without --gpus to use the CPU)")
+    unsliced = [g for g in gpus if g.mig_unsliced]  # MIG on, no instance: no CUDA process can run on it
+    gpus = [g for g in gpus if not g.mig_unsliced]
     by_index = {g.index: g for g in gpus}
+    if not gpus:
+        raise UsageError(f"--gpus: {_unsliced(unsliced)}")
     if request == "all":
         chosen = list(gpus)
     elif re.fullmatch(r"[0-9]+", request):
@@ -92,11 +115,7 @@ def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, cla
         chosen = sorted(free, key=lambda g: (load_score(g), g.index))[:count]
         chosen.sort(key=lambda g: g.index)
     elif re.fullmatch(r"(device=)?[0-9]+(,[0-9]+)*,?", request):
-        wanted = [int(x) for x in request.removeprefix("device=").split(",") if x]
-        missing = [i for i in wanted if i not in by_index]
-        if missing:
-            raise UsageError(f"--gpus {request}: no GPU {missing[0]} (this host has {len(gpus)}: 0-{len(gpus) - 1})")
-        chosen = [by_index[i] for i in dict.fromkeys(wanted)]
+        chosen = _named(request, by_index, len(gpus), unsliced)
     else:
         raise UsageError(f"--gpus: {request!r} is not N, a list like 0,3, all or none")
     busy = [(g, _holders(g, me, claims)) for g in chosen if _holders(g, me, claims)]

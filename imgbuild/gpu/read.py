@@ -43,6 +43,8 @@ class Gpu:
     cpu_affinity: str = ""  # the CPUs of the GPU's NUMA node, as a list like 0-31,64-95 ("" unknown)
     mig_parent: str = ""  # a MIG slice: its GPU's UUID (the slice is the unit a container is given, by MIG- UUID)
     mig_profile: str = ""  # "1g.10gb"
+    #: MIG mode is on but no instance is made: the GPU cannot run a CUDA process whole, nor be given as a slice
+    mig_unsliced: bool = False
 
     @property
     def users(self) -> set[str]:
@@ -146,6 +148,7 @@ class SmiReader:
         [f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
         ["--query-gpu=uuid,pci.bus_id", "--format=csv,noheader,nounits"],
         ["-L"],
+        ["--query-gpu=uuid,mig.mode.current", "--format=csv,noheader,nounits"],
     )
 
     def __init__(
@@ -167,7 +170,7 @@ class SmiReader:
         return proc.stdout
 
     def read(self) -> list[Gpu]:
-        apps_call, full_call, short_call, bus_call, list_call = self.CALLS
+        apps_call, full_call, short_call, bus_call, list_call, mig_call = self.CALLS
         apps = self._run(apps_call)
         on_slices: dict[str, list[GpuProcess]] = {}
         try:
@@ -189,6 +192,16 @@ class SmiReader:
             layout = mig_layout(self._run(list_call))
         except NoGpus:
             layout = {}
+        try:
+            enabled = {
+                u.strip()
+                for u, _, m in (ln.partition(",") for ln in self._run(mig_call).splitlines())
+                if m.strip() == "Enabled"
+            }
+        except NoGpus:  # an nvidia-smi that knows no MIG field
+            enabled = set()
+        for gpu in gpus:
+            gpu.mig_unsliced = gpu.uuid in enabled and not layout.get(gpu.uuid)
         return split_mig(gpus, layout, on_slices)
 
 
@@ -224,6 +237,7 @@ class NvmlReader:
                 gpu = Gpu(i, uuid, name, used, total, util, procs, f"{major}.{minor}", driver)
                 gpu.cpu_affinity = numa_cpus(_text(pynvml.nvmlDeviceGetPciInfo(h).busId))
                 slices = _mig_slices(pynvml, h, gpu)
+                gpu.mig_unsliced = slices == []  # MIG on, no instance made: nothing to give
                 out.extend(slices or [gpu])  # a MIG GPU is its slices: each is given, and busy, on its own
             return out
         except pynvml.NVMLError as exc:
@@ -235,14 +249,15 @@ class NvmlReader:
 _MIG_PROFILE = re.compile(r"MIG ([0-9]+g\.[0-9]+gb(?:\+[a-z]+)?)")
 
 
-def _mig_slices(pynvml: Any, handle: Any, parent: Gpu) -> list[Gpu]:
-    """The MIG devices of a GPU in MIG mode, each with its own memory and processes; [] when MIG is off."""
+def _mig_slices(pynvml: Any, handle: Any, parent: Gpu) -> list[Gpu] | None:
+    """The MIG devices of a GPU in MIG mode, each with its own memory and processes ([] when none is made);
+    None when MIG is off."""
     try:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError:  # a GPU without MIG
-        return []
+        return None
     if current != getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
-        return []
+        return None
     slices = []
     for j in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
