@@ -86,6 +86,9 @@ class FakeCuda:
     def get_device_capability(self, i: int = 0) -> tuple[int, int]:
         return self.capability
 
+    def get_device_name(self, i: int = 0) -> str:
+        return f"a GPU of sm_{self.capability[0]}{self.capability[1]}"
+
     def get_arch_list(self) -> list[str]:
         return self.archs
 
@@ -652,6 +655,7 @@ def _clocked_torch(tflops: list[float], speedup: float = 1.0, capability=(8, 0))
         is_available=lambda: True,
         device_count=lambda: len(tflops),
         get_device_capability=lambda _i: capability,
+        get_device_name=lambda _i: "NVIDIA A100-SXM4-80GB",
         mem_get_info=lambda _i: (40 * 2**30, 80 * 2**30),
     )
     matmul = types.SimpleNamespace(allow_tf32=True)
@@ -1236,7 +1240,26 @@ def test_a_mig_gpu_without_instances_is_never_handed_out_whole():
         if " ".join(args) not in answers:
             from imgbuild.gpu.read import NoGpus
 
-            raise NoGpus("nvidia-smi failed: Field \"mig.mode.current\" is not a valid field to query.")
+            raise NoGpus('nvidia-smi failed: Field "mig.mode.current" is not a valid field to query.')
         return answers[" ".join(args)]
 
     assert not any(g.mig_unsliced for g in SmiReader(run=older, binary="nvidia-smi", numa=False).read())
+
+
+@pytest.mark.parametrize(
+    "capability, name, ratio, verdict",
+    [
+        ((9, 0), "NVIDIA H20", 4.4, "pass"),  # a healthy H20 always warned against Hopper's 8x (gpu-review-4 item 9)
+        ((9, 0), "NVIDIA H20", 3.5, "warn"),
+        ((9, 0), "NVIDIA H200", 4.4, "warn"),  # the H200 is no H20
+        ((8, 9), "NVIDIA L20", 2.2, "pass"),
+        ((8, 9), "NVIDIA L40S", 2.2, "warn"),
+        ((7, 5), "NVIDIA GeForce GTX 1660 SUPER", 1.0, "pass"),  # no tensor cores: nothing to blame the image for
+        ((7, 5), "NVIDIA GeForce GTX 1650", 2.0, "pass"),
+        ((7, 5), "Tesla T4", 1.0, "fail"),
+    ],
+)
+def test_the_tensor_core_floor_knows_the_models_below_their_architecture(capability, name, ratio, verdict):
+    assert script.speed_verdict(capability, 10.0, 10.0 * ratio, None, name)[0] == verdict
+    if verdict == "pass" and "GTX" in name:
+        assert script.speed_floor(capability, None, name) == 0.0

@@ -104,6 +104,10 @@ SPEEDUP_FLOORS = {
     (12, 0): 2.5,
     (12, 1): 2.5,
 }
+#: GPUs whose own peak ratio sits below their architecture's floor, by the name the driver reports (datasheet
+#: dense peaks; gpu-review-4 item 9): a healthy H20 reaches about 4.4x (its floor was Hopper's 8x, so it always
+#: warned), an L20 about 2-2.5x. The GTX 16 series is Turing without tensor cores: no floor at all.
+MODEL_FLOORS = ((re.compile(r"\bH20\b"), 4.0), (re.compile(r"\bL20\b"), 2.0), (re.compile(r"\bGTX 16[0-9]{2}"), 0.0))
 
 
 # --- GPU architectures: which kernels run on which GPU --------------------------------------------
@@ -203,10 +207,14 @@ def explain_kernels(archs, capability) -> tuple:
 # --- decisions on a GPU: pure functions of what the device reports (tested with recorded profiles) ---
 
 
-def speed_floor(capability, override: str | None = None) -> float:
-    """The half/fp32 GEMM ratio a GPU of `capability` must reach; 0 where it has no tensor cores."""
+def speed_floor(capability, override: str | None = None, name: str = "") -> float:
+    """The half/fp32 GEMM ratio a GPU of `capability` (named `name` by the driver) must reach; 0 where it has no
+    tensor cores."""
     if override:
         return float(override)
+    for pattern, floor in MODEL_FLOORS:
+        if pattern.search(name):
+            return floor
     if capability in SPEEDUP_FLOORS:
         return SPEEDUP_FLOORS[capability]
     major = capability[0]
@@ -214,9 +222,9 @@ def speed_floor(capability, override: str | None = None) -> float:
     return min(known) if known else (0.0 if major < 7 else 2.5)
 
 
-def speed_verdict(capability, fp32: float, half: float, override: str | None = None) -> tuple:
+def speed_verdict(capability, fp32: float, half: float, override: str | None = None, name: str = "") -> tuple:
     """("pass" | "warn" | "fail", ratio, floor): fail only where no tensor core can be in use."""
-    floor = speed_floor(capability, override)
+    floor = speed_floor(capability, override, name)
     ratio = half / fp32 if fp32 > 0 else 0.0
     if not floor or ratio >= floor:
         return "pass", ratio, floor
@@ -1025,7 +1033,11 @@ def torch_tensor_cores(torch) -> dict:
         fp16 = _gemm_tflops(torch, torch.float16, n, i)
         bf16 = _gemm_tflops(torch, torch.bfloat16, n, i) if bf16_usable(capability) else None
         status, ratio, floor = speed_verdict(
-            capability, fp32, max(fp16, bf16 or 0.0), os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP")
+            capability,
+            fp32,
+            max(fp16, bf16 or 0.0),
+            os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP"),
+            str(torch.cuda.get_device_name(i)),
         )
         text = (
             f"GPU {i} fp32 {fp32:.1f}, fp16 {fp16:.1f}"
