@@ -181,3 +181,37 @@ def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
     assert facts.gpus[0]["name"] == "NVIDIA A100-SXM4-40GB"
     found = lines(facts)
     assert found["mig"][0] == "warn" and found["gpus"][0] == "fail" and "R580 at the latest" in found["gpus"][1]
+
+
+def test_doctor_names_the_gpus_a_driver_branch_dropped(tmp_path):
+    """gpu-review-4 (b) item 5: a lab that upgrades to R590 gets `gpus ok` for its A100s while its V100s vanish
+    (R590 does not bind them, so nvidia-smi lists none). The PCI bus still has them."""
+    from imgbuild.gpu.read import nvidia_pci_devices
+    from imgbuild.servers.doctor import judge
+
+    bus = tmp_path / "devices"
+    for address, vendor, kind in [
+        ("0000:07:00.0", "0x10de", "0x030200"),  # an A100, driven
+        ("0000:0f:00.0", "0x10de", "0x030200"),  # a V100, not driven by R590
+        ("0000:10:00.0", "0x10de", "0x040300"),  # its audio function: not a GPU
+        ("0000:11:00.0", "0x8086", "0x030000"),  # another vendor's display
+    ]:
+        (bus / address).mkdir(parents=True)
+        (bus / address / "vendor").write_text(vendor + "\n")
+        (bus / address / "class").write_text(kind + "\n")
+    pci = nvidia_pci_devices(str(bus))
+    assert pci == ("0000:07:00.0", "0000:0f:00.0")
+    lab = HostFacts(
+        driver="590.44.01",
+        gpus=({"index": 0, "name": "NVIDIA A100-SXM4-80GB", "capability": "8.0", "mig": False},),
+        toolkit="1.18.0",
+        engine=ENGINE,
+        memlock=None,
+        cgroup="v2",
+        pci_gpus=pci,
+    )
+    said = [line for line in judge(lab) if line.check == "gpus" and line.status == "fail"]
+    assert len(said) == 1 and "2 NVIDIA GPU(s) on the PCI bus, the driver lists 1" in said[0].detail
+    assert "sm_70" in said[0].detail and "R580" in said[0].detail and said[0].fix
+    same = HostFacts(**{**lab.__dict__, "pci_gpus": pci[:1]})
+    assert not [line for line in judge(same) if line.check == "gpus" and line.status == "fail"]

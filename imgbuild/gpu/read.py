@@ -88,6 +88,21 @@ def process_owner(
 # --- readers ----------------------------------------------------------------------------------------
 
 
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> tuple[str, ...]:
+    """The PCI addresses of NVIDIA display-class devices (GPUs) on this machine's bus, whether a driver drives
+    them or not: a driver branch that dropped an architecture lists none of its GPUs."""
+    found = []
+    for device in sorted(Path(root).glob("*"))[:4096]:
+        try:
+            vendor = (device / "vendor").read_text()[:16].strip()
+            kind = (device / "class").read_text()[:16].strip()
+        except OSError:
+            continue
+        if vendor == "0x10de" and kind.startswith("0x03"):
+            found.append(device.name)
+    return tuple(found)
+
+
 def gpu_devices_present() -> bool:
     """This machine has NVIDIA device nodes (a driver is loaded), whether or not it can be read."""
     return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"))

@@ -30,6 +30,7 @@ class HostFacts:
     memlock: int | None = 0  # bytes the engine's containers may lock (its daemon's limit); None: unlimited
     cgroup: str = ""  # "v2", "v1", "hybrid"
     docker_group: tuple[str, ...] = ()  # the users in the docker group (root-equivalent on the host)
+    pci_gpus: tuple[str, ...] = ()  # PCI addresses of the NVIDIA GPUs on the bus, driven or not
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
         return lines
     names = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in facts.gpus) or "none"
     lines.append(Line("gpus", "ok" if facts.gpus else "warn", f"{len(facts.gpus)} GPU(s): {names}"))
+    if len(facts.pci_gpus) > len(facts.gpus):
+        lines.append(_undriven(facts, branch))
     for gpu in facts.gpus:
         capability = version_tuple(str(gpu.get("capability") or ""))
         outside = branch_outside((capability[0], capability[1]), facts.driver) if len(capability) >= 2 else None
@@ -98,6 +101,31 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
             )
         )
     return lines
+
+
+def _undriven(facts: HostFacts, branch: int) -> Line:
+    """GPUs on the PCI bus the driver does not list: a branch that dropped (or predates) their architecture."""
+    from imgbuild.gpu.support import ARCH_DRIVER_BRANCHES
+
+    ended = sorted({last for first, last in ARCH_DRIVER_BRANCHES.values() if last is not None and last < branch})
+    newer = sorted({first for first, _ in ARCH_DRIVER_BRANCHES.values() if first > branch})
+    why = []
+    if ended:
+        archs = ", ".join(
+            f"sm_{c[0]}{c[1]}" for c, (_, last) in sorted(ARCH_DRIVER_BRANCHES.items()) if last and last < branch
+        )
+        why.append(f"R{branch} no longer drives {archs} (their last branches: {', '.join(f'R{e}' for e in ended)})")
+    if newer:
+        why.append(f"GPUs newer than R{branch} need R{newer[0]} or later")
+    missing = len(facts.pci_gpus) - len(facts.gpus)
+    return Line(
+        "gpus",
+        "fail",
+        f"{len(facts.pci_gpus)} NVIDIA GPU(s) on the PCI bus, the driver lists {len(facts.gpus)}: {missing} not "
+        f"driven ({'; '.join(why) or 'see dmesg for NVRM'})",
+        "run a driver branch that drives every GPU of the machine, or move the older GPUs to a host that keeps "
+        "their branch",
+    )
 
 
 def _toolkit_lines(facts: HostFacts) -> list[Line]:
@@ -265,7 +293,7 @@ def collect(settings: Any, engine: Any) -> HostFacts:
     """This machine and its engine, read (nothing changed)."""
     from pathlib import Path
 
-    from imgbuild.gpu.read import NoGpus, read_gpus
+    from imgbuild.gpu.read import NoGpus, nvidia_pci_devices, read_gpus
 
     driver = _driver_version()
     gpus: list[dict[str, Any]] = []
@@ -296,4 +324,5 @@ def collect(settings: Any, engine: Any) -> HostFacts:
         memlock=_engine_memlock(),
         cgroup=_cgroup_version(),
         docker_group=_docker_group(),
+        pci_gpus=nvidia_pci_devices() if driver is not None else (),
     )
