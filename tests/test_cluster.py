@@ -908,3 +908,23 @@ def test_a_killed_oci_export_leaves_no_bundle_and_the_next_one_sweeps_its_work(t
     config = json.loads((out / "config.json").read_text())
     assert config["process"]["terminal"] is False and "hostname" not in config  # the cluster's config, not umoci's
     assert "/scratch" in {m["destination"] for m in config["mounts"]}
+
+
+def test_a_cdi_site_hands_the_docker_step_its_gpus_by_cdi_name(tmp_path):
+    """gpu-review-4 (b) item 12: `gpu_flag: cdi` (a CDI-only host) gives the docker runtime's step
+    `--device nvidia.com/gpu=N` for each GPU of the step, read on the node as --gpus is."""
+    from imgbuild.clusters.slurm import _docker_prefix
+
+    argv = _docker_prefix(JobSpec(["t.py"], "img", runtime="docker", gpus=2, docker_gpu_flag="cdi"), [])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')
+    (fake / "docker").chmod(0o755)
+    out = tmp_path / "argv.txt"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "SLURM_STEP_GPUS": "0,2", "SLURM_JOB_ID": "7"}
+    done = subprocess.run([*argv, "python", "t.py"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    words = out.read_text().splitlines()
+    run = words[: words.index("python")] if "python" in words else words
+    assert [w for w in run if w.startswith("nvidia.com/gpu=")] == ["nvidia.com/gpu=0", "nvidia.com/gpu=2"], run
+    assert run.count("--device") == 2 and "--gpus" not in run

@@ -504,3 +504,45 @@ def test_a_run_whose_start_fails_leaves_no_created_container(
         assert done.code != 0 and "rlimit" in done.err and "Traceback" not in done.err, done.err
         left = docker_client.containers.list(all=True, filters={"name": f"{ME}_{name}"})
         assert left == [], [(c.name, c.status) for c in left]
+
+
+@pytest.mark.parametrize(
+    "flag, info, path",
+    [
+        (
+            "gpus",
+            {"runtimes": ["io.containerd.runc.v2", "runc"], "cdi_devices": ["nvidia.com/gpu=0", "nvidia.com/gpu=all"]},
+            "cdi",
+        ),
+        ("gpus", {"runtimes": ["nvidia", "runc"], "cdi_devices": ["nvidia.com/gpu=0"]}, "gpus"),  # the runtime is there
+        ("gpus", {"runtimes": ["runc"], "cdi_devices": []}, "gpus"),
+        ("gpus", {"error": "engine down"}, "gpus"),
+        ("env", {"runtimes": ["runc"], "cdi_devices": ["nvidia.com/gpu=0"]}, "env"),  # the site's word
+        ("cdi", {"runtimes": ["nvidia"]}, "cdi"),
+    ],
+)
+def test_run_hands_gpus_the_way_the_engine_takes_them(flag, info, path):
+    """gpu-review-4 (b) item 12: on a CDI-only Docker host `run` passed --gpus (it fails there) while the smoke
+    test fell back to CDI; both now take the same path."""
+    import types
+
+    from imgbuild.engine.runargs import run_argv
+    from imgbuild.engine.types import RunOptions
+    from imgbuild.servers.run import gpu_path
+
+    engine = types.SimpleNamespace(host_info=lambda: info)
+    chosen = gpu_path(flag, engine)
+    assert chosen == path
+    argv, env = run_argv(
+        RunOptions(
+            image="img", command=("true",), name="n", user="1000:1000", gpus=("GPU-a", "GPU-b"),
+            gpus_by_env=chosen == "env", gpus_by_cdi=chosen == "cdi",
+        )
+    )  # fmt: skip
+    line = " ".join(argv)
+    if path == "cdi":
+        assert "--device nvidia.com/gpu=GPU-a --device nvidia.com/gpu=GPU-b" in line and "--gpus" not in line
+    elif path == "env":
+        assert env.get("NVIDIA_VISIBLE_DEVICES") == "GPU-a,GPU-b" and "--gpus" not in line
+    else:
+        assert '--gpus "device=GPU-a,GPU-b"' in line

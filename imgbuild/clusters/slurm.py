@@ -222,11 +222,12 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
         # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
         step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
-        gpus = (
-            f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
-            if job.docker_gpu_flag == "env"
-            else f' --gpus "\\"device={step_gpus}\\"" '
-        )
+        if job.docker_gpu_flag == "env":
+            gpus = f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
+        elif job.docker_gpu_flag == "cdi":  # CDI names by index: nvidia.com/gpu=N (nvidia-ctk cdi generate)
+            gpus = f""" $(for g in $(echo "{step_gpus}" | tr , ' '); do printf -- '--device nvidia.com/gpu=%s ' "$g"; done)"""
+        else:
+            gpus = f' --gpus "\\"device={step_gpus}\\"" '
     sources = [type(bind)(bind.split(":")[0]) for bind in binds]  # a user's bind stays a UserWord
     script = [
         'name="imgbuild-$SLURM_JOB_ID-${SLURM_STEP_ID:-0}-$SLURM_PROCID"',

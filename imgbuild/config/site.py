@@ -135,7 +135,10 @@ class RunRules:
     )
     pin_cpus: bool = typed(Flag(), True, doc="--cpuset-cpus near the GPUs, thread variables to match")
     gpu_flag: str = typed(
-        OneOf("gpus", "env"), "gpus", doc="gpus: docker --gpus; env: NVIDIA_VISIBLE_DEVICES (nvidia default runtime)"
+        OneOf("gpus", "env", "cdi"),
+        "gpus",
+        doc="gpus: docker --gpus (CDI by itself where the engine has only CDI); env: NVIDIA_VISIBLE_DEVICES (nvidia "
+        "default runtime); cdi: --device nvidia.com/gpu=UUID",
     )
     state_dir: str | None = site_only(PATH, None, doc="the host-wide GPU ledger (default /var/tmp/imgbuild)")
     max_gpus_per_user: int | None = site_only(Maybe(COUNT), None, how=LOWER, doc="GPUs one user may hold at once")

@@ -74,7 +74,12 @@ def house_flags(o: RunOptions) -> list[tuple[str, str]]:
 
 def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
     """(flag, value) of the GPUs and CPUs chosen, with their labels: `imgbuild run` and a dev container alike."""
-    flags = [] if o.gpus_by_env or not o.gpus else [("--gpus", f'"device={",".join(o.gpus)}"')]
+    if o.gpus_by_env or not o.gpus:
+        flags = []
+    elif o.gpus_by_cdi:
+        flags = [("--device", f"nvidia.com/gpu={uuid}") for uuid in o.gpus]
+    else:
+        flags = [("--gpus", f'"device={",".join(o.gpus)}"')]
     flags += [("--label", f"{key}={value}") for key, value in o.labels if key in (Label.GPUS, Label.GPU_UUIDS)]
     if o.cpus:
         flags.append(("--cpus", f"{o.cpus:g}"))

@@ -84,6 +84,7 @@ class RunOptions:
     workdir: str | None = None
     gpus: tuple[str, ...] = ()  # UUIDs; none: no GPU, hidden even where the default runtime is nvidia
     gpus_by_env: bool = False  # hand them to the nvidia runtime by variable (nvidia-docker2 hosts), not --gpus
+    gpus_by_cdi: bool = False  # by CDI name (--device nvidia.com/gpu=UUID), where the host has only CDI
     cpus: float | None = None
     cpuset: str = ""  # a cpulist: "0-3,8"
     ipc: str | None = "host"  # None with shm_size: a private IPC namespace of that size

@@ -191,6 +191,18 @@ def prepare(
     )
 
 
+def gpu_path(flag: str, engine: Any) -> str:
+    """How the engine is handed GPUs: the site's `run.gpu_flag` (gpus: --gpus; env: NVIDIA_VISIBLE_DEVICES for the
+    nvidia runtime; cdi: --device nvidia.com/gpu=UUID); `gpus` on an engine that has NVIDIA's CDI devices but no
+    nvidia runtime becomes `cdi`, as the smoke test's GPU path does (a CDI-only host: the GPU Operator, the
+    toolkit in cdi mode), so `run` and the smoke test start containers the same way."""
+    if flag != "gpus":
+        return flag
+    info = engine.host_info()
+    cdi = any(str(d).startswith("nvidia.com/gpu") for d in info.get("cdi_devices") or [])
+    return "cdi" if cdi and "nvidia" not in (info.get("runtimes") or []) else "gpus"
+
+
 class WaitTimedOut(JobFailed):
     """`run --wait`: the GPUs did not come free in time (exit 1; the place in the queue is given up)."""
 
@@ -233,6 +245,7 @@ def reserved(
                     held = held_on_host(rows, book.holds(), gpus)
                     try:
                         spec = prepare(req, settings, held, house, gpus)
+                        spec.gpus_by = gpu_path(str(house.get("gpu_flag") or "gpus"), engine) if spec.gpus.gpus else ""
                     except GpusBusy as busy:
                         if deadline is None:
                             raise

@@ -53,6 +53,7 @@ class RunSpec:
     notify: bool = False  # `--notify`: kept after it ends, for the reaper's notice
     enforced: list[Any] | None = None  # enforced mode: the user's mounts as checked (enforce.Mount); None: not
     workdir: str | None = None  # enforced mode: the workspace, mounted among `enforced`
+    gpus_by: str = "gpus"  # how the engine is handed them: gpus | env | cdi (run.gpu_path)
 
     def options(self) -> RunOptions:
         """The container as the engine starts it: the house rules (IPC or shm, ulimits, the workspace, the site's
@@ -86,7 +87,8 @@ class RunSpec:
             ports=tuple(self.ports),
             workdir=self.workdir or (str(h["workspace"]) if h.get("workspace") else None),
             gpus=tuple(self.gpus.uuids),
-            gpus_by_env=h.get("gpu_flag") == "env",  # the nvidia runtime reads it (nvidia-docker2 servers)
+            gpus_by_env=(self.gpus_by or h.get("gpu_flag")) == "env",  # the nvidia runtime reads it (nvidia-docker2)
+            gpus_by_cdi=self.gpus_by == "cdi",  # --device nvidia.com/gpu=UUID (a CDI-only host)
             cpus=self.cpus,
             cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
             ipc=None if h.get("shm_size") else str(h.get("ipc") or "host"),
