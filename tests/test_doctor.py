@@ -215,3 +215,29 @@ def test_doctor_names_the_gpus_a_driver_branch_dropped(tmp_path):
     assert "sm_70" in said[0].detail and "R580" in said[0].detail and said[0].fix
     same = HostFacts(**{**lab.__dict__, "pci_gpus": pci[:1]})
     assert not [line for line in judge(same) if line.check == "gpus" and line.status == "fail"]
+
+
+@pytest.mark.parametrize(
+    "local, toolkit, config, status",
+    [
+        (True, "1.17.8", "", "warn"),  # a fixed toolkit here: said, not refused
+        (True, "1.17.3", "", "fail"),
+        (True, "1.17.3", "[features]\ndisable-cuda-compat-lib-hook = true\n", "warn"),  # NVIDIA's mitigation
+        (True, "1.17.3", "[features]\ndisable-cuda-compat-lib-hook = false\n", "fail"),
+        (True, "1.17.3", "[nvidia-container-cli]\ndisable-cuda-compat-lib-hook = true\n", "fail"),  # another table
+        (False, "1.17.8", "", "fail"),  # a remote engine: this machine's toolkit says nothing of its host
+    ],
+)
+def test_the_nvidiascape_check_reads_the_engines_host_not_this_machine(
+    tmp_path, monkeypatch, local, toolkit, config, status
+):
+    """gpu-review-4 (b) item 10: the check read this machine's toolkit for a remote engine's host (a patched
+    local toolkit passed an image for a vulnerable remote host), and knew no mitigation."""
+    from imgbuild.gpu import toolkit as module
+
+    path = tmp_path / "config.toml"
+    path.write_text(config)
+    monkeypatch.setattr(module, "TOOLKIT_CONFIG", str(path))
+    monkeypatch.setattr(module, "toolkit_version", lambda: toolkit)
+    verdict = module.image_preload_verdict(["LD_PRELOAD=/opt/x.so"], lambda: True, local=local)
+    assert verdict is not None and verdict[0] == status, verdict

@@ -1263,3 +1263,63 @@ def test_the_tensor_core_floor_knows_the_models_below_their_architecture(capabil
     assert script.speed_verdict(capability, 10.0, 10.0 * ratio, None, name)[0] == verdict
     if verdict == "pass" and "GTX" in name:
         assert script.speed_floor(capability, None, name) == 0.0
+
+
+@pytest.mark.parametrize(
+    "cudnn_path, status",
+    [
+        ("/usr/local/lib/python3.12/dist-packages/nvidia/cudnn/lib/libcudnn.so.9", "pass"),  # the wheel's own
+        ("/usr/lib/x86_64-linux-gnu/libcudnn.so.9", "fail"),  # the system's, not the one declared
+    ],
+)
+def test_pip_torch_with_its_own_cudnn_wheel_is_not_held_to_the_bases_cudnn(cudnn_path, status, monkeypatch):
+    """gpu-review-4 (b) item 8 (round 3's item 15 left over): pip torch 2.7.1+cu126 loads its wheel's cuDNN 9.5.1
+    on a base declaring CUDNN_VERSION=9.1.0.70; that is reported, not failed. The system's copy still fails."""
+    monkeypatch.setenv("CUDA_VERSION", "12.6.3")
+    monkeypatch.setenv("CUDNN_VERSION", "9.1.0.70")
+    where = {"libcudart.so": "/usr/local/lib/python3.12/dist-packages/nvidia/cuda_runtime/lib/libcudart.so.12"}
+    monkeypatch.setattr(script, "loaded_library", lambda name: where.get(name, cudnn_path))
+    torch = types.SimpleNamespace(
+        __version__="2.7.1+cu126",
+        version=types.SimpleNamespace(cuda="12.6"),
+        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(is_available=lambda: True, version=lambda: 90501)),
+        cuda=types.SimpleNamespace(
+            nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)), get_arch_list=lambda: ["sm_80"]
+        ),
+        distributed=types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True),
+        _C=types.SimpleNamespace(_cuda_getArchFlags=lambda: "sm_80 sm_90"),
+    )
+    report = script.Report()
+    report.run("cuda libraries", script.torch_libraries, torch)
+    (entry,) = report.checks
+    assert entry["status"] == status, entry["reason"]
+    if status == "pass":
+        assert "its own cuDNN 9.5.1" in entry["details"]["cudnn_note"]
+    else:
+        assert "CUDNN_VERSION=9.1.0.70" in entry["reason"]
+
+
+@pytest.mark.parametrize(
+    "archs, capability, status",
+    [
+        (["sm_70", "sm_80", "compute_90"], (8, 0), "pass"),
+        (["sm_70", "sm_80", "compute_90"], (9, 0), "warn"),  # PTX only: JIT
+        (["sm_70", "sm_80"], (12, 0), "fail"),  # no kernels for Blackwell
+        ("sm_70,sm_80,sm_86", (8, 9), "pass"),  # TensorFlow's build info as one string
+    ],
+)
+def test_tensorflow_gets_the_in_image_arch_check_torch_has(archs, capability, status):
+    """gpu-review-4 (b) item 8: TensorFlow had no in-image arch check (`run_tensorflow`); its build info's
+    `cuda_compute_capabilities` is judged by the rule torch's check uses."""
+    gpu = object()
+    tf = types.SimpleNamespace(
+        sysconfig=types.SimpleNamespace(get_build_info=lambda: {"cuda_compute_capabilities": archs}),
+        config=types.SimpleNamespace(
+            list_physical_devices=lambda kind: [gpu],
+            experimental=types.SimpleNamespace(get_device_details=lambda _g: {"compute_capability": capability}),
+        ),
+    )
+    report = script.Report()
+    report.run("cuda arch", script.tf_arch, tf)
+    (entry,) = report.checks
+    assert entry["status"] == status, entry["reason"]

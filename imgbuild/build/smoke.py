@@ -259,7 +259,9 @@ def run_smoke(
             read.append(host_gpus(engine, req.image, settings))
         return read[0]
 
-    verdict = image_preload_verdict(list(img.config.get("Env") or []), lambda: engine_host().present)
+    verdict = image_preload_verdict(
+        list(img.config.get("Env") or []), lambda: engine_host().present, local=engine.shares_host()
+    )
     if verdict and verdict[0] == "fail":  # NVIDIAScape: never started on a vulnerable GPU host
         raise ImgbuildError(f"{req.image}: {verdict[1]}")
     env = _script_env(img.labels, req)

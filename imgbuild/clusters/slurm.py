@@ -225,7 +225,8 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         if job.docker_gpu_flag == "env":
             gpus = f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
         elif job.docker_gpu_flag == "cdi":  # CDI names by index: nvidia.com/gpu=N (nvidia-ctk cdi generate)
-            gpus = f""" $(for g in $(echo "{step_gpus}" | tr , ' '); do printf -- '--device nvidia.com/gpu=%s ' "$g"; done)"""
+            each = "printf -- '--device nvidia.com/gpu=%s ' \"$g\""
+            gpus = f""" $(for g in $(echo "{step_gpus}" | tr , ' '); do {each}; done)"""
         else:
             gpus = f' --gpus "\\"device={step_gpus}\\"" '
     sources = [type(bind)(bind.split(":")[0]) for bind in binds]  # a user's bind stays a UserWord

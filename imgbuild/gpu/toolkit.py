@@ -46,13 +46,48 @@ def _preloads(image_env: list[str]) -> list[str]:
     return sorted({item.split("=", 1)[0] for item in image_env} & LOADER_ENV)
 
 
-def image_preload_verdict(image_env: list[str], gpu_host: Callable[[], bool]) -> tuple[str, str] | None:
-    """`preload_verdict` for an image about to start here: the host (its GPUs, then its toolkit) is asked only
-    when the image sets a preload at all."""
+def image_preload_verdict(
+    image_env: list[str], gpu_host: Callable[[], bool], local: bool = True
+) -> tuple[str, str] | None:
+    """`preload_verdict` for an image about to start on the engine's host: the host (its GPUs, then its toolkit) is
+    asked only when the image sets a preload at all. `local`: the engine runs on this machine, so this machine's
+    toolkit is the host's; for a remote engine it is unknown (this machine's says nothing of it), and refused."""
     if not _preloads(image_env):
         return None
     on_gpus = gpu_host()
-    return preload_verdict(image_env, toolkit_version() if on_gpus else None, on_gpus)
+    toolkit = toolkit_version() if on_gpus and local else None
+    if toolkit is not None and hook_disabled():
+        toolkit = TOOLKIT_ADVISORIES[0][0]  # the mitigation NVIDIA's bulletin gives: the hook never runs
+    return preload_verdict(image_env, toolkit, on_gpus)
+
+
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+HOOK_FLAG = "disable-cuda-compat-lib-hook"
+
+
+def hook_disabled(path: str = "") -> bool:
+    """Whether the toolkit's config sets `features.disable-cuda-compat-lib-hook = true` (NVIDIA's mitigation for
+    CVE-2025-23266 on 1.17.x): the createContainer hook that runs an image's preload is then never started."""
+    try:
+        with open(path or TOOLKIT_CONFIG, encoding="utf-8") as handle:
+            text = handle.read(256 * 1024)
+    except OSError:
+        return False
+    section = ""
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line.strip("[] ")
+            continue
+        key, _, value = line.partition("=")
+        name = key.strip().strip('"')
+        if (
+            section == "features"
+            and name == "disable-cuda-compat-lib-hook"
+            or name == "features.disable-cuda-compat-lib-hook"
+        ):
+            return value.strip().lower() == "true"
+    return False
 
 
 def command_output(args: list[str]) -> str:

@@ -1149,7 +1149,13 @@ def torch_libraries(torch) -> dict:
         details["cudnn"] = cudnn_text(torch.backends.cudnn.version())
         want = os.environ.get("CUDNN_VERSION", "")
         if want and not version_prefix_agrees(details["cudnn"], want, 3):
-            problems.append(f"cuDNN {details['cudnn']} loads but the image declares CUDNN_VERSION={want}")
+            loaded = loaded_library("libcudnn")
+            if is_wheel_path(loaded):  # pip's torch with its own nvidia-cudnn wheel: not the system copy declared
+                details["cudnn_note"] = (
+                    f"torch loads its own cuDNN {details['cudnn']} ({loaded}), not the image's {want}"
+                )
+            else:
+                problems.append(f"cuDNN {details['cudnn']} loads but the image declares CUDNN_VERSION={want}")
     try:
         nccl = torch.cuda.nccl.version()
         details["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
@@ -1245,6 +1251,32 @@ def tf_libraries(tf) -> dict:
     return details
 
 
+def tf_arch(tf) -> dict:
+    """The GPUs' kernels in TensorFlow's own arch list (its build info), by the rule torch's check uses."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise Skip("no GPU visible")
+    info = tf.sysconfig.get_build_info()
+    archs = [a for a in str(info.get("cuda_compute_capabilities") or "").replace(",", " ").split() if a]
+    archs = [a.strip("[]'\"") for a in archs if a.strip("[]'\"")]
+    if not archs:
+        raise Skip("TensorFlow's build info names no CUDA arch list")
+    verdicts = []
+    for gpu in gpus:
+        capability = tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability") or ())
+        if len(capability) == 2:
+            verdicts.append(explain_kernels(" ".join(archs), capability))
+    if not verdicts:
+        raise Skip("TensorFlow does not say its GPUs' compute capability")
+    problems = [reason for runs, _, reason in verdicts if not runs]
+    if problems:
+        raise Fail("; ".join(problems) + " (choose an NGC release that supports this GPU)")
+    jit = [reason for _, how, reason in verdicts if how == "ptx"]
+    if jit:
+        raise Warn("; ".join(jit))
+    return {"arch_list": archs, "reason": "; ".join(sorted({reason for _, _, reason in verdicts}))}
+
+
 def tf_conv(tf) -> dict:
     if not tf.config.list_physical_devices("GPU"):
         raise Skip("no GPU visible")
@@ -1314,6 +1346,7 @@ def run_tensorflow(report: Report, libraries_only: bool = False) -> None:
     report.run("recipe checks", check_commands)
     report.run("cpu compute", tf_cpu_compute, tf)
     report.run("cuda", tf_gpus, tf)
+    report.run("cuda arch", tf_arch, tf)
     report.run("cudnn conv", tf_conv, tf)
     report.run("mixed precision", tf_mixed_precision, tf)
     report.run("shared memory", check_shm)

@@ -76,7 +76,9 @@ def check_preload(image: str, engine: Any) -> str:
     from imgbuild.gpu.toolkit import image_preload_verdict
 
     info = engine.images.image(image)
-    verdict = image_preload_verdict(list((info.config if info else {}).get("Env") or []), engine.host_has_gpus)
+    verdict = image_preload_verdict(
+        list((info.config if info else {}).get("Env") or []), engine.host_has_gpus, local=engine.shares_host()
+    )
     if verdict is None:
         return ""
     if verdict[0] == "fail":
