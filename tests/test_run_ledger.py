@@ -418,6 +418,9 @@ class Rows:
     def rows(self) -> list[dict]:
         return list(self.rows_now)
 
+    def host_info(self) -> dict:  # how the engine takes GPUs (run.gpu_path): an engine with the nvidia runtime
+        return {"runtimes": ["nvidia", "runc"], "cdi_devices": []}
+
 
 def _site(tmp_path, monkeypatch, extra: str = "", gpus: list[Gpu] | None = None):
     from imgbuild.config.settings import load_settings
