@@ -170,3 +170,58 @@ def test_the_import_failure_line_counts_failures_and_timeouts_apart(monkeypatch)
     with pytest.raises(script.Fail) as caught:
         script.check_imports()
     assert str(caught.value).startswith("1 of 1 module(s) do not import: smoke.imports")  # no stray "; "
+
+
+# --- the import server (issue 48): the base's framework imported once, each distribution in a forked child ----
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """Modules that misbehave at import, on the import path of the server and its children."""
+    (tmp_path / "patcher.py").write_text("import json\njson.dumps = None\n")  # monkeypatches another module
+    (tmp_path / "uses_json.py").write_text("import json\nassert json.dumps is not None\n")
+    (tmp_path / "exits.py").write_text("import os\nos._exit(3)\n")
+    (tmp_path / "crashes.py").write_text("import ctypes\nctypes.string_at(0)\n")  # a segfault
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(1000)\n")
+    pidfile = tmp_path / "daemon.pid"
+    (tmp_path / "forks.py").write_text(
+        "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1000)\n    os._exit(0)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(pid))\n"
+    )
+    (tmp_path / "fine.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return tmp_path
+
+
+def _work(*names: str) -> list:
+    return [(name, "1.0", [name]) for name in names]
+
+
+def test_the_import_server_keeps_each_distribution_alone(served):
+    """A monkeypatch, an os._exit, a segfault: each touches only its own child; the others import as alone."""
+    results = script.import_served(_work("patcher", "uses_json", "exits", "crashes", "fine"), 60, 2, "none")
+    assert results is not None, "the import server refused on this machine"
+    by_name = dict(zip(["patcher", "uses_json", "exits", "crashes", "fine"], results, strict=True))
+    assert by_name["patcher"] == {} and by_name["uses_json"] == {} and by_name["fine"] == {}
+    assert by_name["exits"] == {"exits": "the interpreter died importing it (exit 3)"}
+    assert by_name["crashes"] == {"crashes": "the interpreter died importing it (signal 11)"}
+
+
+def test_a_hanging_or_forking_import_is_bounded_and_leaves_no_process(served):
+    started = time.monotonic()
+    results = script.import_served(_work("hangs", "forks", "fine"), 2, 2, "none")
+    assert results is not None
+    hangs, forks, fine = results
+    assert hangs["hangs"].startswith(script.TIMED_OUT) and forks == {} and fine == {}
+    assert time.monotonic() - started < 30  # 2 s, then once more alone with 4 s
+    daemon = int((served / "daemon.pid").read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{daemon}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{daemon}"), "the module's own child outlived the check"
+
+
+def test_the_check_falls_back_where_the_server_cannot_serve(served, monkeypatch):
+    """No fork, or threads after the preload: one interpreter per distribution, as before."""
+    monkeypatch.setattr(script, "_IMPORT_SERVER", "import json\nprint(json.dumps({'refused': 'threads'}))\n")
+    assert script.import_served(_work("fine"), 60, 1, "none") is None

@@ -685,13 +685,16 @@ def unchanged_since_last(work: list, known_text: str, needs: dict, present: dict
     changed = {n for n, (v, f) in every.items() if not f or (n, v, f) not in known}
     changed |= set(versions) - set(every)  # a fingerprint unknown: never spared
     changed |= {n for n, _, _ in known} - set(every)  # gone: what needed it is re-checked
-    affected, grew = set(changed), True
-    while grew:  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
-        grew = False
-        for name, wanted in needs.items():
-            if name in versions and name not in affected and wanted & affected:
+    needed_by = {}  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
+    for name, wanted in needs.items():
+        for want in wanted:
+            needed_by.setdefault(want, []).append(name)
+    affected, todo = set(changed), list(changed)
+    while todo:  # each name once: linear in the dependency graph, however long its chains
+        for name in needed_by.get(todo.pop(), ()):
+            if name not in affected:
                 affected.add(name)
-                grew = True
+                todo.append(name)
     return set(versions) - affected
 
 
@@ -780,6 +783,139 @@ def framework_seconds(limit: float, module: str = "") -> float:
     return time.monotonic() - started
 
 
+#: The import server: one interpreter imports the base's heavy modules once (torch, numpy, ...), then forks a
+#: child per distribution, which imports that distribution's modules on top of them and reports. Each child is a
+#: fresh copy of the server: a module that monkeypatches another, breaks the interpreter or forks touches only its
+#: own child (and the child's process group is killed when it ends). A server with Python threads after its
+#: preload refuses (fork is not safe there) and the check falls back to one interpreter per distribution; native
+#: BLAS pools are asked for one thread (they fork safely, as PyTorch's DataLoader workers do).
+_IMPORT_SERVER = r"""
+import importlib, json, os, select, signal, sys, time
+_import, _dumps, _write, _exit = importlib.import_module, json.dumps, os.write, os._exit
+req = json.loads(sys.stdin.read())
+began = time.monotonic()
+for name in req["preload"]:
+    try:
+        importlib.import_module(name)
+    except BaseException:
+        pass
+framework = time.monotonic() - began
+budget = max(req["budget"], req["scale"] * framework)
+import threading
+threads = threading.active_count()  # Python threads: a fork copies none of them, and a lock one held stays held
+if threads != 1 or not hasattr(os, "fork"):
+    print(json.dumps({"refused": "%d Python threads after the preload: fork is not safe here" % threads}))
+    sys.exit(0)
+work = req["work"]
+results = [None] * len(work)
+pending = list(range(len(work)))
+running = {}
+
+def start(i):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            errors = {}
+            for name in work[i]:
+                try:
+                    _import(name)
+                except BaseException as exc:
+                    errors[name] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
+            data = _dumps(errors).encode()  # the child's own references: an import may have replaced json.dumps
+            while data:
+                data = data[_write(w, data):]
+        finally:
+            _exit(0)
+    os.close(w)
+    os.set_blocking(r, False)
+    running[pid] = [i, r, time.monotonic(), []]
+
+def drain(entry):
+    while True:
+        try:
+            chunk = os.read(entry[1], 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            return
+        entry[3].append(chunk)
+
+def end(pid, why):
+    i, r, _, chunks = running.pop(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if why is None:
+        drain([i, r, 0, chunks])
+    os.close(r)
+    try:
+        results[i] = json.loads(b"".join(chunks)) if why is None else None
+    except ValueError:
+        results[i] = None
+    if results[i] is None:
+        results[i] = {work[i][0]: why or "the interpreter died importing it"}
+
+while pending or running:
+    while pending and len(running) < req["workers"]:
+        start(pending.pop(0))
+    select.select([e[1] for e in running.values()], [], [], 0.1)
+    for entry in list(running.values()):
+        drain(entry)
+    for pid in list(running):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            end(pid, None if code == 0 else "the interpreter died importing it (%s)" % (
+                "signal %d" % -code if code < 0 else "exit %d" % code))
+        elif time.monotonic() - running[pid][2] > budget:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            end(pid, "timed out after %.0f s" % budget)
+print(json.dumps({"results": results, "framework_seconds": framework, "budget": budget}))
+"""
+
+#: What the import server imports once: the base's framework and what nearly every added package imports.
+PRELOAD = {"pytorch": ["numpy", "torch"], "tensorflow": ["numpy", "tensorflow"]}
+
+
+def import_served(work: list, configured: float, workers: int, framework: str = "") -> list | None:
+    """Each item's import errors from the import server (`_IMPORT_SERVER`), or None where it cannot serve (no
+    fork, threads after the preload, the server itself failing): the caller then imports one interpreter per
+    distribution. Items that timed out are tried once more, alone, in a fresh interpreter with twice the budget."""
+    request = {
+        "preload": PRELOAD.get(framework or detect_framework() or "", ["numpy"]),
+        "work": [list(modules) for _, _, modules in work],
+        "budget": configured,
+        "scale": IMPORT_SCALE,
+        "workers": workers,
+    }
+    limit = IMPORT_SCALE * configured + 2 * configured * (len(work) + 1)  # the server's own bound, generous
+    try:
+        one = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-c", _IMPORT_SERVER], input=json.dumps(request), capture_output=True, text=True,
+            timeout=limit, env={**os.environ, **one},
+        )  # fmt: skip
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return None
+    results = answer.get("results") if isinstance(answer, dict) else None
+    if not isinstance(results, list) or len(results) != len(work) or not all(isinstance(r, dict) for r in results):
+        return None
+    budget = float(answer.get("budget") or configured)
+    for i, errors in enumerate(results):
+        if any(str(e).startswith(TIMED_OUT) for e in errors.values()):
+            results[i] = _import_one(work[i][2], 2 * budget)
+    return results
+
+
 def import_all(work: list, budget: float, workers: int, run=_import_one) -> list:
     """Each item's import errors, at most `workers` at once; an item that ran past `budget` is tried once more,
     alone and with twice the budget (a busy machine, not a broken package), before it counts as timed out."""
@@ -811,8 +947,10 @@ def check_imports() -> dict:
     if extra:
         work.append(("smoke.imports", "", extra))
     configured = configured_import_seconds(os.environ.get("IMGBUILD_SMOKE_IMPORT_SECONDS", ""))
-    budget = import_budget(configured, framework_seconds(configured)) if work else configured
-    results = import_all(work, budget, import_workers())
+    results = import_served(work, configured, import_workers()) if work else []
+    if results is None:  # no import server here: one interpreter per distribution, as before
+        budget = import_budget(configured, framework_seconds(configured))
+        results = import_all(work, budget, import_workers())
     failures, driver_only, optional, apt = _classify(work, results)
     added_names = [n for n, _, _ in work]
     for name, tool, package in missing_tools(added_names):
