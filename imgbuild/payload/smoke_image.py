@@ -685,7 +685,7 @@ def unchanged_since_last(work: list, known_text: str, needs: dict, present: dict
     changed = {n for n, (v, f) in every.items() if not f or (n, v, f) not in known}
     changed |= set(versions) - set(every)  # a fingerprint unknown: never spared
     changed |= {n for n, _, _ in known} - set(every)  # gone: what needed it is re-checked
-    needed_by = {}  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
+    needed_by: dict = {}  # whatever needs something affected is affected (a changed numpy re-checks what imports it)
     for name, wanted in needs.items():
         for want in wanted:
             needed_by.setdefault(want, []).append(name)
