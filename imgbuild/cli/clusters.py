@@ -218,6 +218,7 @@ def slurm(
     from imgbuild.clusters.jobs import (
         JobFlags,
         check_image_present,
+        framework_of,
         job_from_flags,
         stage_datasets,
         submit_job,
@@ -257,6 +258,7 @@ def slurm(
             snapshot_dir=snapshot_dir,
             usage=usage,
             local_image=is_recipe(image),
+            framework=framework_of(image, settings),
         ),
         settings.slurm,
         house_rules(settings.run)["gpu_flag"],
@@ -317,6 +319,7 @@ def k8s(
     import yaml
 
     from imgbuild.clusters import k8s as k8smod
+    from imgbuild.clusters.jobs import framework_of
     from imgbuild.config.site import QUANTITY_RE
     from imgbuild.engine import connect_engine
     from imgbuild.servers.spec import host_ids, resolve_image
@@ -339,6 +342,7 @@ def k8s(
         torchrun=torchrun,
         generate=name is None,
         site=settings.k8s,
+        framework=framework_of(image, settings),
     )
     text = yaml.safe_dump(k8smod.manifest(job), sort_keys=False)
     if out:

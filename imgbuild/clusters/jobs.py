@@ -96,6 +96,7 @@ class JobFlags:
     snapshot_dir: str | None = None
     usage: bool = True
     local_image: bool = False  # the image is a recipe's, built here (docker runtime: never pulled)
+    framework: str = ""  # the image's framework (framework_of): decides the launcher
 
 
 #: A snapshot folder: an absolute path or one under a job variable ($SLURM_SUBMIT_DIR/...), no spaces,
@@ -162,6 +163,26 @@ def _image_for(runtime: str, image: str, sif_dir: str | None) -> str:
     return oci_path(image, sif_dir) if runtime == "oci" else image
 
 
+def framework_of(image: str, settings: Any) -> str:
+    """The framework an image runs (pytorch, tensorflow, jax; "" unknown): a recipe's base, else an NGC
+    repository's name (nvidia/pytorch, nvidia/tensorflow, nvidia/jax)."""
+    from imgbuild.ngc import FRAMEWORKS
+    from imgbuild.servers.spec import is_recipe
+
+    if is_recipe(image):
+        from imgbuild.recipe import load_recipe
+
+        base = load_recipe(image, secrets=settings.secrets()).recipe.base
+        if base.framework:
+            return str(base.framework)
+        image = base.image or ""
+    path = image.split("@")[0].rsplit(":", 1)[0] if "/" in image else image
+    for name, framework in FRAMEWORKS.items():
+        if path.endswith("/" + framework.repository) or path == framework.repository:
+            return name
+    return "jax" if path.rsplit("/", 1)[-1] == "jax" else ""
+
+
 def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
     """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
     how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
@@ -226,6 +247,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         signal_lead=flags.signal_lead,
         snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
         usage=flags.usage,
+        framework=flags.framework,
     )
 
 

@@ -20,14 +20,19 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from imgbuild.clusters.slurm import alone_command, torchrun_command
+from imgbuild.clusters.slurm import alone_command, launches_itself, torchrun_command
 from imgbuild.config.site import K8S_VOLUME_RE, K8sSite
 from imgbuild.errors import UsageError
 
 TRAINER_API = "trainer.kubeflow.org"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-#: Kubernetes object names (DNS-1123 subdomain, kept to a label's 63 so Pods and Services built from it fit).
-NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+#: Kubernetes object names: an RFC 1035 label (a letter first: the Trainer's CEL rule on TrainJob names from v2.1,
+#: `^[a-z]([-a-z0-9]*[a-z0-9])?$`, and Services built from the name), kept to 63.
+NAME_RE = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
+#: The runtime patch's manager: the Trainer's admission (JobSet plugin, v2.2+) requires a domain-prefixed path
+#: (k8s apimachinery's IsDomainPrefixedPath, "such as acme.io/foo"), as its own examples use.
+PATCH_MANAGER = "imgbuild.dev/imgbuild"
+OLD_TRAINERS = ("2.0", "2.1")
 DIGEST_RE = re.compile(r"[^@\s;|&$`'\"\\]+@sha256:[0-9a-f]{64}")
 
 
@@ -45,10 +50,21 @@ class K8sJob:
     torchrun: bool | None = None  # default: more than one GPU in all
     generate: bool = False  # metadata.generateName (kubectl create) instead of a fixed name
     site: K8sSite = field(default_factory=K8sSite)
+    framework: str = ""  # the image's (pytorch, tensorflow, jax; "" unknown): TensorFlow and JAX get no torchrun
+
+    @property
+    def self_launching(self) -> bool:
+        return launches_itself(list(self.command))
 
     @property
     def uses_torchrun(self) -> bool:
-        return self.nodes > 1 or (self.gpus > 1 if self.torchrun is None else self.torchrun)
+        """A TrainJob (the torch runtime's PET_* rendezvous); torchrun itself only where the command is no
+        launcher of its own."""
+        if self.nodes > 1:
+            return True
+        if self.self_launching or (self.torchrun is None and self.framework in ("tensorflow", "jax")):
+            return False
+        return self.gpus > 1 if self.torchrun is None else self.torchrun
 
 
 def check(job: K8sJob) -> None:
@@ -57,12 +73,23 @@ def check(job: K8sJob) -> None:
         raise UsageError(f"{job.image[:120]}: a Kubernetes job's image is pinned by digest (REPO@sha256:...)")
     if not NAME_RE.fullmatch(job.name):
         raise UsageError(
-            f"--name {job.name[:80]!r}: a Kubernetes name is lower-case letters, digits and - (63 at most)"
+            f"--name {job.name[:80]!r}: a Kubernetes name is a lower-case letter, then letters, digits and - "
+            "(63 at most)"
+        )
+    if job.uses_torchrun and job.site.trainer_version in OLD_TRAINERS:
+        raise UsageError(
+            f"k8s.trainer_version {job.site.trainer_version}: imgbuild writes TrainJobs for Kubeflow Trainer v2.2 or "
+            "later (spec.runtimePatches, which v2.0 and v2.1 do not have); upgrade the Trainer, or run on one node"
         )
     if job.gpus < 0 or job.nodes < 1:
         raise UsageError("--gpus must be >= 0 and --nodes >= 1")
     if job.nodes > 1 and job.torchrun is False:
         raise UsageError("--nodes: a job across nodes runs under torchrun (Trainer's torch runtime)")
+    if job.nodes > 1 and job.framework in ("tensorflow", "jax") and not job.self_launching:
+        raise UsageError(
+            f"--nodes: a {job.framework} job across nodes needs its own launcher (the Trainer's torch runtime runs "
+            "torchrun); run on one node, or give the command that starts the workers"
+        )
     if not job.command:
         raise UsageError("give the command after --, e.g. -- python3 train.py")
 
@@ -165,7 +192,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
         ],
     }
     patch = {
-        "manager": "imgbuild",
+        "manager": PATCH_MANAGER,
         "trainingRuntimeSpec": {
             "template": {
                 "spec": {
@@ -184,7 +211,9 @@ def train_job(job: K8sJob) -> dict[str, Any]:
             "runtimeRef": {"name": job.site.runtime, "apiGroup": TRAINER_API, "kind": "ClusterTrainingRuntime"},
             "trainer": {
                 "image": job.image,
-                "command": ["torchrun", *torchrun_command(list(job.command))],
+                "command": list(job.command)
+                if job.self_launching
+                else ["torchrun", *torchrun_command(list(job.command))],
                 "numNodes": job.nodes,
                 "numProcPerNode": max(job.gpus, 1),
                 "resourcesPerNode": _resources(job),
@@ -207,6 +236,8 @@ def manifest(job: K8sJob) -> dict[str, Any]:
 def default_name(short: str) -> str:
     """A Kubernetes name stem from an image's short name: `pytorch_research` -> `pytorch-research`."""
     stem = re.sub(r"[^a-z0-9-]+", "-", short.lower()).strip("-")[:50].strip("-")
+    if stem and not stem[0].isalpha():
+        stem = f"job-{stem}"[:50].strip("-")  # 3dunet -> job-3dunet: a Kubernetes name starts with a letter
     return stem or "imgbuild"
 
 

@@ -50,15 +50,23 @@ class JobSpec:
     signal_lead: int = 300  # seconds before the time limit the step gets SIGTERM (requeue)
     snapshot_dir: str | None = None  # persistent folder for snapshots, passed as SNAPSHOT_DIR
     usage: bool = True  # sample GPU use on each node; summarise it at the end of the job
+    framework: str = ""  # the image's: pytorch, tensorflow, jax ("" unknown); decides the launcher
 
     @property
     def total_gpus(self) -> int:
         return self.gpus * self.nodes
 
     @property
+    def self_launching(self) -> bool:
+        """The command is a launcher itself (torchrun, accelerate launch, deepspeed, mpirun, ...)."""
+        return launches_itself(list(self.command))
+
+    @property
     def uses_torchrun(self) -> bool:
-        if self.task_per_gpu:
-            return False
+        if self.task_per_gpu or self.self_launching:
+            return False  # one launcher, never two: torchrun around torchrun ran two trainings on the same GPUs
+        if self.torchrun is None and self.framework in ("tensorflow", "jax"):
+            return False  # TensorFlow and JAX start their own workers (MirroredStrategy, jax.distributed)
         return self.total_gpus > 1 if self.torchrun is None else self.torchrun
 
     @property
@@ -74,7 +82,7 @@ class JobSpec:
     @property
     def threads(self) -> int:
         """Threads per process: a task's CPUs, shared among torchrun's workers (one per GPU)."""
-        workers = max(self.gpus, 1) if self.uses_torchrun else 1
+        workers = max(self.gpus, 1) if self.uses_torchrun or self.self_launching else 1
         return max(1, self.cpus_per_task // workers)
 
 
@@ -401,24 +409,26 @@ def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
     """(script lines before the step, the command the container runs): torchrun or the command itself."""
     command = list(job.command)
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
+    if job.self_launching:  # given the rendezvous by the variables torchrun (PET_*) and others (MASTER_*) read
+        facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
+        if job.nodes == 1:
+            return [], ["env", *facts, *command]
+        facts += [
+            "PET_NNODES=$SLURM_NNODES",
+            "PET_RDZV_BACKEND=c10d",
+            "PET_RDZV_ENDPOINT=$head_node:$rdzv_port",
+            "PET_RDZV_ID=$SLURM_JOB_ID",
+            "MASTER_ADDR=$head_node",
+            "MASTER_PORT=$rdzv_port",
+        ]
+        return _rendezvous_lines(job), ["env", *facts, *command]
     if not job.uses_torchrun:
         return [], alone_command(command)
     command = torchrun_command(command)
     if job.nodes == 1:
         # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
         return [], ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *restarts, *command]
-    lines = [
-        "",
-        "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
-        "# job's own, so two jobs sharing a node never join each other's store.",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
-        "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
-        "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
-        "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
-        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
-    ]
-    return lines, [
+    return _rendezvous_lines(job), [
         "torchrun",
         "--nnodes=$SLURM_NNODES",
         f"--nproc-per-node={max(job.gpus, 1)}",
@@ -430,7 +440,37 @@ def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
     ]
 
 
+def _rendezvous_lines(job: JobSpec) -> list[str]:
+    """Script lines that find the rendezvous: the allocation's first node, and a port free there now."""
+    return [
+        "",
+        "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
+        "# job's own, so two jobs sharing a node never join each other's store.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
+        "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
+        "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
+        "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
+        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
+    ]
+
+
 _PYTHON_RE = re.compile(r"(?:.*/)?python(?:3(?:\.[0-9]{1,2})?)?")
+#: Commands that start the workers themselves, by their program's name or as `python -m MODULE`.
+LAUNCHER_PROGRAMS = ("torchrun", "deepspeed", "accelerate", "mpirun", "mpiexec", "horovodrun", "srun", "composer")
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch", "deepspeed")
+
+
+def launches_itself(command: list[str]) -> bool:
+    """`torchrun ...`, `accelerate launch ...`, `deepspeed ...`, `mpirun ...`, `python -m torch.distributed.run`:
+    the command is a launcher, to be given the rendezvous, never wrapped in another."""
+    if not command:
+        return False
+    head = command[0].rsplit("/", 1)[-1]
+    if head in LAUNCHER_PROGRAMS:
+        return True
+    return bool(_PYTHON_RE.fullmatch(command[0]) and command[1:2] == ["-m"] and command[2:3]
+                and command[2] in LAUNCHER_MODULES)  # fmt: skip
 
 
 def torchrun_command(command: list[str]) -> list[str]:

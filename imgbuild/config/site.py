@@ -287,6 +287,9 @@ class K8sSite:
     runtime: str = typed(
         Text(matches(_DNS_LABEL, "not a runtime name")), "torch-distributed", doc="Trainer ClusterTrainingRuntime"
     )
+    trainer_version: str = typed(
+        OneOf("2.0", "2.1", "2.2", "2.3"), "2.2", doc="the Kubeflow Trainer release the cluster runs (2.2 and later)"
+    )
     gpu_resource: str = typed(
         Text(matches(re.compile(r"[a-z0-9.-]{1,253}/[a-z0-9][a-z0-9_.-]{0,62}"), "not a resource name")),
         "nvidia.com/gpu",

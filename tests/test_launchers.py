@@ -1,0 +1,124 @@
+"""Launch by framework and by command (clusters-4 N15-N17): TensorFlow and JAX never get torchrun; a command
+that is a launcher itself is given the rendezvous, never wrapped in a second one; and every TrainJob passes the
+Kubeflow Trainer's own admission rules, reimplemented here from its source:
+
+- the CRD's CEL rule on `metadata.name` from v2.1.0: `self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')`
+  (kubeflow/trainer `pkg/apis/trainer/v1alpha1/trainjob_types.go`);
+- the JobSet plugin's webhook check from v2.2.0, `validation.IsDomainPrefixedPath(runtimePatches[].manager)`
+  (kubeflow/trainer `pkg/runtime/framework/plugins/jobset/jobset.go`), which k8s apimachinery
+  `util/validation/validation.go` defines: `host/path`, the host a DNS-1123 subdomain, the path
+  `^[A-Za-z0-9/\\-._~%!$&'()*+,;=:]+$`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from imgbuild.clusters.k8s import K8sJob, default_name, manifest
+from imgbuild.clusters.slurm import JobSpec, launches_itself, sbatch_script
+from imgbuild.config.site import K8sSite, checked_section
+from imgbuild.errors import UsageError
+from tests.test_cluster import step_line
+
+TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+IMAGE = "registry.example.org/lab/x:1@sha256:" + "a" * 64
+
+
+def is_domain_prefixed_path(text: str) -> bool:
+    host, sep, path = text.partition("/")
+    return bool(sep and host and path and len(host) <= 253 and DNS1123_SUBDOMAIN.fullmatch(host)
+                and HTTP_PATH.match(path))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command, launcher",
+    [
+        (["torchrun", "--nproc-per-node=2", "train.py"], True),
+        (["/opt/conda/bin/torchrun", "train.py"], True),
+        (["python", "-m", "torch.distributed.run", "train.py"], True),
+        (["python3", "-m", "torch.distributed.launch", "train.py"], True),
+        (["accelerate", "launch", "train.py"], True),
+        (["deepspeed", "train.py"], True),
+        (["mpirun", "-np", "4", "python", "train.py"], True),
+        (["python3", "train.py"], False),
+        (["python", "-m", "pkg.train"], False),
+        (["bash", "run.sh"], False),
+        (["train.py"], False),
+        ([], False),
+    ],
+)
+def test_a_launcher_is_known_by_its_program_or_module(command, launcher):
+    assert launches_itself(command) is launcher
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "jax"])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_tensorflow_and_jax_get_no_torchrun(framework, nodes):
+    """N16: the project's own tensorflow-keras recipe at --gpus 2 got torchrun (not in the image: exit 127).
+    TensorFlow (MirroredStrategy, or SlurmClusterResolver across nodes) and JAX (jax.distributed reads Slurm's
+    variables) start their own workers: one task per node, every GPU of the node visible to it."""
+    job = JobSpec(["python3", "train.py"], "x.sif", gpus=2, nodes=nodes, framework=framework, cpus_per_gpu=8)
+    step = step_line(sbatch_script(job))
+    assert "torchrun" not in step and step.endswith("python3 train.py"), step
+    assert "OMP_NUM_THREADS=16" in step  # one process per node: the whole task's CPUs
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
+    """N17: `torchrun ... train.py` became `torchrun --standalone ... torchrun ... train.py`: two trainings on the
+    same GPUs. It runs as typed, told the rendezvous by the variables torchrun reads (PET_*)."""
+    job = JobSpec(["torchrun", "train.py"], "x.sif", gpus=2, nodes=nodes, framework="pytorch")
+    script = sbatch_script(job)
+    step = step_line(script)
+    assert step.count("torchrun") == 1 and step.endswith("torchrun train.py"), step
+    assert "PET_NPROC_PER_NODE=2" in step
+    if nodes > 1:
+        assert "PET_RDZV_ENDPOINT=$head_node:$rdzv_port" in step and "PET_NNODES=$SLURM_NNODES" in step
+        assert "MASTER_ADDR=$head_node" in step and "head_node=$(scontrol show hostnames" in script
+    else:
+        assert "PET_RDZV_ENDPOINT" not in step
+
+
+def test_the_natural_pytorch_command_still_gets_torchrun():
+    step = step_line(sbatch_script(JobSpec(["python3", "train.py"], "x.sif", gpus=2, framework="pytorch")))
+    assert "torchrun --standalone --nproc-per-node=2 train.py" in step
+
+
+SITE = checked_section(K8sSite, "k8s", {"namespace": "ml"})
+
+
+@pytest.mark.parametrize("short", ["3dunet", "research", "7", "_x_"])
+def test_every_trainjob_passes_the_trainers_admission_rules(short):
+    """N15: `manager: imgbuild` failed IsDomainPrefixedPath (v2.2+), and `generateName: 3dunet-` the CEL name rule
+    (v2.1+)."""
+    name = default_name(short)
+    doc = manifest(K8sJob(IMAGE, ["python3", "train.py"], name, 1000, 1000, gpus=2, nodes=2, generate=True, site=SITE))
+    assert doc["kind"] == "TrainJob"
+    assert TRAINJOB_NAME.fullmatch(doc["metadata"]["generateName"] + "x7k2p"), doc["metadata"]
+    for patch in doc["spec"]["runtimePatches"]:
+        assert is_domain_prefixed_path(patch["manager"]), patch["manager"]
+    assert not is_domain_prefixed_path("imgbuild") and is_domain_prefixed_path("example.io/platform-team")
+
+
+@pytest.mark.parametrize("version", ["2.0", "2.1"])
+def test_a_trainer_without_runtime_patches_is_refused_by_name(version):
+    site = checked_section(K8sSite, "k8s", {"trainer_version": version})
+    with pytest.raises(UsageError, match="Trainer v2.2 or later"):
+        manifest(K8sJob(IMAGE, ["python3", "train.py"], "job", 1000, 1000, gpus=2, nodes=2, site=site))
+    # a one-pod Job needs no Trainer at all
+    assert manifest(K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 1000, gpus=1, site=site))["kind"] == "Job"
+
+
+def test_kubernetes_tensorflow_and_launchers():
+    tf = manifest(K8sJob(IMAGE, ["python3", "train.py"], "tf", 1000, 1000, gpus=2, framework="tensorflow"))
+    assert tf["kind"] == "Job" and "torchrun" not in str(tf)
+    with pytest.raises(UsageError, match="tensorflow job across nodes"):
+        manifest(K8sJob(IMAGE, ["python3", "train.py"], "tf", 1000, 1000, gpus=2, nodes=2, framework="tensorflow"))
+    own = manifest(K8sJob(IMAGE, ["torchrun", "train.py"], "pt", 1000, 1000, gpus=2, nodes=2, framework="pytorch"))
+    assert own["spec"]["trainer"]["command"] == ["torchrun", "train.py"]
+    with pytest.raises(UsageError, match="a lower-case letter"):
+        manifest(K8sJob(IMAGE, ["python3", "t.py"], "3dunet", 1000, 1000))
