@@ -1132,3 +1132,41 @@ def test_the_guard_reads_its_bounds_from_the_steps_secret_or_the_environment_as_
         monkeypatch.setenv(name, value)
     assert guard.bound("IMGBUILD_PIP_RESOLVE_SECONDS", float, str(path)) == seconds
     assert guard.bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int, str(path)) == limit
+
+
+@pytest.mark.parametrize(
+    "old_lock",
+    [
+        "einops==0.8.1\nrich==13.7.1\nnvidia-cudnn-cu12==9.1.0.70\n",  # a line validate refuses (a CUDA library)
+        "einops==0.8.1\neinops==0.8.2\n",  # locked twice
+        "einops==not-a-version\n",
+        "",  # empty: a write cut short
+        "torch==2.3.0\neinops==0.8.1\n",  # the framework, which the base refuses
+    ],
+)
+def test_lock_cures_the_lock_validate_refuses(tmp_path, old_lock):
+    """realworld-4: validate said 'run imgbuild lock RECIPE', and lock failed with the same refusal. The lock is
+    what lock writes: its old lines are preferences where acceptable, never a reason to refuse."""
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.lock.txt").write_text(old_lock)
+    install = [["einops", "0.8.1"], ["rich", "13.7.1"], ["markdown-it-py", "3.0.0"]]
+    _, engine, result = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
+    assert result.pins == ["einops==0.8.1", "markdown-it-py==3.0.0", "rich==13.7.1"]
+    load_recipe(tmp_path / "r.yaml", environ={})  # what lock wrote validates
+    (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
+    assert "torch==2.3.0" not in run.probe.script and "nvidia-cudnn" not in run.probe.script
+
+
+def test_a_cuda_library_a_requirement_pulls_in_is_never_written_as_a_pin(tmp_path):
+    """realworld-4: lock on jax[cuda13] wrote nvidia-cuda-nvcc into the lock; the next build refused that lock at
+    its lines. Lock writes nothing validate refuses: the library stays a comment, installed as jax asks."""
+    from imgbuild.recipe import load_recipe
+
+    install = [["einops", "0.8.1"], ["nvidia-cuda-nvcc", "13.0.88"], ["nvidia-nvvm", "13.0.88"], ["rich", "13.7.1"]]
+    recipe, _, result = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
+    assert result.pins == ["einops==0.8.1", "rich==13.7.1"]
+    text = (tmp_path / "r.lock.txt").read_text()
+    assert "# nvidia-cuda-nvcc==13.0.88: a CUDA library" in text and "\nnvidia-cuda-nvcc==" not in text
+    assert load_recipe(recipe, environ={}).lock_pins == ("einops==0.8.1", "rich==13.7.1")

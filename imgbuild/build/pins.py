@@ -109,6 +109,35 @@ def _outgrown(loaded: LoadedRecipe) -> list[str]:
     return [str(canonicalize_name(req.name)) for req in asked if lock_conflict(req, locked, "")]
 
 
+def _old_pins(loaded: LoadedRecipe) -> tuple[str, ...]:
+    """The old lock's `name==version` lines that read as such (bounded, inside the repository); nothing where
+    there is none or it cannot be read. Preferences only: the resolver may move any of them."""
+    from imgbuild.errors import Problem
+    from imgbuild.recipe.load import read_lock, repository_root
+
+    ignored: list[Problem] = []  # what validate would refuse in it is cured by writing it again
+    _, lines = read_lock(loaded.path, loaded.root or repository_root(loaded.path), ignored)
+    return tuple(line.spec for line in lines)
+
+
+def _admitted(old: tuple[str, ...], freed: set[str], plan: Any) -> tuple[str, ...]:
+    """The old pins the resolution may keep: not freed (--upgrade-package, outgrown by the recipe), and none the
+    base refuses (its framework, its pinned packages): a pin the base would refuse is resolved afresh."""
+    from imgbuild.build.plan import base_pin_versions, base_refuses
+    from imgbuild.recipe.reqfile import LockedPin
+
+    pins = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)
+    kept = []
+    for spec in old:
+        req = LockedPin.of(spec)
+        if str(canonicalize_name(req.name)) in freed:
+            continue
+        if base_refuses(req, plan.base, pins):
+            continue
+        kept.append(spec)
+    return tuple(kept)
+
+
 def lock(
     recipe_path: str | Path,
     settings: Any,
@@ -123,16 +152,18 @@ def lock(
     from imgbuild.engine import connect_engine
     from imgbuild.recipe import load_recipe
 
-    loaded = load_recipe(recipe_path, secrets=settings.secrets())
+    # The lock is what this command writes: a stale or refused lock never stops it (the cure validate and build
+    # name). The old lock's acceptable lines are kept as preferences, the rest resolved afresh.
+    loaded = load_recipe(recipe_path, secrets=settings.secrets(), lock=False)
     if not (loaded.recipe.pip.packages or loaded.requirements_path):
         raise UsageError(f"{loaded.display}: the recipe installs no pip packages: there is nothing to lock")
-    old = loaded.lock_pins
+    old = _old_pins(loaded)
     freed = {str(canonicalize_name(p)) for p in upgrade_packages}
-    freed |= set(_outgrown(loaded))
-    kept = () if upgrade else tuple(p for p in old if canonicalize_name(p.split("==")[0]) not in freed)
-    resolving: LoadedRecipe = dataclasses.replace(loaded, lock_pins=kept)
+    freed |= set(_outgrown(dataclasses.replace(loaded, lock_pins=old, lock_lines=())))
     engine = engine or connect_engine(settings)
-    plan = plan_recipe(resolving, settings, engine, with_pins=True)
+    plan = plan_recipe(loaded, settings, engine, with_pins=True)
+    kept = () if upgrade else _admitted(old, freed, plan)
+    plan = dataclasses.replace(plan, loaded=dataclasses.replace(loaded, lock_pins=kept))
     context = render(plan)
     files = {
         path.rsplit("/", 1)[1]: content.decode()
@@ -158,13 +189,22 @@ def lock(
     if not report.get("ok"):
         tail = "\n".join(f"  | {line}" for line in report.get("tail", [])[-10:])
         raise BuildFailed(f"pip could not resolve the recipe's packages in {plan.base.ref}:\n{tail}")
-    pins = _pins(report.get("install"))
+    from imgbuild.ngc import is_cuda_library
+
+    resolved = _pins(report.get("install"))
+    # What validate and build refuse in a lock is never written as a pin: a CUDA library a requirement pulls in
+    # (jax[cuda13] -> nvidia-cuda-nvcc) stays a comment, installed by the build as the requirement asks.
+    cuda = [p for p in resolved if is_cuda_library(str(canonicalize_name(p.split("==")[0])))]
+    pins = [p for p in resolved if p not in cuda]
     added, removed, changed = diff(old, pins)
     path = lock_path_for(loaded.path)
     header = (
         f"# imgbuild lock: what pip resolved for {loaded.path.name} in {plan.base.ref}; `imgbuild lock` refreshes it.\n"
     )
+    notes = "".join(
+        f"# {p}: a CUDA library a requirement pulls in, installed by the build, not pinned here\n" for p in cuda
+    )
     from imgbuild.regular import write_atomic
 
-    write_atomic(path, header + "".join(f"{pin}\n" for pin in pins))  # a kill leaves the old lock whole, or the new
+    write_atomic(path, header + notes + "".join(f"{pin}\n" for pin in pins))  # a kill leaves the old or the new
     return LockResult(path, pins, added, removed, changed)

@@ -297,6 +297,11 @@ def _pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -
     return None
 
 
+def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
+    """Whether the base refuses `req`: its framework or CUDA libraries, or a version its pins exclude."""
+    return bool(_conflict(req, base) or _pin_conflict(req, base, pins))
+
+
 def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
     """(message, hint) when `req` would replace the base's CUDA libraries or framework, else None."""
     from packaging.utils import canonicalize_name

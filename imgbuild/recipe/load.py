@@ -132,7 +132,7 @@ def _empty_lock(text: str, shown: str, problems: list[Problem]) -> bool:
     return True
 
 
-def _read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[reqfile.ReqLine, ...]]:
+def read_lock(recipe: Path, root: Path, problems: list[Problem]) -> tuple[Path | None, tuple[reqfile.ReqLine, ...]]:
     """The recipe's lock when it has one: `name==version` lines (comments allowed), inside the repository.
     The file is input too (a merge request can edit it): each version must be one, each name once, and no
     pin may name the base's CUDA libraries (those the plan refuses in pip.packages)."""
@@ -193,11 +193,16 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
 
 
 def load_recipe(
-    path: str | Path, environ: dict[str, str] | None = None, secrets: tuple[str, ...] | list[str] = ()
+    path: str | Path,
+    environ: dict[str, str] | None = None,
+    secrets: tuple[str, ...] | list[str] = (),
+    lock: bool = True,
 ) -> LoadedRecipe:
     """Load, merge, interpolate and validate a recipe. Raises RecipeError with every problem found.
 
-    `secrets` are the configured secret values (Settings.secrets()): a variable holding one is refused."""
+    `secrets` are the configured secret values (Settings.secrets()): a variable holding one is refused.
+    `lock=False`: the lock is not read at all (`imgbuild lock` writes it: a stale or broken lock is what
+    it cures, never a reason to refuse; it reads the old lock itself, as preferences only)."""
     environ = dict(os.environ if environ is None else environ)
     path = Path(path)
     if any(ord(c) < 32 for c in str(path)):
@@ -223,7 +228,7 @@ def load_recipe(
     manifest: dict[str, list[SourceFile]] = {}
     digests: dict[str, str] = {}
     requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
-    lock_path, lock_lines = _read_lock(path, root, problems)
+    lock_path, lock_lines = read_lock(path, root, problems) if lock else (None, ())
     recipe, issues = validate(Recipe, located.data)
     reported = {p.field for p in problems}  # a path refused above is not also "missing"
     problems.extend(
