@@ -487,11 +487,20 @@ def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch)
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
+    from imgbuild.servers import run as runmod
+
+    resolved: list[str] = []
+    real_resolve = runmod.resolve_image
+    monkeypatch.setattr(
+        runmod, "resolve_image", lambda image, s, **kw: resolved.append(image) or real_resolve(image, s, **kw)
+    )
     request = RunRequest("ubuntu:22.04", ["true"], gpu_request="1")
     gave_up = pytest.raises(WaitTimedOut, match=r"gave up waiting after 10 s \(--gpus 1: only 0 of 1 GPUs are free")
     with gave_up, reserved(request, settings, engine, wait=10, on_wait=lambda p, w: whys.append(w), clock=lambda: now[0], sleep=sleep):  # fmt: skip
         raise AssertionError("started")
     assert now[0] == 10 and "bob (container bob_lm_1)" in whys[0]
+    assert len(whys) > 3 and resolved == ["ubuntu:22.04"]  # issue 48: the image resolved once, not on every look
+    monkeypatch.undo()
     assert Ledger(tmp_path / "state").entries() == []
     refused = pytest.raises(UsageError, match="GPU 0 is in use by bob")  # without --wait: refused at once
     with refused, reserved(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=0"), settings, engine):

@@ -114,9 +114,11 @@ def prepare(
     held: Held | None = None,
     house: dict[str, Any] | None = None,
     gpus: list[Any] | None = None,
+    resolved: tuple[str, str] | None = None,
 ) -> RunSpec:
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
-    a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them."""
+    a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
+    `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
     from imgbuild.gpu.allocate import select_gpus
     from imgbuild.host import caller, usable_cpus
 
@@ -128,7 +130,7 @@ def prepare(
         house["workspace"] = None
     if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
-    ref, default_short = resolve_image(req.image, settings)
+    ref, default_short = resolved or resolve_image(req.image, settings)
     who = caller()
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced = _enforce(req, who, house, ref)
@@ -232,6 +234,7 @@ def reserved(
     ticket = f"wait-{os.getpid()}"
     wants_gpus = req.gpu_request.strip().lower() not in ("", "none")  # the queue is for GPUs only
     deadline = None if wait is None else clock() + wait
+    resolved = resolve_image(req.image, settings)  # once: a waiting run never re-reads and re-hashes the recipe
     try:
         while True:
             with ledger.transaction() as book:
@@ -244,7 +247,7 @@ def reserved(
                     gpus = read_gpus_or_none(settings)
                     held = held_on_host(rows, book.holds(), gpus)
                     try:
-                        spec = prepare(req, settings, held, house, gpus)
+                        spec = prepare(req, settings, held, house, gpus, resolved)
                         spec.gpus_by = gpu_path(str(house.get("gpu_flag") or "gpus"), engine) if spec.gpus.gpus else ""
                     except GpusBusy as busy:
                         if deadline is None:
