@@ -128,3 +128,18 @@ def open_log(path: Path | None) -> Iterator[Any]:
             handle.close()
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, name) from None
+
+
+def read_named(path: Path, limit: int) -> bytes:
+    """A file the user named on the command line (a key, a recipe to compare): links followed (the user chose the
+    path), but only a regular file of at most `limit` bytes, never a FIFO, a device or /dev/zero read without end.
+    ValueError saying why it is refused; OSError when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data

@@ -464,3 +464,24 @@ def test_a_hostile_envelope_signature_vouches_for_nothing_and_crashes_nothing(si
         registry.blobs[attest.sha256(blob)] = blob
     registry.manifests[tag] = manifest
     assert verdicts(registry, keys)["provenance"] is False
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/null", "/proc/self/fd/0", "a FIFO", "a folder"])
+def test_a_key_that_is_no_file_is_refused_at_once_without_reading_it(path, tmp_path):
+    """supply-4: `verify --key /dev/zero` read without bound (the kernel's OOM killer ended it). A key, signing
+    key or compared recipe is read only as a regular file, bounded."""
+    import os
+
+    if path == "a FIFO":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    elif path == "a folder":
+        path = str(tmp_path)
+    with pytest.raises(UsageError, match="not a regular file|Is a directory"):
+        attest.load_verifier(Path(path))
+    with pytest.raises(UsageError, match="not a regular file|Is a directory"):
+        attest.load_signer(Path(path), PASSWORD)
+    big = tmp_path / "big.pub"
+    big.write_bytes(b"x" * 70_000)
+    with pytest.raises(UsageError, match="larger than"):
+        attest.load_verifier(big)

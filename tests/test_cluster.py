@@ -589,7 +589,7 @@ def test_stage_a_folder_packs_it_once_and_repacks_only_when_it_changes(tmp_path)
 def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torchrun, alone):
     """Issue 31 N1: `-- python3 train.py` became `torchrun ... python3 train.py` ("can't open file
     '/workspace/python3'"), and a bare script was not found at one GPU: no one command worked at both sizes."""
-    from imgbuild.clusters.slurm import alone_command, torchrun_command
+    from imgbuild.clusters.launch import alone_command, torchrun_command
 
     assert torchrun_command(typed) == under_torchrun
     assert alone_command(typed) == alone

@@ -17,7 +17,8 @@ import re
 import pytest
 
 from imgbuild.clusters.k8s import K8sJob, default_name, manifest
-from imgbuild.clusters.slurm import JobSpec, launches_itself, sbatch_script
+from imgbuild.clusters.launch import launches_itself
+from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import UsageError
 from tests.test_cluster import step_line

@@ -232,7 +232,7 @@ def fresh_runner(recipe, monkeypatch):
 
 def _record(plan, **change) -> bytes:
     smoke = {"ok": True, "meta": {"added": [["einops", "0.8.0", "MIT", FP]]}}
-    record = attest.smoke_record(smoke, plan.base.identity, spared.smoke_scope(plan), DIGEST)["smoke"][2][0]
+    record = spared.smoke_record(smoke, plan.base.identity, spared.smoke_scope(plan), DIGEST)["smoke"][2][0]
     return attest.canonical({**json.loads(record), **change})
 
 
@@ -240,7 +240,7 @@ def test_a_signed_record_of_this_image_is_believed(fresh_runner):
     settings, plan, registry = fresh_runner
     key = Key()
     smoke = {"ok": True, "meta": {"added": [["einops", "0.8.0", "MIT", FP]]}}
-    record = attest.smoke_record(smoke, plan.base.identity, spared.smoke_scope(plan), DIGEST, key.signer)
+    record = spared.smoke_record(smoke, plan.base.identity, spared.smoke_scope(plan), DIGEST, key.signer)
     config, manifest, blobs = record["smoke"]
     for blob in (config, *blobs):
         registry.blobs[attest.sha256(blob)] = blob

@@ -253,10 +253,14 @@ _PEM_RE = re.compile(
 
 def load_signer(path: Path, password: bytes) -> Signer:
     """cosign's encrypted private key: scrypt derives the key that opens a nacl/secretbox over PKCS#8 DER."""
+    from imgbuild.regular import read_named
+
     try:
-        text = path.read_text(errors="replace")[:70000]
+        text = read_named(path, 70000).decode(errors="replace")
     except OSError as exc:
         raise UsageError(f"signing key {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"signing key {path}: {exc}") from None
     found = _PEM_RE.search(text)
     if not found:
         raise UsageError(f"signing key {path}: not a cosign private key (cosign generate-key-pair writes one)")
@@ -298,10 +302,16 @@ def load_verifier(path: Path) -> Any:
     _crypto()
     from cryptography.hazmat.primitives import serialization
 
+    from imgbuild.regular import read_named
+
     try:
-        return serialization.load_pem_public_key(path.read_bytes()[:65536])
+        data = read_named(path, 65536)
     except OSError as exc:
         raise UsageError(f"--key {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--key {path}: {exc}") from None
+    try:
+        return serialization.load_pem_public_key(data)
     except ValueError:
         raise UsageError(f"--key {path}: not a PEM public key (cosign.pub)") from None
 
@@ -347,21 +357,6 @@ def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, by
         ],
     }
     return config, canonical(manifest), [content for _, content, _ in layers]
-
-
-def smoke_record(
-    smoke: dict[str, Any], base: str, scope: str, digest: str, signer: Signer | None = None
-) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
-    """The `.smoke` attachment of image `digest`, passed on `base` in `scope` (build.spared): what imported, each
-    with its RECORD fingerprint; signed by `signer` when there is one (a fresh runner believes only that)."""
-    meta = smoke.get("meta")
-    meta = meta if isinstance(meta, dict) else {}
-    rows = [row for row in meta.get("added") or [] if isinstance(row, list) and len(row) >= 4]
-    added = [[str(row[0]), str(row[1]), str(row[3])] for row in rows]
-    document = {"base": base, "scope": scope, "digest": digest, "ok": bool(smoke.get("ok")), "meta": {"added": added}}
-    record = canonical(document)
-    notes = {SIGNATURE_ANNOTATION: base64.b64encode(signer.sign(record)).decode()} if signer else {}
-    return {"smoke": artifact([(SMOKE_RECORD, record, notes)])}
 
 
 def attached_layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:

@@ -304,7 +304,7 @@ def publish(
     (cosign's tags). Returns the pushed digest."""
     from imgbuild import imageref
     from imgbuild.build import attest
-    from imgbuild.build.spared import smoke_scope
+    from imgbuild.build.spared import smoke_record, smoke_scope
     from imgbuild.registry.client import RegistryClient
 
     target = plan.target
@@ -314,7 +314,7 @@ def publish(
     client = RegistryClient.for_host(ref.registry, settings)
     if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
         try:
-            record = attest.smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
+            record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
             attest.publish(client, ref.repository, digest, record)
         except ImgbuildError as exc:
             log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")

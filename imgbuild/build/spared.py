@@ -147,3 +147,20 @@ def registry_known_good(plan: Plan, settings: Settings, key: Any, progress: Call
             f"the registry's smoke record for {plan.target} is not signed by the key, or not this image's: ignored"
         )
     return ()
+
+
+def smoke_record(
+    smoke: dict[str, Any], base: str, scope: str, digest: str, signer: Any = None
+) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
+    """The `.smoke` attachment of image `digest`, passed on `base` in `scope` (build.spared): what imported, each
+    with its RECORD fingerprint; signed by `signer` when there is one (a fresh runner believes only that)."""
+    from imgbuild.build import attest
+
+    meta = smoke.get("meta")
+    meta = meta if isinstance(meta, dict) else {}
+    rows = [row for row in meta.get("added") or [] if isinstance(row, list) and len(row) >= 4]
+    added = [[str(row[0]), str(row[1]), str(row[3])] for row in rows]
+    document = {"base": base, "scope": scope, "digest": digest, "ok": bool(smoke.get("ok")), "meta": {"added": added}}
+    record = attest.canonical(document)
+    notes = {attest.SIGNATURE_ANNOTATION: base64.b64encode(signer.sign(record)).decode()} if signer else {}
+    return {"smoke": attest.artifact([(attest.SMOKE_RECORD, record, notes)])}

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from imgbuild.clusters.slurm import alone_command, launches_itself, torchrun_command
+from imgbuild.clusters.launch import alone_command, launches_itself, torchrun_command
 from imgbuild.config.site import K8S_VOLUME_RE, K8sSite
 from imgbuild.errors import UsageError
 

@@ -9,6 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from imgbuild.clusters.launch import launcher, launches_itself
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 
@@ -319,7 +320,7 @@ def sbatch_script(job: JobSpec) -> str:
         *(["--gpus-per-task=1", "--gpu-bind=per_task:1"] if job.task_per_gpu else []),
         *srun_opts,
     ]
-    launch, command = _launcher(job)
+    launch, command = launcher(job)
     body += launch
     # Threads per process: the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
     # Set on the command itself (env ... inside the container), so it wins over an image's own ENV in
@@ -403,99 +404,6 @@ def _stage_lines(job: JobSpec) -> list[str]:
     for tar in job.stage:
         lines += [f'{per_node} tar xf {shlex.quote(tar)} -C "${job.scratch_var}"']
     return lines
-
-
-def _launcher(job: JobSpec) -> tuple[list[str], list[str]]:
-    """(script lines before the step, the command the container runs): torchrun or the command itself."""
-    command = list(job.command)
-    restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
-    if job.self_launching:  # given the rendezvous by the variables torchrun (PET_*) and others (MASTER_*) read
-        facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
-        if job.nodes == 1:
-            return [], ["env", *facts, *command]
-        facts += [
-            "PET_NNODES=$SLURM_NNODES",
-            "PET_RDZV_BACKEND=c10d",
-            "PET_RDZV_ENDPOINT=$head_node:$rdzv_port",
-            "PET_RDZV_ID=$SLURM_JOB_ID",
-            "MASTER_ADDR=$head_node",
-            "MASTER_PORT=$rdzv_port",
-        ]
-        return _rendezvous_lines(job), ["env", *facts, *command]
-    if not job.uses_torchrun:
-        return [], alone_command(command)
-    command = torchrun_command(command)
-    if job.nodes == 1:
-        # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
-        return [], ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *restarts, *command]
-    return _rendezvous_lines(job), [
-        "torchrun",
-        "--nnodes=$SLURM_NNODES",
-        f"--nproc-per-node={max(job.gpus, 1)}",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=$head_node:$rdzv_port",
-        "--rdzv-id=$SLURM_JOB_ID",
-        *restarts,
-        *command,
-    ]
-
-
-def _rendezvous_lines(job: JobSpec) -> list[str]:
-    """Script lines that find the rendezvous: the allocation's first node, and a port free there now."""
-    return [
-        "",
-        "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
-        "# job's own, so two jobs sharing a node never join each other's store.",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
-        "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
-        "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
-        "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
-        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
-    ]
-
-
-_PYTHON_RE = re.compile(r"(?:.*/)?python(?:3(?:\.[0-9]{1,2})?)?")
-#: Commands that start the workers themselves, by their program's name or as `python -m MODULE`.
-LAUNCHER_PROGRAMS = ("torchrun", "deepspeed", "accelerate", "mpirun", "mpiexec", "horovodrun", "srun", "composer")
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch", "deepspeed")
-
-
-def launches_itself(command: list[str]) -> bool:
-    """`torchrun ...`, `accelerate launch ...`, `deepspeed ...`, `mpirun ...`, `python -m torch.distributed.run`:
-    the command is a launcher, to be given the rendezvous, never wrapped in another."""
-    if not command:
-        return False
-    head = command[0].rsplit("/", 1)[-1]
-    if head in LAUNCHER_PROGRAMS:
-        return True
-    return bool(_PYTHON_RE.fullmatch(command[0]) and command[1:2] == ["-m"] and command[2:3]
-                and command[2] in LAUNCHER_MODULES)  # fmt: skip
-
-
-def torchrun_command(command: list[str]) -> list[str]:
-    """What follows torchrun's options for the command the user typed, so one command works at 1 GPU and at N:
-    `python3 train.py --lr 1` -> `train.py --lr 1`; `python -m pkg.train` -> `-m pkg.train`; a script ->
-    itself; anything else (`bash run.sh`, `python3 -u x.py`, a binary) -> `--no-python` and the command."""
-    if not command:
-        return command
-    head, rest = command[0], command[1:]
-    if _PYTHON_RE.fullmatch(head):
-        if rest[:1] == ["-m"] and len(rest) > 1:
-            return ["-m", *rest[1:]]
-        if rest and not rest[0].startswith("-"):
-            return rest
-        return ["--no-python", *command]
-    if head.endswith(".py"):
-        return command
-    return ["--no-python", *command]
-
-
-def alone_command(command: list[str]) -> list[str]:
-    """The command on one GPU (no torchrun): a bare `train.py` runs as torchrun would run it, with python3."""
-    if command and command[0].endswith(".py") and not _PYTHON_RE.fullmatch(command[0]):
-        return ["python3", *command]
-    return command
 
 
 #: GPU use sampled every 30 s on each node (nvidia-smi, where the node has it), beside the job's output.
