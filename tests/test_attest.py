@@ -485,3 +485,28 @@ def test_a_key_that_is_no_file_is_refused_at_once_without_reading_it(path, tmp_p
     big.write_bytes(b"x" * 70_000)
     with pytest.raises(UsageError, match="larger than"):
         attest.load_verifier(big)
+
+
+def test_the_sboms_file_hashes_are_what_sha256sum_says(tmp_path):
+    """supply-4: the SBOM's 'SHA-256' of a copied file was imgbuild's cache-key digest (names, modes and content
+    together). Each copied file is now listed at its place in the image with its content's sha256."""
+    from imgbuild.build.describe import _file_hashes
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.yaml").write_text("lr: 1\n")
+    (tmp_path / "conf" / "b.yaml").write_text("lr: 2\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        'name: r\nbase: {framework: pytorch, tag: "24.05"}\n'
+        "files: [{src: train.py, dest: /opt/app/train.py}, {src: conf, dest: /opt/app/conf}]\n"
+    )
+    hashes = _file_hashes(load_recipe(recipe, environ={}))
+    sums = {}
+    for rel, dest in [("train.py", "/opt/app/train.py"), ("conf/a.yaml", "/opt/app/conf/a.yaml"),
+                      ("conf/b.yaml", "/opt/app/conf/b.yaml")]:  # fmt: skip
+        out = subprocess.run(["sha256sum", str(tmp_path / rel)], capture_output=True, text=True, check=True).stdout
+        sums[dest] = "sha256:" + out.split()[0]
+    assert hashes == sums

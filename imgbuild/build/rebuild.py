@@ -304,6 +304,7 @@ def publish(
     (cosign's tags). Returns the pushed digest."""
     from imgbuild import imageref
     from imgbuild.build import attest
+    from imgbuild.build.describe import describe
     from imgbuild.build.spared import smoke_record, smoke_scope
     from imgbuild.registry.client import RegistryClient
 
@@ -321,7 +322,7 @@ def publish(
     if signer is None:
         return digest
     builder = {"engine": str(engine.host_info().get("version", "")), "backend": backend or settings.backend}
-    made = attest.describe(plan, smoke, ref.name, digest, builder)
+    made = describe(plan, smoke, ref.name, digest, builder)
     tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
     log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
     return digest

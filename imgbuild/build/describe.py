@@ -1,0 +1,92 @@
+"""What imgbuild knows of a promoted image, gathered once for its signed records (build.attest): the recipe, its
+lock and commit, the base by digest, the distributions that imported with their licenses and hashes, the apt
+packages, every copied file by the sha256 of its content, the engine and imgbuild's version, the smoke result."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from imgbuild.build.attest import Made, sha256
+
+
+def _file_hashes(loaded: Any) -> dict[str, str]:
+    """Each copied file's place in the image and its content's sha256 (what `sha256sum` says of it there)."""
+    out = {}
+    for dest, files in sorted(loaded.file_manifest.items()):
+        for f in files:
+            h = hashlib.sha256()
+            with open(f.path, "rb") as handle:
+                while block := handle.read(1 << 20):
+                    h.update(block)
+            out[f"{dest}/{f.rel}" if f.rel else dest] = "sha256:" + h.hexdigest()
+    return out
+
+
+def _file_sha256(path: Path | None) -> str | None:
+    return sha256(path.read_bytes()) if path and path.is_file() else None
+
+
+def _git_commit(folder: Path) -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit) else None
+
+
+def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder: dict[str, str]) -> Made:
+    """`Made` for `plan`'s image pushed as `image@digest`; `smoke` is its smoke report (smoke.json)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    from imgbuild import __version__
+    from imgbuild.recipe import stable_name
+
+    loaded, recipe = plan.loaded, plan.loaded.recipe
+    hashes: dict[str, tuple[str, ...]] = {}
+    for line in loaded.requirements:
+        try:
+            name = canonicalize_name(Requirement(line.spec).name)
+        except InvalidRequirement:
+            continue
+        values = tuple(h.split("=", 1)[-1].split(" ", 1)[-1] for h in line.hashes)
+        hashes[str(name)] = values
+    rows = (smoke.get("meta") or {}).get("added") or []
+    added = tuple(
+        (str(r[0]), str(r[1]), str(r[2])) for r in rows if isinstance(r, list) and len(r) >= 3 and r[0] and r[1]
+    )
+    fleet = tuple(
+        f"{c['name']}: {c['status']}: {c.get('reason', '')}"[:300]
+        for c in smoke.get("checks") or []
+        if str(c.get("name", "")).startswith("fleet")
+    )
+    failed = [c for c in smoke.get("checks") or [] if c.get("status") == "fail"]
+    return Made(
+        image=image,
+        digest=digest,
+        tag=plan.tag,
+        recipe_path=stable_name(loaded.path),
+        recipe_sha256=sha256(Path(loaded.path).read_bytes()),
+        content_hash=plan.content_hash,
+        git_commit=_git_commit(Path(loaded.path).parent),
+        lock_path=stable_name(loaded.lock_path) if loaded.lock_path else None,
+        lock_sha256=_file_sha256(loaded.lock_path),
+        base_ref=plan.base.ref,
+        base_digest=plan.base.digest or plan.base.image_id,
+        added=added,
+        hashes=hashes,
+        apt=tuple(recipe.apt),
+        files=_file_hashes(loaded),
+        builder=builder,
+        imgbuild_version=__version__,
+        smoke={"ok": bool(smoke.get("ok")), "failed": [c.get("name") for c in failed]},
+        fleet=fleet,
+    )
