@@ -191,3 +191,25 @@ def test_an_empty_lock_is_refused_not_taken_for_no_pins(tmp_path, text):
         load_recipe(tmp_path / "demo.yaml", environ={})
     (tmp_path / "demo.lock.txt").write_text("# imgbuild lock: what pip resolved\n")  # a lock of no pins is one
     load_recipe(tmp_path / "demo.yaml", environ={})
+
+
+@pytest.mark.parametrize(
+    "image, prefix, under",
+    [
+        ("localhost:5000/lab/x:1", "127.0.0.1:5000/lab", True),  # supply-4: the same registry, another name
+        ("127.0.0.1:5000/lab/x:1", "localhost:5000/lab", True),
+        ("LOCALHOST:5000/lab/x:1", "127.0.0.1:5000/lab/", True),
+        ("index.docker.io/lab/x:1", "docker.io/lab", True),
+        ("lab/x:1", "docker.io/lab", True),
+        ("registry.example.org:443/lab/x:1", "registry.example.org/lab", True),
+        ("127.0.0.1:5001/lab/x:1", "127.0.0.1:5000/lab", False),  # another port: another registry
+        ("127.0.0.1:5000/labx/y:1", "127.0.0.1:5000/lab", False),  # a prefix of a name is not a folder
+        ("127.0.0.1:5000/other/x:1", "127.0.0.1:5000/lab", False),
+        ("127.0.0.1:5000/anything:1", "127.0.0.1:5000", True),
+    ],
+)
+def test_signed_only_compares_registries_by_what_they_are(image, prefix, under):
+    from imgbuild import imageref
+    from imgbuild.servers.admission import under_prefix
+
+    assert under_prefix(imageref.parse(image), prefix) is under

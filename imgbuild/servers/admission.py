@@ -10,6 +10,38 @@ from typing import Any
 from imgbuild.errors import UsageError
 from imgbuild.servers.spec import is_recipe
 
+#: Names of one registry: a loopback host by any of its names, Docker Hub by its aliases, a default port dropped.
+_LOOPBACK = {"localhost", "127.0.0.1", "[::1]", "::1"}
+_DOCKER_HUB = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}
+
+
+def registry_key(host: str) -> str:
+    """One spelling per registry: `localhost:5000` and `127.0.0.1:5000` are one, as are Docker Hub's names."""
+    host = host.lower().removesuffix(":443")
+    name, sep, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if not sep or not port.isdigit():
+        name, port = host, ""
+    if name in _LOOPBACK:
+        name = "127.0.0.1"
+    if name in _DOCKER_HUB:
+        name = "docker.io"
+    return f"{name}:{port}" if port else name
+
+
+def under_prefix(ref: Any, prefix: str) -> bool:
+    """Whether the image `ref` (imageref.ImageRef) lies under `prefix` (REGISTRY[/PATH]), its registry compared by
+    what it is, not how it is spelled: a site's `127.0.0.1:5000/lab` covers `localhost:5000/lab/x`."""
+    from imgbuild import imageref
+
+    try:
+        wanted = imageref.parse(prefix.rstrip("/") + "/x")
+    except imageref.BadReference:
+        return False
+    if registry_key(ref.registry) != registry_key(wanted.registry):
+        return False
+    path = wanted.repository.removesuffix("x").rstrip("/")
+    return not path or ref.repository == path or ref.repository.startswith(path + "/")
+
 
 def check_signed(image: str, settings: Any) -> str:
     """The image to run: under the site's `run.signed_only` prefixes, only one signed by `run.signing_key`, and
@@ -26,7 +58,7 @@ def check_signed(image: str, settings: Any) -> str:
         ref = imageref.parse(image)
     except imageref.BadReference as exc:
         raise UsageError(f"image: {exc}; give REGISTRY/REPO:TAG or a recipe file") from None
-    prefix = next((p for p in rules.signed_only if ref.name == p or ref.name.startswith(p.rstrip("/") + "/")), None)
+    prefix = next((p for p in rules.signed_only if under_prefix(ref, p)), None)
     if prefix is None:
         return image
     if not rules.signing_key:
