@@ -123,3 +123,29 @@ def test_kubernetes_tensorflow_and_launchers():
     assert own["spec"]["trainer"]["command"] == ["torchrun", "train.py"]
     with pytest.raises(UsageError, match="a lower-case letter"):
         manifest(K8sJob(IMAGE, ["python3", "t.py"], "3dunet", 1000, 1000))
+
+
+@pytest.mark.parametrize(
+    "mem, header",
+    [
+        ("7.5G", "#SBATCH --mem=7680M"),
+        ("64G", "#SBATCH --mem=64G"),
+        ("0.5T", "#SBATCH --mem=524288M"),
+        ("1500.5M", "#SBATCH --mem=1500M"),
+    ],
+)
+def test_a_fractional_memory_is_written_as_sbatch_takes_it(mem, header):
+    """clusters-4: `--mem 7.5G` was passed on and sbatch rejected it (whole numbers only)."""
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+
+    job = job_from_flags(JobFlags(["t.py"], "x.sif", "x", mem=mem), {})
+    assert header in sbatch_script(job)
+
+
+def test_a_jean_zay_account_is_accepted():
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+
+    job = job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100"), {})
+    assert "#SBATCH --account=abc@v100" in sbatch_script(job)
+    with pytest.raises(UsageError, match="--account"):
+        job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100;rm"), {})

@@ -126,7 +126,7 @@ _HEADER_VALUES = {
     "mem": (re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,3})?[KMGT]?", re.IGNORECASE), "e.g. 64G, 16000M"),
     "output": (re.compile(r"[A-Za-z0-9_.%/+=@-]{1,1024}"), "a path pattern such as %x-%j.out"),
     "partition": (re.compile(r"[A-Za-z0-9_.,-]{1,128}"), "a partition name"),
-    "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}"), "an account name"),
+    "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}(?:@[A-Za-z0-9_.-]{1,64})?"), "an account name (Jean Zay: abc@v100)"),
     "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
 }
 
@@ -161,6 +161,15 @@ def _image_for(runtime: str, image: str, sif_dir: str | None) -> str:
     if runtime in ("apptainer", "singularity"):
         return sif_path(image, sif_dir)
     return oci_path(image, sif_dir) if runtime == "oci" else image
+
+
+def whole_mem(text: str) -> str:
+    """sbatch takes whole numbers only: `7.5G` -> `7680M`; a whole one as written (checked before)."""
+    match = re.fullmatch(r"([0-9]+)\.([0-9]+)([KMGT]?)", text, re.IGNORECASE)
+    if not match:
+        return text
+    scale = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(3).upper()]
+    return f"{max(1, int(float(match.group(1) + '.' + match.group(2)) * scale))}M"
 
 
 def framework_of(image: str, settings: Any) -> str:
@@ -224,7 +233,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,
         cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]),
         cpus=flags.cpus,
-        mem=flags.mem or (slurm_mem(str(per_gpu_mem), flags.gpus) if per_gpu_mem else None),
+        mem=whole_mem(flags.mem) if flags.mem else (slurm_mem(str(per_gpu_mem), flags.gpus) if per_gpu_mem else None),
         time=flags.time or site["time"],
         # a job without GPUs does not hold a GPU node's CPUs where the site has a partition for it
         partition=flags.partition or (flags.gpus == 0 and site["cpu_partition"]) or site["partition"],
