@@ -149,3 +149,25 @@ def test_a_jean_zay_account_is_accepted():
     assert "#SBATCH --account=abc@v100" in sbatch_script(job)
     with pytest.raises(UsageError, match="--account"):
         job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100;rm"), {})
+
+
+def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home(tmp_path):
+    """clusters-4 N18/N19: the docker runtime passed a fixed list of Slurm variables (NCCL_SOCKET_IFNAME lost)
+    and left HOME unwritable for the caller's UID."""
+    import subprocess
+
+    from imgbuild.clusters.slurm import _docker_prefix
+
+    argv = _docker_prefix(JobSpec(["t.py"], "img", runtime="docker", gpus=1), [])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')
+    (fake / "docker").chmod(0o755)
+    out = tmp_path / "argv.txt"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "SLURM_STEP_GPUS": "0", "SLURM_JOB_ID": "7",
+           "NCCL_SOCKET_IFNAME": "ib0"}  # fmt: skip
+    done = subprocess.run([*argv, "python3", "t.py"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    words = out.read_text().splitlines()
+    pairs = {(a, b) for a, b in zip(words, words[1:], strict=False)}
+    assert ("-e", "NCCL_SOCKET_IFNAME") in pairs and ("-e", "HOME=/tmp/home") in pairs

@@ -165,6 +165,14 @@ SLURM_EPILOG = (
 )
 
 
+#: What a job's environment says that its container must see too (clusters-4 N18: NCCL_SOCKET_IFNAME was lost):
+#: NCCL's and the transports' interface and fabric choices, Hugging Face's and PyTorch's caches.
+PASSED_ENV = (
+    "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE",
+    "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "HF_HOME", "TORCH_HOME",
+)  # fmt: skip
+
+
 def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     """`docker run` on the node as the caller, with the step's GPUs, CPUs and memory and the job's variables.
 
@@ -204,6 +212,12 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         "-e",
         "SLURM_RESTART_COUNT",
     ]
+    for (
+        name
+    ) in PASSED_ENV:  # the job's own network and cache settings, where it sets them (`-e NAME`: unset stays unset)
+        opts += ["-e", name]
+    # The caller's UID has no home in the image: a writable one, as `imgbuild run` gives (pip --user, ~/.cache).
+    opts += ["-e", "HOME=/tmp/home"]
     opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
     opts += [
         "--name",
