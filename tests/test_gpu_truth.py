@@ -938,6 +938,20 @@ def test_a_registry_tag_is_judged_on_the_platform_of_each_target():
     assert t4.runs  # an x86 GPU is judged on the tag's own (amd64) list
 
 
+def pip_torch(version: str, cuda: str, cudnn: int) -> types.SimpleNamespace:
+    """pip's torch as the libraries check sees it: its CUDA, cuDNN and NCCL versions, its arch list."""
+    return types.SimpleNamespace(
+        __version__=version,
+        version=types.SimpleNamespace(cuda=cuda),
+        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(is_available=lambda: True, version=lambda: cudnn)),
+        cuda=types.SimpleNamespace(
+            nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)), get_arch_list=lambda: ["sm_80"]
+        ),
+        distributed=types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True),
+        _C=types.SimpleNamespace(_cuda_getArchFlags=lambda: "sm_80 sm_90"),
+    )
+
+
 @pytest.mark.parametrize(
     "runtime, status",
     [
@@ -952,16 +966,7 @@ def test_pip_torch_on_a_cuda_base_is_not_held_to_the_system_cuda(runtime, status
     monkeypatch.setenv("CUDA_VERSION", "12.4.1")
     monkeypatch.delenv("CUDNN_VERSION", raising=False)
     monkeypatch.setattr(script, "loaded_library", lambda name: runtime)
-    torch = types.SimpleNamespace(
-        __version__="2.5.1+cu121",
-        version=types.SimpleNamespace(cuda="12.1"),
-        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(is_available=lambda: True, version=lambda: 90100)),
-        cuda=types.SimpleNamespace(
-            nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)), get_arch_list=lambda: ["sm_80"]
-        ),
-        distributed=types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True),
-        _C=types.SimpleNamespace(_cuda_getArchFlags=lambda: "sm_80 sm_90"),
-    )
+    torch = pip_torch("2.5.1+cu121", "12.1", 90100)
     report = script.Report()
     report.run("cuda libraries", script.torch_libraries, torch)
     (entry,) = report.checks
@@ -1279,16 +1284,7 @@ def test_pip_torch_with_its_own_cudnn_wheel_is_not_held_to_the_bases_cudnn(cudnn
     monkeypatch.setenv("CUDNN_VERSION", "9.1.0.70")
     where = {"libcudart.so": "/usr/local/lib/python3.12/dist-packages/nvidia/cuda_runtime/lib/libcudart.so.12"}
     monkeypatch.setattr(script, "loaded_library", lambda name: where.get(name, cudnn_path))
-    torch = types.SimpleNamespace(
-        __version__="2.7.1+cu126",
-        version=types.SimpleNamespace(cuda="12.6"),
-        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(is_available=lambda: True, version=lambda: 90501)),
-        cuda=types.SimpleNamespace(
-            nccl=types.SimpleNamespace(version=lambda: (2, 21, 5)), get_arch_list=lambda: ["sm_80"]
-        ),
-        distributed=types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True),
-        _C=types.SimpleNamespace(_cuda_getArchFlags=lambda: "sm_80 sm_90"),
-    )
+    torch = pip_torch("2.7.1+cu126", "12.6", 90501)
     report = script.Report()
     report.run("cuda libraries", script.torch_libraries, torch)
     (entry,) = report.checks

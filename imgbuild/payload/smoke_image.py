@@ -1080,7 +1080,12 @@ def torch_arch(torch) -> dict:
     if not torch.cuda.is_available():
         raise Skip("no GPU visible")
     archs = torch_arch_list(torch)
-    verdicts = [explain_kernels(archs, torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+    return arch_verdict(archs, [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())])
+
+
+def arch_verdict(archs, capabilities: list) -> dict:
+    """The framework's arch list against each visible GPU: fail where one has no kernels, warn where one JITs."""
+    verdicts = [explain_kernels(archs, capability) for capability in capabilities]
     problems = [reason for runs, _, reason in verdicts if not runs]
     if problems:
         raise Fail("; ".join(problems) + " (choose an NGC release that supports this GPU)")
@@ -1399,20 +1404,11 @@ def tf_arch(tf) -> dict:
     archs = [a.strip("[]'\"") for a in archs if a.strip("[]'\"")]
     if not archs:
         raise Skip("TensorFlow's build info names no CUDA arch list")
-    verdicts = []
-    for gpu in gpus:
-        capability = tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability") or ())
-        if len(capability) == 2:
-            verdicts.append(explain_kernels(" ".join(archs), capability))
-    if not verdicts:
+    details = [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability") or ()) for gpu in gpus]
+    capabilities = [c for c in details if len(c) == 2]
+    if not capabilities:
         raise Skip("TensorFlow does not say its GPUs' compute capability")
-    problems = [reason for runs, _, reason in verdicts if not runs]
-    if problems:
-        raise Fail("; ".join(problems) + " (choose an NGC release that supports this GPU)")
-    jit = [reason for _, how, reason in verdicts if how == "ptx"]
-    if jit:
-        raise Warn("; ".join(jit))
-    return {"arch_list": archs, "reason": "; ".join(sorted({reason for _, _, reason in verdicts}))}
+    return {**arch_verdict(" ".join(archs), capabilities), "arch_list": archs}
 
 
 def tf_conv(tf) -> dict:
