@@ -83,7 +83,9 @@ def test_every_layout_validates_against_the_published_schemas(gpus, nodes, torch
             "name": "torch-distributed", "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"
         }  # fmt: skip
         resources = trainer["resourcesPerNode"]
-    assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
+    assert pod["securityContext"] == {
+        "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}
+    }  # fmt: skip
     assert pod["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
     assert pod["volumes"][1]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
     assert resources["limits"].get("nvidia.com/gpu") == (str(gpus) if gpus else None)

@@ -171,3 +171,55 @@ def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home
     words = out.read_text().splitlines()
     pairs = {(a, b) for a, b in zip(words, words[1:], strict=False)}
     assert ("-e", "NCCL_SOCKET_IFNAME") in pairs and ("-e", "HOME=/tmp/home") in pairs
+
+
+def restricted_violations(pod_spec: dict) -> list[str]:
+    """The restricted Pod Security Standard's checks (kubernetes.io/docs/concepts/security/pod-security-standards,
+    profile "Restricted", and k8s.io/pod-security-admission's policy checks): what a pod spec breaks."""
+    broken = []
+    pod = pod_spec.get("securityContext") or {}
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in pod_spec.get("volumes") or []:
+        if set(volume) - {"name"} - allowed_volumes:
+            broken.append(f"volume {volume.get('name')}: type not allowed")
+    for container in pod_spec.get("containers") or []:
+        own = container.get("securityContext") or {}
+        if own.get("allowPrivilegeEscalation") is not False:
+            broken.append("allowPrivilegeEscalation != false")
+        if "ALL" not in ((own.get("capabilities") or {}).get("drop") or []):
+            broken.append("capabilities.drop lacks ALL")
+        if set((own.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}:
+            broken.append("capabilities added")
+        if not (own.get("runAsNonRoot") or pod.get("runAsNonRoot")):
+            broken.append("runAsNonRoot != true")
+        if own.get("runAsUser", pod.get("runAsUser")) == 0:
+            broken.append("runAsUser = 0")
+        seccomp = (own.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            broken.append("seccompProfile not RuntimeDefault or Localhost")
+        if own.get("privileged"):
+            broken.append("privileged")
+    return broken
+
+
+@pytest.mark.parametrize("gpus, nodes", [(1, 1), (0, 1), (2, 2)])
+def test_every_pod_meets_the_restricted_pod_security_standard(gpus, nodes):
+    """clusters-4: the pods failed the restricted standard (no seccomp profile, capabilities kept)."""
+    site = checked_section(K8sSite, "k8s", {"volumes": ["datasets:/datasets:ro"]})
+    doc = manifest(K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 1000, gpus=gpus, nodes=nodes, site=site))
+    if doc["kind"] == "TrainJob":
+        patch = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod_spec = patch["template"]["spec"]["template"]["spec"]
+    else:
+        pod_spec = doc["spec"]["template"]["spec"]
+    assert restricted_violations(pod_spec) == []
+    assert restricted_violations({"containers": [{}], "securityContext": {}}) != []  # the check can fail

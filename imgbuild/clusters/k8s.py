@@ -125,16 +125,26 @@ def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def _security(job: K8sJob) -> dict[str, Any]:
-    context: dict[str, Any] = {"runAsUser": job.uid, "runAsGroup": job.gid}
+    """The pod's: the caller's IDs and the runtime's default seccomp profile (the restricted Pod Security
+    Standard; a root caller's job cannot meet it, and says so by running as root)."""
+    context: dict[str, Any] = {
+        "runAsUser": job.uid,
+        "runAsGroup": job.gid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     if job.uid != 0:
         context["runAsNonRoot"] = True
     return context
 
 
+#: A container's own context under the restricted Pod Security Standard: no privilege escalation, no capability.
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def _env(job: K8sJob) -> list[dict[str, str]]:
     """Threads per process, and a writable HOME for the caller's UID (the image's may not be theirs)."""
     cpus = job.cpus or job.site.cpus_per_gpu * max(job.gpus, 1)
-    workers = max(job.gpus, 1) if job.uses_torchrun else 1
+    workers = max(job.gpus, 1) if job.uses_torchrun or job.self_launching else 1
     return [{"name": "OMP_NUM_THREADS", "value": str(max(1, cpus // workers))}, {"name": "HOME", "value": "/tmp/home"}]
 
 
@@ -158,7 +168,7 @@ def plain_job(job: K8sJob) -> dict[str, Any]:
         "command": alone_command(list(job.command)),
         "env": _env(job),
         "resources": _resources(job),
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": dict(CONTAINER_SECURITY),
         "volumeMounts": mounts,
     }
     return {
@@ -187,9 +197,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
     pod_patch = {
         "securityContext": _security(job),
         "volumes": volumes,
-        "containers": [
-            {"name": "node", "volumeMounts": mounts, "securityContext": {"allowPrivilegeEscalation": False}}
-        ],
+        "containers": [{"name": "node", "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}],
     }
     patch = {
         "manager": PATCH_MANAGER,
