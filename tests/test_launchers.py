@@ -223,3 +223,34 @@ def test_every_pod_meets_the_restricted_pod_security_standard(gpus, nodes):
         pod_spec = doc["spec"]["template"]["spec"]
     assert restricted_violations(pod_spec) == []
     assert restricted_violations({"containers": [{}], "securityContext": {}}) != []  # the check can fail
+
+
+def test_site_sbatch_options_qos_and_constraints_reach_the_header():
+    """clusters-4: no --qos, --constraint or site #SBATCH lines (Jean Zay's --hint=nomultithread, JUWELS' QOS)."""
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+
+    site = {"qos": "normal", "constraint": "v100-32g", "sbatch_lines": ["--hint=nomultithread", "--exclusive"]}
+    script = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x"), site))
+    for line in ("#SBATCH --qos=normal", "#SBATCH --constraint=v100-32g", "#SBATCH --hint=nomultithread",
+                 "#SBATCH --exclusive"):  # fmt: skip
+        assert line in script.splitlines()
+    mine = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x", qos="qos_gpu-t4", constraint="a100&ib"), site))
+    assert "#SBATCH --qos=qos_gpu-t4" in mine and "#SBATCH --constraint=a100&ib" in mine  # the flags win
+
+
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ({"sbatch_lines": ["--hint=nomultithread\n#SBATCH --uid=0"]}, "sbatch_lines"),
+        ({"sbatch_lines": ["hint=nomultithread"]}, "sbatch_lines"),
+        ({"sbatch_lines": ["--x=$(id)"]}, "sbatch_lines"),
+        ({"sbatch_lines": ["--x=a b"]}, "sbatch_lines"),
+        ({"constraint": "a100;reboot"}, "constraint"),
+        ({"qos": "high normal"}, "qos"),
+    ],
+)
+def test_a_hostile_site_sbatch_value_is_refused_naming_it(section, key):
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+
+    with pytest.raises(UsageError, match=key):
+        job_from_flags(JobFlags(["t.py"], "x.sif", "x"), section)

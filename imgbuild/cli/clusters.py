@@ -148,6 +148,8 @@ def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list
 @click.option("--time", "walltime", help="Time limit (e.g. 1:00:00).")
 @click.option("--partition", help="Partition (site default).")
 @click.option("--account", help="Account/project (site default).")
+@click.option("--qos", help="Quality of service (site default).")
+@click.option("--constraint", help="Node features, Slurm's syntax: a100&ib (site default).")
 @click.option("--job-name", help="Job name (default: the image name).")
 @click.option("--output", "job_output", default="%x-%j.out", show_default=True, help="Slurm output file.")
 @click.option(
@@ -197,6 +199,8 @@ def slurm(
     walltime: str | None,
     partition: str | None,
     account: str | None,
+    qos: str | None,
+    constraint: str | None,
     job_name: str | None,
     job_output: str,
     stage: tuple[str, ...],
@@ -244,6 +248,8 @@ def slurm(
             time=walltime,
             partition=partition,
             account=account,
+            qos=qos,
+            constraint=constraint,
             job_name=job_name,
             output=job_output,
             stage=tars,

@@ -97,6 +97,8 @@ class JobFlags:
     usage: bool = True
     local_image: bool = False  # the image is a recipe's, built here (docker runtime: never pulled)
     framework: str = ""  # the image's framework (framework_of): decides the launcher
+    qos: str | None = None
+    constraint: str | None = None
 
 
 #: A snapshot folder: an absolute path or one under a job variable ($SLURM_SUBMIT_DIR/...), no spaces,
@@ -126,6 +128,8 @@ _HEADER_VALUES = {
     "mem": (re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,3})?[KMGT]?", re.IGNORECASE), "e.g. 64G, 16000M"),
     "output": (re.compile(r"[A-Za-z0-9_.%/+=@-]{1,1024}"), "a path pattern such as %x-%j.out"),
     "partition": (re.compile(r"[A-Za-z0-9_.,-]{1,128}"), "a partition name"),
+    "qos": (re.compile(r"[A-Za-z0-9_.-]{1,128}"), "a QOS name"),
+    "constraint": (re.compile(r"[A-Za-z0-9_.:*&|!\[\]()-]{1,256}"), "node features such as a100&ib"),
     "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}(?:@[A-Za-z0-9_.-]{1,64})?"), "an account name (Jean Zay: abc@v100)"),
     "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
 }
@@ -257,6 +261,9 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
         usage=flags.usage,
         framework=flags.framework,
+        qos=flags.qos or site["qos"],
+        constraint=flags.constraint or site["constraint"],
+        sbatch_lines=list(site["sbatch_lines"] or []),
     )
 
 

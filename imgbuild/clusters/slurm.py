@@ -52,6 +52,9 @@ class JobSpec:
     snapshot_dir: str | None = None  # persistent folder for snapshots, passed as SNAPSHOT_DIR
     usage: bool = True  # sample GPU use on each node; summarise it at the end of the job
     framework: str = ""  # the image's: pytorch, tensorflow, jax ("" unknown); decides the launcher
+    qos: str | None = None
+    constraint: str | None = None
+    sbatch_lines: list[str] = field(default_factory=list)  # the site's own #SBATCH options (checked in config)
 
     @property
     def total_gpus(self) -> int:
@@ -387,6 +390,9 @@ def _header(job: JobSpec) -> list[str]:
     head = ["#!/bin/bash", f"#SBATCH --job-name={job.job_name}"]
     head += [f"#SBATCH --partition={job.partition}"] if job.partition else []
     head += [f"#SBATCH --account={job.account}"] if job.account else []
+    head += [f"#SBATCH --qos={job.qos}"] if job.qos else []
+    head += [f"#SBATCH --constraint={job.constraint}"] if job.constraint else []
+    head += [f"#SBATCH {line}" for line in job.sbatch_lines]
     head += [
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --ntasks-per-node={job.tasks_per_node}",

@@ -204,6 +204,10 @@ class ReapPolicy:
     )
 
 
+SBATCH_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.:*&|!\[\]()-]{1,256}")
+SBATCH_LINE_RE = re.compile(r"--[a-z][a-z0-9-]{0,40}(?:=[A-Za-z0-9_.,:@%+/&|!\[\]()*-]{1,256})?")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SlurmSite:
     """`slurm:` how `imgbuild slurm` writes jobs for this cluster."""
@@ -246,6 +250,17 @@ class SlurmSite:
     sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
     stage_dir: str | None = typed(Maybe(ONE_LINE), None, doc="where --stage writes its tars")
+    qos: str | None = typed(Maybe(Text(matches(_NAME, "not a QOS name"))), None, doc="#SBATCH --qos")
+    constraint: str | None = typed(
+        Maybe(Text(matches(SBATCH_CONSTRAINT_RE, "not a Slurm constraint (a100&ib, [rack1|rack2])"))),
+        None,
+        doc="#SBATCH --constraint (node features)",
+    )
+    sbatch_lines: list[str] = typed(
+        ListOf(Text(matches(SBATCH_LINE_RE, "not an sbatch option such as --hint=nomultithread")), max_length=32),
+        factory=list,
+        doc="more #SBATCH options every job gets (--hint=nomultithread, --exclusive, --reservation=R)",
+    )
 
 
 def _gpu_name(value: str) -> str:
