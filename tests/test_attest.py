@@ -177,7 +177,7 @@ def test_the_documents_say_what_the_issue_asks():
     build = statement["predicate"]["buildDefinition"]
     assert build["externalParameters"]["recipe"] == {
         "path": "recipes/research.yaml", "sha256": "sha256:" + "c" * 64, "gitCommit": "a" * 40,
-        "contentHash": "sha256:" + "7" * 64,
+        "contentHash": "sha256:" + "7" * 64, "gitTreeDirty": False,
     }  # fmt: skip
     assert build["externalParameters"]["lock"]["sha256"] == "sha256:" + "d" * 64
     assert build["resolvedDependencies"][0]["digest"] == {"sha256": "b" * 64}
@@ -510,3 +510,27 @@ def test_the_sboms_file_hashes_are_what_sha256sum_says(tmp_path):
         out = subprocess.run(["sha256sum", str(tmp_path / rel)], capture_output=True, text=True, check=True).stdout
         sums[dest] = "sha256:" + out.split()[0]
     assert hashes == sums
+
+
+def test_the_provenance_says_a_dirty_tree_and_when(tmp_path):
+    """supply-4: the provenance recorded HEAD while the recipe had uncommitted edits, and no time at all."""
+    from imgbuild.build.describe import _git_dirty
+    from imgbuild.recipe import load_recipe
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.org")
+    git("config", "user.name", "t")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\nfiles: [{src: train.py, dest: /opt/t.py}]\n')
+    git("add", "-A")
+    git("commit", "-qm", "x")
+    assert _git_dirty(load_recipe(recipe, environ={})) is False
+    (tmp_path / "train.py").write_text("print(2)\n")  # a copied file edited, not committed
+    assert _git_dirty(load_recipe(recipe, environ={})) is True
+    statement = attest.provenance(made(git_dirty=True, finished="2026-11-26T23:00:00Z"), "sha256:" + "5" * 64)
+    assert statement["predicate"]["buildDefinition"]["externalParameters"]["recipe"]["gitTreeDirty"] is True
+    assert statement["predicate"]["runDetails"]["metadata"] == {"finishedOn": "2026-11-26T23:00:00Z"}

@@ -87,6 +87,8 @@ class Made:
     imgbuild_version: str
     smoke: dict[str, Any]  # ok, summary
     fleet: tuple[str, ...]  # the fleet verdicts
+    git_dirty: bool = False  # the recipe or a file it names had uncommitted changes when it was built
+    finished: str = ""  # RFC 3339, UTC: when the image was pushed and described
 
 
 def sbom(made: Made) -> dict[str, Any]:
@@ -156,6 +158,7 @@ def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
     }
     if made.git_commit:
         parameters["recipe"]["gitCommit"] = made.git_commit
+        parameters["recipe"]["gitTreeDirty"] = made.git_dirty  # the commit alone does not say what was built
     if made.lock_path:
         parameters["lock"] = {"path": made.lock_path, "sha256": made.lock_sha256}
     return {
@@ -176,7 +179,7 @@ def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
                     "id": "https://github.com/imgbuild/imgbuild",
                     "version": {"imgbuild": made.imgbuild_version, **made.builder},
                 },
-                "metadata": {},
+                "metadata": {"finishedOn": made.finished} if made.finished else {},
                 "byproducts": [
                     {"name": "sbom", "mediaType": CYCLONEDX, "digest": {"sha256": sbom_digest.removeprefix("sha256:")}},
                     {"name": "smoke", "content": base64.b64encode(canonical(made.smoke)).decode()},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,24 @@ def _git_commit(folder: Path) -> str | None:
         return None
     commit = done.stdout.strip()
     return commit if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit) else None
+
+
+def _git_dirty(loaded: Any) -> bool:
+    """Whether the recipe, its parents or a file it names has changes git has not committed (or is untracked)."""
+    import subprocess
+
+    paths = [str(p) for p in [*loaded.chain, *loaded.file_sources.values()] if p]
+    for extra in (loaded.requirements_path, loaded.lock_path):
+        if extra:
+            paths.append(str(extra))
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(Path(loaded.path).parent), "status", "--porcelain", "--", *paths],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
 
 
 def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder: dict[str, str]) -> Made:
@@ -77,6 +96,8 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
         recipe_sha256=sha256(Path(loaded.path).read_bytes()),
         content_hash=plan.content_hash,
         git_commit=_git_commit(Path(loaded.path).parent),
+        git_dirty=_git_dirty(loaded),
+        finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         lock_path=stable_name(loaded.lock_path) if loaded.lock_path else None,
         lock_sha256=_file_sha256(loaded.lock_path),
         base_ref=plan.base.ref,

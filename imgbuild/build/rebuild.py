@@ -321,7 +321,8 @@ def publish(
             log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
     if signer is None:
         return digest
-    builder = {"engine": str(engine.host_info().get("version", "")), "backend": backend or settings.backend}
+    used = engine.pick_backend(backend or settings.backend)  # the backend that built it, never "auto"
+    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
     made = describe(plan, smoke, ref.name, digest, builder)
     tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
     log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
