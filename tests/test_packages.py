@@ -844,6 +844,14 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
             "error: Request failed after 3 retries\n  Caused by: invalid peer certificate: UnknownIssuer",
             "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
         ),
+        (  # realworld-4 D5: uv's range form ("X>=v depends on") was missed, and pip's pattern took "Because"
+            "  x No solution found when resolving dependencies:\n  Because tf-models-official>=2.20.0 depends on "
+            "tensorflow>=2.20.0,<2.21.dev0 and tensorflow==2.21.0+nv24.5, we can conclude that "
+            "tf-models-official>=2.20.0 cannot be used.",
+            "tf-models-official >=2.20.0 needs tensorflow>=2.20.0,<2.21.dev0, but the base holds "
+            "tensorflow==2.21.0+nv24.5 (from the base's /etc/pip/constraint.txt): pin tf-models-official to a "
+            "version made for the base, or drop it",
+        ),
     ],
 )
 def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why):

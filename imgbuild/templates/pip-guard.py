@@ -21,26 +21,30 @@ import time
 
 QUIET_SECONDS = 20
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+#: what follows a name in uv's sentences: `==2.1` (the version), or a range `>=2.20.0,<2.21` (kept whole)
+SPEC = r"(?:(?:==|(?=[<>!~]))(\S+))?"
 FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-([0-9][^-\s]*)-")
 BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
 UV_DEPENDS = re.compile(
-    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and \3(\S+), we"
+    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we"
 )
 #: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
 #: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
 UV_DEPENDS_VIA = re.compile(
-    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and "
+    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and "
     rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
 )
 OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
 #: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
 #: tensorflow and you require tensorflow<0, we can conclude ..."
 UV_NEEDS_REFUSED = re.compile(
-    rf"Because (?:all versions of )?({NAME}?)(?:==(\S+))? depends? on ({NAME})(\S*) and you require \3<0"
+    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and you require \3<0"
 )
-DEPENDS = re.compile(rf"^({NAME}) (\S+) depends on ({NAME})(.*)$")
+#: pip's "torchvision 0.18.0 depends on torch==2.3.0" (never uv's "Because X>=v depends on ...", whose first word
+#: is no package)
+DEPENDS = re.compile(rf"^(?!(?:And )?[Bb]ecause )({NAME}) (\S+) depends on ({NAME})(.*)$")
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
 #: the name pip or uv could not find: "No matching distribution found for nosuch", "Because nosuch was not found
