@@ -27,9 +27,7 @@ FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0
 BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
-UV_DEPENDS = re.compile(
-    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we"
-)
+UV_DEPENDS = re.compile(rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we")
 #: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
 #: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
 UV_DEPENDS_VIA = re.compile(
