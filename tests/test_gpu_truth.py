@@ -1319,3 +1319,12 @@ def test_tensorflow_gets_the_in_image_arch_check_torch_has(archs, capability, st
     report.run("cuda arch", script.tf_arch, tf)
     (entry,) = report.checks
     assert entry["status"] == status, entry["reason"]
+
+
+@pytest.mark.parametrize(
+    "value", [["sm_70", "sm_80", "compute_90"], "sm_70,sm_80,compute_90", "sm_70 sm_80 compute_90"]
+)
+def test_tensorflows_arch_list_reads_the_same_from_a_list_or_a_string(value):
+    """TensorFlow's build info gives `cuda_compute_capabilities` as a list in some releases and a string in others;
+    the libraries check recorded a list as "['sm_70'" words. One reading serves both checks."""
+    assert script.tf_arch_list({"cuda_compute_capabilities": value}) == ["sm_70", "sm_80", "compute_90"]

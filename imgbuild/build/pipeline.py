@@ -287,7 +287,7 @@ def build(
             write_context(rendered, ctx, settings.secrets())
         if not known_good and current is None and seed_from_registry and settings.registry_cache != "off":
             key = trusted_key if trusted_key is not None else spared.trusted_key(settings)
-            known_good = spared.registry_known_good(plan, settings, key, progress)
+            known_good = spared.registry_known_good(plan, settings, key, scope, progress)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         source = _private_context(ctx, acting, settings, stack) if acting else ctx
         secrets = build_secrets(settings, loaded, stack, acting)

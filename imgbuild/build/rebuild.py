@@ -248,6 +248,7 @@ def _work(
     from imgbuild.build.resolve import plan_recipe
 
     start = time.monotonic()
+    verifier = options.signer.public_key() if options.signer is not None else None  # what a copy is signed by
     try:
         plan = plan_recipe(
             load_recipe(item.path, secrets=settings.secrets()), settings, engine, local_refs=local_refs, fresh=True
@@ -257,7 +258,7 @@ def _work(
             engine,
             settings,
             options.push,
-            options.signer.public_key() if options.signer is not None else None,
+            verifier,
             _normal(plan.target) in {_normal(r) for r in local_refs},
         )
         if not item.reasons:
@@ -275,7 +276,7 @@ def _work(
                 progress=lambda step: log(f"{item.target}: {step}"),
                 seed_from_registry=options.push,
                 claims=options.claims,
-                trusted_key=options.signer.public_key() if options.signer is not None else None,
+                trusted_key=verifier,
             )
             item.status, item.image_id = BUILT, result.image_id
             if options.push:

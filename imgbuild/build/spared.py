@@ -39,8 +39,6 @@ WORD_RE = re.compile(r"[A-Za-z0-9._-]{1,200}==[A-Za-z0-9.+!_-]{1,100} [0-9a-f]{6
 #: Recipe fields that cannot change whether an installed distribution imports (naming, metadata, the smoke test's
 #: own settings, the Python requirements, which the fingerprints cover).
 NOT_SYSTEM = ("extends", "pip", "name", "tag", "image", "description", "smoke", "labels", "entrypoint", "cmd")
-
-
 IMPORT_ROOTS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda", "/root")
 
 
@@ -110,12 +108,15 @@ def trusted_key(settings: Settings) -> Any:
     return attest.load_verifier(Path(path)) if path else None
 
 
-def registry_known_good(plan: Plan, settings: Settings, key: Any, progress: Callable[[str], None]) -> tuple[str, ...]:
-    """On a fresh runner, what the registry's copy of the target vouches for: its `.smoke` record, signed by `key`
-    and bound to the digest the tag serves now. Nothing on any doubt, and the run says why."""
+def registry_known_good(
+    plan: Plan, settings: Settings, key: Any, scope: str, progress: Callable[[str], None]
+) -> tuple[str, ...]:
+    """On a fresh runner, what the registry's copy of the target vouches for in `scope` (smoke_scope): its `.smoke`
+    record, signed by `key` and bound to the digest the tag serves now. Nothing on any doubt, and the run says why."""
     from imgbuild import imageref
     from imgbuild.boundedjson import loads as bounded_loads
     from imgbuild.build import attest
+    from imgbuild.build.verify import signed_payload
     from imgbuild.registry.client import RegistryClient
 
     if key is None:
@@ -132,11 +133,10 @@ def registry_known_good(plan: Plan, settings: Settings, key: Any, progress: Call
     except (ImgbuildError, ValueError):  # a bad reference is a ValueError too
         return ()
     for content, notes in layers:
+        if not signed_payload(key, content, str(notes.get(attest.SIGNATURE_ANNOTATION, ""))):
+            continue
         try:
-            signature = base64.b64decode(str(notes.get(attest.SIGNATURE_ANNOTATION, "")), validate=True)
-            if not attest.signature_ok(key, signature, content):
-                continue
-            found = vouched(bounded_loads(content, "the smoke record"), plan.base.identity, smoke_scope(plan), digest)
+            found = vouched(bounded_loads(content, "the smoke record"), plan.base.identity, scope, digest)
         except ValueError:
             continue
         if found:

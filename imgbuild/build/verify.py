@@ -32,7 +32,8 @@ class Verdict:
         return f"{'ok' if self.ok else 'FAIL'} {self.check}: {self.detail}"
 
 
-def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
+def signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
+    """Whether `signature` (base64, as an annotation or envelope holds it) is `public_key`'s over `payload`."""
     try:
         raw = base64.b64decode(signature, validate=True)
     except (ValueError, TypeError):  # not base64, or not text at all (an envelope's "sig" is untrusted)
@@ -42,7 +43,7 @@ def _signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
 
 def check_signature(client: Any, repo: str, image: str, digest: str, public_key: Any) -> Verdict:
     for payload, notes in attached_layers(client, repo, digest, "sig", SIMPLE_SIGNING):
-        if not _signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
+        if not signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
             continue
         try:
             critical = bounded_loads(payload)["critical"]
@@ -68,7 +69,7 @@ def check_attestation(
                 continue
         except (ValueError, KeyError, TypeError):
             continue
-        if not any(_signed_payload(public_key, pae(IN_TOTO, statement_bytes), sig) for sig in signatures):
+        if not any(signed_payload(public_key, pae(IN_TOTO, statement_bytes), sig) for sig in signatures):
             continue
         try:
             statement = bounded_loads(statement_bytes)

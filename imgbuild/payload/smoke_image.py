@@ -1373,13 +1373,20 @@ def tf_gpus(tf) -> dict:
     }
 
 
+def tf_arch_list(info) -> list:
+    """TensorFlow's build-info arch list, as words: it is a list (`['sm_70', 'compute_90']`) or a string
+    (`sm_70,sm_80`) depending on the release; either way the words, without quotes or brackets."""
+    words = str(info.get("cuda_compute_capabilities") or "").replace(",", " ").split()
+    return [w.strip("[]'\"") for w in words if w.strip("[]'\"")]
+
+
 def tf_libraries(tf) -> dict:
     """The CUDA and cuDNN TensorFlow was built with, against what the image declares. No GPU needed."""
     info = tf.sysconfig.get_build_info()
     if not info.get("is_cuda_build"):
         raise Skip(f"TensorFlow {tf.__version__} is not a CUDA build")
     cuda, cudnn = str(info.get("cuda_version") or ""), str(info.get("cudnn_version") or "")
-    archs = [a for a in str(info.get("cuda_compute_capabilities") or "").replace(",", " ").split() if a]
+    archs = tf_arch_list(info)
     details = {"cuda": cuda, "cudnn": cudnn, "arch_list": archs}
     problems = []
     declared = os.environ.get("CUDA_VERSION", "")
@@ -1400,8 +1407,7 @@ def tf_arch(tf) -> dict:
     if not gpus:
         raise Skip("no GPU visible")
     info = tf.sysconfig.get_build_info()
-    archs = [a for a in str(info.get("cuda_compute_capabilities") or "").replace(",", " ").split() if a]
-    archs = [a.strip("[]'\"") for a in archs if a.strip("[]'\"")]
+    archs = tf_arch_list(info)
     if not archs:
         raise Skip("TensorFlow's build info names no CUDA arch list")
     details = [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability") or ()) for gpu in gpus]
