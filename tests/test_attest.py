@@ -17,42 +17,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from imgbuild.build import attest, verify
-from imgbuild.errors import RegistryError, UsageError
+from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
+from tests.fake_registry import MemoryRegistry
 
 PASSWORD = b"correct horse battery staple"
 DIGEST = "sha256:" + "1" * 64
 BASE = "sha256:" + "b" * 64
-
-
-class MemoryRegistry:
-    """Just the registry calls attest makes, in memory, for one repository."""
-
-    def __init__(self) -> None:
-        self.blobs: dict[str, bytes] = {}
-        self.manifests: dict[str, bytes] = {}
-
-    def has_blob(self, repo: str, digest: str) -> bool:
-        return digest in self.blobs
-
-    def upload_blob(self, repo: str, digest: str, source: Path) -> None:
-        data = source.read_bytes()
-        assert attest.sha256(data) == digest
-        self.blobs[digest] = data
-
-    def put_manifest(self, repo: str, reference: str, content: bytes, media_type: str) -> None:
-        assert media_type == attest.OCI_MANIFEST
-        self.manifests[reference] = content
-
-    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
-        if reference not in self.manifests:
-            raise RegistryError("MANIFEST_UNKNOWN")
-        return self.manifests[reference], attest.OCI_MANIFEST, attest.sha256(self.manifests[reference])
-
-    def blob_bytes(self, repo: str, digest: str) -> bytes:
-        return self.blobs[digest]
 
 
 def made(**change) -> attest.Made:

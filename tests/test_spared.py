@@ -20,6 +20,7 @@ from imgbuild.build.plan import make_plan
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.fake import FakeEngine
 from imgbuild.recipe import load_recipe
+from tests.fake_registry import MemoryRegistry
 from tests.test_recipe_render import fake_inspect
 
 TARGET = "alice/demo:v1"
@@ -182,25 +183,11 @@ def test_a_local_report_vouches_only_for_the_image_it_names(why, report, expecte
 # --- the registry's record on a fresh runner ------------------------------------------------------------------
 
 
-class Registry:
-    """The registry's copy of the target and its attachments, in memory (what RegistryClient answers)."""
-
-    def __init__(self) -> None:
-        self.manifests: dict[str, bytes] = {}
-        self.blobs: dict[str, bytes] = {}
+class Registry(MemoryRegistry):
+    """The registry's copy of the target and its attachments: the tag serves DIGEST."""
 
     def content_digest(self, repo: str, reference: str) -> str | None:
         return DIGEST
-
-    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
-        from imgbuild.errors import RegistryError
-
-        if reference not in self.manifests:
-            raise RegistryError("MANIFEST_UNKNOWN")
-        return self.manifests[reference], attest.OCI_MANIFEST, attest.sha256(self.manifests[reference])
-
-    def blob_bytes(self, repo: str, digest: str) -> bytes:
-        return self.blobs[digest]
 
     def attach(self, record: bytes, signature: str | None, digest: str = DIGEST) -> None:
         """`signature`: the annotation's text as stored (base64 of the signature), None for none."""
@@ -246,7 +233,9 @@ def test_a_signed_record_of_this_image_is_believed(fresh_runner):
         registry.blobs[attest.sha256(blob)] = blob
     registry.manifests[attest.attachment_tag(DIGEST, "smoke")] = manifest
     said: list[str] = []
-    assert spared.registry_known_good(plan, settings, key.signer.public_key(), said.append) == (f"einops==0.8.0 {FP}",)
+    assert spared.registry_known_good(
+        plan, settings, key.signer.public_key(), spared.smoke_scope(plan), said.append
+    ) == (f"einops==0.8.0 {FP}",)
     assert "signed: not re-imported" in said[-1]
 
 
@@ -293,7 +282,9 @@ def test_a_registry_record_that_is_not_signed_for_this_image_is_ignored_and_said
     key, other = Key(), Key()
     registry.attach(*attach(plan, key, other))
     said: list[str] = []
-    assert spared.registry_known_good(plan, settings, key.signer.public_key(), said.append) == (), why
+    assert (
+        spared.registry_known_good(plan, settings, key.signer.public_key(), spared.smoke_scope(plan), said.append) == ()
+    ), why
     assert said and "ignored" in said[-1] and message in said[-1], said
 
 
@@ -302,6 +293,6 @@ def test_without_a_trusted_key_the_registry_record_is_not_used_and_the_run_says_
     key = Key()
     registry.attach(_record(plan), key.sign(_record(plan)))
     said: list[str] = []
-    assert spared.registry_known_good(plan, settings, None, said.append) == ()
+    assert spared.registry_known_good(plan, settings, None, spared.smoke_scope(plan), said.append) == ()
     assert "no key to check its signature by" in said[-1]
     assert spared.trusted_key(settings) is None  # no site key configured
