@@ -189,3 +189,10 @@ def test_the_guards_small_version_reading_says_unknown_when_unsure(version, want
     from tests.test_packages import _guard_module
 
     assert _guard_module().meets(version, wanted) is meets
+
+
+def test_a_file_that_is_not_the_locked_one_is_named_a_hash_mismatch_not_a_pip_failure(step):
+    """A hashed lock's layer installs each pin with its hashes: another file at the same version (a release the
+    index replaced, an edited lock) fails the step, and says which cure fits."""
+    said = step.failure(step.run([f"hub-lib==1.0.0 --hash=sha256:{'0' * 64}"]))
+    assert said.startswith("a file the index served does not match the sha256 the recipe's lock holds for it")

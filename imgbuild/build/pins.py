@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,22 +22,33 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from imgbuild.engine.probe import Probe
+from imgbuild.engine.probe import SCRIPT_CACHE, Probe
 from imgbuild.errors import BuildFailed, UsageError
+from imgbuild.facts import UV_VERSION
 from imgbuild.recipe import LoadedRecipe, lock_path_for
+from imgbuild.recipe.load import MAX_HASHES
 
 MARKER = "IMGBUILD-LOCK-REPORT "
 
 _SCRIPT = """
-import base64, json, os, subprocess, sys
+import base64, collections, json, os, re, shutil, subprocess, sys
 files = json.loads(base64.b64decode(FILES))
-os.makedirs("/tmp/imgbuild-pip", exist_ok=True)
+here = "/tmp/imgbuild-pip"
+os.makedirs(here, exist_ok=True)
 for name, text in files.items():
-    with open(os.path.join("/tmp/imgbuild-pip", name), "w") as handle:
+    with open(os.path.join(here, name), "w") as handle:
         handle.write(text)
-env = dict(os.environ, IMGBUILD_PIP_REPORT="/tmp/imgbuild-report.json", PIP_NO_CACHE_DIR="1")
+env = dict(os.environ, IMGBUILD_PIP_REPORT="/tmp/imgbuild-report.json")
+# The caller's cache volume (pip's and uv's caches, and uv itself), kept between locks; without it, no cache.
+cached = os.path.isdir(CACHE) and os.access(CACHE, os.W_OK)
+if cached:
+    env.update(PIP_CACHE_DIR=CACHE + "/pip", IMGBUILD_LOCK_UV_CACHE=CACHE + "/uv")
+else:
+    env["PIP_NO_CACHE_DIR"] = "1"
+if os.path.exists(os.path.join(here, "ca.crt")):
+    env["PIP_CERT"] = os.path.join(here, "ca.crt")
 # The index credentials come on standard input (never a file of the image or the container's config) and
-# are kept on a tmpfs only while pip runs.
+# are kept on a tmpfs only while the resolver runs.
 size = sys.stdin.buffer.readline().strip()
 secret = sys.stdin.buffer.read(int(size)) if size.isdigit() else b""
 if secret:
@@ -44,13 +56,65 @@ if secret:
     os.write(fd, secret)
     os.close(fd)
     env["PIP_CONFIG_FILE"] = "/run/imgbuild/pip.conf"
-proc = subprocess.run(["sh", "/tmp/imgbuild-pip/install.sh"], capture_output=True, text=True, env=env)
-if secret:
-    os.remove("/run/imgbuild/pip.conf")  # gone before anything else runs
-result = {"ok": proc.returncode == 0, "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:], "install": []}
-if proc.returncode == 0:
+tail = collections.deque(maxlen=12)
+def run(extra, watch=None):
+    proc = subprocess.Popen(["sh", here + "/install.sh"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", env=dict(env, **extra))
+    for line in proc.stdout:
+        print(line, end="", flush=True)  # live: the caller shows it as progress
+        tail.append(line.rstrip()[:500])
+        if watch is not None:
+            watch(line.rstrip())
+    return proc.wait()
+resolver, uv, note = "pip", "", ""
+if UV:  # the recipe installs with uv: uv resolves, as the build will
+    target = os.path.join(CACHE if cached else "/tmp", "uv-" + UV.split("==")[1])
+    if not os.access(target + "/bin/uv", os.X_OK):
+        print("imgbuild: lock: installing " + UV + " to resolve with", flush=True)
+        staging = "%s.part-%d" % (target, os.getpid())
+        got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                              "--target", staging, UV], env=env, capture_output=True, text=True)
+        if got.returncode == 0 and not os.path.exists(target):
+            os.rename(staging, target)  # whole or not at all: a lock killed here leaves no half uv
+        shutil.rmtree(staging, ignore_errors=True)
+    if os.access(target + "/bin/uv", os.X_OK):
+        resolver, uv = "uv", target + "/bin/uv"
+        env["IMGBUILD_LOCK_UV"] = uv
+    else:
+        note = UV + " could not be installed in the base: pip resolved instead"
+would = []
+def install_line(line):
+    found = re.fullmatch(r" \\+ ([A-Za-z0-9][A-Za-z0-9._-]*)==(\\S+)", line)
+    if found:
+        would.append([found.group(1), found.group(2), []])
+code = run({}, install_line if uv else None)
+result = {"ok": code == 0, "tail": list(tail), "install": [], "resolver": resolver, "note": note}
+if code == 0 and not uv:
     report = json.load(open("/tmp/imgbuild-report.json"))
-    result["install"] = [[i["metadata"]["name"], i["metadata"]["version"]] for i in report.get("install", [])]
+    for item in report.get("install", []):
+        info = (item.get("download_info") or {}).get("archive_info") or {}
+        digest = (info.get("hashes") or {}).get("sha256")
+        result["install"].append([item["metadata"]["name"], item["metadata"]["version"], [digest] if digest else []])
+elif code == 0 and would:
+    # The second pass: the sha256 of every file of each version on the index (uv pip compile --no-deps), with
+    # the recipe's own index options.
+    options = [line for line in open(here + "/requirements.txt").read().splitlines()
+               if line.startswith(("--index-url", "--extra-index-url", "--find-links", "-i ", "-f "))]
+    with open(here + "/lock-pins.txt", "w") as handle:
+        handle.write("".join(line + "\\n" for line in options + ["%s==%s" % (n, v) for n, v, _ in would]))
+    if run({"IMGBUILD_LOCK_HASHES": here + "/lock-pins.txt"}) == 0:
+        text = open(here + "/lock-pins.txt.out").read().replace("\\\\\\n", " ")
+        hashes = {}
+        for line in text.splitlines():
+            words = line.split()
+            if words and "==" in words[0]:
+                hashes[words[0].split("==")[0].lower().replace("_", "-").replace(".", "-")] = [
+                    w.split(":", 1)[1] for w in words[1:] if w.startswith("--hash=sha256:")]
+        for row in would:
+            row[2] = hashes.get(row[0].lower().replace("_", "-").replace(".", "-"), [])
+    result["install"] = would
+if secret:
+    os.remove("/run/imgbuild/pip.conf")  # gone before the answer is printed
 print("IMGBUILD-LOCK-REPORT " + json.dumps(result))
 """
 
@@ -62,26 +126,36 @@ class LockResult:
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # "name old -> new"
+    resolver: str = "pip"  # what resolved: the recipe's installer (uv or pip)
+    hashed: bool = False  # each pin carries the sha256 of its files on the index
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "path": str(self.path)}
 
 
-def _pins(install: Any) -> list[str]:
-    """`name==version` of what pip said it would install; a row of any other shape is not a pin (the answer comes
-    from a container of the base, which is trusted as much as the build that runs on it, and no more)."""
+def _pins(install: Any) -> dict[str, tuple[str, ...]]:
+    """`name==version` -> the sha256 of its files, of what the resolver said it would install; a row of any other
+    shape is not a pin (the answer comes from a container of the base, which is trusted as much as the build that
+    runs on it, and no more)."""
     rows = install if isinstance(install, list) else []
-    pins = {
-        f"{row[0]}=={row[1]}"
-        for row in rows[:10000]
-        if isinstance(row, list) and len(row) == 2 and all(isinstance(x, str) for x in row)
-        and _NAME.fullmatch(row[0]) and _VERSION.fullmatch(row[1])
-    }  # fmt: skip
-    return sorted(pins)
+    pins: dict[str, tuple[str, ...]] = {}
+    for row in rows[:10000]:
+        if not (isinstance(row, list) and len(row) in (2, 3) and all(isinstance(x, str) for x in row[:2])):
+            continue
+        if not (_NAME.fullmatch(row[0]) and _VERSION.fullmatch(row[1])):
+            continue
+        digests = row[2] if len(row) == 3 else []
+        if not isinstance(digests, list):
+            continue
+        good = [d for d in digests[:MAX_HASHES] if isinstance(d, str) and _SHA256.fullmatch(d)]
+        pins[f"{row[0]}=={row[1]}"] = tuple(sorted(set(good))) if len(good) == len(digests) else ()
+    return dict(sorted(pins.items()))
 
 
 _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
 _VERSION = re.compile(r"[A-Za-z0-9.+!_-]{1,100}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def diff(old: list[str] | tuple[str, ...], new: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -145,7 +219,9 @@ def lock(
     upgrade: bool = False,
     upgrade_packages: tuple[str, ...] = (),
     engine: Any = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> LockResult:
+    """Resolve and write the lock; `on_line` is shown what the resolver is doing, line by line, as it comes."""
     from imgbuild.build.pipeline import build_secrets, pip_bounds
     from imgbuild.build.render import render
     from imgbuild.build.resolve import plan_recipe
@@ -178,12 +254,14 @@ def lock(
         if "imgbuild-pip.conf" in secrets:
             secret = secrets["imgbuild-pip.conf"].read_bytes()  # index credentials: memory and stdin only
     payload = base64.b64encode(json.dumps(files).encode()).decode()
-    probe = Probe("lock", f"FILES = {payload!r}\n" + _SCRIPT, MARKER)
+    uv = f"uv=={UV_VERSION}" if loaded.recipe.pip.installer == "uv" else ""
+    probe = Probe("lock", f"FILES = {payload!r}\nCACHE = {SCRIPT_CACHE!r}\nUV = {uv!r}\n" + _SCRIPT, MARKER)
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
     bounds = pip_bounds(settings)
+    shown = (lambda line: _show(line, on_line)) if on_line is not None else None
     code, output, _ = engine.containers.run_script(
-        plan.base.pinned, probe, [], bounds, stdin=secret, gpus=None, timeout=1800
+        plan.base.pinned, probe, [], bounds, stdin=secret, gpus=None, timeout=1800, cache=cache_volume(), on_line=shown
     )
     report = probe.answer(output) or {"ok": False, "tail": output.strip().splitlines()[-10:]}
     if not report.get("ok"):
@@ -196,15 +274,48 @@ def lock(
     # (jax[cuda13] -> nvidia-cuda-nvcc) stays a comment, installed by the build as the requirement asks.
     cuda = [p for p in resolved if is_cuda_library(str(canonicalize_name(p.split("==")[0])))]
     pins = [p for p in resolved if p not in cuda]
+    # Hashes go in only where every pin has them: pip's hash-checking mode takes a file whole or not at all.
+    hashed = bool(pins) and all(resolved[p] for p in pins)
+    notes = [_printable(str(report.get("note") or ""))] if report.get("note") else []
+    if pins and not hashed:
+        bare = next(p for p in pins if not resolved[p])
+        notes.append(f"the index gave no sha256 for {bare}: the lock has no hashes")
     added, removed, changed = diff(old, pins)
     path = lock_path_for(loaded.path)
+    resolver = "uv" if report.get("resolver") == "uv" else "pip"
     header = (
-        f"# imgbuild lock: what pip resolved for {loaded.path.name} in {plan.base.ref}; `imgbuild lock` refreshes it.\n"
+        f"# imgbuild lock: what {resolver} resolved for {loaded.path.name} in {plan.base.ref}; "
+        "`imgbuild lock` refreshes it.\n"
     )
-    notes = "".join(
+    comments = "".join(
         f"# {p}: a CUDA library a requirement pulls in, installed by the build, not pinned here\n" for p in cuda
+    )
+    lines = "".join(
+        " ".join((p, *(f"--hash=sha256:{h}" for h in resolved[p]))) + "\n" if hashed else f"{p}\n" for p in pins
     )
     from imgbuild.regular import write_atomic
 
-    write_atomic(path, header + notes + "".join(f"{pin}\n" for pin in pins))  # a kill leaves the old or the new
-    return LockResult(path, pins, added, removed, changed)
+    write_atomic(path, header + comments + lines)  # a kill leaves the old or the new
+    return LockResult(path, pins, added, removed, changed, resolver, hashed, notes)
+
+
+def cache_volume() -> str:
+    """The engine volume that keeps the caller's pip and uv caches (and uv itself) between locks: one per user, so
+    one user's lock never reads what another's wrote."""
+    import os
+
+    return f"imgbuild-lock-cache-{os.getuid()}"
+
+
+_RESOLVER_LINE = re.compile(r"(?:Collecting|Downloading|Using cached|Resolved|Prepared|Would install) \S")
+
+
+def _printable(text: str) -> str:
+    return "".join(ch for ch in text if ch.isprintable())[:300]
+
+
+def _show(line: str, on_line: Callable[[str], None]) -> None:
+    """What the resolver says that a user wants to see (imgbuild's own status lines, pip's and uv's progress),
+    made safe to show: the base's output is not trusted with a terminal."""
+    if line.startswith("imgbuild: ") or _RESOLVER_LINE.match(line):
+        on_line(_printable(line))

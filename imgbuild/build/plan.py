@@ -435,7 +435,8 @@ def content_hash(loaded: LoadedRecipe) -> str:
             "options": list(loaded.requirement_options),
         }
     if loaded.lock_pins:
-        data["pip"]["lock"] = list(loaded.lock_pins)
+        hashes = {line.spec: line.hashes for line in loaded.lock_lines}  # a lock's hashes are what it installs too
+        data["pip"]["lock"] = [" ".join((pin, *hashes.get(pin, ()))) for pin in loaded.lock_pins]
     data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
     data["templates"] = templates_digest()
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

@@ -161,10 +161,13 @@ def requirements_text(plan: Plan) -> str:
 
 
 def lock_layer_text(plan: Plan, requirements: str) -> str:
-    """The lock layer's requirements: the recipe's index options (from its `requirements`) and the lock's pins."""
+    """The lock layer's requirements: the recipe's index options (from its `requirements`) and the lock's pins, each
+    with its hashes where the lock has them (then pip and uv check every file they install against them)."""
     options = [line for line in requirements.splitlines() if line.startswith("--")]
     lines = ["# The recipe's lock (imgbuild lock), installed exactly; the next layer adds what it lacks.", *options]
-    return "\n".join([*lines, *plan.loaded.lock_pins]) + "\n"
+    hashes = {line.spec: line.hashes for line in plan.loaded.lock_lines}
+    pins = [" ".join((pin, *hashes.get(pin, ()))) for pin in plan.loaded.lock_pins]
+    return "\n".join([*lines, *pins]) + "\n"
 
 
 def constraints_text(plan: Plan) -> str:

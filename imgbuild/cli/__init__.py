@@ -46,11 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     acting = False
     try:
-        from imgbuild.servers import enforce
+        if os.geteuid() == 0:  # acting for a user needs root: nobody else pays for importing the rules
+            from imgbuild.servers import enforce
 
-        acting = enforce.acting_for_user()
-        if acting:
-            enforce.gate(args)  # through sudo: the user commands, and nothing else
+            acting = enforce.acting_for_user()
+            if acting:
+                enforce.gate(args)  # through sudo: the user commands, and nothing else
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):

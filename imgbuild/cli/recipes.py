@@ -105,16 +105,19 @@ def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tupl
     from imgbuild.ui import Progress, print_table
 
     with Progress(f"imgbuild lock {recipe}", enabled=not as_json, live_only=True) as progress:
-        progress("resolving the recipe's packages in its base")  # the clock runs while pip resolves
-        result = lock(recipe, settings_of(ctx), upgrade=upgrade, upgrade_packages=packages)
+        progress("resolving the recipe's packages in its base")  # the clock runs while the resolver works
+        result = lock(recipe, settings_of(ctx), upgrade=upgrade, upgrade_packages=packages, on_line=progress)
+    for note in result.notes:
+        click.echo(f"imgbuild lock: {note}", err=True)
     if as_json:
         emit_json(result.to_json())
         return
+    how = result.resolver + (", with hashes" if result.hashed else "")
     rows = [["+", p] for p in result.added] + [["-", p] for p in result.removed] + [["~", c] for c in result.changed]
     if rows:
-        print_table(["", "package"], rows, title=f"{result.path}: {len(result.pins)} package(s) locked")
+        print_table(["", "package"], rows, title=f"{result.path}: {len(result.pins)} package(s) locked by {how}")
     else:
-        click.echo(f"{result.path}: {len(result.pins)} package(s) locked, unchanged", err=True)
+        click.echo(f"{result.path}: {len(result.pins)} package(s) locked by {how}, unchanged", err=True)
     click.echo(str(result.path))
 
 

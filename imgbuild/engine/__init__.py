@@ -8,20 +8,51 @@
 - `fake`: `FakeEngine`, in memory, for unit tests of the pipeline's logic.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from imgbuild.engine.containers import SMOKE_LABEL
-from imgbuild.engine.docker import Engine
-from imgbuild.engine.types import (
-    BuildRequest,
-    ContainerRunner,
-    ImageEngine,
-    ImageInfo,
-    ImageStore,
-    ProgressFn,
-    Redactor,
-    StepTracker,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from imgbuild.engine.containers import SMOKE_LABEL
+    from imgbuild.engine.docker import Engine
+    from imgbuild.engine.types import (
+        BuildRequest,
+        ContainerRunner,
+        ImageEngine,
+        ImageInfo,
+        ImageStore,
+        ProgressFn,
+        Redactor,
+        StepTracker,
+    )
+
+#: Where each name lives, imported on first use: `imgbuild.engine.probe` (which validate and render reach) costs
+#: no import of the Docker client's modules.
+_HOMES = {
+    "SMOKE_LABEL": "imgbuild.engine.containers",
+    "Engine": "imgbuild.engine.docker",
+    **dict.fromkeys(
+        (
+            "BuildRequest",
+            "ContainerRunner",
+            "ImageEngine",
+            "ImageInfo",
+            "ImageStore",
+            "ProgressFn",
+            "Redactor",
+            "StepTracker",
+        ),
+        "imgbuild.engine.types",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
 
 
 def connect_engine(settings: Any) -> ImageEngine:
@@ -44,6 +75,8 @@ def connect_engine(settings: Any) -> ImageEngine:
         from imgbuild.engine.podman import PodmanEngine
 
         return PodmanEngine.connect_podman(settings.podman_socket)
+    from imgbuild.engine.docker import Engine
+
     return Engine.connect(settings.docker_cli)
 
 

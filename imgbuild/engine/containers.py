@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from typing import Any
 
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages
-from imgbuild.engine.probe import Probe
+from imgbuild.engine.probe import SCRIPT_CACHE, Probe
 from imgbuild.engine.runargs import env_file, run_argv
 from imgbuild.engine.types import RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
@@ -236,6 +237,8 @@ class DockerContainers:
         ipc: str | None = "host",
         shm_size: str | None = None,
         as_user: str | None = None,
+        cache: str | None = None,
+        on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:
         """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user;
         `as_user` ("UID:GID", a user imgbuild acts for through sudo): as them instead, with no new privileges, no
@@ -246,7 +249,9 @@ class DockerContainers:
         tests and the process that runs it, removed on every way out, and removed by the next run of a script
         if this process is killed. `stdin` (a secret: index credentials) reaches the script on its standard
         input, `<length>\\n<bytes>`, never a file of the container or its config, and the container has a
-        tmpfs at /run/imgbuild for what the script must write of it."""
+        tmpfs at /run/imgbuild for what the script must write of it. `cache`: a named volume of the engine's, mounted
+        at /var/cache/imgbuild (created on first use; the caller's own, kept between runs). `on_line`: called with
+        each line of output as it comes (from a thread of its own), for a live progress line."""
         import requests
         from docker.errors import APIError
         from docker.types import DeviceRequest
@@ -256,7 +261,7 @@ class DockerContainers:
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
         command = ["python3", "/tmp/imgbuild-smoke.py", *args]
         self.sweep_orphans()
-        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user)
+        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user, cache)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -289,11 +294,14 @@ class DockerContainers:
                 container = None
                 why = str(exc.explanation)[:200]
                 container, note = _start_otherwise(prepared, list(gpus or []), stdin, env, kwargs, why)
+            follower = _follow(container, on_line) if on_line is not None else None
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
             except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
                 container.kill()
-                raise ImgbuildError(f"the smoke test in {image} ran past {timeout} s") from None
+                raise ImgbuildError(f"the {probe.name} script in {image} ran past {timeout} s") from None
+            if follower is not None:
+                follower.join(timeout=5)
             out = container.logs(stdout=True, stderr=False).decode(errors="replace")
             err = container.logs(stdout=False, stderr=True).decode(errors="replace")
             return code, out + ("\n" + err if err else ""), note
@@ -355,7 +363,13 @@ def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
 
 
 def _script_container(
-    image: str, env: dict[str, str], stdin: bool, ipc: str | None, shm_size: str | None, as_user: str | None = None
+    image: str,
+    env: dict[str, str],
+    stdin: bool,
+    ipc: str | None,
+    shm_size: str | None,
+    as_user: str | None = None,
+    cache: str | None = None,
 ) -> dict:
     """The create() arguments of a script's container: labelled with the image and the process running it; for a
     user imgbuild acts for (`as_user`), as that user, hardened as their `imgbuild run` is, IPC its own."""
@@ -372,7 +386,29 @@ def _script_container(
         kwargs["shm_size"] = shm_size
     elif ipc:
         kwargs["ipc_mode"] = ipc
+    if cache:
+        kwargs["volumes"] = {cache: {"bind": SCRIPT_CACHE, "mode": "rw"}}
     return kwargs
+
+
+def _follow(container: Any, on_line: Callable[[str], None]) -> Any:
+    """A thread handing each line of the container's output to `on_line` as it comes; it ends with the container.
+    A line is cut at 4 KiB (what is shown of it is the caller's to bound further)."""
+    import threading
+
+    def follow() -> None:
+        pending = b""
+        with contextlib.suppress(Exception):  # the stream ends, or the container is gone: the run's result says why
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line[:4096].decode(errors="replace"))
+                pending = pending[-4096:]
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread
 
 
 def _start(container: Any, stdin: bytes | None) -> None:

@@ -40,6 +40,7 @@ class ProbeRun:
     stdin: bytes | None
     gpus: list[str] | None
     as_user: str | None = None
+    cache: str | None = None  # the named volume asked for
 
 
 #: A scripted probe: (exit code, the answer's JSON object or the raw output, the engine's note).
@@ -134,13 +135,19 @@ class FakeContainers:
         ipc: str | None = "host",
         shm_size: str | None = None,
         as_user: str | None = None,
+        cache: str | None = None,
+        on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:
-        run = ProbeRun(image, probe, list(args), dict(env), stdin, gpus, as_user)
+        run = ProbeRun(image, probe, list(args), dict(env), stdin, gpus, as_user, cache)
         self.probed.append(run)
         if probe.name in self.answers:
             self.calls.append(f"{probe.name} {image}")
             code, answer, note = self.answers[probe.name](run)
-            return code, probe.says(answer) if isinstance(answer, dict) else answer, note
+            output = probe.says(answer) if isinstance(answer, dict) else answer
+            if on_line is not None:
+                for line in output.splitlines():
+                    on_line(line)  # as the real engine does, line by line as the script prints
+            return code, output, note
         if probe.name == "gpus":
             self.calls.append(f"read gpus {image} gpus={gpus}")
             return self.engine_read

@@ -13,6 +13,9 @@ from typing import Any
 
 from imgbuild import limits
 
+#: Where a script's cache volume (`run_script(cache=...)`: `imgbuild lock`'s pip and uv caches) is mounted.
+SCRIPT_CACHE = "/var/cache/imgbuild"
+
 
 @dataclass(frozen=True)
 class Probe:

@@ -115,6 +115,9 @@ def _check_sources(
 
 
 LOCK_LINE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
+LOCK_HASH_RE = re.compile(r"--hash=sha256:[0-9a-f]{64}")
+#: A version's files on an index: numpy's releases have about 60 wheels; more than this on one line is not a lock.
+MAX_HASHES = 256
 
 
 def lock_path_for(recipe: Path) -> Path:
@@ -164,12 +167,18 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
     pins: list[reqfile.ReqLine] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        words = line.split("#", 1)[0].split()
+        if not words:
             continue
-        if not LOCK_LINE_RE.fullmatch(line):
+        line, hashes = words[0], words[1:]  # written again from these words, never passed on as read
+        if not LOCK_LINE_RE.fullmatch(line) or len(hashes) > MAX_HASHES:
             problems.append(
                 Problem(shown, number, 1, "lock", "not a name==version line (imgbuild lock writes this file)")
+            )
+            continue
+        if not all(LOCK_HASH_RE.fullmatch(word) for word in hashes):
+            problems.append(
+                Problem(shown, number, 1, "lock", "after name==version only --hash=sha256:<64 hex> may come")
             )
             continue
         name, version = line.split("==", 1)
@@ -188,7 +197,12 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
                 Problem(shown, number, 1, "lock", f"{name} would replace a CUDA library of the base (drop the line)")
             )
             continue
-        pins.append(reqfile.ReqLine(shown, number, line))
+        pins.append(reqfile.ReqLine(shown, number, line, tuple(hashes)))
+    bare = next((pin for pin in pins if not pin.hashes), None)
+    if bare is not None and any(pin.hashes for pin in pins):  # pip checks hashes for every line or for none
+        problems.append(
+            Problem(shown, bare.line, 1, "lock", "has no --hash while other lines do: run imgbuild lock again")
+        )
     return tuple(pins)
 
 

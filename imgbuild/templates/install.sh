@@ -83,10 +83,13 @@ export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-315532800}"
 locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
 # The lock layer (its requirements are the lock's exact pins): install exactly those, resolving nothing.
 nodeps=""; [ -f "$here/lock-layer" ] && nodeps="--no-deps"
-# `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing.
+# `imgbuild lock` runs this script with IMGBUILD_PIP_REPORT set: resolve, report, install nothing. With uv
+# (IMGBUILD_LOCK_UV: the uv it brought, from its cache) the report is uv's "Would install" list.
 dry=""; [ -n "${IMGBUILD_PIP_REPORT:-}" ] && dry="--dry-run --report $IMGBUILD_PIP_REPORT"
-# pip.installer: uv mounts uv here (a build stage of its own); `imgbuild lock` always resolves with pip.
+# pip.installer: uv mounts uv here (a build stage of its own); `imgbuild lock` brings its own when the recipe
+# installs with uv, and resolves with pip otherwise.
 uv=/tmp/imgbuild-uv/bin/uv
+if [ -n "$dry" ]; then uv="${IMGBUILD_LOCK_UV:-/nonexistent}"; fi
 if [ -s "$here/uv.txt" ] && [ ! -x "$uv" ] && [ -z "$dry" ]; then
   # Buildah before 1.29 mounts a stage it restored from a registry cache empty: uv is installed here instead,
   # never silently replaced by pip.
@@ -96,7 +99,8 @@ if [ -s "$here/uv.txt" ] && [ ! -x "$uv" ] && [ -z "$dry" ]; then
     || { echo "imgbuild: pip step failed: uv (pip.installer: uv) could not be installed; see above"; exit 1; }
   uv="$own/bin/uv"
 fi
-if [ -x "$uv" ] && [ -z "$dry" ]; then
+if [ -x "$uv" ]; then
+  [ -n "$dry" ] && dry="--dry-run"
   # uv reads no pip.conf: the site's index settings go from the secret into this step's environment only.
   if [ -n "${PIP_CONFIG_FILE:-}" ]; then
     eval "$(python3 - "$PIP_CONFIG_FILE" <<'EOF'
@@ -114,7 +118,12 @@ EOF
   hosts=$(sed -n 's/^--trusted-host[ =]*//p' "$here/requirements.txt" | tr '\n' ' ')
   if [ -n "$hosts" ]; then export UV_INSECURE_HOST="${UV_INSECURE_HOST:-} $hosts"; fi
   if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi
-  export UV_CACHE_DIR=/root/.cache/uv UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
+  export UV_CACHE_DIR="${IMGBUILD_LOCK_UV_CACHE:-/root/.cache/uv}" UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
+  if [ -n "${IMGBUILD_LOCK_HASHES:-}" ]; then
+    # imgbuild lock's second pass: the sha256 of every file of each version uv would install, from the index
+    exec "$uv" pip compile --python "$(command -v python3)" --no-deps --generate-hashes --no-header --no-annotate \
+      --quiet -o "$IMGBUILD_LOCK_HASHES.out" "$IMGBUILD_LOCK_HASHES"
+  fi
   tool=uv; set -- "$uv" pip install --python "$(command -v python3)" --system --break-system-packages --compile-bytecode \
     --link-mode copy
 else

@@ -84,6 +84,7 @@ KINDS = (
         "conflict",
         ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
     ),
+    ("hash", ("DO NOT MATCH THE HASHES", "Hash mismatch for")),  # pip's words, uv's
     (
         "sdist",
         ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
@@ -340,6 +341,11 @@ class Watch:
             return "a package or version does not exist on the index for this Python and platform; see above"
         if "conflict" in self.kinds:
             return self.conflict(origin)
+        if "hash" in self.kinds:
+            return (
+                "a file the index served does not match the sha256 the recipe's lock holds for it (the index "
+                "changed a release, or the lock was edited); see above, and run imgbuild lock if the new file is right"
+            )
         if "sdist" in self.kinds:
             return "building a package from source failed; see the compiler or build output above"
         return "pip failed; see its output above"
