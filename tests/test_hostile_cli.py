@@ -158,3 +158,26 @@ def test_cli_basics():
         assert section in helptext
     res = run_cli("nonsense")
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "No such command" in res.err
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http+docker://localhost/v1.41/build?t=x", "the container engine stopped answering mid-command (ConnectionError"),
+        (None, "the container engine stopped answering mid-command"),
+        ("https://idx.example/simple/x/", "lost the connection to idx.example (ConnectionError)"),
+    ],
+)
+def test_a_connection_that_breaks_mid_command_names_what_broke_and_is_exit_3(url, words):
+    """An engine restarted mid-build: the SDK raises a requests error (an OSError, with no file): the line says which
+    service broke and what to do, never "cannot use: ('Connection aborted.', ...)"."""
+    import requests
+
+    from imgbuild.cli import _outcome
+    from imgbuild.errors import EXIT_ENVIRONMENT
+
+    request = requests.PreparedRequest()
+    request.url = url
+    exc = requests.ConnectionError(("Connection aborted.", ConnectionResetError(104, "reset")), request=request)
+    (line,), code = _outcome(exc)
+    assert code == EXIT_ENVIRONMENT and words in line and "Connection aborted" not in line

@@ -97,11 +97,34 @@ def _outcome(exc: BaseException) -> tuple[list[str], int]:
         return [f"imgbuild: {first}"] + [ln if ln.startswith("  ") else f"imgbuild: {ln}" for ln in rest], exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         return ["imgbuild: interrupted"], 130
+    lost = _lost_connection(exc)
+    if lost:
+        return [f"imgbuild: {lost}"], EXIT_ENVIRONMENT
     if isinstance(exc, OSError):  # a disk, folder or device the environment refused: read-only, full, no access
         where = f" {exc.filename}" if exc.filename else ""
         return [f"imgbuild: cannot use{where}: {exc.strerror or exc}"], EXIT_ENVIRONMENT
     first = (str(exc).strip().splitlines() or [""])[0][:300]  # a bug or an unexpected engine answer
     return [f"imgbuild: unexpected {type(exc).__name__}: {first} (set IMGBUILD_DEBUG=1 for the traceback)"], EXIT_FAILED
+
+
+def _lost_connection(exc: BaseException) -> str:
+    """An HTTP connection that broke under a command (an OSError to Python, with no file to name): which service it
+    was, and what to do. The Docker SDK's requests go to `http+docker://` (Docker's socket or Podman's); "" when
+    `exc` is no such error."""
+    requests = sys.modules.get("requests")
+    if requests is None or not isinstance(exc, requests.RequestException):
+        return ""
+    url = str(getattr(getattr(exc, "request", None), "url", "") or "")
+    why = type(exc).__name__
+    if not url or url.startswith("http+docker://"):
+        return (
+            f"the container engine stopped answering mid-command ({why}: it restarted, or stopped): check that it is "
+            "up (docker info, or podman info), then run the command again"
+        )
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or "the server"
+    return f"lost the connection to {host} ({why}): run the command again when it answers"
 
 
 # Each module declares its help section and registers its commands; imported in the pipeline's order.

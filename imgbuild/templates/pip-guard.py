@@ -463,13 +463,15 @@ def read_names(path):
 
 def main(argv):
     origin, command = argv[1], argv[2:]
-    from owners import overwritten, owners, protected  # beside this script
+    from owners import dist_paths, overwritten, owners, protected  # beside this script
 
     before = None if "--dry-run" in command else owners()
+    present = dist_paths() if before is not None else set()
     watch = Watch(pin_sources(command, origin))
     outcome = run(command, watch)
     if outcome == 0:
-        why = protected(overwritten(before, owners())) if before is not None else ""
+        # what the install added or replaced: a distribution it left alone lists what it listed before
+        why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
         if not why:
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)

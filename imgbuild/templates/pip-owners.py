@@ -31,22 +31,37 @@ def file_hash(where):
     return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
-def owners(paths=None, budget=HASH_BUDGET):
+def dist_paths(paths=None):
+    """The metadata folders of the installed distributions: what `owners(skip=...)` leaves out after the install."""
+    import importlib.metadata as md
+
+    found = md.distributions(path=paths) if paths is not None else md.distributions()
+    return {str(getattr(dist, "_path", "")) for dist in found} - {""}
+
+
+METADATA_DIR = re.compile(r"\.(dist|egg)-info(/|$)")
+
+
+def owners(paths=None, budget=HASH_BUDGET, skip=frozenset()):
     """{file: [(canonical distribution, version, hash)]} for the files inside site-packages that installed
     distributions list (their metadata folders and bytecode aside). A missing hash is computed from the file
-    while `budget` lasts, else left ""."""
+    while `budget` lasts, else left "". `skip`: metadata folders (`dist_paths()`) whose distributions are left
+    out: after an install, only what it added or replaced needs reading again."""
     import importlib.metadata as md
 
     found = {}
     for dist in md.distributions(path=paths) if paths is not None else md.distributions():
+        if str(getattr(dist, "_path", "")) in skip:
+            continue
         meta = dist.metadata  # parsed once: each call parses METADATA again
         name, version, root = canon(meta["Name"] or ""), meta["Version"], os.path.normpath(str(dist.locate_file("")))
+        prefix = root + os.sep
         for entry in dist.files or ():
             text = str(entry)
-            if "__pycache__" in text or text.endswith(".pyc") or re.search(r"\.(dist|egg)-info(/|$)", text):
+            if "__pycache__" in text or text.endswith(".pyc") or METADATA_DIR.search(text):
                 continue
-            where = os.path.normpath(str(dist.locate_file(entry)))
-            if not where.startswith(root + os.sep) or not os.path.lexists(where):
+            where = os.path.normpath(os.path.join(root, text))  # strings, not pathlib: a base lists 100,000s
+            if not where.startswith(prefix) or not os.path.lexists(where):
                 continue  # scripts in bin/ and data files are not what this protects; egg-info lists sources
             digest = f"{entry.hash.mode}={entry.hash.value}" if entry.hash else ""
             if not digest and budget > 0 and os.path.isfile(where) and not os.path.islink(where):
