@@ -42,15 +42,25 @@ def wheel(name: str, release: Release) -> bytes:
 
 
 class FakeIndex:
-    """Serves `packages` ({name: [Release, ...]}) on `host`; `delay` seconds before each wheel."""
+    """Serves `packages` ({name: [Release, ...]}) on `host`; `delay` seconds before each wheel. `sources`: source
+    distributions ({file name: bytes}, e.g. `srcpkg-1.0.tar.gz`), listed under their package's page."""
 
-    def __init__(self, host: str, packages: dict[str, list[Release]], delay: float = 0.0):
-        self.packages, self.delay, self.served = packages, delay, []
+    def __init__(
+        self,
+        host: str,
+        packages: dict[str, list[Release]],
+        delay: float = 0.0,
+        sources: dict[str, bytes] | None = None,
+    ):
+        self.packages, self.delay, self.served = dict(packages), delay, []
         self.wheels = {
             f"{name.replace('-', '_')}-{r.version}-py3-none-any.whl": wheel(name, r)
             for name, releases in packages.items()
             for r in releases
         }
+        for filename, data in (sources or {}).items():
+            self.wheels[filename] = data
+            self.packages.setdefault(filename.rsplit("-", 1)[0], [])
         index = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -78,12 +88,15 @@ class FakeIndex:
                 if len(parts) == 2 and parts[0] == "files" and parts[1] in index.wheels:
                     time.sleep(index.delay)
                     index.served.append(parts[1])
-                    return self._send(index.wheels[parts[1]], "application/octet-stream")
+                    # as PyPI serves its files: immutable, so an installer's cache keeps them
+                    return self._send(index.wheels[parts[1]], "application/octet-stream", immutable=True)
                 self.send_error(404)
 
-            def _send(self, body: bytes, kind: str) -> None:
+            def _send(self, body: bytes, kind: str, immutable: bool = False) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", kind)
+                if immutable:
+                    self.send_header("Cache-Control", "max-age=365000000, immutable, public")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 with contextlib.suppress(OSError):  # pip was stopped mid-download

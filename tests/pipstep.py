@@ -45,6 +45,7 @@ def guard_folder(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(TEMPLATES / "pip-guard.py", folder / "guard.py")
     shutil.copy(TEMPLATES / "pip-owners.py", folder / "owners.py")
+    shutil.copy(TEMPLATES / "pip_versions.py", folder / "pip_versions.py")
     return folder / "guard.py"
 
 
@@ -81,11 +82,12 @@ class PipStep:
         (self.folder / "requirements.txt").write_text(
             f"--no-index\n--find-links {self.wheels}\n" + "".join(f"{p}\n" for p in packages)
         )
-        for name in ("provides", "resolved", "constraints"):
+        for name in ("provides", "resolved", "constraints", "no-build-isolation"):
             path = self.folder / f"{name}.txt"
             path.unlink(missing_ok=True)
             if files.get(name) or name == "constraints":
-                path.write_text(files.get(name, ""))
+                index = f"--no-index\n--find-links {self.wheels}\n" if name == "no-build-isolation" else ""
+                path.write_text(index + files.get(name, ""))
         return subprocess.run(
             ["sh", str(self.folder / "install.sh")], capture_output=True, text=True, env=self.environ()
         )
@@ -95,3 +97,29 @@ class PipStep:
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("imgbuild: pip step failed: ")]
         assert proc.returncode != 0 and lines, proc.stdout + proc.stderr
         return lines[-1].removeprefix("imgbuild: pip step failed: ")
+
+
+def sdist_bytes(name: str, version: str, backend: str) -> bytes:
+    """A real source distribution (`.tar.gz`) whose build backend is `backend` (Python source, in the tree: PEP
+    517's backend-path), with no build requirements of its own: what it imports must come from where it is built."""
+    import io
+    import tarfile
+
+    top = f"{name}-{version}"
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        "backend.py": backend,
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{path}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def sdist(folder: Path, name: str, version: str, backend: str) -> None:
+    (folder / f"{name}-{version}.tar.gz").write_bytes(sdist_bytes(name, version, backend))

@@ -151,7 +151,10 @@ def test_the_fake_engine_imports_nothing_from_the_pipeline():
     assert {_unit(m) for m in imported} <= {"engine", *LEVELS[0]}, imported
 
 
-@pytest.mark.parametrize("script", ["payload/smoke_image.py", "templates/pip-guard.py", "templates/pip-owners.py"])
+@pytest.mark.parametrize(
+    "script",
+    ["payload/smoke_image.py", "templates/pip-guard.py", "templates/pip-owners.py", "templates/pip_versions.py"],
+)
 def test_what_runs_inside_images_imports_only_the_stdlib(script):
     """The in-image scripts are copied into images alone: an import of imgbuild, or of anything but the standard
     library (and the framework, asked for by name at run time; and the guard's own owners.py, beside it),
@@ -159,5 +162,5 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
     import sys
 
     imported = {name.split(".")[0] for name in _imports(PACKAGE / script)}
-    allowed = set(sys.stdlib_module_names) | ({"owners"} if script.endswith("pip-guard.py") else set())
+    allowed = set(sys.stdlib_module_names) | ({"owners", "pip_versions"} if script.endswith("pip-guard.py") else set())
     assert imported <= allowed, imported - allowed

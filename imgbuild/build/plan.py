@@ -46,6 +46,7 @@ IMAGE_TEMPLATES = (
     "install.sh",
     "pip-guard.py",
     "pip-owners.py",
+    "pip_versions.py",
 )
 
 

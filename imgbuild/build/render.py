@@ -31,6 +31,7 @@ OWN_SCRIPTS = {
     "imgbuild/pip/install.sh": TEMPLATES_DIR / "install.sh",
     "imgbuild/pip/guard.py": TEMPLATES_DIR / "pip-guard.py",
     "imgbuild/pip/owners.py": TEMPLATES_DIR / "pip-owners.py",
+    "imgbuild/pip/pip_versions.py": TEMPLATES_DIR / "pip_versions.py",
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
@@ -170,6 +171,25 @@ def lock_layer_text(plan: Plan, requirements: str) -> str:
     return "\n".join([*lines, *pins]) + "\n"
 
 
+def no_build_isolation_text(plan: Plan, requirements: str) -> str:
+    """What `pip.no_build_isolation` builds, a line each: the recipe's own requirement for the package where it
+    has one (its version range, extras), else the bare name (a dependency of another); pip builds these first,
+    from the recipe's index (its option lines, as in `requirements`)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    asked: dict[str, str] = {}
+    specs = [*plan.loaded.recipe.pip.packages, *(line.spec for line in plan.loaded.requirements)]
+    for spec in specs:
+        try:
+            asked.setdefault(str(canonicalize_name(Requirement(spec).name)), spec)
+        except InvalidRequirement:  # validate refused it already; a bare name still builds
+            continue
+    names = [str(canonicalize_name(name)) for name in plan.loaded.recipe.pip.no_build_isolation]
+    options = [line for line in requirements.splitlines() if line.startswith("--")]
+    return "".join(f"{line}\n" for line in [*options, *(asked.get(name, name) for name in dict.fromkeys(names))])
+
+
 def constraints_text(plan: Plan) -> str:
     lines = [
         "# Pins imgbuild adds on top of the base's own (its constraint file, or a freeze of it):",
@@ -204,9 +224,30 @@ class Context:
         return set(self.rendered) | set(self.copies)
 
 
+def _recipe_pip_files(plan: Plan, requirements: str) -> dict[str, str]:
+    """The pip step's inputs a recipe has or has not (a file is absent where the recipe has none of it)."""
+    recipe = plan.loaded.recipe
+    files: dict[str, str] = {}
+    if plan.loaded.lock_pins:
+        files["resolved.txt"] = "# The recipe's lock (imgbuild lock): what pip resolved, installed again.\n" + "".join(
+            f"{pin}\n" for pin in plan.loaded.lock_pins
+        )
+    if recipe.pip.unpin:
+        files["unpin.txt"] = "".join(f"{name}\n" for name in recipe.pip.unpin)
+    if recipe.pip.no_build_isolation:
+        files["no-build-isolation.txt"] = no_build_isolation_text(plan, requirements)
+    if recipe.pip.provides:
+        files["provides.txt"] = "".join(f"{k} {v}\n" for k, v in sorted(recipe.pip.provides.items()))
+    framework = FRAMEWORKS.get(plan.base.framework)
+    if framework:
+        files["framework.txt"] = "".join(f"{name}\n" for name in framework.packages)
+    if recipe.pip.installer == "uv":  # the step installs it itself where the uv stage's mount came empty
+        files["uv.txt"] = f"uv=={UV_VERSION}\n"
+    return files
+
+
 def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
     """The pip step's folder (`imgbuild/pip/`), and with a lock on BuildKit the lock layer's (`pip-lock/`)."""
-    recipe = plan.loaded.recipe
     rendered: dict[str, tuple[bytes, int]] = {}
 
     def put(path: str, text: str, mode: int = 0o644) -> None:
@@ -215,24 +256,11 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
     requirements = requirements_text(plan)
     put("imgbuild/pip/requirements.txt", requirements)
     put("imgbuild/pip/constraints.txt", constraints_text(plan))
-    if plan.loaded.lock_pins:
-        put(
-            "imgbuild/pip/resolved.txt",
-            "# The recipe's lock (imgbuild lock): what pip resolved, installed again.\n"
-            + "".join(f"{pin}\n" for pin in plan.loaded.lock_pins),
-        )
-    if recipe.pip.unpin:
-        put("imgbuild/pip/unpin.txt", "".join(f"{name}\n" for name in recipe.pip.unpin))
-    if recipe.pip.provides:
-        put("imgbuild/pip/provides.txt", "".join(f"{k} {v}\n" for k, v in sorted(recipe.pip.provides.items())))
-    framework = FRAMEWORKS.get(plan.base.framework)
-    if framework:
-        put("imgbuild/pip/framework.txt", "".join(f"{name}\n" for name in framework.packages))
-    if recipe.pip.installer == "uv":  # the step installs it itself where the uv stage's mount came empty
-        put("imgbuild/pip/uv.txt", f"uv=={UV_VERSION}\n")
-    put("imgbuild/pip/install.sh", _own_file(OWN_SCRIPTS["imgbuild/pip/install.sh"]), 0o755)
-    put("imgbuild/pip/guard.py", _own_file(OWN_SCRIPTS["imgbuild/pip/guard.py"]), 0o644)
-    put("imgbuild/pip/owners.py", _own_file(OWN_SCRIPTS["imgbuild/pip/owners.py"]), 0o644)
+    for name, text in _recipe_pip_files(plan, requirements).items():
+        put(f"imgbuild/pip/{name}", text)
+    for name in ("install.sh", "guard.py", "owners.py", "pip_versions.py"):
+        path = f"imgbuild/pip/{name}"
+        put(path, _own_file(OWN_SCRIPTS[path]), 0o755 if name.endswith(".sh") else 0o644)
     if plan.loaded.lock_pins and backend == "buildkit":
         # The lock layer: exactly the lock's pins, from a folder of its own, so that editing the recipe's
         # packages leaves this layer cached and the next layer installs only what the lock lacks.
@@ -240,11 +268,13 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
             "constraints.txt",
             "unpin.txt",
             "provides.txt",
+            "no-build-isolation.txt",
             "framework.txt",
             "uv.txt",
             "install.sh",
             "guard.py",
             "owners.py",
+            "pip_versions.py",
         ):
             if f"imgbuild/pip/{name}" in rendered:
                 rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]

@@ -241,7 +241,7 @@ def _unpinnable(value: str) -> str:
 
     name = canonicalize_name(value)
     if any(name in fw.packages for fw in FRAMEWORKS.values()) or name.startswith(CUDA_PACKAGE_PREFIXES):
-        raise ValueError(f"{_show(value)} is the base's framework or CUDA stack, which is never unpinned")
+        raise ValueError(f"{_show(value)} is the base's framework or CUDA stack: never unpinned or rebuilt")
     return value
 
 
@@ -340,6 +340,13 @@ class Pip:
         OneOf("pip", "uv"),
         "uv",
         doc="who installs: uv (about half the time of pip) or pip; same pins and protection either way",
+    )
+    no_build_isolation: list[str] = typed(
+        ListOf(Text(matches(_DIST_RE, "not a package name"), _unpinnable), max_length=64),
+        factory=list,
+        doc="packages built from source against the base's own framework (their build imports torch or"
+        " TensorFlow: flash-attn, apex, torch-scatter): built without build isolation, the compiled wheel kept in"
+        " the build cache",
     )
     provides: dict[str, str] = typed(
         MapOf(Text(matches(_DIST_RE, "not a package name"), _not_cuda), Text(matches(_DIST_RE, "not a package name"))),

@@ -140,6 +140,29 @@ EOF
 else
   tool=pip; set -- python3 -m pip install --progress-bar off
 fi
+# pip.no_build_isolation: packages whose build imports the base's framework (flash-attn, apex, torch-scatter) are
+# built against the base's own packages, not in an isolated environment that lacks them.
+built=""
+if [ -s "$here/no-build-isolation.txt" ]; then
+  names=$(sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*\).*/\1/p' "$here/no-build-isolation.txt" | tr '\n' ' ')
+  if [ "$tool" = uv ]; then
+    for name in $names; do set -- "$@" --no-build-isolation-package "$name"; done
+  elif [ -n "$dry" ]; then
+    set -- "$@" --no-build-isolation  # pip has no per-package form: its lock resolves the whole set so
+  else
+    # pip builds them first, alone and unisolated (its wheel cache, a cache mount, keeps what it built), then
+    # installs the set with those wheels at hand and pinned at the versions built.
+    built=$(mktemp -d)
+    echo "imgbuild: building ${names}against the base's own packages (pip.no_build_isolation)"
+    # shellcheck disable=SC2086 # $locked is an option list
+    python3 "$here/guard.py" "$origin" python3 -m pip wheel --progress-bar off --no-deps --no-build-isolation \
+      -w "$built" -c "$pins" -c "$here/constraints.txt" $locked -r "$here/no-build-isolation.txt" || exit 1
+    for wheel in "$built"/*.whl; do
+      [ -f "$wheel" ] && basename "$wheel" | sed -n 's/^\([^-]*\)-\([^-]*\)-.*\.whl$/\1==\2/p' >> "$pins"
+    done
+    set -- "$@" --find-links "$built"
+  fi
+fi
 echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") requirement(s) with $tool under $(wc -l < "$pins") pins from $origin"
 # guard.py runs the installer: live output, bounds on resolution time and download bytes
 # (IMGBUILD_PIP_RESOLVE_SECONDS, IMGBUILD_PIP_DOWNLOAD_LIMIT), and on failure one line saying what kind it
@@ -147,5 +170,5 @@ echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") r
 # shellcheck disable=SC2086 # $locked, $dry and $nodeps are option lists
 python3 "$here/guard.py" "$origin" "$@" $dry $nodeps -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
     && rc=0 || rc=$?
-rm -rf "$pins" /tmp/uv-*.lock ${own:+"$own"}
+rm -rf "$pins" /tmp/uv-*.lock ${own:+"$own"} ${built:+"$built"}
 [ "$rc" = 0 ] || exit 1

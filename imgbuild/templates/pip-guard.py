@@ -19,12 +19,22 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
+from pip_versions import exact_pin, meets, prerelease_trap  # noqa: E402
+
 QUIET_SECONDS = 20
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 #: what follows a name in uv's sentences: `==2.1` (the version), or a range `>=2.20.0,<2.21` (kept whole)
 SPEC = r"(?:(?:==|(?=[<>!~]))(\S+))?"
 FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-([0-9][^-\s]*)-")
 BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
+#: the package pip or uv is working on (the last one named is the one a source build failure is about): pip's
+#: "Collecting flash-attn", "Processing /wheels/srcpkg-1.0.tar.gz", "Building wheel for flash-attn (setup.py)";
+#: uv's "Building flash-attn==2.7.4", "Failed to build `flash-attn==2.7.4`"
+BUILDING = re.compile(
+    r"(?:× )?(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
+    rf"`?(?:\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
+)
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
 UV_DEPENDS = re.compile(rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we")
@@ -85,65 +95,31 @@ KINDS = (
         ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
     ),
     ("hash", ("DO NOT MATCH THE HASHES", "Hash mismatch for")),  # pip's words, uv's
+    # a source build that imports the base's framework, isolated from it (pip.no_build_isolation cures it)
+    ("isolated", ("No module named 'torch'", "No module named 'tensorflow'", "No module named 'jax'")),
+    ("nvcc", ("nvcc: not found", "CUDA_HOME environment variable is not set", "/bin/nvcc': No such file")),
+    (
+        "compiler",
+        (
+            "c++: not found",
+            "g++: not found",
+            "gcc: not found",
+            "cc: not found",
+            "unable to execute 'gcc'",
+            "unable to execute 'x86_64-linux-gnu-gcc'",
+            "command 'gcc' failed",
+            "command 'c++' failed",
+            "command 'g++' failed",
+            "command 'x86_64-linux-gnu-gcc' failed",
+            "command 'x86_64-linux-gnu-g++' failed",
+            "No CMAKE_CXX_COMPILER could be found",
+        ),
+    ),
     (
         "sdist",
         ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
     ),
 )
-
-
-PRERELEASE = re.compile(r"==\s*v?([0-9]+(?:\.[0-9]+)*)(?:a|b|rc)[0-9]+")
-LOWER_BOUND = re.compile(r"(>=|==|~=)\s*([0-9]+(?:\.[0-9]+)*)(?![0-9.]*(?:a|b|rc|dev))")
-
-
-def release_tuple(text):
-    parts = [int(p) for p in text.split(".")]
-    while parts and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
-def prerelease_trap(held, wanted):
-    """Why `wanted` (torch>=2.13) excludes `held` (torch==2.13.0a0+07cecf4168.nv24.5), when the reason is
-    NGC's pre-release framework; else "". Under PEP 440 2.13.0a0 sorts before 2.13, so a requirement written
-    for this very release does not admit it."""
-    pre = PRERELEASE.search(held)
-    if not pre:
-        return ""
-    release = release_tuple(pre.group(1))
-    for _, bound in LOWER_BOUND.findall(wanted):
-        if release_tuple(bound) == release:
-            version = held.split("==", 1)[1].split("+")[0]
-            return (
-                f"NGC's framework is a pre-release of {pre.group(1)}, and under PEP 440 {version} sorts before {bound}"
-            )
-    return ""
-
-
-CLAUSE = re.compile(r"\s*(===|==|!=|<=|>=|~=|<|>)\s*v?([0-9]+(?:\.[0-9]+)*)(\.\*)?([A-Za-z0-9.+!-]*)\s*")
-
-
-def exact_pin(spec):
-    """`numpy==1.26.4` -> (1, 26, 4); None for anything but one exact pin of a final release."""
-    found = re.fullmatch(rf"{NAME}==([0-9]+(?:\.[0-9]+)*)", spec)
-    return release_tuple(found.group(1)) if found else None
-
-
-def meets(version, wanted):
-    """Whether the release `version` (a tuple) meets `wanted` (">=2,<3"): True, False, or None when this
-    small reading of PEP 440 cannot say (pre-releases, local parts, `~=`, an unknown clause)."""
-    if version is None or not wanted:
-        return None
-    for clause in wanted.split(","):
-        found = CLAUSE.fullmatch(clause)
-        if not found or found.group(3) or found.group(4) or found.group(1) in ("~=", "==="):
-            return None
-        bound = release_tuple(found.group(2))
-        ops = {"==": version == bound, "!=": version != bound, "<=": version <= bound, ">=": version >= bound}
-        ok = ops.get(found.group(1), version < bound if found.group(1) == "<" else version > bound)
-        if ok is not True:
-            return ok
-    return True
 
 
 def canon(name):
@@ -188,6 +164,7 @@ class Watch:
         self.depends = {}  # (package, dependency) -> [(version, wanted)]
         self.held = {}  # canonical dependency -> the base's constraint, e.g. "torch==2.3.0"
         self.other_framework = ""
+        self.building = ""  # the package being built from source, when one is
         self.last_line = time.monotonic()
 
     def see(self, line):
@@ -208,6 +185,8 @@ class Watch:
         for kind, words in KINDS:
             if any(word.lower() in line.lower() for word in words):
                 self.kinds.add(kind)
+        if found := BUILDING.match(line.strip()):
+            self.building = found.group(1)
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
         self.see_pip(line)
@@ -341,11 +320,30 @@ class Watch:
             return "a package or version does not exist on the index for this Python and platform; see above"
         if "conflict" in self.kinds:
             return self.conflict(origin)
+        return self.installing_failure()
+
+    def installing_failure(self):
+        """Past resolving: a file that is not the one locked, or a source build that failed (with the cure where
+        the recipe has one), else what pip said."""
         if "hash" in self.kinds:
             return (
                 "a file the index served does not match the sha256 the recipe's lock holds for it (the index "
                 "changed a release, or the lock was edited); see above, and run imgbuild lock if the new file is right"
             )
+        what = f"building {self.building}" if self.building else "building a package from source"
+        who = self.building or "the package"
+        if "isolated" in self.kinds:
+            return (
+                f"{what} imports the base's framework, which pip's isolated build environment lacks: add {who} to "
+                "pip.no_build_isolation, so that it builds against the base's own framework"
+            )
+        if "nvcc" in self.kinds:
+            return (
+                f"{what} needs CUDA's compiler (nvcc), which the base lacks: build on an NGC framework image (they "
+                "carry the CUDA toolkit, CUDA_HOME=/usr/local/cuda), not a runtime or CPU-only base"
+            )
+        if "compiler" in self.kinds:
+            return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe"
         if "sdist" in self.kinds:
             return "building a package from source failed; see the compiler or build output above"
         return "pip failed; see its output above"

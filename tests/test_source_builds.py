@@ -1,0 +1,184 @@
+"""pip.no_build_isolation: packages whose build imports the base's framework (flash-attn, apex, torch-scatter)
+are built against the base's own packages. Real pip under imgbuild's install.sh and guard, real source
+distributions with a build backend of their own (tests/pipstep.py), and the recipe field and its rendering.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.pipstep import PipStep, sdist, wheel
+
+TORCH = "2.13.0a0+07cecf4"
+
+BACKEND = '''
+import base64, hashlib, os, subprocess, zipfile
+
+NAME, VERSION = "srcpkg", "1.0"
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    import torch  # what a package that compiles against the framework does while it builds
+
+    COMPILE
+    dist = f"{NAME}-{VERSION}.dist-info"
+    files = {
+        f"{NAME}/__init__.py": f"BUILT_AGAINST = {torch.__version__!r}\\n".encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\\nName: {NAME}\\nVersion: {VERSION}\\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    }
+    def line(path, data):
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{path},sha256={digest},{len(data)}\\n"
+    record = "".join(line(p, d) for p, d in files.items()) + f"{dist}/RECORD,,\\n"
+    filename = f"{NAME}-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, filename), "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr(f"{dist}/RECORD", record)
+    return filename
+'''
+
+
+def _index(folder, compile_step: str = "pass"):
+    folder.mkdir()
+    wheel(folder, "torch", TORCH, {"torch/__init__.py": f"__version__ = {TORCH!r}\n".encode()})
+    sdist(folder, "srcpkg", "1.0", BACKEND.replace("COMPILE", compile_step))
+    return folder
+
+
+@pytest.fixture
+def step(tmp_path):
+    return PipStep(tmp_path, _index(tmp_path / "index"), ["torch"])
+
+
+def test_a_package_that_builds_against_the_framework_fails_isolated_and_names_the_field_that_cures_it(step):
+    said = step.failure(step.run(["srcpkg"]))
+    assert said == (
+        "building srcpkg imports the base's framework, which pip's isolated build environment lacks: add srcpkg to "
+        "pip.no_build_isolation, so that it builds against the base's own framework"
+    )
+
+
+def test_the_cure_builds_it_against_the_bases_own_framework(step):
+    done = step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "imgbuild: building srcpkg against the base's own packages (pip.no_build_isolation)" in done.stdout
+    built = subprocess.run([str(step.python), "-c", "import srcpkg; print(srcpkg.BUILT_AGAINST)"], capture_output=True)
+    assert built.stdout.decode().strip() == TORCH  # the base's torch, not one an isolated build fetched
+    assert step.pip("show", "torch").stdout.splitlines()[1] == f"Version: {TORCH}"
+
+
+def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(tmp_path):
+    compile_step = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
+    assert said == "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe"
+
+
+def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path):
+    compile_step = 'subprocess.run(["/bin/sh", "-c", "nvcc --version"], env={"PATH": "/nonexistent"}, check=True)'
+    step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
+    assert said.startswith("building srcpkg needs CUDA's compiler (nvcc), which the base lacks: build on an NGC")
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["torch"], "is the base's framework or CUDA stack: never unpinned or rebuilt"),
+        (["tensorflow-cpu"], "is the base's framework or CUDA stack"),
+        (["nvidia-cudnn-cu12"], "is the base's framework or CUDA stack"),
+        (["flash attn"], "not a package name"),
+        (["flash-attn; rm -rf /"], "not a package name"),
+        (["flash-attn>=2"], "not a package name"),
+        (["--no-index"], "not a package name"),
+        (["x"] * 65, "at most 64"),
+    ],
+)
+def test_no_build_isolation_takes_package_names_only_and_never_the_framework(tmp_path, names, message):
+    import json
+
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    pip = {"packages": ["flash-attn"], "no_build_isolation": names}
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {json.dumps(pip)}\n')
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(recipe, environ={})
+    assert any(message in p.message and "no_build_isolation" in p.field for p in caught.value.problems), caught.value
+
+
+def test_render_builds_the_recipes_own_requirement_for_each_named_package(tmp_path):
+    from imgbuild.build.plan import make_plan
+    from imgbuild.build.render import render
+    from imgbuild.recipe import load_recipe
+    from tests.test_recipe_render import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        'name: r\nbase: {framework: pytorch, tag: "24.05"}\n'
+        "pip: {packages: [einops, 'Flash_Attn>=2.6,<2.8'], index_url: 'https://idx.example/simple',"
+        " no_build_isolation: [flash-attn, causal-conv1d]}\n"
+    )
+    context = render(make_plan(load_recipe(recipe, environ={}), settings(), fake_inspect))
+    lines = context.text("imgbuild/pip/no-build-isolation.txt").splitlines()
+    assert lines[-2:] == ["Flash_Attn>=2.6,<2.8", "causal-conv1d"]  # a dependency's: the bare name
+    assert "--index-url https://idx.example/simple" in lines  # built from the recipe's index
+
+
+@pytest.mark.engine
+def test_on_the_bed_a_source_build_fails_isolated_then_builds_against_the_bases_torch_and_stays_cached(
+    testbed, tmp_path, cleanup_images, docker_client
+):
+    """The loop a user follows, with uv (the default installer) in the stand-in PyTorch base: the build names the
+    field; with it the package builds against the base's own torch, imports, and an unrelated edit later does not
+    fetch or build it again (uv's cache mount keeps the wheel)."""
+    import uuid
+
+    from tests.conftest import bridge_gateway, in_image, run_cli
+    from tests.fake_index import FakeIndex, Release
+    from tests.pipstep import sdist_bytes
+
+    gateway = bridge_gateway(docker_client)
+    index = FakeIndex(
+        gateway,
+        {"tinydep": [Release("1.0")]},
+        sources={"srcpkg-1.0.tar.gz": sdist_bytes("srcpkg", "1.0", BACKEND.replace("COMPILE", "pass"))},
+    )
+    (tmp_path / ".git").mkdir()
+    name = f"srcbuild-{uuid.uuid4().hex[:8]}"
+    recipe = tmp_path / "r.yaml"
+    head = f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    where = f'index_url: "{index.url}", trusted_hosts: ["{gateway}"]'
+    try:
+        recipe.write_text(head + f"pip: {{packages: [srcpkg], {where}}}\n")
+        isolated = run_cli("build", str(recipe), cwd=tmp_path)
+        assert isolated.code == 1, isolated.err[-3000:]
+        assert "add srcpkg to pip.no_build_isolation" in isolated.err, isolated.err[-3000:]
+        recipe.write_text(head + f"pip: {{packages: [srcpkg], no_build_isolation: [srcpkg], {where}}}\n")
+        built = run_cli("build", str(recipe), cwd=tmp_path)
+        assert built.code == 0, built.err[-3000:]
+        image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+        cleanup_images.append(image)
+        torch = in_image(docker_client, image, "import torch; print(torch.__version__)").strip()
+        assert in_image(docker_client, image, "import srcpkg; print(srcpkg.BUILT_AGAINST)").strip() == torch
+        index.served.clear()
+        recipe.write_text(
+            head.replace("v1", "v2") + f"pip: {{packages: [srcpkg, tinydep], no_build_isolation: [srcpkg], {where}}}\n"
+        )
+        again = run_cli("build", str(recipe), cwd=tmp_path)
+        assert again.code == 0, again.err[-3000:]
+        cleanup_images.append(again.out.strip().splitlines()[-1].split(" -> ")[0])
+        assert "srcpkg-1.0.tar.gz" not in index.served  # built once: the wheel came from the build's cache
+    finally:
+        index.close()
