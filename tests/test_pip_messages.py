@@ -196,3 +196,33 @@ def test_a_file_that_is_not_the_locked_one_is_named_a_hash_mismatch_not_a_pip_fa
     index replaced, an edited lock) fails the step, and says which cure fits."""
     said = step.failure(step.run([f"hub-lib==1.0.0 --hash=sha256:{'0' * 64}"]))
     assert said.startswith("a file the index served does not match the sha256 the recipe's lock holds for it")
+
+
+@pytest.fixture
+def prerelease_step(tmp_path):
+    from tests.pipstep import wheel
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    wheel(folder, "oldtf", "2.1.0.dev2", {"oldtf/__init__.py": b""})  # nothing final: the resolver falls back
+    wheel(folder, "semconv", "0.66b2", {"semconv/__init__.py": b""})
+    wheel(folder, "otel", "1.0", {"otel/__init__.py": b""}, ("semconv==0.66b2",))
+    return PipStep(tmp_path, folder, ["numlib==2.1.0"])
+
+
+def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerelease_step):
+    """uv and pip fall back to a dev release when no final release fits (tf-models-official 2.1.0.dev2 was promoted
+    this way): the step fails, naming the package and the two cures."""
+    said = prerelease_step.failure(prerelease_step.run(["oldtf"]))
+    assert said == (
+        "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
+        "oldtf fits the base's pins and the recipe's other packages; pin oldtf to a release made for this base, or "
+        "ask for this one by its version (oldtf==2.1.0.dev2)"
+    )
+
+
+@pytest.mark.parametrize("packages", [["oldtf==2.1.0.dev2"], ["otel"], ["oldtf>=2.1.0.dev2"]])
+def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelease_step, packages):
+    done = prerelease_step.run(packages)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -225,3 +225,42 @@ def test_the_check_falls_back_where_the_server_cannot_serve(served, monkeypatch)
     """No fork, or threads after the preload: one interpreter per distribution, as before."""
     monkeypatch.setattr(script, "_IMPORT_SERVER", "import json\nprint(json.dumps({'refused': 'threads'}))\n")
     assert script.import_served(_work("fine"), 60, 1, "none") is None
+
+
+class _Path(str):
+    """A distribution's file as importlib.metadata lists it: its path, and its RECORD hash."""
+
+    def __new__(cls, path, digest):
+        from types import SimpleNamespace
+
+        made = super().__new__(cls, path)
+        made.hash = SimpleNamespace(value=digest)
+        return made
+
+
+@pytest.mark.parametrize(
+    "first, second, flagged",
+    [
+        # opencv-python and -headless: the same cv2/__init__.py, different extension modules
+        (
+            {"cv2/__init__.py": "i", "cv2/cv2.abi3.so": "gui"},
+            {"cv2/__init__.py": "i", "cv2/cv2.abi3.so": "headless"},
+            True,
+        ),
+        ({"cv2/__init__.py": "a"}, {"cv2/__init__.py": "b"}, True),
+        ({"top.cpython-311-x86_64-linux-gnu.so": "a"}, {"top.cpython-311-x86_64-linux-gnu.so": "b"}, True),
+        ({"ns/__init__.py": "same"}, {"ns/__init__.py": "same"}, False),  # namespace boilerplate, byte for byte
+        ({"a/__init__.py": "x"}, {"b/__init__.py": "y"}, False),
+        ({"a.libs/libz.so": "x"}, {"a.libs/libz.so": "y"}, False),  # vendored libraries: auditwheel's folder
+        ({"pkg/sub/deep.py": "x"}, {"pkg/sub/deep.py": "y"}, False),  # not a top-level module's own file
+    ],
+)
+def test_two_distributions_installing_one_module_with_other_contents_fail(first, second, flagged):
+    def files(table):
+        return [_Path(path, digest) for path, digest in table.items()]
+
+    dists = [("opencv-python", "4.10", files(first)), ("opencv-python-headless", "4.10", files(second))]
+    found = script.shared_modules(dists, {"opencv-python-headless"})
+    assert bool(found) is flagged, found
+    if flagged:
+        assert "opencv-python 4.10 and opencv-python-headless 4.10" in found[0] and "keep one of them" in found[0]

@@ -356,11 +356,14 @@ def missing_tools(names, which=None) -> list:
 
 
 def _module_file(path: str) -> bool:
-    """A top-level module's own file: `pkg/__init__.py`, `mod.py` or an extension module at the top."""
+    """A top-level module's own file: `pkg/__init__.py`, `mod.py`, an extension module at the top, or one directly
+    in a top-level package (`cv2/cv2.abi3.so`: opencv-python and -headless ship the same `__init__.py`)."""
     parts = path.split("/")
+    extension = ".cpython-" in parts[-1] or parts[-1].endswith(".so")
     if len(parts) == 2:
-        return parts[1] == "__init__.py" and not parts[0].endswith((".dist-info", ".egg-info", ".data"))
-    return len(parts) == 1 and (path.endswith(".py") or ".cpython-" in path or path.endswith(".so"))
+        own = parts[1] == "__init__.py" or extension
+        return own and not parts[0].endswith((".dist-info", ".egg-info", ".data", ".libs"))
+    return len(parts) == 1 and (path.endswith(".py") or extension)
 
 
 def shared_modules(dists, added) -> list:

@@ -20,7 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_versions import exact_pin, meets, prerelease_trap  # noqa: E402
+from pip_versions import exact_pin, fallback_line, installed_from, meets, prerelease_trap  # noqa: E402
 
 QUIET_SECONDS = 20
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
@@ -165,6 +165,7 @@ class Watch:
         self.held = {}  # canonical dependency -> the base's constraint, e.g. "torch==2.3.0"
         self.other_framework = ""
         self.building = ""  # the package being built from source, when one is
+        self.installed = []  # (name, version) the installer said it installed (or would)
         self.last_line = time.monotonic()
 
     def see(self, line):
@@ -185,6 +186,7 @@ class Watch:
         for kind, words in KINDS:
             if any(word.lower() in line.lower() for word in words):
                 self.kinds.add(kind)
+        self.installed += installed_from(line)
         if found := BUILDING.match(line.strip()):
             self.building = found.group(1)
         if not self.missing and (found := MISSING.search(line)):
@@ -468,8 +470,9 @@ def main(argv):
     watch = Watch(pin_sources(command, origin))
     outcome = run(command, watch)
     if outcome == 0:
+        why = fallback_line(watch.installed, command)
         # what the install added or replaced: a distribution it left alone lists what it listed before
-        why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
+        why = why or (protected(overwritten(before, owners(skip=present))) if before is not None else "")
         if not why:
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)

@@ -3,6 +3,8 @@ version meets a requirement's clauses as far as this small reading of PEP 440 ca
 framework trap. Imported by guard.py, beside it.
 """
 
+import contextlib
+import os
 import re
 
 PRERELEASE = re.compile(r"==\s*v?([0-9]+(?:\.[0-9]+)*)(?:a|b|rc)[0-9]+")
@@ -57,3 +59,67 @@ def meets(version, wanted):
         if ok is not True:
             return ok
     return True
+
+
+PRE_RELEASE = re.compile(
+    r"(?:[0-9.](?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*(?:\.?post[0-9]*)?)?(?:\.?dev[0-9]*)?$"
+)
+UV_ADDED = re.compile(r" \+ ([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)")
+
+
+def is_prerelease(version):
+    """A pre-release or development release under PEP 440 (2.1.0.dev2, 2.13.0a0, 1.0rc1), its local part aside."""
+    found = PRE_RELEASE.search(version.split("+")[0].lower())
+    return bool(found and found.group(0))
+
+
+def installed_from(line):
+    """(name, version) of what one line of pip's or uv's output says is (or would be) installed."""
+    if found := UV_ADDED.fullmatch(line.rstrip()):
+        return [(found.group(1), found.group(2))]
+    for lead in ("Successfully installed ", "Would install "):
+        if line.startswith(lead):
+            return [tuple(word.rsplit("-", 1)) for word in line[len(lead) :].split() if "-" in word]
+    return []
+
+
+def fallback(installed, asked):
+    """The first (name, version) installed that the recipe asked for by name (`asked`: the lines of its
+    requirements and constraints) and got as a pre-release it did not name: what a resolver falls back to when no
+    final release fits (uv's tf-models-official 2.1.0.dev2); None when there is none. A dependency's pre-release
+    is not one (opentelemetry-sdk pins its semantic conventions at 0.66b2: asked for, by that package)."""
+    canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    named = {}
+    for line in asked:
+        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)", line)
+        if found:
+            named.setdefault(canon(found.group(1)), []).append(line)
+    for name, version in installed:
+        lines = named.get(canon(name))
+        if lines and is_prerelease(version) and not any(version in line for line in lines):
+            return name, version
+    return None
+
+
+def asked_lines(command):
+    """The lines of the recipe's own requirement and constraint files in `command` (never the lock's or the
+    base's pins): what the recipe asked for by name."""
+    lines = []
+    for flag, path in zip(command, command[1:], strict=False):
+        if flag in ("-r", "-c") and os.path.basename(path) in ("requirements.txt", "constraints.txt"):
+            with contextlib.suppress(OSError), open(path, errors="replace") as handle:
+                lines += handle.read(1 << 22).splitlines()
+    return lines
+
+
+def fallback_line(installed, command):
+    """The failure line for a pre-release the resolver fell back to (see `fallback`), or ""."""
+    late = fallback(installed, asked_lines(command))
+    if not late:
+        return ""
+    name, version = late
+    return (
+        f"the resolver fell back to {name} {version}, a pre-release the recipe did not ask for: no final release of "
+        f"{name} fits the base's pins and the recipe's other packages; pin {name} to a release made for this base, "
+        f"or ask for this one by its version ({name}=={version})"
+    )
