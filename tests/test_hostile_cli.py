@@ -163,7 +163,10 @@ def test_cli_basics():
 @pytest.mark.parametrize(
     "url, words",
     [
-        ("http+docker://localhost/v1.41/build?t=x", "the container engine stopped answering mid-command (ConnectionError"),
+        (
+            "http+docker://localhost/v1.41/build?t=x",
+            "the container engine stopped answering mid-command (ConnectionError",
+        ),
         (None, "the container engine stopped answering mid-command"),
         ("https://idx.example/simple/x/", "lost the connection to idx.example (ConnectionError)"),
     ],

@@ -13,7 +13,7 @@ from tests.pipstep import PipStep, sdist, wheel
 
 TORCH = "2.13.0a0+07cecf4"
 
-BACKEND = '''
+BACKEND = """
 import base64, hashlib, os, subprocess, zipfile
 
 NAME, VERSION = "srcpkg", "1.0"
@@ -43,7 +43,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             archive.writestr(path, data)
         archive.writestr(f"{dist}/RECORD", record)
     return filename
-'''
+"""
 
 
 def _index(folder, compile_step: str = "pass"):
