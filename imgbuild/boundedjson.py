@@ -45,3 +45,17 @@ def loads(data: bytes | str, what: str = "JSON", limit: int = MAX_BYTES) -> Any:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise NotJson(f"{what}: not JSON ({str(exc)[:80]})") from None
+
+
+def marked_answer(output: str, marker: str, limit: int) -> dict[str, Any] | None:
+    """The JSON object on the last line of `output` that starts with `marker`: how every script imgbuild runs in an
+    image answers. None when there is no such line, or it is not an object, not JSON, longer than `limit` or nested
+    too deep (an image's output is not trusted: hostile output reads as no answer)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(marker):
+            try:
+                data = loads(line[len(marker) :], "answer", limit)
+            except NotJson:
+                return None
+            return data if isinstance(data, dict) else None
+    return None

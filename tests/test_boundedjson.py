@@ -49,3 +49,23 @@ def test_a_registry_answer_nested_too_deep_is_a_registry_error_naming_the_regist
     reply = Reply(200, {}, b"[" * 200_000, "https://registry.example.org/v2/x/manifests/1")
     with pytest.raises(RegistryError, match=r"registry registry\.example\.org: .*nested deeper than 64"):
         reply.json()
+
+
+@pytest.mark.parametrize(
+    "output, answer",
+    [
+        ('noise\nMARK {"a": 1}\n', {"a": 1}),
+        ('MARK {"a": 1}\nMARK {"a": 2}\n', {"a": 2}),  # the last one counts
+        ("MARK " + "[" * 100_000 + "]" * 100_000, None),  # nested past any reader's stack: no answer, no crash
+        ("MARK " + '{"a": ' * 5000 + "1" + "}" * 5000, None),
+        ("MARK [1, 2]", None),  # not an object
+        ('MARK {"a": "' + "x" * 2_000_001 + '"}', None),  # over the limit
+        ("MARK {not json", None),
+        ("no marker at all", None),
+        (' MARK {"a": 1}', None),  # the marker starts the line
+    ],
+)
+def test_a_scripts_answer_is_the_last_marked_object_and_hostile_output_reads_as_none(output, answer):
+    from imgbuild.boundedjson import marked_answer
+
+    assert marked_answer(output, "MARK ", 2_000_000) == answer

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.boundedjson import marked_answer
 
 #: Where a script's cache volume (`run_script(cache=...)`: `imgbuild lock`'s pip and uv caches) is mounted.
 SCRIPT_CACHE = "/var/cache/imgbuild"
@@ -29,17 +30,7 @@ class Probe:
     def answer(self, output: str) -> dict[str, Any] | None:
         """The JSON object on the last line that starts with the marker; None when there is none, or it is not an
         object, or not JSON, or longer than an HTTP body may be (hostile output reads as no answer)."""
-        for line in reversed(output.splitlines()):
-            if line.startswith(self.marker):
-                text = line[len(self.marker) :]
-                if len(text) > limits.HTTP_BODY_BYTES:
-                    return None
-                try:
-                    data = json.loads(text)
-                except ValueError:
-                    return None
-                return data if isinstance(data, dict) else None
-        return None
+        return marked_answer(output, self.marker, limits.HTTP_BODY_BYTES)
 
     def says(self, data: dict[str, Any]) -> str:
         """The line the script prints to answer `data` (what a fake engine answers)."""

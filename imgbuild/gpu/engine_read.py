@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.boundedjson import marked_answer
 from imgbuild.gpu.read import Gpu, NoGpus, SmiReader
 
 # --- GPUs read through the engine -------------------------------------------------------------------
@@ -73,14 +74,8 @@ def judge_engine_read(code: int, output: str, note: str, cdi_gpus: bool) -> Engi
     """The read container's exit code, output and note (why the engine gave it no GPUs): GPUs present when
     nvidia-smi listed some, the host's PCI bus has NVIDIA display devices, or the engine lists CDI GPU devices;
     an engine that only has an NVIDIA runtime registered is no GPU host. Pure; hostile output reads as none."""
-    data: Any = None
-    for line in output.splitlines():
-        if line.startswith(ENGINE_READ_MARKER):
-            try:
-                data = json.loads(line[len(ENGINE_READ_MARKER) :][: limits.HTTP_BODY_BYTES])
-            except ValueError:
-                data = None
-    if not isinstance(data, dict) or code != 0:
+    data = marked_answer(output, ENGINE_READ_MARKER, limits.HTTP_BODY_BYTES)  # as every probe's answer is read
+    if data is None or code != 0:
         why = f"the GPU read in the image failed (exit {code})" + (f"; {note}" if note else "")
         return EngineGpus(cdi_gpus, "engine", None, why)
     pci = data.get("pci_nvidia")
