@@ -264,3 +264,45 @@ def test_two_distributions_installing_one_module_with_other_contents_fail(first,
     assert bool(found) is flagged, found
     if flagged:
         assert "opencv-python 4.10 and opencv-python-headless 4.10" in found[0] and "keep one of them" in found[0]
+
+
+XFORMERS = (
+    "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\\n"
+    "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.13.0a0+07cecf4)"
+)
+
+
+@pytest.fixture
+def extensions(tmp_path, monkeypatch):
+    """Packages that import but say their compiled extension did not load, and one that only warns of a deprecation."""
+    (tmp_path / "xformersish.py").write_text(f"import sys\nprint({XFORMERS!r}, file=sys.stderr)\n")
+    (tmp_path / "visionish.py").write_text(
+        "import warnings\nwarnings.warn(\"Failed to load image Python extension: 'libc10_cuda.so: cannot open "
+        "shared object file'\")\n"
+    )
+    (tmp_path / "chatty.py").write_text("import warnings\nwarnings.warn('old_name is deprecated', FutureWarning)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("way", ["server", "one interpreter each"])
+def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation_does_not(extensions, way):
+    """xformers built for another torch imports with a warning and its features are gone: it was promoted when the
+    recipe had no check of its own. Now it fails, by the import server and by the fallback alike."""
+    work = _work("xformersish", "visionish", "chatty")
+    if way == "server":
+        results = script.import_served(work, 60, 2, "none")
+        assert results is not None
+    else:
+        results = script.import_all(work, 60, 2)
+    xformersish, visionish, chatty = results
+    assert xformersish["xformersish"].startswith("ExtensionNotLoaded: WARNING[XFORMERS]: xFormers can't load C++")
+    assert "Failed to load image Python extension" in visionish["visionish"]
+    assert chatty == {}
+    failures, *_ = script._classify(work, results)
+    assert failures[0].startswith(
+        "xformersish 1.0: import xformersish: it imports, but its compiled extension did not load (WARNING[XFORMERS]"
+    )
+    assert failures[0].endswith(
+        "install the build made for the base's, or build it against the base (pip.no_build_isolation)"
+    )

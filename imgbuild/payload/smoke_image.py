@@ -570,6 +570,24 @@ def check_pip() -> dict:
     return {"reason": "no broken requirements"}
 
 
+#: What a package prints when it imports but its compiled extension did not load (built for another framework
+#: build): xformers' "xFormers can't load C++/CUDA extensions", torchvision's "Failed to load image Python
+#: extension", a loader's "undefined symbol". The import "works" and the features are gone: a failure here.
+EXTENSION_NOT_LOADED = (
+    r"can't load C\+\+/CUDA extensions|Failed to load (?:image Python |the |custom )?(?:C\+\+ )?extension"
+    r"|extensions? (?:could not|cannot|can't|failed to) (?:be )?load|undefined symbol: "
+)
+EXTENSION_ERROR = "ExtensionNotLoaded: "
+
+
+def extension_not_loaded(output: str) -> str:
+    """The line of an import's output that says its compiled extension did not load, as an error; or ""."""
+    for line in output.splitlines():
+        if re.search(EXTENSION_NOT_LOADED, line):
+            return EXTENSION_ERROR + line.strip()[:300]
+    return ""
+
+
 _IMPORT_SNIPPET = """
 import importlib, json, sys
 errors = {}
@@ -590,7 +608,9 @@ def _import_one(modules: list, budget: float = IMPORT_SECONDS) -> dict:
     except subprocess.TimeoutExpired:
         return {modules[0]: f"{TIMED_OUT} after {budget:.0f} s"}
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        errors = json.loads(proc.stdout.strip().splitlines()[-1])
+        said = extension_not_loaded(proc.stderr + "\n" + "\n".join(proc.stdout.splitlines()[:-1]))
+        return errors if errors or not said else {modules[0]: said}
     except (ValueError, IndexError):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         return {modules[0]: f"the interpreter died importing it: {tail[0][:200]}"}
@@ -726,6 +746,7 @@ def _classify(work: list, results: list) -> tuple:
     """Import errors as (failures, needing the driver, needing an optional package, the apt packages that cure
     the failures: one list for all of them)."""
     failures, driver_only, optional, apt = [], [], [], []
+    framework = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}.get(detect_framework() or "", "framework build")
     for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
         for module, error in sorted(errors.items()):
             library = missing_library(error)
@@ -738,6 +759,12 @@ def _classify(work: list, results: list) -> tuple:
                 hint = import_hint(library, name)
                 apt += [p for p in apt_packages(library, name) if p not in apt]
                 failures.append(f"{name} {version}: import {module}: {library} is missing ({hint})")
+            elif error.startswith(EXTENSION_ERROR):
+                failures.append(
+                    f"{name} {version}: import {module}: it imports, but its compiled extension did not load "
+                    f"({error[len(EXTENSION_ERROR) :]}): it was built for another {framework} than the base's; "
+                    f"install the build made for the base's, or build it against the base (pip.no_build_isolation)"
+                )
             elif error.startswith(TIMED_OUT):
                 failures.append(
                     f"{name} {version}: import {module}: {error}, twice (not an import error: the machine may be "
@@ -793,8 +820,9 @@ def framework_seconds(limit: float, module: str = "") -> float:
 #: preload refuses (fork is not safe there) and the check falls back to one interpreter per distribution; native
 #: BLAS pools are asked for one thread (they fork safely, as PyTorch's DataLoader workers do).
 _IMPORT_SERVER = r"""
-import importlib, json, os, select, signal, sys, time
+import importlib, json, os, re, select, signal, sys, tempfile, time
 _import, _dumps, _write, _exit = importlib.import_module, json.dumps, os.write, os._exit
+_read, _seek, _search = os.read, os.lseek, re.compile(json.loads(sys.argv[1])).search
 req = json.loads(sys.stdin.read())
 began = time.monotonic()
 for name in req["preload"]:
@@ -822,14 +850,24 @@ def start(i):
             os.setpgid(0, 0)
             os.close(r)
             null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
+            said = tempfile.TemporaryFile()  # what the imports print: searched for an extension that did not load
+            os.dup2(null, 0)
+            for fd in (1, 2):
+                os.dup2(said.fileno(), fd)
             errors = {}
             for name in work[i]:
                 try:
                     _import(name)
                 except BaseException as exc:
                     errors[name] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:300]
+            if not errors:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                _seek(said.fileno(), 0, 0)
+                for line in _read(said.fileno(), 1 << 20).decode("utf-8", "replace").splitlines():
+                    if _search(line):
+                        errors[work[i][0]] = "ExtensionNotLoaded: " + line.strip()[:300]
+                        break
             data = _dumps(errors).encode()  # the child's own references: an import may have replaced json.dumps
             while data:
                 data = data[_write(w, data):]
@@ -903,7 +941,8 @@ def import_served(work: list, configured: float, workers: int, framework: str = 
     try:
         one = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         proc = subprocess.run(
-            [sys.executable, "-c", _IMPORT_SERVER], input=json.dumps(request), capture_output=True, text=True,
+            [sys.executable, "-c", _IMPORT_SERVER, json.dumps(EXTENSION_NOT_LOADED)], input=json.dumps(request),
+            capture_output=True, text=True,
             timeout=limit, env={**os.environ, **one},
         )  # fmt: skip
         answer = json.loads(proc.stdout.strip().splitlines()[-1])
