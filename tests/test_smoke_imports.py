@@ -306,3 +306,29 @@ def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation
     assert failures[0].endswith(
         "install the build made for the base's, or build it against the base (pip.no_build_isolation)"
     )
+
+
+@pytest.mark.parametrize(
+    "owner, said",
+    [
+        (
+            ("hub", "1.0.0"),  # added too: the pair drifted
+            "it needs cached_download from hub 1.0.0, which hub 1.0.0 does not have (the two drifted apart): pin hub "
+            "to the release diffusersish was made for (hub<1.0.0), or diffusersish to one made for hub 1.0.0",
+        ),
+        (
+            ("basehub", "0.9"),  # the base's
+            "it needs cached_download from the base's basehub 0.9, which does not have it: pin diffusersish to a "
+            "release made for the base's basehub",
+        ),
+    ],
+)
+def test_a_name_one_added_package_imports_from_another_that_lacks_it_names_both_and_the_pin(owner, said):
+    """A dependency drift: diffusers 0.25 imports cached_download from huggingface_hub, which hub 0.26 dropped."""
+    work = [("diffusersish", "0.25.0", ["diffusersish"]), ("hub", "1.0.0", ["huggingface_hubish"])]
+    error = (
+        "ImportError: cannot import name 'cached_download' from 'huggingface_hubish' (/site/huggingface_hubish/x.py)"
+    )
+    results = [{"diffusersish": error}, {}]
+    failures, *_ = script._classify(work, results, {"huggingface_hubish": owner})
+    assert failures == [f"diffusersish 0.25.0: import diffusersish: {error}: {said}"]

@@ -742,10 +742,37 @@ def added_with_licenses(baseline: set) -> list:
     ]
 
 
-def _classify(work: list, results: list) -> tuple:
+#: "ImportError: cannot import name 'cached_download' from 'huggingface_hub' (...)": a name one package imports
+#: from another that the installed version of the other no longer has (or does not have yet).
+MISSING_NAME = re.compile(r"ImportError: cannot import name '([\w.]+)' from '([\w.]+)'")
+
+
+def drift(name: str, error: str, owners: dict, added: set) -> str:
+    """What to say of a name `name` imports from another distribution that lacks it: both packages and the pin
+    that restores the pair; "" when the error is no such thing or the module's owner is unknown."""
+    found = MISSING_NAME.search(error)
+    owner = owners.get(found.group(2).split(".")[0]) if found else None
+    if not found or owner is None or owner[0] == name:
+        return ""
+    other, version = owner
+    if other in added:
+        return (
+            f"it needs {found.group(1)} from {other} {version}, which {other} {version} does not have (the two "
+            f"drifted apart): pin {other} to the release {name} was made for ({other}<{version}), or {name} to "
+            f"one made for {other} {version}"
+        )
+    return (
+        f"it needs {found.group(1)} from the base's {other} {version}, which does not have it: pin {name} to a "
+        f"release made for the base's {other}"
+    )
+
+
+def _classify(work: list, results: list, owners: dict | None = None) -> tuple:
     """Import errors as (failures, needing the driver, needing an optional package, the apt packages that cure
-    the failures: one list for all of them)."""
+    the failures: one list for all of them). `owners`: top-level module -> (distribution, version), for naming
+    the other package of a name one imports from another."""
     failures, driver_only, optional, apt = [], [], [], []
+    added = {n for n, _, _ in work}
     framework = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}.get(detect_framework() or "", "framework build")
     for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
         for module, error in sorted(errors.items()):
@@ -771,7 +798,8 @@ def _classify(work: list, results: list) -> tuple:
                     "busy; run the smoke test again, or raise smoke_import_timeout)"
                 )
             else:
-                failures.append(f"{name} {version}: import {module}: {error}")
+                said = drift(name, error, owners or {}, added)
+                failures.append(f"{name} {version}: import {module}: {error}" + (f": {said}" if said else ""))
     return failures, driver_only, optional, apt
 
 
@@ -993,7 +1021,10 @@ def check_imports() -> dict:
     if results is None:  # no import server here: one interpreter per distribution, as before
         budget = import_budget(configured, framework_seconds(configured))
         results = import_all(work, budget, import_workers())
-    failures, driver_only, optional, apt = _classify(work, results)
+    drifted = any(MISSING_NAME.search(str(e)) for errors in results for e in errors.values())
+    # who owns each top-level module (the first on the path wins), read only when an import needs it named
+    owners = {m: (n, d.version) for n, d in reversed(every) for m in _modules(d)} if drifted else {}
+    failures, driver_only, optional, apt = _classify(work, results, owners)
     added_names = [n for n, _, _ in work]
     for name, tool, package in missing_tools(added_names):
         failures.append(f"{name}: runs `{tool}`, which is not installed (add apt: [{package}])")
