@@ -928,3 +928,41 @@ def test_a_cdi_site_hands_the_docker_step_its_gpus_by_cdi_name(tmp_path):
     run = words[: words.index("python")] if "python" in words else words
     assert [w for w in run if w.startswith("nvidia.com/gpu=")] == ["nvidia.com/gpu=0", "nvidia.com/gpu=2"], run
     assert run.count("--device") == 2 and "--gpus" not in run
+
+
+def test_an_oci_bundle_is_read_only_to_its_jobs_with_a_scratch_workspace_and_each_bind_once():
+    """A bundle on shared storage is run by every job on every node: none may write into it (a recipe's
+    TORCH_HOME=/workspace/.cache/torch had written into rootfs/); an empty /workspace is each job's own tmpfs, and a
+    folder given both by the site and by --bind is mounted once, the last given."""
+    from imgbuild.clusters.oci import cluster_config
+
+    config = cluster_config({"process": {"env": []}}, ["/data:/d:ro", "/data:/d"], ("/workspace",))
+    assert config["root"]["readonly"] is True
+    mounts = [m for m in config["mounts"] if m["destination"] == "/d"]
+    assert mounts == [{"destination": "/d", "type": "bind", "source": "/data", "options": ["rbind", "rw"]}]
+    (workspace,) = [m for m in config["mounts"] if m["destination"] == "/workspace"]
+    assert workspace["type"] == "tmpfs" and "mode=1777" in workspace["options"] and "nosuid" in workspace["options"]
+    assert not [m for m in cluster_config({}, [])["mounts"] if m["destination"] == "/workspace"]  # not empty: kept
+
+
+def test_the_oci_step_gives_a_job_without_a_home_a_private_one_never_a_fixed_name(tmp_path):
+    """The job's HOME is a host path the bundle lacks: the step makes one with mktemp (a co-user cannot plant it)."""
+    import subprocess
+
+    from imgbuild.clusters.slurm import _OCI_STEP
+
+    job = tmp_path / "job"
+    job.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent/alice"}
+    done = subprocess.run(
+        ["sh", "-c", _OCI_STEP, "imgbuild", str(job), "--", "sh", "-c", 'echo "$HOME"; touch "$HOME/ok"; pwd'],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    home, cwd = done.stdout.split()
+    assert done.returncode == 0 and home.startswith("/tmp/imgbuild-home-") and cwd == str(job)
+    assert (Path(home) / "ok").exists() and oct(Path(home).stat().st_mode & 0o777) == "0o700"
+    Path(home, "ok").unlink()
+    Path(home).rmdir()
+    kept = subprocess.run(["sh", "-c", _OCI_STEP, "imgbuild", str(job), "--", "sh", "-c", 'echo "$HOME"'],
+                          capture_output=True, text=True, env={**env, "HOME": str(tmp_path)})  # fmt: skip
+    assert kept.stdout.strip() == str(tmp_path)  # a writable HOME the job has is kept

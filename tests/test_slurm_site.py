@@ -239,7 +239,11 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
         "slurm", str(bundle), *flags, "--gpus", "2", "--nodes", "2", "--cpus-per-gpu", "1", "--submit", "--",
         "python3", "train.py", cwd=tmp_path,
     )  # fmt: skip
-    show = "echo uid=$(id -u) cpus=$(nproc) in=$(pwd) path=$PATH $(cat /shared/marker)"
+    show = (
+        "echo uid=$(id -u) cpus=$(nproc) in=$(pwd) path=$PATH $(cat /shared/marker) "
+        "$(touch /usr/imgbuild-probe 2>/dev/null && echo root-writable || echo root-read-only) "
+        "$(mkdir -p /workspace/.cache/torch && echo workspace-writable)"
+    )
     one = run_cli(
         "slurm", str(bundle), *flags, "--gpus", "1", "--cpus", "1", "--submit", "--", "sh", "-c", show, cwd=tmp_path
     )  # fmt: skip
@@ -264,6 +268,10 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     image_path = next(item for item in image_env if item.startswith("PATH="))[5:]
     assert "/usr/local/cuda/bin" in image_path
     assert f"uid={os.getuid()} cpus=1 in={tmp_path} path={image_path} site data" in texts[1], texts[1][-2000:]
+    # the bundle is every job's and none may change it (issue 46, N20): a read-only root, /workspace a job's tmpfs
+    assert "root-read-only workspace-writable" in texts[1], texts[1][-2000:]
+    assert not (bundle / "rootfs" / "usr" / "imgbuild-probe").exists()
+    assert not any((bundle / "rootfs" / "workspace").iterdir())
     assert states[2] == "FAILED" and f"the job folder {elsewhere} is not in the container" in texts[2], texts[2]
 
 

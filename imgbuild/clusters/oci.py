@@ -37,10 +37,27 @@ def bind_mount(bind: str) -> dict[str, Any]:
     return {"destination": inside, "type": "bind", "source": source, "options": ["rbind", "ro" if read_only else "rw"]}
 
 
-def cluster_config(config: dict[str, Any], binds: list[str]) -> dict[str, Any]:
+#: Folders of the image a job may write, as a tmpfs of its own, where the image holds nothing in them: the
+#: WORKDIR recipes use (a recipe's TORCH_HOME=/workspace/.cache/torch), and nothing else of the read-only root.
+SCRATCH_DIRS = ("/workspace",)
+
+
+def scratch_tmpfs(folder: str) -> dict[str, Any]:
+    return {
+        "destination": folder,
+        "type": "tmpfs",
+        "source": "tmpfs",
+        "options": ["nosuid", "nodev", "mode=1777", "size=50%"],
+    }
+
+
+def cluster_config(config: dict[str, Any], binds: list[str], scratch: tuple[str, ...] = ()) -> dict[str, Any]:
     """umoci's runtime config made a cluster job's (pure): the node's namespaces but mount (and user), the
-    node's /dev/shm, /tmp, hosts and resolv.conf, the binds, no hostname of its own, no terminal."""
+    node's /dev/shm, /tmp, hosts and resolv.conf, the binds (each destination once, the last given wins), no
+    hostname of its own, no terminal. The root is read-only: a bundle on shared storage is run by every job on
+    every node, and none of them may change it; `scratch` (empty image folders) are each job's own tmpfs."""
     out = json.loads(json.dumps(config))
+    out.setdefault("root", {})["readonly"] = True
     linux = out.setdefault("linux", {})
     linux["namespaces"] = [ns for ns in linux.get("namespaces", []) if ns.get("type") in KEPT_NAMESPACES]
     out.pop("hostname", None)
@@ -52,11 +69,10 @@ def cluster_config(config: dict[str, Any], binds: list[str]) -> dict[str, Any]:
     image = dict(item.split("=", 1) for item in env if "=" in item)
     process["env"] = env + [f"{OCI_KEPT_PREFIX}{name}={image.get(name, '')}" for name in OCI_KEPT_ENV]
     # the node's name resolution too (torchrun's rendezvous finds the head node by name), as Apptainer has it
-    mounts = [
-        bind_mount(b)
-        for b in ("/dev/shm", "/tmp", "/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro", *binds)
-    ]
-    taken = {m["destination"] for m in mounts}
+    wanted = ("/dev/shm", "/tmp", "/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro", *binds)
+    by_destination = {m["destination"]: m for m in [*(scratch_tmpfs(d) for d in scratch), *map(bind_mount, wanted)]}
+    mounts = list(by_destination.values())  # a folder bound twice (site and --bind) is mounted once
+    taken = set(by_destination)
     out["mounts"] = [m for m in out.get("mounts", []) if m.get("destination") not in taken] + mounts
     return out
 
@@ -106,7 +122,8 @@ def export_bundle(
         rootless = ["--rootless"] if os.geteuid() != 0 else []
         bundle = work / "bundle"
         _run(["umoci", "unpack", *rootless, "--image", f"{work / 'layout'}:image", str(bundle)], timeout)
-        config = cluster_config(json.loads((bundle / "config.json").read_text()), binds)
+        scratch = tuple(d for d in SCRATCH_DIRS if _empty_dir(bundle / "rootfs" / d.lstrip("/")))
+        config = cluster_config(json.loads((bundle / "config.json").read_text()), binds, scratch)
         (bundle / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if out.exists() or out.is_symlink():
             raise UsageError(f"{out}: appeared while the bundle was made; remove it or name a new folder")
@@ -114,6 +131,14 @@ def export_bundle(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _empty_dir(path: Path) -> bool:
+    """A real folder (no link) with nothing in it."""
+    try:
+        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    except OSError:
+        return False
 
 
 def sweep_orphans(folder: Path) -> None:

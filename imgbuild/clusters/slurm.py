@@ -132,6 +132,10 @@ _OCI_RESTORE = "".join(
 )
 _OCI_STEP = (
     _OCI_RESTORE
+    # the bundle's root is read-only and the job's HOME a host path it lacks: a HOME of the step's own, made by
+    # mktemp in the node's /tmp (never a fixed name another user could have made first)
+    + '[ -d "${HOME:-/nonexistent}" ] && [ -w "$HOME" ] || { HOME=$(mktemp -d /tmp/imgbuild-home-XXXXXXXX) '
+    "&& export HOME || exit 2; }; "
     + f'cd "$1" 2>/dev/null || {{ echo "imgbuild: the job folder $1 {_OCI_MISSING}" >&2; exit 2; }}; shift; '
     f'while [ "$1" != -- ]; do [ -d "$1" ] || {{ echo "imgbuild: $1 {_OCI_MISSING}" >&2; exit 2; }}; shift; done; '
     'shift; exec "$@"'
