@@ -13,19 +13,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from imgbuild.engine.containers import SMOKE_LABEL
-    from imgbuild.engine.docker import Engine
-    from imgbuild.engine.types import (
-        BuildRequest,
-        ContainerRunner,
-        ImageEngine,
-        ImageInfo,
-        ImageStore,
-        ProgressFn,
-        Redactor,
-        StepTracker,
-    )
+if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported from its home on first use
+    from imgbuild.engine.containers import SMOKE_LABEL as SMOKE_LABEL
+    from imgbuild.engine.docker import Engine as Engine
+    from imgbuild.engine.types import BuildRequest as BuildRequest
+    from imgbuild.engine.types import ContainerRunner as ContainerRunner
+    from imgbuild.engine.types import ImageEngine as ImageEngine
+    from imgbuild.engine.types import ImageInfo as ImageInfo
+    from imgbuild.engine.types import ImageStore as ImageStore
+    from imgbuild.engine.types import ProgressFn as ProgressFn
+    from imgbuild.engine.types import Redactor as Redactor
+    from imgbuild.engine.types import StepTracker as StepTracker
 
 #: Where each name lives, imported on first use: `imgbuild.engine.probe` (which validate and render reach) costs
 #: no import of the Docker client's modules.
@@ -80,16 +78,4 @@ def connect_engine(settings: Any) -> ImageEngine:
     return Engine.connect(settings.docker_cli)
 
 
-__all__ = [
-    "connect_engine",
-    "SMOKE_LABEL",
-    "BuildRequest",
-    "ContainerRunner",
-    "Engine",
-    "ImageEngine",
-    "ImageInfo",
-    "ImageStore",
-    "ProgressFn",
-    "Redactor",
-    "StepTracker",
-]
+__all__ = ["connect_engine", *_HOMES]
