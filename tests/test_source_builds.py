@@ -182,3 +182,45 @@ def test_on_the_bed_a_source_build_fails_isolated_then_builds_against_the_bases_
         assert "srcpkg-1.0.tar.gz" not in index.served  # built once: the wheel came from the build's cache
     finally:
         index.close()
+
+
+@pytest.mark.engine
+def test_on_the_bed_a_source_build_without_a_compiler_is_cured_by_the_apt_line_it_names(
+    testbed, tmp_path, cleanup_images, docker_client
+):
+    """The stand-in base has no C++ compiler (a slim base): the build says which apt package cures it, and the
+    recipe with that line builds, the package compiled in the image against the base's torch."""
+    import uuid
+
+    from tests.conftest import bridge_gateway, in_image, run_cli
+    from tests.fake_index import FakeIndex
+    from tests.pipstep import sdist_bytes
+
+    compile_step = (
+        'subprocess.run(["/bin/sh", "-c", "echo \'int f(void) { return 1; }\' | c++ -x c++ -c -o /dev/null -"], '
+        "check=True)"
+    )
+    index = FakeIndex(
+        bridge_gateway(docker_client),
+        {},
+        sources={"srcpkg-1.0.tar.gz": sdist_bytes("srcpkg", "1.0", BACKEND.replace("COMPILE", compile_step))},
+    )
+    (tmp_path / ".git").mkdir()
+    name = f"compiler-{uuid.uuid4().hex[:8]}"
+    recipe = tmp_path / "r.yaml"
+    head = f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    host = index.url.split("/")[2].split(":")[0]
+    pip = f'pip: {{packages: [srcpkg], no_build_isolation: [srcpkg], index_url: "{index.url}", trusted_hosts: ["{host}"]}}\n'
+    try:
+        recipe.write_text(head + pip)
+        bare = run_cli("build", str(recipe), cwd=tmp_path)
+        assert bare.code == 1, bare.err[-3000:]
+        assert "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe" in bare.err
+        recipe.write_text(head + "apt: [g++]\n" + pip)  # the line it named, literally
+        cured = run_cli("build", str(recipe), cwd=tmp_path)
+        assert cured.code == 0, cured.err[-3000:]
+        image = cured.out.strip().splitlines()[-1].split(" -> ")[0]
+        cleanup_images.append(image)
+        assert in_image(docker_client, image, "import srcpkg; print(srcpkg.BUILT_AGAINST)").strip()
+    finally:
+        index.close()
