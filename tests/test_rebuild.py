@@ -265,10 +265,10 @@ def test_ci_examples_parse_and_use_real_flags():
     import yaml
 
     root = Path(__file__).resolve().parent.parent / "docs" / "ci"
-    for name in ("github-actions.yml", "gitlab-ci.yml"):
+    for name in ("github-actions.yml", "gitlab-ci.yml", "github-actions-fanout.yml"):
         text = (root / name).read_text()
         yaml.safe_load(text)
-        for command, flags in re.findall(r"imgbuild (rebuild|bump|validate)([^\n#]*)", text):
+        for command, flags in re.findall(r"imgbuild (rebuild|bump|validate|merge-reports)([^\n#]*)", text):
             helptext = run_cli(command, "--help").out
             for flag in re.findall(r"(--[a-z-]+)", flags):
                 assert flag in helptext, f"{name}: imgbuild {command} has no {flag}"

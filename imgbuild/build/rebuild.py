@@ -225,6 +225,7 @@ class RebuildOptions:
     jobs: int = 1
     backend: str | None = None
     dry_run: bool = False
+    plan: bool = False  # judged for runners that each pull what they build on (fanout), not for this machine
     signer: Any = None  # attest.Signer: sign each pushed image and attach its provenance and SBOM
     claims: Any = None  # build.smoke.ClaimsOf: who else holds which GPU on the host (the smoke tests' choice)
 
@@ -259,7 +260,7 @@ def _work(
             settings,
             options.push,
             verifier,
-            _normal(plan.target) in {_normal(r) for r in local_refs},
+            not options.plan and _normal(plan.target) in {_normal(r) for r in local_refs},
         )
         if not item.reasons:
             item.status, item.image_id = FRESH, engine.images.image_id(plan.target) or ""
@@ -383,7 +384,7 @@ class Report:
                 i.name,
                 i.target,
                 i.status.upper(),
-                "; ".join(i.reasons) if i.status != FAILED else i.error.splitlines()[0],
+                "; ".join(i.reasons) if i.status != FAILED else (i.error.splitlines() or ["failed"])[0],
                 f"{i.seconds:.1f}s",
             ]
             for i in self.items

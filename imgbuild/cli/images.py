@@ -235,6 +235,10 @@ def _fleet_table(report: Any, print_table: Any) -> None:
 @click.argument("paths", nargs=-1)
 @click.option("--check", is_flag=True, help="Build nothing; exit 1 when images/ is stale against the recipes.")
 @click.option("--dry-run", is_flag=True, help="Say what is stale and why; build nothing.")
+@click.option(
+    "--plan", "as_plan", is_flag=True,
+    help="Build nothing: what a fresh runner must build, in waves a CI system fans out (with --json: its matrices).",
+)  # fmt: skip
 @click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
 @_SIGN_KEY
 @click.option(
@@ -255,6 +259,7 @@ def rebuild(
     paths: tuple[str, ...],
     check: bool,
     dry_run: bool,
+    as_plan: bool,
     push: bool,
     sign_key: Path | None,
     jobs: int,
@@ -288,19 +293,20 @@ def rebuild(
         settings,
         rb.RebuildOptions(
             check=check,
-            push=push,
+            push=push or as_plan,  # a plan judges as a fresh runner does: against the registry
             jobs=jobs,
             backend=backend,
-            dry_run=dry_run,
+            dry_run=dry_run or as_plan,
+            plan=as_plan,
             signer=signer,
             claims=gpu_claims(settings),
         ),
         log,
     )
-    if report_json:
-        report_json.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
-    if junit_xml:
-        junit_xml.write_text(rb.junit_xml(report.items, report.seconds))
+    if as_plan:
+        _print_plan(report.items, as_json)
+        return
+    _write_reports(report, report_json, junit_xml)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -313,6 +319,64 @@ def rebuild(
         for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
                 click.echo(f"--- {item.name}\n{item.error}", err=True)
+    if not report.ok:
+        sys.exit(EXIT_FAILED)
+
+
+def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
+    from imgbuild.build import rebuild as rb
+    from imgbuild.regular import write_atomic
+
+    if report_json:
+        write_atomic(report_json, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    if junit_xml:
+        write_atomic(junit_xml, rb.junit_xml(report.items, report.seconds))
+
+
+def _print_plan(items: list[Any], as_json: bool) -> None:
+    from imgbuild.build.fanout import plan_document
+    from imgbuild.ui import print_table
+
+    plan = plan_document(items)
+    if as_json:
+        emit_json(plan)
+    else:
+        rows = [
+            [str(row["wave"]), row["recipe"], row["image"], "; ".join(row["reasons"])]
+            for w in plan["waves"]
+            for row in w
+        ]
+        print_table(
+            ["wave", "recipe", "image", "why"], rows, title=f"imgbuild rebuild --plan: {plan['images']} to build"
+        )
+        for bad in plan["invalid"]:
+            click.echo(
+                f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}", err=True
+            )
+    if plan["invalid"]:
+        sys.exit(EXIT_FAILED)
+
+
+@SECTION.command("merge-reports")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the merged JSON report.")
+@click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write one JUnit XML report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged report as JSON.")
+def merge_reports(reports: tuple[Path, ...], report_json: Path | None, junit_xml: Path | None, as_json: bool) -> None:
+    """Join the JSON reports of runners that each built part of a `rebuild --plan` into one (exit 1 on a failure)."""
+    from imgbuild.build import rebuild as rb
+    from imgbuild.build.fanout import merge, read_report
+    from imgbuild.ui import print_table
+
+    items = merge([read_report(path) for path in reports])
+    report = rb.Report("merged", items, sum(i.seconds for i in items))
+    _write_reports(report, report_json, junit_xml)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        print_table(
+            ["recipe", "image", "status", "why", "time"], report.rows(), title=f"{len(reports)} report(s) merged"
+        )
     if not report.ok:
         sys.exit(EXIT_FAILED)
 

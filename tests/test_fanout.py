@@ -1,0 +1,173 @@
+"""`rebuild --plan` and `merge-reports`: the rebuild a CI system fans out across runners, wave by wave, and the
+runners' reports joined into one. The reports are input like any other (a runner's file, an artefact)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from imgbuild.build.fanout import merge, plan_document, read_report, waves
+from imgbuild.build.rebuild import BUILT, FAILED, FRESH, STALE, Item
+from imgbuild.errors import UsageError
+from tests.conftest import run_cli
+
+
+def _item(name: str, status: str, deps: tuple[str, ...] = (), reasons: tuple[str, ...] = ()) -> Item:
+    return Item(Path(f"recipes/{name}.yaml"), target=f"lab/{name}:1", deps=list(deps), status=status,
+                reasons=list(reasons))  # fmt: skip
+
+
+def test_the_plan_puts_each_image_after_the_rebuilt_images_it_builds_on():
+    """Five recipes, three waves: a stale base, a child whose own inputs did not change (its base moves), a
+    grandchild, an independent stale image; a fresh one is not planned."""
+    items = [
+        _item("grandchild", FRESH, ("lab/child:1",)),
+        _item("child", FRESH, ("lab/base:1",)),
+        _item("base", STALE, reasons=("recipe or its files changed",)),
+        _item("alone", STALE, reasons=("never built here",)),
+        _item("quiet", FRESH),
+        _item("on-quiet", STALE, ("lab/quiet:1",), ("base moved",)),
+    ]
+    planned = waves(items)
+    assert [[p.item.name for p in wave] for wave in planned] == [
+        ["recipes/base.yaml", "recipes/alone.yaml", "recipes/on-quiet.yaml"],
+        ["recipes/child.yaml"],
+        ["recipes/grandchild.yaml"],
+    ]
+    assert planned[1][0].reasons == ("builds on lab/base:1, rebuilt in wave 1",)
+    plan = plan_document(items)
+    assert plan["images"] == 5 and plan["invalid"] == []
+    assert plan["matrix"][1] == {"include": [{"recipe": "recipes/child.yaml"}]}  # GitHub's fromJSON takes it as is
+    assert plan["waves"][0][0] == {
+        "recipe": "recipes/base.yaml", "image": "lab/base:1", "wave": 1, "reasons": ["recipe or its files changed"]
+    }  # fmt: skip
+
+
+def test_a_plan_of_a_long_chain_is_linear_and_a_failed_judgement_is_named():
+    chain = [_item("r0", STALE)] + [_item(f"r{n}", FRESH, (f"lab/r{n - 1}:1",)) for n in range(1, 3000)]
+    assert len(waves(list(reversed(chain)))) == 3000
+    broken = _item("broken", FAILED)
+    broken.error = "recipes/broken.yaml:3:5: pip.packages[0]: not a requirement"
+    assert plan_document([broken])["invalid"] == [{"recipe": "recipes/broken.yaml", "error": broken.error}]
+
+
+def _report(tmp_path: Path, name: str, images: object) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"seconds": 1.0, "mode": "build", "images": images}))
+    return path
+
+
+def _row(recipe: str, status: str, **extra: object) -> dict:
+    return {"recipe": recipe, "image": "lab/x:1", "status": status, "reasons": [], "error": "", "seconds": 1.5, **extra}
+
+
+def test_merged_reports_keep_each_recipe_once_with_the_outcome_that_says_most(tmp_path):
+    first = read_report(_report(tmp_path, "a.json", [_row("recipes/a.yaml", BUILT), _row("recipes/b.yaml", FRESH)]))
+    second = read_report(_report(tmp_path, "b.json", [_row("recipes/b.yaml", FAILED, error="pip step failed")]))
+    merged = merge([first, second])
+    assert [(i.name, i.status) for i in merged] == [("recipes/a.yaml", BUILT), ("recipes/b.yaml", FAILED)]
+
+
+def test_merge_reports_writes_one_report_and_one_junit_and_fails_on_a_failure(tmp_path):
+    a = _report(tmp_path, "a.json", [_row("recipes/a.yaml", BUILT)])
+    b = _report(tmp_path, "b.json", [_row("recipes/b.yaml", FAILED, error="build failed at the pip step")])
+    done = run_cli("merge-reports", str(a), str(b), "--report-json", str(tmp_path / "all.json"),
+                   "--junit-xml", str(tmp_path / "all.xml"), cwd=tmp_path)  # fmt: skip
+    assert done.code == 1, done.err
+    junit = (tmp_path / "all.xml").read_text()
+    assert 'tests="2" failures="1"' in junit and "build failed at the pip step" in junit
+    assert [i["status"] for i in json.loads((tmp_path / "all.json").read_text())["images"]] == [BUILT, FAILED]
+    assert run_cli("merge-reports", str(a), cwd=tmp_path).code == 0
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"{not json", "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        (json.dumps({"images": {"a": 1}}).encode(), "not a report of imgbuild rebuild"),
+        (json.dumps({"images": [_row("r", "x")] * 5001}).encode(), "not a report of imgbuild rebuild"),
+        (json.dumps({"images": ["recipes/a.yaml"]}).encode(), "images[0]: not an object"),
+        (json.dumps({"images": [_row("r", "pwned")]}).encode(), "images[0].status: 'pwned' is not one of"),
+        (json.dumps({"images": [_row("r", BUILT, reasons="x")]}).encode(), "images[0].reasons: not a list"),
+        (json.dumps({"images": [_row("r", BUILT, seconds=True)]}).encode(), "images[0].seconds"),
+        (json.dumps({"images": [_row("r", BUILT, seconds=-1)]}).encode(), "images[0].seconds"),
+        (json.dumps({"images": [_row("r", BUILT, seconds=1e300)]}).encode(), "images[0].seconds"),
+        (json.dumps({"images": [_row("r\nFAKE", BUILT)]}).encode(), "images[0].recipe"),
+        (json.dumps({"images": [_row("r", BUILT, image="lab/x\x1b[2J")]}).encode(), "images[0].image: not a line"),
+        (json.dumps({"images": [_row("", BUILT)]}).encode(), "images[0].recipe"),
+    ],
+)
+def test_a_hostile_report_is_one_line_naming_the_file_and_field(tmp_path, content, words):
+    path = tmp_path / "runner.json"
+    path.write_bytes(content)
+    with pytest.raises(UsageError) as caught:
+        read_report(path)
+    assert words in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+    done = run_cli("merge-reports", str(path), cwd=tmp_path)
+    assert done.code == 2 and "Traceback" not in done.err and len(done.err.strip().splitlines()) == 1
+
+
+def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        read_report(fifo)
+    with pytest.raises(UsageError, match="No such file"):
+        read_report(tmp_path / "absent.json")
+
+
+@pytest.mark.engine
+def test_a_three_wave_plan_of_five_recipes_built_by_three_runners_merges_into_one_report(
+    testbed, tmp_path, cleanup_images, docker_client, unique
+):
+    """The plan a CI system fans out, on the bed: five recipes in three waves; each wave's recipes are built by
+    different runners (each starting without the images it builds on, as a fresh runner does: it pulls them),
+    and the three runners' reports merge into one; afterwards the plan is empty."""
+    registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
+    (tmp_path / ".git").mkdir()
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+
+    def recipe(name: str, base: str) -> None:
+        (recipes / f"{name}.yaml").write_text(
+            f"name: {name}\nimage: {registry}/fanout-{unique}/{name}\ntag: v1\nbase: {base}\nenv: {{WHO: {name}}}\n"
+        )
+
+    ngc = '{framework: pytorch, tag: "24.05"}'
+    recipe("parent", ngc)
+    recipe("other", ngc)
+    recipe("child-a", f'{{image: "{registry}/fanout-{unique}/parent:v1"}}')
+    recipe("child-b", f'{{image: "{registry}/fanout-{unique}/parent:v1"}}')
+    recipe("grandchild", f'{{image: "{registry}/fanout-{unique}/child-a:v1"}}')
+    targets = [f"{registry}/fanout-{unique}/{n}:v1" for n in ("parent", "other", "child-a", "child-b", "grandchild")]
+    cleanup_images.extend(targets)
+    planned = run_cli("rebuild", "--plan", "--json", cwd=tmp_path)
+    assert planned.code == 0, planned.err
+    plan = json.loads(planned.out)
+    assert [sorted(r["recipe"] for r in wave) for wave in plan["waves"]] == [
+        ["recipes/other.yaml", "recipes/parent.yaml"],
+        ["recipes/child-a.yaml", "recipes/child-b.yaml"],
+        ["recipes/grandchild.yaml"],
+    ]
+    reports = []
+    for wave in plan["matrix"]:
+        for n, row in enumerate(wave["include"]):  # runner n builds the n-th recipe of each wave
+            for target in targets:  # a fresh runner: nothing local
+                docker_client.images.remove(target, force=True) if docker_client.images.list(target) else None
+            report = tmp_path / f"runner{n}-{len(reports)}.json"
+            built = run_cli("rebuild", row["recipe"], "--push", "--report-json", str(report), cwd=tmp_path)
+            assert built.code == 0, built.err[-3000:]
+            reports.append(str(report))
+    merged = run_cli("merge-reports", *reports, "--json", "--junit-xml", str(tmp_path / "all.xml"), cwd=tmp_path)
+    assert merged.code == 0, merged.err
+    images = json.loads(merged.out)["images"]
+    assert sorted(i["recipe"] for i in images if i["status"] == "built") == sorted(
+        f"recipes/{n}.yaml" for n in ("parent", "other", "child-a", "child-b", "grandchild")
+    )
+    assert 'tests="5" failures="0"' in (tmp_path / "all.xml").read_text()
+    again = json.loads(run_cli("rebuild", "--plan", "--json", cwd=tmp_path).out)
+    assert again["images"] == 0 and again["invalid"] == []
