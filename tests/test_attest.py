@@ -43,7 +43,7 @@ def made(**change) -> attest.Made:
         "base_digest": BASE,
         "added": (("transformers", "4.44.2", "Apache-2.0"), ("timm", "1.0.9", "")),
         "hashes": {"timm": ("sha256:" + "e" * 64,)},
-        "apt": ("ffmpeg",),
+        "apt": (("ffmpeg", ""), ("libjq1", "1.6-2.1+deb12u1")),
         "files": {"/workspace/train.py": "sha256:" + "f" * 64},
         "builder": {"engine": "20.10.24", "backend": "buildkit"},
         "imgbuild_version": "0.9.0",
@@ -141,7 +141,9 @@ def test_the_documents_say_what_the_issue_asks():
     assert components["pypi:transformers"]["purl"] == "pkg:pypi/transformers@4.44.2"
     assert components["pypi:transformers"]["licenses"] == [{"license": {"name": "Apache-2.0"}}]
     assert components["pypi:timm"]["hashes"] == [{"alg": "SHA-256", "content": "e" * 64}]
-    assert components["deb:ffmpeg"]["purl"] == "pkg:deb/ffmpeg"
+    assert components["deb:ffmpeg"]["purl"] == "pkg:deb/ffmpeg" and "version" not in components["deb:ffmpeg"]
+    assert components["deb:libjq1"]["version"] == "1.6-2.1+deb12u1"
+    assert components["deb:libjq1"]["purl"] == "pkg:deb/debian/libjq1@1.6-2.1%2Bdeb12u1"  # purl's encoding
     assert components["file:/workspace/train.py"]["hashes"][0]["content"] == "f" * 64
     statement = attest.provenance(description, "sha256:" + "5" * 64)
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
@@ -291,7 +293,14 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     components = {c["bom-ref"]: c for c in blob["components"]}
     assert components["pypi:schema"]["version"] == "0.7.7"
     assert components["pypi:schema"]["licenses"] == [{"license": {"name": "MIT"}}]
-    assert "deb:jq" in components and components["base"]["version"].startswith("sha256:")
+    assert components["base"]["version"].startswith("sha256:")
+    # apt packages with the versions dpkg has in the image, and what apt pulled in with them (jq -> libjq1)
+    image = json.loads(pushed.out)["images"][0]["image"]
+    dpkg = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "dpkg-query", image, "-W", "-f", "${Package} ${Version}\\n", "jq", "libjq1"],
+        capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    assert components["deb:jq"]["version"] == dpkg[1] and components["deb:libjq1"]["version"] == dpkg[3]
     other_key = run_cli("verify", f"{registry}/{repo}:v1", "--key", str(keys["other_public"]), "--json")
     assert other_key.code == 1 and not any(v["ok"] for v in json.loads(other_key.out)["verdicts"])
 

@@ -1026,3 +1026,14 @@ def test_the_guard_reads_its_bounds_from_the_steps_secret_or_the_environment_as_
         monkeypatch.setenv(name, value)
     assert guard.bound("IMGBUILD_PIP_RESOLVE_SECONDS", float, str(path)) == seconds
     assert guard.bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int, str(path)) == limit
+
+
+def test_the_debian_packages_an_image_added_are_read_with_their_versions_and_nothing_else():
+    """The SBOM's apt part: what dpkg has now against the base's record (the recipe's packages and what apt pulled
+    in); a line of any other shape (the image's own output is not trusted) is not a package."""
+    base = "libc6\t2.36-9+deb12u4\nbash\t5.2.15-2+b2\n"
+    now = (
+        "libc6\t2.36-9+deb12u9\nbash\t5.2.15-2+b2\njq\t1.6-2.1\nlibjq1:amd64\t1.6-2.1\n"
+        "evil\t1.0; rm -rf /\nBad_Name\t1\n\t1.0\nnoversion\t\n" + "x" * 5000 + "\t1\n"
+    )
+    assert script.added_debs(base, now) == [["jq", "1.6-2.1"], ["libc6", "2.36-9+deb12u9"], ["libjq1", "1.6-2.1"]]

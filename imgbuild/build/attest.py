@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.errors import EnvironmentProblem, UsageError
@@ -81,7 +82,7 @@ class Made:
     base_digest: str
     added: tuple[tuple[str, str, str], ...]  # (distribution, version, license) the recipe added or changed
     hashes: dict[str, tuple[str, ...]]  # distribution -> the requirement's --hash values
-    apt: tuple[str, ...]
+    apt: tuple[tuple[str, str], ...]  # (Debian package, version; "" where unknown) the image added
     files: dict[str, str]  # destination -> sha256 of what was copied
     builder: dict[str, str]  # engine, version, backend
     imgbuild_version: str
@@ -119,10 +120,12 @@ def sbom(made: Made) -> dict[str, Any]:
                 {"alg": "SHA-256", "content": h.split(":", 1)[1]} for h in made.hashes[name] if h.startswith("sha256:")
             ]
         components.append(component)
-    for package in made.apt:
-        components.append(
-            {"type": "library", "bom-ref": f"deb:{package}", "name": package, "purl": f"pkg:deb/{package}"}
-        )
+    for package, version in made.apt:
+        deb: dict[str, Any] = {"type": "library", "bom-ref": f"deb:{package}", "name": package}
+        deb["purl"] = f"pkg:deb/debian/{package}@{quote(version, safe='')}" if version else f"pkg:deb/{package}"
+        if version:
+            deb["version"] = version
+        components.append(deb)
     for dest, digest in sorted(made.files.items()):
         components.append(
             {

@@ -104,10 +104,31 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
         base_digest=plan.base.digest or plan.base.image_id,
         added=added,
         hashes=hashes,
-        apt=tuple(recipe.apt),
+        apt=_debs(smoke, tuple(recipe.apt)),
         files=_file_hashes(loaded),
         builder=builder,
         imgbuild_version=__version__,
         smoke={"ok": bool(smoke.get("ok")), "failed": [c.get("name") for c in failed]},
         fleet=fleet,
     )
+
+
+_DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")
+_DEB_VERSION = re.compile(r"[A-Za-z0-9.+:~-]{1,128}")
+
+
+def _debs(smoke: dict[str, Any], asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(package, version) of the Debian packages the image added over its base, as its smoke test read them with
+    dpkg (the recipe's apt packages and what apt pulled in); where the test could not read them (a base without
+    dpkg), the recipe's own names, version unknown. The smoke report comes from the image: rows of another shape
+    are dropped."""
+    rows = (smoke.get("meta") or {}).get("debs")
+    if not isinstance(rows, list):
+        return tuple((name, "") for name in asked)
+    found = [
+        (r[0], r[1])
+        for r in rows[:100000]
+        if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+        and _DEB_NAME.fullmatch(r[0]) and _DEB_VERSION.fullmatch(r[1])
+    ]  # fmt: skip
+    return tuple(found)

@@ -29,6 +29,7 @@ MARKER = "IMGBUILD-SMOKE-REPORT "
 SHM_DEFAULT_BYTES = 64 * 1024 * 1024
 PIP_CHECK_BASELINE = "/opt/imgbuild/pip-check.base"  # `pip check` of the base, written by the Dockerfile
 DISTS_BASELINE = "/opt/imgbuild/dists.base"  # the base's distributions (name==version), likewise
+DEBS_BASELINE = "/opt/imgbuild/debs.base"  # the base's Debian packages (name<TAB>version), likewise
 IMPORT_SECONDS = 120  # one distribution's imports on a quiet machine (IMGBUILD_SMOKE_IMPORT_SECONDS: the setting)
 IMPORT_SCALE = 6  # on a busy machine, at least this many times what the base's framework takes to import now
 TIMED_OUT = "timed out"  # an import that ran past its budget: said apart from one that fails
@@ -732,6 +733,38 @@ def license_of(metadata) -> str:
         return text
     classified = [c.split("::")[-1].strip() for c in metadata.get_all("Classifier") or [] if c.startswith("License ::")]
     return ", ".join(sorted(set(classified)))[:200]
+
+
+DEB_LINE = re.compile(r"([a-z0-9][a-z0-9+.-]{0,127})(?::[a-z0-9]+)?\t([A-Za-z0-9.+:~-]{1,128})")
+
+
+def debs(text: str) -> dict:
+    """`dpkg-query -W -f '${Package}\t${Version}\n'` as {package: version}; a line of any other shape is skipped."""
+    found = {}
+    for line in text.splitlines()[:100000]:
+        match = DEB_LINE.fullmatch(line)
+        if match and match.group(2):
+            found[match.group(1)] = match.group(2)
+    return found
+
+
+def added_debs(base_text: str, now_text: str) -> list:
+    """[package, version] of every Debian package the recipe's layers installed or changed (its apt packages and
+    what apt pulled in with them): the SBOM's apt part."""
+    base = debs(base_text)
+    return [[name, version] for name, version in sorted(debs(now_text).items()) if base.get(name) != version]
+
+
+def installed_debs() -> list | None:
+    """`added_debs` of this image against the base's record; None where there is no record or no dpkg."""
+    try:
+        with open(DEBS_BASELINE) as handle:
+            base = handle.read(1 << 24)
+        now = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\n"], capture_output=True,
+                             text=True, timeout=60).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return added_debs(base, now) if base.strip() else None
 
 
 def added_with_licenses(baseline: set) -> list:
@@ -1616,6 +1649,9 @@ def main(argv: list[str]) -> int:
     baseline = read_baseline(DISTS_BASELINE)
     if baseline is not None:  # what the recipe added, for the image's SBOM
         report.meta["added"] = added_with_licenses(baseline)
+    apt = installed_debs()
+    if apt is not None:  # the Debian packages the recipe added, with versions, for the SBOM
+        report.meta["debs"] = apt
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     payload = {"ok": report.ok, "meta": report.meta, "checks": report.checks}
     if args.format == "table":
