@@ -26,6 +26,12 @@ def unsafe_character(value: str, allow_tab: bool = False) -> str | None:
     return None
 
 
+def printable(text: str, limit: int = 300) -> str:
+    """`text` with every character a terminal could take for a command removed, cut at `limit`: for showing a line
+    someone else wrote (a build's, a resolver's) in a progress line."""
+    return "".join(ch for ch in text if ch.isprintable())[:limit]
+
+
 def describe(char: str) -> str:
     """`U+202E RIGHT-TO-LEFT OVERRIDE`: a character named for a message, never printed as itself."""
     return f"U+{ord(char):04X} {unicodedata.name(char, 'control character')}"

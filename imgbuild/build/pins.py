@@ -27,6 +27,7 @@ from imgbuild.errors import BuildFailed, UsageError
 from imgbuild.facts import UV_VERSION
 from imgbuild.recipe import LoadedRecipe, lock_path_for
 from imgbuild.recipe.load import MAX_HASHES
+from imgbuild.text import printable
 
 MARKER = "IMGBUILD-LOCK-REPORT "
 
@@ -276,7 +277,7 @@ def lock(
     pins = [p for p in resolved if p not in cuda]
     # Hashes go in only where every pin has them: pip's hash-checking mode takes a file whole or not at all.
     hashed = bool(pins) and all(resolved[p] for p in pins)
-    notes = [_printable(str(report.get("note") or ""))] if report.get("note") else []
+    notes = [printable(str(report.get("note") or ""))] if report.get("note") else []
     if pins and not hashed:
         bare = next(p for p in pins if not resolved[p])
         notes.append(f"the index gave no sha256 for {bare}: the lock has no hashes")
@@ -310,12 +311,8 @@ def cache_volume() -> str:
 _RESOLVER_LINE = re.compile(r"(?:Collecting|Downloading|Using cached|Resolved|Prepared|Would install) \S")
 
 
-def _printable(text: str) -> str:
-    return "".join(ch for ch in text if ch.isprintable())[:300]
-
-
 def _show(line: str, on_line: Callable[[str], None]) -> None:
     """What the resolver says that a user wants to see (imgbuild's own status lines, pip's and uv's progress),
     made safe to show: the base's output is not trusted with a terminal."""
     if line.startswith("imgbuild: ") or _RESOLVER_LINE.match(line):
-        on_line(_printable(line))
+        on_line(printable(line))

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from imgbuild import limits
 from imgbuild.engine.probe import Probe
+from imgbuild.text import printable
 
 ProgressFn = Callable[[str], None]
 
@@ -217,7 +218,7 @@ def own_status(text: str) -> str | None:
     safe to show on a terminal (build output is the recipe's: no control characters, bounded); else None."""
     if not text.startswith("imgbuild: "):
         return None
-    return "".join(ch for ch in text if ch.isprintable())[:300]
+    return printable(text)
 
 
 def step_name(step: str) -> str:
