@@ -216,6 +216,12 @@ def recipe_specs(loaded: LoadedRecipe) -> list[tuple[tuple[str | int, ...] | Req
     return specs
 
 
+def hashed_pins(loaded: LoadedRecipe) -> list[str]:
+    """The lock's pins as requirement lines, each with its `--hash=sha256:` options where the lock has them."""
+    hashes = {line.spec: line.hashes for line in loaded.lock_lines}
+    return [" ".join((pin, *hashes.get(pin, ()))) for pin in loaded.lock_pins]
+
+
 def lock_index(loaded: LoadedRecipe) -> dict[str, ReqLine]:
     """The recipe's lock lines by canonical name."""
     from packaging.utils import canonicalize_name
@@ -436,8 +442,7 @@ def content_hash(loaded: LoadedRecipe) -> str:
             "options": list(loaded.requirement_options),
         }
     if loaded.lock_pins:
-        hashes = {line.spec: line.hashes for line in loaded.lock_lines}  # a lock's hashes are what it installs too
-        data["pip"]["lock"] = [" ".join((pin, *hashes.get(pin, ()))) for pin in loaded.lock_pins]
+        data["pip"]["lock"] = hashed_pins(loaded)  # a lock's hashes are what it installs too
     data["pip"]["ca_bundle"] = None  # mounted at build time, never part of the image
     data["templates"] = templates_digest()
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__, limits
-from imgbuild.build.plan import TEMPLATES_DIR, Plan
+from imgbuild.build.plan import TEMPLATES_DIR, Plan, hashed_pins
 from imgbuild.build.record import RECORD_FILE, Record
 from imgbuild.errors import UsageError
 from imgbuild.facts import UV_VERSION, Label
@@ -164,11 +164,13 @@ def requirements_text(plan: Plan) -> str:
 def lock_layer_text(plan: Plan, requirements: str) -> str:
     """The lock layer's requirements: the recipe's index options (from its `requirements`) and the lock's pins, each
     with its hashes where the lock has them (then pip and uv check every file they install against them)."""
-    options = [line for line in requirements.splitlines() if line.startswith("--")]
-    lines = ["# The recipe's lock (imgbuild lock), installed exactly; the next layer adds what it lacks.", *options]
-    hashes = {line.spec: line.hashes for line in plan.loaded.lock_lines}
-    pins = [" ".join((pin, *hashes.get(pin, ()))) for pin in plan.loaded.lock_pins]
-    return "\n".join([*lines, *pins]) + "\n"
+    lines = ["# The recipe's lock (imgbuild lock), installed exactly; the next layer adds what it lacks."]
+    return "\n".join([*lines, *_index_options(requirements), *hashed_pins(plan.loaded)]) + "\n"
+
+
+def _index_options(requirements: str) -> list[str]:
+    """The option lines (index URLs, trusted hosts) of the pip step's `requirements.txt`."""
+    return [line for line in requirements.splitlines() if line.startswith("--")]
 
 
 def no_build_isolation_text(plan: Plan, requirements: str) -> str:
@@ -186,8 +188,8 @@ def no_build_isolation_text(plan: Plan, requirements: str) -> str:
         except InvalidRequirement:  # validate refused it already; a bare name still builds
             continue
     names = [str(canonicalize_name(name)) for name in plan.loaded.recipe.pip.no_build_isolation]
-    options = [line for line in requirements.splitlines() if line.startswith("--")]
-    return "".join(f"{line}\n" for line in [*options, *(asked.get(name, name) for name in dict.fromkeys(names))])
+    wanted = [asked.get(name, name) for name in dict.fromkeys(names)]
+    return "".join(f"{line}\n" for line in [*_index_options(requirements), *wanted])
 
 
 def constraints_text(plan: Plan) -> str:
