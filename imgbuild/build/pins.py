@@ -84,6 +84,8 @@ if UV:  # the recipe installs with uv: uv resolves, as the build will
     else:
         note = UV + " could not be installed in the base: pip resolved instead"
 would = []
+def canon(name):
+    return re.sub("[-_.]+", "-", name).lower()
 def install_line(line):
     found = re.fullmatch(r" \\+ ([A-Za-z0-9][A-Za-z0-9._-]*)==(\\S+)", line)
     if found:
@@ -109,10 +111,10 @@ elif code == 0 and would:
         for line in text.splitlines():
             words = line.split()
             if words and "==" in words[0]:
-                hashes[words[0].split("==")[0].lower().replace("_", "-").replace(".", "-")] = [
+                hashes[canon(words[0].split("==")[0])] = [
                     w.split(":", 1)[1] for w in words[1:] if w.startswith("--hash=sha256:")]
         for row in would:
-            row[2] = hashes.get(row[0].lower().replace("_", "-").replace(".", "-"), [])
+            row[2] = hashes.get(canon(row[0]), [])
     result["install"] = would
 if secret:
     os.remove("/run/imgbuild/pip.conf")  # gone before the answer is printed

@@ -20,7 +20,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_versions import exact_pin, fallback_line, installed_from, meets, prerelease_trap  # noqa: E402
+from pip_versions import canon, exact_pin, fallback_line, installed_from, meets, prerelease_trap  # noqa: E402
 
 QUIET_SECONDS = 20
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
@@ -120,10 +120,6 @@ KINDS = (
         ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
     ),
 )
-
-
-def canon(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def received_bytes():

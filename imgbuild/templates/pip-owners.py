@@ -11,11 +11,10 @@ import base64
 import hashlib
 import os
 import re
+import sys
 
-
-def canon(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
+from pip_versions import canon  # noqa: E402
 
 #: Bytes of base files hashed at the snapshot when their RECORD gives no hash (Debian's egg-info, old pips);
 #: past it, a file without a hash counts as changed when another distribution lists it.

@@ -7,6 +7,12 @@ import contextlib
 import os
 import re
 
+
+def canon(name):
+    """A distribution's name as PEP 503 compares names: `Flash_Attn` and `flash-attn` are one."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 PRERELEASE = re.compile(r"==\s*v?([0-9]+(?:\.[0-9]+)*)(?:a|b|rc)[0-9]+")
 LOWER_BOUND = re.compile(r"(>=|==|~=)\s*([0-9]+(?:\.[0-9]+)*)(?![0-9.]*(?:a|b|rc|dev))")
 
@@ -88,7 +94,6 @@ def fallback(installed, asked):
     requirements and constraints) and got as a pre-release it did not name: what a resolver falls back to when no
     final release fits (uv's tf-models-official 2.1.0.dev2); None when there is none. A dependency's pre-release
     is not one (opentelemetry-sdk pins its semantic conventions at 0.66b2: asked for, by that package)."""
-    canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
     named = {}
     for line in asked:
         found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)", line)
