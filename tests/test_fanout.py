@@ -99,6 +99,10 @@ def test_merge_reports_writes_one_report_and_one_junit_and_fails_on_a_failure(tm
         (json.dumps({"images": [_row("r\nFAKE", BUILT)]}).encode(), "images[0].recipe"),
         (json.dumps({"images": [_row("r", BUILT, image="lab/x\x1b[2J")]}).encode(), "images[0].image: not a line"),
         (json.dumps({"images": [_row("", BUILT)]}).encode(), "images[0].recipe"),
+        (json.dumps({"images": [_row("r", BUILT, image="lab/x\x9b2J")]}).encode(), "images[0].image"),  # C1 CSI
+        (json.dumps({"images": [_row("r", BUILT, image="lab/\u202ex")]}).encode(), "images[0].image"),  # bidi
+        (json.dumps({"images": [_row("r", BUILT, reasons=["ok\x1b[2J"])]}).encode(), "images[0].reasons"),
+        (json.dumps({"images": [_row("r", FAILED, error="a\nb\x1b]0;x")]}).encode(), "images[0].error"),
     ],
 )
 def test_a_hostile_report_is_one_line_naming_the_file_and_field(tmp_path, content, words):

@@ -18,6 +18,7 @@ from typing import Any
 from imgbuild import boundedjson
 from imgbuild.build.rebuild import BUILT, FAILED, FRESH, INVALID, SKIPPED, STALE, Item
 from imgbuild.errors import UsageError
+from imgbuild.text import unsafe_character
 
 #: A plan's or a report's size, past which it is not one imgbuild wrote (a lab has tens of recipes).
 MAX_IMAGES = 5000
@@ -120,7 +121,10 @@ def _item(row: Any, where: str) -> Item:
 
     def text(key: str, limit: int = 4096) -> str:
         value = row.get(key, "")
-        if not isinstance(value, str) or len(value) > limit or any(ord(c) < 32 and c != "\n" for c in value):
+        # control characters (C0 and C1), bidi controls and separators refused as everywhere (imgbuild.text);
+        # an error may hold several lines
+        lines = value.split("\n") if isinstance(value, str) and key == "error" else [value]
+        if not isinstance(value, str) or len(value) > limit or any(unsafe_character(line) for line in lines):
             raise UsageError(f"{where}.{key}: not a line of text")
         return value
 
@@ -128,7 +132,9 @@ def _item(row: Any, where: str) -> Item:
     if status not in STATUSES:
         raise UsageError(f"{where}.status: {status[:40]!r} is not one of {', '.join(STATUSES)}")
     reasons = row.get("reasons", [])
-    if not isinstance(reasons, list) or len(reasons) > 100 or not all(isinstance(r, str) for r in reasons):
+    if not isinstance(reasons, list) or len(reasons) > 100:
+        raise UsageError(f"{where}.reasons: not a list of lines")
+    if not all(isinstance(r, str) and not unsafe_character(r) for r in reasons):
         raise UsageError(f"{where}.reasons: not a list of lines")
     seconds = row.get("seconds", 0)
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < 10**7:
