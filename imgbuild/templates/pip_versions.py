@@ -68,7 +68,7 @@ def meets(version, wanted):
 
 
 PRE_RELEASE = re.compile(
-    r"(?:[0-9.](?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*(?:\.?post[0-9]*)?)?(?:\.?dev[0-9]*)?$"
+    r"(?:[0-9.](?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*(?:\.?post[0-9]*)?)?(?:\.?dev[0-9]*)?\Z"
 )
 UV_ADDED = re.compile(r" \+ ([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)")
 
