@@ -77,6 +77,10 @@ class Problem:
     field: str
     message: str
     hint: str = ""
+    #: a package the hint names that is not known to exist (faiss-gpu-cu13), and the hint to give instead where
+    #: the index has no such project: the edge that reads the index asks it before the line is printed
+    needs: str = ""
+    otherwise: str = ""
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.col}" if self.line else self.file

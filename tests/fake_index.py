@@ -21,6 +21,8 @@ class Release:
     requires: list[str] = field(default_factory=list)
     padding: int = 0  # incompressible bytes in the wheel: what a big wheel costs to download
     files: dict[str, bytes] | None = None  # what the wheel installs, when not its own module
+    uploaded: str | None = None  # PEP 700's upload-time ("2023-12-13T10:00:00Z"): served as PEP 691 JSON
+    yanked: bool = False
 
 
 def wheel(name: str, release: Release) -> bytes:
@@ -53,6 +55,11 @@ class FakeIndex:
         sources: dict[str, bytes] | None = None,
     ):
         self.packages, self.delay, self.served = dict(packages), delay, []
+        self.meta = {
+            f"{name.replace('-', '_')}-{r.version}-py3-none-any.whl": r
+            for name, releases in packages.items()
+            for r in releases
+        }
         self.wheels = {
             f"{name.replace('-', '_')}-{r.version}-py3-none-any.whl": wheel(name, r)
             for name, releases in packages.items()
@@ -79,6 +86,8 @@ class FakeIndex:
             def do_GET(self) -> None:
                 parts = [p for p in self.path.split("/") if p]
                 if len(parts) == 2 and parts[0] == "simple" and parts[1] in index.packages:
+                    if "application/vnd.pypi.simple.v1+json" in (self.headers.get("Accept") or ""):
+                        return self._send(index.json_page(parts[1]), "application/vnd.pypi.simple.v1+json")
                     links = "".join(
                         f'<a href="/files/{w}#sha256={hashlib.sha256(index.wheels[w]).hexdigest()}">{w}</a>\n'
                         for w in index.wheels
@@ -105,6 +114,26 @@ class FakeIndex:
         self.server = ThreadingHTTPServer((host, 0), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}/simple"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def json_page(self, name: str) -> bytes:
+        """PEP 691's JSON page, with PEP 700's upload times where the release has one."""
+        import json
+
+        files = []
+        for filename, data in self.wheels.items():
+            if not filename.startswith(name.replace("-", "_") + "-"):
+                continue
+            release = self.meta.get(filename)
+            row: dict[str, object] = {
+                "filename": filename,
+                "url": f"/files/{filename}",
+                "hashes": {"sha256": hashlib.sha256(data).hexdigest()},
+                "yanked": bool(release and release.yanked),
+            }
+            if release and release.uploaded:
+                row["upload-time"] = release.uploaded
+            files.append(row)
+        return json.dumps({"meta": {"api-version": "1.1"}, "name": name, "files": files}).encode()
 
     def close(self) -> None:
         self.server.shutdown()

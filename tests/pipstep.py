@@ -46,6 +46,7 @@ def guard_folder(folder: Path) -> Path:
     shutil.copy(TEMPLATES / "pip-guard.py", folder / "guard.py")
     shutil.copy(TEMPLATES / "pip-owners.py", folder / "owners.py")
     shutil.copy(TEMPLATES / "pip_versions.py", folder / "pip_versions.py")
+    shutil.copy(TEMPLATES / "pip_index.py", folder / "pip_index.py")
     return folder / "guard.py"
 
 
@@ -76,12 +77,12 @@ class PipStep:
             [str(self.python), "-m", "pip", *args], capture_output=True, text=True, env=self.environ(), check=check
         )
 
-    def run(self, packages: list[str], **files: str) -> subprocess.CompletedProcess[str]:
+    def run(self, packages: list[str], index: str = "", **files: str) -> subprocess.CompletedProcess[str]:
         """install.sh with these requirements; `files` (provides, constraints, resolved) are the folder's
-        other inputs, as render writes them (an empty text: no such file)."""
-        (self.folder / "requirements.txt").write_text(
-            f"--no-index\n--find-links {self.wheels}\n" + "".join(f"{p}\n" for p in packages)
-        )
+        other inputs, as render writes them (an empty text: no such file). `index`: an index's URL to install
+        from, instead of the folder of wheels."""
+        where = f"--index-url {index}\n" if index else f"--no-index\n--find-links {self.wheels}\n"
+        (self.folder / "requirements.txt").write_text(where + "".join(f"{p}\n" for p in packages))
         for name in ("provides", "resolved", "constraints", "no-build-isolation"):
             path = self.folder / f"{name}.txt"
             path.unlink(missing_ok=True)

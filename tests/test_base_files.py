@@ -170,6 +170,46 @@ def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
     assert "ask for the CUDA 13 build (jax[cuda13]), or drop it" in line
 
 
+@pytest.mark.parametrize("reachable", [True, False])
+def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has_it(tmp_path, reachable):
+    """realworld-4 D6: faiss-gpu-cu12 on a CUDA 13 base was refused with the cure faiss-gpu-cu13, which is not on
+    PyPI. The recipe's index is asked first: cupy-cuda13x is there and named; faiss-gpu-cu13 is not, and the
+    other cure is given; an index that cannot be asked leaves the cure marked unchecked."""
+    from imgbuild.build.plan import make_plan
+    from imgbuild.build.resolve import cures_checked
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+    from tests.fake_index import FakeIndex, Release
+    from tests.test_recipe_render import settings
+
+    index = FakeIndex("127.0.0.1", {"cupy-cuda13x": [Release("13.6.0")]})
+    url = index.url if reachable else "http://127.0.0.1:9/simple"
+    base = _real_base("pytorch:25.10-py3")
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        'name: r\nbase: {framework: pytorch, tag: "25.10"}\n'
+        f"pip: {{packages: [faiss-gpu-cu12, cupy-cuda12x, 'jax[cuda12]'], index_url: '{url}'}}\n"
+    )
+    config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
+    loaded = load_recipe(recipe)
+    try:
+        with pytest.raises(RecipeError) as err, cures_checked(loaded, settings()):
+            make_plan(loaded, settings(), lambda ref: ("sha256:" + "a" * 64, config))
+    finally:
+        index.close()
+    faiss, cupy, jax = (ln.split(": ", 2)[2] for ln in err.value.lines())
+    if reachable:
+        assert faiss.endswith(
+            "(the index has no CUDA 13 build of faiss-gpu-cu12 (faiss-gpu-cu13 is not there): drop it, or use a "
+            "base with CUDA 12)"
+        ), faiss
+        assert cupy.endswith("(ask for the CUDA 13 build (cupy-cuda13x), or drop it)")
+    else:
+        assert faiss.endswith("or drop it; the index could not be asked whether it has faiss-gpu-cu13)"), faiss
+    assert jax.endswith("(ask for the CUDA 13 build (jax[cuda13]), or drop it)")  # an extra of the project asked
+
+
 # --- the real pip step on the CUDA 13 stand-in, whose cuDNN is NVIDIA's nvidia-cudnn-cu13 wheel ------------
 
 

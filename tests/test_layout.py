@@ -153,7 +153,13 @@ def test_the_fake_engine_imports_nothing_from_the_pipeline():
 
 @pytest.mark.parametrize(
     "script",
-    ["payload/smoke_image.py", "templates/pip-guard.py", "templates/pip-owners.py", "templates/pip_versions.py"],
+    [
+        "payload/smoke_image.py",
+        "templates/pip-guard.py",
+        "templates/pip-owners.py",
+        "templates/pip_versions.py",
+        "templates/pip_index.py",
+    ],
 )
 def test_what_runs_inside_images_imports_only_the_stdlib(script):
     """The in-image scripts are copied into images alone: an import of imgbuild, or of anything but the standard
@@ -162,6 +168,10 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
     import sys
 
     imported = {name.split(".")[0] for name in _imports(PACKAGE / script)}
-    beside = {"templates/pip-guard.py": {"owners", "pip_versions"}, "templates/pip-owners.py": {"pip_versions"}}
+    beside = {
+        "templates/pip-guard.py": {"owners", "pip_versions", "pip_index"},
+        "templates/pip-owners.py": {"pip_versions"},
+        "templates/pip_index.py": {"pip_versions"},
+    }
     allowed = set(sys.stdlib_module_names) | beside.get(script, set())
     assert imported <= allowed, imported - allowed

@@ -148,6 +148,22 @@ def test_missing_libraries_map_to_apt_packages():
     assert script.missing_library("No module named 'x'") == ""
 
 
+@pytest.mark.parametrize(
+    "library, cuda, cure",
+    [
+        ("libcudart.so.12", "13.0.2", "it is CUDA 12's, and the base has CUDA 13: vllm was built for CUDA 12"),
+        ("libcublasLt.so.11", "12.4.1", "it is CUDA 11's, and the base has CUDA 12: vllm was built for CUDA 11"),
+        ("libcudart.so.13", "13.0.2", "install the system package that provides it (apt:)"),  # the base's own
+        ("libcudart.so.12", "", "install the system package that provides it (apt:)"),  # a base without CUDA
+        ("libcudnn.so.8", "13.0.2", "install the system package that provides it (apt:)"),  # cuDNN's own major
+    ],
+)
+def test_a_library_of_another_cuda_major_is_named_the_wrong_build_not_an_apt_package(library, cuda, cure):
+    """realworld-4 D4: vLLM 0.2.5 on a CUDA 13 base failed with 'libcudart.so.12 is missing (install the system
+    package that provides it (apt:))'; no apt package cures a wheel built for another CUDA."""
+    assert script.import_hint(library, "vllm", cuda).startswith(cure)
+
+
 # --- on the test bed ------------------------------------------------------------------------------------
 
 
@@ -777,7 +793,9 @@ def test_a_resolver_backtracking_through_every_release_stops_at_the_download_lim
         index.close()
     assert res.code == 1, res.err
     assert "build failed at the pip step" in res.err, res.err[-3000:]
-    assert "stopped: the step downloaded" in res.err and "more than the limit of 8.4 MB (pip_download_limit)" in res.err
+    assert (
+        "stopped: the step downloaded" in res.err and "more than the limit of 8.0 MiB (pip_download_limit)" in res.err
+    )
     if installer == "pip":  # pip says which wheel it fetches; uv fetches them silently
         assert "backtracked through" in res.err and "versions of hogpkg" in res.err, res.err[-3000:]
     assert f"with {installer} under" in res.err and 2 <= len(index.served) < 12, index.served

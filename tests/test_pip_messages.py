@@ -226,3 +226,63 @@ def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerel
 def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelease_step, packages):
     done = prerelease_step.run(packages)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture
+def old_index(tmp_path):
+    """An index (PEP 691 JSON with upload times) where the newest `serve` needs another numlib than the base's:
+    the resolver quietly falls back to a release two years older (uv's vllm 0.2.5 beside 0.11)."""
+    from tests.fake_index import FakeIndex, Release
+
+    index = FakeIndex(
+        "127.0.0.1",
+        {
+            "numlib": [
+                Release("1.26.4", uploaded="2023-09-01T00:00:00Z"),
+                Release("2.1.0", uploaded="2025-01-01T00:00:00Z"),
+            ],
+            "serve": [
+                Release("0.2.5", ["numlib>=1"], uploaded="2023-12-13T10:00:00.123456Z"),
+                Release("0.9.0", ["numlib==1.26.4"], uploaded="2025-06-01T00:00:00Z"),
+                Release("0.11.2", ["numlib==1.26.4"], uploaded="2025-11-20T00:00:00Z"),
+            ],
+            "near": [
+                Release("1.0", uploaded="2025-05-01T00:00:00Z"),
+                Release("1.1", ["numlib<2"], uploaded="2025-09-01T00:00:00Z"),
+            ],
+            "undated": [Release("1.0"), Release("2.0", ["numlib<2"])],
+        },
+    )
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    yield PipStep(tmp_path, folder, ["numlib==2.1.0"]), index.url
+    index.close()
+
+
+def test_a_fallback_to_a_release_years_older_than_the_newest_fails_and_names_what_forced_it(old_index):
+    step, url = old_index
+    said = step.failure(step.run(["serve"], index=url))
+    assert said == (
+        "the resolver fell back to serve 0.2.5 (2023-12), 1.9 years older than serve 0.11.2 (2025-11), the newest the "
+        "recipe admits, because serve 0.11.2 needs numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of "
+        "the base's packages): if serve 0.2.5 is what you want, ask for it by its version (serve==0.2.5); else change "
+        "what holds serve back (a base made for serve 0.11.2, or a pin)"
+    )
+
+
+@pytest.mark.parametrize(
+    "packages",
+    [
+        ["serve==0.2.5"],  # the cure it names: asked for by version
+        ["serve<0.3"],  # the recipe excludes the newer ones itself
+        ["near"],  # an older release, but not by a year
+        ["undated"],  # the index gives no dates: nothing can be said
+        ["numlib"],  # the base's own
+    ],
+)
+def test_an_old_release_the_recipe_asked_for_or_that_is_not_far_behind_installs(old_index, packages):
+    step, url = old_index
+    done = step.run(packages, index=url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "asking the resolver why not" not in done.stdout

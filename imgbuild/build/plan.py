@@ -47,6 +47,7 @@ IMAGE_TEMPLATES = (
     "pip-guard.py",
     "pip-owners.py",
     "pip_versions.py",
+    "pip_index.py",
 )
 
 
@@ -178,13 +179,14 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
 
     located = loaded.located
 
-    def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str) -> Problem:
+    def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str, *unsure: str) -> Problem:
         if isinstance(at, ReqLine):  # a line of the requirements file (or a file it nests), or of the lock
             field = "lock" if loaded.lock_path and at.file.endswith(loaded.lock_path.name) else "pip.requirements"
-            return Problem(at.file, at.line, 1, field, message, hint)
-        if located is not None:
-            return located.problem(at, message, hint)
-        return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
+            found = Problem(at.file, at.line, 1, field, message, hint)
+        else:
+            unplaced = Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
+            found = located.problem(at, message, hint) if located is not None else unplaced
+        return dataclasses.replace(found, needs=unsure[0], otherwise=unsure[1]) if unsure else found
 
     # the recipe's own asks are checked against its lock too; the lock is input as well: a torch pin in it
     # would meet the base's framework only in the pip step
@@ -309,8 +311,9 @@ def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
     return bool(_conflict(req, base) or _pin_conflict(req, base, pins))
 
 
-def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
-    """(message, hint) when `req` would replace the base's CUDA libraries or framework, else None."""
+def _conflict(req: Any, base: BaseImage) -> tuple[str, ...] | None:
+    """(message, hint[, a package the hint names, the hint if the index lacks it]) when `req` would replace the
+    base's CUDA libraries or framework, else None."""
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
@@ -351,10 +354,9 @@ def _conflict(req: Any, base: BaseImage) -> tuple[str, str] | None:
     return None
 
 
-def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, str] | None:
-    """(message, hint) when `req` asks for a build for another CUDA major than the base's (`jax[cuda12]`,
-    `cupy-cuda12x`, `nvidia-cudnn-cu12` on a CUDA 13 base): its nvidia-*-cuNN wheels land in the folders of the
-    base's own (nvidia/cudnn, nvidia/nccl) and replace its libraries, or it cannot load them at all."""
+def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
+    """When `req` asks for a build for another CUDA major than the base's (`jax[cuda12]`, `cupy-cuda12x`,
+    `nvidia-cudnn-cu12` on a CUDA 13 base): its libraries go beside or over the base's, its code built for them."""
     major = cuda_major(base.env)
     if major is None:
         return None
@@ -369,11 +371,15 @@ def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, str] | None:
     for shown, theirs, cure in asked:
         if theirs is None or theirs == major:
             continue
-        return (
-            f"{shown} is built for CUDA {theirs}, but the base has CUDA {major} ({base.ref}): its CUDA {theirs} "
-            f"libraries would overwrite the base's in nvidia/, or fail to load",
+        said = (
+            f"{shown} is built for CUDA {theirs}, but the base has CUDA {major} ({base.ref}): it brings CUDA "
+            f"{theirs} libraries beside or over the base's, and its own code is built for them",
             f"ask for the CUDA {major} build ({cure}), or drop it",
         )
+        if shown != req.name:  # an extra: the project is the one asked for
+            return said
+        lacks = f"the index has no CUDA {major} build of {req.name} ({cure} is not there)"
+        return (*said, cure, f"{lacks}: drop it, or use a base with CUDA {theirs}")
     return None
 
 
@@ -467,10 +473,9 @@ def make_plan(
     host_ids: tuple[int, int] = (0, 0),
     read_pins: ReadPins | None = None,
 ) -> Plan:
-    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins`
-    (the base's own pins, read in the base by a build; without it only the framework is checked);
-    `host_ids` is the caller's UID/GID, read at the edge (resolve.plan_recipe); root's (0, 0) gives 1000, as for
-    root itself. Nothing here asks who is calling."""
+    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins` (the base's
+    own pins, read in the base by a build; without it only the framework is checked); `host_ids`: the caller's
+    UID/GID, read at the edge (resolve.plan_recipe; root's (0, 0) gives 1000). Nothing here asks who is calling."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
     image, tag = image_and_tag(loaded, settings)
     check_target(loaded, settings, f"{image}:{tag}", base.ref)

@@ -5,7 +5,9 @@ local image when offline or when the base is another recipe's image, or a contex
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +16,7 @@ from imgbuild.build.plan import Plan, make_plan
 from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
 from imgbuild.engine.probe import Probe
-from imgbuild.errors import ImgbuildError, RegistryUnavailable
+from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
 from imgbuild.recipe import LoadedRecipe
 
 if TYPE_CHECKING:  # the engine and the registry client are imported where they are used: render stays cheap
@@ -132,7 +134,35 @@ def plan_recipe(
     read_pins = pin_reader(settings, engine) if with_pins and engine is not None and not offline else None
     who = caller()
     resolve = None if offline else tag_resolver(settings)
-    return make_plan(loaded, settings, inspect, resolve, (who.uid, who.gid), read_pins)
+    with cures_checked(loaded, settings, offline):
+        return make_plan(loaded, settings, inspect, resolve, (who.uid, who.gid), read_pins)
+
+
+@contextlib.contextmanager
+def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = False) -> Iterator[None]:
+    """A refusal whose cure names a package not known to exist (the CUDA 13 build of faiss-gpu-cu12) is printed
+    with that cure only where the recipe's index has it; with the other cure where it does not; marked unchecked
+    where the index cannot be asked."""
+    try:
+        yield
+    except RecipeError as err:
+        if not any(p.needs for p in err.problems):
+            raise
+        from imgbuild.registry.pypi import PYPI, has_project
+
+        index = loaded.recipe.pip.index_url or settings.pip_index_url or PYPI
+        problems = []
+        for problem in err.problems:
+            found = (
+                None
+                if offline or not problem.needs
+                else has_project(index, problem.needs, verify=settings.pip_ca_bundle or True)
+            )
+            hint = problem.otherwise if found is False else problem.hint
+            if found is None and problem.needs:
+                hint += f"; the index could not be asked whether it has {problem.needs}"
+            problems.append(dataclasses.replace(problem, hint=hint, needs="", otherwise=""))
+        raise RecipeError(problems) from None
 
 
 # --- the base's pins: what install.sh will hold the base's packages at -----------------------------------
@@ -175,7 +205,8 @@ def check_known(loaded: LoadedRecipe, settings: Settings) -> str:
         raise NotKnownHere(f"{repo}:{tag}")
 
     try:
-        plan = make_plan(loaded, settings, inspect, pattern, (0, 0), read_pins)
+        with cures_checked(loaded, settings):
+            plan = make_plan(loaded, settings, inspect, pattern, (0, 0), read_pins)
     except NotKnownHere as exc:
         return f"its base ({exc}) not read on this host yet: render, lock or build check it"
     pins = f", its pins ({plan.base.pins_origin})" if plan.base.pins_origin else ""

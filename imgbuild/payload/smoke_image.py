@@ -418,7 +418,21 @@ def apt_packages(library: str, distribution: str = "") -> list:
     return []
 
 
-def import_hint(library: str, distribution: str = "") -> str:
+#: CUDA libraries whose soname's major is the CUDA major they belong to (libcudart.so.12: CUDA 12).
+CUDA_MAJOR_LIBRARY = re.compile(r"lib(?:cudart|cublas|cublasLt|nvrtc|nvJitLink)\.so\.([0-9]{1,3})")
+
+
+def import_hint(library: str, distribution: str = "", cuda_version: str | None = None) -> str:
+    """The cure for a shared library an import could not load: the apt line that provides it, or, for another
+    CUDA major's library (vLLM 0.2.5's libcudart.so.12 on a CUDA 13 base), that the wheel is the wrong build."""
+    found = CUDA_MAJOR_LIBRARY.fullmatch(library)
+    have = (os.environ.get("CUDA_VERSION", "") if cuda_version is None else cuda_version).split(".")[0]
+    if found and have.isdigit() and found.group(1) != have:
+        return (
+            f"it is CUDA {found.group(1)}'s, and the base has CUDA {have}: {distribution or 'the package'} was built "
+            f"for CUDA {found.group(1)}; no apt package cures it: ask for its CUDA {have} build (or build it "
+            f"against the base: pip.no_build_isolation), or use a base with CUDA {found.group(1)}"
+        )
     packages = apt_packages(library, distribution)
     return f"add apt: [{', '.join(packages)}]" if packages else "install the system package that provides it (apt:)"
 
@@ -1112,7 +1126,11 @@ def check_commands() -> dict:
 
 RUN_TAIL_BYTES = 64 * 1024  # what is kept of a failing command's output
 RUN_TAIL_LINES = 60
-_CAUSE = re.compile(r"error|not found|no such file|cannot|fatal|undefined reference|permission denied", re.IGNORECASE)
+_CAUSE = re.compile(
+    r"error|not found|no such file|cannot|can't|unable to|won't be available|fatal|undefined reference|"
+    r"permission denied",
+    re.IGNORECASE,
+)
 
 
 def run_causes(output: list) -> list:

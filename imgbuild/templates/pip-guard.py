@@ -11,6 +11,7 @@ An install (not `--dry-run`) must leave every file a base distribution owns as i
 this script): a distribution of another name writing over one fails the step, so its layer is never kept.
 """
 
+import functools
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
+from pip_index import old_release_line, question  # noqa: E402
 from pip_versions import canon, exact_pin, fallback_line, installed_from, meets, prerelease_trap  # noqa: E402
 
 QUIET_SECONDS = 20
@@ -138,12 +140,11 @@ def received_bytes():
     return total
 
 
-def size(count):
-    for unit in ("B", "KB", "MB"):
-        if count < 1000:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} GB"
+def size(count):  # in the settings' units ("16G": 16 GiB): a limit reads as it was written
+    for unit, bytes_ in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= bytes_:
+            return f"{count / bytes_:.1f} {unit}"
+    return f"{count} B"
 
 
 class Watch:
@@ -370,7 +371,7 @@ def over(watch, elapsed, got):
     """Why pip must stop now, or ""."""
     limit_s, limit_b = bound("IMGBUILD_PIP_RESOLVE_SECONDS", float), bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int)
     if limit_b and got > limit_b:
-        return f"the step downloaded {size(got)}, more than the limit of {size(limit_b)} (pip_download_limit)"
+        return f"the step downloaded more than the limit of {size(limit_b)} (pip_download_limit)"
     if limit_s and not watch.installing and elapsed > limit_s:
         return f"still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
     return ""
@@ -419,6 +420,7 @@ def run(command, watch):
 #: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
 #: copy of the base's constraint file, or a freeze) is the base's.
 PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
+PIN_FILES["newest.txt"] = "imgbuild's question (the newest release)"  # pip_index.question's
 PIN_LINE = re.compile(
     r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(?:\[[^\]]*\])?\s*((?:[<>=!~]=?|===)[^;#\s]*(?:\s*,\s*(?:[<>=!~]=?|===)[^;#\s,]*)*)"
 )
@@ -457,6 +459,19 @@ def read_names(path):
         return []
 
 
+def why_not(command, origin, name, newest):
+    """What the resolver says when asked for `name`==`newest` on top of the same install, resolved only: the
+    requirement that forced a fallback, as the guard names any conflict; "" when it resolves."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        asked = question(command, name, newest, folder)
+        print(f"imgbuild: asking the resolver why not {name} {newest}", flush=True)
+        watch = Watch(pin_sources(asked, origin))
+        outcome = run(asked, watch)
+    return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
+
+
 def main(argv):
     origin, command = argv[1], argv[2:]
     from owners import dist_paths, overwritten, owners, protected  # beside this script
@@ -466,9 +481,10 @@ def main(argv):
     watch = Watch(pin_sources(command, origin))
     outcome = run(command, watch)
     if outcome == 0:
-        why = fallback_line(watch.installed, command)
         # what the install added or replaced: a distribution it left alone lists what it listed before
-        why = why or (protected(overwritten(before, owners(skip=present))) if before is not None else "")
+        why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
+        why = why or fallback_line(watch.installed, command)
+        why = why or old_release_line(watch.installed, command, functools.partial(why_not, command, origin))
         if not why:
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)

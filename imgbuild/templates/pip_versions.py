@@ -89,6 +89,20 @@ def installed_from(line):
     return []
 
 
+NAMED = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^\]]*\])?\s*([^;#]*)")
+
+
+def named_specs(asked):
+    """{canonical name: [its clauses as written, ">=0.1,<2" or ""]} of the recipe's requirement lines."""
+    named = {}
+    for line in asked:
+        found = NAMED.match(line)
+        if found:
+            clauses = found.group(2).split(" --")[0].replace(" ", "")
+            named.setdefault(canon(found.group(1)), []).append(clauses)
+    return named
+
+
 def fallback(installed, asked):
     """The first (name, version) installed that the recipe asked for by name (`asked`: the lines of its
     requirements and constraints) and got as a pre-release it did not name: what a resolver falls back to when no

@@ -1,0 +1,138 @@
+"""The pip step's reading of the package index (templates/pip_index.py, run in the base with the stdlib): what a
+page says of a project's releases, read as untrusted input and bounded, and which indexes the installer reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "templates"
+
+
+@pytest.fixture(scope="module")
+def index():
+    sys.path.insert(0, str(TEMPLATES))
+    try:
+        spec = importlib.util.spec_from_file_location("pip_index", TEMPLATES / "pip_index.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(TEMPLATES))
+
+
+JSON = "application/vnd.pypi.simple.v1+json"
+
+
+@pytest.mark.parametrize(
+    "body, kind",
+    [
+        (b"[]", JSON),  # not an object
+        (b'{"files": {"a": 1}}', JSON),  # files not a list
+        (b'{"files": [1, "x", null, {"filename": 7}]}', JSON),  # rows of every wrong type
+        (b'{"files": [{"filename": "x-1.0.tar.gz", "requires-python": ["3"]}]}', JSON),
+        (b"[" * 100_000 + b"]" * 100_000, JSON),  # nested past the parser's depth
+        (b"\xff\xfe not json", JSON),
+        (b"<a href='x'>" + b"y" * 10_000 + b"</a>", "text/html"),  # an anchor past the bound
+        (b"<html>" + b"<a " * 50_000, "text/html"),  # unclosed tags: linear, nothing found
+    ],
+)
+def test_a_hostile_page_reads_as_no_releases(index, body, kind):
+    assert index.releases(index.files_of(body, kind)) == {}
+
+
+def test_a_page_gives_each_final_release_its_first_upload_and_whether_it_is_yanked(index):
+    page = {
+        "files": [
+            {"filename": "serve-0.2.5.tar.gz", "upload-time": "2023-12-14T00:00:00Z"},
+            {"filename": "serve-0.2.5-py3-none-any.whl", "upload-time": "2023-12-13T10:00:00.5Z"},
+            {"filename": "serve-0.3.0-py3-none-any.whl", "yanked": "broken", "upload-time": "2024-01-01T00:00:00Z"},
+            {"filename": "serve-0.4.0rc1-py3-none-any.whl", "upload-time": "2024-02-01T00:00:00Z"},
+            {"filename": "serve-0.5.0-py3-none-any.whl", "upload-time": "'; DROP TABLE"},
+            {"filename": "serve-0.6.0-cp39-cp39-win_amd64.whl"},
+            {"filename": "serve-0.7.0-py3-none-any.whl", "requires-python": ">=99"},
+        ]
+    }
+    found = index.releases(index.files_of(json.dumps(page).encode(), JSON))
+    assert set(found) == {"0.2.5", "0.3.0", "0.5.0", "0.6.0", "0.7.0"}  # no pre-release
+    assert found["0.2.5"][0].isoformat() == "2023-12-13T10:00:00" and found["0.2.5"][1:] == (False, True)
+    assert found["0.3.0"][1] is True  # yanked
+    assert found["0.5.0"][0] is None  # a date that is not one
+    assert found["0.6.0"][2] is False and found["0.7.0"][2] is False  # no file this Python can install
+
+
+def test_an_html_page_gives_versions_and_yanks_without_dates(index):
+    body = b'<a href="/f/x-1.0.tar.gz" data-yanked="">x-1.0.tar.gz</a>\n<a href="/f/x-2.0.zip">x-2.0.zip</a>'
+    found = index.releases(index.files_of(body, "text/html"))
+    assert found == {"1.0": (None, True, False), "2.0": (None, False, True)}
+
+
+def test_the_indexes_are_the_requirement_files_then_the_environment_then_pip_conf(index, tmp_path):
+    reqs, conf = tmp_path / "requirements.txt", tmp_path / "pip.conf"
+    reqs.write_text("--index-url https://a.example/simple\n--extra-index-url=https://b.example/simple\nx\n")
+    conf.write_text("[global]\nindex-url = https://c.example/simple\nextra-index-url = https://d.example/s\n")
+    environ = {"PIP_CONFIG_FILE": str(conf), "UV_EXTRA_INDEX_URL": "https://e.example/s file:///etc"}
+    urls = index.index_urls(["pip", "install", "-r", str(reqs)], environ)
+    assert urls == [
+        "https://a.example/simple",
+        "https://b.example/simple",
+        "https://e.example/s",
+        "https://d.example/s",
+    ]
+    assert index.index_urls(["pip", "install"], {}) == ["https://pypi.org/simple"]
+    reqs.write_text("--no-index\n--find-links /wheels\nx\n")
+    assert index.index_urls(["pip", "install", "-r", str(reqs)], environ) == []
+
+
+def test_a_page_is_read_bounded_and_credentials_never_follow_a_redirect_to_another_host(index, monkeypatch):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen.append((self.server.server_address[1], self.path, self.headers.get("Authorization")))
+            if self.path.startswith("/simple/big/"):
+                self.send_response(200)
+                self.send_header("Content-Type", JSON)
+                self.end_headers()
+                self.wfile.write(b" " * (index.PAGE_LIMIT + 10))
+            elif self.path.startswith("/simple/away/"):
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{other.server_address[1]}/steal/")
+                self.end_headers()
+            else:
+                self.send_error(404)
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(2)]
+    main, other = servers
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://user:s3cret@127.0.0.1:{main.server_address[1]}/simple"
+        assert index.page(url, "big") is None
+        assert index.page(url, "away") is None
+        assert [s for s in seen if s[0] == other.server_address[1]] == []
+        assert seen[0][2] and seen[0][2].startswith("Basic ")  # the index's own host gets them
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_an_unreachable_index_answers_nothing_in_bounded_time(index, monkeypatch):
+    import time
+
+    monkeypatch.setattr(index, "TIMEOUT", 1.0)
+    start = time.monotonic()
+    assert index.look_up(["x"], ["pip"], {"PIP_INDEX_URL": "http://10.255.255.1/simple"}, deadline=2.0) == {}
+    assert time.monotonic() - start < 4
