@@ -8,6 +8,11 @@ a built image in which every added package imports, or one line naming the packa
 Columns: the set, its base, the expected ending, the exit code, seconds, whether it ended as expected, and
 the line it ended with. The heavy sets download GBs of wheels (ultralytics, diffusers, vLLM): minutes each.
 
+`--follow` plays a scripted user (benchmarks/follow.py): each set is built, and after each failure the cure
+imgbuild's last words name is applied literally (an apt line, pip.no_build_isolation, a version, imgbuild lock)
+and the set built again, up to five rounds. Columns: rounds and minutes to a working image (one whose added
+packages all import), or where it got stuck, and the cures followed.
+
 `--edit-loop` measures the edit loop instead (issue 30, item 6): one package added to a locked set (by default
 hf-text-classification, 59 locked distributions), `imgbuild build` end to end (render, build, smoke test,
 promotion) against the same edit in hpccm's and a hand-written Dockerfile (a `docker build`, which checks
@@ -142,10 +147,48 @@ def edit_loop(name: str) -> int:
     return 0
 
 
+MAX_ROUNDS = 5
+
+
+def follow_set(realset: Any) -> tuple[str, ...]:
+    """One set as a scripted user meets it: (set, rounds, minutes, ended, cures followed)."""
+    from follow import follow, imgbuild
+
+    cures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=f"follow-{realset.name}-") as tmp:
+        recipe = realset.stage(Path(tmp))
+        run = imgbuild(Path(tmp))
+        start, rounds, ended = time.monotonic(), 0, ""
+        while rounds < MAX_ROUNDS:
+            rounds += 1
+            proc = run(["build", str(recipe)])
+            said = proc.stderr + proc.stdout
+            if proc.returncode == 0:
+                ended = "working image"
+                break
+            cure = follow(said, recipe, run)
+            if cure is None:
+                ended = "stuck: " + last_line(said)
+                break
+            cures.append(cure)
+            print(f"  {realset.name}: round {rounds} exit {proc.returncode}; followed: {cure}", file=sys.stderr)
+        else:
+            ended = f"no working image in {MAX_ROUNDS} rounds"
+        minutes = (time.monotonic() - start) / 60
+    return realset.name, str(rounds), f"{minutes:.1f}", ended[:90], "; ".join(cures) or "-"
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "heavy"])
     parser.add_argument("--edit-loop", action="store_true", help="measure adding one package to a locked set")
+    parser.add_argument("--follow", action="store_true", help="a scripted user follows imgbuild's cures")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args()
     if args.edit_loop:
@@ -155,6 +198,13 @@ def main() -> int:
         for s in load().values()
         if (not args.size or s.size == args.size) and (not args.names or s.name in args.names)
     ]
+    if args.follow:
+        followed = [follow_set(s) for s in sets]
+        working = [r for r in followed if r[3] == "working image"]
+        _table(("set", "rounds", "minutes", "ended", "cures followed"), followed)
+        total = sum(float(r[2]) for r in followed)
+        print(f"\n{len(working)} of {len(followed)} sets reached a working image; {total:.1f} minutes in all")
+        return 0
     rows = []
     for realset in sets:
         with tempfile.TemporaryDirectory(prefix=f"realset-{realset.name}-") as tmp:
@@ -178,10 +228,7 @@ def main() -> int:
             )
         )
         print(f"{realset.name}: exit {proc.returncode} in {took:.0f} s", file=sys.stderr, flush=True)
-    header = ("set", "size", "expected", "exit", "s", "as expected", "ended with")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _table(("set", "size", "expected", "exit", "s", "as expected", "ended with"), rows)
     return 0 if all(r[5] == "yes" for r in rows) else 1
 
 

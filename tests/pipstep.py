@@ -47,6 +47,7 @@ def guard_folder(folder: Path) -> Path:
     shutil.copy(TEMPLATES / "pip-owners.py", folder / "owners.py")
     shutil.copy(TEMPLATES / "pip_versions.py", folder / "pip_versions.py")
     shutil.copy(TEMPLATES / "pip_index.py", folder / "pip_index.py")
+    shutil.copy(TEMPLATES / "pip_words.py", folder / "pip_words.py")
     return folder / "guard.py"
 
 

@@ -159,6 +159,7 @@ def test_the_fake_engine_imports_nothing_from_the_pipeline():
         "templates/pip-owners.py",
         "templates/pip_versions.py",
         "templates/pip_index.py",
+        "templates/pip_words.py",
     ],
 )
 def test_what_runs_inside_images_imports_only_the_stdlib(script):
@@ -169,7 +170,7 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
 
     imported = {name.split(".")[0] for name in _imports(PACKAGE / script)}
     beside = {
-        "templates/pip-guard.py": {"owners", "pip_versions", "pip_index"},
+        "templates/pip-guard.py": {"owners", "pip_versions", "pip_index", "pip_words"},
         "templates/pip-owners.py": {"pip_versions"},
         "templates/pip_index.py": {"pip_versions"},
     }

@@ -324,3 +324,59 @@ def test_a_cuda_library_a_requirement_pulls_in_is_never_written_as_a_pin(tmp_pat
     text = (tmp_path / "r.lock.txt").read_text()
     assert "# nvidia-cuda-nvcc==13.0.88: a CUDA library" in text and "\nnvidia-cuda-nvcc==" not in text
     assert load_recipe(recipe, environ={}).lock_pins == ("einops==0.8.1", "rich==13.7.1")
+
+
+NAMES = [
+    "einops",
+    "rich",
+    "torch",
+    "tensorflow",
+    "nvidia-cudnn-cu12",
+    "nvidia-cuda-nvcc",
+    "nvidia-nvvm",
+    "jax-cuda13-pjrt",
+    "jax-cuda13-plugin",
+    "jaxlib",
+    "numpy",
+    "triton",
+    "Flash_Attn",
+    "nvidia-nccl-cu13",
+]
+VERSIONS = ["0.8.1", "2.3.0", "13.0.88", "2.13.0a0+07cecf4168.nv24.5", "1!2.0", "2.1.0.dev2", "1.0.post1"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_path, seed):
+    """Issue 49 item 2 as a property: whatever the resolver answers (the framework, CUDA libraries of either major,
+    jax's plugins, pre-releases, epochs, one name twice), the lock `imgbuild lock` writes is one that loading the
+    recipe (validate) and the build's plan, against the base and its pins, accept; what it may not pin stays a
+    comment, and an answer it cannot make a buildable lock of is refused with a reason, nothing written."""
+    import random
+
+    from imgbuild.build.pins import lock
+    from imgbuild.build.resolve import plan_recipe
+    from imgbuild.config.settings import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.errors import ImgbuildError
+    from imgbuild.recipe import load_recipe
+    from tests.fake_nvcr import FakeNvcr
+
+    rng = random.Random(seed)
+    install = [[rng.choice(NAMES), rng.choice(VERSIONS)] for _ in range(rng.randrange(1, 9))]
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: [einops, rich]\n')
+    engine = FakeEngine()
+    engine.images.pull = lambda ref: engine.add_image(ref)
+    engine.containers.base_pins = ["numpy==2.4.6", "triton==3.1.0"]
+    engine.containers.answers["lock"] = lambda run: (0, {"ok": True, "install": install, "tail": []}, "")
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
+        try:
+            result = lock(recipe, settings, engine=engine)
+        except ImgbuildError as refused:  # then it says why, and wrote nothing
+            assert not (tmp_path / "r.lock.txt").exists() and str(refused), install
+            return
+        loaded = load_recipe(recipe, environ={})
+        assert set(loaded.lock_pins) == set(result.pins), install
+        plan_recipe(loaded, settings, engine, with_pins=True)  # the build's own check of the lock

@@ -398,6 +398,63 @@ def test_lock_resolves_in_the_base_and_builds_install_exactly_that(testbed, tmp_
 
 
 @pytest.mark.engine
+def test_the_cure_for_jax_cuda12_on_a_cuda13_base_locks_and_builds_in_one_round(
+    testbed, tmp_path, cleanup_images, docker_client
+):
+    """realworld-4 D1, the loop a user follows on the CUDA 13 stand-in: `jax[cuda12]` is refused with the cure
+    `jax[cuda13]`; `imgbuild lock` on that writes the CUDA libraries the plugin pulls in (nvidia-cuda-nvcc,
+    nvidia-nvvm, the pjrt) as comments, never pins; the next build accepts its own lock and installs them as the
+    plugin asks. jax's shape, served from an index on the bridge (real jax is GBs of CUDA wheels)."""
+    from tests.conftest import bridge_gateway, in_image
+    from tests.fake_index import FakeIndex, Release
+
+    gateway = bridge_gateway(docker_client)
+    index = FakeIndex(
+        gateway,
+        {
+            "jax": [
+                Release(
+                    "0.7.2",
+                    [
+                        "jaxlib==0.7.2",
+                        'jax-cuda12-plugin==0.7.2; extra == "cuda12"',
+                        'jax-cuda13-plugin==0.7.2; extra == "cuda13"',
+                    ],
+                )
+            ],
+            "jaxlib": [Release("0.7.2")],
+            "jax-cuda13-plugin": [
+                Release("0.7.2", ["jax-cuda13-pjrt==0.7.2", "nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88"])
+            ],
+            "jax-cuda13-pjrt": [Release("0.7.2")],
+            "nvidia-cuda-nvcc": [Release("13.0.88", files={"nvidia/cu13/bin/ptxas-jaxtest": b"ptxas"})],
+            "nvidia-nvvm": [Release("13.0.88", files={"nvidia/cu13/nvvm/libdevice-jaxtest.bc": b"bc"})],
+        },
+    )
+    where = f'index_url: "{index.url}", trusted_hosts: ["{gateway}"]'
+    head = 'name: pkgs\ntag: v1\nbase: {framework: pytorch, tag: "25.10"}\n'
+    try:
+        recipe = _project(tmp_path, head + f'pip: {{packages: ["jax[cuda12]"], {where}}}\n')
+        refused = run_cli("build", str(recipe), cwd=tmp_path)
+        assert refused.code == 2 and "ask for the CUDA 13 build (jax[cuda13])" in refused.err, refused.err[-2000:]
+        recipe.write_text(recipe.read_text().replace("jax[cuda12]", "jax[cuda13]"))  # the cure, literally
+        locked = run_cli("lock", str(recipe), "--json", cwd=tmp_path)
+        assert locked.code == 0, locked.err[-2000:]
+        assert sorted(json.loads(locked.out)["pins"]) == ["jax==0.7.2", "jaxlib==0.7.2"]
+        lock_text = recipe.with_name(recipe.stem + ".lock.txt").read_text()
+        assert "# nvidia-cuda-nvcc==13.0.88: a CUDA library" in lock_text
+        assert run_cli("validate", str(recipe), cwd=tmp_path).code == 0  # what lock wrote, validate accepts
+        built = run_cli("build", str(recipe), cwd=tmp_path)
+        assert built.code == 0, built.err[-3000:]
+        image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+        cleanup_images.append(image)
+        said = in_image(docker_client, image, "import importlib.metadata as m; print(m.version('nvidia-cuda-nvcc'))")
+        assert said.split()[-1] == "13.0.88"  # installed as the plugin asks
+    finally:
+        index.close()
+
+
+@pytest.mark.engine
 def test_adding_a_package_to_a_locked_recipe_reuses_the_lock_layer(testbed, tmp_path, cleanup_images, docker_client):
     """Issue 16: with a lock, the pip step is two layers: the lock exactly (cached while the lock stands),
     then the recipe's packages over it; a package added to the recipe installs alone on top."""

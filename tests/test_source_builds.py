@@ -5,6 +5,7 @@ distributions with a build backend of their own (tests/pipstep.py), and the reci
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -80,6 +81,20 @@ def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(t
     step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert said == "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe"
+
+
+def test_a_source_build_without_pythons_headers_names_the_apt_package_that_cures_it(tmp_path):
+    """A compiler but no Python.h (a slim base; the stand-in after apt: [g++]): gcc fails, and the cure is the
+    headers, not the compiler again."""
+    compile_step = (
+        'subprocess.run(["/bin/sh", "-c", "echo \'fatal error: Python.h: No such file or directory\'; '
+        'echo "error: command \'/usr/bin/x86_64-linux-gnu-gcc\' failed"; exit 1"], check=True)'
+    )
+    step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
+    assert said == (
+        "building srcpkg needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"
+    )
 
 
 def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path):
@@ -224,3 +239,54 @@ def test_on_the_bed_a_source_build_without_a_compiler_is_cured_by_the_apt_line_i
         assert in_image(docker_client, image, "import srcpkg; print(srcpkg.BUILT_AGAINST)").strip()
     finally:
         index.close()
+
+
+#: Real packages users build against the base's torch (NGC's own advice for extensions: `pip install
+#: --no-build-isolation`), from PyPI, each with a check of its own that runs its compiled code: torchsort's C++
+#: isotonic regression, fast-transformers' CPU causal product (OpenMP C++), DeepSpeed's own environment report
+#: (its setup imports torch to decide which ops to build; ops JIT later).
+REAL_SOURCE_BUILDS = """\
+name: {name}
+tag: v1
+base: {{framework: pytorch, tag: "24.05"}}
+apt: [g++, python3-dev]
+pip:
+  packages: [torchsort==0.1.10, pytorch-fast-transformers==0.4.0, deepspeed==0.19.8]
+  no_build_isolation: [torchsort, pytorch-fast-transformers, deepspeed]
+smoke:
+  run:
+    - python3 -c "import torch, torchsort; r = torchsort.soft_rank(torch.tensor([[3.0, 1.0, 2.0]])); assert r.tolist() == [[3.0, 1.0, 2.0]], r"
+    - python3 -c "import torch; from fast_transformers.causal_product import causal_dot_product as c; q = torch.ones(1, 1, 3, 2); assert c(q, q, q)[0, 0, :, 0].tolist() == [2.0, 4.0, 6.0]"
+    - ds_report
+"""
+
+
+@pytest.mark.engine
+def test_on_the_bed_real_packages_build_against_the_bases_torch_and_run_their_own_checks(
+    testbed, tmp_path, cleanup_images, docker_client
+):
+    """Issue 49: three real source builds from PyPI (torchsort, pytorch-fast-transformers, DeepSpeed) in the
+    stand-in PyTorch base, with uv, built against the base's own torch: the image keeps the base's torch, and each
+    package's compiled code runs in the image's smoke test."""
+    import uuid
+
+    from tests.conftest import in_image, run_cli
+
+    (tmp_path / ".git").mkdir()
+    name = f"realsrc-{uuid.uuid4().hex[:8]}"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(REAL_SOURCE_BUILDS.format(name=name))
+    built = run_cli("build", str(recipe), cwd=tmp_path, timeout=1500)
+    assert built.code == 0, built.err[-4000:]
+    image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    cleanup_images.append(image)
+    base = f"{os.environ['IMGBUILD_NGC_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    base_torch = in_image(docker_client, base, "import torch; print(torch.__version__)").split()[-1]
+    said = in_image(
+        docker_client,
+        image,
+        "import torch, torchsort.isotonic_cpu as a, fast_transformers.causal_product.causal_product_cpu as b\n"
+        "print(a.__file__, b.__file__, torch.__version__)",
+    ).split()
+    assert said[0].endswith(".so") and said[1].endswith(".so"), said  # compiled in the image
+    assert said[2] == base_torch  # against the base's torch, which is still the one imported

@@ -153,6 +153,11 @@ def _pins(install: Any) -> dict[str, tuple[str, ...]]:
             continue
         good = [d for d in digests[:MAX_HASHES] if isinstance(d, str) and _SHA256.fullmatch(d)]
         pins[f"{row[0]}=={row[1]}"] = tuple(sorted(set(good))) if len(good) == len(digests) else ()
+    seen: dict[str, str] = {}
+    for pin in pins:
+        name = str(canonicalize_name(pin.split("==")[0]))
+        if seen.setdefault(name, pin) != pin:  # a resolution installs one version of a name
+            raise BuildFailed(f"the resolver's answer names {name} twice ({seen[name]}, {pin}): no lock written")
     return dict(sorted(pins.items()))
 
 
@@ -277,6 +282,7 @@ def lock(
     # (jax[cuda13] -> nvidia-cuda-nvcc) stays a comment, installed by the build as the requirement asks.
     cuda = [p for p in resolved if is_cuda_library(str(canonicalize_name(p.split("==")[0])))]
     pins = [p for p in resolved if p not in cuda]
+    _refuse_what_the_base_refuses(pins, plan)
     # Hashes go in only where every pin has them: pip's hash-checking mode takes a file whole or not at all.
     hashed = bool(pins) and all(resolved[p] for p in pins)
     notes = [printable(str(report.get("note") or ""))] if report.get("note") else []
@@ -300,6 +306,21 @@ def lock(
 
     write_atomic(path, header + comments + lines)  # a kill leaves the old or the new
     return LockResult(path, pins, added, removed, changed, resolver, hashed, notes)
+
+
+def _refuse_what_the_base_refuses(pins: list[str], plan: Any) -> None:
+    """A lock that the build would refuse is never written: a pin of the base's framework, or of a version its
+    pins exclude (the resolution runs under those pins, so only an answer that ignored them says so)."""
+    from imgbuild.build.plan import base_pin_versions, base_refuses
+    from imgbuild.recipe.reqfile import LockedPin
+
+    held = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)
+    refused = [p for p in pins if base_refuses(LockedPin.of(p), plan.base, held)]
+    if refused:
+        raise BuildFailed(
+            f"the resolver would install {', '.join(refused)}, which the base refuses (its framework, or a version "
+            f"its pins exclude): no lock written; `imgbuild build` names the requirement that asks for it"
+        )
 
 
 def cache_volume() -> str:

@@ -39,16 +39,9 @@ TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 #: other entries too (pip byte-compiles the .py scripts into `__pycache__/`), and the Apptainer template is left out
 #: so that editing it does not make every image due. A test keeps this list equal to the package data.
 OTHER_TEMPLATES = ("apptainer.def.j2", "ci-github.yml.j2", "ci-gitlab.yml.j2")  # shape no Docker image
-IMAGE_TEMPLATES = (
-    "Dockerfile.buildkit.j2",
-    "Dockerfile.j2",
-    "add-user.sh",
-    "install.sh",
-    "pip-guard.py",
-    "pip-owners.py",
-    "pip_versions.py",
-    "pip_index.py",
-)
+#: the pip step's scripts: its guard and what the guard imports beside it
+PIP_SCRIPTS = ("pip-guard.py", "pip-owners.py", "pip_versions.py", "pip_index.py", "pip_words.py")
+IMAGE_TEMPLATES = ("Dockerfile.buildkit.j2", "Dockerfile.j2", "add-user.sh", "install.sh", *PIP_SCRIPTS)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ OWN_SCRIPTS = {
     "imgbuild/pip/owners.py": TEMPLATES_DIR / "pip-owners.py",
     "imgbuild/pip/pip_versions.py": TEMPLATES_DIR / "pip_versions.py",
     "imgbuild/pip/pip_index.py": TEMPLATES_DIR / "pip_index.py",
+    "imgbuild/pip/pip_words.py": TEMPLATES_DIR / "pip_words.py",
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
@@ -261,7 +262,7 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
     put("imgbuild/pip/constraints.txt", constraints_text(plan))
     for name, text in _recipe_pip_files(plan, requirements).items():
         put(f"imgbuild/pip/{name}", text)
-    for name in ("install.sh", "guard.py", "owners.py", "pip_versions.py", "pip_index.py"):
+    for name in ("install.sh", "guard.py", "owners.py", "pip_versions.py", "pip_index.py", "pip_words.py"):
         path = f"imgbuild/pip/{name}"
         put(path, _own_file(OWN_SCRIPTS[path]), 0o755 if name.endswith(".sh") else 0o644)
     if plan.loaded.lock_pins and backend == "buildkit":
@@ -279,6 +280,7 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
             "owners.py",
             "pip_versions.py",
             "pip_index.py",
+            "pip_words.py",
         ):
             if f"imgbuild/pip/{name}" in rendered:
                 rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]

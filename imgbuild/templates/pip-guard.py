@@ -23,105 +23,23 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_index import old_release_line, question  # noqa: E402
 from pip_versions import canon, exact_pin, fallback_line, installed_from, meets, prerelease_trap  # noqa: E402
+from pip_words import (  # noqa: E402
+    BACKTRACK,
+    BUILDING,
+    CONSTRAINT,
+    DEPENDS,
+    FETCH,
+    KINDS,
+    MISSING,
+    NAME,
+    OTHER_FRAMEWORK,
+    REQUESTED,
+    UV_DEPENDS,
+    UV_DEPENDS_VIA,
+    UV_NEEDS_REFUSED,
+)
 
 QUIET_SECONDS = 20
-NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-#: what follows a name in uv's sentences: `==2.1` (the version), or a range `>=2.20.0,<2.21` (kept whole)
-SPEC = r"(?:(?:==|(?=[<>!~]))(\S+))?"
-FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-([0-9][^-\s]*)-")
-BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
-#: the package pip or uv is working on (the last one named is the one a source build failure is about): pip's
-#: "Collecting flash-attn", "Processing /wheels/srcpkg-1.0.tar.gz", "Building wheel for flash-attn (setup.py)";
-#: uv's "Building flash-attn==2.7.4", "Failed to build `flash-attn==2.7.4`"
-BUILDING = re.compile(
-    r"(?:× )?(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
-    rf"`?(?:\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
-)
-#: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
-#: conclude ..." (the second requirement is the base's pin).
-UV_DEPENDS = re.compile(rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we")
-#: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
-#: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
-UV_DEPENDS_VIA = re.compile(
-    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and "
-    rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
-)
-OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
-#: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
-#: tensorflow and you require tensorflow<0, we can conclude ..."
-UV_NEEDS_REFUSED = re.compile(
-    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and you require \3<0"
-)
-#: pip's "torchvision 0.18.0 depends on torch==2.3.0" (never uv's "Because X>=v depends on ...", whose first word
-#: is no package)
-DEPENDS = re.compile(rf"^(?!(?:And )?[Bb]ecause )({NAME}) (\S+) depends on ({NAME})(.*)$")
-CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
-REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
-#: the name pip or uv could not find: "No matching distribution found for nosuch", "Because nosuch was not found
-#: in the package registry", "Because there is no version of einops==9.9"
-MISSING = re.compile(
-    rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the package registry"
-    rf"|Because there is no version of ({NAME}\S*?)(?: and|,|$)"
-)
-#: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
-KINDS = (
-    ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
-    (
-        "network",
-        (
-            "Failed to establish a new connection",
-            "Name or service not known",
-            "Temporary failure in name resolution",
-            "ConnectTimeout",
-            "ReadTimeoutError",
-            "Network is unreachable",
-            "ProxyError",
-            "dns error",
-            "failed to lookup address",
-            "HTTP status server error",
-        ),
-    ),
-    # (uv says a name it cannot find as "... was not found in the package registry ... No solution found": both
-    # kinds are seen, and `failure` puts "missing" first: a typo is not a conflict with the base's pins)
-    (
-        "missing",
-        (
-            "No matching distribution found",
-            "Could not find a version that satisfies",
-            "was not found in the package registry",
-            "there is no version of",
-        ),
-    ),
-    (
-        "conflict",
-        ("ResolutionImpossible", "conflicting dependencies", "The conflict is caused by", "No solution found"),
-    ),
-    ("hash", ("DO NOT MATCH THE HASHES", "Hash mismatch for")),  # pip's words, uv's
-    # a source build that imports the base's framework, isolated from it (pip.no_build_isolation cures it)
-    ("isolated", ("No module named 'torch'", "No module named 'tensorflow'", "No module named 'jax'")),
-    ("nvcc", ("nvcc: not found", "CUDA_HOME environment variable is not set", "/bin/nvcc': No such file")),
-    (
-        "compiler",
-        (
-            "c++: not found",
-            "g++: not found",
-            "gcc: not found",
-            "cc: not found",
-            "unable to execute 'gcc'",
-            "unable to execute 'x86_64-linux-gnu-gcc'",
-            "command 'gcc' failed",
-            "command 'c++' failed",
-            "command 'g++' failed",
-            "command 'x86_64-linux-gnu-gcc' failed",
-            "command 'x86_64-linux-gnu-g++' failed",
-            "No CMAKE_CXX_COMPILER could be found",
-        ),
-    ),
-    (
-        "sdist",
-        ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
-    ),
-)
 
 
 def received_bytes():
@@ -341,6 +259,8 @@ class Watch:
                 f"{what} needs CUDA's compiler (nvcc), which the base lacks: build on an NGC framework image (they "
                 "carry the CUDA toolkit, CUDA_HOME=/usr/local/cuda), not a runtime or CPU-only base"
             )
+        if "headers" in self.kinds:
+            return f"{what} needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"  # noqa: E501
         if "compiler" in self.kinds:
             return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe"
         if "sdist" in self.kinds:

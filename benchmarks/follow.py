@@ -1,0 +1,100 @@
+"""A scripted user: reads the last thing imgbuild said and does literally what it says, once. The cures it
+knows are the ones imgbuild prints (each a whole phrase, as written in imgbuild's messages); anything else
+leaves it stuck, and that is counted against imgbuild, not guessed around.
+
+Used by `benchmarks/realsets.py --follow`; tests/test_follow.py holds each cure to imgbuild's own words.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+APT = re.compile(r"add apt: \[([^\]]+)\]")
+NO_ISOLATION = re.compile(rf"add ({NAME}) to pip\.no_build_isolation")
+UNPIN = re.compile(r"pip\.unpin: \[([^\]]+)\]")
+OTHER_CUDA = re.compile(rf"({NAME}(?:\[[^\]]+\])?) is built for CUDA [0-9]+.*ask for the CUDA [0-9]+ build \(([^)]+)\)")
+BY_VERSION = re.compile(rf"ask for it by its version \(({NAME})==([^)\s]+)\)")
+RESTORE = re.compile(rf"pin ({NAME}) to the release {NAME} was made for \(({NAME}[<>=!~][^)\s]+)\)")
+LOCK = re.compile(r"run imgbuild lock")
+
+
+def _pip(data: dict) -> dict:
+    pip = data.get("pip") or {}
+    if isinstance(pip, list):
+        pip = {"packages": pip}
+    data["pip"] = pip
+    return pip
+
+
+def _add(data: dict, path: tuple[str, ...], names: list[str]) -> None:
+    where = data if path[0] != "pip" else _pip(data)
+    key = path[-1]
+    where[key] = [*where.get(key, []), *[n for n in names if n not in where.get(key, [])]]
+
+
+def _replace(recipe: Path, data: dict, old: str, new: str) -> bool:
+    """The requirement `old` (its name, with extras) becomes `new`, in pip.packages or the requirements file."""
+    pip = _pip(data)
+    key = re.sub(r"\[.*", "", old).lower()
+
+    def same(line: str) -> bool:
+        found = re.match(NAME + r"(?:\[[^\]]*\])?", line.strip())
+        return bool(found) and (found.group(0) == old or re.sub(r"\[.*", "", found.group(0)).lower() == key)
+
+    packages = pip.get("packages", [])
+    if any(same(p) for p in packages):
+        pip["packages"] = [new if same(p) else p for p in packages]
+        return True
+    if pip.get("requirements"):
+        file = recipe.parent / pip["requirements"]
+        lines = file.read_text().splitlines()
+        if any(same(ln) for ln in lines):
+            file.write_text("".join(f"{new if same(ln) else ln}\n" for ln in lines))
+            return True
+    return False
+
+
+def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> str | None:
+    """Apply the first cure imgbuild's words name; what was done, or None (no cure it can follow)."""
+    text = " ".join(said.split())
+    data = yaml.safe_load(recipe.read_text())
+    done: str | None = None
+    if found := OTHER_CUDA.search(text):
+        done = f"asked for {found.group(2)}" if _replace(recipe, data, found.group(1), found.group(2)) else None
+    elif found := NO_ISOLATION.search(text):
+        _add(data, ("pip", "no_build_isolation"), [found.group(1)])
+        done = f"pip.no_build_isolation: [{found.group(1)}]"
+    elif found := APT.search(text):
+        names = [n.strip() for n in found.group(1).split(",")]
+        _add(data, ("apt",), names)
+        done = f"apt: [{', '.join(names)}]"
+    elif found := UNPIN.search(text):
+        names = [n.strip() for n in found.group(1).split(",")]
+        _add(data, ("pip", "unpin"), names)
+        done = f"pip.unpin: [{', '.join(names)}]"
+    elif found := RESTORE.search(text):
+        _add(data, ("pip", "constraints"), [found.group(2)])
+        done = f"pip.constraints: [{found.group(2)}]"
+    elif found := BY_VERSION.search(text):
+        pin = f"{found.group(1)}=={found.group(2)}"
+        done = f"asked for {pin}" if _replace(recipe, data, found.group(1), pin) else None
+    elif LOCK.search(text):
+        proc = run(["lock", str(recipe)])
+        return "imgbuild lock" if proc.returncode == 0 else None
+    if done:
+        recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    return done
+
+
+def imgbuild(cwd: Path) -> Callable[[list[str]], subprocess.CompletedProcess[str]]:
+    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "imgbuild", *args], cwd=cwd, capture_output=True, text=True)
+
+    return run
