@@ -32,11 +32,11 @@ def recipe(tmp_path):
     "said, done, field, value",
     [
         (
-            "imgbuild: pip step failed: building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++] "
+            "imgbuild: pip step failed: building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] "
             "to the recipe",
-            "apt: [g++]",
+            "apt: [g++, python3-dev]",
             ("apt",),
-            ["g++"],
+            ["g++", "python3-dev"],
         ),
         (
             "imgbuild: pip step failed: building srcpkg imports the base's framework, which pip's isolated build "

@@ -1112,3 +1112,22 @@ def test_the_debian_packages_an_image_added_are_read_with_their_versions_and_not
         "evil\t1.0; rm -rf /\nBad_Name\t1\n\t1.0\nnoversion\t\n" + "x" * 5000 + "\t1\n"
     )
     assert script.added_debs(base, now) == [["jq", "1.6-2.1"], ["libc6", "2.36-9+deb12u9"], ["libjq1", "1.6-2.1"]]
+
+
+@pytest.mark.parametrize(
+    "output, cure",
+    [
+        (
+            ["Building extension module deepspeed_shm_comm...", "/bin/sh: 1: c++: not found"],
+            "add apt: [g++, python3-dev]",
+        ),
+        (["csrc/shm.cpp:1:10: fatal error: Python.h: No such file or directory"], "(add apt: [python3-dev])"),
+        (["RuntimeError: Ninja is required to load C++ extensions"], "(add ninja to pip.packages)"),
+        (["/bin/sh: 1: nvcc: not found"], "use an NGC framework base"),
+        (["AssertionError: wrong answer"], ""),
+    ],
+)
+def test_a_smoke_run_command_whose_build_tool_is_missing_names_the_cure(output, cure):
+    """realworld-4: DeepSpeed's just-in-time op build failed in smoke.run with `c++: not found` and no cure."""
+    said = script.run_cure(output)
+    assert (cure in said) if cure else said == ""

@@ -80,7 +80,10 @@ def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(t
     compile_step = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
     step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
-    assert said == "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe"
+    assert (
+        said
+        == "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
+    )
 
 
 def test_a_source_build_without_pythons_headers_names_the_apt_package_that_cures_it(tmp_path):
@@ -230,8 +233,11 @@ def test_on_the_bed_a_source_build_without_a_compiler_is_cured_by_the_apt_line_i
         recipe.write_text(head + pip)
         bare = run_cli("build", str(recipe), cwd=tmp_path)
         assert bare.code == 1, bare.err[-3000:]
-        assert "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe" in bare.err
-        recipe.write_text(head + "apt: [g++]\n" + pip)  # the line it named, literally
+        assert (
+            "building srcpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
+            in bare.err
+        )
+        recipe.write_text(head + "apt: [g++, python3-dev]\n" + pip)  # the line it named, literally
         cured = run_cli("build", str(recipe), cwd=tmp_path)
         assert cured.code == 0, cured.err[-3000:]
         image = cured.out.strip().splitlines()[-1].split(" -> ")[0]

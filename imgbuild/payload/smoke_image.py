@@ -1120,7 +1120,8 @@ def check_commands() -> dict:
         if code != 0:
             details = {"command": command, "exit": code, "output": output}
             how = f"ran past {RUN_SECONDS} s" if code is None else f"exited {code}"
-            raise Fail(f"{command[:80]!r} {how}: {' | '.join(run_causes(output))}", details)
+            cure = run_cure(output)
+            raise Fail(f"{command[:80]!r} {how}: {' | '.join(run_causes(output))}{cure}", details)
     return {"commands": len(commands), "reason": f"{len(commands)} command(s) of smoke.run succeeded"}
 
 
@@ -1131,6 +1132,29 @@ _CAUSE = re.compile(
     r"permission denied",
     re.IGNORECASE,
 )
+
+
+#: What a just-in-time build (DeepSpeed's ops, torch.utils.cpp_extension.load) says when the image lacks its
+#: tools, and the cure: (words, cure), the first found wins.
+RUN_CURES = (
+    (("Python.h: No such file",), "add apt: [python3-dev]"),
+    (
+        ("nvcc: not found", "CUDA_HOME environment variable is not set"),
+        "nvcc is not in the image: use an NGC framework base",
+    ),
+    (
+        ("c++: not found", "g++: not found", "gcc: not found", "cc: not found", "No such file or directory: 'c++'"),
+        "a just-in-time build needs a C/C++ compiler, which the image lacks: add apt: [g++, python3-dev]",
+    ),
+    (("Ninja is required to load C++ extensions", "ninja: not found"), "add ninja to pip.packages"),
+)
+
+
+def run_cure(output: list) -> str:
+    """The cure for a failed command whose output says a build tool is missing, as " (cure)"; else ""."""
+    text = "\n".join(output)
+    found = next((cure for words, cure in RUN_CURES if any(w in text for w in words)), "")
+    return f" ({found})" if found else ""
 
 
 def run_causes(output: list) -> list:

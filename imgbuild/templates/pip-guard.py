@@ -262,7 +262,7 @@ class Watch:
         if "headers" in self.kinds:
             return f"{what} needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"  # noqa: E501
         if "compiler" in self.kinds:
-            return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++] to the recipe"
+            return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
         if "sdist" in self.kinds:
             return "building a package from source failed; see the compiler or build output above"
         return "pip failed; see its output above"
