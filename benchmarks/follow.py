@@ -71,12 +71,12 @@ def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.Comple
     elif found := NO_ISOLATION.search(text):
         _add(data, ("pip", "no_build_isolation"), [found.group(1)])
         done = f"pip.no_build_isolation: [{found.group(1)}]"
-    elif found := APT.search(text):
-        names = [n.strip() for n in found.group(1).split(",")]
+    elif APT.search(text):  # every line's, as a user reading them all would: one round
+        names = list(dict.fromkeys(n.strip() for found in APT.findall(text) for n in found.split(",")))
         _add(data, ("apt",), names)
         done = f"apt: [{', '.join(names)}]"
-    elif found := UNPIN.search(text):
-        names = [n.strip() for n in found.group(1).split(",")]
+    elif UNPIN.search(text):
+        names = list(dict.fromkeys(n.strip() for found in UNPIN.findall(text) for n in found.split(",")))
         _add(data, ("pip", "unpin"), names)
         done = f"pip.unpin: [{', '.join(names)}]"
     elif found := RESTORE.search(text):

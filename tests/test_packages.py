@@ -455,6 +455,53 @@ def test_the_cure_for_jax_cuda12_on_a_cuda13_base_locks_and_builds_in_one_round(
 
 
 @pytest.mark.engine
+def test_a_stale_lock_is_cured_by_the_command_the_refusal_names(testbed, tmp_path, cleanup_images):
+    """realworld-4 D3, the loop on the bed: the recipe is edited past its lock; validate and build name both lines
+    and say `run imgbuild lock RECIPE`; that command, run literally, re-resolves, and the next build works."""
+    import re
+
+    recipe = _project(tmp_path, 'name: pkgs\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip: ["einops>=0.7"]\n')
+    lock_file = recipe.with_name("pkgs.lock.txt")
+    lock_file.write_text("einops==0.7.0\n")  # locked when the recipe admitted it
+    recipe.write_text(recipe.read_text().replace("einops>=0.7", "einops>=0.8"))
+    refused = run_cli("build", str(recipe), cwd=tmp_path)
+    assert refused.code == 2, refused.err[-2000:]
+    said = re.search(r"run (imgbuild lock \S+)", refused.err)
+    assert said and "pkgs.lock.txt:1" in refused.err, refused.err[-2000:]
+    cure = said.group(1).split()
+    assert run_cli(*cure[1:], cwd=tmp_path).code == 0  # the words, as a user would type them
+    assert not lock_file.read_text().splitlines()[-1].startswith("einops==0.7.")
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err[-3000:]
+    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
+
+
+@pytest.mark.engine
+def test_a_just_in_time_extension_without_a_compiler_is_cured_by_the_apt_line_it_names(
+    testbed, tmp_path, cleanup_images
+):
+    """realworld-4: DeepSpeed's op, compiled at first use, failed in smoke.run with `c++: not found` and no cure.
+    The same with torch's own just-in-time build (torch.utils.cpp_extension.load_inline) on the slim stand-in: the
+    smoke test names the apt line, and the recipe with it builds, the extension compiled and run in the image."""
+    import re
+
+    check = (
+        'python3 -c \\"from torch.utils.cpp_extension import load_inline; '
+        "m = load_inline('jit_one', 'int one() { return 1; }', functions=['one']); assert m.one() == 1\\\""
+    )
+    head = 'name: pkgs\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip: [ninja]\n'
+    recipe = _project(tmp_path, head + f'smoke:\n  run: ["{check}"]\n')
+    bare = run_cli("build", str(recipe), cwd=tmp_path)
+    assert bare.code == 1, bare.err[-3000:]
+    said = re.search(r"add apt: \[([^\]]+)\]", bare.err)
+    assert said and said.group(1) == "g++, python3-dev", bare.err[-3000:]
+    recipe.write_text(recipe.read_text() + f"apt: [{said.group(1)}]\n")  # the line it named, literally
+    cured = run_cli("build", str(recipe), cwd=tmp_path)
+    assert cured.code == 0, cured.err[-3000:]
+    cleanup_images.append(cured.out.strip().splitlines()[-1].split(" -> ")[0])
+
+
+@pytest.mark.engine
 def test_adding_a_package_to_a_locked_recipe_reuses_the_lock_layer(testbed, tmp_path, cleanup_images, docker_client):
     """Issue 16: with a lock, the pip step is two layers: the lock exactly (cached while the lock stands),
     then the recipe's packages over it; a package added to the recipe installs alone on top."""

@@ -53,7 +53,7 @@ def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_fr
     said = step.failure(step.run(["oldapp"]))
     assert said == (
         f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
-        "for the base, or drop it"
+        "for the base, drop it, or let pip move numlib: pip.unpin: [numlib]"
     )
 
 
@@ -93,6 +93,22 @@ def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
     for n in range(5):
         free.see(f"Downloading vllm-0.1{n}.0-cp38-abi3-manylinux1_x86_64.whl (300 MB)")
     assert "pin vllm to a version made for the base" in free.backtrack_note(ORIGIN)
+    # realworld-4 D10: a pin in the recipe's own requirements file is on purpose too
+    asked = guard.Watch({})
+    asked.named = {"numpy": ["==1.26.4"]}
+    for n in range(5):
+        asked.see(f"Downloading numpy-1.26.{n}-cp311-cp311-manylinux_2_17_x86_64.whl (18.2 MB)")
+    assert asked.backtrack_note(ORIGIN) == (
+        "; pip backtracked through 5 versions of numpy, which the recipe pins: something else the recipe asks for "
+        "needs another numpy; see the conflict above"
+    )
+
+
+def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, wheels):
+    """A base pin may be let go (pip.unpin), but not the framework's (framework.txt, as render writes it)."""
+    step = PipStep(tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",))
+    said = step.failure(step.run(["oldapp"]))
+    assert said.endswith("pin oldapp to a version made for the base, or drop it"), said
 
 
 @pytest.mark.parametrize(

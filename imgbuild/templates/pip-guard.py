@@ -22,7 +22,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_index import old_release_line, question  # noqa: E402
-from pip_versions import canon, exact_pin, fallback_line, installed_from, meets, prerelease_trap  # noqa: E402
+from pip_versions import (  # noqa: E402
+    asked_lines,
+    canon,
+    exact_pin,
+    fallback_line,
+    installed_from,
+    meets,
+    named_specs,
+    prerelease_trap,
+)
 from pip_words import (  # noqa: E402
     BACKTRACK,
     BUILDING,
@@ -81,6 +90,7 @@ class Watch:
         self.other_framework = ""
         self.building = ""  # the package being built from source, when one is
         self.installed = []  # (name, version) the installer said it installed (or would)
+        self.named = {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
         self.last_line = time.monotonic()
 
     def see(self, line):
@@ -135,6 +145,11 @@ class Watch:
             return ""
         tried = len(self.versions.get(name, ()))
         count = f"{tried} versions" if tried > 1 else "versions"
+        if any("==" in spec for spec in self.named.get(name, [])):  # the recipe's own pin: pinning is no cure
+            return (
+                f"; pip backtracked through {count} of {name}, which the recipe pins: something else the recipe "
+                f"asks for needs another {name}; see the conflict above"
+            )
         if name in self.sources:  # pinned on purpose: pinning it is not the cure
             return (
                 f"; pip backtracked through {count} of {name}, which {self.holders(name, origin)}: something the "
@@ -176,7 +191,10 @@ class Watch:
             return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
         if who and all(w.startswith("the recipe") for w in who):
             return f"loosen the recipe's constraint on {dep}, or drop {package}"
-        return f"pin {package} to a version made for the base, or drop it"
+        frameworks = read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt"))
+        if not who or dep in frameworks or dep.startswith("nvidia-") or any("framework" in w for w in who):
+            return f"pin {package} to a version made for the base, or drop it"
+        return f"pin {package} to a version made for the base, drop it, or let pip move {dep}: pip.unpin: [{dep}]"
 
     def conflict(self, origin):
         """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
@@ -399,6 +417,7 @@ def main(argv):
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     watch = Watch(pin_sources(command, origin))
+    watch.named = named_specs(asked_lines(command))
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
