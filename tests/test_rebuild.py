@@ -272,3 +272,22 @@ def test_ci_examples_parse_and_use_real_flags():
             helptext = run_cli(command, "--help").out
             for flag in re.findall(r"(--[a-z-]+)", flags):
                 assert flag in helptext, f"{name}: imgbuild {command} has no {flag}"
+
+
+def test_order_puts_each_recipe_after_what_it_builds_on_for_any_depth_and_names_a_cycle():
+    """The rebuild order of a chain 5,000 recipes deep (one building on the next) is found without recursion, and
+    a cycle is named by its recipes."""
+    from imgbuild.build.rebuild import Item, _topological
+    from imgbuild.errors import UsageError
+
+    def item(n: int, deps: list[str]) -> Item:
+        return Item(Path(f"r{n}"), target=f"t{n}", deps=deps)
+
+    chain = [item(n, [f"t{n + 1}"] if n < 4999 else []) for n in range(5000)]
+    ordered = _topological(chain)
+    assert [i.name for i in ordered] == [f"r{n}" for n in reversed(range(5000))]
+    diamond = [item(0, ["t1", "t2"]), item(1, ["t3"]), item(2, ["t3"]), item(3, [])]
+    assert [i.name for i in _topological(diamond)] == ["r3", "r1", "r2", "r0"]
+    with pytest.raises(UsageError) as cycle:
+        _topological([item(0, ["t1"]), item(1, ["t2"]), item(2, ["t0"])])
+    assert str(cycle.value) == "recipes build on each other in a cycle: r0 -> r1 -> r2 -> r0"

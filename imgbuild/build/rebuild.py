@@ -141,23 +141,25 @@ def _refuse_sharing(items: list[Item], key: Any, message: Any) -> None:
 
 
 def _topological(items: list[Item]) -> list[Item]:
+    """Each item after the items it builds on; a cycle is named. Iterative: a chain of any length is no recursion."""
     by_target = {i.target: i for i in items}
     ordered: list[Item] = []
     state: dict[str, str] = {}
-
-    def visit(item: Item, chain: list[str]) -> None:
-        if state.get(item.name) == "done":
-            return
-        if state.get(item.name) == "visiting":
-            raise UsageError("recipes build on each other in a cycle: " + " -> ".join([*chain, item.name]))
-        state[item.name] = "visiting"
-        for dep in item.deps:
-            visit(by_target[dep], [*chain, item.name])
-        state[item.name] = "done"
-        ordered.append(item)
-
-    for item in items:
-        visit(item, [])
+    for root in items:
+        stack: list[tuple[Item, int]] = [(root, 0)]
+        while stack:
+            item, at = stack.pop()
+            if at == 0 and state.get(item.name) == "done":
+                continue
+            if at == 0 and state.get(item.name) == "visiting":
+                chain = [i.name for i, _ in stack if state.get(i.name) == "visiting"]
+                raise UsageError("recipes build on each other in a cycle: " + " -> ".join([*chain, item.name]))
+            state[item.name] = "visiting"
+            if at < len(item.deps):
+                stack += [(item, at + 1), (by_target[item.deps[at]], 0)]
+                continue
+            state[item.name] = "done"
+            ordered.append(item)
     return ordered
 
 
@@ -165,8 +167,7 @@ def staleness(
     plan: Plan, engine: ImageEngine, settings: Settings, push: bool, verifier: Any = None, needed_here: bool = False
 ) -> list[str]:
     """Why the image for `plan` must be built; empty when it is current (and, with `verifier`, the signer's
-    public key, signed there by it). With
-    `push`, an image this engine never built is current when the registry's copy is this plan's build (a fresh
+    public key, signed there by it). With `push`, an image this engine never built is current when the registry's copy is this plan's build (a fresh
     CI runner has nothing to do), unless another recipe of the run builds on it here (`needed_here`)."""
     reasons: list[str] = []
     image = engine.images.image(plan.target)
