@@ -23,6 +23,8 @@ OTHER_CUDA = re.compile(rf"({NAME}(?:\[[^\]]+\])?) is built for CUDA [0-9]+.*ask
 BY_VERSION = re.compile(rf"ask for it by its version \(({NAME})==([^)\s]+)\)")
 RESTORE = re.compile(rf"pin ({NAME}) to the release {NAME} was made for \(({NAME}[<>=!~][^)\s]+)\)")
 LOCK = re.compile(r"run imgbuild lock")
+#: a plan-time refusal at its place: FILE:LINE:COL: pip.requirements: ... or pip.packages[I]: ...
+LOCATED = re.compile(r"(\S+?):([0-9]+):[0-9]+: pip\.(?:requirements|packages\[([0-9]+)\]): (.*)")
 
 
 def _pip(data: dict) -> dict:
@@ -61,6 +63,34 @@ def _replace(recipe: Path, data: dict, old: str, new: str) -> bool:
     return False
 
 
+def _drop(said: str, recipe: Path, data: dict) -> list[str]:
+    """The requirement lines whose one cure is to drop them ("the base's framework is protected: drop it"),
+    dropped, each at the place the line names; what was dropped."""
+    lines: dict[Path, set[int]] = {}
+    items: set[int] = set()
+    for line in said.splitlines():
+        found = LOCATED.match(line.removeprefix("imgbuild: ").strip())
+        if not found or "drop" not in found.group(4) or "pip.unpin" in found.group(4):
+            continue
+        if found.group(3) is not None:
+            items.add(int(found.group(3)))
+        else:
+            file = Path(found.group(1))
+            lines.setdefault(file if file.is_absolute() else recipe.parent.parent / file, set()).add(
+                int(found.group(2))
+            )
+    dropped = []
+    pip = _pip(data)
+    if items:
+        dropped += [p for i, p in enumerate(pip.get("packages", [])) if i in items]
+        pip["packages"] = [p for i, p in enumerate(pip.get("packages", [])) if i not in items]
+    for file, numbers in lines.items():
+        text = file.read_text().splitlines()
+        dropped += [ln for n, ln in enumerate(text, 1) if n in numbers]
+        file.write_text("".join(f"{ln}\n" for n, ln in enumerate(text, 1) if n not in numbers))
+    return dropped
+
+
 def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> str | None:
     """Apply the first cure imgbuild's words name; what was done, or None (no cure it can follow)."""
     text = " ".join(said.split())
@@ -88,6 +118,8 @@ def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.Comple
     elif LOCK.search(text):
         proc = run(["lock", str(recipe)])
         return "imgbuild lock" if proc.returncode == 0 else None
+    elif dropped := _drop(said, recipe, data):
+        done = "dropped " + ", ".join(dropped)
     if done:
         recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     return done

@@ -114,3 +114,21 @@ def test_a_fallback_is_cured_by_asking_for_the_version_it_names(recipe):
 def test_words_that_name_no_cure_leave_the_scripted_user_stuck(recipe):
     assert follow("imgbuild: pip step failed: pip failed; see its output above", recipe, _never) is None
     assert recipe.read_text() == RECIPE
+
+
+def test_a_line_whose_cure_is_to_drop_it_is_dropped_where_the_refusal_places_it(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "r.yaml"
+    recipe.write_text(
+        'name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: {requirements: r.txt, packages: [a, torch]}\n'
+    )
+    (tmp_path / "recipes" / "r.txt").write_text("torch<2.6\nnumpy==1.26.2\neinops\n")
+    said = (
+        "imgbuild: recipes/r.txt:1:1: pip.requirements: torch<2.6 conflicts with the base's torch 2.13.0a0 (the base's "
+        "framework is protected: drop it)\n"
+        "imgbuild: recipes/r.yaml:3:48: pip.packages[1]: torch is the base's framework (the base's framework is "
+        "protected: drop it)\n"
+    )
+    assert follow(said, recipe, _never) == "dropped torch, torch<2.6"
+    assert (tmp_path / "recipes" / "r.txt").read_text() == "numpy==1.26.2\neinops\n"
+    assert yaml.safe_load(recipe.read_text())["pip"]["packages"] == ["a"]

@@ -304,7 +304,7 @@ def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation
         "xformersish 1.0: import xformersish: it imports, but its compiled extension did not load (WARNING[XFORMERS]"
     )
     assert failures[0].endswith(
-        "install the build made for the base's, or build it against the base (pip.no_build_isolation)"
+        "install the build made for the base's, or build it against the base: add xformersish to pip.no_build_isolation"
     )
 
 

@@ -76,8 +76,15 @@ def test_the_cure_builds_it_against_the_bases_own_framework(step):
     assert step.pip("show", "torch").stdout.splitlines()[1] == f"Version: {TORCH}"
 
 
-def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(tmp_path):
-    compile_step = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+@pytest.mark.parametrize(
+    "compile_step",
+    [
+        'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)',
+        # setuptools and torch's BuildExtension call the compiler themselves (torchsort on the stand-in)
+        'subprocess.run(["x86_64-linux-gnu-g++", "--version"], env={"PATH": "/nonexistent"}, check=True)',
+    ],
+)
+def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(tmp_path, compile_step):
     step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert (

@@ -166,9 +166,9 @@ def _topological(items: list[Item]) -> list[Item]:
 def staleness(
     plan: Plan, engine: ImageEngine, settings: Settings, push: bool, verifier: Any = None, needed_here: bool = False
 ) -> list[str]:
-    """Why the image for `plan` must be built; empty when it is current (and, with `verifier`, the signer's
-    public key, signed there by it). With `push`, an image this engine never built is current when the registry's copy is this plan's build (a fresh
-    CI runner has nothing to do), unless another recipe of the run builds on it here (`needed_here`)."""
+    """Why the image for `plan` must be built; empty when it is current (and, with `verifier`, the signer's public
+    key, signed there by it). With `push`, an image this engine never built is current when the registry's copy is
+    this plan's build (a fresh CI runner has nothing to do), unless another recipe of the run builds on it here."""
     reasons: list[str] = []
     image = engine.images.image(plan.target)
     labels = image.labels if image else {}

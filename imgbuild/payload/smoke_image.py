@@ -837,7 +837,8 @@ def _classify(work: list, results: list, owners: dict | None = None) -> tuple:
                 failures.append(
                     f"{name} {version}: import {module}: it imports, but its compiled extension did not load "
                     f"({error[len(EXTENSION_ERROR) :]}): it was built for another {framework} than the base's; "
-                    f"install the build made for the base's, or build it against the base (pip.no_build_isolation)"
+                    f"install the build made for the base's, or build it against the base: add {name} to "
+                    "pip.no_build_isolation"
                 )
             elif error.startswith(TIMED_OUT):
                 failures.append(

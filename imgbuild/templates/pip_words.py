@@ -96,6 +96,14 @@ KINDS = (
             "command 'x86_64-linux-gnu-gcc' failed",
             "command 'x86_64-linux-gnu-g++' failed",
             "No CMAKE_CXX_COMPILER could be found",
+            # setuptools' and torch's BuildExtension, when the compiler they call is not there
+            "No such file or directory: 'x86_64-linux-gnu-g++'",
+            "No such file or directory: 'x86_64-linux-gnu-gcc'",
+            "No such file or directory: 'aarch64-linux-gnu-g++'",
+            "No such file or directory: 'aarch64-linux-gnu-gcc'",
+            "No such file or directory: 'c++'",
+            "No such file or directory: 'g++'",
+            "No such file or directory: 'gcc'",
         ),
     ),
     (
