@@ -43,6 +43,9 @@ from tests.realsets import load  # noqa: E402
 
 
 def last_line(err: str) -> str:
+    said = [ln.strip() for ln in err.splitlines() if "imgbuild: pip step failed: " in ln or "smoke test failed" in ln]
+    if said:  # the step's own line names the cause; the build's summary after it names the step
+        return said[-1].split("imgbuild: ", 1)[-1][:110]
     lines = [ln for ln in err.splitlines() if ln.startswith("imgbuild: ") or " -> " in ln]
     return (lines[-1] if lines else err.strip().splitlines()[-1] if err.strip() else "")[:110]
 
