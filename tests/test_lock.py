@@ -380,3 +380,31 @@ def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_pat
         loaded = load_recipe(recipe, environ={})
         assert set(loaded.lock_pins) == set(result.pins), install
         plan_recipe(loaded, settings, engine, with_pins=True)  # the build's own check of the lock
+
+
+def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_path):
+    """realworld-4 D3 through `lock` itself (the bed's stale-lock loop found it): the recipe now asks for
+    einops>=0.8 while its lock holds einops==0.7.0. The old pin must not reach the resolver, which takes the
+    lock's pins as constraints; rich's pin stays a preference."""
+    import base64
+    import json as jsonlib
+    import re
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.lock.txt").write_text("einops==0.7.0\nrich==13.7.1\n")
+    install = [["einops", "0.8.1"], ["rich", "13.7.1"]]
+    recipe, engine, result = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
+    recipe.write_text(recipe.read_text().replace("[einops, rich]", '["einops>=0.8", rich]'))
+    (tmp_path / "r.lock.txt").write_text("einops==0.7.0\nrich==13.7.1\n")
+    engine.containers.probed.clear()
+    from imgbuild.build.pins import lock
+    from imgbuild.config.settings import load_settings
+    from tests.fake_nvcr import FakeNvcr
+
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
+        result = lock(recipe, settings, engine=engine)
+    (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
+    files = jsonlib.loads(base64.b64decode(re.search(r"FILES = '([^']+)'", run.probe.script).group(1)))
+    assert "einops==0.7.0" not in files.get("resolved.txt", "") and "rich==13.7.1" in files["resolved.txt"]
+    assert result.pins == ["einops==0.8.1", "rich==13.7.1"] and result.changed == ["einops 0.7.0 -> 0.8.1"]

@@ -191,15 +191,15 @@ def _outgrown(loaded: LoadedRecipe) -> list[str]:
     return [str(canonicalize_name(req.name)) for req in asked if lock_conflict(req, locked, "")]
 
 
-def _old_pins(loaded: LoadedRecipe) -> tuple[str, ...]:
-    """The old lock's `name==version` lines that read as such (bounded, inside the repository); nothing where
-    there is none or it cannot be read. Preferences only: the resolver may move any of them."""
+def _old_lines(loaded: LoadedRecipe) -> tuple[Any, ...]:
+    """The old lock's `name==version` lines that read as such (bounded, inside the repository), each with its
+    place; nothing where there is none or it cannot be read. Preferences only: the resolver may move any of them."""
     from imgbuild.errors import Problem
     from imgbuild.recipe.load import read_lock, repository_root
 
     ignored: list[Problem] = []  # what validate would refuse in it is cured by writing it again
     _, lines = read_lock(loaded.path, loaded.root or repository_root(loaded.path), ignored)
-    return tuple(line.spec for line in lines)
+    return tuple(lines)
 
 
 def _admitted(old: tuple[str, ...], freed: set[str], plan: Any) -> tuple[str, ...]:
@@ -241,9 +241,11 @@ def lock(
     loaded = load_recipe(recipe_path, secrets=settings.secrets(), lock=False)
     if not (loaded.recipe.pip.packages or loaded.requirements_path):
         raise UsageError(f"{loaded.display}: the recipe installs no pip packages: there is nothing to lock")
-    old = _old_pins(loaded)
+    lines = _old_lines(loaded)
+    old = tuple(line.spec for line in lines)
     freed = {str(canonicalize_name(p)) for p in upgrade_packages}
-    freed |= set(_outgrown(dataclasses.replace(loaded, lock_pins=old, lock_lines=())))
+    # what the recipe now excludes, judged against the old lock's lines (validate's own rule, lock_index)
+    freed |= set(_outgrown(dataclasses.replace(loaded, lock_pins=old, lock_lines=lines)))
     engine = engine or connect_engine(settings)
     plan = plan_recipe(loaded, settings, engine, with_pins=True)
     kept = () if upgrade else _admitted(old, freed, plan)
@@ -299,12 +301,12 @@ def lock(
     comments = "".join(
         f"# {p}: a CUDA library a requirement pulls in, installed by the build, not pinned here\n" for p in cuda
     )
-    lines = "".join(
+    written = "".join(
         " ".join((p, *(f"--hash=sha256:{h}" for h in resolved[p]))) + "\n" if hashed else f"{p}\n" for p in pins
     )
     from imgbuild.regular import write_atomic
 
-    write_atomic(path, header + comments + lines)  # a kill leaves the old or the new
+    write_atomic(path, header + comments + written)  # a kill leaves the old or the new
     return LockResult(path, pins, added, removed, changed, resolver, hashed, notes)
 
 
