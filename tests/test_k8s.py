@@ -27,6 +27,8 @@ SITE = checked_section(
     {
         "namespace": "ml",
         "queue": "team-a",
+        "priority_class": "research",
+        "pull_secrets": ["lab-registry"],
         "volumes": ["datasets:/datasets:ro", "scratch:/scratch"],
         "mem_per_gpu": "60Gi",
     },
@@ -66,7 +68,14 @@ def test_every_layout_validates_against_the_published_schemas(gpus, nodes, torch
     job.site = SITE
     doc = validated(manifest(job))
     assert doc["kind"] == kind and doc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert doc["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "research"  # Kueue's WorkloadPriorityClass
     assert doc["metadata"]["namespace"] == "ml" and doc["metadata"]["name"] == "research"
+    if kind == "Job":
+        pulls = doc["spec"]["template"]["spec"]["imagePullSecrets"]
+    else:
+        patch = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pulls = patch["template"]["spec"]["template"]["spec"]["imagePullSecrets"]
+    assert pulls == [{"name": "lab-registry"}]  # the pod's, in the Trainer's PodSpecPatch for a TrainJob
     if kind == "Job":
         pod = doc["spec"]["template"]["spec"]
         container = pod["containers"][0]
@@ -186,3 +195,26 @@ def test_the_cli_pins_an_image_and_a_pushed_recipe_by_their_registry_digests(tes
     image = doc["spec"]["template"]["spec"]["containers"][0]["image"]
     inspect = subprocess.run(["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", local], capture_output=True)
     assert image in json.loads(inspect.stdout) and image.startswith(f"{registry}/lab/k8s-{unique}@sha256:")
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("pull_secrets", ["Lab_Registry"], "not a Secret name"),
+        ("pull_secrets", ["a" * 64], "not a Secret name"),
+        ("pull_secrets", ["ok", "x\ny"], "not a Secret name"),
+        ("pull_secrets", [f"s{n}" for n in range(17)], "16"),
+        ("pull_secrets", "lab-registry", "list"),
+        ("priority_class", "high priority", "not a label value"),
+        ("priority_class", "-high", "not a label value"),
+        ("priority_class", "h" * 64, "not a label value"),
+        ("queue", "team a", "not a label value"),
+        ("namespace", "ML", "not a namespace name"),
+    ],
+)
+def test_a_sites_kubernetes_values_are_checked_whole_and_refused_in_one_line(key, value, said):
+    from imgbuild.errors import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        checked_section(K8sSite, "k8s", {key: value})
+    assert said in str(refused.value) and "\n" not in str(refused.value).strip(), str(refused.value)

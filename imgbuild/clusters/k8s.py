@@ -5,7 +5,8 @@ manifest out. Across nodes, or more than one GPU under torchrun, a Kubeflow Trai
 site's ClusterTrainingRuntime, `torch-distributed` by default, sets the rendezvous; the command runs under
 `torchrun`, which reads the `PET_*` variables the runtime gives each node); else a plain `batch/v1` Job of
 one pod. Both carry:
-- a Kueue `queue-name` label (the site's queue);
+- Kueue's `queue-name` and `priority-class` labels (the site's queue and WorkloadPriorityClass);
+- the site's `imagePullSecrets`;
 - `nvidia.com/gpu` limits;
 - the caller's UID and GID;
 - a memory-backed `/dev/shm`;
@@ -26,6 +27,8 @@ from imgbuild.errors import UsageError
 
 TRAINER_API = "trainer.kubeflow.org"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Kueue's WorkloadPriorityClass label (sigs.k8s.io/kueue pkg/controller/constants: WorkloadPriorityClassLabel)
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Kubernetes object names: an RFC 1035 label (a letter first: the Trainer's CEL rule on TrainJob names from v2.1,
 #: `^[a-z]([-a-z0-9]*[a-z0-9])?$`, and Services built from the name), kept to 63.
 NAME_RE = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -148,6 +151,11 @@ def _env(job: K8sJob) -> list[dict[str, str]]:
     return [{"name": "OMP_NUM_THREADS", "value": str(max(1, cpus // workers))}, {"name": "HOME", "value": "/tmp/home"}]
 
 
+def _pull_secrets(job: K8sJob) -> dict[str, Any]:
+    """The pod's `imagePullSecrets`, where the site names any (a private registry's credentials, as Secrets)."""
+    return {"imagePullSecrets": [{"name": s} for s in job.site.pull_secrets]} if job.site.pull_secrets else {}
+
+
 def _metadata(job: K8sJob) -> dict[str, Any]:
     meta: dict[str, Any] = {"generateName": f"{job.name}-"} if job.generate else {"name": job.name}
     if job.site.namespace:
@@ -155,6 +163,8 @@ def _metadata(job: K8sJob) -> dict[str, Any]:
     labels = {"app.kubernetes.io/managed-by": "imgbuild"}
     if job.site.queue:
         labels[QUEUE_LABEL] = job.site.queue
+    if job.site.priority_class:
+        labels[PRIORITY_LABEL] = job.site.priority_class
     meta["labels"] = labels
     return meta
 
@@ -184,6 +194,7 @@ def plain_job(job: K8sJob) -> dict[str, Any]:
                     "securityContext": _security(job),
                     "containers": [container],
                     "volumes": volumes,
+                    **_pull_secrets(job),
                 },
             },
         },
@@ -198,6 +209,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
         "securityContext": _security(job),
         "volumes": volumes,
         "containers": [{"name": "node", "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}],
+        **_pull_secrets(job),
     }
     patch = {
         "manager": PATCH_MANAGER,

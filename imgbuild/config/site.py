@@ -299,6 +299,16 @@ class K8sSite:
     queue: str | None = typed(
         Maybe(Text(matches(_LABEL_VALUE, "not a label value"))), None, doc="Kueue LocalQueue (queue-name label)"
     )
+    priority_class: str | None = typed(
+        Maybe(Text(matches(_LABEL_VALUE, "not a label value"))),
+        None,
+        doc="Kueue WorkloadPriorityClass (kueue.x-k8s.io/priority-class label)",
+    )
+    pull_secrets: list[str] = typed(
+        ListOf(Text(matches(_DNS_LABEL, "not a Secret name")), max_length=16),
+        factory=list,
+        doc="Secrets the pods pull the image with (imagePullSecrets)",
+    )
     runtime: str = typed(
         Text(matches(_DNS_LABEL, "not a runtime name")), "torch-distributed", doc="Trainer ClusterTrainingRuntime"
     )

@@ -27,6 +27,7 @@ from pip_versions import (  # noqa: E402
     canon,
     exact_pin,
     fallback_line,
+    files_in,
     installed_from,
     meets,
     named_specs,
@@ -369,16 +370,9 @@ def pin_sources(command, origin):
     constraints.txt is the base's (its image config declares it)."""
     sources, first = {}, True
     frameworks = set(read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt")))
-    for flag, path in zip(command, command[1:], strict=False):
-        if flag not in ("-c", "--constraint"):
-            continue
+    for path, lines in files_in(command, ("-c", "--constraint")):
         who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
         first = False
-        try:
-            with open(path, errors="replace") as handle:
-                lines = handle.read(1 << 22).splitlines()
-        except OSError:
-            continue
         for line in lines:
             found = PIN_LINE.match(line.strip())
             if found and found.group(2) != "<0":

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pip_versions import asked_lines, canon, meets, named_specs, release_tuple  # beside this script
+from pip_versions import asked_lines, canon, files_in, meets, named_specs, release_tuple  # beside this script
 
 PAGE_LIMIT = 32 << 20  # bytes of one project's page (PyPI's torch page is about 3 MB of JSON)
 TIMEOUT = 8.0  # seconds for one page
@@ -40,14 +40,7 @@ def _words(value):
 def _file_options(command):
     """(option, value) of each `--option value` line of the requirement files in `command`."""
     found = []
-    for flag, path in zip(command, command[1:], strict=False):
-        if flag != "-r":
-            continue
-        try:
-            with open(path, errors="replace") as handle:
-                lines = handle.read(1 << 22).splitlines()
-        except OSError:
-            continue
+    for _, lines in files_in(command, ("-r",)):
         for line in lines:
             words = line.replace("=", " ", 1).split() if line.startswith("--") else line.split()
             if words[:1] == ["--no-index"] or (len(words) == 2 and words[0].startswith("-")):

@@ -120,15 +120,24 @@ def fallback(installed, asked):
     return None
 
 
+def files_in(command, flags):
+    """(path, lines) of each file in `command` that follows one of `flags` ("-r", "-c"), read bounded; a file that
+    cannot be read gives no lines."""
+    found = []
+    for flag, path in zip(command, command[1:], strict=False):
+        if flag in flags:
+            lines = []
+            with contextlib.suppress(OSError), open(path, errors="replace") as handle:
+                lines = handle.read(1 << 22).splitlines()
+            found.append((path, lines))
+    return found
+
+
 def asked_lines(command):
     """The lines of the recipe's own requirement and constraint files in `command` (never the lock's or the
     base's pins): what the recipe asked for by name."""
-    lines = []
-    for flag, path in zip(command, command[1:], strict=False):
-        if flag in ("-r", "-c") and os.path.basename(path) in ("requirements.txt", "constraints.txt"):
-            with contextlib.suppress(OSError), open(path, errors="replace") as handle:
-                lines += handle.read(1 << 22).splitlines()
-    return lines
+    own = ("requirements.txt", "constraints.txt")
+    return [line for path, lines in files_in(command, ("-r", "-c")) if os.path.basename(path) in own for line in lines]
 
 
 def fallback_line(installed, command):
