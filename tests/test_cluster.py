@@ -630,6 +630,33 @@ def test_pyxis_gets_enroots_registry_hash_form(image, enroot):
     assert f"--container-image={enroot} " in line
 
 
+@pytest.mark.parametrize(
+    ("image", "local", "runs"),
+    [
+        ("root/pytorch-research:24.05", True, "{dir}/pytorch-research_24.05.sqsh"),  # only this engine has it
+        ("registry.lab:5000/lab/research:1", True, "registry.lab:5000#lab/research:1"),  # pushed where nodes pull
+        ("nvcr.io/nvidia/pytorch:24.05-py3", False, "nvcr.io#nvidia/pytorch:24.05-py3"),
+        ("ubuntu:24.04", False, "ubuntu:24.04"),  # enroot's docker form: Docker Hub
+    ],
+)
+def test_pyxis_runs_a_recipes_local_image_from_the_squashfs_export_writes(tmp_path, image, local, runs):
+    """clusters-4 N21: `slurm RECIPE --runtime pyxis` named `root/pytorch-research:24.05`, an image only this
+    machine's engine has. A recipe's image with no registry runs from the .sqsh `export --sqsh` writes in the
+    site's image folder, checked before the job is queued, with the command that writes it."""
+    from imgbuild.clusters.jobs import check_image_present
+
+    site = {"runtime": "pyxis", "sif_dir": str(tmp_path)}
+    job = job_from_flags(JobFlags(["python3", "t.py"], image, "research", local_image=local), site)
+    expected = runs.format(dir=tmp_path)
+    assert f"--container-image={expected} " in step_line(sbatch_script(job))
+    if expected.endswith(".sqsh"):
+        with pytest.raises(UsageError) as missing:
+            check_image_present(job)
+        assert f"imgbuild export RECIPE --sqsh {expected}" in str(missing.value)
+        Path(expected).write_bytes(b"hsqs")
+        check_image_present(job)
+
+
 def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
     """Issue 31 N12: --time 00:04:00 --requeue was signalled at once and requeued with no work done."""
     with pytest.raises(UsageError, match="no longer than the signal lead"):

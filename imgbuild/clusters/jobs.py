@@ -52,12 +52,24 @@ def oci_path(image: str, sif_dir: str | None) -> str:
     return str((Path(sif_dir) if sif_dir else Path.cwd()) / oci_name(image))
 
 
+def sqsh_path(image: str, sif_dir: str | None) -> str:
+    """`lab/x:1` -> `<sif_dir>/x_1.sqsh`, where `imgbuild export RECIPE --sqsh` writes it for pyxis; a file passes."""
+    if image.startswith(("/", "./")) or image.endswith(".sqsh"):
+        return str(Path(image).absolute())
+    return str((Path(sif_dir) if sif_dir else Path.cwd()) / (oci_name(image).removesuffix(".oci") + ".sqsh"))
+
+
 def check_image_present(job: JobSpec) -> None:
     """Before a job is queued: the .sif or bundle it runs must exist (the job starts where sbatch is called)."""
     if job.runtime in ("apptainer", "singularity") and not Path(job.image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
             ".sif there (slurm.sif_dir), or name the .sif to run"
+        )
+    if job.runtime == "pyxis" and job.image.endswith(".sqsh") and not Path(job.image).is_file():
+        raise UsageError(
+            f"{job.image}: no such image here; write it with `imgbuild export RECIPE --sqsh {job.image}` where the "
+            "nodes see it (slurm.sif_dir), or push the image to a registry the nodes reach"
         )
     if job.runtime == "oci" and not (Path(job.image) / "config.json").is_file():
         raise UsageError(
@@ -161,9 +173,15 @@ def _check_header_values(flags: JobFlags) -> None:
             raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
 
 
-def _image_for(runtime: str, image: str, sif_dir: str | None) -> str:
+def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = False) -> str:
+    """What the runtime runs: a .sif, an OCI bundle, or for pyxis a recipe's image as the .sqsh `export --sqsh`
+    writes (a name with no registry exists only in this machine's engine, which no node reads; N21)."""
+    from imgbuild.imageref import parse
+
     if runtime in ("apptainer", "singularity"):
         return sif_path(image, sif_dir)
+    if runtime == "pyxis" and (image.endswith(".sqsh") or (local and not parse(image).host)):
+        return sqsh_path(image, sif_dir)
     return oci_path(image, sif_dir) if runtime == "oci" else image
 
 
@@ -231,7 +249,7 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         )
     return JobSpec(
         command=[UserWord(word) for word in flags.command],
-        image=_image_for(runtime, flags.image, site["sif_dir"]),
+        image=_image_for(runtime, flags.image, site["sif_dir"], flags.local_image),
         gpus=flags.gpus,
         nodes=flags.nodes,
         gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,
