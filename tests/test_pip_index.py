@@ -91,6 +91,7 @@ def test_the_indexes_are_the_requirement_files_then_the_environment_then_pip_con
 
 def test_a_page_is_read_bounded_and_credentials_never_follow_a_redirect_to_another_host(index, monkeypatch):
     import threading
+    import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     seen = []
@@ -106,6 +107,14 @@ def test_a_page_is_read_bounded_and_credentials_never_follow_a_redirect_to_anoth
                 self.send_header("Content-Type", JSON)
                 self.end_headers()
                 self.wfile.write(b" " * (index.PAGE_LIMIT + 10))
+            elif self.path.startswith("/simple/drip/"):
+                self.send_response(200)
+                self.send_header("Content-Type", JSON)
+                self.end_headers()
+                for _ in range(40):  # a byte every 0.2 s: each read is within the timeout, the whole is not
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
             elif self.path.startswith("/simple/away/"):
                 self.send_response(302)
                 self.send_header("Location", f"http://localhost:{other.server_address[1]}/steal/")
@@ -120,6 +129,9 @@ def test_a_page_is_read_bounded_and_credentials_never_follow_a_redirect_to_anoth
     try:
         url = f"http://user:s3cret@127.0.0.1:{main.server_address[1]}/simple"
         assert index.page(url, "big") is None
+        monkeypatch.setattr(index, "TIMEOUT", 1.0)
+        start = time.monotonic()
+        assert index.page(url, "drip") is None and time.monotonic() - start < 4
         assert index.page(url, "away") is None
         assert [s for s in seen if s[0] == other.server_address[1]] == []
         assert seen[0][2] and seen[0][2].startswith("Basic ")  # the index's own host gets them
@@ -136,3 +148,24 @@ def test_an_unreachable_index_answers_nothing_in_bounded_time(index, monkeypatch
     start = time.monotonic()
     assert index.look_up(["x"], ["pip"], {"PIP_INDEX_URL": "http://10.255.255.1/simple"}, deadline=2.0) == {}
     assert time.monotonic() - start < 4
+
+
+@pytest.mark.parametrize(
+    "line, checked",
+    [
+        ("serve", True),
+        ("serve>=0.1", True),
+        ("serve[extra] ; python_version >= '3'", True),
+        ("serve==0.2.5", False),
+        ("serve===0.2.5", False),
+        ("serve @ https://files.example/serve-0.2.5.tar.gz", False),
+        ("serve@file:///wheels/serve-0.2.5-py3-none-any.whl", False),
+    ],
+)
+def test_only_a_version_the_resolver_chose_is_judged_against_the_index(index, tmp_path, monkeypatch, line, checked):
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text(line + "\n")
+    asked = []
+    monkeypatch.setattr(index, "look_up", lambda names, command: asked.extend(names) or {})
+    assert index.old_release_line([("serve", "0.2.5")], ["pip", "install", "-r", str(reqs)], lambda *a: "") == ""
+    assert asked == (["serve"] if checked else [])

@@ -17,6 +17,7 @@ import platform
 import re
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -103,13 +104,19 @@ def page(url, name, trusted=(), environ=os.environ):
     if host in trusted:
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     opener = urllib.request.build_opener(_SameHost, urllib.request.HTTPSHandler(context=context))
+    deadline = time.monotonic() + 2 * TIMEOUT  # a server dripping a byte at a time ends here too
+    body = b""
     try:
         with opener.open(urllib.request.Request(clean, headers=headers), timeout=TIMEOUT) as answer:
-            body = answer.read(PAGE_LIMIT + 1)
             kind = answer.headers.get_content_type()
+            while len(body) <= PAGE_LIMIT and time.monotonic() < deadline:
+                chunk = answer.read1(1 << 16)
+                if not chunk:
+                    return body, kind
+                body += chunk
     except (OSError, ValueError, urllib.error.URLError, ssl.SSLError):
         return None
-    return None if len(body) > PAGE_LIMIT else (body, kind)
+    return None
 
 
 def _when(text):
@@ -245,7 +252,8 @@ def old_release_line(installed, command, ask):
     chosen = [
         (name, version)
         for name, version in installed
-        if canon(name) in named and not any("==" in spec for spec in named[canon(name)])
+        # asked for by version (==, ===) or from a URL or path (name @ ...): the recipe chose it, not the resolver
+        if canon(name) in named and not any("==" in spec or "@" in spec for spec in named[canon(name)])
     ]
     known = look_up(sorted({name for name, _ in chosen}), command) if chosen else {}
     for name, version in chosen:
