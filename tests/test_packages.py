@@ -850,6 +850,16 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
             "error: Request failed after 3 retries\n  Caused by: invalid peer certificate: UnknownIssuer",
             "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
         ),
+        (  # install.sh lets a source build's isolated environment have only the base's torch (torchsort's)
+            "error: Failed to download and build `torchsort==0.1.10`\n"
+            "  cause: Failed to resolve requirements from `build-system.requires`\n"
+            "  cause: No solution found when resolving: `setuptools>=61.0`, `wheel`, `torch>=1.7.1`\n"
+            "  cause: Because there is no version of torch==2.13.0a0+07cecf4168.nv24.5 and you require "
+            "torch==2.13.0a0+07cecf4168.nv24.5, we can conclude that your requirements are unsatisfiable.",
+            "building torchsort asks for torch in its isolated build environment, which would build it against "
+            "another torch than the base's: add torchsort to pip.no_build_isolation, so that it builds against the "
+            "base's own",
+        ),
         (  # realworld-4 D5: uv's range form ("X>=v depends on") was missed, and pip's pattern took "Because"
             "  x No solution found when resolving dependencies:\n  Because tf-models-official>=2.20.0 depends on "
             "tensorflow>=2.20.0,<2.21.dev0 and tensorflow==2.21.0+nv24.5, we can conclude that "

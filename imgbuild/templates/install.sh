@@ -137,6 +137,22 @@ EOF
   fi
   tool=uv; set -- "$uv" pip install --python "$(command -v python3)" --system --break-system-packages --compile-bytecode \
     --link-mode copy
+  # A source build's isolated environment gets the base's framework or none: asked for torch there, uv would fetch
+  # another torch from the index and build against it (GBs, and a C++ ABI the base's torch may not load). The
+  # build fails instead, naming pip.no_build_isolation, which builds against the base's own.
+  if [ -s "$here/framework.txt" ]; then
+    framework_pins=$(mktemp)
+    python3 - "$pins" "$here/framework.txt" > "$framework_pins" <<'EOF'
+import re, sys
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+names = {canon(n) for n in open(sys.argv[2]).read().split()}
+for line in open(sys.argv[1]).read().splitlines():
+    found = re.match(r"([A-Za-z0-9][A-Za-z0-9_.-]*)==", line.strip())
+    if found and canon(found.group(1)) in names:
+        print(line.strip())
+EOF
+    if [ -s "$framework_pins" ]; then set -- "$@" --build-constraint "$framework_pins"; fi
+  fi
 else
   tool=pip; set -- python3 -m pip install --progress-bar off
 fi
@@ -170,5 +186,5 @@ echo "imgbuild: installing $(grep -cv '^\(#\|-\|$\)' "$here/requirements.txt") r
 # shellcheck disable=SC2086 # $locked, $dry and $nodeps are option lists
 python3 "$here/guard.py" "$origin" "$@" $dry $nodeps -c "$pins" -c "$here/constraints.txt" $locked -r "$here/requirements.txt" \
     && rc=0 || rc=$?
-rm -rf "$pins" /tmp/uv-*.lock ${own:+"$own"} ${built:+"$built"}
+rm -rf "$pins" /tmp/uv-*.lock ${own:+"$own"} ${built:+"$built"} ${framework_pins:+"$framework_pins"}
 [ "$rc" = 0 ] || exit 1

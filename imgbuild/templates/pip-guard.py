@@ -35,6 +35,7 @@ from pip_versions import (  # noqa: E402
 )
 from pip_words import (  # noqa: E402
     BACKTRACK,
+    BUILD_FRAMEWORK,
     BUILDING,
     CONSTRAINT,
     DEPENDS,
@@ -90,6 +91,8 @@ class Watch:
         self.held = {}  # canonical dependency -> the base's constraint, e.g. "torch==2.3.0"
         self.other_framework = ""
         self.building = ""  # the package being built from source, when one is
+        self.build_framework = ""  # the framework a source build asked for in its isolated environment (uv)
+        self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
         self.named = {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
         self.last_line = time.monotonic()
@@ -115,6 +118,9 @@ class Watch:
         self.installed += installed_from(line)
         if found := BUILDING.match(line.strip()):
             self.building = found.group(1)
+        self.build_requires = self.build_requires or "`build-system.requires`" in line
+        if self.build_requires and (found := BUILD_FRAMEWORK.search(line)):  # install.sh's --build-constraint
+            self.build_framework = found.group(1)
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
         self.see_pip(line)
@@ -247,6 +253,8 @@ class Watch:
                 f"{who} needs {self.other_framework}, another distribution of the base's framework: it would "
                 f"overwrite the base's own; see the conflict above{cure}"
             )
+        if self.build_framework:  # uv's words for it read as a missing version: it is a source build's
+            return self.installing_failure()
         if "missing" in self.kinds and (self.missing or "conflict" not in self.kinds):
             if self.missing:
                 return (
@@ -268,6 +276,12 @@ class Watch:
             )
         what = f"building {self.building}" if self.building else "building a package from source"
         who = self.building or "the package"
+        if self.build_framework:
+            return (
+                f"{what} asks for {self.build_framework} in its isolated build environment, which would build it "
+                f"against another {self.build_framework} than the base's: add {who} to pip.no_build_isolation, so "
+                "that it builds against the base's own"
+            )
         if "isolated" in self.kinds:
             return (
                 f"{what} imports the base's framework, which pip's isolated build environment lacks: add {who} to "

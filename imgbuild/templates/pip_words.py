@@ -14,7 +14,8 @@ BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
 #: "Collecting flash-attn", "Processing /wheels/srcpkg-1.0.tar.gz", "Building wheel for flash-attn (setup.py)";
 #: uv's "Building flash-attn==2.7.4", "Failed to build `flash-attn==2.7.4`"
 BUILDING = re.compile(
-    r"(?:× )?(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
+    r"(?:× |error: )?"
+    r"(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
     rf"`?(?:\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
 )
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
@@ -43,6 +44,10 @@ MISSING = re.compile(
     rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the package registry"
     rf"|Because there is no version of ({NAME}\S*?)(?: and|,|$)"
 )
+#: uv, when a source build's isolated environment asks for the framework and install.sh's --build-constraint
+#: allows only the base's, which no index has: "Because there is no version of torch==2.13.0a0+07cecf4 and you
+#: require torch==2.13.0a0+07cecf4, we can conclude ..."
+BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) and you require \1==\2,")
 #: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
 KINDS = (
     ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
