@@ -91,6 +91,16 @@ def _drop(said: str, recipe: Path, data: dict) -> list[str]:
     return dropped
 
 
+def _also_apt(text: str, data: dict) -> str:
+    """The apt line that comes with another cure ("... add apt: [g++, python3-dev]"): both, as the line says."""
+    found = APT.search(text)
+    if not found:
+        return ""
+    names = [n.strip() for n in found.group(1).split(",")]
+    _add(data, ("apt",), names)
+    return f", apt: [{', '.join(names)}]"
+
+
 def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> str | None:
     """Apply the first cure imgbuild's words name; what was done, or None (no cure it can follow)."""
     text = " ".join(said.split())
@@ -100,7 +110,7 @@ def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.Comple
         done = f"asked for {found.group(2)}" if _replace(recipe, data, found.group(1), found.group(2)) else None
     elif found := NO_ISOLATION.search(text):
         _add(data, ("pip", "no_build_isolation"), [found.group(1)])
-        done = f"pip.no_build_isolation: [{found.group(1)}]"
+        done = f"pip.no_build_isolation: [{found.group(1)}]" + _also_apt(text, data)
     elif APT.search(text):  # every line's, as a user reading them all would: one round
         names = list(dict.fromkeys(n.strip() for found in APT.findall(text) for n in found.split(",")))
         _add(data, ("apt",), names)

@@ -870,11 +870,27 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
         ),
     ],
 )
-def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why):
-    watch = _guard_module().Watch()
+def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why, monkeypatch):
+    guard = _guard_module()
+    monkeypatch.setattr(guard.shutil, "which", lambda name: f"/usr/bin/{name}")  # a base with a compiler
+    watch = guard.Watch()
     for line in output.splitlines():
         watch.see(line.strip())
     assert watch.failure("the base's /etc/pip/constraint.txt") == why
+
+
+def test_a_source_build_to_be_built_against_the_base_names_the_compiler_the_base_lacks_in_the_same_line(monkeypatch):
+    """torchsort on the slim stand-in took a round for pip.no_build_isolation and another for the compiler: the
+    line that names the field names the compiler too, where the base has none."""
+    guard = _guard_module()
+    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    watch = guard.Watch()
+    for line in ("error: Failed to download and build `srcpkg==1.0`", "ModuleNotFoundError: No module named 'torch'"):
+        watch.see(line)
+    assert watch.failure("x").endswith(
+        "add srcpkg to pip.no_build_isolation, so that it builds against the base's own framework; it needs a C/C++ "
+        "compiler too, which the base lacks: add apt: [g++, python3-dev]"
+    )
 
 
 @pytest.mark.parametrize("line", ["imgbuild: pip still resolving: 40 s, 1.2 GB downloaded", "imgbuild: \x1b[2Jx\x07"])

@@ -14,6 +14,7 @@ this script): a distribution of another name writing over one fails the step, so
 import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -276,16 +277,18 @@ class Watch:
             )
         what = f"building {self.building}" if self.building else "building a package from source"
         who = self.building or "the package"
+        # built against the base, it will compile here: a base without a compiler is named now, not a round later
+        compiler = "" if shutil.which("c++") or shutil.which("g++") else NO_COMPILER
         if self.build_framework:
             return (
                 f"{what} asks for {self.build_framework} in its isolated build environment, which would build it "
                 f"against another {self.build_framework} than the base's: add {who} to pip.no_build_isolation, so "
-                "that it builds against the base's own"
+                f"that it builds against the base's own{compiler}"
             )
         if "isolated" in self.kinds:
             return (
                 f"{what} imports the base's framework, which pip's isolated build environment lacks: add {who} to "
-                "pip.no_build_isolation, so that it builds against the base's own framework"
+                f"pip.no_build_isolation, so that it builds against the base's own framework{compiler}"
             )
         if "nvcc" in self.kinds:
             return (
@@ -301,6 +304,7 @@ class Watch:
         return "pip failed; see its output above"
 
 
+NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
 BOUNDS_SECRET = "/run/secrets/imgbuild-pip-bounds"
 
 
