@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from imgbuild.build.fanout import merge, plan_document, read_report, waves
 from imgbuild.build.rebuild import BUILT, FAILED, FRESH, STALE, Item
@@ -42,8 +44,10 @@ def test_the_plan_puts_each_image_after_the_rebuilt_images_it_builds_on():
     assert plan["images"] == 5 and plan["invalid"] == []
     assert plan["matrix"][1] == {"include": [{"recipe": "recipes/child.yaml"}]}  # GitHub's fromJSON takes it as is
     assert plan["waves"][0][0] == {
-        "recipe": "recipes/base.yaml", "image": "lab/base:1", "wave": 1, "reasons": ["recipe or its files changed"]
+        "recipe": "recipes/base.yaml", "image": "lab/base:1", "wave": 1, "reasons": ["recipe or its files changed"],
+        "after": [],
     }  # fmt: skip
+    assert plan["waves"][2][0]["after"] == ["recipes/child.yaml"]  # the planned images it builds on: a CI's DAG
 
 
 def test_a_plan_of_a_long_chain_is_linear_and_a_failed_judgement_is_named():
@@ -124,13 +128,49 @@ def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_pat
         read_report(tmp_path / "absent.json")
 
 
+def test_the_gitlab_child_pipeline_is_a_stage_per_wave_and_a_job_per_image_that_needs_its_parents():
+    from imgbuild.build.fanout import gitlab_child, plan_document
+
+    items = [
+        _item("parent", STALE, reasons=("inputs changed",)),
+        _item("child", FRESH, deps=("lab/parent:1",)),
+        _item("$(touch x) 'q'", STALE, reasons=("not in the registry",)),
+    ]
+    child = yaml.safe_load(gitlab_child(plan_document(items), ".gitlab/imgbuild-runner.yml"))
+    assert child["include"] == [{"local": ".gitlab/imgbuild-runner.yml"}]
+    assert child["stages"] == ["wave-1", "wave-2", "report"]
+    jobs = {k: v for k, v in child.items() if k not in ("include", "stages")}
+    parent, odd, kid = (k for k in jobs if k != "report")
+    assert jobs[kid]["stage"] == "wave-2" and jobs[kid]["needs"] == [parent] and jobs[parent]["needs"] == []
+    assert all(jobs[k]["extends"] == ".imgbuild-runner" for k in jobs)
+    words = shlex.split(jobs[odd]["script"][0])
+    assert words[:3] == ["imgbuild", "rebuild", "recipes/$(touch x) 'q'.yaml"]  # one word for the shell, never code
+    assert jobs["report"]["stage"] == "report" and jobs["report"]["when"] == "always"
+    assert jobs["report"]["script"] == [
+        "imgbuild merge-reports report-1.json report-2.json report-3.json --junit-xml rebuild.xml "
+        "--report-json rebuild.json"
+    ]
+
+
+@pytest.mark.parametrize("include", ["/etc/passwd", "../x.yml", "a/../../b.yml", "a b.yml", "", "x\n- remote: y"])
+def test_the_child_pipelines_include_is_a_relative_file_of_the_repository(include):
+    from imgbuild.build.fanout import gitlab_child, plan_document
+    from imgbuild.errors import UsageError
+
+    with pytest.raises(UsageError, match="--gitlab-include"):
+        gitlab_child(plan_document([]), include)
+
+
 @pytest.mark.engine
+@pytest.mark.parametrize("ci", ["github", "gitlab"])
 def test_a_three_wave_plan_of_five_recipes_built_by_three_runners_merges_into_one_report(
-    testbed, tmp_path, cleanup_images, docker_client, unique
+    ci, testbed, tmp_path, cleanup_images, docker_client, unique
 ):
     """The plan a CI system fans out, on the bed: five recipes in three waves; each wave's recipes are built by
     different runners (each starting without the images it builds on, as a fresh runner does: it pulls them),
-    and the three runners' reports merge into one; afterwards the plan is empty."""
+    and the three runners' reports merge into one; afterwards the plan is empty. GitHub: the plan's matrices, as
+    docs/ci/github-actions-fanout.yml takes them; GitLab: the child pipeline `--gitlab-child` writes, its jobs
+    played stage by stage, each job's script run as its runner's shell would split it."""
     registry = testbed["IMGBUILD_TESTBED_REGISTRY"]
     (tmp_path / ".git").mkdir()
     recipes = tmp_path / "recipes"
@@ -157,16 +197,43 @@ def test_a_three_wave_plan_of_five_recipes_built_by_three_runners_merges_into_on
         ["recipes/child-a.yaml", "recipes/child-b.yaml"],
         ["recipes/grandchild.yaml"],
     ]
-    reports = []
-    for wave in plan["matrix"]:
-        for n, row in enumerate(wave["include"]):  # runner n builds the n-th recipe of each wave
-            for target in targets:  # a fresh runner: nothing local
-                docker_client.images.remove(target, force=True) if docker_client.images.list(target) else None
-            report = tmp_path / f"runner{n}-{len(reports)}.json"
-            built = run_cli("rebuild", row["recipe"], "--push", "--report-json", str(report), cwd=tmp_path)
-            assert built.code == 0, built.err[-3000:]
-            reports.append(str(report))
-    merged = run_cli("merge-reports", *reports, "--json", "--junit-xml", str(tmp_path / "all.xml"), cwd=tmp_path)
+
+    def fresh_runner() -> None:  # nothing local
+        for target in targets:
+            docker_client.images.remove(target, force=True) if docker_client.images.list(target) else None
+
+    if ci == "github":
+        reports = []
+        for wave in plan["matrix"]:
+            for n, row in enumerate(wave["include"]):  # runner n builds the n-th recipe of each wave
+                fresh_runner()
+                report = tmp_path / f"runner{n}-{len(reports)}.json"
+                built = run_cli("rebuild", row["recipe"], "--push", "--report-json", str(report), cwd=tmp_path)
+                assert built.code == 0, built.err[-3000:]
+                reports.append(str(report))
+        merged = run_cli("merge-reports", *reports, "--json", "--junit-xml", str(tmp_path / "all.xml"), cwd=tmp_path)
+    else:
+        written = run_cli("rebuild", "--plan", "--gitlab-child", "child.yml", cwd=tmp_path)
+        assert written.code == 0, written.err
+        child = yaml.safe_load((tmp_path / "child.yml").read_text())
+        jobs = {k: v for k, v in child.items() if k not in ("include", "stages")}
+        assert child["stages"] == ["wave-1", "wave-2", "wave-3", "report"]
+        done: list[str] = []
+        for stage in child["stages"][:-1]:
+            for name, job in jobs.items():
+                if job["stage"] != stage:
+                    continue
+                assert set(job["needs"]) <= set(done), (name, job["needs"])  # its parents' jobs ran before it
+                fresh_runner()
+                (command,) = job["script"]
+                words = shlex.split(command)
+                assert words[0] == "imgbuild"
+                built = run_cli(*words[1:], cwd=tmp_path)
+                assert built.code == 0, built.err[-3000:]
+                done.append(name)
+        (merge_command,) = jobs["report"]["script"]
+        merged = run_cli(*shlex.split(merge_command)[1:], "--json", cwd=tmp_path)
+        (tmp_path / "all.xml").write_text((tmp_path / "rebuild.xml").read_text())
     assert merged.code == 0, merged.err
     images = json.loads(merged.out)["images"]
     assert sorted(i["recipe"] for i in images if i["status"] == "built") == sorted(

@@ -265,7 +265,13 @@ def test_ci_examples_parse_and_use_real_flags():
     import yaml
 
     root = Path(__file__).resolve().parent.parent / "docs" / "ci"
-    for name in ("github-actions.yml", "gitlab-ci.yml", "github-actions-fanout.yml"):
+    for name in (
+        "github-actions.yml",
+        "gitlab-ci.yml",
+        "github-actions-fanout.yml",
+        "gitlab-fanout.yml",
+        "gitlab-imgbuild-runner.yml",
+    ):
         text = (root / name).read_text()
         yaml.safe_load(text)
         for command, flags in re.findall(r"imgbuild (rebuild|bump|validate|merge-reports)([^\n#]*)", text):

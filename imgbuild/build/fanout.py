@@ -11,6 +11,7 @@ Pure: the plan is made from the items a dry run judged; the reports are read as 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,18 @@ def plan_document(items: list[Item]) -> dict[str, Any]:
     `strategy.matrix`), and the recipes that could not be judged (the plan fails on those)."""
     planned = waves(items)
     due = {p.item.name for wave in planned for p in wave}
+    by_target = {p.item.target: p.item.name for wave in planned for p in wave}
     rows = [
-        [{"recipe": p.item.name, "image": p.item.target, "wave": p.wave, "reasons": list(p.reasons)} for p in wave]
+        [
+            {
+                "recipe": p.item.name,
+                "image": p.item.target,
+                "wave": p.wave,
+                "reasons": list(p.reasons),
+                "after": [by_target[d] for d in p.item.deps if d in by_target],  # planned images it builds on
+            }
+            for p in wave
+        ]
         for wave in planned
     ]
     return {
@@ -162,3 +173,47 @@ def merge(reports: list[list[Item]]) -> list[Item]:
             if kept is None or _WEIGHT[item.status] > _WEIGHT[kept.status]:
                 merged[item.name] = item
     return list(merged.values())
+
+
+#: The file a child pipeline includes: a relative path of the repository (GitLab's `include: local`).
+INCLUDE_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}(?:/[A-Za-z0-9_.-]{1,100}){0,15}")
+
+
+def gitlab_child(plan: dict[str, Any], include: str) -> str:
+    """The plan as a GitLab dynamic child pipeline: a stage per wave, a job per image that `needs` the jobs of the
+    images it builds on (so it starts as soon as they are pushed), each extending the `.imgbuild-runner` job that
+    `include` (a file of the repository) defines for the site (its tags, image, registry login), and a last job
+    that merges the runners' reports. Recipe paths are quoted for the shell: a file name is data, never code."""
+    import shlex
+
+    import yaml
+
+    if not INCLUDE_RE.fullmatch(include) or ".." in include.split("/"):
+        raise UsageError(f"--gitlab-include {include[:80]!r}: a file of the repository, as a relative path (a/b.yml)")
+    jobs: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for wave in plan["waves"]:
+        for row in wave:
+            names[row["recipe"]] = f"build {len(names) + 1}: {row['recipe'][:200]}"  # GitLab: 255 at most
+    for n, (recipe, job) in enumerate(names.items(), 1):
+        row = next(r for wave in plan["waves"] for r in wave if r["recipe"] == recipe)
+        jobs[job] = {
+            "extends": ".imgbuild-runner",
+            "stage": f"wave-{row['wave']}",
+            "needs": [names[a] for a in row["after"] if a in names],
+            "script": [f"imgbuild rebuild {shlex.quote(recipe)} --push --report-json report-{n}.json"],
+            "artifacts": {"when": "always", "paths": [f"report-{n}.json"]},
+        }
+    reports = [f"report-{n}.json" for n in range(1, len(names) + 1)]
+    stages = [f"wave-{n}" for n in range(1, len(plan["waves"]) + 1)]
+    merge = "imgbuild merge-reports " + " ".join(reports) + " --junit-xml rebuild.xml --report-json rebuild.json"
+    jobs["report"] = {
+        "extends": ".imgbuild-runner",
+        "stage": "report",
+        "when": "always",  # in the last stage: it has every earlier job's artifacts (no `needs`: no 50-job limit)
+        "script": [merge] if reports else ["echo 'imgbuild: nothing to build'"],
+        "artifacts": {"when": "always", "paths": ["rebuild.json"], "reports": {"junit": "rebuild.xml"}},
+    }
+    document = {"include": [{"local": include}], "stages": [*stages, "report"], **jobs}
+    header = "# imgbuild rebuild --plan --gitlab-child: generated; a child pipeline of one run, never edited\n"
+    return header + yaml.safe_dump(document, sort_keys=False, width=1000)

@@ -239,6 +239,14 @@ def _fleet_table(report: Any, print_table: Any) -> None:
     "--plan", "as_plan", is_flag=True,
     help="Build nothing: what a fresh runner must build, in waves a CI system fans out (with --json: its matrices).",
 )  # fmt: skip
+@click.option(
+    "--gitlab-child", type=click.Path(dir_okay=False, path_type=Path),
+    help="With --plan: also write the plan as a GitLab child pipeline to this file (docs/ci/gitlab-fanout.yml).",
+)  # fmt: skip
+@click.option(
+    "--gitlab-include", default=".gitlab/imgbuild-runner.yml", show_default=True,
+    help="The repository file the child pipeline includes: it defines the .imgbuild-runner job.",
+)  # fmt: skip
 @click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
 @_SIGN_KEY
 @click.option(
@@ -260,6 +268,8 @@ def rebuild(
     check: bool,
     dry_run: bool,
     as_plan: bool,
+    gitlab_child: Path | None,
+    gitlab_include: str,
     push: bool,
     sign_key: Path | None,
     jobs: int,
@@ -272,6 +282,8 @@ def rebuild(
     """Rebuild exactly the images whose inputs changed (recipes/ by default), in dependency order."""
     import threading
 
+    if gitlab_child and not as_plan:
+        raise UsageError("--gitlab-child: only with --plan (it writes the plan as a child pipeline)")
     if verify_reproducible:
         _verify_reproducible(ctx, list(paths) or ["recipes"], backend, as_json)
         return
@@ -304,7 +316,7 @@ def rebuild(
         log,
     )
     if as_plan:
-        _print_plan(report.items, as_json)
+        _print_plan(report.items, as_json, gitlab_child, gitlab_include)
         return
     _write_reports(report, report_json, junit_xml)
     if as_json:
@@ -333,11 +345,16 @@ def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None
         write_atomic(junit_xml, rb.junit_xml(report.items, report.seconds))
 
 
-def _print_plan(items: list[Any], as_json: bool) -> None:
+def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
     from imgbuild.build.fanout import plan_document
     from imgbuild.ui import print_table
 
     plan = plan_document(items)
+    if gitlab_child:
+        from imgbuild.build.fanout import gitlab_child as child_pipeline
+        from imgbuild.regular import write_atomic
+
+        write_atomic(gitlab_child, child_pipeline(plan, include))
     if as_json:
         emit_json(plan)
     else:
