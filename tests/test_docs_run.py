@@ -219,7 +219,9 @@ def test_the_ci_examples_load_and_their_imgbuild_commands_parse(path):
 
     walk(data)
     lines = [args for text in commands for args in _imgbuild_lines(str(text))]
-    assert len(lines) >= 3, path
+    # the GitLab fan-out's parent only plans (its child pipeline, generated, runs the rest: tests/test_fanout.py),
+    # and the file it includes holds the runners' set-up
+    assert len(lines) >= {"gitlab-fanout.yml": 1, "gitlab-imgbuild-runner.yml": 0}.get(path.name, 3), path
     for args in lines:
         _parse(args, path.name)
 
