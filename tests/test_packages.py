@@ -1204,3 +1204,55 @@ def test_a_smoke_run_command_whose_build_tool_is_missing_names_the_cure(output, 
     """realworld-4: DeepSpeed's just-in-time op build failed in smoke.run with `c++: not found` and no cure."""
     said = script.run_cure(output)
     assert (cure in said) if cure else said == ""
+
+
+MODEL_GARDEN = "tf-models-official 2.20.0 has requirement tensorflow~=2.20.0, but you have tensorflow 2.21.0+nv24.5."
+
+
+def test_pip_check_lines_a_recipe_accepts_are_kept_in_the_report_and_the_rest_still_fail(tmp_path, monkeypatch):
+    """realworld-4 D8: Model Garden 2.20 on the base's TensorFlow 2.21 works (its own check passes), and `pip check`
+    refused the image with no way to say it was reviewed. smoke.accept_pip_check names the distributions whose
+    complaints are accepted: those lines stay in the report; any other still fails, naming the field."""
+    import subprocess as sp
+
+    baseline = tmp_path / "pip-check.base"
+    baseline.write_text("No broken requirements found.\n")
+    monkeypatch.setattr(script, "PIP_CHECK_BASELINE", str(baseline))
+    other = "albumentations 1.4.10 has requirement albucore>=0.0.11, but you have albucore 0.0.9."
+    said = MODEL_GARDEN + "\n" + other + "\n"
+    monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: sp.CompletedProcess(a, 1, said, ""))
+    monkeypatch.setenv("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", "")
+    with pytest.raises(script.Fail) as refused:
+        script.check_pip()
+    assert "smoke.accept_pip_check: [albumentations, tf-models-official]" in str(refused.value)
+    monkeypatch.setenv("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", "tf_models_official")
+    with pytest.raises(script.Fail) as still:
+        script.check_pip()
+    assert "albumentations" in str(still.value) and "tf-models-official 2.20.0" not in str(still.value)
+    monkeypatch.setenv("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", "tf-models-official albumentations")
+    passed = script.check_pip()
+    assert passed["accepted"] == [MODEL_GARDEN, other] and "accepted by smoke.accept_pip_check" in passed["reason"]
+
+
+@pytest.mark.parametrize("value", [["tensorflow>=2"], ["a b"], ["x;rm -rf /"], "tf-models-official", ["-x"]])
+def test_accept_pip_check_takes_distribution_names_only(tmp_path, value):
+    import json
+
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f'name: r\nbase: {{framework: tensorflow, tag: "24.05"}}\nsmoke: {{accept_pip_check: {json.dumps(value)}}}\n'
+    )
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(recipe, environ={})
+    assert "smoke.accept_pip_check" in str(refused.value) and "\n" not in str(refused.value).strip()
+
+
+def test_the_accepted_distributions_reach_the_smoke_script_and_an_images_own_env_cannot_set_them():
+    from imgbuild.build.smoke import SmokeRequest, _script_env
+
+    assert _script_env({}, SmokeRequest("x", accept_pip_check=("a", "b")))["IMGBUILD_SMOKE_ACCEPT_PIP_CHECK"] == "a b"
+    assert _script_env({}, SmokeRequest("x"))["IMGBUILD_SMOKE_ACCEPT_PIP_CHECK"] == ""  # set, empty: never the image's

@@ -327,6 +327,7 @@ def build(
                 imports=tuple(smoke.imports),
                 skip_imports=tuple(smoke.skip_imports),
                 commands=tuple(smoke.run),
+                accept_pip_check=tuple(smoke.accept_pip_check),
                 known_good=known_good,
                 import_seconds=math.ceil(settings.smoke_import_timeout),
                 user=who.name if who else "",

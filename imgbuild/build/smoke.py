@@ -110,6 +110,7 @@ class SmokeRequest:
     imports: tuple[str, ...] = ()  # modules to import besides the added packages' own
     skip_imports: tuple[str, ...] = ()  # distributions whose imports are not checked
     commands: tuple[str, ...] = ()  # the recipe's smoke.run: must succeed in the image
+    accept_pip_check: tuple[str, ...] = ()  # distributions whose new `pip check` lines the recipe accepts
     #: `name==version fingerprint` of what imported in the last promoted image, with the same installed files
     #: (its RECORD's hash), on the same base and system layers (build.spared): not re-imported
     known_good: tuple[str, ...] = ()
@@ -208,6 +209,7 @@ def _pick_gpus(
 #: The variables of imgbuild's that the in-image smoke script reads (a test keeps this equal to what it reads).
 SCRIPT_VARIABLES = (
     "IMGBUILD_EXPECT_FRAMEWORK_VERSION",
+    "IMGBUILD_SMOKE_ACCEPT_PIP_CHECK",
     "IMGBUILD_SMOKE_IMPORTS",
     "IMGBUILD_SMOKE_IMPORT_SECONDS",
     "IMGBUILD_SMOKE_MIN_SPEEDUP",
@@ -234,6 +236,8 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
         env["IMGBUILD_SMOKE_SKIP_IMPORTS"] = " ".join(req.skip_imports)
     if req.commands:
         env["IMGBUILD_SMOKE_RUN"] = json.dumps(list(req.commands))
+    if req.accept_pip_check:
+        env["IMGBUILD_SMOKE_ACCEPT_PIP_CHECK"] = " ".join(req.accept_pip_check)
     return env
 
 

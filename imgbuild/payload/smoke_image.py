@@ -576,13 +576,29 @@ def check_pip() -> dict:
     except OSError:
         baseline = None
     added = new_problems(lines, baseline)
+    added, accepted = accepted_pip_check(added, os.environ.get("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", ""))
     if added and baseline is not None:
-        raise Fail(f"pip check found {len(added)} new problem(s): " + "; ".join(added[:3]))
+        first = sorted({_canonical(line.split()[0]) for line in added})
+        raise Fail(
+            f"pip check found {len(added)} new problem(s): " + "; ".join(added[:3]) + " (if the image works as it "
+            f"is, as its smoke.run shows, accept them: smoke.accept_pip_check: [{', '.join(first)}])",
+            {"problems": added},
+        )
     if added:  # no baseline: an image imgbuild did not build; nothing says which layer broke it
         raise Warn(f"pip check found {len(added)} problem(s) (no baseline of the base): " + "; ".join(added[:3]))
+    if accepted:  # said, never dropped: the report keeps what the recipe accepted
+        return {"accepted": accepted, "reason": f"{len(accepted)} problem(s) accepted by smoke.accept_pip_check"}
     if lines:
         return {"base_problems": lines, "reason": f"nothing new ({len(lines)} problem(s) the base already had)"}
     return {"reason": "no broken requirements"}
+
+
+def accepted_pip_check(lines: list, accepted: str) -> tuple:
+    """(lines not accepted, lines accepted): a line is accepted when the distribution it is about (its first
+    word, as `pip check` writes it) is one the recipe names in smoke.accept_pip_check."""
+    names = {_canonical(name) for name in accepted.split()}
+    kept = [line for line in lines if not (line.split() and _canonical(line.split()[0]) in names)]
+    return kept, [line for line in lines if line not in kept]
 
 
 #: What a package prints when it imports but its compiled extension did not load (built for another framework

@@ -12,20 +12,7 @@ from typing import Any
 from imgbuild import limits
 from imgbuild.credentials import refuse_credential
 from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
-from imgbuild.fields import (
-    Flag,
-    Integer,
-    ListOf,
-    ListOrText,
-    MapOf,
-    Maybe,
-    Model,
-    Number,
-    OneOf,
-    Text,
-    matches,
-    typed,
-)
+from imgbuild.fields import Flag, Integer, ListOf, ListOrText, MapOf, Maybe, Model, Number, OneOf, Text, matches, typed
 from imgbuild.fields import show as _show
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
 from imgbuild.ngc import FRAMEWORKS
@@ -414,6 +401,11 @@ class Smoke:
         ListOf(ONE_LINE, max_length=32),
         factory=list,
         doc="commands that must succeed in the built image (run as its user, no GPU guaranteed)",
+    )
+    accept_pip_check: list[str] = typed(
+        ListOf(DIST_NAME, max_length=64),
+        factory=list,
+        doc="distributions whose new `pip check` complaints are accepted (reviewed: smoke.run shows the image works)",
     )
 
 
