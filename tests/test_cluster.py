@@ -993,3 +993,40 @@ def test_the_oci_step_gives_a_job_without_a_home_a_private_one_never_a_fixed_nam
     kept = subprocess.run(["sh", "-c", _OCI_STEP, "imgbuild", str(job), "--", "sh", "-c", 'echo "$HOME"'],
                           capture_output=True, text=True, env={**env, "HOME": str(tmp_path)})  # fmt: skip
     assert kept.stdout.strip() == str(tmp_path)  # a writable HOME the job has is kept
+
+
+def test_a_site_names_its_fabric_for_the_rendezvous_and_the_sockets_as_juwels_does(tmp_path):
+    """clusters-4, JUWELS: the rendezvous host is the node's InfiniBand name (the hostname and `i`, as JSC's own job
+    templates write MASTER_ADDR), and NCCL's and Gloo's sockets use ib0: both as site settings."""
+    site = {"rdzv_host_suffix": "i", "socket_ifname": "ib0"}
+    job = job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), site)
+    script = sbatch_script(job)
+    assert 'head_node="${head_node}i"' in script and "NodeAddr" not in script
+    assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in script
+    assert "--rdzv-endpoint=$head_node:$rdzv_port" in script
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    plain = sbatch_script(job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), {}))
+    assert "NodeAddr" in plain and "SOCKET_IFNAME" not in plain  # without them, Slurm's NodeAddr as before
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("rdzv_host_suffix", "i; rm -rf ~"),
+        ("rdzv_host_suffix", "$(id)"),
+        ("rdzv_host_suffix", "i" * 33),
+        ("socket_ifname", "ib0 eth0"),
+        ("socket_ifname", "ib0;reboot"),
+        ("socket_ifname", "a" * 16),
+        ("socket_ifname", ""),
+        ("socket_ifname", "ib0\nexport X=1"),
+    ],
+)
+def test_the_fabric_settings_are_checked_whole_before_they_reach_a_script(key, value):
+    from imgbuild.config.site import SlurmSite, checked_section
+
+    with pytest.raises(UsageError) as refused:
+        checked_section(SlurmSite, "slurm", {key: value})
+    assert f"slurm.{key}" in str(refused.value) and "\n" not in str(refused.value)

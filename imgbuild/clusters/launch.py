@@ -45,14 +45,22 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
     ]
 
 
+NODE_ADDR = (
+    'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")'
+)
+
+
 def _rendezvous_lines(job: Any) -> list[str]:
     """Script lines that find the rendezvous: the allocation's first node, and a port free there now."""
+    # the site's name for the node on its fabric (JUWELS: the hostname and `i`), else Slurm's NodeAddr for it
+    suffix = job.rdzv_host_suffix
+    head = f'head_node="${{head_node}}{suffix}"' if suffix else NODE_ADDR
     return [
         "",
         "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
         "# job's own, so two jobs sharing a node never join each other's store.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")',
+        head,
         "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
         "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
         "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "

@@ -42,6 +42,8 @@ class JobSpec:
     binds: list[str] = field(default_factory=list)
     nccl_debug: str | None = None
     rdzv_port: int = 29500
+    rdzv_host_suffix: str = ""  # appended to the rendezvous node's name (JUWELS' InfiniBand names: jwb0038i)
+    socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, the site's fabric
     torchrun: bool | None = None  # default: for more than one GPU in all
     task_per_gpu: bool = False  # one task per GPU (MPI, Horovod), each seeing only its own GPU
     docker_gpu_flag: str = "gpus"  # the docker runtime: --gpus, or NVIDIA_VISIBLE_DEVICES (site run.gpu_flag)
@@ -319,6 +321,8 @@ def sbatch_script(job: JobSpec) -> str:
     if job.gpus < 0 or job.nodes < 1:
         raise UsageError("--gpus must be >= 0 and --nodes >= 1")
     body = ["set -euo pipefail"]
+    if job.socket_ifname:  # the site's fabric for NCCL's and Gloo's sockets (passed into every runtime)
+        body += [f"export NCCL_SOCKET_IFNAME={job.socket_ifname} GLOO_SOCKET_IFNAME={job.socket_ifname}"]
     if job.nccl_debug:
         body += [f"export NCCL_DEBUG={job.nccl_debug}"]
     if job.snapshot_dir:

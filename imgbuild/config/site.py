@@ -208,6 +208,10 @@ SBATCH_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.:*&|!\[\]()-]{1,256}")
 SBATCH_LINE_RE = re.compile(r"--[a-z][a-z0-9-]{0,40}(?:=[A-Za-z0-9_.,:@%+/&|!\[\]()*-]{1,256})?")
 
 
+#: NCCL's interface choice: names or prefixes, `^` to exclude, `=` for exact names (NCCL's environment docs)
+SOCKET_IFNAME_RE = re.compile(r"[=^]?[A-Za-z0-9_.:-]{1,15}(?:,[A-Za-z0-9_.:-]{1,15}){0,7}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SlurmSite:
     """`slurm:` how `imgbuild slurm` writes jobs for this cluster."""
@@ -249,6 +253,16 @@ class SlurmSite:
     runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker", "oci"), "apptainer")
     sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
+    rdzv_host_suffix: str = typed(
+        Text(matches(re.compile(r"[A-Za-z0-9.-]{0,32}"), "not a host name suffix")),
+        "",
+        doc="appended to the rendezvous node's name (JUWELS: i, its InfiniBand name)",
+    )
+    socket_ifname: str | None = typed(
+        Maybe(Text(matches(SOCKET_IFNAME_RE, "not an interface list such as ib0 or ^docker0,lo"))),
+        None,
+        doc="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for every job (JUWELS: ib0)",
+    )
     stage_dir: str | None = typed(Maybe(ONE_LINE), None, doc="where --stage writes its tars")
     qos: str | None = typed(Maybe(Text(matches(_NAME, "not a QOS name"))), None, doc="#SBATCH --qos")
     constraint: str | None = typed(
