@@ -186,7 +186,9 @@ def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool, eng
     if settings.registry_cache == "off" or backend != "buildkit":
         return {}
     if engine == "podman":
-        cache = podman_cache_repository(plan.image)
+        from imgbuild.engine.podman import cache_repository
+
+        cache = cache_repository(plan.image)
         return {"cache_from": (cache,), "cache_to": cache, "cache_auth": engine_auth(cache)} if seed else {}
     fields: dict[str, Any] = {"inline_cache": True}
     if seed:
@@ -194,11 +196,6 @@ def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool, eng
         if settings.registry_cache == "registry":
             fields["cache_to"] = f"{plan.image}:imgbuild-cache"
     return fields
-
-
-def podman_cache_repository(image: str) -> str:
-    """Where Buildah keeps `image`'s registry cache: a repository beside it, one tag per step."""
-    return f"{image}-imgbuild-cache"
 
 
 def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> None:

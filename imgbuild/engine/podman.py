@@ -35,6 +35,11 @@ _ERROR = re.compile(r"(?:Error|error): (.*)")
 PUSH_SECONDS = 3600  # one `podman push`
 
 
+def cache_repository(image: str) -> str:
+    """Where Buildah keeps `image`'s registry cache: a repository beside it, one tag per step."""
+    return f"{image}-imgbuild-cache"
+
+
 def default_socket(environ: dict[str, str] | None = None) -> str:
     """Podman's API socket: CONTAINER_HOST when set, root's, or the user's (rootless)."""
     env = os.environ if environ is None else environ
