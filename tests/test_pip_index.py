@@ -169,3 +169,14 @@ def test_only_a_version_the_resolver_chose_is_judged_against_the_index(index, tm
     monkeypatch.setattr(index, "look_up", lambda names, command: asked.extend(names) or {})
     assert index.old_release_line([("serve", "0.2.5")], ["pip", "install", "-r", str(reqs)], lambda *a: "") == ""
     assert asked == (["serve"] if checked else [])
+
+
+def test_a_ca_file_that_is_not_there_or_a_broken_answer_is_no_answer(index, monkeypatch):
+    """The pip step never fails for the index's trouble: the check is best effort."""
+    assert index.page("https://pypi.org/simple", "x", environ={"PIP_CERT": "/nonexistent/ca.crt"}) is None
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a thread's surprise")
+
+    monkeypatch.setattr(index, "page", broken)
+    assert index.look_up(["x"], ["pip"], {"PIP_INDEX_URL": "https://idx.example/simple"}) == {}

@@ -23,7 +23,7 @@ def has_project(index_url: str, name: str, timeout: float = 5.0, verify: bool | 
             stream=True,  # the status is the answer: the page is never read
             verify=verify,
         )
-    except (requests.RequestException, ValueError, *TRANSPORT_ERRORS):  # type: ignore[misc]
+    except (requests.RequestException, OSError, ValueError, *TRANSPORT_ERRORS):  # type: ignore[misc]
         return None
     try:
         return True if resp.status_code == 200 else False if resp.status_code == 404 else None

@@ -11,6 +11,7 @@ import configparser
 import contextlib
 import datetime
 import html
+import http.client
 import json
 import os
 import platform
@@ -100,21 +101,22 @@ def page(url, name, trusted=(), environ=os.environ):
     host = parts.hostname or ""
     netloc = host + (f":{parts.port}" if parts.port else "")
     clean = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-    context = ssl.create_default_context(cafile=environ.get("PIP_CERT") or environ.get("SSL_CERT_FILE") or None)
-    if host in trusted:
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    opener = urllib.request.build_opener(_SameHost, urllib.request.HTTPSHandler(context=context))
     deadline = time.monotonic() + 2 * TIMEOUT  # a server dripping a byte at a time ends here too
-    body = b""
+    body = bytearray()
     try:
+        cafile = environ.get("PIP_CERT") or environ.get("SSL_CERT_FILE") or None
+        context = ssl.create_default_context(cafile=cafile)  # a CA file that is not there: no answer, no traceback
+        if host in trusted:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        opener = urllib.request.build_opener(_SameHost, urllib.request.HTTPSHandler(context=context))
         with opener.open(urllib.request.Request(clean, headers=headers), timeout=TIMEOUT) as answer:
             kind = answer.headers.get_content_type()
             while len(body) <= PAGE_LIMIT and time.monotonic() < deadline:
                 chunk = answer.read1(1 << 16)
                 if not chunk:
-                    return body, kind
+                    return bytes(body), kind
                 body += chunk
-    except (OSError, ValueError, urllib.error.URLError, ssl.SSLError):
+    except (OSError, ValueError, urllib.error.URLError, ssl.SSLError, http.client.HTTPException):
         return None
     return None
 
@@ -215,7 +217,10 @@ def look_up(names, command, environ=os.environ, deadline=20.0):
     found = {}
     for future in done:
         name, _ = futures[future]
-        answer = future.result()
+        try:
+            answer = future.result()
+        except Exception:  # noqa: BLE001 - the index is best effort: its trouble never fails the step
+            continue
         if answer is not None:
             found.setdefault(canon(name), []).append(releases(files_of(*answer)))
     return {name: merged(pages) for name, pages in found.items()}
