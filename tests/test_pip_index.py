@@ -167,7 +167,11 @@ def test_only_a_version_the_resolver_chose_is_judged_against_the_index(index, tm
     reqs.write_text(line + "\n")
     asked = []
     monkeypatch.setattr(index, "look_up", lambda names, command: asked.extend(names) or {})
-    assert index.old_release_line([("serve", "0.2.5")], ["pip", "install", "-r", str(reqs)], lambda *a: "") == ""
+    from pip_versions import asked_lines, named_specs  # beside pip_index, as in the image
+
+    command = ["pip", "install", "-r", str(reqs)]
+    named = named_specs(asked_lines(command))
+    assert index.old_release_line([("serve", "0.2.5")], named, command, lambda *a: "") == ""
     assert asked == (["serve"] if checked else [])
 
 

@@ -94,8 +94,7 @@ def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
         free.see(f"Downloading vllm-0.1{n}.0-cp38-abi3-manylinux1_x86_64.whl (300 MB)")
     assert "pin vllm to a version made for the base" in free.backtrack_note(ORIGIN)
     # realworld-4 D10: a pin in the recipe's own requirements file is on purpose too
-    asked = guard.Watch({})
-    asked.named = {"numpy": ["==1.26.4"]}
+    asked = guard.Watch({}, {"numpy": ["==1.26.4"]})
     for n in range(5):
         asked.see(f"Downloading numpy-1.26.{n}-cp311-cp311-manylinux_2_17_x86_64.whl (18.2 MB)")
     assert asked.backtrack_note(ORIGIN) == (

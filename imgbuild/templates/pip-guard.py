@@ -52,6 +52,7 @@ from pip_words import (  # noqa: E402
 )
 
 QUIET_SECONDS = 20
+FRAMEWORK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt")  # render writes it
 
 
 def received_bytes():
@@ -80,7 +81,7 @@ def size(count):  # in the settings' units ("16G": 16 GiB): a limit reads as it 
 class Watch:
     """What pip's output has said so far, line by line (nothing is kept but these facts)."""
 
-    def __init__(self, sources=None):
+    def __init__(self, sources=None, named=None):
         self.sources = sources or {}  # canonical name -> [(spec, who holds it)], from the -c files
         self.asked = {}  # canonical name -> what the recipe asked for ("The user requested ...")
         self.installing = False
@@ -95,7 +96,7 @@ class Watch:
         self.build_framework = ""  # the framework a source build asked for in its isolated environment (uv)
         self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
-        self.named = {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
+        self.named = named or {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
         self.last_line = time.monotonic()
 
     def see(self, line):
@@ -199,8 +200,12 @@ class Watch:
             return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
         if who and all(w.startswith("the recipe") for w in who):
             return f"loosen the recipe's constraint on {dep}, or drop {package}"
-        frameworks = read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt"))
-        if not who or dep in frameworks or dep.startswith("nvidia-") or any("framework" in w for w in who):
+        if (
+            not who
+            or dep in read_names(FRAMEWORK_FILE)
+            or dep.startswith("nvidia-")
+            or any("framework" in w for w in who)
+        ):
             return f"pin {package} to a version made for the base, or drop it"
         return f"pin {package} to a version made for the base, drop it, or let pip move {dep}: pip.unpin: [{dep}]"
 
@@ -387,7 +392,7 @@ def pin_sources(command, origin):
     """{canonical name: [(spec, who holds it)]} from the -c files in `command`. The framework's pin in
     constraints.txt is the base's (its image config declares it)."""
     sources, first = {}, True
-    frameworks = set(read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt")))
+    frameworks = set(read_names(FRAMEWORK_FILE))
     for path, lines in files_in(command, ("-c", "--constraint")):
         who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
         first = False
@@ -428,14 +433,14 @@ def main(argv):
 
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
-    watch = Watch(pin_sources(command, origin))
-    watch.named = named_specs(asked_lines(command))
+    named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
+    watch = Watch(pin_sources(command, origin), named)
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
         why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
-        why = why or fallback_line(watch.installed, command)
-        why = why or old_release_line(watch.installed, command, functools.partial(why_not, command, origin))
+        why = why or fallback_line(watch.installed, named)
+        why = why or old_release_line(watch.installed, named, command, functools.partial(why_not, command, origin))
         if not why:
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pip_versions import asked_lines, canon, files_in, meets, named_specs, release_tuple  # beside this script
+from pip_versions import canon, files_in, meets, release_tuple  # beside this script
 
 PAGE_LIMIT = 32 << 20  # bytes of one project's page (PyPI's torch page is about 3 MB of JSON)
 TIMEOUT = 8.0  # seconds for one page
@@ -249,11 +249,11 @@ def old_fallback(name, version, wanted, known):
     return newest, now, then
 
 
-def old_release_line(installed, command, ask):
+def old_release_line(installed, named, command, ask):
     """The failure line for a resolver's quiet fallback to a release the index yanked, or to one far older than
-    the newest the recipe admits (uv's vllm 0.2.5 beside 0.11), for the packages the recipe names without asking
-    for a version; "" when there is none or the index cannot say. `ask(name, newest)`: the resolver's reason."""
-    named = named_specs(asked_lines(command))
+    the newest the recipe admits (uv's vllm 0.2.5 beside 0.11), for the packages the recipe names (`named`:
+    `named_specs` of its lines) without asking for a version; "" when there is none or the index cannot say.
+    `ask(name, newest)`: the resolver's reason."""
     chosen = [
         (name, version)
         for name, version in installed

@@ -103,19 +103,14 @@ def named_specs(asked):
     return named
 
 
-def fallback(installed, asked):
-    """The first (name, version) installed that the recipe asked for by name (`asked`: the lines of its
+def fallback(installed, named):
+    """The first (name, version) installed that the recipe asked for by name (`named`: `named_specs` of its
     requirements and constraints) and got as a pre-release it did not name: what a resolver falls back to when no
     final release fits (uv's tf-models-official 2.1.0.dev2); None when there is none. A dependency's pre-release
     is not one (opentelemetry-sdk pins its semantic conventions at 0.66b2: asked for, by that package)."""
-    named = {}
-    for line in asked:
-        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)", line)
-        if found:
-            named.setdefault(canon(found.group(1)), []).append(line)
     for name, version in installed:
-        lines = named.get(canon(name))
-        if lines and is_prerelease(version) and not any(version in line for line in lines):
+        clauses = named.get(canon(name))
+        if clauses is not None and is_prerelease(version) and not any(version in clause for clause in clauses):
             return name, version
     return None
 
@@ -140,9 +135,9 @@ def asked_lines(command):
     return [line for path, lines in files_in(command, ("-r", "-c")) if os.path.basename(path) in own for line in lines]
 
 
-def fallback_line(installed, command):
+def fallback_line(installed, named):
     """The failure line for a pre-release the resolver fell back to (see `fallback`), or ""."""
-    late = fallback(installed, asked_lines(command))
+    late = fallback(installed, named)
     if not late:
         return ""
     name, version = late
