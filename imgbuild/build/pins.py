@@ -205,19 +205,18 @@ def _old_lines(loaded: LoadedRecipe) -> tuple[Any, ...]:
 def _admitted(old: tuple[str, ...], freed: set[str], plan: Any) -> tuple[str, ...]:
     """The old pins the resolution may keep: not freed (--upgrade-package, outgrown by the recipe), and none the
     base refuses (its framework, its pinned packages): a pin the base would refuse is resolved afresh."""
+    refused = _base_refuses(old, plan)
+    return tuple(s for s in old if str(canonicalize_name(s.split("==")[0])) not in freed and s not in refused)
+
+
+def _base_refuses(specs: tuple[str, ...] | list[str], plan: Any) -> list[str]:
+    """The `name==version` pins of `specs` the build would refuse: the base's framework or CUDA libraries, or a
+    version its pins exclude (plan.base_refuses, the rule validate and the build apply)."""
     from imgbuild.build.plan import base_pin_versions, base_refuses
     from imgbuild.recipe.reqfile import LockedPin
 
-    pins = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)
-    kept = []
-    for spec in old:
-        req = LockedPin.of(spec)
-        if str(canonicalize_name(req.name)) in freed:
-            continue
-        if base_refuses(req, plan.base, pins):
-            continue
-        kept.append(spec)
-    return tuple(kept)
+    held = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)
+    return [s for s in specs if base_refuses(LockedPin.of(s), plan.base, held)]
 
 
 def lock(
@@ -311,13 +310,9 @@ def lock(
 
 
 def _refuse_what_the_base_refuses(pins: list[str], plan: Any) -> None:
-    """A lock that the build would refuse is never written: a pin of the base's framework, or of a version its
-    pins exclude (the resolution runs under those pins, so only an answer that ignored them says so)."""
-    from imgbuild.build.plan import base_pin_versions, base_refuses
-    from imgbuild.recipe.reqfile import LockedPin
-
-    held = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)
-    refused = [p for p in pins if base_refuses(LockedPin.of(p), plan.base, held)]
+    """A lock that the build would refuse is never written (the resolution runs under the base's pins, so only an
+    answer that ignored them holds such a pin)."""
+    refused = _base_refuses(pins, plan)
     if refused:
         raise BuildFailed(
             f"the resolver would install {', '.join(refused)}, which the base refuses (its framework, or a version "
