@@ -40,23 +40,13 @@ def slurm_mem(per_gpu: str, gpus: int) -> str:
     return f"{int(total)}{unit}"
 
 
-def oci_name(image: str) -> str:
-    """The one name of an image's OCI bundle: `lab/pytorch-research:24.05` -> `pytorch-research_24.05.oci`."""
-    return sif_name(image).removesuffix(".sif") + ".oci"
-
-
-def oci_path(image: str, sif_dir: str | None) -> str:
-    """`lab/x:1` -> `<sif_dir>/x_1.oci` (absolute: the job finds it from any folder); a bundle folder passes."""
-    if image.startswith(("/", "./")) or image.endswith(".oci"):
+def image_file(image: str, sif_dir: str | None, ending: str) -> str:
+    """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05<ending>` (absolute: the job finds it from
+    any folder), the one name `export` writes for a runtime that runs a file (`.oci` bundles, `.sqsh` for pyxis);
+    a path, or a name already ending so, passes."""
+    if image.startswith(("/", "./")) or image.endswith(ending):
         return str(Path(image).absolute())
-    return str((Path(sif_dir) if sif_dir else Path.cwd()) / oci_name(image))
-
-
-def sqsh_path(image: str, sif_dir: str | None) -> str:
-    """`lab/x:1` -> `<sif_dir>/x_1.sqsh`, where `imgbuild export RECIPE --sqsh` writes it for pyxis; a file passes."""
-    if image.startswith(("/", "./")) or image.endswith(".sqsh"):
-        return str(Path(image).absolute())
-    return str((Path(sif_dir) if sif_dir else Path.cwd()) / (oci_name(image).removesuffix(".oci") + ".sqsh"))
+    return str((Path(sif_dir) if sif_dir else Path.cwd()) / (sif_name(image).removesuffix(".sif") + ending))
 
 
 def check_image_present(job: JobSpec) -> None:
@@ -181,8 +171,8 @@ def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = Fals
     if runtime in ("apptainer", "singularity"):
         return sif_path(image, sif_dir)
     if runtime == "pyxis" and (image.endswith(".sqsh") or (local and not parse(image).host)):
-        return sqsh_path(image, sif_dir)
-    return oci_path(image, sif_dir) if runtime == "oci" else image
+        return image_file(image, sif_dir, ".sqsh")
+    return image_file(image, sif_dir, ".oci") if runtime == "oci" else image
 
 
 def whole_mem(text: str) -> str:
