@@ -190,21 +190,18 @@ def gitlab_child(plan: dict[str, Any], include: str) -> str:
 
     if not INCLUDE_RE.fullmatch(include) or ".." in include.split("/"):
         raise UsageError(f"--gitlab-include {include[:80]!r}: a file of the repository, as a relative path (a/b.yml)")
+    rows = [row for wave in plan["waves"] for row in wave]
+    names = {row["recipe"]: f"build {n}: {row['recipe'][:200]}" for n, row in enumerate(rows, 1)}  # GitLab: 255
     jobs: dict[str, Any] = {}
-    names: dict[str, str] = {}
-    for wave in plan["waves"]:
-        for row in wave:
-            names[row["recipe"]] = f"build {len(names) + 1}: {row['recipe'][:200]}"  # GitLab: 255 at most
-    for n, (recipe, job) in enumerate(names.items(), 1):
-        row = next(r for wave in plan["waves"] for r in wave if r["recipe"] == recipe)
-        jobs[job] = {
+    for n, row in enumerate(rows, 1):
+        jobs[names[row["recipe"]]] = {
             "extends": ".imgbuild-runner",
             "stage": f"wave-{row['wave']}",
             "needs": [names[a] for a in row["after"] if a in names],
-            "script": [f"imgbuild rebuild {shlex.quote(recipe)} --push --report-json report-{n}.json"],
+            "script": [f"imgbuild rebuild {shlex.quote(row['recipe'])} --push --report-json report-{n}.json"],
             "artifacts": {"when": "always", "paths": [f"report-{n}.json"]},
         }
-    reports = [f"report-{n}.json" for n in range(1, len(names) + 1)]
+    reports = [f"report-{n}.json" for n in range(1, len(rows) + 1)]
     stages = [f"wave-{n}" for n in range(1, len(plan["waves"]) + 1)]
     merge = "imgbuild merge-reports " + " ".join(reports) + " --junit-xml rebuild.xml --report-json rebuild.json"
     jobs["report"] = {
