@@ -262,26 +262,15 @@ def _pip_folders(plan: Plan, backend: str) -> dict[str, tuple[bytes, int]]:
     put("imgbuild/pip/constraints.txt", constraints_text(plan))
     for name, text in _recipe_pip_files(plan, requirements).items():
         put(f"imgbuild/pip/{name}", text)
-    for name in ("install.sh", "guard.py", "owners.py", "pip_versions.py", "pip_index.py", "pip_words.py"):
+    own = [path.rsplit("/", 1)[1] for path in OWN_SCRIPTS if path.startswith("imgbuild/pip/")]  # install.sh, guard
+    for name in own:
         path = f"imgbuild/pip/{name}"
         put(path, _own_file(OWN_SCRIPTS[path]), 0o755 if name.endswith(".sh") else 0o644)
     if plan.loaded.lock_pins and backend == "buildkit":
         # The lock layer: exactly the lock's pins, from a folder of its own, so that editing the recipe's
         # packages leaves this layer cached and the next layer installs only what the lock lacks.
-        for name in (
-            "constraints.txt",
-            "unpin.txt",
-            "provides.txt",
-            "no-build-isolation.txt",
-            "framework.txt",
-            "uv.txt",
-            "install.sh",
-            "guard.py",
-            "owners.py",
-            "pip_versions.py",
-            "pip_index.py",
-            "pip_words.py",
-        ):
+        inputs = ("constraints.txt", "unpin.txt", "provides.txt", "no-build-isolation.txt", "framework.txt", "uv.txt")
+        for name in (*inputs, *own):
             if f"imgbuild/pip/{name}" in rendered:
                 rendered[f"imgbuild/pip-lock/{name}"] = rendered[f"imgbuild/pip/{name}"]
         put("imgbuild/pip-lock/requirements.txt", lock_layer_text(plan, requirements))
