@@ -35,7 +35,8 @@ def _pip(data: dict) -> dict:
     return pip
 
 
-def _add(data: dict, path: tuple[str, ...], names: list[str]) -> None:
+def add(data: dict, path: tuple[str, ...], names: list[str]) -> None:
+    """`names` appended to the recipe's list at `path` (`("apt",)`, `("pip", "unpin")`), each once."""
     where = data if path[0] != "pip" else _pip(data)
     key = path[-1]
     where[key] = [*where.get(key, []), *[n for n in names if n not in where.get(key, [])]]
@@ -91,14 +92,13 @@ def _drop(said: str, recipe: Path, data: dict) -> list[str]:
     return dropped
 
 
-def _also_apt(text: str, data: dict) -> str:
-    """The apt line that comes with another cure ("... add apt: [g++, python3-dev]"): both, as the line says."""
-    found = APT.search(text)
-    if not found:
-        return ""
-    names = [n.strip() for n in found.group(1).split(",")]
-    _add(data, ("apt",), names)
-    return f", apt: [{', '.join(names)}]"
+def _listed(pattern: re.Pattern[str], text: str, data: dict, path: tuple[str, ...]) -> str:
+    """Every `[a, b]` list the words give in `pattern`'s phrase (every line's, as a user reading them all would:
+    one round), added to the recipe's list at `path`; what was done, or "" where the words give none."""
+    names = list(dict.fromkeys(n.strip() for found in pattern.findall(text) for n in found.split(",")))
+    if names:
+        add(data, path, names)
+    return f"{'.'.join(path)}: [{', '.join(names)}]" if names else ""
 
 
 def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> str | None:
@@ -108,19 +108,14 @@ def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.Comple
     done: str | None = None
     if found := OTHER_CUDA.search(text):
         done = f"asked for {found.group(2)}" if _replace(recipe, data, found.group(1), found.group(2)) else None
-    elif found := NO_ISOLATION.search(text):
-        _add(data, ("pip", "no_build_isolation"), [found.group(1)])
-        done = f"pip.no_build_isolation: [{found.group(1)}]" + _also_apt(text, data)
-    elif APT.search(text):  # every line's, as a user reading them all would: one round
-        names = list(dict.fromkeys(n.strip() for found in APT.findall(text) for n in found.split(",")))
-        _add(data, ("apt",), names)
-        done = f"apt: [{', '.join(names)}]"
-    elif UNPIN.search(text):
-        names = list(dict.fromkeys(n.strip() for found in UNPIN.findall(text) for n in found.split(",")))
-        _add(data, ("pip", "unpin"), names)
-        done = f"pip.unpin: [{', '.join(names)}]"
+    elif found := NO_ISOLATION.search(text):  # "... add apt: [g++, python3-dev] too": both, as the line says
+        add(data, ("pip", "no_build_isolation"), [found.group(1)])
+        also = _listed(APT, text, data, ("apt",))
+        done = f"pip.no_build_isolation: [{found.group(1)}]" + (f", {also}" if also else "")
+    elif listed := _listed(APT, text, data, ("apt",)) or _listed(UNPIN, text, data, ("pip", "unpin")):
+        done = listed
     elif found := RESTORE.search(text):
-        _add(data, ("pip", "constraints"), [found.group(2)])
+        add(data, ("pip", "constraints"), [found.group(2)])
         done = f"pip.constraints: [{found.group(2)}]"
     elif found := BY_VERSION.search(text):
         pin = f"{found.group(1)}=={found.group(2)}"

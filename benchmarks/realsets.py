@@ -64,10 +64,10 @@ def _requirements(realset: Any, recipes: Path) -> list[str]:
 
 
 def _edit_imgbuild(recipe: Path, extra: str) -> None:
+    from follow import add
+
     data = yaml.safe_load(recipe.read_text())
-    pip = data["pip"] if isinstance(data["pip"], dict) else {"packages": data["pip"]}
-    pip["packages"] = [*pip.get("packages", []), extra]
-    data["pip"] = pip
+    add(data, ("pip", "packages"), [extra])
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
