@@ -24,9 +24,10 @@ fi
 unset PIP_CONSTRAINT
 # pip.unpin: base packages the recipe lets pip move, on purpose (never the framework or CUDA stack).
 if [ -s "$here/unpin.txt" ]; then
-  python3 - "$pins" "$here/unpin.txt" <<'EOF'
+  python3 - "$pins" "$here/unpin.txt" "$here" <<'EOF'
 import re, sys
-canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+sys.path.insert(0, sys.argv[3])
+from pip_versions import canon  # beside this script, as the guard has it
 drop = {canon(name) for name in open(sys.argv[2]).read().split()}
 lines = open(sys.argv[1]).read().splitlines()
 keep = [ln for ln in lines if canon(re.split(r"[<>=!~;\[ @]", ln.strip(), maxsplit=1)[0]) not in drop]
@@ -142,9 +143,10 @@ EOF
   # build fails instead, naming pip.no_build_isolation, which builds against the base's own.
   if [ -s "$here/framework.txt" ]; then
     framework_pins=$(mktemp)
-    python3 - "$pins" "$here/framework.txt" > "$framework_pins" <<'EOF'
+    python3 - "$pins" "$here/framework.txt" "$here" > "$framework_pins" <<'EOF'
 import re, sys
-canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+sys.path.insert(0, sys.argv[3])
+from pip_versions import canon  # beside this script, as the guard has it
 names = {canon(n) for n in open(sys.argv[2]).read().split()}
 for line in open(sys.argv[1]).read().splitlines():
     found = re.match(r"([A-Za-z0-9][A-Za-z0-9_.-]*)==", line.strip())
