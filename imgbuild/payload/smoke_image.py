@@ -597,7 +597,8 @@ def accepted_pip_check(lines: list, accepted: str) -> tuple:
     """(lines not accepted, lines accepted): a line is accepted when the distribution it is about (its first
     word, as `pip check` writes it) is one the recipe names in smoke.accept_pip_check."""
     names = {_canonical(name) for name in accepted.split()}
-    kept, taken = [], []
+    kept: list = []
+    taken: list = []
     for line in lines:
         (taken if line.split() and _canonical(line.split()[0]) in names else kept).append(line)
     return kept, taken
