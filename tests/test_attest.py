@@ -516,3 +516,25 @@ def test_the_provenance_says_a_dirty_tree_and_when(tmp_path):
     statement = attest.provenance(made(git_dirty=True, finished="2026-11-26T23:00:00Z"), "sha256:" + "5" * 64)
     assert statement["predicate"]["buildDefinition"]["externalParameters"]["recipe"]["gitTreeDirty"] is True
     assert statement["predicate"]["runDetails"]["metadata"] == {"finishedOn": "2026-11-26T23:00:00Z"}
+
+
+def test_the_images_debian_rows_are_read_as_dpkg_rows_and_anything_else_is_dropped():
+    """The SBOM's apt part comes from the image's smoke report: each row must read as dpkg's own (the smoke
+    script's DEB_LINE, one rule for both sides); a row of another shape never reaches the SBOM."""
+    from imgbuild.build.describe import _debs
+
+    rows = [
+        ["jq", "1.6-2.1"],
+        ["libc6", "2.36-9+deb12u9"],
+        ["Bad", "1"],  # dpkg names are lower case
+        ["jq\tx", "1"],
+        ["x", "1\n2"],
+        ["x", ""],
+        ["x" * 200, "1"],
+        ["x:amd64", "1"],  # the architecture is dpkg's suffix, never part of the name in a row
+        ["x", "1", "extra"],
+        "jq 1.6",
+        [1, 2],
+    ]
+    assert _debs({"meta": {"debs": rows}}, ("jq",)) == (("jq", "1.6-2.1"), ("libc6", "2.36-9+deb12u9"))
+    assert _debs({"meta": {}}, ("jq", "curl")) == (("jq", ""), ("curl", ""))  # no dpkg: the recipe's names

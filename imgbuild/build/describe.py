@@ -113,15 +113,13 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
     )
 
 
-_DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")
-_DEB_VERSION = re.compile(r"[A-Za-z0-9.+:~-]{1,128}")
-
-
 def _debs(smoke: dict[str, Any], asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """(package, version) of the Debian packages the image added over its base, as its smoke test read them with
     dpkg (the recipe's apt packages and what apt pulled in); where the test could not read them (a base without
     dpkg), the recipe's own names, version unknown. The smoke report comes from the image: rows of another shape
     are dropped."""
+    from imgbuild.payload.smoke_image import DEB_LINE  # the one reading of a dpkg row, the image's own
+
     rows = (smoke.get("meta") or {}).get("debs")
     if not isinstance(rows, list):
         return tuple((name, "") for name in asked)
@@ -129,6 +127,6 @@ def _debs(smoke: dict[str, Any], asked: tuple[str, ...]) -> tuple[tuple[str, str
         (r[0], r[1])
         for r in rows[:100000]
         if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
-        and _DEB_NAME.fullmatch(r[0]) and _DEB_VERSION.fullmatch(r[1])
+        and (line := DEB_LINE.fullmatch(f"{r[0]}\t{r[1]}")) and line.group(1) == r[0]
     ]  # fmt: skip
     return tuple(found)
