@@ -269,3 +269,28 @@ def test_the_pip_steps_reading_of_a_cuda_build_is_the_plans():
     names = ["nvidia-cudnn-cu12", "nvidia-cudnn-cu13", "cupy-cuda12x", "cupy-cuda117", "cupy-cuda102", "cudf-cu12",
              "jax-cuda12-plugin", "nvidia-cuda-runtime-cu13", "cuda-python", "pycuda", "numba-cuda", "cu12", "torch"]  # fmt: skip
     assert [owners.cuda_build(n) for n in names] == [ngc.cuda_build(n) for n in names]
+
+
+def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_package(tmp_path, monkeypatch):
+    """Ten refusals whose cures name a package, and an index that does not answer: one question, bounded by its
+    deadline, not ten; each line still says the index could not be asked."""
+    from imgbuild.build import resolve
+    from imgbuild.build.plan import make_plan
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+    from imgbuild.registry import pypi
+    from tests.test_recipe_render import settings
+
+    asked = []
+    monkeypatch.setattr(pypi, "has_project", lambda index, name, **kw: asked.append(name))  # None: no answer
+    base = _real_base("pytorch:25.10-py3")
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    names = [f"lib{c}-cu12" for c in "abcdefghij"]  # each refused, each cure a -cu13 project
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "25.10"}}\npip: {{packages: {names}}}\n')
+    config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
+    loaded = load_recipe(recipe)
+    with pytest.raises(RecipeError) as err, resolve.cures_checked(loaded, settings()):
+        make_plan(loaded, settings(), lambda ref: ("sha256:" + "a" * 64, config))
+    assert len(asked) == 1 and len(err.value.lines()) == 10
+    assert all("the index could not be asked whether it has" in line for line in err.value.lines())

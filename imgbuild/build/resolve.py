@@ -151,13 +151,19 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
         from imgbuild.registry.pypi import PYPI, has_project
 
         index = loaded.recipe.pip.index_url or settings.pip_index_url or PYPI
+        asked: dict[str, bool | None] = {}  # each name once; an index that did not answer is not asked again
+        unreachable = offline
+
+        def has(name: str) -> bool | None:
+            nonlocal unreachable
+            if name not in asked:
+                asked[name] = None if unreachable else has_project(index, name, verify=settings.pip_ca_bundle or True)
+                unreachable = unreachable or asked[name] is None
+            return asked[name]
+
         problems = []
         for problem in err.problems:
-            found = (
-                None
-                if offline or not problem.needs
-                else has_project(index, problem.needs, verify=settings.pip_ca_bundle or True)
-            )
+            found = has(problem.needs) if problem.needs else None
             hint = problem.otherwise if found is False else problem.hint
             if found is None and problem.needs:
                 hint += f"; the index could not be asked whether it has {problem.needs}"
