@@ -9,10 +9,9 @@ import contextlib
 import fnmatch
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, expand
@@ -27,12 +26,12 @@ class Acting:
     allowed_images: tuple[str, ...]
 
     def check_image(self, image_ref: str, what: str = "") -> None:
-        check_image(self.who, {"allowed_images": self.allowed_images}, image_ref, what)
+        check_image(self.who, self.allowed_images, image_ref, what)
 
 
-def check_image(who: Caller, house: dict[str, Any], image_ref: str, what: str = "") -> None:
+def check_image(who: Caller, allowed_images: Sequence[str], image_ref: str, what: str = "") -> None:
     """`image_ref` (to run, a build's base, an image to smoke-test) is one the site allows (`run.allowed_images`)."""
-    allowed = [expand(p, user=who.name) for p in house.get("allowed_images") or []]
+    allowed = [expand(p, user=who.name) for p in allowed_images]
     if not any(fnmatch.fnmatchcase(image_ref, pattern) for pattern in allowed):
         raise UsageError(
             f"{what + ' ' if what else ''}{image_ref}: not an image this server allows "

@@ -17,6 +17,7 @@ from imgbuild.build.render import apptainer_definition
 from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.settings import load_settings
+from imgbuild.config.site import slurm_site
 from imgbuild.errors import UsageError
 from imgbuild.recipe import load_recipe
 from tests import ngc_facts
@@ -380,6 +381,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
 def test_a_csc_like_site_config_describes_the_cluster():
     """Issue 18 item 8: binds, a default GPU type, memory in Slurm's units, GPUs per node of each type."""
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
 
     site = {
         "gpu_types": {"v100": "v100", "a100": "a100"},
@@ -389,15 +391,15 @@ def test_a_csc_like_site_config_describes_the_cluster():
         "binds": ["/scratch", "/projappl:/projappl:ro"],
         "sif_dir": "/projappl/p/images",
     }
-    job = job_from_flags(JobFlags(["python", "t.py"], "lab/research:1", "research", gpus=4), site)
+    job = job_from_flags(JobFlags(["python", "t.py"], "lab/research:1", "research", gpus=4), slurm_site(site))
     script = sbatch_script(job)
     assert "#SBATCH --gres=gpu:v100:4" in script and "#SBATCH --mem=64000M" in script
     assert (
         "apptainer exec --nv --bind /scratch --bind /projappl:/projappl:ro /projappl/p/images/research_1.sif" in script
     )
-    assert job_from_flags(JobFlags(["x"], "i", "i", gpus=2), {**site, "mem_per_gpu": "64G"}).mem == "128G"
+    assert job_from_flags(JobFlags(["x"], "i", "i", gpus=2), slurm_site({**site, "mem_per_gpu": "64G"})).mem == "128G"
     with pytest.raises(UsageError, match=r"a v100 node has 4 GPUs; ask for --nodes 2 --gpus 4"):
-        job_from_flags(JobFlags(["x"], "i", "i", gpus=8), site)
+        job_from_flags(JobFlags(["x"], "i", "i", gpus=8), slurm_site(site))
     for bad, message in (
         ({"mem_per_gpu": "lots"}, "not a Slurm memory size"),
         ({"binds": ["scratch"]}, "not /HOST"),
@@ -405,7 +407,7 @@ def test_a_csc_like_site_config_describes_the_cluster():
         ({"gpus_per_node": 4}, "must be a mapping"),
     ):
         with pytest.raises(UsageError, match=message):
-            job_from_flags(JobFlags(["x"], "i", "i"), {**site, **bad})
+            job_from_flags(JobFlags(["x"], "i", "i"), slurm_site({**site, **bad}))
 
 
 def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path):
@@ -437,12 +439,12 @@ def test_one_task_per_gpu_layout_and_fault_tolerance_flags():
     assert step.endswith("env OMP_NUM_THREADS=10 python hvd.py") and "torchrun" not in step
     site: dict = {}
     with pytest.raises(UsageError, match="does not take --torchrun"):
-        job_from_flags(JobFlags(["x"], "i.sif", "i", task_per_gpu=True, torchrun=True), site)
+        job_from_flags(JobFlags(["x"], "i.sif", "i", task_per_gpu=True, torchrun=True), slurm_site(site))
     with pytest.raises(UsageError, match="--max-restarts: torchrun restarts"):
-        job_from_flags(JobFlags(["x"], "i.sif", "i", max_restarts=2, torchrun=False), site)
-    restart = job_from_flags(JobFlags(["t.py"], "i.sif", "i", gpus=1, max_restarts=3), site)
+        job_from_flags(JobFlags(["x"], "i.sif", "i", max_restarts=2, torchrun=False), slurm_site(site))
+    restart = job_from_flags(JobFlags(["t.py"], "i.sif", "i", gpus=1, max_restarts=3), slurm_site(site))
     assert "torchrun --standalone --nproc-per-node=1 --max-restarts=3 t.py" in step_line(sbatch_script(restart))
-    requeued = sbatch_script(job_from_flags(JobFlags(["t.py"], "i.sif", "i", gpus=2, requeue=True), site))
+    requeued = sbatch_script(job_from_flags(JobFlags(["t.py"], "i.sif", "i", gpus=2, requeue=True), slurm_site(site)))
     for line in (
         "#SBATCH --requeue",
         "#SBATCH --signal=B:USR1@300",
@@ -453,7 +455,7 @@ def test_one_task_per_gpu_layout_and_fault_tolerance_flags():
     assert '--bind "$SLURM_SUBMIT_DIR/snapshots:$SLURM_SUBMIT_DIR/snapshots"' in step_line(requeued)
     for bad in ("$LOCAL_SCRATCH/snaps", "/tmp/x", "$TMPDIR", "rel/path", "/a b", "/x:/y", "/x;rm -rf ~", "$(id)"):
         with pytest.raises(UsageError, match="--snapshot-dir"):
-            job_from_flags(JobFlags(["t.py"], "i.sif", "i", requeue=True, snapshot_dir=bad), site)
+            job_from_flags(JobFlags(["t.py"], "i.sif", "i", requeue=True, snapshot_dir=bad), slurm_site(site))
 
 
 def fake_nvidia_smi(bin_dir: Path) -> None:
@@ -646,7 +648,7 @@ def test_pyxis_runs_a_recipes_local_image_from_the_squashfs_export_writes(tmp_pa
     from imgbuild.clusters.jobs import check_image_present
 
     site = {"runtime": "pyxis", "sif_dir": str(tmp_path)}
-    job = job_from_flags(JobFlags(["python3", "t.py"], image, "research", local_image=local), site)
+    job = job_from_flags(JobFlags(["python3", "t.py"], image, "research", local_image=local), slurm_site(site))
     expected = runs.format(dir=tmp_path)
     assert f"--container-image={expected} " in step_line(sbatch_script(job))
     if expected.endswith(".sqsh"):
@@ -660,10 +662,12 @@ def test_pyxis_runs_a_recipes_local_image_from_the_squashfs_export_writes(tmp_pa
 def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
     """Issue 31 N12: --time 00:04:00 --requeue was signalled at once and requeued with no work done."""
     with pytest.raises(UsageError, match="no longer than the signal lead"):
-        job_from_flags(JobFlags(["t"], "x.sif", "x", time="00:04:00", requeue=True), {})
+        job_from_flags(JobFlags(["t"], "x.sif", "x", time="00:04:00", requeue=True), slurm_site({}))
     with pytest.raises(UsageError, match="no longer than the signal lead"):
-        job_from_flags(JobFlags(["t"], "x.sif", "x", time="5", requeue=True), {})  # Slurm's bare number: minutes
-    assert job_from_flags(JobFlags(["t"], "x.sif", "x", time="1-00:00", requeue=True), {}).requeue
+        job_from_flags(
+            JobFlags(["t"], "x.sif", "x", time="5", requeue=True), slurm_site({})
+        )  # Slurm's bare number: minutes
+    assert job_from_flags(JobFlags(["t"], "x.sif", "x", time="1-00:00", requeue=True), slurm_site({})).requeue
 
 
 @pytest.mark.parametrize(
@@ -680,8 +684,8 @@ def test_an_unknown_gpu_type_is_refused_where_the_site_lists_its_types():
     """Issue 31 N14: --gpu-type h100 on a V100-only site rendered --gres=gpu:h100:8."""
     site = {"gpu_types": {"v100": "v100", "a100": "a100_40g"}}
     with pytest.raises(UsageError, match="this site has a100, v100"):
-        job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="h100"), site)
-    assert job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="a100"), site).gpu_type == "a100_40g"
+        job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="h100"), slurm_site(site))
+    assert job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="a100"), slurm_site(site)).gpu_type == "a100_40g"
 
 
 def test_a_recipes_image_is_never_pulled_from_docker_hub(tmp_path):
@@ -746,12 +750,12 @@ def test_n14_no_empty_labels_in_a_sif_and_no_usage_folder_left_behind():
 def test_a_job_without_gpus_goes_to_the_sites_cpu_partition():
     """Issue 31 N14: CPU-only jobs went to the site's GPU partition, holding a GPU node's CPUs."""
     site = {"partition": "gpu", "cpu_partition": "small"}
-    cpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), site))
-    gpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=1), site))
-    named = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0, partition="test"), site))
+    cpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), slurm_site(site)))
+    gpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=1), slurm_site(site)))
+    named = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0, partition="test"), slurm_site(site)))
     assert "#SBATCH --partition=small" in cpu and "#SBATCH --partition=gpu" in gpu
     assert "#SBATCH --partition=test" in named  # the user's own --partition wins
-    plain = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), {"partition": "gpu"}))
+    plain = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), slurm_site({"partition": "gpu"})))
     assert "#SBATCH --partition=gpu" in plain  # a site with one partition: that one
 
 
@@ -790,14 +794,16 @@ def test_the_oci_runtime_takes_its_folders_from_the_bundle(tmp_path, monkeypatch
     assert step.startswith("srun --cpus-per-task=20 --container=/b/x.oci sh -c ")
     assert step.endswith('imgbuild "$PWD" -- env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=2 t.py')
     with pytest.raises(UsageError, match="fixed when it is written: imgbuild export RECIPE --oci DIR --bind"):
-        job_from_flags(JobFlags(["t.py"], "/b/x.oci", "x", runtime="oci", binds=["/data"]), {})
-    job = job_from_flags(JobFlags(["t.py"], "lab/x:1", "x", runtime="oci"), {"sif_dir": "/proj/images"})
+        job_from_flags(JobFlags(["t.py"], "/b/x.oci", "x", runtime="oci", binds=["/data"]), slurm_site({}))
+    job = job_from_flags(JobFlags(["t.py"], "lab/x:1", "x", runtime="oci"), slurm_site({"sif_dir": "/proj/images"}))
     assert job.image == "/proj/images/x_1.oci"
     with pytest.raises(UsageError, match="no OCI bundle here; write it with `imgbuild export RECIPE --oci DIR`"):
         check_image_present(job)
     (tmp_path / "ok.oci").mkdir()
     (tmp_path / "ok.oci" / "config.json").write_text("{}")
-    check_image_present(job_from_flags(JobFlags(["t.py"], str(tmp_path / "ok.oci"), "x", runtime="oci"), {}))
+    check_image_present(
+        job_from_flags(JobFlags(["t.py"], str(tmp_path / "ok.oci"), "x", runtime="oci"), slurm_site({}))
+    )
 
 
 @pytest.mark.parametrize(
@@ -999,7 +1005,7 @@ def test_a_site_names_its_fabric_for_the_rendezvous_and_the_sockets_as_juwels_do
     """clusters-4, JUWELS: the rendezvous host is the node's InfiniBand name (the hostname and `i`, as JSC's own job
     templates write MASTER_ADDR), and NCCL's and Gloo's sockets use ib0: both as site settings."""
     site = {"rdzv_host_suffix": "i", "socket_ifname": "ib0"}
-    job = job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), site)
+    job = job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), slurm_site(site))
     script = sbatch_script(job)
     assert 'head_node="${head_node}i"' in script and "NodeAddr" not in script
     assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in script
@@ -1007,7 +1013,9 @@ def test_a_site_names_its_fabric_for_the_rendezvous_and_the_sockets_as_juwels_do
     path = tmp_path / "job.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    plain = sbatch_script(job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), {}))
+    plain = sbatch_script(
+        job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), slurm_site({}))
+    )
     assert "NodeAddr" in plain and "SOCKET_IFNAME" not in plain  # without them, Slurm's NodeAddr as before
 
 

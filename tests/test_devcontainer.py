@@ -10,19 +10,19 @@ import subprocess
 import pytest
 
 from imgbuild.clusters.devcontainer import devcontainer
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import run_rules
 from imgbuild.errors import UsageError
 from tests import ngc_facts
 from tests.conftest import run_cli, use_site_config
 from tests.test_cluster import plan_of
 
 
-def test_the_document_carries_the_house_rules_and_the_recipes_user(tmp_path):
+def test_the_document_carries_the_run_rules_and_the_recipes_user(tmp_path):
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text('name: dev\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nuser: {name: researcher}\n')
     plan = plan_of(recipe)
-    house = house_rules(
+    house = run_rules(
         {
             "mounts": ["/work/{user}:/work/{user}", "/datasets:/datasets:ro"],
             "env": {"NCCL_DEBUG": "WARN"},
@@ -40,10 +40,10 @@ def test_the_document_carries_the_house_rules_and_the_recipes_user(tmp_path):
     ]
     assert doc["containerEnv"] == {"NCCL_DEBUG": "WARN"}
     assert doc["workspaceFolder"] == "/workspace"
-    shm = devcontainer(plan, house_rules({"shm_size": "16g"}))
+    shm = devcontainer(plan, run_rules({"shm_size": "16g"}))
     assert "--shm-size=16g" in shm["runArgs"] and not any(a.startswith("--ipc") for a in shm["runArgs"])
     with pytest.raises(UsageError, match="is not SOURCE:/TARGET"):
-        devcontainer(plan, house_rules({"mounts": ["/data"]}))
+        devcontainer(plan, run_rules({"mounts": ["/data"]}))
 
 
 def test_export_needs_exactly_one_target(tmp_path):

@@ -176,7 +176,7 @@ def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
     snapshot = tmp_path / "gpus.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in [*slices, volta]]}))
     monkeypatch.setattr(doctor, "_driver_version", lambda: "590.44.01")
-    facts = doctor.collect(load_settings({"gpu_snapshot": str(snapshot)}), FakeEngine())
+    facts = doctor.collect(load_settings({"gpu_snapshot": str(snapshot)}), FakeEngine().host_info())
     assert [g["index"] for g in facts.gpus] == [0, 1] and facts.gpus[0]["mig"] and not facts.gpus[1]["mig"]
     assert facts.gpus[0]["name"] == "NVIDIA A100-SXM4-40GB"
     found = lines(facts)

@@ -19,16 +19,19 @@ from pathlib import Path
 import pytest
 
 from imgbuild import acting
+from imgbuild.config.site import run_rules
 from imgbuild.errors import UsageError
 from imgbuild.host import Caller
 from imgbuild.servers import enforce
 from imgbuild.servers.run import RunRequest
 
 ALICE = Caller("alice", 1001, 1001, via_sudo=True)
-HOUSE = {
-    "allowed_images": ["nvcr.io/nvidia/*", "{user}/*"],
-    "allowed_mounts": ["{home}", "/srv/datasets"],
-}
+HOUSE = run_rules(
+    {
+        "allowed_images": ["nvcr.io/nvidia/*", "{user}/*"],
+        "allowed_mounts": ["{home}", "/srv/datasets"],
+    }
+)
 
 
 def req(**kw) -> RunRequest:
@@ -226,7 +229,7 @@ def as_user(
 
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
 @pytest.mark.engine
-def test_users_through_sudo_cannot_break_the_house_rules(enforced, unique, docker_client):
+def test_users_through_sudo_cannot_break_the_run_rules(enforced, unique, docker_client):
     """At least 25 attempts by real users through Debian's sudo on the real engine, each refused with one line
     (the same table is in SECURITY.md); what the rules allow works, as the user, and the audit log has it all."""
     image, shared = enforced["image"], enforced["shared"]
@@ -331,7 +334,7 @@ def test_a_folder_swapped_for_a_link_after_the_check_is_never_mounted(tmp_path, 
     folder = tmp_path / "mine"
     folder.mkdir()
     who = Caller("root", 0, 0)
-    (mount,) = enforce.check_mounts([f"{folder}:/data"], who, {"allowed_mounts": [str(tmp_path)]})
+    (mount,) = enforce.check_mounts([f"{folder}:/data"], who, run_rules({"allowed_mounts": [str(tmp_path)]}))
     folder.rename(tmp_path / "moved")
     folder.symlink_to("/etc")
     with pytest.raises(UsageError, match="changed since it was checked"), enforce.staged([mount]):
@@ -441,13 +444,15 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     # notices, for both users: alice's queued job (--notify) ended; bob's own run --notify fails
     bobs = as_user("imgbt-bob", "run", "--notify", "--name", f"nb{unique}", image, "--", "sh", "-c", "exit 4")
     assert bobs.returncode == 4, bobs.stderr
-    from imgbuild.config.site import house_rules
+    from imgbuild.config.site import reap_policy, run_rules
     from imgbuild.engine import Engine
-    from imgbuild.servers.reap import policy, reap
+    from imgbuild.servers.reap import reap
 
     given: list[tuple[str, str]] = []
-    house = house_rules({"state_dir": str(enforced["state"])})
-    reap(Engine.connect(None), [], house, policy({}), time.time(), notify=lambda u, t: given.append((u, t)) or True)
+    house = run_rules({"state_dir": str(enforced["state"])})
+    reap(
+        Engine.connect(None), [], house, reap_policy({}), time.time(), notify=lambda u, t: given.append((u, t)) or True
+    )
     mine = sorted((u, t.split(" after ")[0]) for u, t in given if unique in t)
     assert mine == [
         ("imgbt-alice", f"imgbuild: imgbt-alice_q1{unique}_1 finished"),

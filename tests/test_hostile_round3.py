@@ -378,6 +378,7 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
 
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
     from imgbuild.clusters.slurm import sbatch_script
+    from imgbuild.config.site import slurm_site
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -399,7 +400,7 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
         usage=False,
     )
     script = tmp_path / "job.sh"
-    script.write_text(sbatch_script(job_from_flags(flags, {})))
+    script.write_text(sbatch_script(job_from_flags(flags, slurm_site({}))))
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -433,9 +434,10 @@ def test_10_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, 
 )
 def test_10_values_that_become_sbatch_lines_are_whole_string_checked(flag, value):
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
 
     with pytest.raises(UsageError, match="is not valid here"):
-        job_from_flags(JobFlags(["true"], "x.sif", "x", **{flag: value}), {})
+        job_from_flags(JobFlags(["true"], "x.sif", "x", **{flag: value}), slurm_site({}))
 
 
 def test_1_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
@@ -1057,17 +1059,17 @@ def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
 
 def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
     """`reap --dry-run` reads: the reaper's own folder is made by a real run only."""
-    from imgbuild.config.site import house_rules
-    from imgbuild.servers.reap import policy, reap
+    from imgbuild.config.site import reap_policy, run_rules
+    from imgbuild.servers.reap import reap
 
     class NoContainers:
         containers = types.SimpleNamespace(rows=lambda: [])
 
     state = tmp_path / "state"
-    house = house_rules({"state_dir": str(state)})
-    assert reap(NoContainers(), [], house, policy({}), 0.0, dry_run=True).actions == []
+    house = run_rules({"state_dir": str(state)})
+    assert reap(NoContainers(), [], house, reap_policy({}), 0.0, dry_run=True).actions == []
     assert not state.exists()
-    reap(NoContainers(), [], house, policy({}), 0.0)
+    reap(NoContainers(), [], house, reap_policy({}), 0.0)
     assert (state / ".reap").is_dir()
 
 

@@ -137,18 +137,20 @@ def test_kubernetes_tensorflow_and_launchers():
 def test_a_fractional_memory_is_written_as_sbatch_takes_it(mem, header):
     """clusters-4: `--mem 7.5G` was passed on and sbatch rejected it (whole numbers only)."""
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
 
-    job = job_from_flags(JobFlags(["t.py"], "x.sif", "x", mem=mem), {})
+    job = job_from_flags(JobFlags(["t.py"], "x.sif", "x", mem=mem), slurm_site({}))
     assert header in sbatch_script(job)
 
 
 def test_a_jean_zay_account_is_accepted():
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
 
-    job = job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100"), {})
+    job = job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100"), slurm_site({}))
     assert "#SBATCH --account=abc@v100" in sbatch_script(job)
     with pytest.raises(UsageError, match="--account"):
-        job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100;rm"), {})
+        job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100;rm"), slurm_site({}))
 
 
 def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home(tmp_path):
@@ -228,13 +230,16 @@ def test_every_pod_meets_the_restricted_pod_security_standard(gpus, nodes):
 def test_site_sbatch_options_qos_and_constraints_reach_the_header():
     """clusters-4: no --qos, --constraint or site #SBATCH lines (Jean Zay's --hint=nomultithread, JUWELS' QOS)."""
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
 
     site = {"qos": "normal", "constraint": "v100-32g", "sbatch_lines": ["--hint=nomultithread", "--exclusive"]}
-    script = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x"), site))
+    script = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x"), slurm_site(site)))
     for line in ("#SBATCH --qos=normal", "#SBATCH --constraint=v100-32g", "#SBATCH --hint=nomultithread",
                  "#SBATCH --exclusive"):  # fmt: skip
         assert line in script.splitlines()
-    mine = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x", qos="qos_gpu-t4", constraint="a100&ib"), site))
+    mine = sbatch_script(
+        job_from_flags(JobFlags(["t.py"], "x.sif", "x", qos="qos_gpu-t4", constraint="a100&ib"), slurm_site(site))
+    )
     assert "#SBATCH --qos=qos_gpu-t4" in mine and "#SBATCH --constraint=a100&ib" in mine  # the flags win
 
 
@@ -251,6 +256,7 @@ def test_site_sbatch_options_qos_and_constraints_reach_the_header():
 )
 def test_a_hostile_site_sbatch_value_is_refused_naming_it(section, key):
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
 
     with pytest.raises(UsageError, match=key):
-        job_from_flags(JobFlags(["t.py"], "x.sif", "x"), section)
+        job_from_flags(JobFlags(["t.py"], "x.sif", "x"), slurm_site(section))

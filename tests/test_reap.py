@@ -12,23 +12,24 @@ import pwd
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import reap_policy, run_rules
 from imgbuild.errors import UsageError
 from imgbuild.gpu.read import Gpu
 from imgbuild.host import caller
 from imgbuild.servers import usage
 from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension
-from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, policy, reap, save_state, write_notice
+from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, reap, save_state, write_notice
 from imgbuild.servers.run import RunRequest, prepare
 from tests.conftest import IMGBUILD, run_words, use_site_config
 
 ME = caller().name
 H = 3600.0
-RULES = policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "7d"})
+RULES = reap_policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "7d"})
 
 
 def row(name: str, status: str = "running", **extra) -> dict:
@@ -105,28 +106,28 @@ def test_idle_since_is_the_start_of_the_trailing_idle_run():
     ("container", "rules", "expected"),
     [
         (row("alice_old_1", "exited", finished_ts=90 * H), RULES, []),  # removing is not asked for
-        (row("alice_old_1", "exited", finished_ts=90 * H), {**RULES, "remove": True}, []),  # 110 h: too young
+        (row("alice_old_1", "exited", finished_ts=90 * H), replace(RULES, remove=True), []),  # 110 h: too young
         (
             row("alice_old_1", "exited", finished_ts=1 * H),
-            {**RULES, "remove": True},
+            replace(RULES, remove=True),
             [("remove", "alice_old_1", "exited")],
         ),  # fmt: skip
         (
             row("alice_new_1", "created", created_ts=1 * H),
-            {**RULES, "remove": True},
+            replace(RULES, remove=True),
             [("remove", "alice_new_1", "exited")],
         ),  # fmt: skip
-        (row("registry", "exited", finished_ts=1 * H, labelled=False), {**RULES, "remove": True}, []),  # not a user's
+        (row("registry", "exited", finished_ts=1 * H, labelled=False), replace(RULES, remove=True), []),  # not a user's
         (row("registry", labelled=False), RULES, []),  # unnamed: left alone unless the site says
-        (row("registry", labelled=False), {**RULES, "unnamed": True}, [("stop", "registry", "unnamed")]),
-        (row("registry", labelled=False), {**RULES, "unnamed": True, "exempt": ["regis*"]}, []),
+        (row("registry", labelled=False), replace(RULES, unnamed=True), [("stop", "registry", "unnamed")]),
+        (row("registry", labelled=False), replace(RULES, unnamed=True, exempt=["regis*"]), []),
         (
             row("mallory_x_1", labelled=False),
-            {**RULES, "unnamed": True},
+            replace(RULES, unnamed=True),
             [("stop", "mallory_x_1", "unnamed")],
         ),  # no such user  # fmt: skip
-        (row("bob_x_1", labelled=False), {**RULES, "unnamed": True}, []),  # named by hand after a real user
-        (row("alice_a_1", smoke=True), {**RULES, "unnamed": True}, []),  # smoke containers are imgbuild's own
+        (row("bob_x_1", labelled=False), replace(RULES, unnamed=True), []),  # named by hand after a real user
+        (row("alice_a_1", smoke=True), replace(RULES, unnamed=True), []),  # smoke containers are imgbuild's own
     ],
 )
 def test_old_unnamed_and_exempt_containers(container, rules, expected):
@@ -135,7 +136,7 @@ def test_old_unnamed_and_exempt_containers(container, rules, expected):
 
 def test_with_remove_set_the_final_action_removes():
     state = State(warned={"alice_a_1": {"deadline": 0.0}})
-    rules = {**RULES, "remove": True}
+    rules = replace(RULES, remove=True)
     assert verbs(run_decide([row("alice_a_1")], state, rules=rules, deadlines={"alice_a_1": 1.0})) == [
         ("remove", "alice_a_1", "deadline")
     ]
@@ -155,12 +156,12 @@ def test_with_remove_set_the_final_action_removes():
 )
 def test_bad_reap_settings_are_refused(setting, message):
     with pytest.raises(UsageError, match=message):
-        policy(setting)
+        reap_policy(setting)
 
 
 def test_time_and_its_site_maximum():
-    house = house_rules({"default_time": "1d", "max_time": "3d"})
-    assert house["default_time"] == 86400 and house["max_time"] == 3 * 86400
+    house = run_rules({"default_time": "1d", "max_time": "3d"})
+    assert house.default_seconds == 86400 and house.max_seconds == 3 * 86400
     with pytest.raises(UsageError, match=r"--time 4d: this site allows at most 3d \(run.max_time\)"):
         prepare(RunRequest("img", ["true"], time="4d"), _settings(), house=house)
     spec = prepare(RunRequest("img", ["true"], time="2h"), _settings(), house=house)
@@ -168,7 +169,7 @@ def test_time_and_its_site_maximum():
     assert f"org.imgbuild.deadline={spec.deadline:.0f}" in run_words(spec)
     default = prepare(RunRequest("img", ["true"]), _settings(), house=house)
     assert default.deadline is not None and abs(default.deadline - time.time() - 86400) < 60
-    assert prepare(RunRequest("img", ["true"]), _settings(), house=house_rules({})).deadline is None
+    assert prepare(RunRequest("img", ["true"]), _settings(), house=run_rules({})).deadline is None
     # `extend` moves a deadline, never past the start plus max_time, whatever the ledger says
     container = {"id": "abc", "deadline": 100.0, "created_ts": 0.0}
     container["user"] = "alice"
@@ -259,8 +260,8 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
         subprocess.run(["docker", "create", "--name", never, "--label", f"org.imgbuild.user={ME}", image, "true"], check=True, capture_output=True)  # fmt: skip
         subprocess.run(["docker", "run", "-d", "--name", unnamed, image, *job], check=True, capture_output=True)  # fmt: skip
         engine = Engine.connect(None)
-        house = house_rules({"state_dir": str(state)})
-        rules = policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "1d"})
+        house = run_rules({"state_dir": str(state)})
+        rules = reap_policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "1d"})
         gpus = [gpu(0, 0), gpu(1, 93)]
         t0 = time.time()
 
@@ -447,7 +448,7 @@ def test_which_ended_jobs_get_a_notice_and_what_it_says(why, change, expected):
 
 def test_a_notify_command_by_relative_path_is_refused():
     with pytest.raises(UsageError, match="notify_command: 'mail': the program by absolute path"):
-        policy({"notify_command": ["mail", "-s", "done"]})
+        reap_policy({"notify_command": ["mail", "-s", "done"]})
 
 
 class _Containers:
@@ -475,8 +476,8 @@ def test_a_notice_is_given_once_with_the_facts_in_the_site_commands_environment(
     )
     command.chmod(0o755)
     rows = [{**ENDED, "name": "alice_$(id)_1", "exit_code": 2}]
-    house = house_rules({"state_dir": str(tmp_path / "state")})
-    rules = policy({"notify_command": [str(command), "--subject", "job ended"]})
+    house = run_rules({"state_dir": str(tmp_path / "state")})
+    rules = reap_policy({"notify_command": [str(command), "--subject", "job ended"]})
     given: list[tuple[str, str]] = []
     for now in (5 * H, 5 * H + 300):
         reap(_Engine(rows), [], house, rules, now, notify=lambda u, t: given.append((u, t)) or True)
@@ -508,7 +509,7 @@ def test_run_notify_on_a_real_container_leaves_one_notice(testbed, docker_client
         assert res.code == 3, res.err
         assert docker_client.containers.get(name).status == "exited"  # kept for the notice
         given: list[tuple[str, str]] = []
-        house, rules = house_rules({"state_dir": str(state)}), policy({})
+        house, rules = run_rules({"state_dir": str(state)}), reap_policy({})
         for now in (time.time(), time.time() + 300):
             reap(Engine.connect(None), [], house, rules, now, notify=lambda u, t: given.append((u, t)) or True)
         mine = [(u, t) for u, t in given if name in t]

@@ -8,11 +8,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.errors import UsageError
 from imgbuild.ngc import FRAMEWORKS, expand_tag, parse_tag
 from imgbuild.yamlpos import load_located
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 
 @dataclass
@@ -108,7 +111,7 @@ def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits
     return results
 
 
-def bump_and_render(paths: list[Path], settings: Any, *, dry_run: bool = False) -> list[Any]:
+def bump_and_render(paths: list[Path], settings: Settings, *, dry_run: bool = False) -> list[Any]:
     """`imgbuild bump`: move each following recipe to the newest matching tag in the registry, and render
     again the contexts of the recipes that moved (where one was rendered before)."""
     from imgbuild.build.context import context_dir, render_into

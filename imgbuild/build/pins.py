@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
@@ -29,10 +29,15 @@ from imgbuild.recipe import LoadedRecipe, lock_path_for
 from imgbuild.recipe.load import MAX_HASHES
 from imgbuild.text import printable
 
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
+
 MARKER = "IMGBUILD-LOCK-REPORT "
 
 _SCRIPT = """
 import base64, collections, json, os, re, shutil, subprocess, sys
+
 files = json.loads(base64.b64decode(FILES))
 here = "/tmp/imgbuild-pip"
 os.makedirs(here, exist_ok=True)
@@ -221,11 +226,11 @@ def _base_refuses(specs: tuple[str, ...] | list[str], plan: Any) -> list[str]:
 
 def lock(
     recipe_path: str | Path,
-    settings: Any,
+    settings: Settings,
     *,
     upgrade: bool = False,
     upgrade_packages: tuple[str, ...] = (),
-    engine: Any = None,
+    engine: ImageEngine | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> LockResult:
     """Resolve and write the lock; `on_line` is shown what the resolver is doing, line by line, as it comes."""

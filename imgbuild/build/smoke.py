@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.config.settings import Settings
+from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError
@@ -130,22 +132,15 @@ ClaimsOf = Callable[[ImageEngine, list[Gpu]], dict[str, list[Claim]]]
 QuotaCheck = Callable[[Any, dict[str, list[Claim]]], None]
 
 
-def _run_settings(settings: Any) -> dict[str, Any]:
-    """The run rules the smoke container follows (ipc, shm_size), from the settings given; defaults without."""
-    from imgbuild.config.site import house_rules
-
-    return house_rules(settings.run if settings is not None else {})
-
-
-def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGpus:
+def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None) -> EngineGpus:
     """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
     where the engine shares it; else through the engine, in a short-lived container of `image` given every
     GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
     from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
 
-    source = str(getattr(settings, "gpu_source", "auto") or "auto")
+    source = settings.gpu_source if settings is not None else "auto"
     if source == "auto":
-        local = engine.shares_host() or bool(getattr(settings, "gpu_snapshot", None))
+        local = engine.shares_host() or bool(settings is not None and settings.gpu_snapshot)
         source = "local" if local else "engine"
     if source == "local":
         return EngineGpus(engine.host_has_gpus())
@@ -164,7 +159,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Any = None) -> EngineGp
 
 def _pick_gpus(
     req: SmokeRequest,
-    settings: Any,
+    settings: Settings | None,
     engine: ImageEngine,
     host: EngineGpus,
     claims: ClaimsOf | None,
@@ -182,7 +177,11 @@ def _pick_gpus(
     try:
         if host.source == "engine" and host.readings is None:
             raise NoGpus(host.why or "the engine's GPUs could not be read")
-        readings = host.readings if host.readings is not None else read_gpus(getattr(settings, "gpu_snapshot", None))
+        readings = (
+            host.readings
+            if host.readings is not None
+            else read_gpus(settings.gpu_snapshot if settings is not None else None)
+        )
     except NoGpus as exc:
         if request.strip().lower() == "all":  # asked for every GPU by name: no reading needed
             return [], []
@@ -244,7 +243,7 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
 def run_smoke(
     engine: ImageEngine,
     req: SmokeRequest,
-    settings: Any = None,
+    settings: Settings | None = None,
     host: EngineGpus | None = None,
     claims: ClaimsOf | None = None,
     quota: QuotaCheck | None = None,
@@ -275,7 +274,7 @@ def run_smoke(
     require_gpu = (req.require_gpu or use_gpus) and not req.libraries_only
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
-    house = _run_settings(settings)
+    house = settings.run if settings is not None else RunRules()  # the smoke container's IPC rule
     chosen, mig_profiles = _pick_gpus(req, settings, engine, engine_host(), claims, quota) if use_gpus else (None, [])
     code, output, note = engine.containers.run_script(
         req.image,
@@ -284,8 +283,8 @@ def run_smoke(
         env,
         gpus=chosen,
         timeout=req.timeout,
-        ipc=None if house.get("shm_size") else str(house.get("ipc") or "host"),
-        shm_size=str(house["shm_size"]) if house.get("shm_size") else None,
+        ipc=house.ipc_mode,
+        shm_size=house.shm_size,
         as_user=req.run_as or None,
     )
     report = parse_output(req.image, code, output, note)
@@ -328,7 +327,7 @@ def add_fleet_check(
 
 
 def declared_fleet(
-    settings: Any, recipe_targets: list[str], host: EngineGpus | bool
+    settings: Settings, recipe_targets: list[str], host: EngineGpus | bool
 ) -> tuple[list[Target], str | None]:
     """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and the engine's host's
     GPUs when it has any (`host`: as host_gpus read them; True: this machine's); the driver is the site's, else
@@ -358,7 +357,7 @@ def declared_fleet(
 
 
 def fleet_report(
-    engine: ImageEngine, image: str, targets: list[Target], driver: str | None, settings: Any = None
+    engine: ImageEngine, image: str, targets: list[Target], driver: str | None, settings: Settings
 ) -> SmokeReport:
     """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target. For a GPU
     that comes only in arm64 machines, a registry image's arm64 variant is read from the registry."""
@@ -368,12 +367,11 @@ def fleet_report(
     return report
 
 
-def _registry_platforms(image: str, settings: Any) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+def _registry_platforms(image: str, settings: Settings) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
     """(the platforms a registry image exists for, the other platforms' cuda and arch list); nothing for a local
     image or a registry that does not answer (then the image the engine holds is what is judged)."""
 
     from imgbuild import imageref
-    from imgbuild.config.settings import load_settings
     from imgbuild.registry import tags as tagmod
     from imgbuild.registry.client import RegistryClient
 
@@ -383,7 +381,6 @@ def _registry_platforms(image: str, settings: Any) -> tuple[tuple[str, ...], dic
         return (), {}
     if not ref.host or ref.digest:
         return (), {}
-    settings = settings or load_settings()
     info = tagmod.TagInfo(ref.tag or "latest", ref.tag or "latest", None)
     cache = tagmod.TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
     try:

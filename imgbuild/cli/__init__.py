@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> None:
 def _audit(args: list[str], decision: str) -> None:
     """Enforced mode: how a user's command ended, in root's audit log (a log that cannot be written is said,
     never lets the command's own outcome be lost)."""
+    from imgbuild.config.settings import load_settings
     from imgbuild.servers.enforce import audit
 
     try:
-        audit(args[0] if args else "", args, decision)
+        audit(args[0] if args else "", args, decision, load_settings().run.ledger_dir)
     except ImgbuildError as exc:
         click.echo(f"imgbuild: the audit log: {exc}", err=True)
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.cli.queue import say_tried
+
+if TYPE_CHECKING:
+    pass
 
 SECTION = Section("Server admin")
 
@@ -23,22 +26,19 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     their deadline or idle too long; remove old exited ones where the site asks (config `reap:`)."""
     import time
 
-    from imgbuild.config.site import house_rules
     from imgbuild.engine import connect_engine
     from imgbuild.servers import reap as reaper
     from imgbuild.servers.run import read_gpus_or_none
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
-    house, rules = house_rules(settings.run), reaper.policy(settings.reap)
     engine = connect_engine(settings)
-    report = reaper.reap(engine, read_gpus_or_none(settings), house, rules, time.time(), dry_run=dry_run)
+    report = reaper.reap(engine, read_gpus_or_none(settings), settings.run, settings.reap, time.time(), dry_run=dry_run)
     if not dry_run:  # the queue advances on every reaper run: no daemon needed
         from imgbuild.host import caller
         from imgbuild.servers import queue as jobs
-        from imgbuild.servers.ledger import DEFAULT_STATE_DIR
 
-        say_tried(jobs.advance(Path(house["state_dir"] or DEFAULT_STATE_DIR), caller()))
+        say_tried(jobs.advance(settings.run.ledger_dir, caller()))
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
     if as_json:
         emit_json(rows)
@@ -63,13 +63,12 @@ def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | Non
     """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
     import time
 
-    from imgbuild.config.site import house_rules
     from imgbuild.servers import usage as accounting
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
     now = time.time()
-    found = accounting.account(house_rules(settings.run)["state_dir"], by, since, now)
+    found = accounting.account(settings.run.ledger_dir, by, since, now)
     if prometheus:
         accounting.write_textfile(prometheus, accounting.prometheus(found.by_user, found.by_gpu, found.since, now))
     if as_json:
@@ -108,10 +107,10 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
 
     settings = settings_of(ctx)
     try:
-        engine: Any = connect_engine(settings)
+        engine_info = connect_engine(settings).host_info()
     except ImgbuildError as exc:
-        engine = _Unreachable(str(exc))
-    lines = doc.judge(doc.collect(settings, engine))
+        engine_info = {"error": str(exc)}  # doctor's one line about an engine that did not answer
+    lines = doc.judge(doc.collect(settings, engine_info))
     if as_json:
         emit_json({"lines": [line.to_json() for line in lines]})
     else:
@@ -122,16 +121,6 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         )
     if any(line.status == "fail" for line in lines):
         raise SystemExit(EXIT_FAILED)
-
-
-class _Unreachable:
-    """An engine that did not answer, for doctor's one line about it."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def host_info(self) -> dict[str, Any]:
-        return {"error": self.why}
 
 
 @SECTION.group()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from imgbuild.cli.base import Section, settings_of
 from imgbuild.errors import UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 SECTION = Section("Clusters")
 
@@ -98,7 +101,9 @@ def export(
         _export_apptainer(plan, settings, bootstrap, None if to_stdout else out, to_stdout, build)
 
 
-def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None, to_stdout: bool, build: bool) -> None:
+def _export_apptainer(
+    plan: Any, settings: Settings, bootstrap: str, out: Path | None, to_stdout: bool, build: bool
+) -> None:
     from imgbuild.clusters.apptainer import export_definition
 
     done = export_definition(
@@ -112,7 +117,7 @@ def _export_apptainer(plan: Any, settings: Any, bootstrap: str, out: Path | None
         click.echo(str(done.sif))
 
 
-def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list[str], settings: Any) -> None:
+def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list[str], settings: Settings) -> None:
     from imgbuild.clusters.oci import export_bundle, export_sqsh
     from imgbuild.config.site import BIND_RE
     from imgbuild.engine import connect_engine
@@ -228,7 +233,6 @@ def slurm(
         submit_job,
     )
     from imgbuild.clusters.slurm import sbatch_script
-    from imgbuild.config.site import house_rules
     from imgbuild.servers.spec import is_recipe, resolve_image
 
     settings = settings_of(ctx)
@@ -267,7 +271,7 @@ def slurm(
             framework=framework_of(image, settings),
         ),
         settings.slurm,
-        house_rules(settings.run)["gpu_flag"],
+        settings.run.gpu_flag,
     )
     for tar, made in packed:
         folder = tar.name.rsplit("-", 1)[0]
@@ -286,7 +290,7 @@ def slurm(
         click.echo(submit_job(script, test_only=test_only))
 
 
-def _export_devcontainer(plan: Any, recipe: Path, settings: Any, out: Path | None, gpus: str | None) -> None:
+def _export_devcontainer(plan: Any, recipe: Path, settings: Settings, out: Path | None, gpus: str | None) -> None:
     from imgbuild.clusters.devcontainer import export_devcontainer
     from imgbuild.engine import connect_engine
 

@@ -19,10 +19,7 @@ def queue() -> None:
 
 
 def _queue_dir(ctx: click.Context) -> Path:
-    from imgbuild.config.site import house_rules
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
-
-    return Path(house_rules(settings_of(ctx).run)["state_dir"] or DEFAULT_STATE_DIR)
+    return settings_of(ctx).run.ledger_dir
 
 
 def say_tried(tried: list[Any]) -> None:

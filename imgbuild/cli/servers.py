@@ -282,7 +282,6 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     """Move one of your containers' deadline: imgbuild extend NAME 1d (within the site's run.max_time)."""
     import time
 
-    from imgbuild.config.site import house_rules
     from imgbuild.engine import connect_engine
     from imgbuild.host import caller
     from imgbuild.servers.containers import check_owner, find_container, human_duration
@@ -292,7 +291,7 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     who = caller()
     row = find_container(connect_engine(settings).containers.rows(), name, who.name)
     check_owner(row, who, "extend", force)
-    deadline = extend_deadline(row, duration, house_rules(settings.run))
+    deadline = extend_deadline(row, duration, settings.run)
     click.echo(
         f"{row['name']}: deadline {time.strftime('%Y-%m-%d %H:%M', time.localtime(deadline))} "
         f"(in {human_duration(deadline - time.time())})"

@@ -11,11 +11,15 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imgbuild.build.plan import Plan
 from imgbuild.build.render import apptainer_definition
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 
 def sif_name(image: str) -> str:
@@ -42,7 +46,9 @@ class Exported:
     sif: Path | None = None  # the built image, where apptainer is installed
 
 
-def export_apptainer(plan: Plan, settings: Any, bootstrap: str, out: Path | None, engine: Any = None) -> Exported:
+def export_apptainer(
+    plan: Plan, settings: Settings, bootstrap: str, out: Path | None, engine: ImageEngine | None = None
+) -> Exported:
     """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
     from imgbuild.build.context import context_dir, render_into
 
@@ -84,7 +90,7 @@ class Written:
 
 def export_definition(
     plan: Plan,
-    settings: Any,
+    settings: Settings,
     bootstrap: str,
     out: Path | None,
     *,

@@ -11,14 +11,17 @@ data mounts and env come from the same settings `imgbuild run` uses.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.build.plan import Plan
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import RunRules
 from imgbuild.engine.runargs import container_env, house_flags, resource_flags
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
 from imgbuild.servers.spec import THREAD_VARS, RunSpec
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 #: What a container the Dev Containers CLI starts cannot have of `imgbuild run`'s house rules, said to the user.
 NOT_HONOURED = (
@@ -48,7 +51,7 @@ def _mount(spec: str, uid: int) -> str:
     return mount + (",readonly" if "ro" in options.split(",") else "")
 
 
-def run_args(house: dict[str, Any]) -> list[str]:
+def run_args(house: RunRules) -> list[str]:
     """`docker run` flags of the house rules that the Dev Containers spec has no key for (the same flags
     `imgbuild run` passes, as single `--flag=value` words)."""
     options = RunSpec("", "", "", 0, 0, house=house).options()
@@ -64,16 +67,14 @@ def chosen_args(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     return [f"{flag}={value}" for flag, value in words], {k: v for k, v in container_env(options) if k in chosen}
 
 
-def devcontainer(
-    plan: Plan, house: dict[str, Any], image: str | None = None, spec: RunSpec | None = None
-) -> dict[str, Any]:
+def devcontainer(plan: Plan, house: RunRules, image: str | None = None, spec: RunSpec | None = None) -> dict[str, Any]:
     """The devcontainer.json document for `plan`'s image (`image` overrides the built tag, e.g. a digest).
 
     `spec`: on a shared server, what `imgbuild run` chose (GPUs, CPUs, name): the container gets exactly
     that. Without it (a laptop, a workstation of one's own), `hostRequirements.gpu: optional`, which the Dev
     Containers CLI turns into `--gpus all` wherever there are GPUs."""
     recipe = plan.loaded.recipe
-    workspace = str(house.get("workspace") or recipe.workdir)
+    workspace = house.workspace
     chosen, chosen_env = chosen_args(spec) if spec else ([], {})
     doc: dict[str, Any] = {
         "name": recipe.name,
@@ -87,10 +88,10 @@ def devcontainer(
         doc["remoteUser"] = recipe.user.name
         doc["containerUser"] = recipe.user.name
         doc["updateRemoteUserUID"] = True
-    mounts = [_mount(spec, plan.uid) for spec in house.get("mounts") or []]
+    mounts = [_mount(spec, plan.uid) for spec in house.mounts]
     if mounts:
         doc["mounts"] = mounts
-    env = {**{str(k): str(v) for k, v in (house.get("env") or {}).items()}, **chosen_env}
+    env = {**house.env, **chosen_env}
     if env:
         doc["containerEnv"] = dict(sorted(env.items()))
     doc["customizations"] = {"vscode": {"extensions": ["ms-python.python", "ms-toolsai.jupyter"]}}
@@ -98,7 +99,7 @@ def devcontainer(
 
 
 def export_devcontainer(
-    plan: Plan, recipe: Path, settings: Any, out: Path | None, gpus: str | None, engine_of: Any
+    plan: Plan, recipe: Path, settings: Settings, out: Path | None, gpus: str | None, engine_of: Any
 ) -> tuple[Path, list[str]]:
     """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image; (its path, notes for the user).
 
@@ -109,7 +110,7 @@ def export_devcontainer(
 
     from imgbuild.servers import run as runmod
 
-    house = house_rules(settings.run)
+    house = settings.run
     shared = gpus is not None or any(key.startswith("run.") for key in settings.sources)
     folder = out or Path(".devcontainer")
     if out is None and folder.is_symlink():  # committed as a link: it would carry the write anywhere

@@ -7,7 +7,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec, UserWord
@@ -15,13 +15,9 @@ from imgbuild.config.site import SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.tree import TooDeep, walk
 
-
-def site_slurm(site: Any) -> dict[str, Any]:
-    """The cluster site's settings from the config's typed `slurm:` section (`settings.slurm`); a mapping is
-    checked as that section would be."""
-    from imgbuild.config.site import SlurmSite, as_text, checked_section
-
-    return as_text(checked_section(SlurmSite, "slurm", site))
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.config.site import SlurmSite
 
 
 _MEM_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)B?", re.IGNORECASE)
@@ -184,7 +180,7 @@ def whole_mem(text: str) -> str:
     return f"{max(1, int(float(match.group(1) + '.' + match.group(2)) * scale))}M"
 
 
-def framework_of(image: str, settings: Any) -> str:
+def framework_of(image: str, settings: Settings) -> str:
     """The framework an image runs (pytorch, tensorflow, jax; "" unknown): a recipe's base, else an NGC
     repository's name (nvidia/pytorch, nvidia/tensorflow, nvidia/jax)."""
     from imgbuild.ngc import FRAMEWORKS
@@ -204,11 +200,10 @@ def framework_of(image: str, settings: Any) -> str:
     return "jax" if path.rsplit("/", 1)[-1] == "jax" else ""
 
 
-def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gpus") -> JobSpec:
+def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpus") -> JobSpec:
     """The job: each flag, else the site's `slurm:` setting, else imgbuild's default. `docker_gpu_flag`:
     how the site's engines take GPUs (the `run.gpu_flag` house rule), for the docker runtime."""
-    site = site_slurm(site_config)
-    runtime = flags.runtime or site["runtime"]
+    runtime = flags.runtime or site.runtime
     if flags.task_per_gpu and flags.torchrun:
         raise UsageError("--task-per-gpu starts one task per GPU itself (MPI, Horovod): it does not take --torchrun")
     if runtime == "oci" and flags.binds:
@@ -218,19 +213,19 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
     if flags.max_restarts and (flags.task_per_gpu or flags.torchrun is False):
         raise UsageError("--max-restarts: torchrun restarts the workers; this job does not use torchrun")
     _check_header_values(flags)
-    per_gpu_mem = site["mem_per_gpu"]
-    friendly = flags.gpu_type or site["gpu_type"]
-    known = site["gpu_types"] or {}
+    per_gpu_mem = site.mem_per_gpu
+    friendly = flags.gpu_type or site.gpu_type
+    known = site.gpu_types
     if flags.gpu_type and known and flags.gpu_type not in known and flags.gpu_type not in known.values():
         raise UsageError(f"--gpu-type {flags.gpu_type}: this site has {', '.join(sorted(known))} (slurm.gpu_types)")
     if flags.requeue:
-        limit = _slurm_seconds(flags.time or site["time"])
+        limit = _slurm_seconds(flags.time or site.time)
         if limit is not None and limit <= flags.signal_lead:
             raise UsageError(
-                f"--requeue: the time limit ({flags.time or site['time']}) is no longer than the signal lead "
+                f"--requeue: the time limit ({flags.time or site.time}) is no longer than the signal lead "
                 f"({flags.signal_lead} s): the job would be requeued before doing any work"
             )
-    limit = (site["gpus_per_node"] or {}).get(friendly) if friendly else None
+    limit = site.gpus_per_node.get(friendly) if friendly else None
     if limit and flags.gpus > int(limit):
         nodes = -(-flags.gpus // int(limit))
         raise UsageError(
@@ -239,28 +234,28 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         )
     return JobSpec(
         command=[UserWord(word) for word in flags.command],
-        image=_image_for(runtime, flags.image, site["sif_dir"], flags.local_image),
+        image=_image_for(runtime, flags.image, site.sif_dir, flags.local_image),
         gpus=flags.gpus,
         nodes=flags.nodes,
-        gpu_type=(site["gpu_types"] or {}).get(friendly, friendly) if friendly else None,
-        cpus_per_gpu=flags.cpus_per_gpu or int(site["cpus_per_gpu"]),
+        gpu_type=site.gpu_types.get(friendly, friendly) if friendly else None,
+        cpus_per_gpu=flags.cpus_per_gpu or site.cpus_per_gpu,
         cpus=flags.cpus,
         mem=whole_mem(flags.mem) if flags.mem else (slurm_mem(str(per_gpu_mem), flags.gpus) if per_gpu_mem else None),
-        time=flags.time or site["time"],
+        time=flags.time or site.time,
         # a job without GPUs does not hold a GPU node's CPUs where the site has a partition for it
-        partition=flags.partition or (flags.gpus == 0 and site["cpu_partition"]) or site["partition"],
-        account=flags.account or site["account"],
+        partition=flags.partition or (flags.gpus == 0 and site.cpu_partition) or site.partition,
+        account=flags.account or site.account,
         job_name=flags.job_name or flags.short_name,
         output=flags.output,
         stage=flags.stage,
-        scratch_var=site["scratch_var"],
-        scratch_gres=site["scratch_gres"] if flags.stage else None,
+        scratch_var=site.scratch_var,
+        scratch_gres=site.scratch_gres if flags.stage else None,
         runtime=runtime,
-        binds=[*(site["binds"] or []), *(UserWord(b) for b in flags.binds)],
+        binds=[*site.binds, *(UserWord(b) for b in flags.binds)],
         nccl_debug=flags.nccl_debug,
-        rdzv_port=int(site["rdzv_port"]),
-        rdzv_host_suffix=str(site.get("rdzv_host_suffix") or ""),
-        socket_ifname=site.get("socket_ifname"),
+        rdzv_port=site.rdzv_port,
+        rdzv_host_suffix=site.rdzv_host_suffix,
+        socket_ifname=site.socket_ifname,
         torchrun=True if flags.max_restarts and flags.torchrun is None else flags.torchrun,
         task_per_gpu=flags.task_per_gpu,
         docker_gpu_flag=docker_gpu_flag,
@@ -268,12 +263,12 @@ def job_from_flags(flags: JobFlags, site_config: Any, docker_gpu_flag: str = "gp
         max_restarts=flags.max_restarts,
         requeue=flags.requeue,
         signal_lead=flags.signal_lead,
-        snapshot_dir=_snapshot_dir(flags, site["scratch_var"]),
+        snapshot_dir=_snapshot_dir(flags, site.scratch_var),
         usage=flags.usage,
         framework=flags.framework,
-        qos=flags.qos or site["qos"],
-        constraint=flags.constraint or site["constraint"],
-        sbatch_lines=list(site["sbatch_lines"] or []),
+        qos=flags.qos or site.qos,
+        constraint=flags.constraint or site.constraint,
+        sbatch_lines=list(site.sbatch_lines),
     )
 
 
@@ -336,8 +331,8 @@ def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
     return target, True
 
 
-def stage_dir(site_config: Any) -> Path:
-    configured = site_slurm(site_config)["stage_dir"]
+def stage_dir(site: SlurmSite) -> Path:
+    configured = site.stage_dir
     return Path(configured) if configured else Path.cwd() / ".imgbuild-stage"
 
 
@@ -356,7 +351,7 @@ def submit_job(script: str, *, test_only: bool = False) -> str:
     return text if test_only else f"submitted job {proc.stdout.strip().split(';')[0]}"
 
 
-def stage_datasets(items: tuple[str, ...] | list[str], site: Any) -> tuple[list[str], list[tuple[Path, bool]]]:
+def stage_datasets(items: tuple[str, ...] | list[str], site: SlurmSite) -> tuple[list[str], list[tuple[Path, bool]]]:
     """`--stage` items as the job stages them: a tar as it is, a folder packed once into the site's stage folder.
     (the tars, [(a packed tar, whether it was made now rather than reused)])."""
     tars: list[str] = []

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.launch import alone_command, launches_itself, torchrun_command
 from imgbuild.config.site import K8S_VOLUME_RE, K8sSite
 from imgbuild.errors import UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 TRAINER_API = "trainer.kubeflow.org"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -261,7 +264,7 @@ def default_name(short: str) -> str:
     return stem or "imgbuild"
 
 
-def pinned_image(image: str, settings: Any, engine_of: Any) -> str:
+def pinned_image(image: str, settings: Settings, engine_of: Any) -> str:
     """`image` pinned by its registry digest: as written where it carries one; a recipe's (or a local image's)
     from the digest its push recorded; else the registry's answer for the tag."""
     from imgbuild import imageref

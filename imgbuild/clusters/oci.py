@@ -19,10 +19,13 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.slurm import OCI_KEPT_ENV, OCI_KEPT_PREFIX
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.engine.types import ImageEngine
 
 TOOLS = ("skopeo", "umoci")
 #: Namespaces a cluster job keeps of its own; the others are the node's (as Apptainer has it).
@@ -94,7 +97,7 @@ def _run(args: list[str], timeout: float) -> None:
 
 
 def export_bundle(
-    target: str, out: Path, binds: list[str], engine: Any, timeout: float, say: Any = lambda _line: None
+    target: str, out: Path, binds: list[str], engine: ImageEngine, timeout: float, say: Any = lambda _line: None
 ) -> Path:
     """Write `target` (a built image) as an OCI runtime bundle at `out` (a new folder) with `binds`."""
     missing = [tool for tool in TOOLS if not shutil.which(tool)]
@@ -208,7 +211,7 @@ def _write_inside(rootfs: Path, name: str, text: str) -> None:
     path.write_text(text)
 
 
-def export_sqsh(target: str, out: Path, engine: Any, timeout: float, say: Any = lambda _line: None) -> Path:
+def export_sqsh(target: str, out: Path, engine: ImageEngine, timeout: float, say: Any = lambda _line: None) -> Path:
     """Write `target` as an enroot squashfs image at `out` (for pyxis: --container-image=FILE.sqsh)."""
     if not shutil.which("mksquashfs"):
         raise EnvironmentProblem("--sqsh needs mksquashfs (Debian/Ubuntu: apt install squashfs-tools)")

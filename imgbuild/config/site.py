@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from imgbuild.fields import (
     _BAD,
@@ -32,6 +34,8 @@ from imgbuild.fields import (
 
 #: How a site-only setting may be changed by a user's config: never, or only downwards (a tighter limit).
 NEVER, LOWER = "never", "lower"
+#: The host-wide GPU ledger's folder where the site names none (`run.state_dir`).
+DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
 DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")
 DURATION_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _ABSOLUTE = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
@@ -140,7 +144,7 @@ class RunRules:
         doc="gpus: docker --gpus (CDI by itself where the engine has only CDI); env: NVIDIA_VISIBLE_DEVICES (nvidia "
         "default runtime); cdi: --device nvidia.com/gpu=UUID",
     )
-    state_dir: str | None = site_only(PATH, None, doc="the host-wide GPU ledger (default /var/tmp/imgbuild)")
+    state_dir: str | None = site_only(PATH, None, doc=f"the host-wide GPU ledger (default {DEFAULT_STATE_DIR})")
     max_gpus_per_user: int | None = site_only(Maybe(COUNT), None, how=LOWER, doc="GPUs one user may hold at once")
     max_gpus_per_group: dict[str, int] = site_only(
         MapOf(Text(matches(_NAME, "not a group name")), COUNT),
@@ -175,6 +179,26 @@ class RunRules:
         doc="enforced mode: the host folders a run may mount (and use as its workspace), {user} and {home} expanded",
     )
 
+    @property
+    def ledger_dir(self) -> Path:
+        """The host-wide GPU ledger's folder: the site's `state_dir`, else the default."""
+        return Path(self.state_dir or DEFAULT_STATE_DIR)
+
+    @property
+    def default_seconds(self) -> float | None:
+        """A run's deadline without `--time`, in seconds (None: no deadline)."""
+        return duration_seconds(self.default_time) if self.default_time is not None else None
+
+    @property
+    def max_seconds(self) -> float | None:
+        """The longest `--time`, and how far `extend` may go, in seconds (None: no limit)."""
+        return duration_seconds(self.max_time) if self.max_time is not None else None
+
+    @property
+    def ipc_mode(self) -> str | None:
+        """`--ipc`: None where a `shm_size` is set (a private /dev/shm of that size instead)."""
+        return None if self.shm_size else self.ipc
+
 
 @dataclass(frozen=True, kw_only=True)
 class ReapPolicy:
@@ -202,6 +226,27 @@ class ReapPolicy:
         doc="run for each `run --notify` job that ended: a program by absolute path, then its arguments; the facts "
         "in IMGBUILD_NOTICE_* variables, never through a shell",
     )
+
+    def checked(self) -> ReapPolicy:
+        """The whole section's rule, run when it is read: the notice program by absolute path (no shell, no PATH)."""
+        if self.notify_command and not self.notify_command[0].startswith("/"):
+            raise ValueError(
+                f"notify_command: {self.notify_command[0][:60]!r}: the program by absolute path (no shell, no PATH "
+                "search)"
+            )
+        return self
+
+    @property
+    def idle_seconds(self) -> float | None:
+        return duration_seconds(self.idle_timeout) if self.idle_timeout is not None else None
+
+    @property
+    def warn_seconds(self) -> float:
+        return duration_seconds(self.warn_lead)
+
+    @property
+    def exited_seconds(self) -> float | None:
+        return duration_seconds(self.exited_max_age) if self.exited_max_age is not None else None
 
 
 SBATCH_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.:*&|!\[\]()-]{1,256}")
@@ -372,7 +417,10 @@ def as_text(model: Any) -> dict[str, Any]:
     return {f.name: getattr(model, f.name) for f in fields_of(type(model))}
 
 
-def checked_section(model: type, name: str, value: Any) -> Any:
+Section = TypeVar("Section")
+
+
+def checked_section(model: type[Section], name: str, value: Section | Mapping[str, Any] | None) -> Section:
     """`value` as the section's model: a model passes; a mapping (a caller's own rules, a test's) is checked
     as the config file's section would be, its first issue a UsageError naming `config NAME.KEY`."""
     from imgbuild import fields
@@ -387,14 +435,19 @@ def checked_section(model: type, name: str, value: Any) -> Any:
         message = "unknown setting" if issue.message == "unknown key" else issue.message
         hint = f" ({issue.hint})" if issue.hint else ""
         raise UsageError(f"config {dotted((name, *issue.at))}: {message}{hint}")
-    return made
+    return made  # type: ignore[no-any-return]
 
 
-def house_rules(rules: Any) -> dict[str, Any]:
-    """The house rules as `run` uses them (deadlines in seconds), from the config's typed `run:` section
-    (`settings.run`); a mapping is checked as that section would be."""
-    house = as_text(checked_section(RunRules, "run", rules))
-    for key in ("default_time", "max_time"):
-        if house[key] is not None:
-            house[key] = duration_seconds(house[key])
-    return house
+def run_rules(value: RunRules | Mapping[str, Any] | None = None) -> RunRules:
+    """The house rules from a mapping written as the config's `run:` section (a test's, a caller's own)."""
+    return checked_section(RunRules, "run", value)
+
+
+def reap_policy(value: ReapPolicy | Mapping[str, Any] | None = None) -> ReapPolicy:
+    """The reaper's rules from a mapping written as the config's `reap:` section."""
+    return checked_section(ReapPolicy, "reap", value)
+
+
+def slurm_site(value: SlurmSite | Mapping[str, Any] | None = None) -> SlurmSite:
+    """The cluster site from a mapping written as the config's `slurm:` section."""
+    return checked_section(SlurmSite, "slurm", value)

@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported from its home on first use
+    from imgbuild.config.settings import Settings
     from imgbuild.engine.containers import SMOKE_LABEL as SMOKE_LABEL
     from imgbuild.engine.docker import Engine as Engine
     from imgbuild.engine.types import BuildRequest as BuildRequest
@@ -53,7 +54,7 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(home), name)
 
 
-def connect_engine(settings: Any) -> ImageEngine:
+def connect_engine(settings: Settings) -> ImageEngine:
     """The engine the settings name (`engine`): Docker, Podman, or `auto`: Docker, unless Docker is absent (no
     DOCKER_HOST, no /var/run/docker.sock) and podman is installed. A Docker that is there but refuses or is down
     is Docker's error, never hidden behind Podman's."""

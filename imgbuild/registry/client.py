@@ -13,7 +13,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -36,6 +36,9 @@ from imgbuild.registry.transport import (
     retry_after,
     shutdown,
 )
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 
 class RegistryClient:
@@ -75,18 +78,14 @@ class RegistryClient:
         self._basic = False
 
     @classmethod
-    def for_host(cls, host: str, settings: Any, command_seconds: float | None = None) -> RegistryClient:
+    def for_host(cls, host: str, settings: Settings, command_seconds: float | None = None) -> RegistryClient:
         """A client with credentials from settings (NGC API key on the NGC host) or the docker config."""
-        creds = None
-        if settings.ngc_api_key and host == settings.ngc_registry:
-            creds = Credentials("$oauthtoken", settings.ngc_api_key)
-        else:
-            creds = docker_config_credentials(host)
-        insecure = host in settings.insecure_registries or is_loopback(host)
+        key = settings.ngc_api_key if host == settings.ngc_registry else None
+        creds = Credentials("$oauthtoken", key) if key else docker_config_credentials(host)
         return cls(
             host,
             credentials=creds,
-            insecure=insecure,
+            insecure=host in settings.insecure_registries or is_loopback(host),
             backoff=settings.registry_backoff,
             timeout=settings.registry_timeout,
             command_seconds=command_seconds or settings.registry_deadline,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
 from imgbuild.boundedjson import loads as bounded_loads
@@ -25,6 +25,9 @@ from imgbuild.errors import EnvironmentProblem, RegistryError, UsageError
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import INDEX_TYPES
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 _HOST_RE_HINT = "a registry host such as registry.example.org or 127.0.0.1:5001"
 
@@ -157,7 +160,7 @@ def check_target(host: str) -> str:
     return host
 
 
-def mirror(settings: Any, req: MirrorRequest, progress: Callable[[str], None] = lambda s: None) -> list[TagCopy]:
+def mirror(settings: Settings, req: MirrorRequest, progress: Callable[[str], None] = lambda s: None) -> list[TagCopy]:
     """Copy the selected tags of `req.repository` from the NGC registry to `req.to`."""
     from imgbuild.registry.tags import TagCache, list_tags, release_floor, repository_for, select
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
 from imgbuild.cache import JsonCache
@@ -19,6 +19,9 @@ from imgbuild.gpu.read import NoGpus, read_devices
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import host_platform
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 #: The platforms whose own arch lists a tag is judged on (GPU machines: amd64, and arm64 for Grace and Jetson).
 VARIANT_ARCHS = ("amd64", "arm64")
@@ -225,7 +228,7 @@ class Query:
     refresh: bool = False
 
 
-def listing(settings: Any, query: Query) -> Listing:
+def listing(settings: Settings, query: Query) -> Listing:
     """Tags newest first, from the cache or the registry; with details and this host's verdict on each."""
     release_floor(query.since)  # a bad --since is a usage error before any request
     host, repo = repository_for(query.repository, settings.ngc_registry)

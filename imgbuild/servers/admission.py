@@ -5,10 +5,14 @@ NVIDIA Container Toolkit host)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.errors import UsageError
 from imgbuild.servers.spec import is_recipe
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 #: Names of one registry: a loopback host by any of its names, Docker Hub by its aliases, a default port dropped.
 _LOOPBACK = {"localhost", "127.0.0.1", "[::1]", "::1"}
@@ -43,7 +47,7 @@ def under_prefix(ref: Any, prefix: str) -> bool:
     return not path or ref.repository == path or ref.repository.startswith(path + "/")
 
 
-def check_signed(image: str, settings: Any) -> str:
+def check_signed(image: str, settings: Settings) -> str:
     """The image to run: under the site's `run.signed_only` prefixes, only one signed by `run.signing_key`, and
     then by its digest (the tag cannot move between the check and the pull); any other image as it is."""
     from imgbuild import imageref
@@ -89,7 +93,7 @@ def built_here(image: str, namespaces: set[str]) -> bool:
     return not ref.host and "/" in ref.path and ref.path.split("/", 1)[0] in namespaces - {""}
 
 
-def pull_to_inspect(image: str, engine: Any, local_only: bool) -> None:
+def pull_to_inspect(image: str, engine: ImageEngine, local_only: bool) -> None:
     """An image this host does not have yet is pulled before it starts, so that its config (LD_PRELOAD, labels)
     is judged before its first run, not after; one built here is never pulled (`built_here`)."""
     from imgbuild.errors import EnvironmentProblem, ImgbuildError
@@ -102,7 +106,7 @@ def pull_to_inspect(image: str, engine: Any, local_only: bool) -> None:
         raise EnvironmentProblem(str(exc)) from None
 
 
-def check_preload(image: str, engine: Any) -> str:
+def check_preload(image: str, engine: ImageEngine) -> str:
     """Refuse to start an image whose config sets LD_PRELOAD where the host's toolkit would run it on the host
     (NVIDIAScape); elsewhere, a warning for the caller to print ("" when there is nothing to say)."""
     from imgbuild.gpu.toolkit import image_preload_verdict

@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import RunRules
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.servers.spec import parse_duration
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 # --- your containers, by short name ---------------------------------------------------------------
 
@@ -48,14 +52,14 @@ def check_owner(row: dict[str, Any], who: Any, verb: str, force: bool) -> None:
     )
 
 
-def deadline_of(wanted: str | None, house: dict[str, Any], now: float | None = None) -> float | None:
+def deadline_of(wanted: str | None, house: RunRules, now: float | None = None) -> float | None:
     """`--time` (else the site's default_time) from now, within the site's max_time."""
-    seconds = parse_duration(wanted, "--time") if wanted else house.get("default_time")
+    seconds = parse_duration(wanted, "--time") if wanted else house.default_seconds
     if seconds is None:
         return None
     if seconds <= 0:
         raise UsageError(f"--time {wanted}: a deadline must be later than now (e.g. 2h)")
-    most = house.get("max_time")
+    most = house.max_seconds
     if most is not None and seconds > most:
         raise UsageError(f"--time {wanted}: this site allows at most {human_duration(most)} (run.max_time)")
     return (time.time() if now is None else now) + seconds
@@ -69,7 +73,7 @@ def human_duration(seconds: float) -> str:
     return text or f"{seconds}s"
 
 
-def effective_deadline(row: dict[str, Any], extended: dict[str, Any], house: dict[str, Any]) -> float | None:
+def effective_deadline(row: dict[str, Any], extended: dict[str, Any], house: RunRules) -> float | None:
     """A container's deadline: its label, moved by `extend` (never past its start + the site's max_time), by
     its owner only (`extended`: container ID -> ledger.Extension)."""
     label = row.get("deadline")
@@ -77,25 +81,25 @@ def effective_deadline(row: dict[str, Any], extended: dict[str, Any], house: dic
     moved = extension.deadline if extension is not None and extension.user == row.get("user") else None
     if label is None or moved is None or moved <= label:
         return label
-    most = house.get("max_time")
+    most = house.max_seconds
     created = row.get("created_ts")
     if most is not None and created is not None:
         moved = min(moved, created + most)
     return max(label, moved)
 
 
-def extend(row: dict[str, Any], by: str, house: dict[str, Any]) -> float:
+def extend(row: dict[str, Any], by: str, house: RunRules) -> float:
     """Move one container's deadline by `by`, within the site's max_time from its start; the new deadline."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Extension, Ledger
+    from imgbuild.servers.ledger import Extension, Ledger
 
     seconds = parse_duration(by, "extend")
     if row.get("deadline") is None:
         raise UsageError(f"{row['name']} has no deadline to extend")
-    ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
+    ledger = Ledger(house.ledger_dir)
     with ledger.transaction() as book:
         current = effective_deadline(row, book.extended, house) or 0.0
         wanted = current + seconds
-        most = house.get("max_time")
+        most = house.max_seconds
         created = row.get("created_ts")
         if most is not None and created is not None and wanted > created + most + 1:
             raise UsageError(
@@ -115,7 +119,7 @@ LOST_GPU_FIX = (
 )
 
 
-def gpus_lost(engine: Any, row: dict[str, Any]) -> str:
+def gpus_lost(engine: ImageEngine, row: dict[str, Any]) -> str:
     """The one-line fix when a running container with GPUs can no longer reach them; "" otherwise."""
     if row.get("status") != "running" or not (row.get("gpus") or row.get("gpu_uuids")):
         return ""
@@ -125,20 +129,20 @@ def gpus_lost(engine: Any, row: dict[str, Any]) -> str:
     return ""
 
 
-def lost_containers(engine: Any) -> list[dict[str, str]]:
+def lost_containers(engine: ImageEngine) -> list[dict[str, str]]:
     """Running containers whose GPUs vanished under them, each with the fix (`imgbuild gpus`)."""
     found = [(r["name"], gpus_lost(engine, r)) for r in engine.containers.rows() if not r.get("smoke")]
     return [{"name": name, "fix": fix} for name, fix in found if fix]
 
 
-def container_view(engine: Any, settings: Any, now: float | None = None) -> list[dict[str, Any]]:
+def container_view(engine: ImageEngine, settings: Settings, now: float | None = None) -> list[dict[str, Any]]:
     """`ps`'s rows: the engine's, with each deadline (as `extend` moved it), the time left, lost GPUs."""
     from imgbuild.errors import EnvironmentProblem
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.servers.ledger import Ledger
 
-    house = house_rules(settings.run)
+    house = settings.run
     try:
-        extended = Ledger(house["state_dir"] or DEFAULT_STATE_DIR).read().extended
+        extended = Ledger(house.ledger_dir).read().extended
     except EnvironmentProblem:
         extended = {}
     now = time.time() if now is None else now
@@ -151,7 +155,7 @@ def container_view(engine: Any, settings: Any, now: float | None = None) -> list
 
 
 def watch_gpus(
-    settings: Any, interval: float | None, count: int | None = None, sleep: Callable[[float], None] = time.sleep
+    settings: Settings, interval: float | None, count: int | None = None, sleep: Callable[[float], None] = time.sleep
 ) -> Iterator[tuple[list[Any], list[dict[str, str]]]]:
     """This host's GPUs and the containers that lost theirs (`imgbuild gpus`): one reading, or one every `interval`
     seconds (`count` at most). The engine is asked from the first reading on, where it answers; a host without
@@ -159,7 +163,7 @@ def watch_gpus(
     from imgbuild.engine import connect_engine
     from imgbuild.gpu.read import read_gpus
 
-    engine: Any = None
+    engine: ImageEngine | None = None
     shown = 0
     while True:
         readings = read_gpus(settings.gpu_snapshot)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.gpu.fleet import branch_outside
 from imgbuild.gpu.toolkit import TOOLKIT_ADVISORIES, toolkit_version, version_tuple
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 #: The memlock limit NCCL and RDMA want in a container: unlimited; below this, say so.
 MEMLOCK_WANTED = 64 * 2**30
@@ -289,8 +292,8 @@ def _docker_group() -> tuple[str, ...]:
     return tuple(sorted(members))
 
 
-def collect(settings: Any, engine: Any) -> HostFacts:
-    """This machine and its engine, read (nothing changed)."""
+def collect(settings: Settings, engine_info: dict[str, Any]) -> HostFacts:
+    """This machine, read (nothing changed), with what its engine said of itself (`host_info()`)."""
     from pathlib import Path
 
     from imgbuild.gpu.read import NoGpus, nvidia_pci_devices, read_gpus
@@ -319,7 +322,7 @@ def collect(settings: Any, engine: Any) -> HostFacts:
         gpus=tuple(gpus),
         gpu_error=gpu_error,
         toolkit=toolkit_version(),
-        engine=engine.host_info(),
+        engine=engine_info,
         cdi_specs=specs[:20],
         memlock=_engine_memlock(),
         cgroup=_cgroup_version(),

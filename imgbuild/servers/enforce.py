@@ -37,11 +37,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.acting import Acting, check_image
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, caller, expand
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.config.site import RunRules
 
 #: What a user may run through sudo (the sudoers drop-in lists exactly these).
 USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus", "queue", "build", "smoke")
@@ -100,13 +104,13 @@ def gate(args: list[str]) -> None:
 # --- run: flags, image, env, ports -------------------------------------------------------------------------
 
 
-def check_run(req: Any, who: Caller, house: dict[str, Any], image_ref: str) -> None:
+def check_run(req: Any, who: Caller, house: RunRules, image_ref: str) -> None:
     """The flags of `imgbuild run` a user acting through sudo may not give (one line for the first)."""
     if req.as_user:
         raise UsageError(f"--user: under this server's rules containers run as you ({who.uid}:{who.gid})")
     if req.force:
         raise UsageError("--force: only root may take GPUs other users hold")
-    check_image(who, house, image_ref)
+    check_image(who, house.allowed_images, image_ref)
     for item in req.env:
         name = item.split("=", 1)[0]
         if not _ENV_NAME.fullmatch(name):
@@ -130,14 +134,12 @@ def check_port(spec: str) -> None:
 # --- build and smoke: the caller's files, the caller's namespace --------------------------------------------
 
 
-def acting(settings: Any) -> Acting | None:
+def acting(settings: Settings) -> Acting | None:
     """`Acting` when imgbuild runs as root through sudo for a user who is not an admin, else None."""
     who = caller()
     if not acting_for_user(who):
         return None
-    from imgbuild.config.site import house_rules
-
-    return Acting(who, tuple(house_rules(settings.run).get("allowed_images") or ()))
+    return Acting(who, tuple(settings.run.allowed_images))
 
 
 def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_key: Any) -> None:
@@ -180,12 +182,12 @@ def home_of(who: Caller) -> str:
 
 
 def check_mounts(
-    specs: list[str], who: Caller, house: dict[str, Any], probe: Callable[..., Any] | None = None
+    specs: list[str], who: Caller, house: RunRules, probe: Callable[..., Any] | None = None
 ) -> list[Mount]:
     """Each `-v HOST:CONTAINER[:ro]` as the caller may have it: an absolute host path that exists, that the caller
     can reach and read (resolved with the caller's own permissions), under one of the site's allowed roots."""
     home = home_of(who)
-    roots = [os.path.realpath(expand(r, user=who.name, home=home)) for r in house.get("allowed_mounts") or []]
+    roots = [os.path.realpath(expand(r, user=who.name, home=home)) for r in house.allowed_mounts]
     mounts = []
     for spec in specs:
         source, target, read_only = _split(expand(spec, user=who.name, home=home, uid=who.uid))
@@ -341,10 +343,10 @@ def _summary(args: list[str]) -> list[str]:
     return kept
 
 
-def audit(verb: str, args: list[str], decision: str, state_dir: str | None = None) -> None:
+def audit(verb: str, args: list[str], decision: str, ledger_dir: Path) -> None:
     """One JSON line per decision taken for a user acting through sudo: who, what, when, the decision. In
     root's folder of the state folder; an audit log that cannot be written stops the command (exit 3)."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, append_record, reaper_dir
+    from imgbuild.servers.ledger import append_record, reaper_dir
 
     who = caller()
     record = {
@@ -355,10 +357,5 @@ def audit(verb: str, args: list[str], decision: str, state_dir: str | None = Non
         "args": _summary(args),
         "decision": decision,
     }
-    if state_dir is None:
-        from imgbuild.config.settings import load_settings
-        from imgbuild.config.site import house_rules
-
-        state_dir = house_rules(load_settings().run)["state_dir"]
-    folder = reaper_dir(Path(state_dir or DEFAULT_STATE_DIR))
+    folder = reaper_dir(ledger_dir)
     append_record(folder / AUDIT_FILE, record, "the audit log")

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import RunRules
 from imgbuild.errors import ImgbuildError
 from imgbuild.gpu.allocate import Claim, Claims, Selection
 from imgbuild.servers.spec import cpulist_of
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 
 @dataclass
@@ -22,14 +26,14 @@ class Held:
     ports: set[int] = field(default_factory=set)  # host ports published by containers or starting runs
 
 
-def gpu_claims(settings: Any) -> Callable[[Any, list[Any]], dict[str, list[Claim]]]:
+def gpu_claims(settings: Settings) -> Callable[[Any, list[Any]], dict[str, list[Claim]]]:
     """Who else holds which GPU on this host, for a smoke test's choice (build.smoke.ClaimsOf): the ledger's entries
     and the engine's live containers. An unreadable ledger counts for nothing (the GPUs' own processes still do)."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.servers.ledger import Ledger
 
-    def read(engine: Any, readings: list[Any]) -> dict[str, list[Claim]]:
+    def read(engine: ImageEngine, readings: list[Any]) -> dict[str, list[Claim]]:
         try:
-            book = Ledger(house_rules(settings.run)["state_dir"] or DEFAULT_STATE_DIR).read()
+            book = Ledger(settings.run.ledger_dir).read()
             return held_on_host(engine.containers.rows(), book.holds(), readings).gpus
         except ImgbuildError:
             return {}
@@ -37,10 +41,10 @@ def gpu_claims(settings: Any) -> Callable[[Any, list[Any]], dict[str, list[Claim
     return read
 
 
-def quota_check(settings: Any, user: str) -> Callable[[Any, dict[str, list[Claim]]], None]:
+def quota_check(settings: Settings, user: str) -> Callable[[Any, dict[str, list[Claim]]], None]:
     """The site's GPU quota for `user`'s smoke test (build.smoke.QuotaCheck): the GPUs it would take count as
     a run of theirs, against what they (and their groups) hold already."""
-    house = house_rules(settings.run)
+    house = settings.run
 
     def check(selection: Any, claims: dict[str, list[Claim]]) -> None:
         check_quota(user, selection, Held(gpus=claims), house)
@@ -95,7 +99,7 @@ def running_with_gpus(rows: list[dict[str, Any]], gpus: list[Any]) -> list[tuple
     return found
 
 
-def check_quota(user: str, selection: Selection, held: Held, house: dict[str, Any]) -> None:
+def check_quota(user: str, selection: Selection, held: Held, house: RunRules) -> None:
     """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
     from imgbuild.gpu.allocate import GpusBusy
 
@@ -103,11 +107,13 @@ def check_quota(user: str, selection: Selection, held: Held, house: dict[str, An
         return
     wanted = set(selection.uuids)
 
-    limits = [("run.max_gpus_per_user", house.get("max_gpus_per_user"), {user}, "you hold")]
-    for group, limit in sorted((house.get("max_gpus_per_group") or {}).items()):
+    limits: list[tuple[str, int | None, set[str], str]] = [
+        ("run.max_gpus_per_user", house.max_gpus_per_user, {user}, "you hold")
+    ]
+    for group, most in sorted(house.max_gpus_per_group.items()):
         members = group_members(group)
         if user in members:
-            limits.append((f"run.max_gpus_per_group {group}", limit, members, f"group {group} holds"))
+            limits.append((f"run.max_gpus_per_group {group}", most, members, f"group {group} holds"))
     for key, limit, members, who in limits:
         if limit is None:
             continue

@@ -8,10 +8,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.engine.types import ImageEngine
 
 #: How long a notebook may take to answer (a cold image's first import of JupyterLab on a busy machine).
 SERVE_SECONDS = 120
@@ -21,7 +24,7 @@ _WHICH = f"import json, shutil\nprint({_MARKER!r} + json.dumps({{'jupyter': shut
 JUPYTER_PROBE = Probe("jupyter", _WHICH, _MARKER)
 
 
-def check_present(engine: Any, image: str) -> None:
+def check_present(engine: ImageEngine, image: str) -> None:
     """Refuse, before anything starts, an image that has no `jupyter` on its PATH."""
     code, output, _ = engine.containers.run_script(image, JUPYTER_PROBE, [], {}, gpus=None, timeout=60)
     answer = JUPYTER_PROBE.answer(output)
@@ -44,7 +47,7 @@ def answers(port: int, timeout: float = 2.0) -> bool:
 
 
 def wait_until_serving(
-    engine: Any,
+    engine: ImageEngine,
     name: str,
     port: int,
     seconds: float = SERVE_SECONDS,

@@ -19,34 +19,21 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.config.site import ReapPolicy, RunRules
+from imgbuild.errors import EnvironmentProblem
 from imgbuild.servers import usage
 from imgbuild.servers.ledger import REAPER_DIR, append_record, reaper_dir
+
+if TYPE_CHECKING:
+    from imgbuild.engine.types import ImageEngine
 
 STATE_FILE = "reap-state.json"
 STATE_BYTES = 4 * 1024 * 1024
 #: Samples kept per container (a run every 5 minutes keeps 2 days).
 SAMPLES_KEPT = 576
 NOTICE_FILE = "imgbuild-notices.txt"
-
-
-def policy(rules: Any) -> dict[str, Any]:
-    """The reaper's rules (durations in seconds) from the config's typed `reap:` section (`settings.reap`);
-    a mapping is checked as that section would be."""
-    from imgbuild.config.site import ReapPolicy, as_text, checked_section, duration_seconds
-
-    merged = as_text(checked_section(ReapPolicy, "reap", rules))
-    command = merged.get("notify_command") or []
-    if command and not str(command[0]).startswith("/"):
-        raise UsageError(
-            f"reap.notify_command: {command[0]!r}: the program by absolute path (no shell, no PATH search)"
-        )
-    for key in ("idle_timeout", "warn_lead", "exited_max_age"):
-        if merged[key] is not None:
-            merged[key] = duration_seconds(merged[key])
-    return merged
 
 
 @dataclass
@@ -86,7 +73,7 @@ def decide(
     rows: list[dict[str, Any]],
     state: State,
     now: float,
-    rules: dict[str, Any],
+    rules: ReapPolicy,
     deadlines: dict[str, float | None],
     known_user: Callable[[str], bool],
 ) -> list[Action]:
@@ -95,7 +82,7 @@ def decide(
     `extend` moved it."""
     actions: list[Action] = []
     for row in rows:
-        if row.get("smoke") or any(fnmatch.fnmatchcase(row["name"], p) for p in rules["exempt"]):
+        if row.get("smoke") or any(fnmatch.fnmatchcase(row["name"], p) for p in rules.exempt):
             continue
         owned = bool(row.get("labelled") or ("_" in row["name"] and known_user(row["name"].split("_", 1)[0])))
         if row.get("status") in ("exited", "created", "dead"):
@@ -109,26 +96,27 @@ def decide(
     return actions
 
 
-def _exited(row: dict[str, Any], owned: bool, now: float, rules: dict[str, Any]) -> Action | None:
+def _exited(row: dict[str, Any], owned: bool, now: float, rules: ReapPolicy) -> Action | None:
     """An old exited or never-started container of a user: removed, where the site asked for removal."""
     ended = row.get("finished_ts") or row.get("created_ts")
-    if not (rules["remove"] and rules["exited_max_age"] is not None and owned and ended is not None):
+    max_age = rules.exited_seconds
+    if not (rules.remove and max_age is not None and owned and ended is not None):
         return None
-    if now - ended < rules["exited_max_age"]:
+    if now - ended < max_age:
         return None
     reason = f"{'never started' if row.get('status') == 'created' else 'exited'} {human(now - ended)} ago"
     return Action("remove", row["name"], row.get("user") or "", reason, "exited", row["id"])
 
 
 def _running(
-    row: dict[str, Any], owned: bool, state: State, now: float, rules: dict[str, Any], deadline: float | None
+    row: dict[str, Any], owned: bool, state: State, now: float, rules: ReapPolicy, deadline: float | None
 ) -> Action | None:
     name, cid, user = row["name"], row["id"], row.get("user") or ""
-    lead = rules["warn_lead"] or 0
-    final = "remove" if rules["remove"] else "stop"
+    lead = rules.warn_seconds
+    final = "remove" if rules.remove else "stop"
     if not owned:
         reason = "not named <user>_... and not started by imgbuild run"
-        return Action(final, name, user, reason, "unnamed", cid) if rules["unnamed"] else None
+        return Action(final, name, user, reason, "unnamed", cid) if rules.unnamed else None
     warned = dict(state.warned.get(cid, {}))
     if deadline is not None and warned.get("deadline", deadline) < deadline - lead:
         del warned["deadline"]  # warned of an earlier deadline; `extend` moved it: warn again
@@ -137,7 +125,7 @@ def _running(
         if verb:
             when = "passed" if now >= deadline else f"in {human(deadline - now)}"
             return Action(verb, name, user, f"its deadline {when}", "deadline", cid)
-    timeout = rules["idle_timeout"]
+    timeout = rules.idle_seconds
     since = idle_since(state.samples.get(cid, []))
     if timeout is not None and since is not None and now - since >= timeout:
         verb = _warn_then(final, warned, "idle", now, lead, None)
@@ -164,7 +152,7 @@ def human(seconds: float) -> str:
 # --- sampling ------------------------------------------------------------------------------------------
 
 
-def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], now: float, state: State) -> None:
+def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: ReapPolicy, now: float, state: State) -> None:
     """Add one sample per running container with GPUs: busy when any of its GPUs is above idle_percent
     (a GPU whose use cannot be read, as on MIG, counts as busy: never stop what cannot be measured)."""
     from imgbuild.servers.holds import running_with_gpus
@@ -172,7 +160,7 @@ def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: dict[str, Any], n
     alive = set()
     for row, held in running_with_gpus(rows, gpus):
         alive.add(row["id"])
-        busy = any(g.utilization is None or g.utilization > rules["idle_percent"] for g in held)
+        busy = any(g.utilization is None or g.utilization > rules.idle_percent for g in held)
         kept = state.samples.setdefault(row["id"], [])
         kept.append([now, 1.0 if busy else 0.0])
         del kept[:-SAMPLES_KEPT]
@@ -315,10 +303,10 @@ class Report:
 
 
 def reap(
-    engine: Any,
+    engine: ImageEngine,
     gpus: list[Any],
-    house: dict[str, Any],
-    rules: dict[str, Any],
+    house: RunRules,
+    rules: ReapPolicy,
     now: float,
     dry_run: bool = False,
     notify: Callable[[str, str], bool] = write_notice,
@@ -326,9 +314,9 @@ def reap(
     """One reaper run at time `now` (injectable): sample, decide, then (unless `dry_run`) warn, stop,
     remove, and record each action in the log."""
     from imgbuild.servers.containers import effective_deadline
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.servers.ledger import Ledger
 
-    state_dir = Path(house["state_dir"] or DEFAULT_STATE_DIR)
+    state_dir = house.ledger_dir
     ledger = Ledger(state_dir)
     extended = ledger.read().extended
     # a dry run makes nothing: the reaper's folder is read where it exists, made only by a real run
@@ -341,7 +329,7 @@ def reap(
     actions = decide(rows, state, now, rules, deadlines, known_user)
     if dry_run:
         return Report(actions, ["dry run"] * len(actions))
-    log = Path(rules["log"]) if rules["log"] else own / "reap.log"
+    log = Path(rules.log) if rules.log else own / "reap.log"
     outcomes = []
     try:
         for action in actions:
@@ -400,14 +388,14 @@ NOTIFY_SECONDS = 30  # the site's notify_command, once
 
 
 def _give_notice(
-    user: str, text: str, facts: dict[str, str], rules: dict[str, Any], notify: Callable[[str, str], bool]
+    user: str, text: str, facts: dict[str, str], rules: ReapPolicy, notify: Callable[[str, str], bool]
 ) -> str:
     """A line in the user's notice file, and the site's notify_command run with the facts in its environment
     (argv as configured, no shell; bounded in time, its output discarded)."""
     import subprocess
 
     channels = ["notice file" if notify(user, text) else "no notice file"]
-    argv = list(rules.get("notify_command") or [])
+    argv = list(rules.notify_command)
     if argv:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **facts}
         try:
@@ -423,10 +411,10 @@ def _give_notice(
     return "noticed (" + ", ".join(channels) + ")"
 
 
-def _act(engine: Any, action: Action, rules: dict[str, Any], now: float, notify: Callable[[str, str], bool]) -> str:
+def _act(engine: ImageEngine, action: Action, rules: ReapPolicy, now: float, notify: Callable[[str, str], bool]) -> str:
     if action.verb == "warn":
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now + (rules["warn_lead"] or 0)))
-        then = "removed" if rules["remove"] else "stopped"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now + rules.warn_seconds))
+        then = "removed" if rules.remove else "stopped"
         text = (
             f"imgbuild reap: {action.name} will be {then} at about {when}: {action.reason} "
             f"(this server's house rules; `imgbuild extend {action.name} 1d` where a deadline allows it)"

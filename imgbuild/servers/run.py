@@ -15,11 +15,11 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import RunRules
 from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.host import expand, format_cpulist
@@ -44,6 +44,10 @@ from imgbuild.servers.spec import (
     parse_duration,
     resolve_image,
 )
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 # --- starting a container -------------------------------------------------------------------------
 
@@ -79,7 +83,7 @@ class RunRequest:
     notify: bool = False  # --notify: a notice when it ends (the reaper's next run)
 
 
-def read_gpus_or_none(settings: Any) -> list[Any]:
+def read_gpus_or_none(settings: Settings) -> list[Any]:
     from imgbuild.gpu.read import NoGpus, read_gpus
 
     try:
@@ -88,31 +92,30 @@ def read_gpus_or_none(settings: Any) -> list[Any]:
         return []
 
 
-def _enforce(req: RunRequest, who: Any, house: dict[str, Any], ref: str) -> list[Any] | None:
+def _enforce(req: RunRequest, who: Any, house: RunRules, ref: str) -> tuple[list[Any] | None, str | None]:
     """Enforced mode (a user through sudo): the flags, image and mounts checked as the caller; the workspace
-    becomes one of the checked mounts. None where imgbuild runs as the user themself or as root."""
+    becomes one of the checked mounts, and the container's working folder. (None, None) where imgbuild runs
+    as the user themself or as root."""
     from imgbuild.servers import enforce
 
     if not enforce.acting_for_user(who):
-        return None
+        return None, None
     enforce.check_run(req, who, house, ref)
     mounts = enforce.check_mounts(list(req.volumes), who, house)
-    if house.get("workspace"):
-        try:
-            mounts += enforce.check_mounts([f"{Path.cwd()}:{house['workspace']}"], who, house)
-        except UsageError as exc:
-            raise UsageError(
-                f"the current folder as {house['workspace']}: {exc} (cd into it, or --no-workspace)"
-            ) from None
-        house["enforced_workdir"], house["workspace"] = house["workspace"], None
-    return mounts
+    if req.no_workspace:
+        return mounts, None
+    try:
+        mounts += enforce.check_mounts([f"{Path.cwd()}:{house.workspace}"], who, house)
+    except UsageError as exc:
+        raise UsageError(f"the current folder as {house.workspace}: {exc} (cd into it, or --no-workspace)") from None
+    return mounts, house.workspace
 
 
 def prepare(
     req: RunRequest,
-    settings: Any,
+    settings: Settings,
     held: Held | None = None,
-    house: dict[str, Any] | None = None,
+    house: RunRules | None = None,
     gpus: list[Any] | None = None,
     resolved: tuple[str, str] | None = None,
 ) -> RunSpec:
@@ -122,26 +125,24 @@ def prepare(
     from imgbuild.gpu.allocate import select_gpus
     from imgbuild.host import caller, usable_cpus
 
-    house = dict(house if house is not None else house_rules(settings.run))
+    house = house if house is not None else settings.run
     held = held or Held()
-    if req.shm_size:
-        house["shm_size"] = req.shm_size
-    if req.no_workspace:
-        house["workspace"] = None
+    if req.shm_size:  # this run's own /dev/shm instead of the house's IPC rule
+        house = replace(house, shm_size=req.shm_size)
     if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
     ref, default_short = resolved or resolve_image(req.image, settings)
     who = caller()
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
-    enforced = _enforce(req, who, house, ref)
+    enforced, workdir = _enforce(req, who, house, ref)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
     if req.cpus is not None and not (math.isfinite(req.cpus) and 0 < req.cpus <= MAX_CPUS):
         raise UsageError(f"--cpus {req.cpus}: not a number of CPUs (above 0, at most {MAX_CPUS})")
-    cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.get("cpus_per_gpu"))
+    cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.cpus_per_gpu)
     cpuset: list[int] = []
-    if cpus and house.get("pin_cpus"):
+    if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
         cpuset = pick_cpus(math.ceil(cpus), near, usable_cpus(), held.cpus)
     uid, gid = host_ids()
@@ -155,13 +156,13 @@ def prepare(
         # A stock image run as the caller has HOME=/, which is not writable: pip --user, ~/.cache (torch,
         # Hugging Face, Triton) all fail. Their own home where the site mounts it, else a writable one.
         own = home_of_uid(uid)  # the caller's home from the password database: under sudo $HOME is root's
-        mounted = [expand(m, user=user, home=own, uid=uid).split(":") for m in house.get("mounts") or []]
+        mounted = [expand(m, user=user, home=own, uid=uid).split(":") for m in house.mounts]
         home = own if any(len(m) > 1 and m[1] == own for m in mounted) else "/tmp/home"
         env = [f"HOME={home}", *env]
     jupyter_port = None
     if req.jupyter:
         jupyter_port = free_port(held.ports)
-        command = command or jupyter_command(house.get("workspace"))
+        command = command or jupyter_command(None if req.no_workspace else house.workspace)
         env = [*JUPYTER_ENV, f"JUPYTER_TOKEN={secrets.token_hex(24)}", *env]
         ports = [f"127.0.0.1:{jupyter_port}:{JUPYTER_PORT}", *ports]  # this host only: reached by an ssh tunnel
         detach = True
@@ -189,11 +190,12 @@ def prepare(
         cpus=cpus,
         cpuset=cpuset,
         enforced=enforced,
-        workdir=house.get("enforced_workdir"),
+        workdir=workdir,
+        workspace=not req.no_workspace and enforced is None,  # enforced: the workspace is a checked mount
     )
 
 
-def gpu_path(flag: str, engine: Any) -> str:
+def gpu_path(flag: str, engine: ImageEngine) -> str:
     """How the engine is handed GPUs: the site's `run.gpu_flag` (gpus: --gpus; env: NVIDIA_VISIBLE_DEVICES for the
     nvidia runtime; cdi: --device nvidia.com/gpu=UUID); `gpus` on an engine that has NVIDIA's CDI devices but no
     nvidia runtime becomes `cdi`, as the smoke test's GPU path does (a CDI-only host: the GPU Operator, the
@@ -212,8 +214,8 @@ class WaitTimedOut(JobFailed):
 @contextlib.contextmanager
 def reserved(
     req: RunRequest,
-    settings: Any,
-    engine: Any,
+    settings: Settings,
+    engine: ImageEngine,
     wait: float | None = None,
     on_wait: Callable[[int, str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -227,10 +229,10 @@ def reserved(
     told each look; the place is given up on every way out (and, if this process dies, with it)."""
     from imgbuild.gpu.allocate import GpusBusy
     from imgbuild.host import caller
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, Ledger
+    from imgbuild.servers.ledger import Ledger
 
-    house = house_rules(settings.run)
-    ledger = Ledger(house["state_dir"] or DEFAULT_STATE_DIR)
+    house = settings.run
+    ledger = Ledger(house.ledger_dir)
     ticket = f"wait-{os.getpid()}"
     wants_gpus = req.gpu_request.strip().lower() not in ("", "none")  # the queue is for GPUs only
     deadline = None if wait is None else clock() + wait
@@ -248,7 +250,7 @@ def reserved(
                     held = held_on_host(rows, book.holds(), gpus)
                     try:
                         spec = prepare(req, settings, held, house, gpus, resolved)
-                        spec.gpus_by = gpu_path(str(house.get("gpu_flag") or "gpus"), engine) if spec.gpus.gpus else ""
+                        spec.gpus_by = gpu_path(house.gpu_flag, engine) if spec.gpus.gpus else ""
                     except GpusBusy as busy:
                         if deadline is None:
                             raise
@@ -270,7 +272,7 @@ def reserved(
                 raise WaitTimedOut(f"gave up waiting after {wait:g} s ({why})")
             if on_wait:
                 on_wait(ahead + 1, why)
-            sleep(float(house["wait_poll"]))
+            sleep(house.wait_poll)
     finally:
         ledger.drop(ticket)
     try:
@@ -282,7 +284,7 @@ def reserved(
 def check_mount_sources(spec: RunSpec) -> None:
     """Every host folder the container mounts exists: docker would create a missing one as root, which the
     user then cannot write (a site's `/work/{user}` not made yet)."""
-    for mount in [*(spec.house.get("mounts") or []), *spec.volumes]:
+    for mount in [*spec.house.mounts, *spec.volumes]:
         source = expand(mount, user=spec.user, home=home_of_uid(spec.uid), uid=spec.uid).split(":")[0]
         if source.startswith("/") and not os.path.exists(source):
             raise UsageError(
@@ -301,11 +303,11 @@ def _staged(spec: RunSpec) -> Iterator[None]:
 
     with enforce.staged(spec.enforced) as volumes:
         spec.volumes = volumes
-        enforce.audit("run", sys.argv[1:], f"allowed: starting {spec.name} ({spec.image})", spec.house["state_dir"])
+        enforce.audit("run", sys.argv[1:], f"allowed: starting {spec.name} ({spec.image})", spec.house.ledger_dir)
         yield
 
 
-def start_detached(engine: Any, spec: RunSpec) -> None:
+def start_detached(engine: ImageEngine, spec: RunSpec) -> None:
 
     check_mount_sources(spec)
     with _staged(spec):
@@ -325,7 +327,7 @@ class RunOutcome:
     start_failed: bool = False
 
 
-def start_attached(engine: Any, spec: RunSpec, settings: Any) -> RunOutcome:
+def start_attached(engine: ImageEngine, spec: RunSpec, settings: Settings) -> RunOutcome:
     """Run the container in the foreground, sampling its GPUs every 2 s for the job summary."""
     import subprocess
     import threading
@@ -391,7 +393,7 @@ class Launched:
 
 
 def launch(
-    request: RunRequest, settings: Any, *, wait: str | None, dry_run: bool, say: Callable[[str], None]
+    request: RunRequest, settings: Settings, *, wait: str | None, dry_run: bool, say: Callable[[str], None]
 ) -> Launched:
     """`imgbuild run`: the spec under the house rules; with `dry_run` only the command it would run. Else GPUs held
     in the ledger (waiting for them up to `wait`, saying each new place), then started detached or attached.

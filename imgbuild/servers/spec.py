@@ -8,14 +8,17 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from imgbuild.config.site import house_rules
+from imgbuild.config.site import RunRules
 from imgbuild.engine.types import RunOptions
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 from imgbuild.gpu.allocate import Selection, cpus_for
 from imgbuild.host import expand, format_cpulist, parse_cpulist
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 #: `--name`: the <name> in <user>_<name>_<n>.
 SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -44,7 +47,7 @@ class RunSpec:
     interactive: bool = False
     tty: bool = False
     name: str = ""
-    house: dict[str, Any] = field(default_factory=lambda: house_rules({}))
+    house: RunRules = field(default_factory=RunRules)
     cwd: Path = field(default_factory=Path.cwd)
     entrypoint: str | None = None
     jupyter_port: int | None = None  # `--jupyter`: the host port on 127.0.0.1
@@ -53,6 +56,7 @@ class RunSpec:
     notify: bool = False  # `--notify`: kept after it ends, for the reaper's notice
     enforced: list[Any] | None = None  # enforced mode: the user's mounts as checked (enforce.Mount); None: not
     workdir: str | None = None  # enforced mode: the workspace, mounted among `enforced`
+    workspace: bool = True  # the current folder at the house's `run.workspace` (`--no-workspace`: not mounted)
     gpus_by: str = "gpus"  # how the engine is handed them: gpus | env | cdi (run.gpu_path)
 
     def options(self) -> RunOptions:
@@ -68,11 +72,9 @@ class RunSpec:
             labels += [(Label.GPU_UUIDS, ",".join(self.gpus.uuids))]
         labels += [(key, "") for key in Label.CONTAINER_KEYS if key not in dict(labels)]  # none inherited
         home = home_of_uid(self.uid)
-        mounts = [f"{self.cwd}:{h['workspace']}"] if h.get("workspace") else []
-        mounts += [
-            expand(m, user=self.user, home=home, uid=self.uid) for m in [*(h.get("mounts") or []), *self.volumes]
-        ]
-        env = [(str(k), str(v)) for k, v in sorted((h.get("env") or {}).items())]
+        mounts = [f"{self.cwd}:{h.workspace}"] if self.workspace else []
+        mounts += [expand(m, user=self.user, home=home, uid=self.uid) for m in [*h.mounts, *self.volumes]]
+        env = sorted(h.env.items())
         env += [(item.partition("=")[0], item.partition("=")[2]) for item in self.env]
         mine = {item.partition("=")[0] for item in self.env}
         env += [(var, str(self.threads)) for var in (THREAD_VARS if self.threads else ()) if var not in mine]
@@ -85,17 +87,17 @@ class RunSpec:
             env=tuple(env),
             mounts=tuple(mounts),
             ports=tuple(self.ports),
-            workdir=self.workdir or (str(h["workspace"]) if h.get("workspace") else None),
+            workdir=self.workdir or (h.workspace if self.workspace else None),
             gpus=tuple(self.gpus.uuids),
-            gpus_by_env=(self.gpus_by or h.get("gpu_flag")) == "env",  # the nvidia runtime reads it (nvidia-docker2)
+            gpus_by_env=(self.gpus_by or h.gpu_flag) == "env",  # the nvidia runtime reads it (nvidia-docker2)
             gpus_by_cdi=self.gpus_by == "cdi",  # --device nvidia.com/gpu=UUID (a CDI-only host)
             cpus=self.cpus,
             cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
-            ipc=None if h.get("shm_size") else str(h.get("ipc") or "host"),
-            shm_size=str(h["shm_size"]) if h.get("shm_size") else None,
-            ulimits=tuple((str(k), str(v)) for k, v in (h.get("ulimits") or {}).items()),
-            log_max_size=str(h.get("log_max_size", "50m")),
-            log_max_file=str(h.get("log_max_file", "3")),
+            ipc=h.ipc_mode,
+            shm_size=h.shm_size,
+            ulimits=tuple(h.ulimits.items()),
+            log_max_size=h.log_max_size,
+            log_max_file=h.log_max_file,
             remove=self.remove,
             detach=self.detach,
             interactive=self.interactive,
@@ -140,7 +142,7 @@ def is_recipe(arg: str) -> bool:
 IMAGE_FILE_SUFFIXES = (".sif", ".sqsh", ".squashfs", ".oci")
 
 
-def resolve_image(arg: str, settings: Any, paths: bool = False) -> tuple[str, str]:
+def resolve_image(arg: str, settings: Settings, paths: bool = False) -> tuple[str, str]:
     """A recipe file means the image it builds; anything else must be an image reference (or, with `paths`,
     an image file or bundle folder by path). Refused here with one line, not by docker hours later."""
     from imgbuild.imageref import BadReference, parse

@@ -250,15 +250,15 @@ class Account:
     records: int
 
 
-def account(state_dir: str | None, by: str, since_text: str | None, now: float | None = None) -> Account:
-    """`imgbuild usage`: the reaper's usage log under `state_dir`, summed per `by` since `since_text` (30d)."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR, REAPER_DIR
+def account(ledger_dir: Path, by: str, since_text: str | None, now: float | None = None) -> Account:
+    """`imgbuild usage`: the reaper's usage log under `ledger_dir`, summed per `by` since `since_text` (30d)."""
+    from imgbuild.servers.ledger import REAPER_DIR
 
     now = time.time() if now is None else now
     since = since_of(since_text, now)
     if by not in BY:
         raise UsageError(f"--by {by}: one of {', '.join(BY)}")
-    folder = Path(state_dir or DEFAULT_STATE_DIR) / REAPER_DIR
+    folder = ledger_dir / REAPER_DIR
     if not os.access(folder, os.X_OK) and folder.exists():
         raise EnvironmentProblem(
             f"the usage log in {folder} is the reaper's (root's): run `sudo imgbuild usage`, or read the "
