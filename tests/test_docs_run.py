@@ -292,6 +292,31 @@ def test_the_committed_config_schema_is_generated_from_the_declarations():
     assert set(committed["properties"]) >= {"run", "reap", "slurm", "fleet", "ngc_registry"}
 
 
+def test_the_readme_settings_table_is_the_one_made_from_the_declarations():
+    """Every flat setting is in README's table, with the default and meaning declared beside it in Settings: a
+    setting added, renamed or re-defaulted without the table fails here (the table is pasted, never hand-edited)."""
+    from imgbuild.config.settings import settings_table
+
+    text = (ROOT / "README.md").read_text()
+    made = settings_table()
+    start = text.index("<!-- settings-table")
+    shown = text[text.index("\n", start) + 1 : text.index("<!-- /settings-table -->")]
+    assert shown == made, "README.md: paste `imgbuild schema --config --table` between the settings-table marks"
+    flat = [f.name for f in dataclasses.fields(Settings) if f.name not in ("sources", "run", "reap", "slurm", "k8s")]
+    assert all(f"| `{name}` |" in made for name in flat), "every flat setting needs doc= in its setting() declaration"
+    secret = {f.name for f in dataclasses.fields(Settings) if not f.repr and f.name != "sources"}
+    assert secret == {"ngc_api_key", "pip_index_url", "pip_extra_index_urls"}
+
+
+def test_schema_table_prints_the_settings_table_and_wants_config():
+    from imgbuild.config.settings import settings_table
+    from tests.conftest import run_cli
+
+    assert run_cli("schema", "--config", "--table").out == settings_table()
+    refused = run_cli("schema", "--table")
+    assert refused.code == 2 and "--table goes with --config" in refused.err
+
+
 def test_the_readme_table_of_stand_in_differences_is_the_recorded_one():
     from tests import ngc_facts
 

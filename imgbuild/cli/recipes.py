@@ -81,12 +81,19 @@ def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, ba
 
 @SECTION.command()
 @click.option("--config", "of_config", is_flag=True, help="The config file's schema instead (docs/config.schema.json).")
-def schema(of_config: bool) -> None:
+@click.option("--table", is_flag=True, help="With --config: the flat settings as README's Markdown table.")
+def schema(of_config: bool, table: bool) -> None:
     """Print the recipe JSON schema, or the config file's (generated from the models)."""
+    if table and not of_config:
+        raise click.UsageError("--table goes with --config")
     if of_config:
         from imgbuild.config.settings import json_schema as config_schema
+        from imgbuild.config.settings import settings_table
 
-        emit_json(config_schema())
+        if table:
+            click.echo(settings_table(), nl=False)
+        else:
+            emit_json(config_schema())
         return
     from imgbuild.recipe import json_schema
 

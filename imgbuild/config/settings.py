@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,53 +44,125 @@ def _login_name() -> str:
 Bytes = int
 
 
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str,
+    shown: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    secret: bool = False,
+) -> Any:
+    """Declare a flat setting: its default (or a factory), what it means, and the default as the docs show it
+    where the value itself would not do (`your login name`); a secret is left out of repr (and masked in
+    `imgbuild config`). The README's settings table and the schema's descriptions are made from these."""
+    metadata = {"doc": doc, "shown": shown}
+    if factory is not None:
+        return field(default_factory=factory, repr=not secret, metadata=metadata)
+    return field(default=default, repr=not secret, metadata=metadata)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Effective settings. Secrets are excluded from repr and from `imgbuild config` output."""
 
-    user: str = field(default_factory=_login_name)
-    #: where imgbuild's images live: a recipe without `image:` builds `<image_registry>/<user>/<name>:<tag>`
-    #: (a CI job pushes to, and verifies at, the registry it logs in to); none: `<user>/<name>:<tag>`, this host's
-    image_registry: str | None = None
-    ngc_registry: str = "nvcr.io"
-    ngc_api_key: str | None = field(default=None, repr=False)
-    insecure_registries: tuple[str, ...] = ()
-    pip_index_url: str | None = field(default=None, repr=False)
-    pip_extra_index_urls: tuple[str, ...] = field(default=(), repr=False)
-    pip_ca_bundle: str | None = None
-    pip_trusted_hosts: tuple[str, ...] = ()
-    uid: int | None = None
-    gid: int | None = None
-    backend: str = "auto"
-    engine: str = "auto"  # docker, podman, or auto: Docker when its socket answers, else Podman's
-    podman_socket: str | None = None  # Podman's API socket (default: CONTAINER_HOST, root's, the user's)
-    docker_cli: str | None = None
-    builder: str | None = None
-    images_dir: str = "images"
-    cache_dir: str = field(default_factory=_default_cache_dir)
-    tag_cache_ttl: int = 6 * 3600
-    base_cache_ttl: int = 300  # seconds a base's digest and config are reused (0: always ask; rebuild always does)
-    registry_timeout: float = limits.HTTP_REQUEST_SECONDS  # one registry request, however slowly it trickles
-    registry_deadline: float = limits.HTTP_COMMAND_SECONDS  # everything one command asks of one registry
-    registry_backoff: float = 0.5  # first retry delay (doubles), seconds
-    build_timeout: float = limits.BUILD_SECONDS  # one image build, seconds
-    #: one added distribution's imports in the smoke test, seconds, on a quiet machine (a busy one gets more, by
-    #: what the base's framework takes to import there, and a timed-out import one more try alone)
-    smoke_import_timeout: float = limits.IMPORT_SECONDS
-    pip_resolve_timeout: float = limits.PIP_RESOLVE_SECONDS  # pip's resolution in the pip step, seconds
-    pip_download_limit: Bytes = limits.PIP_DOWNLOAD_BYTES  # what the pip step may download ("16G")
-    gpu_snapshot: str | None = None  # read GPUs from a saved `imgbuild gpus --json` (planning, tests)
-    registry_cache: str = "inline"  # inline: images carry their cache, pushes seed from the registry; registry; off
-    gpu_source: str = "auto"  # the smoke test's GPUs: this machine's (local), read through the engine (engine)
-    fleet_gpus: tuple[str, ...] = ()  # the GPUs images must run on (config `fleet: {gpus: [...]}`)
-    fleet_driver: str | None = None  # the oldest driver among them (config `fleet: {driver: ...}`)
+    user: str = setting(
+        factory=_login_name, shown="your login name", doc="image namespace: images are `<user>/<name>:<tag>`"
+    )
+    image_registry: str | None = setting(
+        None,
+        doc="where images live: a recipe without `image:` builds `<image_registry>/<user>/<name>:<tag>` (the registry "
+        "CI pushes to and verifies at); none keeps them on this host",
+    )
+    ngc_registry: str = setting("nvcr.io", doc="NGC registry, or a mirror / pull-through cache")
+    ngc_api_key: str | None = setting(
+        None,
+        secret=True,
+        doc="NGC API key (also `NGC_API_KEY`), sent as `$oauthtoken`; never written to a layer, the history or a log",
+    )
+    insecure_registries: tuple[str, ...] = setting(
+        (), doc="registries spoken to over plain HTTP (127.0.0.1 and localhost always are)"
+    )
+    pip_index_url: str | None = setting(
+        None, secret=True, doc="site package index; may carry credentials, which reach the build as a BuildKit secret"
+    )
+    pip_extra_index_urls: tuple[str, ...] = setting((), secret=True, doc="more indexes, as `pip_index_url`")
+    pip_ca_bundle: str | None = setting(
+        None, doc="CA bundle for TLS-intercepting proxies; mounted into the apt and pip steps as a secret"
+    )
+    pip_trusted_hosts: tuple[str, ...] = setting((), doc="hosts pip trusts without TLS verification")
+    uid: int | None = setting(
+        None,
+        shown="the invoking user (`SUDO_UID` under sudo; 1000 for plain root)",
+        doc="the user ID of the recipe's non-root user",
+    )
+    gid: int | None = setting(None, shown="as `uid`", doc="the group ID of the recipe's non-root user")
+    backend: str = setting(
+        "auto", doc="`buildkit` (docker CLI) or `sdk` (Engine API); `auto` picks BuildKit when a capable CLI exists"
+    )
+    engine: str = setting(
+        "auto", doc="`docker`, `podman`, or `auto`: Docker where its socket answers, else Podman where it is installed"
+    )
+    podman_socket: str | None = setting(
+        None,
+        shown="`CONTAINER_HOST`, root's `/run/podman/podman.sock`, the user's",
+        doc="Podman's API socket (`podman system service`)",
+    )
+    docker_cli: str | None = setting(None, shown="found on PATH", doc="the docker CLI that drives BuildKit")
+    builder: str | None = setting(None, doc="a buildx builder (remote BuildKit) to build with")
+    images_dir: str = setting("images", doc="where build contexts are written")
+    cache_dir: str = setting(
+        factory=_default_cache_dir, shown="platform cache dir", doc="locks, build logs, base answers and base pins"
+    )
+    tag_cache_ttl: int = setting(6 * 3600, doc="seconds a registry's tag list is reused by `imgbuild tags`")
+    base_cache_ttl: int = setting(
+        300,
+        doc="seconds a base's registry answer (digest, config) is reused by `render` and `build`; `rebuild` always "
+        "asks again; 0 never reuses it",
+    )
+    registry_timeout: float = setting(
+        limits.HTTP_REQUEST_SECONDS, doc="seconds for one registry request, however slowly it trickles"
+    )
+    registry_deadline: float = setting(
+        limits.HTTP_COMMAND_SECONDS, doc="seconds for everything one command asks of one registry"
+    )
+    registry_backoff: float = setting(0.5, doc="seconds before the first retry (doubling after)")
+    build_timeout: float = setting(limits.BUILD_SECONDS, doc="seconds one image build may take")
+    smoke_import_timeout: float = setting(
+        limits.IMPORT_SECONDS,
+        doc="seconds for one added distribution's imports in the smoke test on a quiet machine; a busy one gets up "
+        "to 6x what the base's framework takes to import there, and a timed-out import is tried once more alone "
+        "(then reported as timed out, not as broken)",
+    )
+    pip_resolve_timeout: float = setting(
+        limits.PIP_RESOLVE_SECONDS, doc="seconds of the pip step's resolution before pip starts installing"
+    )
+    pip_download_limit: Bytes = setting(
+        limits.PIP_DOWNLOAD_BYTES, shown="`16G`", doc="bytes the pip step may download (`16G`, `500M`)"
+    )
+    gpu_snapshot: str | None = setting(
+        None, doc="read GPUs from a saved `imgbuild gpus --json` instead of this machine's (planning, tests)"
+    )
+    registry_cache: str = setting(
+        "inline",
+        doc="`inline`: images carry BuildKit's inline cache and pushed builds are seeded from the registry's copy; "
+        "`registry`: also a buildx builder's full cache export (needs `builder`); on Podman either is Buildah's "
+        "cache at `<image>-imgbuild-cache`; `off`",
+    )
+    gpu_source: str = setting(
+        "auto",
+        doc="where the smoke test reads the engine's GPUs: `local` (this machine's NVML / nvidia-smi), `engine` (a "
+        "short-lived container of the image, given every GPU, runs nvidia-smi and reads the host's PCI bus); `auto` "
+        "is `local` for a local socket, `engine` for `DOCKER_HOST=tcp://`/`ssh://` or when imgbuild itself runs in a "
+        "container",
+    )
+    fleet_gpus: tuple[str, ...] = setting((), doc="the GPUs images must run on (config `fleet: {gpus: [...]}`)")
+    fleet_driver: str | None = setting(None, doc="the oldest driver among them (config `fleet: {driver: ...}`)")
     run: RunRules = field(default_factory=RunRules)  # config `run:`, the house rules (imgbuild.config.site)
     reap: ReapPolicy = field(default_factory=ReapPolicy)  # config `reap:`, the site's alone
     slurm: SlurmSite = field(default_factory=SlurmSite)  # config `slurm:`
     k8s: K8sSite = field(default_factory=K8sSite)  # config `k8s:`
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
-    SECRET_FIELDS = ("ngc_api_key", "pip_index_url", "pip_extra_index_urls")
     BACKENDS = ("auto", "buildkit", "sdk")
     ENGINES = ("auto", "docker", "podman")
     # auto: local where the engine shares this machine, else through the engine
@@ -125,7 +198,7 @@ class Settings:
                     out[dotted] = {"value": value, "source": self.sources.get(dotted, "default")}
                 continue
             value = getattr(self, f.name)
-            if f.name in self.SECRET_FIELDS and value:
+            if not f.repr and value:  # a secret (declared secret=True): masked
                 value = mask_url_credentials(value) if f.name != "ngc_api_key" else "****"
             if isinstance(value, tuple):
                 value = list(value)
@@ -474,7 +547,7 @@ def json_schema() -> dict[str, Any]:
             properties[f.name] = fields.Model(SECTIONS[f.name]).schema(defs)
             continue
         kind = next((schema for word, schema in _SCHEMA_TYPES if word in str(f.type)), {"type": "string"})
-        properties[f.name] = {**kind, "description": f"IMGBUILD_{f.name.upper()} overrides it"}
+        properties[f.name] = {**kind, "description": f"{f.metadata['doc']} (IMGBUILD_{f.name.upper()} overrides it)"}
     properties["fleet"] = fields.Model(siteconfig.Fleet).schema(defs)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -486,3 +559,25 @@ def json_schema() -> dict[str, Any]:
         "properties": dict(sorted(properties.items())),
         "$defs": defs,
     }
+
+
+def _shown_default(f: dataclasses.Field[Any]) -> str:
+    """A flat setting's default as the settings table shows it."""
+    if f.metadata.get("shown"):
+        return str(f.metadata["shown"])
+    value = f.default
+    if value is None or value == ():
+        return "none"
+    if isinstance(value, str):
+        return f"`{value}`"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def settings_table() -> str:
+    """The flat settings as a Markdown table (setting, default, meaning): README.md's, made from the declarations
+    above and checked against README by the docs test."""
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(Settings):
+        if "doc" in f.metadata:
+            rows.append(f"| `{f.name}` | {_shown_default(f)} | {f.metadata['doc']} |")
+    return "\n".join(rows) + "\n"
