@@ -286,7 +286,7 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
         assert docker_client.containers.get(idle).status == "exited"
         assert docker_client.containers.get(busy).status == "running"  # busy: never
         assert docker_client.containers.get(never).status == "created"  # removing was not asked for
-        everything = {**rules, "remove": True, "unnamed": True}
+        everything = replace(rules, remove=True, unnamed=True)
         later = run(t0 + 2 * 86400, rules=everything)
         assert (("remove", never, "exited") in later) and (("remove", unnamed, "unnamed") in later)
         assert ("remove", late, "exited") in later and ("remove", idle, "exited") in later
