@@ -56,7 +56,7 @@ USER_SIDE = (
     "imgbuild.recipe.reqfile",
     "imgbuild.recipe.repofiles",
     "imgbuild.yamlpos",
-    "imgbuild.build.context",
+    "imgbuild.pipeline.context",
 )
 PRELOAD = (
     *USER_SIDE,

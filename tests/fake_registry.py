@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imgbuild.build import attest
 from imgbuild.errors import RegistryError
+from imgbuild.supply import attest
 
 
 class MemoryRegistry:

@@ -16,9 +16,9 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from imgbuild.build import attest, verify
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
+from imgbuild.supply import attest, verify
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
 from tests.fake_registry import MemoryRegistry
@@ -472,7 +472,7 @@ def test_a_key_that_is_no_file_is_refused_at_once_without_reading_it(path, tmp_p
 def test_the_sboms_file_hashes_are_what_sha256sum_says(tmp_path):
     """supply-4: the SBOM's 'SHA-256' of a copied file was imgbuild's cache-key digest (names, modes and content
     together). Each copied file is now listed at its place in the image with its content's sha256."""
-    from imgbuild.build.describe import _file_hashes
+    from imgbuild.pipeline.describe import _file_hashes
     from imgbuild.recipe import load_recipe
 
     (tmp_path / ".git").mkdir()
@@ -496,7 +496,7 @@ def test_the_sboms_file_hashes_are_what_sha256sum_says(tmp_path):
 
 def test_the_provenance_says_a_dirty_tree_and_when(tmp_path):
     """supply-4: the provenance recorded HEAD while the recipe had uncommitted edits, and no time at all."""
-    from imgbuild.build.describe import _git_dirty
+    from imgbuild.pipeline.describe import _git_dirty
     from imgbuild.recipe import load_recipe
 
     def git(*args: str) -> None:
@@ -521,7 +521,7 @@ def test_the_provenance_says_a_dirty_tree_and_when(tmp_path):
 def test_the_images_debian_rows_are_read_as_dpkg_rows_and_anything_else_is_dropped():
     """The SBOM's apt part comes from the image's smoke report: each row must read as dpkg's own (the smoke
     script's DEB_LINE, one rule for both sides); a row of another shape never reaches the SBOM."""
-    from imgbuild.build.describe import _debs
+    from imgbuild.pipeline.describe import _debs
 
     rows = [
         ["jq", "1.6-2.1"],

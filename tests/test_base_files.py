@@ -106,7 +106,7 @@ def test_a_resolve_only_run_installs_nothing_and_checks_nothing(env):
 
 def _real_base(key: str):
     from imgbuild import ngc
-    from imgbuild.build import plan
+    from imgbuild.pipeline import plan
     from tests.ngc_facts import REAL
 
     release = REAL[key]
@@ -137,7 +137,7 @@ def test_a_requirement_for_another_cuda_major_is_refused_at_plan_time_on_a_real_
     """On the real 25.10 config (CUDA 13.0.2.006) and the real 24.05 one (CUDA 12.4.1.003)."""
     from packaging.requirements import Requirement
 
-    from imgbuild.build import plan
+    from imgbuild.pipeline import plan
 
     cuda13, cuda12 = _real_base("pytorch:25.10-py3"), _real_base("pytorch:24.05-py3")
     found = plan._conflict(Requirement(spec), cuda13)
@@ -153,8 +153,8 @@ def test_a_requirement_for_another_cuda_major_is_refused_at_plan_time_on_a_real_
 
 def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
     """Through the whole plan: recipe line, field and cure, exit 2 before anything is fetched."""
-    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import settings
 
@@ -175,9 +175,9 @@ def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has
     """realworld-4 D6: faiss-gpu-cu12 on a CUDA 13 base was refused with the cure faiss-gpu-cu13, which is not on
     PyPI. The recipe's index is asked first: cupy-cuda13x is there and named; faiss-gpu-cu13 is not, and the
     other cure is given; an index that cannot be asked leaves the cure marked unchecked."""
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.resolve import cures_checked
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.resolve import cures_checked
     from imgbuild.recipe import load_recipe
     from tests.fake_index import FakeIndex, Release
     from tests.test_recipe_render import settings
@@ -274,9 +274,9 @@ def test_the_pip_steps_reading_of_a_cuda_build_is_the_plans():
 def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_package(tmp_path, monkeypatch):
     """Ten refusals whose cures name a package, and an index that does not answer: one question, bounded by its
     deadline, not ten; each line still says the index could not be asked."""
-    from imgbuild.build import resolve
-    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline import resolve
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import pypi
     from tests.test_recipe_render import settings

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from spython.main.parse.parsers import SingularityParser
 
-from imgbuild.build.plan import make_plan
-from imgbuild.build.render import apptainer_definition
 from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.settings import load_settings
 from imgbuild.config.site import slurm_site
 from imgbuild.errors import UsageError
+from imgbuild.pipeline.plan import make_plan
+from imgbuild.pipeline.render import apptainer_definition
 from imgbuild.recipe import load_recipe
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli, use_site_config
@@ -83,7 +83,7 @@ def test_native_definition_keeps_the_user_the_labels_and_the_file_modes(tmp_path
         "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git less tmux"
     )
     labels = dict(line.split(" ", 1) for line in section(text, "%labels"))
-    from imgbuild.build.render import image_labels
+    from imgbuild.pipeline.render import image_labels
 
     assert labels == image_labels(plan)  # the same labels as the Docker image
     with pytest.raises(UsageError, match="--from"):

@@ -281,7 +281,7 @@ def test_a_wrong_example_would_fail_this_test(tmp_path, monkeypatch):
 def test_the_committed_config_schema_is_generated_from_the_declarations():
     import json
 
-    from imgbuild.config.settings import json_schema
+    from imgbuild.config.model import json_schema
 
     committed = json.loads((ROOT / "docs" / "config.schema.json").read_text())
     assert committed == json_schema(), (
@@ -295,7 +295,7 @@ def test_the_committed_config_schema_is_generated_from_the_declarations():
 def test_the_readme_settings_table_is_the_one_made_from_the_declarations():
     """Every flat setting is in README's table, with the default and meaning declared beside it in Settings: a
     setting added, renamed or re-defaulted without the table fails here (the table is pasted, never hand-edited)."""
-    from imgbuild.config.settings import settings_table
+    from imgbuild.config.model import settings_table
 
     text = (ROOT / "README.md").read_text()
     made = settings_table()
@@ -309,7 +309,7 @@ def test_the_readme_settings_table_is_the_one_made_from_the_declarations():
 
 
 def test_schema_table_prints_the_settings_table_and_wants_config():
-    from imgbuild.config.settings import settings_table
+    from imgbuild.config.model import settings_table
     from tests.conftest import run_cli
 
     assert run_cli("schema", "--config", "--table").out == settings_table()

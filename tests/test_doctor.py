@@ -126,10 +126,10 @@ def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, uniqu
     stand-in nvidia-ctk on PATH; the engine told it has GPUs, as this machine has none) run and smoke refuse it."""
     import subprocess
 
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
     from imgbuild.config.settings import load_settings
     from imgbuild.engine import Engine
     from imgbuild.errors import ImgbuildError, UsageError
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
     from imgbuild.servers.admission import check_preload
 
     base = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imgbuild.build.fanout import merge, plan_document, read_report, waves
-from imgbuild.build.rebuild import BUILT, FAILED, FRESH, STALE, Item
+from imgbuild.ci.fanout import merge, plan_document, read_report, waves
+from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, STALE, Item
 from imgbuild.errors import UsageError
 from tests.conftest import run_cli
 
@@ -129,7 +129,7 @@ def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_pat
 
 
 def test_the_gitlab_child_pipeline_is_a_stage_per_wave_and_a_job_per_image_that_needs_its_parents():
-    from imgbuild.build.fanout import gitlab_child, plan_document
+    from imgbuild.ci.fanout import gitlab_child, plan_document
 
     items = [
         _item("parent", STALE, reasons=("inputs changed",)),
@@ -154,7 +154,7 @@ def test_the_gitlab_child_pipeline_is_a_stage_per_wave_and_a_job_per_image_that_
 
 @pytest.mark.parametrize("include", ["/etc/passwd", "../x.yml", "a/../../b.yml", "a b.yml", "", "x\n- remote: y"])
 def test_the_child_pipelines_include_is_a_relative_file_of_the_repository(include):
-    from imgbuild.build.fanout import gitlab_child, plan_document
+    from imgbuild.ci.fanout import gitlab_child, plan_document
     from imgbuild.errors import UsageError
 
     with pytest.raises(UsageError, match="--gitlab-include"):

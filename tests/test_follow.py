@@ -72,8 +72,8 @@ def test_each_cure_imgbuild_prints_is_applied_as_written(recipe, said, done, fie
 def test_the_cure_for_another_cuda_is_imgbuilds_own_words_applied(recipe, tmp_path):
     """The line the plan prints for jax[cuda12] on the real 25.10 config, followed: the requirement becomes the
     cure it names, and the plan accepts it."""
-    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_base_files import _real_base
     from tests.test_recipe_render import settings

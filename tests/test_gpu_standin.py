@@ -155,9 +155,9 @@ def test_a_gpu_host_behind_the_socket_is_read_through_the_engine(
     see the engine's GPUs in this machine's /dev. Read through the engine, an image whose nvidia-smi answers as a
     DGX's does makes the engine's host a GPU host, and the bed's engine (no toolkit) cannot pass them: the smoke
     test requires a GPU and does not pass. With the GPUs read from this machine, that host would pass untested."""
-    from imgbuild.build.smoke import SmokeRequest, host_gpus, run_smoke
     from imgbuild.config.settings import load_settings
     from imgbuild.engine import Engine
+    from imgbuild.pipeline.smoke import SmokeRequest, host_gpus, run_smoke
 
     data = Path(__file__).parent / "data"
     (tmp_path / "gpus.csv").write_text((data / "smi-dgx-a100-gpus.csv").read_text())

@@ -355,10 +355,10 @@ def test_a_recipe_with_an_unknown_gpu_target_names_its_line(tmp_path):
 
 # --- the pipeline on the in-memory engine: GPU hosts and fleets -----------------------------------------
 
-from imgbuild.build import pipeline  # noqa: E402
-from imgbuild.build.plan import make_plan  # noqa: E402
 from imgbuild.engine.fake import FakeEngine  # noqa: E402
 from imgbuild.errors import SmokeFailed  # noqa: E402
+from imgbuild.pipeline import build as pipeline  # noqa: E402
+from imgbuild.pipeline.plan import make_plan  # noqa: E402
 from imgbuild.recipe import load_recipe  # noqa: E402
 from tests.test_recipe_render import fake_inspect  # noqa: E402
 
@@ -459,7 +459,7 @@ def test_a_build_is_not_promoted_when_the_declared_fleet_cannot_run_it(tmp_path)
 
 
 def test_bump_never_moves_to_a_tag_the_fleet_cannot_run(tmp_path):
-    from imgbuild.build.bump import bump
+    from imgbuild.ci.bump import bump
 
     path = tmp_path / "r.yaml"
     path.write_text('name: lab\nbase: {framework: pytorch, tag: "25.02", follow: latest}\nsmoke: {targets: [v100]}\n')
@@ -585,7 +585,7 @@ def test_a_remote_engine_is_asked_whether_its_host_has_gpus(monkeypatch):
 
 
 def test_rebuild_does_not_promote_what_the_fleet_cannot_run(tmp_path):
-    from imgbuild.build import rebuild
+    from imgbuild.ci import rebuild
     from tests.fake_nvcr import FakeNvcr
 
     folder = tmp_path / "recipes"
@@ -683,9 +683,9 @@ def test_every_gpu_is_timed_on_its_own_device():
 def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
     """Issue 28 (review item 10): `smoke --gpus none` on a GPU host picked [] (read as "all") and still required
     a GPU; it is now what --skip-gpu is."""
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.types import ImageInfo
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
 
     engine = FakeEngine(gpus=True)
     engine.containers.meta = CUDA124
@@ -985,10 +985,10 @@ def test_loaded_library_reads_this_process_maps():
 def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
     """Issue 28 (review item 6): the smoke test is given a free MIG slice by its MIG- UUID (not the parent GPU's
     UUID, no device for CUDA), and the report records the slice's profile (its figures are a slice's)."""
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.types import ImageInfo
     from imgbuild.gpu.read import Gpu, GpuProcess
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
 
     busy = Gpu(0, "MIG-aaaa", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 9000, 20000, None, [GpuProcess(7, "python", 9000, "bob")],
                "8.0", "580.95.05", "", "GPU-0", "3g.20gb")  # fmt: skip
@@ -1005,9 +1005,9 @@ def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
 
 def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did_not_choose(monkeypatch):
     """Issue 28 (review item 10): GPUs that could not be read became [] (every GPU, other users' too)."""
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
     from imgbuild.engine.types import ImageInfo
     from imgbuild.gpu import read as gpumod
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
 
     def unreadable(*_args, **_kw):
         raise gpumod.NoGpus("nvidia-smi not found; nvidia-ml-py is not installed")
@@ -1025,9 +1025,9 @@ def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did
 
 # --- GPUs read through the engine (issue 28, review item 16) ----------------------------------------------
 
-from imgbuild.build.smoke import declared_fleet, host_gpus  # noqa: E402
 from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, judge_engine_read  # noqa: E402
 from imgbuild.gpu.read import SmiReader  # noqa: E402
+from imgbuild.pipeline.smoke import declared_fleet, host_gpus  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 NO_DRIVER = 'could not select device driver "" with capabilities: [[gpu]]'
@@ -1150,7 +1150,7 @@ def _remote(read: tuple[int, str, str], gpus: bool = True, cdi: list[str] | None
 def test_a_remote_gpu_host_gets_the_smoke_test_a_free_gpu_it_read_through_the_engine():
     """Before: a remote engine's GPUs were this machine's (none here, or another machine's); now they are read in
     a container of the image, given every GPU, and the smoke test gets a free one by UUID and requires it."""
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
 
     engine = _remote(_engine_read(8, _smi(DGX_GPUS, DGX_APPS)))
     run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({}))
@@ -1162,7 +1162,7 @@ def test_a_remote_gpu_host_gets_the_smoke_test_a_free_gpu_it_read_through_the_en
 def test_a_remote_engine_with_an_nvidia_runtime_but_no_gpu_is_no_gpu_host():
     """Review item 16: an `nvidia` runtime registered on a host without GPUs counted as a GPU host, and every
     smoke test there failed for want of a GPU."""
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
 
     engine = _remote(_engine_read(0, NONE_FOUND), gpus=True)
     report = run_smoke(engine, SmokeRequest("lab/x:1"), load_settings({}))
@@ -1173,7 +1173,7 @@ def test_a_remote_engine_with_an_nvidia_runtime_but_no_gpu_is_no_gpu_host():
 def test_imgbuild_in_a_container_on_a_gpu_host_whose_engine_cannot_pass_gpus_never_promotes(tmp_path):
     """Review item 16: in a container with the socket mounted, this machine's /dev has no GPU, and the GPU half
     was skipped (bug 1 again). The bus says the host has GPUs: the smoke test requires one and fails."""
-    from imgbuild.build.smoke import SmokeRequest, run_smoke
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
 
     engine = _remote(_engine_read(8, NOT_IN_IMAGE, note=NO_DRIVER), gpus=False)
     with pytest.raises(ImgbuildError, match="the engine's host has GPUs but they cannot be read .*could not select"):

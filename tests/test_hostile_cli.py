@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from imgbuild.build.plan import make_plan
 from imgbuild.errors import RecipeError
+from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.conftest import run_cli
 from tests.test_recipe_render import DIGEST, STANDIN_CONFIG, fake_inspect, settings

@@ -350,8 +350,8 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
     """`run:` renders in exec form: a trailing `\\` or a heredoc cannot swallow the smoke script's COPY."""
     import json
 
-    from imgbuild.build.plan import make_plan
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.plan import make_plan
     from tests.test_recipe_render import render_context
 
     path = repo / "recipe.yaml"
@@ -367,8 +367,8 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
 
 
 def test_workdir_with_a_space_is_quoted_for_the_user_script(repo, tmp_path):
-    from imgbuild.build.plan import make_plan
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.plan import make_plan
     from tests.test_recipe_render import render_context
 
     path = repo / "recipe.yaml"
@@ -398,8 +398,8 @@ def test_a_secret_written_literally_is_never_rendered(repo, tmp_path, monkeypatc
 
 
 def test_files_copy_symlinks_inside_the_repository_as_content(repo, tmp_path):
-    from imgbuild.build.plan import make_plan
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.plan import make_plan
     from tests.test_recipe_render import render_context
 
     (repo / "data").mkdir()
@@ -416,8 +416,8 @@ def test_files_copy_symlinks_inside_the_repository_as_content(repo, tmp_path):
 
 @pytest.mark.parametrize("dest", ["/../x", "/a/../../x", "/"])
 def test_context_path_never_leaves_files(dest):
-    from imgbuild.build.render import context_path_for
     from imgbuild.errors import UsageError
+    from imgbuild.pipeline.render import context_path_for
 
     with pytest.raises(UsageError):
         context_path_for(dest)
@@ -452,9 +452,9 @@ def test_a_committed_symlink_in_images_is_never_written_through(link, repo, tmp_
 
 def test_git_metadata_is_never_copied_into_a_context(repo, tmp_path):
     """A CI checkout keeps its job token in .git/config: copying the repository must leave .git out."""
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import render
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import render
 
     root = repo.parent
     for hostile in ("fifo", "link-out", "folder/shadow"):  # the fixture's traps: this test copies everything

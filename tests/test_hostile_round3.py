@@ -287,7 +287,7 @@ def test_21_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, 
 )
 def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
     """probe-3 #7: CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
-    from imgbuild.build.plan import make_plan
+    from imgbuild.pipeline.plan import make_plan
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
@@ -303,7 +303,7 @@ def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
 
 @pytest.mark.parametrize("name", ["nvidia-ml-py==12.535.161", "nvidia-dali-cuda120==1.40.0", "nvidia-modelopt==0.15"])
 def test_7_nvidia_packages_that_are_not_cuda_libraries_may_be_pinned(name, tmp_path):
-    from imgbuild.build.plan import make_plan
+    from imgbuild.pipeline.plan import make_plan
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
@@ -345,7 +345,7 @@ def test_22_one_destination_inside_another_is_an_input_error(files, tmp_path):
 
 def test_12_two_recipes_building_one_image_tag_are_refused(tmp_path):
     """probe-3 #12: two names, one `image: p3/clash` and tag: each rebuild built both, and -previous held the other's."""
-    from imgbuild.build.rebuild import INVALID, check_contexts, load_graph
+    from imgbuild.ci.rebuild import INVALID, check_contexts, load_graph
     from imgbuild.config.settings import load_settings
 
     (tmp_path / ".git").mkdir()
@@ -853,7 +853,7 @@ FOLLOWING = 'name: b\nbase:\n  framework: pytorch\n  tag: {tag}\n  follow: "24.*
 )
 def test_20_bump_keeps_line_endings_bom_anchors_and_quotes(text, expected, tmp_path):
     """probe-3 #20: a CRLF recipe came back LF (every line changed in review); a BOM or an anchor gave exit 2."""
-    from imgbuild.build.bump import bump
+    from imgbuild.ci.bump import bump
 
     recipe = tmp_path / "r.yaml"
     recipe.write_bytes(text.encode())
@@ -862,7 +862,7 @@ def test_20_bump_keeps_line_endings_bom_anchors_and_quotes(text, expected, tmp_p
 
 
 def test_20_bump_never_edits_through_a_link_or_an_alias(tmp_path):
-    from imgbuild.build.bump import bump
+    from imgbuild.ci.bump import bump
 
     outside = tmp_path / "outside.yaml"
     outside.write_text(FOLLOWING.format(tag='"24.01"'))
@@ -918,7 +918,7 @@ def test_19_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(
     """probe-3 #19: `PATH: /opt/tools/bin:$PATH` (the docs' own example) stayed literal in the SIF."""
     import subprocess
 
-    from imgbuild.build.render import sh_env
+    from imgbuild.pipeline.render import sh_env
 
     script = f'export X={sh_env(value)}\nprintf %s "$X"\n'
     out = subprocess.run(
@@ -933,8 +933,8 @@ def test_19_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(
 
 
 def _native(tmp_path, body: str) -> str:
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import apptainer_definition
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import apptainer_definition
     from tests.test_recipe_render import fake_inspect, settings
 
     (tmp_path / ".git").mkdir(exist_ok=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from imgbuild.build.plan import make_plan
 from imgbuild.errors import RecipeError
+from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.conftest import run_cli
 from tests.test_recipe_render import fake_inspect, settings

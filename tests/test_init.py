@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imgbuild.build.starter import choose_tag
 from imgbuild.gpu.read import Gpu
+from imgbuild.pipeline.starter import choose_tag
 from imgbuild.recipe import load_recipe
 from tests.conftest import run_cli
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import imgbuild
-from imgbuild.build.plan import IMAGE_TEMPLATES, OTHER_TEMPLATES, TEMPLATES_DIR, templates_digest
+from imgbuild.pipeline.plan import IMAGE_TEMPLATES, OTHER_TEMPLATES, TEMPLATES_DIR, templates_digest
 from tests.conftest import IMGBUILD, ROOT
 
 
@@ -62,7 +62,7 @@ def test_the_declared_templates_are_exactly_the_package_data_that_shapes_an_imag
 
 def test_a_byte_compiled_templates_folder_changes_nothing(tmp_path, monkeypatch):
     """What a regular install holds beside the templates (pip's __pycache__) neither breaks nor moves the digest."""
-    import imgbuild.build.plan as plan
+    import imgbuild.pipeline.plan as plan
 
     copy = tmp_path / "templates"
     shutil.copytree(TEMPLATES_DIR, copy)

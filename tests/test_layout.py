@@ -41,8 +41,9 @@ LEVELS: list[set[str]] = [
     | {"cache"},
     {"gpu"},  # GPUs without Docker
     {"config", "recipe", "engine", "registry"},  # settings, stage 1, stage 4, HTTP
-    {"build"},  # stages 2, 3, 5 and the pipeline
-    {"servers"},  # the shared GPU server
+    {"supply"},  # attestations and their verification
+    {"pipeline"},  # stages 2, 3, 5 and the build that runs them
+    {"ci", "servers"},  # CI over many recipes; the shared GPU server
     {"clusters"},  # Slurm, Apptainer, Kubernetes, dev containers
     {"cli"},
     {"__main__"},
@@ -176,3 +177,133 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
     }
     allowed = set(sys.stdlib_module_names) | beside.get(script, set())
     assert imported <= allowed, imported - allowed
+
+
+#: The patterns of GitHub's standard Python `.gitignore` (github/gitignore `Python.gitignore` at dcc0fc7, May 2026)
+#: that a project commonly copies whole: a tracked file one of them ignores would be skipped by `git add -A` in
+#: such a checkout, by pytest's collection and by code-map tools (a package called `build/` was one).
+PYTHON_GITIGNORE = [
+    "__pycache__/",
+    "*.py[codz]",
+    "*$py.class",
+    "*.so",
+    ".Python",
+    "build/",
+    "develop-eggs/",
+    "dist/",
+    "downloads/",
+    "eggs/",
+    ".eggs/",
+    "lib/",
+    "lib64/",
+    "parts/",
+    "sdist/",
+    "var/",
+    "wheels/",
+    "share/python-wheels/",
+    "*.egg-info/",
+    ".installed.cfg",
+    "*.egg",
+    "MANIFEST",
+    "*.manifest",
+    "*.spec",
+    "pip-log.txt",
+    "pip-delete-this-directory.txt",
+    "htmlcov/",
+    ".tox/",
+    ".nox/",
+    ".coverage",
+    ".coverage.*",
+    ".cache",
+    "nosetests.xml",
+    "coverage.xml",
+    "*.cover",
+    "*.py.cover",
+    "*.lcov",
+    ".hypothesis/",
+    ".pytest_cache/",
+    "cover/",
+    "*.mo",
+    "*.pot",
+    "*.log",
+    "local_settings.py",
+    "db.sqlite3",
+    "db.sqlite3-journal",
+    "instance/",
+    ".webassets-cache",
+    ".scrapy",
+    "docs/_build/",
+    ".pybuilder/",
+    "target/",
+    ".ipynb_checkpoints",
+    "profile_default/",
+    "ipython_config.py",
+    ".pdm-python",
+    ".pdm-build/",
+    "__pypackages__/",
+    "celerybeat-schedule*",
+    "celerybeat.pid",
+    "*.rdb",
+    "*.aof",
+    "*.pid",
+    "mnesia/",
+    "rabbitmq/",
+    "rabbitmq-data/",
+    "activemq-data/",
+    "*.sage.py",
+    ".env",
+    ".envrc",
+    ".venv",
+    "env/",
+    "venv/",
+    "ENV/",
+    "env.bak/",
+    "venv.bak/",
+    ".spyderproject",
+    ".spyproject",
+    ".ropeproject",
+    "/site",
+    ".mypy_cache/",
+    ".dmypy.json",
+    "dmypy.json",
+    ".pyre/",
+    ".pytype/",
+    "cython_debug/",
+    ".abstra/",
+    "tempCodeRunnerFile.py",
+    ".ruff_cache/",
+    ".pypirc",
+]
+
+
+def test_no_tracked_file_is_one_that_the_standard_python_gitignore_ignores(tmp_path):
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    assert git, "git is needed to list the tracked files"
+    root = PACKAGE.parent
+    tracked = subprocess.run([git, "-C", str(root), "ls-files", "-z"], capture_output=True, check=True).stdout
+    assert tracked, "not a git checkout: the tests run from a clone"
+    excludes = tmp_path / "python.gitignore"
+    excludes.write_text("\n".join(PYTHON_GITIGNORE) + "\n")
+    ignored = subprocess.run(
+        [git, "-C", str(root), "-c", f"core.excludesFile={excludes}", "check-ignore", "--no-index", "-z", "--stdin"],
+        input=tracked,
+        capture_output=True,
+    )
+    assert ignored.returncode in (0, 1), ignored.stderr  # 1: nothing ignored
+    assert ignored.stdout.split(b"\0") == [b""], ignored.stdout.decode().replace("\0", "\n")
+
+
+def test_the_gitignore_check_sees_a_file_in_a_build_folder(tmp_path):
+    """The check above can fail: the same patterns ignore a package file under a `build/` folder."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "pkg" / "build").mkdir(parents=True)
+    (repo / "pkg" / "build" / "plan.py").write_text("")
+    (repo / ".gitignore").write_text("\n".join(PYTHON_GITIGNORE) + "\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    found = subprocess.run(["git", "-C", str(repo), "check-ignore", "pkg/build/plan.py"], capture_output=True)
+    assert found.returncode == 0 and found.stdout.strip() == b"pkg/build/plan.py"

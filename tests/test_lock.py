@@ -57,8 +57,8 @@ def test_hashes_on_some_lines_but_not_all_are_refused_at_the_bare_line(tmp_path)
 def test_a_hashed_lock_is_installed_with_its_hashes_in_the_lock_layer_only(tmp_path):
     """The lock layer's requirements carry the hashes (pip and uv check every file against them); the constraints
     the next layer gets do not (pip's hashes in constraints are not defined: pypa/pip#12956)."""
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import render
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 
@@ -119,9 +119,9 @@ def test_lock_resolves_with_the_recipes_installer_in_the_callers_cache(tmp_path)
 
 
 def test_a_pip_recipe_is_locked_by_pip(tmp_path):
-    from imgbuild.build.pins import lock
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
+    from imgbuild.pipeline.pins import lock
     from tests.fake_nvcr import FakeNvcr
 
     recipe = _recipe(tmp_path, "# header\n", "{packages: [einops], installer: pip}")
@@ -137,9 +137,9 @@ def test_a_pip_recipe_is_locked_by_pip(tmp_path):
 
 
 def test_lock_shows_the_resolvers_progress_and_nothing_a_terminal_would_obey(tmp_path):
-    from imgbuild.build.pins import lock
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
+    from imgbuild.pipeline.pins import lock
     from tests.fake_nvcr import FakeNvcr
 
     recipe = _recipe(tmp_path, "# header\n", "[einops]")
@@ -170,7 +170,7 @@ def test_lock_shows_the_resolvers_progress_and_nothing_a_terminal_would_obey(tmp
 
 
 def test_lock_diff_names_what_moved():
-    from imgbuild.build.pins import diff
+    from imgbuild.pipeline.pins import diff
 
     added, removed, changed = diff(
         ["einops==0.8.1", "tqdm==4.66.0", "Old_Pkg==1"], ["einops==0.8.2", "tqdm==4.66.0", "rich==13"]
@@ -192,8 +192,8 @@ def test_a_lock_holds_name_version_lines_only(tmp_path, line):
 
 
 def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import render
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 
@@ -222,9 +222,9 @@ def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
 
 def _lock_on_fake(tmp_path, answer, pins: list[str] | None = None):
     """`imgbuild lock` on the fake engine, its base served by the fake registry: the lock probe answers `answer`."""
-    from imgbuild.build.pins import lock
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
+    from imgbuild.pipeline.pins import lock
     from tests.fake_nvcr import FakeNvcr
 
     (tmp_path / ".git").mkdir(exist_ok=True)
@@ -353,11 +353,11 @@ def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_pat
     comment, and an answer it cannot make a buildable lock of is refused with a reason, nothing written."""
     import random
 
-    from imgbuild.build.pins import lock
-    from imgbuild.build.resolve import plan_recipe
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.errors import ImgbuildError
+    from imgbuild.pipeline.pins import lock
+    from imgbuild.pipeline.resolve import plan_recipe
     from imgbuild.recipe import load_recipe
     from tests.fake_nvcr import FakeNvcr
 
@@ -397,8 +397,8 @@ def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_p
     recipe.write_text(recipe.read_text().replace("[einops, rich]", '["einops>=0.8", rich]'))
     (tmp_path / "r.lock.txt").write_text("einops==0.7.0\nrich==13.7.1\n")
     engine.containers.probed.clear()
-    from imgbuild.build.pins import lock
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.pins import lock
     from tests.fake_nvcr import FakeNvcr
 
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:

@@ -13,9 +13,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from imgbuild import ngc
-from imgbuild.build import plan
 from imgbuild.gpu import fleet
 from imgbuild.payload import smoke_image as script
+from imgbuild.pipeline import plan
 from tests import ngc_facts
 from tests.ngc_facts import REAL
 

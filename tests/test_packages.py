@@ -311,8 +311,8 @@ def test_requirement_lines_that_cannot_work_in_an_image_are_named(tmp_path, line
 
 
 def test_a_framework_pin_in_a_nested_file_is_reported_at_its_line(tmp_path):
-    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import make_plan
     from tests.test_recipe_render import fake_inspect, settings
 
     loaded = _load(tmp_path, {"requirements.txt": "einops\n-r deep.txt\n", "deep.txt": "tqdm\ntorch==2.1.1\n"})
@@ -577,8 +577,8 @@ BASE_PINS = ("numpy==2.1.0", "torchvision==0.20.0", "pillow==10.4.0", "torch==2.
 
 
 def _conflicts(tmp_path: Path, pip: str, files: dict[str, str] | None = None) -> list[str]:
-    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 
@@ -636,12 +636,12 @@ def test_base_pins_against_each_kind_of_requirement(tmp_path, pip, conflicts):
 
 
 def test_a_build_reads_the_base_pins_once_and_stops_before_building(tmp_path):
-    from imgbuild.build import pipeline
-    from imgbuild.build.plan import make_plan
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.engine.types import ImageInfo
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline import build as pipeline
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import DIGEST, fake_inspect
 
@@ -1252,7 +1252,7 @@ def test_accept_pip_check_takes_distribution_names_only(tmp_path, value):
 
 
 def test_the_accepted_distributions_reach_the_smoke_script_and_an_images_own_env_cannot_set_them():
-    from imgbuild.build.smoke import SmokeRequest, _script_env
+    from imgbuild.pipeline.smoke import SmokeRequest, _script_env
 
     assert _script_env({}, SmokeRequest("x", accept_pip_check=("a", "b")))["IMGBUILD_SMOKE_ACCEPT_PIP_CHECK"] == "a b"
     assert _script_env({}, SmokeRequest("x"))["IMGBUILD_SMOKE_ACCEPT_PIP_CHECK"] == ""  # set, empty: never the image's

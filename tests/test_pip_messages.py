@@ -137,8 +137,8 @@ def test_pin_files_are_read_as_data(tmp_path, text, expected):
 
 
 def _plan_lines(tmp_path, pip: str, lock: str) -> list[str]:
-    from imgbuild.build.plan import make_plan
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 
@@ -175,7 +175,7 @@ def test_what_the_lock_admits_or_a_marker_guards_is_no_conflict(tmp_path):
 
 
 def test_lock_re_resolves_what_the_recipe_now_excludes_and_keeps_the_rest(tmp_path):
-    from imgbuild.build.pins import _outgrown
+    from imgbuild.pipeline.pins import _outgrown
     from imgbuild.recipe import load_recipe
 
     (tmp_path / ".git").mkdir()

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.build import pipeline, rebuild
-from imgbuild.build.plan import make_plan
+from imgbuild.ci import rebuild
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.fake import FakeEngine, failing_build
 from imgbuild.errors import BuildFailed, SmokeFailed
+from imgbuild.pipeline import build as pipeline
+from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.fake_nvcr import FakeNvcr
 from tests.test_recipe_render import fake_inspect
@@ -161,7 +162,7 @@ def test_a_changed_recipe_rebuilds_it_and_its_dependents_only(recipes):
 def test_a_base_is_asked_of_the_registry_once_per_ttl_and_always_by_rebuild(tmp_path):
     """The edit-render-build loop asks about the same base many times a minute: the answer is kept
     `base_cache_ttl` seconds; rebuild (`fresh`) always asks; a TTL of 0 never keeps it."""
-    from imgbuild.build.resolve import registry_inspector
+    from imgbuild.pipeline.resolve import registry_inspector
 
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         ref = f"{nvcr.host}/nvidia/pytorch:24.05-py3"

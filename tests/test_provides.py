@@ -127,8 +127,8 @@ def test_hostile_provides_values_are_refused_at_their_line(tmp_path, provides, m
 
 
 def test_provides_is_rendered_into_both_pip_layers(tmp_path):
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import render
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from imgbuild.build.bump import bump
+from imgbuild.ci.bump import bump
 from tests.conftest import run_cli
 from tests.fake_nvcr import FakeNvcr, push_many_tags
 
@@ -283,7 +283,7 @@ def test_ci_examples_parse_and_use_real_flags():
 def test_order_puts_each_recipe_after_what_it_builds_on_for_any_depth_and_names_a_cycle():
     """The rebuild order of a chain 5,000 recipes deep (one building on the next) is found without recursion, and
     a cycle is named by its recipes."""
-    from imgbuild.build.rebuild import Item, _topological
+    from imgbuild.ci.rebuild import Item, _topological
     from imgbuild.errors import UsageError
 
     def item(n: int, deps: list[str]) -> Item:

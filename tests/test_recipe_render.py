@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.build.context import write_context
-from imgbuild.build.plan import make_plan
-from imgbuild.build.render import render
 from imgbuild.config.settings import load_settings
 from imgbuild.errors import RecipeError, UsageError
+from imgbuild.pipeline.context import write_context
+from imgbuild.pipeline.plan import make_plan
+from imgbuild.pipeline.render import render
 from imgbuild.recipe import load_recipe
 from tests import ngc_facts
 
@@ -290,7 +290,7 @@ def test_committed_example_contexts_are_current():
     """images/ holds what `imgbuild render` writes for recipes/ (pinned to the bases recorded there)."""
     import dataclasses
 
-    from imgbuild.build.rebuild import FRESH, check_contexts
+    from imgbuild.ci.rebuild import FRESH, check_contexts
 
     settings = dataclasses.replace(load_settings(environ={}), images_dir=str(ROOT / "images"), uid=1000, gid=1000)
     items = check_contexts([str(ROOT / "recipes")], settings)
@@ -305,8 +305,8 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
     import io
     import tempfile
 
-    from imgbuild.build.context import diff_context, write_context
-    from imgbuild.build.render import render
+    from imgbuild.pipeline.context import diff_context, write_context
+    from imgbuild.pipeline.render import render
 
     write("files/a.txt", "a")
     path = write(
@@ -354,8 +354,8 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
 def test_uv_is_installed_in_a_stage_of_its_own_and_mounted_into_the_pip_step(write):
     """uv (the default installer): a build stage installs the pinned uv; the pip step mounts it (never a layer of the
     image) with a cache of its own; the Engine API builder has no mounts, so it keeps pip."""
-    from imgbuild.build.render import render
     from imgbuild.facts import UV_VERSION
+    from imgbuild.pipeline.render import render
 
     plan = plan_for(
         write("r.yaml", 'name: d\nbase: {framework: pytorch, tag: "24.05"}\npip: {packages: [six], installer: uv}\n')
@@ -424,7 +424,7 @@ def test_the_pip_steps_line_changes_exactly_when_its_mounted_inputs_do(
 
 
 def test_a_mount_digest_covers_every_name_mode_and_byte_of_its_folder_and_nothing_else():
-    from imgbuild.build.render import mount_digest
+    from imgbuild.pipeline.render import mount_digest
 
     folder = {"imgbuild/pip/a.txt": (b"x", 0o644), "imgbuild/pip/install.sh": (b"sh", 0o755)}
     one = mount_digest({**folder, "imgbuild/pipe/z": (b"?", 0o644), "Dockerfile": (b"FROM", 0o644)}, "imgbuild/pip")
@@ -443,7 +443,7 @@ def test_a_mount_digest_covers_every_name_mode_and_byte_of_its_folder_and_nothin
 
 
 def test_compiled_templates_are_kept_privately_and_render_the_same(tmp_path):
-    from imgbuild.build.render import template_cache
+    from imgbuild.pipeline.render import template_cache
 
     plan = plan_for(ROOT / "recipes" / "pytorch-research.yaml")
     plain = render(plan)
@@ -463,7 +463,7 @@ def test_no_template_cache_where_someone_else_could_write_code(tmp_path, setup):
     """A compiled template is code: a folder another user could write gets no cache (render compiles)."""
     import os
 
-    from imgbuild.build.render import template_cache
+    from imgbuild.pipeline.render import template_cache
 
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir()

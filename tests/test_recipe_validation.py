@@ -245,8 +245,8 @@ def test_validating_a_lock_grows_with_its_length_not_its_square(tmp_path):
     must cost about ten times the work (CPU time of the checks themselves; a quadratic scan is 100 times)."""
     import time
 
-    from imgbuild.build.plan import make_plan
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests import ngc_facts
 
@@ -292,9 +292,9 @@ def test_a_recipes_args_cannot_set_what_the_installers_read(tmp_path, name):
 
 
 def test_a_recipes_own_args_come_after_the_pip_step(tmp_path):
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import render
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import render
     from tests import ngc_facts
 
     (tmp_path / ".git").mkdir()

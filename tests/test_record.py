@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from imgbuild.build.record import MAX_BYTES, Record
-from imgbuild.build.render import render
+from imgbuild.pipeline.record import MAX_BYTES, Record
+from imgbuild.pipeline.render import render
 from tests.test_recipe_render import plan_for
 
 

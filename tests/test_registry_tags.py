@@ -217,9 +217,9 @@ def test_real_registry_pagination_and_details(testbed):
 
 @pytest.mark.engine
 def test_recipe_base_latest_resolves_and_is_pinned_by_digest(testbed, write):
-    from imgbuild.build.record import Record
-    from imgbuild.build.resolve import plan_recipe
     from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.record import Record
+    from imgbuild.pipeline.resolve import plan_recipe
     from imgbuild.recipe import load_recipe
 
     settings = load_settings()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.build.plan import make_plan
+from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.test_recipe_render import fake_inspect, settings
 
@@ -70,7 +70,7 @@ def test_validate_grows_linearly_with_the_users_input(tmp_path, what, make, n):
 
 
 def test_a_smoke_record_is_read_in_linear_time():
-    from imgbuild.build import spared
+    from imgbuild.pipeline import spared
 
     def record(n: int) -> dict:
         rows = [[f"p{i}", "1.0", "a" * 64] for i in range(n)]

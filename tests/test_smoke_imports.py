@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from imgbuild.build.smoke import SCRIPT_VARIABLES, SmokeRequest, _script_env
 from imgbuild.payload import SMOKE_SCRIPT
 from imgbuild.payload import smoke_image as script
+from imgbuild.pipeline.smoke import SCRIPT_VARIABLES, SmokeRequest, _script_env
 
 
 def _spin(seconds: float) -> str:
@@ -119,8 +119,8 @@ def test_every_variable_the_script_reads_is_set_by_imgbuild(tmp_path):
     env = _script_env({}, SmokeRequest("img", import_seconds=300, known_good=("a==1 " + "0" * 64,)))
     assert env["IMGBUILD_SMOKE_IMPORT_SECONDS"] == "300" and "IMGBUILD_SMOKE_KNOWN_GOOD" not in env
     # what may be spared travels as a file beside the script, always written (an image's own is overwritten)
-    from imgbuild.build.smoke import KNOWN_GOOD_NAME, smoke_probe
     from imgbuild.payload.smoke_image import KNOWN_GOOD_FILE
+    from imgbuild.pipeline.smoke import KNOWN_GOOD_NAME, smoke_probe
 
     assert KNOWN_GOOD_FILE == "/tmp/" + KNOWN_GOOD_NAME
     assert dict(smoke_probe().files) == {KNOWN_GOOD_NAME: b""}

@@ -144,8 +144,8 @@ def test_no_build_isolation_takes_package_names_only_and_never_the_framework(tmp
 
 
 def test_render_builds_the_recipes_own_requirement_for_each_named_package(tmp_path):
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.render import render
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
     from tests.test_recipe_render import fake_inspect, settings
 

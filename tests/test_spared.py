@@ -1,4 +1,4 @@
-"""What a smoke test may spare (imgbuild.build.spared): only what imported before with the same installed files,
+"""What a smoke test may spare (imgbuild.pipeline.spared): only what imported before with the same installed files,
 in the same system scope, from a report of the image promoted now or a registry record signed by a trusted key.
 
 probe-4 S1 (a wheel swapped at the same version; an apt package dropped under unchanged Python packages), S2 (a
@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from imgbuild.build import attest, pipeline, spared
-from imgbuild.build.plan import make_plan
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.fake import FakeEngine
+from imgbuild.pipeline import build as pipeline
+from imgbuild.pipeline import spared
+from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
+from imgbuild.supply import attest
 from tests.fake_registry import MemoryRegistry
 from tests.test_recipe_render import fake_inspect
 

@@ -78,7 +78,7 @@ def export(
 ) -> None:
     """Export a recipe: an Apptainer definition for clusters (and the .sif where apptainer exists), an OCI
     bundle for Slurm's srun --container, or a dev container for VS Code."""
-    from imgbuild.build.resolve import plan_recipe
+    from imgbuild.pipeline.resolve import plan_recipe
     from imgbuild.recipe import load_recipe
 
     if [apptainer, devcontainer, oci_dir is not None, sqsh_file is not None].count(True) != 1:

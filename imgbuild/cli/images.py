@@ -29,7 +29,7 @@ def _signer(sign_key: Path | None, push: bool) -> Any:
         return None
     import os
 
-    from imgbuild.build.attest import load_signer
+    from imgbuild.supply.attest import load_signer
 
     if not push:
         raise UsageError("--sign-key signs what is pushed: add --push")
@@ -67,9 +67,9 @@ def build(
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
-    from imgbuild.build import pipeline
-    from imgbuild.build import rebuild as rb
+    from imgbuild.ci import rebuild as rb
     from imgbuild.engine import connect_engine
+    from imgbuild.pipeline import build as pipeline
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.ui import Progress, print_table
@@ -114,7 +114,7 @@ def build(
 
 
 def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | None, as_json: bool) -> None:
-    from imgbuild.build.reproduce import verify
+    from imgbuild.ci.reproduce import verify
     from imgbuild.ui import print_table
 
     verdicts = verify(paths, settings_of(ctx, backend=backend), lambda line: click.echo(line[:200], err=True))
@@ -174,9 +174,9 @@ def smoke(
         imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
     """
     from imgbuild.acting import write_as
-    from imgbuild.build.smoke import SmokeRequest, fleet_report, run_smoke
     from imgbuild.engine import connect_engine
     from imgbuild.gpu.fleet import check_driver, parse_targets
+    from imgbuild.pipeline.smoke import SmokeRequest, fleet_report, run_smoke
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.ui import Progress, print_table
@@ -288,7 +288,7 @@ def rebuild(
         _verify_reproducible(ctx, list(paths) or ["recipes"], backend, as_json)
         return
 
-    from imgbuild.build import rebuild as rb
+    from imgbuild.ci import rebuild as rb
     from imgbuild.servers.holds import gpu_claims
     from imgbuild.ui import print_table
 
@@ -336,7 +336,7 @@ def rebuild(
 
 
 def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
-    from imgbuild.build import rebuild as rb
+    from imgbuild.ci import rebuild as rb
     from imgbuild.regular import write_atomic
 
     if report_json:
@@ -346,12 +346,12 @@ def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None
 
 
 def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
-    from imgbuild.build.fanout import plan_document
+    from imgbuild.ci.fanout import plan_document
     from imgbuild.ui import print_table
 
     plan = plan_document(items)
     if gitlab_child:
-        from imgbuild.build.fanout import gitlab_child as child_pipeline
+        from imgbuild.ci.fanout import gitlab_child as child_pipeline
         from imgbuild.regular import write_atomic
 
         write_atomic(gitlab_child, child_pipeline(plan, include))
@@ -381,8 +381,8 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
 @click.option("--json", "as_json", is_flag=True, help="Print the merged report as JSON.")
 def merge_reports(reports: tuple[Path, ...], report_json: Path | None, junit_xml: Path | None, as_json: bool) -> None:
     """Join the JSON reports of runners that each built part of a `rebuild --plan` into one (exit 1 on a failure)."""
-    from imgbuild.build import rebuild as rb
-    from imgbuild.build.fanout import merge, read_report
+    from imgbuild.ci import rebuild as rb
+    from imgbuild.ci.fanout import merge, read_report
     from imgbuild.ui import print_table
 
     items = merge([read_report(path) for path in reports])
@@ -405,8 +405,8 @@ def merge_reports(reports: tuple[Path, ...], report_json: Path | None, junit_xml
 @click.pass_context
 def bump(ctx: click.Context, paths: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Move recipes with base.follow to the newest matching NGC tag (edits the YAML, re-renders)."""
-    from imgbuild.build.bump import bump_and_render
-    from imgbuild.build.rebuild import discover
+    from imgbuild.ci.bump import bump_and_render
+    from imgbuild.ci.rebuild import discover
     from imgbuild.ui import print_table
 
     results = bump_and_render(discover(list(paths) or ["recipes"]), settings_of(ctx), dry_run=dry_run)

@@ -19,9 +19,9 @@ SECTION = Section("Recipes")
 @click.pass_context
 def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
-    from imgbuild.build.plan import check_offline
-    from imgbuild.build.resolve import check_known
     from imgbuild.errors import RecipeError
+    from imgbuild.pipeline.plan import check_offline
+    from imgbuild.pipeline.resolve import check_known
     from imgbuild.recipe import display_path, load_recipe
 
     settings = settings_of(ctx)
@@ -67,8 +67,8 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
 @click.pass_context
 def render(ctx: click.Context, file: Path, out: Path | None, to_stdout: bool, backend: str, offline: bool) -> None:
     """Render a recipe into a reviewable build context under images/<name>/."""
-    from imgbuild.build.context import context_dir, render_checked, render_into
-    from imgbuild.build.resolve import plan_file
+    from imgbuild.pipeline.context import context_dir, render_checked, render_into
+    from imgbuild.pipeline.resolve import plan_file
 
     settings = settings_of(ctx)
     plan = plan_file(file, settings, offline=offline)
@@ -87,8 +87,8 @@ def schema(of_config: bool, table: bool) -> None:
     if table and not of_config:
         raise click.UsageError("--table goes with --config")
     if of_config:
-        from imgbuild.config.settings import json_schema as config_schema
-        from imgbuild.config.settings import settings_table
+        from imgbuild.config.model import json_schema as config_schema
+        from imgbuild.config.model import settings_table
 
         if table:
             click.echo(settings_table(), nl=False)
@@ -108,7 +108,7 @@ def schema(of_config: bool, table: bool) -> None:
 @click.pass_context
 def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tuple[str, ...], as_json: bool) -> None:
     """Resolve the recipe's pip packages in its base and write <recipe>.lock.txt (builds install exactly that)."""
-    from imgbuild.build.pins import lock
+    from imgbuild.pipeline.pins import lock
     from imgbuild.ui import Progress, print_table
 
     with Progress(f"imgbuild lock {recipe}", enabled=not as_json, live_only=True) as progress:
@@ -144,9 +144,9 @@ def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tupl
 def init(ctx: click.Context, name: str, source: Path | None, framework: str, folder: Path, ci: str | None) -> None:
     """Write a starting recipe (recipes/NAME.yaml) on an NGC base this host's GPUs and driver can run; never over a
     file. `imgbuild validate` and `imgbuild build` come next."""
-    from imgbuild.build.starter import plan_starter, write_new
     from imgbuild.errors import RecipeError, UsageError
     from imgbuild.gpu.read import NoGpus, read_gpus
+    from imgbuild.pipeline.starter import plan_starter, write_new
     from imgbuild.recipe import load_recipe
 
     settings = settings_of(ctx)

@@ -153,16 +153,16 @@ def verify(ctx: click.Context, image: str, key: Path, recipe: Path | None, as_js
     --recipe, that the recipe is the one it was built from), its SBOM (the one the provenance names, naming
     the base's digest). Exit 1 with a line per failure. imgbuild verify REGISTRY/REPO:TAG --key cosign.pub"""
     from imgbuild import imageref
-    from imgbuild.build import attest, verify
     from imgbuild.errors import RegistryError
     from imgbuild.registry.client import RegistryClient
     from imgbuild.servers.spec import resolve_image
+    from imgbuild.supply import attest, verify
 
     settings = settings_of(ctx)
     public_key = attest.load_verifier(key)
     recipe_content = None
     if recipe is not None:  # the whole content the image was built from: parents, requirements, lock, files
-        from imgbuild.build.plan import content_hash
+        from imgbuild.pipeline.plan import content_hash
         from imgbuild.recipe import load_recipe
 
         recipe_content = content_hash(load_recipe(recipe, secrets=settings.secrets()))

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imgbuild.build.plan import Plan
-from imgbuild.build.render import apptainer_definition
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.pipeline.plan import Plan
+from imgbuild.pipeline.render import apptainer_definition
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -50,7 +50,7 @@ def export_apptainer(
     plan: Plan, settings: Settings, bootstrap: str, out: Path | None, engine: ImageEngine | None = None
 ) -> Exported:
     """The Apptainer definition for `plan` (plus what its bootstrap needs: a saved archive, a context)."""
-    from imgbuild.build.context import context_dir, render_into
+    from imgbuild.pipeline.context import context_dir, render_into
 
     archive = None
     context = None

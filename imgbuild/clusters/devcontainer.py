@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgbuild.build.plan import Plan
 from imgbuild.config.site import RunRules
 from imgbuild.engine.runargs import container_env, house_flags, resource_flags
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
+from imgbuild.pipeline.plan import Plan
 from imgbuild.servers.spec import THREAD_VARS, RunSpec
 
 if TYPE_CHECKING:

@@ -134,7 +134,7 @@ class Engine:
         """Whether the engine's host may have NVIDIA GPUs, without starting anything: this machine's device nodes
         where the engine shares this machine; else what the engine reports (an NVIDIA runtime, CDI GPU devices).
         A guess for a remote engine (a runtime can be registered on a host without GPUs): the smoke test reads
-        the GPUs through the engine instead (imgbuild.build.smoke.host_gpus); this serves the cheap safety checks."""
+        the GPUs through the engine instead (imgbuild.pipeline.smoke.host_gpus); this serves the cheap safety checks."""
         from imgbuild.gpu.read import gpu_devices_present
 
         if self.shares_host() or (_local_socket() and gpu_devices_present()):  # in a container given GPUs

@@ -51,9 +51,9 @@ def check_signed(image: str, settings: Settings) -> str:
     """The image to run: under the site's `run.signed_only` prefixes, only one signed by `run.signing_key`, and
     then by its digest (the tag cannot move between the check and the pull); any other image as it is."""
     from imgbuild import imageref
-    from imgbuild.build import attest, verify
     from imgbuild.errors import EnvironmentProblem
     from imgbuild.registry.client import RegistryClient
+    from imgbuild.supply import attest, verify
 
     rules = settings.run
     if not rules.signed_only or is_recipe(image):

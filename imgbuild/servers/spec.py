@@ -154,7 +154,7 @@ def resolve_image(arg: str, settings: Settings, paths: bool = False) -> tuple[st
             "give the image the recipe builds, <user>/<name>:<tag>"
         )
     if is_recipe(arg):
-        from imgbuild.build.plan import image_and_tag
+        from imgbuild.pipeline.plan import image_and_tag
         from imgbuild.recipe import load_recipe
 
         loaded = load_recipe(Path(arg), secrets=settings.secrets())

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__, limits
-from imgbuild.build.plan import TEMPLATES_DIR, Plan, hashed_pins
-from imgbuild.build.record import RECORD_FILE, Record
 from imgbuild.errors import UsageError
 from imgbuild.facts import UV_VERSION, Label
 from imgbuild.ngc import FRAMEWORKS
 from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.pipeline.plan import TEMPLATES_DIR, Plan, hashed_pins
+from imgbuild.pipeline.record import RECORD_FILE, Record
 from imgbuild.recipe import stable_name
 
 #: imgbuild's own scripts, written into every context for the build but never committed (the context's

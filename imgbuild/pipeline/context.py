@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imgbuild.build.render import OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
 from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.pipeline.render import OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
 from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:
-    from imgbuild.build.plan import Plan
     from imgbuild.config.settings import Settings
+    from imgbuild.pipeline.plan import Plan
     from imgbuild.recipe import LoadedRecipe
 
 

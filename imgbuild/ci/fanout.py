@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import boundedjson
-from imgbuild.build.rebuild import BUILT, FAILED, FRESH, INVALID, SKIPPED, STALE, Item
+from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, INVALID, SKIPPED, STALE, Item
 from imgbuild.errors import UsageError
 from imgbuild.text import unsafe_character
 

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from imgbuild.build.plan import Plan, templates_digest
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError
+from imgbuild.pipeline.plan import Plan, templates_digest
 
 MAX_VOUCHED = 5000  # a record naming more distributions than this is believed for none of them
 REPORT_BYTES = 16 * 1024 * 1024
@@ -102,7 +102,7 @@ def local_known_good(path: Path, current: str | None, base: str, scope: str) -> 
 
 def trusted_key(settings: Settings) -> Any:
     """The site's public key (`run.signing_key`), or None."""
-    from imgbuild.build import attest
+    from imgbuild.supply import attest
 
     path = settings.run.signing_key
     return attest.load_verifier(Path(path)) if path else None
@@ -115,9 +115,9 @@ def registry_known_good(
     record, signed by `key` and bound to the digest the tag serves now. Nothing on any doubt, and the run says why."""
     from imgbuild import imageref
     from imgbuild.boundedjson import loads as bounded_loads
-    from imgbuild.build import attest
-    from imgbuild.build.verify import signed_payload
     from imgbuild.registry.client import RegistryClient
+    from imgbuild.supply import attest
+    from imgbuild.supply.verify import signed_payload
 
     if key is None:
         progress(
@@ -154,7 +154,7 @@ def smoke_record(
 ) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
     """The `.smoke` attachment of image `digest`, passed on `base` in `scope` (build.spared): what imported, each
     with its RECORD fingerprint; signed by `signer` when there is one (a fresh runner believes only that)."""
-    from imgbuild.build import attest
+    from imgbuild.supply import attest
 
     meta = smoke.get("meta")
     meta = meta if isinstance(meta, dict) else {}

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import imageref
-from imgbuild.build.targets import check_target
 from imgbuild.config.settings import Settings
 from imgbuild.errors import RecipeError, UsageError
 from imgbuild.ngc import (
@@ -31,6 +30,7 @@ from imgbuild.ngc import (
     is_pattern,
 )
 from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.pipeline.targets import check_target
 from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import LockedPin, ReqLine
 

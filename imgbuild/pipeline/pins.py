@@ -189,7 +189,7 @@ def _outgrown(loaded: LoadedRecipe) -> list[str]:
     are resolved again, not kept."""
     from packaging.requirements import Requirement
 
-    from imgbuild.build.plan import lock_conflict, lock_index, recipe_specs
+    from imgbuild.pipeline.plan import lock_conflict, lock_index, recipe_specs
 
     locked = lock_index(loaded)
     asked = [Requirement(spec) for _, spec in recipe_specs(loaded)]
@@ -217,7 +217,7 @@ def _admitted(old: tuple[str, ...], freed: set[str], plan: Any) -> tuple[str, ..
 def _base_refuses(specs: tuple[str, ...] | list[str], plan: Any) -> list[str]:
     """The `name==version` pins of `specs` the build would refuse: the base's framework or CUDA libraries, or a
     version its pins exclude (plan.base_refuses, the rule validate and the build apply)."""
-    from imgbuild.build.plan import base_pin_versions, base_refuses
+    from imgbuild.pipeline.plan import base_pin_versions, base_refuses
     from imgbuild.recipe.reqfile import LockedPin
 
     held = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)
@@ -234,10 +234,10 @@ def lock(
     on_line: Callable[[str], None] | None = None,
 ) -> LockResult:
     """Resolve and write the lock; `on_line` is shown what the resolver is doing, line by line, as it comes."""
-    from imgbuild.build.pipeline import build_secrets, pip_bounds
-    from imgbuild.build.render import render
-    from imgbuild.build.resolve import plan_recipe
     from imgbuild.engine import connect_engine
+    from imgbuild.pipeline.build import build_secrets, pip_bounds
+    from imgbuild.pipeline.render import render
+    from imgbuild.pipeline.resolve import plan_recipe
     from imgbuild.recipe import load_recipe
 
     # The lock is what this command writes: a stale or refused lock never stops it (the cure validate and build

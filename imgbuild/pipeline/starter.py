@@ -108,7 +108,7 @@ def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str
 
 
 def ci_text(kind: str, recipe: Path) -> str:
-    from imgbuild.build.render import template_environment
+    from imgbuild.pipeline.render import template_environment
 
     return (
         template_environment().get_template(f"ci-{kind}.yml.j2").render(recipe=str(recipe), folder=str(recipe.parent))

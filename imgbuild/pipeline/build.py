@@ -20,12 +20,17 @@ from typing import Any
 
 from imgbuild import limits
 from imgbuild.acting import Acting, as_user, private_copy, read_as, write_as
-from imgbuild.build import spared
-from imgbuild.build.context import context_dir, write_context
-from imgbuild.build.plan import Plan, base_reference, with_base_pins
-from imgbuild.build.render import render, template_cache
-from imgbuild.build.resolve import pin_reader, plan_recipe
-from imgbuild.build.smoke import (
+from imgbuild.config.settings import Settings
+from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
+from imgbuild.facts import Label
+from imgbuild.host import Caller
+from imgbuild.pipeline import spared
+from imgbuild.pipeline.context import context_dir, write_context
+from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
+from imgbuild.pipeline.render import render, template_cache
+from imgbuild.pipeline.resolve import pin_reader, plan_recipe
+from imgbuild.pipeline.smoke import (
     ClaimsOf,
     QuotaCheck,
     SmokeReport,
@@ -35,11 +40,6 @@ from imgbuild.build.smoke import (
     host_gpus,
     run_smoke,
 )
-from imgbuild.config.settings import Settings
-from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
-from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
-from imgbuild.facts import Label
-from imgbuild.host import Caller
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.registry.auth import engine_auth
 

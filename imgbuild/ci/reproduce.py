@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from imgbuild.build import pipeline
-from imgbuild.build.rebuild import discover, load_graph
+from imgbuild.ci.rebuild import discover, load_graph
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine, connect_engine
 from imgbuild.errors import ImgbuildError
+from imgbuild.pipeline import build as pipeline
 
 
 @dataclass

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
-from imgbuild.build.plan import Plan, make_plan
 from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
+from imgbuild.pipeline.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
 
 if TYPE_CHECKING:  # the engine and the registry client are imported where they are used: render stays cheap

@@ -114,11 +114,11 @@ def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits
 def bump_and_render(paths: list[Path], settings: Settings, *, dry_run: bool = False) -> list[Any]:
     """`imgbuild bump`: move each following recipe to the newest matching tag in the registry, and render
     again the contexts of the recipes that moved (where one was rendered before)."""
-    from imgbuild.build.context import context_dir, render_into
-    from imgbuild.build.resolve import plan_recipe
-    from imgbuild.build.smoke import declared_fleet
     from imgbuild.gpu.fleet import judge_tag, ok_and_why
     from imgbuild.gpu.read import gpu_devices_present
+    from imgbuild.pipeline.context import context_dir, render_into
+    from imgbuild.pipeline.resolve import plan_recipe
+    from imgbuild.pipeline.smoke import declared_fleet
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import tags as tagmod
     from imgbuild.registry.client import RegistryClient

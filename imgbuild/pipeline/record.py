@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__, imageref
-from imgbuild.build.plan import Plan, templates_digest
 from imgbuild.ngc import FRAMEWORKS
+from imgbuild.pipeline.plan import Plan, templates_digest
 from imgbuild.recipe import stable_name
 from imgbuild.regular import read_regular
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from imgbuild.build.attest import Made, sha256
+from imgbuild.supply.attest import Made, sha256
 
 
 def _file_hashes(loaded: Any) -> dict[str, str]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgbuild.boundedjson import loads as bounded_loads
-from imgbuild.build.attest import (
+from imgbuild.supply.attest import (
     CYCLONEDX,
     DSSE,
     IN_TOTO,

@@ -15,13 +15,13 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
-from imgbuild.build.context import context_path
-from imgbuild.build.plan import Plan
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine, connect_engine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
+from imgbuild.pipeline.context import context_path
+from imgbuild.pipeline.plan import Plan
 from imgbuild.recipe import display_path, load_recipe
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
@@ -86,7 +86,7 @@ def _normal(ref: str) -> str:
 
 def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
     """Load every recipe and link those whose base is another recipe's image. Order: dependencies first."""
-    from imgbuild.build.plan import base_reference, image_and_tag
+    from imgbuild.pipeline.plan import base_reference, image_and_tag
 
     items: list[Item] = []
     for path in paths:
@@ -199,7 +199,7 @@ def _remote_build(target: str, settings: Settings, verifier: Any = None) -> tupl
     """(the registry copy's input hash, None where it has none; with `verifier` (the signer's public key),
     whether that copy is signed by it). The copy is named by the digest of the bytes it serves (never a header),
     and its signature is verified as `verify` does: a label anyone can copy and any `.sig` tag vouch for nothing."""
-    from imgbuild.build.verify import check_signature
+    from imgbuild.supply.verify import check_signature
 
     host, repo, tag = split_reference(target)
     client = RegistryClient.for_host(host, settings)
@@ -246,8 +246,8 @@ def _work(
     item: Item, settings: Settings, options: RebuildOptions, engine: ImageEngine, local_refs: frozenset[str], log: Any
 ) -> Item:
     """Plan one recipe; build (and push) it when stale. Any failure fails this image, not the run."""
-    from imgbuild.build import pipeline
-    from imgbuild.build.resolve import plan_recipe
+    from imgbuild.pipeline import build as pipeline
+    from imgbuild.pipeline.resolve import plan_recipe
 
     start = time.monotonic()
     verifier = options.signer.public_key() if options.signer is not None else None  # what a copy is signed by
@@ -306,10 +306,10 @@ def publish(
     imported there); with a `signer` (attest.Signer), sign the pushed digest and attach its provenance and SBOM
     (cosign's tags). Returns the pushed digest."""
     from imgbuild import imageref
-    from imgbuild.build import attest
-    from imgbuild.build.describe import describe
-    from imgbuild.build.spared import smoke_record, smoke_scope
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.pipeline.spared import smoke_record, smoke_scope
     from imgbuild.registry.client import RegistryClient
+    from imgbuild.supply import attest
 
     target = plan.target
     log(f"{target}: pushing")
@@ -408,7 +408,7 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
     The base is taken as recorded in each context's lock, so the check needs no registry and flags only
     recipes (or copied files, or templates) that changed without their rendered context."""
-    from imgbuild.build.plan import image_and_tag
+    from imgbuild.pipeline.plan import image_and_tag
 
     items = []
     loaded_by_item: dict[int, Any] = {}
@@ -433,13 +433,13 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
 def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     """Render the recipe against the base its lock records, and compare with the committed context."""
-    from imgbuild.build.context import diff_context
-    from imgbuild.build.plan import make_plan
-    from imgbuild.build.record import RECORD_FILE, Record
     from imgbuild.host import caller
+    from imgbuild.pipeline.context import diff_context
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.record import RECORD_FILE, Record
 
     who = caller()
-    from imgbuild.build.render import render, template_cache
+    from imgbuild.pipeline.render import render, template_cache
 
     ctx = context_path(loaded, settings)
     item.target = str(ctx)
@@ -491,7 +491,7 @@ def junit_xml(items: list[Item], seconds: float) -> str:
         else:
             body = f"<system-out>{escape(item.status + ': ' + ('; '.join(item.reasons) or 'up to date'))}</system-out>"
         cases.append(
-            f'  <testcase classname="imgbuild.build.rebuild" name={name} time="{item.seconds:.2f}">{body}</testcase>'
+            f'  <testcase classname="imgbuild.ci.rebuild" name={name} time="{item.seconds:.2f}">{body}</testcase>'
         )
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
