@@ -68,6 +68,76 @@ def test_tensorflow_and_jax_get_no_torchrun(framework, nodes):
     assert "OMP_NUM_THREADS=16" in step  # one process per node: the whole task's CPUs
 
 
+def _tf_config_of(script: str, rank: int, tmp_path, nodes: str = "node[1-2]") -> dict:
+    """What one task of the job sees: the script's worker lines run by bash with Slurm's answers (two nodes,
+    addresses 10.0.0.1 and 10.0.0.2), then the step's command run by sh as the task of rank `rank`."""
+    import json
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\ncase "$2" in\n  hostnames) printf "node1\\nnode2\\n" ;;\n'
+        '  node) echo "NodeName=$3 NodeAddr=10.0.0.${3#node} State=IDLE" ;;\nesac\n'
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    lines = script.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("tf_port=")))
+    end = lines.index("export IMGBUILD_TF_WORKERS")
+    step = step_line(script)
+    command = step[step.index("sh -c ") :].replace(
+        "python3 train.py", "python3 -c 'import os; print(os.environ[\"TF_CONFIG\"])'"
+    )
+    program = "\n".join(["set -euo pipefail", *lines[start : end + 1], f"SLURM_PROCID={rank} {command}"])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": nodes, "SLURM_JOB_ID": "77"}
+    done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_multi_node_tensorflow_job_tells_each_task_the_cluster_in_tf_config(rank, tmp_path):
+    """MultiWorkerMirroredStrategy's TF_CONFIG: every node's worker, at the node's Slurm address, each on a port of
+    its own (nodes sharing an address never collide), and this task the worker whose index is its rank."""
+    job = JobSpec(["python3", "train.py"], "x.sif", gpus=2, nodes=2, framework="tensorflow")
+    config = _tf_config_of(sbatch_script(job), rank, tmp_path)
+    workers = config["cluster"]["worker"]
+    assert [w.rsplit(":", 1)[0] for w in workers] == ["10.0.0.1", "10.0.0.2"]
+    ports = [int(w.rsplit(":", 1)[1]) for w in workers]
+    assert ports[1] == ports[0] + 1 and 1024 <= ports[0] < 65535
+    assert config["task"] == {"type": "worker", "index": rank}
+
+
+def test_tensorflow_workers_follow_the_sites_fabric_name_and_a_task_per_gpu(tmp_path):
+    """`slurm.rdzv_host_suffix` (JUWELS: `i`): the workers at the node's fabric name; one task per GPU: a worker each,
+    ports counted across the whole job."""
+    job = JobSpec(["python3", "train.py"], "x.sif", gpus=2, nodes=2, framework="tensorflow", task_per_gpu=True,
+                  rdzv_host_suffix="i")  # fmt: skip
+    config = _tf_config_of(sbatch_script(job), 3, tmp_path)
+    hosts = [w.rsplit(":", 1)[0] for w in config["cluster"]["worker"]]
+    assert hosts == ["node1i", "node1i", "node2i", "node2i"] and config["task"]["index"] == 3
+    assert len({w.rsplit(":", 1)[1] for w in config["cluster"]["worker"]}) == 4
+
+
+def test_one_node_tensorflow_and_pytorch_jobs_get_no_tf_config():
+    for job in (
+        JobSpec(["python3", "train.py"], "x.sif", gpus=2, nodes=1, framework="tensorflow"),
+        JobSpec(["python3", "train.py"], "x.sif", gpus=2, nodes=2, framework="pytorch"),
+        JobSpec(["python3", "train.py"], "x.sif", gpus=2, nodes=2, framework="jax"),
+    ):
+        assert "TF_CONFIG" not in sbatch_script(job)
+
+
+def test_the_docker_runtime_passes_the_slurm_facts_the_frameworks_resolvers_read():
+    """TensorFlow's SlurmClusterResolver and JAX's Slurm detection read the step's variables; the docker runtime
+    starts the container with an environment of its own, so each is passed by name (apptainer and pyxis pass all)."""
+    step = step_line(sbatch_script(JobSpec(["python3", "train.py"], "lab/x:1", gpus=2, nodes=2, runtime="docker",
+                                           framework="tensorflow")))  # fmt: skip
+    for name in ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+                 "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID", "IMGBUILD_TF_WORKERS"):  # fmt: skip
+        assert f" -e {name} " in step, name
+
+
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
     """N17: `torchrun ... train.py` became `torchrun --standalone ... torchrun ... train.py`: two trainings on the

@@ -120,6 +120,37 @@ def test_python3_train_py_as_typed_runs_under_torchrun_on_two_nodes(gpu_site, sl
     assert 1024 <= int(port) <= 65535 and int(port) != 29500 + int(job) % 3000, port
 
 
+#: A TensorFlow user's multi-worker script, as TensorFlow's guide writes it: MultiWorkerMirroredStrategy reads the
+#: cluster from TF_CONFIG; each worker contributes 1 and reports the sum over all of them (ring all-reduce on CPUs).
+TF_TRAIN = """\
+import json, os
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+print(f"worker {task['index']} of {strategy.num_replicas_in_sync} sum {float(total):g}", flush=True)
+"""
+
+
+def test_a_tensorflow_job_on_two_nodes_runs_one_worker_per_node_that_all_reduce(slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
+    """N16 on the bed: the project's TensorFlow stand-in (real TensorFlow) at 2 nodes: no torchrun, one task per
+    node, each a MultiWorkerMirroredStrategy worker told the cluster in TF_CONFIG; both join and all-reduce."""
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    config = tmp_path / "config.yaml"
+    config.write_text("run: {gpu_flag: env}\n")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    (tmp_path / "train.py").write_text(TF_TRAIN)
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/tensorflow:24.05-tf2-py3"
+    job = submit(tmp_path, image, "--gpus", "1", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1")
+    state = wait_for(job, slurm, timeout=600)
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert "torchrun" not in output
+    found = sorted(re.findall(r"worker [0-9] of [0-9]+ sum [0-9.]+", output))
+    assert found == ["worker 0 of 2 sum 2", "worker 1 of 2 sum 2"], output[-3000:]
+
+
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
     """The same `python3 train.py` at 2 GPUs on one node (torchrun --standalone) and at 1 GPU (no torchrun).
     One CPU asked for: the container gets one of the node's two (the step's, through --cpuset-cpus)."""

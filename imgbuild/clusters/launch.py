@@ -27,6 +27,9 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
             "MASTER_PORT=$rdzv_port",
         ]
         return _rendezvous_lines(job), ["env", *facts, *command]
+    if job.framework == "tensorflow" and job.nodes > 1 and not job.uses_torchrun:
+        # one worker per task; its index, its Slurm rank, is known only inside the task
+        return _tf_worker_lines(job), ["sh", "-c", TF_CONFIG_SCRIPT, "sh", *alone_command(command)]
     if not job.uses_torchrun:
         return [], alone_command(command)
     command = torchrun_command(command)
@@ -65,6 +68,43 @@ def _rendezvous_lines(job: Any) -> list[str]:
         "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
         "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
         f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
+    ]
+
+
+#: Each TensorFlow task's TF_CONFIG (MultiWorkerMirroredStrategy reads it): the job's workers, and this task as
+#: the worker whose index is its Slurm rank (`--distribution=block`, Slurm's default: ranks fill a node first).
+TF_CONFIG_SCRIPT = (
+    'export TF_CONFIG="{\\"cluster\\": {\\"worker\\": [$IMGBUILD_TF_WORKERS]}, '
+    '\\"task\\": {\\"type\\": \\"worker\\", \\"index\\": $SLURM_PROCID}}"; exec "$@"'
+)
+
+
+def _tf_worker_lines(job: Any) -> list[str]:
+    """Script lines that list the TensorFlow workers, rank order: each node's address (as the rendezvous is
+    found), a port per worker counted up from one free on this node now (ports differ across nodes too, so
+    nodes that share an address, as a lab's small cluster may, never collide)."""
+    suffix = job.rdzv_host_suffix
+    address = (
+        f'addr="${{node}}{suffix}"'
+        if suffix
+        else 'addr=$(scontrol show node "$node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$node")'
+    )
+    return [
+        "",
+        "# TensorFlow's MultiWorkerMirroredStrategy: every task is one worker, told the cluster in TF_CONFIG",
+        "# (written inside each task, where its rank is known); the workers' ports are this job's own.",
+        "tf_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
+        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
+        "IMGBUILD_TF_WORKERS=''",
+        "tf_rank=0",
+        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+        f"  {address}",
+        f"  for _ in $(seq {job.tasks_per_node}); do",
+        '    IMGBUILD_TF_WORKERS="$IMGBUILD_TF_WORKERS${IMGBUILD_TF_WORKERS:+,}\\"$addr:$((tf_port + tf_rank))\\""',
+        "    tf_rank=$((tf_rank + 1))",
+        "  done",
+        "done",
+        "export IMGBUILD_TF_WORKERS",
     ]
 
 

@@ -174,6 +174,17 @@ SLURM_EPILOG = (
 )
 
 
+#: The step's Slurm variables a container must see: the ranks (torchrun's PET_* are set from them), and what
+#: TensorFlow's SlurmClusterResolver (SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_NUM_TASKS,
+#: SLURM_STEP_TASKS_PER_NODE) and JAX's Slurm detection (SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS,
+#: SLURM_PROCID, SLURM_LOCALID) read; Apptainer, pyxis and Slurm's OCI runtime pass the whole environment.
+SLURM_PASSED = (
+    "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NNODES", "SLURM_NODEID", "SLURM_LOCALID", "SLURM_NTASKS",
+    "SLURM_RESTART_COUNT", "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
+)  # fmt: skip
+
+
 #: What a job's environment says that its container must see too (clusters-4 N18: NCCL_SOCKET_IFNAME was lost):
 #: NCCL's and the transports' interface and fabric choices, Hugging Face's and PyTorch's caches.
 PASSED_ENV = (
@@ -208,22 +219,10 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         "$PWD:/workspace",
         "-w",
         "/workspace",
-        "-e",
-        "SLURM_JOB_ID",
-        "-e",
-        "SLURM_PROCID",
-        "-e",
-        "SLURM_NNODES",
-        "-e",
-        "SLURM_LOCALID",
-        "-e",
-        "SLURM_NTASKS",
-        "-e",
-        "SLURM_RESTART_COUNT",
     ]
-    for (
-        name
-    ) in PASSED_ENV:  # the job's own network and cache settings, where it sets them (`-e NAME`: unset stays unset)
+    # the step's Slurm facts (the frameworks' own cluster resolvers read them), the job's own network and cache
+    # settings where it sets them, and TensorFlow's worker list (`-e NAME`: unset stays unset)
+    for name in (*SLURM_PASSED, *PASSED_ENV, "IMGBUILD_TF_WORKERS"):
         opts += ["-e", name]
     # The caller's UID has no home in the image: a writable one, as `imgbuild run` gives (pip --user, ~/.cache).
     opts += ["-e", "HOME=/tmp/home"]
