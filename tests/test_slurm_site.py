@@ -151,6 +151,18 @@ def test_a_tensorflow_job_on_two_nodes_runs_one_worker_per_node_that_all_reduce(
     assert found == ["worker 0 of 2 sum 2", "worker 1 of 2 sum 2"], output[-3000:]
 
 
+def test_a_command_that_is_torchrun_itself_runs_one_training_across_two_nodes(gpu_site, slurm, tmp_path):  # noqa: F811
+    """N17 on the bed: `torchrun train.py` as typed, 2 nodes x 2 GPUs, never wrapped in a second torchrun (which ran
+    two trainings on the same GPUs): torchrun is told the rendezvous by its PET_* variables, and the four ranks
+    form one world whose all-reduce sums to 4."""
+    job = submit(tmp_path, gpu_site, "--gpus", "2", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1",
+                 command=("torchrun", "train.py"))  # fmt: skip
+    state = wait_for(job, slurm)
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    assert ranks(output) == [f"rank {r} of 4 node {r // 2} cpus 2 threads 1 sum 4" for r in range(4)], output[-3000:]
+
+
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
     """The same `python3 train.py` at 2 GPUs on one node (torchrun --standalone) and at 1 GPU (no torchrun).
     One CPU asked for: the container gets one of the node's two (the step's, through --cpuset-cpus)."""
