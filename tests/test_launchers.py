@@ -128,6 +128,31 @@ def test_one_node_tensorflow_and_pytorch_jobs_get_no_tf_config():
         assert "TF_CONFIG" not in sbatch_script(job)
 
 
+@pytest.mark.parametrize(
+    "gpus, nodes, per_gpu, facts",
+    [
+        (1, 1, False, []),  # one process, one GPU: nothing to tell JAX
+        (4, 1, False, ["JAX_LOCAL_DEVICE_IDS=0,1,2,3"]),  # Slurm's detection would give it GPU 0 alone
+        (2, 2, False, ["JAX_LOCAL_DEVICE_IDS=0,1", "JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port"]),
+        (2, 2, True, ["JAX_LOCAL_DEVICE_IDS=0", "JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port"]),  # its only GPU
+    ],
+)
+def test_jax_processes_see_their_own_gpus_and_one_coordinator(gpus, nodes, per_gpu, facts):
+    """jax.distributed.initialize() under Slurm gives a process the one GPU numbered as its local rank (with one
+    task per node: GPU 0 of 4; with one task per GPU, each bound to its own: device 1 of 1, which does not exist)
+    and a coordinator on a port derived from the job id; JAX reads JAX_LOCAL_DEVICE_IDS and
+    JAX_COORDINATOR_ADDRESS first (jax/_src/distributed.py), so the job says both."""
+    job = JobSpec(["python3", "train.py"], "x.sif", gpus=gpus, nodes=nodes, framework="jax", task_per_gpu=per_gpu)
+    script = sbatch_script(job)
+    step = step_line(script)
+    assert step.endswith("python3 train.py"), step
+    for fact in facts:
+        assert f'"{fact}"' in step or f" {fact} " in step, step
+    assert step.count("JAX_") == len(facts), step
+    assert ("head_node=$(scontrol show hostnames" in script) is (nodes > 1)
+    assert "torchrun" not in step and "TF_CONFIG" not in script
+
+
 def test_the_docker_runtime_passes_the_slurm_facts_the_frameworks_resolvers_read():
     """TensorFlow's SlurmClusterResolver and JAX's Slurm detection read the step's variables; the docker runtime
     starts the container with an environment of its own, so each is passed by name (apptainer and pyxis pass all)."""

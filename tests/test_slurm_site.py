@@ -151,6 +151,45 @@ def test_a_tensorflow_job_on_two_nodes_runs_one_worker_per_node_that_all_reduce(
     assert found == ["worker 0 of 2 sum 2", "worker 1 of 2 sum 2"], output[-3000:]
 
 
+#: A JAX user's multi-process script, as JAX's own guide writes it: initialize() with no arguments, then every
+#: process reports its place and the devices it owns (one CPU device each here; the bed has no GPU).
+JAX_TRAIN = """\
+import jax
+
+jax.distributed.initialize()
+print(f"process {jax.process_index()} of {jax.process_count()} local devices {jax.local_device_count()}", flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def test_a_jax_job_on_two_nodes_joins_one_coordinator(slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
+    """JAX on the bed: an image of NGC's nvidia/jax repository name (the bed's: the 24.05 stand-in with PyPI's jax
+    added by a recipe) at 2 nodes: no torchrun, one process per node, both joined to the coordinator imgbuild names
+    on the first node's address (JAX's own Slurm guess, the node's host name, does not resolve in a container)."""
+    monkeypatch.setenv("SLURM_CONF", slurm)
+    config = tmp_path / "config.yaml"
+    config.write_text("run: {gpu_flag: env}\n")
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "jaxbed.yaml"
+    recipe.write_text('name: jaxbed\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [jax]\n')
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    made = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/jax:bed-{tmp_path.name[-12:].lower()}"
+    subprocess.run(["docker", "tag", made, image], check=True)
+    try:
+        (tmp_path / "train.py").write_text(JAX_TRAIN)
+        job = submit(tmp_path, image, "--gpus", "1", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1")
+        state = wait_for(job, slurm, timeout=600)
+        output = (tmp_path / f"out-{job}.txt").read_text()
+        assert state == "COMPLETED", output[-3000:]
+        found = sorted(re.findall(r"process [0-9] of [0-9]+ local devices [0-9]+", output))
+        assert found == ["process 0 of 2 local devices 1", "process 1 of 2 local devices 1"], output[-3000:]
+    finally:
+        subprocess.run(["docker", "rmi", image, made], capture_output=True)
+
+
 def test_a_command_that_is_torchrun_itself_runs_one_training_across_two_nodes(gpu_site, slurm, tmp_path):  # noqa: F811
     """N17 on the bed: `torchrun train.py` as typed, 2 nodes x 2 GPUs, never wrapped in a second torchrun (which ran
     two trainings on the same GPUs): torchrun is told the rendezvous by its PET_* variables, and the four ranks

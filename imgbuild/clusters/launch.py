@@ -30,6 +30,8 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
     if job.framework == "tensorflow" and job.nodes > 1 and not job.uses_torchrun:
         # one worker per task; its index, its Slurm rank, is known only inside the task
         return _tf_worker_lines(job), ["sh", "-c", TF_CONFIG_SCRIPT, "sh", *alone_command(command)]
+    if job.framework == "jax" and not job.uses_torchrun:
+        return _jax_launch(job, alone_command(command))
     if not job.uses_torchrun:
         return [], alone_command(command)
     command = torchrun_command(command)
@@ -60,8 +62,8 @@ def _rendezvous_lines(job: Any) -> list[str]:
     head = f'head_node="${{head_node}}{suffix}"' if suffix else NODE_ADDR
     return [
         "",
-        "# torchrun on every node; the rendezvous is the first node of the allocation, on a port of this",
-        "# job's own, so two jobs sharing a node never join each other's store.",
+        "# The rendezvous (torchrun's store, JAX's coordinator) is the first node of the allocation, on a port",
+        "# of this job's own, so two jobs sharing a node never join each other's.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         head,
         "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
@@ -69,6 +71,23 @@ def _rendezvous_lines(job: Any) -> list[str]:
         "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
         f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
     ]
+
+
+def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
+    """JAX: `jax.distributed.initialize()` finds Slurm by itself, but gives each process the one GPU numbered as
+    its local rank and a coordinator at the first node's host name, on a port from the job id. So: every GPU the
+    task sees is its own (one task per node: all of them; one task per GPU: its only one, device 0), and on several
+    nodes the coordinator is the first node's address, on a port free there now (JAX_COORDINATOR_ADDRESS and
+    JAX_LOCAL_DEVICE_IDS, which it reads before asking Slurm)."""
+    facts = []
+    if job.gpus > 1 or job.task_per_gpu:
+        devices = "0" if job.task_per_gpu else ",".join(str(i) for i in range(job.gpus))
+        facts.append(f"JAX_LOCAL_DEVICE_IDS={devices}")
+    if job.nodes > 1:
+        facts.append("JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port")
+    if not facts:
+        return [], command
+    return (_rendezvous_lines(job) if job.nodes > 1 else []), ["env", *facts, *command]
 
 
 #: Each TensorFlow task's TF_CONFIG (MultiWorkerMirroredStrategy reads it): the job's workers, and this task as
