@@ -608,9 +608,9 @@ def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torc
 )
 def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker):
     """Issue 31 N3: `binds: [/scratch]` became `-v /scratch`, an anonymous volume --rm deleted with the job's data."""
-    from imgbuild.clusters.slurm import docker_bind
+    from imgbuild.clusters.slurm import bind_pair
 
-    assert docker_bind(bind) == docker
+    assert bind_pair(bind) == docker
     line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=[bind])))
     assert f"-v {docker}" in line
 

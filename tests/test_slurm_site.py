@@ -369,6 +369,11 @@ def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa:
         "docker-per-gpu": JobSpec(["hvd.py"], "lab/x:1", gpus=4, task_per_gpu=True, runtime="docker"),
         "docker-cpu": JobSpec(["true"], "lab/x:1", gpus=0, runtime="docker", stage=["/d/a.tar"]),
         "oci": JobSpec(["python3", "t.py"], "/b/x.oci", gpus=2, nodes=2, runtime="oci", stage=["/d/a.tar"]),
+        "edf": JobSpec(
+            ["python3", "t.py"], "lab/x:1", gpus=4, nodes=2, runtime="edf", binds=["$SCRATCH"], requeue=True
+        ),  # fmt: skip
+        "tensorflow": JobSpec(["python3", "t.py"], "x.sif", gpus=2, nodes=2, framework="tensorflow"),
+        "jax": JobSpec(["python3", "t.py"], "lab/x:1", gpus=2, nodes=2, framework="jax", runtime="docker"),
     }
     for name, job in jobs.items():
         path = tmp_path / f"{name}.sh"

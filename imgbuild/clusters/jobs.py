@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
-from imgbuild.clusters.slurm import JobSpec, UserWord
+from imgbuild.clusters.shellwords import UserWord
+from imgbuild.clusters.slurm import JobSpec
 from imgbuild.config.site import SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.tree import TooDeep, walk
@@ -52,7 +53,7 @@ def check_image_present(job: JobSpec) -> None:
             f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
             ".sif there (slurm.sif_dir), or name the .sif to run"
         )
-    if job.runtime == "pyxis" and job.image.endswith(".sqsh") and not Path(job.image).is_file():
+    if job.runtime in ("pyxis", "edf") and job.image.endswith(".sqsh") and not Path(job.image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; write it with `imgbuild export RECIPE --sqsh {job.image}` where the "
             "nodes see it (slurm.sif_dir), or push the image to a registry the nodes reach"
@@ -166,7 +167,7 @@ def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = Fals
 
     if runtime in ("apptainer", "singularity"):
         return sif_path(image, sif_dir)
-    if runtime == "pyxis" and (image.endswith(".sqsh") or (local and not parse(image).host)):
+    if runtime in ("pyxis", "edf") and (image.endswith(".sqsh") or (local and not parse(image).host)):
         return image_file(image, sif_dir, ".sqsh")
     return image_file(image, sif_dir, ".oci") if runtime == "oci" else image
 
@@ -269,6 +270,7 @@ def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpu
         qos=flags.qos or site.qos,
         constraint=flags.constraint or site.constraint,
         sbatch_lines=list(site.sbatch_lines),
+        edf_annotations=dict(site.edf_annotations),
     )
 
 

@@ -90,10 +90,11 @@ def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
     return (_rendezvous_lines(job) if job.nodes > 1 else []), ["env", *facts, *command]
 
 
-#: Each TensorFlow task's TF_CONFIG (MultiWorkerMirroredStrategy reads it): the job's workers, and this task as
-#: the worker whose index is its Slurm rank (`--distribution=block`, Slurm's default: ranks fill a node first).
+#: Each TensorFlow task's TF_CONFIG (MultiWorkerMirroredStrategy reads it): the job's workers (ADDRESS:PORT,
+#: comma-separated, in IMGBUILD_TF_WORKERS), and this task as the worker whose index is its Slurm rank (`--distribution=block`, Slurm's default: ranks fill a node first).
 TF_CONFIG_SCRIPT = (
-    'export TF_CONFIG="{\\"cluster\\": {\\"worker\\": [$IMGBUILD_TF_WORKERS]}, '
+    'w=""; IFS=,; for a in $IMGBUILD_TF_WORKERS; do w="$w${w:+, }\\"$a\\""; done; '
+    'export TF_CONFIG="{\\"cluster\\": {\\"worker\\": [$w]}, '
     '\\"task\\": {\\"type\\": \\"worker\\", \\"index\\": $SLURM_PROCID}}"; exec "$@"'
 )
 
@@ -119,7 +120,7 @@ def _tf_worker_lines(job: Any) -> list[str]:
         'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
         f"  {address}",
         f"  for _ in $(seq {job.tasks_per_node}); do",
-        '    IMGBUILD_TF_WORKERS="$IMGBUILD_TF_WORKERS${IMGBUILD_TF_WORKERS:+,}\\"$addr:$((tf_port + tf_rank))\\""',
+        '    IMGBUILD_TF_WORKERS="$IMGBUILD_TF_WORKERS${IMGBUILD_TF_WORKERS:+,}$addr:$((tf_port + tf_rank))"',
         "    tf_rank=$((tf_rank + 1))",
         "  done",
         "done",

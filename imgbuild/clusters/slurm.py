@@ -5,16 +5,17 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, field
 
+from imgbuild.clusters.edf import edf_lines
 from imgbuild.clusters.launch import launcher, launches_itself
+from imgbuild.clusters.shellwords import shell_words
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
-RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci")
+RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci", "edf")
 
 
 # --- Slurm --------------------------------------------------------------------------------------------
@@ -46,6 +47,7 @@ class JobSpec:
     socket_ifname: str | None = None  # NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, the site's fabric
     torchrun: bool | None = None  # default: for more than one GPU in all
     task_per_gpu: bool = False  # one task per GPU (MPI, Horovod), each seeing only its own GPU
+    edf_annotations: dict[str, str] = field(default_factory=dict)  # the edf runtime: the site's hooks (slurm:)
     docker_gpu_flag: str = "gpus"  # the docker runtime: --gpus, or NVIDIA_VISIBLE_DEVICES (site run.gpu_flag)
     local_image: bool = False  # the docker runtime: a recipe's image, built here, never pulled from Docker Hub
     max_restarts: int = 0  # torchrun restarts its workers this often after a failure
@@ -92,13 +94,19 @@ class JobSpec:
         return max(1, self.cpus_per_task // workers)
 
 
-def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
-    """(extra srun options, command prefix) that run the command in the image with the runtime."""
+def _binds(job: JobSpec) -> list[str]:
+    """The folders every task sees: the site's and the user's, the staged data's, the snapshots'."""
     binds = list(job.binds)
     if job.stage:
         binds.append(f"${job.scratch_var}:${job.scratch_var}")
     if job.snapshot_dir:
         binds.append(f"{job.snapshot_dir}:{job.snapshot_dir}")
+    return binds
+
+
+def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
+    """(extra srun options, command prefix) that run the command in the image with the runtime."""
+    binds = _binds(job)
     if job.runtime in ("apptainer", "singularity"):
         opts = ["--nv"] if job.gpus else []
         for bind in binds:
@@ -113,6 +121,8 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
         return srun, []
     if job.runtime == "docker":
         return [], _docker_prefix(job, binds)
+    if job.runtime == "edf":  # CSCS's Container Engine: the EDF the script wrote (imgbuild.clusters.edf)
+        return ["--environment=$edf"], []
     if job.runtime == "oci":  # Slurm's own: srun --container runs the bundle with the site's runtime (oci.conf)
         needed = [f"${job.scratch_var}"] if job.stage else []
         needed += [job.snapshot_dir] if job.snapshot_dir else []
@@ -155,9 +165,9 @@ def enroot_reference(image: str) -> str:
     return image
 
 
-def docker_bind(bind: str) -> str:
-    """A site bind as docker must be told it: `/scratch` is Apptainer's "the same path inside", but to docker a
-    lone path is an anonymous volume that `--rm` deletes, with whatever the job wrote there."""
+def bind_pair(bind: str) -> str:
+    """A bind as docker and an EDF must be told it, HOST:INSIDE[:ro]: `/scratch` is Apptainer's "the same path
+    inside", but to docker a lone path is an anonymous volume that `--rm` deletes, with whatever the job wrote."""
     parts = bind.split(":")
     read_only = parts[-1] == "ro" and len(parts) > 1
     if read_only:
@@ -244,7 +254,7 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     if job.stage:  # the staged data's folder, as Apptainer and pyxis pass it (the host's environment)
         opts += ["-e", job.scratch_var]
     for bind in binds:
-        opts += ["-v", docker_bind(bind)]
+        opts += ["-v", bind_pair(bind)]
     # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
     memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
     if not job.gpus:
@@ -266,7 +276,7 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         # docker would create a missing folder as root (and an empty one on a node that lacks the mount)
         *(
             [
-                f'for d in {_words(sources)}; do [ -d "$d" ] || {{ echo "imgbuild: $d: no such folder on '
+                f'for d in {shell_words(sources)}; do [ -d "$d" ] || {{ echo "imgbuild: $d: no such folder on '
                 '$(hostname); docker would create it as root" >&2; exit 2; }; done'
             ]
             if sources
@@ -276,42 +286,9 @@ def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
         # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
         'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
-        _words(opts) + memory + gpus + _words([job.image]) + ' "$@" & wait "$!"',
+        shell_words(opts) + memory + gpus + shell_words([job.image]) + ' "$@" & wait "$!"',
     ]
     return ["sh", "-c", "; ".join(script), "sh"]
-
-
-#: A word whose only expansions are variables ($VAR, ${VAR}): double-quoted, so the job's own variables expand;
-#: a backslash escape stays one (`\$(id -u)` reaches the container as `$(id -u)`, for the container's own
-#: shell). Anything else the job's shell would run or expand ($(...), $((...)), `...`, ${VAR:-$(...)}) is
-#: quoted literally.
-_VARIABLES_ONLY = re.compile(r'(?:[^$"`\\]|\\[\s\S]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
-
-
-class UserWord(str):
-    """A word the user typed (the job's command): only its $VAR / ${VAR} may expand when the job starts."""
-
-
-def _words(words: list[str]) -> str:
-    """Shell words; $VARS stay expandable (they are the job's own variables) inside double quotes, so a value
-    with a space ($PWD) stays one word; the rest is quoted. imgbuild's own words may hold a command
-    substitution it wrote ($(id -u)); a UserWord never runs one."""
-    out = []
-    for word in words:
-        if isinstance(word, UserWord):
-            if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", word):
-                out.append(str(word))
-            elif "$" in word and _VARIABLES_ONLY.fullmatch(word):
-                out.append(f'"{word}"')
-            else:
-                out.append(shlex.quote(word))
-        elif re.fullmatch(r"[\w@%+=:,./-][\w@%+=:,./#-]*", word):  # '#' starts a comment only at a word's start
-            out.append(word)
-        elif "$" in word and '"' not in word and "`" not in word:
-            out.append(f'"{word}"')
-        else:
-            out.append(shlex.quote(word))
-    return " ".join(out)
 
 
 def sbatch_script(job: JobSpec) -> str:
@@ -328,7 +305,7 @@ def sbatch_script(job: JobSpec) -> str:
         body += [
             "",
             "# Snapshots go to persistent storage (node-local scratch vanishes with the job).",
-            f"export SNAPSHOT_DIR={_words([job.snapshot_dir])}",
+            f"export SNAPSHOT_DIR={shell_words([job.snapshot_dir])}",
             'mkdir -p "$SNAPSHOT_DIR"',
         ]
     body += _stage_lines(job)
@@ -344,12 +321,16 @@ def sbatch_script(job: JobSpec) -> str:
         *(["--gpus-per-task=1", "--gpu-bind=per_task:1"] if job.task_per_gpu else []),
         *srun_opts,
     ]
+    if job.runtime == "edf":
+        body += edf_lines(
+            enroot_reference(job.image), [bind_pair(b) for b in _binds(job)], bool(job.gpus), job.edf_annotations
+        )
     launch, command = launcher(job)
     body += launch
     # Threads per process: the task's CPUs for one process, the CPUs per GPU for each torchrun worker.
     # Set on the command itself (env ... inside the container), so it wins over an image's own ENV in
     # every runtime (Apptainer keeps the image's value over the host's).
-    step = _words([*srun, *prefix, "env", f"OMP_NUM_THREADS={job.threads}", *command])
+    step = shell_words([*srun, *prefix, "env", f"OMP_NUM_THREADS={job.threads}", *command])
     if job.requeue:
         body += [
             "",

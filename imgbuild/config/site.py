@@ -295,7 +295,7 @@ class SlurmSite:
         None,
         doc="requested with --stage (CSC: nvme:100)",
     )
-    runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker", "oci"), "apptainer")
+    runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker", "oci", "edf"), "apptainer")
     sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
     rdzv_host_suffix: str = typed(
@@ -314,6 +314,19 @@ class SlurmSite:
         Maybe(Text(matches(SBATCH_CONSTRAINT_RE, "not a Slurm constraint (a100&ib, [rack1|rack2])"))),
         None,
         doc="#SBATCH --constraint (node features)",
+    )
+    edf_annotations: dict[str, str] = typed(
+        MapOf(
+            Text(
+                matches(
+                    re.compile(r"[a-z0-9][a-z0-9_.-]{0,127}"), "not an annotation key such as com.hooks.cxi.enabled"
+                )
+            ),
+            Text(matches(re.compile(r"[A-Za-z0-9_./:@+=-]{0,256}"), "not a plain annotation value"), numbers=True),
+        ),
+        factory=dict,
+        doc="runtime edf (CSCS's Container Engine): hooks for every job's EDF, over the NCCL hook's "
+        "(com.hooks.aws_ofi_nccl.variant: cuda12)",
     )
     sbatch_lines: list[str] = typed(
         ListOf(Text(matches(SBATCH_LINE_RE, "not an sbatch option such as --hint=nomultithread")), max_length=32),
