@@ -253,9 +253,9 @@ def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home
     and left HOME unwritable for the caller's UID."""
     import subprocess
 
-    from imgbuild.clusters.slurm import _docker_prefix
+    from imgbuild.clusters.noderun import docker_prefix
 
-    argv = _docker_prefix(JobSpec(["t.py"], "img", runtime="docker", gpus=1), [])
+    argv = docker_prefix(JobSpec(["t.py"], "img", runtime="docker", gpus=1), [])
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')

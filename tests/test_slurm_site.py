@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.clusters.slurm import SLURM_EPILOG
+from imgbuild.clusters.noderun import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
 from tests.test_cluster import slurm, wait_for  # noqa: F401  (the module's Slurm fixture)
@@ -202,6 +202,35 @@ def test_a_command_that_is_torchrun_itself_runs_one_training_across_two_nodes(gp
     assert ranks(output) == [f"rank {r} of 4 node {r // 2} cpus 2 threads 1 sum 4" for r in range(4)], output[-3000:]
 
 
+def test_a_podman_hpc_job_on_two_nodes_is_one_training_with_the_steps_variables(gpu_site, slurm, tmp_path, monkeypatch):  # noqa: F811
+    """`--runtime podman-hpc` (NERSC) on the bed: real Podman runs each task's container (rootful here; podman-hpc's
+    own flags for NERSC's modules, `--gpu` and `--nccl`, are what a stand-in `podman-hpc` on PATH drops before
+    calling podman). The step's Slurm variables reach the containers through podman's `-e 'SLURM_*'`, the job's
+    folder is /workspace, and the four ranks on two nodes form one world."""
+    wrapper = tmp_path / "bin" / "podman-hpc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/bash\n# stands in for NERSC's wrapper: its module flags dropped, the rest is podman's\n"
+        'args=(); for a in "$@"; do case "$a" in --gpu|--nccl) ;; *) args+=("$a") ;; esac; done\n'
+        'exec podman "${args[@]}"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    res = run_cli("slurm", gpu_site, "--runtime", "podman-hpc", "--gpus", "2", "--nodes", "2", "--gpu-type", "v100",
+                  "--cpus-per-gpu", "1", "--output", str(tmp_path / "pod-%j.txt"), "--submit", "--", "python3",
+                  "train.py", cwd=tmp_path)  # fmt: skip
+    assert res.code == 0, res.err
+    podman_job = res.out.split()[-1]
+    try:
+        state = wait_for(podman_job, slurm)
+    finally:
+        subprocess.run(["scancel", podman_job], capture_output=True, env={**os.environ, "SLURM_CONF": slurm})
+    output = (tmp_path / f"pod-{podman_job}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    found = sorted(re.findall(r"rank ([0-9]) of ([0-9]) node ([0-9]) job ([0-9]+)", output))
+    assert found == [(str(r), "4", str(r // 2), podman_job) for r in range(4)], output[-3000:]
+
+
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
     """The same `python3 train.py` at 2 GPUs on one node (torchrun --standalone) and at 1 GPU (no torchrun).
     One CPU asked for: the container gets one of the node's two (the step's, through --cpuset-cpus)."""
@@ -373,6 +402,16 @@ def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa:
             ["python3", "t.py"], "lab/x:1", gpus=4, nodes=2, runtime="edf", binds=["$SCRATCH"], requeue=True
         ),  # fmt: skip
         "tensorflow": JobSpec(["python3", "t.py"], "x.sif", gpus=2, nodes=2, framework="tensorflow"),
+        "podman-hpc": JobSpec(["t.py"], "r.io/lab/x:1", gpus=4, nodes=2, runtime="podman-hpc", stage=["/d/a.tar"]),
+        "shifter": JobSpec(
+            ["t.py"],
+            "r.io/lab/x:1",
+            gpus=4,
+            nodes=2,
+            runtime="shifter",
+            binds=["/p", "$SCRATCH"],
+            shifter_modules=["gpu"],
+        ),  # fmt: skip
         "jax": JobSpec(["python3", "t.py"], "lab/x:1", gpus=2, nodes=2, framework="jax", runtime="docker"),
     }
     for name, job in jobs.items():

@@ -166,7 +166,7 @@ def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list
 @click.option("--bind", "binds", multiple=True, help="Extra mount (SRC:DEST) into the container.")
 @click.option(
     "--runtime",
-    type=click.Choice(["apptainer", "singularity", "pyxis", "docker", "oci", "edf"]),
+    type=click.Choice(["apptainer", "singularity", "pyxis", "docker", "oci", "edf", "podman-hpc", "shifter"]),
     help="Container runtime on the nodes (site default apptainer).",
 )
 @click.option("--torchrun/--no-torchrun", default=None, help="Launch with torchrun (default: more than one GPU).")

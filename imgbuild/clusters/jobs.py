@@ -167,6 +167,11 @@ def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = Fals
 
     if runtime in ("apptainer", "singularity"):
         return sif_path(image, sif_dir)
+    if runtime == "shifter" and local and not parse(image).host:
+        raise UsageError(
+            f"{image}: built on this machine only; Shifter's image gateway would look it up on Docker Hub. Push it "
+            "(imgbuild build --push, with image_registry set) and run the pushed name"
+        )
     if runtime in ("pyxis", "edf") and (image.endswith(".sqsh") or (local and not parse(image).host)):
         return image_file(image, sif_dir, ".sqsh")
     return image_file(image, sif_dir, ".oci") if runtime == "oci" else image
@@ -271,6 +276,7 @@ def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpu
         constraint=flags.constraint or site.constraint,
         sbatch_lines=list(site.sbatch_lines),
         edf_annotations=dict(site.edf_annotations),
+        shifter_modules=list(site.shifter_modules),
     )
 
 

@@ -91,7 +91,8 @@ def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
 
 
 #: Each TensorFlow task's TF_CONFIG (MultiWorkerMirroredStrategy reads it): the job's workers (ADDRESS:PORT,
-#: comma-separated, in IMGBUILD_TF_WORKERS), and this task as the worker whose index is its Slurm rank (`--distribution=block`, Slurm's default: ranks fill a node first).
+#: comma-separated, in IMGBUILD_TF_WORKERS), and this task as the worker whose index is its Slurm rank
+#: (`--distribution=block`, Slurm's default: ranks fill a node first).
 TF_CONFIG_SCRIPT = (
     'w=""; IFS=,; for a in $IMGBUILD_TF_WORKERS; do w="$w${w:+, }\\"$a\\""; done; '
     'export TF_CONFIG="{\\"cluster\\": {\\"worker\\": [$w]}, '

@@ -5,17 +5,18 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
 from imgbuild.clusters.edf import edf_lines
 from imgbuild.clusters.launch import launcher, launches_itself
+from imgbuild.clusters.noderun import bind_pair, docker_prefix, podman_hpc_prefix
 from imgbuild.clusters.shellwords import shell_words
 from imgbuild.errors import UsageError
-from imgbuild.facts import Label
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
-RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci", "edf")
+RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci", "edf", "podman-hpc", "shifter")
 
 
 # --- Slurm --------------------------------------------------------------------------------------------
@@ -48,6 +49,7 @@ class JobSpec:
     torchrun: bool | None = None  # default: for more than one GPU in all
     task_per_gpu: bool = False  # one task per GPU (MPI, Horovod), each seeing only its own GPU
     edf_annotations: dict[str, str] = field(default_factory=dict)  # the edf runtime: the site's hooks (slurm:)
+    shifter_modules: list[str] = field(default_factory=list)  # the shifter runtime: the site's modules (slurm:)
     docker_gpu_flag: str = "gpus"  # the docker runtime: --gpus, or NVIDIA_VISIBLE_DEVICES (site run.gpu_flag)
     local_image: bool = False  # the docker runtime: a recipe's image, built here, never pulled from Docker Hub
     max_restarts: int = 0  # torchrun restarts its workers this often after a failure
@@ -120,9 +122,14 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
         ]
         return srun, []
     if job.runtime == "docker":
-        return [], _docker_prefix(job, binds)
+        return [], docker_prefix(job, binds)
     if job.runtime == "edf":  # CSCS's Container Engine: the EDF the script wrote (imgbuild.clusters.edf)
         return ["--environment=$edf"], []
+    if job.runtime == "podman-hpc":  # NERSC Perlmutter (imgbuild.clusters.noderun)
+        return [], podman_hpc_prefix(job, binds)
+    if job.runtime == "shifter":  # NERSC: the image and fixed volumes are the job's (#SBATCH --image, --volume)
+        varying = [f"--volume={bind_pair(b)}" for b in binds if "$" in b]  # no shell expands an #SBATCH line
+        return [], ["shifter", *(f"--module={m}" for m in job.shifter_modules), *varying]
     if job.runtime == "oci":  # Slurm's own: srun --container runs the bundle with the site's runtime (oci.conf)
         needed = [f"${job.scratch_var}"] if job.stage else []
         needed += [job.snapshot_dir] if job.snapshot_dir else []
@@ -163,132 +170,6 @@ def enroot_reference(image: str) -> str:
     if sep and ("." in first or ":" in first or first == "localhost"):
         return f"{first}#{rest}"
     return image
-
-
-def bind_pair(bind: str) -> str:
-    """A bind as docker and an EDF must be told it, HOST:INSIDE[:ro]: `/scratch` is Apptainer's "the same path
-    inside", but to docker a lone path is an anonymous volume that `--rm` deletes, with whatever the job wrote."""
-    parts = bind.split(":")
-    read_only = parts[-1] == "ro" and len(parts) > 1
-    if read_only:
-        parts = parts[:-1]
-    host, inside = parts[0], (parts[1] if len(parts) > 1 else parts[0])
-    # a user's --bind stays a UserWord: what it holds is quoted literally when the job starts
-    return type(bind)(f"{host}:{inside}" + (":ro" if read_only else ""))
-
-
-#: A Slurm job's containers, for a site's epilog: dockerd, not the job, is their parent, so a container whose
-#: `docker run` was killed (past KillWait, a node's slurmd restarted) outlives the job and keeps its GPUs.
-SLURM_EPILOG = (
-    f'docker ps -q --filter "label={Label.SLURM_JOB}=$SLURM_JOB_ID" | xargs -r docker rm -f >/dev/null 2>&1 || true'
-)
-
-
-#: The step's Slurm variables a container must see: the ranks (torchrun's PET_* are set from them), and what
-#: TensorFlow's SlurmClusterResolver (SLURM_PROCID, SLURM_STEP_NODELIST, SLURM_STEP_NUM_TASKS,
-#: SLURM_STEP_TASKS_PER_NODE) and JAX's Slurm detection (SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS,
-#: SLURM_PROCID, SLURM_LOCALID) read; Apptainer, pyxis and Slurm's OCI runtime pass the whole environment.
-SLURM_PASSED = (
-    "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NNODES", "SLURM_NODEID", "SLURM_LOCALID", "SLURM_NTASKS",
-    "SLURM_RESTART_COUNT", "SLURM_STEP_ID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_JOB_NODELIST",
-)  # fmt: skip
-
-
-#: What a job's environment says that its container must see too (clusters-4 N18: NCCL_SOCKET_IFNAME was lost):
-#: NCCL's and the transports' interface and fabric choices, Hugging Face's and PyTorch's caches.
-PASSED_ENV = (
-    "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE",
-    "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "HF_HOME", "TORCH_HOME",
-)  # fmt: skip
-
-
-def _docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
-    """`docker run` on the node as the caller, with the step's GPUs, CPUs and memory and the job's variables.
-
-    The container is dockerd's child, not the step's: Slurm's cgroup limits do not reach it, so the step's
-    CPUs (its affinity, as task/affinity or task/cgroup set it) and memory are passed to docker; it is named
-    and labelled with the job, removed when the step ends or is stopped (SIGTERM reaches it through the
-    docker CLI first, so a snapshot can be written), and a site's epilog finds what a SIGKILL left
-    (SLURM_EPILOG)."""
-    # Like Apptainer: the host's network, IPC and PID namespaces (torchrun's node identity is
-    # hostname + pid, which must differ between nodes that share a host in small lab clusters).
-    opts = [
-        "docker",
-        "run",
-        "--rm",
-        "--sig-proxy=false",  # the step's trap stops it, once
-        *(["--pull", "never"] if job.local_image else []),
-        "--network",
-        "host",
-        "--ipc",
-        "host",
-        "--pid",
-        "host",
-        "-v",
-        "$PWD:/workspace",
-        "-w",
-        "/workspace",
-    ]
-    # the step's Slurm facts (the frameworks' own cluster resolvers read them), the job's own network and cache
-    # settings where it sets them, and TensorFlow's worker list (`-e NAME`: unset stays unset)
-    for name in (*SLURM_PASSED, *PASSED_ENV, "IMGBUILD_TF_WORKERS"):
-        opts += ["-e", name]
-    # The caller's UID has no home in the image: a writable one, as `imgbuild run` gives (pip --user, ~/.cache).
-    opts += ["-e", "HOME=/tmp/home"]
-    opts += ["--user", "$(id -u):$(id -g)"]  # files in the working folder are the user's, not root's
-    opts += [
-        "--name",
-        "$name",
-        "--label",
-        f"{Label.SLURM_JOB}=$SLURM_JOB_ID",
-        "--cpus",
-        str(job.cpus_per_task),
-        "--cpuset-cpus",
-        "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
-    ]
-    if job.nccl_debug:
-        opts += ["-e", "NCCL_DEBUG"]
-    if job.snapshot_dir:
-        opts += ["-e", "SNAPSHOT_DIR"]
-    if job.stage:  # the staged data's folder, as Apptainer and pyxis pass it (the host's environment)
-        opts += ["-e", job.scratch_var]
-    for bind in binds:
-        opts += ["-v", bind_pair(bind)]
-    # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
-    memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
-    if not job.gpus:
-        gpus = " -e NVIDIA_VISIBLE_DEVICES=void "
-    else:
-        # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
-        # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
-        step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
-        if job.docker_gpu_flag == "env":
-            gpus = f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
-        elif job.docker_gpu_flag == "cdi":  # CDI names by index: nvidia.com/gpu=N (nvidia-ctk cdi generate)
-            each = "printf -- '--device nvidia.com/gpu=%s ' \"$g\""
-            gpus = f""" $(for g in $(echo "{step_gpus}" | tr , ' '); do {each}; done)"""
-        else:
-            gpus = f' --gpus "\\"device={step_gpus}\\"" '
-    sources = [type(bind)(bind.split(":")[0]) for bind in binds]  # a user's bind stays a UserWord
-    script = [
-        'name="imgbuild-$SLURM_JOB_ID-${SLURM_STEP_ID:-0}-$SLURM_PROCID"',
-        # docker would create a missing folder as root (and an empty one on a node that lacks the mount)
-        *(
-            [
-                f'for d in {shell_words(sources)}; do [ -d "$d" ] || {{ echo "imgbuild: $d: no such folder on '
-                '$(hostname); docker would create it as root" >&2; exit 2; }; done'
-            ]
-            if sources
-            else []
-        ),
-        "trap 'docker rm -f \"$name\" >/dev/null 2>&1 || true' EXIT",
-        # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
-        # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
-        'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
-        shell_words(opts) + memory + gpus + shell_words([job.image]) + ' "$@" & wait "$!"',
-    ]
-    return ["sh", "-c", "; ".join(script), "sh"]
 
 
 def sbatch_script(job: JobSpec) -> str:
@@ -390,10 +271,20 @@ def _header(job: JobSpec) -> list[str]:
         head += [f"#SBATCH --gpus-per-task={job.gpu_type + ':' if job.gpu_type else ''}1"]
     head += [f"#SBATCH --gres={','.join(gres)}"] if gres else []
     head += [f"#SBATCH --mem={job.mem}"] if job.mem else []
+    if job.runtime == "shifter":  # Shifter's Slurm plugin sets the image up on every node before the job starts
+        head += [f"#SBATCH --image=docker:{_sbatch_word(job.image, 'the image')}"]
+        head += [f"#SBATCH --volume={_sbatch_word(bind_pair(b), '--bind')}" for b in _binds(job) if "$" not in b]
     head += [f"#SBATCH --time={job.time}", f"#SBATCH --output={job.output}"]
     if job.requeue:
         head += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{job.signal_lead}", "#SBATCH --open-mode=append"]
     return head
+
+
+def _sbatch_word(text: str, what: str) -> str:
+    """A value for an #SBATCH line, which sbatch reads up to the first space and no shell ever sees."""
+    if not re.fullmatch(r"[A-Za-z0-9._/:@+=,-]{1,1024}", text):
+        raise UsageError(f"{what} {text[:80]!r}: not a plain path or image name, which an #SBATCH line needs")
+    return text
 
 
 def _stage_lines(job: JobSpec) -> list[str]:

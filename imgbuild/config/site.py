@@ -295,7 +295,9 @@ class SlurmSite:
         None,
         doc="requested with --stage (CSC: nvme:100)",
     )
-    runtime: str = typed(OneOf("apptainer", "singularity", "pyxis", "docker", "oci", "edf"), "apptainer")
+    runtime: str = typed(
+        OneOf("apptainer", "singularity", "pyxis", "docker", "oci", "edf", "podman-hpc", "shifter"), "apptainer"
+    )
     sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
     rdzv_host_suffix: str = typed(
@@ -327,6 +329,11 @@ class SlurmSite:
         factory=dict,
         doc="runtime edf (CSCS's Container Engine): hooks for every job's EDF, over the NCCL hook's "
         "(com.hooks.aws_ofi_nccl.variant: cuda12)",
+    )
+    shifter_modules: list[str] = typed(
+        ListOf(Text(matches(_NAME, "not a module name")), max_length=16),
+        factory=list,
+        doc="runtime shifter: the site's Shifter modules every job loads (shifter --module=NAME)",
     )
     sbatch_lines: list[str] = typed(
         ListOf(Text(matches(SBATCH_LINE_RE, "not an sbatch option such as --hint=nomultithread")), max_length=32),
