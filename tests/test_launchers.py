@@ -132,7 +132,13 @@ def test_one_node_tensorflow_and_pytorch_jobs_get_no_tf_config():
     "gpus, nodes, per_gpu, facts",
     [
         (1, 1, False, []),  # one process, one GPU: nothing to tell JAX
-        (4, 1, False, ["JAX_LOCAL_DEVICE_IDS=0,1,2,3"]),  # Slurm's detection would give it GPU 0 alone
+        (
+            4,
+            1,
+            False,
+            ["JAX_LOCAL_DEVICE_IDS=0,1,2,3", "JAX_COORDINATOR_ADDRESS=127.0.0.1:$rdzv_port"],
+        ),  # not GPU 0 alone
+        (2, 1, True, ["JAX_LOCAL_DEVICE_IDS=0", "JAX_COORDINATOR_ADDRESS=127.0.0.1:$rdzv_port"]),
         (2, 2, False, ["JAX_LOCAL_DEVICE_IDS=0,1", "JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port"]),
         (2, 2, True, ["JAX_LOCAL_DEVICE_IDS=0", "JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port"]),  # its only GPU
     ],
@@ -150,6 +156,7 @@ def test_jax_processes_see_their_own_gpus_and_one_coordinator(gpus, nodes, per_g
         assert f'"{fact}"' in step or f" {fact} " in step, step
     assert step.count("JAX_") == len(facts), step
     assert ("head_node=$(scontrol show hostnames" in script) is (nodes > 1)
+    assert ("rdzv_port=$(python3" in script) is bool(facts)
     assert "torchrun" not in step and "TF_CONFIG" not in script
 
 

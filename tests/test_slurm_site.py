@@ -127,28 +127,32 @@ import json, os
 import tensorflow as tf
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
-task = json.loads(os.environ["TF_CONFIG"])["task"]
+task = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]  # none on one node
 total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
 print(f"worker {task['index']} of {strategy.num_replicas_in_sync} sum {float(total):g}", flush=True)
 """
 
 
-def test_a_tensorflow_job_on_two_nodes_runs_one_worker_per_node_that_all_reduce(slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
-    """N16 on the bed: the project's TensorFlow stand-in (real TensorFlow) at 2 nodes: no torchrun, one task per
-    node, each a MultiWorkerMirroredStrategy worker told the cluster in TF_CONFIG; both join and all-reduce."""
+@pytest.mark.parametrize("gpus, nodes", [(2, 1), (1, 2)])
+def test_a_tensorflow_job_runs_one_worker_per_node_that_all_reduce(gpus, nodes, slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
+    """N16 on the bed: the project's TensorFlow stand-in (real TensorFlow), no torchrun: on one node with 2 GPUs one
+    process (MirroredStrategy's layout); on 2 nodes one task per node, each a MultiWorkerMirroredStrategy worker told
+    the cluster in TF_CONFIG; both join and all-reduce."""
     monkeypatch.setenv("SLURM_CONF", slurm)
     config = tmp_path / "config.yaml"
     config.write_text("run: {gpu_flag: env}\n")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
     (tmp_path / "train.py").write_text(TF_TRAIN)
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/tensorflow:24.05-tf2-py3"
-    job = submit(tmp_path, image, "--gpus", "1", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1")
+    job = submit(
+        tmp_path, image, "--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", "v100", "--cpus-per-gpu", "1"
+    )
     state = wait_for(job, slurm, timeout=600)
     output = (tmp_path / f"out-{job}.txt").read_text()
     assert state == "COMPLETED", output[-3000:]
     assert "torchrun" not in output
     found = sorted(re.findall(r"worker [0-9] of [0-9]+ sum [0-9.]+", output))
-    assert found == ["worker 0 of 2 sum 2", "worker 1 of 2 sum 2"], output[-3000:]
+    assert found == [f"worker {w} of {nodes} sum {nodes}" for w in range(nodes)], output[-3000:]
 
 
 #: A JAX user's multi-process script, as JAX's own guide writes it: initialize() with no arguments, then every
@@ -162,10 +166,12 @@ jax.distributed.shutdown()
 """
 
 
-def test_a_jax_job_on_two_nodes_joins_one_coordinator(slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("gpus, nodes", [(2, 1), (1, 2)])
+def test_a_jax_job_joins_one_coordinator(gpus, nodes, slurm, testbed, tmp_path, monkeypatch):  # noqa: F811
     """JAX on the bed: an image of NGC's nvidia/jax repository name (the bed's: the 24.05 stand-in with PyPI's jax
-    added by a recipe) at 2 nodes: no torchrun, one process per node, both joined to the coordinator imgbuild names
-    on the first node's address (JAX's own Slurm guess, the node's host name, does not resolve in a container)."""
+    added by a recipe): no torchrun, one process per node, all joined to the coordinator imgbuild names (the first
+    node's address, this node's loopback on one node; JAX's own Slurm guess, the node's host name, does not resolve
+    in the bed's containers) and given every GPU of their node."""
     monkeypatch.setenv("SLURM_CONF", slurm)
     config = tmp_path / "config.yaml"
     config.write_text("run: {gpu_flag: env}\n")
@@ -180,12 +186,13 @@ def test_a_jax_job_on_two_nodes_joins_one_coordinator(slurm, testbed, tmp_path, 
     subprocess.run(["docker", "tag", made, image], check=True)
     try:
         (tmp_path / "train.py").write_text(JAX_TRAIN)
-        job = submit(tmp_path, image, "--gpus", "1", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1")
+        flags = ("--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", "v100", "--cpus-per-gpu", "1")
+        job = submit(tmp_path, image, *flags)
         state = wait_for(job, slurm, timeout=600)
         output = (tmp_path / f"out-{job}.txt").read_text()
         assert state == "COMPLETED", output[-3000:]
         found = sorted(re.findall(r"process [0-9] of [0-9]+ local devices [0-9]+", output))
-        assert found == ["process 0 of 2 local devices 1", "process 1 of 2 local devices 1"], output[-3000:]
+        assert found == [f"process {p} of {nodes} local devices 1" for p in range(nodes)], output[-3000:]
     finally:
         subprocess.run(["docker", "rmi", image, made], capture_output=True)
 

@@ -66,7 +66,13 @@ def _rendezvous_lines(job: Any) -> list[str]:
         "# of this job's own, so two jobs sharing a node never join each other's.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         head,
-        "# This script runs on that first node: a port free there now, from the kernel (job ids 10000 apart",
+        *_port_lines(job),
+    ]
+
+
+def _port_lines(job: Any) -> list[str]:
+    return [
+        "# This script runs on the first node: a port free there now, from the kernel (job ids 10000 apart",
         "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
         "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
         f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
@@ -76,18 +82,18 @@ def _rendezvous_lines(job: Any) -> list[str]:
 def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
     """JAX: `jax.distributed.initialize()` finds Slurm by itself, but gives each process the one GPU numbered as
     its local rank and a coordinator at the first node's host name, on a port from the job id. So: every GPU the
-    task sees is its own (one task per node: all of them; one task per GPU: its only one, device 0), and on several
-    nodes the coordinator is the first node's address, on a port free there now (JAX_COORDINATOR_ADDRESS and
-    JAX_LOCAL_DEVICE_IDS, which it reads before asking Slurm)."""
+    task sees is its own (one task per node: all of them; one task per GPU: its only one, device 0), and the
+    coordinator is the first node's address (on one node, its loopback) on a port free there now
+    (JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS, which JAX reads before asking Slurm)."""
     facts = []
     if job.gpus > 1 or job.task_per_gpu:
         devices = "0" if job.task_per_gpu else ",".join(str(i) for i in range(job.gpus))
         facts.append(f"JAX_LOCAL_DEVICE_IDS={devices}")
-    if job.nodes > 1:
-        facts.append("JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port")
-    if not facts:
+    if not facts and job.nodes == 1:
         return [], command
-    return (_rendezvous_lines(job) if job.nodes > 1 else []), ["env", *facts, *command]
+    if job.nodes == 1:  # this node: its loopback, a port of its own (Slurm's guess is the node's host name)
+        return ["", *_port_lines(job)], ["env", *facts, "JAX_COORDINATOR_ADDRESS=127.0.0.1:$rdzv_port", *command]
+    return _rendezvous_lines(job), ["env", *facts, "JAX_COORDINATOR_ADDRESS=$head_node:$rdzv_port", *command]
 
 
 #: Each TensorFlow task's TF_CONFIG (MultiWorkerMirroredStrategy reads it): the job's workers (ADDRESS:PORT,
