@@ -186,6 +186,36 @@ def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
         assert "PET_RDZV_ENDPOINT" not in step
 
 
+def test_accelerate_launch_on_one_node_is_told_one_process_per_gpu_and_the_users_flags_win():
+    step = step_line(sbatch_script(JobSpec(["accelerate", "launch", "--num_processes=1", "train.py"], "x.sif", gpus=2)))
+    assert step.endswith("accelerate launch --num_processes=2 --multi_gpu --num_processes=1 train.py"), step
+    alone = step_line(sbatch_script(JobSpec(["accelerate", "launch", "train.py"], "x.sif", gpus=1)))
+    assert alone.endswith("accelerate launch --num_processes=1 train.py") and "--multi_gpu" not in alone
+
+
+def test_accelerate_launch_across_nodes_gets_the_machines_the_rendezvous_and_each_nodes_rank(tmp_path):
+    """accelerate reads its own flags (huggingface/accelerate `prepare_multi_gpu_env`), not torchrun's PET_*:
+    each node's accelerate is told the machines, the processes, the c10d rendezvous the script found, and its own
+    rank, Slurm's node ID as the task sees it (the step's own shell runs the words, as a task does)."""
+    import subprocess
+
+    script = sbatch_script(JobSpec(["accelerate", "launch", "--mixed_precision", "bf16", "train.py"], "x.sif",
+                                   gpus=2, nodes=2))  # fmt: skip
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST"' in script and "PET_" not in script
+    step = step_line(script)
+    words = step[step.index("sh -c ") :]
+    fake = tmp_path / "accelerate"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    run = words.replace(" accelerate ", f" {fake} ", 1)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_NODEID": "1", "head_node": "10.0.0.1", "rdzv_port": "41000"}
+    told = subprocess.run(["bash", "-c", run], capture_output=True, text=True, env=env, timeout=30).stdout.split("\n")
+    assert told[:2] == ["launch", "--machine_rank"] and told[2] == "1"
+    assert told[3:11] == ["--num_processes=4", "--multi_gpu", "--num_machines=2", "--main_process_ip=10.0.0.1",
+                          "--main_process_port=41000", "--rdzv_backend=c10d", "--mixed_precision", "bf16"]  # fmt: skip
+    assert told[11] == "train.py"
+
+
 def test_the_natural_pytorch_command_still_gets_torchrun():
     step = step_line(sbatch_script(JobSpec(["python3", "train.py"], "x.sif", gpus=2, framework="pytorch")))
     assert "torchrun --standalone --nproc-per-node=2 train.py" in step

@@ -238,6 +238,35 @@ def test_a_podman_hpc_job_on_two_nodes_is_one_training_with_the_steps_variables(
     assert found == [(str(r), "4", str(r // 2), podman_job) for r in range(4)], output[-3000:]
 
 
+def test_accelerate_launch_typed_by_the_user_runs_one_process_per_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
+    """`accelerate launch train.py` as typed, one node x 2 GPUs: accelerate reads its own flags, not torchrun's
+    variables, and by itself counts the GPUs it sees (none on the bed); told one process per GPU, its two ranks
+    form one world. The image: the 24.05 stand-in with PyPI's accelerate added by a recipe, run by the docker
+    runtime from this machine's engine. Across nodes the flags are checked by the script only
+    (tests/test_launchers.py): the bed's two nodes share one address, so the second node's torchrun agent also
+    serves the rendezvous port, which accelerate's own check on the first node then finds taken."""
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "accbed.yaml"
+    recipe.write_text(
+        'name: accbed\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate]\n'
+    )
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    job = submit(
+        tmp_path, str(recipe), "--gpus", "2", "--cpus-per-gpu", "1", command=("accelerate", "launch", "train.py")
+    )
+    try:
+        state = wait_for(job, slurm)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": slurm})
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert state == "COMPLETED", output[-3000:]
+    found = sorted(
+        re.findall(r"rank ([0-9]) of ([0-9]) node ([0-9]) job [0-9]+ cpus [0-9]+ threads [0-9]+ sum ([0-9])", output)
+    )
+    assert found == [(str(r), "2", "0", "2") for r in range(2)], output[-3000:]
+
+
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
     """The same `python3 train.py` at 2 GPUs on one node (torchrun --standalone) and at 1 GPU (no torchrun).
     One CPU asked for: the container gets one of the node's two (the step's, through --cpuset-cpus)."""

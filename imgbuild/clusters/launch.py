@@ -16,6 +16,8 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
     if job.self_launching:  # given the rendezvous by the variables torchrun (PET_*) and others (MASTER_*) read
         facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
+        if command[0].rsplit("/", 1)[-1] == "accelerate" and command[1:2] == ["launch"]:
+            return accelerate_launch(job, command)
         if job.nodes == 1:
             return [], ["env", *facts, *command]
         facts += [
@@ -77,6 +79,28 @@ def _port_lines(job: Any) -> list[str]:
         "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
         f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
     ]
+
+
+#: `accelerate launch` on each node as that node: its rank is known only inside the task (Slurm's node ID).
+ACCELERATE_NODE = 'exec "$0" launch --machine_rank "$SLURM_NODEID" "$@"'
+
+
+def accelerate_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
+    """`accelerate launch` reads its own flags, not torchrun's variables (huggingface/accelerate
+    `utils/launch.py` `prepare_multi_gpu_env`): it is given the processes (one per GPU; by itself it counts the
+    GPUs it sees) and, across nodes, the machines, the rendezvous (c10d, so torchrun assigns the ranks) and each
+    node's rank. The user's own flags come after and win."""
+    processes = max(job.gpus, 1) * job.nodes
+    told = [f"--num_processes={processes}", *(["--multi_gpu"] if processes > 1 else [])]
+    if job.nodes == 1:
+        return [], [command[0], "launch", *told, *command[2:]]
+    told += [
+        f"--num_machines={job.nodes}",
+        "--main_process_ip=$head_node",
+        "--main_process_port=$rdzv_port",
+        "--rdzv_backend=c10d",
+    ]
+    return _rendezvous_lines(job), ["sh", "-c", ACCELERATE_NODE, command[0], *told, *command[2:]]
 
 
 def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
