@@ -35,7 +35,7 @@ ARCHIVES = (".tar.gz", ".zip", ".tar.bz2", ".tgz")
 MACHINE = platform.machine()
 
 
-def shell_words(value):
+def _words(value):
     return value.split() if isinstance(value, str) else []
 
 
@@ -55,7 +55,7 @@ def _pip_conf(environ):
     with contextlib.suppress(configparser.Error, UnicodeDecodeError):
         conf.read(environ.get("PIP_CONFIG_FILE") or "/nonexistent")
     found = conf["global"] if conf.has_section("global") else {}
-    return found.get("index-url", "").strip(), shell_words(found.get("extra-index-url", ""))
+    return found.get("index-url", "").strip(), _words(found.get("extra-index-url", ""))
 
 
 def index_urls(command, environ=os.environ):
@@ -69,14 +69,14 @@ def index_urls(command, environ=os.environ):
     for key in ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "PIP_INDEX_URL"):
         primary = primary or (environ.get(key) or "").strip()
     for key in ("UV_EXTRA_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
-        extra += shell_words(environ.get(key))
+        extra += _words(environ.get(key))
     conf_primary, conf_extra = _pip_conf(environ)
     urls = [primary or conf_primary or "https://pypi.org/simple", *extra, *conf_extra]
     return [u for i, u in enumerate(urls) if u not in urls[:i] and u.startswith(("http://", "https://"))]
 
 
 def trusted_hosts(command, environ=os.environ):
-    hosts = shell_words(environ.get("UV_INSECURE_HOST")) + shell_words(environ.get("PIP_TRUSTED_HOST"))
+    hosts = _words(environ.get("UV_INSECURE_HOST")) + _words(environ.get("PIP_TRUSTED_HOST"))
     hosts += [value for option, value in _file_options(command) if option == "--trusted-host"]
     return {h.strip().split(":")[0] for h in hosts}
 
