@@ -66,6 +66,16 @@ def built_recipe(folder: Path, name: str, cleanup_images: list[str]) -> Path:
     return recipe
 
 
+def ended(job: str, conf: str, output: Path, timeout: float = 300) -> tuple[str, str]:
+    """The job's last state and its output; a job still running at the timeout is cancelled, never left holding the
+    bed's nodes for the next test."""
+    try:
+        state = wait_for(job, conf, timeout)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": conf})
+    return state, output.read_text()
+
+
 def ranks(output: str) -> list[str]:
     """Each rank's report (two ranks' writes to the job's output may land on one line)."""
     found = re.findall(
@@ -147,8 +157,7 @@ def test_a_tensorflow_job_runs_one_worker_per_node_that_all_reduce(gpus, nodes, 
     job = submit(
         tmp_path, image, "--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", "v100", "--cpus-per-gpu", "1"
     )
-    state = wait_for(job, slurm, timeout=600)
-    output = (tmp_path / f"out-{job}.txt").read_text()
+    state, output = ended(job, slurm, tmp_path / f"out-{job}.txt", timeout=600)
     assert state == "COMPLETED", output[-3000:]
     assert "torchrun" not in output
     found = sorted(re.findall(r"worker [0-9] of [0-9]+ sum [0-9.]+", output))
@@ -188,8 +197,7 @@ def test_a_jax_job_joins_one_coordinator(gpus, nodes, slurm, testbed, tmp_path, 
         (tmp_path / "train.py").write_text(JAX_TRAIN)
         flags = ("--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", "v100", "--cpus-per-gpu", "1")
         job = submit(tmp_path, image, *flags)
-        state = wait_for(job, slurm, timeout=600)
-        output = (tmp_path / f"out-{job}.txt").read_text()
+        state, output = ended(job, slurm, tmp_path / f"out-{job}.txt", timeout=600)
         assert state == "COMPLETED", output[-3000:]
         found = sorted(re.findall(r"process [0-9] of [0-9]+ local devices [0-9]+", output))
         assert found == [f"process {p} of {nodes} local devices 1" for p in range(nodes)], output[-3000:]
@@ -228,11 +236,7 @@ def test_a_podman_hpc_job_on_two_nodes_is_one_training_with_the_steps_variables(
                   "train.py", cwd=tmp_path)  # fmt: skip
     assert res.code == 0, res.err
     podman_job = res.out.split()[-1]
-    try:
-        state = wait_for(podman_job, slurm)
-    finally:
-        subprocess.run(["scancel", podman_job], capture_output=True, env={**os.environ, "SLURM_CONF": slurm})
-    output = (tmp_path / f"pod-{podman_job}.txt").read_text()
+    state, output = ended(podman_job, slurm, tmp_path / f"pod-{podman_job}.txt")
     assert state == "COMPLETED", output[-3000:]
     found = sorted(re.findall(r"rank ([0-9]) of ([0-9]) node ([0-9]) job ([0-9]+)", output))
     assert found == [(str(r), "4", str(r // 2), podman_job) for r in range(4)], output[-3000:]
@@ -255,11 +259,7 @@ def test_accelerate_launch_typed_by_the_user_runs_one_process_per_gpu(gpu_site, 
     job = submit(
         tmp_path, str(recipe), "--gpus", "2", "--cpus-per-gpu", "1", command=("accelerate", "launch", "train.py")
     )
-    try:
-        state = wait_for(job, slurm)
-    finally:
-        subprocess.run(["scancel", job], capture_output=True, env={**os.environ, "SLURM_CONF": slurm})
-    output = (tmp_path / f"out-{job}.txt").read_text()
+    state, output = ended(job, slurm, tmp_path / f"out-{job}.txt")
     assert state == "COMPLETED", output[-3000:]
     found = sorted(
         re.findall(r"rank ([0-9]) of ([0-9]) node ([0-9]) job [0-9]+ cpus [0-9]+ threads [0-9]+ sum ([0-9])", output)
