@@ -304,7 +304,7 @@ def collect(settings: Settings, engine_info: dict[str, Any]) -> HostFacts:
     if driver is not None:
         try:
             seen: dict[int, dict[str, Any]] = {}
-            for gpu in read_gpus(getattr(settings, "gpu_snapshot", None)):  # a MIG GPU's slices: one line
+            for gpu in read_gpus(settings.gpu_snapshot):  # a MIG GPU's slices: one line
                 entry = seen.setdefault(
                     gpu.index, {"index": gpu.index, "name": gpu.name, "capability": gpu.compute_cap}
                 )
