@@ -194,3 +194,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("root")
     if marker is not None and os.geteuid() != 0:
         pytest.skip(f"needs root: {marker.args[0] if marker.args else 'by nature'}")
+
+
+# --- a real Slurm (tests/testbed/slurm-up), for the modules that submit jobs -------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    proc = subprocess.run([str(ROOT / "tests/testbed/slurm-up")], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"slurm did not come up:\n{proc.stderr[-2000:]}", pytrace=False)
+    conf = next(line.split("=", 1)[1] for line in proc.stdout.splitlines() if line.startswith("SLURM_CONF="))
+    return conf

@@ -132,7 +132,7 @@ def test_what_verify_refuses(case, expected, keys):
     assert verdicts(registry, keys, **kwargs) == expected
 
 
-def test_the_documents_say_what_the_issue_asks():
+def test_the_sbom_and_provenance_name_the_base_the_packages_and_the_inputs():
     description = made()
     sbom = attest.sbom(description)
     components = {c["bom-ref"]: c for c in sbom["components"]}

@@ -17,6 +17,7 @@ import pytest
 
 from tests.pipstep import guard_folder
 from tests.pipstep import wheel as _wheel
+from tests.support import real_base
 
 
 @pytest.fixture
@@ -104,17 +105,6 @@ def test_a_resolve_only_run_installs_nothing_and_checks_nothing(env):
 # --- before anything is fetched: a requirement that names another CUDA's build (plan time) ---------------
 
 
-def _real_base(key: str):
-    from imgbuild import ngc
-    from imgbuild.pipeline import plan
-    from tests.ngc_facts import REAL
-
-    release = REAL[key]
-    env = release.config_env("amd64")
-    config = {"config": {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": release.labels("amd64")}}
-    return plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", env=env, facts=ngc.describe_config(config))
-
-
 @pytest.mark.parametrize(
     ("spec", "on_cuda13", "cure"),
     [
@@ -139,7 +129,7 @@ def test_a_requirement_for_another_cuda_major_is_refused_at_plan_time_on_a_real_
 
     from imgbuild.pipeline import plan
 
-    cuda13, cuda12 = _real_base("pytorch:25.10-py3"), _real_base("pytorch:24.05-py3")
+    cuda13, cuda12 = real_base("pytorch:25.10-py3"), real_base("pytorch:24.05-py3")
     found = plan._conflict(Requirement(spec), cuda13)
     if on_cuda13 is None:
         assert found is None
@@ -156,9 +146,9 @@ def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import settings
+    from tests.support import settings
 
-    base = _real_base("pytorch:25.10-py3")
+    base = real_base("pytorch:25.10-py3")
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text('name: r\nbase: {framework: pytorch, tag: "25.10"}\npip:\n  packages: [einops, "jax[cuda12]"]\n')
@@ -180,11 +170,11 @@ def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has
     from imgbuild.pipeline.resolve import cures_checked
     from imgbuild.recipe import load_recipe
     from tests.fake_index import FakeIndex, Release
-    from tests.test_recipe_render import settings
+    from tests.support import settings
 
     index = FakeIndex("127.0.0.1", {"cupy-cuda13x": [Release("13.6.0")]})
     url = index.url if reachable else "http://127.0.0.1:9/simple"
-    base = _real_base("pytorch:25.10-py3")
+    base = real_base("pytorch:25.10-py3")
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
@@ -279,11 +269,11 @@ def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_p
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from imgbuild.registry import pypi
-    from tests.test_recipe_render import settings
+    from tests.support import settings
 
     asked = []
     monkeypatch.setattr(pypi, "has_project", lambda index, name, **kw: asked.append(name))  # None: no answer
-    base = _real_base("pytorch:25.10-py3")
+    base = real_base("pytorch:25.10-py3")
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     names = [f"lib{c}-cu12" for c in "abcdefghij"]  # each refused, each cure a -cu13 project

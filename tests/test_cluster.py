@@ -17,19 +17,12 @@ from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.settings import load_settings
 from imgbuild.config.site import slurm_site
 from imgbuild.errors import UsageError
-from imgbuild.pipeline.plan import make_plan
 from imgbuild.pipeline.render import apptainer_definition
-from imgbuild.recipe import load_recipe
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli, use_site_config
+from tests.support import plan_of, step_line, wait_for
 
 DIGEST = "sha256:" + "cd" * 32
-
-
-def plan_of(recipe: Path):
-    config = {"config": {"Env": ["PYTORCH_VERSION=2.13.0+cpu", "CUDA_VERSION=12.4.1.003"]}}
-    settings = load_settings({"user": "lab", "ngc_registry": "nvcr.io"}, environ={})
-    return make_plan(load_recipe(recipe), settings, lambda ref: (DIGEST, config))
 
 
 def parse(text: str, tmp_path: Path):
@@ -95,14 +88,6 @@ def test_export_cli_writes_the_definition_and_says_how_to_build(tmp_path):
     assert res.code == 0, res.err
     assert (tmp_path / "tf.def").read_text().startswith("# Apptainer definition rendered by imgbuild")
     assert "apptainer is not installed here" in res.err
-
-
-def step_line(script: str) -> str:
-    """The job's step: the srun that runs the command (not the staging or sampling ones)."""
-    for line in script.splitlines():
-        if line.startswith("srun ") and not line.startswith(('srun --ntasks="$SLURM_NNODES"', "srun --overlap")):
-            return line.removesuffix(" || status=$?").removesuffix(" &")
-    raise AssertionError("no step in the script")
 
 
 def test_sbatch_single_gpu_follows_cluster_conventions():
@@ -189,29 +174,6 @@ def test_bash_accepts_every_generated_script(tmp_path):
 
 
 # --- a real Slurm ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    proc = subprocess.run([str(ROOT / "tests/testbed/slurm-up")], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"slurm did not come up:\n{proc.stderr[-2000:]}", pytrace=False)
-    conf = next(line.split("=", 1)[1] for line in proc.stdout.splitlines() if line.startswith("SLURM_CONF="))
-    return conf
-
-
-def wait_for(job_id: str, conf: str, timeout: float = 300) -> str:
-    deadline = time.monotonic() + timeout
-    state = ""
-    while time.monotonic() < deadline:
-        out = subprocess.run(
-            ["scontrol", "show", "job", job_id], capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
-        ).stdout
-        state = re.search(r"JobState=(\w+)", out).group(1) if "JobState=" in out else "GONE"
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "GONE"):
-            return state
-        time.sleep(1)
-    return state
 
 
 @pytest.mark.engine
@@ -719,7 +681,6 @@ def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refuse
     failed); a site mount whose folder did not exist yet was created by dockerd as root."""
     import json
 
-    from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.servers.run import RunRequest, prepare, start_detached
 
@@ -737,7 +698,7 @@ def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refuse
         start_detached(FakeEngine(), spec)
 
 
-def test_n14_no_empty_labels_in_a_sif_and_no_usage_folder_left_behind():
+def test_a_sif_carries_no_empty_labels_and_a_job_leaves_no_usage_folder():
     """Issue 31 N14: `export --apptainer` wrote empty base labels over the built image's real ones; every job
     left an imgbuild-usage-<jobid>/ folder in the submit directory."""
     plan = plan_of(ROOT / "recipes/pytorch-research.yaml")

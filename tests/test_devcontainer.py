@@ -14,7 +14,7 @@ from imgbuild.config.site import run_rules
 from imgbuild.errors import UsageError
 from tests import ngc_facts
 from tests.conftest import run_cli, use_site_config
-from tests.test_cluster import plan_of
+from tests.support import plan_of
 
 
 def test_the_document_carries_the_run_rules_and_the_recipes_user(tmp_path):

@@ -75,11 +75,10 @@ def test_the_cure_for_another_cuda_is_imgbuilds_own_words_applied(recipe, tmp_pa
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
-    from tests.test_base_files import _real_base
-    from tests.test_recipe_render import settings
+    from tests.support import real_base, settings
 
     (tmp_path / ".git").mkdir()
-    base = _real_base("pytorch:25.10-py3")
+    base = real_base("pytorch:25.10-py3")
     config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
     recipe.write_text(RECIPE.replace(", srcpkg", ""))
     with pytest.raises(RecipeError) as err:

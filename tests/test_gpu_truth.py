@@ -18,6 +18,7 @@ from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.gpu.fleet import GpuFacts, driver_verdict, judge, judge_tag, parse_target, parse_targets
 from imgbuild.payload import smoke_image as script
+from tests.support import fake_inspect
 
 PRINT = Probe("test", "print()", "TEST ")
 
@@ -360,7 +361,6 @@ from imgbuild.errors import SmokeFailed  # noqa: E402
 from imgbuild.pipeline import build as pipeline  # noqa: E402
 from imgbuild.pipeline.plan import make_plan  # noqa: E402
 from imgbuild.recipe import load_recipe  # noqa: E402
-from tests.test_recipe_render import fake_inspect  # noqa: E402
 
 TARGET = "alice/demo:v1"
 CUDA13 = {"cuda": "13.0", "arch_list": TORCH_CU130.split()}
@@ -383,7 +383,7 @@ def _build(tmp_path: Path, engine: FakeEngine, extra: str = "", **flags):
 
 
 def _snapshot(tmp_path: Path, driver: str = "") -> str:
-    from tests.test_run_gpus import server
+    from tests.support import server
 
     path = tmp_path / "snap.json"
     gpus = [g.to_json() for g in server("dgx-a100")]
@@ -764,7 +764,7 @@ REVIEW_FALSE_PASSES = [
 
 
 @pytest.mark.parametrize(("cuda", "archs", "target", "driver", "runs", "words"), REVIEW_FALSE_PASSES)
-def test_the_reviews_false_verdicts(cuda, archs, target, driver, runs, words):
+def test_a_fleet_verdict_follows_the_cuda_minor_the_gpu_and_the_drivers_branch(cuda, archs, target, driver, runs, words):
     (verdict,) = judge(GpuFacts("img", cuda, archs, "test"), parse_targets(target), driver)
     assert verdict.runs is runs and words in verdict.reason, verdict.reason
 
@@ -844,7 +844,7 @@ def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path):
     from imgbuild.config.site import RunRules, checked_section
     from imgbuild.servers.holds import gpu_claims
     from imgbuild.servers.ledger import Ledger
-    from tests.test_run_gpus import server
+    from tests.support import server
 
     gpus = server("dgx-a100")
     free = [g.uuid for g in gpus if not g.processes]
@@ -875,7 +875,7 @@ def test_a_users_smoke_test_counts_against_their_gpu_quota(tmp_path):
     from imgbuild.config.site import RunRules, checked_section
     from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.servers.ledger import Ledger
-    from tests.test_run_gpus import server
+    from tests.support import server
 
     free = [g.uuid for g in server("dgx-a100") if not g.processes]
     state = tmp_path / "state"

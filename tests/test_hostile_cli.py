@@ -11,7 +11,7 @@ from imgbuild.errors import RecipeError
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.conftest import run_cli
-from tests.test_recipe_render import DIGEST, STANDIN_CONFIG, fake_inspect, settings
+from tests.support import DIGEST, STANDIN_CONFIG, fake_inspect, settings
 
 HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'
 
@@ -68,7 +68,7 @@ def test_requirements_file_conflicts_are_all_reported_with_their_lines(write):
 def test_a_base_config_with_a_multiline_version_never_reaches_the_context(env_value, write, tmp_path):
     """The image config comes from a registry: a newline in PYTORCH_VERSION must not become a pip option
     in constraints.txt or an instruction in the Dockerfile."""
-    from tests.test_recipe_render import render_context
+    from tests.support import render_context
 
     config = json.loads(json.dumps(STANDIN_CONFIG))
     config["config"]["Env"] = [e for e in config["config"]["Env"] if not e.startswith("PYTORCH_VERSION=")]
@@ -81,7 +81,7 @@ def test_a_base_config_with_a_multiline_version_never_reaches_the_context(env_va
 
 
 def test_a_malformed_digest_from_the_registry_is_not_pinned(write, tmp_path):
-    from tests.test_recipe_render import render_context
+    from tests.support import render_context
 
     path = write("r.yaml", HEAD)
     plan = make_plan(load_recipe(path), settings(), lambda ref: ("sha256:abc\nRUN id", STANDIN_CONFIG))

@@ -352,7 +352,7 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
 
     from imgbuild.config.settings import load_settings
     from imgbuild.pipeline.plan import make_plan
-    from tests.test_recipe_render import render_context
+    from tests.support import render_context
 
     path = repo / "recipe.yaml"
     path.write_text(HEAD + "run:\n  - " + json.dumps(run_command) + "\nfiles: [{src: here.txt, dest: /opt/here.txt}]\n")
@@ -369,7 +369,7 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
 def test_workdir_with_a_space_is_quoted_for_the_user_script(repo, tmp_path):
     from imgbuild.config.settings import load_settings
     from imgbuild.pipeline.plan import make_plan
-    from tests.test_recipe_render import render_context
+    from tests.support import render_context
 
     path = repo / "recipe.yaml"
     path.write_text(HEAD + "user: alice\nworkdir: /work space\n")
@@ -400,7 +400,7 @@ def test_a_secret_written_literally_is_never_rendered(repo, tmp_path, monkeypatc
 def test_files_copy_symlinks_inside_the_repository_as_content(repo, tmp_path):
     from imgbuild.config.settings import load_settings
     from imgbuild.pipeline.plan import make_plan
-    from tests.test_recipe_render import render_context
+    from tests.support import render_context
 
     (repo / "data").mkdir()
     (repo / "data" / "a.txt").write_text("A")

@@ -288,7 +288,7 @@ def test_21_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, 
 def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
     """probe-3 #7: CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
     from imgbuild.pipeline.plan import make_plan
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "recipe.yaml"
@@ -304,7 +304,7 @@ def test_7_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
 @pytest.mark.parametrize("name", ["nvidia-ml-py==12.535.161", "nvidia-dali-cuda120==1.40.0", "nvidia-modelopt==0.15"])
 def test_7_nvidia_packages_that_are_not_cuda_libraries_may_be_pinned(name, tmp_path):
     from imgbuild.pipeline.plan import make_plan
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "recipe.yaml"
@@ -651,7 +651,7 @@ def test_2_a_fifo_at_a_users_notices_file_never_blocks_root(tmp_path, monkeypatc
     import os
 
     from imgbuild.servers.reap import write_notice
-    from tests.test_reap import users_home
+    from tests.support import users_home
 
     home = users_home(tmp_path, monkeypatch)
     os.mkfifo(home / "imgbuild-notices.txt")
@@ -935,7 +935,7 @@ def test_19_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(
 def _native(tmp_path, body: str) -> str:
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.pipeline.render import apptainer_definition
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir(exist_ok=True)
     (tmp_path / "a.txt").write_text("a")

@@ -10,7 +10,7 @@ from imgbuild.errors import RecipeError
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.conftest import run_cli
-from tests.test_recipe_render import fake_inspect, settings
+from tests.support import fake_inspect, settings
 
 HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'
 TOKEN = "ghp_" + "Q" * 36

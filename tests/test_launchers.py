@@ -21,7 +21,7 @@ from imgbuild.clusters.launch import launches_itself
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import UsageError
-from tests.test_cluster import step_line
+from tests.support import step_line
 
 TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -307,3 +307,13 @@ def test_the_gitignore_check_sees_a_file_in_a_build_folder(tmp_path):
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     found = subprocess.run(["git", "-C", str(repo), "check-ignore", "pkg/build/plan.py"], capture_output=True)
     assert found.returncode == 0 and found.stdout.strip() == b"pkg/build/plan.py"
+
+
+def test_no_test_module_imports_another():
+    """Helpers several test modules share live in tests/support.py (fixtures in conftest.py): a test module that
+    imports another runs that module's import-time work and ties two files' fates together."""
+    found = {
+        path.name: sorted(n for n in _imports(path) if n.startswith("tests.test_"))
+        for path in sorted((PACKAGE.parent / "tests").glob("test_*.py"))
+    }
+    assert not {name: mods for name, mods in found.items() if mods}

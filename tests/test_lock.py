@@ -60,7 +60,7 @@ def test_a_hashed_lock_is_installed_with_its_hashes_in_the_lock_layer_only(tmp_p
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     recipe = _recipe(tmp_path, f"# header\neinops==0.8.1  --hash=sha256:{H2} --hash=sha256:{H1}  # two wheels\n")
     loaded = load_recipe(recipe)
@@ -195,7 +195,7 @@ def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"

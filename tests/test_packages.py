@@ -19,6 +19,7 @@ import pytest
 from imgbuild.payload import smoke_image as script
 from tests.conftest import bridge_gateway, run_cli
 from tests.pipstep import guard_folder
+from tests.support import guard_module
 
 
 def _dist(site: Path, name: str, version: str, module: str, body: str = "", top_level: bool = True) -> None:
@@ -313,7 +314,7 @@ def test_requirement_lines_that_cannot_work_in_an_image_are_named(tmp_path, line
 def test_a_framework_pin_in_a_nested_file_is_reported_at_its_line(tmp_path):
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     loaded = _load(tmp_path, {"requirements.txt": "einops\n-r deep.txt\n", "deep.txt": "tqdm\ntorch==2.1.1\n"})
     with pytest.raises(RecipeError) as err:
@@ -580,7 +581,7 @@ def _conflicts(tmp_path: Path, pip: str, files: dict[str, str] | None = None) ->
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir(exist_ok=True)
     for name, text in (files or {}).items():
@@ -643,7 +644,7 @@ def test_a_build_reads_the_base_pins_once_and_stops_before_building(tmp_path):
     from imgbuild.pipeline import build as pipeline
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import DIGEST, fake_inspect
+    from tests.support import DIGEST, fake_inspect
 
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
@@ -687,7 +688,6 @@ def test_the_base_pins_are_read_in_the_real_base_and_every_conflict_named_before
 
 # --- a bounded resolver (issue 19 item 5) ------------------------------------------------------------------
 
-GUARD = Path(__file__).parent.parent / "imgbuild" / "templates" / "pip-guard.py"
 FAKE_PIP = """
 import os, sys, time
 open(sys.argv[1], "w").write(str(os.getpid()))
@@ -736,16 +736,6 @@ def test_the_guard_passes_pip_through_when_it_stays_within_bounds(tmp_path):
         "each likely needs another version of a package the base pins (its framework?); pin hogpkg to a version "
         "made for the base"
     )
-
-
-def _guard_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pip_guard", GUARD)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PIP_CONFLICT = """Collecting hogpkg
@@ -871,7 +861,7 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
     ],
 )
 def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why, monkeypatch):
-    guard = _guard_module()
+    guard = guard_module()
     monkeypatch.setattr(guard.shutil, "which", lambda name: f"/usr/bin/{name}")  # a base with a compiler
     watch = guard.Watch()
     for line in output.splitlines():
@@ -882,7 +872,7 @@ def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, w
 def test_a_source_build_to_be_built_against_the_base_names_the_compiler_the_base_lacks_in_the_same_line(monkeypatch):
     """torchsort on the slim stand-in took a round for pip.no_build_isolation and another for the compiler: the
     line that names the field names the compiler too, where the base has none."""
-    guard = _guard_module()
+    guard = guard_module()
     monkeypatch.setattr(guard.shutil, "which", lambda name: None)
     watch = guard.Watch()
     for line in ("error: Failed to download and build `srcpkg==1.0`", "ModuleNotFoundError: No module named 'torch'"):
@@ -1164,7 +1154,7 @@ def test_the_guard_reads_its_bounds_from_the_steps_secret_or_the_environment_as_
 ):
     """The bounds arrive as a secret on BuildKit and Buildah (no layer's cache key holds them), in the environment
     for `imgbuild lock` and the sdk backend. Anything but ASCII digits is no bound, never an error."""
-    guard = _guard_module()
+    guard = guard_module()
     path = tmp_path / "imgbuild-pip-bounds"
     if secret is not None:
         path.write_bytes(secret.encode("utf-8", "surrogateescape") if "\xff" not in secret else b"\x00\xff garbage")

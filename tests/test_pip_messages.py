@@ -77,9 +77,9 @@ def test_a_dependency_against_a_recipe_constraint_says_loosen_it(step):
 
 def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
     """pip went through releases of numpy, which the recipe's lock pins: "pin numpy" is not the cure."""
-    from tests.test_packages import _guard_module
+    from tests.support import guard_module
 
-    guard = _guard_module()
+    guard = guard_module()
     watch = guard.Watch({"numpy": [("numpy==1.26.4", "the recipe's lock")]})
     for n in range(5):
         watch.see(f"Downloading numpy-1.26.{n}-cp311-cp311-manylinux_2_17_x86_64.whl (18.2 MB)")
@@ -125,11 +125,11 @@ def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, wheels):
 )
 def test_pin_files_are_read_as_data(tmp_path, text, expected):
     """Hostile pin files: options, comments, junk, the framework refusal and a 200 KB name are not pins."""
-    from tests.test_packages import _guard_module
+    from tests.support import guard_module
 
     (tmp_path / "resolved.txt").write_text(text)
     (tmp_path / "base.txt").write_text("")
-    got = _guard_module().pin_sources(["-c", str(tmp_path / "base.txt"), "-c", str(tmp_path / "resolved.txt")], ORIGIN)
+    got = guard_module().pin_sources(["-c", str(tmp_path / "base.txt"), "-c", str(tmp_path / "resolved.txt")], ORIGIN)
     assert got == expected
 
 
@@ -140,7 +140,7 @@ def _plan_lines(tmp_path, pip: str, lock: str) -> list[str]:
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir(exist_ok=True)
     recipe = tmp_path / "r.yaml"
@@ -201,9 +201,9 @@ def test_lock_re_resolves_what_the_recipe_now_excludes_and_keeps_the_rest(tmp_pa
     ],
 )
 def test_the_guards_small_version_reading_says_unknown_when_unsure(version, wanted, meets):
-    from tests.test_packages import _guard_module
+    from tests.support import guard_module
 
-    assert _guard_module().meets(version, wanted) is meets
+    assert guard_module().meets(version, wanted) is meets
 
 
 def test_a_file_that_is_not_the_locked_one_is_named_a_hash_mismatch_not_a_pip_failure(step):

@@ -19,7 +19,7 @@ from imgbuild.pipeline import build as pipeline
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.fake_nvcr import FakeNvcr
-from tests.test_recipe_render import fake_inspect
+from tests.support import fake_inspect
 
 TARGET = "alice/demo:v1"
 

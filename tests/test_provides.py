@@ -130,7 +130,7 @@ def test_provides_is_rendered_into_both_pip_layers(tmp_path):
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"

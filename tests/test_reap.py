@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, reap, save_state, write_notice
 from imgbuild.servers.run import RunRequest, prepare
 from tests.conftest import IMGBUILD, run_words, use_site_config
+from tests.support import users_home
 
 ME = caller().name
 H = 3600.0
@@ -200,16 +200,6 @@ def test_state_written_by_anyone_else_is_not_believed(tmp_path):
     (tmp_path / "link.json").symlink_to(path)
     with pytest.raises(Exception, match="cannot read"):
         load_state(tmp_path / "link.json")
-
-
-def users_home(tmp_path, monkeypatch):
-    """A home folder the reaper takes for any user's (theirs to own: this test's own user)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    me = pwd.getpwuid(os.getuid())
-    fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
-    monkeypatch.setattr("imgbuild.servers.reap.pwd.getpwnam", lambda name: fake)
-    return home
 
 
 def test_notices_go_to_a_file_the_user_owns_never_through_a_link(tmp_path, monkeypatch):

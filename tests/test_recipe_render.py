@@ -13,36 +13,9 @@ from imgbuild.pipeline.context import write_context
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.pipeline.render import render
 from imgbuild.recipe import load_recipe
-from tests import ngc_facts
+from tests.support import DIGEST, fake_inspect, plan_for, render_context, settings
 
 ROOT = Path(__file__).resolve().parent.parent
-
-#: What the registry says of nvcr.io/nvidia/pytorch:24.05-py3, in the real image's strings (tests/ngc_facts.py).
-_REAL_24_05 = ngc_facts.REAL["pytorch:24.05-py3"]
-STANDIN_CONFIG = {
-    "config": {
-        "Env": [f"{k}={v}" for k, v in _REAL_24_05.config_env().items()],
-        "Labels": _REAL_24_05.labels(),
-    }
-}
-DIGEST = "sha256:" + "ab" * 32
-
-
-def fake_inspect(ref: str):
-    return DIGEST, STANDIN_CONFIG
-
-
-def settings(**extra):
-    return load_settings({"ngc_registry": "registry.test:5000", "user": "alice", **extra}, environ={})
-
-
-def render_context(plan, out_dir, backend="buildkit"):
-    """Render and write a context, as `imgbuild render -o` does."""
-    return write_context(render(plan, backend), out_dir)
-
-
-def plan_for(path, **extra):
-    return make_plan(load_recipe(path), settings(**extra), fake_inspect)
 
 
 # --- recipe features -------------------------------------------------------------------------------
@@ -305,7 +278,7 @@ def test_render_is_pure_and_its_readers_use_no_temporary_folders(write, tmp_path
     import io
     import tempfile
 
-    from imgbuild.pipeline.context import diff_context, write_context
+    from imgbuild.pipeline.context import diff_context
     from imgbuild.pipeline.render import render
 
     write("files/a.txt", "a")

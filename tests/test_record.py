@@ -11,7 +11,7 @@ import pytest
 
 from imgbuild.pipeline.record import MAX_BYTES, Record
 from imgbuild.pipeline.render import render
-from tests.test_recipe_render import plan_for
+from tests.support import plan_for
 
 
 def _written(tmp_path) -> dict:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -18,28 +17,9 @@ from imgbuild.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
 from tests.conftest import run_cli, run_words, use_site_config
+from tests.support import DATA, server
 
 ME = caller().name  # containers are named after who runs imgbuild, never after IMGBUILD_USER
-
-DATA = Path(__file__).parent / "data"
-OWNERS = {
-    122956: ("alice", "alice_bert_1"),
-    2391: ("bob", ""),
-    40211: ("me", "me_dev_1"),
-    51877: ("me", "me_train_2"),
-    2312: ("carol", "carol_lm_1"),
-    2381: ("carol", "carol_lm_1"),
-    2383: ("carol", "carol_lm_1"),
-}
-
-
-def server(name: str) -> list:
-    text = {q: (DATA / f"smi-{name}-{q}.csv").read_text() for q in ("gpus", "apps")}
-    gpus = SmiReader(run=lambda args: text["gpus" if args[0].startswith("--query-gpu") else "apps"]).read()
-    for gpu in gpus:
-        for proc in gpu.processes:
-            proc.user, proc.container = OWNERS[proc.pid]
-    return gpus
 
 
 def test_nvidia_smi_csv_parses_real_output():

@@ -17,7 +17,7 @@ import pytest
 from imgbuild.clusters.noderun import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
-from tests.test_cluster import slurm, wait_for  # noqa: F401  (the module's Slurm fixture)
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slurm]
 

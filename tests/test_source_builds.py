@@ -147,7 +147,7 @@ def test_render_builds_the_recipes_own_requirement_for_each_named_package(tmp_pa
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.pipeline.render import render
     from imgbuild.recipe import load_recipe
-    from tests.test_recipe_render import fake_inspect, settings
+    from tests.support import fake_inspect, settings
 
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"

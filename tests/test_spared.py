@@ -23,7 +23,7 @@ from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from imgbuild.supply import attest
 from tests.fake_registry import MemoryRegistry
-from tests.test_recipe_render import fake_inspect
+from tests.support import fake_inspect
 
 TARGET = "alice/demo:v1"
 FP = "a" * 64

@@ -1,0 +1,136 @@
+"""What several test modules share: the stand-in base's registry answer and plans made from it, a Slurm job's
+step and its end, the recorded nvidia-smi servers, the pip guard loaded as a module, the real NGC bases' configs.
+Test modules import these from here, never from each other; fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from imgbuild.config.settings import load_settings
+from imgbuild.gpu.read import SmiReader
+from imgbuild.pipeline.context import write_context
+from imgbuild.pipeline.plan import make_plan
+from imgbuild.pipeline.render import render
+from imgbuild.recipe import load_recipe
+from tests import ngc_facts
+
+#: What the registry says of nvcr.io/nvidia/pytorch:24.05-py3, in the real image's strings (tests/ngc_facts.py).
+_REAL_24_05 = ngc_facts.REAL["pytorch:24.05-py3"]
+
+
+STANDIN_CONFIG = {
+    "config": {
+        "Env": [f"{k}={v}" for k, v in _REAL_24_05.config_env().items()],
+        "Labels": _REAL_24_05.labels(),
+    }
+}
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def fake_inspect(ref: str):
+    return DIGEST, STANDIN_CONFIG
+
+
+def settings(**extra):
+    return load_settings({"ngc_registry": "registry.test:5000", "user": "alice", **extra}, environ={})
+
+
+def render_context(plan, out_dir, backend="buildkit"):
+    """Render and write a context, as `imgbuild render -o` does."""
+    return write_context(render(plan, backend), out_dir)
+
+
+def plan_for(path, **extra):
+    return make_plan(load_recipe(path), settings(**extra), fake_inspect)
+
+
+def plan_of(recipe: Path):
+    config = {"config": {"Env": ["PYTORCH_VERSION=2.13.0+cpu", "CUDA_VERSION=12.4.1.003"]}}
+    settings = load_settings({"user": "lab", "ngc_registry": "nvcr.io"}, environ={})
+    return make_plan(load_recipe(recipe), settings, lambda ref: ("sha256:" + "cd" * 32, config))
+
+
+def step_line(script: str) -> str:
+    """The job's step: the srun that runs the command (not the staging or sampling ones)."""
+    for line in script.splitlines():
+        if line.startswith("srun ") and not line.startswith(('srun --ntasks="$SLURM_NNODES"', "srun --overlap")):
+            return line.removesuffix(" || status=$?").removesuffix(" &")
+    raise AssertionError("no step in the script")
+
+
+def wait_for(job_id: str, conf: str, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, env={**os.environ, "SLURM_CONF": conf}
+        ).stdout
+        state = re.search(r"JobState=(\w+)", out).group(1) if "JobState=" in out else "GONE"
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "GONE"):
+            return state
+        time.sleep(1)
+    return state
+
+
+DATA = Path(__file__).parent / "data"
+
+
+OWNERS = {
+    122956: ("alice", "alice_bert_1"),
+    2391: ("bob", ""),
+    40211: ("me", "me_dev_1"),
+    51877: ("me", "me_train_2"),
+    2312: ("carol", "carol_lm_1"),
+    2381: ("carol", "carol_lm_1"),
+    2383: ("carol", "carol_lm_1"),
+}
+
+
+def server(name: str) -> list:
+    text = {q: (DATA / f"smi-{name}-{q}.csv").read_text() for q in ("gpus", "apps")}
+    gpus = SmiReader(run=lambda args: text["gpus" if args[0].startswith("--query-gpu") else "apps"]).read()
+    for gpu in gpus:
+        for proc in gpu.processes:
+            proc.user, proc.container = OWNERS[proc.pid]
+    return gpus
+
+
+def users_home(tmp_path, monkeypatch):
+    """A home folder the reaper takes for any user's (theirs to own: this test's own user)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    me = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((me.pw_name, "x", os.getuid(), os.getgid(), "", str(home), "/bin/sh"))
+    monkeypatch.setattr("imgbuild.servers.reap.pwd.getpwnam", lambda name: fake)
+    return home
+
+
+GUARD = Path(__file__).parent.parent / "imgbuild" / "templates" / "pip-guard.py"
+
+
+def guard_module():
+
+    spec = importlib.util.spec_from_file_location("pip_guard", GUARD)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def real_base(key: str):
+    from imgbuild import ngc
+    from imgbuild.pipeline import plan
+    from tests.ngc_facts import REAL
+
+    release = REAL[key]
+    env = release.config_env("amd64")
+    config = {"config": {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": release.labels("amd64")}}
+    return plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", env=env, facts=ngc.describe_config(config))
