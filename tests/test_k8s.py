@@ -19,7 +19,8 @@ from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import RecipeError, UsageError
 from tests.conftest import run_cli, use_site_config
 
-K8S_VERSION = "1.33.0"
+#: Kubernetes releases a site may run, old to new: every manifest is checked against each strictly.
+K8S_VERSIONS = ("1.30.0", "1.33.0", "1.35.0")
 IMAGE = "registry.example.org/lab/research:24.05@sha256:" + "a" * 64
 SITE = checked_section(
     K8sSite,
@@ -46,9 +47,11 @@ def validated(doc: dict) -> dict:
         container["resources"] = doc["spec"]["trainer"]["resourcesPerNode"]
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "node"}}
         pod["spec"] = {**pod_spec, "containers": [container]}
-        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)  # the patched pod is a valid pod
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(pod, version, strict=True)  # the patched pod is a valid pod
     else:
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
     return doc
 
 
