@@ -764,7 +764,9 @@ REVIEW_FALSE_PASSES = [
 
 
 @pytest.mark.parametrize(("cuda", "archs", "target", "driver", "runs", "words"), REVIEW_FALSE_PASSES)
-def test_a_fleet_verdict_follows_the_cuda_minor_the_gpu_and_the_drivers_branch(cuda, archs, target, driver, runs, words):
+def test_a_fleet_verdict_follows_the_cuda_minor_the_gpu_and_the_drivers_branch(
+    cuda, archs, target, driver, runs, words
+):
     (verdict,) = judge(GpuFacts("img", cuda, archs, "test"), parse_targets(target), driver)
     assert verdict.runs is runs and words in verdict.reason, verdict.reason
 
@@ -1328,3 +1330,25 @@ def test_tensorflows_arch_list_reads_the_same_from_a_list_or_a_string(value):
     """TensorFlow's build info gives `cuda_compute_capabilities` as a list in some releases and a string in others;
     the libraries check recorded a list as "['sm_70'" words. One reading serves both checks."""
     assert script.tf_arch_list({"cuda_compute_capabilities": value}) == ["sm_70", "sm_80", "compute_90"]
+
+
+def test_the_engine_gpu_script_runs_on_the_stdlib_alone_and_answers_on_one_line(tmp_path):
+    """imgbuild/payload/engine_gpus.py, the probe the engine runs in an image: run here by a bare python3 (-I -S:
+    no site-packages, no imgbuild) where there is no nvidia-smi, it still answers, and the answer is one the judge
+    reads as this machine's (no NVIDIA GPU on the bus)."""
+    import subprocess
+    import sys
+
+    from imgbuild.gpu.engine_read import engine_read_env, engine_read_script
+
+    script = tmp_path / "probe.py"
+    script.write_text(engine_read_script())
+    env = {"PATH": str(tmp_path), **engine_read_env()}  # no nvidia-smi on this PATH
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith(ENGINE_READ_MARKER)]
+    answer = json.loads(line.removeprefix(ENGINE_READ_MARKER))
+    assert set(answer) == {"pci_nvidia", "smi"} and all(a["code"] == 127 for a in answer["smi"].values())
+    assert judge_engine_read(0, done.stdout, "", False).present is False

@@ -1,5 +1,5 @@
 """GPUs read through the engine, where the engine is not on this machine's kernel: a short script run in the image
-(ENGINE_READ_SCRIPT) and the pure verdict on what it printed (judge_engine_read)."""
+(imgbuild/payload/engine_gpus.py) and the pure verdict on what it printed (judge_engine_read)."""
 
 from __future__ import annotations
 
@@ -20,31 +20,14 @@ from imgbuild.gpu.read import Gpu, NoGpus, SmiReader
 # GPUs are there at all, even where the engine cannot pass them.
 
 ENGINE_READ_MARKER = "IMGBUILD-ENGINE-GPUS "
-#: Runs in the image: stdlib only. Bounded: 30 s per call, 256 KiB kept per answer.
-ENGINE_READ_SCRIPT = """
-import glob, json, os, shutil, subprocess
-nvidia = 0
-for dev in glob.glob("/sys/bus/pci/devices/*")[:4096]:
-    try:
-        with open(dev + "/vendor") as v, open(dev + "/class") as c:
-            if v.read(16).strip() == "0x10de" and c.read(16).strip().startswith("0x03"):
-                nvidia += 1
-    except OSError:
-        pass
-smi = shutil.which("nvidia-smi")
-answers = {}
-for args in json.loads(os.environ.get("IMGBUILD_SMI_CALLS", "[]"))[:8]:
-    key = " ".join(args)
-    if not smi:
-        answers[key] = {"code": 127, "out": "", "err": "nvidia-smi not found in the container"}
-        continue
-    try:
-        p = subprocess.run([smi, *args], capture_output=True, text=True, timeout=30)
-        answers[key] = {"code": p.returncode, "out": p.stdout[:262144], "err": p.stderr[-2000:]}
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        answers[key] = {"code": 126, "out": "", "err": str(exc)[:200]}
-print("IMGBUILD-ENGINE-GPUS " + json.dumps({"pci_nvidia": nvidia, "smi": answers}), flush=True)
-"""
+
+
+def engine_read_script() -> str:
+    """The script run in the image (imgbuild/payload/engine_gpus.py: stdlib only), read when a probe needs it."""
+    from imgbuild.payload import ENGINE_GPUS_SCRIPT
+
+    return ENGINE_GPUS_SCRIPT.read_text()
+
 
 #: What nvidia-smi or the engine says where a host has no NVIDIA GPU (as opposed to one it cannot pass).
 _NO_GPU_WORDS = ("no devices were found", "driver not loaded", "couldn't communicate with the nvidia driver")

@@ -136,7 +136,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None)
     """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
     where the engine shares it; else through the engine, in a short-lived container of `image` given every
     GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
-    from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, ENGINE_READ_SCRIPT, engine_read_env, judge_engine_read
+    from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, engine_read_env, engine_read_script, judge_engine_read
 
     source = settings.gpu_source if settings is not None else "auto"
     if source == "auto":
@@ -146,7 +146,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None)
         return EngineGpus(engine.host_has_gpus())
     code, output, note = engine.containers.run_script(
         image,
-        Probe("gpus", ENGINE_READ_SCRIPT, ENGINE_READ_MARKER),
+        Probe("gpus", engine_read_script(), ENGINE_READ_MARKER),
         [],
         engine_read_env(),
         gpus=[],
