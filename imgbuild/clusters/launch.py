@@ -15,9 +15,9 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
     command = list(job.command)
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
     if job.self_launching:  # given the rendezvous by the variables torchrun (PET_*) and others (MASTER_*) read
-        facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
         if command[0].rsplit("/", 1)[-1] == "accelerate" and command[1:2] == ["launch"]:
             return accelerate_launch(job, command)
+        facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
         if job.nodes == 1:
             return [], ["env", *facts, *command]
         facts += [
@@ -52,31 +52,31 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
     ]
 
 
-NODE_ADDR = (
-    'head_node=$(scontrol show node "$head_node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$head_node")'
-)
+def _address_line(var: str, node: str, suffix: str) -> str:
+    """`var=` the node `$node` names as the job reaches it: the site's name on its fabric (JUWELS: the host name and
+    `i`), else Slurm's NodeAddr for it (else its name)."""
+    if suffix:
+        return f'{var}="${{{node}}}{suffix}"'
+    return f'{var}=$(scontrol show node "${node}" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "${node}")'
 
 
 def _rendezvous_lines(job: Any) -> list[str]:
     """Script lines that find the rendezvous: the allocation's first node, and a port free there now."""
-    # the site's name for the node on its fabric (JUWELS: the hostname and `i`), else Slurm's NodeAddr for it
-    suffix = job.rdzv_host_suffix
-    head = f'head_node="${{head_node}}{suffix}"' if suffix else NODE_ADDR
     return [
         "",
         "# The rendezvous (torchrun's store, JAX's coordinator) is the first node of the allocation, on a port",
         "# of this job's own, so two jobs sharing a node never join each other's.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        head,
+        _address_line("head_node", "head_node", job.rdzv_host_suffix),
         *_port_lines(job),
     ]
 
 
-def _port_lines(job: Any) -> list[str]:
+def _port_lines(job: Any, var: str = "rdzv_port") -> list[str]:
     return [
         "# This script runs on the first node: a port free there now, from the kernel (job ids 10000 apart",
         "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
-        "rdzv_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
+        f"{var}=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
         f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
     ]
 
@@ -134,22 +134,15 @@ def _tf_worker_lines(job: Any) -> list[str]:
     """Script lines that list the TensorFlow workers, rank order: each node's address (as the rendezvous is
     found), a port per worker counted up from one free on this node now (ports differ across nodes too, so
     nodes that share an address, as a lab's small cluster may, never collide)."""
-    suffix = job.rdzv_host_suffix
-    address = (
-        f'addr="${{node}}{suffix}"'
-        if suffix
-        else 'addr=$(scontrol show node "$node" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "$node")'
-    )
     return [
         "",
         "# TensorFlow's MultiWorkerMirroredStrategy: every task is one worker, told the cluster in TF_CONFIG",
         "# (written inside each task, where its rank is known); the workers' ports are this job's own.",
-        "tf_port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
-        f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
+        *_port_lines(job, "tf_port"),
         "IMGBUILD_TF_WORKERS=''",
         "tf_rank=0",
         'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-        f"  {address}",
+        f"  {_address_line('addr', 'node', job.rdzv_host_suffix)}",
         f"  for _ in $(seq {job.tasks_per_node}); do",
         '    IMGBUILD_TF_WORKERS="$IMGBUILD_TF_WORKERS${IMGBUILD_TF_WORKERS:+,}$addr:$((tf_port + tf_rank))"',
         "    tf_rank=$((tf_rank + 1))",

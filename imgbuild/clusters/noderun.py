@@ -96,14 +96,7 @@ def docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         "--cpuset-cpus",
         "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
     ]
-    if job.nccl_debug:
-        opts += ["-e", "NCCL_DEBUG"]
-    if job.snapshot_dir:
-        opts += ["-e", "SNAPSHOT_DIR"]
-    if job.stage:  # the staged data's folder, as Apptainer and pyxis pass it (the host's environment)
-        opts += ["-e", job.scratch_var]
-    for bind in binds:
-        opts += ["-v", bind_pair(bind)]
+    opts += _job_words(job, binds)
     # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
     memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
     if not job.gpus:
@@ -154,12 +147,14 @@ def podman_hpc_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     opts += ["--network", "host", "--ipc", "host", "--pid", "host", "-v", "$PWD:/workspace", "-w", "/workspace"]
     for name in ("SLURM_*", *PASSED_ENV, "IMGBUILD_TF_WORKERS"):
         opts += ["-e", name]
-    if job.nccl_debug:
-        opts += ["-e", "NCCL_DEBUG"]
-    if job.snapshot_dir:
-        opts += ["-e", "SNAPSHOT_DIR"]
-    if job.stage:
-        opts += ["-e", job.scratch_var]
-    for bind in binds:
-        opts += ["-v", bind_pair(bind)]
-    return [*opts, job.image]
+    return [*opts, *_job_words(job, binds), job.image]
+
+
+def _job_words(job: JobSpec, binds: list[str]) -> list[str]:
+    """What a container of its own must be told of the job: the variables the job's script sets (NCCL_DEBUG, the
+    snapshot folder, the staged data's folder, as Apptainer and pyxis pass them from the host's environment) and
+    every bind as HOST:INSIDE."""
+    names = ["NCCL_DEBUG"] if job.nccl_debug else []
+    names += ["SNAPSHOT_DIR"] if job.snapshot_dir else []
+    names += [job.scratch_var] if job.stage else []
+    return [*(w for name in names for w in ("-e", name)), *(w for bind in binds for w in ("-v", bind_pair(bind)))]
