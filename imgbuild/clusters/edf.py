@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from imgbuild.clusters.shellwords import _VARIABLES_ONLY, UserWord
+from imgbuild.clusters.shellwords import VARIABLES_ONLY, UserWord
 
 #: A variable the script's shell may expand inside the EDF (the job's own: $SCRATCH, ${LOCAL_SCRATCH}).
 _VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
@@ -25,7 +25,7 @@ def toml_string(word: str) -> str:
     """`word` as a TOML basic string inside an unquoted here-document: only $VAR / ${VAR} expand (for a user's
     word, only where nothing else in it would); `"` and `\\` are TOML's escapes after the shell's; no other
     shell expansion ($(...), `...`, $((...))) survives. Control characters are refused before this."""
-    expand = not isinstance(word, UserWord) or bool(_VARIABLES_ONLY.fullmatch(word))
+    expand = not isinstance(word, UserWord) or bool(VARIABLES_ONLY.fullmatch(word))
     out, at = [], 0
     for found in _VARIABLE.finditer(word) if expand else ():
         out.append(_literal(word[at : found.start()]))

@@ -10,7 +10,7 @@ import shlex
 #: a backslash escape stays one (`\$(id -u)` reaches the container as `$(id -u)`, for the container's own
 #: shell). Anything else the job's shell would run or expand ($(...), $((...)), `...`, ${VAR:-$(...)}) is
 #: quoted literally.
-_VARIABLES_ONLY = re.compile(r'(?:[^$"`\\]|\\[\s\S]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
+VARIABLES_ONLY = re.compile(r'(?:[^$"`\\]|\\[\s\S]|\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}))*')
 
 
 class UserWord(str):
@@ -26,7 +26,7 @@ def shell_words(words: list[str]) -> str:
         if isinstance(word, UserWord):
             if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", word):
                 out.append(str(word))
-            elif "$" in word and _VARIABLES_ONLY.fullmatch(word):
+            elif "$" in word and VARIABLES_ONLY.fullmatch(word):
                 out.append(f'"{word}"')
             else:
                 out.append(shlex.quote(word))
