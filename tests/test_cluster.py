@@ -570,7 +570,7 @@ def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torc
 )
 def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker):
     """Issue 31 N3: `binds: [/scratch]` became `-v /scratch`, an anonymous volume --rm deleted with the job's data."""
-    from imgbuild.clusters.noderun import bind_pair
+    from imgbuild.engine.noderun import bind_pair
 
     assert bind_pair(bind) == docker
     line = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0, binds=[bind])))
@@ -907,9 +907,9 @@ def test_a_killed_oci_export_leaves_no_bundle_and_the_next_one_sweeps_its_work(t
 def test_a_cdi_site_hands_the_docker_step_its_gpus_by_cdi_name(tmp_path):
     """gpu-review-4 (b) item 12: `gpu_flag: cdi` (a CDI-only host) gives the docker runtime's step
     `--device nvidia.com/gpu=N` for each GPU of the step, read on the node as --gpus is."""
-    from imgbuild.clusters.noderun import docker_prefix
+    from imgbuild.engine.noderun import NodeRun, docker_prefix
 
-    argv = docker_prefix(JobSpec(["t.py"], "img", runtime="docker", gpus=2, docker_gpu_flag="cdi"), [])
+    argv = docker_prefix(NodeRun("img", gpus=2, gpu_flag="cdi"))
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')

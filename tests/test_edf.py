@@ -12,10 +12,10 @@ import tomllib
 
 import pytest
 
-from imgbuild.clusters.shellwords import UserWord
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import slurm_site
 from imgbuild.errors import UsageError
+from imgbuild.shellwords import UserWord
 
 
 def written_edf(script: str, tmp_path, env: dict[str, str] | None = None, cwd=None) -> dict:

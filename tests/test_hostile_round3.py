@@ -1075,7 +1075,7 @@ def test_a_dry_run_of_reap_makes_no_folder(tmp_path):
 
 def test_10_an_escaped_dollar_still_reaches_the_container_for_its_own_shell():
     r"""`sh -c "echo \$SLURM_PROCID \$(id -u)"` is the documented way to expand inside the container."""
-    from imgbuild.clusters.shellwords import UserWord, shell_words
+    from imgbuild.shellwords import UserWord, shell_words
 
     assert shell_words([UserWord(r"echo \$SLURM_PROCID \$(id -u)")]) == r'"echo \$SLURM_PROCID \$(id -u)"'
     assert shell_words([UserWord("$(id -u)")]) == "'$(id -u)'"

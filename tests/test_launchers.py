@@ -290,9 +290,9 @@ def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home
     and left HOME unwritable for the caller's UID."""
     import subprocess
 
-    from imgbuild.clusters.noderun import docker_prefix
+    from imgbuild.engine.noderun import NodeRun, docker_prefix
 
-    argv = docker_prefix(JobSpec(["t.py"], "img", runtime="docker", gpus=1), [])
+    argv = docker_prefix(NodeRun("img", gpus=1))
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')

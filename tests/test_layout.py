@@ -37,6 +37,7 @@ LEVELS: list[set[str]] = [
         "boundedjson",
         "tree",
         "credentials",
+        "shellwords",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

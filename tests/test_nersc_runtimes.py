@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 from imgbuild.clusters.jobs import JobFlags, job_from_flags
-from imgbuild.clusters.shellwords import UserWord
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import slurm_site
 from imgbuild.errors import UsageError
+from imgbuild.shellwords import UserWord
 
 IMAGE = "registry.nersc.gov/lab/research:v1"
 

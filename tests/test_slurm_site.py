@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.clusters.noderun import SLURM_EPILOG
+from imgbuild.engine.noderun import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
 from tests.support import wait_for

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from imgbuild.clusters.shellwords import VARIABLES_ONLY, UserWord
+from imgbuild.shellwords import VARIABLES_ONLY, UserWord
 
 #: A variable the script's shell may expand inside the EDF (the job's own: $SCRATCH, ${LOCAL_SCRATCH}).
 _VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
-from imgbuild.clusters.shellwords import UserWord
 from imgbuild.clusters.slurm import JobSpec
 from imgbuild.config.site import SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.shellwords import UserWord
 from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:

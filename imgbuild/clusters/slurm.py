@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from imgbuild.clusters.edf import edf_lines
 from imgbuild.clusters.launch import launcher, launches_itself
-from imgbuild.clusters.noderun import bind_pair, docker_prefix, podman_hpc_prefix
-from imgbuild.clusters.shellwords import shell_words
+from imgbuild.engine.noderun import NodeRun, bind_pair, docker_prefix, podman_hpc_prefix
 from imgbuild.errors import UsageError
+from imgbuild.shellwords import shell_words
 
 #: Site settings for Slurm (config file `slurm:`), with defaults from the CSC/Puhti conventions.
 RUNTIMES = ("apptainer", "singularity", "pyxis", "docker", "oci", "edf", "podman-hpc", "shifter")
@@ -106,6 +106,17 @@ def _binds(job: JobSpec) -> list[str]:
     return binds
 
 
+def node_run(job: JobSpec, binds: list[str]) -> NodeRun:
+    """What the docker and podman-hpc runtimes start each task's container with: the job, narrowed."""
+    names = ["NCCL_DEBUG"] if job.nccl_debug else []
+    names += ["SNAPSHOT_DIR"] if job.snapshot_dir else []
+    names += [job.scratch_var] if job.stage else []
+    return NodeRun(
+        job.image, tuple(binds), job.gpus, job.nodes, job.cpus_per_task, job.local_image, job.docker_gpu_flag,
+        tuple(names),
+    )  # fmt: skip
+
+
 def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
     """(extra srun options, command prefix) that run the command in the image with the runtime."""
     binds = _binds(job)
@@ -122,11 +133,11 @@ def _container_prefix(job: JobSpec) -> tuple[list[str], list[str]]:
         ]
         return srun, []
     if job.runtime == "docker":
-        return [], docker_prefix(job, binds)
+        return [], docker_prefix(node_run(job, binds))
     if job.runtime == "edf":  # CSCS's Container Engine: the EDF the script wrote (imgbuild.clusters.edf)
         return ["--environment=$edf"], []
-    if job.runtime == "podman-hpc":  # NERSC Perlmutter (imgbuild.clusters.noderun)
-        return [], podman_hpc_prefix(job, binds)
+    if job.runtime == "podman-hpc":  # NERSC Perlmutter (imgbuild.engine.noderun)
+        return [], podman_hpc_prefix(node_run(job, binds))
     if job.runtime == "shifter":  # NERSC: the image and fixed volumes are the job's (#SBATCH --image, --volume)
         varying = [f"--volume={bind_pair(b)}" for b in binds if "$" in b]  # no shell expands an #SBATCH line
         return [], ["shifter", *(f"--module={m}" for m in job.shifter_modules), *varying]

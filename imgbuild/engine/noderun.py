@@ -1,17 +1,28 @@
 """Runtimes that start a container of their own for each task on the node, outside Slurm's step: docker (a lab's
-cluster) and NERSC's podman-hpc (Perlmutter). Each is told, by name, every variable the task's container must see
-(their containers do not inherit the step's environment as Apptainer, pyxis and the Container Engine do), and
-binds as HOST:INSIDE."""
+cluster) and NERSC's podman-hpc (Perlmutter), their CLIs' words kept here with the engine's others (runargs).
+Each is told, by name, every variable the task's container must see (their containers do not inherit the step's
+environment as Apptainer, pyxis and the Container Engine do), and binds as HOST:INSIDE."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from imgbuild.clusters.shellwords import shell_words
 from imgbuild.facts import Label
+from imgbuild.shellwords import shell_words
 
-if TYPE_CHECKING:
-    from imgbuild.clusters.slurm import JobSpec
+
+@dataclass(frozen=True)
+class NodeRun:
+    """What a task's own container is started with on its node (clusters.slurm builds it from the job)."""
+
+    image: str
+    binds: tuple[str, ...] = ()  # HOST[:INSIDE][:ro], a user's as a shellwords.UserWord
+    gpus: int = 0  # GPUs per node the job asked for (0: none)
+    nodes: int = 1
+    cpus: int = 1  # per task
+    local_image: bool = False  # built on this machine: never pulled
+    gpu_flag: str = "gpus"  # docker: how GPUs are given (`--gpus`, NVIDIA_VISIBLE_DEVICES, or CDI devices)
+    job_env: tuple[str, ...] = ()  # variables the job's script sets that the container must see
 
 
 def bind_pair(bind: str) -> str:
@@ -52,7 +63,7 @@ PASSED_ENV = (
 )  # fmt: skip
 
 
-def docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
+def docker_prefix(job: NodeRun) -> list[str]:
     """`docker run` on the node as the caller, with the step's GPUs, CPUs and memory and the job's variables.
 
     The container is dockerd's child, not the step's: Slurm's cgroup limits do not reach it, so the step's
@@ -92,11 +103,11 @@ def docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         "--label",
         f"{Label.SLURM_JOB}=$SLURM_JOB_ID",
         "--cpus",
-        str(job.cpus_per_task),
+        str(job.cpus),
         "--cpuset-cpus",
         "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
     ]
-    opts += _job_words(job, binds)
+    opts += _job_words(job)
     # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
     memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
     if not job.gpus:
@@ -105,14 +116,14 @@ def docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
         # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
         # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).
         step_gpus = "${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"
-        if job.docker_gpu_flag == "env":
+        if job.gpu_flag == "env":
             gpus = f' -e "NVIDIA_VISIBLE_DEVICES={step_gpus}" '
-        elif job.docker_gpu_flag == "cdi":  # CDI names by index: nvidia.com/gpu=N (nvidia-ctk cdi generate)
+        elif job.gpu_flag == "cdi":  # CDI names by index: nvidia.com/gpu=N (nvidia-ctk cdi generate)
             each = "printf -- '--device nvidia.com/gpu=%s ' \"$g\""
             gpus = f""" $(for g in $(echo "{step_gpus}" | tr , ' '); do {each}; done)"""
         else:
             gpus = f' --gpus "\\"device={step_gpus}\\"" '
-    sources = [type(bind)(bind.split(":")[0]) for bind in binds]  # a user's bind stays a UserWord
+    sources = [type(bind)(bind.split(":")[0]) for bind in job.binds]  # a user's bind stays a UserWord
     script = [
         'name="imgbuild-$SLURM_JOB_ID-${SLURM_STEP_ID:-0}-$SLURM_PROCID"',
         # docker would create a missing folder as root (and an empty one on a node that lacks the mount)
@@ -133,7 +144,7 @@ def docker_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     return ["sh", "-c", "; ".join(script), "sh"]
 
 
-def podman_hpc_prefix(job: JobSpec, binds: list[str]) -> list[str]:
+def podman_hpc_prefix(job: NodeRun) -> list[str]:
     """NERSC's podman-hpc (NERSC/podman-hpc): podman, rootless, with the site's modules as flags (`--gpu` mounts
     the driver and the GPUs, `--nccl` the Slingshot NCCL plugin; its `etc/modules.d`). The image runs from the
     squashed store `podman-hpc pull` fills on a login node: never pulled by every node (`--pull never`). Podman's
@@ -147,14 +158,12 @@ def podman_hpc_prefix(job: JobSpec, binds: list[str]) -> list[str]:
     opts += ["--network", "host", "--ipc", "host", "--pid", "host", "-v", "$PWD:/workspace", "-w", "/workspace"]
     for name in ("SLURM_*", *PASSED_ENV, "IMGBUILD_TF_WORKERS"):
         opts += ["-e", name]
-    return [*opts, *_job_words(job, binds), job.image]
+    return [*opts, *_job_words(job), job.image]
 
 
-def _job_words(job: JobSpec, binds: list[str]) -> list[str]:
+def _job_words(job: NodeRun) -> list[str]:
     """What a container of its own must be told of the job: the variables the job's script sets (NCCL_DEBUG, the
     snapshot folder, the staged data's folder, as Apptainer and pyxis pass them from the host's environment) and
     every bind as HOST:INSIDE."""
-    names = ["NCCL_DEBUG"] if job.nccl_debug else []
-    names += ["SNAPSHOT_DIR"] if job.snapshot_dir else []
-    names += [job.scratch_var] if job.stage else []
-    return [*(w for name in names for w in ("-e", name)), *(w for bind in binds for w in ("-v", bind_pair(bind)))]
+    env = (w for name in job.job_env for w in ("-e", name))
+    return [*env, *(w for bind in job.binds for w in ("-v", bind_pair(bind)))]
