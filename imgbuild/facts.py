@@ -32,6 +32,9 @@ class Label:
     NOTIFY = PREFIX + "notify"  # `run --notify`: the reaper leaves a notice when it ends
     DEADLINE = PREFIX + "deadline"  # when `imgbuild reap` stops it (seconds since the epoch; `extend` moves it)
     SLURM_JOB = PREFIX + "slurm-job"  # a Slurm job's container (docker runtime): the job id, for the epilog
+    LEASE_OF = PREFIX + "lease-of"  # an engine-wide lock's container (engine.lease): what it holds
+    LEASE_HOST = PREFIX + "lease-host"  # and the host name of its holder (a CI runner's container id)
+    LEASE_UNTIL = PREFIX + "lease-until"  # and when it ends (seconds since the epoch)
 
     #: Every key imgbuild reads on a container. `run` sets each of them, empty where unused: a label an image
     #: carries in its config is inherited by its containers, and must never steer the house rules (hide a

@@ -144,6 +144,38 @@ def process_token(sep: str = ":") -> str:
     return f"{os.getpid()}{sep}{process_start(os.getpid())}"
 
 
+def namespace_id(proc: Path = Path("/proc")) -> str:
+    """This process's PID namespace and boot as `<inode>x<boot id's first 8>`, tag- and label-safe: a PID and
+    start time name a process only to a reader with the same one (CI runners in containers sharing the host's
+    engine each have their own, and see each other's PIDs as gone)."""
+    try:
+        inode = "".join(c for c in os.readlink(proc / "self" / "ns" / "pid") if c.isascii() and c.isdigit())
+    except OSError:
+        inode = ""
+    try:
+        boot = (proc / "sys" / "kernel" / "random" / "boot_id").read_text(encoding="ascii", errors="replace")[:8]
+    except OSError:
+        boot = ""
+    boot = boot if re.fullmatch(r"[0-9a-f]{8}", boot) else ""
+    return f"{inode[:20]}x{boot}"
+
+
+def engine_token(sep: str = ":") -> str:
+    """This process as `PID<sep>START<sep>NAMESPACE`, for what it leaves on a shared engine (labels, tags)."""
+    return f"{process_token(sep)}{sep}{namespace_id()}"
+
+
+def token_state(token: str, sep: str = ":") -> str:
+    """ "alive", "gone", "elsewhere" (a process of another PID namespace or boot: not this process's to judge) or
+    "unknown" (no token: `imgbuild run` sets the label empty) for an `engine_token` (or a `process_token`)."""
+    pid, start, space = [*token.split(sep), "", ""][:3]
+    if not (re.fullmatch(r"[0-9]{1,10}", pid) and re.fullmatch(r"[0-9]{1,20}", start)) or token.count(sep) > 2:
+        return "unknown"
+    if space and space != namespace_id():
+        return "elsewhere"
+    return "alive" if token_alive(f"{pid}{sep}{start}", sep) else "gone"
+
+
 def token_alive(token: str, sep: str = ":") -> bool:
     """Does the process a `process_token` names still run (the same one, not a later one with its PID)?"""
     pid, _, start = token.partition(sep)

@@ -143,7 +143,7 @@ def cleanup_images(docker_client) -> Iterator[list[str]]:
     refs: list[str] = []
     yield refs
     for ref in refs:
-        for suffix in ("", "-previous", "-candidate"):
+        for suffix in ("", "-previous"):
             with contextlib.suppress(Exception):
                 docker_client.images.remove(ref + suffix, noprune=True)
 

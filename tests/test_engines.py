@@ -47,7 +47,7 @@ def engine(request, testbed, monkeypatch):
     made: list[str] = []
     yield SimpleNamespace(kind=request.param, client=client, ref=named, made=made)
     for ref in made:
-        for suffix in ("", "-previous", "-candidate"):
+        for suffix in ("", "-previous"):
             with contextlib.suppress(docker.errors.APIError):
                 client.images.remove(named(ref + suffix), noprune=True)
     client.close()
@@ -70,6 +70,20 @@ def _id(engine, ref: str) -> str | None:
         return engine.client.images.get(engine.ref(ref)).id
     except docker.errors.ImageNotFound:
         return None
+
+
+def _candidates(engine, ref: str) -> list[str]:
+    """The candidate tags of `ref`'s repository (each build run its own, `imgbuild-candidate-<run>`)."""
+    repo = engine.ref(ref).rsplit(":", 1)[0]
+    found = engine.client.images.list(name=repo)
+    return [t for img in found for t in img.tags if t.startswith(f"{repo}:imgbuild-candidate-")]
+
+
+def _smoke_containers(engine, ref: str) -> list:
+    """Smoke-test containers of any candidate of `ref`'s repository."""
+    prefix = ref.rsplit(":", 1)[0] + ":imgbuild-candidate-"
+    found = engine.client.containers.list(all=True, filters={"label": "org.imgbuild.smoke-of"})
+    return [c for c in found if str(c.labels.get("org.imgbuild.smoke-of", "")).startswith(prefix)]
 
 
 def _log(ref: str) -> Path:
@@ -107,7 +121,7 @@ def test_a_recipe_builds_through_every_mount_is_smoke_tested_and_promoted(engine
     assert res.code == 0, res.err[-3000:]
     assert "smoke test passed" in res.err and f"{ref} -> sha256:" in res.out
     first = _id(engine, ref)
-    assert first and _id(engine, ref + "-candidate") is None
+    assert first and _candidates(engine, ref) == []
     labels = engine.client.images.get(engine.ref(ref)).labels
     assert labels["org.imgbuild.recipe"].endswith("r.yaml") and labels["org.imgbuild.recipe-hash"].startswith("sha256:")
     said = _in_image(
@@ -153,12 +167,12 @@ def test_a_failed_smoke_test_or_step_never_replaces_the_working_tag_and_leaves_n
     res = run_cli("build", str(recipe), cwd=tmp_path)
     assert res.code == 1 and "smoke test failed: framework: import torch failed" in res.err, res.err[-3000:]
     assert f"{ref} was left as it was" in res.err
-    assert _id(engine, ref) == working and _id(engine, ref + "-candidate") is None
+    assert _id(engine, ref) == working and _candidates(engine, ref) == []
 
     recipe.write_text(recipe.read_text().replace("python3 -m pip uninstall -y torch", "exit 3"))  # a step fails
     res = run_cli("build", str(recipe), cwd=tmp_path)
     assert res.code == 1 and "build failed at " in res.err, res.err[-3000:]
-    assert _id(engine, ref) == working and _id(engine, ref + "-candidate") is None
+    assert _id(engine, ref) == working and _candidates(engine, ref) == []
 
 
 def test_the_pip_step_names_its_failure_on_both_engines(engine, tmp_path):
@@ -172,7 +186,7 @@ def test_the_pip_step_names_its_failure_on_both_engines(engine, tmp_path):
     assert res.code == 1, res.err[-3000:]
     assert "build failed at the pip step" in res.err, res.err[-3000:]
     assert "imgbuild-no-such-package-x7q==1.0: no such package or version on the index" in res.err, res.err[-2000:]
-    assert _id(engine, ref) is None and _id(engine, ref + "-candidate") is None
+    assert _id(engine, ref) is None and _candidates(engine, ref) == []
 
 
 def test_the_same_inputs_build_to_the_same_digest_on_podman_and_docker_says_why_not(engine, tmp_path):
@@ -208,10 +222,9 @@ def test_a_build_killed_during_its_smoke_test_leaves_no_candidate_nor_container(
 
     recipe, ref = _project(tmp_path, 'smoke: {run: ["sleep 600"]}\n')
     engine.made.append(ref)
-    candidate = ref + "-candidate"
 
     def smoke_containers() -> list:
-        return engine.client.containers.list(all=True, filters={"label": f"org.imgbuild.smoke-of={candidate}"})
+        return _smoke_containers(engine, ref)
 
     proc = subprocess.Popen(
         [*IMGBUILD, "build", str(recipe)],
@@ -235,7 +248,7 @@ def test_a_build_killed_during_its_smoke_test_leaves_no_candidate_nor_container(
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
     assert smoke_containers() == []
-    assert _id(engine, candidate) is None and _id(engine, ref) is None
+    assert _candidates(engine, ref) == [] and _id(engine, ref) is None
 
 
 def _fresh_runner(engine, ref: str) -> None:
@@ -310,3 +323,78 @@ def test_a_fresh_runner_restores_the_pip_step_from_the_registry_and_reruns_only_
     if engine.kind == "podman":
         assert "installing uv==" in _log(ref).read_text()
     assert _in_image(engine, ref, "import einops; print(einops.__version__)") == "0.8.0"
+
+
+def test_three_runners_on_one_engine_leave_the_tag_at_one_runners_signed_image_with_its_own_records(engine, tmp_path):
+    """Issue 47: CI runners sharing the host's engine, each with its own project copy and cache, push and sign one
+    target at once (runners a and c build the same inputs, b others). None fails for another's containers or tags;
+    the tag ends at one runner's image, whose signature and records are its own (`verify --recipe` with that
+    runner's recipe passes, with the other's fails); no lease or candidate is left."""
+    registry = os.environ["IMGBUILD_TESTBED_REGISTRY"]
+    private, public = write_key_pair(tmp_path, b"race-pw")
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    ref = f"{registry}/imgbuildtest/{name}"
+    engine.made.append(f"{ref}:v1")
+    runners = {"a": "one", "b": "two", "c": "one"}
+    started = {}
+    for runner, value in runners.items():
+        home = tmp_path / runner
+        (home / ".git").mkdir(parents=True)
+        (home / "recipes").mkdir()
+        (home / "recipes" / "race.yaml").write_text(
+            f'name: {name}\ntag: v1\nimage: {ref}\nbase: {{framework: pytorch, tag: "24.05"}}\nenv: {{RUNNER: "{value}"}}\n'
+        )
+        env = {**os.environ, "IMGBUILD_CACHE_DIR": str(home / "cache"), "IMGBUILD_SIGN_PASSWORD": "race-pw"}
+        started[runner] = subprocess.Popen(
+            [*IMGBUILD, "rebuild", "--push", "--sign-key", str(private), "--json"],
+            cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    pushed = {}
+    for runner, proc in started.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"runner {runner}: {err[-3000:]}"
+        (item,) = json.loads(out)["images"]
+        assert item["status"] == "built", (runner, item)
+        pushed[runner] = item["pushed_digest"]
+    said = {}
+    for runner in runners:
+        recipe = tmp_path / runner / "recipes" / "race.yaml"
+        res = run_cli("verify", f"{ref}:v1", "--key", str(public), "--recipe", str(recipe))
+        said[runner] = (res.code, res.out)
+    winners = [r for r, (code, _) in said.items() if code == 0]
+    assert winners in (["a", "c"], ["b"]), said  # the same inputs verify alike; the other's recipe fails
+    for runner in runners:
+        lines = said[runner][1].splitlines()
+        assert lines[0].startswith("ok signature") and lines[-1].startswith("ok sbom"), said[runner]
+        assert ("ok recipe" in said[runner][1]) is (runner in winners)
+    at_tag = said[winners[0]][1].split("@", 1)[1].split()[0]
+    assert any(pushed[w].startswith(at_tag) for w in winners), (at_tag, pushed)
+    assert not engine.client.containers.list(all=True, filters={"name": "imgbuild-lease-"})
+    assert _candidates(engine, f"{ref}:v1") == []
+
+
+def test_a_smoke_test_sweeps_only_what_a_gone_run_of_its_own_namespace_left(engine):
+    """The sweep before each script container: a killed run's container goes; an `imgbuild run` job (its label set
+    empty) and another PID namespace's (a CI runner sharing the engine) stay."""
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.images import DockerImages
+    from imgbuild.host import namespace_id
+
+    base = f"{os.environ['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    if not engine.client.images.list(name=base):
+        engine.client.images.pull(base)
+    tokens = {"killed": f"4000000:1:{namespace_id()}", "job": "", "elsewhere": "1:2:5x00000000"}
+    made = {}
+    try:
+        for what, token in tokens.items():
+            labels = {"org.imgbuild.started-by": token, "org.imgbuild.smoke-of": ""}
+            made[what] = engine.client.containers.create(
+                base, ["true"], labels=labels, name=f"sweep-{what}-{uuid.uuid4().hex[:6]}"
+            )
+        DockerContainers(engine.client, DockerImages(engine.client)).sweep_orphans()
+        left = {c.name for c in engine.client.containers.list(all=True, filters={"name": "sweep-"})}
+        assert left == {made["job"].name, made["elsewhere"].name}
+    finally:
+        for container in made.values():
+            with contextlib.suppress(Exception):
+                container.remove(force=True)

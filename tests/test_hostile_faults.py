@@ -38,8 +38,14 @@ def _recipe(folder: Path, file: str, name: str, tag: str, *, hang: bool = False,
     return path
 
 
-def _smoke_containers(client, candidate: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"org.imgbuild.smoke-of={candidate}"})
+def _smoke_containers(client, target: str) -> list:
+    """Smoke containers of any build run's candidate of `target` (each run has its own, imgbuild-candidate-<run>)."""
+    found = client.containers.list(all=True, filters={"label": "org.imgbuild.smoke-of"})
+    return [c for c in found if str(c.labels.get("org.imgbuild.smoke-of", "")).startswith(f"{target}:imgbuild-cand")]
+
+
+def _candidates(client, target: str) -> list[str]:
+    return [t for img in client.images.list(name=target) for t in img.tags if ":imgbuild-candidate-" in t]
 
 
 def _image(client, ref: str):
@@ -88,10 +94,9 @@ def names(unique: str, cleanup_images: list[str]) -> Iterator[tuple[str, str]]:
 def test_kill_during_the_smoke_test_loses_nothing_and_leaves_nothing(sig, testbed, docker_client, names, tmp_path):
     name, target = names
     hanging = _recipe(tmp_path, "hang.yaml", name, "v1", hang=True)
-    candidate = f"{target}:v1-candidate"
     proc = _start_build(hanging, tmp_path / "ctx")
     try:
-        _wait_for(lambda: any(c.status == "running" for c in _smoke_containers(docker_client, candidate)), proc)
+        _wait_for(lambda: any(c.status == "running" for c in _smoke_containers(docker_client, target)), proc)
         os.killpg(proc.pid, sig)
         proc.wait(timeout=60)
     finally:
@@ -100,16 +105,16 @@ def test_kill_during_the_smoke_test_loses_nothing_and_leaves_nothing(sig, testbe
     assert _image(docker_client, f"{target}:v1") is None  # never promoted
     if sig == signal.SIGTERM:  # cleaned at once
         assert proc.returncode == 130, proc.stderr.read()
-        assert _smoke_containers(docker_client, candidate) == []
-        assert _image(docker_client, candidate) is None
+        assert _smoke_containers(docker_client, target) == []
+        assert _candidates(docker_client, target) == []
         return
     # SIGKILL: nothing could clean up; the next run of the same target does, and builds.
-    assert _smoke_containers(docker_client, candidate) != []
+    assert _smoke_containers(docker_client, target) != [] and _candidates(docker_client, target) != []
     good = _recipe(tmp_path, "good.yaml", name, "v1")
     result = run_cli("build", str(good), "-o", str(tmp_path / "ctx"))
     assert result.code == 0, result.err
-    assert _smoke_containers(docker_client, candidate) == []
-    assert _image(docker_client, candidate) is None
+    assert _smoke_containers(docker_client, target) == []
+    assert _candidates(docker_client, target) == []
     assert _image(docker_client, f"{target}:v1").labels["variant"] == "good.yaml"
 
 
@@ -123,8 +128,8 @@ def test_a_failing_smoke_test_keeps_the_working_tag_and_leaves_no_candidate(test
     result = run_cli("build", str(broken), "-o", str(tmp_path / "ctx"))
     assert result.code == 1 and "was left as it was" in result.err, result.err
     assert _image(docker_client, f"{target}:v1").id == working
-    assert _image(docker_client, f"{target}:v1-candidate") is None
-    assert _smoke_containers(docker_client, f"{target}:v1-candidate") == []
+    assert _candidates(docker_client, target) == []
+    assert _smoke_containers(docker_client, target) == []
 
 
 @pytest.mark.engine
@@ -362,7 +367,7 @@ def test_a_build_step_that_never_ends_is_stopped_at_the_build_timeout(testbed, d
     assert time.monotonic() - start < 120
     assert result.code == 1, result.err
     assert "ran past 20 s (build_timeout)" in result.err
-    assert _image(docker_client, f"{target}:v1") is None and _image(docker_client, f"{target}:v1-candidate") is None
+    assert _image(docker_client, f"{target}:v1") is None and _candidates(docker_client, target) == []
 
 
 def test_concurrent_renders_of_one_recipe_leave_one_whole_context(tmp_path):

@@ -14,7 +14,9 @@ import pytest
 from imgbuild.ci import rebuild
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.fake import FakeEngine, failing_build
+from imgbuild.engine.lease import lease_name
 from imgbuild.errors import BuildFailed, SmokeFailed
+from imgbuild.host import namespace_id
 from imgbuild.pipeline import build as pipeline
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
@@ -22,6 +24,12 @@ from tests.fake_nvcr import FakeNvcr
 from tests.support import fake_inspect
 
 TARGET = "alice/demo:v1"
+IMAGE = "alice/demo"
+CANDIDATE = pipeline.candidate_ref(IMAGE)  # this process's own
+
+
+def _candidates(engine: FakeEngine) -> list[str]:
+    return [t for t in engine.images.tags_of(IMAGE) if t.startswith(pipeline.CANDIDATE_PREFIX)]
 
 
 @pytest.fixture
@@ -42,8 +50,10 @@ def test_a_first_build_is_promoted_and_leaves_no_candidate(recipe, tmp_path):
     engine = FakeEngine()
     result = _build(recipe, engine, tmp_path)
     assert engine.images.image_id(TARGET) == result.image_id and result.smoke and result.smoke.ok
-    assert engine.images.image_id(f"{TARGET}-candidate") is None and engine.containers.alive == []
-    assert engine.calls[-2:] == [f"tag {TARGET}", f"untag {TARGET}-candidate"]
+    assert _candidates(engine) == [] and engine.containers.alive == []
+    lock = lease_name(TARGET)  # promoted under the target's engine-wide lease, then the candidate goes
+    assert engine.calls[-4:] == [f"lease {lock}", f"tag {TARGET}", f"release {lock}", f"untag {CANDIDATE}"]
+    assert engine.leases.held == {}
 
 
 def test_a_changed_build_keeps_the_replaced_image_as_previous(recipe, tmp_path):
@@ -63,9 +73,7 @@ def test_a_failing_smoke_test_never_replaces_the_working_tag(recipe, tmp_path):
     with pytest.raises(SmokeFailed, match=f"{TARGET} was left as it was"):
         _build(recipe, engine, tmp_path)
     assert engine.images.image_id(TARGET) == working
-    assert (
-        engine.images.image_id(f"{TARGET}-candidate") is None and engine.images.image_id(f"{TARGET}-previous") is None
-    )
+    assert _candidates(engine) == [] and engine.images.image_id(f"{TARGET}-previous") is None
 
 
 def test_a_failed_build_changes_no_tag(recipe, tmp_path):
@@ -88,17 +96,22 @@ def test_an_interrupt_during_the_smoke_test_removes_the_candidate_at_once(interr
     engine.containers.smoke = interrupted
     with pytest.raises(interrupt):
         _build(recipe, engine, tmp_path)
-    assert engine.images.image_id(f"{TARGET}-candidate") is None
+    assert _candidates(engine) == [] and engine.leases.held == {}
     assert engine.images.image_id(TARGET) is None
 
 
-def test_what_a_killed_run_left_is_removed_before_the_next_build(recipe, tmp_path):
+def test_what_a_killed_run_left_is_removed_before_the_next_build_and_no_other_runs_candidate_is(recipe, tmp_path):
+    """Candidates are each run's own (runners sharing an engine never untag each other's): a killed run of this PID
+    namespace left one, which goes; a run elsewhere (another CI runner's container) keeps its own."""
     engine = FakeEngine()
-    engine.add_image(f"{TARGET}-candidate")
-    engine.containers.alive.append(f"{TARGET}-candidate")  # a SIGKILL left its smoke container
+    killed = f"{IMAGE}:{pipeline.CANDIDATE_PREFIX}4000000.1.{namespace_id()}"  # no such PID: gone
+    elsewhere = f"{IMAGE}:{pipeline.CANDIDATE_PREFIX}1.2.5x00000000"  # another namespace's: not ours to judge
+    for ref in (killed, elsewhere):
+        engine.add_image(ref)
+        engine.containers.alive.append(ref)  # a SIGKILL left its smoke container
     _build(recipe, engine, tmp_path)
-    assert [c for c in engine.calls if not c.startswith("pull ")][0] == f"untag {TARGET}-candidate"
-    assert engine.containers.alive == [] and engine.images.image_id(f"{TARGET}-candidate") is None
+    assert [c for c in engine.calls if not c.startswith("pull ")][0] == f"untag {killed}"
+    assert engine.containers.alive == [elsewhere] and _candidates(engine) == [elsewhere.split(":")[1]]
 
 
 # --- rebuild ---------------------------------------------------------------------------------------
@@ -130,7 +143,9 @@ def test_rebuild_builds_bases_first_then_is_fresh(jobs, recipes):
         first = _rebuild(recipes, engine, nvcr, jobs)
         assert {k: v.status for k, v in first.items()} == {"house": "built", "team": "built", "solo": "built"}
         builds = [c for c in engine.calls if c.startswith("build")]
-        assert builds.index("build lab/house:v1-candidate") < builds.index("build lab/team:v1-candidate")
+        assert builds.index(f"build {pipeline.candidate_ref('lab/house')}") < builds.index(
+            f"build {pipeline.candidate_ref('lab/team')}"
+        )
         again = _rebuild(recipes, engine, nvcr, jobs)
     assert {k: v.status for k, v in again.items()} == {"house": "fresh", "team": "fresh", "solo": "fresh"}
 
@@ -278,7 +293,7 @@ def test_a_pushed_build_is_seeded_from_the_registry_copy_of_its_target(recipe, t
     assert [(r.inline_cache, r.cache_from) for r in seen] == [(True, (TARGET,)), (True, ())]
     # a fresh runner (no local image) pulls the registry's copy first (moby/buildkit#1981); a warm one does not
     assert engine.calls.count(f"pull {TARGET}") == 1 and engine.calls.index(f"pull {TARGET}") < engine.calls.index(
-        f"build {TARGET}-candidate"
+        f"build {CANDIDATE}"
     )
     pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
     assert engine.calls.count(f"pull {TARGET}") == 1

@@ -312,11 +312,13 @@ def test_a_recipes_own_args_come_after_the_pip_step(tmp_path):
     ("field", "value"),
     [("tag", "v1-candidate"), ("tag", "1-previous"), ("tag", "imgbuild-cache"), ("tag", "sha256-abc.sig"),
      ("tag", "x.att"), ("tag", "x.sbom"), ("tag", "x.smoke"), ("image", "lab/x-imgbuild-cache"),
-     ("image", "lab/x:v1-candidate"), ("image", "registry.example.org/lab/x:1-previous")],
+     ("image", "lab/x:v1-candidate"), ("image", "registry.example.org/lab/x:1-previous"),
+     ("tag", "imgbuild-candidate-1.2.3x4"), ("image", "lab/x:imgbuild-candidate-7")],
 )  # fmt: skip
 def test_a_recipe_cannot_name_what_imgbuild_keeps_for_itself(tmp_path, field, value):
-    """A tag ending in -candidate or -previous would be removed or replaced by imgbuild's own promotion; Podman's
-    registry cache and cosign's attachment tags likewise."""
+    """A tag ending in -candidate or -previous, or named like a build's own candidate (imgbuild-candidate-<run>),
+    would be removed or replaced by imgbuild's own promotion; Podman's registry cache and cosign's attachment tags
+    likewise."""
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\n{field}: "{value}"\n')

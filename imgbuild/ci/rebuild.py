@@ -15,6 +15,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
+from imgbuild.ci.publish import publish, remote_build
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine, connect_engine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
@@ -23,9 +24,6 @@ from imgbuild.imageref import DIGEST_RE
 from imgbuild.pipeline.context import context_path
 from imgbuild.pipeline.plan import Plan
 from imgbuild.recipe import display_path, load_recipe
-from imgbuild.registry.auth import engine_auth
-from imgbuild.registry.client import RegistryClient
-from imgbuild.registry.manifest import split_reference
 from imgbuild.tree import TooDeep, walk
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
@@ -173,8 +171,8 @@ def staleness(
     image = engine.images.image(plan.target)
     labels = image.labels if image else {}
     if image is None and push and not needed_here:
-        remote, signed = _remote_build(plan.target, settings, verifier)
-        if remote == plan.input_hash and (signed or verifier is None):
+        there = remote_build(plan.target, settings, verifier)
+        if there is not None and there.input_hash == plan.input_hash and (there.signed or verifier is None):
             return []
     if image is None:
         reasons.append("never built here")
@@ -187,36 +185,12 @@ def staleness(
         if not reasons and labels.get(Label.INPUT_HASH) != plan.input_hash:
             reasons.append("build inputs changed (user IDs)")
     if push and not reasons:
-        remote, signed = _remote_build(plan.target, settings, verifier)
-        if remote != plan.input_hash:
-            reasons.append("not in the registry" if remote is None else "the registry has another build")
-        elif verifier is not None and not signed:
+        there = remote_build(plan.target, settings, verifier)
+        if there is None or there.input_hash != plan.input_hash:
+            reasons.append("not in the registry" if there is None else "the registry has another build")
+        elif verifier is not None and not there.signed:
             reasons.append("pushed, but not signed there by this key")
     return reasons
-
-
-def _remote_build(target: str, settings: Settings, verifier: Any = None) -> tuple[str | None, bool]:
-    """(the registry copy's input hash, None where it has none; with `verifier` (the signer's public key),
-    whether that copy is signed by it). The copy is named by the digest of the bytes it serves (never a header),
-    and its signature is verified as `verify` does: a label anyone can copy and any `.sig` tag vouch for nothing."""
-    from imgbuild.supply.verify import check_signature
-
-    host, repo, tag = split_reference(target)
-    client = RegistryClient.for_host(host, settings)
-    try:
-        digest = client.content_digest(repo, tag) if verifier is not None else tag
-        if not digest:
-            return None, False
-        _, config = client.image_config(repo, digest)
-    except ImgbuildError:
-        return None, False
-    remote = ((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH)
-    if verifier is None:
-        return remote, False
-    try:
-        return remote, check_signature(client, repo, f"{host}/{repo}", digest, verifier).ok
-    except ImgbuildError:
-        return remote, False
 
 
 @dataclass
@@ -283,7 +257,9 @@ def _work(
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
                 smoke = result.smoke.to_json() if result.smoke else {}
-                item.pushed = publish(plan, smoke, settings, engine, options.backend, options.signer, log)
+                item.pushed = publish(
+                    plan, result.image_id, smoke, settings, engine, options.backend, options.signer, log
+                )
     except ImgbuildError as exc:
         item.status, item.error = FAILED, "\n".join(exc.lines())
     except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
@@ -291,45 +267,6 @@ def _work(
     finally:
         item.seconds = time.monotonic() - start
     return item
-
-
-def publish(
-    plan: Any,
-    smoke: dict[str, Any],
-    settings: Settings,
-    engine: ImageEngine,
-    backend: str | None,
-    signer: Any,
-    log: Any,
-) -> str:
-    """Push `plan`'s image and attach its smoke record beside it (a fresh runner's next smoke test spares what
-    imported there); with a `signer` (attest.Signer), sign the pushed digest and attach its provenance and SBOM
-    (cosign's tags). Returns the pushed digest."""
-    from imgbuild import imageref
-    from imgbuild.pipeline.describe import describe
-    from imgbuild.pipeline.spared import smoke_record, smoke_scope
-    from imgbuild.registry.client import RegistryClient
-    from imgbuild.supply import attest
-
-    target = plan.target
-    log(f"{target}: pushing")
-    digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
-    ref = imageref.parse(target)
-    client = RegistryClient.for_host(ref.registry, settings)
-    if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
-        try:
-            record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
-            attest.publish(client, ref.repository, digest, record)
-        except ImgbuildError as exc:
-            log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
-    if signer is None:
-        return digest
-    used = engine.pick_backend(backend or settings.backend)  # the backend that built it, never "auto"
-    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
-    made = describe(plan, smoke, ref.name, digest, builder)
-    tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
-    log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
-    return digest
 
 
 def _schedule(items: list[Item], work: Any, jobs: int) -> None:

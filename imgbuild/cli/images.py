@@ -67,7 +67,7 @@ def build(
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
-    from imgbuild.ci import rebuild as rb
+    from imgbuild.ci.publish import publish
     from imgbuild.engine import connect_engine
     from imgbuild.pipeline import build as pipeline
     from imgbuild.servers import enforce
@@ -99,7 +99,7 @@ def build(
         if push:
             smoke = result.smoke.to_json() if result.smoke else {}
             engine = connect_engine(settings)
-            pushed = rb.publish(result.plan, smoke, settings, engine, backend, signer, progress)
+            pushed = publish(result.plan, result.image_id, smoke, settings, engine, backend, signer, progress)
     if as_json:
         emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
         return

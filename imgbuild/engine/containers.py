@@ -213,12 +213,13 @@ class DockerContainers:
         SIGKILL leaves one behind, and with it whatever it was given. Returns how many."""
         from docker.errors import APIError, NotFound
 
-        from imgbuild.host import token_alive
+        from imgbuild.host import token_state
 
         removed = 0
         with contextlib.suppress(APIError):
             for container in self.client.containers.list(all=True, filters={"label": Label.STARTED_BY}):
-                if not token_alive(str((container.labels or {}).get(Label.STARTED_BY, ""))):
+                # a process of another PID namespace (a CI runner sharing this engine) is not ours to judge
+                if token_state(str((container.labels or {}).get(Label.STARTED_BY, ""))) == "gone":
                     with contextlib.suppress(APIError, NotFound):
                         container.remove(force=True)
                         removed += 1
@@ -373,9 +374,9 @@ def _script_container(
 ) -> dict:
     """The create() arguments of a script's container: labelled with the image and the process running it; for a
     user imgbuild acts for (`as_user`), as that user, hardened as their `imgbuild run` is, IPC its own."""
-    from imgbuild.host import process_token
+    from imgbuild.host import engine_token
 
-    labels = {SMOKE_LABEL: image, Label.STARTED_BY: process_token()}
+    labels = {SMOKE_LABEL: image, Label.STARTED_BY: engine_token()}
     kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
     if stdin:
         kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})

@@ -10,6 +10,7 @@ from typing import Any
 from imgbuild.engine import buildkit, sdk
 from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.images import DockerImages
+from imgbuild.engine.lease import DockerLeases
 from imgbuild.engine.types import BuildRequest, ProgressFn, Redactor
 from imgbuild.errors import EngineFault, EngineUnavailable, UsageError
 from imgbuild.regular import open_log
@@ -26,6 +27,7 @@ class Engine:
         self._cli_hint = docker_cli
         self.images = DockerImages(client)
         self.containers = DockerContainers(client, self.images, docker_cli)
+        self.leases = DockerLeases(client)
         self._shares: bool | None = None  # shares_host's answer: asked of the kernel once per engine
 
     @classmethod

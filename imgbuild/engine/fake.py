@@ -81,6 +81,11 @@ class FakeImages:
         self.calls.append(f"untag {ref}")
         self.tags.pop(self._key(ref), None)
 
+    def tags_of(self, repository: str) -> list[str]:
+        wanted = parse(repository).normal().rsplit(":", 1)[0]
+        named = [parse(key) for key in self.tags]
+        return sorted(ref.tag for ref in named if ref.tag and ref.normal().rsplit(":", 1)[0] == wanted)
+
     def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         info = self.image(ref)
         return None if info is None else info.inspected(ref)
@@ -101,6 +106,32 @@ class FakeImages:
             raise ImgbuildError(f"push of {ref} failed: no such image")
         self.pushed[ref] = image_id
         return image_id
+
+
+@dataclass
+class FakeLeases:
+    """Leases as the engine keeps them (`held`: name -> labels; a test puts another run's there)."""
+
+    calls: list[str]
+    held: dict[str, dict[str, str]] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)  # ids of containers the engine runs (a CI runner's)
+
+    def claim(self, name: str, image: str, labels: dict[str, str]) -> bool:
+        if name in self.held:
+            return False
+        self.calls.append(f"lease {name}")
+        self.held[name] = dict(labels)
+        return True
+
+    def holder_labels(self, name: str) -> dict[str, str] | None:
+        return self.held.get(name)
+
+    def running_prefix(self, prefix: str) -> bool:
+        return any(i.startswith(prefix) for i in self.running)
+
+    def remove(self, name: str) -> None:
+        if self.held.pop(name, None) is not None:
+            self.calls.append(f"release {name}")
 
 
 @dataclass
@@ -242,10 +273,12 @@ class FakeEngine:
     calls: list[str] = field(default_factory=list)
     images: FakeImages = field(init=False)
     containers: FakeContainers = field(init=False)
+    leases: FakeLeases = field(init=False)
 
     def __post_init__(self) -> None:
         self.images = FakeImages(self.calls)
         self.containers = FakeContainers(self.calls)
+        self.leases = FakeLeases(self.calls)
 
     def add_image(self, ref: str, labels: dict[str, str] | None = None, env: list[str] | None = None) -> str:
         """Put an image in the store (a base, or a build from an earlier run)."""

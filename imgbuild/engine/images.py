@@ -46,6 +46,17 @@ class DockerImages:
         with contextlib.suppress(ImageNotFound, APIError):
             self.client.api.remove_image(ref, noprune=True)
 
+    def tags_of(self, repository: str) -> list[str]:
+        """The tags this engine has for `repository` (what a killed run left is found by its name)."""
+        from docker.errors import DockerException
+        from requests.exceptions import RequestException
+
+        try:
+            found = self.client.images.list(name=repository)
+        except (DockerException, RequestException):
+            return []
+        return sorted({n.rsplit(":", 1)[1] for img in found for n in img.tags if n.rsplit(":", 1)[0] == repository})
+
     def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         """(registry digest or "", config with the image "Id") of a local image."""
         img = self.image(ref)

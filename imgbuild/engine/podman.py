@@ -76,6 +76,9 @@ class PodmanImages(DockerImages):
     def untag(self, ref: str) -> None:
         super().untag(local(ref))
 
+    def tags_of(self, repository: str) -> list[str]:
+        return super().tags_of(local(repository))
+
     def inspect_local(self, ref: str) -> tuple[str, dict[str, Any]] | None:
         img = self.image(ref)
         return None if img is None else img.inspected(local(ref))

@@ -22,9 +22,10 @@ from imgbuild import limits
 from imgbuild.acting import Acting, as_user, private_copy, read_as, write_as
 from imgbuild.config.settings import Settings
 from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
+from imgbuild.engine.lease import lease
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
-from imgbuild.host import Caller
+from imgbuild.host import Caller, engine_token, token_state
 from imgbuild.pipeline import spared
 from imgbuild.pipeline.context import context_dir, write_context
 from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
@@ -270,11 +271,9 @@ def build(
     ctx = context_dir(plan, settings, out)
     log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
     _writable_dir(log_path.parent)
-    candidate = f"{plan.image}:{plan.tag}-candidate"
+    candidate = candidate_ref(plan.image)
     with build_lock(settings, plan, ctx, progress), ExitStack() as stack:
-        # what a killed run of this target left: its smoke container (labelled) and the candidate tag
-        engine.containers.remove_labelled(Label.SMOKE_OF, candidate)
-        engine.images.untag(candidate)
+        sweep_candidates(engine, plan.image)
         current = engine.images.image_id(plan.target)
         cache_scope = f"u{acting.who.uid}" if acting else ""  # a user's build caches are theirs alone
         rendered = render(plan, chosen, template_cache(settings.cache_dir), cache_scope=cache_scope)
@@ -314,7 +313,7 @@ def build(
             if request.inline_cache and request.cache_from:  # BuildKit's; Buildah pulls each step's own layer
                 _seed(engine, plan.target, progress)
             image_id = engine.build(chosen, request, progress, redact)
-            progress(f"built {image_id[:19]}; smoke-testing {candidate}")
+            progress(f"built {image_id[:19]}; smoke-testing it before it becomes {plan.target}")
             smoke = loaded.recipe.smoke
             wanted = SmokeRequest(
                 candidate,
@@ -343,12 +342,14 @@ def build(
                     + (f" ({kept[:19]})" if kept else " (not built before)")
                     + f"; every failure in full: {report_path}; build log: {log_path}"
                 )
-            previous = engine.images.image_id(plan.target)
             if not promote:  # rebuild --verify-reproducible: built and smoke-tested, never tagged
-                return BuildResult(plan, image_id, previous, False, report, ctx, log_path)
-            if previous and previous != image_id:
-                engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
-            engine.images.tag(image_id, plan.target)
+                return BuildResult(plan, image_id, engine.images.image_id(plan.target), False, report, ctx, log_path)
+            # another run on this engine (a CI runner sharing its socket) may promote or push the target now
+            with lease(engine.leases, plan.target, image_id, PROMOTE_SECONDS, progress):
+                previous = engine.images.image_id(plan.target)
+                if previous and previous != image_id:
+                    engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
+                engine.images.tag(image_id, plan.target)
             promoted = True
             _write_report(
                 ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity, "scope": scope}, who
@@ -356,6 +357,26 @@ def build(
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+
+
+#: A build's candidate tags: `imgbuild-candidate-<engine token>`, each run its own (recipe.model reserves the name).
+CANDIDATE_PREFIX = "imgbuild-candidate-"
+#: How long a promotion may hold its target's engine-wide lease (a few tag operations).
+PROMOTE_SECONDS = 300
+
+
+def candidate_ref(image: str) -> str:
+    """This run's own candidate of `image`: runs sharing an engine never smoke-test, untag or push each other's."""
+    return f"{image}:{CANDIDATE_PREFIX}{engine_token('.')}"
+
+
+def sweep_candidates(engine: ImageEngine, image: str) -> None:
+    """What killed runs of this PID namespace left of `image`: their candidate tags and smoke containers. A run
+    elsewhere (another CI runner's container) is never judged gone from here."""
+    for tag in engine.images.tags_of(image):
+        if tag.startswith(CANDIDATE_PREFIX) and token_state(tag.removeprefix(CANDIDATE_PREFIX), ".") == "gone":
+            engine.containers.remove_labelled(Label.SMOKE_OF, f"{image}:{tag}")
+            engine.images.untag(f"{image}:{tag}")
 
 
 def source_date_epoch() -> int:

@@ -134,14 +134,19 @@ def _reference(value: str, example: str) -> Any:
         raise ValueError(f"{exc} (e.g. {example})") from None
 
 
-#: Names imgbuild gives its own tags and repositories: a recipe's image or tag may not end in them (the candidate and
-#: the kept previous image of a build, Podman's registry cache, cosign's attachment tags).
-RESERVED_SUFFIX_RE = re.compile(r".*(-candidate|-previous|imgbuild-cache|\.sig|\.att|\.sbom|\.smoke)")
+#: Names imgbuild gives its own tags and repositories: a recipe's image or tag may not end in them (the kept previous
+#: image of a build, Podman's registry cache, cosign's attachment tags), nor begin like a build's candidate tag.
+RESERVED_RE = re.compile(r"imgbuild-candidate.*|.*(-candidate|-previous|imgbuild-cache|\.sig|\.att|\.sbom|\.smoke)")
+
+
+RESERVED_NAMES = "imgbuild-candidate-..., -candidate, -previous, ..."
 
 
 def _not_reserved(value: str) -> str:
-    if RESERVED_SUFFIX_RE.fullmatch(value.rsplit("/", 1)[-1]):
-        raise ValueError(f"{value[:80]} ends in a name imgbuild keeps for itself (-candidate, -previous, ...)")
+    if RESERVED_RE.fullmatch(value.rsplit("/", 1)[-1]):
+        raise ValueError(
+            f"{value[:80]} is a name imgbuild keeps for itself (imgbuild-candidate-..., -candidate, -previous, ...)"
+        )
     return value
 
 
@@ -150,8 +155,10 @@ def _image_name(value: str) -> str:
     if ref.digest:
         raise ValueError("an image to build cannot carry a digest")
     for part in (ref.path, ref.tag):  # the repository and the tag, each (x-imgbuild-cache:v1 is Buildah's)
-        if part and RESERVED_SUFFIX_RE.fullmatch(part.rsplit("/", 1)[-1]):
-            raise ValueError(f"{value[:80]} ends in a name imgbuild keeps for itself (-candidate, -previous, ...)")
+        if part and RESERVED_RE.fullmatch(part.rsplit("/", 1)[-1]):
+            raise ValueError(
+                f"{value[:80]} is a name imgbuild keeps for itself (imgbuild-candidate-..., -candidate, -previous, ...)"
+            )
     return value
 
 

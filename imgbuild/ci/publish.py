@@ -1,0 +1,121 @@
+"""Publishing a built image: push it, attach its smoke record, and with a key sign it and attach its provenance and
+SBOM (cosign's tags), as one step that runs sharing an engine cannot interleave.
+
+Runners that share one engine (CI containers on the host's socket) hold the target's engine-wide lease
+(engine.lease) from re-tagging their own image to signing it, so no run pushes another's image under its own
+provenance. A run that finds this plan's build already in the registry, signed by its key when it signs, leaves it
+there (the same inputs, pushed by another runner a moment ago). Runs on different engines push different digests,
+and each digest's attachments are its own: the tag ends at one runner's image with that runner's records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from imgbuild import imageref
+from imgbuild.config.settings import Settings
+from imgbuild.engine import ImageEngine
+from imgbuild.engine.lease import lease
+from imgbuild.errors import ImgbuildError
+from imgbuild.facts import Label
+from imgbuild.pipeline.plan import Plan
+from imgbuild.registry.auth import engine_auth
+from imgbuild.registry.client import RegistryClient
+from imgbuild.registry.manifest import split_reference
+
+#: How long a push and its signing may hold the target's lease (one push may take an hour: engine.podman).
+PUBLISH_SECONDS = 3600 + 600
+
+
+@dataclass(frozen=True)
+class RemoteBuild:
+    """The registry's copy of a target: its digest (of the bytes served, never a header), the input hash its label
+    carries ("" none), and whether the key asked about signed it."""
+
+    digest: str
+    input_hash: str
+    signed: bool
+
+
+def remote_build(target: str, settings: Settings, verifier: Any = None) -> RemoteBuild | None:
+    """The registry's copy of `target`, None where there is none or it cannot be read. With `verifier` (the signer's
+    public key) its signature is verified as `verify` does: a label anyone can copy and any `.sig` tag vouch for
+    nothing."""
+    from imgbuild.supply.verify import check_signature
+
+    host, repo, tag = split_reference(target)
+    client = RegistryClient.for_host(host, settings)
+    try:
+        digest = client.content_digest(repo, tag)
+        if not digest:
+            return None
+        _, config = client.image_config(repo, digest)
+    except ImgbuildError:
+        return None
+    remote = str(((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH) or "")
+    if verifier is None:
+        return RemoteBuild(digest, remote, False)
+    try:
+        return RemoteBuild(digest, remote, check_signature(client, repo, f"{host}/{repo}", digest, verifier).ok)
+    except ImgbuildError:
+        return RemoteBuild(digest, remote, False)
+
+
+def publish(
+    plan: Plan,
+    image_id: str,
+    smoke: dict[str, Any],
+    settings: Settings,
+    engine: ImageEngine,
+    backend: str | None,
+    signer: Any,
+    log: Callable[[str], None],
+) -> str:
+    """Push `image_id` (this run's build of `plan`) as its target and attach its smoke record beside it (a fresh
+    runner's next smoke test spares what imported there); with a `signer` (attest.Signer), sign the pushed digest
+    and attach its provenance and SBOM. Returns the digest the target holds."""
+    target = plan.target
+    with lease(engine.leases, target, image_id, PUBLISH_SECONDS, lambda text: log(f"{target}: {text}")):
+        there = remote_build(target, settings, signer.public_key() if signer is not None else None)
+        if there is not None and there.input_hash == plan.input_hash and (signer is None or there.signed):
+            log(f"{target}: the registry has this build already ({there.digest[:19]}, the same inputs): left as it is")
+            return there.digest
+        engine.images.tag(image_id, target)  # this run's image, whatever another run promoted since
+        log(f"{target}: pushing")
+        digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
+        _attach(plan, digest, smoke, settings, engine, backend, signer, log)
+    return digest
+
+
+def _attach(
+    plan: Plan,
+    digest: str,
+    smoke: dict[str, Any],
+    settings: Settings,
+    engine: ImageEngine,
+    backend: str | None,
+    signer: Any,
+    log: Callable[[str], None],
+) -> None:
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.pipeline.spared import smoke_record, smoke_scope
+    from imgbuild.supply import attest
+
+    target = plan.target
+    ref = imageref.parse(target)
+    client = RegistryClient.for_host(ref.registry, settings)
+    if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
+        try:
+            record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
+            attest.publish(client, ref.repository, digest, record)
+        except ImgbuildError as exc:
+            log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
+    if signer is None:
+        return
+    used = engine.pick_backend(backend or settings.backend)  # the backend that built it, never "auto"
+    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
+    made = describe(plan, smoke, ref.name, digest, builder)
+    tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
+    log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
