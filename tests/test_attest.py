@@ -391,11 +391,25 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     single = tmp_path / "single.yaml"
     single.write_text(
         f'name: one-{unique}\nimage: {registry}/{repo}-one:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+        "run: [\"echo made > /opt/made-by-run.txt\", \"mkdir -p '/srv/a b' && printf 'x\\\\ny' > '/srv/a b/f.txt'\"]\n"
     )
     built = run_cli("build", str(single), "--push", "--sign-key", str(keys["private"]), "--json", cwd=tmp_path, env=env)
     assert built.code == 0, built.err
     cleanup_images.append(f"{registry}/{repo}-one:v1")
-    assert json.loads(built.out)["pushed_digest"].startswith("sha256:")
+    one_digest = json.loads(built.out)["pushed_digest"]
+    assert one_digest.startswith("sha256:")
+    # the files the run steps wrote are in the SBOM with the sha256 sha256sum gives in the image, and nothing of
+    # imgbuild's own or of the build's scratch is
+    sbom_tag = attest.attachment_tag(one_digest, "sbom")
+    oci = {"Accept": attest.OCI_MANIFEST}
+    manifest = requests.get(f"http://{registry}/v2/{repo}-one/manifests/{sbom_tag}", headers=oci, timeout=30).json()
+    blob = requests.get(f"http://{registry}/v2/{repo}-one/blobs/{manifest['layers'][0]['digest']}", timeout=30).json()
+    files = {c["name"]: c["hashes"][0]["content"] for c in blob["components"] if c["type"] == "file"}
+    summed = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "sha256sum", f"{registry}/{repo}-one:v1", "/opt/made-by-run.txt",
+         "/srv/a b/f.txt"], capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert {line[66:]: line[:64] for line in summed.splitlines()} == files, files
     one = run_cli("verify", f"{registry}/{repo}-one:v1", "--key", str(keys["public"]), "--recipe", str(single))
     assert one.code == 0, one.out + one.err
 
@@ -538,3 +552,65 @@ def test_the_images_debian_rows_are_read_as_dpkg_rows_and_anything_else_is_dropp
     ]
     assert _debs({"meta": {"debs": rows}}, ("jq",)) == (("jq", "1.6-2.1"), ("libc6", "2.36-9+deb12u9"))
     assert _debs({"meta": {}}, ("jq", "curl")) == (("jq", ""), ("curl", ""))  # no dpkg: the recipe's names
+
+
+RUN_FILE_ROWS = [
+    # (sha256sum's line, read as)
+    ("a" * 64 + "  /opt/made.txt", ["/opt/made.txt", "a" * 64]),
+    ("b" * 64 + "  /srv/x/with space.txt", ["/srv/x/with space.txt", "b" * 64]),
+    ("\\" + "c" * 64 + "  /opt/new\\nline", None),  # sha256sum escapes a name with a newline or backslash
+    ("A" * 64 + "  /opt/upper", None),  # not sha256sum's hex
+    ("a" * 63 + "  /opt/short", None),
+    ("a" * 64 + " /opt/one-space", None),
+    ("a" * 64 + "  relative/path", None),
+    ("a" * 64 + "  /opt/../etc/shadow", None),
+    ("a" * 64 + "  /opt/tab\there", None),
+    ("a" * 64 + "  /" + "x" * 5000, None),
+    ("a" * 64 + "  /opt/del\x7f", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize("line, row", RUN_FILE_ROWS, ids=[str(i) for i in range(len(RUN_FILE_ROWS))])
+def test_the_files_run_steps_wrote_are_read_only_as_sha256sum_writes_them(line, row):
+    """The image's record of what its run steps wrote reaches the SBOM only as sha256sum's own lines; the SBOM side
+    reads the smoke report's rows with the same rule."""
+    from imgbuild.payload.smoke_image import run_files
+    from imgbuild.pipeline.describe import _run_files
+
+    assert run_files(line) == ([row] if row else [])
+    if row:
+        assert _run_files({"meta": {"run_files": [row]}}) == {row[0]: "sha256:" + row[1]}
+    assert _run_files({"meta": {"run_files": [[line, "a" * 64], ["/x", line], "/x", None]}}) == {}
+
+
+def test_the_sbom_lists_the_files_run_steps_wrote_and_a_copied_file_over_one_of_them_by_its_copy():
+    from imgbuild.pipeline.describe import _run_files
+
+    run = _run_files({"meta": {"run_files": [["/opt/made.txt", "a" * 64], ["/opt/app/train.py", "b" * 64]]}})
+    files = {**run, "/opt/app/train.py": "sha256:" + "c" * 64}
+    components = {c["bom-ref"]: c for c in attest.sbom(made(files=files))["components"]}
+    assert components["file:/opt/made.txt"]["hashes"] == [{"alg": "SHA-256", "content": "a" * 64}]
+    assert components["file:/opt/app/train.py"]["hashes"] == [{"alg": "SHA-256", "content": "c" * 64}]
+
+
+def test_run_steps_sit_between_a_marker_and_a_record_and_a_recipe_without_them_has_neither(tmp_path):
+    from imgbuild.payload.smoke_image import RUN_FILES, RUN_FILES_MAX
+    from tests.support import plan_of, render_context
+
+    def dockerfile(name: str, body: str) -> str:
+        (tmp_path / ".git").mkdir(exist_ok=True)
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(f'name: {name}\nbase: {{framework: pytorch, tag: "24.05"}}\n{body}')
+        return (render_context(plan_of(recipe), tmp_path / name) / "Dockerfile").read_text()
+
+    lines = dockerfile("a", 'run: ["echo one > /opt/one", "echo two > /opt/two"]\n').splitlines()
+    marker = lines.index("RUN mkdir -p /opt/imgbuild && touch /opt/imgbuild/run.start")
+    steps = [
+        n for n, line in enumerate(lines) if line.startswith("RUN ") and ("/opt/one" in line or "/opt/two" in line)
+    ]
+    record = next(n for n, line in enumerate(lines) if "-cnewer /opt/imgbuild/run.start" in line)
+    assert marker < min(steps) and max(steps) < record
+    text = "\n".join(lines[record : record + 6])
+    assert f"> {RUN_FILES}" in text and f"head -z -n {RUN_FILES_MAX}" in text
+    assert "run.start" not in dockerfile("b", "")

@@ -30,6 +30,8 @@ SHM_DEFAULT_BYTES = 64 * 1024 * 1024
 PIP_CHECK_BASELINE = "/opt/imgbuild/pip-check.base"  # `pip check` of the base, written by the Dockerfile
 DISTS_BASELINE = "/opt/imgbuild/dists.base"  # the base's distributions (name==version), likewise
 DEBS_BASELINE = "/opt/imgbuild/debs.base"  # the base's Debian packages (name<TAB>version), likewise
+RUN_FILES = "/opt/imgbuild/run-files.sha256"  # `sha256sum` of each file the recipe's run steps wrote (Dockerfile)
+RUN_FILES_MAX = 10000  # the template's `head -n`: more are not listed
 IMPORT_SECONDS = 120  # one distribution's imports on a quiet machine (IMGBUILD_SMOKE_IMPORT_SECONDS: the setting)
 IMPORT_SCALE = 6  # on a busy machine, at least this many times what the base's framework takes to import now
 TIMED_OUT = "timed out"  # an import that ran past its budget: said apart from one that fails
@@ -794,6 +796,30 @@ def added_debs(base_text: str, now_text: str) -> list:
     what apt pulled in with them): the SBOM's apt part."""
     base = debs(base_text)
     return [[name, version] for name, version in sorted(debs(now_text).items()) if base.get(name) != version]
+
+
+RUN_FILE_PATH = re.compile(r"/[^\x00-\x1f\x7f\\]{1,4095}")  # absolute; no control character, no backslash
+RUN_FILE_LINE = re.compile(r"([0-9a-f]{64})  (" + RUN_FILE_PATH.pattern + ")")
+
+
+def run_files(text: str) -> list:
+    """[path, sha256] of each file the run steps wrote, from `sha256sum`'s lines; a line of any other shape (a name
+    sha256sum escaped, with a backslash or a newline in it) is dropped."""
+    found = []
+    for line in text.splitlines()[:RUN_FILES_MAX]:
+        match = RUN_FILE_LINE.fullmatch(line)
+        if match and "/../" not in match.group(2) + "/":
+            found.append([match.group(2), match.group(1)])
+    return found
+
+
+def written_by_run() -> list | None:
+    """`run_files` of this image's record; None where the recipe has no run step (no record)."""
+    try:
+        with open(RUN_FILES, encoding="utf-8", errors="replace") as handle:
+            return run_files(handle.read(1 << 24))
+    except OSError:
+        return None
 
 
 def installed_debs() -> list | None:
@@ -1725,6 +1751,9 @@ def main(argv: list[str]) -> int:
     apt = installed_debs()
     if apt is not None:  # the Debian packages the recipe added, with versions, for the SBOM
         report.meta["debs"] = apt
+    written = written_by_run()
+    if written is not None:  # the files the recipe's run steps wrote, with their sha256, for the SBOM
+        report.meta["run_files"] = written
     report.meta["seconds"] = round(time.perf_counter() - start, 2)
     payload = {"ok": report.ok, "meta": report.meta, "checks": report.checks}
     if args.format == "table":

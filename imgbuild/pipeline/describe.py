@@ -1,6 +1,7 @@
 """What imgbuild knows of a promoted image, gathered once for its signed records (build.attest): the recipe, its
 lock and commit, the base by digest, the distributions that imported with their licenses and hashes, the apt
-packages, every copied file by the sha256 of its content, the engine and imgbuild's version, the smoke result."""
+packages, every copied file and every file a run step wrote by the sha256 of its content, the engine and
+imgbuild's version, the smoke result."""
 
 from __future__ import annotations
 
@@ -105,12 +106,28 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
         added=added,
         hashes=hashes,
         apt=_debs(smoke, tuple(recipe.apt)),
-        files=_file_hashes(loaded),
+        files={**_run_files(smoke), **_file_hashes(loaded)},  # a copied file is copied after the run steps
         builder=builder,
         imgbuild_version=__version__,
         smoke={"ok": bool(smoke.get("ok")), "failed": [c.get("name") for c in failed]},
         fleet=fleet,
     )
+
+
+def _run_files(smoke: dict[str, Any]) -> dict[str, str]:
+    """Each file the recipe's run steps wrote and its sha256, as the image recorded them when they ran (smoke
+    report's `run_files`); rows of another shape are dropped, read by the image's own parser."""
+    from imgbuild.payload.smoke_image import RUN_FILE_PATH, RUN_FILES_MAX
+
+    rows = (smoke.get("meta") or {}).get("run_files")
+    if not isinstance(rows, list):
+        return {}
+    return {
+        r[0]: "sha256:" + r[1]
+        for r in rows[:RUN_FILES_MAX]
+        if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+        and re.fullmatch(r"[0-9a-f]{64}", r[1]) and RUN_FILE_PATH.fullmatch(r[0]) and "/../" not in r[0] + "/"
+    }  # fmt: skip
 
 
 def _debs(smoke: dict[str, Any], asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
