@@ -76,7 +76,12 @@ def publish(
     """Push `image_id` (this run's build of `plan`) as its target and attach its smoke record beside it (a fresh
     runner's next smoke test spares what imported there); with a `signer` (attest.Signer), sign the pushed digest
     and attach its provenance and SBOM. Returns the digest the target holds."""
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.pipeline.spared import smoke_record, smoke_scope
+    from imgbuild.supply import attest
+
     target = plan.target
+    ref = imageref.parse(target)
     with lease(engine.leases, target, image_id, PUBLISH_SECONDS, lambda text: log(f"{target}: {text}")):
         there = remote_build(target, settings, signer.public_key() if signer is not None else None)
         if there is not None and there.input_hash == plan.input_hash and (signer is None or there.signed):
@@ -85,37 +90,17 @@ def publish(
         engine.images.tag(image_id, target)  # this run's image, whatever another run promoted since
         log(f"{target}: pushing")
         digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
-        _attach(plan, digest, smoke, settings, engine, backend, signer, log)
+        client = RegistryClient.for_host(ref.registry, settings)
+        if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
+            try:
+                record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
+                attest.publish(client, ref.repository, digest, record)
+            except ImgbuildError as exc:
+                log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
+        if signer is not None:
+            used = engine.pick_backend(backend or settings.backend)  # the backend that built it, never "auto"
+            builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
+            made = describe(plan, smoke, ref.name, digest, builder)
+            tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
+            log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
     return digest
-
-
-def _attach(
-    plan: Plan,
-    digest: str,
-    smoke: dict[str, Any],
-    settings: Settings,
-    engine: ImageEngine,
-    backend: str | None,
-    signer: Any,
-    log: Callable[[str], None],
-) -> None:
-    from imgbuild.pipeline.describe import describe
-    from imgbuild.pipeline.spared import smoke_record, smoke_scope
-    from imgbuild.supply import attest
-
-    target = plan.target
-    ref = imageref.parse(target)
-    client = RegistryClient.for_host(ref.registry, settings)
-    if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
-        try:
-            record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
-            attest.publish(client, ref.repository, digest, record)
-        except ImgbuildError as exc:
-            log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
-    if signer is None:
-        return
-    used = engine.pick_backend(backend or settings.backend)  # the backend that built it, never "auto"
-    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
-    made = describe(plan, smoke, ref.name, digest, builder)
-    tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
-    log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
