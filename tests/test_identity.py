@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.host import Caller, caller
 from imgbuild.imageref import BadReference, parse
 from imgbuild.recipe import secret_variable
@@ -79,16 +80,16 @@ def test_the_caller_is_the_sudo_user_never_a_flag(environ, expected, monkeypatch
 
 
 ROWS = [
-    {"name": "alice_train_1", "user": "alice"},
-    {"name": "alice_train_2", "user": "alice"},
-    {"name": "bob_eval_1", "user": "bob"},
-    {"name": "stray", "user": "stray"},
+    ContainerInfo("alice_train_1", user="alice"),
+    ContainerInfo("alice_train_2", user="alice"),
+    ContainerInfo("bob_eval_1", user="bob"),
+    ContainerInfo("stray", user="stray"),
 ]
 
 
 def test_find_container_by_short_name():
-    assert find_container(ROWS, "eval", "bob")["name"] == "bob_eval_1"
-    assert find_container(ROWS, "alice_train_2", "bob")["name"] == "alice_train_2"  # found, not yet allowed
+    assert find_container(ROWS, "eval", "bob").name == "bob_eval_1"
+    assert find_container(ROWS, "alice_train_2", "bob").name == "alice_train_2"  # found, not yet allowed
     with pytest.raises(Exception, match="matches alice_train_1, alice_train_2"):
         find_container(ROWS, "train", "alice")
 

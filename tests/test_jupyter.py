@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from imgbuild.engine.fake import FakeEngine
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.servers import jupyter
 from tests.conftest import run_cli
@@ -25,7 +26,7 @@ class Clock:
 
 def _engine(status: str = "running", exit_code: int | None = None, tail: str = "") -> FakeEngine:
     engine = FakeEngine()
-    engine.containers.listed = [{"name": NAME, "status": status, "exit_code": exit_code}]
+    engine.containers.listed = [ContainerInfo(NAME, status=status, exit_code=exit_code)]
     engine.containers.tails[NAME] = tail
     return engine
 

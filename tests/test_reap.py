@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from imgbuild.config.site import reap_policy, run_rules
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import UsageError
 from imgbuild.gpu.read import Gpu
 from imgbuild.host import caller
@@ -32,8 +33,9 @@ H = 3600.0
 RULES = reap_policy({"idle_timeout": "2h", "warn_lead": "30m", "exited_max_age": "7d"})
 
 
-def row(name: str, status: str = "running", **extra) -> dict:
-    return {"name": name, "id": name[-12:], "user": name.split("_")[0], "status": status, "labelled": True, **extra}
+def row(name: str, status: str = "running", **extra) -> ContainerInfo:
+    fields = {"id": name[-12:], "user": name.split("_")[0], "status": status, "labelled": True, **extra}
+    return ContainerInfo(name, **fields)
 
 
 def verbs(actions: list[Action]) -> list[tuple[str, str, str]]:
@@ -171,8 +173,7 @@ def test_time_and_its_site_maximum():
     assert default.deadline is not None and abs(default.deadline - time.time() - 86400) < 60
     assert prepare(RunRequest("img", ["true"]), _settings(), house=run_rules({})).deadline is None
     # `extend` moves a deadline, never past the start plus max_time, whatever the ledger says
-    container = {"id": "abc", "deadline": 100.0, "created_ts": 0.0}
-    container["user"] = "alice"
+    container = ContainerInfo("alice_x_1", id="abc", deadline=100.0, created_ts=0.0, user="alice")
     assert effective_deadline(container, {"abc": Extension(50.0, "alice")}, house) == 100.0
     assert effective_deadline(container, {"abc": Extension(5000.0, "alice")}, house) == 5000.0
     assert effective_deadline(container, {"abc": Extension(5000.0, "mallory")}, house) == 100.0  # not hers
@@ -427,7 +428,7 @@ ENDED = {
     ],
 )
 def test_which_ended_jobs_get_a_notice_and_what_it_says(why, change, expected):
-    notice = job_notice({**ENDED, **change}, {"noticed-before": 1.0})
+    notice = job_notice(ContainerInfo(**{**ENDED, **change}), {"noticed-before": 1.0})
     if expected is None:
         assert notice is None, why
         return
@@ -465,7 +466,7 @@ def test_a_notice_is_given_once_with_the_facts_in_the_site_commands_environment(
         f"{{'argv': sys.argv[1:]}}, open({str(out)!r}, 'w'))\n"
     )
     command.chmod(0o755)
-    rows = [{**ENDED, "name": "alice_$(id)_1", "exit_code": 2}]
+    rows = [ContainerInfo(**{**ENDED, "name": "alice_$(id)_1", "exit_code": 2})]
     house = run_rules({"state_dir": str(tmp_path / "state")})
     rules = reap_policy({"notify_command": [str(command), "--subject", "job ended"]})
     given: list[tuple[str, str]] = []

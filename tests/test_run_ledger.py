@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.gpu.allocate import pick_cpus, select_gpus
 from imgbuild.gpu.read import Gpu, numa_cpus
@@ -62,7 +63,14 @@ def test_an_entry_lives_while_its_process_lives(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [b"not json", b'{"entries": [{"name": 1}]}', b'{"entries": "x"}', b"[]", b"{" * 100_000, b"\xff\xfe"],
+    [
+        b"not json",
+        b'{"entries": [{"name": 1}]}',
+        b'{"entries": "x"}',
+        b"[]",
+        b"{" * 100_000,
+        b"\xff\xfe",
+    ],
     ids=["garbage", "wrong-fields", "wrong-type", "a-list", "deep", "binary"],
 )
 def test_a_vandalised_ledger_reads_as_empty_and_is_rewritten(tmp_path, content):
@@ -105,10 +113,10 @@ def test_gpus_held_by_containers_and_starting_runs_are_not_free():
     GPUs but not started holds them through the ledger."""
     gpus = [gpu(i) for i in range(4)]
     rows = [
-        {"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpus[0].uuid, "cpuset": "0-3"},
-        {"name": "carol_old_1", "user": "carol", "status": "running", "gpus": "1", "gpu_uuids": ""},  # indices only
-        {"name": "dave_x_1", "user": "dave", "status": "exited", "gpu_uuids": gpus[3].uuid},  # exited: holds nothing
-        {"name": f"{ME}_dev_1", "user": ME, "status": "running", "gpu_uuids": gpus[3].uuid, "cpuset": "2"},
+        ContainerInfo("bob_lm_1", user="bob", status="running", gpu_uuids=gpus[0].uuid, cpuset="0-3"),
+        ContainerInfo("carol_old_1", user="carol", status="running", gpus="1", gpu_uuids=""),  # indices only
+        ContainerInfo("dave_x_1", user="dave", status="exited", gpu_uuids=gpus[3].uuid),  # exited: holds nothing
+        ContainerInfo(f"{ME}_dev_1", user=ME, status="running", gpu_uuids=gpus[3].uuid, cpuset="2"),
     ]
     entries = [Entry("erin_bert_2", "erin", 1, "1", [gpus[2].uuid], [4, 5])]
     held = held_on_host(rows, entries, gpus)
@@ -411,11 +419,11 @@ def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_c
 class Rows:
     """The engine's container list, as the ledger reads it (the pipeline's logic, no engine)."""
 
-    def __init__(self, rows: list[dict]):
+    def __init__(self, rows: list[ContainerInfo]):
         self.rows_now = rows
         self.containers = self
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[ContainerInfo]:
         return list(self.rows_now)
 
     def host_info(self) -> dict:  # how the engine takes GPUs (run.gpu_path): an engine with the nvidia runtime
@@ -440,7 +448,7 @@ def test_wait_queues_first_come_first_served_and_starts_when_free(tmp_path, monk
     from imgbuild.servers.run import reserved
 
     settings = _site(tmp_path, monkeypatch)
-    engine = Rows([{"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpu(0).uuid}])
+    engine = Rows([ContainerInfo("bob_lm_1", user="bob", status="running", gpu_uuids=gpu(0).uuid)])
     ledger = Ledger(tmp_path / "state")
     now = [0.0]
     seen: list[tuple[int, str]] = []
@@ -456,7 +464,7 @@ def test_wait_queues_first_come_first_served_and_starts_when_free(tmp_path, monk
         if now[0] == 5:  # carol has started
             with ledger.transaction() as book:
                 book.leave("wait-carol")
-            engine.rows_now = [{"name": "carol_x_1", "user": "carol", "status": "running", "gpu_uuids": ""}]
+            engine.rows_now = [ContainerInfo("carol_x_1", user="carol", status="running", gpu_uuids="")]
 
     request = RunRequest("ubuntu:22.04", ["true"], gpu_request="1")
     with reserved(request, settings, engine, wait=60, on_wait=lambda p, w: seen.append((p, w)), clock=lambda: now[0], sleep=sleep) as spec:  # fmt: skip
@@ -480,7 +488,7 @@ def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch)
     from imgbuild.servers.run import WaitTimedOut, reserved
 
     settings = _site(tmp_path, monkeypatch)
-    engine = Rows([{"name": "bob_lm_1", "user": "bob", "status": "running", "gpu_uuids": gpu(0).uuid}])
+    engine = Rows([ContainerInfo("bob_lm_1", user="bob", status="running", gpu_uuids=gpu(0).uuid)])
     now = [0.0]
     whys: list[str] = []
 
@@ -515,7 +523,7 @@ def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monke
     group = grp.getgrgid(os.getgid()).gr_name
     four = [gpu(i) for i in range(4)]
     settings = _site(tmp_path, monkeypatch, f"  max_gpus_per_user: 2\n  max_gpus_per_group: {{{group}: 2}}\n", four)
-    rows = [{"name": f"{ME}_a_1", "user": ME, "status": "running", "gpu_uuids": four[0].uuid}]
+    rows = [ContainerInfo(f"{ME}_a_1", user=ME, status="running", gpu_uuids=four[0].uuid)]
     held = held_on_host(rows, [], four)
     assert prepare(RunRequest("img", ["true"], gpu_request="1"), settings, held).gpus.uuids == [four[1].uuid]
     with pytest.raises(UsageError) as refused:
@@ -527,7 +535,7 @@ def test_quota_refuses_naming_the_containers_that_hold_your_gpus(tmp_path, monke
     assert prepare(RunRequest("img", ["true"], gpu_request="device=0"), settings, held).gpus  # the one you hold
     other = f"{ME}x"  # a group member's container counts against the group's share
     monkeypatch.setattr("imgbuild.servers.holds.group_members", lambda g: {ME, other})
-    rows.append({"name": f"{other}_b_1", "user": other, "status": "running", "gpu_uuids": four[1].uuid})
+    rows.append(ContainerInfo(f"{other}_b_1", user=other, status="running", gpu_uuids=four[1].uuid))
     held = held_on_host(rows, [], four)
     with pytest.raises(UsageError, match=f"run.max_gpus_per_group {group}.*group {group} holds 2"):
         prepare(RunRequest("img", ["true"], gpu_request="1"), settings, held)

@@ -217,7 +217,7 @@ def _on_container(ctx: click.Context, verb: str, name: str, force: bool) -> tupl
     who = caller()
     row = find_container(engine.containers.rows(), name, who.name)
     check_owner(row, who, verb, force)
-    return engine, str(row["name"])
+    return engine, row.name
 
 
 _FORCE = click.option("--force", is_flag=True, help="Root only: act on another user's container.")
@@ -293,7 +293,7 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     check_owner(row, who, "extend", force)
     deadline = extend_deadline(row, duration, settings.run)
     click.echo(
-        f"{row['name']}: deadline {time.strftime('%Y-%m-%d %H:%M', time.localtime(deadline))} "
+        f"{row.name}: deadline {time.strftime('%Y-%m-%d %H:%M', time.localtime(deadline))} "
         f"(in {human_duration(deadline - time.time())})"
     )
 

@@ -1,10 +1,12 @@
 """Stage 4: the container engine, behind the `ImageEngine` protocol.
 
-- `types`: the engine's own types (BuildRequest, ImageInfo, Redactor) and the protocol;
+- `types`: the engine's own types (BuildRequest, ImageInfo, ContainerInfo, Redactor) and the protocol;
 - `docker`: `Engine`, the Docker engine (with `images` and `containers`, the only code that talks to Docker);
 - `buildkit`, `sdk`: its two build backends; `images`: the image store; `containers`: containers and the CLI;
 - `podman`: `PodmanEngine`, the same protocol on Podman (builds with `podman build`, the rest through its
   Docker-compatible API socket);
+- `lease`: a lock every run on one engine sees (CI runners sharing its socket): a never-started named container;
+- `runargs`, `noderun`: `docker run`'s words, for `imgbuild run` and for a Slurm task's own container;
 - `fake`: `FakeEngine`, in memory, for unit tests of the pipeline's logic.
 """
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
     from imgbuild.engine.containers import SMOKE_LABEL as SMOKE_LABEL
     from imgbuild.engine.docker import Engine as Engine
     from imgbuild.engine.types import BuildRequest as BuildRequest
+    from imgbuild.engine.types import ContainerInfo as ContainerInfo
     from imgbuild.engine.types import ContainerRunner as ContainerRunner
     from imgbuild.engine.types import ImageEngine as ImageEngine
     from imgbuild.engine.types import ImageInfo as ImageInfo
@@ -34,6 +37,7 @@ _HOMES = {
     **dict.fromkeys(
         (
             "BuildRequest",
+            "ContainerInfo",
             "ContainerRunner",
             "ImageEngine",
             "ImageInfo",

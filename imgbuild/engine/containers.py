@@ -15,7 +15,7 @@ from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.probe import SCRIPT_CACHE, Probe
 from imgbuild.engine.runargs import env_file, run_argv
-from imgbuild.engine.types import RunOptions
+from imgbuild.engine.types import ContainerInfo, RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
 
@@ -73,7 +73,7 @@ class DockerContainers:
     def names(self) -> set[str]:
         return {c.name for c in self.client.containers.list(all=True)}
 
-    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
+    def rows(self, name_prefix: str = "") -> list[ContainerInfo]:
         """Every container, as imgbuild reads it; one removed while the list is read is left out, never an error."""
         rows = []
         for c in self.client.containers.list(all=True, ignore_removed=True):
@@ -82,30 +82,31 @@ class DockerContainers:
             host = c.attrs.get("HostConfig") or {}
             labels = (c.attrs.get("Config") or {}).get("Labels") or {}
             state = c.attrs.get("State") or {}
+            code = state.get("ExitCode")
             rows.append(
-                {
-                    "name": c.name,
-                    "id": c.short_id,
-                    "labelled": bool(labels.get(Label.USER)),  # started by imgbuild run (else: named by hand)
-                    "smoke": bool(labels.get(Label.SMOKE_OF)),  # `run` sets it empty: an image cannot
-                    "deadline": _number(labels.get(Label.DEADLINE)),
-                    "notify": labels.get(Label.NOTIFY) == "1",
-                    "exit_code": state.get("ExitCode"),
-                    "started_ts": _timestamp(state.get("StartedAt")),
-                    "created_ts": _timestamp(c.attrs.get("Created")),
-                    "finished_ts": _timestamp(state.get("FinishedAt")),
-                    "image": (c.attrs.get("Config") or {}).get("Image", ""),
-                    "status": c.status,
-                    "user": labels.get(Label.USER, c.name.split("_", 1)[0]),
-                    "gpus": labels.get(Label.GPUS, ""),
-                    "gpu_uuids": labels.get(Label.GPU_UUIDS, ""),
-                    "cpuset": host.get("CpusetCpus") or "",
-                    "ports": _host_ports(host.get("PortBindings")),
-                    "cpus": (host.get("NanoCpus") or 0) / 1e9 or None,
-                    "created": c.attrs.get("Created", "")[:19].replace("T", " "),
-                }
+                ContainerInfo(
+                    name=c.name,
+                    id=c.short_id,
+                    labelled=bool(labels.get(Label.USER)),
+                    smoke=bool(labels.get(Label.SMOKE_OF)),
+                    deadline=_number(labels.get(Label.DEADLINE)),
+                    notify=labels.get(Label.NOTIFY) == "1",
+                    exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+                    started_ts=_timestamp(state.get("StartedAt")),
+                    created_ts=_timestamp(c.attrs.get("Created")),
+                    finished_ts=_timestamp(state.get("FinishedAt")),
+                    image=str((c.attrs.get("Config") or {}).get("Image", "")),
+                    status=str(c.status),
+                    user=str(labels.get(Label.USER, c.name.split("_", 1)[0])),
+                    gpus=str(labels.get(Label.GPUS, "")),
+                    gpu_uuids=str(labels.get(Label.GPU_UUIDS, "")),
+                    cpuset=str(host.get("CpusetCpus") or ""),
+                    ports=tuple(_host_ports(host.get("PortBindings"))),
+                    cpus=(host.get("NanoCpus") or 0) / 1e9 or None,
+                    created=str(c.attrs.get("Created", ""))[:19].replace("T", " "),
+                )
             )
-        return sorted(rows, key=lambda r: r["name"])
+        return sorted(rows, key=lambda r: r.name)
 
     def stop(self, name: str, timeout: int = 30) -> None:
         """Stop a container (SIGTERM, then SIGKILL after `timeout` s); gone already is fine."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.engine.probe import Probe
-from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, RunOptions
+from imgbuild.engine.types import BuildRequest, ContainerInfo, ImageInfo, ProgressFn, Redactor, RunOptions
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.imageref import parse
 
@@ -150,7 +150,7 @@ class FakeContainers:
     probed: list[ProbeRun] = field(default_factory=list)
     started: list[RunOptions] = field(default_factory=list)  # every container `run` started, as asked
     start_code: int = 0  # what a start exits with (125: the engine refused it)
-    listed: list[dict[str, Any]] = field(default_factory=list)  # what `rows` answers (the engine's containers)
+    listed: list[ContainerInfo] = field(default_factory=list)  # what `rows` answers (the engine's containers)
     tails: dict[str, str] = field(default_factory=dict)  # container name -> the last lines of its output
 
     def run_script(
@@ -221,8 +221,8 @@ class FakeContainers:
     def names(self) -> set[str]:
         return set()
 
-    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]:
-        return [dict(row) for row in self.listed if str(row.get("name", "")).startswith(name_prefix)]
+    def rows(self, name_prefix: str = "") -> list[ContainerInfo]:
+        return [row for row in self.listed if row.name.startswith(name_prefix)]
 
     def cpu_percent(self, name: str) -> float | None:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,6 +103,36 @@ class RunOptions:
     entrypoint: str | None = None
 
 
+@dataclass(frozen=True)
+class ContainerInfo:
+    """A container as imgbuild reads it (`containers.rows()`): what `ps`, the reaper, the GPU holds, the queue and
+    the job notices need. Times are seconds since the epoch (None: unknown); `gpus` and `gpu_uuids` are the
+    comma-separated labels `run` set."""
+
+    name: str
+    id: str = ""
+    labelled: bool = False  # started by `imgbuild run` (else: named by hand)
+    smoke: bool = False  # a script container of imgbuild's own (`run` sets the label empty: an image cannot)
+    deadline: float | None = None
+    notify: bool = False
+    exit_code: int | None = None
+    started_ts: float | None = None
+    created_ts: float | None = None
+    finished_ts: float | None = None
+    image: str = ""
+    status: str = ""
+    user: str = ""
+    gpus: str = ""
+    gpu_uuids: str = ""
+    cpuset: str = ""
+    ports: tuple[int, ...] = ()
+    cpus: float | None = None
+    created: str = ""  # as `ps` shows it: YYYY-MM-DD HH:MM:SS
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ports": list(self.ports)}
+
+
 class ImageStore(Protocol):
     """The engine's images, by reference."""
 
@@ -138,7 +168,7 @@ class ContainerRunner(Protocol):
     ) -> tuple[int, str, str]: ...
     def remove_labelled(self, label: str, value: str) -> None: ...
     def names(self) -> set[str]: ...
-    def rows(self, name_prefix: str = "") -> list[dict[str, Any]]: ...
+    def rows(self, name_prefix: str = "") -> list[ContainerInfo]: ...
     def cpu_percent(self, name: str) -> float | None: ...
     def stop(self, name: str, timeout: int = 30) -> None: ...
     def remove(self, name: str) -> None: ...

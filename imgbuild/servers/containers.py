@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import RunRules
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.servers.spec import parse_duration
 
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
 # --- your containers, by short name ---------------------------------------------------------------
 
 
-def find_container(rows: list[dict[str, Any]], name: str, user: str) -> dict[str, Any]:
+def find_container(rows: list[ContainerInfo], name: str, user: str) -> ContainerInfo:
     """The container `name` means: an exact name, `<user>_<name>`, or the one `<user>_<name>_<n>`."""
-    by_name = {r["name"]: r for r in rows}
+    by_name = {r.name: r for r in rows}
     for candidate in (name, f"{user}_{name}"):
         if candidate in by_name:
             return by_name[candidate]
@@ -33,21 +34,21 @@ def find_container(rows: list[dict[str, Any]], name: str, user: str) -> dict[str
     raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
 
 
-def check_owner(row: dict[str, Any], who: Any, verb: str, force: bool) -> None:
+def check_owner(row: ContainerInfo, who: Any, verb: str, force: bool) -> None:
     """Every verb on a container follows one rule: it is the caller's, or an admin says --force.
 
     The owner is the `org.imgbuild.user` label `imgbuild run` writes (else the `<user>_` name prefix);
     the caller is who really runs imgbuild (sudo-aware), never a --user flag."""
-    if row["user"] == who.name:
+    if row.user == who.name:
         return
     if force and who.is_admin:
         return
     if force:
         raise UsageError(
-            f"{row['name']} belongs to {row['user'] or 'nobody known'}: only root may {verb} other users' containers"
+            f"{row.name} belongs to {row.user or 'nobody known'}: only root may {verb} other users' containers"
         )
     raise UsageError(
-        f"{row['name']} belongs to {row['user'] or 'nobody known'}, not to {who.name}"
+        f"{row.name} belongs to {row.user or 'nobody known'}, not to {who.name}"
         + ("; --force to " + verb + " it anyway" if who.is_admin else "")
     )
 
@@ -73,40 +74,40 @@ def human_duration(seconds: float) -> str:
     return text or f"{seconds}s"
 
 
-def effective_deadline(row: dict[str, Any], extended: dict[str, Any], house: RunRules) -> float | None:
+def effective_deadline(row: ContainerInfo, extended: dict[str, Any], house: RunRules) -> float | None:
     """A container's deadline: its label, moved by `extend` (never past its start + the site's max_time), by
     its owner only (`extended`: container ID -> ledger.Extension)."""
-    label = row.get("deadline")
-    extension = extended.get(row.get("id") or "")
-    moved = extension.deadline if extension is not None and extension.user == row.get("user") else None
+    label = row.deadline
+    extension = extended.get(row.id or "")
+    moved = extension.deadline if extension is not None and extension.user == row.user else None
     if label is None or moved is None or moved <= label:
         return label
     most = house.max_seconds
-    created = row.get("created_ts")
+    created = row.created_ts
     if most is not None and created is not None:
         moved = min(moved, created + most)
     return max(label, moved)
 
 
-def extend(row: dict[str, Any], by: str, house: RunRules) -> float:
+def extend(row: ContainerInfo, by: str, house: RunRules) -> float:
     """Move one container's deadline by `by`, within the site's max_time from its start; the new deadline."""
     from imgbuild.servers.ledger import Extension, Ledger
 
     seconds = parse_duration(by, "extend")
-    if row.get("deadline") is None:
-        raise UsageError(f"{row['name']} has no deadline to extend")
+    if row.deadline is None:
+        raise UsageError(f"{row.name} has no deadline to extend")
     ledger = Ledger(house.ledger_dir)
     with ledger.transaction() as book:
         current = effective_deadline(row, book.extended, house) or 0.0
         wanted = current + seconds
         most = house.max_seconds
-        created = row.get("created_ts")
+        created = row.created_ts
         if most is not None and created is not None and wanted > created + most + 1:
             raise UsageError(
-                f"extend {row['name']} {by}: the site allows {human_duration(most)} from its start (run.max_time); "
+                f"extend {row.name} {by}: the site allows {human_duration(most)} from its start (run.max_time); "
                 f"at most {human_duration(max(0.0, created + most - current))} more"
             )
-        book.extended[row["id"]] = Extension(wanted, row.get("user") or "")
+        book.extended[row.id] = Extension(wanted, row.user or "")
     return wanted
 
 
@@ -119,19 +120,19 @@ LOST_GPU_FIX = (
 )
 
 
-def gpus_lost(engine: ImageEngine, row: dict[str, Any]) -> str:
+def gpus_lost(engine: ImageEngine, row: ContainerInfo) -> str:
     """The one-line fix when a running container with GPUs can no longer reach them; "" otherwise."""
-    if row.get("status") != "running" or not (row.get("gpus") or row.get("gpu_uuids")):
+    if row.status != "running" or not (row.gpus or row.gpu_uuids):
         return ""
-    code, output = engine.containers.probe(row["name"], ["nvidia-smi", "-L"])
+    code, output = engine.containers.probe(row.name, ["nvidia-smi", "-L"])
     if code != 0 and any(sign in output for sign in LOST_GPU_SIGNS):
-        return LOST_GPU_FIX.format(name=row["name"])
+        return LOST_GPU_FIX.format(name=row.name)
     return ""
 
 
 def lost_containers(engine: ImageEngine) -> list[dict[str, str]]:
     """Running containers whose GPUs vanished under them, each with the fix (`imgbuild gpus`)."""
-    found = [(r["name"], gpus_lost(engine, r)) for r in engine.containers.rows() if not r.get("smoke")]
+    found = [(r.name, gpus_lost(engine, r)) for r in engine.containers.rows() if not r.smoke]
     return [{"name": name, "fix": fix} for name, fix in found if fix]
 
 
@@ -150,7 +151,7 @@ def container_view(engine: ImageEngine, settings: Settings, now: float | None = 
     for row in engine.containers.rows():
         deadline = effective_deadline(row, extended, house)
         left = "" if deadline is None else ("passed" if deadline <= now else human_duration(deadline - now))
-        rows.append({**row, "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})
+        rows.append({**row.to_json(), "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})
     return rows
 
 

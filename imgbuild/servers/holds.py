@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import RunRules
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError
 from imgbuild.gpu.allocate import Claim, Claims, Selection
 from imgbuild.servers.spec import cpulist_of
@@ -52,7 +53,7 @@ def quota_check(settings: Settings, user: str) -> Callable[[Any, dict[str, list[
     return check
 
 
-def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]) -> Held:
+def held_on_host(rows: list[ContainerInfo], entries: list[Any], gpus: list[Any]) -> Held:
     """Claims from the engine's live containers (their labels and cpusets) and the ledger's entries."""
     held = Held()
     uuid_of = {g.index: g.uuid for g in gpus}
@@ -61,13 +62,13 @@ def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]
         held.gpus.setdefault(uuid, []).append(Claim(user, what))
 
     for row in rows:
-        if row.get("status") not in ("running", "restarting", "paused"):
+        if row.status not in ("running", "restarting", "paused"):
             continue
         for uuid in container_gpus(row, uuid_of):
-            claim(uuid, row["user"], f"container {row['name']}")
-        for cpu in cpulist_of(row.get("cpuset") or ""):
+            claim(uuid, row.user, f"container {row.name}")
+        for cpu in cpulist_of(row.cpuset or ""):
             held.cpus[cpu] = held.cpus.get(cpu, 0) + 1
-        held.ports.update(row.get("ports") or [])
+        held.ports.update(row.ports or [])
     for entry in entries:
         held.ports.update(entry.ports)
         for uuid in entry.gpus:
@@ -77,22 +78,22 @@ def held_on_host(rows: list[dict[str, Any]], entries: list[Any], gpus: list[Any]
     return held
 
 
-def container_gpus(row: dict[str, Any], uuid_of: dict[int, str]) -> list[str]:
+def container_gpus(row: ContainerInfo, uuid_of: dict[int, str]) -> list[str]:
     """The UUIDs of a container's GPUs, from its labels (indices, for containers started before UUIDs)."""
-    uuids = [u for u in (row.get("gpu_uuids") or "").split(",") if u]
+    uuids = [u for u in (row.gpu_uuids or "").split(",") if u]
     if uuids:
         return uuids
-    indices = [int(i) for i in (row.get("gpus") or "").split(",") if i.isdigit()]
+    indices = [int(i) for i in (row.gpus or "").split(",") if i.isdigit()]
     return [uuid_of[i] for i in indices if i in uuid_of]
 
 
-def running_with_gpus(rows: list[dict[str, Any]], gpus: list[Any]) -> list[tuple[dict[str, Any], list[Any]]]:
+def running_with_gpus(rows: list[ContainerInfo], gpus: list[Any]) -> list[tuple[ContainerInfo, list[Any]]]:
     """Each running container with GPUs this host reads, and those GPUs (the reaper's samples, the usage log)."""
     uuid_of = {g.index: g.uuid for g in gpus}
     by_uuid = {g.uuid: g for g in gpus}
     found = []
     for row in rows:
-        if row.get("status") == "running":
+        if row.status == "running":
             held = [by_uuid[u] for u in container_gpus(row, uuid_of) if u in by_uuid]
             if held:
                 found.append((row, held))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from imgbuild.engine.probe import Probe
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
 
 if TYPE_CHECKING:
@@ -63,17 +64,17 @@ def wait_until_serving(
     while True:
         if ask(port):
             return
-        rows = [r for r in engine.containers.rows(name) if r.get("name") == name]
-        state = rows[0] if rows else {"status": "gone"}
+        rows = [r for r in engine.containers.rows(name) if r.name == name]
+        state = rows[0] if rows else ContainerInfo(name, status="gone")
         waited = clock() - started
-        if state.get("status") != "running" or waited > seconds:
+        if state.status != "running" or waited > seconds:
             tail = " | ".join(line.strip() for line in engine.containers.log_tail(name, 8).splitlines()[-4:])
             engine.containers.remove(name)
             why = (
-                f"its container exited {state.get('exit_code')}"
-                if state.get("status") in ("exited", "dead")
+                f"its container exited {state.exit_code}"
+                if state.status in ("exited", "dead")
                 else f"it did not answer in {seconds:.0f} s"
-                if state.get("status") == "running"
+                if state.status == "running"
                 else "its container is gone"
             )
             raise ImgbuildError(

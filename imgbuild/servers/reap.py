@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import ReapPolicy, RunRules
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import EnvironmentProblem
 from imgbuild.servers import usage
 from imgbuild.servers.ledger import REAPER_DIR, append_record, reaper_dir
@@ -70,7 +71,7 @@ def idle_since(samples: list[list[float]]) -> float | None:
 
 
 def decide(
-    rows: list[dict[str, Any]],
+    rows: list[ContainerInfo],
     state: State,
     now: float,
     rules: ReapPolicy,
@@ -82,13 +83,13 @@ def decide(
     `extend` moved it."""
     actions: list[Action] = []
     for row in rows:
-        if row.get("smoke") or any(fnmatch.fnmatchcase(row["name"], p) for p in rules.exempt):
+        if row.smoke or any(fnmatch.fnmatchcase(row.name, p) for p in rules.exempt):
             continue
-        owned = bool(row.get("labelled") or ("_" in row["name"] and known_user(row["name"].split("_", 1)[0])))
-        if row.get("status") in ("exited", "created", "dead"):
+        owned = bool(row.labelled or ("_" in row.name and known_user(row.name.split("_", 1)[0])))
+        if row.status in ("exited", "created", "dead"):
             action = _exited(row, owned, now, rules)
-        elif row.get("status") == "running":
-            action = _running(row, owned, state, now, rules, deadlines.get(row["id"]))
+        elif row.status == "running":
+            action = _running(row, owned, state, now, rules, deadlines.get(row.id))
         else:
             action = None
         if action:
@@ -96,22 +97,22 @@ def decide(
     return actions
 
 
-def _exited(row: dict[str, Any], owned: bool, now: float, rules: ReapPolicy) -> Action | None:
+def _exited(row: ContainerInfo, owned: bool, now: float, rules: ReapPolicy) -> Action | None:
     """An old exited or never-started container of a user: removed, where the site asked for removal."""
-    ended = row.get("finished_ts") or row.get("created_ts")
+    ended = row.finished_ts or row.created_ts
     max_age = rules.exited_seconds
     if not (rules.remove and max_age is not None and owned and ended is not None):
         return None
     if now - ended < max_age:
         return None
-    reason = f"{'never started' if row.get('status') == 'created' else 'exited'} {human(now - ended)} ago"
-    return Action("remove", row["name"], row.get("user") or "", reason, "exited", row["id"])
+    reason = f"{'never started' if row.status == 'created' else 'exited'} {human(now - ended)} ago"
+    return Action("remove", row.name, row.user or "", reason, "exited", row.id)
 
 
 def _running(
-    row: dict[str, Any], owned: bool, state: State, now: float, rules: ReapPolicy, deadline: float | None
+    row: ContainerInfo, owned: bool, state: State, now: float, rules: ReapPolicy, deadline: float | None
 ) -> Action | None:
-    name, cid, user = row["name"], row["id"], row.get("user") or ""
+    name, cid, user = row.name, row.id, row.user or ""
     lead = rules.warn_seconds
     final = "remove" if rules.remove else "stop"
     if not owned:
@@ -152,22 +153,22 @@ def human(seconds: float) -> str:
 # --- sampling ------------------------------------------------------------------------------------------
 
 
-def sample(rows: list[dict[str, Any]], gpus: list[Any], rules: ReapPolicy, now: float, state: State) -> None:
+def sample(rows: list[ContainerInfo], gpus: list[Any], rules: ReapPolicy, now: float, state: State) -> None:
     """Add one sample per running container with GPUs: busy when any of its GPUs is above idle_percent
     (a GPU whose use cannot be read, as on MIG, counts as busy: never stop what cannot be measured)."""
     from imgbuild.servers.holds import running_with_gpus
 
     alive = set()
     for row, held in running_with_gpus(rows, gpus):
-        alive.add(row["id"])
+        alive.add(row.id)
         busy = any(g.utilization is None or g.utilization > rules.idle_percent for g in held)
-        kept = state.samples.setdefault(row["id"], [])
+        kept = state.samples.setdefault(row.id, [])
         kept.append([now, 1.0 if busy else 0.0])
         del kept[:-SAMPLES_KEPT]
         if busy:
-            state.warned.get(row["id"], {}).pop("idle", None)  # busy again: a later idleness is warned anew
+            state.warned.get(row.id, {}).pop("idle", None)  # busy again: a later idleness is warned anew
     state.samples = {k: v for k, v in state.samples.items() if k in alive}
-    present = {r["id"] for r in rows}
+    present = {r.id for r in rows}
     state.warned = {k: v for k, v in state.warned.items() if k in present and v}
 
 
@@ -325,7 +326,7 @@ def reap(
     state = load_state(state_path)
     rows = engine.containers.rows()
     sample(rows, gpus, rules, now, state)
-    deadlines = {r["id"]: effective_deadline(r, extended, house) for r in rows}
+    deadlines = {r.id: effective_deadline(r, extended, house) for r in rows}
     actions = decide(rows, state, now, rules, deadlines, known_user)
     if dry_run:
         return Report(actions, ["dry run"] * len(actions))
@@ -341,35 +342,35 @@ def reap(
         # what the GPUs were held for since the last run (imgbuild usage), once the rules are enforced
         usage.append(own, usage.record(now, state.last_run, usage.holds_of(rows, gpus, primary_group)))
         state.last_run = now
-        present = {r["id"] for r in rows}
+        present = {r.id for r in rows}
         state.noticed = {k: v for k, v in state.noticed.items() if k in present}
         for row in rows:
             notice = job_notice(row, state.noticed)
             if notice is None:
                 continue
-            state.noticed[row["id"]] = now  # given once, whatever its channels say
+            state.noticed[row.id] = now  # given once, whatever its channels say
             text, facts = notice
-            outcome = _give_notice(row["user"], text, facts, rules, notify)
-            append_log(log, now, Action("notice", row["name"], row["user"], text, "notify", row["id"]), outcome)
+            outcome = _give_notice(row.user, text, facts, rules, notify)
+            append_log(log, now, Action("notice", row.name, row.user, text, "notify", row.id), outcome)
     finally:
         save_state(state_path, state)  # whatever failed, what was done is remembered
     return Report(actions, outcomes)
 
 
-def job_notice(row: dict[str, Any], noticed: dict[str, float]) -> tuple[str, dict[str, str]] | None:
+def job_notice(row: ContainerInfo, noticed: dict[str, float]) -> tuple[str, dict[str, str]] | None:
     """The notice of a `run --notify` job that ended and has none yet: (its line, the facts for notify_command).
     Only for a container named for the user its label names (`<user>_...`): a hand-made one cannot send
     another user notices."""
-    user, name = str(row.get("user") or ""), str(row.get("name") or "")
-    if not row.get("notify") or row.get("status") not in ("exited", "dead") or row.get("id") in noticed:
+    user, name = str(row.user or ""), str(row.name or "")
+    if not row.notify or row.status not in ("exited", "dead") or row.id in noticed:
         return None
     if not user or not name.startswith(user + "_"):
         return None
-    code = row.get("exit_code")
+    code = row.exit_code
     code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    started, finished = row.get("started_ts"), row.get("finished_ts")
+    started, finished = row.started_ts, row.finished_ts
     seconds = max(0.0, finished - started) if isinstance(started, float) and isinstance(finished, float) else 0.0
-    gpus = len([g for g in str(row.get("gpu_uuids") or row.get("gpus") or "").split(",") if g])
+    gpus = len([g for g in str(row.gpu_uuids or row.gpus or "").split(",") if g])
     gpu_hours = gpus * seconds / 3600
     outcome = "finished" if code == 0 else f"failed (exit {code if code is not None else 'unknown'})"
     text = f"imgbuild: {name} {outcome} after {human(seconds)}, {gpu_hours:.2f} GPU-hours on {gpus} GPU(s)"

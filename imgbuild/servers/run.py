@@ -245,7 +245,7 @@ def reserved(
                 why = f"{ahead} ahead of you"
                 if ahead == 0:
                     rows = engine.containers.rows()
-                    book.extended = {k: v for k, v in book.extended.items() if k in {r["id"] for r in rows}}
+                    book.extended = {k: v for k, v in book.extended.items() if k in {r.id for r in rows}}
                     gpus = read_gpus_or_none(settings)
                     held = held_on_host(rows, book.holds(), gpus)
                     try:
@@ -258,7 +258,7 @@ def reserved(
                     else:
                         book.leave(ticket)
                         # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
-                        taken = {r["name"] for r in rows} | {e.name for e in book.entries}
+                        taken = {r.name for r in rows} | {e.name for e in book.entries}
                         spec.name = next_name(spec.user, spec.short_name, taken)
                         ports = [spec.jupyter_port] if spec.jupyter_port else []
                         book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, ports)

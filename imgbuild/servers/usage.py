@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import EnvironmentProblem, UsageError
 
 USAGE_FILE = "usage.jsonl"
@@ -42,18 +43,18 @@ def record(now: float, previous: float | None, holds: list[dict[str, Any]]) -> d
     return {"time": round(now, 3), "seconds": round(seconds, 3), "holds": holds}
 
 
-def holds_of(rows: list[dict[str, Any]], gpus: list[Any], group_of: Any) -> list[dict[str, Any]]:
+def holds_of(rows: list[ContainerInfo], gpus: list[Any], group_of: Any) -> list[dict[str, Any]]:
     """The running containers' GPUs as a record holds them (`group_of(user)`: the user's primary group)."""
     from imgbuild.servers.holds import running_with_gpus
 
     holds = []
     for row, held in running_with_gpus(rows, gpus):
-        user = str(row.get("user") or "")
+        user = row.user
         holds.append(
             {
                 "user": user,
                 "group": group_of(user) if user else "",
-                "container": str(row.get("name") or ""),
+                "container": row.name,
                 "gpus": [{"uuid": g.uuid, "util": g.utilization} for g in held],
             }
         )
