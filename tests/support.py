@@ -134,3 +134,23 @@ def real_base(key: str):
     env = release.config_env("amd64")
     config = {"config": {"Env": [f"{k}={v}" for k, v in env.items()], "Labels": release.labels("amd64")}}
     return plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", env=env, facts=ngc.describe_config(config))
+
+
+#: The two lines every recipe needs: a name and an NGC base.
+RECIPE_HEAD = 'name: demo\nbase: {framework: pytorch, tag: "24.05"}\n'
+
+
+def refusal_lines(tmp_path, text: str) -> list[str]:
+    """The lines a recipe of `text` is refused with (exit 2), as the user sees them."""
+    import pytest
+
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert info.value.exit_code == 2
+    return info.value.lines()
