@@ -14,6 +14,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS
+
 TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "templates"
 
 
@@ -43,11 +45,8 @@ def wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requir
 def guard_folder(folder: Path) -> Path:
     """The guard and what it imports, as the context holds them (`imgbuild/pip/`): guard.py's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(TEMPLATES / "pip-guard.py", folder / "guard.py")
-    shutil.copy(TEMPLATES / "pip-owners.py", folder / "owners.py")
-    shutil.copy(TEMPLATES / "pip_versions.py", folder / "pip_versions.py")
-    shutil.copy(TEMPLATES / "pip_index.py", folder / "pip_index.py")
-    shutil.copy(TEMPLATES / "pip_words.py", folder / "pip_words.py")
+    for name, inside in PIP_SCRIPTS.items():
+        shutil.copy(PAYLOAD_DIR / name, folder / inside)
     return folder / "guard.py"
 
 

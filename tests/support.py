@@ -113,7 +113,7 @@ def users_home(tmp_path, monkeypatch):
     return home
 
 
-GUARD = Path(__file__).parent.parent / "imgbuild" / "templates" / "pip-guard.py"
+GUARD = Path(__file__).parent.parent / "imgbuild" / "payload" / "pip_guard.py"
 
 
 def guard_module():

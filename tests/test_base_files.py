@@ -250,7 +250,7 @@ def test_the_pip_steps_reading_of_a_cuda_build_is_the_plans():
     from imgbuild import ngc
 
     spec = importlib.util.spec_from_file_location(
-        "owners", Path(__file__).parent.parent / "imgbuild/templates/pip-owners.py"
+        "owners", Path(__file__).parent.parent / "imgbuild/payload/pip_owners.py"
     )
     assert spec and spec.loader
     owners = importlib.util.module_from_spec(spec)

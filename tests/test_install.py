@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import imgbuild
+from imgbuild.payload import PAYLOAD_DIR
 from imgbuild.pipeline.plan import IMAGE_TEMPLATES, OTHER_TEMPLATES, TEMPLATES_DIR, templates_digest
 from tests.conftest import IMGBUILD, ROOT
 
@@ -68,7 +69,7 @@ def test_a_byte_compiled_templates_folder_changes_nothing(tmp_path, monkeypatch)
     shutil.copytree(TEMPLATES_DIR, copy)
     before = templates_digest()
     (copy / "__pycache__").mkdir(exist_ok=True)
-    (copy / "__pycache__" / "pip-guard.cpython-311.pyc").write_bytes(b"\0" * 16)
+    (copy / "__pycache__" / "Dockerfile.cpython-311.pyc").write_bytes(b"\0" * 16)
     monkeypatch.setattr(plan, "TEMPLATES_DIR", copy)
     plan.templates_digest.cache_clear()
     try:
@@ -101,15 +102,15 @@ def test_the_installed_command_validates_renders_and_exports_from_a_folder_witho
     def imgbuild_(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([command, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300)
 
-    compiled = list((installed / "lib").glob("python3*/site-packages/imgbuild/templates/__pycache__"))
-    assert compiled, "pip byte-compiles the templates folder's scripts: the case this test is about"
+    compiled = list((installed / "lib").glob("python3*/site-packages/imgbuild/payload/__pycache__/pip_guard.*"))
+    assert compiled, "pip byte-compiles the in-image scripts (payload/): the case this test is about"
     checked = imgbuild_("validate", "recipes/pytorch-research.yaml")
     assert checked.returncode == 0, checked.stderr
     rendered = imgbuild_("render", "recipes/pytorch-research.yaml", "--offline")
     assert rendered.returncode == 0, rendered.stderr
     context = work / "images" / "pytorch-research"
     assert (context / "Dockerfile").is_file() and (context / "imgbuild" / "smoke" / "smoke.py").is_file()
-    assert (context / "imgbuild" / "pip" / "guard.py").read_bytes() == (TEMPLATES_DIR / "pip-guard.py").read_bytes()
+    assert (context / "imgbuild" / "pip" / "guard.py").read_bytes() == (PAYLOAD_DIR / "pip_guard.py").read_bytes()
     exported = imgbuild_("export", "recipes/pytorch-research.yaml", "--apptainer", "-o", str(work / "r.def"))
     assert exported.returncode == 0, exported.stderr
     assert "\nBootstrap: docker-daemon\n" in (work / "r.def").read_text()

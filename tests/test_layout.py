@@ -157,11 +157,13 @@ def test_the_fake_engine_imports_nothing_from_the_pipeline():
     "script",
     [
         "payload/smoke_image.py",
-        "templates/pip-guard.py",
-        "templates/pip-owners.py",
-        "templates/pip_versions.py",
-        "templates/pip_index.py",
-        "templates/pip_words.py",
+        "payload/engine_gpus.py",
+        "payload/lock_resolve.py",
+        "payload/pip_guard.py",
+        "payload/pip_owners.py",
+        "payload/pip_versions.py",
+        "payload/pip_index.py",
+        "payload/pip_words.py",
     ],
 )
 def test_what_runs_inside_images_imports_only_the_stdlib(script):
@@ -172,9 +174,9 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
 
     imported = {name.split(".")[0] for name in _imports(PACKAGE / script)}
     beside = {
-        "templates/pip-guard.py": {"owners", "pip_versions", "pip_index", "pip_words"},
-        "templates/pip-owners.py": {"pip_versions"},
-        "templates/pip_index.py": {"pip_versions"},
+        "payload/pip_guard.py": {"owners", "pip_versions", "pip_index", "pip_words"},
+        "payload/pip_owners.py": {"pip_versions"},
+        "payload/pip_index.py": {"pip_versions"},
     }
     allowed = set(sys.stdlib_module_names) | beside.get(script, set())
     assert imported <= allowed, imported - allowed

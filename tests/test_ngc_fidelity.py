@@ -157,7 +157,7 @@ def test_a_requirement_written_for_the_release_is_explained_as_the_pre_release_t
 
 
 def _guard():
-    path = plan.TEMPLATES_DIR / "pip-guard.py"
+    path = plan.PAYLOAD_DIR / "pip_guard.py"
     spec = importlib.util.spec_from_file_location("pip_guard", path)
     guard = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(guard)

@@ -1,4 +1,4 @@
-"""The pip step's reading of the package index (templates/pip_index.py, run in the base with the stdlib): what a
+"""The pip step's reading of the package index (payload/pip_index.py, run in the base with the stdlib): what a
 page says of a project's releases, read as untrusted input and bounded, and which indexes the installer reads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "templates"
+TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "payload"  # the in-image scripts
 
 
 @pytest.fixture(scope="module")

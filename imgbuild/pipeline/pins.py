@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 from imgbuild.engine.probe import SCRIPT_CACHE, Probe
 from imgbuild.errors import BuildFailed, UsageError
 from imgbuild.facts import UV_VERSION
+from imgbuild.payload import LOCK_SCRIPT
 from imgbuild.recipe import LoadedRecipe, lock_path_for
 from imgbuild.recipe.load import MAX_HASHES
 from imgbuild.text import printable
@@ -33,98 +34,7 @@ if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
 
-MARKER = "IMGBUILD-LOCK-REPORT "
-
-_SCRIPT = """
-import base64, collections, json, os, re, shutil, subprocess, sys
-
-files = json.loads(base64.b64decode(FILES))
-here = "/tmp/imgbuild-pip"
-os.makedirs(here, exist_ok=True)
-for name, text in files.items():
-    with open(os.path.join(here, name), "w") as handle:
-        handle.write(text)
-env = dict(os.environ, IMGBUILD_PIP_REPORT="/tmp/imgbuild-report.json")
-# The caller's cache volume (pip's and uv's caches, and uv itself), kept between locks; without it, no cache.
-cached = os.path.isdir(CACHE) and os.access(CACHE, os.W_OK)
-if cached:
-    env.update(PIP_CACHE_DIR=CACHE + "/pip", IMGBUILD_LOCK_UV_CACHE=CACHE + "/uv")
-else:
-    env["PIP_NO_CACHE_DIR"] = "1"
-if os.path.exists(os.path.join(here, "ca.crt")):
-    env["PIP_CERT"] = os.path.join(here, "ca.crt")
-# The index credentials come on standard input (never a file of the image or the container's config) and
-# are kept on a tmpfs only while the resolver runs.
-size = sys.stdin.buffer.readline().strip()
-secret = sys.stdin.buffer.read(int(size)) if size.isdigit() else b""
-if secret:
-    fd = os.open("/run/imgbuild/pip.conf", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, secret)
-    os.close(fd)
-    env["PIP_CONFIG_FILE"] = "/run/imgbuild/pip.conf"
-tail = collections.deque(maxlen=12)
-def run(extra, watch=None):
-    proc = subprocess.Popen(["sh", here + "/install.sh"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", env=dict(env, **extra))
-    for line in proc.stdout:
-        print(line, end="", flush=True)  # live: the caller shows it as progress
-        tail.append(line.rstrip()[:500])
-        if watch is not None:
-            watch(line.rstrip())
-    return proc.wait()
-resolver, uv, note = "pip", "", ""
-if UV:  # the recipe installs with uv: uv resolves, as the build will
-    target = os.path.join(CACHE if cached else "/tmp", "uv-" + UV.split("==")[1])
-    if not os.access(target + "/bin/uv", os.X_OK):
-        print("imgbuild: lock: installing " + UV + " to resolve with", flush=True)
-        staging = "%s.part-%d" % (target, os.getpid())
-        got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                              "--target", staging, UV], env=env, capture_output=True, text=True)
-        if got.returncode == 0 and not os.path.exists(target):
-            os.rename(staging, target)  # whole or not at all: a lock killed here leaves no half uv
-        shutil.rmtree(staging, ignore_errors=True)
-    if os.access(target + "/bin/uv", os.X_OK):
-        resolver, uv = "uv", target + "/bin/uv"
-        env["IMGBUILD_LOCK_UV"] = uv
-    else:
-        note = UV + " could not be installed in the base: pip resolved instead"
-would = []
-def canon(name):
-    return re.sub("[-_.]+", "-", name).lower()
-def install_line(line):
-    found = re.fullmatch(r" \\+ ([A-Za-z0-9][A-Za-z0-9._-]*)==(\\S+)", line)
-    if found:
-        would.append([found.group(1), found.group(2), []])
-code = run({}, install_line if uv else None)
-result = {"ok": code == 0, "tail": list(tail), "install": [], "resolver": resolver, "note": note}
-if code == 0 and not uv:
-    report = json.load(open("/tmp/imgbuild-report.json"))
-    for item in report.get("install", []):
-        info = (item.get("download_info") or {}).get("archive_info") or {}
-        digest = (info.get("hashes") or {}).get("sha256")
-        result["install"].append([item["metadata"]["name"], item["metadata"]["version"], [digest] if digest else []])
-elif code == 0 and would:
-    # The second pass: the sha256 of every file of each version on the index (uv pip compile --no-deps), with
-    # the recipe's own index options.
-    options = [line for line in open(here + "/requirements.txt").read().splitlines()
-               if line.startswith(("--index-url", "--extra-index-url", "--find-links", "-i ", "-f "))]
-    with open(here + "/lock-pins.txt", "w") as handle:
-        handle.write("".join(line + "\\n" for line in options + ["%s==%s" % (n, v) for n, v, _ in would]))
-    if run({"IMGBUILD_LOCK_HASHES": here + "/lock-pins.txt"}) == 0:
-        text = open(here + "/lock-pins.txt.out").read().replace("\\\\\\n", " ")
-        hashes = {}
-        for line in text.splitlines():
-            words = line.split()
-            if words and "==" in words[0]:
-                hashes[canon(words[0].split("==")[0])] = [
-                    w.split(":", 1)[1] for w in words[1:] if w.startswith("--hash=sha256:")]
-        for row in would:
-            row[2] = hashes.get(canon(row[0]), [])
-    result["install"] = would
-if secret:
-    os.remove("/run/imgbuild/pip.conf")  # gone before the answer is printed
-print("IMGBUILD-LOCK-REPORT " + json.dumps(result))
-"""
+MARKER = "IMGBUILD-LOCK-REPORT "  # the resolver's (payload/lock_resolve.py) one line
 
 
 @dataclass
@@ -269,7 +179,8 @@ def lock(
             secret = secrets["imgbuild-pip.conf"].read_bytes()  # index credentials: memory and stdin only
     payload = base64.b64encode(json.dumps(files).encode()).decode()
     uv = f"uv=={UV_VERSION}" if loaded.recipe.pip.installer == "uv" else ""
-    probe = Probe("lock", f"FILES = {payload!r}\nCACHE = {SCRIPT_CACHE!r}\nUV = {uv!r}\n" + _SCRIPT, MARKER)
+    script = LOCK_SCRIPT.read_text(encoding="utf-8") + f"\nmain({payload!r}, {SCRIPT_CACHE!r}, {uv!r})\n"
+    probe = Probe("lock", script, MARKER)
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
     bounds = pip_bounds(settings)

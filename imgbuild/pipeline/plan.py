@@ -29,7 +29,7 @@ from imgbuild.ngc import (
     is_cuda_library,
     is_pattern,
 )
-from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT
 from imgbuild.pipeline.targets import check_target
 from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import LockedPin, ReqLine
@@ -39,9 +39,7 @@ TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 #: other entries too (pip byte-compiles the .py scripts into `__pycache__/`), and the Apptainer template is left out
 #: so that editing it does not make every image due. A test keeps this list equal to the package data.
 OTHER_TEMPLATES = ("apptainer.def.j2", "ci-github.yml.j2", "ci-gitlab.yml.j2")  # shape no Docker image
-#: the pip step's scripts: its guard and what the guard imports beside it
-PIP_SCRIPTS = ("pip-guard.py", "pip-owners.py", "pip_versions.py", "pip_index.py", "pip_words.py")
-IMAGE_TEMPLATES = ("Dockerfile.buildkit.j2", "Dockerfile.j2", "add-user.sh", "install.sh", *PIP_SCRIPTS)
+IMAGE_TEMPLATES = ("Dockerfile.buildkit.j2", "Dockerfile.j2", "add-user.sh", "install.sh")
 
 
 @dataclass(frozen=True)
@@ -419,11 +417,14 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, i
 
 @functools.cache
 def templates_digest() -> str:
-    """imgbuild's own templates and smoke script that shape a Docker image (package data), hashed once per
-    process. The Apptainer template is not among them: editing it must not make every image due."""
+    """imgbuild's own templates, the pip step's scripts and the smoke script, what shapes a Docker image (package
+    data), hashed once per process. The Apptainer template is not among them: editing it must not make every image
+    due."""
     h = hashlib.sha256()
     for name in IMAGE_TEMPLATES:
         h.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes())
+    for name in PIP_SCRIPTS:
+        h.update(name.encode() + b"\0" + (PAYLOAD_DIR / name).read_bytes())
     h.update(SMOKE_SCRIPT.read_bytes())
     return h.hexdigest()
 

@@ -20,7 +20,7 @@ from imgbuild import __version__, limits
 from imgbuild.errors import UsageError
 from imgbuild.facts import UV_VERSION, Label
 from imgbuild.ngc import FRAMEWORKS
-from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT
 from imgbuild.pipeline.plan import TEMPLATES_DIR, Plan, hashed_pins
 from imgbuild.pipeline.record import RECORD_FILE, Record
 from imgbuild.recipe import stable_name
@@ -29,11 +29,7 @@ from imgbuild.recipe import stable_name
 #: .gitignore lists them; the lock records their digest): a reviewer sees the recipe's files, not ours.
 OWN_SCRIPTS = {
     "imgbuild/pip/install.sh": TEMPLATES_DIR / "install.sh",
-    "imgbuild/pip/guard.py": TEMPLATES_DIR / "pip-guard.py",
-    "imgbuild/pip/owners.py": TEMPLATES_DIR / "pip-owners.py",
-    "imgbuild/pip/pip_versions.py": TEMPLATES_DIR / "pip_versions.py",
-    "imgbuild/pip/pip_index.py": TEMPLATES_DIR / "pip_index.py",
-    "imgbuild/pip/pip_words.py": TEMPLATES_DIR / "pip_words.py",
+    **{f"imgbuild/pip/{inside}": PAYLOAD_DIR / name for name, inside in PIP_SCRIPTS.items()},
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
 }
