@@ -279,6 +279,32 @@ def test_answers_of_the_wrong_shape_are_registry_errors(shape):
         server.server_close()
 
 
+@pytest.mark.parametrize(
+    "answer, tags",
+    [
+        ({"name": "x/y", "tags": ["24.05-py3", "25.10-py3"]}, ["24.05-py3", "25.10-py3"]),
+        ({"name": "x/y", "tags": ["24.05-py3", 5, None, {}, "25.10-py3"]}, ["24.05-py3", "25.10-py3"]),
+        ({"name": "x/y", "tags": None}, []),  # a repository without tags, as Distribution answers it
+    ],
+)
+def test_a_tag_list_gives_its_tags_and_drops_what_is_no_tag(answer, tags):
+    """The shapes above must not crash; this is what a client that read nothing (`return []`) would get wrong."""
+    body = json.dumps(answer).encode()
+
+    class Answer(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(200, body, {"Content-Type": "application/json"})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = RegistryClient(f"127.0.0.1:{server.server_address[1]}", insecure=True, retries=0, timeout=3)
+        assert sorted(client.tags("x/y")) == tags
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_registry_that_announces_one_digest_and_serves_another_is_caught():
     """HEAD answered with the signed image's digest while GET served an unsigned one: `verify` printed four "ok"
     lines, trusting the header. The digest is now the hash of the bytes served, and a header that disagrees is a
