@@ -120,3 +120,46 @@ def test_the_fleet_rules_judge_the_torch_that_ran_as_runnable_on_that_driver():
     (verdict,) = judge(facts, parse_targets("h200"), "580.159.04")
     assert verdict.runs and verdict.kernels == "sass"
     assert "and torch runs on it: True" in (H200 / "wheel.txt").read_text()
+
+
+BUSY = RUNS / "2026-11-27-h200-busy"  # docs/gpu-runs/busy.sh: the same H200 with a process holding 8 GiB
+
+
+def _sections(path: Path) -> list[str]:
+    return [part.split("\n", 1)[1] for part in path.read_text().split("# ")[1:]]
+
+
+def test_the_readers_see_the_process_that_holds_the_real_gpu_alike():
+    """nvidia-smi's answers (imgbuild's own queries), the engine-read payload run as a container would run it, and
+    NVML through the installed wheel: one GPU, one process, the same PID and memory."""
+    from imgbuild.gpu.engine_read import judge_engine_read
+
+    gpu_csv, apps_csv, _ = _sections(BUSY / "smi-raw.txt")
+    (smi,) = read.parse_smi(gpu_csv, apps_csv)
+    assert [(p.pid, p.name, p.used_mib) for p in smi.processes] == [(515, "python3", 8710)]
+    engine_output = (BUSY / "engine-read.txt").read_text()
+    assert engine_output.rstrip().endswith("exit 0")
+    judged = judge_engine_read(0, engine_output, "", False)
+    assert judged.present and judged.source == "engine" and judged.readings
+    assert [(p.pid, p.used_mib) for p in judged.readings[0].processes] == [(515, 8710)]
+    (nvml,) = json.loads((BUSY / "gpus.json").read_text())["gpus"]
+    assert [(p["pid"], p["used_mib"], p["user"]) for p in nvml["processes"]] == [(515, 8710, "root")]
+    assert (BUSY / "gpus.txt").read_text().splitlines()[1].split()[-4:] == ["root", "515", "8710", "MiB"]
+
+
+@pytest.mark.parametrize("given, name", [(b"python3", "python3"), ("/usr/bin/python3", "/usr/bin/python3"),
+                                         ("evil\x1b[2J", ""), ("x" * 300, ""), (None, "")])  # fmt: skip
+def test_nvml_names_a_gpu_process_as_nvidia_smi_does(given, name):
+    """The H200 run showed NVML's reading with every process name empty where nvidia-smi said `python3`."""
+    import types
+
+    class NVMLError(Exception):
+        pass
+
+    def process_name(pid: int):
+        if given is None:
+            raise NVMLError("not found")
+        return given
+
+    nvml = types.SimpleNamespace(NVMLError=NVMLError, nvmlSystemGetProcessName=process_name)
+    assert read._process_name(nvml, 515) == name

@@ -243,7 +243,7 @@ class NvmlReader:
                 except pynvml.NVMLError:
                     util = None
                 procs = [
-                    GpuProcess(p.pid, "", int((p.usedGpuMemory or 0) // 2**20))
+                    GpuProcess(p.pid, _process_name(pynvml, p.pid), int((p.usedGpuMemory or 0) // 2**20))
                     for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
                 ]
                 major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
@@ -259,6 +259,16 @@ class NvmlReader:
             raise NoGpus(f"NVML: {exc}") from exc
         finally:
             pynvml.nvmlShutdown()
+
+
+def _process_name(pynvml: Any, pid: int) -> str:
+    """A GPU process's name as nvidia-smi's `process_name` gives it (measured on an H200: "" before, `python3` by
+    nvidia-smi); "" where NVML cannot tell (another PID namespace, a process gone)."""
+    try:
+        name = _text(pynvml.nvmlSystemGetProcessName(pid))
+    except (pynvml.NVMLError, AttributeError):
+        return ""
+    return name if name.isprintable() and len(name) <= 256 else ""
 
 
 _MIG_PROFILE = re.compile(r"MIG ([0-9]+g\.[0-9]+gb(?:\+[a-z]+)?)")
