@@ -429,6 +429,9 @@ def templates_digest() -> str:
     return h.hexdigest()
 
 
+templates_digest()  # read as the module loads (package data): make_plan itself opens no file
+
+
 def content_hash(loaded: LoadedRecipe) -> str:
     """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
     data = dataclasses.asdict(loaded.recipe)
