@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.config.site import RunRules
 from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
-from imgbuild.host import expand, format_cpulist
+from imgbuild.host import Caller, caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, check_quota, held_on_host
@@ -36,7 +36,6 @@ from imgbuild.servers.spec import (
     free_port,
     gpu_affinity,
     home_of_uid,
-    host_ids,
     is_recipe,
     jupyter_command,
     jupyter_notes,
@@ -81,6 +80,8 @@ class RunRequest:
     jupyter: bool = False
     time: str | None = None  # --time: how long the container may run ("2d")
     notify: bool = False  # --notify: a notice when it ends (the reaper's next run)
+    #: who asks: read once, where the request is made (sudo-aware), and handed down with it
+    who: Caller = field(default_factory=caller)
 
 
 def read_gpus_or_none(settings: Settings) -> list[Any]:
@@ -123,7 +124,7 @@ def prepare(
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
     from imgbuild.gpu.allocate import select_gpus
-    from imgbuild.host import caller, usable_cpus
+    from imgbuild.host import usable_cpus
 
     house = house if house is not None else settings.run
     held = held or Held()
@@ -132,7 +133,7 @@ def prepare(
     if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
     ref, default_short = resolved or resolve_image(req.image, settings)
-    who = caller()
+    who = req.who
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced, workdir = _enforce(req, who, house, ref)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
@@ -145,7 +146,7 @@ def prepare(
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
         cpuset = pick_cpus(math.ceil(cpus), near, usable_cpus(), held.cpus)
-    uid, gid = host_ids()
+    uid, gid = who.uid, who.gid
     if req.as_user:
         if not re.fullmatch(r"[0-9]+(:[0-9]+)?", req.as_user):
             raise UsageError(f"--user: {req.as_user!r} is not UID or UID:GID")
@@ -228,7 +229,6 @@ def reserved(
     come first served across users: only the head of the queue may take GPUs. `on_wait(place, why)` is
     told each look; the place is given up on every way out (and, if this process dies, with it)."""
     from imgbuild.gpu.allocate import GpusBusy
-    from imgbuild.host import caller
     from imgbuild.servers.ledger import Ledger
 
     house = settings.run
@@ -267,7 +267,7 @@ def reserved(
                     raise GpusBusy(
                         f"{ahead} run(s) wait for GPUs before you (imgbuild run --wait); add --wait to queue"
                     )
-                book.enqueue(ticket, caller().name, f"--gpus {req.gpu_request}")
+                book.enqueue(ticket, req.who.name, f"--gpus {req.gpu_request}")
             if clock() >= deadline:
                 raise WaitTimedOut(f"gave up waiting after {wait:g} s ({why})")
             if on_wait:
@@ -412,13 +412,12 @@ def launch(
     timeout = parse_duration(wait, "--wait") if wait is not None else None
     engine = connect_engine(settings)
     ref = resolve_image(request.image, settings)[0]
-    from imgbuild.host import caller
     from imgbuild.servers import enforce
 
     acting = enforce.acting(settings)
     if acting:  # the site's images only: nothing else is pulled as root
         acting.check_image(ref)
-    local = is_recipe(request.image) or built_here(ref, {caller().name, str(settings.user or "").lower()})
+    local = is_recipe(request.image) or built_here(ref, {request.who.name, str(settings.user or "").lower()})
     if local and engine.images.image(ref) is None:
         raise UsageError(f"{ref}: no such image on this host (build it first: imgbuild build RECIPE)")
     pull_to_inspect(ref, engine, local)
