@@ -3,11 +3,23 @@ build checks; the lock file is input like any other (a merge request can edit it
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 
 import pytest
 
 H1, H2, H3 = "a" * 64, "b" * 64, "0123456789abcdef" * 4
+
+
+def called(script: str) -> tuple[str, str, str]:
+    """What the lock probe calls the resolver (payload/lock_resolve.py) with: its last line, `main(FILES, CACHE, UV)`."""
+    import ast
+
+    call = ast.parse(script.rstrip().splitlines()[-1]).body[0].value
+    assert isinstance(call, ast.Call) and call.func.id == "main"
+    files, cache, uv = (ast.literal_eval(arg) for arg in call.args)
+    return files, cache, uv
 
 
 def _recipe(tmp_path, lock: str, pip: str = "[einops]"):
@@ -114,7 +126,8 @@ def test_lock_resolves_with_the_recipes_installer_in_the_callers_cache(tmp_path)
     _, engine, result = _lock_on_fake(tmp_path, _answer([["einops", "0.8.1", [H1]]]))
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
     assert run.cache == f"imgbuild-lock-cache-{os.getuid()}"  # one per user: no one reads another's cache
-    assert "\nUV = 'uv==" in run.probe.script and "CACHE = '/var/cache/imgbuild'" in run.probe.script
+    _, cache, uv = called(run.probe.script)
+    assert uv.startswith("uv==") and cache == "/var/cache/imgbuild"
     assert result.resolver == "uv"
 
 
@@ -133,7 +146,7 @@ def test_a_pip_recipe_is_locked_by_pip(tmp_path):
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
         result = lock(recipe, settings, engine=engine)
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
-    assert "\nUV = ''\n" in run.probe.script and result.resolver == "pip" and result.hashed
+    assert called(run.probe.script)[2] == "" and result.resolver == "pip" and result.hashed
 
 
 def test_lock_shows_the_resolvers_progress_and_nothing_a_terminal_would_obey(tmp_path):
@@ -246,7 +259,7 @@ def test_lock_runs_install_sh_in_the_pinned_base_and_writes_what_pip_chose(tmp_p
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
     assert "@sha256:" in run.image and run.gpus is None  # the base, pinned; no GPU
     assert run.env["IMGBUILD_PIP_RESOLVE_SECONDS"] and run.stdin == b""  # no index credentials configured
-    assert "FILES = " in run.probe.script and "install.sh" in run.probe.script
+    assert "install.sh" in json.loads(base64.b64decode(called(run.probe.script)[0]))
     assert result.pins == ["einops==0.8.1", "markdown-it-py==3.0.0", "rich==13.7.1"] == result.added
     lines = (tmp_path / "r.lock.txt").read_text().splitlines()
     assert lines[0].startswith("# imgbuild lock:") and lines[1:] == result.pins
@@ -388,7 +401,6 @@ def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_p
     lock's pins as constraints; rich's pin stays a preference."""
     import base64
     import json as jsonlib
-    import re
 
     (tmp_path / ".git").mkdir()
     (tmp_path / "r.lock.txt").write_text("einops==0.7.0\nrich==13.7.1\n")
@@ -405,6 +417,6 @@ def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_p
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
         result = lock(recipe, settings, engine=engine)
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
-    files = jsonlib.loads(base64.b64decode(re.search(r"FILES = '([^']+)'", run.probe.script).group(1)))
+    files = jsonlib.loads(base64.b64decode(called(run.probe.script)[0]))
     assert "einops==0.7.0" not in files.get("resolved.txt", "") and "rich==13.7.1" in files["resolved.txt"]
     assert result.pins == ["einops==0.8.1", "rich==13.7.1"] and result.changed == ["einops 0.7.0 -> 0.8.1"]
