@@ -8,6 +8,7 @@ of containers is judged by the caller alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pwd
 import re
@@ -144,10 +145,12 @@ def process_token(sep: str = ":") -> str:
     return f"{os.getpid()}{sep}{process_start(os.getpid())}"
 
 
+@functools.cache
 def namespace_id(proc: Path = Path("/proc")) -> str:
     """This process's PID namespace and boot as `<inode>x<boot id's first 8>`, tag- and label-safe: a PID and
     start time name a process only to a reader with the same one (CI runners in containers sharing the host's
-    engine each have their own, and see each other's PIDs as gone)."""
+    engine each have their own, and see each other's PIDs as gone). Read once per process: a sweep judges every
+    container's token against it."""
     try:
         inode = "".join(c for c in os.readlink(proc / "self" / "ns" / "pid") if c.isascii() and c.isdigit())
     except OSError:

@@ -798,8 +798,15 @@ def added_debs(base_text: str, now_text: str) -> list:
     return [[name, version] for name, version in sorted(debs(now_text).items()) if base.get(name) != version]
 
 
+RUN_FILE_HASH = re.compile(r"[0-9a-f]{64}")  # sha256sum's hex
 RUN_FILE_PATH = re.compile(r"/[^\x00-\x1f\x7f\\]{1,4095}")  # absolute; no control character, no backslash
-RUN_FILE_LINE = re.compile(r"([0-9a-f]{64})  (" + RUN_FILE_PATH.pattern + ")")
+RUN_FILE_LINE = re.compile(r"(" + RUN_FILE_HASH.pattern + r")  (" + RUN_FILE_PATH.pattern + ")")
+
+
+def run_file_row(path: str, sha256: str) -> bool:
+    """One rule for a file the run steps wrote, in the image and in the SBOM that reads its report: sha256sum's
+    hex, an absolute path of printable characters without a backslash, no `..` step."""
+    return bool(RUN_FILE_HASH.fullmatch(sha256) and RUN_FILE_PATH.fullmatch(path)) and "/../" not in path + "/"
 
 
 def run_files(text: str) -> list:
@@ -808,7 +815,7 @@ def run_files(text: str) -> list:
     found = []
     for line in text.splitlines()[:RUN_FILES_MAX]:
         match = RUN_FILE_LINE.fullmatch(line)
-        if match and "/../" not in match.group(2) + "/":
+        if match and run_file_row(match.group(2), match.group(1)):
             found.append([match.group(2), match.group(1)])
     return found
 

@@ -117,7 +117,7 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
 def _run_files(smoke: dict[str, Any]) -> dict[str, str]:
     """Each file the recipe's run steps wrote and its sha256, as the image recorded them when they ran (smoke
     report's `run_files`); rows of another shape are dropped, read by the image's own parser."""
-    from imgbuild.payload.smoke_image import RUN_FILE_PATH, RUN_FILES_MAX
+    from imgbuild.payload.smoke_image import RUN_FILES_MAX, run_file_row
 
     rows = (smoke.get("meta") or {}).get("run_files")
     if not isinstance(rows, list):
@@ -125,8 +125,7 @@ def _run_files(smoke: dict[str, Any]) -> dict[str, str]:
     return {
         r[0]: "sha256:" + r[1]
         for r in rows[:RUN_FILES_MAX]
-        if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
-        and re.fullmatch(r"[0-9a-f]{64}", r[1]) and RUN_FILE_PATH.fullmatch(r[0]) and "/../" not in r[0] + "/"
+        if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) and run_file_row(r[0], r[1])
     }  # fmt: skip
 
 
