@@ -127,16 +127,16 @@ def test_a_requirement_for_another_cuda_major_is_refused_at_plan_time_on_a_real_
     """On the real 25.10 config (CUDA 13.0.2.006) and the real 24.05 one (CUDA 12.4.1.003)."""
     from packaging.requirements import Requirement
 
-    from imgbuild.pipeline import plan
+    from imgbuild.pipeline import baserules
 
     cuda13, cuda12 = real_base("pytorch:25.10-py3"), real_base("pytorch:24.05-py3")
-    found = plan._conflict(Requirement(spec), cuda13)
+    found = baserules.framework_conflict(Requirement(spec), cuda13)
     if on_cuda13 is None:
         assert found is None
     else:
         assert found is not None and found[0].startswith(f"{on_cuda13}, but the base has CUDA 13 ({cuda13.ref})")
         assert found[1] == f"ask for the CUDA 13 build ({cure}), or drop it"
-    other = plan._conflict(Requirement(spec), cuda12)
+    other = baserules.framework_conflict(Requirement(spec), cuda12)
     refused_on_12 = spec.startswith(("jax[cuda13]", "cupy-cuda13x", "cupy-cuda117"))
     assert (other is not None) == refused_on_12, other
 

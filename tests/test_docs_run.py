@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from imgbuild import fields
+from imgbuild.config.model import NOT_SETTINGS
 from imgbuild.config.settings import Settings, load_settings
 from imgbuild.config.site import SECTIONS, Fleet
 from tests.conftest import use_site_config
@@ -30,7 +31,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI_FILES = sorted((ROOT / "docs" / "ci").glob("*.yml"))
 FENCE = re.compile(r"(?ms)^(?:<!-- docs: (?P<mark>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```")
 MARKS = {"recipe-fragment", "reference", "partial", "main-command", "test-command", "install", "admission-policy"}
-SETTING_KEYS = {f.name for f in dataclasses.fields(Settings)} - {"sources"} | {"fleet"}
+SETTING_KEYS = {f.name for f in dataclasses.fields(Settings)} - set(NOT_SETTINGS) | {"fleet"}
 MINIMAL_RECIPE = 'name: docs-example\nbase: {framework: pytorch, tag: "24.05"}\n'
 
 
@@ -302,9 +303,11 @@ def test_the_readme_settings_table_is_the_one_made_from_the_declarations():
     start = text.index("<!-- settings-table")
     shown = text[text.index("\n", start) + 1 : text.index("<!-- /settings-table -->")]
     assert shown == made, "README.md: paste `imgbuild schema --config --table` between the settings-table marks"
-    flat = [f.name for f in dataclasses.fields(Settings) if f.name not in ("sources", "run", "reap", "slurm", "k8s")]
+    flat = [
+        f.name for f in dataclasses.fields(Settings) if f.name not in (*NOT_SETTINGS, "run", "reap", "slurm", "k8s")
+    ]
     assert all(f"| `{name}` |" in made for name in flat), "every flat setting needs doc= in its setting() declaration"
-    secret = {f.name for f in dataclasses.fields(Settings) if not f.repr and f.name != "sources"}
+    secret = {f.name for f in dataclasses.fields(Settings) if not f.repr and f.name not in NOT_SETTINGS}
     assert secret == {"ngc_api_key", "pip_index_url", "pip_extra_index_urls"}
 
 

@@ -161,3 +161,38 @@ SECRET_VARIABLES = [
 @pytest.mark.parametrize("name,value,secrets,expected", SECRET_VARIABLES)
 def test_which_variables_hold_secrets(name, value, secrets, expected):
     assert secret_variable(name, value, secrets) is expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["config", "--json"],
+        ["render", "--offline", "--stdout", "recipes/pytorch-research.yaml"],
+        ["run", "--dry-run", "--gpus", "none", "ubuntu:22.04", "true"],
+        ["queue", "ls", "--json"],
+    ],
+    ids=["config", "render", "run", "queue"],
+)
+def test_a_command_line_reads_the_caller_once_and_hands_it_down(argv, capsys):
+    """Who runs imgbuild is read once, at the entry point, and flows (settings.caller, the group's object): no
+    module below asks the password database or the sudo variables again."""
+    import sys
+
+    from imgbuild import host
+    from imgbuild.cli import main
+
+    reads: list[str] = []
+    target = host.caller.__code__
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code is target:
+            reads.append(frame.f_back.f_code.co_qualname if frame.f_back else "?")
+
+    sys.setprofile(count)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            main(list(argv))
+    finally:
+        sys.setprofile(None)
+    assert ended.value.code == 0, capsys.readouterr().err
+    assert reads == ["main"], reads

@@ -15,7 +15,7 @@ from packaging.version import Version
 from imgbuild import ngc
 from imgbuild.gpu import fleet
 from imgbuild.payload import smoke_image as script
-from imgbuild.pipeline import plan
+from imgbuild.pipeline import baserules, plan
 from tests import ngc_facts
 from tests.ngc_facts import REAL
 
@@ -134,7 +134,7 @@ def test_a_config_without_cuda_version_is_not_read_as_cuda_9():
 def test_the_protected_pin_admits_the_real_torch(release):
     """The plan's pin (public version) admits the installed torch in pip's form, local part and all."""
     base = plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", facts=ngc.describe_config(_config(release)))
-    (pin,) = plan.protected_pins(base)
+    (pin,) = baserules.protected_pins(base)
     assert Requirement(pin).specifier.contains(Version(release.dist_version), prereleases=True)
 
 
@@ -146,14 +146,14 @@ def test_a_requirement_written_for_the_release_is_explained_as_the_pre_release_t
     base = plan.BaseImage(ref=f"nvcr.io/{release.repo}:{release.tag}", facts=ngc.describe_config(_config(release)))
     release_version = Version(release.module_version).base_version
     short = ".".join(release_version.split(".")[:2])
-    message, hint = plan._conflict(Requirement(f"torch>={short}"), base)
+    message, hint = baserules.framework_conflict(Requirement(f"torch>={short}"), base)
     assert f"torch>={short} is not met by the base's torch {release.env['PYTORCH_VERSION']}" in message
     assert "pre-release" in message and "PEP 440" in message
     assert f"torch>={Version(release.module_version).public}" in hint
     # a requirement past the release is a plain conflict; one below it is met
     nxt = f"{int(short.split('.')[0])}.{int(short.split('.')[1]) + 1}"
-    assert "pre-release" not in plan._conflict(Requirement(f"torch>={nxt}"), base)[0]
-    assert plan._conflict(Requirement("torch>=2.0"), base) is None
+    assert "pre-release" not in baserules.framework_conflict(Requirement(f"torch>={nxt}"), base)[0]
+    assert baserules.framework_conflict(Requirement("torch>=2.0"), base) is None
 
 
 def _guard():

@@ -93,7 +93,7 @@ def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
             loaded = load_recipe(path, secrets=settings.secrets())
             image, tag = image_and_tag(loaded, settings)
             item.target = f"{image}:{tag}"
-            item.context = context_path(loaded, settings).resolve()
+            item.context = context_path(loaded.recipe.name, loaded.root, settings).resolve()
             repo, _, base_tag = base_reference(loaded, settings)
             item.base_ref = f"{repo}:{base_tag}" if base_tag else repo
         except RecipeError as exc:
@@ -358,7 +358,7 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
             item.status, item.error = INVALID, "; ".join(exc.lines())
             continue
         loaded_by_item[id(item)] = loaded
-        item.context = context_path(loaded, settings).resolve()
+        item.context = context_path(loaded.recipe.name, loaded.root, settings).resolve()
         image, tag = image_and_tag(loaded, settings)
         item.target = f"{image}:{tag}"
     _refuse_shared_contexts(items, settings)
@@ -370,15 +370,14 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
 
 def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     """Render the recipe against the base its lock records, and compare with the committed context."""
-    from imgbuild.host import caller
     from imgbuild.pipeline.context import diff_context
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.pipeline.record import RECORD_FILE, Record
 
-    who = caller()
+    who = settings.caller
     from imgbuild.pipeline.render import render, template_cache
 
-    ctx = context_path(loaded, settings)
+    ctx = context_path(loaded.recipe.name, loaded.root, settings)
     item.target = str(ctx)
     lock_path = ctx / RECORD_FILE
     if ctx.is_symlink() or ctx.parent.is_symlink():

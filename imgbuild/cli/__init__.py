@@ -23,6 +23,7 @@ from imgbuild.errors import (
     EXIT_USAGE,
     ImgbuildError,
 )
+from imgbuild.host import Caller, caller
 
 # --- entry point -----------------------------------------------------------------------------------
 
@@ -44,39 +45,40 @@ def main(argv: list[str] | None = None) -> None:
         for signum in (signal.SIGTERM, signal.SIGHUP):  # sudo relays a hang-up: clean up as for Ctrl-C
             signal.signal(signum, _terminate)
     args = list(sys.argv[1:] if argv is None else argv)
+    who = caller()  # the one reading of who runs this: every command takes it from here
     acting = False
     try:
         if os.geteuid() == 0:  # acting for a user needs root: nobody else pays for importing the rules
             from imgbuild.servers import enforce
 
-            acting = enforce.acting_for_user()
+            acting = enforce.acting_for_user(who)
             if acting:
                 enforce.gate(args)  # through sudo: the user commands, and nothing else
-        cli.main(args=argv, prog_name="imgbuild", standalone_mode=False)
+        cli.main(args=argv, prog_name="imgbuild", standalone_mode=False, obj=who)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):
             raise
         lines, code = _outcome(exc)
         if acting:
-            _audit(args, f"exit {code}" + (f": {lines[0][:300]}" if lines and code else ""))
+            _audit(args, f"exit {code}" + (f": {lines[0][:300]}" if lines and code else ""), who)
         from imgbuild.ui import annotate
 
         for line in lines:  # under GitHub Actions an error is also an annotation on the run's page
             click.echo(annotate("error", line) if code != EXIT_OK else line, err=code != EXIT_OK)
         sys.exit(code)
     if acting:
-        _audit(args, f"exit {EXIT_OK}")
+        _audit(args, f"exit {EXIT_OK}", who)
     sys.exit(EXIT_OK)
 
 
-def _audit(args: list[str], decision: str) -> None:
+def _audit(args: list[str], decision: str, who: Caller) -> None:
     """Enforced mode: how a user's command ended, in root's audit log (a log that cannot be written is said,
     never lets the command's own outcome be lost)."""
     from imgbuild.config.settings import load_settings
     from imgbuild.servers.enforce import audit
 
     try:
-        audit(args[0] if args else "", args, decision, load_settings().run.ledger_dir)
+        audit(args[0] if args else "", args, decision, load_settings(who=who).run.ledger_dir, who.name, who.uid)
     except ImgbuildError as exc:
         click.echo(f"imgbuild: the audit log: {exc}", err=True)
 

@@ -35,10 +35,9 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     engine = connect_engine(settings)
     report = reaper.reap(engine, read_gpus_or_none(settings), settings.run, settings.reap, time.time(), dry_run=dry_run)
     if not dry_run:  # the queue advances on every reaper run: no daemon needed
-        from imgbuild.host import caller
         from imgbuild.servers import queue as jobs
 
-        say_tried(jobs.advance(settings.run.ledger_dir, caller()))
+        say_tried(jobs.advance(settings.run.ledger_dir, settings.caller))
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
     if as_json:
         emit_json(rows)

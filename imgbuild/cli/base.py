@@ -13,6 +13,7 @@ from imgbuild import __version__
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.host import Caller
 
 
 class Section:
@@ -59,13 +60,24 @@ class SectionedGroup(click.Group):
                     formatter.write_dl(rows)
 
 
+def who_of(ctx: click.Context) -> Caller:
+    """The caller, read once per command line: by `main` (which hands it to the group as its object), else
+    here, the first time a command asks."""
+    from imgbuild.host import Caller, caller
+
+    root = ctx.find_root()
+    if not isinstance(root.obj, Caller):
+        root.obj = caller()
+    return root.obj
+
+
 def settings_of(ctx: click.Context, **flags: Any) -> Settings:
     """Settings by precedence, with the root's --user/--ngc-registry and this command's flags on top."""
     from imgbuild.config.settings import load_settings
 
     root = ctx.find_root().params
     merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
-    return load_settings(merged)
+    return load_settings(merged, who=who_of(ctx))
 
 
 def emit_json(data: Any) -> None:

@@ -332,13 +332,13 @@ def k8s(
     from imgbuild.clusters.jobs import framework_of
     from imgbuild.config.site import QUANTITY_RE
     from imgbuild.engine import connect_engine
-    from imgbuild.servers.spec import host_ids, resolve_image
+    from imgbuild.servers.spec import resolve_image
 
     settings = settings_of(ctx)
     if mem is not None and not QUANTITY_RE.fullmatch(mem):
         raise UsageError(f"--mem {mem[:40]!r}: not a Kubernetes quantity such as 64Gi")
     pinned = k8smod.pinned_image(image, settings, lambda: connect_engine(settings))
-    uid, gid = host_ids()
+    uid, gid = settings.caller.uid, settings.caller.gid
     job = k8smod.K8sJob(
         image=pinned,
         command=list(command),

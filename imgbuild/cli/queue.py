@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from imgbuild.cli.base import Section, emit_json, settings_of
+from imgbuild.cli.base import Section, emit_json, settings_of, who_of
 from imgbuild.errors import UsageError
 
 SECTION = Section("Batch queue")
@@ -35,13 +35,12 @@ def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
     """File a job: `imgbuild queue add --gpus 2 IMAGE -- python train.py` (run's options; it starts detached)."""
     import os
 
-    from imgbuild.host import caller
     from imgbuild.servers import queue as jobs
 
     state = _queue_dir(ctx)
-    job = jobs.add(state, caller(), list(args), os.getcwd())
+    job = jobs.add(state, who_of(ctx), list(args), os.getcwd())
     click.echo(job.id)
-    say_tried(jobs.advance(state, caller()))
+    say_tried(jobs.advance(state, who_of(ctx)))
 
 
 @queue.command(name="ls")
@@ -86,10 +85,9 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def queue_rm(ctx: click.Context, job_id: str) -> None:
     """Take one of your waiting (or ended) jobs out of the queue."""
-    from imgbuild.host import caller
     from imgbuild.servers import queue as jobs
 
-    job = jobs.remove(_queue_dir(ctx), caller(), job_id)
+    job = jobs.remove(_queue_dir(ctx), who_of(ctx), job_id)
     click.echo(f"removed job {job.id}", err=True)
 
 
@@ -97,10 +95,9 @@ def queue_rm(ctx: click.Context, job_id: str) -> None:
 @click.pass_context
 def queue_run(ctx: click.Context) -> None:
     """Start what fits now (root: every user's jobs; a user: their own). `imgbuild reap` does this on each run."""
-    from imgbuild.host import caller
     from imgbuild.servers import queue as jobs
 
-    tried = jobs.advance(_queue_dir(ctx), caller())
+    tried = jobs.advance(_queue_dir(ctx), who_of(ctx))
     say_tried(tried)
     if not tried:
         click.echo("nothing started", err=True)
@@ -121,10 +118,9 @@ def queue_resume(ctx: click.Context) -> None:
 
 
 def _set_drained(ctx: click.Context, on: bool, said: str) -> None:
-    from imgbuild.host import caller
     from imgbuild.servers import queue as jobs
 
-    if not caller().is_admin:
+    if not who_of(ctx).is_admin:
         raise UsageError(f"queue {'drain' if on else 'resume'}: the admin's (root)")
     jobs.set_drained(_queue_dir(ctx), on)
     click.echo(said, err=True)

@@ -183,12 +183,11 @@ def _queued_busy() -> Iterator[None]:
 def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     """Your containers (or --all users'), with their GPUs, CPU limits and deadlines."""
     from imgbuild.engine import connect_engine
-    from imgbuild.host import caller
     from imgbuild.servers.containers import container_view
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
-    who = caller()
+    who = settings.caller
     engine = connect_engine(settings)
     rows = [r for r in container_view(engine, settings) if all_users or r["user"] == who.name]
     if as_json:
@@ -210,11 +209,10 @@ def _on_container(ctx: click.Context, verb: str, name: str, force: bool) -> tupl
     """(the engine, the container's full name) for one of your containers, found by its short name; another user's
     only for root with --force."""
     from imgbuild.engine import connect_engine
-    from imgbuild.host import caller
     from imgbuild.servers.containers import check_owner, find_container
 
-    engine = connect_engine(settings_of(ctx))
-    who = caller()
+    settings = settings_of(ctx)
+    engine, who = connect_engine(settings), settings.caller
     row = find_container(engine.containers.rows(), name, who.name)
     check_owner(row, who, verb, force)
     return engine, row.name
@@ -283,12 +281,11 @@ def extend(ctx: click.Context, name: str, duration: str, force: bool) -> None:
     import time
 
     from imgbuild.engine import connect_engine
-    from imgbuild.host import caller
     from imgbuild.servers.containers import check_owner, find_container, human_duration
     from imgbuild.servers.containers import extend as extend_deadline
 
     settings = settings_of(ctx)
-    who = caller()
+    who = settings.caller
     row = find_container(connect_engine(settings).containers.rows(), name, who.name)
     check_owner(row, who, "extend", force)
     deadline = extend_deadline(row, duration, settings.run)

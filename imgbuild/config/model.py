@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from imgbuild import limits
 from imgbuild.config.site import SECTIONS, K8sSite, ReapPolicy, RunRules, SlurmSite
+from imgbuild.host import Caller
 
 
 def _default_cache_dir() -> str:
@@ -22,11 +23,8 @@ def _default_cache_dir() -> str:
     return user_cache_dir("imgbuild")
 
 
-def _login_name() -> str:
-    from imgbuild.host import caller
-
-    return caller().name
-
+#: Fields of Settings that no file, variable or flag sets: where each value came from, and who runs the command.
+NOT_SETTINGS = ("sources", "caller")
 
 #: A size in bytes; config and environment values may say `16G` (see _as_bytes).
 Bytes = int
@@ -53,9 +51,7 @@ def setting(
 class Settings:
     """Effective settings. Secrets are excluded from repr and from `imgbuild config` output."""
 
-    user: str = setting(
-        factory=_login_name, shown="your login name", doc="image namespace: images are `<user>/<name>:<tag>`"
-    )
+    user: str = setting("", shown="your login name", doc="image namespace: images are `<user>/<name>:<tag>`")
     image_registry: str | None = setting(
         None,
         doc="where images live: a recipe without `image:` builds `<image_registry>/<user>/<name>:<tag>` (the registry "
@@ -150,6 +146,9 @@ class Settings:
     slurm: SlurmSite = field(default_factory=SlurmSite)  # config `slurm:`
     k8s: K8sSite = field(default_factory=K8sSite)  # config `k8s:`
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: who runs this command (the sudo caller under sudo), read once where the settings are loaded: the default
+    #: image namespace and non-root user, whose GPUs, whose files; not a setting, so no file or flag sets it
+    caller: Caller = field(kw_only=True, compare=False, repr=False)
 
     BACKENDS = ("auto", "buildkit", "sdk")
     ENGINES = ("auto", "docker", "podman")
@@ -178,7 +177,7 @@ class Settings:
 
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name == "sources":
+            if f.name in NOT_SETTINGS:
                 continue
             if f.name in SECTIONS:
                 for key, value in as_text(getattr(self, f.name)).items():
@@ -223,7 +222,7 @@ def json_schema() -> dict[str, Any]:
     defs: dict[str, Any] = {}
     properties: dict[str, Any] = {}
     for f in dataclasses.fields(Settings):
-        if f.name == "sources" or f.name.startswith("fleet_"):
+        if f.name in NOT_SETTINGS or f.name.startswith("fleet_"):
             continue
         if f.name in SECTIONS:
             properties[f.name] = fields.Model(SECTIONS[f.name]).schema(defs)

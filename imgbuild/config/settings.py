@@ -9,13 +9,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild.config.model import Settings
+from imgbuild.config.model import NOT_SETTINGS, Settings
 from imgbuild.config.site import SECTIONS
 from imgbuild.errors import UsageError
+from imgbuild.host import Caller, caller
 
 SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
 
@@ -156,18 +158,22 @@ def config_files(environ: dict[str, str] | None = None) -> tuple[Path, Path]:
     return site_cfg, user_cfg
 
 
-def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Settings:
-    """Resolve every setting by precedence. `flags` holds only the flags the user actually gave."""
+def load_settings(
+    flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None, who: Caller | None = None
+) -> Settings:
+    """Resolve every setting by precedence. `flags` holds only the flags the user actually gave; `who`: the caller
+    as the command line read it once (read here, from `environ`, when not given)."""
     from imgbuild.errors import RecipeError
 
     environ = dict(os.environ if environ is None else environ)
+    who = caller(environ) if who is None else who
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     site_path, user_path = config_files(environ)
     files = [
         _read_config_file(site_path, f"site config {site_path}"),
         _read_config_file(user_path, f"user config {user_path}"),
     ]
-    known = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("sources", *SECTIONS)}
+    known = {f.name: f for f in dataclasses.fields(Settings) if f.name not in (*NOT_SETTINGS, *SECTIONS)}
     problems = [
         cfg.problem((k,), "unknown setting", _closest(str(k), [*known, *SECTIONS, "fleet"]), key=True)
         for cfg in files
@@ -186,7 +192,8 @@ def load_settings(flags: dict[str, Any] | None = None, environ: dict[str, str] |
             origin, raw = found
             values[name] = _coerce(name, raw, f.type, _where(origin, name, files))
             sources[name] = origin
-    settings = Settings(**values, **sections, sources={**sources, **section_sources})
+    values.setdefault("user", who.name)
+    settings = Settings(**values, **sections, sources={**sources, **section_sources}, caller=who)
     _check(settings)
     return settings
 
@@ -301,16 +308,15 @@ def _check(settings: Settings) -> None:
             "namespace (lower-case letters, digits, . _ -)"
         )
     _check_image_registry(settings)
-    for name, choices in (
-        ("backend", Settings.BACKENDS),
-        ("engine", Settings.ENGINES),
-        ("registry_cache", Settings.REGISTRY_CACHES),
-        ("gpu_source", Settings.GPU_SOURCES),
+    for name, value, choices in (
+        ("backend", settings.backend, Settings.BACKENDS),
+        ("engine", settings.engine, Settings.ENGINES),
+        ("registry_cache", settings.registry_cache, Settings.REGISTRY_CACHES),
+        ("gpu_source", settings.gpu_source, Settings.GPU_SOURCES),
     ):
-        if getattr(settings, name) not in choices:
+        if value not in choices:
             raise UsageError(
-                f"{sources.get(name, 'default')}: {name}: must be one of "
-                f"{', '.join(choices)} (got {str(getattr(settings, name))[:40]!r})"
+                f"{sources.get(name, 'default')}: {name}: must be one of {', '.join(choices)} (got {value[:40]!r})"
             )
     if settings.registry_cache == "registry" and not settings.builder:
         raise UsageError(
@@ -320,8 +326,11 @@ def _check(settings: Settings) -> None:
     if settings.fleet_gpus or settings.fleet_driver:  # fleet rules are imported only for a configured fleet
         from imgbuild.gpu.fleet import check_driver, parse_targets
 
-        for name, check in (("fleet_gpus", parse_targets), ("fleet_driver", check_driver)):
-            value = getattr(settings, name)
+        fleet: tuple[tuple[str, Any, Callable[[Any], object]], ...] = (
+            ("fleet_gpus", settings.fleet_gpus, parse_targets),
+            ("fleet_driver", settings.fleet_driver, check_driver),
+        )
+        for name, value, check in fleet:
             if value:
                 try:
                     check(value)

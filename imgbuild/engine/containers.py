@@ -236,7 +236,7 @@ class DockerContainers:
         stdin: bytes | None = None,
         gpus: list[str] | None,
         timeout: int = 1800,
-        ipc: str | None = "host",
+        ipc: str | None = None,
         shm_size: str | None = None,
         as_user: str | None = None,
         cache: str | None = None,

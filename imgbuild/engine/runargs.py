@@ -63,13 +63,13 @@ def run_command_line(o: RunOptions, docker: str = "docker") -> str:
 def house_flags(o: RunOptions) -> list[tuple[str, str]]:
     """(flag, value) of a site's house rules: IPC or shm, ulimits, capped json-file logs. Dev containers' runArgs
     take the same (clusters.devcontainer)."""
-    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc or "host")]
+    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc)] if o.ipc else []
     flags += [("--ulimit", f"{key}={value}") for key, value in o.ulimits]
-    return flags + [
-        ("--log-driver", "json-file"),
-        ("--log-opt", f"max-size={o.log_max_size}"),
-        ("--log-opt", f"max-file={o.log_max_file}"),
-    ]
+    if o.log_max_size or o.log_max_file:
+        flags.append(("--log-driver", "json-file"))
+        flags += [("--log-opt", f"max-size={o.log_max_size}")] if o.log_max_size else []
+        flags += [("--log-opt", f"max-file={o.log_max_file}")] if o.log_max_file else []
+    return flags
 
 
 def resource_flags(o: RunOptions) -> list[tuple[str, str]]:

@@ -89,11 +89,12 @@ class RunOptions:
     gpus_by_cdi: bool = False  # by CDI name (--device nvidia.com/gpu=UUID), where the host has only CDI
     cpus: float | None = None
     cpuset: str = ""  # a cpulist: "0-3,8"
-    ipc: str | None = "host"  # None with shm_size: a private IPC namespace of that size
+    #: the house's values (config.site.RunRules, their one home), or None: the engine's own default
+    ipc: str | None = None  # with shm_size: a private IPC namespace of that size
     shm_size: str | None = None
     ulimits: tuple[tuple[str, str], ...] = ()
-    log_max_size: str = "50m"
-    log_max_file: str = "3"
+    log_max_size: str | None = None  # json-file logs capped at this size ...
+    log_max_file: str | None = None  # ... in this many files
     remove: bool = True
     detach: bool = False
     interactive: bool = False

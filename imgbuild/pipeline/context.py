@@ -21,19 +21,18 @@ from imgbuild.tree import TooDeep, walk
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.pipeline.plan import Plan
-    from imgbuild.recipe import LoadedRecipe
 
 
-def context_path(loaded: LoadedRecipe, settings: Settings) -> Path:
-    """`images/<name>/` in the recipe's repository: a relative `images_dir` is the repository's, wherever
-    imgbuild runs from; an absolute one is used as it is."""
+def context_path(name: str, root: Path | None, settings: Settings) -> Path:
+    """`images/<name>/` in the recipe's repository (`root`): a relative `images_dir` is the repository's,
+    wherever imgbuild runs from; an absolute one is used as it is."""
     images = Path(settings.images_dir)
-    return (images if images.is_absolute() else (loaded.root or Path.cwd()) / images) / loaded.recipe.name
+    return (images if images.is_absolute() else (root or Path.cwd()) / images) / name
 
 
 def context_dir(plan: Plan, settings: Settings, out: str | Path | None = None) -> Path:
     """`-o DIR`, else the recipe's `images/<name>/` (context_path)."""
-    return Path(out) if out else context_path(plan.loaded, settings)
+    return Path(out) if out else context_path(plan.loaded.recipe.name, plan.loaded.root, settings)
 
 
 def render_into(plan: Plan, ctx: Path, backend: str, settings: Settings) -> Path:

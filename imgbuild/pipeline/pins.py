@@ -113,7 +113,7 @@ def _old_lines(loaded: LoadedRecipe) -> tuple[Any, ...]:
     from imgbuild.recipe.load import read_lock, repository_root
 
     ignored: list[Problem] = []  # what validate would refuse in it is cured by writing it again
-    _, lines = read_lock(loaded.path, loaded.root or repository_root(loaded.path), ignored)
+    _, lines = read_lock(loaded.path, loaded.root or repository_root(loaded.path.parent), ignored)
     return tuple(lines)
 
 
@@ -126,8 +126,8 @@ def _admitted(old: tuple[str, ...], freed: set[str], plan: Any) -> tuple[str, ..
 
 def _base_refuses(specs: tuple[str, ...] | list[str], plan: Any) -> list[str]:
     """The `name==version` pins of `specs` the build would refuse: the base's framework or CUDA libraries, or a
-    version its pins exclude (plan.base_refuses, the rule validate and the build apply)."""
-    from imgbuild.pipeline.plan import base_pin_versions, base_refuses
+    version its pins exclude (baserules.base_refuses, the rule validate and the build apply)."""
+    from imgbuild.pipeline.baserules import base_pin_versions, base_refuses
     from imgbuild.recipe.reqfile import LockedPin
 
     held = base_pin_versions(plan.base, plan.loaded.recipe.pip.unpin)

@@ -16,21 +16,17 @@ from typing import Any
 
 from imgbuild import imageref
 from imgbuild.config.settings import Settings
-from imgbuild.errors import RecipeError, UsageError
+from imgbuild.errors import Problem, RecipeError, UsageError
 from imgbuild.ngc import (
-    CUDA_BUILD_RE,
-    CUDA_PACKAGE_PREFIXES,
     FRAMEWORKS,
     config_env,
-    cuda_build,
-    cuda_major,
     describe_config,
     expand_tag,
-    is_cuda_library,
     is_pattern,
 )
 from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT
-from imgbuild.pipeline.targets import check_target
+from imgbuild.pipeline.baserules import base_pin_versions, framework_conflict, pin_conflict, protected_pins
+from imgbuild.pipeline.targets import TARGET_HINT, target_refusal
 from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import LockedPin, ReqLine
 
@@ -142,22 +138,11 @@ def resolve_base(
     )
 
 
-def protected_pins(base: BaseImage) -> tuple[str, ...]:
-    """Constraints that keep the base's framework in place, known before the build from its config."""
-    fw = FRAMEWORKS.get(base.framework)
-    if not fw or not base.framework_version:
-        return ()
-    if fw.name != "pytorch":
-        return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
-    # The release without its local label: PyPI's CUDA wheels say `2.13.0+cu130` in torch.__version__ (and
-    # PYTORCH_VERSION) but `2.13.0` in their metadata, which a `==2.13.0+cu130` pin would call a conflict.
-    # The base's own pins (its constraint file or a freeze) still hold the exact build installed.
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return (f"torch=={Version(base.framework_version).public}",)
-    except InvalidVersion:
-        return (f"torch=={base.framework_version}",)
+def field_problem(loaded: LoadedRecipe, at: tuple[str | int, ...], message: str, hint: str) -> Problem:
+    """A problem at a field of the recipe: its line and column where the recipe was read from YAML."""
+    if loaded.located is not None:
+        return loaded.located.problem(at, message, hint)
+    return Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
 
 
 def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
@@ -168,15 +153,12 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
 
     from imgbuild.errors import Problem
 
-    located = loaded.located
-
     def where(at: tuple[str | int, ...] | ReqLine, message: str, hint: str, *unsure: str) -> Problem:
         if isinstance(at, ReqLine):  # a line of the requirements file (or a file it nests), or of the lock
             field = "lock" if loaded.lock_path and at.file.endswith(loaded.lock_path.name) else "pip.requirements"
             found = Problem(at.file, at.line, 1, field, message, hint)
         else:
-            unplaced = Problem(loaded.display, 0, 0, ".".join(map(str, at)), message, hint)
-            found = located.problem(at, message, hint) if located is not None else unplaced
+            found = field_problem(loaded, at, message, hint)
         return dataclasses.replace(found, needs=unsure[0], otherwise=unsure[1]) if unsure else found
 
     # the recipe's own asks are checked against its lock too; the lock is input as well: a torch pin in it
@@ -186,12 +168,13 @@ def check_conflicts(loaded: LoadedRecipe, base: BaseImage) -> None:
     specs += [(line, line.spec, False) for line in loaded.lock_lines if line.spec in pinned]
     pins = base_pin_versions(base, loaded.recipe.pip.unpin)
     locked = lock_index(loaded)
+    shown = loaded.display  # resolved against the working folder once, not once per requirement
     problems = []
     for at, spec, own in specs:
         req = Requirement(spec) if own else LockedPin.of(spec)  # a lock's name==version, read cheaply
-        found = _conflict(req, base) or _pin_conflict(req, base, pins)
+        found = framework_conflict(req, base) or pin_conflict(req, base, pins)
         if found is None and own:
-            found = lock_conflict(req, locked, loaded.display)
+            found = lock_conflict(req, locked, shown)
         if found is not None:
             problems.append(where(at, *found))
     if problems:
@@ -249,143 +232,6 @@ def check_offline(loaded: LoadedRecipe) -> None:
     with the base's own facts and pins)."""
     declared = loaded.recipe.base.framework
     check_conflicts(loaded, BaseImage(ref=f"the {declared or 'base'} image", facts={"framework": declared or ""}))
-
-
-def base_pin_versions(base: BaseImage, unpinned: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
-    """{canonical name: (name, version)} for each exact pin of the base that still holds: not the framework
-    or the CUDA stack (those have their own check), not a package the recipe unpins."""
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-
-    freed = {canonicalize_name(n) for n in unpinned}
-    own = FRAMEWORKS.get(base.framework)
-    guarded = set(own.packages) if own else set()
-    found: dict[str, tuple[str, str]] = {}
-    for line in base.pins:
-        try:
-            req = Requirement(line.split("#", 1)[0].strip())
-        except InvalidRequirement:
-            continue
-        name = canonicalize_name(req.name)
-        specs = list(req.specifier)
-        if req.url or req.marker or len(specs) != 1 or specs[0].operator not in ("==", "==="):
-            continue
-        if name in freed or name in guarded or name.startswith(CUDA_PACKAGE_PREFIXES):
-            continue
-        found[name] = (req.name, specs[0].version)
-    return found
-
-
-def _pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
-    """(message, hint) when `req` asks for a version of a package the base pins that the pin excludes."""
-    from packaging.utils import canonicalize_name
-    from packaging.version import InvalidVersion, Version
-
-    name = canonicalize_name(req.name)
-    if name not in pins or req.marker:  # a marker may not apply in the image: pip will judge it
-        return None
-    pinned, version = pins[name]
-    hint = f"pinned by {base.pins_origin or 'the base'}: drop the pin, or let pip move it with pip.unpin: [{pinned}]"
-    if req.url:
-        return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
-    try:
-        excluded = bool(req.specifier) and not req.specifier.contains(Version(version), prereleases=True)
-    except InvalidVersion:
-        return None
-    if excluded:
-        return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
-    return None
-
-
-def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
-    """Whether the base refuses `req`: its framework or CUDA libraries, or a version its pins exclude."""
-    return bool(_conflict(req, base) or _pin_conflict(req, base, pins))
-
-
-def _conflict(req: Any, base: BaseImage) -> tuple[str, ...] | None:
-    """(message, hint[, a package the hint names, the hint if the index lacks it]) when `req` would replace the
-    base's CUDA libraries or framework, else None."""
-    from packaging.utils import canonicalize_name
-    from packaging.version import InvalidVersion, Version
-
-    name = canonicalize_name(req.name)
-    own = FRAMEWORKS.get(base.framework)
-    if found := _other_cuda(name, req, base):
-        return found
-    if is_cuda_library(name) and (req.specifier or req.url):
-        return (
-            f"{req.name} would replace a CUDA library of the base",
-            "the base's CUDA stack is protected; drop the pin",
-        )
-    other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
-    if other is not None and own is not None:
-        return (
-            f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
-            f"build on a {other.name} base for {other.name}",
-        )
-    if own is None or name not in own.packages:
-        return None
-    if req.url:
-        return (
-            f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}".rstrip(),
-            "the base's framework is protected: drop it",
-        )
-    try:
-        have = Version(base.framework_version) if base.framework_version else None
-    except InvalidVersion:
-        have = None
-    if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
-        if have.is_prerelease and req.specifier.contains(Version(have.base_version), prereleases=True):
-            return prerelease_conflict(req.name, str(req.specifier), base.framework_version, base.ref)
-        return (
-            f"{req.name}{req.specifier} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
-            f"the base's framework is protected: drop the pin, or choose a base tag that carries "
-            f"{req.name}{req.specifier}",
-        )
-    return None
-
-
-def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
-    """When `req` asks for a build for another CUDA major than the base's (`jax[cuda12]`, `cupy-cuda12x`,
-    `nvidia-cudnn-cu12` on a CUDA 13 base): its libraries go beside or over the base's, its code built for them."""
-    major = cuda_major(base.env)
-    if major is None:
-        return None
-
-    def for_base(word: str) -> str:  # the same name or extra, for the base's major: cuda12_pip -> cuda13_pip
-        return CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), word)
-
-    asked = [(req.name, cuda_build(name), for_base(name))]  # extras match as words after a "-", as names do
-    asked += [
-        (f"{req.name}[{x}]", cuda_build("-" + x), f"{req.name}[{for_base('-' + x)[1:]}]") for x in sorted(req.extras)
-    ]
-    for shown, theirs, cure in asked:
-        if theirs is None or theirs == major:
-            continue
-        said = (
-            f"{shown} is built for CUDA {theirs}, but the base has CUDA {major} ({base.ref}): it brings CUDA "
-            f"{theirs} libraries beside or over the base's, and its own code is built for them",
-            f"ask for the CUDA {major} build ({cure}), or drop it",
-        )
-        if shown != req.name:  # an extra: the project is the one asked for
-            return said
-        lacks = f"the index has no CUDA {major} build of {req.name} ({cure} is not there)"
-        return (*said, cure, f"{lacks}: drop it, or use a base with CUDA {theirs}")
-    return None
-
-
-def prerelease_conflict(name: str, specifier: str, have: str, ref: str) -> tuple[str, str]:
-    """(message, hint) for NGC's everyday trap: its framework is a pre-release (`2.9.0a0+145a3a7`), and
-    under PEP 440 `2.9.0a0 < 2.9`, so `torch>=2.9` excludes the very build it was written for."""
-    from packaging.version import Version
-
-    public = Version(have).public
-    return (
-        f"{name}{specifier} is not met by the base's {name} {have} ({ref}): NGC's {name} is a pre-release of "
-        f"{Version(have).base_version}, and under PEP 440 {public} sorts before {Version(have).base_version}",
-        f"the base's {name} is what you asked for: drop the pin, or write it to admit the pre-release "
-        f"({name}>={public})",
-    )
 
 
 def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
@@ -475,7 +321,11 @@ def make_plan(
     UID/GID, read at the edge (resolve.plan_recipe; root's (0, 0) gives 1000). Nothing here asks who is calling."""
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
     image, tag = image_and_tag(loaded, settings)
-    check_target(loaded, settings, f"{image}:{tag}", base.ref)
+    refused = target_refusal(f"{image}:{tag}", base.ref, settings.ngc_registry)
+    if refused:  # at the field that names the target
+        raise RecipeError(
+            [field_problem(loaded, ("image",) if loaded.recipe.image else ("name",), refused, TARGET_HINT)]
+        )
     if read_pins is not None:
         base = _with_pins(base, read_pins)
     check_conflicts(loaded, base)

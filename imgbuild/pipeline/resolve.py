@@ -128,11 +128,9 @@ def plan_recipe(
 ) -> Plan:
     """The plan, from the registry (or local images). `with_pins` (a build, a lock) also reads the base's
     pins in the base image, so every requirement that one of them excludes is reported before the build."""
-    from imgbuild.host import caller
-
     inspect = None if offline else registry_inspector(settings, engine, local_refs, fresh)
     read_pins = pin_reader(settings, engine) if with_pins and engine is not None and not offline else None
-    who = caller()
+    who = settings.caller
     resolve = None if offline else tag_resolver(settings)
     with cures_checked(loaded, settings, offline):
         return make_plan(loaded, settings, inspect, resolve, (who.uid, who.gid), read_pins)

@@ -170,7 +170,6 @@ def _pick_gpus(
     `--gpus all`; otherwise the smoke test stops, saying why."""
     from imgbuild.gpu.allocate import GpusBusy, select_gpus
     from imgbuild.gpu.read import NoGpus, read_gpus
-    from imgbuild.host import caller
 
     request = req.gpus
 
@@ -195,7 +194,8 @@ def _pick_gpus(
         ) from None
     held = claims(engine, readings) if claims else {}
     try:
-        chosen = select_gpus(request, readings, req.user or caller().name, claims=held)
+        user = req.user or (settings.caller.name if settings is not None else "")  # whose GPUs count as theirs
+        chosen = select_gpus(request, readings, user, claims=held)
         if quota is not None:
             quota(chosen, held)
     except GpusBusy as busy:

@@ -7,39 +7,30 @@ read (recipe.model)."""
 from __future__ import annotations
 
 from imgbuild import imageref
-from imgbuild.config.settings import Settings
-from imgbuild.errors import Problem, RecipeError
 from imgbuild.ngc import FRAMEWORKS
-from imgbuild.recipe import LoadedRecipe
+
+#: What a refused target's problem suggests.
+TARGET_HINT = "name your image under your own namespace, e.g. image: REGISTRY/TEAM/NAME:TAG"
 
 
-def check_target(loaded: LoadedRecipe, settings: Settings, target: str, base_ref: str) -> None:
-    """Refuse `target` when it is the recipe's base (`base_ref`, as resolved) or an NGC repository of the site's
-    mirror (`ngc_registry`), naming the field that sets it."""
+def target_refusal(target: str, base_ref: str, ngc_registry: str) -> str | None:
+    """Why `target` may not be built: it is the recipe's base (`base_ref`, as resolved) or an NGC repository of
+    the site's mirror (`ngc_registry`); None when it may. The plan places the refusal at the field that sets it."""
     try:
         built, base = imageref.parse(target), imageref.parse(base_ref)
     except imageref.BadReference:
-        return  # both were checked where they were read; nothing to compare
-    field = ("image",) if loaded.recipe.image else ("name",)
+        return None  # both were checked where they were read; nothing to compare
     if built.with_tag(built.tag or "latest").normal() == base.with_tag(base.tag or "latest").normal():
-        _refuse(loaded, field, f"{target} is this recipe's own base: building it would replace what it builds on")
+        return f"{target} is this recipe's own base: building it would replace what it builds on"
     try:
-        mirror = imageref.parse(f"{settings.ngc_registry}/x")
+        mirror = imageref.parse(f"{ngc_registry}/x")
     except imageref.BadReference:
-        return
+        return None
     for framework in FRAMEWORKS.values():
         repository = mirror.path[: -len("x")] + framework.repository  # the mirror's own path, if any, first
         if built.registry == mirror.registry and built.path == repository:
-            _refuse(
-                loaded,
-                field,
-                f"{target} is the site's NGC base {settings.ngc_registry}/{framework.repository}: every recipe "
-                "builds on it, and a build would replace it",
+            return (
+                f"{target} is the site's NGC base {ngc_registry}/{framework.repository}: every recipe builds on it, "
+                "and a build would replace it"
             )
-
-
-def _refuse(loaded: LoadedRecipe, field: tuple[str, ...], message: str) -> None:
-    hint = "name your image under your own namespace, e.g. image: REGISTRY/TEAM/NAME:TAG"
-    if loaded.located is not None:
-        raise RecipeError([loaded.located.problem(field, message, hint)])
-    raise RecipeError([Problem(loaded.display, 0, 0, ".".join(field), message, hint)])
+    return None

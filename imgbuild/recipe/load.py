@@ -224,7 +224,7 @@ def load_recipe(
     if not path.is_file():
         raise RecipeError([Problem(display_path(path), 0, 0, "", "no such recipe file")])
     problems: list[Problem] = []
-    root = repository_root(path)
+    root = repository_root(path.parent)
     if not path.resolve().is_relative_to(root):
         raise RecipeError(
             [

@@ -23,10 +23,11 @@ class OutsideRepository(ValueError):
     """A path that leaves the repository or is not a plain file; the message is safe to print."""
 
 
-def repository_root(recipe: Path) -> Path:
-    """The root a recipe's paths must stay inside (resolved), found from where the recipe is named, so a
-    recipe that is a symlink out of its repository does not carry the root along with it."""
-    start = Path(os.path.abspath(recipe)).parent
+def repository_root(folder: Path) -> Path:
+    """The root the paths of a recipe in `folder` must stay inside (resolved): the folder as the recipe is named
+    (its parent before symlinks are resolved, so a recipe that is a symlink out of its repository does not
+    carry the root along with it)."""
+    start = Path(os.path.abspath(folder))
     for folder in (start, *start.parents):
         if (folder / ".git").exists():
             return folder.resolve()

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild.acting import Acting, check_image
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.host import Caller, caller, expand
+from imgbuild.host import Caller, expand
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -58,9 +58,8 @@ AUDIT_FILE = "audit.log"
 CHECK_SECONDS = 10  # resolving a mount source as the caller
 
 
-def acting_for_user(who: Caller | None = None) -> bool:
+def acting_for_user(who: Caller) -> bool:
     """imgbuild runs as root through sudo for a user who is not an admin: the rules are enforced."""
-    who = who or caller()
     return who.via_sudo and os.geteuid() == 0 and not who.is_admin
 
 
@@ -136,7 +135,7 @@ def check_port(spec: str) -> None:
 
 def acting(settings: Settings) -> Acting | None:
     """`Acting` when imgbuild runs as root through sudo for a user who is not an admin, else None."""
-    who = caller()
+    who = settings.caller
     if not acting_for_user(who):
         return None
     return Acting(who, tuple(settings.run.allowed_images))
@@ -343,16 +342,16 @@ def _summary(args: list[str]) -> list[str]:
     return kept
 
 
-def audit(verb: str, args: list[str], decision: str, ledger_dir: Path) -> None:
-    """One JSON line per decision taken for a user acting through sudo: who, what, when, the decision. In
-    root's folder of the state folder; an audit log that cannot be written stops the command (exit 3)."""
+def audit(verb: str, args: list[str], decision: str, ledger_dir: Path, user: str, uid: int) -> None:
+    """One JSON line per decision taken for a user acting through sudo: who (`user`, `uid`), what, when, the
+    decision. In root's folder of the state folder; an audit log that cannot be written stops the command
+    (exit 3)."""
     from imgbuild.servers.ledger import append_record, reaper_dir
 
-    who = caller()
     record = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "user": who.name,
-        "uid": who.uid,
+        "user": user,
+        "uid": uid,
         "command": verb,
         "args": _summary(args),
         "decision": decision,

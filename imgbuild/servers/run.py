@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.config.site import RunRules
 from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
-from imgbuild.host import Caller, caller, expand, format_cpulist
+from imgbuild.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, check_quota, held_on_host
@@ -32,7 +32,6 @@ from imgbuild.servers.spec import (
     MAX_CPUS,
     SHORT_NAME_RE,
     RunSpec,
-    default_cpus,
     free_port,
     gpu_affinity,
     home_of_uid,
@@ -80,8 +79,6 @@ class RunRequest:
     jupyter: bool = False
     time: str | None = None  # --time: how long the container may run ("2d")
     notify: bool = False  # --notify: a notice when it ends (the reaper's next run)
-    #: who asks: read once, where the request is made (sudo-aware), and handed down with it
-    who: Caller = field(default_factory=caller)
 
 
 def read_gpus_or_none(settings: Settings) -> list[Any]:
@@ -93,7 +90,7 @@ def read_gpus_or_none(settings: Settings) -> list[Any]:
         return []
 
 
-def _enforce(req: RunRequest, who: Any, house: RunRules, ref: str) -> tuple[list[Any] | None, str | None]:
+def _enforce(req: RunRequest, who: Caller, house: RunRules, ref: str) -> tuple[list[Any] | None, str | None]:
     """Enforced mode (a user through sudo): the flags, image and mounts checked as the caller; the workspace
     becomes one of the checked mounts, and the container's working folder. (None, None) where imgbuild runs
     as the user themself or as root."""
@@ -123,7 +120,7 @@ def prepare(
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
-    from imgbuild.gpu.allocate import select_gpus
+    from imgbuild.gpu.allocate import cpus_for, select_gpus
     from imgbuild.host import usable_cpus
 
     house = house if house is not None else settings.run
@@ -133,7 +130,7 @@ def prepare(
     if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
     ref, default_short = resolved or resolve_image(req.image, settings)
-    who = req.who
+    who = settings.caller
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced, workdir = _enforce(req, who, house, ref)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
@@ -141,7 +138,10 @@ def prepare(
     check_quota(user, selection, held, house)
     if req.cpus is not None and not (math.isfinite(req.cpus) and 0 < req.cpus <= MAX_CPUS):
         raise UsageError(f"--cpus {req.cpus}: not a number of CPUs (above 0, at most {MAX_CPUS})")
-    cpus = req.cpus if req.cpus is not None else default_cpus(selection, len(gpus), house.cpus_per_gpu)
+    if req.cpus is None:  # the GPUs' share of the host's CPUs (run.cpus_per_gpu, else an even share)
+        cpus = cpus_for(len(selection.gpus), os.cpu_count() or 1, len(gpus), house.cpus_per_gpu)
+    else:
+        cpus = req.cpus
     cpuset: list[int] = []
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
@@ -267,7 +267,7 @@ def reserved(
                     raise GpusBusy(
                         f"{ahead} run(s) wait for GPUs before you (imgbuild run --wait); add --wait to queue"
                     )
-                book.enqueue(ticket, req.who.name, f"--gpus {req.gpu_request}")
+                book.enqueue(ticket, settings.caller.name, f"--gpus {req.gpu_request}")
             if clock() >= deadline:
                 raise WaitTimedOut(f"gave up waiting after {wait:g} s ({why})")
             if on_wait:
@@ -303,7 +303,14 @@ def _staged(spec: RunSpec) -> Iterator[None]:
 
     with enforce.staged(spec.enforced) as volumes:
         spec.volumes = volumes
-        enforce.audit("run", sys.argv[1:], f"allowed: starting {spec.name} ({spec.image})", spec.house.ledger_dir)
+        enforce.audit(
+            "run",
+            sys.argv[1:],
+            f"allowed: starting {spec.name} ({spec.image})",
+            spec.house.ledger_dir,
+            spec.user,
+            spec.uid,  # as the caller: enforced mode refuses --user
+        )
         yield
 
 
@@ -417,7 +424,7 @@ def launch(
     acting = enforce.acting(settings)
     if acting:  # the site's images only: nothing else is pulled as root
         acting.check_image(ref)
-    local = is_recipe(request.image) or built_here(ref, {request.who.name, str(settings.user or "").lower()})
+    local = is_recipe(request.image) or built_here(ref, {settings.caller.name, str(settings.user or "").lower()})
     if local and engine.images.image(ref) is None:
         raise UsageError(f"{ref}: no such image on this host (build it first: imgbuild build RECIPE)")
     pull_to_inspect(ref, engine, local)

@@ -4,7 +4,6 @@ reference, and Jupyter's port, folders and notes."""
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from imgbuild.config.site import RunRules
 from imgbuild.engine.types import RunOptions
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
-from imgbuild.gpu.allocate import Selection, cpus_for
+from imgbuild.gpu.allocate import Selection
 from imgbuild.host import expand, format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:
@@ -148,7 +147,8 @@ def resolve_image(arg: str, settings: Settings, paths: bool = False) -> tuple[st
     from imgbuild.imageref import BadReference, parse
     from imgbuild.servers.enforce import acting_for_user
 
-    if Path(arg).suffix in (".yaml", ".yml") and acting_for_user():  # not even looked at: root would read it
+    # through sudo a recipe file is not even looked at: root would read it
+    if Path(arg).suffix in (".yaml", ".yml") and acting_for_user(settings.caller):
         raise UsageError(
             f"{arg[:120]}: through sudo a run names an image, not a recipe file (a file would be read as root); "
             "give the image the recipe builds, <user>/<name>:<tag>"
@@ -169,18 +169,6 @@ def resolve_image(arg: str, settings: Settings, paths: bool = False) -> tuple[st
     except BadReference as exc:
         raise UsageError(f"image: {exc}; give REGISTRY/REPO:TAG or a recipe file") from None
     return arg, short_name_of(arg)
-
-
-def default_cpus(selection: Selection, total_gpus: int, per_gpu: float | None) -> float | None:
-    return cpus_for(len(selection.gpus), os.cpu_count() or 1, total_gpus, per_gpu)
-
-
-def host_ids() -> tuple[int, int]:
-    """The caller's UID:GID (the sudo caller's when run through sudo)."""
-    from imgbuild.host import caller
-
-    who = caller()
-    return who.uid, who.gid
 
 
 #: `--jupyter`: the server's port in the container, its writable folders (the container runs as the caller,

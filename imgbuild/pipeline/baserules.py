@@ -1,0 +1,169 @@
+"""What a base image allows a recipe to ask pip for: its framework stays (the version the base carries), its CUDA
+libraries stay (and no package built for another CUDA major goes beside them), and each exact pin the base holds
+(its constraint file or freeze) holds unless the recipe unpins it. One rule for the plan's check, `imgbuild
+validate`, the lock and the build; pure: the base's facts come in a BaseImage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from imgbuild.ngc import CUDA_BUILD_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORKS, cuda_build, cuda_major, is_cuda_library
+
+if TYPE_CHECKING:
+    from imgbuild.pipeline.plan import BaseImage
+
+
+def protected_pins(base: BaseImage) -> tuple[str, ...]:
+    """Constraints that keep the base's framework in place, known before the build from its config."""
+    fw = FRAMEWORKS.get(base.framework)
+    if not fw or not base.framework_version:
+        return ()
+    if fw.name != "pytorch":
+        return ()  # TensorFlow's distribution name varies (tensorflow, tensorflow-cpu): the freeze pins it.
+    # The release without its local label: PyPI's CUDA wheels say `2.13.0+cu130` in torch.__version__ (and
+    # PYTORCH_VERSION) but `2.13.0` in their metadata, which a `==2.13.0+cu130` pin would call a conflict.
+    # The base's own pins (its constraint file or a freeze) still hold the exact build installed.
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (f"torch=={Version(base.framework_version).public}",)
+    except InvalidVersion:
+        return (f"torch=={base.framework_version}",)
+
+
+def base_pin_versions(base: BaseImage, unpinned: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """{canonical name: (name, version)} for each exact pin of the base that still holds: not the framework
+    or the CUDA stack (those have their own check), not a package the recipe unpins."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    freed = {canonicalize_name(n) for n in unpinned}
+    own = FRAMEWORKS.get(base.framework)
+    guarded = set(own.packages) if own else set()
+    found: dict[str, tuple[str, str]] = {}
+    for line in base.pins:
+        try:
+            req = Requirement(line.split("#", 1)[0].strip())
+        except InvalidRequirement:
+            continue
+        name = canonicalize_name(req.name)
+        specs = list(req.specifier)
+        if req.url or req.marker or len(specs) != 1 or specs[0].operator not in ("==", "==="):
+            continue
+        if name in freed or name in guarded or name.startswith(CUDA_PACKAGE_PREFIXES):
+            continue
+        found[name] = (req.name, specs[0].version)
+    return found
+
+
+def pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """(message, hint) when `req` asks for a version of a package the base pins that the pin excludes."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    name = canonicalize_name(req.name)
+    if name not in pins or req.marker:  # a marker may not apply in the image: pip will judge it
+        return None
+    pinned, version = pins[name]
+    hint = f"pinned by {base.pins_origin or 'the base'}: drop the pin, or let pip move it with pip.unpin: [{pinned}]"
+    if req.url:
+        return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
+    try:
+        excluded = bool(req.specifier) and not req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return None
+    if excluded:
+        return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
+    return None
+
+
+def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
+    """Whether the base refuses `req`: its framework or CUDA libraries, or a version its pins exclude."""
+    return bool(framework_conflict(req, base) or pin_conflict(req, base, pins))
+
+
+def framework_conflict(req: Any, base: BaseImage) -> tuple[str, ...] | None:
+    """(message, hint[, a package the hint names, the hint if the index lacks it]) when `req` would replace the
+    base's CUDA libraries or framework, else None."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    name = canonicalize_name(req.name)
+    own = FRAMEWORKS.get(base.framework)
+    if found := _other_cuda(name, req, base):
+        return found
+    if is_cuda_library(name) and (req.specifier or req.url):
+        return (
+            f"{req.name} would replace a CUDA library of the base",
+            "the base's CUDA stack is protected; drop the pin",
+        )
+    other = next((fw for fw in FRAMEWORKS.values() if name in fw.packages and fw is not own), None)
+    if other is not None and own is not None:
+        return (
+            f"{req.name} is {other.name}, but the base is a {own.name} image ({base.ref})",
+            f"build on a {other.name} base for {other.name}",
+        )
+    if own is None or name not in own.packages:
+        return None
+    if req.url:
+        return (
+            f"{req.name} from a URL would replace the base's {req.name} {base.framework_version}".rstrip(),
+            "the base's framework is protected: drop it",
+        )
+    try:
+        have = Version(base.framework_version) if base.framework_version else None
+    except InvalidVersion:
+        have = None
+    if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+        if have.is_prerelease and req.specifier.contains(Version(have.base_version), prereleases=True):
+            return prerelease_conflict(req.name, str(req.specifier), base.framework_version, base.ref)
+        return (
+            f"{req.name}{req.specifier} conflicts with the base's {req.name} {base.framework_version} ({base.ref})",
+            f"the base's framework is protected: drop the pin, or choose a base tag that carries "
+            f"{req.name}{req.specifier}",
+        )
+    return None
+
+
+def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
+    """When `req` asks for a build for another CUDA major than the base's (`jax[cuda12]`, `cupy-cuda12x`,
+    `nvidia-cudnn-cu12` on a CUDA 13 base): its libraries go beside or over the base's, its code built for them."""
+    major = cuda_major(base.env)
+    if major is None:
+        return None
+
+    def for_base(word: str) -> str:  # the same name or extra, for the base's major: cuda12_pip -> cuda13_pip
+        return CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), word)
+
+    asked = [(req.name, cuda_build(name), for_base(name))]  # extras match as words after a "-", as names do
+    asked += [
+        (f"{req.name}[{x}]", cuda_build("-" + x), f"{req.name}[{for_base('-' + x)[1:]}]") for x in sorted(req.extras)
+    ]
+    for shown, theirs, cure in asked:
+        if theirs is None or theirs == major:
+            continue
+        said = (
+            f"{shown} is built for CUDA {theirs}, but the base has CUDA {major} ({base.ref}): it brings CUDA "
+            f"{theirs} libraries beside or over the base's, and its own code is built for them",
+            f"ask for the CUDA {major} build ({cure}), or drop it",
+        )
+        if shown != req.name:  # an extra: the project is the one asked for
+            return said
+        lacks = f"the index has no CUDA {major} build of {req.name} ({cure} is not there)"
+        return (*said, cure, f"{lacks}: drop it, or use a base with CUDA {theirs}")
+    return None
+
+
+def prerelease_conflict(name: str, specifier: str, have: str, ref: str) -> tuple[str, str]:
+    """(message, hint) for NGC's everyday trap: its framework is a pre-release (`2.9.0a0+145a3a7`), and
+    under PEP 440 `2.9.0a0 < 2.9`, so `torch>=2.9` excludes the very build it was written for."""
+    from packaging.version import Version
+
+    public = Version(have).public
+    return (
+        f"{name}{specifier} is not met by the base's {name} {have} ({ref}): NGC's {name} is a pre-release of "
+        f"{Version(have).base_version}, and under PEP 440 {public} sorts before {Version(have).base_version}",
+        f"the base's {name} is what you asked for: drop the pin, or write it to admit the pre-release "
+        f"({name}>={public})",
+    )

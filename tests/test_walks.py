@@ -1,0 +1,210 @@
+"""How far one parameter travels: the two walks of the house review (`imgbuild build RECIPE`'s recipe path, and
+`imgbuild run --gpus 2`'s GPU request), traced through the real command line on the in-memory engine.
+
+A function counts when one of its arguments is the followed value or an object that carries it; a hop is a
+change of module between two such functions, in call order. The ceilings below are the counts measured when the
+walks were last shortened: a change that scatters one of these values over more modules fails here first.
+`python -m tests.test_walks` prints the table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import imgbuild
+from tests.support import server
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "pytorch-research.yaml"
+
+
+@dataclass
+class Walk:
+    """The functions the followed value passed through, in call order, and the whole command's module traffic."""
+
+    path: list[tuple[str, str]] = field(default_factory=list)  # (module, function) per call that got the value
+    entered: set[str] = field(default_factory=set)  # every imgbuild module the command ran code in
+    switches: int = 0  # calls from one imgbuild module into another
+
+    @property
+    def functions(self) -> int:
+        return len(set(self.path))
+
+    @property
+    def modules(self) -> list[str]:
+        return sorted({m for m, _ in self.path})
+
+    @property
+    def hops(self) -> int:
+        return sum(1 for a, b in zip(self.path, self.path[1:], strict=False) if a[0] != b[0])
+
+
+def _import_everything() -> None:
+    """Every imgbuild module imported before tracing: import-time frames are not the walk."""
+    for info in pkgutil.walk_packages(imgbuild.__path__, "imgbuild."):
+        if ".payload." not in info.name and not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+
+
+@contextmanager
+def traced(carries: Callable[[str, Any], bool]) -> Iterator[Walk]:
+    _import_everything()
+    walk = Walk()
+    last = [""]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("imgbuild"):
+            return
+        walk.entered.add(module)
+        if module != last[0]:
+            walk.switches += bool(last[0])
+            last[0] = module
+        code = frame.f_code
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        if any(carries(name, frame.f_locals.get(name)) for name in names):
+            walk.path.append((module, code.co_qualname))
+
+    sys.setprofile(profile)
+    try:
+        yield walk
+    finally:
+        sys.setprofile(None)
+
+
+def _run_main(argv: list[str]) -> int:
+    from imgbuild.cli import main
+
+    try:
+        main(argv)
+    except SystemExit as ended:
+        return int(ended.code or 0)
+    return 0
+
+
+def walk_recipe_in_build(tmp: Path) -> Walk:
+    """(a) `imgbuild build recipes/pytorch-research.yaml`: the recipe path, and the LoadedRecipe carrying it."""
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.recipe.load import LoadedRecipe
+    from tests.fake_nvcr import FakeNvcr
+
+    wanted = {str(RECIPE), "recipes/pytorch-research.yaml"}
+
+    def carries(name: str, value: Any) -> bool:
+        return isinstance(value, LoadedRecipe) or (isinstance(value, (str, Path)) and str(value) in wanted)
+
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        env = _env(IMGBUILD_NGC_REGISTRY=nvcr.host, IMGBUILD_IMAGES_DIR=str(tmp / "images"))
+        with env, _engine(FakeEngine()), traced(carries) as walk:
+            code = _run_main(["build", "recipes/pytorch-research.yaml"])
+    assert code == 0, "the build walk must succeed to be measured"
+    return walk
+
+
+def walk_gpus_in_run(tmp: Path) -> Walk:
+    """(b) `imgbuild run --gpus 2 -d ubuntu:22.04 sleep 1` on a DGX A100's snapshot: the request, and the
+    RunRequest, Selection, RunSpec and RunOptions carrying it."""
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.engine.types import ImageInfo, RunOptions
+    from imgbuild.gpu.allocate import Selection
+    from imgbuild.servers.run import RunRequest
+    from imgbuild.servers.spec import RunSpec
+
+    def carries(name: str, value: Any) -> bool:
+        if isinstance(value, (RunRequest, Selection, RunSpec, RunOptions)):
+            return True
+        return ("gpu" in name or "request" in name) and value == "2"
+
+    snapshot = tmp / "snapshot.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    config = tmp / "config.yaml"
+    config.write_text(f"run:\n  state_dir: {tmp / 'state'}\n")
+    fake = FakeEngine()
+    fake.images.add("sha256:" + "1" * 64, ImageInfo("sha256:" + "1" * 64), "ubuntu:22.04")
+    env = _env(IMGBUILD_GPU_SNAPSHOT=str(snapshot), IMGBUILD_CONFIG=str(config))
+    with env, _engine(fake), traced(carries) as walk:
+        code = _run_main(["run", "--gpus", "2", "-d", "ubuntu:22.04", "sleep", "1"])
+    assert code == 0, "the run walk must succeed to be measured"
+    return walk
+
+
+@contextmanager
+def _engine(fake: Any) -> Iterator[None]:
+    """Every module's `connect_engine` (imported by name at module level or in a function) answers `fake`."""
+    from imgbuild import engine as engine_module
+
+    _import_everything()
+    real = engine_module.connect_engine
+    bound = [m for m in list(sys.modules.values()) if getattr(m, "connect_engine", None) is real]
+    for module in bound:
+        module.connect_engine = lambda *a, **k: fake
+    try:
+        yield
+    finally:
+        for module in bound:
+            module.connect_engine = real
+
+
+@contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+#: (walk, most modules the value may cross, most hops), as measured when last shortened; the review counted
+#: 11 modules / 22 hops for (a) and 8 modules / 17 hops for (b) at 982db4b.
+CEILINGS = {"build": (walk_recipe_in_build, 10, 18), "run": (walk_gpus_in_run, 7, 16)}
+
+
+@pytest.mark.parametrize("name", sorted(CEILINGS))
+def test_a_walked_value_crosses_no_more_modules_than_when_last_measured(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    measure, most_modules, most_hops = CEILINGS[name]
+    walk = measure(tmp_path)
+    assert walk.path, "the traced value was never seen: the tracer follows nothing"
+    assert len(walk.modules) <= most_modules, walk.modules
+    assert walk.hops <= most_hops, [m for m, _ in walk.path]
+
+
+def _table() -> None:
+    import tempfile
+
+    os.chdir(ROOT)
+    print("| walk | functions | modules | hops | modules entered | module switches |")
+    print("|---|---|---|---|---|---|")
+    for name, (measure, _, _) in sorted(CEILINGS.items()):
+        with tempfile.TemporaryDirectory() as tmp:
+            walk = measure(Path(tmp))
+        print(
+            f"| {name} | {walk.functions} | {len(walk.modules)} | {walk.hops} | {len(walk.entered)} | {walk.switches} |"
+        )
+        print(f"|  | {' → '.join(_compress([m.removeprefix('imgbuild.') for m, _ in walk.path]))} |||||")
+
+
+def _compress(modules: list[str]) -> list[str]:
+    return [m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m]
+
+
+if __name__ == "__main__":
+    _table()
