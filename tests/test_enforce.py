@@ -867,9 +867,12 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     assert (answer["uid"], answer["gid"], answer["nnp"]) == (4321, 4322, "1")
     assert int(answer["cap"], 16) == 0
     assert answer["ipc"] != os.readlink("/proc/self/ns/ipc")  # not the host's
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120)
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, ipc="host", timeout=120)
     plain = probe.answer(output)
     assert plain and plain["ipc"] == os.readlink("/proc/self/ns/ipc")  # root's own smoke test: the house's IPC
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120)
+    probing = probe.answer(output)  # a probe (pins, GPUs, a lock) asks for no IPC: the engine's own, not the host's
+    assert probing and probing["ipc"] != os.readlink("/proc/self/ns/ipc")
 
 
 def test_two_drop_ins_coexist_in_one_sudoers(tmp_path):
