@@ -154,17 +154,7 @@ def test_the_fake_engine_imports_nothing_from_the_pipeline():
 
 
 @pytest.mark.parametrize(
-    "script",
-    [
-        "payload/smoke_image.py",
-        "payload/engine_gpus.py",
-        "payload/lock_resolve.py",
-        "payload/pip_guard.py",
-        "payload/pip_owners.py",
-        "payload/pip_versions.py",
-        "payload/pip_index.py",
-        "payload/pip_words.py",
-    ],
+    "script", sorted(f"payload/{p.name}" for p in (PACKAGE / "payload").glob("*.py") if p.name != "__init__.py")
 )
 def test_what_runs_inside_images_imports_only_the_stdlib(script):
     """The in-image scripts are copied into images alone: an import of imgbuild, or of anything but the standard
@@ -180,6 +170,26 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
     }
     allowed = set(sys.stdlib_module_names) | beside.get(script, set())
     assert imported <= allowed, imported - allowed
+
+
+def test_every_probe_runs_a_script_from_the_payload_folder():
+    """What runs inside images has one home: no Probe is made from program text written in a module (a string or
+    an f-string literal); each reads its script from imgbuild/payload/ (or answers a fake with no script)."""
+    import ast
+
+    inline = []
+    for path in PACKAGE.rglob("*.py"):
+        if "payload" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Probe":
+                script = node.args[1] if len(node.args) > 1 else None
+                literal = isinstance(script, ast.JoinedStr) or (
+                    isinstance(script, ast.Constant) and isinstance(script.value, str) and script.value
+                )
+                if literal:
+                    inline.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert inline == [], inline
 
 
 #: The patterns of GitHub's standard Python `.gitignore` (github/gitignore `Python.gitignore` at dcc0fc7, May 2026)

@@ -1,5 +1,6 @@
 """What runs inside images, stdlib and the framework only: the smoke test (smoke_image), the engine's GPU read
-(engine_gpus), `imgbuild lock`'s resolver (lock_resolve), and the pip step's guard (pip_guard) with what it imports
+(engine_gpus), a base's pins (base_pins), whether an image has jupyter (has_jupyter), `imgbuild lock`'s resolver
+(lock_resolve), and the pip step's guard (pip_guard) with what it imports
 beside it (pip_owners, pip_versions, pip_index, pip_words). The templates folder holds the Dockerfiles and the
 build's shell scripts."""
 
@@ -21,3 +22,7 @@ SMOKE_SCRIPT = Path(__file__).parent / "smoke_image.py"
 LOCK_SCRIPT = Path(__file__).parent / "lock_resolve.py"
 #: The engine's GPUs as a short-lived container of the image sees them (imgbuild.gpu.engine_read judges the answer).
 ENGINE_GPUS_SCRIPT = Path(__file__).parent / "engine_gpus.py"
+#: The pins install.sh will hold a base's packages at (imgbuild.pipeline.resolve reads the answer).
+BASE_PINS_SCRIPT = Path(__file__).parent / "base_pins.py"
+#: Whether an image has `jupyter` on its PATH (imgbuild.servers.jupyter).
+HAS_JUPYTER_SCRIPT = Path(__file__).parent / "has_jupyter.py"

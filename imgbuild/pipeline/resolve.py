@@ -16,6 +16,7 @@ from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
+from imgbuild.payload import BASE_PINS_SCRIPT
 from imgbuild.pipeline.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
 
@@ -172,20 +173,8 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
 # --- the base's pins: what install.sh will hold the base's packages at -----------------------------------
 
 PINS_MARKER = "IMGBUILD-BASE-PINS "
-#: The same source install.sh uses: NGC's PIP_CONSTRAINT file when the base has one, else a freeze.
-PINS_SCRIPT = """
-import json, os, subprocess, sys
-path = os.environ.get("PIP_CONSTRAINT", "")
-if path and os.path.isfile(path):
-    with open(path, errors="replace") as handle:
-        text, origin = handle.read(1 << 20), "the base's " + path
-else:
-    args = [sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude", "pip"]
-    text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
-    origin = "a freeze of the base's packages"
-print("IMGBUILD-BASE-PINS " + json.dumps({"origin": origin, "lines": text.splitlines()[:20000]}))
-"""
-PINS = Probe("pins", PINS_SCRIPT, PINS_MARKER)
+#: The same source install.sh uses (imgbuild/payload/base_pins.py, run in the base).
+PINS = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
 
 
 class NotKnownHere(ImgbuildError):

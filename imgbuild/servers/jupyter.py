@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
+from imgbuild.payload import HAS_JUPYTER_SCRIPT
 
 if TYPE_CHECKING:
     from imgbuild.engine.types import ImageEngine
@@ -21,8 +22,7 @@ if TYPE_CHECKING:
 SERVE_SECONDS = 120
 POLL_SECONDS = 0.5
 _MARKER = "IMGBUILD-JUPYTER "
-_WHICH = f"import json, shutil\nprint({_MARKER!r} + json.dumps({{'jupyter': shutil.which('jupyter') or ''}}))\n"
-JUPYTER_PROBE = Probe("jupyter", _WHICH, _MARKER)
+JUPYTER_PROBE = Probe("jupyter", HAS_JUPYTER_SCRIPT.read_text(), _MARKER)  # imgbuild/payload/has_jupyter.py
 
 
 def check_present(engine: ImageEngine, image: str) -> None:
