@@ -1,4 +1,4 @@
-"""Issue 34: every pushed image signed, with its provenance and SBOM beside it; `imgbuild verify` checks them.
+"""Every pushed image signed, with its provenance and SBOM beside it; `imgbuild verify` checks them.
 
 Fast tests sign with real keys (cosign's format, tests/cosign_keys.py) into an in-memory registry; the engine
 test pushes to the bed's registry (distribution 2.8, cosign's tag scheme), verifies with imgbuild, with an
@@ -249,7 +249,7 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     (tmp_path / "recipes").mkdir()
     recipe = tmp_path / "recipes" / "signed.yaml"
     (tmp_path / "parents").mkdir()  # not a recipe rebuild builds
-    parent = tmp_path / "parents" / "common.yaml"  # verify --recipe judges the parents too (probe-4 V1)
+    parent = tmp_path / "parents" / "common.yaml"  # verify --recipe judges the parents too
     parent.write_text('name: common\nbase: {framework: pytorch, tag: "24.05"}\napt: [jq]\n')
     recipe.write_text(
         f'name: signed-{unique}\nextends: ../parents/common.yaml\nimage: {registry}/{repo}:v1\npip: ["schema==0.7.7"]\n'
@@ -363,7 +363,7 @@ def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_im
     retagged = run_cli("verify", moved, "--key", str(keys["public"]))
     assert retagged.code == 1 and "FAIL signature" in retagged.out and "FAIL provenance" in retagged.out
 
-    # probe-4 V2: a co-user with push access puts their own image at the tag, the input-hash label copied, and an
+    # a co-user with push access puts their own image at the tag, the input-hash label copied, and an
     # empty .sig tag beside it: the registry copy is judged by its signature under this key, so it is rebuilt
     planted = f"{registry}/{repo}:planted"
     built_fake = subprocess.run(
@@ -464,7 +464,7 @@ def test_a_hostile_envelope_signature_vouches_for_nothing_and_crashes_nothing(si
 
 @pytest.mark.parametrize("path", ["/dev/zero", "/dev/null", "/proc/self/fd/0", "a FIFO", "a folder"])
 def test_a_key_that_is_no_file_is_refused_at_once_without_reading_it(path, tmp_path):
-    """supply-4: `verify --key /dev/zero` read without bound (the kernel's OOM killer ended it). A key, signing
+    """`verify --key /dev/zero` read without bound (the kernel's OOM killer ended it). A key, signing
     key or compared recipe is read only as a regular file, bounded."""
     import os
 
@@ -484,7 +484,7 @@ def test_a_key_that_is_no_file_is_refused_at_once_without_reading_it(path, tmp_p
 
 
 def test_the_sboms_file_hashes_are_what_sha256sum_says(tmp_path):
-    """supply-4: the SBOM's 'SHA-256' of a copied file was imgbuild's cache-key digest (names, modes and content
+    """The SBOM's 'SHA-256' of a copied file was imgbuild's cache-key digest (names, modes and content
     together). Each copied file is now listed at its place in the image with its content's sha256."""
     from imgbuild.pipeline.describe import _file_hashes
     from imgbuild.recipe import load_recipe
@@ -509,7 +509,7 @@ def test_the_sboms_file_hashes_are_what_sha256sum_says(tmp_path):
 
 
 def test_the_provenance_says_a_dirty_tree_and_when(tmp_path):
-    """supply-4: the provenance recorded HEAD while the recipe had uncommitted edits, and no time at all."""
+    """The provenance recorded HEAD while the recipe had uncommitted edits, and no time at all."""
     from imgbuild.pipeline.describe import _git_dirty
     from imgbuild.recipe import load_recipe
 

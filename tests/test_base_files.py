@@ -1,4 +1,4 @@
-"""The base's files are safe at install time (issue 30, item 1): a distribution of another name that writes
+"""The base's files are safe at install time: a distribution of another name that writes
 over a file a base distribution owns (jax[cuda12]'s nvidia-cudnn-cu12 over a CUDA 13 base's
 nvidia-cudnn-cu13, both in nvidia/cudnn/) fails the pip step, naming the package, who asked for it, whose
 files, and the cure.
@@ -162,7 +162,7 @@ def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
 
 @pytest.mark.parametrize("reachable", [True, False])
 def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has_it(tmp_path, reachable):
-    """realworld-4 D6: faiss-gpu-cu12 on a CUDA 13 base was refused with the cure faiss-gpu-cu13, which is not on
+    """faiss-gpu-cu12 on a CUDA 13 base was refused with the cure faiss-gpu-cu13, which is not on
     PyPI. The recipe's index is asked first: cupy-cuda13x is there and named; faiss-gpu-cu13 is not, and the
     other cure is given; an index that cannot be asked leaves the cure marked unchecked."""
     from imgbuild.errors import RecipeError

@@ -26,7 +26,7 @@ FOLLOWING = 'name: b\nbase:\n  framework: pytorch\n  tag: {tag}\n  follow: "24.*
     ids=["crlf", "bom", "anchor", "single-quotes"],
 )
 def test_bump_keeps_line_endings_bom_anchors_and_quotes(text, expected, tmp_path):
-    """probe-3 #20: a CRLF recipe came back LF (every line changed in review); a BOM or an anchor gave exit 2."""
+    """A CRLF recipe came back LF (every line changed in review); a BOM or an anchor gave exit 2."""
     from imgbuild.ci.bump import bump
 
     recipe = tmp_path / "r.yaml"

@@ -1,4 +1,4 @@
-"""Issue 27: one JSON cache for the four that were written four ways (base answers, base pins, tag lists and
+"""One JSON cache for the four that were written four ways (base answers, base pins, tag lists and
 details, a mirror target's known blobs). What may sit in a cache folder is untrusted: each way an entry can be
 wrong reads as a miss, never as an answer, a hang or a crash."""
 
@@ -54,7 +54,7 @@ def _future(path):
     "why, spoil",
     [
         ("older than its ttl", _stale),
-        ("dated five years ahead (probe-4 C1: fresh forever)", _future),
+        ("dated five years ahead (fresh forever)", _future),
         ("a link to another file", _link),
         ("a FIFO (would block a reader)", _fifo),
         ("over the size cap", _big),
@@ -75,7 +75,7 @@ def test_a_spoiled_entry_reads_as_a_miss(tmp_path, why, spoil):
 
 @pytest.mark.parametrize("ttl", [60, None])
 def test_another_users_entry_is_a_miss_and_a_future_one_too_even_without_a_ttl(tmp_path, monkeypatch, ttl):
-    """probe-4 C1: in a shared (1777) cache_dir a co-user planted the answer for a base with another release's
+    """In a shared (1777) cache_dir a co-user planted the answer for a base with another release's
     digest; root's render pinned it. An entry is believed only from the user reading it."""
     import imgbuild.cache as cache_module
 

@@ -112,7 +112,7 @@ def test_sbatch_single_gpu_follows_cluster_conventions():
     ):
         assert line in script.splitlines()
     # every CPU of the task for the one process, on the command itself: an image's ENV cannot undo it
-    # the step says its CPUs itself: Slurm 22.05-23.02 give a step one CPU otherwise (issue 31 N2)
+    # the step says its CPUs itself: Slurm 22.05-23.02 give a step one CPU otherwise
     last = "srun --cpus-per-task=10 apptainer exec --nv research.sif env OMP_NUM_THREADS=10 python3 train.py --lr 1e-3"
     assert step_line(script) == last
     assert "torchrun" not in script
@@ -134,20 +134,20 @@ def test_sbatch_multi_node_uses_torchrun_with_the_first_node_as_rendezvous():
     assert "export NCCL_DEBUG=INFO" in script
     assert 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 tar xf /scratch/p/data.tar -C "$LOCAL_SCRATCH"' in script
     last = step_line(script)
-    # 40 CPUs, 4 workers: 10 threads each (issue 18 item 2: was 4 x 40 on 40 CPUs)
+    # 40 CPUs, 4 workers: 10 threads each (was 4 x 40 on 40 CPUs)
     prefix = (
         'srun --cpus-per-task=40 apptainer exec --nv --bind "$LOCAL_SCRATCH:$LOCAL_SCRATCH" research.sif '
         "env OMP_NUM_THREADS=10 torchrun "
     )
     assert last.startswith(prefix)
     assert '"--nnodes=$SLURM_NNODES" --nproc-per-node=4' in last
-    # a port of the job's own (issue 18 item 3: a fixed 29500 let two jobs on one node meet)
-    # a port free on the head node now (issue 31 N9: job ids 10000 apart shared one), else below the ephemeral range
+    # a port of the job's own (a fixed 29500 let two jobs on one node meet)
+    # a port free on the head node now (job ids 10000 apart shared one), else below the ephemeral range
     rdzv = next(line for line in script.splitlines() if line.startswith("rdzv_port="))
     assert 's.bind(("", 0))' in rdzv and rdzv.endswith("|| echo $(( 29500 + SLURM_JOB_ID % 3000 )))")
     port = subprocess.run(["bash", "-c", rdzv + '\necho "$rdzv_port"'], capture_output=True, text=True, timeout=30)
     assert 1024 <= int(port.stdout) <= 65535
-    # the command as typed: torchrun takes the script, not `python` (issue 31 N1: "can't open file python3")
+    # the command as typed: torchrun takes the script, not `python` ("can't open file python3")
     assert last.endswith('"--rdzv-endpoint=$head_node:$rdzv_port" "--rdzv-id=$SLURM_JOB_ID" ddp.py')
     single = step_line(sbatch_script(JobSpec(["python", "ddp.py"], "research.sif", gpus=4)))
     assert single.endswith("env OMP_NUM_THREADS=10 torchrun --standalone --nproc-per-node=4 ddp.py")
@@ -305,7 +305,7 @@ def test_a_workdir_with_a_space_is_quoted_in_the_definition(tmp_path):
 
 
 def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_and_the_jobs_env(tmp_path):
-    """Issue 18 item 1: `--gpus all` gave every GPU of the node; no --user wrote root's files; NCCL_DEBUG
+    """`--gpus all` gave every GPU of the node; no --user wrote root's files; NCCL_DEBUG
     stayed outside. The srun line runs here with srun and docker replaced by recorders."""
     import json as jsonlib
     import os
@@ -341,7 +341,7 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
 
 
 def test_a_csc_like_site_config_describes_the_cluster():
-    """Issue 18 item 8: binds, a default GPU type, memory in Slurm's units, GPUs per node of each type."""
+    """Binds, a default GPU type, memory in Slurm's units, GPUs per node of each type."""
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
     from imgbuild.config.site import slurm_site
 
@@ -373,7 +373,7 @@ def test_a_csc_like_site_config_describes_the_cluster():
 
 
 def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path):
-    """Issue 18 item 9: export suggested pytorch-research.sif, slurm ran pytorch-research_24.05.sif."""
+    """export suggested pytorch-research.sif, slurm ran pytorch-research_24.05.sif."""
     from imgbuild.clusters.apptainer import sif_name, sif_path
 
     assert sif_name("lab/pytorch-research:24.05") == "pytorch-research_24.05.sif"
@@ -387,7 +387,7 @@ def test_export_builds_the_sif_slurm_runs_and_submit_checks_it_is_there(tmp_path
 
 
 def test_one_task_per_gpu_layout_and_fault_tolerance_flags():
-    """Issue 18 item 10 (CSC's 8 tasks x 1 GPU for MPI/Horovod) and the fault-tolerance take-over."""
+    """One task per GPU (CSC's 8 tasks x 1 GPU for MPI/Horovod) and the fault-tolerance take-over."""
     per_gpu = sbatch_script(JobSpec(["python", "hvd.py"], "x.sif", gpus=4, nodes=2, gpu_type="v100", cpus_per_gpu=10))
     assert "#SBATCH --gres=gpu:v100:4" in per_gpu  # the torchrun layout, for contrast
     job = JobSpec(["python", "hvd.py"], "x.sif", gpus=4, nodes=2, gpu_type="v100", cpus_per_gpu=10, task_per_gpu=True)
@@ -551,7 +551,7 @@ def test_stage_a_folder_packs_it_once_and_repacks_only_when_it_changes(tmp_path)
     ],
 )
 def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torchrun, alone):
-    """Issue 31 N1: `-- python3 train.py` became `torchrun ... python3 train.py` ("can't open file
+    """`-- python3 train.py` became `torchrun ... python3 train.py` ("can't open file
     '/workspace/python3'"), and a bare script was not found at one GPU: no one command worked at both sizes."""
     from imgbuild.clusters.launch import alone_command, torchrun_command
 
@@ -569,7 +569,7 @@ def test_the_command_a_user_types_works_at_one_gpu_and_at_many(typed, under_torc
     ],
 )
 def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker):
-    """Issue 31 N3: `binds: [/scratch]` became `-v /scratch`, an anonymous volume --rm deleted with the job's data."""
+    """`binds: [/scratch]` became `-v /scratch`, an anonymous volume --rm deleted with the job's data."""
     from imgbuild.engine.noderun import bind_pair
 
     assert bind_pair(bind) == docker
@@ -589,7 +589,7 @@ def test_a_site_bind_is_a_bind_for_docker_never_an_anonymous_volume(bind, docker
     ],
 )
 def test_pyxis_gets_enroots_registry_hash_form(image, enroot):
-    """Issue 31 N4: `--container-image=nvcr.io/nvidia/...` is looked up on Docker Hub by enroot."""
+    """`--container-image=nvcr.io/nvidia/...` is looked up on Docker Hub by enroot."""
     line = step_line(sbatch_script(JobSpec(["python3", "t.py"], image, runtime="pyxis")))
     assert f"--container-image={enroot} " in line
 
@@ -604,7 +604,7 @@ def test_pyxis_gets_enroots_registry_hash_form(image, enroot):
     ],
 )
 def test_pyxis_runs_a_recipes_local_image_from_the_squashfs_export_writes(tmp_path, image, local, runs):
-    """clusters-4 N21: `slurm RECIPE --runtime pyxis` named `root/pytorch-research:24.05`, an image only this
+    """`slurm RECIPE --runtime pyxis` named `root/pytorch-research:24.05`, an image only this
     machine's engine has. A recipe's image with no registry runs from the .sqsh `export --sqsh` writes in the
     site's image folder, checked before the job is queued, with the command that writes it."""
     from imgbuild.clusters.jobs import check_image_present
@@ -622,7 +622,7 @@ def test_pyxis_runs_a_recipes_local_image_from_the_squashfs_export_writes(tmp_pa
 
 
 def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
-    """Issue 31 N12: --time 00:04:00 --requeue was signalled at once and requeued with no work done."""
+    """--time 00:04:00 --requeue was signalled at once and requeued with no work done."""
     with pytest.raises(UsageError, match="no longer than the signal lead"):
         job_from_flags(JobFlags(["t"], "x.sif", "x", time="00:04:00", requeue=True), slurm_site({}))
     with pytest.raises(UsageError, match="no longer than the signal lead"):
@@ -636,14 +636,14 @@ def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
     ("per_gpu", "gpus", "mem"), [("7.5G", 3, "23040M"), ("7.5G", 2, "15G"), ("16000M", 4, "64000M")]
 )
 def test_memory_is_written_in_whole_units_slurm_reads(per_gpu, gpus, mem):
-    """Issue 31 N13: 7.5G x 3 rendered --mem=22.5G, which Slurm rejects."""
+    """7.5G x 3 rendered --mem=22.5G, which Slurm rejects."""
     from imgbuild.clusters.jobs import slurm_mem
 
     assert slurm_mem(per_gpu, gpus) == mem
 
 
 def test_an_unknown_gpu_type_is_refused_where_the_site_lists_its_types():
-    """Issue 31 N14: --gpu-type h100 on a V100-only site rendered --gres=gpu:h100:8."""
+    """--gpu-type h100 on a V100-only site rendered --gres=gpu:h100:8."""
     site = {"gpu_types": {"v100": "v100", "a100": "a100_40g"}}
     with pytest.raises(UsageError, match="this site has a100, v100"):
         job_from_flags(JobFlags(["t"], "x.sif", "x", gpu_type="h100"), slurm_site(site))
@@ -651,7 +651,7 @@ def test_an_unknown_gpu_type_is_refused_where_the_site_lists_its_types():
 
 
 def test_a_recipes_image_is_never_pulled_from_docker_hub(tmp_path):
-    """Issue 31 N11: a recipe's `<user>/<name>:<tag>` missing on a node was pulled from docker.io, a namespace
+    """A recipe's `<user>/<name>:<tag>` missing on a node was pulled from docker.io, a namespace
     the site does not control."""
     from tests.conftest import run_cli
 
@@ -669,7 +669,7 @@ def test_a_recipes_image_is_never_pulled_from_docker_hub(tmp_path):
 
 
 def test_the_usage_sampler_does_not_inherit_one_gpu_per_task():
-    """Issue 31 N8: sbatch exports SLURM_GPUS_PER_TASK and srun reads it back: in --task-per-gpu jobs the sampler
+    """sbatch exports SLURM_GPUS_PER_TASK and srun reads it back: in --task-per-gpu jobs the sampler
     step asked for one GPU per node."""
     script = sbatch_script(JobSpec(["python", "hvd.py"], "x.sif", gpus=4, task_per_gpu=True))
     sampler = next(line for line in script.splitlines() if "srun --overlap" in line)
@@ -677,7 +677,7 @@ def test_the_usage_sampler_does_not_inherit_one_gpu_per_task():
 
 
 def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refused(tmp_path, monkeypatch):
-    """Issue 31 N7 and N10: a stock image run as the caller had HOME=/ (not writable: pip --user, ~/.cache
+    """A stock image run as the caller had HOME=/ (not writable: pip --user, ~/.cache
     failed); a site mount whose folder did not exist yet was created by dockerd as root."""
     import json
 
@@ -699,7 +699,7 @@ def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refuse
 
 
 def test_a_sif_carries_no_empty_labels_and_a_job_leaves_no_usage_folder():
-    """Issue 31 N14: `export --apptainer` wrote empty base labels over the built image's real ones; every job
+    """`export --apptainer` wrote empty base labels over the built image's real ones; every job
     left an imgbuild-usage-<jobid>/ folder in the submit directory."""
     plan = plan_of(ROOT / "recipes/pytorch-research.yaml")
     labels = section(apptainer_definition(plan, "docker-daemon"), "%labels")
@@ -709,7 +709,7 @@ def test_a_sif_carries_no_empty_labels_and_a_job_leaves_no_usage_folder():
 
 
 def test_a_job_without_gpus_goes_to_the_sites_cpu_partition():
-    """Issue 31 N14: CPU-only jobs went to the site's GPU partition, holding a GPU node's CPUs."""
+    """CPU-only jobs went to the site's GPU partition, holding a GPU node's CPUs."""
     site = {"partition": "gpu", "cpu_partition": "small"}
     cpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=0), slurm_site(site)))
     gpu = sbatch_script(job_from_flags(JobFlags(["true"], "i.sif", "i", gpus=1), slurm_site(site)))
@@ -721,7 +721,7 @@ def test_a_job_without_gpus_goes_to_the_sites_cpu_partition():
 
 
 def test_an_oci_bundle_is_made_a_cluster_jobs():
-    """Issue 31 item 4: umoci's config has the container's own network, hostname, PID and IPC namespaces and a
+    """umoci's config has the container's own network, hostname, PID and IPC namespaces and a
     64 MB /dev/shm; a cluster job needs the node's (torchrun, NCCL, shared memory), the binds, and the image's
     search paths kept aside from the job's environment that Slurm puts over them."""
     from imgbuild.clusters.oci import cluster_config
@@ -875,7 +875,7 @@ export_bundle("lab/x:1", Path(sys.argv[1]), ["/scratch"], engine, 60)
 
 
 def test_a_killed_oci_export_leaves_no_bundle_and_the_next_one_sweeps_its_work(tmp_path):
-    """probe-4 E3: SIGKILL during umoci left a bundle umoci finished with its own config (own namespaces, a
+    """SIGKILL during umoci left a bundle umoci finished with its own config (own namespaces, a
     terminal, no /tmp bind) that the next export called 'already there', and a 332 MB work folder."""
     import signal
     import sys
@@ -905,7 +905,7 @@ def test_a_killed_oci_export_leaves_no_bundle_and_the_next_one_sweeps_its_work(t
 
 
 def test_a_cdi_site_hands_the_docker_step_its_gpus_by_cdi_name(tmp_path):
-    """gpu-review-4 (b) item 12: `gpu_flag: cdi` (a CDI-only host) gives the docker runtime's step
+    """`gpu_flag: cdi` (a CDI-only host) gives the docker runtime's step
     `--device nvidia.com/gpu=N` for each GPU of the step, read on the node as --gpus is."""
     from imgbuild.engine.noderun import NodeRun, docker_prefix
 
@@ -963,7 +963,7 @@ def test_the_oci_step_gives_a_job_without_a_home_a_private_one_never_a_fixed_nam
 
 
 def test_a_site_names_its_fabric_for_the_rendezvous_and_the_sockets_as_juwels_does(tmp_path):
-    """clusters-4, JUWELS: the rendezvous host is the node's InfiniBand name (the hostname and `i`, as JSC's own job
+    """The rendezvous host is the node's InfiniBand name (the hostname and `i`, as JSC's own job
     templates write MASTER_ADDR), and NCCL's and Gloo's sockets use ib0: both as site settings."""
     site = {"rdzv_host_suffix": "i", "socket_ifname": "ib0"}
     job = job_from_flags(JobFlags(["python3", "train.py"], "x.sif", "x", gpus=4, nodes=2), slurm_site(site))

@@ -27,7 +27,7 @@ def _native(tmp_path, body: str) -> str:
 @pytest.mark.parametrize("payload", SHELL_PAYLOADS)
 @pytest.mark.parametrize("runtime", ["apptainer", "docker", "pyxis"])
 def test_the_jobs_command_and_binds_are_literal_when_the_job_starts(payload, runtime, tmp_path):
-    """probe-3 #10: `$(...)` in the command ran when the job started (only $VAR/${VAR} may expand there)."""
+    """`$(...)` in the command ran when the job started (only $VAR/${VAR} may expand there)."""
     import os
     import subprocess
 
@@ -108,7 +108,7 @@ def test_values_that_become_sbatch_lines_are_whole_string_checked(flag, value):
     ],
 )
 def test_apptainer_env_expands_variables_as_docker_env_does_and_nothing_else(value, expected, tmp_path):
-    """probe-3 #19: `PATH: /opt/tools/bin:$PATH` (the docs' own example) stayed literal in the SIF."""
+    """`PATH: /opt/tools/bin:$PATH` (the docs' own example) stayed literal in the SIF."""
     import subprocess
 
     from imgbuild.pipeline.render import sh_env

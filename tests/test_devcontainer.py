@@ -75,7 +75,7 @@ def _shared_server(tmp_path, monkeypatch, gpus: list) -> None:
 
 
 def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, monkeypatch):
-    """Issue 31 N6: `hostRequirements.gpu` made the Dev Containers CLI add `--gpus all` (every GPU of a shared
+    """`hostRequirements.gpu` made the Dev Containers CLI add `--gpus all` (every GPU of a shared
     server), with no name or labels, so quotas, `ps`, `gpus` and the reaper did not see it. Now the GPUs
     `run --gpus N` would pick (least used first), by UUID, the caller's name and labels, a CPU share."""
     from imgbuild.clusters.devcontainer import export_devcontainer
@@ -147,7 +147,7 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", ngc_facts.BED_TORCH], run.stderr[
             -1500:
         ]
-        # Issue 31 N6, on a shared server: the container the CLI starts is the one `imgbuild run` would
+        # on a shared server: the container the CLI starts is the one `imgbuild run` would
         shared = tmp_path / "shared"
         shared.mkdir(mode=0o755)
         (shared / ".git").mkdir()
@@ -187,8 +187,8 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
 @pytest.mark.parametrize(
     "flags, planted",
     [
-        (["--devcontainer"], ".devcontainer/devcontainer.json"),  # probe-4 E1
-        (["--apptainer", "--no-build"], "dev_v1.def"),  # probe-4 E2: the default name
+        (["--devcontainer"], ".devcontainer/devcontainer.json"),
+        (["--apptainer", "--no-build"], "dev_v1.def"),  # the default name
     ],
 )
 def test_export_never_writes_through_a_link_committed_in_the_repository(tmp_path, flags, planted):

@@ -229,7 +229,7 @@ def test_the_ci_examples_load_and_their_imgbuild_commands_parse(path):
 
 @pytest.mark.root("names a site config for imgbuild processes it starts (root's alone)")
 def test_the_readme_reap_example_works_in_the_site_config(tmp_path):
-    """Issue 26: README's `run:` + `reap:` block in /etc/imgbuild/config.yaml broke every command."""
+    """README's `run:` + `reap:` block in /etc/imgbuild/config.yaml broke every command."""
     from tests.conftest import run_cli
 
     block = next(b for b in YAML_BLOCKS if b.file.name == "servers.md" and "reap" in (yaml.safe_load(b.body) or {}))
@@ -349,7 +349,7 @@ def test_the_ci_examples_settings_are_real_settings_with_valid_values(path):
                 walk(item)
 
     walk(data)
-    assert "IMGBUILD_REGISTRY_CACHE" in found, path  # the CI examples use the registry cache (issue 33)
+    assert "IMGBUILD_REGISTRY_CACHE" in found, path  # the CI examples use the registry cache
     literal = {k: v for k, v in found.items() if "$" not in v}
     settings = load_settings(environ={**literal, "IMGBUILD_CONFIG": "/nonexistent"})
     for key in literal:

@@ -1,4 +1,4 @@
-"""Issue 28: `imgbuild doctor`, the host as a lab admin needs to see it. Its decisions run on recorded host
+"""`imgbuild doctor`, the host as a lab admin needs to see it. Its decisions run on recorded host
 snapshots (a DGX with a vulnerable toolkit, a lab server with the nvidia default runtime and MIG, a V100 box on
 a too-new driver, a CDI-only host); its reading runs on this machine, which has no GPU."""
 
@@ -111,7 +111,7 @@ def test_doctor_on_this_machine(testbed):
     ],
 )
 def test_an_image_that_sets_ld_preload_is_refused_where_the_toolkit_would_run_it(env, toolkit, gpu_host, verdict):
-    """Issue 28 (NVIDIAScape, CVE-2025-23266): `run` and `smoke` refuse such an image on a vulnerable host."""
+    """NVIDIAScape (CVE-2025-23266): `run` and `smoke` refuse such an image on a vulnerable host."""
     from imgbuild.gpu.toolkit import preload_verdict
 
     found = preload_verdict(env, toolkit, gpu_host)
@@ -184,7 +184,7 @@ def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
 
 
 def test_doctor_names_the_gpus_a_driver_branch_dropped(tmp_path):
-    """gpu-review-4 (b) item 5: a lab that upgrades to R590 gets `gpus ok` for its A100s while its V100s vanish
+    """A lab that upgrades to R590 gets `gpus ok` for its A100s while its V100s vanish
     (R590 does not bind them, so nvidia-smi lists none). The PCI bus still has them."""
     from imgbuild.gpu.read import nvidia_pci_devices
     from imgbuild.servers.doctor import judge
@@ -231,7 +231,7 @@ def test_doctor_names_the_gpus_a_driver_branch_dropped(tmp_path):
 def test_the_nvidiascape_check_reads_the_engines_host_not_this_machine(
     tmp_path, monkeypatch, local, toolkit, config, status
 ):
-    """gpu-review-4 (b) item 10: the check read this machine's toolkit for a remote engine's host (a patched
+    """The check read this machine's toolkit for a remote engine's host (a patched
     local toolkit passed an image for a vulnerable remote host), and knew no mitigation."""
     from imgbuild.gpu import toolkit as module
 

@@ -1,4 +1,4 @@
-"""Issue 32, item 1: enforced mode. Users are not in the docker group; they run imgbuild's user commands through
+"""Enforced mode. Users are not in the docker group; they run imgbuild's user commands through
 sudo (the drop-in `imgbuild admin sudoers` prints) and get nothing they would not have without it.
 
 The rules are tables of attempts, each refused with one line: pure ones here, and on the test bed the same
@@ -407,7 +407,7 @@ def test_a_path_is_resolved_with_the_callers_own_permissions():
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
 @pytest.mark.engine
 def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
-    """Issue 32 item 3 on the real engine: alice queues two jobs through sudo; the first starts at once (as her,
+    """alice queues two jobs through sudo; the first starts at once (as her,
     under the rules), the second waits (her quota is one GPU); bob cannot take it back; a drained queue starts
     nothing; resumed, root's `queue run` (what the reaper's timer does) starts it when the first has ended."""
     import time

@@ -1,4 +1,4 @@
-"""The pipeline's engine-level guarantees on both real engines of the bed (issue 33, item 2): Docker (Engine
+"""The pipeline's engine-level guarantees on both real engines of the bed: Docker (Engine
 20.10, its BuildKit through the docker CLI) and Podman 4.3 (Buildah 1.28 builds, the rest through Podman's
 Docker-compatible API socket, `tests/testbed/up --all`). The same recipe, the same checks, parametrized:
 the BuildKit Dockerfile's cache, bind and secret mounts and build stages build; the smoke test runs in the
@@ -271,7 +271,7 @@ def _fresh_runner(engine, ref: str) -> None:
 
 
 def test_a_fresh_runner_restores_the_pip_step_from_the_registry_and_reruns_only_the_copy(engine, tmp_path):
-    """Issue 33: a CI runner starts empty. Docker: the pushed image carries BuildKit's inline cache, and the build
+    """A CI runner starts empty. Docker: the pushed image carries BuildKit's inline cache, and the build
     is seeded from the registry's copy. Podman: Buildah pushes every step's layer to `<image>-imgbuild-cache` and
     pulls them back. After a copied file's edit the pip step is restored and only the COPY runs; after a
     requirement's edit it runs (on Podman with uv installed in the step: Buildah 1.28 mounts a restored stage
@@ -326,7 +326,7 @@ def test_a_fresh_runner_restores_the_pip_step_from_the_registry_and_reruns_only_
 
 
 def test_three_runners_on_one_engine_leave_the_tag_at_one_runners_signed_image_with_its_own_records(engine, tmp_path):
-    """Issue 47: CI runners sharing the host's engine, each with its own project copy and cache, push and sign one
+    """CI runners sharing the host's engine, each with its own project copy and cache, push and sign one
     target at once (runners a and c build the same inputs, b others). None fails for another's containers or tags;
     the tag ends at one runner's image, whose signature and records are its own (`verify --recipe` with that
     runner's recipe passes, with the other's fails); no lease or candidate is left."""

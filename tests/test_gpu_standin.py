@@ -115,7 +115,7 @@ def test_bump_does_not_move_past_the_fleets_driver(testbed, tmp_path):
 
 
 def test_tags_judges_an_arm64_gpu_on_the_tags_arm64_image(testbed):
-    """Issue 28: the bed's tags are manifest lists with NGC's arm64 config beside the amd64 image; Thor (11.0,
+    """The bed's tags are manifest lists with NGC's arm64 config beside the amd64 image; Thor (11.0,
     arm64 only) is judged on the arm64 arch list, which has 11.0 (the amd64 one has not)."""
     res = run_cli(
         "tags", "pytorch", "--since", "25.10", "--compatible", "--driver", "580.95.05", "--arch", "thor", "--json"
@@ -127,7 +127,7 @@ def test_tags_judges_an_arm64_gpu_on_the_tags_arm64_image(testbed):
 
 
 def test_smoke_for_arm64_gpus_on_an_amd64_only_image(testbed):
-    """Issue 28's done-when: `smoke --for gh200,gb200,gb10` on an amd64-only image (here: the stand-in under a
+    """`smoke --for gh200,gb200,gb10` on an amd64-only image (here: the stand-in under a
     local name, which no registry lists for arm64) says it cannot run and why."""
     import subprocess
 
@@ -151,7 +151,7 @@ def test_smoke_for_arm64_gpus_on_an_amd64_only_image(testbed):
 def test_a_gpu_host_behind_the_socket_is_read_through_the_engine(
     testbed, tmp_path, docker_client, cleanup_images, unique
 ):
-    """Issue 28, review item 16, on the bed's dockerd: imgbuild in a container (or DOCKER_HOST elsewhere) cannot
+    """On the bed's dockerd: imgbuild in a container (or DOCKER_HOST elsewhere) cannot
     see the engine's GPUs in this machine's /dev. Read through the engine, an image whose nvidia-smi answers as a
     DGX's does makes the engine's host a GPU host, and the bed's engine (no toolkit) cannot pass them: the smoke
     test requires a GPU and does not pass. With the GPUs read from this machine, that host would pass untested."""

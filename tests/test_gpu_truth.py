@@ -1,7 +1,7 @@
 """GPU truth without a GPU: the kernel and driver rules, the smoke script's decisions on recorded device
 profiles, and the pipeline's use of them (fleet refusal, GPU hosts that must use their GPUs).
 
-Each smoke-review bug (issue 14, section 3) has a case here named after it; the device profiles and their
+Each smoke-review bug has a case here named after it; the device profiles and their
 sources are in tests/data/gpu-profiles.json.
 """
 
@@ -34,7 +34,7 @@ TORCH_CU130 = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"  # torch 2.13.0+cu130's ow
 
 KERNELS = [
     # (archs, capability, how) -- how: sass (native), ptx (JIT), none
-    # issue 28 (review item 9): PyTorch's iGPU/dGPU exclusions (5.3, 6.2, 7.2, 8.7, 10.1)
+    # PyTorch's iGPU/dGPU exclusions (5.3, 6.2, 7.2, 8.7, 10.1)
     ("sm_70", (7, 2), "none"),
     ("sm_72", (7, 5), "none"),
     ("sm_80 sm_86", (8, 7), "none"),
@@ -285,7 +285,7 @@ def test_tf_conv_tolerance_is_relative():
     """Bug 3.7 (TensorFlow): outputs of about +-50 in fp32 differ by more than an absolute 1e-3 allows."""
     assert script.conv_within_tolerance(4e-4, 50.0)
     assert not script.conv_within_tolerance(5e-2, 50.0)  # TF32's error on such outputs
-    # issue 28 (review item 19): 1e-4, room for Winograd/FFT convs TF's autotuner may pick; TF32 still refused
+    # 1e-4, room for Winograd/FFT convs TF's autotuner may pick; TF32 still refused
     assert script.conv_within_tolerance(2e-5, 1.0) and script.conv_within_tolerance(9e-5, 1.0)
     assert not script.conv_within_tolerance(1e-3, 1.0)  # TF32's error on unit outputs
 
@@ -307,7 +307,7 @@ def test_tf_conv_tolerance_is_relative():
     ],
 )
 def test_why_cuda_failed_is_kept(message, shown):
-    """Issue 28 (review item 12): is_available() False became "no GPU visible"; torch's reason, in a warning,
+    """Is_available() False became "no GPU visible"; torch's reason, in a warning,
     was lost, so "the driver is too old" and error 804 on a GeForce read as "no GPU"."""
     import warnings
 
@@ -544,13 +544,13 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
     assert "nvidia-ctk cdi generate" in note
     assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
     assert "org.imgbuild.started-by" in first["labels"]  # a killed run's container is swept by the next
-    # issue 28: where the default runtime is nvidia, no device request still meant NGC's NVIDIA_VISIBLE_DEVICES=all
+    # where the default runtime is nvidia, no device request still meant NGC's NVIDIA_VISIBLE_DEVICES=all
     assert "NVIDIA_VISIBLE_DEVICES" not in first["environment"]
     assert second["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
 def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidia():
-    """Issue 28: `--skip-gpu` (gpus=None) created the container without a device request, but an NGC image's
+    """`--skip-gpu` (gpus=None) created the container without a device request, but an NGC image's
     own NVIDIA_VISIBLE_DEVICES=all gave it every GPU of a host whose default runtime is nvidia."""
     from imgbuild.engine.containers import DockerContainers
     from imgbuild.engine.images import DockerImages
@@ -673,7 +673,7 @@ def _clocked_torch(tflops: list[float], speedup: float = 1.0, capability=(8, 0))
 
 
 def test_every_gpu_is_timed_on_its_own_device():
-    """Issue 28 (gpu-review-3): the events recorded on device 0 while GPU i ran the GEMMs: nothing timed, the loop
+    """The events recorded on device 0 while GPU i ran the GEMMs: nothing timed, the loop
     grew to its cap, a division by zero or a false fail on every GPU after the first."""
     torch = _clocked_torch([50.0, 400.0, 990.0])
     for device, speed in enumerate([50.0, 400.0, 990.0]):
@@ -681,7 +681,7 @@ def test_every_gpu_is_timed_on_its_own_device():
 
 
 def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
-    """Issue 28 (review item 10): `smoke --gpus none` on a GPU host picked [] (read as "all") and still required
+    """`smoke --gpus none` on a GPU host picked [] (read as "all") and still required
     a GPU; it is now what --skip-gpu is."""
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.types import ImageInfo
@@ -701,7 +701,7 @@ def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
 
 @pytest.mark.parametrize("speedup, status", [(1.5, "fail"), (7.0, "warn"), (14.0, "pass")])
 def test_a_warned_or_failed_tensor_core_check_keeps_its_numbers(speedup, status):
-    """Issue 28 (review item 17): Warn and Fail dropped the details, so the per-GPU TFLOP/s and floors vanished
+    """Warn and Fail dropped the details, so the per-GPU TFLOP/s and floors vanished
     exactly when the check warned or failed."""
     report = script.Report()
     report.run("tensor cores", script.torch_tensor_cores, _clocked_torch([19.5, 19.5], speedup=speedup))
@@ -712,7 +712,7 @@ def test_a_warned_or_failed_tensor_core_check_keeps_its_numbers(speedup, status)
     assert all(g["speedup"] == pytest.approx(speedup, abs=0.05) and g["floor"] for g in gpus)
 
 
-#: gpu-review-3 items 4, 13, 14 and 18: verdicts a probe found wrong, each as (image CUDA, its arch list,
+#: Verdicts a probe found wrong, each as (image CUDA, its arch list,
 #: --for, --driver, runs?, words in the reason).
 REVIEW_FALSE_PASSES = [
     # item 4: the driver against the GPU itself
@@ -726,7 +726,7 @@ REVIEW_FALSE_PASSES = [
     ("12.4", "sm_80 sm_89 sm_90", "l40s", "470.57.02", False, "predates sm_89"),
     ("12.4", "sm_70 sm_75 sm_80", "a100", "470.57.02", True, "forward compatibility"),  # right before, still
     # item 13: PTX only, and the driver below the image's exact CUDA: minor-version compatibility cannot JIT it on a
-    # GeForce; on a data-center GPU the image's forward-compatibility libraries do (gpu-review-4 item 4)
+    # GeForce; on a data-center GPU the image's forward-compatibility libraries do
     ("12.6", "sm_75 compute_75", "rtx4090", "550.54.15", False, "cannot JIT-compile"),
     ("12.6", "sm_80 sm_86 compute_86", "h100", "535.104.05", True, "JITs its PTX"),
     ("12.6", "sm_80 sm_86 compute_86", "h100", "560.35.03", True, ">= 560.28.03"),
@@ -738,7 +738,7 @@ REVIEW_FALSE_PASSES = [
     ("12.8", "sm_80 sm_90 sm_100 sm_120", "rtxpro6000", "535.104.05", False, "needs R570 or later"),
     ("12.4", "sm_80 sm_90", "h100-pcie", "550.54.15", True, ">= 550.54.14"),
     ("12.4", "sm_80 sm_90", "H100 NVL", "550.54.15", True, ">= 550.54.14"),
-    # gpu-review-4 (b) item 3: CUDA 13.2 needs 595.45.04; its PTX on R580 cannot be JIT-compiled on a GeForce, and
+    # CUDA 13.2 needs 595.45.04; its PTX on R580 cannot be JIT-compiled on a GeForce, and
     # a CUDA minor newer than the table is never taken as JIT-able
     ("13.2", "sm_80 sm_86 sm_90 compute_90", "rtx5090", "580.95.05", False, "needs 595.45.04"),
     ("13.2", "sm_80 sm_86 sm_90 sm_120", "rtx5090", "580.95.05", True, "minor-version compatibility"),
@@ -783,7 +783,7 @@ def test_forward_compatibility_is_for_data_center_parts_only():
         assert parse_target(name).label == name
 
 
-#: gpu-review-3 item 8, measured ratios [S12]: (capability, half/fp32 ratio, verdict)
+#: Measured ratios [S12]: (capability, half/fp32 ratio, verdict)
 RATIOS = [
     ((9, 0), 3.99, "warn"),  # an H20 whose fp32 reaches 81% of peak: it failed under the one 4x threshold
     ((9, 0), 4.44, "warn"),  # the H20 as measured
@@ -805,7 +805,7 @@ def test_the_tensor_core_threshold_is_per_architecture(capability, ratio, verdic
 
 
 def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
-    """Issue 28 (review item 5): with a default nvidia runtime whose hook fails, the fallback without GPUs failed
+    """With a default nvidia runtime whose hook fails, the fallback without GPUs failed
     the same way and ended in a bare `unexpected APIError`."""
     from imgbuild.engine.containers import DockerContainers
     from imgbuild.engine.images import DockerImages
@@ -823,7 +823,7 @@ def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
 
 
 def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
-    """Issue 28 (review item 3): GH200, GB200, GB300, GB10 and Jetson hosts are arm64: an amd64-only image said
+    """GH200, GB200, GB300, GB10 and Jetson hosts are arm64: an amd64-only image said
     "runs" (then `exec format error`). An image known to have an arm64 variant is judged on its kernels."""
     amd64 = GpuFacts("img", "13.0", TORCH_CU130, "test", ("amd64",))
     verdicts = {v.target: v for v in judge(amd64, parse_targets("gh200,gb200,gb300,gb10,h100"), "580.95.05")}
@@ -838,7 +838,7 @@ def test_an_arm64_only_gpu_cannot_run_an_amd64_only_image():
 
 @pytest.mark.root("another user's hold in the ledger (root's file may name anyone)")
 def test_the_smoke_test_respects_the_ledger_as_run_does(tmp_path):
-    """Issue 28 (review item 11): the smoke's choice ignored the ledger's claims, so it could land on a GPU just
+    """The smoke's choice ignored the ledger's claims, so it could land on a GPU just
     handed to another user's starting run or idle container; with nothing free it said "use --force", which
     build does not have."""
     import dataclasses
@@ -896,7 +896,7 @@ def test_a_users_smoke_test_counts_against_their_gpu_quota(tmp_path):
 
 
 def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
-    """Issue 28 (review item 7): on a host whose engine knows GPUs only through CDI (the toolkit in cdi mode, the
+    """On a host whose engine knows GPUs only through CDI (the toolkit in cdi mode, the
     GPU Operator), the legacy request fails; the smoke said "install nvidia-container-toolkit" and ran without
     GPUs. Now the same GPUs by CDI name, and no note."""
     from imgbuild.engine.containers import DockerContainers
@@ -924,7 +924,7 @@ def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
 
 
 def test_a_registry_tag_is_judged_on_the_platform_of_each_target():
-    """Issue 28 (review item 3): `tags --compatible` and `bump` read this host's (amd64) arch list for every
+    """`tags --compatible` and `bump` read this host's (amd64) arch list for every
     target; NGC's arm64 25.10 list differs (11.0 for Thor, no 7.5). An arm64-only GPU is judged on the arm64
     variant, and cannot run a tag that has none."""
     amd64 = "7.5 8.0 8.6 9.0 10.0 12.0+PTX"
@@ -963,7 +963,7 @@ def pip_torch(version: str, cuda: str, cudnn: int) -> types.SimpleNamespace:
     ],
 )
 def test_pip_torch_on_a_cuda_base_is_not_held_to_the_system_cuda(runtime, status, monkeypatch):
-    """Issue 28 (review item 15): pip's torch cu121 on nvidia/cuda:12.4 loads its own CUDA runtime wheel, so the
+    """pip's torch cu121 on nvidia/cuda:12.4 loads its own CUDA runtime wheel, so the
     base's CUDA_VERSION legitimately differs; it is reported, and still a failure where torch uses the system's."""
     monkeypatch.setenv("CUDA_VERSION", "12.4.1")
     monkeypatch.delenv("CUDNN_VERSION", raising=False)
@@ -985,7 +985,7 @@ def test_loaded_library_reads_this_process_maps():
 
 
 def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
-    """Issue 28 (review item 6): the smoke test is given a free MIG slice by its MIG- UUID (not the parent GPU's
+    """The smoke test is given a free MIG slice by its MIG- UUID (not the parent GPU's
     UUID, no device for CUDA), and the report records the slice's profile (its figures are a slice's)."""
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.types import ImageInfo
@@ -1006,7 +1006,7 @@ def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
 
 
 def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did_not_choose(monkeypatch):
-    """Issue 28 (review item 10): GPUs that could not be read became [] (every GPU, other users' too)."""
+    """GPUs that could not be read became [] (every GPU, other users' too)."""
     from imgbuild.engine.types import ImageInfo
     from imgbuild.gpu import read as gpumod
     from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
@@ -1025,7 +1025,7 @@ def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did
     assert engine.containers.runs[-1]["gpus"] == []  # every GPU, because it was asked for by name
 
 
-# --- GPUs read through the engine (issue 28, review item 16) ----------------------------------------------
+# --- GPUs read through the engine ----------------------------------------------
 
 from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, judge_engine_read  # noqa: E402
 from imgbuild.gpu.read import SmiReader  # noqa: E402
@@ -1216,7 +1216,7 @@ def test_gpu_source_says_where_the_gpus_are_read(monkeypatch):
 
 
 def test_a_mig_gpu_without_instances_is_never_handed_out_whole():
-    """gpu-review-4 (b) item 11: a GPU in MIG mode with no instance was listed, and given, as a whole GPU; the
+    """A GPU in MIG mode with no instance was listed, and given, as a whole GPU; the
     smoke test then got the parent UUID and failed 'none usable'. It is named, never given."""
     from imgbuild.gpu.allocate import select_gpus
     from imgbuild.gpu.read import SmiReader
@@ -1256,7 +1256,7 @@ def test_a_mig_gpu_without_instances_is_never_handed_out_whole():
 @pytest.mark.parametrize(
     "capability, name, ratio, verdict",
     [
-        ((9, 0), "NVIDIA H20", 4.4, "pass"),  # a healthy H20 always warned against Hopper's 8x (gpu-review-4 item 9)
+        ((9, 0), "NVIDIA H20", 4.4, "pass"),  # a healthy H20 always warned against Hopper's 8x
         ((9, 0), "NVIDIA H20", 3.5, "warn"),
         ((9, 0), "NVIDIA H200", 4.4, "warn"),  # the H200 is no H20
         ((8, 9), "NVIDIA L20", 2.2, "pass"),
@@ -1280,7 +1280,7 @@ def test_the_tensor_core_floor_knows_the_models_below_their_architecture(capabil
     ],
 )
 def test_pip_torch_with_its_own_cudnn_wheel_is_not_held_to_the_bases_cudnn(cudnn_path, status, monkeypatch):
-    """gpu-review-4 (b) item 8 (round 3's item 15 left over): pip torch 2.7.1+cu126 loads its wheel's cuDNN 9.5.1
+    """pip torch 2.7.1+cu126 loads its wheel's cuDNN 9.5.1
     on a base declaring CUDNN_VERSION=9.1.0.70; that is reported, not failed. The system's copy still fails."""
     monkeypatch.setenv("CUDA_VERSION", "12.6.3")
     monkeypatch.setenv("CUDNN_VERSION", "9.1.0.70")
@@ -1307,7 +1307,7 @@ def test_pip_torch_with_its_own_cudnn_wheel_is_not_held_to_the_bases_cudnn(cudnn
     ],
 )
 def test_tensorflow_gets_the_in_image_arch_check_torch_has(archs, capability, status):
-    """gpu-review-4 (b) item 8: TensorFlow had no in-image arch check (`run_tensorflow`); its build info's
+    """TensorFlow had no in-image arch check (`run_tensorflow`); its build info's
     `cuda_compute_capabilities` is judged by the rule torch's check uses."""
     gpu = object()
     tf = types.SimpleNamespace(

@@ -127,7 +127,7 @@ SECRET_VARIABLES = [
     ("AWS_SECRET_ACCESS_KEY", "x", (), True),
     ("MIRROR", "https://u:p@mirror.example/simple", (), True),
     ("COPY_OF_KEY", "prefix-nvapi-123456-suffix", ("nvapi-123456",), True),
-    # probe-4: secret-looking names and values beyond the ones imgbuild knew
+    # secret-looking names and values beyond the ones imgbuild knew
     ("DEPLOY_KEY", "x", (), True),
     ("SSH_KEY", "x", (), True),
     ("GITHUB_PAT", "x", (), True),

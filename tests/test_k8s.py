@@ -1,4 +1,4 @@
-"""Issue 31 item 5: `imgbuild k8s`, Kubernetes on paper. No API server can run here, so every manifest is
+"""`imgbuild k8s`, Kubernetes on paper. No API server can run here, so every manifest is
 validated offline against the published schemas: Kubernetes' own (`kubernetes-validate`, strict: an unknown
 field fails) for the Job and for the pod the TrainJob patches, and Kubeflow Trainer's models
 (`kubeflow-trainer-api`) for the TrainJob, which must come back from them unchanged."""

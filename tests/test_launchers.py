@@ -1,4 +1,4 @@
-"""Launch by framework and by command (clusters-4 N15-N17): TensorFlow and JAX never get torchrun; a command
+"""Launch by framework and by command: TensorFlow and JAX never get torchrun; a command
 that is a launcher itself is given the rendezvous, never wrapped in a second one; and every TrainJob passes the
 Kubeflow Trainer's own admission rules, reimplemented here from its source:
 
@@ -267,7 +267,7 @@ def test_kubernetes_tensorflow_and_launchers():
     ],
 )
 def test_a_fractional_memory_is_written_as_sbatch_takes_it(mem, header):
-    """clusters-4: `--mem 7.5G` was passed on and sbatch rejected it (whole numbers only)."""
+    """`--mem 7.5G` was passed on and sbatch rejected it (whole numbers only)."""
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
     from imgbuild.config.site import slurm_site
 
@@ -286,7 +286,7 @@ def test_a_jean_zay_account_is_accepted():
 
 
 def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home(tmp_path):
-    """clusters-4 N18/N19: the docker runtime passed a fixed list of Slurm variables (NCCL_SOCKET_IFNAME lost)
+    """The docker runtime passed a fixed list of Slurm variables (NCCL_SOCKET_IFNAME lost)
     and left HOME unwritable for the caller's UID."""
     import subprocess
 
@@ -347,7 +347,7 @@ def restricted_violations(pod_spec: dict) -> list[str]:
 
 @pytest.mark.parametrize("gpus, nodes", [(1, 1), (0, 1), (2, 2)])
 def test_every_pod_meets_the_restricted_pod_security_standard(gpus, nodes):
-    """clusters-4: the pods failed the restricted standard (no seccomp profile, capabilities kept)."""
+    """The pods failed the restricted standard (no seccomp profile, capabilities kept)."""
     site = checked_section(K8sSite, "k8s", {"volumes": ["datasets:/datasets:ro"]})
     doc = manifest(K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 1000, gpus=gpus, nodes=nodes, site=site))
     if doc["kind"] == "TrainJob":
@@ -360,7 +360,7 @@ def test_every_pod_meets_the_restricted_pod_security_standard(gpus, nodes):
 
 
 def test_site_sbatch_options_qos_and_constraints_reach_the_header():
-    """clusters-4: no --qos, --constraint or site #SBATCH lines (Jean Zay's --hint=nomultithread, JUWELS' QOS)."""
+    """No --qos, --constraint or site #SBATCH lines (Jean Zay's --hint=nomultithread, JUWELS' QOS)."""
     from imgbuild.clusters.jobs import JobFlags, job_from_flags
     from imgbuild.config.site import slurm_site
 

@@ -1,4 +1,4 @@
-"""Issue 27: the house by domain. The packages a newcomer reads like a map, and the rules that keep it one:
+"""The house by domain. The packages a newcomer reads like a map, and the rules that keep it one:
 no import runs back up the levels, no module imports itself round a cycle, no module but the in-image script
 passes 500 lines, and the fake engine knows nothing of the pipeline.
 

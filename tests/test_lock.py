@@ -220,7 +220,7 @@ def test_the_lock_is_part_of_the_recipe_and_rendered_for_the_build(tmp_path):
     context = render(locked)
     assert context.text("imgbuild/pip/resolved.txt").splitlines()[-1] == "einops==0.8.1"
     assert "imgbuild/pip/resolved.txt" not in render(unlocked).rendered
-    # The lock layer (issue 16): the lock's pins alone, in a folder of their own, installed before the recipe's
+    # The lock layer: the lock's pins alone, in a folder of their own, installed before the recipe's
     # packages; editing the packages leaves it cached. Only BuildKit builds it (bind mounts per folder).
     assert context.text("imgbuild/pip-lock/requirements.txt").splitlines()[1:] == ["einops==0.8.1"]
     assert "imgbuild/pip-lock/lock-layer" in context.rendered
@@ -253,7 +253,7 @@ def _lock_on_fake(tmp_path, answer, pins: list[str] | None = None):
 
 
 def test_lock_runs_install_sh_in_the_pinned_base_and_writes_what_pip_chose(tmp_path):
-    """Issue 27: `imgbuild lock` on the fake engine (the fake answers the lock probe by name)."""
+    """`imgbuild lock` on the fake engine (the fake answers the lock probe by name)."""
     install = [["einops", "0.8.1"], ["rich", "13.7.1"], ["markdown-it-py", "3.0.0"]]
     recipe, engine, result = _lock_on_fake(tmp_path, lambda run: (0, {"ok": True, "install": install, "tail": []}, ""))
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
@@ -312,7 +312,7 @@ def test_a_lock_that_fails_in_the_base_writes_nothing(tmp_path, answer, message)
     ],
 )
 def test_lock_cures_the_lock_validate_refuses(tmp_path, old_lock):
-    """realworld-4: validate said 'run imgbuild lock RECIPE', and lock failed with the same refusal. The lock is
+    """validate said 'run imgbuild lock RECIPE', and lock failed with the same refusal. The lock is
     what lock writes: its old lines are preferences where acceptable, never a reason to refuse."""
     from imgbuild.recipe import load_recipe
 
@@ -327,7 +327,7 @@ def test_lock_cures_the_lock_validate_refuses(tmp_path, old_lock):
 
 
 def test_a_cuda_library_a_requirement_pulls_in_is_never_written_as_a_pin(tmp_path):
-    """realworld-4: lock on jax[cuda13] wrote nvidia-cuda-nvcc into the lock; the next build refused that lock at
+    """lock on jax[cuda13] wrote nvidia-cuda-nvcc into the lock; the next build refused that lock at
     its lines. Lock writes nothing validate refuses: the library stays a comment, installed as jax asks."""
     from imgbuild.recipe import load_recipe
 
@@ -360,7 +360,7 @@ VERSIONS = ["0.8.1", "2.3.0", "13.0.88", "2.13.0a0+07cecf4168.nv24.5", "1!2.0", 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_path, seed):
-    """Issue 49 item 2 as a property: whatever the resolver answers (the framework, CUDA libraries of either major,
+    """As a property: whatever the resolver answers (the framework, CUDA libraries of either major,
     jax's plugins, pre-releases, epochs, one name twice), the lock `imgbuild lock` writes is one that loading the
     recipe (validate) and the build's plan, against the base and its pins, accept; what it may not pin stays a
     comment, and an answer it cannot make a buildable lock of is refused with a reason, nothing written."""
@@ -396,7 +396,7 @@ def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_pat
 
 
 def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_path):
-    """realworld-4 D3 through `lock` itself (the bed's stale-lock loop found it): the recipe now asks for
+    """Through `lock` itself (the bed's stale-lock loop found it): the recipe now asks for
     einops>=0.8 while its lock holds einops==0.7.0. The old pin must not reach the resolver, which takes the
     lock's pins as constraints; rich's pin stays a preference."""
     import base64
@@ -420,3 +420,19 @@ def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_p
     files = jsonlib.loads(base64.b64decode(called(run.probe.script)[0]))
     assert "einops==0.7.0" not in files.get("resolved.txt", "") and "rich==13.7.1" in files["resolved.txt"]
     assert result.pins == ["einops==0.8.1", "rich==13.7.1"] and result.changed == ["einops 0.7.0 -> 0.8.1"]
+
+
+@pytest.mark.parametrize("text", ["", "\n", "   \n\n"])
+def test_an_empty_lock_is_refused_not_taken_for_no_pins(tmp_path, text):
+    """A lock a kill left empty is refused: taken for a lock of no pins, the next build would install unlocked."""
+    from imgbuild.errors import RecipeError
+    from imgbuild.recipe import load_recipe
+    from tests.support import RECIPE_HEAD
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "demo.yaml").write_text(RECIPE_HEAD + "pip: [einops==0.8.0]\n")
+    (tmp_path / "demo.lock.txt").write_text(text)
+    with pytest.raises(RecipeError, match="lock: is empty"):
+        load_recipe(tmp_path / "demo.yaml", environ={})
+    (tmp_path / "demo.lock.txt").write_text("# imgbuild lock: what pip resolved\n")  # a lock of no pins is one
+    load_recipe(tmp_path / "demo.yaml", environ={})

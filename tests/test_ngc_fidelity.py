@@ -58,7 +58,7 @@ def framework_site(tmp_path, monkeypatch):
 def test_the_base_s_own_framework_passes_the_framework_check_on_every_real_release(
     release, framework_site, tmp_path, monkeypatch
 ):
-    """Issue 26: since 24.03 PYTORCH_VERSION (2.9.0a0+145a3a7) and torch.__version__
+    """Since 24.03 PYTORCH_VERSION (2.9.0a0+145a3a7) and torch.__version__
     (2.9.0a0+145a3a7bda.nv25.10) differ; the check failed every real base."""
     module = _fake_dist(framework_site, release.dist_name, release.dist_version, "ngcfw", release.module_version)
     monkeypatch.setenv(release.version_env, release.config_env()[release.version_env])
@@ -271,7 +271,7 @@ def test_only_the_refused_other_name_reads_as_another_framework(line, framework)
     ],
 )
 def test_the_bridge_gateway_is_found_on_a_fresh_engine_too(ipam, gateway):
-    """Issue 26: a test read IPAM Gateway, which a fresh engine does not report: CI passed, a new machine failed."""
+    """A test read IPAM Gateway, which a fresh engine does not report: CI passed, a new machine failed."""
     from tests.conftest import bridge_gateway
 
     network = types.SimpleNamespace(attrs={"IPAM": {"Config": [ipam]}})

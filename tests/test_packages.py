@@ -99,7 +99,7 @@ def test_an_image_without_a_baseline_skips_the_import_check(site, monkeypatch):
 
 
 def test_a_framework_installed_twice_under_two_names_is_caught(site):
-    """Issue 19 item 2: PyPI's tensorflow over the base's tensorflow-cpu passed as 'the base's own'."""
+    """PyPI's tensorflow over the base's tensorflow-cpu passed as 'the base's own'."""
     _dist(site, "tensorflow-cpu-fake", "2.21.0", "tffake", "__version__ = '2.21.0'")
     other = site / "tensorflow_fake-2.22.0.dist-info"
     other.mkdir()
@@ -130,7 +130,7 @@ def test_a_framework_installed_twice_under_two_names_is_caught(site):
         (["fast.cpython-311-x86_64-linux-gnu.so"], None, ["fast"]),
         (["tests/__init__.py", "pkg/__init__.py", "../../bin/tool", "pkg.pth"], None, ["pkg"]),
         ([], "google\ngoogle/protobuf\n", ["google"]),
-        # issue 30 item 4: lmdb 1.4.1's top_level.txt names `cpython`, which it installs nothing for
+        # lmdb 1.4.1's top_level.txt names `cpython`, which it installs nothing for
         (["lmdb/__init__.py", "lmdb/cpython.cpython-311-x86_64-linux-gnu.so"], "cpython\nlmdb\n", ["lmdb"]),
         (["yaml/__init__.py", "_yaml.cpython-311-x86_64-linux-gnu.so"], "_yaml\nyaml\n", ["yaml"]),
         (["six.py"], "six\n", ["six"]),
@@ -160,7 +160,7 @@ def test_missing_libraries_map_to_apt_packages():
     ],
 )
 def test_a_library_of_another_cuda_major_is_named_the_wrong_build_not_an_apt_package(library, cuda, cure):
-    """realworld-4 D4: vLLM 0.2.5 on a CUDA 13 base failed with 'libcudart.so.12 is missing (install the system
+    """VLLM 0.2.5 on a CUDA 13 base failed with 'libcudart.so.12 is missing (install the system
     package that provides it (apt:))'; no apt package cures a wheel built for another CUDA."""
     assert script.import_hint(library, "vllm", cuda).startswith(cure)
 
@@ -207,7 +207,7 @@ def test_a_package_that_cannot_import_is_not_promoted_and_the_apt_line_fixes_it(
 def test_a_dependency_built_for_another_tensorflow_is_a_named_pip_conflict(testbed, tmp_path):
     """tensorflow-text 2.18 needs tensorflow<2.19; NGC's TensorFlow is the `tensorflow` distribution at its own
     `+nvYY.M` version: pip must refuse, naming the package and the base's pin, not install a second TensorFlow
-    (issue 19: 2.18 GB added). A base whose TensorFlow is `tensorflow-cpu` gets the other-name refusal
+    (2.18 GB added). A base whose TensorFlow is `tensorflow-cpu` gets the other-name refusal
     instead (test_each_pip_failure_names_its_kind, with pip's own lines)."""
     recipe = _project(
         tmp_path, 'name: pkgs\nbase: {framework: tensorflow, tag: "24.05"}\npip: [tensorflow-text==2.18.0]\n'
@@ -242,7 +242,7 @@ def test_a_failed_step_is_named_not_spelled_out_in_mount_flags():
     assert len(step_name("[1/1] RUN " + "x" * 500)) == 120
 
 
-# --- requirements files as projects write them (issue 19 item 4) ----------------------------------------
+# --- requirements files as projects write them ----------------------------------------
 
 
 def _load(tmp_path: Path, files: dict[str, str]):
@@ -322,7 +322,7 @@ def test_a_framework_pin_in_a_nested_file_is_reported_at_its_line(tmp_path):
     assert "deep.txt:2:1: pip.requirements: torch==2.1.1 conflicts with the base's torch" in str(err.value)
 
 
-# --- pip.unpin (issue 19 item 7) -------------------------------------------------------------------------
+# --- pip.unpin -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["torch", "tensorflow-cpu", "TensorFlow_GPU", "nvidia-cudnn-cu12", "tf.nightly"])
@@ -358,7 +358,7 @@ def test_unpin_lets_pip_move_a_base_package_on_purpose(testbed, tmp_path, cleanu
     assert checks["framework"]["status"] == "pass" and checks["cpu compute"]["status"] == "pass"
 
 
-# --- the lock (issue 19 item 6): the file, the resolution and the hashes are in test_lock.py; these build
+# --- the lock: the file, the resolution and the hashes are in test_lock.py; these build
 # what it writes in the bed
 
 
@@ -402,7 +402,7 @@ def test_lock_resolves_in_the_base_and_builds_install_exactly_that(testbed, tmp_
 def test_the_cure_for_jax_cuda12_on_a_cuda13_base_locks_and_builds_in_one_round(
     testbed, tmp_path, cleanup_images, docker_client
 ):
-    """realworld-4 D1, the loop a user follows on the CUDA 13 stand-in: `jax[cuda12]` is refused with the cure
+    """The loop a user follows on the CUDA 13 stand-in: `jax[cuda12]` is refused with the cure
     `jax[cuda13]`; `imgbuild lock` on that writes the CUDA libraries the plugin pulls in (nvidia-cuda-nvcc,
     nvidia-nvvm, the pjrt) as comments, never pins; the next build accepts its own lock and installs them as the
     plugin asks. jax's shape, served from an index on the bridge (real jax is GBs of CUDA wheels)."""
@@ -457,7 +457,7 @@ def test_the_cure_for_jax_cuda12_on_a_cuda13_base_locks_and_builds_in_one_round(
 
 @pytest.mark.engine
 def test_a_stale_lock_is_cured_by_the_command_the_refusal_names(testbed, tmp_path, cleanup_images):
-    """realworld-4 D3, the loop on the bed: the recipe is edited past its lock; validate and build name both lines
+    """The loop on the bed: the recipe is edited past its lock; validate and build name both lines
     and say `run imgbuild lock RECIPE`; that command, run literally, re-resolves, and the next build works."""
     import re
 
@@ -481,7 +481,7 @@ def test_a_stale_lock_is_cured_by_the_command_the_refusal_names(testbed, tmp_pat
 def test_a_just_in_time_extension_without_a_compiler_is_cured_by_the_apt_line_it_names(
     testbed, tmp_path, cleanup_images
 ):
-    """realworld-4: DeepSpeed's op, compiled at first use, failed in smoke.run with `c++: not found` and no cure.
+    """DeepSpeed's op, compiled at first use, failed in smoke.run with `c++: not found` and no cure.
     The same with torch's own just-in-time build (torch.utils.cpp_extension.load_inline) on the slim stand-in: the
     smoke test names the apt line, and the recipe with it builds, the extension compiled and run in the image."""
     import re
@@ -504,7 +504,7 @@ def test_a_just_in_time_extension_without_a_compiler_is_cured_by_the_apt_line_it
 
 @pytest.mark.engine
 def test_adding_a_package_to_a_locked_recipe_reuses_the_lock_layer(testbed, tmp_path, cleanup_images, docker_client):
-    """Issue 16: with a lock, the pip step is two layers: the lock exactly (cached while the lock stands),
+    """With a lock, the pip step is two layers: the lock exactly (cached while the lock stands),
     then the recipe's packages over it; a package added to the recipe installs alone on top."""
     from tests.conftest import in_image
 
@@ -572,7 +572,7 @@ def test_a_lock_that_links_out_of_the_repository_is_not_read(tmp_path):
     assert "outside the recipe's repository" in str(err.value) and "hunter2" not in str(err.value)
 
 
-# --- every base pin checked before the build (issue 19 item 3) ------------------------------------------
+# --- every base pin checked before the build ------------------------------------------
 
 BASE_PINS = ("numpy==2.1.0", "torchvision==0.20.0", "pillow==10.4.0", "torch==2.13.0", "nvidia-cudnn-cu12==9.1.0.70")
 
@@ -686,7 +686,7 @@ def test_the_base_pins_are_read_in_the_real_base_and_every_conflict_named_before
     assert not (tmp_path / "images").exists()
 
 
-# --- a bounded resolver (issue 19 item 5) ------------------------------------------------------------------
+# --- a bounded resolver ------------------------------------------------------------------
 
 FAKE_PIP = """
 import os, sys, time
@@ -806,7 +806,7 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
             "keras-hub 0.18.1 needs tensorflow, another distribution of the base's framework: it would overwrite the "
             "base's own; see the conflict above (drop keras-hub, or pin a release of it that needs no tensorflow)",
         ),
-        (  # issue 30 item 2: "a package needs tensorflow" did not say which (tf-keras)
+        (  # "a package needs tensorflow" did not say which (tf-keras)
             "The conflict is caused by:\n    tf-keras 2.20.1 depends on tensorflow<2.21,>=2.20\n"
             "    tf-keras 2.20.0 depends on tensorflow<2.21,>=2.20\n    The user requested (constraint) tensorflow<0",
             "every version of tf-keras needs tensorflow, another distribution of the base's framework: it would "
@@ -850,7 +850,7 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
             "another torch than the base's: add torchsort to pip.no_build_isolation, so that it builds against the "
             "base's own",
         ),
-        (  # realworld-4 D5: uv's range form ("X>=v depends on") was missed, and pip's pattern took "Because"
+        (  # uv's range form ("X>=v depends on") was missed, and pip's pattern took "Because"
             "  x No solution found when resolving dependencies:\n  Because tf-models-official>=2.20.0 depends on "
             "tensorflow>=2.20.0,<2.21.dev0 and tensorflow==2.21.0+nv24.5, we can conclude that "
             "tf-models-official>=2.20.0 cannot be used.",
@@ -922,7 +922,7 @@ def test_a_resolver_backtracking_through_every_release_stops_at_the_download_lim
 
 
 def test_every_import_failure_is_kept_and_the_apt_cure_is_one_line(site):
-    """Issue 30 item 3: failures were cut to the first four and smoke.json kept no more, so OpenCV's whole apt
+    """Failures were cut to the first four and smoke.json kept no more, so OpenCV's whole apt
     line hid behind a partial one and cost a rebuild. All are kept in the details; the reason names how many more
     and one apt line cures them all."""
     missing = "{}: cannot open shared object file: No such file or directory"
@@ -955,7 +955,7 @@ def test_every_import_failure_is_kept_and_the_apt_cure_is_one_line(site):
     ],
 )
 def test_a_failed_smoke_run_command_keeps_its_cause_and_its_output(site, monkeypatch, why, script_text, said, not_said):
-    """Issue 30 item 3: a smoke.run failure kept only its last stderr line ("ninja: build stopped"); the cause two
+    """A smoke.run failure kept only its last stderr line ("ninja: build stopped"); the cause two
     screens up was lost. The reason carries the lines that name an error; the details keep the output's tail."""
     monkeypatch.setenv("IMGBUILD_SMOKE_RUN", json.dumps([script_text]))
     report = script.Report()
@@ -989,7 +989,7 @@ def _record(site: Path, name: str, version: str, lines: list[str]) -> None:
 
 
 def test_two_distributions_owning_one_module_fail_where_their_files_differ(site):
-    """Issue 30 item 4: opencv-python and opencv-python-headless both own cv2/ at two versions; the one installed
+    """opencv-python and opencv-python-headless both own cv2/ at two versions; the one installed
     last overwrote the other's files and nothing said so. Identical files (namespace boilerplate) are fine."""
     (site / "cv2x").mkdir()
     (site / "cv2x" / "__init__.py").write_text("")
@@ -1022,7 +1022,7 @@ def test_two_distributions_owning_one_module_fail_where_their_files_differ(site)
     ],
 )
 def test_programs_a_package_runs_are_checked_like_libraries(names, on_path, expected):
-    """Issue 30 item 4: openai-whisper was promoted with no ffmpeg and no hint."""
+    """openai-whisper was promoted with no ffmpeg and no hint."""
     assert script.missing_tools(names, which=lambda tool: f"/usr/bin/{tool}" if tool in on_path else None) == expected
 
 
@@ -1062,7 +1062,7 @@ def _known(site: Path, monkeypatch, words: str) -> None:
 
 
 def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monkeypatch):
-    """Issue 30 item 6: adding one package re-imported all 62 distributions (55 of 57 s). With the last promoted
+    """Adding one package re-imported all 62 distributions (55 of 57 s). With the last promoted
     image's record, a distribution at the same version that needs nothing that changed is not imported again;
     one that needs a changed one is (a new numpy can break what imports it)."""
     _dist_needing(site, "top-fake", "1.0", "topfake", ["mid-fake>=1"])
@@ -1084,7 +1084,7 @@ def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monk
     assert _imports()["status"] == "fail"
     _known(site, monkeypatch, "")  # no record: everything
     assert _imports()["status"] == "fail"
-    # the same name and version, another wheel (its files differ): imported again (probe-4 S1)
+    # the same name and version, another wheel (its files differ): imported again
     _known(site, monkeypatch, "top-fake==1.0 mid-fake==2.0 solo-fake==1.0")
     assert _imports()["status"] == "pass"  # the same files: spared
     record = site / "solo-fake-1.0.dist-info" / "RECORD"
@@ -1093,7 +1093,7 @@ def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monk
 
 
 def test_an_images_own_environment_or_file_never_says_what_to_spare(site, monkeypatch, tmp_path):
-    """probe-4 S5: `ENV IMGBUILD_SMOKE_KNOWN_GOOD` in an image was read as the record; now the script reads only
+    """`ENV IMGBUILD_SMOKE_KNOWN_GOOD` in an image was read as the record; now the script reads only
     the file imgbuild writes beside it (always written, empty when nothing is spared)."""
     _dist_needing(site, "broken-fake", "1.0", "brokenfake", [], "raise ImportError('broken')")
     monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "broken-fake==1.0")
@@ -1191,7 +1191,7 @@ def test_the_debian_packages_an_image_added_are_read_with_their_versions_and_not
     ],
 )
 def test_a_smoke_run_command_whose_build_tool_is_missing_names_the_cure(output, cure):
-    """realworld-4: DeepSpeed's just-in-time op build failed in smoke.run with `c++: not found` and no cure."""
+    """DeepSpeed's just-in-time op build failed in smoke.run with `c++: not found` and no cure."""
     said = script.run_cure(output)
     assert (cure in said) if cure else said == ""
 
@@ -1200,7 +1200,7 @@ MODEL_GARDEN = "tf-models-official 2.20.0 has requirement tensorflow~=2.20.0, bu
 
 
 def test_pip_check_lines_a_recipe_accepts_are_kept_in_the_report_and_the_rest_still_fail(tmp_path, monkeypatch):
-    """realworld-4 D8: Model Garden 2.20 on the base's TensorFlow 2.21 works (its own check passes), and `pip check`
+    """Model Garden 2.20 on the base's TensorFlow 2.21 works (its own check passes), and `pip check`
     refused the image with no way to say it was reviewed. smoke.accept_pip_check names the distributions whose
     complaints are accepted: those lines stay in the report; any other still fails, naming the field."""
     import subprocess as sp

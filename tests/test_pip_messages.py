@@ -1,4 +1,4 @@
-"""Messages that name the right cause (issue 30, item 2): who holds the version a package cannot have (the
+"""Messages that name the right cause: who holds the version a package cannot have (the
 base, the recipe's lock or its constraints), and one cure that fits. Real pip under imgbuild's install.sh
 and guard; the plan-time checks with the recipe's FILE:LINE.
 """
@@ -93,7 +93,7 @@ def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
     for n in range(5):
         free.see(f"Downloading vllm-0.1{n}.0-cp38-abi3-manylinux1_x86_64.whl (300 MB)")
     assert "pin vllm to a version made for the base" in free.backtrack_note(ORIGIN)
-    # realworld-4 D10: a pin in the recipe's own requirements file is on purpose too
+    # a pin in the recipe's own requirements file is on purpose too
     asked = guard.Watch({}, {"numpy": ["==1.26.4"]})
     for n in range(5):
         asked.see(f"Downloading numpy-1.26.{n}-cp311-cp311-manylinux_2_17_x86_64.whl (18.2 MB)")

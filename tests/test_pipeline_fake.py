@@ -198,7 +198,7 @@ def test_a_base_is_asked_of_the_registry_once_per_ttl_and_always_by_rebuild(tmp_
         assert asked(base_cache_ttl=0) == 3
 
 
-# --- the registry cache (issue 33, item 1) ---------------------------------------------------------------
+# --- the registry cache ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The Podman engine's pure parts (issue 33, item 2): how it names images, the `podman build` it runs, how it
+"""The Podman engine's pure parts: how it names images, the `podman build` it runs, how it
 reads Buildah's output into a failure that names imgbuild's step, and which engine `auto` picks. The real
 engine runs in tests/test_engines.py."""
 

@@ -1,4 +1,4 @@
-"""`pip.provides` (issue 30, item 5): tf-keras on a `tensorflow-cpu` base. tf-keras asks for `tensorflow`,
+"""`pip.provides`: tf-keras on a `tensorflow-cpu` base. tf-keras asks for `tensorflow`,
 which the pip step refuses (another distribution of the base's framework would overwrite it); the recipe
 says the base's tensorflow-cpu provides it, and a file-less stub of that name, pinned at the base's version,
 meets the dependency while the protection holds.

@@ -1,4 +1,4 @@
-"""Issue 32, item 3: the batch queue. Order and fairness as tables, the files' trust rules against forged
+"""The batch queue. Order and fairness as tables, the files' trust rules against forged
 entries, advancing with a scripted start; the real engine with two users through sudo is in test_enforce.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real projects' requirement sets on the stand-in bases (issue 19): each builds an image in which every
+"""Real projects' requirement sets on the stand-in bases: each builds an image in which every
 package it added imports, or ends with one line naming the package and the cause, as tests/realsets/sets.yaml
 says. Small sets run in CI; heavy ones (GBs of wheels) with `pytest -m heavy` and benchmarks/realsets.py.
 """

@@ -1,4 +1,4 @@
-"""Issue 15: deadlines, idle reaping, old containers, unnamed containers, notices and the action log.
+"""Deadlines, idle reaping, old containers, unnamed containers, notices and the action log.
 
 The decisions are a pure function tested as tables; one test drives real containers on the test bed,
 with GPU readings from snapshots and the time injected (no test sleeps for real)."""
@@ -292,7 +292,7 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
             ("warn", "idle", idle),
         ]
         assert all(e["outcome"] in ("stopped", "removed") or e["outcome"].startswith("warned") for e in mine)
-        # Issue 32 item 2: each run recorded what the GPUs were held for since the previous run (capped at 15
+        # each run recorded what the GPUs were held for since the previous run (capped at 15
         # minutes): the busy container (GPU 1 at 93%) was running at all six runs, the idle one until it stopped.
         records = usage.read(state / ".reap")
         for rec in records:
@@ -368,7 +368,7 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
 
 @pytest.mark.engine
 def test_a_persistent_environment_with_passwordless_sudo(testbed, docker_client, tmp_path, write, cleanup_images):
-    """Issue 15 item 6: `user: {sudo: true}` gives the recipe's user passwordless sudo in their own
+    """`user: {sudo: true}` gives the recipe's user passwordless sudo in their own
     container (the image gains the sudo package); without it, sudo is absent."""
     from tests.conftest import in_image, run_cli
 
@@ -401,7 +401,7 @@ def test_a_persistent_environment_with_passwordless_sudo(testbed, docker_client,
     assert "sudo" not in load_recipe(plain).recipe.apt and load_recipe(recipe).recipe.apt == ["sudo"]
 
 
-# --- notices of `run --notify` jobs (issue 32, item 4) ---------------------------------------------------
+# --- notices of `run --notify` jobs ---------------------------------------------------
 
 from imgbuild.servers.reap import job_notice  # noqa: E402
 

@@ -71,7 +71,7 @@ TROJAN = {k: v for k, v in WHITESPACE_AND_CONTROLS.items() if k not in ("tab", "
 @pytest.mark.parametrize("char", WHITESPACE_AND_CONTROLS, ids=list(WHITESPACE_AND_CONTROLS))
 @pytest.mark.parametrize("field", PIP_FIELDS, ids=list(PIP_FIELDS))
 def test_no_white_space_or_control_character_reaches_a_pip_file(field, char, tmp_path):
-    """probe-3 #5: a TAB in an index URL became `-r /etc/passwd` in the pip step."""
+    """A TAB in an index URL became `-r /etc/passwd` in the pip step."""
     value = PIP_VALUES[field].format(c=WHITESPACE_AND_CONTROLS[char])
     lines = refusal_lines(tmp_path, RECIPE_HEAD + PIP_FIELDS[field](_quoted(value)))
     assert any(re.search(rf"recipe\.yaml:\d+:\d+: {re.escape(field)}: ", ln) for ln in lines), lines
@@ -101,7 +101,7 @@ def test_a_requirements_file_line_cannot_smuggle_options(line, char, tmp_path):
 @pytest.mark.parametrize("char", TROJAN, ids=list(TROJAN))
 @pytest.mark.parametrize("field", FREE_TEXT, ids=list(FREE_TEXT))
 def test_free_text_refuses_controls_separators_and_bidi_by_category(field, char, tmp_path):
-    """probe-3 #14: U+202E, U+2066..2069, U+2028 and NEL passed every free-text check (Trojan Source)."""
+    """U+202E, U+2066..2069, U+2028 and NEL passed every free-text check (Trojan Source)."""
     value = f"echo safe{TROJAN[char]}rm -rf /"
     lines = refusal_lines(tmp_path, RECIPE_HEAD + FREE_TEXT[field](_quoted(value)))
     assert any(f" {field}: " in ln and "U+" in ln for ln in lines), lines
@@ -128,7 +128,7 @@ def test_plain_text_with_tabs_and_non_latin_letters_still_validates(field, tmp_p
     ids=["tag-arabic", "tag-fullwidth", "follow-arabic", "target-sm", "target-capability", "uid"],
 )
 def test_only_ascii_digits_make_a_number_or_a_tag(text, field, tmp_path):
-    """probe-3 #8: `٢٤.٠٥` validated and became a FROM line; a hostile registry's `٩٩.٩٩-py3` was bumped to."""
+    """`٢٤.٠٥` validated and became a FROM line; a hostile registry's `٩٩.٩٩-py3` was bumped to."""
     lines = refusal_lines(tmp_path, text)
     assert any(f" {field}: " in ln for ln in lines), lines
 
@@ -175,7 +175,7 @@ def test_unicode_digits_are_refused_wherever_a_number_is_parsed(parse, text):
     ],
 )
 def test_file_sources_are_refused_in_recipes_and_requirements_files(spec, tmp_path):
-    """probe-3 #15: `NAME @ file:` named a path of the build container; the docs say local paths are refused."""
+    """`NAME @ file:` named a path of the build container; the docs say local paths are refused."""
     lines = refusal_lines(tmp_path, RECIPE_HEAD + f"pip: [{_quoted(spec)}]\n")
     assert any(" pip.packages[0]: " in ln and "file:" in ln for ln in lines), lines
     (tmp_path / "req.txt").write_text(spec + "\n")
@@ -185,14 +185,14 @@ def test_file_sources_are_refused_in_recipes_and_requirements_files(spec, tmp_pa
 
 @pytest.mark.parametrize("value", ["-5", "0", "-0.1", "-.inf"])
 def test_min_speedup_is_a_positive_number(value, tmp_path):
-    """probe-3 #17: a negative floor passed every ratio, switching the tensor-core check off."""
+    """A negative floor passed every ratio, switching the tensor-core check off."""
     lines = refusal_lines(tmp_path, RECIPE_HEAD + f"smoke: {{min_speedup: {value}}}\n")
     assert any(" smoke.min_speedup: " in ln for ln in lines), lines
 
 
 @pytest.mark.parametrize("host", ["руpi.org", "xn--pi-llc7a.org\t", "pypi.org\u200b"])
 def test_an_index_host_is_ascii(host, tmp_path):
-    """probe-3 #22: `https://руpi.org/simple` (Cyrillic р, у) validated; a reviewer reads pypi.org."""
+    """`https://руpi.org/simple` (Cyrillic р, у) validated; a reviewer reads pypi.org."""
     lines = refusal_lines(tmp_path, RECIPE_HEAD + f"pip: {{index_url: {_quoted(f'https://{host}/simple')}}}\n")
     assert any(" pip.index_url: " in ln for ln in lines), lines
 
@@ -210,7 +210,7 @@ def test_an_index_host_is_ascii(host, tmp_path):
     ids=["cuda-wheel", "cupy", "bad-version", "duplicate", "option", "framework"],
 )
 def test_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
-    """probe-3 #7: CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
+    """CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
     from imgbuild.pipeline.plan import make_plan
     from tests.support import fake_inspect, settings
 
@@ -238,7 +238,7 @@ def test_nvidia_packages_that_are_not_cuda_libraries_may_be_pinned(name, tmp_pat
 
 
 def test_one_copied_file_is_bounded_like_a_folder(tmp_path):
-    """probe-3 #13: a 3 GiB sparse files[].src validated after reading it all and filled the context."""
+    """A 3 GiB sparse files[].src validated after reading it all and filled the context."""
     import os
 
     from imgbuild import limits
@@ -259,7 +259,7 @@ def test_one_copied_file_is_bounded_like_a_folder(tmp_path):
     ],
 )
 def test_one_destination_inside_another_is_an_input_error(files, tmp_path):
-    """probe-3 #22: /opt/app and /opt/app/conf.txt validated, then render failed as an environment error (exit 3)."""
+    """/opt/app and /opt/app/conf.txt validated, then render failed as an environment error (exit 3)."""
     (tmp_path / "a.txt").write_text("a")
     (tmp_path / "b.txt").write_text("b")
     lines = refusal_lines(tmp_path, RECIPE_HEAD + f"files: {files}\n")
@@ -267,7 +267,7 @@ def test_one_destination_inside_another_is_an_input_error(files, tmp_path):
 
 
 def test_two_recipes_building_one_image_tag_are_refused(tmp_path):
-    """probe-3 #12: two names, one `image: p3/clash` and tag: each rebuild built both, and -previous held the other's."""
+    """Two names, one `image: p3/clash` and tag: each rebuild built both, and -previous held the other's."""
     from imgbuild.ci.rebuild import INVALID, check_contexts, load_graph
     from imgbuild.config.settings import load_settings
 
@@ -291,7 +291,7 @@ def test_two_recipes_building_one_image_tag_are_refused(tmp_path):
 
 @pytest.mark.parametrize("key", ["LD_PRELOAD", "LD_AUDIT"])
 def test_a_recipe_cannot_set_the_loaders_preload(key, tmp_path):
-    """Issue 28 (NVIDIAScape, CVE-2025-23266): an image whose config sets LD_PRELOAD runs code on the host
+    """NVIDIAScape (CVE-2025-23266): an image whose config sets LD_PRELOAD runs code on the host
     through NVIDIA Container Toolkit 1.17.7's hook, and in every process of the container anyway."""
     from tests.conftest import run_cli
 

@@ -1,4 +1,4 @@
-"""Issue 27: `imgbuild.lock.json`, the context record, has one owner (build.record): written by render, read back
+"""`imgbuild.lock.json`, the context record, has one owner (build.record): written by render, read back
 by `rebuild --check` from a repository, where it is untrusted. Each way a committed record can be wrong is refused
 as "not a record" (render it again), never followed, never a hang, never a crash."""
 

@@ -88,7 +88,7 @@ def test_a_registry_tag_in_other_digits_is_never_a_release():
     ],
 )
 def test_a_hostile_source_registry_is_a_registry_error_never_a_crash(answer, tmp_path):
-    """probe-3 #9: a list, strings, `size: "1TB"` crashed mirror; a 1 TB claimed layer streamed 2.7 GB to disk;
+    """A list, strings, `size: "1TB"` crashed mirror; a 1 TB claimed layer streamed 2.7 GB to disk;
     an index nested 1,500 deep recursed for 55 s."""
     from imgbuild.errors import RegistryError
     from imgbuild.registry.mirror import TagCopy, _Copier
@@ -144,7 +144,7 @@ def test_a_transport_error_while_reading_a_body_is_an_environment_error(error):
 
 
 def test_a_target_missing_a_blob_is_asked_again_then_named(monkeypatch):
-    """probe-3 #9: two mirrors into one target: one exited 3 with `HTTP 400 for manifest`, which reads as
+    """Two mirrors into one target: one exited 3 with `HTTP 400 for manifest`, which reads as
     "unreachable"; the target's own code now says what it refused, and the copy asks again before giving up."""
     from imgbuild.errors import RegistryError
     from imgbuild.registry.mirror import TagCopy, _Copier

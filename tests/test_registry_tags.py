@@ -270,7 +270,7 @@ def test_credentials_from_docker_config_auths_and_helpers(tmp_path, monkeypatch)
     ],
 )
 def test_a_tags_repository_is_read_as_an_image_reference(name, expected):
-    """Issue 27: the repository of `imgbuild tags` went through imageref, not a hand split (which took
+    """The repository of `imgbuild tags` went through imageref, not a hand split (which took
     `nvidia/pytorch:25.10-py3` as a repository)."""
     from imgbuild.registry.tags import repository_for
 

@@ -232,7 +232,7 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     assert attrs["Config"]["WorkingDir"] == "/workspace"
     assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "20m", "max-file": "3"}}
     assert host["NanoCpus"] == 1_500_000_000
-    # detached: kept when it exits, so `imgbuild logs` still has its output (issue 18 item 5)
+    # detached: kept when it exits, so `imgbuild logs` still has its output
     assert "FOO=bar" in attrs["Config"]["Env"] and host["AutoRemove"] is False
     assert attrs["Config"]["Labels"]["org.imgbuild.user"] == ME
 
@@ -316,7 +316,7 @@ def test_default_rules_are_nvidias_and_gpus_become_device_requests(
 
 
 def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, monkeypatch):
-    """Issue 18 item 4: `./run_docker 0` means GPU 0 on lab servers, `--gpus 0` none in docker."""
+    """`./run_docker 0` means GPU 0 on lab servers, `--gpus 0` none in docker."""
     from imgbuild.servers.run import RunRequest, prepare
 
     snapshot = tmp_path / "snap.json"
@@ -333,14 +333,14 @@ def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, mon
     assert "NVIDIA_VISIBLE_DEVICES=void" in values and "--gpus" not in none
     some = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request="device=2"), settings))
     assert "NVIDIA_VISIBLE_DEVICES=void" not in some and "--gpus" in some
-    # Issue 18 item 5: a detached run keeps its container, so its output and traceback survive it.
+    # a detached run keeps its container, so its output and traceback survive it.
     detached = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], detach=True), settings))
     assert "-d" in detached and "--rm" not in detached
     attached = run_words(prepare(RunRequest("ubuntu:22.04", ["true"]), settings))
     assert "--rm" in attached
 
 
-# --- MIG (issue 28, gpu-review-3 item 6) ------------------------------------------------------------------
+# --- MIG ------------------------------------------------------------------
 
 
 def _fake_nvml(monkeypatch, busy_slice: int):
@@ -471,7 +471,7 @@ def test_a_gpu_whose_process_owner_cannot_be_read_is_never_handed_out_as_free():
 def test_a_run_whose_start_fails_leaves_no_created_container(
     testbed, docker_client, tmp_path, engine_limits, started, unique, detached
 ):
-    """probe-4 RUN1: a `docker run` whose start fails (here the engine refuses an unlimited memlock, as this
+    """A `docker run` whose start fails (here the engine refuses an unlimited memlock, as this
     test bed's dockerd, without CAP_SYS_RESOURCE, does) left a `Created` container, and the next run's name
     moved on to `_2`. It is removed; a second try gets the same name."""
     engine_limits.write_text(engine_limits.read_text().replace("memlock: 8388608", "memlock: -1"))
@@ -502,7 +502,7 @@ def test_a_run_whose_start_fails_leaves_no_created_container(
     ],
 )
 def test_run_hands_gpus_the_way_the_engine_takes_them(flag, info, path):
-    """gpu-review-4 (b) item 12: on a CDI-only Docker host `run` passed --gpus (it fails there) while the smoke
+    """On a CDI-only Docker host `run` passed --gpus (it fails there) while the smoke
     test fell back to CDI; both now take the same path."""
     import types
 

@@ -1,4 +1,4 @@
-"""Issue 18 items 6 and 7: GPUs chosen and started atomically across users (the host's ledger), CPUs
+"""GPUs chosen and started atomically across users (the host's ledger), CPUs
 pinned near the chosen GPUs with the thread variables to match."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def test_cpus_are_pinned_near_the_gpus_and_away_from_other_containers():
 
 
 def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
-    """Issue 18 item 7: `--cpus 48` alone let PyTorch see 256 cores (2147% CPU at num_workers=0)."""
+    """`--cpus 48` alone let PyTorch see 256 cores (2147% CPU at num_workers=0)."""
     from imgbuild.config.settings import load_settings
 
     snapshot = tmp_path / "snap.json"
@@ -219,7 +219,7 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed, docker_client, tmp_path, unique):
-    """Issue 18 item 6: two `--gpus 1` starts at the same moment got the same GPU. Two real containers
+    """Two `--gpus 1` starts at the same moment got the same GPU. Two real containers
     started concurrently must hold different GPUs (as the nvidia runtime reads them) and CPUs; a third
     start is refused, naming both."""
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
@@ -413,7 +413,7 @@ def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_c
                 docker_client.containers.get(name).remove(force=True)
 
 
-# --- issue 15: wait instead of refuse, quotas -------------------------------------------------------
+# --- wait instead of refuse, quotas ----------------------------------------------------------------
 
 
 class Rows:
@@ -507,7 +507,7 @@ def test_wait_gives_up_at_its_timeout_and_leaves_no_place(tmp_path, monkeypatch)
     with gave_up, reserved(request, settings, engine, wait=10, on_wait=lambda p, w: whys.append(w), clock=lambda: now[0], sleep=sleep):  # fmt: skip
         raise AssertionError("started")
     assert now[0] == 10 and "bob (container bob_lm_1)" in whys[0]
-    assert len(whys) > 3 and resolved == ["ubuntu:22.04"]  # issue 48: the image resolved once, not on every look
+    assert len(whys) > 3 and resolved == ["ubuntu:22.04"]  # the image resolved once, not on every look
     monkeypatch.undo()
     assert Ledger(tmp_path / "state").entries() == []
     refused = pytest.raises(UsageError, match="GPU 0 is in use by bob")  # without --wait: refused at once
@@ -655,7 +655,7 @@ def test_reading_the_ledger_writes_nothing(tmp_path):
 
 
 def test_runs_start_path_on_the_fake_engine(tmp_path, monkeypatch):
-    """Issue 27: `imgbuild run`'s start path on the fake engine, which records the typed RunOptions (no docker
+    """`imgbuild run`'s start path on the fake engine, which records the typed RunOptions (no docker
     words outside engine/): the GPU chosen under the ledger, the caller's IDs and labels, the house rules; the
     ledger's hold is gone once the container runs; a start the engine refuses says why and holds nothing."""
     from imgbuild.engine.fake import FakeEngine

@@ -1,4 +1,4 @@
-"""Bounded cost where the input's size is the user's (issue 48 item 2): each input at n and 10n, the work timed
+"""Bounded cost where the input's size is the user's: each input at n and 10n, the work timed
 (best of three), and the growth asserted to be about 10x, never the 100x a quadratic scan gives. Inputs: a
 lock's lines, a requirements file's lines, a recipe's apt list, a copied folder's files, a registry's tag list,
 and a smoke record's entries."""

@@ -72,7 +72,7 @@ HOSTILE_IMAGES = [
     ],
 )
 def test_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, monkeypatch):
-    """probe-3 #21: `--cpus nan` was a traceback (exit 1), `--cpus 1e308` reached docker, `--time 0` meant now."""
+    """`--cpus nan` was a traceback (exit 1), `--cpus 1e308` reached docker, `--time 0` meant now."""
     from imgbuild.config.settings import load_settings
     from imgbuild.servers.run import RunRequest, prepare
 
@@ -84,7 +84,7 @@ def test_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, mon
 
 
 def test_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
-    """probe-3 #1: the Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
+    """The Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.runargs import run_argv
     from imgbuild.servers.run import RunRequest, prepare
@@ -127,7 +127,7 @@ def test_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     ],
 )
 def test_a_forged_ledger_entry_holds_nothing_and_crashes_nobody(case, entry, owner, tmp_path):
-    """probe-3 #3: an entry naming PID 1 blocked every GPU run forever; one in another user's name held every
+    """An entry naming PID 1 blocked every GPU run forever; one in another user's name held every
     GPU and port; wrongly typed fields crashed everyone's `run`."""
     from imgbuild.servers.ledger import Ledger
 
@@ -206,7 +206,7 @@ def test_a_planted_lock_never_blocks_and_root_clears_it(plant, tmp_path):
 @pytest.mark.root("a state folder another user owns (chown)")
 @pytest.mark.timeout(30)
 def test_a_state_folder_another_user_owns_is_refused_by_run_and_reap(tmp_path):
-    """probe-3 #2: the first user to run imgbuild owned the state folder and deleted root's state and log."""
+    """The first user to run imgbuild owned the state folder and deleted root's state and log."""
     import os
 
     from imgbuild.errors import EnvironmentProblem
@@ -272,7 +272,7 @@ def test_a_fifo_at_a_users_notices_file_never_blocks_root(tmp_path, monkeypatch)
 @pytest.mark.engine
 @pytest.mark.timeout(300)
 def test_the_reapers_note_reaches_a_container_running_as_its_user(testbed, docker_client, unique):
-    """probe-3 #18: the note was written as uid 0, which may not open the PID 1 output of a container started
+    """The note was written as uid 0, which may not open the PID 1 output of a container started
     `--user UID:GID`: every warning read `no container log`."""
     from imgbuild.engine import Engine
 

@@ -1,4 +1,4 @@
-"""Issue 31 on a Slurm configured like a GPU site (tests/testbed/slurm-up: cons_tres with core and memory
+"""Jobs on a Slurm configured like a GPU site (tests/testbed/slurm-up: cons_tres with core and memory
 tracking, task/affinity,task/cgroup with ConstrainCores, proctrack/cgroup, typed GRES, an epilog): what a
 job really gets, asserted from inside it: the ranks torchrun starts for the command as typed, on one node
 and on two, the CPUs each container may use, and no container left once the job has gone."""
@@ -118,7 +118,7 @@ def test_the_bed_is_configured_like_a_gpu_site(slurm):  # noqa: F811
 
 
 def test_python3_train_py_as_typed_runs_under_torchrun_on_two_nodes(gpu_site, slurm, tmp_path):  # noqa: F811
-    """Issue 31 item 3: 2 nodes x 2 GPUs, the command as the user types it; every rank reports its world,
+    """2 nodes x 2 GPUs, the command as the user types it; every rank reports its world,
     its node and the CPUs its container may use (the step's 2, one thread per worker)."""
     job = submit(tmp_path, gpu_site, "--gpus", "2", "--nodes", "2", "--gpu-type", "v100", "--cpus-per-gpu", "1")
     state = wait_for(job, slurm)
@@ -290,7 +290,7 @@ def _job_containers(job: str) -> list[str]:
 
 
 def test_a_cancelled_jobs_container_stops_with_it_and_the_epilog_sweeps_a_leftover(gpu_site, slurm, tmp_path):  # noqa: F811
-    """Issue 31 N5: the container is dockerd's child, not the job's. It is named and labelled with the job,
+    """The container is dockerd's child, not the job's. It is named and labelled with the job,
     capped to the job's memory, stopped when the job is cancelled, and the site's epilog removes one that a
     killed `docker run` left (planted here as such a leftover)."""
     job = submit(tmp_path, gpu_site, "--gpus", "0", "--cpus", "1", "--mem", "600M", command=("sleep", "600"))
@@ -323,7 +323,7 @@ def test_a_cancelled_jobs_container_stops_with_it_and_the_epilog_sweeps_a_leftov
 
 
 def test_a_bind_whose_folder_is_missing_on_the_node_fails_the_step_not_roots_mkdir(gpu_site, slurm, tmp_path):  # noqa: F811
-    """Issue 31 N10 under Slurm: docker would create a missing bind source as root on the node."""
+    """Under Slurm: docker would create a missing bind source as root on the node."""
     missing = tmp_path / "not-made-yet"
     job = submit(tmp_path, gpu_site, "--gpus", "0", "--cpus", "1", "--bind", f"{missing}:/data", command=("true",))
     state = wait_for(job, slurm)
@@ -338,7 +338,7 @@ def test_staged_data_reaches_the_container_and_a_scratch_of_the_jobs_own_is_remo
     tmp_path,
     monkeypatch,
 ):
-    """Issue 31 N14: where the site sets no $LOCAL_SCRATCH, the job makes one under $TMPDIR on every node and
+    """Where the site sets no $LOCAL_SCRATCH, the job makes one under $TMPDIR on every node and
     now removes it at the end (it was left behind, a copy of the data set per job)."""
     import tarfile
 
@@ -369,7 +369,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     unique,
     cleanup_images,
 ):
-    """Issue 31 item 4: containers on Slurm without Apptainer. `export --oci` writes the built image as a
+    """Containers on Slurm without Apptainer. `export --oci` writes the built image as a
     bundle; `slurm --runtime oci` runs it with Slurm's own `srun --container` (runc, from oci.conf) on both
     nodes: torchrun's ranks, the step's CPUs (Slurm's cgroup holds the container), the step's GPUs, the
     caller's UID, a site bind, the job's folder; a job from a folder the bundle does not hold says so."""
@@ -415,7 +415,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     image_path = next(item for item in image_env if item.startswith("PATH="))[5:]
     assert "/usr/local/cuda/bin" in image_path
     assert f"uid={os.getuid()} cpus=1 in={tmp_path} path={image_path} site data" in texts[1], texts[1][-2000:]
-    # the bundle is every job's and none may change it (issue 46, N20): a read-only root, /workspace a job's tmpfs
+    # the bundle is every job's and none may change it: a read-only root, /workspace a job's tmpfs
     assert "root-read-only workspace-writable" in texts[1], texts[1][-2000:]
     assert not (bundle / "rootfs" / "usr" / "imgbuild-probe").exists()
     assert not any((bundle / "rootfs" / "workspace").iterdir())
@@ -423,7 +423,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
 
 
 def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa: F811  (slurm-up installs it)
-    """Issue 31: each runtime's and layout's script passes `bash -n` and `shellcheck -S warning`."""
+    """Each runtime's and layout's script passes `bash -n` and `shellcheck -S warning`."""
     from imgbuild.clusters.slurm import JobSpec, sbatch_script
 
     jobs = {
@@ -465,7 +465,7 @@ def test_an_enroot_squashfs_image_carries_enroots_files_and_its_rc_starts_the_im
     unique,
     cleanup_images,
 ):
-    """Issue 31 item 4: `export --sqsh` for pyxis/enroot, in enroot's documented image format (a squashfs
+    """`export --sqsh` for pyxis/enroot, in enroot's documented image format (a squashfs
     with /etc/rc, /etc/environment, /etc/fstab). enroot cannot run here: the image is inspected, and its
     /etc/rc run in a chroot of the unpacked tree with the image's /etc/environment, as enroot starts it."""
     recipe = built_recipe(tmp_path, f"sqsh-{unique}", cleanup_images)

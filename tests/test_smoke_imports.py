@@ -172,7 +172,7 @@ def test_the_import_failure_line_counts_failures_and_timeouts_apart(monkeypatch)
     assert str(caught.value).startswith("1 of 1 module(s) do not import: smoke.imports")  # no stray "; "
 
 
-# --- the import server (issue 48): the base's framework imported once, each distribution in a forked child ----
+# --- the import server: the base's framework imported once, each distribution in a forked child ----
 
 
 @pytest.fixture

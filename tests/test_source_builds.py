@@ -279,7 +279,7 @@ smoke:
 def test_on_the_bed_real_packages_build_against_the_bases_torch_and_run_their_own_checks(
     testbed, tmp_path, cleanup_images, docker_client
 ):
-    """Issue 49: three real source builds from PyPI (torchsort, pytorch-fast-transformers, DeepSpeed) in the
+    """Three real source builds from PyPI (torchsort, pytorch-fast-transformers, DeepSpeed) in the
     stand-in PyTorch base, with uv, built against the base's own torch: the image keeps the base's torch, and each
     package's compiled code runs in the image's smoke test."""
     import uuid

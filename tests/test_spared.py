@@ -1,9 +1,9 @@
 """What a smoke test may spare (imgbuild.pipeline.spared): only what imported before with the same installed files,
 in the same system scope, from a report of the image promoted now or a registry record signed by a trusted key.
 
-probe-4 S1 (a wheel swapped at the same version; an apt package dropped under unchanged Python packages), S2 (a
-co-user rewrites the unsigned `.smoke` record), S3 (a deep record), S4 (a record of 20,000 entries) and S5 (the
-image's own ENV) are rows here; the payload's half is in test_packages.py.
+The attacks (a wheel swapped at the same version; an apt package dropped under unchanged Python packages; a
+co-user rewriting the unsigned `.smoke` record; a deep record; a record of 20,000 entries; the image's own ENV) are
+rows here; the payload's half is in test_packages.py.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_the_next_build_spares_what_imported_with_the_same_files_in_the_same_sco
     recipe.write_text(recipe.read_text() + 'pip: ["einops==0.8.0"]\n')  # a Python change: the scope holds
     _build(recipe, engine, tmp_path)
     assert _known(engine) == f"einops==0.8.0 {FP}\nrich==13.0 {FP2}\n"
-    recipe.write_text(recipe.read_text().replace("apt: [libmagic1]", "apt: []"))  # probe-4: libmagic1 dropped
+    recipe.write_text(recipe.read_text().replace("apt: [libmagic1]", "apt: []"))  # libmagic1 dropped
     _build(recipe, engine, tmp_path)
     assert _known(engine) == ""  # another system scope: everything is imported again
     _build(recipe, engine, tmp_path)
@@ -158,7 +158,7 @@ def test_a_record_vouches_only_for_its_base_scope_and_image_and_well_formed_rows
 
 
 def test_a_record_over_its_bound_vouches_for_nothing():
-    """probe-4 S4: 20,000 entries (440 KB) made every fresh runner's smoke test fail ('argument list too long')."""
+    """20,000 entries (440 KB) made every fresh runner's smoke test fail ('argument list too long')."""
     added = [[f"p{i}", "1.0", FP] for i in range(spared.MAX_VOUCHED + 1)]
     assert spared.vouched({**GOOD, "meta": {"added": added}}, "sha256:b", "sha256:s", DIGEST) == ()
     assert len(spared.vouched({**GOOD, "meta": {"added": added[:-1]}}, "sha256:b", "sha256:s", DIGEST)) == 5000

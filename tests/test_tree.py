@@ -1,5 +1,5 @@
 """One bounded tree walk (imgbuild.tree) for every folder imgbuild reads whole: iterative (a folder nested 1,100
-deep was `unexpected RecursionError` in validate: probe-4), depth-capped, links listed but never walked into."""
+deep was `unexpected RecursionError` in validate), depth-capped, links listed but never walked into."""
 
 from __future__ import annotations
 

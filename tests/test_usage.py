@@ -1,4 +1,4 @@
-"""Issue 32, item 2: GPU usage a lab can account for. The sums are checked against a recorded log with known
+"""GPU usage a lab can account for. The sums are checked against a recorded log with known
 answers, hostile log lines as a table, the Prometheus textfile with prometheus_client's own parser, and the
 command as a user runs it."""
 

@@ -1,4 +1,4 @@
-"""`imgbuild validate` checks what this host already knows of the base (issue 30, item 4): the config and
+"""`imgbuild validate` checks what this host already knows of the base: the config and
 pins an earlier render, lock or build read, kept in the cache. A recipe that `build` would refuse at plan
 time from those facts fails validate the same way, in milliseconds, asking nothing of the registry or engine.
 """
