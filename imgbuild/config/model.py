@@ -7,9 +7,12 @@ from these declarations.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NewType
 from urllib.parse import urlsplit
 
 from imgbuild import limits
@@ -26,8 +29,10 @@ def _default_cache_dir() -> str:
 #: Fields of Settings that no file, variable or flag sets: where each value came from, and who runs the command.
 NOT_SETTINGS = ("sources", "caller")
 
-#: A size in bytes; config and environment values may say `16G` (see _as_bytes).
-Bytes = int
+#: A size in bytes; config and environment values may say `16G` (config.settings reads it).
+Bytes = NewType("Bytes", int)
+#: A duration in seconds, above 0 and at most a day.
+Seconds = NewType("Seconds", float)
 
 
 def setting(
@@ -103,21 +108,21 @@ class Settings:
         doc="seconds a base's registry answer (digest, config) is reused by `render` and `build`; `rebuild` always "
         "asks again; 0 never reuses it",
     )
-    registry_timeout: float = setting(
+    registry_timeout: Seconds = setting(
         limits.HTTP_REQUEST_SECONDS, doc="seconds for one registry request, however slowly it trickles"
     )
-    registry_deadline: float = setting(
+    registry_deadline: Seconds = setting(
         limits.HTTP_COMMAND_SECONDS, doc="seconds for everything one command asks of one registry"
     )
-    registry_backoff: float = setting(0.5, doc="seconds before the first retry (doubling after)")
-    build_timeout: float = setting(limits.BUILD_SECONDS, doc="seconds one image build may take")
-    smoke_import_timeout: float = setting(
+    registry_backoff: Seconds = setting(0.5, doc="seconds before the first retry (doubling after)")
+    build_timeout: Seconds = setting(limits.BUILD_SECONDS, doc="seconds one image build may take")
+    smoke_import_timeout: Seconds = setting(
         limits.IMPORT_SECONDS,
         doc="seconds for one added distribution's imports in the smoke test on a quiet machine; a busy one gets up "
         "to 6x what the base's framework takes to import there, and a timed-out import is tried once more alone "
         "(then reported as timed out, not as broken)",
     )
-    pip_resolve_timeout: float = setting(
+    pip_resolve_timeout: Seconds = setting(
         limits.PIP_RESOLVE_SECONDS, doc="seconds of the pip step's resolution before pip starts installing"
     )
     pip_download_limit: Bytes = setting(
@@ -205,12 +210,33 @@ def mask_url_credentials(value: Any) -> Any:
     return value
 
 
-_SCHEMA_TYPES = (
-    ("tuple", {"type": "array", "items": {"type": "string"}}),
-    ("float", {"type": "number"}),
-    ("Bytes", {"type": ["integer", "string"]}),
-    ("int", {"type": "integer"}),
-)
+#: The JSON Schema of each kind of flat setting (setting_kinds).
+_SCHEMA_TYPES: dict[str, dict[str, Any]] = {
+    "list": {"type": "array", "items": {"type": "string"}},
+    "seconds": {"type": "number"},
+    "bytes": {"type": ["integer", "string"]},
+    "int": {"type": "integer"},
+    "text": {"type": "string"},
+}
+
+
+@functools.cache
+def setting_kinds() -> dict[str, str]:
+    """Each flat setting's kind, from its declared type (not its spelling): "list" (a tuple of strings),
+    "seconds", "bytes", "int" or "text". The loader converts, and the schema describes, by these."""
+    hints = typing.get_type_hints(Settings)
+    kinds: dict[str, str] = {}
+    for f in dataclasses.fields(Settings):
+        if f.name in NOT_SETTINGS or f.name in SECTIONS:
+            continue
+        kind = hints[f.name]
+        if isinstance(kind, types.UnionType):  # `X | None`: the X
+            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        if typing.get_origin(kind) is tuple:
+            kinds[f.name] = "list"
+        else:
+            kinds[f.name] = {Bytes: "bytes", Seconds: "seconds", int: "int"}.get(kind, "text")
+    return kinds
 
 
 def json_schema() -> dict[str, Any]:
@@ -227,8 +253,10 @@ def json_schema() -> dict[str, Any]:
         if f.name in SECTIONS:
             properties[f.name] = fields.Model(SECTIONS[f.name]).schema(defs)
             continue
-        kind = next((schema for word, schema in _SCHEMA_TYPES if word in str(f.type)), {"type": "string"})
-        properties[f.name] = {**kind, "description": f"{f.metadata['doc']} (IMGBUILD_{f.name.upper()} overrides it)"}
+        properties[f.name] = {
+            **_SCHEMA_TYPES[setting_kinds()[f.name]],
+            "description": f"{f.metadata['doc']} (IMGBUILD_{f.name.upper()} overrides it)",
+        }
     properties["fleet"] = fields.Model(siteconfig.Fleet).schema(defs)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

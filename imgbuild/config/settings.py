@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild.config.model import NOT_SETTINGS, Settings
+from imgbuild.config.model import NOT_SETTINGS, Settings, setting_kinds
 from imgbuild.config.site import SECTIONS
 from imgbuild.errors import UsageError
 from imgbuild.host import Caller, caller
@@ -78,13 +78,13 @@ def _as_bytes(raw: Any) -> int:
     return value
 
 
-#: How a config or environment value becomes each field type (by the type's spelling in Settings).
-_COERCE = (("tuple", _as_tuple), ("float", _as_seconds), ("Bytes", _as_bytes), ("int", _as_int))
+#: How a config or environment value becomes each kind of setting (config.model.setting_kinds).
+_CONVERT = {"list": _as_tuple, "seconds": _as_seconds, "bytes": _as_bytes, "int": _as_int, "text": _as_text}
 
 
-def _coerce(name: str, raw: Any, kind: Any, origin: str) -> Any:
+def _coerce(name: str, raw: Any, origin: str) -> Any:
     """Turn a config/env value into the field's type; a bad value is a usage error naming its origin."""
-    convert = next((fn for word, fn in _COERCE if word in str(kind)), _as_text)
+    convert = _CONVERT[setting_kinds()[name]]
     try:
         return convert(raw)
     except ValueError as exc:
@@ -186,11 +186,11 @@ def load_settings(
         raise RecipeError(problems)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name, f in known.items():
+    for name in known:
         found = _first_source(name, flags, environ, layers)
         if found:
             origin, raw = found
-            values[name] = _coerce(name, raw, f.type, _where(origin, name, files))
+            values[name] = _coerce(name, raw, _where(origin, name, files))
             sources[name] = origin
     values.setdefault("user", who.name)
     settings = Settings(**values, **sections, sources={**sources, **section_sources}, caller=who)
