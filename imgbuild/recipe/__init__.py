@@ -2,7 +2,8 @@
 
 Every problem is reported at once as `FILE:LINE:COL: field.path: what is wrong (hint)`.
 
-- `model`: the fields and their rules (Recipe, LoadedRecipe, ...);
+- `model`: the fields and their rules (Recipe, Base, Pip, ...);
+- `loaded`: a recipe as read (LoadedRecipe: its file, chain, repository, files, requirements and lock);
 - `interpolate`: `${VAR}` and the variables that hold secrets;
 - `extends`: layers, shorthands, merging by key, positions pointed back at the file that wrote them;
 - `load`: `load_recipe`, the requirements, the lock and the files a recipe names.
@@ -10,7 +11,8 @@ Every problem is reported at once as `FILE:LINE:COL: field.path: what is wrong (
 
 from imgbuild.recipe.interpolate import SECRET_VARIABLES, interpolate, secret_variable
 from imgbuild.recipe.load import json_schema, load_recipe, lock_path_for
-from imgbuild.recipe.model import Base, FileSpec, LoadedRecipe, Pip, Recipe, Smoke, User, display_path, stable_name
+from imgbuild.recipe.loaded import LoadedRecipe, display_path, stable_name
+from imgbuild.recipe.model import Base, FileSpec, Pip, Recipe, Smoke, User
 
 __all__ = [
     "SECRET_VARIABLES",

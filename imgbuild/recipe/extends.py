@@ -13,7 +13,7 @@ from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
 from imgbuild.fields import show as _show
 from imgbuild.recipe.interpolate import interpolate
-from imgbuild.recipe.model import display_path
+from imgbuild.recipe.loaded import display_path
 from imgbuild.recipe.repofiles import (
     OutsideRepository,
     resolve_inside,

@@ -17,7 +17,8 @@ from imgbuild.fields import (
 )
 from imgbuild.recipe import reqfile
 from imgbuild.recipe.extends import PATH_FIELDS, list_at, load_chain, merged_positions
-from imgbuild.recipe.model import LoadedRecipe, Recipe, display_path
+from imgbuild.recipe.loaded import LoadedRecipe, display_path
+from imgbuild.recipe.model import Recipe
 from imgbuild.recipe.repofiles import (
     OutsideRepository,
     SourceFile,
