@@ -302,10 +302,7 @@ def build(
             iidfile=Path(iid_name),
             timeout=settings.build_timeout,
             **registry_cache(plan, settings, chosen, seed_from_registry, engine.name),
-            build_args={
-                **({"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if loaded.recipe.user else {}),
-                **(pip_bounds(settings) if pip_step and chosen == "sdk" else {}),
-            },
+            build_args=_build_args(plan, settings, pip_step and chosen == "sdk"),
             timestamp=source_date_epoch() if reproducible else None,
         )
         promoted = False
@@ -314,24 +311,10 @@ def build(
                 _seed(engine, plan.target, progress)
             image_id = engine.build(chosen, request, progress, redact)
             progress(f"built {image_id[:19]}; smoke-testing it before it becomes {plan.target}")
-            smoke = loaded.recipe.smoke
-            wanted = SmokeRequest(
-                candidate,
-                require_gpu=require_gpu or smoke.require_gpu,
-                skip_gpu=skip_gpu,
-                min_speedup=smoke.min_speedup,
-                imports=tuple(smoke.imports),
-                skip_imports=tuple(smoke.skip_imports),
-                commands=tuple(smoke.run),
-                accept_pip_check=tuple(smoke.accept_pip_check),
-                known_good=known_good,
-                import_seconds=math.ceil(settings.smoke_import_timeout),
-                user=who.name if who else "",
-                run_as=f"{who.uid}:{who.gid}" if acting and who else "",
-            )
+            wanted = smoke_request(candidate, loaded, settings, known_good, acting, require_gpu, skip_gpu)
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
             report = run_smoke(engine, wanted, settings, host, claims, quota)
-            add_fleet_check(report, *declared_fleet(settings, smoke.targets, host))
+            add_fleet_check(report, *declared_fleet(settings, loaded.recipe.smoke.targets, host))
             # a check that promotes nothing (rebuild --verify-reproducible) leaves the promoted image's report be
             report_path = ctx / ("smoke.json" if promote else "smoke.verify.json")
             _write_report(report_path, report, who=who)
@@ -357,6 +340,41 @@ def build(
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
         return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+
+
+def smoke_request(
+    candidate: str,
+    loaded: LoadedRecipe,
+    settings: Settings,
+    known_good: tuple[str, ...],
+    acting: Acting | None,
+    require_gpu: bool,
+    skip_gpu: bool,
+) -> SmokeRequest:
+    """Stage 5's request for `candidate`: the recipe's `smoke:` section, what may be spared (`known_good`), and
+    for a user imgbuild acts for, their GPUs and their identity in the container."""
+    smoke = loaded.recipe.smoke
+    return SmokeRequest(
+        candidate,
+        require_gpu=require_gpu or smoke.require_gpu,
+        skip_gpu=skip_gpu,
+        min_speedup=smoke.min_speedup,
+        imports=tuple(smoke.imports),
+        skip_imports=tuple(smoke.skip_imports),
+        commands=tuple(smoke.run),
+        accept_pip_check=tuple(smoke.accept_pip_check),
+        known_good=known_good,
+        import_seconds=math.ceil(settings.smoke_import_timeout),
+        user=acting.who.name if acting else settings.caller.name,
+        run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
+    )
+
+
+def _build_args(plan: Plan, settings: Settings, sdk_pip_step: bool) -> dict[str, str]:
+    """The build's arguments: the image user's IDs (a recipe with `user:`), and the Engine API builder's pip
+    bounds (BuildKit's are secrets)."""
+    ids = {"IMGBUILD_UID": str(plan.uid), "IMGBUILD_GID": str(plan.gid)} if plan.loaded.recipe.user else {}
+    return {**ids, **(pip_bounds(settings) if sdk_pip_step else {})}
 
 
 #: A build's candidate tags: `imgbuild-candidate-<engine token>`, each run its own (recipe.model reserves the name).
