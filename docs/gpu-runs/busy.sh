@@ -11,15 +11,7 @@ x = torch.empty(8 * 1024**3, dtype=torch.uint8, device='cuda')  # 8 GiB held
 time.sleep(120)" &
 holder=$!
 for _ in $(seq 60); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . && break; sleep 1; done
-{
-  echo "# nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,compute_cap,driver_version"
-  nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,compute_cap,driver_version \
-    --format=csv,noheader,nounits
-  echo "# nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory"
-  nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits
-  echo "# nvidia-smi -L"
-  nvidia-smi -L
-} > "$out/smi-raw.txt" 2>&1
+bash "$(dirname "$0")/smi-raw.sh" "$out/smi-raw.txt"
 echo "holder pid $holder" > "$out/holder.txt"
 if ls .whl/imgbuild-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl

@@ -16,16 +16,7 @@ python3 -c "import torch as t; print(t.__version__, t.version.cuda, t.cuda.get_a
   t.cuda.get_device_capability(), t.backends.cudnn.version(), t.cuda.is_bf16_supported(), \
   hasattr(t.amp, 'GradScaler'), t.get_float32_matmul_precision())" > "$out/torch.txt" 2>&1
 cat "$out/gpus.csv" "$out/torch.txt" | tee -a "$out/summary.txt"
-# the raw answers imgbuild's readers parse (gpu/read.py's GPU_QUERY, APP_QUERY and -L), kept as test data
-{
-  echo "# nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,compute_cap,driver_version"
-  nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,compute_cap,driver_version \
-    --format=csv,noheader,nounits
-  echo "# nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory"
-  nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits
-  echo "# nvidia-smi -L"
-  nvidia-smi -L
-} > "$out/smi-raw.txt" 2>&1
+bash "$(dirname "$0")/smi-raw.sh" "$out/smi-raw.txt"
 
 step "2. three runs (--require-gpu)"
 for i in 1 2 3; do
