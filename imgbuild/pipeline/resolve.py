@@ -173,8 +173,6 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
 # --- the base's pins: what install.sh will hold the base's packages at -----------------------------------
 
 PINS_MARKER = "IMGBUILD-BASE-PINS "
-#: The same source install.sh uses (imgbuild/payload/base_pins.py, run in the base).
-PINS = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
 
 
 class NotKnownHere(ImgbuildError):
@@ -216,13 +214,15 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         found = _pins_in(cache.get(key)) if key else None
         if found is not None:
             return found
+        # the same source install.sh uses (imgbuild/payload/base_pins.py), read only where a base is read
+        probe = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
         try:
             if engine.images.image(base.pinned) is None:
                 engine.images.pull(base.pinned)
-            _, output, _ = engine.containers.run_script(base.pinned, PINS, [], {}, gpus=None, timeout=300)
+            _, output, _ = engine.containers.run_script(base.pinned, probe, [], {}, gpus=None, timeout=300)
         except (ImgbuildError, OSError):
             return "", ()
-        found = _pins_in(PINS.answer(output))
+        found = _pins_in(probe.answer(output))
         if found is None:
             return "", ()
         if key:

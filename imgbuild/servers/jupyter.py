@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 SERVE_SECONDS = 120
 POLL_SECONDS = 0.5
 _MARKER = "IMGBUILD-JUPYTER "
-JUPYTER_PROBE = Probe("jupyter", HAS_JUPYTER_SCRIPT.read_text(), _MARKER)  # imgbuild/payload/has_jupyter.py
 
 
 def check_present(engine: ImageEngine, image: str) -> None:
     """Refuse, before anything starts, an image that has no `jupyter` on its PATH."""
-    code, output, _ = engine.containers.run_script(image, JUPYTER_PROBE, [], {}, gpus=None, timeout=60)
-    answer = JUPYTER_PROBE.answer(output)
+    probe = Probe("jupyter", HAS_JUPYTER_SCRIPT.read_text(), _MARKER)  # read only for a --jupyter run
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=60)
+    answer = probe.answer(output)
     if answer is None:
         return  # the image could not say (no python3): the start will tell, with the container's own words
     if not answer.get("jupyter"):
