@@ -334,8 +334,10 @@ DIFFERENCES = (
     (
         "platforms",
         "amd64 and arm64 images whose configs differ (arch list, build id) [H25.10a][TF25.02]",
-        "a manifest list with the amd64 image and a config-only arm64 image carrying NGC's arm64 config",
-        "nothing runs the arm64 image; registry code, `tags` and fleet checks read its config as they would",
+        "a manifest list with the amd64 image and an arm64 image: for 24.05 a real one (`up --all`: an arm64 "
+        "Debian 12 with PyPI's CPU-only torch 2.7.1 for aarch64, built under qemu), for the other releases a config-only image carrying NGC's arm64 config",
+        "arm64 builds and smoke tests run for real under qemu on 24.05 (no GPU; the report says what emulatio"
+        "n cannot prove); registry code, `tags` and fleet checks read every arm64 config as they would. The arm64 torch is older than the amd64 one: its version string is the amd64 one's, as NGC ships one version on both",
     ),
     (
         "GPU, driver and compat library",

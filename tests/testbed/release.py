@@ -4,9 +4,14 @@ python3 release.py context KEY PUBLIC FROM_IMAGE DIR [ENV=VALUE ...]
     writes DIR/Dockerfile (and the entrypoint, the shaping script) for the stand-in of release KEY over
     FROM_IMAGE, whose framework's public version is PUBLIC; ENV=VALUE overrides the amd64 env (the CUDA
     stand-in says what it has installed)
-python3 release.py index REGISTRY KEY PUBLIC
-    turns the pushed amd64 image at KEY's tag into a manifest list with a config-only arm64 image that
-    carries NGC's arm64 config (nothing runs it; registry code, `tags` and fleet checks read it)
+python3 release.py context-arm64 KEY PUBLIC FROM_IMAGE DIR
+    the same for the arm64 image of release KEY (NGC's arm64 env and labels), over an arm64 FROM_IMAGE
+python3 release.py index REGISTRY KEY PUBLIC [ARM64_SOURCE]
+    turns the pushed amd64 image at KEY's tag into a manifest list with an arm64 image: a config-only one that
+    carries NGC's arm64 config (registry code, `tags` and fleet checks read it), or the real arm64 image pushed
+    to ARM64_SOURCE (REPO:TAG in the same registry), whose blobs are mounted into KEY's repository
+python3 release.py has-arm64 REGISTRY KEY
+    exit 0 when KEY's manifest list holds a real arm64 image made from these facts
 python3 release.py fingerprint
     a hash of everything a stand-in is made from: a bed built from other facts is rebuilt
 """
@@ -56,10 +61,12 @@ def _quote(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid, fully quoted Dockerfile ENV/LABEL value
 
 
-def context(key: str, public: str, from_image: str, out: Path, overrides: dict[str, str]) -> None:
+def context(
+    key: str, public: str, from_image: str, out: Path, overrides: dict[str, str], platform: str = "amd64"
+) -> None:
     facts = ngc_facts.standin(key, public)
-    env = {**facts["env"]["amd64"], **overrides}
-    labels = dict(facts["labels"]["amd64"])
+    env = {**facts["env"][platform], **overrides}
+    labels = dict(facts["labels"][platform])
     for name, label in (("CUDNN_VERSION", "cudnn"), ("NCCL_VERSION", "nccl")):
         if name in overrides and f"com.nvidia.{label}.version" in labels:
             labels[f"com.nvidia.{label}.version"] = overrides[name]
@@ -116,21 +123,80 @@ def _put_blob(base: str, repo: str, blob: bytes) -> str:
     return digest
 
 
-def index(registry: str, key: str, public: str) -> None:
+def _get(base: str, repo: str, reference: str) -> tuple[bytes, str]:
+    accept = {"Accept": f"{MANIFEST_TYPE}, {LIST_TYPE}"}
+    with _request("GET", f"{base}/v2/{repo}/manifests/{reference}", headers=accept) as resp:
+        return resp.read(), resp.headers.get("Content-Type", "")
+
+
+def _json_blob(base: str, repo: str, digest: str) -> dict:
+    with _request("GET", f"{base}/v2/{repo}/blobs/{digest}") as resp:
+        return json.loads(resp.read())
+
+
+def _mount(base: str, repo: str, source_repo: str, digest: str) -> None:
+    """A blob of `source_repo` made a blob of `repo` too (the registry's cross-repository mount)."""
+    url = f"{base}/v2/{repo}/blobs/uploads/?mount={digest}&from={source_repo}"
+    with _request("POST", url) as resp:
+        if resp.status != 201:
+            raise RuntimeError(f"the registry did not mount {digest} into {repo}")
+
+
+def _real_arm64(base: str, repo: str, source: str) -> dict:
+    """The arm64 image pushed to `source` (REPO:TAG), copied into `repo` by digest; its list entry."""
+    source_repo, _, source_tag = source.rpartition(":")
+    body, media_type = _get(base, source_repo, source_tag)
+    manifest = json.loads(body)
+    for blob in [manifest["config"], *manifest["layers"]]:
+        _mount(base, repo, source_repo, blob["digest"])
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    _request("PUT", f"{base}/v2/{repo}/manifests/{digest}", body, {"Content-Type": media_type}).close()
+    return {
+        "mediaType": media_type,
+        "size": len(body),
+        "digest": digest,
+        "platform": {"architecture": "arm64", "os": "linux", "variant": "v8"},
+    }
+
+
+def has_arm64(registry: str, key: str) -> bool:
+    facts = ngc_facts.standin(key, "0.0.0")
+    base, repo = f"http://{registry}", facts["repo"]
+    try:
+        body, media_type = _get(base, repo, facts["tag"])
+        if not media_type.startswith(LIST_TYPE):
+            return False
+        entry = next(m for m in json.loads(body)["manifests"] if m["platform"]["architecture"] == "arm64")
+        manifest = json.loads(_get(base, repo, entry["digest"])[0])
+        config = _json_blob(base, repo, manifest["config"]["digest"])
+    except (urllib.error.URLError, StopIteration, KeyError, ValueError):
+        return False
+    labels = config.get("config", {}).get("Labels") or {}
+    return len(manifest["layers"]) > 1 and labels.get(FINGERPRINT_LABEL) == fingerprint()
+
+
+def index(registry: str, key: str, public: str, arm64_source: str = "") -> None:
     facts = ngc_facts.standin(key, public)
     base, repo, tag = f"http://{registry}", facts["repo"], facts["tag"]
-    accept = {"Accept": f"{MANIFEST_TYPE}, {LIST_TYPE}"}
-    with _request("GET", f"{base}/v2/{repo}/manifests/{tag}", headers=accept) as resp:
-        body, media_type = resp.read(), resp.headers.get("Content-Type", "")
+    body, media_type = _get(base, repo, tag)
     if media_type.startswith(LIST_TYPE):
-        return
-    amd64 = {
-        "mediaType": MANIFEST_TYPE,
-        "size": len(body),
-        "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
-        "platform": {"architecture": "amd64", "os": "linux"},
-    }
-    # The arm64 image: NGC's arm64 config over one empty layer; its Env and Labels are what is read.
+        if not arm64_source:
+            return
+        amd64 = next(m for m in json.loads(body)["manifests"] if m["platform"]["architecture"] == "amd64")
+    else:
+        amd64 = {
+            "mediaType": MANIFEST_TYPE,
+            "size": len(body),
+            "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+            "platform": {"architecture": "amd64", "os": "linux"},
+        }
+    arm64 = _real_arm64(base, repo, arm64_source) if arm64_source else _config_only_arm64(base, repo, facts)
+    listing = json.dumps({"schemaVersion": 2, "mediaType": LIST_TYPE, "manifests": [amd64, arm64]}).encode()
+    _request("PUT", f"{base}/v2/{repo}/manifests/{tag}", listing, {"Content-Type": LIST_TYPE}).close()
+
+
+def _config_only_arm64(base: str, repo: str, facts: dict) -> dict:
+    """The arm64 image: NGC's arm64 config over one empty layer; its Env and Labels are what is read."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w"):
         pass
@@ -160,22 +226,24 @@ def index(registry: str, key: str, public: str) -> None:
     arm_body = json.dumps(manifest).encode()
     arm_digest = "sha256:" + hashlib.sha256(arm_body).hexdigest()
     _request("PUT", f"{base}/v2/{repo}/manifests/{arm_digest}", arm_body, {"Content-Type": MANIFEST_TYPE}).close()
-    arm64 = {
+    return {
         "mediaType": MANIFEST_TYPE,
         "size": len(arm_body),
         "digest": arm_digest,
         "platform": {"architecture": "arm64", "os": "linux", "variant": "v8"},
     }
-    listing = json.dumps({"schemaVersion": 2, "mediaType": LIST_TYPE, "manifests": [amd64, arm64]}).encode()
-    _request("PUT", f"{base}/v2/{repo}/manifests/{tag}", listing, {"Content-Type": LIST_TYPE}).close()
 
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 6 and argv[1] == "context":
         overrides = dict(item.split("=", 1) for item in argv[6:])
         context(argv[2], argv[3], argv[4], Path(argv[5]), overrides)
-    elif len(argv) == 5 and argv[1] == "index":
-        index(argv[2], argv[3], argv[4])
+    elif len(argv) == 6 and argv[1] == "context-arm64":
+        context(argv[2], argv[3], argv[4], Path(argv[5]), {}, platform="arm64")
+    elif len(argv) in (5, 6) and argv[1] == "index":
+        index(argv[2], argv[3], argv[4], argv[5] if len(argv) == 6 else "")
+    elif len(argv) == 4 and argv[1] == "has-arm64":
+        return 0 if has_arm64(argv[2], argv[3]) else 1
     elif len(argv) == 2 and argv[1] == "fingerprint":
         print(fingerprint())
     else:
