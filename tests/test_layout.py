@@ -38,6 +38,7 @@ LEVELS: list[set[str]] = [
         "tree",
         "credentials",
         "shellwords",
+        "platforms",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

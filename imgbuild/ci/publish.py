@@ -18,7 +18,7 @@ from imgbuild import imageref
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine
 from imgbuild.engine.lease import lease
-from imgbuild.errors import ImgbuildError
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, UsageError
 from imgbuild.facts import Label
 from imgbuild.pipeline.plan import Plan
 from imgbuild.registry.auth import engine_auth
@@ -37,6 +37,7 @@ class RemoteBuild:
     digest: str
     input_hash: str
     signed: bool
+    platforms: tuple[str, ...] = ()  # the CPU architectures a manifest list at the tag holds; () one image
 
 
 def remote_build(target: str, settings: Settings, verifier: Any = None) -> RemoteBuild | None:
@@ -51,16 +52,18 @@ def remote_build(target: str, settings: Settings, verifier: Any = None) -> Remot
         digest = client.content_digest(repo, tag)
         if not digest:
             return None
-        _, config = client.image_config(repo, digest)
+        manifest, config = client.image_config(repo, digest)
     except ImgbuildError:
         return None
     remote = str(((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH) or "")
+    platforms = manifest.platforms
     if verifier is None:
-        return RemoteBuild(digest, remote, False)
+        return RemoteBuild(digest, remote, False, platforms)
     try:
-        return RemoteBuild(digest, remote, check_signature(client, repo, f"{host}/{repo}", digest, verifier).ok)
+        signed = check_signature(client, repo, f"{host}/{repo}", digest, verifier).ok
     except ImgbuildError:
-        return RemoteBuild(digest, remote, False)
+        signed = False
+    return RemoteBuild(digest, remote, signed, platforms)
 
 
 def publish(
@@ -87,6 +90,13 @@ def publish(
         if there is not None and there.input_hash == plan.input_hash and (signer is None or there.signed):
             log(f"{target}: the registry has this build already ({there.digest[:19]}, the same inputs): left as it is")
             return there.digest
+        own = engine.host_platform().rsplit("/", 1)[-1]
+        if there is not None and set(there.platforms) - {own}:  # this platform's push would drop the others
+            raise UsageError(
+                f"{target} is a manifest list of {', '.join(there.platforms)} in the registry: pushing this machine's "
+                f"platform alone would drop the others; build it with --platform "
+                f"{','.join('linux/' + p for p in there.platforms)} --push"
+            )
         engine.images.tag(image_id, target)  # this run's image, whatever another run promoted since
         log(f"{target}: pushing")
         digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
@@ -104,3 +114,58 @@ def publish(
             tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
             log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
     return digest
+
+
+def publish_platforms(
+    plan: Plan,
+    builds: list[tuple[str, str]],
+    smoke: dict[str, Any],
+    settings: Settings,
+    engine: ImageEngine,
+    backend: str | None,
+    signer: Any,
+    log: Callable[[str], None],
+) -> str:
+    """Push one image per platform (`builds`: (platform, image id), each built and smoke-tested) as
+    `<tag>-<arch>`, then the manifest list of them at the target's tag; with a `signer`, sign the list's digest and
+    attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest.
+    A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.platforms import arch_of
+    from imgbuild.registry.manifest import PlatformImage, manifest_list
+    from imgbuild.supply import attest
+
+    target = plan.target
+    ref = imageref.parse(target)
+    client = RegistryClient.for_host(ref.registry, settings)
+    images: list[PlatformImage] = []
+    with lease(engine.leases, target, builds[0][1], PUBLISH_SECONDS, lambda text: log(f"{target}: {text}")):
+        for platform, image_id in builds:
+            per = f"{plan.image}:{plan.tag}-{arch_of(platform)}"
+            engine.images.tag(image_id, per)
+            log(f"{per}: pushing ({platform})")
+            digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per)))
+            body, media_type, served = client.manifest_raw(ref.repository, digest)
+            images.append(PlatformImage(platform, served, media_type, len(body)))
+        content, list_type = manifest_list(images)
+        try:
+            client.put_manifest(ref.repository, ref.reference, content, list_type)
+        except ImgbuildError as exc:
+            pushed = ", ".join(f"{plan.tag}-{arch_of(i.platform)}" for i in images)
+            raise EnvironmentProblem(
+                f"{target}: the registry refused the manifest list of {len(images)} platforms ({str(exc)[:200]}); "
+                f"each platform's image is pushed as {pushed}"
+            ) from None
+        digest = client.content_digest(ref.repository, ref.reference) or ""
+        log(f"{target}: manifest list {digest} ({', '.join(i.platform for i in images)})")
+        if signer is not None:
+            used = engine.pick_backend(backend or settings.backend)
+            builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
+            made = describe(plan, smoke, ref.name, digest, builder)
+            tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
+            log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
+    return digest
+
+
+def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda text: log(f"{prefix}: {text}")

@@ -49,6 +49,12 @@ def _signer(sign_key: Path | None, push: bool) -> Any:
 @click.option(
     "--reproducible", is_flag=True, help="Stamp every time as SOURCE_DATE_EPOCH (0): same inputs, same digest (Podman)."
 )
+@click.option(
+    "--platform",
+    metavar="PLATFORM[,PLATFORM]",
+    help="Build for linux/amd64, linux/arm64 or both; another than the engine's own is built and smoke-tested "
+    "under qemu (Podman) and kept as <tag>-<arch>. With --push: one manifest list.",
+)
 @_SIGN_KEY
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
@@ -63,25 +69,29 @@ def build(
     out: Path | None,
     push: bool,
     reproducible: bool,
+    platform: str | None,
     sign_key: Path | None,
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
-    from imgbuild.ci.publish import publish
+    from imgbuild.ci.publish import publish, publish_platforms
     from imgbuild.engine import connect_engine
-    from imgbuild.pipeline import build as pipeline
+    from imgbuild.pipeline.build import build_platforms
+    from imgbuild.platforms import parse_platforms
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.ui import Progress, print_table
 
+    platforms = parse_platforms(platform) if platform is not None else ()
     settings = settings_of(ctx, backend=backend, builder=builder)
     acting = enforce.acting(settings)  # through sudo: the user's files as theirs, the image in their namespace
     enforce.check_build(acting, push=push, builder=builder, sign_key=sign_key)
     signer = _signer(sign_key, push)
     with Progress(f"imgbuild build {file}", enabled=True) as progress:
-        result = pipeline.build(
+        made = build_platforms(
             file,
             settings,
+            platforms,
             backend=backend,
             require_gpu=require_gpu,
             skip_gpu=skip_gpu,
@@ -95,22 +105,31 @@ def build(
             reproducible=reproducible,
             trusted_key=signer.public_key() if signer is not None else None,
         )
+        own = made.own()
+        smoke = own.smoke.to_json() if own.smoke else {}
         pushed = ""
-        if push:
-            smoke = result.smoke.to_json() if result.smoke else {}
-            engine = connect_engine(settings)
-            pushed = publish(result.plan, result.image_id, smoke, settings, engine, backend, signer, progress)
+        engine = connect_engine(settings) if push else None
+        if engine is not None and made.emulated:
+            builds = [(made.platform_of(r), r.image_id) for r in made.results]
+            pushed = publish_platforms(own.plan, builds, smoke, settings, engine, backend, signer, progress)
+        elif engine is not None:
+            pushed = publish(own.plan, own.image_id, smoke, settings, engine, backend, signer, progress)
     if as_json:
-        emit_json({**result.to_json(), **({"pushed_digest": pushed} if push else {})})
+        body = own.to_json() if len(made.results) == 1 else {"platforms": [r.to_json() for r in made.results]}
+        emit_json({**body, **({"pushed_digest": pushed} if push else {})})
         return
-    if result.smoke:
-        _smoke_table(result.smoke, print_table)
-    prev = (
-        f" (previous {result.previous_id[:19]} kept as :{result.plan.tag}-previous)"
-        if result.previous_id and result.promoted
-        else ""
-    )
-    click.echo(f"{result.plan.target} -> {result.image_id[:19]}{prev}")
+    for result in made.results:
+        if result.smoke:
+            _smoke_table(result.smoke, print_table)
+    for result in made.results:
+        prev = (
+            f" (previous {result.previous_id[:19]} kept as :{result.target.rsplit(':', 1)[-1]}-previous)"
+            if result.previous_id and result.promoted
+            else ""
+        )
+        click.echo(f"{result.target} -> {result.image_id[:19]}{prev}")
+    if pushed and made.emulated:
+        click.echo(f"{own.plan.target} -> manifest list {pushed} ({', '.join(map(made.platform_of, made.results))})")
 
 
 def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | None, as_json: bool) -> None:

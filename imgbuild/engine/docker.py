@@ -13,6 +13,7 @@ from imgbuild.engine.images import DockerImages
 from imgbuild.engine.lease import DockerLeases
 from imgbuild.engine.types import BuildRequest, ProgressFn, Redactor
 from imgbuild.errors import EngineFault, EngineUnavailable, UsageError
+from imgbuild.platforms import platform_of_machine
 from imgbuild.regular import open_log
 
 
@@ -122,7 +123,24 @@ class Engine:
             "runtimes": sorted(info.get("Runtimes") or {}),
             "cgroup_version": str(info.get("CgroupVersion", "")),
             "cdi_devices": devices,
+            "platform": platform_of_machine(str(info.get("Architecture", ""))),
         }
+
+    def host_platform(self) -> str:
+        """The platform of the engine's host (`linux/amd64`), as the engine reports it; else this machine's."""
+        return str(self.host_info().get("platform") or "") or platform_of_machine(os.uname().machine)
+
+    def platform_refusal(self, platform: str) -> str:
+        """Why this engine cannot build and smoke-test `platform` images, in one line; "" where it can. Docker's
+        built-in BuildKit without buildx builds the host's platform only (Podman builds others under qemu)."""
+        host = self.host_platform()
+        if platform == host:
+            return ""
+        return (
+            f"the Docker engine here builds {host} images only (a {platform} build needs buildx, which this "
+            "docker has not): build it with Podman (engine: podman) and qemu-user-static, or on a "
+            f"{platform} runner"
+        )
 
     def shares_host(self) -> bool:
         """Whether the engine runs on this machine's kernel, so that this machine's GPUs, driver and NVML are

@@ -22,6 +22,7 @@ from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import BuildRequest, ContainerInfo, ImageInfo, ProgressFn, Redactor, RunOptions
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.imageref import parse
+from imgbuild.platforms import arch_of
 
 #: A scripted smoke verdict for an image ref: True passes, False fails, an exception is raised in the run.
 SmokeScript = Callable[[str], bool]
@@ -270,6 +271,7 @@ class FakeEngine:
     gpus: bool = False
     shares: bool = True  # False: a remote engine, or imgbuild in a container (GPUs are read through the engine)
     cdi_gpus: list[str] = field(default_factory=list)  # the CDI devices the engine lists
+    platforms: tuple[str, ...] = ("linux/amd64",)  # what it builds: its host's first, then any it emulates
     calls: list[str] = field(default_factory=list)
     images: FakeImages = field(init=False)
     containers: FakeContainers = field(init=False)
@@ -292,19 +294,27 @@ class FakeEngine:
         return "sdk" if wanted == "sdk" else "buildkit"
 
     def build(self, backend: str, req: BuildRequest, progress: ProgressFn, redact: Redactor) -> str:
-        self.calls.append(f"build {req.tag}")
+        self.calls.append(f"build {req.tag}" + (f" for {req.platform}" if req.platform else ""))
         progress(f"[fake] building {req.tag}")
         self.builds(req)
         dockerfile = (req.context / "Dockerfile").read_bytes()
         labels = dockerfile_labels(dockerfile.decode())  # what a real build's image carries
-        image_id = "sha256:" + hashlib.sha256(dockerfile + json.dumps(req.build_args).encode()).hexdigest()
-        return self.images.add(image_id, ImageInfo(image_id, labels, {"Labels": labels}), req.tag)
+        made = dockerfile + json.dumps(req.build_args).encode() + req.platform.encode()
+        image_id = "sha256:" + hashlib.sha256(made).hexdigest()
+        arch = arch_of(req.platform or self.platforms[0])
+        return self.images.add(image_id, ImageInfo(image_id, labels, {"Labels": labels}, architecture=arch), req.tag)
 
     def host_has_gpus(self) -> bool:
         return self.gpus
 
     def shares_host(self) -> bool:
         return self.shares
+
+    def host_platform(self) -> str:
+        return self.platforms[0]
+
+    def platform_refusal(self, platform: str) -> str:
+        return "" if platform in self.platforms else f"[fake] this engine builds {', '.join(self.platforms)} only"
 
     def host_info(self) -> dict[str, Any]:
         return {

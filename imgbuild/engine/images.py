@@ -30,6 +30,7 @@ class DockerImages:
             labels=dict(config.get("Labels") or {}),
             config=config,
             repo_digests=tuple(img.attrs.get("RepoDigests") or ()),
+            architecture=str(img.attrs.get("Architecture") or ""),
         )
 
     def image_id(self, ref: str) -> str | None:

@@ -24,6 +24,7 @@ from imgbuild import imageref
 from imgbuild.engine.buildkit import drive, input_args
 from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.docker import Engine
+from imgbuild.engine.emulation import emulator, missing_emulator
 from imgbuild.engine.images import DockerImages
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, StepTracker, own_status
 from imgbuild.errors import EngineUnavailable, ImgbuildError
@@ -193,11 +194,21 @@ class PodmanEngine(Engine):
             cache = req.cache_to or (req.cache_from[0] if req.cache_from else "")
             auth = authfile_args(Path(tmp), cache, req.cache_auth) if cache else []
             try:
-                return drive(build_argv(self.podman, req, iidfile, auth), dict(os.environ), req, iidfile, _follow,
-                             progress, redact, log)  # fmt: skip
+                argv = build_argv(self.podman, req, iidfile, auth, self.host_platform())
+                return drive(argv, dict(os.environ), req, iidfile, _follow, progress, redact, log)
             finally:
                 if req.cache_to:
                     self.images.untag_repository(req.cache_to)
+
+    def platform_refusal(self, platform: str) -> str:
+        """Podman builds and runs a foreign platform's image under qemu where this machine registers it with
+        binfmt_misc (engine.emulation) and the engine is on this machine; "" where it can."""
+        host = self.host_platform()
+        if platform == host:
+            return ""
+        if not self.shares_host():
+            return f"the Podman engine is not on this machine, so whether it can run {platform} images is unknown"
+        return "" if emulator(platform) else missing_emulator(platform)
 
     def shares_host(self) -> bool:
         if self._shares is None:
@@ -217,14 +228,22 @@ def authfile_args(folder: Path, ref: str, auth: dict[str, str] | None) -> list[s
     return ["--authfile", str(authfile)]
 
 
-def build_argv(podman: str, req: BuildRequest, iidfile: Path, auth: list[str] | None = None) -> list[str]:
+def build_argv(
+    podman: str, req: BuildRequest, iidfile: Path, auth: list[str] | None = None, platform: str = ""
+) -> list[str]:
     """The `podman build` command for `req`: layers kept (the edit loop's cache), Docker's image format (labels,
     healthchecks and the rest as Docker has them), secrets as files; Buildah's registry cache, every step's
-    layer, from and to `cache_to`'s repository (pipeline.registry_cache), with `auth` (authfile_args)."""
+    layer, from and to `cache_to`'s repository (pipeline.registry_cache), with `auth` (authfile_args); `platform`:
+    the engine's own, named where `req` names none."""
     # Docker's format records the build container's id and hostname (random); a reproducible build is OCI's.
     image_format = "oci" if req.timestamp is not None else "docker"
     cmd = [podman, "build", *(auth or []), "--layers", "--format", image_format, "--iidfile", str(iidfile)]
     cmd += ["-t", local(req.tag)]
+    # Always the platform by name: where a base's list digest names local images of two platforms, Podman takes the
+    # named one (unnamed, whichever it finds). A foreign one runs its steps under qemu (engine.emulation), its bases
+    # pulled for it: where only another platform's image is local, Podman would take that one.
+    if platform or req.platform:
+        cmd += ["--platform", req.platform or platform, *(["--pull=always"] if req.platform else [])]
     cmd += input_args(req)
     for ref in req.cache_from:
         cmd += ["--cache-from", ref]

@@ -45,6 +45,7 @@ class BuildRequest:
     cache_to: str = ""  # a registry ref for a full cache export (buildx: mode=max; Buildah: a repository); "" none
     cache_auth: dict[str, str] | None = None  # credentials for cache_from/cache_to (Podman: an auth file, never argv)
     timestamp: int | None = None  # --reproducible: every layer's and the config's time (Podman); None: now
+    platform: str = ""  # "" the engine's own; else one of platforms.PLATFORMS (Podman: a foreign one under qemu)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ImageInfo:
     labels: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # the image config's Config block (Env, Entrypoint, ...)
     repo_digests: tuple[str, ...] = ()
+    architecture: str = ""  # the CPU architecture its config names (amd64, arm64); "" unknown
 
     def inspected(self, ref: str) -> tuple[str, dict[str, Any]]:
         """(registry digest of `ref`'s repository or "", config with the image "Id"), as plan.InspectBase."""
@@ -203,6 +205,8 @@ class ImageEngine(Protocol):
     def host_has_gpus(self) -> bool: ...
     def shares_host(self) -> bool: ...
     def host_info(self) -> dict[str, Any]: ...
+    def host_platform(self) -> str: ...
+    def platform_refusal(self, platform: str) -> str: ...
 
 
 @dataclass

@@ -23,7 +23,7 @@ from imgbuild.acting import Acting, as_user, private_copy, read_as, write_as
 from imgbuild.config.settings import Settings
 from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
 from imgbuild.engine.lease import lease
-from imgbuild.errors import EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
+from imgbuild.errors import BuildFailed, EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
 from imgbuild.host import Caller, engine_token, token_state
 from imgbuild.pipeline import spared
@@ -31,6 +31,7 @@ from imgbuild.pipeline.context import context_dir, write_context
 from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
 from imgbuild.pipeline.render import render, template_cache
 from imgbuild.pipeline.resolve import pin_reader, plan_recipe
+from imgbuild.pipeline.scratch import cache_subdir, secret_file, writable_dir
 from imgbuild.pipeline.smoke import (
     ClaimsOf,
     QuotaCheck,
@@ -41,6 +42,7 @@ from imgbuild.pipeline.smoke import (
     host_gpus,
     run_smoke,
 )
+from imgbuild.platforms import arch_of
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.registry.auth import engine_auth
 
@@ -54,10 +56,17 @@ class BuildResult:
     smoke: SmokeReport | None
     context: Path
     log_path: Path
+    platform: str = ""  # a foreign platform's build (promoted_ref): "" the engine's own
+
+    @property
+    def target(self) -> str:
+        """The tag this build is promoted to: the recipe's target, or a foreign platform's (promoted_ref)."""
+        return promoted_ref(self.plan, self.platform)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "image": self.plan.target,
+            "image": self.target,
+            "platform": self.platform or None,
             "image_id": self.image_id,
             "previous_id": self.previous_id,
             "promoted": self.promoted,
@@ -82,7 +91,7 @@ def build_lock(settings: Settings, plan: Plan, ctx: Path, progress: Callable[[st
     from filelock import FileLock, Timeout
 
     lock_dir = Path(settings.cache_dir) / "locks"
-    _writable_dir(lock_dir)
+    writable_dir(lock_dir)
     keys = sorted({f"context:{ctx.resolve()}", f"target:{plan.target}"})
     with ExitStack() as stack:
         for key in keys:
@@ -96,43 +105,6 @@ def build_lock(settings: Settings, plan: Plan, ctx: Path, progress: Callable[[st
         yield
 
 
-def _writable_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot create {path}: {exc.strerror}") from None
-
-
-def _secret_file(stack: ExitStack, name: str, text: str | bytes, settings: Settings) -> Path:
-    """A file only this process (and the docker CLI it starts) can read, that no kill can strand: an
-    anonymous memory file (memfd) seen through /proc; elsewhere a 0600 file in a private cache folder,
-    removed at exit and swept by the next run if a kill came first."""
-    data = text.encode() if isinstance(text, str) else text
-    if hasattr(os, "memfd_create") and Path(f"/proc/{os.getpid()}/fd").is_dir():
-        fd = os.memfd_create(f"imgbuild-{name}", os.MFD_CLOEXEC)
-        stack.callback(os.close, fd)
-        os.write(fd, data)
-        return Path(f"/proc/{os.getpid()}/fd/{fd}")
-    folder = Path(settings.cache_dir) / "secrets"
-    _writable_dir(folder)
-    os.chmod(folder, 0o700)
-    sweep_secret_files(folder)
-    path = folder / f"{os.getpid()}-{name}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    stack.callback(lambda: path.unlink(missing_ok=True))
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    return path
-
-
-def sweep_secret_files(folder: Path) -> None:
-    """Remove secret files whose process is gone (a build killed with SIGKILL)."""
-    for leftover in folder.glob("*-*"):
-        pid = leftover.name.split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            leftover.unlink(missing_ok=True)
-
-
 def build_secrets(
     settings: Settings, loaded: LoadedRecipe, stack: ExitStack, acting: Acting | None = None
 ) -> dict[str, Path]:
@@ -142,7 +114,7 @@ def build_secrets(
     ca = loaded.ca_bundle_path or (Path(settings.pip_ca_bundle) if settings.pip_ca_bundle else None)
     if ca and acting and loaded.ca_bundle_path:
         data = read_as(acting.who, loaded.ca_bundle_path, 16 * 1024 * 1024, "pip.ca_bundle")
-        secrets["imgbuild-ca.crt"] = _secret_file(stack, "ca.crt", data, settings)
+        secrets["imgbuild-ca.crt"] = secret_file(stack, "ca.crt", data, settings)
     elif ca:
         secrets["imgbuild-ca.crt"] = ca
     lines = ["[global]"]
@@ -153,7 +125,7 @@ def build_secrets(
     if settings.pip_trusted_hosts:
         lines.append("trusted-host = " + " ".join(settings.pip_trusted_hosts))
     if len(lines) > 1:
-        secrets["imgbuild-pip.conf"] = _secret_file(stack, "pip.conf", "\n".join(lines) + "\n", settings)
+        secrets["imgbuild-pip.conf"] = secret_file(stack, "pip.conf", "\n".join(lines) + "\n", settings)
     return secrets
 
 
@@ -165,7 +137,7 @@ def _backend_secrets(
     the CA bundle, which is public, travels in the pip folder of the context."""
     if pip_step and backend == "buildkit":
         text = "".join(f"{key}={value}\n" for key, value in pip_bounds(settings).items())
-        secrets["imgbuild-pip-bounds"] = _secret_file(stack, "pip-bounds", text, settings)
+        secrets["imgbuild-pip-bounds"] = secret_file(stack, "pip-bounds", text, settings)
     if backend == "sdk" and "imgbuild-ca.crt" in secrets:
         ca_copy = source / "imgbuild" / "pip" / "ca.crt"
         ca_copy.parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +204,7 @@ def build(
     reproducible: bool = False,
     promote: bool = True,
     trusted_key: Any = None,
+    platform: str = "",
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
     `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
@@ -242,7 +215,9 @@ def build(
     time in the image is SOURCE_DATE_EPOCH (0 when unset), so the same inputs give the same digest (Podman).
     `promote=False`: built and smoke-tested, the target left as it is (the candidate goes, as always).
     `trusted_key`: the public key a registry's smoke record must be signed by (the --sign-key in use; else the
-    site's run.signing_key; build.spared).
+    site's run.signing_key; build.spared). `platform`: one of platforms.PLATFORMS; another than the engine's own
+    (linux/arm64 on an amd64 runner) is built and smoke-tested under emulation, with no registry seed and nothing
+    spared, and promoted as `<tag>-<arch>` (promoted_ref): the target keeps the engine's own platform's image.
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     who = acting.who if acting else None
@@ -252,6 +227,8 @@ def build(
         repo, _, base_tag = base_reference(loaded, settings)
         acting.check_image(f"{repo}:{base_tag}" if base_tag else repo, "base")
     engine = engine or connect_engine(settings)
+    foreign = foreign_platform(engine, platform)
+    seed_from_registry = seed_from_registry and not foreign  # a registry's copy is the engine's own platform's
     chosen = engine.pick_backend(backend or settings.backend)
     if chosen == "sdk" and needs_buildkit(settings):
         raise UsageError(
@@ -269,17 +246,21 @@ def build(
         check_target(acting.who, plan.target)
     redact = Redactor(settings.secrets())
     ctx = context_dir(plan, settings, out)
-    log_path = Path(settings.cache_dir) / "logs" / (plan.target.replace("/", "_").replace(":", "_") + ".log")
-    _writable_dir(log_path.parent)
+    target = promoted_ref(plan, foreign)
+    log_path = Path(settings.cache_dir) / "logs" / (target.replace("/", "_").replace(":", "_") + ".log")
+    writable_dir(log_path.parent)
     candidate = candidate_ref(plan.image)
     with build_lock(settings, plan, ctx, progress), ExitStack() as stack:
         sweep_candidates(engine, plan.image)
-        current = engine.images.image_id(plan.target)
+        current = engine.images.image_id(target)
         cache_scope = f"u{acting.who.uid}" if acting else ""  # a user's build caches are theirs alone
         rendered = render(plan, chosen, template_cache(settings.cache_dir), cache_scope=cache_scope)
         scope = spared.smoke_scope(plan)
+        report_name = f"smoke.{arch_of(foreign)}.json" if foreign else "smoke.json"
         with as_user(who):
-            known_good = spared.local_known_good(ctx / "smoke.json", current, plan.base.identity, scope)
+            known_good = (
+                () if foreign else spared.local_known_good(ctx / report_name, current, plan.base.identity, scope)
+            )
             write_context(rendered, ctx, settings.secrets())
         if not known_good and current is None and seed_from_registry and settings.registry_cache != "off":
             key = trusted_key if trusted_key is not None else spared.trusted_key(settings)
@@ -289,7 +270,7 @@ def build(
         secrets = build_secrets(settings, loaded, stack, acting)
         pip_step = (source / "imgbuild" / "pip" / "install.sh").is_file()
         _backend_secrets(secrets, settings, stack, source, chosen, pip_step)
-        iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=_cache_subdir(settings, "runs"))
+        iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=cache_subdir(settings, "runs"))
         os.close(iid_fd)
         stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
         request = BuildRequest(
@@ -304,42 +285,102 @@ def build(
             **registry_cache(plan, settings, chosen, seed_from_registry, engine.name),
             build_args=_build_args(plan, settings, pip_step and chosen == "sdk"),
             timestamp=source_date_epoch() if reproducible else None,
+            platform=foreign,
         )
         promoted = False
         try:
             if request.inline_cache and request.cache_from:  # BuildKit's; Buildah pulls each step's own layer
                 _seed(engine, plan.target, progress)
             image_id = engine.build(chosen, request, progress, redact)
-            progress(f"built {image_id[:19]}; smoke-testing it before it becomes {plan.target}")
-            wanted = smoke_request(candidate, loaded, settings, known_good, acting, require_gpu, skip_gpu)
+            check_platform(engine, image_id, foreign or engine.host_platform(), plan.base.pinned)
+            progress(f"built {image_id[:19]}; smoke-testing it before it becomes {target}")
+            wanted = smoke_request(candidate, loaded, settings, known_good, acting, require_gpu, skip_gpu, foreign)
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
             report = run_smoke(engine, wanted, settings, host, claims, quota)
             add_fleet_check(report, *declared_fleet(settings, loaded.recipe.smoke.targets, host))
             # a check that promotes nothing (rebuild --verify-reproducible) leaves the promoted image's report be
-            report_path = ctx / ("smoke.json" if promote else "smoke.verify.json")
+            report_path = ctx / (report_name if promote else "smoke.verify.json")
             _write_report(report_path, report, who=who)
             if not report.ok:
-                kept = engine.images.image_id(plan.target)
+                kept = engine.images.image_id(target)
                 raise SmokeFailed(
-                    f"{report.summary()}; {plan.target} was left as it was"
+                    f"{report.summary()}; {target} was left as it was"
                     + (f" ({kept[:19]})" if kept else " (not built before)")
                     + f"; every failure in full: {report_path}; build log: {log_path}"
                 )
             if not promote:  # rebuild --verify-reproducible: built and smoke-tested, never tagged
-                return BuildResult(plan, image_id, engine.images.image_id(plan.target), False, report, ctx, log_path)
+                kept = engine.images.image_id(target)
+                return BuildResult(plan, image_id, kept, False, report, ctx, log_path, foreign)
             # another run on this engine (a CI runner sharing its socket) may promote or push the target now
             with lease(engine.leases, plan.target, image_id, PROMOTE_SECONDS, progress):
-                previous = engine.images.image_id(plan.target)
+                previous = engine.images.image_id(target)
                 if previous and previous != image_id:
-                    engine.images.tag(previous, f"{plan.image}:{plan.tag}-previous")
-                engine.images.tag(image_id, plan.target)
+                    engine.images.tag(previous, f"{target}-previous")
+                engine.images.tag(image_id, target)
             promoted = True
             _write_report(
-                ctx / "smoke.json", report, {"promoted": image_id, "base": plan.base.identity, "scope": scope}, who
+                ctx / report_name, report, {"promoted": image_id, "base": plan.base.identity, "scope": scope}, who
             )
         finally:
             engine.images.untag(candidate)  # on success, failure, Ctrl-C or SIGTERM alike
-        return BuildResult(plan, image_id, previous, promoted and previous != image_id, report, ctx, log_path)
+        changed = promoted and previous != image_id
+        return BuildResult(plan, image_id, previous, changed, report, ctx, log_path, foreign)
+
+
+#: One recipe for several platforms (`build --platform linux/amd64,linux/arm64`): each platform a whole pass of
+#: build(), from the one rendered context; the engine's own platform promoted to the target, another (built and
+#: smoke-tested under qemu) as `<tag>-<arch>`. A platform that fails stops the run; the push of a manifest list of
+#: them all (ci.publish.publish_platforms) comes only after every one passed.
+
+
+@dataclass(frozen=True)
+class PlatformBuilds:
+    """Every platform's build of one recipe, the engine's own platform first where it was asked for."""
+
+    results: tuple[BuildResult, ...]
+    host: str  # the engine's own platform ("" where one platform was built: each result names its own)
+
+    @property
+    def emulated(self) -> bool:
+        """Whether any platform is foreign (then a push is a manifest list)."""
+        return any(r.platform for r in self.results)
+
+    def platform_of(self, result: BuildResult) -> str:
+        return result.platform or self.host
+
+    def own(self) -> BuildResult:
+        """The engine's own platform's build, else the first (its smoke report goes into the provenance)."""
+        return next((r for r in self.results if not r.platform), self.results[0])
+
+
+def build_platforms(
+    recipe_path: str | Path,
+    settings: Settings,
+    platforms: tuple[str, ...],
+    *,
+    engine: ImageEngine | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    **options: Any,
+) -> PlatformBuilds:
+    """Build `recipe_path` for each of `platforms` (platforms.parse_platforms' answer; () the engine's own), the
+    engine's own first, then the others in the order given; `options` are build.build's."""
+    if len(platforms) <= 1:  # one pass, as a build without --platform: the recipe is judged before the engine
+        made = build(recipe_path, settings, engine=engine, progress=progress, platform="".join(platforms), **options)
+        return PlatformBuilds((made,), "")
+    if options.get("plan") is None:
+        acting = options.get("acting")
+        with as_user(acting.who if acting else None):
+            load_recipe(recipe_path, secrets=settings.secrets())  # a bad recipe is exit 2 before an engine is asked
+    engine = engine or connect_engine(settings)
+    host = engine.host_platform()
+    ordered = [p for p in platforms if p == host] + [p for p in platforms if p != host]
+    results: list[BuildResult] = []
+    for platform in ordered:
+        progress(f"{platform}: building" + ("" if platform == host else " under emulation"))
+        plan = results[0].plan if results else options.pop("plan", None)
+        made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, platform=platform, **options)
+        results.append(made)
+    return PlatformBuilds(tuple(results), host)
 
 
 def smoke_request(
@@ -350,9 +391,11 @@ def smoke_request(
     acting: Acting | None,
     require_gpu: bool,
     skip_gpu: bool,
+    emulated: str = "",
 ) -> SmokeRequest:
     """Stage 5's request for `candidate`: the recipe's `smoke:` section, what may be spared (`known_good`), and
-    for a user imgbuild acts for, their GPUs and their identity in the container."""
+    for a user imgbuild acts for, their GPUs and their identity in the container; `emulated`: a foreign
+    platform's image, run under qemu (no GPU)."""
     smoke = loaded.recipe.smoke
     return SmokeRequest(
         candidate,
@@ -367,7 +410,35 @@ def smoke_request(
         import_seconds=math.ceil(settings.smoke_import_timeout),
         user=acting.who.name if acting else settings.caller.name,
         run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
+        emulated=emulated,
     )
+
+
+def foreign_platform(engine: ImageEngine, platform: str) -> str:
+    """`platform` where it is not the engine's own ("" where it is, or none was asked for); raises where the engine
+    cannot build and run it (Docker without buildx; Podman without qemu registered: exit 3)."""
+    if not platform or platform == engine.host_platform():
+        return ""
+    if refusal := engine.platform_refusal(platform):
+        raise EnvironmentProblem(refusal)
+    return platform
+
+
+def check_platform(engine: ImageEngine, image_id: str, platform: str, base: str) -> None:
+    """The built image is of the platform asked for: an engine that took a local base of another platform (Podman
+    does, where the one asked for is not pulled yet) fails the build here, before any smoke test or promotion."""
+    built = (img.architecture if (img := engine.images.image(image_id)) else "") or ""
+    if built and platform and built != arch_of(platform):
+        raise BuildFailed(
+            f"the engine built a linux/{built} image for {platform}: it took a local base of another platform "
+            f"(pull {base} for {platform} and build again); nothing was promoted"
+        )
+
+
+def promoted_ref(plan: Plan, foreign: str) -> str:
+    """Where a build is promoted: the recipe's target, or for a foreign platform's image `<image>:<tag>-<arch>`
+    (`lab/research:24.05-arm64`), so the target stays what runs on this machine."""
+    return f"{plan.image}:{plan.tag}-{arch_of(foreign)}" if foreign else plan.target
 
 
 def _build_args(plan: Plan, settings: Settings, sdk_pip_step: bool) -> dict[str, str]:
@@ -411,12 +482,6 @@ def pip_bounds(settings: Settings) -> dict[str, str]:
     }
 
 
-def _cache_subdir(settings: Settings, name: str) -> str:
-    path = Path(settings.cache_dir) / name
-    _writable_dir(path)
-    return str(path)
-
-
 def _write_report(
     path: Path, report: SmokeReport, promoted: dict[str, str] | None = None, who: Caller | None = None
 ) -> None:
@@ -428,6 +493,6 @@ def _write_report(
 
 def _private_context(ctx: Path, acting: Acting, settings: Settings, stack: ExitStack) -> Path:
     """Root's private copy of the context the user's build rendered (acting.private_copy), removed at the end."""
-    folder = Path(tempfile.mkdtemp(prefix="context-", dir=_cache_subdir(settings, "runs")))
+    folder = Path(tempfile.mkdtemp(prefix="context-", dir=cache_subdir(settings, "runs")))
     stack.callback(shutil.rmtree, folder, True)
     return private_copy(ctx, folder, acting.who, limits.COPY_BYTES + 64 * limits.MIB, limits.COPY_FILES + 100)

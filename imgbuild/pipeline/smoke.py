@@ -27,6 +27,7 @@ from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.platforms import arch_of_machine
 
 SCRIPT = SMOKE_SCRIPT
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -60,9 +61,7 @@ class SmokeReport:
     def gpu_facts(self) -> GpuFacts:
         """The image's CUDA and arch list as the framework inside it reports them."""
         archs = self.meta.get("arch_list") or []
-        machine = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
-            str(self.meta.get("machine") or "")
-        )
+        machine = arch_of_machine(str(self.meta.get("machine") or ""))
         return GpuFacts(
             self.image,
             str(self.meta.get("cuda") or ""),
@@ -121,6 +120,18 @@ class SmokeRequest:
     #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
     run_as: str = ""
     import_seconds: int = 0  # one distribution's import budget on a quiet machine (setting smoke_import_timeout)
+    #: a foreign platform's image (linux/arm64 on an amd64 runner), run under qemu: no GPU check, and the report
+    #: says what emulation cannot prove (EMULATION_UNPROVEN)
+    emulated: str = ""
+
+
+#: What a smoke test under qemu leaves unproven, in the report's `emulation` check. No GPU is reachable from an
+#: emulated process (the driver's libraries are the host's architecture), and qemu's speed is nobody's.
+EMULATION_UNPROVEN = (
+    "not proven under emulation: that the image sees a GPU, CUDA and cuDNN work, NCCL, tensor-core AMP and "
+    "its speed (run `imgbuild smoke` on a {platform} GPU node for those; `smoke --for gh200,gb10` judges its "
+    "CUDA and kernels against those GPUs from the registry)"
+)
 
 
 #: Who else holds which GPU on the engine's host, given the GPUs read there: UUID -> claims (the servers' ledger and
@@ -269,9 +280,9 @@ def run_smoke(
         raise ImgbuildError(f"{req.image}: {verdict[1]}")
     env = _script_env(img.labels, req)
     # `--gpus none` is a choice of no GPU, like --skip-gpu: never "every GPU" (issue 28, review item 10)
-    no_gpu = req.skip_gpu or req.gpus.strip().lower() in ("none", "")
+    no_gpu = req.skip_gpu or req.emulated != "" or req.gpus.strip().lower() in ("none", "")
     use_gpus = not no_gpu and not req.libraries_only and engine_host().present
-    require_gpu = (req.require_gpu or use_gpus) and not req.libraries_only
+    require_gpu = (req.require_gpu or use_gpus) and not req.libraries_only and not req.emulated
     args = ["--libraries-only"] if req.libraries_only else []
     args += ["--require-gpu"] if require_gpu else []
     house = settings.run if settings is not None else RunRules()  # the smoke container's IPC rule
@@ -288,6 +299,10 @@ def run_smoke(
         as_user=req.run_as or None,
     )
     report = parse_output(req.image, code, output, note)
+    if req.emulated:
+        report.meta["platform"], report.meta["emulated"] = req.emulated, True
+        reason = f"{req.emulated} ran under qemu on this machine; " + EMULATION_UNPROVEN.format(platform=req.emulated)
+        report.checks.append({"name": "emulation", "status": "skip", "reason": reason, "details": {}, "seconds": 0})
     if mig_profiles:  # the slice the GPU checks ran on: its figures are a slice's, not the whole GPU's
         report.meta["mig"] = mig_profiles
     if note and require_gpu:

@@ -3,6 +3,7 @@ split into registry, repository and tag, and this host's platform (which manifes
 
 from __future__ import annotations
 
+import json
 import platform
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from imgbuild import imageref
 from imgbuild.errors import RegistryError, UsageError
 from imgbuild.imageref import DIGEST_RE
+from imgbuild.platforms import arch_of_machine
 
 MANIFEST_TYPES = ", ".join(
     [
@@ -33,8 +35,35 @@ def split_reference(ref: str) -> tuple[str, str, str]:
 
 def host_platform() -> tuple[str, str]:
     machine = platform.machine().lower()
-    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
-    return "linux", arch
+    return "linux", arch_of_machine(machine) or machine
+
+
+LIST_TYPE = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+@dataclass(frozen=True)
+class PlatformImage:
+    """One platform's image as its registry serves it: what a manifest list names of it."""
+
+    platform: str  # one of platforms.PLATFORMS
+    digest: str
+    media_type: str
+    size: int
+
+
+def manifest_list(images: list[PlatformImage]) -> tuple[bytes, str]:
+    """The manifest list of `images` (Docker's where every image is a Docker manifest, else an OCI index, as
+    `docker manifest` and `podman manifest` write them), and its media type. arm64 is OCI's `v8` variant."""
+    kind = LIST_TYPE if all(i.media_type == DOCKER_MANIFEST_TYPE for i in images) else OCI_INDEX_TYPE
+    entries = []
+    for image in images:
+        os_name, arch = image.platform.split("/")[:2]
+        plat = {"architecture": arch, "os": os_name, **({"variant": "v8"} if arch == "arm64" else {})}
+        entries.append({"mediaType": image.media_type, "size": image.size, "digest": image.digest, "platform": plat})
+    body = {"schemaVersion": 2, "mediaType": kind, "manifests": entries}
+    return json.dumps(body, indent=3).encode(), kind
 
 
 @dataclass
