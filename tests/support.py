@@ -154,3 +154,11 @@ def refusal_lines(tmp_path, text: str) -> list[str]:
         load_recipe(path)
     assert info.value.exit_code == 2
     return info.value.lines()
+
+
+def demo_recipe(folder: Path, body: str = 'env: {A: "1"}\n') -> Path:
+    """`demo.yaml` (alice/demo:v1 on NGC PyTorch 24.05) in a folder that is a repository's root."""
+    (folder / ".git").mkdir(exist_ok=True)
+    path = folder / "demo.yaml"
+    path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n' + body)
+    return path

@@ -124,6 +124,6 @@ def test_docker_refuses_a_foreign_platform_in_one_line_before_building(testbed, 
     res = run_cli("build", str(recipe), "--platform", "linux/arm64", cwd=tmp_path)
     assert res.code == 3, res.err
     lines = res.err.strip().splitlines()
-    assert lines[-1].startswith("imgbuild: the Docker engine here builds linux/amd64 images only")
+    assert lines[-1].startswith("imgbuild: the Docker engine here builds and smoke-tests linux/amd64 images only")
     assert "Podman" in lines[-1] and "Traceback" not in res.err
     assert not (tmp_path / "images").exists() or not list((tmp_path / "images").rglob("smoke*.json"))

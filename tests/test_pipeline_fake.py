@@ -21,7 +21,7 @@ from imgbuild.pipeline import build as pipeline
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.fake_nvcr import FakeNvcr
-from tests.support import fake_inspect
+from tests.support import demo_recipe, fake_inspect
 
 TARGET = "alice/demo:v1"
 IMAGE = "alice/demo"
@@ -34,10 +34,7 @@ def _candidates(engine: FakeEngine) -> list[str]:
 
 @pytest.fixture
 def recipe(tmp_path: Path) -> Path:
-    (tmp_path / ".git").mkdir()
-    path = tmp_path / "demo.yaml"
-    path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {A: "1"}\n')
-    return path
+    return demo_recipe(tmp_path)
 
 
 def _build(recipe: Path, engine: FakeEngine, tmp_path: Path):

@@ -25,7 +25,7 @@ from imgbuild.pipeline.plan import make_plan
 from imgbuild.platforms import parse_platforms, platform_of_machine
 from imgbuild.recipe import load_recipe
 from imgbuild.registry.manifest import DOCKER_MANIFEST_TYPE, LIST_TYPE, OCI_INDEX_TYPE, PlatformImage, manifest_list
-from tests.support import fake_inspect
+from tests.support import demo_recipe, fake_inspect
 
 BOTH = ("linux/amd64", "linux/arm64")
 
@@ -162,10 +162,7 @@ def test_docker_builds_its_hosts_platform_only_and_says_what_to_use_instead(arch
 
 @pytest.fixture
 def recipe(tmp_path: Path) -> Path:
-    (tmp_path / ".git").mkdir()
-    path = tmp_path / "demo.yaml"
-    path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {A: "1"}\n')
-    return path
+    return demo_recipe(tmp_path)
 
 
 def _settings():
@@ -340,3 +337,20 @@ def test_a_single_platform_push_never_drops_a_manifest_lists_other_platforms(rec
     with pytest.raises(UsageError, match="--platform linux/amd64,linux/arm64 --push"):
         publishing.publish(made.own().plan, made.own().image_id, {}, _settings(), engine, None, None, lambda s: None)
     assert engine.images.pushed == {} and engine.leases.held == {}
+
+
+def test_smoking_an_image_of_another_platform_runs_it_under_emulation_or_says_what_to_install():
+    """`imgbuild smoke lab/x:1-arm64` on an amd64 machine: emulated where the engine can (no GPU asked for, the
+    report's `emulation` line); else one line, exit 3, never an `exec format error` from inside the container."""
+    from imgbuild.pipeline.smoke import SmokeRequest, run_smoke
+
+    for engine in (FakeEngine(platforms=BOTH), FakeEngine()):
+        image_id = engine.images.add("sha256:" + "a" * 64, ImageInfo("sha256:" + "a" * 64, architecture="arm64"), "x:1")
+        if len(engine.platforms) == 1:
+            with pytest.raises(EnvironmentProblem) as info:
+                run_smoke(engine, SmokeRequest("x:1"))
+            assert info.value.exit_code == EXIT_ENVIRONMENT and engine.containers.runs == []
+            continue
+        report = run_smoke(engine, SmokeRequest(image_id))
+        assert engine.containers.runs[0]["gpus"] is None and report.meta["platform"] == "linux/arm64"
+        assert [c["status"] for c in report.checks if c["name"] == "emulation"] == ["skip"]

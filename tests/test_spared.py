@@ -23,7 +23,7 @@ from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from imgbuild.supply import attest
 from tests.fake_registry import MemoryRegistry
-from tests.support import fake_inspect
+from tests.support import demo_recipe, fake_inspect
 
 TARGET = "alice/demo:v1"
 FP = "a" * 64
@@ -33,10 +33,7 @@ DIGEST = "sha256:" + "1" * 64
 
 @pytest.fixture
 def recipe(tmp_path: Path) -> Path:
-    (tmp_path / ".git").mkdir()
-    path = tmp_path / "demo.yaml"
-    path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\napt: [libmagic1]\n')
-    return path
+    return demo_recipe(tmp_path, "apt: [libmagic1]\n")
 
 
 def _plan(recipe: Path):

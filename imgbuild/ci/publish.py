@@ -79,7 +79,6 @@ def publish(
     """Push `image_id` (this run's build of `plan`) as its target and attach its smoke record beside it (a fresh
     runner's next smoke test spares what imported there); with a `signer` (attest.Signer), sign the pushed digest
     and attach its provenance and SBOM. Returns the digest the target holds."""
-    from imgbuild.pipeline.describe import describe
     from imgbuild.pipeline.spared import smoke_record, smoke_scope
     from imgbuild.supply import attest
 
@@ -108,12 +107,30 @@ def publish(
             except ImgbuildError as exc:
                 log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
         if signer is not None:
-            used = engine.pick_backend(backend or settings.backend)  # the backend that built it, never "auto"
-            builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
-            made = describe(plan, smoke, ref.name, digest, builder)
-            tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
-            log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
+            _sign(plan, smoke, digest, client, engine, backend or settings.backend, signer, log)
     return digest
+
+
+def _sign(
+    plan: Plan,
+    smoke: dict[str, Any],
+    digest: str,
+    client: RegistryClient,
+    engine: ImageEngine,
+    backend: str,
+    signer: Any,
+    log: Callable[[str], None],
+) -> None:
+    """Sign `digest` (the target's, pushed) and attach its provenance and SBOM, cosign's tags."""
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.supply import attest
+
+    ref = imageref.parse(plan.target)
+    used = engine.pick_backend(backend)  # the backend that built it, never "auto"
+    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
+    made = describe(plan, smoke, ref.name, digest, builder)
+    tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
+    log(f"{plan.target}: signed {digest[:19]}; attached {', '.join(tags)}")
 
 
 def publish_platforms(
@@ -130,10 +147,8 @@ def publish_platforms(
     `<tag>-<arch>`, then the manifest list of them at the target's tag; with a `signer`, sign the list's digest and
     attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest.
     A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
-    from imgbuild.pipeline.describe import describe
     from imgbuild.platforms import arch_of
     from imgbuild.registry.manifest import PlatformImage, manifest_list
-    from imgbuild.supply import attest
 
     target = plan.target
     ref = imageref.parse(target)
@@ -159,11 +174,7 @@ def publish_platforms(
         digest = client.content_digest(ref.repository, ref.reference) or ""
         log(f"{target}: manifest list {digest} ({', '.join(i.platform for i in images)})")
         if signer is not None:
-            used = engine.pick_backend(backend or settings.backend)
-            builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
-            made = describe(plan, smoke, ref.name, digest, builder)
-            tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
-            log(f"{target}: signed {digest[:19]}; attached {', '.join(tags)}")
+            _sign(plan, smoke, digest, client, engine, backend or settings.backend, signer, log)
     return digest
 
 

@@ -137,8 +137,8 @@ class Engine:
         if platform == host:
             return ""
         return (
-            f"the Docker engine here builds {host} images only (a {platform} build needs buildx, which this "
-            "docker has not): build it with Podman (engine: podman) and qemu-user-static, or on a "
+            f"the Docker engine here builds and smoke-tests {host} images only (a {platform} build needs buildx, "
+            "which this docker has not): use Podman (engine: podman) and qemu-user-static, or a "
             f"{platform} runner"
         )
 

@@ -20,14 +20,14 @@ from imgbuild.config.settings import Settings
 from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
 from imgbuild.engine.probe import Probe
-from imgbuild.errors import ImgbuildError
+from imgbuild.errors import EnvironmentProblem, ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.gpu.allocate import Claim
 from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
-from imgbuild.platforms import arch_of_machine
+from imgbuild.platforms import arch_of_machine, platform_of_machine
 
 SCRIPT = SMOKE_SCRIPT
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -264,6 +264,7 @@ def run_smoke(
     img = engine.images.image(req.image)
     if img is None:
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
+    req = dataclasses.replace(req, emulated=req.emulated or _foreign(engine, img.architecture))
     from imgbuild.gpu.toolkit import image_preload_verdict
 
     read: list[EngineGpus] = [host] if host is not None else []
@@ -308,6 +309,18 @@ def run_smoke(
     if note and require_gpu:
         report.fail("gpu access", note + " (or skip the GPU checks explicitly: --skip-gpu)")
     return report
+
+
+def _foreign(engine: ImageEngine, arch: str) -> str:
+    """The platform of an image of another architecture than the engine's host (an arm64 image on an amd64 runner),
+    which runs there only under emulation; "" for the host's own or an unknown one. Where the engine cannot run it,
+    the one line that says what to install (exit 3), not an `exec format error` from inside."""
+    platform = platform_of_machine(arch)
+    if not platform or platform == engine.host_platform():
+        return ""
+    if refusal := engine.platform_refusal(platform):
+        raise EnvironmentProblem(refusal)
+    return platform
 
 
 def add_fleet_check(
