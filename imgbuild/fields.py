@@ -203,8 +203,8 @@ class Maybe(Check):
 
 
 class ListOf(Check):
-    def __init__(self, item: Check, max_length: int | None = None) -> None:
-        self.item, self.max_length = item, max_length
+    def __init__(self, item: Check, max_length: int | None = None, unique: bool = False) -> None:
+        self.item, self.max_length, self.unique = item, max_length, unique
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if not isinstance(value, list):
@@ -214,12 +214,19 @@ class ListOf(Check):
             issues.append(Issue(at, f"must have at most {self.max_length} items", f"it has {len(value)}", key))
             return _BAD
         out = [self.item.check(v, (*at, i), issues) for i, v in enumerate(value)]
-        return _BAD if any(v is _BAD for v in out) else out
+        if any(v is _BAD for v in out):
+            return _BAD
+        if self.unique and (twice := next((i for i, v in enumerate(out) if v in out[:i]), None)) is not None:
+            issues.append(Issue((*at, twice), "is named twice", "", key))
+            return _BAD
+        return out
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "array", "items": self.item.schema(defs)}
         if self.max_length is not None:
             out["maxItems"] = self.max_length
+        if self.unique:
+            out["uniqueItems"] = True
         return out
 
 

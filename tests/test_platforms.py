@@ -354,3 +354,80 @@ def test_smoking_an_image_of_another_platform_runs_it_under_emulation_or_says_wh
         report = run_smoke(engine, SmokeRequest(image_id))
         assert engine.containers.runs[0]["gpus"] is None and report.meta["platform"] == "linux/arm64"
         assert [c["status"] for c in report.checks if c["name"] == "emulation"] == ["skip"]
+
+
+# --- a recipe's own platforms: build and rebuild ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("[linux/riscv64]", "platforms[0]: must be 'linux/amd64' or 'linux/arm64'"),
+        ("[linux/arm64/v8]", "platforms[0]: must be 'linux/amd64' or 'linux/arm64'"),  # the recipe takes one spelling
+        ("[linux/arm64, linux/arm64]", "platforms[1]: is named twice"),
+        ("[linux/amd64, linux/arm64, linux/amd64]", "platforms: must have at most 2 items"),
+        ("linux/arm64", "platforms: must be a list"),
+        ('["linux/arm64\\n"]', "platforms[0]: must be"),
+        ("[{a: 1}]", "platforms[0]: must be"),
+    ],
+)
+def test_a_recipes_platforms_are_the_closed_set_each_once_else_one_line_naming_the_field(tmp_path, value, said):
+    from imgbuild.errors import RecipeError
+
+    path = demo_recipe(tmp_path, f"platforms: {value}\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    lines = [line for line in str(info.value).splitlines() if "platforms" in line]
+    assert len(lines) == 1 and said in lines[0] and lines[0].startswith(f"{path}:4:"), str(info.value)
+
+
+def test_a_recipe_that_names_both_platforms_builds_both_and_the_flag_overrides_it(tmp_path):
+    path = demo_recipe(tmp_path, "platforms: [linux/amd64, linux/arm64]\n")
+    engine = FakeEngine(platforms=BOTH)
+    made = _build(path, engine, tmp_path, ())
+    assert [r.target for r in made.results] == ["alice/demo:v1", "alice/demo:v1-arm64"]
+    only = _build(path, FakeEngine(platforms=BOTH), tmp_path, ("linux/amd64",))
+    assert [r.target for r in only.results] == ["alice/demo:v1"]
+
+
+def test_rebuild_builds_a_recipes_every_platform_and_is_fresh_only_when_each_is_there(tmp_path, monkeypatch):
+    from imgbuild.ci import publish as publishing
+    from imgbuild.ci import rebuild
+    from tests.fake_nvcr import FakeNvcr
+
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    demo_recipe(folder, "platforms: [linux/amd64, linux/arm64]\n")
+    (folder / ".git").rmdir()
+    (tmp_path / ".git").mkdir()
+    engine = FakeEngine(platforms=BOTH)
+    with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+        settings = load_settings({"ngc_registry": nvcr.host, "images_dir": str(tmp_path / "images"), "user": "alice"})
+
+        def once(**options) -> rebuild.Item:
+            (item,) = rebuild.run([str(folder)], settings, rebuild.RebuildOptions(**options), lambda s: None, engine)
+            return item
+
+        assert once().status == "built"
+        assert {engine.images.image(r).architecture for r in ("alice/demo:v1", "alice/demo:v1-arm64")} == {
+            "amd64",
+            "arm64",
+        }
+        assert once().status == "fresh"
+        engine.images.untag("alice/demo:v1-arm64")  # the arm64 image gone: stale, and said why
+        dry = once(dry_run=True)
+        assert dry.status == "stale" and dry.reasons == ["no linux/arm64 image of these inputs here"]
+        assert once().status == "built" and engine.images.image("alice/demo:v1-arm64").architecture == "arm64"
+        # with --push: a registry copy of this very build that is amd64 only is stale for its missing platform, on
+        # this runner and on a fresh one; one of both platforms is current
+        from imgbuild.pipeline.resolve import plan_recipe
+
+        plan = plan_recipe(load_recipe(folder / "demo.yaml"), settings, engine, fresh=True)
+        copy = publishing.RemoteBuild("sha256:" + "e" * 64, plan.input_hash, False, ())
+        monkeypatch.setattr(rebuild, "remote_build", lambda *a, **k: copy)
+        assert rebuild.staleness(plan, engine, settings, push=True) == ["the registry's copy has no linux/arm64 image"]
+        assert rebuild.staleness(plan, FakeEngine(platforms=BOTH), settings, push=True) == ["never built here"]
+        both = publishing.RemoteBuild("sha256:" + "e" * 64, plan.input_hash, False, ("amd64", "arm64"))
+        monkeypatch.setattr(rebuild, "remote_build", lambda *a, **k: both)
+        assert rebuild.staleness(plan, engine, settings, push=True) == []
+        assert rebuild.staleness(plan, FakeEngine(platforms=BOTH), settings, push=True) == []

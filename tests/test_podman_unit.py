@@ -160,7 +160,7 @@ def test_the_engine_setting_is_one_of_three(value, ok):
 
 
 def test_source_date_epoch_is_ascii_digits_or_zero(monkeypatch):
-    from imgbuild.pipeline.build import source_date_epoch
+    from imgbuild.pipeline.scratch import source_date_epoch
 
     for text, want in [("1700000000", 1700000000), ("", 0), ("-5", 0), ("１７", 0), ("1e9", 0), ("9" * 13, 0)]:
         monkeypatch.setenv("SOURCE_DATE_EPOCH", text)

@@ -173,8 +173,9 @@ def _env(**values: str) -> Iterator[None]:
 
 
 #: (walk, most modules the value may cross, most hops), as measured when last shortened; the review counted
-#: 11 modules / 22 hops for (a) and 8 modules / 17 hops for (b) at 982db4b.
-CEILINGS = {"build": (walk_recipe_in_build, 10, 18), "run": (walk_gpus_in_run, 7, 16)}
+#: 11 modules / 22 hops for (a) and 8 modules / 17 hops for (b) at 982db4b. (a) went from 18 hops to 19 with the
+#: recipe's `platforms:`: build_platforms loads the recipe (to learn them) before the first pass of build().
+CEILINGS = {"build": (walk_recipe_in_build, 10, 19), "run": (walk_gpus_in_run, 7, 16)}
 
 
 @pytest.mark.parametrize("name", sorted(CEILINGS))

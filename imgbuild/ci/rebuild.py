@@ -15,7 +15,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
-from imgbuild.ci.publish import publish, remote_build
+from imgbuild.ci.publish import publish, publish_platforms, remote_build
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine, connect_engine
 from imgbuild.errors import ImgbuildError, RecipeError, UsageError
@@ -170,10 +170,9 @@ def staleness(
     reasons: list[str] = []
     image = engine.images.image(plan.target)
     labels = image.labels if image else {}
-    if image is None and push and not needed_here:
-        there = remote_build(plan.target, settings, verifier)
-        if there is not None and there.input_hash == plan.input_hash and (there.signed or verifier is None):
-            return []
+    wanted = wanted_arches(plan, engine)
+    if image is None and push and not needed_here and not _registry_gaps(plan, settings, verifier, wanted, engine):
+        return []
     if image is None:
         reasons.append("never built here")
     else:
@@ -184,13 +183,51 @@ def staleness(
             reasons.append(f"base {plan.base.ref} moved: {old_base[7:19] or '?'} -> {plan.base.identity[7:19]}")
         if not reasons and labels.get(Label.INPUT_HASH) != plan.input_hash:
             reasons.append("build inputs changed (user IDs)")
+        reasons += [f"no linux/{arch} image of these inputs here" for arch in sorted(_local_gaps(plan, engine, wanted))]
     if push and not reasons:
-        there = remote_build(plan.target, settings, verifier)
-        if there is None or there.input_hash != plan.input_hash:
-            reasons.append("not in the registry" if there is None else "the registry has another build")
-        elif verifier is not None and not there.signed:
-            reasons.append("pushed, but not signed there by this key")
+        reasons += _registry_gaps(plan, settings, verifier, wanted, engine)
     return reasons
+
+
+def _registry_gaps(plan: Plan, settings: Settings, verifier: Any, wanted: set[str], engine: ImageEngine) -> list[str]:
+    """Why the registry's copy of `plan`'s target is not this plan's build (signed there by `verifier`'s key where
+    one is given, for every wanted architecture); [] where it is."""
+    there = remote_build(plan.target, settings, verifier)
+    if there is None or there.input_hash != plan.input_hash:
+        return ["not in the registry" if there is None else "the registry has another build"]
+    if verifier is not None and not there.signed:
+        return ["pushed, but not signed there by this key"]
+    if gaps := missing_arches(there.platforms, wanted, engine):
+        return [f"the registry's copy has no linux/{', linux/'.join(gaps)} image"]
+    return []
+
+
+def wanted_arches(plan: Plan, engine: ImageEngine) -> set[str]:
+    """The CPU architectures `plan`'s recipe is built for: its `platforms`, else the engine's own."""
+    from imgbuild.platforms import arch_of
+
+    return {arch_of(p) for p in plan.loaded.recipe.platforms} or {arch_of(engine.host_platform())}
+
+
+def missing_arches(there: tuple[str, ...], wanted: set[str], engine: ImageEngine) -> list[str]:
+    """What a registry copy lacks of `wanted` (`there`: a manifest list's architectures; () one image, taken to be
+    the engine's own platform's)."""
+    from imgbuild.platforms import arch_of
+
+    return sorted(wanted - (set(there) or {arch_of(engine.host_platform())}))
+
+
+def _local_gaps(plan: Plan, engine: ImageEngine, wanted: set[str]) -> set[str]:
+    """The foreign architectures whose `<tag>-<arch>` image here is missing or of other inputs."""
+    from imgbuild.platforms import arch_of
+
+    own = arch_of(engine.host_platform())
+    gaps = set()
+    for arch in wanted - {own}:
+        image = engine.images.image(f"{plan.image}:{plan.tag}-{arch}")
+        if image is None or image.labels.get(Label.INPUT_HASH) != plan.input_hash:
+            gaps.add(arch)
+    return gaps
 
 
 @dataclass
@@ -243,9 +280,10 @@ def _work(
             item.status = STALE
         else:
             log(f"{item.target}: building ({'; '.join(item.reasons)})")
-            result = pipeline.build(
+            made = pipeline.build_platforms(
                 item.path,
                 settings,
+                (),  # the recipe's platforms, else the engine's own
                 backend=options.backend,
                 plan=plan,
                 engine=engine,
@@ -254,12 +292,16 @@ def _work(
                 claims=options.claims,
                 trusted_key=verifier,
             )
+            result = made.own()
             item.status, item.image_id = BUILT, result.image_id
             if options.push:
                 smoke = result.smoke.to_json() if result.smoke else {}
-                item.pushed = publish(
-                    plan, result.image_id, smoke, settings, engine, options.backend, options.signer, log
-                )
+                publishing = (settings, engine, options.backend, options.signer, log)
+                if made.emulated:
+                    builds = [(made.platform_of(r), r.image_id) for r in made.results]
+                    item.pushed = publish_platforms(plan, builds, smoke, *publishing)
+                else:
+                    item.pushed = publish(plan, result.image_id, smoke, *publishing)
     except ImgbuildError as exc:
         item.status, item.error = FAILED, "\n".join(exc.lines())
     except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run

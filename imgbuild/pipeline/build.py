@@ -31,7 +31,7 @@ from imgbuild.pipeline.context import context_dir, write_context
 from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
 from imgbuild.pipeline.render import render, template_cache
 from imgbuild.pipeline.resolve import pin_reader, plan_recipe
-from imgbuild.pipeline.scratch import cache_subdir, secret_file, writable_dir
+from imgbuild.pipeline.scratch import cache_subdir, pip_bounds, secret_file, source_date_epoch, writable_dir
 from imgbuild.pipeline.smoke import (
     ClaimsOf,
     QuotaCheck,
@@ -205,6 +205,7 @@ def build(
     promote: bool = True,
     trusted_key: Any = None,
     platform: str = "",
+    loaded: LoadedRecipe | None = None,
 ) -> BuildResult:
     """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
     `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
@@ -218,11 +219,12 @@ def build(
     site's run.signing_key; build.spared). `platform`: one of platforms.PLATFORMS; another than the engine's own
     (linux/arm64 on an amd64 runner) is built and smoke-tested under emulation, with no registry seed and nothing
     spared, and promoted as `<tag>-<arch>` (promoted_ref): the target keeps the engine's own platform's image.
+    `loaded`: the recipe, where the caller has loaded it already (build_platforms).
 
     The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
     who = acting.who if acting else None
     with as_user(who):
-        loaded = plan.loaded if plan else load_recipe(recipe_path, secrets=settings.secrets())
+        loaded = plan.loaded if plan else loaded or load_recipe(recipe_path, secrets=settings.secrets())
     if acting:
         repo, _, base_tag = base_reference(loaded, settings)
         acting.check_image(f"{repo}:{base_tag}" if base_tag else repo, "base")
@@ -362,23 +364,31 @@ def build_platforms(
     progress: Callable[[str], None] = lambda s: None,
     **options: Any,
 ) -> PlatformBuilds:
-    """Build `recipe_path` for each of `platforms` (platforms.parse_platforms' answer; () the engine's own), the
-    engine's own first, then the others in the order given; `options` are build.build's."""
-    if len(platforms) <= 1:  # one pass, as a build without --platform: the recipe is judged before the engine
-        made = build(recipe_path, settings, engine=engine, progress=progress, platform="".join(platforms), **options)
-        return PlatformBuilds((made,), "")
-    if options.get("plan") is None:
+    """Build `recipe_path` for each of `platforms` (platforms.parse_platforms' answer; () the recipe's `platforms`,
+    else the engine's own), the engine's own first, then the others in the order given; `options` are build.build's.
+    The recipe is loaded (and judged: exit 2) before any engine is asked."""
+    plan = options.pop("plan", None)
+    if plan is None:
         acting = options.get("acting")
         with as_user(acting.who if acting else None):
-            load_recipe(recipe_path, secrets=settings.secrets())  # a bad recipe is exit 2 before an engine is asked
+            loaded = load_recipe(recipe_path, secrets=settings.secrets())  # a bad recipe: exit 2 before any engine
+    else:
+        loaded = plan.loaded
+    platforms = platforms or tuple(loaded.recipe.platforms)
+    if len(platforms) <= 1:  # one pass, as a build without --platform
+        one = "".join(platforms)
+        made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, loaded=loaded, platform=one,
+                     **options)  # fmt: skip
+        return PlatformBuilds((made,), "")
     engine = engine or connect_engine(settings)
     host = engine.host_platform()
     ordered = [p for p in platforms if p == host] + [p for p in platforms if p != host]
     results: list[BuildResult] = []
     for platform in ordered:
         progress(f"{platform}: building" + ("" if platform == host else " under emulation"))
-        plan = results[0].plan if results else options.pop("plan", None)
-        made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, platform=platform, **options)
+        plan = results[0].plan if results else plan
+        made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, loaded=loaded,
+                     platform=platform, **options)  # fmt: skip
         results.append(made)
     return PlatformBuilds(tuple(results), host)
 
@@ -466,20 +476,6 @@ def sweep_candidates(engine: ImageEngine, image: str) -> None:
         if tag.startswith(CANDIDATE_PREFIX) and token_state(tag.removeprefix(CANDIDATE_PREFIX), ".") == "gone":
             engine.containers.remove_labelled(Label.SMOKE_OF, f"{image}:{tag}")
             engine.images.untag(f"{image}:{tag}")
-
-
-def source_date_epoch() -> int:
-    """The time a reproducible build stamps everywhere: SOURCE_DATE_EPOCH (ASCII digits), else 0."""
-    text = os.environ.get("SOURCE_DATE_EPOCH", "")
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else 0
-
-
-def pip_bounds(settings: Settings) -> dict[str, str]:
-    """The pip step's bounds (install.sh's guard reads them): resolution seconds, download bytes."""
-    return {
-        "IMGBUILD_PIP_RESOLVE_SECONDS": str(int(settings.pip_resolve_timeout)),
-        "IMGBUILD_PIP_DOWNLOAD_LIMIT": str(settings.pip_download_limit),
-    }
 
 
 def _write_report(

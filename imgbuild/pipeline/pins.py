@@ -145,9 +145,10 @@ def lock(
 ) -> LockResult:
     """Resolve and write the lock; `on_line` is shown what the resolver is doing, line by line, as it comes."""
     from imgbuild.engine import connect_engine
-    from imgbuild.pipeline.build import build_secrets, pip_bounds
+    from imgbuild.pipeline.build import build_secrets
     from imgbuild.pipeline.render import render
     from imgbuild.pipeline.resolve import plan_recipe
+    from imgbuild.pipeline.scratch import pip_bounds
     from imgbuild.recipe import load_recipe
 
     # The lock is what this command writes: a stale or refused lock never stops it (the cure validate and build

@@ -17,6 +17,7 @@ from imgbuild.fields import show as _show
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
 from imgbuild.ngc import FRAMEWORKS
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
+from imgbuild.platforms import PLATFORMS
 from imgbuild.recipe import reqfile
 
 # --- field rules, as data -------------------------------------------------------------------------
@@ -444,6 +445,12 @@ class Recipe:
     entrypoint: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
     cmd: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
     smoke: Smoke = typed(Model(Smoke), factory=Smoke)
+    platforms: list[str] = typed(
+        ListOf(OneOf(*PLATFORMS), max_length=len(PLATFORMS), unique=True),
+        factory=list,
+        doc="the platforms to build for (`build --platform` overrides); none: the engine's own. Another than the "
+        "engine's own is built and smoke-tested under qemu (Podman), and a push is one manifest list",
+    )
 
     def checked(self) -> Recipe:
         if self.user and self.user.sudo and "sudo" not in self.apt:
