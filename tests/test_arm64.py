@@ -63,6 +63,7 @@ def _recipe(tmp_path: Path, image: str) -> Path:
         "pip: {packages: [einops==0.8.1]}\n"
         "files: [{src: files/hello.py, dest: /opt/app/hello.py}]\n"
         'smoke: {run: ["python3 /opt/app/hello.py"]}\n'
+        "platforms: [linux/amd64, linux/arm64]\n"
     )
     return recipe
 
@@ -108,6 +109,13 @@ def test_a_recipe_is_built_for_amd64_and_arm64_and_pushed_as_one_signed_manifest
     assert judged.code == 0, judged.out + judged.err
     fleet = next(c for c in json.loads(judged.out)["checks"] if c["name"] == "fleet")
     assert {v["target"]: v["runs"] for v in fleet["details"]["verdicts"]} == {"gh200": True, "gb10": True}
+    # the recipe names both platforms: rebuild finds both here and in the registry, signed, and builds nothing
+    again = run_cli(
+        "rebuild", str(recipe), "--push", "--sign-key", str(private), "--json",
+        cwd=tmp_path, env={"IMGBUILD_SIGN_PASSWORD": "grace-pw"}, timeout=900,
+    )  # fmt: skip
+    assert again.code == 0, again.err[-3000:]
+    assert [i["status"] for i in json.loads(again.out)["images"]] == ["fresh"], again.out
     # the arm64 image runs its code as an arm64 machine
     out = subprocess.run(
         ["podman", "run", "--rm", "--platform", "linux/arm64", "--entrypoint", "python3", f"{image}:v1-arm64",

@@ -431,3 +431,13 @@ def test_rebuild_builds_a_recipes_every_platform_and_is_fresh_only_when_each_is_
         monkeypatch.setattr(rebuild, "remote_build", lambda *a, **k: both)
         assert rebuild.staleness(plan, engine, settings, push=True) == []
         assert rebuild.staleness(plan, FakeEngine(platforms=BOTH), settings, push=True) == []
+
+
+def test_naming_platforms_changes_no_image_hash(tmp_path):
+    """Which platforms are built shapes no image: the content hash (and every image's labels) stay; a platform a
+    recipe adds is found missing by rebuild, platform by platform."""
+    from imgbuild.pipeline.plan import content_hash
+
+    plain = content_hash(load_recipe(demo_recipe(tmp_path)))
+    both = content_hash(load_recipe(demo_recipe(tmp_path, 'env: {A: "1"}\nplatforms: [linux/amd64, linux/arm64]\n')))
+    assert plain == both

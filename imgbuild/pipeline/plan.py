@@ -282,6 +282,7 @@ def content_hash(loaded: LoadedRecipe) -> str:
     """Everything in the recipe that shapes the image: fields, copied files' content, requirements, templates."""
     data = dataclasses.asdict(loaded.recipe)
     del data["extends"]
+    del data["platforms"]  # which platforms are built shapes no image (rebuild counts each one: ci.rebuild)
     for spec in data["files"]:
         spec["src"] = loaded.file_digests.get(spec["dest"], "")
     if loaded.requirements_path:
