@@ -23,20 +23,24 @@ def test_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_is_
     import os
     import signal
     import subprocess
+    import uuid
 
     from imgbuild.facts import Label
     from tests.conftest import ROOT, bridge_gateway
     from tests.fake_index import FakeIndex, Release
 
     gateway = bridge_gateway(docker_client)
-    index = FakeIndex(gateway, {"slowpkg": [Release("1.0.0")]}, delay=60)  # pip waits here: time to look
+    # pip waits here: time to look, even on a busy runner (the kill comes long before the index answers). A name of
+    # this run's own: no installer's cache on the engine can hold its wheel from an earlier run (immutable, by URL)
+    slow = f"slowpkg{uuid.uuid4().hex[:8]}"
+    index = FakeIndex(gateway, {slow: [Release("1.0.0")]}, delay=180)
     host = index.url.split("//", 1)[1].split("/", 1)[0]
     secret = "CANARY-p4ss-0123456789"
     try:
         (tmp_path / ".git").mkdir()
         recipe = tmp_path / "recipes" / "lock4.yaml"
         recipe.parent.mkdir()
-        recipe.write_text(RECIPE_HEAD + f'pip: {{packages: [slowpkg], trusted_hosts: ["{gateway}"]}}\n')
+        recipe.write_text(RECIPE_HEAD + f'pip: {{packages: [{slow}], trusted_hosts: ["{gateway}"]}}\n')
         env = {
             **os.environ,
             **testbed,
@@ -79,7 +83,7 @@ def test_lock_keeps_index_credentials_out_of_the_container_and_a_killed_lock_is_
             text=True,
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        assert "slowpkg==1.0.0" in (tmp_path / "recipes" / "lock4.lock.txt").read_text()
+        assert f"{slow}==1.0.0" in (tmp_path / "recipes" / "lock4.lock.txt").read_text()
         assert secret not in done.stdout + done.stderr
     finally:
         index.close()

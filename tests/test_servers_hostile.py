@@ -322,3 +322,22 @@ def test_the_image_argument_is_a_reference_a_recipe_or_nothing(command, image, t
     assert res.code == 2 and len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err, res.err
     assert "give REGISTRY/REPO:TAG or a recipe file" in res.err or "no such recipe file" in res.err
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_two_runs_making_the_reapers_folder_at_the_same_moment_both_go_on(tmp_path, monkeypatch):
+    """The second of two runs started together found the folder made between its look and its mkdir, and stopped
+    with "cannot use the reaper's folder": made by another run is made, and judged as any other."""
+    import os
+
+    from imgbuild.servers import ledger
+
+    state = tmp_path / "state"
+    ledger.Ledger(state).folder()
+    made = os.mkdir
+
+    def the_other_run_was_first(path, mode=0o777):
+        made(path, mode)
+        raise FileExistsError(17, "File exists", str(path))
+
+    monkeypatch.setattr(ledger.os, "mkdir", the_other_run_was_first)
+    assert ledger.reaper_dir(state) == state / ".reap" and (state / ".reap").is_dir()

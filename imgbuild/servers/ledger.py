@@ -436,8 +436,12 @@ def reaper_dir(state_dir: Path) -> Path:
     if os.geteuid() == 0:
         _clear_planted_folder(folder)  # root's name: whatever a user put there goes
     try:
-        if not os.path.lexists(folder):
-            os.mkdir(folder, 0o700)
+        os.mkdir(folder, 0o700)
+    except FileExistsError:  # made before, or by a run started at the same moment: judged below, as any other
+        pass
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot use the reaper's folder {folder}: {exc.strerror}") from None
+    try:
         info = os.lstat(folder)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot use the reaper's folder {folder}: {exc.strerror}") from None
