@@ -21,6 +21,7 @@ from imgbuild.engine.lease import lease
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, UsageError
 from imgbuild.facts import Label
 from imgbuild.pipeline.plan import Plan
+from imgbuild.platforms import arch_of
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import split_reference
@@ -89,7 +90,7 @@ def publish(
         if there is not None and there.input_hash == plan.input_hash and (signer is None or there.signed):
             log(f"{target}: the registry has this build already ({there.digest[:19]}, the same inputs): left as it is")
             return there.digest
-        own = engine.host_platform().rsplit("/", 1)[-1]
+        own = arch_of(engine.host_platform())
         if there is not None and set(there.platforms) - {own}:  # this platform's push would drop the others
             raise UsageError(
                 f"{target} is a manifest list of {', '.join(there.platforms)} in the registry: pushing this machine's "
@@ -147,7 +148,6 @@ def publish_platforms(
     `<tag>-<arch>`, then the manifest list of them at the target's tag; with a `signer`, sign the list's digest and
     attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest.
     A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
-    from imgbuild.platforms import arch_of
     from imgbuild.registry.manifest import PlatformImage, manifest_list
 
     target = plan.target

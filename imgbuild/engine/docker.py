@@ -30,6 +30,7 @@ class Engine:
         self.containers = DockerContainers(client, self.images, docker_cli)
         self.leases = DockerLeases(client)
         self._shares: bool | None = None  # shares_host's answer: asked of the kernel once per engine
+        self._platform: str | None = None  # host_platform's answer: asked of the engine once
 
     @classmethod
     def connect(cls, docker_cli: str | None = None) -> Engine:
@@ -127,8 +128,11 @@ class Engine:
         }
 
     def host_platform(self) -> str:
-        """The platform of the engine's host (`linux/amd64`), as the engine reports it; else this machine's."""
-        return str(self.host_info().get("platform") or "") or platform_of_machine(os.uname().machine)
+        """The platform of the engine's host (`linux/amd64`), as the engine reports it; else this machine's. Asked
+        once per engine: a build asks it at every stage (refusal, the built image's check, Podman's argv, smoke)."""
+        if self._platform is None:
+            self._platform = str(self.host_info().get("platform") or "") or platform_of_machine(os.uname().machine)
+        return self._platform
 
     def platform_refusal(self, platform: str) -> str:
         """Why this engine cannot build and smoke-test `platform` images, in one line; "" where it can. Docker's
