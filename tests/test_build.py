@@ -44,6 +44,7 @@ def image_of(client, ref: str):
     return client.images.get(ref)
 
 
+@pytest.mark.frontdoor
 def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_path, as_host_user, cleanup_images):
     cleanup_images.append("imgbuildtest/pytorch-research:24.05")
     res = build(ROOT / "recipes/pytorch-research.yaml", tmp_path / "ctx")
@@ -150,6 +151,7 @@ def test_both_backends_give_equivalent_images(testbed, docker_client, tmp_path, 
     assert now.split() == before.split() == ["1.16.0", "0o640", "True", "hi", "True"]
 
 
+@pytest.mark.frontdoor
 def test_failed_smoke_test_never_replaces_a_working_tag(testbed, docker_client, tmp_path, write, cleanup_images):
     cleanup_images.append("imgbuildtest/promo:v1")
     good = write("good.yaml", 'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {STAGE: good}\n')

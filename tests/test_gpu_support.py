@@ -25,16 +25,45 @@ def test_the_shipped_table_reads_and_every_row_names_a_source():
 @pytest.mark.parametrize(
     "cuda, branches",
     [
-        ((12, 4), ("470.57", "525.85", "535.86", "545.23")),
-        ((12, 8), ("470", "535", "550", "560", "565")),
-        ((12, 9), ("470", "535", "550", "560", "565")),  # the nearest release at or below
+        ((12, 8), ("470", "535", "550", "560", "565")),  # each recorded release: its own list
+        ((12, 9), ("535", "550", "560", "565", "570")),
         ((13, 0), ("535", "550", "565", "570", "575")),
-        ((13, 2), ("535", "550", "565", "570", "575")),
+        ((13, 1), ("535", "550", "570", "575", "580")),
+        ((13, 2), ("535", "570", "580", "590")),
+        ((12, 4), ("470.57", "535.86")),  # between two rows: what both allow, at the stricter minimum
+        ((13, 3), ("535", "570", "580", "590")),  # past the newest row: the newest
         ((11, 8), ()),
     ],
 )
-def test_forward_branches_come_from_the_nearest_release_at_or_below(cuda, branches):
+def test_forward_branches_are_each_releases_own_and_an_unrecorded_release_gets_only_what_its_neighbours_share(
+    cuda, branches
+):
     assert SUPPORT.forward_branches(cuda) == branches
+
+
+def test_no_release_between_two_rows_gets_a_branch_either_neighbour_dropped():
+    rows = sorted(SUPPORT.forward_compat)
+    for older, newer in zip(rows, rows[1:], strict=False):
+        if older[0] != newer[0]:
+            continue
+        for minor in range(older[1] + 1, newer[1]):
+            allowed = {b.split(".")[0] for b in SUPPORT.forward_branches((older[0], minor))}
+            assert allowed <= {b.split(".")[0] for b in SUPPORT.forward_compat[older]}
+            assert allowed <= {b.split(".")[0] for b in SUPPORT.forward_compat[newer]}
+
+
+def test_a_release_own_driver_and_its_majors_minor_version_floor_are_two_facts():
+    assert SUPPORT.cuda_min_driver[(11, 0)] == "450.51.05"
+    assert SUPPORT.minor_version_floor(11) == "450.80.02"
+    assert SUPPORT.minor_version_floor(12) == "525.60.13" and SUPPORT.minor_version_floor(13) == "580.65.06"
+
+
+def test_jetson_drivers_are_read_on_their_own_scale_and_only_for_jetsons():
+    assert SUPPORT.tegra_cuda("thor", "580.00") == (13, 0)
+    assert SUPPORT.tegra_cuda("orin", "540.4.0") == (12, 6)
+    assert SUPPORT.tegra_cuda("h100", "580.00") is None
+    with pytest.raises(BadTable, match="tegra_drivers\\[0\\]: model must be a Jetson"):
+        parse(_table(tegra_drivers=[{"model": "h100", "driver": "580.00", "cuda": "13.0", "source": "jetpack"}]))
 
 
 def _table(**change):

@@ -16,7 +16,7 @@ import pytest
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, UsageError
-from imgbuild.gpu.fleet import GpuFacts, driver_verdict, judge, judge_tag, parse_target, parse_targets
+from imgbuild.gpu.fleet import GpuFacts, driver_verdict, host_target, judge, judge_tag, parse_target, parse_targets
 from imgbuild.payload import smoke_image as script
 from tests.support import fake_inspect
 
@@ -136,6 +136,15 @@ DRIVERS = [
     ((12, 8), "545.23.08", None, True, "minor-version compatibility"),
     ((12, 8), "470.57.02", True, True, "forward compatibility"),
     ((11, 8), "450.80.02", None, True, "minor-version compatibility"),
+    ((11, 0), "450.51.06", None, True, ">= 450.51.05"),  # CUDA 11.0.3 on its own driver
+    ((11, 1), "450.51.06", None, False, "older than 450.80.02"),  # below the 11.x minor-version floor
+    # each release's own forward-compatibility list: branches NVIDIA dropped run nothing newer
+    ((12, 9), "470.256.02", True, False, "older than 525.60.13"),
+    ((13, 1), "565.57.01", True, False, "older than 580.65.06"),
+    ((13, 2), "550.127.05", True, False, "older than 580.65.06"),
+    ((13, 2), "575.57.08", True, False, "older than 580.65.06"),
+    ((13, 2), "570.124.06", True, True, "forward compatibility"),
+    ((13, 1), "575.57.08", True, True, "forward compatibility"),
 ]
 
 
@@ -176,6 +185,42 @@ def test_a_fleet_is_judged_per_gpu_from_the_image_facts():
 
 
 HOSTILE_TARGETS = ["", " ", "sm_", "sm_8", "8.9.1", "h100; rm -rf /", "h100\nFROM x", "x" * 5000, "sm_899", "9", "-1.0"]
+
+
+def test_a_jetson_on_its_own_jetpack_driver_runs_what_that_jetpack_ships_and_no_newer_major():
+    cuda13 = GpuFacts("25.10", "13.0", "8.7 11.0", "test")
+    thor = judge(cuda13, parse_targets("thor"), "580.00")[0]
+    assert thor.runs and "JetPack's for CUDA 13.0" in thor.reason
+    orin = judge(GpuFacts("24.10", "12.6", "8.7", "test"), parse_targets("orin"), "540.3.0")[0]
+    assert orin.runs and "minor-version compatibility" in orin.reason  # JetPack 6.0 (12.2) runs 12.6's SASS
+    assert not judge(cuda13, parse_targets("orin"), "540.4.0")[0].runs
+    desktop = judge(cuda13, parse_targets("h100"), "580.00")[0]  # no Jetson: 580.00 is a desktop number there
+    assert not desktop.runs and "older than 580.65.06" in desktop.reason
+
+
+@pytest.mark.parametrize(
+    "name, capability, model, datacenter",
+    [
+        ("NVIDIA GeForce RTX 4090", (8, 9), "rtx4090", False),
+        ("NVIDIA H100 80GB HBM3", (9, 0), "h100", True),
+        ("Tesla V100-SXM2-16GB", (7, 0), "v100", True),
+        ("NVIDIA L40S", (8, 9), "l40s", True),
+        ("NVIDIA A100-SXM4-80GB", (8, 0), "a100", True),
+        ("NVIDIA Thor", (11, 0), "thor", True),
+        ("NVIDIA H100 80GB HBM3", (8, 0), "", None),  # a name at another capability is no match
+        ("Some Future GPU", (13, 0), "", None),
+    ],
+)
+def test_the_hosts_gpus_carry_their_models_facts(name, capability, model, datacenter):
+    target = host_target(name, capability)
+    assert (target.model, target.datacenter) == (model, datacenter)
+    assert target.label == f"this host's {name}"
+
+
+def test_a_geforce_host_on_r570_is_not_promised_cuda_13():
+    facts = GpuFacts("25.10", "13.0", "8.9", "test")
+    verdict = judge(facts, [host_target("NVIDIA GeForce RTX 4090", (8, 9))], "570.124.06")[0]
+    assert not verdict.runs and "data-center GPUs only" in verdict.reason
 
 
 @pytest.mark.parametrize("word", HOSTILE_TARGETS)

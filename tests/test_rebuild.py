@@ -210,6 +210,7 @@ def test_push_errors_reported_in_the_stream_fail_the_run(project):
     assert data["status"] == "failed" and "push of 127.0.0.1:9/imgbuildtest/lost" in data["error"]
 
 
+@pytest.mark.frontdoor
 @pytest.mark.engine
 def test_check_flags_recipes_whose_context_is_stale(project):
     project["recipe"]("one", f"name: one\nbase: {project['base']}\nenv: {{A: '1'}}\n")

@@ -24,7 +24,7 @@ from imgbuild.errors import EnvironmentProblem, ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.gpu.allocate import Claim
 from imgbuild.gpu.engine_read import EngineGpus
-from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
+from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, host_target, judge_per_platform
 from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
 from imgbuild.platforms import arch_of_machine, platform_of_machine
@@ -377,7 +377,7 @@ def declared_fleet(
         for gpu in readings or []:
             if gpu.compute_cap:
                 major, minor = (int(x) for x in gpu.compute_cap.split("."))
-                target = Target(f"this host's {gpu.name}", (major, minor), None)
+                target = host_target(gpu.name, (major, minor))
                 if all(t.capability != target.capability for t in targets):
                     targets.append(target)
         driver = driver or next((g.driver for g in readings or [] if g.driver), None)
