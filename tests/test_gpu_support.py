@@ -5,9 +5,11 @@ NVIDIA_REQUIRE_CUDA for every recorded CUDA image against it)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from imgbuild.gpu import matrix
 from imgbuild.gpu.support import SUPPORT, TABLE, BadTable, parse
 
 
@@ -154,3 +156,27 @@ def test_a_malformed_table_row_is_one_line_naming_it(why, change, words):
 def test_a_table_that_is_no_table_is_refused(document):
     with pytest.raises(BadTable):
         parse(document)
+
+
+def test_the_driver_matrix_in_the_docs_is_what_the_table_says_now():
+    docs = (Path(__file__).parent.parent / "docs" / "gpus.md").read_text()
+    start = docs.index("<!-- driver-matrix: python -m imgbuild.gpu.matrix -->\n")
+    block = docs[start:].split("\n", 1)[1].split("<!-- /driver-matrix -->")[0]
+    assert block == matrix.markdown(), "docs/gpus.md's driver matrix is stale: python -m imgbuild.gpu.matrix"
+
+
+@pytest.mark.parametrize(
+    "release, driver, expected",
+    [
+        ("25.06", "470.256.02", "no"),  # CUDA 12.9's list dropped R470
+        ("26.01", "565.57.01", "no"),  # CUDA 13.1's dropped R565
+        ("26.03", "550.163.01", "no"),  # CUDA 13.2's dropped R550 and R575
+        ("26.03", "575.64.05", "no"),
+        ("26.03", "570.195.03", "data center"),
+        ("25.10", "580.95.05", "all"),
+        ("24.05", "470.256.02", "data center"),
+    ],
+)
+def test_the_matrix_follows_each_releases_own_list(release, driver, expected):
+    cuda = dict(matrix.NGC_RELEASES)[release]
+    assert matrix.cell(cuda, driver) == expected

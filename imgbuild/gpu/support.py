@@ -134,6 +134,28 @@ def _models(rows: list[Any], sources: dict[str, str]) -> dict[str, GpuModel]:
     return models
 
 
+def _minor_floors(rows: list[Any], sources: dict[str, str]) -> dict[int, str]:
+    floors: dict[int, str] = {}
+    for i, row in enumerate(rows):
+        where = f"support table cuda_minor_floor[{i}]"
+        _source(row, sources, where)
+        floors[_cuda(row.get("cuda"), where)[0]] = _driver(row.get("driver"), where)
+    return floors
+
+
+def _tegra_drivers(
+    rows: list[Any], sources: dict[str, str], models: dict[str, GpuModel]
+) -> dict[str, dict[str, tuple[int, int]]]:
+    tegra: dict[str, dict[str, tuple[int, int]]] = {}
+    for i, row in enumerate(rows):
+        where = f"support table tegra_drivers[{i}]"
+        _source(row, sources, where)
+        if row.get("model") not in models or models[row["model"]].cpu != "arm64":
+            raise BadTable(f"{where}: model must be a Jetson of the table's models")
+        tegra.setdefault(row["model"], {})[_driver(row.get("driver"), where)] = _cuda(row.get("cuda"), where)
+    return tegra
+
+
 def parse(data: Any) -> SupportTable:
     """The table from its JSON document; BadTable naming the first row that is not one."""
     if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
@@ -165,18 +187,8 @@ def parse(data: Any) -> SupportTable:
         if not isinstance(row.get("branches"), list):
             raise BadTable(f"{where}: branches must be a list")
         forward[_cuda(row.get("cuda"), where)] = tuple(_driver(b, where) for b in row["branches"])
-    floors: dict[int, str] = {}
-    for i, row in enumerate(data.get("cuda_minor_floor") or []):
-        where = f"support table cuda_minor_floor[{i}]"
-        _source(row, sources, where)
-        floors[_cuda(row.get("cuda"), where)[0]] = _driver(row.get("driver"), where)
-    tegra: dict[str, dict[str, tuple[int, int]]] = {}
-    for i, row in enumerate(data.get("tegra_drivers") or []):
-        where = f"support table tegra_drivers[{i}]"
-        _source(row, sources, where)
-        if row.get("model") not in models or models[row["model"]].cpu != "arm64":
-            raise BadTable(f"{where}: model must be a Jetson of the table's models")
-        tegra.setdefault(row["model"], {})[_driver(row.get("driver"), where)] = _cuda(row.get("cuda"), where)
+    floors = _minor_floors(data.get("cuda_minor_floor") or [], sources)
+    tegra = _tegra_drivers(data.get("tegra_drivers") or [], sources, models)
     return SupportTable(models, branches, minimum, drivers, forward, sources, floors, tegra)
 
 
