@@ -30,7 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI_FILES = sorted((ROOT / "docs" / "ci").glob("*.yml"))
 FENCE = re.compile(r"(?ms)^(?:<!-- docs: (?P<mark>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```")
-MARKS = {"recipe-fragment", "reference", "partial", "main-command", "test-command", "ci-rest-command", "install", "admission-policy"}
+MARKS = {
+    "recipe-fragment",
+    "reference",
+    "partial",
+    "main-command",
+    "test-command",
+    "ci-rest-command",
+    "install",
+    "admission-policy",
+}
 SETTING_KEYS = {f.name for f in dataclasses.fields(Settings)} - set(NOT_SETTINGS) | {"fleet"}
 MINIMAL_RECIPE = 'name: docs-example\nbase: {framework: pytorch, tag: "24.05"}\n'
 
