@@ -418,6 +418,7 @@ def smoke_request(
         accept_pip_check=tuple(smoke.accept_pip_check),
         known_good=known_good,
         import_seconds=math.ceil(settings.smoke_import_timeout),
+        gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
         user=acting.who.name if acting else settings.caller.name,
         run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
         emulated=emulated,

@@ -120,6 +120,7 @@ class SmokeRequest:
     #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
     run_as: str = ""
     import_seconds: int = 0  # one distribution's import budget on a quiet machine (setting smoke_import_timeout)
+    gpu_seconds: int = 0  # the GPU checks' budget beyond one device's arithmetic (setting smoke_gpu_seconds)
     #: a foreign platform's image (linux/arm64 on an amd64 runner), run under qemu: no GPU check, and the report
     #: says what emulation cannot prove (EMULATION_UNPROVEN)
     emulated: str = ""
@@ -221,6 +222,7 @@ SCRIPT_VARIABLES = (
     "IMGBUILD_EXPECT_FRAMEWORK_VERSION",
     "IMGBUILD_SMOKE_ACCEPT_PIP_CHECK",
     "IMGBUILD_SMOKE_IMPORTS",
+    "IMGBUILD_SMOKE_GPU_SECONDS",
     "IMGBUILD_SMOKE_IMPORT_SECONDS",
     "IMGBUILD_SMOKE_MIN_SPEEDUP",
     "IMGBUILD_SMOKE_RUN",
@@ -236,6 +238,8 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
     env.update(dict.fromkeys(SCRIPT_VARIABLES, ""))
     if req.import_seconds:
         env["IMGBUILD_SMOKE_IMPORT_SECONDS"] = str(req.import_seconds)
+    if req.gpu_seconds:
+        env["IMGBUILD_SMOKE_GPU_SECONDS"] = str(req.gpu_seconds)
     if labels.get(Label.BASE_FRAMEWORK_VERSION):
         env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
     if req.min_speedup:
