@@ -56,6 +56,20 @@ def parse_target(word: str) -> Target:
     )
 
 
+#: Words in a GPU's name that mark a consumer card: no forward compatibility on those (NGC's support matrix).
+_CONSUMER_WORDS = ("GeForce", "TITAN")
+
+
+def host_target(name: str, compute_cap: str) -> Target | None:
+    """A GPU as a reader saw it (its name, `8.9`) as a target: a consumer card known as one (no forward
+    compatibility), any other name not known either way. None where the reader gave no capability."""
+    match = _CAPABILITY_RE.fullmatch(compute_cap.strip()) if compute_cap else None
+    if match is None or match.group(1):
+        return None
+    consumer = any(word in name for word in _CONSUMER_WORDS)
+    return Target(f"this host's {name}", (int(match.group(3)), int(match.group(4))), False if consumer else None)
+
+
 def parse_targets(words: str | Iterable[str]) -> list[Target]:
     """`v100,l40s,sm_90` (or a list of such words) as targets, each once, in the order given."""
     items = words.split(",") if isinstance(words, str) else [w for word in words for w in str(word).split(",")]

@@ -360,7 +360,7 @@ def declared_fleet(
     """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and the engine's host's
     GPUs when it has any (`host`: as host_gpus read them; True: this machine's); the driver is the site's, else
     the host's."""
-    from imgbuild.gpu.fleet import check_driver, parse_targets
+    from imgbuild.gpu.fleet import check_driver, host_target, parse_targets
 
     targets = parse_targets([*settings.fleet_gpus, *recipe_targets]) if (settings.fleet_gpus or recipe_targets) else []
     driver = check_driver(settings.fleet_driver)
@@ -375,11 +375,9 @@ def declared_fleet(
             except NoGpus:
                 readings = []
         for gpu in readings or []:
-            if gpu.compute_cap:
-                major, minor = (int(x) for x in gpu.compute_cap.split("."))
-                target = Target(f"this host's {gpu.name}", (major, minor), None)
-                if all(t.capability != target.capability for t in targets):
-                    targets.append(target)
+            target = host_target(gpu.name, gpu.compute_cap or "")
+            if target is not None and all(t.capability != target.capability for t in targets):
+                targets.append(target)
         driver = driver or next((g.driver for g in readings or [] if g.driver), None)
     return targets, driver
 
