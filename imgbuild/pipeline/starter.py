@@ -173,7 +173,7 @@ def write_new(path: Path, text: str) -> None:
 def start(starter: Starter, settings: Settings) -> Started:
     """Write the recipe (loaded back first: imgbuild writes nothing it would refuse) and the CI file, render the
     context CI checks, and say what comes next: build, commit the recipe with its context, push."""
-    from imgbuild.errors import RecipeError, RegistryUnavailable
+    from imgbuild.errors import ImgbuildError, RecipeError
     from imgbuild.pipeline.context import context_dir, render_into
     from imgbuild.pipeline.resolve import plan_file
     from imgbuild.recipe import display_path, load_recipe
@@ -192,8 +192,8 @@ def start(starter: Starter, settings: Settings) -> Started:
     try:
         plan = plan_file(starter.recipe, settings)
         rendered = render_into(plan, context_dir(plan, settings), "buildkit", settings)
-    except RegistryUnavailable as exc:
-        why_not = str(exc)
+    except ImgbuildError as exc:  # the recipe stands (it loads); what stops its render is said, and `render` next
+        why_not = str(exc).splitlines()[0]
     recipe = shlex.quote(str(starter.recipe))
     context = display_path(rendered or starter.context or Path("images"))
     commit = [str(starter.recipe), context, *map(str, starter.inputs), *([str(starter.ci[0])] if starter.ci else [])]
