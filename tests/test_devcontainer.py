@@ -179,21 +179,29 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", ngc_facts.BED_TORCH], run.stderr[
             -1500:
         ]
-        # a recipe without a user: the container runs as the person (here SUDO_UID, as under sudo), and what they
-        # write into the project is theirs
+        # a recipe without a user: the container runs as the person exporting it (here UID 4242, a user of the
+        # docker group), and what they write into the project is theirs
         mine = tmp_path / "mine"
         (mine / ".git").mkdir(parents=True)
         (mine / "recipes").mkdir()
         plain = mine / "recipes" / "plain.yaml"
         plain.write_text(f'name: plain-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
-        person = {"IMGBUILD_CONFIG": str(config), "SUDO_UID": "4242", "SUDO_GID": "4343", "SUDO_USER": "person"}
-        refused = run_cli("export", str(plain), "--devcontainer", cwd=mine, env=person)
+        refused = run_cli("export", str(plain), "--devcontainer", cwd=mine)
         assert refused.code == 2 and "is not built here: build it first" in refused.err, refused.err
         target = cleanup_images[-1].rsplit("/", 1)[0] + f"/plain-{unique}:v1"  # the built image, as plain's
         subprocess.run(["docker", "tag", cleanup_images[-1], target], check=True)
         cleanup_images.append(target)
-        exported = run_cli("export", str(plain), "--devcontainer", cwd=mine, env=person)
-        assert exported.code == 0, exported.err
+        from imgbuild.clusters.devcontainer import export_devcontainer
+        from imgbuild.config.settings import load_settings
+        from imgbuild.engine import connect_engine
+        from imgbuild.host import Caller
+        from imgbuild.pipeline.resolve import plan_file
+
+        monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+        person = load_settings(who=Caller("person", 4242, 4343))
+        plan = plan_file(plain, person)
+        assert plan.target == target
+        export_devcontainer(plan, plain, person, mine / ".devcontainer", None, lambda: connect_engine(person))
         mine.chmod(0o777)
         mine_args = ["--workspace-folder", str(mine), *args[2:]]
         read = subprocess.run([cli, "read-configuration", *mine_args], capture_output=True, text=True, timeout=120)
