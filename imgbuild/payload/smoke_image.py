@@ -495,7 +495,7 @@ class Report:
     def run(self, name: str, fn, *args) -> dict | None:
         start = time.perf_counter()
         entry: dict = {"name": name}
-        say(f"check {len(self.checks) + 1}: {name}")
+        say(f"check {len(self.checks) + 1}: {name} ...")
         try:
             details = fn(*args) or {}
             entry.update(status="pass", reason=details.pop("reason", ""), details=details)
@@ -1138,8 +1138,9 @@ def check_imports() -> dict:
         work.append(("smoke.imports", "", extra))
     configured = configured_import_seconds(os.environ.get("IMGBUILD_SMOKE_IMPORT_SECONDS", ""))
     say(
-        f"imports: {len(work) - bool(extra)} of {len(added)} added distribution(s) to import, "
-        f"{len(unchanged)} unchanged since the last promoted image"
+        f"imports: {len(work) - bool(extra)} of {len(added)} added distribution(s) to import"
+        + (" with smoke.imports" if extra else "")
+        + f", {len(unchanged)} unchanged since the last promoted image"
     )
     results = import_served(work, configured, import_workers()) if work else []
     if results is None:  # no import server here: one interpreter per distribution, as before

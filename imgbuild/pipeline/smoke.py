@@ -277,8 +277,13 @@ class StepHeartbeat:
         return self.heard
 
     def heard(self, line: str) -> None:
-        if line.startswith(PROGRESS) and self.on_step is not None:
-            self.step, self.since = "smoke " + " ".join(line[len(PROGRESS) :].split())[:200], time.monotonic()
+        """A check's start (`... `) is said only if it runs long (by the heartbeat); its end, and any other line
+        of the script's, at once."""
+        if not line.startswith(PROGRESS) or self.on_step is None:
+            return
+        text = "smoke " + " ".join(line[len(PROGRESS) :].split())[:200]
+        self.step, self.since = text.removesuffix(" ..."), time.monotonic()
+        if not text.endswith(" ..."):
             self.on_step(self.step)
 
     def _beat(self) -> None:
