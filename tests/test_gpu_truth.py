@@ -210,17 +210,21 @@ def test_a_jetson_on_its_own_jetpack_driver_runs_what_that_jetpack_ships_and_no_
         ("NVIDIA Thor", (11, 0), "thor", True),
         ("NVIDIA H100 80GB HBM3", (8, 0), "", None),  # a name at another capability is no match
         ("Some Future GPU", (13, 0), "", None),
+        ("NVIDIA GeForce RTX 9090", (13, 0), "", False),  # a consumer card the table does not know yet
     ],
 )
 def test_the_hosts_gpus_carry_their_models_facts(name, capability, model, datacenter):
-    target = host_target(name, capability)
+    target = host_target(name, f"{capability[0]}.{capability[1]}")
+    assert target is not None
     assert (target.model, target.datacenter) == (model, datacenter)
     assert target.label == f"this host's {name}"
 
 
 def test_a_geforce_host_on_r570_is_not_promised_cuda_13():
     facts = GpuFacts("25.10", "13.0", "8.9", "test")
-    verdict = judge(facts, [host_target("NVIDIA GeForce RTX 4090", (8, 9))], "570.124.06")[0]
+    target = host_target("NVIDIA GeForce RTX 4090", "8.9")
+    assert target is not None
+    verdict = judge(facts, [target], "570.124.06")[0]
     assert not verdict.runs and "data-center GPUs only" in verdict.reason
 
 

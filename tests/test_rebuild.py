@@ -225,6 +225,7 @@ def test_check_flags_recipes_whose_context_is_stale(project):
     by_name = {Path(i["recipe"]).stem: i for i in json.loads(stale.out)["images"]}
     assert by_name["one"]["status"] == "stale" and "Dockerfile" in by_name["one"]["reasons"][0]
     assert by_name["two"]["status"] == "stale" and "never rendered" in by_name["two"]["reasons"][0]
+    assert by_name["two"]["reasons"][-1] == "cure: imgbuild render recipes/two.yaml, then commit images/two"
 
 
 def test_bump_moves_following_recipes_and_keeps_the_file_as_written(tmp_path):

@@ -7,6 +7,7 @@ the recipe or a copied file changed, the base moved to another digest, or the bu
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -412,6 +413,14 @@ def check_contexts(paths: list[str], settings: Settings, rewrite: bool = False) 
 
 
 def _check_one(item: Item, loaded: Any, settings: Settings, rewrite: bool = False) -> None:
+    """Judge the committed context; a stale one says the cure: render the recipe, commit what it wrote."""
+    _judge_context(item, loaded, settings, rewrite)
+    if item.status == STALE:
+        context = display_path(context_path(loaded.recipe.name, loaded.root, settings))
+        item.reasons.append(f"cure: imgbuild render {shlex.quote(item.name)}, then commit {context}")
+
+
+def _judge_context(item: Item, loaded: Any, settings: Settings, rewrite: bool = False) -> None:
     """Render the recipe against the base its lock records, and compare with the committed context."""
     from imgbuild.pipeline.context import diff_context
     from imgbuild.pipeline.plan import make_plan

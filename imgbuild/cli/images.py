@@ -224,7 +224,7 @@ def smoke(
         quota = quota_check(settings, acting.who.name) if acting else None
         with live as progress:
             progress("the smoke test runs in the image")  # the clock runs while it imports and times the GPUs
-            result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota)
+            result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota, on_step=progress)
     if report:
         write_as(acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if as_json:

@@ -58,17 +58,23 @@ def parse_target(word: str) -> Target:
 
 
 _BRAND_WORDS = frozenset({"nvidia", "geforce", "tesla", "jetson", "agx"})  # words that name no model
+#: Words in a GPU's name that mark a consumer card: no forward compatibility on those (NGC's support matrix).
+_CONSUMER_WORDS = ("GeForce", "TITAN")
 
 
 def _name_words(name: str) -> tuple[str, ...]:
     return tuple(w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in _BRAND_WORDS)
 
 
-def host_target(name: str, capability: tuple[int, int]) -> Target:
-    """A GPU this host's driver names (`NVIDIA GeForce RTX 4090`, `NVIDIA H100 80GB HBM3`, `Tesla V100-SXM2-16GB`)
-    as a target carrying its model's facts (data-center or not, its own minimum driver, Jetson drivers): the table's
-    model whose name's words begin the driver's name, of the same capability, the longest such; else the
-    capability alone."""
+def host_target(name: str, compute_cap: str) -> Target | None:
+    """A GPU as a reader saw it (`NVIDIA GeForce RTX 4090`, `8.9`) as a target carrying its model's facts
+    (data-center or not, its own minimum driver, Jetson drivers): the table's model whose name's words begin the
+    driver's name, of the same capability, the longest such; else a consumer card known as one (no forward
+    compatibility), any other name not known either way. None where the reader gave no capability."""
+    match = _CAPABILITY_RE.fullmatch(compute_cap.strip()) if compute_cap else None
+    if match is None or match.group(1):
+        return None
+    capability = (int(match.group(3)), int(match.group(4)))
     words = _name_words(name)
     best: tuple[int, str] | None = None
     for key, model in GPU_MODELS.items():
@@ -77,7 +83,7 @@ def host_target(name: str, capability: tuple[int, int]) -> Target:
             best = (len(own), key)
     label = f"this host's {name}"
     if best is None:
-        return Target(label, capability)
+        return Target(label, capability, False if any(w in name for w in _CONSUMER_WORDS) else None)
     model = GPU_MODELS[best[1]]
     return Target(label, capability, model.datacenter, model.cpu, model.min_driver, best[1])
 

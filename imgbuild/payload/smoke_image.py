@@ -477,6 +477,16 @@ class Warn(Fail):
     """A check passed with a warning; its numbers kept too."""
 
 
+#: Each check's start and end as it goes, on stderr (the host shows them live: a smoke test is never silent for
+#: long), apart from the report on stdout.
+PROGRESS = "imgbuild-smoke: "
+
+
+def say(text: str) -> None:
+    sys.stderr.write(PROGRESS + text + "\n")
+    sys.stderr.flush()
+
+
 class Report:
     def __init__(self) -> None:
         self.checks: list[dict] = []
@@ -485,6 +495,7 @@ class Report:
     def run(self, name: str, fn, *args) -> dict | None:
         start = time.perf_counter()
         entry: dict = {"name": name}
+        say(f"check {len(self.checks) + 1}: {name} ...")
         try:
             details = fn(*args) or {}
             entry.update(status="pass", reason=details.pop("reason", ""), details=details)
@@ -498,6 +509,7 @@ class Report:
             entry.update(status="fail", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300], details={})
         entry["seconds"] = round(time.perf_counter() - start, 3)
         self.checks.append(entry)
+        say(f"check {len(self.checks)}: {name} {entry['status'].upper()} ({entry['seconds']:.1f} s)")
         return entry.get("details")
 
     def fail(self, name: str, reason: str) -> None:
@@ -1125,6 +1137,11 @@ def check_imports() -> dict:
     if extra:
         work.append(("smoke.imports", "", extra))
     configured = configured_import_seconds(os.environ.get("IMGBUILD_SMOKE_IMPORT_SECONDS", ""))
+    say(
+        f"imports: {len(work) - bool(extra)} of {len(added)} added distribution(s) to import"
+        + (" with smoke.imports" if extra else "")
+        + f", {len(unchanged)} unchanged since the last promoted image"
+    )
     results = import_served(work, configured, import_workers()) if work else []
     if results is None:  # no import server here: one interpreter per distribution, as before
         budget = import_budget(configured, framework_seconds(configured))
