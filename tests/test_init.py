@@ -66,8 +66,10 @@ def test_the_ci_workflow_installs_imgbuild_from_a_named_source_and_checks_the_re
     assert done.code == 0, done.err
     path = project / (".github/workflows/images.yml" if ci == "github" else ".gitlab-ci.yml")
     text = path.read_text()
-    assert yaml.safe_load(text)
-    assert "imgbuild validate recipes/demo.yaml" in text and "imgbuild rebuild --check recipes" in text
+    data = yaml.safe_load(text)
+    named = data["env"] if ci == "github" else data["variables"]
+    assert named["RECIPE"] == "recipes/demo.yaml" and named["RECIPES"] == "recipes"  # each reaches a script quoted
+    assert 'imgbuild validate "$RECIPE"' in text and 'imgbuild rebuild --check "$RECIPES"' in text
     assert '"$IMGBUILD_PACKAGE"' in text and "pip install imgbuild" not in text
 
 

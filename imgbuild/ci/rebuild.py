@@ -23,7 +23,7 @@ from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.pipeline.context import context_path
 from imgbuild.pipeline.plan import Plan
-from imgbuild.recipe import display_path, load_recipe
+from imgbuild.recipe import ci_path, display_path, load_recipe
 from imgbuild.tree import TooDeep, walk
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
@@ -62,6 +62,8 @@ class Item:
 
 
 def discover(paths: list[str]) -> list[Path]:
+    """The recipes `paths` name (files, and the *.yaml and *.yml files under folders), each once; every one a
+    path CI may pass on (ci_path), since what is found here reaches plans, reports and child pipelines."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -75,6 +77,8 @@ def discover(paths: list[str]) -> list[Path]:
             found.append(path)
         else:
             raise UsageError(f"{raw}: no such recipe or folder")
+    for path in found:
+        ci_path(display_path(path))
     return list(dict.fromkeys(p.resolve() for p in found))
 
 

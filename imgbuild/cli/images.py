@@ -317,7 +317,7 @@ def rebuild(
         with lock:
             click.echo(" ".join(line.split())[:200], err=True)
 
-    signer = _signer(sign_key, push)
+    signer = _signer(sign_key, push or as_plan)  # a plan judges the registry's copies by the key's signature
     settings = settings_of(ctx, backend=backend)
     report = rb.rebuild(
         list(paths) or ["recipes"],

@@ -26,6 +26,8 @@ KNOWN_RELEASES = (
     ("24.05", "12.4", "5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX"),
 )
 PYPROJECT_BYTES = 1024 * 1024
+#: The tag of a starting recipe (its image is <user>/<name>:1), which its CI workflow verifies
+STARTER_TAG = "1"
 CI_FILES = {"github": Path(".github/workflows/images.yml"), "gitlab": Path(".gitlab-ci.yml")}
 
 
@@ -87,7 +89,7 @@ def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str
     lines = [
         f"# {name}: a starting recipe from `imgbuild init`. Fields: docs/recipes.md; check it: imgbuild validate",
         f"name: {name}",
-        'tag: "1"',
+        f'tag: "{STARTER_TAG}"',
         "base:",
         f"  framework: {framework}",
         f'  tag: "{tag}"  # {why}',
@@ -107,11 +109,18 @@ def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str
     return "\n".join(lines) + "\n"
 
 
-def ci_text(kind: str, recipe: Path) -> str:
+def ci_text(kind: str, recipe: Path, name: str) -> str:
+    """The CI workflow that checks, builds, pushes, signs and verifies `recipe`; its path is one CI may pass on
+    (ci_path), else UsageError."""
     from imgbuild.pipeline.render import template_environment
+    from imgbuild.recipe import ci_path
 
+    shown = ci_path(str(recipe))
+    folder = ci_path(str(recipe.parent))
     return (
-        template_environment().get_template(f"ci-{kind}.yml.j2").render(recipe=str(recipe), folder=str(recipe.parent))
+        template_environment()
+        .get_template(f"ci-{kind}.yml.j2")
+        .render(recipe=shown, folder=folder, name=name, tag=STARTER_TAG)
     )
 
 
@@ -128,7 +137,7 @@ def plan_starter(
     if requirements:
         requirements = os.path.relpath(Path(requirements).resolve(), folder.resolve())
     text = recipe_text(name, framework, tag, why, requirements, packages)
-    return Starter(recipe, text, why, (CI_FILES[ci], ci_text(ci, recipe)) if ci else None)
+    return Starter(recipe, text, why, (CI_FILES[ci], ci_text(ci, recipe, name)) if ci else None)
 
 
 def write_new(path: Path, text: str) -> None:
