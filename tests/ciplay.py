@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import operator
-import os
 import re
 import shutil
 import subprocess
@@ -26,43 +25,36 @@ from imgbuild.ci.fanout import gitlab_child
 #: The files a child pipeline may include, for which the stub's `rebuild --plan --gitlab-child` has imgbuild's own
 #: child pipeline of the plan ready.
 CHILD_INCLUDES = (".gitlab/imgbuild-runner.yml",)
-#: Stubs: each records its argv; imgbuild acts out what the workflows rely on (a plan, reports, a merge).
-STUB_IMGBUILD = r"""
-import json, os, sys
-from pathlib import Path
-args = sys.argv[1:]
-with open(os.environ["CIPLAY_LOG"], "a") as log:
-    log.write(json.dumps(["imgbuild", *args]) + "\n")
-def value(flag):
-    return args[args.index(flag) + 1] if flag in args else None
-fail = set(json.loads(os.environ.get("CIPLAY_FAIL", "[]")))
-if args[:1] == ["rebuild"] and "--plan" in args:
-    plan = Path(os.environ["CIPLAY_PLAN"]).read_text()
-    if value("--gitlab-child"):  # the child pipeline imgbuild writes for this plan and include (made beforehand)
-        child = Path(os.environ["CIPLAY_PLAN"]).with_name("child-" + value("--gitlab-include").replace("/", "_"))
-        Path(value("--gitlab-child")).write_text(child.read_text())
-    print(plan)
-elif args[:1] == ["rebuild"] and "--push" in args:
-    recipe = args[1]
-    if recipe in fail:
-        sys.exit(1)  # a runner that dies before writing its report
-    if value("--report-json"):
-        row = {"recipe": recipe, "image": "img", "status": "built", "reasons": [], "error": "", "seconds": 1}
-        Path(value("--report-json")).write_text(json.dumps({"mode": "build", "images": [row]}))
-elif args[:1] == ["merge-reports"]:
-    rows = [r for f in args[1:] if f.endswith(".json") and Path(f).is_file() for r in json.loads(Path(f).read_text())["images"]]
-    for flag in ("--junit-xml", "--report-json"):
-        if value(flag):
-            Path(value(flag)).write_text(json.dumps(rows))
-    sys.exit(1 if any(r["status"] == "failed" for r in rows) else 0)
+#: Every stub records its argv: NUL-terminated words, then a record separator.
+RECORD = """record() { printf '%s\\0' "${0##*/}" "$@" >> "$CIPLAY_LOG"; printf '\\036\\0' >> "$CIPLAY_LOG"; }
+record "$@"
 """
 
-STUB_RECORDER = r"""
-import json, os, sys
-with open(os.environ["CIPLAY_LOG"], "a") as log:
-    log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
-if not sys.stdin.isatty():
-    sys.stdin.read()  # a password on standard input
+#: imgbuild acts out what the workflows rely on: a plan (and its child pipeline), a runner's report, a merge.
+STUB_IMGBUILD = r"""
+value() { local want=$1; shift; while [ $# -gt 1 ]; do [ "$1" = "$want" ] && { printf '%s' "$2"; return; }; shift; done; }
+json() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
+case "$1" in
+rebuild)
+  if printf '%s\n' "$@" | grep -qx -- --plan; then
+    child=$(value --gitlab-child "$@")
+    if [ -n "$child" ]; then
+      include=$(value --gitlab-include "$@")
+      cp "$(dirname "$CIPLAY_PLAN")/child-${include//\//_}" "$child" || exit 2
+    fi
+    cat "$CIPLAY_PLAN"
+  elif printf '%s\n' "$@" | grep -qx -- --push; then
+    printf '%s\n' "$CIPLAY_FAIL" | grep -qxF -- "$2" && exit 1  # a runner that dies before writing its report
+    report=$(value --report-json "$@")
+    [ -z "$report" ] || printf '{"images": [{"recipe": %s, "status": "built"}]}\n' "$(json "$2")" > "$report"
+  fi ;;
+merge-reports)
+  for flag in --junit-xml --report-json; do out=$(value "$flag" "$@"); [ -z "$out" ] || echo merged > "$out"; done ;;
+esac
+exit 0
+"""
+
+STUB_RECORDER = """[ -t 0 ] || cat > /dev/null  # a password on standard input
 """
 
 #: `python -m venv DIR` makes DIR/bin/pip (a recorder); anything else is this Python.
@@ -85,8 +77,9 @@ class Run:
     def calls(self, program: str = "imgbuild") -> list[list[str]]:
         """The arguments of each call of `program`, in order."""
         log = self.root / "calls.jsonl"
-        lines = log.read_text().splitlines() if log.exists() else []
-        return [c[1:] for c in map(json.loads, lines) if c[0] == program]
+        text = log.read_text() if log.exists() else ""
+        lines = [r.split("\0")[:-1] for r in text.split("\x1e\0")[:-1]]
+        return [c[1:] for c in lines if c[0] == program]
 
     def made(self, name: str) -> list[Path]:
         return [p for p in self.root.rglob(name)]
@@ -111,7 +104,7 @@ class Bed:
             "LANG": "C.UTF-8",
             "CIPLAY_LOG": str(root / "calls.jsonl"),
             "CIPLAY_PLAN": str(root / "plan.json"),
-            "CIPLAY_FAIL": json.dumps(list(fail)),
+            "CIPLAY_FAIL": "\n".join(fail),
         }
         python = Path(sys.executable).resolve()  # the interpreter itself: no site to read at each start
         self._script("imgbuild", STUB_IMGBUILD)
@@ -122,7 +115,7 @@ class Bed:
             (self.stubs / name).chmod(0o755)
 
     def _script(self, name: str, body: str) -> None:
-        (self.stubs / name).write_text(f"#!{Path(sys.executable).resolve()} -SI\n{body}")
+        (self.stubs / name).write_text(f"#!/bin/bash\n{RECORD}{body}")
         (self.stubs / name).chmod(0o755)
 
     def workspace(self, job: str, checkout: bool = True) -> Path:

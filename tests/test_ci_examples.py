@@ -4,7 +4,6 @@ file names that are shell code; each passes zizmor (GitHub) and the CI system's 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
