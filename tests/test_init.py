@@ -88,6 +88,8 @@ def test_the_ci_workflow_installs_imgbuild_from_a_named_source_and_checks_the_re
          {"pyproject.toml": "[project]\ndependencies=['not a requirement!!']\n"}, "recipes/d.yaml:"),
         ("an unknown framework", ["d", "--framework", "jax"], {}, "Invalid value for '--framework'"),
         ("an unknown CI", ["d", "--ci", "jenkins"], {}, "Invalid value for '--ci'"),
+        ("a folder a CI script could not name as one word", ["d", "--dir", "my $(recipes)", "--ci", "github"], {},
+         "'my $(recipes)/d.yaml': a recipe's path CI passes on may hold only"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_nothing_written(project, why, args, files, said):
@@ -97,6 +99,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(project, why, args, fi
     assert done.code == 2 and said in done.err, (why, done.err)
     assert "Traceback" not in done.err
     assert not list((project / "recipes").glob("*")) if (project / "recipes").exists() else True
+    assert not (project / ".github").exists() and not list(project.glob("my*"))
 
 
 def test_it_never_writes_over_a_file_or_through_a_link(project):
