@@ -350,8 +350,18 @@ def rebuild(
         for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
                 click.echo(f"--- {item.name}\n{item.error}", err=True)
+    _annotate(rb.failure_annotations(report.items))
     if not report.ok:
         sys.exit(EXIT_FAILED)
+
+
+def _annotate(notes: list[Any]) -> None:
+    """Under GitHub Actions, each failure also as an annotation at its recipe's file (line and column where known)."""
+    from imgbuild.annotation import annotating, workflow_command
+
+    if annotating():
+        for note in notes:
+            click.echo(workflow_command(note), err=True)
 
 
 def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
@@ -365,6 +375,7 @@ def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None
 
 
 def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
+    from imgbuild.ci import rebuild as rb
     from imgbuild.ci.fanout import plan_document
     from imgbuild.ui import print_table
 
@@ -389,6 +400,7 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
             click.echo(
                 f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}", err=True
             )
+    _annotate(rb.failure_annotations([i for i in items if i.name in {bad["recipe"] for bad in plan["invalid"]}]))
     if plan["invalid"]:
         sys.exit(EXIT_FAILED)
 
