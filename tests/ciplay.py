@@ -27,11 +27,17 @@ from imgbuild.ci.fanout import gitlab_child
 CHILD_INCLUDES = (".gitlab/imgbuild-runner.yml",)
 #: Every stub records its argv: NUL-terminated words, then a record separator.
 RECORD = """record() { printf '%s\\0' "${0##*/}" "$@" >> "$CIPLAY_LOG"; printf '\\036\\0' >> "$CIPLAY_LOG"; }
-record "$@"
 """
 
 #: imgbuild acts out what the workflows rely on: a plan (and its child pipeline), a runner's report, a merge.
 STUB_IMGBUILD = r"""
+# build's and rebuild's key: the option, else the variable (click's envvar)
+case "$1" in build|rebuild)
+  if [ -n "$IMGBUILD_SIGN_KEY" ] && ! printf '%s\n' "$@" | grep -qx -- --sign-key; then
+    set -- "$@" --sign-key "$IMGBUILD_SIGN_KEY"
+  fi
+esac
+record "$@"
 value() { local want=$1; shift; while [ $# -gt 1 ]; do [ "$1" = "$want" ] && { printf '%s' "$2"; return; }; shift; done; }
 json() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
 case "$1" in
@@ -54,7 +60,8 @@ esac
 exit 0
 """
 
-STUB_RECORDER = """[ -t 0 ] || cat > /dev/null  # a password on standard input
+STUB_RECORDER = """record "$@"
+[ -t 0 ] || cat > /dev/null  # a password on standard input
 """
 
 #: `python -m venv DIR` makes DIR/bin/pip (a recorder); anything else is this Python.
