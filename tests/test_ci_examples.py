@@ -104,40 +104,46 @@ def _gitlab(tmp_path: Path, repo: Path, pipeline: Path, plan: dict = THREE_WAVES
     return play_gitlab(pipeline, Bed(tmp_path / "play", repo, plan), GITLAB_PROJECT, local)
 
 
-@pytest.mark.parametrize("which", [*[p.name for p in GITHUB], "init --ci github"])
-def test_every_github_workflow_runs_with_hostile_recipe_names_as_words_never_as_code(tmp_path, repo, which):
-    workflow = _init_output(tmp_path, "github") if which.startswith("init") else CI / which
-    run = _github(tmp_path, repo, workflow)
+CASES = [
+    *[("github", p.name) for p in GITHUB],
+    ("github", "init --ci github"),
+    *[("gitlab", p.name) for p in GITLAB],
+    ("gitlab", "init --ci gitlab"),
+]
+
+
+@pytest.mark.parametrize(("system", "which"), CASES)
+def test_every_ci_file_runs_with_hostile_recipe_names_as_words_never_as_code(tmp_path, repo, system, which):
+    """Played as its CI system runs it: nothing named pwned is made, each hostile name reaches imgbuild whole,
+    every job succeeds, imgbuild goes into a venv, every push signs and a verify step checks."""
+    path = _init_output(tmp_path, system) if which.startswith("init") else CI / which
+    run = _github(tmp_path, repo, path) if system == "github" else _gitlab(tmp_path, repo, path)
     _assert_names_stayed_words(run)
     assert set(run.jobs.values()) == {"success"}, (run.jobs, "\n".join(run.output[-5:]))
     calls = run.calls()
-    assert calls, "no imgbuild ran"
-    pip = [c for c in run.calls("pip") if "install" in c]
-    assert pip and all(c[0] == "install" for c in pip)  # imgbuild goes into the job's venv (PEP 668)
+    pip = run.calls("pip")
+    assert pip and all(c[0] == "install" for c in pip)  # into the job's venv: PEP 668 refuses the system's
     pushing = [c for c in calls if "--push" in c]
     assert pushing and all("--sign-key" in c for c in pushing), pushing
     assert any(c[0] == "verify" for c in calls)
-    if "fanout" in which:  # every planned recipe was built by a runner of its own, and verified
-        built = sorted(c[1] for c in calls if c[:1] == ["rebuild"] and "--push" in c)
-        assert built == sorted(HOSTILE)
-        assert sorted(c[c.index("--recipe") + 1] for c in calls if c[0] == "verify") == sorted(HOSTILE)
-
-
-@pytest.mark.parametrize("which", [*[p.name for p in GITLAB], "init --ci gitlab"])
-def test_every_gitlab_pipeline_runs_with_hostile_recipe_names_as_words_never_as_code(tmp_path, repo, which):
-    pipeline = _init_output(tmp_path, "gitlab") if which.startswith("init") else CI / which
-    run = _gitlab(tmp_path, repo, pipeline)
-    _assert_names_stayed_words(run)
-    assert set(run.jobs.values()) == {"success"}, (run.jobs, "\n".join(run.output[-5:]))
-    calls = run.calls()
-    pushing = [c for c in calls if "--push" in c]
-    assert pushing and all("--sign-key" in c for c in pushing), pushing
-    assert any(c[0] == "verify" for c in calls)
-    assert all(c[0] == "install" for c in run.calls("pip"))
-    if "fanout" in which:  # the child pipeline built each planned recipe; the parent verified each
-        assert sorted(c[1] for c in calls if c[:1] == ["rebuild"] and "--push" in c) == sorted(HOSTILE)
+    if "fanout" in which:  # every planned recipe built by a runner (a child job) of its own, and verified
+        assert sorted(c[1] for c in pushing if c[0] == "rebuild") == sorted(HOSTILE)
         assert sorted(c[c.index("--recipe") + 1] for c in calls if c[0] == "verify") == sorted(HOSTILE)
         assert any(c[0] == "merge-reports" for c in calls)
+
+
+def test_the_play_would_catch_a_name_spliced_into_a_script(tmp_path, repo):
+    """The harness runs what the CI system would: a matrix value pasted into `run:` (GitHub splices it into the
+    script's text) or a variable left unquoted in a GitLab script makes `pwned`."""
+    spliced = tmp_path / "spliced.yml"
+    text = (CI / "github-actions-fanout.yml").read_text()
+    spliced.write_text(text.replace('imgbuild rebuild "$RECIPE"', 'imgbuild rebuild "${{ matrix.recipe }}"'))
+    assert _github(tmp_path / "gh", repo, spliced).made("pwned")
+    unquoted = tmp_path / "unquoted.yml"
+    unquoted.write_text(
+        "variables: {RECIPE: 'recipes/a;touch pwned;.yaml'}\njob: {script: [imgbuild rebuild $RECIPE]}\n"
+    )
+    assert _gitlab(tmp_path / "gl", repo, unquoted).made("pwned")
 
 
 def test_the_gitlab_runner_set_up_names_the_image_namespace_and_registry():
