@@ -134,16 +134,14 @@ def test_every_ci_file_runs_with_hostile_recipe_names_as_words_never_as_code(tmp
 
 def test_the_play_would_catch_a_name_spliced_into_a_script(tmp_path, repo):
     """The harness runs what the CI system would: a matrix value pasted into `run:` (GitHub splices it into the
-    script's text) or a variable left unquoted in a GitLab script makes `pwned`."""
+    script's text) or a name written into a GitLab script unquoted makes `pwned`."""
     spliced = tmp_path / "spliced.yml"
     text = (CI / "github-actions-fanout.yml").read_text()
     spliced.write_text(text.replace('imgbuild rebuild "$RECIPE"', 'imgbuild rebuild "${{ matrix.recipe }}"'))
     assert _github(tmp_path / "gh", repo, spliced).made("pwned")
-    unquoted = tmp_path / "unquoted.yml"
-    unquoted.write_text(
-        "variables: {RECIPE: 'recipes/a;touch pwned;.yaml'}\njob: {script: [imgbuild rebuild $RECIPE]}\n"
-    )
-    assert _gitlab(tmp_path / "gl", repo, unquoted).made("pwned")
+    written = tmp_path / "written.yml"  # a child pipeline that wrote the name into its script unquoted
+    written.write_text("job: {script: ['imgbuild rebuild recipes/a;touch pwned;.yaml --push']}\n")
+    assert _gitlab(tmp_path / "gl", repo, written).made("pwned")
 
 
 def test_the_gitlab_runner_set_up_names_the_image_namespace_and_registry():
