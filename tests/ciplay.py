@@ -506,19 +506,20 @@ def _play_gitlab(text: str, bed: Bed, project: dict[str, str], local: dict[str, 
     data = _load_gitlab(text, local)
     stages = data.get("stages", ["build", "test", "deploy"])
     names = [n for n in data if n not in GITLAB_KEYWORDS and not n.startswith(".")]
-    failed = False
+    results: dict[str, str] = {}
     for stage in stages:
         for name in names:
             job = _resolved(name, data)
             if job.get("stage", "test") != stage:
                 continue
-            if failed and job.get("when", "on_success") != "always":
-                bed.run.jobs[name] = "skipped"
+            # on_success: every job it needs succeeded (with `needs`), else every job of the earlier stages
+            before = [results.get(n, "") for n in job["needs"]] if "needs" in job else list(results.values())
+            if job.get("when", "on_success") != "always" and any(r != "success" for r in before):
+                results[name] = bed.run.jobs[name] = "skipped"
                 continue
             ok = _gitlab_job(name, job, data, bed, project, local, store)
-            bed.run.jobs[name] = "success" if ok else "failure"
-            failed = failed or not ok
-    return not failed
+            results[name] = bed.run.jobs[name] = "success" if ok else "failure"
+    return all(r == "success" for r in results.values())
 
 
 def _gitlab_job(

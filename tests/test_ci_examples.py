@@ -176,6 +176,22 @@ def test_a_failed_github_fanout_recipe_stops_only_what_builds_on_it_and_fails_th
     assert any(c[0] == "merge-reports" and "--junit-xml" in c for c in run.calls())
 
 
+def test_a_failed_gitlab_child_job_stops_only_the_images_built_on_it_and_the_report_still_runs(tmp_path, repo):
+    plan = _plan(
+        [
+            [("recipes/parent.yaml", []), ("recipes/other.yaml", [])],
+            [("recipes/child.yaml", ["recipes/parent.yaml"]), ("recipes/second.yaml", ["recipes/other.yaml"])],
+        ]
+    )
+    local = {".gitlab/imgbuild-runner.yml": CI / "gitlab-imgbuild-runner.yml"}
+    bed = Bed(tmp_path / "play", repo, plan, fail=("recipes/parent.yaml",))
+    run = play_gitlab(CI / "gitlab-fanout.yml", bed, GITLAB_PROJECT, local)
+    built = [c[1] for c in run.calls() if c[:1] == ["rebuild"] and "--push" in c]
+    assert sorted(built) == ["recipes/other.yaml", "recipes/parent.yaml", "recipes/second.yaml"]
+    assert run.jobs["report"] == "success" and any(c[0] == "merge-reports" for c in run.calls())
+    assert run.jobs["build"] == "failure" and run.jobs["verify"] == "skipped"
+
+
 def _zizmor(*paths: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "zizmor"), "--offline", "--no-progress", *map(str, paths)],
