@@ -64,6 +64,7 @@ def test_a_pyprojects_dependencies_are_listed(project):
 def test_the_ci_workflow_installs_imgbuild_from_a_named_source_and_checks_the_recipe(project, ci):
     done = run_cli("init", "demo", "--ci", ci, cwd=project)
     assert done.code == 0, done.err
+    assert "then: imgbuild render recipes/demo.yaml && git add recipes/demo.yaml images " in done.err
     path = project / (".github/workflows/images.yml" if ci == "github" else ".gitlab-ci.yml")
     text = path.read_text()
     data = yaml.safe_load(text)

@@ -171,3 +171,8 @@ def init(ctx: click.Context, name: str, source: Path | None, framework: str, fol
         write_new(*starter.ci)
         click.echo(f"wrote {starter.ci[0]}", err=True)
     click.echo(f"next: imgbuild validate {starter.recipe} && imgbuild build {starter.recipe}", err=True)
+    if starter.ci:  # the workflow's check wants the rendered context committed beside the recipe
+        click.echo(
+            f"then: imgbuild render {starter.recipe} && git add {starter.recipe} images {starter.ci[0]}, and push",
+            err=True,
+        )
