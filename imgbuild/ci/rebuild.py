@@ -433,7 +433,7 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
         item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
         return
     if not lock_path.is_file():
-        item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
+        item.status, item.reasons = STALE, [f"{ctx} was never rendered (imgbuild render {item.name}; commit it)"]
         return
     try:
         record = Record.read(lock_path)
