@@ -265,14 +265,14 @@ class Expression:
             if self._take("."):
                 key = self.tokens[self.at][1]
                 self.at += 1
-                result = result.get(key) if isinstance(result, dict) else None
+                result = _member(result, key)
             elif self._take("["):
                 key = self._or()
                 self._take("]")
                 if isinstance(result, list) and isinstance(key, float):
                     result = result[int(key)] if int(key) < len(result) else None
                 else:
-                    result = result.get(key) if isinstance(result, dict) else None
+                    result = _member(result, key)
             else:
                 return result
 
@@ -291,6 +291,13 @@ class Expression:
         if name == "contains":
             return args[1] in args[0]
         raise ValueError(f"no function {name}")
+
+
+def _member(value: Any, key: Any) -> Any:
+    """`value.key` / `value[key]`: null where there is none (every name of a Missing context has a value)."""
+    if isinstance(value, Missing):
+        return value[key]
+    return value.get(key) if isinstance(value, dict) else None
 
 
 def truthy(value: Any) -> bool:
@@ -324,9 +331,9 @@ def condition(text: Any, contexts: dict[str, Any], status: dict[str, bool]) -> b
     return truthy(Expression(text, contexts, status).value())
 
 
-def play_github(workflow: Path, bed: Bed, github: dict[str, Any]) -> Run:
+def play_github(workflow: Path, bed: Bed, github: dict[str, Any], variables: dict[str, str] | None = None) -> Run:
     """Every job of `workflow` (whatever its `on:` and the jobs' event conditions say), in the order of `needs`,
-    each matrix entry a job of its own."""
+    each matrix entry a job of its own; `variables`: the repository's (`vars`), else every one set."""
     data = yaml.safe_load(workflow.read_text())
     jobs: dict[str, Any] = data["jobs"]
     results: dict[str, dict[str, Any]] = {}
@@ -347,7 +354,7 @@ def play_github(workflow: Path, bed: Bed, github: dict[str, Any]) -> Run:
             contexts = {
                 "github": {**github, "job": name},
                 "secrets": Missing("secret"),
-                "vars": Missing("var"),
+                "vars": Missing("var") if variables is None else variables,
                 "needs": needed,
                 "env": {},
             }

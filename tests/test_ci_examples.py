@@ -159,6 +159,15 @@ def test_the_github_fanout_fails_the_plan_when_it_has_more_waves_than_wave_jobs(
     assert not any(c[:1] == ["rebuild"] and "--push" in c for c in run.calls())
 
 
+@pytest.mark.parametrize("which", ["github-actions.yml", "github-actions-fanout.yml", "init --ci github"])
+def test_an_unset_image_namespace_stops_a_github_workflow_before_any_push(tmp_path, repo, which):
+    path = _init_output(tmp_path, "github") if which.startswith("init") else CI / which
+    variables = {"IMGBUILD_PACKAGE": "https://files.example.org/imgbuild.whl", "IMAGE_REGISTRY": "r.example.org"}
+    run = play_github(path, Bed(tmp_path / "play", repo, THREE_WAVES), GITHUB_CONTEXT, variables)
+    assert "::error::set the repository variable" in "\n".join(run.output)
+    assert not [c for c in run.calls() if "--push" in c or "--plan" in c]
+
+
 def test_a_failed_github_fanout_recipe_stops_only_what_builds_on_it_and_fails_the_report(tmp_path, repo):
     plan = _plan(
         [
