@@ -6,12 +6,15 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import EXIT_FAILED, UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.annotation import Annotation
 
 SECTION = Section("Images")
 
@@ -361,7 +364,7 @@ def rebuild(
         sys.exit(EXIT_FAILED)
 
 
-def _annotate(notes: list[Any]) -> None:
+def _annotate(notes: list[Annotation]) -> None:
     """Under GitHub Actions, each failure also as an annotation at its recipe's file (line and column where known)."""
     from imgbuild.annotation import annotating, workflow_command
 
