@@ -132,6 +132,18 @@ def test_every_ci_file_runs_with_hostile_recipe_names_as_words_never_as_code(tmp
         assert any(c[0] == "merge-reports" for c in calls)
 
 
+@pytest.mark.parametrize("which", [*[p.name for p in GITHUB], "init --ci github"])
+def test_no_github_script_holds_an_expression(tmp_path, which):
+    """Every value, a secret's too, reaches a `run:` through `env:`: GitHub splices an expression into the script's
+    text before the shell reads it."""
+    import yaml
+
+    path = _init_output(tmp_path, "github") if which.startswith("init") else CI / which
+    jobs = yaml.safe_load(path.read_text())["jobs"]
+    scripts = [step["run"] for job in jobs.values() for step in job["steps"] if "run" in step]
+    assert scripts and not [s for s in scripts if "${{" in s]
+
+
 def test_the_play_would_catch_a_name_spliced_into_a_script(tmp_path, repo):
     """The harness runs what the CI system would: a matrix value pasted into `run:` (GitHub splices it into the
     script's text) or a name written into a GitLab script unquoted makes `pwned`."""
