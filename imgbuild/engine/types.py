@@ -260,6 +260,10 @@ def own_status(text: str) -> str | None:
     return printable(text)
 
 
+#: The last word of one of imgbuild's own step scripts on why it failed (payload/pip_guard.py and its kin).
+_OWN_VERDICT = re.compile(r"imgbuild: [a-z ]+ step failed: \S")
+
+
 def step_name(step: str) -> str:
     """`[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,...` -> `the pip step ([stage-0 4/6])`."""
     number = step.split("]", 1)[0] + "]" if step.startswith("[") else ""
@@ -270,11 +274,14 @@ def step_name(step: str) -> str:
 
 
 def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
+    """The failure, cause first: the verdict of imgbuild's own step script where it gave one (`imgbuild: pip step
+    failed: WHY`), else the engine's error; then the step's last lines."""
     head = f"build failed at {step_name(step)}" if step else "build failed"
-    reason = next((e for e in reversed(errors) if e), "")
-    if reason:
-        head += f": {reason.strip()[:300]}"
-    lines = [head]
+    reason = next((e for e in reversed(errors) if e), "").strip()[:300]
+    verdict = next((ln.split(" step failed: ", 1)[1] for ln in reversed(tail) if _OWN_VERDICT.match(ln)), "")
+    if verdict or reason:
+        head += f": {(verdict or reason)[:300]}"
+    lines = [head] + ([f"  engine: {reason}"] if verdict and reason else [])
     lines += [f"  | {t}" for t in tail[-12:]]
     if log_path:
         lines.append(f"  full log: {log_path}")
