@@ -70,6 +70,8 @@ def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(home / "cache"))
     monkeypatch.setenv("IMGBUILD_USER", "imgbuildtest")
     monkeypatch.setenv("IMGBUILD_REGISTRY_BACKOFF", "0.02")  # retries stay real, the waits short
+    for ci in ("GITHUB_ACTIONS", "GITLAB_CI"):  # output as a terminal-less run prints it, even where CI runs the suite
+        monkeypatch.delenv(ci, raising=False)
 
 
 @pytest.fixture

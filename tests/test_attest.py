@@ -231,6 +231,18 @@ def test_sign_key_goes_with_push_and_a_bad_key_stops_before_any_build(keys, tmp_
     assert res.code == 2 and "the password does not open it" in res.err and "not it" not in res.err + res.out
 
 
+def test_a_runners_sign_key_variable_signs_its_pushes_and_plans_and_leaves_other_commands_alone(keys, tmp_path):
+    """IMGBUILD_SIGN_KEY is --sign-key for a push and a plan (so a GitLab child pipeline's jobs sign); a command
+    that pushes nothing ignores it, where the flag itself would be refused."""
+    (tmp_path / "recipes").mkdir()
+    env = {"IMGBUILD_SIGN_KEY": str(keys["private"]), "IMGBUILD_SIGN_PASSWORD": "not it"}
+    for args in (["rebuild", "--push"], ["rebuild", "--plan"]):
+        res = run_cli(*args, cwd=tmp_path, env=env)
+        assert res.code == 2 and "the password does not open it" in res.err, (args, res.err)
+    res = run_cli("rebuild", "--check", cwd=tmp_path, env=env)
+    assert res.code == 0, res.err
+
+
 def test_verify_needs_a_public_key(tmp_path):
     res = run_cli("verify", "127.0.0.1:9/x:1", "--key", str(tmp_path / "missing.pub"))
     assert res.code == 2 and "missing.pub" in res.err and "Traceback" not in res.err

@@ -164,9 +164,16 @@ def test_the_config_sections_the_docs_name_are_the_typed_ones():
 
 
 def _imgbuild_lines(text: str) -> list[list[str]]:
-    """Every `imgbuild ...` invocation in shell text: `&&`, `|` and `;` chains split, sudo and paths dropped."""
+    """Every `imgbuild ...` invocation in shell text: `&&`, `|` and `;` chains split, sudo and paths dropped; a
+    here-document's body (a script for another program) is not shell."""
     found = []
+    ending = ""
     for line in text.replace("\\\n", " ").splitlines():
+        if ending:
+            ending = "" if line.strip() == ending else ending
+            continue
+        if heredoc := re.search(r"<<-?'?(\w+)'?", line):
+            ending = heredoc.group(1)
         line = line.split(" #", 1)[0]
         if line.lstrip().startswith("#"):
             continue

@@ -155,10 +155,13 @@ def test_a_pyprojects_dependencies_are_listed(project, monkeypatch):
 def test_the_ci_workflow_installs_imgbuild_from_a_named_source_and_checks_the_recipe(project, registry, ci):
     done = run_cli("init", "demo", "--ci", ci, cwd=project)
     assert done.code == 0, done.err
+    assert "git add recipes/demo.yaml images/demo " in done.err and (project / "images" / "demo").is_dir()
     path = project / (".github/workflows/images.yml" if ci == "github" else ".gitlab-ci.yml")
     text = path.read_text()
-    assert yaml.safe_load(text)
-    assert "imgbuild validate recipes/demo.yaml" in text and "imgbuild rebuild --check recipes" in text
+    data = yaml.safe_load(text)
+    named = data["env"] if ci == "github" else data["variables"]
+    assert named["RECIPE"] == "recipes/demo.yaml" and named["RECIPES"] == "recipes"  # each reaches a script quoted
+    assert 'imgbuild validate "$RECIPE"' in text and 'imgbuild rebuild --check "$RECIPES"' in text
     assert '"$IMGBUILD_PACKAGE"' in text and "pip install imgbuild" not in text
 
 
@@ -171,9 +174,11 @@ def test_the_first_pull_request_passes_the_workflows_check_as_init_left_it(proje
     assert lines[1].split()[2:] == ["recipes/demo.yaml", "images/demo", ".github/workflows/images.yml"]
     workflow = yaml.safe_load((project / ".github/workflows/images.yml").read_text())
     steps = [s["run"] for s in workflow["jobs"]["check"]["steps"] if "imgbuild " in s.get("run", "")]
-    assert steps == ["imgbuild validate recipes/demo.yaml", "imgbuild rebuild --check recipes"]
-    for step in steps:  # as the runner runs them: another user, another namespace
-        ran = run_cli(*shlex.split(step)[1:], cwd=project, env={"IMGBUILD_USER": "ci-namespace"})
+    assert steps == ['imgbuild validate "$RECIPE"', 'imgbuild rebuild --check "$RECIPES"']
+    for step in steps:  # as the runner runs them: the workflow's env, another user, another namespace
+        words = [word.replace("$RECIPES", workflow["env"]["RECIPES"]).replace("$RECIPE", workflow["env"]["RECIPE"])
+                 for word in shlex.split(step)[1:]]  # fmt: skip
+        ran = run_cli(*words, cwd=project, env={"IMGBUILD_USER": "ci-namespace"})
         assert ran.code == 0, (step, ran.out, ran.err)
     assert "FRESH" in ran.out
     with (project / "recipes" / "demo.yaml").open("a") as recipe:  # an edit pushed without rendering
@@ -198,6 +203,8 @@ def test_the_first_pull_request_passes_the_workflows_check_as_init_left_it(proje
          {"pyproject.toml": "[project]\ndependencies=['not a requirement!!']\n"}, "recipes/d.yaml:"),
         ("an unknown framework", ["d", "--framework", "jax"], {}, "Invalid value for '--framework'"),
         ("an unknown CI", ["d", "--ci", "jenkins"], {}, "Invalid value for '--ci'"),
+        ("a folder a CI script could not name as one word", ["d", "--dir", "my $(recipes)", "--ci", "github"], {},
+         "'my $(recipes)/d.yaml': a recipe's path CI passes on may hold only"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_nothing_written(project, registry, why, args, files, said):
@@ -207,6 +214,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(project, registry, why
     assert done.code == 2 and said in done.err, (why, done.err)
     assert "Traceback" not in done.err
     assert not list((project / "recipes").glob("*")) if (project / "recipes").exists() else True
+    assert not (project / ".github").exists() and not list(project.glob("my*"))
 
 
 def test_it_never_writes_over_a_file_or_through_a_link(project, registry):

@@ -28,6 +28,7 @@ LEVELS: list[set[str]] = [
         "fields",
         "text",
         "ui",
+        "annotation",
         "yamlpos",
         "payload",
         "acting",

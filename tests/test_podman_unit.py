@@ -102,7 +102,10 @@ def test_buildahs_output_gives_the_failed_step_by_imgbuilds_name_its_tail_and_th
     assert tracker.failed == "3.4"
     text = _failure_text(tracker.steps[tracker.failed], tracker.tail(tracker.failed), errors, Path("/tmp/build.log"))
     first, *rest = text.splitlines()
-    assert first.startswith("build failed at the pip step [stage-3 4/9]: building at STEP")
+    assert first.startswith(  # the cause first: the pip step's own verdict, then the engine's words
+        "build failed at the pip step [stage-3 4/9]: a package or version does not exist on the index"
+    )
+    assert rest[0].startswith('  engine: building at STEP "RUN')
     assert any(ln.startswith("  | imgbuild: pip step failed: a package or version does not exist") for ln in rest)
     assert "imgbuild: installing 1 requirement(s) with uv under 12 pins from a freeze of the base's packages" in shown
     assert log.getvalue() == BUILDAH_FAILURE

@@ -299,3 +299,47 @@ def test_order_puts_each_recipe_after_what_it_builds_on_for_any_depth_and_names_
     with pytest.raises(UsageError) as cycle:
         _topological([item(0, ["t1"]), item(1, ["t2"]), item(2, ["t0"])])
     assert str(cycle.value) == "recipes build on each other in a cycle: r0 -> r1 -> r2 -> r0"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x$(touch pwned).yaml",
+        "a;touch pwned;.yaml",
+        "two words.yaml",
+        "-rf.yaml",
+        "q'\"`id`.yaml",
+        "é.yaml",
+        "n\nl.yaml",
+    ],
+)
+def test_every_command_that_lists_recipes_for_ci_refuses_a_path_a_script_could_split_or_run(
+    tmp_path, monkeypatch, name
+):
+    """`rebuild` (and --plan, --check), `bump` and `reproduce` list recipes through one door: a name outside
+    [A-Za-z0-9._/-] (or a part that starts with -) is one line naming it, never a plan's matrix entry."""
+    from imgbuild.ci.rebuild import discover
+    from imgbuild.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "fine-1_2.v3.yaml").write_text("name: fine\n")
+    assert [p.name for p in discover(["recipes"])] == ["fine-1_2.v3.yaml"]
+    (tmp_path / "recipes" / name).write_text("name: x\n")
+    for given in (["recipes"], [f"recipes/{name}"]):
+        with pytest.raises(UsageError) as refused:
+            discover(given)
+        assert str(refused.value).startswith(repr(f"recipes/{name}") + ": a recipe's path CI passes on")
+        assert "\n" not in str(refused.value)
+
+
+def test_rebuild_plan_of_a_recipe_named_as_code_is_one_line_exit_2(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "x$(touch pwned).yaml").write_text("name: x\n")
+    done = run_cli("rebuild", "--plan", "--json", cwd=tmp_path)
+    assert done.code == 2 and done.out == "", done
+    assert done.err.splitlines() == [
+        "imgbuild: 'recipes/x$(touch pwned).yaml': a recipe's path CI passes on may hold only letters, digits and "
+        ". _ / - (no part starting with -): rename the file or its folder"
+    ]
+    assert not (tmp_path / "pwned").exists()

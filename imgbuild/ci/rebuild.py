@@ -16,15 +16,16 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from imgbuild import imageref
+from imgbuild.annotation import Annotation
 from imgbuild.ci.publish import publish, publish_platforms, remote_build
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine, connect_engine
-from imgbuild.errors import ImgbuildError, RecipeError, UsageError
+from imgbuild.errors import ImgbuildError, Problem, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.pipeline.context import context_path
 from imgbuild.pipeline.plan import Plan
-from imgbuild.recipe import display_path, load_recipe
+from imgbuild.recipe import ci_path, display_path, load_recipe
 from imgbuild.tree import TooDeep, walk
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
@@ -43,6 +44,7 @@ class Item:
     pushed: str = ""
     seconds: float = 0.0
     context: Path | None = None
+    problems: list[Problem] = field(default_factory=list)  # an invalid recipe's, each at its file, line and column
 
     @property
     def name(self) -> str:
@@ -63,6 +65,8 @@ class Item:
 
 
 def discover(paths: list[str]) -> list[Path]:
+    """The recipes `paths` name (files, and the *.yaml and *.yml files under folders), each once; every one a
+    path CI may pass on (ci_path), since what is found here reaches plans, reports and child pipelines."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -76,6 +80,8 @@ def discover(paths: list[str]) -> list[Path]:
             found.append(path)
         else:
             raise UsageError(f"{raw}: no such recipe or folder")
+    for path in found:
+        ci_path(display_path(path))
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
@@ -98,7 +104,7 @@ def load_graph(paths: list[Path], settings: Settings) -> list[Item]:
             repo, _, base_tag = base_reference(loaded, settings)
             item.base_ref = f"{repo}:{base_tag}" if base_tag else repo
         except RecipeError as exc:
-            item.status, item.error = INVALID, "; ".join(exc.lines())
+            item.status, item.error, item.problems = INVALID, "; ".join(exc.lines()), exc.problems
         items.append(item)
     _refuse_shared_contexts(items, settings)
     by_target = {_normal(i.target): i for i in items if i.target}
@@ -305,6 +311,7 @@ def _work(
                     item.pushed = publish(plan, result.image_id, smoke, *publishing)
     except ImgbuildError as exc:
         item.status, item.error = FAILED, "\n".join(exc.lines())
+        item.problems = exc.problems if isinstance(exc, RecipeError) else []
     except Exception as exc:  # noqa: BLE001 - an engine or network error fails this image, not the run
         item.status, item.error = FAILED, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     finally:
@@ -365,7 +372,7 @@ class Report:
                 i.name,
                 i.target,
                 i.status.upper(),
-                "; ".join(i.reasons) if i.status != FAILED else (i.error.splitlines() or ["failed"])[0],
+                "; ".join(i.reasons) if i.status not in (FAILED, INVALID) else (i.error.splitlines() or [i.status])[0],
                 f"{i.seconds:.1f}s",
             ]
             for i in self.items
@@ -399,7 +406,7 @@ def check_contexts(paths: list[str], settings: Settings, rewrite: bool = False) 
         try:
             loaded = load_recipe(path, secrets=settings.secrets())
         except RecipeError as exc:
-            item.status, item.error = INVALID, "; ".join(exc.lines())
+            item.status, item.error, item.problems = INVALID, "; ".join(exc.lines()), exc.problems
             continue
         loaded_by_item[id(item)] = loaded
         item.context = context_path(loaded.recipe.name, loaded.root, settings).resolve()
@@ -436,7 +443,7 @@ def _judge_context(item: Item, loaded: Any, settings: Settings, rewrite: bool = 
         item.status, item.reasons = STALE, [f"{ctx} is a symbolic link, not a rendered context"]
         return
     if not lock_path.is_file():
-        item.status, item.reasons = STALE, [f"{ctx} was never rendered"]
+        item.status, item.reasons = STALE, [f"{ctx} was never rendered (imgbuild render {item.name}; commit it)"]
         return
     try:
         record = Record.read(lock_path)
@@ -456,7 +463,7 @@ def _judge_context(item: Item, loaded: Any, settings: Settings, rewrite: bool = 
             (who.uid, who.gid),  # as `imgbuild render` by this user would
         )
     except RecipeError as exc:
-        item.status, item.error = INVALID, "; ".join(exc.lines())
+        item.status, item.error, item.problems = INVALID, "; ".join(exc.lines()), exc.problems
         return
     context = render(plan, record.backend, template_cache(settings.cache_dir))
     diff = diff_context(context, ctx)
@@ -468,6 +475,21 @@ def _judge_context(item: Item, loaded: Any, settings: Settings, rewrite: bool = 
     item.status = STALE if diff else FRESH
     if diff:
         item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]
+
+
+def failure_annotations(items: list[Item]) -> list[Annotation]:
+    """What failed, as annotations on the CI run's page: a recipe's problems each at its file, line and column;
+    any other failure at the recipe's file, its first line (the cause) as the message."""
+    found: list[Annotation] = []
+    for item in items:
+        if item.status not in (FAILED, INVALID, SKIPPED):
+            continue
+        if item.problems:
+            found += [Annotation.of(p) for p in item.problems]
+        else:
+            first = (item.error.splitlines() or [item.status])[0]
+            found.append(Annotation(f"{item.name}: {first}", file=item.name))
+    return found
 
 
 def junit_xml(items: list[Item], seconds: float) -> str:

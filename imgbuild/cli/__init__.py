@@ -61,14 +61,27 @@ def main(argv: list[str] | None = None) -> None:
         lines, code = _outcome(exc)
         if acting:
             _audit(args, f"exit {code}" + (f": {lines[0][:300]}" if lines and code else ""), who)
-        from imgbuild.ui import annotate
-
-        for line in lines:  # under GitHub Actions an error is also an annotation on the run's page
-            click.echo(annotate("error", line) if code != EXIT_OK else line, err=code != EXIT_OK)
+        for line in _shown(exc, lines, code):
+            click.echo(line, err=code != EXIT_OK)
         sys.exit(code)
     if acting:
         _audit(args, f"exit {EXIT_OK}", who)
     sys.exit(EXIT_OK)
+
+
+def _shown(exc: BaseException, lines: list[str], code: int) -> list[str]:
+    """The lines of an ending as printed: under GitHub Actions each line of a failure is also an annotation on the
+    run's page, a recipe's problem pinned to its file, line and column."""
+    if code == EXIT_OK:
+        return lines
+    from imgbuild.annotation import Annotation, shown
+    from imgbuild.errors import RecipeError
+
+    problems = exc.problems if isinstance(exc, RecipeError) else []
+    return [
+        shown(Annotation.of(problems[n], line) if n < len(problems) else Annotation(line))
+        for n, line in enumerate(lines)
+    ]
 
 
 def _audit(args: list[str], decision: str, who: Caller) -> None:

@@ -6,20 +6,25 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import EXIT_FAILED, UsageError
 
+if TYPE_CHECKING:
+    from imgbuild.annotation import Annotation
+
 SECTION = Section("Images")
 
 _SIGN_KEY = click.option(
     "--sign-key",
     type=click.Path(dir_okay=False, path_type=Path),
+    envvar="IMGBUILD_SIGN_KEY",
     help="--push: sign each pushed image with this cosign key (password in IMGBUILD_SIGN_PASSWORD or "
-    "COSIGN_PASSWORD) and attach its provenance and SBOM.",
+    "COSIGN_PASSWORD) and attach its provenance and SBOM. IMGBUILD_SIGN_KEY: the key of every push (a CI "
+    "runner's), ignored by a command that pushes nothing.",
 )
 
 
@@ -29,9 +34,13 @@ def _signer(sign_key: Path | None, push: bool) -> Any:
         return None
     import os
 
+    from click.core import ParameterSource
+
     from imgbuild.supply.attest import load_signer
 
     if not push:
+        if click.get_current_context().get_parameter_source("sign_key") == ParameterSource.ENVIRONMENT:
+            return None  # the runner's key for its pushes; this command pushes nothing
         raise UsageError("--sign-key signs what is pushed: add --push")
     password = os.environ.get("IMGBUILD_SIGN_PASSWORD", os.environ.get("COSIGN_PASSWORD", ""))
     return load_signer(sign_key, password.encode())
@@ -318,7 +327,7 @@ def rebuild(
         with lock:
             click.echo(" ".join(line.split())[:200], err=True)
 
-    signer = _signer(sign_key, push)
+    signer = _signer(sign_key, push or as_plan)  # a plan judges the registry's copies by the key's signature
     settings = settings_of(ctx, backend=backend)
     report = rb.rebuild(
         list(paths) or ["recipes"],
@@ -351,8 +360,18 @@ def rebuild(
         for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
                 click.echo(f"--- {item.name}\n{item.error}", err=True)
+    _annotate(rb.failure_annotations(report.items))
     if not report.ok:
         sys.exit(EXIT_FAILED)
+
+
+def _annotate(notes: list[Annotation]) -> None:
+    """Under GitHub Actions, each failure also as an annotation at its recipe's file (line and column where known)."""
+    from imgbuild.annotation import annotating, workflow_command
+
+    if annotating():
+        for note in notes:
+            click.echo(workflow_command(note), err=True)
 
 
 def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
@@ -366,6 +385,7 @@ def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None
 
 
 def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
+    from imgbuild.ci import rebuild as rb
     from imgbuild.ci.fanout import plan_document
     from imgbuild.ui import print_table
 
@@ -390,6 +410,7 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
             click.echo(
                 f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}", err=True
             )
+    _annotate(rb.failure_annotations([i for i in items if i.name in {bad["recipe"] for bad in plan["invalid"]}]))
     if plan["invalid"]:
         sys.exit(EXIT_FAILED)
 

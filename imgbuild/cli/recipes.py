@@ -19,14 +19,15 @@ SECTION = Section("Recipes")
 @click.pass_context
 def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes; every problem as FILE:LINE:COL: field: what is wrong (hint)."""
-    from imgbuild.errors import RecipeError
+    from imgbuild.annotation import Annotation, shown
+    from imgbuild.errors import Problem, RecipeError
     from imgbuild.pipeline.plan import check_offline
     from imgbuild.pipeline.resolve import check_known
     from imgbuild.recipe import display_path, load_recipe
 
     settings = settings_of(ctx)
     results = []
-    problems: list[str] = []
+    problems: list[Problem] = []
     for path in files:
         try:
             loaded = load_recipe(path, secrets=settings.secrets())
@@ -37,12 +38,12 @@ def validate(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None
             )
         except RecipeError as exc:
             results.append({"file": display_path(path), "ok": False, "problems": exc.lines()})
-            problems.extend(exc.lines())
+            problems.extend(exc.problems)
     if as_json:
         emit_json(results)
     else:
-        for line in problems:
-            click.echo(line, err=True)
+        for problem in problems:  # under GitHub Actions each an annotation at its file, line and column
+            click.echo(shown(Annotation.of(problem)), err=True)
         for r in results:
             if r["ok"]:
                 click.echo(f"{r['file']}: ok ({r['base']})")

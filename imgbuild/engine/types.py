@@ -260,6 +260,10 @@ def own_status(text: str) -> str | None:
     return printable(text)
 
 
+#: The last word of one of imgbuild's own step scripts on why it failed (payload/pip_guard.py and its kin).
+_OWN_VERDICT = re.compile(r"imgbuild: [a-z ]+ step failed: \S")
+
+
 #: An instruction's own flags (`--mount=type=cache,id=...`, `--chown=1000:1000`, `--link`) and the variables a RUN
 #: sets for its command alone (`IMGBUILD_INPUTS=sha256:...`): how a step is built, not what it does.
 _STEP_NOISE = re.compile(r"(?<=\s)(?:--[a-z][a-z-]*(?:=\S*)?|[A-Z_][A-Z0-9_]*=\S*)\s+")
@@ -279,11 +283,14 @@ def step_name(step: str, limit: int = 120) -> str:
 
 
 def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:
+    """The failure, cause first: the verdict of imgbuild's own step script where it gave one (`imgbuild: pip step
+    failed: WHY`), else the engine's error; then the step's last lines."""
     head = f"build failed at {step_name(step)}" if step else "build failed"
-    reason = next((e for e in reversed(errors) if e), "")
-    if reason:
-        head += f": {reason.strip()[:300]}"
-    lines = [head]
+    reason = next((e for e in reversed(errors) if e), "").strip()[:300]
+    verdict = next((ln.split(" step failed: ", 1)[1] for ln in reversed(tail) if _OWN_VERDICT.match(ln)), "")
+    if verdict or reason:
+        head += f": {(verdict or reason)[:300]}"
+    lines = [head] + ([f"  engine: {reason}"] if verdict and reason else [])
     lines += [f"  | {t}" for t in tail[-12:]]
     if log_path:
         lines.append(f"  full log: {log_path}")

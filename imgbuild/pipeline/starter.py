@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
 
 PYPROJECT_BYTES = 1024 * 1024
+#: The tag of a starting recipe (its image is <user>/<name>:1), which its CI workflow verifies
+STARTER_TAG = "1"
 CI_FILES = {"github": Path(".github/workflows/images.yml"), "gitlab": Path(".gitlab-ci.yml")}
 
 
@@ -79,7 +81,7 @@ def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str
     lines = [
         f"# {name}: a starting recipe from `imgbuild init`. Fields: docs/recipes.md; check it: imgbuild validate",
         f"name: {name}",
-        'tag: "1"',
+        f'tag: "{STARTER_TAG}"',
         "base:",
         f"  framework: {framework}",
         f'  tag: "{tag}"  # {why}',
@@ -99,11 +101,18 @@ def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str
     return "\n".join(lines) + "\n"
 
 
-def ci_text(kind: str, recipe: Path) -> str:
+def ci_text(kind: str, recipe: Path, name: str) -> str:
+    """The CI workflow that checks, builds, pushes, signs and verifies `recipe`; its path is one CI may pass on
+    (ci_path), else UsageError."""
     from imgbuild.pipeline.render import template_environment
+    from imgbuild.recipe import ci_path
 
+    shown = ci_path(str(recipe))
+    folder = ci_path(str(recipe.parent))
     return (
-        template_environment().get_template(f"ci-{kind}.yml.j2").render(recipe=str(recipe), folder=str(recipe.parent))
+        template_environment()
+        .get_template(f"ci-{kind}.yml.j2")
+        .render(recipe=shown, folder=folder, name=name, tag=STARTER_TAG)
     )
 
 
@@ -131,7 +140,7 @@ def plan_starter(request: InitRequest, settings: Settings) -> Starter:
     if not COMPONENT_RE.fullmatch(name) or len(name) > 128:
         raise UsageError(f"NAME: {name[:60]!r} is not an image name (lower case letters, digits, . _ -)")
     recipe = folder / f"{name}.yaml"
-    ci = (CI_FILES[request.ci], ci_text(request.ci, recipe)) if request.ci else None
+    ci = (CI_FILES[request.ci], ci_text(request.ci, recipe, request.name)) if request.ci else None
     from imgbuild.pipeline.context import context_path
     from imgbuild.recipe.repofiles import repository_root
 

@@ -11,7 +11,7 @@ Every problem is reported at once as `FILE:LINE:COL: field.path: what is wrong (
 
 from imgbuild.recipe.interpolate import SECRET_VARIABLES, interpolate, secret_variable
 from imgbuild.recipe.load import json_schema, load_recipe, lock_path_for
-from imgbuild.recipe.loaded import LoadedRecipe, display_path, stable_name
+from imgbuild.recipe.loaded import LoadedRecipe, ci_path, display_path, stable_name
 from imgbuild.recipe.model import Base, FileSpec, Pip, Recipe, Smoke, User
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Recipe",
     "Smoke",
     "User",
+    "ci_path",
     "display_path",
     "interpolate",
     "json_schema",

@@ -4,9 +4,11 @@ how a path is shown to the person who wrote it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imgbuild.errors import UsageError
 from imgbuild.recipe import reqfile
 from imgbuild.recipe.model import Recipe
 from imgbuild.recipe.repofiles import SourceFile
@@ -55,3 +57,20 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+#: A recipe's path as CI passes it on (a plan's matrix, a child pipeline's script, a workflow `init` writes): letters,
+#: digits and `. _ / -`, no part that starts with `-`. Such a name is the same word to every shell, YAML file and
+#: template expression it passes through, and never an option.
+CI_PATH_RE = re.compile(r"/?(?!-)[A-Za-z0-9._-]+(?:/(?!-)[A-Za-z0-9._-]+)*")
+
+
+def ci_path(shown: str) -> str:
+    """`shown` (a recipe's path as display_path gives it), checked as a name CI may pass on; else UsageError, one
+    line naming it."""
+    if not CI_PATH_RE.fullmatch(shown):
+        raise UsageError(
+            f"{shown!r}: a recipe's path CI passes on may hold only letters, digits and . _ / - (no part starting "
+            "with -): rename the file or its folder"
+        )
+    return shown
