@@ -723,7 +723,7 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
         assert went.returncode == 0 and "started" in went.stderr, went.stderr
         reap = os.lstat(state / ".reap")
         assert reap.st_uid == 0 and reap.st_mode & 0o777 == 0o700, "root's folder is root's again"
-        bobs_file = os.stat(state / f"queue-{bob.pw_uid}.json")
+        bobs_file = os.stat(state / ".reap" / f"queue-{bob.pw_uid}.json")
         assert bobs_file.st_uid == 0 and bobs_file.st_mode & 0o777 == 0o600, "bob's queue: root's, private"
 
         # -- bob's secret is not hers to read
@@ -731,7 +731,7 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
             listed = as_user("imgbt-alice", *args)
             assert listed.returncode == 0 and f"hf_bob_{unique}" not in listed.stdout + listed.stderr, listed.stdout
             assert "HF_TOKEN=***" in listed.stdout
-        read = _as_plain("imgbt-alice", f"cat {state}/queue-{bob.pw_uid}.json")
+        read = _as_plain("imgbt-alice", f"cat {state}/.reap/queue-{bob.pw_uid}.json")
         assert read.returncode != 0 and f"hf_bob_{unique}" not in read.stdout
 
         # -- a queue file she writes by hand: the sudo group's gid, root in the container, the host's / mounted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -112,6 +113,8 @@ def run(
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
+    if wait is not None and os.environ.get("IMGBUILD_QUEUE_JOB") == "1":
+        raise UsageError("--wait: a queued job waits in the queue, never in its start (leave out --wait)")
     request = runmod.RunRequest(
         image=check_signed(image, settings),
         command=list(command),
@@ -163,8 +166,6 @@ def run(
 @contextlib.contextmanager
 def _queued_busy() -> Iterator[None]:
     """A queued job's start (`imgbuild queue`): busy GPUs exit 75 (it stays queued), not 2 (it failed)."""
-    import os
-
     from imgbuild.gpu.allocate import GpusBusy
 
     try:
