@@ -333,12 +333,12 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
     tools.mkdir()
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'Failed to initialize NVML: Unknown Error'\nexit 255\n")
     (tools / "nvidia-smi").chmod(0o755)
-    path = "PATH=/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    smi = f"{tools / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro"  # where NVIDIA's toolkit binds the host's
     dev, lost = f"{ME}_dev{unique}_1", f"{ME}_lost{unique}_1"
     try:
         res = run_cli("run", "-d", "--keep", "--time", "1h", "--name", f"dev{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
         assert res.code == 0, res.err
-        res = run_cli("run", "-d", "--gpus", "device=1", "-e", path, "--name", f"lost{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
+        res = run_cli("run", "-d", "--gpus", "device=1", "-v", smi, "--name", f"lost{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
         assert res.code == 0, res.err
         too_long = run_cli("run", "-d", "--time", "3h", image, "--", "true", cwd=tmp_path, env=env)
         assert too_long.code == 2 and "at most 2h (run.max_time)" in too_long.err

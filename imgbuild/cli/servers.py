@@ -188,9 +188,8 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
-    who = settings.caller
     engine = connect_engine(settings)
-    rows = [r for r in container_view(engine, settings) if all_users or r["user"] == who.name]
+    rows = container_view(engine, settings, all_users=all_users)
     if as_json:
         emit_json(rows)
         return

@@ -245,7 +245,7 @@ class FakeContainers:
     def log_tail(self, name: str, lines: int = 20) -> str:
         return self.tails.get(name, "")
 
-    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
+    def probe(self, name: str, command: list[str], timeout: float | None = None) -> tuple[int, str]:
         return -1, "the fake engine runs nothing"
 
     def run(self, options: RunOptions) -> tuple[int, str]:
