@@ -867,10 +867,12 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     assert (answer["uid"], answer["gid"], answer["nnp"]) == (4321, 4322, "1")
     assert int(answer["cap"], 16) == 0
     assert answer["ipc"] != os.readlink("/proc/self/ns/ipc")  # not the host's
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, ipc="host", timeout=120)
+    code, output, _ = engine.containers.run_script(
+        image, probe, [], {}, gpus=None, ipc="host", timeout=120, as_user=None
+    )
     plain = probe.answer(output)
     assert plain and plain["ipc"] == os.readlink("/proc/self/ns/ipc")  # root's own smoke test: the house's IPC
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120)
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120, as_user=None)
     probing = probe.answer(output)  # a probe (pins, GPUs, a lock) asks for no IPC: the engine's own, not the host's
     assert probing and probing["ipc"] != os.readlink("/proc/self/ns/ipc")
 
@@ -927,3 +929,64 @@ def test_a_users_smoke_test_through_sudo_runs_their_image_as_them_without_privil
     finally:
         secret.unlink(missing_ok=True)
         docker_client.images.remove(image, force=True)
+
+
+def _calls_of(attr: str) -> list[tuple[str, str, object]]:
+    """(file, innermost enclosing function, the Call node) for every call of `.attr(...)` in imgbuild's sources."""
+    import ast
+
+    package = Path(enforce.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        inside: dict[int, tuple[str, ast.Call]] = {}
+        for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for node in ast.walk(func):  # outer functions come first: an inner one has the last word
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr:
+                    inside[id(node)] = (func.name, node)
+        found += [(str(path.relative_to(package.parent)), name, node) for name, node in inside.values()]
+    return found
+
+
+def test_every_script_container_runs_as_the_user_it_is_for_through_one_helper():
+    """Each place that starts a script container of an image (a smoke test, the jupyter check, a base's pins, a
+    lock, the engine's GPU read) says whom it runs as, and says it through `enforce.container_user`."""
+    import ast
+
+    sites = [(f, fn, n) for f, fn, n in _calls_of("run_script") if f.startswith("imgbuild/") and fn != "run_script"]
+    assert len(sites) >= 5
+    for file, function, node in sites:
+        given = {k.arg: k.value for k in node.keywords}  # type: ignore[attr-defined]
+        assert "as_user" in given, f"{file}:{function} starts a script container without as_user"
+        assert ast.unparse(given["as_user"]).startswith("container_user("), f"{file}:{function}"
+    assert {f for f, _, _ in sites} >= {
+        "imgbuild/servers/jupyter.py", "imgbuild/pipeline/resolve.py", "imgbuild/pipeline/pins.py",
+        "imgbuild/pipeline/smoke.py",
+    }  # fmt: skip
+
+
+def test_the_engine_creates_containers_in_two_places_only():
+    """The SDK's `containers.create` is called where a script container is made (its arguments from
+    `_script_container`, hardened for `as_user`) and for a lease's placeholder, which never starts."""
+    sites = {(f, fn) for f, fn, _ in _calls_of("create") if f.startswith("imgbuild/engine/")}
+    assert sites == {("imgbuild/engine/containers.py", "prepared"), ("imgbuild/engine/lease.py", "claim")}
+
+
+def test_a_script_container_for_a_user_runs_as_them_without_privileges():
+    from imgbuild.engine.containers import _script_container
+
+    hardened = _script_container("alice/x:1", {}, False, "host", None, as_user="1001:1001")
+    assert hardened["user"] == "1001:1001" and hardened["cap_drop"] == ["ALL"]
+    assert hardened["security_opt"] == ["no-new-privileges"] and hardened["ipc_mode"] == "private"
+
+
+def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch):
+    import types
+
+    settings = types.SimpleNamespace(caller=Caller("alice", 1001, 1002, via_sudo=True), run=run_rules({}))
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert enforce.container_user(settings) == "1001:1002"  # type: ignore[arg-type]
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)  # the user's own engine (the docker group): no sudo
+    assert enforce.container_user(settings) is None  # type: ignore[arg-type]
+    assert enforce.container_user(None) is None

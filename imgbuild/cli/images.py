@@ -217,7 +217,6 @@ def smoke(
     else:
         wanted = SmokeRequest(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
-            run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
             import_seconds=math.ceil(settings.smoke_import_timeout),
         )  # fmt: skip
         quota = quota_check(settings, acting.who.name) if acting else None

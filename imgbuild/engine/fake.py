@@ -166,7 +166,7 @@ class FakeContainers:
         timeout: int = 1800,
         ipc: str | None = None,
         shm_size: str | None = None,
-        as_user: str | None = None,
+        as_user: str | None,
         cache: str | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:

@@ -165,7 +165,7 @@ class ContainerRunner(Protocol):
         timeout: int = ...,
         ipc: str | None = ...,
         shm_size: str | None = ...,
-        as_user: str | None = ...,
+        as_user: str | None,
         cache: str | None = ...,
         on_line: Callable[[str], None] | None = ...,
     ) -> tuple[int, str, str]: ...

@@ -419,7 +419,6 @@ def smoke_request(
         known_good=known_good,
         import_seconds=math.ceil(settings.smoke_import_timeout),
         user=acting.who.name if acting else settings.caller.name,
-        run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
         emulated=emulated,
     )
 

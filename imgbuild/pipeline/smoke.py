@@ -28,6 +28,7 @@ from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_pl
 from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
 from imgbuild.platforms import arch_of_machine, platform_of_machine
+from imgbuild.servers.enforce import container_user
 
 SCRIPT = SMOKE_SCRIPT
 MARKER = "IMGBUILD-SMOKE-REPORT "
@@ -116,9 +117,6 @@ class SmokeRequest:
     #: (its RECORD's hash), on the same base and system layers (build.spared): not re-imported
     known_good: tuple[str, ...] = ()
     user: str = ""  # whose test it is (GPUs held by this user are theirs to test on); the caller's when empty
-    #: "UID:GID" when imgbuild acts for a user through sudo: the container runs as them, with no new privileges,
-    #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
-    run_as: str = ""
     import_seconds: int = 0  # one distribution's import budget on a quiet machine (setting smoke_import_timeout)
     #: a foreign platform's image (linux/arm64 on an amd64 runner), run under qemu: no GPU check, and the report
     #: says what emulation cannot prove (EMULATION_UNPROVEN)
@@ -163,6 +161,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None)
         gpus=[],
         timeout=limits.GPU_READ_SECONDS,
         ipc=None,
+        as_user=container_user(settings),
     )
     cdi = any("nvidia.com/gpu" in str(d) for d in engine.host_info().get("cdi_devices") or [])
     return judge_engine_read(code, output, note, cdi)
@@ -297,7 +296,7 @@ def run_smoke(
         timeout=req.timeout,
         ipc=house.ipc_mode,
         shm_size=house.shm_size,
-        as_user=req.run_as or None,
+        as_user=container_user(settings),
     )
     report = parse_output(req.image, code, output, note)
     if req.emulated:
@@ -389,7 +388,7 @@ def fleet_report(
 ) -> SmokeReport:
     """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target. For a GPU
     that comes only in arm64 machines, a registry image's arm64 variant is read from the registry."""
-    report = run_smoke(engine, SmokeRequest(image, libraries_only=True))
+    report = run_smoke(engine, SmokeRequest(image, libraries_only=True), settings)
     platforms, variants = _registry_platforms(image, settings) if any(t.cpu != "any" for t in targets) else ((), {})
     add_fleet_check(report, targets, driver, platforms, variants)
     return report

@@ -141,6 +141,16 @@ def acting(settings: Settings) -> Acting | None:
     return Acting(who, tuple(settings.run.allowed_images))
 
 
+def container_user(settings: Settings | None) -> str | None:
+    """ "UID:GID" of the user every container imgbuild starts for them runs as (a smoke test, a jupyter check, a
+    base's pins, a lock: each a script container of an image they may have made), with no new privileges, no
+    capabilities and its own IPC (`run_script(as_user=...)`); None where imgbuild does not act for a user through
+    sudo (the caller's own engine: the docker group, or root). Every `run_script` call passes its `as_user` from
+    here (a test reads them all)."""
+    act = acting(settings) if settings is not None else None
+    return f"{act.who.uid}:{act.who.gid}" if act else None
+
+
 def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_key: Any) -> None:
     """The flags of `imgbuild build` a user acting through sudo may not give: what reaches past this host's
     engine uses root's credentials (a registry login, a remote builder, a key)."""

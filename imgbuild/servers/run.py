@@ -432,7 +432,7 @@ def launch(
     if note:
         say(note)
     if request.jupyter and not request.command:  # imgbuild's own `jupyter lab`: the image must have it
-        jupyter.check_present(engine, ref)
+        jupyter.check_present(engine, ref, settings)
     told: list[tuple[int, str]] = []
 
     def waiting(place: int, why: str) -> None:
