@@ -194,15 +194,30 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
         emit_json(rows)
         return
     print_table(
-        ["name", "user", "image", "status", "GPUs", "CPUs", "created", "time left"],
+        ["name", "user", "image", "status", "GPUs", "CPUs", "memory", "pids", "created", "time left"],
         [
-            [r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"], r["time_left"]]
+            [
+                r["name"],
+                r["user"],
+                r["image"],
+                r["status"],
+                r["gpus"],
+                r["cpus"] or "",
+                _gib(r["memory"]),
+                str(r["pids_limit"] or ""),
+                r["created"],
+                r["time_left"],
+            ]
             for r in rows
-        ],
+        ],  # fmt: skip
     )
     for r in rows:
         if r.get("gpus_lost"):
             click.echo(f"{r['name']}: {r['gpus_lost']}", err=True)
+
+
+def _gib(size: int | None) -> str:
+    return f"{size / 2**30:.1f}G" if size else ""
 
 
 def _on_container(ctx: click.Context, verb: str, name: str, force: bool) -> tuple[ImageEngine, str]:

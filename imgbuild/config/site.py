@@ -67,6 +67,27 @@ def _positive_duration(value: str) -> str:
     return value
 
 
+#: The engine's smallest memory limit (Docker refuses a --memory below 6 MiB) and the largest it can hold.
+MIN_MEMORY = 6 * 1024 * 1024
+MAX_MEMORY = 2**62
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(text: str) -> int:
+    """`512m`, `64g`, `1.5GiB` -> bytes, binary units as Docker reads them; ValueError otherwise."""
+    if not _SIZE.fullmatch(str(text).strip()):
+        raise ValueError(f"{str(text)[:40]!r} is not a size such as 512m or 64g")
+    number = re.match(r"[0-9.]+", text.strip())
+    unit = text.strip()[number.end() :].strip().lower().rstrip("b").rstrip("i") if number else ""
+    return int(float(number.group(0) if number else 0) * _SIZE_UNITS[unit])
+
+
+def _run_memory(value: str) -> str:
+    if not MIN_MEMORY <= size_bytes(value) <= MAX_MEMORY:
+        raise ValueError(f"must be from 6m (the engine's least) to {MAX_MEMORY >> 40}t")
+    return value
+
+
 DURATION = Text(_duration, numbers=True)
 POSITIVE_DURATION = Text(_positive_duration, numbers=True)
 PATH = Text(matches(_ABSOLUTE, "not an absolute path"))
@@ -138,6 +159,31 @@ class RunRules:
         Maybe(Between(0.1, 4096)), None, doc="CPUs per GPU (default: the host's fair share, within 8..24)"
     )
     pin_cpus: bool = typed(Flag(), True, doc="--cpuset-cpus near the GPUs, thread variables to match")
+    memory: str | None = site_only(
+        Maybe(Text(_run_memory, numbers=True)),
+        None,
+        doc="--memory of every run, swap included (default: three quarters of the host's memory)",
+    )
+    cpus: float | None = site_only(
+        Maybe(Between(0.01, 4096)), None, doc="--cpus of a run without GPUs (default: one GPU's share)"
+    )
+    pids_limit: int = site_only(
+        Integer(ge=16, le=4_194_304), 4096, doc="--pids-limit of every run: processes and threads at once"
+    )
+    cgroup_parent: str | None = site_only(
+        Maybe(Text(matches(re.compile(r"[A-Za-z0-9_.@-]*\{(?:user|uid)\}[A-Za-z0-9_.@-]*\.slice"),
+                           "not a systemd slice naming {user} or {uid}, such as imgbuild-{uid}.slice"))),
+        None,
+        doc="--cgroup-parent of every run, {user} or {uid} expanded: each user's runs in a slice of their own "
+        "(systemd's cgroup driver), whose limits the admin sets (systemctl set-property imgbuild-1001.slice "
+        "MemoryMax=...)",
+    )  # fmt: skip
+    fair_share_window: str | None = site_only(
+        Maybe(POSITIVE_DURATION),
+        "7d",
+        doc="waiting runs and queued jobs go in order of each user's GPU-hours over this window, least first (fair "
+        "share); none: first come, first served",
+    )
     gpu_flag: str = typed(
         OneOf("gpus", "env", "cdi"),
         "gpus",

@@ -108,6 +108,9 @@ class DockerContainers:
                     ports=tuple(_host_ports(host.get("PortBindings"))),
                     cpus=(host.get("NanoCpus") or 0) / 1e9 or None,
                     created=str(c.attrs.get("Created", ""))[:19].replace("T", " "),
+                    memory=_positive(host.get("Memory")),
+                    pids_limit=_positive(host.get("PidsLimit")),
+                    cgroup_parent=str(host.get("CgroupParent") or ""),
                 )
             )
         return sorted(rows, key=lambda r: r.name)
@@ -463,6 +466,11 @@ def _number(text: Any) -> float | None:
         return float(text) if text not in (None, "") else None
     except (TypeError, ValueError):
         return None
+
+
+def _positive(value: Any) -> int | None:
+    """An engine's limit (bytes, a count); None for its "none" (0, -1, absent)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _timestamp(text: Any) -> float | None:

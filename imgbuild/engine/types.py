@@ -91,6 +91,9 @@ class RunOptions:
     gpus_by_cdi: bool = False  # by CDI name (--device nvidia.com/gpu=UUID), where the host has only CDI
     cpus: float | None = None
     cpuset: str = ""  # a cpulist: "0-3,8"
+    memory: int | None = None  # bytes, swap included (--memory and --memory-swap alike)
+    pids_limit: int | None = None
+    cgroup_parent: str = ""  # a systemd slice of the user's
     #: the house's values (config.site.RunRules, their one home), or None: the engine's own default
     ipc: str | None = None  # with shm_size: a private IPC namespace of that size
     shm_size: str | None = None
@@ -131,6 +134,9 @@ class ContainerInfo:
     ports: tuple[int, ...] = ()
     cpus: float | None = None
     created: str = ""  # as `ps` shows it: YYYY-MM-DD HH:MM:SS
+    memory: int | None = None  # its memory cap in bytes (None: none)
+    pids_limit: int | None = None  # its processes cap (None: none)
+    cgroup_parent: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ports": list(self.ports)}

@@ -120,7 +120,7 @@ def prepare(
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
-    from imgbuild.gpu.allocate import cpus_for, select_gpus
+    from imgbuild.gpu.allocate import select_gpus
     from imgbuild.host import usable_cpus
 
     house = house if house is not None else settings.run
@@ -138,10 +138,10 @@ def prepare(
     check_quota(user, selection, held, house)
     if req.cpus is not None and not (math.isfinite(req.cpus) and 0 < req.cpus <= MAX_CPUS):
         raise UsageError(f"--cpus {req.cpus}: not a number of CPUs (above 0, at most {MAX_CPUS})")
-    if req.cpus is None:  # the GPUs' share of the host's CPUs (run.cpus_per_gpu, else an even share)
-        cpus = cpus_for(len(selection.gpus), os.cpu_count() or 1, len(gpus), house.cpus_per_gpu)
-    else:
-        cpus = req.cpus
+    share = run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house)
+    if req.cpus is not None and enforced is not None and share is not None and req.cpus > share:
+        raise UsageError(f"--cpus {req.cpus:g}: this run may have at most {share:g} (the site's share)")
+    cpus = share if req.cpus is None else req.cpus
     cpuset: list[int] = []
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
@@ -190,10 +190,38 @@ def prepare(
         entrypoint=req.entrypoint,
         cpus=cpus,
         cpuset=cpuset,
+        memory=run_memory(house, host_memory()),
         enforced=enforced,
         workdir=workdir,
         workspace=not req.no_workspace and enforced is None,  # enforced: the workspace is a checked mount
     )
+
+
+def run_cpus(gpu_count: int, host_cores: int, total_gpus: int, house: RunRules) -> float | None:
+    """A run's CPUs: the GPUs' share of the host's (run.cpus_per_gpu, else an even share); a run without GPUs
+    the site's `run.cpus`, else one GPU's share: no run has every core of a shared host by default."""
+    from imgbuild.gpu.allocate import cpus_for
+
+    if gpu_count:
+        return cpus_for(gpu_count, host_cores, total_gpus, house.cpus_per_gpu)
+    return house.cpus if house.cpus is not None else cpus_for(1, host_cores, total_gpus, house.cpus_per_gpu)
+
+
+def run_memory(house: RunRules, host_bytes: int | None) -> int | None:
+    """A run's memory cap in bytes: the site's `run.memory`, else three quarters of the host's (None where the
+    host's cannot be read)."""
+    from imgbuild.config.site import size_bytes
+
+    if house.memory is not None:
+        return size_bytes(house.memory)
+    return host_bytes * 3 // 4 if host_bytes else None
+
+
+def host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
 
 
 def gpu_path(flag: str, engine: ImageEngine) -> str:

@@ -38,6 +38,7 @@ class RunSpec:
     gpus: Selection = field(default_factory=lambda: Selection([]))
     cpus: float | None = None
     cpuset: list[int] = field(default_factory=list)  # pinned CPUs ([]: not pinned)
+    memory: int | None = None  # bytes (run.memory, else three quarters of the host's)
     volumes: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)
@@ -92,6 +93,9 @@ class RunSpec:
             gpus_by_cdi=self.gpus_by == "cdi",  # --device nvidia.com/gpu=UUID (a CDI-only host)
             cpus=self.cpus,
             cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
+            memory=self.memory,
+            pids_limit=h.pids_limit,
+            cgroup_parent=expand(h.cgroup_parent, user=self.user, uid=self.uid) if h.cgroup_parent else "",
             ipc=h.ipc_mode,
             shm_size=h.shm_size,
             ulimits=tuple(h.ulimits.items()),
