@@ -36,8 +36,12 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     report = reaper.reap(engine, read_gpus_or_none(settings), settings.run, settings.reap, time.time(), dry_run=dry_run)
     if not dry_run:  # the queue advances on every reaper run: no daemon needed
         from imgbuild.servers import queue as jobs
+        from imgbuild.servers.usage import fair_share
 
-        say_tried(jobs.advance(settings.run.ledger_dir, settings.caller))
+        house = settings.run
+        say_tried(
+            jobs.advance(house.ledger_dir, settings.caller, use=fair_share(house.ledger_dir, house.fair_share_window))
+        )
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
     if as_json:
         emit_json(rows)

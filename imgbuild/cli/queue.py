@@ -22,6 +22,14 @@ def _queue_dir(ctx: click.Context) -> Path:
     return settings_of(ctx).run.ledger_dir
 
 
+def _use(ctx: click.Context) -> dict[str, float]:
+    """Each user's GPU-hours of late: the queue's order (fair share)."""
+    from imgbuild.servers.usage import fair_share
+
+    house = settings_of(ctx).run
+    return fair_share(house.ledger_dir, house.fair_share_window)
+
+
 def say_tried(tried: list[Any]) -> None:
     for job in tried:
         what = f"started {job.container}" if job.state == "started" else f"failed: {job.detail}"
@@ -40,7 +48,7 @@ def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
     state = _queue_dir(ctx)
     job = jobs.add(state, who_of(ctx), list(args), os.getcwd())
     click.echo(job.id)
-    say_tried(jobs.advance(state, who_of(ctx)))
+    say_tried(jobs.advance(state, who_of(ctx), use=_use(ctx)))
 
 
 @queue.command(name="ls")
@@ -61,7 +69,7 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
     if not found:
         click.echo("the queue is empty")
         return
-    place = {j.id: n for n, j in enumerate(jobs.order(found), 1)}
+    place = {j.id: n for n, j in enumerate(jobs.order(found, use=_use(ctx)), 1)}
     print_table(
         ["id", "user", "state", "place", "submitted", "container / why", "command"],
         [
@@ -97,7 +105,7 @@ def queue_run(ctx: click.Context) -> None:
     """Start what fits now (root: every user's jobs; a user: their own). `imgbuild reap` does this on each run."""
     from imgbuild.servers import queue as jobs
 
-    tried = jobs.advance(_queue_dir(ctx), who_of(ctx))
+    tried = jobs.advance(_queue_dir(ctx), who_of(ctx), use=_use(ctx))
     say_tried(tried)
     if not tried:
         click.echo("nothing started", err=True)

@@ -25,7 +25,7 @@ import pwd
 import re
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,9 +402,10 @@ class Book:
     def holds(self) -> list[Entry]:
         return [e for e in self.entries if not e.waiting]
 
-    def queue(self) -> list[Entry]:
-        """Waiting runs, first come first."""
-        return [e for e in self.entries if e.waiting]
+    def queue(self, use: Mapping[str, float] | None = None) -> list[Entry]:
+        """Waiting runs: the user with the fewest GPU-hours of late first (`use`: fair share), then first come
+        first."""
+        return sorted((e for e in self.entries if e.waiting), key=lambda e: ((use or {}).get(e.user, 0.0), e.since))
 
     def enqueue(self, ticket: str, user: str, what: str) -> Entry:
         """A place at the end of the queue (kept, and refreshed, if `ticket` already has one)."""

@@ -43,6 +43,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,14 +109,15 @@ def waiting(job: Job, now: float) -> bool:
     return job.state == "queued" or (job.state == "starting" and now - job.ended > START_SECONDS + 60)
 
 
-def order(jobs: list[Job], now: float | None = None) -> list[Job]:
-    """The waiting jobs in the order they are tried: users in turn, the one whose oldest waiting job is oldest
-    first; each user's jobs first come, first served."""
+def order(jobs: list[Job], now: float | None = None, use: Mapping[str, float] | None = None) -> list[Job]:
+    """The waiting jobs in the order they are tried: users in turn, the one with the fewest GPU-hours of late
+    first (`use`: fair share over the site's window), then the one whose oldest waiting job is oldest; each
+    user's jobs first come, first served."""
     now = time.time() if now is None else now
     per_user: dict[str, list[Job]] = {}
     for job in sorted((j for j in jobs if waiting(j, now)), key=lambda j: (j.submitted, j.id)):
         per_user.setdefault(job.user, []).append(job)
-    turns = sorted(per_user.values(), key=lambda js: (js[0].submitted, js[0].id))
+    turns = sorted(per_user.values(), key=lambda js: ((use or {}).get(js[0].user, 0.0), js[0].submitted, js[0].id))
     ordered: list[Job] = []
     while any(turns):
         for queue in turns:
@@ -339,8 +341,9 @@ def remove(state_dir: Path, who: Any, job_id: str) -> Job:
     return job
 
 
-def advance(state_dir: Path, who: Any, start: Any = None) -> list[Job]:
-    """Start what fits, in order (`order`): every user's jobs when root (or an admin), else the caller's own.
+def advance(state_dir: Path, who: Any, start: Any = None, use: Mapping[str, float] | None = None) -> list[Job]:
+    """Start what fits, in order (`order`, by `use`): every user's jobs when root (or an admin), else the caller's
+    own.
     Returns the jobs tried, with their new state. Nothing starts while the queue is drained.
 
     Each job is claimed under the queue's lock (`starting`), started with the lock let go, and its outcome
@@ -351,7 +354,7 @@ def advance(state_dir: Path, who: Any, start: Any = None) -> list[Job]:
     while not drained(state_dir):
         with Queue(state_dir).locked() as queue:
             job = next(
-                (j for j in order(queue.jobs) if j.user not in blocked and j.id not in done
+                (j for j in order(queue.jobs, use=use) if j.user not in blocked and j.id not in done
                  and (who.is_admin or j.uid == who.uid)),
                 None,
             )  # fmt: skip

@@ -242,6 +242,23 @@ def since_of(text: str | None, now: float | None = None) -> float | None:
     return (time.time() if now is None else now) - seconds
 
 
+def fair_share(ledger_dir: Path, window: str | None, now: float | None = None) -> dict[str, float]:
+    """Each user's GPU-hours held over the last `window` (the site's `run.fair_share_window`), from the reaper's
+    usage log: the order of waiting runs and queued jobs, least first. {} (first come, first served) where there
+    is no window or the log cannot be read (a user without sudo: it is root's)."""
+    from imgbuild.config.site import duration_seconds
+    from imgbuild.servers.ledger import REAPER_DIR
+
+    if window is None:
+        return {}
+    now = time.time() if now is None else now
+    try:
+        records = read(ledger_dir / REAPER_DIR)
+    except EnvironmentProblem:
+        return {}
+    return {row.key: row.held_hours for row in summarize(records, "user", now - duration_seconds(window))}
+
+
 @dataclass
 class Account:
     rows: list[Row]  # per `by`
