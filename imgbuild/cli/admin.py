@@ -113,7 +113,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         engine_info = connect_engine(settings).host_info()
     except ImgbuildError as exc:
         engine_info = {"error": str(exc)}  # doctor's one line about an engine that did not answer
-    lines = doc.judge(doc.collect(settings, engine_info))
+    from imgbuild.config.settings import config_files
+    from imgbuild.servers import setup as set_up
+
+    layout = set_up.Layout.of(settings.run.ledger_dir, config_files()[0], installed_binary(None))
+    lines = doc.judge(doc.collect(settings, engine_info)) + set_up.judge(set_up.collect(layout))
     if as_json:
         emit_json({"lines": [line.to_json() for line in lines]})
     else:
@@ -131,14 +135,44 @@ def admin() -> None:
     """For the admin of a shared GPU server."""
 
 
-@admin.command()
-@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one running now).")
-def sudoers(binary: str | None) -> None:
-    """Print the sudoers drop-in for enforced mode: users run imgbuild's user commands as root, nothing else."""
+def installed_binary(given: str | None) -> str:
+    """imgbuild's absolute path as the drop-in and the reaper's service name it: `--binary`, else the one on PATH
+    (or running now), its links resolved (one path, whichever link the admin typed)."""
     import os
     import shutil
 
+    return given or os.path.realpath(shutil.which("imgbuild") or sys.argv[0])
+
+
+@admin.command()
+@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one on PATH, links resolved).")
+@click.option("--root", "root", type=click.Path(file_okay=False, path_type=Path), help="Make it all under this folder.")
+@click.option("--dry-run", is_flag=True, help="Say what it would do; change nothing.")
+@click.option("--print", "show", is_flag=True, help="Print each file as setup writes it; change nothing.")
+@click.pass_context
+def setup(ctx: click.Context, binary: str | None, root: Path | None, dry_run: bool, show: bool) -> None:
+    """Set this server up as the docs describe: the state folder (root's, 1777), a minimal enforced-mode site
+    config, the sudoers drop-in and the reaper's systemd timer. Run it again at will: it changes only its own
+    unedited files, and keeps what an admin edited."""
+    from imgbuild.config.settings import config_files
+    from imgbuild.servers import setup as set_up
+
+    layout = set_up.Layout.of(settings_of(ctx).run.ledger_dir, config_files()[0], installed_binary(binary), root)
+    if show:
+        for piece in set_up.plan(layout):
+            click.echo(f"==> {piece.path} (mode {piece.mode:o})\n{set_up.marked(piece.text)}")
+        return
+    for what, happened in set_up.apply(layout, dry_run=dry_run):
+        click.echo(f"{what}: {happened}")
+    if not dry_run and root is None:
+        click.echo("next: systemctl daemon-reload && systemctl enable --now imgbuild-reap.timer; imgbuild doctor")
+
+
+@admin.command()
+@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one on PATH, links resolved).")
+def sudoers(binary: str | None) -> None:
+    """Print the sudoers drop-in for enforced mode: users run imgbuild's user commands as root, nothing else."""
+
     from imgbuild.servers.enforce import sudoers as drop_in
 
-    found = binary or shutil.which("imgbuild") or os.path.abspath(sys.argv[0])
-    click.echo(drop_in(found), nl=False)
+    click.echo(drop_in(installed_binary(binary)), nl=False)

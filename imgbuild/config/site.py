@@ -34,8 +34,9 @@ from imgbuild.fields import (
 
 #: How a site-only setting may be changed by a user's config: never, or only downwards (a tighter limit).
 NEVER, LOWER = "never", "lower"
-#: The host-wide GPU ledger's folder where the site names none (`run.state_dir`).
-DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
+#: The host-wide GPU ledger's folder where the site names none (`run.state_dir`): in a folder only root may write,
+#: so nobody but root can make it first (`imgbuild admin setup` makes it, as root's first run would).
+DEFAULT_STATE_DIR = "/var/lib/imgbuild"
 DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")
 DURATION_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _ABSOLUTE = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
