@@ -508,3 +508,68 @@ def test_run_notify_on_a_real_container_leaves_one_notice(testbed, docker_client
     finally:
         with contextlib.suppress(Exception):
             docker_client.containers.get(name).remove(force=True)
+
+
+def _img(ref: str, image_id: str, created: float, size: int = 100) -> object:
+    from imgbuild.engine.types import LocalImage
+
+    return LocalImage(ref, image_id, size, created)
+
+
+def test_users_images_unused_past_the_sites_age_are_discarded_and_none_a_container_needs():
+    from imgbuild.servers.reap import decide_images
+
+    day = 86400.0
+    now = 100 * day
+    images = [
+        _img("alice/old:1", "sha256:a", 0),  # unused for 100 days: goes
+        _img("alice/fresh:1", "sha256:b", now - day),  # built yesterday: stays
+        _img("alice/run:1", "sha256:c", 0),  # a running container's: stays
+        _img("alice/run:1-previous", "sha256:d", 0),  # the way back from the running tag: stays
+        _img("alice/stopped:1", "sha256:e", 0),  # an exited container's: stays (the engine needs it)
+        _img("alice/seen:1", "sha256:f", 0),  # a container used it last week (the reaper saw it): stays
+        _img("nvcr.io/nvidia/pytorch:24.05-py3", "sha256:g", 0),  # not a user's: never the reaper's
+        _img("nobodyknown/x:1", "sha256:h", 0),  # no such user on this host
+    ]
+    rows = [ContainerInfo("alice_run_1", image="alice/run:1", image_id="sha256:c", status="running"),
+            ContainerInfo("alice_old_1", image="alice/stopped:1", image_id="sha256:e", status="exited")]  # fmt: skip
+    state = State(images_used={"sha256:f": now - 7 * day})
+    rules = reap_policy({"image_max_age": "30d"})
+    actions = decide_images(images, rows, state, now, rules, lambda user: user == "alice")  # type: ignore[arg-type]
+    assert [(a.verb, a.name, a.user, a.rule) for a in actions] == [("discard", "alice/old:1", "alice", "image")]
+    assert decide_images(images, rows, state, now, reap_policy({}), lambda u: True) == []  # type: ignore[arg-type]
+
+
+def test_reap_discards_through_the_engine_and_remembers_what_containers_used(tmp_path, monkeypatch):
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.servers import reap as reaper
+
+    monkeypatch.setattr(reaper, "known_user", lambda name: name == "alice")
+    engine = FakeEngine()
+    old = engine.add_image("alice/old:1")
+    used = engine.add_image("alice/used:1")
+    engine.images.listed = {old: (10, 0.0), used: (20, 0.0)}
+    engine.containers.listed = [ContainerInfo("alice_u_1", image="alice/used:1", image_id=used, status="running")]
+    house = run_rules({"state_dir": str(tmp_path)})
+    rules = reap_policy({"image_max_age": "1d"})
+    report = reap(engine, [], house, rules, 10 * 86400.0, notify=lambda u, t: True)  # type: ignore[arg-type]
+    assert [(a.verb, a.name) for a in report.actions if a.verb == "discard"] == [("discard", "alice/old:1")]
+    assert "discard alice/old:1" in engine.calls and report.outcomes[-1] == "removed"
+    assert load_state(tmp_path / ".reap" / "reap-state.json").images_used == {used: 10 * 86400.0}
+
+
+def test_usage_disk_counts_each_users_distinct_images_once():
+    rows = usage.disk_use(
+        [
+            _img("alice/a:1", "sha256:1", 0, 500),
+            _img("alice/a:latest", "sha256:1", 0, 500),  # one image, two tags
+            _img("alice/b:1", "sha256:2", 0, 300),
+            _img("bob/c:1", "sha256:3", 0, 2000),
+            _img("nvcr.io/nvidia/pytorch:1", "sha256:4", 0, 9000),
+        ],  # fmt: skip
+        lambda user: user in ("alice", "bob"),
+    )  # type: ignore[arg-type]
+    assert [r.to_json() for r in rows] == [
+        {"user": "bob", "images": 1, "tags": 1, "bytes": 2000},
+        {"user": "alice", "images": 2, "tags": 3, "bytes": 800},
+    ]

@@ -61,15 +61,31 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 @click.option("--prometheus", type=click.Path(dir_okay=False, path_type=Path), help="Also write a textfile for "
               "node_exporter's textfile collector (per-user and per-GPU gauges).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--disk", is_flag=True, help="Instead: each user's images (<user>/...) on the engine's disk.")
 @click.pass_context
-def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | None, as_json: bool) -> None:
-    """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
+def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | None, as_json: bool, disk: bool) -> None:
+    """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run; `--disk`:
+    each user's image bytes."""
     import time
 
     from imgbuild.servers import usage as accounting
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
+    if disk:
+        from imgbuild.engine import connect_engine
+        from imgbuild.servers.reap import known_user
+
+        rows = accounting.disk_use(connect_engine(settings).images.local_images(), known_user)
+        if as_json:
+            emit_json([r.to_json() for r in rows])
+        elif not rows:
+            click.echo("no user's images on this engine")
+        else:
+            table = [[r.user, str(r.images), str(r.tags), f"{r.size / 1e9:.2f}"] for r in rows]
+            title = "users' images on the engine's disk (layers two images share counted in each)"
+            print_table(["user", "images", "tags", "GB"], table, title=title)
+        return
     now = time.time()
     found = accounting.account(settings.run.ledger_dir, by, since, now)
     if prometheus:

@@ -260,6 +260,12 @@ class ReapPolicy:
         Maybe(POSITIVE_DURATION), None, doc="exited <user>_ containers older than this are removed (with remove)"
     )
     remove: bool = site_only(Flag(), False, doc="remove what is reaped (default: stop only)")
+    image_max_age: str | None = site_only(
+        Maybe(POSITIVE_DURATION),
+        None,
+        doc="users' images (<user>/...) no container has used for this long are removed (never one a container "
+        "uses, never the -previous of a tag in use; None: never)",
+    )
     unnamed: bool = site_only(Flag(), False, doc="also stop containers that follow no <user>_ convention")
     exempt: list[str] = site_only(
         ListOf(ONE_LINE, max_length=256), factory=list, doc="container name patterns never touched (fnmatch)"
@@ -290,6 +296,10 @@ class ReapPolicy:
     @property
     def warn_seconds(self) -> float:
         return duration_seconds(self.warn_lead)
+
+    @property
+    def image_seconds(self) -> float | None:
+        return duration_seconds(self.image_max_age) if self.image_max_age is not None else None
 
     @property
     def exited_seconds(self) -> float | None:

@@ -100,6 +100,7 @@ class DockerContainers:
                     created_ts=_timestamp(c.attrs.get("Created")),
                     finished_ts=_timestamp(state.get("FinishedAt")),
                     image=str((c.attrs.get("Config") or {}).get("Image", "")),
+                    image_id=str(c.attrs.get("Image") or ""),
                     status=str(c.status),
                     user=str(labels.get(Label.USER, c.name.split("_", 1)[0])),
                     gpus=str(labels.get(Label.GPUS, "")),

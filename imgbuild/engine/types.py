@@ -126,6 +126,7 @@ class ContainerInfo:
     created_ts: float | None = None
     finished_ts: float | None = None
     image: str = ""
+    image_id: str = ""  # the image it was made from (sha256:...)
     status: str = ""
     user: str = ""
     gpus: str = ""
@@ -142,6 +143,17 @@ class ContainerInfo:
         return {**asdict(self), "ports": list(self.ports)}
 
 
+@dataclass(frozen=True)
+class LocalImage:
+    """One tag of an image in the engine's store, as the reaper's disk hygiene and `usage --disk` read it."""
+
+    ref: str  # as the engine names it: alice/x:1
+    id: str
+    size: int  # bytes (layers shared with other images counted in each)
+    created_ts: float | None = None
+    tagged_ts: float | None = None  # when the tag was last set (a rebuild moves it)
+
+
 class ImageStore(Protocol):
     """The engine's images, by reference."""
 
@@ -154,6 +166,8 @@ class ImageStore(Protocol):
     def save(self, ref: str, path: Path) -> None: ...
     def pull(self, ref: str) -> None: ...
     def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
+    def local_images(self) -> list[LocalImage]: ...
+    def discard(self, ref: str) -> str: ...
 
 
 class ContainerRunner(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.engine.types import ContainerInfo
+from imgbuild.engine.types import ContainerInfo, LocalImage
 from imgbuild.errors import EnvironmentProblem, UsageError
 
 USAGE_FILE = "usage.jsonl"
@@ -257,6 +257,32 @@ def fair_share(ledger_dir: Path, window: str | None, now: float | None = None) -
     except EnvironmentProblem:
         return {}
     return {row.key: row.held_hours for row in summarize(records, "user", now - duration_seconds(window))}
+
+
+@dataclass(frozen=True)
+class DiskRow:
+    user: str
+    images: int  # distinct images
+    tags: int
+    size: int  # bytes, each distinct image once (layers two images share counted in each)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "images": self.images, "tags": self.tags, "bytes": self.size}
+
+
+def disk_use(images: list[LocalImage], known_user: Any) -> list[DiskRow]:
+    """Each user's images (`<user>/...`) on the engine's disk, largest first (pure)."""
+    from imgbuild.servers.reap import image_owner
+
+    per_user: dict[str, dict[str, int]] = {}
+    tags: dict[str, int] = {}
+    for image in images:
+        user = image_owner(image.ref, known_user)
+        if user:
+            per_user.setdefault(user, {})[image.id] = image.size
+            tags[user] = tags.get(user, 0) + 1
+    rows = [DiskRow(u, len(ids), tags[u], sum(ids.values())) for u, ids in per_user.items()]
+    return sorted(rows, key=lambda r: (-r.size, r.user))
 
 
 @dataclass
