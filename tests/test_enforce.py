@@ -423,8 +423,9 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     second = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--name", f"q2{unique}", image, "--", "true")
     assert second.returncode == 0 and "started" not in second.stderr, second.stderr
     waiting = second.stdout.strip()
-    listed = {j["id"]: j for j in json.loads(as_user("imgbt-bob", "queue", "ls", "--json").stdout)}
+    listed = {j["id"]: j for j in json.loads(as_user("imgbt-alice", "queue", "ls", "--json").stdout)}
     assert listed[waiting]["state"] == "queued" and listed[waiting]["user"] == "imgbt-alice"
+    assert waiting not in {j["id"] for j in json.loads(as_user("imgbt-bob", "queue", "ls", "--json").stdout)}
     taken = as_user("imgbt-bob", "queue", "rm", waiting)
     assert taken.returncode == 2 and "is imgbt-alice's, not yours" in taken.stderr
     refused = as_user("imgbt-bob", "queue", "drain")

@@ -211,3 +211,23 @@ def test_root_files_a_users_jobs_where_no_user_can_put_anything_first(tmp_path):
 def test_a_job_whose_gpus_are_busy_now_is_filed(tmp_path):
     filed = jobs.add(tmp_path, caller(), ["--gpus", "1", "img"], "/", check=lambda a, c: (jobs.BUSY, "busy"))
     assert [j.id for j in jobs.Queue(tmp_path).load().jobs] == [filed.id]
+
+
+def test_queue_ls_shows_another_users_job_without_its_folder_command_or_error(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from imgbuild.cli import cli
+    from imgbuild.servers import queue as module
+
+    me = caller()
+    other = jobs.Job("0000beef", "someone", me.uid + 7, me.uid + 7, 1.0, "/home/someone/secret-project",
+                     ["-e", "TOKEN=x", "img", "--", "train.py"], "failed", detail="cannot read /home/someone/key")  # fmt: skip
+    mine = job(me.name, 2)
+    monkeypatch.setattr(module.Queue, "load", lambda self: setattr(self, "jobs", [other, mine]) or self)
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(tmp_path / "none.yaml"))
+    listed = CliRunner().invoke(cli, ["queue", "ls", "--json"])
+    assert [j["id"] for j in json.loads(listed.output)] == [mine.id]
+    table = CliRunner().invoke(cli, ["queue", "ls"], terminal_width=200)
+    assert "0000beef" in table.output and "someone" in table.output
+    assert "secret-project" not in table.output and "train.py" not in table.output and "key" not in table.output

@@ -55,16 +55,17 @@ def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
 @click.pass_context
 def queue_ls(ctx: click.Context, as_json: bool) -> None:
-    """Every user's jobs: waiting, started and failed (a variable's value is never shown, only its name)."""
+    """The jobs: waiting, started and failed; others' only by id, user, state and place (a variable's value is
+    never shown, only its name). `--json`: your own jobs (root's: everyone's)."""
     import time
-    from dataclasses import asdict
 
     from imgbuild.servers import queue as jobs
     from imgbuild.ui import print_table
 
     found = jobs.Queue(_queue_dir(ctx)).load().jobs
+    who = who_of(ctx)
     if as_json:
-        emit_json([{**asdict(j), "args": jobs.shown_args(j.args)} for j in sorted(found, key=lambda j: j.submitted)])
+        emit_json([jobs.shown(j) for j in sorted(found, key=lambda j: j.submitted) if jobs.is_theirs(j, who)])
         return
     if not found:
         click.echo("the queue is empty")
@@ -79,8 +80,8 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
                 j.state,
                 str(place.get(j.id, "")),
                 time.strftime("%m-%d %H:%M", time.localtime(j.submitted)),
-                j.container or j.detail,
-                " ".join(jobs.shown_args(j.args))[:80],
+                (j.container or j.detail) if jobs.is_theirs(j, who) else "",
+                " ".join(jobs.shown_args(j.args))[:80] if jobs.is_theirs(j, who) else "",
             ]
             for j in sorted(found, key=lambda j: j.submitted)
         ],  # fmt: skip

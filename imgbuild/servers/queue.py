@@ -281,6 +281,16 @@ def shown_args(args: list[str]) -> list[str]:
     return shown
 
 
+def is_theirs(job: Job, who: Any) -> bool:
+    """`who` may see the job whole: it is theirs, or they are the admin."""
+    return bool(job.uid == who.uid or who.is_admin)
+
+
+def shown(job: Job) -> dict[str, Any]:
+    """A job of the caller's own as `queue ls --json` prints it: whole but for variables' values."""
+    return {**asdict(job), "args": shown_args(job.args)}
+
+
 def _hide_value(item: str) -> str:
     name, eq, _ = item.partition("=")
     return f"{name}=***" if eq else name
