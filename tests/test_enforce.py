@@ -991,3 +991,13 @@ def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch
     monkeypatch.setattr(os, "geteuid", lambda: 1001)  # the user's own engine (the docker group): no sudo
     assert enforce.container_user(settings) is None  # type: ignore[arg-type]
     assert enforce.container_user(None) is None
+
+
+def test_every_users_run_starts_from_a_runspec_which_names_their_ids():
+    """`imgbuild run`'s starts pass the RunSpec's options (user UID:GID from the caller, hardened under sudo):
+    no other call of the engine's `containers.run` exists."""
+    import ast
+
+    sites = [(f, fn, n) for f, fn, n in _calls_of("run") if f.startswith("imgbuild/servers/")]
+    runs = [(f, fn, ast.unparse(n)) for f, fn, n in sites if "containers.run(" in ast.unparse(n)]  # type: ignore[arg-type]
+    assert runs and all(text.endswith("containers.run(spec.options())") for _, _, text in runs), runs
