@@ -573,3 +573,76 @@ def test_usage_disk_counts_each_users_distinct_images_once():
         {"user": "bob", "images": 1, "tags": 1, "bytes": 2000},
         {"user": "alice", "images": 2, "tags": 3, "bytes": 800},
     ]
+
+
+def _site_env(tmp_path, extra: str = "") -> dict[str, str]:
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [gpu(0, 0).to_json()]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {tmp_path / 'state'}\n{extra}"
+    )
+    return {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120)
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
+def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_pids_caps(testbed, tmp_path):
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    env = _site_env(tmp_path, "  memory: 96m\n  pids_limit: 40\n")
+    job = (
+        "import subprocess\nstarted = []\n"
+        "for _ in range(100):\n"
+        "    try:\n        started.append(subprocess.Popen(['sleep', '30']))\n"
+        "    except OSError:\n        break\n"
+        "print('STARTED', len(started), flush=True)\n"
+        "for p in started:\n    p.kill()\n"
+        "held = bytearray(400 * 2**20)\nprint('ALLOCATED', flush=True)\n"
+    )
+    for gpus in ("none", "device=0"):
+        res = run_cli("run", "--gpus", gpus, "--no-workspace", image, "--", "python3", "-c", job, cwd=tmp_path, env=env)
+        started = int(res.out.split("STARTED", 1)[1].split()[0]) if "STARTED" in res.out else -1
+        assert 0 <= started < 40, (gpus, res.out, res.err)  # the pids cap, not the 100 asked for
+        assert "ALLOCATED" not in res.out and res.code == 137, (gpus, res.code, res.err)  # killed at 96 MiB
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120)
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
+def test_a_container_whose_sh_and_nvidia_smi_never_return_stalls_neither_ps_nor_reap(
+    testbed, docker_client, tmp_path, unique, monkeypatch
+):
+    from imgbuild.config.settings import load_settings
+    from imgbuild.engine import connect_engine
+    from imgbuild.engine import containers as module
+    from imgbuild.servers.containers import container_view
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    env = _site_env(tmp_path)
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/bash\nexec sleep 600\n")
+    hang.chmod(0o755)
+    name = f"{ME}_trap{unique}_1"
+    mounts = ["-v", f"{hang}:/bin/sh:ro", "-v", f"{hang}:/usr/bin/nvidia-smi:ro"]
+    try:
+        res = run_cli("run", "-d", "--gpus", "device=0", "--no-workspace", *mounts, "--name", f"trap{unique}",
+                      "--entrypoint", "sleep", image, "--", "120", cwd=tmp_path, env=env)  # fmt: skip
+        assert res.code == 0, res.err
+        monkeypatch.setattr(module, "EXEC_SECONDS", 2)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        use_site_config(monkeypatch, env["IMGBUILD_SITE_CONFIG"])
+        settings = load_settings({})
+        engine = connect_engine(settings)
+        began = time.monotonic()
+        rows = container_view(engine, settings)
+        assert name in {r["name"] for r in rows}
+        assert engine.containers.note(name, "imgbuild reap: a warning") is False
+        assert time.monotonic() - began < 10  # two bounds of 2 s, not the SDK's 600
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.containers.get(name).remove(force=True)
