@@ -294,14 +294,15 @@ def _site_line(facts: SetupFacts) -> Line:
     site = facts.site_config
     if not site.exists:
         return Line("site config", "warn", f"{site.path} does not exist: every rule is imgbuild's default", FIX)
-    if site.uid != 0 or site.mode & 0o022:
-        return Line(
-            "site config",
-            "fail",
-            f"{site.path} can be changed by others",
-            f"chown root {site.path}; chmod 644 {site.path}",
-        )
-    return Line("site config", "ok", f"{site.path} loads")
+    return _others_may_change("site config", site, 0o644) or Line("site config", "ok", f"{site.path} loads")
+
+
+def _others_may_change(check: str, file: FileFacts, mode: int) -> Line | None:
+    """The failing line of a file of root's that someone else owns or may write; None when it is root's alone."""
+    if file.uid == 0 and not file.mode & 0o022:
+        return None
+    fix = f"chown root {file.path}; chmod {mode:o} {file.path}"
+    return Line(check, "fail", f"{file.path} can be changed by others", fix)
 
 
 def _sudoers_line(facts: SetupFacts) -> Line:
@@ -320,13 +321,8 @@ def _sudoers_line(facts: SetupFacts) -> Line:
             f"visudo -cf {drop_in.path} refuses it: sudo refuses every rule",
             f"rm {drop_in.path}; {FIX}",
         )
-    if drop_in.uid != 0 or drop_in.mode & 0o022:
-        return Line(
-            "sudoers drop-in",
-            "fail",
-            f"{drop_in.path} can be changed by others",
-            f"chown root {drop_in.path}; chmod 440 {drop_in.path}",
-        )
+    if changeable := _others_may_change("sudoers drop-in", drop_in, 0o440):
+        return changeable
     if f"{facts.binary} run" not in drop_in.text:
         return Line(
             "sudoers drop-in", "warn", f"{drop_in.path} does not name this imgbuild ({facts.binary})",
