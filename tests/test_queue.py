@@ -138,7 +138,7 @@ def test_a_queue_file_naming_a_folder_two_ways_or_none_is_not_believed(tmp_path,
     assert jobs.Queue(tmp_path).load().jobs == []
 
 
-@pytest.mark.parametrize("number", [float("inf"), 1e400, True])
+@pytest.mark.parametrize("number", [float("inf"), float("nan"), 1e400, 10**400, -1, True])
 def test_a_queue_file_with_numbers_out_of_range_is_not_believed(tmp_path, number):
     me = caller()
     (tmp_path / f"queue-{me.uid}.json").write_text(

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import pwd
 import re
@@ -84,14 +83,17 @@ class Job:
             return None
         typed = (
             isinstance(job.id, str) and _ID.fullmatch(job.id) and isinstance(job.user, str)
-            and isinstance(job.uid, int) and isinstance(job.gid, int) and isinstance(job.submitted, (int, float))
-            and not isinstance(job.submitted, bool) and math.isfinite(job.submitted)
-            and isinstance(job.ended, (int, float)) and math.isfinite(job.ended)
+            and isinstance(job.uid, int) and isinstance(job.gid, int) and _a_time(job.submitted) and _a_time(job.ended)
             and isinstance(job.cwd, str) and job_folder(job.cwd) == job.cwd
             and isinstance(job.args, list) and all(isinstance(a, str) for a in job.args)
             and job.state in ("queued", "starting", "started", "failed")
         )  # fmt: skip
         return job if typed else None
+
+
+def _a_time(value: Any) -> bool:
+    """Seconds since the epoch as a file may hold them: a number from 0 to year ~33000 (no inf, NaN or 10**400)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e12
 
 
 def job_folder(cwd: str) -> str:
