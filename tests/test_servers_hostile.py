@@ -66,6 +66,7 @@ HOSTILE_IMAGES = [
         ({"cpus": float("inf")}, "--cpus inf: not a number of CPUs"),
         ({"cpus": -5.0}, "--cpus -5.0: not a number of CPUs"),
         ({"cpus": 1e308}, "not a number of CPUs"),
+        ({"cpus": 0.001}, "--cpus 0.001: not a number of CPUs (from 0.01, the engine's least"),
         ({"time": "0"}, "--time 0: a deadline must be later than now"),
         ({"time": "0d"}, "a deadline must be later than now"),
         ({"time": "١h"}, "is not a duration"),

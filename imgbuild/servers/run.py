@@ -198,8 +198,8 @@ def _cpus_of(wanted: float | None, share: float | None, enforced: Any) -> float 
     """`--cpus` where given (within the site's share for a user acting through sudo), else the share."""
     if wanted is None:
         return share
-    if not (math.isfinite(wanted) and 0 < wanted <= MAX_CPUS):
-        raise UsageError(f"--cpus {wanted}: not a number of CPUs (above 0, at most {MAX_CPUS})")
+    if not (math.isfinite(wanted) and 0.01 <= wanted <= MAX_CPUS):  # the engine's least: 0.01
+        raise UsageError(f"--cpus {wanted}: not a number of CPUs (from 0.01, the engine's least, to {MAX_CPUS})")
     if enforced is not None and share is not None and wanted > share:
         raise UsageError(f"--cpus {wanted:g}: this run may have at most {share:g} (the site's share)")
     return wanted
