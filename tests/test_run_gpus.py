@@ -540,14 +540,14 @@ def test_every_run_is_capped_in_memory_processes_and_cpus_with_or_without_gpus(t
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
     config = tmp_path / "site.yaml"
-    config.write_text("run:\n  memory: 4g\n  pids_limit: 100\n  cpus: 3\n  cgroup_parent: imgbuild-{uid}.slice\n")
+    config.write_text("run:\n  memory: 4g\n  pids_limit: 100\n  cpus: 3\n  cgroup_parent: imgbuild-{gid}-{uid}.slice\n")
     use_site_config(monkeypatch, config)
     settings = load_settings({"user": "lab"})
     for request in ("none", "device=2"):
         words = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request=request), settings))
         assert _flag(words, "--memory") == _flag(words, "--memory-swap") == f"{4 << 30}b"
         assert _flag(words, "--pids-limit") == "100"
-        assert _flag(words, "--cgroup-parent") == f"imgbuild-{caller().uid}.slice"
+        assert _flag(words, "--cgroup-parent") == f"imgbuild-{caller().gid}-{caller().uid}.slice"  # the group's, nested
         assert _flag(words, "--cpus") is not None
     cpu_only = run_words(prepare(RunRequest("ubuntu:22.04", ["true"]), settings))
     assert _flag(cpu_only, "--cpus") == "3"

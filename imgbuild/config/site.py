@@ -172,11 +172,12 @@ class RunRules:
         Integer(ge=16, le=4_194_304), 4096, doc="--pids-limit of every run: processes and threads at once"
     )
     cgroup_parent: str | None = site_only(
-        Maybe(Text(matches(re.compile(r"[A-Za-z0-9_.@-]*\{(?:user|uid)\}[A-Za-z0-9_.@-]*\.slice"),
-                           "not a systemd slice naming {user} or {uid}, such as imgbuild-{uid}.slice"))),
+        Maybe(Text(matches(re.compile(r"[A-Za-z0-9_.@{}-]*\{(?:user|uid)\}[A-Za-z0-9_.@{}-]*\.slice"),
+                           "not a systemd slice naming {user} or {uid}, such as imgbuild-{gid}-{uid}.slice"))),
         None,
-        doc="--cgroup-parent of every run, {user} or {uid} expanded: each user's runs in a slice of their own "
-        "(systemd's cgroup driver), whose limits the admin sets (systemctl set-property imgbuild-1001.slice "
+        doc="--cgroup-parent of every run, {user}, {uid} and {gid} expanded: each user's runs in a slice of their "
+        "own (systemd's cgroup driver; a dash nests: imgbuild-{gid}-{uid}.slice sits in the group's "
+        "imgbuild-{gid}.slice), whose limits the admin sets (systemctl set-property imgbuild-1001.slice "
         "MemoryMax=...)",
     )  # fmt: skip
     fair_share_window: str | None = site_only(
