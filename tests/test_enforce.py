@@ -731,7 +731,9 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
         for args in (["queue", "ls"], ["queue", "ls", "--json"]):
             listed = as_user("imgbt-alice", *args)
             assert listed.returncode == 0 and f"hf_bob_{unique}" not in listed.stdout + listed.stderr, listed.stdout
-            assert "HF_TOKEN=***" in listed.stdout
+            assert "HF_TOKEN" not in listed.stdout  # another's job: id, user, state and place only
+            own = as_user("imgbt-bob", *args)
+            assert "HF_TOKEN=***" in own.stdout and f"hf_bob_{unique}" not in own.stdout, own.stdout
         read = _as_plain("imgbt-alice", f"cat {state}/.reap/queue-{bob.pw_uid}.json")
         assert read.returncode != 0 and f"hf_bob_{unique}" not in read.stdout
 
