@@ -1003,3 +1003,65 @@ def test_every_users_run_starts_from_a_runspec_which_names_their_ids():
     sites = [(f, fn, n) for f, fn, n in _calls_of("run") if f.startswith("imgbuild/servers/")]
     runs = [(f, fn, ast.unparse(n)) for f, fn, n in sites if "containers.run(" in ast.unparse(n)]  # type: ignore[arg-type]
     assert runs and all(text.endswith("containers.run(spec.options())") for _, _, text in runs), runs
+
+
+_FORK_100 = (
+    "import subprocess\nstarted = []\n"
+    "for _ in range(100):\n"
+    "    try:\n        started.append(subprocess.Popen(['sleep', '20']))\n"
+    "    except OSError:\n        break\n"
+    "print('STARTED', len(started), flush=True)\n"
+    "for p in started:\n    p.kill()\n"
+)
+
+
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.engine
+def test_a_users_queue_file_waits_and_runs_reach_nothing_of_another_and_hold_nobody_back(enforced, unique):
+    """Through Debian's sudo: her own queue file naming a folder in bob's private one; `queue add --wait=40s`;
+    `run --gpus 2 --wait` past her quota; a folder at bob's queue file's name; 100 processes in a run."""
+    import time
+
+    from imgbuild.servers.ledger import Ledger
+    from tests.conftest import run_cli
+
+    state, image = enforced["state"], enforced["image"]
+    alice, bob = (pwd.getpwnam(u) for u in USERS)
+    root = {"IMGBUILD_SITE_CONFIG": "/etc/imgbuild/config.yaml"}
+    private = Path(bob.pw_dir) / f"private-{unique}"
+    (private / "proj").mkdir(parents=True)
+    (private / "proj" / "notes.txt").write_text("bob's notes\n")
+    _give(private, "imgbt-bob")
+    private.chmod(0o700)
+    try:
+        Ledger(state).folder()
+        job = {"id": "0badcafe", "user": "imgbt-alice", "uid": alice.pw_uid, "gid": alice.pw_gid, "submitted": 0,
+               "cwd": str(private / "proj"), "args": ["--no-workspace", image, "--", "true"]}  # fmt: skip
+        hers = state / f"queue-{alice.pw_uid}.json"
+        wrote = _as_plain("imgbt-alice", f"umask 077; cat > {hers}", json.dumps({"jobs": [job]}))
+        assert wrote.returncode == 0, wrote.stderr
+        run_cli("queue", "run", env=root)  # root's timer advances the queue
+        [tried] = json.loads(hers.read_text())["jobs"]
+        assert tried["state"] == "failed" and "checked as imgbt-alice" in tried["detail"], tried
+        assert _as_plain("imgbt-alice", f"rm -f {hers}").returncode == 0
+
+        for wait in (["--wait=40s"], ["--wait", "40s"]):
+            refused = as_user("imgbt-alice", "queue", "add", "--no-workspace", *wait, image, "--", "true")
+            assert refused.returncode == 2 and "waits in the queue" in refused.stderr, refused.stderr
+
+        began = time.monotonic()
+        over = as_user("imgbt-alice", "run", "--no-workspace", "--gpus", "2", "--wait", "10m", image, "--", "true")
+        assert over.returncode == 2 and "could never start" in over.stderr, over.stderr
+        assert time.monotonic() - began < 60  # refused, not queued
+
+        assert _as_plain("imgbt-alice", f"mkdir {state}/queue-{bob.pw_uid}.json").returncode == 0
+        went = as_user("imgbt-bob", "queue", "add", "--no-workspace", "--name", f"qb{unique}", image, "--", "true")
+        assert went.returncode == 0, went.stderr
+
+        site = Path("/etc/imgbuild/config.yaml")
+        site.write_text(site.read_text() + "  pids_limit: 40\n")
+        forked = as_user("imgbt-alice", "run", "--no-workspace", image, "--", "python3", "-c", _FORK_100)
+        assert "STARTED" in forked.stdout, forked.stderr
+        assert int(forked.stdout.split("STARTED", 1)[1].split()[0]) < 40
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
