@@ -953,7 +953,7 @@ def _calls_of(attr: str) -> list[tuple[str, str, object]]:
 
 def test_every_script_container_runs_as_the_user_it_is_for_through_one_helper():
     """Each place that starts a script container of an image (a smoke test, the jupyter check, a base's pins, a
-    lock, the engine's GPU read) says whom it runs as, and says it through `enforce.container_user`."""
+    lock, the engine's GPU read) says whom it runs as, and says it through `acting.container_user`."""
     import ast
 
     sites = [(f, fn, n) for f, fn, n in _calls_of("run_script") if f.startswith("imgbuild/") and fn != "run_script"]
@@ -989,10 +989,10 @@ def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch
     settings = types.SimpleNamespace(caller=Caller("alice", 1001, 1002, via_sudo=True), run=run_rules({}))
     monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert enforce.container_user(settings) == "1001:1002"  # type: ignore[arg-type]
+    assert acting.container_user(settings) == "1001:1002"  # type: ignore[arg-type]
     monkeypatch.setattr(os, "geteuid", lambda: 1001)  # the user's own engine (the docker group): no sudo
-    assert enforce.container_user(settings) is None  # type: ignore[arg-type]
-    assert enforce.container_user(None) is None
+    assert acting.container_user(settings) is None  # type: ignore[arg-type]
+    assert acting.container_user(None) is None
 
 
 def test_every_users_run_starts_from_a_runspec_which_names_their_ids():

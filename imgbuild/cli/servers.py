@@ -24,7 +24,7 @@ class _RunCommand(click.Command):
     """`--wait` takes an optional TIMEOUT: a bare `--wait` before the image must not swallow the image."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from imgbuild.config.site import DURATION_RE
+        from imgbuild.config.checks import DURATION_RE
 
         out: list[str] = []
         rest = list(args)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from imgbuild.engine.buildkit import docker_clis
-from imgbuild.engine.images import DockerImages
+from imgbuild.engine.images import DockerImages, engine_time
 from imgbuild.engine.probe import SCRIPT_CACHE, Probe
 from imgbuild.engine.runargs import env_file, run_argv
 from imgbuild.engine.types import ContainerInfo, RunOptions
@@ -96,9 +96,9 @@ class DockerContainers:
                     deadline=_number(labels.get(Label.DEADLINE)),
                     notify=labels.get(Label.NOTIFY) == "1",
                     exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-                    started_ts=_timestamp(state.get("StartedAt")),
-                    created_ts=_timestamp(c.attrs.get("Created")),
-                    finished_ts=_timestamp(state.get("FinishedAt")),
+                    started_ts=engine_time(state.get("StartedAt")),
+                    created_ts=engine_time(c.attrs.get("Created")),
+                    finished_ts=engine_time(state.get("FinishedAt")),
                     image=str((c.attrs.get("Config") or {}).get("Image", "")),
                     image_id=str(c.attrs.get("Image") or ""),
                     status=str(c.status),
@@ -472,22 +472,6 @@ def _number(text: Any) -> float | None:
 def _positive(value: Any) -> int | None:
     """An engine's limit (bytes, a count); None for its "none" (0, -1, absent)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _timestamp(text: Any) -> float | None:
-    """Docker's RFC 3339 times (nanoseconds, `Z`) as seconds since the epoch; None for its year-1 "never"."""
-    from datetime import datetime
-
-    if not isinstance(text, str) or text.startswith("0001-"):
-        return None
-    head, _, rest = text.partition(".")
-    zone = rest.lstrip("0123456789") if rest else text[19:]
-    try:
-        when = datetime.fromisoformat(head[:19] + (zone.replace("Z", "+00:00") or "+00:00"))
-    except ValueError:
-        return None
-    fraction = rest[: len(rest) - len(zone)] if rest else ""
-    return when.timestamp() + (float(f"0.{fraction}") if fraction else 0.0)
 
 
 def _host_ports(bindings: Any) -> list[int]:

@@ -52,8 +52,6 @@ class DockerImages:
         from docker.errors import DockerException
         from requests.exceptions import RequestException
 
-        from imgbuild.engine.containers import _timestamp
-
         try:
             found = self.client.images.list()
         except (DockerException, RequestException) as exc:
@@ -61,10 +59,10 @@ class DockerImages:
         rows = []
         for img in found:
             size = img.attrs.get("Size")
-            tagged = _timestamp((img.attrs.get("Metadata") or {}).get("LastTagTime"))
+            tagged = engine_time((img.attrs.get("Metadata") or {}).get("LastTagTime"))
             for ref in img.tags or ():
                 rows.append(LocalImage(ref, img.id, size if isinstance(size, int) else 0,
-                                       _timestamp(img.attrs.get("Created")), tagged))  # fmt: skip
+                                       engine_time(img.attrs.get("Created")), tagged))  # fmt: skip
         return rows
 
     def discard(self, ref: str) -> str:
@@ -130,3 +128,19 @@ class DockerImages:
         if not digest:
             raise ImgbuildError(f"push of {ref} ended without a digest")
         return digest
+
+
+def engine_time(text: Any) -> float | None:
+    """Docker's RFC 3339 times (nanoseconds, `Z`) as seconds since the epoch; None for its year-1 "never"."""
+    from datetime import datetime
+
+    if not isinstance(text, str) or text.startswith("0001-"):
+        return None
+    head, _, rest = text.partition(".")
+    zone = rest.lstrip("0123456789") if rest else text[19:]
+    try:
+        when = datetime.fromisoformat(head[:19] + (zone.replace("Z", "+00:00") or "+00:00"))
+    except ValueError:
+        return None
+    fraction = rest[: len(rest) - len(zone)] if rest else ""
+    return when.timestamp() + (float(f"0.{fraction}") if fraction else 0.0)

@@ -184,7 +184,7 @@ def lock(
     probe = Probe("lock", script, MARKER)
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
-    from imgbuild.servers.enforce import container_user
+    from imgbuild.acting import container_user
 
     bounds = pip_bounds(settings)
     shown = (lambda line: _show(line, on_line)) if on_line is not None else None

@@ -215,7 +215,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         if found is not None:
             return found
         # the same source install.sh uses (imgbuild/payload/base_pins.py), read only where a base is read
-        from imgbuild.servers.enforce import container_user
+        from imgbuild.acting import container_user
 
         probe = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
         try:

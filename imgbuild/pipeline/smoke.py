@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.acting import container_user
 from imgbuild.config.settings import Settings
 from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
@@ -28,7 +29,6 @@ from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_pl
 from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
 from imgbuild.platforms import arch_of_machine, platform_of_machine
-from imgbuild.servers.enforce import container_user
 
 SCRIPT = SMOKE_SCRIPT
 MARKER = "IMGBUILD-SMOKE-REPORT "

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgbuild.acting import Acting, check_image
+from imgbuild.acting import Acting, acting_for_user, check_image
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, expand
 
@@ -56,11 +56,6 @@ _PORT = re.compile(r"(?:(?P<ip>[0-9.]{7,15}):)?(?:(?P<host>[0-9]{1,5}):)?(?P<con
 STAGING = Path("/run/imgbuild/mounts")
 AUDIT_FILE = "audit.log"
 CHECK_SECONDS = 10  # resolving a mount source as the caller
-
-
-def acting_for_user(who: Caller) -> bool:
-    """imgbuild runs as root through sudo for a user who is not an admin: the rules are enforced."""
-    return who.via_sudo and os.geteuid() == 0 and not who.is_admin
 
 
 def sudoers(binary: str) -> str:
@@ -139,16 +134,6 @@ def acting(settings: Settings) -> Acting | None:
     if not acting_for_user(who):
         return None
     return Acting(who, tuple(settings.run.allowed_images))
-
-
-def container_user(settings: Settings | None) -> str | None:
-    """ "UID:GID" of the user every container imgbuild starts for them runs as (a smoke test, a jupyter check, a
-    base's pins, a lock: each a script container of an image they may have made), with no new privileges, no
-    capabilities and its own IPC (`run_script(as_user=...)`); None where imgbuild does not act for a user through
-    sudo (the caller's own engine: the docker group, or root). Every `run_script` call passes its `as_user` from
-    here (a test reads them all)."""
-    act = acting(settings) if settings is not None else None
-    return f"{act.who.uid}:{act.who.gid}" if act else None
 
 
 def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_key: Any) -> None:

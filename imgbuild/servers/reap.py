@@ -98,14 +98,6 @@ def decide(
     return actions
 
 
-def image_owner(ref: str, known_user: Callable[[str], bool]) -> str:
-    """The user whose image `ref` is (`<user>/NAME:TAG`, built on this host, no registry in it); "" otherwise."""
-    first, slash, _ = ref.partition("/")
-    if not slash or "." in first or ":" in first or first == "localhost":
-        return ""
-    return first if known_user(first) else ""
-
-
 def decide_images(
     images: list[LocalImage], rows: list[ContainerInfo], state: State, now: float, rules: ReapPolicy,
     known_user: Callable[[str], bool],
@@ -120,7 +112,7 @@ def decide_images(
     ids = {i.ref: i.id for i in images}
     actions = []
     for image in images:
-        user = image_owner(image.ref, known_user)
+        user = usage.image_owner(image.ref, known_user)
         if not user or image.id in in_use or image.ref in in_use:
             continue
         if image.ref.endswith("-previous"):

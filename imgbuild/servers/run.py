@@ -24,12 +24,12 @@ from imgbuild.errors import ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
+from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, OverQuota, check_could_fit, check_quota, held_on_host
 from imgbuild.servers.spec import (
     JUPYTER_ENV,
     JUPYTER_PORT,
-    MAX_CPUS,
     SHORT_NAME_RE,
     RunSpec,
     free_port,
@@ -138,7 +138,7 @@ def prepare(
         check_could_fit(user, req.gpu_request, requested_count(req.gpu_request, gpus), len(gpus), house)
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
-    cpus = _cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced)
+    cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced)
     cpuset: list[int] = []
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
@@ -192,44 +192,6 @@ def prepare(
         workdir=workdir,
         workspace=not req.no_workspace and enforced is None,  # enforced: the workspace is a checked mount
     )
-
-
-def _cpus_of(wanted: float | None, share: float | None, enforced: Any) -> float | None:
-    """`--cpus` where given (within the site's share for a user acting through sudo), else the share."""
-    if wanted is None:
-        return share
-    if not (math.isfinite(wanted) and 0.01 <= wanted <= MAX_CPUS):  # the engine's least: 0.01
-        raise UsageError(f"--cpus {wanted}: not a number of CPUs (from 0.01, the engine's least, to {MAX_CPUS})")
-    if enforced is not None and share is not None and wanted > share:
-        raise UsageError(f"--cpus {wanted:g}: this run may have at most {share:g} (the site's share)")
-    return wanted
-
-
-def run_cpus(gpu_count: int, host_cores: int, total_gpus: int, house: RunRules) -> float | None:
-    """A run's CPUs: the GPUs' share of the host's (run.cpus_per_gpu, else an even share); a run without GPUs
-    the site's `run.cpus`, else one GPU's share: no run has every core of a shared host by default."""
-    from imgbuild.gpu.allocate import cpus_for
-
-    if gpu_count:
-        return cpus_for(gpu_count, host_cores, total_gpus, house.cpus_per_gpu)
-    return house.cpus if house.cpus is not None else cpus_for(1, host_cores, total_gpus, house.cpus_per_gpu)
-
-
-def run_memory(house: RunRules, host_bytes: int | None) -> int | None:
-    """A run's memory cap in bytes: the site's `run.memory`, else three quarters of the host's (None where the
-    host's cannot be read)."""
-    from imgbuild.config.site import size_bytes
-
-    if house.memory is not None:
-        return size_bytes(house.memory)
-    return host_bytes * 3 // 4 if host_bytes else None
-
-
-def host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
 
 
 def gpu_path(flag: str, engine: ImageEngine) -> str:

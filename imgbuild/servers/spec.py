@@ -251,7 +251,7 @@ def cpulist_of(text: str) -> list[int]:
 def parse_duration(text: str, what: str) -> float:
     """`90`, `90s`, `30m`, `2h`, `7d` -> seconds (the one grammar: siteconfig.duration_seconds); `what` names
     the flag in the error."""
-    from imgbuild.config.site import duration_seconds
+    from imgbuild.config.checks import duration_seconds
 
     try:
         return duration_seconds(text)

@@ -231,7 +231,7 @@ def since_of(text: str | None, now: float | None = None) -> float | None:
     """`--since 30d` (a duration back from now) as a Unix time; None for all of the log."""
     if not text:
         return None
-    from imgbuild.config.site import duration_seconds
+    from imgbuild.config.checks import duration_seconds
 
     try:
         seconds = duration_seconds(text)
@@ -246,7 +246,7 @@ def fair_share(ledger_dir: Path, window: str | None, now: float | None = None) -
     """Each user's GPU-hours held over the last `window` (the site's `run.fair_share_window`), from the reaper's
     usage log: the order of waiting runs and queued jobs, least first. {} (first come, first served) where there
     is no window or the log cannot be read (a user without sudo: it is root's)."""
-    from imgbuild.config.site import duration_seconds
+    from imgbuild.config.checks import duration_seconds
     from imgbuild.servers.ledger import REAPER_DIR
 
     if window is None:
@@ -270,10 +270,16 @@ class DiskRow:
         return {"user": self.user, "images": self.images, "tags": self.tags, "bytes": self.size}
 
 
+def image_owner(ref: str, known_user: Any) -> str:
+    """The user whose image `ref` is (`<user>/NAME:TAG`, built on this host, no registry in it); "" otherwise."""
+    first, slash, _ = ref.partition("/")
+    if not slash or "." in first or ":" in first or first == "localhost":
+        return ""
+    return first if known_user(first) else ""
+
+
 def disk_use(images: list[LocalImage], known_user: Any) -> list[DiskRow]:
     """Each user's images (`<user>/...`) on the engine's disk, largest first (pure)."""
-    from imgbuild.servers.reap import image_owner
-
     per_user: dict[str, dict[str, int]] = {}
     tags: dict[str, int] = {}
     for image in images:
