@@ -12,10 +12,29 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, expand
 from imgbuild.regular import read_regular
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+
+
+def acting_for_user(who: Caller) -> bool:
+    """imgbuild runs as root through sudo for a user who is not an admin: the rules are enforced."""
+    return who.via_sudo and os.geteuid() == 0 and not who.is_admin
+
+
+def container_user(settings: Settings | None) -> str | None:
+    """ "UID:GID" of the user every container imgbuild starts for them runs as (a smoke test, a jupyter check, a
+    base's pins, a lock: each a script container of an image they may have made), with no new privileges, no
+    capabilities and its own IPC (`run_script(as_user=...)`); None where imgbuild does not act for a user through
+    sudo (the caller's own engine: the docker group, or root). Every `run_script` call passes its `as_user` from
+    here (a test reads them all)."""
+    who = settings.caller if settings is not None else None
+    return f"{who.uid}:{who.gid}" if who is not None and acting_for_user(who) else None
 
 
 @dataclass(frozen=True)

@@ -423,8 +423,9 @@ def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     second = as_user("imgbt-alice", "queue", "add", "--gpus", "1", "--name", f"q2{unique}", image, "--", "true")
     assert second.returncode == 0 and "started" not in second.stderr, second.stderr
     waiting = second.stdout.strip()
-    listed = {j["id"]: j for j in json.loads(as_user("imgbt-bob", "queue", "ls", "--json").stdout)}
+    listed = {j["id"]: j for j in json.loads(as_user("imgbt-alice", "queue", "ls", "--json").stdout)}
     assert listed[waiting]["state"] == "queued" and listed[waiting]["user"] == "imgbt-alice"
+    assert waiting not in {j["id"] for j in json.loads(as_user("imgbt-bob", "queue", "ls", "--json").stdout)}
     taken = as_user("imgbt-bob", "queue", "rm", waiting)
     assert taken.returncode == 2 and "is imgbt-alice's, not yours" in taken.stderr
     refused = as_user("imgbt-bob", "queue", "drain")
@@ -723,15 +724,17 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
         assert went.returncode == 0 and "started" in went.stderr, went.stderr
         reap = os.lstat(state / ".reap")
         assert reap.st_uid == 0 and reap.st_mode & 0o777 == 0o700, "root's folder is root's again"
-        bobs_file = os.stat(state / f"queue-{bob.pw_uid}.json")
+        bobs_file = os.stat(state / ".reap" / f"queue-{bob.pw_uid}.json")
         assert bobs_file.st_uid == 0 and bobs_file.st_mode & 0o777 == 0o600, "bob's queue: root's, private"
 
         # -- bob's secret is not hers to read
         for args in (["queue", "ls"], ["queue", "ls", "--json"]):
             listed = as_user("imgbt-alice", *args)
             assert listed.returncode == 0 and f"hf_bob_{unique}" not in listed.stdout + listed.stderr, listed.stdout
-            assert "HF_TOKEN=***" in listed.stdout
-        read = _as_plain("imgbt-alice", f"cat {state}/queue-{bob.pw_uid}.json")
+            assert "HF_TOKEN" not in listed.stdout  # another's job: id, user, state and place only
+            own = as_user("imgbt-bob", *args)
+            assert "HF_TOKEN=***" in own.stdout and f"hf_bob_{unique}" not in own.stdout, own.stdout
+        read = _as_plain("imgbt-alice", f"cat {state}/.reap/queue-{bob.pw_uid}.json")
         assert read.returncode != 0 and f"hf_bob_{unique}" not in read.stdout
 
         # -- a queue file she writes by hand: the sudo group's gid, root in the container, the host's / mounted
@@ -867,10 +870,12 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     assert (answer["uid"], answer["gid"], answer["nnp"]) == (4321, 4322, "1")
     assert int(answer["cap"], 16) == 0
     assert answer["ipc"] != os.readlink("/proc/self/ns/ipc")  # not the host's
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, ipc="host", timeout=120)
+    code, output, _ = engine.containers.run_script(
+        image, probe, [], {}, gpus=None, ipc="host", timeout=120, as_user=None
+    )
     plain = probe.answer(output)
     assert plain and plain["ipc"] == os.readlink("/proc/self/ns/ipc")  # root's own smoke test: the house's IPC
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120)
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=120, as_user=None)
     probing = probe.answer(output)  # a probe (pins, GPUs, a lock) asks for no IPC: the engine's own, not the host's
     assert probing and probing["ipc"] != os.readlink("/proc/self/ns/ipc")
 
@@ -928,3 +933,136 @@ def test_a_users_smoke_test_through_sudo_runs_their_image_as_them_without_privil
     finally:
         secret.unlink(missing_ok=True)
         docker_client.images.remove(image, force=True)
+
+
+def _calls_of(attr: str) -> list[tuple[str, str, object]]:
+    """(file, innermost enclosing function, the Call node) for every call of `.attr(...)` in imgbuild's sources."""
+    import ast
+
+    package = Path(enforce.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        inside: dict[int, tuple[str, ast.Call]] = {}
+        for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for node in ast.walk(func):  # outer functions come first: an inner one has the last word
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr:
+                    inside[id(node)] = (func.name, node)
+        found += [(str(path.relative_to(package.parent)), name, node) for name, node in inside.values()]
+    return found
+
+
+def test_every_script_container_runs_as_the_user_it_is_for_through_one_helper():
+    """Each place that starts a script container of an image (a smoke test, the jupyter check, a base's pins, a
+    lock, the engine's GPU read) says whom it runs as, and says it through `acting.container_user`."""
+    import ast
+
+    sites = [(f, fn, n) for f, fn, n in _calls_of("run_script") if f.startswith("imgbuild/") and fn != "run_script"]
+    assert len(sites) >= 5
+    for file, function, node in sites:
+        given = {k.arg: k.value for k in node.keywords}  # type: ignore[attr-defined]
+        assert "as_user" in given, f"{file}:{function} starts a script container without as_user"
+        assert ast.unparse(given["as_user"]).startswith("container_user("), f"{file}:{function}"
+    assert {f for f, _, _ in sites} >= {
+        "imgbuild/servers/jupyter.py", "imgbuild/pipeline/resolve.py", "imgbuild/pipeline/pins.py",
+        "imgbuild/pipeline/smoke.py",
+    }  # fmt: skip
+
+
+def test_the_engine_creates_containers_in_two_places_only():
+    """The SDK's `containers.create` is called where a script container is made (its arguments from
+    `_script_container`, hardened for `as_user`) and for a lease's placeholder, which never starts."""
+    sites = {(f, fn) for f, fn, _ in _calls_of("create") if f.startswith("imgbuild/engine/")}
+    assert sites == {("imgbuild/engine/containers.py", "prepared"), ("imgbuild/engine/lease.py", "claim")}
+
+
+def test_a_script_container_for_a_user_runs_as_them_without_privileges():
+    from imgbuild.engine.containers import _script_container
+
+    hardened = _script_container("alice/x:1", {}, False, "host", None, as_user="1001:1001")
+    assert hardened["user"] == "1001:1001" and hardened["cap_drop"] == ["ALL"]
+    assert hardened["security_opt"] == ["no-new-privileges"] and hardened["ipc_mode"] == "private"
+
+
+def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch):
+    import types
+
+    settings = types.SimpleNamespace(caller=Caller("alice", 1001, 1002, via_sudo=True), run=run_rules({}))
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert acting.container_user(settings) == "1001:1002"  # type: ignore[arg-type]
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)  # the user's own engine (the docker group): no sudo
+    assert acting.container_user(settings) is None  # type: ignore[arg-type]
+    assert acting.container_user(None) is None
+
+
+def test_every_users_run_starts_from_a_runspec_which_names_their_ids():
+    """`imgbuild run`'s starts pass the RunSpec's options (user UID:GID from the caller, hardened under sudo):
+    no other call of the engine's `containers.run` exists."""
+    import ast
+
+    sites = [(f, fn, n) for f, fn, n in _calls_of("run") if f.startswith("imgbuild/servers/")]
+    runs = [(f, fn, ast.unparse(n)) for f, fn, n in sites if "containers.run(" in ast.unparse(n)]  # type: ignore[arg-type]
+    assert runs and all(text.endswith("containers.run(spec.options())") for _, _, text in runs), runs
+
+
+_FORK_100 = (
+    "import subprocess\nstarted = []\n"
+    "for _ in range(100):\n"
+    "    try:\n        started.append(subprocess.Popen(['sleep', '20']))\n"
+    "    except OSError:\n        break\n"
+    "print('STARTED', len(started), flush=True)\n"
+    "for p in started:\n    p.kill()\n"
+)
+
+
+@pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.engine
+def test_a_users_queue_file_waits_and_runs_reach_nothing_of_another_and_hold_nobody_back(enforced, unique):
+    """Through Debian's sudo: her own queue file naming a folder in bob's private one; `queue add --wait=40s`;
+    `run --gpus 2 --wait` past her quota; a folder at bob's queue file's name; 100 processes in a run."""
+    import time
+
+    from imgbuild.servers.ledger import Ledger
+    from tests.conftest import run_cli
+
+    state, image = enforced["state"], enforced["image"]
+    alice, bob = (pwd.getpwnam(u) for u in USERS)
+    root = {"IMGBUILD_SITE_CONFIG": "/etc/imgbuild/config.yaml"}
+    private = Path(bob.pw_dir) / f"private-{unique}"
+    (private / "proj").mkdir(parents=True)
+    (private / "proj" / "notes.txt").write_text("bob's notes\n")
+    _give(private, "imgbt-bob")
+    private.chmod(0o700)
+    try:
+        Ledger(state).folder()
+        job = {"id": "0badcafe", "user": "imgbt-alice", "uid": alice.pw_uid, "gid": alice.pw_gid, "submitted": 0,
+               "cwd": str(private / "proj"), "args": ["--no-workspace", image, "--", "true"]}  # fmt: skip
+        hers = state / f"queue-{alice.pw_uid}.json"
+        wrote = _as_plain("imgbt-alice", f"umask 077; cat > {hers}", json.dumps({"jobs": [job]}))
+        assert wrote.returncode == 0, wrote.stderr
+        run_cli("queue", "run", env=root)  # root's timer advances the queue
+        [tried] = json.loads(hers.read_text())["jobs"]
+        assert tried["state"] == "failed" and "checked as imgbt-alice" in tried["detail"], tried
+        assert _as_plain("imgbt-alice", f"rm -f {hers}").returncode == 0
+
+        for wait in (["--wait=40s"], ["--wait", "40s"]):
+            refused = as_user("imgbt-alice", "queue", "add", "--no-workspace", *wait, image, "--", "true")
+            assert refused.returncode == 2 and "waits in the queue" in refused.stderr, refused.stderr
+
+        began = time.monotonic()
+        over = as_user("imgbt-alice", "run", "--no-workspace", "--gpus", "2", "--wait", "10m", image, "--", "true")
+        assert over.returncode == 2 and "could never start" in over.stderr, over.stderr
+        assert time.monotonic() - began < 60  # refused, not queued
+
+        assert _as_plain("imgbt-alice", f"mkdir {state}/queue-{bob.pw_uid}.json").returncode == 0
+        went = as_user("imgbt-bob", "queue", "add", "--no-workspace", "--name", f"qb{unique}", image, "--", "true")
+        assert went.returncode == 0, went.stderr
+
+        site = Path("/etc/imgbuild/config.yaml")
+        site.write_text(site.read_text() + "  pids_limit: 40\n")
+        forked = as_user("imgbt-alice", "run", "--no-workspace", image, "--", "python3", "-c", _FORK_100)
+        assert "STARTED" in forked.stdout, forked.stderr
+        assert int(forked.stdout.split("STARTED", 1)[1].split()[0]) < 40
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -582,7 +582,7 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
 
     client = _Client()
     runner = DockerContainers(client, DockerImages(client))
-    code, output, note = runner.run_script("img", PRINT, [], {}, gpus=["GPU-1"], ipc="host")
+    code, output, note = runner.run_script("img", PRINT, [], {}, gpus=["GPU-1"], ipc="host", as_user=None)
     assert code == 0 and "cannot pass them" in note and "could not select device driver" in note
     # three tries: the legacy request, then the same GPU by CDI name, then none; each container removed after
     first, cdi, second = client.created
@@ -607,11 +607,11 @@ def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidi
 
     client = _Client()
     runner = DockerContainers(client, DockerImages(client))
-    runner.run_script("img", PRINT, [], {"A": "1"}, gpus=None, ipc="host")
+    runner.run_script("img", PRINT, [], {"A": "1"}, gpus=None, ipc="host", as_user=None)
     (created,) = client.created
     assert created["device_requests"] is None
     assert created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
-    runner.run_script("img", PRINT, [], {}, gpus=[], ipc="host")  # all GPUs asked for: nothing hidden
+    runner.run_script("img", PRINT, [], {}, gpus=[], ipc="host", as_user=None)  # all GPUs asked for: nothing hidden
     asked, _cdi, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
     assert asked["device_requests"][0]["Count"] == -1 and "NVIDIA_VISIBLE_DEVICES" not in asked["environment"]
     assert fallback["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -662,7 +662,9 @@ def test_on_the_real_engine_a_script_without_gpus_is_told_void(testbed):
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     assert "NVIDIA_VISIBLE_DEVICES=all" in engine.images.image(image).config["Env"]
     script = "import os; print('seen', os.environ.get('NVIDIA_VISIBLE_DEVICES'))"
-    code, output, _ = engine.containers.run_script(image, Probe("env", script, ""), [], {}, gpus=None, timeout=120)
+    code, output, _ = engine.containers.run_script(
+        image, Probe("env", script, ""), [], {}, gpus=None, timeout=120, as_user=None
+    )
     assert code == 0 and "seen void" in output, output[-1000:]
 
 
@@ -868,7 +870,7 @@ def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
     client.containers.create = client._create
     runner = DockerContainers(client, DockerImages(client))
     with pytest.raises(ImgbuildError, match="cannot start it without GPUs either .*default runtime"):
-        runner.run_script("img", PRINT, [], {}, gpus=["GPU-1"], ipc="host")
+        runner.run_script("img", PRINT, [], {}, gpus=["GPU-1"], ipc="host", as_user=None)
     assert client.log.count("remove") == client.log.count("copy") == 3  # nothing left behind
 
 
@@ -966,7 +968,7 @@ def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
 
     client.containers.create = create
     runner = DockerContainers(client, DockerImages(client))
-    code, _output, note = runner.run_script("img", PRINT, [], {}, gpus=["GPU-1", "GPU-2"], ipc="host")
+    code, _output, note = runner.run_script("img", PRINT, [], {}, gpus=["GPU-1", "GPU-2"], ipc="host", as_user=None)
     assert code == 0 and note == ""
     legacy, cdi = client.created
     assert cdi["device_requests"][0]["DeviceIDs"] == ["nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"]

@@ -73,9 +73,9 @@ def test_an_image_without_jupyter_is_named_before_anything_starts():
     engine = FakeEngine()
     engine.containers.answers["jupyter"] = lambda run: (0, {"jupyter": ""}, "")
     with pytest.raises(UsageError, match="has no `jupyter` on its PATH"):
-        jupyter.check_present(engine, "team/img:1")
+        jupyter.check_present(engine, "team/img:1", None)
     engine.containers.answers["jupyter"] = lambda run: (0, {"jupyter": "/usr/local/bin/jupyter"}, "")
-    jupyter.check_present(engine, "team/img:1")
+    jupyter.check_present(engine, "team/img:1", None)
 
 
 def test_nothing_answers_on_a_closed_port():

@@ -100,19 +100,134 @@ def test_a_user_advances_and_removes_only_their_own_jobs(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "args, check, message",
+    "args, check, cwd, message",
     [
-        (["-d", "img"], (0, ""), "starts detached"),
-        (["--wait", "1h", "img"], (0, ""), "waits in the queue"),
-        (["--user", "0", "img"], (2, "--user: under this server's rules containers run as you"), "--user: under"),
+        (["--user", "0", "img"], (2, "--user: under this server's rules containers run as you"), "/", "--user: under"),
+        (["img"], (0, ""), "relative/folder", "cannot be a job's folder"),
+        (["img"], (0, ""), "/a/../b", "cannot be a job's folder"),
     ],
 )
-def test_a_job_is_checked_before_it_is_filed(tmp_path, args, check, message):
+def test_a_job_is_checked_before_it_is_filed(tmp_path, args, check, cwd, message):
     with pytest.raises(UsageError, match=message):
-        jobs.add(tmp_path, caller(), args, "/", check=lambda a, c: check)
+        jobs.add(tmp_path, caller(), args, cwd, check=lambda a, c: check)
     assert jobs.Queue(tmp_path).load().jobs == []
+
+
+@pytest.mark.parametrize("wait", [["--wait", "40s"], ["--wait=40s"], ["--wait"]])
+def test_a_queued_jobs_run_refuses_to_wait_in_any_spelling(wait, monkeypatch):
+    from click.testing import CliRunner
+
+    from imgbuild.cli import cli
+
+    monkeypatch.setenv("IMGBUILD_QUEUE_JOB", "1")
+    result = CliRunner().invoke(cli, ["run", *wait, "--dry-run", "img", "--", "true"])
+    assert isinstance(result.exception, UsageError) and "waits in the queue" in str(result.exception)
+
+
+def test_a_hand_written_submitted_time_does_not_jump_the_queue(tmp_path):
+    me = Caller("nobody", 65534, 65534) if os.geteuid() == 0 else caller()  # a file of the user's own
+    _write(tmp_path, me.uid, [asdict(job(me.name, 0, uid=me.uid))], mode=0o600, owner=me.uid if me.uid else None)
+    changed = os.stat(tmp_path / f"queue-{me.uid}.json").st_ctime
+    assert [j.submitted for j in jobs.Queue(tmp_path).load().jobs] == [changed]
+
+
+@pytest.mark.parametrize("cwd", ["relative", "/a/../etc", "/a//b", "//a", "/a\nb", "/" + "x" * 5000, 7])
+def test_a_queue_file_naming_a_folder_two_ways_or_none_is_not_believed(tmp_path, cwd):
+    me = caller()
+    _write(tmp_path, me.uid, [{**asdict(job(me.name, 1)), "cwd": cwd}], mode=0o600)
+    assert jobs.Queue(tmp_path).load().jobs == []
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("nan"), 1e400, 10**400, -1, True])
+def test_a_queue_file_with_numbers_out_of_range_is_not_believed(tmp_path, number):
+    me = caller()
+    (tmp_path / f"queue-{me.uid}.json").write_text(
+        json.dumps({"jobs": [{**asdict(job(me.name, 1)), "submitted": number}]})
+    )
+    os.chmod(tmp_path / f"queue-{me.uid}.json", 0o600)
+    assert jobs.Queue(tmp_path).load().jobs == []
+
+
+def test_jobs_start_outside_the_queues_lock(tmp_path):
+    """While one job starts, another process takes the queue's lock at once (to file a job, or take one back)."""
+    me = caller()
+    queue = jobs.Queue(tmp_path)
+    queue.jobs = [job(me.name, 1)]
+    queue.save(me.uid)
+    seen: list[str] = []
+
+    def start(j: jobs.Job, as_root: bool) -> tuple[int, str]:
+        with jobs.Queue(tmp_path).locked() as during:  # would wait out the lock's bound if the start held it
+            seen.append(next(x.state for x in during.jobs if x.id == j.id))
+        return 0, "me_job_1"
+
+    tried = jobs.advance(tmp_path, me, start=start)
+    assert seen == ["starting"] and [j.state for j in tried] == ["started"]
+
+
+def test_a_job_taken_back_while_it_starts_is_not_written_back(tmp_path):
+    me = caller()
+    queue = jobs.Queue(tmp_path)
+    queue.jobs = [job(me.name, 1)]
+    queue.save(me.uid)
+
+    def start(j: jobs.Job, as_root: bool) -> tuple[int, str]:
+        jobs.remove(tmp_path, me, j.id)
+        return 0, "x"
+
+    assert jobs.advance(tmp_path, me, start=start) == []
+    assert jobs.Queue(tmp_path).load().jobs == []
+
+
+@pytest.mark.root("a job started as another user")
+def test_a_users_job_never_enters_a_folder_they_cannot(tmp_path):
+    """The job's user (nobody) cannot enter the folder: refused before anything starts, checked as them; and the
+    child itself enters the folder only after it became them."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    private = tmp_path / "private"
+    (private / "proj").mkdir(parents=True)
+    private.chmod(0o700)
+    tmp_path.chmod(0o755)
+    victim = jobs.Job("0000000a", "nobody", nobody.pw_uid, nobody.pw_gid, 1.0, str(private / "proj"), ["img"])
+    code, said = jobs._start(victim, as_root=True, root_filed=False)
+    assert code == 2 and "checked as nobody" in said
+    code, said = jobs._imgbuild(["--version"], str(private / "proj"), {"PATH": "/usr/bin:/bin"}, as_user=victim)
+    assert code != 0 and "Permission denied" in said
+
+
+@pytest.mark.root("a queue file of root's beside a user's")
+def test_root_files_a_users_jobs_where_no_user_can_put_anything_first(tmp_path):
+    me = Caller("nobody", 65534, 65534)
+    tmp_path.chmod(0o1777)
+    (tmp_path / "queue-65534.json").mkdir()  # planted at the name of the shared folder: not in root's way
+    filed = jobs.add(tmp_path, me, ["img"], "/", check=lambda a, c: (0, ""))
+    assert (tmp_path / ".reap" / "queue-65534.json").stat().st_uid == 0
+    loaded = jobs.Queue(tmp_path).load()
+    assert [j.id for j in loaded.jobs] == [filed.id] and loaded.root_filed == {65534}
 
 
 def test_a_job_whose_gpus_are_busy_now_is_filed(tmp_path):
     filed = jobs.add(tmp_path, caller(), ["--gpus", "1", "img"], "/", check=lambda a, c: (jobs.BUSY, "busy"))
     assert [j.id for j in jobs.Queue(tmp_path).load().jobs] == [filed.id]
+
+
+def test_queue_ls_shows_another_users_job_without_its_folder_command_or_error(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from imgbuild.cli import cli
+    from imgbuild.servers import queue as module
+
+    me = caller()
+    other = jobs.Job("0000beef", "someone", me.uid + 7, me.uid + 7, 1.0, "/home/someone/secret-project",
+                     ["-e", "TOKEN=x", "img", "--", "train.py"], "failed", detail="cannot read /home/someone/key")  # fmt: skip
+    mine = job(me.name, 2)
+    monkeypatch.setattr(module.Queue, "load", lambda self: setattr(self, "jobs", [other, mine]) or self)
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    monkeypatch.setenv("IMGBUILD_CONFIG", str(tmp_path / "none.yaml"))
+    listed = CliRunner().invoke(cli, ["queue", "ls", "--json"])
+    assert [j["id"] for j in json.loads(listed.output)] == [mine.id]
+    table = CliRunner().invoke(cli, ["queue", "ls"], terminal_width=200)
+    assert "0000beef" in table.output and "someone" in table.output
+    assert "secret-project" not in table.output and "train.py" not in table.output and "key" not in table.output

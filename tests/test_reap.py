@@ -333,12 +333,12 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
     tools.mkdir()
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'Failed to initialize NVML: Unknown Error'\nexit 255\n")
     (tools / "nvidia-smi").chmod(0o755)
-    path = "PATH=/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    smi = f"{tools / 'nvidia-smi'}:/usr/bin/nvidia-smi:ro"  # where NVIDIA's toolkit binds the host's
     dev, lost = f"{ME}_dev{unique}_1", f"{ME}_lost{unique}_1"
     try:
         res = run_cli("run", "-d", "--keep", "--time", "1h", "--name", f"dev{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
         assert res.code == 0, res.err
-        res = run_cli("run", "-d", "--gpus", "device=1", "-e", path, "--name", f"lost{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
+        res = run_cli("run", "-d", "--gpus", "device=1", "-v", smi, "--name", f"lost{unique}", image, "--", "sleep", "600", cwd=tmp_path, env=env)  # fmt: skip
         assert res.code == 0, res.err
         too_long = run_cli("run", "-d", "--time", "3h", image, "--", "true", cwd=tmp_path, env=env)
         assert too_long.code == 2 and "at most 2h (run.max_time)" in too_long.err
@@ -505,6 +505,144 @@ def test_run_notify_on_a_real_container_leaves_one_notice(testbed, docker_client
             reap(Engine.connect(None), [], house, rules, now, notify=lambda u, t: given.append((u, t)) or True)
         mine = [(u, t) for u, t in given if name in t]
         assert len(mine) == 1 and mine[0][0] == ME and f"{name} failed (exit 3)" in mine[0][1], given
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.containers.get(name).remove(force=True)
+
+
+def _img(ref: str, image_id: str, created: float, size: int = 100) -> object:
+    from imgbuild.engine.types import LocalImage
+
+    return LocalImage(ref, image_id, size, created)
+
+
+def test_users_images_unused_past_the_sites_age_are_discarded_and_none_a_container_needs():
+    from imgbuild.servers.reap import decide_images
+
+    day = 86400.0
+    now = 100 * day
+    images = [
+        _img("alice/old:1", "sha256:a", 0),  # unused for 100 days: goes
+        _img("alice/fresh:1", "sha256:b", now - day),  # built yesterday: stays
+        _img("alice/run:1", "sha256:c", 0),  # a running container's: stays
+        _img("alice/run:1-previous", "sha256:d", 0),  # the way back from the running tag: stays
+        _img("alice/stopped:1", "sha256:e", 0),  # an exited container's: stays (the engine needs it)
+        _img("alice/seen:1", "sha256:f", 0),  # a container used it last week (the reaper saw it): stays
+        _img("nvcr.io/nvidia/pytorch:24.05-py3", "sha256:g", 0),  # not a user's: never the reaper's
+        _img("nobodyknown/x:1", "sha256:h", 0),  # no such user on this host
+    ]
+    rows = [ContainerInfo("alice_run_1", image="alice/run:1", image_id="sha256:c", status="running"),
+            ContainerInfo("alice_old_1", image="alice/stopped:1", image_id="sha256:e", status="exited")]  # fmt: skip
+    state = State(images_used={"sha256:f": now - 7 * day})
+    rules = reap_policy({"image_max_age": "30d"})
+    actions = decide_images(images, rows, state, now, rules, lambda user: user == "alice")  # type: ignore[arg-type]
+    assert [(a.verb, a.name, a.user, a.rule) for a in actions] == [("discard", "alice/old:1", "alice", "image")]
+    assert decide_images(images, rows, state, now, reap_policy({}), lambda u: True) == []  # type: ignore[arg-type]
+
+
+def test_reap_discards_through_the_engine_and_remembers_what_containers_used(tmp_path, monkeypatch):
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.servers import reap as reaper
+
+    monkeypatch.setattr(reaper, "known_user", lambda name: name == "alice")
+    engine = FakeEngine()
+    old = engine.add_image("alice/old:1")
+    used = engine.add_image("alice/used:1")
+    engine.images.listed = {old: (10, 0.0), used: (20, 0.0)}
+    engine.containers.listed = [ContainerInfo("alice_u_1", image="alice/used:1", image_id=used, status="running")]
+    house = run_rules({"state_dir": str(tmp_path)})
+    rules = reap_policy({"image_max_age": "1d"})
+    report = reap(engine, [], house, rules, 10 * 86400.0, notify=lambda u, t: True)  # type: ignore[arg-type]
+    assert [(a.verb, a.name) for a in report.actions if a.verb == "discard"] == [("discard", "alice/old:1")]
+    assert "discard alice/old:1" in engine.calls and report.outcomes[-1] == "removed"
+    assert load_state(tmp_path / ".reap" / "reap-state.json").images_used == {used: 10 * 86400.0}
+
+
+def test_usage_disk_counts_each_users_distinct_images_once():
+    rows = usage.disk_use(
+        [
+            _img("alice/a:1", "sha256:1", 0, 500),
+            _img("alice/a:latest", "sha256:1", 0, 500),  # one image, two tags
+            _img("alice/b:1", "sha256:2", 0, 300),
+            _img("bob/c:1", "sha256:3", 0, 2000),
+            _img("nvcr.io/nvidia/pytorch:1", "sha256:4", 0, 9000),
+        ],  # fmt: skip
+        lambda user: user in ("alice", "bob"),
+    )  # type: ignore[arg-type]
+    assert [r.to_json() for r in rows] == [
+        {"user": "bob", "images": 1, "tags": 1, "bytes": 2000},
+        {"user": "alice", "images": 2, "tags": 3, "bytes": 800},
+    ]
+
+
+def _site_env(tmp_path, extra: str = "") -> dict[str, str]:
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [gpu(0, 0).to_json()]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"run:\n  ulimits: {{memlock: 8388608}}\n  gpu_flag: env\n  state_dir: {tmp_path / 'state'}\n{extra}"
+    )
+    return {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120)
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
+def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_pids_caps(testbed, tmp_path):
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    env = _site_env(tmp_path, "  memory: 96m\n  pids_limit: 40\n")
+    job = (
+        "import subprocess\nstarted = []\n"
+        "for _ in range(100):\n"
+        "    try:\n        started.append(subprocess.Popen(['sleep', '30']))\n"
+        "    except OSError:\n        break\n"
+        "print('STARTED', len(started), flush=True)\n"
+        "for p in started:\n    p.kill()\n"
+        "held = bytearray(400 * 2**20)\nprint('ALLOCATED', flush=True)\n"
+    )
+    for gpus in ("none", "device=0"):
+        res = run_cli("run", "--gpus", gpus, "--no-workspace", image, "--", "python3", "-c", job, cwd=tmp_path, env=env)
+        started = int(res.out.split("STARTED", 1)[1].split()[0]) if "STARTED" in res.out else -1
+        assert 0 <= started < 40, (gpus, res.out, res.err)  # the pids cap, not the 100 asked for
+        assert "ALLOCATED" not in res.out and res.code == 137, (gpus, res.code, res.err)  # killed at 96 MiB
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(120)
+@pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
+def test_a_container_whose_sh_and_nvidia_smi_never_return_stalls_neither_ps_nor_reap(
+    testbed, docker_client, tmp_path, unique, monkeypatch
+):
+    from imgbuild.config.settings import load_settings
+    from imgbuild.engine import connect_engine
+    from imgbuild.engine import containers as module
+    from imgbuild.servers.containers import container_view
+    from tests.conftest import run_cli
+
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    env = _site_env(tmp_path)
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/bash\nexec sleep 600\n")
+    hang.chmod(0o755)
+    name = f"{ME}_trap{unique}_1"
+    mounts = ["-v", f"{hang}:/bin/sh:ro", "-v", f"{hang}:/usr/bin/nvidia-smi:ro"]
+    try:
+        res = run_cli("run", "-d", "--gpus", "device=0", "--no-workspace", *mounts, "--name", f"trap{unique}",
+                      "--entrypoint", "sleep", image, "--", "120", cwd=tmp_path, env=env)  # fmt: skip
+        assert res.code == 0, res.err
+        monkeypatch.setattr(module, "EXEC_SECONDS", 2)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        use_site_config(monkeypatch, env["IMGBUILD_SITE_CONFIG"])
+        settings = load_settings({})
+        engine = connect_engine(settings)
+        began = time.monotonic()
+        rows = container_view(engine, settings)
+        assert name in {r["name"] for r in rows}
+        assert engine.containers.note(name, "imgbuild reap: a warning") is False
+        assert time.monotonic() - began < 10  # two bounds of 2 s, not the SDK's 600
     finally:
         with contextlib.suppress(Exception):
             docker_client.containers.get(name).remove(force=True)

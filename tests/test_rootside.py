@@ -137,10 +137,14 @@ def test_the_queue_child_runs_isolated_with_its_arguments_on_stdin(monkeypatch):
         return subprocess.CompletedProcess(argv, 0, "", "starting x_1 (")
 
     monkeypatch.setattr(jobs.subprocess, "run", fake_run)
-    jobs._imgbuild(["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"], "/", {})
+    jobs._imgbuild(["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"], "/home/alice/proj", {})
     assert seen["argv"][:3] == [sys.executable, "-I", "-c"]
     assert "hf_secret" not in " ".join(seen["argv"])
-    assert json.loads(seen["input"]) == ["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"]
+    assert json.loads(seen["input"]) == {
+        "cwd": "/home/alice/proj",
+        "args": ["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"],
+    }
+    assert seen["cwd"] == "/"  # the child enters the job's folder itself, as whoever it runs as
 
 
 @needs_root

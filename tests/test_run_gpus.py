@@ -526,3 +526,61 @@ def test_run_hands_gpus_the_way_the_engine_takes_them(flag, info, path):
         assert env.get("NVIDIA_VISIBLE_DEVICES") == "GPU-a,GPU-b" and "--gpus" not in line
     else:
         assert '--gpus "device=GPU-a,GPU-b"' in line
+
+
+def _flag(words: list[str], flag: str) -> str | None:
+    return next((words[i + 1] for i, word in enumerate(words) if word == flag), None)
+
+
+def test_every_run_is_capped_in_memory_processes_and_cpus_with_or_without_gpus(tmp_path, monkeypatch):
+    from imgbuild.config.settings import load_settings
+    from imgbuild.servers.run import RunRequest, prepare
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    config = tmp_path / "site.yaml"
+    config.write_text("run:\n  memory: 4g\n  pids_limit: 100\n  cpus: 3\n  cgroup_parent: imgbuild-{gid}-{uid}.slice\n")
+    use_site_config(monkeypatch, config)
+    settings = load_settings({"user": "lab"})
+    for request in ("none", "device=2"):
+        words = run_words(prepare(RunRequest("ubuntu:22.04", ["true"], gpu_request=request), settings))
+        assert _flag(words, "--memory") == _flag(words, "--memory-swap") == f"{4 << 30}b"
+        assert _flag(words, "--pids-limit") == "100"
+        assert _flag(words, "--cgroup-parent") == f"imgbuild-{caller().gid}-{caller().uid}.slice"  # the group's, nested
+        assert _flag(words, "--cpus") is not None
+    cpu_only = run_words(prepare(RunRequest("ubuntu:22.04", ["true"]), settings))
+    assert _flag(cpu_only, "--cpus") == "3"
+
+
+def test_without_site_caps_a_run_gets_three_quarters_of_the_memory_and_one_gpus_cpus():
+    from imgbuild.config.site import run_rules
+    from imgbuild.servers.caps import run_cpus, run_memory
+
+    assert run_memory(run_rules({}), 64 << 30) == 48 << 30
+    assert run_memory(run_rules({"memory": "2g"}), 64 << 30) == 2 << 30
+    assert run_cpus(0, 128, 8, run_rules({})) == 16.0  # a GPU's share of a DGX, for a run without GPUs
+    assert run_cpus(0, 128, 8, run_rules({"cpus": 2})) == 2.0
+    assert run_rules({}).pids_limit == 4096
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("memory: 5m", "run.memory: must be from 6m"),
+        ("memory: 999999999999999t", "run.memory: must be from 6m"),
+        ("pids_limit: 8", "run.pids_limit: must be greater than or equal to 16"),
+        ("pids_limit: 99999999999999999999", "run.pids_limit"),
+        ("cpus: 0.001", "run.cpus: must be from 0.01"),
+        ("cgroup_parent: ../../system.slice", "run.cgroup_parent: not a systemd slice"),
+    ],
+)
+def test_a_cap_below_the_engines_least_or_past_its_most_is_one_line_exit_2(line, says, tmp_path, monkeypatch):
+    from imgbuild.config.settings import load_settings
+
+    config = tmp_path / "site.yaml"
+    config.write_text(f"run:\n  {line}\n")
+    use_site_config(monkeypatch, config)
+    with pytest.raises(UsageError, match=says) as refused:  # UsageError: one line, exit 2
+        load_settings({})
+    assert len(str(refused.value).splitlines()) == 1

@@ -706,3 +706,74 @@ def test_an_engine_that_may_not_raise_memlock_names_the_value_and_exits_3_never_
     engine.containers.start_code = 127
     with reserved(request, settings, engine) as spec:
         assert start_attached(engine, spec, settings).code == 1  # the command could not be run in it
+
+
+def test_a_run_that_could_never_start_is_refused_at_once_not_waited_for(tmp_path, monkeypatch):
+    from imgbuild.gpu.allocate import GpusBusy
+    from imgbuild.servers.run import reserved
+
+    four = [gpu(i) for i in range(4)]
+    settings = _site(tmp_path, monkeypatch, "  max_gpus_per_user: 1\n", four)
+    for request in ("2", "all", "0,1", "device=0,1", "9"):
+        never = reserved(RunRequest("img", ["true"], gpu_request=request), settings, Rows([]), wait=600)
+        with pytest.raises(UsageError, match="could never start") as refused, never:
+            raise AssertionError("started")
+        assert not isinstance(refused.value, GpusBusy)  # a queued job with it fails, never waits forever
+    assert Ledger(tmp_path / "state").entries() == []  # no place was taken in the queue
+
+
+def test_a_waiter_held_back_by_its_own_quota_holds_nobody_else_back(tmp_path, monkeypatch):
+    from imgbuild.servers.run import WaitTimedOut, reserved
+
+    four = [gpu(i) for i in range(4)]
+    settings = _site(tmp_path, monkeypatch, "  max_gpus_per_user: 1\n", four)
+    mine = Rows([ContainerInfo(f"{ME}_a_1", user=ME, status="running", gpu_uuids=four[0].uuid)])
+    now = [0.0]
+    places: list[list[str]] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        places.append([e.name for e in Ledger(tmp_path / "state").entries() if e.waiting])
+
+    waiter = reserved(RunRequest("img", ["true"], gpu_request="1"), settings, mine, wait=3, clock=lambda: now[0], sleep=sleep)  # fmt: skip
+    with pytest.raises(WaitTimedOut, match="gave up waiting .*quota"), waiter:
+        raise AssertionError("started")
+    assert places and all(p == [] for p in places)  # never a place ahead of another user's run
+
+
+def test_the_user_with_fewer_gpu_hours_of_late_goes_first():
+    from imgbuild.servers import queue as jobs
+
+    def job(user: str, submitted: float) -> jobs.Job:
+        return jobs.Job(f"{int(submitted):08x}", user, 1, 1, submitted, "/", ["img"])
+
+    waiting = [job("heavy", 1), job("light", 5), job("heavy", 6)]
+    assert [j.user for j in jobs.order(waiting, now=10)] == ["heavy", "light", "heavy"]  # no use known: by time
+    use = {"heavy": 40.0, "light": 2.0}
+    assert [j.user for j in jobs.order(waiting, now=10, use=use)] == ["light", "heavy", "heavy"]
+    from imgbuild.servers.ledger import Book, Entry
+
+    entries = [Entry("wait-1", "heavy", 1, "", since=1.0, waiting="--gpus 1"),
+               Entry("wait-2", "light", 2, "", since=5.0, waiting="--gpus 1")]  # fmt: skip
+    assert [e.user for e in Book(entries, time.time).queue()] == ["heavy", "light"]
+    assert [e.user for e in Book(entries, time.time).queue(use)] == ["light", "heavy"]
+
+
+def test_fair_share_sums_each_users_gpu_hours_within_the_window(tmp_path):
+    from imgbuild.servers import usage
+
+    folder = tmp_path / ".reap"
+    folder.mkdir(mode=0o700)
+    hold = {"user": "heavy", "group": "g", "container": "heavy_x_1", "gpus": [{"uuid": "GPU-1", "util": 90}]}
+    for when in (100.0, 1000.0, 1900.0):
+        usage.append(folder, usage.record(when, when - 900, [hold]))
+    assert usage.fair_share(tmp_path, "1h", now=4000.0) == {"heavy": 0.5}  # the two records of the last hour
+    assert usage.fair_share(tmp_path, None, now=2000.0) == {}
+
+
+def test_the_default_state_folder_is_in_a_folder_only_root_writes():
+    from imgbuild.config import site
+
+    assert site.run_rules({}).ledger_dir == Path(site.DEFAULT_STATE_DIR)
+    parent = Path(site.DEFAULT_STATE_DIR).parent
+    assert not parent.exists() or (parent.stat().st_uid == 0 and not parent.stat().st_mode & 0o022)

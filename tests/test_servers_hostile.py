@@ -66,6 +66,7 @@ HOSTILE_IMAGES = [
         ({"cpus": float("inf")}, "--cpus inf: not a number of CPUs"),
         ({"cpus": -5.0}, "--cpus -5.0: not a number of CPUs"),
         ({"cpus": 1e308}, "not a number of CPUs"),
+        ({"cpus": 0.001}, "--cpus 0.001: not a number of CPUs (from 0.01, the engine's least"),
         ({"time": "0"}, "--time 0: a deadline must be later than now"),
         ({"time": "0d"}, "a deadline must be later than now"),
         ({"time": "١h"}, "is not a duration"),
@@ -341,3 +342,61 @@ def test_two_runs_making_the_reapers_folder_at_the_same_moment_both_go_on(tmp_pa
 
     monkeypatch.setattr(ledger.os, "mkdir", the_other_run_was_first)
     assert ledger.reaper_dir(state) == state / ".reap" and (state / ".reap").is_dir()
+
+
+class _StallingApi:
+    """A Docker API whose exec never ends (a container whose `sh` sleeps), recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.created: list[tuple[list[str], dict[str, str]]] = []
+
+    def exec_create(self, name, cmd, stdout, stderr, environment):  # noqa: ANN001
+        self.created.append((cmd, environment))
+        return {"Id": "x"}
+
+    def exec_start(self, exec_id):  # noqa: ANN001
+        time.sleep(30)
+
+    def exec_inspect(self, exec_id):  # noqa: ANN001
+        return {"ExitCode": 0}
+
+
+def test_an_exec_into_a_users_container_names_its_program_and_returns_within_its_bound(monkeypatch):
+    from imgbuild.engine import containers as module
+    from imgbuild.engine.containers import EXEC_PATH, DockerContainers
+
+    monkeypatch.setattr(module, "EXEC_SECONDS", 0.3)
+    api = _StallingApi()
+    containers = DockerContainers(types.SimpleNamespace(api=api), images=None)  # type: ignore[arg-type]
+    began = time.monotonic()
+    assert containers.exec_bounded("alice_trap_1", ["/bin/sh", "-c", "true"]) == (-1, "it did not end within 0.3 s")
+    assert containers.note("alice_trap_1", "imgbuild reap: a warning") is False
+    assert time.monotonic() - began < 2
+    assert [cmd[0] for cmd, _ in api.created] == ["/bin/sh", "/bin/sh"]
+    assert all(env == {"PATH": EXEC_PATH} for _, env in api.created)
+    with pytest.raises(ValueError, match="absolute path"):
+        containers.exec_bounded("alice_trap_1", ["timeout", "20", "nvidia-smi"])
+
+
+def test_ps_probes_only_the_callers_own_containers(tmp_path, monkeypatch):
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.engine.types import ContainerInfo
+    from imgbuild.host import Caller
+    from imgbuild.servers import containers as view
+
+    engine = FakeEngine()
+    engine.containers.listed = [
+        ContainerInfo("alice_trap_1", status="running", user="alice", gpus="0"),
+        ContainerInfo("bob_train_1", status="running", user="bob", gpus="1"),
+    ]
+    probed: list[tuple[str, str]] = []
+    monkeypatch.setattr(engine.containers, "probe", lambda name, cmd, timeout=10: (probed.append((name, cmd[0])), (0, ""))[1])  # fmt: skip
+    run = types.SimpleNamespace(ledger_dir=tmp_path, max_seconds=None)
+    settings = types.SimpleNamespace(run=run, caller=Caller("bob", 60002, 60002))
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    rows = view.container_view(engine, settings, all_users=True)  # type: ignore[arg-type]
+    assert {r["name"] for r in rows} == {"alice_trap_1", "bob_train_1"}
+    assert probed == [("bob_train_1", "/usr/bin/nvidia-smi")]
+    probed.clear()
+    assert [r["name"] for r in view.container_view(engine, settings)] == ["bob_train_1"]  # type: ignore[arg-type]
+    assert view.lost_containers(engine, settings.caller) == [] and probed[-1][0] == "bob_train_1"  # type: ignore[arg-type]

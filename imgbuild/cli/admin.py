@@ -36,8 +36,12 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     report = reaper.reap(engine, read_gpus_or_none(settings), settings.run, settings.reap, time.time(), dry_run=dry_run)
     if not dry_run:  # the queue advances on every reaper run: no daemon needed
         from imgbuild.servers import queue as jobs
+        from imgbuild.servers.usage import fair_share
 
-        say_tried(jobs.advance(settings.run.ledger_dir, settings.caller))
+        house = settings.run
+        say_tried(
+            jobs.advance(house.ledger_dir, settings.caller, use=fair_share(house.ledger_dir, house.fair_share_window))
+        )
     rows = [{**a.__dict__, "outcome": o} for a, o in zip(report.actions, report.outcomes, strict=True)]
     if as_json:
         emit_json(rows)
@@ -57,15 +61,31 @@ def reap(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 @click.option("--prometheus", type=click.Path(dir_okay=False, path_type=Path), help="Also write a textfile for "
               "node_exporter's textfile collector (per-user and per-GPU gauges).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--disk", is_flag=True, help="Instead: each user's images (<user>/...) on the engine's disk.")
 @click.pass_context
-def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | None, as_json: bool) -> None:
-    """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run."""
+def usage(ctx: click.Context, since: str | None, by: str, prometheus: Path | None, as_json: bool, disk: bool) -> None:
+    """GPU-hours held and used per user, group or GPU, from what `imgbuild reap` recorded on each run; `--disk`:
+    each user's image bytes."""
     import time
 
     from imgbuild.servers import usage as accounting
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
+    if disk:
+        from imgbuild.engine import connect_engine
+        from imgbuild.servers.reap import known_user
+
+        rows = accounting.disk_use(connect_engine(settings).images.local_images(), known_user)
+        if as_json:
+            emit_json([r.to_json() for r in rows])
+        elif not rows:
+            click.echo("no user's images on this engine")
+        else:
+            table = [[r.user, str(r.images), str(r.tags), f"{r.size / 1e9:.2f}"] for r in rows]
+            title = "users' images on the engine's disk (layers two images share counted in each)"
+            print_table(["user", "images", "tags", "GB"], table, title=title)
+        return
     now = time.time()
     found = accounting.account(settings.run.ledger_dir, by, since, now)
     if prometheus:
@@ -109,7 +129,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
         engine_info = connect_engine(settings).host_info()
     except ImgbuildError as exc:
         engine_info = {"error": str(exc)}  # doctor's one line about an engine that did not answer
-    lines = doc.judge(doc.collect(settings, engine_info))
+    from imgbuild.config.settings import config_files
+    from imgbuild.servers import setup as set_up
+
+    layout = set_up.Layout.of(settings.run.ledger_dir, config_files()[0], installed_binary(None))
+    lines = doc.judge(doc.collect(settings, engine_info)) + set_up.judge(set_up.collect(layout))
     if as_json:
         emit_json({"lines": [line.to_json() for line in lines]})
     else:
@@ -127,14 +151,44 @@ def admin() -> None:
     """For the admin of a shared GPU server."""
 
 
-@admin.command()
-@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one running now).")
-def sudoers(binary: str | None) -> None:
-    """Print the sudoers drop-in for enforced mode: users run imgbuild's user commands as root, nothing else."""
+def installed_binary(given: str | None) -> str:
+    """imgbuild's absolute path as the drop-in and the reaper's service name it: `--binary`, else the one on PATH
+    (or running now), its links resolved (one path, whichever link the admin typed)."""
     import os
     import shutil
 
+    return given or os.path.realpath(shutil.which("imgbuild") or sys.argv[0])
+
+
+@admin.command()
+@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one on PATH, links resolved).")
+@click.option("--root", "root", type=click.Path(file_okay=False, path_type=Path), help="Make it all under this folder.")
+@click.option("--dry-run", is_flag=True, help="Say what it would do; change nothing.")
+@click.option("--print", "show", is_flag=True, help="Print each file as setup writes it; change nothing.")
+@click.pass_context
+def setup(ctx: click.Context, binary: str | None, root: Path | None, dry_run: bool, show: bool) -> None:
+    """Set this server up as the docs describe: the state folder (root's, 1777), a minimal enforced-mode site
+    config, the sudoers drop-in and the reaper's systemd timer. Run it again at will: it changes only its own
+    unedited files, and keeps what an admin edited."""
+    from imgbuild.config.settings import config_files
+    from imgbuild.servers import setup as set_up
+
+    layout = set_up.Layout.of(settings_of(ctx).run.ledger_dir, config_files()[0], installed_binary(binary), root)
+    if show:
+        for piece in set_up.plan(layout):
+            click.echo(f"==> {piece.path} (mode {piece.mode:o})\n{set_up.marked(piece.text)}")
+        return
+    for what, happened in set_up.apply(layout, dry_run=dry_run):
+        click.echo(f"{what}: {happened}")
+    if not dry_run and root is None:
+        click.echo("next: systemctl daemon-reload && systemctl enable --now imgbuild-reap.timer; imgbuild doctor")
+
+
+@admin.command()
+@click.option("--binary", metavar="PATH", help="imgbuild's absolute path (default: the one on PATH, links resolved).")
+def sudoers(binary: str | None) -> None:
+    """Print the sudoers drop-in for enforced mode: users run imgbuild's user commands as root, nothing else."""
+
     from imgbuild.servers.enforce import sudoers as drop_in
 
-    found = binary or shutil.which("imgbuild") or os.path.abspath(sys.argv[0])
-    click.echo(drop_in(found), nl=False)
+    click.echo(drop_in(installed_binary(binary)), nl=False)

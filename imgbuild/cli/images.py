@@ -226,7 +226,6 @@ def smoke(
     else:
         wanted = SmokeRequest(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
-            run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
             import_seconds=math.ceil(settings.smoke_import_timeout),
             gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
         )  # fmt: skip

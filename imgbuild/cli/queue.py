@@ -22,6 +22,14 @@ def _queue_dir(ctx: click.Context) -> Path:
     return settings_of(ctx).run.ledger_dir
 
 
+def _use(ctx: click.Context) -> dict[str, float]:
+    """Each user's GPU-hours of late: the queue's order (fair share)."""
+    from imgbuild.servers.usage import fair_share
+
+    house = settings_of(ctx).run
+    return fair_share(house.ledger_dir, house.fair_share_window)
+
+
 def say_tried(tried: list[Any]) -> None:
     for job in tried:
         what = f"started {job.container}" if job.state == "started" else f"failed: {job.detail}"
@@ -40,28 +48,29 @@ def queue_add(ctx: click.Context, args: tuple[str, ...]) -> None:
     state = _queue_dir(ctx)
     job = jobs.add(state, who_of(ctx), list(args), os.getcwd())
     click.echo(job.id)
-    say_tried(jobs.advance(state, who_of(ctx)))
+    say_tried(jobs.advance(state, who_of(ctx), use=_use(ctx)))
 
 
 @queue.command(name="ls")
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
 @click.pass_context
 def queue_ls(ctx: click.Context, as_json: bool) -> None:
-    """Every user's jobs: waiting, started and failed (a variable's value is never shown, only its name)."""
+    """The jobs: waiting, started and failed; others' only by id, user, state and place (a variable's value is
+    never shown, only its name). `--json`: your own jobs (root's: everyone's)."""
     import time
-    from dataclasses import asdict
 
     from imgbuild.servers import queue as jobs
     from imgbuild.ui import print_table
 
     found = jobs.Queue(_queue_dir(ctx)).load().jobs
+    who = who_of(ctx)
     if as_json:
-        emit_json([{**asdict(j), "args": jobs.shown_args(j.args)} for j in sorted(found, key=lambda j: j.submitted)])
+        emit_json([jobs.shown(j) for j in sorted(found, key=lambda j: j.submitted) if jobs.is_theirs(j, who)])
         return
     if not found:
         click.echo("the queue is empty")
         return
-    place = {j.id: n for n, j in enumerate(jobs.order(found), 1)}
+    place = {j.id: n for n, j in enumerate(jobs.order(found, use=_use(ctx)), 1)}
     print_table(
         ["id", "user", "state", "place", "submitted", "container / why", "command"],
         [
@@ -71,8 +80,8 @@ def queue_ls(ctx: click.Context, as_json: bool) -> None:
                 j.state,
                 str(place.get(j.id, "")),
                 time.strftime("%m-%d %H:%M", time.localtime(j.submitted)),
-                j.container or j.detail,
-                " ".join(jobs.shown_args(j.args))[:80],
+                (j.container or j.detail) if jobs.is_theirs(j, who) else "",
+                " ".join(jobs.shown_args(j.args))[:80] if jobs.is_theirs(j, who) else "",
             ]
             for j in sorted(found, key=lambda j: j.submitted)
         ],  # fmt: skip
@@ -97,7 +106,7 @@ def queue_run(ctx: click.Context) -> None:
     """Start what fits now (root: every user's jobs; a user: their own). `imgbuild reap` does this on each run."""
     from imgbuild.servers import queue as jobs
 
-    tried = jobs.advance(_queue_dir(ctx), who_of(ctx))
+    tried = jobs.advance(_queue_dir(ctx), who_of(ctx), use=_use(ctx))
     say_tried(tried)
     if not tried:
         click.echo("nothing started", err=True)

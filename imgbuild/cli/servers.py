@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ class _RunCommand(click.Command):
     """`--wait` takes an optional TIMEOUT: a bare `--wait` before the image must not swallow the image."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from imgbuild.config.site import DURATION_RE
+        from imgbuild.config.checks import DURATION_RE
 
         out: list[str] = []
         rest = list(args)
@@ -112,6 +113,8 @@ def run(
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
+    if wait is not None and os.environ.get("IMGBUILD_QUEUE_JOB") == "1":
+        raise UsageError("--wait: a queued job waits in the queue, never in its start (leave out --wait)")
     request = runmod.RunRequest(
         image=check_signed(image, settings),
         command=list(command),
@@ -164,8 +167,6 @@ def run(
 @contextlib.contextmanager
 def _queued_busy() -> Iterator[None]:
     """A queued job's start (`imgbuild queue`): busy GPUs exit 75 (it stays queued), not 2 (it failed)."""
-    import os
-
     from imgbuild.gpu.allocate import GpusBusy
 
     try:
@@ -188,22 +189,36 @@ def ps(ctx: click.Context, all_users: bool, as_json: bool) -> None:
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
-    who = settings.caller
     engine = connect_engine(settings)
-    rows = [r for r in container_view(engine, settings) if all_users or r["user"] == who.name]
+    rows = container_view(engine, settings, all_users=all_users)
     if as_json:
         emit_json(rows)
         return
     print_table(
-        ["name", "user", "image", "status", "GPUs", "CPUs", "created", "time left"],
+        ["name", "user", "image", "status", "GPUs", "CPUs", "memory", "pids", "created", "time left"],
         [
-            [r["name"], r["user"], r["image"], r["status"], r["gpus"], r["cpus"] or "", r["created"], r["time_left"]]
+            [
+                r["name"],
+                r["user"],
+                r["image"],
+                r["status"],
+                r["gpus"],
+                r["cpus"] or "",
+                _gib(r["memory"]),
+                str(r["pids_limit"] or ""),
+                r["created"],
+                r["time_left"],
+            ]
             for r in rows
-        ],
+        ],  # fmt: skip
     )
     for r in rows:
         if r.get("gpus_lost"):
             click.echo(f"{r['name']}: {r['gpus_lost']}", err=True)
+
+
+def _gib(size: int | None) -> str:
+    return f"{size / 2**30:.1f}G" if size else ""
 
 
 def _on_container(ctx: click.Context, verb: str, name: str, force: bool) -> tuple[ImageEngine, str]:

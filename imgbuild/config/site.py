@@ -16,98 +16,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from imgbuild.config.checks import (
+    COUNT,
+    DURATION,
+    LOWER,
+    NEVER,
+    ONE_LINE,
+    PATH,
+    POSITIVE_DURATION,
+    SIZE_RE,
+    Between,
+    duration_seconds,
+    memory_cap,
+    site_only,
+)
 from imgbuild.fields import (
-    _BAD,
-    Check,
     Flag,
     Integer,
-    Issue,
     ListOf,
     MapOf,
     Maybe,
-    Number,
     OneOf,
     Text,
     matches,
     typed,
 )
 
-#: How a site-only setting may be changed by a user's config: never, or only downwards (a tighter limit).
-NEVER, LOWER = "never", "lower"
-#: The host-wide GPU ledger's folder where the site names none (`run.state_dir`).
-DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
-DURATION_RE = re.compile(r"([0-9]{1,7})([smhd]?)")
-DURATION_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_ABSOLUTE = re.compile(r"/[^\x00-\x1f\x7f]{0,4095}")
+#: The host-wide GPU ledger's folder where the site names none (`run.state_dir`): in a folder only root may write,
+#: so nobody but root can make it first (`imgbuild admin setup` makes it, as root's first run would).
+DEFAULT_STATE_DIR = "/var/lib/imgbuild"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_ONE_LINE = re.compile(r"[^\x00-\x1f\x7f\u0085\u2028\u2029]{0,1024}")
-_SIZE = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})? ?[kKmMgGtT]?[iI]?[bB]?")
 _REPO_PREFIX = re.compile(r"[a-z0-9.-]{1,253}(?::[0-9]{1,5})?(?:/[a-z0-9._-]{1,128}){0,8}")
 BIND_RE = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
 SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
-
-
-def duration_seconds(text: str) -> float:
-    """`90`, `90s`, `30m`, `2h`, `7d` -> seconds; ASCII digits only. ValueError otherwise."""
-    match = DURATION_RE.fullmatch(str(text).strip().lower())
-    if not match:
-        raise ValueError(f"{str(text)[:40]!r} is not a duration like 600, 30m, 2h or 7d")
-    return float(int(match.group(1)) * DURATION_SECONDS[match.group(2)])
-
-
-def _duration(value: str) -> str:
-    duration_seconds(value)
-    return value
-
-
-def _positive_duration(value: str) -> str:
-    if duration_seconds(value) <= 0:
-        raise ValueError("must be longer than 0")
-    return value
-
-
-DURATION = Text(_duration, numbers=True)
-POSITIVE_DURATION = Text(_positive_duration, numbers=True)
-PATH = Text(matches(_ABSOLUTE, "not an absolute path"))
-
-
-def _plain_line(value: str) -> str:
-    from imgbuild.text import describe, unsafe_character
-
-    bad = unsafe_character(value)
-    if bad is not None:
-        raise ValueError(f"must be one line of plain text: {describe(bad)} is refused")
-    return value
-
-
-ONE_LINE = Text(matches(_ONE_LINE, "must be one line of at most 1024 characters"), _plain_line, numbers=True)
-COUNT = Integer(ge=0, le=1_000_000)
-
-
-class Between(Check):
-    """A number within [low, high] (seconds, percent)."""
-
-    def __init__(self, low: float, high: float) -> None:
-        self.low, self.high, self.number = low, high, Number()
-
-    def check(self, value: Any, at: tuple[Any, ...], issues: list[Issue], key: bool = False) -> Any:
-        made = self.number.check(value, at, issues, key)
-        if isinstance(made, float) and not self.low <= made <= self.high:
-            issues.append(Issue(at, f"must be from {self.low:g} to {self.high:g}", "", key))
-            return _BAD
-        return made
-
-    def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "number", "minimum": self.low, "maximum": self.high}
-
-
-def site_only(check: Check, default: Any = None, *, how: str = NEVER, doc: str = "", factory: Any = None) -> Any:
-    """A field only the site config may set (`how`: NEVER from a user's config, or LOWER: only tighter)."""
-    metadata = {"check": check, "doc": doc, "site_only": how}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +58,7 @@ class RunRules:
 
     ipc: str = typed(OneOf("host", "private", "shareable", "none"), "host", doc="--ipc (NVIDIA's advice: host)")
     shm_size: str | None = typed(
-        Maybe(Text(matches(_SIZE, "not a size such as 16g"))), None, doc="--shm-size instead of ipc host"
+        Maybe(Text(matches(SIZE_RE, "not a size such as 16g"))), None, doc="--shm-size instead of ipc host"
     )
     ulimits: dict[str, str] = typed(
         MapOf(
@@ -132,12 +74,38 @@ class RunRules:
         factory=list,
         doc="data folders every run sees: HOST:CONTAINER[:ro], {user} and {home} expanded",
     )
-    log_max_size: str = typed(Text(matches(_SIZE, "not a size such as 50m"), numbers=True), "50m")
+    log_max_size: str = typed(Text(matches(SIZE_RE, "not a size such as 50m"), numbers=True), "50m")
     log_max_file: str = typed(Text(matches(re.compile(r"[0-9]{1,3}"), "not a count"), numbers=True), "3")
     cpus_per_gpu: float | None = typed(
         Maybe(Between(0.1, 4096)), None, doc="CPUs per GPU (default: the host's fair share, within 8..24)"
     )
     pin_cpus: bool = typed(Flag(), True, doc="--cpuset-cpus near the GPUs, thread variables to match")
+    memory: str | None = site_only(
+        Maybe(Text(memory_cap, numbers=True)),
+        None,
+        doc="--memory of every run, swap included (default: three quarters of the host's memory)",
+    )
+    cpus: float | None = site_only(
+        Maybe(Between(0.01, 4096)), None, doc="--cpus of a run without GPUs (default: one GPU's share)"
+    )
+    pids_limit: int = site_only(
+        Integer(ge=16, le=4_194_304), 4096, doc="--pids-limit of every run: processes and threads at once"
+    )
+    cgroup_parent: str | None = site_only(
+        Maybe(Text(matches(re.compile(r"[A-Za-z0-9_.@{}-]*\{(?:user|uid)\}[A-Za-z0-9_.@{}-]*\.slice"),
+                           "not a systemd slice naming {user} or {uid}, such as imgbuild-{gid}-{uid}.slice"))),
+        None,
+        doc="--cgroup-parent of every run, {user}, {uid} and {gid} expanded: each user's runs in a slice of their "
+        "own (systemd's cgroup driver; a dash nests: imgbuild-{gid}-{uid}.slice sits in the group's "
+        "imgbuild-{gid}.slice), whose limits the admin sets (systemctl set-property imgbuild-1001.slice "
+        "MemoryMax=...)",
+    )  # fmt: skip
+    fair_share_window: str | None = site_only(
+        Maybe(POSITIVE_DURATION),
+        "7d",
+        doc="waiting runs and queued jobs go in order of each user's GPU-hours over this window, least first (fair "
+        "share); none: first come, first served",
+    )
     gpu_flag: str = typed(
         OneOf("gpus", "env", "cdi"),
         "gpus",
@@ -213,6 +181,12 @@ class ReapPolicy:
         Maybe(POSITIVE_DURATION), None, doc="exited <user>_ containers older than this are removed (with remove)"
     )
     remove: bool = site_only(Flag(), False, doc="remove what is reaped (default: stop only)")
+    image_max_age: str | None = site_only(
+        Maybe(POSITIVE_DURATION),
+        None,
+        doc="users' images (<user>/...) no container has used for this long are removed (never one a container "
+        "uses, never the -previous of a tag in use; None: never)",
+    )
     unnamed: bool = site_only(Flag(), False, doc="also stop containers that follow no <user>_ convention")
     exempt: list[str] = site_only(
         ListOf(ONE_LINE, max_length=256), factory=list, doc="container name patterns never touched (fnmatch)"
@@ -243,6 +217,10 @@ class ReapPolicy:
     @property
     def warn_seconds(self) -> float:
         return duration_seconds(self.warn_lead)
+
+    @property
+    def image_seconds(self) -> float | None:
+        return duration_seconds(self.image_max_age) if self.image_max_age is not None else None
 
     @property
     def exited_seconds(self) -> float | None:
@@ -284,7 +262,7 @@ class SlurmSite:
     )
     cpus_per_gpu: int = typed(Integer(ge=1, le=4096), 10)
     mem_per_gpu: str | None = typed(
-        Maybe(Text(matches(_SIZE, "not a Slurm memory size (e.g. 64G, 16000M)"), numbers=True)),
+        Maybe(Text(matches(SIZE_RE, "not a Slurm memory size (e.g. 64G, 16000M)"), numbers=True)),
         None,
         doc="Slurm's units: 16000M, 64G (a bare number is MB)",
     )

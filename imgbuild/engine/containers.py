@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from imgbuild.engine.buildkit import docker_clis
-from imgbuild.engine.images import DockerImages
+from imgbuild.engine.images import DockerImages, engine_time
 from imgbuild.engine.probe import SCRIPT_CACHE, Probe
 from imgbuild.engine.runargs import env_file, run_argv
 from imgbuild.engine.types import ContainerInfo, RunOptions
@@ -20,6 +20,10 @@ from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
 
 SMOKE_LABEL = Label.SMOKE_OF
+#: The longest a call into a running container may take (a note from the reaper, a probe for `ps`).
+EXEC_SECONDS = 10
+#: The only PATH an exec into a container is given: never the one its owner set.
+EXEC_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class DockerContainers:
@@ -92,10 +96,11 @@ class DockerContainers:
                     deadline=_number(labels.get(Label.DEADLINE)),
                     notify=labels.get(Label.NOTIFY) == "1",
                     exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-                    started_ts=_timestamp(state.get("StartedAt")),
-                    created_ts=_timestamp(c.attrs.get("Created")),
-                    finished_ts=_timestamp(state.get("FinishedAt")),
+                    started_ts=engine_time(state.get("StartedAt")),
+                    created_ts=engine_time(c.attrs.get("Created")),
+                    finished_ts=engine_time(state.get("FinishedAt")),
                     image=str((c.attrs.get("Config") or {}).get("Image", "")),
+                    image_id=str(c.attrs.get("Image") or ""),
                     status=str(c.status),
                     user=str(labels.get(Label.USER, c.name.split("_", 1)[0])),
                     gpus=str(labels.get(Label.GPUS, "")),
@@ -104,6 +109,9 @@ class DockerContainers:
                     ports=tuple(_host_ports(host.get("PortBindings"))),
                     cpus=(host.get("NanoCpus") or 0) / 1e9 or None,
                     created=str(c.attrs.get("Created", ""))[:19].replace("T", " "),
+                    memory=_positive(host.get("Memory")),
+                    pids_limit=_positive(host.get("PidsLimit")),
+                    cgroup_parent=str(host.get("CgroupParent") or ""),
                 )
             )
         return sorted(rows, key=lambda r: r.name)
@@ -153,28 +161,56 @@ class DockerContainers:
         return data.decode("utf-8", "replace")[-16_384:]
 
     def note(self, name: str, text: str) -> bool:
-        """Write a line into a running container's own log (its PID 1's output); False where it cannot. Run as
-        the container's own user: that is who may write its PID 1's output (root inside a container started
-        `--user 1002:1002` may not), and the image's shell never runs as root for it."""
+        """Write a line into a running container's own log (its PID 1's output); False where it cannot, or where
+        the container does not let it finish within EXEC_SECONDS. Run as the container's own user: that is who
+        may write its PID 1's output (root inside a container started `--user 1002:1002` may not), and the
+        image's shell never runs as root for it."""
+        code, _ = self.exec_bounded(name, ["/bin/sh", "-c", 'printf "%s\\n" "$0" >> /proc/1/fd/1', text])
+        return code == 0
+
+    def probe(self, name: str, command: list[str], timeout: float | None = None) -> tuple[int, str]:
+        """Run a command in a running container as its user: (exit code, output); (-1, why) where it cannot, or
+        where it has not ended after `timeout` seconds. `command[0]` by absolute path."""
+        return self.exec_bounded(name, command, timeout)
+
+    def exec_bounded(self, name: str, argv: list[str], seconds: float | None = None) -> tuple[int, str]:
+        """`docker exec` of `argv` in container `name`, as the container's own user: (exit code, output), or
+        (-1, why). Nothing in it is looked up in the container's environment: the program is named by absolute
+        path (a word would be found on a PATH the container's owner sets: their own `sh` or `timeout`, that
+        never returns), and the exec gets a fixed PATH. Bounded: past `seconds` (EXEC_SECONDS) the caller goes on
+        (the program is left to its container, whose owner made it so)."""
+        import threading
+
+        seconds = EXEC_SECONDS if seconds is None else seconds
         from docker.errors import APIError, NotFound
 
+        if not argv or not argv[0].startswith("/"):
+            raise ValueError(f"exec_bounded: {argv[:1]!r}: the program by absolute path")
+        api = self.client.api
         try:
-            result = self.client.containers.get(name).exec_run(
-                ["sh", "-c", 'printf "%s\\n" "$0" >> /proc/1/fd/1', text]
-            )
-        except (APIError, NotFound):
-            return False
-        return result.exit_code == 0
-
-    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
-        """Run a command in a running container as its user: (exit code, output); (-1, why) where it cannot."""
-        from docker.errors import APIError, NotFound
-
-        try:
-            result = self.client.containers.get(name).exec_run(["timeout", str(timeout), *command])
+            exec_id = api.exec_create(name, argv, stdout=True, stderr=True, environment={"PATH": EXEC_PATH})["Id"]
         except (APIError, NotFound) as exc:
             return -1, str(exc)[:200]
-        return result.exit_code, result.output.decode(errors="replace")[-2000:]
+        answer: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                answer["output"] = api.exec_start(exec_id)
+                answer["code"] = api.exec_inspect(exec_id).get("ExitCode")
+            except Exception as exc:  # noqa: BLE001 - any failure of the engine's answer is the caller's -1
+                answer["error"] = str(exc)[:200]
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            return -1, f"it did not end within {seconds:g} s"
+        if "error" in answer:
+            return -1, str(answer["error"])
+        code = answer.get("code")
+        output = answer.get("output") or b""
+        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+        return (code if isinstance(code, int) else -1), text[-2000:]
 
     def cpu_percent(self, name: str) -> float | None:
         """The container's CPU use as a percentage of its limit (or of the host), from one stats read."""
@@ -238,7 +274,7 @@ class DockerContainers:
         timeout: int = 1800,
         ipc: str | None = None,
         shm_size: str | None = None,
-        as_user: str | None = None,
+        as_user: str | None,
         cache: str | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:
@@ -433,20 +469,9 @@ def _number(text: Any) -> float | None:
         return None
 
 
-def _timestamp(text: Any) -> float | None:
-    """Docker's RFC 3339 times (nanoseconds, `Z`) as seconds since the epoch; None for its year-1 "never"."""
-    from datetime import datetime
-
-    if not isinstance(text, str) or text.startswith("0001-"):
-        return None
-    head, _, rest = text.partition(".")
-    zone = rest.lstrip("0123456789") if rest else text[19:]
-    try:
-        when = datetime.fromisoformat(head[:19] + (zone.replace("Z", "+00:00") or "+00:00"))
-    except ValueError:
-        return None
-    fraction = rest[: len(rest) - len(zone)] if rest else ""
-    return when.timestamp() + (float(f"0.{fraction}") if fraction else 0.0)
+def _positive(value: Any) -> int | None:
+    """An engine's limit (bytes, a count); None for its "none" (0, -1, absent)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _host_ports(bindings: Any) -> list[int]:

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.engine.probe import Probe
-from imgbuild.engine.types import BuildRequest, ContainerInfo, ImageInfo, ProgressFn, Redactor, RunOptions
+from imgbuild.engine.types import (
+    BuildRequest,
+    ContainerInfo,
+    ImageInfo,
+    LocalImage,
+    ProgressFn,
+    Redactor,
+    RunOptions,
+)
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.imageref import parse
 from imgbuild.platforms import arch_of
@@ -56,6 +64,7 @@ class FakeImages:
     tags: dict[str, str] = field(default_factory=dict)  # normal ref -> image id
     store: dict[str, ImageInfo] = field(default_factory=dict)  # image id -> info
     pushed: dict[str, str] = field(default_factory=dict)
+    listed: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # image id -> (bytes, created)
 
     @staticmethod
     def _key(ref: str) -> str:
@@ -81,6 +90,18 @@ class FakeImages:
     def untag(self, ref: str) -> None:
         self.calls.append(f"untag {ref}")
         self.tags.pop(self._key(ref), None)
+
+    def local_images(self) -> list[LocalImage]:
+        """Every tag; sizes and times from `listed` (image id -> (bytes, created)), else 0 and unknown."""
+        rows = []
+        for key, image_id in sorted(self.tags.items()):
+            size, created = self.listed.get(image_id, (0, None))
+            rows.append(LocalImage(key.removeprefix("docker.io/").removeprefix("library/"), image_id, size, created))
+        return rows
+
+    def discard(self, ref: str) -> str:
+        self.calls.append(f"discard {ref}")
+        return "removed" if self.tags.pop(self._key(ref), None) else "gone already"
 
     def tags_of(self, repository: str) -> list[str]:
         wanted = parse(repository).normal().rsplit(":", 1)[0]
@@ -166,7 +187,7 @@ class FakeContainers:
         timeout: int = 1800,
         ipc: str | None = None,
         shm_size: str | None = None,
-        as_user: str | None = None,
+        as_user: str | None,
         cache: str | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:
@@ -245,7 +266,7 @@ class FakeContainers:
     def log_tail(self, name: str, lines: int = 20) -> str:
         return self.tails.get(name, "")
 
-    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]:
+    def probe(self, name: str, command: list[str], timeout: float | None = None) -> tuple[int, str]:
         return -1, "the fake engine runs nothing"
 
     def run(self, options: RunOptions) -> tuple[int, str]:

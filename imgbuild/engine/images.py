@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import imageref
-from imgbuild.engine.types import ImageInfo, ProgressFn
-from imgbuild.errors import ImgbuildError
+from imgbuild.engine.types import ImageInfo, LocalImage, ProgressFn
+from imgbuild.errors import EngineUnavailable, ImgbuildError
 
 
 class DockerImages:
@@ -46,6 +46,37 @@ class DockerImages:
 
         with contextlib.suppress(ImageNotFound, APIError):
             self.client.api.remove_image(ref, noprune=True)
+
+    def local_images(self) -> list[LocalImage]:
+        """Every tag in the engine's store, with its image's size and times."""
+        from docker.errors import DockerException
+        from requests.exceptions import RequestException
+
+        try:
+            found = self.client.images.list()
+        except (DockerException, RequestException) as exc:
+            raise EngineUnavailable(f"cannot list the engine's images: {str(exc)[:200]}") from None
+        rows = []
+        for img in found:
+            size = img.attrs.get("Size")
+            tagged = engine_time((img.attrs.get("Metadata") or {}).get("LastTagTime"))
+            for ref in img.tags or ():
+                rows.append(LocalImage(ref, img.id, size if isinstance(size, int) else 0,
+                                       engine_time(img.attrs.get("Created")), tagged))  # fmt: skip
+        return rows
+
+    def discard(self, ref: str) -> str:
+        """Remove tag `ref` (and its image, where it was the last tag), never by force: the engine keeps an image a
+        container uses. What happened, in a few words."""
+        from docker.errors import APIError, ImageNotFound
+
+        try:
+            self.client.api.remove_image(ref)
+        except ImageNotFound:
+            return "gone already"
+        except APIError as exc:
+            return f"kept: {str(exc.explanation)[:200]}"
+        return "removed"
 
     def tags_of(self, repository: str) -> list[str]:
         """The tags this engine has for `repository` (what a killed run left is found by its name)."""
@@ -97,3 +128,19 @@ class DockerImages:
         if not digest:
             raise ImgbuildError(f"push of {ref} ended without a digest")
         return digest
+
+
+def engine_time(text: Any) -> float | None:
+    """Docker's RFC 3339 times (nanoseconds, `Z`) as seconds since the epoch; None for its year-1 "never"."""
+    from datetime import datetime
+
+    if not isinstance(text, str) or text.startswith("0001-"):
+        return None
+    head, _, rest = text.partition(".")
+    zone = rest.lstrip("0123456789") if rest else text[19:]
+    try:
+        when = datetime.fromisoformat(head[:19] + (zone.replace("Z", "+00:00") or "+00:00"))
+    except ValueError:
+        return None
+    fraction = rest[: len(rest) - len(zone)] if rest else ""
+    return when.timestamp() + (float(f"0.{fraction}") if fraction else 0.0)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from imgbuild.engine.images import DockerImages
 from imgbuild.engine.types import (
     BuildRequest,
     ImageInfo,
+    LocalImage,
     ProgressFn,
     Redactor,
     StepTracker,
@@ -84,6 +86,13 @@ class PodmanImages(DockerImages):
 
     def untag(self, ref: str) -> None:
         super().untag(local(ref))
+
+    def local_images(self) -> list[LocalImage]:
+        """Every tag, short names as imgbuild writes them (`localhost/` dropped)."""
+        return [replace(i, ref=i.ref.removeprefix("localhost/")) for i in super().local_images()]
+
+    def discard(self, ref: str) -> str:
+        return super().discard(local(ref))
 
     def tags_of(self, repository: str) -> list[str]:
         return super().tags_of(local(repository))

@@ -73,7 +73,8 @@ def house_flags(o: RunOptions) -> list[tuple[str, str]]:
 
 
 def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
-    """(flag, value) of the GPUs and CPUs chosen, with their labels: `imgbuild run` and a dev container alike."""
+    """(flag, value) of the GPUs and CPUs chosen, with their labels, and the run's caps (memory, processes, the
+    user's slice): `imgbuild run` and a dev container alike."""
     if o.gpus_by_env or not o.gpus:
         flags = []
     elif o.gpus_by_cdi:
@@ -85,6 +86,12 @@ def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
         flags.append(("--cpus", f"{o.cpus:g}"))
     if o.cpuset:
         flags.append(("--cpuset-cpus", o.cpuset))
+    if o.memory:
+        flags += [("--memory", f"{o.memory}b"), ("--memory-swap", f"{o.memory}b")]  # no swap past the cap
+    if o.pids_limit:
+        flags.append(("--pids-limit", str(o.pids_limit)))
+    if o.cgroup_parent:
+        flags.append(("--cgroup-parent", o.cgroup_parent))
     return flags
 
 

@@ -91,6 +91,9 @@ class RunOptions:
     gpus_by_cdi: bool = False  # by CDI name (--device nvidia.com/gpu=UUID), where the host has only CDI
     cpus: float | None = None
     cpuset: str = ""  # a cpulist: "0-3,8"
+    memory: int | None = None  # bytes, swap included (--memory and --memory-swap alike)
+    pids_limit: int | None = None
+    cgroup_parent: str = ""  # a systemd slice of the user's
     #: the house's values (config.site.RunRules, their one home), or None: the engine's own default
     ipc: str | None = None  # with shm_size: a private IPC namespace of that size
     shm_size: str | None = None
@@ -123,6 +126,7 @@ class ContainerInfo:
     created_ts: float | None = None
     finished_ts: float | None = None
     image: str = ""
+    image_id: str = ""  # the image it was made from (sha256:...)
     status: str = ""
     user: str = ""
     gpus: str = ""
@@ -131,9 +135,23 @@ class ContainerInfo:
     ports: tuple[int, ...] = ()
     cpus: float | None = None
     created: str = ""  # as `ps` shows it: YYYY-MM-DD HH:MM:SS
+    memory: int | None = None  # its memory cap in bytes (None: none)
+    pids_limit: int | None = None  # its processes cap (None: none)
+    cgroup_parent: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ports": list(self.ports)}
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    """One tag of an image in the engine's store, as the reaper's disk hygiene and `usage --disk` read it."""
+
+    ref: str  # as the engine names it: alice/x:1
+    id: str
+    size: int  # bytes (layers shared with other images counted in each)
+    created_ts: float | None = None
+    tagged_ts: float | None = None  # when the tag was last set (a rebuild moves it)
 
 
 class ImageStore(Protocol):
@@ -148,6 +166,8 @@ class ImageStore(Protocol):
     def save(self, ref: str, path: Path) -> None: ...
     def pull(self, ref: str) -> None: ...
     def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str: ...
+    def local_images(self) -> list[LocalImage]: ...
+    def discard(self, ref: str) -> str: ...
 
 
 class ContainerRunner(Protocol):
@@ -165,7 +185,7 @@ class ContainerRunner(Protocol):
         timeout: int = ...,
         ipc: str | None = ...,
         shm_size: str | None = ...,
-        as_user: str | None = ...,
+        as_user: str | None,
         cache: str | None = ...,
         on_line: Callable[[str], None] | None = ...,
     ) -> tuple[int, str, str]: ...
@@ -178,7 +198,7 @@ class ContainerRunner(Protocol):
     def discard_unstarted(self, name: str) -> bool: ...
     def note(self, name: str, text: str) -> bool: ...
     def log_tail(self, name: str, lines: int = ...) -> str: ...
-    def probe(self, name: str, command: list[str], timeout: int = 20) -> tuple[int, str]: ...
+    def probe(self, name: str, command: list[str], timeout: float | None = None) -> tuple[int, str]: ...
     def run(self, options: RunOptions) -> tuple[int, str]: ...
     def attach(self, name: str) -> None: ...
     def logs(self, name: str, tail: str, follow: bool) -> None: ...

@@ -79,6 +79,19 @@ def _named(request: str, by_index: dict[int, Gpu], count: int, unsliced: list[Gp
     return [by_index[i] for i in dict.fromkeys(wanted)]
 
 
+def requested_count(request: str, gpus: list[Gpu]) -> int:
+    """How many GPUs `--gpus REQUEST` asks for on a host with `gpus` (0 for none, or a request select_gpus
+    refuses in words of its own)."""
+    request = request.strip().lower()
+    if request == "all":
+        return len([g for g in gpus if not g.mig_unsliced])
+    if re.fullmatch(r"[0-9]+", request):
+        return int(request)
+    if re.fullmatch(r"(device=)?[0-9]+(,[0-9]+)*,?", request):
+        return len({int(x) for x in request.removeprefix("device=").split(",") if x})
+    return 0
+
+
 def select_gpus(request: str, gpus: list[Gpu], me: str, force: bool = False, claims: Claims | None = None) -> Selection:
     """`request`: N (the N least-loaded GPUs free of other users, as `docker run --gpus N`), a list
     `0,3` or `device=3` (those GPUs), `all`, or `none`.

@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -1606,8 +1607,6 @@ print("IMGBUILD-NCCL " + json.dumps({"rank": rank, "ok": ok, "seconds": seconds}
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -1615,8 +1614,6 @@ def _free_port() -> int:
 
 def run_ranks(world: int, timeout: float, elements: int, python: str = "") -> list:
     """One process per GPU, each an NCCL rank of one all-reduce; their reports (or Fail with the first error)."""
-    import subprocess
-
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
     env["IMGBUILD_NCCL_ELEMENTS"] = str(elements)
     procs = [
@@ -1733,8 +1730,6 @@ def compile_cure(output: str) -> str:
 def torch_compile(torch, budget: Budget) -> dict:
     """torch.compile of a small function through Inductor and Triton, once per kind of GPU, in a process of its
     own so a hung compiler ends with its share of the budget: a ptxas or Triton that does not know the GPU."""
-    import subprocess
-
     if not torch.cuda.is_available():
         raise Skip("no GPU visible")
     if not hasattr(torch, "compile"):

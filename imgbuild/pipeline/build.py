@@ -420,7 +420,6 @@ def smoke_request(
         import_seconds=math.ceil(settings.smoke_import_timeout),
         gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
         user=acting.who.name if acting else settings.caller.name,
-        run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
         emulated=emulated,
     )
 

@@ -184,11 +184,14 @@ def lock(
     probe = Probe("lock", script, MARKER)
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
+    from imgbuild.acting import container_user
+
     bounds = pip_bounds(settings)
     shown = (lambda line: _show(line, on_line)) if on_line is not None else None
     code, output, _ = engine.containers.run_script(
-        plan.base.pinned, probe, [], bounds, stdin=secret, gpus=None, timeout=1800, cache=cache_volume(), on_line=shown
-    )
+        plan.base.pinned, probe, [], bounds, stdin=secret, gpus=None, timeout=1800, cache=cache_volume(),
+        on_line=shown, as_user=container_user(settings),
+    )  # fmt: skip
     report = probe.answer(output) or {"ok": False, "tail": output.strip().splitlines()[-10:]}
     if not report.get("ok"):
         tail = "\n".join(f"  | {line}" for line in report.get("tail", [])[-10:])

@@ -215,11 +215,15 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         if found is not None:
             return found
         # the same source install.sh uses (imgbuild/payload/base_pins.py), read only where a base is read
+        from imgbuild.acting import container_user
+
         probe = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
         try:
             if engine.images.image(base.pinned) is None:
                 engine.images.pull(base.pinned)
-            _, output, _ = engine.containers.run_script(base.pinned, probe, [], {}, gpus=None, timeout=300)
+            _, output, _ = engine.containers.run_script(
+                base.pinned, probe, [], {}, gpus=None, timeout=300, as_user=container_user(settings)
+            )
         except (ImgbuildError, OSError):
             return "", ()
         found = _pins_in(probe.answer(output))

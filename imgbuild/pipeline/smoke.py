@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
+from imgbuild.acting import container_user
 from imgbuild.config.settings import Settings
 from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
@@ -118,9 +119,6 @@ class SmokeRequest:
     #: (its RECORD's hash), on the same base and system layers (build.spared): not re-imported
     known_good: tuple[str, ...] = ()
     user: str = ""  # whose test it is (GPUs held by this user are theirs to test on); the caller's when empty
-    #: "UID:GID" when imgbuild acts for a user through sudo: the container runs as them, with no new privileges,
-    #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
-    run_as: str = ""
     import_seconds: int = 0  # one distribution's import budget on a quiet machine (setting smoke_import_timeout)
     gpu_seconds: int = 0  # the GPU checks' budget beyond one device's arithmetic (setting smoke_gpu_seconds)
     #: a foreign platform's image (linux/arm64 on an amd64 runner), run under qemu: no GPU check, and the report
@@ -166,6 +164,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None)
         gpus=[],
         timeout=limits.GPU_READ_SECONDS,
         ipc=None,
+        as_user=container_user(settings),
     )
     cdi = any("nvidia.com/gpu" in str(d) for d in engine.host_info().get("cdi_devices") or [])
     return judge_engine_read(code, output, note, cdi)
@@ -349,7 +348,7 @@ def run_smoke(
             timeout=req.timeout,
             ipc=house.ipc_mode,
             shm_size=house.shm_size,
-            as_user=req.run_as or None,
+            as_user=container_user(settings),
             on_line=heard,
         )
     report = parse_output(req.image, code, output, note)
@@ -440,7 +439,7 @@ def fleet_report(
 ) -> SmokeReport:
     """`imgbuild smoke IMAGE --for ...`: the GPU-free checks in the image, and a verdict per target. For a GPU
     that comes only in arm64 machines, a registry image's arm64 variant is read from the registry."""
-    report = run_smoke(engine, SmokeRequest(image, libraries_only=True))
+    report = run_smoke(engine, SmokeRequest(image, libraries_only=True), settings)
     platforms, variants = _registry_platforms(image, settings) if any(t.cpu != "any" for t in targets) else ((), {})
     add_fleet_check(report, targets, driver, platforms, variants)
     return report

@@ -120,24 +120,46 @@ LOST_GPU_FIX = (
 )
 
 
+#: Where NVIDIA's container toolkit puts the host's nvidia-smi in every container given GPUs (a bind of the
+#: host's binary): named by this path, never looked up on the container's PATH.
+NVIDIA_SMI = "/usr/bin/nvidia-smi"
+
+
 def gpus_lost(engine: ImageEngine, row: ContainerInfo) -> str:
-    """The one-line fix when a running container with GPUs can no longer reach them; "" otherwise."""
+    """The one-line fix when a running container with GPUs can no longer reach them; "" otherwise (or when the
+    container does not answer within its bound)."""
     if row.status != "running" or not (row.gpus or row.gpu_uuids):
         return ""
-    code, output = engine.containers.probe(row.name, ["nvidia-smi", "-L"])
+    code, output = engine.containers.probe(row.name, [NVIDIA_SMI, "-L"])
     if code != 0 and any(sign in output for sign in LOST_GPU_SIGNS):
         return LOST_GPU_FIX.format(name=row.name)
     return ""
 
 
-def lost_containers(engine: ImageEngine) -> list[dict[str, str]]:
-    """Running containers whose GPUs vanished under them, each with the fix (`imgbuild gpus`)."""
-    found = [(r.name, gpus_lost(engine, r)) for r in engine.containers.rows() if not r.smoke]
-    return [{"name": name, "fix": fix} for name, fix in found if fix]
+def _lost_of(engine: ImageEngine, rows: list[ContainerInfo]) -> dict[str, str]:
+    """Container name -> the fix for its lost GPUs, probed side by side: a container that does not answer costs
+    one bound, not one per container."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    probed = [r for r in rows if r.status == "running" and (r.gpus or r.gpu_uuids) and not r.smoke]
+    if not probed:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(probed))) as pool:
+        return dict(zip((r.name for r in probed), pool.map(lambda r: gpus_lost(engine, r), probed), strict=True))
 
 
-def container_view(engine: ImageEngine, settings: Settings, now: float | None = None) -> list[dict[str, Any]]:
-    """`ps`'s rows: the engine's, with each deadline (as `extend` moved it), the time left, lost GPUs."""
+def lost_containers(engine: ImageEngine, who: Any) -> list[dict[str, str]]:
+    """Running containers of `who` (every user's for an admin) whose GPUs vanished under them, each with the fix
+    (`imgbuild gpus`). Nobody's `gpus` execs into another user's container."""
+    rows = [r for r in engine.containers.rows() if who.is_admin or r.user == who.name]
+    return [{"name": name, "fix": fix} for name, fix in sorted(_lost_of(engine, rows).items()) if fix]
+
+
+def container_view(
+    engine: ImageEngine, settings: Settings, now: float | None = None, all_users: bool = False
+) -> list[dict[str, Any]]:
+    """`ps`'s rows: the caller's containers (`all_users`: everyone's), with each deadline (as `extend` moved it),
+    the time left, lost GPUs (probed in the caller's own containers only, or every one for an admin)."""
     from imgbuild.errors import EnvironmentProblem
     from imgbuild.servers.ledger import Ledger
 
@@ -147,11 +169,14 @@ def container_view(engine: ImageEngine, settings: Settings, now: float | None = 
     except EnvironmentProblem:
         extended = {}
     now = time.time() if now is None else now
+    who = settings.caller
+    shown = [r for r in engine.containers.rows() if all_users or r.user == who.name]
+    lost = _lost_of(engine, [r for r in shown if who.is_admin or r.user == who.name])
     rows = []
-    for row in engine.containers.rows():
+    for row in shown:
         deadline = effective_deadline(row, extended, house)
         left = "" if deadline is None else ("passed" if deadline <= now else human_duration(deadline - now))
-        rows.append({**row.to_json(), "deadline": deadline, "time_left": left, "gpus_lost": gpus_lost(engine, row)})
+        rows.append({**row.to_json(), "deadline": deadline, "time_left": left, "gpus_lost": lost.get(row.name, "")})
     return rows
 
 
@@ -172,7 +197,7 @@ def watch_gpus(
             with contextlib.suppress(ImgbuildError):
                 engine = connect_engine(settings)
         try:
-            lost = lost_containers(engine) if engine else []
+            lost = lost_containers(engine, settings.caller) if engine else []
         except ImgbuildError:
             lost = []
         yield readings, lost

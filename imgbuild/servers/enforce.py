@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgbuild.acting import Acting, check_image
+from imgbuild.acting import Acting, acting_for_user, check_image
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, expand
 
@@ -56,11 +56,6 @@ _PORT = re.compile(r"(?:(?P<ip>[0-9.]{7,15}):)?(?:(?P<host>[0-9]{1,5}):)?(?P<con
 STAGING = Path("/run/imgbuild/mounts")
 AUDIT_FILE = "audit.log"
 CHECK_SECONDS = 10  # resolving a mount source as the caller
-
-
-def acting_for_user(who: Caller) -> bool:
-    """imgbuild runs as root through sudo for a user who is not an admin: the rules are enforced."""
-    return who.via_sudo and os.geteuid() == 0 and not who.is_admin
 
 
 def sudoers(binary: str) -> str:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import RunRules
 from imgbuild.engine.types import ContainerInfo
-from imgbuild.errors import ImgbuildError
-from imgbuild.gpu.allocate import Claim, Claims, Selection
+from imgbuild.errors import ImgbuildError, UsageError
+from imgbuild.gpu.allocate import Claim, Claims, GpusBusy, Selection
 from imgbuild.servers.spec import cpulist_of
 
 if TYPE_CHECKING:
@@ -100,14 +100,13 @@ def running_with_gpus(rows: list[ContainerInfo], gpus: list[Any]) -> list[tuple[
     return found
 
 
-def check_quota(user: str, selection: Selection, held: Held, house: RunRules) -> None:
-    """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
-    from imgbuild.gpu.allocate import GpusBusy
+class OverQuota(GpusBusy):
+    """The run would take its user (or group) past a quota now: it may start once their own runs end, and while
+    it waits it holds no place ahead of anyone else."""
 
-    if not selection.gpus:
-        return
-    wanted = set(selection.uuids)
 
+def _limits(user: str, house: RunRules) -> list[tuple[str, int | None, set[str], str]]:
+    """(setting, limit, the users it counts, how to say what they hold) of every quota `user` is under."""
     limits: list[tuple[str, int | None, set[str], str]] = [
         ("run.max_gpus_per_user", house.max_gpus_per_user, {user}, "you hold")
     ]
@@ -115,14 +114,32 @@ def check_quota(user: str, selection: Selection, held: Held, house: RunRules) ->
         members = group_members(group)
         if user in members:
             limits.append((f"run.max_gpus_per_group {group}", most, members, f"group {group} holds"))
-    for key, limit, members, who in limits:
+    return limits
+
+
+def check_could_fit(user: str, request: str, count: int, host_gpus: int, house: RunRules) -> None:
+    """A request that could never start, whoever holds what: more GPUs than this host has, or than a quota of
+    the user's allows. Refused at once (exit 2), never waited for nor queued."""
+    if count > host_gpus:
+        raise UsageError(f"--gpus {request}: this host has {host_gpus} GPUs; this run could never start")
+    for key, limit, _, _ in _limits(user, house):
+        if limit is not None and count > int(limit):
+            raise UsageError(f"--gpus {request}: at most {limit} GPUs at once ({key}); this run could never start")
+
+
+def check_quota(user: str, selection: Selection, held: Held, house: RunRules) -> None:
+    """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
+    if not selection.gpus:
+        return
+    wanted = set(selection.uuids)
+    for key, limit, members, who in _limits(user, house):
         if limit is None:
             continue
         have = _holding(held, members)
         total = len(set(have) | wanted)
         if total > int(limit):
             listed = "; ".join(sorted(w for ws in have.values() for w in ws)) or "none"
-            raise GpusBusy(
+            raise OverQuota(
                 f"quota: at most {limit} GPUs at once ({key}); {who} {len(have)} ({listed}) and this run asks "
                 f"for {len(wanted - set(have))} more"
             )

@@ -16,6 +16,7 @@ from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.payload import HAS_JUPYTER_SCRIPT
 
 if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
 
 #: How long a notebook may take to answer (a cold image's first import of JupyterLab on a busy machine).
@@ -24,10 +25,15 @@ POLL_SECONDS = 0.5
 _MARKER = "IMGBUILD-JUPYTER "
 
 
-def check_present(engine: ImageEngine, image: str) -> None:
-    """Refuse, before anything starts, an image that has no `jupyter` on its PATH."""
+def check_present(engine: ImageEngine, image: str, settings: Settings | None) -> None:
+    """Refuse, before anything starts, an image that has no `jupyter` on its PATH (looked for as the user the run
+    is for: the image may be their own)."""
+    from imgbuild.acting import container_user
+
     probe = Probe("jupyter", HAS_JUPYTER_SCRIPT.read_text(), _MARKER)  # read only for a --jupyter run
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, timeout=60)
+    code, output, _ = engine.containers.run_script(
+        image, probe, [], {}, gpus=None, timeout=60, as_user=container_user(settings)
+    )
     answer = probe.answer(output)
     if answer is None:
         return  # the image could not say (no python3): the start will tell, with the container's own words

@@ -25,7 +25,7 @@ import pwd
 import re
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,6 @@ from imgbuild.host import process_start
 from imgbuild.regular import open_regular
 
 DOCKER_SOCKET = "/var/run/docker.sock"
-#: Where the ledger lives unless the site says (`run.state_dir`); created sticky and world-writable.
-DEFAULT_STATE_DIR = "/var/tmp/imgbuild"
 LOCK_FILE = "ledger.lock"
 USER_FILE_RE = re.compile(r"ledger-([0-9]{1,10})\.json")
 #: A user's ledger is a few KB; a larger file is not ours (or was vandalised) and is read as empty.
@@ -209,7 +207,8 @@ class Ledger:
             info = os.lstat(self.dir)
         except OSError as exc:
             raise EnvironmentProblem(
-                f"cannot use the state folder {self.dir}: {exc.strerror} (run.state_dir)"
+                f"cannot use the state folder {self.dir}: {exc.strerror} (run.state_dir; an admin makes it: "
+                "sudo imgbuild admin setup)"
             ) from None
         if not stat.S_ISDIR(info.st_mode):
             raise EnvironmentProblem(f"{self.dir}: the state folder is not a folder or is a link (run.state_dir)")
@@ -402,9 +401,10 @@ class Book:
     def holds(self) -> list[Entry]:
         return [e for e in self.entries if not e.waiting]
 
-    def queue(self) -> list[Entry]:
-        """Waiting runs, first come first."""
-        return [e for e in self.entries if e.waiting]
+    def queue(self, use: Mapping[str, float] | None = None) -> list[Entry]:
+        """Waiting runs: the user with the fewest GPU-hours of late first (`use`: fair share), then first come
+        first."""
+        return sorted((e for e in self.entries if e.waiting), key=lambda e: ((use or {}).get(e.user, 0.0), e.since))
 
     def enqueue(self, ticket: str, user: str, what: str) -> Entry:
         """A place at the end of the queue (kept, and refreshed, if `ticket` already has one)."""

@@ -8,10 +8,14 @@ order, fairly across users (the user whose oldest waiting job is oldest goes fir
 whose next job does not fit waits behind it, others go on). Root can `queue drain` (jobs that run finish, none
 start) and `queue resume`.
 
-Each user's jobs are one file, `queue-<uid>.json`, in the state folder, replaced whole, mode 0600 (a job's `-e`
-values are in it; `queue ls` shows their names only). A file is believed only when it is the user's own or
-root's, and a job's user, uid and gid come from the file's name and the password database, never from its JSON:
-nobody can queue for another, or as another group. Starting a job is `imgbuild run -d` in a child process, by
+Each user's jobs are one file, `queue-<uid>.json`, replaced whole, mode 0600 (a job's `-e` values are in it;
+`queue ls` shows their names only): root's, in root's own folder of the state folder (`.reap/`, where no user can
+put anything at its name first), for jobs a user filed through sudo; the user's own, in the state folder, for jobs
+they filed without it. A file is believed only when it is the user's own or root's, and a job's user, uid and gid
+come from the file's name and the password database, never from its JSON: nobody can queue for another, or as
+another group. A job's folder must be absolute, and the time a job of a user's own file was filed is never earlier
+than the kernel's last change of the file (its ctime, which no user sets): a hand-written `submitted` cannot jump
+the queue. Starting a job is `imgbuild run -d` in a child process, by
 an isolated interpreter (`python -I`: no working folder, no PYTHON* variable on its path) whose arguments come on
 its standard input (never an argv others can read) and whose environment is fixed (`rootside.environment`):
 
@@ -19,6 +23,11 @@ its standard input (never an argv others can read) and whose environment is fixe
   sudo's variables: the enforced mode's rules apply to it as to the user;
 - a file the user wrote themself is started as that user, root's privileges dropped first (their own groups,
   their own environment's HOME): it can do nothing the user could not do by typing `imgbuild run -d`.
+
+Every child starts in `/` and enters the job's folder itself, after it became who it runs as: a folder the job's
+user cannot enter is refused before anything starts, checked as them, and never entered by a process of theirs
+while it is still root. Jobs are claimed under the queue's lock and started outside it: a start that stalls (a
+user's own engine socket that answers nothing) holds nobody else's `queue add`.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +54,7 @@ DRAIN_FILE = "queue-drained"  # in root's folder of the state folder: present wh
 QUEUE_BYTES = 1024 * 1024
 MAX_JOBS = 200  # one user's waiting jobs
 START_SECONDS = 900  # one job's start (an image pull included)
+MAX_CWD = 4096  # a job's folder, in characters (PATH_MAX)
 #: The exit code `run` gives a queued job whose GPUs are busy (sysexits' EX_TEMPFAIL): it stays queued.
 BUSY = 75
 _ID = re.compile(r"[0-9a-f]{8}")
@@ -58,7 +69,7 @@ class Job:
     submitted: float
     cwd: str
     args: list[str]
-    state: str = "queued"  # queued | started | failed
+    state: str = "queued"  # queued | starting (claimed by a start under way) | started | failed
     container: str = ""
     detail: str = ""
     ended: float = 0.0
@@ -72,23 +83,43 @@ class Job:
             return None
         typed = (
             isinstance(job.id, str) and _ID.fullmatch(job.id) and isinstance(job.user, str)
-            and isinstance(job.uid, int) and isinstance(job.gid, int) and isinstance(job.submitted, (int, float))
-            and isinstance(job.cwd, str) and isinstance(job.args, list) and all(isinstance(a, str) for a in job.args)
-            and job.state in ("queued", "started", "failed")
+            and isinstance(job.uid, int) and isinstance(job.gid, int) and _a_time(job.submitted) and _a_time(job.ended)
+            and isinstance(job.cwd, str) and job_folder(job.cwd) == job.cwd
+            and isinstance(job.args, list) and all(isinstance(a, str) for a in job.args)
+            and job.state in ("queued", "starting", "started", "failed")
         )  # fmt: skip
         return job if typed else None
+
+
+def _a_time(value: Any) -> bool:
+    """Seconds since the epoch as a file may hold them: a number from 0 to year ~33000 (no inf, NaN or 10**400)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e12
+
+
+def job_folder(cwd: str) -> str:
+    """The folder a job starts in, as a queue file may name it: absolute, already normal (no `.`, `..` or `//`
+    to read two ways), one line, bounded; "" for anything else."""
+    ok = cwd.startswith("/") and len(cwd) <= MAX_CWD and "\0" not in cwd and "\n" not in cwd
+    return cwd if ok and os.path.normpath(cwd) == cwd and not cwd.startswith("//") else ""
 
 
 # --- choosing what starts (pure) ----------------------------------------------------------------------------
 
 
-def order(jobs: list[Job]) -> list[Job]:
-    """The queued jobs in the order they are tried: users in turn, the one whose oldest waiting job is oldest
-    first; each user's jobs first come, first served."""
+def waiting(job: Job, now: float) -> bool:
+    """A job that may be started: queued, or claimed by a start that died without saying (past its bound)."""
+    return job.state == "queued" or (job.state == "starting" and now - job.ended > START_SECONDS + 60)
+
+
+def order(jobs: list[Job], now: float | None = None, use: Mapping[str, float] | None = None) -> list[Job]:
+    """The waiting jobs in the order they are tried: users in turn, the one with the fewest GPU-hours of late
+    first (`use`: fair share over the site's window), then the one whose oldest waiting job is oldest; each
+    user's jobs first come, first served."""
+    now = time.time() if now is None else now
     per_user: dict[str, list[Job]] = {}
-    for job in sorted((j for j in jobs if j.state == "queued"), key=lambda j: (j.submitted, j.id)):
+    for job in sorted((j for j in jobs if waiting(j, now)), key=lambda j: (j.submitted, j.id)):
         per_user.setdefault(job.user, []).append(job)
-    turns = sorted(per_user.values(), key=lambda js: (js[0].submitted, js[0].id))
+    turns = sorted(per_user.values(), key=lambda js: ((use or {}).get(js[0].user, 0.0), js[0].submitted, js[0].id))
     ordered: list[Job] = []
     while any(turns):
         for queue in turns:
@@ -111,36 +142,56 @@ class Queue:
     root_filed: set[int] = field(default_factory=set)
 
     def path(self, uid: int) -> Path:
+        """`uid`'s file: root's (in root's folder) when root filed their jobs, else their own."""
+        from imgbuild.servers.ledger import REAPER_DIR
+
+        if uid in self.root_filed:
+            return self.state_dir / REAPER_DIR / f"queue-{uid}.json"
         return self.state_dir / f"queue-{uid}.json"
 
     def load(self) -> Queue:
-        """Every user's jobs, as far as they can be believed."""
+        """Every user's jobs, as far as they can be believed: root's file for a user where there is one, else
+        the user's own."""
+        from imgbuild.servers.ledger import REAPER_DIR
+
         self.jobs = []
         self.root_filed = set()
-        try:
-            names = os.listdir(self.state_dir)
-        except FileNotFoundError:
-            return self
-        except OSError as exc:
-            raise EnvironmentProblem(f"cannot read the state folder {self.state_dir}: {exc.strerror}") from None
-        for name in sorted(names)[:100_000]:
-            if m := QUEUE_FILE_RE.fullmatch(name):
-                jobs, by_root = _read(self.state_dir / name, int(m.group(1)))
-                self.jobs += jobs
-                if by_root:
-                    self.root_filed.add(int(m.group(1)))
+        found: dict[int, tuple[list[Job], bool]] = {}
+        for folder, roots in ((self.state_dir / REAPER_DIR, True), (self.state_dir, False)):
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if roots:
+                    continue  # root's folder, unreadable to a user without sudo: their own file only
+                raise EnvironmentProblem(f"cannot read the state folder {self.state_dir}: {exc.strerror}") from None
+            for name in sorted(names)[:100_000]:
+                if (m := QUEUE_FILE_RE.fullmatch(name)) and int(m.group(1)) not in found:
+                    jobs, by_root = _read(folder / name, int(m.group(1)), root_only=roots)
+                    if jobs or by_root:
+                        found[int(m.group(1))] = (jobs, by_root)
+        for uid, (jobs, by_root) in sorted(found.items()):
+            self.jobs += jobs
+            if by_root:
+                self.root_filed.add(uid)
         return self
 
     def save(self, uid: int) -> None:
-        """Replace `uid`'s file whole with their jobs (written beside it, renamed over it, 0600): root's when root
-        filed them (a user's `sudo imgbuild queue add`: the user cannot change it), else the user's own."""
-        from imgbuild.servers.ledger import Ledger
-
-        Ledger(self.state_dir).folder()
+        """Replace `uid`'s file whole with their jobs (written beside it, renamed over it, 0600): root's, in root's
+        folder, when root filed them (a user's `sudo imgbuild queue add`: the user cannot change it, nor put
+        anything at its name first), else the user's own."""
+        from imgbuild.servers.ledger import Ledger, reaper_dir
         from imgbuild.servers.reap import write_whole
 
-        owner = 0 if uid in self.root_filed or os.geteuid() != 0 else uid
-        write_whole(self.path(uid), {"jobs": [asdict(j) for j in self.jobs if j.uid == uid]}, mode=0o600, owner=owner)
+        Ledger(self.state_dir).folder()
+        data = {"jobs": [asdict(j) for j in self.jobs if j.uid == uid]}
+        if uid in self.root_filed and os.geteuid() == 0:
+            reaper_dir(self.state_dir)
+            write_whole(self.path(uid), data, mode=0o600)
+            _drop_roots_old_file(self.state_dir / f"queue-{uid}.json")
+        else:
+            write_whole(self.state_dir / f"queue-{uid}.json", data, mode=0o600, owner=uid)
 
     @contextlib.contextmanager
     def locked(self):  # type: ignore[no-untyped-def]
@@ -156,9 +207,18 @@ class Queue:
                 os.close(fd)
 
 
-def _read(path: Path, uid: int) -> tuple[list[Job], bool]:
-    """`uid`'s jobs in `path`, and whether root wrote the file. Who a job is for comes from the file's name and the
-    password database: a job naming another user is dropped, and its gid is the user's own, never the file's."""
+def _drop_roots_old_file(path: Path) -> None:
+    """A root-filed queue file of an earlier version, in the shared folder: its jobs now live in root's folder."""
+    with contextlib.suppress(OSError):
+        if os.lstat(path).st_uid == 0:
+            path.unlink()
+
+
+def _read(path: Path, uid: int, root_only: bool = False) -> tuple[list[Job], bool]:
+    """`uid`'s jobs in `path`, and whether root wrote the file (`root_only`: believed only then). Who a job is for
+    comes from the file's name and the password database: a job naming another user is dropped, and its gid is
+    the user's own, never the file's. A user's own file says when its jobs were filed no earlier than the
+    kernel's last change of it (its ctime)."""
     from imgbuild.regular import open_regular
 
     try:
@@ -169,7 +229,8 @@ def _read(path: Path, uid: int) -> tuple[list[Job], bool]:
         return [], False
     try:
         info = os.fstat(fd)
-        if info.st_uid not in (0, uid) or info.st_mode & 0o022 or not stat.S_ISREG(info.st_mode):
+        owners = (0,) if root_only else (0, uid)
+        if info.st_uid not in owners or info.st_mode & 0o022 or not stat.S_ISREG(info.st_mode):
             return [], False  # not the user's own or root's: its jobs are not believed
         data = os.read(fd, QUEUE_BYTES + 1)
     finally:
@@ -190,6 +251,8 @@ def _read(path: Path, uid: int) -> tuple[list[Job], bool]:
         if job.uid != uid or job.user != entry.pw_name:
             continue  # a job naming someone else: forged, or torn
         job.gid = entry.pw_gid  # never the file's: a gid of an admin group would make its user an admin
+        if info.st_uid != 0:
+            job.submitted = max(job.submitted, info.st_ctime)  # the kernel's clock, not the user's JSON
         believed.append(job)
     return believed, info.st_uid == 0
 
@@ -220,6 +283,16 @@ def shown_args(args: list[str]) -> list[str]:
     return shown
 
 
+def is_theirs(job: Job, who: Any) -> bool:
+    """`who` may see the job whole: it is theirs, or they are the admin."""
+    return bool(job.uid == who.uid or who.is_admin)
+
+
+def shown(job: Job) -> dict[str, Any]:
+    """A job of the caller's own as `queue ls --json` prints it: whole but for variables' values."""
+    return {**asdict(job), "args": shown_args(job.args)}
+
+
 def _hide_value(item: str) -> str:
     name, eq, _ = item.partition("=")
     return f"{name}=***" if eq else name
@@ -245,9 +318,10 @@ def set_drained(state_dir: Path, on: bool) -> None:
 
 
 def add(state_dir: Path, who: Any, args: list[str], cwd: str, check: Any = None) -> Job:
-    """File a job for `who`, after `run --dry-run ARGS` accepted it (as the user: the same rules as a start)."""
-    if "-d" in args or "--detach" in args or "--wait" in args:
-        raise UsageError("queue add: a queued job starts detached, and waits in the queue: leave out -d and --wait")
+    """File a job for `who`, after `run --dry-run ARGS` accepted it (as the user: the same rules as a start; run's
+    own parser refuses a queued job's `--wait` in any spelling)."""
+    if not job_folder(cwd):
+        raise UsageError(f"queue add: the current folder {cwd[:200]!r} cannot be a job's folder (an absolute path)")
     code, said = (check or _dry_run)(args, cwd)
     if code not in (0, BUSY):  # busy GPUs now are why it queues
         raise UsageError(f"queue add: {said or 'the run was refused'}")
@@ -279,28 +353,45 @@ def remove(state_dir: Path, who: Any, job_id: str) -> Job:
     return job
 
 
-def advance(state_dir: Path, who: Any, start: Any = None) -> list[Job]:
-    """Start what fits, in order (`order`): every user's jobs when root (or an admin), else the caller's own.
-    Returns the jobs tried, with their new state. Nothing starts while the queue is drained."""
-    if drained(state_dir):
-        return []
+def advance(state_dir: Path, who: Any, start: Any = None, use: Mapping[str, float] | None = None) -> list[Job]:
+    """Start what fits, in order (`order`, by `use`): every user's jobs when root (or an admin), else the caller's
+    own.
+    Returns the jobs tried, with their new state. Nothing starts while the queue is drained.
+
+    Each job is claimed under the queue's lock (`starting`), started with the lock let go, and its outcome
+    recorded under the lock again: a start that takes long holds nobody's `queue add` or `queue rm`."""
     tried: list[Job] = []
-    with Queue(state_dir).locked() as queue:
-        blocked: set[str] = set()  # users whose next job waits: their later jobs wait behind it
-        for job in order(queue.jobs):
-            if job.user in blocked or not (who.is_admin or job.uid == who.uid):
-                continue
-            if start is None:
-                code, said = _start(job, as_root=os.geteuid() == 0, root_filed=job.uid in queue.root_filed)
-            else:
-                code, said = start(job, as_root=os.geteuid() == 0)
-            if code == BUSY:
-                blocked.add(job.user)
-                continue
-            job.state, job.ended = ("started", time.time()) if code == 0 else ("failed", time.time())
-            job.container, job.detail = (said, "") if code == 0 else ("", said)
-            tried.append(job)
+    blocked: set[str] = set()  # users whose next job waits: their later jobs wait behind it
+    done: set[str] = set()
+    while not drained(state_dir):
+        with Queue(state_dir).locked() as queue:
+            job = next(
+                (j for j in order(queue.jobs, use=use) if j.user not in blocked and j.id not in done
+                 and (who.is_admin or j.uid == who.uid)),
+                None,
+            )  # fmt: skip
+            if job is None:
+                break
+            root_filed = job.uid in queue.root_filed
+            job.state, job.ended = "starting", time.time()
             queue.save(job.uid)
+        done.add(job.id)
+        if start is None:
+            code, said = _start(job, as_root=os.geteuid() == 0, root_filed=root_filed)
+        else:
+            code, said = start(job, as_root=os.geteuid() == 0)
+        with Queue(state_dir).locked() as queue:
+            mine = next((j for j in queue.jobs if j.id == job.id and j.uid == job.uid), None)
+            if mine is None:
+                continue  # taken back (queue rm) while it started
+            if code == BUSY:
+                blocked.add(mine.user)
+                mine.state, mine.ended = "queued", 0.0
+            else:
+                mine.state, mine.ended = ("started" if code == 0 else "failed"), time.time()
+                mine.container, mine.detail = (said, "") if code == 0 else ("", said)
+                tried.append(mine)
+            queue.save(mine.uid)
     return tried
 
 
@@ -326,7 +417,15 @@ def _dry_run(args: list[str], cwd: str) -> tuple[int, str]:
 def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     """`imgbuild run -d ARGS` as the job's user; (exit code, the container's name or the last line said). Root
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
-    its privileges dropped."""
+    its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder."""
+    if as_root and job.uid != 0:
+        from imgbuild.host import Caller
+        from imgbuild.servers.enforce import resolve_as
+
+        seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)
+        if "error" in seen or not seen.get("dir"):
+            why = seen.get("error") or "not a folder"
+            return 2, f"the job's folder {job.cwd[:200]}: {why} (checked as {job.user})"
     if as_root and not root_filed and job.uid != 0:
         code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _user_env(job), as_user=job)
     else:
@@ -345,8 +444,15 @@ def _user_env(job: Job) -> dict[str, str]:
 
 
 #: The child: an isolated interpreter (no working folder, no PYTHON* variable, no user site on its path) that takes
-#: its arguments on standard input, so no job's words (a `-e` value) stand in an argv every user can read.
-_CHILD = "import json,sys;sys.argv=['imgbuild',*json.load(sys.stdin)];from imgbuild.cli import main;main()"
+#: its folder and arguments on standard input, so no job's words (a `-e` value) stand in an argv every user can
+#: read. It starts in `/` as whoever it runs as, and enters the job's folder itself: a process that is already
+#: the user's (never root on its way to becoming them) is what opens a folder the user named.
+_CHILD = (
+    "import json,os,sys;w=json.load(sys.stdin)\n"
+    "try:os.chdir(w['cwd'])\n"
+    "except OSError as e:sys.exit(f\"imgbuild: the job's folder {w['cwd'][:200]}: {e.strerror}\")\n"
+    "sys.argv=['imgbuild',*w['args']];from imgbuild.cli import main;main()"
+)
 
 
 def _imgbuild(args: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None) -> tuple[int, str]:
@@ -356,8 +462,9 @@ def _imgbuild(args: list[str], cwd: str, env: dict[str, str], as_user: Job | Non
                "extra_groups": os.getgrouplist(as_user.user, as_user.gid)}  # fmt: skip
     try:
         proc = subprocess.run(
-            [sys.executable, "-I", "-c", _CHILD], cwd=cwd if os.path.isdir(cwd) else "/",
-            env=env, capture_output=True, text=True, timeout=START_SECONDS, input=json.dumps(args),
+            [sys.executable, "-I", "-c", _CHILD], cwd="/",
+            env=env, capture_output=True, text=True, timeout=START_SECONDS,
+            input=json.dumps({"cwd": cwd, "args": args}),
             **ids,
         )  # fmt: skip
     except subprocess.TimeoutExpired:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import ReapPolicy, RunRules
-from imgbuild.engine.types import ContainerInfo
+from imgbuild.engine.types import ContainerInfo, LocalImage
 from imgbuild.errors import EnvironmentProblem
 from imgbuild.servers import usage
 from imgbuild.servers.ledger import REAPER_DIR, append_record, reaper_dir
@@ -39,11 +39,11 @@ NOTICE_FILE = "imgbuild-notices.txt"
 
 @dataclass
 class Action:
-    verb: str  # warn | stop | remove | notice
+    verb: str  # warn | stop | remove | notice | discard (an image)
     name: str
     user: str
     reason: str
-    rule: str  # deadline | idle | exited | unnamed
+    rule: str  # deadline | idle | exited | unnamed | image
     id: str = ""
 
 
@@ -55,6 +55,7 @@ class State:
     warned: dict[str, dict[str, float]] = field(default_factory=dict)  # id -> {rule: when}
     last_run: float | None = None  # when the previous run sampled (the usage log's intervals)
     noticed: dict[str, float] = field(default_factory=dict)  # id -> when its `--notify` notice was given
+    images_used: dict[str, float] = field(default_factory=dict)  # image id -> when a container last had it
 
 
 # --- deciding (pure) ----------------------------------------------------------------------------------
@@ -94,6 +95,33 @@ def decide(
             action = None
         if action:
             actions.append(action)
+    return actions
+
+
+def decide_images(
+    images: list[LocalImage], rows: list[ContainerInfo], state: State, now: float, rules: ReapPolicy,
+    known_user: Callable[[str], bool],
+) -> list[Action]:  # fmt: skip
+    """Users' images (`<user>/...`) that no container has used for the site's `image_max_age`: discarded. Never
+    one a container (running or not) was made from, nor `<tag>-previous` while `<tag>`'s image is in use (the
+    way back from a rebuild). Last use: the latest of its creation, its tagging and a container seen with it."""
+    most = rules.image_seconds
+    if most is None:
+        return []
+    in_use = {r.image_id for r in rows if r.image_id} | {r.image for r in rows if r.image}
+    ids = {i.ref: i.id for i in images}
+    actions = []
+    for image in images:
+        user = usage.image_owner(image.ref, known_user)
+        if not user or image.id in in_use or image.ref in in_use:
+            continue
+        if image.ref.endswith("-previous"):
+            current = image.ref.removesuffix("-previous")
+            if current in in_use or ids.get(current) in in_use:
+                continue
+        last = max(image.created_ts or 0.0, image.tagged_ts or 0.0, state.images_used.get(image.id, 0.0))
+        if now - last >= most:
+            actions.append(Action("discard", image.ref, user, f"no container used it for {human(now - last)}", "image"))
     return actions
 
 
@@ -200,6 +228,7 @@ def load_state(path: Path) -> State:
             {str(k): {str(r): float(w) for r, w in dict(v).items()} for k, v in dict(raw.get("warned", {})).items()},
             float(last) if isinstance(last, (int, float)) and not isinstance(last, bool) else None,
             {str(k): float(w) for k, w in dict(raw.get("noticed", {})).items()},
+            {str(k): float(w) for k, w in dict(raw.get("images_used", {})).items()},
         )
     except (ValueError, TypeError, AttributeError, RecursionError):
         return State()
@@ -328,6 +357,12 @@ def reap(
     sample(rows, gpus, rules, now, state)
     deadlines = {r.id: effective_deadline(r, extended, house) for r in rows}
     actions = decide(rows, state, now, rules, deadlines, known_user)
+    if rules.image_seconds is not None:
+        images = engine.images.local_images()
+        present = {i.id for i in images}
+        state.images_used = {k: v for k, v in state.images_used.items() if k in present}
+        state.images_used.update({r.image_id: now for r in rows if r.image_id in present})
+        actions += decide_images(images, rows, state, now, rules, known_user)
     if dry_run:
         return Report(actions, ["dry run"] * len(actions))
     log = Path(rules.log) if rules.log else own / "reap.log"
@@ -413,6 +448,8 @@ def _give_notice(
 
 
 def _act(engine: ImageEngine, action: Action, rules: ReapPolicy, now: float, notify: Callable[[str, str], bool]) -> str:
+    if action.verb == "discard":
+        return engine.images.discard(action.name)
     if action.verb == "warn":
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(now + rules.warn_seconds))
         then = "removed" if rules.remove else "stopped"

@@ -24,12 +24,12 @@ from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageE
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
+from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
 from imgbuild.servers.containers import deadline_of
-from imgbuild.servers.holds import Held, check_quota, held_on_host
+from imgbuild.servers.holds import Held, OverQuota, check_could_fit, check_quota, held_on_host
 from imgbuild.servers.spec import (
     JUPYTER_ENV,
     JUPYTER_PORT,
-    MAX_CPUS,
     SHORT_NAME_RE,
     RunSpec,
     free_port,
@@ -142,7 +142,7 @@ def prepare(
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
-    from imgbuild.gpu.allocate import cpus_for, select_gpus
+    from imgbuild.gpu.allocate import requested_count, select_gpus
     from imgbuild.host import usable_cpus
 
     house = house if house is not None else settings.run
@@ -156,14 +156,11 @@ def prepare(
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced, workdir = _enforce(req, who, house, ref)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
+    if gpus:  # a request no wait can ever satisfy is refused now, never waited for nor queued
+        check_could_fit(user, req.gpu_request, requested_count(req.gpu_request, gpus), len(gpus), house)
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
-    if req.cpus is not None and not (math.isfinite(req.cpus) and 0 < req.cpus <= MAX_CPUS):
-        raise UsageError(f"--cpus {req.cpus}: not a number of CPUs (above 0, at most {MAX_CPUS})")
-    if req.cpus is None:  # the GPUs' share of the host's CPUs (run.cpus_per_gpu, else an even share)
-        cpus = cpus_for(len(selection.gpus), os.cpu_count() or 1, len(gpus), house.cpus_per_gpu)
-    else:
-        cpus = req.cpus
+    cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced)
     cpuset: list[int] = []
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})
@@ -212,6 +209,7 @@ def prepare(
         entrypoint=req.entrypoint,
         cpus=cpus,
         cpuset=cpuset,
+        memory=run_memory(house, host_memory()),
         enforced=enforced,
         workdir=workdir,
         workspace=not req.no_workspace and enforced is None,  # enforced: the workspace is a checked mount
@@ -247,11 +245,14 @@ def reserved(
     """The container to start, its name, GPUs and CPUs chosen under the host's ledger lock and held there
     until the block ends (by then the container holds them by its name, labels and cpuset).
 
-    `wait` (seconds): while the GPUs are busy (other users, or the caller's quota), queue for them, first
-    come first served across users: only the head of the queue may take GPUs. `on_wait(place, why)` is
-    told each look; the place is given up on every way out (and, if this process dies, with it)."""
+    `wait` (seconds): while the GPUs are busy, queue for them: only the head of the queue may take GPUs, and
+    the queue goes in order of each user's GPU-hours over the site's window (fair share), then first come first
+    served. A run held back by its own user's quota waits without a place (it holds nobody back); a run that
+    could never start (past a quota, or the host) is refused before it waits. `on_wait(place, why)` is told
+    each look; the place is given up on every way out (and, if this process dies, with it)."""
     from imgbuild.gpu.allocate import GpusBusy
     from imgbuild.servers.ledger import Ledger
+    from imgbuild.servers.usage import fair_share
 
     house = settings.run
     ledger = Ledger(house.ledger_dir)
@@ -259,12 +260,14 @@ def reserved(
     wants_gpus = req.gpu_request.strip().lower() not in ("", "none")  # the queue is for GPUs only
     deadline = None if wait is None else clock() + wait
     resolved = resolve_image(req.image, settings)  # once: a waiting run never re-reads and re-hashes the recipe
+    use = fair_share(house.ledger_dir, house.fair_share_window) if wants_gpus else {}
     try:
         while True:
             with ledger.transaction() as book:
-                queue = [e.name for e in book.queue()]
+                queue = [e.name for e in book.queue(use)]
                 ahead = (queue.index(ticket) if ticket in queue else len(queue)) if wants_gpus else 0
                 why = f"{ahead} ahead of you"
+                own_quota = False
                 if ahead == 0:
                     rows = engine.containers.rows()
                     book.extended = {k: v for k, v in book.extended.items() if k in {r.id for r in rows}}
@@ -276,7 +279,7 @@ def reserved(
                     except GpusBusy as busy:
                         if deadline is None:
                             raise
-                        why = str(busy)
+                        why, own_quota = str(busy), isinstance(busy, OverQuota)
                     else:
                         book.leave(ticket)
                         # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
@@ -289,7 +292,11 @@ def reserved(
                     raise GpusBusy(
                         f"{ahead} run(s) wait for GPUs before you (imgbuild run --wait); add --wait to queue"
                     )
-                book.enqueue(ticket, settings.caller.name, f"--gpus {req.gpu_request}")
+                if own_quota:
+                    book.leave(ticket)  # its own user's runs hold it back: it holds back nobody else
+                    ahead = 0  # it looks again as if at the head: its quota, not a queue, decides
+                else:
+                    book.enqueue(ticket, settings.caller.name, f"--gpus {req.gpu_request}")
             if clock() >= deadline:
                 raise WaitTimedOut(f"gave up waiting after {wait:g} s ({why})")
             if on_wait:
@@ -455,7 +462,7 @@ def launch(
     if note:
         say(note)
     if request.jupyter and not request.command:  # imgbuild's own `jupyter lab`: the image must have it
-        jupyter.check_present(engine, ref)
+        jupyter.check_present(engine, ref, settings)
     told: list[tuple[int, str]] = []
 
     def waiting(place: int, why: str) -> None:

@@ -38,6 +38,7 @@ class RunSpec:
     gpus: Selection = field(default_factory=lambda: Selection([]))
     cpus: float | None = None
     cpuset: list[int] = field(default_factory=list)  # pinned CPUs ([]: not pinned)
+    memory: int | None = None  # bytes (run.memory, else three quarters of the host's)
     volumes: list[str] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     ports: list[str] = field(default_factory=list)
@@ -92,6 +93,11 @@ class RunSpec:
             gpus_by_cdi=self.gpus_by == "cdi",  # --device nvidia.com/gpu=UUID (a CDI-only host)
             cpus=self.cpus,
             cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
+            memory=self.memory,
+            pids_limit=h.pids_limit,
+            cgroup_parent=expand(h.cgroup_parent, user=self.user, uid=self.uid, gid=self.gid)
+            if h.cgroup_parent
+            else "",
             ipc=h.ipc_mode,
             shm_size=h.shm_size,
             ulimits=tuple(h.ulimits.items()),
@@ -245,7 +251,7 @@ def cpulist_of(text: str) -> list[int]:
 def parse_duration(text: str, what: str) -> float:
     """`90`, `90s`, `30m`, `2h`, `7d` -> seconds (the one grammar: siteconfig.duration_seconds); `what` names
     the flag in the error."""
-    from imgbuild.config.site import duration_seconds
+    from imgbuild.config.checks import duration_seconds
 
     try:
         return duration_seconds(text)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.engine.types import ContainerInfo
+from imgbuild.engine.types import ContainerInfo, LocalImage
 from imgbuild.errors import EnvironmentProblem, UsageError
 
 USAGE_FILE = "usage.jsonl"
@@ -231,7 +231,7 @@ def since_of(text: str | None, now: float | None = None) -> float | None:
     """`--since 30d` (a duration back from now) as a Unix time; None for all of the log."""
     if not text:
         return None
-    from imgbuild.config.site import duration_seconds
+    from imgbuild.config.checks import duration_seconds
 
     try:
         seconds = duration_seconds(text)
@@ -240,6 +240,55 @@ def since_of(text: str | None, now: float | None = None) -> float | None:
     if seconds <= 0:
         raise UsageError(f"--since {text}: a duration back from now, e.g. 30d or 12h")
     return (time.time() if now is None else now) - seconds
+
+
+def fair_share(ledger_dir: Path, window: str | None, now: float | None = None) -> dict[str, float]:
+    """Each user's GPU-hours held over the last `window` (the site's `run.fair_share_window`), from the reaper's
+    usage log: the order of waiting runs and queued jobs, least first. {} (first come, first served) where there
+    is no window or the log cannot be read (a user without sudo: it is root's)."""
+    from imgbuild.config.checks import duration_seconds
+    from imgbuild.servers.ledger import REAPER_DIR
+
+    if window is None:
+        return {}
+    now = time.time() if now is None else now
+    try:
+        records = read(ledger_dir / REAPER_DIR)
+    except EnvironmentProblem:
+        return {}
+    return {row.key: row.held_hours for row in summarize(records, "user", now - duration_seconds(window))}
+
+
+@dataclass(frozen=True)
+class DiskRow:
+    user: str
+    images: int  # distinct images
+    tags: int
+    size: int  # bytes, each distinct image once (layers two images share counted in each)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "images": self.images, "tags": self.tags, "bytes": self.size}
+
+
+def image_owner(ref: str, known_user: Any) -> str:
+    """The user whose image `ref` is (`<user>/NAME:TAG`, built on this host, no registry in it); "" otherwise."""
+    first, slash, _ = ref.partition("/")
+    if not slash or "." in first or ":" in first or first == "localhost":
+        return ""
+    return first if known_user(first) else ""
+
+
+def disk_use(images: list[LocalImage], known_user: Any) -> list[DiskRow]:
+    """Each user's images (`<user>/...`) on the engine's disk, largest first (pure)."""
+    per_user: dict[str, dict[str, int]] = {}
+    tags: dict[str, int] = {}
+    for image in images:
+        user = image_owner(image.ref, known_user)
+        if user:
+            per_user.setdefault(user, {})[image.id] = image.size
+            tags[user] = tags.get(user, 0) + 1
+    rows = [DiskRow(u, len(ids), tags[u], sum(ids.values())) for u, ids in per_user.items()]
+    return sorted(rows, key=lambda r: (-r.size, r.user))
 
 
 @dataclass
