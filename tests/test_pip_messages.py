@@ -5,9 +5,11 @@ and guard; the plan-time checks with the recipe's FILE:LINE.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.pipstep import PipStep, wheel
+from tests.pipstep import INSTALLERS, PipStep, wheel
 
 ORIGIN = "a freeze of the base's packages"
 
@@ -213,17 +215,15 @@ def test_a_file_that_is_not_the_locked_one_is_named_a_hash_mismatch_not_a_pip_fa
     assert said.startswith("a file the index served does not match the sha256 the recipe's lock holds for it")
 
 
-@pytest.fixture
-def prerelease_step(tmp_path):
-    from tests.pipstep import wheel
-
+@pytest.fixture(params=INSTALLERS)
+def prerelease_step(tmp_path, request):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
     wheel(folder, "oldtf", "2.1.0.dev2", {"oldtf/__init__.py": b""})  # nothing final: the resolver falls back
     wheel(folder, "semconv", "0.66b2", {"semconv/__init__.py": b""})
     wheel(folder, "otel", "1.0", {"otel/__init__.py": b""}, ("semconv==0.66b2",))
-    return PipStep(tmp_path, folder, ["numlib==2.1.0"])
+    return PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=request.param)
 
 
 def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerelease_step):
@@ -243,8 +243,8 @@ def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelea
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.fixture
-def old_index(tmp_path):
+@pytest.fixture(params=INSTALLERS)
+def old_index(tmp_path, request):
     """An index (PEP 691 JSON with upload times) where the newest `serve` needs another numlib than the base's:
     the resolver quietly falls back to a release two years older (uv's vllm 0.2.5 beside 0.11)."""
     from tests.fake_index import FakeIndex, Release
@@ -271,16 +271,17 @@ def old_index(tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
-    yield PipStep(tmp_path, folder, ["numlib==2.1.0"]), index.url
+    yield PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=request.param), index.url
     index.close()
 
 
 def test_a_fallback_to_a_release_years_older_than_the_newest_fails_and_names_what_forced_it(old_index):
     step, url = old_index
     said = step.failure(step.run(["serve"], index=url))
+    asked = "serve >=0.11.2" if step.installer == "uv" else "serve 0.11.2"  # uv names the range it ruled out
     assert said == (
         "the resolver fell back to serve 0.2.5 (2023-12), 1.9 years older than serve 0.11.2 (2025-11), the newest the "
-        "recipe admits, because serve 0.11.2 needs numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of "
+        f"recipe admits, because {asked} needs numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of "
         "the base's packages): if serve 0.2.5 is what you want, ask for it by its version (serve==0.2.5); else change "
         "what holds serve back (a base made for serve 0.11.2, or a pin)"
     )
@@ -301,3 +302,77 @@ def test_an_old_release_the_recipe_asked_for_or_that_is_not_far_behind_installs(
     done = step.run(packages, index=url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "asking the resolver why not" not in done.stdout
+
+
+LOGS = Path(__file__).parent / "data" / "installer-logs"  # real pip's and uv's output, recorded by record.sh there
+
+
+def recorded(installer: str) -> list[tuple[str, list[str], int]]:
+    """(command, its output lines as the installer printed them, exit status) of each command in the log."""
+    blocks: list[tuple[str, list[str], int]] = []
+    command, lines = "", []
+    for line in (LOGS / f"{installer}.log").read_text().splitlines():
+        if line.startswith("$ "):
+            command, lines = line[2:], []
+        elif line.startswith("[exit ") and command:
+            blocks.append((command, lines, int(line[6:-1])))
+            command = ""
+        elif command:
+            lines.append(line)
+    return blocks
+
+
+#: what the guard must read from each recorded command, the same for both installers: what was installed (or would
+#: be), or the failure's one line
+INSTALLED = [
+    {("python-dateutil", "2.8.2"), ("six", "1.16.0"), ("typing-extensions", "4.12.2")},  # a fresh install
+    {("python-dateutil", "2.9.0.post0"), ("six", "1.17.0")},  # an upgrade
+    {("typing-extensions", "4.11.0")},  # a downgrade
+    {("six", "1.17.0")},  # a reinstall
+    {("idna", "3.10"), ("six", "1.16.0")},  # a dry run
+    {("typing-extensions", "4.13.0rc1")},  # a pre-release
+    {("idna", "3.9")},  # a local wheel
+    set(),  # an uninstall
+]
+FAILED = [
+    "python-dateutil 2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's pins): pin "
+    "python-dateutil to a version made for the base, or drop it",
+    "einopz: no such package or version on the index for this Python and platform (a typo in the recipe or its "
+    "requirements file? the name as the index spells it); see above",
+    "six==9.9: no such package or version on the index for this Python and platform (a typo in the recipe or its "
+    "requirements file? the name as the index spells it); see above",
+    "building cudaext needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA toolkit "
+    "(NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not), or add apt: "
+    "[cuda-toolkit-13-0] (NVIDIA's CUDA apt repository)",
+]
+
+
+def watched(lines: list[str]):
+    """The guard's reading of one command's output, fed as its pump feeds it: each line as printed."""
+    from tests.support import guard_module
+
+    watch = guard_module().Watch()
+    for line in lines:
+        watch.see(line + "\n")
+    return watch
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer):
+    blocks = recorded(installer)
+    assert len(blocks) == len(INSTALLED) + len(FAILED)
+    for (command, lines, code), expected in zip(blocks, INSTALLED, strict=False):
+        assert code == 0, command
+        got = {(name.lower(), version) for name, version in watched(lines).installed}
+        assert got == expected, command
+        assert got or "uninstall" in command, f"nothing read from a real install: {command}"
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, monkeypatch):
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    for (command, lines, code), expected in zip(recorded(installer)[len(INSTALLED) :], FAILED, strict=True):
+        assert code == 1, command
+        watch = watched(lines)
+        assert watch.failure("the base's pins") == expected, command
+        assert not watch.installed, command

@@ -70,7 +70,9 @@ def meets(version, wanted):
 PRE_RELEASE = re.compile(
     r"(?:[0-9.](?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*(?:\.?post[0-9]*)?)?(?:\.?dev[0-9]*)?\Z"
 )
-UV_ADDED = re.compile(r" \+ ([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)")
+#: uv's lines for what it installed (`+`) or reinstalled (`~`), with or without their indent, and the source of a
+#: local or direct-URL one: " + vllm==0.2.5", "~ six==1.17.0", " + idna==3.9 (from file:///wheels/idna-3.9-...whl)"
+UV_ADDED = re.compile(r"\s*[+~] ([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)(?: \(from \S+\))?\s*")
 
 
 def is_prerelease(version):
@@ -81,11 +83,11 @@ def is_prerelease(version):
 
 def installed_from(line):
     """(name, version) of what one line of pip's or uv's output says is (or would be) installed."""
-    if found := UV_ADDED.fullmatch(line.rstrip()):
+    if found := UV_ADDED.fullmatch(line):
         return [(found.group(1), found.group(2))]
     for lead in ("Successfully installed ", "Would install "):
-        if line.startswith(lead):
-            return [tuple(word.rsplit("-", 1)) for word in line[len(lead) :].split() if "-" in word]
+        if line.lstrip().startswith(lead):
+            return [tuple(word.rsplit("-", 1)) for word in line.lstrip()[len(lead) :].split() if "-" in word]
     return []
 
 

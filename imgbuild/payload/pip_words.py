@@ -48,7 +48,8 @@ MISSING = re.compile(
 #: allows only the base's, which no index has: "Because there is no version of torch==2.13.0a0+07cecf4 and you
 #: require torch==2.13.0a0+07cecf4, we can conclude ..."
 BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) and you require \1==\2,")
-#: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
+#: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
+#: seen wins, in this order.
 KINDS = (
     ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
     (
@@ -84,7 +85,27 @@ KINDS = (
     ("hash", ("DO NOT MATCH THE HASHES", "Hash mismatch for")),  # pip's words, uv's
     # a source build that imports the base's framework, isolated from it (pip.no_build_isolation cures it)
     ("isolated", ("No module named 'torch'", "No module named 'tensorflow'", "No module named 'jax'")),
-    ("nvcc", ("nvcc: not found", "CUDA_HOME environment variable is not set", "/bin/nvcc': No such file")),
+    (
+        "nvcc",
+        (
+            "nvcc: not found",
+            "CUDA_HOME environment variable is not set",
+            "/bin/nvcc': No such file",
+            # Python's words when a setup.py runs `$CUDA_HOME/bin/nvcc -V` (apex's get_cuda_bare_metal_version, which
+            # causal-conv1d, mamba-ssm and flash-attn copy): "FileNotFoundError: [Errno 2] No such file or directory:
+            # '/usr/local/cuda/bin/nvcc'"
+            re.compile(r"No such file or directory: '[^']*/nvcc'"),
+        ),
+    ),
+    (
+        "ninja",
+        (
+            "Ninja is required to load C++ extensions",
+            "ninja: not found",
+            "No such file or directory: 'ninja'",
+            'CMake was unable to find a build program corresponding to "Ninja"',
+        ),
+    ),
     ("headers", ("Python.h: No such file or directory", "fatal error: Python.h")),  # a compiler, no python3-dev
     (
         "compiler",
