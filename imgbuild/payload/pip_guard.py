@@ -285,7 +285,7 @@ class Watch:
                 "a file the index served does not match the sha256 the recipe's lock holds for it (the index "
                 "changed a release, or the lock was edited); see above, and run imgbuild lock if the new file is right"
             )
-        names = [n for i, n in enumerate([self.building, *alike]) if n and n not in [self.building, *alike][:i]]
+        names = sorted({n for n in (self.building, *alike) if n})
         what = f"building {spoken(names)}" if names else "building a package from source"
         who, many = ", ".join(names) or "the package", len(names) > 1
         it, builds, asks, imports = ("them", "build", "ask", "import") if many else ("it", "builds", "asks", "imports")
@@ -332,10 +332,10 @@ class Watch:
 def nvcc_cure(environ=os.environ):
     """A base that carries the toolkit, or NVIDIA's apt package of the base's own CUDA release (CUDA_VERSION)."""
     found = re.match(r"([0-9]{1,3})\.([0-9]{1,3})", environ.get("CUDA_VERSION") or "")
-    apt = f", or add apt: [cuda-toolkit-{found.group(1)}-{found.group(2)}] (NVIDIA's CUDA apt repository)"
+    apt = f", or add apt: [cuda-toolkit-{found[1]}-{found[2]}] (NVIDIA's CUDA apt repository)" if found else ""
     return (
         "use a base that carries the CUDA toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or "
-        f"CPU-only base does not){apt if found else ''}"
+        f"CPU-only base does not){apt}"
     )
 
 
