@@ -161,7 +161,7 @@ def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
 
 
 @pytest.mark.parametrize("reachable", [True, False])
-def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has_it(tmp_path, reachable):
+def test_a_cure_that_names_a_package_or_an_extra_is_printed_only_where_the_recipes_index_has_it(tmp_path, reachable):
     """faiss-gpu-cu12 on a CUDA 13 base was refused with the cure faiss-gpu-cu13, which is not on
     PyPI. The recipe's index is asked first: cupy-cuda13x is there and named; faiss-gpu-cu13 is not, and the
     other cure is given; an index that cannot be asked leaves the cure marked unchecked."""
@@ -172,14 +172,16 @@ def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has
     from tests.fake_index import FakeIndex, Release
     from tests.support import settings
 
-    index = FakeIndex("127.0.0.1", {"cupy-cuda13x": [Release("13.6.0")]})
+    spacy = Release("3.8.18", extras={"cuda11x": ["cupy-cuda11x<12"], "cuda12x": ["cupy-cuda12x<13"], "lookups": []})
+    jax = Release("0.8.1", extras={"cuda12": ["jax-cuda12-plugin"], "cuda13": ["jax-cuda13-plugin"]})
+    index = FakeIndex("127.0.0.1", {"cupy-cuda13x": [Release("13.6.0")], "spacy": [spacy], "jax": [jax]})
     url = index.url if reachable else "http://127.0.0.1:9/simple"
     base = real_base("pytorch:25.10-py3")
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         'name: r\nbase: {framework: pytorch, tag: "25.10"}\n'
-        f"pip: {{packages: [faiss-gpu-cu12, cupy-cuda12x, 'jax[cuda12]'], index_url: '{url}'}}\n"
+        f"pip: {{packages: [faiss-gpu-cu12, cupy-cuda12x, 'jax[cuda12]', 'spacy[cuda12x]'], index_url: '{url}'}}\n"
     )
     config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
     loaded = load_recipe(recipe)
@@ -188,16 +190,21 @@ def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has
             make_plan(loaded, settings(), lambda ref: ("sha256:" + "a" * 64, config))
     finally:
         index.close()
-    faiss, cupy, jax = (ln.split(": ", 2)[2] for ln in err.value.lines())
+    faiss, cupy, jax, spacy_line = (ln.split(": ", 2)[2] for ln in err.value.lines())
     if reachable:
         assert faiss.endswith(
             "(the index has no CUDA 13 build of faiss-gpu-cu12 (faiss-gpu-cu13 is not there): drop it, or use a "
             "base with CUDA 12)"
         ), faiss
         assert cupy.endswith("(ask for the CUDA 13 build (cupy-cuda13x), or drop it)")
+        assert jax.endswith("(ask for the CUDA 13 build (jax[cuda13]), or drop it)")  # an extra the project declares
+        assert spacy_line.endswith(  # an extra it does not: what its CUDA 12 extra brings, for CUDA 13
+            "(spacy declares no [cuda13x] extra: ask for spacy and cupy-cuda13x (the CUDA 13 build of what its "
+            "[cuda12x] extra brings), or drop it)"
+        ), spacy_line
     else:
         assert faiss.endswith("or drop it; the index could not be asked whether it has faiss-gpu-cu13)"), faiss
-    assert jax.endswith("(ask for the CUDA 13 build (jax[cuda13]), or drop it)")  # an extra of the project asked
+        assert spacy_line.endswith("; the index could not be asked whether it has spacy[cuda13x])"), spacy_line
 
 
 # --- the real pip step on the CUDA 13 stand-in, whose cuDNN is NVIDIA's nvidia-cudnn-cu13 wheel ------------
