@@ -102,7 +102,7 @@ class PipStep:
         from, instead of the folder of wheels."""
         where = f"--index-url {index}\n" if index else f"--no-index\n--find-links {self.wheels}\n"
         (self.folder / "requirements.txt").write_text(where + "".join(f"{p}\n" for p in packages))
-        for name in ("provides", "resolved", "constraints", "no-build-isolation"):
+        for name in ("provides", "resolved", "constraints", "no-build-isolation", "unpin"):
             path = self.folder / f"{name}.txt"
             path.unlink(missing_ok=True)
             if files.get(name) or name == "constraints":

@@ -376,3 +376,44 @@ def test_each_installers_own_failure_output_is_one_line_naming_the_cause(install
         watch = watched(lines)
         assert watch.failure("the base's pins") == expected, command
         assert not watch.installed, command
+
+
+@pytest.fixture(params=INSTALLERS)
+def framework_step(tmp_path, request):
+    """A base whose framework (fwk) needs numlib>=2 through a dependency of its own (TensorFlow's numpy>=2 through
+    ml-dtypes), and a package that needs numlib<2."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "1.26.4", {"numlib/__init__.py": b""})
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    wheel(folder, "mid", "0.6.0", {"mid/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "fwk", "2.21.0", {"fwk/__init__.py": b""}, ("mid>=0.5",))
+    wheel(folder, "oldapp", "0.9", {"oldapp/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "plugin", "0.8", {"plugin/__init__.py": b""}, ("numlib<2", "fwk"))  # tfmot: numpy<2 and tensorflow
+    return PipStep(tmp_path, folder, ["fwk"], frameworks=("fwk",), installer=request.param)
+
+
+def test_unpinning_what_the_bases_framework_needs_is_not_offered_and_the_need_is_named(framework_step):
+    said = framework_step.failure(framework_step.run(["oldapp"]))
+    assert "pip.unpin: [numlib] cannot help: the base's fwk needs numlib>=2 via mid" in said, said
+    assert "oldapp" in said.split(" needs ")[0] and "let pip move" not in said
+
+
+def test_unpinning_what_the_framework_needs_anyway_fails_the_step_without_a_false_holder(framework_step):
+    said = framework_step.failure(framework_step.run(["plugin"], unpin="numlib\n"))
+    assert "the base holds numlib<" not in said and "the base holds numlib>" not in said, said
+
+
+def test_a_range_in_uvs_conflict_sentence_is_never_named_as_what_the_base_holds():
+    """uv folds two packages' ranges into one sentence once the base's pin is gone (pip.unpin): the second range is
+    another package's requirement, not the base's pin."""
+    from tests.support import guard_module
+
+    watch = guard_module().Watch()
+    for line in (
+        "  x No solution found when resolving dependencies:",
+        "  Because tensorflow-model-optimization==0.8.1 depends on numpy>=1.23,<2.dev0 and numpy>=1.14,<2.dev0, we "
+        "can conclude that tensorflow-model-optimization==0.8.1 cannot be used.",
+    ):
+        watch.see(line)
+    assert "holds numpy>=1.14" not in watch.failure("a freeze of the base's packages")

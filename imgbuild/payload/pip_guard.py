@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_index import dry_run, old_release_line, question  # noqa: E402
 from pip_versions import (  # noqa: E402
+    admit_together,
     asked_lines,
     canon,
     exact_pin,
@@ -116,7 +117,8 @@ class Watch:
         if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
             key = (found.group(1), canon(found.group(3)))
             self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-            self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+            if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
+                self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
         lowered = line.lower()
         for kind, words in KINDS:
             if any(word.lower() in lowered if isinstance(word, str) else word.search(line) for word in words):
@@ -211,6 +213,14 @@ class Watch:
             or any("framework" in w for w in who)
         ):
             return f"pin {package} to a version made for the base, or drop it"
+        named = re.match(NAME, want)
+        wanted = want[named.end() :] if named else ""
+        for framework, chain, spec in framework_needs(dep):
+            if admit_together(wanted, spec) is False:  # moving it would break the framework: no cure
+                return (
+                    f"pin {package} to a version made for the base, or drop it (pip.unpin: [{dep}] cannot help: the "
+                    f"base's {framework} needs {dep}{spec}{f' via {chain}' if chain else ''})"
+                )
         return f"pin {package} to a version made for the base, drop it, or let pip move {dep}: pip.unpin: [{dep}]"
 
     def conflict(self, origin):
@@ -439,6 +449,37 @@ def pin_sources(command, origin):
                 holder = "the base's framework (its image config)" if framework else who
                 sources.setdefault(canon(found.group(1)), []).append((spec, holder))
     return sources
+
+
+REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?")
+
+
+def framework_needs(dep, frameworks=None, limit=2000):
+    """(framework, the chain of base distributions through which it needs `dep`, their clauses on it) for each of the
+    base's framework distributions (framework.txt) whose installed requirements reach `dep`: TensorFlow needs
+    numpy>=2 through ml-dtypes. What no extra asks for, read from the base's own metadata, bounded."""
+    import importlib.metadata as md
+
+    found = []
+    for framework in read_names(FRAMEWORK_FILE) if frameworks is None else frameworks:
+        seen, queue = {framework}, [(framework, [])]
+        while queue and len(seen) < limit:
+            name, chain = queue.pop(0)
+            try:
+                requires = md.requires(name) or []
+            except (md.PackageNotFoundError, ValueError, OSError):
+                continue
+            for line in requires:
+                req = REQUIREMENT.fullmatch(line)
+                if not req or "extra" in (req.group(3) or ""):
+                    continue
+                child, spec = canon(req.group(1)), req.group(2).replace(" ", "")
+                if child == dep and spec:
+                    found.append((framework, " -> ".join([*chain, name][1:]), spec))
+                elif child not in seen:
+                    seen.add(child)
+                    queue.append((child, chain + [name]))
+    return found
 
 
 def read_names(path):

@@ -67,6 +67,30 @@ def meets(version, wanted):
     return True
 
 
+def _edges(wanted):
+    """Release tuples at and around each bound of `wanted` (">=2,<3"): where two ranges can first meet."""
+    found = []
+    for clause in wanted.split(","):
+        matched = CLAUSE.fullmatch(clause)
+        if matched:
+            bound = [int(p) for p in matched.group(2).split(".")]
+            found += [tuple(bound), (*bound, 1), (*bound[:-1], bound[-1] - 1, 999) if bound[-1] else (*bound, 0)]
+    return [release_tuple(".".join(str(max(p, 0)) for p in edge)) for edge in found]
+
+
+def admit_together(first, second):
+    """Whether some release meets both clause lists ("<2.dev0" and ">=2"): True, False, or None when this small
+    reading cannot say (a clause it does not read). A range either meets the other's bounds or lies inside it,
+    so the bounds of both and their neighbours are enough to ask."""
+    first, second = first.replace(".dev0", ""), second.replace(".dev0", "")  # "<2.dev0": below every 2 release
+    answers = [(meets(edge, first), meets(edge, second)) for edge in _edges(first) + _edges(second) + [(0,)]]
+    if any(a is True and b is True for a, b in answers):
+        return True
+    if any(a is None or b is None for a, b in answers) or not answers:
+        return None
+    return False
+
+
 PRE_RELEASE = re.compile(
     r"(?:[0-9.](?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*(?:\.?post[0-9]*)?)?(?:\.?dev[0-9]*)?\Z"
 )
