@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipstep import guard_folder
+from tests.pipstep import INSTALLERS, guard_folder
 from tests.pipstep import wheel as _wheel
 from tests.support import real_base
 
@@ -291,3 +291,27 @@ def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_p
         make_plan(loaded, settings(), lambda ref: ("sha256:" + "a" * 64, config))
     assert len(asked) == 1 and len(err.value.lines()) == 10
     assert all("the index could not be asked whether it has" in line for line in err.value.lines())
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize("package", ["vecsearch", "vecsearch-cu12"])
+def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_name(
+    tmp_path, monkeypatch, installer, package
+):
+    """faiss-gpu (no CUDA in its name) brought the 1.9 GB CUDA 12 runtime onto a CUDA 13 base unsaid, while
+    faiss-gpu-cu12 (the same wheels) was refused: the pip step judges both by the libraries they bring."""
+    from tests.pipstep import PipStep, wheel
+
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "nvidia-cublas-cu12", "12.9.1.4", {"nvidia/cublas/lib/libcublas.so.12": b"cublas 12"})
+    wheel(folder, "nvidia-cublas", "13.1.0.3", {"nvidia/cu13/lib/libcublas.so.13": b"cublas 13"})
+    wheel(folder, package, "1.13.2", {f"{package.replace('-', '_')}/__init__.py": b""}, ("nvidia-cublas-cu12",))
+    step = PipStep(tmp_path, folder, ["nvidia-cublas"], installer=installer)
+    said = step.failure(step.run([package]))
+    assert said == (
+        f"{package} brought CUDA 12 libraries (nvidia-cublas-cu12) beside the base's CUDA 13: its code is built for "
+        "them, as a package named for CUDA 12 is (refused before the build): ask for the CUDA 13 build of "
+        f"{package}, or drop it, or use a base with CUDA 12"
+    )

@@ -529,7 +529,7 @@ def builds_alike(command, origin, watch):
 
 def main(argv):
     origin, command = argv[1], argv[2:]
-    from owners import dist_paths, overwritten, owners, protected  # beside this script
+    from owners import dist_paths, other_cuda, overwritten, owners, protected  # beside this script
 
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
@@ -539,6 +539,7 @@ def main(argv):
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
         why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
+        why = why or (other_cuda(watch.installed) if before is not None else "")
         why = why or fallback_line(watch.installed, named)
         why = why or old_release_line(watch.installed, named, command, functools.partial(why_not, command, origin))
         if not why:
