@@ -311,7 +311,7 @@ def recorded(installer: str) -> list[tuple[str, list[str], int]]:
     """(command, its output lines as the installer printed them, exit status) of each command in the log."""
     blocks: list[tuple[str, list[str], int]] = []
     command, lines = "", []
-    for line in (LOGS / f"{installer}.log").read_text().splitlines():
+    for line in (LOGS / f"{installer}-output.txt").read_text().splitlines():
         if line.startswith("$ "):
             command, lines = line[2:], []
         elif line.startswith("[exit ") and command:

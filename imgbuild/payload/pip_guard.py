@@ -29,11 +29,13 @@ from pip_versions import (  # noqa: E402
     canon,
     exact_pin,
     fallback_line,
-    files_in,
+    framework_needs,
     installed_from,
     meets,
     named_specs,
+    pin_sources,
     prerelease_trap,
+    read_names,
 )
 from pip_words import (  # noqa: E402
     BACKTRACK,
@@ -50,6 +52,8 @@ from pip_words import (  # noqa: E402
     UV_DEPENDS,
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
+    nvcc_cure,
+    spoken,
 )
 
 QUIET_SECONDS = 20
@@ -215,7 +219,7 @@ class Watch:
             return f"pin {package} to a version made for the base, or drop it"
         named = re.match(NAME, want)
         wanted = want[named.end() :] if named else ""
-        for framework, chain, spec in framework_needs(dep):
+        for framework, chain, spec in framework_needs(dep, read_names(FRAMEWORK_FILE)):
             if admit_together(wanted, spec) is False:  # moving it would break the framework: no cure
                 return (
                     f"pin {package} to a version made for the base, or drop it (pip.unpin: [{dep}] cannot help: the "
@@ -339,21 +343,6 @@ class Watch:
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
 
 
-def nvcc_cure(environ=os.environ):
-    """A base that carries the toolkit, or NVIDIA's apt package of the base's own CUDA release (CUDA_VERSION)."""
-    found = re.match(r"([0-9]{1,3})\.([0-9]{1,3})", environ.get("CUDA_VERSION") or "")
-    apt = f", or add apt: [cuda-toolkit-{found[1]}-{found[2]}] (NVIDIA's CUDA apt repository)" if found else ""
-    return (
-        "use a base that carries the CUDA toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or "
-        f"CPU-only base does not){apt}"
-    )
-
-
-def spoken(names):
-    """ "a", "a and b", "a, b and c"."""
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
 BOUNDS_SECRET = "/run/secrets/imgbuild-pip-bounds"
 
@@ -424,72 +413,6 @@ def run(command, watch):
     return proc.returncode
 
 
-#: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
-#: copy of the base's constraint file, or a freeze) is the base's.
-PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
-PIN_FILES["newest.txt"] = "imgbuild's question (the newest release)"  # pip_index.question's
-PIN_LINE = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(?:\[[^\]]*\])?\s*((?:[<>=!~]=?|===)[^;#\s]*(?:\s*,\s*(?:[<>=!~]=?|===)[^;#\s,]*)*)"
-)
-
-
-def pin_sources(command, origin):
-    """{canonical name: [(spec, who holds it)]} from the -c files in `command`. The framework's pin in
-    constraints.txt is the base's (its image config declares it)."""
-    sources, first = {}, True
-    frameworks = set(read_names(FRAMEWORK_FILE))
-    for path, lines in files_in(command, ("-c", "--constraint")):
-        who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
-        first = False
-        for line in lines:
-            found = PIN_LINE.match(line.strip())
-            if found and found.group(2) != "<0":
-                spec = found.group(1) + found.group(2).replace(" ", "")
-                framework = who == PIN_FILES["constraints.txt"] and canon(found.group(1)) in frameworks
-                holder = "the base's framework (its image config)" if framework else who
-                sources.setdefault(canon(found.group(1)), []).append((spec, holder))
-    return sources
-
-
-REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?")
-
-
-def framework_needs(dep, frameworks=None, limit=2000):
-    """(framework, the chain of base distributions through which it needs `dep`, their clauses on it) for each of the
-    base's framework distributions (framework.txt) whose installed requirements reach `dep`: TensorFlow needs
-    numpy>=2 through ml-dtypes. What no extra asks for, read from the base's own metadata, bounded."""
-    import importlib.metadata as md
-
-    found = []
-    for framework in read_names(FRAMEWORK_FILE) if frameworks is None else frameworks:
-        seen, queue = {framework}, [(framework, [])]
-        while queue and len(seen) < limit:
-            name, chain = queue.pop(0)
-            try:
-                requires = md.requires(name) or []
-            except (md.PackageNotFoundError, ValueError, OSError):
-                continue
-            for line in requires:
-                req = REQUIREMENT.fullmatch(line)
-                if not req or "extra" in (req.group(3) or ""):
-                    continue
-                child, spec = canon(req.group(1)), req.group(2).replace(" ", "")
-                if child == dep and spec:
-                    found.append((framework, " -> ".join([*chain, name][1:]), spec))
-                elif child not in seen:
-                    seen.add(child)
-                    queue.append((child, chain + [name]))
-    return found
-
-
-def read_names(path):
-    try:
-        with open(path) as handle:
-            return [canon(name) for name in handle.read(1 << 16).split()]
-    except OSError:
-        return []
-
-
 def why_not(command, origin, name, newest):
     """What the resolver says when asked for `name`==`newest` on top of the same install, resolved only: the
     requirement that forced a fallback, as the guard names any conflict; "" when it resolves."""
@@ -498,7 +421,7 @@ def why_not(command, origin, name, newest):
     with tempfile.TemporaryDirectory() as folder:
         asked = question(command, name, newest, folder)
         print(f"imgbuild: asking the resolver why not {name} {newest}", flush=True)
-        watch = Watch(pin_sources(asked, origin))
+        watch = Watch(pin_sources(asked, origin, read_names(FRAMEWORK_FILE)))
         outcome = run(asked, watch)
     return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
 
@@ -534,7 +457,7 @@ def main(argv):
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
-    watch = Watch(pin_sources(command, origin), named)
+    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named)
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before

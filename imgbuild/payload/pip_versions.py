@@ -172,3 +172,70 @@ def fallback_line(installed, named):
         f"{name} fits the base's pins and the recipe's other packages; pin {name} to a release made for this base, "
         f"or ask for this one by its version ({name}=={version})"
     )
+
+
+def read_names(path):
+    """The canonical names in a file of names (framework.txt), read bounded; none when it cannot be read."""
+    try:
+        with open(path) as handle:
+            return [canon(name) for name in handle.read(1 << 16).split()]
+    except OSError:
+        return []
+
+
+REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?")
+
+
+def framework_needs(dep, frameworks, limit=2000):
+    """(framework, the chain of base distributions through which it needs `dep`, their clauses on it) for each of the
+    base's framework distributions (`frameworks`: framework.txt's names) whose installed requirements reach `dep`:
+    TensorFlow needs numpy>=2 through ml-dtypes. What no extra asks for, read from the base's own metadata, bounded."""
+    import importlib.metadata as md
+
+    found = []
+    for framework in frameworks:
+        seen, queue = {framework}, [(framework, [])]
+        while queue and len(seen) < limit:
+            name, chain = queue.pop(0)
+            try:
+                requires = md.requires(name) or []
+            except (md.PackageNotFoundError, ValueError, OSError):
+                continue
+            for line in requires:
+                req = REQUIREMENT.fullmatch(line)
+                if not req or "extra" in (req.group(3) or ""):
+                    continue
+                child, spec = canon(req.group(1)), req.group(2).replace(" ", "")
+                if child == dep and spec:
+                    found.append((framework, " -> ".join([*chain, name][1:]), spec))
+                elif child not in seen:
+                    seen.add(child)
+                    queue.append((child, chain + [name]))
+    return found
+
+
+#: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
+#: copy of the base's constraint file, or a freeze) is the base's.
+PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
+PIN_FILES["newest.txt"] = "imgbuild's question (the newest release)"  # pip_index.question's
+PIN_LINE = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(?:\[[^\]]*\])?\s*((?:[<>=!~]=?|===)[^;#\s]*(?:\s*,\s*(?:[<>=!~]=?|===)[^;#\s,]*)*)"
+)
+
+
+def pin_sources(command, origin, frameworks=()):
+    """{canonical name: [(spec, who holds it)]} from the -c files in `command`. The framework's pin in
+    constraints.txt is the base's (its image config declares it): `frameworks`, framework.txt's names."""
+    sources, first = {}, True
+    frameworks = set(frameworks)
+    for path, lines in files_in(command, ("-c", "--constraint")):
+        who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
+        first = False
+        for line in lines:
+            found = PIN_LINE.match(line.strip())
+            if found and found.group(2) != "<0":
+                spec = found.group(1) + found.group(2).replace(" ", "")
+                framework = who == PIN_FILES["constraints.txt"] and canon(found.group(1)) in frameworks
+                holder = "the base's framework (its image config)" if framework else who
+                sources.setdefault(canon(found.group(1)), []).append((spec, holder))
+    return sources

@@ -3,6 +3,7 @@ about, the conflict it states, and the kinds of failure with the words that say 
 imported by guard.py, beside it.
 """
 
+import os
 import re
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
@@ -137,3 +138,20 @@ KINDS = (
         ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
     ),
 )
+
+
+def nvcc_cure(environ=None):
+    """A base that carries the toolkit, or NVIDIA's apt package of the base's own CUDA release (CUDA_VERSION)."""
+    found = re.match(
+        r"([0-9]{1,3})\.([0-9]{1,3})", (os.environ if environ is None else environ).get("CUDA_VERSION") or ""
+    )
+    apt = f", or add apt: [cuda-toolkit-{found[1]}-{found[2]}] (NVIDIA's CUDA apt repository)" if found else ""
+    return (
+        "use a base that carries the CUDA toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or "
+        f"CPU-only base does not){apt}"
+    )
+
+
+def spoken(names):
+    """ "a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

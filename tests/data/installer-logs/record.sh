@@ -1,7 +1,7 @@
 #!/bin/bash
 # Records what real pip and uv print for installs, upgrades, downgrades, reinstalls, dry runs, uninstalls, pre-releases,
-# local wheels, conflicts, missing names and a failed source build, into pip.log and uv.log beside this script. The
-# guard's parsers are tested against these logs (tests/test_installer_logs.py). Needs PyPI; run from anywhere:
+# local wheels, conflicts, missing names and a failed source build, into pip-output.txt and uv-output.txt beside this script. The
+# guard's parsers are tested against these logs (tests/test_pip_messages.py). Needs PyPI; run from anywhere:
 #   UV=/path/to/uv PYTHON=python3.11 tests/data/installer-logs/record.sh
 # Each block: "$ command" (paths shortened), the command's stdout and stderr together (as the guard reads them),
 # "[exit N]". The failed source build's CUDA_HOME (a folder without nvcc, as on a base without the toolkit) is
@@ -69,5 +69,5 @@ record() {  # installer: the command prefix for "install", then "uninstall"
   run "$@" six==9.9
   CUDA_HOME="$lab/cuda" run "$@" --no-index --find-links wheels --no-build-isolation cudaext==1.0
 }
-record uv > "$here/uv.log"
-record pip > "$here/pip.log"
+record uv > "$here/uv-output.txt"
+record pip > "$here/pip-output.txt"
