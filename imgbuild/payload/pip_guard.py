@@ -52,6 +52,7 @@ from pip_words import (  # noqa: E402
     UV_DEPENDS,
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
+    UV_REQUIRES,
     nvcc_cure,
     spoken,
 )
@@ -115,14 +116,7 @@ class Watch:
         self.installing = self.installing or installing
         if found := OTHER_FRAMEWORK.search(line):
             self.other_framework = found.group(1)
-        if found := UV_NEEDS_REFUSED.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-            if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
-                self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+        self.see_uv(line)
         lowered = line.lower()
         for kind, words in KINDS:
             if any(word.lower() in lowered if isinstance(word, str) else word.search(line) for word in words):
@@ -136,6 +130,19 @@ class Watch:
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
         self.see_pip(line)
+
+    def see_uv(self, line):
+        """uv's sentences: who depends on what, and which two requirements of one name exclude each other."""
+        if found := UV_REQUIRES.search(line):
+            self.asked.setdefault(canon(found.group(1)), found.group(1))
+        if found := UV_NEEDS_REFUSED.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+            if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
+                self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
 
     def see_pip(self, line):
         """pip's own lines: what it fetched, backtracked through, and said of the conflict."""

@@ -28,6 +28,9 @@ UV_DEPENDS_VIA = re.compile(
     rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and "
     rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
 )
+#: uv, on two requirements of one name that exclude each other (the recipe's constraint and its lock): "Because you
+#: require hub-lib<1 and hub-lib==2.4.0, we can conclude ..." (pip: "The user requested hub-lib" and its constraints)
+UV_REQUIRES = re.compile(rf"Because you require ({NAME})\S* and \1\S*, we")
 OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
 #: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
 #: tensorflow and you require tensorflow<0, we can conclude ..."
