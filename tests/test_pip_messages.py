@@ -424,3 +424,22 @@ def test_a_range_in_uvs_conflict_sentence_is_never_named_as_what_the_base_holds(
     ):
         watch.see(line)
     assert "holds numpy>=1.14" not in watch.failure("a freeze of the base's packages")
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tmp_path, installer):
+    """JAX's and PyG's pages are PEP 503 pages of wheel links: what reqfile passes on as `--find-links URL` installs
+    a package that no index has (pyg-lib from data.pyg.org), with uv and with pip."""
+    from tests.fake_index import FakeIndex, Release
+
+    index = FakeIndex("127.0.0.1", {"pagelib": [Release("0.4.0")]})
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    try:
+        step = PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=installer)
+        done = step.run([f"--find-links {index.url}/pagelib/", "pagelib"])
+    finally:
+        index.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert step.pip("show", "pagelib").stdout.splitlines()[1] == "Version: 0.4.0"
