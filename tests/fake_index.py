@@ -23,12 +23,22 @@ class Release:
     files: dict[str, bytes] | None = None  # what the wheel installs, when not its own module
     uploaded: str | None = None  # PEP 700's upload-time ("2023-12-13T10:00:00Z"): served as PEP 691 JSON
     yanked: bool = False
+    #: extras it declares ({extra: what it brings}); a release with extras has its metadata served apart (PEP 658)
+    extras: dict[str, list[str]] = field(default_factory=dict)
+
+
+def metadata(name: str, release: Release) -> str:
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {release.version}\n"
+    meta += "".join(f"Requires-Dist: {req}\n" for req in release.requires)
+    meta += "".join(f"Provides-Extra: {extra}\n" for extra in release.extras)
+    return meta + "".join(
+        f'Requires-Dist: {req}; extra == "{extra}"\n' for extra, reqs in release.extras.items() for req in reqs
+    )
 
 
 def wheel(name: str, release: Release) -> bytes:
     module, dist = name.replace("-", "_"), f"{name.replace('-', '_')}-{release.version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {release.version}\n"
-    meta += "".join(f"Requires-Dist: {req}\n" for req in release.requires)
+    meta = metadata(name, release)
     own = {f"{module}/__init__.py": b"", f"{module}/blob.bin": os.urandom(release.padding)}
     files = {
         **(release.files if release.files is not None else own),
@@ -65,6 +75,12 @@ class FakeIndex:
             for name, releases in packages.items()
             for r in releases
         }
+        self.served_apart = {  # PEP 658's metadata files
+            f"{name.replace('-', '_')}-{r.version}-py3-none-any.whl": metadata(name, r).encode()
+            for name, releases in packages.items()
+            for r in releases
+            if r.extras
+        }
         for filename, data in (sources or {}).items():
             self.wheels[filename] = data
             self.packages.setdefault(filename.rsplit("-", 1)[0], [])
@@ -94,6 +110,8 @@ class FakeIndex:
                         if w.startswith(parts[1].replace("-", "_") + "-")
                     )
                     return self._send(f"<!DOCTYPE html><html><body>\n{links}</body></html>".encode(), "text/html")
+                if len(parts) == 2 and parts[0] == "files" and parts[1].removesuffix(".metadata") in index.served_apart:
+                    return self._send(index.served_apart[parts[1].removesuffix(".metadata")], "text/plain")
                 if len(parts) == 2 and parts[0] == "files" and parts[1] in index.wheels:
                     time.sleep(index.delay)
                     index.served.append(parts[1])
@@ -132,6 +150,8 @@ class FakeIndex:
             }
             if release and release.uploaded:
                 row["upload-time"] = release.uploaded
+            if filename in self.served_apart:
+                row["core-metadata"] = {"sha256": hashlib.sha256(self.served_apart[filename]).hexdigest()}
             files.append(row)
         return json.dumps({"meta": {"api-version": "1.1"}, "name": name, "files": files}).encode()
 

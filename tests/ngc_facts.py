@@ -282,6 +282,27 @@ REAL: dict[str, Release] = {
     )
 }
 
+#: Distributions NGC's PyTorch images ship beside torch, as pip lists them (name, version, source), where a public
+#: dump records the version: what a stand-in carries as metadata-only distributions (tests/testbed/bundled.py), so
+#: that a recipe asking for torchvision meets the base's own, as on nvcr.io. A release or a package with no
+#: recorded version is left out, never guessed (apex's version, DALI's before 26.07, torchaudio's).
+BUNDLED: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "pytorch:25.06-py3": (
+        ("torchvision", "0.22.0a0+95f10a4e", "[C25.06]"),
+        ("pytorch-triton", "3.3.0+git96316ce52.nvinternal", "[C25.06]"),
+    ),
+    "pytorch:25.08-py3": (("pytorch-triton", "3.3.1+gitc8757738", "[TRTLLM-M]"),),
+    "pytorch:25.10-py3": (
+        ("torchvision", "0.24.0a0+094e7af5", "[DYNAMO]"),
+        ("flash-attn", "2.7.4.post1+25.10", "[DYNAMO]"),
+        ("pytorch-triton", "3.4.0+gitc817b9b6", "[H25.10a]"),
+    ),
+    "pytorch:26.07-py3": (
+        ("transformer-engine", "2.17", "[H26.07] TRANSFORMER_ENGINE_VERSION"),
+        ("nvidia-dali-cuda130", "2.2.0", "[H26.07] DALI_VERSION; the name as 25.10 lists it [H25.10a]"),
+    ),
+}
+
 #: The releases the test bed builds, and what each needs (the CUDA one needs the CUDA stand-in).
 STANDIN_KEYS = (
     "pytorch:23.10-py3",

@@ -1,6 +1,6 @@
-"""The pip step as it runs in an image, on this machine: imgbuild's own install.sh and guard.py, real pip,
-real wheels made by the test, over a throwaway environment that plays the base. `python3` on PATH is that
-environment's, as in an image; the site's pip configuration is kept out.
+"""The pip step as it runs in an image, on this machine: imgbuild's own install.sh and guard.py, real pip or real
+uv (the default installer), real wheels made by the test, over a throwaway environment that plays the base.
+`python3` on PATH is that environment's, as in an image; the site's pip and uv configuration is kept out.
 """
 
 from __future__ import annotations
@@ -17,6 +17,21 @@ from pathlib import Path
 from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS
 
 TEMPLATES = Path(__file__).parent.parent / "imgbuild" / "templates"
+INSTALLERS = ("uv", "pip")  # every test of the pip step runs with each
+#: where install.sh finds uv in an image (its own build stage mounts it there)
+UV_IN_IMAGE = "uv=/tmp/imgbuild-uv/bin/uv\n"
+
+
+def install_script(folder: Path, installer: str) -> None:
+    """install.sh as render copies it; with uv, the one line that says where uv is points at the uv on this
+    machine instead of the image's mount."""
+    text = (TEMPLATES / "install.sh").read_text()
+    if installer == "uv":
+        import uv
+
+        assert UV_IN_IMAGE in text, "install.sh no longer finds uv where this test puts it"
+        text = text.replace(UV_IN_IMAGE, f"uv={uv.find_uv_bin()}\n")
+    (folder / "install.sh").write_text(text)
 
 
 def wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requires: tuple[str, ...] = ()) -> None:
@@ -53,12 +68,15 @@ def guard_folder(folder: Path) -> Path:
 class PipStep:
     """A base environment holding `base` (names or name==version from `wheels`), and the step's folder."""
 
-    def __init__(self, tmp_path: Path, wheels: Path, base: list[str], frameworks: tuple[str, ...] = ()):
+    def __init__(
+        self, tmp_path: Path, wheels: Path, base: list[str], frameworks: tuple[str, ...] = (), installer: str = "pip"
+    ):
         self.wheels, self.venv, self.folder = wheels, tmp_path / "venv", tmp_path / "pip"
+        self.installer, self.cache = installer, tmp_path / "uv-cache"
         subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
         self.pip("install", "-q", "--no-index", "--find-links", str(wheels), *base, check=True)
         guard_folder(self.folder)
-        shutil.copy(TEMPLATES / "install.sh", self.folder / "install.sh")
+        install_script(self.folder, installer)
         (self.folder / "constraints.txt").write_text("")
         (self.folder / "framework.txt").write_text("".join(f"{n}\n" for n in frameworks))
 
@@ -70,6 +88,7 @@ class PipStep:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "UV_"))}
         environ.update(PATH=f"{self.venv / 'bin'}:{environ['PATH']}", PIP_CONFIG_FILE=os.devnull)
         environ["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        environ["IMGBUILD_LOCK_UV_CACHE"] = str(self.cache)  # install.sh's uv cache: this test's own
         return environ
 
     def pip(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -83,7 +102,7 @@ class PipStep:
         from, instead of the folder of wheels."""
         where = f"--index-url {index}\n" if index else f"--no-index\n--find-links {self.wheels}\n"
         (self.folder / "requirements.txt").write_text(where + "".join(f"{p}\n" for p in packages))
-        for name in ("provides", "resolved", "constraints", "no-build-isolation"):
+        for name in ("provides", "resolved", "constraints", "no-build-isolation", "unpin"):
             path = self.folder / f"{name}.txt"
             path.unlink(missing_ok=True)
             if files.get(name) or name == "constraints":

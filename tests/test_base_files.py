@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipstep import guard_folder
+from tests.pipstep import INSTALLERS, guard_folder
 from tests.pipstep import wheel as _wheel
 from tests.support import real_base
 
@@ -161,7 +161,7 @@ def test_the_plan_names_the_line_of_a_requirement_for_another_cuda(tmp_path):
 
 
 @pytest.mark.parametrize("reachable", [True, False])
-def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has_it(tmp_path, reachable):
+def test_a_cure_that_names_a_package_or_an_extra_is_printed_only_where_the_recipes_index_has_it(tmp_path, reachable):
     """faiss-gpu-cu12 on a CUDA 13 base was refused with the cure faiss-gpu-cu13, which is not on
     PyPI. The recipe's index is asked first: cupy-cuda13x is there and named; faiss-gpu-cu13 is not, and the
     other cure is given; an index that cannot be asked leaves the cure marked unchecked."""
@@ -172,14 +172,16 @@ def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has
     from tests.fake_index import FakeIndex, Release
     from tests.support import settings
 
-    index = FakeIndex("127.0.0.1", {"cupy-cuda13x": [Release("13.6.0")]})
+    spacy = Release("3.8.18", extras={"cuda11x": ["cupy-cuda11x<12"], "cuda12x": ["cupy-cuda12x<13"], "lookups": []})
+    jax = Release("0.8.1", extras={"cuda12": ["jax-cuda12-plugin"], "cuda13": ["jax-cuda13-plugin"]})
+    index = FakeIndex("127.0.0.1", {"cupy-cuda13x": [Release("13.6.0")], "spacy": [spacy], "jax": [jax]})
     url = index.url if reachable else "http://127.0.0.1:9/simple"
     base = real_base("pytorch:25.10-py3")
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
         'name: r\nbase: {framework: pytorch, tag: "25.10"}\n'
-        f"pip: {{packages: [faiss-gpu-cu12, cupy-cuda12x, 'jax[cuda12]'], index_url: '{url}'}}\n"
+        f"pip: {{packages: [faiss-gpu-cu12, cupy-cuda12x, 'jax[cuda12]', 'spacy[cuda12x]'], index_url: '{url}'}}\n"
     )
     config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
     loaded = load_recipe(recipe)
@@ -188,16 +190,21 @@ def test_a_cure_that_names_a_package_is_printed_only_where_the_recipes_index_has
             make_plan(loaded, settings(), lambda ref: ("sha256:" + "a" * 64, config))
     finally:
         index.close()
-    faiss, cupy, jax = (ln.split(": ", 2)[2] for ln in err.value.lines())
+    faiss, cupy, jax, spacy_line = (ln.split(": ", 2)[2] for ln in err.value.lines())
     if reachable:
         assert faiss.endswith(
             "(the index has no CUDA 13 build of faiss-gpu-cu12 (faiss-gpu-cu13 is not there): drop it, or use a "
             "base with CUDA 12)"
         ), faiss
         assert cupy.endswith("(ask for the CUDA 13 build (cupy-cuda13x), or drop it)")
+        assert jax.endswith("(ask for the CUDA 13 build (jax[cuda13]), or drop it)")  # an extra the project declares
+        assert spacy_line.endswith(  # an extra it does not: what its CUDA 12 extra brings, for CUDA 13
+            "(spacy declares no [cuda13x] extra: ask for spacy and cupy-cuda13x (the CUDA 13 build of what its "
+            "[cuda12x] extra brings), or drop it)"
+        ), spacy_line
     else:
         assert faiss.endswith("or drop it; the index could not be asked whether it has faiss-gpu-cu13)"), faiss
-    assert jax.endswith("(ask for the CUDA 13 build (jax[cuda13]), or drop it)")  # an extra of the project asked
+        assert spacy_line.endswith("; the index could not be asked whether it has spacy[cuda13x])"), spacy_line
 
 
 # --- the real pip step on the CUDA 13 stand-in, whose cuDNN is NVIDIA's nvidia-cudnn-cu13 wheel ------------
@@ -284,3 +291,27 @@ def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_p
         make_plan(loaded, settings(), lambda ref: ("sha256:" + "a" * 64, config))
     assert len(asked) == 1 and len(err.value.lines()) == 10
     assert all("the index could not be asked whether it has" in line for line in err.value.lines())
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize("package", ["vecsearch", "vecsearch-cu12"])
+def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_name(
+    tmp_path, monkeypatch, installer, package
+):
+    """faiss-gpu (no CUDA in its name) brought the 1.9 GB CUDA 12 runtime onto a CUDA 13 base unsaid, while
+    faiss-gpu-cu12 (the same wheels) was refused: the pip step judges both by the libraries they bring."""
+    from tests.pipstep import PipStep, wheel
+
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "nvidia-cublas-cu12", "12.9.1.4", {"nvidia/cublas/lib/libcublas.so.12": b"cublas 12"})
+    wheel(folder, "nvidia-cublas", "13.1.0.3", {"nvidia/cu13/lib/libcublas.so.13": b"cublas 13"})
+    wheel(folder, package, "1.13.2", {f"{package.replace('-', '_')}/__init__.py": b""}, ("nvidia-cublas-cu12",))
+    step = PipStep(tmp_path, folder, ["nvidia-cublas"], installer=installer)
+    said = step.failure(step.run([package]))
+    assert said == (
+        f"{package} brought CUDA 12 libraries (nvidia-cublas-cu12) beside the base's CUDA 13: its code is built for "
+        "them, as a package named for CUDA 12 is (refused before the build): ask for the CUDA 13 build of "
+        f"{package}, or drop it, or use a base with CUDA 12"
+    )

@@ -436,3 +436,29 @@ def test_an_empty_lock_is_refused_not_taken_for_no_pins(tmp_path, text):
         load_recipe(tmp_path / "demo.yaml", environ={})
     (tmp_path / "demo.lock.txt").write_text("# imgbuild lock: what pip resolved\n")  # a lock of no pins is one
     load_recipe(tmp_path / "demo.yaml", environ={})
+
+
+def test_the_locks_reading_of_uvs_dry_run_is_the_pip_steps_on_uvs_real_output(tmp_path, monkeypatch):
+    """The lock's resolver reads uv's "Would install" lines with the pip step's own parser (pip_versions, written
+    beside it), so a local wheel's `(from file://...)` line and an unindented one are read as the guard reads them."""
+    import importlib.util
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from imgbuild.payload import LOCK_SCRIPT, PAYLOAD_DIR
+
+    shutil.copy(PAYLOAD_DIR / "pip_versions.py", tmp_path / "pip_versions.py")
+    spec = importlib.util.spec_from_file_location("lock_resolve", LOCK_SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "HERE", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "pip_versions", raising=False)
+    log = (Path(__file__).parent / "data" / "installer-logs" / "uv-output.txt").read_text()
+    would: list = []
+    dry_run = log.split("--dry-run idna==3.10 six==1.16.0\n", 1)[1].split("[exit", 1)[0]
+    for line in [*dry_run.splitlines(), " + idna==3.9 (from file://wheels/idna-3.9-py3-none-any.whl)"]:
+        module._would_install(line, would)
+    assert would == [["idna", "3.10", []], ["six", "1.16.0", []], ["idna", "3.9", []]]

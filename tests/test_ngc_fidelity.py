@@ -277,3 +277,77 @@ def test_the_bridge_gateway_is_found_on_a_fresh_engine_too(ipam, gateway):
     network = types.SimpleNamespace(attrs={"IPAM": {"Config": [ipam]}})
     client = types.SimpleNamespace(networks=types.SimpleNamespace(get=lambda name: network))
     assert bridge_gateway(client) == gateway
+
+
+TESTBED = Path(__file__).parent / "testbed"
+
+
+def _bundled_module():
+    spec = importlib.util.spec_from_file_location("bundled", TESTBED / "bundled.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("key", sorted(ngc_facts.BUNDLED))
+def test_ngcs_bundled_distributions_are_written_as_metadata_that_python_reads_by_name_and_version(key, tmp_path):
+    import importlib.metadata as md
+
+    bundled = _bundled_module()
+    for name, version, _ in ngc_facts.BUNDLED[key]:
+        assert bundled.write_metadata_only(str(tmp_path), name, version)
+    found = {(d.metadata["Name"], d.version) for d in md.distributions(path=[str(tmp_path)])}
+    assert found == {(name, version) for name, version, _ in ngc_facts.BUNDLED[key]}
+    assert all(
+        not d.files or all(".dist-info/" in str(f) for f in d.files) for d in md.distributions(path=[str(tmp_path)])
+    )
+
+
+def test_pip_and_uv_see_the_bundled_distributions_and_resolve_against_them_offline(tmp_path):
+    """What the stand-in carries for 25.10 is installed as far as both installers can tell: listed, and a recipe's
+    `torchvision` is met by the base's own with no index asked."""
+    import json
+    import subprocess
+    import sys
+
+    import uv
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")], check=True)
+    python = tmp_path / "v" / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
+    pins = [f"{n}=={v}" for n, v, _ in ngc_facts.BUNDLED["pytorch:25.10-py3"]]
+    assert subprocess.run([sys.executable, str(TESTBED / "bundled.py"), site, *pins]).returncode == 0
+    environ = {"PATH": "/usr/bin:/bin", "UV_CACHE_DIR": str(tmp_path / "cache"), "UV_NO_CONFIG": "1"}
+    listed = subprocess.run(
+        [uv.find_uv_bin(), "pip", "list", "--python", str(python), "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        check=True,
+    ).stdout
+    assert {f"{d['name']}=={d['version']}" for d in json.loads(listed)} == set(pins)
+    pip_listed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "list", "--format=json"],
+        capture_output=True,
+        text=True,
+        env={**environ, "PIP_CONFIG_FILE": "/dev/null"},
+        check=True,
+    ).stdout
+    assert {f"{d['name']}=={d['version']}" for d in json.loads(pip_listed)} >= set(pins)
+    met = subprocess.run(
+        [uv.find_uv_bin(), "pip", "install", "--python", str(python), "--no-index", "--dry-run", "torchvision"],
+        capture_output=True,
+        text=True,
+        env=environ,
+    )
+    assert met.returncode == 0 and "Would install" not in met.stderr + met.stdout, met.stderr
+
+
+def test_the_bundled_writer_refuses_what_is_not_a_pin_and_keeps_a_real_build(tmp_path):
+    bundled = _bundled_module()
+    assert bundled.main(["bundled.py", str(tmp_path), "torchvision==0.24.0a0+094e7af5; rm -rf /"]) == 2
+    assert bundled.write_metadata_only(str(tmp_path), "pytorch-triton", "3.4.0+gitc817b9b6")
+    assert bundled.write_metadata_only(str(tmp_path), "pytorch_triton", "9.9") == ""  # one of that name is there

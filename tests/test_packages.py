@@ -290,6 +290,22 @@ def test_real_requirements_files_nest_continue_and_carry_options(tmp_path):
     assert loaded.requirement_options == ("--extra-index-url https://download.example.org/whl", "--pre")
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--find-links https://storage.googleapis.com/jax-releases/jax_releases.html",
+        "-f https://data.pyg.org/whl/torch-2.4.0+cu124.html",
+        "--find-links=https://data.pyg.org/whl/torch-2.4.0+cu124.html",
+    ],
+)
+def test_a_find_links_web_page_is_passed_to_the_installer_as_a_page_of_links(tmp_path, line):
+    """JAX's and PyG's own install lines point at a web page of wheel links: it goes to the installer as it is."""
+    loaded = _load(tmp_path, {"requirements.txt": f"{line}\npyg-lib\n"})
+    url = line.replace("=", " ", 1).split()[-1] if line.startswith("--find-links=") else line.split()[-1]
+    assert loaded.requirement_options == (f"--find-links {url}",)
+    assert [r.spec for r in loaded.requirements] == ["pyg-lib"]
+
+
 BAD_REQUIREMENT_LINES = [
     ("-e .", "an editable install needs its source in the image"),
     ("./local/pkg", "a local path is not in the build context"),
@@ -299,6 +315,8 @@ BAD_REQUIREMENT_LINES = [
     ("--extra-index-url https://user:s3cret@pypi.example.org/simple", "credentials in an index URL"),
     ("x @ https://user:s3cret@files.example.org/x.whl", "credentials in a requirement URL"),
     ("--find-links /opt/wheels", "a folder of wheels is not in the image"),
+    ("-f file:///opt/wheels", "a folder of wheels is not in the image"),
+    ("-f https://user:s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
     ("--global-option=build_ext", "is not supported"),
     ("torch>=<2", "not a valid requirement"),
     ("-r requirements.txt", "the file includes itself"),

@@ -5,9 +5,11 @@ and guard; the plan-time checks with the recipe's FILE:LINE.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.pipstep import PipStep, wheel
+from tests.pipstep import INSTALLERS, PipStep, wheel
 
 ORIGIN = "a freeze of the base's packages"
 
@@ -25,9 +27,9 @@ def wheels(tmp_path_factory):
     return folder
 
 
-@pytest.fixture
-def step(tmp_path, wheels):
-    return PipStep(tmp_path, wheels, ["numlib==2.1.0"])
+@pytest.fixture(params=INSTALLERS)
+def step(tmp_path, wheels, request):
+    return PipStep(tmp_path, wheels, ["numlib==2.1.0"], installer=request.param)
 
 
 def test_a_recipe_constraint_against_its_own_lock_names_the_lock_not_the_base(step):
@@ -41,8 +43,13 @@ def test_a_recipe_constraint_against_its_own_lock_names_the_lock_not_the_base(st
     assert "the base" not in said
 
 
+def as_pip_says(said: str, package: str, version: str) -> str:
+    """uv names the package that asked as "every version of it" where pip names the version it tried."""
+    return said.replace(f"every version of {package} ", f"{package} {version} ", 1)
+
+
 def test_a_dependency_against_the_lock_names_the_package_that_asked_and_the_lock(step):
-    said = step.failure(step.run(["tools"], resolved="hub-lib==2.4.0\n"))
+    said = as_pip_says(step.failure(step.run(["tools"], resolved="hub-lib==2.4.0\n")), "tools", "3.0")
     assert said == (
         "tools 3.0 needs hub-lib<1, but the recipe's lock holds hub-lib==2.4.0: the recipe changed since its lock "
         "was written: run imgbuild lock (it re-resolves hub-lib)"
@@ -50,7 +57,7 @@ def test_a_dependency_against_the_lock_names_the_package_that_asked_and_the_lock
 
 
 def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_from(step):
-    said = step.failure(step.run(["oldapp"]))
+    said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
     assert said == (
         f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
         "for the base, drop it, or let pip move numlib: pip.unpin: [numlib]"
@@ -60,15 +67,17 @@ def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_fr
 def test_of_two_holders_only_the_one_that_excludes_what_was_asked_is_named(step):
     """The base's numlib==2.1.0 meets app's numlib>=2; the recipe's numlib<2 does not: it alone is the cause."""
     said = step.failure(step.run(["app"], constraints="numlib<2\n"))
-    assert said == (
-        "app 1.0 needs numlib>=2, but the recipe's pip.constraints hold numlib<2: loosen the recipe's constraint "
-        "on numlib, or drop app"
+    assert said.endswith(  # (uv folds the base's pin into app's range first: "every version of app needs numlib==2.1.0")
+        "needs numlib>=2, but the recipe's pip.constraints hold numlib<2: loosen the recipe's constraint on numlib, or "
+        "drop app"
+        if step.installer == "pip"
+        else ", but the recipe's pip.constraints hold numlib<2: loosen the recipe's constraint on numlib, or drop app"
     )
 
 
 def test_a_dependency_against_a_recipe_constraint_says_loosen_it(step):
     step.pip("uninstall", "-y", "-q", "numlib", check=True)  # a base without numlib: only the recipe holds it
-    said = step.failure(step.run(["app"], constraints="numlib<2\n"))
+    said = as_pip_says(step.failure(step.run(["app"], constraints="numlib<2\n")), "app", "1.0")
     assert said == (
         "app 1.0 needs numlib>=2, but the recipe's pip.constraints hold numlib<2: loosen the recipe's constraint "
         "on numlib, or drop app"
@@ -213,17 +222,15 @@ def test_a_file_that_is_not_the_locked_one_is_named_a_hash_mismatch_not_a_pip_fa
     assert said.startswith("a file the index served does not match the sha256 the recipe's lock holds for it")
 
 
-@pytest.fixture
-def prerelease_step(tmp_path):
-    from tests.pipstep import wheel
-
+@pytest.fixture(params=INSTALLERS)
+def prerelease_step(tmp_path, request):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
     wheel(folder, "oldtf", "2.1.0.dev2", {"oldtf/__init__.py": b""})  # nothing final: the resolver falls back
     wheel(folder, "semconv", "0.66b2", {"semconv/__init__.py": b""})
     wheel(folder, "otel", "1.0", {"otel/__init__.py": b""}, ("semconv==0.66b2",))
-    return PipStep(tmp_path, folder, ["numlib==2.1.0"])
+    return PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=request.param)
 
 
 def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerelease_step):
@@ -243,8 +250,8 @@ def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelea
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.fixture
-def old_index(tmp_path):
+@pytest.fixture(params=INSTALLERS)
+def old_index(tmp_path, request):
     """An index (PEP 691 JSON with upload times) where the newest `serve` needs another numlib than the base's:
     the resolver quietly falls back to a release two years older (uv's vllm 0.2.5 beside 0.11)."""
     from tests.fake_index import FakeIndex, Release
@@ -271,16 +278,17 @@ def old_index(tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
-    yield PipStep(tmp_path, folder, ["numlib==2.1.0"]), index.url
+    yield PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=request.param), index.url
     index.close()
 
 
 def test_a_fallback_to_a_release_years_older_than_the_newest_fails_and_names_what_forced_it(old_index):
     step, url = old_index
     said = step.failure(step.run(["serve"], index=url))
+    asked = "serve >=0.11.2" if step.installer == "uv" else "serve 0.11.2"  # uv names the range it ruled out
     assert said == (
         "the resolver fell back to serve 0.2.5 (2023-12), 1.9 years older than serve 0.11.2 (2025-11), the newest the "
-        "recipe admits, because serve 0.11.2 needs numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of "
+        f"recipe admits, because {asked} needs numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of "
         "the base's packages): if serve 0.2.5 is what you want, ask for it by its version (serve==0.2.5); else change "
         "what holds serve back (a base made for serve 0.11.2, or a pin)"
     )
@@ -301,3 +309,137 @@ def test_an_old_release_the_recipe_asked_for_or_that_is_not_far_behind_installs(
     done = step.run(packages, index=url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "asking the resolver why not" not in done.stdout
+
+
+LOGS = Path(__file__).parent / "data" / "installer-logs"  # real pip's and uv's output, recorded by record.sh there
+
+
+def recorded(installer: str) -> list[tuple[str, list[str], int]]:
+    """(command, its output lines as the installer printed them, exit status) of each command in the log."""
+    blocks: list[tuple[str, list[str], int]] = []
+    command, lines = "", []
+    for line in (LOGS / f"{installer}-output.txt").read_text().splitlines():
+        if line.startswith("$ "):
+            command, lines = line[2:], []
+        elif line.startswith("[exit ") and command:
+            blocks.append((command, lines, int(line[6:-1])))
+            command = ""
+        elif command:
+            lines.append(line)
+    return blocks
+
+
+#: what the guard must read from each recorded command, the same for both installers: what was installed (or would
+#: be), or the failure's one line
+INSTALLED = [
+    {("python-dateutil", "2.8.2"), ("six", "1.16.0"), ("typing-extensions", "4.12.2")},  # a fresh install
+    {("python-dateutil", "2.9.0.post0"), ("six", "1.17.0")},  # an upgrade
+    {("typing-extensions", "4.11.0")},  # a downgrade
+    {("six", "1.17.0")},  # a reinstall
+    {("idna", "3.10"), ("six", "1.16.0")},  # a dry run
+    {("typing-extensions", "4.13.0rc1")},  # a pre-release
+    {("idna", "3.9")},  # a local wheel
+    set(),  # an uninstall
+]
+FAILED = [
+    "python-dateutil 2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's pins): pin "
+    "python-dateutil to a version made for the base, or drop it",
+    "einopz: no such package or version on the index for this Python and platform (a typo in the recipe or its "
+    "requirements file? the name as the index spells it); see above",
+    "six==9.9: no such package or version on the index for this Python and platform (a typo in the recipe or its "
+    "requirements file? the name as the index spells it); see above",
+    "building cudaext needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA toolkit "
+    "(NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not), or add apt: "
+    "[cuda-toolkit-13-0] (NVIDIA's CUDA apt repository)",
+]
+
+
+def watched(lines: list[str]):
+    """The guard's reading of one command's output, fed as its pump feeds it: each line as printed."""
+    from tests.support import guard_module
+
+    watch = guard_module().Watch()
+    for line in lines:
+        watch.see(line + "\n")
+    return watch
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer):
+    blocks = recorded(installer)
+    assert len(blocks) == len(INSTALLED) + len(FAILED)
+    for (command, lines, code), expected in zip(blocks, INSTALLED, strict=False):
+        assert code == 0, command
+        got = {(name.lower(), version) for name, version in watched(lines).installed}
+        assert got == expected, command
+        assert got or "uninstall" in command, f"nothing read from a real install: {command}"
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, monkeypatch):
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    for (command, lines, code), expected in zip(recorded(installer)[len(INSTALLED) :], FAILED, strict=True):
+        assert code == 1, command
+        watch = watched(lines)
+        assert watch.failure("the base's pins") == expected, command
+        assert not watch.installed, command
+
+
+@pytest.fixture(params=INSTALLERS)
+def framework_step(tmp_path, request):
+    """A base whose framework (fwk) needs numlib>=2 through a dependency of its own (TensorFlow's numpy>=2 through
+    ml-dtypes), and a package that needs numlib<2."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "1.26.4", {"numlib/__init__.py": b""})
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    wheel(folder, "mid", "0.6.0", {"mid/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "fwk", "2.21.0", {"fwk/__init__.py": b""}, ("mid>=0.5",))
+    wheel(folder, "oldapp", "0.9", {"oldapp/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "plugin", "0.8", {"plugin/__init__.py": b""}, ("numlib<2", "fwk"))  # tfmot: numpy<2 and tensorflow
+    return PipStep(tmp_path, folder, ["fwk"], frameworks=("fwk",), installer=request.param)
+
+
+def test_unpinning_what_the_bases_framework_needs_is_not_offered_and_the_need_is_named(framework_step):
+    said = framework_step.failure(framework_step.run(["oldapp"]))
+    assert "pip.unpin: [numlib] cannot help: the base's fwk needs numlib>=2 via mid" in said, said
+    assert "oldapp" in said.split(" needs ")[0] and "let pip move" not in said
+
+
+def test_unpinning_what_the_framework_needs_anyway_fails_the_step_without_a_false_holder(framework_step):
+    said = framework_step.failure(framework_step.run(["plugin"], unpin="numlib\n"))
+    assert "the base holds numlib<" not in said and "the base holds numlib>" not in said, said
+
+
+def test_a_range_in_uvs_conflict_sentence_is_never_named_as_what_the_base_holds():
+    """uv folds two packages' ranges into one sentence once the base's pin is gone (pip.unpin): the second range is
+    another package's requirement, not the base's pin."""
+    from tests.support import guard_module
+
+    watch = guard_module().Watch()
+    for line in (
+        "  x No solution found when resolving dependencies:",
+        "  Because tensorflow-model-optimization==0.8.1 depends on numpy>=1.23,<2.dev0 and numpy>=1.14,<2.dev0, we "
+        "can conclude that tensorflow-model-optimization==0.8.1 cannot be used.",
+    ):
+        watch.see(line)
+    assert "holds numpy>=1.14" not in watch.failure("a freeze of the base's packages")
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tmp_path, installer):
+    """JAX's and PyG's pages are PEP 503 pages of wheel links: what reqfile passes on as `--find-links URL` installs
+    a package that no index has (pyg-lib from data.pyg.org), with uv and with pip."""
+    from tests.fake_index import FakeIndex, Release
+
+    index = FakeIndex("127.0.0.1", {"pagelib": [Release("0.4.0")]})
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    try:
+        step = PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=installer)
+        done = step.run([f"--find-links {index.url}/pagelib/", "pagelib"])
+    finally:
+        index.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert step.pip("show", "pagelib").stdout.splitlines()[1] == "Version: 0.4.0"

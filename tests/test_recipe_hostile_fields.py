@@ -200,17 +200,15 @@ def test_an_index_host_is_ascii(host, tmp_path):
 @pytest.mark.parametrize(
     ("lock", "line", "words"),
     [
-        ("einops==0.8.0\nnvidia-cudnn-cu12==8.9.7.29\n", 2, "nvidia-cudnn-cu12 would replace a CUDA library"),
-        ("cupy-cuda12x==13.0.0\n", 1, "would replace a CUDA library"),
         ("einops==not..a..version\n", 1, "is not a version (PEP 440)"),
         ("einops==0.8.0\nEinops==0.7.0\n", 2, "einops is locked twice (first at line 1)".replace("einops", "Einops")),
         ("einops==0.8.0\r\n-r /etc/passwd\r\n", 2, "not a name==version line"),
         ("torch==2.0.0\n", 1, "torch==2.0.0 conflicts with the base's torch 2.4.0a0+07cecf4"),
     ],
-    ids=["cuda-wheel", "cupy", "bad-version", "duplicate", "option", "framework"],
+    ids=["bad-version", "duplicate", "option", "framework"],
 )
 def test_the_lock_file_is_checked_like_any_input(lock, line, words, tmp_path):
-    """CUDA-library and torch pins, invalid versions and duplicates in the lock all passed."""
+    """Torch pins, invalid versions and duplicates in the lock all passed."""
     from imgbuild.pipeline.plan import make_plan
     from tests.support import fake_inspect, settings
 
@@ -300,3 +298,20 @@ def test_a_recipe_cannot_set_the_loaders_preload(key, tmp_path):
     res = run_cli("validate", str(recipe))
     assert res.code == 2 and f"r.yaml:3:7: env.{key}: " in res.err and "CVE-2025-23266" in res.err, res.err
     assert len(res.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("cuda", ["nvidia-cudnn-cu12==8.9.7.29", "nvidia-cuda-nvcc==13.0.88", "cupy-cuda12x==13.0.0"])
+def test_a_cuda_library_an_older_lock_pinned_is_read_as_the_comment_lock_writes_now(cuda, tmp_path):
+    """Older locks pinned the CUDA libraries a requirement pulls in (jax[cuda13] -> nvidia-cuda-nvcc); they were
+    refused as "would replace a CUDA library of the base", which the base may not even have. The line is read as
+    `imgbuild lock` writes it now: a comment, never a pin the build installs over the base's."""
+    from imgbuild.pipeline.plan import make_plan
+    from tests.support import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE_HEAD + "pip: [einops]\n")
+    (tmp_path / "recipe.lock.txt").write_text(f"einops==0.8.0\n{cuda}\n")
+    loaded = load_recipe(recipe)
+    assert loaded.lock_pins == ("einops==0.8.0",)
+    make_plan(loaded, settings(), fake_inspect)

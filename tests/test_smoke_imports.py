@@ -303,8 +303,10 @@ def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation
     assert failures[0].startswith(
         "xformersish 1.0: import xformersish: it imports, but its compiled extension did not load (WARNING[XFORMERS]"
     )
+    assert "no recipe field changes a binary wheel: drop xformersish" in failures[0]  # not the field that loops
     assert failures[0].endswith(
-        "install the build made for the base's, or build it against the base: add xformersish to pip.no_build_isolation"
+        "the lines `--no-binary xformersish` and `xformersish`, and pip.no_build_isolation: [xformersish] (it "
+        "compiles: a base with a C++ compiler and, for CUDA code, nvcc)"
     )
 
 

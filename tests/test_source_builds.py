@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.pipstep import PipStep, sdist, wheel
+from tests.pipstep import INSTALLERS, PipStep, sdist, wheel
 
 TORCH = "2.13.0a0+07cecf4"
 
@@ -54,9 +54,9 @@ def _index(folder, compile_step: str = "pass"):
     return folder
 
 
-@pytest.fixture
-def step(tmp_path):
-    return PipStep(tmp_path, _index(tmp_path / "index"), ["torch"])
+@pytest.fixture(params=INSTALLERS)
+def step(tmp_path, request):
+    return PipStep(tmp_path, _index(tmp_path / "index"), ["torch"], installer=request.param)
 
 
 def test_a_package_that_builds_against_the_framework_fails_isolated_and_names_the_field_that_cures_it(step):
@@ -71,7 +71,8 @@ def test_a_package_that_builds_against_the_framework_fails_isolated_and_names_th
 def test_the_cure_builds_it_against_the_bases_own_framework(step):
     done = step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "imgbuild: building srcpkg against the base's own packages (pip.no_build_isolation)" in done.stdout
+    if step.installer == "pip":  # pip builds them first, alone; uv per package (--no-build-isolation-package)
+        assert "imgbuild: building srcpkg against the base's own packages (pip.no_build_isolation)" in done.stdout
     built = subprocess.run([str(step.python), "-c", "import srcpkg; print(srcpkg.BUILT_AGAINST)"], capture_output=True)
     assert built.stdout.decode().strip() == TORCH  # the base's torch, not one an isolated build fetched
     assert step.pip("show", "torch").stdout.splitlines()[1] == f"Version: {TORCH}"
@@ -112,7 +113,42 @@ def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path):
     compile_step = 'subprocess.run(["/bin/sh", "-c", "nvcc --version"], env={"PATH": "/nonexistent"}, check=True)'
     step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
-    assert said.startswith("building srcpkg needs CUDA's compiler (nvcc), which the base lacks: build on an NGC")
+    assert said.startswith("building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that")
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_path, installer):
+    """TorchDrug and PyG in miniature: two source builds import the framework. uv is asked again, per package, until
+    the set resolves, and the one line names both; pip has one switch for all builds, so it names the first."""
+    folder = _index(tmp_path / "index")
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["srcpkg", "srcpkg-two"]))
+    said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
+    if installer == "uv":
+        assert said == (
+            "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+            "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
+            "framework"
+        )
+    else:
+        assert said.endswith("to pip.no_build_isolation, so that it builds against the base's own framework")
+    done = step.run(["srcpkg", "srcpkg-two"], **{"no-build-isolation": "srcpkg\nsrcpkg-two\n"})
+    assert done.returncode == 0, done.stdout + done.stderr  # the cure named is the cure that works
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(tmp_path, installer):
+    """Mamba in miniature: causal-conv1d imports torch in its setup.py, then runs nvcc as apex's helper does
+    (Python's FileNotFoundError): the field and the missing nvcc in one line, not two rounds."""
+    nvcc = 'subprocess.check_output(["/opt/no-cuda/bin/nvcc", "-V"])'
+    step = PipStep(tmp_path, _index(tmp_path / "index", nvcc), ["torch"], installer=installer)
+    said = step.failure(step.run(["srcpkg"]))
+    assert said.startswith("building srcpkg imports the base's framework") and "add srcpkg to pip.no_build_isolation"
+    assert said.endswith(
+        "; then building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA "
+        "toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -96,9 +96,13 @@ def _uv(requirement: str, folder: str, env: dict) -> str:
 
 
 def _would_install(line: str, would: list) -> None:
-    found = re.fullmatch(r" \+ ([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
-    if found:
-        would.append([found.group(1), found.group(2), []])
+    """What uv's dry run says it would install, read as the pip step's guard reads every install line (the step's
+    pip_versions.py, written to HERE with the rest of its files)."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from pip_versions import installed_from
+
+    would += [[name, version, []] for name, version in installed_from(line)]
 
 
 def _reported() -> list:

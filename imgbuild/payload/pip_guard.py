@@ -22,17 +22,20 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_index import old_release_line, question  # noqa: E402
+from pip_index import dry_run, old_release_line, question  # noqa: E402
 from pip_versions import (  # noqa: E402
+    admit_together,
     asked_lines,
     canon,
     exact_pin,
     fallback_line,
-    files_in,
+    framework_needs,
     installed_from,
     meets,
     named_specs,
+    pin_sources,
     prerelease_trap,
+    read_names,
 )
 from pip_words import (  # noqa: E402
     BACKTRACK,
@@ -49,6 +52,9 @@ from pip_words import (  # noqa: E402
     UV_DEPENDS,
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
+    UV_REQUIRES,
+    nvcc_cure,
+    spoken,
 )
 
 QUIET_SECONDS = 20
@@ -99,25 +105,23 @@ class Watch:
         self.named = named or {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
         self.last_line = time.monotonic()
 
-    def see(self, line):
+    def see(self, raw):
+        """One line of the installer's output as it printed it: every fact is read from its stripped text, and what
+        was installed from the line as it stands (uv indents those lines; the parser takes either)."""
         self.last_line = time.monotonic()
+        line = raw.strip()
         installing = line.startswith("Installing collected packages") or bool(
             re.match(r"Resolved [0-9]+ packages? in", line)
         )
         self.installing = self.installing or installing
         if found := OTHER_FRAMEWORK.search(line):
             self.other_framework = found.group(1)
-        if found := UV_NEEDS_REFUSED.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-            self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+        self.see_uv(line)
+        lowered = line.lower()
         for kind, words in KINDS:
-            if any(word.lower() in line.lower() for word in words):
+            if any(word.lower() in lowered if isinstance(word, str) else word.search(line) for word in words):
                 self.kinds.add(kind)
-        self.installed += installed_from(line)
+        self.installed += installed_from(raw)
         if found := BUILDING.match(line.strip()):
             self.building = found.group(1)
         self.build_requires = self.build_requires or "`build-system.requires`" in line
@@ -126,6 +130,19 @@ class Watch:
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
         self.see_pip(line)
+
+    def see_uv(self, line):
+        """uv's sentences: who depends on what, and which two requirements of one name exclude each other."""
+        if found := UV_REQUIRES.search(line):
+            self.asked.setdefault(canon(found.group(1)), found.group(1))
+        if found := UV_NEEDS_REFUSED.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
+            key = (found.group(1), canon(found.group(3)))
+            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+            if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
+                self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
 
     def see_pip(self, line):
         """pip's own lines: what it fetched, backtracked through, and said of the conflict."""
@@ -207,6 +224,14 @@ class Watch:
             or any("framework" in w for w in who)
         ):
             return f"pin {package} to a version made for the base, or drop it"
+        named = re.match(NAME, want)
+        wanted = want[named.end() :] if named else ""
+        for framework, chain, spec in framework_needs(dep, read_names(FRAMEWORK_FILE)):
+            if admit_together(wanted, spec) is False:  # moving it would break the framework: no cure
+                return (
+                    f"pin {package} to a version made for the base, or drop it (pip.unpin: [{dep}] cannot help: the "
+                    f"base's {framework} needs {dep}{spec}{f' via {chain}' if chain else ''})"
+                )
         return f"pin {package} to a version made for the base, drop it, or let pip move {dep}: pip.unpin: [{dep}]"
 
     def conflict(self, origin):
@@ -272,41 +297,57 @@ class Watch:
             return self.conflict(origin)
         return self.installing_failure()
 
-    def installing_failure(self):
+    def installing_failure(self, alike=(), then=""):
         """Past resolving: a file that is not the one locked, or a source build that failed (with the cure where
-        the recipe has one), else what pip said."""
+        the recipe has one), else what pip said. `alike`: other packages whose builds need the same cure, named in
+        the same line; `then`: what fails once they are cured (a build tool the base lacks)."""
         if "hash" in self.kinds:
             return (
                 "a file the index served does not match the sha256 the recipe's lock holds for it (the index "
                 "changed a release, or the lock was edited); see above, and run imgbuild lock if the new file is right"
             )
-        what = f"building {self.building}" if self.building else "building a package from source"
-        who = self.building or "the package"
+        names = sorted({n for n in (self.building, *alike) if n})
+        what = f"building {spoken(names)}" if names else "building a package from source"
+        who, many = ", ".join(names) or "the package", len(names) > 1
+        it, builds, asks, imports = ("them", "build", "ask", "import") if many else ("it", "builds", "asks", "imports")
         # built against the base, it will compile here: a base without a compiler is named now, not a round later
         compiler = "" if shutil.which("c++") or shutil.which("g++") else NO_COMPILER
+        then = f"; then {then}" if then else ""
         if self.build_framework:
             return (
-                f"{what} asks for {self.build_framework} in its isolated build environment, which would build it "
-                f"against another {self.build_framework} than the base's: add {who} to pip.no_build_isolation, so "
-                f"that it builds against the base's own{compiler}"
+                f"{what} {asks} for {self.build_framework} in {'their' if many else 'its'} isolated build environment, "
+                f"which would build {it} against another {self.build_framework} than the base's: add {who} to "
+                f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own"
+                f"{compiler}{then}"
             )
         if "isolated" in self.kinds:
             return (
-                f"{what} imports the base's framework, which pip's isolated build environment lacks: add {who} to "
-                f"pip.no_build_isolation, so that it builds against the base's own framework{compiler}"
+                f"{what} {imports} the base's framework, which pip's isolated build environment lacks: add {who} to "
+                f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own "
+                f"framework{compiler}{then}"
             )
+        tool = self.build_tool(what)
+        if tool:
+            return tool
+        if "sdist" in self.kinds:
+            return "building a package from source failed; see the compiler or build output above"
+        return "pip failed; see its output above"
+
+    def build_tool(self, what):
+        """The build tool a source build found missing, named with its cure; "" when none was."""
         if "nvcc" in self.kinds:
-            return (
-                f"{what} needs CUDA's compiler (nvcc), which the base lacks: build on an NGC framework image (they "
-                "carry the CUDA toolkit, CUDA_HOME=/usr/local/cuda), not a runtime or CPU-only base"
-            )
+            return f"{what} needs CUDA's compiler (nvcc), which the base lacks: {nvcc_cure()}"
+        if "ninja" in self.kinds:
+            return f"{what} needs the ninja build program, which the base lacks: add ninja to pip.packages"
         if "headers" in self.kinds:
             return f"{what} needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"  # noqa: E501
         if "compiler" in self.kinds:
             return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
-        if "sdist" in self.kinds:
-            return "building a package from source failed; see the compiler or build output above"
-        return "pip failed; see its output above"
+        return ""
+
+    def needs_the_framework(self):
+        """Whether the failure is a source build asking for the base's framework in its isolated environment."""
+        return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
 
 
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
@@ -358,7 +399,7 @@ def run(command, watch):
         for raw in proc.stdout:
             sys.stdout.buffer.write(raw)
             sys.stdout.flush()
-            watch.see(raw.decode(errors="replace").strip())
+            watch.see(raw.decode(errors="replace"))
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -379,41 +420,6 @@ def run(command, watch):
     return proc.returncode
 
 
-#: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
-#: copy of the base's constraint file, or a freeze) is the base's.
-PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
-PIN_FILES["newest.txt"] = "imgbuild's question (the newest release)"  # pip_index.question's
-PIN_LINE = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(?:\[[^\]]*\])?\s*((?:[<>=!~]=?|===)[^;#\s]*(?:\s*,\s*(?:[<>=!~]=?|===)[^;#\s,]*)*)"
-)
-
-
-def pin_sources(command, origin):
-    """{canonical name: [(spec, who holds it)]} from the -c files in `command`. The framework's pin in
-    constraints.txt is the base's (its image config declares it)."""
-    sources, first = {}, True
-    frameworks = set(read_names(FRAMEWORK_FILE))
-    for path, lines in files_in(command, ("-c", "--constraint")):
-        who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
-        first = False
-        for line in lines:
-            found = PIN_LINE.match(line.strip())
-            if found and found.group(2) != "<0":
-                spec = found.group(1) + found.group(2).replace(" ", "")
-                framework = who == PIN_FILES["constraints.txt"] and canon(found.group(1)) in frameworks
-                holder = "the base's framework (its image config)" if framework else who
-                sources.setdefault(canon(found.group(1)), []).append((spec, holder))
-    return sources
-
-
-def read_names(path):
-    try:
-        with open(path) as handle:
-            return [canon(name) for name in handle.read(1 << 16).split()]
-    except OSError:
-        return []
-
-
 def why_not(command, origin, name, newest):
     """What the resolver says when asked for `name`==`newest` on top of the same install, resolved only: the
     requirement that forced a fallback, as the guard names any conflict; "" when it resolves."""
@@ -422,23 +428,48 @@ def why_not(command, origin, name, newest):
     with tempfile.TemporaryDirectory() as folder:
         asked = question(command, name, newest, folder)
         print(f"imgbuild: asking the resolver why not {name} {newest}", flush=True)
-        watch = Watch(pin_sources(asked, origin))
+        watch = Watch(pin_sources(asked, origin, read_names(FRAMEWORK_FILE)))
         outcome = run(asked, watch)
     return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
 
 
+ALIKE_ROUNDS = 6  # dry runs, each a resolve: the same cure found for up to this many more packages
+
+
+def builds_alike(command, origin, watch):
+    """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
+    they are all built against the base (a build tool the base lacks), or "": found by resolving again, each time
+    with those found so far built against the base (uv: per package; pip has only the global switch, so it finds
+    what comes after, not the others). The user gets one round for one cure."""
+    uv = os.path.basename(command[0]) == "uv"
+    names = [watch.building]
+    for _ in range(ALIKE_ROUNDS):
+        unisolated = [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
+        print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
+        again = Watch(watch.sources, watch.named)
+        outcome = run([*dry_run(command), *unisolated], again)
+        if outcome == 0 or isinstance(outcome, str):
+            break
+        if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
+            names.append(again.building)
+            continue
+        return names[1:], again.build_tool(f"building {again.building or 'a package from source'}")
+    return names[1:], ""
+
+
 def main(argv):
     origin, command = argv[1], argv[2:]
-    from owners import dist_paths, overwritten, owners, protected  # beside this script
+    from owners import dist_paths, other_cuda, overwritten, owners, protected  # beside this script
 
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
-    watch = Watch(pin_sources(command, origin), named)
+    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named)
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
         why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
+        why = why or (other_cuda(watch.installed) if before is not None else "")
         why = why or fallback_line(watch.installed, named)
         why = why or old_release_line(watch.installed, named, command, functools.partial(why_not, command, origin))
         if not why:
@@ -446,6 +477,8 @@ def main(argv):
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
+    if not isinstance(outcome, str) and watch.needs_the_framework():
+        why = watch.installing_failure(*builds_alike(command, origin, watch))
     if watch.backtracking() not in why:  # a conflict that names the package says it already
         why += watch.backtrack_note(origin)
     print(f"imgbuild: pip step failed: {why}", flush=True)

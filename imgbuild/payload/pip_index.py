@@ -282,16 +282,21 @@ def old_release_line(installed, named, command, ask):
     return ""
 
 
-def question(command, name, newest, folder):
-    """The same install, resolved only (no report file written over), with `name`==`newest` asked of it: a
-    constraint file in `folder` named for the guard's holders (newest.txt)."""
+def dry_run(command):
+    """The same install, resolved only: no report file written over, nothing installed."""
     asked, skip = [], False
     for word in command:
         if skip or word == "--report":
             skip = not skip
             continue
         asked.append(word)
+    return asked if "--dry-run" in asked else [*asked, "--dry-run"]
+
+
+def question(command, name, newest, folder):
+    """The same install, resolved only, with `name`==`newest` asked of it: a constraint file in `folder` named for
+    the guard's holders (newest.txt)."""
     path = os.path.join(folder, "newest.txt")
     with open(path, "w") as handle:
         handle.write(f"{name}=={newest}\n")
-    return [*asked, *([] if "--dry-run" in asked else ["--dry-run"]), "-c", path]
+    return [*dry_run(command), "-c", path]

@@ -151,3 +151,28 @@ def protected(hits, paths=None, cuda_version=None):
         f"{name} {version}{by} would overwrite {len(files)} file(s) of the base's {base} {base_version} "
         f"({shown}{more}){others}; the base's files are protected, so this layer is not kept: {cure}"
     )
+
+
+def other_cuda(installed, paths=None, cuda_version=None):
+    """One line when the install added libraries built for another CUDA major than the base's (`installed`: the
+    installer's (name, version) list): faiss-gpu brings nvidia-*-cu12 onto a CUDA 13 base as faiss-gpu-cu12 does,
+    judged by what it brings, not by its name; "" when it did not."""
+    cuda = (cuda_version if cuda_version is not None else os.environ.get("CUDA_VERSION", "")).split(".")[0]
+    if not (cuda.isascii() and cuda.isdigit()):
+        return ""
+    brought = sorted({canon(n) for n, _ in installed if cuda_build(canon(n)) not in (None, cuda)})
+    if not brought:
+        return ""
+    theirs = cuda_build(brought[0])
+    others = {n for n in brought if cuda_build(n) == theirs}
+    needed_by = {n: {canon(w.split()[0]) for w in requirers(n, paths)} for n in others}
+    outside = sorted({w for ws in needed_by.values() for w in ws} - others)  # faiss-gpu: no CUDA in its name
+    roots = sorted(n for n in others if not needed_by[n] & others)  # faiss-gpu-cu12 itself
+    who = ", ".join((outside or roots)[:3])
+    libraries = sorted(others - set(roots)) or roots
+    shown = ", ".join(libraries[:3]) + (f" and {len(libraries) - 3} more" if len(libraries) > 3 else "")
+    return (
+        f"{who} brought CUDA {theirs} libraries ({shown}) beside the base's CUDA {cuda}: its code is built for "
+        f"them, as a package named for CUDA {theirs} is (refused before the build): ask for the CUDA {cuda} build "
+        f"of {who}, or drop it, or use a base with CUDA {theirs}"
+    )

@@ -67,10 +67,36 @@ def meets(version, wanted):
     return True
 
 
+def _edges(wanted):
+    """Release tuples at and around each bound of `wanted` (">=2,<3"): where two ranges can first meet."""
+    found = []
+    for clause in wanted.split(","):
+        matched = CLAUSE.fullmatch(clause)
+        if matched:
+            bound = [int(p) for p in matched.group(2).split(".")]
+            found += [tuple(bound), (*bound, 1), (*bound[:-1], bound[-1] - 1, 999) if bound[-1] else (*bound, 0)]
+    return [release_tuple(".".join(str(max(p, 0)) for p in edge)) for edge in found]
+
+
+def admit_together(first, second):
+    """Whether some release meets both clause lists ("<2.dev0" and ">=2"): True, False, or None when this small
+    reading cannot say (a clause it does not read). A range either meets the other's bounds or lies inside it,
+    so the bounds of both and their neighbours are enough to ask."""
+    first, second = first.replace(".dev0", ""), second.replace(".dev0", "")  # "<2.dev0": below every 2 release
+    answers = [(meets(edge, first), meets(edge, second)) for edge in _edges(first) + _edges(second) + [(0,)]]
+    if any(a is True and b is True for a, b in answers):
+        return True
+    if any(a is None or b is None for a, b in answers) or not answers:
+        return None
+    return False
+
+
 PRE_RELEASE = re.compile(
     r"(?:[0-9.](?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*(?:\.?post[0-9]*)?)?(?:\.?dev[0-9]*)?\Z"
 )
-UV_ADDED = re.compile(r" \+ ([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)")
+#: uv's lines for what it installed (`+`) or reinstalled (`~`), with or without their indent, and the source of a
+#: local or direct-URL one: " + vllm==0.2.5", "~ six==1.17.0", " + idna==3.9 (from file:///wheels/idna-3.9-...whl)"
+UV_ADDED = re.compile(r"\s*[+~] ([A-Za-z0-9][A-Za-z0-9_.-]*)==(\S+)(?: \(from \S+\))?\s*")
 
 
 def is_prerelease(version):
@@ -81,11 +107,11 @@ def is_prerelease(version):
 
 def installed_from(line):
     """(name, version) of what one line of pip's or uv's output says is (or would be) installed."""
-    if found := UV_ADDED.fullmatch(line.rstrip()):
+    if found := UV_ADDED.fullmatch(line):
         return [(found.group(1), found.group(2))]
     for lead in ("Successfully installed ", "Would install "):
-        if line.startswith(lead):
-            return [tuple(word.rsplit("-", 1)) for word in line[len(lead) :].split() if "-" in word]
+        if line.lstrip().startswith(lead):
+            return [tuple(word.rsplit("-", 1)) for word in line.lstrip()[len(lead) :].split() if "-" in word]
     return []
 
 
@@ -146,3 +172,70 @@ def fallback_line(installed, named):
         f"{name} fits the base's pins and the recipe's other packages; pin {name} to a release made for this base, "
         f"or ask for this one by its version ({name}=={version})"
     )
+
+
+def read_names(path):
+    """The canonical names in a file of names (framework.txt), read bounded; none when it cannot be read."""
+    try:
+        with open(path) as handle:
+            return [canon(name) for name in handle.read(1 << 16).split()]
+    except OSError:
+        return []
+
+
+REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?")
+
+
+def framework_needs(dep, frameworks, limit=2000):
+    """(framework, the chain of base distributions through which it needs `dep`, their clauses on it) for each of the
+    base's framework distributions (`frameworks`: framework.txt's names) whose installed requirements reach `dep`:
+    TensorFlow needs numpy>=2 through ml-dtypes. What no extra asks for, read from the base's own metadata, bounded."""
+    import importlib.metadata as md
+
+    found = []
+    for framework in frameworks:
+        seen, queue = {framework}, [(framework, [])]
+        while queue and len(seen) < limit:
+            name, chain = queue.pop(0)
+            try:
+                requires = md.requires(name) or []
+            except (md.PackageNotFoundError, ValueError, OSError):
+                continue
+            for line in requires:
+                req = REQUIREMENT.fullmatch(line)
+                if not req or "extra" in (req.group(3) or ""):
+                    continue
+                child, spec = canon(req.group(1)), req.group(2).replace(" ", "")
+                if child == dep and spec:
+                    found.append((framework, " -> ".join([*chain, name][1:]), spec))
+                elif child not in seen:
+                    seen.add(child)
+                    queue.append((child, chain + [name]))
+    return found
+
+
+#: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
+#: copy of the base's constraint file, or a freeze) is the base's.
+PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
+PIN_FILES["newest.txt"] = "imgbuild's question (the newest release)"  # pip_index.question's
+PIN_LINE = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9_.-]{0,127})(?:\[[^\]]*\])?\s*((?:[<>=!~]=?|===)[^;#\s]*(?:\s*,\s*(?:[<>=!~]=?|===)[^;#\s,]*)*)"
+)
+
+
+def pin_sources(command, origin, frameworks=()):
+    """{canonical name: [(spec, who holds it)]} from the -c files in `command`. The framework's pin in
+    constraints.txt is the base's (its image config declares it): `frameworks`, framework.txt's names."""
+    sources, first = {}, True
+    frameworks = set(frameworks)
+    for path, lines in files_in(command, ("-c", "--constraint")):
+        who = origin if first else PIN_FILES.get(os.path.basename(path), "a constraint file")
+        first = False
+        for line in lines:
+            found = PIN_LINE.match(line.strip())
+            if found and found.group(2) != "<0":
+                spec = found.group(1) + found.group(2).replace(" ", "")
+                framework = who == PIN_FILES["constraints.txt"] and canon(found.group(1)) in frameworks
+                holder = "the base's framework (its image config)" if framework else who
+                sources.setdefault(canon(found.group(1)), []).append((spec, holder))
+    return sources

@@ -3,6 +3,7 @@ about, the conflict it states, and the kinds of failure with the words that say 
 imported by guard.py, beside it.
 """
 
+import os
 import re
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
@@ -27,6 +28,9 @@ UV_DEPENDS_VIA = re.compile(
     rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and "
     rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
 )
+#: uv, on two requirements of one name that exclude each other (the recipe's constraint and its lock): "Because you
+#: require hub-lib<1 and hub-lib==2.4.0, we can conclude ..." (pip: "The user requested hub-lib" and its constraints)
+UV_REQUIRES = re.compile(rf"Because you require ({NAME})\S* and \1\S*, we")
 OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
 #: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
 #: tensorflow and you require tensorflow<0, we can conclude ..."
@@ -48,7 +52,8 @@ MISSING = re.compile(
 #: allows only the base's, which no index has: "Because there is no version of torch==2.13.0a0+07cecf4 and you
 #: require torch==2.13.0a0+07cecf4, we can conclude ..."
 BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) and you require \1==\2,")
-#: (kind, the words in pip's output that say so); the first kind seen wins, in this order.
+#: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
+#: seen wins, in this order.
 KINDS = (
     ("tls", ("SSLError", "CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "invalid peer certificate")),
     (
@@ -84,7 +89,27 @@ KINDS = (
     ("hash", ("DO NOT MATCH THE HASHES", "Hash mismatch for")),  # pip's words, uv's
     # a source build that imports the base's framework, isolated from it (pip.no_build_isolation cures it)
     ("isolated", ("No module named 'torch'", "No module named 'tensorflow'", "No module named 'jax'")),
-    ("nvcc", ("nvcc: not found", "CUDA_HOME environment variable is not set", "/bin/nvcc': No such file")),
+    (
+        "nvcc",
+        (
+            "nvcc: not found",
+            "CUDA_HOME environment variable is not set",
+            "/bin/nvcc': No such file",
+            # Python's words when a setup.py runs `$CUDA_HOME/bin/nvcc -V` (apex's get_cuda_bare_metal_version, which
+            # causal-conv1d, mamba-ssm and flash-attn copy): "FileNotFoundError: [Errno 2] No such file or directory:
+            # '/usr/local/cuda/bin/nvcc'"
+            re.compile(r"No such file or directory: '[^']*/nvcc'"),
+        ),
+    ),
+    (
+        "ninja",
+        (
+            "Ninja is required to load C++ extensions",
+            "ninja: not found",
+            "No such file or directory: 'ninja'",
+            'CMake was unable to find a build program corresponding to "Ninja"',
+        ),
+    ),
     ("headers", ("Python.h: No such file or directory", "fatal error: Python.h")),  # a compiler, no python3-dev
     (
         "compiler",
@@ -116,3 +141,20 @@ KINDS = (
         ("Failed building wheel", "subprocess-exited-with-error", "metadata-generation-failed", "Failed to build"),
     ),
 )
+
+
+def nvcc_cure(environ=None):
+    """A base that carries the toolkit, or NVIDIA's apt package of the base's own CUDA release (CUDA_VERSION)."""
+    found = re.match(
+        r"([0-9]{1,3})\.([0-9]{1,3})", (os.environ if environ is None else environ).get("CUDA_VERSION") or ""
+    )
+    apt = f", or add apt: [cuda-toolkit-{found[1]}-{found[2]}] (NVIDIA's CUDA apt repository)" if found else ""
+    return (
+        "use a base that carries the CUDA toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or "
+        f"CPU-only base does not){apt}"
+    )
+
+
+def spoken(names):
+    """ "a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

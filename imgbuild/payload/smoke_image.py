@@ -907,11 +907,15 @@ def _classify(work: list, results: list, owners: dict | None = None) -> tuple:
                 apt += [p for p in apt_packages(library, name) if p not in apt]
                 failures.append(f"{name} {version}: import {module}: {library} is missing ({hint})")
             elif error.startswith(EXTENSION_ERROR):
+                # a binary wheel: pip.no_build_isolation changes source builds only, and the installer would take
+                # the same wheel again; what works is doing without it, or a source build against the base's own
                 failures.append(
                     f"{name} {version}: import {module}: it imports, but its compiled extension did not load "
-                    f"({error[len(EXTENSION_ERROR) :]}): it was built for another {framework} than the base's; "
-                    f"install the build made for the base's, or build it against the base: add {name} to "
-                    "pip.no_build_isolation"
+                    f"({error[len(EXTENSION_ERROR) :]}): its wheel was built for another {framework} than the "
+                    f"base's, and no recipe field changes a binary wheel: drop {name} (what uses it optionally runs "
+                    f"without it), or build it from source against the base's: a requirements file "
+                    f"(pip.requirements) with the lines `--no-binary {name}` and `{name}`, and pip.no_build_isolation: "
+                    f"[{name}] (it compiles: a base with a C++ compiler and, for CUDA code, nvcc)"
                 )
             elif error.startswith(TIMED_OUT):
                 failures.append(

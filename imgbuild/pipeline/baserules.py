@@ -134,7 +134,7 @@ def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
         return None
 
     def for_base(word: str) -> str:  # the same name or extra, for the base's major: cuda12_pip -> cuda13_pip
-        return CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), word)
+        return for_cuda(word, major)
 
     asked = [(req.name, cuda_build(name), for_base(name))]  # extras match as words after a "-", as names do
     asked += [
@@ -148,11 +148,40 @@ def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
             f"{theirs} libraries beside or over the base's, and its own code is built for them",
             f"ask for the CUDA {major} build ({cure}), or drop it",
         )
-        if shown != req.name:  # an extra: the project is the one asked for
-            return said
+        if shown != req.name:  # an extra: the project is the one asked for, its extra may not exist
+            return (
+                *said,
+                cure,
+                f"{req.name} declares no [{cure[len(req.name) + 1 : -1]}] extra: ask for {req.name} without "
+                f"[{shown[len(req.name) + 1 : -1]}] and, beside it, the CUDA {major} build of each package that extra "
+                "brings, or drop it",
+            )
         lacks = f"the index has no CUDA {major} build of {req.name} ({cure} is not there)"
         return (*said, cure, f"{lacks}: drop it, or use a base with CUDA {theirs}")
     return None
+
+
+def for_cuda(word: str, major: str) -> str:
+    """The same distribution name or extra built for CUDA `major`: cupy-cuda12x -> cupy-cuda13x, cuda12_pip ->
+    cuda13_pip."""
+    return CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), word)
+
+
+def extra_cure(need: str, extras: dict[str, tuple[str, ...]]) -> str:
+    """The cure for an extra the project does not declare (`need`: spacy[cuda13x]), from the extras it does declare
+    (`extras`: {extra: the distributions it brings}): the project, and the CUDA build of the base's major of what its
+    extra for another major brings (spacy and cupy-cuda13x); "" when no declared extra is another major's form."""
+    name, _, wanted = need.rstrip("]").partition("[")
+    major = cuda_build("-" + wanted)
+    newest_first = sorted(extras.items(), key=lambda item: (cuda_build("-" + item[0]) or "").zfill(3), reverse=True)
+    for extra, brings in newest_first:
+        if major and extra != wanted and for_cuda("-" + extra, major)[1:] == wanted and brings:
+            cured = [for_cuda(dist, major) for dist in brings]
+            return (
+                f"{name} declares no [{wanted}] extra: ask for {name} and {', '.join(cured)} (the CUDA {major} build "
+                f"of what its [{extra}] extra brings), or drop it"
+            )
+    return ""
 
 
 def prerelease_conflict(name: str, specifier: str, have: str, ref: str) -> tuple[str, str]:

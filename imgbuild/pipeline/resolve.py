@@ -139,7 +139,8 @@ def plan_recipe(
 
 @contextlib.contextmanager
 def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = False) -> Iterator[None]:
-    """A refusal whose cure names a package not known to exist (the CUDA 13 build of faiss-gpu-cu12) is printed
+    """A refusal whose cure names a package or extra not known to exist (the CUDA 13 build of faiss-gpu-cu12,
+    spacy[cuda13x]) is printed
     with that cure only where the recipe's index has it; with the other cure where it does not; marked unchecked
     where the index cannot be asked."""
     try:
@@ -147,16 +148,18 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
     except RecipeError as err:
         if not any(p.needs for p in err.problems):
             raise
-        from imgbuild.registry.pypi import PYPI, has_project
+        from imgbuild.pipeline.baserules import extra_cure
+        from imgbuild.registry.pypi import PYPI, extras_of, has_need
 
         index = loaded.recipe.pip.index_url or settings.pip_index_url or PYPI
+        verify = settings.pip_ca_bundle or True
         asked: dict[str, bool | None] = {}  # each name once; an index that did not answer is not asked again
         unreachable = offline
 
         def has(name: str) -> bool | None:
             nonlocal unreachable
             if name not in asked:
-                asked[name] = None if unreachable else has_project(index, name, verify=settings.pip_ca_bundle or True)
+                asked[name] = None if unreachable else has_need(index, name, verify=verify)
                 unreachable = unreachable or asked[name] is None
             return asked[name]
 
@@ -164,6 +167,9 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
         for problem in err.problems:
             found = has(problem.needs) if problem.needs else None
             hint = problem.otherwise if found is False else problem.hint
+            if found is False and "[" in problem.needs:  # an extra it lacks: name what its other extra brings
+                extras = extras_of(index, problem.needs.split("[")[0], verify=verify) or {}
+                hint = extra_cure(problem.needs, extras) or hint
             if found is None and problem.needs:
                 hint += f"; the index could not be asked whether it has {problem.needs}"
             problems.append(dataclasses.replace(problem, hint=hint, needs="", otherwise=""))

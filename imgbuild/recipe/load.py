@@ -194,9 +194,9 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
             continue
         seen[key] = number
         if is_cuda_library(key):
-            problems.append(
-                Problem(shown, number, 1, "lock", f"{name} would replace a CUDA library of the base (drop the line)")
-            )
+            # an older imgbuild lock pinned the CUDA libraries a requirement pulls in (jax[cuda13] ->
+            # nvidia-cuda-nvcc); `imgbuild lock` now writes them as comments, installed as the requirement asks:
+            # the line is read as that comment, not refused with words that may not hold
             continue
         pins.append(reqfile.ReqLine(shown, number, line, tuple(hashes)))
     bare = next((pin for pin in pins if not pin.hashes), None)

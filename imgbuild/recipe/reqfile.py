@@ -3,7 +3,8 @@ repository), `\\` continuations, comments, index options, `--hash`, PEP 508 URL 
 
 What pip would do with something that cannot work in an image is refused with the reason: an editable
 install or a local path (the source is not in the build context), a bare URL (no name to check against the
-base's framework), credentials in a URL (they would land in a layer), `--find-links` to a local folder.
+base's framework), credentials in a URL (they would land in a layer), `--find-links` to a local folder (a
+find-links web page is passed on, under an index's rules).
 Messages name FILE:LINE and never echo the line: a requirements file is not ours to print.
 """
 
@@ -78,8 +79,9 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 #: Options pip accepts that cannot work in an image, and why.
 _EDITABLE = "an editable install needs its source in the image: copy it with files: and install it with run:"
-_FIND_LINKS = "--find-links: a folder of wheels is not in the image; publish them to an index (pip.index_url)"
-REFUSED = {"-e": _EDITABLE, "--editable": _EDITABLE, "-f": _FIND_LINKS, "--find-links": _FIND_LINKS}
+_FOLDER = "--find-links: a folder of wheels is not in the image; publish them to an index (pip.index_url)"
+REFUSED = {"-e": _EDITABLE, "--editable": _EDITABLE}
+FIND_LINKS = ("-f", "--find-links")
 NESTING = {"-r": False, "--requirement": False, "-c": True, "--constraint": True}  # option -> constraints?
 INDEX = {"-i": "--index-url", "--index-url": "--index-url", "--extra-index-url": "--extra-index-url"}
 
@@ -129,12 +131,25 @@ class _Reader:
                 _add(self.out.options, f"--trusted-host {value}")
             else:
                 self.bad(where, "--trusted-host: not a host name")
+        elif name in FIND_LINKS:
+            self.find_links(value, where)
         elif name in REFUSED:
             self.bad(where, REFUSED[name])
         elif name in PASS_THROUGH:
             self.pass_through(name, value, where)
         else:
             self.bad(where, f"pip option {name[:40]} is not supported in a requirements file imgbuild installs")
+
+    def find_links(self, value: str, where: tuple[Path, str, int]) -> None:
+        """A web page of links to wheels (PEP 503's form: JAX's jax_releases.html, PyG's data.pyg.org pages) is passed
+        to the installer as it is, under an index's rules (http(s), one word, no credentials); imgbuild never reads
+        it, and the pip step's bounds (resolve time, bytes downloaded) hold for it as for an index. A local folder
+        or file:// is not in the image."""
+        if urlsplit(value).scheme not in ("http", "https"):
+            self.bad(where, _FOLDER)
+            return
+        why = _url_problem(value).replace("an index URL", "a find-links page's URL")
+        self.bad(where, f"--find-links: {why}") if why else _add(self.out.options, f"--find-links {value}")
 
     def nested(self, name: str, value: str, where: tuple[Path, str, int], *, constraint: bool, depth: int) -> None:
         if depth >= MAX_DEPTH:
