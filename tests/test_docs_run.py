@@ -370,7 +370,7 @@ def test_the_ci_examples_settings_are_real_settings_with_valid_values(path):
 def test_the_reaper_unit_sees_the_state_folder_users_write():
     """A unit with PrivateTmp gets a /var/tmp of its own: the reaper would read an empty ledger and queue at every
     run while the default state folder is under /var/tmp."""
-    from imgbuild.servers.ledger import DEFAULT_STATE_DIR
+    from imgbuild.config.site import DEFAULT_STATE_DIR
 
     units = [b for b in BLOCKS if b.lang == "ini" and "imgbuild reap" in b.body and "ExecStart=" in b.body]
     assert units
