@@ -114,3 +114,22 @@ def test_a_new_file_is_written_only_where_nothing_is_not_even_a_dangling_link(tm
     assert not (tmp_path / "elsewhere.yaml").exists() and [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"]
     write_atomic(tmp_path / "new.yaml", "name: y\n", replace=False)
     assert (tmp_path / "new.yaml").read_text() == "name: y\n"
+
+
+@pytest.mark.root("gives a file to another user")
+def test_root_writing_a_users_file_in_a_shared_folder_takes_away_only_what_it_is_told_was_planted(tmp_path):
+    from imgbuild.regular import write_atomic
+
+    shared = tmp_path / "state"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    path = shared / "queue-1234.json"
+    path.mkdir()  # a folder planted at the name root writes
+    (path / "kept").write_text("x")
+    with pytest.raises(IsADirectoryError) as caught:
+        write_atomic(path, b"{}")  # not said to be a shared folder: nothing removed
+    assert caught.value.filename == str(path) and (path / "kept").exists()
+    write_atomic(path, b"{}", mode=0o600, owner=1234, planted=True)
+    info = path.lstat()
+    assert stat.S_ISREG(info.st_mode) and info.st_uid == 1234 and stat.S_IMODE(info.st_mode) == 0o600
+    assert path.read_bytes() == b"{}" and [p.name for p in shared.iterdir()] == ["queue-1234.json"]
