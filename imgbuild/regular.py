@@ -1,6 +1,7 @@
 """Files someone else may have put in the way: opened without following a link or blocking on a FIFO, believed only
 when they are regular files, read only up to a bound. The ledger, the reaper's logs, the queue, the JSON caches,
-a committed context record and a file read as the user acting through sudo all open their files here."""
+a committed context record and a file read as the user acting through sudo all open their files here, and every
+file imgbuild writes whole is written here (whole_file)."""
 
 from __future__ import annotations
 
