@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.regular import read_regular
+from imgbuild.regular import read_regular, write_atomic
 
 FUTURE_SLACK = 5.0  # seconds an entry may seem to come from the future (clock steps between writer and reader)
 
@@ -66,16 +66,9 @@ class JsonCache:
         if self.ttl is not None and self.ttl <= 0:
             return
         path = self.path(key)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        data = json.dumps({"key": key, "value": value}, sort_keys=True)
+        if len(data) > self.max_bytes:
+            return  # kept by no one: it would not be read back
+        with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            data = json.dumps({"key": key, "value": value}, sort_keys=True)
-            if len(data) > self.max_bytes:
-                return  # kept by no one: it would not be read back
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(data)
-            tmp.replace(path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            write_atomic(path, data, mode=0o600)

@@ -295,7 +295,7 @@ class Model(Check):
         bad = False
         for k in value:
             if k not in names:
-                issues.append(Issue((*at, k), "unknown key", _closest(str(k), names), key=True))
+                issues.append(Issue((*at, k), "unknown key", did_you_mean(str(k), names), key=True))
                 bad = True
         out = {}
         for f in fields:
@@ -347,7 +347,8 @@ class Model(Check):
         return out
 
 
-def _closest(word: str, known: list[str]) -> str:
+def did_you_mean(word: str, known: list[str]) -> str:
+    """The hint for an unknown `word`: the closest of `known`, else the list of them (in the order given)."""
     import difflib  # only when there is an unknown key to explain
 
     close = difflib.get_close_matches(word, known, n=1)

@@ -105,11 +105,3 @@ def parse(text: str) -> ImageRef:
 
 def _is_host(first: str) -> bool:
     return "." in first or ":" in first or first == "localhost"
-
-
-def is_reference(text: str) -> bool:
-    try:
-        parse(text)
-    except BadReference:
-        return False
-    return True

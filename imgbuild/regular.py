@@ -1,6 +1,7 @@
 """Files someone else may have put in the way: opened without following a link or blocking on a FIFO, believed only
 when they are regular files, read only up to a bound. The ledger, the reaper's logs, the queue, the JSON caches,
-a committed context record and a file read as the user acting through sudo all open their files here."""
+a committed context record and a file read as the user acting through sudo all open their files here, and every
+file imgbuild writes whole is written here (whole_file)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
+
+T = TypeVar("T")
 
 
 def open_regular(path: Path, flags: int, mode: int = 0o644) -> int | None:
@@ -74,27 +77,74 @@ def clear_planted(path: Path, owner: int = 0) -> None:
             os.unlink(path)
 
 
-def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> None:
-    """`path` replaced whole by `data`: written to a new file beside it (never through a link, never a FIFO), synced,
-    then renamed over it. A kill leaves the old file or the new one, never a half or empty one; a link at `path`
-    is replaced itself, its target untouched. The mode is the old file's, else `mode` (0644)."""
-    payload = data.encode() if isinstance(data, str) else data
+@contextlib.contextmanager
+def whole_file(
+    path: Path, mode: int | None = None, owner: int = 0, replace: bool = True, planted: bool = False
+) -> Iterator[BinaryIO]:
+    """The one way imgbuild writes a file whole: a binary handle on a new file beside `path` (same folder, created
+    O_EXCL, never through a link, never a FIFO) that becomes `path` only when the block ends cleanly: flushed,
+    given its owner and mode, synced, renamed over `path`, and the folder synced, so a kill or a power cut leaves
+    the old file or the new one, never a half or empty one. A link at `path` is replaced itself, its target
+    untouched. An error in the block leaves `path` as it was and no temporary file.
+
+    `mode`: exactly this mode; None keeps the old file's (a user's chmod survives), else 0644. `owner`: the uid
+    root gives the file (a user's own file in a shared folder). `replace=False` writes only where nothing is
+    (a hard link to the name: FileExistsError when anything is there). `planted`: root first removes what
+    someone else put at the name (a folder, a FIFO, a link, another user's file), for a sticky shared folder
+    where only root may take another user's entry away. An OSError of the write itself names `path`."""
     try:
-        keep = stat.S_IMODE(os.lstat(path).st_mode) if not os.path.islink(path) else None
+        old = os.lstat(path)
     except FileNotFoundError:
-        keep = None
+        old = None
+    if mode is None:
+        mode = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644
+    if planted and replace and old is not None and os.geteuid() == 0:
+        clear_planted(path, owner)
     partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        fd = _named(path, os.open, partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-            os.fchmod(handle.fileno(), keep if keep is not None else (mode if mode is not None else 0o644))
-        os.replace(partial, path)
+            yield handle
+            _named(path, _settle, handle, mode, owner)
+        _named(path, os.replace if replace else os.link, partial, path)
+        _named(path, _sync_folder, path.parent)
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
+
+
+def write_atomic(
+    path: Path, data: bytes | str, mode: int | None = None, owner: int = 0, replace: bool = True, planted: bool = False
+) -> None:
+    """`path` replaced whole by `data` (UTF-8 for text), as whole_file writes it."""
+    with whole_file(path, mode, owner, replace, planted) as handle:
+        handle.write(data.encode() if isinstance(data, str) else data)
+
+
+def _named(path: Path, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, its OSError naming `path` (not the temporary file beside it)."""
+    try:
+        return call(*args)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
+
+
+def _settle(handle: BinaryIO, mode: int, owner: int) -> None:
+    """The new file's bytes on disk, its owner and mode set, before it takes the name."""
+    handle.flush()
+    if owner and os.geteuid() == 0:
+        os.fchown(handle.fileno(), owner, -1)
+    os.fchmod(handle.fileno(), mode)
+    os.fsync(handle.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    """The folder's entry for a renamed file made durable (a rename is a change to the folder)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _NamedWriter:

@@ -177,23 +177,44 @@ def test_a_user_without_docker_access_gets_exit_3_naming_the_cause():
         shutil.rmtree(home, ignore_errors=True)
 
 
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "env"]
+
+
+def _python_for_nobody() -> str:
+    """An interpreter of the running one's version that nobody may run: the running one itself, unless it lives
+    where nobody cannot reach it (a pyenv under /root), then the system's of the same version."""
+    import shutil
+    import sys
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    system = "/usr/local/bin:/usr/bin:/bin"
+    candidates = [os.path.realpath(sys.executable), shutil.which(f"python{version}", path=system)]
+    for python in filter(None, candidates):
+        said = subprocess.run([*AS_NOBODY, python, "-c", "import sys; print(sys.version_info[:2])"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        if said.returncode == 0 and said.stdout.strip() == str(sys.version_info[:2]):
+            return python
+    pytest.skip(f"no Python {version} that nobody may run (tried {', '.join(filter(None, candidates))})")
+
+
 def _as_nobody_without_docker(tmp_path: Path) -> None:
-    site = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
+    """The installed copy (the running environment's site-packages, wherever it lives), run as nobody."""
+    import sysconfig
+
+    start = (  # the site folder's .pth files read (an editable install's finder), then `python -m imgbuild`
+        "import runpy, site, sys; site.addsitedir(sys.argv.pop(1)); "
+        "runpy.run_module('imgbuild', alter_sys=True, run_name='__main__')"
+    )
     proc = subprocess.run(
         [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-            "env",
+            *AS_NOBODY,
             f"HOME={tmp_path}",
             f"IMGBUILD_CACHE_DIR={tmp_path}/cache",
-            f"PYTHONPATH={ROOT}:{site}",
             f"IMGBUILD_CONFIG={tmp_path}/config.yaml",
-            "/usr/bin/python3",
-            "-m",
-            "imgbuild",
+            _python_for_nobody(),
+            "-c",
+            start,
+            sysconfig.get_paths()["purelib"],
             "ps",
         ],
         capture_output=True,

@@ -7,7 +7,6 @@ The server is a real HTTP server on 127.0.0.1 that answers each path in one bad 
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import socket
@@ -225,7 +224,7 @@ def test_tags_details_with_the_registry_down_is_an_environment_error(tmp_path):
     assert "unreachable" in result.err
 
 
-# Answers of the wrong shape, for every call: a registry error, never a crash.
+# Answers of the wrong shape, for every call: what the answer holds, or a registry error, never a crash.
 ODD_SHAPES = [
     None,
     5,
@@ -233,7 +232,7 @@ ODD_SHAPES = [
     [],
     {},
     {"tags": 5},
-    {"tags": [1, None, {}]},
+    {"tags": [1, None, {}, "24.05-py3", "x" * 129]},
     {"config": 5},
     {"config": {"digest": 5}},
     {"config": {"digest": "sha256:" + "a" * 64}},
@@ -249,8 +248,24 @@ ODD_SHAPES = [
 ]
 
 
+def _held(shape: object) -> dict[str, object]:
+    """What each call must make of `shape` served for every request: the tags it holds that are tags (a list
+    without any is no tags, never an error), the config digest a manifest names, a blob that is a JSON object
+    as it is, and the image config a valid manifest leads to; anything else a RegistryError."""
+    page = shape.get("tags") if isinstance(shape, dict) else None
+    config = shape.get("config") if isinstance(shape, dict) else None
+    digest = config.get("digest") if isinstance(config, dict) else None
+    valid = isinstance(digest, str) and digest.startswith("sha256:")
+    return {
+        "tags": [t for t in page if isinstance(t, str) and len(t) <= 128] if isinstance(page, list) else [],
+        "manifest": digest if valid else "RegistryError",
+        "blob": shape if isinstance(shape, dict) else "RegistryError",
+        "config": shape if valid else "RegistryError",
+    }
+
+
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=[json.dumps(s)[:40] for s in ODD_SHAPES])
-def test_answers_of_the_wrong_shape_are_registry_errors(shape):
+def test_answers_of_the_wrong_shape_give_what_they_hold_or_a_registry_error(shape):
     from imgbuild.errors import ImgbuildError
     from imgbuild.ngc import describe_config
 
@@ -260,23 +275,31 @@ def test_answers_of_the_wrong_shape_are_registry_errors(shape):
         def do_GET(self) -> None:  # noqa: N802
             self._send(200, body, {"Content-Type": "application/json"})
 
+    def described(blob: dict) -> dict:
+        describe_config(blob)  # a config of any shape is described without a crash
+        return blob
+
     server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host = f"127.0.0.1:{server.server_address[1]}"
     calls = {
         "tags": lambda c: c.tags("x/y"),
         "manifest": lambda c: c.manifest("x/y", "t").config_digest,
-        "blob": lambda c: describe_config(c.blob_json("x/y", "sha256:" + "a" * 64)),
-        "config": lambda c: c.image_config("x/y", "t"),
+        "blob": lambda c: described(c.blob_json("x/y", "sha256:" + "a" * 64)),
+        "config": lambda c: described(c.image_config("x/y", "t")[1]),
     }
+    outcomes: dict[str, object] = {}
     try:
-        for call in calls.values():
+        for name, call in calls.items():
             client = RegistryClient(host, insecure=True, retries=0, timeout=3, command_seconds=5)
-            with contextlib.suppress(ImgbuildError):  # anything else fails the test
-                call(client)
+            try:
+                outcomes[name] = call(client)
+            except ImgbuildError as exc:  # anything else fails the test
+                outcomes[name] = type(exc).__name__
     finally:
         server.shutdown()
         server.server_close()
+    assert outcomes == _held(shape)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import os
+import re
+import stat
+from pathlib import Path
+
 import pytest
 
 
@@ -20,3 +26,110 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
     lines, code = _outcome(caught.value)
     assert lines == ["imgbuild: cannot use /dev/full: No space left on device"] and code == 3
+
+
+# --- a file written whole ---------------------------------------------------------------------------------------
+
+#: Renames and links that are not a file written whole, or that still write one their own way, by path: the count
+#: of `os.replace`/`os.rename`/`os.link` and one-argument `.replace(x)`/`.rename(x)` each file may hold.
+RENAMES_ELSEWHERE = {
+    "regular.py": 2,  # the one writer: os.replace, or os.link for a file written only where nothing is
+    "pipeline/context.py": 3,  # a rendered context folder swapped in whole, and put back on failure
+    "payload/lock_resolve.py": 1,  # a pip --target folder moved into place inside the image (stdlib only)
+    "clusters/oci.py": 1,  # an unpacked bundle folder moved to the name the user gave
+    "servers/usage.py": 2,  # the usage log rotated; write_textfile, still its own writer
+    "clusters/jobs.py": 1,  # a staged data set's tar, still its own writer
+    "servers/reap.py": 1,  # write_whole, still its own writer
+    "servers/ledger.py": 2,  # Ledger._write, still its own writer
+}
+
+
+def _is_rename(node: ast.AST) -> bool:
+    """os.replace, os.rename or os.link named (called or passed), or a one-argument `.replace(x)`/`.rename(x)`
+    (Path's; str.replace takes two, dataclasses.replace keywords)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+        return node.attr in {"replace", "rename", "link"}
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"replace", "rename"}
+        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "os")
+        and len(node.args) == 1
+        and not node.keywords
+    )
+
+
+def test_a_file_is_written_whole_in_one_place():
+    """A new temporary-file-then-rename outside imgbuild.regular fails here: each writer of its own had its own
+    fsync guarantees (a ledger every `run` depends on was never synced)."""
+    package = Path(__file__).resolve().parent.parent / "imgbuild"
+    found = {}
+    for module in sorted(package.rglob("*.py")):
+        text = module.read_text(encoding="utf-8")
+        if not re.search(r"os\.(replace|rename|link)\b|\.(replace|rename)\(", text):
+            continue  # nothing to parse: the scan stays fast
+        count = sum(map(_is_rename, ast.walk(ast.parse(text))))
+        if count:
+            found[module.relative_to(package).as_posix()] = count
+    assert found == RENAMES_ELSEWHERE
+
+
+def test_a_file_written_whole_has_exactly_the_mode_given_and_its_folder_synced(tmp_path, monkeypatch):
+    from imgbuild.regular import write_atomic
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(stat.S_IFMT(os.fstat(fd).st_mode)), real(fd))[1])
+    old_umask = os.umask(0o077)
+    try:
+        write_atomic(tmp_path / "ledger.json", b"{}", mode=0o644)
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "ledger.json").read_bytes() == b"{}"
+    assert stat.S_IMODE((tmp_path / "ledger.json").stat().st_mode) == 0o644  # not the umask's 0600
+    assert synced == [stat.S_IFREG, stat.S_IFDIR]  # the bytes, then the folder's entry for the new name
+    write_atomic(tmp_path / "ledger.json", b"[]", mode=0o600)
+    assert stat.S_IMODE((tmp_path / "ledger.json").stat().st_mode) == 0o600  # the mode given, not the old one
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
+    from imgbuild.regular import whole_file
+
+    path = tmp_path / "queue.json"
+    path.write_text("old\n")
+    with pytest.raises(RuntimeError), whole_file(path) as handle:
+        handle.write(b"half")
+        raise RuntimeError("killed while writing")
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["queue.json"]
+
+
+def test_a_new_file_is_written_only_where_nothing_is_not_even_a_dangling_link(tmp_path):
+    from imgbuild.regular import write_atomic
+
+    link = tmp_path / "recipe.yaml"
+    link.symlink_to(tmp_path / "elsewhere.yaml")
+    with pytest.raises(FileExistsError) as caught:
+        write_atomic(link, "name: x\n", replace=False)
+    assert caught.value.filename == str(link)  # named by the file asked for, not the temporary one beside it
+    assert not (tmp_path / "elsewhere.yaml").exists() and [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"]
+    write_atomic(tmp_path / "new.yaml", "name: y\n", replace=False)
+    assert (tmp_path / "new.yaml").read_text() == "name: y\n"
+
+
+@pytest.mark.root("gives a file to another user")
+def test_root_writing_a_users_file_in_a_shared_folder_takes_away_only_what_it_is_told_was_planted(tmp_path):
+    from imgbuild.regular import write_atomic
+
+    shared = tmp_path / "state"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    path = shared / "queue-1234.json"
+    path.mkdir()  # a folder planted at the name root writes
+    (path / "kept").write_text("x")
+    with pytest.raises(IsADirectoryError) as caught:
+        write_atomic(path, b"{}")  # not said to be a shared folder: nothing removed
+    assert caught.value.filename == str(path) and (path / "kept").exists()
+    write_atomic(path, b"{}", mode=0o600, owner=1234, planted=True)
+    info = path.lstat()
+    assert stat.S_ISREG(info.st_mode) and info.st_uid == 1234 and stat.S_IMODE(info.st_mode) == 0o600
+    assert path.read_bytes() == b"{}" and [p.name for p in shared.iterdir()] == ["queue-1234.json"]

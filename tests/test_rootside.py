@@ -222,7 +222,13 @@ def test_container_variables_go_to_the_cli_as_a_private_file_never_its_environme
     with env_file(env) as (fd, path):
         assert path == f"/dev/fd/{fd}"
         text = os.pread(fd, 4096, 0).decode()
-    assert text.splitlines() == ["HOME=/home/alice", "PATH=/home/alice/bin", "T=s=e=c", "NVIDIA_VISIBLE_DEVICES=void"]
+    assert text.splitlines() == [
+        "HOME=/home/alice",
+        "PATH=/home/alice/bin",
+        "T=s=e=c",
+        "NVIDIA_VISIBLE_DEVICES=void",
+        "CUDA_VISIBLE_DEVICES=",
+    ]
 
 
 def test_the_docker_cli_gets_imgbuilds_environment_and_the_variables_by_file(monkeypatch):

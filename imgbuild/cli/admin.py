@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.cli.queue import say_tried
-
-if TYPE_CHECKING:
-    pass
 
 SECTION = Section("Server admin")
 

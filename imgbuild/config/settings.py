@@ -17,6 +17,7 @@ from typing import Any
 from imgbuild.config.model import NOT_SETTINGS, Settings, setting_kinds
 from imgbuild.config.site import SECTIONS
 from imgbuild.errors import UsageError
+from imgbuild.fields import did_you_mean
 from imgbuild.host import Caller, caller
 
 SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
@@ -175,7 +176,7 @@ def load_settings(
     ]
     known = {f.name: f for f in dataclasses.fields(Settings) if f.name not in (*NOT_SETTINGS, *SECTIONS)}
     problems = [
-        cfg.problem((k,), "unknown setting", _closest(str(k), [*known, *SECTIONS, "fleet"]), key=True)
+        cfg.problem((k,), "unknown setting", did_you_mean(str(k), sorted([*known, *SECTIONS, "fleet"])), key=True)
         for cfg in files
         for k in cfg.data
         if k not in known and k not in SECTIONS and k != "fleet"
@@ -207,13 +208,6 @@ def _where(origin: str, name: str, files: list[ConfigFile]) -> str:
             if pos is not None:
                 return f"{pos.file}:{pos.line}:{pos.col}"
     return origin
-
-
-def _closest(word: str, known: list[str]) -> str:
-    import difflib  # only when there is an unknown key to explain
-
-    close = difflib.get_close_matches(word, known, n=1)
-    return f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
 
 
 def _read_sections(files: list[ConfigFile], problems: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -14,7 +14,7 @@ from typing import Any
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages, engine_time
 from imgbuild.engine.probe import SCRIPT_CACHE, Probe
-from imgbuild.engine.runargs import env_file, run_argv
+from imgbuild.engine.runargs import env_file, hide_gpus, run_argv
 from imgbuild.engine.types import ContainerInfo, RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
@@ -397,7 +397,7 @@ def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
     """A script's environment: with no GPU asked for, none seen either. Where the engine's default runtime is
     nvidia, an NGC image's own NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users'
     included) without any device request."""
-    return {**env, "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""} if gpus is None else dict(env)
+    return dict(hide_gpus(env.items())) if gpus is None else dict(env)
 
 
 def _script_container(

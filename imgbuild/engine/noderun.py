@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from imgbuild.engine.runargs import hide_gpus
 from imgbuild.facts import Label
 from imgbuild.shellwords import shell_words
 
@@ -111,7 +112,8 @@ def docker_prefix(job: NodeRun) -> list[str]:
     # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
     memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
     if not job.gpus:
-        gpus = " -e NVIDIA_VISIBLE_DEVICES=void "
+        opts += [word for key, value in hide_gpus([]) for word in ("-e", f"{key}={value}")]
+        gpus = " "
     else:
         # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
         # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).

@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shlex
+from collections.abc import Iterable
 
 from imgbuild.engine.types import RunOptions
 from imgbuild.errors import UsageError
@@ -95,10 +96,24 @@ def resource_flags(o: RunOptions) -> list[tuple[str, str]]:
     return flags
 
 
+#: How a container is kept from every GPU, whatever the engine's runtime: the NVIDIA runtime (a default `nvidia`
+#: runtime, or an NGC image's own NVIDIA_VISIBLE_DEVICES=all) mounts no device for `void`, and CUDA enumerates
+#: none where a device is there anyway (CDI, a privileged container).
+GPUS_HIDDEN = (("NVIDIA_VISIBLE_DEVICES", "void"), ("CUDA_VISIBLE_DEVICES", ""))
+
+
+def hide_gpus(env: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`env` for a container given no GPU: the one rule every engine path renders (`run`, a script, a Slurm
+    node's docker). The hiding variables replace any of the same name and come last, the last word."""
+    hidden = dict(GPUS_HIDDEN)
+    return [(key, value) for key, value in env if key not in hidden] + list(GPUS_HIDDEN)
+
+
 def container_env(o: RunOptions) -> list[tuple[str, str]]:
     """The container's variables: the given ones, then the GPUs' (the last word on NVIDIA_VISIBLE_DEVICES)."""
-    gpus = ",".join(o.gpus) if o.gpus and o.gpus_by_env else ("void" if not o.gpus else None)
-    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", gpus)] if gpus else [])]
+    if not o.gpus:
+        return hide_gpus(o.env)
+    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", ",".join(o.gpus))] if o.gpus_by_env else [])]
 
 
 def _run_words(o: RunOptions, values: bool) -> list[str]:

@@ -9,7 +9,6 @@ imgbuild never writes a recipe it would refuse.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import UsageError
+from imgbuild.regular import write_atomic
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -159,24 +159,12 @@ def plan_starter(request: InitRequest, settings: Settings) -> Starter:
 
 
 def write_new(path: Path, text: str) -> None:
-    """Write `path` whole, only where nothing is (never over a file, never through a link): a temporary file beside
-    it, then a hard link to the name, which fails if anything is there."""
+    """Write `path` whole, only where nothing is (never over a file, never through a link)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if os.path.lexists(path):
-        raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)")
-    partial = path.with_name(f".{path.name}.{os.getpid()}.init")
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.link(partial, path)
+        write_atomic(path, text, mode=0o644, replace=False)
     except FileExistsError:
         raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)") from None
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink()
 
 
 def start(starter: Starter, settings: Settings) -> Started:

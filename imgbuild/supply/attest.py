@@ -242,15 +242,6 @@ class Signer:
     def public_key(self) -> Any:  # the public half, as `verify` takes it (load_verifier)
         return self._key.public_key()
 
-    def public_pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
-
-        return bytes(
-            self._key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-
 
 _PEM_RE = re.compile(
     r"-----BEGIN ENCRYPTED (COSIGN|SIGSTORE) PRIVATE KEY-----\s+([A-Za-z0-9+/=\s]{1,65536}?)\s+-----END"
