@@ -249,8 +249,10 @@ class ListOrText(Check):
 
 
 class MapOf(Check):
-    def __init__(self, key: Text, value: Check) -> None:
-        self.key, self.value = key, value
+    """A mapping of checked keys to checked values; `pair` judges each key with its value (ValueError says why)."""
+
+    def __init__(self, key: Text, value: Check, pair: Callable[[str, Any], None] | None = None) -> None:
+        self.key, self.value, self.pair = key, value, pair
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if not isinstance(value, dict):
@@ -261,6 +263,12 @@ class MapOf(Check):
         for k, v in value.items():
             checked_key = self.key.check(k, (*at, k), issues, key=True)
             checked = self.value.check(v, (*at, k), issues)
+            if self.pair is not None and checked_key is not _BAD and checked is not _BAD:
+                try:
+                    self.pair(checked_key, checked)
+                except ValueError as exc:
+                    issues.append(Issue((*at, k), str(exc), ""))
+                    checked = _BAD
             bad = bad or checked_key is _BAD or checked is _BAD
             out[checked_key] = checked
         return _BAD if bad else out

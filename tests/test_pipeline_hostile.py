@@ -134,6 +134,33 @@ HOSTILE = [
         "image",
         "site's NGC base",
     ),
+    *[
+        (
+            f"the mirror's base as {spelling}",
+            f"name: x\nimage: {spelling}/nvidia/pytorch:mine\n" + RECIPE_HEAD.split("\n", 1)[1],
+            "image",
+            "site's NGC base",
+        )
+        for spelling in ("REGISTRY.TEST:5000", "registry.test:05000", "Registry.Test:05000")
+    ],  # fmt: skip
+    (
+        "its own base with the default port",
+        "name: x\nimage: lab.example:443/base:v1\nbase: lab.example/base:v1\n",
+        "image",
+        "own base",
+    ),  # fmt: skip
+    (
+        "its own base on loopback by another name",
+        "name: x\nimage: 127.0.0.1:5000/b:v1\nbase: localhost:5000/b:v1\n",
+        "image",
+        "own base",
+    ),  # fmt: skip
+    (
+        "its own base in capitals",
+        "name: x\nimage: LAB.EXAMPLE/base:v1\nbase: lab.example/base:v1\n",
+        "image",
+        "own base",
+    ),  # fmt: skip
     ("its own base, a local image", "name: x\nimage: lab/base:v1\nbase: lab/base:v1\n", "image", "own base"),
     ("its own base, latest spelled two ways", "name: x\nimage: lab/base\nbase: lab/base:latest\n", "image", "own base"),
     (

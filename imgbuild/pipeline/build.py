@@ -381,16 +381,16 @@ def build_platforms(
                      **options)  # fmt: skip
         return PlatformBuilds((made,), "")
     engine = engine or connect_engine(settings)
-    host = engine.host_platform()
-    ordered = [p for p in platforms if p == host] + [p for p in platforms if p != host]
+    own = engine.host_platform()
+    ordered = [p for p in platforms if p == own] + [p for p in platforms if p != own]
     results: list[BuildResult] = []
     for platform in ordered:
-        progress(f"{platform}: building" + ("" if platform == host else " under emulation"))
+        progress(f"{platform}: building" + ("" if platform == own else " under emulation"))
         plan = results[0].plan if results else plan
         made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, loaded=loaded,
                      platform=platform, **options)  # fmt: skip
         results.append(made)
-    return PlatformBuilds(tuple(results), host)
+    return PlatformBuilds(tuple(results), own)
 
 
 def smoke_request(

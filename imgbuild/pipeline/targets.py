@@ -28,7 +28,7 @@ def target_refusal(target: str, base_ref: str, ngc_registry: str) -> str | None:
         return None
     for framework in FRAMEWORKS.values():
         repository = mirror.path[: -len("x")] + framework.repository  # the mirror's own path, if any, first
-        if built.registry == mirror.registry and built.path == repository:
+        if built.identity == mirror.identity and built.path == repository:
             return (
                 f"{target} is the site's NGC base {ngc_registry}/{framework.repository}: every recipe builds on it, "
                 "and a build would replace it"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.credentials import refuse_credential
+from imgbuild.credentials import CREDENTIAL_REFUSAL, named_secret, refuse_credential
 from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
 from imgbuild.fields import Flag, Integer, ListOf, ListOrText, MapOf, Maybe, Model, Number, OneOf, Text, matches, typed
 from imgbuild.fields import show as _show
@@ -265,6 +265,12 @@ def _not_imgbuild(value: str) -> str:
     return value
 
 
+def _no_named_secret(key: str, value: Any) -> None:
+    """`PGPASSWORD: hunter2` under env, args or labels: the name says what the value is, whatever its shape."""
+    if isinstance(value, str) and named_secret(key, value):
+        raise ValueError(f"{key} names a credential, and its value {CREDENTIAL_REFUSAL}")
+
+
 def _gpu_target(value: str) -> str:
     from imgbuild.gpu.fleet import target_rule  # the fleet rules load only for a recipe that names targets
 
@@ -436,10 +442,14 @@ class Recipe:
     run: list[str] = typed(ListOf(ONE_LINE), factory=list)
     files: list[FileSpec] = typed(ListOf(Model(FileSpec)), factory=list)
     workdir: str = typed(OWNED_DIR, "/workspace")
-    env: dict[str, str] = typed(MapOf(ENV_KEY, ENV_VALUE), factory=dict)
-    labels: dict[str, str] = typed(MapOf(Text(_label_key), ONE_LINE), factory=dict)
+    env: dict[str, str] = typed(MapOf(ENV_KEY, ENV_VALUE, _no_named_secret), factory=dict)
+    labels: dict[str, str] = typed(MapOf(Text(_label_key), ONE_LINE, _no_named_secret), factory=dict)
     args: dict[str, str] = typed(
-        MapOf(Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _not_imgbuild), ENV_VALUE),
+        MapOf(
+            Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _not_imgbuild),
+            ENV_VALUE,
+            _no_named_secret,
+        ),
         factory=dict,
     )
     entrypoint: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)
