@@ -142,8 +142,8 @@ class Integer(Check):
 
 
 class Number(Check):
-    def __init__(self, gt: float | None = None) -> None:
-        self.gt = gt
+    def __init__(self, gt: float | None = None, ge: float | None = None) -> None:
+        self.gt, self.ge = gt, ge
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
@@ -154,10 +154,18 @@ class Number(Check):
         if self.gt is not None and not value > self.gt:
             issues.append(Issue(at, f"must be greater than {self.gt:g}", "", key))
             return _BAD
+        if self.ge is not None and not value >= self.ge:
+            issues.append(Issue(at, f"must be {self.ge:g} or more", "", key))
+            return _BAD
         return float(value)
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "number"} if self.gt is None else {"type": "number", "exclusiveMinimum": self.gt}
+        out: dict[str, Any] = {"type": "number"}
+        if self.gt is not None:
+            out["exclusiveMinimum"] = self.gt
+        if self.ge is not None:
+            out["minimum"] = self.ge
+        return out
 
 
 class Flag(Check):
