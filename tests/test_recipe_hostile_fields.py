@@ -402,3 +402,9 @@ def test_the_promoter_makes_only_names_the_model_reserves():
     made += [platform_tag("v1", p) for p in PLATFORMS] + [previous_ref(platform_tag("v1", p)) for p in PLATFORMS]
     assert all(reserved_tag(tag) for tag in made), made
     assert not reserved_tag("v1") and not reserved_tag("24.05-py3")
+
+
+@pytest.mark.parametrize("key", ["A\\nB", "A\\u2028B", "A\\u001b[31mB", "env: x"])
+def test_a_hostile_key_is_named_quoted_on_its_own_line(key, tmp_path):
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + f'env: {{"{key}": x}}\n')
+    assert len(lines) == 1 and " env[" in lines[0] and "\x1b" not in lines[0] and "\u2028" not in lines[0], lines
