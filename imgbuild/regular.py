@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -75,26 +76,97 @@ def clear_planted(path: Path, owner: int = 0) -> None:
 
 
 def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> None:
-    """`path` replaced whole by `data`: written to a new file beside it (never through a link, never a FIFO), synced,
-    then renamed over it. A kill leaves the old file or the new one, never a half or empty one; a link at `path`
-    is replaced itself, its target untouched. The mode is the old file's, else `mode` (0644)."""
+    """`path` replaced whole by `data`: written to a new file in its folder (never through a link, never a FIFO),
+    synced, then renamed over it. A kill leaves the old file or the new one, never a half or empty one, and no
+    debris: the new file has no name while it is written (O_TMPFILE), and a named one that a killed run left is
+    swept by the next write. A link at `path` is replaced itself, its target untouched. The mode is the old file's,
+    else `mode` (0644). Every error names `path` (a full disk's ENOSPC from write or fsync names no file)."""
     payload = data.encode() if isinstance(data, str) else data
     try:
         keep = stat.S_IMODE(os.lstat(path).st_mode) if not os.path.islink(path) else None
     except FileNotFoundError:
         keep = None
+    except OSError as exc:
+        raise named_error(exc, path) from None
+    sweep_partials(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        fd = unnamed_file(path.parent)
+        if fd is None:  # a file system without O_TMPFILE: a named file, swept by the next write if killed
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            named = True
+        else:
+            named = False
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
             os.fchmod(handle.fileno(), keep if keep is not None else (mode if mode is not None else 0o644))
+            if not named:  # a name only now, for the rename right after
+                link_unnamed(handle.fileno(), partial)
         os.replace(partial, path)
+    except OSError as exc:
+        raise named_error(exc, path) from None
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
+
+
+def unnamed_file(folder: Path) -> int | None:
+    """A new file with no name in `folder` (Linux's O_TMPFILE, linkable through /proc), or None where the file
+    system or the platform has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+def link_unnamed(fd: int, path: Path) -> None:
+    """Give the unnamed file `fd` the name `path` (linkat through /proc, following the link to the file; EEXIST
+    when anything is at `path`)."""
+    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+#: What write_atomic names a file while it writes it: `.NAME.PID.HEX.partial`.
+_PARTIAL_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{8}\.partial")
+
+
+def sweep_partials(path: Path) -> None:
+    """Remove what a killed write of `path` left beside it: its `.partial` files whose process is gone."""
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        m = _PARTIAL_RE.fullmatch(name)
+        if m is None or m["name"] != path.name or _alive(int(m["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path.parent / name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def named_error(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` where it names no file."""
+    return exc if exc.filename else OSError(exc.errno, exc.strerror, str(path))
 
 
 class _NamedWriter:

@@ -146,21 +146,36 @@ def plan_starter(
 
 
 def write_new(path: Path, text: str) -> None:
-    """Write `path` whole, only where nothing is (never over a file, never through a link): a temporary file beside
-    it, then a hard link to the name, which fails if anything is there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `path` whole, only where nothing is (never over a file, never through a link): a file with no name
+    (O_TMPFILE; elsewhere a temporary one beside it), then a hard link to the name, which fails if anything is
+    there. A kill leaves nothing behind; every error names the file."""
+    from imgbuild.regular import link_unnamed, named_error, unnamed_file
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise named_error(exc, path.parent) from None
     if os.path.lexists(path):
         raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)")
     partial = path.with_name(f".{path.name}.{os.getpid()}.init")
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        fd = unnamed_file(path.parent)
+        named = fd is None
+        if fd is None:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.link(partial, path)
+            if not named:
+                os.fchmod(handle.fileno(), 0o644)
+                link_unnamed(handle.fileno(), path)
+        if named:
+            os.link(partial, path)
     except FileExistsError:
         raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)") from None
+    except OSError as exc:
+        raise named_error(exc, path) from None
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
