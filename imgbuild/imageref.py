@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from imgbuild import limits
-from imgbuild.registry.identity import DOCKER_HUB, Registry, registry_identity
+from imgbuild.registry_identity import DOCKER_HUB, Registry, registry_identity
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?"

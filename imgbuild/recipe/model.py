@@ -19,7 +19,7 @@ from imgbuild.ngc import FRAMEWORKS
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.platforms import PLATFORMS
 from imgbuild.recipe import reqfile
-from imgbuild.registry.identity import port_number
+from imgbuild.registry_identity import port_number
 from imgbuild.reserved import RESERVED_TAGS_SAID, reserved_folder, reserved_label, reserved_tag
 
 # --- field rules, as data -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgbuild.dockerconfig import read_docker_config
-from imgbuild.registry.identity import is_docker_hub, same_registry
+from imgbuild.registry_identity import is_docker_hub, same_registry
 
 _CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 

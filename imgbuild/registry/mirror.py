@@ -162,8 +162,8 @@ def check_target(host: str) -> str:
 
 def mirror(settings: Settings, req: MirrorRequest, progress: Callable[[str], None] = lambda s: None) -> list[TagCopy]:
     """Copy the selected tags of `req.repository` from the NGC registry to `req.to`."""
-    from imgbuild.registry.identity import same_registry
     from imgbuild.registry.tags import TagCache, list_tags, release_floor, repository_for, select
+    from imgbuild.registry_identity import same_registry
 
     release_floor(req.since)  # a bad --since is a usage error before any request
     target_host = check_target(req.to)

@@ -15,7 +15,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from imgbuild.errors import RegistryError
-from imgbuild.registry.identity import is_loopback as is_loopback  # the client reads it here
+from imgbuild.registry_identity import is_loopback as is_loopback  # the client reads it here
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
