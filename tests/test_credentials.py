@@ -69,6 +69,8 @@ DOORS = [
     ("description", "description: 'uses {s}'\n"),
     ("smoke.run[0]", "smoke: {{run: ['echo {s}']}}\n"),
     ("cmd", "cmd: 'serve {s}'\n"),
+    ("pip.packages[0]", "pip: ['p5 @ https://files.example/{s}/p5-1.0-py3-none-any.whl']\n"),
+    ("pip.index_url", "pip: {{index_url: 'https://pkgs.example/{s}/simple'}}\n"),
 ]
 
 

@@ -282,8 +282,8 @@ _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 # The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
 ONE_LINE = Text(_no_newline, refuse_credential)
 OWNED_DIR = Text(_abs_path, _owned_dir)
-PIP_SPEC = Text(_pip_requirement)
-INDEX_URL = Text(_index_url)
+PIP_SPEC = Text(_pip_requirement, refuse_credential)
+INDEX_URL = Text(_index_url, refuse_credential)
 #: `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
 ENV_VALUE = Text(_no_newline, refuse_credential, numbers=True)
 ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
