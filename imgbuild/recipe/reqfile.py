@@ -219,6 +219,8 @@ def line_fault(line: str) -> str:
     bad = unsafe_character(line, allow_tab=True) or next((c for c in line if c.isspace() and c not in " \t"), None)
     if bad:
         return f"the line holds {describe(bad)}: pip would split it, a reviewer would not see it"
+    if re.search(r"://[^/\s@]+@", line):
+        return ""  # a user or password in a URL: the URL rules refuse it, saying where credentials go instead
     kind = credential_kind(line)
     return f"the line holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}" if kind else ""
 
