@@ -127,6 +127,29 @@ def test_recipes_drawn_from_the_schema_get_one_verdict(tmp_path_factory, data):
     _assert_inside(out)
 
 
+def _field_recipes():
+    """A recipe on a real base whose other fields are each drawn from their own part of the schema: most of these
+    get past the first field, so the rules further in are reached."""
+    from hypothesis_jsonschema import from_schema
+
+    fields = {
+        name: from_schema({"$defs": SCHEMA.get("$defs", {}), **part})
+        for name, part in SCHEMA["properties"].items()
+        if name not in ("name", "base", "extends", "files", "platforms")  # files name the repository's own files
+    }
+    return st.fixed_dictionaries({"name": st.just("demo"), "base": st.just(BASE)}, optional=fields)
+
+
+@FIXED
+@given(data=st.deferred(_field_recipes))
+def test_recipes_with_drawn_fields_get_one_verdict(tmp_path_factory, data):
+    folder = tmp_path_factory.mktemp("fields", numbered=True)
+    (folder / ".git").mkdir()
+    said, done, out = _verdicts(folder, data)
+    _agree(said, done)
+    _assert_inside(out)
+
+
 #: Characters no reader sees or no terminal shows as themselves, by Unicode category.
 HIDDEN = st.characters(categories=["Cc", "Cf", "Co", "Zl", "Zp"], exclude_characters="\t")
 #: Free-text fields: where a value goes in the recipe.
