@@ -83,6 +83,7 @@ PRELOAD = (
     *("importlib.util", "os", "shutil", "stat", "sysconfig", "tempfile", "warnings", "importlib", "jinja2"),
     *("packaging.requirements", "packaging.specifiers", "packaging.tags", "packaging.utils", "packaging.version"),
     *("imgbuild.errors", "imgbuild.fields", "imgbuild.gpu.fleet", "imgbuild.imageref", "imgbuild.ngc", "imgbuild.text"),
+    "imgbuild.credentials",
 )
 
 

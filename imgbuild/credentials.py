@@ -1,40 +1,105 @@
 """What a credential looks like, by its variable's name or its own shape: one home for every check that keeps
-tokens, keys and webhook URLs out of images, histories, messages and contexts (recipe interpolation, recipe
-fields, config errors)."""
+tokens, keys and webhook URLs out of images, histories, messages and contexts (recipe fields, interpolated
+values, requirements lines, what `init` copies from a project, config errors).
+
+Shapes come from a maintained detector set, Yelp's detect-secrets: the patterns of its regex plugins (AWS, Azure
+storage keys, basic-auth URLs, GitHub, GitLab, npm, OpenAI, private keys, PyPI, Slack, Stripe, Twilio, ...) are
+shipped as data (credential_shapes.json, written from the installed package by tests/credential_shapes.py and
+kept current by a test), so checking a recipe imports neither it nor the HTTP library its plugins load. Beside
+them: the issuers it does not know yet, and names by words that need no separator (`PGPASSWORD`, `SSHPASS`).
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+from importlib import resources
 
-#: Names that say "credential" in any CI system's dialect.
+#: Words that say "credential" anywhere in a variable's name, with or without a separator (libpq's PGPASSWORD,
+#: sshpass's SSHPASS, ngrok's NGROK_AUTHTOKEN, Azure's AZURE_STORAGE_CONNECTION_STRING); the short ones (KEY,
+#: SAS, PAT, ...) only as a whole word or a name's end, so MONKEYPATCH and PATH stay plain.
 SECRET_NAME_RE = re.compile(
-    r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|API_?KEY|APIKEY|CREDENTIALS?|"
-    r"PRIVATE_KEY|AUTH|AUTH_CONFIG|JWT|ID_TOKEN|"
-    r"KEY|KEYS|PAT|SSH|WEBHOOK|WEBHOOK_URL|HOOK_URL|DSN|COOKIE|SESSION|SIGNING|CERT_KEY|PASSPHRASE|OTP)(?:_|$)",
+    r"TOKEN(?!IZ)|SECRET|PASSW|(?<!BY)(?<!COM)(?<!SUR)PASS(?!THROUGH|AGE|ENGER)|AUTH(?!OR)|CREDENTIAL|PRIVATE|CONN(?:ECTION)?_?STR"
+    r"|COOKIE|WEBHOOK|HOOK_?URL|SIGNING|JWT"
+    r"|(?:^|_)(?:PAT|OTP|PWD|SSH|SID|SAS|DSN|SESSION|KEYS?)(?:_|$)|(?:KEY|KEYS|SAS)$",
     re.IGNORECASE,
 )
-#: Values that are credentials whatever their variable is called: personal access tokens and API keys by their
-#: issuers' published prefixes (GitHub, GitLab, Hugging Face, Slack, OpenAI-style, AWS access keys, npm, PyPI),
-#: private keys in PEM, and incoming-webhook URLs (Slack, Discord, Teams), whose path is the secret.
-SECRET_VALUE_RE = re.compile(
-    r"(?:\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bglpat-[A-Za-z0-9_-]{16,}"
-    r"|\bgl(?:cbt|dt|rt|soat|ptt)-[A-Za-z0-9_-]{16,}|\bhf_[A-Za-z0-9]{20,}|\bxox[abpors]-[A-Za-z0-9-]{10,}"
+
+
+def secret_name(name: str) -> bool:
+    """Whether a variable called `name` would hold a credential."""
+    return bool(SECRET_NAME_RE.search(name))
+
+
+#: Issuers' published token prefixes that detect-secrets does not know (or knows in one length only): NVIDIA NGC
+#: personal keys, Docker Hub PATs, Google API keys, Replicate, Hugging Face, GitHub fine-grained PATs, GitLab's
+#: token kinds, Slack, OpenAI-style `sk-`, npm, PyPI, AWS, Databricks; Azure SAS signatures; incoming-webhook URLs
+#: (Slack, Discord, Teams), whose path is the secret.
+ISSUER_RE = re.compile(
+    r"\bnvapi-[A-Za-z0-9_-]{16,}|\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}|\bAIza[0-9A-Za-z_-]{30,}"
+    r"|\br8_[A-Za-z0-9]{20,}|\bhf_[A-Za-z0-9]{20,}|\bapi_org_[A-Za-z0-9]{20,}"
+    r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}"
+    r"|\bgl(?:pat|cbt|dt|rt|soat|ptt|ft|imt|agent)-[A-Za-z0-9_-]{16,}|\bxox[abpors]-[A-Za-z0-9-]{10,}"
     r"|\bsk-[A-Za-z0-9_-]{20,}|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b|\bnpm_[A-Za-z0-9]{30,}|\bpypi-[A-Za-z0-9_-]{40,}"
+    r"|\bdapi[0-9a-f]{32}\b|[?&]sig=[A-Za-z0-9%+/=]{20,}"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|hooks\.slack\.com/(?:services|workflows)/|discord(?:app)?\.com/api/webhooks/|\.webhook\.office\.com/)"
+    r"|hooks\.slack\.com/(?:services|workflows)/|discord(?:app)?\.com/api/webhooks/|\.webhook\.office\.com/"
+)
+#: A JSON Web Token: base64url header (`{"` encodes as `eyJ`), payload and signature.
+JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{2,}")
+#: A secret-named variable given a literal in text (`PGPASSWORD=hunter2`, `export TOKEN: abc`): the value is in the
+#: text, whatever it looks like. A reference (`$TOKEN`, `${TOKEN}`) or a path (`TOKEN_FILE=/run/secrets/t`) is not.
+_ASSIGNMENT_RE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*[=:]\s*['\"]?([^\s'\"$/][^\s'\"]{3,})")
+#: detect-secrets plugins that judge randomness or addresses, not credentials: a sha256 pin or a digest is random,
+#: a public IP no secret. Every other regex plugin it ships is used.
+NOT_CREDENTIALS = frozenset(
+    {"Base64 High Entropy String", "Hex High Entropy String", "Public IP (ipv4)", "Secret Keyword"}
 )
 
 
-#: A JSON Web Token: base64url header (`{"` encodes as `eyJ`), payload and signature.
-JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{2,}")
+@functools.cache
+def detector_shapes() -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """(secret type, pattern) of detect-secrets' regex detectors, as shipped in credential_shapes.json."""
+    data = json.loads(resources.files("imgbuild").joinpath("credential_shapes.json").read_text())
+    return tuple((kind, re.compile(pattern, flags)) for kind, pattern, flags in data["shapes"])
+
+
+def credential_kind(text: str) -> str:
+    """What kind of credential `text` holds ("" when none): a detector's name, never the value."""
+    if not text:
+        return ""
+    if ISSUER_RE.search(text):
+        return "an access token or key by its issuer's prefix"
+    if JWT_RE.search(text):
+        return "a JSON Web Token"
+    for name, value in _ASSIGNMENT_RE.findall(text):
+        if secret_name(name) and not value.isdigit() and value.lower() not in ("true", "false", "yes", "no"):
+            return f"a value given to {name}"
+    return next((kind for kind, pattern in detector_shapes() if pattern.search(text)), "")
+
+
+def named_secret(name: str, value: str) -> bool:
+    """A literal under a secret-named key (env, args, labels): a secret unless it is a flag, a number, a path or
+    a reference."""
+    plain = value.strip()
+    return (
+        secret_name(name)
+        and len(plain) >= 6
+        and not plain.startswith(("/", "$", "~", "."))
+        and not plain.replace(".", "").isdigit()
+    )
+
+
+CREDENTIAL_REFUSAL = (
+    "would be in the image and its history; pass it at run time (imgbuild run -e NAME) or as a build secret"
+)
 
 
 def refuse_credential(value: str) -> str:
-    """A recipe field's rule: a token, private key or webhook URL by its shape ends in the image or its history;
-    refused, never shown."""
-    if SECRET_VALUE_RE.search(value) or JWT_RE.search(value):
-        raise ValueError(
-            "holds what looks like a credential (an access token, a private key or a webhook URL): it would be "
-            "in the image and its history; pass it at run time (imgbuild run -e NAME) or as a build secret"
-        )
+    """A recipe field's rule: a token, key, password or webhook URL ends in the image or its history; refused,
+    never shown."""
+    kind = credential_kind(value)
+    if kind:
+        raise ValueError(f"holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}")
     return value

@@ -142,8 +142,8 @@ class Integer(Check):
 
 
 class Number(Check):
-    def __init__(self, gt: float | None = None) -> None:
-        self.gt = gt
+    def __init__(self, gt: float | None = None, ge: float | None = None) -> None:
+        self.gt, self.ge = gt, ge
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
@@ -154,10 +154,18 @@ class Number(Check):
         if self.gt is not None and not value > self.gt:
             issues.append(Issue(at, f"must be greater than {self.gt:g}", "", key))
             return _BAD
+        if self.ge is not None and not value >= self.ge:
+            issues.append(Issue(at, f"must be {self.ge:g} or more", "", key))
+            return _BAD
         return float(value)
 
     def schema(self, defs: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "number"} if self.gt is None else {"type": "number", "exclusiveMinimum": self.gt}
+        out: dict[str, Any] = {"type": "number"}
+        if self.gt is not None:
+            out["exclusiveMinimum"] = self.gt
+        if self.ge is not None:
+            out["minimum"] = self.ge
+        return out
 
 
 class Flag(Check):
@@ -249,8 +257,10 @@ class ListOrText(Check):
 
 
 class MapOf(Check):
-    def __init__(self, key: Text, value: Check) -> None:
-        self.key, self.value = key, value
+    """A mapping of checked keys to checked values; `pair` judges each key with its value (ValueError says why)."""
+
+    def __init__(self, key: Text, value: Check, pair: Callable[[str, Any], None] | None = None) -> None:
+        self.key, self.value, self.pair = key, value, pair
 
     def check(self, value: Any, at: Path, issues: list[Issue], key: bool = False) -> Any:
         if not isinstance(value, dict):
@@ -261,6 +271,12 @@ class MapOf(Check):
         for k, v in value.items():
             checked_key = self.key.check(k, (*at, k), issues, key=True)
             checked = self.value.check(v, (*at, k), issues)
+            if self.pair is not None and checked_key is not _BAD and checked is not _BAD:
+                try:
+                    self.pair(checked_key, checked)
+                except ValueError as exc:
+                    issues.append(Issue((*at, k), str(exc), ""))
+                    checked = _BAD
             bad = bad or checked_key is _BAD or checked is _BAD
             out[checked_key] = checked
         return _BAD if bad else out

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from imgbuild import limits
+from imgbuild.registry_identity import DOCKER_HUB, Registry, registry_identity
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?"
@@ -31,7 +32,6 @@ DIGEST_RE = re.compile(_DIGEST)
 REFERENCE_RE = re.compile(
     rf"(?:(?P<host>{_HOST})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
 )
-DOCKER_HUB = "docker.io"
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class ImageRef:
     def registry(self) -> str:
         """The host to talk to: the written one, or Docker Hub."""
         return self.host or DOCKER_HUB
+
+    @property
+    def identity(self) -> Registry:
+        """The registry by what it is, not how it is written (`REGISTRY.LAB:05000` is `registry.lab:5000`)."""
+        return registry_identity(self.registry)
 
     @property
     def repository(self) -> str:
@@ -68,8 +73,9 @@ class ImageRef:
 
     def normal(self) -> str:
         """A spelling that compares equal for equal images: `ubuntu` == `docker.io/library/ubuntu:latest`."""
-        host = "" if self.registry == DOCKER_HUB else self.registry + "/"
-        path = self.repository.removeprefix("library/") if self.registry == DOCKER_HUB else self.path
+        hub = self.identity.is_docker_hub
+        host = "" if hub else f"{self.identity}/"
+        path = self.repository.removeprefix("library/") if hub else self.path
         return f"{host}{path}:{self.tag or 'latest'}" + (f"@{self.digest}" if self.digest else "")
 
     def __str__(self) -> str:
@@ -100,6 +106,11 @@ def parse(text: str) -> ImageRef:
         path, host = f"{host}/{path}", ""
         if not COMPONENT_RE.fullmatch(path.split("/", 1)[0]):
             raise BadReference(f"not an image reference: {text[:80]!r}")
+    if host:
+        try:
+            registry_identity(host)  # a port the engine reads: 1-65535
+        except ValueError as exc:
+            raise BadReference(f"{exc}: {text[:80]!r}") from None
     return ImageRef(host, path, m["tag"] or "", m["digest"] or "")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -100,12 +101,20 @@ def whole_file(
         mode = stat.S_IMODE(old.st_mode) if old is not None and stat.S_ISREG(old.st_mode) else 0o644
     if planted and replace and old is not None and os.geteuid() == 0:
         clear_planted(path, owner)
+    sweep_partials(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
     try:
-        fd = _named(path, os.open, partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = _named(path, unnamed_file, path.parent)  # no name while written: a kill leaves nothing behind
+        named = fd is None
+        if fd is None:  # a file system without O_TMPFILE: a named file, swept by the next write if killed
+            fd = _named(
+                path, os.open, partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
         with os.fdopen(fd, "wb") as handle:
             yield handle
             _named(path, _settle, handle, mode, owner)
+            if not named:  # a name only now, for the rename right after
+                _named(path, link_unnamed, handle.fileno(), partial)
         _named(path, os.replace if replace else os.link, partial, path)
         _named(path, _sync_folder, path.parent)
     finally:
@@ -145,6 +154,63 @@ def _sync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def unnamed_file(folder: Path) -> int | None:
+    """A new file with no name in `folder` (Linux's O_TMPFILE, linkable through /proc), or None where the file
+    system or the platform has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+def link_unnamed(fd: int, path: Path) -> None:
+    """Give the unnamed file `fd` the name `path` (linkat through /proc, following the link to the file; EEXIST
+    when anything is at `path`)."""
+    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+#: What write_atomic names a file while it writes it: `.NAME.PID.HEX.partial`.
+_PARTIAL_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]{1,10})\.[0-9a-f]{8}\.partial")
+
+
+def sweep_partials(path: Path) -> None:
+    """Remove what a killed write of `path` left beside it: its `.partial` files whose process is gone."""
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        m = _PARTIAL_RE.fullmatch(name)
+        if m is None or m["name"] != path.name or _alive(int(m["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path.parent / name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def named_error(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` where it names no file."""
+    return exc if exc.filename else OSError(exc.errno, exc.strerror, str(path))
 
 
 class _NamedWriter:

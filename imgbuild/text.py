@@ -1,9 +1,10 @@
 """What untrusted text may hold, in one place: refused by Unicode category, not by a list of bad bytes.
 
 Free text (a description, an env value, a `run:` command) is one line a reviewer reads as it runs: no control
-character (Cc, C0 and C1, so no newline, NUL, ESC or NEL; a TAB only where a field allows it), no
-bidirectional control (the Cf characters of "Trojan Source", which make a reviewer see other text than
-what runs), no line or paragraph separator (Zl, Zp). Text that reaches a pip file or a URL is a token: ASCII,
+character (Cc, C0 and C1, so no newline, NUL, ESC or NEL; a TAB only where a field allows it), no format
+character (Cf: the bidirectional controls of "Trojan Source", which make a reviewer see other text than what
+runs, and the invisible ones: zero-width spaces, word joiners, tag characters), no surrogate, private-use or
+unassigned code point, no line or paragraph separator (Zl, Zp). Text that reaches a pip file or a URL is a token: ASCII,
 no white space at all (pip splits option lines on it: a TAB in an index URL became `-r /etc/passwd`).
 """
 
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import unicodedata
 
-#: Cf characters that reorder text on screen (Unicode's bidi controls).
-BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+#: What free text may not hold, by Unicode category: controls (Cc), format characters (Cf: the bidi controls,
+#: zero-width spaces and joiners, U+2060 WORD JOINER, U+FEFF, the tag characters that hide text from a reader),
+#: surrogates (Cs, not text), private-use and unassigned code points (Co, Cn: no reader can know what they show),
+#: line and paragraph separators (Zl, Zp).
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def unsafe_character(value: str, allow_tab: bool = False) -> str | None:
@@ -20,8 +24,7 @@ def unsafe_character(value: str, allow_tab: bool = False) -> str | None:
     for char in value:
         if char == "\t" and allow_tab:
             continue
-        category = unicodedata.category(char)
-        if category in ("Cc", "Zl", "Zp") or char in BIDI_CONTROLS:
+        if unicodedata.category(char) in REFUSED_CATEGORIES:
             return char
     return None
 

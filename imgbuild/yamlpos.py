@@ -5,6 +5,8 @@ Scalars keep YAML's types, except floats: `tag: 24.10` must stay the text "24.10
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,10 +60,20 @@ class Located:
         return Problem(pos.file, pos.line, pos.col, field, message, hint)
 
 
+#: A key shown as it is in a field's name; any other (white space, a control, a colon, another script) is shown
+#: quoted and escaped, ASCII only, so a key can neither break the problem's line nor pose as another field.
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@+-]{0,79}")
+
+
 def dotted(path: PathKey) -> str:
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(str(part)):
+            out += f".{part}" if out else str(part)
+        else:
+            out += f"[{json.dumps(str(part)[:80])}]"
     return out
 
 

@@ -8,6 +8,7 @@ from imgbuild.engine.types import ContainerInfo
 from imgbuild.host import Caller, caller
 from imgbuild.imageref import BadReference, parse
 from imgbuild.recipe import secret_variable
+from imgbuild.registry_identity import registry_identity, same_registry
 from imgbuild.servers.containers import check_owner, find_container
 
 # (text, registry, repository, reference, normal form)
@@ -22,7 +23,7 @@ GOOD_REFERENCES = [
         "127.0.0.1:5000",
         "nvidia/pytorch",
         "24.05-py3",
-        "127.0.0.1:5000/nvidia/pytorch:24.05-py3",
+        "localhost:5000/nvidia/pytorch:24.05-py3",
     ),
     ("localhost/x", "localhost", "x", "latest", "localhost/x:latest"),
     ("a__b/c-d.e_f:T_1.x-y", "docker.io", "a__b/c-d.e_f", "T_1.x-y", "a__b/c-d.e_f:T_1.x-y"),
@@ -44,6 +45,8 @@ BAD_REFERENCES = [
     "x:" + "t" * 129,
     "a/" * 130 + "b",
     "host:99999999/x",
+    "host:65536/x",
+    "host:0/x",
 ]
 
 
@@ -58,6 +61,101 @@ def test_references_parse_like_docker(text, registry, repository, reference, nor
 def test_bad_references_are_refused_whole(text):
     with pytest.raises(BadReference):
         parse(text)
+
+
+#: Spellings of one registry: case, a zero-padded or default port, Docker Hub's names, this machine's names.
+SAME_REGISTRY = [
+    ("REGISTRY.LAB.EXAMPLE:5000", "registry.lab.example:5000"),
+    ("registry.lab.example:05000", "registry.lab.example:5000"),
+    ("nvcr.io:443", "NVCR.IO"),
+    ("lab.example:80", "lab.example"),
+    ("index.docker.io", "docker.io"),
+    ("registry-1.docker.io:443", "docker.io"),
+    ("registry.hub.docker.com", "DOCKER.IO"),
+    ("localhost:5000", "127.0.0.1:5000"),
+    ("[::1]:5000", "localhost:05000"),
+    ("LOCALHOST:5000", "127.0.0.1:5000"),
+]
+OTHER_REGISTRY = [
+    ("registry.lab.example:5000", "registry.lab.example:5001"),
+    ("registry.lab.example", "registry.lab.example:5000"),
+    ("lab.example", "lab.example.org"),
+    ("localhost:5000", "10.0.0.1:5000"),
+    ("docker.io", "docker.io.evil.example"),
+    ("host:99999", "host:99999"),  # names no registry: matches nothing, itself included
+]
+
+
+@pytest.mark.parametrize("a,b", SAME_REGISTRY)
+def test_one_registry_by_any_spelling_is_one_identity(a, b):
+    assert same_registry(a, b) and same_registry(b, a)
+    if "[" not in a:  # a reference's host has no IPv6 literal (Docker's grammar)
+        assert parse(f"{a}/lab/x:v1").normal() == parse(f"{b}/lab/x:v1").normal()
+
+
+@pytest.mark.parametrize("a,b", OTHER_REGISTRY)
+def test_other_registries_stay_apart(a, b):
+    assert not same_registry(a, b)
+
+
+@pytest.mark.parametrize("port", ["65536", "0", "\u0665000", "-1"])
+def test_a_port_is_ascii_digits_within_range(port):
+    with pytest.raises(ValueError):
+        registry_identity(f"lab.example:{port}")
+
+
+def _host_comparisons(path):
+    """Lines of `path` that compare a registry or host by its spelling (==, !=, in, not in)."""
+    import ast
+    import re
+
+    hostish = re.compile(r"(?:^|_)(?:host|hosts|hostname|netloc|registry|registries)$", re.IGNORECASE)
+
+    def named(node):
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            return node.attr
+        if isinstance(node, ast.Call | ast.Subscript):
+            return named(node.func if isinstance(node, ast.Call) else node.value)
+        return ""
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Compare)
+            and any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops)
+            and any(hostish.search(named(side)) for side in (node.left, *node.comparators))
+        ):
+            yield f"{path}:{node.lineno}: {ast.unparse(node)[:100]}"
+
+
+def test_registries_are_compared_by_their_identity_only():
+    """Any comparison of a host or registry by its spelling outside the identity module is a second rule that a
+    second spelling (capitals, :05000, :443, 127.0.0.1 for localhost) passes."""
+    from pathlib import Path
+
+    import imgbuild
+
+    root = Path(imgbuild.__file__).parent
+    exempt = {
+        root / "registry_identity.py",  # the rule itself
+        # exact spellings that fail closed: a redirect off the host asked drops the credentials, and a key or plain
+        # HTTP is given only to the spelling configured
+        root / "registry" / "client.py",
+    }
+    found = [
+        line
+        for path in sorted(root.rglob("*.py"))
+        if path not in exempt and root / "payload" not in path.parents  # payload runs inside images, without imgbuild
+        for line in _host_comparisons(path)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_source_scan_finds_a_comparison_by_spelling(tmp_path):
+    code = tmp_path / "m.py"
+    code.write_text("def f(ref, settings):\n    return ref.registry == settings.ngc_registry\n")
+    assert [line.split(": ", 1)[1] for line in _host_comparisons(code)] == ["ref.registry == settings.ngc_registry"]
 
 
 # (environment as root, expected caller)

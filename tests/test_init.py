@@ -151,6 +151,23 @@ def test_a_pyprojects_dependencies_are_listed(project, monkeypatch):
     assert loaded.recipe.pip.packages == ["einops>=0.8", "rich"] and loaded.recipe.base.framework == "tensorflow"
 
 
+def test_a_dependency_dollar_stays_a_dollar_and_never_reads_the_environment(project, registry):
+    """pyproject text is never interpolated, the recipe is: init writes a copied `$` as `$$`."""
+    url = "https://files.lab.example/${WHEEL_DIR}/p5pkg-1.0-py3-none-any.whl"
+    (project / "pyproject.toml").write_text(f'[project]\nname = "x"\ndependencies = ["p5pkg @ {url}"]\n')
+    assert run_cli("init", "demo", "--from", "pyproject.toml", cwd=project).code == 0
+    loaded = load_recipe(project / "recipes" / "demo.yaml", environ={"WHEEL_DIR": "from-the-environment"})
+    assert loaded.recipe.pip.packages == [f"p5pkg @ {url}"]
+
+
+def test_a_dependency_holding_a_credential_is_refused_before_anything_is_written(project, registry):
+    dep = "p5pkg @ https://files.lab.example/nvapi-" + "k" * 40 + "/p5pkg-1.0-py3-none-any.whl"
+    (project / "pyproject.toml").write_text(f'[project]\nname = "x"\ndependencies = ["{dep}"]\n')
+    done = run_cli("init", "demo", "--from", "pyproject.toml", cwd=project)
+    assert done.code == 2 and "dependencies[0]" in done.err and "k" * 40 not in done.err, done.err
+    assert not (project / "recipes" / "demo.yaml").exists()
+
+
 @pytest.mark.parametrize("ci", ["github", "gitlab"])
 def test_the_ci_workflow_installs_imgbuild_from_a_named_source_and_checks_the_recipe(project, registry, ci):
     done = run_cli("init", "demo", "--ci", ci, cwd=project)

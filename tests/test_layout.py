@@ -40,6 +40,8 @@ LEVELS: list[set[str]] = [
         "credentials",
         "shellwords",
         "platforms",
+        "registry_identity",
+        "reserved",
     }
     | {"cache"},
     {"gpu"},  # GPUs without Docker

@@ -134,6 +134,33 @@ HOSTILE = [
         "image",
         "site's NGC base",
     ),
+    *[
+        (
+            f"the mirror's base as {spelling}",
+            f"name: x\nimage: {spelling}/nvidia/pytorch:mine\n" + RECIPE_HEAD.split("\n", 1)[1],
+            "image",
+            "site's NGC base",
+        )
+        for spelling in ("REGISTRY.TEST:5000", "registry.test:05000", "Registry.Test:05000")
+    ],  # fmt: skip
+    (
+        "its own base with the default port",
+        "name: x\nimage: lab.example:443/base:v1\nbase: lab.example/base:v1\n",
+        "image",
+        "own base",
+    ),  # fmt: skip
+    (
+        "its own base on loopback by another name",
+        "name: x\nimage: 127.0.0.1:5000/b:v1\nbase: localhost:5000/b:v1\n",
+        "image",
+        "own base",
+    ),  # fmt: skip
+    (
+        "its own base in capitals",
+        "name: x\nimage: LAB.EXAMPLE/base:v1\nbase: lab.example/base:v1\n",
+        "image",
+        "own base",
+    ),  # fmt: skip
     ("its own base, a local image", "name: x\nimage: lab/base:v1\nbase: lab/base:v1\n", "image", "own base"),
     ("its own base, latest spelled two ways", "name: x\nimage: lab/base\nbase: lab/base:latest\n", "image", "own base"),
     (
@@ -255,3 +282,22 @@ def test_a_hostile_recipe_is_one_line_and_exit_2_from_the_command(tmp_path):
         env={"IMGBUILD_NGC_REGISTRY": "registry.test:5000"},
     )
     assert done.code == 2 and "site's NGC base" in done.err and not (tmp_path / "out").exists(), done.err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'name: x\nimage: REGISTRY.TEST:05000/nvidia/pytorch:mine\nbase: {framework: pytorch, tag: "24.05"}\n',
+        'name: x\nimage: registry.test:5000/nvidia/pytorch:24.05-py3\nbase: {framework: pytorch, tag: "24.*"}\n',
+        "name: x\nimage: lab.example:443/base:v1\nbase: lab.example/base:v1\n",
+    ],
+    ids=["the mirror's base in another spelling", "the base a pattern resolves to", "its own base"],
+)
+def test_validate_refuses_a_protected_target_as_render_does(text, tmp_path):
+    """Both decide with no registry: `validate` on a host that never read the base says what `render` says."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(text)
+    env = {"IMGBUILD_NGC_REGISTRY": "registry.test:5000"}
+    said = [run_cli(*args, "r.yaml", cwd=tmp_path, env=env) for args in (["validate"], ["render", "--offline"])]
+    assert [done.code for done in said] == [2, 2], [done.err for done in said]
+    assert all("r.yaml:2:" in done.err and " image: " in done.err for done in said), [done.err for done in said]

@@ -142,10 +142,16 @@ def test_which_engine_auto_picks(monkeypatch, engine, docker_host, docker_socket
     monkeypatch.setattr(
         shutil, "which", lambda name: "/usr/bin/podman" if podman_installed and name == "podman" else None
     )
-    monkeypatch.setattr(eng.Engine, "connect", classmethod(lambda cls, cli: "docker"))
-    monkeypatch.setattr(podman.PodmanEngine, "connect_podman", classmethod(lambda cls, socket: "podman"))
+    swept: list[str] = []
+
+    def connected(name):
+        return SimpleNamespace(name=name, containers=SimpleNamespace(sweep_orphans=lambda: swept.append(name)))
+
+    monkeypatch.setattr(eng.Engine, "connect", classmethod(lambda cls, cli: connected("docker")))
+    monkeypatch.setattr(podman.PodmanEngine, "connect_podman", classmethod(lambda cls, socket: connected("podman")))
     settings = SimpleNamespace(engine=engine, docker_cli=None, podman_socket=None)
-    assert eng.connect_engine(settings) == picked
+    assert eng.connect_engine(settings).name == picked
+    assert swept == [picked]  # a killed run's smoke container goes with the next command that connects
 
 
 @pytest.mark.parametrize(

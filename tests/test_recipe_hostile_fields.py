@@ -315,3 +315,103 @@ def test_a_cuda_library_an_older_lock_pinned_is_read_as_the_comment_lock_writes_
     loaded = load_recipe(recipe)
     assert loaded.lock_pins == ("einops==0.8.0",)
     make_plan(loaded, settings(), fake_inspect)
+
+
+#: Characters a reader never sees, by Unicode category: format (Cf), private use (Co), unassigned (Cn).
+INVISIBLE = {
+    "zero-width-space": "\u200b",
+    "word-joiner": "\u2060",
+    "byte-order-mark": "\ufeff",
+    "tag-letter": "\U000e0041",
+    "soft-hyphen": "\u00ad",
+    "private-use": "\ue000",
+    "unassigned": "\u0378",
+}
+
+
+@pytest.mark.parametrize("char", INVISIBLE, ids=list(INVISIBLE))
+@pytest.mark.parametrize("field", ["description", "run[0]", "labels.note"])
+def test_free_text_refuses_what_a_reader_cannot_see(field, char, tmp_path):
+    value = json.dumps(f"echo safe{INVISIBLE[char]}text", ensure_ascii=False)  # as the file holds it
+    text = {
+        "description": f"description: {value}\n",
+        "run[0]": f"run: [{value}]\n",
+        "labels.note": f"labels: {{note: {value}}}\n",
+    }
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + text[field])
+    assert any(f" {field}: " in ln and "U+" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("user: {name: u, uid: 999}\n", "user.uid"),
+        ("user: {name: u, uid: 1}\n", "user.uid"),
+        ("user: {name: u, gid: 100}\n", "user.gid"),
+    ],
+)
+def test_a_system_uid_or_gid_is_refused_by_validate_and_render(text, field, tmp_path):
+    from tests.conftest import run_cli
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(RECIPE_HEAD + text)
+    for args in (["validate", "r.yaml"], ["render", "--offline", "r.yaml", "-o", "out"]):
+        done = run_cli(*args, cwd=tmp_path, env={"IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"})
+        assert done.code == 2 and f"{field}: " in done.err and "system ID" in done.err, (args, done.err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_site_may_lower_the_id_floor(tmp_path):
+    from imgbuild.pipeline.plan import make_plan
+    from tests.support import fake_inspect, settings
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(RECIPE_HEAD + "user: {name: u, uid: 500, gid: 500}\n")
+    plan = make_plan(load_recipe(tmp_path / "r.yaml"), settings(min_image_id=500), fake_inspect)
+    assert (plan.uid, plan.gid) == (500, 500)
+
+
+@pytest.mark.parametrize("value", ["0.5", "0.999"])
+def test_a_speedup_floor_below_one_is_refused(value, tmp_path):
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + f"smoke: {{min_speedup: {value}}}\n")
+    assert any(" smoke.min_speedup: " in ln and "1 or more" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        # ports the engine and pip read: 1-65535
+        ('pip: {trusted_hosts: ["pypi.example:65536"]}\n', "pip.trusted_hosts[0]"),
+        ('pip: {trusted_hosts: ["pypi.example:0"]}\n', "pip.trusted_hosts[0]"),
+        ("image: lab.example:99999/x:v1\n", "image"),
+        # names imgbuild keeps for itself: its tags, its folder, its labels
+        ("tag: v1-arm64\n", "tag"),
+        ("tag: v1-amd64\n", "tag"),
+        ("tag: v1-arm64-previous\n", "tag"),
+        ("image: lab/x:v1-arm64\n", "image"),
+        ("workdir: /opt/imgbuild\n", "workdir"),
+        ("user: {name: u, home: /opt/imgbuild/home}\n", "user.home"),
+        ("labels: {org.opencontainers.image.base.digest: 'sha256:00'}\n", "labels"),
+        ("labels: {org.opencontainers.image.base.name: 'nvcr.io/x'}\n", "labels"),
+        ("labels: {org.imgbuild.input-hash: 'sha256:00'}\n", "labels"),
+    ],
+)
+def test_out_of_range_ports_and_names_imgbuild_keeps_are_refused_at_their_field(text, field, tmp_path):
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + text)
+    assert any(f" {field}" in ln for ln in lines), lines
+
+
+def test_the_promoter_makes_only_names_the_model_reserves():
+    from imgbuild.platforms import PLATFORMS
+    from imgbuild.reserved import CANDIDATE_PREFIX, platform_tag, previous_ref, reserved_tag
+
+    made = [previous_ref("v1"), f"{CANDIDATE_PREFIX}123.4.5"]
+    made += [platform_tag("v1", p) for p in PLATFORMS] + [previous_ref(platform_tag("v1", p)) for p in PLATFORMS]
+    assert all(reserved_tag(tag) for tag in made), made
+    assert not reserved_tag("v1") and not reserved_tag("24.05-py3")
+
+
+@pytest.mark.parametrize("key", ["A\\nB", "A\\u2028B", "A\\u001b[31mB", "env: x"])
+def test_a_hostile_key_is_named_quoted_on_its_own_line(key, tmp_path):
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + f'env: {{"{key}": x}}\n')
+    assert len(lines) == 1 and " env[" in lines[0] and "\x1b" not in lines[0] and "\u2028" not in lines[0], lines

@@ -33,7 +33,8 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
 #: Renames and links that are not a file written whole, or that still write one their own way, by path: the count
 #: of `os.replace`/`os.rename`/`os.link` and one-argument `.replace(x)`/`.rename(x)` each file may hold.
 RENAMES_ELSEWHERE = {
-    "regular.py": 2,  # the one writer: os.replace, or os.link for a file written only where nothing is
+    "regular.py": 3,  # the one writer: os.replace, or os.link for a file written only where nothing is; the
+    # unnamed (O_TMPFILE) file given its name through /proc
     "pipeline/context.py": 3,  # a rendered context folder swapped in whole, and put back on failure
     "payload/lock_resolve.py": 1,  # a pip --target folder moved into place inside the image (stdlib only)
     "clusters/oci.py": 1,  # an unpacked bundle folder moved to the name the user gave
@@ -133,3 +134,65 @@ def test_root_writing_a_users_file_in_a_shared_folder_takes_away_only_what_it_is
     info = path.lstat()
     assert stat.S_ISREG(info.st_mode) and info.st_uid == 1234 and stat.S_IMODE(info.st_mode) == 0o600
     assert path.read_bytes() == b"{}" and [p.name for p in shared.iterdir()] == ["queue-1234.json"]
+
+
+def _full_disk(*args, **kwargs):
+    import errno
+    import os
+
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("writer", ["write_atomic", "write_new"])
+def test_a_full_disk_under_any_written_file_names_the_file(writer, tmp_path, monkeypatch):
+    """fsync's and write's ENOSPC name no file: merge-reports' JUnit file, bump's recipe, init's recipe did not."""
+    import os
+
+    from imgbuild.cli import _outcome
+    from imgbuild.pipeline.starter import write_new
+    from imgbuild.regular import write_atomic
+
+    target = tmp_path / "report.xml"
+    monkeypatch.setattr(os, "fsync", _full_disk)
+    with pytest.raises(OSError) as caught:
+        (write_atomic if writer == "write_atomic" else write_new)(target, "<testsuites/>")
+    lines, code = _outcome(caught.value)
+    assert lines == [f"imgbuild: cannot use {target}: No space left on device"] and code == 3
+    assert os.listdir(tmp_path) == []  # nothing half-written, no temporary file
+
+
+def test_a_killed_write_leaves_no_file_beside_the_one_it_replaces(tmp_path):
+    """A kill -9 mid-fsync left `.NAME.PID.HEX.partial` beside a recipe (git add picks it up)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    recipe = tmp_path / "demo.yaml"
+    recipe.write_text("name: demo\n")
+    code = (
+        "import os, sys, time; from pathlib import Path; from imgbuild.regular import write_atomic\n"
+        "real = os.fsync\n"
+        "def slow(fd): print('syncing', flush=True); time.sleep(30)\n"
+        "os.fsync = slow\n"
+        f"write_atomic(Path({str(recipe)!r}), 'name: demo\\ntag: v2\\n')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout and proc.stdout.readline().strip() == "syncing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    time.sleep(0.05)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.yaml"]
+    assert recipe.read_text() == "name: demo\n"
+
+
+def test_the_next_write_sweeps_what_a_killed_one_left(tmp_path):
+    """Where the file system has no O_TMPFILE the temporary file is named; a dead writer's is swept."""
+    from imgbuild.regular import write_atomic
+
+    dead = tmp_path / ".demo.yaml.999999999.0badf00d.partial"  # no such PID
+    dead.write_text("half")
+    other = tmp_path / ".other.yaml.999999999.0badf00d.partial"  # another file's: not this write's to judge
+    other.write_text("half")
+    write_atomic(tmp_path / "demo.yaml", "name: demo\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "demo.yaml"]

@@ -25,6 +25,7 @@ from imgbuild.platforms import arch_of
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import split_reference
+from imgbuild.reserved import platform_tag
 
 #: How long a push and its signing may hold the target's lease (one push may take an hour: engine.podman).
 PUBLISH_SECONDS = 3600 + 600
@@ -156,7 +157,7 @@ def publish_platforms(
     images: list[PlatformImage] = []
     with lease(engine.leases, target, builds[0][1], PUBLISH_SECONDS, lambda text: log(f"{target}: {text}")):
         for platform, image_id in builds:
-            per = f"{plan.image}:{plan.tag}-{arch_of(platform)}"
+            per = f"{plan.image}:{platform_tag(plan.tag, platform)}"
             engine.images.tag(image_id, per)
             log(f"{per}: pushing ({platform})")
             digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per)))
@@ -166,7 +167,7 @@ def publish_platforms(
         try:
             client.put_manifest(ref.repository, ref.reference, content, list_type)
         except ImgbuildError as exc:
-            pushed = ", ".join(f"{plan.tag}-{arch_of(i.platform)}" for i in images)
+            pushed = ", ".join(platform_tag(plan.tag, i.platform) for i in images)
             raise EnvironmentProblem(
                 f"{target}: the registry refused the manifest list of {len(images)} platforms ({str(exc)[:200]}); "
                 f"each platform's image is pushed as {pushed}"

@@ -227,11 +227,12 @@ def missing_arches(there: tuple[str, ...], wanted: set[str], engine: ImageEngine
 def _local_gaps(plan: Plan, engine: ImageEngine, wanted: set[str]) -> set[str]:
     """The foreign architectures whose `<tag>-<arch>` image here is missing or of other inputs."""
     from imgbuild.platforms import arch_of
+    from imgbuild.reserved import platform_tag
 
     own = arch_of(engine.host_platform())
     gaps = set()
     for arch in wanted - {own}:
-        image = engine.images.image(f"{plan.image}:{plan.tag}-{arch}")
+        image = engine.images.image(f"{plan.image}:{platform_tag(plan.tag, arch)}")
         if image is None or image.labels.get(Label.INPUT_HASH) != plan.input_hash:
             gaps.add(arch)
     return gaps

@@ -85,6 +85,11 @@ class Settings:
         doc="the user ID of the recipe's non-root user",
     )
     gid: int | None = setting(None, shown="as `uid`", doc="the group ID of the recipe's non-root user")
+    min_image_id: int = setting(
+        1000,
+        doc="the lowest UID and GID a recipe's user (or `uid`, `gid`) may take: those below are the base's system "
+        "accounts and groups (a site with another convention lowers it)",
+    )
     backend: str = setting(
         "auto", doc="`buildkit` (docker CLI) or `sdk` (Engine API); `auto` picks BuildKit when a capable CLI exists"
     )

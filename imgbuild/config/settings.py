@@ -96,12 +96,12 @@ def _coerce(name: str, raw: Any, origin: str) -> Any:
 def _shown(name: str, raw: Any) -> str:
     """A wrong value as an error may show it: its type only where it could hold a credential (a key, token or
     password field, a URL, a list or mapping of anything), else its first 40 characters."""
-    from imgbuild.credentials import SECRET_NAME_RE, SECRET_VALUE_RE
+    from imgbuild.credentials import credential_kind, secret_name
 
     if not isinstance(raw, str | int | float | bool) or raw is None:
         return f"a {type(raw).__name__}"
     text = str(raw)
-    if SECRET_NAME_RE.search(name.upper()) or "://" in text or "@" in text or SECRET_VALUE_RE.search(text):
+    if secret_name(name) or "://" in text or "@" in text or credential_kind(text):
         return f"a {type(raw).__name__}, not shown"
     return repr(raw)[:40]
 

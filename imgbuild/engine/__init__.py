@@ -61,26 +61,28 @@ def __getattr__(name: str) -> Any:
 def connect_engine(settings: Settings) -> ImageEngine:
     """The engine the settings name (`engine`): Docker, Podman, or `auto`: Docker, unless Docker is absent (no
     DOCKER_HOST, no /var/run/docker.sock) and podman is installed. A Docker that is there but refuses or is down
-    is Docker's error, never hidden behind Podman's."""
+    is Docker's error, never hidden behind Podman's. Every command that connects first removes the script
+    containers (a smoke test's, with the GPUs it was given) of an imgbuild process that was killed."""
+    import contextlib
     import os
     import shutil
 
-    if settings.engine == "podman":
-        from imgbuild.engine.podman import PodmanEngine
+    from imgbuild.engine.docker import Engine
+    from imgbuild.engine.podman import PodmanEngine
 
-        return PodmanEngine.connect_podman(settings.podman_socket)
     docker_absent = (
         not os.environ.get("DOCKER_HOST")
         and not os.environ.get("DOCKER_CONTEXT")
         and not os.path.exists("/var/run/docker.sock")
     )
-    if settings.engine == "auto" and docker_absent and shutil.which("podman"):
-        from imgbuild.engine.podman import PodmanEngine
-
-        return PodmanEngine.connect_podman(settings.podman_socket)
-    from imgbuild.engine.docker import Engine
-
-    return Engine.connect(settings.docker_cli)
+    engine: Engine | PodmanEngine
+    if settings.engine == "podman" or (settings.engine == "auto" and docker_absent and shutil.which("podman")):
+        engine = PodmanEngine.connect_podman(settings.podman_socket)
+    else:
+        engine = Engine.connect(settings.docker_cli)
+    with contextlib.suppress(OSError):  # an engine that does not answer is the command's own error, met next
+        engine.containers.sweep_orphans()
+    return engine
 
 
 __all__ = ["connect_engine", *_HOMES]

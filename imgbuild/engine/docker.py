@@ -138,11 +138,11 @@ class Engine:
     def platform_refusal(self, platform: str) -> str:
         """Why this engine cannot build and smoke-test `platform` images, in one line; "" where it can. Docker's
         built-in BuildKit without buildx builds the host's platform only (Podman builds others under qemu)."""
-        host = self.host_platform()
-        if platform == host:
+        own = self.host_platform()
+        if platform == own:
             return ""
         return (
-            f"the Docker engine here builds and smoke-tests {host} images only (a {platform} build needs buildx, "
+            f"the Docker engine here builds and smoke-tests {own} images only (a {platform} build needs buildx, "
             "which this docker has not): use Podman (engine: podman) and qemu-user-static, or a "
             f"{platform} runner"
         )

@@ -220,8 +220,8 @@ class PodmanEngine(Engine):
     def platform_refusal(self, platform: str) -> str:
         """Podman builds and runs a foreign platform's image under qemu where this machine registers it with
         binfmt_misc (engine.emulation) and the engine is on this machine; "" where it can."""
-        host = self.host_platform()
-        if platform == host:
+        own = self.host_platform()
+        if platform == own:
             return ""
         if not self.shares_host():
             return f"the Podman engine is not on this machine, so whether it can run {platform} images is unknown"

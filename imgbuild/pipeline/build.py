@@ -45,6 +45,7 @@ from imgbuild.pipeline.smoke import (
 from imgbuild.platforms import arch_of
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.registry.auth import engine_auth
+from imgbuild.reserved import CANDIDATE_PREFIX, platform_tag, previous_ref
 
 
 @dataclass
@@ -317,7 +318,7 @@ def build(
             with lease(engine.leases, plan.target, image_id, PROMOTE_SECONDS, progress):
                 previous = engine.images.image_id(target)
                 if previous and previous != image_id:
-                    engine.images.tag(previous, f"{target}-previous")
+                    engine.images.tag(previous, previous_ref(target))
                 engine.images.tag(image_id, target)
             promoted = True
             _write_report(
@@ -381,16 +382,16 @@ def build_platforms(
                      **options)  # fmt: skip
         return PlatformBuilds((made,), "")
     engine = engine or connect_engine(settings)
-    host = engine.host_platform()
-    ordered = [p for p in platforms if p == host] + [p for p in platforms if p != host]
+    own = engine.host_platform()
+    ordered = [p for p in platforms if p == own] + [p for p in platforms if p != own]
     results: list[BuildResult] = []
     for platform in ordered:
-        progress(f"{platform}: building" + ("" if platform == host else " under emulation"))
+        progress(f"{platform}: building" + ("" if platform == own else " under emulation"))
         plan = results[0].plan if results else plan
         made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, loaded=loaded,
                      platform=platform, **options)  # fmt: skip
         results.append(made)
-    return PlatformBuilds(tuple(results), host)
+    return PlatformBuilds(tuple(results), own)
 
 
 def smoke_request(
@@ -448,7 +449,7 @@ def check_platform(engine: ImageEngine, image_id: str, platform: str, base: str)
 def promoted_ref(plan: Plan, foreign: str) -> str:
     """Where a build is promoted: the recipe's target, or for a foreign platform's image `<image>:<tag>-<arch>`
     (`lab/research:24.05-arm64`), so the target stays what runs on this machine."""
-    return f"{plan.image}:{plan.tag}-{arch_of(foreign)}" if foreign else plan.target
+    return f"{plan.image}:{platform_tag(plan.tag, foreign)}" if foreign else plan.target
 
 
 def _build_args(plan: Plan, settings: Settings, sdk_pip_step: bool) -> dict[str, str]:
@@ -458,8 +459,6 @@ def _build_args(plan: Plan, settings: Settings, sdk_pip_step: bool) -> dict[str,
     return {**ids, **(pip_bounds(settings) if sdk_pip_step else {})}
 
 
-#: A build's candidate tags: `imgbuild-candidate-<engine token>`, each run its own (recipe.model reserves the name).
-CANDIDATE_PREFIX = "imgbuild-candidate-"
 #: How long a promotion may hold its target's engine-wide lease (a few tag operations).
 PROMOTE_SECONDS = 300
 

@@ -234,6 +234,20 @@ def check_offline(loaded: LoadedRecipe) -> None:
     check_conflicts(loaded, BaseImage(ref=f"the {declared or 'base'} image", facts={"framework": declared or ""}))
 
 
+def check_offline_settings(loaded: LoadedRecipe, settings: Settings) -> None:
+    """What the recipe and the settings decide with no registry, checked first by `make_plan` so that `validate`
+    (which may not reach the base) and `render` give one verdict: the target is not the recipe's own base or the
+    site mirror's, the image user's IDs are not system IDs."""
+    image, tag = image_and_tag(loaded, settings)
+    repo, _, base_tag = base_reference(loaded, settings)
+    refused = target_refusal(f"{image}:{tag}", f"{repo}:{base_tag}" if base_tag else repo, settings.ngc_registry)
+    if refused:  # at the field that names the target
+        raise RecipeError(
+            [field_problem(loaded, ("image",) if loaded.recipe.image else ("name",), refused, TARGET_HINT)]
+        )
+    check_ids(loaded, settings)
+
+
 def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
     origin, pins = read_pins(base)
     return dataclasses.replace(base, pins=pins, pins_origin=origin)
@@ -246,6 +260,23 @@ def with_base_pins(plan: Plan, read_pins: ReadPins) -> Plan:
     base = _with_pins(plan.base, read_pins)
     check_conflicts(plan.loaded, base)
     return dataclasses.replace(plan, base=base)
+
+
+def check_ids(loaded: LoadedRecipe, settings: Settings) -> None:
+    """The one ID rule: a UID or GID the recipe or the settings name is `min_image_id` or more (the invoking user's
+    own IDs are theirs, whatever they are)."""
+    user = loaded.recipe.user
+    floor = settings.min_image_id
+    for name, value in (("uid", user.uid if user else None), ("gid", user.gid if user else None)):
+        if value is not None and value < floor:
+            raise RecipeError(
+                [field_problem(loaded, ("user", name), f"{value} is a system ID of the base (below {floor})",
+                               f"choose {floor} or more, or leave it out (the invoking user's is taken)")]
+            )  # fmt: skip
+    for name in ("uid", "gid"):
+        value = getattr(settings, name)
+        if value is not None and value < floor:
+            raise UsageError(f"{name}: {value} is a system ID of the base (below min_image_id, {floor})")
 
 
 def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, int]) -> tuple[int, int]:
@@ -320,13 +351,9 @@ def make_plan(
     """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins` (the base's
     own pins, read in the base by a build; without it only the framework is checked); `host_ids`: the caller's
     UID/GID, read at the edge (resolve.plan_recipe; root's (0, 0) gives 1000). Nothing here asks who is calling."""
+    check_offline_settings(loaded, settings)
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
     image, tag = image_and_tag(loaded, settings)
-    refused = target_refusal(f"{image}:{tag}", base.ref, settings.ngc_registry)
-    if refused:  # at the field that names the target
-        raise RecipeError(
-            [field_problem(loaded, ("image",) if loaded.recipe.image else ("name",), refused, TARGET_HINT)]
-        )
     if read_pins is not None:
         base = _with_pins(base, read_pins)
     check_conflicts(loaded, base)

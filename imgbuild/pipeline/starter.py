@@ -73,7 +73,21 @@ def packages_from(path: Path) -> tuple[str | None, list[str]]:
         raise UsageError(f"--from {path}: no [project].dependencies to start from")
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise UsageError(f"--from {path}: [project].dependencies is not a list of requirements")
+    from imgbuild.credentials import CREDENTIAL_REFUSAL, credential_kind
+
+    for number, dep in enumerate(deps):
+        if kind := credential_kind(dep):
+            raise UsageError(
+                f"--from {path}: [project].dependencies[{number}] holds what looks like a credential ({kind}): "
+                f"in a recipe it {CREDENTIAL_REFUSAL}"
+            )
     return None, list(deps)
+
+
+def literal(text: str) -> str:
+    """`text` copied from a file imgbuild did not write, as recipe text that means itself: `$` as `$$`, so the
+    recipe's `${VAR}` interpolation never reads the user's environment into it."""
+    return json.dumps(text.replace("$", "$$"))
 
 
 def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str | None, packages: list[str]) -> str:
@@ -88,9 +102,9 @@ def recipe_text(name: str, framework: str, tag: str, why: str, requirements: str
         "# apt: [git]                     # Debian packages",
     ]
     if requirements:
-        lines += ["pip:", f"  requirements: {json.dumps(requirements)}"]
+        lines += ["pip:", f"  requirements: {literal(requirements)}"]
     elif packages:
-        lines += ["pip:", *[f"  - {json.dumps(p)}" for p in packages]]
+        lines += ["pip:", *[f"  - {literal(p)}" for p in packages]]
     else:
         lines += ["# pip: [einops]                 # Python packages, installed under the base's pins"]
     lines += [

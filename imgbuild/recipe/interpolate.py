@@ -6,7 +6,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from imgbuild.credentials import JWT_RE, SECRET_NAME_RE, SECRET_VALUE_RE
+from imgbuild.credentials import credential_kind, secret_name
 from imgbuild.errors import Problem
 from imgbuild.fields import show as _show
 from imgbuild.yamlpos import Located, PathKey
@@ -47,11 +47,11 @@ SECRET_VARIABLES = frozenset(
 
 def secret_variable(name: str, value: str, secrets: tuple[str, ...] = ()) -> bool:
     """Would interpolating `name` copy a secret into the image or the committed context?"""
-    if name in SECRET_VARIABLES or SECRET_NAME_RE.search(name):
+    if name in SECRET_VARIABLES or secret_name(name):
         return True
     if any(secret and secret in value for secret in secrets):
         return True
-    if JWT_RE.search(value) or SECRET_VALUE_RE.search(value):  # a token by its shape, whatever its name
+    if credential_kind(value):  # a token by its shape, whatever its name
         return True
     parts = urlsplit(value) if "://" in value else None
     return bool(parts and parts.password)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.credentials import refuse_credential
-from imgbuild.facts import IMAGE_DIR, LOADER_ENV, Label
+from imgbuild.credentials import CREDENTIAL_REFUSAL, named_secret, refuse_credential
+from imgbuild.facts import IMAGE_DIR, LOADER_ENV
 from imgbuild.fields import Flag, Integer, ListOf, ListOrText, MapOf, Maybe, Model, Number, OneOf, Text, matches, typed
 from imgbuild.fields import show as _show
 from imgbuild.imageref import COMPONENT_RE, TAG_RE
@@ -19,6 +19,8 @@ from imgbuild.ngc import FRAMEWORKS
 from imgbuild.ngc import TAG_OR_PATTERN_RE as NGC_TAG_OR_PATTERN_RE
 from imgbuild.platforms import PLATFORMS
 from imgbuild.recipe import reqfile
+from imgbuild.registry_identity import port_number
+from imgbuild.reserved import RESERVED_TAGS_SAID, reserved_folder, reserved_label, reserved_tag
 
 # --- field rules, as data -------------------------------------------------------------------------
 # Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
@@ -46,7 +48,6 @@ PROTECTED_ENV = frozenset(
         "CUDA_DRIVER_VERSION",
     }
 )
-RESERVED_LABEL_PREFIX = Label.PREFIX
 #: Accounts every Debian/Ubuntu base already has: the recipe's user must be a new one (add-user.sh would
 #: otherwise rewrite a system account's UID, home and shell).
 SYSTEM_USERS = frozenset(
@@ -83,8 +84,8 @@ def _no_newline(value: str) -> str:
     bad = unsafe_character(value, allow_tab=True)
     if bad is not None:
         raise ValueError(
-            f"must be one line of plain text: {describe(bad)} is refused (no control character, line separator "
-            "or bidirectional control)"
+            f"must be one line of plain text: {describe(bad)} is refused (no control, format, invisible or "
+            "unassigned character, no line separator)"
         )
     if len(value) > limits.VALUE_CHARS:
         raise ValueError(f"longer than {limits.VALUE_CHARS} characters")
@@ -102,17 +103,27 @@ def _abs_path(value: str) -> str:
 
 
 def _owned_dir(value: str) -> str:
-    """home and workdir become the image user's: never a system folder."""
+    """home and workdir become the image user's: never a system folder, nor imgbuild's own."""
     if value in SYSTEM_DIRS_EXACT or any(value == d or value.startswith(d + "/") for d in SYSTEM_DIRS):
         raise ValueError(f"{value} is a system folder; the image user would own it (use e.g. /workspace)")
+    if reserved_folder(value):
+        raise ValueError(f"{IMAGE_DIR} is imgbuild's own folder (the base's records the smoke test reads)")
     return value
 
 
 def _dest_path(value: str) -> str:
     if value == "/":
         raise ValueError("cannot copy onto / (name a file or folder under it)")
-    if value == IMAGE_DIR or value.startswith(IMAGE_DIR + "/"):
+    if reserved_folder(value):
         raise ValueError(f"{IMAGE_DIR} is imgbuild's own folder (the base's records the smoke test reads)")
+    return value
+
+
+def _host_port(value: str) -> str:
+    """`host[:port]`: a port is one the engine and pip read (1-65535)."""
+    _, sep, port = value.rpartition(":")
+    if sep:
+        port_number(port)
     return value
 
 
@@ -131,19 +142,9 @@ def _reference(value: str, example: str) -> Any:
         raise ValueError(f"{exc} (e.g. {example})") from None
 
 
-#: Names imgbuild gives its own tags and repositories: a recipe's image or tag may not end in them (the kept previous
-#: image of a build, Podman's registry cache, cosign's attachment tags), nor begin like a build's candidate tag.
-RESERVED_RE = re.compile(r"imgbuild-candidate.*|.*(-candidate|-previous|imgbuild-cache|\.sig|\.att|\.sbom|\.smoke)")
-
-
-RESERVED_NAMES = "imgbuild-candidate-..., -candidate, -previous, ..."
-
-
 def _not_reserved(value: str) -> str:
-    if RESERVED_RE.fullmatch(value.rsplit("/", 1)[-1]):
-        raise ValueError(
-            f"{value[:80]} is a name imgbuild keeps for itself (imgbuild-candidate-..., -candidate, -previous, ...)"
-        )
+    if reserved_tag(value):
+        raise ValueError(f"{value[:80]} is a name imgbuild keeps for itself ({RESERVED_TAGS_SAID})")
     return value
 
 
@@ -152,10 +153,8 @@ def _image_name(value: str) -> str:
     if ref.digest:
         raise ValueError("an image to build cannot carry a digest")
     for part in (ref.path, ref.tag):  # the repository and the tag, each (x-imgbuild-cache:v1 is Buildah's)
-        if part and RESERVED_RE.fullmatch(part.rsplit("/", 1)[-1]):
-            raise ValueError(
-                f"{value[:80]} is a name imgbuild keeps for itself (imgbuild-candidate-..., -candidate, -previous, ...)"
-            )
+        if part:
+            _not_reserved(part)
     return value
 
 
@@ -220,8 +219,8 @@ def _env_key(value: str) -> str:
 def _label_key(value: str) -> str:
     if not LABEL_KEY_RE.fullmatch(value):
         raise ValueError(f"not a valid label key: {_show(value)}")
-    if value.startswith(RESERVED_LABEL_PREFIX):
-        raise ValueError(f"labels under {RESERVED_LABEL_PREFIX} are written by imgbuild")
+    if reserved_label(value):
+        raise ValueError(f"{value} is written by imgbuild (its own labels, and the base the image is built on)")
     return value
 
 
@@ -265,6 +264,12 @@ def _not_imgbuild(value: str) -> str:
     return value
 
 
+def _no_named_secret(key: str, value: Any) -> None:
+    """`PGPASSWORD: hunter2` under env, args or labels: the name says what the value is, whatever its shape."""
+    if isinstance(value, str) and named_secret(key, value):
+        raise ValueError(f"{key} names a credential, and its value {CREDENTIAL_REFUSAL}")
+
+
 def _gpu_target(value: str) -> str:
     from imgbuild.gpu.fleet import target_rule  # the fleet rules load only for a recipe that names targets
 
@@ -277,8 +282,8 @@ _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 # The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
 ONE_LINE = Text(_no_newline, refuse_credential)
 OWNED_DIR = Text(_abs_path, _owned_dir)
-PIP_SPEC = Text(_pip_requirement)
-INDEX_URL = Text(_index_url)
+PIP_SPEC = Text(_pip_requirement, refuse_credential)
+INDEX_URL = Text(_index_url, refuse_credential)
 #: `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
 ENV_VALUE = Text(_no_newline, refuse_credential, numbers=True)
 ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
@@ -325,7 +330,7 @@ class Pip:
     constraints: list[str] = typed(ListOf(PIP_SPEC), factory=list)
     index_url: str | None = typed(Maybe(INDEX_URL), None)
     extra_index_urls: list[str] = typed(ListOf(INDEX_URL), factory=list)
-    trusted_hosts: list[str] = typed(ListOf(Text(matches(HOST_RE, "not a host"))), factory=list)
+    trusted_hosts: list[str] = typed(ListOf(Text(matches(HOST_RE, "not a host"), _host_port)), factory=list)
     ca_bundle: str | None = typed(Maybe(ONE_LINE), None, doc="a CA bundle for the index, mounted at build time only")
     installer: str = typed(
         OneOf("pip", "uv"),
@@ -385,7 +390,9 @@ class FileSpec:
 @dataclass(frozen=True, kw_only=True)
 class Smoke:
     require_gpu: bool = typed(Flag(), False)
-    min_speedup: float | None = typed(Maybe(Number(gt=0)), None, doc="a hard floor for the tensor-core speed-up (> 0)")
+    min_speedup: float | None = typed(
+        Maybe(Number(ge=1)), None, doc="a hard floor for the tensor-core speed-up (1 or more: a floor below 1 is none)"
+    )
     targets: list[str] = typed(
         ListOf(Text(_no_newline, _gpu_target), max_length=64),
         factory=list,
@@ -436,10 +443,14 @@ class Recipe:
     run: list[str] = typed(ListOf(ONE_LINE), factory=list)
     files: list[FileSpec] = typed(ListOf(Model(FileSpec)), factory=list)
     workdir: str = typed(OWNED_DIR, "/workspace")
-    env: dict[str, str] = typed(MapOf(ENV_KEY, ENV_VALUE), factory=dict)
-    labels: dict[str, str] = typed(MapOf(Text(_label_key), ONE_LINE), factory=dict)
+    env: dict[str, str] = typed(MapOf(ENV_KEY, ENV_VALUE, _no_named_secret), factory=dict)
+    labels: dict[str, str] = typed(MapOf(Text(_label_key), ONE_LINE, _no_named_secret), factory=dict)
     args: dict[str, str] = typed(
-        MapOf(Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _not_imgbuild), ENV_VALUE),
+        MapOf(
+            Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _not_imgbuild),
+            ENV_VALUE,
+            _no_named_secret,
+        ),
         factory=dict,
     )
     entrypoint: list[str] | str | None = typed(Maybe(ListOrText(ONE_LINE)), None)

@@ -228,10 +228,16 @@ def index_url_fault(url: str) -> str:
 def line_fault(line: str) -> str:
     """Why a requirements file line is refused before it is read: a character pip would split on or an editor
     hides (a line break other than the newline, a control, a bidi control), or ""."""
+    from imgbuild.credentials import CREDENTIAL_REFUSAL, credential_kind
     from imgbuild.text import describe, unsafe_character
 
     bad = unsafe_character(line, allow_tab=True) or next((c for c in line if c.isspace() and c not in " \t"), None)
-    return f"the line holds {describe(bad)}: pip would split it, a reviewer would not see it" if bad else ""
+    if bad:
+        return f"the line holds {describe(bad)}: pip would split it, a reviewer would not see it"
+    if re.search(r"://[^/\s@]+@", line):
+        return ""  # a user or password in a URL: the URL rules refuse it, saying where credentials go instead
+    kind = credential_kind(line)
+    return f"the line holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}" if kind else ""
 
 
 def requirement_url_fault(url: str) -> str:

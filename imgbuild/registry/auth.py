@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgbuild.dockerconfig import read_docker_config
+from imgbuild.registry_identity import is_docker_hub, same_registry
 
 _CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 
@@ -30,9 +31,8 @@ class Credentials:
     password: str = field(repr=False)
 
 
-#: Docker Hub's names: the docker CLI keeps its login under `https://index.docker.io/v1/` and asks a credential
-#: helper for that, whatever the reference says (docker.io/..., a short name, registry-1.docker.io).
-DOCKER_HUB_HOSTS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+#: The docker CLI keeps its Docker Hub login under this key and asks a credential helper for it, whatever the
+#: reference says (docker.io/..., a short name, registry-1.docker.io).
 DOCKER_HUB_KEY = "https://index.docker.io/v1/"
 
 
@@ -40,13 +40,13 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
     """Credentials for `host` from the docker config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json, as
     the docker CLI reads it): plain `auths`, or a credential helper; Docker Hub under the CLI's own key."""
     config = read_docker_config(config_path)
-    hub = host in DOCKER_HUB_HOSTS
+    hub = is_docker_hub(host)
     helpers: dict = config["credHelpers"] if isinstance(config.get("credHelpers"), dict) else {}
     helper = helpers.get(DOCKER_HUB_KEY if hub else host) or helpers.get(host) or config.get("credsStore")
     auths: dict = config["auths"] if isinstance(config.get("auths"), dict) else {}
     for key, entry in auths.items():
         named = str(key).removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0]
-        if not isinstance(entry, dict) or not (named == host or (hub and named in DOCKER_HUB_HOSTS)):
+        if not isinstance(entry, dict) or not same_registry(named, host):
             continue
         try:
             if entry.get("auth"):

@@ -163,11 +163,12 @@ def check_target(host: str) -> str:
 def mirror(settings: Settings, req: MirrorRequest, progress: Callable[[str], None] = lambda s: None) -> list[TagCopy]:
     """Copy the selected tags of `req.repository` from the NGC registry to `req.to`."""
     from imgbuild.registry.tags import TagCache, list_tags, release_floor, repository_for, select
+    from imgbuild.registry_identity import same_registry
 
     release_floor(req.since)  # a bad --since is a usage error before any request
     target_host = check_target(req.to)
     host, repo = repository_for(req.repository, settings.ngc_registry)
-    if target_host == host:
+    if same_registry(target_host, host):
         raise UsageError(f"--to: {target_host} is the registry the tags come from")
     deadline = max(settings.registry_deadline, limits.MIRROR_SECONDS)
     source = RegistryClient.for_host(host, settings, command_seconds=deadline)

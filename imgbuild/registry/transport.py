@@ -15,6 +15,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from imgbuild.errors import RegistryError
+from imgbuild.registry_identity import is_loopback as is_loopback  # the client reads it here
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -96,11 +97,6 @@ def shutdown(resp: requests.Response) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-
-
-def is_loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name == "localhost" or name.startswith("127.") or name in ("[::1]", "::1")
 
 
 def retry_after(header: str, default: float) -> float:

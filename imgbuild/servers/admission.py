@@ -14,23 +14,6 @@ if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
 
-#: Names of one registry: a loopback host by any of its names, Docker Hub by its aliases, a default port dropped.
-_LOOPBACK = {"localhost", "127.0.0.1", "[::1]", "::1"}
-_DOCKER_HUB = {"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"}
-
-
-def registry_key(host: str) -> str:
-    """One spelling per registry: `localhost:5000` and `127.0.0.1:5000` are one, as are Docker Hub's names."""
-    host = host.lower().removesuffix(":443")
-    name, sep, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-    if not sep or not port.isdigit():
-        name, port = host, ""
-    if name in _LOOPBACK:
-        name = "127.0.0.1"
-    if name in _DOCKER_HUB:
-        name = "docker.io"
-    return f"{name}:{port}" if port else name
-
 
 def under_prefix(ref: Any, prefix: str) -> bool:
     """Whether the image `ref` (imageref.ImageRef) lies under `prefix` (REGISTRY[/PATH]), its registry compared by
@@ -41,7 +24,7 @@ def under_prefix(ref: Any, prefix: str) -> bool:
         wanted = imageref.parse(prefix.rstrip("/") + "/x")
     except imageref.BadReference:
         return False
-    if registry_key(ref.registry) != registry_key(wanted.registry):
+    if ref.identity != wanted.identity:
         return False
     path = wanted.repository.removesuffix("x").rstrip("/")
     return not path or ref.repository == path or ref.repository.startswith(path + "/")
