@@ -345,3 +345,45 @@ def test_a_registry_that_announces_one_digest_and_serves_another_is_caught():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("read", "kind"),
+    [
+        (lambda c, d: c.manifest("lab/x", d), "manifest"),
+        (lambda c, d: c.manifest_raw("lab/x", d), "manifest"),
+        (lambda c, d: c.image_config("lab/x", d), "manifest"),
+        (lambda c, d: c.blob_json("lab/x", d), "blob"),
+        (lambda c, d: c.blob_bytes("lab/x", d), "blob"),
+        (lambda c, d: c.image_config("lab/x", "v1"), "config"),  # a tag's manifest naming a config served falsely
+    ],
+    ids=["manifest", "manifest_raw", "image_config", "blob_json", "blob_bytes", "config of a tag"],
+)
+def test_every_read_by_digest_is_checked_against_the_digest_asked_for(read, kind):
+    """A registry that serves other bytes for a digest (another image's manifest, another config with the label a
+    fresh runner wants to see) is refused in one line naming the registry and the digest, exit 3: no caller gets
+    bytes bound to nothing."""
+    from imgbuild.errors import EXIT_ENVIRONMENT, RegistryCorrupt
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    config, other_config = b'{"config":{"Labels":{"a":"1"}}}', b'{"config":{"Labels":{"a":"2"}}}'
+    registry.blobs = {"sha256:" + __import__("hashlib").sha256(b).hexdigest(): b for b in (config, other_config)}
+    config_digest, other_digest = list(registry.blobs)
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"digest": config_digest, "size": len(config)}, "layers": []}).encode()  # fmt: skip
+    other = manifest.replace(config_digest.encode(), other_digest.encode())
+    digest = registry.put("lab/x", "v1", manifest, "application/vnd.oci.image.manifest.v1+json")
+    asked = {"manifest": digest, "blob": config_digest, "config": config_digest}[kind]
+    registry.lies[asked] = other if kind == "manifest" else other_config
+    client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=5)
+    try:
+        with pytest.raises(RegistryCorrupt) as info:
+            read(client, digest if kind != "blob" else config_digest)
+        del registry.lies[asked]
+        read(client, digest if kind != "blob" else config_digest)  # the honest answer is read as before
+    finally:
+        registry.close()
+    message = str(info.value)
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in message
+    assert registry.host in message and asked in message

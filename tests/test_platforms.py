@@ -441,3 +441,89 @@ def test_naming_platforms_changes_no_image_hash(tmp_path):
     plain = content_hash(load_recipe(demo_recipe(tmp_path)))
     both = content_hash(load_recipe(demo_recipe(tmp_path, 'env: {A: "1"}\nplatforms: [linux/amd64, linux/arm64]\n')))
     assert plain == both
+
+
+# --- two pushers on one tag: what is signed is what this run put ------------------------------------------------
+
+
+def _pushing_into(registry, engine: FakeEngine, then=None):
+    """The fake engine's push, as a registry sees it: each image's manifest stored at its tag; `then(repo, tag)`
+    runs after (another pusher)."""
+    from imgbuild import imageref
+
+    def push(ref, auth, progress):
+        parsed = imageref.parse(ref)
+        body = json.dumps({"schemaVersion": 2, "config": {"digest": engine.images.image_id(ref)}}).encode()
+        digest = registry.put(parsed.repository, parsed.tag, body, DOCKER_MANIFEST_TYPE)
+        if then is not None:
+            then(parsed.repository, parsed.tag)
+        return digest
+
+    return push
+
+
+def _signatures(registry) -> set[str]:
+    return {tag for (_, tag) in registry.tags if tag.endswith(".sig")}
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["one image", "manifest list"])
+def test_a_push_whose_tag_another_pusher_moves_signs_nothing_and_names_both_digests(recipe, tmp_path, multi):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.ci.publish import publish
+    from imgbuild.errors import EXIT_FAILED, JobFailed
+    from imgbuild.supply import attest
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    try:
+        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+        engine = FakeEngine(platforms=BOTH)
+        made = _build(recipe, engine, tmp_path, BOTH if multi else ("linux/amd64",))
+        theirs = registry.put("lab/their", "x", b'{"schemaVersion":2,"theirs":1}', DOCKER_MANIFEST_TYPE)
+
+        def other_pusher(repo: str, tag: str) -> None:
+            if tag == "v1":  # the moment after this run's manifest (or list) landed at the target's tag
+                registry.tags[(repo, tag)] = theirs
+
+        engine.images.push = _pushing_into(registry, engine, None if multi else other_pusher)  # type: ignore[method-assign]
+        registry.after_put = other_pusher if multi else None
+        settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
+        signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
+        with pytest.raises(JobFailed) as info:
+            if multi:
+                builds = [(made.platform_of(r), r.image_id) for r in made.results]
+                publish_platforms(made.own().plan, builds, {}, settings, engine, None, signer, lambda s: None)
+            else:
+                publish(made.own().plan, made.own().image_id, {}, settings, engine, None, signer, lambda s: None)
+    finally:
+        registry.close()
+    message = str(info.value)
+    ours = [d for d in registry.manifests if d != theirs and d in message]
+    assert info.value.exit_code == EXIT_FAILED and "\n" not in message
+    assert theirs in message and len(ours) == 1, message
+    assert _signatures(registry) == set()  # neither theirs nor ours: the tag is not this run's
+
+
+def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_the_tag_serves_later(
+    recipe, tmp_path, monkeypatch
+):
+    from imgbuild.ci import publish as publishing
+    from imgbuild.registry.transport import digest_of
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    signed: list[str] = []
+    monkeypatch.setattr(publishing, "_sign", lambda plan, smoke, digest, *rest: signed.append(digest))
+    try:
+        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+        engine = FakeEngine(platforms=BOTH)
+        made = _build(recipe, engine, tmp_path, BOTH)
+        engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
+        settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
+        builds = [(made.platform_of(r), r.image_id) for r in made.results]
+        digest = publish_platforms(made.own().plan, builds, {}, settings, engine, None, object(), lambda s: None)
+    finally:
+        registry.close()
+    listed = registry.tags[("lab/demo", "v1")]
+    assert signed == [digest] == [listed] == [digest_of(registry.manifests[listed][0])]

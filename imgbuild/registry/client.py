@@ -19,7 +19,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from imgbuild import limits
-from imgbuild.errors import RegistryError, RegistryUnavailable
+from imgbuild.errors import RegistryCorrupt, RegistryError, RegistryUnavailable
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.registry.auth import Credentials, docker_config_credentials, parse_challenge
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
@@ -193,6 +193,8 @@ class RegistryClient:
                 f"registry {self.host}: {who} was refused ({resp.status_code}) for {scope}; "
                 "check the key (NGC_API_KEY / IMGBUILD_NGC_API_KEY) or `docker login`"
             )
+        if resp.status_code >= 500:  # the token service is down or broken: the environment, not the request
+            raise self._unavailable(f"token service answered HTTP {resp.status_code}")
         if not resp.ok:
             raise RegistryError(f"registry {self.host}: token request failed with HTTP {resp.status_code}")
         data = resp.json()
@@ -299,16 +301,12 @@ class RegistryClient:
         self, repo: str, reference: str, *, resolve_platform: bool = True, arch: str | None = None
     ) -> Manifest:
         """The manifest for a tag or digest; an index/list is resolved to this host's platform (or `arch`)."""
-        scope = f"repository:{repo}:pull"
-        resp = self.request("GET", f"/v2/{repo}/manifests/{reference}", scope, {"Accept": MANIFEST_TYPES})
-        self._check(resp, f"manifest {reference}", repo)
+        resp = self._read(repo, "manifests", reference)
         body = resp.json()
         if not isinstance(body, dict):
             raise RegistryError(f"registry {self.host}: the manifest of {repo}:{reference} is not a JSON object")
         media_type = str(body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0])
-        digest = resp.headers.get("Docker-Content-Digest", "")
-        if not DIGEST_RE.fullmatch(digest):
-            digest = digest_of(resp.content)  # what we received is what we pin
+        digest = digest_of(resp.content)  # what we received is what we pin, never a header
         if resolve_platform and media_type in INDEX_TYPES:
             os_name, host_arch = host_platform()
             arch = arch or host_arch
@@ -326,21 +324,28 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: {repo}:{reference} has no {os_name}/{arch} image")
         return Manifest(digest, media_type, body)
 
+    def _read(self, repo: str, kind: str, reference: str) -> Reply:
+        """GET a manifest or a blob (`kind`: "manifests", "blobs"). Whatever is asked for by digest is checked
+        against it here, the one door every read passes: no caller ever sees bytes that are not the ones named."""
+        headers = {"Accept": MANIFEST_TYPES} if kind == "manifests" else {}
+        resp = self.request("GET", f"/v2/{repo}/{kind}/{reference}", f"repository:{repo}:pull", headers)
+        self._check(resp, f"{kind[:-1]} {reference}", repo)
+        if DIGEST_RE.fullmatch(reference) and (served := digest_of(resp.content)) != reference:
+            raise RegistryCorrupt(
+                f"registry {self.host}: {repo}@{reference} was asked for and {served} served: "
+                "the registry's answer is not the content named"
+            )
+        return resp
+
     def blob_json(self, repo: str, digest: str) -> dict[str, Any]:
-        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
-        self._check(resp, f"blob {digest[:19]}", repo)
-        body = resp.json()
+        body = self._read(repo, "blobs", digest).json()
         if not isinstance(body, dict):
             raise RegistryError(f"registry {self.host}: the config blob of {repo} is not a JSON object")
         return body
 
     def blob_bytes(self, repo: str, digest: str) -> bytes:
         """A small blob (an attachment), read whole within the body cap and checked against its digest."""
-        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
-        self._check(resp, f"blob {digest[:19]}", repo)
-        if digest_of(resp.content) != digest:
-            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
-        return resp.content
+        return self._read(repo, "blobs", digest).content
 
     def image_config(self, repo: str, reference: str) -> tuple[Manifest, dict[str, Any]]:
         """Manifest and image config (Env, Labels, ...) without pulling any layer."""
@@ -351,17 +356,11 @@ class RegistryClient:
 
     def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
         """(the manifest's bytes as served, its media type, its digest): copied as they are, digests hold."""
-        resp = self.request(
-            "GET", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
-        )
-        self._check(resp, f"manifest {reference}", repo)
+        resp = self._read(repo, "manifests", reference)
         body = resp.json()
         media_type = str((body.get("mediaType") if isinstance(body, dict) else "") or "")
         media_type = media_type or resp.headers.get("Content-Type", "").split(";")[0].strip()
-        digest = digest_of(resp.content)
-        if DIGEST_RE.fullmatch(reference) and reference != digest:
-            raise RegistryError(f"registry {self.host}: the manifest served for {reference[:19]} has another digest")
-        return resp.content, media_type, digest
+        return resp.content, media_type, digest_of(resp.content)
 
     def content_digest(self, repo: str, reference: str) -> str | None:
         """The digest of what `reference` serves here, computed from the manifest's own bytes (GET and hash), never
@@ -448,8 +447,11 @@ class RegistryClient:
             raise self._unavailable(f"broke off a download ({type(exc).__name__})") from None
         finally:
             resp.close()
-        if "sha256:" + sha.hexdigest() != digest:
-            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
+        if (served := "sha256:" + sha.hexdigest()) != digest:
+            raise RegistryCorrupt(
+                f"registry {self.host}: {repo}@{digest} was asked for and {served} served: "
+                "the registry's answer is not the content named"
+            )
 
     def upload_blob(self, repo: str, digest: str, source: Path) -> None:
         """Upload a blob in one PUT (the registry checks the digest)."""
@@ -461,12 +463,14 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: the upload location points at another host")
         url = location + ("&" if "?" in location else "?") + f"digest={digest}"
         try:
-            with open(source, "rb") as body:
+            with open(source, "rb") as raw:
                 headers = {"Content-Type": "application/octet-stream", "Content-Length": str(source.stat().st_size)}
-                put = self._stream("PUT", url, scope, headers=headers, data=body)
+                put = self._stream("PUT", url, scope, headers=headers, data=_Deadlined(raw, self.deadline))
                 put.close()
-        except requests.RequestException as exc:
-            raise self._unavailable(f"broke off an upload ({type(exc).__name__})") from None
+        except (requests.RequestException, OSError) as exc:  # a stalled send times out as the socket's read does
+            raise self._unavailable(f"stopped taking an upload ({type(exc).__name__})") from None
+        except _PastDeadline:
+            raise self._unavailable(f"did not take an upload within {self.command_seconds:.0f} s") from None
         self._check(Reply(put.status_code, put.headers, b"", url), f"blob {digest[:19]}", repo)
 
     def _stream(
@@ -496,3 +500,29 @@ class RegistryClient:
             if hasattr(kw.get("data"), "seek"):
                 kw["data"].seek(0)
         raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
+
+
+class _PastDeadline(Exception):
+    """An upload's body was asked for past its client's deadline."""
+
+
+class _Deadlined:
+    """A file sent as a request body that ends the send once the client's deadline has passed (a registry that
+    takes one byte now and then never finishes otherwise)."""
+
+    def __init__(self, raw: Any, deadline: float):
+        self.raw, self.deadline = raw, deadline
+
+    def read(self, size: int = -1) -> bytes:
+        if time.monotonic() > self.deadline:
+            raise _PastDeadline
+        return self.raw.read(size)  # type: ignore[no-any-return]
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)  # type: ignore[no-any-return]
+
+    def tell(self) -> int:
+        return self.raw.tell()  # type: ignore[no-any-return]
+
+    def fileno(self) -> int:
+        return self.raw.fileno()  # type: ignore[no-any-return]
