@@ -117,6 +117,7 @@ class ServedRegistry:
                     return self._send(registry.status, b"{}")
                 if kind == "blobs/uploads" and registry.stall_uploads:
                     registry.stop.wait(60)  # takes the connection, reads nothing, answers nothing
+                    self.close_connection = True  # the unread body is no next request
                     return None
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 digest = attest.sha256(body)

@@ -387,3 +387,110 @@ def test_every_read_by_digest_is_checked_against_the_digest_asked_for(read, kind
     message = str(info.value)
     assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in message
     assert registry.host in message and asked in message
+
+
+# --- pushes: every transfer bounded, every registry fault exit 3 ---------------------------------------------
+
+
+class _PushingApi:
+    """docker-py's push stream, as the engine writes it: `chunks`, then (with `stall`) nothing, ever."""
+
+    def __init__(self, chunks: list[dict[str, object]], stall: bool = False):
+        self.chunks, self.stall = chunks, stall
+        self.release = threading.Event()
+
+    def push(self, repo, tag, stream, decode, auth_config):
+        yield from self.chunks
+        if self.stall:
+            self.release.wait(30)  # a registry that took the upload and never answers: the engine says nothing
+
+
+def _docker_images(api: _PushingApi):
+    from imgbuild.engine.images import DockerImages
+
+    class Client:
+        pass
+
+    client = Client()
+    client.api = api  # type: ignore[attr-defined]
+    return DockerImages(client)
+
+
+def test_a_push_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3():
+    from imgbuild.errors import EXIT_ENVIRONMENT
+
+    api = _PushingApi([{"status": "Preparing", "id": "aaa"}, {"status": "Pushing", "id": "aaa"}], stall=True)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            _docker_images(api).push("127.0.0.1:5901/p5/x:v1", None, lambda s: None, quiet_seconds=0.5)
+    finally:
+        api.release.set()
+    assert time.monotonic() - start < 3
+    message = str(info.value)
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in message
+    assert "127.0.0.1:5901" in message and "stalled" in message
+
+
+@pytest.mark.parametrize(
+    ("said", "code"),
+    [
+        ("received unexpected HTTP status: 500 Internal Server Error", 3),
+        ("received unexpected HTTP status: 503 Service Unavailable", 3),
+        ("Put http://127.0.0.1:5901/v2/p5/x/manifests/v1: dial tcp 127.0.0.1:5901: connect: connection refused", 3),
+        ("denied: requested access to the resource is denied", 1),
+        ("manifest invalid: manifest invalid", 1),
+    ],
+)
+def test_a_push_the_registry_fails_is_exit_3_and_one_the_push_itself_fails_is_exit_1(said, code):
+    from imgbuild.errors import ImgbuildError
+
+    api = _PushingApi([{"status": "Pushing", "id": "aaa"}, {"errorDetail": {"message": said + "\n\x1b[31m"}}])
+    with pytest.raises(ImgbuildError) as info:
+        _docker_images(api).push("127.0.0.1:5901/p5/x:v1", None, lambda s: None, quiet_seconds=5)
+    assert info.value.exit_code == code and "\n" not in str(info.value) and "\x1b" not in str(info.value)
+
+
+def test_an_upload_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3(tmp_path):
+    """The attachments' and the mirror's uploads (the client's own PUT of a blob): a registry that takes the
+    connection and never reads or answers is ended by the client's bounds, exit 3."""
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    registry.stall_uploads = True
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x" * (8 << 20))  # more than the socket buffers take
+    digest = "sha256:" + __import__("hashlib").sha256(blob.read_bytes()).hexdigest()
+    client = RegistryClient(registry.host, insecure=True, retries=0, timeout=1, command_seconds=3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            client.upload_blob("lab/x", digest, blob)
+    finally:
+        registry.close()
+    assert time.monotonic() - start < 6
+    assert "\n" not in str(info.value) and registry.host in str(info.value)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_a_registry_answering_5xx_is_exit_3_for_reads_writes_and_uploads(status, tmp_path):
+    from imgbuild.errors import EXIT_ENVIRONMENT, ImgbuildError
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    registry.status = status
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x")
+    client = RegistryClient(registry.host, insecure=True, retries=0, timeout=2, command_seconds=5, backoff=0)
+    calls = [
+        lambda: client.manifest_raw("lab/x", "v1"),
+        lambda: client.put_manifest("lab/x", "v1", b"{}", "application/vnd.oci.image.manifest.v1+json"),
+        lambda: client.upload_blob("lab/x", "sha256:" + "0" * 64, blob),
+    ]
+    try:
+        for call in calls:
+            with pytest.raises(ImgbuildError) as info:
+                call()
+            assert info.value.exit_code == EXIT_ENVIRONMENT, str(info.value)
+    finally:
+        registry.close()

@@ -312,7 +312,7 @@ def test_a_registry_that_refuses_manifest_lists_is_an_environment_problem_in_one
             manifests["sha256:" + hashlib.sha256(body).hexdigest()] = body
         _Registry.manifests, _Registry.refuse = manifests, status
         digests = iter(manifests)
-        engine.images.push = lambda ref, auth, progress: next(digests)  # type: ignore[method-assign]
+        engine.images.push = lambda ref, auth, progress, *quiet: next(digests)  # type: ignore[method-assign]
         settings = load_settings({"user": "alice", "insecure_registries": [host]})
         builds = [(made.platform_of(r), r.image_id) for r in made.results]
         with pytest.raises(EnvironmentProblem) as info:
@@ -451,7 +451,7 @@ def _pushing_into(registry, engine: FakeEngine, then=None):
     runs after (another pusher)."""
     from imgbuild import imageref
 
-    def push(ref, auth, progress):
+    def push(ref, auth, progress, *quiet):
         parsed = imageref.parse(ref)
         body = json.dumps({"schemaVersion": 2, "config": {"digest": engine.images.image_id(ref)}}).encode()
         digest = registry.put(parsed.repository, parsed.tag, body, DOCKER_MANIFEST_TYPE)

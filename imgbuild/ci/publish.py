@@ -104,7 +104,11 @@ def publish(
             )
         engine.images.tag(image_id, target)  # this run's image, whatever another run promoted since
         log(f"{target}: pushing")
-        digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
+        digest = str(
+            engine.images.push(
+                target, engine_auth(target), lambda step: log(f"{target}: {step}"), settings.registry_deadline
+            )
+        )
         client = RegistryClient.for_host(ref.registry, settings)
         _still_ours(client, target, digest)
         if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
@@ -166,7 +170,7 @@ def publish_platforms(
             per = f"{plan.image}:{plan.tag}-{arch_of(platform)}"
             engine.images.tag(image_id, per)
             log(f"{per}: pushing ({platform})")
-            digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per)))
+            digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per), settings.registry_deadline))
             body, media_type, served = client.manifest_raw(ref.repository, digest)
             images.append(PlatformImage(platform, served, media_type, len(body)))
         content, list_type = manifest_list(images)

@@ -101,7 +101,7 @@ class FakeImages:
             raise ImgbuildError(f"no such image: {ref}")
         path.write_text(json.dumps({"saved": ref}))
 
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = 0.0) -> str:
         image_id = self.image_id(ref)
         if image_id is None:
             raise ImgbuildError(f"push of {ref} failed: no such image")

@@ -3,12 +3,70 @@
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from imgbuild import imageref
+from imgbuild import imageref, limits
 from imgbuild.engine.types import ImageInfo, ProgressFn
-from imgbuild.errors import ImgbuildError
+from imgbuild.errors import ImgbuildError, RegistryUnavailable
+
+#: How long a push may go without a word from the engine (no byte of any layer moved, no step) before the registry
+#: is taken to have stalled: settings.registry_deadline where the caller has settings.
+PUSH_QUIET_SECONDS = limits.HTTP_COMMAND_SECONDS
+
+#: A registry's answer the engine reports inside a push's error text: a 5xx status, or a connection that failed.
+_REGISTRY_FAULT = re.compile(
+    r"(?:status|code)[^0-9\n]{0,24}\b5\d\d\b|connection (?:refused|reset)|i/o timeout|no such host|"
+    r"handshake timeout|unexpected EOF|broken pipe",
+    re.IGNORECASE,
+)
+
+
+def push_failure(ref: str, message: str) -> ImgbuildError:
+    """A failed push, as what it is: the registry's fault (5xx, unreachable: exit 3), else the push's own (exit 1:
+    denied, a manifest it refused). One line, whatever the engine said."""
+    from imgbuild.text import printable
+
+    line = printable(" ".join(message.split()))
+    if _REGISTRY_FAULT.search(line):
+        host = imageref.parse(ref).registry
+        return RegistryUnavailable(f"push of {ref}: the registry {host} failed ({line}); check it and push again")
+    return ImgbuildError(f"push of {ref} failed: {line}")
+
+
+def until_quiet(chunks: Iterator[Any], seconds: float, ref: str) -> Iterator[Any]:
+    """`chunks` (an engine's push stream) as they come, ended with RegistryUnavailable when none comes for
+    `seconds`. The stream is read in a daemon thread: a blocked read never holds the caller."""
+    import queue
+    import threading
+
+    box: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=64)
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                box.put(("chunk", chunk))
+            box.put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread as it is
+            box.put(("error", exc))
+
+    threading.Thread(target=read, name="imgbuild-push", daemon=True).start()
+    while True:
+        try:
+            kind, value = box.get(timeout=seconds)
+        except queue.Empty:
+            host = imageref.parse(ref).registry
+            raise RegistryUnavailable(
+                f"push of {ref}: nothing moved for {seconds:.0f} s, the registry {host} stalled; check it and push "
+                "again (registry_deadline bounds the wait)"
+            ) from None
+        if kind == "end":
+            return
+        if kind == "error":
+            raise value
+        yield value
 
 
 class DockerImages:
@@ -79,16 +137,20 @@ class DockerImages:
             for chunk in self.client.images.get(ref).save(named=True):
                 fh.write(chunk)
 
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
-        """Push and return the pushed digest. The engine reports push errors inside the stream."""
+    def push(
+        self, ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = PUSH_QUIET_SECONDS
+    ) -> str:
+        """Push and return the pushed digest. The engine reports push errors inside the stream; a push the engine
+        says nothing of for `quiet_seconds` (a registry that took the upload and stopped answering) is ended."""
         parsed = imageref.parse(ref)
         repo, tag = parsed.name, parsed.tag or "latest"
         digest = ""
         said: set[tuple[str, str]] = set()  # (layer, status): one line each, never one per byte progress update
-        for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+        stream = self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth)
+        for chunk in until_quiet(stream, quiet_seconds, ref):
             if "error" in chunk or "errorDetail" in chunk:
                 msg = chunk.get("errorDetail", {}).get("message") or chunk.get("error")
-                raise ImgbuildError(f"push of {ref} failed: {msg}")
+                raise push_failure(ref, str(msg))
             if chunk.get("aux", {}).get("Digest"):
                 digest = chunk["aux"]["Digest"]
             elif chunk.get("status") and chunk.get("id") and (chunk["id"], chunk["status"]) not in said:

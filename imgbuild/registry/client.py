@@ -487,7 +487,7 @@ class RegistryClient:
                     method,
                     url,
                     headers={**(headers or {}), **self._authorization(scope)},
-                    timeout=(10.0, self.timeout),
+                    timeout=(min(10.0, self.timeout), self.timeout),  # the first: a send's bound too
                     stream=True,
                     **kw,
                 )
@@ -523,6 +523,3 @@ class _Deadlined:
 
     def tell(self) -> int:
         return self.raw.tell()  # type: ignore[no-any-return]
-
-    def fileno(self) -> int:
-        return self.raw.fileno()  # type: ignore[no-any-return]
