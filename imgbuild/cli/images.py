@@ -309,13 +309,13 @@ def rebuild(
 
     from imgbuild.ci import rebuild as rb
     from imgbuild.servers.holds import gpu_claims
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     lock = threading.Lock()
 
     def log(line: str) -> None:
         with lock:
-            click.echo(" ".join(line.split())[:200], err=True)
+            say(" ".join(line.split())[:200])
 
     signer = _signer(sign_key, push)
     settings = settings_of(ctx, backend=backend)
@@ -349,7 +349,7 @@ def rebuild(
         )
         for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
-                click.echo(f"--- {item.name}\n{item.error}", err=True)
+                say(f"--- {item.name}\n{item.error}")
     if not report.ok:
         sys.exit(EXIT_FAILED)
 
@@ -366,7 +366,7 @@ def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None
 
 def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
     from imgbuild.ci.fanout import plan_document
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     plan = plan_document(items)
     if gitlab_child:
@@ -386,9 +386,7 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
             ["wave", "recipe", "image", "why"], rows, title=f"imgbuild rebuild --plan: {plan['images']} to build"
         )
         for bad in plan["invalid"]:
-            click.echo(
-                f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}", err=True
-            )
+            say(f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}")
     if plan["invalid"]:
         sys.exit(EXIT_FAILED)
 

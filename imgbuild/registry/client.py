@@ -9,6 +9,7 @@ OCI indexes, and config blobs.
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
 import time
 import zlib
@@ -26,6 +27,8 @@ from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, ho
 from imgbuild.registry.transport import (
     RETRY_STATUS,
     TRANSPORT_ERRORS,
+    Deadlined,
+    PastDeadline,
     Reply,
     TooBig,
     digest_of,
@@ -331,11 +334,11 @@ class RegistryClient:
         resp = self.request("GET", f"/v2/{repo}/{kind}/{reference}", f"repository:{repo}:pull", headers)
         self._check(resp, f"{kind[:-1]} {reference}", repo)
         if DIGEST_RE.fullmatch(reference) and (served := digest_of(resp.content)) != reference:
-            raise RegistryCorrupt(
-                f"registry {self.host}: {repo}@{reference} was asked for and {served} served: "
-                "the registry's answer is not the content named"
-            )
+            raise self._corrupt(repo, reference, served)
         return resp
+
+    def _corrupt(self, repo: str, asked: str, served: str) -> RegistryCorrupt:
+        return RegistryCorrupt(f"registry {self.host}: {repo}@{asked} was asked for and {served} served")
 
     def blob_json(self, repo: str, digest: str) -> dict[str, Any]:
         body = self._read(repo, "blobs", digest).json()
@@ -425,8 +428,6 @@ class RegistryClient:
 
     def download_blob(self, repo: str, digest: str, size: int, dest: Path) -> None:
         """Stream a blob to `dest`, checking its size and digest on the way (a blob is never held in memory)."""
-        import hashlib
-
         url = self._url(f"/v2/{repo}/blobs/{digest}")
         resp = self._stream("GET", url, f"repository:{repo}:pull")
         sha, received = hashlib.sha256(), 0
@@ -448,10 +449,7 @@ class RegistryClient:
         finally:
             resp.close()
         if (served := "sha256:" + sha.hexdigest()) != digest:
-            raise RegistryCorrupt(
-                f"registry {self.host}: {repo}@{digest} was asked for and {served} served: "
-                "the registry's answer is not the content named"
-            )
+            raise self._corrupt(repo, digest, served)
 
     def upload_blob(self, repo: str, digest: str, source: Path) -> None:
         """Upload a blob in one PUT (the registry checks the digest)."""
@@ -465,11 +463,11 @@ class RegistryClient:
         try:
             with open(source, "rb") as raw:
                 headers = {"Content-Type": "application/octet-stream", "Content-Length": str(source.stat().st_size)}
-                put = self._stream("PUT", url, scope, headers=headers, data=_Deadlined(raw, self.deadline))
+                put = self._stream("PUT", url, scope, headers=headers, data=Deadlined(raw, self.deadline))
                 put.close()
         except (requests.RequestException, OSError) as exc:  # a stalled send times out as the socket's read does
             raise self._unavailable(f"stopped taking an upload ({type(exc).__name__})") from None
-        except _PastDeadline:
+        except PastDeadline:
             raise self._unavailable(f"did not take an upload within {self.command_seconds:.0f} s") from None
         self._check(Reply(put.status_code, put.headers, b"", url), f"blob {digest[:19]}", repo)
 
@@ -500,26 +498,3 @@ class RegistryClient:
             if hasattr(kw.get("data"), "seek"):
                 kw["data"].seek(0)
         raise RegistryError(f"registry {self.host}: still unauthorized after a fresh token for {scope}")
-
-
-class _PastDeadline(Exception):
-    """An upload's body was asked for past its client's deadline."""
-
-
-class _Deadlined:
-    """A file sent as a request body that ends the send once the client's deadline has passed (a registry that
-    takes one byte now and then never finishes otherwise)."""
-
-    def __init__(self, raw: Any, deadline: float):
-        self.raw, self.deadline = raw, deadline
-
-    def read(self, size: int = -1) -> bytes:
-        if time.monotonic() > self.deadline:
-            raise _PastDeadline
-        return self.raw.read(size)  # type: ignore[no-any-return]
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.raw.seek(offset, whence)  # type: ignore[no-any-return]
-
-    def tell(self) -> int:
-        return self.raw.tell()  # type: ignore[no-any-return]
