@@ -100,6 +100,7 @@ def test_a_signed_image_verifies_and_its_attachments_sit_under_cosigns_tags(keys
         ("provenance replaced", {"signature": True, "provenance": False, "sbom": False}),
         ("signature payload edited", {"signature": False, "provenance": True, "sbom": True}),
         ("nothing attached", {"signature": False, "provenance": False, "sbom": False}),
+        ("sbom gains a layer", {"signature": True, "provenance": True, "sbom": False}),
     ],
 )
 def test_what_verify_refuses(case, expected, keys):
@@ -129,7 +130,32 @@ def test_what_verify_refuses(case, expected, keys):
         registry.blobs[layer["digest"]] = edited  # served under the old digest: the client's check is bypassed here
     elif case == "nothing attached":
         registry = MemoryRegistry()
+    elif case == "sbom gains a layer":  # the signed SBOM kept, a forged one beside it (consumers read both)
+        layer = json.loads(registry.manifests[f"sha256-{hexdigest}.sbom"])["layers"][0]
+        evil = b'{"components": [{"name": "evil", "version": "6.6.6"}]}'
+        config, manifest, blobs = attest.artifact(
+            [(attest.CYCLONEDX, registry.blobs[layer["digest"]], {}), (attest.CYCLONEDX, evil, {})]
+        )
+        for blob in (config, *blobs):
+            registry.blobs[attest.sha256(blob)] = blob
+        registry.manifests[f"sha256-{hexdigest}.sbom"] = manifest
     assert verdicts(registry, keys, **kwargs) == expected
+
+
+def test_signing_again_with_a_rotated_key_adds_a_signature_and_keeps_the_earlier_one(keys):
+    registry = signed(keys)
+    rotated = attest.load_signer(keys["other"], PASSWORD)
+    attest.publish(registry, "lab/research", DIGEST, attest.attachments(made(), rotated))
+    attest.publish(registry, "lab/research", DIGEST, attest.attachments(made(), rotated))  # a retried push
+    layers = json.loads(registry.manifests[f"sha256-{DIGEST.removeprefix('sha256:')}.sig"])["layers"]
+    assert len(layers) == 3
+    assert verdicts(registry, keys)["signature"] and verdicts(registry, keys, public="other_public")["signature"]
+
+
+def test_verify_names_digests_whole():
+    registry = MemoryRegistry()
+    found = verify.verify(registry, "lab/research", "registry.example.org/lab/research", DIGEST, None, None)
+    assert all(DIGEST in v.detail for v in found)
 
 
 def test_the_sbom_and_provenance_name_the_base_the_packages_and_the_inputs():

@@ -412,11 +412,13 @@ def attachments(made: Made, signer: Signer) -> dict[str, tuple[bytes, bytes, lis
 
 
 def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]) -> list[str]:
-    """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written."""
+    """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written. A signature is
+    added to those already there (another key's, before a rotation), never put in their place."""
     import tempfile
 
     written = []
-    for kind, (config, manifest, blobs) in parts.items():
+    for kind, part in parts.items():
+        config, manifest, blobs = _with_earlier_signatures(client, repo, digest, part) if kind == "sig" else part
         for blob in (config, *blobs):
             blob_digest = sha256(blob)
             if client.has_blob(repo, blob_digest):
@@ -429,3 +431,22 @@ def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, b
         client.put_manifest(repo, tag, manifest, OCI_MANIFEST)
         written.append(tag)
     return written
+
+
+#: Signatures kept on one digest: the newest, within what a verifier reads (attached_layers' 16 layers).
+MAX_SIGNATURES = 16
+
+
+def _with_earlier_signatures(
+    client: Any, repo: str, digest: str, part: tuple[bytes, bytes, list[bytes]]
+) -> tuple[bytes, bytes, list[bytes]]:
+    """The `.sig` artifact `part` with the signatures already attached to `digest` before it (each once)."""
+    _, manifest, blobs = part
+    notes = [layer.get("annotations") or {} for layer in json.loads(manifest)["layers"]]
+    new = [(SIMPLE_SIGNING, blob, note) for blob, note in zip(blobs, notes, strict=True)]
+    earlier = [
+        (SIMPLE_SIGNING, content, note)
+        for content, note in attached_layers(client, repo, digest, "sig", SIMPLE_SIGNING)
+    ]
+    kept = [layer for layer in earlier if layer not in new]
+    return artifact([*kept, *new][-MAX_SIGNATURES:])
