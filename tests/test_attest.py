@@ -640,3 +640,28 @@ def test_run_steps_sit_between_a_marker_and_a_record_and_a_recipe_without_them_h
     text = "\n".join(lines[record : record + 6])
     assert f"> {RUN_FILES}" in text and f"head -z -n {RUN_FILES_MAX}" in text
     assert "run.start" not in dockerfile("b", "")
+
+
+def test_the_provenance_names_the_run_its_start_and_every_pip_input(tmp_path):
+    """Which run built it and when it started (the images of one run share its id), and what the pip step was given:
+    the recipe's requirements file by hash and each requirement as written."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.recipe import load_recipe
+    from tests.support import demo_recipe, fake_inspect
+
+    recipe = demo_recipe(tmp_path)
+    (tmp_path / "requirements.txt").write_text("einops==0.8.0\n")
+    recipe.write_text(recipe.read_text() + "pip:\n  packages: [tabulate==0.9.0]\n  requirements: requirements.txt\n")
+    plan = make_plan(load_recipe(recipe), load_settings({"user": "alice"}), fake_inspect)
+    builder = {"engine": "20.10.24", "kind": "docker", "backend": "buildkit"}
+    first, second = (describe(plan, {}, "r.example/lab/demo", DIGEST, builder) for _ in range(2))
+    statement = attest.provenance(first, "sha256:" + "5" * 64)
+    metadata = statement["predicate"]["runDetails"]["metadata"]
+    assert metadata["invocationId"] == second.invocation and len(metadata["invocationId"]) == 32
+    assert metadata["startedOn"] <= metadata["finishedOn"]
+    parameters = statement["predicate"]["buildDefinition"]["externalParameters"]
+    assert parameters["requirements"]["sha256"] == attest.sha256(b"einops==0.8.0\n")
+    assert {"einops==0.8.0", "tabulate==0.9.0"} <= set(parameters["pip"])
+    assert statement["predicate"]["runDetails"]["builder"]["version"]["kind"] == "docker"

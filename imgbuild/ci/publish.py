@@ -138,7 +138,7 @@ def _sign(
 
     ref = imageref.parse(plan.target)
     used = engine.pick_backend(backend)  # the backend that built it, never "auto"
-    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
+    builder = {"engine": str(engine.host_info().get("version", "")), "kind": engine.name, "backend": used}
     made = describe(plan, smoke, ref.name, digest, builder)
     tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
     log(f"{plan.target}: signed {digest[:19]}; attached {', '.join(tags)}")

@@ -90,6 +90,11 @@ class Made:
     fleet: tuple[str, ...]  # the fleet verdicts
     git_dirty: bool = False  # the recipe or a file it names had uncommitted changes when it was built
     finished: str = ""  # RFC 3339, UTC: when the image was pushed and described
+    started: str = ""  # RFC 3339, UTC: when the imgbuild run that built it started
+    invocation: str = ""  # that run's own id: the images one run built share it
+    requirements_path: str | None = None  # the recipe's pip requirements file, as the repository names it
+    requirements_sha256: str | None = None
+    pip: tuple[str, ...] = ()  # every requirement the pip step was given, as written
 
 
 def sbom(made: Made) -> dict[str, Any]:
@@ -164,6 +169,11 @@ def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
         parameters["recipe"]["gitTreeDirty"] = made.git_dirty  # the commit alone does not say what was built
     if made.lock_path:
         parameters["lock"] = {"path": made.lock_path, "sha256": made.lock_sha256}
+    if made.requirements_path:
+        parameters["requirements"] = {"path": made.requirements_path, "sha256": made.requirements_sha256}
+    if made.pip:
+        parameters["pip"] = list(made.pip)
+    run = {"invocationId": made.invocation, "startedOn": made.started, "finishedOn": made.finished}
     return {
         "_type": STATEMENT,
         "subject": [{"name": made.image, "digest": {"sha256": made.digest.removeprefix("sha256:")}}],
@@ -182,7 +192,7 @@ def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
                     "id": "https://github.com/imgbuild/imgbuild",
                     "version": {"imgbuild": made.imgbuild_version, **made.builder},
                 },
-                "metadata": {"finishedOn": made.finished} if made.finished else {},
+                "metadata": {key: value for key, value in run.items() if value},
                 "byproducts": [
                     {"name": "sbom", "mediaType": CYCLONEDX, "digest": {"sha256": sbom_digest.removeprefix("sha256:")}},
                     {"name": "smoke", "content": base64.b64encode(canonical(made.smoke)).decode()},
