@@ -74,28 +74,30 @@ class ServedRegistry:
                 return (m.group(1), m.group(2), m.group(3)) if m else ("", "", "")
 
             def _get(self, head: bool) -> None:
-                repo, kind, ref = self._route()
-                if registry.status:
-                    return self._send(registry.status, b"{}")
-                if kind == "manifests":
-                    digest = registry.tags.get((repo, ref), ref)
-                    if digest not in registry.manifests:
-                        return self._send(404, b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
-                    body, media_type = registry.manifests[digest]
-                    body = registry.lies.get(ref, body)  # a lie told to a read by digest only
-                    headers = {"Content-Type": media_type, "Docker-Content-Digest": digest}
-                elif kind == "blobs" and ref in registry.blobs:
-                    body, headers = registry.lies.get(ref, registry.blobs[ref]), {"Docker-Content-Digest": ref}
-                else:
-                    return self._send(404 if kind else 200, b"{}")
-                if head:
-                    self.send_response(200)
+                status, body, headers = self._answer()
+                if head:  # the headers alone: a body would be read as the next answer on this connection
+                    self.send_response(status)
                     for k, v in headers.items():
                         self.send_header(k, v)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     return None
-                return self._send(200, body, headers)
+                return self._send(status, body, headers)
+
+            def _answer(self) -> tuple[int, bytes, dict[str, str]]:
+                repo, kind, ref = self._route()
+                if registry.status:
+                    return registry.status, b"{}", {}
+                if kind == "manifests":
+                    digest = registry.tags.get((repo, ref), ref)
+                    if digest not in registry.manifests:
+                        return 404, b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}', {}
+                    body, media_type = registry.manifests[digest]
+                    body = registry.lies.get(ref, body)  # a lie told to a read by digest only
+                    return 200, body, {"Content-Type": media_type, "Docker-Content-Digest": digest}
+                if kind == "blobs" and ref in registry.blobs:
+                    return 200, registry.lies.get(ref, registry.blobs[ref]), {"Docker-Content-Digest": ref}
+                return (404 if kind else 200), b"{}", {}
 
             def do_GET(self) -> None:
                 self._get(head=False)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild import boundedjson
-from imgbuild.ci.fanout import MAX_IMAGES
+from imgbuild.ci.fanout import MAX_IMAGES, read_json
 from imgbuild.ci.rebuild import BUILT, FAILED, Item
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, UsageError
@@ -42,14 +41,8 @@ class FanoutPlan:
 def read_plan(path: Path, settings: Settings) -> FanoutPlan:
     """The plan `rebuild --plan --json` wrote, checked as untrusted input (one line naming the file and the field,
     exit 2), its waves in dependency order: as it says, and as the recipes it names say where they are here."""
-    from imgbuild.regular import read_named
-
     shown = str(path)
-    try:
-        data = boundedjson.loads(read_named(path, 16 << 20), shown)
-    except (ValueError, OSError) as exc:
-        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
-        raise UsageError(why if why.startswith(shown) else f"{shown}: {why}") from None
+    data = read_json(path)
     waves = data.get("waves") if isinstance(data, dict) else None
     if not isinstance(waves, list) or not all(isinstance(w, list) for w in waves):
         raise UsageError(f"{shown}: not a plan of imgbuild rebuild --plan --json (no list of waves)")
