@@ -43,7 +43,7 @@ class ServedRegistry:
     RegistryClient's own checks run. It misbehaves on request:
     - `after_put(repo, reference)`: runs after a manifest PUT is stored (another pusher moving the tag);
     - `lies[digest] = bytes`: other bytes served for a read by that digest (manifest or blob), never by a tag;
-    - `stall_uploads`: a blob upload's PUT is accepted and never answered;
+    - `stall_uploads`: a blob upload (PUT, or an engine's PATCH) is accepted and never answered;
     - `status`: every request answered with this HTTP status (a registry in trouble)."""
 
     def __init__(self) -> None:
@@ -110,6 +110,13 @@ class ServedRegistry:
                 if registry.status:
                     return self._send(registry.status, b"{}")
                 return self._send(202, b"", {"Location": f"/v2/{repo}/blobs/uploads/u1"})
+
+            def do_PATCH(self) -> None:  # the engines' chunked upload: only ever stalled here
+                self.close_connection = True
+                if registry.stall_uploads:
+                    registry.stop.wait(60)
+                    return None
+                return self._send(501, b"{}")
 
             def do_PUT(self) -> None:
                 from urllib.parse import parse_qs, urlsplit

@@ -295,17 +295,18 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
 
     signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
     (tmp_path / "cosign.pub").write_bytes(signer.public_pem())
-    img = {n: f"{served.host}/lab/{n}:v1" for n in ("a", "b", "c", "d")}
+    img = {n: f"{served.host}/lab/{n}:v1" for n in ("a", "b", "c", "d", "e")}
     good = _pushed(served, "lab/a", "v1", signer)
     unsigned = _pushed(served, "lab/d", "v1")
     plan = _plan_file(tmp_path, [
         [_planned("recipes/a.yaml", img["a"], 1), _planned("recipes/b.yaml", img["b"], 1),
-         _planned("recipes/d.yaml", img["d"], 1)],
+         _planned("recipes/d.yaml", img["d"], 1), _planned("recipes/e.yaml", img["e"], 1)],
         [_planned("recipes/c.yaml", img["c"], 2, ("recipes/a.yaml",))],
     ])  # fmt: skip
     honest = _report(tmp_path, "honest.json", [
         _row("recipes/a.yaml", BUILT, image=img["a"], pushed_digest=good),
         _row("recipes/d.yaml", BUILT, image=img["d"], pushed_digest=unsigned),
+        _row("recipes/e.yaml", FRESH, image=img["e"]),  # fresh, says the runner: nothing is there
     ])  # fmt: skip
     hostile = _report(tmp_path, "hostile.json", [
         _row("recipes/b.yaml", BUILT, image=img["b"], pushed_digest="sha256:" + "6" * 64),  # nobody pushed it
@@ -326,6 +327,7 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
     assert set(cases) - set(failed) == {"recipes/a.yaml"}  # the one row the plan and the registry bear out
     assert "holds" in failed["recipes/b.yaml"] and "6666" in failed["recipes/b.yaml"]
     assert "not signed" in failed["recipes/d.yaml"]
+    assert "holds nothing" in failed["recipes/e.yaml"]
     assert "no report names it" in failed["recipes/c.yaml"]
     assert "a recipe nobody planned" in failed["::error file=README.md,line=1::forged"]
     assert any("nobody planned" in message and "never-planned" in name for name, message in failed.items())

@@ -494,3 +494,33 @@ def test_a_registry_answering_5xx_is_exit_3_for_reads_writes_and_uploads(status,
             assert info.value.exit_code == EXIT_ENVIRONMENT, str(info.value)
     finally:
         registry.close()
+
+
+@pytest.mark.engine
+def test_docker_pushing_to_a_registry_that_stalls_the_upload_ends_in_one_line_exit_3(
+    docker_client, tmp_path, unique, cleanup_images
+):
+    """The real engine's push (Docker's chunked upload) into a registry that takes the upload and never answers:
+    ended once the engine has said nothing for the quiet bound, never left `Pushing` until CI's own limit."""
+    import os
+
+    from imgbuild.engine.images import DockerImages
+    from imgbuild.errors import EXIT_ENVIRONMENT
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    registry.stall_uploads = True
+    (tmp_path / "x").write_bytes(os.urandom(1 << 20))
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY x /x\n")
+    ref = f"{registry.host}/p5/stall-{unique}:v1"
+    docker_client.images.build(path=str(tmp_path), tag=ref)
+    cleanup_images.append(ref)
+    said: list[str] = []
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            DockerImages(docker_client).push(ref, None, said.append, quiet_seconds=3)
+    finally:
+        registry.close()
+    assert time.monotonic() - start < 15, said
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in str(info.value) and "stalled" in str(info.value)

@@ -5,7 +5,8 @@ A plan (`rebuild --plan --json`) is read as untrusted input and refused when its
 (a child planned in or before the wave of an image it builds on: it would be built, and signed, on its parent's old
 image). Against it, a report's row for a recipe nobody planned, or for another image than planned, is a failed row,
 and so is a planned recipe no report names. A "built" row is believed only where the registry's tag holds the
-digest it names (and, with the signer's public key, where that digest is signed by it).
+digest it names, a "fresh" one only where the tag holds an image (and, with the signer's public key, where what
+the tag holds is signed by it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.ci.fanout import MAX_IMAGES, read_json
-from imgbuild.ci.rebuild import BUILT, FAILED, Item
+from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, Item
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.imageref import DIGEST_RE
@@ -119,29 +120,29 @@ def against_plan(items: list[Item], plan: FanoutPlan) -> list[Item]:
 
 
 def against_registry(items: list[Item], settings: Settings, verifier: Any = None) -> None:
-    """Fail each "built" row whose digest the registry's tag does not hold (or, with `verifier`, the signer's public
-    key, that is not signed there by it)."""
+    """Fail each "built" row whose digest the registry's tag does not hold, and each "fresh" row whose tag holds
+    nothing; with `verifier` (the signer's public key), each whose image there is not signed by it."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.registry.manifest import split_reference
     from imgbuild.supply.verify import check_signature
 
     for n, item in enumerate(items):
-        if item.status != BUILT:
+        if item.status not in (BUILT, FRESH):
             continue
-        if not DIGEST_RE.fullmatch(item.pushed):
+        said = f"reported built as {item.pushed}" if item.status == BUILT else "reported fresh"
+        if item.status == BUILT and not DIGEST_RE.fullmatch(item.pushed):
             items[n] = _failed(item, "reported built, but names no pushed digest")
             continue
         try:
             host, repo, tag = split_reference(item.target)
             client = RegistryClient.for_host(host, settings)
             held = client.content_digest(repo, tag)
-            if held != item.pushed:
-                why = f"reported built as {item.pushed}, but {item.target} holds {held or 'nothing'} in the registry"
-                items[n] = _failed(item, why)
+            if not held or (item.status == BUILT and held != item.pushed):
+                items[n] = _failed(item, f"{said}, but {item.target} holds {held or 'nothing'} in the registry")
             elif verifier is not None and not check_signature(client, repo, f"{host}/{repo}", held, verifier).ok:
-                items[n] = _failed(item, f"reported built as {item.pushed}, which is not signed there by the key")
+                items[n] = _failed(item, f"{said}, but {item.target}@{held} is not signed there by the key")
         except ImgbuildError as exc:
-            items[n] = _failed(item, f"reported built as {item.pushed}, which the registry could not show: {exc}")
+            items[n] = _failed(item, f"{said}, but the registry could not show {item.target}: {exc}")
 
 
 def merged(reports: list[Path], plan: FanoutPlan | None, settings: Settings, verifier: Any = None) -> list[Item]:
