@@ -665,3 +665,26 @@ def test_the_provenance_names_the_run_its_start_and_every_pip_input(tmp_path):
     assert parameters["requirements"]["sha256"] == attest.sha256(b"einops==0.8.0\n")
     assert {"einops==0.8.0", "tabulate==0.9.0"} <= set(parameters["pip"])
     assert statement["predicate"]["runDetails"]["builder"]["version"]["kind"] == "docker"
+
+
+def test_verify_against_a_registry_that_lies_on_a_read_by_digest_exits_3_in_one_line(keys):
+    """The tag and its signature served truly, the signature's payload read by its digest served falsely: no
+    verdict is given on bytes bound to nothing."""
+    from imgbuild.registry.client import RegistryClient
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    try:
+        body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "config": {}}).encode()
+        digest = registry.put("lab/research", "v1", body, attest.OCI_MANIFEST)
+        description = made(image=f"{registry.host}/lab/research", digest=digest)
+        client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
+        attest.publish(client, "lab/research", digest, attest.attachments(description, attest.load_signer(keys["private"], PASSWORD)))  # fmt: skip
+        image = f"{registry.host}/lab/research:v1"
+        assert run_cli("verify", image, "--key", str(keys["public"])).code == 0
+        sig = json.loads(registry.manifests[registry.tags[("lab/research", attest.attachment_tag(digest, "sig"))]][0])
+        registry.lies[sig["layers"][0]["digest"]] = b'{"critical": "forged"}'
+        done = run_cli("verify", image, "--key", str(keys["public"]))
+    finally:
+        registry.close()
+    assert done.code == 3 and len(done.err.strip().splitlines()) == 1 and registry.host in done.err, done.err
