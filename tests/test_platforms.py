@@ -527,3 +527,36 @@ def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_th
         registry.close()
     listed = registry.tags[("lab/demo", "v1")]
     assert signed == [digest] == [listed] == [digest_of(registry.manifests[listed][0])]
+
+
+def test_a_signed_manifest_list_has_each_platforms_image_signed_by_the_same_key(recipe, tmp_path):
+    """cosign's `sign --recursive`: a runtime that resolves the list to its own platform's entry (and
+    `run.signed_only`, asked of that entry) finds it signed, not only the list."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.supply import attest
+    from imgbuild.supply.verify import check_signature
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
+    try:
+        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+        engine = FakeEngine(platforms=BOTH)
+        made = _build(recipe, engine, tmp_path, BOTH)
+        engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
+        settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
+        builds = [(made.platform_of(r), r.image_id) for r in made.results]
+        listed = publish_platforms(
+            made.own().plan, builds, {"ok": True}, settings, engine, None, signer, lambda s: None
+        )
+        client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
+        entries = [registry.tags[("lab/demo", f"v1-{arch}")] for arch in ("amd64", "arm64")]
+        verdicts = [
+            check_signature(client, "lab/demo", f"{registry.host}/lab/demo", d, signer.public_key())
+            for d in (listed, *entries)
+        ]
+    finally:
+        registry.close()
+    assert [v.ok for v in verdicts] == [True, True, True], [v.detail for v in verdicts]

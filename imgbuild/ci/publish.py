@@ -24,7 +24,7 @@ from imgbuild.pipeline.plan import Plan
 from imgbuild.platforms import arch_of
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
-from imgbuild.registry.manifest import split_reference
+from imgbuild.registry.manifest import PlatformImage, split_reference
 from imgbuild.registry.transport import digest_of
 
 #: How long a push and its signing may hold the target's lease (one push may take an hour: engine.podman).
@@ -159,7 +159,7 @@ def publish_platforms(
     attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest, of the
     bytes put; a tag another pusher moved meanwhile fails the run (exit 1) with both digests named, nothing signed.
     A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
-    from imgbuild.registry.manifest import PlatformImage, manifest_list
+    from imgbuild.registry.manifest import manifest_list
 
     target = plan.target
     ref = imageref.parse(target)
@@ -187,7 +187,17 @@ def publish_platforms(
         log(f"{target}: manifest list {digest} ({', '.join(i.platform for i in images)})")
         if signer is not None:
             _sign(plan, smoke, digest, client, engine, backend or settings.backend, signer, log)
+            _sign_entries(client, ref.name, ref.repository, images, signer)
     return digest
+
+
+def _sign_entries(client: RegistryClient, image: str, repo: str, images: list[PlatformImage], signer: Any) -> None:
+    """Sign each platform's image of a manifest list too (cosign's `sign --recursive`): a runtime that resolves the
+    list to its own platform's entry (and `run.signed_only`, asked of that entry) finds it signed by the same key."""
+    from imgbuild.supply import attest
+
+    for entry in images:
+        attest.publish(client, repo, entry.digest, {"sig": attest.signature_artifact(image, entry.digest, signer)})
 
 
 def _still_ours(client: RegistryClient, target: str, pushed: str) -> None:

@@ -412,13 +412,18 @@ def attachments(made: Made, signer: Signer) -> dict[str, tuple[bytes, bytes, lis
             "signatures": [{"keyid": "", "sig": base64.b64encode(signer.sign(pae(IN_TOTO, statement))).decode()}],
         }
     )
-    payload = simple_signing(made.image, made.digest)
-    signature = base64.b64encode(signer.sign(payload)).decode()
     return {
-        "sig": artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})]),
+        "sig": signature_artifact(made.image, made.digest, signer),
         "att": artifact([(DSSE, envelope, {"predicateType": SLSA_PROVENANCE})]),
         "sbom": artifact([(CYCLONEDX, sbom_bytes, {})]),
     }
+
+
+def signature_artifact(image: str, digest: str, signer: Signer) -> tuple[bytes, bytes, list[bytes]]:
+    """cosign's signature of `image@digest`: its simple-signing payload, signed."""
+    payload = simple_signing(image, digest)
+    signature = base64.b64encode(signer.sign(payload)).decode()
+    return artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})])
 
 
 def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]) -> list[str]:
