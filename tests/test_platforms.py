@@ -508,8 +508,11 @@ def test_a_push_whose_tag_another_pusher_moves_signs_nothing_and_names_both_dige
 def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_the_tag_serves_later(
     recipe, tmp_path, monkeypatch
 ):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     from imgbuild.ci import publish as publishing
     from imgbuild.registry.transport import digest_of
+    from imgbuild.supply import attest
     from tests.fake_registry import ServedRegistry
 
     registry = ServedRegistry()
@@ -522,7 +525,8 @@ def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_th
         engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
         settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
         builds = [(made.platform_of(r), r.image_id) for r in made.results]
-        digest = publish_platforms(made.own().plan, builds, {}, settings, engine, None, object(), lambda s: None)
+        signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
+        digest = publish_platforms(made.own().plan, builds, {}, settings, engine, None, signer, lambda s: None)
     finally:
         registry.close()
     listed = registry.tags[("lab/demo", "v1")]
