@@ -462,6 +462,17 @@ def _pushing_into(registry, engine: FakeEngine, then=None):
     return push
 
 
+def _list_published(registry, recipe: Path, tmp_path: Path, signer) -> str:
+    """The demo recipe built for both platforms and published as a manifest list into `registry`: its digest."""
+    recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+    engine = FakeEngine(platforms=BOTH)
+    made = _build(recipe, engine, tmp_path, BOTH)
+    engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
+    settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
+    builds = [(made.platform_of(r), r.image_id) for r in made.results]
+    return publish_platforms(made.own().plan, builds, {"ok": True}, settings, engine, None, signer, lambda s: None)
+
+
 def _signatures(registry) -> set[str]:
     return {tag for (_, tag) in registry.tags if tag.endswith(".sig")}
 
@@ -519,14 +530,7 @@ def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_th
     signed: list[str] = []
     monkeypatch.setattr(publishing, "_sign", lambda plan, smoke, digest, *rest: signed.append(digest))
     try:
-        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
-        engine = FakeEngine(platforms=BOTH)
-        made = _build(recipe, engine, tmp_path, BOTH)
-        engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
-        settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
-        builds = [(made.platform_of(r), r.image_id) for r in made.results]
-        signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
-        digest = publish_platforms(made.own().plan, builds, {}, settings, engine, None, signer, lambda s: None)
+        digest = _list_published(registry, recipe, tmp_path, attest.Signer(ec.generate_private_key(ec.SECP256R1())))
     finally:
         registry.close()
     listed = registry.tags[("lab/demo", "v1")]
@@ -546,15 +550,7 @@ def test_a_signed_manifest_list_has_each_platforms_image_signed_by_the_same_key(
     registry = ServedRegistry()
     signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
     try:
-        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
-        engine = FakeEngine(platforms=BOTH)
-        made = _build(recipe, engine, tmp_path, BOTH)
-        engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
-        settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
-        builds = [(made.platform_of(r), r.image_id) for r in made.results]
-        listed = publish_platforms(
-            made.own().plan, builds, {"ok": True}, settings, engine, None, signer, lambda s: None
-        )
+        listed = _list_published(registry, recipe, tmp_path, signer)
         client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
         entries = [registry.tags[("lab/demo", f"v1-{arch}")] for arch in ("amd64", "arm64")]
         verdicts = [
