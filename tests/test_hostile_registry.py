@@ -393,7 +393,7 @@ def test_every_read_by_digest_is_checked_against_the_digest_asked_for(read, kind
 
 
 class _PushingApi:
-    """docker-py's push stream, as the engine writes it: `chunks`, then (with `stall`) nothing, ever."""
+    """docker-py's push and pull streams, as the engine writes them: `chunks`, then (with `stall`) nothing, ever."""
 
     def __init__(self, chunks: list[dict[str, object]], stall: bool = False):
         self.chunks, self.stall = chunks, stall
@@ -403,6 +403,17 @@ class _PushingApi:
         yield from self.chunks
         if self.stall:
             self.release.wait(30)  # a registry that took the upload and never answers: the engine says nothing
+
+    def pull(self, repo, tag, stream, decode):
+        return self.push(repo, tag, stream, decode, None)
+
+
+def _transfer(images, verb: str, quiet: float) -> None:
+    ref = "127.0.0.1:5901/p5/x:v1"
+    if verb == "push":
+        images.push(ref, None, lambda s: None, quiet_seconds=quiet)
+    else:
+        images.pull(ref, quiet_seconds=quiet)
 
 
 def _docker_images(api: _PushingApi):
@@ -416,14 +427,15 @@ def _docker_images(api: _PushingApi):
     return DockerImages(client)
 
 
-def test_a_push_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3():
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_a_push_or_pull_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3(verb):
     from imgbuild.errors import EXIT_ENVIRONMENT
 
     api = _PushingApi([{"status": "Preparing", "id": "aaa"}, {"status": "Pushing", "id": "aaa"}], stall=True)
     start = time.monotonic()
     try:
         with pytest.raises(RegistryUnavailable) as info:
-            _docker_images(api).push("127.0.0.1:5901/p5/x:v1", None, lambda s: None, quiet_seconds=0.5)
+            _transfer(_docker_images(api), verb, 0.5)
     finally:
         api.release.set()
     assert time.monotonic() - start < 3
@@ -442,12 +454,13 @@ def test_a_push_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3(
         ("manifest invalid: manifest invalid", 1),
     ],
 )
-def test_a_push_the_registry_fails_is_exit_3_and_one_the_push_itself_fails_is_exit_1(said, code):
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_a_transfer_the_registry_fails_is_exit_3_and_one_that_fails_itself_is_exit_1(said, code, verb):
     from imgbuild.errors import ImgbuildError
 
     api = _PushingApi([{"status": "Pushing", "id": "aaa"}, {"errorDetail": {"message": said + "\n\x1b[31m"}}])
     with pytest.raises(ImgbuildError) as info:
-        _docker_images(api).push("127.0.0.1:5901/p5/x:v1", None, lambda s: None, quiet_seconds=5)
+        _transfer(_docker_images(api), verb, 5)
     assert info.value.exit_code == code and "\n" not in str(info.value) and "\x1b" not in str(info.value)
 
 

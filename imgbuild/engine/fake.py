@@ -91,7 +91,7 @@ class FakeImages:
         info = self.image(ref)
         return None if info is None else info.inspected(ref)
 
-    def pull(self, ref: str) -> None:
+    def pull(self, ref: str, quiet_seconds: float = 0.0) -> None:
         self.calls.append(f"pull {ref}")
         if self.image(ref) is None:
             raise ImgbuildError(f"pull of {ref} failed: not in the fake registry")

@@ -25,7 +25,7 @@ from imgbuild.engine.buildkit import drive, input_args
 from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.docker import Engine
 from imgbuild.engine.emulation import emulator, missing_emulator
-from imgbuild.engine.images import PUSH_QUIET_SECONDS, DockerImages, push_failure
+from imgbuild.engine.images import PUSH_QUIET_SECONDS, DockerImages, transfer_failure
 from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, StepTracker, own_status
 from imgbuild.errors import EngineUnavailable, ImgbuildError, RegistryUnavailable
 from imgbuild.regular import open_log
@@ -126,7 +126,7 @@ class PodmanImages(DockerImages):
                 ) from None
             if proc.returncode != 0:
                 why = (proc.stderr.strip().splitlines() or ["podman push failed"])[-1]
-                raise push_failure(ref, why[:300])
+                raise transfer_failure("push", ref, why[:300])
             digest = digestfile.read_text().strip() if digestfile.is_file() else ""
         if not imageref.DIGEST_RE.fullmatch(digest):
             raise ImgbuildError(f"push of {ref} ended without a digest")
