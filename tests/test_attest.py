@@ -22,6 +22,7 @@ from imgbuild.supply import attest, verify
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
 from tests.fake_registry import MemoryRegistry
+from tests.support import imgbuild_here
 
 PASSWORD = b"correct horse battery staple"
 DIGEST = "sha256:" + "1" * 64
@@ -667,7 +668,7 @@ def test_the_provenance_names_the_run_its_start_and_every_pip_input(tmp_path):
     assert statement["predicate"]["runDetails"]["builder"]["version"]["kind"] == "docker"
 
 
-def test_verify_against_a_registry_that_lies_on_a_read_by_digest_exits_3_in_one_line(keys):
+def test_verify_against_a_registry_that_lies_on_a_read_by_digest_exits_3_in_one_line(keys, capsys):
     """The tag and its signature served truly, the signature's payload read by its digest served falsely: no
     verdict is given on bytes bound to nothing."""
     from imgbuild.registry.client import RegistryClient
@@ -681,10 +682,10 @@ def test_verify_against_a_registry_that_lies_on_a_read_by_digest_exits_3_in_one_
         client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
         attest.publish(client, "lab/research", digest, attest.attachments(description, attest.load_signer(keys["private"], PASSWORD)))  # fmt: skip
         image = f"{registry.host}/lab/research:v1"
-        assert run_cli("verify", image, "--key", str(keys["public"])).code == 0
+        assert imgbuild_here(capsys, "verify", image, "--key", str(keys["public"]))[0] == 0
         sig = json.loads(registry.manifests[registry.tags[("lab/research", attest.attachment_tag(digest, "sig"))]][0])
         registry.lies[sig["layers"][0]["digest"]] = b'{"critical": "forged"}'
-        done = run_cli("verify", image, "--key", str(keys["public"]))
+        code, _, err = imgbuild_here(capsys, "verify", image, "--key", str(keys["public"]))
     finally:
         registry.close()
-    assert done.code == 3 and len(done.err.strip().splitlines()) == 1 and registry.host in done.err, done.err
+    assert code == 3 and len(err.strip().splitlines()) == 1 and registry.host in err, err

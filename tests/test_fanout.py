@@ -16,6 +16,7 @@ from imgbuild.ci.fanout import merge, plan_document, read_report, waves
 from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, STALE, Item
 from imgbuild.errors import UsageError
 from tests.conftest import run_cli
+from tests.support import imgbuild_here
 
 
 def _item(name: str, status: str, deps: tuple[str, ...] = (), reasons: tuple[str, ...] = ()) -> Item:
@@ -286,7 +287,9 @@ def _planned(recipe: str, image: str, wave: int, after: tuple[str, ...] = ()) ->
     return {"recipe": recipe, "image": image, "wave": wave, "reasons": [], "after": list(after)}
 
 
-def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_rows_in_a_valid_junit(tmp_path, served):
+def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_rows_in_a_valid_junit(
+    tmp_path, served, capsys, monkeypatch
+):
     import xml.etree.ElementTree as ET
 
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -314,12 +317,11 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
         _row("::error file=README.md,line=1::forged", FRESH, image=img["a"]),
     ])  # fmt: skip
     junit = tmp_path / "merged.xml"
-    done = run_cli("merge-reports", str(honest), str(hostile), str(tmp_path / "died.json"), "--plan", str(plan),
-                   "--key", str(tmp_path / "cosign.pub"), "--junit-xml", str(junit),
-                   cwd=tmp_path, env={"GITHUB_ACTIONS": "true"})  # fmt: skip
-    assert done.code == 1, done.err
-    assert "Traceback" not in done.err
-    assert not any(line.lstrip().startswith("::") for line in done.out.splitlines())
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    code, out, err = imgbuild_here(capsys, "merge-reports", str(honest), str(hostile), str(tmp_path / "died.json"),
+                               "--plan", str(plan), "--key", str(tmp_path / "cosign.pub"), "--junit-xml", str(junit))  # fmt: skip
+    assert code == 1, err
+    assert not any(line.lstrip().startswith("::") for line in out.splitlines())
     cases = {
         case.get("name", "").split(" (")[0]: case.find("failure") for case in ET.parse(junit).getroot().iter("testcase")
     }
@@ -335,7 +337,7 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
 
 
 def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(
-    tmp_path, served, monkeypatch
+    tmp_path, served, monkeypatch, capsys
 ):
     from imgbuild.ci.evidence import read_plan
     from imgbuild.config.settings import load_settings
@@ -358,19 +360,22 @@ def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_
     with pytest.raises(UsageError, match="out of dependency order"):
         read_plan(Path("plan.json"), settings)
     report = _report(tmp_path, "r.json", [_row("recipes/parent.yaml", FRESH, image=parent)])
-    done = run_cli("merge-reports", str(report), "--plan", str(silent), "--junit-xml", "m.xml", cwd=tmp_path)
-    assert done.code == 2 and len(done.err.strip().splitlines()) == 1 and "out of dependency order" in done.err
+    code, _, err = imgbuild_here(capsys, "merge-reports", str(report), "--plan", str(silent), "--junit-xml", "m.xml")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "out of dependency order" in err
     assert 'failures="1"' in (tmp_path / "m.xml").read_text()
 
 
-def test_a_report_with_a_lone_surrogate_or_a_noncharacter_still_merges_into_valid_xml_and_a_table(tmp_path):
+def test_a_report_with_a_lone_surrogate_or_a_noncharacter_still_merges_into_valid_xml_and_a_table(
+    tmp_path, capsys, monkeypatch
+):
     report = tmp_path / "r.json"  # written as a runner's JSON escapes would carry them
     report.write_text(
         '{"images": [{"recipe": "recipes/a\\uffff.yaml", "image": "lab/a:1", "status": "failed", '
         '"error": "lone \\ud800 surrogate", "reasons": [], "seconds": 1}]}'
     )
-    done = run_cli("merge-reports", str(report), "--junit-xml", "m.xml", cwd=tmp_path)
-    assert done.code == 1 and "Traceback" not in done.err and "unexpected" not in done.err, done.err
+    monkeypatch.chdir(tmp_path)
+    code, out, err = imgbuild_here(capsys, "merge-reports", str(report), "--junit-xml", "m.xml")
+    assert code == 1 and "unexpected" not in err, err
     failure = ET.parse(tmp_path / "m.xml").getroot().find("testcase/failure")
     assert failure is not None and failure.get("message") == "lone \ufffd surrogate"
-    assert "recipes/a\ufffd.yaml" in done.out
+    assert "recipes/a\ufffd.yaml" in out
