@@ -41,6 +41,9 @@ PIP_RESOLVE_SECONDS = 1800.0
 PIP_DOWNLOAD_BYTES = 16 * 1024 * MIB
 #: One smoke test run inside the image.
 SMOKE_SECONDS = 1800
+#: The smoke test's GPU checks beyond one device's arithmetic together: the NCCL all-reduce, P2P copies,
+#: torch.compile and FP8 (the in-image script's GPU_SECONDS)
+SMOKE_GPU_SECONDS = 300
 #: One added distribution's imports in the smoke test, on a quiet machine (the in-image script's IMPORT_SECONDS)
 IMPORT_SECONDS = 120
 #: Reading a remote engine's GPUs in a short-lived container (its start, an image pull excluded, and nvidia-smi).

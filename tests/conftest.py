@@ -89,6 +89,7 @@ _TESTBED: dict[str, str] = {}
 
 
 def testbed_settings() -> dict[str, str]:
+    _require_marker("engine", "the test bed (engine, registry, stand-ins)")
     if _TESTBED:
         return _TESTBED
     if os.environ.get("IMGBUILD_TESTBED_REGISTRY"):
@@ -189,8 +190,38 @@ def use_site_config(monkeypatch: pytest.MonkeyPatch, path: str | Path) -> None:
     monkeypatch.setenv("IMGBUILD_SITE_CONFIG", str(path))
 
 
+#: The fixtures that reach the test bed or a real Slurm, and the marker a test using one must carry, so that
+#: `-m "not engine"` (the fast tier) never starts an engine by surprise.
+_NEEDS_MARKER = {"testbed": "engine", "docker_client": "engine", "cleanup_images": "engine", "slurm": "slurm"}
+
+#: The test being set up or run now (one at a time in a process, xdist workers included).
+_RUNNING: list[pytest.Item] = []
+
+
+def _require_marker(name: str, what: str) -> None:
+    """Fail the running test when it reaches `what` without its marker: the runtime half of the guard below, for
+    a test (or a helper it calls) that reaches the bed without a fixture."""
+    item = _RUNNING[0] if _RUNNING else None
+    if item is not None and item.get_closest_marker(name) is None:
+        pytest.fail(f"{item.nodeid} uses {what} but is not marked `{name}`", pytrace=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that asks for a bed or Slurm fixture without its marker is an error at collection, not a slow
+    surprise in the fast tier."""
+    unmarked = [
+        f"{item.nodeid} uses the fixture `{fixture}` but is not marked `{marker}`"
+        for item in items
+        for fixture, marker in _NEEDS_MARKER.items()
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("\n".join(unmarked))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests marked `root` need root by nature; for anyone else they are skipped with their reason."""
+    _RUNNING[:] = [item]
     marker = item.get_closest_marker("root")
     if marker is not None and os.geteuid() != 0:
         pytest.skip(f"needs root: {marker.args[0] if marker.args else 'by nature'}")

@@ -49,8 +49,10 @@ class FakeNvcr:
         private: set[str] | None = None,
         token_uses: int = 1000,
         throttle_first: int = 0,
+        facts: dict[str, tuple[str, str]] | None = None,
     ):
         self.tags = tags
+        self.facts = facts or {}  # a release's (CUDA_VERSION, TORCH_CUDA_ARCH_LIST), where not the defaults
         self.private = private or set()
         self.token_uses = token_uses
         self.throttle_first = throttle_first
@@ -70,6 +72,8 @@ class FakeNvcr:
         release = tag.split("-")[0]
         yy, mm = (int(x) for x in release.split("."))
         cuda = "12.4.1.003" if (yy, mm) >= (24, 1) else "12.2.2.009"
+        archs = "5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX"
+        cuda, archs = self.facts.get(release, (cuda, archs))
         per_arch = {}
         for arch in ("amd64", "arm64"):
             config = json.dumps(
@@ -83,7 +87,7 @@ class FakeNvcr:
                             "CUDA_DRIVER_VERSION=550.54.15",
                             f"NVIDIA_PYTORCH_VERSION={release}",
                             "PYTORCH_VERSION=2.4.0a0+07cecf4168",
-                            "TORCH_CUDA_ARCH_LIST=5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX",
+                            f"TORCH_CUDA_ARCH_LIST={archs}",
                             "PATH=/usr/local/lib/python3.10/dist-packages/torch_tensorrt/bin:/usr/bin",
                         ],
                         "Labels": {"com.nvidia.pytorch.version": "2.4.0a0+07cecf4168"},

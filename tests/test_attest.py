@@ -263,6 +263,7 @@ def test_verify_needs_a_public_key(tmp_path):
     assert res.code == 2 and "missing.pub" in res.err and "Traceback" not in res.err
 
 
+@pytest.mark.frontdoor
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_push_sign_verify_on_the_bed(keys, testbed, tmp_path, unique, cleanup_images):

@@ -44,6 +44,7 @@ def image_of(client, ref: str):
     return client.images.get(ref)
 
 
+@pytest.mark.frontdoor
 def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_path, as_host_user, cleanup_images):
     cleanup_images.append("imgbuildtest/pytorch-research:24.05")
     res = build(ROOT / "recipes/pytorch-research.yaml", tmp_path / "ctx")
@@ -73,7 +74,17 @@ def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_p
     report = json.loads((tmp_path / "ctx" / "smoke.json").read_text())
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["framework"] == statuses["pip check"] == "pass"
-    assert all(statuses[k] == "skip" for k in ("cuda", "cudnn conv", "tensor cores", "amp training"))
+    gpu_checks = (
+        "cuda",
+        "cudnn conv",
+        "tensor cores",
+        "amp training",
+        "nccl all-reduce",
+        "p2p",
+        "torch.compile",
+        "fp8",
+    )
+    assert all(statuses[k] == "skip" for k in gpu_checks)
     labels = image_of(docker_client, "imgbuildtest/pytorch-research:24.05").labels
     lock = json.loads((tmp_path / "ctx" / "imgbuild.lock.json").read_text())
     assert labels["org.imgbuild.input-hash"] == lock["input_hash"]
@@ -150,6 +161,7 @@ def test_both_backends_give_equivalent_images(testbed, docker_client, tmp_path, 
     assert now.split() == before.split() == ["1.16.0", "0o640", "True", "hi", "True"]
 
 
+@pytest.mark.frontdoor
 def test_failed_smoke_test_never_replaces_a_working_tag(testbed, docker_client, tmp_path, write, cleanup_images):
     cleanup_images.append("imgbuildtest/promo:v1")
     good = write("good.yaml", 'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {STAGE: good}\n')

@@ -46,6 +46,39 @@ def test_the_document_carries_the_run_rules_and_the_recipes_user(tmp_path):
         devcontainer(plan, run_rules({"mounts": ["/data"]}))
 
 
+def test_a_recipe_without_a_user_runs_as_the_host_user_never_root(tmp_path):
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text('name: dev\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    doc = devcontainer(plan_of(recipe), run_rules({}), host_user=(1001, 1002))
+    assert doc["containerUser"] == doc["remoteUser"] == "1001:1002" and doc["updateRemoteUserUID"] is False
+    assert doc["containerEnv"]["HOME"] == "/tmp/home"  # the image has no account, so no home, for that UID
+    as_root = devcontainer(plan_of(recipe), run_rules({}), host_user=(0, 0))
+    assert not {"containerUser", "remoteUser", "containerEnv"} & set(as_root)
+
+
+def test_a_recipe_never_built_is_refused_before_anything_is_written(tmp_path):
+    from imgbuild.clusters.devcontainer import export_devcontainer
+    from imgbuild.config.settings import load_settings
+    from imgbuild.engine.fake import FakeEngine
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "dev.yaml"
+    recipe.write_text('name: dev\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n')
+    with pytest.raises(UsageError, match=r"^lab/dev:v1 is not built here: build it first \(imgbuild build "):
+        export_devcontainer(plan_of(recipe), recipe, load_settings({}), tmp_path / "devc", None, FakeEngine)
+    assert not (tmp_path / "devc").exists()
+
+
+def _built(plan):
+    """An engine holding `plan`'s image, as after `imgbuild build`."""
+    from imgbuild.engine.fake import FakeEngine
+
+    engine = FakeEngine()
+    engine.add_image(plan.target)
+    return lambda: engine
+
+
 def test_export_needs_exactly_one_target(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text('name: dev\nbase: {framework: pytorch, tag: "24.05"}\n')
@@ -80,7 +113,6 @@ def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, mon
     `run --gpus N` would pick (least used first), by UUID, the caller's name and labels, a CPU share."""
     from imgbuild.clusters.devcontainer import export_devcontainer
     from imgbuild.config.settings import load_settings
-    from imgbuild.engine.fake import FakeEngine
     from imgbuild.host import caller
 
     _shared_server(tmp_path, monkeypatch, [(0, 90), (1, 0), (2, 0)])
@@ -89,7 +121,7 @@ def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, mon
     recipe.write_text('name: dev\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n')
     settings = load_settings({})
     plan = plan_of(recipe)
-    path, notes = export_devcontainer(plan, recipe, settings, tmp_path / "devc", "2", FakeEngine)
+    path, notes = export_devcontainer(plan, recipe, settings, tmp_path / "devc", "2", _built(plan))
     doc = json.loads(path.read_text())
     me = caller().name
     assert "hostRequirements" not in doc
@@ -99,7 +131,7 @@ def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, mon
     assert "--cpus=2" in doc["runArgs"] and doc["containerEnv"]["OMP_NUM_THREADS"] == "1"
     assert notes[0] == f"GPUs 1,2, container {me}_dev_1" and any("no deadline" in n for n in notes)
     # no --gpus on a shared server: no GPU at all, never every GPU
-    path, notes = export_devcontainer(plan, recipe, settings, tmp_path / "none", None, FakeEngine)
+    path, notes = export_devcontainer(plan, recipe, settings, tmp_path / "none", None, _built(plan))
     doc = json.loads(path.read_text())
     assert "hostRequirements" not in doc and doc["containerEnv"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert notes[0].startswith("GPUs none (--gpus N to ask)")
@@ -147,6 +179,40 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", ngc_facts.BED_TORCH], run.stderr[
             -1500:
         ]
+        # a recipe without a user: the container runs as the person exporting it (here UID 4242, a user of the
+        # docker group), and what they write into the project is theirs
+        mine = tmp_path / "mine"
+        (mine / ".git").mkdir(parents=True)
+        (mine / "recipes").mkdir()
+        plain = mine / "recipes" / "plain.yaml"
+        plain.write_text(f'name: plain-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+        refused = run_cli("export", str(plain), "--devcontainer", cwd=mine)
+        assert refused.code == 2 and "is not built here: build it first" in refused.err, refused.err
+        target = cleanup_images[-1].rsplit("/", 1)[0] + f"/plain-{unique}:v1"  # the built image, as plain's
+        subprocess.run(["docker", "tag", cleanup_images[-1], target], check=True)
+        cleanup_images.append(target)
+        from imgbuild.clusters.devcontainer import export_devcontainer
+        from imgbuild.config.settings import load_settings
+        from imgbuild.engine import connect_engine
+        from imgbuild.host import Caller
+        from imgbuild.pipeline.resolve import plan_file
+
+        monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
+        person = load_settings(who=Caller("person", 4242, 4343))
+        plan = plan_file(plain, person)
+        assert plan.target == target
+        export_devcontainer(plan, plain, person, mine / ".devcontainer", None, lambda: connect_engine(person))
+        mine.chmod(0o777)
+        mine_args = ["--workspace-folder", str(mine), *args[2:]]
+        read = subprocess.run([cli, "read-configuration", *mine_args], capture_output=True, text=True, timeout=120)
+        assert read.returncode == 0, read.stderr[-2000:]  # the CLI's own parser takes the document
+        assert json.loads(read.stdout)["configuration"]["containerUser"] == "4242:4343"
+        up = subprocess.run([cli, "up", *mine_args], capture_output=True, text=True, timeout=600)
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        made = subprocess.run([cli, "exec", *mine_args, "sh", "-c", "id -u; id -g; touch made; echo $HOME"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert made.returncode == 0 and made.stdout.split()[-3:] == ["4242", "4343", "/tmp/home"], made.stderr
+        assert ((mine / "made").stat().st_uid, (mine / "made").stat().st_gid) == (4242, 4343)
         # on a shared server: the container the CLI starts is the one `imgbuild run` would
         shared = tmp_path / "shared"
         shared.mkdir(mode=0o755)
@@ -172,7 +238,8 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
     finally:
         subprocess.run(
             f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path} | xargs -r docker rm -f; "
-            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/shared | xargs -r docker rm -f",
+            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/shared | xargs -r docker rm -f; "
+            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/mine | xargs -r docker rm -f",
             shell=True,
             capture_output=True,
         )
@@ -184,14 +251,7 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         )
 
 
-@pytest.mark.parametrize(
-    "flags, planted",
-    [
-        (["--devcontainer"], ".devcontainer/devcontainer.json"),
-        (["--apptainer", "--no-build"], "dev_v1.def"),  # the default name
-    ],
-)
-def test_export_never_writes_through_a_link_committed_in_the_repository(tmp_path, flags, planted):
+def test_export_never_writes_through_a_link_committed_in_the_repository(tmp_path, monkeypatch):
     """The repository commits the file export writes as a link to a file of the user's: the link is replaced by
     the file, the user's file is untouched."""
     (tmp_path / ".git").mkdir()
@@ -199,12 +259,22 @@ def test_export_never_writes_through_a_link_committed_in_the_repository(tmp_path
     recipe.write_text('name: dev\nimage: lab/dev:v1\nbase: {framework: pytorch, tag: "24.05"}\n')
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's own\n")
-    link = tmp_path / planted
-    link.parent.mkdir(exist_ok=True)
-    link.symlink_to(victim)
-    res = run_cli("export", str(recipe), *flags, cwd=tmp_path, env={"IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"})
-    assert res.code == 0 and victim.read_text() == "the user's own\n", res.err
-    assert not link.is_symlink() and link.read_text().strip()
+    for planted in (".devcontainer/devcontainer.json", "dev_v1.def"):  # .def: apptainer's default name
+        link = tmp_path / planted
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(victim)
+    offline = {"IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"}
+    apptainer = run_cli("export", str(recipe), "--apptainer", "--no-build", cwd=tmp_path, env=offline)
+    assert apptainer.code == 0, apptainer.err
+    from imgbuild.clusters.devcontainer import export_devcontainer
+    from imgbuild.config.settings import load_settings
+
+    monkeypatch.chdir(tmp_path)
+    plan = plan_of(recipe)
+    export_devcontainer(plan, recipe, load_settings({}), None, None, _built(plan))
+    assert victim.read_text() == "the user's own\n"
+    for planted in (".devcontainer/devcontainer.json", "dev_v1.def"):
+        assert not (tmp_path / planted).is_symlink() and (tmp_path / planted).read_text().strip()
 
 
 def test_export_refuses_a_devcontainer_folder_committed_as_a_link(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import sys
 import warnings
 from pathlib import Path
 
@@ -30,7 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI_FILES = sorted((ROOT / "docs" / "ci").glob("*.yml"))
 FENCE = re.compile(r"(?ms)^(?:<!-- docs: (?P<mark>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```")
-MARKS = {"recipe-fragment", "reference", "partial", "main-command", "test-command", "install", "admission-policy"}
+MARKS = {
+    "recipe-fragment",
+    "reference",
+    "partial",
+    "main-command",
+    "test-command",
+    "ci-rest-command",
+    "install",
+    "admission-policy",
+}
 SETTING_KEYS = {f.name for f in dataclasses.fields(Settings)} - set(NOT_SETTINGS) | {"fleet"}
 MINIMAL_RECIPE = 'name: docs-example\nbase: {framework: pytorch, tag: "24.05"}\n'
 
@@ -367,3 +377,75 @@ def test_the_reaper_unit_sees_the_state_folder_users_write():
     for unit in units:
         if DEFAULT_STATE_DIR.startswith(("/tmp/", "/var/tmp/")):
             assert "PrivateTmp=true" not in unit.body, str(unit)
+
+
+# --- links -----------------------------------------------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped (hyphens and underscores kept),
+    each space a hyphen."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    """Every anchor a Markdown file has: its headings' (repeats numbered -1, -2, as GitHub does)."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    seen: dict[str, int] = {}
+    anchors = set()
+    for i, token in enumerate(tokens):
+        if token.type == "heading_open":
+            inline = tokens[i + 1]
+            words = "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
+            slug = _slug(words)
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _links(text: str) -> list[tuple[int, str]]:
+    """(line, target) of every link and image of a Markdown file, as the Markdown parser reads them."""
+    from markdown_it import MarkdownIt
+
+    found = []
+    for token in MarkdownIt("commonmark").enable("table").parse(text):
+        for child in token.children or []:
+            if child.type == "link_open":
+                found.append(((token.map or [0])[0] + 1, str(child.attrs.get("href", ""))))
+            elif child.type == "image":
+                found.append(((token.map or [0])[0] + 1, str(child.attrs.get("src", ""))))
+    return found
+
+
+def broken_links(files: list[Path]) -> list[str]:
+    """Each relative link (to a file, a folder or an anchor) of `files` that leads nowhere, as FILE:LINE: target."""
+    broken = []
+    for path in files:
+        text = path.read_text()
+        for line, target in _links(text):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or not target:  # https:, mailto: ...: not ours to check
+                continue
+            name, _, anchor = target.partition("#")
+            goal = (path.parent / name).resolve() if name else path
+            if not goal.exists():
+                broken.append(f"{path.relative_to(ROOT)}:{line}: {target} (no such file)")
+            elif anchor and goal.suffix == ".md" and anchor not in _anchors(goal.read_text()):
+                broken.append(f"{path.relative_to(ROOT)}:{line}: {target} (no such heading)")
+    return broken
+
+
+def test_every_relative_link_and_anchor_in_the_docs_leads_somewhere():
+    assert broken_links(DOCS) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("# Getting started\n\n## Getting started\n\nsee [b](b.md), [c](c.md#nowhere)\n")
+    (tmp_path / "c.md").write_text("# Elsewhere\n\n[back](a.md#getting-started-1) [up](a.md#getting-started)\n")
+    assert broken_links([tmp_path / "a.md", tmp_path / "c.md"]) == [
+        "a.md:5: b.md (no such file)",
+        "a.md:5: c.md#nowhere (no such heading)",
+    ]

@@ -5,6 +5,7 @@ a too-new driver, a CDI-only host); its reading runs on this machine, which has 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -183,38 +184,82 @@ def test_collect_reads_a_gpu_host_from_its_snapshot(tmp_path, monkeypatch):
     assert found["mig"][0] == "warn" and found["gpus"][0] == "fail" and "R580 at the latest" in found["gpus"][1]
 
 
-def test_doctor_names_the_gpus_a_driver_branch_dropped(tmp_path):
+def _bus(root: Path, devices: list[tuple[str, str, str, str, str]]) -> Path:
+    """A fake /sys/bus/pci/devices: (address, vendor, class, device id, bound driver or "")."""
+    bus = root / "devices"
+    drivers = root / "drivers"
+    for address, vendor, kind, ident, driver in devices:
+        (bus / address).mkdir(parents=True)
+        (bus / address / "vendor").write_text(vendor + "\n")
+        (bus / address / "class").write_text(kind + "\n")
+        (bus / address / "device").write_text(ident + "\n")
+        if driver:
+            (drivers / driver).mkdir(parents=True, exist_ok=True)
+            (bus / address / "driver").symlink_to(drivers / driver)
+    return bus
+
+
+def _lab(pci, gpus=1) -> HostFacts:
+    listed = ({"index": 0, "name": "NVIDIA A100-SXM4-80GB", "capability": "8.0", "mig": False},) * gpus
+    return HostFacts(
+        driver="590.44.01", gpus=listed, toolkit="1.18.0", engine=ENGINE, memlock=None, cgroup="v2", pci_gpus=pci
+    )
+
+
+def test_doctor_names_the_gpus_a_driver_branch_dropped_by_address_and_device_id(tmp_path):
     """A lab that upgrades to R590 gets `gpus ok` for its A100s while its V100s vanish
     (R590 does not bind them, so nvidia-smi lists none). The PCI bus still has them."""
     from imgbuild.gpu.read import nvidia_pci_devices
     from imgbuild.servers.doctor import judge
 
-    bus = tmp_path / "devices"
-    for address, vendor, kind in [
-        ("0000:07:00.0", "0x10de", "0x030200"),  # an A100, driven
-        ("0000:0f:00.0", "0x10de", "0x030200"),  # a V100, not driven by R590
-        ("0000:10:00.0", "0x10de", "0x040300"),  # its audio function: not a GPU
-        ("0000:11:00.0", "0x8086", "0x030000"),  # another vendor's display
-    ]:
-        (bus / address).mkdir(parents=True)
-        (bus / address / "vendor").write_text(vendor + "\n")
-        (bus / address / "class").write_text(kind + "\n")
-    pci = nvidia_pci_devices(str(bus))
-    assert pci == ("0000:07:00.0", "0000:0f:00.0")
-    lab = HostFacts(
-        driver="590.44.01",
-        gpus=({"index": 0, "name": "NVIDIA A100-SXM4-80GB", "capability": "8.0", "mig": False},),
-        toolkit="1.18.0",
-        engine=ENGINE,
-        memlock=None,
-        cgroup="v2",
-        pci_gpus=pci,
+    bus = _bus(
+        tmp_path,
+        [
+            ("0000:07:00.0", "0x10de", "0x030200", "0x20b2", "nvidia"),  # an A100, driven
+            ("0000:0f:00.0", "0x10de", "0x030200", "0x1db5", ""),  # a V100, not driven by R590
+            ("0000:10:00.0", "0x10de", "0x040300", "0x10f1", "snd_hda_intel"),  # its audio function: not a GPU
+            ("0000:11:00.0", "0x8086", "0x030000", "0x0bd5", "i915"),  # another vendor's display
+        ],
     )
-    said = [line for line in judge(lab) if line.check == "gpus" and line.status == "fail"]
-    assert len(said) == 1 and "2 NVIDIA GPU(s) on the PCI bus, the driver lists 1" in said[0].detail
+    pci = nvidia_pci_devices(str(bus))
+    assert [(g.address, g.device, g.driver) for g in pci] == [
+        ("0000:07:00.0", "0x20b2", "nvidia"),
+        ("0000:0f:00.0", "0x1db5", ""),
+    ]
+    said = [line for line in judge(_lab(pci)) if line.check == "gpus" and line.status == "fail"]
+    assert len(said) == 1 and "on the PCI bus: 0000:0f:00.0 (10de:1db5), that no driver binds" in said[0].detail
     assert "sm_70" in said[0].detail and "R580" in said[0].detail and said[0].fix
-    same = HostFacts(**{**lab.__dict__, "pci_gpus": pci[:1]})
-    assert not [line for line in judge(same) if line.check == "gpus" and line.status == "fail"]
+    assert not [line for line in judge(_lab(pci[:1])) if line.check == "gpus" and line.status == "fail"]
+
+
+def test_a_gpu_passed_to_vms_or_fallen_off_the_bus_is_named_as_such_not_blamed_on_the_branch(tmp_path):
+    from imgbuild.gpu.read import nvidia_pci_devices
+    from imgbuild.servers.doctor import judge
+
+    bus = _bus(
+        tmp_path,
+        [
+            ("0000:07:00.0", "0x10de", "0x030200", "0x2330", "nvidia"),
+            ("0000:08:00.0", "0x10de", "0x030200", "0x2330", "nvidia"),  # bound, but the driver lost it
+            ("0000:09:00.0", "0x10de", "0x030200", "0x2330", "vfio-pci"),  # given to a VM
+            ("0000:0a:00.0", "0x10de", "0x030000", "0x2684", "nouveau"),
+        ],
+    )
+    lines = [line for line in judge(_lab(nvidia_pci_devices(str(bus)))) if line.check == "gpus"]
+    text = "\n".join(f"{line.status} {line.detail} | {line.fix}" for line in lines)
+    assert "info 1 GPU(s) passed to virtual machines (vfio-pci): 0000:09:00.0 (10de:2330)" in text
+    assert "fail GPU 0000:0a:00.0 (10de:2684) is bound to nouveau" in text and "blacklist nouveau" in text
+    assert "1 fell off the bus or failed to start" in text and "Xid 79" in text
+    assert "no longer drives" not in text and "no driver binds" not in text
+
+
+def test_a_sysfs_without_bindings_still_counts_gpus_the_driver_does_not_list(tmp_path):
+    from imgbuild.gpu.read import PciGpu
+    from imgbuild.servers.doctor import judge
+
+    pci = (PciGpu("0000:07:00.0", "0x20b2", ""), PciGpu("0000:0f:00.0", "0x1db5", ""))
+    said = [line for line in judge(_lab(pci)) if line.check == "gpus" and line.status == "fail"]
+    assert len(said) == 1 and said[0].detail.startswith("1 NVIDIA GPU(s) on the PCI bus that no driver binds")
 
 
 @pytest.mark.parametrize(

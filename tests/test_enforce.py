@@ -875,6 +875,7 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     assert probing and probing["ipc"] != os.readlink("/proc/self/ns/ipc")
 
 
+@pytest.mark.engine  # Debian's sudo (visudo) comes with the whole bed: this runs with the bed's tests
 def test_two_drop_ins_coexist_in_one_sudoers(tmp_path):
     """Two installs (or a test's drop-in beside a site's): each alias is its own, and sudo accepts both files
     together (one alias defined twice makes sudo grant neither)."""

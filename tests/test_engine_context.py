@@ -98,6 +98,33 @@ def test_a_context_naming_the_bed_engine_is_used(tmp_path, testbed):
     assert done.code == 0, done.err
 
 
+def test_a_context_over_ssh_reaches_the_engine_through_the_ssh_client(tmp_path, monkeypatch):
+    """`docker context create gpu-server --docker host=ssh://you@gpu-server` on a laptop: the SDK goes through
+    the `ssh` client (the user's keys, agent and known hosts), as the docker CLI does."""
+    import docker
+
+    from imgbuild.engine.docker import Engine
+
+    _context(tmp_path, "gpu-server", "ssh://you@gpu-server")
+    for name in ("DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_CONTEXT", "gpu-server")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    asked: list[tuple[str, dict]] = []
+
+    class Client:
+        def ping(self) -> bool:
+            return True
+
+    def from_env(**kwargs):
+        asked.append((os.environ["DOCKER_HOST"], kwargs))
+        return Client()
+
+    monkeypatch.setattr(docker, "from_env", from_env)
+    Engine.connect()
+    assert asked == [("ssh://you@gpu-server", {"timeout": 600, "use_ssh_client": True})]
+
+
 # --- registry logins ------------------------------------------------------------------------------------------
 
 

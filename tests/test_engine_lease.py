@@ -111,6 +111,7 @@ def test_a_hostile_until_label_holds_nothing(until):
         ("١:٢", "unknown"),  # digits, but not ASCII
         ("12:", "unknown"),
     ],
+    ids=["this-process", "gone", "elsewhere", "empty", "four-parts", "non-ascii-digits", "no-start-time"],
 )
 def test_a_token_is_judged_only_where_its_process_can_be_seen(token, state):
     assert token_state(token) == state

@@ -40,6 +40,11 @@ def test_the_first_day_is_short():
     assert SECTION.count("\n") <= 60
 
 
+def test_the_recipe_the_first_day_builds_is_the_one_in_recipes():
+    assert (ROOT / "recipes" / "first-day.yaml").read_text() == _block("yaml")
+
+
+@pytest.mark.frontdoor
 @pytest.mark.engine
 def test_the_first_day_runs_as_written_and_prints_what_it_shows(testbed, tmp_path, docker_client):
     project = tmp_path / "project"

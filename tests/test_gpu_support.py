@@ -5,9 +5,11 @@ NVIDIA_REQUIRE_CUDA for every recorded CUDA image against it)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from imgbuild.gpu import matrix
 from imgbuild.gpu.support import SUPPORT, TABLE, BadTable, parse
 
 
@@ -25,16 +27,45 @@ def test_the_shipped_table_reads_and_every_row_names_a_source():
 @pytest.mark.parametrize(
     "cuda, branches",
     [
-        ((12, 4), ("470.57", "525.85", "535.86", "545.23")),
-        ((12, 8), ("470", "535", "550", "560", "565")),
-        ((12, 9), ("470", "535", "550", "560", "565")),  # the nearest release at or below
+        ((12, 8), ("470", "535", "550", "560", "565")),  # each recorded release: its own list
+        ((12, 9), ("535", "550", "560", "565", "570")),
         ((13, 0), ("535", "550", "565", "570", "575")),
-        ((13, 2), ("535", "550", "565", "570", "575")),
+        ((13, 1), ("535", "550", "570", "575", "580")),
+        ((13, 2), ("535", "570", "580", "590")),
+        ((12, 4), ("470.57", "535.86")),  # between two rows: what both allow, at the stricter minimum
+        ((13, 3), ("535", "570", "580", "590")),  # past the newest row: the newest
         ((11, 8), ()),
     ],
 )
-def test_forward_branches_come_from_the_nearest_release_at_or_below(cuda, branches):
+def test_forward_branches_are_each_releases_own_and_an_unrecorded_release_gets_only_what_its_neighbours_share(
+    cuda, branches
+):
     assert SUPPORT.forward_branches(cuda) == branches
+
+
+def test_no_release_between_two_rows_gets_a_branch_either_neighbour_dropped():
+    rows = sorted(SUPPORT.forward_compat)
+    for older, newer in zip(rows, rows[1:], strict=False):
+        if older[0] != newer[0]:
+            continue
+        for minor in range(older[1] + 1, newer[1]):
+            allowed = {b.split(".")[0] for b in SUPPORT.forward_branches((older[0], minor))}
+            assert allowed <= {b.split(".")[0] for b in SUPPORT.forward_compat[older]}
+            assert allowed <= {b.split(".")[0] for b in SUPPORT.forward_compat[newer]}
+
+
+def test_a_release_own_driver_and_its_majors_minor_version_floor_are_two_facts():
+    assert SUPPORT.cuda_min_driver[(11, 0)] == "450.51.05"
+    assert SUPPORT.minor_version_floor(11) == "450.80.02"
+    assert SUPPORT.minor_version_floor(12) == "525.60.13" and SUPPORT.minor_version_floor(13) == "580.65.06"
+
+
+def test_jetson_drivers_are_read_on_their_own_scale_and_only_for_jetsons():
+    assert SUPPORT.tegra_cuda("thor", "580.00") == (13, 0)
+    assert SUPPORT.tegra_cuda("orin", "540.4.0") == (12, 6)
+    assert SUPPORT.tegra_cuda("h100", "580.00") is None
+    with pytest.raises(BadTable, match="tegra_drivers\\[0\\]: model must be a Jetson"):
+        parse(_table(tegra_drivers=[{"model": "h100", "driver": "580.00", "cuda": "13.0", "source": "jetpack"}]))
 
 
 def _table(**change):
@@ -125,3 +156,27 @@ def test_a_malformed_table_row_is_one_line_naming_it(why, change, words):
 def test_a_table_that_is_no_table_is_refused(document):
     with pytest.raises(BadTable):
         parse(document)
+
+
+def test_the_driver_matrix_in_the_docs_is_what_the_table_says_now():
+    docs = (Path(__file__).parent.parent / "docs" / "gpus.md").read_text()
+    start = docs.index("<!-- driver-matrix: python -m imgbuild.gpu.matrix -->\n")
+    block = docs[start:].split("\n", 1)[1].split("<!-- /driver-matrix -->")[0]
+    assert block == matrix.markdown(), "docs/gpus.md's driver matrix is stale: python -m imgbuild.gpu.matrix"
+
+
+@pytest.mark.parametrize(
+    "release, driver, expected",
+    [
+        ("25.06", "470.256.02", "no"),  # CUDA 12.9's list dropped R470
+        ("26.01", "565.57.01", "no"),  # CUDA 13.1's dropped R565
+        ("26.03", "550.163.01", "no"),  # CUDA 13.2's dropped R550 and R575
+        ("26.03", "575.64.05", "no"),
+        ("26.03", "570.195.03", "data center"),
+        ("25.10", "580.95.05", "all"),
+        ("24.05", "470.256.02", "data center"),
+    ],
+)
+def test_the_matrix_follows_each_releases_own_list(release, driver, expected):
+    cuda = dict(matrix.NGC_RELEASES)[release]
+    assert matrix.cell(cuda, driver) == expected

@@ -8,6 +8,7 @@ sources are in tests/data/gpu-profiles.json.
 from __future__ import annotations
 
 import json
+import time
 import types
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, UsageError
-from imgbuild.gpu.fleet import GpuFacts, driver_verdict, judge, judge_tag, parse_target, parse_targets
+from imgbuild.gpu.fleet import GpuFacts, driver_verdict, host_target, judge, judge_tag, parse_target, parse_targets
 from imgbuild.payload import smoke_image as script
 from tests.support import fake_inspect
 
@@ -136,6 +137,15 @@ DRIVERS = [
     ((12, 8), "545.23.08", None, True, "minor-version compatibility"),
     ((12, 8), "470.57.02", True, True, "forward compatibility"),
     ((11, 8), "450.80.02", None, True, "minor-version compatibility"),
+    ((11, 0), "450.51.06", None, True, ">= 450.51.05"),  # CUDA 11.0.3 on its own driver
+    ((11, 1), "450.51.06", None, False, "older than 450.80.02"),  # below the 11.x minor-version floor
+    # each release's own forward-compatibility list: branches NVIDIA dropped run nothing newer
+    ((12, 9), "470.256.02", True, False, "older than 525.60.13"),
+    ((13, 1), "565.57.01", True, False, "older than 580.65.06"),
+    ((13, 2), "550.127.05", True, False, "older than 580.65.06"),
+    ((13, 2), "575.57.08", True, False, "older than 580.65.06"),
+    ((13, 2), "570.124.06", True, True, "forward compatibility"),
+    ((13, 1), "575.57.08", True, True, "forward compatibility"),
 ]
 
 
@@ -176,6 +186,46 @@ def test_a_fleet_is_judged_per_gpu_from_the_image_facts():
 
 
 HOSTILE_TARGETS = ["", " ", "sm_", "sm_8", "8.9.1", "h100; rm -rf /", "h100\nFROM x", "x" * 5000, "sm_899", "9", "-1.0"]
+
+
+def test_a_jetson_on_its_own_jetpack_driver_runs_what_that_jetpack_ships_and_no_newer_major():
+    cuda13 = GpuFacts("25.10", "13.0", "8.7 11.0", "test")
+    thor = judge(cuda13, parse_targets("thor"), "580.00")[0]
+    assert thor.runs and "JetPack's for CUDA 13.0" in thor.reason
+    orin = judge(GpuFacts("24.10", "12.6", "8.7", "test"), parse_targets("orin"), "540.3.0")[0]
+    assert orin.runs and "minor-version compatibility" in orin.reason  # JetPack 6.0 (12.2) runs 12.6's SASS
+    assert not judge(cuda13, parse_targets("orin"), "540.4.0")[0].runs
+    desktop = judge(cuda13, parse_targets("h100"), "580.00")[0]  # no Jetson: 580.00 is a desktop number there
+    assert not desktop.runs and "older than 580.65.06" in desktop.reason
+
+
+@pytest.mark.parametrize(
+    "name, capability, model, datacenter",
+    [
+        ("NVIDIA GeForce RTX 4090", (8, 9), "rtx4090", False),
+        ("NVIDIA H100 80GB HBM3", (9, 0), "h100", True),
+        ("Tesla V100-SXM2-16GB", (7, 0), "v100", True),
+        ("NVIDIA L40S", (8, 9), "l40s", True),
+        ("NVIDIA A100-SXM4-80GB", (8, 0), "a100", True),
+        ("NVIDIA Thor", (11, 0), "thor", True),
+        ("NVIDIA H100 80GB HBM3", (8, 0), "", None),  # a name at another capability is no match
+        ("Some Future GPU", (13, 0), "", None),
+        ("NVIDIA GeForce RTX 9090", (13, 0), "", False),  # a consumer card the table does not know yet
+    ],
+)
+def test_the_hosts_gpus_carry_their_models_facts(name, capability, model, datacenter):
+    target = host_target(name, f"{capability[0]}.{capability[1]}")
+    assert target is not None
+    assert (target.model, target.datacenter) == (model, datacenter)
+    assert target.label == f"this host's {name}"
+
+
+def test_a_geforce_host_on_r570_is_not_promised_cuda_13():
+    facts = GpuFacts("25.10", "13.0", "8.9", "test")
+    target = host_target("NVIDIA GeForce RTX 4090", "8.9")
+    assert target is not None
+    verdict = judge(facts, [target], "570.124.06")[0]
+    assert not verdict.runs and "data-center GPUs only" in verdict.reason
 
 
 @pytest.mark.parametrize("word", HOSTILE_TARGETS)
@@ -1352,3 +1402,116 @@ def test_the_engine_gpu_script_runs_on_the_stdlib_alone_and_answers_on_one_line(
     answer = json.loads(line.removeprefix(ENGINE_READ_MARKER))
     assert set(answer) == {"pci_nvidia", "smi"} and all(a["code"] == 127 for a in answer["smi"].values())
     assert judge_engine_read(0, done.stdout, "", False).present is False
+
+
+def test_a_gpu_far_under_its_datasheet_warns_though_its_ratio_passes():
+    """Half clocks or a low power cap halve every dtype alike: the ratio passes, the absolute figure does not."""
+    report = script.Report()
+    report.run("tensor cores", script.torch_tensor_cores, _clocked_torch([5.0], speedup=14.0))
+    (entry,) = report.checks
+    assert entry["status"] == "warn" and "under half of NVIDIA A100-SXM4-80GB's datasheet 312" in entry["reason"]
+    assert entry["details"]["gpus"][0]["datasheet_tflops"] == 312.0
+
+
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H20", 148.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA L40", 181.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA GeForce RTX 4090", 165.2),
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA GB200", 2500.0),
+        ("Tesla V100-SXM2-16GB", 112.0),
+        ("NVIDIA A10G", None),  # no datasheet figure recorded: no absolute check
+        ("Some Future GPU", None),
+    ],
+)
+def test_each_models_datasheet_figure_is_found_by_its_name(name, peak):
+    assert script.datasheet_tflops(name) == peak
+
+
+def test_the_gpu_budget_is_the_settings_and_a_spent_one_skips_naming_it():
+    assert script.configured_gpu_seconds("90") == 90.0
+    for bad in ("", "0", "-5", "1e9", "٩٠", "99999999"):
+        assert script.configured_gpu_seconds(bad) == float(script.GPU_SECONDS), bad
+    now = [100.0]
+    budget = script.Budget(30, clock=lambda: now[0])
+    assert budget.left("the NCCL all-reduce") == pytest.approx(30)
+    now[0] = 129.5
+    with pytest.raises(script.Skip, match=r"budget \(30 s, setting smoke_gpu_seconds\) is spent before torch.compile"):
+        budget.left("torch.compile")
+
+
+def test_the_gpu_budget_default_is_the_one_limit():
+    from imgbuild import limits
+
+    assert script.GPU_SECONDS == limits.SMOKE_GPU_SECONDS
+
+
+def _gpu_torch(capabilities, names=None, nccl=True, **extra):
+    names = names or ["NVIDIA H100 80GB HBM3"] * len(capabilities)
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: len(capabilities),
+        get_device_capability=lambda i: capabilities[i],
+        get_device_name=lambda i: names[i],
+    )
+    distributed = types.SimpleNamespace(is_available=lambda: nccl, is_nccl_available=lambda: nccl)
+    return types.SimpleNamespace(cuda=cuda, distributed=distributed, __version__="2.9.0", **extra)
+
+
+def test_the_new_gpu_checks_skip_with_their_reason_where_they_cannot_apply():
+    budget = script.Budget(60)
+    no_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    report = script.Report()
+    for name, check in (("nccl", script.torch_nccl), ("p2p", script.torch_p2p), ("compile", script.torch_compile)):
+        report.run(name, check, no_gpu, budget)
+    report.run("fp8", script.torch_fp8, no_gpu, budget)
+    report.run("nccl", script.torch_nccl, _gpu_torch([(9, 0)], nccl=False), budget)
+    report.run("nccl", script.torch_nccl, _gpu_torch([(9, 0)], names=["NVIDIA H100 80GB HBM3 MIG 1g.10gb"]), budget)
+    report.run("p2p", script.torch_p2p, _gpu_torch([(9, 0)]), budget)
+    report.run("fp8", script.torch_fp8, _gpu_torch([(8, 0), (8, 6)]), budget)
+    report.run("fp8", script.torch_fp8, _gpu_torch([(9, 0)]), budget)  # a torch without float8
+    reasons = [(c["status"], c["reason"]) for c in report.checks]
+    assert [s for s, _ in reasons] == ["skip"] * 9
+    said = " | ".join(r for _, r in reasons)
+    for words in ("no GPU visible", "built without NCCL", "MIG instance", "one GPU: no peer", "sm_89 and later",
+                  "has no FP8 matrix product"):  # fmt: skip
+        assert words in said, words
+
+
+def test_the_all_reduce_ranks_are_one_process_per_gpu_bounded_and_each_failure_is_one_line(tmp_path):
+    fine = tmp_path / "fine"
+    fine.write_text('#!/bin/sh\necho "IMGBUILD-NCCL {\\"rank\\": $RANK, \\"ok\\": true, \\"seconds\\": 0.01}"\n')
+    hangs = tmp_path / "hangs"
+    hangs.write_text("#!/bin/sh\nexec sleep 30\n")
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\necho 'NCCL WARN Cuda failure 804 forward compatibility was attempted'\nexit 1\n")
+    for path in (fine, hangs, broken):
+        path.chmod(0o755)
+    reports = script.run_ranks(4, 30, 16, python=str(fine))
+    assert [r["rank"] for r in reports] == [0, 1, 2, 3] and all(r["ok"] for r in reports)
+    start = time.monotonic()
+    with pytest.raises(script.Fail, match="did not finish in 1 s"):
+        script.run_ranks(2, 1, 16, python=str(hangs))
+    assert time.monotonic() - start < 10
+    with pytest.raises(script.Fail, match="NCCL rank 0 of 2 failed: NCCL WARN Cuda failure 804"):
+        script.run_ranks(2, 30, 16, python=str(broken))
+
+
+def test_a_compile_failure_names_the_gpu_and_the_cure():
+    """Without torch here, the compiling process fails as a broken Triton would: the check says which GPU and why,
+    in one line; ptxas's failure on a GPU it does not know gets its cure."""
+    report = script.Report()
+    report.run("torch.compile", script.torch_compile, _gpu_torch([(12, 1)], compile=object()), script.Budget(60))
+    (entry,) = report.checks
+    assert entry["status"] == "fail" and entry["reason"].startswith("torch.compile on GPU 0 (sm_121) failed: ")
+    assert "\n" not in entry["reason"]
+    cure = script.compile_cure("ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'")
+    assert "TRITON_PTXAS_PATH" in cure

@@ -240,6 +240,11 @@ def test_a_failed_step_is_named_not_spelled_out_in_mount_flags():
     assert step_name("[2/3] RUN apt-get update") == "the apt step [2/3]"
     assert step_name("[3/3] RUN make") == "[3/3] RUN make"
     assert len(step_name("[1/1] RUN " + "x" * 500)) == 120
+    # any other step: what it runs, without the instruction's flags or the variables set for its command alone
+    assert step_name("[stage-1 2/4] COPY --chown=1000:1000 --link files/ /") == "[stage-1 2/4] COPY files/ /"
+    assert step_name("[2/5] RUN --mount=type=cache,id=c,target=/c IMGBUILD_INPUTS=sha256:ab \\\n  make -j8") == (
+        "[2/5] RUN \\ make -j8"
+    )
 
 
 # --- requirements files as projects write them ----------------------------------------

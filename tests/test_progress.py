@@ -97,6 +97,46 @@ def test_a_live_only_progress_shows_a_running_clock_on_a_terminal_and_nothing_in
             assert ui.Progress("imgbuild build r.yaml").enabled is True  # a build's steps go to its log too
 
 
+def test_the_smoke_test_says_each_check_as_it_goes_and_a_long_one_every_few_seconds(monkeypatch):
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.payload import smoke_image
+    from imgbuild.pipeline import smoke
+
+    said: list[str] = []
+    report = smoke_image.Report()
+    with monkeypatch.context() as patched:  # the script's own lines, as the container's output carries them
+        patched.setattr(smoke_image, "say", lambda text: said.append(smoke_image.PROGRESS + text))
+        report.run("framework", lambda: {"reason": "ok"})
+        report.run("cuda", lambda: (_ for _ in ()).throw(smoke_image.Skip("no GPU")))
+    assert said == [
+        "imgbuild-smoke: check 1: framework ...",
+        "imgbuild-smoke: check 1: framework PASS (0.0 s)",
+        "imgbuild-smoke: check 2: cuda ...",
+        "imgbuild-smoke: check 2: cuda SKIP (0.0 s)",
+    ]
+    monkeypatch.setattr(smoke.StepHeartbeat, "HEARTBEAT_SECONDS", 0.2)
+    steps: list[str] = []
+
+    class SlowScript(FakeEngine):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            run_script = self.containers.run_script
+
+            def slow(*args, on_line=None, **kwargs):
+                for line in [*said[:3], "pip noise, not a step"]:
+                    on_line(line)
+                time.sleep(0.7)  # a check that takes long: said again while it runs
+                return run_script(*args, on_line=on_line, **kwargs)
+
+            self.containers.run_script = slow
+
+    engine = SlowScript()
+    engine.add_image("lab/x:1", env=["PYTORCH_VERSION=2.4.0"])
+    smoke.run_smoke(engine, smoke.SmokeRequest("lab/x:1", skip_gpu=True), on_step=steps.append)
+    assert steps[:2] == ["starting the smoke test", "smoke check 1: framework PASS (0.0 s)"]  # a start: only if long
+    assert len(steps) >= 4 and all(s.startswith("smoke check 2: cuda: still running (") for s in steps[2:])
+
+
 # --- text others wrote, through every table and progress line ----------------------------------------------
 
 #: What a failed step, a runner's report or a recipe can put in front of a user.

@@ -210,6 +210,7 @@ def test_push_errors_reported_in_the_stream_fail_the_run(project):
     assert data["status"] == "failed" and "push of 127.0.0.1:9/imgbuildtest/lost" in data["error"]
 
 
+@pytest.mark.frontdoor
 @pytest.mark.engine
 def test_check_flags_recipes_whose_context_is_stale(project):
     project["recipe"]("one", f"name: one\nbase: {project['base']}\nenv: {{A: '1'}}\n")
@@ -224,6 +225,7 @@ def test_check_flags_recipes_whose_context_is_stale(project):
     by_name = {Path(i["recipe"]).stem: i for i in json.loads(stale.out)["images"]}
     assert by_name["one"]["status"] == "stale" and "Dockerfile" in by_name["one"]["reasons"][0]
     assert by_name["two"]["status"] == "stale" and "never rendered" in by_name["two"]["reasons"][0]
+    assert by_name["two"]["reasons"][-1] == "cure: imgbuild render recipes/two.yaml, then commit images/two"
 
 
 def test_bump_moves_following_recipes_and_keeps_the_file_as_written(tmp_path):

@@ -680,3 +680,29 @@ def test_runs_start_path_on_the_fake_engine(tmp_path, monkeypatch):
     with pytest.raises(ImgbuildError, match="the container did not start"), reserved(request, settings, engine) as spec:
         start_detached(engine, spec)
     assert Ledger(tmp_path / "state").entries() == []
+
+
+def test_an_engine_that_may_not_raise_memlock_names_the_value_and_exits_3_never_125(tmp_path, monkeypatch):
+    import resource
+
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.servers.run import explain_start_failure, reserved, start_attached
+
+    said = explain_start_failure(
+        "docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create "
+        "failed: unable to start container process: error during container init: error setting rlimit type 8: "
+        "operation not permitted: unknown."
+    )
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    value = hard if hard != resource.RLIM_INFINITY else 67108864
+    assert f"put run: {{ulimits: {{memlock: {value}}}}} in ~/.config/imgbuild/config.yaml" in said
+    assert "error setting rlimit type 8: operation not permitted)" in said
+    settings = _site(tmp_path, monkeypatch, "  ulimits: {memlock: -1}\n")
+    engine = FakeEngine()
+    engine.containers.start_code = 125
+    request = RunRequest("ubuntu:22.04", ["true"], detach=True)
+    with reserved(request, settings, engine) as spec:
+        assert start_attached(engine, spec, settings).code == 3  # docker's own 125: the engine's, never passed on
+    engine.containers.start_code = 127
+    with reserved(request, settings, engine) as spec:
+        assert start_attached(engine, spec, settings).code == 1  # the command could not be run in it

@@ -7,6 +7,7 @@ the recipe or a copied file changed, the base moved to another digest, or the bu
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -381,11 +382,12 @@ def rebuild(paths: list[str], settings: Settings, options: RebuildOptions, log: 
     return Report(mode, items, time.monotonic() - start)
 
 
-def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
+def check_contexts(paths: list[str], settings: Settings, rewrite: bool = False) -> list[Item]:
     """`rebuild --check`: compare images/<name>/ with what the recipes render to now. Builds nothing.
 
     The base is taken as recorded in each context's lock, so the check needs no registry and flags only
-    recipes (or copied files, or templates) that changed without their rendered context."""
+    recipes (or copied files, or templates) that changed without their rendered context. `rewrite`: a stale
+    context is written anew against its recorded base (after a change to imgbuild's templates)."""
     from imgbuild.pipeline.plan import image_and_tag
 
     items = []
@@ -405,11 +407,19 @@ def check_contexts(paths: list[str], settings: Settings) -> list[Item]:
     _refuse_shared_contexts(items, settings)
     for item in items:
         if item.status != INVALID:
-            _check_one(item, loaded_by_item[id(item)], settings)
+            _check_one(item, loaded_by_item[id(item)], settings, rewrite)
     return items
 
 
-def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
+def _check_one(item: Item, loaded: Any, settings: Settings, rewrite: bool = False) -> None:
+    """Judge the committed context; a stale one says the cure: render the recipe, commit what it wrote."""
+    _judge_context(item, loaded, settings, rewrite)
+    if item.status == STALE:
+        context = display_path(context_path(loaded.recipe.name, loaded.root, settings))
+        item.reasons.append(f"cure: imgbuild render {shlex.quote(item.name)}, then commit {context}")
+
+
+def _judge_context(item: Item, loaded: Any, settings: Settings, rewrite: bool = False) -> None:
     """Render the recipe against the base its lock records, and compare with the committed context."""
     from imgbuild.pipeline.context import diff_context
     from imgbuild.pipeline.plan import make_plan
@@ -447,7 +457,13 @@ def _check_one(item: Item, loaded: Any, settings: Settings) -> None:
     except RecipeError as exc:
         item.status, item.error = INVALID, "; ".join(exc.lines())
         return
-    diff = diff_context(render(plan, record.backend, template_cache(settings.cache_dir)), ctx)
+    context = render(plan, record.backend, template_cache(settings.cache_dir))
+    diff = diff_context(context, ctx)
+    if diff and rewrite:
+        from imgbuild.pipeline.context import write_context
+
+        write_context(context, ctx)
+        diff = diff_context(context, ctx)
     item.status = STALE if diff else FRESH
     if diff:
         item.reasons = [f"{ctx} differs from the recipe: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")]

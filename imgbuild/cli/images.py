@@ -219,11 +219,12 @@ def smoke(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
             run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
             import_seconds=math.ceil(settings.smoke_import_timeout),
+            gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
         )  # fmt: skip
         quota = quota_check(settings, acting.who.name) if acting else None
         with live as progress:
             progress("the smoke test runs in the image")  # the clock runs while it imports and times the GPUs
-            result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota)
+            result = run_smoke(engine, wanted, settings, claims=gpu_claims(settings), quota=quota, on_step=progress)
     if report:
         write_as(acting.who if acting else None, report, json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
     if as_json:

@@ -140,33 +140,40 @@ def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tupl
     help="Where the recipe goes.",
 )  # fmt: skip
 @click.option("--ci", type=click.Choice(["github", "gitlab"]), help="Also write the CI workflow that builds it.")
+@click.option(
+    "--for", "for_gpus", metavar="GPU[,GPU...]",
+    help="Choose the base for these GPUs (v100, l40s, sm_89, ...) instead of this host's and the site fleet's.",
+)  # fmt: skip
+@click.option("--driver", metavar="VERSION", help="With --for: the driver those GPUs run (e.g. 535.104.05).")
+@click.option("--base", metavar="TAG", help="The NGC release to start from (e.g. 24.05), not the newest that runs.")
 @click.pass_context
-def init(ctx: click.Context, name: str, source: Path | None, framework: str, folder: Path, ci: str | None) -> None:
-    """Write a starting recipe (recipes/NAME.yaml) on an NGC base this host's GPUs and driver can run; never over a
-    file. `imgbuild validate` and `imgbuild build` come next."""
-    from imgbuild.errors import RecipeError, UsageError
-    from imgbuild.gpu.read import NoGpus, read_gpus
-    from imgbuild.pipeline.starter import plan_starter, write_new
-    from imgbuild.recipe import load_recipe
+def init(
+    ctx: click.Context,
+    name: str,
+    source: Path | None,
+    framework: str,
+    folder: Path,
+    ci: str | None,
+    for_gpus: str | None,
+    driver: str | None,
+    base: str | None,
+) -> None:
+    """Write a starting recipe (recipes/NAME.yaml) on the newest NGC release the registry lists that this host's
+    GPUs (or --for) run with their driver, render its context, and print what comes next; never over a file."""
+    from imgbuild.pipeline.starter import InitRequest, plan_starter, start
 
     settings = settings_of(ctx)
-    try:
-        gpus = read_gpus(settings.gpu_snapshot)
-    except NoGpus:
-        gpus = []
-    driver = next((g.driver for g in gpus if g.driver), None)
-    starter = plan_starter(name, framework, folder, source, ci, gpus, driver)
-    for path in (starter.recipe, *([starter.ci[0]] if starter.ci else [])):
-        if path.exists() or path.is_symlink():
-            raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)")
-    write_new(starter.recipe, starter.text)
-    try:
-        load_recipe(starter.recipe, secrets=settings.secrets())  # imgbuild writes nothing it would refuse
-    except RecipeError:
-        starter.recipe.unlink()
-        raise
-    click.echo(f"wrote {starter.recipe} (base {framework} {starter.base_why})", err=True)
-    if starter.ci:
-        write_new(*starter.ci)
-        click.echo(f"wrote {starter.ci[0]}", err=True)
-    click.echo(f"next: imgbuild validate {starter.recipe} && imgbuild build {starter.recipe}", err=True)
+    request = InitRequest(name, framework, folder, source, ci, for_gpus, driver, base)
+    starter = plan_starter(request, settings)
+    done = start(starter, settings)
+    click.echo(f"base {framework} {starter.release}: {starter.base_why}", err=True)
+    click.echo(f"  {starter.base_detail}", err=True)
+    for path in done.written:
+        click.echo(f"wrote {path}", err=True)
+    if done.rendered:
+        click.echo(f"rendered {done.rendered}/ (commit it with the recipe: CI checks it is current)", err=True)
+    else:
+        click.echo(f"not rendered: {done.not_rendered}", err=True)
+    click.echo("next:", err=True)
+    for command in done.next_commands:
+        click.echo(f"  {command}", err=True)

@@ -146,7 +146,8 @@ def run(
     outcome = done.outcome
     if outcome.start_failed:
         click.echo(
-            f"imgbuild: docker could not start the container; if it said 'error setting rlimit', {runmod.RLIMIT_HINT}",
+            "imgbuild: docker could not start the container; if it said 'error setting rlimit', "
+            + runmod.rlimit_cure(),
             err=True,
         )
     if outcome.rows:

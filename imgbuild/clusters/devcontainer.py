@@ -4,7 +4,8 @@ Pure: the plan, the site's `run:` rules and (on a shared server) what `imgbuild 
 JSON document out. On a laptop or a workstation of one's own, `hostRequirements.gpu: optional` (the Dev
 Containers tooling passes GPUs where there are some); on a shared server, the GPUs, CPUs, name and labels
 `imgbuild run` gives, so quotas, `ps`, `gpus` and the reaper see the container. The user is the recipe's,
-with its UID moved to the person's own (`updateRemoteUserUID`); IPC or shm, ulimits, capped logs, the site's
+with its UID moved to the person's own (`updateRemoteUserUID`), else the person's UID:GID; only a built image
+is exported (the CLI would pull a name it does not find). IPC or shm, ulimits, capped logs, the site's
 data mounts and env come from the same settings `imgbuild run` uses.
 """
 
@@ -67,12 +68,37 @@ def chosen_args(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     return [f"{flag}={value}" for flag, value in words], {k: v for k, v in container_env(options) if k in chosen}
 
 
-def devcontainer(plan: Plan, house: RunRules, image: str | None = None, spec: RunSpec | None = None) -> dict[str, Any]:
+#: HOME for a host user the image has no account for (the container runs as their UID:GID): somewhere they can
+#: write (VS Code's server and the shell keep their files there), inside the container only.
+NO_ACCOUNT_HOME = "/tmp/home"
+
+
+def user_keys(recipe_user: str | None, host_user: tuple[int, int] | None) -> dict[str, Any]:
+    """Who the container and VS Code's processes run as, in the Dev Containers spec's keys. The recipe's user,
+    its UID moved to the person's own by the CLI (`updateRemoteUserUID`: it rewrites named users only); else the
+    host user's own UID:GID (what `imgbuild run` passes as `--user`), so files written into the mounted project
+    are theirs, never root's; a root host user (nothing to map) keeps the image's user."""
+    if recipe_user:
+        return {"remoteUser": recipe_user, "containerUser": recipe_user, "updateRemoteUserUID": True}
+    if host_user is None or host_user[0] == 0:
+        return {}
+    ids = f"{host_user[0]}:{host_user[1]}"
+    return {"remoteUser": ids, "containerUser": ids, "updateRemoteUserUID": False}
+
+
+def devcontainer(
+    plan: Plan,
+    house: RunRules,
+    image: str | None = None,
+    spec: RunSpec | None = None,
+    host_user: tuple[int, int] | None = None,
+) -> dict[str, Any]:
     """The devcontainer.json document for `plan`'s image (`image` overrides the built tag, e.g. a digest).
 
     `spec`: on a shared server, what `imgbuild run` chose (GPUs, CPUs, name): the container gets exactly
     that. Without it (a laptop, a workstation of one's own), `hostRequirements.gpu: optional`, which the Dev
-    Containers CLI turns into `--gpus all` wherever there are GPUs."""
+    Containers CLI turns into `--gpus all` wherever there are GPUs. `host_user`: the person's (UID, GID), who
+    the container runs as when the recipe names no user."""
     recipe = plan.loaded.recipe
     workspace = house.workspace
     chosen, chosen_env = chosen_args(spec) if spec else ([], {})
@@ -84,14 +110,13 @@ def devcontainer(plan: Plan, house: RunRules, image: str | None = None, spec: Ru
         "workspaceMount": f"source=${{localWorkspaceFolder}},target={workspace},type=bind",
         "workspaceFolder": workspace,
     }
-    if recipe.user:
-        doc["remoteUser"] = recipe.user.name
-        doc["containerUser"] = recipe.user.name
-        doc["updateRemoteUserUID"] = True
+    users = user_keys(recipe.user.name if recipe.user else None, host_user)
+    doc.update(users)
     mounts = [_mount(spec, plan.uid) for spec in house.mounts]
     if mounts:
         doc["mounts"] = mounts
-    env = {**house.env, **chosen_env}
+    no_account = {"HOME": NO_ACCOUNT_HOME} if users and not recipe.user else {}
+    env = {**no_account, **house.env, **chosen_env}
     if env:
         doc["containerEnv"] = dict(sorted(env.items()))
     doc["customizations"] = {"vscode": {"extensions": ["ms-python.python", "ms-toolsai.jupyter"]}}
@@ -116,15 +141,19 @@ def export_devcontainer(
     if out is None and folder.is_symlink():  # committed as a link: it would carry the write anywhere
         raise UsageError(f"{folder} is a symbolic link; imgbuild writes devcontainer.json only into a real folder")
     path = folder / "devcontainer.json"
+    engine = engine_of()
+    if engine.images.image(plan.target) is None:  # the Dev Containers CLI would pull the name from Docker Hub
+        raise UsageError(f"{plan.target} is not built here: build it first (imgbuild build {recipe})")
+    host_user = (settings.caller.uid, settings.caller.gid)
     notes: list[str] = []
     if shared:
         request = runmod.RunRequest(image=str(recipe), gpu_request=gpus or "none")
-        with runmod.reserved(request, settings, engine_of()) as spec:
-            document = devcontainer(plan, house, spec=spec)
+        with runmod.reserved(request, settings, engine) as spec:
+            document = devcontainer(plan, house, spec=spec, host_user=host_user)
         chosen = ",".join(str(g.index) for g in spec.gpus.gpus) or "none (--gpus N to ask)"
         notes = [f"GPUs {chosen}, container {spec.name}", *NOT_HONOURED]
     else:
-        document = devcontainer(plan, house)
+        document = devcontainer(plan, house, host_user=host_user)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         from imgbuild.regular import write_atomic

@@ -122,6 +122,11 @@ class Settings:
         "to 6x what the base's framework takes to import there, and a timed-out import is tried once more alone "
         "(then reported as timed out, not as broken)",
     )
+    smoke_gpu_seconds: Seconds = setting(
+        limits.SMOKE_GPU_SECONDS,
+        doc="seconds the smoke test's collective, P2P, torch.compile and FP8 checks may take together on a GPU host; "
+        "a check that finds none left is skipped, saying so",
+    )
     pip_resolve_timeout: Seconds = setting(
         limits.PIP_RESOLVE_SECONDS, doc="seconds of the pip step's resolution before pip starts installing"
     )

@@ -22,6 +22,7 @@ from imgbuild.engine.types import (
     _failure_text,
     engine_fault,
     own_status,
+    step_name,
 )
 from imgbuild.errors import BuildFailed, EngineFault, EngineUnavailable
 
@@ -162,7 +163,7 @@ def _follow(
         if m := _BK_STEP.fullmatch(line):
             tracker.steps[m.group(1)] = m.group(2)
             tracker.current = m.group(1)
-            progress(m.group(2))
+            progress(step_name(m.group(2)))
         elif m := _BK_CACHE_IMPORT.fullmatch(line):
             cache_imports.add(m.group(1))
         elif (m := _BK_ERROR.fullmatch(line)) and m.group(1) in cache_imports:

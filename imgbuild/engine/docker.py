@@ -47,7 +47,8 @@ class Engine:
         host = point.host or "unix:///var/run/docker.sock"
         where = f"{host} ({point.source})" if point.source not in ("DOCKER_HOST", "the local engine") else host
         try:
-            client = docker.from_env(timeout=600)
+            # ssh:// (a context over SSH): the ssh client itself, with the user's keys, agent and known hosts
+            client = docker.from_env(timeout=600, use_ssh_client=host.startswith("ssh://"))
             client.ping()
         except DockerException as exc:
             if "Permission denied" in str(exc) or "PermissionError" in str(exc):

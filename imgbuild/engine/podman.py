@@ -26,7 +26,15 @@ from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.docker import Engine
 from imgbuild.engine.emulation import emulator, missing_emulator
 from imgbuild.engine.images import PUSH_QUIET_SECONDS, DockerImages, transfer_failure
-from imgbuild.engine.types import BuildRequest, ImageInfo, ProgressFn, Redactor, StepTracker, own_status
+from imgbuild.engine.types import (
+    BuildRequest,
+    ImageInfo,
+    ProgressFn,
+    Redactor,
+    StepTracker,
+    own_status,
+    step_name,
+)
 from imgbuild.errors import EngineUnavailable, ImgbuildError, RegistryUnavailable
 from imgbuild.regular import open_log
 
@@ -272,7 +280,7 @@ def _follow(
             key = f"{m.group(1) or 1}.{m.group(3)}"
             tracker.steps[key] = f"[stage-{m.group(1) or 1} {m.group(2)}] {m.group(4)}"
             tracker.current = key
-            progress(m.group(4)[:200])
+            progress(step_name(tracker.steps[key]))
         elif (m := _ERROR.fullmatch(line)) and line.startswith(("Error:", "error:")):
             tracker.failed = tracker.failed or tracker.current
             error_lines.append(m.group(1))

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from imgbuild.engine.types import _SDK_STEP, BuildRequest, ProgressFn, Redactor, StepTracker, _failure_text, own_status
+from imgbuild.engine.types import (
+    _SDK_STEP,
+    BuildRequest,
+    ProgressFn,
+    Redactor,
+    StepTracker,
+    _failure_text,
+    own_status,
+    step_name,
+)
 from imgbuild.errors import BuildFailed
 
 
@@ -57,7 +66,7 @@ def _follow_sdk_chunk(
         if m := _SDK_STEP.fullmatch(line):
             tracker.current = m.group(1)
             tracker.steps[m.group(1)] = f"[{m.group(1)}] {m.group(2)}"
-            progress(tracker.steps[m.group(1)])
+            progress(step_name(tracker.steps[m.group(1)]))
         else:
             tracker.tails.setdefault(tracker.current, deque(maxlen=40)).append(line)
             if status := own_status(line):

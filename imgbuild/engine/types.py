@@ -260,13 +260,22 @@ def own_status(text: str) -> str | None:
     return printable(text)
 
 
-def step_name(step: str) -> str:
-    """`[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,...` -> `the pip step ([stage-0 4/6])`."""
+#: An instruction's own flags (`--mount=type=cache,id=...`, `--chown=1000:1000`, `--link`) and the variables a RUN
+#: sets for its command alone (`IMGBUILD_INPUTS=sha256:...`): how a step is built, not what it does.
+_STEP_NOISE = re.compile(r"(?<=\s)(?:--[a-z][a-z-]*(?:=\S*)?|[A-Z_][A-Z0-9_]*=\S*)\s+")
+
+
+def step_name(step: str, limit: int = 120) -> str:
+    """A build step as the build log and a failure name it: imgbuild's own steps by what they are
+    (`[stage-0 4/6] RUN --mount=type=bind,source=imgbuild/pip,...` -> `the pip step [stage-0 4/6]`), any other by
+    its instruction and what it runs, without the instruction's flags, on one line of at most `limit` characters.
+    Every engine's step lines (BuildKit, the Engine API, podman) come here."""
     number = step.split("]", 1)[0] + "]" if step.startswith("[") else ""
     for word, name in _OWN_STEPS:
         if word in step:
             return f"{name} {number}".strip()
-    return step if len(step) <= 120 else step[:117] + "..."
+    text = " ".join(_STEP_NOISE.sub("", " ".join(step.split()) + " ").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _failure_text(step: str, tail: list[str], errors: list[str], log_path: Path | None) -> str:

@@ -33,6 +33,7 @@ class Target:
     datacenter: bool | None = None  # None: not known (given as a capability)
     cpu: str = "any"  # arm64: the GPU comes only in arm64 machines (Grace, DGX Spark, Jetson)
     min_driver: str = ""  # a full version NVIDIA requires for this model within its branch (HGX B200)
+    model: str = ""  # the support table's key, where the target is a model: its Jetson drivers are read by it
 
     @property
     def sm(self) -> str:
@@ -44,7 +45,7 @@ def parse_target(word: str) -> Target:
     key = text.replace(" ", "").replace("-", "").replace("_", "")
     if key in GPU_MODELS:
         model = GPU_MODELS[key]
-        return Target(key, model.capability, model.datacenter, model.cpu, model.min_driver)
+        return Target(key, model.capability, model.datacenter, model.cpu, model.min_driver, key)
     match = _CAPABILITY_RE.fullmatch(text)
     if match:
         major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
@@ -54,6 +55,37 @@ def parse_target(word: str) -> Target:
         f"--for: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
         f"or a name such as {', '.join(list(GPU_MODELS)[:12])} ({len(GPU_MODELS)} known: docs/gpus.md)"
     )
+
+
+_BRAND_WORDS = frozenset({"nvidia", "geforce", "tesla", "jetson", "agx"})  # words that name no model
+#: Words in a GPU's name that mark a consumer card: no forward compatibility on those (NGC's support matrix).
+_CONSUMER_WORDS = ("GeForce", "TITAN")
+
+
+def _name_words(name: str) -> tuple[str, ...]:
+    return tuple(w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in _BRAND_WORDS)
+
+
+def host_target(name: str, compute_cap: str) -> Target | None:
+    """A GPU as a reader saw it (`NVIDIA GeForce RTX 4090`, `8.9`) as a target carrying its model's facts
+    (data-center or not, its own minimum driver, Jetson drivers): the table's model whose name's words begin the
+    driver's name, of the same capability, the longest such; else a consumer card known as one (no forward
+    compatibility), any other name not known either way. None where the reader gave no capability."""
+    match = _CAPABILITY_RE.fullmatch(compute_cap.strip()) if compute_cap else None
+    if match is None or match.group(1):
+        return None
+    capability = (int(match.group(3)), int(match.group(4)))
+    words = _name_words(name)
+    best: tuple[int, str] | None = None
+    for key, model in GPU_MODELS.items():
+        own = _name_words(model.name)
+        if own and model.capability == capability and words[: len(own)] == own and (not best or len(own) > best[0]):
+            best = (len(own), key)
+    label = f"this host's {name}"
+    if best is None:
+        return Target(label, capability, False if any(w in name for w in _CONSUMER_WORDS) else None)
+    model = GPU_MODELS[best[1]]
+    return Target(label, capability, model.datacenter, model.cpu, model.min_driver, best[1])
 
 
 def parse_targets(words: str | Iterable[str]) -> list[Target]:
@@ -127,7 +159,7 @@ def driver_verdict(
     newer_than_known = bool(known) and cuda > max(known)
     if exact and have >= _version(exact):
         return True, f"driver {driver} >= {exact} ({name})"
-    floor = CUDA_MIN_DRIVER.get((cuda[0], 0))
+    floor = SUPPORT.minor_version_floor(cuda[0])
     forward = _forward(cuda, driver, have, datacenter, floor)
     if floor and have >= _version(floor):
         if ptx_only and (exact or newer_than_known):
@@ -147,6 +179,23 @@ def driver_verdict(
     if branches:
         why += f" (or a data-center forward-compatible branch: {', '.join(branches)})"
     return False, why
+
+
+def tegra_verdict(cuda: tuple[int, int], native: tuple[int, int], driver: str, ptx_only: bool) -> tuple[bool, str]:
+    """A Jetson's own driver (JetPack's numbering, not a desktop branch: Thor's 580.00 is CUDA 13.0's) against the
+    image's CUDA: natively up to the CUDA its JetPack ships, a newer minor of the same major by minor-version
+    compatibility (its SASS only), never a newer major."""
+    name, own = f"CUDA {cuda[0]}.{cuda[1]}", f"CUDA {native[0]}.{native[1]}"
+    if cuda <= native:
+        return True, f"Jetson driver {driver} is JetPack's for {own}, which runs {name}"
+    if cuda[0] == native[0] and not ptx_only:
+        return True, f"Jetson driver {driver} ({own}) runs {name} through minor-version compatibility"
+    if cuda[0] == native[0]:
+        return False, (
+            f"Jetson driver {driver} ({own}) runs {name} only through minor-version compatibility, which cannot "
+            "JIT-compile its PTX (the only code for this GPU): needs a JetPack with " + name
+        )
+    return False, f"Jetson driver {driver} is JetPack's for {own}; {name} needs a JetPack release with CUDA {cuda[0]}"
 
 
 def _forward(
@@ -215,7 +264,12 @@ def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> 
         else:
             runs, kernels, why = _no_arch_list(cuda, target)
         reasons.append(why)
-        if driver:
+        jetpack = SUPPORT.tegra_cuda(target.model, driver) if driver and target.model else None
+        if driver and jetpack is not None:
+            ok, why = tegra_verdict(cuda, jetpack, driver, ptx_only=kernels == "ptx")
+            runs = runs and ok
+            reasons.append(why)
+        elif driver:
             ok, why = driver_verdict(cuda, driver, target.datacenter, ptx_only=kernels == "ptx")
             runs = runs and ok
             reasons.append(why)

@@ -7,6 +7,7 @@ are tested with readings shaped like real servers.
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import re
 import shutil
@@ -88,18 +89,41 @@ def process_owner(
 # --- readers ----------------------------------------------------------------------------------------
 
 
-def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> tuple[str, ...]:
-    """The PCI addresses of NVIDIA display-class devices (GPUs) on this machine's bus, whether a driver drives
-    them or not: a driver branch that dropped an architecture lists none of its GPUs."""
+@dataclass(frozen=True)
+class PciGpu:
+    """An NVIDIA GPU on this machine's PCI bus, as the kernel sees it, whatever drives it."""
+
+    address: str  # 0000:0f:00.0
+    device: str  # the PCI device id, 0x1db4 (a V100 SXM2)
+    driver: str  # the kernel driver bound to it: nvidia, vfio-pci (passed to VMs), nouveau; "" none
+
+    @property
+    def label(self) -> str:
+        return f"{self.address} (10de:{self.device.removeprefix('0x') or '?'})"
+
+
+def _first_line(path: Path) -> str:
+    return path.read_text()[:16].strip()
+
+
+def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> tuple[PciGpu, ...]:
+    """The NVIDIA display-class devices (GPUs) on this machine's bus with their device ids and the driver each is
+    bound to, whether a driver drives them or not: a driver branch that dropped an architecture binds none of its
+    GPUs, a GPU given to virtual machines is bound to vfio-pci."""
     found = []
     for device in sorted(Path(root).glob("*"))[:4096]:
         try:
-            vendor = (device / "vendor").read_text()[:16].strip()
-            kind = (device / "class").read_text()[:16].strip()
+            vendor, kind = _first_line(device / "vendor"), _first_line(device / "class")
         except OSError:
             continue
-        if vendor == "0x10de" and kind.startswith("0x03"):
-            found.append(device.name)
+        if vendor != "0x10de" or not kind.startswith("0x03"):
+            continue
+        try:
+            ident = _first_line(device / "device")
+        except OSError:
+            ident = ""
+        driver = os.path.basename(os.readlink(device / "driver")) if (device / "driver").is_symlink() else ""
+        found.append(PciGpu(device.name, ident if re.fullmatch(r"0x[0-9a-f]{4}", ident) else "", driver[:40]))
     return tuple(found)
 
 

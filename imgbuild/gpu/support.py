@@ -1,6 +1,8 @@
 """NVIDIA's support table as data (support.json beside this module, each row citing its source): which GPUs
 exist by the names people type, which driver branches drive each architecture, what each CUDA release needs of the
-driver natively, and which older data-center branches run it through forward compatibility. The fleet check,
+driver natively (and, as its own fact, the floor of minor-version compatibility in each CUDA major), which older
+data-center branches run it through forward compatibility (one list per CUDA release, as NVIDIA's own images
+declare it), and what Jetson's drivers, numbered on a scale of their own, run. The fleet check,
 `smoke --for`, `tags --compatible`, `bump` and `doctor` all read it from here.
 
 The table is checked when it is read: a malformed row is a one-line error naming it, never a wrong verdict.
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,46 @@ class SupportTable:
     cuda_min_driver: dict[tuple[int, int], str]
     forward_compat: dict[tuple[int, int], tuple[str, ...]]
     sources: dict[str, str]
+    minor_floor: dict[int, str] = field(default_factory=dict)  # per CUDA major: minor-version compatibility's floor
+    tegra_drivers: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # model -> driver -> CUDA
 
     def forward_branches(self, cuda: tuple[int, int]) -> tuple[str, ...]:
-        """The data-center branches that run `cuda` through forward compatibility: the row of the nearest CUDA
-        release at or below it in the same major (the branch lists differ per minor), else the major's first row."""
+        """The data-center branches that run `cuda` through forward compatibility. NVIDIA declares one list per
+        CUDA release and the lists shrink as branches reach their end, so: the release's own row; for a release
+        between two rows of its major, only the branches both neighbours allow (each at the stricter minimum);
+        past the newest row, that row; before the oldest, that row."""
         rows = sorted(k for k in self.forward_compat if k[0] == cuda[0])
-        below = [k for k in rows if k <= cuda]
-        key = below[-1] if below else (rows[0] if rows else None)
+        if cuda in self.forward_compat:
+            return self.forward_compat[cuda]
+        below = [k for k in rows if k < cuda]
+        above = [k for k in rows if k > cuda]
+        if below and above:
+            return _both_allow(self.forward_compat[below[-1]], self.forward_compat[above[0]])
+        key = below[-1] if below else (above[0] if above else None)
         return self.forward_compat[key] if key else ()
+
+    def minor_version_floor(self, major: int) -> str | None:
+        """The oldest driver that runs any CUDA `major`.x release by minor-version compatibility (its SASS only)."""
+        return self.minor_floor.get(major) or self.cuda_min_driver.get((major, 0))
+
+    def tegra_cuda(self, model: str, driver: str) -> tuple[int, int] | None:
+        """The CUDA release a Jetson's own driver runs natively (JetPack's numbering), None where the driver is not
+        one of that model's releases."""
+        return self.tegra_drivers.get(model, {}).get(driver)
+
+
+def _branch(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _both_allow(older: tuple[str, ...], newer: tuple[str, ...]) -> tuple[str, ...]:
+    """The branches two forward-compatibility lists share, each at the higher of its two minimums."""
+    mins = {_branch(v): v for v in newer}
+    return tuple(max(v, mins[_branch(v)], key=_version_key) for v in older if _branch(v) in mins)
 
 
 def _capability(text: Any, where: str) -> tuple[int, int]:
@@ -100,6 +134,28 @@ def _models(rows: list[Any], sources: dict[str, str]) -> dict[str, GpuModel]:
     return models
 
 
+def _minor_floors(rows: list[Any], sources: dict[str, str]) -> dict[int, str]:
+    floors: dict[int, str] = {}
+    for i, row in enumerate(rows):
+        where = f"support table cuda_minor_floor[{i}]"
+        _source(row, sources, where)
+        floors[_cuda(row.get("cuda"), where)[0]] = _driver(row.get("driver"), where)
+    return floors
+
+
+def _tegra_drivers(
+    rows: list[Any], sources: dict[str, str], models: dict[str, GpuModel]
+) -> dict[str, dict[str, tuple[int, int]]]:
+    tegra: dict[str, dict[str, tuple[int, int]]] = {}
+    for i, row in enumerate(rows):
+        where = f"support table tegra_drivers[{i}]"
+        _source(row, sources, where)
+        if row.get("model") not in models or models[row["model"]].cpu != "arm64":
+            raise BadTable(f"{where}: model must be a Jetson of the table's models")
+        tegra.setdefault(row["model"], {})[_driver(row.get("driver"), where)] = _cuda(row.get("cuda"), where)
+    return tegra
+
+
 def parse(data: Any) -> SupportTable:
     """The table from its JSON document; BadTable naming the first row that is not one."""
     if not isinstance(data, dict) or not isinstance(data.get("sources"), dict):
@@ -131,7 +187,9 @@ def parse(data: Any) -> SupportTable:
         if not isinstance(row.get("branches"), list):
             raise BadTable(f"{where}: branches must be a list")
         forward[_cuda(row.get("cuda"), where)] = tuple(_driver(b, where) for b in row["branches"])
-    return SupportTable(models, branches, minimum, drivers, forward, sources)
+    floors = _minor_floors(data.get("cuda_minor_floor") or [], sources)
+    tegra = _tegra_drivers(data.get("tegra_drivers") or [], sources, models)
+    return SupportTable(models, branches, minimum, drivers, forward, sources, floors, tegra)
 
 
 def load(path: Path = TABLE) -> SupportTable:

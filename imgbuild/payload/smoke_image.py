@@ -477,6 +477,16 @@ class Warn(Fail):
     """A check passed with a warning; its numbers kept too."""
 
 
+#: Each check's start and end as it goes, on stderr (the host shows them live: a smoke test is never silent for
+#: long), apart from the report on stdout.
+PROGRESS = "imgbuild-smoke: "
+
+
+def say(text: str) -> None:
+    sys.stderr.write(PROGRESS + text + "\n")
+    sys.stderr.flush()
+
+
 class Report:
     def __init__(self) -> None:
         self.checks: list[dict] = []
@@ -485,6 +495,7 @@ class Report:
     def run(self, name: str, fn, *args) -> dict | None:
         start = time.perf_counter()
         entry: dict = {"name": name}
+        say(f"check {len(self.checks) + 1}: {name} ...")
         try:
             details = fn(*args) or {}
             entry.update(status="pass", reason=details.pop("reason", ""), details=details)
@@ -498,6 +509,7 @@ class Report:
             entry.update(status="fail", reason=f"{type(exc).__name__}: {exc}".splitlines()[0][:300], details={})
         entry["seconds"] = round(time.perf_counter() - start, 3)
         self.checks.append(entry)
+        say(f"check {len(self.checks)}: {name} {entry['status'].upper()} ({entry['seconds']:.1f} s)")
         return entry.get("details")
 
     def fail(self, name: str, reason: str) -> None:
@@ -1125,6 +1137,11 @@ def check_imports() -> dict:
     if extra:
         work.append(("smoke.imports", "", extra))
     configured = configured_import_seconds(os.environ.get("IMGBUILD_SMOKE_IMPORT_SECONDS", ""))
+    say(
+        f"imports: {len(work) - bool(extra)} of {len(added)} added distribution(s) to import"
+        + (" with smoke.imports" if extra else "")
+        + f", {len(unchanged)} unchanged since the last promoted image"
+    )
     results = import_served(work, configured, import_workers()) if work else []
     if results is None:  # no import server here: one interpreter per distribution, as before
         budget = import_budget(configured, framework_seconds(configured))
@@ -1305,6 +1322,9 @@ def arch_verdict(archs, capabilities: list) -> dict:
 
 
 def torch_cudnn(torch) -> dict:
+    """On every visible GPU: an fp32 convolution forward and backward against the CPU (TF32 off), and an fp16
+    (bf16 where the GPU has it) channels-last convolution under autocast, which runs cuDNN's tensor-core kernels,
+    against the fp32 result."""
     if not torch.cuda.is_available():
         raise Skip("no GPU visible")
     if not torch.backends.cudnn.is_available():
@@ -1319,20 +1339,40 @@ def torch_cudnn(torch) -> dict:
     ref = conv(x)
     ref.sum().backward()
     ref_grad = x.grad.clone()
-    conv_gpu = conv.cuda()
-    xg = x.detach().cuda().requires_grad_(True)
-    out = conv_gpu(xg)
-    out.sum().backward()
-    torch.cuda.synchronize()
-    fwd_err = (out.cpu() - ref).abs().max().item()
-    bwd_err = (xg.grad.cpu() - ref_grad).abs().max().item()
-    if fwd_err > 1e-3 or bwd_err > 1e-3:
-        raise Fail(f"cuDNN convolution differs from the CPU: forward {fwd_err:.2e}, backward {bwd_err:.2e}")
+    worst, half = 0.0, []
+    for i in range(torch.cuda.device_count()):
+        device = f"cuda:{i}"
+        conv_gpu = torch.nn.Conv2d(64, 64, 3, padding=1).to(device)
+        conv_gpu.load_state_dict(conv.state_dict())
+        xg = x.detach().to(device).requires_grad_(True)
+        out = conv_gpu(xg)
+        out.sum().backward()
+        torch.cuda.synchronize(i)
+        fwd_err = (out.cpu() - ref).abs().max().item()
+        bwd_err = (xg.grad.cpu() - ref_grad).abs().max().item()
+        if fwd_err > 1e-3 or bwd_err > 1e-3:
+            raise Fail(
+                f"cuDNN convolution on GPU {i} differs from the CPU: forward {fwd_err:.2e}, backward {bwd_err:.2e}"
+            )
+        worst = max(worst, fwd_err, bwd_err)
+        dtype = torch.bfloat16 if bf16_usable(tuple(torch.cuda.get_device_capability(i))) else torch.float16
+        with torch.autocast("cuda", dtype=dtype):
+            low = conv_gpu.to(memory_format=torch.channels_last)(
+                xg.detach().contiguous(memory_format=torch.channels_last)
+            )
+        torch.cuda.synchronize(i)
+        if low.dtype != dtype:
+            raise Fail(f"autocast on GPU {i} ran the convolution in {low.dtype}, not {dtype}")
+        rel = ((low.float() - out.detach()).abs().max() / out.detach().abs().max().clamp_min(1e-6)).item()
+        if not rel < 0.05:
+            raise Fail(f"a {dtype} channels-last convolution on GPU {i} is off by {rel:.1%} from fp32")
+        half.append(str(dtype).replace("torch.", ""))
     return {
         "cudnn": cudnn_text(ver),
-        "forward_err": fwd_err,
-        "backward_err": bwd_err,
-        "reason": f"cuDNN {cudnn_text(ver)}, conv fwd/bwd match the CPU (max err {max(fwd_err, bwd_err):.1e})",
+        "max_err": worst,
+        "gpus": torch.cuda.device_count(),
+        "reason": f"cuDNN {cudnn_text(ver)} on {torch.cuda.device_count()} GPU(s): conv fwd/bwd match the CPU (max err "
+        f"{worst:.1e}); {'/'.join(sorted(set(half)))} channels-last conv agrees",
     }
 
 
@@ -1398,6 +1438,11 @@ def torch_tensor_cores(torch) -> dict:
             + f" TFLOP/s: {ratio:.1f}x"
         )
         text += f" (floor {floor}x)" if floor else " (no tensor cores: no floor)"
+        name = str(torch.cuda.get_device_name(i))
+        peak, best = datasheet_tflops(name), max(fp16, bf16 or 0.0)
+        if peak and floor and best < PEAK_WARN_FRACTION * peak and status == "pass":
+            status = "warn"
+            text += f"; {best:.0f} TFLOP/s is under half of {name}'s datasheet {peak:.0f} (clocks or power capped?)"
         details["gpus"].append(
             {
                 "index": i,
@@ -1407,6 +1452,7 @@ def torch_tensor_cores(torch) -> dict:
                 "bf16_tflops": round(bf16, 1) if bf16 else None,
                 "speedup": round(ratio, 1),
                 "floor": floor,
+                "datasheet_tflops": peak,
                 "status": status,
             }
         )
@@ -1423,14 +1469,14 @@ def torch_tensor_cores(torch) -> dict:
     return details
 
 
-def torch_amp_training(torch) -> dict:
-    if not torch.cuda.is_available():
-        raise Skip("no GPU visible")
+def _amp_on(torch, device: int) -> tuple:
+    """(first loss, last loss, scaler, bf16) of a toy MLP trained with fp16 autocast and a GradScaler on `device`."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)).cuda()
+    where = f"cuda:{device}"
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)).to(where)
     opt = torch.optim.SGD(model.parameters(), lr=0.02)
     scaler = grad_scaler(torch)
-    x = torch.randn(1024, 256, device="cuda")
+    x = torch.randn(1024, 256, device=where)
     y = x[:, :8].sum(dim=1, keepdim=True)
     losses = []
     for _ in range(30):
@@ -1438,29 +1484,316 @@ def torch_amp_training(torch) -> dict:
         with torch.autocast("cuda", dtype=torch.float16):
             out = model(x)
             if out.dtype != torch.float16:
-                raise Fail(f"autocast produced {out.dtype}, not float16")
+                raise Fail(f"autocast on GPU {device} produced {out.dtype}, not float16")
             loss = torch.nn.functional.mse_loss(out.float(), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         losses.append(loss.item())
-    bf16 = bf16_usable(torch.cuda.get_device_capability())
+    bf16 = bf16_usable(tuple(torch.cuda.get_device_capability(device)))
     if bf16:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             if model(x).dtype != torch.bfloat16:
-                raise Fail("autocast with bfloat16 did not compute in bfloat16")
+                raise Fail(f"autocast with bfloat16 on GPU {device} did not compute in bfloat16")
     if not all(map(lambda v: v == v and abs(v) != float("inf"), losses)):
-        raise Fail("AMP training produced a non-finite loss")
+        raise Fail(f"AMP training on GPU {device} produced a non-finite loss")
     if not losses[-1] < losses[0] * 0.9:
-        raise Fail(f"AMP training did not learn: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        raise Fail(f"AMP training on GPU {device} did not learn: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return losses[0], losses[-1], scaler, bf16
+
+
+def torch_amp_training(torch) -> dict:
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    runs = [_amp_on(torch, i) for i in range(torch.cuda.device_count())]
+    first, last, scaler, bf16 = runs[0]
     return {
-        "loss_first": round(losses[0], 4),
-        "loss_last": round(losses[-1], 4),
+        "loss_first": round(first, 4),
+        "loss_last": round(last, 4),
+        "gpus": len(runs),
         "scaler": type(scaler).__module__ + "." + type(scaler).__name__,
         "bf16": bf16,
-        "reason": f"autocast fp16 + GradScaler: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        "reason": f"autocast fp16 + GradScaler on {len(runs)} GPU(s): loss {first:.3f} -> {last:.3f}"
         + (", bf16 autocast too" if bf16 else ""),
     }
+
+
+# --- the GPU checks beyond one device's arithmetic: collectives, compilation, FP8, absolute speed ---------------
+
+GPU_SECONDS = 300  # the budget of the checks below together (IMGBUILD_SMOKE_GPU_SECONDS: the setting)
+NCCL_BYTES = 64 * 1024 * 1024  # the all-reduced tensor
+NCCL_MARKER = "IMGBUILD-NCCL "
+COMPILE_MARKER = "IMGBUILD-COMPILE "
+#: Dense (no sparsity) bf16 tensor-core TFLOP/s by model, from NVIDIA's datasheets (fp16 with fp32 accumulation
+#: where a model has no bf16 or where GeForce halves it): the first pattern that matches the device's name.
+DATASHEET_TFLOPS = (
+    (re.compile(r"\bH100\b.*\bPCIe\b"), 756.0),
+    (re.compile(r"\bH[12]00\b.*\bNVL\b"), 835.0),
+    (re.compile(r"\b(?:GH200|H200|H100|H800)\b"), 989.0),
+    (re.compile(r"\bH20\b"), 148.0),
+    (re.compile(r"\bGB200\b"), 2500.0),
+    (re.compile(r"\bB200\b"), 2250.0),
+    (re.compile(r"\bA100\b|\bA800\b"), 312.0),
+    (re.compile(r"\bA30\b"), 165.0),
+    (re.compile(r"\bA10\b"), 125.0),
+    (re.compile(r"\bA40\b"), 149.7),
+    (re.compile(r"\bL40S\b"), 362.0),
+    (re.compile(r"\bL40\b"), 181.0),
+    (re.compile(r"\bL20\b"), 119.5),
+    (re.compile(r"\bL4\b"), 121.0),
+    (re.compile(r"\bRTX 4090\b"), 165.2),
+    (re.compile(r"\bRTX 3090\b"), 71.0),
+    (re.compile(r"\bV100\b"), 112.0),
+    (re.compile(r"\bT4\b"), 65.0),
+)
+PEAK_WARN_FRACTION = 0.5  # under this share of its datasheet a GPU warns (clocks, power cap, a neighbour)
+
+
+def datasheet_tflops(name: str) -> float | None:
+    for pattern, peak in DATASHEET_TFLOPS:
+        if pattern.search(name):
+            return peak
+    return None
+
+
+def configured_gpu_seconds(text: str) -> float:
+    """The GPU checks' budget (IMGBUILD_SMOKE_GPU_SECONDS, set by imgbuild): ASCII digits, 1 to 86400; else the
+    default."""
+    return float(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 86400 else float(GPU_SECONDS)
+
+
+class Budget:
+    """What is left of the GPU checks' budget: each check takes its share, and one that finds none left is skipped,
+    saying so, never left to run past it."""
+
+    def __init__(self, seconds: float, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.deadline = clock() + seconds
+        self.seconds = seconds
+
+    def left(self, check: str) -> float:
+        left = self.deadline - self.clock()
+        if left < 1:
+            raise Skip(
+                f"the GPU checks' budget ({self.seconds:.0f} s, setting smoke_gpu_seconds) is spent before {check}"
+            )
+        return left
+
+
+def _mig(torch) -> bool:
+    return any("MIG" in str(torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count()))
+
+
+_NCCL_RANK = r"""
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(rank)
+dist.init_process_group("nccl", rank=rank, world_size=world)
+x = torch.full((int(os.environ["IMGBUILD_NCCL_ELEMENTS"]),), float(rank + 1), device="cuda")
+dist.all_reduce(x)
+torch.cuda.synchronize()
+ok = bool((x == world * (world + 1) / 2).all().item())
+start = time.perf_counter()
+for _ in range(5):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+seconds = (time.perf_counter() - start) / 5
+dist.destroy_process_group()
+print("IMGBUILD-NCCL " + json.dumps({"rank": rank, "ok": ok, "seconds": seconds}), flush=True)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(world: int, timeout: float, elements: int, python: str = "") -> list:
+    """One process per GPU, each an NCCL rank of one all-reduce; their reports (or Fail with the first error)."""
+    import subprocess
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
+    env["IMGBUILD_NCCL_ELEMENTS"] = str(elements)
+    procs = [
+        subprocess.Popen(
+            [python or sys.executable, "-c", _NCCL_RANK],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    deadline, outputs = time.monotonic() + timeout, []
+    try:
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise Fail(
+                    f"the all-reduce across {world} GPU(s) did not finish in {timeout:.0f} s (a P2P hang? "
+                    "try NCCL_P2P_DISABLE=1 to tell)"
+                ) from None
+            outputs.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    reports = []
+    for rank, (code, out) in enumerate(outputs):
+        line = next((x for x in out.splitlines() if x.startswith(NCCL_MARKER)), None)
+        if code != 0 or line is None:
+            said = [x for x in out.splitlines() if x.strip()][-1:] or ["no output"]
+            raise Fail(f"NCCL rank {rank} of {world} failed: {said[0][:300]}")
+        reports.append(json.loads(line[len(NCCL_MARKER) :]))
+    return reports
+
+
+def torch_nccl(torch, budget: Budget) -> dict:
+    """An all-reduce across every visible GPU, one process per GPU (one rank on a single GPU), checked and timed:
+    NCCL and the driver agree, P2P does not hang, /dev/shm holds the ranks."""
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    if not (torch.distributed.is_available() and torch.distributed.is_nccl_available()):
+        raise Skip(f"torch {torch.__version__} is built without NCCL")
+    if _mig(torch):
+        raise Skip("a MIG instance: NCCL does not run across MIG instances, and a process sees one")
+    world = torch.cuda.device_count()
+    reports = run_ranks(world, budget.left("the NCCL all-reduce"), NCCL_BYTES // 4)
+    if not all(r.get("ok") for r in reports):
+        raise Fail(f"the all-reduce across {world} GPU(s) gave a wrong sum")
+    seconds = max(float(r.get("seconds") or 0) for r in reports)
+    bus = 2 * (world - 1) / world * NCCL_BYTES / max(seconds, 1e-9) / 1e9
+    details = {"ranks": world, "seconds": round(seconds, 6), "bus_gbps": round(bus, 1)}
+    details["reason"] = f"all-reduce of {NCCL_BYTES >> 20} MiB across {world} GPU(s) correct" + (
+        f", {bus:.1f} GB/s bus bandwidth" if world > 1 else " (one rank)"
+    )
+    return details
+
+
+def torch_p2p(torch, budget: Budget) -> dict:
+    """Each pair of GPUs that reports peer access copies 256 MiB both ways, checked, with its bandwidth."""
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    count = torch.cuda.device_count()
+    if count < 2:
+        raise Skip("one GPU: no peer to copy to")
+    rows, size = [], 256 * 1024 * 1024
+    for i in range(count):
+        for j in range(count):
+            if i == j or not torch.cuda.can_device_access_peer(i, j):
+                continue
+            budget.left(f"the P2P copy {i}->{j}")
+            src = torch.arange(size // 4, device=f"cuda:{i}", dtype=torch.int32)
+            torch.cuda.synchronize(i)
+            start = time.perf_counter()
+            dst = src.to(f"cuda:{j}")
+            torch.cuda.synchronize(j)
+            seconds = time.perf_counter() - start
+            if not bool((dst.cpu() == src.cpu()).all().item()):
+                raise Fail(f"a P2P copy from GPU {i} to GPU {j} arrived wrong")
+            rows.append(f"{i}->{j} {size / max(seconds, 1e-9) / 1e9:.0f} GB/s")
+    if not rows:
+        raise Skip(f"no pair of the {count} GPUs offers peer access (PCIe with ACS or an IOMMU?)")
+    return {"pairs": len(rows), "reason": "P2P copies correct: " + ", ".join(rows[:8])}
+
+
+_COMPILE = r"""
+import sys
+import torch
+i = int(sys.argv[1])
+f = torch.compile(lambda x: (x.sin() + 1).relu())
+x = torch.randn(4096, device=f"cuda:{i}")
+y = f(x)
+torch.cuda.synchronize(i)
+print("IMGBUILD-COMPILE " + str(float((y - (x.sin() + 1).relu()).abs().max())), flush=True)
+"""
+
+COMPILE_CURES = (
+    (
+        "ptxas",
+        "Triton's ptxas does not know this GPU: set TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas (the "
+        "toolkit's, newer) in the recipe's env",
+    ),
+    ("gcc", "Triton needs a C compiler: add gcc to the recipe's apt"),
+    ("Python.h", "Triton needs Python's headers: add python3-dev to the recipe's apt"),
+)
+
+
+def compile_cure(output: str) -> str:
+    return next((cure for word, cure in COMPILE_CURES if word in output), "")
+
+
+def torch_compile(torch, budget: Budget) -> dict:
+    """torch.compile of a small function through Inductor and Triton, once per kind of GPU, in a process of its
+    own so a hung compiler ends with its share of the budget: a ptxas or Triton that does not know the GPU."""
+    import subprocess
+
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    if not hasattr(torch, "compile"):
+        raise Skip(f"torch {torch.__version__} has no torch.compile")
+    done = {}
+    for i in range(torch.cuda.device_count()):
+        capability = tuple(torch.cuda.get_device_capability(i))
+        if capability in done:
+            continue
+        timeout = budget.left(f"torch.compile on GPU {i}")
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", _COMPILE, str(i)], capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            raise Fail(f"torch.compile on GPU {i} did not finish in {timeout:.0f} s") from None
+        output = proc.stdout + proc.stderr
+        line = next((x for x in proc.stdout.splitlines() if x.startswith(COMPILE_MARKER)), None)
+        if proc.returncode != 0 or line is None:
+            said = [x for x in output.splitlines() if "error" in x.lower() or "fatal" in x.lower()][-1:]
+            cure = compile_cure(output)
+            raise Fail(
+                f"torch.compile on GPU {i} (sm_{capability[0]}{capability[1]}) failed: "
+                + (said[0].strip()[:300] if said else "no output")
+                + (f" ({cure})" if cure else "")
+            )
+        if not float(line[len(COMPILE_MARKER) :]) < 1e-3:
+            raise Fail(f"torch.compile on GPU {i} computed a different answer than eager mode")
+        done[capability] = i
+    archs = ", ".join(f"sm_{c[0]}{c[1]}" for c in done)
+    return {"archs": list(done), "reason": f"torch.compile (Inductor, Triton) runs on {archs}"}
+
+
+def torch_fp8(torch, budget: Budget) -> dict:
+    """An FP8 (e4m3) matrix product through torch._scaled_mm on each GPU that has FP8 tensor cores (sm_89 and
+    later), against the same product in bf16."""
+    if not torch.cuda.is_available():
+        raise Skip("no GPU visible")
+    fp8 = [i for i in range(torch.cuda.device_count()) if tuple(torch.cuda.get_device_capability(i)) >= (8, 9)]
+    if not fp8:
+        raise Skip("no GPU here has FP8 tensor cores (sm_89 and later)")
+    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+        raise Skip(f"torch {torch.__version__} has no FP8 matrix product")
+    worst = 0.0
+    for i in fp8:
+        budget.left(f"FP8 on GPU {i}")
+        device = f"cuda:{i}"
+        torch.manual_seed(0)
+        a8 = torch.randn(64, 64, device=device).to(torch.float8_e4m3fn)
+        b8 = torch.randn(64, 64, device=device).to(torch.float8_e4m3fn).t().contiguous().t()  # column-major
+        one = torch.tensor(1.0, device=device)
+        out = torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        out = out[0] if isinstance(out, tuple) else out  # torch before 2.5 returned (out, amax)
+        ref = a8.to(torch.float32) @ b8.to(torch.float32)
+        rel = ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+        if not rel < 0.02:
+            raise Fail(f"an FP8 matrix product on GPU {i} is off by {rel:.1%}")
+        worst = max(worst, rel)
+    return {"gpus": fp8, "reason": f"FP8 e4m3 matrix products on GPU(s) {', '.join(map(str, fp8))} agree ({worst:.1e})"}
 
 
 def loaded_library(name: str) -> str:
@@ -1566,6 +1899,11 @@ def run_pytorch(report: Report, libraries_only: bool = False) -> None:
     report.run("cudnn conv", torch_cudnn, torch)
     report.run("tensor cores", torch_tensor_cores, torch)
     report.run("amp training", torch_amp_training, torch)
+    budget = Budget(configured_gpu_seconds(os.environ.get("IMGBUILD_SMOKE_GPU_SECONDS", "")))
+    report.run("nccl all-reduce", torch_nccl, torch, budget)
+    report.run("p2p", torch_p2p, torch, budget)
+    report.run("torch.compile", torch_compile, torch, budget)
+    report.run("fp8", torch_fp8, torch, budget)
     report.run("shared memory", check_shm)
 
 

@@ -298,7 +298,7 @@ def build(
             progress(f"built {image_id[:19]}; smoke-testing it before it becomes {target}")
             wanted = smoke_request(candidate, loaded, settings, known_good, acting, require_gpu, skip_gpu, foreign)
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
-            report = run_smoke(engine, wanted, settings, host, claims, quota)
+            report = run_smoke(engine, wanted, settings, host, claims, quota, on_step=progress)
             add_fleet_check(report, *declared_fleet(settings, loaded.recipe.smoke.targets, host))
             # a check that promotes nothing (rebuild --verify-reproducible) leaves the promoted image's report be
             report_path = ctx / (report_name if promote else "smoke.verify.json")
@@ -418,6 +418,7 @@ def smoke_request(
         accept_pip_check=tuple(smoke.accept_pip_check),
         known_good=known_good,
         import_seconds=math.ceil(settings.smoke_import_timeout),
+        gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
         user=acting.who.name if acting else settings.caller.name,
         run_as=f"{acting.who.uid}:{acting.who.gid}" if acting else "",
         emulated=emulated,

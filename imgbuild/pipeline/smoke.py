@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 from imgbuild.gpu.read import Gpu
 from imgbuild.payload import SMOKE_SCRIPT
+from imgbuild.payload.smoke_image import PROGRESS
 from imgbuild.platforms import arch_of_machine, platform_of_machine
 
 SCRIPT = SMOKE_SCRIPT
@@ -120,6 +122,7 @@ class SmokeRequest:
     #: no capabilities and its own IPC (never another user's /dev/shm), like their `imgbuild run`
     run_as: str = ""
     import_seconds: int = 0  # one distribution's import budget on a quiet machine (setting smoke_import_timeout)
+    gpu_seconds: int = 0  # the GPU checks' budget beyond one device's arithmetic (setting smoke_gpu_seconds)
     #: a foreign platform's image (linux/arm64 on an amd64 runner), run under qemu: no GPU check, and the report
     #: says what emulation cannot prove (EMULATION_UNPROVEN)
     emulated: str = ""
@@ -221,6 +224,7 @@ SCRIPT_VARIABLES = (
     "IMGBUILD_EXPECT_FRAMEWORK_VERSION",
     "IMGBUILD_SMOKE_ACCEPT_PIP_CHECK",
     "IMGBUILD_SMOKE_IMPORTS",
+    "IMGBUILD_SMOKE_GPU_SECONDS",
     "IMGBUILD_SMOKE_IMPORT_SECONDS",
     "IMGBUILD_SMOKE_MIN_SPEEDUP",
     "IMGBUILD_SMOKE_RUN",
@@ -236,6 +240,8 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
     env.update(dict.fromkeys(SCRIPT_VARIABLES, ""))
     if req.import_seconds:
         env["IMGBUILD_SMOKE_IMPORT_SECONDS"] = str(req.import_seconds)
+    if req.gpu_seconds:
+        env["IMGBUILD_SMOKE_GPU_SECONDS"] = str(req.gpu_seconds)
     if labels.get(Label.BASE_FRAMEWORK_VERSION):
         env["IMGBUILD_EXPECT_FRAMEWORK_VERSION"] = labels[Label.BASE_FRAMEWORK_VERSION]
     if req.min_speedup:
@@ -251,6 +257,49 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
     return env
 
 
+class StepHeartbeat:
+    """The smoke script's progress lines (`smoke_image.PROGRESS`) handed to `on_step` as they come, and the step
+    under way said again every HEARTBEAT_SECONDS while nothing new comes (an import that takes 30 s). Used as
+    `with StepHeartbeat(on_step) as heard: ...run_script(on_line=heard)`; nothing at all without `on_step`."""
+
+    HEARTBEAT_SECONDS = 5.0
+
+    def __init__(self, on_step: Callable[[str], None] | None):
+        import threading
+
+        self.on_step = on_step
+        self.step = "starting the smoke test"
+        self.since = self.started = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> Callable[[str], None] | None:
+        if self.on_step is None:
+            return None
+        self.on_step(self.step)
+        self.thread.start()
+        return self.heard
+
+    def heard(self, line: str) -> None:
+        """A check's start (`... `) is said only if it runs long (by the heartbeat); its end, and any other line
+        of the script's, at once."""
+        if not line.startswith(PROGRESS) or self.on_step is None:
+            return
+        text = "smoke " + " ".join(line[len(PROGRESS) :].split())[:200]
+        self.step, self.since = text.removesuffix(" ..."), time.monotonic()
+        if not text.endswith(" ..."):
+            self.on_step(self.step)
+
+    def _beat(self) -> None:
+        while not self.stop.wait(self.HEARTBEAT_SECONDS):
+            quiet = time.monotonic() - self.since
+            if quiet >= self.HEARTBEAT_SECONDS and self.on_step is not None:
+                self.on_step(f"{self.step}: still running ({time.monotonic() - self.started:.0f} s into the test)")
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+
 def run_smoke(
     engine: ImageEngine,
     req: SmokeRequest,
@@ -258,9 +307,11 @@ def run_smoke(
     host: EngineGpus | None = None,
     claims: ClaimsOf | None = None,
     quota: QuotaCheck | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> SmokeReport:
     """The smoke test of `req.image`; `host`: its engine's GPUs, when the caller has read them (host_gpus);
-    `claims`: who else holds which GPU there (ClaimsOf)."""
+    `claims`: who else holds which GPU there (ClaimsOf); `on_step`: told each check as the script starts and ends
+    it, and every few seconds of a check that takes long."""
     img = engine.images.image(req.image)
     if img is None:
         raise ImgbuildError(f"no image {req.image} in the engine (build or pull it first)")
@@ -288,17 +339,19 @@ def run_smoke(
     args += ["--require-gpu"] if require_gpu else []
     house = settings.run if settings is not None else RunRules()  # the smoke container's IPC rule
     chosen, mig_profiles = _pick_gpus(req, settings, engine, engine_host(), claims, quota) if use_gpus else (None, [])
-    code, output, note = engine.containers.run_script(
-        req.image,
-        smoke_probe(req.known_good),
-        args,
-        env,
-        gpus=chosen,
-        timeout=req.timeout,
-        ipc=house.ipc_mode,
-        shm_size=house.shm_size,
-        as_user=req.run_as or None,
-    )
+    with StepHeartbeat(on_step) as heard:
+        code, output, note = engine.containers.run_script(
+            req.image,
+            smoke_probe(req.known_good),
+            args,
+            env,
+            gpus=chosen,
+            timeout=req.timeout,
+            ipc=house.ipc_mode,
+            shm_size=house.shm_size,
+            as_user=req.run_as or None,
+            on_line=heard,
+        )
     report = parse_output(req.image, code, output, note)
     if req.emulated:
         report.meta["platform"], report.meta["emulated"] = req.emulated, True
@@ -360,7 +413,7 @@ def declared_fleet(
     """The fleet an image must serve: the site's (`fleet:`), the recipe's (`smoke.targets`), and the engine's host's
     GPUs when it has any (`host`: as host_gpus read them; True: this machine's); the driver is the site's, else
     the host's."""
-    from imgbuild.gpu.fleet import check_driver, parse_targets
+    from imgbuild.gpu.fleet import check_driver, host_target, parse_targets
 
     targets = parse_targets([*settings.fleet_gpus, *recipe_targets]) if (settings.fleet_gpus or recipe_targets) else []
     driver = check_driver(settings.fleet_driver)
@@ -375,11 +428,9 @@ def declared_fleet(
             except NoGpus:
                 readings = []
         for gpu in readings or []:
-            if gpu.compute_cap:
-                major, minor = (int(x) for x in gpu.compute_cap.split("."))
-                target = Target(f"this host's {gpu.name}", (major, minor), None)
-                if all(t.capability != target.capability for t in targets):
-                    targets.append(target)
+            target = host_target(gpu.name, gpu.compute_cap or "")
+            if target is not None and all(t.capability != target.capability for t in targets):
+                targets.append(target)
         driver = driver or next((g.driver for g in readings or [] if g.driver), None)
     return targets, driver
 

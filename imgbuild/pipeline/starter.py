@@ -12,19 +12,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imgbuild.errors import UsageError
 
-#: NGC releases whose facts imgbuild carries, newest first: (tag, CUDA, the PyTorch build's TORCH_CUDA_ARCH_LIST on
-#: amd64, the TensorFlow build's archs), from the images themselves (../shared/docs/ngc-real-facts.md).
-KNOWN_RELEASES = (
-    ("25.10", "13.0", "7.5 8.0 8.6 9.0 10.0 12.0+PTX"),
-    ("24.05", "12.4", "5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX"),
-)
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
+
 PYPROJECT_BYTES = 1024 * 1024
 CI_FILES = {"github": Path(".github/workflows/images.yml"), "gitlab": Path(".gitlab-ci.yml")}
 
@@ -35,28 +33,22 @@ class Starter:
 
     recipe: Path
     text: str
+    release: str
     base_why: str
     ci: tuple[Path, str] | None = None
+    base_detail: str = ""
+    inputs: tuple[Path, ...] = ()  # the project's files the recipe reads (to commit with it)
+    context: Path | None = None  # images/NAME, rendered once the recipe is written
 
 
-def choose_tag(gpus: list[Any], driver: str | None) -> tuple[str, str]:
-    """(NGC tag, why) for this host: the newest known release every one of its GPUs can run with its driver."""
-    from imgbuild.gpu.fleet import GpuFacts, Target, judge
+@dataclass(frozen=True)
+class Started:
+    """What `init` did: the files written, the context rendered (or why not), and the commands that come next."""
 
-    targets = []
-    for gpu in gpus:
-        if gpu.compute_cap:
-            major, minor = (int(x) for x in gpu.compute_cap.split("."))
-            consumer = any(word in gpu.name for word in ("GeForce", "TITAN"))  # no forward compatibility there
-            targets.append(Target(f"this host's {gpu.name}", (major, minor), False if consumer else None))
-    if not targets:
-        return KNOWN_RELEASES[0][0], "the newest release imgbuild knows (no GPU read on this host)"
-    for tag, cuda, archs in KNOWN_RELEASES:
-        verdicts = judge(GpuFacts(tag, cuda, archs, "init"), targets, driver)
-        if all(v.runs for v in verdicts):
-            return tag, f"the newest release this host's GPUs and driver {driver or '?'} can run"
-    oldest = KNOWN_RELEASES[-1][0]
-    return oldest, f"no known release runs on this host's GPUs with driver {driver or '?'}: the oldest, to start"
+    written: tuple[Path, ...]
+    rendered: Path | None
+    not_rendered: str
+    next_commands: tuple[str, ...]
 
 
 def packages_from(path: Path) -> tuple[str | None, list[str]]:
@@ -115,20 +107,46 @@ def ci_text(kind: str, recipe: Path) -> str:
     )
 
 
-def plan_starter(
-    name: str, framework: str, folder: Path, source: Path | None, ci: str | None, gpus: list[Any], driver: str | None
-) -> Starter:
+@dataclass(frozen=True)
+class InitRequest:
+    """What `imgbuild init` was asked: the image's name and framework, where the recipe goes, what it starts from,
+    the CI to write, the GPUs to choose the base for (`--for`, `--driver`) or the base itself (`--base`)."""
+
+    name: str
+    framework: str = "pytorch"
+    folder: Path = Path("recipes")
+    source: Path | None = None
+    ci: str | None = None
+    for_gpus: str | None = None
+    driver: str | None = None
+    base: str | None = None
+
+
+def plan_starter(request: InitRequest, settings: Settings) -> Starter:
+    """The recipe (and CI file) `init` writes: the name and the files checked before the registry is asked."""
+    from imgbuild.pipeline.base_choice import choose_base, host_fleet
     from imgbuild.recipe.model import COMPONENT_RE
 
+    name, folder = request.name, request.folder
     if not COMPONENT_RE.fullmatch(name) or len(name) > 128:
         raise UsageError(f"NAME: {name[:60]!r} is not an image name (lower case letters, digits, . _ -)")
-    tag, why = choose_tag(gpus, driver)
     recipe = folder / f"{name}.yaml"
-    requirements, packages = packages_from(source) if source else (None, [])
+    ci = (CI_FILES[request.ci], ci_text(request.ci, recipe)) if request.ci else None
+    from imgbuild.pipeline.context import context_path
+    from imgbuild.recipe.repofiles import repository_root
+
+    context = context_path(name, repository_root(folder), settings)
+    for path in (recipe, *([ci[0]] if ci else []), context):
+        if os.path.lexists(path):
+            raise UsageError(f"{path} exists: imgbuild init never overwrites (move it away, or edit it)")
+    requirements, packages = packages_from(request.source) if request.source else (None, [])
     if requirements:
         requirements = os.path.relpath(Path(requirements).resolve(), folder.resolve())
-    text = recipe_text(name, framework, tag, why, requirements, packages)
-    return Starter(recipe, text, why, (CI_FILES[ci], ci_text(ci, recipe)) if ci else None)
+    fleet = host_fleet(settings, request.for_gpus, request.driver)
+    choice = choose_base(settings, request.framework, fleet, request.base)
+    text = recipe_text(name, request.framework, choice.release, choice.why, requirements, packages)
+    tracked = (request.source,) if request.source and requirements else ()
+    return Starter(recipe, text, choice.release, choice.why, ci, choice.detail, tracked, context)
 
 
 def write_new(path: Path, text: str) -> None:
@@ -150,3 +168,39 @@ def write_new(path: Path, text: str) -> None:
     finally:
         with contextlib.suppress(OSError):
             partial.unlink()
+
+
+def start(starter: Starter, settings: Settings) -> Started:
+    """Write the recipe (loaded back first: imgbuild writes nothing it would refuse) and the CI file, render the
+    context CI checks, and say what comes next: build, commit the recipe with its context, push."""
+    from imgbuild.errors import ImgbuildError, RecipeError
+    from imgbuild.pipeline.context import context_dir, render_into
+    from imgbuild.pipeline.resolve import plan_file
+    from imgbuild.recipe import display_path, load_recipe
+
+    write_new(starter.recipe, starter.text)
+    try:
+        load_recipe(starter.recipe, secrets=settings.secrets())
+    except RecipeError:
+        starter.recipe.unlink()
+        raise
+    written = [starter.recipe]
+    if starter.ci:
+        write_new(*starter.ci)
+        written.append(starter.ci[0])
+    rendered, why_not = None, ""
+    try:
+        plan = plan_file(starter.recipe, settings)
+        rendered = render_into(plan, context_dir(plan, settings), "buildkit", settings)
+    except ImgbuildError as exc:  # the recipe stands (it loads); what stops its render is said, and `render` next
+        why_not = str(exc).splitlines()[0]
+    recipe = shlex.quote(str(starter.recipe))
+    context = display_path(rendered or starter.context or Path("images"))
+    commit = [str(starter.recipe), context, *map(str, starter.inputs), *([str(starter.ci[0])] if starter.ci else [])]
+    commands = [
+        *([] if rendered else [f"imgbuild render {recipe}"]),
+        f"imgbuild build {recipe}",
+        "git add " + " ".join(shlex.quote(p) for p in commit),
+        f"git commit -m {shlex.quote(f'{starter.recipe.stem}: a first image')} && git push",
+    ]
+    return Started(tuple(written), rendered, why_not, tuple(commands))

@@ -91,6 +91,7 @@ class TagCache:
         self.ttl = ttl
         self._tags = JsonCache(root / "tags", None, limits.HTTP_TAGS_BYTES)
         self._details = JsonCache(root / "details", None)
+        self._described = JsonCache(root / "described", None)
 
     def get_tags(self, host: str, repo: str) -> tuple[list[str], float] | None:
         found = self._tags.get_with_age(f"{host}/{repo}")
@@ -107,6 +108,19 @@ class TagCache:
 
     def put_details(self, key: str, value: dict[str, Any]) -> None:
         self._details.put(key, value)
+
+    def get_described(self, host: str, repo: str, tag: str) -> TagInfo | None:
+        """A tag as `--details` last described it (what it pointed at then): read when the registry is away."""
+        found = self._described.get(f"{host}/{repo}:{tag}")
+        if not isinstance(found, dict):
+            return None
+        try:
+            return TagInfo(**{**found, "platforms": tuple(found.get("platforms") or ())})
+        except TypeError:
+            return None
+
+    def put_described(self, host: str, repo: str, info: TagInfo) -> None:
+        self._described.put(f"{host}/{repo}:{info.tag}", {**asdict(info), "compatible": None, "why": ""})
 
 
 def list_tags(
@@ -177,6 +191,7 @@ def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: 
         for arch in (a for a in manifest.platforms if a in VARIANT_ARCHS and a != host_platform()[1]):
             other = facts_of(client.manifest(repo, info.tag, arch=arch))
             info.variants[arch] = {"cuda": other.get("cuda", ""), "arch_list": other.get("arch_list", "")}
+        cache.put_described(client.host, repo, info)
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(infos)))) as pool:
         list(pool.map(one, infos))

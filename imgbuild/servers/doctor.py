@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.gpu.fleet import branch_outside
+from imgbuild.gpu.read import PciGpu
 from imgbuild.gpu.toolkit import TOOLKIT_ADVISORIES, toolkit_version, version_tuple
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class HostFacts:
     memlock: int | None = 0  # bytes the engine's containers may lock (its daemon's limit); None: unlimited
     cgroup: str = ""  # "v2", "v1", "hybrid"
     docker_group: tuple[str, ...] = ()  # the users in the docker group (root-equivalent on the host)
-    pci_gpus: tuple[str, ...] = ()  # PCI addresses of the NVIDIA GPUs on the bus, driven or not
+    pci_gpus: tuple[PciGpu, ...] = ()  # the NVIDIA GPUs on the PCI bus, driven or not, with their driver binding
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,7 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
         return lines
     names = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in facts.gpus) or "none"
     lines.append(Line("gpus", "ok" if facts.gpus else "warn", f"{len(facts.gpus)} GPU(s): {names}"))
-    if len(facts.pci_gpus) > len(facts.gpus):
-        lines.append(_undriven(facts, branch))
+    lines += _bus_lines(facts, branch)
     for gpu in facts.gpus:
         capability = version_tuple(str(gpu.get("capability") or ""))
         outside = branch_outside((capability[0], capability[1]), facts.driver) if len(capability) >= 2 else None
@@ -106,8 +106,46 @@ def _driver_lines(facts: HostFacts) -> list[Line]:
     return lines
 
 
-def _undriven(facts: HostFacts, branch: int) -> Line:
-    """GPUs on the PCI bus the driver does not list: a branch that dropped (or predates) their architecture."""
+def _bus_lines(facts: HostFacts, branch: int) -> list[Line]:
+    """What the PCI bus has that the driver does not list, each by its cause: a GPU passed to virtual machines
+    (vfio-pci), one bound to another driver (nouveau), one bound to nvidia that the driver lost (fallen off the
+    bus, Xid 79), and one no driver binds (a branch that dropped, or predates, its architecture)."""
+    lines = []
+    vfio = [g for g in facts.pci_gpus if g.driver == "vfio-pci"]
+    if vfio:
+        names = ", ".join(g.label for g in vfio)
+        lines.append(Line("gpus", "info", f"{len(vfio)} GPU(s) passed to virtual machines (vfio-pci): {names}"))
+    other = [g for g in facts.pci_gpus if g.driver not in ("", "nvidia", "vfio-pci")]
+    for gpu in other:
+        lines.append(
+            Line(
+                "gpus",
+                "fail",
+                f"GPU {gpu.label} is bound to {gpu.driver}, not nvidia: containers cannot use it",
+                f"blacklist {gpu.driver} (/etc/modprobe.d) and reload the nvidia driver",
+            )
+        )
+    bound = [g for g in facts.pci_gpus if g.driver == "nvidia"]
+    if len(bound) > len(facts.gpus):
+        lines.append(
+            Line(
+                "gpus",
+                "fail",
+                f"{len(bound)} GPU(s) bound to nvidia ({', '.join(g.label for g in bound)}), the driver lists "
+                f"{len(facts.gpus)}: {len(bound) - len(facts.gpus)} fell off the bus or failed to start",
+                "dmesg | grep -i xid (Xid 79: fallen off the bus); reset it (nvidia-smi -r -i N) or reboot, and check "
+                "its power and cooling",
+            )
+        )
+    known = any(g.driver for g in facts.pci_gpus)  # a sysfs that shows bindings: judge each GPU by its own
+    unbound = [g for g in facts.pci_gpus if not g.driver] if known else list(facts.pci_gpus)
+    if len(unbound) - (0 if known else len(facts.gpus)) > 0:
+        lines.append(_undriven(unbound if known else [], len(unbound) - (0 if known else len(facts.gpus)), branch))
+    return lines
+
+
+def _undriven(gpus: list[PciGpu], missing: int, branch: int) -> Line:
+    """GPUs on the PCI bus no driver binds: a branch that dropped (or predates) their architecture."""
     from imgbuild.gpu.support import ARCH_DRIVER_BRANCHES
 
     ended = sorted({last for first, last in ARCH_DRIVER_BRANCHES.values() if last is not None and last < branch})
@@ -120,12 +158,12 @@ def _undriven(facts: HostFacts, branch: int) -> Line:
         why.append(f"R{branch} no longer drives {archs} (their last branches: {', '.join(f'R{e}' for e in ended)})")
     if newer:
         why.append(f"GPUs newer than R{branch} need R{newer[0]} or later")
-    missing = len(facts.pci_gpus) - len(facts.gpus)
+    which = f": {', '.join(g.label for g in gpus)}," if gpus else ""
+    cause = "; ".join(why) or "see dmesg for NVRM"
     return Line(
         "gpus",
         "fail",
-        f"{len(facts.pci_gpus)} NVIDIA GPU(s) on the PCI bus, the driver lists {len(facts.gpus)}: {missing} not "
-        f"driven ({'; '.join(why) or 'see dmesg for NVRM'})",
+        f"{missing} NVIDIA GPU(s) on the PCI bus{which} that no driver binds ({cause})",
         "run a driver branch that drives every GPU of the machine, or move the older GPUs to a host that keeps "
         "their branch",
     )

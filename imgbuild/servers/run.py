@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import RunRules
-from imgbuild.errors import ImgbuildError, JobFailed, UsageError
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
@@ -49,10 +49,32 @@ if TYPE_CHECKING:
 
 # --- starting a container -------------------------------------------------------------------------
 
-RLIMIT_HINT = (
-    "the engine may not raise the memlock/stack ulimits NVIDIA recommends: start dockerd with "
-    "LimitMEMLOCK=infinity, or set run.ulimits in the imgbuild config"
-)
+#: runc's "error setting rlimit type N": Linux's limit numbers, as run.ulimits names them.
+RLIMIT_NAMES = {3: "stack", 7: "nofile", 8: "memlock"}
+
+
+def rlimit_cure(stderr: str = "") -> str:
+    """What to do when the engine may not raise the ulimits the house rules ask for (runc's `error setting rlimit
+    type N`): the values to put in `run.ulimits` (this session's own hard limits, which a dockerd started the
+    same way has too), or the admin's cure. Without the engine's words, memlock and stack both."""
+    import re
+    import resource
+
+    named = [RLIMIT_NAMES[int(n)] for n in re.findall(r"rlimit type ([0-9]+)", stderr) if int(n) in RLIMIT_NAMES]
+    values = []
+    for name in dict.fromkeys(named or ["memlock", "stack"]):
+        hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))[1]
+        values.append(f"{name}: {hard if hard != resource.RLIM_INFINITY else 67108864}")
+    return (
+        "the engine may not raise the ulimits NVIDIA recommends: put run: {ulimits: {" + ", ".join(values) + "}} "
+        "in ~/.config/imgbuild/config.yaml (the most this session may set), or ask the admin to start dockerd "
+        "with LimitMEMLOCK=infinity"
+    )
+
+
+#: docker run's own exit codes (the container never ran the command) as imgbuild's: the engine refused to start
+#: it (125: an environment problem, 3), the command could not be run in it (126, 127: failed, 1).
+DOCKER_START_CODES = {125: 3, 126: 1, 127: 1}
 
 
 @dataclass
@@ -322,7 +344,8 @@ def start_detached(engine: ImageEngine, spec: RunSpec) -> None:
     if code != 0:
         if "Conflict" not in err:  # a name taken by another container is never ours to remove
             engine.containers.discard_unstarted(spec.name)
-        raise ImgbuildError(explain_start_failure(err))
+        failure = EnvironmentProblem if "rlimit" in err else ImgbuildError  # the engine's limits: exit 3
+        raise failure(explain_start_failure(err))
 
 
 @dataclass
@@ -368,7 +391,7 @@ def start_attached(engine: ImageEngine, spec: RunSpec, settings: Settings) -> Ru
     with _staged(spec):
         code, _ = engine.containers.run(spec.options())
     stop.set()
-    outcome = RunOutcome(code, time.monotonic() - started, start_failed=code in (125, 126))
+    outcome = RunOutcome(DOCKER_START_CODES.get(code, code), time.monotonic() - started, start_failed=code == 125)
     if code in (125, 126, 127):  # docker's own codes: a container `Created`, never started, is not left behind
         engine.containers.discard_unstarted(spec.name)
     if wanted:
@@ -382,7 +405,7 @@ def explain_start_failure(stderr: str) -> str:
     text = lines[-1] if lines else "docker run failed"
     if "rlimit" in text:
         reason = text[text.find("error setting rlimit") :].removesuffix(": unknown.")
-        return f"the container did not start ({reason}); {RLIMIT_HINT}"
+        return f"the container did not start ({reason}); {rlimit_cure(text)}"
     return f"the container did not start: {text[-300:]}"
 
 
