@@ -114,8 +114,8 @@ def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | 
     for n, (content, _) in enumerate(layers, 1):
         if sha256(content).removeprefix("sha256:") not in named:
             return Verdict(
-                "sbom", False, f"SBOM layer {n} of {len(layers)} ({sha256(content)}) is not the one the signed "
-                "provenance names (added or changed since)",
+                "sbom", False, "the SBOM is not the one the signed provenance names (changed or added since: layer "
+                f"{n} of {len(layers)}, {sha256(content)})",
             )  # fmt: skip
     if any(f"sha256:{base}" not in named_bases for named_bases in bases):
         return Verdict("sbom", False, "the SBOM does not name the base image's digest")
