@@ -61,6 +61,11 @@ class RegistryUnavailable(EnvironmentProblem):
     pass
 
 
+class RegistryCorrupt(EnvironmentProblem):
+    """The registry served other bytes than the digest asked for: a broken or lying registry (exit 3), whose answer
+    nothing may use."""
+
+
 class RegistryError(ImgbuildError):
     """The registry answered, but not with what we asked for (401, unknown repository)."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from imgbuild import escape
+
 #: A live line (a terminal) is cut here; a log line (CI) is kept whole, up to LOG_CHARS.
 LIVE_CHARS = 110
 LOG_CHARS = 4000
@@ -23,10 +25,25 @@ def ci_kind(environ: dict[str, str] | None = None) -> str:
 
 
 def annotate(level: str, text: str, environ: dict[str, str] | None = None) -> str:
-    """`text` as the CI system shows an error or warning on its run's page (GitHub's ::error::); else as it is."""
+    """`text` as the CI system shows an error or warning on its run's page (GitHub's ::error::); else as it is,
+    safe for a terminal."""
     if ci_kind(environ) == "github":
-        return f"::{level}::" + text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    return text
+        return f"::{level}::" + escape.terminal(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
+    return escape.terminal(text)
+
+
+def for_log(text: str, environ: dict[str, str] | None = None) -> str:
+    """`text` (anything someone else wrote may be in it) as a line of output: safe for a terminal, and under GitHub
+    Actions no line of it a workflow command."""
+    safe = escape.terminal(text)
+    return escape.ci_log(safe) if ci_kind(environ) == "github" else safe
+
+
+def say(text: str, err: bool = True) -> None:
+    """Print `text` (lines that may hold what others wrote) as `for_log` makes it."""
+    import click
+
+    click.echo(for_log(text), err=err)
 
 
 class Progress:
@@ -52,27 +69,28 @@ class Progress:
         import threading
 
         if self.enabled and self.console.is_terminal:
-            self._status = self.console.status(self.title)
+            self._status = self.console.status(escape.rich(self.title))
             self._status.__enter__()
             self._stop = threading.Event()
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
         elif self.enabled:
-            self._raw(self._fold_open() + self.title)
+            self._raw(self.title, command=self._fold_open())
         return self
 
     def _tick(self) -> None:
         """Keep the live line's clock running while a step takes long (a smoke test, a push, a pull)."""
         while not self._stop.wait(1.0):
             if self._last:
-                self._status.update(f"{self.title} {self._line(self._last, LIVE_CHARS)}")
+                self._status.update(escape.rich(f"{self.title} {self._line(self._last, LIVE_CHARS)}"))
 
     def _line(self, step: str, limit: int) -> str:
         elapsed = time.monotonic() - self.start
         return f"[{elapsed:6.1f}s] {step[:limit] + ('...' if len(step) > limit else '')}"
 
-    def _raw(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+    def _raw(self, text: str, command: str = "") -> None:
+        """`text` as a log line (after `command`, a CI system's fold marker of imgbuild's own)."""
+        self.console.print(command + for_log(text), highlight=False, markup=False, soft_wrap=True)
 
     def _fold_open(self) -> str:
         if self._ci == "github":
@@ -83,9 +101,9 @@ class Progress:
 
     def _fold_close(self) -> None:
         if self._ci == "github":
-            self._raw("::endgroup::")
+            self._raw("", command="::endgroup::")
         elif self._ci == "gitlab":
-            self._raw(f"\x1b[0Ksection_end:{int(time.time())}:imgbuild\r\x1b[0K")
+            self._raw("", command=f"\x1b[0Ksection_end:{int(time.time())}:imgbuild\r\x1b[0K")
 
     def __call__(self, step: str) -> None:
         if not self.enabled or step == self._last:
@@ -93,7 +111,7 @@ class Progress:
         step = " ".join(step.split())
         self._last = step
         if self._status is not None:
-            self._status.update(f"{self.title} {self._line(step, LIVE_CHARS)}")
+            self._status.update(escape.rich(f"{self.title} {self._line(step, LIVE_CHARS)}"))
         else:
             self._raw(self._line(step, LOG_CHARS))
 
@@ -117,12 +135,18 @@ def print_table(columns: list[str], rows: list[list[Any]], title: str | None = N
     console = Console()
     # Off a terminal (CI logs, pipes) nothing wraps: one row per line, greppable.
     wide = not console.is_terminal
-    table = Table(title=title, box=None, header_style="bold", pad_edge=False, title_justify="left")
+
+    def cell(text: str) -> str:  # what others wrote: no markup, no control, no workflow command at a line's start
+        return escape.rich(for_log(text))
+
+    table = Table(
+        title=cell(title) if title else None, box=None, header_style="bold", pad_edge=False, title_justify="left"
+    )
     for i, col in enumerate(columns):
         last = i == len(columns) - 1
-        table.add_column(col, no_wrap=wide or not last, overflow="ignore" if wide else "fold")
+        table.add_column(cell(col), no_wrap=wide or not last, overflow="ignore" if wide else "fold")
     for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
+        table.add_row(*[cell("" if v is None else str(v)) for v in row])
     if wide:
         console = Console(width=1000, highlight=False)
     console.print(table, crop=False, soft_wrap=wide)

@@ -162,3 +162,16 @@ def demo_recipe(folder: Path, body: str = 'env: {A: "1"}\n') -> Path:
     path = folder / "demo.yaml"
     path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n' + body)
     return path
+
+
+def imgbuild_here(capsys, *argv: str) -> tuple[int, str, str]:
+    """imgbuild's entry point in this process (exit code, stdout, stderr): the CLI as a user runs it, without a new
+    interpreter's start (a fast test of a command's output and exit code)."""
+    import pytest
+
+    from imgbuild.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return int(ended.value.code or 0), out, err

@@ -22,6 +22,7 @@ from imgbuild.supply import attest, verify
 from tests.conftest import run_cli
 from tests.cosign_keys import write_key_pair
 from tests.fake_registry import MemoryRegistry
+from tests.support import imgbuild_here
 
 PASSWORD = b"correct horse battery staple"
 DIGEST = "sha256:" + "1" * 64
@@ -100,6 +101,7 @@ def test_a_signed_image_verifies_and_its_attachments_sit_under_cosigns_tags(keys
         ("provenance replaced", {"signature": True, "provenance": False, "sbom": False}),
         ("signature payload edited", {"signature": False, "provenance": True, "sbom": True}),
         ("nothing attached", {"signature": False, "provenance": False, "sbom": False}),
+        ("sbom gains a layer", {"signature": True, "provenance": True, "sbom": False}),
     ],
 )
 def test_what_verify_refuses(case, expected, keys):
@@ -129,7 +131,32 @@ def test_what_verify_refuses(case, expected, keys):
         registry.blobs[layer["digest"]] = edited  # served under the old digest: the client's check is bypassed here
     elif case == "nothing attached":
         registry = MemoryRegistry()
+    elif case == "sbom gains a layer":  # the signed SBOM kept, a forged one beside it (consumers read both)
+        layer = json.loads(registry.manifests[f"sha256-{hexdigest}.sbom"])["layers"][0]
+        evil = b'{"components": [{"name": "evil", "version": "6.6.6"}]}'
+        config, manifest, blobs = attest.artifact(
+            [(attest.CYCLONEDX, registry.blobs[layer["digest"]], {}), (attest.CYCLONEDX, evil, {})]
+        )
+        for blob in (config, *blobs):
+            registry.blobs[attest.sha256(blob)] = blob
+        registry.manifests[f"sha256-{hexdigest}.sbom"] = manifest
     assert verdicts(registry, keys, **kwargs) == expected
+
+
+def test_signing_again_with_a_rotated_key_adds_a_signature_and_keeps_the_earlier_one(keys):
+    registry = signed(keys)
+    rotated = attest.load_signer(keys["other"], PASSWORD)
+    attest.publish(registry, "lab/research", DIGEST, attest.attachments(made(), rotated))
+    attest.publish(registry, "lab/research", DIGEST, attest.attachments(made(), rotated))  # a retried push
+    layers = json.loads(registry.manifests[f"sha256-{DIGEST.removeprefix('sha256:')}.sig"])["layers"]
+    assert len(layers) == 3
+    assert verdicts(registry, keys)["signature"] and verdicts(registry, keys, public="other_public")["signature"]
+
+
+def test_verify_names_digests_whole():
+    registry = MemoryRegistry()
+    found = verify.verify(registry, "lab/research", "registry.example.org/lab/research", DIGEST, None, None)
+    assert all(DIGEST in v.detail for v in found)
 
 
 def test_the_sbom_and_provenance_name_the_base_the_packages_and_the_inputs():
@@ -627,3 +654,51 @@ def test_run_steps_sit_between_a_marker_and_a_record_and_a_recipe_without_them_h
     text = "\n".join(lines[record : record + 6])
     assert f"> {RUN_FILES}" in text and f"head -z -n {RUN_FILES_MAX}" in text
     assert "run.start" not in dockerfile("b", "")
+
+
+def test_the_provenance_names_the_run_its_start_and_every_pip_input(tmp_path):
+    """Which run built it and when it started (the images of one run share its id), and what the pip step was given:
+    the recipe's requirements file by hash and each requirement as written."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.describe import describe
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.recipe import load_recipe
+    from tests.support import demo_recipe, fake_inspect
+
+    recipe = demo_recipe(tmp_path)
+    (tmp_path / "requirements.txt").write_text("einops==0.8.0\n")
+    recipe.write_text(recipe.read_text() + "pip:\n  packages: [tabulate==0.9.0]\n  requirements: requirements.txt\n")
+    plan = make_plan(load_recipe(recipe), load_settings({"user": "alice"}), fake_inspect)
+    builder = {"engine": "20.10.24", "kind": "docker", "backend": "buildkit"}
+    first, second = (describe(plan, {}, "r.example/lab/demo", DIGEST, builder) for _ in range(2))
+    statement = attest.provenance(first, "sha256:" + "5" * 64)
+    metadata = statement["predicate"]["runDetails"]["metadata"]
+    assert metadata["invocationId"] == second.invocation and len(metadata["invocationId"]) == 32
+    assert metadata["startedOn"] <= metadata["finishedOn"]
+    parameters = statement["predicate"]["buildDefinition"]["externalParameters"]
+    assert parameters["requirements"]["sha256"] == attest.sha256(b"einops==0.8.0\n")
+    assert {"einops==0.8.0", "tabulate==0.9.0"} <= set(parameters["pip"])
+    assert statement["predicate"]["runDetails"]["builder"]["version"]["kind"] == "docker"
+
+
+def test_verify_against_a_registry_that_lies_on_a_read_by_digest_exits_3_in_one_line(keys, capsys):
+    """The tag and its signature served truly, the signature's payload read by its digest served falsely: no
+    verdict is given on bytes bound to nothing."""
+    from imgbuild.registry.client import RegistryClient
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    try:
+        body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "config": {}}).encode()
+        digest = registry.put("lab/research", "v1", body, attest.OCI_MANIFEST)
+        description = made(image=f"{registry.host}/lab/research", digest=digest)
+        client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
+        attest.publish(client, "lab/research", digest, attest.attachments(description, attest.load_signer(keys["private"], PASSWORD)))  # fmt: skip
+        image = f"{registry.host}/lab/research:v1"
+        assert imgbuild_here(capsys, "verify", image, "--key", str(keys["public"]))[0] == 0
+        sig = json.loads(registry.manifests[registry.tags[("lab/research", attest.attachment_tag(digest, "sig"))]][0])
+        registry.lies[sig["layers"][0]["digest"]] = b'{"critical": "forged"}'
+        code, _, err = imgbuild_here(capsys, "verify", image, "--key", str(keys["public"]))
+    finally:
+        registry.close()
+    assert code == 3 and len(err.strip().splitlines()) == 1 and registry.host in err, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from imgbuild.ci.fanout import merge, plan_document, read_report, waves
 from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, STALE, Item
 from imgbuild.errors import UsageError
 from tests.conftest import run_cli
+from tests.support import imgbuild_here
 
 
 def _item(name: str, status: str, deps: tuple[str, ...] = (), reasons: tuple[str, ...] = ()) -> Item:
@@ -115,8 +117,11 @@ def test_a_hostile_report_is_one_line_naming_the_file_and_field(tmp_path, conten
     with pytest.raises(UsageError) as caught:
         read_report(path)
     assert words in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
-    done = run_cli("merge-reports", str(path), cwd=tmp_path)
-    assert done.code == 2 and "Traceback" not in done.err and len(done.err.strip().splitlines()) == 1
+    # merged, it is a failed row of a JUnit file that is still written, and still XML
+    done = run_cli("merge-reports", str(path), "--junit-xml", "m.xml", cwd=tmp_path)
+    assert done.code == 1 and "Traceback" not in done.err
+    failure = ET.parse(tmp_path / "m.xml").getroot().find("testcase/failure")
+    assert failure is not None and words in failure.get("message", "")
 
 
 def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
@@ -242,3 +247,136 @@ def test_a_three_wave_plan_of_five_recipes_built_by_three_runners_merges_into_on
     assert 'tests="5" failures="0"' in (tmp_path / "all.xml").read_text()
     again = json.loads(run_cli("rebuild", "--plan", "--json", cwd=tmp_path).out)
     assert again["images"] == 0 and again["invalid"] == []
+
+
+# --- reports and plans as evidence: checked against the plan and the registry --------------------------------
+
+
+@pytest.fixture
+def served():
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    yield registry
+    registry.close()
+
+
+def _pushed(registry, repo: str, tag: str, signer=None) -> str:
+    """An image at `repo:tag` in `registry` (and, with `signer`, its cosign signature); its digest."""
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.supply import attest
+
+    body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "repo": repo}).encode()
+    digest = registry.put(repo, tag, body, attest.OCI_MANIFEST)
+    if signer is not None:
+        payload = attest.simple_signing(f"{registry.host}/{repo}", digest)
+        notes = {attest.SIGNATURE_ANNOTATION: __import__("base64").b64encode(signer.sign(payload)).decode()}
+        signature = attest.artifact([(attest.SIMPLE_SIGNING, payload, notes)])
+        client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
+        attest.publish(client, repo, digest, {"sig": signature})
+    return digest
+
+
+def _plan_file(tmp_path: Path, waves_: list[list[dict]]) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"waves": waves_, "matrix": [], "images": 0, "invalid": []}))
+    return path
+
+
+def _planned(recipe: str, image: str, wave: int, after: tuple[str, ...] = ()) -> dict:
+    return {"recipe": recipe, "image": image, "wave": wave, "reasons": [], "after": list(after)}
+
+
+def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_rows_in_a_valid_junit(
+    tmp_path, served, capsys, monkeypatch
+):
+    import xml.etree.ElementTree as ET
+
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.supply import attest
+
+    signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
+    (tmp_path / "cosign.pub").write_bytes(signer.public_pem())
+    img = {n: f"{served.host}/lab/{n}:v1" for n in ("a", "b", "c", "d", "e")}
+    good = _pushed(served, "lab/a", "v1", signer)
+    unsigned = _pushed(served, "lab/d", "v1")
+    plan = _plan_file(tmp_path, [
+        [_planned("recipes/a.yaml", img["a"], 1), _planned("recipes/b.yaml", img["b"], 1),
+         _planned("recipes/d.yaml", img["d"], 1), _planned("recipes/e.yaml", img["e"], 1)],
+        [_planned("recipes/c.yaml", img["c"], 2, ("recipes/a.yaml",))],
+    ])  # fmt: skip
+    honest = _report(tmp_path, "honest.json", [
+        _row("recipes/a.yaml", BUILT, image=img["a"], pushed_digest=good),
+        _row("recipes/d.yaml", BUILT, image=img["d"], pushed_digest=unsigned),
+        _row("recipes/e.yaml", FRESH, image=img["e"]),  # fresh, says the runner: nothing is there
+    ])  # fmt: skip
+    hostile = _report(tmp_path, "hostile.json", [
+        _row("recipes/b.yaml", BUILT, image=img["b"], pushed_digest="sha256:" + "6" * 64),  # nobody pushed it
+        _row('recipes/never-planned<x>&"]]>\uffff.yaml', BUILT, image=img["a"], pushed_digest=good),
+        _row("::error file=README.md,line=1::forged", FRESH, image=img["a"]),
+    ])  # fmt: skip
+    junit = tmp_path / "merged.xml"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    code, out, err = imgbuild_here(capsys, "merge-reports", str(honest), str(hostile), str(tmp_path / "died.json"),
+                               "--plan", str(plan), "--key", str(tmp_path / "cosign.pub"), "--junit-xml", str(junit))  # fmt: skip
+    assert code == 1, err
+    assert not any(line.lstrip().startswith("::") for line in out.splitlines())
+    cases = {
+        case.get("name", "").split(" (")[0]: case.find("failure") for case in ET.parse(junit).getroot().iter("testcase")
+    }
+    failed = {name: f.get("message") for name, f in cases.items() if f is not None}
+    assert set(cases) - set(failed) == {"recipes/a.yaml"}  # the one row the plan and the registry bear out
+    assert "holds" in failed["recipes/b.yaml"] and "6666" in failed["recipes/b.yaml"]
+    assert "not signed" in failed["recipes/d.yaml"]
+    assert "holds nothing" in failed["recipes/e.yaml"]
+    assert "no report names it" in failed["recipes/c.yaml"]
+    assert "a recipe nobody planned" in failed["::error file=README.md,line=1::forged"]
+    assert any("nobody planned" in message and "never-planned" in name for name, message in failed.items())
+    assert any("died.json" in name for name in failed)  # the report that never came is a failed row too
+
+
+def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(
+    tmp_path, served, monkeypatch, capsys
+):
+    from imgbuild.ci.evidence import read_plan
+    from imgbuild.config.settings import load_settings
+
+    settings = load_settings({"user": "alice"})
+    parent, child = f"{served.host}/lab/parent:v1", f"{served.host}/lab/child:v1"
+    swapped = _plan_file(tmp_path, [[_planned("recipes/child.yaml", child, 1, ("recipes/parent.yaml",))],
+                                    [_planned("recipes/parent.yaml", parent, 2)]])  # fmt: skip
+    with pytest.raises(UsageError, match="recipes/child.yaml is planned in wave 1 but builds on recipes/parent"):
+        read_plan(swapped, settings)
+    # the plan's own word removed too: the recipes, read where they are, say who builds on whom
+    (tmp_path / "recipes").mkdir()
+    base = '{framework: pytorch, tag: "24.05"}'
+    (tmp_path / "recipes/parent.yaml").write_text(
+        f"name: parent\nimage: {served.host}/lab/parent\ntag: v1\nbase: {base}\n"
+    )
+    (tmp_path / "recipes/child.yaml").write_text(f'name: child\nimage: {served.host}/lab/child\ntag: v1\nbase: {{image: "{parent}"}}\n')  # fmt: skip
+    silent = _plan_file(tmp_path, [[_planned("recipes/child.yaml", child, 1)], [_planned("recipes/parent.yaml", parent, 2)]])  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="out of dependency order"):
+        read_plan(Path("plan.json"), settings)
+    report = _report(tmp_path, "r.json", [_row("recipes/parent.yaml", FRESH, image=parent)])
+    code, _, err = imgbuild_here(capsys, "merge-reports", str(report), "--plan", str(silent), "--junit-xml", "m.xml")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "out of dependency order" in err
+    assert 'failures="1"' in (tmp_path / "m.xml").read_text()
+
+
+def test_a_report_with_a_lone_surrogate_or_a_noncharacter_still_merges_into_valid_xml_and_a_table(
+    tmp_path, capsys, monkeypatch
+):
+    report = tmp_path / "r.json"  # written as a runner's JSON escapes would carry them
+    report.write_text(
+        '{"images": [{"recipe": "recipes/a\\uffff.yaml", "image": "lab/a:1", "status": "failed", '
+        '"error": "lone \\ud800 surrogate", "reasons": [], "seconds": 1}]}'
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, err = imgbuild_here(capsys, "merge-reports", str(report), "--junit-xml", "m.xml")
+    assert code == 1 and "unexpected" not in err, err
+    failure = ET.parse(tmp_path / "m.xml").getroot().find("testcase/failure")  # XML 1.0, whatever the report held
+    assert failure is not None
+    for text in (out, err, (tmp_path / "m.xml").read_text()):  # merged as a failure, or refused as one: never raw
+        assert "\ud800" not in text and "\uffff" not in text

@@ -8,6 +8,7 @@ The server is a real HTTP server on 127.0.0.1 that answers each path in one bad 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import socket
 import threading
@@ -251,7 +252,8 @@ ODD_SHAPES = [
 def _held(shape: object) -> dict[str, object]:
     """What each call must make of `shape` served for every request: the tags it holds that are tags (a list
     without any is no tags, never an error), the config digest a manifest names, a blob that is a JSON object
-    as it is, and the image config a valid manifest leads to; anything else a RegistryError."""
+    as it is; the image config a valid manifest leads to is read by its digest, which the same answer never has
+    (RegistryCorrupt: bytes bound to nothing are never used); anything else a RegistryError."""
     page = shape.get("tags") if isinstance(shape, dict) else None
     config = shape.get("config") if isinstance(shape, dict) else None
     digest = config.get("digest") if isinstance(config, dict) else None
@@ -260,7 +262,7 @@ def _held(shape: object) -> dict[str, object]:
         "tags": [t for t in page if isinstance(t, str) and len(t) <= 128] if isinstance(page, list) else [],
         "manifest": digest if valid else "RegistryError",
         "blob": shape if isinstance(shape, dict) else "RegistryError",
-        "config": shape if valid else "RegistryError",
+        "config": "RegistryCorrupt" if valid else "RegistryError",
     }
 
 
@@ -285,7 +287,7 @@ def test_answers_of_the_wrong_shape_give_what_they_hold_or_a_registry_error(shap
     calls = {
         "tags": lambda c: c.tags("x/y"),
         "manifest": lambda c: c.manifest("x/y", "t").config_digest,
-        "blob": lambda c: described(c.blob_json("x/y", "sha256:" + "a" * 64)),
+        "blob": lambda c: described(c.blob_json("x/y", "sha256:" + hashlib.sha256(body).hexdigest())),
         "config": lambda c: described(c.image_config("x/y", "t")[1]),
     }
     outcomes: dict[str, object] = {}
@@ -368,3 +370,195 @@ def test_a_registry_that_announces_one_digest_and_serves_another_is_caught():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("read", "kind"),
+    [
+        (lambda c, d: c.manifest("lab/x", d), "manifest"),
+        (lambda c, d: c.manifest_raw("lab/x", d), "manifest"),
+        (lambda c, d: c.image_config("lab/x", d), "manifest"),
+        (lambda c, d: c.blob_json("lab/x", d), "blob"),
+        (lambda c, d: c.blob_bytes("lab/x", d), "blob"),
+        (lambda c, d: c.image_config("lab/x", "v1"), "config"),  # a tag's manifest naming a config served falsely
+    ],
+    ids=["manifest", "manifest_raw", "image_config", "blob_json", "blob_bytes", "config of a tag"],
+)
+def test_every_read_by_digest_is_checked_against_the_digest_asked_for(read, kind):
+    """A registry that serves other bytes for a digest (another image's manifest, another config with the label a
+    fresh runner wants to see) is refused in one line naming the registry and the digest, exit 3: no caller gets
+    bytes bound to nothing."""
+    from imgbuild.errors import EXIT_ENVIRONMENT, RegistryCorrupt
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    config, other_config = b'{"config":{"Labels":{"a":"1"}}}', b'{"config":{"Labels":{"a":"2"}}}'
+    registry.blobs = {"sha256:" + __import__("hashlib").sha256(b).hexdigest(): b for b in (config, other_config)}
+    config_digest, other_digest = list(registry.blobs)
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"digest": config_digest, "size": len(config)}, "layers": []}).encode()  # fmt: skip
+    other = manifest.replace(config_digest.encode(), other_digest.encode())
+    digest = registry.put("lab/x", "v1", manifest, "application/vnd.oci.image.manifest.v1+json")
+    asked = {"manifest": digest, "blob": config_digest, "config": config_digest}[kind]
+    registry.lies[asked] = other if kind == "manifest" else other_config
+    client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=5)
+    try:
+        with pytest.raises(RegistryCorrupt) as info:
+            read(client, digest if kind != "blob" else config_digest)
+        del registry.lies[asked]
+        read(client, digest if kind != "blob" else config_digest)  # the honest answer is read as before
+    finally:
+        registry.close()
+    message = str(info.value)
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in message
+    assert registry.host in message and asked in message
+
+
+# --- pushes: every transfer bounded, every registry fault exit 3 ---------------------------------------------
+
+
+class _PushingApi:
+    """docker-py's push and pull streams, as the engine writes them: `chunks`, then (with `stall`) nothing, ever."""
+
+    def __init__(self, chunks: list[dict[str, object]], stall: bool = False):
+        self.chunks, self.stall = chunks, stall
+        self.release = threading.Event()
+
+    def push(self, repo, tag, stream, decode, auth_config):
+        yield from self.chunks
+        if self.stall:
+            self.release.wait(30)  # a registry that took the upload and never answers: the engine says nothing
+
+    def pull(self, repo, tag, stream, decode):
+        return self.push(repo, tag, stream, decode, None)
+
+
+def _transfer(images, verb: str, quiet: float) -> None:
+    ref = "127.0.0.1:5901/p5/x:v1"
+    if verb == "push":
+        images.push(ref, None, lambda s: None, quiet_seconds=quiet)
+    else:
+        images.pull(ref, quiet_seconds=quiet)
+
+
+def _docker_images(api: _PushingApi):
+    from imgbuild.engine.images import DockerImages
+
+    class Client:
+        pass
+
+    client = Client()
+    client.api = api  # type: ignore[attr-defined]
+    return DockerImages(client)
+
+
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_a_push_or_pull_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3(verb):
+    from imgbuild.errors import EXIT_ENVIRONMENT
+
+    api = _PushingApi([{"status": "Preparing", "id": "aaa"}, {"status": "Pushing", "id": "aaa"}], stall=True)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            _transfer(_docker_images(api), verb, 0.5)
+    finally:
+        api.release.set()
+    assert time.monotonic() - start < 3
+    message = str(info.value)
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in message
+    assert "127.0.0.1:5901" in message and "stalled" in message
+
+
+@pytest.mark.parametrize(
+    ("said", "code"),
+    [
+        ("received unexpected HTTP status: 500 Internal Server Error", 3),
+        ("received unexpected HTTP status: 503 Service Unavailable", 3),
+        ("Put http://127.0.0.1:5901/v2/p5/x/manifests/v1: dial tcp 127.0.0.1:5901: connect: connection refused", 3),
+        ("denied: requested access to the resource is denied", 1),
+        ("manifest invalid: manifest invalid", 1),
+    ],
+)
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_a_transfer_the_registry_fails_is_exit_3_and_one_that_fails_itself_is_exit_1(said, code, verb):
+    from imgbuild.errors import ImgbuildError
+
+    api = _PushingApi([{"status": "Pushing", "id": "aaa"}, {"errorDetail": {"message": said + "\n\x1b[31m"}}])
+    with pytest.raises(ImgbuildError) as info:
+        _transfer(_docker_images(api), verb, 5)
+    assert info.value.exit_code == code and "\n" not in str(info.value) and "\x1b" not in str(info.value)
+
+
+def test_an_upload_the_registry_stalls_ends_within_its_deadline_in_one_line_exit_3(tmp_path):
+    """The attachments' and the mirror's uploads (the client's own PUT of a blob): a registry that takes the
+    connection and never reads or answers is ended by the client's bounds, exit 3."""
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    registry.stall_uploads = True
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x" * (8 << 20))  # more than the socket buffers take
+    digest = "sha256:" + __import__("hashlib").sha256(blob.read_bytes()).hexdigest()
+    client = RegistryClient(registry.host, insecure=True, retries=0, timeout=1, command_seconds=3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            client.upload_blob("lab/x", digest, blob)
+    finally:
+        registry.close()
+    assert time.monotonic() - start < 6
+    assert "\n" not in str(info.value) and registry.host in str(info.value)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_a_registry_answering_5xx_is_exit_3_for_reads_writes_and_uploads(status, tmp_path):
+    from imgbuild.errors import EXIT_ENVIRONMENT, ImgbuildError
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    registry.status = status
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x")
+    client = RegistryClient(registry.host, insecure=True, retries=0, timeout=2, command_seconds=5, backoff=0)
+    calls = [
+        lambda: client.manifest_raw("lab/x", "v1"),
+        lambda: client.put_manifest("lab/x", "v1", b"{}", "application/vnd.oci.image.manifest.v1+json"),
+        lambda: client.upload_blob("lab/x", "sha256:" + "0" * 64, blob),
+    ]
+    try:
+        for call in calls:
+            with pytest.raises(ImgbuildError) as info:
+                call()
+            assert info.value.exit_code == EXIT_ENVIRONMENT, str(info.value)
+    finally:
+        registry.close()
+
+
+@pytest.mark.engine
+def test_docker_pushing_to_a_registry_that_stalls_the_upload_ends_in_one_line_exit_3(
+    docker_client, tmp_path, unique, cleanup_images
+):
+    """The real engine's push (Docker's chunked upload) into a registry that takes the upload and never answers:
+    ended once the engine has said nothing for the quiet bound, never left `Pushing` until CI's own limit."""
+    import os
+
+    from imgbuild.engine.images import DockerImages
+    from imgbuild.errors import EXIT_ENVIRONMENT
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    registry.stall_uploads = True
+    (tmp_path / "x").write_bytes(os.urandom(1 << 20))
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY x /x\n")
+    ref = f"{registry.host}/p5/stall-{unique}:v1"
+    docker_client.images.build(path=str(tmp_path), tag=ref)
+    cleanup_images.append(ref)
+    said: list[str] = []
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            DockerImages(docker_client).push(ref, None, said.append, quiet_seconds=3)
+    finally:
+        registry.close()
+    assert time.monotonic() - start < 15, said
+    assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in str(info.value) and "stalled" in str(info.value)

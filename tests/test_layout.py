@@ -27,6 +27,7 @@ LEVELS: list[set[str]] = [
         "host",
         "fields",
         "text",
+        "escape",
         "ui",
         "annotation",
         "yamlpos",

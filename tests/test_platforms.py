@@ -312,7 +312,7 @@ def test_a_registry_that_refuses_manifest_lists_is_an_environment_problem_in_one
             manifests["sha256:" + hashlib.sha256(body).hexdigest()] = body
         _Registry.manifests, _Registry.refuse = manifests, status
         digests = iter(manifests)
-        engine.images.push = lambda ref, auth, progress: next(digests)  # type: ignore[method-assign]
+        engine.images.push = lambda ref, auth, progress, *quiet: next(digests)  # type: ignore[method-assign]
         settings = load_settings({"user": "alice", "insecure_registries": [host]})
         builds = [(made.platform_of(r), r.image_id) for r in made.results]
         with pytest.raises(EnvironmentProblem) as info:
@@ -441,3 +441,122 @@ def test_naming_platforms_changes_no_image_hash(tmp_path):
     plain = content_hash(load_recipe(demo_recipe(tmp_path)))
     both = content_hash(load_recipe(demo_recipe(tmp_path, 'env: {A: "1"}\nplatforms: [linux/amd64, linux/arm64]\n')))
     assert plain == both
+
+
+# --- two pushers on one tag: what is signed is what this run put ------------------------------------------------
+
+
+def _pushing_into(registry, engine: FakeEngine, then=None):
+    """The fake engine's push, as a registry sees it: each image's manifest stored at its tag; `then(repo, tag)`
+    runs after (another pusher)."""
+    from imgbuild import imageref
+
+    def push(ref, auth, progress, *quiet):
+        parsed = imageref.parse(ref)
+        body = json.dumps({"schemaVersion": 2, "config": {"digest": engine.images.image_id(ref)}}).encode()
+        digest = registry.put(parsed.repository, parsed.tag, body, DOCKER_MANIFEST_TYPE)
+        if then is not None:
+            then(parsed.repository, parsed.tag)
+        return digest
+
+    return push
+
+
+def _list_published(registry, recipe: Path, tmp_path: Path, signer) -> str:
+    """The demo recipe built for both platforms and published as a manifest list into `registry`: its digest."""
+    recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+    engine = FakeEngine(platforms=BOTH)
+    made = _build(recipe, engine, tmp_path, BOTH)
+    engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
+    settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
+    builds = [(made.platform_of(r), r.image_id) for r in made.results]
+    return publish_platforms(made.own().plan, builds, {"ok": True}, settings, engine, None, signer, lambda s: None)
+
+
+def _signatures(registry) -> set[str]:
+    return {tag for (_, tag) in registry.tags if tag.endswith(".sig")}
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["one image", "manifest list"])
+def test_a_push_whose_tag_another_pusher_moves_signs_nothing_and_names_both_digests(recipe, tmp_path, multi):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.ci.publish import publish
+    from imgbuild.errors import EXIT_FAILED, JobFailed
+    from imgbuild.supply import attest
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    try:
+        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+        engine = FakeEngine(platforms=BOTH)
+        made = _build(recipe, engine, tmp_path, BOTH if multi else ("linux/amd64",))
+        theirs = registry.put("lab/their", "x", b'{"schemaVersion":2,"theirs":1}', DOCKER_MANIFEST_TYPE)
+
+        def other_pusher(repo: str, tag: str) -> None:
+            if tag == "v1":  # the moment after this run's manifest (or list) landed at the target's tag
+                registry.tags[(repo, tag)] = theirs
+
+        engine.images.push = _pushing_into(registry, engine, None if multi else other_pusher)  # type: ignore[method-assign]
+        registry.after_put = other_pusher if multi else None
+        settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
+        signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
+        with pytest.raises(JobFailed) as info:
+            if multi:
+                builds = [(made.platform_of(r), r.image_id) for r in made.results]
+                publish_platforms(made.own().plan, builds, {}, settings, engine, None, signer, lambda s: None)
+            else:
+                publish(made.own().plan, made.own().image_id, {}, settings, engine, None, signer, lambda s: None)
+    finally:
+        registry.close()
+    message = str(info.value)
+    ours = [d for d in registry.manifests if d != theirs and d in message]
+    assert info.value.exit_code == EXIT_FAILED and "\n" not in message
+    assert theirs in message and len(ours) == 1, message
+    assert _signatures(registry) == set()  # neither theirs nor ours: the tag is not this run's
+
+
+def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_the_tag_serves_later(
+    recipe, tmp_path, monkeypatch
+):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.ci import publish as publishing
+    from imgbuild.registry.transport import digest_of
+    from imgbuild.supply import attest
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    signed: list[str] = []
+    monkeypatch.setattr(publishing, "_sign", lambda plan, smoke, digest, *rest: signed.append(digest))
+    try:
+        digest = _list_published(registry, recipe, tmp_path, attest.Signer(ec.generate_private_key(ec.SECP256R1())))
+    finally:
+        registry.close()
+    listed = registry.tags[("lab/demo", "v1")]
+    assert signed == [digest] == [listed] == [digest_of(registry.manifests[listed][0])]
+
+
+def test_a_signed_manifest_list_has_each_platforms_image_signed_by_the_same_key(recipe, tmp_path):
+    """cosign's `sign --recursive`: a runtime that resolves the list to its own platform's entry (and
+    `run.signed_only`, asked of that entry) finds it signed, not only the list."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.supply import attest
+    from imgbuild.supply.verify import check_signature
+    from tests.fake_registry import ServedRegistry
+
+    registry = ServedRegistry()
+    signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
+    try:
+        listed = _list_published(registry, recipe, tmp_path, signer)
+        client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
+        entries = [registry.tags[("lab/demo", f"v1-{arch}")] for arch in ("amd64", "arm64")]
+        verdicts = [
+            check_signature(client, "lab/demo", f"{registry.host}/lab/demo", d, signer.public_key())
+            for d in (listed, *entries)
+        ]
+    finally:
+        registry.close()
+    assert [v.ok for v in verdicts] == [True, True, True], [v.detail for v in verdicts]

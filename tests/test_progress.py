@@ -135,3 +135,75 @@ def test_the_smoke_test_says_each_check_as_it_goes_and_a_long_one_every_few_seco
     smoke.run_smoke(engine, smoke.SmokeRequest("lab/x:1", skip_gpu=True), on_step=steps.append)
     assert steps[:2] == ["starting the smoke test", "smoke check 1: framework PASS (0.0 s)"]  # a start: only if long
     assert len(steps) >= 4 and all(s.startswith("smoke check 2: cuda: still running (") for s in steps[2:])
+
+
+# --- text others wrote, through every table and progress line ----------------------------------------------
+
+#: What a failed step, a runner's report or a recipe can put in front of a user.
+HOSTILE = [
+    "executor failed running [/bin/sh -c pip install x]: exit code: 1",
+    "[bold]not bold[/bold] and [/] and [link=http://x]y[/link]",
+    "::error file=README.md,line=1::forged",
+    "::stop-commands::p5stop",
+    "  ::warning::indented",
+    "a ##[error]older form",
+    "title\x1b]0;pwned\x07 bell \x1b[31mred \x9b31m c1 \u202eevil\u202c \u2066iso\u2069 \x00nul",
+    "second line\n::error::after a newline",
+    "lone surrogate \ud800 and \uffff",
+]
+
+
+def _no_command_starts(text: str, own: tuple[str, ...] = ()) -> None:
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in own:
+            continue
+        assert not stripped.startswith("::"), line
+        assert "##[" not in line, line
+
+
+def _no_hostile_controls(text: str) -> None:
+    for bad in ("\x07", "\x9b", "\u202e", "\u2066", "\x00", "\ud800", "\uffff", "\x1b]0;", "\x1b[31mred"):
+        assert bad not in text, repr(bad)
+
+
+def test_a_table_shows_markup_controls_and_workflow_commands_as_text(capsys, monkeypatch):
+    from unittest import mock
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    for terminal in (False, True):
+        with mock.patch.object(Console, "is_terminal", new=mock.PropertyMock(return_value=terminal)):
+            ui.print_table(["recipe", "why"], [[h, h] for h in HOSTILE], title=HOSTILE[1])
+        out = capsys.readouterr().out
+        _no_hostile_controls(out)
+        _no_command_starts(out)
+        assert "[/bin/sh -c pip install x]" in out and "[bold]not bold[/bold]" in out
+
+
+def test_every_progress_line_shows_markup_controls_and_workflow_commands_as_text(monkeypatch):
+    for terminal, ci in ((False, "github"), (False, "gitlab"), (False, ""), (True, "")):
+        progress, buffer = _progress(terminal, monkeypatch, ci)
+        progress.title = HOSTILE[0]
+        with progress:
+            for text in HOSTILE:
+                progress(text)
+                progress.note(text)
+            time.sleep(1.2 if terminal else 0)  # the live line's ticker redraws the last step
+        out = buffer.getvalue()
+        if ci == "github":  # the only system that reads commands from a log
+            _no_command_starts(out, own=("::group::" + ui.for_log(HOSTILE[0]), "::endgroup::"))
+        if not terminal:
+            _no_hostile_controls(out.replace("\x1b[0Ksection", ""))
+            assert "[/bin/sh -c pip install x]" in out
+
+
+def test_errors_and_said_lines_never_start_a_workflow_command(capsys, monkeypatch):
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    for text in HOSTILE:
+        line = ui.annotate("error", text)
+        assert line.startswith("::error::") and "\n" not in line and "\r" not in line
+        _no_hostile_controls(line)
+        ui.say(text)
+    err = capsys.readouterr().err
+    _no_hostile_controls(err)
+    _no_command_starts(err)

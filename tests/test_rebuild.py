@@ -343,3 +343,43 @@ def test_rebuild_plan_of_a_recipe_named_as_code_is_one_line_exit_2(tmp_path):
         ". _ / - (no part starting with -): rename the file or its folder"
     ]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_fresh_runner_never_judges_fresh_from_a_config_the_registry_served_falsely(tmp_path):
+    """The tag holds the old image; read by its digest, the registry serves the new build's manifest (whose config
+    carries the input hash this plan wants). The rebuild's registry check fails (exit 3, this image failed), never
+    FRESH on bytes bound to nothing."""
+    import hashlib
+
+    from imgbuild.ci import rebuild as rb
+    from imgbuild.config.settings import load_settings
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.errors import EXIT_ENVIRONMENT, RegistryCorrupt
+    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.recipe import load_recipe
+    from tests.fake_registry import ServedRegistry
+    from tests.support import demo_recipe, fake_inspect
+
+    registry = ServedRegistry()
+    try:
+        recipe = demo_recipe(tmp_path)
+        recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
+        settings = load_settings({"user": "alice", "insecure_registries": [registry.host], "registry_deadline": 5})
+        plan = make_plan(load_recipe(recipe), settings, fake_inspect)
+
+        def image(input_hash: str) -> bytes:
+            config = json.dumps({"config": {"Labels": {"org.imgbuild.input-hash": input_hash}}}).encode()
+            config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+            registry.blobs[config_digest] = config
+            return json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                               "config": {"digest": config_digest, "size": len(config)}, "layers": []}).encode()  # fmt: skip
+
+        old = registry.put("lab/demo", "v1", image("sha256:old-inputs"), "application/vnd.oci.image.manifest.v1+json")
+        registry.lies[old] = image(plan.input_hash)
+        with pytest.raises(RegistryCorrupt) as info:
+            rb.staleness(plan, FakeEngine(), settings, push=True)
+        del registry.lies[old]
+        assert rb.staleness(plan, FakeEngine(), settings, push=True) == ["never built here"]  # stale, honestly
+    finally:
+        registry.close()
+    assert info.value.exit_code == EXIT_ENVIRONMENT and old in str(info.value)

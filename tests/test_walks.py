@@ -174,8 +174,10 @@ def _env(**values: str) -> Iterator[None]:
 
 #: (walk, most modules the value may cross, most hops), as measured when last shortened; the review counted
 #: 11 modules / 22 hops for (a) and 8 modules / 17 hops for (b) at 982db4b. (a) went from 18 hops to 19 with the
-#: recipe's `platforms:`: build_platforms loads the recipe (to learn them) before the first pass of build().
-CEILINGS = {"build": (walk_recipe_in_build, 10, 19), "run": (walk_gpus_in_run, 7, 16)}
+#: recipe's `platforms:`: build_platforms loads the recipe (to learn them) before the first pass of build(). (b) went
+#: from 16 hops to 18 with the check that refuses a run that could never start (servers.holds asks gpu.allocate how
+#: many GPUs the request names, before the quota check asks again): the next shortening folds the two.
+CEILINGS = {"build": (walk_recipe_in_build, 10, 19), "run": (walk_gpus_in_run, 7, 18)}
 
 
 @pytest.mark.parametrize("name", sorted(CEILINGS))

@@ -109,17 +109,24 @@ def plan_document(items: list[Item]) -> dict[str, Any]:
     }
 
 
-def read_report(path: Path) -> list[Item]:
-    """The images of one runner's `--report-json`, checked as untrusted input: one line naming the file and the
-    field that is wrong (UsageError: exit 2)."""
+def read_json(path: Path) -> Any:
+    """A JSON file another job wrote (a report, a plan), read as untrusted input: bounded, a regular file, one line
+    naming the file where it is not JSON (UsageError: exit 2)."""
     from imgbuild.regular import read_named
 
     shown = str(path)
     try:
-        data = boundedjson.loads(read_named(path, 16 << 20), shown)
+        return boundedjson.loads(read_named(path, 16 << 20), shown)
     except (ValueError, OSError) as exc:  # NotJson is a ValueError; read_named says why a file is refused
         why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
         raise UsageError(why if why.startswith(shown) else f"{shown}: {why}") from None
+
+
+def read_report(path: Path) -> list[Item]:
+    """The images of one runner's `--report-json`, checked as untrusted input: one line naming the file and the
+    field that is wrong (UsageError: exit 2)."""
+    shown = str(path)
+    data = read_json(path)
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list) or len(images) > MAX_IMAGES:
         raise UsageError(f"{shown}: not a report of imgbuild rebuild (no list of at most {MAX_IMAGES} images)")

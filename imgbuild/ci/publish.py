@@ -18,13 +18,14 @@ from imgbuild import imageref
 from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine
 from imgbuild.engine.lease import lease
-from imgbuild.errors import EnvironmentProblem, ImgbuildError, UsageError
+from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, RegistryCorrupt, UsageError
 from imgbuild.facts import Label
 from imgbuild.pipeline.plan import Plan
 from imgbuild.platforms import arch_of
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.client import RegistryClient
-from imgbuild.registry.manifest import split_reference
+from imgbuild.registry.manifest import PlatformImage, split_reference
+from imgbuild.registry.transport import digest_of
 from imgbuild.reserved import platform_tag
 
 #: How long a push and its signing may hold the target's lease (one push may take an hour: engine.podman).
@@ -55,6 +56,8 @@ def remote_build(target: str, settings: Settings, verifier: Any = None) -> Remot
         if not digest:
             return None
         manifest, config = client.image_config(repo, digest)
+    except RegistryCorrupt:
+        raise  # a registry that serves other bytes than it names is no copy to judge, and no absence either
     except ImgbuildError:
         return None
     remote = str(((config.get("config") or {}).get("Labels") or {}).get(Label.INPUT_HASH) or "")
@@ -63,6 +66,8 @@ def remote_build(target: str, settings: Settings, verifier: Any = None) -> Remot
         return RemoteBuild(digest, remote, False, platforms)
     try:
         signed = check_signature(client, repo, f"{host}/{repo}", digest, verifier).ok
+    except RegistryCorrupt:
+        raise
     except ImgbuildError:
         signed = False
     return RemoteBuild(digest, remote, signed, platforms)
@@ -100,8 +105,13 @@ def publish(
             )
         engine.images.tag(image_id, target)  # this run's image, whatever another run promoted since
         log(f"{target}: pushing")
-        digest = str(engine.images.push(target, engine_auth(target), lambda step: log(f"{target}: {step}")))
+        digest = str(
+            engine.images.push(
+                target, engine_auth(target), lambda step: log(f"{target}: {step}"), settings.registry_deadline
+            )
+        )
         client = RegistryClient.for_host(ref.registry, settings)
+        _still_ours(client, target, digest)
         if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
             try:
                 record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
@@ -129,7 +139,7 @@ def _sign(
 
     ref = imageref.parse(plan.target)
     used = engine.pick_backend(backend)  # the backend that built it, never "auto"
-    builder = {"engine": str(engine.host_info().get("version", "")), "backend": used}
+    builder = {"engine": str(engine.host_info().get("version", "")), "kind": engine.name, "backend": used}
     made = describe(plan, smoke, ref.name, digest, builder)
     tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
     log(f"{plan.target}: signed {digest[:19]}; attached {', '.join(tags)}")
@@ -147,9 +157,10 @@ def publish_platforms(
 ) -> str:
     """Push one image per platform (`builds`: (platform, image id), each built and smoke-tested) as
     `<tag>-<arch>`, then the manifest list of them at the target's tag; with a `signer`, sign the list's digest and
-    attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest.
+    attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest, of the
+    bytes put; a tag another pusher moved meanwhile fails the run (exit 1) with both digests named, nothing signed.
     A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
-    from imgbuild.registry.manifest import PlatformImage, manifest_list
+    from imgbuild.registry.manifest import manifest_list
 
     target = plan.target
     ref = imageref.parse(target)
@@ -160,7 +171,7 @@ def publish_platforms(
             per = f"{plan.image}:{platform_tag(plan.tag, platform)}"
             engine.images.tag(image_id, per)
             log(f"{per}: pushing ({platform})")
-            digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per)))
+            digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per), settings.registry_deadline))
             body, media_type, served = client.manifest_raw(ref.repository, digest)
             images.append(PlatformImage(platform, served, media_type, len(body)))
         content, list_type = manifest_list(images)
@@ -172,11 +183,34 @@ def publish_platforms(
                 f"{target}: the registry refused the manifest list of {len(images)} platforms ({str(exc)[:200]}); "
                 f"each platform's image is pushed as {pushed}"
             ) from None
-        digest = client.content_digest(ref.repository, ref.reference) or ""
+        digest = digest_of(content)  # of the bytes put, never of what the tag serves a moment later
+        _still_ours(client, target, digest)
         log(f"{target}: manifest list {digest} ({', '.join(i.platform for i in images)})")
         if signer is not None:
             _sign(plan, smoke, digest, client, engine, backend or settings.backend, signer, log)
+            _sign_entries(client, ref.name, ref.repository, images, signer)
     return digest
+
+
+def _sign_entries(client: RegistryClient, image: str, repo: str, images: list[PlatformImage], signer: Any) -> None:
+    """Sign each platform's image of a manifest list too (cosign's `sign --recursive`): a runtime that resolves the
+    list to its own platform's entry (and `run.signed_only`, asked of that entry) finds it signed by the same key."""
+    from imgbuild.supply import attest
+
+    for entry in images:
+        attest.publish(client, repo, entry.digest, {"sig": attest.signature_artifact(image, entry.digest, signer)})
+
+
+def _still_ours(client: RegistryClient, target: str, pushed: str) -> None:
+    """Refuse to go on (sign, attach) when the tag no longer serves `pushed`, the digest of what this run put:
+    another pusher moved it meanwhile. Whatever is signed is `pushed` itself, never a digest read back."""
+    ref = imageref.parse(target)
+    held = client.content_digest(ref.repository, ref.reference)
+    if held != pushed:
+        raise JobFailed(
+            f"{target}: this run pushed {pushed}, but the tag now holds {held or 'nothing'}: another pusher "
+            "moved it meanwhile; nothing signed or attached (run again once the other push is done)"
+        )
 
 
 def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:

@@ -13,9 +13,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
-from imgbuild import imageref
+from imgbuild import escape, imageref
 from imgbuild.annotation import Annotation
 from imgbuild.ci.publish import publish, publish_platforms, remote_build
 from imgbuild.config.settings import Settings
@@ -498,15 +497,16 @@ def junit_xml(items: list[Item], seconds: float) -> str:
     skipped = sum(i.status == SKIPPED for i in items)
     cases = []
     for item in items:
-        name = quoteattr(f"{item.name} ({item.target or 'invalid'})")
+        name = escape.xml_attr(f"{item.name} ({item.target or 'invalid'})")
         body = ""
         if item.status in (FAILED, INVALID):
             first = item.error.splitlines()[0] if item.error else item.status
-            body = f"<failure message={quoteattr(first)}>{escape(item.error)}</failure>"
+            body = f"<failure message={escape.xml_attr(first)}>{escape.xml_text(item.error)}</failure>"
         elif item.status == SKIPPED:
-            body = f"<skipped message={quoteattr(item.error)}/>"
+            body = f"<skipped message={escape.xml_attr(item.error)}/>"
         else:
-            body = f"<system-out>{escape(item.status + ': ' + ('; '.join(item.reasons) or 'up to date'))}</system-out>"
+            said = item.status + ": " + ("; ".join(item.reasons) or "up to date")
+            body = f"<system-out>{escape.xml_text(said)}</system-out>"
         cases.append(
             f'  <testcase classname="imgbuild.ci.rebuild" name={name} time="{item.seconds:.2f}">{body}</testcase>'
         )

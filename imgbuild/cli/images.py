@@ -318,13 +318,13 @@ def rebuild(
 
     from imgbuild.ci import rebuild as rb
     from imgbuild.servers.holds import gpu_claims
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     lock = threading.Lock()
 
     def log(line: str) -> None:
         with lock:
-            click.echo(" ".join(line.split())[:200], err=True)
+            say(" ".join(line.split())[:200])
 
     signer = _signer(sign_key, push or as_plan)  # a plan judges the registry's copies by the key's signature
     settings = settings_of(ctx, backend=backend)
@@ -358,7 +358,7 @@ def rebuild(
         )
         for item in report.items:
             if item.status == rb.FAILED and "\n" in item.error:
-                click.echo(f"--- {item.name}\n{item.error}", err=True)
+                say(f"--- {item.name}\n{item.error}")
     _annotate(rb.failure_annotations(report.items))
     if not report.ok:
         sys.exit(EXIT_FAILED)
@@ -386,7 +386,7 @@ def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None
 def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
     from imgbuild.ci import rebuild as rb
     from imgbuild.ci.fanout import plan_document
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     plan = plan_document(items)
     if gitlab_child:
@@ -406,9 +406,7 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
             ["wave", "recipe", "image", "why"], rows, title=f"imgbuild rebuild --plan: {plan['images']} to build"
         )
         for bad in plan["invalid"]:
-            click.echo(
-                f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}", err=True
-            )
+            say(f"imgbuild: {bad['recipe']}: {bad['error'].splitlines()[0] if bad['error'] else 'invalid'}")
     _annotate(rb.failure_annotations([i for i in items if i.name in {bad["recipe"] for bad in plan["invalid"]}]))
     if plan["invalid"]:
         sys.exit(EXIT_FAILED)
@@ -416,16 +414,49 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
 
 @SECTION.command("merge-reports")
 @click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
+    help="The plan the runners built (rebuild --plan --json): each row is checked against it and the registry.",
+)  # fmt: skip
+@click.option(
+    "--key", type=click.Path(dir_okay=False, path_type=Path),
+    help="With --plan: each built image must be signed by this public key (cosign.pub) in the registry.",
+)  # fmt: skip
 @click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the merged JSON report.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write one JUnit XML report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the merged report as JSON.")
-def merge_reports(reports: tuple[Path, ...], report_json: Path | None, junit_xml: Path | None, as_json: bool) -> None:
-    """Join the JSON reports of runners that each built part of a `rebuild --plan` into one (exit 1 on a failure)."""
+@click.pass_context
+def merge_reports(
+    ctx: click.Context,
+    reports: tuple[Path, ...],
+    plan_file: Path | None,
+    key: Path | None,
+    report_json: Path | None,
+    junit_xml: Path | None,
+    as_json: bool,
+) -> None:
+    """Join the JSON reports of runners that each built part of a `rebuild --plan` into one (exit 1 on a failure,
+    a report that cannot be read included). With --plan, a recipe nobody planned, a planned recipe no report names
+    and a "built" image the registry's tag does not hold (signed by --key, where given) are failures too."""
+    from imgbuild.ci import evidence
     from imgbuild.ci import rebuild as rb
-    from imgbuild.ci.fanout import merge, read_report
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
-    items = merge([read_report(path) for path in reports])
+    if key is not None and plan_file is None:
+        raise UsageError("--key: only with --plan (the built images of the plan are checked in the registry)")
+    settings = settings_of(ctx)
+    verifier = None
+    if key is not None:
+        from imgbuild.supply.attest import load_verifier
+
+        verifier = load_verifier(key)
+    try:
+        plan = evidence.read_plan(plan_file, settings) if plan_file is not None else None
+    except UsageError as exc:  # CI still gets a JUnit file: one failure, the plan's
+        refused = rb.Item(Path(str(plan_file)), status=rb.FAILED, error=str(exc))
+        _write_reports(rb.Report("merged", [refused], 0.0), report_json, junit_xml)
+        raise
+    items = evidence.merged(list(reports), plan, settings, verifier)
     report = rb.Report("merged", items, sum(i.seconds for i in items))
     _write_reports(report, report_json, junit_xml)
     if as_json:
@@ -434,6 +465,8 @@ def merge_reports(reports: tuple[Path, ...], report_json: Path | None, junit_xml
         print_table(
             ["recipe", "image", "status", "why", "time"], report.rows(), title=f"{len(reports)} report(s) merged"
         )
+        if plan is None:
+            say("imgbuild: without --plan the runners' reports are taken on their word (no plan or registry check)")
     if not report.ok:
         sys.exit(EXIT_FAILED)
 

@@ -286,7 +286,7 @@ def pinned_image(image: str, settings: Settings, engine_of: Any) -> str:
                 "(a cluster pulls images by digest, never a local tag)"
             )
         return str(pushed[0])
-    digest = RegistryClient.for_host(parsed.host, settings).manifest_digest(parsed.repository, parsed.reference)
+    digest = RegistryClient.for_host(parsed.host, settings).content_digest(parsed.repository, parsed.reference)
     if not digest:
         raise EnvironmentProblem(f"{ref}: the registry has no such tag")
     return f"{parsed.name}:{parsed.tag or 'latest'}@{digest}"

@@ -112,7 +112,7 @@ class FakeImages:
         info = self.image(ref)
         return None if info is None else info.inspected(ref)
 
-    def pull(self, ref: str) -> None:
+    def pull(self, ref: str, quiet_seconds: float = 0.0) -> None:
         self.calls.append(f"pull {ref}")
         if self.image(ref) is None:
             raise ImgbuildError(f"pull of {ref} failed: not in the fake registry")
@@ -122,7 +122,7 @@ class FakeImages:
             raise ImgbuildError(f"no such image: {ref}")
         path.write_text(json.dumps({"saved": ref}))
 
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = 0.0) -> str:
         image_id = self.image_id(ref)
         if image_id is None:
             raise ImgbuildError(f"push of {ref} failed: no such image")

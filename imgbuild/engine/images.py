@@ -3,12 +3,70 @@
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from imgbuild import imageref
+from imgbuild import imageref, limits
 from imgbuild.engine.types import ImageInfo, LocalImage, ProgressFn
-from imgbuild.errors import EngineUnavailable, ImgbuildError
+from imgbuild.errors import EngineUnavailable, ImgbuildError, RegistryUnavailable
+
+#: How long a push or a pull may go without a word from the engine (no byte of any layer moved, no step) before the
+#: registry is taken to have stalled: settings.registry_deadline where the caller has settings.
+PUSH_QUIET_SECONDS = limits.HTTP_COMMAND_SECONDS
+
+#: A registry's answer the engine reports inside a push's error text: a 5xx status, or a connection that failed.
+_REGISTRY_FAULT = re.compile(
+    r"(?:status|code)[^0-9\n]{0,24}\b5\d\d\b|connection (?:refused|reset)|i/o timeout|no such host|"
+    r"handshake timeout|unexpected EOF|broken pipe",
+    re.IGNORECASE,
+)
+
+
+def transfer_failure(verb: str, ref: str, message: str) -> ImgbuildError:
+    """A failed push or pull (`verb`), as what it is: the registry's fault (5xx, unreachable: exit 3), else the
+    transfer's own (exit 1: denied, unknown, refused). One line, whatever the engine said."""
+    from imgbuild.text import printable
+
+    line = printable(" ".join(message.split()))
+    if _REGISTRY_FAULT.search(line):
+        host = imageref.parse(ref).registry
+        return RegistryUnavailable(f"{verb} of {ref}: the registry {host} failed ({line}); check it and {verb} again")
+    return ImgbuildError(f"{verb} of {ref} failed: {line}")
+
+
+def until_quiet(chunks: Iterator[Any], seconds: float, ref: str, verb: str) -> Iterator[Any]:
+    """`chunks` (an engine's push or pull stream) as they come, ended with RegistryUnavailable when none comes for
+    `seconds`. The stream is read in a daemon thread: a blocked read never holds the caller."""
+    import queue
+    import threading
+
+    box: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=64)
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                box.put(("chunk", chunk))
+            box.put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread as it is
+            box.put(("error", exc))
+
+    threading.Thread(target=read, name="imgbuild-push", daemon=True).start()
+    while True:
+        try:
+            kind, value = box.get(timeout=seconds)
+        except queue.Empty:
+            host = imageref.parse(ref).registry
+            raise RegistryUnavailable(
+                f"{verb} of {ref}: nothing moved for {seconds:.0f} s, the registry {host} stalled; check it and "
+                f"{verb} again (registry_deadline bounds the wait)"
+            ) from None
+        if kind == "end":
+            return
+        if kind == "error":
+            raise value
+        yield value
 
 
 class DockerImages:
@@ -94,15 +152,23 @@ class DockerImages:
         img = self.image(ref)
         return None if img is None else img.inspected(ref)
 
-    def pull(self, ref: str) -> None:
-        """Pull `ref` (a base pinned by digest) into the engine."""
+    def pull(self, ref: str, quiet_seconds: float = PUSH_QUIET_SECONDS) -> None:
+        """Pull `ref` (a base pinned by digest) into the engine; a pull the engine says nothing of for
+        `quiet_seconds` is ended, as a push is."""
         from docker.errors import APIError
 
         parsed = imageref.parse(ref)
         try:
-            self.client.api.pull(parsed.name, tag=parsed.digest or parsed.tag or "latest")
+            stream = self.client.api.pull(
+                parsed.name, tag=parsed.digest or parsed.tag or "latest", stream=True, decode=True
+            )
+            for chunk in until_quiet(stream, quiet_seconds, ref, "pull"):
+                if "error" in chunk or "errorDetail" in chunk:
+                    raise transfer_failure(
+                        "pull", ref, str(chunk.get("errorDetail", {}).get("message") or chunk.get("error"))
+                    )
         except APIError as exc:
-            raise ImgbuildError(f"pull of {ref} failed: {str(exc.explanation)[:200]}") from None
+            raise transfer_failure("pull", ref, str(exc.explanation)[:200]) from None
 
     def save(self, ref: str, path: Path) -> None:
         """`docker save` to a file (for Apptainer's docker-archive bootstrap)."""
@@ -110,16 +176,20 @@ class DockerImages:
             for chunk in self.client.images.get(ref).save(named=True):
                 fh.write(chunk)
 
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
-        """Push and return the pushed digest. The engine reports push errors inside the stream."""
+    def push(
+        self, ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = PUSH_QUIET_SECONDS
+    ) -> str:
+        """Push and return the pushed digest. The engine reports push errors inside the stream; a push the engine
+        says nothing of for `quiet_seconds` (a registry that took the upload and stopped answering) is ended."""
         parsed = imageref.parse(ref)
         repo, tag = parsed.name, parsed.tag or "latest"
         digest = ""
         said: set[tuple[str, str]] = set()  # (layer, status): one line each, never one per byte progress update
-        for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+        stream = self.client.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth)
+        for chunk in until_quiet(stream, quiet_seconds, ref, "push"):
             if "error" in chunk or "errorDetail" in chunk:
                 msg = chunk.get("errorDetail", {}).get("message") or chunk.get("error")
-                raise ImgbuildError(f"push of {ref} failed: {msg}")
+                raise transfer_failure("push", ref, str(msg))
             if chunk.get("aux", {}).get("Digest"):
                 digest = chunk["aux"]["Digest"]
             elif chunk.get("status") and chunk.get("id") and (chunk["id"], chunk["status"]) not in said:

@@ -26,7 +26,7 @@ from imgbuild.engine.buildkit import drive, input_args
 from imgbuild.engine.containers import DockerContainers
 from imgbuild.engine.docker import Engine
 from imgbuild.engine.emulation import emulator, missing_emulator
-from imgbuild.engine.images import DockerImages
+from imgbuild.engine.images import PUSH_QUIET_SECONDS, DockerImages, transfer_failure
 from imgbuild.engine.types import (
     BuildRequest,
     ImageInfo,
@@ -37,7 +37,7 @@ from imgbuild.engine.types import (
     own_status,
     step_name,
 )
-from imgbuild.errors import EngineUnavailable, ImgbuildError
+from imgbuild.errors import EngineUnavailable, ImgbuildError, RegistryUnavailable
 from imgbuild.regular import open_log
 
 #: `[2/3] STEP 4/9: RUN ...` (a multi-stage build) or `STEP 4/9: RUN ...`
@@ -124,9 +124,12 @@ class PodmanImages(DockerImages):
             except subprocess.TimeoutExpired:
                 return
 
-    def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn) -> str:
+    def push(
+        self, ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = PUSH_QUIET_SECONDS
+    ) -> str:
         """`podman push` (its compatible API's push stream names no digest); credentials through a private
-        auth file for this push alone, never argv."""
+        auth file for this push alone, never argv. Podman says nothing while a layer uploads, so its bound is the
+        whole push's (PUSH_SECONDS), not `quiet_seconds`."""
         with tempfile.TemporaryDirectory(prefix="imgbuild-push-") as tmp:
             digestfile = Path(tmp) / "digest"
             cmd = [self.podman, "push", "--digestfile", str(digestfile), *authfile_args(Path(tmp), ref, auth)]
@@ -134,10 +137,13 @@ class PodmanImages(DockerImages):
             try:
                 proc = subprocess.run([*cmd, local(ref)], capture_output=True, text=True, timeout=PUSH_SECONDS)
             except subprocess.TimeoutExpired:
-                raise ImgbuildError(f"push of {ref} ran past {PUSH_SECONDS} s and was stopped") from None
+                raise RegistryUnavailable(
+                    f"push of {ref} ran past {PUSH_SECONDS} s and was stopped: the registry "
+                    f"{imageref.parse(ref).registry} stalled, or is too slow"
+                ) from None
             if proc.returncode != 0:
                 why = (proc.stderr.strip().splitlines() or ["podman push failed"])[-1]
-                raise ImgbuildError(f"push of {ref} failed: {why[:300]}")
+                raise transfer_failure("push", ref, why[:300])
             digest = digestfile.read_text().strip() if digestfile.is_file() else ""
         if not imageref.DIGEST_RE.fullmatch(digest):
             raise ImgbuildError(f"push of {ref} ended without a digest")

@@ -8,10 +8,30 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from imgbuild.supply.attest import Made, sha256
+
+
+def _process_started() -> float:
+    """When this process started (the run that builds and describes images), from the kernel's own record; now
+    where there is none to read."""
+    import os
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+#: This run: its id (shared by the images it builds) and when it started.
+_RUN = (uuid.uuid4().hex, _process_started())
 
 
 def _file_hashes(loaded: Any) -> dict[str, str]:
@@ -99,8 +119,13 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
         git_commit=_git_commit(Path(loaded.path).parent),
         git_dirty=_git_dirty(loaded),
         finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_RUN[1])),
+        invocation=_RUN[0],
         lock_path=stable_name(loaded.lock_path) if loaded.lock_path else None,
         lock_sha256=_file_sha256(loaded.lock_path),
+        requirements_path=stable_name(loaded.requirements_path) if loaded.requirements_path else None,
+        requirements_sha256=_file_sha256(loaded.requirements_path),
+        pip=(*recipe.pip.packages, *(line.spec for line in loaded.requirements)),
         base_ref=plan.base.ref,
         base_digest=plan.base.digest or plan.base.image_id,
         added=added,

@@ -9,6 +9,7 @@ OCI indexes, and config blobs.
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
 import time
 import zlib
@@ -19,13 +20,15 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from imgbuild import limits
-from imgbuild.errors import RegistryError, RegistryUnavailable
+from imgbuild.errors import RegistryCorrupt, RegistryError, RegistryUnavailable
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.registry.auth import Credentials, docker_config_credentials, parse_challenge
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
 from imgbuild.registry.transport import (
     RETRY_STATUS,
     TRANSPORT_ERRORS,
+    Deadlined,
+    PastDeadline,
     Reply,
     TooBig,
     digest_of,
@@ -193,6 +196,8 @@ class RegistryClient:
                 f"registry {self.host}: {who} was refused ({resp.status_code}) for {scope}; "
                 "check the key (NGC_API_KEY / IMGBUILD_NGC_API_KEY) or `docker login`"
             )
+        if resp.status_code >= 500:  # the token service is down or broken: the environment, not the request
+            raise self._unavailable(f"token service answered HTTP {resp.status_code}")
         if not resp.ok:
             raise RegistryError(f"registry {self.host}: token request failed with HTTP {resp.status_code}")
         data = resp.json()
@@ -299,16 +304,12 @@ class RegistryClient:
         self, repo: str, reference: str, *, resolve_platform: bool = True, arch: str | None = None
     ) -> Manifest:
         """The manifest for a tag or digest; an index/list is resolved to this host's platform (or `arch`)."""
-        scope = f"repository:{repo}:pull"
-        resp = self.request("GET", f"/v2/{repo}/manifests/{reference}", scope, {"Accept": MANIFEST_TYPES})
-        self._check(resp, f"manifest {reference}", repo)
+        resp = self._read(repo, "manifests", reference)
         body = resp.json()
         if not isinstance(body, dict):
             raise RegistryError(f"registry {self.host}: the manifest of {repo}:{reference} is not a JSON object")
         media_type = str(body.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0])
-        digest = resp.headers.get("Docker-Content-Digest", "")
-        if not DIGEST_RE.fullmatch(digest):
-            digest = digest_of(resp.content)  # what we received is what we pin
+        digest = digest_of(resp.content)  # what we received is what we pin, never a header
         if resolve_platform and media_type in INDEX_TYPES:
             os_name, host_arch = host_platform()
             arch = arch or host_arch
@@ -326,21 +327,28 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: {repo}:{reference} has no {os_name}/{arch} image")
         return Manifest(digest, media_type, body)
 
+    def _read(self, repo: str, kind: str, reference: str) -> Reply:
+        """GET a manifest or a blob (`kind`: "manifests", "blobs"). Whatever is asked for by digest is checked
+        against it here, the one door every read passes: no caller ever sees bytes that are not the ones named."""
+        headers = {"Accept": MANIFEST_TYPES} if kind == "manifests" else {}
+        resp = self.request("GET", f"/v2/{repo}/{kind}/{reference}", f"repository:{repo}:pull", headers)
+        self._check(resp, f"{kind[:-1]} {reference}", repo)
+        if DIGEST_RE.fullmatch(reference) and (served := digest_of(resp.content)) != reference:
+            raise self._corrupt(repo, reference, served)
+        return resp
+
+    def _corrupt(self, repo: str, asked: str, served: str) -> RegistryCorrupt:
+        return RegistryCorrupt(f"registry {self.host}: {repo}@{asked} was asked for and {served} served")
+
     def blob_json(self, repo: str, digest: str) -> dict[str, Any]:
-        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
-        self._check(resp, f"blob {digest[:19]}", repo)
-        body = resp.json()
+        body = self._read(repo, "blobs", digest).json()
         if not isinstance(body, dict):
             raise RegistryError(f"registry {self.host}: the config blob of {repo} is not a JSON object")
         return body
 
     def blob_bytes(self, repo: str, digest: str) -> bytes:
         """A small blob (an attachment), read whole within the body cap and checked against its digest."""
-        resp = self.request("GET", f"/v2/{repo}/blobs/{digest}", f"repository:{repo}:pull")
-        self._check(resp, f"blob {digest[:19]}", repo)
-        if digest_of(resp.content) != digest:
-            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
-        return resp.content
+        return self._read(repo, "blobs", digest).content
 
     def image_config(self, repo: str, reference: str) -> tuple[Manifest, dict[str, Any]]:
         """Manifest and image config (Env, Labels, ...) without pulling any layer."""
@@ -351,17 +359,11 @@ class RegistryClient:
 
     def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]:
         """(the manifest's bytes as served, its media type, its digest): copied as they are, digests hold."""
-        resp = self.request(
-            "GET", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
-        )
-        self._check(resp, f"manifest {reference}", repo)
+        resp = self._read(repo, "manifests", reference)
         body = resp.json()
         media_type = str((body.get("mediaType") if isinstance(body, dict) else "") or "")
         media_type = media_type or resp.headers.get("Content-Type", "").split(";")[0].strip()
-        digest = digest_of(resp.content)
-        if DIGEST_RE.fullmatch(reference) and reference != digest:
-            raise RegistryError(f"registry {self.host}: the manifest served for {reference[:19]} has another digest")
-        return resp.content, media_type, digest
+        return resp.content, media_type, digest_of(resp.content)
 
     def content_digest(self, repo: str, reference: str) -> str | None:
         """The digest of what `reference` serves here, computed from the manifest's own bytes (GET and hash), never
@@ -426,8 +428,6 @@ class RegistryClient:
 
     def download_blob(self, repo: str, digest: str, size: int, dest: Path) -> None:
         """Stream a blob to `dest`, checking its size and digest on the way (a blob is never held in memory)."""
-        import hashlib
-
         url = self._url(f"/v2/{repo}/blobs/{digest}")
         resp = self._stream("GET", url, f"repository:{repo}:pull")
         sha, received = hashlib.sha256(), 0
@@ -448,8 +448,8 @@ class RegistryClient:
             raise self._unavailable(f"broke off a download ({type(exc).__name__})") from None
         finally:
             resp.close()
-        if "sha256:" + sha.hexdigest() != digest:
-            raise RegistryError(f"registry {self.host}: blob {digest[:19]} arrived with another digest")
+        if (served := "sha256:" + sha.hexdigest()) != digest:
+            raise self._corrupt(repo, digest, served)
 
     def upload_blob(self, repo: str, digest: str, source: Path) -> None:
         """Upload a blob in one PUT (the registry checks the digest)."""
@@ -461,12 +461,14 @@ class RegistryClient:
             raise RegistryError(f"registry {self.host}: the upload location points at another host")
         url = location + ("&" if "?" in location else "?") + f"digest={digest}"
         try:
-            with open(source, "rb") as body:
+            with open(source, "rb") as raw:
                 headers = {"Content-Type": "application/octet-stream", "Content-Length": str(source.stat().st_size)}
-                put = self._stream("PUT", url, scope, headers=headers, data=body)
+                put = self._stream("PUT", url, scope, headers=headers, data=Deadlined(raw, self.deadline))
                 put.close()
-        except requests.RequestException as exc:
-            raise self._unavailable(f"broke off an upload ({type(exc).__name__})") from None
+        except (requests.RequestException, OSError) as exc:  # a stalled send times out as the socket's read does
+            raise self._unavailable(f"stopped taking an upload ({type(exc).__name__})") from None
+        except PastDeadline:
+            raise self._unavailable(f"did not take an upload within {self.command_seconds:.0f} s") from None
         self._check(Reply(put.status_code, put.headers, b"", url), f"blob {digest[:19]}", repo)
 
     def _stream(
@@ -483,7 +485,7 @@ class RegistryClient:
                     method,
                     url,
                     headers={**(headers or {}), **self._authorization(scope)},
-                    timeout=(10.0, self.timeout),
+                    timeout=(min(10.0, self.timeout), self.timeout),  # the first: a send's bound too
                     stream=True,
                     **kw,
                 )

@@ -126,3 +126,26 @@ def digest_of(content: bytes) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
+class PastDeadline(Exception):
+    """An upload's body was asked for past its client's deadline."""
+
+
+class Deadlined:
+    """A file sent as a request body that ends the send once the client's deadline has passed (a registry that
+    takes one byte now and then never finishes otherwise)."""
+
+    def __init__(self, raw: Any, deadline: float):
+        self.raw, self.deadline = raw, deadline
+
+    def read(self, size: int = -1) -> bytes:
+        if time.monotonic() > self.deadline:
+            raise PastDeadline
+        return self.raw.read(size)  # type: ignore[no-any-return]
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)  # type: ignore[no-any-return]
+
+    def tell(self) -> int:
+        return self.raw.tell()  # type: ignore[no-any-return]

@@ -90,6 +90,11 @@ class Made:
     fleet: tuple[str, ...]  # the fleet verdicts
     git_dirty: bool = False  # the recipe or a file it names had uncommitted changes when it was built
     finished: str = ""  # RFC 3339, UTC: when the image was pushed and described
+    started: str = ""  # RFC 3339, UTC: when the imgbuild run that built it started
+    invocation: str = ""  # that run's own id: the images one run built share it
+    requirements_path: str | None = None  # the recipe's pip requirements file, as the repository names it
+    requirements_sha256: str | None = None
+    pip: tuple[str, ...] = ()  # every requirement the pip step was given, as written
 
 
 def sbom(made: Made) -> dict[str, Any]:
@@ -164,6 +169,11 @@ def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
         parameters["recipe"]["gitTreeDirty"] = made.git_dirty  # the commit alone does not say what was built
     if made.lock_path:
         parameters["lock"] = {"path": made.lock_path, "sha256": made.lock_sha256}
+    if made.requirements_path:
+        parameters["requirements"] = {"path": made.requirements_path, "sha256": made.requirements_sha256}
+    if made.pip:
+        parameters["pip"] = list(made.pip)
+    run = {"invocationId": made.invocation, "startedOn": made.started, "finishedOn": made.finished}
     return {
         "_type": STATEMENT,
         "subject": [{"name": made.image, "digest": {"sha256": made.digest.removeprefix("sha256:")}}],
@@ -182,7 +192,7 @@ def provenance(made: Made, sbom_digest: str) -> dict[str, Any]:
                     "id": "https://github.com/imgbuild/imgbuild",
                     "version": {"imgbuild": made.imgbuild_version, **made.builder},
                 },
-                "metadata": {"finishedOn": made.finished} if made.finished else {},
+                "metadata": {key: value for key, value in run.items() if value},
                 "byproducts": [
                     {"name": "sbom", "mediaType": CYCLONEDX, "digest": {"sha256": sbom_digest.removeprefix("sha256:")}},
                     {"name": "smoke", "content": base64.b64encode(canonical(made.smoke)).decode()},
@@ -393,21 +403,28 @@ def attachments(made: Made, signer: Signer) -> dict[str, tuple[bytes, bytes, lis
             "signatures": [{"keyid": "", "sig": base64.b64encode(signer.sign(pae(IN_TOTO, statement))).decode()}],
         }
     )
-    payload = simple_signing(made.image, made.digest)
-    signature = base64.b64encode(signer.sign(payload)).decode()
     return {
-        "sig": artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})]),
+        "sig": signature_artifact(made.image, made.digest, signer),
         "att": artifact([(DSSE, envelope, {"predicateType": SLSA_PROVENANCE})]),
         "sbom": artifact([(CYCLONEDX, sbom_bytes, {})]),
     }
 
 
+def signature_artifact(image: str, digest: str, signer: Signer) -> tuple[bytes, bytes, list[bytes]]:
+    """cosign's signature of `image@digest`: its simple-signing payload, signed."""
+    payload = simple_signing(image, digest)
+    signature = base64.b64encode(signer.sign(payload)).decode()
+    return artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})])
+
+
 def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]) -> list[str]:
-    """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written."""
+    """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written. A signature is
+    added to those already there (another key's, before a rotation), never put in their place."""
     import tempfile
 
     written = []
-    for kind, (config, manifest, blobs) in parts.items():
+    for kind, part in parts.items():
+        config, manifest, blobs = _with_earlier_signatures(client, repo, digest, part) if kind == "sig" else part
         for blob in (config, *blobs):
             blob_digest = sha256(blob)
             if client.has_blob(repo, blob_digest):
@@ -420,3 +437,22 @@ def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, b
         client.put_manifest(repo, tag, manifest, OCI_MANIFEST)
         written.append(tag)
     return written
+
+
+#: Signatures kept on one digest: the newest, within what a verifier reads (attached_layers' 16 layers).
+MAX_SIGNATURES = 16
+
+
+def _with_earlier_signatures(
+    client: Any, repo: str, digest: str, part: tuple[bytes, bytes, list[bytes]]
+) -> tuple[bytes, bytes, list[bytes]]:
+    """The `.sig` artifact `part` with the signatures already attached to `digest` before it (each once)."""
+    _, manifest, blobs = part
+    notes = [layer.get("annotations") or {} for layer in json.loads(manifest)["layers"]]
+    new = [(SIMPLE_SIGNING, blob, note) for blob, note in zip(blobs, notes, strict=True)]
+    earlier = [
+        (SIMPLE_SIGNING, content, note)
+        for content, note in attached_layers(client, repo, digest, "sig", SIMPLE_SIGNING)
+    ]
+    kept = [layer for layer in earlier if layer not in new]
+    return artifact([*kept, *new][-MAX_SIGNATURES:])

@@ -52,8 +52,8 @@ def check_signature(client: Any, repo: str, image: str, digest: str, public_key:
         except (ValueError, KeyError, TypeError):
             continue
         if signed_digest == digest and signed_image == image:
-            return Verdict("signature", True, f"{image}@{digest[:19]} signed by the key")
-    return Verdict("signature", False, f"no signature by this key over {image}@{digest[:19]}")
+            return Verdict("signature", True, f"{image}@{digest} signed by the key")
+    return Verdict("signature", False, f"no signature by this key over {image}@{digest}")
 
 
 def check_attestation(
@@ -78,7 +78,7 @@ def check_attestation(
             continue
         if digest.removeprefix("sha256:") not in subjects or statement.get("predicateType") != SLSA_PROVENANCE:
             continue
-        verdicts = [Verdict("provenance", True, f"signed SLSA provenance for {digest[:19]}")]
+        verdicts = [Verdict("provenance", True, f"signed SLSA provenance for {digest}")]
         if recipe_content is not None:
             recipe = statement["predicate"]["buildDefinition"]["externalParameters"].get("recipe", {})
             same = recipe.get("contentHash") == recipe_content
@@ -92,30 +92,35 @@ def check_attestation(
                 )
             verdicts.append(Verdict("recipe", same, detail))
         return verdicts, statement
-    return [Verdict("provenance", False, f"no provenance signed by this key for {digest[:19]}")], None
+    return [Verdict("provenance", False, f"no provenance signed by this key for {digest}")], None
 
 
 def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | None) -> Verdict:
+    """The SBOM attached to `digest`: every layer of it (a consumer reads them all) the one the signed provenance
+    names, naming the base by its digest."""
     layers = attached_layers(client, repo, digest, "sbom", CYCLONEDX)
     if not layers:
-        return Verdict("sbom", False, f"no SBOM for {digest[:19]}")
-    content, _ = layers[0]
+        return Verdict("sbom", False, f"no SBOM for {digest}")
     if statement is None:
         return Verdict("sbom", False, "an SBOM, but no signed provenance vouches for it")
     try:
         run = statement["predicate"]["runDetails"]
         named = {b["digest"]["sha256"] for b in run["byproducts"] if b.get("name") == "sbom"}
         base = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"]
-        document = bounded_loads(content)
-        bases = {c.get("version") for c in document.get("components", []) if c.get("bom-ref") == "base"}
+        documents = [bounded_loads(content) for content, _ in layers]
+        bases = [{c.get("version") for c in d.get("components", []) if c.get("bom-ref") == "base"} for d in documents]
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return Verdict("sbom", False, "the SBOM or the provenance is malformed")
-    if sha256(content).removeprefix("sha256:") not in named:
-        return Verdict("sbom", False, "the SBOM is not the one the signed provenance names (changed since)")
-    if f"sha256:{base}" not in bases:
+    for n, (content, _) in enumerate(layers, 1):
+        if sha256(content).removeprefix("sha256:") not in named:
+            return Verdict(
+                "sbom", False, "the SBOM is not the one the signed provenance names (changed or added since: layer "
+                f"{n} of {len(layers)}, {sha256(content)})",
+            )  # fmt: skip
+    if any(f"sha256:{base}" not in named_bases for named_bases in bases):
         return Verdict("sbom", False, "the SBOM does not name the base image's digest")
-    count = len(document.get("components", []))
-    return Verdict("sbom", True, f"{count} components over the base sha256:{base[:12]}")
+    count = len(documents[0].get("components", []))
+    return Verdict("sbom", True, f"{count} components over the base sha256:{base}")
 
 
 def verify(
