@@ -163,7 +163,7 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
-    from imgbuild.ngc import is_cuda_library
+    from imgbuild.ngc import FRAMEWORK_PACKAGES, is_cuda_library
 
     pins: list[reqfile.ReqLine] = []
     seen: dict[str, int] = {}
@@ -196,6 +196,11 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
         if is_cuda_library(key):
             problems.append(
                 Problem(shown, number, 1, "lock", f"{name} would replace a CUDA library of the base (drop the line)")
+            )
+            continue
+        if key in FRAMEWORK_PACKAGES:  # whichever base: the lock installs over the base's own framework
+            problems.append(
+                Problem(shown, number, 1, "lock", f"{name} is a framework the base carries (drop the line)")
             )
             continue
         pins.append(reqfile.ReqLine(shown, number, line, tuple(hashes)))
