@@ -1,0 +1,119 @@
+"""The base's stack a build may not change, and the recipe's `env:` judged against it (pure).
+
+The rule is the byte check (`payload/stack_check.py`): the build records the protected set's files in a stage of
+its own on the bare base and compares after each kind of recipe step, whatever the door. This module says what
+the set is (a `ProtectedStack`, rendered into the context as `imgbuild/stack/protected.json`), which kinds of
+step a recipe has (each is checked after it), and judges the recipe's loader and import variables before the
+build with the same rule the image is judged by after it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from imgbuild.facts import IMAGE_DIR
+from imgbuild.ngc import FRAMEWORK_PACKAGES
+from imgbuild.payload.stack_check import FIXED_VARS, SEARCH_VARS, judge_env
+
+if TYPE_CHECKING:
+    from imgbuild.recipe import LoadedRecipe
+
+#: The base's folders that are its stack whatever the release: its CUDA toolkits, the driver's mount point, NGC's
+#: entrypoint and its scripts, and imgbuild's own records.
+STACK_TREES = ("/usr/local/cuda", "/usr/local/cuda-*", "/usr/local/nvidia", "/opt/nvidia", IMAGE_DIR)
+#: Single files of the stack: a preload list would put a library before every one of the base's.
+STACK_FILES = ("/etc/ld.so.preload",)
+#: What imgbuild itself writes into its folder after the record (the base's records, the run steps' markers, the
+#: smoke script): judged by their own steps, not as a recipe's change.
+OWN_RECORDS = ("pip-check.base", "dists.base", "debs.base", "run.start", "run-files.sha256", "smoke.py")
+#: The kinds of recipe step, in the order the Dockerfile runs them; the check runs after each one a recipe has.
+STEP_KINDS = ("apt", "pip", "user", "run", "files", "env")
+#: Where a value stands for a base variable the plan has not read (an offline plan): an absolute folder no
+#: image has, so that `$PATH:/x` keeps the base's entries first and `/x:$PATH` does not.
+_UNREAD = "/imgbuild-unread-base-{}"
+_REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-+])([^}]*))?\})")
+
+
+@dataclass(frozen=True)
+class ProtectedStack:
+    """What no recipe step may change in the base: every framework's distributions (with what the base pins and
+    its CUDA wheels, read in the image), the stack's folders and files, less what the recipe unpins."""
+
+    distributions: tuple[str, ...]
+    unpinned: tuple[str, ...]
+    trees: tuple[str, ...] = STACK_TREES
+    files: tuple[str, ...] = STACK_FILES
+    own: tuple[str, ...] = tuple(f"{IMAGE_DIR}/{name}" for name in OWN_RECORDS)
+
+    def spec_text(self) -> str:
+        """The record's and the check's input (`imgbuild/stack/protected.json`)."""
+        data = {
+            "distributions": list(self.distributions),
+            "unpinned": list(self.unpinned),
+            "trees": list(self.trees),
+            "files": list(self.files),
+            "own": list(self.own),
+        }
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def protected_stack(loaded: LoadedRecipe) -> ProtectedStack:
+    from packaging.utils import canonicalize_name
+
+    unpinned = sorted({str(canonicalize_name(name)) for name in loaded.recipe.pip.unpin})
+    return ProtectedStack(tuple(sorted(FRAMEWORK_PACKAGES)), tuple(unpinned))
+
+
+def step_kinds(loaded: LoadedRecipe) -> tuple[str, ...]:
+    """The kinds of step `loaded` has, in build order: the byte check runs after each."""
+    recipe = loaded.recipe
+    present = {
+        "apt": bool(recipe.apt),
+        "pip": bool(recipe.pip.packages or loaded.requirements_path),
+        "user": recipe.user is not None,
+        "run": bool(recipe.run),
+        "files": bool(recipe.files),
+        "env": bool(recipe.env),
+    }
+    return tuple(kind for kind in STEP_KINDS if present[kind])
+
+
+def env_problems(
+    recipe_env: dict[str, str], args: dict[str, str], base_env: dict[str, str] | None
+) -> list[tuple[str, str]]:
+    """The recipe's loader and import variables judged as the image will be (`judge_env`), before the build.
+
+    A Dockerfile's ENV expands `$NAME` and `${NAME}` from the base's environment and the build's arguments.
+    `base_env` None: the base is not read (validate, an offline render); then every image's PATH and a variable
+    the value names itself are taken to be set, so that where the base's entries stand is judged all the same."""
+    judged = set(SEARCH_VARS) | set(FIXED_VARS)
+    asked = {name: value for name, value in recipe_env.items() if name in judged}
+    if not asked:
+        return []
+    if base_env is None:
+        named = {m.group(1) or m.group(2) for value in asked.values() for m in _REFERENCE.finditer(value)}
+        base = {name: _UNREAD.format(name) for name in named | {"PATH"} if name in judged}
+        scope = {**dict.fromkeys(named, "/imgbuild-unread"), **base, **args}
+    else:
+        base = {name: value for name, value in base_env.items() if name in judged}
+        scope = {**base_env, **args}
+    final = {name: _expand(value, scope) for name, value in asked.items()}
+    return judge_env(base, final)
+
+
+def _expand(value: str, scope: dict[str, str]) -> str:
+    """`value` as a Dockerfile ENV expands it: `$A`, `${A}`, `${A:-word}`, `${A:+word}`."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        have = scope.get(name, "")
+        if match.group(3) is None:
+            return have
+        if match.group(3).endswith("-"):
+            return have or match.group(4)
+        return match.group(4) if have else ""
+
+    return _REFERENCE.sub(one, value)
