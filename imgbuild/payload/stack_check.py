@@ -131,8 +131,9 @@ def _pinned_names() -> set[str] | None:
     return {_canonical(m.group(0)) for m in (re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", ln.strip()) for ln in lines) if m}
 
 
-def _distributions(spec: dict) -> tuple[list[str], list[str]]:
-    """(trees, files) of the distributions the base holds: its framework, what it pins, its CUDA wheels."""
+def _distributions(spec: dict) -> tuple[list[str], list[str], list[str]]:
+    """(trees, files, import names) of the distributions the base holds: its framework, what it pins, its CUDA
+    wheels."""
     import importlib.metadata as md
 
     pinned = _pinned_names()
@@ -140,6 +141,7 @@ def _distributions(spec: dict) -> tuple[list[str], list[str]]:
     freed = set(spec["unpinned"]) | {"pip"}
     trees: set[str] = set()
     files: set[str] = set()
+    tops: set[str] = set()
     seen: set[str] = set()
     regular: dict[str, bool] = {}
     for dist in md.distributions():
@@ -156,6 +158,9 @@ def _distributions(spec: dict) -> tuple[list[str], list[str]]:
         for entry in dist.files or ():
             path = os.path.normpath(str(dist.locate_file(entry)))
             top = entry.parts[0] if entry.parts else ""
+            name = top[:-3] if top.endswith(".py") else top
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and (len(entry.parts) > 1 or top.endswith(".py")):
+                tops.add(name)
             site = os.path.normpath(str(dist.locate_file("")))
             package = os.path.join(site, top)
             if package not in regular:
@@ -164,7 +169,7 @@ def _distributions(spec: dict) -> tuple[list[str], list[str]]:
                 trees.add(package)  # a regular package: a file added to it is found too
             else:
                 files.add(path)
-    return sorted(trees), sorted(files)
+    return sorted(trees), sorted(files), sorted(tops)
 
 
 def _ld_conf_dirs(path: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]:
@@ -259,21 +264,11 @@ def _library_files(dirs: list[str]) -> list[str]:
     return found
 
 
-def _tops(paths: list[str]) -> list[str]:
-    """The import names of the protected distributions: their packages' folders and top-level modules."""
-    names = set()
-    for path in paths:
-        parent, name = os.path.split(path)
-        if parent.endswith(("-packages", "site-packages")) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.py)?", name):
-            names.add(name[:-3] if name.endswith(".py") else name)
-    return sorted(names)
-
-
 def record(spec: dict) -> dict:
     """The base's stack as it is."""
     env = {k: v for k, v in os.environ.items() if k in SEARCH_VARS + FIXED_VARS}
     trees = sorted({os.path.normpath(p) for pattern in spec["trees"] for p in glob.glob(pattern)})
-    dist_trees, dist_files = _distributions(spec)
+    dist_trees, dist_files, tops = _distributions(spec)
     loader = _loader_dirs(env)
     constraint = os.environ.get("PIP_CONSTRAINT", "")
     singles = [*spec["files"], *dist_files, *_library_files(loader), *([constraint] if constraint else [])]
@@ -289,7 +284,6 @@ def record(spec: dict) -> dict:
             if ".so" in name and name not in libs and os.path.realpath(os.path.join(folder, name)) in protected:
                 libs[name] = _first(name, loader, listing)
     python = os.path.realpath(sys.executable)
-    tops = _tops([*dist_files, *dist_trees])
     view = _python_view(python, tops)
     base_path = [d for d in env.get("PATH", "").split(":") if d]
     commands = {os.path.basename(p) for p, st in entries.items() if st[0] == "f" and os.path.dirname(p) in base_path}

@@ -1,0 +1,279 @@
+"""The base's stack checked by its bytes: what the plan protects, how the recipe's env: is judged before the
+build, and the in-image script (payload/stack_check.py) run with python on a folder tree of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgbuild.errors import RecipeError
+from imgbuild.payload import STACK_SCRIPT
+from imgbuild.payload.stack_check import LIBRARY_RE, judge_env
+from imgbuild.pipeline.plan import check_offline, make_plan
+from imgbuild.pipeline.render import render
+from imgbuild.recipe import load_recipe
+from tests.support import RECIPE_HEAD, fake_inspect, settings
+
+
+def _recipe(tmp_path: Path, text: str) -> Path:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE_HEAD + text)
+    return path
+
+
+# --- the protected set and where the check runs ---------------------------------------------------------------
+
+
+def test_the_plan_protects_every_framework_the_stack_folders_and_frees_only_what_the_recipe_unpins(tmp_path):
+    plan = make_plan(
+        load_recipe(_recipe(tmp_path, "pip: {packages: [einops], unpin: [NumPy]}\n")), settings(), fake_inspect
+    )
+    spec = json.loads(render(plan).text("imgbuild/stack/protected.json"))
+    assert {"torch", "tensorflow", "tensorflow-cpu"} <= set(spec["distributions"])
+    assert spec["unpinned"] == ["numpy"]
+    assert {"/usr/local/cuda", "/usr/local/cuda-*", "/opt/nvidia", "/opt/imgbuild"} <= set(spec["trees"])
+    assert "/etc/ld.so.preload" in spec["files"] and "/opt/imgbuild/smoke.py" in spec["own"]
+
+
+@pytest.mark.parametrize("backend", ["buildkit", "sdk"])
+def test_the_build_records_the_stack_first_and_checks_it_after_each_kind_of_step_it_has(backend, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    text = "apt: [jq]\npip: [einops]\nrun: ['true']\nfiles: [{src: f.txt, dest: /opt/f.txt}]\nenv: {A: b}\n"
+    dockerfile = render(make_plan(load_recipe(_recipe(tmp_path, text)), settings(), fake_inspect), backend).text(
+        "Dockerfile"
+    )
+    lines = dockerfile.splitlines()
+    assert lines.index(
+        "FROM registry.test:5000/nvidia/pytorch:24.05-py3@" + "sha256:" + "ab" * 32 + " AS imgbuild-stack"
+    ) < min(i for i, line in enumerate(lines) if "apt-get" in line)
+    checks = [line.rstrip(" \\").split()[-1] for line in lines if "/tmp/imgbuild-stack/manifest.json " in line]
+    assert checks == ["apt", "pip", "run", "files", "env"]
+    # each check follows its own step and comes before the next kind's
+    at = {
+        kind: next(i for i, line in enumerate(lines) if line.rstrip(" \\").endswith(f"manifest.json {kind}"))
+        for kind in checks
+    }
+    assert at["apt"] < next(i for i, ln in enumerate(lines) if "install.sh" in ln) < at["pip"]
+    assert at["files"] > next(i for i, ln in enumerate(lines) if ln.startswith("COPY") and "/opt/f.txt" in ln)
+    assert at["env"] > next(i for i, ln in enumerate(lines) if ln.startswith("ENV "))
+
+
+def test_a_recipe_with_no_step_has_no_stack_stage(tmp_path):
+    context = render(make_plan(load_recipe(_recipe(tmp_path, "labels: {a: b}\n")), settings(), fake_inspect))
+    assert "imgbuild-stack" not in context.text("Dockerfile")
+    assert not [p for p in context.paths() if p.startswith("imgbuild/stack/")]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "libcudart.so.12",
+        "libcudart.so.12.4.127",
+        "libcudnn.so.9",
+        "libcudnn_ops.so.9",
+        "libnccl.so.2.21.5",
+        "libcublasLt.so.12",
+        "libcuda.so.1",
+        "libnvidia-ml.so.1",
+        "libnvinfer.so.10",
+        "libcupti.so",
+    ],  # fmt: skip
+)
+def test_the_cuda_stacks_libraries_are_known_by_family(name):
+    assert LIBRARY_RE.fullmatch(name)
+
+
+@pytest.mark.parametrize("name", ["libcurl.so.4", "libcups.so.2", "libnvpair.so.3", "libc.so.6", "libcudart.txt"])
+def test_other_libraries_are_not_the_cuda_stack(name):
+    assert not LIBRARY_RE.fullmatch(name)
+
+
+# --- the env judgement, before the build -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ("{LD_LIBRARY_PATH: '/opt/x:$LD_LIBRARY_PATH'}", "LD_LIBRARY_PATH"),
+        ("{LD_LIBRARY_PATH: '$${LD_LIBRARY_PATH}:'}", "LD_LIBRARY_PATH"),
+        ("{LD_LIBRARY_PATH: '$LD_LIBRARY_PATH:.'}", "LD_LIBRARY_PATH"),
+        ("{PATH: '/home/me/bin:$PATH'}", "PATH"),
+        ("{PATH: /usr/bin}", "PATH"),
+        ("{CUDA_HOME: /opt/cuda-11}", "CUDA_HOME"),
+        ("{CUDA_PATH: /opt/cuda-11}", "CUDA_PATH"),
+        ("{PYTHONHOME: /opt/py}", "PYTHONHOME"),
+    ],
+)
+@pytest.mark.parametrize("offline", [False, True], ids=["with-base", "offline"])
+def test_an_env_that_moves_the_loader_or_import_path_before_the_bases_is_refused(env, field, offline, tmp_path):
+    loaded = load_recipe(_recipe(tmp_path, f"env: {env}\n"))
+    with pytest.raises(RecipeError) as info:
+        check_offline(loaded) if offline else make_plan(loaded, settings(), fake_inspect)
+    lines = info.value.lines()
+    assert len(lines) == 1 and f" env.{field}: " in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        "{LD_LIBRARY_PATH: '$LD_LIBRARY_PATH:/opt/x/lib'}",
+        "{PATH: '$${PATH}:/opt/tools/bin'}",
+        "{PYTHONPATH: /opt/lib}",
+        "{CUDA_HOME: /usr/local/cuda}",
+        "{OTHER: '/x:$LD_LIBRARY_PATH'}",
+    ],
+)
+@pytest.mark.parametrize("offline", [False, True], ids=["with-base", "offline"])
+def test_an_env_that_adds_after_the_bases_entries_is_accepted(env, offline, tmp_path):
+    loaded = load_recipe(_recipe(tmp_path, f"env: {env}\n"))
+    check_offline(loaded) if offline else make_plan(loaded, settings(), fake_inspect)
+
+
+def test_an_env_that_replaces_the_bases_search_path_is_refused_once_the_base_is_read(tmp_path):
+    """Offline the base's LD_LIBRARY_PATH is not known (render judges it with the base's config)."""
+    loaded = load_recipe(_recipe(tmp_path, "env: {LD_LIBRARY_PATH: /opt/x}\n"))
+    check_offline(loaded)
+    with pytest.raises(RecipeError) as info:
+        make_plan(loaded, settings(), fake_inspect)
+    assert [" env.LD_LIBRARY_PATH: " in line for line in info.value.lines()] == [True]
+
+
+def test_the_images_env_is_judged_by_the_same_rule():
+    base = {"PATH": "/usr/local/cuda/bin:/usr/bin", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64"}
+    assert judge_env(base, {**base, "PATH": "/usr/local/cuda/bin:/usr/bin:/opt/bin"}) == []
+    assert [n for n, _ in judge_env(base, {**base, "PATH": "/opt/bin:/usr/local/cuda/bin:/usr/bin"})] == ["PATH"]
+    assert [n for n, _ in judge_env(base, {**base, "LD_PRELOAD": "/x.so"})] == ["LD_PRELOAD"]
+
+
+# --- the in-image script, on a folder tree of its own ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A base of folders (a CUDA toolkit, NGC's entrypoint, a site folder holding a framework `torch`), recorded
+    once: each test works on a copy of it, with the manifest's paths moved to the copy."""
+    top = tmp_path_factory.mktemp("stack")
+    root = top / "base"
+    lib = root / "cuda" / "lib64"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.12").write_bytes(b"cudart-12")
+    (root / "nvidia").mkdir()
+    (root / "nvidia" / "nvidia_entrypoint.sh").write_text('#!/bin/sh\nexec "$@"\n')
+    site = root / "site"
+    (site / "torch").mkdir(parents=True)
+    (root / "early").mkdir()
+    (site / "torch" / "__init__.py").write_text("version = '2.4'\n")
+    info = site / "torch-2.4.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.4.0\n")
+    (info / "RECORD").write_text(
+        "torch/__init__.py,,\ntorch-2.4.0.dist-info/METADATA,,\ntorch-2.4.0.dist-info/RECORD,,\n"
+    )
+    (root / "constraint.txt").write_text("")
+    spec = {"distributions": ["torch"], "unpinned": [], "trees": [f"{root}/cuda*", f"{root}/nvidia"],
+            "files": [f"{root}/preload"], "own": []}  # fmt: skip
+    (top / "protected.json").write_text(json.dumps(spec))
+    done = _runner(top)("record", "-S")  # the stdlib and PYTHONPATH only: no other distribution to read
+    assert done.returncode == 0, done.stderr
+    return top
+
+
+def _env(top: Path) -> dict[str, str]:
+    root = top / "base"
+    return {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "PIP_CONSTRAINT": str(root / "constraint.txt"),
+        "LD_LIBRARY_PATH": str(root / "cuda" / "lib64"),
+        "PYTHONPATH": f"{root / 'early'}:{root / 'site'}",
+    }
+
+
+def _runner(top: Path):
+    def run(mode: str, *flags: str, step: str = "", **more: str) -> subprocess.CompletedProcess[str]:
+        args = [str(top / "protected.json"), str(top / "manifest.json"), *([step] if step else [])]
+        return subprocess.run(
+            [sys.executable, *flags, str(STACK_SCRIPT), mode, *args],
+            env={**_env(top), **more},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+@pytest.fixture
+def stand(recorded, tmp_path):
+    import shutil
+
+    shutil.copytree(recorded, tmp_path / "copy", symlinks=True)
+    top = tmp_path / "copy"
+    for name in ("protected.json", "manifest.json"):
+        (top / name).write_text((top / name).read_text().replace(str(recorded), str(top)))
+    run = _runner(top)
+    return top / "base", lambda step, **more: run("check", "-I", "-S", step=step, **more)
+
+
+def test_an_untouched_base_passes_and_a_touch_that_keeps_the_bytes_is_no_change(stand):
+    root, run = stand
+    os.utime(root / "cuda" / "lib64" / "libcudart.so.12", ns=(1, 1))  # stat differs: hashed, same bytes
+    done = run("apt")
+    assert done.returncode == 0 and done.stdout == "", done.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: (r / "cuda/lib64/libcudart.so.12").write_bytes(b"cudart-11"), "libcudart.so.12: modified"),
+        (lambda r: (r / "cuda/lib64/libcudart.so.12").unlink(), "libcudart.so.12: removed"),
+        (lambda r: (r / "nvidia/nvidia_entrypoint.sh").write_text("#!/bin/sh\n"), "nvidia_entrypoint.sh: modified"),
+        (lambda r: (r / "cuda/lib64/libcudnn.so.8").write_bytes(b"x"), "libcudnn.so.8: added"),
+        (lambda r: (r / "cuda-11.8").mkdir(), "cuda-11.8: added"),
+        (lambda r: (r / "site/torch/evil.py").write_text(""), "torch/evil.py: added"),
+        (lambda r: (r / "site/torch/__init__.py").write_text("version = '2.0'\n"), "torch/__init__.py: modified"),
+        (lambda r: (r / "preload").write_text("/x.so\n"), "preload: added"),
+        (lambda r: (r / "cuda/lib64/libcudart.so.12").chmod(0o777), "mode or owner changed"),
+        (
+            lambda r: (r / "early/torch").mkdir() or (r / "early/torch/__init__.py").write_text(""),
+            "shadowed for `import torch`",
+        ),
+        (lambda r: (r / "site/zz.pth").write_text("import os\n"), "zz.pth: added (it runs at every Python start)"),
+    ],
+    ids=[
+        "modified",
+        "removed",
+        "entrypoint",
+        "another-cudnn",
+        "another-toolkit",
+        "added-module",
+        "framework-file",
+        "preload",
+        "mode",
+        "import-shadow",
+        "pth",
+    ],  # fmt: skip
+)
+def test_a_change_to_the_stack_fails_naming_the_file_and_the_step(stand, change, says):
+    root, run = stand
+    change(root)
+    done = run("run")
+    assert done.returncode == 1, done.stdout
+    assert any(line.startswith("imgbuild: the run step changed the base's stack: ") and says in line
+               for line in done.stdout.splitlines()), done.stdout  # fmt: skip
+
+
+def test_a_library_earlier_on_the_loader_path_shadows_the_bases(stand, tmp_path):
+    root, run = stand
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "libcudart.so.12").write_bytes(b"mine")
+    done = run("env", LD_LIBRARY_PATH=f"{other}:{root / 'cuda' / 'lib64'}")
+    assert done.returncode == 1
+    assert f"libcudart.so.12: shadowed for the dynamic linker by {other}/libcudart.so.12" in done.stdout
+    assert "LD_LIBRARY_PATH: the base's entries must stay first" in done.stdout
