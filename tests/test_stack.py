@@ -277,3 +277,46 @@ def test_a_library_earlier_on_the_loader_path_shadows_the_bases(stand, tmp_path)
     assert done.returncode == 1
     assert f"libcudart.so.12: shadowed for the dynamic linker by {other}/libcudart.so.12" in done.stdout
     assert "LD_LIBRARY_PATH: the base's entries must stay first" in done.stdout
+
+
+# --- the doors' own refusals, before the build ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("apt: [cuda-toolkit-12-6]\n", "apt[0]"),
+        ("apt: [libcudnn8=8.9.7.29-1+cuda12.2]\n", "apt[0]"),
+        ("apt: [git, libnccl2]\n", "apt[1]"),
+        ("apt: [nvidia-driver-550]\n", "apt[0]"),
+        ("apt: [libnvidia-compute-550]\n", "apt[0]"),
+        ("apt: [python3-torch]\n", "apt[0]"),
+        ("files: [{src: f.txt, dest: /usr/local/lib/python3.10/dist-packages/torch/__init__.py}]\n", "files[0].dest"),
+        ("files: [{src: f.txt, dest: /usr/local/cuda/lib64/libcudart.so.12}]\n", "files[0].dest"),
+        ("files: [{src: f.txt, dest: /usr/lib/x86_64-linux-gnu/libcudnn.so.9}]\n", "files[0].dest"),
+        ("files: [{src: f.txt, dest: /opt/nvidia/nvidia_entrypoint.sh}]\n", "files[0].dest"),
+        ("files: [{src: f.txt, dest: /opt/nvidia/entrypoint.d/99-mine.sh}]\n", "files[0].dest"),
+        ("files: [{src: f.txt, dest: /etc/ld.so.preload}]\n", "files[0].dest"),
+        ("workdir: /opt/nvidia/work\n", "workdir"),
+    ],
+)
+def test_a_step_naming_the_bases_stack_is_refused_before_the_build(text, field, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    loaded = load_recipe(_recipe(tmp_path, text))
+    with pytest.raises(RecipeError) as info:
+        check_offline(loaded)
+    lines = info.value.lines()
+    assert len(lines) == 1 and f" {field}: " in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apt: [git, libcurl4, cups, nvtop]\n",
+        "files: [{src: f.txt, dest: /usr/local/lib/python3.10/dist-packages/torchmetrics_extra.py}]\n",
+        "files: [{src: f.txt, dest: /opt/app/cudnn_notes.txt}]\n",
+    ],
+)
+def test_steps_beside_the_stack_pass_the_door(text, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    check_offline(load_recipe(_recipe(tmp_path, text)))

@@ -26,7 +26,7 @@ from imgbuild.ngc import (
 )
 from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT, STACK_SCRIPT
 from imgbuild.pipeline.baserules import base_pin_versions, framework_conflict, pin_conflict, protected_pins
-from imgbuild.pipeline.stack import ProtectedStack, env_problems, protected_stack
+from imgbuild.pipeline.stack import ProtectedStack, door_problems, env_problems, protected_stack
 from imgbuild.pipeline.targets import TARGET_HINT, target_refusal
 from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import LockedPin, ReqLine
@@ -233,19 +233,23 @@ def check_offline(loaded: LoadedRecipe) -> None:
     named by URL, the framework from a URL or under another framework's name (render and build check again,
     with the base's own facts and pins)."""
     declared = loaded.recipe.base.framework
-    check_env(loaded, None)
+    check_stack(loaded, None)
     check_conflicts(loaded, BaseImage(ref=f"the {declared or 'base'} image", facts={"framework": declared or ""}))
 
 
-def check_env(loaded: LoadedRecipe, base: BaseImage | None) -> None:
-    """The recipe's loader and import variables against the base's (`base` None: not read, as offline): every
-    problem at once, each at its `env` key. The image is judged by the same rule after the build."""
+def check_stack(loaded: LoadedRecipe, base: BaseImage | None) -> None:
+    """The recipe's loader and import variables against the base's (`base` None: not read, as offline), and the
+    steps that name the base's stack outright (stack.door_problems): every problem at once, each at its field. The
+    image is judged by the byte check after the build."""
     recipe = loaded.recipe
     known = base.env if base is not None and (base.env or base.identity) else None
-    found = env_problems(recipe.env, recipe.args, known)
+    hint = "the base's framework and CUDA stack stay as the base has them (the build checks them by their bytes)"
+    found: list[tuple[tuple[str | int, ...], str]] = [
+        (("env", name), why) for name, why in env_problems(recipe.env, recipe.args, known)
+    ]
+    found += door_problems(loaded)
     if found:
-        hint = "the base's framework and CUDA stack are found through these: leave them as the base has them"
-        raise RecipeError([field_problem(loaded, ("env", name), why, hint) for name, why in found])
+        raise RecipeError([field_problem(loaded, at, why, hint) for at, why in found])
 
 
 def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
@@ -344,7 +348,7 @@ def make_plan(
         )
     if read_pins is not None:
         base = _with_pins(base, read_pins)
-    check_env(loaded, base)
+    check_stack(loaded, base)
     check_conflicts(loaded, base)
     uid, gid = resolve_ids(loaded, settings, host_ids)
     chash = content_hash(loaded)

@@ -9,14 +9,16 @@ build with the same rule the image is judged by after it.
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imgbuild.facts import IMAGE_DIR
-from imgbuild.ngc import FRAMEWORK_PACKAGES
-from imgbuild.payload.stack_check import FIXED_VARS, SEARCH_VARS, judge_env
+from imgbuild.ngc import FRAMEWORK_PACKAGES, FRAMEWORKS
+from imgbuild.payload.stack_check import FIXED_VARS, LIBRARY_RE, SEARCH_VARS, judge_env
 
 if TYPE_CHECKING:
     from imgbuild.recipe import LoadedRecipe
@@ -34,6 +36,16 @@ STEP_KINDS = ("apt", "pip", "user", "run", "files", "env")
 #: Where a value stands for a base variable the plan has not read (an offline plan): an absolute folder no
 #: image has, so that `$PATH:/x` keeps the base's entries first and `/x:$PATH` does not.
 _UNREAD = "/imgbuild-unread-base-{}"
+#: Debian packages of the CUDA stack, the driver's user space and the frameworks: what `apt:` would install beside
+#: or over the base's own (its toolkit, cuDNN, NCCL, TensorRT, driver libraries, torch). The byte check is the rule;
+#: this refuses them before the build.
+STACK_DEB_RE = re.compile(
+    r"(?:cuda|cuda-[a-z0-9.-]+|nvidia-[a-z0-9.+-]+|libnvidia-[a-z0-9.+-]+|libcuda[a-z0-9.+-]*|libcudnn[a-z0-9.+-]*"
+    r"|libnccl[a-z0-9.+-]*|libcublas[a-z0-9.+-]*|libcufft[a-z0-9.+-]*|libcurand[a-z0-9.+-]*|libcusolver[a-z0-9.+-]*"
+    r"|libcusparse[a-z0-9.+-]*|libcutensor[a-z0-9.+-]*|libnpp[a-z0-9.+-]*|libnvjpeg[a-z0-9.+-]*|libnvrtc[a-z0-9.+-]*"
+    r"|libnvjitlink[a-z0-9.+-]*|libnvinfer[a-z0-9.+-]*|libnvonnxparsers?[a-z0-9.+-]*|libnvshmem[a-z0-9.+-]*"
+    r"|tensorrt[a-z0-9.+-]*|python3-(?:torch|tensorflow)[a-z0-9.+-]*)"
+)
 _REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-+])([^}]*))?\})")
 
 
@@ -117,3 +129,41 @@ def _expand(value: str, scope: dict[str, str]) -> str:
         return match.group(4) if have else ""
 
     return _REFERENCE.sub(one, value)
+
+
+def door_problems(loaded: LoadedRecipe) -> list[tuple[tuple[str | int, ...], str]]:
+    """(field, what is wrong) for each step that names the base's stack outright: an apt package of the CUDA stack
+    or a framework, a file copied over or into the stack's folders, a CUDA library's or a framework's files, or
+    the user's home or workdir there. Earlier and friendlier than the byte check, which catches every other way."""
+    recipe = loaded.recipe
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for i, package in enumerate(recipe.apt):
+        name = package.split("=", 1)[0].lower()
+        if STACK_DEB_RE.fullmatch(name):
+            found.append((("apt", i), f"{name} is the CUDA stack or a framework, which the base already carries"))
+    for i, spec in enumerate(recipe.files):
+        if why := stack_path(spec.dest):
+            found.append((("files", i, "dest"), why))
+    places: list[tuple[tuple[str | int, ...], str]] = [(("workdir",), recipe.workdir)]
+    if recipe.user and recipe.user.home:
+        places.append((("user", "home"), recipe.user.home))
+    found += [(at, why) for at, path in places if (why := stack_path(path))]
+    return found
+
+
+def stack_path(path: str) -> str:
+    """Why `path` is the base's stack ("" when it is not): in a protected folder, a protected file, a CUDA
+    library's name, or inside a framework's package in a site folder."""
+    path = posixpath.normpath(path)
+    parts = path.split("/")
+    for at in range(2, len(parts) + 1):
+        head = "/".join(parts[:at])
+        if any(fnmatch.fnmatchcase(head, pattern) for pattern in (*STACK_TREES, *STACK_FILES)):
+            return f"{path} is in the base's stack ({head}): a recipe may add beside it, never over or into it"
+    if LIBRARY_RE.fullmatch(parts[-1]):
+        return f"{path}: {parts[-1]} is a CUDA library's name; the base's own are the stack"
+    modules = {fw.module for fw in FRAMEWORKS.values()}
+    for at, part in enumerate(parts[:-1]):
+        if part in ("dist-packages", "site-packages") and parts[at + 1].split(".")[0] in modules:
+            return f"{path} is inside the base's framework ({parts[at + 1]})"
+    return ""
