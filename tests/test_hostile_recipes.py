@@ -362,7 +362,7 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
     run_lines = [ln for ln in dockerfile.splitlines() if ln.startswith("RUN [")]
     assert [json.loads(ln[4:]) for ln in run_lines] == [["/bin/sh", "-c", run_command]]
     instructions = [ln.split()[0] for ln in dockerfile.splitlines() if ln and not ln.startswith((" ", "#"))]
-    assert instructions.count("COPY") == 3  # the file, the base record and the smoke script all survive
+    assert instructions.count("COPY") == 4  # the stack record's input, the file, the base record and the smoke script
     assert "COPY imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py" in dockerfile
 
 
