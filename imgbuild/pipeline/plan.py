@@ -247,7 +247,7 @@ def check_stack(loaded: LoadedRecipe, base: BaseImage | None) -> None:
     found: list[tuple[tuple[str | int, ...], str]] = [
         (("env", name), why) for name, why in env_problems(recipe.env, recipe.args, known)
     ]
-    found += door_problems(loaded)
+    found += door_problems(recipe)
     if found:
         raise RecipeError([field_problem(loaded, at, why, hint) for at, why in found])
 
@@ -365,5 +365,5 @@ def make_plan(
         uid=uid,
         gid=gid,
         protected=protected_pins(base),
-        stack=protected_stack(loaded),
+        stack=protected_stack(loaded.recipe),
     )

@@ -307,7 +307,7 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None, cache_scope
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
     put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
-    checked = step_kinds(plan.loaded)
+    checked = step_kinds(recipe, bool(plan.loaded.requirements_path))
     if checked:  # the byte check's script and what it protects (each kind of step is checked after it)
         put("imgbuild/stack/stack_check.py", _own_file(STACK_SCRIPT))
         put("imgbuild/stack/protected.json", plan.stack.spec_text())

@@ -21,7 +21,7 @@ from imgbuild.ngc import FRAMEWORK_PACKAGES, FRAMEWORKS
 from imgbuild.payload.stack_check import FIXED_VARS, LIBRARY_RE, SEARCH_VARS, judge_env
 
 if TYPE_CHECKING:
-    from imgbuild.recipe import LoadedRecipe
+    from imgbuild.recipe.model import Recipe
 
 #: The base's folders that are its stack whatever the release: its CUDA toolkits, the driver's mount point, NGC's
 #: entrypoint and its scripts, and imgbuild's own records.
@@ -72,19 +72,19 @@ class ProtectedStack:
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
-def protected_stack(loaded: LoadedRecipe) -> ProtectedStack:
+def protected_stack(recipe: Recipe) -> ProtectedStack:
     from packaging.utils import canonicalize_name
 
-    unpinned = sorted({str(canonicalize_name(name)) for name in loaded.recipe.pip.unpin})
+    unpinned = sorted({str(canonicalize_name(name)) for name in recipe.pip.unpin})
     return ProtectedStack(tuple(sorted(FRAMEWORK_PACKAGES)), tuple(unpinned))
 
 
-def step_kinds(loaded: LoadedRecipe) -> tuple[str, ...]:
-    """The kinds of step `loaded` has, in build order: the byte check runs after each."""
-    recipe = loaded.recipe
+def step_kinds(recipe: Recipe, has_requirements: bool) -> tuple[str, ...]:
+    """The kinds of step `recipe` has (`has_requirements`: a requirements file), in build order: the byte check
+    runs after each."""
     present = {
         "apt": bool(recipe.apt),
-        "pip": bool(recipe.pip.packages or loaded.requirements_path),
+        "pip": bool(recipe.pip.packages or has_requirements),
         "user": recipe.user is not None,
         "run": bool(recipe.run),
         "files": bool(recipe.files),
@@ -131,11 +131,10 @@ def _expand(value: str, scope: dict[str, str]) -> str:
     return _REFERENCE.sub(one, value)
 
 
-def door_problems(loaded: LoadedRecipe) -> list[tuple[tuple[str | int, ...], str]]:
+def door_problems(recipe: Recipe) -> list[tuple[tuple[str | int, ...], str]]:
     """(field, what is wrong) for each step that names the base's stack outright: an apt package of the CUDA stack
     or a framework, a file copied over or into the stack's folders, a CUDA library's or a framework's files, or
     the user's home or workdir there. Earlier and friendlier than the byte check, which catches every other way."""
-    recipe = loaded.recipe
     found: list[tuple[tuple[str | int, ...], str]] = []
     for i, package in enumerate(recipe.apt):
         name = package.split("=", 1)[0].lower()
