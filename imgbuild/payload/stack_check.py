@@ -324,7 +324,9 @@ def _changed(path: str, was: list) -> str:
 def check(spec: dict, manifest: dict) -> list[str]:
     """What changed in the base's stack since `record`, one line each (path: how)."""
     env = {k: v for k, v in os.environ.items() if k in SEARCH_VARS + FIXED_VARS}
-    found = [f"{path}: {how}" for path, was in manifest["entries"].items() if (how := _changed(path, was))]
+    own = set(spec["own"])  # rewritten by imgbuild itself (a base built by imgbuild has its own records there)
+    entries = manifest["entries"].items()
+    found = [f"{path}: {how}" for path, was in entries if path not in own and (how := _changed(path, was))]
     found += _added(spec, manifest, env)
     found += _shadowed(manifest, env)
     return found + [f"{name}: {why}" for name, why in judge_env(manifest["env"], env)]
@@ -349,22 +351,26 @@ def _shadowed(manifest: dict, env: dict[str, str]) -> list[str]:
     loader, listing = _loader_dirs(env), {}  # type: ignore[var-annotated]
     for name, where in manifest["libs"].items():
         if (now := _first(name, loader, listing)) != where:
-            found.append(f"{where or name}: shadowed for the dynamic linker by {now or 'nothing (not found)'}")
-    for command, where in manifest["commands"].items():
-        if (now := shutil.which(command, path=env.get("PATH")) or "") != where:
-            found.append(f"{where or command}: shadowed on PATH by {now or 'nothing (not found)'}")
+            found.append(_moved(where, now, "the dynamic linker"))
+    for command, where in manifest["commands"].items():  # a command the base lacks may be added
+        if where and (now := shutil.which(command, path=env.get("PATH")) or "") != where:
+            found.append(_moved(where, now, f"`{command}` on PATH"))
     python = shutil.which("python3", path=env.get("PATH")) or ""
     if python and os.path.realpath(python) != manifest["python"]:
         found.append(f"{manifest['python']}: python3 on PATH is now {python}")
     view = _python_view(manifest["python"], sorted(manifest["imports"]))
     for name, where in manifest["imports"].items():
-        if (now := view["found"].get(name, "")) != where:
-            found.append(f"{where or name}: shadowed for `import {name}` by {now or 'nothing (not found)'}")
+        if where and (now := view["found"].get(name, "")) != where:
+            found.append(_moved(where, now, f"`import {name}`"))
     for path, digest in _startup_files(list(dict.fromkeys(manifest["pypath"] + view["path"]))).items():
         if manifest["startup"].get(path) != digest:
             how = "modified" if path in manifest["startup"] else "added"
             found.append(f"{path}: {how} (it runs at every Python start)")
     return found
+
+
+def _moved(where: str, now: str, finder: str) -> str:
+    return f"{where}: shadowed for {finder} by {now}" if now else f"{where}: no longer found by {finder}"
 
 
 def main(argv: list[str]) -> int:
