@@ -294,3 +294,53 @@ def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(
         docker_client, "imgbuildtest/locked:v1", "import os, torch; print(os.environ['X'], torch.__version__)"
     )
     assert out.split() == ["1", STANDIN_TORCH]
+
+
+SITE = "/usr/local/lib/python3.11/dist-packages"  # the stand-in's site folder (Debian's layout, as NGC's)
+#: One recipe per door, each changing the base's stack in a way its own door lets through; the build fails at the
+#: byte check after that step, naming the file. (door, recipe lines, files beside the recipe, what it names)
+DOOR_CHANGES = [
+    ("apt", "apt: [python3-setuptools]\n", {}, "distutils-precedence.pth: added (it runs at every Python start)"),
+    ("pip", "pip: {packages: [sbhook], index_url: INDEX, trusted_hosts: [GATEWAY]}\n", {}, "sbhook.pth: added"),
+    ("run", f"run: [\"echo '#' >> {SITE}/torch/version.py\"]\n", {}, f"{SITE}/torch/version.py: modified"),
+    (
+        "files",
+        f"files: [{{src: v.py, dest: {SITE}/numpy/version.py}}]\n",
+        {"v.py": "version = '0'\n"},
+        f"{SITE}/numpy/version.py: modified",
+    ),
+    (
+        "env",
+        "files: [{src: t.py, dest: /opt/shadow/torch/__init__.py}]\nenv: {PYTHONPATH: /opt/shadow}\n",
+        {"t.py": "raise SystemExit('not torch')\n"},
+        "shadowed for `import torch` by /opt/shadow/torch/__init__.py",
+    ),
+]
+
+
+@pytest.mark.parametrize(("door", "lines", "beside", "names"), DOOR_CHANGES, ids=[d[0] for d in DOOR_CHANGES])
+def test_the_byte_check_fails_the_build_at_the_door_that_changed_the_bases_stack(
+    door, lines, beside, names, testbed, docker_client, tmp_path
+):
+    import uuid
+
+    from tests.conftest import bridge_gateway
+    from tests.fake_index import FakeIndex, Release
+
+    gateway = bridge_gateway(docker_client)
+    index = FakeIndex(gateway, {"sbhook": [Release("1.0", files={"sbhook.pth": b"import os\n", "sbhook.py": b""})]})
+    for name, text in beside.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / ".git").mkdir()
+    name = f"stack-{door}-{uuid.uuid4().hex[:6]}"
+    recipe = tmp_path / "r.yaml"
+    body = lines.replace("INDEX", json.dumps(index.url)).replace("GATEWAY", json.dumps(gateway))
+    recipe.write_text(f'name: {name}\nbase: {{framework: pytorch, tag: "24.05"}}\n{body}')
+    try:
+        res = build(recipe, tmp_path / "ctx")
+    finally:
+        index.close()
+    assert res.code == 1, res.err[-3000:]
+    assert "build failed at the base-stack check" in res.err, res.err[-3000:]
+    assert f"imgbuild: the {door} step changed the base's stack: " in res.err and names in res.err, res.err[-3000:]
+    assert not [i for i in docker_client.images.list() if any(name in t for t in i.tags)]
