@@ -27,6 +27,16 @@ def _recipe(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def _one_refusal(tmp_path: Path, text: str, offline: bool, field: str) -> bool:
+    """Whether the recipe is refused with one line at `field`: by validate (offline) or by the plan with the base."""
+    loaded = load_recipe(_recipe(tmp_path, text))
+    with pytest.raises(RecipeError) as info:
+        check_offline(loaded) if offline else make_plan(loaded, settings(), fake_inspect)
+    lines = info.value.lines()
+    assert len(lines) == 1 and f" {field}: " in lines[0], lines
+    return True
+
+
 # --- the protected set and where the check runs ---------------------------------------------------------------
 
 
@@ -112,11 +122,7 @@ def test_other_libraries_are_not_the_cuda_stack(name):
 )
 @pytest.mark.parametrize("offline", [False, True], ids=["with-base", "offline"])
 def test_an_env_that_moves_the_loader_or_import_path_before_the_bases_is_refused(env, field, offline, tmp_path):
-    loaded = load_recipe(_recipe(tmp_path, f"env: {env}\n"))
-    with pytest.raises(RecipeError) as info:
-        check_offline(loaded) if offline else make_plan(loaded, settings(), fake_inspect)
-    lines = info.value.lines()
-    assert len(lines) == 1 and f" env.{field}: " in lines[0], lines
+    assert _one_refusal(tmp_path, f"env: {env}\n", offline, f"env.{field}")
 
 
 @pytest.mark.parametrize(
@@ -302,11 +308,7 @@ def test_a_library_earlier_on_the_loader_path_shadows_the_bases(stand, tmp_path)
 )
 def test_a_step_naming_the_bases_stack_is_refused_before_the_build(text, field, tmp_path):
     (tmp_path / "f.txt").write_text("x")
-    loaded = load_recipe(_recipe(tmp_path, text))
-    with pytest.raises(RecipeError) as info:
-        check_offline(loaded)
-    lines = info.value.lines()
-    assert len(lines) == 1 and f" {field}: " in lines[0], lines
+    assert _one_refusal(tmp_path, text, True, field)
 
 
 @pytest.mark.parametrize(
