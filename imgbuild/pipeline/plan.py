@@ -243,7 +243,7 @@ def check_stack(loaded: LoadedRecipe, base: BaseImage | None) -> None:
     image is judged by the byte check after the build."""
     recipe = loaded.recipe
     known = base.env if base is not None and (base.env or base.identity) else None
-    hint = "the base's framework and CUDA stack stay as the base has them (the build checks them by their bytes)"
+    hint = "the base's framework and CUDA stack stay as the base has them: add beside them"
     found: list[tuple[tuple[str | int, ...], str]] = [
         (("env", name), why) for name, why in env_problems(recipe.env, recipe.args, known)
     ]
