@@ -249,7 +249,10 @@ def test_an_untouched_base_passes_and_a_touch_that_keeps_the_bytes_is_no_change(
             lambda r: (r / "early/torch").mkdir() or (r / "early/torch/__init__.py").write_text(""),
             "shadowed for `import torch`",
         ),
-        (lambda r: (r / "site/zz.pth").write_text("import os\n"), "zz.pth: added (it runs at every Python start)"),
+        (
+            lambda r: (r / "site/sitecustomize.py").write_text(""),
+            "sitecustomize.py: added (it runs at every Python start)",
+        ),
     ],
     ids=[
         "modified",
@@ -262,7 +265,7 @@ def test_an_untouched_base_passes_and_a_touch_that_keeps_the_bytes_is_no_change(
         "preload",
         "mode",
         "import-shadow",
-        "pth",
+        "sitecustomize",
     ],  # fmt: skip
 )
 def test_a_change_to_the_stack_fails_naming_the_file_and_the_step(stand, change, says):
@@ -322,3 +325,11 @@ def test_a_step_naming_the_bases_stack_is_refused_before_the_build(text, field, 
 def test_steps_beside_the_stack_pass_the_door(text, tmp_path):
     (tmp_path / "f.txt").write_text("x")
     check_offline(load_recipe(_recipe(tmp_path, text)))
+
+
+def test_an_ordinary_pth_file_is_no_change(stand):
+    """pytest-cov and namespace packages ship .pth files: only a protected name one moves is a change (the import
+    check runs the image's own Python, site and all)."""
+    root, run = stand
+    (root / "site" / "pytest-cov.pth").write_text("import os\n")
+    assert run("pip").returncode == 0

@@ -42,8 +42,9 @@ SEARCH_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 FIXED_VARS = ("CUDA_HOME", "CUDA_PATH", "LD_PRELOAD", "LD_AUDIT", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
 #: Where CUDA_HOME and CUDA_PATH may point when the base sets neither.
 CUDA_HOME = "/usr/local/cuda"
-#: Files that run at every Python start when they sit in a folder on sys.path.
-STARTUP_RE = re.compile(r".*\.pth|sitecustomize\.py|usercustomize\.py")
+#: Modules Python imports at every start from the first folder on sys.path that has them (a .pth file runs at
+#: start too, but ordinary packages ship them: where one moves a protected name, the import check finds it).
+STARTUP_RE = re.compile(r"(?:site|user)customize(?:\.py|\.pyc|(?:\.[A-Za-z0-9_-]+)?\.so)?")
 HASH_CHUNK = 1 << 20
 MAX_SHOWN = 20
 
@@ -249,8 +250,8 @@ def _startup_files(path: list[str]) -> dict[str, str]:
             continue
         for name in names:
             full = os.path.join(folder, name)
-            if STARTUP_RE.fullmatch(name) and os.path.isfile(full):
-                found[full] = _sha256(full)
+            if STARTUP_RE.fullmatch(name):
+                found[full] = _sha256(full) if os.path.isfile(full) else "folder"
     return found
 
 
