@@ -359,7 +359,7 @@ def test_the_byte_check_catches_what_apt_installs_where_its_door_would_let_it_by
     dockerfile = tmp_path / "ctx" / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace("      jq \\\n", "      libnvidia-egl-wayland1 \\\n"))
     done = subprocess.run(
-        ["docker", "build", "-q", "--rm", "--force-rm", str(tmp_path / "ctx")],
+        ["docker", "build", "--rm", "--force-rm", str(tmp_path / "ctx")],
         env={**os.environ, "DOCKER_BUILDKIT": "0"},
         capture_output=True,
         text=True,
