@@ -183,7 +183,8 @@ def recorded(tmp_path_factory):
     )
     (root / "constraint.txt").write_text("")
     spec = {"distributions": ["torch"], "unpinned": [], "trees": [f"{root}/cuda*", f"{root}/nvidia"],
-            "files": [f"{root}/preload"], "own": []}  # fmt: skip
+            "files": [f"{root}/preload"], "own": [], "cuda_wheels": "nvidia-cudnn-cu[0-9]+",
+            "unpinned_prefixes": ["nvidia-"]}  # fmt: skip
     (top / "protected.json").write_text(json.dumps(spec))
     done = _runner(top)("record", "-S")  # the stdlib and PYTHONPATH only: no other distribution to read
     assert done.returncode == 0, done.stderr
@@ -333,3 +334,41 @@ def test_an_ordinary_pth_file_is_no_change(stand):
     root, run = stand
     (root / "site" / "pytest-cov.pth").write_text("import os\n")
     assert run("pip").returncode == 0
+
+
+def test_the_record_holds_the_distributions_the_pip_step_holds(tmp_path):
+    """The framework, the CUDA library wheels and the base's pins, but not a pinned nvidia-* that is no CUDA library
+    (the pip step lets it move) nor what the recipe unpins; an unpinned distribution is the recipe's to change."""
+    site = tmp_path / "site"
+    for name in ("torch", "numpy", "scipy", "nvidia_cudnn_cu12", "nvidia_dali_cuda120", "einops"):
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text("")
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    (tmp_path / "constraint.txt").write_text("numpy==1.0\nscipy==1.0\nnvidia-dali-cuda120==1.0\n")
+    spec = _spec_of(unpinned=["scipy"])
+    (tmp_path / "protected.json").write_text(spec)
+    env = {"PATH": "/usr/bin:/bin", "PIP_CONSTRAINT": str(tmp_path / "constraint.txt"), "PYTHONPATH": str(site)}
+    done = subprocess.run(
+        [sys.executable, "-S", str(STACK_SCRIPT), "record", str(tmp_path / "protected.json"), str(tmp_path / "m.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    held = {Path(tree).name for tree in json.loads((tmp_path / "m.json").read_text())["trees"]} & {
+        "torch", "numpy", "scipy", "nvidia_cudnn_cu12", "nvidia_dali_cuda120", "einops"
+    }  # fmt: skip
+    assert held == {"torch", "numpy", "nvidia_cudnn_cu12"}
+
+
+def _spec_of(unpinned: list[str]) -> str:
+    from dataclasses import replace
+
+    from imgbuild.pipeline.stack import ProtectedStack
+
+    stack = replace(ProtectedStack(("torch",), tuple(unpinned)), trees=(), files=())
+    return stack.spec_text()

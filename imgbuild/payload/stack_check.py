@@ -9,9 +9,10 @@ and the step. The check stats first and hashes only a file whose stat changed. T
 the one rule for the loader and import variables, so that a recipe's `env:` is judged the same before the
 build as in the image after it.
 
-SPEC (imgbuild.pipeline.stack renders it): {"distributions": framework names, "unpinned": names the recipe
-frees, "trees": folder globs, "files": single paths, "own": imgbuild's own files under a tree, written by the
-build after the record}.
+SPEC (imgbuild.pipeline.stack renders it): {"distributions": framework names, "cuda_wheels": the CUDA library
+wheels' name pattern, "unpinned_prefixes": name prefixes a pin of the base does not hold, "unpinned": names the
+recipe frees, "trees": folder globs, "files": single paths, "own": imgbuild's own files under a tree, written by
+the build after the record}.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def _distributions(spec: dict) -> tuple[list[str], list[str], list[str]]:
 
     pinned = _pinned_names()
     framework = set(spec["distributions"])
+    cuda = re.compile(spec["cuda_wheels"])
     freed = set(spec["unpinned"]) | {"pip"}
     trees: set[str] = set()
     files: set[str] = set()
@@ -150,8 +152,10 @@ def _distributions(spec: dict) -> tuple[list[str], list[str], list[str]]:
         if not name or name in seen:
             continue
         seen.add(name)
-        held = name in framework or name.startswith("nvidia-") or pinned is None or name in pinned
-        if not held or (name in freed and name not in framework):
+        # as the pip step holds them: the framework, the CUDA libraries, and each pin of the base but those the
+        # CUDA libraries' prefixes name (nvidia-dali, nvidia-modelopt may move) and those the recipe unpins
+        pin = (pinned is None or name in pinned) and not name.startswith(tuple(spec["unpinned_prefixes"]))
+        if not (name in framework or cuda.fullmatch(name) or (pin and name not in freed)):
             continue
         record = getattr(dist, "_path", None)
         if record is not None:

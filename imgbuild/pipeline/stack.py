@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imgbuild.facts import IMAGE_DIR
-from imgbuild.ngc import FRAMEWORK_PACKAGES, FRAMEWORKS
+from imgbuild.ngc import CUDA_LIBRARY_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORK_PACKAGES, FRAMEWORKS
 from imgbuild.payload.stack_check import FIXED_VARS, LIBRARY_RE, SEARCH_VARS, judge_env
 
 if TYPE_CHECKING:
@@ -51,11 +51,14 @@ _REFERENCE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]
 
 @dataclass(frozen=True)
 class ProtectedStack:
-    """What no recipe step may change in the base: every framework's distributions (with what the base pins and
-    its CUDA wheels, read in the image), the stack's folders and files, less what the recipe unpins."""
+    """What no recipe step may change in the base: every framework's distributions, its CUDA library wheels and what
+    it pins (read in the image, as the pip step holds them), the stack's folders and files, less what the recipe
+    unpins."""
 
     distributions: tuple[str, ...]
     unpinned: tuple[str, ...]
+    cuda_wheels: str = CUDA_LIBRARY_RE.pattern
+    unpinned_prefixes: tuple[str, ...] = CUDA_PACKAGE_PREFIXES
     trees: tuple[str, ...] = STACK_TREES
     files: tuple[str, ...] = STACK_FILES
     own: tuple[str, ...] = tuple(f"{IMAGE_DIR}/{name}" for name in OWN_RECORDS)
@@ -64,6 +67,8 @@ class ProtectedStack:
         """The record's and the check's input (`imgbuild/stack/protected.json`)."""
         data = {
             "distributions": list(self.distributions),
+            "cuda_wheels": self.cuda_wheels,
+            "unpinned_prefixes": list(self.unpinned_prefixes),
             "unpinned": list(self.unpinned),
             "trees": list(self.trees),
             "files": list(self.files),
