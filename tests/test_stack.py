@@ -58,20 +58,17 @@ def test_the_build_records_the_stack_first_and_checks_it_after_each_kind_of_step
     dockerfile = render(make_plan(load_recipe(_recipe(tmp_path, text)), settings(), fake_inspect), backend).text(
         "Dockerfile"
     )
-    lines = dockerfile.splitlines()
-    assert lines.index(
-        "FROM registry.test:5000/nvidia/pytorch:24.05-py3@" + "sha256:" + "ab" * 32 + " AS imgbuild-stack"
-    ) < min(i for i, line in enumerate(lines) if "apt-get" in line)
-    checks = [line.rstrip(" \\").split()[-1] for line in lines if "/tmp/imgbuild-stack/manifest.json " in line]
-    assert checks == ["apt", "pip", "run", "files", "env"]
-    # each check follows its own step and comes before the next kind's
-    at = {
-        kind: next(i for i, line in enumerate(lines) if line.rstrip(" \\").endswith(f"manifest.json {kind}"))
-        for kind in checks
-    }
-    assert at["apt"] < next(i for i, ln in enumerate(lines) if "install.sh" in ln) < at["pip"]
-    assert at["files"] > next(i for i, ln in enumerate(lines) if ln.startswith("COPY") and "/opt/f.txt" in ln)
-    assert at["env"] > next(i for i, ln in enumerate(lines) if ln.startswith("ENV "))
+    import re
+
+    stage = "FROM registry.test:5000/nvidia/pytorch:24.05-py3@" + "sha256:" + "ab" * 32 + " AS imgbuild-stack\n"
+    assert dockerfile.index(stage) < dockerfile.index("apt-get")
+    kinds = r"manifest\.json[ \\\n]+(apt|pip|user|run|files|env)\b"
+    found = [(m.group(1), m.start()) for m in re.finditer(kinds, dockerfile)]
+    assert [kind for kind, _ in found] == ["apt", "pip", "run", "files", "env"]
+    at = dict(found)  # each check follows its own step and comes before the next kind's
+    assert at["apt"] < dockerfile.index("install.sh") < at["pip"]
+    assert at["pip"] < dockerfile.index('["/bin/sh", "-c", "true"]') < at["run"]
+    assert at["run"] < dockerfile.index("/opt/f.txt") < at["files"] < dockerfile.index("\nENV ") < at["env"]
 
 
 def test_a_recipe_with_no_step_has_no_stack_stage(tmp_path):
@@ -186,8 +183,9 @@ def recorded(tmp_path_factory):
             "files": [f"{root}/preload"], "own": [], "cuda_wheels": "nvidia-cudnn-cu[0-9]+",
             "unpinned_prefixes": ["nvidia-"]}  # fmt: skip
     (top / "protected.json").write_text(json.dumps(spec))
-    done = _runner(top)("record", "-S")  # the stdlib and PYTHONPATH only: no other distribution to read
-    assert done.returncode == 0, done.stderr
+    for manifest, more in (("manifest.json", ()), ("manifest-stat.json", ("--stat-only",))):
+        done = _runner(top, manifest)("record", "-S", more=more)  # -S: only PYTHONPATH's distributions to read
+        assert done.returncode == 0, done.stderr
     return top
 
 
@@ -201,12 +199,14 @@ def _env(top: Path) -> dict[str, str]:
     }
 
 
-def _runner(top: Path):
-    def run(mode: str, *flags: str, step: str = "", **more: str) -> subprocess.CompletedProcess[str]:
-        args = [str(top / "protected.json"), str(top / "manifest.json"), *([step] if step else [])]
+def _runner(top: Path, manifest: str = "manifest.json"):
+    def run(
+        mode: str, *flags: str, step: str = "", more: tuple[str, ...] = (), **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        args = [str(top / "protected.json"), str(top / manifest), *([step] if step else []), *more]
         return subprocess.run(
             [sys.executable, *flags, str(STACK_SCRIPT), mode, *args],
-            env={**_env(top), **more},
+            env={**_env(top), **env},
             capture_output=True,
             text=True,
             timeout=60,
@@ -215,16 +215,24 @@ def _runner(top: Path):
     return run
 
 
-@pytest.fixture
-def stand(recorded, tmp_path):
+@pytest.fixture(params=["hashed", "stat-only"])
+def stand(recorded, tmp_path, request):
+    """A copy of the recorded base and its check: by the recorded sha256s, or (as on BuildKit) by the stat alone
+    with the base's own files mounted beside it (here: a pristine copy at the same paths under a root)."""
     import shutil
 
-    shutil.copytree(recorded, tmp_path / "copy", symlinks=True)
     top = tmp_path / "copy"
-    for name in ("protected.json", "manifest.json"):
+    shutil.copytree(recorded, top, symlinks=True)
+    for name in ("protected.json", "manifest.json", "manifest-stat.json"):
         (top / name).write_text((top / name).read_text().replace(str(recorded), str(top)))
-    run = _runner(top)
-    return top / "base", lambda step, **more: run("check", "-I", "-S", step=step, **more)
+    more: tuple[str, ...] = ()
+    manifest = "manifest.json"
+    if request.param == "stat-only":
+        root = tmp_path / "root"
+        shutil.copytree(recorded / "base", root / str(top / "base").lstrip("/"), symlinks=True)
+        more, manifest = ("--base-root", str(root)), "manifest-stat.json"
+    run = _runner(top, manifest)
+    return top / "base", lambda step, **env: run("check", "-I", "-S", step=step, more=more, **env)
 
 
 def test_an_untouched_base_passes_and_a_touch_that_keeps_the_bytes_is_no_change(stand):

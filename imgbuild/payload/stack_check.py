@@ -269,8 +269,9 @@ def _library_files(dirs: list[str]) -> list[str]:
     return found
 
 
-def record(spec: dict) -> dict:
-    """The base's stack as it is."""
+def record(spec: dict, hashing: bool = True) -> dict:
+    """The base's stack as it is; `hashing` False: files by their stat alone (the check compares a file whose stat
+    changed with the base's own copy, mounted beside it)."""
     env = {k: v for k, v in os.environ.items() if k in SEARCH_VARS + FIXED_VARS}
     trees = sorted({os.path.normpath(p) for pattern in spec["trees"] for p in glob.glob(pattern)})
     dist_trees, dist_files, tops = _distributions(spec)
@@ -280,7 +281,7 @@ def record(spec: dict) -> dict:
     entries: dict[str, list] = {}
     for path in [p for tree in [*trees, *dist_trees] for p in _walk(tree)] + singles:
         st = _stat(path)
-        entries[path] = st + [_content(path, st[0])] if st else ["-"]
+        entries[path] = st + [_content(path, st[0]) if hashing or st[0] == "l" else ""] if st else ["-"]
     listing: dict[str, set[str]] = {}
     protected = {os.path.realpath(p) for p, st in entries.items() if st[0] in "fl" and ".so" in p}
     libs = {}
@@ -308,8 +309,9 @@ def record(spec: dict) -> dict:
     }
 
 
-def _changed(path: str, was: list) -> str:
-    """How `path` differs from what was recorded of it ("" when it does not)."""
+def _changed(path: str, was: list, base_root: str = "") -> str:
+    """How `path` differs from what was recorded of it ("" when it does not): by its stat, then by its bytes (its
+    recorded sha256, or the base's own copy under `base_root`)."""
     now = _stat(path)
     if was[0] == "-":
         return "" if now is None else "added"
@@ -323,15 +325,32 @@ def _changed(path: str, was: list) -> str:
         return ""
     if now[1] != was[1]:
         return "modified (its size changed)"
+    if now[0] == "f" and not was[7]:
+        original = os.path.join(base_root, path.lstrip("/")) if base_root else ""
+        return "" if original and _same_bytes(path, original) else "modified (its bytes changed)"
     return "" if _content(path, now[0]) == was[7] else "modified (its bytes changed)"
 
 
-def check(spec: dict, manifest: dict) -> list[str]:
-    """What changed in the base's stack since `record`, one line each (path: how)."""
+def _same_bytes(path: str, original: str) -> bool:
+    try:
+        with open(path, "rb") as one, open(original, "rb") as other:
+            while True:
+                a, b = one.read(HASH_CHUNK), other.read(HASH_CHUNK)
+                if a != b:
+                    return False
+                if not a:
+                    return True
+    except OSError:
+        return False
+
+
+def check(spec: dict, manifest: dict, base_root: str = "") -> list[str]:
+    """What changed in the base's stack since `record`, one line each (path: how); `base_root`: where the base's
+    own files are mounted (a record made without hashes compares with them)."""
     env = {k: v for k, v in os.environ.items() if k in SEARCH_VARS + FIXED_VARS}
     own = set(spec["own"])  # rewritten by imgbuild itself (a base built by imgbuild has its own records there)
     entries = manifest["entries"].items()
-    found = [f"{path}: {how}" for path, was in entries if path not in own and (how := _changed(path, was))]
+    found = [f"{path}: {how}" for path, was in entries if path not in own and (how := _changed(path, was, base_root))]
     found += _added(spec, manifest, env)
     found += _shadowed(manifest, env)
     return found + [f"{name}: {why}" for name, why in judge_env(manifest["env"], env)]
@@ -379,21 +398,23 @@ def _moved(where: str, now: str, finder: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """`record SPEC MANIFEST [--stat-only]` | `check SPEC MANIFEST STEP [--base-root DIR]`."""
+    base_root = argv[argv.index("--base-root") + 1] if "--base-root" in argv[:-1] else ""
     if len(argv) < 3 or argv[0] not in ("record", "check") or (argv[0] == "check" and len(argv) < 4):
-        print("usage: stack_check.py record SPEC MANIFEST | check SPEC MANIFEST STEP", file=sys.stderr)
+        print(main.__doc__, file=sys.stderr)
         return 2
     with open(argv[1]) as handle:
         spec = json.load(handle)
     if argv[0] == "record":
         os.makedirs(os.path.dirname(argv[2]) or ".", exist_ok=True)
         with open(argv[2], "w") as handle:
-            json.dump(record(spec), handle, sort_keys=True)
+            json.dump(record(spec, hashing="--stat-only" not in argv), handle, sort_keys=True)
         with open(os.path.join(os.path.dirname(argv[2]), "python"), "w") as handle:
             handle.write(os.path.realpath(sys.executable))  # the check runs the base's own, whatever PATH says
         return 0
     with open(argv[2]) as handle:
         manifest = json.load(handle)
-    found = check(spec, manifest)
+    found = check(spec, manifest, base_root)
     step = argv[3]
     for line in found[:MAX_SHOWN]:
         print(f"imgbuild: the {step} step changed the base's stack: {line}", flush=True)
