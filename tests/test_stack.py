@@ -380,3 +380,23 @@ def _spec_of(unpinned: list[str]) -> str:
 
     stack = replace(ProtectedStack(("torch",), tuple(unpinned)), trees=(), files=())
     return stack.spec_text()
+
+
+def test_imgbuilds_own_records_and_their_folder_are_no_change(recorded, tmp_path):
+    """The build itself writes its records (and their folder, where the base has none) after the record."""
+    import shutil
+
+    top = tmp_path / "copy"
+    shutil.copytree(recorded, top, symlinks=True)
+    mine = top / "base" / "mine"
+    spec = json.loads((top / "protected.json").read_text().replace(str(recorded), str(top)))
+    spec["trees"].append(str(mine))
+    spec["own"] = [str(mine / "smoke.py")]
+    (top / "protected.json").write_text(json.dumps(spec))
+    (top / "manifest.json").write_text((top / "manifest.json").read_text().replace(str(recorded), str(top)))
+    mine.mkdir()
+    (mine / "smoke.py").write_text("")
+    run = _runner(top)
+    assert run("check", "-I", "-S", step="run").stdout == ""
+    (mine / "other.txt").write_text("")
+    assert f"{mine}/other.txt: added" in run("check", "-I", "-S", step="run").stdout

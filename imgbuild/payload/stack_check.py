@@ -297,7 +297,6 @@ def record(spec: dict, hashing: bool = True) -> dict:
     return {
         "python": python,
         "entries": entries,
-        "globs": spec["trees"],
         "trees": trees + dist_trees,
         "loader": loader,
         "libs": libs,
@@ -359,8 +358,9 @@ def check(spec: dict, manifest: dict, base_root: str = "") -> list[str]:
 def _added(spec: dict, manifest: dict, env: dict[str, str]) -> list[str]:
     """Files added in a protected folder (one the globs find now too), and CUDA libraries where the loader looks."""
     own = set(spec["own"])
+    own |= {os.path.dirname(path) for path in own}  # imgbuild's folder itself, where the base has none
     known = manifest["entries"]
-    trees = sorted({os.path.normpath(p) for pattern in manifest["globs"] for p in glob.glob(pattern)})
+    trees = sorted({os.path.normpath(p) for pattern in spec["trees"] for p in glob.glob(pattern)})
     found = []
     for tree in dict.fromkeys(manifest["trees"] + trees):
         for path in _walk(tree) if os.path.lexists(tree) else ():
