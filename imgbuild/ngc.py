@@ -43,6 +43,10 @@ FRAMEWORKS = {
         "tf2",
     ),
 }
+#: Every framework's distributions, canonical (PEP 503): what no lock or pip step may install over a base.
+FRAMEWORK_PACKAGES = frozenset(
+    re.sub(r"[-_.]+", "-", name).lower() for fw in FRAMEWORKS.values() for name in fw.packages
+)
 #: Name prefixes of distributions that may belong to the base's CUDA stack (the base's pins of these are
 #: judged by their own check, not as ordinary pins).
 CUDA_PACKAGE_PREFIXES = ("nvidia-", "cupy-cuda", "jax-cuda")

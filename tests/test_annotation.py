@@ -63,7 +63,8 @@ def test_validate_build_and_rebuild_annotate_a_recipes_problem_at_its_place(tmp_
 
 
 def test_rebuild_annotates_a_failure_without_a_place_at_its_recipe():
-    from imgbuild.ci.rebuild import FAILED, FRESH, Item, failure_annotations
+    from imgbuild.ci.outcome import failure_annotations
+    from imgbuild.ci.rebuild import FAILED, FRESH, Item
 
     failed = Item(Path("recipes/a.yaml"), status=FAILED, error="pip: no such package x\nmore")
     fresh = Item(Path("recipes/b.yaml"), status=FRESH)

@@ -167,15 +167,15 @@ def test_failed_smoke_test_never_replaces_a_working_tag(testbed, docker_client, 
     good = write("good.yaml", 'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\nenv: {STAGE: good}\n')
     assert build(good, tmp_path / "ctx").code == 0
     working = docker_client.images.get("imgbuildtest/promo:v1").id
-    # pip replaced torch (here: removed it); the smoke test must catch it and keep the working tag.
+    # the recipe's own check fails in the built image: the working tag stays.
     broken = write(
         "broken.yaml",
         'name: promo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n'
-        'run: ["python3 -m pip uninstall -y torch"]\nenv: {STAGE: broken}\n',
+        'smoke: {run: ["exit 4"]}\nenv: {STAGE: broken}\n',
     )
     res = build(broken, tmp_path / "ctx")
     assert res.code == 1, res.err
-    assert "smoke test failed: framework: import torch failed" in res.err
+    assert "smoke test failed: " in res.err and "exited 4" in res.err
     assert "imgbuildtest/promo:v1 was left as it was" in res.err
     assert docker_client.images.get("imgbuildtest/promo:v1").id == working
     left = [t for img in docker_client.images.list(name="imgbuildtest/promo") for t in img.tags]
@@ -306,3 +306,77 @@ def test_two_builds_of_one_recipe_at_once_do_not_corrupt_each_other(
         docker_client, "imgbuildtest/locked:v1", "import os, torch; print(os.environ['X'], torch.__version__)"
     )
     assert out.split() == ["1", STANDIN_TORCH]
+
+
+SITE = "/usr/local/lib/python3.11/dist-packages"  # the stand-in's site folder (Debian's layout, as NGC's)
+#: One recipe per door, each changing the base's stack in a way its own door lets through; the build fails at the
+#: byte check after that step, naming the file. (door, recipe lines, files beside the recipe, what it names)
+DOOR_CHANGES = [
+    ("pip", "pip: {packages: [sbhook], index_url: INDEX, trusted_hosts: [GATEWAY]}\n", {}, "torch/_sbhook.py: added"),
+    ("run", f"run: [\"echo '#' >> {SITE}/torch/version.py\"]\n", {}, f"{SITE}/torch/version.py: modified"),
+    (
+        "files",
+        f"files: [{{src: v.py, dest: {SITE}/numpy/version.py}}]\n",
+        {"v.py": "version = '0'\n"},
+        f"{SITE}/numpy/version.py: modified",
+    ),
+    (
+        "env",
+        "files: [{src: t.py, dest: /opt/shadow/torch/__init__.py}]\nenv: {PYTHONPATH: /opt/shadow}\n",
+        {"t.py": "raise SystemExit('not torch')\n"},
+        "shadowed for `import torch` by /opt/shadow/torch/__init__.py",
+    ),
+]
+
+
+def _stack_recipe(tmp_path: Path, door: str, lines: str, beside: dict[str, str]) -> tuple[Path, str]:
+    import uuid
+
+    for name, text in beside.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    name = f"stack-{door}-{uuid.uuid4().hex[:6]}"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f'name: {name}\nbase: {{framework: pytorch, tag: "24.05"}}\n{lines}')
+    return recipe, name
+
+
+@pytest.mark.parametrize(("door", "lines", "beside", "names"), DOOR_CHANGES, ids=[d[0] for d in DOOR_CHANGES])
+def test_the_byte_check_fails_the_build_at_the_door_that_changed_the_bases_stack(
+    door, lines, beside, names, testbed, docker_client, tmp_path
+):
+    from tests.conftest import bridge_gateway
+    from tests.fake_index import FakeIndex, Release
+
+    gateway = bridge_gateway(docker_client)
+    index = FakeIndex(gateway, {"sbhook": [Release("1.0", files={"torch/_sbhook.py": b"", "sbhook/__init__.py": b""})]})
+    body = lines.replace("INDEX", json.dumps(index.url)).replace("GATEWAY", json.dumps(gateway))
+    recipe, name = _stack_recipe(tmp_path, door, body, beside)
+    try:
+        res = build(recipe, tmp_path / "ctx")
+    finally:
+        index.close()
+    assert res.code == 1, res.err[-3000:]
+    assert "build failed at the base-stack check" in res.err, res.err[-3000:]
+    assert f"imgbuild: the {door} step changed the base's stack: " in res.err and names in res.err, res.err[-3000:]
+    assert not [i for i in docker_client.images.list() if any(name in t for t in i.tags)]
+
+
+def test_the_byte_check_catches_what_apt_installs_where_its_door_would_let_it_by(testbed, docker_client, tmp_path):
+    """apt's door refuses the CUDA stack's packages by name; behind it, the rendered Dockerfile's check after the apt
+    step catches a CUDA-family library the step installed where the loader looks (the door's list edited out of
+    the way: on a Debian base no package the door admits touches the stack)."""
+    recipe, name = _stack_recipe(tmp_path, "apt", "apt: [jq]\n", {})
+    assert run_cli("render", str(recipe), "--backend", "sdk", "-o", str(tmp_path / "ctx")).code == 0
+    dockerfile = tmp_path / "ctx" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("      jq \\\n", "      libnvidia-egl-wayland1 \\\n"))
+    done = subprocess.run(
+        ["docker", "build", "--rm", "--force-rm", str(tmp_path / "ctx")],
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0, done.stdout
+    said = "imgbuild: the apt step changed the base's stack: /usr/lib/x86_64-linux-gnu/libnvidia-egl-wayland.so.1"
+    assert said in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]

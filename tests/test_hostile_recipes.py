@@ -67,13 +67,19 @@ FIELD_ABUSE = [
         "apt[0]",
         "not a Debian/Ubuntu package name",
     ),
-    ("env-key-trailing-newline", HEAD + 'env: {"A\\n": x}\n', 3, "env.A\n", "not a valid environment variable name"),
+    (
+        "env-key-trailing-newline",
+        HEAD + 'env: {"A\\n": x}\n',
+        3,
+        'env["A\\n"]',
+        "not a valid environment variable name",
+    ),
     ("env-value-cr", HEAD + 'env: {A: "x\\rRUN id"}\n', 3, "env.A", "must be one line"),
     ("env-value-huge", HEAD + f'env: {{A: "{"x" * 9000}"}}\n', 3, "env.A", "longer than"),
     ("env-value-int-past-digit-limit", HEAD + f"env: {{A: {'9' * 5000}}}\n", 3, "env.A", "a number too long to read"),
-    ("label-key-newline", HEAD + 'labels: {"a\\nRUN id": x}\n', 3, "labels.a\nRUN id", "not a valid label key"),
+    ("label-key-newline", HEAD + 'labels: {"a\\nRUN id": x}\n', 3, 'labels["a\\nRUN id"]', "not a valid label key"),
     ("label-value-newline", HEAD + 'labels: {a: "x\\nRUN id"}\n', 3, "labels.a", "must be one line"),
-    ("arg-key-newline", HEAD + 'args: {"A\\n": x}\n', 3, "args.A\n", "not a valid environment variable name"),
+    ("arg-key-newline", HEAD + 'args: {"A\\n": x}\n', 3, 'args["A\\n"]', "not a valid environment variable name"),
     ("description-newline", HEAD + 'description: "x\\nRUN id"\n', 3, "description", "must be one line"),
     ("entrypoint-nul", HEAD + 'entrypoint: ["a\\0b"]\n', 3, "entrypoint[0]", "must be one line"),
     ("pip-trailing-newline", HEAD + 'pip: ["einops\\n"]\n', 3, "pip.packages[0]", "must be one line"),
@@ -362,7 +368,7 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
     run_lines = [ln for ln in dockerfile.splitlines() if ln.startswith("RUN [")]
     assert [json.loads(ln[4:]) for ln in run_lines] == [["/bin/sh", "-c", run_command]]
     instructions = [ln.split()[0] for ln in dockerfile.splitlines() if ln and not ln.startswith((" ", "#"))]
-    assert instructions.count("COPY") == 3  # the file, the base record and the smoke script all survive
+    assert instructions.count("COPY") == 4  # the stack record's input, the file, the base record and the smoke script
     assert "COPY imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py" in dockerfile
 
 
@@ -392,7 +398,8 @@ def test_a_secret_written_literally_is_never_rendered(repo, tmp_path, monkeypatc
         env={"NGC_API_KEY": "nvapi-CANARY-key-0123456789"},
     )
     assert result.code == 2, result.err
-    assert "a configured secret would be written" in result.err
+    # refused at its field by the credential detector (an nvapi- key), before any render could write it
+    assert "labels.k: " in result.err and "it would be in the image and its history" in result.err
     assert "CANARY" not in result.out + result.err
     assert not (tmp_path / "ctx").exists() and not list(tmp_path.glob(".ctx*"))
 

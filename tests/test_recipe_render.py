@@ -334,7 +334,8 @@ def test_uv_is_installed_in_a_stage_of_its_own_and_mounted_into_the_pip_step(wri
         write("r.yaml", 'name: d\nbase: {framework: pytorch, tag: "24.05"}\npip: {packages: [six], installer: uv}\n')
     )
     dockerfile = render(plan, "buildkit").text("Dockerfile")
-    record, stage, main = dockerfile.split("\nFROM ", 3)[1:]
+    stack, record, stage, main = dockerfile.split("\nFROM ", 4)[1:]
+    assert "AS imgbuild-stack" in stack
     assert "AS imgbuild-base-record" in record and "pip check" in record  # beside apt and pip, not before them
     assert stage.endswith(f"uv=={UV_VERSION}\n") and "AS imgbuild-uv" in stage
     assert "--mount=type=bind,from=imgbuild-uv,source=/opt/imgbuild-uv,target=/tmp/imgbuild-uv" in main

@@ -686,7 +686,8 @@ def test_an_engine_that_may_not_raise_memlock_names_the_value_and_exits_3_never_
     import resource
 
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.servers.run import explain_start_failure, reserved, start_attached
+    from imgbuild.servers.run import reserved, start_attached
+    from imgbuild.servers.startfail import explain_start_failure
 
     said = explain_start_failure(
         "docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create "

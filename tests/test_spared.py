@@ -101,7 +101,7 @@ def test_the_system_scope_is_everything_but_the_python_requirements(recipe, chan
         ("/opt/conda/lib/python3.11/site-packages/x.pth", "", True),
         ("/srv/pkgs/site-packages/numpy/__init__.py", "", True),
         ("/opt/app/numpy.py", 'env: {PYTHONPATH: "/opt/app:/x"}', True),
-        ("/opt/libs/libfoo.so", 'env: {LD_LIBRARY_PATH: "/opt/libs"}', True),
+        ("/opt/libs/libfoo.so", 'env: {LD_LIBRARY_PATH: "$LD_LIBRARY_PATH:/opt/libs"}', True),
         ("/opt/app/train.py", "", False),  # the training script: edited often, imported by no package
         ("/opt/app/config.yaml", "", False),
         ("/opt/application/x.py", 'env: {PYTHONPATH: "/opt/app"}', False),  # a prefix of a name is not a folder

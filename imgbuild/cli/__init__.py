@@ -144,7 +144,7 @@ def _lost_connection(exc: BaseException) -> str:
 
 
 # Each module declares its help section and registers its commands; imported in the pipeline's order.
-from imgbuild.cli import recipes, images, registry, servers, queue, admin, clusters, settings  # noqa: E402,F401,I001
+from imgbuild.cli import recipes, images, ci, registry, servers, queue, admin, clusters, settings  # noqa: E402,F401,I001
 
 if __name__ == "__main__":  # pragma: no cover
     main()

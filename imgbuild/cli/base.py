@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from imgbuild import __version__
+from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -99,3 +101,32 @@ def cli(user: str | None, ngc_registry: str | None) -> None:
                 2 bad input or usage, 3 environment (no Docker engine, registry unreachable).
     Read commands take --json.
     """
+
+
+#: `--sign-key` of every command that pushes (build, rebuild): IMGBUILD_SIGN_KEY is a CI runner's key.
+SIGN_KEY = click.option(
+    "--sign-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="IMGBUILD_SIGN_KEY",
+    help="--push: sign each pushed image with this cosign key (password in IMGBUILD_SIGN_PASSWORD or "
+    "COSIGN_PASSWORD) and attach its provenance and SBOM. IMGBUILD_SIGN_KEY: the key of every push (a CI "
+    "runner's), ignored by a command that pushes nothing.",
+)
+
+
+def open_signer(sign_key: Path | None, push: bool) -> Any:
+    """The signing key, opened before any build: a wrong key or password stops here, in one line."""
+    if sign_key is None:
+        return None
+    import os
+
+    from click.core import ParameterSource
+
+    from imgbuild.supply.attest import load_signer
+
+    if not push:
+        if click.get_current_context().get_parameter_source("sign_key") == ParameterSource.ENVIRONMENT:
+            return None  # the runner's key for its pushes; this command pushes nothing
+        raise UsageError("--sign-key signs what is pushed: add --push")
+    password = os.environ.get("IMGBUILD_SIGN_PASSWORD", os.environ.get("COSIGN_PASSWORD", ""))
+    return load_signer(sign_key, password.encode())

@@ -110,6 +110,7 @@ def run(
     """
     from imgbuild.servers import run as runmod
     from imgbuild.servers.admission import check_signed
+    from imgbuild.servers.startfail import rlimit_cure
     from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
@@ -149,8 +150,7 @@ def run(
     outcome = done.outcome
     if outcome.start_failed:
         click.echo(
-            "imgbuild: docker could not start the container; if it said 'error setting rlimit', "
-            + runmod.rlimit_cure(),
+            "imgbuild: docker could not start the container; if it said 'error setting rlimit', " + rlimit_cure(),
             err=True,
         )
     if outcome.rows:

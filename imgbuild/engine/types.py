@@ -269,6 +269,7 @@ _OWN_STEPS = (
     ("apt-get", "the apt step"),
     ("add-user.sh", "the user step"),
     ("pip-check.base", "the base check step"),
+    ("stack_check.py", "the base-stack check"),
 )
 
 

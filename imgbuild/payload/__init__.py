@@ -1,4 +1,5 @@
-"""What runs inside images, stdlib and the framework only: the smoke test (smoke_image), the engine's GPU read
+"""What runs inside images, stdlib and the framework only: the smoke test (smoke_image), the base's stack by its
+bytes (stack_check), the engine's GPU read
 (engine_gpus), a base's pins (base_pins), whether an image has jupyter (has_jupyter), `imgbuild lock`'s resolver
 (lock_resolve), and the pip step's guard (pip_guard) with what it imports
 beside it (pip_owners, pip_versions, pip_index, pip_words). The templates folder holds the Dockerfiles and the
@@ -24,5 +25,7 @@ LOCK_SCRIPT = Path(__file__).parent / "lock_resolve.py"
 ENGINE_GPUS_SCRIPT = Path(__file__).parent / "engine_gpus.py"
 #: The pins install.sh will hold a base's packages at (imgbuild.pipeline.resolve reads the answer).
 BASE_PINS_SCRIPT = Path(__file__).parent / "base_pins.py"
+#: The base's stack checked by its bytes: recorded on the bare base, compared after each kind of recipe step.
+STACK_SCRIPT = Path(__file__).parent / "stack_check.py"
 #: Whether an image has `jupyter` on its PATH (imgbuild.servers.jupyter).
 HAS_JUPYTER_SCRIPT = Path(__file__).parent / "has_jupyter.py"

@@ -24,8 +24,9 @@ from imgbuild.ngc import (
     expand_tag,
     is_pattern,
 )
-from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT, STACK_SCRIPT
 from imgbuild.pipeline.baserules import base_pin_versions, framework_conflict, pin_conflict, protected_pins
+from imgbuild.pipeline.stack import ProtectedStack, door_problems, env_problems, protected_stack
 from imgbuild.pipeline.targets import TARGET_HINT, target_refusal
 from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import LockedPin, ReqLine
@@ -89,6 +90,7 @@ class Plan:
     uid: int
     gid: int
     protected: tuple[str, ...]
+    stack: ProtectedStack
 
     @property
     def target(self) -> str:
@@ -231,6 +233,7 @@ def check_offline(loaded: LoadedRecipe) -> None:
     named by URL, the framework from a URL or under another framework's name (render and build check again,
     with the base's own facts and pins)."""
     declared = loaded.recipe.base.framework
+    check_stack(loaded, None)
     check_conflicts(loaded, BaseImage(ref=f"the {declared or 'base'} image", facts={"framework": declared or ""}))
 
 
@@ -246,6 +249,21 @@ def check_offline_settings(loaded: LoadedRecipe, settings: Settings) -> None:
             [field_problem(loaded, ("image",) if loaded.recipe.image else ("name",), refused, TARGET_HINT)]
         )
     check_ids(loaded, settings)
+
+
+def check_stack(loaded: LoadedRecipe, base: BaseImage | None) -> None:
+    """The recipe's loader and import variables against the base's (`base` None: not read, as offline), and the
+    steps that name the base's stack outright (stack.door_problems): every problem at once, each at its field. The
+    image is judged by the byte check after the build."""
+    recipe = loaded.recipe
+    known = base.env if base is not None and (base.env or base.identity) else None
+    hint = "the base's framework and CUDA stack stay as the base has them: add beside them"
+    found: list[tuple[tuple[str | int, ...], str]] = [
+        (("env", name), why) for name, why in env_problems(recipe.env, recipe.args, known)
+    ]
+    found += door_problems(recipe)
+    if found:
+        raise RecipeError([field_problem(loaded, at, why, hint) for at, why in found])
 
 
 def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
@@ -303,6 +321,7 @@ def templates_digest() -> str:
     for name in PIP_SCRIPTS:
         h.update(name.encode() + b"\0" + (PAYLOAD_DIR / name).read_bytes())
     h.update(SMOKE_SCRIPT.read_bytes())
+    h.update(STACK_SCRIPT.read_bytes())
     return h.hexdigest()
 
 
@@ -356,6 +375,7 @@ def make_plan(
     image, tag = image_and_tag(loaded, settings)
     if read_pins is not None:
         base = _with_pins(base, read_pins)
+    check_stack(loaded, base)
     check_conflicts(loaded, base)
     uid, gid = resolve_ids(loaded, settings, host_ids)
     chash = content_hash(loaded)
@@ -372,4 +392,5 @@ def make_plan(
         uid=uid,
         gid=gid,
         protected=protected_pins(base),
+        stack=protected_stack(loaded.recipe),
     )

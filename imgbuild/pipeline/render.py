@@ -20,9 +20,10 @@ from imgbuild import __version__, limits
 from imgbuild.errors import UsageError
 from imgbuild.facts import UV_VERSION, Label
 from imgbuild.ngc import FRAMEWORKS
-from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT, STACK_SCRIPT
 from imgbuild.pipeline.plan import TEMPLATES_DIR, Plan, hashed_pins
 from imgbuild.pipeline.record import RECORD_FILE, Record
+from imgbuild.pipeline.stack import step_kinds
 from imgbuild.recipe import stable_name
 
 #: imgbuild's own scripts, written into every context for the build but never committed (the context's
@@ -32,6 +33,7 @@ OWN_SCRIPTS = {
     **{f"imgbuild/pip/{inside}": PAYLOAD_DIR / name for name, inside in PIP_SCRIPTS.items()},
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
     "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
+    "imgbuild/stack/stack_check.py": STACK_SCRIPT,
 }
 #: Files a build leaves beside the context: not part of what the recipe renders to, never committed.
 RUN_FILES = ("smoke.json", "smoke.verify.json", "build.log")
@@ -40,7 +42,7 @@ GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbu
 )
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
 #: The context's folders that BuildKit Dockerfile steps bind-mount (each step's line carries their digest).
-MOUNTED_FOLDERS = ("imgbuild/pip", "imgbuild/pip-lock", "imgbuild/user")
+MOUNTED_FOLDERS = ("imgbuild/pip", "imgbuild/pip-lock", "imgbuild/user", "imgbuild/stack")
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,10 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None, cache_scope
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
     put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
+    checked = step_kinds(recipe, bool(plan.loaded.requirements_path))
+    if checked:  # the byte check's script and what it protects (each kind of step is checked after it)
+        put("imgbuild/stack/stack_check.py", _own_file(STACK_SCRIPT))
+        put("imgbuild/stack/protected.json", plan.stack.spec_text())
 
     user = recipe.user
     context = {
@@ -312,6 +318,7 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None, cache_scope
         "backend": backend,
         "files": files,
         "has_pip": has_pip,
+        "checked": checked,
         "lock_layer": "imgbuild/pip-lock/lock-layer" in rendered,
         "uv_version": UV_VERSION if has_pip and recipe.pip.installer == "uv" else "",
         "pip_limits": (int(limits.PIP_RESOLVE_SECONDS), limits.PIP_DOWNLOAD_BYTES),  # build args override them

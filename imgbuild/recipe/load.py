@@ -163,7 +163,7 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
-    from imgbuild.ngc import is_cuda_library
+    from imgbuild.ngc import FRAMEWORK_PACKAGES, is_cuda_library
 
     pins: list[reqfile.ReqLine] = []
     seen: dict[str, int] = {}
@@ -197,6 +197,11 @@ def _lock_pins(text: str, shown: str, problems: list[Problem]) -> tuple[reqfile.
             # an older imgbuild lock pinned the CUDA libraries a requirement pulls in (jax[cuda13] ->
             # nvidia-cuda-nvcc); `imgbuild lock` now writes them as comments, installed as the requirement asks:
             # the line is read as that comment, not refused with words that may not hold
+            continue
+        if key in FRAMEWORK_PACKAGES:  # whichever base: the lock installs over the base's own framework
+            problems.append(
+                Problem(shown, number, 1, "lock", f"{name} is a framework the base carries (drop the line)")
+            )
             continue
         pins.append(reqfile.ReqLine(shown, number, line, tuple(hashes)))
     bare = next((pin for pin in pins if not pin.hashes), None)

@@ -42,39 +42,13 @@ from imgbuild.servers.spec import (
     parse_duration,
     resolve_image,
 )
+from imgbuild.servers.startfail import DOCKER_START_CODES, explain_start_failure
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
 
 # --- starting a container -------------------------------------------------------------------------
-
-#: runc's "error setting rlimit type N": Linux's limit numbers, as run.ulimits names them.
-RLIMIT_NAMES = {3: "stack", 7: "nofile", 8: "memlock"}
-
-
-def rlimit_cure(stderr: str = "") -> str:
-    """What to do when the engine may not raise the ulimits the house rules ask for (runc's `error setting rlimit
-    type N`): the values to put in `run.ulimits` (this session's own hard limits, which a dockerd started the
-    same way has too), or the admin's cure. Without the engine's words, memlock and stack both."""
-    import re
-    import resource
-
-    named = [RLIMIT_NAMES[int(n)] for n in re.findall(r"rlimit type ([0-9]+)", stderr) if int(n) in RLIMIT_NAMES]
-    values = []
-    for name in dict.fromkeys(named or ["memlock", "stack"]):
-        hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))[1]
-        values.append(f"{name}: {hard if hard != resource.RLIM_INFINITY else 67108864}")
-    return (
-        "the engine may not raise the ulimits NVIDIA recommends: put run: {ulimits: {" + ", ".join(values) + "}} "
-        "in ~/.config/imgbuild/config.yaml (the most this session may set), or ask the admin to start dockerd "
-        "with LimitMEMLOCK=infinity"
-    )
-
-
-#: docker run's own exit codes (the container never ran the command) as imgbuild's: the engine refused to start
-#: it (125: an environment problem, 3), the command could not be run in it (126, 127: failed, 1).
-DOCKER_START_CODES = {125: 3, 126: 1, 127: 1}
 
 
 @dataclass
@@ -405,15 +379,6 @@ def start_attached(engine: ImageEngine, spec: RunSpec, settings: Settings) -> Ru
         sampler.join(timeout=5)
         outcome.rows, outcome.hint = summarize(samples, spec.cpus)
     return outcome
-
-
-def explain_start_failure(stderr: str) -> str:
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else "docker run failed"
-    if "rlimit" in text:
-        reason = text[text.find("error setting rlimit") :].removesuffix(": unknown.")
-        return f"the container did not start ({reason}); {rlimit_cure(text)}"
-    return f"the container did not start: {text[-300:]}"
 
 
 # --- `imgbuild run`, top to bottom ----------------------------------------------------------------------------
