@@ -96,7 +96,7 @@ def test_every_layout_validates_against_the_published_schemas(gpus, nodes, torch
         }  # fmt: skip
         resources = trainer["resourcesPerNode"]
     assert pod["securityContext"] == {
-        "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}
+        "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}
     }  # fmt: skip
     assert pod["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
     assert pod["volumes"][1]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}

@@ -13,14 +13,17 @@ Kubeflow Trainer's own admission rules, reimplemented here from its source:
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from imgbuild.clusters.k8s import K8sJob, default_name, manifest
-from imgbuild.clusters.launch import launches_itself
+from imgbuild.clusters.launch import launcher, launches_itself
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import UsageError
+from imgbuild.shellwords import shell_words
 from tests.support import step_line
 
 TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -186,34 +189,147 @@ def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
         assert "PET_RDZV_ENDPOINT" not in step
 
 
-def test_accelerate_launch_on_one_node_is_told_one_process_per_gpu_and_the_users_flags_win():
-    step = step_line(sbatch_script(JobSpec(["accelerate", "launch", "--num_processes=1", "train.py"], "x.sif", gpus=2)))
-    assert step.endswith("accelerate launch --num_processes=2 --multi_gpu --num_processes=1 train.py"), step
-    alone = step_line(sbatch_script(JobSpec(["accelerate", "launch", "train.py"], "x.sif", gpus=1)))
-    assert alone.endswith("accelerate launch --num_processes=1 train.py") and "--multi_gpu" not in alone
+LAUNCHERS = ("accelerate", "deepspeed", "torchrun")
 
 
-def test_accelerate_launch_across_nodes_gets_the_machines_the_rendezvous_and_each_nodes_rank(tmp_path):
-    """accelerate reads its own flags (huggingface/accelerate `prepare_multi_gpu_env`), not torchrun's PET_*:
-    each node's accelerate is told the machines, the processes, the c10d rendezvous the script found, and its own
-    rank, Slurm's node ID as the task sees it (the step's own shell runs the words, as a task does)."""
-    import subprocess
+def node_argv(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None) -> list[str]:
+    """What the launcher at the head of a told `command` receives on node `node`: the command run by bash as the
+    script and then the task run it, with a stand-in launcher that writes its arguments."""
+    from imgbuild.shellwords import shell_words
 
-    script = sbatch_script(JobSpec(["accelerate", "launch", "--mixed_precision", "bf16", "train.py"], "x.sif",
-                                   gpus=2, nodes=2))  # fmt: skip
-    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST"' in script and "PET_" not in script
-    step = step_line(script)
-    words = step[step.index("sh -c ") :]
-    fake = tmp_path / "accelerate"
-    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    fake.chmod(0o755)
-    run = words.replace(" accelerate ", f" {fake} ", 1)
-    env = {"PATH": "/usr/bin:/bin", "SLURM_NODEID": "1", "head_node": "10.0.0.1", "rdzv_port": "41000"}
-    told = subprocess.run(["bash", "-c", run], capture_output=True, text=True, env=env, timeout=30).stdout.split("\n")
-    assert told[:2] == ["launch", "--machine_rank"] and told[2] == "1"
-    assert told[3:11] == ["--num_processes=4", "--multi_gpu", "--num_machines=2", "--main_process_ip=10.0.0.1",
-                          "--main_process_port=41000", "--rdzv_backend=c10d", "--mixed_precision", "bf16"]  # fmt: skip
-    assert told[11] == "train.py"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    out = tmp_path / f"argv-{node}"
+    for name in LAUNCHERS:
+        fake = bin_dir / name
+        fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {out}\n')
+        fake.chmod(0o755)
+    run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_NODEID": str(node),
+               "SLURM_JOB_ID": "42", "head_node": "10.0.0.1", "rdzv_port": "41000", "PET_NODE_RANK": str(node),
+               "PET_MASTER_ADDR": "10.0.0.9", "PET_MASTER_PORT": "29400", **(env or {})}  # fmt: skip
+    done = subprocess.run(["bash", "-c", shell_words(command)], env=run_env, capture_output=True, text=True,
+                          timeout=30, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out.read_text().split("\0")[:-1]
+
+
+def slurm_argv(words: list[str], tmp_path, gpus: int, nodes: int, node: int = 0) -> list[str]:
+    return node_argv(launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], tmp_path, node)
+
+
+def test_accelerate_launch_is_told_one_process_per_gpu_and_a_port_of_the_jobs_own(tmp_path):
+    assert slurm_argv(["accelerate", "launch", "train.py", "--lr", "1"], tmp_path, gpus=2, nodes=1) == [
+        "launch", "--num_processes=2", "--main_process_port=41000", "--multi_gpu", "train.py", "--lr", "1"
+    ]  # fmt: skip
+    alone = slurm_argv(["accelerate", "launch", "train.py"], tmp_path, gpus=1, nodes=1)
+    assert alone == ["launch", "--num_processes=1", "--main_process_port=41000", "train.py"]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [["--use_fsdp"], ["--use_deepspeed"], ["--multi_gpu"], ["--config_file", "fsdp.yaml"], ["--config_file=ds.yaml"]],
+)
+def test_accelerate_keeps_the_mode_the_user_chose_and_is_never_given_a_second(mode, tmp_path):
+    """accelerate refuses two modes, and with a forced --multi_gpu it reads no mode from a config file."""
+    argv = slurm_argv(["accelerate", "launch", *mode, "train.py"], tmp_path, gpus=4, nodes=2, node=1)
+    assert argv[: argv.index(mode[0])] == [
+        "launch", "--num_processes=8", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.1",
+        "--main_process_port=41000", "--rdzv_backend=c10d", "--deepspeed_multinode_launcher=standard",
+    ]  # fmt: skip
+    assert argv.count("--multi_gpu") == (mode == ["--multi_gpu"]) and argv[-1] == "train.py"
+
+
+def test_accelerates_own_default_config_decides_the_mode_where_the_task_finds_one(tmp_path):
+    words = launcher(JobSpec(["accelerate", "launch", "train.py"], "x.sif", gpus=2))[1]
+    assert "--multi_gpu" in node_argv(words, tmp_path)
+    config = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("distributed_type: FSDP\n")
+    assert "--multi_gpu" not in node_argv(words, tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+
+
+@pytest.mark.parametrize(
+    "words, refused",
+    [
+        (["accelerate", "launch", "--use_fsdp", "--multi_gpu", "t.py"], "one mode at a time"),
+        (["accelerate", "launch", "--num_processes=2", "t.py"], "--num_processes=2: imgbuild sets it"),
+        (["accelerate", "launch", "--machine_rank", "0", "t.py"], "--machine_rank=0: imgbuild sets it"),
+        (["accelerate", "launch", "--deepspeed_multinode_launcher", "pdsh", "t.py"], "deepspeed_multinode_launcher"),
+        (["deepspeed", "--hostfile", "h", "t.py"], "deepspeed --hostfile"),
+        (["deepspeed", "--num_gpus=4", "t.py"], "deepspeed --num_gpus"),
+        (["mpirun", "-np", "8", "python3", "t.py"], "mpirun across nodes.*--task-per-gpu"),
+        (["horovodrun", "-np", "8", "python3", "t.py"], "horovodrun across nodes"),
+        (["composer", "t.py"], "composer across nodes.*torchrun"),
+    ],
+)
+def test_a_launcher_flag_imgbuild_sets_or_a_launcher_it_cannot_tell_is_refused_by_name(words, refused):
+    with pytest.raises(UsageError, match=refused):
+        launcher(JobSpec(words, "x.sif", gpus=4, nodes=2))
+    with pytest.raises(UsageError, match=refused):
+        manifest(K8sJob(IMAGE, words, "job", 1000, 1000, gpus=4, nodes=2))
+
+
+def test_the_same_value_the_user_typed_is_kept_once():
+    step = step_line(sbatch_script(JobSpec(["accelerate", "launch", "--num_processes", "4", "t.py"], "x.sif", gpus=4)))
+    assert "--num_processes=" not in step and "--num_processes 4 t.py" in step
+
+
+def test_deepspeed_across_nodes_gets_the_jobs_hostfile_and_its_no_ssh_form_with_each_nodes_rank(tmp_path):
+    """Without a hostfile deepspeed trains on its own node at 127.0.0.1: one training per node."""
+    job = JobSpec(["deepspeed", "train.py", "--deepspeed_config", "ds.json"], "x.sif", gpus=4, nodes=2)
+    script = sbatch_script(job)
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ds_hostfile="))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\nprintf "gpu-a1\\ngpu-a2\\n"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-a[1-2]"}
+    subprocess.run(["bash", "-c", "\n".join(lines[start : start + 2])], env=env, cwd=tmp_path, check=True, timeout=30)
+    assert (tmp_path / ".imgbuild-hostfile-42").read_text() == "gpu-a1 slots=4\ngpu-a2 slots=4\n"
+    assert 'rm -f "$ds_hostfile"' in script
+    assert node_argv(launcher(job)[1], tmp_path, node=1) == [
+        "--hostfile=.imgbuild-hostfile-42", "--no_ssh", "--node_rank=1", "--master_addr=10.0.0.1",
+        "--master_port=41000", "train.py", "--deepspeed_config", "ds.json",
+    ]  # fmt: skip
+    one = node_argv(launcher(JobSpec(["deepspeed", "train.py"], "x.sif", gpus=4))[1], tmp_path)
+    assert one == ["--master_port=41000", "train.py"]  # its own GPUs, found by itself; a port of the job's own
+
+
+def test_a_fabric_rendezvous_name_tells_the_first_node_it_hosts(tmp_path):
+    """torchrun hosts the c10d store only where the endpoint's name is the node's own; JUWELS' `jwb0038i` is
+    not, so every node waited for a host."""
+    for words in (["python3", "train.py"], ["torchrun", "train.py"]):
+        job = JobSpec(words, "x.sif", gpus=4, nodes=2, framework="pytorch", rdzv_host_suffix="i")
+        command = launcher(job)[1]
+        printed = [*command[:4], "sh", "-c", 'printf "%s" "$PET_RDZV_CONF"']
+        for node, hosts in ((0, "1"), (1, "0")):
+            done = subprocess.run(["bash", "-c", shell_words(printed)], capture_output=True, text=True, timeout=30,
+                                  env={"PATH": "/usr/bin:/bin", "SLURM_NODEID": str(node)})  # fmt: skip
+            assert done.stdout == f"is_host={hosts}", (command, done.stderr)
+    plain = launcher(JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, framework="pytorch"))[1]
+    assert "PET_RDZV_CONF" not in str(plain)
+
+
+def test_a_trainjobs_accelerate_and_deepspeed_are_told_each_pods_rank(tmp_path):
+    """The Trainer's torch runtime gives each pod PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which only
+    torchrun reads."""
+    acc = manifest(K8sJob(IMAGE, ["accelerate", "launch", "--use_fsdp", "t.py"], "a", 1000, 1000, gpus=2, nodes=2))
+    assert node_argv(acc["spec"]["trainer"]["command"], tmp_path, node=1) == [
+        "launch", "--num_processes=4", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.9",
+        "--main_process_port=29400", "--rdzv_backend=c10d", "--deepspeed_multinode_launcher=standard", "--use_fsdp",
+        "t.py",
+    ]  # fmt: skip
+    ds = manifest(K8sJob(IMAGE, ["deepspeed", "t.py"], "d", 1000, 1000, gpus=2, nodes=2))
+    argv = node_argv(ds["spec"]["trainer"]["command"], tmp_path, node=1)
+    hostfile = argv[0].removeprefix("--hostfile=")
+    assert Path(hostfile).read_text() == "node0 slots=2\nnode1 slots=2\n"
+    assert argv[1:] == ["--no_ssh", "--node_rank=1", "--master_addr=10.0.0.9", "--master_port=29400", "t.py"]
+    one = manifest(K8sJob(IMAGE, ["accelerate", "launch", "t.py"], "o", 1000, 1000, gpus=2))
+    assert one["kind"] == "Job"
+    assert node_argv(one["spec"]["template"]["spec"]["containers"][0]["command"], tmp_path)[:2] == [
+        "launch", "--num_processes=2"
+    ]  # fmt: skip
 
 
 def test_the_natural_pytorch_command_still_gets_torchrun():
