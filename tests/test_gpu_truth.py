@@ -1352,3 +1352,9 @@ def test_the_engine_gpu_script_runs_on_the_stdlib_alone_and_answers_on_one_line(
     answer = json.loads(line.removeprefix(ENGINE_READ_MARKER))
     assert set(answer) == {"pci_nvidia", "smi"} and all(a["code"] == 127 for a in answer["smi"].values())
     assert judge_engine_read(0, done.stdout, "", False).present is False
+
+
+@pytest.mark.parametrize("name", ["mi250x", "MI300A", "gfx90a", "AMD MI250X"])
+def test_an_amd_gpu_is_named_out_of_scope_not_unknown(name):
+    with pytest.raises(UsageError, match="an AMD GPU; NGC images are CUDA builds"):
+        parse_target(name)

@@ -22,7 +22,7 @@ from imgbuild.clusters.k8s import K8sJob, default_name, manifest
 from imgbuild.clusters.launch import launcher, launches_itself
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
-from imgbuild.errors import UsageError
+from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.shellwords import shell_words
 from tests.support import step_line
 
@@ -401,26 +401,113 @@ def test_a_jean_zay_account_is_accepted():
         job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100;rm"), slurm_site({}))
 
 
-def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home(tmp_path):
-    """The docker runtime passed a fixed list of Slurm variables (NCCL_SOCKET_IFNAME lost)
-    and left HOME unwritable for the caller's UID."""
-    import subprocess
-
+def test_the_docker_runtime_passes_the_fabrics_and_the_sites_variables_by_name_and_a_writable_home(tmp_path):
+    """docker's container has an environment of its own: NCCL's, libfabric's and UCX's variables pass (every one the
+    task holds), and the site's own (slurm.pass_env), by name: a token's value never reaches a command line."""
     from imgbuild.engine.noderun import NodeRun, docker_prefix
 
-    argv = docker_prefix(NodeRun("img", gpus=1))
+    argv = docker_prefix(NodeRun("img", gpus=1, site_env=("HF_TOKEN", "WANDB_*")))
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')
     (fake / "docker").chmod(0o755)
     out = tmp_path / "argv.txt"
     env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "SLURM_STEP_GPUS": "0", "SLURM_JOB_ID": "7",
-           "NCCL_SOCKET_IFNAME": "ib0"}  # fmt: skip
+           "NCCL_SOCKET_IFNAME": "ib0", "NCCL_NET": "AWS Libfabric", "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+           "HF_TOKEN": "hf_secret", "WANDB_API_KEY": "w_secret", "UNRELATED": "x"}  # fmt: skip
     done = subprocess.run([*argv, "python3", "t.py"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     words = out.read_text().splitlines()
-    pairs = {(a, b) for a, b in zip(words, words[1:], strict=False)}
-    assert ("-e", "NCCL_SOCKET_IFNAME") in pairs and ("-e", "HOME=/tmp/home") in pairs
+    passed = {b for a, b in zip(words, words[1:], strict=False) if a == "-e"}
+    assert {"NCCL_SOCKET_IFNAME", "NCCL_NET", "FI_CXI_DEFAULT_CQ_SIZE", "HF_TOKEN", "WANDB_API_KEY"} <= passed
+    assert "HOME=/tmp/home" in passed and "UNRELATED" not in passed
+    assert "hf_secret" not in out.read_text() and "w_secret" not in out.read_text()
+
+
+def test_the_sites_passed_variables_reach_the_docker_and_podman_hpc_runtimes():
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    for runtime, word in (("docker", "-e HF_TOKEN"), ("podman-hpc", "-e HF_TOKEN")):
+        site = slurm_site({"runtime": runtime, "pass_env": ["HF_TOKEN"]})
+        assert word in step_line(sbatch_script(job_from_flags(JobFlags(["t.py"], "lab/x:1", "x"), site)))
+    with pytest.raises(ImgbuildError, match="pass_env"):
+        slurm_site({"pass_env": ["HF_TOKEN=abc"]})
+
+
+@pytest.mark.parametrize("account, good", [("abc@v100", True), ("project_2001234", True), ("abc@v100;rm", False),
+                                           ("a b", False)])  # fmt: skip
+def test_an_account_is_one_rule_in_the_site_config_and_the_flag(account, good):
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    if good:
+        by_site = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x"), slurm_site({"account": account})))
+        by_flag = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x", account=account), slurm_site({})))
+        assert f"#SBATCH --account={account}" in by_site and by_site == by_flag
+    else:
+        with pytest.raises(ImgbuildError, match="slurm.account"):
+            slurm_site({"account": account})
+        with pytest.raises(UsageError, match="--account"):
+            job_from_flags(JobFlags(["t.py"], "x.sif", "x", account=account), slurm_site({}))
+
+
+def test_a_site_folder_under_a_variable_is_expanded_by_the_job_and_checked_as_this_shell_sees_it(tmp_path, monkeypatch):
+    """Jean Zay runs images only from $SINGULARITY_ALLOWED_DIR."""
+    from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    job = job_from_flags(JobFlags(["t.py"], "lab/x:1", "x"), slurm_site({"sif_dir": "$SINGULARITY_ALLOWED_DIR"}))
+    assert job.image == "$SINGULARITY_ALLOWED_DIR/x_1.sif"
+    assert '"$SINGULARITY_ALLOWED_DIR/x_1.sif"' in step_line(sbatch_script(job))
+    monkeypatch.setenv("SINGULARITY_ALLOWED_DIR", str(tmp_path))
+    with pytest.raises(UsageError, match="no such image"):
+        check_image_present(job)
+    (tmp_path / "x_1.sif").write_text("")
+    check_image_present(job)
+    for bad in ("$(id)/x", "relative/dir", "$HOME dir"):
+        with pytest.raises(ImgbuildError, match="slurm.sif_dir"):
+            slurm_site({"sif_dir": bad})
+
+
+@pytest.mark.parametrize(
+    "image, runtime, refused",
+    [
+        ("/d/x.sif", "pyxis", "an Apptainer image, which --runtime pyxis does not run; give it a .sqsh"),
+        ("/d/x.sqsh", "apptainer", "an enroot squashfs, which --runtime apptainer does not run; give it a .sif"),
+        ("/d/x.sqsh", "oci", "--runtime oci does not run; give it a .oci"),
+        ("/d/b.oci", "docker", "an OCI bundle, which --runtime docker does not run; give it an image name"),
+        ("/d/x.sif", "podman-hpc", "an image name from a registry"),
+        ("/d/x.sif", "apptainer", ""),
+        ("/d/x.sqsh", "edf", ""),
+        ("/d/b.oci", "oci", ""),
+    ],
+)
+def test_an_image_file_is_matched_to_the_runtime_that_runs_it(image, runtime, refused):
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    flags = JobFlags(["t.py"], image, "x", runtime=runtime)
+    if refused:
+        with pytest.raises(UsageError, match=re.escape(refused)):
+            job_from_flags(flags, slurm_site({}))
+    else:
+        assert job_from_flags(flags, slurm_site({})).image.startswith("/d/")
+
+
+def test_the_usage_sampler_reads_only_the_steps_gpus(tmp_path):
+    """Where the site does not constrain devices, nvidia-smi lists the node's other jobs' GPUs too."""
+    from imgbuild.clusters.slurm import USAGE_START
+
+    line = next(line for line in USAGE_START if "nvidia-smi" in line)
+    sampler = line[line.index("sh -c ") : line.index(" 2>/dev/null &")]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_STEP_GPUS": "2,3", "SLURMD_NODENAME": "n1"}
+    subprocess.run(["bash", "-c", sampler.replace('"$usage_dir"', str(tmp_path))], env=env, timeout=30, check=True)
+    assert (tmp_path / "n1.csv").read_text().splitlines()[:2] == ["-i", "2,3"]
 
 
 def restricted_violations(pod_spec: dict) -> list[str]:

@@ -185,7 +185,24 @@ def _metadata(job: K8sJob) -> dict[str, Any]:
     if job.site.priority_class:
         labels[PRIORITY_LABEL] = job.site.priority_class
     meta["labels"] = labels
+    if annotations := _queue(job, "annotation"):
+        meta["annotations"] = annotations
     return meta
+
+
+def _pod_template_metadata(job: K8sJob) -> dict[str, Any]:
+    """A Job's pod template's metadata: imgbuild's label, and the queue where the scheduler reads it from pods."""
+    meta = _pod_metadata(job).get("metadata", {})
+    return {**meta, "labels": {"app.kubernetes.io/managed-by": "imgbuild", **meta.get("labels", {})}}
+
+
+def _pod_metadata(job: K8sJob) -> dict[str, Any]:
+    """The pods' own queue label or annotation, where a scheduler other than Kueue reads it from each pod."""
+    if job.site.scheduler == "kueue":
+        return {}
+    labels, annotations = _queue(job, "label"), _queue(job, "annotation")
+    meta = {**({"labels": labels} if labels else {}), **({"annotations": annotations} if annotations else {})}
+    return {"metadata": meta} if meta else {}
 
 
 def _scheduler(job: K8sJob) -> dict[str, Any]:
@@ -196,12 +213,19 @@ def _scheduler(job: K8sJob) -> dict[str, Any]:
 
 def notes(job: K8sJob) -> list[str]:
     """What the caller should know of the manifest before applying it."""
+    said = []
     if job.uid == 0:
-        return [
+        said.append(
             "the job runs as root (the caller's UID 0): a namespace under the restricted Pod Security Standard "
             "refuses it; write the manifest as the user the job should run as"
-        ]
-    return []
+        )
+    name = SCHEDULERS[job.site.scheduler][0]
+    if name and job.uses_torchrun:
+        said.append(
+            f"a TrainJob's pods get their scheduler from the site's ClusterTrainingRuntime ({job.site.runtime}): it "
+            f"must name schedulerName: {name} (Volcano: podGroupPolicy.volcano), which a TrainJob cannot patch"
+        )
+    return said
 
 
 def _world(job: K8sJob) -> World:
@@ -230,10 +254,7 @@ def plain_job(job: K8sJob) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {
-                    "labels": {"app.kubernetes.io/managed-by": "imgbuild", **_queue(job, "label")},
-                    **({"annotations": annotations} if (annotations := _queue(job, "annotation")) else {}),
-                },
+                "metadata": _pod_template_metadata(job),
                 "spec": {
                     "restartPolicy": "Never",
                     **_scheduler(job),
@@ -252,7 +273,6 @@ def train_job(job: K8sJob) -> dict[str, Any]:
     volumes as a runtime patch on the runtime's `node` job."""
     volumes, mounts = _volumes(job)
     pod_patch = {
-        **_scheduler(job),
         "securityContext": _security(job),
         "volumes": volumes,
         "containers": [{"name": "node", "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}],
@@ -264,7 +284,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
             "template": {
                 "spec": {
                     "replicatedJobs": [
-                        {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}},
+                        {"name": "node", "template": {"spec": {"template": {**_pod_metadata(job), "spec": pod_patch}}}},
                     ]
                 }
             }
@@ -287,7 +307,6 @@ def train_job(job: K8sJob) -> dict[str, Any]:
                 "env": _env(job),
             },
             "runtimePatches": [patch],
-            **({"annotations": queue} if (queue := _queue(job, "annotation")) else {}),
         },
     }
 
