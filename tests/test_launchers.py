@@ -595,3 +595,24 @@ def test_a_hostile_site_sbatch_value_is_refused_naming_it(section, key):
 
     with pytest.raises(UsageError, match=key):
         job_from_flags(JobFlags(["t.py"], "x.sif", "x"), slurm_site(section))
+
+
+def test_the_images_own_label_decides_the_launcher_where_its_name_does_not(tmp_path):
+    """A recipe's image named by its tag (root/tensorflow-keras:24.05) got torchrun: its base-framework label was
+    never read. Its CUDA major, from the same config, picks the EDF's NCCL plugin."""
+    from imgbuild.clusters.jobs import ImageFacts, image_facts
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.facts import Label
+    from tests.support import settings
+
+    engine = FakeEngine()
+    engine.add_image("root/tensorflow-keras:24.05", {Label.BASE_FRAMEWORK: "tensorflow"}, ["CUDA_VERSION=13.0.2.006"])
+    found = image_facts("root/tensorflow-keras:24.05", settings(), read_image=False, engine_of=lambda: engine)
+    assert found == ImageFacts("tensorflow", "13")
+    job = JobSpec(["python3", "train.py"], "x.sif", gpus=2, framework=found.framework)
+    assert "torchrun" not in step_line(sbatch_script(job))
+    # nowhere to read it (no such image here, no registry in the name): unknown, never a guess
+    assert image_facts("root/other:1", settings(), read_image=True, engine_of=lambda: engine) == ImageFacts()
+    # the name decides where it says the framework, and nothing is read unless asked
+    named = image_facts("nvcr.io/nvidia/pytorch:25.10-py3", settings(), read_image=False, engine_of=None)
+    assert named == ImageFacts("pytorch")
