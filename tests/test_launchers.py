@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,9 +193,10 @@ def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
 LAUNCHERS = ("accelerate", "deepspeed", "torchrun")
 
 
-def node_argv(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None) -> list[str]:
-    """What the launcher at the head of a told `command` receives on node `node`: the command run by bash as the
-    script and then the task run it, with a stand-in launcher that writes its arguments."""
+def node_call(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None):
+    """What the launcher at the head of a told `command` receives on node `node`, (its arguments, the PET_* and
+    MASTER_* variables it sees): the command run by bash as the script and then the task run it, with a stand-in
+    launcher that writes them down."""
     from imgbuild.shellwords import shell_words
 
     bin_dir = tmp_path / "bin"
@@ -202,15 +204,22 @@ def node_argv(command: list[str], tmp_path, node: int = 0, env: dict[str, str] |
     out = tmp_path / f"argv-{node}"
     for name in LAUNCHERS:
         fake = bin_dir / name
-        fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {out}\n')
+        fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {out}\nenv | grep -E "^(PET|MASTER)_" > {out}.env\n')
         fake.chmod(0o755)
     run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_NODEID": str(node),
-               "SLURM_JOB_ID": "42", "head_node": "10.0.0.1", "rdzv_port": "41000", "PET_NODE_RANK": str(node),
-               "PET_MASTER_ADDR": "10.0.0.9", "PET_MASTER_PORT": "29400", **(env or {})}  # fmt: skip
+               "SLURM_JOB_ID": "42", "SLURM_NNODES": "2", "head_node": "10.0.0.1", "rdzv_port": "41000",
+               "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "10.0.0.9", "PET_MASTER_PORT": "29400",
+               **(env or {})}  # fmt: skip
     done = subprocess.run(["bash", "-c", shell_words(command)], env=run_env, capture_output=True, text=True,
                           timeout=30, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return out.read_text().split("\0")[:-1]
+    told = dict(line.split("=", 1) for line in Path(f"{out}.env").read_text().splitlines())
+    told = {k: v for k, v in told.items() if k not in ("PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")}
+    return out.read_text().split("\0")[:-1], told
+
+
+def node_argv(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None) -> list[str]:
+    return node_call(command, tmp_path, node, env)[0]
 
 
 def slurm_argv(words: list[str], tmp_path, gpus: int, nodes: int, node: int = 0) -> list[str]:
@@ -616,3 +625,152 @@ def test_the_images_own_label_decides_the_launcher_where_its_name_does_not(tmp_p
     # the name decides where it says the framework, and nothing is read unless asked
     named = image_facts("nvcr.io/nvidia/pytorch:25.10-py3", settings(), read_image=False, engine_of=None)
     assert named == ImageFacts("pytorch")
+
+
+#: The image the launchers' own code runs in: the 24.05 stand-in (torch) with PyPI's accelerate and deepspeed.
+LAUNCHERS_RECIPE = (
+    'name: launchers\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate, deepspeed]\n'
+)
+
+#: Run in an image with torch, accelerate and deepspeed: each told command line parsed and validated by the
+#: launcher's own code, and what it understood written back.
+LAUNCHERS_OWN_CODE = r"""
+import argparse, json, os, sys, tempfile
+os.chdir(tempfile.mkdtemp())
+open("fsdp.yaml", "w").write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
+open("ds.yaml", "w").write("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                           "deepspeed_config: {zero_stage: 2}\n")
+from accelerate.commands.launch import launch_command_parser, _validate_launch_command
+from deepspeed.launcher import runner
+from torch.distributed import run as torchrun
+
+
+def switches(parser):
+    return sorted(o for a in parser._actions if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                  argparse._HelpAction)) for o in a.option_strings)
+
+
+answers = {"accelerate_switches": switches(launch_command_parser()), "cases": []}
+saved = dict(os.environ)
+for case in json.loads(sys.argv[1]):
+    argv = case["argv"]
+    os.environ.clear()
+    os.environ.update({**saved, **case["env"]})
+    if case["launcher"] == "accelerate":
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        modes = [m for m in ("multi_gpu", "use_fsdp", "use_deepspeed") if getattr(args, m)]
+        got = {"processes": args.num_processes, "machines": args.num_machines, "rank": args.machine_rank,
+               "ip": args.main_process_ip, "port": args.main_process_port, "modes": modes,
+               "ds_launcher": args.deepspeed_multinode_launcher if args.num_machines > 1 else None,
+               "script": [args.training_script, *args.training_script_args]}
+    elif case["launcher"] == "deepspeed":
+        args = runner.parse_args(argv)
+        if case.get("hostfile"):
+            open(args.hostfile, "w").write(case["hostfile"])
+        pool = runner.fetch_hostfile(args.hostfile) or {}
+        got = {"no_ssh": args.no_ssh, "rank": args.node_rank, "ip": args.master_addr, "port": args.master_port,
+               "hosts": len(pool), "slots": sorted(set(pool.values())), "script": [args.user_script, *args.user_args]}
+    else:
+        config, cmd, cmd_args = torchrun.config_from_args(torchrun.get_args_parser().parse_args(argv))
+        got = {"nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
+               "endpoint": config.rdzv_endpoint, "is_host": config.rdzv_configs.get("is_host"),
+               "script": [cmd, *cmd_args]}
+    answers["cases"].append(got)
+print(json.dumps(answers))
+"""
+
+
+def told_cases(tmp_path) -> list[tuple[dict, dict]]:
+    """Every told command line, each node's, for nodes x GPUs x mode, on Slurm and in a TrainJob: (the line as the
+    launcher receives it, what it must understand)."""
+    cases = []
+    modes = {(): None, ("--use_fsdp",): "use_fsdp", ("--use_deepspeed",): "use_deepspeed",
+             ("--multi_gpu",): "multi_gpu", ("--config_file", "fsdp.yaml"): "use_fsdp",
+             ("--config_file=ds.yaml",): "use_deepspeed"}  # fmt: skip
+    for nodes, gpus in ((1, 1), (1, 2), (1, 8), (2, 1), (2, 4), (3, 2)):
+        processes = nodes * gpus
+        for mode, chosen in modes.items():
+            if chosen == "multi_gpu" and processes == 1:
+                continue  # accelerate's own rule: --multi_gpu needs two processes
+            words = ["accelerate", "launch", *mode, "train.py", "--lr", "1"]
+            for where, command, ip, port in (
+                ("slurm", launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], "10.0.0.1", 41000),
+                ("k8s", k8s_command(words, gpus, nodes), "10.0.0.9", 29400 if nodes > 1 else None),
+            ):
+                for node in range(nodes):
+                    argv, env = node_call(command, tmp_path, node)
+                    cases.append(({"launcher": "accelerate", "argv": argv, "env": env, "where": where}, {
+                        "processes": processes, "machines": nodes, "rank": node if nodes > 1 else None,
+                        "ip": ip if nodes > 1 else None, "port": port if where == "slurm" or nodes > 1 else None,
+                        "modes": [chosen or "multi_gpu"] if chosen or processes > 1 else [],
+                        "ds_launcher": "standard" if nodes > 1 else None, "script": ["train.py", "--lr", "1"],
+                    }))  # fmt: skip
+        words = ["deepspeed", "train.py", "--deepspeed_config", "ds.json"]
+        for where, command, ip, port in (
+            ("slurm", launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], "10.0.0.1", 41000),
+            ("k8s", k8s_command(words, gpus, nodes), "10.0.0.9", 29400),
+        ):
+            for node in range(nodes):
+                argv, env = node_call(command, tmp_path, node)
+                hostfile = next((a.split("=", 1)[1] for a in argv if a.startswith("--hostfile=")), "")
+                text = "".join(f"gpu-a{i} slots={gpus}\n" for i in range(nodes)) if hostfile.startswith(".") else ""
+                text = text or (Path(hostfile).read_text() if hostfile else "")
+                cases.append(({"launcher": "deepspeed", "argv": argv, "env": env, "hostfile": text}, {
+                    "no_ssh": nodes > 1, "rank": node if nodes > 1 else -1, "ip": ip if nodes > 1 else "",
+                    "port": port if where == "slurm" or nodes > 1 else 29500, "hosts": nodes if nodes > 1 else 0,
+                    "slots": [gpus] if nodes > 1 else [], "script": ["train.py", "--deepspeed_config", "ds.json"],
+                }))  # fmt: skip
+        for words, suffix in (
+            (["python3", "train.py"], ""),
+            (["python3", "train.py"], "i"),
+            (["torchrun", "train.py"], "i"),
+        ):
+            job = JobSpec(words, "x.sif", gpus=gpus, nodes=nodes, framework="pytorch", rdzv_host_suffix=suffix)
+            if processes == 1 and words[0] == "python3":
+                continue  # one GPU in all: no torchrun
+            for node in range(nodes):
+                argv, env = node_call(launcher(job)[1], tmp_path, node, {"SLURM_NNODES": str(nodes)})
+                multi = nodes > 1
+                cases.append(({"launcher": "torchrun", "argv": argv, "env": env}, {
+                    "nodes": [nodes, nodes], "nproc": gpus,
+                    "endpoint": "10.0.0.1:41000" if multi else "localhost:0",  # head_node: the script's, suffixed
+                    "is_host": ("1" if node == 0 else "0") if multi and suffix else None,
+                    "script": [sys.executable, "-u", "train.py"],
+                }))  # fmt: skip
+    return cases
+
+
+def k8s_command(words: list[str], gpus: int, nodes: int) -> list[str]:
+    doc = manifest(K8sJob(IMAGE, words, "job", 1000, 1000, gpus=gpus, nodes=nodes))
+    if doc["kind"] == "Job":
+        return doc["spec"]["template"]["spec"]["containers"][0]["command"]
+    return doc["spec"]["trainer"]["command"]
+
+
+@pytest.mark.engine
+def test_every_told_command_line_is_read_as_meant_by_the_launchers_own_code(testbed, docker_client, tmp_path):
+    """accelerate's parser and validator, deepspeed's runner parser and hostfile reader, torchrun's parser and its
+    launch config: every node's line for nodes x GPUs x mode, on Slurm and in a TrainJob. torch is too large for the
+    test extras (PyPI's wheel brings CUDA), so the launchers run in an image that has it: the 24.05 stand-in with
+    PyPI's accelerate and deepspeed added by a recipe (built once, then reused)."""
+    import json
+
+    from tests.conftest import in_image, run_cli
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "launchers.yaml"
+    recipe.write_text(LAUNCHERS_RECIPE)
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    cases = told_cases(tmp_path / "calls")
+    sent = json.dumps([case for case, _ in cases])
+    script = f"import sys; sys.argv = ['check', {sent!r}]\n" + LAUNCHERS_OWN_CODE
+    answers = json.loads(in_image(docker_client, image, script).strip().splitlines()[-1])
+    from imgbuild.clusters.launchers import ACCELERATE_SWITCHES
+
+    assert set(answers["accelerate_switches"]) <= ACCELERATE_SWITCHES  # our reader knows every valueless flag
+    for (case, meant), got in zip(cases, answers["cases"], strict=True):
+        if case["launcher"] == "torchrun":
+            meant["script"][0] = got["script"][0]  # the image's own python
+        assert got == meant, case
