@@ -162,3 +162,9 @@ def demo_recipe(folder: Path, body: str = 'env: {A: "1"}\n') -> Path:
     path = folder / "demo.yaml"
     path.write_text('name: demo\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\n' + body)
     return path
+
+
+#: The image the launchers' own code runs in: the 24.05 stand-in (torch) with PyPI's accelerate and deepspeed.
+LAUNCHERS_RECIPE = (
+    'name: launchers\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate, deepspeed]\n'
+)

@@ -25,7 +25,7 @@ from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.shellwords import shell_words
-from tests.support import step_line
+from tests.support import LAUNCHERS_RECIPE, step_line
 
 TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -243,7 +243,7 @@ def test_accelerate_keeps_the_mode_the_user_chose_and_is_never_given_a_second(mo
     argv = slurm_argv(["accelerate", "launch", *mode, "train.py"], tmp_path, gpus=4, nodes=2, node=1)
     assert argv[: argv.index(mode[0])] == [
         "launch", "--num_processes=8", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.1",
-        "--main_process_port=41000", "--rdzv_backend=c10d", "--deepspeed_multinode_launcher=standard",
+        "--main_process_port=41000", "--deepspeed_multinode_launcher=standard",
     ]  # fmt: skip
     assert argv.count("--multi_gpu") == (mode == ["--multi_gpu"]) and argv[-1] == "train.py"
 
@@ -326,7 +326,7 @@ def test_a_trainjobs_accelerate_and_deepspeed_are_told_each_pods_rank(tmp_path):
     acc = manifest(K8sJob(IMAGE, ["accelerate", "launch", "--use_fsdp", "t.py"], "a", 1000, 1000, gpus=2, nodes=2))
     assert node_argv(acc["spec"]["trainer"]["command"], tmp_path, node=1) == [
         "launch", "--num_processes=4", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.9",
-        "--main_process_port=29400", "--rdzv_backend=c10d", "--deepspeed_multinode_launcher=standard", "--use_fsdp",
+        "--main_process_port=29400", "--deepspeed_multinode_launcher=standard", "--use_fsdp",
         "t.py",
     ]  # fmt: skip
     ds = manifest(K8sJob(IMAGE, ["deepspeed", "t.py"], "d", 1000, 1000, gpus=2, nodes=2))
@@ -626,11 +626,6 @@ def test_the_images_own_label_decides_the_launcher_where_its_name_does_not(tmp_p
     named = image_facts("nvcr.io/nvidia/pytorch:25.10-py3", settings(), read_image=False, engine_of=None)
     assert named == ImageFacts("pytorch")
 
-
-#: The image the launchers' own code runs in: the 24.05 stand-in (torch) with PyPI's accelerate and deepspeed.
-LAUNCHERS_RECIPE = (
-    'name: launchers\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate, deepspeed]\n'
-)
 
 #: Run in an image with torch, accelerate and deepspeed: each told command line parsed and validated by the
 #: launcher's own code, and what it understood written back.

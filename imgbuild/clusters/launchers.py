@@ -188,7 +188,6 @@ def _accelerate(head: list[str], rest: list[str], world: World) -> list[str]:
             "--machine_rank": world.node_rank,
             "--main_process_ip": world.addr,
             "--main_process_port": world.port,
-            "--rdzv_backend": "c10d",
             "--deepspeed_multinode_launcher": "standard",
         })  # fmt: skip
     elif world.port and "--main_process_port" not in options:
