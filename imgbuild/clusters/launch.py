@@ -1,8 +1,7 @@
 """How a cluster job's command is launched, by the image's framework and by the command itself: torchrun for a
 PyTorch image on more than one GPU (the command as typed: `python3 train.py`, `python -m pkg.train`), none for
 TensorFlow and JAX (they start their own workers), and a command that is a launcher itself (torchrun, accelerate
-launch, deepspeed, mpirun) passed through with the rendezvous it needs. Slurm's step and Kubernetes' TrainJob
-both launch from here."""
+launch, deepspeed, mpirun) told its world by its own rules (clusters.launchers), never wrapped in another."""
 
 from __future__ import annotations
 
