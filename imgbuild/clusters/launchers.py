@@ -54,8 +54,8 @@ def launcher_of(command: list[str]) -> tuple[Kind, int] | None:
     if not command:
         return None
     head = command[0].rsplit("/", 1)[-1]
-    if head == "accelerate":
-        return (Kind.ACCELERATE, 2) if command[1:2] == ["launch"] else None
+    if head == "accelerate":  # its other commands (config, env, test) start no workers of the job's
+        return (Kind.ACCELERATE, 2) if command[1:2] == ["launch"] else (Kind.OTHER, 1)
     if head in PROGRAMS:
         return PROGRAMS[head], 1
     if PYTHON_RE.fullmatch(command[0]) and command[1:2] == ["-m"] and command[2:3] and command[2] in MODULES:
@@ -162,10 +162,8 @@ def _refuse_set(program: str, options: dict[str, str | None], ours: dict[str, st
     """A flag the user typed that imgbuild sets from the job: the same value passes, another is refused by name."""
     for name, value in ours.items():
         if name in options and (options[name] != value or "$" in value):
-            raise UsageError(
-                f"{program} {name}={options[name]}: imgbuild sets it from --gpus and --nodes"
-                f"{f' ({value})' if '$' not in value else ' (each node its own)'}; drop it"
-            )
+            told = value if "$" not in value else "each node's own, from the job"
+            raise UsageError(f"{program} {name}={options[name]}: imgbuild sets it for the job ({told}); drop it")
 
 
 #: accelerate's own default config file (`accelerate config` writes it), as the task's shell finds it.
