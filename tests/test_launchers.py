@@ -666,9 +666,11 @@ for case in json.loads(sys.argv[1]):
         got = {"no_ssh": args.no_ssh, "rank": args.node_rank, "ip": args.master_addr, "port": args.master_port,
                "hosts": len(pool), "slots": sorted(set(pool.values())), "script": [args.user_script, *args.user_args]}
     else:
-        config, cmd, cmd_args = torchrun.config_from_args(torchrun.get_args_parser().parse_args(argv))
+        args = torchrun.get_args_parser().parse_args(argv)
+        config, cmd, cmd_args = torchrun.config_from_args(args)  # (run() itself puts --standalone's in first)
         got = {"nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
-               "endpoint": config.rdzv_endpoint, "is_host": config.rdzv_configs.get("is_host"),
+               "endpoint": "standalone" if args.standalone else config.rdzv_endpoint,
+               "is_host": config.rdzv_configs.get("is_host"),
                "script": [cmd, *cmd_args]}
     answers["cases"].append(got)
 print(json.dumps(answers))
@@ -695,7 +697,9 @@ def told_cases(tmp_path) -> list[tuple[dict, dict]]:
                 for node in range(nodes):
                     argv, env = node_call(command, tmp_path, node)
                     cases.append(({"launcher": "accelerate", "argv": argv, "env": env, "where": where}, {
-                        "processes": processes, "machines": nodes, "rank": node if nodes > 1 else None,
+                        # one machine: its rank is accelerate's own (a config file's default, 0)
+                        "processes": processes, "machines": nodes,
+                        "rank": node if nodes > 1 else (0 if "--config_file" in str(mode) else None),
                         "ip": ip if nodes > 1 else None, "port": port if where == "slurm" or nodes > 1 else None,
                         "modes": [chosen or "multi_gpu"] if chosen or processes > 1 else [],
                         "ds_launcher": "standard" if nodes > 1 else None, "script": ["train.py", "--lr", "1"],
@@ -728,7 +732,7 @@ def told_cases(tmp_path) -> list[tuple[dict, dict]]:
                 multi = nodes > 1
                 cases.append(({"launcher": "torchrun", "argv": argv, "env": env}, {
                     "nodes": [nodes, nodes], "nproc": gpus,
-                    "endpoint": "10.0.0.1:41000" if multi else "localhost:0",  # head_node: the script's, suffixed
+                    "endpoint": "10.0.0.1:41000" if multi else "standalone",  # head_node: the script's, suffixed
                     "is_host": ("1" if node == 0 else "0") if multi and suffix else None,
                     "script": [sys.executable, "-u", "train.py"],
                 }))  # fmt: skip

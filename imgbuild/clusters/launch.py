@@ -71,8 +71,8 @@ def _launcher_told(job: Any, command: list[str], kind: Kind) -> tuple[list[str],
         lines += hostfile_lines(world.per_node, HOSTFILE) if world.hostfile else []
         return lines, ["env", "MASTER_ADDR=$head_node", "MASTER_PORT=$rdzv_port", *command]
     facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
-    if job.nodes == 1:
-        return [], ["env", *facts, *command]
+    if job.nodes == 1:  # torchrun's --standalone: a rendezvous on a free port (else 29500, another job's too)
+        return [], ["env", *facts, *(["PET_STANDALONE=1"] if kind is Kind.TORCHRUN else []), *command]
     facts += [
         "PET_NNODES=$SLURM_NNODES",
         "PET_RDZV_BACKEND=c10d",
