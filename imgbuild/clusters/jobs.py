@@ -258,6 +258,10 @@ def facts_of_config(config: dict[str, Any]) -> ImageFacts:
     return ImageFacts(framework, cuda_major(config_env(config)) or "")
 
 
+#: How long a job's writing waits for a registry to say what an image is (then: by its name alone).
+IMAGE_FACTS_SECONDS = 20
+
+
 def image_facts(
     image: str, settings: Settings, *, read_image: bool, engine_of: Callable[[], Any] | None = None
 ) -> ImageFacts:
@@ -284,7 +288,7 @@ def image_facts(
         elif parsed.host:
             from imgbuild.registry.client import RegistryClient
 
-            client = RegistryClient.for_host(parsed.host, settings)
+            client = RegistryClient.for_host(parsed.host, settings, command_seconds=IMAGE_FACTS_SECONDS)
             config = client.image_config(parsed.repository, parsed.reference)[1]
     except (ImgbuildError, OSError):
         config = None
