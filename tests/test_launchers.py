@@ -200,7 +200,7 @@ def node_call(command: list[str], tmp_path, node: int = 0, env: dict[str, str] |
     from imgbuild.shellwords import shell_words
 
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
     out = tmp_path / f"argv-{node}"
     for name in LAUNCHERS:
         fake = bin_dir / name

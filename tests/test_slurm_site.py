@@ -242,34 +242,38 @@ def test_a_podman_hpc_job_on_two_nodes_is_one_training_with_the_steps_variables(
     assert found == [(str(r), "4", str(r // 2), podman_job) for r in range(4)], output[-3000:]
 
 
-@pytest.mark.parametrize(
-    "command, nodes",
-    [
-        (("accelerate", "launch", "train.py"), 1),
-        (("accelerate", "launch", "train.py"), 2),
-        (("accelerate", "launch", "--config_file", "fsdp.yaml", "train.py"), 2),
-        (("deepspeed", "train.py"), 2),
-    ],
+#: Launchers as the user types them, and the nodes each runs on (2 GPUs per node).
+TYPED_LAUNCHERS = (
+    (("accelerate", "launch", "train.py"), 1),
+    (("accelerate", "launch", "train.py"), 2),
+    (("accelerate", "launch", "--config_file", "fsdp.yaml", "train.py"), 2),
+    (("deepspeed", "train.py"), 2),
 )
-def test_a_launcher_typed_by_the_user_forms_one_world(command, nodes, gpu_site, slurm, tmp_path):  # noqa: F811
+
+
+def test_a_launcher_typed_by_the_user_forms_one_world(gpu_site, slurm, tmp_path):  # noqa: F811
     """accelerate (in its DDP and FSDP modes) and deepspeed as typed, told by their own rules: one process per GPU,
     and across nodes each node's rank and the first node's address (deepspeed: the job's hostfile and its no-ssh
     form); every rank is one of one world whose all-reduce counts them all. The image: the 24.05 stand-in with
-    PyPI's accelerate and deepspeed added by a recipe, run by the docker runtime from this machine's engine."""
+    PyPI's accelerate and deepspeed added by a recipe (built once for all four jobs), run by the docker runtime."""
     (tmp_path / ".git").mkdir()
     recipe = tmp_path / "launchers.yaml"
     recipe.write_text(LAUNCHERS_RECIPE)
     built = run_cli("build", str(recipe), cwd=tmp_path)
     assert built.code == 0, built.err
     (tmp_path / "fsdp.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
-    job = submit(tmp_path, str(recipe), "--gpus", "2", "--nodes", str(nodes), "--gpu-type", "v100",
-                 "--cpus-per-gpu", "1", command=command)  # fmt: skip
-    state, output = ended(job, slurm, tmp_path / f"out-{job}.txt")
-    assert state == "COMPLETED", output[-3000:]
-    world = 2 * nodes
-    found = sorted(re.findall(r"rank ([0-9]) of ([0-9]) node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ sum ([0-9])",
-                              output))  # fmt: skip
-    assert found == [(str(r), str(world), str(world)) for r in range(world)], output[-3000:]
+    jobs = [
+        (submit(tmp_path, str(recipe), "--gpus", "2", "--nodes", str(nodes), "--gpu-type", "v100",
+                "--cpus-per-gpu", "1", command=command), command, nodes)
+        for command, nodes in TYPED_LAUNCHERS
+    ]  # fmt: skip
+    for job, command, nodes in jobs:
+        state, output = ended(job, slurm, tmp_path / f"out-{job}.txt")
+        assert state == "COMPLETED", (command, output[-3000:])
+        world = 2 * nodes
+        found = sorted(re.findall(r"rank ([0-9]) of ([0-9]) node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ "
+                                  r"sum ([0-9])", output))  # fmt: skip
+        assert found == [(str(r), str(world), str(world)) for r in range(world)], (command, output[-3000:])
 
 
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
