@@ -458,6 +458,9 @@ def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa:
             shifter_modules=["gpu"],
         ),  # fmt: skip
         "jax": JobSpec(["python3", "t.py"], "lab/x:1", gpus=2, nodes=2, framework="jax", runtime="docker"),
+        "deepspeed": JobSpec(["deepspeed", "t.py"], "x.sif", gpus=4, nodes=2, runtime="apptainer"),
+        "accelerate": JobSpec(["accelerate", "launch", "t.py"], "x.sif", gpus=4, nodes=2, rdzv_host_suffix="i"),
+        "juwels": JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, framework="pytorch", rdzv_host_suffix="i"),
     }
     for name, job in jobs.items():
         path = tmp_path / f"{name}.sh"
