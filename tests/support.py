@@ -175,3 +175,9 @@ def imgbuild_here(capsys, *argv: str) -> tuple[int, str, str]:
         main(list(argv))
     out, err = capsys.readouterr()
     return int(ended.value.code or 0), out, err
+
+
+#: The image the launchers' own code runs in: the 24.05 stand-in (torch) with PyPI's accelerate and deepspeed.
+LAUNCHERS_RECIPE = (
+    'name: launchers\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate, deepspeed]\n'
+)

@@ -47,9 +47,17 @@ def test_the_edf_names_the_image_as_enroot_does_the_job_folder_and_the_nccl_hook
     assert edf["workdir"] == "/workspace"
     assert edf["mounts"] == [f"{tmp_path / 'submit'}:/workspace", "/capstor/scratch/cscs:/capstor/scratch/cscs",
                              "/store/lab:/data:ro"]  # fmt: skip
-    assert edf["annotations"] == {"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true", "variant": "cuda12"}}}}
+    assert edf["annotations"] == {"com": {"hooks": {"aws_ofi_nccl": {"enabled": "true", "variant": "cuda-dl"}}}}
     step = next(line for line in script.splitlines() if line.startswith("srun --cpus-per-task"))
     assert '"--environment=$edf"' in step and "trap 'rm -f \"$edf\"' EXIT" in script
+
+
+@pytest.mark.parametrize("cuda, variant", [("12", "cuda12"), ("13", "cuda13"), ("11", "cuda-dl"), ("", "cuda-dl")])
+def test_the_nccl_hook_variant_follows_the_images_cuda_major(cuda, variant, tmp_path):
+    """CSCS builds its NCCL plugin per CUDA major (numbered variants must match the image's CUDA); cuda-dl, their
+    general recommendation, where the image's CUDA is unknown or has no numbered variant."""
+    edf = written_edf(sbatch_script(job(cuda_major=cuda)), tmp_path)
+    assert edf["annotations"]["com"]["hooks"]["aws_ofi_nccl"]["variant"] == variant
 
 
 def test_a_cpu_job_gets_no_nccl_hook_and_the_site_adds_its_own(tmp_path):

@@ -1517,3 +1517,9 @@ def test_a_compile_failure_names_the_gpu_and_the_cure():
     assert "\n" not in entry["reason"]
     cure = script.compile_cure("ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'")
     assert "TRITON_PTXAS_PATH" in cure
+
+
+@pytest.mark.parametrize("name", ["mi250x", "MI300A", "gfx90a", "AMD MI250X"])
+def test_an_amd_gpu_is_named_out_of_scope_not_unknown(name):
+    with pytest.raises(UsageError, match="an AMD GPU; NGC images are CUDA builds"):
+        parse_target(name)

@@ -139,8 +139,8 @@ def test_registries_are_compared_by_their_identity_only():
     root = Path(imgbuild.__file__).parent
     exempt = {
         root / "registry_identity.py",  # the rule itself
-        # exact spellings that fail closed: a redirect off the host asked drops the credentials, and a key or plain
-        # HTTP is given only to the spelling configured
+        # exact spellings that fail closed: a redirect off the host asked drops the credentials (the key and plain
+        # HTTP go by identity, for_host)
         root / "registry" / "client.py",
     }
     found = [

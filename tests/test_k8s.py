@@ -96,7 +96,7 @@ def test_every_layout_validates_against_the_published_schemas(gpus, nodes, torch
         }  # fmt: skip
         resources = trainer["resourcesPerNode"]
     assert pod["securityContext"] == {
-        "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}
+        "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}
     }  # fmt: skip
     assert pod["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
     assert pod["volumes"][1]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
@@ -134,6 +134,7 @@ def test_what_kubernetes_would_refuse_is_refused_here(change, words):
         {"shm_size": "16 GB"},
         {"shm_size": "١٦Gi"},
         {"gpu_resource": "gpu"},
+        {"scheduler": "yunikorn"},
     ],
 )
 def test_the_k8s_section_of_the_site_config_is_checked_like_any_input(section, tmp_path, monkeypatch):
@@ -221,3 +222,45 @@ def test_a_sites_kubernetes_values_are_checked_whole_and_refused_in_one_line(key
     with pytest.raises(UsageError) as refused:
         checked_section(K8sSite, "k8s", {key: value})
     assert said in str(refused.value) and "\n" not in str(refused.value).strip(), str(refused.value)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize(
+    "scheduler, scheduler_name, label, annotation",
+    [
+        ("kueue", None, ("kueue.x-k8s.io/queue-name", "team-a"), None),
+        ("volcano", "volcano", None, ("scheduling.volcano.sh/queue-name", "team-a")),
+        ("runai", "runai-scheduler", ("runai/queue", "team-a"), None),
+    ],
+)
+def test_the_queue_goes_where_the_sites_scheduler_reads_it(scheduler, scheduler_name, label, annotation, nodes):
+    """Kueue reads a label on the job, Volcano a queue annotation (and runs its own scheduler), Run:ai its
+    scheduler and a queue label; each manifest still passes the schemas."""
+    from imgbuild.clusters.k8s import notes
+
+    site = checked_section(K8sSite, "k8s", {"queue": "team-a", "scheduler": scheduler})
+    doc = validated(manifest(K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 1000, gpus=2, nodes=nodes, site=site)))
+    if doc["kind"] == "Job":
+        pod = doc["spec"]["template"]
+        assert pod["spec"].get("schedulerName") == scheduler_name
+    else:  # the runtime names the scheduler (a TrainJob's pod patch cannot); the site is told so
+        pod = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = pod["template"]["spec"]["template"]
+        job = K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 1000, gpus=2, nodes=nodes, site=site)
+        assert bool(notes(job)) == bool(scheduler_name)
+    for meta in (doc["metadata"], pod.get("metadata", {}) if scheduler != "kueue" else doc["metadata"]):
+        queue_labels = {
+            k: v for k, v in meta.get("labels", {}).items() if k in ("kueue.x-k8s.io/queue-name", "runai/queue")
+        }
+        assert queue_labels == (dict([label]) if label else {})
+        assert meta.get("annotations", {}) == (dict([annotation]) if annotation else {})
+
+
+def test_the_pods_group_owns_their_volumes_and_a_root_caller_is_told(tmp_path):
+    from imgbuild.clusters.k8s import notes
+
+    job = K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 2000)
+    assert manifest(job)["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 2000
+    assert notes(job) == []
+    root = K8sJob(IMAGE, ["python3", "t.py"], "job", 0, 0)
+    assert "restricted Pod Security Standard refuses it" in notes(root)[0]

@@ -13,15 +13,19 @@ Kubeflow Trainer's own admission rules, reimplemented here from its source:
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from imgbuild.clusters.k8s import K8sJob, default_name, manifest
-from imgbuild.clusters.launch import launches_itself
+from imgbuild.clusters.launch import launcher, launches_itself
 from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
-from imgbuild.errors import UsageError
-from tests.support import step_line
+from imgbuild.errors import ImgbuildError, UsageError
+from imgbuild.shellwords import shell_words
+from tests.support import LAUNCHERS_RECIPE, step_line
 
 TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -186,34 +190,155 @@ def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
         assert "PET_RDZV_ENDPOINT" not in step
 
 
-def test_accelerate_launch_on_one_node_is_told_one_process_per_gpu_and_the_users_flags_win():
-    step = step_line(sbatch_script(JobSpec(["accelerate", "launch", "--num_processes=1", "train.py"], "x.sif", gpus=2)))
-    assert step.endswith("accelerate launch --num_processes=2 --multi_gpu --num_processes=1 train.py"), step
-    alone = step_line(sbatch_script(JobSpec(["accelerate", "launch", "train.py"], "x.sif", gpus=1)))
-    assert alone.endswith("accelerate launch --num_processes=1 train.py") and "--multi_gpu" not in alone
+LAUNCHERS = ("accelerate", "deepspeed", "torchrun")
 
 
-def test_accelerate_launch_across_nodes_gets_the_machines_the_rendezvous_and_each_nodes_rank(tmp_path):
-    """accelerate reads its own flags (huggingface/accelerate `prepare_multi_gpu_env`), not torchrun's PET_*:
-    each node's accelerate is told the machines, the processes, the c10d rendezvous the script found, and its own
-    rank, Slurm's node ID as the task sees it (the step's own shell runs the words, as a task does)."""
-    import subprocess
+def node_call(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None):
+    """What the launcher at the head of a told `command` receives on node `node`, (its arguments, the PET_* and
+    MASTER_* variables it sees): the command run by bash as the script and then the task run it, with a stand-in
+    launcher that writes them down."""
+    from imgbuild.shellwords import shell_words
 
-    script = sbatch_script(JobSpec(["accelerate", "launch", "--mixed_precision", "bf16", "train.py"], "x.sif",
-                                   gpus=2, nodes=2))  # fmt: skip
-    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST"' in script and "PET_" not in script
-    step = step_line(script)
-    words = step[step.index("sh -c ") :]
-    fake = tmp_path / "accelerate"
-    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
-    fake.chmod(0o755)
-    run = words.replace(" accelerate ", f" {fake} ", 1)
-    env = {"PATH": "/usr/bin:/bin", "SLURM_NODEID": "1", "head_node": "10.0.0.1", "rdzv_port": "41000"}
-    told = subprocess.run(["bash", "-c", run], capture_output=True, text=True, env=env, timeout=30).stdout.split("\n")
-    assert told[:2] == ["launch", "--machine_rank"] and told[2] == "1"
-    assert told[3:11] == ["--num_processes=4", "--multi_gpu", "--num_machines=2", "--main_process_ip=10.0.0.1",
-                          "--main_process_port=41000", "--rdzv_backend=c10d", "--mixed_precision", "bf16"]  # fmt: skip
-    assert told[11] == "train.py"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / f"argv-{node}"
+    for name in LAUNCHERS:
+        fake = bin_dir / name
+        fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {out}\nenv | grep -E "^(PET|MASTER)_" > {out}.env\n')
+        fake.chmod(0o755)
+    run_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_NODEID": str(node),
+               "SLURM_JOB_ID": "42", "SLURM_NNODES": "2", "head_node": "10.0.0.1", "rdzv_port": "41000",
+               "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "10.0.0.9", "PET_MASTER_PORT": "29400",
+               **(env or {})}  # fmt: skip
+    done = subprocess.run(["bash", "-c", shell_words(command)], env=run_env, capture_output=True, text=True,
+                          timeout=30, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    told = dict(line.split("=", 1) for line in Path(f"{out}.env").read_text().splitlines())
+    told = {k: v for k, v in told.items() if k not in ("PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")}
+    return out.read_text().split("\0")[:-1], told
+
+
+def node_argv(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None) -> list[str]:
+    return node_call(command, tmp_path, node, env)[0]
+
+
+def slurm_argv(words: list[str], tmp_path, gpus: int, nodes: int, node: int = 0) -> list[str]:
+    return node_argv(launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], tmp_path, node)
+
+
+def test_accelerate_launch_is_told_one_process_per_gpu_and_a_port_of_the_jobs_own(tmp_path):
+    assert slurm_argv(["accelerate", "launch", "train.py", "--lr", "1"], tmp_path, gpus=2, nodes=1) == [
+        "launch", "--num_processes=2", "--main_process_port=41000", "--multi_gpu", "train.py", "--lr", "1"
+    ]  # fmt: skip
+    alone = slurm_argv(["accelerate", "launch", "train.py"], tmp_path, gpus=1, nodes=1)
+    assert alone == ["launch", "--num_processes=1", "--main_process_port=41000", "train.py"]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [["--use_fsdp"], ["--use_deepspeed"], ["--multi_gpu"], ["--config_file", "fsdp.yaml"], ["--config_file=ds.yaml"]],
+)
+def test_accelerate_keeps_the_mode_the_user_chose_and_is_never_given_a_second(mode, tmp_path):
+    """accelerate refuses two modes, and with a forced --multi_gpu it reads no mode from a config file."""
+    argv = slurm_argv(["accelerate", "launch", *mode, "train.py"], tmp_path, gpus=4, nodes=2, node=1)
+    assert argv[: argv.index(mode[0])] == [
+        "launch", "--num_processes=8", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.1",
+        "--main_process_port=41000", "--deepspeed_multinode_launcher=standard",
+    ]  # fmt: skip
+    assert argv.count("--multi_gpu") == (mode == ["--multi_gpu"]) and argv[-1] == "train.py"
+
+
+def test_accelerates_own_default_config_decides_the_mode_where_the_task_finds_one(tmp_path):
+    words = launcher(JobSpec(["accelerate", "launch", "train.py"], "x.sif", gpus=2))[1]
+    assert "--multi_gpu" in node_argv(words, tmp_path)
+    config = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("distributed_type: FSDP\n")
+    assert "--multi_gpu" not in node_argv(words, tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+
+
+@pytest.mark.parametrize(
+    "words, refused",
+    [
+        (["accelerate", "launch", "--use_fsdp", "--multi_gpu", "t.py"], "one mode at a time"),
+        (["accelerate", "launch", "--num_processes=2", "t.py"], "--num_processes=2: imgbuild sets it"),
+        (["accelerate", "launch", "--machine_rank", "0", "t.py"], "--machine_rank=0: imgbuild sets it"),
+        (["accelerate", "launch", "--deepspeed_multinode_launcher", "pdsh", "t.py"], "deepspeed_multinode_launcher"),
+        (["deepspeed", "--hostfile", "h", "t.py"], "deepspeed --hostfile"),
+        (["deepspeed", "--num_gpus=4", "t.py"], "deepspeed --num_gpus"),
+        (["mpirun", "-np", "8", "python3", "t.py"], "mpirun across nodes.*--task-per-gpu"),
+        (["horovodrun", "-np", "8", "python3", "t.py"], "horovodrun across nodes"),
+        (["composer", "t.py"], "composer across nodes.*torchrun"),
+    ],
+)
+def test_a_launcher_flag_imgbuild_sets_or_a_launcher_it_cannot_tell_is_refused_by_name(words, refused):
+    with pytest.raises(UsageError, match=refused):
+        launcher(JobSpec(words, "x.sif", gpus=4, nodes=2))
+    with pytest.raises(UsageError, match=refused):
+        manifest(K8sJob(IMAGE, words, "job", 1000, 1000, gpus=4, nodes=2))
+
+
+def test_the_same_value_the_user_typed_is_kept_once():
+    step = step_line(sbatch_script(JobSpec(["accelerate", "launch", "--num_processes", "4", "t.py"], "x.sif", gpus=4)))
+    assert "--num_processes=" not in step and "--num_processes 4 t.py" in step
+
+
+def test_deepspeed_across_nodes_gets_the_jobs_hostfile_and_its_no_ssh_form_with_each_nodes_rank(tmp_path):
+    """Without a hostfile deepspeed trains on its own node at 127.0.0.1: one training per node."""
+    job = JobSpec(["deepspeed", "train.py", "--deepspeed_config", "ds.json"], "x.sif", gpus=4, nodes=2)
+    script = sbatch_script(job)
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ds_hostfile="))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\nprintf "gpu-a1\\ngpu-a2\\n"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-a[1-2]"}
+    subprocess.run(["bash", "-c", "\n".join(lines[start : start + 2])], env=env, cwd=tmp_path, check=True, timeout=30)
+    assert (tmp_path / ".imgbuild-hostfile-42").read_text() == "gpu-a1 slots=4\ngpu-a2 slots=4\n"
+    assert 'rm -f "$ds_hostfile"' in script
+    assert node_argv(launcher(job)[1], tmp_path, node=1) == [
+        "--hostfile=.imgbuild-hostfile-42", "--no_ssh", "--node_rank=1", "--master_addr=10.0.0.1",
+        "--master_port=41000", "train.py", "--deepspeed_config", "ds.json",
+    ]  # fmt: skip
+    one = node_argv(launcher(JobSpec(["deepspeed", "train.py"], "x.sif", gpus=4))[1], tmp_path)
+    assert one == ["--master_port=41000", "train.py"]  # its own GPUs, found by itself; a port of the job's own
+
+
+def test_a_fabric_rendezvous_name_tells_the_first_node_it_hosts(tmp_path):
+    """torchrun hosts the c10d store only where the endpoint's name is the node's own; JUWELS' `jwb0038i` is
+    not, so every node waited for a host."""
+    for words in (["python3", "train.py"], ["torchrun", "train.py"]):
+        job = JobSpec(words, "x.sif", gpus=4, nodes=2, framework="pytorch", rdzv_host_suffix="i")
+        command = launcher(job)[1]
+        printed = [*command[:4], "sh", "-c", 'printf "%s" "$PET_RDZV_CONF"']
+        for node, hosts in ((0, "1"), (1, "0")):
+            done = subprocess.run(["bash", "-c", shell_words(printed)], capture_output=True, text=True, timeout=30,
+                                  env={"PATH": "/usr/bin:/bin", "SLURM_NODEID": str(node)})  # fmt: skip
+            assert done.stdout == f"is_host={hosts}", (command, done.stderr)
+    plain = launcher(JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, framework="pytorch"))[1]
+    assert "PET_RDZV_CONF" not in str(plain)
+
+
+def test_a_trainjobs_accelerate_and_deepspeed_are_told_each_pods_rank(tmp_path):
+    """The Trainer's torch runtime gives each pod PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which only
+    torchrun reads."""
+    acc = manifest(K8sJob(IMAGE, ["accelerate", "launch", "--use_fsdp", "t.py"], "a", 1000, 1000, gpus=2, nodes=2))
+    assert node_argv(acc["spec"]["trainer"]["command"], tmp_path, node=1) == [
+        "launch", "--num_processes=4", "--num_machines=2", "--machine_rank=1", "--main_process_ip=10.0.0.9",
+        "--main_process_port=29400", "--deepspeed_multinode_launcher=standard", "--use_fsdp",
+        "t.py",
+    ]  # fmt: skip
+    ds = manifest(K8sJob(IMAGE, ["deepspeed", "t.py"], "d", 1000, 1000, gpus=2, nodes=2))
+    argv = node_argv(ds["spec"]["trainer"]["command"], tmp_path, node=1)
+    hostfile = argv[0].removeprefix("--hostfile=")
+    assert Path(hostfile).read_text() == "node0 slots=2\nnode1 slots=2\n"
+    assert argv[1:] == ["--no_ssh", "--node_rank=1", "--master_addr=10.0.0.9", "--master_port=29400", "t.py"]
+    one = manifest(K8sJob(IMAGE, ["accelerate", "launch", "t.py"], "o", 1000, 1000, gpus=2))
+    assert one["kind"] == "Job"
+    assert node_argv(one["spec"]["template"]["spec"]["containers"][0]["command"], tmp_path)[:2] == [
+        "launch", "--num_processes=2"
+    ]  # fmt: skip
 
 
 def test_the_natural_pytorch_command_still_gets_torchrun():
@@ -285,26 +410,113 @@ def test_a_jean_zay_account_is_accepted():
         job_from_flags(JobFlags(["t.py"], "x.sif", "x", account="abc@v100;rm"), slurm_site({}))
 
 
-def test_the_docker_runtime_passes_the_jobs_network_settings_and_a_writable_home(tmp_path):
-    """The docker runtime passed a fixed list of Slurm variables (NCCL_SOCKET_IFNAME lost)
-    and left HOME unwritable for the caller's UID."""
-    import subprocess
-
+def test_the_docker_runtime_passes_the_fabrics_and_the_sites_variables_by_name_and_a_writable_home(tmp_path):
+    """docker's container has an environment of its own: NCCL's, libfabric's and UCX's variables pass (every one the
+    task holds), and the site's own (slurm.pass_env), by name: a token's value never reaches a command line."""
     from imgbuild.engine.noderun import NodeRun, docker_prefix
 
-    argv = docker_prefix(NodeRun("img", gpus=1))
+    argv = docker_prefix(NodeRun("img", gpus=1, site_env=("HF_TOKEN", "WANDB_*")))
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$OUT"\n')
     (fake / "docker").chmod(0o755)
     out = tmp_path / "argv.txt"
     env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "SLURM_STEP_GPUS": "0", "SLURM_JOB_ID": "7",
-           "NCCL_SOCKET_IFNAME": "ib0"}  # fmt: skip
+           "NCCL_SOCKET_IFNAME": "ib0", "NCCL_NET": "AWS Libfabric", "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+           "HF_TOKEN": "hf_secret", "WANDB_API_KEY": "w_secret", "UNRELATED": "x"}  # fmt: skip
     done = subprocess.run([*argv, "python3", "t.py"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     words = out.read_text().splitlines()
-    pairs = {(a, b) for a, b in zip(words, words[1:], strict=False)}
-    assert ("-e", "NCCL_SOCKET_IFNAME") in pairs and ("-e", "HOME=/tmp/home") in pairs
+    passed = {b for a, b in zip(words, words[1:], strict=False) if a == "-e"}
+    assert {"NCCL_SOCKET_IFNAME", "NCCL_NET", "FI_CXI_DEFAULT_CQ_SIZE", "HF_TOKEN", "WANDB_API_KEY"} <= passed
+    assert "HOME=/tmp/home" in passed and "UNRELATED" not in passed
+    assert "hf_secret" not in out.read_text() and "w_secret" not in out.read_text()
+
+
+def test_the_sites_passed_variables_reach_the_docker_and_podman_hpc_runtimes():
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    for runtime, word in (("docker", "-e HF_TOKEN"), ("podman-hpc", "-e HF_TOKEN")):
+        site = slurm_site({"runtime": runtime, "pass_env": ["HF_TOKEN"]})
+        assert word in step_line(sbatch_script(job_from_flags(JobFlags(["t.py"], "lab/x:1", "x"), site)))
+    with pytest.raises(ImgbuildError, match="pass_env"):
+        slurm_site({"pass_env": ["HF_TOKEN=abc"]})
+
+
+@pytest.mark.parametrize("account, good", [("abc@v100", True), ("project_2001234", True), ("abc@v100;rm", False),
+                                           ("a b", False)])  # fmt: skip
+def test_an_account_is_one_rule_in_the_site_config_and_the_flag(account, good):
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    if good:
+        by_site = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x"), slurm_site({"account": account})))
+        by_flag = sbatch_script(job_from_flags(JobFlags(["t.py"], "x.sif", "x", account=account), slurm_site({})))
+        assert f"#SBATCH --account={account}" in by_site and by_site == by_flag
+    else:
+        with pytest.raises(ImgbuildError, match="slurm.account"):
+            slurm_site({"account": account})
+        with pytest.raises(UsageError, match="--account"):
+            job_from_flags(JobFlags(["t.py"], "x.sif", "x", account=account), slurm_site({}))
+
+
+def test_a_site_folder_under_a_variable_is_expanded_by_the_job_and_checked_as_this_shell_sees_it(tmp_path, monkeypatch):
+    """Jean Zay runs images only from $SINGULARITY_ALLOWED_DIR."""
+    from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    job = job_from_flags(JobFlags(["t.py"], "lab/x:1", "x"), slurm_site({"sif_dir": "$SINGULARITY_ALLOWED_DIR"}))
+    assert job.image == "$SINGULARITY_ALLOWED_DIR/x_1.sif"
+    assert '"$SINGULARITY_ALLOWED_DIR/x_1.sif"' in step_line(sbatch_script(job))
+    monkeypatch.setenv("SINGULARITY_ALLOWED_DIR", str(tmp_path))
+    with pytest.raises(UsageError, match="no such image"):
+        check_image_present(job)
+    (tmp_path / "x_1.sif").write_text("")
+    check_image_present(job)
+    for bad in ("$(id)/x", "relative/dir", "$HOME dir"):
+        with pytest.raises(ImgbuildError, match="slurm.sif_dir"):
+            slurm_site({"sif_dir": bad})
+
+
+@pytest.mark.parametrize(
+    "image, runtime, refused",
+    [
+        ("/d/x.sif", "pyxis", "an Apptainer image, which --runtime pyxis does not run; give it a .sqsh"),
+        ("/d/x.sqsh", "apptainer", "an enroot squashfs, which --runtime apptainer does not run; give it a .sif"),
+        ("/d/x.sqsh", "oci", "--runtime oci does not run; give it a .oci"),
+        ("/d/b.oci", "docker", "an OCI bundle, which --runtime docker does not run; give it an image name"),
+        ("/d/x.sif", "podman-hpc", "an image name from a registry"),
+        ("/d/x.sif", "apptainer", ""),
+        ("/d/x.sqsh", "edf", ""),
+        ("/d/b.oci", "oci", ""),
+    ],
+)
+def test_an_image_file_is_matched_to_the_runtime_that_runs_it(image, runtime, refused):
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+
+    flags = JobFlags(["t.py"], image, "x", runtime=runtime)
+    if refused:
+        with pytest.raises(UsageError, match=re.escape(refused)):
+            job_from_flags(flags, slurm_site({}))
+    else:
+        assert job_from_flags(flags, slurm_site({})).image.startswith("/d/")
+
+
+def test_the_usage_sampler_reads_only_the_steps_gpus(tmp_path):
+    """Where the site does not constrain devices, nvidia-smi lists the node's other jobs' GPUs too."""
+    from imgbuild.clusters.slurm import USAGE_START
+
+    line = next(line for line in USAGE_START if "nvidia-smi" in line)
+    sampler = line[line.index("sh -c ") : line.index(" 2>/dev/null &")]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_STEP_GPUS": "2,3", "SLURMD_NODENAME": "n1"}
+    subprocess.run(["bash", "-c", sampler.replace('"$usage_dir"', str(tmp_path))], env=env, timeout=30, check=True)
+    assert (tmp_path / "n1.csv").read_text().splitlines()[:2] == ["-i", "2,3"]
 
 
 def restricted_violations(pod_spec: dict) -> list[str]:
@@ -392,3 +604,172 @@ def test_a_hostile_site_sbatch_value_is_refused_naming_it(section, key):
 
     with pytest.raises(UsageError, match=key):
         job_from_flags(JobFlags(["t.py"], "x.sif", "x"), slurm_site(section))
+
+
+def test_the_images_own_label_decides_the_launcher_where_its_name_does_not(tmp_path):
+    """A recipe's image named by its tag (root/tensorflow-keras:24.05) got torchrun: its base-framework label was
+    never read. Its CUDA major, from the same config, picks the EDF's NCCL plugin."""
+    from imgbuild.clusters.jobs import ImageFacts, image_facts
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.facts import Label
+    from tests.support import settings
+
+    engine = FakeEngine()
+    engine.add_image("root/tensorflow-keras:24.05", {Label.BASE_FRAMEWORK: "tensorflow"}, ["CUDA_VERSION=13.0.2.006"])
+    found = image_facts("root/tensorflow-keras:24.05", settings(), read_image=False, engine_of=lambda: engine)
+    assert found == ImageFacts("tensorflow", "13")
+    job = JobSpec(["python3", "train.py"], "x.sif", gpus=2, framework=found.framework)
+    assert "torchrun" not in step_line(sbatch_script(job))
+    # nowhere to read it (no such image here, no registry in the name): unknown, never a guess
+    assert image_facts("root/other:1", settings(), read_image=True, engine_of=lambda: engine) == ImageFacts()
+    # the name decides where it says the framework, and nothing is read unless asked
+    named = image_facts("nvcr.io/nvidia/pytorch:25.10-py3", settings(), read_image=False, engine_of=None)
+    assert named == ImageFacts("pytorch")
+
+
+#: Run in an image with torch, accelerate and deepspeed: each told command line parsed and validated by the
+#: launcher's own code, and what it understood written back.
+LAUNCHERS_OWN_CODE = r"""
+import argparse, json, os, sys, tempfile
+os.chdir(tempfile.mkdtemp())
+open("fsdp.yaml", "w").write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
+open("ds.yaml", "w").write("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                           "deepspeed_config: {zero_stage: 2}\n")
+from accelerate.commands.launch import launch_command_parser, _validate_launch_command
+from deepspeed.launcher import runner
+from torch.distributed import run as torchrun
+
+
+def switches(parser):
+    return sorted(o for a in parser._actions if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                  argparse._HelpAction)) for o in a.option_strings)
+
+
+answers = {"accelerate_switches": switches(launch_command_parser()), "cases": []}
+saved = dict(os.environ)
+for case in json.loads(sys.argv[1]):
+    argv = case["argv"]
+    os.environ.clear()
+    os.environ.update({**saved, **case["env"]})
+    if case["launcher"] == "accelerate":
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        modes = [m for m in ("multi_gpu", "use_fsdp", "use_deepspeed") if getattr(args, m)]
+        got = {"processes": args.num_processes, "machines": args.num_machines, "rank": args.machine_rank,
+               "ip": args.main_process_ip, "port": args.main_process_port, "modes": modes,
+               "ds_launcher": args.deepspeed_multinode_launcher if args.num_machines > 1 else None,
+               "script": [args.training_script, *args.training_script_args]}
+    elif case["launcher"] == "deepspeed":
+        args = runner.parse_args(argv)
+        if case.get("hostfile"):
+            open(args.hostfile, "w").write(case["hostfile"])
+        pool = runner.fetch_hostfile(args.hostfile) or {}
+        got = {"no_ssh": args.no_ssh, "rank": args.node_rank, "ip": args.master_addr, "port": args.master_port,
+               "hosts": len(pool), "slots": sorted(set(pool.values())), "script": [args.user_script, *args.user_args]}
+    else:
+        args = torchrun.get_args_parser().parse_args(argv)
+        config, cmd, cmd_args = torchrun.config_from_args(args)  # (run() itself puts --standalone's in first)
+        got = {"nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
+               "endpoint": "standalone" if args.standalone else config.rdzv_endpoint,
+               "is_host": config.rdzv_configs.get("is_host"),
+               "script": [cmd, *cmd_args]}
+    answers["cases"].append(got)
+print(json.dumps(answers))
+"""
+
+
+def told_cases(tmp_path) -> list[tuple[dict, dict]]:
+    """Every told command line, each node's, for nodes x GPUs x mode, on Slurm and in a TrainJob: (the line as the
+    launcher receives it, what it must understand)."""
+    cases = []
+    modes = {(): None, ("--use_fsdp",): "use_fsdp", ("--use_deepspeed",): "use_deepspeed",
+             ("--multi_gpu",): "multi_gpu", ("--config_file", "fsdp.yaml"): "use_fsdp",
+             ("--config_file=ds.yaml",): "use_deepspeed"}  # fmt: skip
+    for nodes, gpus in ((1, 1), (1, 2), (1, 8), (2, 1), (2, 4), (3, 2)):
+        processes = nodes * gpus
+        for mode, chosen in modes.items():
+            if chosen == "multi_gpu" and processes == 1:
+                continue  # accelerate's own rule: --multi_gpu needs two processes
+            words = ["accelerate", "launch", *mode, "train.py", "--lr", "1"]
+            for where, command, ip, port in (
+                ("slurm", launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], "10.0.0.1", 41000),
+                ("k8s", k8s_command(words, gpus, nodes), "10.0.0.9", 29400 if nodes > 1 else None),
+            ):
+                for node in range(nodes):
+                    argv, env = node_call(command, tmp_path, node)
+                    cases.append(({"launcher": "accelerate", "argv": argv, "env": env, "where": where}, {
+                        # one machine: its rank is accelerate's own (a config file's default, 0)
+                        "processes": processes, "machines": nodes,
+                        "rank": node if nodes > 1 else (0 if "--config_file" in str(mode) else None),
+                        "ip": ip if nodes > 1 else None, "port": port if where == "slurm" or nodes > 1 else None,
+                        "modes": [chosen or "multi_gpu"] if chosen or processes > 1 else [],
+                        "ds_launcher": "standard" if nodes > 1 else None, "script": ["train.py", "--lr", "1"],
+                    }))  # fmt: skip
+        words = ["deepspeed", "train.py", "--deepspeed_config", "ds.json"]
+        for where, command, ip, port in (
+            ("slurm", launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], "10.0.0.1", 41000),
+            ("k8s", k8s_command(words, gpus, nodes), "10.0.0.9", 29400),
+        ):
+            for node in range(nodes):
+                argv, env = node_call(command, tmp_path, node)
+                hostfile = next((a.split("=", 1)[1] for a in argv if a.startswith("--hostfile=")), "")
+                text = "".join(f"gpu-a{i} slots={gpus}\n" for i in range(nodes)) if hostfile.startswith(".") else ""
+                text = text or (Path(hostfile).read_text() if hostfile else "")
+                cases.append(({"launcher": "deepspeed", "argv": argv, "env": env, "hostfile": text}, {
+                    "no_ssh": nodes > 1, "rank": node if nodes > 1 else -1, "ip": ip if nodes > 1 else "",
+                    "port": port if where == "slurm" or nodes > 1 else 29500, "hosts": nodes if nodes > 1 else 0,
+                    "slots": [gpus] if nodes > 1 else [], "script": ["train.py", "--deepspeed_config", "ds.json"],
+                }))  # fmt: skip
+        for words, suffix in (
+            (["python3", "train.py"], ""),
+            (["python3", "train.py"], "i"),
+            (["torchrun", "train.py"], "i"),
+        ):
+            job = JobSpec(words, "x.sif", gpus=gpus, nodes=nodes, framework="pytorch", rdzv_host_suffix=suffix)
+            if processes == 1 and words[0] == "python3":
+                continue  # one GPU in all: no torchrun
+            for node in range(nodes):
+                argv, env = node_call(launcher(job)[1], tmp_path, node, {"SLURM_NNODES": str(nodes)})
+                multi = nodes > 1
+                cases.append(({"launcher": "torchrun", "argv": argv, "env": env}, {
+                    "nodes": [nodes, nodes], "nproc": gpus,
+                    "endpoint": "10.0.0.1:41000" if multi else "standalone",  # head_node: the script's, suffixed
+                    "is_host": ("1" if node == 0 else "0") if multi and suffix else None,
+                    "script": [sys.executable, "-u", "train.py"],
+                }))  # fmt: skip
+    return cases
+
+
+def k8s_command(words: list[str], gpus: int, nodes: int) -> list[str]:
+    doc = manifest(K8sJob(IMAGE, words, "job", 1000, 1000, gpus=gpus, nodes=nodes))
+    if doc["kind"] == "Job":
+        return doc["spec"]["template"]["spec"]["containers"][0]["command"]
+    return doc["spec"]["trainer"]["command"]
+
+
+@pytest.mark.engine
+def test_every_told_command_line_is_read_as_meant_by_the_launchers_own_code(testbed, docker_client, tmp_path):
+    """accelerate's parser and validator, deepspeed's runner parser and hostfile reader, torchrun's parser and its
+    launch config: every node's line for nodes x GPUs x mode, on Slurm and in a TrainJob. torch is too large for the
+    test extras (PyPI's wheel brings CUDA), so the launchers run in an image that has it: the 24.05 stand-in with
+    PyPI's accelerate and deepspeed added by a recipe (built once, then reused)."""
+    import json
+
+    from tests.conftest import in_image, run_cli
+
+    (tmp_path / ".git").mkdir()
+    recipe = tmp_path / "launchers.yaml"
+    recipe.write_text(LAUNCHERS_RECIPE)
+    built = run_cli("build", str(recipe), cwd=tmp_path)
+    assert built.code == 0, built.err
+    image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    cases = told_cases(tmp_path / "calls")
+    sent = json.dumps([case for case, _ in cases])
+    script = f"import sys; sys.argv = ['check', {sent!r}]\n" + LAUNCHERS_OWN_CODE
+    answers = json.loads(in_image(docker_client, image, script).strip().splitlines()[-1])
+    from imgbuild.clusters.launchers import ACCELERATE_SWITCHES
+
+    assert set(answers["accelerate_switches"]) <= ACCELERATE_SWITCHES  # our reader knows every valueless flag
+    for (case, meant), got in zip(cases, answers["cases"], strict=True):
+        if case["launcher"] == "torchrun":
+            meant["script"][0] = got["script"][0]  # the image's own python
+        assert got == meant, case

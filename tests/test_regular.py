@@ -38,10 +38,8 @@ RENAMES_ELSEWHERE = {
     "pipeline/context.py": 3,  # a rendered context folder swapped in whole, and put back on failure
     "payload/lock_resolve.py": 1,  # a pip --target folder moved into place inside the image (stdlib only)
     "clusters/oci.py": 1,  # an unpacked bundle folder moved to the name the user gave
-    "servers/usage.py": 2,  # the usage log rotated; write_textfile, still its own writer
+    "servers/usage.py": 1,  # the usage log rotated
     "clusters/jobs.py": 1,  # a staged data set's tar, still its own writer
-    "servers/reap.py": 1,  # write_whole, still its own writer
-    "servers/ledger.py": 2,  # Ledger._write, still its own writer
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 from imgbuild.engine.noderun import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
-from tests.support import wait_for
+from tests.support import LAUNCHERS_RECIPE, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slurm]
 
@@ -242,29 +242,38 @@ def test_a_podman_hpc_job_on_two_nodes_is_one_training_with_the_steps_variables(
     assert found == [(str(r), "4", str(r // 2), podman_job) for r in range(4)], output[-3000:]
 
 
-def test_accelerate_launch_typed_by_the_user_runs_one_process_per_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
-    """`accelerate launch train.py` as typed, one node x 2 GPUs: accelerate reads its own flags, not torchrun's
-    variables, and by itself counts the GPUs it sees (none on the bed); told one process per GPU, its two ranks
-    form one world. The image: the 24.05 stand-in with PyPI's accelerate added by a recipe, run by the docker
-    runtime from this machine's engine. Across nodes the flags are checked by the script only
-    (tests/test_launchers.py): the bed's two nodes share one address, so the second node's torchrun agent also
-    serves the rendezvous port, which accelerate's own check on the first node then finds taken."""
+#: Launchers as the user types them, and the nodes each runs on (2 GPUs per node).
+TYPED_LAUNCHERS = (
+    (("accelerate", "launch", "train.py"), 1),
+    (("accelerate", "launch", "train.py"), 2),
+    (("accelerate", "launch", "--config_file", "fsdp.yaml", "train.py"), 2),
+    (("deepspeed", "train.py"), 2),
+)
+
+
+def test_a_launcher_typed_by_the_user_forms_one_world(gpu_site, slurm, tmp_path):  # noqa: F811
+    """accelerate (in its DDP and FSDP modes) and deepspeed as typed, told by their own rules: one process per GPU,
+    and across nodes each node's rank and the first node's address (deepspeed: the job's hostfile and its no-ssh
+    form); every rank is one of one world whose all-reduce counts them all. The image: the 24.05 stand-in with
+    PyPI's accelerate and deepspeed added by a recipe (built once for all four jobs), run by the docker runtime."""
     (tmp_path / ".git").mkdir()
-    recipe = tmp_path / "accbed.yaml"
-    recipe.write_text(
-        'name: accbed\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate]\n'
-    )
+    recipe = tmp_path / "launchers.yaml"
+    recipe.write_text(LAUNCHERS_RECIPE)
     built = run_cli("build", str(recipe), cwd=tmp_path)
     assert built.code == 0, built.err
-    job = submit(
-        tmp_path, str(recipe), "--gpus", "2", "--cpus-per-gpu", "1", command=("accelerate", "launch", "train.py")
-    )
-    state, output = ended(job, slurm, tmp_path / f"out-{job}.txt")
-    assert state == "COMPLETED", output[-3000:]
-    found = sorted(
-        re.findall(r"rank ([0-9]) of ([0-9]) node ([0-9]) job [0-9]+ cpus [0-9]+ threads [0-9]+ sum ([0-9])", output)
-    )
-    assert found == [(str(r), "2", "0", "2") for r in range(2)], output[-3000:]
+    (tmp_path / "fsdp.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
+    jobs = [
+        (submit(tmp_path, str(recipe), "--gpus", "2", "--nodes", str(nodes), "--gpu-type", "v100",
+                "--cpus-per-gpu", "1", command=command), command, nodes)
+        for command, nodes in TYPED_LAUNCHERS
+    ]  # fmt: skip
+    for job, command, nodes in jobs:
+        state, output = ended(job, slurm, tmp_path / f"out-{job}.txt")
+        assert state == "COMPLETED", (command, output[-3000:])
+        world = 2 * nodes
+        found = sorted(re.findall(r"rank ([0-9]) of ([0-9]) node \S+ job [0-9]+ cpus [0-9]+ threads [0-9]+ "
+                                  r"sum ([0-9])", output))  # fmt: skip
+        assert found == [(str(r), str(world), str(world)) for r in range(world)], (command, output[-3000:])
 
 
 def test_the_same_command_at_one_node_and_one_gpu(gpu_site, slurm, tmp_path):  # noqa: F811
@@ -449,6 +458,9 @@ def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa:
             shifter_modules=["gpu"],
         ),  # fmt: skip
         "jax": JobSpec(["python3", "t.py"], "lab/x:1", gpus=2, nodes=2, framework="jax", runtime="docker"),
+        "deepspeed": JobSpec(["deepspeed", "t.py"], "x.sif", gpus=4, nodes=2, runtime="apptainer"),
+        "accelerate": JobSpec(["accelerate", "launch", "t.py"], "x.sif", gpus=4, nodes=2, rdzv_host_suffix="i"),
+        "juwels": JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, framework="pytorch", rdzv_host_suffix="i"),
     }
     for name, job in jobs.items():
         path = tmp_path / f"{name}.sh"

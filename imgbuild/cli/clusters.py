@@ -227,16 +227,20 @@ def slurm(
     from imgbuild.clusters.jobs import (
         JobFlags,
         check_image_present,
-        framework_of,
+        image_facts,
         job_from_flags,
         stage_datasets,
         submit_job,
     )
     from imgbuild.clusters.slurm import sbatch_script
+    from imgbuild.engine import connect_engine
     from imgbuild.servers.spec import is_recipe, resolve_image
 
     settings = settings_of(ctx)
     ref, short = resolve_image(image, settings, paths=True)
+    # the EDF's NCCL plugin must match the image's CUDA: read from the image itself for that runtime only
+    edf = (runtime or settings.slurm.runtime) == "edf"
+    facts = image_facts(image, settings, read_image=edf, engine_of=lambda: connect_engine(settings))
     tars, packed = stage_datasets(stage, settings.slurm)
     job = job_from_flags(
         JobFlags(
@@ -268,7 +272,8 @@ def slurm(
             snapshot_dir=snapshot_dir,
             usage=usage,
             local_image=is_recipe(image),
-            framework=framework_of(image, settings),
+            framework=facts.framework,
+            cuda_major=facts.cuda_major,
         ),
         settings.slurm,
         settings.run.gpu_flag,
@@ -329,7 +334,7 @@ def k8s(
     import yaml
 
     from imgbuild.clusters import k8s as k8smod
-    from imgbuild.clusters.jobs import framework_of
+    from imgbuild.clusters.jobs import image_facts
     from imgbuild.config.site import QUANTITY_RE
     from imgbuild.engine import connect_engine
     from imgbuild.servers.spec import resolve_image
@@ -352,9 +357,11 @@ def k8s(
         torchrun=torchrun,
         generate=name is None,
         site=settings.k8s,
-        framework=framework_of(image, settings),
+        framework=image_facts(image, settings, read_image=False, engine_of=lambda: connect_engine(settings)).framework,
     )
     text = yaml.safe_dump(k8smod.manifest(job), sort_keys=False)
+    for note in k8smod.notes(job):
+        click.echo(f"note: {note}", err=True)
     if out:
         from imgbuild.regular import write_atomic
 

@@ -35,7 +35,7 @@ def sif_path(image: str, sif_dir: str | None) -> str:
     """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
     if image.endswith(".sif"):
         return image
-    return str(Path(sif_dir) / sif_name(image)) if sif_dir else sif_name(image)
+    return f"{sif_dir.rstrip('/')}/{sif_name(image)}" if sif_dir else sif_name(image)
 
 
 @dataclass

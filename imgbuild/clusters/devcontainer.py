@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.site import RunRules
-from imgbuild.engine.runargs import container_env, house_flags, resource_flags
+from imgbuild.engine.runargs import GPUS_HIDDEN, container_env, house_flags, resource_flags
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.facts import Label
 from imgbuild.pipeline.plan import Plan
@@ -64,7 +64,7 @@ def chosen_args(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     label, exactly the chosen GPUs (by UUID) with their labels, the CPU share and pinning, the threads."""
     options = spec.options()
     words = [("--name", spec.name), ("--label", f"{Label.USER}={spec.user}"), *resource_flags(options)]
-    chosen = {"NVIDIA_VISIBLE_DEVICES", *THREAD_VARS}
+    chosen = {name for name, _ in GPUS_HIDDEN} | {"NVIDIA_VISIBLE_DEVICES", *THREAD_VARS}
     return [f"{flag}={value}" for flag, value in words], {k: v for k, v in container_env(options) if k in chosen}
 
 

@@ -15,8 +15,19 @@ from imgbuild.shellwords import VARIABLES_ONLY, UserWord
 
 #: A variable the script's shell may expand inside the EDF (the job's own: $SCRATCH, ${LOCAL_SCRATCH}).
 _VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
-#: The NCCL hook that gives NGC images Slingshot (resource-hook.md: variants cuda11, cuda12; rocm5, rocm6).
-NCCL_HOOK = {"com.hooks.aws_ofi_nccl.enabled": "true", "com.hooks.aws_ofi_nccl.variant": "cuda12"}
+#: The NCCL hook's variants for NVIDIA images (resource-hook.md: cuda12, cuda13, statically linked against that
+#: CUDA and to be matched exactly; cuda-dl, CSCS's general recommendation for NGC's deep-learning images).
+NCCL_VARIANTS = {"12": "cuda12", "13": "cuda13"}
+GENERAL_VARIANT = "cuda-dl"
+
+
+def nccl_hook(cuda_major: str) -> dict[str, str]:
+    """The NCCL hook that gives NGC images Slingshot, in the variant of the image's CUDA major where CSCS builds
+    one for it, else cuda-dl (the image's CUDA unknown, or one without a numbered variant)."""
+    variant = NCCL_VARIANTS.get(cuda_major, GENERAL_VARIANT)
+    return {"com.hooks.aws_ofi_nccl.enabled": "true", "com.hooks.aws_ofi_nccl.variant": variant}
+
+
 EDF_FILE = '"$SLURM_SUBMIT_DIR/.imgbuild-edf-$SLURM_JOB_ID.toml"'
 DELIMITER = "IMGBUILD_EDF"
 
@@ -40,10 +51,11 @@ def _literal(text: str) -> str:
     return text.replace("\\", "\\\\\\\\").replace("$", "\\$").replace("`", "\\`").replace('"', '\\"')
 
 
-def edf_lines(image: str, binds: list[str], gpus: bool, annotations: dict[str, str]) -> list[str]:
+def edf_lines(image: str, binds: list[str], hooks: dict[str, str], annotations: dict[str, str]) -> list[str]:
     """Script lines that write the job's EDF and name it in `$edf` (removed when the job ends): the image (a
-    registry reference as enroot names it, or a .sqsh), the job's folder at /workspace, the binds, the hooks."""
-    hooks = {**(NCCL_HOOK if gpus else {}), **annotations}
+    registry reference as enroot names it, or a .sqsh), the job's folder at /workspace, the binds, the hooks (the
+    site's annotations over imgbuild's)."""
+    hooks = {**hooks, **annotations}
     toml = [
         f"image = {toml_string(image)}",
         'workdir = "/workspace"',

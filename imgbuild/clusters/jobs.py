@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec
-from imgbuild.config.site import SLURM_TIME_RE
+from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.shellwords import UserWord
 from imgbuild.tree import TooDeep, walk
@@ -41,24 +42,30 @@ def image_file(image: str, sif_dir: str | None, ending: str) -> str:
     """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05<ending>` (absolute: the job finds it from
     any folder), the one name `export` writes for a runtime that runs a file (`.oci` bundles, `.sqsh` for pyxis);
     a path, or a name already ending so, passes."""
+    if image.startswith("$"):  # under a variable the job's shell expands (the site's folder)
+        return image
     if image.startswith(("/", "./")) or image.endswith(ending):
         return str(Path(image).absolute())
     return str((Path(sif_dir) if sif_dir else Path.cwd()) / (sif_name(image).removesuffix(".sif") + ending))
 
 
 def check_image_present(job: JobSpec) -> None:
-    """Before a job is queued: the .sif or bundle it runs must exist (the job starts where sbatch is called)."""
-    if job.runtime in ("apptainer", "singularity") and not Path(job.image).is_file():
+    """Before a job is queued: the .sif or bundle it runs must exist (the job starts where sbatch is called; a
+    folder under a variable, as this shell expands it)."""
+    import os
+
+    image = os.path.expandvars(job.image)
+    if job.runtime in ("apptainer", "singularity") and not Path(image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
             ".sif there (slurm.sif_dir), or name the .sif to run"
         )
-    if job.runtime in ("pyxis", "edf") and job.image.endswith(".sqsh") and not Path(job.image).is_file():
+    if job.runtime in ("pyxis", "edf") and image.endswith(".sqsh") and not Path(image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; write it with `imgbuild export RECIPE --sqsh {job.image}` where the "
             "nodes see it (slurm.sif_dir), or push the image to a registry the nodes reach"
         )
-    if job.runtime == "oci" and not (Path(job.image) / "config.json").is_file():
+    if job.runtime == "oci" and not (Path(image) / "config.json").is_file():
         raise UsageError(
             f"{job.image}: no OCI bundle here; write it with `imgbuild export RECIPE --oci DIR` "
             "where the nodes see it (slurm.sif_dir), or name the bundle to run"
@@ -95,7 +102,8 @@ class JobFlags:
     snapshot_dir: str | None = None
     usage: bool = True
     local_image: bool = False  # the image is a recipe's, built here (docker runtime: never pulled)
-    framework: str = ""  # the image's framework (framework_of): decides the launcher
+    framework: str = ""  # the image's framework (image_facts): decides the launcher
+    cuda_major: str = ""  # the image's CUDA major (image_facts, where read): the EDF's NCCL plugin variant
     qos: str | None = None
     constraint: str | None = None
 
@@ -129,7 +137,7 @@ _HEADER_VALUES = {
     "partition": (re.compile(r"[A-Za-z0-9_.,-]{1,128}"), "a partition name"),
     "qos": (re.compile(r"[A-Za-z0-9_.-]{1,128}"), "a QOS name"),
     "constraint": (re.compile(r"[A-Za-z0-9_.:*&|!\[\]()-]{1,256}"), "node features such as a100&ib"),
-    "account": (re.compile(r"[A-Za-z0-9_.-]{1,128}(?:@[A-Za-z0-9_.-]{1,64})?"), "an account name (Jean Zay: abc@v100)"),
+    "account": (ACCOUNT_RE, "an account name (Jean Zay: abc@v100)"),
     "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
 }
 
@@ -160,11 +168,33 @@ def _check_header_values(flags: JobFlags) -> None:
             raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
 
 
+#: Image files by kind, the runtimes that run each, and how `export` writes one.
+IMAGE_FILES = {
+    ".sif": (("apptainer", "singularity"), "an Apptainer image", "--apptainer"),
+    ".sqsh": (("pyxis", "edf"), "an enroot squashfs", "--sqsh FILE"),
+    ".oci": (("oci",), "an OCI bundle", "--oci DIR"),
+}
+
+
+def check_image_kind(runtime: str, image: str) -> None:
+    """An image file the runtime cannot run (a .sif to pyxis, a .sqsh to Apptainer): refused with the file the
+    runtime takes."""
+    kind = next((ending for ending in IMAGE_FILES if image.rstrip("/").endswith(ending)), None)
+    if kind is None:
+        return
+    runtimes, what, _ = IMAGE_FILES[kind]
+    if runtime not in runtimes:
+        takes = [f"{ending} ({export})" for ending, (names, _, export) in IMAGE_FILES.items() if runtime in names]
+        wanted = f"a {takes[0]} file written by imgbuild export RECIPE" if takes else "an image name from a registry"
+        raise UsageError(f"{image}: {what}, which --runtime {runtime} does not run; give it {wanted}")
+
+
 def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = False) -> str:
     """What the runtime runs: a .sif, an OCI bundle, or for pyxis a recipe's image as the .sqsh `export --sqsh`
     writes (a name with no registry exists only in this machine's engine, which no node reads; N21)."""
     from imgbuild.imageref import parse
 
+    check_image_kind(runtime, image)
     if runtime in ("apptainer", "singularity"):
         return sif_path(image, sif_dir)
     if runtime == "shifter" and local and not parse(image).host:
@@ -186,9 +216,18 @@ def whole_mem(text: str) -> str:
     return f"{max(1, int(float(match.group(1) + '.' + match.group(2)) * scale))}M"
 
 
-def framework_of(image: str, settings: Settings) -> str:
-    """The framework an image runs (pytorch, tensorflow, jax; "" unknown): a recipe's base, else an NGC
-    repository's name (nvidia/pytorch, nvidia/tensorflow, nvidia/jax)."""
+@dataclass(frozen=True)
+class ImageFacts:
+    """What decides how an image's job is launched and hooked: its framework (pytorch, tensorflow, jax; "" unknown)
+    and its CUDA major ("" unknown)."""
+
+    framework: str = ""
+    cuda_major: str = ""
+
+
+def framework_by_name(image: str, settings: Settings) -> str:
+    """The framework a recipe's base names, else an NGC repository's name (nvidia/pytorch, nvidia/tensorflow,
+    nvidia/jax); "" where the name does not say."""
     from imgbuild.ngc import FRAMEWORKS
     from imgbuild.servers.spec import is_recipe
 
@@ -204,6 +243,59 @@ def framework_of(image: str, settings: Settings) -> str:
         if path.endswith("/" + framework.repository) or path == framework.repository:
             return name
     return "jax" if path.rsplit("/", 1)[-1] == "jax" else ""
+
+
+def facts_of_config(config: dict[str, Any]) -> ImageFacts:
+    """An image config's own word: imgbuild's base-framework label, else the framework its Env names (NGC's
+    PYTORCH_VERSION, TENSORFLOW_VERSION, ...); the CUDA major of its CUDA_VERSION."""
+    from imgbuild.facts import Label
+    from imgbuild.ngc import config_env, cuda_major, describe_config
+
+    block = config.get("config") or config.get("Config") or config
+    labels = block.get("Labels") if isinstance(block, dict) else None
+    label = str((labels or {}).get(Label.BASE_FRAMEWORK, "")) if isinstance(labels, dict) else ""
+    framework = label if label in ("pytorch", "tensorflow", "jax") else describe_config(config)["framework"]
+    return ImageFacts(framework, cuda_major(config_env(config)) or "")
+
+
+#: How long a job's writing waits for a registry to say what an image is (then: by its name alone).
+IMAGE_FACTS_SECONDS = 20
+
+
+def image_facts(
+    image: str, settings: Settings, *, read_image: bool, engine_of: Callable[[], Any] | None = None
+) -> ImageFacts:
+    """The image's facts: by its name where that says the framework and nothing more is needed (`read_image`
+    False); else from the image's own config, this machine's engine first, then its registry (a name without one
+    is never looked up on Docker Hub); by name alone where neither answers."""
+    from imgbuild.errors import ImgbuildError
+    from imgbuild.imageref import BadReference, parse
+    from imgbuild.servers.spec import resolve_image
+
+    by_name = framework_by_name(image, settings)
+    if by_name and not read_image:
+        return ImageFacts(by_name)
+    try:
+        ref, _ = resolve_image(image, settings)
+        parsed = parse(ref)
+    except (ImgbuildError, BadReference):
+        return ImageFacts(by_name)
+    config: dict[str, Any] | None = None
+    try:
+        info = engine_of().images.image(ref) if engine_of else None
+        if info is not None:
+            config = {"config": info.config}
+        elif parsed.host:
+            from imgbuild.registry.client import RegistryClient
+
+            client = RegistryClient.for_host(parsed.host, settings, command_seconds=IMAGE_FACTS_SECONDS)
+            config = client.image_config(parsed.repository, parsed.reference)[1]
+    except (ImgbuildError, OSError):
+        config = None
+    if config is None:
+        return ImageFacts(by_name)
+    found = facts_of_config(config)
+    return ImageFacts(by_name or found.framework, found.cuda_major)
 
 
 def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpus") -> JobSpec:
@@ -272,9 +364,12 @@ def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpu
         snapshot_dir=_snapshot_dir(flags, site.scratch_var),
         usage=flags.usage,
         framework=flags.framework,
+        cuda_major=flags.cuda_major,
         qos=flags.qos or site.qos,
         constraint=flags.constraint or site.constraint,
         sbatch_lines=list(site.sbatch_lines),
+        pass_env=list(site.pass_env),
+        mpi=site.mpi,
         edf_annotations=dict(site.edf_annotations),
         shifter_modules=list(site.shifter_modules),
     )

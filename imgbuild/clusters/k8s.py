@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.launch import alone_command, launches_itself, torchrun_command
+from imgbuild.clusters.launchers import World, told
 from imgbuild.config.site import K8S_VOLUME_RE, K8sSite
 from imgbuild.errors import UsageError
 
@@ -131,11 +132,13 @@ def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def _security(job: K8sJob) -> dict[str, Any]:
-    """The pod's: the caller's IDs and the runtime's default seccomp profile (the restricted Pod Security
-    Standard; a root caller's job cannot meet it, and says so by running as root)."""
+    """The pod's: the caller's IDs, their group owning the mounted volumes (fsGroup: a claim's files writable by
+    the job) and the runtime's default seccomp profile (the restricted Pod Security Standard; a root caller's job
+    cannot meet it: notes() says so)."""
     context: dict[str, Any] = {
         "runAsUser": job.uid,
         "runAsGroup": job.gid,
+        "fsGroup": job.gid,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     if job.uid != 0:
@@ -159,17 +162,77 @@ def _pull_secrets(job: K8sJob) -> dict[str, Any]:
     return {"imagePullSecrets": [{"name": s} for s in job.site.pull_secrets]} if job.site.pull_secrets else {}
 
 
+#: Where each scheduler reads the job's queue: a label on the job (Kueue's LocalQueue, Run:ai's project queue) or
+#: an annotation on the pods (Volcano's queue), and the pods' schedulerName ("" the cluster's default).
+SCHEDULERS = {
+    "kueue": ("", "label", QUEUE_LABEL),
+    "volcano": ("volcano", "annotation", "scheduling.volcano.sh/queue-name"),
+    "runai": ("runai-scheduler", "label", "runai/queue"),
+}
+
+
+def _queue(job: K8sJob, where: str) -> dict[str, str]:
+    """The queue's label or annotation, where the site's scheduler reads it from (`where`: label or annotation)."""
+    _, kind, key = SCHEDULERS[job.site.scheduler]
+    return {key: job.site.queue} if job.site.queue and kind == where else {}
+
+
 def _metadata(job: K8sJob) -> dict[str, Any]:
     meta: dict[str, Any] = {"generateName": f"{job.name}-"} if job.generate else {"name": job.name}
     if job.site.namespace:
         meta["namespace"] = job.site.namespace
-    labels = {"app.kubernetes.io/managed-by": "imgbuild"}
-    if job.site.queue:
-        labels[QUEUE_LABEL] = job.site.queue
+    labels = {"app.kubernetes.io/managed-by": "imgbuild", **_queue(job, "label")}
     if job.site.priority_class:
         labels[PRIORITY_LABEL] = job.site.priority_class
     meta["labels"] = labels
+    if annotations := _queue(job, "annotation"):
+        meta["annotations"] = annotations
     return meta
+
+
+def _pod_template_metadata(job: K8sJob) -> dict[str, Any]:
+    """A Job's pod template's metadata: imgbuild's label, and the queue where the scheduler reads it from pods."""
+    meta = _pod_metadata(job).get("metadata", {})
+    return {**meta, "labels": {"app.kubernetes.io/managed-by": "imgbuild", **meta.get("labels", {})}}
+
+
+def _pod_metadata(job: K8sJob) -> dict[str, Any]:
+    """The pods' own queue label or annotation, where a scheduler other than Kueue reads it from each pod."""
+    if job.site.scheduler == "kueue":
+        return {}
+    labels, annotations = _queue(job, "label"), _queue(job, "annotation")
+    meta = {**({"labels": labels} if labels else {}), **({"annotations": annotations} if annotations else {})}
+    return {"metadata": meta} if meta else {}
+
+
+def _scheduler(job: K8sJob) -> dict[str, Any]:
+    """The pod spec's schedulerName, where the site's scheduler is not the cluster's default one."""
+    name = SCHEDULERS[job.site.scheduler][0]
+    return {"schedulerName": name} if name else {}
+
+
+def notes(job: K8sJob) -> list[str]:
+    """What the caller should know of the manifest before applying it."""
+    said = []
+    if job.uid == 0:
+        said.append(
+            "the job runs as root (the caller's UID 0): a namespace under the restricted Pod Security Standard "
+            "refuses it; write the manifest as the user the job should run as"
+        )
+    name = SCHEDULERS[job.site.scheduler][0]
+    if name and job.uses_torchrun:
+        said.append(
+            f"a TrainJob's pods get their scheduler from the site's ClusterTrainingRuntime ({job.site.runtime}): it "
+            f"must name schedulerName: {name} (Volcano: podGroupPolicy.volcano), which a TrainJob cannot patch"
+        )
+    return said
+
+
+def _world(job: K8sJob) -> World:
+    """The Trainer's torch runtime gives every node's pod its rank and the rendezvous as PET_* variables."""
+    if job.nodes == 1:
+        return World(1, max(job.gpus, 1), "0", "", "")
+    return World(job.nodes, max(job.gpus, 1), "$PET_NODE_RANK", "$PET_MASTER_ADDR", "$PET_MASTER_PORT")
 
 
 def plain_job(job: K8sJob) -> dict[str, Any]:
@@ -178,7 +241,7 @@ def plain_job(job: K8sJob) -> dict[str, Any]:
     container = {
         "name": "main",
         "image": job.image,
-        "command": alone_command(list(job.command)),
+        "command": told(alone_command(list(job.command)), _world(job)),
         "env": _env(job),
         "resources": _resources(job),
         "securityContext": dict(CONTAINER_SECURITY),
@@ -191,9 +254,10 @@ def plain_job(job: K8sJob) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {"app.kubernetes.io/managed-by": "imgbuild"}},
+                "metadata": _pod_template_metadata(job),
                 "spec": {
                     "restartPolicy": "Never",
+                    **_scheduler(job),
                     "securityContext": _security(job),
                     "containers": [container],
                     "volumes": volumes,
@@ -220,7 +284,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
             "template": {
                 "spec": {
                     "replicatedJobs": [
-                        {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}},
+                        {"name": "node", "template": {"spec": {"template": {**_pod_metadata(job), "spec": pod_patch}}}},
                     ]
                 }
             }
@@ -234,7 +298,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
             "runtimeRef": {"name": job.site.runtime, "apiGroup": TRAINER_API, "kind": "ClusterTrainingRuntime"},
             "trainer": {
                 "image": job.image,
-                "command": list(job.command)
+                "command": told(list(job.command), _world(job))
                 if job.self_launching
                 else ["torchrun", *torchrun_command(list(job.command))],
                 "numNodes": job.nodes,

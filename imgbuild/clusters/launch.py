@@ -1,34 +1,22 @@
 """How a cluster job's command is launched, by the image's framework and by the command itself: torchrun for a
 PyTorch image on more than one GPU (the command as typed: `python3 train.py`, `python -m pkg.train`), none for
 TensorFlow and JAX (they start their own workers), and a command that is a launcher itself (torchrun, accelerate
-launch, deepspeed, mpirun) passed through with the rendezvous it needs. Slurm's step and Kubernetes' TrainJob
-both launch from here."""
+launch, deepspeed, mpirun) told its world by its own rules (clusters.launchers), never wrapped in another."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from imgbuild.clusters.launchers import PYTHON_RE, Kind, World, hostfile_lines, launcher_of, told
 
 
 def launcher(job: Any) -> tuple[list[str], list[str]]:
     """(script lines before the step, the command the container runs): torchrun or the command itself."""
     command = list(job.command)
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
-    if job.self_launching:  # given the rendezvous by the variables torchrun (PET_*) and others (MASTER_*) read
-        if command[0].rsplit("/", 1)[-1] == "accelerate" and command[1:2] == ["launch"]:
-            return accelerate_launch(job, command)
-        facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
-        if job.nodes == 1:
-            return [], ["env", *facts, *command]
-        facts += [
-            "PET_NNODES=$SLURM_NNODES",
-            "PET_RDZV_BACKEND=c10d",
-            "PET_RDZV_ENDPOINT=$head_node:$rdzv_port",
-            "PET_RDZV_ID=$SLURM_JOB_ID",
-            "MASTER_ADDR=$head_node",
-            "MASTER_PORT=$rdzv_port",
-        ]
-        return _rendezvous_lines(job), ["env", *facts, *command]
+    found = launcher_of(command)
+    if found:  # a launcher itself: told by its own rules, never wrapped in another
+        return _launcher_told(job, command, found[0])
     if job.framework == "tensorflow" and job.nodes > 1 and not job.uses_torchrun:
         # one worker per task; its index, its Slurm rank, is known only inside the task
         return _tf_worker_lines(job), ["sh", "-c", TF_CONFIG_SCRIPT, "sh", *alone_command(command)]
@@ -40,7 +28,7 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
     if job.nodes == 1:
         # One node: no rendezvous port at all (two jobs on one node would share a fixed one).
         return [], ["torchrun", "--standalone", f"--nproc-per-node={max(job.gpus, 1)}", *restarts, *command]
-    return _rendezvous_lines(job), [
+    return _rendezvous_lines(job), _hosting(job, [
         "torchrun",
         "--nnodes=$SLURM_NNODES",
         f"--nproc-per-node={max(job.gpus, 1)}",
@@ -49,7 +37,55 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
         "--rdzv-id=$SLURM_JOB_ID",
         *restarts,
         *command,
+    ])  # fmt: skip
+
+
+#: torchrun's c10d store is hosted where the endpoint's host matches the node's own name; a fabric name (JUWELS'
+#: `jwb0038i`) never does, so the first node is told it hosts (`is_host`, read by torchrun from PET_RDZV_CONF).
+IS_HOST = 'export PET_RDZV_CONF="is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)"; exec "$@"'
+
+
+def _hosting(job: Any, command: list[str]) -> list[str]:
+    """torchrun's command across nodes, told on each node whether it hosts the rendezvous where the endpoint is a
+    fabric name (slurm.rdzv_host_suffix)."""
+    return ["sh", "-c", IS_HOST, "sh", *command] if job.rdzv_host_suffix else command
+
+
+def _launcher_told(job: Any, command: list[str], kind: Kind) -> tuple[list[str], list[str]]:
+    """A launcher the user typed, told the job's world: torchrun (and one node's MPI) by torchrun's PET_* and the
+    MASTER_* variables; accelerate and deepspeed by their own flags (clusters.launchers), with a port of the job's
+    own on one node too; an MPI launcher across nodes is refused there."""
+    world = World(
+        nodes=job.nodes,
+        per_node=max(job.gpus, 1),
+        node_rank="$SLURM_NODEID",
+        addr="$MASTER_ADDR" if job.nodes > 1 else "",
+        port="$MASTER_PORT",
+        hostfile=HOSTFILE if kind is Kind.DEEPSPEED and job.nodes > 1 else None,
+    )
+    command = told(command, world)
+    if kind in (Kind.ACCELERATE, Kind.DEEPSPEED):
+        if job.nodes == 1:
+            return ["", *_port_lines(job)], ["env", "MASTER_PORT=$rdzv_port", *command]
+        lines = _rendezvous_lines(job)
+        lines += hostfile_lines(world.per_node, HOSTFILE) if world.hostfile else []
+        return lines, ["env", "MASTER_ADDR=$head_node", "MASTER_PORT=$rdzv_port", *command]
+    facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
+    if job.nodes == 1:  # torchrun's --standalone: a rendezvous on a free port (else 29500, another job's too)
+        return [], ["env", *facts, *(["PET_STANDALONE=1"] if kind is Kind.TORCHRUN else []), *command]
+    facts += [
+        "PET_NNODES=$SLURM_NNODES",
+        "PET_RDZV_BACKEND=c10d",
+        "PET_RDZV_ENDPOINT=$head_node:$rdzv_port",
+        "PET_RDZV_ID=$SLURM_JOB_ID",
+        "MASTER_ADDR=$head_node",
+        "MASTER_PORT=$rdzv_port",
     ]
+    return _rendezvous_lines(job), _hosting(job, ["env", *facts, *command])
+
+
+#: DeepSpeed's hostfile, in the job's folder (every runtime's working folder), as the task sees it.
+HOSTFILE = ".imgbuild-hostfile-$SLURM_JOB_ID"
 
 
 def _address_line(var: str, node: str, suffix: str) -> str:
@@ -79,28 +115,6 @@ def _port_lines(job: Any, var: str = "rdzv_port") -> list[str]:
         f"{var}=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])' "
         f"2>/dev/null || echo $(( {job.rdzv_port} + SLURM_JOB_ID % 3000 )))",
     ]
-
-
-#: `accelerate launch` on each node as that node: its rank is known only inside the task (Slurm's node ID).
-ACCELERATE_NODE = 'exec "$0" launch --machine_rank "$SLURM_NODEID" "$@"'
-
-
-def accelerate_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
-    """`accelerate launch` reads its own flags, not torchrun's variables (huggingface/accelerate
-    `utils/launch.py` `prepare_multi_gpu_env`): it is given the processes (one per GPU; by itself it counts the
-    GPUs it sees) and, across nodes, the machines, the rendezvous (c10d, so torchrun assigns the ranks) and each
-    node's rank. The user's own flags come after and win."""
-    processes = max(job.gpus, 1) * job.nodes
-    told = [f"--num_processes={processes}", *(["--multi_gpu"] if processes > 1 else [])]
-    if job.nodes == 1:
-        return [], [command[0], "launch", *told, *command[2:]]
-    told += [
-        f"--num_machines={job.nodes}",
-        "--main_process_ip=$head_node",
-        "--main_process_port=$rdzv_port",
-        "--rdzv_backend=c10d",
-    ]
-    return _rendezvous_lines(job), ["sh", "-c", ACCELERATE_NODE, command[0], *told, *command[2:]]
 
 
 def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
@@ -152,22 +166,10 @@ def _tf_worker_lines(job: Any) -> list[str]:
     ]
 
 
-_PYTHON_RE = re.compile(r"(?:.*/)?python(?:3(?:\.[0-9]{1,2})?)?")
-#: Commands that start the workers themselves, by their program's name or as `python -m MODULE`.
-LAUNCHER_PROGRAMS = ("torchrun", "deepspeed", "accelerate", "mpirun", "mpiexec", "horovodrun", "srun", "composer")
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch", "deepspeed")
-
-
 def launches_itself(command: list[str]) -> bool:
     """`torchrun ...`, `accelerate launch ...`, `deepspeed ...`, `mpirun ...`, `python -m torch.distributed.run`:
-    the command is a launcher, to be given the rendezvous, never wrapped in another."""
-    if not command:
-        return False
-    head = command[0].rsplit("/", 1)[-1]
-    if head in LAUNCHER_PROGRAMS:
-        return True
-    return bool(_PYTHON_RE.fullmatch(command[0]) and command[1:2] == ["-m"] and command[2:3]
-                and command[2] in LAUNCHER_MODULES)  # fmt: skip
+    the command is a launcher, to be told its world, never wrapped in another."""
+    return launcher_of(command) is not None
 
 
 def torchrun_command(command: list[str]) -> list[str]:
@@ -177,7 +179,7 @@ def torchrun_command(command: list[str]) -> list[str]:
     if not command:
         return command
     head, rest = command[0], command[1:]
-    if _PYTHON_RE.fullmatch(head):
+    if PYTHON_RE.fullmatch(head):
         if rest[:1] == ["-m"] and len(rest) > 1:
             return ["-m", *rest[1:]]
         if rest and not rest[0].startswith("-"):
@@ -190,6 +192,6 @@ def torchrun_command(command: list[str]) -> list[str]:
 
 def alone_command(command: list[str]) -> list[str]:
     """The command on one GPU (no torchrun): a bare `train.py` runs as torchrun would run it, with python3."""
-    if command and command[0].endswith(".py") and not _PYTHON_RE.fullmatch(command[0]):
+    if command and command[0].endswith(".py") and not PYTHON_RE.fullmatch(command[0]):
         return ["python3", *command]
     return command

@@ -49,6 +49,13 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _REPO_PREFIX = re.compile(r"[a-z0-9.-]{1,253}(?::[0-9]{1,5})?(?:/[a-z0-9._-]{1,128}){0,8}")
 BIND_RE = re.compile(r"/[^:,\s]*(?::/[^:,\s]*)?(?::ro)?")
+#: A Slurm account: a name, and Jean Zay's GPU partition after `@` (abc@v100, abc@a100); the flag's rule too.
+ACCOUNT_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}(?:@[A-Za-z0-9_.-]{1,64})?")
+#: A folder on the cluster: absolute, or under a variable the site's docs name (`$SINGULARITY_ALLOWED_DIR`, Jean
+#: Zay), which the job's shell expands; no spaces, colons or commas (it becomes part of a bind or a mount list).
+SITE_DIR_RE = re.compile(r"(?:/|\$\{?[A-Za-z_][A-Za-z0-9_]{0,63}\}?(?=/|$))[A-Za-z0-9_@%+=./-]{0,4095}")
+#: A variable passed into a container of its own by name, or every one with a prefix (`NCCL_*`).
+PASSED_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\*?")
 SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
 
 
@@ -243,7 +250,7 @@ class SlurmSite:
     cpu_partition: str | None = typed(
         Maybe(Text(matches(_NAME, "not a partition name"))), None, doc="for jobs without GPUs (else partition)"
     )
-    account: str | None = typed(Maybe(Text(matches(_NAME, "not an account name"))), None)
+    account: str | None = typed(Maybe(Text(matches(ACCOUNT_RE, "not an account name (Jean Zay: abc@v100)"))), None)
     gpu_types: dict[str, str] = typed(
         MapOf(Text(matches(_NAME, "not a name")), Text(matches(_NAME, "not a GRES type"))),
         factory=dict,
@@ -276,7 +283,11 @@ class SlurmSite:
     runtime: str = typed(
         OneOf("apptainer", "singularity", "pyxis", "docker", "oci", "edf", "podman-hpc", "shifter"), "apptainer"
     )
-    sif_dir: str | None = typed(Maybe(PATH), None, doc="where .sif files and OCI bundles live on the cluster")
+    sif_dir: str | None = typed(
+        Maybe(Text(matches(SITE_DIR_RE, "not an absolute path or $VAR/path"))),
+        None,
+        doc="where .sif, .sqsh files and OCI bundles live on the cluster (Jean Zay: $SINGULARITY_ALLOWED_DIR)",
+    )
     rdzv_port: int = typed(Integer(ge=1024, le=65535), 29500)
     rdzv_host_suffix: str = typed(
         Text(matches(re.compile(r"[A-Za-z0-9.-]{0,32}"), "not a host name suffix")),
@@ -312,6 +323,17 @@ class SlurmSite:
         ListOf(Text(matches(_NAME, "not a module name")), max_length=16),
         factory=list,
         doc="runtime shifter: the site's Shifter modules every job loads (shifter --module=NAME)",
+    )
+    pass_env: list[str] = typed(
+        ListOf(Text(matches(PASSED_NAME_RE, "not a variable name or PREFIX*")), max_length=64),
+        factory=list,
+        doc="more variables the docker and podman-hpc runtimes pass from the job into its containers, by name "
+        "(HF_TOKEN, WANDB_*), beside NCCL's, libfabric's and UCX's",
+    )
+    mpi: str | None = typed(
+        Maybe(Text(matches(_NAME, "not an MPI plugin name"))),
+        None,
+        doc="srun --mpi for jobs of one task per GPU (pmix, for Open MPI in a container)",
     )
     sbatch_lines: list[str] = typed(
         ListOf(Text(matches(SBATCH_LINE_RE, "not an sbatch option such as --hint=nomultithread")), max_length=32),
@@ -354,7 +376,15 @@ class K8sSite:
 
     namespace: str | None = typed(Maybe(Text(matches(_DNS_LABEL, "not a namespace name"))), None)
     queue: str | None = typed(
-        Maybe(Text(matches(_LABEL_VALUE, "not a label value"))), None, doc="Kueue LocalQueue (queue-name label)"
+        Maybe(Text(matches(_LABEL_VALUE, "not a label value"))),
+        None,
+        doc="the scheduler's queue: Kueue LocalQueue, Volcano queue, Run:ai project queue",
+    )
+    scheduler: str = typed(
+        OneOf("kueue", "volcano", "runai"),
+        "kueue",
+        doc="who schedules the pods: kueue (queue-name label), volcano (schedulerName, queue annotation), runai "
+        "(runai-scheduler, runai/queue label)",
     )
     priority_class: str | None = typed(
         Maybe(Text(matches(_LABEL_VALUE, "not a label value"))),

@@ -24,6 +24,7 @@ class NodeRun:
     local_image: bool = False  # built on this machine: never pulled
     gpu_flag: str = "gpus"  # docker: how GPUs are given (`--gpus`, NVIDIA_VISIBLE_DEVICES, or CDI devices)
     job_env: tuple[str, ...] = ()  # variables the job's script sets that the container must see
+    site_env: tuple[str, ...] = ()  # the site's own (slurm.pass_env): NAME, or PREFIX* for every one so named
 
 
 def bind_pair(bind: str) -> str:
@@ -56,12 +57,22 @@ SLURM_PASSED = (
 )  # fmt: skip
 
 
-#: What a job's environment says that its container must see too (clusters-4 N18: NCCL_SOCKET_IFNAME was lost):
-#: NCCL's and the transports' interface and fabric choices, Hugging Face's and PyTorch's caches.
+#: What a job's environment says that its container must see too, as Apptainer and pyxis pass it: NCCL's and
+#: PyTorch's NCCL settings, the fabrics' (libfabric and Slingshot's CXI provider; UCX on InfiniBand), the sockets'
+#: interfaces, Hugging Face's and PyTorch's caches. A site adds its own (slurm.pass_env: HF_TOKEN, WANDB_*).
 PASSED_ENV = (
-    "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE",
-    "NCCL_CROSS_NIC", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "HF_HOME", "TORCH_HOME",
+    "NCCL_*", "TORCH_NCCL_*", "FI_*", "CXI_*", "UCX_*", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HF_HOME",
+    "TORCH_HOME",
 )  # fmt: skip
+
+
+def _docker_env(names: tuple[str, ...]) -> str:
+    """`-e NAME` for each variable, by name only (a value such as HF_TOKEN never reaches a command line), and for
+    each one the task's environment holds under a PREFIX* when it starts (docker itself takes names only)."""
+    exact = [f"-e {name}" for name in names if not name.endswith("*")]
+    prefixes = "|".join(name[:-1] for name in names if name.endswith("*"))
+    found = f"$(env | sed -nE 's/^(({prefixes})[A-Za-z0-9_]*)=.*/-e \\1/p')" if prefixes else ""
+    return " ".join([found, *exact]).strip()
 
 
 def docker_prefix(job: NodeRun) -> list[str]:
@@ -93,7 +104,7 @@ def docker_prefix(job: NodeRun) -> list[str]:
     ]
     # the step's Slurm facts (the frameworks' own cluster resolvers read them), the job's own network and cache
     # settings where it sets them, and TensorFlow's worker list (`-e NAME`: unset stays unset)
-    for name in (*SLURM_PASSED, *PASSED_ENV, "IMGBUILD_TF_WORKERS"):
+    for name in (*SLURM_PASSED, "IMGBUILD_TF_WORKERS"):
         opts += ["-e", name]
     # The caller's UID has no home in the image: a writable one, as `imgbuild run` gives (pip --user, ~/.cache).
     opts += ["-e", "HOME=/tmp/home"]
@@ -109,6 +120,7 @@ def docker_prefix(job: NodeRun) -> list[str]:
         "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)",
     ]
     opts += _job_words(job)
+    passed = " " + _docker_env((*PASSED_ENV, *job.site_env))
     # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
     memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
     if not job.gpus:
@@ -141,7 +153,7 @@ def docker_prefix(job: NodeRun) -> list[str]:
         # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
         # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
         'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
-        shell_words(opts) + memory + gpus + shell_words([job.image]) + ' "$@" & wait "$!"',
+        shell_words(opts) + passed + memory + gpus + shell_words([job.image]) + ' "$@" & wait "$!"',
     ]
     return ["sh", "-c", "; ".join(script), "sh"]
 
@@ -158,7 +170,7 @@ def podman_hpc_prefix(job: NodeRun) -> list[str]:
     # the host's PID namespace too: with the host's network the container has the node's host name, and
     # torchrun tells nodes apart by host name and PID (nodes of a small cluster may share a host)
     opts += ["--network", "host", "--ipc", "host", "--pid", "host", "-v", "$PWD:/workspace", "-w", "/workspace"]
-    for name in ("SLURM_*", *PASSED_ENV, "IMGBUILD_TF_WORKERS"):
+    for name in ("SLURM_*", *PASSED_ENV, *job.site_env, "IMGBUILD_TF_WORKERS"):
         opts += ["-e", name]
     return [*opts, *_job_words(job), job.image]
 

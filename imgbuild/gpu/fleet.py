@@ -40,6 +40,10 @@ class Target:
         return f"sm_{self.capability[0]}{self.capability[1]}"
 
 
+#: AMD's data-centre and Radeon GPUs by name or LLVM target (MI250X, MI300A, gfx90a): out of imgbuild's scope.
+AMD_GPU_RE = re.compile(r"(?:amd|instinct)?(?:mi[0-9]{2,3}[a-z]{0,2}|radeon[a-z0-9]*|gfx[0-9a-f]{3,4})")
+
+
 def parse_target(word: str) -> Target:
     text = word.strip().lower()
     key = text.replace(" ", "").replace("-", "").replace("_", "")
@@ -51,6 +55,11 @@ def parse_target(word: str) -> Target:
         major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
         if 3 <= int(major) <= 20:  # Kepler (3.x) to well past anything announced
             return Target(text, (int(major), int(minor)))
+    if AMD_GPU_RE.fullmatch(key):
+        raise UsageError(
+            f"--for {word.strip()[:40]!r}: an AMD GPU; NGC images are CUDA builds and cannot use it (imgbuild is for "
+            "NVIDIA GPUs: on AMD sites such as LUMI use the site's ROCm containers)"
+        )
     raise UsageError(
         f"--for: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
         f"or a name such as {', '.join(list(GPU_MODELS)[:12])} ({len(GPU_MODELS)} known: docs/gpus.md)"

@@ -39,6 +39,7 @@ from imgbuild.registry.transport import (
     retry_after,
     shutdown,
 )
+from imgbuild.registry_identity import same_registry
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -83,12 +84,12 @@ class RegistryClient:
     @classmethod
     def for_host(cls, host: str, settings: Settings, command_seconds: float | None = None) -> RegistryClient:
         """A client with credentials from settings (NGC API key on the NGC host) or the docker config."""
-        key = settings.ngc_api_key if host == settings.ngc_registry else None
+        key = settings.ngc_api_key if same_registry(host, settings.ngc_registry) else None
         creds = Credentials("$oauthtoken", key) if key else docker_config_credentials(host)
         return cls(
             host,
             credentials=creds,
-            insecure=host in settings.insecure_registries or is_loopback(host),
+            insecure=any(same_registry(host, plain) for plain in settings.insecure_registries) or is_loopback(host),
             backoff=settings.registry_backoff,
             timeout=settings.registry_timeout,
             command_seconds=command_seconds or settings.registry_deadline,

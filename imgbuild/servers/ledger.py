@@ -283,34 +283,18 @@ class Ledger:
         return sorted(found)[:100_000]
 
     def _write(self, entries: list[Entry], extended: dict[str, dict[str, Any]]) -> None:
-        """Replace this user's file whole (a file beside it, renamed over it). In a sticky folder nobody can
-        replace a file another user owns: a planted one is refused, and root removes it."""
-        data = json.dumps({"entries": [asdict(e) for e in entries], "extended": extended}).encode()
-        if os.geteuid() == 0:
-            from imgbuild.regular import clear_planted
+        """Replace this user's file whole, by the one writer. In a sticky folder nobody can replace a file another
+        user owns: a planted one is refused, and root removes it (a folder or FIFO planted at root's name would
+        stop every `run`)."""
+        from imgbuild.regular import write_atomic
 
-            clear_planted(self.path)  # a folder or FIFO planted at root's name would stop every `run`
-        partial = self.dir / f".ledger-{self.uid}.json.{os.getpid()}"
+        data = json.dumps({"entries": [asdict(e) for e in entries], "extended": extended}).encode()
         try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            try:
-                os.replace(partial, self.path)
-            except PermissionError:
-                if os.geteuid() != 0:
-                    raise
-                _remove(self.path)
-                os.replace(partial, self.path)
+            write_atomic(self.path, data, 0o644, planted=True)
         except OSError as exc:
             raise EnvironmentProblem(
                 f"cannot write {self.path}: {exc.strerror} (another user's file there? an admin removes it)"
             ) from None
-        finally:
-            with contextlib.suppress(OSError):
-                partial.unlink()
 
 
 def _remove(path: Path) -> None:

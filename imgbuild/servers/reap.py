@@ -240,29 +240,16 @@ def save_state(path: Path, state: State) -> None:
 
 
 def write_whole(path: Path, data: Any, mode: int = 0o644, owner: int = 0) -> None:
-    """`data` as JSON in `path`, written beside it (never through a link), synced and renamed over it: never half
-    written; given to `owner` where root writes a user's own file. Root first removes what someone else planted
-    at the name (a folder, a FIFO, a link: the state folder is sticky and world-writable, and only root may take
-    another user's entry away)."""
-    if os.geteuid() == 0:
-        from imgbuild.regular import clear_planted
+    """`data` as JSON in `path`, written whole by the one writer (never through a link, synced, renamed over it);
+    given to `owner` where root writes a user's own file. Root first removes what someone else planted at the name
+    (a folder, a FIFO, a link: the state folder is sticky and world-writable, and only root may take another
+    user's entry away)."""
+    from imgbuild.regular import write_atomic
 
-        clear_planted(path, owner)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle)
-            if owner and os.geteuid() == 0:
-                os.fchown(handle.fileno(), owner, -1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
+        write_atomic(path, json.dumps(data), mode, owner, planted=True)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink()
 
 
 def append_log(path: Path, now: float, action: Action, outcome: str) -> None:

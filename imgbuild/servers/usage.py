@@ -164,15 +164,13 @@ def prometheus(by_user: list[Row], by_gpu: list[Row], since: float | None, now: 
 
 
 def write_textfile(path: Path, text: str) -> None:
-    """Write `path` whole (beside it, then renamed over it), as node_exporter's textfile collector requires."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `path` whole (the one writer: beside it, then renamed over it), as node_exporter's textfile collector
+    requires."""
+    from imgbuild.regular import write_atomic
+
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(partial, path)
+        write_atomic(path, text, 0o644)
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
 
 
