@@ -89,6 +89,9 @@ class PipStep:
         environ.update(PATH=f"{self.venv / 'bin'}:{environ['PATH']}", PIP_CONFIG_FILE=os.devnull)
         environ["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
         environ["IMGBUILD_LOCK_UV_CACHE"] = str(self.cache)  # install.sh's uv cache: this test's own
+        # pip's wheel cache too: a source build another test (another xdist worker) made of a package of the same
+        # name and version is never this test's
+        environ["PIP_CACHE_DIR"] = str(self.cache.with_name("pip-cache"))
         return environ
 
     def pip(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:

@@ -292,12 +292,15 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
 ):
     import xml.etree.ElementTree as ET
 
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from imgbuild.supply import attest
 
-    signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
-    (tmp_path / "cosign.pub").write_bytes(signer.public_pem())
+    key = ec.generate_private_key(ec.SECP256R1())
+    signer = attest.Signer(key)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "cosign.pub").write_bytes(public)
     img = {n: f"{served.host}/lab/{n}:v1" for n in ("a", "b", "c", "d", "e")}
     good = _pushed(served, "lab/a", "v1", signer)
     unsigned = _pushed(served, "lab/d", "v1")
@@ -313,12 +316,14 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
     ])  # fmt: skip
     hostile = _report(tmp_path, "hostile.json", [
         _row("recipes/b.yaml", BUILT, image=img["b"], pushed_digest="sha256:" + "6" * 64),  # nobody pushed it
-        _row('recipes/never-planned<x>&"]]>\uffff.yaml', BUILT, image=img["a"], pushed_digest=good),
+        _row('recipes/never-planned<x>&"]]>.yaml', BUILT, image=img["a"], pushed_digest=good),
         _row("::error file=README.md,line=1::forged", FRESH, image=img["a"]),
     ])  # fmt: skip
+    # a noncharacter is no text at all: the report holding it is refused whole, as a failed row of its own
+    unreadable = _report(tmp_path, "unreadable.json", [_row("recipes/x\uffff.yaml", BUILT, image=img["a"])])
     junit = tmp_path / "merged.xml"
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
-    code, out, err = imgbuild_here(capsys, "merge-reports", str(honest), str(hostile), str(tmp_path / "died.json"),
+    code, out, err = imgbuild_here(capsys, "merge-reports", str(honest), str(hostile), str(unreadable), str(tmp_path / "died.json"),
                                "--plan", str(plan), "--key", str(tmp_path / "cosign.pub"), "--junit-xml", str(junit))  # fmt: skip
     assert code == 1, err
     assert not any(line.lstrip().startswith("::") for line in out.splitlines())
@@ -334,6 +339,7 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
     assert "a recipe nobody planned" in failed["::error file=README.md,line=1::forged"]
     assert any("nobody planned" in message and "never-planned" in name for name, message in failed.items())
     assert any("died.json" in name for name in failed)  # the report that never came is a failed row too
+    assert any("unreadable.json" in name for name in failed)
 
 
 def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(

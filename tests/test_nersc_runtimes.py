@@ -70,7 +70,7 @@ def test_podman_hpc_gets_the_sites_module_flags_the_steps_variables_and_never_pu
     step = step_of(sbatch_script(JobSpec(["python3", "train.py"], IMAGE, gpus=4, nodes=2, runtime="podman-hpc",
                                          binds=["/pscratch/sd/a/alice"])))  # fmt: skip
     assert step.startswith("srun --cpus-per-task=40 podman-hpc run --rm --pull never --gpu --nccl ")
-    assert " -e 'SLURM_*' " in step and " -e IMGBUILD_TF_WORKERS " in step and " -e NCCL_SOCKET_IFNAME " in step
+    assert " -e 'SLURM_*' " in step and " -e IMGBUILD_TF_WORKERS " in step and " -e 'NCCL_*' " in step
     assert " --network host --ipc host --pid host " in step and ' -v "$PWD:/workspace" -w /workspace ' in step
     assert f" -v /pscratch/sd/a/alice:/pscratch/sd/a/alice {IMAGE} env " in step
     cpu = step_of(sbatch_script(JobSpec(["true"], IMAGE, gpus=0, runtime="podman-hpc")))

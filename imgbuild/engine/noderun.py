@@ -123,9 +123,8 @@ def docker_prefix(job: NodeRun) -> list[str]:
     passed = " " + _docker_env((*PASSED_ENV, *job.site_env))
     # The job's memory on this node, shared by its tasks here (set where the job asked for --mem).
     memory = " ${SLURM_MEM_PER_NODE:+--memory=$((SLURM_MEM_PER_NODE / ${SLURM_NTASKS_PER_NODE:-1}))m}"
-    if not job.gpus:
-        opts += [word for key, value in hide_gpus([]) for word in ("-e", f"{key}={value}")]
-        gpus = " "
+    if not job.gpus:  # the hiding is the last word, after every variable passed by name (a site's pass_env too)
+        gpus = " " + shell_words([word for key, value in hide_gpus([]) for word in ("-e", f"{key}={value}")]) + " "
     else:
         # The daemon sees every GPU of the node: give the container exactly the step's (or, one task per
         # GPU, the task's), read on each node inside the step (SLURM_STEP_GPUS: the host indices).

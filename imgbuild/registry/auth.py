@@ -9,9 +9,13 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imgbuild.dockerconfig import read_docker_config
-from imgbuild.registry_identity import is_docker_hub, same_registry
+from imgbuild.registry_identity import is_docker_hub, is_loopback, same_registry
+
+if TYPE_CHECKING:
+    from imgbuild.config.settings import Settings
 
 _CHALLENGE_RE = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
 
@@ -81,3 +85,15 @@ def engine_auth(ref: str) -> dict[str, str] | None:
     host, _, _ = split_reference(ref)
     creds = docker_config_credentials(host)
     return {"username": creds.username, "password": creds.password} if creds else None
+
+
+def credentials_for(host: str, settings: Settings) -> Credentials | None:
+    """What a registry is told who we are: the NGC API key on the NGC registry (by identity, any spelling of it),
+    else the docker config's login for it."""
+    key = settings.ngc_api_key if same_registry(host, settings.ngc_registry) else None
+    return Credentials("$oauthtoken", key) if key else docker_config_credentials(host)
+
+
+def plain_http(host: str, settings: Settings) -> bool:
+    """A registry spoken to without TLS: one the settings name (by identity), or this machine's loopback."""
+    return any(same_registry(host, plain) for plain in settings.insecure_registries) or is_loopback(host)

@@ -22,7 +22,7 @@ import requests
 from imgbuild import limits
 from imgbuild.errors import RegistryCorrupt, RegistryError, RegistryUnavailable
 from imgbuild.imageref import DIGEST_RE
-from imgbuild.registry.auth import Credentials, docker_config_credentials, parse_challenge
+from imgbuild.registry.auth import Credentials, credentials_for, parse_challenge, plain_http
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
 from imgbuild.registry.transport import (
     RETRY_STATUS,
@@ -39,7 +39,6 @@ from imgbuild.registry.transport import (
     retry_after,
     shutdown,
 )
-from imgbuild.registry_identity import same_registry
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -84,12 +83,10 @@ class RegistryClient:
     @classmethod
     def for_host(cls, host: str, settings: Settings, command_seconds: float | None = None) -> RegistryClient:
         """A client with credentials from settings (NGC API key on the NGC host) or the docker config."""
-        key = settings.ngc_api_key if same_registry(host, settings.ngc_registry) else None
-        creds = Credentials("$oauthtoken", key) if key else docker_config_credentials(host)
         return cls(
             host,
-            credentials=creds,
-            insecure=any(same_registry(host, plain) for plain in settings.insecure_registries) or is_loopback(host),
+            credentials=credentials_for(host, settings),
+            insecure=plain_http(host, settings),
             backoff=settings.registry_backoff,
             timeout=settings.registry_timeout,
             command_seconds=command_seconds or settings.registry_deadline,

@@ -131,6 +131,9 @@ EOF
   if [ -n "$hosts" ]; then export UV_INSECURE_HOST="${UV_INSECURE_HOST:-} $hosts"; fi
   if [ -n "${PIP_CERT:-}" ]; then export SSL_CERT_FILE="$PIP_CERT"; fi
   export UV_CACHE_DIR="${IMGBUILD_LOCK_UV_CACHE:-/root/.cache/uv}" UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=never
+  # uv wraps its messages to the terminal's width (80 columns where there is none, as in a build): one sentence a
+  # line, as the guard and the lock read them
+  export COLUMNS=100000
   if [ -n "${IMGBUILD_LOCK_HASHES:-}" ]; then
     # imgbuild lock's second pass: the sha256 of every file of each version uv would install, from the index
     exec "$uv" pip compile --python "$(command -v python3)" --no-deps --generate-hashes --no-header --no-annotate \
