@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_index import dry_run, old_release_line, question  # noqa: E402
 from pip_versions import (  # noqa: E402
+    PIN_FILES,
     admit_together,
     asked_lines,
     canon,
@@ -471,7 +472,12 @@ def main(argv):
         why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
         why = why or (other_cuda(watch.installed) if before is not None else "")
         why = why or fallback_line(watch.installed, named)
-        why = why or old_release_line(watch.installed, named, command, functools.partial(why_not, command, origin))
+        locked = {
+            name for name, held in watch.sources.items() if any(who == PIN_FILES["resolved.txt"] for _, who in held)
+        }
+        why = why or old_release_line(
+            watch.installed, named, command, functools.partial(why_not, command, origin), frozenset(locked)
+        )
         if not why:
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)

@@ -249,16 +249,19 @@ def old_fallback(name, version, wanted, known):
     return newest, now, then
 
 
-def old_release_line(installed, named, command, ask):
+def old_release_line(installed, named, command, ask, locked=frozenset()):
     """The failure line for a resolver's quiet fallback to a release the index yanked, or to one far older than
     the newest the recipe admits (uv's vllm 0.2.5 beside 0.11), for the packages the recipe names (`named`:
     `named_specs` of its lines) without asking for a version; "" when there is none or the index cannot say.
-    `ask(name, newest)`: the resolver's reason."""
+    `ask(name, newest)`: the resolver's reason. `locked`: the names the recipe's lock pins, which its lock chose
+    (kept on purpose by `imgbuild lock`, freed by `--upgrade-package`), not the resolver."""
     chosen = [
         (name, version)
         for name, version in installed
         # asked for by version (==, ===) or from a URL or path (name @ ...): the recipe chose it, not the resolver
-        if canon(name) in named and not any("==" in spec or "@" in spec for spec in named[canon(name)])
+        if canon(name) in named
+        and canon(name) not in locked
+        and not any("==" in spec or "@" in spec for spec in named[canon(name)])
     ]
     known = look_up(sorted({name for name, _ in chosen}), command) if chosen else {}
     for name, version in chosen:
