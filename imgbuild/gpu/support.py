@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgbuild.gpu.toolkit import version_tuple
+
 TABLE = Path(__file__).with_name("support.json")
 _CAPABILITY = re.compile(r"([0-9]{1,2})\.([0-9])")
 _DRIVER = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){0,2}")
@@ -77,14 +79,10 @@ def _branch(version: str) -> int:
     return int(version.split(".")[0])
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
 def _both_allow(older: tuple[str, ...], newer: tuple[str, ...]) -> tuple[str, ...]:
     """The branches two forward-compatibility lists share, each at the higher of its two minimums."""
     mins = {_branch(v): v for v in newer}
-    return tuple(max(v, mins[_branch(v)], key=_version_key) for v in older if _branch(v) in mins)
+    return tuple(max(v, mins[_branch(v)], key=version_tuple) for v in older if _branch(v) in mins)
 
 
 def _capability(text: Any, where: str) -> tuple[int, int]:

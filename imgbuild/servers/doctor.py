@@ -137,10 +137,13 @@ def _bus_lines(facts: HostFacts, branch: int) -> list[Line]:
                 "its power and cooling",
             )
         )
-    known = any(g.driver for g in facts.pci_gpus)  # a sysfs that shows bindings: judge each GPU by its own
-    unbound = [g for g in facts.pci_gpus if not g.driver] if known else list(facts.pci_gpus)
-    if len(unbound) - (0 if known else len(facts.gpus)) > 0:
-        lines.append(_undriven(unbound if known else [], len(unbound) - (0 if known else len(facts.gpus)), branch))
+    if any(g.driver for g in facts.pci_gpus):  # a sysfs that shows bindings: each GPU judged by its own
+        unbound = [g for g in facts.pci_gpus if not g.driver]
+        missing = len(unbound)
+    else:  # no bindings to read: only a count against what the driver lists
+        unbound, missing = [], len(facts.pci_gpus) - len(facts.gpus)
+    if missing > 0:
+        lines.append(_undriven(unbound, missing, branch))
     return lines
 
 
