@@ -62,7 +62,29 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 
 @pytest.fixture(autouse=True)
-def isolated_settings(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def environment_left_as_found():
+    """A test that leaves the process environment changed (code under test writing os.environ where the test did
+    not record the name with monkeypatch) changes every later test on its worker: one leaked DOCKER_HOST sent
+    another test's engine to ssh://. The environment is compared after monkeypatch's undo, put back, and the
+    leaking test fails naming the variables."""
+    own = "PYTEST_CURRENT_TEST"  # pytest's own, set per phase
+    before = {k: v for k, v in os.environ.items() if k != own}
+    yield
+    after = {k: v for k, v in os.environ.items() if k != own}
+    if after != before:
+        changed = sorted({name for name, _ in set(before.items()) ^ set(after.items())})
+        for name in changed:
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                os.environ.pop(name, None)
+        pytest.fail(f"the test left the environment changed: {changed}")
+
+
+@pytest.fixture(autouse=True)
+def isolated_settings(
+    environment_left_as_found: None, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No test reads the developer's config or writes the real cache."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("IMGBUILD_CONFIG", str(home / "config.yaml"))

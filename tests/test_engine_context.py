@@ -107,7 +107,8 @@ def test_a_context_over_ssh_reaches_the_engine_through_the_ssh_client(tmp_path, 
 
     _context(tmp_path, "gpu-server", "ssh://you@gpu-server")
     for name in ("DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so what connect() writes there is undone after the test
+        monkeypatch.delenv(name)
     monkeypatch.setenv("DOCKER_CONTEXT", "gpu-server")
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     asked: list[tuple[str, dict]] = []

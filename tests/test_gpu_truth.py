@@ -326,6 +326,8 @@ def test_tf32_is_turned_off_even_where_the_image_turns_it_on(monkeypatch):
     seen = {}
     monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "1")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "")  # recorded: main() sets it for the process it is
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
     monkeypatch.setitem(script.RUNNERS, "pytorch", lambda report, libraries_only: seen.update(dict(script.os.environ)))
     script.main(["--framework", "pytorch", "--format", "table"])
     assert seen["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "0" and seen["NVIDIA_TF32_OVERRIDE"] == "0"

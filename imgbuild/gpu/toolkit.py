@@ -5,6 +5,7 @@ test and `run` ask here."""
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Callable
 
 from imgbuild.facts import LOADER_ENV
@@ -91,8 +92,6 @@ def hook_disabled(path: str = "") -> bool:
 
 
 def command_output(args: list[str]) -> str:
-    import subprocess
-
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
