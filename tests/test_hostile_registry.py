@@ -160,6 +160,36 @@ def test_each_registry_fault_ends_in_time_with_one_line(behaviour, error, words,
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024  # KiB
 
 
+@pytest.mark.parametrize(  # urllib3's own error reaches us only from a body read (requests wraps the rest)
+    "clock, where",
+    [(c, "a whole answer") for c in ("requests", "urllib3", "socket")]
+    + [(c, "a streamed blob") for c in ("requests", "socket")],
+)
+def test_a_read_timeout_firing_before_the_deadline_is_told_as_the_same_stall(clock, where, bad, monkeypatch):
+    """Which clock fires first on a stalled read (the reader's own timeout or the client's deadline) depends on
+    how busy the machine is; the user is told the same thing either way."""
+    import requests
+    import urllib3.exceptions
+
+    raised = {
+        "requests": requests.exceptions.ReadTimeout("read timed out"),
+        "urllib3": urllib3.exceptions.ReadTimeoutError(None, "/v2/", "read timed out"),  # type: ignore[arg-type]
+        "socket": socket.timeout("timed out"),
+    }[clock]
+    client = _client(bad)
+
+    def stall(*args: object, **kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(client.session, "request", stall)
+    with pytest.raises(RegistryUnavailable, match="did not answer within") as info:
+        if where == "a whole answer":
+            client.tags("anything")
+        else:
+            client._stream("GET", client._url("/v2/library/x/blobs/sha256:" + "0" * 64), "repository:library/x:pull")
+    assert "\n" not in str(info.value)
+
+
 def test_credentials_never_reach_another_host(bad):
     """A token earned from this registry is not sent where its `Link` header points."""
     client = _client(bad, credentials=Credentials("$oauthtoken", "nvapi-secret"))

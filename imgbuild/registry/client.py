@@ -34,6 +34,7 @@ from imgbuild.registry.transport import (
     digest_of,
     error_code,
     is_loopback,
+    is_stall,
     next_link,
     read_body,
     retry_after,
@@ -144,6 +145,8 @@ class RegistryClient:
                     f"registry {self.host}: an answer is larger than "
                     f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
                 )
+            if is_stall(error):  # the reader's own timeout fired before the deadline above: the same stall
+                raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
             # urllib3's own errors (a read timing out mid-body, ReadTimeoutError) and http.client's reach us
             # unwrapped when the body is read from resp.raw
             if isinstance(error, (requests.RequestException, OSError, zlib.error, *TRANSPORT_ERRORS)):
@@ -488,6 +491,8 @@ class RegistryClient:
                     **kw,
                 )
             except (requests.RequestException, OSError) as exc:
+                if is_stall(exc):
+                    raise self._unavailable(f"did not answer within {self.timeout:.0f} s") from None
                 raise self._unavailable(f"is unreachable ({type(exc).__name__})") from None
             if resp.status_code != 401:
                 return resp

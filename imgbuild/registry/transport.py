@@ -70,6 +70,18 @@ def transport_errors() -> tuple[type[BaseException], ...]:
 TRANSPORT_ERRORS = transport_errors()
 
 
+def is_stall(error: BaseException) -> bool:
+    """A read that waited past its timeout: the server stalled, it did not refuse. Whichever clock fires first
+    (the reader's socket timeout or the caller's deadline), the user is told the same thing."""
+    import socket
+
+    import urllib3.exceptions
+
+    return isinstance(
+        error, (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError, socket.timeout, TimeoutError)
+    )
+
+
 def read_body(resp: requests.Response, cap: int) -> bytes:
     """The body, decompressed here with a bound (a gzip bomb stops at `cap`, whatever it claims)."""
     encoding = resp.headers.get("Content-Encoding", "").strip().lower()
