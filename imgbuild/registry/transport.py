@@ -73,13 +73,9 @@ TRANSPORT_ERRORS = transport_errors()
 def is_stall(error: BaseException) -> bool:
     """A read that waited past its timeout: the server stalled, it did not refuse. Whichever clock fires first
     (the reader's socket timeout or the caller's deadline), the user is told the same thing."""
-    import socket
-
     import urllib3.exceptions
 
-    return isinstance(
-        error, (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError, socket.timeout, TimeoutError)
-    )
+    return isinstance(error, (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError, TimeoutError))
 
 
 def read_body(resp: requests.Response, cap: int) -> bytes:
