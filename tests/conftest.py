@@ -230,14 +230,36 @@ def _require_marker(name: str, what: str) -> None:
         pytest.fail(f"{item.nodeid} uses {what} but is not marked `{name}`", pytrace=False)
 
 
+#: The suite's tiers, by marker expression, as README's test command (the first two) and tests/rest-tier (the
+#: other two, run side by side) select them; every test is in exactly one (`heavy` in none: `pytest -m heavy`).
+TIERS = {
+    "unit": "not engine and not slurm and not heavy",
+    "front door": "frontdoor and not heavy",
+    "rest, Docker and Slurm": "(engine or slurm) and not podman and not frontdoor and not heavy",
+    "rest, Podman": "podman and not frontdoor and not heavy",
+}
+
+
+def _tiers_of(item: pytest.Item) -> list[str]:
+    from _pytest.mark.expression import Expression
+
+    names = {mark.name for mark in item.iter_markers()}
+    return [tier for tier, text in TIERS.items() if Expression.compile(text).evaluate(lambda name: name in names)]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for a bed or Slurm fixture without its marker is an error at collection, not a slow
-    surprise in the fast tier."""
+    surprise in the fast tier; a test that no tier runs, or two do, is an error too."""
     unmarked = [
         f"{item.nodeid} uses the fixture `{fixture}` but is not marked `{marker}`"
         for item in items
         for fixture, marker in _NEEDS_MARKER.items()
         if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+    ]
+    unmarked += [
+        f"{item.nodeid} is run by {len(tiers)} of the suite's tiers ({', '.join(tiers) or 'none'}): check its markers"
+        for item in items
+        if item.get_closest_marker("heavy") is None and len(tiers := _tiers_of(item)) != 1
     ]
     if unmarked:
         raise pytest.UsageError("\n".join(unmarked))

@@ -68,6 +68,7 @@ def _recipe(tmp_path: Path, image: str) -> Path:
     return recipe
 
 
+@pytest.mark.podman
 def test_a_recipe_is_built_for_amd64_and_arm64_and_pushed_as_one_signed_manifest_list(podman, tmp_path):
     registry = os.environ["IMGBUILD_TESTBED_REGISTRY"]
     repo = f"imgbuildtest/grace-{uuid.uuid4().hex[:8]}"

@@ -456,3 +456,17 @@ def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path, mon
         "a.md:5: b.md (no such file)",
         "a.md:5: c.md#nowhere (no such heading)",
     ]
+
+
+def test_the_commands_ci_runs_select_the_suites_tiers_as_the_collection_guard_states_them():
+    """README's test command and tests/rest-tier select by the marker expressions the collection guard checks
+    every test against (each test in exactly one tier), so CI runs every test once."""
+    from tests.conftest import TIERS
+
+    readme = (ROOT / "README.md").read_text()
+    rest = (ROOT / "tests" / "rest-tier").read_text()
+    for tier in ("unit", "front door"):
+        assert f'-m "{TIERS[tier]}"' in readme, tier
+    for tier in ("rest, Docker and Slurm", "rest, Podman"):
+        assert f'-m "{TIERS[tier]}"' in rest, tier
+    assert "```sh\ntests/rest-tier\n```" in readme

@@ -25,7 +25,7 @@ from tests.cosign_keys import write_key_pair
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(params=["docker", "podman"])
+@pytest.fixture(params=["docker", pytest.param("podman", marks=pytest.mark.podman)])
 def engine(request, testbed, monkeypatch):
     """The engine under test: IMGBUILD_ENGINE for imgbuild, a docker-py client of its API for the checks, and
     how it names a short reference (Podman: localhost/)."""
