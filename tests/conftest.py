@@ -157,6 +157,14 @@ def docker_client():
     client.close()
 
 
+@pytest.fixture(scope="session")
+def pip_bases(tmp_path_factory: pytest.TempPathFactory):
+    """The pip-step tests' base environments, each made once per session (per xdist worker) and copied per test."""
+    from tests.pipstep import BaseEnvironments
+
+    return BaseEnvironments(tmp_path_factory.mktemp("pip-bases"))
+
+
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]

@@ -296,7 +296,7 @@ def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_p
 @pytest.mark.parametrize("installer", INSTALLERS)
 @pytest.mark.parametrize("package", ["vecsearch", "vecsearch-cu12"])
 def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_name(
-    tmp_path, monkeypatch, installer, package
+    tmp_path, pip_bases, monkeypatch, installer, package
 ):
     """faiss-gpu (no CUDA in its name) brought the 1.9 GB CUDA 12 runtime onto a CUDA 13 base unsaid, while
     faiss-gpu-cu12 (the same wheels) was refused: the pip step judges both by the libraries they bring."""
@@ -308,7 +308,7 @@ def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_nam
     wheel(folder, "nvidia-cublas-cu12", "12.9.1.4", {"nvidia/cublas/lib/libcublas.so.12": b"cublas 12"})
     wheel(folder, "nvidia-cublas", "13.1.0.3", {"nvidia/cu13/lib/libcublas.so.13": b"cublas 13"})
     wheel(folder, package, "1.13.2", {f"{package.replace('-', '_')}/__init__.py": b""}, ("nvidia-cublas-cu12",))
-    step = PipStep(tmp_path, folder, ["nvidia-cublas"], installer=installer)
+    step = PipStep(pip_bases, tmp_path, folder, ["nvidia-cublas"], installer=installer)
     said = step.failure(step.run([package]))
     assert said == (
         f"{package} brought CUDA 12 libraries (nvidia-cublas-cu12) beside the base's CUDA 13: its code is built for "
