@@ -157,6 +157,30 @@ def docker_client():
     client.close()
 
 
+@dataclass(frozen=True)
+class BuiltRecipe:
+    """A recipe imgbuild built on the bed (its project folder holds a `.git`) and the image it made."""
+
+    recipe: Path
+    image: str
+
+
+@pytest.fixture(scope="session")
+def launchers_image(tmp_path_factory: pytest.TempPathFactory) -> BuiltRecipe:
+    """The 24.05 stand-in with PyPI's accelerate and deepspeed (`LAUNCHERS_RECIPE`), built and smoke-tested by
+    imgbuild once a session: the tests that run the launchers' own code in an image share it."""
+    from tests.support import LAUNCHERS_RECIPE
+
+    bed = testbed_settings()
+    folder = tmp_path_factory.mktemp("launchers")
+    (folder / ".git").mkdir()
+    recipe = folder / "launchers.yaml"
+    recipe.write_text(LAUNCHERS_RECIPE)
+    built = run_cli("build", str(recipe), cwd=folder, env=bed)
+    assert built.code == 0, built.err
+    return BuiltRecipe(recipe, built.out.strip().splitlines()[-1].split(" -> ")[0])
+
+
 @pytest.fixture(scope="session")
 def pip_bases(tmp_path_factory: pytest.TempPathFactory):
     """The pip-step tests' base environments, each made once per session (per xdist worker) and copied per test."""
@@ -224,7 +248,13 @@ def use_site_config(monkeypatch: pytest.MonkeyPatch, path: str | Path) -> None:
 
 #: The fixtures that reach the test bed or a real Slurm, and the marker a test using one must carry, so that
 #: `-m "not engine"` (the fast tier) never starts an engine by surprise.
-_NEEDS_MARKER = {"testbed": "engine", "docker_client": "engine", "cleanup_images": "engine", "slurm": "slurm"}
+_NEEDS_MARKER = {
+    "testbed": "engine",
+    "docker_client": "engine",
+    "cleanup_images": "engine",
+    "launchers_image": "engine",
+    "slurm": "slurm",
+}
 
 #: The test being set up or run now (one at a time in a process, xdist workers included).
 _RUNNING: list[pytest.Item] = []

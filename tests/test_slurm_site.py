@@ -17,7 +17,7 @@ import pytest
 from imgbuild.engine.noderun import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
-from tests.support import LAUNCHERS_RECIPE, wait_for
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slurm]
 
@@ -251,16 +251,13 @@ TYPED_LAUNCHERS = (
 )
 
 
-def test_a_launcher_typed_by_the_user_forms_one_world(gpu_site, slurm, tmp_path):  # noqa: F811
+def test_a_launcher_typed_by_the_user_forms_one_world(gpu_site, slurm, launchers_image, tmp_path):  # noqa: F811
     """accelerate (in its DDP and FSDP modes) and deepspeed as typed, told by their own rules: one process per GPU,
     and across nodes each node's rank and the first node's address (deepspeed: the job's hostfile and its no-ssh
     form); every rank is one of one world whose all-reduce counts them all. The image: the 24.05 stand-in with
-    PyPI's accelerate and deepspeed added by a recipe (built once for all four jobs), run by the docker runtime."""
-    (tmp_path / ".git").mkdir()
-    recipe = tmp_path / "launchers.yaml"
-    recipe.write_text(LAUNCHERS_RECIPE)
-    built = run_cli("build", str(recipe), cwd=tmp_path)
-    assert built.code == 0, built.err
+    PyPI's accelerate and deepspeed added by a recipe (built once a session, shared with the launchers' parsers'
+    test, for all four jobs), run by the docker runtime."""
+    recipe = launchers_image.recipe
     (tmp_path / "fsdp.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
     jobs = [
         (submit(tmp_path, str(recipe), "--gpus", "2", "--nodes", str(nodes), "--gpu-type", "v100",
