@@ -94,27 +94,36 @@ def _copy_environment(source: Path, venv: Path) -> None:
 class BaseEnvironments:
     """The base environments of one test session (one per xdist worker). `python -m venv` (pip from ensurepip,
     3-10 s) runs once; each distinct base (its wheels' bytes and the names installed) is a copy of that with real
-    pip installing the base, made once; each test gets a copy of its own (about 0.1 s), relocated to its folder."""
+    pip installing the base, made once; each test gets a copy of its own (about 0.1 s), relocated to its folder.
+    `with_pip=False`: a venv without pip, the base installed by this interpreter's pip (`pip --python`)."""
 
     def __init__(self, root: Path):
         self.root, self.made = root, dict[str, Path]()
 
-    def copy(self, venv: Path, wheels: Path, base: list[str]) -> None:
-        key = hashlib.sha256(f"{sys.executable}\0{_folder_digest(wheels)}\0{base}".encode()).hexdigest()[:16]
-        template = self.made.get(key)
-        if template is None:
-            bare = self.root / "bare"
-            if not (bare / "bin" / "pip").exists():  # pip is ensurepip's last step: the venv is whole
-                shutil.rmtree(bare, ignore_errors=True)
-                subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True)
-            template = self.root / key
-            shutil.rmtree(template, ignore_errors=True)  # a base whose install failed before
-            _copy_environment(bare, template)
-            environ = _clean_environ(template, self.root / f"{key}-pip-cache")
-            install = ["install", "-q", "--no-index", "--find-links", str(wheels), *base]
-            subprocess.run([str(template / "bin" / "python3"), "-m", "pip", *install], env=environ, check=True)
-            self.made[key] = template
+    def copy(self, venv: Path, wheels: Path, base: list[str], with_pip: bool = True) -> None:
+        made = f"{sys.executable}\0{_folder_digest(wheels)}\0{base}\0{with_pip}"
+        key = hashlib.sha256(made.encode()).hexdigest()[:16]
+        template = self.made.get(key) or self._made(key, wheels, base, with_pip)
         _copy_environment(template, venv)
+
+    def _made(self, key: str, wheels: Path, base: list[str], with_pip: bool) -> Path:
+        bare = self.root / ("bare" if with_pip else "bare-without-pip")
+        if not (bare / "bin" / ("pip" if with_pip else "python")).exists():  # pip is ensurepip's last step
+            shutil.rmtree(bare, ignore_errors=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", *([] if with_pip else ["--without-pip"]), str(bare)], check=True
+            )
+        template = self.root / key
+        shutil.rmtree(template, ignore_errors=True)  # a base whose install failed before
+        _copy_environment(bare, template)
+        environ = _clean_environ(template, self.root / f"{key}-pip-cache")
+        pip = [str(template / "bin" / "python3"), "-m", "pip"]
+        if not with_pip:
+            pip = [sys.executable, "-m", "pip", "--python", str(template / "bin" / "python")]
+        install = ["install", "-q", "--no-index", "--find-links", str(wheels), *base]
+        subprocess.run([*pip, *install], env=environ, check=True)
+        self.made[key] = template
+        return template
 
 
 def _clean_environ(venv: Path, pip_cache: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ from tests.support import real_base
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path, pip_bases):
     """A Python environment holding a 'base' (nvidia-cudnn-cu13 and a package with its own namespace file),
     and a folder of wheels to install on it: pip runs from this interpreter with --python."""
     wheels = tmp_path / "wheels"
@@ -36,10 +36,9 @@ def env(tmp_path):
     _wheel(wheels, "squatter", "0.1", {"basetool/__init__.py": b"import os\n"})
     _wheel(wheels, "needs-squatter", "3.0", {"needs_squatter/__init__.py": b""}, ("squatter",))
     venv, guard = tmp_path / "venv", guard_folder(tmp_path / "pip")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip_bases.copy(venv, wheels, ["nvidia-cudnn-cu13", "basetool==1.0"], with_pip=False)
     python = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--find-links"]
-    subprocess.run([*pip, str(wheels), "nvidia-cudnn-cu13", "basetool==1.0"], check=True, capture_output=True)
 
     def install(*names: str, dry: bool = False) -> subprocess.CompletedProcess[str]:
         command = [*pip, str(wheels), *(["--dry-run"] if dry else []), *names]
