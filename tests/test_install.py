@@ -35,13 +35,14 @@ def wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
-    """A fresh venv with the wheel installed as `pip install imgbuild-*.whl` installs it (byte-compiled)."""
+    """A fresh venv with the wheel installed as `pip install imgbuild-*.whl` installs it (byte-compiled): the suite's
+    own pip installs into it (`--python`), so the venv needs no pip of its own (ensurepip: seconds)."""
     venv = tmp_path_factory.mktemp("venv") / "v"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q"]
     subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
-        check=True, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [*pip, "--disable-pip-version-check", str(wheel)], check=True, capture_output=True, text=True, timeout=900
+    )
     return venv
 
 
