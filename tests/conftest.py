@@ -165,20 +165,36 @@ class BuiltRecipe:
     image: str
 
 
+def _built_once(tmp_path_factory: pytest.TempPathFactory, name: str, text: str) -> BuiltRecipe:
+    """The recipe `text` in a project folder of its own, built (and smoke-tested) by imgbuild on the bed."""
+    bed = testbed_settings()
+    folder = tmp_path_factory.mktemp(name)
+    (folder / ".git").mkdir()
+    recipe = folder / f"{name}.yaml"
+    recipe.write_text(text)
+    built = run_cli("build", str(recipe), cwd=folder, env=bed)
+    assert built.code == 0, built.err
+    return BuiltRecipe(recipe, built.out.strip().splitlines()[-1].split(" -> ")[0])
+
+
 @pytest.fixture(scope="session")
 def launchers_image(tmp_path_factory: pytest.TempPathFactory) -> BuiltRecipe:
     """The 24.05 stand-in with PyPI's accelerate and deepspeed (`LAUNCHERS_RECIPE`), built and smoke-tested by
     imgbuild once a session: the tests that run the launchers' own code in an image share it."""
     from tests.support import LAUNCHERS_RECIPE
 
-    bed = testbed_settings()
-    folder = tmp_path_factory.mktemp("launchers")
-    (folder / ".git").mkdir()
-    recipe = folder / "launchers.yaml"
-    recipe.write_text(LAUNCHERS_RECIPE)
-    built = run_cli("build", str(recipe), cwd=folder, env=bed)
-    assert built.code == 0, built.err
-    return BuiltRecipe(recipe, built.out.strip().splitlines()[-1].split(" -> ")[0])
+    return _built_once(tmp_path_factory, "launchers", LAUNCHERS_RECIPE)
+
+
+@pytest.fixture(scope="session")
+def plain_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltRecipe]:
+    """A recipe of the 24.05 stand-in and nothing else, built and smoke-tested by imgbuild once a session, for the
+    tests that need only an image imgbuild built (exports to other runtimes); its image is removed at the end."""
+    name = f"plain-{uuid.uuid4().hex[:8]}"
+    built = _built_once(tmp_path_factory, name, f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+    yield built
+    docker = testbed_settings().get("IMGBUILD_DOCKER_CLI", "docker")
+    subprocess.run([docker, "rmi", "--no-prune", built.image], capture_output=True)
 
 
 @pytest.fixture(scope="session")
@@ -253,6 +269,7 @@ _NEEDS_MARKER = {
     "docker_client": "engine",
     "cleanup_images": "engine",
     "launchers_image": "engine",
+    "plain_image": "engine",
     "slurm": "slurm",
 }
 
