@@ -195,6 +195,7 @@ def main() -> None:
     print(f"| cached / cache-less | {ratio:.2f} | | <= 0.3: {'met' if ratio <= 0.3 else 'missed'} |")
     print(f"| cached / pull | {to_pull:.2f} | | <= 1.3: {'met' if to_pull <= 1.3 else 'missed'} |")
     print(f"| the same without the smoke test: cached / cache-less | {without:.2f} | | |")
+    print(json.dumps({"cached": seeded["seconds"], "bare": bare["seconds"], "pull": seeded["pull"]}), file=sys.stderr)
     if podman is None or podman_off is None:
         print("\n(no Podman columns: bring the bed up with --all)")
         return

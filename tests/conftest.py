@@ -157,6 +157,54 @@ def docker_client():
     client.close()
 
 
+@dataclass(frozen=True)
+class BuiltRecipe:
+    """A recipe imgbuild built on the bed (its project folder holds a `.git`) and the image it made."""
+
+    recipe: Path
+    image: str
+
+
+def _built_once(tmp_path_factory: pytest.TempPathFactory, name: str, text: str) -> BuiltRecipe:
+    """The recipe `text` in a project folder of its own, built (and smoke-tested) by imgbuild on the bed."""
+    bed = testbed_settings()
+    folder = tmp_path_factory.mktemp(name)
+    (folder / ".git").mkdir()
+    recipe = folder / f"{name}.yaml"
+    recipe.write_text(text)
+    built = run_cli("build", str(recipe), cwd=folder, env=bed)
+    assert built.code == 0, built.err
+    return BuiltRecipe(recipe, built.out.strip().splitlines()[-1].split(" -> ")[0])
+
+
+@pytest.fixture(scope="session")
+def launchers_image(tmp_path_factory: pytest.TempPathFactory) -> BuiltRecipe:
+    """The 24.05 stand-in with PyPI's accelerate and deepspeed (`LAUNCHERS_RECIPE`), built and smoke-tested by
+    imgbuild once a session: the tests that run the launchers' own code in an image share it."""
+    from tests.support import LAUNCHERS_RECIPE
+
+    return _built_once(tmp_path_factory, "launchers", LAUNCHERS_RECIPE)
+
+
+@pytest.fixture(scope="session")
+def plain_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltRecipe]:
+    """A recipe of the 24.05 stand-in and nothing else, built and smoke-tested by imgbuild once a session, for the
+    tests that need only an image imgbuild built (exports to other runtimes); its image is removed at the end."""
+    name = f"plain-{uuid.uuid4().hex[:8]}"
+    built = _built_once(tmp_path_factory, name, f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
+    yield built
+    docker = testbed_settings().get("IMGBUILD_DOCKER_CLI", "docker")
+    subprocess.run([docker, "rmi", "--no-prune", built.image], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def pip_bases(tmp_path_factory: pytest.TempPathFactory):
+    """The pip-step tests' base environments, each made once per session (per xdist worker) and copied per test."""
+    from tests.pipstep import BaseEnvironments
+
+    return BaseEnvironments(tmp_path_factory.mktemp("pip-bases"))
+
+
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]
@@ -216,7 +264,14 @@ def use_site_config(monkeypatch: pytest.MonkeyPatch, path: str | Path) -> None:
 
 #: The fixtures that reach the test bed or a real Slurm, and the marker a test using one must carry, so that
 #: `-m "not engine"` (the fast tier) never starts an engine by surprise.
-_NEEDS_MARKER = {"testbed": "engine", "docker_client": "engine", "cleanup_images": "engine", "slurm": "slurm"}
+_NEEDS_MARKER = {
+    "testbed": "engine",
+    "docker_client": "engine",
+    "cleanup_images": "engine",
+    "launchers_image": "engine",
+    "plain_image": "engine",
+    "slurm": "slurm",
+}
 
 #: The test being set up or run now (one at a time in a process, xdist workers included).
 _RUNNING: list[pytest.Item] = []

@@ -21,7 +21,7 @@ from tests.support import real_base
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path, pip_bases):
     """A Python environment holding a 'base' (nvidia-cudnn-cu13 and a package with its own namespace file),
     and a folder of wheels to install on it: pip runs from this interpreter with --python."""
     wheels = tmp_path / "wheels"
@@ -36,10 +36,9 @@ def env(tmp_path):
     _wheel(wheels, "squatter", "0.1", {"basetool/__init__.py": b"import os\n"})
     _wheel(wheels, "needs-squatter", "3.0", {"needs_squatter/__init__.py": b""}, ("squatter",))
     venv, guard = tmp_path / "venv", guard_folder(tmp_path / "pip")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip_bases.copy(venv, wheels, ["nvidia-cudnn-cu13", "basetool==1.0"], with_pip=False)
     python = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--find-links"]
-    subprocess.run([*pip, str(wheels), "nvidia-cudnn-cu13", "basetool==1.0"], check=True, capture_output=True)
 
     def install(*names: str, dry: bool = False) -> subprocess.CompletedProcess[str]:
         command = [*pip, str(wheels), *(["--dry-run"] if dry else []), *names]
@@ -296,7 +295,7 @@ def test_an_index_that_does_not_answer_is_asked_once_however_many_cures_name_a_p
 @pytest.mark.parametrize("installer", INSTALLERS)
 @pytest.mark.parametrize("package", ["vecsearch", "vecsearch-cu12"])
 def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_name(
-    tmp_path, monkeypatch, installer, package
+    tmp_path, pip_bases, monkeypatch, installer, package
 ):
     """faiss-gpu (no CUDA in its name) brought the 1.9 GB CUDA 12 runtime onto a CUDA 13 base unsaid, while
     faiss-gpu-cu12 (the same wheels) was refused: the pip step judges both by the libraries they bring."""
@@ -308,7 +307,7 @@ def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_nam
     wheel(folder, "nvidia-cublas-cu12", "12.9.1.4", {"nvidia/cublas/lib/libcublas.so.12": b"cublas 12"})
     wheel(folder, "nvidia-cublas", "13.1.0.3", {"nvidia/cu13/lib/libcublas.so.13": b"cublas 13"})
     wheel(folder, package, "1.13.2", {f"{package.replace('-', '_')}/__init__.py": b""}, ("nvidia-cublas-cu12",))
-    step = PipStep(tmp_path, folder, ["nvidia-cublas"], installer=installer)
+    step = PipStep(pip_bases, tmp_path, folder, ["nvidia-cublas"], installer=installer)
     said = step.failure(step.run([package]))
     assert said == (
         f"{package} brought CUDA 12 libraries (nvidia-cublas-cu12) beside the base's CUDA 13: its code is built for "

@@ -25,7 +25,7 @@ from imgbuild.clusters.slurm import JobSpec, sbatch_script
 from imgbuild.config.site import K8sSite, checked_section
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.shellwords import shell_words
-from tests.support import LAUNCHERS_RECIPE, step_line
+from tests.support import step_line
 
 TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -747,21 +747,18 @@ def k8s_command(words: list[str], gpus: int, nodes: int) -> list[str]:
 
 
 @pytest.mark.engine
-def test_every_told_command_line_is_read_as_meant_by_the_launchers_own_code(testbed, docker_client, tmp_path):
+def test_every_told_command_line_is_read_as_meant_by_the_launchers_own_code(
+    testbed, docker_client, launchers_image, tmp_path
+):
     """accelerate's parser and validator, deepspeed's runner parser and hostfile reader, torchrun's parser and its
     launch config: every node's line for nodes x GPUs x mode, on Slurm and in a TrainJob. torch is too large for the
     test extras (PyPI's wheel brings CUDA), so the launchers run in an image that has it: the 24.05 stand-in with
-    PyPI's accelerate and deepspeed added by a recipe (built once, then reused)."""
+    PyPI's accelerate and deepspeed added by a recipe (built once a session, shared with the Slurm jobs' test)."""
     import json
 
-    from tests.conftest import in_image, run_cli
+    from tests.conftest import in_image
 
-    (tmp_path / ".git").mkdir()
-    recipe = tmp_path / "launchers.yaml"
-    recipe.write_text(LAUNCHERS_RECIPE)
-    built = run_cli("build", str(recipe), cwd=tmp_path)
-    assert built.code == 0, built.err
-    image = built.out.strip().splitlines()[-1].split(" -> ")[0]
+    image = launchers_image.image
     cases = told_cases(tmp_path / "calls")
     sent = json.dumps([case for case, _ in cases])
     script = f"import sys; sys.argv = ['check', {sent!r}]\n" + LAUNCHERS_OWN_CODE

@@ -28,8 +28,23 @@ def wheels(tmp_path_factory):
 
 
 @pytest.fixture(params=INSTALLERS)
-def step(tmp_path, wheels, request):
-    return PipStep(tmp_path, wheels, ["numlib==2.1.0"], installer=request.param)
+def step(tmp_path, pip_bases, wheels, request):
+    return PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], installer=request.param)
+
+
+def test_each_pip_step_installs_into_an_environment_of_its_own(tmp_path, pip_bases, wheels):
+    """Steps over the same base share how it was made, never what a step installs: each copy's pip and python
+    are its own, and what one step installs is absent from the next."""
+    one = PipStep(pip_bases, tmp_path / "one", wheels, ["numlib==2.1.0"])
+    done = one.run(["app"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    two = PipStep(pip_bases, tmp_path / "two", wheels, ["numlib==2.1.0"])
+    assert (two.venv / "bin" / "pip").read_text().startswith(f"#!{two.venv / 'bin' / 'python'}")
+    where = two.pip("--version").stdout
+    assert str(two.venv / "lib") in where, where
+    listed = two.pip("list", "--format=freeze").stdout
+    assert "numlib==2.1.0" in listed and "app==" not in listed, listed
+    assert "app==1.0" in one.pip("list", "--format=freeze").stdout
 
 
 def test_a_recipe_constraint_against_its_own_lock_names_the_lock_not_the_base(step):
@@ -112,9 +127,9 @@ def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
     )
 
 
-def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, wheels):
+def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, wheels):
     """A base pin may be let go (pip.unpin), but not the framework's (framework.txt, as render writes it)."""
-    step = PipStep(tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",))
+    step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",))
     said = step.failure(step.run(["oldapp"]))
     assert said.endswith("pin oldapp to a version made for the base, or drop it"), said
 
@@ -223,14 +238,14 @@ def test_a_file_that_is_not_the_locked_one_is_named_a_hash_mismatch_not_a_pip_fa
 
 
 @pytest.fixture(params=INSTALLERS)
-def prerelease_step(tmp_path, request):
+def prerelease_step(tmp_path, pip_bases, request):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
     wheel(folder, "oldtf", "2.1.0.dev2", {"oldtf/__init__.py": b""})  # nothing final: the resolver falls back
     wheel(folder, "semconv", "0.66b2", {"semconv/__init__.py": b""})
     wheel(folder, "otel", "1.0", {"otel/__init__.py": b""}, ("semconv==0.66b2",))
-    return PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=request.param)
+    return PipStep(pip_bases, tmp_path, folder, ["numlib==2.1.0"], installer=request.param)
 
 
 def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerelease_step):
@@ -251,7 +266,7 @@ def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelea
 
 
 @pytest.fixture(params=INSTALLERS)
-def old_index(tmp_path, request):
+def old_index(tmp_path, pip_bases, request):
     """An index (PEP 691 JSON with upload times) where the newest `serve` needs another numlib than the base's:
     the resolver quietly falls back to a release two years older (uv's vllm 0.2.5 beside 0.11)."""
     from tests.fake_index import FakeIndex, Release
@@ -278,7 +293,7 @@ def old_index(tmp_path, request):
     folder = tmp_path / "wheels"
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
-    yield PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=request.param), index.url
+    yield PipStep(pip_bases, tmp_path, folder, ["numlib==2.1.0"], installer=request.param), index.url
     index.close()
 
 
@@ -386,7 +401,7 @@ def test_each_installers_own_failure_output_is_one_line_naming_the_cause(install
 
 
 @pytest.fixture(params=INSTALLERS)
-def framework_step(tmp_path, request):
+def framework_step(tmp_path, pip_bases, request):
     """A base whose framework (fwk) needs numlib>=2 through a dependency of its own (TensorFlow's numpy>=2 through
     ml-dtypes), and a package that needs numlib<2."""
     folder = tmp_path / "wheels"
@@ -397,7 +412,7 @@ def framework_step(tmp_path, request):
     wheel(folder, "fwk", "2.21.0", {"fwk/__init__.py": b""}, ("mid>=0.5",))
     wheel(folder, "oldapp", "0.9", {"oldapp/__init__.py": b""}, ("numlib<2",))
     wheel(folder, "plugin", "0.8", {"plugin/__init__.py": b""}, ("numlib<2", "fwk"))  # tfmot: numpy<2 and tensorflow
-    return PipStep(tmp_path, folder, ["fwk"], frameworks=("fwk",), installer=request.param)
+    return PipStep(pip_bases, tmp_path, folder, ["fwk"], frameworks=("fwk",), installer=request.param)
 
 
 def test_unpinning_what_the_bases_framework_needs_is_not_offered_and_the_need_is_named(framework_step):
@@ -427,7 +442,7 @@ def test_a_range_in_uvs_conflict_sentence_is_never_named_as_what_the_base_holds(
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tmp_path, installer):
+def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tmp_path, pip_bases, installer):
     """JAX's and PyG's pages are PEP 503 pages of wheel links: what reqfile passes on as `--find-links URL` installs
     a package that no index has (pyg-lib from data.pyg.org), with uv and with pip."""
     from tests.fake_index import FakeIndex, Release
@@ -437,7 +452,7 @@ def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tm
     folder.mkdir()
     wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
     try:
-        step = PipStep(tmp_path, folder, ["numlib==2.1.0"], installer=installer)
+        step = PipStep(pip_bases, tmp_path, folder, ["numlib==2.1.0"], installer=installer)
         done = step.run([f"--find-links {index.url}/pagelib/", "pagelib"])
     finally:
         index.close()

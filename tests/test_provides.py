@@ -32,9 +32,11 @@ def wheels(tmp_path_factory):
 
 
 @pytest.fixture
-def step(tmp_path, wheels):
+def step(tmp_path, pip_bases, wheels):
     """The pip step over a base that holds tensorflow-cpu (and an OpenCV)."""
-    pip = PipStep(tmp_path, wheels, ["tensorflow-cpu", "opencv-python-headless"], FRAMEWORKS["tensorflow"].packages)
+    pip = PipStep(
+        pip_bases, tmp_path, wheels, ["tensorflow-cpu", "opencv-python-headless"], FRAMEWORKS["tensorflow"].packages
+    )
 
     def run(packages: list[str], provides: dict[str, str]) -> subprocess.CompletedProcess[str]:
         return pip.run(packages, provides="".join(f"{k} {v}\n" for k, v in provides.items()))

@@ -17,7 +17,7 @@ import pytest
 from imgbuild.engine.noderun import SLURM_EPILOG
 from tests import ngc_facts
 from tests.conftest import ROOT, run_cli
-from tests.support import LAUNCHERS_RECIPE, wait_for
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slurm]
 
@@ -53,17 +53,6 @@ def submit(tmp_path: Path, image: str, *flags: str, command: tuple[str, ...] = (
     )  # fmt: skip
     assert res.code == 0, res.err
     return res.out.split()[-1]
-
-
-def built_recipe(folder: Path, name: str, cleanup_images: list[str]) -> Path:
-    """A recipe on the 24.05 stand-in, built (its image removed after the test)."""
-    (folder / ".git").mkdir(exist_ok=True)
-    recipe = folder / f"{name}.yaml"
-    recipe.write_text(f'name: {name}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
-    built = run_cli("build", str(recipe), cwd=folder)
-    assert built.code == 0, built.err
-    cleanup_images.append(built.out.strip().splitlines()[-1].split(" -> ")[0])
-    return recipe
 
 
 def ended(job: str, conf: str, output: Path, timeout: float = 300) -> tuple[str, str]:
@@ -251,16 +240,13 @@ TYPED_LAUNCHERS = (
 )
 
 
-def test_a_launcher_typed_by_the_user_forms_one_world(gpu_site, slurm, tmp_path):  # noqa: F811
+def test_a_launcher_typed_by_the_user_forms_one_world(gpu_site, slurm, launchers_image, tmp_path):  # noqa: F811
     """accelerate (in its DDP and FSDP modes) and deepspeed as typed, told by their own rules: one process per GPU,
     and across nodes each node's rank and the first node's address (deepspeed: the job's hostfile and its no-ssh
     form); every rank is one of one world whose all-reduce counts them all. The image: the 24.05 stand-in with
-    PyPI's accelerate and deepspeed added by a recipe (built once for all four jobs), run by the docker runtime."""
-    (tmp_path / ".git").mkdir()
-    recipe = tmp_path / "launchers.yaml"
-    recipe.write_text(LAUNCHERS_RECIPE)
-    built = run_cli("build", str(recipe), cwd=tmp_path)
-    assert built.code == 0, built.err
+    PyPI's accelerate and deepspeed added by a recipe (built once a session, shared with the launchers' parsers'
+    test, for all four jobs), run by the docker runtime."""
+    recipe = launchers_image.recipe
     (tmp_path / "fsdp.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
     jobs = [
         (submit(tmp_path, str(recipe), "--gpus", "2", "--nodes", str(nodes), "--gpu-type", "v100",
@@ -374,15 +360,15 @@ def test_staged_data_reaches_the_container_and_a_scratch_of_the_jobs_own_is_remo
 def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     gpu_site,
     slurm,  # noqa: F811
+    plain_image,
     tmp_path,
     unique,
-    cleanup_images,
 ):
     """Containers on Slurm without Apptainer. `export --oci` writes the built image as a
     bundle; `slurm --runtime oci` runs it with Slurm's own `srun --container` (runc, from oci.conf) on both
     nodes: torchrun's ranks, the step's CPUs (Slurm's cgroup holds the container), the step's GPUs, the
     caller's UID, a site bind, the job's folder; a job from a folder the bundle does not hold says so."""
-    recipe = built_recipe(tmp_path, f"oci-{unique}", cleanup_images)
+    recipe = plain_image.recipe
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "marker").write_text("site data\n")
@@ -419,7 +405,7 @@ def test_an_oci_bundle_runs_under_srun_container_on_every_node(
     assert states[:2] == ["COMPLETED", "COMPLETED"], texts[0][-2000:] + texts[1][-2000:]
     assert ranks(texts[0]) == [f"rank {r} of 4 node {r // 2} cpus 2 threads 1 sum 4" for r in range(4)], texts[0]
     # the image's PATH (Slurm's job environment had hidden it: no /usr/local/cuda/bin)
-    inspect = ["docker", "image", "inspect", "-f", "{{json .Config.Env}}", cleanup_images[-1]]
+    inspect = ["docker", "image", "inspect", "-f", "{{json .Config.Env}}", plain_image.image]
     image_env = json.loads(subprocess.run(inspect, capture_output=True, text=True).stdout)
     image_path = next(item for item in image_env if item.startswith("PATH="))[5:]
     assert "/usr/local/cuda/bin" in image_path
@@ -473,14 +459,13 @@ def test_every_generated_job_script_passes_shellcheck(slurm, tmp_path):  # noqa:
 def test_an_enroot_squashfs_image_carries_enroots_files_and_its_rc_starts_the_image(
     slurm,  # noqa: F811  (slurm-up installs skopeo, umoci and squashfs-tools)
     testbed,
+    plain_image,
     tmp_path,
-    unique,
-    cleanup_images,
 ):
     """`export --sqsh` for pyxis/enroot, in enroot's documented image format (a squashfs
     with /etc/rc, /etc/environment, /etc/fstab). enroot cannot run here: the image is inspected, and its
     /etc/rc run in a chroot of the unpacked tree with the image's /etc/environment, as enroot starts it."""
-    recipe = built_recipe(tmp_path, f"sqsh-{unique}", cleanup_images)
+    recipe = plain_image.recipe
     image = tmp_path / "x.sqsh"
     exported = run_cli("export", str(recipe), "--sqsh", str(image), cwd=tmp_path)
     assert exported.code == 0 and exported.out.strip() == str(image), exported.err

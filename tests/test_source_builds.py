@@ -55,8 +55,8 @@ def _index(folder, compile_step: str = "pass"):
 
 
 @pytest.fixture(params=INSTALLERS)
-def step(tmp_path, request):
-    return PipStep(tmp_path, _index(tmp_path / "index"), ["torch"], installer=request.param)
+def step(tmp_path, pip_bases, request):
+    return PipStep(pip_bases, tmp_path, _index(tmp_path / "index"), ["torch"], installer=request.param)
 
 
 def test_a_package_that_builds_against_the_framework_fails_isolated_and_names_the_field_that_cures_it(step):
@@ -86,8 +86,8 @@ def test_the_cure_builds_it_against_the_bases_own_framework(step):
         'subprocess.run(["x86_64-linux-gnu-g++", "--version"], env={"PATH": "/nonexistent"}, check=True)',
     ],
 )
-def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(tmp_path, compile_step):
-    step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(tmp_path, pip_bases, compile_step):
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert (
         said
@@ -95,34 +95,34 @@ def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(t
     )
 
 
-def test_a_source_build_without_pythons_headers_names_the_apt_package_that_cures_it(tmp_path):
+def test_a_source_build_without_pythons_headers_names_the_apt_package_that_cures_it(tmp_path, pip_bases):
     """A compiler but no Python.h (a slim base; the stand-in after apt: [g++]): gcc fails, and the cure is the
     headers, not the compiler again."""
     compile_step = (
         'subprocess.run(["/bin/sh", "-c", "echo \'fatal error: Python.h: No such file or directory\'; '
         'echo "error: command \'/usr/bin/x86_64-linux-gnu-gcc\' failed"; exit 1"], check=True)'
     )
-    step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert said == (
         "building srcpkg needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"
     )
 
 
-def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path):
+def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path, pip_bases):
     compile_step = 'subprocess.run(["/bin/sh", "-c", "nvcc --version"], env={"PATH": "/nonexistent"}, check=True)'
-    step = PipStep(tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert said.startswith("building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that")
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_path, installer):
+def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_path, pip_bases, installer):
     """TorchDrug and PyG in miniature: two source builds import the framework. uv is asked again, per package, until
     the set resolves, and the one line names both; pip has one switch for all builds, so it names the first."""
     folder = _index(tmp_path / "index")
     sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
-    step = PipStep(tmp_path, folder, ["torch"], installer=installer)
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg", "srcpkg-two"]))
     said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
     if installer == "uv":
@@ -138,11 +138,13 @@ def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(tmp_path, installer):
+def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
+    tmp_path, pip_bases, installer
+):
     """Mamba in miniature: causal-conv1d imports torch in its setup.py, then runs nvcc as apex's helper does
     (Python's FileNotFoundError): the field and the missing nvcc in one line, not two rounds."""
     nvcc = 'subprocess.check_output(["/opt/no-cuda/bin/nvcc", "-V"])'
-    step = PipStep(tmp_path, _index(tmp_path / "index", nvcc), ["torch"], installer=installer)
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", nvcc), ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg"]))
     assert said.startswith("building srcpkg imports the base's framework") and "add srcpkg to pip.no_build_isolation"
     assert said.endswith(

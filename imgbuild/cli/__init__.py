@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from imgbuild.acting import acting_for_user
 from imgbuild.cli.base import cli
 from imgbuild.errors import (
     EXIT_ENVIRONMENT,
@@ -48,12 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     who = caller()  # the one reading of who runs this: every command takes it from here
     acting = False
     try:
-        if os.geteuid() == 0:  # acting for a user needs root: nobody else pays for importing the rules
+        acting = acting_for_user(who)
+        if acting:  # only then the rules are imported: root's own commands and everyone else's never pay for them
             from imgbuild.servers import enforce
 
-            acting = enforce.acting_for_user(who)
-            if acting:
-                enforce.gate(args)  # through sudo: the user commands, and nothing else
+            enforce.gate(args)  # through sudo: the user commands, and nothing else
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False, obj=who)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):
