@@ -1557,3 +1557,123 @@ def test_a_compile_failure_names_the_gpu_and_the_cure():
 def test_an_amd_gpu_is_named_out_of_scope_not_unknown(name):
     with pytest.raises(UsageError, match="an AMD GPU; NGC images are CUDA builds"):
         parse_target(name)
+
+
+def _clocked_tf(gpus: list, fp32: float = 19.5, speedup: float = 14.0) -> types.SimpleNamespace:
+    """A TensorFlow whose GPUs (capability, name) run matmuls at `fp32` TFLOP/s in float32 and `speedup` times that
+    in float16 and bfloat16, each advancing one clock (`tf.now`); what was timed is kept in `tf.timed`."""
+    import contextlib
+
+    state = {"device": None, "clock": 0.0, "tf32": True}
+    timed: list = []
+
+    class Tensor:
+        def __init__(self, n, dtype, device):
+            self.n, self.dtype, self.device = n, dtype, device
+
+        def __getitem__(self, _index):
+            return self
+
+        def numpy(self):
+            return 0.0
+
+    @contextlib.contextmanager
+    def device(name):
+        before, state["device"] = state["device"], int(name.rsplit(":", 1)[1])
+        try:
+            yield
+        finally:
+            state["device"] = before
+
+    def matmul(a, _b):
+        state["clock"] += 2 * a.n**3 / (fp32 * (1 if a.dtype == "float32" else speedup) * 1e12)
+        if (a.device, a.dtype) not in timed:
+            timed.append((a.device, a.dtype))
+        return a
+
+    physical = [types.SimpleNamespace(index=i) for i in range(len(gpus))]
+    experimental = types.SimpleNamespace(
+        enable_tensor_float_32_execution=lambda on: state.update(tf32=on),
+        get_device_details=lambda gpu: {"compute_capability": gpus[gpu.index][0], "device_name": gpus[gpu.index][1]},
+    )
+    return types.SimpleNamespace(
+        config=types.SimpleNamespace(list_physical_devices=lambda kind: physical, experimental=experimental),
+        device=device,
+        random=types.SimpleNamespace(normal=lambda shape, seed: Tensor(shape[0], "float32", state["device"])),
+        cast=lambda x, dtype: Tensor(x.n, dtype, state["device"]),
+        linalg=types.SimpleNamespace(matmul=matmul),
+        float32="float32",
+        float16="float16",
+        bfloat16="bfloat16",
+        now=lambda: state["clock"],
+        state=state,
+        timed=timed,
+    )
+
+
+def _tf_speed(tf, seconds: float = 300.0) -> dict:
+    report = smoke_report.Report()
+    budget = smoke_budget.Budget(seconds, clock=tf.now)
+    report.run("tensor cores", smoke_throughput.tf_tensor_cores, tf, budget, tf.now)
+    (entry,) = report.checks
+    return entry
+
+
+@pytest.mark.parametrize("speedup, status", [(14.0, "pass"), (7.0, "warn"), (1.5, "fail")])
+def test_tensorflows_mixed_precision_speed_is_judged_on_every_gpu_as_pytorchs_is(speedup, status):
+    """A100 (floor 8x, no tensor core below 6x): fp32 with TF32 off against mixed_float16's and mixed_bfloat16's
+    compute dtypes, on each GPU, with the same verdicts and numbers as the PyTorch check."""
+    tf = _clocked_tf([((8, 0), "NVIDIA A100-SXM4-80GB")] * 2, speedup=speedup)
+    entry = _tf_speed(tf)
+    assert entry["status"] == status, entry["reason"]
+    assert tf.state["tf32"] is False
+    assert tf.timed == [(i, dtype) for i in (0, 1) for dtype in ("float32", "float16", "bfloat16")]
+    gpus = entry["details"]["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1] and all(g["fp32_tflops"] == 19.5 for g in gpus)
+    assert all(g["speedup"] == pytest.approx(speedup, abs=0.05) and g["floor"] == 8.0 for g in gpus)
+    assert entry["details"]["policies"] == "mixed_float16 and mixed_bfloat16"
+
+
+def test_tensorflows_speed_check_times_bf16_only_where_the_architecture_has_it_and_honours_the_override(monkeypatch):
+    tf = _clocked_tf([((7, 0), "Tesla V100-SXM2-32GB")], fp32=15.7, speedup=8.0)
+    entry = _tf_speed(tf)
+    assert entry["status"] == "pass" and tf.timed == [(0, "float32"), (0, "float16")], entry["reason"]
+    assert entry["details"]["gpus"][0]["bf16_tflops"] is None and entry["details"]["policies"] == "mixed_float16"
+    monkeypatch.setenv("IMGBUILD_SMOKE_MIN_SPEEDUP", "100")
+    entry = _tf_speed(_clocked_tf([((7, 0), "Tesla V100-SXM2-32GB")], fp32=15.7, speedup=8.0))
+    assert entry["status"] == "fail" and "smoke.min_speedup" in entry["reason"]
+
+
+def test_tensorflows_speed_check_warns_a_gpu_far_under_its_datasheet():
+    entry = _tf_speed(_clocked_tf([((9, 0), "NVIDIA H200")], fp32=20.0, speedup=14.0))  # 280 of 989
+    assert entry["status"] == "warn" and "under half of NVIDIA H200's datasheet 989" in entry["reason"]
+
+
+def test_tensorflows_speed_check_skips_without_a_gpu_or_a_capability_and_keeps_to_its_budget():
+    assert _tf_speed(_clocked_tf([]))["reason"] == "no GPU visible"
+    assert "compute capability" in _tf_speed(_clocked_tf([((), "NVIDIA A100")]))["reason"]
+    # one fp32 matmul of 8192 at 1 TFLOP/s takes 1.1 s on the clock: the first GPU spends a 5 s budget
+    slow = [((8, 0), "a GPU no datasheet names")] * 3
+    entry = _tf_speed(_clocked_tf(slow, fp32=1.0, speedup=14.0), seconds=5)
+    assert entry["status"] == "pass" and [g["index"] for g in entry["details"]["gpus"]] == [0]
+    assert "GPU 1 and after not measured" in entry["reason"] and "smoke_gpu_seconds" in entry["reason"]
+    entry = _tf_speed(_clocked_tf(slow), seconds=0.5)
+    assert entry["status"] == "skip" and "spent before TensorFlow's tensor-core speed on GPU 0" in entry["reason"]
+
+
+def test_the_tensorflow_run_checks_tensor_core_speed_after_mixed_precision_within_the_gpu_budget(monkeypatch):
+    ran = []
+    tf = types.SimpleNamespace(
+        __version__="2.17.0",
+        config=types.SimpleNamespace(list_physical_devices=lambda kind: [], experimental=None),
+    )
+    monkeypatch.setattr(smoke_runners, "import_framework", lambda report, module, framework: tf)
+    for name in dir(smoke_runners):
+        if name.startswith(("tf_", "check_")):
+            monkeypatch.setattr(smoke_runners, name, lambda *args, name=name: ran.append((name, args[1:])) or {})
+    monkeypatch.setenv("IMGBUILD_SMOKE_GPU_SECONDS", "42")
+    smoke_runners.run_tensorflow(smoke_report.Report())
+    names = [name for name, _ in ran]
+    assert names.index("tf_tensor_cores") == names.index("tf_mixed_precision") + 1
+    (budget,) = [args[0] for name, args in ran if name == "tf_tensor_cores"]
+    assert isinstance(budget, smoke_budget.Budget) and budget.seconds == 42

@@ -3,6 +3,7 @@ smoke_gpu_seconds): each check takes its share, and one that finds none left is 
 
 from __future__ import annotations
 
+import os
 import time
 
 from .report import Skip
@@ -32,3 +33,8 @@ class Budget:
                 f"the GPU checks' budget ({self.seconds:.0f} s, setting smoke_gpu_seconds) is spent before {check}"
             )
         return left
+
+
+def gpu_budget() -> Budget:
+    """The budget imgbuild set for this run (IMGBUILD_SMOKE_GPU_SECONDS), starting now."""
+    return Budget(configured_gpu_seconds(os.environ.get("IMGBUILD_SMOKE_GPU_SECONDS", "")))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from .amp import tf_mixed_precision, torch_amp_training
-from .budget import Budget, configured_gpu_seconds
+from .budget import gpu_budget
 from .collectives import torch_nccl, torch_p2p
 from .commands import check_commands
 from .compiling import torch_compile
@@ -19,7 +17,7 @@ from .libraries import tf_libraries, torch_libraries
 from .pipcheck import check_pip
 from .report import Report
 from .shm import check_shm
-from .throughput import torch_tensor_cores
+from .throughput import tf_tensor_cores, torch_tensor_cores
 
 
 def run_pytorch(report: Report, libraries_only: bool = False) -> None:
@@ -41,7 +39,7 @@ def run_pytorch(report: Report, libraries_only: bool = False) -> None:
     report.run("cudnn conv", torch_cudnn, torch)
     report.run("tensor cores", torch_tensor_cores, torch)
     report.run("amp training", torch_amp_training, torch)
-    budget = Budget(configured_gpu_seconds(os.environ.get("IMGBUILD_SMOKE_GPU_SECONDS", "")))
+    budget = gpu_budget()
     report.run("nccl all-reduce", torch_nccl, torch, budget)
     report.run("p2p", torch_p2p, torch, budget)
     report.run("torch.compile", torch_compile, torch, budget)
@@ -69,6 +67,7 @@ def run_tensorflow(report: Report, libraries_only: bool = False) -> None:
     report.run("cuda arch", tf_arch, tf)
     report.run("cudnn conv", tf_conv, tf)
     report.run("mixed precision", tf_mixed_precision, tf)
+    report.run("tensor cores", tf_tensor_cores, tf, gpu_budget())
     report.run("shared memory", check_shm)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from .arch import bf16_usable
+from .budget import Budget
 from .report import Fail, Skip, Warn
 
 #: The half/fp32 GEMM ratio an architecture reaches WITHOUT tensor cores (datasheet peaks): 4x only on A100
@@ -122,8 +124,7 @@ def torch_tensor_cores(torch) -> dict:
         raise Skip("no GPU visible")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    rows, worst, details = [], "pass", {"fp32_precision": torch.get_float32_matmul_precision(), "gpus": []}
-    override, why = os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP"), ""
+    measured = []
     for i in range(torch.cuda.device_count()):
         capability = tuple(torch.cuda.get_device_capability(i))
         free, _total = torch.cuda.mem_get_info(i)
@@ -131,31 +132,45 @@ def torch_tensor_cores(torch) -> dict:
         fp32 = _gemm_tflops(torch, torch.float32, n, i)
         fp16 = _gemm_tflops(torch, torch.float16, n, i)
         bf16 = _gemm_tflops(torch, torch.bfloat16, n, i) if bf16_usable(capability) else None
-        status, ratio, floor = speed_verdict(
-            capability,
-            fp32,
-            max(fp16, bf16 or 0.0),
-            override,
-            str(torch.cuda.get_device_name(i)),
-        )
+        measured.append(Speeds(i, str(torch.cuda.get_device_name(i)), capability, n, fp32, fp16, bf16))
+    return judge_speeds(measured, {"fp32_precision": torch.get_float32_matmul_precision()})
+
+
+class Speeds:
+    """One GPU's dense GEMM speeds (TFLOP/s), real fp32 against half precision; bf16 None where not measured."""
+
+    def __init__(self, index: int, name: str, capability: tuple, n: int, fp32: float, fp16: float, bf16) -> None:
+        self.index, self.name, self.capability, self.n = index, name, capability, n
+        self.fp32, self.fp16, self.bf16 = fp32, fp16, bf16
+
+
+def judge_speeds(measured: list, details: dict, note: str = "") -> dict:
+    """The tensor-core check's verdict on each GPU's speeds, whichever framework measured them: the half/fp32
+    ratio against the architecture's floor (IMGBUILD_SMOKE_MIN_SPEEDUP overrides it) and the best half-precision
+    figure against the model's datasheet. Returns the details, or raises Warn or Fail with them. `details` opens
+    them (how fp32 was computed, under "fp32_precision"); `note` is said after the rows (GPUs left unmeasured)."""
+    rows, worst, details = [], "pass", {**details, "gpus": []}
+    override, why = os.environ.get("IMGBUILD_SMOKE_MIN_SPEEDUP"), ""
+    for gpu in measured:
+        best = max(gpu.fp16, gpu.bf16 or 0.0)
+        status, ratio, floor = speed_verdict(gpu.capability, gpu.fp32, best, override, gpu.name)
         text = (
-            f"GPU {i} fp32 {fp32:.1f}, fp16 {fp16:.1f}"
-            + (f", bf16 {bf16:.1f}" if bf16 else "")
+            f"GPU {gpu.index} fp32 {gpu.fp32:.1f}, fp16 {gpu.fp16:.1f}"
+            + (f", bf16 {gpu.bf16:.1f}" if gpu.bf16 else "")
             + f" TFLOP/s: {ratio:.1f}x"
         )
         text += f" (floor {floor}x)" if floor else " (no tensor cores: no floor)"
-        name = str(torch.cuda.get_device_name(i))
-        peak, best = datasheet_tflops(name), max(fp16, bf16 or 0.0)
+        peak = datasheet_tflops(gpu.name)
         if peak and floor and best < PEAK_WARN_FRACTION * peak and status == "pass":
             status = "warn"
-            text += f"; {best:.0f} TFLOP/s is under half of {name}'s datasheet {peak:.0f} (clocks or power capped?)"
+            text += f"; {best:.0f} TFLOP/s is under half of {gpu.name}'s datasheet {peak:.0f} (clocks or power capped?)"
         details["gpus"].append(
             {
-                "index": i,
-                "n": n,
-                "fp32_tflops": round(fp32, 1),
-                "fp16_tflops": round(fp16, 1),
-                "bf16_tflops": round(bf16, 1) if bf16 else None,
+                "index": gpu.index,
+                "n": gpu.n,
+                "fp32_tflops": round(gpu.fp32, 1),
+                "fp16_tflops": round(gpu.fp16, 1),
+                "bf16_tflops": round(gpu.bf16, 1) if gpu.bf16 else None,
                 "speedup": round(ratio, 1),
                 "floor": floor,
                 "datasheet_tflops": peak,
@@ -164,15 +179,80 @@ def torch_tensor_cores(torch) -> dict:
         )
         rows.append(text)
         if status == "fail" and not why:
-            why = failed_because(capability, ratio, override)
+            why = failed_because(gpu.capability, ratio, override)
         worst = "fail" if "fail" in (worst, status) else ("warn" if "warn" in (worst, status) else "pass")
-    text = "; ".join(rows) + f"; fp32 matmul precision {details['fp32_precision']}"
+    text = "; ".join(rows) + f"; fp32 matmul precision {details['fp32_precision']}" + (f"; {note}" if note else "")
     if worst == "fail":
         raise Fail(f"{text}: {why}", details)
     if worst == "warn":
         raise Warn(text + ": under the architecture's floor (a busy or throttled GPU?)", details)
     details["reason"] = text
     return details
+
+
+#: TensorFlow's mixed-precision policies and the dtype each computes in (Keras: `Policy(name).compute_dtype`); the
+#: bf16 one only where the architecture has bf16 tensor cores.
+TF_POLICIES = (("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16"))
+TF_N = 8192  # every dimension a multiple of 8 for tensor cores
+
+
+def _tf_matmul_tflops(tf, dtype, n: int, device: int, window: float, clock=time.perf_counter) -> float:
+    """TensorFlow's dense matmul on GPU `device` in `dtype`: best of GEMM_REPEATS windows of at least `window`
+    seconds each. TensorFlow runs GPU ops asynchronously, in order on the device's stream: reading one element of
+    the last product back ends a window when every product before it is done."""
+    with tf.device(f"/GPU:{device}"):
+        a = tf.cast(tf.random.normal([n, n], seed=0), dtype)
+        b = tf.cast(tf.random.normal([n, n], seed=1), dtype)
+        for _ in range(3):
+            c = tf.linalg.matmul(a, b)
+        c[0, 0].numpy()
+        best, iters = 0.0, 4
+        for _ in range(GEMM_REPEATS):
+            while True:
+                start = clock()
+                for _ in range(iters):
+                    c = tf.linalg.matmul(a, b)
+                c[0, 0].numpy()
+                seconds = clock() - start
+                if seconds >= window or iters >= 1 << 14:
+                    break
+                iters = min(1 << 14, max(iters * 2, int(iters * window / max(seconds, 1e-6) * 1.1)))
+            best = max(best, 2 * n**3 * iters / max(seconds, 1e-9) / 1e12)
+    return best
+
+
+def tf_tensor_cores(tf, budget: Budget, clock=time.perf_counter) -> dict:
+    """TensorFlow's mixed precision is actually fast: a dense matmul in real fp32 (TF32 off) against the compute
+    dtype of `mixed_float16` (and of `mixed_bfloat16` where the architecture has bf16 tensor cores) on every visible
+    GPU, judged as the PyTorch check judges its GEMMs. Within the GPU checks' budget: a GPU it cannot reach in
+    time is left out and said; none reached, the check is skipped."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise Skip("no GPU visible")
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # TF32 is on by default from Ampere on
+    measured, note = [], ""
+    for i, gpu in enumerate(gpus):
+        facts = tf.config.experimental.get_device_details(gpu) or {}
+        capability = tuple(facts.get("compute_capability") or ())
+        if len(capability) != 2:
+            raise Skip(f"TensorFlow does not say GPU {i}'s compute capability")
+        try:
+            left = budget.left(f"TensorFlow's tensor-core speed on GPU {i}")
+        except Skip as exc:
+            if not measured:
+                raise
+            note = f"GPU {i} and after not measured: {exc}"
+            break
+        # each GPU times up to 3 dtypes, GEMM_REPEATS windows each, and warms up: a short budget shortens them
+        window = min(GEMM_SECONDS, max(0.05, left / (4 * len(TF_POLICIES) * GEMM_REPEATS)))
+        speeds = {"float32": _tf_matmul_tflops(tf, tf.float32, TF_N, i, window, clock)}
+        for _policy, compute in TF_POLICIES:
+            if compute == "float16" or bf16_usable(capability):
+                speeds[compute] = _tf_matmul_tflops(tf, getattr(tf, compute), TF_N, i, window, clock)
+        name = str(facts.get("device_name") or "")
+        measured.append(Speeds(i, name, capability, TF_N, speeds["float32"], speeds["float16"], speeds.get("bfloat16")))
+    policies = " and ".join(p for p, c in TF_POLICIES if any(c == "float16" or g.bf16 for g in measured))
+    return judge_speeds(measured, {"fp32_precision": "highest (TF32 off)", "policies": policies}, note)
 
 
 #: Dense (no sparsity) bf16 tensor-core TFLOP/s by model, from NVIDIA's datasheets (fp16 with fp32 accumulation
