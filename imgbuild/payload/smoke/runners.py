@@ -20,6 +20,14 @@ from .shm import check_shm
 from .throughput import tf_tensor_cores, torch_tensor_cores
 
 
+def image_checks(report: Report) -> None:
+    """What every image is checked for whatever its framework: `pip check`, the added packages' imports, the
+    recipe's own commands."""
+    report.run("pip check", check_pip)
+    report.run("imports", check_imports)
+    report.run("recipe checks", check_commands)
+
+
 def run_pytorch(report: Report, libraries_only: bool = False) -> None:
     torch = import_framework(report, "torch", "pytorch")
     if torch is None:
@@ -30,9 +38,7 @@ def run_pytorch(report: Report, libraries_only: bool = False) -> None:
     report.meta["arch_list"] = libraries.get("arch_list") or (torch_arch_list(torch) if torch.version.cuda else [])
     if libraries_only:
         return
-    report.run("pip check", check_pip)
-    report.run("imports", check_imports)
-    report.run("recipe checks", check_commands)
+    image_checks(report)
     report.run("cpu compute", torch_cpu_compute, torch)
     report.run("cuda", torch_cuda, torch)
     report.run("cuda arch", torch_arch, torch)
@@ -59,9 +65,7 @@ def run_tensorflow(report: Report, libraries_only: bool = False) -> None:
     report.meta["arch_list"] = libraries.get("arch_list", [])
     if libraries_only:
         return
-    report.run("pip check", check_pip)
-    report.run("imports", check_imports)
-    report.run("recipe checks", check_commands)
+    image_checks(report)
     report.run("cpu compute", tf_cpu_compute, tf)
     report.run("cuda", tf_gpus, tf)
     report.run("cuda arch", tf_arch, tf)

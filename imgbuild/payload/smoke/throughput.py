@@ -230,7 +230,8 @@ def tf_tensor_cores(tf, budget: Budget, clock=time.perf_counter) -> dict:
     if not gpus:
         raise Skip("no GPU visible")
     tf.config.experimental.enable_tensor_float_32_execution(False)  # TF32 is on by default from Ampere on
-    measured, note = [], ""
+    measured: list = []
+    note = ""
     for i, gpu in enumerate(gpus):
         facts = tf.config.experimental.get_device_details(gpu) or {}
         capability = tuple(facts.get("compute_capability") or ())
