@@ -33,12 +33,15 @@ MARKER_SHAPE = re.compile(r"IMGBUILD-[A-Z][A-Z0-9-]*[A-Z0-9] ")
 
 def _marker_literals(path: Path) -> list[tuple[str, int]]:
     """(marker, line) of each string literal in `path` that holds a marker's text, docstrings included."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    found: list[tuple[str, int]] = []
+    text = path.read_text()
+    if "IMGBUILD-" not in text:  # every marker starts so: a file without it holds none (and is not parsed)
+        return found
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            for text in {*HOMES, *MARKER_SHAPE.findall(node.value)}:
-                if text in node.value or text.strip() in node.value:
-                    found.append((text.strip(), node.lineno))
+            for marker in {*HOMES, *MARKER_SHAPE.findall(node.value)}:
+                if marker.strip() in node.value:
+                    found.append((marker.strip(), node.lineno))
     return found
 
 
