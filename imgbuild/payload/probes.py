@@ -89,7 +89,7 @@ class ProbeScript:
     def source(self) -> str:
         """The script the engine runs: the file, or a launcher that runs the package folder beside it."""
         if not self.modules:
-            return self.path.read_text()
+            return self.path.read_text(encoding="utf-8")
         return (
             "import os, runpy\n"
             f"runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), {PACKAGE_FOLDER!r}),"

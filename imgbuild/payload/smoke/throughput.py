@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass
 
 from .arch import bf16_usable
 from .budget import Budget
@@ -136,12 +137,18 @@ def torch_tensor_cores(torch) -> dict:
     return judge_speeds(measured, {"fp32_precision": torch.get_float32_matmul_precision()})
 
 
+@dataclass(frozen=True)
 class Speeds:
-    """One GPU's dense GEMM speeds (TFLOP/s), real fp32 against half precision; bf16 None where not measured."""
+    """One GPU's dense GEMM speeds (TFLOP/s) at size `n`, real fp32 against half precision; bf16 None where not
+    measured."""
 
-    def __init__(self, index: int, name: str, capability: tuple, n: int, fp32: float, fp16: float, bf16) -> None:
-        self.index, self.name, self.capability, self.n = index, name, capability, n
-        self.fp32, self.fp16, self.bf16 = fp32, fp16, bf16
+    index: int
+    name: str
+    capability: tuple
+    n: int
+    fp32: float
+    fp16: float
+    bf16: float | None
 
 
 def judge_speeds(measured: list, details: dict, note: str = "") -> dict:
