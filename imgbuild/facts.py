@@ -1,7 +1,7 @@
 """Facts imgbuild writes and reads in more than one place, each written once here.
 
 The NGC tag grammar and framework table live in `ngc.py`, image references in `imageref.py`, every
-bound on input in `limits.py`, the rule of which kernels run on which GPU in `smoke_image.py` (it runs
+bound on input in `limits.py`, the rule of which kernels run on which GPU in `payload/smoke/arch.py` (it runs
 inside images too); this module holds the label keys imgbuild puts on images and containers. NVIDIA's support
 table (GPU models, driver branches, what each CUDA release needs of the driver) is data of its own:
 gpu/support.json, read by gpu/support.py.
@@ -48,7 +48,7 @@ class Label:
 LOADER_ENV = frozenset({"LD_PRELOAD", "LD_AUDIT"})
 
 #: imgbuild's own folder in an image: the base's records (`pip check`, its package list) that the smoke test
-#: compares against, and the smoke script. The templates and smoke_image.py (which runs inside images) spell
+#: compares against, and the smoke package. The templates and the smoke package (which runs inside images) spell
 #: it too. Recipes may not copy files into it.
 IMAGE_DIR = "/opt/imgbuild"
 

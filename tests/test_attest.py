@@ -615,7 +615,7 @@ RUN_FILE_ROWS = [
 def test_the_files_run_steps_wrote_are_read_only_as_sha256sum_writes_them(line, row):
     """The image's record of what its run steps wrote reaches the SBOM only as sha256sum's own lines; the SBOM side
     reads the smoke report's rows with the same rule."""
-    from imgbuild.payload.smoke_image import run_files
+    from imgbuild.payload.smoke.sbom import run_files
     from imgbuild.pipeline.describe import _run_files
 
     assert run_files(line) == ([row] if row else [])
@@ -635,7 +635,7 @@ def test_the_sbom_lists_the_files_run_steps_wrote_and_a_copied_file_over_one_of_
 
 
 def test_run_steps_sit_between_a_marker_and_a_record_and_a_recipe_without_them_has_neither(tmp_path):
-    from imgbuild.payload.smoke_image import RUN_FILES, RUN_FILES_MAX
+    from imgbuild.payload.smoke.sbom import RUN_FILES, RUN_FILES_MAX
     from tests.support import plan_of, render_context
 
     def dockerfile(name: str, body: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -63,9 +64,13 @@ def test_pytorch_research_example_builds_and_works(testbed, docker_client, tmp_p
         print(torch.__version__, os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name, st.st_uid, st.st_gid, len(lists), len(caches), flush=True)
         subprocess.run(["git", "--version"], check=True, capture_output=True)
         subprocess.run([sys.executable, "/opt/research/train_smoke.py"], check=True)
+        argv = [sys.executable, "/opt/imgbuild/smoke", "--libraries-only", "--format", "table"]
+        smoke = subprocess.run(argv, capture_output=True, text=True)  # the smoke package, run as its folder
+        print("folder-run", smoke.returncode, (smoke.stdout or smoke.stderr[-300:]).splitlines()[0], flush=True)
         """,
     )
     version, run_uid, run_gid, name, ws_uid, ws_gid, lists, caches = out.split()[:8]
+    assert re.search(r"folder-run 0 framework +PASS", out), out[-2000:]
     assert version == STANDIN_TORCH, "the base's torch was replaced"
     assert (int(run_uid), int(run_gid), name) == (uid, gid, "researcher")
     assert (int(ws_uid), int(ws_gid)) == (uid, gid), "the user must own /workspace"

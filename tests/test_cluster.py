@@ -42,7 +42,7 @@ def test_definition_from_the_built_image(tmp_path):
     assert text.splitlines()[1:3] == ["Bootstrap: docker-daemon", "From: lab/pytorch-research:24.05"]
     parsed = parse(text, tmp_path)
     assert parsed.fromHeader == "lab/pytorch-research:24.05"
-    assert "python3 /opt/imgbuild/smoke.py --format table" in " ".join(parsed.install)  # %test
+    assert "python3 /opt/imgbuild/smoke --format table" in " ".join(parsed.install)  # %test
     runscript = section(text, "%runscript")
     assert runscript[0] == "cd /workspace 2>/dev/null || true" and runscript[-1] == "exec bash"  # the recipe's cmd
     assert "PYTHONNOUSERSITE=1" in parsed.environ
@@ -60,8 +60,8 @@ def test_native_definition_carries_the_recipe(tmp_path):
     assert "sh /opt/imgbuild/pip/install.sh" in post  # the base's framework stays pinned
     assert {"OMP_NUM_THREADS=8", "TORCH_HOME=/workspace/.cache/torch"} <= set(parsed.environ)
     assert "files/opt/research/train_smoke.py /opt/research/train_smoke.py" in text  # %files
-    assert "imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py" in text
-    assert "python3 /opt/imgbuild/smoke.py" in post  # %test
+    assert "imgbuild/smoke /opt/imgbuild/smoke\n" in text
+    assert "python3 /opt/imgbuild/smoke --format table" in post  # %test
 
 
 def test_native_definition_keeps_the_user_the_labels_and_the_file_modes(tmp_path):

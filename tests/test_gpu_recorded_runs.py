@@ -12,7 +12,8 @@ import pytest
 
 from imgbuild.gpu import read
 from imgbuild.gpu.fleet import GpuFacts, judge, parse_targets
-from imgbuild.payload import smoke_image as script
+from imgbuild.payload.probes import SMOKE
+from imgbuild.payload.smoke import throughput as smoke_throughput
 
 RUNS = Path(__file__).parent.parent / "docs" / "gpu-runs"
 H200 = RUNS / "2026-11-27-h200"
@@ -21,7 +22,7 @@ TC_LINE = re.compile(r"fp32 ([0-9.]+), fp16 ([0-9.]+), bf16 ([0-9.]+) TFLOP/s: (
 
 def report(path: Path) -> dict:
     text = path.read_text()
-    return json.loads(text.split(script.MARKER, 1)[1])
+    return json.loads(text.split(SMOKE.marker, 1)[1])
 
 
 def table_rows(path: Path) -> dict[str, tuple[str, str]]:
@@ -48,7 +49,9 @@ def test_each_recorded_h200_run_passes_and_its_figures_pass_the_rules_again(run)
     for name in ("cuda", "cuda arch", "cudnn conv", "tensor cores", "amp training", "cuda libraries"):
         assert checks[name]["status"] == "pass", name
     gpu = checks["tensor cores"]["details"]["gpus"][0]
-    status, ratio, floor = script.speed_verdict((9, 0), gpu["fp32_tflops"], max(gpu["fp16_tflops"], gpu["bf16_tflops"]))
+    status, ratio, floor = smoke_throughput.speed_verdict(
+        (9, 0), gpu["fp32_tflops"], max(gpu["fp16_tflops"], gpu["bf16_tflops"])
+    )
     assert (status, floor) == ("pass", 8.0) and ratio == pytest.approx(gpu["speedup"], abs=0.05)
     assert checks["tensor cores"]["details"]["fp32_precision"] == "highest"
 
@@ -73,7 +76,7 @@ def test_a_gpu_busy_with_another_job_keeps_its_ratio_and_passes():
     status, reason = rows["tensor cores"]
     fp32, half = ratio_of(reason)
     assert status == "PASS" and fp32 < 30  # it was contended: fp32 alone is 51 TFLOP/s
-    assert script.speed_verdict((9, 0), fp32, half)[0] == "pass"
+    assert smoke_throughput.speed_verdict((9, 0), fp32, half)[0] == "pass"
     assert "100 %" in (H200 / "contended.txt").read_text().splitlines()[0]
 
 
@@ -94,10 +97,10 @@ def test_each_negative_control_failed_on_the_gpu(control, check, why):
 
 def test_a_floor_set_above_what_the_tensor_cores_reach_says_so_and_not_that_they_are_unused():
     """The H200 reached 13.4x against an explicit floor of 100: the failure is the floor's, not the hardware's."""
-    assert script.speed_verdict((9, 0), 51.3, 687.9, override="100")[0] == "fail"
-    assert "smoke.min_speedup" in script.failed_because((9, 0), 13.4, "100")
-    assert "not in use" in script.failed_because((9, 0), 2.1, "100")  # CUDA cores only: the hardware's
-    assert "not in use" in script.failed_because((9, 0), 2.1, None)
+    assert smoke_throughput.speed_verdict((9, 0), 51.3, 687.9, override="100")[0] == "fail"
+    assert "smoke.min_speedup" in smoke_throughput.failed_because((9, 0), 13.4, "100")
+    assert "not in use" in smoke_throughput.failed_because((9, 0), 2.1, "100")  # CUDA cores only: the hardware's
+    assert "not in use" in smoke_throughput.failed_because((9, 0), 2.1, None)
 
 
 def test_the_nvidia_smi_reader_and_nvml_read_the_real_h200_alike():

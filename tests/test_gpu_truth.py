@@ -8,6 +8,8 @@ sources are in tests/data/gpu-profiles.json.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import types
 from pathlib import Path
@@ -15,10 +17,24 @@ from pathlib import Path
 import pytest
 
 from imgbuild.config.settings import load_settings
-from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.gpu.fleet import GpuFacts, driver_verdict, host_target, judge, judge_tag, parse_target, parse_targets
-from imgbuild.payload import smoke_image as script
+from imgbuild.payload.probes import SMOKE, Probe
+from imgbuild.payload.smoke import amp as smoke_amp
+from imgbuild.payload.smoke import arch as smoke_arch
+from imgbuild.payload.smoke import budget as smoke_budget
+from imgbuild.payload.smoke import collectives as smoke_collectives
+from imgbuild.payload.smoke import compiling as smoke_compiling
+from imgbuild.payload.smoke import cuda as smoke_cuda
+from imgbuild.payload.smoke import cudnn as smoke_cudnn
+from imgbuild.payload.smoke import fp8 as smoke_fp8
+from imgbuild.payload.smoke import libraries as smoke_libraries
+from imgbuild.payload.smoke import main as smoke_main
+from imgbuild.payload.smoke import pipcheck as smoke_pipcheck
+from imgbuild.payload.smoke import report as smoke_report
+from imgbuild.payload.smoke import runners as smoke_runners
+from imgbuild.payload.smoke import throughput as smoke_throughput
+from imgbuild.payload.smoke import versions as smoke_versions
 from tests.support import fake_inspect
 
 PRINT = Probe("test", "print()", "TEST ")
@@ -70,7 +86,7 @@ KERNELS = [
 
 @pytest.mark.parametrize(("archs", "capability", "how"), KERNELS)
 def test_which_kernels_run_on_which_gpu(archs, capability, how):
-    assert script.kernels_for(archs, capability)[0] == how
+    assert smoke_arch.kernels_for(archs, capability)[0] == how
 
 
 class FakeCuda:
@@ -110,8 +126,8 @@ def fake_torch(archs: str, capability: tuple[int, int], **extra) -> types.Simple
     ],
 )
 def test_the_in_image_arch_check_follows_the_rule(archs, capability, status):
-    report = script.Report()
-    report.run("cuda arch", script.torch_arch, fake_torch(archs, capability))
+    report = smoke_report.Report()
+    report.run("cuda arch", smoke_cuda.torch_arch, fake_torch(archs, capability))
     assert report.checks[-1]["status"] == status, report.checks[-1]
 
 
@@ -247,22 +263,24 @@ def test_model_names_are_forgiving_about_case_and_dashes():
 @pytest.mark.parametrize("profile", PROFILES, ids=[p["name"] for p in PROFILES])
 def test_smoke_decisions_on_recorded_device_profiles(profile):
     capability = tuple(profile["capability"])
-    status, ratio, floor = script.speed_verdict(capability, profile["fp32"], profile["half"])
+    status, ratio, floor = smoke_throughput.speed_verdict(capability, profile["fp32"], profile["half"])
     assert status == profile["verdict"], (ratio, floor)
-    assert script.bf16_usable(capability) is profile["bf16"]  # bug 3.5: never on V100/T4 (emulated)
+    assert smoke_arch.bf16_usable(capability) is profile["bf16"]  # bug 3.5: never on V100/T4 (emulated)
     archs = profile["image"].split(": ", 1)[1]
-    assert script.kernels_for(archs, capability)[0] == profile.get("kernels", "sass")
+    assert smoke_arch.kernels_for(archs, capability)[0] == profile.get("kernels", "sass")
 
 
 def test_speed_fails_only_where_no_tensor_core_can_be_in_use():
     """Bug 3.6: between the non-tensor-core ratio (4x) and the architecture's floor is a warning."""
-    assert script.speed_verdict((9, 0), 52, 330)[0] == "warn"  # 6.3x on a shared H100: was a fail
-    assert script.speed_verdict((9, 0), 52, 150)[0] == "fail"  # 2.9x: no tensor core gives that
-    assert script.speed_verdict((9, 0), 404, 790)[0] == "fail"  # TF32 measured as fp32 (bug 3.7's symptom)
-    assert script.speed_verdict((6, 0), 9, 18)[0] == "pass"  # Pascal: no tensor cores, no floor
-    assert script.speed_verdict((9, 0), 52, 784, override="100")[0] == "fail"  # an explicit floor is hard
-    assert script.speed_floor((10, 3)) == 8.0 and script.speed_floor((12, 1)) == 2.5
-    assert script.speed_floor((11, 0)) == 2.5 and script.speed_floor((13, 0)) == 2.5  # an unknown newer GPU
+    assert smoke_throughput.speed_verdict((9, 0), 52, 330)[0] == "warn"  # 6.3x on a shared H100: was a fail
+    assert smoke_throughput.speed_verdict((9, 0), 52, 150)[0] == "fail"  # 2.9x: no tensor core gives that
+    assert smoke_throughput.speed_verdict((9, 0), 404, 790)[0] == "fail"  # TF32 measured as fp32 (bug 3.7's symptom)
+    assert smoke_throughput.speed_verdict((6, 0), 9, 18)[0] == "pass"  # Pascal: no tensor cores, no floor
+    assert smoke_throughput.speed_verdict((9, 0), 52, 784, override="100")[0] == "fail"  # an explicit floor is hard
+    assert smoke_throughput.speed_floor((10, 3)) == 8.0 and smoke_throughput.speed_floor((12, 1)) == 2.5
+    assert (
+        smoke_throughput.speed_floor((11, 0)) == 2.5 and smoke_throughput.speed_floor((13, 0)) == 2.5
+    )  # an unknown newer GPU
 
 
 def test_amp_uses_the_scaler_this_torch_has():
@@ -272,9 +290,9 @@ def test_amp_uses_the_scaler_this_torch_has():
         amp=types.SimpleNamespace(),
         cuda=types.SimpleNamespace(amp=types.SimpleNamespace(GradScaler=lambda: made.append("cuda.amp") or "old")),
     )
-    assert script.grad_scaler(old) == "old" and made == ["cuda.amp"]
+    assert smoke_amp.grad_scaler(old) == "old" and made == ["cuda.amp"]
     new = types.SimpleNamespace(amp=types.SimpleNamespace(GradScaler=lambda device: f"amp:{device}"))
-    assert script.grad_scaler(new) == "amp:cuda"
+    assert smoke_amp.grad_scaler(new) == "amp:cuda"
 
 
 @pytest.mark.parametrize(
@@ -294,7 +312,7 @@ def test_amp_uses_the_scaler_this_torch_has():
     ],
 )
 def test_framework_versions_compare_as_versions(have, want, same):
-    assert script.same_version(have, want) is same
+    assert smoke_versions.same_version(have, want) is same
 
 
 def test_pip_check_fails_only_on_what_the_recipe_added(tmp_path, monkeypatch):
@@ -302,14 +320,14 @@ def test_pip_check_fails_only_on_what_the_recipe_added(tmp_path, monkeypatch):
     base_line = "ngc-thing 1.0 has requirement numpy<2, but you have numpy 2.1."
     new_line = "mylib 0.1 requires torch, which is not installed."
     baseline = tmp_path / "pip-check.base"
-    monkeypatch.setattr(script, "PIP_CHECK_BASELINE", str(baseline))
+    monkeypatch.setattr(smoke_pipcheck, "PIP_CHECK_BASELINE", str(baseline))
 
     def pip_check(lines):
         out = "\n".join(lines) + "\n" if lines else "No broken requirements found.\n"
         fake = types.SimpleNamespace(returncode=1 if lines else 0, stdout=out, stderr="")
-        monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: fake)
-        report = script.Report()
-        report.run("pip check", script.check_pip)
+        monkeypatch.setattr(subprocess, "run", lambda *a, **k: fake)
+        report = smoke_report.Report()
+        report.run("pip check", smoke_pipcheck.check_pip)
         return report.checks[-1]
 
     baseline.write_text(base_line + "\n")
@@ -328,18 +346,18 @@ def test_tf32_is_turned_off_even_where_the_image_turns_it_on(monkeypatch):
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "1")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "")  # recorded: main() sets it for the process it is
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
-    monkeypatch.setitem(script.RUNNERS, "pytorch", lambda report, libraries_only: seen.update(dict(script.os.environ)))
-    script.main(["--framework", "pytorch", "--format", "table"])
+    monkeypatch.setitem(smoke_runners.RUNNERS, "pytorch", lambda report, libraries_only: seen.update(dict(os.environ)))
+    smoke_main.main(["--framework", "pytorch", "--format", "table"])
     assert seen["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "0" and seen["NVIDIA_TF32_OVERRIDE"] == "0"
 
 
 def test_tf_conv_tolerance_is_relative():
     """Bug 3.7 (TensorFlow): outputs of about +-50 in fp32 differ by more than an absolute 1e-3 allows."""
-    assert script.conv_within_tolerance(4e-4, 50.0)
-    assert not script.conv_within_tolerance(5e-2, 50.0)  # TF32's error on such outputs
+    assert smoke_cudnn.conv_within_tolerance(4e-4, 50.0)
+    assert not smoke_cudnn.conv_within_tolerance(5e-2, 50.0)  # TF32's error on such outputs
     # 1e-4, room for Winograd/FFT convs TF's autotuner may pick; TF32 still refused
-    assert script.conv_within_tolerance(2e-5, 1.0) and script.conv_within_tolerance(9e-5, 1.0)
-    assert not script.conv_within_tolerance(1e-3, 1.0)  # TF32's error on unit outputs
+    assert smoke_cudnn.conv_within_tolerance(2e-5, 1.0) and smoke_cudnn.conv_within_tolerance(9e-5, 1.0)
+    assert not smoke_cudnn.conv_within_tolerance(1e-3, 1.0)  # TF32's error on unit outputs
 
 
 @pytest.mark.parametrize(
@@ -369,8 +387,8 @@ def test_why_cuda_failed_is_kept(message, shown):
         return False
 
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=is_available))
-    report = script.Report()
-    report.run("cuda", script.torch_cuda, torch)
+    report = smoke_report.Report()
+    report.run("cuda", smoke_cuda.torch_cuda, torch)
     (entry,) = report.checks
     assert entry["status"] == "skip" and entry["reason"].startswith("no GPU visible")
     assert (shown in entry["reason"]) if shown else entry["reason"] == "no GPU visible"
@@ -555,7 +573,7 @@ class _Container:
         return {"StatusCode": 0}
 
     def logs(self, stdout, stderr):
-        return b"IMGBUILD-SMOKE-REPORT {}" if stdout else b""
+        return SMOKE.says({}).encode() if stdout else b""
 
     def remove(self, force):
         self.log.append("remove")
@@ -612,7 +630,8 @@ def test_a_script_without_gpus_sees_none_even_where_the_default_runtime_is_nvidi
     runner.run_script("img", PRINT, [], {"A": "1"}, gpus=None, ipc="host", as_user=None)
     (created,) = client.created
     assert created["device_requests"] is None
-    assert created["environment"] == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
+    hidden = {"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
+    assert created["environment"] == {**hidden, "IMGBUILD_PROBE_MARKER": PRINT.marker}  # the script's marker too
     runner.run_script("img", PRINT, [], {}, gpus=[], ipc="host", as_user=None)  # all GPUs asked for: nothing hidden
     asked, _cdi, fallback = client.created[1:]  # (this fake's engine cannot pass GPUs: the run falls back to none)
     assert asked["device_requests"][0]["Count"] == -1 and "NVIDIA_VISIBLE_DEVICES" not in asked["environment"]
@@ -731,7 +750,7 @@ def test_every_gpu_is_timed_on_its_own_device():
     grew to its cap, a division by zero or a false fail on every GPU after the first."""
     torch = _clocked_torch([50.0, 400.0, 990.0])
     for device, speed in enumerate([50.0, 400.0, 990.0]):
-        assert script._gemm_tflops(torch, torch.float32, 1024, device) == pytest.approx(speed, rel=1e-6)
+        assert smoke_throughput._gemm_tflops(torch, torch.float32, 1024, device) == pytest.approx(speed, rel=1e-6)
 
 
 def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
@@ -757,8 +776,8 @@ def test_smoke_gpus_none_is_no_gpu_never_every_gpu(tmp_path):
 def test_a_warned_or_failed_tensor_core_check_keeps_its_numbers(speedup, status):
     """Warn and Fail dropped the details, so the per-GPU TFLOP/s and floors vanished
     exactly when the check warned or failed."""
-    report = script.Report()
-    report.run("tensor cores", script.torch_tensor_cores, _clocked_torch([19.5, 19.5], speedup=speedup))
+    report = smoke_report.Report()
+    report.run("tensor cores", smoke_throughput.torch_tensor_cores, _clocked_torch([19.5, 19.5], speedup=speedup))
     (entry,) = report.checks
     assert entry["status"] == status, entry["reason"]
     gpus = entry["details"]["gpus"]
@@ -855,7 +874,7 @@ RATIOS = [
 
 @pytest.mark.parametrize(("capability", "ratio", "verdict"), RATIOS)
 def test_the_tensor_core_threshold_is_per_architecture(capability, ratio, verdict):
-    assert script.speed_verdict(capability, 10.0, 10.0 * ratio)[0] == verdict
+    assert smoke_throughput.speed_verdict(capability, 10.0, 10.0 * ratio)[0] == verdict
 
 
 def test_a_host_whose_engine_cannot_start_any_container_says_so_in_one_line():
@@ -1021,10 +1040,10 @@ def test_pip_torch_on_a_cuda_base_is_not_held_to_the_system_cuda(runtime, status
     base's CUDA_VERSION legitimately differs; it is reported, and still a failure where torch uses the system's."""
     monkeypatch.setenv("CUDA_VERSION", "12.4.1")
     monkeypatch.delenv("CUDNN_VERSION", raising=False)
-    monkeypatch.setattr(script, "loaded_library", lambda name: runtime)
+    monkeypatch.setattr(smoke_libraries, "loaded_library", lambda name: runtime)
     torch = pip_torch("2.5.1+cu121", "12.1", 90100)
-    report = script.Report()
-    report.run("cuda libraries", script.torch_libraries, torch)
+    report = smoke_report.Report()
+    report.run("cuda libraries", smoke_libraries.torch_libraries, torch)
     (entry,) = report.checks
     assert entry["status"] == status, entry["reason"]
     if status == "pass":
@@ -1032,10 +1051,10 @@ def test_pip_torch_on_a_cuda_base_is_not_held_to_the_system_cuda(runtime, status
 
 
 def test_loaded_library_reads_this_process_maps():
-    path = script.loaded_library("libc.so")
-    assert "/libc.so" in path and not script.is_wheel_path(path)
-    assert script.loaded_library("libnothing-such.so") == ""
-    assert script.is_wheel_path("/usr/lib/python3/dist-packages/nvidia/cudnn/lib/libcudnn.so.9")
+    path = smoke_libraries.loaded_library("libc.so")
+    assert "/libc.so" in path and not smoke_libraries.is_wheel_path(path)
+    assert smoke_libraries.loaded_library("libnothing-such.so") == ""
+    assert smoke_libraries.is_wheel_path("/usr/lib/python3/dist-packages/nvidia/cudnn/lib/libcudnn.so.9")
 
 
 def test_the_smoke_test_on_a_mig_host_gets_a_slice_and_says_which(tmp_path):
@@ -1081,8 +1100,9 @@ def test_a_gpu_host_whose_gpus_cannot_be_read_gives_the_smoke_test_no_gpu_it_did
 
 # --- GPUs read through the engine ----------------------------------------------
 
-from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, judge_engine_read  # noqa: E402
+from imgbuild.gpu.engine_read import judge_engine_read  # noqa: E402
 from imgbuild.gpu.read import SmiReader  # noqa: E402
+from imgbuild.payload.probes import ENGINE_GPUS  # noqa: E402
 from imgbuild.pipeline.smoke import declared_fleet, host_gpus  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -1091,7 +1111,7 @@ NO_DRIVER = 'could not select device driver "" with capabilities: [[gpu]]'
 
 def _engine_read(pci: object = 0, smi: dict | None = None, code: int = 0, note: str = "") -> tuple[int, str, str]:
     """What the read container prints: the host's NVIDIA PCI devices and nvidia-smi's answer to each call."""
-    return code, "noise\n" + ENGINE_READ_MARKER + json.dumps({"pci_nvidia": pci, "smi": smi or {}}) + "\n", note
+    return code, "noise\n" + ENGINE_GPUS.marker + json.dumps({"pci_nvidia": pci, "smi": smi or {}}) + "\n", note
 
 
 def _smi(gpus_csv: str, apps_csv: str = "", listing: str = "") -> dict:
@@ -1146,15 +1166,15 @@ NOT_IN_IMAGE = {
         ("the script never ran (exit 1, no report)", (1, "python3: not found", ""), False, False, 0),
         ("the script never ran on a CDI host", (1, "python3: not found", ""), True, True, 0),
         # hostile or broken reports read as nothing, never as a crash
-        ("not JSON", (0, ENGINE_READ_MARKER + "{nope", ""), False, False, 0),
-        ("a list, not a mapping", (0, ENGINE_READ_MARKER + "[1, 2]", ""), False, False, 0),
+        ("not JSON", (0, ENGINE_GPUS.marker + "{nope", ""), False, False, 0),
+        ("a list, not a mapping", (0, ENGINE_GPUS.marker + "[1, 2]", ""), False, False, 0),
         ("pci as text", _engine_read("8", NONE_FOUND), False, False, 0),
         ("pci as true", _engine_read(True, NONE_FOUND), False, False, 0),
         ("pci negative", _engine_read(-3, NONE_FOUND), False, False, 0),
         (
             # GPUs given (no note), then nothing readable: a GPU host whose GPUs cannot be read (fail closed)
             "smi answers not a mapping",
-            (0, ENGINE_READ_MARKER + json.dumps({"pci_nvidia": 0, "smi": [1]}), ""),
+            (0, ENGINE_GPUS.marker + json.dumps({"pci_nvidia": 0, "smi": [1]}), ""),
             False,
             True,
             0,
@@ -1167,7 +1187,7 @@ NOT_IN_IMAGE = {
             0,
         ),
         ("garbage CSV", _engine_read(0, _smi("x, y, z\n")), False, False, 0),
-        ("a marker with nothing after it", (0, ENGINE_READ_MARKER, ""), False, False, 0),
+        ("a marker with nothing after it", (0, ENGINE_GPUS.marker, ""), False, False, 0),
     ],
 )
 def test_the_engine_read_is_judged_from_what_the_host_has_not_what_the_engine_registers(why, read, cdi, present, count):
@@ -1321,9 +1341,9 @@ def test_a_mig_gpu_without_instances_is_never_handed_out_whole():
     ],
 )
 def test_the_tensor_core_floor_knows_the_models_below_their_architecture(capability, name, ratio, verdict):
-    assert script.speed_verdict(capability, 10.0, 10.0 * ratio, None, name)[0] == verdict
+    assert smoke_throughput.speed_verdict(capability, 10.0, 10.0 * ratio, None, name)[0] == verdict
     if verdict == "pass" and "GTX" in name:
-        assert script.speed_floor(capability, None, name) == 0.0
+        assert smoke_throughput.speed_floor(capability, None, name) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -1339,10 +1359,10 @@ def test_pip_torch_with_its_own_cudnn_wheel_is_not_held_to_the_bases_cudnn(cudnn
     monkeypatch.setenv("CUDA_VERSION", "12.6.3")
     monkeypatch.setenv("CUDNN_VERSION", "9.1.0.70")
     where = {"libcudart.so": "/usr/local/lib/python3.12/dist-packages/nvidia/cuda_runtime/lib/libcudart.so.12"}
-    monkeypatch.setattr(script, "loaded_library", lambda name: where.get(name, cudnn_path))
+    monkeypatch.setattr(smoke_libraries, "loaded_library", lambda name: where.get(name, cudnn_path))
     torch = pip_torch("2.7.1+cu126", "12.6", 90501)
-    report = script.Report()
-    report.run("cuda libraries", script.torch_libraries, torch)
+    report = smoke_report.Report()
+    report.run("cuda libraries", smoke_libraries.torch_libraries, torch)
     (entry,) = report.checks
     assert entry["status"] == status, entry["reason"]
     if status == "pass":
@@ -1371,8 +1391,8 @@ def test_tensorflow_gets_the_in_image_arch_check_torch_has(archs, capability, st
             experimental=types.SimpleNamespace(get_device_details=lambda _g: {"compute_capability": capability}),
         ),
     )
-    report = script.Report()
-    report.run("cuda arch", script.tf_arch, tf)
+    report = smoke_report.Report()
+    report.run("cuda arch", smoke_cuda.tf_arch, tf)
     (entry,) = report.checks
     assert entry["status"] == status, entry["reason"]
 
@@ -1383,7 +1403,7 @@ def test_tensorflow_gets_the_in_image_arch_check_torch_has(archs, capability, st
 def test_tensorflows_arch_list_reads_the_same_from_a_list_or_a_string(value):
     """TensorFlow's build info gives `cuda_compute_capabilities` as a list in some releases and a string in others;
     the libraries check recorded a list as "['sm_70'" words. One reading serves both checks."""
-    assert script.tf_arch_list({"cuda_compute_capabilities": value}) == ["sm_70", "sm_80", "compute_90"]
+    assert smoke_arch.tf_arch_list({"cuda_compute_capabilities": value}) == ["sm_70", "sm_80", "compute_90"]
 
 
 def test_the_engine_gpu_script_runs_on_the_stdlib_alone_and_answers_on_one_line(tmp_path):
@@ -1393,25 +1413,25 @@ def test_the_engine_gpu_script_runs_on_the_stdlib_alone_and_answers_on_one_line(
     import subprocess
     import sys
 
-    from imgbuild.gpu.engine_read import engine_read_env, engine_read_script
+    from imgbuild.gpu.engine_read import engine_read_env
 
     script = tmp_path / "probe.py"
-    script.write_text(engine_read_script())
-    env = {"PATH": str(tmp_path), **engine_read_env()}  # no nvidia-smi on this PATH
+    script.write_text(ENGINE_GPUS.probe().script)
+    env = ENGINE_GPUS.probe().environment({"PATH": str(tmp_path), **engine_read_env()})  # no nvidia-smi here
     done = subprocess.run(
         [sys.executable, "-I", "-S", str(script)], capture_output=True, text=True, env=env, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith(ENGINE_READ_MARKER)]
-    answer = json.loads(line.removeprefix(ENGINE_READ_MARKER))
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith(ENGINE_GPUS.marker)]
+    answer = json.loads(line.removeprefix(ENGINE_GPUS.marker))
     assert set(answer) == {"pci_nvidia", "smi"} and all(a["code"] == 127 for a in answer["smi"].values())
     assert judge_engine_read(0, done.stdout, "", False).present is False
 
 
 def test_a_gpu_far_under_its_datasheet_warns_though_its_ratio_passes():
     """Half clocks or a low power cap halve every dtype alike: the ratio passes, the absolute figure does not."""
-    report = script.Report()
-    report.run("tensor cores", script.torch_tensor_cores, _clocked_torch([5.0], speedup=14.0))
+    report = smoke_report.Report()
+    report.run("tensor cores", smoke_throughput.torch_tensor_cores, _clocked_torch([5.0], speedup=14.0))
     (entry,) = report.checks
     assert entry["status"] == "warn" and "under half of NVIDIA A100-SXM4-80GB's datasheet 312" in entry["reason"]
     assert entry["details"]["gpus"][0]["datasheet_tflops"] == 312.0
@@ -1437,25 +1457,27 @@ def test_a_gpu_far_under_its_datasheet_warns_though_its_ratio_passes():
     ],
 )
 def test_each_models_datasheet_figure_is_found_by_its_name(name, peak):
-    assert script.datasheet_tflops(name) == peak
+    assert smoke_throughput.datasheet_tflops(name) == peak
 
 
 def test_the_gpu_budget_is_the_settings_and_a_spent_one_skips_naming_it():
-    assert script.configured_gpu_seconds("90") == 90.0
+    assert smoke_budget.configured_gpu_seconds("90") == 90.0
     for bad in ("", "0", "-5", "1e9", "٩٠", "99999999"):
-        assert script.configured_gpu_seconds(bad) == float(script.GPU_SECONDS), bad
+        assert smoke_budget.configured_gpu_seconds(bad) == float(smoke_budget.GPU_SECONDS), bad
     now = [100.0]
-    budget = script.Budget(30, clock=lambda: now[0])
+    budget = smoke_budget.Budget(30, clock=lambda: now[0])
     assert budget.left("the NCCL all-reduce") == pytest.approx(30)
     now[0] = 129.5
-    with pytest.raises(script.Skip, match=r"budget \(30 s, setting smoke_gpu_seconds\) is spent before torch.compile"):
+    with pytest.raises(
+        smoke_report.Skip, match=r"budget \(30 s, setting smoke_gpu_seconds\) is spent before torch.compile"
+    ):
         budget.left("torch.compile")
 
 
 def test_the_gpu_budget_default_is_the_one_limit():
     from imgbuild import limits
 
-    assert script.GPU_SECONDS == limits.SMOKE_GPU_SECONDS
+    assert smoke_budget.GPU_SECONDS == limits.SMOKE_GPU_SECONDS
 
 
 def _gpu_torch(capabilities, names=None, nccl=True, **extra):
@@ -1471,17 +1493,23 @@ def _gpu_torch(capabilities, names=None, nccl=True, **extra):
 
 
 def test_the_new_gpu_checks_skip_with_their_reason_where_they_cannot_apply():
-    budget = script.Budget(60)
+    budget = smoke_budget.Budget(60)
     no_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
-    report = script.Report()
-    for name, check in (("nccl", script.torch_nccl), ("p2p", script.torch_p2p), ("compile", script.torch_compile)):
+    report = smoke_report.Report()
+    for name, check in (
+        ("nccl", smoke_collectives.torch_nccl),
+        ("p2p", smoke_collectives.torch_p2p),
+        ("compile", smoke_compiling.torch_compile),
+    ):
         report.run(name, check, no_gpu, budget)
-    report.run("fp8", script.torch_fp8, no_gpu, budget)
-    report.run("nccl", script.torch_nccl, _gpu_torch([(9, 0)], nccl=False), budget)
-    report.run("nccl", script.torch_nccl, _gpu_torch([(9, 0)], names=["NVIDIA H100 80GB HBM3 MIG 1g.10gb"]), budget)
-    report.run("p2p", script.torch_p2p, _gpu_torch([(9, 0)]), budget)
-    report.run("fp8", script.torch_fp8, _gpu_torch([(8, 0), (8, 6)]), budget)
-    report.run("fp8", script.torch_fp8, _gpu_torch([(9, 0)]), budget)  # a torch without float8
+    report.run("fp8", smoke_fp8.torch_fp8, no_gpu, budget)
+    report.run("nccl", smoke_collectives.torch_nccl, _gpu_torch([(9, 0)], nccl=False), budget)
+    report.run(
+        "nccl", smoke_collectives.torch_nccl, _gpu_torch([(9, 0)], names=["NVIDIA H100 80GB HBM3 MIG 1g.10gb"]), budget
+    )
+    report.run("p2p", smoke_collectives.torch_p2p, _gpu_torch([(9, 0)]), budget)
+    report.run("fp8", smoke_fp8.torch_fp8, _gpu_torch([(8, 0), (8, 6)]), budget)
+    report.run("fp8", smoke_fp8.torch_fp8, _gpu_torch([(9, 0)]), budget)  # a torch without float8
     reasons = [(c["status"], c["reason"]) for c in report.checks]
     assert [s for s, _ in reasons] == ["skip"] * 9
     said = " | ".join(r for _, r in reasons)
@@ -1492,32 +1520,36 @@ def test_the_new_gpu_checks_skip_with_their_reason_where_they_cannot_apply():
 
 def test_the_all_reduce_ranks_are_one_process_per_gpu_bounded_and_each_failure_is_one_line(tmp_path):
     fine = tmp_path / "fine"
-    fine.write_text('#!/bin/sh\necho "IMGBUILD-NCCL {\\"rank\\": $RANK, \\"ok\\": true, \\"seconds\\": 0.01}"\n')
+    fine.write_text(
+        '#!/bin/sh\necho "${IMGBUILD_PROBE_MARKER}{\\"rank\\": $RANK, \\"ok\\": true, \\"seconds\\": 0.01}"\n'
+    )
     hangs = tmp_path / "hangs"
     hangs.write_text("#!/bin/sh\nexec sleep 30\n")
     broken = tmp_path / "broken"
     broken.write_text("#!/bin/sh\necho 'NCCL WARN Cuda failure 804 forward compatibility was attempted'\nexit 1\n")
     for path in (fine, hangs, broken):
         path.chmod(0o755)
-    reports = script.run_ranks(4, 30, 16, python=str(fine))
+    reports = smoke_collectives.run_ranks(4, 30, 16, python=str(fine))
     assert [r["rank"] for r in reports] == [0, 1, 2, 3] and all(r["ok"] for r in reports)
     start = time.monotonic()
-    with pytest.raises(script.Fail, match="did not finish in 1 s"):
-        script.run_ranks(2, 1, 16, python=str(hangs))
+    with pytest.raises(smoke_report.Fail, match="did not finish in 1 s"):
+        smoke_collectives.run_ranks(2, 1, 16, python=str(hangs))
     assert time.monotonic() - start < 10
-    with pytest.raises(script.Fail, match="NCCL rank 0 of 2 failed: NCCL WARN Cuda failure 804"):
-        script.run_ranks(2, 30, 16, python=str(broken))
+    with pytest.raises(smoke_report.Fail, match="NCCL rank 0 of 2 failed: NCCL WARN Cuda failure 804"):
+        smoke_collectives.run_ranks(2, 30, 16, python=str(broken))
 
 
 def test_a_compile_failure_names_the_gpu_and_the_cure():
     """Without torch here, the compiling process fails as a broken Triton would: the check says which GPU and why,
     in one line; ptxas's failure on a GPU it does not know gets its cure."""
-    report = script.Report()
-    report.run("torch.compile", script.torch_compile, _gpu_torch([(12, 1)], compile=object()), script.Budget(60))
+    report = smoke_report.Report()
+    report.run(
+        "torch.compile", smoke_compiling.torch_compile, _gpu_torch([(12, 1)], compile=object()), smoke_budget.Budget(60)
+    )
     (entry,) = report.checks
     assert entry["status"] == "fail" and entry["reason"].startswith("torch.compile on GPU 0 (sm_121) failed: ")
     assert "\n" not in entry["reason"]
-    cure = script.compile_cure("ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'")
+    cure = smoke_compiling.compile_cure("ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'")
     assert "TRITON_PTXAS_PATH" in cure
 
 
@@ -1525,3 +1557,123 @@ def test_a_compile_failure_names_the_gpu_and_the_cure():
 def test_an_amd_gpu_is_named_out_of_scope_not_unknown(name):
     with pytest.raises(UsageError, match="an AMD GPU; NGC images are CUDA builds"):
         parse_target(name)
+
+
+def _clocked_tf(gpus: list, fp32: float = 19.5, speedup: float = 14.0) -> types.SimpleNamespace:
+    """A TensorFlow whose GPUs (capability, name) run matmuls at `fp32` TFLOP/s in float32 and `speedup` times that
+    in float16 and bfloat16, each advancing one clock (`tf.now`); what was timed is kept in `tf.timed`."""
+    import contextlib
+
+    state = {"device": None, "clock": 0.0, "tf32": True}
+    timed: list = []
+
+    class Tensor:
+        def __init__(self, n, dtype, device):
+            self.n, self.dtype, self.device = n, dtype, device
+
+        def __getitem__(self, _index):
+            return self
+
+        def numpy(self):
+            return 0.0
+
+    @contextlib.contextmanager
+    def device(name):
+        before, state["device"] = state["device"], int(name.rsplit(":", 1)[1])
+        try:
+            yield
+        finally:
+            state["device"] = before
+
+    def matmul(a, _b):
+        state["clock"] += 2 * a.n**3 / (fp32 * (1 if a.dtype == "float32" else speedup) * 1e12)
+        if (a.device, a.dtype) not in timed:
+            timed.append((a.device, a.dtype))
+        return a
+
+    physical = [types.SimpleNamespace(index=i) for i in range(len(gpus))]
+    experimental = types.SimpleNamespace(
+        enable_tensor_float_32_execution=lambda on: state.update(tf32=on),
+        get_device_details=lambda gpu: {"compute_capability": gpus[gpu.index][0], "device_name": gpus[gpu.index][1]},
+    )
+    return types.SimpleNamespace(
+        config=types.SimpleNamespace(list_physical_devices=lambda kind: physical, experimental=experimental),
+        device=device,
+        random=types.SimpleNamespace(normal=lambda shape, seed: Tensor(shape[0], "float32", state["device"])),
+        cast=lambda x, dtype: Tensor(x.n, dtype, state["device"]),
+        linalg=types.SimpleNamespace(matmul=matmul),
+        float32="float32",
+        float16="float16",
+        bfloat16="bfloat16",
+        now=lambda: state["clock"],
+        state=state,
+        timed=timed,
+    )
+
+
+def _tf_speed(tf, seconds: float = 300.0) -> dict:
+    report = smoke_report.Report()
+    budget = smoke_budget.Budget(seconds, clock=tf.now)
+    report.run("tensor cores", smoke_throughput.tf_tensor_cores, tf, budget, tf.now)
+    (entry,) = report.checks
+    return entry
+
+
+@pytest.mark.parametrize("speedup, status", [(14.0, "pass"), (7.0, "warn"), (1.5, "fail")])
+def test_tensorflows_mixed_precision_speed_is_judged_on_every_gpu_as_pytorchs_is(speedup, status):
+    """A100 (floor 8x, no tensor core below 6x): fp32 with TF32 off against mixed_float16's and mixed_bfloat16's
+    compute dtypes, on each GPU, with the same verdicts and numbers as the PyTorch check."""
+    tf = _clocked_tf([((8, 0), "NVIDIA A100-SXM4-80GB")] * 2, speedup=speedup)
+    entry = _tf_speed(tf)
+    assert entry["status"] == status, entry["reason"]
+    assert tf.state["tf32"] is False
+    assert tf.timed == [(i, dtype) for i in (0, 1) for dtype in ("float32", "float16", "bfloat16")]
+    gpus = entry["details"]["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1] and all(g["fp32_tflops"] == 19.5 for g in gpus)
+    assert all(g["speedup"] == pytest.approx(speedup, abs=0.05) and g["floor"] == 8.0 for g in gpus)
+    assert entry["details"]["policies"] == "mixed_float16 and mixed_bfloat16"
+
+
+def test_tensorflows_speed_check_times_bf16_only_where_the_architecture_has_it_and_honours_the_override(monkeypatch):
+    tf = _clocked_tf([((7, 0), "Tesla V100-SXM2-32GB")], fp32=15.7, speedup=8.0)
+    entry = _tf_speed(tf)
+    assert entry["status"] == "pass" and tf.timed == [(0, "float32"), (0, "float16")], entry["reason"]
+    assert entry["details"]["gpus"][0]["bf16_tflops"] is None and entry["details"]["policies"] == "mixed_float16"
+    monkeypatch.setenv("IMGBUILD_SMOKE_MIN_SPEEDUP", "100")
+    entry = _tf_speed(_clocked_tf([((7, 0), "Tesla V100-SXM2-32GB")], fp32=15.7, speedup=8.0))
+    assert entry["status"] == "fail" and "smoke.min_speedup" in entry["reason"]
+
+
+def test_tensorflows_speed_check_warns_a_gpu_far_under_its_datasheet():
+    entry = _tf_speed(_clocked_tf([((9, 0), "NVIDIA H200")], fp32=20.0, speedup=14.0))  # 280 of 989
+    assert entry["status"] == "warn" and "under half of NVIDIA H200's datasheet 989" in entry["reason"]
+
+
+def test_tensorflows_speed_check_skips_without_a_gpu_or_a_capability_and_keeps_to_its_budget():
+    assert _tf_speed(_clocked_tf([]))["reason"] == "no GPU visible"
+    assert "compute capability" in _tf_speed(_clocked_tf([((), "NVIDIA A100")]))["reason"]
+    # one fp32 matmul of 8192 at 1 TFLOP/s takes 1.1 s on the clock: the first GPU spends a 5 s budget
+    slow = [((8, 0), "a GPU no datasheet names")] * 3
+    entry = _tf_speed(_clocked_tf(slow, fp32=1.0, speedup=14.0), seconds=5)
+    assert entry["status"] == "pass" and [g["index"] for g in entry["details"]["gpus"]] == [0]
+    assert "GPU 1 and after not measured" in entry["reason"] and "smoke_gpu_seconds" in entry["reason"]
+    entry = _tf_speed(_clocked_tf(slow), seconds=0.5)
+    assert entry["status"] == "skip" and "spent before TensorFlow's tensor-core speed on GPU 0" in entry["reason"]
+
+
+def test_the_tensorflow_run_checks_tensor_core_speed_after_mixed_precision_within_the_gpu_budget(monkeypatch):
+    ran = []
+    tf = types.SimpleNamespace(
+        __version__="2.17.0",
+        config=types.SimpleNamespace(list_physical_devices=lambda kind: [], experimental=None),
+    )
+    monkeypatch.setattr(smoke_runners, "import_framework", lambda report, module, framework: tf)
+    for name in dir(smoke_runners):
+        if name.startswith(("tf_", "check_")):
+            monkeypatch.setattr(smoke_runners, name, lambda *args, name=name: ran.append((name, args[1:])) or {})
+    monkeypatch.setenv("IMGBUILD_SMOKE_GPU_SECONDS", "42")
+    smoke_runners.run_tensorflow(smoke_report.Report())
+    names = [name for name, _ in ran]
+    assert names.index("tf_tensor_cores") == names.index("tf_mixed_precision") + 1
+    (budget,) = [args[0] for name, args in ran if name == "tf_tensor_cores"]
+    assert isinstance(budget, smoke_budget.Budget) and budget.seconds == 42

@@ -368,8 +368,8 @@ def test_run_commands_cannot_continue_into_the_next_instruction(run_command, rep
     run_lines = [ln for ln in dockerfile.splitlines() if ln.startswith("RUN [")]
     assert [json.loads(ln[4:]) for ln in run_lines] == [["/bin/sh", "-c", run_command]]
     instructions = [ln.split()[0] for ln in dockerfile.splitlines() if ln and not ln.startswith((" ", "#"))]
-    assert instructions.count("COPY") == 4  # the stack record's input, the file, the base record and the smoke script
-    assert "COPY imgbuild/smoke/smoke.py /opt/imgbuild/smoke.py" in dockerfile
+    assert instructions.count("COPY") == 4  # the stack record's input, the file, the base record and the smoke package
+    assert "COPY imgbuild/smoke/ /opt/imgbuild/smoke/" in dockerfile
 
 
 def test_workdir_with_a_space_is_quoted_for_the_user_script(repo, tmp_path):

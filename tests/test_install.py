@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import imgbuild
-from imgbuild.payload import PAYLOAD_DIR
+from imgbuild.payload import PAYLOAD_DIR, SMOKE_MODULES
 from imgbuild.pipeline.plan import IMAGE_TEMPLATES, OTHER_TEMPLATES, TEMPLATES_DIR, templates_digest
 from tests.conftest import IMGBUILD, ROOT
 
@@ -50,7 +50,7 @@ def test_the_wheel_carries_the_templates_and_in_image_scripts_and_no_tests_or_by
     names = zipfile.ZipFile(wheel).namelist()
     for template in (*IMAGE_TEMPLATES, *OTHER_TEMPLATES):
         assert f"imgbuild/templates/{template}" in names, template
-    assert "imgbuild/payload/smoke_image.py" in names
+    assert {f"imgbuild/payload/smoke/{name}" for name in SMOKE_MODULES} <= set(names)
     assert "imgbuild/py.typed" in names
     assert not [n for n in names if n.startswith("tests/")], "tests are not part of the package"
     assert not [n for n in names if n.endswith((".pyc", ".pyo")) or "__pycache__" in n]
@@ -110,7 +110,7 @@ def test_the_installed_command_validates_renders_and_exports_from_a_folder_witho
     rendered = imgbuild_("render", "recipes/pytorch-research.yaml", "--offline")
     assert rendered.returncode == 0, rendered.stderr
     context = work / "images" / "pytorch-research"
-    assert (context / "Dockerfile").is_file() and (context / "imgbuild" / "smoke" / "smoke.py").is_file()
+    assert (context / "Dockerfile").is_file() and (context / "imgbuild" / "smoke" / "__main__.py").is_file()
     assert (context / "imgbuild" / "pip" / "guard.py").read_bytes() == (PAYLOAD_DIR / "pip_guard.py").read_bytes()
     exported = imgbuild_("export", "recipes/pytorch-research.yaml", "--apptainer", "-o", str(work / "r.def"))
     assert exported.returncode == 0, exported.stderr

@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from imgbuild.payload.probes import LOCK
+
 H1, H2, H3 = "a" * 64, "b" * 64, "0123456789abcdef" * 4
 
 
@@ -159,7 +161,7 @@ def test_lock_shows_the_resolvers_progress_and_nothing_a_terminal_would_obey(tmp
     (tmp_path / "r.lock.txt").unlink()
     engine = FakeEngine()
     engine.images.pull = lambda ref: engine.add_image(ref)
-    said = "IMGBUILD-LOCK-REPORT " + '{"ok": true, "install": [["einops", "0.8.1", []]], "tail": []}'
+    said = LOCK.says({"ok": True, "install": [["einops", "0.8.1", []]], "tail": []})
     output = "\n".join(
         [
             "imgbuild: lock: installing uv==0.13.9 to resolve with",
@@ -290,7 +292,7 @@ def test_a_hostile_lock_answer_gives_only_name_version_pins(tmp_path, install, k
     [
         ((1, {"ok": False, "tail": ["ResolutionImpossible: rich>=99"]}, ""), "ResolutionImpossible: rich>=99"),
         ((1, "Traceback: no marker line at all", ""), "no marker line at all"),
-        ((0, "IMGBUILD-LOCK-REPORT {not json", ""), "could not resolve"),
+        ((0, LOCK.marker + "{not json", ""), "could not resolve"),
     ],
 )
 def test_a_lock_that_fails_in_the_base_writes_nothing(tmp_path, answer, message):
@@ -446,10 +448,10 @@ def test_the_locks_reading_of_uvs_dry_run_is_the_pip_steps_on_uvs_real_output(tm
     import sys
     from pathlib import Path
 
-    from imgbuild.payload import LOCK_SCRIPT, PAYLOAD_DIR
+    from imgbuild.payload import PAYLOAD_DIR
 
     shutil.copy(PAYLOAD_DIR / "pip_versions.py", tmp_path / "pip_versions.py")
-    spec = importlib.util.spec_from_file_location("lock_resolve", LOCK_SCRIPT)
+    spec = importlib.util.spec_from_file_location("lock_resolve", LOCK.path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

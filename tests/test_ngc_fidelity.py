@@ -14,7 +14,10 @@ from packaging.version import Version
 
 from imgbuild import ngc
 from imgbuild.gpu import fleet
-from imgbuild.payload import smoke_image as script
+from imgbuild.payload.smoke import cudnn as smoke_cudnn
+from imgbuild.payload.smoke import framework as smoke_framework
+from imgbuild.payload.smoke import report as smoke_report
+from imgbuild.payload.smoke import versions as smoke_versions
 from imgbuild.pipeline import baserules, plan
 from tests import ngc_facts
 from tests.ngc_facts import REAL
@@ -64,12 +67,14 @@ def test_the_base_s_own_framework_passes_the_framework_check_on_every_real_relea
     monkeypatch.setenv(release.version_env, release.config_env()[release.version_env])
     monkeypatch.delenv("IMGBUILD_EXPECT_FRAMEWORK_VERSION", raising=False)
     # a stock image (no record of the base): the declared public version decides
-    details = script.check_framework_version(module, release.module_version, release.version_env, str(tmp_path / "x"))
+    details = smoke_framework.check_framework_version(
+        module, release.module_version, release.version_env, str(tmp_path / "x")
+    )
     assert details["reason"].endswith("the base's own")
     # an image imgbuild built: the record of the base, written by pip (normal form), decides
     record = tmp_path / "dists.base"
     record.write_text(f"numpy==2.1.0\n{release.dist_name}=={release.dist_version}\n")
-    details = script.check_framework_version(module, release.module_version, release.version_env, str(record))
+    details = smoke_framework.check_framework_version(module, release.module_version, release.version_env, str(record))
     assert details["distribution"] == f"{release.dist_name} {release.dist_version}"
 
 
@@ -80,18 +85,18 @@ def test_a_replaced_framework_fails_the_check_on_every_real_release(release, fra
     monkeypatch.setenv("PYTORCH_VERSION", release.env["PYTORCH_VERSION"])
     record = tmp_path / "dists.base"
     record.write_text(f"torch=={release.dist_version}\n")
-    with pytest.raises(script.Fail, match=r"torch is 2\.10\.0 but the base carries torch .*something replaced"):
-        script.check_framework_version(module, "2.10.0+cu130", "PYTORCH_VERSION", str(record))
-    with pytest.raises(script.Fail, match="something replaced the base's framework"):
-        script.check_framework_version(module, "2.10.0+cu130", "PYTORCH_VERSION", str(tmp_path / "none"))
+    with pytest.raises(smoke_report.Fail, match=r"torch is 2\.10\.0 but the base carries torch .*something replaced"):
+        smoke_framework.check_framework_version(module, "2.10.0+cu130", "PYTORCH_VERSION", str(record))
+    with pytest.raises(smoke_report.Fail, match="something replaced the base's framework"):
+        smoke_framework.check_framework_version(module, "2.10.0+cu130", "PYTORCH_VERSION", str(tmp_path / "none"))
 
 
 def test_the_framework_under_a_name_the_base_did_not_have_fails(framework_site, tmp_path):
     module = _fake_dist(framework_site, "tensorflow-cpu", "2.17.0", "ngcfw", "2.17.0")
     record = tmp_path / "dists.base"
     record.write_text("tensorflow==2.17.0+nv25.2\n")
-    with pytest.raises(script.Fail, match="provided by tensorflow-cpu 2.17.0, which the base did not have"):
-        script.check_framework_version(module, "2.17.0", "TENSORFLOW_VERSION", str(record))
+    with pytest.raises(smoke_report.Fail, match="provided by tensorflow-cpu 2.17.0, which the base did not have"):
+        smoke_framework.check_framework_version(module, "2.17.0", "TENSORFLOW_VERSION", str(record))
 
 
 @pytest.mark.parametrize(
@@ -104,7 +109,7 @@ def test_the_framework_under_a_name_the_base_did_not_have_fails(framework_site, 
     ],
 )
 def test_versions_compare_in_pip_s_normal_form(metadata, pip):
-    assert script.normal_version(metadata) == script.normal_version(pip) == str(Version(pip))
+    assert smoke_versions.normal_version(metadata) == smoke_versions.normal_version(pip) == str(Version(pip))
 
 
 @pytest.mark.parametrize("release", ALL, ids=lambda r: r.key)
@@ -203,7 +208,7 @@ def test_fleet_checks_read_the_real_cuda_version_and_arch_lists(release):
     [(8905, "8.9.5.29"), (8907, "8.9.7.29+cuda12.2"), (90100, "9.1.0.70"), (91400, "9.14.0.64")],
 )
 def test_cudnn_as_torch_reports_it_matches_the_env_as_ngc_writes_it(loaded, declared):
-    assert script.version_prefix_agrees(script.cudnn_text(loaded), declared, 3)
+    assert smoke_versions.version_prefix_agrees(smoke_cudnn.cudnn_text(loaded), declared, 3)
 
 
 @pytest.mark.parametrize("release", ALL, ids=lambda r: r.key)
@@ -213,7 +218,7 @@ def test_the_framework_is_detected_from_the_real_env(release, monkeypatch):
     for key, value in release.config_env().items():
         if key.endswith("_VERSION"):
             monkeypatch.setenv(key, value)
-    assert script.detect_framework() == release.framework
+    assert smoke_framework.detect_framework() == release.framework
 
 
 def test_the_stand_ins_keep_every_ngc_shape_but_the_public_version():

@@ -10,13 +10,21 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import re
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from imgbuild.payload import smoke_image as script
+from imgbuild.payload.smoke import commands as smoke_commands
+from imgbuild.payload.smoke import dists as smoke_dists
+from imgbuild.payload.smoke import framework as smoke_framework
+from imgbuild.payload.smoke import hints as smoke_hints
+from imgbuild.payload.smoke import imports as smoke_imports
+from imgbuild.payload.smoke import pipcheck as smoke_pipcheck
+from imgbuild.payload.smoke import report as smoke_report
+from imgbuild.payload.smoke import sbom as smoke_sbom
 from tests.conftest import bridge_gateway, run_cli
 from tests.pipstep import guard_folder
 from tests.support import guard_module
@@ -41,7 +49,7 @@ def site(tmp_path, monkeypatch):
     folder.mkdir()
     baseline = tmp_path / "dists.base"
     baseline.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in md.distributions()))
-    monkeypatch.setattr(script, "DISTS_BASELINE", str(baseline))
+    monkeypatch.setattr(smoke_dists, "DISTS_BASELINE", str(baseline))
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.setenv("PYTHONPATH", str(folder))
     monkeypatch.delenv("IMGBUILD_SMOKE_SKIP_IMPORTS", raising=False)
@@ -51,8 +59,8 @@ def site(tmp_path, monkeypatch):
 
 
 def _imports() -> dict:
-    report = script.Report()
-    report.run("imports", script.check_imports)
+    report = smoke_report.Report()
+    report.run("imports", smoke_imports.check_imports)
     return report.checks[-1]
 
 
@@ -88,13 +96,13 @@ def test_the_recipes_own_imports_and_commands(site, monkeypatch):
     check = _imports()
     assert check["status"] == "fail" and "import no_such_module_here: ModuleNotFoundError" in check["reason"]
     monkeypatch.setenv("IMGBUILD_SMOKE_RUN", json.dumps(["true", f"{sys.executable} -c 'import sys; sys.exit(3)'"]))
-    report = script.Report()
-    report.run("recipe checks", script.check_commands)
+    report = smoke_report.Report()
+    report.run("recipe checks", smoke_commands.check_commands)
     assert report.checks[-1]["status"] == "fail" and "exited 3" in report.checks[-1]["reason"]
 
 
 def test_an_image_without_a_baseline_skips_the_import_check(site, monkeypatch):
-    monkeypatch.setattr(script, "DISTS_BASELINE", str(site / "nothing-here"))
+    monkeypatch.setattr(smoke_dists, "DISTS_BASELINE", str(site / "nothing-here"))
     assert _imports()["status"] == "skip"
 
 
@@ -107,14 +115,14 @@ def test_a_framework_installed_twice_under_two_names_is_caught(site):
     (other / "top_level.txt").write_text("tffake\n")
     import tffake  # type: ignore[import-not-found]
 
-    report = script.Report()
-    report.run("framework", script.check_framework_version, tffake, "2.21.0", "NO_SUCH_ENV_SET")
+    report = smoke_report.Report()
+    report.run("framework", smoke_framework.check_framework_version, tffake, "2.21.0", "NO_SUCH_ENV_SET")
     assert report.checks[-1]["status"] == "fail"  # no version declared: two owners are wrong all the same
     import os
 
     os.environ["IMGBUILD_TEST_FW_VERSION"] = "2.21.0"
     try:
-        report.run("framework", script.check_framework_version, tffake, "2.21.0", "IMGBUILD_TEST_FW_VERSION")
+        report.run("framework", smoke_framework.check_framework_version, tffake, "2.21.0", "IMGBUILD_TEST_FW_VERSION")
     finally:
         del os.environ["IMGBUILD_TEST_FW_VERSION"]
     check = report.checks[-1]
@@ -137,16 +145,16 @@ def test_a_framework_installed_twice_under_two_names_is_caught(site):
     ],
 )
 def test_top_level_modules_from_metadata(files, top, modules):
-    assert script.top_level_modules(files, top) == modules
+    assert smoke_dists.top_level_modules(files, top) == modules
 
 
 def test_missing_libraries_map_to_apt_packages():
-    assert script.missing_library("libGL.so.1: cannot open shared object file: No such file") == "libGL.so.1"
-    assert script.import_hint("libGL.so.1") == "add apt: [libgl1]"
-    assert script.import_hint("libgthread-2.0.so.0") == "add apt: [libglib2.0-0]"
+    assert smoke_hints.missing_library("libGL.so.1: cannot open shared object file: No such file") == "libGL.so.1"
+    assert smoke_hints.import_hint("libGL.so.1") == "add apt: [libgl1]"
+    assert smoke_hints.import_hint("libgthread-2.0.so.0") == "add apt: [libglib2.0-0]"
     # a well-known wheel gets its whole line, not one library per failed build
-    assert script.import_hint("libGL.so.1", "opencv-python") == "add apt: [libgl1, libglib2.0-0, libxcb1]"
-    assert script.missing_library("No module named 'x'") == ""
+    assert smoke_hints.import_hint("libGL.so.1", "opencv-python") == "add apt: [libgl1, libglib2.0-0, libxcb1]"
+    assert smoke_hints.missing_library("No module named 'x'") == ""
 
 
 @pytest.mark.parametrize(
@@ -162,7 +170,7 @@ def test_missing_libraries_map_to_apt_packages():
 def test_a_library_of_another_cuda_major_is_named_the_wrong_build_not_an_apt_package(library, cuda, cure):
     """VLLM 0.2.5 on a CUDA 13 base failed with 'libcudart.so.12 is missing (install the system
     package that provides it (apt:))'; no apt package cures a wheel built for another CUDA."""
-    assert script.import_hint(library, "vllm", cuda).startswith(cure)
+    assert smoke_hints.import_hint(library, "vllm", cuda).startswith(cure)
 
 
 # --- on the test bed ------------------------------------------------------------------------------------
@@ -981,8 +989,8 @@ def test_a_failed_smoke_run_command_keeps_its_cause_and_its_output(site, monkeyp
     """A smoke.run failure kept only its last stderr line ("ninja: build stopped"); the cause two
     screens up was lost. The reason carries the lines that name an error; the details keep the output's tail."""
     monkeypatch.setenv("IMGBUILD_SMOKE_RUN", json.dumps([script_text]))
-    report = script.Report()
-    report.run("recipe checks", script.check_commands)
+    report = smoke_report.Report()
+    report.run("recipe checks", smoke_commands.check_commands)
     check = report.checks[-1]
     assert check["status"] == "fail", why
     for words in said:
@@ -990,17 +998,19 @@ def test_a_failed_smoke_run_command_keeps_its_cause_and_its_output(site, monkeyp
     causes = check["reason"].rsplit("' exited ", 1)[-1]  # the command itself is quoted before it
     for words in not_said:
         assert words not in causes, (why, check["reason"])
-    assert check["details"]["command"] == script_text and len(check["details"]["output"]) <= script.RUN_TAIL_LINES
+    assert (
+        check["details"]["command"] == script_text and len(check["details"]["output"]) <= smoke_commands.RUN_TAIL_LINES
+    )
 
 
 def test_a_chatty_failing_command_is_kept_bounded(site, monkeypatch):
     monkeypatch.setenv(
         "IMGBUILD_SMOKE_RUN", json.dumps(["yes 'a long line of build output' | head -c 20000000; exit 2"])
     )
-    report = script.Report()
-    report.run("recipe checks", script.check_commands)
+    report = smoke_report.Report()
+    report.run("recipe checks", smoke_commands.check_commands)
     check = report.checks[-1]
-    assert check["status"] == "fail" and len(check["details"]["output"]) == script.RUN_TAIL_LINES
+    assert check["status"] == "fail" and len(check["details"]["output"]) == smoke_commands.RUN_TAIL_LINES
     assert len(json.dumps(check)) < 40_000
 
 
@@ -1046,11 +1056,13 @@ def test_two_distributions_owning_one_module_fail_where_their_files_differ(site)
 )
 def test_programs_a_package_runs_are_checked_like_libraries(names, on_path, expected):
     """openai-whisper was promoted with no ffmpeg and no hint."""
-    assert script.missing_tools(names, which=lambda tool: f"/usr/bin/{tool}" if tool in on_path else None) == expected
+    assert (
+        smoke_hints.missing_tools(names, which=lambda tool: f"/usr/bin/{tool}" if tool in on_path else None) == expected
+    )
 
 
 def test_a_missing_program_fails_the_import_check_with_its_apt_line(site, monkeypatch):
-    monkeypatch.setitem(script.RUNTIME_TOOLS, "whisperx-fake", {"no-such-program-here": "ffmpeg"})
+    monkeypatch.setitem(smoke_hints.RUNTIME_TOOLS, "whisperx-fake", {"no-such-program-here": "ffmpeg"})
     _dist(site, "whisperx-fake", "1.0", "whisperxfake")
     check = _imports()
     assert check["status"] == "fail"
@@ -1075,13 +1087,14 @@ def _known(site: Path, monkeypatch, words: str) -> None:
         found = [
             p
             for p in site.glob("*.dist-info")
-            if script._canonical(p.name.removesuffix(".dist-info").rsplit("-", 1)[0]) == script._canonical(name)
+            if smoke_dists._canonical(p.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+            == smoke_dists._canonical(name)
         ]
         record = (found[0] / "RECORD").read_text() if found else "none"
         lines.append(f"{word} {hashlib.sha256(chr(10).join(sorted(record.splitlines())).encode()).hexdigest()}\n")
     known = site.parent / "known.txt"
     known.write_text("".join(lines))
-    monkeypatch.setattr(script, "KNOWN_GOOD_FILE", str(known))
+    monkeypatch.setattr(smoke_dists, "KNOWN_GOOD_FILE", str(known))
 
 
 def test_the_edit_loop_re_imports_only_what_changed_and_what_needs_it(site, monkeypatch):
@@ -1120,11 +1133,11 @@ def test_an_images_own_environment_or_file_never_says_what_to_spare(site, monkey
     the file imgbuild writes beside it (always written, empty when nothing is spared)."""
     _dist_needing(site, "broken-fake", "1.0", "brokenfake", [], "raise ImportError('broken')")
     monkeypatch.setenv("IMGBUILD_SMOKE_KNOWN_GOOD", "broken-fake==1.0")
-    monkeypatch.setattr(script, "KNOWN_GOOD_FILE", str(tmp_path / "absent.txt"))
+    monkeypatch.setattr(smoke_dists, "KNOWN_GOOD_FILE", str(tmp_path / "absent.txt"))
     assert _imports()["status"] == "fail"
     big = tmp_path / "big.txt"  # over the bound: believed for nothing
-    big.write_text("broken-fake==1.0 " + "0" * 64 + "\n" + "x" * (script.KNOWN_GOOD_LINES * 400))
-    monkeypatch.setattr(script, "KNOWN_GOOD_FILE", str(big))
+    big.write_text("broken-fake==1.0 " + "0" * 64 + "\n" + "x" * (smoke_dists.KNOWN_GOOD_LINES * 400))
+    monkeypatch.setattr(smoke_dists, "KNOWN_GOOD_FILE", str(big))
     assert _imports()["status"] == "fail"
 
 
@@ -1197,7 +1210,7 @@ def test_the_debian_packages_an_image_added_are_read_with_their_versions_and_not
         "libc6\t2.36-9+deb12u9\nbash\t5.2.15-2+b2\njq\t1.6-2.1\nlibjq1:amd64\t1.6-2.1\n"
         "evil\t1.0; rm -rf /\nBad_Name\t1\n\t1.0\nnoversion\t\n" + "x" * 5000 + "\t1\n"
     )
-    assert script.added_debs(base, now) == [["jq", "1.6-2.1"], ["libc6", "2.36-9+deb12u9"], ["libjq1", "1.6-2.1"]]
+    assert smoke_sbom.added_debs(base, now) == [["jq", "1.6-2.1"], ["libc6", "2.36-9+deb12u9"], ["libjq1", "1.6-2.1"]]
 
 
 @pytest.mark.parametrize(
@@ -1215,7 +1228,7 @@ def test_the_debian_packages_an_image_added_are_read_with_their_versions_and_not
 )
 def test_a_smoke_run_command_whose_build_tool_is_missing_names_the_cure(output, cure):
     """DeepSpeed's just-in-time op build failed in smoke.run with `c++: not found` and no cure."""
-    said = script.run_cure(output)
+    said = smoke_commands.run_cure(output)
     assert (cure in said) if cure else said == ""
 
 
@@ -1230,20 +1243,20 @@ def test_pip_check_lines_a_recipe_accepts_are_kept_in_the_report_and_the_rest_st
 
     baseline = tmp_path / "pip-check.base"
     baseline.write_text("No broken requirements found.\n")
-    monkeypatch.setattr(script, "PIP_CHECK_BASELINE", str(baseline))
+    monkeypatch.setattr(smoke_pipcheck, "PIP_CHECK_BASELINE", str(baseline))
     other = "albumentations 1.4.10 has requirement albucore>=0.0.11, but you have albucore 0.0.9."
     said = MODEL_GARDEN + "\n" + other + "\n"
-    monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: sp.CompletedProcess(a, 1, said, ""))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: sp.CompletedProcess(a, 1, said, ""))
     monkeypatch.setenv("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", "")
-    with pytest.raises(script.Fail) as refused:
-        script.check_pip()
+    with pytest.raises(smoke_report.Fail) as refused:
+        smoke_pipcheck.check_pip()
     assert "smoke.accept_pip_check: [albumentations, tf-models-official]" in str(refused.value)
     monkeypatch.setenv("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", "tf_models_official")
-    with pytest.raises(script.Fail) as still:
-        script.check_pip()
+    with pytest.raises(smoke_report.Fail) as still:
+        smoke_pipcheck.check_pip()
     assert "albumentations" in str(still.value) and "tf-models-official 2.20.0" not in str(still.value)
     monkeypatch.setenv("IMGBUILD_SMOKE_ACCEPT_PIP_CHECK", "tf-models-official albumentations")
-    passed = script.check_pip()
+    passed = smoke_pipcheck.check_pip()
     assert passed["accepted"] == [MODEL_GARDEN, other] and "accepted by smoke.accept_pip_check" in passed["reason"]
 
 

@@ -99,15 +99,15 @@ def test_a_live_only_progress_shows_a_running_clock_on_a_terminal_and_nothing_in
 
 def test_the_smoke_test_says_each_check_as_it_goes_and_a_long_one_every_few_seconds(monkeypatch):
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.payload import smoke_image
+    from imgbuild.payload.smoke import report as smoke_report
     from imgbuild.pipeline import smoke
 
     said: list[str] = []
-    report = smoke_image.Report()
+    report = smoke_report.Report()
     with monkeypatch.context() as patched:  # the script's own lines, as the container's output carries them
-        patched.setattr(smoke_image, "say", lambda text: said.append(smoke_image.PROGRESS + text))
+        patched.setattr(smoke_report, "say", lambda text: said.append(smoke_report.PROGRESS + text))
         report.run("framework", lambda: {"reason": "ok"})
-        report.run("cuda", lambda: (_ for _ in ()).throw(smoke_image.Skip("no GPU")))
+        report.run("cuda", lambda: (_ for _ in ()).throw(smoke_report.Skip("no GPU")))
     assert said == [
         "imgbuild-smoke: check 1: framework ...",
         "imgbuild-smoke: check 1: framework PASS (0.0 s)",

@@ -235,7 +235,7 @@ def test_rendering_is_deterministic_and_ordered_for_caching(write, tmp_path):
             "install.sh",  # the pip layer before the user's: the same whichever uid builds it
             "add-user.sh",
             "COPY --from=imgbuild-base-record",
-            "COPY imgbuild/smoke/smoke.py",
+            "COPY imgbuild/smoke/ /opt/imgbuild/smoke/",
             "COPY --chown",  # a copied file last of the layers: editing it rebuilds nothing else
             "ENV ",
             "LABEL ",

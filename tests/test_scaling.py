@@ -83,7 +83,7 @@ def test_a_smoke_record_is_read_in_linear_time():
 
 
 def test_the_payloads_unchanged_set_is_linear():
-    from imgbuild.payload import smoke_image as script
+    from imgbuild.payload.smoke import dists as smoke_dists
 
     def case(n: int) -> tuple:
         work = [(f"p{i}", "1.0", [f"m{i}"]) for i in range(n)]
@@ -93,7 +93,7 @@ def test_the_payloads_unchanged_set_is_linear():
         return work, known, needs, present
 
     small, large = case(300), case(3_000)
-    t_small = _best(lambda: script.unchanged_since_last(*small))
-    t_large = _best(lambda: script.unchanged_since_last(*large))
-    assert script.unchanged_since_last(*small) == set()  # p0 is new, and each needs the one before
+    t_small = _best(lambda: smoke_dists.unchanged_since_last(*small))
+    t_large = _best(lambda: smoke_dists.unchanged_since_last(*large))
+    assert smoke_dists.unchanged_since_last(*small) == set()  # p0 is new, and each needs the one before
     assert t_large < 30 * max(t_small, 0.001), (t_small, t_large)

@@ -1,4 +1,4 @@
-"""The smoke test's import check (payload/smoke_image.py) on a machine others use: at most as many imports at
+"""The smoke test's import check (payload/smoke/imports.py) on a machine others use: at most as many imports at
 once as CPUs, a budget that grows with the machine's load, a timed-out import tried once more alone, and a
 timeout said apart from a failure. A good package is never failed for time; a broken one still fails.
 """
@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
-from imgbuild.payload import SMOKE_SCRIPT
-from imgbuild.payload import smoke_image as script
+from imgbuild.payload import SMOKE_MODULES, SMOKE_PACKAGE
+from imgbuild.payload.smoke import dists as smoke_dists
+from imgbuild.payload.smoke import importing as smoke_importing
+from imgbuild.payload.smoke import imports as smoke_imports
+from imgbuild.payload.smoke import report as smoke_report
 from imgbuild.pipeline.smoke import SCRIPT_VARIABLES, SmokeRequest, _script_env
 
 
@@ -51,12 +53,12 @@ def test_a_good_package_is_never_failed_for_time_on_a_busy_machine_and_a_broken_
     """A budget the setting gives for a quiet machine (1 s here, below what heavy_ok takes under load) grows with
     what the framework takes to import now; with every CPU busy, heavy_ok passes and broken still fails."""
     configured = 1.0
-    budget = script.import_budget(configured, script.framework_seconds(60, module="fakeframework"))
+    budget = smoke_importing.import_budget(configured, smoke_importing.framework_seconds(60, module="fakeframework"))
     work = [("heavy-ok", "1.0", ["heavy_ok"]), ("light-ok", "1.0", ["light_ok"]), ("broken", "1.0", ["broken"])]
-    results = script.import_all(work, budget, script.import_workers())
+    results = smoke_importing.import_all(work, budget, smoke_importing.import_workers())
     assert results[0] == {} and results[1] == {}, (budget, results)
     assert "libfoo.so.1" in results[2]["broken"]
-    failures, _, _, _ = script._classify(work, results)
+    failures, _, _, _ = smoke_imports._classify(work, results)
     assert len(failures) == 1 and "broken 1.0: import broken" in failures[0]
 
 
@@ -65,12 +67,12 @@ def test_an_import_that_runs_past_its_budget_is_tried_again_alone_then_said_to_h
 
     def run(modules, budget):
         calls.append((modules[0], budget))
-        return {modules[0]: f"{script.TIMED_OUT} after {budget:.0f} s"} if modules[0] == "hangs" else {}
+        return {modules[0]: f"{smoke_importing.TIMED_OUT} after {budget:.0f} s"} if modules[0] == "hangs" else {}
 
     work = [("hangs", "1", ["hangs"]), ("fine", "1", ["fine"])]
-    results = script.import_all(work, 10, 2, run=run)
+    results = smoke_importing.import_all(work, 10, 2, run=run)
     assert sorted(calls) == [("fine", 10), ("hangs", 10), ("hangs", 20)]
-    failures, _, _, _ = script._classify(work, results)
+    failures, _, _, _ = smoke_imports._classify(work, results)
     assert failures == [
         "hangs 1: import hangs: timed out after 20 s, twice (not an import error: the machine may be busy; run the "
         "smoke test again, or raise smoke_import_timeout)"
@@ -81,17 +83,17 @@ def test_a_module_that_never_returns_is_ended_by_its_budget(tmp_path, monkeypatc
     (tmp_path / "forever.py").write_text("import time\ntime.sleep(600)\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     started = time.monotonic()
-    assert script._import_one(["forever"], 1) == {"forever": f"{script.TIMED_OUT} after 1 s"}
+    assert smoke_importing._import_one(["forever"], 1) == {"forever": f"{smoke_importing.TIMED_OUT} after 1 s"}
     assert time.monotonic() - started < 10
 
 
 def test_no_more_imports_at_once_than_cpus(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert script.import_workers() == 2
+    assert smoke_importing.import_workers() == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert script.import_workers() == 4
+    assert smoke_importing.import_workers() == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert script.import_workers() == 1
+    assert smoke_importing.import_workers() == 1
 
 
 @pytest.mark.parametrize(
@@ -100,31 +102,32 @@ def test_no_more_imports_at_once_than_cpus(monkeypatch):
      ("86401", 120.0), (" 30 ", 30.0), ("30s", 120.0)],
 )  # fmt: skip
 def test_the_import_budget_setting_is_read_as_ascii_digits_only(text, seconds):
-    assert script.configured_import_seconds(text) == seconds
+    assert smoke_importing.configured_import_seconds(text) == seconds
 
 
 def test_the_budget_scales_with_the_framework_import_time():
-    assert script.import_budget(120, 2.0) == 120  # a quiet machine: the setting
-    assert script.import_budget(120, 40.0) == 40 * script.IMPORT_SCALE  # a busy one: more
+    assert smoke_importing.import_budget(120, 2.0) == 120  # a quiet machine: the setting
+    assert smoke_importing.import_budget(120, 40.0) == 40 * smoke_importing.IMPORT_SCALE  # a busy one: more
 
 
 def test_every_variable_the_script_reads_is_set_by_imgbuild(tmp_path):
     """An image's own ENV never steers the smoke test: each IMGBUILD_* the script reads is set, empty if unused."""
     import re
 
-    read = set(re.findall(r'environ\.get\("(IMGBUILD_[A-Z_]+)"', SMOKE_SCRIPT.read_text()))
+    text = "".join((SMOKE_PACKAGE / name).read_text() for name in SMOKE_MODULES)
+    read = set(re.findall(r'environ\.get\("(IMGBUILD_[A-Z_]+)"', text))
     assert read == set(SCRIPT_VARIABLES)
     env = _script_env({}, SmokeRequest("img"))
     assert {k: env[k] for k in SCRIPT_VARIABLES} == dict.fromkeys(SCRIPT_VARIABLES, "")
     env = _script_env({}, SmokeRequest("img", import_seconds=300, known_good=("a==1 " + "0" * 64,)))
     assert env["IMGBUILD_SMOKE_IMPORT_SECONDS"] == "300" and "IMGBUILD_SMOKE_KNOWN_GOOD" not in env
     # what may be spared travels as a file beside the script, always written (an image's own is overwritten)
-    from imgbuild.payload.smoke_image import KNOWN_GOOD_FILE
+    from imgbuild.payload.smoke.dists import KNOWN_GOOD_FILE
     from imgbuild.pipeline.smoke import KNOWN_GOOD_NAME, smoke_probe
 
     assert KNOWN_GOOD_FILE == "/tmp/" + KNOWN_GOOD_NAME
-    assert dict(smoke_probe().files) == {KNOWN_GOOD_NAME: b""}
-    assert dict(smoke_probe(("a==1 " + "0" * 64,)).files) == {KNOWN_GOOD_NAME: ("a==1 " + "0" * 64 + "\n").encode()}
+    assert dict(smoke_probe().files)[KNOWN_GOOD_NAME] == b""
+    assert dict(smoke_probe(("a==1 " + "0" * 64,)).files)[KNOWN_GOOD_NAME] == ("a==1 " + "0" * 64 + "\n").encode()
 
 
 def test_the_import_timeout_setting_is_refused_naming_it_when_it_is_not_seconds(tmp_path):
@@ -137,17 +140,12 @@ def test_the_import_timeout_setting_is_refused_naming_it_when_it_is_not_seconds(
     assert load_settings({}, environ={"IMGBUILD_SMOKE_IMPORT_TIMEOUT": "300"}).smoke_import_timeout == 300
 
 
-def test_the_script_still_runs_on_its_own(tmp_path):
-    """The payload depends on nothing but the stdlib: it compiles and its helpers import bare."""
-    code = textwrap.dedent(
-        f"""
-        import importlib.util, sys
-        spec = importlib.util.spec_from_file_location("s", {str(SMOKE_SCRIPT)!r})
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        print(module.import_workers() >= 1)
-        """
-    )
+def test_the_import_check_still_imports_on_its_own(tmp_path):
+    """The payload depends on nothing but the stdlib: copied anywhere as a folder, its import helpers import bare."""
+    import shutil
+
+    shutil.copytree(SMOKE_PACKAGE, tmp_path / "copied", ignore=shutil.ignore_patterns("__pycache__"))
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import copied.importing as m; print(m.import_workers() >= 1)"
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "True", done.stderr
 
@@ -155,20 +153,20 @@ def test_the_script_still_runs_on_its_own(tmp_path):
 def test_the_import_failure_line_counts_failures_and_timeouts_apart(monkeypatch):
     """One line: how many do not import, how many timed out, each said once."""
     work = [("broken", "1", ["broken"]), ("slow", "1", ["slow"])]
-    results = [{"broken": "ImportError: no"}, {"slow": f"{script.TIMED_OUT} after 240 s"}]
-    monkeypatch.setattr(script, "read_baseline", lambda path: set())
-    monkeypatch.setattr(script, "_distributions", lambda: [])
-    monkeypatch.setattr(script, "_added", lambda baseline, every=None: [])
+    results = [{"broken": "ImportError: no"}, {"slow": f"{smoke_importing.TIMED_OUT} after 240 s"}]
+    monkeypatch.setattr(smoke_imports, "read_baseline", lambda path: set())
+    monkeypatch.setattr(smoke_imports, "_distributions", lambda: [])
+    monkeypatch.setattr(smoke_imports, "_added", lambda baseline, every=None: [])
     monkeypatch.setenv("IMGBUILD_SMOKE_IMPORTS", "x")
-    monkeypatch.setattr(script, "import_all", lambda w, budget, workers: results[: len(w)])
-    monkeypatch.setattr(script, "framework_seconds", lambda limit, module="": 0.1)
-    monkeypatch.setattr(script, "missing_tools", lambda names: [])
-    monkeypatch.setattr(script, "shared_modules", lambda dists, added: [])
-    failures, _, _, _ = script._classify(work, results)
+    monkeypatch.setattr(smoke_imports, "import_all", lambda w, budget, workers: results[: len(w)])
+    monkeypatch.setattr(smoke_imports, "framework_seconds", lambda limit, module="": 0.1)
+    monkeypatch.setattr(smoke_imports, "missing_tools", lambda names: [])
+    monkeypatch.setattr(smoke_imports, "shared_modules", lambda dists, added: [])
+    failures, _, _, _ = smoke_imports._classify(work, results)
     line = "; ".join(failures)
     assert "broken 1: import broken: ImportError: no" in line and "timed out after 240 s, twice" in line
-    with pytest.raises(script.Fail) as caught:
-        script.check_imports()
+    with pytest.raises(smoke_report.Fail) as caught:
+        smoke_imports.check_imports()
     assert str(caught.value).startswith("1 of 1 module(s) do not import: smoke.imports")  # no stray "; "
 
 
@@ -199,7 +197,7 @@ def _work(*names: str) -> list:
 
 def test_the_import_server_keeps_each_distribution_alone(served):
     """A monkeypatch, an os._exit, a segfault: each touches only its own child; the others import as alone."""
-    results = script.import_served(_work("patcher", "uses_json", "exits", "crashes", "fine"), 60, 2, "none")
+    results = smoke_importing.import_served(_work("patcher", "uses_json", "exits", "crashes", "fine"), 60, 2, "none")
     assert results is not None, "the import server refused on this machine"
     by_name = dict(zip(["patcher", "uses_json", "exits", "crashes", "fine"], results, strict=True))
     assert by_name["patcher"] == {} and by_name["uses_json"] == {} and by_name["fine"] == {}
@@ -209,10 +207,10 @@ def test_the_import_server_keeps_each_distribution_alone(served):
 
 def test_a_hanging_or_forking_import_is_bounded_and_leaves_no_process(served):
     started = time.monotonic()
-    results = script.import_served(_work("hangs", "forks", "fine"), 2, 2, "none")
+    results = smoke_importing.import_served(_work("hangs", "forks", "fine"), 2, 2, "none")
     assert results is not None
     hangs, forks, fine = results
-    assert hangs["hangs"].startswith(script.TIMED_OUT) and forks == {} and fine == {}
+    assert hangs["hangs"].startswith(smoke_importing.TIMED_OUT) and forks == {} and fine == {}
     assert time.monotonic() - started < 30  # 2 s, then once more alone with 4 s
     daemon = int((served / "daemon.pid").read_text())
     deadline = time.monotonic() + 10
@@ -223,8 +221,8 @@ def test_a_hanging_or_forking_import_is_bounded_and_leaves_no_process(served):
 
 def test_the_check_falls_back_where_the_server_cannot_serve(served, monkeypatch):
     """No fork, or threads after the preload: one interpreter per distribution, as before."""
-    monkeypatch.setattr(script, "_IMPORT_SERVER", "import json\nprint(json.dumps({'refused': 'threads'}))\n")
-    assert script.import_served(_work("fine"), 60, 1, "none") is None
+    monkeypatch.setattr(smoke_importing, "_IMPORT_SERVER", "import json\nprint(json.dumps({'refused': 'threads'}))\n")
+    assert smoke_importing.import_served(_work("fine"), 60, 1, "none") is None
 
 
 class _Path(str):
@@ -260,7 +258,7 @@ def test_two_distributions_installing_one_module_with_other_contents_fail(first,
         return [_Path(path, digest) for path, digest in table.items()]
 
     dists = [("opencv-python", "4.10", files(first)), ("opencv-python-headless", "4.10", files(second))]
-    found = script.shared_modules(dists, {"opencv-python-headless"})
+    found = smoke_dists.shared_modules(dists, {"opencv-python-headless"})
     assert bool(found) is flagged, found
     if flagged:
         assert "opencv-python 4.10 and opencv-python-headless 4.10" in found[0] and "keep one of them" in found[0]
@@ -291,15 +289,15 @@ def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation
     recipe had no check of its own. Now it fails, by the import server and by the fallback alike."""
     work = _work("xformersish", "visionish", "chatty")
     if way == "server":
-        results = script.import_served(work, 60, 2, "none")
+        results = smoke_importing.import_served(work, 60, 2, "none")
         assert results is not None
     else:
-        results = script.import_all(work, 60, 2)
+        results = smoke_importing.import_all(work, 60, 2)
     xformersish, visionish, chatty = results
     assert xformersish["xformersish"].startswith("ExtensionNotLoaded: WARNING[XFORMERS]: xFormers can't load C++")
     assert "Failed to load image Python extension" in visionish["visionish"]
     assert chatty == {}
-    failures, *_ = script._classify(work, results)
+    failures, *_ = smoke_imports._classify(work, results)
     assert failures[0].startswith(
         "xformersish 1.0: import xformersish: it imports, but its compiled extension did not load (WARNING[XFORMERS]"
     )
@@ -332,5 +330,5 @@ def test_a_name_one_added_package_imports_from_another_that_lacks_it_names_both_
         "ImportError: cannot import name 'cached_download' from 'huggingface_hubish' (/site/huggingface_hubish/x.py)"
     )
     results = [{"diffusersish": error}, {}]
-    failures, *_ = script._classify(work, results, {"huggingface_hubish": owner})
+    failures, *_ = smoke_imports._classify(work, results, {"huggingface_hubish": owner})
     assert failures == [f"diffusersish 0.25.0: import diffusersish: {error}: {said}"]

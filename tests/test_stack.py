@@ -48,7 +48,7 @@ def test_the_plan_protects_every_framework_the_stack_folders_and_frees_only_what
     assert {"torch", "tensorflow", "tensorflow-cpu"} <= set(spec["distributions"])
     assert spec["unpinned"] == ["numpy"]
     assert {"/usr/local/cuda", "/usr/local/cuda-*", "/opt/nvidia", "/opt/imgbuild"} <= set(spec["trees"])
-    assert "/etc/ld.so.preload" in spec["files"] and "/opt/imgbuild/smoke.py" in spec["own"]
+    assert "/etc/ld.so.preload" in spec["files"] and "/opt/imgbuild/smoke/__main__.py" in spec["own"]
 
 
 @pytest.mark.parametrize("backend", ["buildkit", "sdk"])

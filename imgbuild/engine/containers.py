@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import subprocess
 import sys
-import tarfile
 from collections.abc import Callable
 from typing import Any
 
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages, engine_time
-from imgbuild.engine.probe import SCRIPT_CACHE, Probe
+from imgbuild.engine.probe import SCRIPT_CACHE
 from imgbuild.engine.runargs import env_file, hide_gpus, run_argv
 from imgbuild.engine.types import ContainerInfo, RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
+from imgbuild.payload.probes import SCRIPT_FOLDER, SCRIPT_NAME, Probe
 
 SMOKE_LABEL = Label.SMOKE_OF
 #: The longest a call into a running container may take (a note from the reaper, a probe for `ps`).
@@ -297,19 +296,20 @@ class DockerContainers:
         info = self.images.image(image)
         entrypoint = (info.config.get("Entrypoint") if info else None) or []
         keep_entrypoint = not entrypoint or any("nvidia_entrypoint" in part for part in entrypoint)
-        command = ["python3", "/tmp/imgbuild-smoke.py", *args]
+        command = ["python3", f"{SCRIPT_FOLDER}/{SCRIPT_NAME}", *args]
+        env = probe.environment(env)  # the script's marker: the one way a probe learns it
         self.sweep_orphans()
         kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user, cache)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
-        payload = _script_tar(probe.script, probe.files)
+        payload = probe.tar()
 
         def prepared(device_requests: list[Any] | None) -> Any:
             """A created container with the script copied in; removed again if the copy fails."""
             container = self.client.containers.create(image, command, device_requests=device_requests, **kwargs)
             try:
-                container.put_archive("/tmp", payload)
+                container.put_archive(SCRIPT_FOLDER, payload)
             except BaseException:
                 with contextlib.suppress(APIError):
                     container.remove(force=True)
@@ -483,13 +483,3 @@ def _host_ports(bindings: Any) -> list[int]:
             if port.isdigit():
                 ports.append(int(port))
     return ports
-
-
-def _script_tar(script: str, files: tuple[tuple[str, bytes], ...] = ()) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data, mode in [("imgbuild-smoke.py", script.encode(), 0o755), *((n, d, 0o644) for n, d in files)]:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()

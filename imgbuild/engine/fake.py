@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import (
     BuildRequest,
     ContainerInfo,
@@ -30,6 +29,7 @@ from imgbuild.engine.types import (
 )
 from imgbuild.errors import BuildFailed, ImgbuildError
 from imgbuild.imageref import parse
+from imgbuild.payload.probes import Probe
 from imgbuild.platforms import arch_of
 
 #: A scripted smoke verdict for an image ref: True passes, False fails, an exception is raised in the run.

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from imgbuild import limits
 from imgbuild.engine.lease import LeaseStore
-from imgbuild.engine.probe import Probe
+from imgbuild.payload.probes import Probe
 from imgbuild.text import printable
 
 ProgressFn = Callable[[str], None]

@@ -7,9 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from imgbuild import limits
-from imgbuild.boundedjson import marked_answer
 from imgbuild.gpu.read import Gpu, NoGpus, SmiReader
+from imgbuild.payload.probes import ENGINE_GPUS
 
 # --- GPUs read through the engine -------------------------------------------------------------------
 #
@@ -18,15 +17,6 @@ from imgbuild.gpu.read import Gpu, NoGpus, SmiReader
 # They are read in a short-lived container of the image at hand, given every GPU: nvidia-smi (the toolkit
 # mounts it) answers SmiReader's calls, and the host's PCI bus (/sys is not namespaced) says whether NVIDIA
 # GPUs are there at all, even where the engine cannot pass them.
-
-ENGINE_READ_MARKER = "IMGBUILD-ENGINE-GPUS "
-
-
-def engine_read_script() -> str:
-    """The script run in the image (imgbuild/payload/engine_gpus.py: stdlib only), read when a probe needs it."""
-    from imgbuild.payload import ENGINE_GPUS_SCRIPT
-
-    return ENGINE_GPUS_SCRIPT.read_text()
 
 
 #: What nvidia-smi or the engine says where a host has no NVIDIA GPU (as opposed to one it cannot pass).
@@ -57,7 +47,7 @@ def judge_engine_read(code: int, output: str, note: str, cdi_gpus: bool) -> Engi
     """The read container's exit code, output and note (why the engine gave it no GPUs): GPUs present when
     nvidia-smi listed some, the host's PCI bus has NVIDIA display devices, or the engine lists CDI GPU devices;
     an engine that only has an NVIDIA runtime registered is no GPU host. Pure; hostile output reads as none."""
-    data = marked_answer(output, ENGINE_READ_MARKER, limits.HTTP_BODY_BYTES)  # as every probe's answer is read
+    data = ENGINE_GPUS.answer(output)  # as every probe's answer is read
     if data is None or code != 0:
         why = f"the GPU read in the image failed (exit {code})" + (f"; {note}" if note else "")
         return EngineGpus(cdi_gpus, "engine", None, why)

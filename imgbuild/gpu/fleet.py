@@ -2,7 +2,7 @@
 
 An image's GPU facts (its CUDA version and the archs its framework was compiled for) against targets (GPU
 models by name, or compute capabilities) and a driver version. The kernel rule is the smoke script's own
-(`smoke_image.kernels_for`, also used inside images on real GPUs); the driver rule is CUDA's: the release's
+(`payload/smoke/arch.kernels_for`, also used inside images on real GPUs); the driver rule is CUDA's: the release's
 own driver, else minor-version compatibility within the CUDA major, else forward compatibility on
 data-center GPUs where NGC documents it. `smoke --for`, `tags --compatible`, `bump` and promotion in
 `build`/`rebuild` all judge here.
@@ -17,7 +17,7 @@ from typing import Any
 
 from imgbuild.errors import UsageError
 from imgbuild.gpu.support import ARCH_DRIVER_BRANCHES, CUDA_MIN_CAPABILITY, CUDA_MIN_DRIVER, GPU_MODELS, SUPPORT
-from imgbuild.payload.smoke_image import explain_kernels, parse_archs
+from imgbuild.payload.smoke.arch import explain_kernels, parse_archs
 
 _CAPABILITY_RE = re.compile(r"(?:sm_([0-9]{1,2})([0-9])|([0-9]{1,2})\.([0-9]))")
 _DRIVER_RE = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){1,2}")

@@ -1,7 +1,7 @@
 """Run inside an image (stdlib only), never imported: the engine's host's GPUs as that container sees them. The
 host's PCI bus says whether NVIDIA GPUs are there at all (/sys is not namespaced); nvidia-smi, where the toolkit
 mounts it, answers the calls named in IMGBUILD_SMI_CALLS. Bounded: 8 calls, 30 s each, 256 KiB kept per answer.
-One line answers: IMGBUILD-ENGINE-GPUS and the JSON (imgbuild.gpu.engine_read reads it)."""
+One line answers: its marker (in IMGBUILD_PROBE_MARKER) and the JSON (imgbuild.gpu.engine_read reads it)."""
 
 import glob
 import json
@@ -29,4 +29,4 @@ for args in json.loads(os.environ.get("IMGBUILD_SMI_CALLS", "[]"))[:8]:
         answers[key] = {"code": p.returncode, "out": p.stdout[:262144], "err": p.stderr[-2000:]}
     except (OSError, subprocess.TimeoutExpired) as exc:
         answers[key] = {"code": 126, "out": "", "err": str(exc)[:200]}
-print("IMGBUILD-ENGINE-GPUS " + json.dumps({"pci_nvidia": nvidia, "smi": answers}), flush=True)
+print(os.environ["IMGBUILD_PROBE_MARKER"] + json.dumps({"pci_nvidia": nvidia, "smi": answers}), flush=True)

@@ -1,7 +1,8 @@
 """`imgbuild lock`'s resolver, run inside the recipe's base (stdlib only). It writes the pip step's files, runs the
 step's install.sh with a report (pip) or a dry run (uv, then `uv pip compile --no-deps --generate-hashes` for each
-file's sha256), and prints one IMGBUILD-LOCK-REPORT line. imgbuild appends `main(FILES, CACHE, UV)` to it
-(pipeline.pins): the step's files as base64 JSON, the cache volume's mount, and uv's requirement ("" for pip).
+file's sha256), and prints one line after its marker (in IMGBUILD_PROBE_MARKER). imgbuild appends
+`main(FILES, CACHE, UV)` to it (pipeline.pins): the step's files as base64 JSON, the cache volume's mount, and
+uv's requirement ("" for pip).
 """
 
 import base64
@@ -16,7 +17,6 @@ import sys
 HERE = "/tmp/imgbuild-pip"
 REPORT = "/tmp/imgbuild-report.json"
 SECRET = "/run/imgbuild/pip.conf"
-MARKER = "IMGBUILD-LOCK-REPORT "
 
 
 def main(files_b64: str, cache: str, uv_requirement: str) -> None:
@@ -53,7 +53,7 @@ def main(files_b64: str, cache: str, uv_requirement: str) -> None:
         result["install"] = would
     if secret:
         os.remove(SECRET)  # gone before the answer is printed
-    print(MARKER + json.dumps(result))
+    print(os.environ["IMGBUILD_PROBE_MARKER"] + json.dumps(result))
 
 
 def _credentials(env: dict) -> bytes:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.pipeline.render import OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
+from imgbuild.pipeline.render import OWN_FOLDERS, OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
 from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def diff_context(context: Context, folder: Path) -> list[str]:
             entry = Path(root, name)
             rel = entry.relative_to(folder).as_posix()
             (have if entry.is_file() and not entry.is_symlink() else odd).add(rel)
-    have -= {*RUN_FILES, *OWN_SCRIPTS}
+    have -= {*RUN_FILES, *OWN_SCRIPTS, *(rel for rel in have if rel.startswith(OWN_FOLDERS))}
     want = context.paths() - set(OWN_SCRIPTS)
     changed = (want ^ have) | odd
     for rel in sorted(want & have):

@@ -142,7 +142,7 @@ def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder:
 def _run_files(smoke: dict[str, Any]) -> dict[str, str]:
     """Each file the recipe's run steps wrote and its sha256, as the image recorded them when they ran (smoke
     report's `run_files`); rows of another shape are dropped, read by the image's own parser."""
-    from imgbuild.payload.smoke_image import RUN_FILES_MAX, run_file_row
+    from imgbuild.payload.smoke.sbom import RUN_FILES_MAX, run_file_row
 
     rows = (smoke.get("meta") or {}).get("run_files")
     if not isinstance(rows, list):
@@ -159,7 +159,7 @@ def _debs(smoke: dict[str, Any], asked: tuple[str, ...]) -> tuple[tuple[str, str
     dpkg (the recipe's apt packages and what apt pulled in); where the test could not read them (a base without
     dpkg), the recipe's own names, version unknown. The smoke report comes from the image: rows of another shape
     are dropped."""
-    from imgbuild.payload.smoke_image import DEB_LINE  # the one reading of a dpkg row, the image's own
+    from imgbuild.payload.smoke.sbom import DEB_LINE  # the one reading of a dpkg row, the image's own
 
     rows = (smoke.get("meta") or {}).get("debs")
     if not isinstance(rows, list):

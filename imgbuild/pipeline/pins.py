@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
-from imgbuild.engine.probe import SCRIPT_CACHE, Probe
+from imgbuild.engine.probe import SCRIPT_CACHE
 from imgbuild.errors import BuildFailed, UsageError
 from imgbuild.facts import UV_VERSION
-from imgbuild.payload import LOCK_SCRIPT
+from imgbuild.payload.probes import LOCK
 from imgbuild.recipe import LoadedRecipe, lock_path_for
 from imgbuild.recipe.load import MAX_HASHES
 from imgbuild.text import printable
@@ -33,8 +33,6 @@ from imgbuild.text import printable
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
-
-MARKER = "IMGBUILD-LOCK-REPORT "  # the resolver's (payload/lock_resolve.py) one line
 
 
 @dataclass
@@ -180,8 +178,7 @@ def lock(
             secret = secrets["imgbuild-pip.conf"].read_bytes()  # index credentials: memory and stdin only
     payload = base64.b64encode(json.dumps(files).encode()).decode()
     uv = f"uv=={UV_VERSION}" if loaded.recipe.pip.installer == "uv" else ""
-    script = LOCK_SCRIPT.read_text(encoding="utf-8") + f"\nmain({payload!r}, {SCRIPT_CACHE!r}, {uv!r})\n"
-    probe = Probe("lock", script, MARKER)
+    probe = LOCK.probe(f"\nmain({payload!r}, {SCRIPT_CACHE!r}, {uv!r})\n")
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
     from imgbuild.acting import container_user

@@ -24,7 +24,7 @@ from imgbuild.ngc import (
     expand_tag,
     is_pattern,
 )
-from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT, STACK_SCRIPT
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_MODULES, SMOKE_PACKAGE, STACK_SCRIPT
 from imgbuild.pipeline.baserules import base_pin_versions, framework_conflict, pin_conflict, protected_pins
 from imgbuild.pipeline.stack import ProtectedStack, door_problems, env_problems, protected_stack
 from imgbuild.pipeline.targets import TARGET_HINT, target_refusal
@@ -312,7 +312,7 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, i
 
 @functools.cache
 def templates_digest() -> str:
-    """imgbuild's own templates, the pip step's scripts and the smoke script, what shapes a Docker image (package
+    """imgbuild's own templates, the pip step's scripts and the smoke package, what shapes a Docker image (package
     data), hashed once per process. The Apptainer template is not among them: editing it must not make every image
     due."""
     h = hashlib.sha256()
@@ -320,7 +320,8 @@ def templates_digest() -> str:
         h.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes())
     for name in PIP_SCRIPTS:
         h.update(name.encode() + b"\0" + (PAYLOAD_DIR / name).read_bytes())
-    h.update(SMOKE_SCRIPT.read_bytes())
+    for name in SMOKE_MODULES:
+        h.update(name.encode() + b"\0" + (SMOKE_PACKAGE / name).read_bytes())
     h.update(STACK_SCRIPT.read_bytes())
     return h.hexdigest()
 

@@ -20,7 +20,7 @@ from imgbuild import __version__, limits
 from imgbuild.errors import UsageError
 from imgbuild.facts import UV_VERSION, Label
 from imgbuild.ngc import FRAMEWORKS
-from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_SCRIPT, STACK_SCRIPT
+from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_MODULES, SMOKE_PACKAGE, STACK_SCRIPT
 from imgbuild.pipeline.plan import TEMPLATES_DIR, Plan, hashed_pins
 from imgbuild.pipeline.record import RECORD_FILE, Record
 from imgbuild.pipeline.stack import step_kinds
@@ -32,13 +32,15 @@ OWN_SCRIPTS = {
     "imgbuild/pip/install.sh": TEMPLATES_DIR / "install.sh",
     **{f"imgbuild/pip/{inside}": PAYLOAD_DIR / name for name, inside in PIP_SCRIPTS.items()},
     "imgbuild/user/add-user.sh": TEMPLATES_DIR / "add-user.sh",
-    "imgbuild/smoke/smoke.py": SMOKE_SCRIPT,
+    **{f"imgbuild/smoke/{name}": SMOKE_PACKAGE / name for name in SMOKE_MODULES},
     "imgbuild/stack/stack_check.py": STACK_SCRIPT,
 }
+#: Folders of the context that are imgbuild's own whole (the smoke package): ignored as one, whatever they hold.
+OWN_FOLDERS = ("imgbuild/smoke/",)
 #: Files a build leaves beside the context: not part of what the recipe renders to, never committed.
 RUN_FILES = ("smoke.json", "smoke.verify.json", "build.log")
 GITIGNORE = "# imgbuild's own scripts: written for each build, recorded in imgbuild.lock.json by digest\n" + "".join(
-    f"/{path}\n" for path in (*OWN_SCRIPTS, *RUN_FILES)
+    f"/{path}\n" for path in (*OWN_FOLDERS, *(p for p in OWN_SCRIPTS if not p.startswith(OWN_FOLDERS)), *RUN_FILES)
 )
 TEMPLATE_FOR_BACKEND = {"buildkit": "Dockerfile.buildkit.j2", "sdk": "Dockerfile.j2"}
 #: The context's folders that BuildKit Dockerfile steps bind-mount (each step's line carries their digest).
@@ -306,7 +308,8 @@ def render(plan: Plan, backend: str = "buildkit", cache: Any = None, cache_scope
         rendered.update(_pip_folders(plan, backend))
     if recipe.user:
         put("imgbuild/user/add-user.sh", _own_file(OWN_SCRIPTS["imgbuild/user/add-user.sh"]), 0o755)
-    put("imgbuild/smoke/smoke.py", _own_file(SMOKE_SCRIPT), 0o755)
+    for name in SMOKE_MODULES:  # the smoke test, a package copied into the image as a folder
+        put(f"imgbuild/smoke/{name}", _own_file(SMOKE_PACKAGE / name))
     checked = step_kinds(recipe, bool(plan.loaded.requirements_path))
     if checked:  # the byte check's script and what it protects (each kind of step is checked after it)
         put("imgbuild/stack/stack_check.py", _own_file(STACK_SCRIPT))

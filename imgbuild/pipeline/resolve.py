@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 from imgbuild import limits
 from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
-from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
-from imgbuild.payload import BASE_PINS_SCRIPT
+from imgbuild.payload.probes import BASE_PINS
 from imgbuild.pipeline.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
 
@@ -178,8 +177,6 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
 
 # --- the base's pins: what install.sh will hold the base's packages at -----------------------------------
 
-PINS_MARKER = "IMGBUILD-BASE-PINS "
-
 
 class NotKnownHere(ImgbuildError):
     """The base has not been read on this host yet (validate asks nothing of the registry or the engine)."""
@@ -223,7 +220,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         # the same source install.sh uses (imgbuild/payload/base_pins.py), read only where a base is read
         from imgbuild.acting import container_user
 
-        probe = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
+        probe = BASE_PINS.probe()
         try:
             if engine.images.image(base.pinned) is None:
                 engine.images.pull(base.pinned)

@@ -1,4 +1,4 @@
-"""Stage 5: run the in-image smoke test (smoke_image.py) through the engine, read its report, and judge the
+"""Stage 5: run the in-image smoke test (payload/smoke, a package) through the engine, read its report, and judge the
 image against the fleet it is meant for.
 
 Where the engine's host has GPUs, the smoke test uses them or fails saying why: skipping the GPU half there
@@ -21,19 +21,15 @@ from imgbuild.acting import container_user
 from imgbuild.config.settings import Settings
 from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
-from imgbuild.engine.probe import Probe
 from imgbuild.errors import EnvironmentProblem, ImgbuildError
 from imgbuild.facts import Label
 from imgbuild.gpu.allocate import Claim
 from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 from imgbuild.gpu.read import Gpu
-from imgbuild.payload import SMOKE_SCRIPT
-from imgbuild.payload.smoke_image import PROGRESS
+from imgbuild.payload.probes import ENGINE_GPUS, SMOKE, Probe
+from imgbuild.payload.smoke.report import PROGRESS
 from imgbuild.platforms import arch_of_machine, platform_of_machine
-
-SCRIPT = SMOKE_SCRIPT
-MARKER = "IMGBUILD-SMOKE-REPORT "
 
 
 @dataclass
@@ -79,14 +75,15 @@ KNOWN_GOOD_NAME = "imgbuild-smoke-known.txt"
 
 
 def smoke_probe(known_good: tuple[str, ...] = ()) -> Probe:
-    """The smoke test as the engine runs it: smoke_image.py, answering on its MARKER line, with the file of what
-    it may spare beside it (always written, empty when nothing is spared: an image's own never counts)."""
+    """The smoke test as the engine runs it: the smoke package beside its launcher, answering after its marker,
+    with the file of what it may spare beside it (always written, empty when nothing is spared: an image's own
+    never counts)."""
     known = "".join(f"{line}\n" for line in known_good).encode()
-    return Probe("smoke", SCRIPT.read_text(), MARKER, ((KNOWN_GOOD_NAME, known),))
+    return SMOKE.probe(files=((KNOWN_GOOD_NAME, known),))
 
 
 def parse_output(image: str, code: int, output: str, note: str = "") -> SmokeReport:
-    data = Probe("smoke", "", MARKER).answer(output)
+    data = SMOKE.answer(output)
     if data is not None:
         try:
             ok = bool(data["ok"]) and code == 0
@@ -148,7 +145,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None)
     """Whether the engine's host has GPUs, and from where to read them (settings `gpu_source`): this machine
     where the engine shares it; else through the engine, in a short-lived container of `image` given every
     GPU (a remote engine, or imgbuild in a container with the socket mounted: issue 28, review item 16)."""
-    from imgbuild.gpu.engine_read import ENGINE_READ_MARKER, engine_read_env, engine_read_script, judge_engine_read
+    from imgbuild.gpu.engine_read import engine_read_env, judge_engine_read
 
     source = settings.gpu_source if settings is not None else "auto"
     if source == "auto":
@@ -158,7 +155,7 @@ def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None)
         return EngineGpus(engine.host_has_gpus())
     code, output, note = engine.containers.run_script(
         image,
-        Probe("gpus", engine_read_script(), ENGINE_READ_MARKER),
+        ENGINE_GPUS.probe(),
         [],
         engine_read_env(),
         gpus=[],
@@ -257,7 +254,7 @@ def _script_env(labels: dict[str, str], req: SmokeRequest) -> dict[str, str]:
 
 
 class StepHeartbeat:
-    """The smoke script's progress lines (`smoke_image.PROGRESS`) handed to `on_step` as they come, and the step
+    """The smoke script's progress lines (`smoke.report.PROGRESS`) handed to `on_step` as they come, and the step
     under way said again every HEARTBEAT_SECONDS while nothing new comes (an import that takes 30 s). Used as
     `with StepHeartbeat(on_step) as heard: ...run_script(on_line=heard)`; nothing at all without `on_step`."""
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from imgbuild.facts import IMAGE_DIR
 from imgbuild.ngc import CUDA_LIBRARY_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORK_PACKAGES, FRAMEWORKS
+from imgbuild.payload import SMOKE_MODULES
 from imgbuild.payload.stack_check import FIXED_VARS, LIBRARY_RE, SEARCH_VARS, judge_env
 
 if TYPE_CHECKING:
@@ -29,8 +30,15 @@ STACK_TREES = ("/usr/local/cuda", "/usr/local/cuda-*", "/usr/local/nvidia", "/op
 #: Single files of the stack: a preload list would put a library before every one of the base's.
 STACK_FILES = ("/etc/ld.so.preload",)
 #: What imgbuild itself writes into its folder after the record (the base's records, the run steps' markers, the
-#: smoke script): judged by their own steps, not as a recipe's change.
-OWN_RECORDS = ("pip-check.base", "dists.base", "debs.base", "run.start", "run-files.sha256", "smoke.py")
+#: smoke test's package): judged by their own steps, not as a recipe's change.
+OWN_RECORDS = (
+    "pip-check.base",
+    "dists.base",
+    "debs.base",
+    "run.start",
+    "run-files.sha256",
+    *(f"smoke/{name}" for name in SMOKE_MODULES),
+)
 #: The kinds of recipe step, in the order the Dockerfile runs them; the check runs after each one a recipe has.
 STEP_KINDS = ("apt", "pip", "user", "run", "files", "env")
 #: Where a value stands for a base variable the plan has not read (an offline plan): an absolute folder no

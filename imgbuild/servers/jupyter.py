@@ -10,10 +10,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from imgbuild.engine.probe import Probe
 from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
-from imgbuild.payload import HAS_JUPYTER_SCRIPT
+from imgbuild.payload.probes import HAS_JUPYTER
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
 #: How long a notebook may take to answer (a cold image's first import of JupyterLab on a busy machine).
 SERVE_SECONDS = 120
 POLL_SECONDS = 0.5
-_MARKER = "IMGBUILD-JUPYTER "
 
 
 def check_present(engine: ImageEngine, image: str, settings: Settings | None) -> None:
@@ -30,7 +28,7 @@ def check_present(engine: ImageEngine, image: str, settings: Settings | None) ->
     is for: the image may be their own)."""
     from imgbuild.acting import container_user
 
-    probe = Probe("jupyter", HAS_JUPYTER_SCRIPT.read_text(), _MARKER)  # read only for a --jupyter run
+    probe = HAS_JUPYTER.probe()  # read only for a --jupyter run
     code, output, _ = engine.containers.run_script(
         image, probe, [], {}, gpus=None, timeout=60, as_user=container_user(settings)
     )
