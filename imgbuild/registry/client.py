@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import threading
 import time
-import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
@@ -26,19 +24,19 @@ from imgbuild.registry.auth import Credentials, credentials_for, parse_challenge
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
 from imgbuild.registry.transport import (
     RETRY_STATUS,
-    TRANSPORT_ERRORS,
     Deadlined,
     PastDeadline,
     Reply,
+    Stalled,
     TooBig,
+    Unreachable,
     digest_of,
     error_code,
     is_loopback,
     is_stall,
     next_link,
-    read_body,
+    read_whole,
     retry_after,
-    shutdown,
 )
 
 if TYPE_CHECKING:
@@ -107,52 +105,22 @@ class RegistryClient:
         )
 
     def _exchange(self, method: str, url: str, headers: dict[str, str], kw: dict[str, Any]) -> Reply:
-        """One request, read whole in a daemon thread so that no server can hold it past the deadline."""
+        """One request, read whole within what is left of the deadline (transport.read_whole)."""
         budget = min(self.timeout, self._left())
         if budget <= 0:
             raise self._unavailable(f"did not answer within {self.command_seconds:.0f} s in all")
-        box: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                resp = self.session.request(
-                    method,
-                    url,
-                    headers={"Accept-Encoding": "gzip, identity", **headers},
-                    timeout=(min(10.0, budget), budget),
-                    stream=True,
-                    **kw,
-                )
-                box["resp"] = resp
-                try:
-                    box["reply"] = Reply(resp.status_code, resp.headers, read_body(resp, self.body_bytes), url)
-                finally:
-                    resp.close()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
-                box["error"] = exc
-
-        worker = threading.Thread(target=work, name="imgbuild-http", daemon=True)
-        worker.start()
-        worker.join(budget)
-        if worker.is_alive():
-            if "resp" in box:
-                shutdown(box["resp"])  # the reader's recv returns; the daemon thread ends with it
-            raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
-        if "error" in box:
-            error = box["error"]
-            if isinstance(error, TooBig):
-                raise RegistryError(
-                    f"registry {self.host}: an answer is larger than "
-                    f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
-                )
-            if is_stall(error):  # the reader's own timeout fired before the deadline above: the same stall
-                raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})")
-            # urllib3's own errors (a read timing out mid-body, ReadTimeoutError) and http.client's reach us
-            # unwrapped when the body is read from resp.raw
-            if isinstance(error, (requests.RequestException, OSError, zlib.error, *TRANSPORT_ERRORS)):
-                raise self._unavailable(f"is unreachable ({type(error).__name__})")
-            raise error
-        return box["reply"]  # type: ignore[no-any-return]
+        headers = {"Accept-Encoding": "gzip, identity", **headers}
+        try:
+            return read_whole(self.session, method, url, headers, kw, budget, self.body_bytes)
+        except Stalled:
+            raise self._unavailable(f"did not answer within {budget:.0f} s ({urlsplit(url).path[:60]})") from None
+        except Unreachable as failed:
+            raise self._unavailable(f"is unreachable ({failed})") from None
+        except TooBig:
+            raise RegistryError(
+                f"registry {self.host}: an answer is larger than "
+                f"{self.body_bytes // limits.MIB} MiB ({urlsplit(url).path[:60]})"
+            ) from None
 
     def _send(self, method: str, url: str, headers: dict[str, str], **kw: Any) -> Reply:
         delay = self.backoff

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -68,6 +69,59 @@ def transport_errors() -> tuple[type[BaseException], ...]:
 
 
 TRANSPORT_ERRORS = transport_errors()
+
+
+class Stalled(Exception):
+    """No whole answer within the budget, whichever clock fired first."""
+
+
+class Unreachable(Exception):
+    """The transport failed; its message is the failing error's type name."""
+
+
+def read_whole(
+    session: requests.Session,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    kw: dict[str, Any],
+    budget: float,
+    cap: int,
+) -> Reply:
+    """One request, read whole in a daemon thread so that no server can hold it past `budget` seconds. Raises
+    Stalled, Unreachable or TooBig."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            resp = session.request(method, url, headers=headers, timeout=(min(10.0, budget), budget), stream=True, **kw)
+            box["resp"] = resp
+            try:
+                box["reply"] = Reply(resp.status_code, resp.headers, read_body(resp, cap), url)
+            finally:
+                resp.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="imgbuild-http", daemon=True)
+    worker.start()
+    worker.join(budget)
+    if worker.is_alive():
+        if "resp" in box:
+            shutdown(box["resp"])  # the reader's recv returns; the daemon thread ends with it
+        raise Stalled
+    error = box.get("error")
+    if error is None:
+        return box["reply"]  # type: ignore[no-any-return]
+    if isinstance(error, TooBig):
+        raise error
+    if is_stall(error):  # the reader's own timeout fired before the join's: the same stall
+        raise Stalled
+    # urllib3's own errors (a read timing out mid-body) and http.client's reach us unwrapped when the body is
+    # read from resp.raw
+    if isinstance(error, (requests.RequestException, OSError, zlib.error, *TRANSPORT_ERRORS)):
+        raise Unreachable(type(error).__name__)
+    raise error
 
 
 def is_stall(error: BaseException) -> bool:
