@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.host import Caller, expand
-from imgbuild.regular import read_regular
+from imgbuild.regular import read_regular, write_atomic
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -112,10 +112,11 @@ def as_user(who: Caller | None) -> Iterator[None]:
 
 
 def write_as(who: Caller | None, path: Path, text: str) -> None:
-    """Write `text` to `path` as `who` would (a link there is theirs to point at their own files only)."""
+    """Write `text` to `path` whole as `who` would (only where their permissions let them; written as every whole
+    file is, never through a link at `path`)."""
     with as_user(who):
         try:
-            path.write_text(text)
+            write_atomic(path, text)
         except OSError as exc:
             raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
 

@@ -39,15 +39,14 @@ RENAMES_ELSEWHERE = {
     "payload/lock_resolve.py": 1,  # a pip --target folder moved into place inside the image (stdlib only)
     "clusters/oci.py": 1,  # an unpacked bundle folder moved to the name the user gave
     "servers/usage.py": 1,  # the usage log rotated
-    "clusters/jobs.py": 1,  # a staged data set's tar, still its own writer
 }
 
 
 def _is_rename(node: ast.AST) -> bool:
-    """os.replace, os.rename or os.link named (called or passed), or a one-argument `.replace(x)`/`.rename(x)`
-    (Path's; str.replace takes two, dataclasses.replace keywords)."""
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
-        return node.attr in {"replace", "rename", "link"}
+    """os.replace, os.rename, os.renames, os.link or shutil.move named (called or passed), or a one-argument
+    `.replace(x)`/`.rename(x)` (Path's; str.replace takes two, dataclasses.replace keywords)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in {"os", "shutil"}:
+        return node.attr in ({"replace", "rename", "renames", "link"} if node.value.id == "os" else {"move"})
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -65,7 +64,7 @@ def test_a_file_is_written_whole_in_one_place():
     found = {}
     for module in sorted(package.rglob("*.py")):
         text = module.read_text(encoding="utf-8")
-        if not re.search(r"os\.(replace|rename|link)\b|\.(replace|rename)\(", text):
+        if not re.search(r"os\.(replace|renames?|link)\b|shutil\.move\b|\.(replace|rename)\(", text):
             continue  # nothing to parse: the scan stays fast
         count = sum(map(_is_rename, ast.walk(ast.parse(text))))
         if count:
@@ -194,3 +193,49 @@ def test_the_next_write_sweeps_what_a_killed_one_left(tmp_path):
     other.write_text("half")
     write_atomic(tmp_path / "demo.yaml", "name: demo\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "demo.yaml"]
+
+
+def test_an_image_saved_to_a_file_is_written_whole_and_never_through_a_link(tmp_path):
+    """`docker save` into the name the user gave (Apptainer's archive): an engine that ends the stream midway
+    leaves no half archive, and a link planted at the name is replaced, its target untouched."""
+    from imgbuild.engine.images import DockerImages
+
+    class Image:
+        def __init__(self, broken: bool) -> None:
+            self.broken = broken
+
+        def save(self, named: bool):
+            yield b"layer-1"
+            if self.broken:
+                raise OSError(5, "Input/output error")
+            yield b"layer-2"
+
+    class Client:
+        class images:  # noqa: N801 - docker-py's attribute
+            broken = False
+
+            @classmethod
+            def get(cls, ref: str) -> Image:
+                return Image(cls.broken)
+
+    out, victim = tmp_path / "x.tar", tmp_path / "victim"
+    victim.write_bytes(b"theirs")
+    out.symlink_to(victim)
+    DockerImages(Client()).save("lab/x:1", out)
+    assert out.read_bytes() == b"layer-1layer-2" and not out.is_symlink() and victim.read_bytes() == b"theirs"
+    Client.images.broken = True
+    with pytest.raises(OSError):
+        DockerImages(Client()).save("lab/x:1", out)
+    assert out.read_bytes() == b"layer-1layer-2" and sorted(os.listdir(tmp_path)) == ["victim", "x.tar"]
+
+
+def test_a_file_written_for_a_user_is_written_whole_never_through_a_link(tmp_path):
+    """A report written as the user acting through sudo (`--report`): a link at the name is replaced, never
+    followed to a file the link names."""
+    from imgbuild.acting import write_as
+
+    out, victim = tmp_path / "report.json", tmp_path / "victim"
+    victim.write_text("theirs\n")
+    out.symlink_to(victim)
+    write_as(None, out, "{}\n")
+    assert out.read_text() == "{}\n" and not out.is_symlink() and victim.read_text() == "theirs\n"
