@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import acting
 from imgbuild.config.site import run_rules
 from imgbuild.errors import UsageError
-from imgbuild.host import Caller
+from imgbuild.hostio import acting
+from imgbuild.hostio.host import Caller
 from imgbuild.servers import enforce
 from imgbuild.servers.run import RunRequest
 
@@ -381,7 +381,7 @@ def test_a_member_of_the_sudo_group_is_an_admin(monkeypatch):
 def test_a_mount_is_never_a_format_string(spec, monkeypatch):
     """`-v` text went through str.format: `{0}` raised IndexError (an unexpected-error exit), `{user.__class__}` read
     attributes. Only {user}, {home} and {uid} are replaced; anything else stays text and is refused as a path."""
-    from imgbuild.host import expand
+    from imgbuild.hostio.host import expand
 
     assert expand(spec, user="alice", home="/home/alice", uid=1001) == spec
     assert expand("{home}/{user}/{uid}", user="alice", home="/home/alice", uid=1001) == "/home/alice/alice/1001"
@@ -774,7 +774,7 @@ def test_what_runs_as_the_user_imports_nothing_after_the_switch():
     rest by as_user itself (acting.PRELOAD, which names no imgbuild module: a lower level never imports a
     higher one by name)."""
     openers, called = _as_user_blocks()
-    assert {"imgbuild.pipeline.build", "imgbuild.acting"} <= openers
+    assert {"imgbuild.pipeline.build", "imgbuild.hostio.acting"} <= openers
     ready = _closure(openers, late_too=False)
     user_side = _closure(called, late_too=True)
     assert {"imgbuild.fields", "imgbuild.text", "imgbuild.gpu.fleet", "imgbuild.recipe.reqfile"} <= user_side
@@ -935,7 +935,7 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
             shown = as_user("imgbt-alice", "ps", "--all")
             assert f"ev{unique}" in shown.stdout, shown.stdout
             # -- a ledger file she writes by hand: every GPU and port held by a process of hers kept alive
-            from imgbuild.host import process_start
+            from imgbuild.hostio.host import process_start
 
             sleeper = subprocess.Popen(["runuser", "-u", "imgbt-alice", "--", "sleep", "120"])
             try:

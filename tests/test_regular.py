@@ -1,4 +1,4 @@
-"""imgbuild.regular: files opened, written and named in their errors as a user can act on them."""
+"""imgbuild.hostio.regular: files opened, written and named in their errors as a user can act on them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
     from pathlib import Path
 
     from imgbuild.cli import _outcome
-    from imgbuild.regular import open_log
+    from imgbuild.hostio.regular import open_log
 
     with pytest.raises(OSError) as caught, open_log(Path("/dev/full")) as log:
         log.write("#5 [2/5] RUN pip install ...\n" * 1000)
@@ -33,7 +33,7 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
 #: Renames and links that are not a file written whole, or that still write one their own way, by path: the count
 #: of `os.replace`/`os.rename`/`os.link` and one-argument `.replace(x)`/`.rename(x)` each file may hold.
 RENAMES_ELSEWHERE = {
-    "regular.py": 3,  # the one writer: os.replace, or os.link for a file written only where nothing is; the
+    "hostio/regular.py": 3,  # the one writer: os.replace, or os.link for a file written only where nothing is; the
     # unnamed (O_TMPFILE) file given its name through /proc
     "pipeline/context.py": 3,  # a rendered context folder swapped in whole, and put back on failure
     "payload/lock_resolve.py": 1,  # a pip --target folder moved into place inside the image (stdlib only)
@@ -58,7 +58,7 @@ def _is_rename(node: ast.AST) -> bool:
 
 
 def test_a_file_is_written_whole_in_one_place():
-    """A new temporary-file-then-rename outside imgbuild.regular fails here: each writer of its own had its own
+    """A new temporary-file-then-rename outside imgbuild.hostio.regular fails here: each writer of its own had its own
     fsync guarantees (a ledger every `run` depends on was never synced)."""
     package = Path(__file__).resolve().parent.parent / "imgbuild"
     found = {}
@@ -73,7 +73,7 @@ def test_a_file_is_written_whole_in_one_place():
 
 
 def test_a_file_written_whole_has_exactly_the_mode_given_and_its_folder_synced(tmp_path, monkeypatch):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     synced: list[int] = []
     real = os.fsync
@@ -91,7 +91,7 @@ def test_a_file_written_whole_has_exactly_the_mode_given_and_its_folder_synced(t
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
-    from imgbuild.regular import whole_file
+    from imgbuild.hostio.regular import whole_file
 
     path = tmp_path / "queue.json"
     path.write_text("old\n")
@@ -102,7 +102,7 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path
 
 
 def test_a_new_file_is_written_only_where_nothing_is_not_even_a_dangling_link(tmp_path):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     link = tmp_path / "recipe.yaml"
     link.symlink_to(tmp_path / "elsewhere.yaml")
@@ -116,7 +116,7 @@ def test_a_new_file_is_written_only_where_nothing_is_not_even_a_dangling_link(tm
 
 @pytest.mark.root("gives a file to another user")
 def test_root_writing_a_users_file_in_a_shared_folder_takes_away_only_what_it_is_told_was_planted(tmp_path):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     shared = tmp_path / "state"
     shared.mkdir()
@@ -146,8 +146,8 @@ def test_a_full_disk_under_any_written_file_names_the_file(writer, tmp_path, mon
     import os
 
     from imgbuild.cli import _outcome
+    from imgbuild.hostio.regular import write_atomic
     from imgbuild.pipeline.starter import write_new
-    from imgbuild.regular import write_atomic
 
     target = tmp_path / "report.xml"
     monkeypatch.setattr(os, "fsync", _full_disk)
@@ -168,7 +168,7 @@ def test_a_killed_write_leaves_no_file_beside_the_one_it_replaces(tmp_path):
     recipe = tmp_path / "demo.yaml"
     recipe.write_text("name: demo\n")
     code = (
-        "import os, sys, time; from pathlib import Path; from imgbuild.regular import write_atomic\n"
+        "import os, sys, time; from pathlib import Path; from imgbuild.hostio.regular import write_atomic\n"
         "real = os.fsync\n"
         "def slow(fd): print('syncing', flush=True); time.sleep(30)\n"
         "os.fsync = slow\n"
@@ -185,7 +185,7 @@ def test_a_killed_write_leaves_no_file_beside_the_one_it_replaces(tmp_path):
 
 def test_the_next_write_sweeps_what_a_killed_one_left(tmp_path):
     """Where the file system has no O_TMPFILE the temporary file is named; a dead writer's is swept."""
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     dead = tmp_path / ".demo.yaml.999999999.0badf00d.partial"  # no such PID
     dead.write_text("half")
@@ -232,7 +232,7 @@ def test_an_image_saved_to_a_file_is_written_whole_and_never_through_a_link(tmp_
 def test_a_file_written_for_a_user_is_written_whole_never_through_a_link(tmp_path):
     """A report written as the user acting through sudo (`--report`): a link at the name is replaced, never
     followed to a file the link names."""
-    from imgbuild.acting import write_as
+    from imgbuild.hostio.acting import write_as
 
     out, victim = tmp_path / "report.json", tmp_path / "victim"
     victim.write_text("theirs\n")

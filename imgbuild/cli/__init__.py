@@ -23,7 +23,7 @@ from imgbuild.errors import (
     EXIT_USAGE,
     ImgbuildError,
 )
-from imgbuild.host import Caller, caller
+from imgbuild.hostio.host import Caller, caller
 
 # --- entry point -----------------------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     import signal
 
-    from imgbuild import rootside
+    from imgbuild.hostio import rootside
 
     rootside.harden()  # as root: no import from a user-writable place; under sudo, a fixed environment
     with contextlib.suppress(ValueError):  # not the main thread (tests calling main())

@@ -14,8 +14,8 @@ from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec
 from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.hostio.tree import TooDeep, walk
 from imgbuild.shellwords import UserWord
-from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -406,7 +406,7 @@ def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
     removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
     import tarfile
 
-    from imgbuild.regular import whole_file
+    from imgbuild.hostio.regular import whole_file
 
     folder = folder.resolve()
     if not folder.is_dir():

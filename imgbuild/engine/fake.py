@@ -120,7 +120,7 @@ class FakeImages:
     def save(self, ref: str, path: Path) -> None:
         if self.image(ref) is None:
             raise ImgbuildError(f"no such image: {ref}")
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         write_atomic(path, json.dumps({"saved": ref}))
 

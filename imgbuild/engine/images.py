@@ -173,7 +173,7 @@ class DockerImages:
     def save(self, ref: str, path: Path) -> None:
         """`docker save` to a file (for Apptainer's docker-archive bootstrap), written whole: a save the engine
         ends midway leaves no half archive under the name."""
-        from imgbuild.regular import whole_file
+        from imgbuild.hostio.regular import whole_file
 
         with whole_file(path) as fh:
             for chunk in self.client.images.get(ref).save(named=True):

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
-from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
 from imgbuild.engine.probe import Probe
 from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
+from imgbuild.hostio.cache import JsonCache
 from imgbuild.payload import BASE_PINS_SCRIPT
 from imgbuild.pipeline.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
@@ -221,7 +221,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         if found is not None:
             return found
         # the same source install.sh uses (imgbuild/payload/base_pins.py), read only where a base is read
-        from imgbuild.acting import container_user
+        from imgbuild.hostio.acting import container_user
 
         probe = Probe("pins", BASE_PINS_SCRIPT.read_text(), PINS_MARKER)
         try:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.host import Caller, expand
-from imgbuild.regular import read_regular, write_atomic
+from imgbuild.hostio.host import Caller, expand
+from imgbuild.hostio.regular import read_regular, write_atomic
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
