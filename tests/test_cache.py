@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from imgbuild.cache import JsonCache
+from imgbuild.hostio.cache import JsonCache
 
 
 def test_an_entry_is_read_back_with_its_age(tmp_path):
@@ -77,7 +77,7 @@ def test_a_spoiled_entry_reads_as_a_miss(tmp_path, why, spoil):
 def test_another_users_entry_is_a_miss_and_a_future_one_too_even_without_a_ttl(tmp_path, monkeypatch, ttl):
     """In a shared (1777) cache_dir a co-user planted the answer for a base with another release's
     digest; root's render pinned it. An entry is believed only from the user reading it."""
-    import imgbuild.cache as cache_module
+    import imgbuild.hostio.cache as cache_module
 
     cache = JsonCache(tmp_path / "c", ttl=ttl)
     cache.put("nvcr.io/nvidia/pytorch:24.05-py3", {"digest": "sha256:" + "a" * 64})

@@ -538,6 +538,36 @@ def test_stage_a_folder_packs_it_once_and_repacks_only_when_it_changes(tmp_path)
     assert "tar xf /scratch/p/set.tar" in plain.out
 
 
+def test_a_staged_tar_is_written_whole_beside_a_link_and_a_failed_pack_leaves_nothing(tmp_path, monkeypatch):
+    """The packed tar is written as every whole file is: a dangling link planted at its name is replaced, never
+    written through, and a pack that fails midway leaves no tar and no partial file in the stage folder."""
+    import tarfile
+
+    from imgbuild.clusters.jobs import pack_dataset
+    from imgbuild.errors import EnvironmentProblem
+
+    data, into = tmp_path / "set", tmp_path / "stage"
+    data.mkdir()
+    (data / "a.txt").write_text("a\n")
+    target, made = pack_dataset(data, into)
+    assert made
+    target.unlink()
+    victim = tmp_path / "victim.tar"
+    target.symlink_to(victim)
+    assert pack_dataset(data, into) == (target, True)
+    assert not victim.exists() and not target.is_symlink() and tarfile.is_tarfile(target)
+
+    target.unlink()
+
+    def fails(self, *args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(tarfile.TarFile, "add", fails)
+    with pytest.raises(EnvironmentProblem, match="cannot write"):
+        pack_dataset(data, into)
+    assert os.listdir(into) == []
+
+
 @pytest.mark.parametrize(
     ("typed", "under_torchrun", "alone"),
     [

@@ -113,7 +113,7 @@ def test_on_a_shared_server_the_container_gets_what_run_would_give(tmp_path, mon
     `run --gpus N` would pick (least used first), by UUID, the caller's name and labels, a CPU share."""
     from imgbuild.clusters.devcontainer import export_devcontainer
     from imgbuild.config.settings import load_settings
-    from imgbuild.host import caller
+    from imgbuild.hostio.host import caller
 
     _shared_server(tmp_path, monkeypatch, [(0, 90), (1, 0), (2, 0)])
     (tmp_path / ".git").mkdir()
@@ -194,7 +194,7 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         from imgbuild.clusters.devcontainer import export_devcontainer
         from imgbuild.config.settings import load_settings
         from imgbuild.engine import connect_engine
-        from imgbuild.host import Caller
+        from imgbuild.hostio.host import Caller
         from imgbuild.pipeline.resolve import plan_file
 
         monkeypatch.setenv("IMGBUILD_CONFIG", str(config))

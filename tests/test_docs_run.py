@@ -386,6 +386,19 @@ def test_the_reaper_unit_sees_the_state_folder_users_write():
             assert "PrivateTmp=true" not in unit.body, str(unit)
 
 
+def test_the_docs_name_the_default_state_folder_the_code_uses():
+    """The ledger's default folder has one home (config.site.DEFAULT_STATE_DIR): a page naming another default
+    sends an admin to make, back up or exempt from PrivateTmp a folder nothing reads."""
+    from imgbuild.config.site import DEFAULT_STATE_DIR
+
+    named = {
+        (path.name, m.group(0))
+        for path in DOCS
+        for m in re.finditer(r"/var/(?:lib|tmp)/imgbuild(?![\w.-])", path.read_text(encoding="utf-8"))
+    }
+    assert named and {folder for _, folder in named} == {DEFAULT_STATE_DIR}, sorted(named)
+
+
 # --- links -----------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ attempts made by real unprivileged users (imgbt-alice, imgbt-bob) through Debian
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pwd
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import acting
 from imgbuild.config.site import run_rules
 from imgbuild.errors import UsageError
-from imgbuild.host import Caller
+from imgbuild.hostio import acting
+from imgbuild.hostio.host import Caller
 from imgbuild.servers import enforce
 from imgbuild.servers.run import RunRequest
 
@@ -380,7 +381,7 @@ def test_a_member_of_the_sudo_group_is_an_admin(monkeypatch):
 def test_a_mount_is_never_a_format_string(spec, monkeypatch):
     """`-v` text went through str.format: `{0}` raised IndexError (an unexpected-error exit), `{user.__class__}` read
     attributes. Only {user}, {home} and {uid} are replaced; anything else stays text and is refused as a path."""
-    from imgbuild.host import expand
+    from imgbuild.hostio.host import expand
 
     assert expand(spec, user="alice", home="/home/alice", uid=1001) == spec
     assert expand("{home}/{user}/{uid}", user="alice", home="/home/alice", uid=1001) == "/home/alice/alice/1001"
@@ -621,51 +622,173 @@ def test_build_flags_that_reach_past_this_host_are_refused(flags):
     enforce.check_build(None, **given)  # root, an admin, a user with her own engine: nothing to enforce
 
 
+@functools.cache
+def _source(module: str) -> Path | None:
+    """The file of an imgbuild module, found without importing it; None for anything else."""
+    import imgbuild
+
+    root = Path(imgbuild.__file__).parent.parent
+    parts = module.split(".")
+    if parts[0] != "imgbuild":
+        return None
+    for path in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+        if path.is_file():
+            return path
+    return None
+
+
+@functools.cache
+def _tree(module: str):
+    import ast
+
+    return ast.parse(_source(module).read_text())
+
+
+@functools.cache
 def _imports(module: str) -> tuple[set[str], set[str]]:
     """(modules imported at the top, modules imported inside a function) by `module`."""
     import ast
-    import importlib
 
-    tree = ast.parse(Path(importlib.import_module(module).__file__).read_text())
-    top: set[str] = set()
+    tree = _tree(module)
+    top = {name for node in tree.body for name in _named(node)}
     late: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for inner in ast.walk(node):
-                late |= _named(inner)
-    for node in tree.body:
-        top |= _named(node)
+    todo = [(node, False) for node in tree.body]
+    while todo:
+        node, inside = todo.pop()
+        if inside:
+            late |= _named(node)
+        inside = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        todo += [(child, inside) for child in ast.iter_child_nodes(node) if not isinstance(child, ast.expr)]
     return top, late - {"__future__"}
 
 
+def _is_module(name: str) -> bool:
+    return _source(name) is not None
+
+
 def _named(node) -> set[str]:
+    """The modules an import statement names (`from imgbuild.recipe import reqfile` names the submodule too)."""
     import ast
 
     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-        return {node.module} | ({f"{node.module}.{a.name}" for a in node.names} if node.module == "imgbuild" else set())
+        subs = {f"{node.module}.{a.name}" for a in node.names} if node.module.startswith("imgbuild") else set()
+        return {node.module} | {sub for sub in subs if _is_module(sub)}
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names}
     return set()
 
 
+def _called_names(node, where: dict[str, str]) -> set[tuple[str, str]]:
+    """(module, name) of each call under `node` to a name `where` traces to an imgbuild module (`spared.x()` is
+    (the module `spared` names, "x"); `load_recipe()` is (its module, "load_recipe"))."""
+    import ast
+
+    found = set()
+    for call in (c for c in ast.walk(node) if isinstance(c, ast.Call)):
+        head, attrs = call.func, []
+        while isinstance(head, ast.Attribute):
+            attrs.append(head.attr)
+            head = head.value
+        if isinstance(head, ast.Name) and head.id in where:
+            module = where[head.id]
+            found.add(
+                (module, attrs[-1]) if attrs and _is_module(module) and module.endswith(head.id) else (module, head.id)
+            )
+    return found
+
+
+@functools.cache
+def _module_tree(module: str):
+    import ast
+
+    tree = _tree(module)
+    where = {
+        alias.asname or alias.name: sub if _is_module(sub := f"{node.module}.{alias.name}") else node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("imgbuild")
+        for alias in node.names
+    }
+    return tree, where
+
+
+def _as_user_blocks() -> tuple[set[str], set[str]]:
+    """(the modules that open an `as_user` block, the imgbuild modules the code called in one may import): for
+    each function called in a block, its module's top imports and the imports inside it, followed through the
+    functions it calls."""
+    import ast
+
+    import imgbuild
+
+    package = Path(imgbuild.__file__).parent
+    openers, todo = set(), set()
+    for path in sorted(package.rglob("*.py")):
+        if "as_user(" not in path.read_text():
+            continue
+        name = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        tree, where = _module_tree(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.With) and any(
+                isinstance(item.context_expr, ast.Call) and ast.unparse(item.context_expr.func).endswith("as_user")
+                for item in node.items
+            ):
+                openers.add(name)
+                todo |= _called_names(ast.Module(body=node.body, type_ignores=[]), where)
+    starts, seen = set(), set()
+    while todo:
+        module, function = todo.pop()
+        if (module, function) in seen:
+            continue
+        seen.add((module, function))
+        tree, where = _module_tree(module)
+        own = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        if function in own:  # its module's top imports, and the imports inside it and what it calls
+            starts |= {m for n in tree.body for m in _named(n) if m.startswith("imgbuild.")}
+            starts |= {m for inner in ast.walk(own[function]) for m in _named(inner)}
+            todo |= {(module, n.id) for n in ast.walk(own[function]) if isinstance(n, ast.Name) and n.id in own}
+            todo |= _called_names(own[function], where)
+        elif function in where:  # a package's re-export
+            todo.add((where[function], function))
+        else:
+            starts.add(module)
+    return openers, {m for m in starts if m.startswith("imgbuild.")}
+
+
+def _closure(start: set[str], late_too: bool) -> set[str]:
+    """The imgbuild modules `start` imports, and those they import: at the top only, or inside functions too."""
+    seen, todo = set(), list(start)
+    while todo:
+        module = todo.pop()
+        if module in seen or module == "imgbuild.config.settings" or not _is_module(module):
+            continue  # the settings: a type the code is handed, its reading done before any block
+        seen.add(module)
+        top, late = _imports(module)
+        todo += [m for m in (top | late if late_too else top) if m.startswith("imgbuild.")]
+    return seen
+
+
 def test_what_runs_as_the_user_imports_nothing_after_the_switch():
     """A build acting for a user reads her files as her (`as_user`); Python's own files may be where she cannot
     read them (this bed's Python is under /root), so an import inside the block failed with ModuleNotFoundError.
-    Every import inside a function of the modules that run there, and of every imgbuild module they import, is
-    imported before the switch (acting.PRELOAD)."""
-    import importlib.util
-
-    seen, todo = set(), list(acting.USER_SIDE)
-    while todo:
-        module = todo.pop()
-        if module in seen or importlib.util.find_spec(module) is None:
-            continue
-        seen.add(module)
-        top, late = _imports(module)
-        missing = {m for m in late if m not in acting.PRELOAD and m != "imgbuild.config.settings"}  # types only
-        assert not missing, f"{module} imports {sorted(missing)} inside a function: add them to acting.PRELOAD"
-        todo += [m for m in top | late if m.startswith("imgbuild.") and m != "imgbuild.config.settings"]
-    assert {"imgbuild.fields", "imgbuild.text", "imgbuild.gpu.fleet"} <= seen
+    Every import inside the functions called in a block, and inside any function of every imgbuild module they
+    import, is imported before the switch: imgbuild's own by the module that opens the block (at its top), the
+    rest by as_user itself (acting.PRELOAD, which names no imgbuild module: a lower level never imports a
+    higher one by name)."""
+    openers, called = _as_user_blocks()
+    assert {"imgbuild.pipeline.build", "imgbuild.hostio.acting"} <= openers
+    ready = _closure(openers, late_too=False)
+    user_side = _closure(called, late_too=True)
+    assert {"imgbuild.fields", "imgbuild.text", "imgbuild.gpu.fleet", "imgbuild.recipe.reqfile"} <= user_side
+    assert not [name for name in acting.PRELOAD if name.startswith("imgbuild")]
+    for module in sorted(user_side):
+        late = _imports(module)[1] - {"imgbuild", "imgbuild.config.settings"}
+        ours = {m for m in late if m.startswith("imgbuild.")}
+        assert ours <= ready, (
+            f"{module} imports {sorted(ours - ready)} inside a function: import it at the top of {sorted(openers)}"
+        )
+        others = {m for m in late - ours if m.split(".")[0] not in ("imgbuild", "typing")}
+        assert others <= set(acting.PRELOAD), (
+            f"{module} imports {sorted(others - set(acting.PRELOAD))} inside a function: add it to acting.PRELOAD"
+        )
 
 
 def _as_plain(user: str, script: str, stdin: str = "") -> subprocess.CompletedProcess:
@@ -812,7 +935,7 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
             shown = as_user("imgbt-alice", "ps", "--all")
             assert f"ev{unique}" in shown.stdout, shown.stdout
             # -- a ledger file she writes by hand: every GPU and port held by a process of hers kept alive
-            from imgbuild.host import process_start
+            from imgbuild.hostio.host import process_start
 
             sleeper = subprocess.Popen(["runuser", "-u", "imgbt-alice", "--", "sleep", "120"])
             try:

@@ -9,7 +9,7 @@ from imgbuild.engine.fake import FakeLeases
 from imgbuild.engine.lease import Holder, holder_gone, lease, lease_name
 from imgbuild.errors import EnvironmentProblem
 from imgbuild.facts import Label
-from imgbuild.host import engine_token, namespace_id, token_state
+from imgbuild.hostio.host import engine_token, namespace_id, token_state
 
 KEY = "registry.test:5000/lab/x:v1"
 NOW = 1_800_000_000.0

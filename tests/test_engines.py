@@ -378,7 +378,7 @@ def test_a_smoke_test_sweeps_only_what_a_gone_run_of_its_own_namespace_left(engi
     empty) and another PID namespace's (a CI runner sharing the engine) stay."""
     from imgbuild.engine.containers import DockerContainers
     from imgbuild.engine.images import DockerImages
-    from imgbuild.host import namespace_id
+    from imgbuild.hostio.host import namespace_id
 
     base = f"{os.environ['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     if not engine.client.images.list(name=base):

@@ -4,6 +4,7 @@ NVIDIA_REQUIRE_CUDA for every recorded CUDA image against it)."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -180,3 +181,41 @@ def test_the_driver_matrix_in_the_docs_is_what_the_table_says_now():
 def test_the_matrix_follows_each_releases_own_list(release, driver, expected):
     cuda = dict(matrix.NGC_RELEASES)[release]
     assert matrix.cell(cuda, driver) == expected
+
+
+def _parses_a_version(node: ast.AST) -> bool:
+    """`int(...)` over a `.split(".")` piece, or a comprehension of `int(...)` over `.split(".")`/`re.findall`: a
+    dotted version read into numbers."""
+
+    def splits(tree: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and (
+                (n.func.attr in {"split", "rsplit"} and n.args[:1] and ast.unparse(n.args[0]) in {"'.'", '"."'})
+                or n.func.attr == "findall"
+            )
+            for n in ast.walk(tree)
+        )
+
+    def is_int(call: ast.AST) -> bool:
+        return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "int"
+
+    if isinstance(node, (ast.GeneratorExp, ast.ListComp)) and is_int(node.elt):
+        return any(splits(gen.iter) for gen in node.generators)
+    return is_int(node) and any(splits(arg) for arg in node.args)  # type: ignore[attr-defined]
+
+
+def test_a_dotted_version_is_read_into_numbers_in_one_place():
+    """Driver, toolkit and capability versions compare as gpu.toolkit.version_tuple reads them: a parser of its
+    own (fleet's skipped `05-beta`, support's took only the branch) compared the same version differently. The
+    in-image payload is stdlib only and reads its own."""
+    package = Path(__file__).resolve().parent.parent / "imgbuild"
+    found = {}
+    for module in sorted(package.rglob("*.py")):
+        if "payload" in module.parts:
+            continue
+        count = sum(map(_parses_a_version, ast.walk(ast.parse(module.read_text(encoding="utf-8")))))
+        if count:
+            found[module.relative_to(package).as_posix()] = count
+    assert found == {"gpu/toolkit.py": 1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from imgbuild.engine.types import ContainerInfo
-from imgbuild.host import Caller, caller
+from imgbuild.hostio.host import Caller, caller
 from imgbuild.imageref import BadReference, parse
 from imgbuild.recipe import secret_variable
 from imgbuild.registry_identity import registry_identity, same_registry
@@ -276,8 +276,8 @@ def test_a_command_line_reads_the_caller_once_and_hands_it_down(argv, capsys):
     module below asks the password database or the sudo variables again."""
     import sys
 
-    from imgbuild import host
     from imgbuild.cli import main
+    from imgbuild.hostio import host
 
     reads: list[str] = []
     target = host.caller.__code__

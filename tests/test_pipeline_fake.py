@@ -16,7 +16,7 @@ from imgbuild.config.settings import load_settings
 from imgbuild.engine.fake import FakeEngine, failing_build
 from imgbuild.engine.lease import lease_name
 from imgbuild.errors import BuildFailed, SmokeFailed
-from imgbuild.host import namespace_id
+from imgbuild.hostio.host import namespace_id
 from imgbuild.pipeline import build as pipeline
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe

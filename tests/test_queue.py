@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild.errors import UsageError
-from imgbuild.host import Caller, caller
+from imgbuild.hostio.host import Caller, caller
 from imgbuild.servers import queue as jobs
 
 

@@ -19,7 +19,7 @@ from imgbuild.config.site import reap_policy, run_rules
 from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import UsageError
 from imgbuild.gpu.read import Gpu
-from imgbuild.host import caller
+from imgbuild.hostio.host import caller
 from imgbuild.servers import usage
 from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension

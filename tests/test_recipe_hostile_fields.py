@@ -146,8 +146,8 @@ def test_only_ascii_digits_make_a_number_or_a_tag(text, field, tmp_path):
     ],
 )
 def test_unicode_digits_are_refused_wherever_a_number_is_parsed(parse, text):
-    from imgbuild import host
     from imgbuild.gpu import allocate, fleet, read
+    from imgbuild.hostio import host
     from imgbuild.servers import spec
 
     if parse == "duration":

@@ -507,8 +507,9 @@ def test_an_image_registry_that_is_not_a_registry_is_refused_naming_the_setting(
 
 
 def test_planning_in_a_fresh_process_opens_no_file_and_starts_nothing(tmp_path):
-    """Stage 2 is pure: in a process of its own (no cache another test filled), once the modules are imported and
-    the recipe loaded, make_plan opens no file, starts no process and opens no socket (Python's audit events)."""
+    """Stage 2 is pure: in a process of its own (no cache another test filled), importing it reads none of
+    imgbuild's templates, and once the recipe is loaded and imgbuild's own package data hashed (once per process),
+    make_plan opens no file, starts no process and opens no socket (Python's audit events)."""
     import shutil
     import subprocess
     import sys
@@ -519,17 +520,19 @@ def test_planning_in_a_fresh_process_opens_no_file_and_starts_nothing(tmp_path):
 import sys
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
-from imgbuild.pipeline.plan import make_plan
+from imgbuild.pipeline.plan import make_plan, templates_digest
 from imgbuild.recipe import load_recipe
 from tests.support import fake_inspect, settings
+read_at_import = templates_digest.cache_info().currsize
 loaded = load_recipe(Path({str(tmp_path / "recipes" / "pytorch-research.yaml")!r}))
 chosen = settings()
+templates_digest()
 seen = []
 sys.addaudithook(lambda event, args: seen.append(event) if event in ("open", "subprocess.Popen", "socket.connect", "os.listdir", "os.scandir") else None)
 plan = make_plan(loaded, chosen, fake_inspect)
-print(plan.input_hash, sorted(set(seen)))
+print(read_at_import, plan.input_hash, sorted(set(seen)))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    digest, events = done.stdout.strip().split(" ", 1)
-    assert digest.startswith("sha256:") and events == "[]", done.stdout
+    read_at_import, digest, events = done.stdout.strip().split(" ", 2)
+    assert read_at_import == "0" and digest.startswith("sha256:") and events == "[]", done.stdout

@@ -104,7 +104,7 @@ def test_a_killed_mirrors_partial_blob_is_swept(tmp_path):
     import os
     import subprocess
 
-    from imgbuild.host import process_start
+    from imgbuild.hostio.host import process_start
     from imgbuild.registry.mirror import sweep_partial_blobs
 
     dead = subprocess.Popen(["true"])

@@ -1,4 +1,4 @@
-"""imgbuild.regular: files opened, written and named in their errors as a user can act on them."""
+"""imgbuild.hostio.regular: files opened, written and named in their errors as a user can act on them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
     from pathlib import Path
 
     from imgbuild.cli import _outcome
-    from imgbuild.regular import open_log
+    from imgbuild.hostio.regular import open_log
 
     with pytest.raises(OSError) as caught, open_log(Path("/dev/full")) as log:
         log.write("#5 [2/5] RUN pip install ...\n" * 1000)
@@ -33,21 +33,20 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
 #: Renames and links that are not a file written whole, or that still write one their own way, by path: the count
 #: of `os.replace`/`os.rename`/`os.link` and one-argument `.replace(x)`/`.rename(x)` each file may hold.
 RENAMES_ELSEWHERE = {
-    "regular.py": 3,  # the one writer: os.replace, or os.link for a file written only where nothing is; the
+    "hostio/regular.py": 3,  # the one writer: os.replace, or os.link for a file written only where nothing is; the
     # unnamed (O_TMPFILE) file given its name through /proc
     "pipeline/context.py": 3,  # a rendered context folder swapped in whole, and put back on failure
     "payload/lock_resolve.py": 1,  # a pip --target folder moved into place inside the image (stdlib only)
     "clusters/oci.py": 1,  # an unpacked bundle folder moved to the name the user gave
     "servers/usage.py": 1,  # the usage log rotated
-    "clusters/jobs.py": 1,  # a staged data set's tar, still its own writer
 }
 
 
 def _is_rename(node: ast.AST) -> bool:
-    """os.replace, os.rename or os.link named (called or passed), or a one-argument `.replace(x)`/`.rename(x)`
-    (Path's; str.replace takes two, dataclasses.replace keywords)."""
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
-        return node.attr in {"replace", "rename", "link"}
+    """os.replace, os.rename, os.renames, os.link or shutil.move named (called or passed), or a one-argument
+    `.replace(x)`/`.rename(x)` (Path's; str.replace takes two, dataclasses.replace keywords)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in {"os", "shutil"}:
+        return node.attr in ({"replace", "rename", "renames", "link"} if node.value.id == "os" else {"move"})
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -59,13 +58,13 @@ def _is_rename(node: ast.AST) -> bool:
 
 
 def test_a_file_is_written_whole_in_one_place():
-    """A new temporary-file-then-rename outside imgbuild.regular fails here: each writer of its own had its own
+    """A new temporary-file-then-rename outside imgbuild.hostio.regular fails here: each writer of its own had its own
     fsync guarantees (a ledger every `run` depends on was never synced)."""
     package = Path(__file__).resolve().parent.parent / "imgbuild"
     found = {}
     for module in sorted(package.rglob("*.py")):
         text = module.read_text(encoding="utf-8")
-        if not re.search(r"os\.(replace|rename|link)\b|\.(replace|rename)\(", text):
+        if not re.search(r"os\.(replace|renames?|link)\b|shutil\.move\b|\.(replace|rename)\(", text):
             continue  # nothing to parse: the scan stays fast
         count = sum(map(_is_rename, ast.walk(ast.parse(text))))
         if count:
@@ -74,7 +73,7 @@ def test_a_file_is_written_whole_in_one_place():
 
 
 def test_a_file_written_whole_has_exactly_the_mode_given_and_its_folder_synced(tmp_path, monkeypatch):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     synced: list[int] = []
     real = os.fsync
@@ -92,7 +91,7 @@ def test_a_file_written_whole_has_exactly_the_mode_given_and_its_folder_synced(t
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
-    from imgbuild.regular import whole_file
+    from imgbuild.hostio.regular import whole_file
 
     path = tmp_path / "queue.json"
     path.write_text("old\n")
@@ -103,7 +102,7 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path
 
 
 def test_a_new_file_is_written_only_where_nothing_is_not_even_a_dangling_link(tmp_path):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     link = tmp_path / "recipe.yaml"
     link.symlink_to(tmp_path / "elsewhere.yaml")
@@ -117,7 +116,7 @@ def test_a_new_file_is_written_only_where_nothing_is_not_even_a_dangling_link(tm
 
 @pytest.mark.root("gives a file to another user")
 def test_root_writing_a_users_file_in_a_shared_folder_takes_away_only_what_it_is_told_was_planted(tmp_path):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     shared = tmp_path / "state"
     shared.mkdir()
@@ -147,8 +146,8 @@ def test_a_full_disk_under_any_written_file_names_the_file(writer, tmp_path, mon
     import os
 
     from imgbuild.cli import _outcome
+    from imgbuild.hostio.regular import write_atomic
     from imgbuild.pipeline.starter import write_new
-    from imgbuild.regular import write_atomic
 
     target = tmp_path / "report.xml"
     monkeypatch.setattr(os, "fsync", _full_disk)
@@ -169,7 +168,7 @@ def test_a_killed_write_leaves_no_file_beside_the_one_it_replaces(tmp_path):
     recipe = tmp_path / "demo.yaml"
     recipe.write_text("name: demo\n")
     code = (
-        "import os, sys, time; from pathlib import Path; from imgbuild.regular import write_atomic\n"
+        "import os, sys, time; from pathlib import Path; from imgbuild.hostio.regular import write_atomic\n"
         "real = os.fsync\n"
         "def slow(fd): print('syncing', flush=True); time.sleep(30)\n"
         "os.fsync = slow\n"
@@ -186,7 +185,7 @@ def test_a_killed_write_leaves_no_file_beside_the_one_it_replaces(tmp_path):
 
 def test_the_next_write_sweeps_what_a_killed_one_left(tmp_path):
     """Where the file system has no O_TMPFILE the temporary file is named; a dead writer's is swept."""
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     dead = tmp_path / ".demo.yaml.999999999.0badf00d.partial"  # no such PID
     dead.write_text("half")
@@ -194,3 +193,49 @@ def test_the_next_write_sweeps_what_a_killed_one_left(tmp_path):
     other.write_text("half")
     write_atomic(tmp_path / "demo.yaml", "name: demo\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "demo.yaml"]
+
+
+def test_an_image_saved_to_a_file_is_written_whole_and_never_through_a_link(tmp_path):
+    """`docker save` into the name the user gave (Apptainer's archive): an engine that ends the stream midway
+    leaves no half archive, and a link planted at the name is replaced, its target untouched."""
+    from imgbuild.engine.images import DockerImages
+
+    class Image:
+        def __init__(self, broken: bool) -> None:
+            self.broken = broken
+
+        def save(self, named: bool):
+            yield b"layer-1"
+            if self.broken:
+                raise OSError(5, "Input/output error")
+            yield b"layer-2"
+
+    class Client:
+        class images:  # noqa: N801 - docker-py's attribute
+            broken = False
+
+            @classmethod
+            def get(cls, ref: str) -> Image:
+                return Image(cls.broken)
+
+    out, victim = tmp_path / "x.tar", tmp_path / "victim"
+    victim.write_bytes(b"theirs")
+    out.symlink_to(victim)
+    DockerImages(Client()).save("lab/x:1", out)
+    assert out.read_bytes() == b"layer-1layer-2" and not out.is_symlink() and victim.read_bytes() == b"theirs"
+    Client.images.broken = True
+    with pytest.raises(OSError):
+        DockerImages(Client()).save("lab/x:1", out)
+    assert out.read_bytes() == b"layer-1layer-2" and sorted(os.listdir(tmp_path)) == ["victim", "x.tar"]
+
+
+def test_a_file_written_for_a_user_is_written_whole_never_through_a_link(tmp_path):
+    """A report written as the user acting through sudo (`--report`): a link at the name is replaced, never
+    followed to a file the link names."""
+    from imgbuild.hostio.acting import write_as
+
+    out, victim = tmp_path / "report.json", tmp_path / "victim"
+    victim.write_text("theirs\n")
+    out.symlink_to(victim)
+    write_as(None, out, "{}\n")
+    assert out.read_text() == "{}\n" and not out.is_symlink() and victim.read_text() == "theirs\n"

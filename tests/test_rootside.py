@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import rootside
 from imgbuild.engine.runargs import env_file, env_file_text, run_argv
 from imgbuild.engine.types import RunOptions
 from imgbuild.errors import UsageError
-from imgbuild.regular import clear_planted
+from imgbuild.hostio import rootside
+from imgbuild.hostio.regular import clear_planted
 from imgbuild.servers import queue as jobs
 
 needs_root = pytest.mark.root("makes folders of other owners and runs children as root")
@@ -386,7 +386,7 @@ def test_only_a_user_who_can_reach_the_engine_holds_gpus_by_their_own_ledger_fil
 
 
 def test_a_file_is_replaced_whole_and_never_written_through_a_link(tmp_path):
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -412,7 +412,7 @@ def test_a_kill_while_a_lock_or_recipe_is_written_leaves_the_old_file_whole(tmp_
     code = (
         "import os, signal, sys\n"
         "sys.path[:0] = [p for p in sys.argv[2:]]\n"
-        "import imgbuild.regular as r\n"
+        "import imgbuild.hostio.regular as r\n"
         "real = os.replace\n"
         "def killed(*a, **k):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -13,7 +13,7 @@ from imgbuild.errors import UsageError
 from imgbuild.gpu import read as gpus_module
 from imgbuild.gpu.allocate import Sample, cpus_for, select_gpus, summarize
 from imgbuild.gpu.read import SmiReader, process_owner
-from imgbuild.host import caller
+from imgbuild.hostio.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
 from tests.conftest import run_cli, run_words, use_site_config

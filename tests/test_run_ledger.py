@@ -17,7 +17,7 @@ from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.gpu.allocate import pick_cpus, select_gpus
 from imgbuild.gpu.read import Gpu, numa_cpus
-from imgbuild.host import caller, format_cpulist, parse_cpulist, process_start
+from imgbuild.hostio.host import caller, format_cpulist, parse_cpulist, process_start
 from imgbuild.servers.holds import held_on_host
 from imgbuild.servers.ledger import Entry, Ledger, alive
 from imgbuild.servers.run import RunRequest, prepare
@@ -180,7 +180,7 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in DGX]}))
     monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
-    monkeypatch.setattr("imgbuild.host.usable_cpus", lambda: list(range(224)))
+    monkeypatch.setattr("imgbuild.hostio.host.usable_cpus", lambda: list(range(224)))
     settings = load_settings({})
     spec = prepare(RunRequest("ubuntu:22.04", ["python", "t.py"], gpu_request="device=4,5", cpus=48), settings)
     argv = run_words(spec)
@@ -299,7 +299,7 @@ def test_a_killed_start_leaves_no_hold(tmp_path):
 def test_the_run_that_loses_the_race_to_create_the_lock_opens_the_winners(tmp_path, monkeypatch):
     """CI stop 36: two starts on a fresh state folder both found the lock absent; the one whose O_EXCL
     create lost said "ledger.lock: File exists" (exit 3). The loser opens the file the winner made."""
-    import imgbuild.regular as regular_module
+    import imgbuild.hostio.regular as regular_module
 
     path = tmp_path / "ledger.lock"
     real_open = os.open

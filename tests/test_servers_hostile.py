@@ -28,7 +28,7 @@ def _user_file(state, uid: int, entries: list, extended: dict | None = None, own
 def _entry(**fields):
     import os
 
-    from imgbuild.host import process_start
+    from imgbuild.hostio.host import process_start
 
     base = {
         "name": "ghost_1",
@@ -149,7 +149,7 @@ def test_another_users_live_entry_counts_and_cannot_be_framed(tmp_path):
     import os
     import subprocess
 
-    from imgbuild.host import process_start
+    from imgbuild.hostio.host import process_start
     from imgbuild.servers.ledger import Ledger
 
     state = tmp_path / "state"
@@ -381,7 +381,7 @@ def test_an_exec_into_a_users_container_names_its_program_and_returns_within_its
 def test_ps_probes_only_the_callers_own_containers(tmp_path, monkeypatch):
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.engine.types import ContainerInfo
-    from imgbuild.host import Caller
+    from imgbuild.hostio.host import Caller
     from imgbuild.servers import containers as view
 
     engine = FakeEngine()

@@ -1,4 +1,4 @@
-"""One bounded tree walk (imgbuild.tree) for every folder imgbuild reads whole: iterative (a folder nested 1,100
+"""One bounded tree walk (imgbuild.hostio.tree) for every folder imgbuild reads whole: iterative (a folder nested 1,100
 deep was `unexpected RecursionError` in validate), depth-capped, links listed but never walked into."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild import limits
-from imgbuild.tree import TooDeep, walk
+from imgbuild.hostio.tree import TooDeep, walk
 from tests.conftest import run_cli
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.cache import JsonCache
+from imgbuild.hostio.cache import JsonCache
 from tests.conftest import run_cli
 from tests.ngc_facts import REAL
 

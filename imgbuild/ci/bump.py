@@ -104,7 +104,7 @@ def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits
                 raise UsageError(f"{path}:{key.line}: base.tag is a YAML alias; write the tag in place to bump it")
             with open(path, encoding="utf-8", newline="") as handle:  # newline="": CRLF read and written as it is
                 text = handle.read()
-            from imgbuild.regular import write_atomic
+            from imgbuild.hostio.regular import write_atomic
 
             write_atomic(path, _rewrite_scalar(text, pos.line, pos.col, current, new_text))  # a kill leaves one whole
         results.append(Bump(str(path), framework, pattern, current, newest, changed, held))

@@ -112,7 +112,7 @@ def plan_document(items: list[Item]) -> dict[str, Any]:
 def read_json(path: Path) -> Any:
     """A JSON file another job wrote (a report, a plan), read as untrusted input: bounded, a regular file, one line
     naming the file where it is not JSON (UsageError: exit 2)."""
-    from imgbuild.regular import read_named
+    from imgbuild.hostio.regular import read_named
 
     shown = str(path)
     try:

@@ -20,11 +20,11 @@ from imgbuild.config.settings import Settings
 from imgbuild.engine import ImageEngine, connect_engine
 from imgbuild.errors import ImgbuildError, Problem, RecipeError, UsageError
 from imgbuild.facts import Label
+from imgbuild.hostio.tree import TooDeep, walk
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.pipeline.context import context_path
 from imgbuild.pipeline.plan import Plan
 from imgbuild.recipe import ci_path, display_path, load_recipe
-from imgbuild.tree import TooDeep, walk
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
 

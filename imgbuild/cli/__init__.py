@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from imgbuild.acting import acting_for_user
 from imgbuild.cli.base import cli
 from imgbuild.errors import (
     EXIT_ENVIRONMENT,
@@ -24,7 +23,8 @@ from imgbuild.errors import (
     EXIT_USAGE,
     ImgbuildError,
 )
-from imgbuild.host import Caller, caller
+from imgbuild.hostio.acting import acting_for_user
+from imgbuild.hostio.host import Caller, caller
 
 # --- entry point -----------------------------------------------------------------------------------
 
@@ -39,7 +39,7 @@ def _terminate(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     import signal
 
-    from imgbuild import rootside
+    from imgbuild.hostio import rootside
 
     rootside.harden()  # as root: no import from a user-writable place; under sudo, a fixed environment
     with contextlib.suppress(ValueError):  # not the main thread (tests calling main())

@@ -15,7 +15,7 @@ from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
-    from imgbuild.host import Caller
+    from imgbuild.hostio.host import Caller
 
 
 class Section:
@@ -65,7 +65,7 @@ class SectionedGroup(click.Group):
 def who_of(ctx: click.Context) -> Caller:
     """The caller, read once per command line: by `main` (which hands it to the group as its object), else
     here, the first time a command asks."""
-    from imgbuild.host import Caller, caller
+    from imgbuild.hostio.host import Caller, caller
 
     root = ctx.find_root()
     if not isinstance(root.obj, Caller):

@@ -152,7 +152,7 @@ def _annotate(notes: list[Annotation]) -> None:
 
 def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
     from imgbuild.ci import outcome
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     if report_json:
         write_atomic(report_json, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
@@ -168,7 +168,7 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
     plan = plan_document(items)
     if gitlab_child:
         from imgbuild.ci.fanout import gitlab_child as child_pipeline
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         write_atomic(gitlab_child, child_pipeline(plan, include))
     if as_json:

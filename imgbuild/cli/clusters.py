@@ -283,7 +283,7 @@ def slurm(
         click.echo(f"{'packed' if made else 'reusing'} {tar}: the job sees it as ${job.scratch_var}/{folder}", err=True)
     script = sbatch_script(job)
     if out:
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         write_atomic(out, script)
         click.echo(f"wrote {out}", err=True)
@@ -363,7 +363,7 @@ def k8s(
     for note in k8smod.notes(job):
         click.echo(f"note: {note}", err=True)
     if out:
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         write_atomic(out, text)
         click.echo(str(out))

@@ -157,9 +157,9 @@ def smoke(
 
         imgbuild smoke nvcr.io/nvidia/pytorch:25.10-py3 --for v100,a100,h100 --driver 535.104.05
     """
-    from imgbuild.acting import write_as
     from imgbuild.engine import connect_engine
     from imgbuild.gpu.fleet import check_driver, parse_targets
+    from imgbuild.hostio.acting import write_as
     from imgbuild.pipeline.smoke import SmokeRequest, fleet_report, run_smoke
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check

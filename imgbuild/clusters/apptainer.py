@@ -113,7 +113,7 @@ def export_definition(
     if out is None:
         return Written(exported, None)
     try:
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         write_atomic(out, exported.definition)  # never through a link committed in the repository
     except OSError as exc:

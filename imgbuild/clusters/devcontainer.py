@@ -156,7 +156,7 @@ def export_devcontainer(
         document = devcontainer(plan, house, host_user=host_user)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         write_atomic(path, json.dumps(document, indent=2) + "\n")  # never through a link committed in the repository
     except OSError as exc:

@@ -14,8 +14,8 @@ from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec
 from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.hostio.tree import TooDeep, walk
 from imgbuild.shellwords import UserWord
-from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -404,8 +404,9 @@ def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
     The tar's name carries a digest of every entry's path, size, modification time and mode, so an
     unchanged folder reuses its tar and a changed one gets a new one (the older tar of the same folder is
     removed). Entries sit under the folder's own name: `--stage data/` appears as `$LOCAL_SCRATCH/data`."""
-    import os
     import tarfile
+
+    from imgbuild.hostio.regular import whole_file
 
     folder = folder.resolve()
     if not folder.is_dir():
@@ -417,15 +418,10 @@ def pack_dataset(folder: Path, into: Path) -> tuple[Path, bool]:
         return target, False
     try:
         into.mkdir(parents=True, exist_ok=True)
-        partial = into / f".{target.name}.{os.getpid()}.partial"
-        try:
-            with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(folder, arcname=stem, recursive=False)
-                for path in entries:
-                    tar.add(path, arcname=f"{stem}/{path.relative_to(folder).as_posix()}", recursive=False)
-            partial.replace(target)
-        finally:
-            partial.unlink(missing_ok=True)
+        with whole_file(target) as handle, tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(folder, arcname=stem, recursive=False)
+            for path in entries:
+                tar.add(path, arcname=f"{stem}/{path.relative_to(folder).as_posix()}", recursive=False)
         for old in into.glob(f"{stem}-" + "[0-9a-f]" * 16 + ".tar"):
             if old != target:
                 old.unlink(missing_ok=True)

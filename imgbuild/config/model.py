@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from imgbuild import limits
 from imgbuild.config.site import SECTIONS, K8sSite, ReapPolicy, RunRules, SlurmSite
-from imgbuild.host import Caller
+from imgbuild.hostio.host import Caller
 
 
 def _default_cache_dir() -> str:

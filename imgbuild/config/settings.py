@@ -18,7 +18,7 @@ from imgbuild.config.model import NOT_SETTINGS, Settings, setting_kinds
 from imgbuild.config.site import SECTIONS
 from imgbuild.errors import UsageError
 from imgbuild.fields import did_you_mean
-from imgbuild.host import Caller, caller
+from imgbuild.hostio.host import Caller, caller
 
 SITE_CONFIG = Path("/etc/imgbuild/config.yaml")
 

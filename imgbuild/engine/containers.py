@@ -249,7 +249,7 @@ class DockerContainers:
         SIGKILL leaves one behind, and with it whatever it was given. Returns how many."""
         from docker.errors import APIError, NotFound
 
-        from imgbuild.host import token_state
+        from imgbuild.hostio.host import token_state
 
         removed = 0
         with contextlib.suppress(APIError):
@@ -411,7 +411,7 @@ def _script_container(
 ) -> dict:
     """The create() arguments of a script's container: labelled with the image and the process running it; for a
     user imgbuild acts for (`as_user`), as that user, hardened as their `imgbuild run` is, IPC its own."""
-    from imgbuild.host import engine_token
+    from imgbuild.hostio.host import engine_token
 
     labels = {SMOKE_LABEL: image, Label.STARTED_BY: engine_token()}
     kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)

@@ -13,8 +13,8 @@ from imgbuild.engine.images import DockerImages
 from imgbuild.engine.lease import DockerLeases
 from imgbuild.engine.types import BuildRequest, ProgressFn, Redactor
 from imgbuild.errors import EngineFault, EngineUnavailable, UsageError
+from imgbuild.hostio.regular import open_log
 from imgbuild.platforms import platform_of_machine
-from imgbuild.regular import open_log
 
 
 class Engine:
@@ -39,8 +39,8 @@ class Engine:
             from docker.errors import DockerException
         except ImportError as exc:  # pragma: no cover - installed with imgbuild
             raise EngineUnavailable(f"the docker SDK is missing ({exc})") from None
-        from imgbuild.dockerconfig import docker_config_path
         from imgbuild.engine import dockerctx
+        from imgbuild.hostio.dockerconfig import docker_config_path
 
         point = dockerctx.endpoint(dict(os.environ), docker_config_path().parent)
         dockerctx.apply(point, os.environ)  # the CLIs imgbuild starts talk to the same engine

@@ -32,7 +32,7 @@ def endpoint(environ: dict[str, str], config_dir: Path) -> Endpoint:
         return Endpoint(environ["DOCKER_HOST"], "DOCKER_HOST")
     name, origin = environ.get("DOCKER_CONTEXT", ""), "DOCKER_CONTEXT"
     if not name:
-        from imgbuild.dockerconfig import read_docker_config
+        from imgbuild.hostio.dockerconfig import read_docker_config
 
         current = read_docker_config(config_dir / "config.json").get("currentContext")
         name, origin = (current if isinstance(current, str) else ""), f"currentContext in {config_dir}/config.json"
@@ -43,7 +43,7 @@ def endpoint(environ: dict[str, str], config_dir: Path) -> Endpoint:
     source = f"docker context {name} ({origin})"
     digest = hashlib.sha256(name.encode()).hexdigest()
     meta_path = config_dir / "contexts" / "meta" / digest / "meta.json"
-    from imgbuild.regular import read_regular
+    from imgbuild.hostio.regular import read_regular
 
     try:
         found = read_regular(meta_path, META_BYTES)

@@ -120,7 +120,9 @@ class FakeImages:
     def save(self, ref: str, path: Path) -> None:
         if self.image(ref) is None:
             raise ImgbuildError(f"no such image: {ref}")
-        path.write_text(json.dumps({"saved": ref}))
+        from imgbuild.hostio.regular import write_atomic
+
+        write_atomic(path, json.dumps({"saved": ref}))
 
     def push(self, ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = 0.0) -> str:
         image_id = self.image_id(ref)

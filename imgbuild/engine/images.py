@@ -171,8 +171,11 @@ class DockerImages:
             raise transfer_failure("pull", ref, str(exc.explanation)[:200]) from None
 
     def save(self, ref: str, path: Path) -> None:
-        """`docker save` to a file (for Apptainer's docker-archive bootstrap)."""
-        with open(path, "wb") as fh:
+        """`docker save` to a file (for Apptainer's docker-archive bootstrap), written whole: a save the engine
+        ends midway leaves no half archive under the name."""
+        from imgbuild.hostio.regular import whole_file
+
+        with whole_file(path) as fh:
             for chunk in self.client.images.get(ref).save(named=True):
                 fh.write(chunk)
 

@@ -89,7 +89,7 @@ def lease(
     the caller has; it never runs)."""
     from socket import gethostname
 
-    from imgbuild.host import engine_token, token_state
+    from imgbuild.hostio.host import engine_token, token_state
 
     name = lease_name(key)
     deadline, told = clock() + wait_seconds, False

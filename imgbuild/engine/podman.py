@@ -38,7 +38,7 @@ from imgbuild.engine.types import (
     step_name,
 )
 from imgbuild.errors import EngineUnavailable, ImgbuildError, RegistryUnavailable
-from imgbuild.regular import open_log
+from imgbuild.hostio.regular import open_log
 
 #: `[2/3] STEP 4/9: RUN ...` (a multi-stage build) or `STEP 4/9: RUN ...`
 _STEP = re.compile(r"(?:\[([0-9]+)/[0-9]+\] )?STEP (([0-9]+)/[0-9]+): (.*)")

@@ -17,6 +17,7 @@ from typing import Any
 
 from imgbuild.errors import UsageError
 from imgbuild.gpu.support import ARCH_DRIVER_BRANCHES, CUDA_MIN_CAPABILITY, CUDA_MIN_DRIVER, GPU_MODELS, SUPPORT
+from imgbuild.gpu.toolkit import version_tuple
 from imgbuild.payload.smoke.arch import explain_kernels, parse_archs
 
 _CAPABILITY_RE = re.compile(r"(?:sm_([0-9]{1,2})([0-9])|([0-9]{1,2})\.([0-9]))")
@@ -123,10 +124,6 @@ def cuda_of(text: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(".") if part.isdigit())
-
-
 def branch_outside(capability: tuple[int, int], driver: str) -> tuple[str, int, int] | None:
     """Where a driver's branch falls outside the ones that drive this architecture (facts.ARCH_DRIVER_BRANCHES):
     ("before", branch, the first) or ("after", branch, the last); None inside, or for an architecture not listed."""
@@ -134,7 +131,7 @@ def branch_outside(capability: tuple[int, int], driver: str) -> tuple[str, int, 
     if branches is None:
         return None
     first, last = branches
-    branch = _version(driver)[0]
+    branch = version_tuple(driver)[0]
     if branch < first:
         return "before", branch, first
     if last is not None and branch > last:
@@ -161,16 +158,16 @@ def driver_verdict(
     PTX to JIT-compile, which the driver must do at the image's exact CUDA version (or, on a data-center GPU,
     the image's forward-compatibility libraries do). A CUDA minor newer than the table knows has no known driver:
     its PTX is never taken as compilable."""
-    have = _version(driver)
+    have = version_tuple(driver)
     name = f"CUDA {cuda[0]}.{cuda[1]}"
     exact = CUDA_MIN_DRIVER.get(cuda)
     known = [k for k in CUDA_MIN_DRIVER if k[0] == cuda[0]]
     newer_than_known = bool(known) and cuda > max(known)
-    if exact and have >= _version(exact):
+    if exact and have >= version_tuple(exact):
         return True, f"driver {driver} >= {exact} ({name})"
     floor = SUPPORT.minor_version_floor(cuda[0])
     forward = _forward(cuda, driver, have, datacenter, floor)
-    if floor and have >= _version(floor):
+    if floor and have >= version_tuple(floor):
         if ptx_only and (exact or newer_than_known):
             if forward is not None and forward[0]:
                 return True, forward[1] + ", whose newer PTX compiler JITs its PTX"
@@ -215,7 +212,7 @@ def _forward(
     name = f"CUDA {cuda[0]}.{cuda[1]}"
     branch = have[:1]
     for minimum in SUPPORT.forward_branches(cuda):
-        if _version(minimum)[:1] == branch and have >= _version(minimum):
+        if version_tuple(minimum)[:1] == branch and have >= version_tuple(minimum):
             if datacenter is False:
                 return False, (
                     f"driver {driver} is older than {floor} for {name}; forward compatibility "
@@ -225,7 +222,7 @@ def _forward(
             return True, (
                 f"driver {driver} runs {name} through forward compatibility (the image's cuda-compat libraries){where}"
             )
-    if datacenter and floor and have >= _version(floor):  # the major's own branches: the compat libraries too
+    if datacenter and floor and have >= version_tuple(floor):  # the major's own branches: the compat libraries too
         return True, f"driver {driver} runs {name} through forward compatibility (the image's cuda-compat libraries)"
     return None
 
@@ -286,7 +283,7 @@ def judge(facts: GpuFacts, targets: list[Target], driver: str | None = None) -> 
             if refused:
                 runs = False
                 reasons.append(refused[1])
-            elif target.min_driver and _version(driver) < _version(target.min_driver):
+            elif target.min_driver and version_tuple(driver) < version_tuple(target.min_driver):
                 runs = False
                 reasons.append(
                     f"driver {driver} is older than {target.min_driver}, which NVIDIA requires for {target.label}"

@@ -401,7 +401,7 @@ def numa_cpus(bus_id: str, sys: Path = Path("/sys")) -> str:
         text = (sys / "bus/pci/devices" / match.group(1).lower() / "local_cpulist").read_text(errors="replace")
     except OSError:
         return ""
-    from imgbuild.host import parse_cpulist
+    from imgbuild.hostio.host import parse_cpulist
 
     try:
         parse_cpulist(text)

@@ -76,7 +76,7 @@ class SupportTable:
 
 
 def _branch(version: str) -> int:
-    return int(version.split(".")[0])
+    return version_tuple(version)[0]
 
 
 def _both_allow(older: tuple[str, ...], newer: tuple[str, ...]) -> tuple[str, ...]:

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.acting import Acting, as_user, private_copy, read_as, write_as
 from imgbuild.config.settings import Settings
 from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
 from imgbuild.engine.lease import lease
 from imgbuild.errors import BuildFailed, EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
-from imgbuild.host import Caller, engine_token, token_state
+from imgbuild.hostio.acting import Acting, as_user, private_copy, read_as, write_as
+from imgbuild.hostio.host import Caller, engine_token, token_state
 from imgbuild.pipeline import spared
 from imgbuild.pipeline.context import context_dir, write_context
 from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
@@ -244,7 +244,7 @@ def build(
     else:  # planned by the caller (rebuild, to judge staleness), without the base's pins
         plan = with_base_pins(plan, pin_reader(settings, engine))
     if acting:
-        from imgbuild.acting import check_target
+        from imgbuild.hostio.acting import check_target
 
         check_target(acting.who, plan.target)
     redact = Redactor(settings.secrets())

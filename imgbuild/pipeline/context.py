@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.hostio.tree import TooDeep, walk
 from imgbuild.pipeline.render import OWN_FOLDERS, OWN_SCRIPTS, RUN_FILES, Context, render, template_cache
-from imgbuild.tree import TooDeep, walk
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings

@@ -181,7 +181,7 @@ def lock(
     probe = LOCK.probe(f"\nmain({payload!r}, {SCRIPT_CACHE!r}, {uv!r})\n")
     if engine.images.image(plan.base.pinned) is None:
         engine.images.pull(plan.base.pinned)
-    from imgbuild.acting import container_user
+    from imgbuild.hostio.acting import container_user
 
     bounds = pip_bounds(settings)
     shown = (lambda line: _show(line, on_line)) if on_line is not None else None
@@ -220,7 +220,7 @@ def lock(
     written = "".join(
         " ".join((p, *(f"--hash=sha256:{h}" for h in resolved[p]))) + "\n" if hashed else f"{p}\n" for p in pins
     )
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     write_atomic(path, header + comments + written)  # a kill leaves the old or the new
     return LockResult(path, pins, added, removed, changed, resolver, hashed, notes)

@@ -313,8 +313,8 @@ def resolve_ids(loaded: LoadedRecipe, settings: Settings, host_ids: tuple[int, i
 @functools.cache
 def templates_digest() -> str:
     """imgbuild's own templates, the pip step's scripts and the smoke package, what shapes a Docker image (package
-    data), hashed once per process. The Apptainer template is not among them: editing it must not make every image
-    due."""
+    data), read and hashed at first use, once per process (importing this module reads nothing). The Apptainer
+    template is not among them: editing it must not make every image due."""
     h = hashlib.sha256()
     for name in IMAGE_TEMPLATES:
         h.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes())
@@ -324,9 +324,6 @@ def templates_digest() -> str:
         h.update(name.encode() + b"\0" + (SMOKE_PACKAGE / name).read_bytes())
     h.update(STACK_SCRIPT.read_bytes())
     return h.hexdigest()
-
-
-templates_digest()  # read as the module loads (package data): make_plan itself opens no file
 
 
 def content_hash(loaded: LoadedRecipe) -> str:
@@ -368,9 +365,10 @@ def make_plan(
     host_ids: tuple[int, int] = (0, 0),
     read_pins: ReadPins | None = None,
 ) -> Plan:
-    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests) and `read_pins` (the base's
-    own pins, read in the base by a build; without it only the framework is checked); `host_ids`: the caller's
-    UID/GID, read at the edge (resolve.plan_recipe; root's (0, 0) gives 1000). Nothing here asks who is calling."""
+    """The plan. Pure but for `inspect_base`/`resolve_tag` (a registry, a dict in tests), `read_pins` (the base's
+    own pins, read in the base by a build; without it only the framework is checked) and imgbuild's own package
+    data, read once per process at first use (templates_digest); `host_ids`: the caller's UID/GID, read at the edge
+    (resolve.plan_recipe; root's (0, 0) gives 1000). Nothing here asks who is calling."""
     check_offline_settings(loaded, settings)
     base = resolve_base(loaded, settings, inspect_base, resolve_tag)
     image, tag = image_and_tag(loaded, settings)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__, imageref
+from imgbuild.hostio.regular import read_regular
 from imgbuild.ngc import FRAMEWORKS
 from imgbuild.pipeline.plan import Plan, templates_digest
 from imgbuild.recipe import stable_name
-from imgbuild.regular import read_regular
 
 RECORD_FILE = "imgbuild.lock.json"
 MAX_BYTES = 64 * 1024

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
-from imgbuild.cache import JsonCache
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
+from imgbuild.hostio.cache import JsonCache
 from imgbuild.payload.probes import BASE_PINS
 from imgbuild.pipeline.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
@@ -218,7 +218,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple
         if found is not None:
             return found
         # the same source install.sh uses (imgbuild/payload/base_pins.py), read only where a base is read
-        from imgbuild.acting import container_user
+        from imgbuild.hostio.acting import container_user
 
         probe = BASE_PINS.probe()
         try:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.acting import container_user
 from imgbuild.config.settings import Settings
 from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
@@ -27,6 +26,7 @@ from imgbuild.gpu.allocate import Claim
 from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 from imgbuild.gpu.read import Gpu
+from imgbuild.hostio.acting import container_user
 from imgbuild.payload.probes import ENGINE_GPUS, SMOKE, Probe
 from imgbuild.payload.smoke.report import PROGRESS
 from imgbuild.platforms import arch_of_machine, platform_of_machine

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import UsageError
-from imgbuild.regular import write_atomic
+from imgbuild.hostio.regular import write_atomic
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -55,7 +55,7 @@ class Started:
 
 def packages_from(path: Path) -> tuple[str | None, list[str]]:
     """(a requirements file to reference, or packages to list) from `path`."""
-    from imgbuild.acting import read_as
+    from imgbuild.hostio.acting import read_as
 
     if path.name.endswith(".txt"):
         if not path.is_file():

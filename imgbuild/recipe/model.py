@@ -21,6 +21,7 @@ from imgbuild.platforms import PLATFORMS
 from imgbuild.recipe import reqfile
 from imgbuild.registry_identity import port_number
 from imgbuild.reserved import RESERVED_TAGS_SAID, reserved_folder, reserved_label, reserved_tag
+from imgbuild.text import describe, unsafe_character
 
 # --- field rules, as data -------------------------------------------------------------------------
 # Every pattern is matched against the whole string (`fullmatch`): `$` would also match before a final
@@ -79,8 +80,6 @@ SYSTEM_DIRS_EXACT = frozenset({"/", "/tmp", "/opt", "/home", "/mnt", "/srv", "/m
 
 
 def _no_newline(value: str) -> str:
-    from imgbuild.text import describe, unsafe_character
-
     bad = unsafe_character(value, allow_tab=True)
     if bad is not None:
         raise ValueError(

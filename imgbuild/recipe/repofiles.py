@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imgbuild import limits
-from imgbuild.tree import TooDeep, walk
+from imgbuild.hostio.tree import TooDeep, walk
 
 
 class OutsideRepository(ValueError):

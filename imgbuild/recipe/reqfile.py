@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
 from imgbuild.recipe.repofiles import OutsideRepository, resolve_inside
+from imgbuild.text import describe, token_fault, unsafe_character
 from imgbuild.yamlpos import read_text_bounded
 
 FIELD = "pip.requirements"
@@ -215,8 +216,6 @@ def index_url_fault(url: str) -> str:
     """What is wrong with a package index URL, the one rule for recipes and requirements files:
     "scheme" (not http(s) with a host), "token" (white space, a control or non-ASCII character: pip would
     split it into options), "credentials" (a user or password in it), or ""."""
-    from imgbuild.text import token_fault
-
     if token_fault(url):
         return "token"
     parts = urlsplit(url)
@@ -229,7 +228,6 @@ def line_fault(line: str) -> str:
     """Why a requirements file line is refused before it is read: a character pip would split on or an editor
     hides (a line break other than the newline, a control, a bidi control), or ""."""
     from imgbuild.credentials import CREDENTIAL_REFUSAL, credential_kind
-    from imgbuild.text import describe, unsafe_character
 
     bad = unsafe_character(line, allow_tab=True) or next((c for c in line if c.isspace() and c not in " \t"), None)
     if bad:
@@ -254,8 +252,6 @@ def requirement_url_fault(url: str) -> str:
 def requirement_text_fault(spec: str) -> None:
     """A requirement as pip reads a requirements line: plain spaces only (pip splits a line on white space
     and reads any word starting with `-` as an option), ASCII URLs. ValueError says why."""
-    from imgbuild.text import describe, unsafe_character
-
     bad = unsafe_character(spec) or next((c for c in spec if c.isspace() and c != " "), None)
     if bad is not None:
         raise ValueError(f"a requirement holds {describe(bad)}: pip would read what follows as options")

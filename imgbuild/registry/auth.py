@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imgbuild.dockerconfig import read_docker_config
+from imgbuild.hostio.dockerconfig import read_docker_config
 from imgbuild.registry_identity import is_docker_hub, is_loopback, same_registry
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
 from imgbuild.boundedjson import loads as bounded_loads
-from imgbuild.cache import JsonCache
 from imgbuild.errors import EnvironmentProblem, RegistryError, UsageError
+from imgbuild.hostio.cache import JsonCache
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import INDEX_TYPES
@@ -141,7 +141,7 @@ class _Copier:
                 "(set cache_dir to a larger disk)"
             )
         self.progress(f"{self.repo}:{label}: copying {digest[7:19]} ({size / limits.MIB:.0f} MiB)")
-        from imgbuild.host import process_token
+        from imgbuild.hostio.host import process_token
 
         with tempfile.NamedTemporaryFile(dir=self.scratch, prefix=f"blob-{process_token('.')}-") as handle:
             path = Path(handle.name)
@@ -208,7 +208,7 @@ def mirror(settings: Settings, req: MirrorRequest, progress: Callable[[str], Non
 def sweep_partial_blobs(scratch: Path) -> int:
     """Remove the blob files of mirrors that were killed mid-copy (`blob-PID.START-...` whose process is gone):
     a SIGKILL leaves one behind, as large as what had arrived."""
-    from imgbuild.host import token_alive
+    from imgbuild.hostio.host import token_alive
 
     removed = 0
     for path in scratch.glob("blob-*"):

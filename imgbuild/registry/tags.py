@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
-from imgbuild.cache import JsonCache
 from imgbuild.errors import RegistryUnavailable, UsageError
 from imgbuild.gpu.fleet import judge_tag, parse_targets
 from imgbuild.gpu.read import NoGpus, read_devices
+from imgbuild.hostio.cache import JsonCache
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
 from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import host_platform
@@ -85,7 +85,7 @@ def repository_for(name: str, registry: str) -> tuple[str, str]:
 
 class TagCache:
     """Tag lists (with their age: `tag_cache_ttl` decides when to ask again) and tag details (config blobs are
-    immutable by digest: kept for good), in the one JSON cache discipline (imgbuild.cache)."""
+    immutable by digest: kept for good), in the one JSON cache discipline (imgbuild.hostio.cache)."""
 
     def __init__(self, root: Path, ttl: int):
         self.ttl = ttl

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgbuild.acting import Acting, acting_for_user, check_image
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.host import Caller, expand
+from imgbuild.hostio.acting import Acting, acting_for_user, check_image
+from imgbuild.hostio.host import Caller, expand
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings

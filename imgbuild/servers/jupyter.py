@@ -26,7 +26,7 @@ POLL_SECONDS = 0.5
 def check_present(engine: ImageEngine, image: str, settings: Settings | None) -> None:
     """Refuse, before anything starts, an image that has no `jupyter` on its PATH (looked for as the user the run
     is for: the image may be their own)."""
-    from imgbuild.acting import container_user
+    from imgbuild.hostio.acting import container_user
 
     probe = HAS_JUPYTER.probe()  # read only for a --jupyter run
     code, output, _ = engine.containers.run_script(

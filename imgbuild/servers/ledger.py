@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import EnvironmentProblem
-from imgbuild.host import process_start
-from imgbuild.regular import open_regular
+from imgbuild.hostio.host import process_start
+from imgbuild.hostio.regular import open_regular
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 LOCK_FILE = "ledger.lock"
@@ -286,7 +286,7 @@ class Ledger:
         """Replace this user's file whole, by the one writer. In a sticky folder nobody can replace a file another
         user owns: a planted one is refused, and root removes it (a folder or FIFO planted at root's name would
         stop every `run`)."""
-        from imgbuild.regular import write_atomic
+        from imgbuild.hostio.regular import write_atomic
 
         data = json.dumps({"entries": [asdict(e) for e in entries], "extended": extended}).encode()
         try:
@@ -440,7 +440,7 @@ def reaper_dir(state_dir: Path) -> Path:
 def _clear_planted_folder(folder: Path) -> None:
     """Root: remove `folder` unless it is root's own folder that nobody else can write (a user who made it first,
     in the sticky state folder, would own the reaper's state, the audit log and usage)."""
-    from imgbuild.regular import clear_planted
+    from imgbuild.hostio.regular import clear_planted
 
     try:
         info = os.lstat(folder)

@@ -219,7 +219,7 @@ def _read(path: Path, uid: int, root_only: bool = False) -> tuple[list[Job], boo
     comes from the file's name and the password database: a job naming another user is dropped, and its gid is
     the user's own, never the file's. A user's own file says when its jobs were filed no earlier than the
     kernel's last change of it (its ctime)."""
-    from imgbuild.regular import open_regular
+    from imgbuild.hostio.regular import open_regular
 
     try:
         fd = open_regular(path, os.O_RDONLY)
@@ -398,7 +398,7 @@ def advance(state_dir: Path, who: Any, start: Any = None, use: Mapping[str, floa
 def _child_env(job: Job | None) -> dict[str, str]:
     """The child's whole environment. Root's child: fixed (`rootside.environment`), with the job's user as sudo's
     variables when root starts a job for them; a user's own child: their environment."""
-    from imgbuild.rootside import environment
+    from imgbuild.hostio.rootside import environment
 
     if os.geteuid() != 0:
         env = dict(os.environ)
@@ -419,7 +419,7 @@ def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
     its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder."""
     if as_root and job.uid != 0:
-        from imgbuild.host import Caller
+        from imgbuild.hostio.host import Caller
         from imgbuild.servers.enforce import resolve_as
 
         seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)
@@ -437,7 +437,7 @@ def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
 
 
 def _user_env(job: Job) -> dict[str, str]:
-    from imgbuild.rootside import SECURE_PATH
+    from imgbuild.hostio.rootside import SECURE_PATH
 
     home = pwd.getpwuid(job.uid).pw_dir
     return {"PATH": SECURE_PATH, "HOME": home, "USER": job.user, "LOGNAME": job.user, "IMGBUILD_QUEUE_JOB": "1"}

@@ -244,7 +244,7 @@ def write_whole(path: Path, data: Any, mode: int = 0o644, owner: int = 0) -> Non
     given to `owner` where root writes a user's own file. Root first removes what someone else planted at the name
     (a folder, a FIFO, a link: the state folder is sticky and world-writable, and only root may take another
     user's entry away)."""
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     try:
         write_atomic(path, json.dumps(data), mode, owner, planted=True)

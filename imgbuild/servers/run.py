@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.config.site import RunRules
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
-from imgbuild.host import Caller, expand, format_cpulist
+from imgbuild.hostio.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
 from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
 from imgbuild.servers.containers import deadline_of
@@ -117,7 +117,7 @@ def prepare(
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
     from imgbuild.gpu.allocate import requested_count, select_gpus
-    from imgbuild.host import usable_cpus
+    from imgbuild.hostio.host import usable_cpus
 
     house = house if house is not None else settings.run
     held = held or Held()

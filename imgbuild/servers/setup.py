@@ -177,7 +177,7 @@ def _state_folder(folder: Path, dry_run: bool) -> str:
 
 
 def _file(piece: Piece, dry_run: bool, check: object = None) -> str:
-    from imgbuild.regular import read_regular, write_atomic
+    from imgbuild.hostio.regular import read_regular, write_atomic
 
     wanted = marked(piece.text)
     try:
@@ -377,7 +377,7 @@ def collect(layout: Layout) -> SetupFacts:
 
 
 def _file_facts(path: Path) -> FileFacts:
-    from imgbuild.regular import read_regular
+    from imgbuild.hostio.regular import read_regular
 
     try:
         found = read_regular(path, 1024 * 1024)

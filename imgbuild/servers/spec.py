@@ -14,7 +14,7 @@ from imgbuild.engine.types import RunOptions
 from imgbuild.errors import UsageError
 from imgbuild.facts import Label
 from imgbuild.gpu.allocate import Selection
-from imgbuild.host import expand, format_cpulist, parse_cpulist
+from imgbuild.hostio.host import expand, format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings

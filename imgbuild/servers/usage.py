@@ -166,7 +166,7 @@ def prometheus(by_user: list[Row], by_gpu: list[Row], since: float | None, now: 
 def write_textfile(path: Path, text: str) -> None:
     """Write `path` whole (the one writer: beside it, then renamed over it), as node_exporter's textfile collector
     requires."""
-    from imgbuild.regular import write_atomic
+    from imgbuild.hostio.regular import write_atomic
 
     try:
         write_atomic(path, text, 0o644)
@@ -194,7 +194,7 @@ def append(folder: Path, rec: dict[str, Any]) -> None:
 def read(folder: Path) -> list[Any]:
     """The records of the usage log (and its rotated half), oldest first; bounded, torn lines skipped. A log that
     is not the reaper's own (another owner, a link, writable by others) is refused: its figures are forged."""
-    from imgbuild.regular import open_regular
+    from imgbuild.hostio.regular import open_regular
 
     records: list[Any] = []
     for path in (folder / (USAGE_FILE + ".1"), folder / USAGE_FILE):

@@ -260,7 +260,7 @@ _PEM_RE = re.compile(
 
 def load_signer(path: Path, password: bytes) -> Signer:
     """cosign's encrypted private key: scrypt derives the key that opens a nacl/secretbox over PKCS#8 DER."""
-    from imgbuild.regular import read_named
+    from imgbuild.hostio.regular import read_named
 
     try:
         text = read_named(path, 70000).decode(errors="replace")
@@ -309,7 +309,7 @@ def load_verifier(path: Path) -> Any:
     _crypto()
     from cryptography.hazmat.primitives import serialization
 
-    from imgbuild.regular import read_named
+    from imgbuild.hostio.regular import read_named
 
     try:
         data = read_named(path, 65536)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.regular import read_regular, write_atomic
+from imgbuild.hostio.regular import read_regular, write_atomic
 
 FUTURE_SLACK = 5.0  # seconds an entry may seem to come from the future (clock steps between writer and reader)
 

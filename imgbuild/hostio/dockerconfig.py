@@ -18,7 +18,7 @@ def docker_config_path() -> Path:
 def read_docker_config(path: Path | None = None) -> dict:
     """The docker CLI's config.json ($DOCKER_CONFIG, else ~/.docker), read as a regular file of bounded size; {}
     when absent or unreadable."""
-    from imgbuild.regular import read_regular
+    from imgbuild.hostio.regular import read_regular
 
     try:
         found = read_regular(path or docker_config_path(), CONFIG_BYTES)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, UsageError
-from imgbuild.host import Caller, expand
-from imgbuild.regular import read_regular
+from imgbuild.hostio.host import Caller, expand
+from imgbuild.hostio.regular import read_regular, write_atomic
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
@@ -67,23 +67,14 @@ def check_target(who: Caller, target: str) -> None:
         raise UsageError(f"{target}: under this server's rules you build only {who.name}/NAME:TAG (remove `image:`)")
 
 
-#: Modules the code run `as_user` imports inside functions (and the modules those import so): imported before
-#: the switch, since Python itself may live where the user cannot read (a pyenv in /root). A test reads the
-#: modules of USER_SIDE for imports inside functions and checks that each is here.
-USER_SIDE = (
-    "imgbuild.recipe",
-    "imgbuild.recipe.reqfile",
-    "imgbuild.recipe.repofiles",
-    "imgbuild.yamlpos",
-    "imgbuild.pipeline.context",
-)
+#: What code run `as_user` imports inside its functions from outside imgbuild (the standard library, jinja2,
+#: packaging), imported before the switch: Python itself may live where the user cannot read (a pyenv in /root).
+#: imgbuild's own modules are never named here: whoever opens an `as_user` block imports at its top what the code
+#: inside it needs (a test follows every block's calls and checks both).
 PRELOAD = (
-    *USER_SIDE,
     *("argparse", "concurrent.futures", "difflib", "filecmp", "grp", "hashlib", "importlib.metadata"),
     *("importlib.util", "os", "shutil", "stat", "sysconfig", "tempfile", "warnings", "importlib", "jinja2"),
     *("packaging.requirements", "packaging.specifiers", "packaging.tags", "packaging.utils", "packaging.version"),
-    *("imgbuild.errors", "imgbuild.fields", "imgbuild.gpu.fleet", "imgbuild.imageref", "imgbuild.ngc", "imgbuild.text"),
-    "imgbuild.credentials",
 )
 
 
@@ -112,10 +103,11 @@ def as_user(who: Caller | None) -> Iterator[None]:
 
 
 def write_as(who: Caller | None, path: Path, text: str) -> None:
-    """Write `text` to `path` as `who` would (a link there is theirs to point at their own files only)."""
+    """Write `text` to `path` whole as `who` would (only where their permissions let them; written as every whole
+    file is, never through a link at `path`)."""
     with as_user(who):
         try:
-            path.write_text(text)
+            write_atomic(path, text)
         except OSError as exc:
             raise EnvironmentProblem(f"cannot write {path}: {exc.strerror}") from None
 

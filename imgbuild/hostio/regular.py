@@ -160,8 +160,8 @@ def unnamed_file(folder: Path) -> int | None:
     """A new file with no name in `folder` (Linux's O_TMPFILE, linkable through /proc), or None where the file
     system or the platform has none."""
     flag = getattr(os, "O_TMPFILE", 0)
-    if not flag or not os.path.isdir("/proc/self/fd"):
-        return None
+    if not flag or not os.access("/proc/self/fd", os.R_OK | os.X_OK, effective_ids=True):
+        return None  # none, or not ours to link through while acting for a user (a process made undumpable)
     try:
         return os.open(folder, flag | os.O_WRONLY | os.O_CLOEXEC, 0o600)
     except OSError as exc:
