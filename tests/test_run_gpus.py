@@ -584,3 +584,26 @@ def test_a_cap_below_the_engines_least_or_past_its_most_is_one_line_exit_2(line,
     with pytest.raises(UsageError, match=says) as refused:  # UsageError: one line, exit 2
         load_settings({})
     assert len(str(refused.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("size", "says"),
+    [
+        ("--privileged", "--shm-size: '--privileged' is not a size such as 512m or 64g"),
+        ("1g --privileged", "is not a size"),
+        ("9" * 17 + "t", "is not a size"),
+        ("999999999999999t", "--shm-size: must be more than 0 and at most 4194304t"),
+        ("0", "--shm-size: must be more than 0"),
+    ],
+)
+def test_a_shm_size_the_engine_cannot_take_is_refused_before_the_run_as_the_sites_is(size, says, tmp_path):
+    from imgbuild.config.settings import load_settings
+    from imgbuild.config.site import run_rules
+    from imgbuild.servers.run import RunRequest, prepare
+
+    with pytest.raises(UsageError) as refused:
+        prepare(RunRequest("ubuntu:22.04", ["true"], shm_size=size), load_settings({"user": "lab"}))
+    assert says in str(refused.value) and len(str(refused.value).splitlines()) == 1
+    with pytest.raises(UsageError, match="config run.shm_size: "):
+        run_rules({"shm_size": size})
+    assert run_words(prepare(RunRequest("ubuntu:22.04", ["true"], shm_size="16g"), load_settings({"user": "lab"})))
