@@ -586,6 +586,49 @@ def test_a_cap_below_the_engines_least_or_past_its_most_is_one_line_exit_2(line,
     assert len(str(refused.value).splitlines()) == 1
 
 
+#: Forks up to 100 sleeps and says how many started, then grows its memory in touched 16 MiB steps until stopped.
+_PAST_THE_CAPS = (
+    "import subprocess\nstarted = []\n"
+    "for _ in range(100):\n"
+    "    try:\n        started.append(subprocess.Popen(['sleep', '30']))\n"
+    "    except OSError:\n        break\n"
+    "print('STARTED', len(started), flush=True)\n"
+    "for p in started:\n    p.kill()\n    p.wait()\n"
+    "held = []\n"
+    "while len(held) < 64:\n"
+    "    held.append(bytearray(b'x') * (16 << 20))\n    print('MIB', 16 * len(held), flush=True)\n"
+)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("gpus", ["none", "1"])
+def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_process_caps(
+    testbed, docker_client, tmp_path, engine_limits, started, unique, monkeypatch, gpus
+):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    site = tmp_path / "site.yaml"
+    site.write_text(engine_limits.read_text() + "  memory: 96m\n  pids_limit: 32\n  gpu_flag: env\n")
+    use_site_config(monkeypatch, site)
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    name = f"caps{gpus}{unique}"
+    started.append(f"{ME}_{name}_1")
+    done = run_cli("run", "--no-workspace", "--keep", "--gpus", gpus, "--name", name, image, "--",
+                   "python3", "-c", _PAST_THE_CAPS, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert done.code == 137 and "Traceback" not in done.err, done.out[-1000:] + done.err  # killed, as docker run says
+    assert int(done.out.split("STARTED", 1)[1].split()[0]) < 32, done.out[-1000:]
+    grown = [int(line.split()[1]) for line in done.out.splitlines() if line.startswith("MIB ")]
+    assert grown and max(grown) < 96, done.out[-500:]  # stopped before it held the cap
+    seen = inspect(docker_client, f"{ME}_{name}_1")
+    assert seen["State"]["OOMKilled"] is True and seen["HostConfig"]["Memory"] == 96 << 20
+    assert seen["HostConfig"]["MemorySwap"] == 96 << 20 and seen["HostConfig"]["PidsLimit"] == 32
+    visible = next(e for e in seen["Config"]["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES="))
+    assert visible.startswith("NVIDIA_VISIBLE_DEVICES=void" if gpus == "none" else "NVIDIA_VISIBLE_DEVICES=GPU-"), (
+        visible
+    )
+
+
 @pytest.mark.parametrize(
     ("size", "says"),
     [
