@@ -19,7 +19,7 @@ from tests.support import workflow_checks
 PERSON = (4242, 4343)
 
 
-def _dev_container_writes_as_the_person(project, recipe, devcontainer_cli: str, docker: str, config) -> None:
+def _dev_container_writes_as_the_person(project, recipe, devcontainer_cli: str, docker: str) -> None:
     """`export --devcontainer` as PERSON, started by the Dev Containers CLI: the container runs as them, and the
     file it makes in the project is theirs."""
     from imgbuild.clusters.devcontainer import export_devcontainer
@@ -81,7 +81,7 @@ def test_the_first_week_of_a_new_user_from_init_to_a_green_second_pull_request(
         assert notebook.err.count("\n") == 1 and "http://" not in notebook.out + notebook.err
         # day 2: the same image as a dev container, which is the person's
         _dev_container_writes_as_the_person(
-            project, recipe, testbed["IMGBUILD_TESTBED_DEVCONTAINER"], testbed["IMGBUILD_DOCKER_CLI"], config
+            project, recipe, testbed["IMGBUILD_TESTBED_DEVCONTAINER"], testbed["IMGBUILD_DOCKER_CLI"]
         )
         # day 3: a package more; the rebuild re-renders images/, and the next pull request is green again (the
         # check of an edit pushed without rendering: test_init)
