@@ -650,3 +650,20 @@ def test_a_shm_size_the_engine_cannot_take_is_refused_before_the_run_as_the_site
     with pytest.raises(UsageError, match="config run.shm_size: "):
         run_rules({"shm_size": size})
     assert run_words(prepare(RunRequest("ubuntu:22.04", ["true"], shm_size="16g"), load_settings({"user": "lab"})))
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("1\nLD_PRELOAD=/x.so", "a value with a line break or NUL"),
+        ("1\rB=2", "a value with a line break or NUL"),
+        ("x" * 70_000, "a value of 70,003 bytes; a container's variable holds at most 65,000"),
+    ],
+)
+def test_a_variable_the_engine_cannot_carry_is_refused_when_the_run_is_prepared(value, says):
+    """Before anything is held or said to start (and for --dry-run alike), by the env file's own rule."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.servers.run import RunRequest, prepare
+
+    with pytest.raises(UsageError, match=f"^-e A: {says}"):
+        prepare(RunRequest("ubuntu:22.04", ["true"], env=[f"A={value}"]), load_settings({"user": "lab"}))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.checks import shm_size
 from imgbuild.config.site import RunRules
+from imgbuild.engine.runargs import env_file_text
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.host import Caller, expand, format_cpulist
@@ -164,6 +165,7 @@ def prepare(
         env = [*JUPYTER_ENV, f"JUPYTER_TOKEN={secrets.token_hex(24)}", *env]
         ports = [f"127.0.0.1:{jupyter_port}:{JUPYTER_PORT}", *ports]  # this host only: reached by an ssh tunnel
         detach = True
+    env_file_text(dict(item.partition("=")[::2] for item in env))  # what the engine cannot carry: refused now
     return RunSpec(
         image=ref,
         short_name=req.short or default_short,
