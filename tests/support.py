@@ -181,3 +181,21 @@ def imgbuild_here(capsys, *argv: str) -> tuple[int, str, str]:
 LAUNCHERS_RECIPE = (
     'name: launchers\ntag: v1\nbase: {framework: pytorch, tag: "24.05"}\npip:\n  packages: [accelerate, deepspeed]\n'
 )
+
+
+def workflow_checks(project: Path, env: dict[str, str] | None = None) -> list:
+    """The `imgbuild` steps of the pull-request job of the workflow `init --ci github` wrote, each run as a runner
+    runs it (the workflow's env: values, from the repository's root): (step, Result) in order."""
+    import shlex
+
+    import yaml
+
+    from tests.conftest import run_cli
+
+    workflow = yaml.safe_load((project / ".github" / "workflows" / "images.yml").read_text())
+    named = workflow["env"]
+    ran = []
+    for step in [s["run"] for s in workflow["jobs"]["check"]["steps"] if "imgbuild " in s.get("run", "")]:
+        words = [re.sub(r"\$(RECIPES|RECIPE)\b", lambda m: named[m.group(1)], w) for w in shlex.split(step)[1:]]
+        ran.append((step, run_cli(*words, cwd=project, env=env)))
+    return ran

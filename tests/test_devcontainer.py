@@ -179,40 +179,6 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
         assert run.stdout.split() == ["researcher", "/workspace", "print('hello')", ngc_facts.BED_TORCH], run.stderr[
             -1500:
         ]
-        # a recipe without a user: the container runs as the person exporting it (here UID 4242, a user of the
-        # docker group), and what they write into the project is theirs
-        mine = tmp_path / "mine"
-        (mine / ".git").mkdir(parents=True)
-        (mine / "recipes").mkdir()
-        plain = mine / "recipes" / "plain.yaml"
-        plain.write_text(f'name: plain-{unique}\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\n')
-        refused = run_cli("export", str(plain), "--devcontainer", cwd=mine)
-        assert refused.code == 2 and "is not built here: build it first" in refused.err, refused.err
-        target = cleanup_images[-1].rsplit("/", 1)[0] + f"/plain-{unique}:v1"  # the built image, as plain's
-        subprocess.run(["docker", "tag", cleanup_images[-1], target], check=True)
-        cleanup_images.append(target)
-        from imgbuild.clusters.devcontainer import export_devcontainer
-        from imgbuild.config.settings import load_settings
-        from imgbuild.engine import connect_engine
-        from imgbuild.hostio.host import Caller
-        from imgbuild.pipeline.resolve import plan_file
-
-        monkeypatch.setenv("IMGBUILD_CONFIG", str(config))
-        person = load_settings(who=Caller("person", 4242, 4343))
-        plan = plan_file(plain, person)
-        assert plan.target == target
-        export_devcontainer(plan, plain, person, mine / ".devcontainer", None, lambda: connect_engine(person))
-        mine.chmod(0o777)
-        mine_args = ["--workspace-folder", str(mine), *args[2:]]
-        read = subprocess.run([cli, "read-configuration", *mine_args], capture_output=True, text=True, timeout=120)
-        assert read.returncode == 0, read.stderr[-2000:]  # the CLI's own parser takes the document
-        assert json.loads(read.stdout)["configuration"]["containerUser"] == "4242:4343"
-        up = subprocess.run([cli, "up", *mine_args], capture_output=True, text=True, timeout=600)
-        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
-        made = subprocess.run([cli, "exec", *mine_args, "sh", "-c", "id -u; id -g; touch made; echo $HOME"],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert made.returncode == 0 and made.stdout.split()[-3:] == ["4242", "4343", "/tmp/home"], made.stderr
-        assert ((mine / "made").stat().st_uid, (mine / "made").stat().st_gid) == (4242, 4343)
         # on a shared server: the container the CLI starts is the one `imgbuild run` would
         shared = tmp_path / "shared"
         shared.mkdir(mode=0o755)
@@ -238,8 +204,7 @@ def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path,
     finally:
         subprocess.run(
             f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path} | xargs -r docker rm -f; "
-            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/shared | xargs -r docker rm -f; "
-            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/mine | xargs -r docker rm -f",
+            f"docker ps -aq --filter label=devcontainer.local_folder={tmp_path}/shared | xargs -r docker rm -f",
             shell=True,
             capture_output=True,
         )

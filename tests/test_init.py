@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from imgbuild.recipe import load_recipe
 from imgbuild.registry.tags import TagInfo
 from tests.conftest import run_cli
 from tests.fake_nvcr import FakeNvcr
+from tests.support import imgbuild_here, workflow_checks
 
 #: Three NGC-shaped releases with their real CUDA and amd64 arch lists (../shared/docs/ngc-real-facts.md).
 RELEASES = {
@@ -90,10 +90,12 @@ def test_base_chooses_a_release_the_registry_lists_and_says_whether_the_fleet_ru
     assert load_recipe(project / "recipes" / "old.yaml").recipe.base.tag == "24.05"
     warned = run_cli("init", "new", "--base", "26.01-py3", "--for", "v100", cwd=project)
     assert warned.code == 0 and "WARNING: --for v100 cannot run it" in warned.err, warned.err
-    unknown = run_cli("init", "typo", "--base", "24.5", cwd=project)
+    unknown = run_cli("init", "typo", "--base", "24.5", "--ci", "github", cwd=project)
     assert unknown.code == 2 and "Traceback" not in unknown.err
-    assert unknown.err.strip().splitlines()[-1].endswith("has no such release (newest: 26.01, 25.10, 24.05)")
+    assert len(unknown.err.strip().splitlines()) == 1, unknown.err
+    assert unknown.err.strip().endswith("has no such release (newest: 26.01, 25.10, 24.05)")
     assert not (project / "recipes" / "typo.yaml").exists() and not (project / "images" / "typo").exists()
+    assert not (project / ".github").exists()
 
 
 def test_an_unreachable_registry_falls_back_to_the_cached_facts_and_says_from_when(project, monkeypatch):
@@ -128,6 +130,24 @@ def test_a_host_whose_gpus_cannot_be_read_is_exit_3_naming_for(project, monkeypa
     with pytest.raises(EnvironmentProblem, match=r"cannot read them .*give --for GPU\[,GPU\] --driver VERSION"):
         host_fleet(load_settings(), None, None)
     assert host_fleet(load_settings(), "a100", None).said == "--for a100"
+
+
+def test_a_host_whose_gpus_cannot_be_read_stops_init_with_one_line_exit_3_and_nothing_written(
+    project, registry, monkeypatch, capsys
+):
+    from imgbuild.gpu import read
+
+    def unreadable(snapshot=None):
+        raise read.NoGpus("NVML: driver not loaded; nvidia-smi: not found")
+
+    monkeypatch.setattr(read, "read_devices", unreadable)
+    monkeypatch.setattr(read, "gpu_devices_present", lambda: True)
+    (project / "requirements.txt").write_text("einops==0.8.1\n")
+    monkeypatch.chdir(project)
+    code, out, err = imgbuild_here(capsys, "init", "demo", "--from", "requirements.txt", "--ci", "github")
+    assert code == 3 and "give --for GPU[,GPU] --driver VERSION" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not out
+    assert sorted(p.name for p in project.iterdir()) == [".git", "requirements.txt"]
 
 
 def test_a_requirements_file_is_referenced_and_the_recipe_validates(project, registry):
@@ -189,15 +209,10 @@ def test_the_first_pull_request_passes_the_workflows_check_as_init_left_it(proje
     lines = done.err[done.err.index("next:") :].splitlines()[1:]
     assert [line.split()[:2] for line in lines] == [["imgbuild", "build"], ["git", "add"], ["git", "commit"]]
     assert lines[1].split()[2:] == ["recipes/demo.yaml", "images/demo", ".github/workflows/images.yml"]
-    workflow = yaml.safe_load((project / ".github/workflows/images.yml").read_text())
-    steps = [s["run"] for s in workflow["jobs"]["check"]["steps"] if "imgbuild " in s.get("run", "")]
-    assert steps == ['imgbuild validate "$RECIPE"', 'imgbuild rebuild --check "$RECIPES"']
-    for step in steps:  # as the runner runs them: the workflow's env, another user, another namespace
-        words = [word.replace("$RECIPES", workflow["env"]["RECIPES"]).replace("$RECIPE", workflow["env"]["RECIPE"])
-                 for word in shlex.split(step)[1:]]  # fmt: skip
-        ran = run_cli(*words, cwd=project, env={"IMGBUILD_USER": "ci-namespace"})
-        assert ran.code == 0, (step, ran.out, ran.err)
-    assert "FRESH" in ran.out
+    checks = workflow_checks(project, env={"IMGBUILD_USER": "ci-namespace"})  # another user, another namespace
+    assert [step for step, _ in checks] == ['imgbuild validate "$RECIPE"', 'imgbuild rebuild --check "$RECIPES"']
+    assert all(ran.code == 0 for _, ran in checks), checks
+    assert "FRESH" in checks[-1][1].out
     with (project / "recipes" / "demo.yaml").open("a") as recipe:  # an edit pushed without rendering
         recipe.write("env: {A: '1'}\n")
     stale = run_cli("rebuild", "--check", "recipes", "--json", cwd=project)

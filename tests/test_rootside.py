@@ -207,6 +207,7 @@ def test_a_jobs_gid_comes_from_the_password_database_never_from_its_file(tmp_pat
         ({"1X": "x"}, "not a variable name"),
         ({"A=B": "x"}, "not a variable name"),
         ({"A": "\udcff"}, "not UTF-8"),
+        ({"A": "x" * 70_000}, "a value of 70,003 bytes; a container's variable holds at most 65,000"),
     ],
 )
 def test_a_value_the_env_file_cannot_carry_is_refused_never_cut(env, refused):

@@ -584,3 +584,86 @@ def test_a_cap_below_the_engines_least_or_past_its_most_is_one_line_exit_2(line,
     with pytest.raises(UsageError, match=says) as refused:  # UsageError: one line, exit 2
         load_settings({})
     assert len(str(refused.value).splitlines()) == 1
+
+
+#: Forks up to 100 sleeps and says how many started, then grows its memory in touched 16 MiB steps until stopped.
+_PAST_THE_CAPS = (
+    "import subprocess\nstarted = []\n"
+    "for _ in range(100):\n"
+    "    try:\n        started.append(subprocess.Popen(['sleep', '30']))\n"
+    "    except OSError:\n        break\n"
+    "print('STARTED', len(started), flush=True)\n"
+    "for p in started:\n    p.kill()\n    p.wait()\n"
+    "held = []\n"
+    "while len(held) < 64:\n"
+    "    held.append(bytearray(b'x') * (16 << 20))\n    print('MIB', 16 * len(held), flush=True)\n"
+)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("gpus", ["none", "1"])
+def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_process_caps(
+    testbed, docker_client, tmp_path, engine_limits, started, unique, monkeypatch, gpus
+):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
+    monkeypatch.setenv("IMGBUILD_GPU_SNAPSHOT", str(snapshot))
+    site = tmp_path / "site.yaml"
+    site.write_text(engine_limits.read_text() + "  memory: 96m\n  pids_limit: 32\n  gpu_flag: env\n")
+    use_site_config(monkeypatch, site)
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
+    name = f"caps{gpus}{unique}"
+    started.append(f"{ME}_{name}_1")
+    done = run_cli("run", "--no-workspace", "--keep", "--gpus", gpus, "--name", name, image, "--",
+                   "python3", "-c", _PAST_THE_CAPS, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert done.code == 137 and "Traceback" not in done.err, done.out[-1000:] + done.err  # killed, as docker run says
+    assert int(done.out.split("STARTED", 1)[1].split()[0]) < 32, done.out[-1000:]
+    grown = [int(line.split()[1]) for line in done.out.splitlines() if line.startswith("MIB ")]
+    assert grown and max(grown) < 96, done.out[-500:]  # stopped before it held the cap
+    seen = inspect(docker_client, f"{ME}_{name}_1")
+    assert seen["State"]["OOMKilled"] is True and seen["HostConfig"]["Memory"] == 96 << 20
+    assert seen["HostConfig"]["MemorySwap"] == 96 << 20 and seen["HostConfig"]["PidsLimit"] == 32
+    visible = next(e for e in seen["Config"]["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES="))
+    assert visible.startswith("NVIDIA_VISIBLE_DEVICES=void" if gpus == "none" else "NVIDIA_VISIBLE_DEVICES=GPU-"), (
+        visible
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "says"),
+    [
+        ("--privileged", "--shm-size: '--privileged' is not a size such as 512m or 64g"),
+        ("1g --privileged", "is not a size"),
+        ("9" * 17 + "t", "is not a size"),
+        ("999999999999999t", "--shm-size: must be more than 0 and at most 4194304t"),
+        ("0", "--shm-size: must be more than 0"),
+    ],
+)
+def test_a_shm_size_the_engine_cannot_take_is_refused_before_the_run_as_the_sites_is(size, says, tmp_path):
+    from imgbuild.config.settings import load_settings
+    from imgbuild.config.site import run_rules
+    from imgbuild.servers.run import RunRequest, prepare
+
+    with pytest.raises(UsageError) as refused:
+        prepare(RunRequest("ubuntu:22.04", ["true"], shm_size=size), load_settings({"user": "lab"}))
+    assert says in str(refused.value) and len(str(refused.value).splitlines()) == 1
+    with pytest.raises(UsageError, match="config run.shm_size: "):
+        run_rules({"shm_size": size})
+    assert run_words(prepare(RunRequest("ubuntu:22.04", ["true"], shm_size="16g"), load_settings({"user": "lab"})))
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("1\nLD_PRELOAD=/x.so", "a value with a line break or NUL"),
+        ("1\rB=2", "a value with a line break or NUL"),
+        ("x" * 70_000, "a value of 70,003 bytes; a container's variable holds at most 65,000"),
+    ],
+)
+def test_a_variable_the_engine_cannot_carry_is_refused_when_the_run_is_prepared(value, says):
+    """Before anything is held or said to start (and for --dry-run alike), by the env file's own rule."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.servers.run import RunRequest, prepare
+
+    with pytest.raises(UsageError, match=f"^-e A: {says}"):
+        prepare(RunRequest("ubuntu:22.04", ["true"], env=[f"A={value}"]), load_settings({"user": "lab"}))

@@ -52,6 +52,13 @@ def size_bytes(text: str) -> int:
     return int(float(number.group(0) if number else 0) * _SIZE_UNITS[unit])
 
 
+def shm_size(value: str) -> str:
+    """A private /dev/shm's size as the engine takes it (`--shm-size`): a size, more than nothing, in range."""
+    if not 0 < size_bytes(value) <= MAX_MEMORY:
+        raise ValueError(f"must be more than 0 and at most {MAX_MEMORY >> 40}t")
+    return value
+
+
 def memory_cap(value: str) -> str:
     if not MIN_MEMORY <= size_bytes(value) <= MAX_MEMORY:
         raise ValueError(f"must be from 6m (the engine's least) to {MAX_MEMORY >> 40}t")

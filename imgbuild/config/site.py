@@ -28,6 +28,7 @@ from imgbuild.config.checks import (
     Between,
     duration_seconds,
     memory_cap,
+    shm_size,
     site_only,
 )
 from imgbuild.fields import (
@@ -64,9 +65,7 @@ class RunRules:
     """`run:` the house rules of `imgbuild run` (and of dev containers) on a shared GPU server."""
 
     ipc: str = typed(OneOf("host", "private", "shareable", "none"), "host", doc="--ipc (NVIDIA's advice: host)")
-    shm_size: str | None = typed(
-        Maybe(Text(matches(SIZE_RE, "not a size such as 16g"))), None, doc="--shm-size instead of ipc host"
-    )
+    shm_size: str | None = typed(Maybe(Text(shm_size)), None, doc="--shm-size instead of ipc host")
     ulimits: dict[str, str] = typed(
         MapOf(
             Text(matches(_NAME, "not a ulimit name")),

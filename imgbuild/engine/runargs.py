@@ -21,6 +21,9 @@ def run_argv(o: RunOptions) -> tuple[list[str], dict[str, str]]:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+#: The longest `NAME=VALUE` line the docker and podman CLIs read from an env file (Go's bufio.Scanner: 64 KiB a
+#: line); a longer one stops the CLI with "token too long".
+ENV_LINE_BYTES = 65_000
 
 
 def env_file_text(env: dict[str, str]) -> bytes:
@@ -32,11 +35,15 @@ def env_file_text(env: dict[str, str]) -> bytes:
             raise UsageError(f"-e {name[:60]!r}: not a variable name (letters, digits, _)")
         if any(c in value for c in "\n\r\0"):
             raise UsageError(f"-e {name}: a value with a line break or NUL cannot be passed to a container")
-        lines.append(f"{name}={value}\n")
-    try:
-        return "".join(lines).encode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError("-e: a value that is not UTF-8 text cannot be passed to a container") from None
+        try:
+            line = f"{name}={value}\n".encode()
+        except UnicodeEncodeError:
+            raise UsageError("-e: a value that is not UTF-8 text cannot be passed to a container") from None
+        if len(line) > ENV_LINE_BYTES:
+            raise UsageError(f"-e {name}: a value of {len(line):,} bytes; a container's variable holds at most "
+                             f"{ENV_LINE_BYTES:,} (put a longer value in a file the run mounts)")  # fmt: skip
+        lines.append(line)
+    return b"".join(lines)
 
 
 @contextlib.contextmanager

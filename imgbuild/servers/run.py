@@ -19,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imgbuild.config.checks import shm_size
 from imgbuild.config.site import RunRules
+from imgbuild.engine.runargs import env_file_text
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.hostio.host import Caller, expand, format_cpulist
@@ -121,8 +123,11 @@ def prepare(
 
     house = house if house is not None else settings.run
     held = held or Held()
-    if req.shm_size:  # this run's own /dev/shm instead of the house's IPC rule
-        house = replace(house, shm_size=req.shm_size)
+    if req.shm_size:  # this run's own /dev/shm instead of the house's IPC rule, checked as the site's is
+        try:
+            house = replace(house, shm_size=shm_size(req.shm_size))
+        except ValueError as exc:
+            raise UsageError(f"--shm-size: {exc}") from None
     if req.short is not None and not SHORT_NAME_RE.fullmatch(req.short):
         raise UsageError(f"--name: {req.short[:60]!r} is not a container name (letters, digits, _ . -; at most 64)")
     ref, default_short = resolved or resolve_image(req.image, settings)
@@ -160,6 +165,7 @@ def prepare(
         env = [*JUPYTER_ENV, f"JUPYTER_TOKEN={secrets.token_hex(24)}", *env]
         ports = [f"127.0.0.1:{jupyter_port}:{JUPYTER_PORT}", *ports]  # this host only: reached by an ssh tunnel
         detach = True
+    env_file_text(dict(item.partition("=")[::2] for item in env))  # what the engine cannot carry: refused now
     return RunSpec(
         image=ref,
         short_name=req.short or default_short,
