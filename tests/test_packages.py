@@ -639,6 +639,20 @@ def test_every_requirement_a_base_pin_excludes_is_reported_at_once_at_its_line(t
     assert "the base's /etc/pip/constraint.txt" in numpy and "pip.unpin: [numpy]" in numpy
 
 
+def test_a_base_pin_that_is_a_pre_release_of_the_asked_release_is_named_as_ngc_s_trap_with_its_cure(
+    tmp_path, monkeypatch
+):
+    """NGC builds torchvision from source beside its torch: `torchvision==0.28.0` excludes the base's own
+    0.28.0a0, which is that release; the cure admits the pre-release rather than unpinning what pins torch."""
+    monkeypatch.setattr(sys.modules[__name__], "BASE_PINS", (*BASE_PINS[:1], "torchvision==0.28.0a0+094e7af5"))
+    (line,) = _conflicts(tmp_path, '["torchvision==0.28.0"]')
+    assert "torchvision==0.28.0 is not met by the base's torchvision 0.28.0a0+094e7af5" in line, line
+    assert "pre-release of 0.28.0" in line and "torchvision>=0.28.0a0" in line and "pip.unpin" not in line
+    assert _conflicts(tmp_path, '["torchvision>=0.28.0a0", "torchvision"]') == []
+    (other,) = _conflicts(tmp_path, '["torchvision==0.27.1"]')
+    assert "conflicts with the base's torchvision==0.28.0a0+094e7af5" in other, other
+
+
 @pytest.mark.parametrize(
     ("pip", "conflicts"),
     [

@@ -70,12 +70,15 @@ def pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
     if req.url:
         return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
     try:
-        excluded = bool(req.specifier) and not req.specifier.contains(Version(version), prereleases=True)
+        have = Version(version)
     except InvalidVersion:
         return None
-    if excluded:
-        return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
-    return None
+    if not req.specifier or req.specifier.contains(have, prereleases=True):
+        return None
+    if have.is_prerelease and req.specifier.contains(Version(have.base_version), prereleases=True):
+        # NGC's torchvision is a pre-release of the release the recipe names, as its torch is
+        return prerelease_conflict(pinned, str(req.specifier), version, base.ref)
+    return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
 
 
 def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:

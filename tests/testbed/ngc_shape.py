@@ -6,7 +6,10 @@ FACTS_JSON is one `tests/ngc_facts.py standin` answer. PyTorch: `torch.__version
 (`2.13.0a0+07cecf4168.nv24.05`) and the distribution's metadata its pip form (`...nv24.5`); TensorFlow:
 the `tensorflow-cpu` distribution becomes `tensorflow` with an `+nvYY.M` version, `tf.__version__` stays
 bare, as in NGC. Then `/etc/pip/constraint.txt` is written where NGC has one (pip-normalised freeze, without
-the `nvidia-*` CUDA wheels, which NGC installs as system libraries) and removed where it has none.
+the `nvidia-*` CUDA wheels, which NGC installs as system libraries) and removed where it has none. Before it, the
+distributions NGC ships beside its framework are written as metadata only (bundled.py, beside this script), so the
+constraint file and every freeze list them as NGC's do; and where the stand-in has a CUDA compiler from PyPI, it is
+linked where NGC's is (/usr/local/cuda/bin/nvcc).
 """
 
 import importlib.metadata as md
@@ -17,6 +20,9 @@ import re
 import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bundled  # noqa: E402 - beside this script in the stand-in's build context
 
 WHEEL_NAMES = {"pytorch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow_cpu", "tensorflow")}
 
@@ -61,6 +67,40 @@ def shape_tensorflow(facts):
     rename_distribution(dist, folder, "tensorflow", facts["dist_version"])
 
 
+def write_bundled(site, pins, framework):
+    """NGC's bundled distributions in the framework's own site-packages: a real one installed from a wheel (the CUDA
+    stand-in's torchvision) takes NGC's version (its distribution and its `version.py`) and requires the base's
+    framework by name, not PyPI's exact release; any other is written as metadata only."""
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            bundled.write_metadata_only(site, name, version)
+            continue
+        folder = str(dist._path)  # noqa: SLF001 - the folder is what gets renamed
+        version_py = pathlib.Path(site, re.sub(r"[-.]+", "_", name), "version.py")
+        if version_py.exists():
+            text = version_py.read_text(encoding="utf-8")
+            version_py.write_text(re.sub(r"(?m)^__version__ = .*$", f"__version__ = {version!r}", text, count=1))
+        meta = pathlib.Path(folder, "METADATA")
+        pinned = re.compile(rf"(?m)^Requires-Dist: ({re.escape(framework)})\s*[=<>!~][^;\n]*")
+        meta.write_text(pinned.sub(r"Requires-Dist: \1", meta.read_text(encoding="utf-8")), encoding="utf-8")
+        rename_distribution(dist, folder, name, version)
+
+
+def link_nvcc(major):
+    """/usr/local/cuda/bin/nvcc, as NGC has it, to the nvcc NVIDIA's wheel installed (nvidia/cuMAJOR/bin/nvcc;
+    nvcc finds cicc and its headers from its own folder)."""
+    for site in sys.path:
+        found = os.path.join(site, "nvidia", f"cu{major}", "bin", "nvcc")
+        if os.path.isfile(found):
+            os.makedirs("/usr/local/cuda/bin", exist_ok=True)
+            os.symlink(found, "/usr/local/cuda/bin/nvcc")
+            return
+    raise SystemExit(f"ngc_shape: no nvidia/cu{major}/bin/nvcc installed")
+
+
 def write_constraints(facts):
     for path in ("/etc/pip/constraint.txt", "/etc/pip/original_constraint.txt"):
         if os.path.exists(path):
@@ -83,7 +123,11 @@ def write_constraints(facts):
 
 def main(argv):
     facts = json.loads(argv[1])
+    site = os.path.dirname(dist_info(WHEEL_NAMES[facts["framework"]])[1])
     {"pytorch": shape_torch, "tensorflow": shape_tensorflow}[facts["framework"]](facts)
+    write_bundled(site, facts["bundled"], WHEEL_NAMES[facts["framework"]][-1])
+    if facts["nvcc"]:
+        link_nvcc(facts["nvcc"])
     write_constraints(facts)
     return 0
 
