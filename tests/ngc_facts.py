@@ -308,8 +308,8 @@ BUNDLED: dict[str, tuple[tuple[str, str, str], ...]] = {
 #: torch; the stand-ins' torchvision follows their torch as NGC's follows its own.
 BED_TORCHVISION_PUBLIC = "0.28.0a0"
 #: The CUDA stand-in's compiler: the nvcc of its CUDA runtime's series (13.0, as the torch it carries was built with),
-#: and what nvcc needs to compile device code (cicc in nvidia-nvvm, the crt headers), from PyPI; installed without
-#: their dependencies (the runtime is torch's own) and linked where NGC's is, /usr/local/cuda/bin/nvcc.
+#: and what nvcc needs to compile device code (cicc in nvidia-nvvm, the crt headers), from PyPI; unpacked where NGC's
+#: toolkit is, /usr/local/cuda, as system files no installer lists (tests/testbed/ngc_shape.py).
 CUDA_STANDIN_NVCC = ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88")
 #: Real wheels the CUDA stand-in's release layer installs (without dependencies) over its frozen framework image:
 #: PyPI's torchvision built for its torch (2.13.0, CUDA 13), shaped as NGC's (`bundled_standin`), and the compiler.
@@ -392,9 +392,9 @@ DIFFERENCES = (
         "the CUDA compiler",
         "`/usr/local/cuda/bin/nvcc` of the image's CUDA, with a C++ compiler beside it (nvcc V13.4.59 in 26.09 "
         "[F26.09])",
-        "the CUDA stand-in: NVIDIA's nvcc of its CUDA series from PyPI (" + ", ".join(CUDA_STANDIN_NVCC) + "), at "
-        "/usr/local/cuda/bin/nvcc; the CPU stand-ins: none; no stand-in has a C++ compiler or the toolkit's other "
-        "headers (CCCL)",
+        "the CUDA stand-in: NVIDIA's nvcc of its CUDA series from PyPI (" + ", ".join(CUDA_STANDIN_NVCC) + ") "
+        "unpacked into /usr/local/cuda with the CUDA runtime's headers, as system files (no distribution); the CPU "
+        "stand-ins: none; no stand-in has a C++ compiler or the toolkit's other headers (CCCL)",
         "a CUDA extension's setup.py finds nvcc where NGC's is and reads its CUDA version; compiling it here also "
         "needs `apt: [g++]`, which imgbuild names, and fails where it needs CCCL: the bed proves the words, real NGC "
         "the compile",

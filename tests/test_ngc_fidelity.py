@@ -404,7 +404,7 @@ def test_the_shaping_gives_a_real_bundled_wheel_ngc_s_version_and_writes_the_oth
     assert not found["flash-attn"].files or all(".dist-info/" in str(f) for f in found["flash-attn"].files)
 
 
-def test_only_a_release_with_wheels_installs_them_and_links_its_compiler(tmp_path):
+def test_only_a_release_with_wheels_gets_them_mounted_for_its_shaping(tmp_path):
     import json
     import shlex
 
@@ -420,15 +420,37 @@ def test_only_a_release_with_wheels_installs_them_and_links_its_compiler(tmp_pat
     release.context(ngc_facts.CUDA_STANDIN_KEY, "2.13.0a0", "frozen", cuda, {}, wheels=wheels)
 
     def shaping(folder):
-        run = next(
-            ln
-            for ln in (folder / "Dockerfile").read_text().splitlines()
-            if ln.startswith("RUN python3 /tmp/shape/ngc_shape.py")
-        )
-        return json.loads(shlex.split(run)[3])
+        run = next(ln for ln in (folder / "Dockerfile").read_text().splitlines() if "python3 /tmp/shape/" in ln)
+        words = shlex.split(run)
+        return json.loads(words[words.index("/tmp/shape/ngc_shape.py") + 1])
 
-    assert "pip install" not in (plain / "Dockerfile").read_text() and not (plain / "wheels").exists()
+    assert "--mount" not in (plain / "Dockerfile").read_text() and not (plain / "wheels").exists()
     assert shaping(plain)["nvcc"] == "" and shaping(plain)["bundled"] == ["torchvision==0.28.0a0"]
-    assert "/tmp/wheels/*.whl" in (cuda / "Dockerfile").read_text() and (cuda / "wheels").is_dir()
-    assert shaping(cuda)["nvcc"] == "13" and (cuda / "bundled.py").is_file()
+    assert shaping(plain)["wheel_folder"] == ""
+    assert "--mount=type=bind,source=wheels,target=/tmp/wheels" in (cuda / "Dockerfile").read_text()
+    assert shaping(cuda)["nvcc"] == "13" and shaping(cuda)["wheel_folder"] == "/tmp/wheels"
+    assert (cuda / "wheels" / wheels.iterdir().__next__().name).is_file() and (cuda / "bundled.py").is_file()
     assert ngc_facts.standin(ngc_facts.CUDA_STANDIN_KEY, "0")["wheels"][0] == "torchvision==0.28.0"
+
+
+def test_nvidia_s_compiler_wheels_become_a_system_toolkit_pip_never_lists(tmp_path, monkeypatch):
+    """As in NGC, nvcc is /usr/local/cuda's, not a distribution: a recipe's jax[cuda13] still brings its own."""
+    import importlib.metadata as md
+    import os
+    import zipfile
+
+    shape = _shape_module(monkeypatch)
+    folder, site, home = tmp_path / "wheels", tmp_path / "site", tmp_path / "cuda"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl", "w") as wheel:
+        nvcc = zipfile.ZipInfo("nvidia/cu13/bin/nvcc")
+        nvcc.external_attr = 0o755 << 16
+        wheel.writestr(nvcc, "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+        wheel.writestr("nvidia/cu13/bin/nvcc.profile", "TOP = $(_HERE_)/..\n")
+        wheel.writestr("nvidia_cuda_nvcc-13.0.88.dist-info/METADATA", "Name: nvidia-cuda-nvcc\nVersion: 13.0.88\n")
+    (site / "nvidia" / "cu13" / "include").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "include" / "cuda_runtime.h").write_text("/* the runtime's */\n")
+    shape.install_wheels(str(folder), str(site), ["torchvision==0.28.0a0"], "13", cuda_home=str(home))
+    assert os.access(home / "bin" / "nvcc", os.X_OK) and (home / "bin" / "nvcc.profile").is_file()
+    assert (home / "include" / "cuda_runtime.h").read_text() == "/* the runtime's */\n"
+    assert not list(md.distributions(path=[str(home), str(site)]))

@@ -8,8 +8,8 @@ the `tensorflow-cpu` distribution becomes `tensorflow` with an `+nvYY.M` version
 bare, as in NGC. Then `/etc/pip/constraint.txt` is written where NGC has one (pip-normalised freeze, without
 the `nvidia-*` CUDA wheels, which NGC installs as system libraries) and removed where it has none. Before it, the
 distributions NGC ships beside its framework are written as metadata only (bundled.py, beside this script), so the
-constraint file and every freeze list them as NGC's do; and where the stand-in has a CUDA compiler from PyPI, it is
-linked where NGC's is (/usr/local/cuda/bin/nvcc).
+constraint file and every freeze list them as NGC's do; where the release has real wheels (the CUDA stand-in), they
+are installed first: a bundled distribution by pip, NVIDIA's compiler unpacked where NGC's is (/usr/local/cuda).
 """
 
 import importlib.metadata as md
@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bundled  # noqa: E402 - beside this script in the stand-in's build context
@@ -89,16 +90,31 @@ def write_bundled(site, pins, framework):
         rename_distribution(dist, folder, name, version)
 
 
-def link_nvcc(major):
-    """/usr/local/cuda/bin/nvcc, as NGC has it, to the nvcc NVIDIA's wheel installed (nvidia/cuMAJOR/bin/nvcc;
-    nvcc finds cicc and its headers from its own folder)."""
-    for site in sys.path:
-        found = os.path.join(site, "nvidia", f"cu{major}", "bin", "nvcc")
-        if os.path.isfile(found):
-            os.makedirs("/usr/local/cuda/bin", exist_ok=True)
-            os.symlink(found, "/usr/local/cuda/bin/nvcc")
-            return
-    raise SystemExit(f"ngc_shape: no nvidia/cu{major}/bin/nvcc installed")
+def install_wheels(folder, site, bundled_pins, major, cuda_home="/usr/local/cuda"):
+    """The release's real wheels: each of a bundled distribution installed by pip without its dependencies (its
+    framework is the image's own); each other one (NVIDIA's nvcc, cicc, crt) a system tool, as in NGC: its
+    nvidia/cuMAJOR tree unpacked into `cuda_home` with no distribution recorded (pip never sees NGC's nvcc), and the
+    CUDA runtime's headers beside it (torch's own wheel brings them), which nvcc compiles against."""
+    bundled_names = {re.sub(r"[-_.]+", "_", pin.partition("==")[0]).lower() for pin in bundled_pins}
+    wheels = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".whl"))
+    real = [w for w in wheels if os.path.basename(w).split("-")[0].lower() in bundled_names]
+    if real:
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir"]
+        subprocess.run([*pip, "--no-compile", *real], check=True)
+    prefix = f"nvidia/cu{major}/"
+    for wheel in (w for w in wheels if w not in real):
+        with zipfile.ZipFile(wheel) as archive:
+            for entry in archive.infolist():
+                if not entry.filename.startswith(prefix) or entry.is_dir():
+                    continue
+                target = os.path.join(cuda_home, entry.filename[len(prefix) :])
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with archive.open(entry) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.chmod(target, (entry.external_attr >> 16) & 0o777 or 0o644)
+    headers = os.path.join(site, "nvidia", f"cu{major}", "include")
+    if os.path.isdir(headers):
+        shutil.copytree(headers, os.path.join(cuda_home, "include"), dirs_exist_ok=True)
 
 
 def write_constraints(facts):
@@ -124,10 +140,10 @@ def write_constraints(facts):
 def main(argv):
     facts = json.loads(argv[1])
     site = os.path.dirname(dist_info(WHEEL_NAMES[facts["framework"]])[1])
+    if facts["wheel_folder"]:
+        install_wheels(facts["wheel_folder"], site, facts["bundled"], facts["nvcc"])
     {"pytorch": shape_torch, "tensorflow": shape_tensorflow}[facts["framework"]](facts)
     write_bundled(site, facts["bundled"], WHEEL_NAMES[facts["framework"]][-1])
-    if facts["nvcc"]:
-        link_nvcc(facts["nvcc"])
     write_constraints(facts)
     return 0
 

@@ -4,7 +4,7 @@ python3 release.py context KEY PUBLIC FROM_IMAGE DIR [--wheels=FOLDER] [ENV=VALU
     writes DIR/Dockerfile (and the entrypoint, the shaping scripts) for the stand-in of release KEY over
     FROM_IMAGE, whose framework's public version is PUBLIC; ENV=VALUE overrides the amd64 env (the CUDA
     stand-in says what it has installed); the wheels in FOLDER (the release's real bundled distributions and
-    tools, ngc_facts.standin's `wheels`) are installed without their dependencies before the shaping
+    tools, ngc_facts.standin's `wheels`) are mounted where the shaping installs them (tests/testbed/ngc_shape.py)
 python3 release.py context-arm64 KEY PUBLIC FROM_IMAGE DIR
     the same for the arm64 image of release KEY (NGC's arm64 env and labels), over an arm64 FROM_IMAGE
 python3 release.py index REGISTRY KEY PUBLIC [ARM64_SOURCE]
@@ -88,20 +88,18 @@ def context(
     keys = ("framework", "module_version", "dist_version", "constraint_file", "original_constraint_file", "bundled")
     shaping = {k: facts[k] for k in keys}
     shaping["nvcc"] = facts["nvcc"] if wheels else ""  # the compiler comes with the release's wheels
+    shaping["wheel_folder"] = "/tmp/wheels" if wheels else ""
+    mount = ""
+    if wheels:
+        shutil.copytree(wheels, out / "wheels", ignore=shutil.ignore_patterns(".*"))
+        mount = "--mount=type=bind,source=wheels,target=/tmp/wheels "
     lines = [
         f"FROM {from_image}",
         "COPY nvidia_entrypoint.sh /opt/nvidia/nvidia_entrypoint.sh",
         "COPY entrypoint.d/ /opt/nvidia/entrypoint.d/",
         "COPY ngc_shape.py bundled.py /tmp/shape/",
-    ]
-    if wheels:
-        shutil.copytree(wheels, out / "wheels", ignore=shutil.ignore_patterns(".*"))
-        lines.append(
-            "RUN --mount=type=bind,source=wheels,target=/tmp/wheels python3 -m pip install -q --no-index --no-deps "
-            "--no-cache-dir --no-compile /tmp/wheels/*.whl"
-        )
-    lines += [
-        f"RUN python3 /tmp/shape/ngc_shape.py {shlex.quote(json.dumps(shaping))} && rm -r /tmp/shape && mkdir -p /workspace",
+        f"RUN {mount}python3 /tmp/shape/ngc_shape.py {shlex.quote(json.dumps(shaping))} && rm -r /tmp/shape "
+        "&& mkdir -p /workspace",
         "ENV " + " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items()),
         "LABEL " + " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in labels.items()),
         "WORKDIR /workspace",
