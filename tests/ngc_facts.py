@@ -312,10 +312,11 @@ BED_TORCHVISION_PUBLIC = "0.28.0a0"
 #: toolkit is, /usr/local/cuda, as system files no installer lists (tests/testbed/ngc_shape.py).
 CUDA_STANDIN_NVCC = ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88")
 #: Real wheels the CUDA stand-in's release layer installs (without dependencies) over its frozen framework image:
-#: PyPI's torchvision built for its torch (2.13.0, CUDA 13), shaped as NGC's (`bundled_standin`), and the compiler.
+#: PyPI's torchvision built for its torch (2.13.0, CUDA 13), shaped as NGC's (`bundled_standin`), with the Pillow it
+#: imports (NGC's constraint file lists one [H26.07]: PyPI's, unversioned in any dump), and the compiler.
 #: The CPU stand-ins get no real torchvision: PyPI's is the CUDA build, whose extension does not load beside a CPU
 #: torch, and the CPU build is not on PyPI; theirs is metadata only.
-CUDA_STANDIN_WHEELS = ("torchvision==0.28.0", *CUDA_STANDIN_NVCC)
+CUDA_STANDIN_WHEELS = ("torchvision==0.28.0", "pillow==13.0.0", *CUDA_STANDIN_NVCC)
 
 
 def bundled_standin(key: str) -> tuple[str, ...]:

@@ -450,7 +450,7 @@ def test_nvidia_s_compiler_wheels_become_a_system_toolkit_pip_never_lists(tmp_pa
         wheel.writestr("nvidia_cuda_nvcc-13.0.88.dist-info/METADATA", "Name: nvidia-cuda-nvcc\nVersion: 13.0.88\n")
     (site / "nvidia" / "cu13" / "include").mkdir(parents=True)
     (site / "nvidia" / "cu13" / "include" / "cuda_runtime.h").write_text("/* the runtime's */\n")
-    shape.install_wheels(str(folder), str(site), ["torchvision==0.28.0a0"], "13", cuda_home=str(home))
+    shape.install_wheels(str(folder), str(site), "13", cuda_home=str(home))
     assert os.access(home / "bin" / "nvcc", os.X_OK) and (home / "bin" / "nvcc.profile").is_file()
     assert (home / "include" / "cuda_runtime.h").read_text() == "/* the runtime's */\n"
     assert not list(md.distributions(path=[str(home), str(site)]))

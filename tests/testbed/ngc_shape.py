@@ -90,14 +90,13 @@ def write_bundled(site, pins, framework):
         rename_distribution(dist, folder, name, version)
 
 
-def install_wheels(folder, site, bundled_pins, major, cuda_home="/usr/local/cuda"):
-    """The release's real wheels: each of a bundled distribution installed by pip without its dependencies (its
-    framework is the image's own); each other one (NVIDIA's nvcc, cicc, crt) a system tool, as in NGC: its
-    nvidia/cuMAJOR tree unpacked into `cuda_home` with no distribution recorded (pip never sees NGC's nvcc), and the
-    CUDA runtime's headers beside it (torch's own wheel brings them), which nvcc compiles against."""
-    bundled_names = {re.sub(r"[-_.]+", "_", pin.partition("==")[0]).lower() for pin in bundled_pins}
+def install_wheels(folder, site, major, cuda_home="/usr/local/cuda"):
+    """The release's real wheels: NVIDIA's (nvcc, cicc, crt) a system toolkit, as in NGC: their nvidia/cuMAJOR tree
+    unpacked into `cuda_home` with no distribution recorded (pip never sees NGC's nvcc), and the CUDA runtime's
+    headers beside it (torch's own wheel brings them), which nvcc compiles against; every other one (torchvision,
+    the Pillow it imports) installed by pip without its dependencies (its framework is the image's own)."""
     wheels = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".whl"))
-    real = [w for w in wheels if os.path.basename(w).split("-")[0].lower() in bundled_names]
+    real = [w for w in wheels if not os.path.basename(w).lower().startswith("nvidia_")]
     if real:
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir"]
         subprocess.run([*pip, "--no-compile", *real], check=True)
@@ -141,7 +140,7 @@ def main(argv):
     facts = json.loads(argv[1])
     site = os.path.dirname(dist_info(WHEEL_NAMES[facts["framework"]])[1])
     if facts["wheel_folder"]:
-        install_wheels(facts["wheel_folder"], site, facts["bundled"], facts["nvcc"])
+        install_wheels(facts["wheel_folder"], site, facts["nvcc"])
     {"pytorch": shape_torch, "tensorflow": shape_tensorflow}[facts["framework"]](facts)
     write_bundled(site, facts["bundled"], WHEEL_NAMES[facts["framework"]][-1])
     write_constraints(facts)
