@@ -389,7 +389,7 @@ def test_the_shaping_gives_a_real_bundled_wheel_ngc_s_version_and_writes_the_oth
     info.mkdir()
     (info / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\nRequires-Dist: numpy\n"
-        "Requires-Dist: torch==2.13.0\nRequires-Dist: scipy; extra == 'scipy'\n"
+        "Requires-Dist: torch (==2.13.0)\nRequires-Dist: torch==2.13.0; extra == 'x'\nRequires-Dist: scipy; extra == 'scipy'\n"
     )
     (info / "RECORD").write_text("torchvision-0.28.0.dist-info/METADATA,,\ntorchvision/version.py,,\n")
     monkeypatch.syspath_prepend(str(site))
@@ -399,7 +399,7 @@ def test_the_shaping_gives_a_real_bundled_wheel_ngc_s_version_and_writes_the_oth
         "torchvision": "0.28.0a0+094e7af5",
         "flash-attn": "2.7.4.post1+25.10",
     }
-    assert found["torchvision"].requires == ["numpy", "torch", "scipy; extra == 'scipy'"]
+    assert found["torchvision"].requires == ["numpy", "torch", "torch; extra == 'x'", "scipy; extra == 'scipy'"]
     assert "__version__ = '0.28.0a0+094e7af5'\ncuda = '13.0'" in (site / "torchvision" / "version.py").read_text()
     assert not found["flash-attn"].files or all(".dist-info/" in str(f) for f in found["flash-attn"].files)
 

@@ -85,7 +85,7 @@ def write_bundled(site, pins, framework):
             text = version_py.read_text(encoding="utf-8")
             version_py.write_text(re.sub(r"(?m)^__version__ = .*$", f"__version__ = {version!r}", text, count=1))
         meta = pathlib.Path(folder, "METADATA")
-        pinned = re.compile(rf"(?m)^Requires-Dist: ({re.escape(framework)})\s*[=<>!~][^;\n]*")
+        pinned = re.compile(rf"(?m)^Requires-Dist: ({re.escape(framework)})\s*(?:\([^)\n]*\)|[=<>!~][^;\n]*)[ \t]*")
         meta.write_text(pinned.sub(r"Requires-Dist: \1", meta.read_text(encoding="utf-8")), encoding="utf-8")
         rename_distribution(dist, folder, name, version)
 
