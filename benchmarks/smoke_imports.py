@@ -22,13 +22,13 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAYLOAD = ROOT / "imgbuild" / "payload" / "smoke_image.py"
+PAYLOAD = ROOT / "imgbuild" / "payload" / "smoke"  # the in-image smoke package, mounted beside its siblings
 IMAGE = f"{os.environ.get('IMGBUILD_TESTBED_REGISTRY', '127.0.0.1:5000')}/nvidia/pytorch:24.05-py3"
 
 INSIDE = r"""
 import json, sys, time
 sys.path.insert(0, "/bench/payload")
-import smoke_image as s
+from smoke import importing as s
 count = int(sys.argv[1])
 work = [("dist%03d" % i, "1.0", ["mod%03d" % i]) for i in range(count)]
 workers = s.import_workers()

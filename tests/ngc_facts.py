@@ -303,6 +303,36 @@ BUNDLED: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
 }
 
+#: torchvision's public version beside the bed's torch: PyPI's torchvision 0.28.0 requires torch==2.13.0, the torch the
+#: bed installs (tests/testbed/up). NGC builds both from source, so its torchvision is an `a0` pre-release like its
+#: torch; the stand-ins' torchvision follows their torch as NGC's follows its own.
+BED_TORCHVISION_PUBLIC = "0.28.0a0"
+#: The CUDA stand-in's compiler: the nvcc of its CUDA runtime's series (13.0, as the torch it carries was built with),
+#: and what nvcc needs to compile device code (cicc in nvidia-nvvm, the crt headers), from PyPI; unpacked where NGC's
+#: toolkit is, /usr/local/cuda, as system files no installer lists (tests/testbed/ngc_shape.py).
+CUDA_STANDIN_NVCC = ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-crt==13.0.88", "nvidia-nvvm==13.0.88")
+#: Real wheels the CUDA stand-in's release layer installs (without dependencies) over its frozen framework image:
+#: PyPI's torchvision built for its torch (2.13.0, CUDA 13), shaped as NGC's (`bundled_standin`), with the Pillow it
+#: imports (NGC's constraint file lists one [H26.07]: PyPI's, unversioned in any dump), and the compiler.
+#: The CPU stand-ins get no real torchvision: PyPI's is the CUDA build, whose extension does not load beside a CPU
+#: torch, and the CPU build is not on PyPI; theirs is metadata only.
+CUDA_STANDIN_WHEELS = ("torchvision==0.28.0", "pillow==13.0.0", *CUDA_STANDIN_NVCC)
+
+
+def bundled_standin(key: str) -> tuple[str, ...]:
+    """`name==version` of what the stand-in of release `key` carries beside its framework, as metadata-only
+    distributions (tests/testbed/bundled.py): torchvision in every PyTorch release (NGC ships it in each), its
+    public version the bed's torch's companion and every other part of the string the release's own where
+    recorded; the rest of what the release records (`BUNDLED`) as NGC names and versions it."""
+    real = REAL[key]
+    if real.framework != "pytorch":
+        return ()
+    recorded = {name: version for name, version, _ in BUNDLED.get(key, ())}
+    local = recorded.pop("torchvision", "").partition("+")[2]
+    torchvision = BED_TORCHVISION_PUBLIC + (f"+{local}" if local else "")
+    return (f"torchvision=={torchvision}", *(f"{name}=={version}" for name, version in sorted(recorded.items())))
+
+
 #: The releases the test bed builds, and what each needs (the CUDA one needs the CUDA stand-in).
 STANDIN_KEYS = (
     "pytorch:23.10-py3",
@@ -346,11 +376,29 @@ DIFFERENCES = (
     ),
     (
         "torchvision, pytorch-triton and the rest of NGC's Python stack",
-        "about 200 distributions, among them `torchvision==0.22.0a0+95f10a4e` and `pytorch-triton` [C25.06]",
-        "torch, numpy and their dependencies (`triton` on the CUDA stand-in)",
-        "pins come from the base's own constraint file or freeze, whatever it lists. It errs towards failing: "
-        "a recipe asking for an unpinned `torchvision` gets PyPI's here and meets the pre-release trap, where "
-        "NGC's own would satisfy it (a pinned PyPI release meets the trap on NGC too)",
+        "about 200 distributions, among them 25.10's `torchvision==0.24.0a0+094e7af5`, `flash-attn==2.7.4.post1+25.10`"
+        " and `pytorch-triton==3.4.0+gitc817b9b6` [DYNAMO][H25.10a], listed in the constraint file from 25.03 [C25.06]",
+        f"torchvision in every PyTorch stand-in at {BED_TORCHVISION_PUBLIC} (the release made for the bed's torch, "
+        "in NGC's `a0` form, with the release's own local label where recorded): real on the CUDA stand-in (PyPI's "
+        "build for its torch, renamed so), metadata only on the CPU ones (PyPI has no CPU build of it); the rest a "
+        "release records (`BUNDLED`: 25.10's flash-attn and pytorch-triton) as NGC names and versions them, metadata "
+        "only (tests/testbed/bundled.py); what no dump versions (apex, transformer-engine and DALI before 26.07, "
+        "torchaudio) is absent, never guessed. The constraint file and every freeze list them as NGC's do",
+        "pip and uv resolve against them as on nvcr.io: an unpinned `torchvision` is met by the base's own, a "
+        "pinned PyPI release conflicts with it. Shape only on the CPU stand-ins: a package that imports torchvision "
+        "as it is imported (timm) fails the import check there, as on no real release; such sets are judged on the "
+        "CUDA stand-in, whose torchvision imports",
+    ),
+    (
+        "the CUDA compiler",
+        "`/usr/local/cuda/bin/nvcc` of the image's CUDA, with a C++ compiler beside it (nvcc V13.4.59 in 26.09 "
+        "[F26.09])",
+        "the CUDA stand-in: NVIDIA's nvcc of its CUDA series from PyPI (" + ", ".join(CUDA_STANDIN_NVCC) + ") "
+        "unpacked into /usr/local/cuda with the CUDA runtime's headers, as system files (no distribution); the CPU "
+        "stand-ins: none; no stand-in has a C++ compiler or the toolkit's other headers (CCCL)",
+        "a CUDA extension's setup.py finds nvcc where NGC's is and reads its CUDA version; compiling it here also "
+        "needs `apt: [g++]`, which imgbuild names, and fails where it needs CCCL: the bed proves the words, real NGC "
+        "the compile",
     ),
     (
         "platforms",
@@ -409,6 +457,9 @@ def standin(key: str, public: str) -> dict:
         "dist_version": _pip_form(standin_version(real.dist_version, public)),
         "constraint_file": real.constraint_file,
         "original_constraint_file": real.original_constraint_file,
+        "bundled": list(bundled_standin(key)),
+        "wheels": list(CUDA_STANDIN_WHEELS) if key == CUDA_STANDIN_KEY else [],
+        "nvcc": CUDA_STANDIN_NVCC[0].partition("==")[2].split(".")[0] if key == CUDA_STANDIN_KEY else "",
         "license": real.license,
         "build_id": real.build_ids.get("amd64", ""),
     }
@@ -427,10 +478,13 @@ def main(argv: list[str]) -> int:
     if len(argv) == 4 and argv[1] == "standin":
         print(json.dumps(standin(argv[2], argv[3])))
         return 0
+    if len(argv) == 3 and argv[1] == "wheels":
+        print(" ".join(standin(argv[2], "0")["wheels"]))
+        return 0
     if len(argv) == 2 and argv[1] == "keys":
         print(" ".join(STANDIN_KEYS))
         return 0
-    print("usage: ngc_facts.py standin KEY PUBLIC | keys", file=sys.stderr)
+    print("usage: ngc_facts.py standin KEY PUBLIC | wheels KEY | keys", file=sys.stderr)
     return 2
 
 

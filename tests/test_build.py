@@ -207,14 +207,14 @@ def test_dependency_that_needs_another_torch_fails_the_build_naming_the_conflict
     installer, testbed, docker_client, tmp_path, write, cleanup_images
 ):
     cleanup_images.append("imgbuildtest/tvconflict:v1")
-    # torchvision 0.18.0 requires torch==2.3.0: the installer must refuse rather than replace the base's torch.
-    pip = f"{{packages: [torchvision==0.18.0], installer: {installer}}}"
+    # torchaudio 2.3.0 requires torch==2.3.0: the installer must refuse rather than replace the base's torch.
+    pip = f"{{packages: [torchaudio==2.3.0], installer: {installer}}}"
     recipe = write("tv.yaml", f'name: tvconflict\ntag: v1\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {pip}\n')
     res = build(recipe, tmp_path / "ctx")
     assert res.code == 1, res.err
     assert "build failed at the pip step [" in res.err
     # One line naming the package and the pin it breaks, from either installer's explanation.
-    assert "pip step failed: torchvision 0.18.0 needs torch==2.3.0, but the base holds torch==2.13.0" in res.err
+    assert "pip step failed: torchaudio 2.3.0 needs torch==2.3.0, but the base holds torch==2.13.0" in res.err
     assert f"requirement(s) with {installer} under" in res.err
     with pytest.raises(ImageNotFound):
         docker_client.images.get("imgbuildtest/tvconflict:v1")

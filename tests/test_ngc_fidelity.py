@@ -356,3 +356,106 @@ def test_the_bundled_writer_refuses_what_is_not_a_pin_and_keeps_a_real_build(tmp
     assert bundled.main(["bundled.py", str(tmp_path), "torchvision==0.24.0a0+094e7af5; rm -rf /"]) == 2
     assert bundled.write_metadata_only(str(tmp_path), "pytorch-triton", "3.4.0+gitc817b9b6")
     assert bundled.write_metadata_only(str(tmp_path), "pytorch_triton", "9.9") == ""  # one of that name is there
+
+
+def _shape_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTBED))  # ngc_shape imports bundled from beside itself
+    spec = importlib.util.spec_from_file_location("ngc_shape", TESTBED / "ngc_shape.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_pytorch_standin_carries_torchvision_beside_its_torch_and_its_release_s_recorded_stack():
+    for key in (*ngc_facts.STANDIN_KEYS, ngc_facts.CUDA_STANDIN_KEY):
+        pins = ngc_facts.standin(key, ngc_facts.BED_TORCH_PUBLIC)["bundled"]
+        if ngc_facts.REAL[key].framework != "pytorch":
+            assert pins == [], key
+            continue
+        assert pins[0].startswith(f"torchvision=={ngc_facts.BED_TORCHVISION_PUBLIC}"), key
+    # 25.10's own string kept but for the public version; the rest as NGC names and versions them
+    assert ngc_facts.standin(ngc_facts.CUDA_STANDIN_KEY, "2.13.0a0")["bundled"] == [
+        "torchvision==0.28.0a0+094e7af5",
+        "flash-attn==2.7.4.post1+25.10",
+        "pytorch-triton==3.4.0+gitc817b9b6",
+    ]
+    assert ngc_facts.standin("pytorch:24.05-py3", "2.13.0a0")["bundled"] == ["torchvision==0.28.0a0"]
+
+
+def test_the_shaping_gives_a_real_bundled_wheel_ngc_s_version_and_writes_the_others_as_metadata(tmp_path, monkeypatch):
+    import importlib.metadata as md
+
+    shape = _shape_module(monkeypatch)
+    site = tmp_path / "site"
+    (site / "torchvision").mkdir(parents=True)
+    (site / "torchvision" / "version.py").write_text("__version__ = '0.28.0+cu130'\ncuda = '13.0'\n")
+    info = site / "torchvision-0.28.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\nRequires-Dist: numpy\n"
+        "Requires-Dist: torch (==2.13.0)\nRequires-Dist: torch==2.13.0; extra == 'x'\nRequires-Dist: scipy; extra == 'scipy'\n"
+    )
+    (info / "RECORD").write_text("torchvision-0.28.0.dist-info/METADATA,,\ntorchvision/version.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    shape.write_bundled(str(site), ["torchvision==0.28.0a0+094e7af5", "flash-attn==2.7.4.post1+25.10"], "torch")
+    found = {d.metadata["Name"]: d for d in md.distributions(path=[str(site)])}
+    assert {name: d.version for name, d in found.items()} == {
+        "torchvision": "0.28.0a0+094e7af5",
+        "flash-attn": "2.7.4.post1+25.10",
+    }
+    assert found["torchvision"].requires == ["numpy", "torch", "torch; extra == 'x'", "scipy; extra == 'scipy'"]
+    assert "__version__ = '0.28.0a0+094e7af5'\ncuda = '13.0'" in (site / "torchvision" / "version.py").read_text()
+    assert not found["flash-attn"].files or all(".dist-info/" in str(f) for f in found["flash-attn"].files)
+
+
+def test_only_a_release_with_wheels_gets_them_mounted_for_its_shaping(tmp_path):
+    import json
+    import shlex
+
+    spec = importlib.util.spec_from_file_location("release", TESTBED / "release.py")
+    assert spec and spec.loader
+    release = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(release)
+    plain, cuda = tmp_path / "plain", tmp_path / "cuda"
+    release.context("pytorch:24.05-py3", "2.13.0a0", "frozen", plain, {})
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    release.context(ngc_facts.CUDA_STANDIN_KEY, "2.13.0a0", "frozen", cuda, {}, wheels=wheels)
+
+    def shaping(folder):
+        run = next(ln for ln in (folder / "Dockerfile").read_text().splitlines() if "python3 /tmp/shape/" in ln)
+        words = shlex.split(run)
+        return json.loads(words[words.index("/tmp/shape/ngc_shape.py") + 1])
+
+    assert "--mount" not in (plain / "Dockerfile").read_text() and not (plain / "wheels").exists()
+    assert shaping(plain)["nvcc"] == "" and shaping(plain)["bundled"] == ["torchvision==0.28.0a0"]
+    assert shaping(plain)["wheel_folder"] == ""
+    assert "--mount=type=bind,source=wheels,target=/tmp/wheels" in (cuda / "Dockerfile").read_text()
+    assert shaping(cuda)["nvcc"] == "13" and shaping(cuda)["wheel_folder"] == "/tmp/wheels"
+    assert (cuda / "wheels" / wheels.iterdir().__next__().name).is_file() and (cuda / "bundled.py").is_file()
+    assert ngc_facts.standin(ngc_facts.CUDA_STANDIN_KEY, "0")["wheels"][0] == "torchvision==0.28.0"
+
+
+def test_nvidia_s_compiler_wheels_become_a_system_toolkit_pip_never_lists(tmp_path, monkeypatch):
+    """As in NGC, nvcc is /usr/local/cuda's, not a distribution: a recipe's jax[cuda13] still brings its own."""
+    import importlib.metadata as md
+    import os
+    import zipfile
+
+    shape = _shape_module(monkeypatch)
+    folder, site, home = tmp_path / "wheels", tmp_path / "site", tmp_path / "cuda"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.whl", "w") as wheel:
+        nvcc = zipfile.ZipInfo("nvidia/cu13/bin/nvcc")
+        nvcc.external_attr = 0o755 << 16
+        wheel.writestr(nvcc, "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+        wheel.writestr("nvidia/cu13/bin/nvcc.profile", "TOP = $(_HERE_)/..\n")
+        wheel.writestr("nvidia_cuda_nvcc-13.0.88.dist-info/METADATA", "Name: nvidia-cuda-nvcc\nVersion: 13.0.88\n")
+    (site / "nvidia" / "cu13" / "include").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "include" / "cuda_runtime.h").write_text("/* the runtime's */\n")
+    shape.install_wheels(str(folder), str(site), "13", cuda_home=str(home))
+    assert os.access(home / "bin" / "nvcc", os.X_OK) and (home / "bin" / "nvcc.profile").is_file()
+    assert (home / "include" / "cuda_runtime.h").read_text() == "/* the runtime's */\n"
+    assert not list(md.distributions(path=[str(home), str(site)]))

@@ -169,8 +169,125 @@ def test_missing_libraries_map_to_apt_packages():
 )
 def test_a_library_of_another_cuda_major_is_named_the_wrong_build_not_an_apt_package(library, cuda, cure):
     """VLLM 0.2.5 on a CUDA 13 base failed with 'libcudart.so.12 is missing (install the system
-    package that provides it (apt:))'; no apt package cures a wheel built for another CUDA."""
-    assert smoke_hints.import_hint(library, "vllm", cuda).startswith(cure)
+    package that provides it (apt:))'; no apt package cures a wheel built for another CUDA. Which build would is the
+    index's to say: the image names none."""
+    hint = smoke_hints.import_hint(library, "vllm", cuda)
+    assert hint.startswith(cure) and "build (" not in hint and "ask for" not in hint
+
+
+RECORDED_PAGES = Path(__file__).parent / "data" / "index-pages"
+#: A per-CUDA wheel index in PEP 503's HTML (the shape of PyTorch's and vLLM's own): releases marked +cu130 and +cu129.
+CUDA_INDEX_PAGE = (
+    b'<html><body><a href="/whl/vllm-0.11.0%2Bcu130-cp38-abi3-manylinux1_x86_64.whl#sha256=00">'
+    b"vllm-0.11.0+cu130-cp38-abi3-manylinux1_x86_64.whl</a><br>\n"
+    b'<a href="/whl/vllm-0.11.0%2Bcu129-cp38-abi3-manylinux1_x86_64.whl">vllm-0.11.0+cu129-cp38-abi3-manylinux1_x86_64.whl'
+    b"</a><br>\n</body></html>\n"
+)
+
+
+@pytest.fixture
+def recorded_index():
+    """A local index serving recorded pages: PyPI's vllm and faiss-gpu-cu12 pages (no release marked for a CUDA
+    major), a per-CUDA index's (`/cuda/vllm/`), and a 404 for every other project (faiss-gpu-cu13 is not on PyPI)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pages = {
+        "/pypi/vllm/": ((RECORDED_PAGES / "pypi-vllm.json").read_bytes(), "application/vnd.pypi.simple.v1+json"),
+        "/cuda/vllm/": (CUDA_INDEX_PAGE, "text/html"),
+        "/pypi/faiss-gpu-cu12/": (
+            (RECORDED_PAGES / "pypi-faiss-gpu-cu12.json").read_bytes(),
+            "application/vnd.pypi.simple.v1+json",
+        ),
+    }
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body, kind = pages.get(self.path, (b"", ""))
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", kind or "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", asked
+    server.shutdown()
+    server.server_close()
+
+
+def _failed_imports(*rows: list[str]):
+    from imgbuild.pipeline.smoke import SmokeReport
+
+    report = SmokeReport("img", False, [], {})
+    report.fail("imports", "1 of 1 module(s) do not import: vllm 0.2.5: import vllm: ...", {"other_cuda": list(rows)})
+    return report
+
+
+def test_a_cuda_build_the_index_does_not_have_is_never_offered_and_what_would_be_needed_is_said(recorded_index):
+    """vllm 0.2.5 (CUDA 12) on a CUDA 13 base: PyPI has no release of vllm marked for CUDA 13."""
+    from imgbuild.pipeline.smoke import name_cuda_cures
+    from imgbuild.registry import pypi
+
+    pypi.cuda_builds.cache_clear()
+    index, asked = recorded_index
+    report = _failed_imports(["vllm", "0.2.5", "12", "13"])
+    name_cuda_cures(report, f"{index}/pypi")
+    reason = report.checks[0]["reason"]
+    assert "vllm 0.2.5: the index has no CUDA 13 build of vllm (no release of vllm is marked +cu13)" in reason
+    assert "what would be needed is vllm built for CUDA 13" in reason and "or use a base with CUDA 12" in reason
+    assert "ask for its CUDA 13 build" not in reason
+    assert asked == ["/pypi/vllm/"]
+
+
+def test_a_cuda_build_the_index_has_is_named_by_its_exact_release(recorded_index):
+    from imgbuild.pipeline.smoke import name_cuda_cures
+    from imgbuild.registry import pypi
+
+    pypi.cuda_builds.cache_clear()
+    index, _ = recorded_index
+    report = _failed_imports(["vllm", "0.2.5", "12", "13"])
+    name_cuda_cures(report, f"{index}/cuda")
+    assert "ask for its CUDA 13 build, vllm==0.11.0+cu130 (on the index)" in report.checks[0]["reason"]
+
+
+def test_a_renamed_cuda_build_is_offered_only_where_the_index_has_that_project(recorded_index):
+    """A dependency named for CUDA 12 (faiss-gpu-cu12, brought by another package): faiss-gpu-cu13 is not on the
+    index, so it is not offered."""
+    from imgbuild.pipeline.smoke import name_cuda_cures
+    from imgbuild.registry import pypi
+
+    pypi.cuda_builds.cache_clear()
+    index, asked = recorded_index
+    report = _failed_imports(["faiss-gpu-cu12", "1.9.0", "12", "13"])
+    name_cuda_cures(report, f"{index}/pypi")
+    reason = report.checks[0]["reason"]
+    assert "the index has no CUDA 13 build of faiss-gpu-cu12" in reason and "faiss-gpu-cu13 is not there" in reason
+    assert "/pypi/faiss-gpu-cu13/" in asked
+
+
+def test_an_index_that_cannot_be_asked_leaves_no_build_named():
+    from imgbuild.pipeline.smoke import name_cuda_cures
+    from imgbuild.registry import pypi
+
+    pypi.cuda_builds.cache_clear()
+    report = _failed_imports(["vllm", "0.2.5", "12", "13"])
+    name_cuda_cures(report, "http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    reason = report.checks[0]["reason"]
+    assert "the index could not be asked whether it has a CUDA 13 build of vllm: or use a base with CUDA 12" in reason
+
+
+def test_the_image_reports_which_added_package_failed_on_another_cuda_s_library(monkeypatch):
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    work = [("vllm", "0.2.5", ["vllm"]), ("six", "1.17.0", ["six"])]
+    results = [{"vllm": "ImportError: libcudart.so.12: cannot open shared object file: No such file"}, {}]
+    assert smoke_imports.other_cuda_builds(work, results) == [["vllm", "0.2.5", "12", "13"]]
 
 
 # --- on the test bed ------------------------------------------------------------------------------------
@@ -645,6 +762,20 @@ def test_every_requirement_a_base_pin_excludes_is_reported_at_once_at_its_line(t
     assert any(ln.startswith("requirements.txt:4:1: pip.requirements: torch<2.2 conflicts") for ln in lines)
     numpy = next(ln for ln in lines if "numpy" in ln)
     assert "the base's /etc/pip/constraint.txt" in numpy and "pip.unpin: [numpy]" in numpy
+
+
+def test_a_base_pin_that_is_a_pre_release_of_the_asked_release_is_named_as_ngc_s_trap_with_its_cure(
+    tmp_path, monkeypatch
+):
+    """NGC builds torchvision from source beside its torch: `torchvision==0.28.0` excludes the base's own
+    0.28.0a0, which is that release; the cure admits the pre-release rather than unpinning what pins torch."""
+    monkeypatch.setattr(sys.modules[__name__], "BASE_PINS", (*BASE_PINS[:1], "torchvision==0.28.0a0+094e7af5"))
+    (line,) = _conflicts(tmp_path, '["torchvision==0.28.0"]')
+    assert "torchvision==0.28.0 is not met by the base's torchvision 0.28.0a0+094e7af5" in line, line
+    assert "pre-release of 0.28.0" in line and "torchvision>=0.28.0a0" in line and "pip.unpin" not in line
+    assert _conflicts(tmp_path, '["torchvision>=0.28.0a0", "torchvision"]') == []
+    (other,) = _conflicts(tmp_path, '["torchvision==0.27.1"]')
+    assert "conflicts with the base's torchvision==0.28.0a0+094e7af5" in other, other
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,50 @@ def test_every_standin_carries_its_release_s_recorded_facts(testbed, key):
         assert config["config"]["Labels"]["com.nvidia.cuda.version"] == "9.0"
 
 
+PYTORCH_STANDINS = [k for k in (*ngc_facts.STANDIN_KEYS, ngc_facts.CUDA_STANDIN_KEY) if k.startswith("pytorch:")]
+
+
+@pytest.mark.parametrize("key", PYTORCH_STANDINS)
+def test_every_pytorch_standin_carries_ngc_s_bundled_distributions_in_its_freeze_and_constraint_file(
+    testbed, docker_client, key
+):
+    """What NGC ships beside torch is installed as far as pip can tell, and pinned where NGC's constraint file is."""
+    real = ngc_facts.REAL[key]
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/{real.repo}:{real.tag}"
+    out = in_image(
+        docker_client,
+        image,
+        """
+        import json, os, subprocess, sys
+        freeze = subprocess.run([sys.executable, "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                                text=True, check=True).stdout.split()
+        path = os.environ.get("PIP_CONSTRAINT", "")
+        pinned = open(path).read().split() if path else []
+        print(json.dumps({"freeze": freeze, "constraint": pinned}))
+        """,
+    )
+    found = json.loads(out.strip().splitlines()[-1])
+    want = ngc_facts.standin(key, ngc_facts.BED_TORCH_PUBLIC)["bundled"]
+    assert want and set(want) <= set(found["freeze"])
+    assert set(want) <= set(found["constraint"]) if real.constraint_file else found["constraint"] == []
+
+
+def test_the_cuda_standin_has_nvcc_of_its_cuda_major_and_a_torchvision_that_imports(testbed, docker_client):
+    real = ngc_facts.REAL[ngc_facts.CUDA_STANDIN_KEY]
+    image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/{real.repo}:{real.tag}"
+    out = in_image(
+        docker_client,
+        image,
+        """
+        import subprocess, torchvision
+        print(torchvision.__version__)
+        print(subprocess.run(["/usr/local/cuda/bin/nvcc", "-V"], capture_output=True, text=True, check=True).stdout)
+        """,
+    )
+    assert out.splitlines()[0] == ngc_facts.standin(ngc_facts.CUDA_STANDIN_KEY, "0")["bundled"][0].split("==")[1]
+    assert f"release {real.env['CUDA_VERSION'].split('.')[0]}." in out
+
+
 def test_the_entrypoint_prints_ngc_s_banner_and_runs_the_command(testbed, docker_client):
     """NGC's entrypoint: the banner on stdout first, NVIDIA_CPU_ONLY=1 without a driver, then the command."""
     out = docker_client.containers.run(

@@ -161,6 +161,7 @@ def smoke(
     from imgbuild.gpu.fleet import check_driver, parse_targets
     from imgbuild.hostio.acting import write_as
     from imgbuild.pipeline.smoke import SmokeRequest, fleet_report, run_smoke
+    from imgbuild.registry.pypi import PYPI
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
     from imgbuild.ui import Progress, print_table
@@ -183,7 +184,7 @@ def smoke(
         wanted = SmokeRequest(
             image, require_gpu=require_gpu, skip_gpu=skip_gpu, gpus=gpus,
             import_seconds=math.ceil(settings.smoke_import_timeout),
-            gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
+            gpu_seconds=math.ceil(settings.smoke_gpu_seconds), index_url=settings.pip_index_url or PYPI,
         )  # fmt: skip
         quota = quota_check(settings, acting.who.name) if acting else None
         with live as progress:

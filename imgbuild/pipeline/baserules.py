@@ -6,6 +6,7 @@ validate`, the lock and the build; pure: the base's facts come in a BaseImage.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.ngc import CUDA_BUILD_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORKS, cuda_build, cuda_major, is_cuda_library
@@ -70,12 +71,15 @@ def pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
     if req.url:
         return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
     try:
-        excluded = bool(req.specifier) and not req.specifier.contains(Version(version), prereleases=True)
+        have = Version(version)
     except InvalidVersion:
         return None
-    if excluded:
-        return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
-    return None
+    if not req.specifier or req.specifier.contains(have, prereleases=True):
+        return None
+    if have.is_prerelease and req.specifier.contains(Version(have.base_version), prereleases=True):
+        # NGC's torchvision is a pre-release of the release the recipe names, as its torch is
+        return prerelease_conflict(pinned, str(req.specifier), version, base.ref)
+    return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
 
 
 def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
@@ -159,6 +163,47 @@ def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
         lacks = f"the index has no CUDA {major} build of {req.name} ({cure} is not there)"
         return (*said, cure, f"{lacks}: drop it, or use a base with CUDA {theirs}")
     return None
+
+
+@dataclass(frozen=True)
+class CudaBuildAnswer:
+    """What the index says of a package's builds for the base's CUDA major: the releases it marks as such
+    (`0.11.0+cu130`), and whether the same project named for that major (`faiss-gpu-cu13` for `faiss-gpu-cu12`)
+    is there (None: not asked, the name carries no CUDA major). None in place of this: the index did not answer."""
+
+    releases: tuple[str, ...]
+    renamed: str = ""
+    renamed_there: bool | None = None
+
+
+def other_cuda_cure(name: str, theirs: str, have: str, answer: CudaBuildAnswer | None) -> str:
+    """The cure for `name`, built for CUDA `theirs`, in a base with CUDA `have`: a build the index has for `have`,
+    named only where the index has it; else what would be needed instead."""
+    elsewhere = f"or use a base with CUDA {theirs}"
+    if answer is None:
+        return f"the index could not be asked whether it has a CUDA {have} build of {name}: {elsewhere}"
+    if answer.renamed and answer.renamed_there:
+        return f"ask for its CUDA {have} build, {answer.renamed} (on the index), {elsewhere}"
+    if answer.releases:
+        return f"ask for its CUDA {have} build, {name}=={answer.releases[-1]} (on the index), {elsewhere}"
+    missing = f"no release of {name} is marked +cu{have}"
+    missing += f", and {answer.renamed} is not there" if answer.renamed else ""
+    return (
+        f"the index has no CUDA {have} build of {name} ({missing}): what would be needed is {name} built for CUDA "
+        f"{have}: from source against the base (a requirements file (pip.requirements) with the lines `--no-binary "
+        f"{name}` and `{name}`, and pip.no_build_isolation: [{name}]; it compiles, with nvcc), where its requirements "
+        f"admit the base's framework; {elsewhere}"
+    )
+
+
+def renamed_for(name: str, major: str) -> str:
+    """The same project named for CUDA `major` where its name carries another's (faiss-gpu-cu12 -> faiss-gpu-cu13),
+    else ""."""
+    from packaging.utils import canonicalize_name
+
+    canonical = str(canonicalize_name(name))
+    theirs = cuda_build(canonical)
+    return for_cuda(canonical, major) if theirs is not None and theirs != major else ""
 
 
 def for_cuda(word: str, major: str) -> str:

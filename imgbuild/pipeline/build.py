@@ -45,6 +45,7 @@ from imgbuild.pipeline.smoke import (
 from imgbuild.platforms import arch_of
 from imgbuild.recipe import LoadedRecipe, load_recipe
 from imgbuild.registry.auth import engine_auth
+from imgbuild.registry.pypi import PYPI
 from imgbuild.reserved import CANDIDATE_PREFIX, platform_tag, previous_ref
 
 
@@ -422,6 +423,7 @@ def smoke_request(
         gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
         user=acting.who.name if acting else settings.caller.name,
         emulated=emulated,
+        index_url=loaded.recipe.pip.index_url or settings.pip_index_url or PYPI,
     )
 
 

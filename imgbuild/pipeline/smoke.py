@@ -121,6 +121,8 @@ class SmokeRequest:
     #: a foreign platform's image (linux/arm64 on an amd64 runner), run under qemu: no GPU check, and the report
     #: says what emulation cannot prove (EMULATION_UNPROVEN)
     emulated: str = ""
+    #: the index the image's packages came from: a cure naming another CUDA build is checked there ("": not named)
+    index_url: str = ""
 
 
 #: What a smoke test under qemu leaves unproven, in the report's `emulation` check. No GPU is reachable from an
@@ -349,6 +351,8 @@ def run_smoke(
             on_line=heard,
         )
     report = parse_output(req.image, code, output, note)
+    if req.index_url:
+        name_cuda_cures(report, req.index_url, (settings.pip_ca_bundle or True) if settings is not None else True)
     if req.emulated:
         report.meta["platform"], report.meta["emulated"] = req.emulated, True
         reason = f"{req.emulated} ran under qemu on this machine; " + EMULATION_UNPROVEN.format(platform=req.emulated)
@@ -358,6 +362,32 @@ def run_smoke(
     if note and require_gpu:
         report.fail("gpu access", note + " (or skip the GPU checks explicitly: --skip-gpu)")
     return report
+
+
+def name_cuda_cures(report: SmokeReport, index_url: str, verify: bool | str = True) -> None:
+    """Each package whose import failed on another CUDA major's library (the imports check's `other_cuda`) gets its
+    cure, checked against the index the recipe installs from: the build for the base's CUDA where the index has one,
+    what would be needed where it has none. Each project asked once, each question bounded."""
+    from imgbuild.pipeline.baserules import CudaBuildAnswer, other_cuda_cure, renamed_for
+    from imgbuild.registry.pypi import cuda_builds, has_project
+
+    for check in report.checks:
+        rows = check.get("details", {}).get("other_cuda") if check.get("name") == "imports" else None
+        if not isinstance(rows, list):
+            continue
+        cures = []
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 4 and all(isinstance(x, str) for x in row)):
+                continue
+            name, version, theirs, have = row
+            releases = cuda_builds(index_url, name, have, verify=verify)
+            renamed = renamed_for(name, have)
+            there = has_project(index_url, renamed, verify=verify) if renamed and releases is not None else None
+            answer = None if releases is None else CudaBuildAnswer(releases, renamed, there)
+            cures.append(f"{name} {version}: {other_cuda_cure(name, theirs, have, answer)}")
+        if cures:
+            check["reason"] = f"{check.get('reason', '')}; " + "; ".join(cures)
+            check["details"]["cures"] = cures
 
 
 def _foreign(engine: ImageEngine, arch: str) -> str:

@@ -144,3 +144,50 @@ def has_need(index_url: str, need: str, verify: bool | str = True) -> bool | Non
         return has_project(index_url, need, verify=verify)
     extras = extras_of(index_url, found.group(1), verify=verify)
     return None if extras is None else re.sub(r"[-_.]+", "-", found.group(2)).lower() in extras
+
+
+#: A file name on a project page: a wheel's or an sdist's, as PEP 503's anchors and PEP 691's JSON give them.
+_FILENAME = re.compile(r"""(?:href="[^"#]*/|>)([A-Za-z0-9_.+!-]{1,300}\.(?:whl|tar\.gz|zip))[#"<]""")
+
+
+def _filenames(body: bytes) -> list[str] | None:
+    try:
+        rows = json.loads(body).get("files")
+    except (ValueError, AttributeError, RecursionError):
+        return _FILENAME.findall(body.decode("utf-8", "replace"))  # PEP 503's HTML
+    if not isinstance(rows, list):
+        return None
+    return [str(r["filename"]) for r in rows if isinstance(r, dict) and isinstance(r.get("filename"), str)]
+
+
+def cuda_builds_in(body: bytes | None, major: str) -> tuple[str, ...] | None:
+    """The versions on a project's index page (PEP 691 JSON or PEP 503 HTML) whose local label says they are built
+    for CUDA `major` (`0.11.0+cu130`, `2.9.0+cu13`, `1.0+cuda13x`), oldest first; None when there is no page."""
+    from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+    from packaging.version import Version
+
+    from imgbuild.ngc import cuda_build
+
+    names = _filenames(body) if body else None
+    if names is None:
+        return None
+    found: set[Version] = set()
+    for name in names:
+        try:
+            version = parse_wheel_filename(name)[1] if name.endswith(".whl") else parse_sdist_filename(name)[1]
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+        if version.local and cuda_build("-" + version.local.replace(".", "-")) == major:
+            found.add(version)
+    return tuple(str(v) for v in sorted(found))
+
+
+@functools.lru_cache(maxsize=64)
+def cuda_builds(
+    index_url: str, name: str, major: str, timeout: float = 10.0, verify: bool | str = True
+) -> tuple[str, ...] | None:
+    """The releases of `name` the index marks as built for CUDA `major` (`cuda_builds_in`); None when it cannot
+    say (no page in time, a server error, credentials wanted)."""
+    page_url = f"{index_url.rstrip('/')}/{re.sub(r'[-_.]+', '-', name).lower()}/"
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+    return cuda_builds_in(_bounded(page_url, accept, PAGE_BYTES, time.monotonic() + timeout, verify), major)

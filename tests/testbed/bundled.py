@@ -5,7 +5,7 @@ then meets the base's own, as on nvcr.io; importing one fails, which no check of
 
     python3 bundled.py SITE_PACKAGES NAME==VERSION...
 
-Not yet run by the bed's stand-in build (tests/testbed/release.py): wiring it in rebuilds every stand-in.
+Run by tests/testbed/ngc_shape.py while each stand-in is built, before its constraint file is written.
 """
 
 import os

@@ -1,9 +1,10 @@
 """The test bed's NGC releases, built from the recorded facts (tests/ngc_facts.py); stdlib only.
 
-python3 release.py context KEY PUBLIC FROM_IMAGE DIR [ENV=VALUE ...]
-    writes DIR/Dockerfile (and the entrypoint, the shaping script) for the stand-in of release KEY over
+python3 release.py context KEY PUBLIC FROM_IMAGE DIR [--wheels=FOLDER] [ENV=VALUE ...]
+    writes DIR/Dockerfile (and the entrypoint, the shaping scripts) for the stand-in of release KEY over
     FROM_IMAGE, whose framework's public version is PUBLIC; ENV=VALUE overrides the amd64 env (the CUDA
-    stand-in says what it has installed)
+    stand-in says what it has installed); the wheels in FOLDER (the release's real bundled distributions and
+    tools, ngc_facts.standin's `wheels`) are mounted where the shaping installs them (tests/testbed/ngc_shape.py)
 python3 release.py context-arm64 KEY PUBLIC FROM_IMAGE DIR
     the same for the arm64 image of release KEY (NGC's arm64 env and labels), over an arm64 FROM_IMAGE
 python3 release.py index REGISTRY KEY PUBLIC [ARM64_SOURCE]
@@ -47,7 +48,7 @@ SLA_LICENSE = (
 
 def fingerprint() -> str:
     """What the stand-ins are made from: the facts they carry (not the prose around them) and the scripts."""
-    parts = [HERE / "release.py", HERE / "ngc_shape.py", HERE / "nvidia_entrypoint.sh"]
+    parts = [HERE / "release.py", HERE / "ngc_shape.py", HERE / "bundled.py", HERE / "nvidia_entrypoint.sh"]
     parts += sorted((HERE / "entrypoint.d").iterdir())
     digest = hashlib.sha256()
     for path in parts:
@@ -62,7 +63,13 @@ def _quote(value: str) -> str:
 
 
 def context(
-    key: str, public: str, from_image: str, out: Path, overrides: dict[str, str], platform: str = "amd64"
+    key: str,
+    public: str,
+    from_image: str,
+    out: Path,
+    overrides: dict[str, str],
+    platform: str = "amd64",
+    wheels: Path | None = None,
 ) -> None:
     facts = ngc_facts.standin(key, public)
     env = {**facts["env"][platform], **overrides}
@@ -77,18 +84,22 @@ def context(
     if facts["license"] == "sla":
         (out / "entrypoint.d" / "30-container-license.txt").write_text(SLA_LICENSE)
     shutil.copy(HERE / "ngc_shape.py", out / "ngc_shape.py")
-    shaping = json.dumps(
-        {
-            k: facts[k]
-            for k in ("framework", "module_version", "dist_version", "constraint_file", "original_constraint_file")
-        }
-    )
+    shutil.copy(HERE / "bundled.py", out / "bundled.py")
+    keys = ("framework", "module_version", "dist_version", "constraint_file", "original_constraint_file", "bundled")
+    shaping = {k: facts[k] for k in keys}
+    shaping["nvcc"] = facts["nvcc"] if wheels else ""  # the compiler comes with the release's wheels
+    shaping["wheel_folder"] = "/tmp/wheels" if wheels else ""
+    mount = ""
+    if wheels:
+        shutil.copytree(wheels, out / "wheels", ignore=shutil.ignore_patterns(".*"))
+        mount = "--mount=type=bind,source=wheels,target=/tmp/wheels "
     lines = [
         f"FROM {from_image}",
         "COPY nvidia_entrypoint.sh /opt/nvidia/nvidia_entrypoint.sh",
         "COPY entrypoint.d/ /opt/nvidia/entrypoint.d/",
-        "COPY ngc_shape.py /tmp/ngc_shape.py",
-        f"RUN python3 /tmp/ngc_shape.py {shlex.quote(shaping)} && rm /tmp/ngc_shape.py && mkdir -p /workspace",
+        "COPY ngc_shape.py bundled.py /tmp/shape/",
+        f"RUN {mount}python3 /tmp/shape/ngc_shape.py {shlex.quote(json.dumps(shaping))} && rm -r /tmp/shape "
+        "&& mkdir -p /workspace",
         "ENV " + " \\\n    ".join(f"{k}={_quote(v)}" for k, v in env.items()),
         "LABEL " + " \\\n      ".join(f"{_quote(k)}={_quote(v)}" for k, v in labels.items()),
         "WORKDIR /workspace",
@@ -236,8 +247,10 @@ def _config_only_arm64(base: str, repo: str, facts: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 6 and argv[1] == "context":
-        overrides = dict(item.split("=", 1) for item in argv[6:])
-        context(argv[2], argv[3], argv[4], Path(argv[5]), overrides)
+        options = [item for item in argv[6:] if item.startswith("--wheels=")]
+        overrides = dict(item.split("=", 1) for item in argv[6:] if item not in options)
+        wheels = Path(options[-1].partition("=")[2]) if options else None
+        context(argv[2], argv[3], argv[4], Path(argv[5]), overrides, wheels=wheels)
     elif len(argv) == 6 and argv[1] == "context-arm64":
         context(argv[2], argv[3], argv[4], Path(argv[5]), {}, platform="arm64")
     elif len(argv) in (5, 6) and argv[1] == "index":

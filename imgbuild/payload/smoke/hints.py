@@ -112,16 +112,23 @@ def apt_packages(library: str, distribution: str = "") -> list:
 CUDA_MAJOR_LIBRARY = re.compile(r"lib(?:cudart|cublas|cublasLt|nvrtc|nvJitLink)\.so\.([0-9]{1,3})")
 
 
-def import_hint(library: str, distribution: str = "", cuda_version: str | None = None) -> str:
-    """The cure for a shared library an import could not load: the apt line that provides it, or, for another
-    CUDA major's library (vLLM 0.2.5's libcudart.so.12 on a CUDA 13 base), that the wheel is the wrong build."""
+def other_cuda(library: str, cuda_version: str | None = None) -> tuple[str, str] | None:
+    """(the CUDA major `library` belongs to, the base's) when they differ (libcudart.so.12 on a CUDA 13 base)."""
     found = CUDA_MAJOR_LIBRARY.fullmatch(library)
     have = (os.environ.get("CUDA_VERSION", "") if cuda_version is None else cuda_version).split(".")[0]
-    if found and have.isdigit() and found.group(1) != have:
+    return (found.group(1), have) if found and have.isdigit() and found.group(1) != have else None
+
+
+def import_hint(library: str, distribution: str = "", cuda_version: str | None = None) -> str:
+    """The cure for a shared library an import could not load: the apt line that provides it, or, for another
+    CUDA major's library (vLLM 0.2.5's libcudart.so.12 on a CUDA 13 base), that the wheel is the wrong build. Which
+    build would cure that is the index's to say: imgbuild asks it outside the image (`other_cuda` in the details)."""
+    majors = other_cuda(library, cuda_version)
+    if majors:
+        theirs, have = majors
         return (
-            f"it is CUDA {found.group(1)}'s, and the base has CUDA {have}: {distribution or 'the package'} was built "
-            f"for CUDA {found.group(1)}; no apt package cures it: ask for its CUDA {have} build (or build it "
-            f"against the base: pip.no_build_isolation), or use a base with CUDA {found.group(1)}"
+            f"it is CUDA {theirs}'s, and the base has CUDA {have}: {distribution or 'the package'} was built for "
+            f"CUDA {theirs}; no apt package cures it"
         )
     packages = apt_packages(library, distribution)
     return f"add apt: [{', '.join(packages)}]" if packages else "install the system package that provides it (apt:)"

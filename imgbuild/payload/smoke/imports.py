@@ -28,6 +28,7 @@ from .hints import (
     missing_library,
     missing_tools,
     optional_dependency,
+    other_cuda,
 )
 from .importing import (
     TIMED_OUT,
@@ -82,6 +83,16 @@ def _classify(work: list, results: list, owners: dict | None = None) -> tuple:
     return failures, driver_only, optional, apt
 
 
+def other_cuda_builds(work: list, results: list) -> list:
+    """[name, version, the CUDA major it was built for, the base's] of each added distribution whose import failed
+    on another CUDA major's library."""
+    builds = []
+    for (name, version, _), errors in zip(work, results):  # noqa: B905 - runs on Python 3.8 images too
+        for majors in {other_cuda(missing_library(e)) for e in errors.values()}:
+            builds += [[name, version, *majors]] if majors else []
+    return builds
+
+
 def check_imports() -> dict:
     """Every package the recipe added imports: each distribution's top-level modules, in a fresh
     interpreter, plus the recipe's own `smoke.imports`; `smoke.skip_imports` names distributions to leave."""
@@ -125,6 +136,9 @@ def check_imports() -> dict:
         )
         cure = f"; for all of them, add to the recipe: apt: [{', '.join(sorted(apt))}]" if apt else ""
         details = {"failures": failures[:2000], "apt": sorted(apt)}
+        builds = other_cuda_builds(work, results)
+        if builds:  # the build each needs: asked of the index by imgbuild (pipeline/smoke.py), not here
+            details["other_cuda"] = builds[:50]
         slow = sum(f"{TIMED_OUT} after" in f for f in failures)
         said = [f"{len(failures) - slow} of {checked} module(s) do not import"] if len(failures) > slow else []
         said += [f"{slow} timed out (the machine busy?)"] if slow else []
