@@ -89,6 +89,12 @@ def process_owner(
 # --- readers ----------------------------------------------------------------------------------------
 
 
+#: A PCI device id as sysfs writes it (0x1db4), a PCI address (0000:0f:00.0), a kernel driver's name (vfio-pci).
+PCI_DEVICE_ID = re.compile(r"0x[0-9a-f]{4}")
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+KERNEL_DRIVER = re.compile(r"[a-z0-9_.-]{0,40}")
+
+
 @dataclass(frozen=True)
 class PciGpu:
     """An NVIDIA GPU on this machine's PCI bus, as the kernel sees it, whatever drives it."""
@@ -123,7 +129,7 @@ def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> tuple[PciGpu, ...]
         except OSError:
             ident = ""
         driver = os.path.basename(os.readlink(device / "driver")) if (device / "driver").is_symlink() else ""
-        found.append(PciGpu(device.name, ident if re.fullmatch(r"0x[0-9a-f]{4}", ident) else "", driver[:40]))
+        found.append(PciGpu(device.name, ident if PCI_DEVICE_ID.fullmatch(ident) else "", driver[:40]))
     return tuple(found)
 
 
@@ -414,8 +420,116 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class _NotSnapshot(Exception):
+    """A field of a snapshot that is not what `imgbuild gpus --json` writes: where (a path) and why."""
+
+    def __init__(self, at: tuple[str | int, ...], why: str):
+        super().__init__(why)
+        self.at, self.why = at, why
+
+
+def _whole(value: Any, at: tuple[str | int, ...], top: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value > top):
+        raise _NotSnapshot(at, f"{str(value)[:40]!r} is not a whole number" + (f" up to {top}" if top else ""))
+    return value
+
+
+def _flag(value: Any, at: tuple[str | int, ...]) -> bool:
+    if not isinstance(value, bool):
+        raise _NotSnapshot(at, "is not true or false")
+    return value
+
+
+def _words(value: Any, at: tuple[str | int, ...], pattern: re.Pattern[str] | None = None, what: str = "") -> str:
+    if not isinstance(value, str) or len(value) > 256 or not value.isprintable():
+        raise _NotSnapshot(at, "is not a line of text")
+    if pattern is not None and value and not pattern.fullmatch(value):
+        raise _NotSnapshot(at, f"{value[:40]!r} is not {what}")
+    return value
+
+
+def _ruled(value: Any, at: tuple[str | int, ...], rule: Callable[[str], str]) -> str:
+    text = _words(value, at)
+    try:
+        return rule(text) if text else ""
+    except ValueError as exc:
+        raise _NotSnapshot(at, str(exc)) from None
+
+
+def _entry(value: Any, at: tuple[str | int, ...], fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]],
+           required: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+    if not isinstance(value, dict):
+        raise _NotSnapshot(at, "is not an object")
+    for name in value:
+        if name not in fields:
+            raise _NotSnapshot((*at, str(name)), "is no field of a GPU snapshot's")
+    for name in required:
+        if name not in value:
+            raise _NotSnapshot(at, f"has no {name}")
+    return {name: fields[name](item, (*at, name)) for name, item in value.items()}
+
+
+def _listed(value: Any, at: tuple[str | int, ...], each: Callable[[Any, tuple[str | int, ...]], Any]) -> list[Any]:
+    if not isinstance(value, list) or len(value) > 4096:
+        raise _NotSnapshot(at, "is not a list")
+    return [each(item, (*at, i)) for i, item in enumerate(value)]
+
+
+def _snapshot_process(value: Any, at: tuple[str | int, ...]) -> GpuProcess:
+    fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]] = {
+        "pid": _whole, "name": _words, "used_mib": _whole, "user": _words, "container": _words,
+    }  # fmt: skip
+    return GpuProcess(**_entry(value, at, fields, ("pid", "name", "used_mib")))
+
+
+def _snapshot_gpu(value: Any, at: tuple[str | int, ...]) -> Gpu:
+    """One GPU of a snapshot, every field checked by the rule its reader's value follows: a driver version and a
+    compute capability as the fleet check reads them (a malformed one is never judged, nor dropped unseen)."""
+    from imgbuild.gpu.fleet import capability_rule, driver_rule
+
+    fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]] = {
+        "index": _whole,
+        "uuid": _words,
+        "name": _words,
+        "memory_used_mib": _whole,
+        "memory_total_mib": _whole,
+        "utilization": lambda v, where: None if v is None else _whole(v, where, 100),
+        "processes": lambda v, where: _listed(v, where, _snapshot_process),
+        "compute_cap": lambda v, where: _ruled(v, where, capability_rule),
+        "driver": lambda v, where: _ruled(v, where, driver_rule),
+        "cpu_affinity": _words,
+        "mig_parent": _words,
+        "mig_profile": _words,
+        "mig_unsliced": _flag,
+    }
+    required = ("index", "uuid", "name", "memory_used_mib", "memory_total_mib", "utilization")
+    return Gpu(**_entry(value, at, fields, required))
+
+
+def _snapshot_pci(value: Any, at: tuple[str | int, ...]) -> PciGpu:
+    fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]] = {
+        "address": lambda v, where: _words(v, where, PCI_ADDRESS, "a PCI address (0000:0f:00.0)"),
+        "device": lambda v, where: _words(v, where, PCI_DEVICE_ID, "a PCI device id (0x1db4)"),
+        "driver": lambda v, where: _words(v, where, KERNEL_DRIVER, "a kernel driver's name (nvidia, vfio-pci)"),
+    }
+    entry = _entry(value, at, fields, ("address", "device", "driver"))
+    if not entry["address"]:
+        raise _NotSnapshot((*at, "address"), "is empty")
+    return PciGpu(**entry)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved reading: the GPUs, and the NVIDIA GPUs on the PCI bus where it recorded them (None: not recorded)."""
+
+    gpus: list[Gpu]
+    pci: tuple[PciGpu, ...] | None = None
+
+
 class SnapshotReader:
-    """Readings saved as JSON (`imgbuild gpus --json > snap.json`): to plan or test without the server."""
+    """Readings saved as JSON (`imgbuild gpus --json > snap.json`): to plan or test without the server. Every field
+    is checked; one that is not what `gpus --json` writes is an input error naming the file, its line and the
+    field, never a reading."""
 
     source = "snapshot"
 
@@ -423,15 +537,38 @@ class SnapshotReader:
         self.path = Path(path)
 
     def read(self) -> list[Gpu]:
+        return self.snapshot().gpus
+
+    def snapshot(self) -> Snapshot:
         try:
             with self.path.open("rb") as handle:
                 data = json.loads(handle.read(limits.HTTP_BODY_BYTES + 1)[: limits.HTTP_BODY_BYTES])
-            gpus = data["gpus"] if isinstance(data, dict) else data
-            return [Gpu(**{**g, "processes": [GpuProcess(**p) for p in g.get("processes", [])]}) for g in gpus]
         except OSError as exc:
             raise UsageError(f"{self.path}: cannot read the GPU snapshot: {exc.strerror}") from exc
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except ValueError as exc:
             raise UsageError(f"{self.path}: not a GPU snapshot (`imgbuild gpus --json` writes one)") from exc
+        try:
+            if isinstance(data, list):
+                return Snapshot(_listed(data, (), _snapshot_gpu))
+            if not isinstance(data, dict) or "gpus" not in data:
+                raise _NotSnapshot((), "has no gpus")
+            gpus = _listed(data["gpus"], ("gpus",), _snapshot_gpu)
+            pci = tuple(_listed(data["pci"], ("pci",), _snapshot_pci)) if data.get("pci") is not None else None
+            return Snapshot(gpus, pci)
+        except _NotSnapshot as bad:
+            raise UsageError(self._where(bad)) from None
+
+    def _where(self, bad: _NotSnapshot) -> str:
+        """The one line naming the file, the line and column where the field is, and the field."""
+        from imgbuild.errors import Problem, RecipeError
+        from imgbuild.yamlpos import dotted, load_located
+
+        problem = Problem(str(self.path), 0, 0, dotted(bad.at), f"not a GPU snapshot: {bad.why}")
+        try:
+            located = load_located(self.path, str(self.path))  # JSON is YAML: the same positions
+        except (RecipeError, OSError):
+            return str(problem)
+        return str(located.problem(bad.at, problem.message, fallback_file=str(self.path)))
 
 
 def read_devices(snapshot: str | None = None) -> tuple[list[Gpu], str]:
@@ -447,6 +584,13 @@ def read_devices(snapshot: str | None = None) -> tuple[list[Gpu], str]:
         except NoGpus as exc:
             errors.append(str(exc))
     raise NoGpus("; ".join(errors))
+
+
+def read_pci(snapshot: str | None = None) -> tuple[PciGpu, ...]:
+    """The NVIDIA GPUs on the PCI bus: a snapshot's where it recorded them (`gpus --json` does), else this
+    machine's."""
+    recorded = SnapshotReader(snapshot).snapshot().pci if snapshot else None
+    return nvidia_pci_devices() if recorded is None else recorded
 
 
 def read_gpus(snapshot: str | None = None, owner: Callable[[int], tuple[str, str]] | None = None) -> list[Gpu]:
