@@ -420,27 +420,32 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+#: Where in a snapshot a value is (`("gpus", 1, "driver")`), and a rule that checks one value found there.
+At = tuple[str | int, ...]
+FieldRule = Callable[[Any, At], Any]
+
+
 class _NotSnapshot(Exception):
     """A field of a snapshot that is not what `imgbuild gpus --json` writes: where (a path) and why."""
 
-    def __init__(self, at: tuple[str | int, ...], why: str):
+    def __init__(self, at: At, why: str):
         super().__init__(why)
         self.at, self.why = at, why
 
 
-def _whole(value: Any, at: tuple[str | int, ...], top: int | None = None) -> int:
+def _whole(value: Any, at: At, top: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value > top):
         raise _NotSnapshot(at, f"{str(value)[:40]!r} is not a whole number" + (f" up to {top}" if top else ""))
     return value
 
 
-def _flag(value: Any, at: tuple[str | int, ...]) -> bool:
+def _flag(value: Any, at: At) -> bool:
     if not isinstance(value, bool):
         raise _NotSnapshot(at, "is not true or false")
     return value
 
 
-def _words(value: Any, at: tuple[str | int, ...], pattern: re.Pattern[str] | None = None, what: str = "") -> str:
+def _words(value: Any, at: At, pattern: re.Pattern[str] | None = None, what: str = "") -> str:
     if not isinstance(value, str) or len(value) > 256 or not value.isprintable():
         raise _NotSnapshot(at, "is not a line of text")
     if pattern is not None and value and not pattern.fullmatch(value):
@@ -448,7 +453,7 @@ def _words(value: Any, at: tuple[str | int, ...], pattern: re.Pattern[str] | Non
     return value
 
 
-def _ruled(value: Any, at: tuple[str | int, ...], rule: Callable[[str], str]) -> str:
+def _ruled(value: Any, at: At, rule: Callable[[str], str]) -> str:
     text = _words(value, at)
     try:
         return rule(text) if text else ""
@@ -456,8 +461,8 @@ def _ruled(value: Any, at: tuple[str | int, ...], rule: Callable[[str], str]) ->
         raise _NotSnapshot(at, str(exc)) from None
 
 
-def _entry(value: Any, at: tuple[str | int, ...], fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]],
-           required: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+def _entry(value: Any, at: At, fields: dict[str, FieldRule], required: tuple[str, ...]) -> dict[str, Any]:
+    """An object's fields, each checked by its rule: one the object lacks or one of no rule's is refused."""
     if not isinstance(value, dict):
         raise _NotSnapshot(at, "is not an object")
     for name in value:
@@ -469,25 +474,29 @@ def _entry(value: Any, at: tuple[str | int, ...], fields: dict[str, Callable[[An
     return {name: fields[name](item, (*at, name)) for name, item in value.items()}
 
 
-def _listed(value: Any, at: tuple[str | int, ...], each: Callable[[Any, tuple[str | int, ...]], Any]) -> list[Any]:
+def _listed(value: Any, at: At, each: FieldRule) -> list[Any]:
     if not isinstance(value, list) or len(value) > 4096:
         raise _NotSnapshot(at, "is not a list")
     return [each(item, (*at, i)) for i, item in enumerate(value)]
 
 
-def _snapshot_process(value: Any, at: tuple[str | int, ...]) -> GpuProcess:
-    fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]] = {
-        "pid": _whole, "name": _words, "used_mib": _whole, "user": _words, "container": _words,
-    }  # fmt: skip
+def _snapshot_process(value: Any, at: At) -> GpuProcess:
+    fields: dict[str, FieldRule] = {
+        "pid": _whole,
+        "name": _words,
+        "used_mib": _whole,
+        "user": _words,
+        "container": _words,
+    }
     return GpuProcess(**_entry(value, at, fields, ("pid", "name", "used_mib")))
 
 
-def _snapshot_gpu(value: Any, at: tuple[str | int, ...]) -> Gpu:
+def _snapshot_gpu(value: Any, at: At) -> Gpu:
     """One GPU of a snapshot, every field checked by the rule its reader's value follows: a driver version and a
     compute capability as the fleet check reads them (a malformed one is never judged, nor dropped unseen)."""
     from imgbuild.gpu.fleet import capability_rule, driver_rule
 
-    fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]] = {
+    fields: dict[str, FieldRule] = {
         "index": _whole,
         "uuid": _words,
         "name": _words,
@@ -506,8 +515,8 @@ def _snapshot_gpu(value: Any, at: tuple[str | int, ...]) -> Gpu:
     return Gpu(**_entry(value, at, fields, required))
 
 
-def _snapshot_pci(value: Any, at: tuple[str | int, ...]) -> PciGpu:
-    fields: dict[str, Callable[[Any, tuple[str | int, ...]], Any]] = {
+def _snapshot_pci(value: Any, at: At) -> PciGpu:
+    fields: dict[str, FieldRule] = {
         "address": lambda v, where: _words(v, where, PCI_ADDRESS, "a PCI address (0000:0f:00.0)"),
         "device": lambda v, where: _words(v, where, PCI_DEVICE_ID, "a PCI device id (0x1db4)"),
         "driver": lambda v, where: _words(v, where, KERNEL_DRIVER, "a kernel driver's name (nvidia, vfio-pci)"),
