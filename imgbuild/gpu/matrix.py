@@ -21,6 +21,7 @@ from pathlib import Path
 from imgbuild.gpu.fleet import Target, cuda_of, driver_verdict, judge_tag, parse_target
 from imgbuild.gpu.support import SUPPORT, SupportTable
 from imgbuild.gpu.toolkit import version_tuple
+from imgbuild.regular import write_atomic
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def rewrite(text: str) -> str:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--write"] and len(argv) == 2:
         path = Path(argv[1])
-        path.write_text(rewrite(path.read_text(encoding="utf-8")), encoding="utf-8")
+        write_atomic(path, rewrite(path.read_text(encoding="utf-8")), mode=path.stat().st_mode & 0o777)
         return 0
     if argv:
         print(f"usage: {COMMAND}  (no argument: print the blocks)", file=sys.stderr)
