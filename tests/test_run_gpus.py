@@ -13,6 +13,7 @@ from imgbuild.errors import UsageError
 from imgbuild.gpu import read as gpus_module
 from imgbuild.gpu.allocate import Sample, cpus_for, select_gpus, summarize
 from imgbuild.gpu.read import SmiReader, process_owner
+from imgbuild.gpu.snapshot import SnapshotReader
 from imgbuild.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
@@ -98,7 +99,7 @@ def test_a_snapshot_field_gpus_would_never_write_is_one_line_naming_file_line_an
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(_snapshot_text(**change))
     with pytest.raises(UsageError) as caught:
-        gpus_module.SnapshotReader(snapshot).snapshot()
+        SnapshotReader(snapshot).snapshot()
     said = str(caught.value)
     line = int(said.split("snap.json:", 1)[1].split(":", 1)[0])
     assert line > 1 and f" {field}: not a GPU snapshot: " in said and words in said, said
@@ -125,7 +126,7 @@ def test_what_gpus_json_writes_reads_back_as_a_snapshot_with_its_pci_bus(tmp_pat
     written = CliRunner().invoke(cli, ["gpus", "--json"], env={"IMGBUILD_GPU_SNAPSHOT": str(snapshot)})
     again = tmp_path / "again.json"
     again.write_text(written.output)
-    reread = gpus_module.SnapshotReader(again).snapshot()
+    reread = SnapshotReader(again).snapshot()
     assert written.exit_code == 0 and [g.uuid for g in reread.gpus] == [g.uuid for g in server("dgx-a100")[:2]]
     assert reread.pci == (gpus_module.PciGpu("0000:07:00.0", "0x20b0", "nvidia"),)
     assert gpus_module.read_pci(str(again)) == reread.pci
