@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild.gpu import matrix
+from imgbuild.gpu.fleet import judge_tag, parse_target
 from imgbuild.gpu.support import SUPPORT, TABLE, BadTable, parse
 
 
@@ -159,11 +160,88 @@ def test_a_table_that_is_no_table_is_refused(document):
         parse(document)
 
 
-def test_the_driver_matrix_in_the_docs_is_what_the_table_says_now():
+def test_the_matrices_in_the_docs_are_what_the_table_says_now():
     docs = (Path(__file__).parent.parent / "docs" / "gpus.md").read_text()
-    start = docs.index("<!-- driver-matrix: python -m imgbuild.gpu.matrix -->\n")
-    block = docs[start:].split("\n", 1)[1].split("<!-- /driver-matrix -->")[0]
-    assert block == matrix.markdown(), "docs/gpus.md's driver matrix is stale: python -m imgbuild.gpu.matrix"
+    for name, make in matrix.BLOCKS.items():
+        assert matrix.block(docs, name) == make(), f"docs/gpus.md's {name} is stale: {matrix.COMMAND}"
+    assert matrix.rewrite(docs) == docs
+
+
+def test_the_model_matrix_covers_every_model_of_the_table_once_per_release():
+    models = list(SUPPORT.models)
+    assert len(models) >= 41
+    jetson = [line.split()[1] for line in matrix.jetson_markdown().splitlines()[2:]]
+    assert set(jetson) == set(matrix.jetson_models()) == {"orin", "thor"}
+    for release in matrix.NGC_RELEASES_FACTS:
+        rows = matrix.model_rows(release)
+        named = [model for group, _ in rows for model in group]
+        assert sorted(named + list(matrix.jetson_models())) == sorted(models), release.release
+        assert all(len(cells) == len(matrix.BRANCHES) for _, cells in rows)
+
+
+def _release(name: str) -> matrix.NgcRelease:
+    return next(r for r in matrix.NGC_RELEASES_FACTS if r.release == name)
+
+
+@pytest.mark.parametrize(
+    "release, model, branch, expected",
+    [
+        ("25.10", "b200", 570, "fc ≥570.133.20"),  # a data-center model's own minimum within the branch
+        ("25.10", "rtx4090", 570, "no"),  # a GeForce: no forward compatibility
+        ("25.10", "b300", 570, "no"),  # an architecture newer than the branch drives
+        ("25.10", "b300", 575, "fc"),
+        ("25.10", "h100", 580, "yes ≥580.65.06"),  # CUDA 13.0's own driver
+        ("26.01", "h100", 580, "fc, yes ≥580.65.06"),  # R580 is in CUDA 13.1's forward list
+        ("26.03", "h100", 550, "no"),  # CUDA 13.2's list dropped R550
+        ("25.06", "h100", 470, "no"),  # CUDA 12.9's dropped R470
+        ("24.05", "v100", 470, "fc ≥470.57"),
+        ("25.10", "v100", 610, "-"),  # no kernels for Volta in CUDA 13
+        ("24.05", "v100", 590, "no"),  # R580 is Volta's last branch
+        ("24.05", "b200", 570, "yes* ≥570.133.20"),  # only 9.0 PTX for Blackwell in a CUDA 12.4 image
+        ("25.10", "rtxpro6000se", 575, "fc ≥575.57.08"),
+    ],
+)
+def test_a_model_matrix_cell_is_what_the_branch_does_for_that_gpu(release, model, branch, expected):
+    assert matrix.branch_cell(_release(release), parse_target(model), branch) == expected
+
+
+@pytest.mark.parametrize(
+    "release, model, driver, expected",
+    [
+        ("25.10", "thor", "580.00", "yes"),  # JetPack 7's own driver runs CUDA 13.0
+        ("26.01", "orin", "540.4.0", "no"),  # JetPack 6 runs no CUDA 13
+        ("25.10", "orin", "540.4.0", "-"),  # 25.10's arm64 image has no sm_87
+        ("24.05", "orin", "540.3.0", "yes"),  # 12.4 on JetPack 6.0's 12.2 by minor-version compatibility
+    ],
+)
+def test_jetson_models_are_judged_on_their_own_jetpack_drivers(release, model, driver, expected):
+    assert matrix.kind(_release(release), parse_target(model), driver) == expected
+
+
+def test_every_model_cell_agrees_with_the_verdict_at_a_released_driver_of_its_branch():
+    kinds = {}  # one model of each kind: models of the same facts get the same verdicts
+    for key in matrix.desktop_models():
+        model = SUPPORT.models[key]
+        kinds.setdefault((model.capability, model.datacenter, model.cpu, model.min_driver), key)
+    for release in matrix.NGC_RELEASES_FACTS:
+        for key in kinds.values():
+            target = parse_target(key)
+            for driver in matrix.DRIVERS:
+                cell = matrix.branch_cell(release, target, int(driver.split(".")[0]))
+                last = cell.split(", ")[-1].split(" ")[0].rstrip("*")
+                verdict = judge_tag(
+                    release.release, release.cuda, release.archs, [target], driver, (), release.variants
+                )
+                assert verdict[0].runs == (last in ("yes", "fc")), (release.release, key, driver, cell)
+
+
+def test_the_matrix_script_rewrites_a_stale_copy_and_refuses_other_arguments(tmp_path, capsys):
+    docs = tmp_path / "gpus.md"
+    stale = (Path(__file__).parent.parent / "docs" / "gpus.md").read_text().replace("| fc ≥", "| yes ≥", 1)
+    docs.write_text(stale)
+    assert matrix.main(["--write", str(docs)]) == 0
+    assert docs.read_text() == matrix.rewrite(stale) != stale
+    assert matrix.main(["--bogus"]) == 2 and "usage" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from imgbuild.config.settings import load_settings
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.gpu.fleet import GpuFacts, driver_verdict, host_target, judge, judge_tag, parse_target, parse_targets
+from imgbuild.gpu.matrix import NGC_RELEASES_FACTS, NgcRelease
+from imgbuild.gpu.support import SUPPORT
 from imgbuild.payload.probes import SMOKE, Probe
 from imgbuild.payload.smoke import amp as smoke_amp
 from imgbuild.payload.smoke import arch as smoke_arch
@@ -45,6 +51,20 @@ NGC_2405 = "5.2 6.0 6.1 7.0 7.2 7.5 8.0 8.6 8.7 9.0+PTX"
 NGC_2510 = "8.0 8.6 9.0 10.0 11.0 12.0+PTX"
 NGC_2607 = "7.5 8.0 8.6 9.0 10.0 12.0+PTX"
 TORCH_CU130 = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"  # torch 2.13.0+cu130's own arch flags
+
+
+def _recorded_lists() -> dict[tuple[int, int], set[int]]:
+    """Each recorded NVIDIA_REQUIRE_CUDA string's release and its brand=tesla branches."""
+    lists = {}
+    for text in (DATA / "nvidia_require_cuda.txt").read_text().splitlines():
+        found = re.match(r"NVIDIA_REQUIRE_CUDA=cuda>=([0-9]+)\.([0-9]+) ", text)
+        if found:
+            tesla = {int(b) for b in re.findall(r"brand=tesla,driver>=([0-9]+),driver<[0-9]+", text)}
+            lists[(int(found.group(1)), int(found.group(2)))] = tesla
+    return lists
+
+
+RECORDED = _recorded_lists()
 
 
 # --- the kernel rule (bug 3.3) -------------------------------------------------------------------------
@@ -175,17 +195,9 @@ def test_forward_compatible_branches_are_the_ones_nvidias_own_images_declare():
     """NVIDIA_REQUIRE_CUDA of each recorded nvidia/cuda image (12.8.1, 13.0.2) lists, per brand, the driver
     branches a container of that CUDA release runs on besides its own (the forward-compatible ones).
     imgbuild's support table must say exactly those for that release."""
-    import re
-
-    from imgbuild.gpu.support import SUPPORT
-
-    lines = [line for line in (DATA / "nvidia_require_cuda.txt").read_text().splitlines() if line.startswith("NVIDIA")]
-    assert len(lines) >= 2
-    for text in lines:
-        major, minor = re.match(r"NVIDIA_REQUIRE_CUDA=cuda>=([0-9]+)\.([0-9]+) ", text).groups()  # type: ignore[union-attr]
-        tesla = sorted({int(m) for m in re.findall(r"brand=tesla,driver>=([0-9]+),driver<[0-9]+", text)})
-        table = [int(v.split(".")[0]) for v in SUPPORT.forward_branches((int(major), int(minor)))]
-        assert tesla == table, (major, minor)
+    assert len(RECORDED) >= 5
+    for cuda, tesla in RECORDED.items():
+        assert sorted(tesla) == [int(v.split(".")[0]) for v in SUPPORT.forward_branches(cuda)], cuda
 
 
 def test_a_fleet_is_judged_per_gpu_from_the_image_facts():
@@ -1677,3 +1689,85 @@ def test_the_tensorflow_run_checks_tensor_core_speed_after_mixed_precision_withi
     assert names.index("tf_tensor_cores") == names.index("tf_mixed_precision") + 1
     (budget,) = [args[0] for name, args in ran if name == "tf_tensor_cores"]
     assert isinstance(budget, smoke_budget.Budget) and budget.seconds == 42
+
+
+# --- properties of the verdict over every model, release and driver ------------------------------------------
+
+PROPERTY = settings(derandomize=True, max_examples=80, deadline=None, database=None)
+MODELS = st.sampled_from(sorted(SUPPORT.models))
+RELEASES = st.sampled_from(NGC_RELEASES_FACTS)
+BRANCH_NUMBERS = st.sampled_from([450, 470, 525, 535, 545, 550, 560, 565, 570, 575, 580, 590, 595, 610, 615])
+PARTS = st.tuples(st.integers(0, 200), st.integers(0, 99))
+
+
+def _runs(release, key: str, driver: str, datacenter: bool | None = None) -> bool:
+    target = parse_target(key)
+    if datacenter is not None:
+        target = replace(target, datacenter=datacenter)
+    return judge_tag(release.release, release.cuda, release.archs, [target], driver, (), release.variants)[0].runs
+
+
+def _driver(branch: int, parts: tuple[int, int]) -> str:
+    return f"{branch}.{parts[0]}.{parts[1]:02d}"
+
+
+@PROPERTY
+@given(RELEASES, MODELS, BRANCH_NUMBERS, PARTS, PARTS)
+def test_a_newer_driver_of_the_same_branch_never_stops_what_an_older_one_runs(release, key, branch, one, two):
+    older, newer = sorted((one, two))
+    if _runs(release, key, _driver(branch, older)):
+        assert _runs(release, key, _driver(branch, newer)), (release.release, key, older, newer)
+
+
+@PROPERTY
+@given(RELEASES, st.sampled_from([k for k, m in SUPPORT.models.items() if m.min_driver]), PARTS)
+def test_no_driver_below_a_models_own_minimum_runs_anything(release, key, parts):
+    minimum = SUPPORT.models[key].min_driver
+    branch = int(minimum.split(".")[0])
+    driver = _driver(branch, parts)
+    if tuple(int(p) for p in driver.split(".")) < tuple(int(p) for p in minimum.split(".")):
+        assert not _runs(release, key, driver), (release.release, key, driver)
+
+
+@PROPERTY
+@given(RELEASES, MODELS, BRANCH_NUMBERS, PARTS)
+def test_no_driver_runs_a_gpu_on_a_branch_outside_its_architectures(release, key, branch, parts):
+    model = SUPPORT.models[key]
+    first, last = SUPPORT.arch_branches[model.capability]
+    if key not in SUPPORT.tegra_drivers and (branch < first or (last is not None and branch > last)):
+        assert not _runs(release, key, _driver(branch, parts))
+
+
+@PROPERTY
+@given(st.sampled_from(sorted(RECORDED)), MODELS, BRANCH_NUMBERS, PARTS, st.booleans())
+def test_below_minor_version_compatibility_only_a_branch_nvidias_own_image_lists_runs(cuda, key, branch, parts, dc):
+    """Where neither the release's own driver nor its major's minor-version floor is met, the only way left is
+    forward compatibility: on a data-center GPU, on a branch the release's NVIDIA_REQUIRE_CUDA names."""
+    release = next((r for r in NGC_RELEASES_FACTS if r.cuda == f"{cuda[0]}.{cuda[1]}"), None)
+    release = release or NgcRelease("recorded", f"{cuda[0]}.{cuda[1]}", "")
+    driver = _driver(branch, parts)
+    floor = SUPPORT.minor_version_floor(cuda[0]) or ""
+    below = tuple(int(p) for p in driver.split(".")) < tuple(int(p) for p in floor.split("."))
+    if key not in SUPPORT.tegra_drivers and below and _runs(release, key, driver, dc):
+        assert dc and branch in RECORDED[cuda], (cuda, key, driver, dc)
+
+
+@PROPERTY
+@given(RELEASES, MODELS, BRANCH_NUMBERS, PARTS)
+def test_a_geforce_never_runs_what_the_same_gpu_as_a_data_center_part_does_not(release, key, branch, parts):
+    driver = _driver(branch, parts)
+    if _runs(release, key, driver, datacenter=False):
+        assert _runs(release, key, driver, datacenter=True)
+
+
+JETPACK = sorted((key, driver) for key, drivers in SUPPORT.tegra_drivers.items() for driver in drivers)
+
+
+@PROPERTY
+@given(RELEASES, st.sampled_from(JETPACK), PARTS)
+def test_a_jetson_driver_newer_than_its_jetpacks_runs_at_least_what_that_jetpack_runs(release, jetpack, parts):
+    key, driver = jetpack
+    branch, *rest = (int(p) for p in driver.split("."))
+    newer = f"{branch}.{rest[0] + parts[0] // 100}.{parts[1] + 1}"
+    if _runs(release, key, driver):
+        assert _runs(release, key, newer), (release.release, key, driver, newer)

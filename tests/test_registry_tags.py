@@ -10,7 +10,7 @@ from imgbuild.errors import RegistryError, RegistryUnavailable, UsageError
 from imgbuild.ngc import newest_matching, parse_tag
 from imgbuild.registry.auth import Credentials, parse_challenge
 from imgbuild.registry.client import RegistryClient
-from imgbuild.registry.tags import HostGpus, TagInfo, compatibility, select
+from imgbuild.registry.tags import TagInfo, compatibility, host_gpus, select
 from tests import ngc_facts
 from tests.conftest import run_cli
 from tests.fake_nvcr import GOOD_KEY, FakeNvcr, ngc_tag_names, push_many_tags
@@ -74,18 +74,18 @@ def test_challenge_parsing_is_loose():
 
 def test_compatibility_uses_driver_and_arch_list():
     info = TagInfo("25.10-py3", "25.10", None, cuda="13.0.2.006", arch_list="8.0 8.6 9.0 10.0 12.0+PTX")
-    ok, why = compatibility(info, HostGpus("580.95.05", ("9.0",), "flags"))
+    ok, why = compatibility(info, host_gpus("580.95.05", "9.0"))
     assert ok, why
-    ok, why = compatibility(info, HostGpus("580.95.05", ("7.0",), "flags"))
+    ok, why = compatibility(info, host_gpus("580.95.05", "7.0"))
     assert not ok and "sm_70: no kernels for this GPU" in why  # a V100 cannot run CUDA 13 images
-    ok, why = compatibility(info, HostGpus("535.104.05", ("9.0",), "flags"))  # forward compatibility (NVIDIA's R535)
+    ok, why = compatibility(info, host_gpus("535.104.05", "9.0"))  # forward compatibility (NVIDIA's R535)
     assert ok and "forward compatibility" in why, why
-    ok, why = compatibility(info, HostGpus("560.35.03", ("9.0",), "flags"))
+    ok, why = compatibility(info, host_gpus("560.35.03", "9.0"))
     assert not ok and "driver 560.35.03 is older than 580.65.06 needed by CUDA 13.0" in why
-    ok, why = compatibility(info, HostGpus("580.95.05", ("l40s", "b300"), "flags"))
+    ok, why = compatibility(info, host_gpus("580.95.05", "l40s,b300"))
     assert ok and "sm_89: native kernels (sm_86" in why and "sm_103: native kernels (sm_100" in why
     old = TagInfo("24.05-py3", "24.05", None, cuda="12.4.1.003", arch_list="5.2 6.0 7.0 8.0 9.0+PTX")
-    ok, why = compatibility(old, HostGpus("535.104.05", ("7.0",), "flags"))
+    ok, why = compatibility(old, host_gpus("535.104.05", "7.0"))
     assert ok and "minor-version compatibility" in why
 
 
@@ -279,3 +279,26 @@ def test_a_tags_repository_is_read_as_an_image_reference(name, expected):
             repository_for(name, "nvcr.io")
     else:
         assert repository_for(name, "nvcr.io") == expected
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--compatible", "--driver", "banana"], "--driver: 'banana' is not an NVIDIA driver version"),
+        (["--compatible", "--driver", "999"], "--driver: '999' is not an NVIDIA driver version"),
+        (["--compatible", "--arch", "h900"], "--arch: 'h900' is not a GPU imgbuild knows"),
+        (["--compatible", "--arch", "h100", "--driver", "535"], "is not an NVIDIA driver version"),
+        (["--driver", "535.104.05"], "--driver and --arch go with --compatible"),
+    ],
+)
+def test_a_bad_driver_or_gpu_for_tags_is_one_line_and_exit_2_before_any_registry_is_asked(
+    args, words, capsys, monkeypatch, tmp_path
+):
+    from imgbuild.cli import main
+
+    monkeypatch.setenv("IMGBUILD_NGC_REGISTRY", "127.0.0.1:9")  # nothing listens: a request would be exit 3
+    monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(tmp_path))  # no cached tag list either
+    with pytest.raises(SystemExit) as done:
+        main(["tags", *args])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and words in err, err

@@ -13,6 +13,7 @@ from imgbuild.errors import UsageError
 from imgbuild.gpu import read as gpus_module
 from imgbuild.gpu.allocate import Sample, cpus_for, select_gpus, summarize
 from imgbuild.gpu.read import SmiReader, process_owner
+from imgbuild.gpu.snapshot import SnapshotReader
 from imgbuild.hostio.host import caller
 from imgbuild.registry import tags as tags_module
 from tests import ngc_facts
@@ -50,10 +51,11 @@ def test_one_reader_gives_capability_and_driver_and_survives_old_drivers(monkeyp
     old = SmiReader(run=old_smi).read()
     assert [(g.name, g.utilization, g.compute_cap) for g in old] == [("Tesla T4", 93, ""), ("Tesla T4", None, "")]
     # `tags --compatible` reads the host through the same reader.
-    monkeypatch.setattr(tags_module, "read_devices", lambda: (server("dgx-a100"), "nvidia-smi"))
+    monkeypatch.setattr(tags_module, "read_devices", lambda snapshot: (server("dgx-a100"), "nvidia-smi"))
     host = tags_module.host_gpus()
-    assert host == tags_module.HostGpus("535.104.05", ("8.0",) * 8, "nvidia-smi")
-    monkeypatch.setattr(tags_module, "read_devices", lambda: (_ for _ in ()).throw(gpus_module.NoGpus("none")))
+    assert (host.driver, host.capabilities, host.source) == ("535.104.05", ("8.0",), "nvidia-smi")
+    assert host.targets[0].model == "a100" and host.targets[0].datacenter  # with its model's facts
+    monkeypatch.setattr(tags_module, "read_devices", lambda snapshot: (_ for _ in ()).throw(gpus_module.NoGpus("x")))
     assert tags_module.host_gpus().source == "none"
 
 
@@ -62,7 +64,72 @@ def test_a_broken_gpu_snapshot_is_an_input_error(tmp_path):
         snapshot = tmp_path / "snap.json"
         snapshot.write_text(text)
         result = run_cli("gpus", env={"IMGBUILD_GPU_SNAPSHOT": str(snapshot)})
-        assert result.code == 2 and "snap.json: not a GPU snapshot" in result.err and "Traceback" not in result.err
+        assert result.code == 2 and "snap.json" in result.err and "not a GPU snapshot" in result.err
+        assert result.err.count("\n") == 1 and "Traceback" not in result.err
+
+
+def _snapshot_text(**change) -> str:
+    gpus = [g.to_json() for g in server("dgx-a100")[:2]]
+    bus = [{"address": "0000:07:00.0", "device": "0x20b0", "driver": "nvidia"}]
+    for where, value in change.items():
+        part, field = where.split("__")
+        (gpus[1] if part == "gpu" else gpus[1]["processes"][0] if part == "process" else bus[0])[field] = value
+    return json.dumps({"gpus": gpus, "pci": bus}, indent=2)
+
+
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        ({"gpu__driver": "banana"}, "gpus[1].driver", "'banana' is not an NVIDIA driver version"),
+        ({"gpu__driver": "999"}, "gpus[1].driver", "'999' is not an NVIDIA driver version"),
+        ({"gpu__compute_cap": "sm_80"}, "gpus[1].compute_cap", "is not a compute capability"),
+        ({"gpu__compute_cap": "99.0"}, "gpus[1].compute_cap", "is not a compute capability"),
+        ({"gpu__index": "1"}, "gpus[1].index", "is not a whole number"),
+        ({"gpu__utilization": 250}, "gpus[1].utilization", "up to 100"),
+        ({"gpu__model": "h900"}, "gpus[1].model", "is no field"),
+        ({"gpu__name": "A100\x1b[2J"}, "gpus[1].name", "is not a line of text"),
+        ({"process__pid": -4}, "gpus[1].processes[0].pid", "is not a whole number"),
+        ({"pci__device": "0x20bz"}, "pci[0].device", "is not a PCI device id"),
+        ({"pci__device": "20b0"}, "pci[0].device", "is not a PCI device id"),
+        ({"pci__address": "07:00.0"}, "pci[0].address", "is not a PCI address"),
+        ({"pci__driver": "vfio pci"}, "pci[0].driver", "is not a kernel driver's name"),
+    ],
+)
+def test_a_snapshot_field_gpus_would_never_write_is_one_line_naming_file_line_and_field(tmp_path, change, field, words):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(_snapshot_text(**change))
+    with pytest.raises(UsageError) as caught:
+        SnapshotReader(snapshot).snapshot()
+    said = str(caught.value)
+    line = int(said.split("snap.json:", 1)[1].split(":", 1)[0])
+    assert line > 1 and f" {field}: not a GPU snapshot: " in said and words in said, said
+    assert "\n" not in said and "\x1b" not in said
+
+
+def test_every_door_that_reads_a_snapshot_refuses_a_malformed_one_in_one_line(tmp_path):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(_snapshot_text(gpu__driver="banana"))
+    env = {"IMGBUILD_GPU_SNAPSHOT": str(snapshot), "IMGBUILD_NGC_REGISTRY": "127.0.0.1:9"}
+    for command in (("gpus",), ("run", "--dry-run", "--gpus", "1", "x:1", "true"), ("tags", "--compatible")):
+        result = run_cli(*command, env=env)
+        assert result.code == 2 and result.err.count("\n") == 1, (command, result.err)
+        assert "snap.json:" in result.err and "gpus[1].driver: not a GPU snapshot" in result.err, result.err
+
+
+def test_what_gpus_json_writes_reads_back_as_a_snapshot_with_its_pci_bus(tmp_path):
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(_snapshot_text())
+    from click.testing import CliRunner
+
+    from imgbuild.cli import cli
+
+    written = CliRunner().invoke(cli, ["gpus", "--json"], env={"IMGBUILD_GPU_SNAPSHOT": str(snapshot)})
+    again = tmp_path / "again.json"
+    again.write_text(written.output)
+    reread = SnapshotReader(again).snapshot()
+    assert written.exit_code == 0 and [g.uuid for g in reread.gpus] == [g.uuid for g in server("dgx-a100")[:2]]
+    assert reread.pci == (gpus_module.PciGpu("0000:07:00.0", "0x20b0", "nvidia"),)
+    assert gpus_module.read_pci(str(again)) == reread.pci
 
 
 def test_pick_least_loaded_gpus_free_of_other_users():

@@ -332,22 +332,28 @@ def shell(ctx: click.Context, name: str, force: bool) -> None:
 def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None) -> None:
     """GPUs: memory, utilisation, and who runs what on each (NVML, or nvidia-smi)."""
     import time
+    from dataclasses import asdict
 
-    from imgbuild.gpu.read import NoGpus
+    from imgbuild.gpu.read import NoGpus, read_pci
     from imgbuild.servers.containers import watch_gpus
     from imgbuild.ui import print_table
 
-    readings_of = watch_gpus(settings_of(ctx), interval if watch else None, count)
+    settings = settings_of(ctx)
+    readings_of = watch_gpus(settings, interval if watch else None, count)
+    bus = [asdict(p) for p in read_pci(settings.gpu_snapshot)] if as_json else []  # a snapshot records the bus too
     try:
         for readings, lost in readings_of:
-            _show_gpus(readings, lost, as_json, time.strftime("%H:%M:%S") if watch else None, print_table)
+            title = time.strftime("%H:%M:%S") if watch else None
+            _show_gpus(readings, lost, as_json, title, print_table, bus)
     except NoGpus as exc:
         click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
 
 
-def _show_gpus(readings: list[Any], lost: list[dict[str, str]], as_json: bool, title: str | None, table: Any) -> None:
+def _show_gpus(
+    readings: list[Any], lost: list[dict[str, str]], as_json: bool, title: str | None, table: Any, bus: list[Any]
+) -> None:
     if as_json:
-        emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
+        emit_json({"gpus": [g.to_json() for g in readings], "lost": lost, "pci": bus})
         return
     rows = []
     for g in readings:

@@ -45,24 +45,39 @@ class Target:
 AMD_GPU_RE = re.compile(r"(?:amd|instinct)?(?:mi[0-9]{2,3}[a-z]{0,2}|radeon[a-z0-9]*|gfx[0-9a-f]{3,4})")
 
 
-def parse_target(word: str) -> Target:
+def _capability(text: str) -> tuple[int, int] | None:
+    """A compute capability as `sm_89` or `8.9`, from Kepler (3.x) to well past anything announced; None else."""
+    match = _CAPABILITY_RE.fullmatch(text.strip().lower())
+    if match is None:
+        return None
+    major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return (int(major), int(minor)) if 3 <= int(major) <= 20 else None
+
+
+def check_capability(text: str) -> tuple[int, int]:
+    """A compute capability as a GPU reader reports it (`8.9`); UsageError naming what is not one."""
+    capability = _capability(text) if "." in text else None
+    if capability is None:
+        raise UsageError(f"compute_cap: {text.strip()[:40]!r} is not a compute capability (3.0 to 20.x, e.g. 8.9)")
+    return capability
+
+
+def parse_target(word: str, flag: str = "--for") -> Target:
     text = word.strip().lower()
     key = text.replace(" ", "").replace("-", "").replace("_", "")
     if key in GPU_MODELS:
         model = GPU_MODELS[key]
         return Target(key, model.capability, model.datacenter, model.cpu, model.min_driver, key)
-    match = _CAPABILITY_RE.fullmatch(text)
-    if match:
-        major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-        if 3 <= int(major) <= 20:  # Kepler (3.x) to well past anything announced
-            return Target(text, (int(major), int(minor)))
+    capability = _capability(text)
+    if capability is not None:
+        return Target(text, capability)
     if AMD_GPU_RE.fullmatch(key):
         raise UsageError(
-            f"--for {word.strip()[:40]!r}: an AMD GPU; NGC images are CUDA builds and cannot use it (imgbuild is for "
+            f"{flag} {word.strip()[:40]!r}: an AMD GPU; NGC images are CUDA builds and cannot use it (imgbuild is for "
             "NVIDIA GPUs: on AMD sites such as LUMI use the site's ROCm containers)"
         )
     raise UsageError(
-        f"--for: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
+        f"{flag}: {word.strip()[:40]!r} is not a GPU imgbuild knows; use a compute capability (sm_89 or 8.9) "
         f"or a name such as {', '.join(list(GPU_MODELS)[:12])} ({len(GPU_MODELS)} known: docs/gpus.md)"
     )
 
@@ -81,10 +96,9 @@ def host_target(name: str, compute_cap: str) -> Target | None:
     (data-center or not, its own minimum driver, Jetson drivers): the table's model whose name's words begin the
     driver's name, of the same capability, the longest such; else a consumer card known as one (no forward
     compatibility), any other name not known either way. None where the reader gave no capability."""
-    match = _CAPABILITY_RE.fullmatch(compute_cap.strip()) if compute_cap else None
-    if match is None or match.group(1):
+    capability = _capability(compute_cap) if "." in compute_cap else None
+    if capability is None:
         return None
-    capability = (int(match.group(3)), int(match.group(4)))
     words = _name_words(name)
     best: tuple[int, str] | None = None
     for key, model in GPU_MODELS.items():
@@ -98,15 +112,16 @@ def host_target(name: str, compute_cap: str) -> Target | None:
     return Target(label, capability, model.datacenter, model.cpu, model.min_driver, best[1])
 
 
-def parse_targets(words: str | Iterable[str]) -> list[Target]:
-    """`v100,l40s,sm_90` (or a list of such words) as targets, each once, in the order given."""
+def parse_targets(words: str | Iterable[str], flag: str = "--for") -> list[Target]:
+    """`v100,l40s,sm_90` (or a list of such words) as targets, each once, in the order given; a word that names
+    no GPU is a usage error naming `flag`."""
     items = words.split(",") if isinstance(words, str) else [w for word in words for w in str(word).split(",")]
     targets: list[Target] = []
     for item in items:
-        if item.strip() and (target := parse_target(item)) not in targets:
+        if item.strip() and (target := parse_target(item, flag)) not in targets:
             targets.append(target)
     if not targets:
-        raise UsageError("--for: name at least one GPU (e.g. --for v100,a100,h100)")
+        raise UsageError(f"{flag}: name at least one GPU (e.g. {flag} v100,a100,h100)")
     return targets
 
 
@@ -365,6 +380,7 @@ def _as_rule(check: Callable[[str], Any]) -> Callable[[str], str]:
     return rule
 
 
-#: smoke.targets and the config's fleet.gpus; the config's fleet.driver.
+#: smoke.targets and the config's fleet.gpus; the config's fleet.driver; a GPU snapshot's driver and compute_cap.
 target_rule = _as_rule(parse_target)
 driver_rule = _as_rule(check_driver)
+capability_rule = _as_rule(check_capability)

@@ -1,4 +1,5 @@
-"""GPUs on a shared server, read: NVML, nvidia-smi, or a saved snapshot, with who runs what on each (and MIG).
+"""GPUs on a shared server, read: NVML, nvidia-smi, or a saved snapshot (gpu.snapshot), with who runs what on
+each (and MIG).
 
 Readers fill one shape (`Gpu`, `GpuProcess`); choosing among them is gpu.allocate's, pure over that shape, so both
 are tested with readings shaped like real servers.
@@ -6,53 +7,18 @@ are tested with readings shaped like real servers.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imgbuild import limits
-from imgbuild.errors import EnvironmentProblem, UsageError
-
-
-@dataclass
-class GpuProcess:
-    pid: int
-    name: str
-    used_mib: int
-    user: str = ""
-    container: str = ""
-
-
-@dataclass
-class Gpu:
-    index: int
-    uuid: str
-    name: str
-    memory_used_mib: int
-    memory_total_mib: int
-    utilization: int | None  # percent; None where the driver does not report it (MIG)
-    processes: list[GpuProcess] = field(default_factory=list)
-    compute_cap: str = ""  # "8.0"; empty where the reader cannot tell (old nvidia-smi)
-    driver: str = ""  # the host driver's version, the same on every GPU
-    cpu_affinity: str = ""  # the CPUs of the GPU's NUMA node, as a list like 0-31,64-95 ("" unknown)
-    mig_parent: str = ""  # a MIG slice: its GPU's UUID (the slice is the unit a container is given, by MIG- UUID)
-    mig_profile: str = ""  # "1g.10gb"
-    #: MIG mode is on but no instance is made: the GPU cannot run a CUDA process whole, nor be given as a slice
-    mig_unsliced: bool = False
-
-    @property
-    def users(self) -> set[str]:
-        return {p.user for p in self.processes if p.user}
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+from imgbuild.errors import EnvironmentProblem
+from imgbuild.gpu.shapes import PCI_DEVICE_ID, SNAPSHOT_SOURCE, Gpu, GpuProcess, PciGpu
+from imgbuild.gpu.snapshot import SnapshotReader
 
 
 class NoGpus(EnvironmentProblem):
@@ -89,19 +55,6 @@ def process_owner(
 # --- readers ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PciGpu:
-    """An NVIDIA GPU on this machine's PCI bus, as the kernel sees it, whatever drives it."""
-
-    address: str  # 0000:0f:00.0
-    device: str  # the PCI device id, 0x1db4 (a V100 SXM2)
-    driver: str  # the kernel driver bound to it: nvidia, vfio-pci (passed to VMs), nouveau; "" none
-
-    @property
-    def label(self) -> str:
-        return f"{self.address} (10de:{self.device.removeprefix('0x') or '?'})"
-
-
 def _first_line(path: Path) -> str:
     return path.read_text()[:16].strip()
 
@@ -123,7 +76,7 @@ def nvidia_pci_devices(root: str = "/sys/bus/pci/devices") -> tuple[PciGpu, ...]
         except OSError:
             ident = ""
         driver = os.path.basename(os.readlink(device / "driver")) if (device / "driver").is_symlink() else ""
-        found.append(PciGpu(device.name, ident if re.fullmatch(r"0x[0-9a-f]{4}", ident) else "", driver[:40]))
+        found.append(PciGpu(device.name, ident if PCI_DEVICE_ID.fullmatch(ident) else "", driver[:40]))
     return tuple(found)
 
 
@@ -414,26 +367,6 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class SnapshotReader:
-    """Readings saved as JSON (`imgbuild gpus --json > snap.json`): to plan or test without the server."""
-
-    source = "snapshot"
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def read(self) -> list[Gpu]:
-        try:
-            with self.path.open("rb") as handle:
-                data = json.loads(handle.read(limits.HTTP_BODY_BYTES + 1)[: limits.HTTP_BODY_BYTES])
-            gpus = data["gpus"] if isinstance(data, dict) else data
-            return [Gpu(**{**g, "processes": [GpuProcess(**p) for p in g.get("processes", [])]}) for g in gpus]
-        except OSError as exc:
-            raise UsageError(f"{self.path}: cannot read the GPU snapshot: {exc.strerror}") from exc
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise UsageError(f"{self.path}: not a GPU snapshot (`imgbuild gpus --json` writes one)") from exc
-
-
 def read_devices(snapshot: str | None = None) -> tuple[list[Gpu], str]:
     """This host's GPUs and where the answer came from: a snapshot when given, else NVML, else
     nvidia-smi. The one reader of GPUs: `gpus`, `run` and `tags --compatible` all come here."""
@@ -449,10 +382,17 @@ def read_devices(snapshot: str | None = None) -> tuple[list[Gpu], str]:
     raise NoGpus("; ".join(errors))
 
 
+def read_pci(snapshot: str | None = None) -> tuple[PciGpu, ...]:
+    """The NVIDIA GPUs on the PCI bus: a snapshot's where it recorded them (`gpus --json` does), else this
+    machine's."""
+    recorded = SnapshotReader(snapshot).snapshot().pci if snapshot else None
+    return nvidia_pci_devices() if recorded is None else recorded
+
+
 def read_gpus(snapshot: str | None = None, owner: Callable[[int], tuple[str, str]] | None = None) -> list[Gpu]:
     """The GPUs, each process annotated with its user and container (a snapshot keeps those it recorded)."""
     gpus, source = read_devices(snapshot)
-    if source == SnapshotReader.source:
+    if source == SNAPSHOT_SOURCE:
         return gpus
     for gpu in gpus:
         for proc in gpu.processes:

@@ -70,9 +70,16 @@ class SupportTable:
         return self.minor_floor.get(major) or self.cuda_min_driver.get((major, 0))
 
     def tegra_cuda(self, model: str, driver: str) -> tuple[int, int] | None:
-        """The CUDA release a Jetson's own driver runs natively (JetPack's numbering), None where the driver is not
-        one of that model's releases."""
-        return self.tegra_drivers.get(model, {}).get(driver)
+        """The CUDA release a Jetson's own driver runs natively (JetPack's numbering): that of the model's newest
+        recorded JetPack driver of the same branch at or below it (a later JetPack update runs at least what its
+        predecessor did); None where the driver is below every one of that model's releases in its branch."""
+        have = version_tuple(driver)
+        known = [
+            (version_tuple(own), cuda)
+            for own, cuda in self.tegra_drivers.get(model, {}).items()
+            if version_tuple(own)[:1] == have[:1] and version_tuple(own) <= have
+        ]
+        return max(known)[1] if known else None
 
 
 def _branch(version: str) -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
 from imgbuild.errors import RegistryUnavailable, UsageError
-from imgbuild.gpu.fleet import judge_tag, parse_targets
+from imgbuild.gpu.fleet import Target, check_driver, host_target, judge_tag, parse_targets
 from imgbuild.gpu.read import NoGpus, read_devices
 from imgbuild.hostio.cache import JsonCache
 from imgbuild.ngc import FRAMEWORKS, describe_config, parse_tag
@@ -202,28 +202,40 @@ def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: 
 
 @dataclass(frozen=True)
 class HostGpus:
+    """The GPUs and driver a tag is judged for: the flags' (`--arch`, `--driver`), else this host's read ones,
+    each carrying its model's facts; checked before any registry is asked."""
+
     driver: str | None
-    capabilities: tuple[str, ...]
+    targets: tuple[Target, ...]
     source: str
 
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        return tuple(f"{t.capability[0]}.{t.capability[1]}" for t in self.targets)
 
-def host_gpus(driver: str | None = None, arch: str | None = None) -> HostGpus:
-    """The host's driver and GPU compute capabilities: from the flags, else from the GPU reader."""
+
+def host_gpus(driver: str | None = None, arch: str | None = None, snapshot: str | None = None) -> HostGpus:
+    """The driver and GPUs to judge tags for: from the flags (a malformed one is a usage error), else from the GPU
+    reader (a snapshot where the settings name one), each GPU with its model's facts."""
     if driver or arch:
-        caps = tuple(a.strip() for a in (arch or "").split(",") if a.strip())
-        return HostGpus(driver, caps, "flags")
+        return HostGpus(check_driver(driver), tuple(parse_targets(arch, "--arch")) if arch else (), "flags")
     try:
-        gpus, source = read_devices()
+        gpus, source = read_devices(snapshot)
     except NoGpus:
         return HostGpus(None, (), "none")
-    return HostGpus(gpus[0].driver if gpus else None, tuple(g.compute_cap for g in gpus if g.compute_cap), source)
+    targets: list[Target] = []
+    for gpu in gpus:
+        target = host_target(gpu.name, gpu.compute_cap)
+        if target is not None and target not in targets:
+            targets.append(target)
+    return HostGpus(next((g.driver for g in gpus if g.driver), None), tuple(targets), source)
 
 
 def compatibility(info: TagInfo, host: HostGpus) -> tuple[bool, str]:
     """Can this host run the tag? Judged by `fleet` from the tag's CUDA_VERSION and TORCH_CUDA_ARCH_LIST."""
-    if not host.driver and not host.capabilities:
+    if not host.driver and not host.targets:
         return True, "no GPU information (give --driver/--arch)"
-    targets = parse_targets(list(host.capabilities)) if host.capabilities else []
+    targets = list(host.targets)
     verdicts = judge_tag(info.tag, info.cuda, info.arch_list, targets, host.driver, info.platforms, info.variants)
     return all(v.runs for v in verdicts), "; ".join(dict.fromkeys(v.reason for v in verdicts))
 
@@ -245,13 +257,15 @@ class Query:
 
 def listing(settings: Settings, query: Query) -> Listing:
     """Tags newest first, from the cache or the registry; with details and this host's verdict on each."""
-    release_floor(query.since)  # a bad --since is a usage error before any request
+    release_floor(query.since)  # a bad --since, --driver or --arch is a usage error before any request
+    if (query.driver or query.arch) and not query.compatible:
+        raise UsageError("--driver and --arch go with --compatible")
+    gpus = host_gpus(query.driver, query.arch, settings.gpu_snapshot) if query.compatible else None
     host, repo = repository_for(query.repository, settings.ngc_registry)
     client = RegistryClient.for_host(host, settings)
     cache = TagCache(Path(settings.cache_dir) / "registry", settings.tag_cache_ttl)
     names, age, offline = list_tags(client, repo, cache, refresh=query.refresh)
     infos = select(names, since=query.since, variant=query.variant, limit=None if query.compatible else query.limit)
-    gpus = host_gpus(query.driver, query.arch) if query.compatible else None
     if (query.details or query.compatible) and infos:
         if offline:
             raise RegistryUnavailable(f"registry {host} is unreachable: --details/--compatible need it")

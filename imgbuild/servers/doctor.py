@@ -337,7 +337,7 @@ def collect(settings: Settings, engine_info: dict[str, Any]) -> HostFacts:
     """This machine, read (nothing changed), with what its engine said of itself (`host_info()`)."""
     from pathlib import Path
 
-    from imgbuild.gpu.read import NoGpus, nvidia_pci_devices, read_gpus
+    from imgbuild.gpu.read import NoGpus, read_gpus, read_pci
 
     driver = _driver_version()
     gpus: list[dict[str, Any]] = []
@@ -368,5 +368,5 @@ def collect(settings: Settings, engine_info: dict[str, Any]) -> HostFacts:
         memlock=_engine_memlock(),
         cgroup=_cgroup_version(),
         docker_group=_docker_group(),
-        pci_gpus=nvidia_pci_devices() if driver is not None else (),
+        pci_gpus=read_pci(settings.gpu_snapshot) if driver is not None else (),
     )
