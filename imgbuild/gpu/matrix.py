@@ -79,7 +79,7 @@ DRIVERS: tuple[str, ...] = (
     "610.43.02",
 )
 
-BRANCHES: tuple[int, ...] = tuple(int(d.split(".")[0]) for d in DRIVERS)
+BRANCHES: tuple[int, ...] = tuple(version_tuple(d)[0] for d in DRIVERS)
 
 
 def cell(cuda: str, driver: str) -> str:
