@@ -6,6 +6,7 @@ these take milliseconds each, so every branch gets a case.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from imgbuild.engine.lease import lease_name
 from imgbuild.errors import BuildFailed, SmokeFailed
 from imgbuild.host import namespace_id
 from imgbuild.pipeline import build as pipeline
+from imgbuild.pipeline.build import BuildJob, PublishTo
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.fake_nvcr import FakeNvcr
@@ -40,7 +42,7 @@ def recipe(tmp_path: Path) -> Path:
 def _build(recipe: Path, engine: FakeEngine, tmp_path: Path):
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
-    return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    return pipeline.build_platforms(BuildJob(plan.loaded, out=tmp_path / "ctx", planned=plan), settings, engine).own()
 
 
 def test_a_first_build_is_promoted_and_leaves_no_candidate(recipe, tmp_path):
@@ -285,14 +287,15 @@ def test_a_pushed_build_is_seeded_from_the_registry_copy_of_its_target(recipe, t
     engine = FakeEngine(builds=seen.append)
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
-    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
-    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    pushed = BuildJob(plan.loaded, out=tmp_path / "ctx", publish=PublishTo(), planned=plan)
+    pipeline.build_platforms(pushed, settings, engine)  # the build half of a job that pushes
+    pipeline.build_platforms(dataclasses.replace(pushed, publish=None), settings, engine)
     assert [(r.inline_cache, r.cache_from) for r in seen] == [(True, (TARGET,)), (True, ())]
     # a fresh runner (no local image) pulls the registry's copy first (moby/buildkit#1981); a warm one does not
     assert engine.calls.count(f"pull {TARGET}") == 1 and engine.calls.index(f"pull {TARGET}") < engine.calls.index(
         f"build {CANDIDATE}"
     )
-    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
+    pipeline.build_platforms(pushed, settings, engine)
     assert engine.calls.count(f"pull {TARGET}") == 1
 
 

@@ -16,6 +16,7 @@ from imgbuild.errors import UsageError
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.host import Caller
+    from imgbuild.supply.attest import Signer
 
 
 class Section:
@@ -114,7 +115,7 @@ SIGN_KEY = click.option(
 )
 
 
-def open_signer(sign_key: Path | None, push: bool) -> Any:
+def open_signer(sign_key: Path | None, push: bool) -> Signer | None:
     """The signing key, opened before any build: a wrong key or password stops here, in one line."""
     if sign_key is None:
         return None

@@ -22,11 +22,17 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import quote
 
 from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.errors import EnvironmentProblem, UsageError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
+
+#: cosign's public key, as `verify` takes it (load_verifier) and a Signer gives it: ECDSA P-256.
+PublicKey: TypeAlias = "EllipticCurvePublicKey"
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
@@ -237,7 +243,7 @@ def _crypto() -> Any:
 class Signer:
     """An ECDSA P-256 private key, from cosign's encrypted key file. Its repr and errors never show it."""
 
-    def __init__(self, key: Any) -> None:
+    def __init__(self, key: EllipticCurvePrivateKey) -> None:
         self._key = key
 
     def __repr__(self) -> str:
@@ -249,7 +255,7 @@ class Signer:
         ec = _crypto()
         return bytes(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
 
-    def public_key(self) -> Any:  # the public half, as `verify` takes it (load_verifier)
+    def public_key(self) -> PublicKey:  # the public half, as `verify` takes it (load_verifier)
         return self._key.public_key()
 
 
@@ -304,9 +310,9 @@ def load_signer(path: Path, password: bytes) -> Signer:
     return Signer(key)
 
 
-def load_verifier(path: Path) -> Any:
+def load_verifier(path: Path) -> PublicKey:
     """A PEM public key (cosign.pub)."""
-    _crypto()
+    ec = _crypto()
     from cryptography.hazmat.primitives import serialization
 
     from imgbuild.regular import read_named
@@ -318,12 +324,15 @@ def load_verifier(path: Path) -> Any:
     except ValueError as exc:
         raise UsageError(f"--key {path}: {exc}") from None
     try:
-        return serialization.load_pem_public_key(data)
+        key = serialization.load_pem_public_key(data)
     except ValueError:
         raise UsageError(f"--key {path}: not a PEM public key (cosign.pub)") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):  # no cosign signature could verify under it
+        raise UsageError(f"--key {path}: not an ECDSA public key (cosign.pub)")
+    return key
 
 
-def signature_ok(public_key: Any, signature: bytes, data: bytes) -> bool:
+def signature_ok(public_key: PublicKey, signature: bytes, data: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import hashes
 
