@@ -14,6 +14,7 @@ from imgbuild.errors import EXIT_FAILED, UsageError
 
 if TYPE_CHECKING:
     from imgbuild.annotation import Annotation
+    from imgbuild.ci.rebuild import Report
 
 SECTION = Section("CI over many recipes")
 
@@ -154,7 +155,7 @@ def _annotate(notes: list[Annotation]) -> None:
             click.echo(workflow_command(note), err=True)
 
 
-def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
+def _write_reports(report: Report, report_json: Path | None, junit_xml: Path | None) -> None:
     from imgbuild.ci import outcome
     from imgbuild.regular import write_atomic
 

@@ -16,6 +16,7 @@ from imgbuild.servers.spec import cpulist_of
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
+    from imgbuild.pipeline.smoke import QuotaCheck
 
 
 @dataclass
@@ -42,12 +43,12 @@ def gpu_claims(settings: Settings) -> Callable[[Any, list[Any]], dict[str, list[
     return read
 
 
-def quota_check(settings: Settings, user: str) -> Callable[[Any, dict[str, list[Claim]]], None]:
+def quota_check(settings: Settings, user: str) -> QuotaCheck:
     """The site's GPU quota for `user`'s smoke test (build.smoke.QuotaCheck): the GPUs it would take count as
     a run of theirs, against what they (and their groups) hold already."""
     house = settings.run
 
-    def check(selection: Any, claims: dict[str, list[Claim]]) -> None:
+    def check(selection: Selection, claims: dict[str, list[Claim]]) -> None:
         check_quota(user, selection, Held(gpus=claims), house)
 
     return check

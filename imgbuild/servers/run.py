@@ -134,7 +134,7 @@ def prepare(
         check_could_fit(user, req.gpu_request, requested_count(req.gpu_request, gpus), len(gpus), house)
     selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
     check_quota(user, selection, held, house)
-    cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced)
+    cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced is not None)
     cpuset: list[int] = []
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})

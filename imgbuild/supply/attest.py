@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import quote
 
 from imgbuild.boundedjson import loads as bounded_loads
@@ -30,6 +30,17 @@ from imgbuild.errors import EnvironmentProblem, UsageError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
+
+
+class AttachmentRegistry(Protocol):
+    """The registry calls that attach cosign's artifacts to an image and read them back: a RegistryClient's."""
+
+    def has_blob(self, repo: str, digest: str) -> bool: ...
+    def upload_blob(self, repo: str, digest: str, source: Path) -> None: ...
+    def put_manifest(self, repo: str, reference: str, content: bytes, media_type: str) -> None: ...
+    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]: ...
+    def blob_bytes(self, repo: str, digest: str) -> bytes: ...
+
 
 #: cosign's public key, as `verify` takes it (load_verifier) and a Signer gives it: ECDSA P-256.
 PublicKey: TypeAlias = "EllipticCurvePublicKey"
@@ -375,7 +386,9 @@ def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, by
     return config, canonical(manifest), [content for _, content, _ in layers]
 
 
-def attached_layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
+def attached_layers(
+    client: AttachmentRegistry, repo: str, digest: str, kind: str, media: str
+) -> list[tuple[bytes, dict[str, str]]]:
     """The `media` layers of `digest`'s `kind` attachment: (content, annotations); none when it is absent."""
     from imgbuild.errors import RegistryError
 
@@ -426,7 +439,9 @@ def signature_artifact(image: str, digest: str, signer: Signer) -> tuple[bytes, 
     return artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})])
 
 
-def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]) -> list[str]:
+def publish(
+    client: AttachmentRegistry, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]
+) -> list[str]:
     """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written. A signature is
     added to those already there (another key's, before a rotation), never put in their place."""
     import tempfile
@@ -453,7 +468,7 @@ MAX_SIGNATURES = 16
 
 
 def _with_earlier_signatures(
-    client: Any, repo: str, digest: str, part: tuple[bytes, bytes, list[bytes]]
+    client: AttachmentRegistry, repo: str, digest: str, part: tuple[bytes, bytes, list[bytes]]
 ) -> tuple[bytes, bytes, list[bytes]]:
     """The `.sig` artifact `part` with the signatures already attached to `digest` before it (each once)."""
     _, manifest, blobs = part
