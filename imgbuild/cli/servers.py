@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +18,7 @@ SECTION = Section("Servers")
 
 if TYPE_CHECKING:
     from imgbuild.engine import ImageEngine
+    from imgbuild.gpu.read import Gpu
 
 
 class _RunCommand(click.Command):
@@ -335,17 +336,18 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
 
     from imgbuild.gpu.read import NoGpus
     from imgbuild.servers.containers import watch_gpus
-    from imgbuild.ui import print_table
 
     readings_of = watch_gpus(settings_of(ctx), interval if watch else None, count)
     try:
         for readings, lost in readings_of:
-            _show_gpus(readings, lost, as_json, time.strftime("%H:%M:%S") if watch else None, print_table)
+            _show_gpus(readings, lost, as_json, time.strftime("%H:%M:%S") if watch else None)
     except NoGpus as exc:
         click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
 
 
-def _show_gpus(readings: list[Any], lost: list[dict[str, str]], as_json: bool, title: str | None, table: Any) -> None:
+def _show_gpus(readings: list[Gpu], lost: list[dict[str, str]], as_json: bool, title: str | None) -> None:
+    from imgbuild.ui import print_table
+
     if as_json:
         emit_json({"gpus": [g.to_json() for g in readings], "lost": lost})
         return
@@ -354,6 +356,6 @@ def _show_gpus(readings: list[Any], lost: list[dict[str, str]], as_json: bool, t
         procs = "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB" for p in g.processes)
         util = "?" if g.utilization is None else f"{g.utilization}%"
         rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs or "-"])
-    table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows, title=title)
+    print_table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows, title=title)
     for item in lost:
         click.echo(f"{item['name']}: {item['fix']}", err=True)
