@@ -322,3 +322,37 @@ def test_a_missing_registry_cache_is_not_the_step_that_failed():
         "executor failed running [/bin/sh -c echo about to fail && false]: exit code: 1"
     ]
     assert any(s.startswith("no registry cache to start from") for s in said)
+
+
+def test_a_build_job_takes_only_the_options_it_names(recipe):
+    """A misspelt option is refused where the job is made, never carried along unread."""
+    with pytest.raises(TypeError, match="reproducable"):
+        BuildJob(load_recipe(recipe), reproducable=True)  # type: ignore[call-arg]
+
+
+def test_rebuild_push_publishes_through_the_build_job(recipes):
+    """CI's push is the build job's own last stage, as `build --push`'s is: the image pushed once, to its target,
+    and the digest the registry holds reported."""
+    from tests.fake_registry import ServedRegistry
+
+    engine = FakeEngine()
+    registry = ServedRegistry()
+    engine.images.push = registry.engine_push(engine)  # type: ignore[method-assign]
+    for other in ("team.yaml", "house.yaml"):
+        (recipes / other).unlink()
+    (recipes / "solo.yaml").write_text(
+        f'name: solo\nimage: {registry.host}/lab/solo:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    )
+    try:
+        with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+            settings = load_settings(
+                {"ngc_registry": nvcr.host, "images_dir": str(recipes.parent / "images"),
+                 "insecure_registries": [registry.host]}
+            )  # fmt: skip
+            options = rebuild.RebuildOptions(push=True)
+            (item,) = rebuild.run([str(recipes)], settings, options, lambda line: None, engine)
+    finally:
+        registry.close()
+    assert item.status == "built", item.error
+    assert item.pushed == registry.tags[("lab/solo", "v1")]
+    assert [tag for repo, tag in registry.tags if repo == "lab/solo" and not tag.startswith("sha256-")] == ["v1"]
