@@ -4,10 +4,19 @@ registries that do are served from 127.0.0.1 (tests/fake_nvcr.py, the hostile re
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imgbuild.errors import RegistryError
 from imgbuild.supply import attest
+
+if TYPE_CHECKING:
+    from imgbuild.engine.fake import FakeEngine
+    from imgbuild.engine.types import ProgressFn
+
+    PushFn = Callable[[str, dict[str, str] | None, ProgressFn, float], str]
 
 
 class MemoryRegistry:
@@ -48,7 +57,6 @@ class ServedRegistry:
 
     def __init__(self) -> None:
         import threading
-        from collections.abc import Callable
         from http.server import ThreadingHTTPServer
 
         from tests.fake_nvcr import QuietHandler
@@ -153,6 +161,22 @@ class ServedRegistry:
         self.manifests[digest] = (body, media_type)
         self.tags[(repo, tag)] = digest
         return digest
+
+    def engine_push(self, engine: FakeEngine, then: Callable[[str, str], None] | None = None) -> PushFn:
+        """The fake engine's push, as this registry sees it: each image's manifest stored at its tag; `then(repo,
+        tag)` runs after (another pusher)."""
+        from imgbuild import imageref
+        from imgbuild.registry.manifest import DOCKER_MANIFEST_TYPE
+
+        def push(ref: str, auth: dict[str, str] | None, progress: ProgressFn, quiet_seconds: float = 0.0) -> str:
+            parsed = imageref.parse(ref)
+            body = json.dumps({"schemaVersion": 2, "config": {"digest": engine.images.image_id(ref)}}).encode()
+            digest = self.put(parsed.repository, parsed.tag, body, DOCKER_MANIFEST_TYPE)
+            if then is not None:
+                then(parsed.repository, parsed.tag)
+            return digest
+
+        return push
 
     def close(self) -> None:
         self.stop.set()

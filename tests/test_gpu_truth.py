@@ -441,7 +441,9 @@ def test_a_recipe_with_an_unknown_gpu_target_names_its_line(tmp_path):
 from imgbuild.engine.fake import FakeEngine  # noqa: E402
 from imgbuild.errors import SmokeFailed  # noqa: E402
 from imgbuild.pipeline import build as pipeline  # noqa: E402
+from imgbuild.pipeline.build import BuildJob  # noqa: E402
 from imgbuild.pipeline.plan import make_plan  # noqa: E402
+from imgbuild.pipeline.smoke import ClaimsOf, QuotaCheck  # noqa: E402
 from imgbuild.recipe import load_recipe  # noqa: E402
 
 TARGET = "alice/demo:v1"
@@ -456,12 +458,20 @@ def _recipe(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
-def _build(tmp_path: Path, engine: FakeEngine, extra: str = "", **flags):
-    options = {k: flags.pop(k) for k in ("skip_gpu", "require_gpu", "claims", "quota") if k in flags}
+def _build(
+    tmp_path: Path,
+    engine: FakeEngine,
+    extra: str = "",
+    skip_gpu: bool = False,
+    claims: ClaimsOf | None = None,
+    quota: QuotaCheck | None = None,
+    **flags,
+):
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000", **flags})
     recipe = _recipe(tmp_path, extra)
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
-    return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", **options)
+    job = BuildJob(plan.loaded, skip_gpu=skip_gpu, out=tmp_path / "ctx", claims=claims, quota=quota, planned=plan)
+    return pipeline.build_platforms(job, settings, engine).own()
 
 
 def _snapshot(tmp_path: Path, driver: str = "") -> str:

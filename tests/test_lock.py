@@ -136,7 +136,7 @@ def test_lock_resolves_with_the_recipes_installer_in_the_callers_cache(tmp_path)
 def test_a_pip_recipe_is_locked_by_pip(tmp_path):
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.pipeline.pins import lock
+    from imgbuild.pipeline.pins import lock, lockable
     from tests.fake_nvcr import FakeNvcr
 
     recipe = _recipe(tmp_path, "# header\n", "{packages: [einops], installer: pip}")
@@ -146,7 +146,7 @@ def test_a_pip_recipe_is_locked_by_pip(tmp_path):
     engine.containers.answers["lock"] = _answer([["einops", "0.8.1", [H1]]], resolver="pip")
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
-        result = lock(recipe, settings, engine=engine)
+        result = lock(lockable(recipe, settings), settings, engine)
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
     assert called(run.probe.script)[2] == "" and result.resolver == "pip" and result.hashed
 
@@ -154,7 +154,7 @@ def test_a_pip_recipe_is_locked_by_pip(tmp_path):
 def test_lock_shows_the_resolvers_progress_and_nothing_a_terminal_would_obey(tmp_path):
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.pipeline.pins import lock
+    from imgbuild.pipeline.pins import lock, lockable
     from tests.fake_nvcr import FakeNvcr
 
     recipe = _recipe(tmp_path, "# header\n", "[einops]")
@@ -176,7 +176,7 @@ def test_lock_shows_the_resolvers_progress_and_nothing_a_terminal_would_obey(tmp
     shown: list[str] = []
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
-        lock(recipe, settings, engine=engine, on_line=shown.append)
+        lock(lockable(recipe, settings), settings, engine, on_line=shown.append)
     assert shown == [
         "imgbuild: lock: installing uv==0.13.9 to resolve with",
         "Resolved 12 packages in 1.2s",
@@ -239,7 +239,7 @@ def _lock_on_fake(tmp_path, answer, pins: list[str] | None = None):
     """`imgbuild lock` on the fake engine, its base served by the fake registry: the lock probe answers `answer`."""
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.pipeline.pins import lock
+    from imgbuild.pipeline.pins import lock, lockable
     from tests.fake_nvcr import FakeNvcr
 
     (tmp_path / ".git").mkdir(exist_ok=True)
@@ -251,7 +251,7 @@ def _lock_on_fake(tmp_path, answer, pins: list[str] | None = None):
     engine.containers.answers["lock"] = answer
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
-        return recipe, engine, lock(recipe, settings, engine=engine)
+        return recipe, engine, lock(lockable(recipe, settings), settings, engine)
 
 
 def test_lock_runs_install_sh_in_the_pinned_base_and_writes_what_pip_chose(tmp_path):
@@ -371,7 +371,7 @@ def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_pat
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.fake import FakeEngine
     from imgbuild.errors import ImgbuildError
-    from imgbuild.pipeline.pins import lock
+    from imgbuild.pipeline.pins import lock, lockable
     from imgbuild.pipeline.resolve import plan_recipe
     from imgbuild.recipe import load_recipe
     from tests.fake_nvcr import FakeNvcr
@@ -388,7 +388,7 @@ def test_every_lock_imgbuild_writes_is_one_validate_and_the_build_accept(tmp_pat
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
         try:
-            result = lock(recipe, settings, engine=engine)
+            result = lock(lockable(recipe, settings), settings, engine)
         except ImgbuildError as refused:  # then it says why, and wrote nothing
             assert not (tmp_path / "r.lock.txt").exists() and str(refused), install
             return
@@ -412,12 +412,12 @@ def test_lock_frees_the_pins_the_edited_recipe_excludes_and_keeps_the_rest(tmp_p
     (tmp_path / "r.lock.txt").write_text("einops==0.7.0\nrich==13.7.1\n")
     engine.containers.probed.clear()
     from imgbuild.config.settings import load_settings
-    from imgbuild.pipeline.pins import lock
+    from imgbuild.pipeline.pins import lock, lockable
     from tests.fake_nvcr import FakeNvcr
 
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         settings = load_settings({"ngc_registry": nvcr.host, "cache_dir": str(tmp_path / "cache")}, environ={})
-        result = lock(recipe, settings, engine=engine)
+        result = lock(lockable(recipe, settings), settings, engine)
     (run,) = [r for r in engine.containers.probed if r.probe.name == "lock"]
     files = jsonlib.loads(base64.b64decode(called(run.probe.script)[0]))
     assert "einops==0.7.0" not in files.get("resolved.txt", "") and "rich==13.7.1" in files["resolved.txt"]

@@ -804,6 +804,7 @@ def test_a_build_reads_the_base_pins_once_and_stops_before_building(tmp_path):
     from imgbuild.engine.types import ImageInfo
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline import build as pipeline
+    from imgbuild.pipeline.build import BuildJob
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
     from tests.support import DIGEST, fake_inspect
@@ -824,7 +825,7 @@ def test_a_build_reads_the_base_pins_once_and_stops_before_building(tmp_path):
             RecipeError,
             match=r"r.yaml:3:7: pip.packages\[0\]: numpy<2 conflicts with the base.s numpy==2.1.0 .* \(pinned by the base.s constraint file: drop the pin, or let pip move it with pip.unpin: \[numpy\]\)",
         ):
-            pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+            pipeline.build_platforms(BuildJob(plan.loaded, out=tmp_path / "ctx", planned=plan), settings, engine)
     assert engine.calls.count(f"pins {base}") == 1, engine.calls  # the second build read the cache
     assert not any(c.startswith(("build", "smoke")) for c in engine.calls), engine.calls
     assert not (tmp_path / "ctx").exists()

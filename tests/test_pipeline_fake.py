@@ -6,6 +6,7 @@ these take milliseconds each, so every branch gets a case.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from imgbuild.engine.lease import lease_name
 from imgbuild.errors import BuildFailed, SmokeFailed
 from imgbuild.hostio.host import namespace_id
 from imgbuild.pipeline import build as pipeline
+from imgbuild.pipeline.build import BuildJob, PublishTo
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from tests.fake_nvcr import FakeNvcr
@@ -40,7 +42,7 @@ def recipe(tmp_path: Path) -> Path:
 def _build(recipe: Path, engine: FakeEngine, tmp_path: Path):
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
-    return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    return pipeline.build_platforms(BuildJob(plan.loaded, out=tmp_path / "ctx", planned=plan), settings, engine).own()
 
 
 def test_a_first_build_is_promoted_and_leaves_no_candidate(recipe, tmp_path):
@@ -285,14 +287,15 @@ def test_a_pushed_build_is_seeded_from_the_registry_copy_of_its_target(recipe, t
     engine = FakeEngine(builds=seen.append)
     settings = load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
-    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
-    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    pushed = BuildJob(plan.loaded, out=tmp_path / "ctx", publish=PublishTo(), planned=plan)
+    pipeline.build_platforms(pushed, settings, engine)  # the build half of a job that pushes
+    pipeline.build_platforms(dataclasses.replace(pushed, publish=None), settings, engine)
     assert [(r.inline_cache, r.cache_from) for r in seen] == [(True, (TARGET,)), (True, ())]
     # a fresh runner (no local image) pulls the registry's copy first (moby/buildkit#1981); a warm one does not
     assert engine.calls.count(f"pull {TARGET}") == 1 and engine.calls.index(f"pull {TARGET}") < engine.calls.index(
         f"build {CANDIDATE}"
     )
-    pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx", seed_from_registry=True)
+    pipeline.build_platforms(pushed, settings, engine)
     assert engine.calls.count(f"pull {TARGET}") == 1
 
 
@@ -319,3 +322,37 @@ def test_a_missing_registry_cache_is_not_the_step_that_failed():
         "executor failed running [/bin/sh -c echo about to fail && false]: exit code: 1"
     ]
     assert any(s.startswith("no registry cache to start from") for s in said)
+
+
+def test_a_build_job_takes_only_the_options_it_names(recipe):
+    """A misspelt option is refused where the job is made, never carried along unread."""
+    with pytest.raises(TypeError, match="reproducable"):
+        BuildJob(load_recipe(recipe), reproducable=True)  # type: ignore[call-arg]
+
+
+def test_rebuild_push_publishes_through_the_build_job(recipes):
+    """CI's push is the build job's own last stage, as `build --push`'s is: the image pushed once, to its target,
+    and the digest the registry holds reported."""
+    from tests.fake_registry import ServedRegistry
+
+    engine = FakeEngine()
+    registry = ServedRegistry()
+    engine.images.push = registry.engine_push(engine)  # type: ignore[method-assign]
+    for other in ("team.yaml", "house.yaml"):
+        (recipes / other).unlink()
+    (recipes / "solo.yaml").write_text(
+        f'name: solo\nimage: {registry.host}/lab/solo:v1\nbase: {{framework: pytorch, tag: "24.05"}}\n'
+    )
+    try:
+        with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+            settings = load_settings(
+                {"ngc_registry": nvcr.host, "images_dir": str(recipes.parent / "images"),
+                 "insecure_registries": [registry.host]}
+            )  # fmt: skip
+            options = rebuild.RebuildOptions(push=True)
+            (item,) = rebuild.run([str(recipes)], settings, options, lambda line: None, engine)
+    finally:
+        registry.close()
+    assert item.status == "built", item.error
+    assert item.pushed == registry.tags[("lab/solo", "v1")]
+    assert [tag for repo, tag in registry.tags if repo == "lab/solo" and not tag.startswith("sha256-")] == ["v1"]

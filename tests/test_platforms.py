@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild.ci.publish import publish_platforms
 from imgbuild.config.settings import load_settings
 from imgbuild.engine.emulation import emulator
 from imgbuild.engine.fake import FakeEngine
@@ -20,8 +19,9 @@ from imgbuild.engine.podman import build_argv
 from imgbuild.engine.types import BuildRequest, ImageInfo
 from imgbuild.errors import EXIT_ENVIRONMENT, EXIT_USAGE, BuildFailed, EnvironmentProblem, UsageError
 from imgbuild.pipeline import build as pipeline
-from imgbuild.pipeline.build import build_platforms
+from imgbuild.pipeline.build import BuildJob, build_platforms
 from imgbuild.pipeline.plan import make_plan
+from imgbuild.pipeline.publish import publish_platforms
 from imgbuild.platforms import parse_platforms, platform_of_machine
 from imgbuild.recipe import load_recipe
 from imgbuild.registry.manifest import DOCKER_MANIFEST_TYPE, LIST_TYPE, OCI_INDEX_TYPE, PlatformImage, manifest_list
@@ -172,7 +172,7 @@ def _settings():
 def _build(recipe: Path, engine: FakeEngine, tmp_path: Path, platforms: tuple[str, ...]):
     settings = _settings()
     plan = make_plan(load_recipe(recipe), settings, fake_inspect)
-    return build_platforms(recipe, settings, platforms, engine=engine, plan=plan, out=tmp_path / "ctx")
+    return build_platforms(BuildJob(plan.loaded, platforms, out=tmp_path / "ctx", planned=plan), settings, engine)
 
 
 def test_both_platforms_are_built_smoke_tested_and_promoted_each_to_its_own_tag(recipe, tmp_path):
@@ -328,7 +328,7 @@ def test_a_registry_that_refuses_manifest_lists_is_an_environment_problem_in_one
 def test_a_single_platform_push_never_drops_a_manifest_lists_other_platforms(recipe, tmp_path, monkeypatch):
     """`build --push` or `rebuild --push` of this machine's platform alone, over a tag that is a list of both: it
     refuses, naming the build that keeps both, and pushes nothing."""
-    from imgbuild.ci import publish as publishing
+    from imgbuild.pipeline import publish as publishing
 
     engine = FakeEngine(platforms=BOTH)
     made = _build(recipe, engine, tmp_path, ("linux/amd64",))
@@ -391,8 +391,8 @@ def test_a_recipe_that_names_both_platforms_builds_both_and_the_flag_overrides_i
 
 
 def test_rebuild_builds_a_recipes_every_platform_and_is_fresh_only_when_each_is_there(tmp_path, monkeypatch):
-    from imgbuild.ci import publish as publishing
     from imgbuild.ci import rebuild
+    from imgbuild.pipeline import publish as publishing
     from tests.fake_nvcr import FakeNvcr
 
     folder = tmp_path / "recipes"
@@ -446,28 +446,12 @@ def test_naming_platforms_changes_no_image_hash(tmp_path):
 # --- two pushers on one tag: what is signed is what this run put ------------------------------------------------
 
 
-def _pushing_into(registry, engine: FakeEngine, then=None):
-    """The fake engine's push, as a registry sees it: each image's manifest stored at its tag; `then(repo, tag)`
-    runs after (another pusher)."""
-    from imgbuild import imageref
-
-    def push(ref, auth, progress, *quiet):
-        parsed = imageref.parse(ref)
-        body = json.dumps({"schemaVersion": 2, "config": {"digest": engine.images.image_id(ref)}}).encode()
-        digest = registry.put(parsed.repository, parsed.tag, body, DOCKER_MANIFEST_TYPE)
-        if then is not None:
-            then(parsed.repository, parsed.tag)
-        return digest
-
-    return push
-
-
 def _list_published(registry, recipe: Path, tmp_path: Path, signer) -> str:
     """The demo recipe built for both platforms and published as a manifest list into `registry`: its digest."""
     recipe.write_text(recipe.read_text() + f"image: {registry.host}/lab/demo\n")
     engine = FakeEngine(platforms=BOTH)
     made = _build(recipe, engine, tmp_path, BOTH)
-    engine.images.push = _pushing_into(registry, engine)  # type: ignore[method-assign]
+    engine.images.push = registry.engine_push(engine)  # type: ignore[method-assign]
     settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
     builds = [(made.platform_of(r), r.image_id) for r in made.results]
     return publish_platforms(made.own().plan, builds, {"ok": True}, settings, engine, None, signer, lambda s: None)
@@ -481,8 +465,8 @@ def _signatures(registry) -> set[str]:
 def test_a_push_whose_tag_another_pusher_moves_signs_nothing_and_names_both_digests(recipe, tmp_path, multi):
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from imgbuild.ci.publish import publish
     from imgbuild.errors import EXIT_FAILED, JobFailed
+    from imgbuild.pipeline.publish import publish
     from imgbuild.supply import attest
     from tests.fake_registry import ServedRegistry
 
@@ -497,7 +481,7 @@ def test_a_push_whose_tag_another_pusher_moves_signs_nothing_and_names_both_dige
             if tag == "v1":  # the moment after this run's manifest (or list) landed at the target's tag
                 registry.tags[(repo, tag)] = theirs
 
-        engine.images.push = _pushing_into(registry, engine, None if multi else other_pusher)  # type: ignore[method-assign]
+        engine.images.push = registry.engine_push(engine, None if multi else other_pusher)  # type: ignore[method-assign]
         registry.after_put = other_pusher if multi else None
         settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
         signer = attest.Signer(ec.generate_private_key(ec.SECP256R1()))
@@ -521,7 +505,7 @@ def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_th
 ):
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from imgbuild.ci import publish as publishing
+    from imgbuild.pipeline import publish as publishing
     from imgbuild.registry.transport import digest_of
     from imgbuild.supply import attest
     from tests.fake_registry import ServedRegistry

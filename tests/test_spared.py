@@ -19,6 +19,7 @@ from imgbuild.config.settings import load_settings
 from imgbuild.engine.fake import FakeEngine
 from imgbuild.pipeline import build as pipeline
 from imgbuild.pipeline import spared
+from imgbuild.pipeline.build import BuildJob
 from imgbuild.pipeline.plan import make_plan
 from imgbuild.recipe import load_recipe
 from imgbuild.supply import attest
@@ -43,7 +44,7 @@ def _plan(recipe: Path):
 
 def _build(recipe: Path, engine: FakeEngine, tmp_path: Path):
     settings, plan = _plan(recipe)
-    return pipeline.build(recipe, settings, plan=plan, engine=engine, out=tmp_path / "ctx")
+    return pipeline.build_platforms(BuildJob(plan.loaded, out=tmp_path / "ctx", planned=plan), settings, engine).own()
 
 
 def _known(engine: FakeEngine) -> str:

@@ -1,5 +1,6 @@
-"""How far one parameter travels: the two walks of the house review (`imgbuild build RECIPE`'s recipe path, and
-`imgbuild run --gpus 2`'s GPU request), traced through the real command line on the in-memory engine.
+"""How far one parameter travels: the walks of the house review (`imgbuild build RECIPE`'s recipe path, with and
+without `--push`, and `imgbuild run --gpus 2`'s GPU request), traced through the real command line on the in-memory
+engine and registry.
 
 A function counts when one of its arguments is the followed value or an object that carries it; a hop is a
 change of module between two such functions, in call order. The ceilings below are the counts measured when the
@@ -95,22 +96,56 @@ def _run_main(argv: list[str]) -> int:
     return 0
 
 
-def walk_recipe_in_build(tmp: Path) -> Walk:
-    """(a) `imgbuild build recipes/pytorch-research.yaml`: the recipe path, and the LoadedRecipe carrying it."""
-    from imgbuild.engine.fake import FakeEngine
+def _carries_the_recipe() -> Callable[[str, Any], bool]:
+    """The recipe path, the LoadedRecipe holding it, and the BuildJob holding that."""
+    from imgbuild.pipeline.build import BuildJob
     from imgbuild.recipe.load import LoadedRecipe
-    from tests.fake_nvcr import FakeNvcr
 
     wanted = {str(RECIPE), "recipes/pytorch-research.yaml"}
 
     def carries(name: str, value: Any) -> bool:
-        return isinstance(value, LoadedRecipe) or (isinstance(value, (str, Path)) and str(value) in wanted)
+        return isinstance(value, (LoadedRecipe, BuildJob)) or (isinstance(value, (str, Path)) and str(value) in wanted)
+
+    return carries
+
+
+def walk_recipe_in_build(tmp: Path) -> Walk:
+    """(a) `imgbuild build recipes/pytorch-research.yaml`: the recipe path, and the values carrying it."""
+    from imgbuild.engine.fake import FakeEngine
+    from tests.fake_nvcr import FakeNvcr
 
     with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
         env = _env(IMGBUILD_NGC_REGISTRY=nvcr.host, IMGBUILD_IMAGES_DIR=str(tmp / "images"))
-        with env, _engine(FakeEngine()), traced(carries) as walk:
+        with env, _engine(FakeEngine()), traced(_carries_the_recipe()) as walk:
             code = _run_main(["build", "recipes/pytorch-research.yaml"])
     assert code == 0, "the build walk must succeed to be measured"
+    return walk
+
+
+def walk_recipe_in_build_push(tmp: Path, connections: list[int] | None = None) -> Walk:
+    """(c) `imgbuild build recipes/pytorch-research.yaml --push`, into a registry on 127.0.0.1: the recipe path and
+    the values carrying it, through the build and the push. `connections` counts the engine's connections."""
+    from imgbuild.engine.fake import FakeEngine
+    from tests.fake_nvcr import FakeNvcr
+    from tests.fake_registry import ServedRegistry
+
+    fake = FakeEngine()
+    registry = ServedRegistry()
+    fake.images.push = registry.engine_push(fake)  # type: ignore[method-assign]
+    try:
+        with FakeNvcr({"nvidia/pytorch": ["24.05-py3"]}) as nvcr:
+            env = _env(
+                IMGBUILD_NGC_REGISTRY=nvcr.host,
+                IMGBUILD_IMAGES_DIR=str(tmp / "images"),
+                IMGBUILD_IMAGE_REGISTRY=registry.host,
+                IMGBUILD_INSECURE_REGISTRIES=registry.host,
+            )
+            with env, _engine(fake, connections), traced(_carries_the_recipe()) as walk:
+                code = _run_main(["build", "recipes/pytorch-research.yaml", "--push"])
+    finally:
+        registry.close()
+    assert code == 0, "the build --push walk must succeed to be measured"
+    assert any(tag == "24.05" for _, tag in registry.tags), "nothing was pushed"
     return walk
 
 
@@ -142,15 +177,22 @@ def walk_gpus_in_run(tmp: Path) -> Walk:
 
 
 @contextmanager
-def _engine(fake: Any) -> Iterator[None]:
-    """Every module's `connect_engine` (imported by name at module level or in a function) answers `fake`."""
+def _engine(fake: Any, connections: list[int] | None = None) -> Iterator[None]:
+    """Every module's `connect_engine` (imported by name at module level or in a function) answers `fake`; each
+    connection is counted in `connections`."""
     from imgbuild import engine as engine_module
 
     _import_everything()
     real = engine_module.connect_engine
     bound = [m for m in list(sys.modules.values()) if getattr(m, "connect_engine", None) is real]
+    counted = connections if connections is not None else []
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        counted.append(1)
+        return fake
+
     for module in bound:
-        module.connect_engine = lambda *a, **k: fake
+        module.connect_engine = connect
     try:
         yield
     finally:
@@ -172,12 +214,24 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-#: (walk, most modules the value may cross, most hops), as measured when last shortened; the review counted
-#: 11 modules / 22 hops for (a) and 8 modules / 17 hops for (b) at 982db4b. (a) went from 18 hops to 19 with the
-#: recipe's `platforms:`: build_platforms loads the recipe (to learn them) before the first pass of build(). (b) went
-#: from 16 hops to 18 with the check that refuses a run that could never start (servers.holds asks gpu.allocate how
-#: many GPUs the request names, before the quota check asks again): the next shortening folds the two.
-CEILINGS = {"build": (walk_recipe_in_build, 10, 19), "run": (walk_gpus_in_run, 7, 18)}
+#: (walk, most modules the value may cross, most hops), as measured when last shortened. The builds went from 19
+#: hops to 18 when the build became one BuildJob made at the edge: the command line loads the recipe into it, and the
+#: pipeline runs every stage, the push included, with no second load and no return to the command line. (b) went
+#: from 18 to 15 when the site's rules over a GPU request became one step (servers.holds.choose_gpus: the request
+#: that could never start, the choice, the quota) instead of three calls to and fro.
+CEILINGS = {
+    "build": (walk_recipe_in_build, 10, 18),
+    "build --push": (walk_recipe_in_build_push, 10, 18),
+    "run": (walk_gpus_in_run, 7, 15),
+}
+
+
+def test_build_push_connects_the_engine_once(tmp_path, monkeypatch):
+    """The edge connects the engine and hands it on: the build and the push that follows share one connection."""
+    monkeypatch.chdir(ROOT)
+    connections: list[int] = []
+    walk_recipe_in_build_push(tmp_path, connections)
+    assert len(connections) == 1
 
 
 @pytest.mark.parametrize("name", sorted(CEILINGS))

@@ -16,6 +16,7 @@ from imgbuild.yamlpos import load_located
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.ngc import NgcTag
 
 
 @dataclass
@@ -54,7 +55,7 @@ def _rewrite_scalar(text: str, line: int, col: int, old: str, new: str) -> str:
     return bom + "".join(lines)
 
 
-def _newer(tag: Any, have: Any) -> bool:
+def _newer(tag: NgcTag | None, have: NgcTag | None) -> bool:
     return tag is not None and (have is None or tag > have)
 
 
@@ -62,7 +63,13 @@ def _newer(tag: Any, have: Any) -> bool:
 Fits = Callable[[str, str, list[str]], tuple[bool, str]]
 
 
-def bump(paths: list[Path], *, dry_run: bool = False, tags_for: Any = None, fits: Fits | None = None) -> list[Bump]:
+def bump(
+    paths: list[Path],
+    *,
+    tags_for: Callable[[str], list[str]],
+    dry_run: bool = False,
+    fits: Fits | None = None,
+) -> list[Bump]:
     """`tags_for(framework) -> list[str]`: the registry's tags (injected in tests). A newer tag the fleet
     cannot run (`fits`) is passed over, never moved to: the next newer one that fits is taken instead."""
     from imgbuild.ngc import matching

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.ci.fanout import MAX_IMAGES, read_json
 from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, Item
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.imageref import DIGEST_RE
+
+if TYPE_CHECKING:
+    from imgbuild.supply.attest import PublicKey
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def against_plan(items: list[Item], plan: FanoutPlan) -> list[Item]:
     return out
 
 
-def against_registry(items: list[Item], settings: Settings, verifier: Any = None) -> None:
+def against_registry(items: list[Item], settings: Settings, verifier: PublicKey | None = None) -> None:
     """Fail each "built" row whose digest the registry's tag does not hold, and each "fresh" row whose tag holds
     nothing; with `verifier` (the signer's public key), each whose image there is not signed by it."""
     from imgbuild.registry.client import RegistryClient
@@ -145,7 +148,9 @@ def against_registry(items: list[Item], settings: Settings, verifier: Any = None
             items[n] = _failed(item, f"{said}, but the registry could not show {item.target}: {exc}")
 
 
-def merged(reports: list[Path], plan: FanoutPlan | None, settings: Settings, verifier: Any = None) -> list[Item]:
+def merged(
+    reports: list[Path], plan: FanoutPlan | None, settings: Settings, verifier: PublicKey | None = None
+) -> list[Item]:
     """The runners' reports as one list of rows: a report that cannot be read is a failed row naming the file (the
     others still merge); with `plan`, each row checked against it and each "built" digest against the registry."""
     from imgbuild.ci.fanout import merge, read_report

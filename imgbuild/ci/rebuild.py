@@ -9,22 +9,31 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
+from collections.abc import Callable, Hashable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from imgbuild import imageref
-from imgbuild.ci.publish import publish, publish_platforms, remote_build
 from imgbuild.config.settings import Settings
-from imgbuild.engine import ImageEngine, connect_engine
+from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError, Problem, RecipeError, UsageError
 from imgbuild.facts import Label
 from imgbuild.hostio.tree import TooDeep, walk
 from imgbuild.imageref import DIGEST_RE
 from imgbuild.pipeline.context import context_path
 from imgbuild.pipeline.plan import Plan
+from imgbuild.pipeline.publish import remote_build
 from imgbuild.recipe import ci_path, display_path, load_recipe
+
+if TYPE_CHECKING:
+    from imgbuild.pipeline.smoke import ClaimsOf
+    from imgbuild.recipe import LoadedRecipe
+    from imgbuild.supply.attest import PublicKey, Signer
+
+#: What two recipes may not share: a context folder, or a target.
+Shared = TypeVar("Shared", bound=Hashable)
 
 FRESH, STALE, BUILT, FAILED, SKIPPED, INVALID = "fresh", "stale", "built", "failed", "skipped", "invalid"
 
@@ -131,11 +140,14 @@ def _refuse_shared_contexts(items: list[Item], settings: Settings) -> None:
     )
 
 
-def _refuse_sharing(items: list[Item], key: Any, message: Any) -> None:
-    groups: dict[Any, list[Item]] = {}
+def _refuse_sharing(
+    items: list[Item], key: Callable[[Item], Shared | None], message: Callable[[str, Shared], str]
+) -> None:
+    groups: dict[Shared, list[Item]] = {}
     for item in items:
-        if item.status != INVALID and key(item) is not None:
-            groups.setdefault(key(item), []).append(item)
+        shared = key(item) if item.status != INVALID else None
+        if shared is not None:
+            groups.setdefault(shared, []).append(item)
     for shared, sharing in groups.items():
         if len(sharing) > 1:
             names = ", ".join(i.name for i in sharing)
@@ -167,7 +179,12 @@ def _topological(items: list[Item]) -> list[Item]:
 
 
 def staleness(
-    plan: Plan, engine: ImageEngine, settings: Settings, push: bool, verifier: Any = None, needed_here: bool = False
+    plan: Plan,
+    engine: ImageEngine,
+    settings: Settings,
+    push: bool,
+    verifier: PublicKey | None = None,
+    needed_here: bool = False,
 ) -> list[str]:
     """Why the image for `plan` must be built; empty when it is current (and, with `verifier`, the signer's public
     key, signed there by it). With `push`, an image this engine never built is current when the registry's copy is
@@ -194,7 +211,9 @@ def staleness(
     return reasons
 
 
-def _registry_gaps(plan: Plan, settings: Settings, verifier: Any, wanted: set[str], engine: ImageEngine) -> list[str]:
+def _registry_gaps(
+    plan: Plan, settings: Settings, verifier: PublicKey | None, wanted: set[str], engine: ImageEngine
+) -> list[str]:
     """Why the registry's copy of `plan`'s target is not this plan's build (signed there by `verifier`'s key where
     one is given, for every wanted architecture); [] where it is."""
     there = remote_build(plan.target, settings, verifier)
@@ -244,26 +263,30 @@ class RebuildOptions:
     backend: str | None = None
     dry_run: bool = False
     plan: bool = False  # judged for runners that each pull what they build on (fanout), not for this machine
-    signer: Any = None  # attest.Signer: sign each pushed image and attach its provenance and SBOM
-    claims: Any = None  # build.smoke.ClaimsOf: who else holds which GPU on the host (the smoke tests' choice)
+    signer: Signer | None = None  # sign each pushed image and attach its provenance and SBOM
+    claims: ClaimsOf | None = None  # who else holds which GPU on the host (the smoke tests' choice)
 
 
 def run(
-    paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print, engine: ImageEngine | None = None
+    paths: list[str], settings: Settings, options: RebuildOptions, log: Callable[[str], None], engine: ImageEngine
 ) -> list[Item]:
     """Plan every recipe in dependency order, build the stale ones (in parallel where independent)."""
     items = load_graph(discover(paths), settings)
-    engine = engine or connect_engine(settings)
     local_refs = frozenset(i.base_ref for i in items if i.deps)
     _schedule(items, lambda item: _work(item, settings, options, engine, local_refs, log), options.jobs)
     return items
 
 
 def _work(
-    item: Item, settings: Settings, options: RebuildOptions, engine: ImageEngine, local_refs: frozenset[str], log: Any
+    item: Item,
+    settings: Settings,
+    options: RebuildOptions,
+    engine: ImageEngine,
+    local_refs: frozenset[str],
+    log: Callable[[str], None],
 ) -> Item:
     """Plan one recipe; build (and push) it when stale. Any failure fails this image, not the run."""
-    from imgbuild.pipeline import build as pipeline
+    from imgbuild.pipeline.build import BuildJob, PublishTo, build_job
     from imgbuild.pipeline.resolve import plan_recipe
 
     start = time.monotonic()
@@ -286,28 +309,15 @@ def _work(
             item.status = STALE
         else:
             log(f"{item.target}: building ({'; '.join(item.reasons)})")
-            made = pipeline.build_platforms(
-                item.path,
-                settings,
-                (),  # the recipe's platforms, else the engine's own
+            job = BuildJob(
+                plan.loaded,  # for the recipe's platforms, else the engine's own
                 backend=options.backend,
-                plan=plan,
-                engine=engine,
-                progress=lambda step: log(f"{item.target}: {step}"),
-                seed_from_registry=options.push,
                 claims=options.claims,
-                trusted_key=verifier,
+                publish=PublishTo(options.signer) if options.push else None,
+                planned=plan,
             )
-            result = made.own()
-            item.status, item.image_id = BUILT, result.image_id
-            if options.push:
-                smoke = result.smoke.to_json() if result.smoke else {}
-                publishing = (settings, engine, options.backend, options.signer, log)
-                if made.emulated:
-                    builds = [(made.platform_of(r), r.image_id) for r in made.results]
-                    item.pushed = publish_platforms(plan, builds, smoke, *publishing)
-                else:
-                    item.pushed = publish(plan, result.image_id, smoke, *publishing)
+            made = build_job(job, settings, engine, lambda step: log(f"{item.target}: {step}"))
+            item.status, item.image_id, item.pushed = BUILT, made.own().image_id, made.pushed
     except ImgbuildError as exc:
         item.status, item.error = FAILED, "\n".join(exc.lines())
         item.problems = exc.problems if isinstance(exc, RecipeError) else []
@@ -318,7 +328,7 @@ def _work(
     return item
 
 
-def _schedule(items: list[Item], work: Any, jobs: int) -> None:
+def _schedule(items: list[Item], work: Callable[[Item], Item], jobs: int) -> None:
     """Run `work` on each item once its bases are done, `jobs` at a time; an item whose base failed (or
     was invalid, or skipped) is skipped, and nothing waits on a base that will never build."""
     jobs = max(1, jobs)
@@ -381,10 +391,20 @@ class Report:
         return {"seconds": round(self.seconds, 2), "mode": self.mode, "images": [i.to_json() for i in self.items]}
 
 
-def rebuild(paths: list[str], settings: Settings, options: RebuildOptions, log: Any = print) -> Report:
-    """`imgbuild rebuild`: check the contexts (--check), or plan and build what is stale."""
+def rebuild(
+    paths: list[str],
+    settings: Settings,
+    options: RebuildOptions,
+    log: Callable[[str], None],
+    engine: ImageEngine | None,
+) -> Report:
+    """`imgbuild rebuild`: check the contexts (--check: no engine is asked, `engine` None), or plan and build what is
+    stale on `engine`."""
     start = time.monotonic()
-    items = check_contexts(paths, settings) if options.check else run(paths, settings, options, log)
+    if options.check or engine is None:
+        items = check_contexts(paths, settings)
+    else:
+        items = run(paths, settings, options, log, engine)
     mode = "check" if options.check else ("dry-run" if options.dry_run else "build")
     return Report(mode, items, time.monotonic() - start)
 
@@ -398,7 +418,7 @@ def check_contexts(paths: list[str], settings: Settings, rewrite: bool = False) 
     from imgbuild.pipeline.plan import image_and_tag
 
     items = []
-    loaded_by_item: dict[int, Any] = {}
+    loaded_by_item: dict[int, LoadedRecipe] = {}
     for path in discover(paths):
         item = Item(path)
         items.append(item)
@@ -418,7 +438,7 @@ def check_contexts(paths: list[str], settings: Settings, rewrite: bool = False) 
     return items
 
 
-def _check_one(item: Item, loaded: Any, settings: Settings, rewrite: bool = False) -> None:
+def _check_one(item: Item, loaded: LoadedRecipe, settings: Settings, rewrite: bool = False) -> None:
     """Judge the committed context; a stale one says the cure: render the recipe, commit what it wrote."""
     _judge_context(item, loaded, settings, rewrite)
     if item.status == STALE:
@@ -426,7 +446,7 @@ def _check_one(item: Item, loaded: Any, settings: Settings, rewrite: bool = Fals
         item.reasons.append(f"cure: imgbuild render {shlex.quote(item.name)}, then commit {context}")
 
 
-def _judge_context(item: Item, loaded: Any, settings: Settings, rewrite: bool = False) -> None:
+def _judge_context(item: Item, loaded: LoadedRecipe, settings: Settings, rewrite: bool = False) -> None:
     """Render the recipe against the base its lock records, and compare with the committed context."""
     from imgbuild.pipeline.context import diff_context
     from imgbuild.pipeline.plan import make_plan

@@ -12,9 +12,10 @@ from typing import Any
 
 from imgbuild.ci.rebuild import discover, load_graph
 from imgbuild.config.settings import Settings
-from imgbuild.engine import ImageEngine, connect_engine
+from imgbuild.engine import ImageEngine
 from imgbuild.errors import ImgbuildError
-from imgbuild.pipeline import build as pipeline
+from imgbuild.pipeline.build import BuildJob, build_job
+from imgbuild.recipe import load_recipe
 
 
 @dataclass
@@ -33,11 +34,8 @@ class Verdict:
         return {**self.__dict__, "reproducible": self.same}
 
 
-def verify(
-    paths: list[str], settings: Settings, log: Callable[[str], None], engine: ImageEngine | None = None
-) -> list[Verdict]:
-    """One verdict per recipe under `paths`, dependencies first."""
-    engine = engine or connect_engine(settings)
+def verify(paths: list[str], settings: Settings, log: Callable[[str], None], engine: ImageEngine) -> list[Verdict]:
+    """One verdict per recipe under `paths`, dependencies first: the engine's own platform's build of each."""
     verdicts = []
     for item in load_graph(discover(paths), settings):
         promoted = (engine.images.image_id(item.target) or "") if item.target else ""
@@ -52,15 +50,14 @@ def verify(
                 log(f"{target}: {step}")
 
             try:
-                result = pipeline.build(
-                    item.path,
-                    settings,
-                    engine=engine,
+                job = BuildJob(
+                    load_recipe(item.path, secrets=settings.secrets()),
+                    (engine.host_platform(),),  # the promoted image it is compared with is this platform's
                     no_cache=True,
                     reproducible=True,
                     promote=False,
-                    progress=said,
                 )
+                result = build_job(job, settings, engine, said).own()
                 verdict.rebuilt = result.image_id
             except ImgbuildError as exc:
                 verdict.error = str(exc).splitlines()[0][:300]

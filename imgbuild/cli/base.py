@@ -16,6 +16,7 @@ from imgbuild.errors import UsageError
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.hostio.host import Caller
+    from imgbuild.supply.attest import Signer
 
 
 class Section:
@@ -27,11 +28,15 @@ class Section:
         self.names: list[str] = []
         SECTIONS.append(self)
 
-    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
-        return self._listed(cli.command(*args, **kwargs))
+    def command(
+        self, name: str | None = None, cls: type[click.Command] | None = None
+    ) -> Callable[[Callable[..., Any]], click.Command]:
+        """A command of the root group under this heading: `name` where it is not the function's, `cls` where the
+        command parses its arguments itself."""
+        return self._listed(cli.command(name, cls=cls or click.Command))
 
-    def group(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Group]:
-        return self._listed(cli.group(*args, **kwargs))
+    def group(self) -> Callable[[Callable[..., Any]], click.Group]:
+        return self._listed(cli.group())
 
     def _listed(self, decorator: Callable[[Callable[..., Any]], Any]) -> Callable[[Callable[..., Any]], Any]:
         """`decorator` (the group's command or group), and the command it makes listed under this heading."""
@@ -73,12 +78,17 @@ def who_of(ctx: click.Context) -> Caller:
     return root.obj
 
 
-def settings_of(ctx: click.Context, **flags: Any) -> Settings:
-    """Settings by precedence, with the root's --user/--ngc-registry and this command's flags on top."""
+def settings_of(ctx: click.Context, backend: str | None = None, builder: str | None = None) -> Settings:
+    """Settings by precedence, with the root's --user/--ngc-registry and this command's --backend/--builder on top."""
     from imgbuild.config.settings import load_settings
 
     root = ctx.find_root().params
-    merged = {"user": root.get("user"), "ngc_registry": root.get("ngc_registry"), **flags}
+    merged = {
+        "user": root.get("user"),
+        "ngc_registry": root.get("ngc_registry"),
+        "backend": backend,
+        "builder": builder,
+    }
     return load_settings(merged, who=who_of(ctx))
 
 
@@ -114,7 +124,7 @@ SIGN_KEY = click.option(
 )
 
 
-def open_signer(sign_key: Path | None, push: bool) -> Any:
+def open_signer(sign_key: Path | None, push: bool) -> Signer | None:
     """The signing key, opened before any build: a wrong key or password stops here, in one line."""
     if sign_key is None:
         return None

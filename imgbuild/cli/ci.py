@@ -14,15 +14,18 @@ from imgbuild.errors import EXIT_FAILED, UsageError
 
 if TYPE_CHECKING:
     from imgbuild.annotation import Annotation
+    from imgbuild.ci.rebuild import Report
 
 SECTION = Section("CI over many recipes")
 
 
 def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | None, as_json: bool) -> None:
     from imgbuild.ci.reproduce import verify
+    from imgbuild.engine import connect_engine
     from imgbuild.ui import print_table
 
-    verdicts = verify(paths, settings_of(ctx, backend=backend), lambda line: click.echo(line[:200], err=True))
+    settings = settings_of(ctx, backend=backend)
+    verdicts = verify(paths, settings, lambda line: click.echo(line[:200], err=True), connect_engine(settings))
     if as_json:
         emit_json([v.to_json() for v in verdicts])
     else:
@@ -94,6 +97,7 @@ def rebuild(
 
     from imgbuild.ci import outcome
     from imgbuild.ci import rebuild as rb
+    from imgbuild.engine import connect_engine
     from imgbuild.servers.holds import gpu_claims
     from imgbuild.ui import print_table, say
 
@@ -119,6 +123,7 @@ def rebuild(
             claims=gpu_claims(settings),
         ),
         log,
+        None if check else connect_engine(settings),  # --check reads no engine
     )
     if as_plan:
         _print_plan(report.items, as_json, gitlab_child, gitlab_include)
@@ -150,7 +155,7 @@ def _annotate(notes: list[Annotation]) -> None:
             click.echo(workflow_command(note), err=True)
 
 
-def _write_reports(report: Any, report_json: Path | None, junit_xml: Path | None) -> None:
+def _write_reports(report: Report, report_json: Path | None, junit_xml: Path | None) -> None:
     from imgbuild.ci import outcome
     from imgbuild.hostio.regular import write_atomic
 

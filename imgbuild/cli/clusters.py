@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +12,7 @@ from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.pipeline.plan import Plan
 
 SECTION = Section("Clusters")
 
@@ -102,7 +103,7 @@ def export(
 
 
 def _export_apptainer(
-    plan: Any, settings: Settings, bootstrap: str, out: Path | None, to_stdout: bool, build: bool
+    plan: Plan, settings: Settings, bootstrap: str, out: Path | None, to_stdout: bool, build: bool
 ) -> None:
     from imgbuild.clusters.apptainer import export_definition
 
@@ -295,7 +296,7 @@ def slurm(
         click.echo(submit_job(script, test_only=test_only))
 
 
-def _export_devcontainer(plan: Any, recipe: Path, settings: Settings, out: Path | None, gpus: str | None) -> None:
+def _export_devcontainer(plan: Plan, recipe: Path, settings: Settings, out: Path | None, gpus: str | None) -> None:
     from imgbuild.clusters.devcontainer import export_devcontainer
     from imgbuild.engine import connect_engine
 

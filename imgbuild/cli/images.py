@@ -6,7 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,7 +14,7 @@ from imgbuild.cli.base import SIGN_KEY, Section, emit_json, open_signer, setting
 from imgbuild.errors import EXIT_FAILED
 
 if TYPE_CHECKING:
-    pass
+    from imgbuild.pipeline.smoke import SmokeReport
 
 SECTION = Section("Images")
 
@@ -56,53 +56,47 @@ def build(
     as_json: bool,
 ) -> None:
     """Build a recipe, smoke-test it, and promote it to <user>/<name>:<tag> only if it works."""
-    from imgbuild.ci.publish import publish, publish_platforms
     from imgbuild.engine import connect_engine
-    from imgbuild.pipeline.build import build_platforms
+    from imgbuild.hostio.acting import as_user
+    from imgbuild.pipeline.build import BuildJob, PublishTo, build_job
     from imgbuild.platforms import parse_platforms
+    from imgbuild.recipe import load_recipe
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
-    from imgbuild.ui import Progress, print_table
+    from imgbuild.ui import Progress
 
     platforms = parse_platforms(platform) if platform is not None else ()
     settings = settings_of(ctx, backend=backend, builder=builder)
     acting = enforce.acting(settings)  # through sudo: the user's files as theirs, the image in their namespace
     enforce.check_build(acting, push=push, builder=builder, sign_key=sign_key)
-    signer = open_signer(sign_key, push)
+    signer = open_signer(sign_key, push)  # a wrong key or password stops here, before any build
+    with as_user(acting.who if acting else None):  # the user's recipe, read as they may read it
+        loaded = load_recipe(file, secrets=settings.secrets())  # a bad recipe exits 2 before any engine is asked
+    job = BuildJob(
+        loaded,
+        platforms,
+        backend=backend,
+        require_gpu=require_gpu,
+        skip_gpu=skip_gpu,
+        no_cache=no_cache,
+        out=out,
+        acting=acting,
+        claims=gpu_claims(settings),
+        quota=quota_check(settings, acting.who.name) if acting else None,  # a user's smoke test is a run of theirs
+        reproducible=reproducible,
+        publish=PublishTo(signer) if push else None,
+    )
+    engine = connect_engine(settings)
     with Progress(f"imgbuild build {file}", enabled=True) as progress:
-        made = build_platforms(
-            file,
-            settings,
-            platforms,
-            backend=backend,
-            require_gpu=require_gpu,
-            skip_gpu=skip_gpu,
-            no_cache=no_cache,
-            out=out,
-            progress=progress,
-            seed_from_registry=push,
-            acting=acting,
-            claims=gpu_claims(settings),
-            quota=quota_check(settings, acting.who.name) if acting else None,  # a user's smoke test is a run of theirs
-            reproducible=reproducible,
-            trusted_key=signer.public_key() if signer is not None else None,
-        )
-        own = made.own()
-        smoke = own.smoke.to_json() if own.smoke else {}
-        pushed = ""
-        engine = connect_engine(settings) if push else None
-        if engine is not None and made.emulated:
-            builds = [(made.platform_of(r), r.image_id) for r in made.results]
-            pushed = publish_platforms(own.plan, builds, smoke, settings, engine, backend, signer, progress)
-        elif engine is not None:
-            pushed = publish(own.plan, own.image_id, smoke, settings, engine, backend, signer, progress)
+        made = build_job(job, settings, engine, progress)
+    own, pushed = made.own(), made.pushed
     if as_json:
         body = own.to_json() if len(made.results) == 1 else {"platforms": [r.to_json() for r in made.results]}
         emit_json({**body, **({"pushed_digest": pushed} if push else {})})
         return
     for result in made.results:
         if result.smoke:
-            _smoke_table(result.smoke, print_table)
+            _smoke_table(result.smoke)
     for result in made.results:
         prev = (
             f" (previous {result.previous_id[:19]} kept as :{result.target.rsplit(':', 1)[-1]}-previous)"
@@ -114,7 +108,9 @@ def build(
         click.echo(f"{own.plan.target} -> manifest list {pushed} ({', '.join(map(made.platform_of, made.results))})")
 
 
-def _smoke_table(report: Any, print_table: Any) -> None:
+def _smoke_table(report: SmokeReport) -> None:
+    from imgbuild.ui import print_table
+
     print_table(
         ["check", "status", "detail"],
         [[c["name"], c["status"].upper(), c["reason"]] for c in report.checks],
@@ -164,7 +160,7 @@ def smoke(
     from imgbuild.registry.pypi import PYPI
     from imgbuild.servers import enforce
     from imgbuild.servers.holds import gpu_claims, quota_check
-    from imgbuild.ui import Progress, print_table
+    from imgbuild.ui import Progress
 
     fleet = parse_targets(targets) if targets is not None else None
     driver = check_driver(driver)
@@ -195,14 +191,16 @@ def smoke(
     if as_json:
         emit_json(result.to_json())
     elif fleet is not None:
-        _fleet_table(result, print_table)
+        _fleet_table(result)
     else:
-        _smoke_table(result, print_table)
+        _smoke_table(result)
     if not result.ok:
         sys.exit(EXIT_FAILED)
 
 
-def _fleet_table(report: Any, print_table: Any) -> None:
+def _fleet_table(report: SmokeReport) -> None:
+    from imgbuild.ui import print_table
+
     checks = [c for c in report.checks if c["name"] != "fleet"]
     fleet = next((c for c in report.checks if c["name"] == "fleet"), None)
     verdicts = fleet["details"]["verdicts"] if fleet else []

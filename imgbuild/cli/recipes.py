@@ -109,12 +109,16 @@ def schema(of_config: bool, table: bool) -> None:
 @click.pass_context
 def lock_command(ctx: click.Context, recipe: Path, upgrade: bool, packages: tuple[str, ...], as_json: bool) -> None:
     """Resolve the recipe's pip packages in its base and write <recipe>.lock.txt (builds install exactly that)."""
-    from imgbuild.pipeline.pins import lock
+    from imgbuild.engine import connect_engine
+    from imgbuild.pipeline.pins import lock, lockable
     from imgbuild.ui import Progress, print_table
 
+    settings = settings_of(ctx)
+    loaded = lockable(recipe, settings)  # a bad recipe, or one with nothing to lock, exits 2 before any engine
+    engine = connect_engine(settings)
     with Progress(f"imgbuild lock {recipe}", enabled=not as_json, live_only=True) as progress:
         progress("resolving the recipe's packages in its base")  # the clock runs while the resolver works
-        result = lock(recipe, settings_of(ctx), upgrade=upgrade, upgrade_packages=packages, on_line=progress)
+        result = lock(loaded, settings, engine, upgrade=upgrade, upgrade_packages=packages, on_line=progress)
     for note in result.notes:
         click.echo(f"imgbuild lock: {note}", err=True)
     if as_json:

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +18,7 @@ SECTION = Section("Servers")
 
 if TYPE_CHECKING:
     from imgbuild.engine import ImageEngine
+    from imgbuild.gpu.read import Gpu
 
 
 class _RunCommand(click.Command):
@@ -336,7 +337,6 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
 
     from imgbuild.gpu.read import NoGpus, read_pci
     from imgbuild.servers.containers import watch_gpus
-    from imgbuild.ui import print_table
 
     settings = settings_of(ctx)
     readings_of = watch_gpus(settings, interval if watch else None, count)
@@ -344,14 +344,16 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count:
     try:
         for readings, lost in readings_of:
             title = time.strftime("%H:%M:%S") if watch else None
-            _show_gpus(readings, lost, as_json, title, print_table, bus)
+            _show_gpus(readings, lost, as_json, title, bus)
     except NoGpus as exc:
         click.echo(f"no NVIDIA GPU or driver on this host ({exc}); imgbuild run uses the CPU")
 
 
 def _show_gpus(
-    readings: list[Any], lost: list[dict[str, str]], as_json: bool, title: str | None, table: Any, bus: list[Any]
+    readings: list[Gpu], lost: list[dict[str, str]], as_json: bool, title: str | None, bus: list[dict[str, str]]
 ) -> None:
+    from imgbuild.ui import print_table
+
     if as_json:
         emit_json({"gpus": [g.to_json() for g in readings], "lost": lost, "pci": bus})
         return
@@ -360,6 +362,6 @@ def _show_gpus(
         procs = "; ".join(f"{p.user or '?'} {p.container or p.name or p.pid} {p.used_mib} MiB" for p in g.processes)
         util = "?" if g.utilization is None else f"{g.utilization}%"
         rows.append([g.index, g.name, f"{g.memory_used_mib}/{g.memory_total_mib} MiB", util, procs or "-"])
-    table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows, title=title)
+    print_table(["GPU", "name", "memory", "util", "processes (user container memory)"], rows, title=title)
     for item in lost:
         click.echo(f"{item['name']}: {item['fix']}", err=True)

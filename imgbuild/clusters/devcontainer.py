@@ -11,6 +11,7 @@ data mounts and env come from the same settings `imgbuild run` uses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from imgbuild.servers.spec import THREAD_VARS, RunSpec
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 #: What a container the Dev Containers CLI starts cannot have of `imgbuild run`'s house rules, said to the user.
 NOT_HONOURED = (
@@ -124,7 +126,12 @@ def devcontainer(
 
 
 def export_devcontainer(
-    plan: Plan, recipe: Path, settings: Settings, out: Path | None, gpus: str | None, engine_of: Any
+    plan: Plan,
+    recipe: Path,
+    settings: Settings,
+    out: Path | None,
+    gpus: str | None,
+    engine_of: Callable[[], ImageEngine],
 ) -> tuple[Path, list[str]]:
     """Write `OUT/devcontainer.json` (default `.devcontainer/`) for `plan`'s image; (its path, notes for the user).
 

@@ -18,6 +18,7 @@ No API server runs where imgbuild is tested: the output is validated, never appl
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.engine.types import ImageEngine
 
 TRAINER_API = "trainer.kubeflow.org"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -328,7 +330,7 @@ def default_name(short: str) -> str:
     return stem or "imgbuild"
 
 
-def pinned_image(image: str, settings: Settings, engine_of: Any) -> str:
+def pinned_image(image: str, settings: Settings, engine_of: Callable[[], ImageEngine]) -> str:
     """`image` pinned by its registry digest: as written where it carries one; a recipe's (or a local image's)
     from the digest its push recorded; else the registry's answer for the tag."""
     from imgbuild import imageref

@@ -5,12 +5,15 @@ launch, deepspeed, mpirun) told its world by its own rules (clusters.launchers),
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from imgbuild.clusters.launchers import PYTHON_RE, Kind, World, hostfile_lines, launcher_of, told
 
+if TYPE_CHECKING:
+    from imgbuild.clusters.slurm import JobSpec
 
-def launcher(job: Any) -> tuple[list[str], list[str]]:
+
+def launcher(job: JobSpec) -> tuple[list[str], list[str]]:
     """(script lines before the step, the command the container runs): torchrun or the command itself."""
     command = list(job.command)
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
@@ -45,13 +48,13 @@ def launcher(job: Any) -> tuple[list[str], list[str]]:
 IS_HOST = 'export PET_RDZV_CONF="is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)"; exec "$@"'
 
 
-def _hosting(job: Any, command: list[str]) -> list[str]:
+def _hosting(job: JobSpec, command: list[str]) -> list[str]:
     """torchrun's command across nodes, told on each node whether it hosts the rendezvous where the endpoint is a
     fabric name (slurm.rdzv_host_suffix)."""
     return ["sh", "-c", IS_HOST, "sh", *command] if job.rdzv_host_suffix else command
 
 
-def _launcher_told(job: Any, command: list[str], kind: Kind) -> tuple[list[str], list[str]]:
+def _launcher_told(job: JobSpec, command: list[str], kind: Kind) -> tuple[list[str], list[str]]:
     """A launcher the user typed, told the job's world: torchrun (and one node's MPI) by torchrun's PET_* and the
     MASTER_* variables; accelerate and deepspeed by their own flags (clusters.launchers), with a port of the job's
     own on one node too; an MPI launcher across nodes is refused there."""
@@ -96,7 +99,7 @@ def _address_line(var: str, node: str, suffix: str) -> str:
     return f'{var}=$(scontrol show node "${node}" -o | grep -o "NodeAddr=[^ ]*" | cut -d= -f2 || echo "${node}")'
 
 
-def _rendezvous_lines(job: Any) -> list[str]:
+def _rendezvous_lines(job: JobSpec) -> list[str]:
     """Script lines that find the rendezvous: the allocation's first node, and a port free there now."""
     return [
         "",
@@ -108,7 +111,7 @@ def _rendezvous_lines(job: Any) -> list[str]:
     ]
 
 
-def _port_lines(job: Any, var: str = "rdzv_port") -> list[str]:
+def _port_lines(job: JobSpec, var: str = "rdzv_port") -> list[str]:
     return [
         "# This script runs on the first node: a port free there now, from the kernel (job ids 10000 apart",
         "# shared one before); a fixed offset below the ephemeral range where the node has no python3.",
@@ -117,7 +120,7 @@ def _port_lines(job: Any, var: str = "rdzv_port") -> list[str]:
     ]
 
 
-def _jax_launch(job: Any, command: list[str]) -> tuple[list[str], list[str]]:
+def _jax_launch(job: JobSpec, command: list[str]) -> tuple[list[str], list[str]]:
     """JAX: `jax.distributed.initialize()` finds Slurm by itself, but gives each process the one GPU numbered as
     its local rank and a coordinator at the first node's host name, on a port from the job id. So: every GPU the
     task sees is its own (one task per node: all of them; one task per GPU: its only one, device 0), and the
@@ -144,7 +147,7 @@ TF_CONFIG_SCRIPT = (
 )
 
 
-def _tf_worker_lines(job: Any) -> list[str]:
+def _tf_worker_lines(job: JobSpec) -> list[str]:
     """Script lines that list the TensorFlow workers, rank order: each node's address (as the rendezvous is
     found), a port per worker counted up from one free on this node now (ports differ across nodes too, so
     nodes that share an address, as a lab's small cluster may, never collide)."""

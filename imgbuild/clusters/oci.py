@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +98,12 @@ def _run(args: list[str], timeout: float) -> None:
 
 
 def export_bundle(
-    target: str, out: Path, binds: list[str], engine: ImageEngine, timeout: float, say: Any = lambda _line: None
+    target: str,
+    out: Path,
+    binds: list[str],
+    engine: ImageEngine,
+    timeout: float,
+    say: Callable[[str], None] = lambda _line: None,
 ) -> Path:
     """Write `target` (a built image) as an OCI runtime bundle at `out` (a new folder) with `binds`."""
     missing = [tool for tool in TOOLS if not shutil.which(tool)]
@@ -211,7 +217,9 @@ def _write_inside(rootfs: Path, name: str, text: str) -> None:
     path.write_text(text)
 
 
-def export_sqsh(target: str, out: Path, engine: ImageEngine, timeout: float, say: Any = lambda _line: None) -> Path:
+def export_sqsh(
+    target: str, out: Path, engine: ImageEngine, timeout: float, say: Callable[[str], None] = lambda _line: None
+) -> Path:
     """Write `target` as an enroot squashfs image at `out` (for pyxis: --container-image=FILE.sqsh)."""
     if not shutil.which("mksquashfs"):
         raise EnvironmentProblem("--sqsh needs mksquashfs (Debian/Ubuntu: apt install squashfs-tools)")

@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import threading
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
 
 from imgbuild.engine.types import (
     _BK_ERROR,
@@ -25,6 +26,7 @@ from imgbuild.engine.types import (
     step_name,
 )
 from imgbuild.errors import BuildFailed, EngineFault, EngineUnavailable
+from imgbuild.hostio.regular import LogWriter
 
 
 def docker_clis(hint: str | None) -> list[str]:
@@ -46,7 +48,7 @@ def find_cli(hint: str | None) -> tuple[str, bool] | None:
     return None
 
 
-def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
+def build(cli: str, buildx: bool, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: LogWriter) -> str:
     """Build with BuildKit through the docker CLI (`buildx build --load`, or a pre-23 CLI's built-in BuildKit)."""
     iidfile = req.iidfile or req.context.parent / f".{req.context.name}.{os.getpid()}.iid"
     cmd = [cli, "buildx", "build", "--load"] if buildx else [cli, "build"]
@@ -74,18 +76,19 @@ def input_args(req: BuildRequest) -> list[str]:
     return [*args, "--no-cache"] if req.no_cache else args
 
 
-Follower = Any  # (proc, progress, redact, log, tracker, error_lines) -> None: reads one CLI's build output
+#: Reads one CLI's build output: (proc, progress, redact, log, tracker, error_lines).
+Follower = Callable[[subprocess.Popen[str], ProgressFn, Redactor, LogWriter, StepTracker, list[str]], None]
 
 
 def drive(
     cmd: list[str],
     env: dict[str, str],
     req: BuildRequest,
-    iidfile: Any,
+    iidfile: Path,
     follow: Follower,
     progress: ProgressFn,
     redact: Redactor,
-    log: Any,
+    log: LogWriter,
 ) -> str:
     """Run a build CLI (docker's, podman's) to its end within `req.timeout`, its output read by `follow`; the
     image id from `iidfile`. Raises BuildFailed (EngineFault for the engine's own failures)."""
@@ -151,7 +154,7 @@ def _follow(
     proc: subprocess.Popen[str],
     progress: ProgressFn,
     redact: Redactor,
-    log: Any,
+    log: LogWriter,
     tracker: StepTracker,
     error_lines: list[str],
 ) -> None:

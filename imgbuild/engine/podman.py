@@ -38,7 +38,7 @@ from imgbuild.engine.types import (
     step_name,
 )
 from imgbuild.errors import EngineUnavailable, ImgbuildError, RegistryUnavailable
-from imgbuild.hostio.regular import open_log
+from imgbuild.hostio.regular import LogWriter, open_log
 
 #: `[2/3] STEP 4/9: RUN ...` (a multi-stage build) or `STEP 4/9: RUN ...`
 _STEP = re.compile(r"(?:\[([0-9]+)/[0-9]+\] )?STEP (([0-9]+)/[0-9]+): (.*)")
@@ -279,9 +279,15 @@ def build_argv(
 
 
 def _follow(
-    proc: Any, progress: ProgressFn, redact: Redactor, log: Any, tracker: StepTracker, error_lines: list[str]
+    proc: subprocess.Popen[str],
+    progress: ProgressFn,
+    redact: Redactor,
+    log: LogWriter,
+    tracker: StepTracker,
+    error_lines: list[str],
 ) -> None:
     """podman build's plain output: `STEP n/m: INSTRUCTION` lines start steps; what follows is the step's."""
+    assert proc.stdout
     for raw in proc.stdout:
         line = redact(raw.rstrip("\n"))
         log.write(line + "\n")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.engine.types import (
     _SDK_STEP,
@@ -17,8 +17,11 @@ from imgbuild.engine.types import (
 )
 from imgbuild.errors import BuildFailed
 
+if TYPE_CHECKING:
+    from imgbuild.hostio.regular import LogWriter
 
-def build(client: Any, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: Any) -> str:
+
+def build(client: Any, req: BuildRequest, progress: ProgressFn, redact: Redactor, log: LogWriter) -> str:
     """Build through the Engine API (no BuildKit: no cache mounts, no secrets)."""
     import requests
     from docker.errors import APIError

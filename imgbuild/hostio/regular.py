@@ -13,7 +13,7 @@ import shutil
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -213,10 +213,10 @@ def named_error(exc: OSError, path: Path) -> OSError:
     return exc if exc.filename else OSError(exc.errno, exc.strerror, str(path))
 
 
-class _NamedWriter:
+class LogWriter:
     """A text file whose write errors name it: a full disk's ENOSPC from write() or close() names no file."""
 
-    def __init__(self, handle: Any, path: str) -> None:
+    def __init__(self, handle: TextIO, path: str) -> None:
         self._handle, self._path = handle, path
 
     def write(self, text: str) -> int:
@@ -233,12 +233,12 @@ class _NamedWriter:
 
 
 @contextlib.contextmanager
-def open_log(path: Path | None) -> Iterator[Any]:
+def open_log(path: Path | None) -> Iterator[LogWriter]:
     """A log file opened for writing (os.devnull for none), whose every error names it."""
     name = str(path) if path else os.devnull
     handle = open(name, "w", encoding="utf-8")  # noqa: SIM115 - closed below, its error named
     try:
-        yield _NamedWriter(handle, name)
+        yield LogWriter(handle, name)
     finally:
         try:
             handle.close()

@@ -7,12 +7,13 @@ validate`, the lock and the build; pure: the base's facts come in a BaseImage.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from imgbuild.ngc import CUDA_BUILD_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORKS, cuda_build, cuda_major, is_cuda_library
 
 if TYPE_CHECKING:
     from imgbuild.pipeline.plan import BaseImage
+    from imgbuild.recipe.reqfile import Pin
 
 
 def protected_pins(base: BaseImage) -> tuple[str, ...]:
@@ -58,7 +59,7 @@ def base_pin_versions(base: BaseImage, unpinned: list[str] | tuple[str, ...] = (
     return found
 
 
-def pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+def pin_conflict(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
     """(message, hint) when `req` asks for a version of a package the base pins that the pin excludes."""
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
@@ -82,12 +83,12 @@ def pin_conflict(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
     return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
 
 
-def base_refuses(req: Any, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
+def base_refuses(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
     """Whether the base refuses `req`: its framework or CUDA libraries, or a version its pins exclude."""
     return bool(framework_conflict(req, base) or pin_conflict(req, base, pins))
 
 
-def framework_conflict(req: Any, base: BaseImage) -> tuple[str, ...] | None:
+def framework_conflict(req: Pin, base: BaseImage) -> tuple[str, ...] | None:
     """(message, hint[, a package the hint names, the hint if the index lacks it]) when `req` would replace the
     base's CUDA libraries or framework, else None."""
     from packaging.utils import canonicalize_name
@@ -130,7 +131,7 @@ def framework_conflict(req: Any, base: BaseImage) -> tuple[str, ...] | None:
     return None
 
 
-def _other_cuda(name: str, req: Any, base: BaseImage) -> tuple[str, ...] | None:
+def _other_cuda(name: str, req: Pin, base: BaseImage) -> tuple[str, ...] | None:
     """When `req` asks for a build for another CUDA major than the base's (`jax[cuda12]`, `cupy-cuda12x`,
     `nvidia-cudnn-cu12` on a CUDA 13 base): its libraries go beside or over the base's, its code built for them."""
     major = cuda_major(base.env)

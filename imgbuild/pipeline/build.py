@@ -7,6 +7,7 @@ test leaves the target tag exactly as it was. A lock keeps two builds of one tar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -16,22 +17,24 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import limits
 from imgbuild.config.settings import Settings
-from imgbuild.engine import BuildRequest, ImageEngine, Redactor, connect_engine
+from imgbuild.engine import BuildRequest, ImageEngine, Redactor
 from imgbuild.engine.lease import lease
 from imgbuild.errors import BuildFailed, EnvironmentProblem, ImgbuildError, SmokeFailed, UsageError
 from imgbuild.facts import Label
-from imgbuild.hostio.acting import Acting, as_user, private_copy, read_as, write_as
+from imgbuild.hostio.acting import Acting, as_user, private_copy, write_as
 from imgbuild.hostio.host import Caller, engine_token, token_state
 from imgbuild.pipeline import spared
 from imgbuild.pipeline.context import context_dir, write_context
 from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
+from imgbuild.pipeline.publish import publish, publish_platforms
 from imgbuild.pipeline.render import render, template_cache
 from imgbuild.pipeline.resolve import pin_reader, plan_recipe
-from imgbuild.pipeline.scratch import cache_subdir, pip_bounds, secret_file, source_date_epoch, writable_dir
+from imgbuild.pipeline.scratch import cache_subdir, pip_bounds, source_date_epoch, writable_dir
+from imgbuild.pipeline.secrets import backend_secrets, build_secrets, needs_buildkit
 from imgbuild.pipeline.smoke import (
     ClaimsOf,
     QuotaCheck,
@@ -43,10 +46,13 @@ from imgbuild.pipeline.smoke import (
     run_smoke,
 )
 from imgbuild.platforms import arch_of
-from imgbuild.recipe import LoadedRecipe, load_recipe
+from imgbuild.recipe import LoadedRecipe
 from imgbuild.registry.auth import engine_auth
 from imgbuild.registry.pypi import PYPI
 from imgbuild.reserved import CANDIDATE_PREFIX, platform_tag, previous_ref
+
+if TYPE_CHECKING:
+    from imgbuild.supply.attest import Signer
 
 
 @dataclass
@@ -80,6 +86,44 @@ class BuildResult:
         }
 
 
+@dataclass(frozen=True)
+class PublishTo:
+    """A build to be pushed to its target's registry (a manifest list where several platforms were built), with its
+    smoke record; with a `signer`, signed there, its provenance and SBOM attached. A build to be pushed is seeded
+    from the registry's copy of its target, so a fresh CI runner re-runs only what changed (`registry_cache`)."""
+
+    signer: Signer | None = None
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One recipe's build, made once by the command line or CI: every platform built and smoke-tested, promoted,
+    then published where `publish` says (build_job).
+
+    `platforms`: platforms.parse_platforms' answer; () the recipe's `platforms:`, else the engine's own.
+    `planned`: the recipe's plan where the caller has made it already (rebuild, to judge staleness), without the
+    base's pins. `acting`: through sudo for a user (enforce.acting): their files read and written as they may, the
+    image only in their namespace. `claims`: who else holds which GPU on the host (smoke.ClaimsOf); `quota`: a
+    user's smoke test counted as a run of theirs. `reproducible`: every time in the image SOURCE_DATE_EPOCH (0 when
+    unset), so the same inputs give the same digest (Podman). `promote=False`: built and smoke-tested, the target
+    left as it was (rebuild --verify-reproducible)."""
+
+    recipe: LoadedRecipe
+    platforms: tuple[str, ...] = ()
+    backend: str | None = None
+    require_gpu: bool = False
+    skip_gpu: bool = False
+    no_cache: bool = False
+    out: Path | None = None
+    acting: Acting | None = None
+    claims: ClaimsOf | None = None
+    quota: QuotaCheck | None = None
+    reproducible: bool = False
+    promote: bool = True
+    publish: PublishTo | None = None
+    planned: Plan | None = None
+
+
 def _lock_name(key: str) -> str:
     import hashlib
 
@@ -105,51 +149,6 @@ def build_lock(settings: Settings, plan: Plan, ctx: Path, progress: Callable[[st
                 lock.acquire(timeout=6 * 3600)
             stack.callback(lock.release)
         yield
-
-
-def build_secrets(
-    settings: Settings, loaded: LoadedRecipe, stack: ExitStack, acting: Acting | None = None
-) -> dict[str, Path]:
-    """Secret files for BuildKit: a pip.conf (index URLs, maybe with credentials) and the CA bundle. Acting for a
-    user through sudo, the recipe's CA bundle is read as they may read it, into a file of this process."""
-    secrets: dict[str, Path] = {}
-    ca = loaded.ca_bundle_path or (Path(settings.pip_ca_bundle) if settings.pip_ca_bundle else None)
-    if ca and acting and loaded.ca_bundle_path:
-        data = read_as(acting.who, loaded.ca_bundle_path, 16 * 1024 * 1024, "pip.ca_bundle")
-        secrets["imgbuild-ca.crt"] = secret_file(stack, "ca.crt", data, settings)
-    elif ca:
-        secrets["imgbuild-ca.crt"] = ca
-    lines = ["[global]"]
-    if settings.pip_index_url:
-        lines.append(f"index-url = {settings.pip_index_url}")
-    if settings.pip_extra_index_urls:
-        lines.append("extra-index-url = " + " ".join(settings.pip_extra_index_urls))
-    if settings.pip_trusted_hosts:
-        lines.append("trusted-host = " + " ".join(settings.pip_trusted_hosts))
-    if len(lines) > 1:
-        secrets["imgbuild-pip.conf"] = secret_file(stack, "pip.conf", "\n".join(lines) + "\n", settings)
-    return secrets
-
-
-def _backend_secrets(
-    secrets: dict[str, Path], settings: Settings, stack: ExitStack, source: Path, backend: str, pip_step: bool
-) -> None:
-    """What a backend adds to the build's secrets. BuildKit: the pip step's bounds, a secret so that no layer's
-    cache key holds them (the sdk backend passes them as build arguments). The sdk backend has no secret mounts:
-    the CA bundle, which is public, travels in the pip folder of the context."""
-    if pip_step and backend == "buildkit":
-        text = "".join(f"{key}={value}\n" for key, value in pip_bounds(settings).items())
-        secrets["imgbuild-pip-bounds"] = secret_file(stack, "pip-bounds", text, settings)
-    if backend == "sdk" and "imgbuild-ca.crt" in secrets:
-        ca_copy = source / "imgbuild" / "pip" / "ca.crt"
-        ca_copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(secrets.pop("imgbuild-ca.crt"), ca_copy)
-        stack.callback(lambda: ca_copy.unlink(missing_ok=True))
-
-
-def needs_buildkit(settings: Settings) -> bool:
-    """Index settings may carry credentials: only BuildKit's secret mounts keep them out of every layer."""
-    return bool(settings.pip_index_url or settings.pip_extra_index_urls or settings.pip_trusted_hosts)
 
 
 def registry_cache(plan: Plan, settings: Settings, backend: str, seed: bool, engine: str = "docker") -> dict[str, Any]:
@@ -187,53 +186,28 @@ def _seed(engine: ImageEngine, target: str, progress: Callable[[str], None]) -> 
         progress(f"nothing to seed from ({str(exc)[:120]})")
 
 
-def build(
-    recipe_path: str | Path,
+def _build_platform(
+    job: BuildJob,
     settings: Settings,
-    *,
-    backend: str | None = None,
-    require_gpu: bool = False,
-    skip_gpu: bool = False,
-    no_cache: bool = False,
-    out: str | Path | None = None,
-    progress: Callable[[str], None] = lambda s: None,
-    plan: Plan | None = None,
-    engine: ImageEngine | None = None,
-    seed_from_registry: bool = False,
-    acting: Acting | None = None,
-    claims: ClaimsOf | None = None,
-    quota: QuotaCheck | None = None,
-    reproducible: bool = False,
-    promote: bool = True,
-    trusted_key: Any = None,
-    platform: str = "",
-    loaded: LoadedRecipe | None = None,
+    engine: ImageEngine,
+    progress: Callable[[str], None],
+    plan: Plan | None,
+    platform: str,
 ) -> BuildResult:
-    """Build `recipe_path`; a caller that already planned it (rebuild) passes the plan to skip planning again.
-    `seed_from_registry` (a build that will be pushed): the registry's copy of the target seeds the layer cache, so a
-    fresh CI runner re-runs only the steps whose inputs changed (settings `registry_cache`).
-    `acting` (through sudo for a user, enforce.acting): every file of theirs is read and written as they may, the
-    engine builds root's private copy of the context, and the image goes only into their namespace. `claims`: who
-    else holds which GPU on the host, for the smoke test's choice (build.smoke.ClaimsOf). `reproducible`: every
-    time in the image is SOURCE_DATE_EPOCH (0 when unset), so the same inputs give the same digest (Podman).
-    `promote=False`: built and smoke-tested, the target left as it is (the candidate goes, as always).
-    `trusted_key`: the public key a registry's smoke record must be signed by (the --sign-key in use; else the
-    site's run.signing_key; build.spared). `platform`: one of platforms.PLATFORMS; another than the engine's own
-    (linux/arm64 on an amd64 runner) is built and smoke-tested under emulation, with no registry seed and nothing
-    spared, and promoted as `<tag>-<arch>` (promoted_ref): the target keeps the engine's own platform's image.
-    `loaded`: the recipe, where the caller has loaded it already (build_platforms).
-
-    The recipe is validated before any engine or registry is asked (a bad recipe exits 2 anywhere)."""
+    """One platform's pass of `job`: plan (unless `plan`, made by the caller or by an earlier platform's pass),
+    render, build under a candidate tag, smoke-test, promote. A build to be pushed (`job.publish`) is seeded from
+    the registry's copy of its target. `platform`: one of platforms.PLATFORMS ("" the engine's own);
+    another than the engine's own (linux/arm64 on an amd64 runner) is built and smoke-tested under emulation, with no
+    registry seed and nothing spared, and promoted as `<tag>-<arch>` (promoted_ref): the target keeps the engine's
+    own platform's image."""
+    loaded, acting = job.recipe, job.acting
     who = acting.who if acting else None
-    with as_user(who):
-        loaded = plan.loaded if plan else loaded or load_recipe(recipe_path, secrets=settings.secrets())
     if acting:
         repo, _, base_tag = base_reference(loaded, settings)
         acting.check_image(f"{repo}:{base_tag}" if base_tag else repo, "base")
-    engine = engine or connect_engine(settings)
     foreign = foreign_platform(engine, platform)
-    seed_from_registry = seed_from_registry and not foreign  # a registry's copy is the engine's own platform's
-    chosen = engine.pick_backend(backend or settings.backend)
+    seed_from_registry = job.publish is not None and not foreign  # a registry's copy is the engine's own platform's
+    chosen = engine.pick_backend(job.backend or settings.backend)
     if chosen == "sdk" and needs_buildkit(settings):
         raise UsageError(
             "pip index settings may carry credentials and need the buildkit backend "
@@ -249,7 +223,7 @@ def build(
 
         check_target(acting.who, plan.target)
     redact = Redactor(settings.secrets())
-    ctx = context_dir(plan, settings, out)
+    ctx = context_dir(plan, settings, job.out)
     target = promoted_ref(plan, foreign)
     log_path = Path(settings.cache_dir) / "logs" / (target.replace("/", "_").replace(":", "_") + ".log")
     writable_dir(log_path.parent)
@@ -267,13 +241,14 @@ def build(
             )
             write_context(rendered, ctx, settings.secrets())
         if not known_good and current is None and seed_from_registry and settings.registry_cache != "off":
-            key = trusted_key if trusted_key is not None else spared.trusted_key(settings)
+            signer = job.publish.signer if job.publish else None  # a signed push trusts its own key, else the site's
+            key = signer.public_key() if signer is not None else spared.trusted_key(settings)
             known_good = spared.registry_known_good(plan, settings, key, scope, progress)
         progress(f"rendered {ctx} ({chosen} backend); base {plan.base.pinned}; log {log_path}")
         source = _private_context(ctx, acting, settings, stack) if acting else ctx
-        secrets = build_secrets(settings, loaded, stack, acting)
+        secrets = build_secrets(settings, loaded.ca_bundle_path, stack, acting)
         pip_step = (source / "imgbuild" / "pip" / "install.sh").is_file()
-        _backend_secrets(secrets, settings, stack, source, chosen, pip_step)
+        backend_secrets(secrets, settings, stack, source, chosen, pip_step)
         iid_fd, iid_name = tempfile.mkstemp(prefix="iid-", dir=cache_subdir(settings, "runs"))
         os.close(iid_fd)
         stack.callback(lambda: Path(iid_name).unlink(missing_ok=True))
@@ -281,14 +256,14 @@ def build(
             context=source,
             tag=candidate,
             secrets=secrets,
-            no_cache=no_cache,
+            no_cache=job.no_cache,
             log_path=log_path,
             builder=settings.builder,
             iidfile=Path(iid_name),
             timeout=settings.build_timeout,
             **registry_cache(plan, settings, chosen, seed_from_registry, engine.name),
             build_args=_build_args(plan, settings, pip_step and chosen == "sdk"),
-            timestamp=source_date_epoch() if reproducible else None,
+            timestamp=source_date_epoch() if job.reproducible else None,
             platform=foreign,
         )
         promoted = False
@@ -298,12 +273,12 @@ def build(
             image_id = engine.build(chosen, request, progress, redact)
             check_platform(engine, image_id, foreign or engine.host_platform(), plan.base.pinned)
             progress(f"built {image_id[:19]}; smoke-testing it before it becomes {target}")
-            wanted = smoke_request(candidate, loaded, settings, known_good, acting, require_gpu, skip_gpu, foreign)
+            wanted = smoke_request(candidate, job, settings, known_good, foreign)
             host = host_gpus(engine, candidate, settings)  # the engine's host's GPUs, read once for both
-            report = run_smoke(engine, wanted, settings, host, claims, quota, on_step=progress)
+            report = run_smoke(engine, wanted, settings, host, job.claims, job.quota, on_step=progress)
             add_fleet_check(report, *declared_fleet(settings, loaded.recipe.smoke.targets, host))
             # a check that promotes nothing (rebuild --verify-reproducible) leaves the promoted image's report be
-            report_path = ctx / (report_name if promote else "smoke.verify.json")
+            report_path = ctx / (report_name if job.promote else "smoke.verify.json")
             _write_report(report_path, report, who=who)
             if not report.ok:
                 kept = engine.images.image_id(target)
@@ -312,7 +287,7 @@ def build(
                     + (f" ({kept[:19]})" if kept else " (not built before)")
                     + f"; every failure in full: {report_path}; build log: {log_path}"
                 )
-            if not promote:  # rebuild --verify-reproducible: built and smoke-tested, never tagged
+            if not job.promote:  # rebuild --verify-reproducible: built and smoke-tested, never tagged
                 kept = engine.images.image_id(target)
                 return BuildResult(plan, image_id, kept, False, report, ctx, log_path, foreign)
             # another run on this engine (a CI runner sharing its socket) may promote or push the target now
@@ -331,18 +306,14 @@ def build(
         return BuildResult(plan, image_id, previous, changed, report, ctx, log_path, foreign)
 
 
-#: One recipe for several platforms (`build --platform linux/amd64,linux/arm64`): each platform a whole pass of
-#: build(), from the one rendered context; the engine's own platform promoted to the target, another (built and
-#: smoke-tested under qemu) as `<tag>-<arch>`. A platform that fails stops the run; the push of a manifest list of
-#: them all (ci.publish.publish_platforms) comes only after every one passed.
-
-
 @dataclass(frozen=True)
 class PlatformBuilds:
-    """Every platform's build of one recipe, the engine's own platform first where it was asked for."""
+    """Every platform's build of one recipe, the engine's own platform first where it was asked for; `pushed`: the
+    digest the target holds once published ("" where the job publishes nothing)."""
 
     results: tuple[BuildResult, ...]
     host: str  # the engine's own platform ("" where one platform was built: each result names its own)
+    pushed: str = ""
 
     @property
     def emulated(self) -> bool:
@@ -357,62 +328,56 @@ class PlatformBuilds:
         return next((r for r in self.results if not r.platform), self.results[0])
 
 
-def build_platforms(
-    recipe_path: str | Path,
-    settings: Settings,
-    platforms: tuple[str, ...],
-    *,
-    engine: ImageEngine | None = None,
-    progress: Callable[[str], None] = lambda s: None,
-    **options: Any,
+def build_job(
+    job: BuildJob, settings: Settings, engine: ImageEngine, progress: Callable[[str], None] = lambda s: None
 ) -> PlatformBuilds:
-    """Build `recipe_path` for each of `platforms` (platforms.parse_platforms' answer; () the recipe's `platforms`,
-    else the engine's own), the engine's own first, then the others in the order given; `options` are build.build's.
-    The recipe is loaded (and judged: exit 2) before any engine is asked."""
-    plan = options.pop("plan", None)
-    if plan is None:
-        acting = options.get("acting")
-        with as_user(acting.who if acting else None):
-            loaded = load_recipe(recipe_path, secrets=settings.secrets())  # a bad recipe: exit 2 before any engine
+    """Run `job` to its end: each platform built, smoke-tested and promoted (build_platforms), then, where
+    `job.publish` asks, pushed (and signed): one image, or a manifest list of every platform's."""
+    made = build_platforms(job, settings, engine, progress)
+    if job.publish is None:
+        return made
+    own = made.own()
+    smoke = own.smoke.to_json() if own.smoke else {}
+    signer = job.publish.signer
+    if made.emulated:
+        builds = [(made.platform_of(r), r.image_id) for r in made.results]
+        pushed = publish_platforms(own.plan, builds, smoke, settings, engine, job.backend, signer, progress)
     else:
-        loaded = plan.loaded
-    platforms = platforms or tuple(loaded.recipe.platforms)
+        pushed = publish(own.plan, own.image_id, smoke, settings, engine, job.backend, signer, progress)
+    return dataclasses.replace(made, pushed=pushed)
+
+
+def build_platforms(
+    job: BuildJob, settings: Settings, engine: ImageEngine, progress: Callable[[str], None] = lambda s: None
+) -> PlatformBuilds:
+    """The build half of `job`: each of its platforms (() the recipe's `platforms`, else the engine's own), the
+    engine's own first, then the others in the order given, each a whole pass from the one plan. A platform that
+    fails stops the run, so a push (build_job) comes only after every one passed."""
+    platforms = job.platforms or tuple(job.recipe.recipe.platforms)
     if len(platforms) <= 1:  # one pass, as a build without --platform
-        one = "".join(platforms)
-        made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, loaded=loaded, platform=one,
-                     **options)  # fmt: skip
+        made = _build_platform(job, settings, engine, progress, job.planned, "".join(platforms))
         return PlatformBuilds((made,), "")
-    engine = engine or connect_engine(settings)
     own = engine.host_platform()
     ordered = [p for p in platforms if p == own] + [p for p in platforms if p != own]
     results: list[BuildResult] = []
     for platform in ordered:
         progress(f"{platform}: building" + ("" if platform == own else " under emulation"))
-        plan = results[0].plan if results else plan
-        made = build(recipe_path, settings, engine=engine, progress=progress, plan=plan, loaded=loaded,
-                     platform=platform, **options)  # fmt: skip
-        results.append(made)
+        plan = results[0].plan if results else job.planned
+        results.append(_build_platform(job, settings, engine, progress, plan, platform))
     return PlatformBuilds(tuple(results), own)
 
 
 def smoke_request(
-    candidate: str,
-    loaded: LoadedRecipe,
-    settings: Settings,
-    known_good: tuple[str, ...],
-    acting: Acting | None,
-    require_gpu: bool,
-    skip_gpu: bool,
-    emulated: str = "",
+    candidate: str, job: BuildJob, settings: Settings, known_good: tuple[str, ...], emulated: str = ""
 ) -> SmokeRequest:
     """Stage 5's request for `candidate`: the recipe's `smoke:` section, what may be spared (`known_good`), and
     for a user imgbuild acts for, their GPUs and their identity in the container; `emulated`: a foreign
     platform's image, run under qemu (no GPU)."""
-    smoke = loaded.recipe.smoke
+    smoke = job.recipe.recipe.smoke
     return SmokeRequest(
         candidate,
-        require_gpu=require_gpu or smoke.require_gpu,
-        skip_gpu=skip_gpu,
+        require_gpu=job.require_gpu or smoke.require_gpu,
+        skip_gpu=job.skip_gpu,
         min_speedup=smoke.min_speedup,
         imports=tuple(smoke.imports),
         skip_imports=tuple(smoke.skip_imports),
@@ -421,9 +386,9 @@ def smoke_request(
         known_good=known_good,
         import_seconds=math.ceil(settings.smoke_import_timeout),
         gpu_seconds=math.ceil(settings.smoke_gpu_seconds),
-        user=acting.who.name if acting else settings.caller.name,
+        user=job.acting.who.name if job.acting else settings.caller.name,
         emulated=emulated,
-        index_url=loaded.recipe.pip.index_url or settings.pip_index_url or PYPI,
+        index_url=job.recipe.recipe.pip.index_url or settings.pip_index_url or PYPI,
     )
 
 

@@ -10,9 +10,13 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.supply.attest import Made, sha256
+
+if TYPE_CHECKING:
+    from imgbuild.pipeline.plan import Plan
+    from imgbuild.recipe import LoadedRecipe
 
 
 def _process_started() -> float:
@@ -34,7 +38,7 @@ def _process_started() -> float:
 _RUN = (uuid.uuid4().hex, _process_started())
 
 
-def _file_hashes(loaded: Any) -> dict[str, str]:
+def _file_hashes(loaded: LoadedRecipe) -> dict[str, str]:
     """Each copied file's place in the image and its content's sha256 (what `sha256sum` says of it there)."""
     out = {}
     for dest, files in sorted(loaded.file_manifest.items()):
@@ -64,7 +68,7 @@ def _git_commit(folder: Path) -> str | None:
     return commit if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit) else None
 
 
-def _git_dirty(loaded: Any) -> bool:
+def _git_dirty(loaded: LoadedRecipe) -> bool:
     """Whether the recipe, its parents or a file it names has changes git has not committed (or is untracked)."""
     import subprocess
 
@@ -82,7 +86,7 @@ def _git_dirty(loaded: Any) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def describe(plan: Any, smoke: dict[str, Any], image: str, digest: str, builder: dict[str, str]) -> Made:
+def describe(plan: Plan, smoke: dict[str, Any], image: str, digest: str, builder: dict[str, str]) -> Made:
     """`Made` for `plan`'s image pushed as `image@digest`; `smoke` is its smoke report (smoke.json)."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name

@@ -33,6 +33,8 @@ from imgbuild.text import printable
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
+    from imgbuild.pipeline.plan import Plan
+    from imgbuild.recipe.reqfile import ReqLine
 
 
 @dataclass
@@ -104,7 +106,7 @@ def _outgrown(loaded: LoadedRecipe) -> list[str]:
     return [str(canonicalize_name(req.name)) for req in asked if lock_conflict(req, locked, "")]
 
 
-def _old_lines(loaded: LoadedRecipe) -> tuple[Any, ...]:
+def _old_lines(loaded: LoadedRecipe) -> tuple[ReqLine, ...]:
     """The old lock's `name==version` lines that read as such (bounded, inside the repository), each with its
     place; nothing where there is none or it cannot be read. Preferences only: the resolver may move any of them."""
     from imgbuild.errors import Problem
@@ -115,14 +117,14 @@ def _old_lines(loaded: LoadedRecipe) -> tuple[Any, ...]:
     return tuple(lines)
 
 
-def _admitted(old: tuple[str, ...], freed: set[str], plan: Any) -> tuple[str, ...]:
+def _admitted(old: tuple[str, ...], freed: set[str], plan: Plan) -> tuple[str, ...]:
     """The old pins the resolution may keep: not freed (--upgrade-package, outgrown by the recipe), and none the
     base refuses (its framework, its pinned packages): a pin the base would refuse is resolved afresh."""
     refused = _base_refuses(old, plan)
     return tuple(s for s in old if str(canonicalize_name(s.split("==")[0])) not in freed and s not in refused)
 
 
-def _base_refuses(specs: tuple[str, ...] | list[str], plan: Any) -> list[str]:
+def _base_refuses(specs: tuple[str, ...] | list[str], plan: Plan) -> list[str]:
     """The `name==version` pins of `specs` the build would refuse: the base's framework or CUDA libraries, or a
     version its pins exclude (baserules.base_refuses, the rule validate and the build apply)."""
     from imgbuild.pipeline.baserules import base_pin_versions, base_refuses
@@ -132,34 +134,38 @@ def _base_refuses(specs: tuple[str, ...] | list[str], plan: Any) -> list[str]:
     return [s for s in specs if base_refuses(LockedPin.of(s), plan.base, held)]
 
 
-def lock(
-    recipe_path: str | Path,
-    settings: Settings,
-    *,
-    upgrade: bool = False,
-    upgrade_packages: tuple[str, ...] = (),
-    engine: ImageEngine | None = None,
-    on_line: Callable[[str], None] | None = None,
-) -> LockResult:
-    """Resolve and write the lock; `on_line` is shown what the resolver is doing, line by line, as it comes."""
-    from imgbuild.engine import connect_engine
-    from imgbuild.pipeline.build import build_secrets
-    from imgbuild.pipeline.render import render
-    from imgbuild.pipeline.resolve import plan_recipe
-    from imgbuild.pipeline.scratch import pip_bounds
+def lockable(recipe_path: str | Path, settings: Settings) -> LoadedRecipe:
+    """The recipe `imgbuild lock` resolves, judged before any engine is asked. The lock is what this command
+    writes: a stale or refused lock never stops it (the cure validate and build name), so it is not read here."""
     from imgbuild.recipe import load_recipe
 
-    # The lock is what this command writes: a stale or refused lock never stops it (the cure validate and build
-    # name). The old lock's acceptable lines are kept as preferences, the rest resolved afresh.
     loaded = load_recipe(recipe_path, secrets=settings.secrets(), lock=False)
     if not (loaded.recipe.pip.packages or loaded.requirements_path):
         raise UsageError(f"{loaded.display}: the recipe installs no pip packages: there is nothing to lock")
+    return loaded
+
+
+def lock(
+    loaded: LoadedRecipe,
+    settings: Settings,
+    engine: ImageEngine,
+    *,
+    upgrade: bool = False,
+    upgrade_packages: tuple[str, ...] = (),
+    on_line: Callable[[str], None] | None = None,
+) -> LockResult:
+    """Resolve and write the lock of `loaded` (lockable's); `on_line` is shown what the resolver is doing, line by
+    line, as it comes. The old lock's acceptable lines are kept as preferences, the rest resolved afresh."""
+    from imgbuild.pipeline.render import render
+    from imgbuild.pipeline.resolve import plan_recipe
+    from imgbuild.pipeline.scratch import pip_bounds
+    from imgbuild.pipeline.secrets import build_secrets
+
     lines = _old_lines(loaded)
     old = tuple(line.spec for line in lines)
     freed = {str(canonicalize_name(p)) for p in upgrade_packages}
     # what the recipe now excludes, judged against the old lock's lines (validate's own rule, lock_index)
     freed |= set(_outgrown(dataclasses.replace(loaded, lock_pins=old, lock_lines=lines)))
-    engine = engine or connect_engine(settings)
     plan = plan_recipe(loaded, settings, engine, with_pins=True)
     kept = () if upgrade else _admitted(old, freed, plan)
     plan = dataclasses.replace(plan, loaded=dataclasses.replace(loaded, lock_pins=kept))
@@ -171,7 +177,7 @@ def lock(
     }
     secret = b""
     with ExitStack() as stack:
-        secrets = build_secrets(settings, loaded, stack)
+        secrets = build_secrets(settings, loaded.ca_bundle_path, stack)
         if "imgbuild-ca.crt" in secrets:
             files["ca.crt"] = secrets["imgbuild-ca.crt"].read_text()  # a CA bundle is public
         if "imgbuild-pip.conf" in secrets:
@@ -226,7 +232,7 @@ def lock(
     return LockResult(path, pins, added, removed, changed, resolver, hashed, notes)
 
 
-def _refuse_what_the_base_refuses(pins: list[str], plan: Any) -> None:
+def _refuse_what_the_base_refuses(pins: list[str], plan: Plan) -> None:
     """A lock that the build would refuse is never written (the resolution runs under the base's pins, so only an
     answer that ignored them holds such a pin)."""
     refused = _base_refuses(pins, plan)

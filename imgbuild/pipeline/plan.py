@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import imageref
 from imgbuild.config.settings import Settings
@@ -30,6 +30,9 @@ from imgbuild.pipeline.stack import ProtectedStack, door_problems, env_problems,
 from imgbuild.pipeline.targets import TARGET_HINT, target_refusal
 from imgbuild.recipe import LoadedRecipe
 from imgbuild.recipe.reqfile import LockedPin, ReqLine
+
+if TYPE_CHECKING:
+    from imgbuild.recipe.reqfile import Pin
 
 TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 #: The files of TEMPLATES_DIR that shape a Docker image, by name. Only these are hashed: an installed copy holds
@@ -207,7 +210,7 @@ def lock_index(loaded: LoadedRecipe) -> dict[str, ReqLine]:
     return {str(canonicalize_name(line.spec.split("==", 1)[0])): line for line in loaded.lock_lines}
 
 
-def lock_conflict(req: Any, locked: dict[str, ReqLine], recipe: str) -> tuple[str, str] | None:
+def lock_conflict(req: Pin, locked: dict[str, ReqLine], recipe: str) -> tuple[str, str] | None:
     """(message, hint) when the recipe asks for a version its own lock's pin (`locked`: lock_index) excludes: the
     recipe was edited since `imgbuild lock` ran (the lock, not the base, is what holds the other version)."""
     from packaging.utils import canonicalize_name

@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import __version__, limits
 from imgbuild.errors import UsageError
@@ -25,6 +25,9 @@ from imgbuild.pipeline.plan import TEMPLATES_DIR, Plan, hashed_pins
 from imgbuild.pipeline.record import RECORD_FILE, Record
 from imgbuild.pipeline.stack import step_kinds
 from imgbuild.recipe import stable_name
+
+if TYPE_CHECKING:
+    import jinja2
 
 #: imgbuild's own scripts, written into every context for the build but never committed (the context's
 #: .gitignore lists them; the lock records their digest): a reviewer sees the recipe's files, not ours.
@@ -74,7 +77,7 @@ def _exec_form(value: str | list[str]) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def template_cache(cache_dir: str | Path) -> Any:
+def template_cache(cache_dir: str | Path) -> jinja2.BytecodeCache | None:
     """Compiled templates kept between runs in `<cache_dir>/templates`, or None.
 
     Lexing and compiling the Dockerfile templates is most of a render's own time (about 35 ms of 40 here);
@@ -98,12 +101,12 @@ def template_cache(cache_dir: str | Path) -> Any:
     return jinja2.FileSystemBytecodeCache(str(folder))
 
 
-def template_environment(cache: Any = None) -> Any:
+def template_environment(cache: jinja2.BytecodeCache | None = None) -> jinja2.Environment:
     """Jinja over imgbuild's templates folder, as every template of it is rendered."""
     return _environment(cache)
 
 
-def _environment(cache: Any = None) -> Any:
+def _environment(cache: jinja2.BytecodeCache | None = None) -> jinja2.Environment:
     import jinja2
 
     env = jinja2.Environment(
@@ -290,7 +293,9 @@ def mount_digest(rendered: dict[str, tuple[bytes, int]], folder: str) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def render(plan: Plan, backend: str = "buildkit", cache: Any = None, cache_scope: str = "") -> Context:
+def render(
+    plan: Plan, backend: str = "buildkit", cache: jinja2.BytecodeCache | None = None, cache_scope: str = ""
+) -> Context:
     """The build context for `plan`. Pure: it reads nothing but imgbuild's own templates and writes nothing
     (but for the compiled templates of `cache`, a `template_cache`, when the caller gives one). `cache_scope`:
     whose build caches the steps use ("" for the engine's own user, root or a docker-group user; "u<uid>" when

@@ -19,6 +19,9 @@ from imgbuild.payload.probes import BASE_PINS
 from imgbuild.pipeline.plan import Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
 
+if TYPE_CHECKING:
+    from imgbuild.pipeline.plan import BaseImage, ReadPins
+
 if TYPE_CHECKING:  # the engine and the registry client are imported where they are used: render stays cheap
     from imgbuild.engine import ImageEngine
 
@@ -192,7 +195,7 @@ def check_known(loaded: LoadedRecipe, settings: Settings) -> str:
             return kept
         raise NotKnownHere(ref)
 
-    def read_pins(base: Any) -> tuple[str, tuple[str, ...]]:
+    def read_pins(base: BaseImage) -> tuple[str, tuple[str, ...]]:
         return (_pins_in(base_pins(settings).get(base.identity)) if base.identity else None) or ("", ())
 
     def pattern(repo: str, framework: str | None, tag: str) -> str:
@@ -207,11 +210,11 @@ def check_known(loaded: LoadedRecipe, settings: Settings) -> str:
     return f"checked against the base as last read here: {plan.base.pinned}{pins}"
 
 
-def pin_reader(settings: Settings, engine: ImageEngine) -> Callable[[Any], tuple[str, tuple[str, ...]]]:
+def pin_reader(settings: Settings, engine: ImageEngine) -> ReadPins:
     """Reads a base's pins in a throwaway container of the base (pulled if need be; the build needs it
     anyway), cached per base digest. A base whose pins cannot be read gives none: pip still checks them."""
 
-    def read(base: Any) -> tuple[str, tuple[str, ...]]:
+    def read(base: BaseImage) -> tuple[str, tuple[str, ...]]:
         key = base.identity or ""  # a digest: the pins of one base never change
         cache = base_pins(settings)
         found = _pins_in(cache.get(key)) if key else None

@@ -22,7 +22,7 @@ from imgbuild.config.site import RunRules
 from imgbuild.engine import ImageEngine
 from imgbuild.errors import EnvironmentProblem, ImgbuildError
 from imgbuild.facts import Label
-from imgbuild.gpu.allocate import Claim
+from imgbuild.gpu.allocate import Claim, Selection
 from imgbuild.gpu.engine_read import EngineGpus
 from imgbuild.gpu.fleet import GpuFacts, Target, Verdict, blockers, judge_per_platform
 from imgbuild.gpu.read import Gpu
@@ -140,7 +140,7 @@ EMULATION_UNPROVEN = (
 ClaimsOf = Callable[[ImageEngine, list[Gpu]], dict[str, list[Claim]]]
 #: The site's GPU quota for whose test it is, given the GPUs chosen and who holds what: raises when the choice would
 #: take them past it (servers.holds.quota_check). A smoke test for a user through sudo is a run of theirs.
-QuotaCheck = Callable[[Any, dict[str, list[Claim]]], None]
+QuotaCheck = Callable[[Selection, dict[str, list[Claim]]], None]
 
 
 def host_gpus(engine: ImageEngine, image: str, settings: Settings | None = None) -> EngineGpus:

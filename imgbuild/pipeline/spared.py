@@ -27,11 +27,14 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError
 from imgbuild.pipeline.plan import Plan, templates_digest
+
+if TYPE_CHECKING:
+    from imgbuild.supply.attest import PublicKey, Signer
 
 MAX_VOUCHED = 5000  # a record naming more distributions than this is believed for none of them
 REPORT_BYTES = 16 * 1024 * 1024
@@ -100,7 +103,7 @@ def local_known_good(path: Path, current: str | None, base: str, scope: str) -> 
     return vouched(data, base, scope) if isinstance(data, dict) and data.get("promoted") == current else ()
 
 
-def trusted_key(settings: Settings) -> Any:
+def trusted_key(settings: Settings) -> PublicKey | None:
     """The site's public key (`run.signing_key`), or None."""
     from imgbuild.supply import attest
 
@@ -109,7 +112,7 @@ def trusted_key(settings: Settings) -> Any:
 
 
 def registry_known_good(
-    plan: Plan, settings: Settings, key: Any, scope: str, progress: Callable[[str], None]
+    plan: Plan, settings: Settings, key: PublicKey | None, scope: str, progress: Callable[[str], None]
 ) -> tuple[str, ...]:
     """On a fresh runner, what the registry's copy of the target vouches for in `scope` (smoke_scope): its `.smoke`
     record, signed by `key` and bound to the digest the tag serves now. Nothing on any doubt, and the run says why."""
@@ -150,7 +153,7 @@ def registry_known_good(
 
 
 def smoke_record(
-    smoke: dict[str, Any], base: str, scope: str, digest: str, signer: Any = None
+    smoke: dict[str, Any], base: str, scope: str, digest: str, signer: Signer | None = None
 ) -> dict[str, tuple[bytes, bytes, list[bytes]]]:
     """The `.smoke` attachment of image `digest`, passed on `base` in `scope` (build.spared): what imported, each
     with its RECORD fingerprint; signed by `signer` when there is one (a fresh runner believes only that)."""

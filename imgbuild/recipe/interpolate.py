@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,7 +80,9 @@ def interpolate(
     located.data = walk(located.data, ())
 
 
-def _substitute(m: re.Match[str], environ: dict[str, str], secrets: tuple[str, ...], report: Any) -> str:
+def _substitute(
+    m: re.Match[str], environ: dict[str, str], secrets: tuple[str, ...], report: Callable[[str, str], None]
+) -> str:
     """One `$$`, `${NAME}` or `${NAME:-default}`; `report(message, hint)` records a problem."""
     if m.group(0) == "$$":
         return "$"

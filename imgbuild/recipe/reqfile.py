@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import urlsplit
 
 from imgbuild import limits
@@ -23,6 +23,9 @@ from imgbuild.errors import Problem, RecipeError
 from imgbuild.recipe.repofiles import OutsideRepository, resolve_inside
 from imgbuild.text import describe, token_fault, unsafe_character
 from imgbuild.yamlpos import read_text_bounded
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 FIELD = "pip.requirements"
 MAX_DEPTH = 8  # -r / -c nesting
@@ -283,7 +286,7 @@ class LockedPin:
         self.name, self.version = name, version
 
     @classmethod
-    def of(cls, spec: str) -> Any:
+    def of(cls, spec: str) -> Pin:
         from packaging.requirements import Requirement
 
         found = cls._LINE.fullmatch(spec)
@@ -294,3 +297,7 @@ class LockedPin:
         from packaging.specifiers import SpecifierSet
 
         return SpecifierSet(f"=={self.version}")
+
+
+#: A requirement as the base's rules judge it: a lock's `name==version` line, or anything else, parsed by packaging.
+Pin = Union["Requirement", LockedPin]

@@ -22,6 +22,7 @@ from imgbuild.registry.manifest import host_platform
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.registry.manifest import Manifest
 
 #: The platforms whose own arch lists a tag is judged on (GPU machines: amd64, and arm64 for Grace and Jetson).
 VARIANT_ARCHS = ("amd64", "arm64")
@@ -174,7 +175,7 @@ def select(tags: list[str], *, since: str | None, variant: str, limit: int | Non
 def add_details(client: RegistryClient, repo: str, infos: list[TagInfo], cache: TagCache, workers: int = 8) -> None:
     """Fill CUDA/cuDNN/framework/... from each tag's config blob, fetched in parallel."""
 
-    def facts_of(manifest: Any) -> dict[str, Any]:
+    def facts_of(manifest: Manifest) -> dict[str, Any]:
         facts = cache.get_details(manifest.config_digest)
         if facts is None:
             facts = describe_config(client.blob_json(repo, manifest.config_digest))

@@ -5,7 +5,7 @@ NVIDIA Container Toolkit host)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from imgbuild.errors import UsageError
 from imgbuild.servers.spec import is_recipe
@@ -13,9 +13,10 @@ from imgbuild.servers.spec import is_recipe
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
+    from imgbuild.imageref import ImageRef
 
 
-def under_prefix(ref: Any, prefix: str) -> bool:
+def under_prefix(ref: ImageRef, prefix: str) -> bool:
     """Whether the image `ref` (imageref.ImageRef) lies under `prefix` (REGISTRY[/PATH]), its registry compared by
     what it is, not how it is spelled: a site's `127.0.0.1:5000/lab` covers `localhost:5000/lab/x`."""
     from imgbuild import imageref

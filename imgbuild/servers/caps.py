@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
 
 from imgbuild.config.site import RunRules
 from imgbuild.errors import UsageError
 from imgbuild.servers.spec import MAX_CPUS
 
 
-def cpus_of(wanted: float | None, share: float | None, enforced: Any) -> float | None:
-    """`--cpus` where given (within the site's share for a user acting through sudo), else the share."""
+def cpus_of(wanted: float | None, share: float | None, enforced: bool) -> float | None:
+    """`--cpus` where given (within the site's share where `enforced`: a user acting through sudo), else the share."""
     if wanted is None:
         return share
     if not (math.isfinite(wanted) and 0.01 <= wanted <= MAX_CPUS):  # the engine's least: 0.01
         raise UsageError(f"--cpus {wanted}: not a number of CPUs (from 0.01, the engine's least, to {MAX_CPUS})")
-    if enforced is not None and share is not None and wanted > share:
+    if enforced and share is not None and wanted > share:
         raise UsageError(f"--cpus {wanted:g}: this run may have at most {share:g} (the site's share)")
     return wanted
 

@@ -16,6 +16,7 @@ from imgbuild.servers.spec import parse_duration
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
+    from imgbuild.hostio.host import Caller
 
 # --- your containers, by short name ---------------------------------------------------------------
 
@@ -34,7 +35,7 @@ def find_container(rows: list[ContainerInfo], name: str, user: str) -> Container
     raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
 
 
-def check_owner(row: ContainerInfo, who: Any, verb: str, force: bool) -> None:
+def check_owner(row: ContainerInfo, who: Caller, verb: str, force: bool) -> None:
     """Every verb on a container follows one rule: it is the caller's, or an admin says --force.
 
     The owner is the `org.imgbuild.user` label `imgbuild run` writes (else the `<user>_` name prefix);
@@ -148,7 +149,7 @@ def _lost_of(engine: ImageEngine, rows: list[ContainerInfo]) -> dict[str, str]:
         return dict(zip((r.name for r in probed), pool.map(lambda r: gpus_lost(engine, r), probed), strict=True))
 
 
-def lost_containers(engine: ImageEngine, who: Any) -> list[dict[str, str]]:
+def lost_containers(engine: ImageEngine, who: Caller) -> list[dict[str, str]]:
     """Running containers of `who` (every user's for an admin) whose GPUs vanished under them, each with the fix
     (`imgbuild gpus`). Nobody's `gpus` execs into another user's container."""
     rows = [r for r in engine.containers.rows() if who.is_admin or r.user == who.name]

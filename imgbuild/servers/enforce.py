@@ -46,6 +46,7 @@ from imgbuild.hostio.host import Caller, expand
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.config.site import RunRules
+    from imgbuild.servers.run import RunRequest
 
 #: What a user may run through sudo (the sudoers drop-in lists exactly these).
 USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus", "queue", "build", "smoke")
@@ -98,7 +99,7 @@ def gate(args: list[str]) -> None:
 # --- run: flags, image, env, ports -------------------------------------------------------------------------
 
 
-def check_run(req: Any, who: Caller, house: RunRules, image_ref: str) -> None:
+def check_run(req: RunRequest, who: Caller, house: RunRules, image_ref: str) -> None:
     """The flags of `imgbuild run` a user acting through sudo may not give (one line for the first)."""
     if req.as_user:
         raise UsageError(f"--user: under this server's rules containers run as you ({who.uid}:{who.gid})")
@@ -136,7 +137,7 @@ def acting(settings: Settings) -> Acting | None:
     return Acting(who, tuple(settings.run.allowed_images))
 
 
-def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_key: Any) -> None:
+def check_build(acting: Acting | None, *, push: bool, builder: str | None, sign_key: Path | None) -> None:
     """The flags of `imgbuild build` a user acting through sudo may not give: what reaches past this host's
     engine uses root's credentials (a registry login, a remote builder, a key)."""
     if acting is None:

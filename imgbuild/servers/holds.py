@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.config.site import RunRules
 from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
-from imgbuild.gpu.allocate import Claim, Claims, GpusBusy, Selection
+from imgbuild.gpu.allocate import Claim, Claims, GpusBusy, Selection, requested_count, select_gpus
+from imgbuild.gpu.read import Gpu
 from imgbuild.servers.spec import cpulist_of
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
+    from imgbuild.pipeline.smoke import QuotaCheck
 
 
 @dataclass
@@ -42,12 +44,12 @@ def gpu_claims(settings: Settings) -> Callable[[Any, list[Any]], dict[str, list[
     return read
 
 
-def quota_check(settings: Settings, user: str) -> Callable[[Any, dict[str, list[Claim]]], None]:
+def quota_check(settings: Settings, user: str) -> QuotaCheck:
     """The site's GPU quota for `user`'s smoke test (build.smoke.QuotaCheck): the GPUs it would take count as
     a run of theirs, against what they (and their groups) hold already."""
     house = settings.run
 
-    def check(selection: Any, claims: dict[str, list[Claim]]) -> None:
+    def check(selection: Selection, claims: dict[str, list[Claim]]) -> None:
         check_quota(user, selection, Held(gpus=claims), house)
 
     return check
@@ -117,21 +119,35 @@ def _limits(user: str, house: RunRules) -> list[tuple[str, int | None, set[str],
     return limits
 
 
-def check_could_fit(user: str, request: str, count: int, host_gpus: int, house: RunRules) -> None:
-    """A request that could never start, whoever holds what: more GPUs than this host has, or than a quota of
-    the user's allows. Refused at once (exit 2), never waited for nor queued."""
-    if count > host_gpus:
-        raise UsageError(f"--gpus {request}: this host has {host_gpus} GPUs; this run could never start")
-    for key, limit, _, _ in _limits(user, house):
-        if limit is not None and count > int(limit):
-            raise UsageError(f"--gpus {request}: at most {limit} GPUs at once ({key}); this run could never start")
+def choose_gpus(
+    user: str, request: str, gpus: list[Gpu], held: Held, house: RunRules, force: bool = False
+) -> Selection:
+    """The GPUs `--gpus REQUEST` gives a run of `user` on a host with `gpus`, under the site's quotas, in one step:
+    a request that could never start, whoever holds what (more GPUs than the host has, or than a quota of the
+    user's allows), is refused at once (exit 2), never waited for nor queued; then the GPUs are chosen (busy ones:
+    GpusBusy, a run may wait); then what the user (or their group) holds with them must stay within each quota
+    (OverQuota: it may start once their own runs end)."""
+    if gpus:
+        count = requested_count(request, gpus)
+        if count > len(gpus):
+            raise UsageError(f"--gpus {request}: this host has {len(gpus)} GPUs; this run could never start")
+        for key, limit, _, _ in _limits(user, house):
+            if limit is not None and count > int(limit):
+                raise UsageError(f"--gpus {request}: at most {limit} GPUs at once ({key}); this run could never start")
+    selection = select_gpus(request, gpus, user, force=force, claims=held.gpus)
+    _check_quota(user, set(selection.uuids), held, house)
+    return selection
 
 
 def check_quota(user: str, selection: Selection, held: Held, house: RunRules) -> None:
     """The site's `max_gpus_per_user` and `max_gpus_per_group` ({group: GPUs all its members hold})."""
-    if not selection.gpus:
+    _check_quota(user, set(selection.uuids), held, house)
+
+
+def _check_quota(user: str, wanted: set[str], held: Held, house: RunRules) -> None:
+    """Whether taking the GPUs `wanted` (their UUIDs) keeps `user` and each group of theirs within its quota."""
+    if not wanted:
         return
-    wanted = set(selection.uuids)
     for key, limit, members, who in _limits(user, house):
         if limit is None:
             continue

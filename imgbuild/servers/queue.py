@@ -42,12 +42,13 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
+from imgbuild.hostio.host import Caller
 
 QUEUE_FILE_RE = re.compile(r"queue-([0-9]{1,10})\.json")
 DRAIN_FILE = "queue-drained"  # in root's folder of the state folder: present while drained
@@ -283,7 +284,7 @@ def shown_args(args: list[str]) -> list[str]:
     return shown
 
 
-def is_theirs(job: Job, who: Any) -> bool:
+def is_theirs(job: Job, who: Caller) -> bool:
     """`who` may see the job whole: it is theirs, or they are the admin."""
     return bool(job.uid == who.uid or who.is_admin)
 
@@ -317,7 +318,13 @@ def set_drained(state_dir: Path, on: bool) -> None:
 # --- what the commands do --------------------------------------------------------------------------------------
 
 
-def add(state_dir: Path, who: Any, args: list[str], cwd: str, check: Any = None) -> Job:
+def add(
+    state_dir: Path,
+    who: Caller,
+    args: list[str],
+    cwd: str,
+    check: Callable[[list[str], str], tuple[int, str]] | None = None,
+) -> Job:
     """File a job for `who`, after `run --dry-run ARGS` accepted it (as the user: the same rules as a start; run's
     own parser refuses a queued job's `--wait` in any spelling)."""
     if not job_folder(cwd):
@@ -341,7 +348,7 @@ def add(state_dir: Path, who: Any, args: list[str], cwd: str, check: Any = None)
     return job
 
 
-def remove(state_dir: Path, who: Any, job_id: str) -> Job:
+def remove(state_dir: Path, who: Caller, job_id: str) -> Job:
     with Queue(state_dir).locked() as queue:
         job = next((j for j in queue.jobs if j.id == job_id), None)
         if job is None:
@@ -353,7 +360,12 @@ def remove(state_dir: Path, who: Any, job_id: str) -> Job:
     return job
 
 
-def advance(state_dir: Path, who: Any, start: Any = None, use: Mapping[str, float] | None = None) -> list[Job]:
+def advance(
+    state_dir: Path,
+    who: Caller,
+    start: Callable[[Job, bool], tuple[int, str]] | None = None,
+    use: Mapping[str, float] | None = None,
+) -> list[Job]:
     """Start what fits, in order (`order`, by `use`): every user's jobs when root (or an admin), else the caller's
     own.
     Returns the jobs tried, with their new state. Nothing starts while the queue is drained.
@@ -379,7 +391,7 @@ def advance(state_dir: Path, who: Any, start: Any = None, use: Mapping[str, floa
         if start is None:
             code, said = _start(job, as_root=os.geteuid() == 0, root_filed=root_filed)
         else:
-            code, said = start(job, as_root=os.geteuid() == 0)
+            code, said = start(job, os.geteuid() == 0)  # as root
         with Queue(state_dir).locked() as queue:
             mine = next((j for j in queue.jobs if j.id == job.id and j.uid == job.uid), None)
             if mine is None:
@@ -419,7 +431,6 @@ def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
     its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder."""
     if as_root and job.uid != 0:
-        from imgbuild.hostio.host import Caller
         from imgbuild.servers.enforce import resolve_as
 
         seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)

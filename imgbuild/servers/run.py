@@ -28,7 +28,7 @@ from imgbuild.hostio.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
 from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
 from imgbuild.servers.containers import deadline_of
-from imgbuild.servers.holds import Held, OverQuota, check_could_fit, check_quota, held_on_host
+from imgbuild.servers.holds import Held, OverQuota, choose_gpus, held_on_host
 from imgbuild.servers.spec import (
     JUPYTER_ENV,
     JUPYTER_PORT,
@@ -49,6 +49,7 @@ from imgbuild.servers.startfail import DOCKER_START_CODES, explain_start_failure
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.engine.types import ImageEngine
+    from imgbuild.gpu.read import Gpu
 
 # --- starting a container -------------------------------------------------------------------------
 
@@ -79,7 +80,7 @@ class RunRequest:
     notify: bool = False  # --notify: a notice when it ends (the reaper's next run)
 
 
-def read_gpus_or_none(settings: Settings) -> list[Any]:
+def read_gpus_or_none(settings: Settings) -> list[Gpu]:
     from imgbuild.gpu.read import NoGpus, read_gpus
 
     try:
@@ -112,13 +113,12 @@ def prepare(
     settings: Settings,
     held: Held | None = None,
     house: RunRules | None = None,
-    gpus: list[Any] | None = None,
+    gpus: list[Gpu] | None = None,
     resolved: tuple[str, str] | None = None,
 ) -> RunSpec:
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
-    from imgbuild.gpu.allocate import requested_count, select_gpus
     from imgbuild.hostio.host import usable_cpus
 
     house = house if house is not None else settings.run
@@ -135,11 +135,8 @@ def prepare(
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced, workdir = _enforce(req, who, house, ref)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
-    if gpus:  # a request no wait can ever satisfy is refused now, never waited for nor queued
-        check_could_fit(user, req.gpu_request, requested_count(req.gpu_request, gpus), len(gpus), house)
-    selection = select_gpus(req.gpu_request, gpus, user, force=req.force, claims=held.gpus)
-    check_quota(user, selection, held, house)
-    cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced)
+    selection = choose_gpus(user, req.gpu_request, gpus, held, house, req.force)  # never-startable: refused now
+    cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced is not None)
     cpuset: list[int] = []
     if cpus and house.pin_cpus:
         near = sorted({c for g in selection.gpus for c in gpu_affinity(g)})

@@ -18,6 +18,7 @@ from imgbuild.hostio.host import expand, format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+    from imgbuild.gpu.read import Gpu
 
 #: `--name`: the <name> in <user>_<name>_<n>.
 SHORT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -227,7 +228,7 @@ def jupyter_notes(spec: RunSpec, host: str) -> list[str]:
     ]
 
 
-def gpu_affinity(gpu: Any) -> list[int]:
+def gpu_affinity(gpu: Gpu) -> list[int]:
     return cpulist_of(gpu.cpu_affinity or "")
 
 

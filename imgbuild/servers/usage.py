@@ -18,12 +18,16 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.engine.types import ContainerInfo, LocalImage
 from imgbuild.errors import EnvironmentProblem, UsageError
+
+if TYPE_CHECKING:
+    from imgbuild.gpu.read import Gpu
 
 USAGE_FILE = "usage.jsonl"
 #: The longest interval one record covers (three runs of a 5-minute timer).
@@ -43,7 +47,7 @@ def record(now: float, previous: float | None, holds: list[dict[str, Any]]) -> d
     return {"time": round(now, 3), "seconds": round(seconds, 3), "holds": holds}
 
 
-def holds_of(rows: list[ContainerInfo], gpus: list[Any], group_of: Any) -> list[dict[str, Any]]:
+def holds_of(rows: list[ContainerInfo], gpus: list[Gpu], group_of: Callable[[str], str]) -> list[dict[str, Any]]:
     """The running containers' GPUs as a record holds them (`group_of(user)`: the user's primary group)."""
     from imgbuild.servers.holds import running_with_gpus
 
@@ -268,7 +272,7 @@ class DiskRow:
         return {"user": self.user, "images": self.images, "tags": self.tags, "bytes": self.size}
 
 
-def image_owner(ref: str, known_user: Any) -> str:
+def image_owner(ref: str, known_user: Callable[[str], bool]) -> str:
     """The user whose image `ref` is (`<user>/NAME:TAG`, built on this host, no registry in it); "" otherwise."""
     first, slash, _ = ref.partition("/")
     if not slash or "." in first or ":" in first or first == "localhost":
@@ -276,7 +280,7 @@ def image_owner(ref: str, known_user: Any) -> str:
     return first if known_user(first) else ""
 
 
-def disk_use(images: list[LocalImage], known_user: Any) -> list[DiskRow]:
+def disk_use(images: list[LocalImage], known_user: Callable[[str], bool]) -> list[DiskRow]:
     """Each user's images (`<user>/...`) on the engine's disk, largest first (pure)."""
     per_user: dict[str, dict[str, int]] = {}
     tags: dict[str, int] = {}

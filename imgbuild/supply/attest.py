@@ -22,11 +22,28 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import quote
 
 from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.errors import EnvironmentProblem, UsageError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
+
+
+class AttachmentRegistry(Protocol):
+    """The registry calls that attach cosign's artifacts to an image and read them back: a RegistryClient's."""
+
+    def has_blob(self, repo: str, digest: str) -> bool: ...
+    def upload_blob(self, repo: str, digest: str, source: Path) -> None: ...
+    def put_manifest(self, repo: str, reference: str, content: bytes, media_type: str) -> None: ...
+    def manifest_raw(self, repo: str, reference: str) -> tuple[bytes, str, str]: ...
+    def blob_bytes(self, repo: str, digest: str) -> bytes: ...
+
+
+#: cosign's public key, as `verify` takes it (load_verifier) and a Signer gives it: ECDSA P-256.
+PublicKey: TypeAlias = "EllipticCurvePublicKey"
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
@@ -237,7 +254,7 @@ def _crypto() -> Any:
 class Signer:
     """An ECDSA P-256 private key, from cosign's encrypted key file. Its repr and errors never show it."""
 
-    def __init__(self, key: Any) -> None:
+    def __init__(self, key: EllipticCurvePrivateKey) -> None:
         self._key = key
 
     def __repr__(self) -> str:
@@ -249,7 +266,7 @@ class Signer:
         ec = _crypto()
         return bytes(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
 
-    def public_key(self) -> Any:  # the public half, as `verify` takes it (load_verifier)
+    def public_key(self) -> PublicKey:  # the public half, as `verify` takes it (load_verifier)
         return self._key.public_key()
 
 
@@ -304,9 +321,9 @@ def load_signer(path: Path, password: bytes) -> Signer:
     return Signer(key)
 
 
-def load_verifier(path: Path) -> Any:
+def load_verifier(path: Path) -> PublicKey:
     """A PEM public key (cosign.pub)."""
-    _crypto()
+    ec = _crypto()
     from cryptography.hazmat.primitives import serialization
 
     from imgbuild.hostio.regular import read_named
@@ -318,12 +335,15 @@ def load_verifier(path: Path) -> Any:
     except ValueError as exc:
         raise UsageError(f"--key {path}: {exc}") from None
     try:
-        return serialization.load_pem_public_key(data)
+        key = serialization.load_pem_public_key(data)
     except ValueError:
         raise UsageError(f"--key {path}: not a PEM public key (cosign.pub)") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):  # no cosign signature could verify under it
+        raise UsageError(f"--key {path}: not an ECDSA public key (cosign.pub)")
+    return key
 
 
-def signature_ok(public_key: Any, signature: bytes, data: bytes) -> bool:
+def signature_ok(public_key: PublicKey, signature: bytes, data: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import hashes
 
@@ -366,7 +386,9 @@ def artifact(layers: list[tuple[str, bytes, dict[str, str]]]) -> tuple[bytes, by
     return config, canonical(manifest), [content for _, content, _ in layers]
 
 
-def attached_layers(client: Any, repo: str, digest: str, kind: str, media: str) -> list[tuple[bytes, dict[str, str]]]:
+def attached_layers(
+    client: AttachmentRegistry, repo: str, digest: str, kind: str, media: str
+) -> list[tuple[bytes, dict[str, str]]]:
     """The `media` layers of `digest`'s `kind` attachment: (content, annotations); none when it is absent."""
     from imgbuild.errors import RegistryError
 
@@ -417,7 +439,9 @@ def signature_artifact(image: str, digest: str, signer: Signer) -> tuple[bytes, 
     return artifact([(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signature})])
 
 
-def publish(client: Any, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]) -> list[str]:
+def publish(
+    client: AttachmentRegistry, repo: str, digest: str, parts: dict[str, tuple[bytes, bytes, list[bytes]]]
+) -> list[str]:
     """Upload each artifact's blobs and manifest under cosign's tag for `digest`; the tags written. A signature is
     added to those already there (another key's, before a rotation), never put in their place."""
     import tempfile
@@ -444,7 +468,7 @@ MAX_SIGNATURES = 16
 
 
 def _with_earlier_signatures(
-    client: Any, repo: str, digest: str, part: tuple[bytes, bytes, list[bytes]]
+    client: AttachmentRegistry, repo: str, digest: str, part: tuple[bytes, bytes, list[bytes]]
 ) -> tuple[bytes, bytes, list[bytes]]:
     """The `.sig` artifact `part` with the signatures already attached to `digest` before it (each once)."""
     _, manifest, blobs = part

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.boundedjson import loads as bounded_loads
 from imgbuild.supply.attest import (
@@ -21,6 +21,9 @@ from imgbuild.supply.attest import (
     signature_ok,
 )
 
+if TYPE_CHECKING:
+    from imgbuild.supply.attest import AttachmentRegistry, PublicKey
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -32,7 +35,7 @@ class Verdict:
         return f"{'ok' if self.ok else 'FAIL'} {self.check}: {self.detail}"
 
 
-def signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
+def signed_payload(public_key: PublicKey, payload: bytes, signature: str) -> bool:
     """Whether `signature` (base64, as an annotation or envelope holds it) is `public_key`'s over `payload`."""
     try:
         raw = base64.b64decode(signature, validate=True)
@@ -41,7 +44,7 @@ def signed_payload(public_key: Any, payload: bytes, signature: str) -> bool:
     return signature_ok(public_key, raw, payload)
 
 
-def check_signature(client: Any, repo: str, image: str, digest: str, public_key: Any) -> Verdict:
+def check_signature(client: AttachmentRegistry, repo: str, image: str, digest: str, public_key: PublicKey) -> Verdict:
     for payload, notes in attached_layers(client, repo, digest, "sig", SIMPLE_SIGNING):
         if not signed_payload(public_key, payload, notes.get(SIGNATURE_ANNOTATION, "")):
             continue
@@ -57,7 +60,12 @@ def check_signature(client: Any, repo: str, image: str, digest: str, public_key:
 
 
 def check_attestation(
-    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_content: str | None
+    client: AttachmentRegistry,
+    repo: str,
+    image: str,
+    digest: str,
+    public_key: PublicKey,
+    recipe_content: str | None,
 ) -> tuple[list[Verdict], dict[str, Any] | None]:
     """The provenance verdicts, and the statement when one is signed by the key for this digest."""
     for envelope_bytes, _ in attached_layers(client, repo, digest, "att", DSSE):
@@ -95,7 +103,7 @@ def check_attestation(
     return [Verdict("provenance", False, f"no provenance signed by this key for {digest}")], None
 
 
-def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | None) -> Verdict:
+def check_sbom(client: AttachmentRegistry, repo: str, digest: str, statement: dict[str, Any] | None) -> Verdict:
     """The SBOM attached to `digest`: every layer of it (a consumer reads them all) the one the signed provenance
     names, naming the base by its digest."""
     layers = attached_layers(client, repo, digest, "sbom", CYCLONEDX)
@@ -124,7 +132,12 @@ def check_sbom(client: Any, repo: str, digest: str, statement: dict[str, Any] | 
 
 
 def verify(
-    client: Any, repo: str, image: str, digest: str, public_key: Any, recipe_content: str | None
+    client: AttachmentRegistry,
+    repo: str,
+    image: str,
+    digest: str,
+    public_key: PublicKey,
+    recipe_content: str | None,
 ) -> list[Verdict]:
     """Every check of a pushed image: its signature, its signed provenance (and recipe), its SBOM."""
     verdicts = [check_signature(client, repo, image, digest, public_key)]

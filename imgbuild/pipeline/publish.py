@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import imageref
 from imgbuild.config.settings import Settings
@@ -27,6 +27,9 @@ from imgbuild.registry.client import RegistryClient
 from imgbuild.registry.manifest import PlatformImage, split_reference
 from imgbuild.registry.transport import digest_of
 from imgbuild.reserved import platform_tag
+
+if TYPE_CHECKING:
+    from imgbuild.supply.attest import PublicKey, Signer
 
 #: How long a push and its signing may hold the target's lease (one push may take an hour: engine.podman).
 PUBLISH_SECONDS = 3600 + 600
@@ -43,7 +46,7 @@ class RemoteBuild:
     platforms: tuple[str, ...] = ()  # the CPU architectures a manifest list at the tag holds; () one image
 
 
-def remote_build(target: str, settings: Settings, verifier: Any = None) -> RemoteBuild | None:
+def remote_build(target: str, settings: Settings, verifier: PublicKey | None = None) -> RemoteBuild | None:
     """The registry's copy of `target`, None where there is none or it cannot be read. With `verifier` (the signer's
     public key) its signature is verified as `verify` does: a label anyone can copy and any `.sig` tag vouch for
     nothing."""
@@ -80,7 +83,7 @@ def publish(
     settings: Settings,
     engine: ImageEngine,
     backend: str | None,
-    signer: Any,
+    signer: Signer | None,
     log: Callable[[str], None],
 ) -> str:
     """Push `image_id` (this run's build of `plan`) as its target and attach its smoke record beside it (a fresh
@@ -130,7 +133,7 @@ def _sign(
     client: RegistryClient,
     engine: ImageEngine,
     backend: str,
-    signer: Any,
+    signer: Signer,
     log: Callable[[str], None],
 ) -> None:
     """Sign `digest` (the target's, pushed) and attach its provenance and SBOM, cosign's tags."""
@@ -152,7 +155,7 @@ def publish_platforms(
     settings: Settings,
     engine: ImageEngine,
     backend: str | None,
-    signer: Any,
+    signer: Signer | None,
     log: Callable[[str], None],
 ) -> str:
     """Push one image per platform (`builds`: (platform, image id), each built and smoke-tested) as
@@ -192,7 +195,7 @@ def publish_platforms(
     return digest
 
 
-def _sign_entries(client: RegistryClient, image: str, repo: str, images: list[PlatformImage], signer: Any) -> None:
+def _sign_entries(client: RegistryClient, image: str, repo: str, images: list[PlatformImage], signer: Signer) -> None:
     """Sign each platform's image of a manifest list too (cosign's `sign --recursive`): a runtime that resolves the
     list to its own platform's entry (and `run.signed_only`, asked of that entry) finds it signed by the same key."""
     from imgbuild.supply import attest
