@@ -5,6 +5,7 @@ cannot come up, those tests fail (they are never skipped)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -295,11 +297,17 @@ TIERS = {
 }
 
 
-def _tiers_of(item: pytest.Item) -> list[str]:
+@functools.cache
+def _tier_expressions() -> tuple[tuple[str, Any], ...]:
+    """TIERS compiled once per session, not once per test and tier."""
     from _pytest.mark.expression import Expression
 
+    return tuple((tier, Expression.compile(text)) for tier, text in TIERS.items())
+
+
+def _tiers_of(item: pytest.Item) -> list[str]:
     names = {mark.name for mark in item.iter_markers()}
-    return [tier for tier, text in TIERS.items() if Expression.compile(text).evaluate(lambda name: name in names)]
+    return [tier for tier, expression in _tier_expressions() if expression.evaluate(lambda name: name in names)]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
