@@ -21,11 +21,12 @@ from imgbuild.payload.smoke import collectives, compiling
 from imgbuild.payload.smoke.report import MARKER_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Every marker, with the one module allowed to write it: the host's probes and the smoke test's children.
+#: Every marker, with the one module allowed to write it: the host's probes and the smoke test's children. Homes are
+#: named in the source tree (by module name), never by `__file__`: CI imports the installed wheel, not this tree.
 HOMES = {
     **{probe.marker: ROOT / "imgbuild/payload/probes.py" for probe in PROBES},
-    collectives.NCCL_RANK.marker: Path(collectives.__file__),
-    compiling.COMPILED.marker: Path(compiling.__file__),
+    collectives.NCCL_RANK.marker: ROOT / (collectives.__name__.replace(".", "/") + ".py"),
+    compiling.COMPILED.marker: ROOT / (compiling.__name__.replace(".", "/") + ".py"),
 }
 #: What a marker looks like: how a new one that is not declared is caught too.
 MARKER_SHAPE = re.compile(r"IMGBUILD-[A-Z][A-Z0-9-]*[A-Z0-9] ")
