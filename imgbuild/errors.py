@@ -6,7 +6,11 @@ Exit codes: 0 success, 1 the job ran and failed, 2 bad input or usage, 3 environ
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import click
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -103,3 +107,52 @@ class RecipeError(UsageError):
 
     def lines(self) -> list[str]:
         return [str(p) for p in self.problems]
+
+
+# --- how a command ends ------------------------------------------------------------------------------------------
+
+
+def ending(exc: BaseException) -> tuple[list[str], int]:
+    """What the user sees for each way a command can end, and its exit code: never a traceback. One rule for every
+    imgbuild process (the command line's, and a queued job's start)."""
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):  # click >= 8.2: `imgbuild` alone
+        return [exc.format_message()], EXIT_OK  # type: ignore[attr-defined]
+    if isinstance(exc, click.exceptions.Exit):
+        return [], exc.exit_code
+    if isinstance(exc, SystemExit):
+        return [], exc.code if isinstance(exc.code, int) else EXIT_FAILED
+    if isinstance(exc, click.exceptions.Abort):
+        return ["imgbuild: aborted"], 130
+    if isinstance(exc, click.ClickException):
+        return [f"imgbuild: {' '.join(exc.format_message().split())} (see imgbuild --help)"], EXIT_USAGE
+    if isinstance(exc, ImgbuildError):
+        first, *rest = exc.lines()
+        return [f"imgbuild: {first}"] + [ln if ln.startswith("  ") else f"imgbuild: {ln}" for ln in rest], exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return ["imgbuild: interrupted"], 130
+    lost = _lost_connection(exc)
+    if lost:
+        return [f"imgbuild: {lost}"], EXIT_ENVIRONMENT
+    if isinstance(exc, OSError):  # a disk, folder or device the environment refused: read-only, full, no access
+        where = f" {exc.filename}" if exc.filename else ""
+        return [f"imgbuild: cannot use{where}: {exc.strerror or exc}"], EXIT_ENVIRONMENT
+    first = (str(exc).strip().splitlines() or [""])[0][:300]  # a bug or an unexpected engine answer
+    return [f"imgbuild: unexpected {type(exc).__name__}: {first} (set IMGBUILD_DEBUG=1 for the traceback)"], EXIT_FAILED
+
+
+def _lost_connection(exc: BaseException) -> str:
+    """An HTTP connection that broke under a command (an OSError to Python, with no file to name): which service it
+    was, and what to do. The Docker SDK's requests go to `http+docker://` (Docker's socket or Podman's); "" when
+    `exc` is no such error."""
+    requests = sys.modules.get("requests")
+    if requests is None or not isinstance(exc, requests.RequestException):
+        return ""
+    url = str(getattr(getattr(exc, "request", None), "url", "") or "")
+    why = type(exc).__name__
+    if not url or url.startswith("http+docker://"):
+        return (
+            f"the container engine stopped answering mid-command ({why}: it restarted, or stopped): check that it is "
+            "up (docker info, or podman info), then run the command again"
+        )
+    host = urlsplit(url).hostname or "the server"
+    return f"lost the connection to {host} ({why}): run the command again when it answers"

@@ -712,7 +712,8 @@ def test_a_stock_image_gets_a_writable_home_and_a_missing_mount_source_is_refuse
     import json
 
     from imgbuild.engine.fake import FakeEngine
-    from imgbuild.servers.run import RunRequest, prepare, start_detached
+    from imgbuild.servers.run import prepare, start_detached
+    from imgbuild.servers.runwords import RunRequest
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))

@@ -24,7 +24,7 @@ from imgbuild.errors import UsageError
 from imgbuild.hostio import acting
 from imgbuild.hostio.host import Caller
 from imgbuild.servers import enforce
-from imgbuild.servers.run import RunRequest
+from imgbuild.servers.runwords import RunRequest
 
 ALICE = Caller("alice", 1001, 1001, via_sudo=True)
 HOUSE = run_rules(

@@ -176,11 +176,10 @@ def test_a_connection_that_breaks_mid_command_names_what_broke_and_is_exit_3(url
     service broke and what to do, never "cannot use: ('Connection aborted.', ...)"."""
     import requests
 
-    from imgbuild.cli import _outcome
-    from imgbuild.errors import EXIT_ENVIRONMENT
+    from imgbuild.errors import EXIT_ENVIRONMENT, ending
 
     request = requests.PreparedRequest()
     request.url = url
     exc = requests.ConnectionError(("Connection aborted.", ConnectionResetError(104, "reset")), request=request)
-    (line,), code = _outcome(exc)
+    (line,), code = ending(exc)
     assert code == EXIT_ENVIRONMENT and words in line and "Connection aborted" not in line

@@ -293,4 +293,4 @@ def test_a_command_line_reads_the_caller_once_and_hands_it_down(argv, capsys):
     finally:
         sys.setprofile(None)
     assert ended.value.code == 0, capsys.readouterr().err
-    assert reads == ["main"], reads
+    assert reads == ["guarded"], reads  # the frame every imgbuild process runs in

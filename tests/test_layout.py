@@ -68,8 +68,12 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path, modules: dict[str, Path] | None = None) -> set[str]:
     """The modules `path` imports (`from PKG import MOD` counts as MOD), anywhere but under `if TYPE_CHECKING:`;
-    with `modules`, only those of imgbuild."""
-    tree = ast.parse(path.read_text())
+    with `modules`, only those of imgbuild. An import by string counts as well: in program text a string holds (a
+    child interpreter's `-c` code), and a string that names one of imgbuild's modules whole (`import_module`'s)."""
+    return _imported(ast.parse(path.read_text()), modules)
+
+
+def _imported(tree: ast.AST, modules: dict[str, Path] | None) -> set[str]:
     typing_only = {
         id(node)
         for branch in ast.walk(tree)
@@ -86,7 +90,22 @@ def _imports(path: Path, modules: dict[str, Path] | None = None) -> set[str]:
                 names.add(sub if modules is not None and sub in modules else node.module)
         elif isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "imgbuild" in node.value:
+            names |= _imported_by_string(node.value, modules)
     return {n for n in names if modules is None or n in modules}
+
+
+def _imported_by_string(text: str, modules: dict[str, Path] | None) -> set[str]:
+    """The modules a string imports: as program text it holds, or as a module's whole name."""
+    if modules is not None and text in modules:
+        return {text}
+    if "import" not in text:
+        return set()
+    try:
+        program = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set()
+    return _imported(program, modules)
 
 
 def _graph() -> dict[str, set[str]]:
@@ -377,3 +396,15 @@ def test_no_test_module_imports_another():
         for path in sorted((PACKAGE.parent / "tests").glob("test_*.py"))
     }
     assert not {name: mods for name, mods in found.items() if mods}
+
+
+def test_an_import_by_string_is_an_import_of_its_level(tmp_path):
+    """Code a module hands another interpreter as text, and a module it names for `import_module`, are imports all
+    the same: the levels hold for them (the queue's child once imported the command line this way)."""
+    module = tmp_path / "child.py"
+    module.write_text(
+        'CHILD = "import sys;from imgbuild.cli import main;main()"\n'
+        'HOME = "imgbuild.pipeline.build"\n'
+        'SAID = "imgbuild: nothing to import here"\n'
+    )
+    assert _imports(module, _modules()) == {"imgbuild.cli", "imgbuild.pipeline.build"}

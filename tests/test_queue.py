@@ -113,15 +113,69 @@ def test_a_job_is_checked_before_it_is_filed(tmp_path, args, check, cwd, message
     assert jobs.Queue(tmp_path).load().jobs == []
 
 
+@pytest.fixture
+def in_the_child(monkeypatch):
+    """The queue's child's code run in this process: the folder it enters, its import path (as root, hardened) and
+    its signal handlers are put back afterwards."""
+    import signal
+    import sys
+
+    monkeypatch.chdir(os.getcwd())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("wait", [["--wait", "40s"], ["--wait=40s"], ["--wait"]])
-def test_a_queued_jobs_run_refuses_to_wait_in_any_spelling(wait, monkeypatch):
-    from click.testing import CliRunner
+def test_a_queued_jobs_start_refuses_to_wait_in_any_spelling(wait, tmp_path, in_the_child, capsys):
+    from imgbuild.servers import queuechild
 
-    from imgbuild.cli import cli
+    assert queuechild.start(str(tmp_path), [*wait, "--dry-run", "img", "--", "true"]) == 2
+    assert "waits in the queue" in capsys.readouterr().err
 
-    monkeypatch.setenv("IMGBUILD_QUEUE_JOB", "1")
-    result = CliRunner().invoke(cli, ["run", *wait, "--dry-run", "img", "--", "true"])
-    assert isinstance(result.exception, UsageError) and "waits in the queue" in str(result.exception)
+
+def test_the_queues_child_starts_a_job_by_runs_own_grammar_with_the_command_line_unimportable(
+    tmp_path, in_the_child, monkeypatch, capsys
+):
+    """The child's program (`_CHILD`) reads the job's words with `run`'s grammar of the servers package and makes
+    its call there: with the command line's package made unimportable it still starts the job (the launch a
+    fake)."""
+    import io
+    import sys
+    from types import SimpleNamespace
+
+    from imgbuild.servers import run
+    from imgbuild.servers.runwords import RunCall
+
+    calls: list[RunCall] = []
+
+    def launch(call: RunCall, settings: object, say) -> SimpleNamespace:
+        calls.append(call)
+        say("starting alice_job_1 (img)")
+        return SimpleNamespace(command_line="", notes=[])
+
+    monkeypatch.setattr(run, "launch", launch)
+    monkeypatch.setitem(sys.modules, "imgbuild.cli", None)  # an import of it raises
+    words = ["-d", "--gpus", "1", "-e", "HF_TOKEN=hf_x", "--name", "job", "img", "--", "python", "-V"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"cwd": str(tmp_path), "words": words})))
+    with pytest.raises(SystemExit) as ended:
+        exec(jobs._CHILD, {})
+    assert ended.value.code == 0, capsys.readouterr().err
+    (call,) = calls
+    assert (call.request.image, call.request.gpu_request, call.request.env) == ("img", "1", ["HF_TOKEN=hf_x"])
+    assert call.request.detach and call.request.command == ["python", "-V"] and call.words == tuple(words)
+    assert os.getcwd() == str(tmp_path)  # it entered the job's folder
+    assert "starting alice_job_1 (" in capsys.readouterr().err
+    assert sys.modules["imgbuild.cli"] is None
+
+
+def test_words_the_command_line_refuses_are_refused_by_the_queues_child_alike(tmp_path, in_the_child, capsys):
+    from imgbuild.servers import queuechild
+
+    assert queuechild.start(str(tmp_path), ["-d", "--cpus", "many", "img"]) == 2
+    assert "'many' is not a valid float" in capsys.readouterr().err
 
 
 def test_a_hand_written_submitted_time_does_not_jump_the_queue(tmp_path):
@@ -193,7 +247,7 @@ def test_a_users_job_never_enters_a_folder_they_cannot(tmp_path):
     victim = jobs.Job("0000000a", "nobody", nobody.pw_uid, nobody.pw_gid, 1.0, str(private / "proj"), ["img"])
     code, said = jobs._start(victim, as_root=True, root_filed=False)
     assert code == 2 and "checked as nobody" in said
-    code, said = jobs._imgbuild(["--version"], str(private / "proj"), {"PATH": "/usr/bin:/bin"}, as_user=victim)
+    code, said = jobs._child(["--help"], str(private / "proj"), {"PATH": "/usr/bin:/bin"}, as_user=victim)
     assert code != 0 and "Permission denied" in said
 
 

@@ -24,7 +24,8 @@ from imgbuild.servers import usage
 from imgbuild.servers.containers import effective_deadline
 from imgbuild.servers.ledger import Extension
 from imgbuild.servers.reap import Action, State, decide, idle_since, load_state, reap, save_state, write_notice
-from imgbuild.servers.run import RunRequest, prepare
+from imgbuild.servers.run import prepare
+from imgbuild.servers.runwords import RunRequest
 from tests.conftest import IMGBUILD, run_words, use_site_config
 from tests.support import users_home
 

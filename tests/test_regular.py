@@ -17,14 +17,14 @@ def test_a_full_disk_under_the_build_log_names_the_log(tmp_path):
     import errno
     from pathlib import Path
 
-    from imgbuild.cli import _outcome
+    from imgbuild.errors import ending
     from imgbuild.hostio.regular import open_log
 
     with pytest.raises(OSError) as caught, open_log(Path("/dev/full")) as log:
         log.write("#5 [2/5] RUN pip install ...\n" * 1000)
         log.flush()
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
-    lines, code = _outcome(caught.value)
+    lines, code = ending(caught.value)
     assert lines == ["imgbuild: cannot use /dev/full: No space left on device"] and code == 3
 
 
@@ -145,7 +145,7 @@ def test_a_full_disk_under_any_written_file_names_the_file(writer, tmp_path, mon
     """fsync's and write's ENOSPC name no file: merge-reports' JUnit file, bump's recipe, init's recipe did not."""
     import os
 
-    from imgbuild.cli import _outcome
+    from imgbuild.errors import ending
     from imgbuild.hostio.regular import write_atomic
     from imgbuild.pipeline.starter import write_new
 
@@ -153,7 +153,7 @@ def test_a_full_disk_under_any_written_file_names_the_file(writer, tmp_path, mon
     monkeypatch.setattr(os, "fsync", _full_disk)
     with pytest.raises(OSError) as caught:
         (write_atomic if writer == "write_atomic" else write_new)(target, "<testsuites/>")
-    lines, code = _outcome(caught.value)
+    lines, code = ending(caught.value)
     assert lines == [f"imgbuild: cannot use {target}: No space left on device"] and code == 3
     assert os.listdir(tmp_path) == []  # nothing half-written, no temporary file
 

@@ -124,7 +124,7 @@ def test_the_queue_child_imports_nothing_from_the_jobs_folder_and_its_args_are_i
     proof = tmp_path / "proof"
     _planted_package(work, proof)
     env = {**jobs._child_env(None), "PYTHONPATH": str(work)}  # even a variable naming it is ignored (-I)
-    code, said = jobs._imgbuild(["--version"], str(work), env)
+    code, said = jobs._child(["--help"], str(work), env)
     assert code == 0, said
     assert not proof.exists(), proof.read_text() if proof.exists() else ""
 
@@ -137,13 +137,10 @@ def test_the_queue_child_runs_isolated_with_its_arguments_on_stdin(monkeypatch):
         return subprocess.CompletedProcess(argv, 0, "", "starting x_1 (")
 
     monkeypatch.setattr(jobs.subprocess, "run", fake_run)
-    jobs._imgbuild(["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"], "/home/alice/proj", {})
+    jobs._child(["-d", "-e", "HF_TOKEN=hf_secret", "img"], "/home/alice/proj", {})
     assert seen["argv"][:3] == [sys.executable, "-I", "-c"]
     assert "hf_secret" not in " ".join(seen["argv"])
-    assert json.loads(seen["input"]) == {
-        "cwd": "/home/alice/proj",
-        "args": ["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"],
-    }
+    assert json.loads(seen["input"]) == {"cwd": "/home/alice/proj", "words": ["-d", "-e", "HF_TOKEN=hf_secret", "img"]}
     assert seen["cwd"] == "/"  # the child enters the job's folder itself, as whoever it runs as
 
 

@@ -384,7 +384,8 @@ def test_default_rules_are_nvidias_and_gpus_become_device_requests(
 
 def test_gpus_0_is_refused_as_ambiguous_and_no_gpu_means_none_seen(tmp_path, monkeypatch):
     """`./run_docker 0` means GPU 0 on lab servers, `--gpus 0` none in docker."""
-    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.run import prepare
+    from imgbuild.servers.runwords import RunRequest
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
@@ -601,7 +602,8 @@ def _flag(words: list[str], flag: str) -> str | None:
 
 def test_every_run_is_capped_in_memory_processes_and_cpus_with_or_without_gpus(tmp_path, monkeypatch):
     from imgbuild.config.settings import load_settings
-    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.run import prepare
+    from imgbuild.servers.runwords import RunRequest
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": [g.to_json() for g in server("dgx-a100")]}))
@@ -709,7 +711,8 @@ def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_process_caps(
 def test_a_shm_size_the_engine_cannot_take_is_refused_before_the_run_as_the_sites_is(size, says, tmp_path):
     from imgbuild.config.settings import load_settings
     from imgbuild.config.site import run_rules
-    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.run import prepare
+    from imgbuild.servers.runwords import RunRequest
 
     with pytest.raises(UsageError) as refused:
         prepare(RunRequest("ubuntu:22.04", ["true"], shm_size=size), load_settings({"user": "lab"}))
@@ -730,7 +733,8 @@ def test_a_shm_size_the_engine_cannot_take_is_refused_before_the_run_as_the_site
 def test_a_variable_the_engine_cannot_carry_is_refused_when_the_run_is_prepared(value, says):
     """Before anything is held or said to start (and for --dry-run alike), by the env file's own rule."""
     from imgbuild.config.settings import load_settings
-    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.run import prepare
+    from imgbuild.servers.runwords import RunRequest
 
     with pytest.raises(UsageError, match=f"^-e A: {says}"):
         prepare(RunRequest("ubuntu:22.04", ["true"], env=[f"A={value}"]), load_settings({"user": "lab"}))

@@ -20,7 +20,8 @@ from imgbuild.gpu.read import Gpu, numa_cpus
 from imgbuild.hostio.host import caller, format_cpulist, parse_cpulist, process_start
 from imgbuild.servers.holds import held_on_host
 from imgbuild.servers.ledger import Entry, Ledger, alive
-from imgbuild.servers.run import RunRequest, prepare
+from imgbuild.servers.run import prepare
+from imgbuild.servers.runwords import RunRequest
 from tests.conftest import IMGBUILD, ROOT, run_words, use_site_config
 
 ME = caller().name

@@ -75,7 +75,8 @@ HOSTILE_IMAGES = [
 def test_run_refuses_garbage_numbers_as_usage_errors(flags, words, tmp_path, monkeypatch):
     """`--cpus nan` was a traceback (exit 1), `--cpus 1e308` reached docker, `--time 0` meant now."""
     from imgbuild.config.settings import load_settings
-    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.run import prepare
+    from imgbuild.servers.runwords import RunRequest
 
     snapshot = tmp_path / "snap.json"
     snapshot.write_text(json.dumps({"gpus": []}))
@@ -88,7 +89,8 @@ def test_no_env_value_stands_in_the_docker_clis_argv(tmp_path, monkeypatch):
     """The Jupyter token was on the docker CLI's command line, readable by every user in /proc."""
     from imgbuild.config.settings import load_settings
     from imgbuild.engine.runargs import run_argv
-    from imgbuild.servers.run import RunRequest, prepare
+    from imgbuild.servers.run import prepare
+    from imgbuild.servers.runwords import RunRequest
     from imgbuild.servers.spec import jupyter_notes
 
     snapshot = tmp_path / "snap.json"

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import click
 
 from imgbuild.cli.base import Section, emit_json, settings_of
 from imgbuild.errors import UsageError
+from imgbuild.servers.runwords import RunCall, RunCommand, grammar
 
 SECTION = Section("Servers")
 
@@ -21,86 +19,9 @@ if TYPE_CHECKING:
     from imgbuild.gpu.read import Gpu
 
 
-class _RunCommand(click.Command):
-    """`--wait` takes an optional TIMEOUT: a bare `--wait` before the image must not swallow the image."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from imgbuild.config.checks import DURATION_RE
-
-        out: list[str] = []
-        rest = list(args)
-        while rest:
-            word = rest.pop(0)
-            if word == "--":
-                out += [word, *rest]
-                break
-            if word == "--wait" and not (rest and DURATION_RE.fullmatch(rest[0].strip().lower())):
-                word = "--wait=30d"
-            out.append(word)
-        return super().parse_args(ctx, out)
-
-
-@SECTION.command(cls=_RunCommand)
-@click.argument("image")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@click.option(
-    "--gpus",
-    "gpu_request",
-    default="none",
-    show_default=True,
-    help="N least-loaded free GPUs, a list like 0,3, all, or none.",
-)
-@click.option("--force", is_flag=True, help="Take GPUs other users' processes are on.")
-@click.option("--cpus", type=float, help="CPU limit (default: a fair share per GPU, 8-24 each).")
-@click.option("-v", "--volume", "volumes", multiple=True, help="Extra mounts, as docker -v.")
-@click.option("-e", "--env", "env", multiple=True, help="Environment, as docker -e.")
-@click.option("-p", "--publish", "ports", multiple=True, help="Ports, as docker -p.")
-@click.option("--name", "short", help="The <name> in <user>_<name>_<n> (default: recipe or image name).")
-@click.option("-d", "--detach", is_flag=True, help="Run in the background.")
-@click.option("--keep", is_flag=True, help="Keep the container after it exits (no --rm; detached runs always are).")
-@click.option("--shm-size", help="Private /dev/shm of this size instead of --ipc host.")
-@click.option("--no-workspace", is_flag=True, help="Do not mount the current folder at /workspace.")
-@click.option("--user", "as_user", metavar="UID:GID", help="Run as this user instead of yours.")
-@click.option("--entrypoint", help="Override the image's entrypoint.")
-@click.option(
-    "--wait",
-    "wait",
-    default=None,
-    metavar="[TIMEOUT]",
-    help="Queue for busy GPUs (first come, first served) instead of refusing; give up after TIMEOUT (e.g. 2h).",
-)
-@click.option("--time", "walltime", metavar="DURATION", help="Deadline: `imgbuild reap` stops it after this (e.g. 2d).")
-@click.option(
-    "--notify", is_flag=True, help="When it ends, a line in ~/imgbuild-notices.txt (and the site's notify_command)."
-)
-@click.option(
-    "--jupyter", is_flag=True, help="JupyterLab in the background on a free port of 127.0.0.1; prints the ssh tunnel."
-)
-@click.option("--dry-run", is_flag=True, help="Print the equivalent docker run line; start nothing.")
-@click.pass_context
-def run(
-    ctx: click.Context,
-    image: str,
-    command: tuple[str, ...],
-    gpu_request: str,
-    force: bool,
-    cpus: float | None,
-    volumes: tuple[str, ...],
-    env: tuple[str, ...],
-    ports: tuple[str, ...],
-    short: str | None,
-    detach: bool,
-    keep: bool,
-    shm_size: str | None,
-    no_workspace: bool,
-    as_user: str | None,
-    entrypoint: str | None,
-    wait: str | None,
-    walltime: str | None,
-    notify: bool,
-    jupyter: bool,
-    dry_run: bool,
-) -> None:
+@SECTION.command(cls=RunCommand)
+@grammar
+def run(call: RunCall) -> None:
     """Start a container of IMAGE (or of a RECIPE's image) with the shared-server conventions.
 
     Options go before `--`; the command after it.
@@ -109,38 +30,11 @@ def run(
     imgbuild run recipes/pytorch-research.yaml --gpus 2 -- python train.py
     imgbuild run nvcr.io/nvidia/pytorch:24.05-py3 --gpus 0,3 --dry-run
     """
-    from imgbuild.servers import run as runmod
-    from imgbuild.servers.admission import check_signed
+    from imgbuild.servers.run import launch
     from imgbuild.servers.startfail import rlimit_cure
     from imgbuild.ui import print_table
 
-    settings = settings_of(ctx)
-    if wait is not None and os.environ.get("IMGBUILD_QUEUE_JOB") == "1":
-        raise UsageError("--wait: a queued job waits in the queue, never in its start (leave out --wait)")
-    request = runmod.RunRequest(
-        image=check_signed(image, settings),
-        command=list(command),
-        gpu_request=gpu_request,
-        force=force,
-        cpus=cpus,
-        volumes=list(volumes),
-        env=list(env),
-        ports=list(ports),
-        short=short,
-        detach=detach,
-        keep=keep,
-        shm_size=shm_size,
-        no_workspace=no_workspace,
-        as_user=as_user,
-        entrypoint=entrypoint,
-        interactive=sys.stdin.isatty(),
-        terminal=sys.stdin.isatty() and sys.stdout.isatty(),
-        jupyter=jupyter,
-        time=walltime,
-        notify=notify,
-    )
-    with _queued_busy():
-        done = runmod.launch(request, settings, wait=wait, dry_run=dry_run, say=lambda line: click.echo(line, err=True))
+    done = launch(call, settings_of(click.get_current_context()), say=lambda line: click.echo(line, err=True))
     if done.command_line:  # --dry-run
         click.echo(done.command_line)
         return
@@ -163,20 +57,6 @@ def run(
     if outcome.hint:
         click.echo(f"hint: {outcome.hint}", err=True)
     sys.exit(outcome.code)
-
-
-@contextlib.contextmanager
-def _queued_busy() -> Iterator[None]:
-    """A queued job's start (`imgbuild queue`): busy GPUs exit 75 (it stays queued), not 2 (it failed)."""
-    from imgbuild.gpu.allocate import GpusBusy
-
-    try:
-        yield
-    except GpusBusy as busy:
-        if os.environ.get("IMGBUILD_QUEUE_JOB") != "1":
-            raise
-        click.echo(f"imgbuild: {busy}", err=True)
-        sys.exit(75)
 
 
 @SECTION.command()

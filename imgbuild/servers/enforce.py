@@ -46,7 +46,7 @@ from imgbuild.hostio.host import Caller, expand
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
     from imgbuild.config.site import RunRules
-    from imgbuild.servers.run import RunRequest
+    from imgbuild.servers.runwords import RunRequest
 
 #: What a user may run through sudo (the sudoers drop-in lists exactly these).
 USER_COMMANDS = ("run", "ps", "logs", "attach", "exec", "shell", "stop", "extend", "gpus", "queue", "build", "smoke")

@@ -15,9 +15,10 @@ they filed without it. A file is believed only when it is the user's own or root
 come from the file's name and the password database, never from its JSON: nobody can queue for another, or as
 another group. A job's folder must be absolute, and the time a job of a user's own file was filed is never earlier
 than the kernel's last change of the file (its ctime, which no user sets): a hand-written `submitted` cannot jump
-the queue. Starting a job is `imgbuild run -d` in a child process, by
-an isolated interpreter (`python -I`: no working folder, no PYTHON* variable on its path) whose arguments come on
-its standard input (never an argv others can read) and whose environment is fixed (`rootside.environment`):
+the queue. Starting a job is `imgbuild run -d` in a child process (`servers/queuechild.py`: run's own grammar and
+checks, the same as the command line's), by an isolated interpreter (`python -I`: no working folder, no PYTHON*
+variable on its path) whose arguments come on its standard input (never an argv others can read) and whose
+environment is fixed (`rootside.environment`):
 
 - a file root wrote (a user's `sudo imgbuild queue add`, or root's own) is started by root for the user, through
   sudo's variables: the enforced mode's rules apply to it as to the user;
@@ -49,6 +50,7 @@ from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.hostio.host import Caller
+from imgbuild.servers.queuechild import BUSY
 
 QUEUE_FILE_RE = re.compile(r"queue-([0-9]{1,10})\.json")
 DRAIN_FILE = "queue-drained"  # in root's folder of the state folder: present while drained
@@ -56,8 +58,6 @@ QUEUE_BYTES = 1024 * 1024
 MAX_JOBS = 200  # one user's waiting jobs
 START_SECONDS = 900  # one job's start (an image pull included)
 MAX_CWD = 4096  # a job's folder, in characters (PATH_MAX)
-#: The exit code `run` gives a queued job whose GPUs are busy (sysexits' EX_TEMPFAIL): it stays queued.
-BUSY = 75
 _ID = re.compile(r"[0-9a-f]{8}")
 
 
@@ -418,12 +418,11 @@ def _child_env(job: Job | None) -> dict[str, str]:
         env = environment(dict(os.environ), sudo=job is None)  # the dry run acts for the caller sudo named
         if job is not None and job.uid != 0:  # root starts it for the user: as the user, under the rules
             env.update(SUDO_UID=str(job.uid), SUDO_GID=str(job.gid), SUDO_USER=job.user)
-    env["IMGBUILD_QUEUE_JOB"] = "1"  # busy GPUs exit BUSY, not 2
     return env
 
 
 def _dry_run(args: list[str], cwd: str) -> tuple[int, str]:
-    return _imgbuild(["run", "--dry-run", *args], cwd, _child_env(None))
+    return _child(["--dry-run", *args], cwd, _child_env(None))
 
 
 def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
@@ -438,9 +437,9 @@ def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
             why = seen.get("error") or "not a folder"
             return 2, f"the job's folder {job.cwd[:200]}: {why} (checked as {job.user})"
     if as_root and not root_filed and job.uid != 0:
-        code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _user_env(job), as_user=job)
+        code, said = _child(["-d", *job.args], job.cwd, _user_env(job), as_user=job)
     else:
-        code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _child_env(job if as_root else None))
+        code, said = _child(["-d", *job.args], job.cwd, _child_env(job if as_root else None))
     if code == 0:
         match = re.search(r"starting (\S+) \(", said)
         return 0, match.group(1) if match else ""
@@ -451,22 +450,19 @@ def _user_env(job: Job) -> dict[str, str]:
     from imgbuild.hostio.rootside import SECURE_PATH
 
     home = pwd.getpwuid(job.uid).pw_dir
-    return {"PATH": SECURE_PATH, "HOME": home, "USER": job.user, "LOGNAME": job.user, "IMGBUILD_QUEUE_JOB": "1"}
+    return {"PATH": SECURE_PATH, "HOME": home, "USER": job.user, "LOGNAME": job.user}
 
 
 #: The child: an isolated interpreter (no working folder, no PYTHON* variable, no user site on its path) that takes
-#: its folder and arguments on standard input, so no job's words (a `-e` value) stand in an argv every user can
-#: read. It starts in `/` as whoever it runs as, and enters the job's folder itself: a process that is already
-#: the user's (never root on its way to becoming them) is what opens a folder the user named.
-_CHILD = (
-    "import json,os,sys;w=json.load(sys.stdin)\n"
-    "try:os.chdir(w['cwd'])\n"
-    "except OSError as e:sys.exit(f\"imgbuild: the job's folder {w['cwd'][:200]}: {e.strerror}\")\n"
-    "sys.argv=['imgbuild',*w['args']];from imgbuild.cli import main;main()"
-)
+#: its folder and `run`'s words on standard input, so no job's words (a `-e` value) stand in an argv every user can
+#: read. It starts in `/` as whoever it runs as, and enters the job's folder itself (`servers/queuechild.py`): a
+#: process that is already the user's (never root on its way to becoming them) is what opens a folder the user named.
+_CHILD = "from imgbuild.servers.queuechild import main;main()"
 
 
-def _imgbuild(args: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None) -> tuple[int, str]:
+def _child(words: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None) -> tuple[int, str]:
+    """`imgbuild run WORDS` in the job's folder `cwd`, by the queue's child (`_CHILD`) with the environment `env`
+    (`as_user`: with that job's user's own IDs and groups): (exit code, all it said on success, else its last line)."""
     ids: dict[str, Any] = {}
     if as_user is not None:  # in the child, before exec: the user's own groups and IDs, nothing of root's
         ids = {"user": as_user.uid, "group": as_user.gid,
@@ -475,7 +471,7 @@ def _imgbuild(args: list[str], cwd: str, env: dict[str, str], as_user: Job | Non
         proc = subprocess.run(
             [sys.executable, "-I", "-c", _CHILD], cwd="/",
             env=env, capture_output=True, text=True, timeout=START_SECONDS,
-            input=json.dumps({"cwd": cwd, "args": args}),
+            input=json.dumps({"cwd": cwd, "words": words}),
             **ids,
         )  # fmt: skip
     except subprocess.TimeoutExpired:

@@ -25,10 +25,11 @@ from imgbuild.engine.runargs import env_file_text
 from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageError
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.hostio.host import Caller, expand, format_cpulist
-from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
+from imgbuild.servers.admission import built_here, check_preload, check_signed, pull_to_inspect
 from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, OverQuota, choose_gpus, held_on_host
+from imgbuild.servers.runwords import RunCall, RunRequest
 from imgbuild.servers.spec import (
     JUPYTER_ENV,
     JUPYTER_PORT,
@@ -52,32 +53,6 @@ if TYPE_CHECKING:
     from imgbuild.gpu.read import Gpu
 
 # --- starting a container -------------------------------------------------------------------------
-
-
-@dataclass
-class RunRequest:
-    """What the user asked `imgbuild run` for, as flags."""
-
-    image: str
-    command: list[str] = field(default_factory=list)
-    gpu_request: str = "none"
-    force: bool = False
-    cpus: float | None = None
-    volumes: list[str] = field(default_factory=list)
-    env: list[str] = field(default_factory=list)
-    ports: list[str] = field(default_factory=list)
-    short: str | None = None
-    detach: bool = False
-    keep: bool = False
-    shm_size: str | None = None
-    no_workspace: bool = False
-    as_user: str | None = None
-    entrypoint: str | None = None
-    interactive: bool = False
-    terminal: bool = False
-    jupyter: bool = False
-    time: str | None = None  # --time: how long the container may run ("2d")
-    notify: bool = False  # --notify: a notice when it ends (the reaper's next run)
 
 
 def read_gpus_or_none(settings: Settings) -> list[Gpu]:
@@ -300,8 +275,9 @@ def check_mount_sources(spec: RunSpec) -> None:
 
 
 @contextlib.contextmanager
-def _staged(spec: RunSpec) -> Iterator[None]:
-    """Enforced mode: the checked mounts through root's staging binds, for as long as the start needs them."""
+def _staged(spec: RunSpec, words: tuple[str, ...]) -> Iterator[None]:
+    """Enforced mode: the checked mounts through root's staging binds, for as long as the start needs them; the
+    start audited with the run's `words`."""
     if spec.enforced is None:
         yield
         return
@@ -311,7 +287,7 @@ def _staged(spec: RunSpec) -> Iterator[None]:
         spec.volumes = volumes
         enforce.audit(
             "run",
-            sys.argv[1:],
+            ["run", *words],
             f"allowed: starting {spec.name} ({spec.image})",
             spec.house.ledger_dir,
             spec.user,
@@ -320,10 +296,10 @@ def _staged(spec: RunSpec) -> Iterator[None]:
         yield
 
 
-def start_detached(engine: ImageEngine, spec: RunSpec) -> None:
-
+def start_detached(engine: ImageEngine, spec: RunSpec, words: tuple[str, ...] = ()) -> None:
+    """Start the container in the background; `words`: the run's, as asked (the audit log's record)."""
     check_mount_sources(spec)
-    with _staged(spec):
+    with _staged(spec, words):
         code, err = engine.containers.run(spec.options())
     if code != 0:
         if "Conflict" not in err:  # a name taken by another container is never ours to remove
@@ -341,8 +317,9 @@ class RunOutcome:
     start_failed: bool = False
 
 
-def start_attached(engine: ImageEngine, spec: RunSpec, settings: Settings) -> RunOutcome:
-    """Run the container in the foreground, sampling its GPUs every 2 s for the job summary."""
+def start_attached(engine: ImageEngine, spec: RunSpec, settings: Settings, words: tuple[str, ...] = ()) -> RunOutcome:
+    """Run the container in the foreground, sampling its GPUs every 2 s for the job summary; `words`: the run's,
+    as asked (the audit log's record)."""
     import subprocess
     import threading
     import time
@@ -372,7 +349,7 @@ def start_attached(engine: ImageEngine, spec: RunSpec, settings: Settings) -> Ru
     started = time.monotonic()
     if wanted:
         sampler.start()
-    with _staged(spec):
+    with _staged(spec, words):
         code, _ = engine.containers.run(spec.options())
     stop.set()
     outcome = RunOutcome(DOCKER_START_CODES.get(code, code), time.monotonic() - started, start_failed=code == 125)
@@ -397,19 +374,26 @@ class Launched:
     outcome: RunOutcome | None = None
 
 
-def launch(
-    request: RunRequest, settings: Settings, *, wait: str | None, dry_run: bool, say: Callable[[str], None]
-) -> Launched:
-    """`imgbuild run`: the spec under the house rules; with `dry_run` only the command it would run. Else GPUs held
-    in the ledger (waiting for them up to `wait`, saying each new place), then started detached or attached.
-    `say`: progress for the user (stderr)."""
+def launch(call: RunCall, settings: Settings, say: Callable[[str], None]) -> Launched:
+    """`imgbuild run` as `call` asks: the image checked (only a signed one where the site says so), the container
+    given a terminal only where this process has one, and the spec made under the house rules; with `dry_run` only
+    the command it would run. Else GPUs held in the ledger (waiting for them up to `wait`, saying each new place),
+    then started detached or attached. `say`: progress for the user (stderr)."""
     import socket
 
     from imgbuild.engine import connect_engine
     from imgbuild.engine.runargs import run_command_line
     from imgbuild.servers import jupyter
 
-    if dry_run:
+    interactive = sys.stdin.isatty()
+    request = replace(
+        call.request,
+        image=check_signed(call.request.image, settings),
+        interactive=interactive,
+        terminal=interactive and sys.stdout.isatty(),
+    )
+    words, wait = call.words, call.wait
+    if call.dry_run:
         spec = prepare(request, settings)
         spec.name = next_name(spec.user, spec.short_name, set())
         _say_chosen(spec, say)
@@ -442,8 +426,8 @@ def launch(
         _say_chosen(spec, say)
         say(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})")
         if not spec.detach:
-            return Launched(spec, outcome=start_attached(engine, spec, settings))
-        start_detached(engine, spec)
+            return Launched(spec, outcome=start_attached(engine, spec, settings, words))
+        start_detached(engine, spec, words)
     if not spec.jupyter_port:
         return Launched(spec)
     jupyter.wait_until_serving(engine, spec.name, spec.jupyter_port, progress=say)  # the address, once it answers
