@@ -21,7 +21,7 @@ from imgbuild.errors import EXIT_ENVIRONMENT, EXIT_USAGE, BuildFailed, Environme
 from imgbuild.pipeline import build as pipeline
 from imgbuild.pipeline.build import BuildJob, build_platforms
 from imgbuild.pipeline.plan import make_plan
-from imgbuild.pipeline.publish import publish_platforms
+from imgbuild.pipeline.publish import PublishRequest, publish_platforms
 from imgbuild.platforms import parse_platforms, platform_of_machine
 from imgbuild.recipe import load_recipe
 from imgbuild.registry.manifest import DOCKER_MANIFEST_TYPE, LIST_TYPE, OCI_INDEX_TYPE, PlatformImage, manifest_list
@@ -167,6 +167,11 @@ def recipe(tmp_path: Path) -> Path:
 
 def _settings():
     return load_settings({"user": "alice", "ngc_registry": "registry.test:5000"})
+
+
+def _request(made, smoke: dict, settings, engine: FakeEngine, signer) -> PublishRequest:
+    """The publication of `made` (a PlatformBuilds) as build_job makes it: its own platform's plan, quietly."""
+    return PublishRequest(made.own().plan, smoke, settings, engine, settings.backend, signer, lambda s: None)
 
 
 def _build(recipe: Path, engine: FakeEngine, tmp_path: Path, platforms: tuple[str, ...]):
@@ -316,7 +321,7 @@ def test_a_registry_that_refuses_manifest_lists_is_an_environment_problem_in_one
         settings = load_settings({"user": "alice", "insecure_registries": [host]})
         builds = [(made.platform_of(r), r.image_id) for r in made.results]
         with pytest.raises(EnvironmentProblem) as info:
-            publish_platforms(made.own().plan, builds, {}, settings, engine, None, None, lambda s: None)
+            publish_platforms(_request(made, {}, settings, engine, None), builds)
     finally:
         server.shutdown()
     message = str(info.value)
@@ -335,7 +340,7 @@ def test_a_single_platform_push_never_drops_a_manifest_lists_other_platforms(rec
     there = publishing.RemoteBuild("sha256:" + "e" * 64, "sha256:other", False, ("amd64", "arm64"))
     monkeypatch.setattr(publishing, "remote_build", lambda *a, **k: there)
     with pytest.raises(UsageError, match="--platform linux/amd64,linux/arm64 --push"):
-        publishing.publish(made.own().plan, made.own().image_id, {}, _settings(), engine, None, None, lambda s: None)
+        publishing.publish(_request(made, {}, _settings(), engine, None), made.own().image_id)
     assert engine.images.pushed == {} and engine.leases.held == {}
 
 
@@ -454,7 +459,7 @@ def _list_published(registry, recipe: Path, tmp_path: Path, signer) -> str:
     engine.images.push = registry.engine_push(engine)  # type: ignore[method-assign]
     settings = load_settings({"user": "alice", "insecure_registries": [registry.host]})
     builds = [(made.platform_of(r), r.image_id) for r in made.results]
-    return publish_platforms(made.own().plan, builds, {"ok": True}, settings, engine, None, signer, lambda s: None)
+    return publish_platforms(_request(made, {"ok": True}, settings, engine, signer), builds)
 
 
 def _signatures(registry) -> set[str]:
@@ -488,9 +493,9 @@ def test_a_push_whose_tag_another_pusher_moves_signs_nothing_and_names_both_dige
         with pytest.raises(JobFailed) as info:
             if multi:
                 builds = [(made.platform_of(r), r.image_id) for r in made.results]
-                publish_platforms(made.own().plan, builds, {}, settings, engine, None, signer, lambda s: None)
+                publish_platforms(_request(made, {}, settings, engine, signer), builds)
             else:
-                publish(made.own().plan, made.own().image_id, {}, settings, engine, None, signer, lambda s: None)
+                publish(_request(made, {}, settings, engine, signer), made.own().image_id)
     finally:
         registry.close()
     message = str(info.value)
@@ -512,7 +517,7 @@ def test_a_manifest_list_is_signed_by_the_digest_of_the_bytes_put_not_by_what_th
 
     registry = ServedRegistry()
     signed: list[str] = []
-    monkeypatch.setattr(publishing, "_sign", lambda plan, smoke, digest, *rest: signed.append(digest))
+    monkeypatch.setattr(publishing, "_sign", lambda request, signer, digest, client: signed.append(digest))
     try:
         digest = _list_published(registry, recipe, tmp_path, attest.Signer(ec.generate_private_key(ec.SECP256R1())))
     finally:

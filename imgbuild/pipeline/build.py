@@ -30,7 +30,7 @@ from imgbuild.hostio.host import Caller, engine_token, token_state
 from imgbuild.pipeline import spared
 from imgbuild.pipeline.context import context_dir, write_context
 from imgbuild.pipeline.plan import Plan, base_reference, with_base_pins
-from imgbuild.pipeline.publish import publish, publish_platforms
+from imgbuild.pipeline.publish import PublishRequest, publish, publish_platforms
 from imgbuild.pipeline.render import render, template_cache
 from imgbuild.pipeline.resolve import pin_reader, plan_recipe
 from imgbuild.pipeline.scratch import cache_subdir, pip_bounds, source_date_epoch, writable_dir
@@ -338,12 +338,12 @@ def build_job(
         return made
     own = made.own()
     smoke = own.smoke.to_json() if own.smoke else {}
-    signer = job.publish.signer
+    backend = job.backend or settings.backend
+    request = PublishRequest(own.plan, smoke, settings, engine, backend, job.publish.signer, progress)
     if made.emulated:
-        builds = [(made.platform_of(r), r.image_id) for r in made.results]
-        pushed = publish_platforms(own.plan, builds, smoke, settings, engine, job.backend, signer, progress)
+        pushed = publish_platforms(request, [(made.platform_of(r), r.image_id) for r in made.results])
     else:
-        pushed = publish(own.plan, own.image_id, smoke, settings, engine, job.backend, signer, progress)
+        pushed = publish(request, own.image_id)
     return dataclasses.replace(made, pushed=pushed)
 
 

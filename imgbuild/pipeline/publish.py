@@ -1,4 +1,4 @@
-"""Publishing a built image: push it, attach its smoke record, and with a key sign it and attach its provenance and
+"""PublishRequest a built image: push it, attach its smoke record, and with a key sign it and attach its provenance and
 SBOM (cosign's tags), as one step that runs sharing an engine cannot interleave.
 
 Runners that share one engine (CI containers on the host's socket) hold the target's engine-wide lease
@@ -76,25 +76,37 @@ def remote_build(target: str, settings: Settings, verifier: PublicKey | None = N
     return RemoteBuild(digest, remote, signed, platforms)
 
 
-def publish(
-    plan: Plan,
-    image_id: str,
-    smoke: dict[str, Any],
-    settings: Settings,
-    engine: ImageEngine,
-    backend: str | None,
-    signer: Signer | None,
-    log: Callable[[str], None],
-) -> str:
-    """Push `image_id` (this run's build of `plan`) as its target and attach its smoke record beside it (a fresh
-    runner's next smoke test spares what imported there); with a `signer` (attest.Signer), sign the pushed digest
-    and attach its provenance and SBOM. Returns the digest the target holds."""
+@dataclass(frozen=True)
+class PublishRequest:
+    """One build's publication, made once (pipeline.build_job) and taken whole by `publish` (one image) and
+    `publish_platforms` (a manifest list): the plan built, the smoke report of the engine's own platform (JSON), the
+    settings and engine it goes through, the backend that built it (never "auto" once picked), the signer (None:
+    pushed unsigned) and where progress goes."""
+
+    plan: Plan
+    smoke: dict[str, Any]
+    settings: Settings
+    engine: ImageEngine
+    backend: str
+    signer: Signer | None
+    log: Callable[[str], None]
+
+    def said(self, prefix: str) -> Callable[[str], None]:
+        """`log`, each line under `prefix` (an image reference)."""
+        return lambda text: self.log(f"{prefix}: {text}")
+
+
+def publish(request: PublishRequest, image_id: str) -> str:
+    """Push `image_id` (this run's build of the request's plan) as its target and attach its smoke record beside it
+    (a fresh runner's next smoke test spares what imported there); with a signer (attest.Signer), sign the pushed
+    digest and attach its provenance and SBOM. Returns the digest the target holds."""
     from imgbuild.pipeline.spared import smoke_record, smoke_scope
     from imgbuild.supply import attest
 
+    plan, settings, engine, signer, log = request.plan, request.settings, request.engine, request.signer, request.log
     target = plan.target
     ref = imageref.parse(target)
-    with lease(engine.leases, target, image_id, PUBLISH_SECONDS, lambda text: log(f"{target}: {text}")):
+    with lease(engine.leases, target, image_id, PUBLISH_SECONDS, request.said(target)):
         there = remote_build(target, settings, signer.public_key() if signer is not None else None)
         if there is not None and there.input_hash == plan.input_hash and (signer is None or there.signed):
             log(f"{target}: the registry has this build already ({there.digest[:19]}, the same inputs): left as it is")
@@ -108,73 +120,53 @@ def publish(
             )
         engine.images.tag(image_id, target)  # this run's image, whatever another run promoted since
         log(f"{target}: pushing")
-        digest = str(
-            engine.images.push(
-                target, engine_auth(target), lambda step: log(f"{target}: {step}"), settings.registry_deadline
-            )
-        )
+        digest = str(engine.images.push(target, engine_auth(target), request.said(target), settings.registry_deadline))
         client = RegistryClient.for_host(ref.registry, settings)
         _still_ours(client, target, digest)
-        if smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (pipeline.vouched)
+        if request.smoke.get("ok") is True:  # a fresh runner's next smoke test imports only what changed (vouched)
             try:
-                record = smoke_record(smoke, plan.base.identity, smoke_scope(plan), digest, signer)
+                record = smoke_record(request.smoke, plan.base.identity, smoke_scope(plan), digest, signer)
                 attest.publish(client, ref.repository, digest, record)
             except ImgbuildError as exc:
                 log(f"{target}: no smoke record attached ({str(exc)[:160]}): the next fresh runner imports all again")
         if signer is not None:
-            _sign(plan, smoke, digest, client, engine, backend or settings.backend, signer, log)
+            _sign(request, signer, digest, client)
     return digest
 
 
-def _sign(
-    plan: Plan,
-    smoke: dict[str, Any],
-    digest: str,
-    client: RegistryClient,
-    engine: ImageEngine,
-    backend: str,
-    signer: Signer,
-    log: Callable[[str], None],
-) -> None:
+def _sign(request: PublishRequest, signer: Signer, digest: str, client: RegistryClient) -> None:
     """Sign `digest` (the target's, pushed) and attach its provenance and SBOM, cosign's tags."""
     from imgbuild.pipeline.describe import describe
     from imgbuild.supply import attest
 
+    plan, engine = request.plan, request.engine
     ref = imageref.parse(plan.target)
-    used = engine.pick_backend(backend)  # the backend that built it, never "auto"
+    used = engine.pick_backend(request.backend)  # the backend that built it, never "auto"
     builder = {"engine": str(engine.host_info().get("version", "")), "kind": engine.name, "backend": used}
-    made = describe(plan, smoke, ref.name, digest, builder)
+    made = describe(plan, request.smoke, ref.name, digest, builder)
     tags = attest.publish(client, ref.repository, digest, attest.attachments(made, signer))
-    log(f"{plan.target}: signed {digest[:19]}; attached {', '.join(tags)}")
+    request.log(f"{plan.target}: signed {digest[:19]}; attached {', '.join(tags)}")
 
 
-def publish_platforms(
-    plan: Plan,
-    builds: list[tuple[str, str]],
-    smoke: dict[str, Any],
-    settings: Settings,
-    engine: ImageEngine,
-    backend: str | None,
-    signer: Signer | None,
-    log: Callable[[str], None],
-) -> str:
+def publish_platforms(request: PublishRequest, builds: list[tuple[str, str]]) -> str:
     """Push one image per platform (`builds`: (platform, image id), each built and smoke-tested) as
-    `<tag>-<arch>`, then the manifest list of them at the target's tag; with a `signer`, sign the list's digest and
-    attach its provenance and SBOM (of `smoke`, the engine's own platform's report). Returns the list's digest, of the
-    bytes put; a tag another pusher moved meanwhile fails the run (exit 1) with both digests named, nothing signed.
-    A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
+    `<tag>-<arch>`, then the manifest list of them at the target's tag; with a signer, sign the list's digest and
+    attach its provenance and SBOM (of the smoke report, the engine's own platform's). Returns the list's digest, of
+    the bytes put; a tag another pusher moved meanwhile fails the run (exit 1) with both digests named, nothing
+    signed. A registry that refuses a manifest list is an environment problem (exit 3): the platforms' tags stay."""
     from imgbuild.registry.manifest import manifest_list
 
+    plan, settings, engine, signer, log = request.plan, request.settings, request.engine, request.signer, request.log
     target = plan.target
     ref = imageref.parse(target)
     client = RegistryClient.for_host(ref.registry, settings)
     images: list[PlatformImage] = []
-    with lease(engine.leases, target, builds[0][1], PUBLISH_SECONDS, lambda text: log(f"{target}: {text}")):
+    with lease(engine.leases, target, builds[0][1], PUBLISH_SECONDS, request.said(target)):
         for platform, image_id in builds:
             per = f"{plan.image}:{platform_tag(plan.tag, platform)}"
             engine.images.tag(image_id, per)
             log(f"{per}: pushing ({platform})")
-            digest = str(engine.images.push(per, engine_auth(per), _prefixed(log, per), settings.registry_deadline))
+            digest = str(engine.images.push(per, engine_auth(per), request.said(per), settings.registry_deadline))
             body, media_type, served = client.manifest_raw(ref.repository, digest)
             images.append(PlatformImage(platform, served, media_type, len(body)))
         content, list_type = manifest_list(images)
@@ -190,7 +182,7 @@ def publish_platforms(
         _still_ours(client, target, digest)
         log(f"{target}: manifest list {digest} ({', '.join(i.platform for i in images)})")
         if signer is not None:
-            _sign(plan, smoke, digest, client, engine, backend or settings.backend, signer, log)
+            _sign(request, signer, digest, client)
             _sign_entries(client, ref.name, ref.repository, images, signer)
     return digest
 
@@ -214,7 +206,3 @@ def _still_ours(client: RegistryClient, target: str, pushed: str) -> None:
             f"{target}: this run pushed {pushed}, but the tag now holds {held or 'nothing'}: another pusher "
             "moved it meanwhile; nothing signed or attached (run again once the other push is done)"
         )
-
-
-def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
-    return lambda text: log(f"{prefix}: {text}")
