@@ -326,3 +326,20 @@ def test_a_recipe_cannot_name_what_imgbuild_keeps_for_itself(tmp_path, field, va
         load_recipe(recipe)
     (line,) = caught.value.lines()
     assert f": {field}: " in line and "imgbuild keeps for itself" in line
+
+
+def test_a_loaded_recipes_name_is_its_folder_and_file_from_any_working_folder(tmp_path, monkeypatch):
+    """The name every label, record and provenance gives the recipe is fixed at load, the same from any working
+    folder, and stays right on a copy with other fields."""
+    import dataclasses
+
+    from tests.support import demo_recipe
+
+    (tmp_path / "recipes").mkdir()
+    path = demo_recipe(tmp_path / "recipes")
+    monkeypatch.chdir(tmp_path / "recipes")
+    here = load_recipe(Path("demo.yaml"))
+    monkeypatch.chdir("/")
+    there = load_recipe(path)
+    assert here.name == there.name == "recipes/demo.yaml"
+    assert dataclasses.replace(there, path=tmp_path / "other" / "x.yaml", lock_pins=()).name == "other/x.yaml"

@@ -117,7 +117,7 @@ def describe(plan: Plan, smoke: dict[str, Any], image: str, digest: str, builder
         image=image,
         digest=digest,
         tag=plan.tag,
-        recipe_path=stable_name(loaded.path),
+        recipe_path=loaded.name,
         recipe_sha256=sha256(Path(loaded.path).read_bytes()),
         content_hash=plan.content_hash,
         git_commit=_git_commit(Path(loaded.path).parent),

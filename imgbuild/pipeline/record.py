@@ -63,7 +63,7 @@ class Record:
     def of(cls, plan: Plan, backend: str) -> Record:
         base = plan.base
         return cls(
-            recipe=stable_name(plan.loaded.path),
+            recipe=plan.loaded.name,
             image=plan.target,
             base=RecordedBase(
                 requested=base.requested,

@@ -24,7 +24,6 @@ from imgbuild.payload import PAYLOAD_DIR, PIP_SCRIPTS, SMOKE_MODULES, SMOKE_PACK
 from imgbuild.pipeline.plan import TEMPLATES_DIR, Plan, hashed_pins
 from imgbuild.pipeline.record import RECORD_FILE, Record
 from imgbuild.pipeline.stack import step_kinds
-from imgbuild.recipe import stable_name
 
 if TYPE_CHECKING:
     import jinja2
@@ -133,7 +132,7 @@ def image_labels(plan: Plan) -> dict[str, str]:
     labels.update(
         {
             Label.VERSION: __version__,
-            Label.RECIPE: stable_name(plan.loaded.path),
+            Label.RECIPE: plan.loaded.name,
             Label.RECIPE_HASH: plan.content_hash,
             Label.INPUT_HASH: plan.input_hash,
             Label.BASE: plan.base.ref,
@@ -364,7 +363,7 @@ def _common(plan: Plan) -> dict[str, Any]:
     recipe = plan.loaded.recipe
     return {
         "version": __version__,
-        "recipe_file": stable_name(plan.loaded.path),
+        "recipe_file": plan.loaded.name,
         "recipe": recipe,
         "base": plan.base,
         "labels": image_labels(plan),

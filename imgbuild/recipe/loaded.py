@@ -40,6 +40,11 @@ class LoadedRecipe:
     lock_lines: tuple[reqfile.ReqLine, ...] = ()  # the same pins, each with its line (for located conflicts)
     #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
     file_digests: dict[str, str] = field(default_factory=dict)
+    #: `recipes/x.yaml` (stable_name): the recipe as every label, record and provenance names it, fixed at load
+    name: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        self.name = stable_name(self.path)
 
     @property
     def display(self) -> str:
