@@ -222,11 +222,12 @@ def _env(**values: str) -> Iterator[None]:
 #: from 18 to 15 when the site's rules over a GPU request became one step (servers.holds.choose_gpus: the request
 #: that could never start, the choice, the quota) instead of three calls to and fro. (b) crosses servers.runwords
 #: since run's grammar and its typed RunCall have one home, where the command line and the queue's child both read
-#: words (18 hops with RunCall followed as a carrier: the words read, the command line's edge, the launch).
+#: words (16 hops with RunCall followed as a carrier: the words read, the command line's edge, then the launch,
+#: which checks and resolves the image once where it was resolved twice).
 CEILINGS = {
     "build": (walk_recipe_in_build, 10, 16),
     "build --push": (walk_recipe_in_build_push, 10, 16),
-    "run": (walk_gpus_in_run, 8, 18),
+    "run": (walk_gpus_in_run, 8, 16),
 }
 
 

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import secrets
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -193,6 +192,7 @@ def reserved(
     on_wait: Callable[[int, str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    resolved: tuple[str, str] | None = None,
 ) -> Iterator[RunSpec]:
     """The container to start, its name, GPUs and CPUs chosen under the host's ledger lock and held there
     until the block ends (by then the container holds them by its name, labels and cpuset).
@@ -201,7 +201,8 @@ def reserved(
     the queue goes in order of each user's GPU-hours over the site's window (fair share), then first come first
     served. A run held back by its own user's quota waits without a place (it holds nobody back); a run that
     could never start (past a quota, or the host) is refused before it waits. `on_wait(place, why)` is told
-    each look; the place is given up on every way out (and, if this process dies, with it)."""
+    each look; the place is given up on every way out (and, if this process dies, with it). `resolved`: the image
+    and short name where the caller resolved them already."""
     from imgbuild.gpu.allocate import GpusBusy
     from imgbuild.servers.ledger import Ledger
     from imgbuild.servers.usage import fair_share
@@ -211,7 +212,8 @@ def reserved(
     ticket = f"wait-{os.getpid()}"
     wants_gpus = req.gpu_request.strip().lower() not in ("", "none")  # the queue is for GPUs only
     deadline = None if wait is None else clock() + wait
-    resolved = resolve_image(req.image, settings)  # once: a waiting run never re-reads and re-hashes the recipe
+    # once (`resolved`: by the caller): a waiting run never re-reads and re-hashes the recipe
+    resolved = resolved or resolve_image(req.image, settings)
     use = fair_share(house.ledger_dir, house.fair_share_window) if wants_gpus else {}
     try:
         while True:
@@ -375,32 +377,26 @@ class Launched:
 
 
 def launch(call: RunCall, settings: Settings, say: Callable[[str], None]) -> Launched:
-    """`imgbuild run` as `call` asks: the image checked (only a signed one where the site says so), the container
-    given a terminal only where this process has one, and the spec made under the house rules; with `dry_run` only
-    the command it would run. Else GPUs held in the ledger (waiting for them up to `wait`, saying each new place),
-    then started detached or attached. `say`: progress for the user (stderr)."""
+    """`imgbuild run` as `call` asks: the image checked (only a signed one where the site says so) and resolved once,
+    and the spec made under the house rules; with `dry_run` only the command it would run. Else GPUs held in the
+    ledger (waiting for them up to `wait`, saying each new place), then started detached or attached. `say`:
+    progress for the user (stderr)."""
     import socket
 
     from imgbuild.engine import connect_engine
     from imgbuild.engine.runargs import run_command_line
     from imgbuild.servers import jupyter
 
-    interactive = sys.stdin.isatty()
-    request = replace(
-        call.request,
-        image=check_signed(call.request.image, settings),
-        interactive=interactive,
-        terminal=interactive and sys.stdout.isatty(),
-    )
-    words, wait = call.words, call.wait
+    request, words, wait = call.request, call.words, call.wait
+    resolved = resolve_image(check_signed(request.image, settings), settings)  # once, whatever follows
     if call.dry_run:
-        spec = prepare(request, settings)
+        spec = prepare(request, settings, resolved=resolved)
         spec.name = next_name(spec.user, spec.short_name, set())
         _say_chosen(spec, say)
         return Launched(spec, command_line=run_command_line(spec.options(), settings.docker_cli or "docker"))
     timeout = parse_duration(wait, "--wait") if wait is not None else None
     engine = connect_engine(settings)
-    ref = resolve_image(request.image, settings)[0]
+    ref = resolved[0]
     from imgbuild.servers import enforce
 
     acting = enforce.acting(settings)
@@ -422,7 +418,7 @@ def launch(call: RunCall, settings: Settings, say: Callable[[str], None]) -> Lau
             say(f"waiting: place {place} in the queue ({why})")
             told.append((place, why))
 
-    with reserved(request, settings, engine, wait=timeout, on_wait=waiting) as spec:
+    with reserved(request, settings, engine, wait=timeout, on_wait=waiting, resolved=resolved) as spec:
         _say_chosen(spec, say)
         say(f"starting {spec.name} ({spec.image}{_cpu_note(spec)})")
         if not spec.detach:

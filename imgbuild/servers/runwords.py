@@ -7,6 +7,7 @@ it: a queued job starts exactly as its user typing `imgbuild run -d` would, thro
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -146,6 +147,7 @@ def grammar(fn: Callable[[RunCall], None]) -> Callable[..., None]:
         jupyter: bool,
         dry_run: bool,
     ) -> None:
+        interactive = sys.stdin.isatty()  # this process's own terminal: the container gets one only where it has one
         request = RunRequest(
             image=image,
             command=list(command),
@@ -163,6 +165,8 @@ def grammar(fn: Callable[[RunCall], None]) -> Callable[..., None]:
             as_user=as_user,
             entrypoint=entrypoint,
             jupyter=jupyter,
+            interactive=interactive,
+            terminal=interactive and sys.stdout.isatty(),
             time=walltime,
             notify=notify,
         )
