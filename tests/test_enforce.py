@@ -140,10 +140,18 @@ def test_mounts_a_user_may_ask_for(monkeypatch):
     ]
 
 
-def test_the_audit_log_keeps_no_variable_value():
-    assert enforce._summary(["run", "-e", "HF_TOKEN=hf_secret", "--env=A=b", "-eX=1", "img"]) == [
-        "run", "-e", "HF_TOKEN=…", "--env=…", "-eX=…", "img",
-    ]  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "kept"),
+    [
+        (["run", "-e", "HF_TOKEN=hf_secret", "--env=A=b", "-eX=1", "img"],
+         ["run", "-e", "HF_TOKEN=…", "--env=A=…", "-eX=…", "img"]),
+        (["queue", "add", "-deHF_TOKEN=hf_secret", "img"], ["queue", "add", "-deHF_TOKEN=…", "img"]),
+        (["run", "--force=1", "-eHF_TOKEN=hf_secret", "img"], ["run", "--force=…", "-eHF_TOKEN=…", "img"]),  # refused
+        (["ps", "--all"], ["ps", "--all"]),
+    ],
+)  # fmt: skip
+def test_the_audit_log_keeps_no_variable_value(args, kept):
+    assert enforce._summary(args) == kept
 
 
 def test_the_sudoers_binary_must_be_a_plain_absolute_path():

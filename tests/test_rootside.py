@@ -169,6 +169,9 @@ def test_a_job_from_a_users_own_file_starts_as_that_user(monkeypatch):
         (["-eA=b", "img"], ["-eA=***", "img"]),
         (["-e", "NAME_ONLY", "img"], ["-e", "NAME_ONLY", "img"]),
         (["img", "--", "python", "-e", "x=1"], ["img", "--", "python", "-e", "x=1"]),  # the command's own words
+        (["-deHF_TOKEN=hf_x", "img"], ["-deHF_TOKEN=***", "img"]),  # -d and -e in one word, as run reads it
+        (["-dvx:y", "-e", "A=b", "img"], ["-dvx:y", "-e", "A=***", "img"]),
+        (["--detach=yes", "-eA=b", "img"], ["--detach=***", "-eA=***", "img"]),  # words run refuses: no value
     ],
 )
 def test_queue_ls_shows_a_variables_name_never_its_value(args, shown):

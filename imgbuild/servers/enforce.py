@@ -328,14 +328,13 @@ def _mount(args: list[str], fd: int | None = None) -> None:
 
 
 def _summary(args: list[str]) -> list[str]:
-    """The command line as the audit log keeps it: no variable's value (a token), bounded."""
-    kept: list[str] = []
-    for i, word in enumerate(args[:64]):
-        after_flag = i and args[i - 1] in ("-e", "--env") and "=" in word
-        if after_flag or (word.startswith(("-e", "--env=")) and "=" in word[2:]):
-            word = word.split("=", 1)[0] + "=…"
-        kept.append(word[:200])
-    return kept
+    """The command line as the audit log keeps it: no variable's value (a token: run's words, also as `queue add`
+    files them, read by run's own grammar), bounded."""
+    from imgbuild.servers.runwords import hide_values
+
+    verb = 2 if args[:2] == ["queue", "add"] else 1 if args[:1] == ["run"] else len(args)
+    kept = [*args[:verb], *hide_values(args[verb:], mark="…")] if verb < len(args) else list(args)
+    return [word[:200] for word in kept[:64]]
 
 
 def audit(verb: str, args: list[str], decision: str, ledger_dir: Path, user: str, uid: int) -> None:

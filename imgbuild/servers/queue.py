@@ -258,30 +258,12 @@ def _read(path: Path, uid: int, root_only: bool = False) -> tuple[list[Job], boo
     return believed, info.st_uid == 0
 
 
-#: Words of `run` that carry a variable's value: `-e NAME=VALUE`, `--env NAME=VALUE`, `-eNAME=VALUE`, `--env=...`.
-_ENV_FLAGS = ("-e", "--env")
-
-
 def shown_args(args: list[str]) -> list[str]:
-    """A job's arguments as `queue ls` prints them to every user: each variable's value hidden, its name kept."""
-    shown: list[str] = []
-    after_flag = False
-    for arg in args:
-        if after_flag:
-            shown.append(_hide_value(arg))
-            after_flag = False
-        elif arg == "--":
-            return [*shown, *args[len(shown) :]]
-        elif arg in _ENV_FLAGS:
-            shown.append(arg)
-            after_flag = True
-        elif arg.startswith("--env="):
-            shown.append("--env=" + _hide_value(arg[len("--env=") :]))
-        elif arg.startswith("-e") and len(arg) > 2 and not arg.startswith("--"):
-            shown.append("-e" + _hide_value(arg[2:]))
-        else:
-            shown.append(arg)
-    return shown
+    """A job's arguments as `queue ls` prints them: each variable's value hidden, its name kept, wherever run's own
+    grammar reads one."""
+    from imgbuild.servers.runwords import hide_values
+
+    return hide_values(args)
 
 
 def is_theirs(job: Job, who: Caller) -> bool:
@@ -292,11 +274,6 @@ def is_theirs(job: Job, who: Caller) -> bool:
 def shown(job: Job) -> dict[str, Any]:
     """A job of the caller's own as `queue ls --json` prints it: whole but for variables' values."""
     return {**asdict(job), "args": shown_args(job.args)}
-
-
-def _hide_value(item: str) -> str:
-    name, eq, _ = item.partition("=")
-    return f"{name}=***" if eq else name
 
 
 def drained(state_dir: Path) -> bool:

@@ -190,3 +190,19 @@ def parse(words: list[str]) -> RunCall | None:
     command = click.command("run", cls=RunCommand, context_settings={"help_option_names": ["-h", "--help"]})
     command(grammar(keep)).main(list(words), prog_name="imgbuild run", standalone_mode=False)
     return got[0] if got else None
+
+
+def hide_values(words: list[str], mark: str = "***") -> list[str]:
+    """`imgbuild run WORDS` as others may read them (`queue ls`, the audit log): the value of each variable run's
+    grammar reads from them replaced by `mark`, in every spelling it reads (`-e N=V`, `--env N=V`, `--env=N=V`,
+    `-eN=V`, `-deN=V`), its name kept, and any other word that ends the same way. Words the grammar refuses (a
+    run that never starts, still audited) keep no value at all: every word's text after a `=` is hidden."""
+    command = click.command("run", cls=RunCommand, add_help_option=False)(grammar(lambda call: None))
+    try:
+        with command.make_context("run", list(words)) as ctx:  # parsed and checked, nothing run or printed
+            given: tuple[str, ...] = ctx.params["env"]
+    except click.ClickException:
+        return [word.partition("=")[0] + "=" + mark if "=" in word else word for word in words]
+    variables = [item.partition("=") for item in given]
+    secret = [(f"{name}={value}", len(value)) for name, eq, value in variables if eq and value]
+    return [next((w[: len(w) - n] + mark for item, n in secret if w.endswith(item)), w) for w in words]
