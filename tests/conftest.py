@@ -288,12 +288,16 @@ def _require_marker(name: str, what: str) -> None:
 
 
 #: The suite's tiers, by marker expression, as README's test command (the first two) and tests/rest-tier (the
-#: other two, run side by side) select them; every test is in exactly one (`heavy` in none: `pytest -m heavy`).
+#: others: the tests that need the Docker engine alone beside Podman's line, then the Docker, fidelity and Slurm
+#: lines side by side) select them; every test is in exactly one (`heavy` in none: `pytest -m heavy`).
 TIERS = {
     "unit": "not engine and not slurm and not heavy",
     "front door": "frontdoor and not heavy",
-    "rest, Docker and Slurm": "(engine or slurm) and not podman and not frontdoor and not heavy",
-    "rest, Podman": "podman and not frontdoor and not heavy",
+    "rest, Docker": "engine and not slurm and not podman and not alone and not fidelity and not frontdoor and not heavy",
+    "rest, fidelity": "fidelity and not slurm and not podman and not alone and not frontdoor and not heavy",
+    "rest, Slurm": "slurm and not podman and not alone and not frontdoor and not heavy",
+    "rest, Podman": "podman and not alone and not frontdoor and not heavy",
+    "rest, alone": "alone and not frontdoor and not heavy",
 }
 
 

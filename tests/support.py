@@ -4,6 +4,8 @@ Test modules import these from here, never from each other; fixtures live in con
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import pwd
@@ -199,3 +201,15 @@ def workflow_checks(project: Path, env: dict[str, str] | None = None) -> list:
         words = [re.sub(r"\$(RECIPES|RECIPE)\b", lambda m: named[m.group(1)], w) for w in shlex.split(step)[1:]]
         ran.append((step, run_cli(*words, cwd=project, env=env)))
     return ran
+
+
+@contextlib.contextmanager
+def buildkit_gate():
+    """The bed's BuildKit gate held exclusively (tests/testbed/docker-gated): no build of another line runs while a
+    test empties the whole build cache, and none starts until it is done."""
+    with open(os.environ.get("IMGBUILD_BUILD_GATE_FILE", "/tmp/imgbuild-buildkit-gate"), "a") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)

@@ -145,6 +145,7 @@ def test_export_gpus_is_for_dev_containers_only(tmp_path):
 
 
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_the_dev_containers_cli_starts_the_exported_container(testbed, tmp_path, unique, cleanup_images, monkeypatch):
     cli = testbed.get("IMGBUILD_TESTBED_DEVCONTAINER", "")

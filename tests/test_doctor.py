@@ -86,6 +86,7 @@ def test_each_line_from_a_recorded_host(change, check, status, words):
         assert found[check][2], f"{check}: a {status} line says how to fix it"
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_doctor_on_this_machine(testbed):
     """This machine: no GPU (the GPU lines say so), the test bed's dockerd, its 8 MiB memlock, cgroup v1 hybrid."""
@@ -121,6 +122,7 @@ def test_an_image_that_sets_ld_preload_is_refused_where_the_toolkit_would_run_it
         assert "CVE-2025-23266" in found[1] and "1.17.8" in found[1]
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_run_and_smoke_of_an_image_that_sets_ld_preload(testbed, tmp_path, unique, cleanup_images, monkeypatch):
     """On the bed (no GPU, no toolkit): the image starts, with a note. On a GPU host with toolkit 1.17.7 (a

@@ -242,6 +242,7 @@ def as_user(
 
 
 @pytest.mark.root("staging binds are mount(8)'s")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_a_folder_swapped_for_a_link_after_the_check_is_never_mounted(tmp_path, monkeypatch):
     """The check resolves the path as the caller; the start binds the very object checked (same device and
@@ -306,6 +307,7 @@ def test_a_mount_is_never_a_format_string(spec, monkeypatch):
 
 
 @pytest.mark.root("becomes another user")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_a_path_is_resolved_with_the_callers_own_permissions():
     """resolve_as forks, becomes the caller (UID, GID, groups) and looks: root's view is not the question."""
@@ -321,6 +323,7 @@ def test_a_path_is_resolved_with_the_callers_own_permissions():
 
 
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_the_queue_with_two_users_through_sudo(enforced, unique, docker_client):
     """alice queues two jobs through sudo; the first starts at once (as her,
@@ -402,6 +405,7 @@ def test_the_gate_lets_a_user_through_sudo_run_only_the_user_commands(args, allo
 
 
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_builds_through_sudo_read_as_the_user_and_tag_into_her_namespace(enforced, unique, docker_client):
     """`sudo imgbuild build` reads every file of the recipe, and writes the context, as the user; the engine
@@ -722,6 +726,7 @@ def _give(path: Path, user: str) -> None:
 
 
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_state_folder(
     enforced, unique, docker_client
@@ -884,6 +889,7 @@ def test_nothing_a_user_writes_reaches_root_through_the_queue_the_cli_or_the_sta
 
 
 @pytest.mark.root("runs a script's container as another user on the real engine")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(testbed, docker_client):
     """The smoke test's container, acting for a user through sudo: their IDs, no new privileges, no capabilities,
@@ -933,6 +939,7 @@ def test_two_drop_ins_coexist_in_one_sudoers(tmp_path):
 
 
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_a_users_smoke_test_through_sudo_runs_their_image_as_them_without_privileges_or_the_hosts_ipc(
     enforced, unique, docker_client
@@ -1105,6 +1112,7 @@ def _sudo_refused(done: subprocess.CompletedProcess) -> bool:
 
 
 @pytest.mark.root("installs a sudoers drop-in and a site config, acts as other users")
+@pytest.mark.alone
 @pytest.mark.engine
 def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, unique, docker_client):
     """Two real users (imgbt-alice attacking, imgbt-bob the victim) through Debian's sudo on the real engine, with

@@ -91,6 +91,7 @@ def test_a_context_naming_a_dead_engine_fails_the_command_naming_the_context(tmp
     assert "docker context dead (DOCKER_CONTEXT)" in done.err and done.err.count("\n") == 1
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_a_context_naming_the_bed_engine_is_used(tmp_path, testbed):
     _context(tmp_path, "bed", "unix:///var/run/docker.sock")

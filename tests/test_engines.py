@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import IMGBUILD, run_cli
 from tests.cosign_keys import write_key_pair
+from tests.support import buildkit_gate
 
 pytestmark = pytest.mark.engine
 
@@ -260,7 +261,8 @@ def _fresh_runner(engine, ref: str) -> None:
         for suffix in ("", "-previous"):
             with contextlib.suppress(docker.errors.ImageNotFound):
                 engine.client.images.remove(ref + suffix, force=True)
-        engine.client.api.prune_builds(all=True)  # without all, BuildKit keeps the layers it last used
+        with buildkit_gate():  # no other line's build runs while the whole cache goes
+            engine.client.api.prune_builds(all=True)  # without all, BuildKit keeps the layers it last used
         return
     base = engine.client.images.get(f"{os.environ['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3").id
     doomed = [img.id for img in engine.client.images.list(all=True) if img.id != base]

@@ -44,6 +44,7 @@ def _dev_container_writes_as_the_person(project, recipe, devcontainer_cli: str, 
     assert ((project / "made").stat().st_uid, (project / "made").stat().st_gid) == PERSON
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_the_first_week_of_a_new_user_from_init_to_a_green_second_pull_request(
     testbed, tmp_path, unique, docker_client, monkeypatch

@@ -15,7 +15,7 @@ import pytest
 from imgbuild.gpu.support import GPU_MODELS
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.fidelity]
 
 #: torch 2.13.0+cu130's own arch flags (torch._C._cuda_getArchFlags()): sm_75 sm_80 sm_86 sm_90 sm_100 sm_120.
 SASS_MAJORS = {7: 5, 8: 0, 9: 0, 10: 0, 12: 0}  # per major, the lowest minor with native kernels

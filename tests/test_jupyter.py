@@ -110,6 +110,7 @@ SERVES = (
 )
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_run_jupyter_on_the_bed_names_a_missing_jupyter_reports_one_that_exits_and_waits_for_one_that_serves(
     testbed, docker_client, tmp_path, unique

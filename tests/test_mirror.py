@@ -83,6 +83,7 @@ def _source_digest(testbed: dict[str, str], repo: str, tag: str) -> str:
 
 
 @pytest.mark.engine
+@pytest.mark.fidelity
 def test_mirror_copies_with_digests_kept_and_a_second_run_copies_nothing(testbed, mirror, tmp_path):
     first = run_cli("mirror", "tensorflow", "--to", mirror.host, "--since", "24.01", "--json")
     assert first.code == 0, first.err
@@ -108,6 +109,7 @@ def test_mirror_copies_with_digests_kept_and_a_second_run_copies_nothing(testbed
 
 
 @pytest.mark.engine
+@pytest.mark.fidelity
 def test_a_copy_interrupted_when_the_mirror_stops_resumes_and_completes(testbed, mirror):
     args = ["--to", mirror.host, "--tag", "23.10-py3", "--json"]
     env = {**os.environ, **testbed, "IMGBUILD_REGISTRY_BACKOFF": "0.02", "IMGBUILD_REGISTRY_TIMEOUT": "5"}
@@ -136,6 +138,7 @@ def test_a_copy_interrupted_when_the_mirror_stops_resumes_and_completes(testbed,
 
 
 @pytest.mark.engine
+@pytest.mark.fidelity
 def test_keep_prunes_only_older_mirrored_tags_and_recipes_build_from_the_mirror(testbed, mirror, tmp_path):
     for tag in ("23.10-py3", "24.05-py3"):
         assert run_cli("mirror", "pytorch", "--to", mirror.host, "--tag", tag).code == 0
@@ -162,6 +165,7 @@ def test_keep_prunes_only_older_mirrored_tags_and_recipes_build_from_the_mirror(
 
 
 @pytest.mark.engine
+@pytest.mark.fidelity
 def test_bad_targets_are_usage_errors(testbed):
     for args in (
         ["--to", "not a host"],

@@ -24,6 +24,7 @@ def _build(name: str, tmp_path, cleanup_images) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.fidelity
 @pytest.mark.parametrize("name", [n for n, s in SETS.items() if s.size == "small"])
 def test_a_real_requirement_set(name, testbed, tmp_path, cleanup_images):
     _build(name, tmp_path, cleanup_images)

@@ -223,6 +223,7 @@ def gpu(index: int, util: int) -> Gpu:
     return Gpu(index, f"GPU-{index:08d}-reap", "NVIDIA A100-SXM4-80GB", 1000, 81920, util)
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monkeypatch):
@@ -314,6 +315,7 @@ def test_reap_on_real_containers(testbed, docker_client, tmp_path, unique, monke
                 docker_client.containers.get(name).remove(force=True)
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbed, docker_client, tmp_path, unique):
@@ -367,6 +369,7 @@ def test_deadlines_extend_lost_gpus_and_a_second_shell_on_real_containers(testbe
                 docker_client.containers.get(name).remove(force=True)
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_a_persistent_environment_with_passwordless_sudo(testbed, docker_client, tmp_path, write, cleanup_images):
     """`user: {sudo: true}` gives the recipe's user passwordless sudo in their own
@@ -482,6 +485,7 @@ def test_a_notice_is_given_once_with_the_facts_in_the_site_commands_environment(
     assert [(e["verb"], e["outcome"]) for e in log] == [("notice", "noticed (notice file, notify_command exit 0)")]
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_run_notify_on_a_real_container_leaves_one_notice(testbed, docker_client, tmp_path, unique, monkeypatch):
@@ -586,6 +590,7 @@ def _site_env(tmp_path, extra: str = "") -> dict[str, str]:
     return {"IMGBUILD_CONFIG": str(config), "IMGBUILD_SITE_CONFIG": str(config), "IMGBUILD_GPU_SNAPSHOT": str(snapshot)}
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.timeout(120)
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
@@ -610,6 +615,7 @@ def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_pids_caps(testb
         assert "ALLOCATED" not in res.out and res.code == 137, (gpus, res.code, res.err)  # killed at 96 MiB
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.timeout(120)
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")

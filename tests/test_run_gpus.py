@@ -252,6 +252,7 @@ def inspect(client, name: str) -> dict:
     return client.containers.get(name).attrs
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_limits, started, unique):
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
@@ -314,6 +315,7 @@ def test_run_applies_the_house_rules(testbed, docker_client, tmp_path, engine_li
     assert run_cli("stop", "nobody_else_1").code == 2
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp_path, engine_limits, started, unique):
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
@@ -349,6 +351,7 @@ def test_dry_run_line_starts_an_equivalent_container(testbed, docker_client, tmp
     assert ngc_facts.BED_TORCH in logs.out
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 def test_default_rules_are_nvidias_and_gpus_become_device_requests(
     testbed, docker_client, tmp_path, started, unique, monkeypatch
@@ -534,6 +537,7 @@ def test_a_gpu_whose_process_owner_cannot_be_read_is_never_handed_out_as_free():
     assert select_gpus("1", free, "alice").uuids == ["GPU-2"]
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.parametrize("detached", [True, False])
 def test_a_run_whose_start_fails_leaves_no_created_container(
@@ -669,6 +673,7 @@ _PAST_THE_CAPS = (
 )
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.parametrize("gpus", ["none", "1"])
 def test_a_run_with_or_without_gpus_is_stopped_at_its_memory_and_process_caps(

@@ -217,6 +217,7 @@ def test_run_pins_cpus_and_sets_threads_per_gpu_worker(tmp_path, monkeypatch):
 # --- the race, for real -------------------------------------------------------------------------------
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_two_runs_started_at_the_same_moment_get_different_gpus_and_cpus(testbed, docker_client, tmp_path, unique):
@@ -367,6 +368,7 @@ def test_jupyter_dry_run_binds_localhost_only_and_runs_jupyter_lab(tmp_path):
     assert "JUPYTER_RUNTIME_DIR=/tmp/jupyter/runtime" in argv  # the caller's UID may have no home in the image
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_jupyter_gets_a_free_port_reachable_through_the_tunnel(testbed, docker_client, tmp_path, unique):
@@ -556,6 +558,7 @@ def test_a_bare_wait_does_not_swallow_the_image(tmp_path):
     assert bad.code == 2 and "--wait: 'soon' is not a duration" in bad.err
 
 
+@pytest.mark.alone
 @pytest.mark.engine
 @pytest.mark.root("names a site config for the imgbuild processes it starts (IMGBUILD_SITE_CONFIG is root's alone)")
 def test_two_users_queued_for_one_gpu_start_in_order_and_a_killed_waiter_leaves_nothing(

@@ -12,7 +12,7 @@ import pytest
 from tests import ngc_facts
 from tests.conftest import TESTBED_UP, in_image
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.fidelity]
 
 
 def test_image_from_standin_base_runs_real_torch(testbed, docker_client, unique, cleanup_images):
