@@ -271,6 +271,7 @@ _NEEDS_MARKER = {
     "docker_client": "engine",
     "cleanup_images": "engine",
     "launchers_image": "engine",
+    "launchers_judge": "engine",
     "plain_image": "engine",
     "slurm": "slurm",
 }
