@@ -272,6 +272,7 @@ _NEEDS_MARKER = {
     "cleanup_images": "engine",
     "launchers_image": "engine",
     "launchers_judge": "engine",
+    "slurm_time_str2mins": "slurm",
     "plain_image": "engine",
     "slurm": "slurm",
 }

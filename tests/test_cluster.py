@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from spython.main.parse.parsers import SingularityParser
 
 from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
@@ -660,6 +663,61 @@ def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
             JobFlags(["t"], "x.sif", "x", time="5", requeue=True), slurm_site({})
         )  # Slurm's bare number: minutes
     assert job_from_flags(JobFlags(["t"], "x.sif", "x", time="1-00:00", requeue=True), slurm_site({})).requeue
+
+    # no limit at all (sbatch takes 0 and -1 as none): nothing to requeue before
+    for unlimited in ("unlimited", "Infinite", "-1", "0"):
+        assert job_from_flags(JobFlags(["t"], "x.sif", "x", time=unlimited, requeue=True), slurm_site({})).requeue
+
+
+def _slurm_library():
+    import ctypes
+    import glob
+
+    found = glob.glob("/usr/lib/*/slurm-wlm/libslurmfull.so") + glob.glob("/usr/lib*/slurm/libslurmfull.so")
+    return ctypes.CDLL(found[0]) if found else None
+
+
+@pytest.fixture(scope="module")
+def slurm_time_str2mins(request):
+    """Slurm's own time parser, `slurm_time_str2mins` of libslurmfull (what sbatch's --time runs): from the Slurm
+    installed here, else the one the bed installs (tests/testbed/slurm-up)."""
+    import ctypes
+
+    library = _slurm_library()
+    if library is None:
+        request.getfixturevalue("slurm")
+        library = _slurm_library()
+    assert library is not None, "no libslurmfull.so after tests/testbed/slurm-up"
+    parse = library.slurm_time_str2mins
+    parse.argtypes, parse.restype = [ctypes.c_char_p], ctypes.c_int
+    return lambda text: parse(text.encode())
+
+
+#: Slurm's answers that sbatch takes as no limit (INFINITE, and 0: "no time limit be imposed").
+SLURM_INFINITE = (-1, 0)
+
+
+@pytest.mark.slurm
+@hypothesis_settings(max_examples=120, derandomize=True, deadline=None, database=None)
+@given(
+    text=st.one_of(
+        st.lists(st.sampled_from(["0", "1", "7", "30", "59", "60", "99", "1234", ":", "-"]), max_size=6)
+        .map("".join)
+        .filter(lambda text: all(len(field) <= 4 for field in re.split("[-:]", text))),
+        st.sampled_from(["UNLIMITED", "unlimited", "Infinite", "-1", "1-", "00:30", "1:5:0", "1-1:", "-5", " 60"]),
+    )
+)
+def test_a_time_limit_is_taken_exactly_where_slurm_takes_it_and_read_as_slurm_reads_it(text, slurm_time_str2mins):
+    """Every time the site config and --time take, sbatch takes, in the same minutes (seconds rounded up; none for
+    UNLIMITED, INFINITE, -1 and 0), and every one Slurm refuses is refused (up to 4 digits a field)."""
+    from imgbuild.config.site import SLURM_TIME_RE, slurm_minutes
+
+    slurms = slurm_time_str2mins(text)
+    if slurms < 0 and slurms not in SLURM_INFINITE:
+        assert not SLURM_TIME_RE.fullmatch(text), (text, slurms)
+        return
+    assert SLURM_TIME_RE.fullmatch(text), (text, slurms)
+    assert slurm_minutes(text) == (None if slurms in SLURM_INFINITE else slurms), text
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec
-from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE
+from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE, slurm_minutes
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.hostio.tree import TooDeep, walk
 from imgbuild.shellwords import UserWord
@@ -140,22 +140,6 @@ _HEADER_VALUES = {
     "account": (ACCOUNT_RE, "an account name (Jean Zay: abc@v100)"),
     "gpu_type": (re.compile(r"[A-Za-z0-9_.-]{1,64}"), "a GPU type"),
 }
-
-
-def _slurm_seconds(text: str) -> int | None:
-    """Slurm's time formats (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) in seconds; None for UNLIMITED."""
-    if text in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:
-        hours, minutes, secs = (parts + [0, 0])[:3]
-        return int(days) * 86400 + hours * 3600 + minutes * 60 + secs
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 def _check_header_values(flags: JobFlags) -> None:
@@ -317,8 +301,8 @@ def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpu
     if flags.gpu_type and known and flags.gpu_type not in known and flags.gpu_type not in known.values():
         raise UsageError(f"--gpu-type {flags.gpu_type}: this site has {', '.join(sorted(known))} (slurm.gpu_types)")
     if flags.requeue:
-        limit = _slurm_seconds(flags.time or site.time)
-        if limit is not None and limit <= flags.signal_lead:
+        limit = slurm_minutes(flags.time or site.time)
+        if limit is not None and limit * 60 <= flags.signal_lead:
             raise UsageError(
                 f"--requeue: the time limit ({flags.time or site.time}) is no longer than the signal lead "
                 f"({flags.signal_lead} s): the job would be requeued before doing any work"
