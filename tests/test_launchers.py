@@ -526,6 +526,16 @@ def test_a_site_folder_under_a_variable_is_expanded_by_the_job_and_checked_as_th
         ("/d/x.sif", "apptainer", ""),
         ("/d/x.sqsh", "edf", ""),
         ("/d/b.oci", "oci", ""),
+        # every ending of a kind, in any case; and a path of no known kind where only a registry's image runs
+        ("/d/x.simg", "pyxis", "an Apptainer image, which --runtime pyxis does not run"),
+        ("/d/X.SIF", "edf", "an Apptainer image, which --runtime edf does not run"),
+        ("/d/x.sqfs", "apptainer", "an enroot squashfs, which --runtime apptainer does not run"),
+        ("/d/x.squashfs", "shifter", "an enroot squashfs, which --runtime shifter does not run"),
+        ("/d/image", "docker", "/d/image: a file, which --runtime docker does not run; give it an image name"),
+        ("/d/x.simg", "apptainer", ""),
+        ("/d/X.SIF", "singularity", ""),
+        ("/d/sandbox", "apptainer", ""),  # a sandbox folder, or a SquashFS image: apptainer reads what it is
+        ("/d/x.sqfs", "pyxis", ""),
     ],
 )
 def test_an_image_file_is_matched_to_the_runtime_that_runs_it(image, runtime, refused):
@@ -537,7 +547,26 @@ def test_an_image_file_is_matched_to_the_runtime_that_runs_it(image, runtime, re
         with pytest.raises(UsageError, match=re.escape(refused)):
             job_from_flags(flags, slurm_site({}))
     else:
-        assert job_from_flags(flags, slurm_site({})).image.startswith("/d/")
+        assert job_from_flags(flags, slurm_site({})).image == image  # the file as named, never renamed
+
+
+@pytest.mark.parametrize("name", ["x.simg", "X.SIF", "x.sqfs", "b.oci"])
+def test_an_image_file_named_without_a_folder_is_the_file_at_every_door(name, tmp_path, monkeypatch):
+    """`x.simg` became `x.simg.sif`, and to pyxis Docker Hub's image `x.simg`: a name ending as an image file does
+    is that file, from the folder it was named in, to the command line's reading and to the job's."""
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+    from imgbuild.servers.spec import resolve_image
+    from tests.support import settings
+
+    monkeypatch.chdir(tmp_path)
+    image, _ = resolve_image(name, settings(), paths=True)
+    assert image == name
+    runtime = {"x.simg": "apptainer", "X.SIF": "singularity", "x.sqfs": "pyxis", "b.oci": "oci"}[name]
+    job = job_from_flags(JobFlags(["t.py"], image, "x", runtime=runtime), slurm_site({}))
+    assert job.image in (name, str(tmp_path / name))
+    with pytest.raises(UsageError, match="which --runtime docker does not run"):
+        job_from_flags(JobFlags(["t.py"], image, "x", runtime="docker"), slurm_site({}))
 
 
 def test_the_usage_sampler_reads_only_the_steps_gpus(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
+from imgbuild.clusters.imagefiles import FILE_RUNTIMES, IMAGE_FILES, file_kind, is_file_path
 from imgbuild.clusters.slurm import JobSpec
 from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE, slurm_minutes
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
@@ -41,11 +42,11 @@ def slurm_mem(per_gpu: str, gpus: int) -> str:
 def image_file(image: str, sif_dir: str | None, ending: str) -> str:
     """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05<ending>` (absolute: the job finds it from
     any folder), the one name `export` writes for a runtime that runs a file (`.oci` bundles, `.sqsh` for pyxis);
-    a path, or a name already ending so, passes."""
+    a path, or an image file's name (IMAGE_FILES), passes."""
     if image.startswith("$"):  # under a variable the job's shell expands (the site's folder)
         return image
-    if image.startswith(("/", "./")) or image.endswith(ending):
-        return str(Path(image).absolute())
+    if is_file_path(image) or file_kind(image):
+        return str(Path(image).expanduser().absolute())
     return str((Path(sif_dir) if sif_dir else Path.cwd()) / (sif_name(image).removesuffix(".sif") + ending))
 
 
@@ -60,7 +61,7 @@ def check_image_present(job: JobSpec) -> None:
             f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
             ".sif there (slurm.sif_dir), or name the .sif to run"
         )
-    if job.runtime in ("pyxis", "edf") and image.endswith(".sqsh") and not Path(image).is_file():
+    if job.runtime in ("pyxis", "edf") and file_kind(image) and not Path(image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; write it with `imgbuild export RECIPE --sqsh {job.image}` where the "
             "nodes see it (slurm.sif_dir), or push the image to a registry the nodes reach"
@@ -152,23 +153,15 @@ def _check_header_values(flags: JobFlags) -> None:
             raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
 
 
-#: Image files by kind, the runtimes that run each, and how `export` writes one.
-IMAGE_FILES = {
-    ".sif": (("apptainer", "singularity"), "an Apptainer image", "--apptainer"),
-    ".sqsh": (("pyxis", "edf"), "an enroot squashfs", "--sqsh FILE"),
-    ".oci": (("oci",), "an OCI bundle", "--oci DIR"),
-}
-
-
 def check_image_kind(runtime: str, image: str) -> None:
-    """An image file the runtime cannot run (a .sif to pyxis, a .sqsh to Apptainer): refused with the file the
-    runtime takes."""
-    kind = next((ending for ending in IMAGE_FILES if image.rstrip("/").endswith(ending)), None)
-    if kind is None:
+    """An image file the runtime cannot run (a .sif to pyxis, a .sqsh to Apptainer, any file to docker): refused
+    with the file or image the runtime takes."""
+    kind = file_kind(image)
+    if kind is None and not (is_file_path(image) and runtime not in FILE_RUNTIMES):
         return
-    runtimes, what, _ = IMAGE_FILES[kind]
+    runtimes, what, _ = IMAGE_FILES[kind] if kind else ((), "a file", "")
     if runtime not in runtimes:
-        takes = [f"{ending} ({export})" for ending, (names, _, export) in IMAGE_FILES.items() if runtime in names]
+        takes = [f"{ending[0]} ({export})" for ending, (names, _, export) in IMAGE_FILES.items() if runtime in names]
         wanted = f"a {takes[0]} file written by imgbuild export RECIPE" if takes else "an image name from a registry"
         raise UsageError(f"{image}: {what}, which --runtime {runtime} does not run; give it {wanted}")
 
@@ -186,7 +179,7 @@ def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = Fals
             f"{image}: built on this machine only; Shifter's image gateway would look it up on Docker Hub. Push it "
             "(imgbuild build --push, with image_registry set) and run the pushed name"
         )
-    if runtime in ("pyxis", "edf") and (image.endswith(".sqsh") or (local and not parse(image).host)):
+    if runtime in ("pyxis", "edf") and (file_kind(image) or (local and not parse(image).host)):
         return image_file(image, sif_dir, ".sqsh")
     return image_file(image, sif_dir, ".oci") if runtime == "oci" else image
 
