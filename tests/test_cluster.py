@@ -710,7 +710,7 @@ SLURM_INFINITE = (-1, 0)
 def test_a_time_limit_is_taken_exactly_where_slurm_takes_it_and_read_as_slurm_reads_it(text, slurm_time_str2mins):
     """Every time the site config and --time take, sbatch takes, in the same minutes (seconds rounded up; none for
     UNLIMITED, INFINITE, -1 and 0), and every one Slurm refuses is refused (up to 4 digits a field)."""
-    from imgbuild.config.site import SLURM_TIME_RE, slurm_minutes
+    from imgbuild.config.slurmtime import SLURM_TIME_RE, slurm_minutes
 
     slurms = slurm_time_str2mins(text)
     if slurms < 0 and slurms not in SLURM_INFINITE:

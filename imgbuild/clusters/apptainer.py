@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imgbuild.clusters.imagefiles import APPTAINER_ENDINGS, is_file_path
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.imageref import APPTAINER_ENDINGS, is_file_path
 from imgbuild.pipeline.plan import Plan
 from imgbuild.pipeline.render import apptainer_definition
 

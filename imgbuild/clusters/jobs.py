@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
-from imgbuild.clusters.imagefiles import FILE_RUNTIMES, IMAGE_FILES, file_kind, is_file_path
 from imgbuild.clusters.slurm import JobSpec
-from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE, slurm_minutes
+from imgbuild.config.site import ACCOUNT_RE
+from imgbuild.config.slurmtime import SLURM_TIME_RE, slurm_minutes
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.hostio.tree import TooDeep, walk
+from imgbuild.imageref import FILE_RUNTIMES, IMAGE_FILES, file_kind, is_file_path
 from imgbuild.shellwords import UserWord
 
 if TYPE_CHECKING:

@@ -31,6 +31,7 @@ from imgbuild.config.checks import (
     shm_size,
     site_only,
 )
+from imgbuild.config.slurmtime import SLURM_TIME_RE
 from imgbuild.fields import (
     Flag,
     Integer,
@@ -57,28 +58,6 @@ ACCOUNT_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}(?:@[A-Za-z0-9_.-]{1,64})?")
 SITE_DIR_RE = re.compile(r"(?:/|\$\{?[A-Za-z_][A-Za-z0-9_]{0,63}\}?(?=/|$))[A-Za-z0-9_@%+=./-]{0,4095}")
 #: A variable passed into a container of its own by name, or every one with a prefix (`NCCL_*`).
 PASSED_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\*?")
-#: A time limit as Slurm reads one (its parse_time.c): MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-,
-#: DAYS-HOURS[:MINUTES[:SECONDS]], and no limit as UNLIMITED, INFINITE (any case) or -1; up to 4 digits each.
-SLURM_TIME_RE = re.compile(
-    r"(?i:UNLIMITED|INFINITE)|-1|[0-9]{1,4}-(?:[0-9]{1,4}(?::[0-9]{1,4}){0,2})?|[0-9]{1,4}(?::[0-9]{1,4}){0,2}"
-)
-
-
-def slurm_minutes(text: str) -> int | None:
-    """A time limit that SLURM_TIME_RE matched, in minutes as Slurm counts them (seconds rounded up); None for no
-    limit (UNLIMITED, INFINITE, -1, and 0, which sbatch takes as none)."""
-    if text.upper() in ("UNLIMITED", "INFINITE", "-1"):
-        return None
-    days, dash, clock = text.partition("-")
-    if not dash:
-        days, clock = "", text
-    parts = [int(part) for part in clock.split(":")] if clock else []
-    if dash:  # DAYS-HOURS[:MINUTES[:SECONDS]]
-        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-    else:  # MINUTES[:SECONDS], or HOURS:MINUTES:SECONDS
-        hours, minutes, seconds = ([0, *parts, 0][:3]) if len(parts) < 3 else parts
-    total = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
-    return -(-total // 60) or None
 
 
 @dataclass(frozen=True, kw_only=True)
