@@ -664,6 +664,13 @@ def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
         )  # Slurm's bare number: minutes
     assert job_from_flags(JobFlags(["t"], "x.sif", "x", time="1-00:00", requeue=True), slurm_site({})).requeue
 
+    # a lead Slurm cannot hold (16 bits) is refused where it is typed, not by sbatch at submission
+    from click.testing import CliRunner
+
+    from imgbuild.cli import cli
+
+    done = CliRunner().invoke(cli, ["slurm", "x.sif", "--requeue", "--signal-lead", "65536", "--", "t.py"])
+    assert done.exit_code == 2 and "--signal-lead" in done.output and "65535" in done.output
     # no limit at all (sbatch takes 0 and -1 as none): nothing to requeue before
     for unlimited in ("unlimited", "Infinite", "-1", "0"):
         assert job_from_flags(JobFlags(["t"], "x.sif", "x", time=unlimited, requeue=True), slurm_site({})).requeue

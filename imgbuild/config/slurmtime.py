@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 
+#: The longest lead `--signal=B:USR1@SECONDS` takes: Slurm keeps it in 16 bits (get_signal_opts refuses more).
+MAX_SIGNAL_LEAD = 0xFFFF
+
 #: A time limit as Slurm reads one (its parse_time.c): MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-,
 #: DAYS-HOURS[:MINUTES[:SECONDS]], and no limit as UNLIMITED, INFINITE (any case) or -1; up to 4 digits each.
 SLURM_TIME_RE = re.compile(
