@@ -339,8 +339,21 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
         "--msg",
         "it's",
     ]
+    assert not any("PMIX" in word for word in argv)  # no PMIx server: nothing of it passed or bound
     cpu_only = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0)))
     assert "NVIDIA_VISIBLE_DEVICES=void" in cpu_only and "--gpus" not in cpu_only
+    # a task of `srun --mpi=pmix`: its place in Slurm's PMIx server, and the server's folder, reach the container
+    mpi = JobSpec(["python3", "hvd.py"], "img:1", runtime="docker", gpus=2, task_per_gpu=True, mpi="pmix")
+    pmix = tmp_path / "pmix.7.0"
+    pmix.mkdir()
+    env.update({"PMIX_RANK": "1", "PMIX_NAMESPACE": "slurm.pmix.7.0", "PMIX_SERVER_TMPDIR": str(pmix)})
+    done = subprocess.run(["bash", "-c", step_line(sbatch_script(mpi))], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = jsonlib.loads(done.stdout)
+    passed = {argv[i + 1] for i, word in enumerate(argv) if word == "-e"}
+    assert {"PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_TMPDIR"} <= passed
+    assert argv[argv.index(f"{pmix}:{pmix}") - 1] == "-v"
 
 
 def test_a_csc_like_site_config_describes_the_cluster():
