@@ -846,6 +846,7 @@ class Drawn:
     typed: tuple[str, ...]  # the user's own options, before the script
     mode: str | None = None  # accelerate's, chosen by flag or config file
     suffix: str = ""  # slurm.rdzv_host_suffix
+    module: str = ""  # the launcher's flag that runs the script as a module (`-m`, `--module`), "" a file
 
 
 @st.composite
@@ -855,7 +856,8 @@ def drawn_jobs(draw) -> Drawn:
     launcher = draw(st.sampled_from(["accelerate", "deepspeed", "torchrun", "python"]))
     if launcher == "python":  # imgbuild's own torchrun (more than one GPU in all)
         suffix = draw(st.sampled_from(["", "i"])) if where == "slurm" else ""
-        return Drawn(where, nodes, max(gpus, 3 - nodes), launcher, ("python3",), (), None, suffix)
+        module = draw(st.sampled_from(["", "-m"]))
+        return Drawn(where, nodes, max(gpus, 3 - nodes), launcher, ("python3",), (), None, suffix, module)
     named = tuple(draw(st.sampled_from(NAMED[launcher])))
     typed: list[str] = []
     mode = None
@@ -875,14 +877,17 @@ def drawn_jobs(draw) -> Drawn:
         typed += draw(st.sampled_from([[], [f"--nproc_per_node={gpus}"], ["--nproc-per-node", str(gpus)],
                                        [f"--nnodes={nodes}"], ["--max_restarts", "2"]]))  # fmt: skip
     suffix = draw(st.sampled_from(["", "i"])) if where == "slurm" and launcher == "torchrun" else ""
-    return Drawn(where, nodes, gpus, launcher, named, tuple(typed), mode, suffix)
+    module = draw(st.sampled_from(["", "--module", *(["-m"] if launcher != "deepspeed" else [])]))
+    return Drawn(where, nodes, gpus, launcher, named, tuple(typed), mode, suffix, module)
 
 
-SCRIPT = ["train.py", "--lr", "1"]
+def script(job: Drawn) -> list[str]:
+    """The user's script and its arguments, as the launcher must pass them on."""
+    return ["pkg.train" if job.module else "train.py", "--lr", "1"]
 
 
 def drawn_command(job: Drawn) -> list[str]:
-    return [*job.named, *job.typed, *SCRIPT]
+    return [*job.named, *job.typed, *([job.module] if job.module else []), *script(job)]
 
 
 def drawn_lines(job: Drawn) -> list[str]:
@@ -912,7 +917,7 @@ def node_case(job: Drawn, command: list[str], node: int, tmp_path) -> dict:
     argv, env = node_call(command, tmp_path, node, {"SLURM_NNODES": str(job.nodes)})
     env = {**env, **trainer_env(job, node)}
     kind = "torchrun" if job.launcher == "python" else job.launcher
-    if argv[:1] == ["-m"]:
+    if job.named[0] == "python3" and kind == job.launcher:
         argv = argv[2:]  # python3 -m MODULE
     elif kind == "accelerate":
         argv = argv[1:]  # accelerate launch
@@ -940,13 +945,13 @@ def meant(job: Drawn, node: int) -> dict:
             "rank": node if multi else (0 if "config" in str(job.typed) else None),
             "ip": ip if multi else None, "port": port if job.where == "slurm" or multi else None,
             "modes": [job.mode or "multi_gpu"] if job.mode or processes > 1 else [],
-            "ds_launcher": "standard" if multi else None, "script": SCRIPT,
+            "ds_launcher": "standard" if multi else None, "script": script(job),
         }  # fmt: skip
     if job.launcher == "deepspeed":
         return {
             "no_ssh": multi, "rank": node if multi else -1, "ip": ip if multi else "",
             "port": port if job.where == "slurm" or multi else 29500, "hosts": job.nodes if multi else 0,
-            "slots": [job.gpus] if multi else [], "script": SCRIPT,
+            "slots": [job.gpus] if multi else [], "script": script(job),
         }  # fmt: skip
     trainer = trainjob(job)  # the Trainer's static rendezvous: each pod its rank at the master
     return {
@@ -954,7 +959,7 @@ def meant(job: Drawn, node: int) -> dict:
         "endpoint": f"{ip}:{port}" if multi or trainer else "standalone",
         "rank": node if trainer else None,
         "is_host": ("1" if node == 0 else "0") if multi and job.suffix else None,
-        "script": ["-u", *SCRIPT],
+        "script": ["-u", *(["-m"] if job.module else []), *script(job)],
     }  # fmt: skip
 
 
