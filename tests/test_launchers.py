@@ -354,6 +354,11 @@ def test_a_fabric_rendezvous_name_tells_the_first_node_it_hosts(tmp_path):
             assert done.stdout == f"is_host={hosts}", (command, done.stderr)
     plain = launcher(JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, framework="pytorch"))[1]
     assert "PET_RDZV_CONF" not in str(plain)
+    # a typed --rdzv-conf (any spelling) would replace it: refused by name
+    for typed in (["--rdzv_conf", "join_timeout=900"], ["--rdzv-conf=read_timeout=60"]):
+        job = JobSpec(["torchrun", *typed, "t.py"], "x.sif", gpus=4, nodes=2, rdzv_host_suffix="i")
+        with pytest.raises(UsageError, match="torchrun --rdzv-conf=.*is_host on the first node"):
+            launcher(job)
 
 
 def test_a_trainjobs_accelerate_and_deepspeed_are_told_each_pods_rank(tmp_path):

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from imgbuild.clusters.launchers import PYTHON_RE, Kind, World, hostfile_lines, launcher_of, told
+from imgbuild.clusters.launchers import (
+    PYTHON_RE,
+    TORCHRUN,
+    Kind,
+    World,
+    hostfile_lines,
+    launcher_of,
+    launcher_options,
+    told,
+)
 from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
@@ -76,7 +85,14 @@ def _launcher_told(job: JobSpec, command: list[str], kind: Kind) -> tuple[list[s
         port="$MASTER_PORT",
         hostfile=HOSTFILE if kind is Kind.DEEPSPEED and job.nodes > 1 else None,
     )
+    found = launcher_of(command)
+    typed = launcher_options(command[found[1] :], TORCHRUN) if found and kind is Kind.TORCHRUN else {}
     command = told(command, world)
+    if job.nodes > 1 and job.rdzv_host_suffix and "--rdzv-conf" in typed:  # it would replace is_host's
+        raise UsageError(
+            f"torchrun --rdzv-conf={typed['--rdzv-conf']}: with slurm.rdzv_host_suffix imgbuild gives torchrun its "
+            "rendezvous configuration (is_host on the first node, which a fabric name needs); drop it"
+        )
     if kind in (Kind.ACCELERATE, Kind.DEEPSPEED):
         if job.nodes == 1:
             return ["", *_port_lines(job)], ["env", "MASTER_PORT=$rdzv_port", *command]
