@@ -253,6 +253,37 @@ def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp
     assert "rank 0 of 2 sum 3" in output and "rank 1 of 2 sum 3" in output
 
 
+@pytest.mark.slurm
+@hypothesis_settings(max_examples=25, derandomize=True, deadline=None, database=None)
+@given(
+    runtime=st.sampled_from(["apptainer", "pyxis", "docker", "edf", "podman-hpc", "oci"]),
+    gpus=st.integers(0, 2),
+    nodes=st.integers(1, 2),
+    task_per_gpu=st.booleans(),
+    gpu_type=st.sampled_from([None, "v100"]),
+    requeue=st.booleans(),
+    time=st.sampled_from(["90", "30:00", "1:00:00", "2-", "1-12", "2-00:00:00", "UNLIMITED", "infinite", "0:30"]),
+    mem=st.sampled_from([None, "1500M", "0.5G", "1G"]),
+    account=st.sampled_from([None, "project_2001234", "abc@v100"]),
+)
+def test_every_header_imgbuild_writes_is_one_sbatch_accepts(
+    slurm, runtime, gpus, nodes, task_per_gpu, gpu_type, requeue, time, mem, account
+):
+    """The bed's Slurm (22.05, cons_tres, typed GRES, 2 CPUs a node) reads every generated script's #SBATCH lines:
+    runtimes x GPUs x nodes x one task per GPU x GPU type x requeue x each time form x memory x account."""
+    from unittest import mock
+
+    from imgbuild.clusters.jobs import submit_job
+
+    requeue = requeue and time != "0:30"  # a minute's limit is no longer than the signal lead: refused before
+    flags = JobFlags(["python3", "t.py"], "nvcr.io/nvidia/pytorch:24.05-py3", "x", gpus=gpus, nodes=nodes,
+                     runtime=runtime, task_per_gpu=task_per_gpu, gpu_type=gpu_type, requeue=requeue, time=time,
+                     mem=mem, account=account, cpus=1)  # fmt: skip
+    script = sbatch_script(job_from_flags(flags, slurm_site({"qos": "normal"})))
+    with mock.patch.dict(os.environ, {"SLURM_CONF": slurm}):
+        assert "to start at" in submit_job(script, test_only=True)
+
+
 @pytest.mark.engine  # `-m "not engine"` is the fast set: no engine, no Slurm
 @pytest.mark.slurm
 def test_sbatch_test_only_accepts_the_multi_node_gpu_form(slurm, tmp_path, monkeypatch):
