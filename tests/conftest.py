@@ -271,6 +271,8 @@ _NEEDS_MARKER = {
     "docker_client": "engine",
     "cleanup_images": "engine",
     "launchers_image": "engine",
+    "launchers_judge": "engine",
+    "slurm_time_str2mins": "slurm",
     "plain_image": "engine",
     "slurm": "slurm",
 }

@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from spython.main.parse.parsers import SingularityParser
 
 from imgbuild.clusters.jobs import JobFlags, check_image_present, job_from_flags
@@ -250,6 +253,37 @@ def test_multi_node_torchrun_job_runs_across_two_slurm_nodes(slurm, testbed, tmp
     assert "rank 0 of 2 sum 3" in output and "rank 1 of 2 sum 3" in output
 
 
+@pytest.mark.slurm
+@hypothesis_settings(max_examples=25, derandomize=True, deadline=None, database=None)
+@given(
+    runtime=st.sampled_from(["apptainer", "pyxis", "docker", "edf", "podman-hpc", "oci"]),
+    gpus=st.integers(0, 2),
+    nodes=st.integers(1, 2),
+    task_per_gpu=st.booleans(),
+    gpu_type=st.sampled_from([None, "v100"]),
+    requeue=st.booleans(),
+    time=st.sampled_from(["90", "30:00", "1:00:00", "2-", "1-12", "2-00:00:00", "UNLIMITED", "infinite", "0:30"]),
+    mem=st.sampled_from([None, "1500M", "0.5G", "1G"]),
+    account=st.sampled_from([None, "project_2001234", "abc@v100"]),
+)
+def test_every_header_imgbuild_writes_is_one_sbatch_accepts(
+    slurm, runtime, gpus, nodes, task_per_gpu, gpu_type, requeue, time, mem, account
+):
+    """The bed's Slurm (22.05, cons_tres, typed GRES, 2 CPUs a node) reads every generated script's #SBATCH lines:
+    runtimes x GPUs x nodes x one task per GPU x GPU type x requeue x each time form x memory x account."""
+    from unittest import mock
+
+    from imgbuild.clusters.jobs import submit_job
+
+    requeue = requeue and time != "0:30"  # a minute's limit is no longer than the signal lead: refused before
+    flags = JobFlags(["python3", "t.py"], "nvcr.io/nvidia/pytorch:24.05-py3", "x", gpus=gpus, nodes=nodes,
+                     runtime=runtime, task_per_gpu=task_per_gpu, gpu_type=gpu_type, requeue=requeue, time=time,
+                     mem=mem, account=account, cpus=1)  # fmt: skip
+    script = sbatch_script(job_from_flags(flags, slurm_site({"qos": "normal"})))
+    with mock.patch.dict(os.environ, {"SLURM_CONF": slurm}):
+        assert "to start at" in submit_job(script, test_only=True)
+
+
 @pytest.mark.engine  # `-m "not engine"` is the fast set: no engine, no Slurm
 @pytest.mark.slurm
 def test_sbatch_test_only_accepts_the_multi_node_gpu_form(slurm, tmp_path, monkeypatch):
@@ -336,8 +370,21 @@ def test_the_docker_runtime_gives_the_container_the_steps_gpus_the_callers_ids_a
         "--msg",
         "it's",
     ]
+    assert not any("PMIX" in word for word in argv)  # no PMIx server: nothing of it passed or bound
     cpu_only = step_line(sbatch_script(JobSpec(["true"], "img:1", runtime="docker", gpus=0)))
     assert "NVIDIA_VISIBLE_DEVICES=void" in cpu_only and "--gpus" not in cpu_only
+    # a task of `srun --mpi=pmix`: its place in Slurm's PMIx server, and the server's folder, reach the container
+    mpi = JobSpec(["python3", "hvd.py"], "img:1", runtime="docker", gpus=2, task_per_gpu=True, mpi="pmix")
+    pmix = tmp_path / "pmix.7.0"
+    pmix.mkdir()
+    env.update({"PMIX_RANK": "1", "PMIX_NAMESPACE": "slurm.pmix.7.0", "PMIX_SERVER_TMPDIR": str(pmix)})
+    done = subprocess.run(["bash", "-c", step_line(sbatch_script(mpi))], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = jsonlib.loads(done.stdout)
+    passed = {argv[i + 1] for i, word in enumerate(argv) if word == "-e"}
+    assert {"PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_TMPDIR"} <= passed
+    assert argv[argv.index(f"{pmix}:{pmix}") - 1] == "-v"
 
 
 def test_a_csc_like_site_config_describes_the_cluster():
@@ -660,6 +707,68 @@ def test_requeue_needs_a_time_limit_longer_than_its_signal_lead():
             JobFlags(["t"], "x.sif", "x", time="5", requeue=True), slurm_site({})
         )  # Slurm's bare number: minutes
     assert job_from_flags(JobFlags(["t"], "x.sif", "x", time="1-00:00", requeue=True), slurm_site({})).requeue
+
+    # a lead Slurm cannot hold (16 bits) is refused where it is typed, not by sbatch at submission
+    from click.testing import CliRunner
+
+    from imgbuild.cli import cli
+
+    done = CliRunner().invoke(cli, ["slurm", "x.sif", "--requeue", "--signal-lead", "65536", "--", "t.py"])
+    assert done.exit_code == 2 and "--signal-lead" in done.output and "65535" in done.output
+    # no limit at all (sbatch takes 0 and -1 as none): nothing to requeue before
+    for unlimited in ("unlimited", "Infinite", "-1", "0"):
+        assert job_from_flags(JobFlags(["t"], "x.sif", "x", time=unlimited, requeue=True), slurm_site({})).requeue
+
+
+def _slurm_library():
+    import ctypes
+    import glob
+
+    found = glob.glob("/usr/lib/*/slurm-wlm/libslurmfull.so") + glob.glob("/usr/lib*/slurm/libslurmfull.so")
+    return ctypes.CDLL(found[0]) if found else None
+
+
+@pytest.fixture(scope="module")
+def slurm_time_str2mins(request):
+    """Slurm's own time parser, `slurm_time_str2mins` of libslurmfull (what sbatch's --time runs): from the Slurm
+    installed here, else the one the bed installs (tests/testbed/slurm-up)."""
+    import ctypes
+
+    library = _slurm_library()
+    if library is None:
+        request.getfixturevalue("slurm")
+        library = _slurm_library()
+    assert library is not None, "no libslurmfull.so after tests/testbed/slurm-up"
+    parse = library.slurm_time_str2mins
+    parse.argtypes, parse.restype = [ctypes.c_char_p], ctypes.c_int
+    return lambda text: parse(text.encode())
+
+
+#: Slurm's answers that sbatch takes as no limit (INFINITE, and 0: "no time limit be imposed").
+SLURM_INFINITE = (-1, 0)
+
+
+@pytest.mark.slurm
+@hypothesis_settings(max_examples=120, derandomize=True, deadline=None, database=None)
+@given(
+    text=st.one_of(
+        st.lists(st.sampled_from(["0", "1", "7", "30", "59", "60", "99", "1234", ":", "-"]), max_size=6)
+        .map("".join)
+        .filter(lambda text: all(len(field) <= 4 for field in re.split("[-:]", text))),
+        st.sampled_from(["UNLIMITED", "unlimited", "Infinite", "-1", "1-", "00:30", "1:5:0", "1-1:", "-5", " 60"]),
+    )
+)
+def test_a_time_limit_is_taken_exactly_where_slurm_takes_it_and_read_as_slurm_reads_it(text, slurm_time_str2mins):
+    """Every time the site config and --time take, sbatch takes, in the same minutes (seconds rounded up; none for
+    UNLIMITED, INFINITE, -1 and 0), and every one Slurm refuses is refused (up to 4 digits a field)."""
+    from imgbuild.config.slurmtime import SLURM_TIME_RE, slurm_minutes
+
+    slurms = slurm_time_str2mins(text)
+    if slurms < 0 and slurms not in SLURM_INFINITE:
+        assert not SLURM_TIME_RE.fullmatch(text), (text, slurms)
+        return
+    assert SLURM_TIME_RE.fullmatch(text), (text, slurms)
+    assert slurm_minutes(text) == (None if slurms in SLURM_INFINITE else slurms), text
 
 
 @pytest.mark.parametrize(

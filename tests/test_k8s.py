@@ -6,17 +6,22 @@ field fails) for the Job and for the pod the TrainJob patches, and Kubeflow Trai
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+from decimal import Decimal
 
 import kubernetes_validate
 import pytest
 import requests
 import yaml
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
 from imgbuild.clusters.k8s import K8sJob, manifest
 from imgbuild.config.site import K8sSite, checked_section
-from imgbuild.errors import RecipeError, UsageError
+from imgbuild.errors import ImgbuildError, RecipeError, UsageError
 from tests.conftest import run_cli, use_site_config
 
 #: Kubernetes releases a site may run, old to new: every manifest is checked against each strictly.
@@ -264,3 +269,40 @@ def test_the_pods_group_owns_their_volumes_and_a_root_caller_is_told(tmp_path):
     assert notes(job) == []
     root = K8sJob(IMAGE, ["python3", "t.py"], "job", 0, 0)
     assert "restricted Pod Security Standard refuses it" in notes(root)[0]
+
+
+#: A quantity as Kubernetes parses one (k8s.io/apimachinery pkg/api/resource/quantity.go: <signedNumber><suffix>,
+#: the suffix binary Ki..Ei, decimal m k M G T P E, or an exponent e<signedNumber>), and each suffix's factor.
+K8S_QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?")
+FACTOR = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+          **{f"{s}i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")}}  # fmt: skip
+
+
+def k8s_bytes(quantity: str) -> Decimal:
+    number, suffix = re.fullmatch(r"([0-9.]+)(.*)", quantity).groups()  # type: ignore[union-attr]
+    return Decimal(number) * FACTOR[suffix]
+
+
+@hypothesis_settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(
+    number=st.one_of(st.integers(1, 999_999_999).map(str), st.decimals("0.001", "99999", places=3).map(str)),
+    suffix=st.sampled_from(["", "Ki", "Mi", "Gi", "Ti", "k", "M", "G", "m"]),
+    gpus=st.integers(1, 16),
+)
+def test_a_pods_memory_is_the_quantity_per_gpu_times_its_gpus_exactly_as_kubernetes_writes_one(number, suffix, gpus):
+    """`128000Mi` per GPU x 8 was written `1.024e+06Mi` (a float's exponent form, which Kubernetes refuses), and
+    seven digits lost the rest."""
+    per_gpu = number + suffix
+    site = checked_section(K8sSite, "k8s", {"mem_per_gpu": per_gpu})
+    doc = manifest(K8sJob(IMAGE, ["python3", "t.py"], "job", 1000, 1000, gpus=gpus, site=site))
+    pod = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else None
+    resources = pod["containers"][0]["resources"] if pod else doc["spec"]["trainer"]["resourcesPerNode"]
+    memory = resources["limits"]["memory"]
+    assert K8S_QUANTITY.fullmatch(memory) and memory == resources["requests"]["memory"], memory
+    assert k8s_bytes(memory) == k8s_bytes(per_gpu) * gpus, (per_gpu, gpus, memory)
+
+
+@pytest.mark.parametrize("quantity", ["16K", "16ki", "1e3Gi"])
+def test_a_quantity_kubernetes_would_refuse_is_refused_in_the_site_config(quantity):
+    with pytest.raises(ImgbuildError, match="k8s.mem_per_gpu"):
+        checked_section(K8sSite, "k8s", {"mem_per_gpu": quantity})

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from imgbuild.clusters.k8s import K8sJob, default_name, manifest
 from imgbuild.clusters.launch import launcher, launches_itself
@@ -190,7 +193,7 @@ def test_a_launcher_command_is_passed_through_with_the_rendezvous(nodes):
         assert "PET_RDZV_ENDPOINT" not in step
 
 
-LAUNCHERS = ("accelerate", "deepspeed", "torchrun")
+LAUNCHERS = ("accelerate", "deepspeed", "torchrun", "python3")
 
 
 def node_call(command: list[str], tmp_path, node: int = 0, env: dict[str, str] | None = None):
@@ -269,6 +272,21 @@ def test_accelerates_own_default_config_decides_the_mode_where_the_task_finds_on
         (["mpirun", "-np", "8", "python3", "t.py"], "mpirun across nodes.*--task-per-gpu"),
         (["horovodrun", "-np", "8", "python3", "t.py"], "horovodrun across nodes"),
         (["composer", "t.py"], "composer across nodes.*torchrun"),
+        # each spelling the launcher's own parser takes: accelerate's `-` forms, deepspeed's and torchrun's aliases
+        # and prefixes (argparse reads a unique prefix as the option)
+        (["accelerate", "launch", "--num-processes", "3", "t.py"], "--num_processes=3: imgbuild sets it"),
+        (["accelerate", "launch", "--machine-rank=0", "t.py"], "--machine_rank=0: imgbuild sets it"),
+        (["accelerate", "launch", "--use-fsdp", "--multi-gpu", "t.py"], "--multi_gpu --use_fsdp: one mode"),
+        (["deepspeed", "-H", "h", "t.py"], "deepspeed --hostfile"),
+        (["deepspeed", "--num_accelerators=4", "t.py"], "deepspeed --num_gpus"),
+        (["deepspeed", "--num_gp", "4", "t.py"], "deepspeed --num_gpus"),
+        (["torchrun", "--standalone", "t.py"], "torchrun --standalone: .*each node training alone"),
+        (["torchrun", "--stand", "t.py"], "torchrun --standalone"),
+        (["torchrun", "--nproc_per_node=8", "t.py"], "torchrun --nproc-per-node=8: .*one process per GPU: 4"),
+        (["python3", "-m", "torch.distributed.run", "--nproc", "2", "t.py"], "--nproc-per-node=2"),
+        (["torchrun", "--nnodes", "1", "t.py"], "torchrun --nnodes=1: the job has 2 node"),
+        (["torchrun", "--rdzv_endpoint=h:1", "t.py"], "torchrun --rdzv-endpoint"),
+        (["torchrun", "--master-addr", "h", "--node-rank", "0", "t.py"], "torchrun --node-rank"),
     ],
 )
 def test_a_launcher_flag_imgbuild_sets_or_a_launcher_it_cannot_tell_is_refused_by_name(words, refused):
@@ -276,6 +294,24 @@ def test_a_launcher_flag_imgbuild_sets_or_a_launcher_it_cannot_tell_is_refused_b
         launcher(JobSpec(words, "x.sif", gpus=4, nodes=2))
     with pytest.raises(UsageError, match=refused):
         manifest(K8sJob(IMAGE, words, "job", 1000, 1000, gpus=4, nodes=2))
+
+
+@pytest.mark.parametrize(
+    "words", [["torchrun", "t.py"], ["accelerate", "launch", "t.py"], ["deepspeed", "t.py"], ["mpirun", "t.py"]]
+)
+def test_a_launcher_under_one_task_per_gpu_or_imgbuilds_restarts_is_refused_by_name(words):
+    """Each of the node's tasks would start the launcher's own processes: a world per GPU on one GPU each."""
+    with pytest.raises(UsageError, match=f"--task-per-gpu: .*{words[0]}[a-z ]* would start its own"):
+        launcher(JobSpec(words, "x.sif", gpus=4, nodes=1, task_per_gpu=True))
+    with pytest.raises(UsageError, match=f"--max-restarts: {words[0]}"):
+        launcher(JobSpec(words, "x.sif", gpus=4, nodes=2, max_restarts=2))
+
+
+def test_a_typed_torchrun_on_one_pod_is_told_its_gpus_and_a_rendezvous_of_its_own(tmp_path):
+    """torchrun's own default is one process: a one-pod Job of 4 GPUs trained on one."""
+    doc = manifest(K8sJob(IMAGE, ["torchrun", "--max_restarts=1", "t.py"], "t", 1000, 1000, gpus=4))
+    argv, env = node_call(doc["spec"]["template"]["spec"]["containers"][0]["command"], tmp_path)
+    assert argv == ["--max_restarts=1", "t.py"] and env == {"PET_NPROC_PER_NODE": "4", "PET_STANDALONE": "1"}
 
 
 def test_the_same_value_the_user_typed_is_kept_once():
@@ -318,6 +354,11 @@ def test_a_fabric_rendezvous_name_tells_the_first_node_it_hosts(tmp_path):
             assert done.stdout == f"is_host={hosts}", (command, done.stderr)
     plain = launcher(JobSpec(["python3", "t.py"], "x.sif", gpus=4, nodes=2, framework="pytorch"))[1]
     assert "PET_RDZV_CONF" not in str(plain)
+    # a typed --rdzv-conf (any spelling) would replace it: refused by name
+    for typed in (["--rdzv_conf", "join_timeout=900"], ["--rdzv-conf=read_timeout=60"]):
+        job = JobSpec(["torchrun", *typed, "t.py"], "x.sif", gpus=4, nodes=2, rdzv_host_suffix="i")
+        with pytest.raises(UsageError, match="torchrun --rdzv-conf=.*is_host on the first node"):
+            launcher(job)
 
 
 def test_a_trainjobs_accelerate_and_deepspeed_are_told_each_pods_rank(tmp_path):
@@ -490,6 +531,16 @@ def test_a_site_folder_under_a_variable_is_expanded_by_the_job_and_checked_as_th
         ("/d/x.sif", "apptainer", ""),
         ("/d/x.sqsh", "edf", ""),
         ("/d/b.oci", "oci", ""),
+        # every ending of a kind, in any case; and a path of no known kind where only a registry's image runs
+        ("/d/x.simg", "pyxis", "an Apptainer image, which --runtime pyxis does not run"),
+        ("/d/X.SIF", "edf", "an Apptainer image, which --runtime edf does not run"),
+        ("/d/x.sqfs", "apptainer", "an enroot squashfs, which --runtime apptainer does not run"),
+        ("/d/x.squashfs", "shifter", "an enroot squashfs, which --runtime shifter does not run"),
+        ("/d/image", "docker", "/d/image: a file, which --runtime docker does not run; give it an image name"),
+        ("/d/x.simg", "apptainer", ""),
+        ("/d/X.SIF", "singularity", ""),
+        ("/d/sandbox", "apptainer", ""),  # a sandbox folder, or a SquashFS image: apptainer reads what it is
+        ("/d/x.sqfs", "pyxis", ""),
     ],
 )
 def test_an_image_file_is_matched_to_the_runtime_that_runs_it(image, runtime, refused):
@@ -501,7 +552,26 @@ def test_an_image_file_is_matched_to_the_runtime_that_runs_it(image, runtime, re
         with pytest.raises(UsageError, match=re.escape(refused)):
             job_from_flags(flags, slurm_site({}))
     else:
-        assert job_from_flags(flags, slurm_site({})).image.startswith("/d/")
+        assert job_from_flags(flags, slurm_site({})).image == image  # the file as named, never renamed
+
+
+@pytest.mark.parametrize("name", ["x.simg", "X.SIF", "x.sqfs", "b.oci"])
+def test_an_image_file_named_without_a_folder_is_the_file_at_every_door(name, tmp_path, monkeypatch):
+    """`x.simg` became `x.simg.sif`, and to pyxis Docker Hub's image `x.simg`: a name ending as an image file does
+    is that file, from the folder it was named in, to the command line's reading and to the job's."""
+    from imgbuild.clusters.jobs import JobFlags, job_from_flags
+    from imgbuild.config.site import slurm_site
+    from imgbuild.servers.spec import resolve_image
+    from tests.support import settings
+
+    monkeypatch.chdir(tmp_path)
+    image, _ = resolve_image(name, settings(), paths=True)
+    assert image == name
+    runtime = {"x.simg": "apptainer", "X.SIF": "singularity", "x.sqfs": "pyxis", "b.oci": "oci"}[name]
+    job = job_from_flags(JobFlags(["t.py"], image, "x", runtime=runtime), slurm_site({}))
+    assert job.image in (name, str(tmp_path / name))
+    with pytest.raises(UsageError, match="which --runtime docker does not run"):
+        job_from_flags(JobFlags(["t.py"], image, "x", runtime="docker"), slurm_site({}))
 
 
 def test_the_usage_sampler_reads_only_the_steps_gpus(tmp_path):
@@ -627,10 +697,16 @@ def test_the_images_own_label_decides_the_launcher_where_its_name_does_not(tmp_p
     assert named == ImageFacts("pytorch")
 
 
-#: Run in an image with torch, accelerate and deepspeed: each told command line parsed and validated by the
-#: launcher's own code, and what it understood written back.
+#: The launchers' own code as a judge: run where torch, accelerate and deepspeed are installed, it reads one JSON
+#: request a line and answers one line: `{"grammar": true}` -> each launcher's option table (every action's
+#: spellings, whether it takes a value, whether prefixes are read); a list of node lines -> what each launcher's
+#: own parser (accelerate's with its validator, deepspeed's runner with its hostfile reader, torchrun's with its
+#: launch config) understood from each.
 LAUNCHERS_OWN_CODE = r"""
 import argparse, json, os, sys, tempfile
+answer = os.fdopen(os.dup(1), "w")  # the answers' own stream: the launchers log to stdout
+os.dup2(2, 1)
+sys.stdout = sys.stderr
 os.chdir(tempfile.mkdtemp())
 open("fsdp.yaml", "w").write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n")
 open("ds.yaml", "w").write("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
@@ -639,104 +715,301 @@ from accelerate.commands.launch import launch_command_parser, _validate_launch_c
 from deepspeed.launcher import runner
 from torch.distributed import run as torchrun
 
+made = []
+real_init = argparse.ArgumentParser.__init__
+def init(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    made.append(self)
+argparse.ArgumentParser.__init__ = init
 
-def switches(parser):
-    return sorted(o for a in parser._actions if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                  argparse._HelpAction)) for o in a.option_strings)
+
+def table(parser):
+    return {"abbrev": parser.allow_abbrev, "options": [[list(a.option_strings), a.nargs == 0]
+            for a in parser._actions if a.option_strings]}
 
 
-answers = {"accelerate_switches": switches(launch_command_parser()), "cases": []}
-saved = dict(os.environ)
-for case in json.loads(sys.argv[1]):
+def grammar():
+    made.clear()
+    runner.parse_args(["x.py"])
+    deepspeed = made[-1]
+    return {"accelerate": table(launch_command_parser()), "deepspeed": table(deepspeed),
+            "torchrun": table(torchrun.get_args_parser())}
+
+
+def view(case):
     argv = case["argv"]
-    os.environ.clear()
-    os.environ.update({**saved, **case["env"]})
     if case["launcher"] == "accelerate":
-        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
         modes = [m for m in ("multi_gpu", "use_fsdp", "use_deepspeed") if getattr(args, m)]
-        got = {"processes": args.num_processes, "machines": args.num_machines, "rank": args.machine_rank,
-               "ip": args.main_process_ip, "port": args.main_process_port, "modes": modes,
-               "ds_launcher": args.deepspeed_multinode_launcher if args.num_machines > 1 else None,
-               "script": [args.training_script, *args.training_script_args]}
-    elif case["launcher"] == "deepspeed":
+        return {"processes": args.num_processes, "machines": args.num_machines, "rank": args.machine_rank,
+                "ip": args.main_process_ip, "port": args.main_process_port, "modes": modes,
+                "ds_launcher": args.deepspeed_multinode_launcher if args.num_machines > 1 else None,
+                "script": [args.training_script, *args.training_script_args]}
+    if case["launcher"] == "deepspeed":
         args = runner.parse_args(argv)
         if case.get("hostfile"):
             open(args.hostfile, "w").write(case["hostfile"])
         pool = runner.fetch_hostfile(args.hostfile) or {}
-        got = {"no_ssh": args.no_ssh, "rank": args.node_rank, "ip": args.master_addr, "port": args.master_port,
-               "hosts": len(pool), "slots": sorted(set(pool.values())), "script": [args.user_script, *args.user_args]}
-    else:
-        args = torchrun.get_args_parser().parse_args(argv)
-        config, cmd, cmd_args = torchrun.config_from_args(args)  # (run() itself puts --standalone's in first)
-        got = {"nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
-               "endpoint": "standalone" if args.standalone else config.rdzv_endpoint,
-               "is_host": config.rdzv_configs.get("is_host"),
-               "script": [cmd, *cmd_args]}
-    answers["cases"].append(got)
-print(json.dumps(answers))
+        return {"no_ssh": args.no_ssh, "rank": args.node_rank, "ip": args.master_addr, "port": args.master_port,
+                "hosts": len(pool), "slots": sorted(set(pool.values())), "script": [args.user_script, *args.user_args]}
+    args = torchrun.get_args_parser().parse_args(argv)
+    config, _, cmd_args = torchrun.config_from_args(args)  # (run() itself puts --standalone's in first)
+    return {"nodes": [config.min_nodes, config.max_nodes], "nproc": config.nproc_per_node,
+            "endpoint": "standalone" if args.standalone else config.rdzv_endpoint,
+            "rank": None if args.standalone else config.rdzv_configs.get("rank"),
+            "is_host": config.rdzv_configs.get("is_host"),
+            "script": cmd_args}
+
+
+saved = dict(os.environ)
+print(json.dumps({"ready": True}), file=answer, flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    if isinstance(request, dict):
+        print(json.dumps(grammar()), file=answer, flush=True)
+        continue
+    answers = []
+    for case in request:
+        os.environ.clear()
+        os.environ.update({**saved, **case["env"]})
+        try:
+            answers.append(view(case))
+        except (Exception, SystemExit) as exc:
+            answers.append({"refused": f"{type(exc).__name__}: {exc}"})
+    print(json.dumps(answers), file=answer, flush=True)
 """
 
 
-def told_cases(tmp_path) -> list[tuple[dict, dict]]:
-    """Every told command line, each node's, for nodes x GPUs x mode, on Slurm and in a TrainJob: (the line as the
-    launcher receives it, what it must understand)."""
-    cases = []
-    modes = {(): None, ("--use_fsdp",): "use_fsdp", ("--use_deepspeed",): "use_deepspeed",
-             ("--multi_gpu",): "multi_gpu", ("--config_file", "fsdp.yaml"): "use_fsdp",
-             ("--config_file=ds.yaml",): "use_deepspeed"}  # fmt: skip
-    for nodes, gpus in ((1, 1), (1, 2), (1, 8), (2, 1), (2, 4), (3, 2)):
-        processes = nodes * gpus
-        for mode, chosen in modes.items():
-            if chosen == "multi_gpu" and processes == 1:
-                continue  # accelerate's own rule: --multi_gpu needs two processes
-            words = ["accelerate", "launch", *mode, "train.py", "--lr", "1"]
-            for where, command, ip, port in (
-                ("slurm", launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], "10.0.0.1", 41000),
-                ("k8s", k8s_command(words, gpus, nodes), "10.0.0.9", 29400 if nodes > 1 else None),
-            ):
-                for node in range(nodes):
-                    argv, env = node_call(command, tmp_path, node)
-                    cases.append(({"launcher": "accelerate", "argv": argv, "env": env, "where": where}, {
-                        # one machine: its rank is accelerate's own (a config file's default, 0)
-                        "processes": processes, "machines": nodes,
-                        "rank": node if nodes > 1 else (0 if "--config_file" in str(mode) else None),
-                        "ip": ip if nodes > 1 else None, "port": port if where == "slurm" or nodes > 1 else None,
-                        "modes": [chosen or "multi_gpu"] if chosen or processes > 1 else [],
-                        "ds_launcher": "standard" if nodes > 1 else None, "script": ["train.py", "--lr", "1"],
-                    }))  # fmt: skip
-        words = ["deepspeed", "train.py", "--deepspeed_config", "ds.json"]
-        for where, command, ip, port in (
-            ("slurm", launcher(JobSpec(words, "x.sif", gpus=gpus, nodes=nodes))[1], "10.0.0.1", 41000),
-            ("k8s", k8s_command(words, gpus, nodes), "10.0.0.9", 29400),
-        ):
-            for node in range(nodes):
-                argv, env = node_call(command, tmp_path, node)
-                hostfile = next((a.split("=", 1)[1] for a in argv if a.startswith("--hostfile=")), "")
-                text = "".join(f"gpu-a{i} slots={gpus}\n" for i in range(nodes)) if hostfile.startswith(".") else ""
-                text = text or (Path(hostfile).read_text() if hostfile else "")
-                cases.append(({"launcher": "deepspeed", "argv": argv, "env": env, "hostfile": text}, {
-                    "no_ssh": nodes > 1, "rank": node if nodes > 1 else -1, "ip": ip if nodes > 1 else "",
-                    "port": port if where == "slurm" or nodes > 1 else 29500, "hosts": nodes if nodes > 1 else 0,
-                    "slots": [gpus] if nodes > 1 else [], "script": ["train.py", "--deepspeed_config", "ds.json"],
-                }))  # fmt: skip
-        for words, suffix in (
-            (["python3", "train.py"], ""),
-            (["python3", "train.py"], "i"),
-            (["torchrun", "train.py"], "i"),
-        ):
-            job = JobSpec(words, "x.sif", gpus=gpus, nodes=nodes, framework="pytorch", rdzv_host_suffix=suffix)
-            if processes == 1 and words[0] == "python3":
-                continue  # one GPU in all: no torchrun
-            for node in range(nodes):
-                argv, env = node_call(launcher(job)[1], tmp_path, node, {"SLURM_NNODES": str(nodes)})
-                multi = nodes > 1
-                cases.append(({"launcher": "torchrun", "argv": argv, "env": env}, {
-                    "nodes": [nodes, nodes], "nproc": gpus,
-                    "endpoint": "10.0.0.1:41000" if multi else "standalone",  # head_node: the script's, suffixed
-                    "is_host": ("1" if node == 0 else "0") if multi and suffix else None,
-                    "script": [sys.executable, "-u", "train.py"],
-                }))  # fmt: skip
-    return cases
+class LaunchersJudge:
+    """The launchers' own code, running in a process of its own (`command`), asked one line at a time."""
+
+    def __init__(self, command: list[str]) -> None:
+        import json
+
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.process.stdout.readline()  # type: ignore[union-attr]
+        assert json.loads(ready or "{}").get("ready"), f"the launchers' judge did not start: {command[:4]}"
+
+    def ask(self, request: object):
+        import json
+
+        self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
+        self.process.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(self.process.stdout.readline())  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.process.stdin.close()  # type: ignore[union-attr]
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def launchers_judge(request):
+    """The launchers' own code: torch is too large for the test extras (PyPI's wheel brings CUDA), so it runs in an
+    image that has it, the 24.05 stand-in with PyPI's accelerate and deepspeed added by a recipe (built once a
+    session, shared with the Slurm jobs' test); or, where IMGBUILD_LAUNCHERS_PYTHON names a Python that has all
+    three, in that (seconds, no engine)."""
+    import os
+
+    python = os.environ.get("IMGBUILD_LAUNCHERS_PYTHON")
+    if python:
+        command = [python, "-u", "-c", LAUNCHERS_OWN_CODE]
+    else:
+        from tests.conftest import testbed_settings
+
+        image = request.getfixturevalue("launchers_image").image
+        docker = testbed_settings().get("IMGBUILD_DOCKER_CLI", "docker")
+        command = [docker, "run", "-i", "--rm", "--entrypoint", "python3", image, "-u", "-c", LAUNCHERS_OWN_CODE]
+    judge = LaunchersJudge(command)
+    yield judge
+    judge.close()
+
+
+#: Each launcher as the user may name it: its program, or `python3 -m` its module.
+NAMED = {
+    "accelerate": (["accelerate", "launch"], ["python3", "-m", "accelerate.commands.launch"]),
+    "deepspeed": (["deepspeed"], ["python3", "-m", "deepspeed.launcher.runner"]),
+    "torchrun": (["torchrun"], ["python3", "-m", "torch.distributed.run"]),
+}
+#: accelerate's modes as a user chooses them, each spelling its parser takes: (words, the mode it means).
+ACCELERATE_CHOICES = [
+    ([], None), (["--multi_gpu"], "multi_gpu"), (["--multi-gpu"], "multi_gpu"), (["--use_fsdp"], "use_fsdp"),
+    (["--use-fsdp"], "use_fsdp"), (["--use_deepspeed"], "use_deepspeed"), (["--use-deepspeed"], "use_deepspeed"),
+    (["--config_file", "fsdp.yaml"], "use_fsdp"), (["--config-file=fsdp.yaml"], "use_fsdp"),
+    (["--config_file=ds.yaml"], "use_deepspeed"), (["--config-file", "ds.yaml"], "use_deepspeed"),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One job as a user types it: where it runs, its shape, the launcher, the user's own launcher words."""
+
+    where: str  # slurm, k8s
+    nodes: int
+    gpus: int
+    launcher: str  # accelerate, deepspeed, torchrun, python (imgbuild's torchrun)
+    named: tuple[str, ...]
+    typed: tuple[str, ...]  # the user's own options, before the script
+    mode: str | None = None  # accelerate's, chosen by flag or config file
+    suffix: str = ""  # slurm.rdzv_host_suffix
+    module: str = ""  # the launcher's flag that runs the script as a module (`-m`, `--module`), "" a file
+
+
+@st.composite
+def drawn_jobs(draw) -> Drawn:
+    where = draw(st.sampled_from(["slurm", "k8s"]))
+    nodes, gpus = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    launcher = draw(st.sampled_from(["accelerate", "deepspeed", "torchrun", "python"]))
+    if launcher == "python":  # imgbuild's own torchrun (more than one GPU in all)
+        suffix = draw(st.sampled_from(["", "i"])) if where == "slurm" else ""
+        module = draw(st.sampled_from(["", "-m"]))
+        return Drawn(where, nodes, max(gpus, 3 - nodes), launcher, ("python3",), (), None, suffix, module)
+    named = tuple(draw(st.sampled_from(NAMED[launcher])))
+    typed: list[str] = []
+    mode = None
+    if launcher == "accelerate":
+        words, mode = draw(st.sampled_from(ACCELERATE_CHOICES))
+        if mode == "multi_gpu" and nodes * gpus == 1:
+            words, mode = [], None  # accelerate's own rule: --multi_gpu needs two processes
+        typed += words
+        if draw(st.booleans()):  # the job's own count, as the user may type it too
+            typed += draw(
+                st.sampled_from([["--num_processes", str(nodes * gpus)], [f"--num-processes={nodes * gpus}"]])
+            )
+        typed += draw(st.sampled_from([[], ["--mixed_precision", "bf16"], ["--mixed-precision=no"]]))
+    elif launcher == "deepspeed":
+        typed += draw(st.sampled_from([[], ["--no_local_rank"], ["--bind_cores_to_rank"]]))
+    else:
+        typed += draw(st.sampled_from([[], [f"--nproc_per_node={gpus}"], ["--nproc-per-node", str(gpus)],
+                                       [f"--nnodes={nodes}"], ["--max_restarts", "2"]]))  # fmt: skip
+    suffix = draw(st.sampled_from(["", "i"])) if where == "slurm" and launcher == "torchrun" else ""
+    module = draw(st.sampled_from(["", "--module", *(["-m"] if launcher != "deepspeed" else [])]))
+    return Drawn(where, nodes, gpus, launcher, named, tuple(typed), mode, suffix, module)
+
+
+def script(job: Drawn) -> list[str]:
+    """The user's script and its arguments, as the launcher must pass them on."""
+    return ["pkg.train" if job.module else "train.py", "--lr", "1"]
+
+
+def drawn_command(job: Drawn) -> list[str]:
+    return [*job.named, *job.typed, *([job.module] if job.module else []), *script(job)]
+
+
+def drawn_lines(job: Drawn) -> list[str]:
+    """The command each node's container runs (before its shell has read it)."""
+    if job.where == "slurm":
+        spec = JobSpec(drawn_command(job), "x.sif", gpus=job.gpus, nodes=job.nodes, framework="pytorch",
+                       rdzv_host_suffix=job.suffix)  # fmt: skip
+        return launcher(spec)[1]
+    return k8s_command(drawn_command(job), job.gpus, job.nodes)
+
+
+def trainjob(job: Drawn) -> bool:
+    """A TrainJob (the Trainer's torch runtime): across nodes, or imgbuild's own torchrun."""
+    return job.where == "k8s" and (job.nodes > 1 or job.launcher == "python")
+
+
+def trainer_env(job: Drawn, node: int) -> dict[str, str]:
+    """What a TrainJob's pods are given by the Trainer's torch runtime (PET_*, from numNodes and numProcPerNode)."""
+    if not trainjob(job):
+        return {}
+    return {"PET_NNODES": str(job.nodes), "PET_NPROC_PER_NODE": str(job.gpus), "PET_NODE_RANK": str(node),
+            "PET_MASTER_ADDR": "10.0.0.9", "PET_MASTER_PORT": "29400"}  # fmt: skip
+
+
+def node_case(job: Drawn, command: list[str], node: int, tmp_path) -> dict:
+    """Node `node`'s line as its launcher receives it (the launcher's naming words taken off)."""
+    argv, env = node_call(command, tmp_path, node, {"SLURM_NNODES": str(job.nodes)})
+    env = {**env, **trainer_env(job, node)}
+    kind = "torchrun" if job.launcher == "python" else job.launcher
+    if job.named[0] == "python3" and kind == job.launcher:
+        argv = argv[2:]  # python3 -m MODULE
+    elif kind == "accelerate":
+        argv = argv[1:]  # accelerate launch
+    case = {"launcher": kind, "argv": argv, "env": env}
+    if kind == "deepspeed" and job.nodes > 1:
+        hostfile = next(a.split("=", 1)[1] for a in argv if a.startswith("--hostfile="))
+        case["hostfile"] = (
+            "".join(f"gpu-a{i} slots={job.gpus}\n" for i in range(job.nodes))  # what the Slurm script writes
+            if hostfile.startswith(".")
+            else Path(hostfile).read_text()
+        )
+    return case
+
+
+def meant(job: Drawn, node: int) -> dict:
+    """The world each node's launcher must understand: the job's processes, nodes and this node's rank, the
+    rendezvous (Slurm: the script's first node on a port of the job's own; Kubernetes: the Trainer's), the
+    accelerate mode the user chose, and the user's script."""
+    multi, processes = job.nodes > 1, job.nodes * job.gpus
+    ip, port = ("10.0.0.1", 41000) if job.where == "slurm" else ("10.0.0.9", 29400)
+    if job.launcher == "accelerate":
+        return {
+            "processes": processes, "machines": job.nodes,
+            # one machine: its rank is accelerate's own (a config file's default, 0)
+            "rank": node if multi else (0 if "config" in str(job.typed) else None),
+            "ip": ip if multi else None, "port": port if job.where == "slurm" or multi else None,
+            "modes": [job.mode or "multi_gpu"] if job.mode or processes > 1 else [],
+            "ds_launcher": "standard" if multi else None, "script": script(job),
+        }  # fmt: skip
+    if job.launcher == "deepspeed":
+        return {
+            "no_ssh": multi, "rank": node if multi else -1, "ip": ip if multi else "",
+            "port": port if job.where == "slurm" or multi else 29500, "hosts": job.nodes if multi else 0,
+            "slots": [job.gpus] if multi else [], "script": script(job),
+        }  # fmt: skip
+    trainer = trainjob(job)  # the Trainer's static rendezvous: each pod its rank at the master
+    return {
+        "nodes": [job.nodes, job.nodes], "nproc": job.gpus,
+        "endpoint": f"{ip}:{port}" if multi or trainer else "standalone",
+        "rank": node if trainer else None,
+        "is_host": ("1" if node == 0 else "0") if multi and job.suffix else None,
+        "script": ["-u", *(["-m"] if job.module else []), *script(job)],
+    }  # fmt: skip
+
+
+RANKS = ("rank", "is_host")
+
+
+@pytest.mark.engine
+@hypothesis_settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(job=drawn_jobs())
+@example(job=Drawn("slurm", 2, 4, "accelerate", ("accelerate", "launch"), ("--use-fsdp",), "use_fsdp"))
+@example(job=Drawn("slurm", 2, 4, "accelerate", ("accelerate", "launch"), ("--config-file", "fsdp.yaml"), "use_fsdp"))
+@example(job=Drawn("k8s", 1, 4, "torchrun", ("torchrun",), ()))
+@example(job=Drawn("k8s", 2, 2, "deepspeed", ("deepspeed",), ()))
+@example(job=Drawn("slurm", 2, 4, "torchrun", ("torchrun",), (), None, "i"))
+def test_every_nodes_launcher_line_is_read_by_the_launchers_own_code_as_the_jobs_world(
+    job, launchers_judge, tmp_path_factory
+):
+    """nodes x GPUs x launcher (as program or module) x mode (flag or config file, each spelling) x Slurm or a
+    Kubernetes Job/TrainJob: every node's line, parsed and validated by the launcher's own code, is the job's one
+    world; and the nodes' lines differ only in what differs between nodes (the rank, which node hosts)."""
+    tmp = tmp_path_factory.mktemp("node")
+    command = drawn_lines(job)
+    cases = [node_case(job, command, node, tmp) for node in range(job.nodes)]
+    views = launchers_judge.ask(cases)
+    for node, view in enumerate(views):
+        assert view == meant(job, node), (job, cases[node])
+    shared = [{k: v for k, v in view.items() if k not in RANKS} for view in views]
+    assert all(view == shared[0] for view in shared), job
+
+
+@pytest.mark.engine
+def test_imgbuilds_grammar_of_each_launcher_is_the_launchers_own(launchers_judge):
+    """Every spelling each launcher's parser takes reads as one option in imgbuild, taking a value exactly where the
+    parser's does, with prefixes read where the parser reads them."""
+    from imgbuild.clusters.launchers import ACCELERATE, DEEPSPEED, TORCHRUN
+
+    tables = launchers_judge.ask({"grammar": True})
+    for name, grammar in (("accelerate", ACCELERATE), ("deepspeed", DEEPSPEED), ("torchrun", TORCHRUN)):
+        assert bool(grammar.longs) == tables[name]["abbrev"], name
+        for spellings, switch in tables[name]["options"]:
+            names = {grammar.name(spelling) for spelling in spellings}
+            assert len(names) == 1, (name, spellings, names)
+            assert (names.pop() in grammar.switches) == switch, (name, spellings)
+            if grammar.longs:
+                assert all(grammar.name(s) in grammar.longs for s in spellings if s.startswith("--")), spellings
 
 
 def k8s_command(words: list[str], gpus: int, nodes: int) -> list[str]:
@@ -744,29 +1017,3 @@ def k8s_command(words: list[str], gpus: int, nodes: int) -> list[str]:
     if doc["kind"] == "Job":
         return doc["spec"]["template"]["spec"]["containers"][0]["command"]
     return doc["spec"]["trainer"]["command"]
-
-
-@pytest.mark.engine
-def test_every_told_command_line_is_read_as_meant_by_the_launchers_own_code(
-    testbed, docker_client, launchers_image, tmp_path
-):
-    """accelerate's parser and validator, deepspeed's runner parser and hostfile reader, torchrun's parser and its
-    launch config: every node's line for nodes x GPUs x mode, on Slurm and in a TrainJob. torch is too large for the
-    test extras (PyPI's wheel brings CUDA), so the launchers run in an image that has it: the 24.05 stand-in with
-    PyPI's accelerate and deepspeed added by a recipe (built once a session, shared with the Slurm jobs' test)."""
-    import json
-
-    from tests.conftest import in_image
-
-    image = launchers_image.image
-    cases = told_cases(tmp_path / "calls")
-    sent = json.dumps([case for case, _ in cases])
-    script = f"import sys; sys.argv = ['check', {sent!r}]\n" + LAUNCHERS_OWN_CODE
-    answers = json.loads(in_image(docker_client, image, script).strip().splitlines()[-1])
-    from imgbuild.clusters.launchers import ACCELERATE_SWITCHES
-
-    assert set(answers["accelerate_switches"]) <= ACCELERATE_SWITCHES  # our reader knows every valueless flag
-    for (case, meant), got in zip(cases, answers["cases"], strict=True):
-        if case["launcher"] == "torchrun":
-            meant["script"][0] = got["script"][0]  # the image's own python
-        assert got == meant, case

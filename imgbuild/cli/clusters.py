@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from imgbuild.cli.base import Section, settings_of
+from imgbuild.config.slurmtime import MAX_SIGNAL_LEAD
 from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list
 @click.option("--requeue", is_flag=True, help="Before the time limit: SIGTERM the step, then requeue the job.")
 @click.option(
     "--signal-lead",
-    type=click.IntRange(min=10, max=86400),
+    type=click.IntRange(min=10, max=MAX_SIGNAL_LEAD),
     default=300,
     show_default=True,
     help="With --requeue: seconds before the time limit the step is stopped.",

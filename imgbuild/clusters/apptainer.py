@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
+from imgbuild.imageref import APPTAINER_ENDINGS, is_file_path
 from imgbuild.pipeline.plan import Plan
 from imgbuild.pipeline.render import apptainer_definition
 
@@ -32,8 +33,9 @@ def sif_name(image: str) -> str:
 
 
 def sif_path(image: str, sif_dir: str | None) -> str:
-    """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; a .sif passes through."""
-    if image.endswith(".sif"):
+    """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05.sif`; an Apptainer image file, or any
+    path (a sandbox folder, a SquashFS image: apptainer reads what it is), passes through."""
+    if image.lower().endswith(APPTAINER_ENDINGS) or is_file_path(image):
         return image
     return f"{sif_dir.rstrip('/')}/{sif_name(image)}" if sif_dir else sif_name(image)
 

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from imgbuild.clusters.apptainer import sif_name, sif_path
 from imgbuild.clusters.slurm import JobSpec
-from imgbuild.config.site import ACCOUNT_RE, SLURM_TIME_RE
+from imgbuild.config.site import ACCOUNT_RE
+from imgbuild.config.slurmtime import SLURM_TIME_RE, slurm_minutes
 from imgbuild.errors import EnvironmentProblem, JobFailed, UsageError
 from imgbuild.hostio.tree import TooDeep, walk
+from imgbuild.imageref import FILE_RUNTIMES, IMAGE_FILES, file_kind, is_file_path
 from imgbuild.shellwords import UserWord
 
 if TYPE_CHECKING:
@@ -41,11 +43,11 @@ def slurm_mem(per_gpu: str, gpus: int) -> str:
 def image_file(image: str, sif_dir: str | None, ending: str) -> str:
     """`lab/pytorch-research:24.05` -> `<sif_dir>/pytorch-research_24.05<ending>` (absolute: the job finds it from
     any folder), the one name `export` writes for a runtime that runs a file (`.oci` bundles, `.sqsh` for pyxis);
-    a path, or a name already ending so, passes."""
+    a path, or an image file's name (IMAGE_FILES), passes."""
     if image.startswith("$"):  # under a variable the job's shell expands (the site's folder)
         return image
-    if image.startswith(("/", "./")) or image.endswith(ending):
-        return str(Path(image).absolute())
+    if is_file_path(image) or file_kind(image):
+        return str(Path(image).expanduser().absolute())
     return str((Path(sif_dir) if sif_dir else Path.cwd()) / (sif_name(image).removesuffix(".sif") + ending))
 
 
@@ -60,7 +62,7 @@ def check_image_present(job: JobSpec) -> None:
             f"{job.image}: no such image here; build it with `imgbuild export RECIPE --apptainer` and copy the "
             ".sif there (slurm.sif_dir), or name the .sif to run"
         )
-    if job.runtime in ("pyxis", "edf") and image.endswith(".sqsh") and not Path(image).is_file():
+    if job.runtime in ("pyxis", "edf") and file_kind(image) and not Path(image).is_file():
         raise UsageError(
             f"{job.image}: no such image here; write it with `imgbuild export RECIPE --sqsh {job.image}` where the "
             "nodes see it (slurm.sif_dir), or push the image to a registry the nodes reach"
@@ -142,22 +144,6 @@ _HEADER_VALUES = {
 }
 
 
-def _slurm_seconds(text: str) -> int | None:
-    """Slurm's time formats (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) in seconds; None for UNLIMITED."""
-    if text in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:
-        hours, minutes, secs = (parts + [0, 0])[:3]
-        return int(days) * 86400 + hours * 3600 + minutes * 60 + secs
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
-
-
 def _check_header_values(flags: JobFlags) -> None:
     """Flags that become `#SBATCH` lines: whole-string patterns, ASCII only (exit 2, never a script that runs
     what the header smuggled)."""
@@ -168,23 +154,15 @@ def _check_header_values(flags: JobFlags) -> None:
             raise UsageError(f"{flag}: {str(value)[:40]!r} is not valid here ({example})")
 
 
-#: Image files by kind, the runtimes that run each, and how `export` writes one.
-IMAGE_FILES = {
-    ".sif": (("apptainer", "singularity"), "an Apptainer image", "--apptainer"),
-    ".sqsh": (("pyxis", "edf"), "an enroot squashfs", "--sqsh FILE"),
-    ".oci": (("oci",), "an OCI bundle", "--oci DIR"),
-}
-
-
 def check_image_kind(runtime: str, image: str) -> None:
-    """An image file the runtime cannot run (a .sif to pyxis, a .sqsh to Apptainer): refused with the file the
-    runtime takes."""
-    kind = next((ending for ending in IMAGE_FILES if image.rstrip("/").endswith(ending)), None)
-    if kind is None:
+    """An image file the runtime cannot run (a .sif to pyxis, a .sqsh to Apptainer, any file to docker): refused
+    with the file or image the runtime takes."""
+    kind = file_kind(image)
+    if kind is None and not (is_file_path(image) and runtime not in FILE_RUNTIMES):
         return
-    runtimes, what, _ = IMAGE_FILES[kind]
+    runtimes, what, _ = IMAGE_FILES[kind] if kind else ((), "a file", "")
     if runtime not in runtimes:
-        takes = [f"{ending} ({export})" for ending, (names, _, export) in IMAGE_FILES.items() if runtime in names]
+        takes = [f"{ending[0]} ({export})" for ending, (names, _, export) in IMAGE_FILES.items() if runtime in names]
         wanted = f"a {takes[0]} file written by imgbuild export RECIPE" if takes else "an image name from a registry"
         raise UsageError(f"{image}: {what}, which --runtime {runtime} does not run; give it {wanted}")
 
@@ -202,7 +180,7 @@ def _image_for(runtime: str, image: str, sif_dir: str | None, local: bool = Fals
             f"{image}: built on this machine only; Shifter's image gateway would look it up on Docker Hub. Push it "
             "(imgbuild build --push, with image_registry set) and run the pushed name"
         )
-    if runtime in ("pyxis", "edf") and (image.endswith(".sqsh") or (local and not parse(image).host)):
+    if runtime in ("pyxis", "edf") and (file_kind(image) or (local and not parse(image).host)):
         return image_file(image, sif_dir, ".sqsh")
     return image_file(image, sif_dir, ".oci") if runtime == "oci" else image
 
@@ -317,8 +295,8 @@ def job_from_flags(flags: JobFlags, site: SlurmSite, docker_gpu_flag: str = "gpu
     if flags.gpu_type and known and flags.gpu_type not in known and flags.gpu_type not in known.values():
         raise UsageError(f"--gpu-type {flags.gpu_type}: this site has {', '.join(sorted(known))} (slurm.gpu_types)")
     if flags.requeue:
-        limit = _slurm_seconds(flags.time or site.time)
-        if limit is not None and limit <= flags.signal_lead:
+        limit = slurm_minutes(flags.time or site.time)
+        if limit is not None and limit * 60 <= flags.signal_lead:
             raise UsageError(
                 f"--requeue: the time limit ({flags.time or site.time}) is no longer than the signal lead "
                 f"({flags.signal_lead} s): the job would be requeued before doing any work"

@@ -115,9 +115,14 @@ def _resources(job: K8sJob) -> dict[str, Any]:
 
 
 def _times(quantity: str, n: int) -> str:
+    """A quantity (QUANTITY_RE) `n` times, exactly, as Kubernetes writes one: `60Gi` x 8 -> `480Gi`, `7.5Gi` x 3 ->
+    `22.5Gi`, `128000Mi` x 8 -> `1024000Mi` (never a float's `1.024e+06Mi`, which Kubernetes refuses)."""
+    from decimal import Decimal
+
     number, unit = re.fullmatch(r"([0-9.]+)(.*)", quantity).groups()  # type: ignore[union-attr]
-    value = float(number) * n
-    return f"{value:g}{unit}"
+    value = Decimal(number) * n
+    text = format(value, "f")
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + unit
 
 
 def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from imgbuild.clusters.launchers import PYTHON_RE, Kind, World, hostfile_lines, launcher_of, told
+from imgbuild.clusters.launchers import (
+    PYTHON_RE,
+    TORCHRUN,
+    Kind,
+    World,
+    hostfile_lines,
+    launcher_of,
+    launcher_options,
+    told,
+)
+from imgbuild.errors import UsageError
 
 if TYPE_CHECKING:
     from imgbuild.clusters.slurm import JobSpec
@@ -19,6 +29,15 @@ def launcher(job: JobSpec) -> tuple[list[str], list[str]]:
     restarts = [f"--max-restarts={job.max_restarts}"] if job.max_restarts else []
     found = launcher_of(command)
     if found:  # a launcher itself: told by its own rules, never wrapped in another
+        program = " ".join(command[: found[1]]).rsplit("/", 1)[-1]
+        if job.task_per_gpu:  # Slurm's tasks are the processes: a launcher in each would start a world per GPU
+            raise UsageError(
+                f"--task-per-gpu: Slurm starts a process per GPU itself, and {program} would start its own in each "
+                f"task; drop --task-per-gpu (imgbuild tells {program} the job's GPUs and nodes), or run the program "
+                "itself (-- python3 train.py)"
+            )
+        if job.max_restarts:
+            raise UsageError(f"--max-restarts: {program} is the job's launcher; give it its own restart option")
         return _launcher_told(job, command, found[0])
     if job.framework == "tensorflow" and job.nodes > 1 and not job.uses_torchrun:
         # one worker per task; its index, its Slurm rank, is known only inside the task
@@ -55,9 +74,9 @@ def _hosting(job: JobSpec, command: list[str]) -> list[str]:
 
 
 def _launcher_told(job: JobSpec, command: list[str], kind: Kind) -> tuple[list[str], list[str]]:
-    """A launcher the user typed, told the job's world: torchrun (and one node's MPI) by torchrun's PET_* and the
-    MASTER_* variables; accelerate and deepspeed by their own flags (clusters.launchers), with a port of the job's
-    own on one node too; an MPI launcher across nodes is refused there."""
+    """A launcher the user typed, told the job's world (clusters.launchers): torchrun by the PET_* variables it
+    reads, across nodes the rendezvous here; accelerate and deepspeed by their own flags, with a port of the job's
+    own on one node too; an MPI launcher across nodes is refused there, on one node it runs as typed."""
     world = World(
         nodes=job.nodes,
         per_node=max(job.gpus, 1),
@@ -66,17 +85,24 @@ def _launcher_told(job: JobSpec, command: list[str], kind: Kind) -> tuple[list[s
         port="$MASTER_PORT",
         hostfile=HOSTFILE if kind is Kind.DEEPSPEED and job.nodes > 1 else None,
     )
+    found = launcher_of(command)
+    typed = launcher_options(command[found[1] :], TORCHRUN) if found and kind is Kind.TORCHRUN else {}
     command = told(command, world)
+    if job.nodes > 1 and job.rdzv_host_suffix and "--rdzv-conf" in typed:  # it would replace is_host's
+        raise UsageError(
+            f"torchrun --rdzv-conf={typed['--rdzv-conf']}: with slurm.rdzv_host_suffix imgbuild gives torchrun its "
+            "rendezvous configuration (is_host on the first node, which a fabric name needs); drop it"
+        )
     if kind in (Kind.ACCELERATE, Kind.DEEPSPEED):
         if job.nodes == 1:
             return ["", *_port_lines(job)], ["env", "MASTER_PORT=$rdzv_port", *command]
         lines = _rendezvous_lines(job)
         lines += hostfile_lines(world.per_node, HOSTFILE) if world.hostfile else []
         return lines, ["env", "MASTER_ADDR=$head_node", "MASTER_PORT=$rdzv_port", *command]
-    facts = [f"PET_NPROC_PER_NODE={max(job.gpus, 1)}"]
-    if job.nodes == 1:  # torchrun's --standalone: a rendezvous on a free port (else 29500, another job's too)
-        return [], ["env", *facts, *(["PET_STANDALONE=1"] if kind is Kind.TORCHRUN else []), *command]
-    facts += [
+    if job.nodes == 1:  # torchrun told its GPUs and a standalone rendezvous on a free port; MPI as typed
+        return [], command
+    facts = [
+        f"PET_NPROC_PER_NODE={max(job.gpus, 1)}",
         "PET_NNODES=$SLURM_NNODES",
         "PET_RDZV_BACKEND=c10d",
         "PET_RDZV_ENDPOINT=$head_node:$rdzv_port",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 
 from imgbuild.errors import UsageError
@@ -82,19 +83,72 @@ class World:
 
 # --- reading a launcher's own options ------------------------------------------------------------------------
 
-#: accelerate launch's options that take no value (its parser's store_true flags); every other option takes one.
-ACCELERATE_SWITCHES = frozenset({
-    "--cpu", "--debug", "--downcast_bf16", "--dynamo_use_dynamic", "--dynamo_use_fullgraph",
-    "--dynamo_use_regional_compilation", "--enable_cpu_affinity", "--fp8_use_autocast_during_eval", "--module",
-    "--multi_gpu", "--no_python", "--no_tpu_cluster", "--quiet", "--same_network", "--tpu", "--tpu_cluster",
-    "--tpu_use_sudo", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config", "-m", "-q",
-    "-h", "--help",
-})  # fmt: skip
-#: deepspeed's runner's options that take no value.
-DEEPSPEED_SWITCHES = frozenset({
-    "--module", "--no_python", "--no_local_rank", "--no_ssh", "--no_ssh_check", "--force_multi", "--save_pid",
-    "--bind_cores_to_rank", "--elastic_training", "-q", "--quiet", "-h", "--help",
-})  # fmt: skip
+
+@dataclass(frozen=True)
+class Grammar:
+    """A launcher's options as its own parser (argparse) reads them: every spelling of an option is one name (the
+    first spelling its parser lists), whether it takes a value, and whether a unique prefix of a long option is
+    that option (argparse's allow_abbrev, on for torchrun and deepspeed, off for accelerate)."""
+
+    switches: frozenset[str]  # names of the options that take no value; every other option takes one
+    aliases: Mapping[str, str] = field(default_factory=dict)  # another spelling -> the name
+    separator: str = ""  # every long option spelled with either `-` or `_` inside; this one is the name's
+    longs: frozenset[str] = frozenset()  # every long name, where a unique prefix is the option; empty: no prefixes
+
+    def name(self, spelling: str) -> str:
+        """The one name of the option `spelling` is (as typed where it is none of this launcher's)."""
+        if self.separator and spelling.startswith("--"):
+            other = "_" if self.separator == "-" else "-"
+            spelling = "--" + spelling[2:].replace(other, self.separator)
+        spelling = self.aliases.get(spelling, spelling)
+        if self.longs and spelling.startswith("--") and spelling not in self.longs:
+            found = [name for name in self.longs if name.startswith(spelling)]
+            spelling = found[0] if len(found) == 1 else spelling
+        return spelling
+
+
+#: accelerate launch: every long option in `_` and `-` spellings (`--use-fsdp`, `--config-file`), no prefixes.
+ACCELERATE = Grammar(
+    switches=frozenset({
+        "--cpu", "--debug", "--downcast_bf16", "--dynamo_use_dynamic", "--dynamo_use_fullgraph",
+        "--dynamo_use_regional_compilation", "--enable_cpu_affinity", "--fp8_use_autocast_during_eval", "--module",
+        "--multi_gpu", "--no_python", "--no_tpu_cluster", "--quiet", "--same_network", "--tpu", "--tpu_cluster",
+        "--tpu_use_sudo", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config",
+        "--help",
+    }),
+    aliases={"-m": "--module", "-q": "--quiet", "-h": "--help", "-t": "--tee"},
+    separator="_",
+)  # fmt: skip
+#: deepspeed's runner: one spelling each (but -H, -i, -e, --num_accelerators), any unique prefix.
+DEEPSPEED = Grammar(
+    switches=frozenset({
+        "--module", "--no_python", "--no_local_rank", "--no_ssh", "--no_ssh_check", "--force_multi", "--save_pid",
+        "--bind_cores_to_rank", "--quiet", "--help",
+    }),
+    aliases={"-H": "--hostfile", "-i": "--include", "-e": "--exclude", "--num_accelerators": "--num_gpus",
+             "-q": "--quiet", "-h": "--help"},
+    longs=frozenset({
+        "--help", "--hostfile", "--include", "--exclude", "--num_nodes", "--num_gpus", "--num_accelerators",
+        "--master_port", "--master_addr", "--node_rank", "--launcher", "--launcher_args", "--module",
+        "--no_python", "--no_local_rank", "--no_ssh", "--no_ssh_check", "--force_multi", "--save_pid",
+        "--enable_each_rank_log", "--autotuning", "--bind_cores_to_rank", "--bind_core_list", "--ssh_port",
+        "--venv_script", "--log_level", "--quiet",
+    }),
+)  # fmt: skip
+#: torchrun (torch.distributed.run): every long option in `-` and `_` spellings but a few, any unique prefix.
+TORCHRUN = Grammar(
+    switches=frozenset({"--standalone", "--module", "--no-python", "--run-path", "--virtual-local-rank", "--help"}),
+    aliases={"-m": "--module", "-h": "--help", "-r": "--redirects", "-t": "--tee"},
+    separator="-",
+    longs=frozenset({
+        "--help", "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
+        "--standalone", "--max-restarts", "--monitor-interval", "--start-method", "--event-log-handler", "--role",
+        "--module", "--no-python", "--run-path", "--log-dir", "--redirects", "--tee", "--log-line-prefix-template",
+        "--local-ranks-filter", "--duplicate-stdout-filters", "--duplicate-stderr-filters", "--node-rank",
+        "--master-addr", "--master-port", "--local-addr", "--logs-specs", "--numa-binding", "--signals-to-handle",
+        "--shutdown-timeout", "--virtual-local-rank", "--print-completion",
+    }),
+)  # fmt: skip
 #: accelerate's distributed modes, as flags, and as a config file's `distributed_type` names them.
 ACCELERATE_MODES = {
     "--multi_gpu": "MULTI_GPU",
@@ -106,21 +160,22 @@ ACCELERATE_MODES = {
 }
 
 
-def launcher_options(words: list[str], switches: frozenset[str]) -> dict[str, str | None]:
-    """A launcher's own options, up to its script: {option: its value, None for a switch}."""
+def launcher_options(words: list[str], grammar: Grammar) -> dict[str, str | None]:
+    """A launcher's own options, up to its script, by their one names: {name: its value, None for a switch}."""
     found: dict[str, str | None] = {}
     at = 0
     while at < len(words):
         word = words[at]
         if not word.startswith("-") or word in ("-", "--"):
             break
-        name, eq, value = word.partition("=")
-        if eq and name.startswith("--"):
+        spelling, eq, value = word.partition("=")
+        name = grammar.name(spelling if eq and spelling.startswith("--") else word)
+        if eq and spelling.startswith("--"):
             found[name], at = value, at + 1
-        elif word in switches:
-            found[word], at = None, at + 1
+        elif name in grammar.switches:
+            found[name], at = None, at + 1
         else:
-            found[word], at = (words[at + 1] if at + 1 < len(words) else ""), at + 2
+            found[name], at = (words[at + 1] if at + 1 < len(words) else ""), at + 2
     return found
 
 
@@ -131,10 +186,12 @@ def told(command: list[str], world: World) -> list[str]:
     """`command`, a launcher, told what it needs to join its world. A plain command or torchrun (told by its
     PET_* variables) is returned as it is; an MPI launcher across nodes is refused with the cure."""
     found = launcher_of(command)
-    if found is None or found[0] is Kind.TORCHRUN:
+    if found is None:
         return command
     kind, length = found
     head, rest = command[:length], command[length:]
+    if kind is Kind.TORCHRUN:
+        return _torchrun(command, rest, world)
     if kind is Kind.ACCELERATE:
         return _accelerate(head, rest, world)
     if kind is Kind.DEEPSPEED:
@@ -149,6 +206,38 @@ def told(command: list[str], world: World) -> list[str]:
         )
         raise UsageError(f"{program} across nodes would start one world on each node: {cure}")
     return command
+
+
+#: torchrun's options that find its rendezvous: across nodes the job's (its PET_* variables), never another.
+TORCHRUN_RENDEZVOUS = (
+    "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--node-rank", "--master-addr", "--master-port",
+)  # fmt: skip
+
+
+def _torchrun(command: list[str], rest: list[str], world: World) -> list[str]:
+    """torchrun, told by the PET_* variables it reads: across nodes the job's script (Slurm) or the Trainer's
+    runtime sets them; on one node, here, its GPUs and a standalone rendezvous on a free port. A flag of its own
+    that would put another world over them (more or fewer processes or nodes, a rendezvous of one node's own) is
+    refused by name."""
+    options = launcher_options(rest, TORCHRUN)
+    per_node = options.get("--nproc-per-node")
+    if per_node is not None and per_node not in (str(world.per_node), "gpu", "auto"):
+        raise UsageError(
+            f"torchrun --nproc-per-node={per_node}: imgbuild sets it for the job (one process per GPU: "
+            f"{world.per_node}); drop it, or ask for --gpus {per_node}"
+        )
+    nnodes = options.get("--nnodes")
+    if nnodes is not None and nnodes not in (str(world.nodes), f"{world.nodes}:{world.nodes}"):
+        raise UsageError(f"torchrun --nnodes={nnodes}: the job has {world.nodes} node(s), which imgbuild sets; drop it")
+    typed = [name for name in TORCHRUN_RENDEZVOUS if name in options]
+    if world.nodes > 1 and typed:
+        raise UsageError(
+            f"torchrun {typed[0]}: imgbuild gives every node the job's one rendezvous (PET_* variables); "
+            f"{typed[0]} would make another, each node training alone or waiting: drop it"
+        )
+    if world.nodes > 1:
+        return command
+    return ["env", f"PET_NPROC_PER_NODE={world.per_node}", "PET_STANDALONE=1", *command]
 
 
 def _in_task(head: list[str], flags: list[str], rest: list[str], before: str = "") -> list[str]:
@@ -175,7 +264,7 @@ def _accelerate(head: list[str], rest: list[str], world: World) -> list[str]:
     distributed_type (the one named, else accelerate's default one where the task finds it), else several
     processes are multi-GPU. Told: its processes and machines, and across machines each one's rank, the main
     process and the standard per-node launcher for DeepSpeed (no ssh, no pdsh); never a second mode."""
-    options = launcher_options(rest, ACCELERATE_SWITCHES)
+    options = launcher_options(rest, ACCELERATE)
     modes = [flag for flag in ACCELERATE_MODES if flag in options]
     if len(modes) > 1:
         raise UsageError(f"accelerate launch {' '.join(modes)}: one mode at a time (accelerate refuses two)")
@@ -201,8 +290,7 @@ def _accelerate(head: list[str], rest: list[str], world: World) -> list[str]:
 
 #: deepspeed's options that place its processes, which the job's hostfile and each node's rank decide.
 DEEPSPEED_PLACEMENT = frozenset({
-    "-H", "--num_nodes", "--num_gpus", "--num_accelerators", "--include", "-i", "--exclude", "-e", "--launcher",
-    "--force_multi",
+    "--num_nodes", "--num_gpus", "--include", "--exclude", "--launcher", "--force_multi",
 })  # fmt: skip
 
 
@@ -211,7 +299,7 @@ def _deepspeed(head: list[str], rest: list[str], world: World) -> list[str]:
     nodes, a hostfile of every node with its GPUs as slots, and its no-ssh form: each node starts its own
     processes as this node's rank in the hostfile, at the first node's address (without a hostfile it trains on
     its own node at 127.0.0.1: one training per node)."""
-    options = launcher_options(rest, DEEPSPEED_SWITCHES)
+    options = launcher_options(rest, DEEPSPEED)
     if world.nodes == 1:
         if world.port and "--master_port" not in options:
             return _in_task(head, [f'--master_port="{world.port}"'], rest)

@@ -31,6 +31,7 @@ from imgbuild.config.checks import (
     shm_size,
     site_only,
 )
+from imgbuild.config.slurmtime import SLURM_TIME_RE
 from imgbuild.fields import (
     Flag,
     Integer,
@@ -57,7 +58,6 @@ ACCOUNT_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}(?:@[A-Za-z0-9_.-]{1,64})?")
 SITE_DIR_RE = re.compile(r"(?:/|\$\{?[A-Za-z_][A-Za-z0-9_]{0,63}\}?(?=/|$))[A-Za-z0-9_@%+=./-]{0,4095}")
 #: A variable passed into a container of its own by name, or every one with a prefix (`NCCL_*`).
 PASSED_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\*?")
-SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{2}){0,2}|UNLIMITED|INFINITE")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,7 +363,8 @@ class Fleet:
 
 #: The sections a config file may hold, by key.
 #: A Kubernetes quantity (`16Gi`, `500m`, `2`), and a data volume: a PersistentVolumeClaim at a path.
-QUANTITY_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?(?:[kKMGTPE]i?|m)?")
+#: (Kubernetes' suffixes, apimachinery's resource.Quantity: binary Ki..Ei, decimal k M G T P E, milli m; no `K`.)
+QUANTITY_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?(?:[KMGTPE]i|[kMGTPE]|m)?")
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
 _DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 K8S_VOLUME_RE = re.compile(r"([a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?):(/[A-Za-z0-9_./@%+=,-]{0,1023})(:ro)?")

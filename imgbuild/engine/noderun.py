@@ -59,11 +59,16 @@ SLURM_PASSED = (
 
 #: What a job's environment says that its container must see too, as Apptainer and pyxis pass it: NCCL's and
 #: PyTorch's NCCL settings, the fabrics' (libfabric and Slingshot's CXI provider; UCX on InfiniBand), the sockets'
-#: interfaces, Hugging Face's and PyTorch's caches. A site adds its own (slurm.pass_env: HF_TOKEN, WANDB_*).
+#: interfaces, Hugging Face's and PyTorch's caches, and each task's place in Slurm's PMIx server (`srun
+#: --mpi=pmix`: its address, namespace and rank, without which every MPI rank starts alone). A site adds its own
+#: (slurm.pass_env: HF_TOKEN, WANDB_*).
 PASSED_ENV = (
     "NCCL_*", "TORCH_NCCL_*", "FI_*", "CXI_*", "UCX_*", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HF_HOME",
-    "TORCH_HOME",
+    "TORCH_HOME", "PMIX_*",
 )  # fmt: skip
+#: The PMIx server's folder (its rendezvous files and shared data), bound into a container of its own where the
+#: task has one (a task of `srun --mpi=pmix`).
+PMIX_FOLDER = ' ${PMIX_SERVER_TMPDIR:+-v "$PMIX_SERVER_TMPDIR:$PMIX_SERVER_TMPDIR"}'
 
 
 def _docker_env(names: tuple[str, ...]) -> str:
@@ -152,7 +157,7 @@ def docker_prefix(job: NodeRun) -> list[str]:
         # Cancelled, or at the time limit (or --requeue's stop): the container gets SIGTERM and its grace to
         # write a snapshot and exit, whether or not Slurm's signal reached the docker CLI too.
         'trap \'docker kill -s TERM "$name" >/dev/null 2>&1; docker wait "$name" >/dev/null 2>&1; exit 143\' TERM INT',
-        shell_words(opts) + passed + memory + gpus + shell_words([job.image]) + ' "$@" & wait "$!"',
+        shell_words(opts) + passed + PMIX_FOLDER + memory + gpus + shell_words([job.image]) + ' "$@" & wait "$!"',
     ]
     return ["sh", "-c", "; ".join(script), "sh"]
 

@@ -144,14 +144,10 @@ def is_recipe(arg: str) -> bool:
     return path.suffix in (".yaml", ".yml") and path.is_file()
 
 
-#: Image files and folders a cluster runtime takes by path (Apptainer, enroot, OCI bundles).
-IMAGE_FILE_SUFFIXES = (".sif", ".sqsh", ".squashfs", ".oci")
-
-
 def resolve_image(arg: str, settings: Settings, paths: bool = False) -> tuple[str, str]:
     """A recipe file means the image it builds; anything else must be an image reference (or, with `paths`,
     an image file or bundle folder by path). Refused here with one line, not by docker hours later."""
-    from imgbuild.imageref import BadReference, parse
+    from imgbuild.imageref import BadReference, file_kind, is_file_path, parse
     from imgbuild.servers.enforce import acting_for_user
 
     # through sudo a recipe file is not even looked at: root would read it
@@ -169,7 +165,7 @@ def resolve_image(arg: str, settings: Settings, paths: bool = False) -> tuple[st
         return f"{image}:{tag}", loaded.recipe.name
     if Path(arg).suffix in (".yaml", ".yml"):
         raise UsageError(f"{arg[:120]}: no such recipe file")
-    if paths and (arg.startswith(("/", "./", "../")) or arg.endswith(IMAGE_FILE_SUFFIXES)):
+    if paths and (is_file_path(arg) or file_kind(arg)):  # an image file or bundle folder (imageref)
         return arg, short_name_of(Path(arg).stem)
     try:
         parse(arg)
