@@ -19,7 +19,7 @@ import requests
 
 from imgbuild import limits
 from imgbuild.errors import RegistryCorrupt, RegistryError, RegistryUnavailable
-from imgbuild.imageref import DIGEST_RE
+from imgbuild.imageref import DIGEST_RE, TAG_RE
 from imgbuild.registry.auth import Credentials, credentials_for, parse_challenge, plain_http
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
 from imgbuild.registry.transport import (
@@ -299,10 +299,16 @@ class RegistryClient:
     def _read(self, repo: str, kind: str, reference: str) -> Reply:
         """GET a manifest or a blob (`kind`: "manifests", "blobs"). Whatever is asked for by digest is checked
         against it here, the one door every read passes: no caller ever sees bytes that are not the ones named."""
+        by_digest = DIGEST_RE.fullmatch(reference) is not None
+        if not by_digest and (kind == "blobs" or not TAG_RE.fullmatch(reference)):
+            # what is neither a tag nor a sha256 digest names nothing its answer could be checked against
+            raise RegistryError(
+                f"registry {self.host}: {reference[:80]!r} is neither a tag nor a sha256 digest of {repo}: not read"
+            )
         headers = {"Accept": MANIFEST_TYPES} if kind == "manifests" else {}
         resp = self.request("GET", f"/v2/{repo}/{kind}/{reference}", f"repository:{repo}:pull", headers)
         self._check(resp, f"{kind[:-1]} {reference}", repo)
-        if DIGEST_RE.fullmatch(reference) and (served := digest_of(resp.content)) != reference:
+        if by_digest and (served := digest_of(resp.content)) != reference:
             raise self._corrupt(repo, reference, served)
         return resp
 
@@ -344,7 +350,7 @@ class RegistryClient:
             if "no such" in str(exc) or "not found" in str(exc).lower() or "MANIFEST_UNKNOWN" in str(exc):
                 return None
             raise
-        headed = self.manifest_digest(repo, reference)
+        headed = self._announced_digest(repo, reference)
         if headed is not None and headed != digest:
             raise RegistryError(
                 f"registry {self.host}: {repo}:{reference[:80]} is announced as {headed} but serves {digest}: "
@@ -352,8 +358,9 @@ class RegistryClient:
             )
         return digest
 
-    def manifest_digest(self, repo: str, reference: str) -> str | None:
-        """The digest `reference` points at here, or None when there is none."""
+    def _announced_digest(self, repo: str, reference: str) -> str | None:
+        """The digest a HEAD's Docker-Content-Digest header announces for `reference` (None: none). A header is a
+        claim, never an answer: only content_digest reads it, to refuse a registry whose claim and bytes differ."""
         resp = self.request(
             "HEAD", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
         )
