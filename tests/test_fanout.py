@@ -151,10 +151,46 @@ def test_the_gitlab_child_pipeline_is_a_stage_per_wave_and_a_job_per_image_that_
     words = shlex.split(jobs[odd]["script"][0])
     assert words[:3] == ["imgbuild", "rebuild", "recipes/$(touch x) 'q'.yaml"]  # one word for the shell, never code
     assert jobs["report"]["stage"] == "report" and jobs["report"]["when"] == "always"
-    assert jobs["report"]["script"] == [
-        "imgbuild merge-reports report-1.json report-2.json report-3.json --junit-xml rebuild.xml "
-        "--report-json rebuild.json"
+    write_plan, merge_line = jobs["report"]["script"]
+    assert merge_line == (
+        "imgbuild merge-reports report-1.json report-2.json report-3.json --plan plan.json --key cosign.pub "
+        "--junit-xml rebuild.xml --report-json rebuild.json"
+    )
+
+
+def test_the_gitlab_child_pipelines_report_job_merges_against_the_plan_it_was_made_from(tmp_path):
+    """The child's last job writes the plan into plan.json (as a shell runs its script line) and merges against it:
+    the same rows, the waves read back by merge-reports' own reader."""
+    import subprocess
+
+    from imgbuild.ci.evidence import read_plan
+    from imgbuild.ci.fanout import gitlab_child, plan_document
+    from imgbuild.config.settings import load_settings
+
+    items = [_item("parent", STALE), _item("child", FRESH, deps=("lab/parent:1",)), _item("other", STALE)]
+    plan = plan_document(items)
+    child = yaml.safe_load(gitlab_child(plan, ".gitlab/imgbuild-runner.yml", "keys/site.pub"))
+    write_plan, merge_line = child["report"]["script"]
+    subprocess.run(["bash", "-c", write_plan], cwd=tmp_path, check=True, timeout=10)
+    read = read_plan(tmp_path / "plan.json", load_settings({"user": "alice"}, environ={}))
+    assert [(r.recipe, r.image, r.wave, r.after) for r in read.rows] == [
+        (row["recipe"], row["image"], row["wave"], tuple(row["after"])) for wave in plan["waves"] for row in wave
     ]
+    assert "--plan plan.json --key keys/site.pub" in merge_line
+    with pytest.raises(UsageError, match="--gitlab-key"):
+        gitlab_child(plan, ".gitlab/imgbuild-runner.yml", "../outside.pub")
+
+
+def test_merge_reports_with_a_plan_and_no_report_at_all_fails_every_planned_recipe_in_a_junit(
+    tmp_path, capsys, monkeypatch
+):
+    plan = _plan_file(tmp_path, [[_planned("recipes/a.yaml", "lab/a:1", 1)], [_planned("recipes/b.yaml", "lab/b:1", 2)]])
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = imgbuild_here(capsys, "merge-reports", "--plan", str(plan), "--junit-xml", "m.xml")
+    cases = ET.parse(tmp_path / "m.xml").getroot().findall("testcase")
+    assert code == 1 and len(cases) == 2 and all(case.find("failure") is not None for case in cases)
+    code, _, err = imgbuild_here(capsys, "merge-reports", "--junit-xml", "m.xml")
+    assert code == 2 and "--plan" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("include", ["/etc/passwd", "../x.yml", "a/../../b.yml", "a b.yml", "", "x\n- remote: y"])
