@@ -240,6 +240,51 @@ def test_zizmor_would_find_a_matrix_value_pasted_into_a_script(tmp_path):
     assert done.returncode != 0 and "template-injection" in done.stdout + done.stderr
 
 
+def _scripts(path: Path, system: str) -> list[str]:
+    """Every script text the CI system hands a shell: GitHub's `run:` steps, GitLab's `before_script:` and
+    `script:` lines."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    if system == "github":
+        return [step["run"] for job in data["jobs"].values() for step in job["steps"] if "run" in step]
+    jobs = [job for job in data.values() if isinstance(job, dict)]
+    return [line for job in jobs for key in ("before_script", "script") for line in job.get(key) or []]
+
+
+def _shellcheck(scripts: list[str], folder: Path) -> subprocess.CompletedProcess[str]:
+    """shellcheck itself (every severity, bash as the runners run it) over `scripts`, one file each; but SC2016
+    (a `$` left as it is in single quotes), which is what quoting a hostile file name for the shell is meant to do."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for n, script in enumerate(scripts):
+        files.append(folder / f"script-{n}.sh")
+        files[-1].write_text(script + "\n")
+    return subprocess.run(
+        [str(BIN / "shellcheck"), "--shell=bash", "--format=gcc", "--exclude=SC2016", *map(str, files)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_shellcheck_finds_nothing_in_any_script_of_any_ci_file(tmp_path):
+    """Every script of docs/ci/, of both `init --ci` files and of the GitLab child pipeline of a plan."""
+    from imgbuild.ci.fanout import gitlab_child
+
+    child = tmp_path / "child.yml"
+    child.write_text(gitlab_child(THREE_WAVES, ".gitlab/imgbuild-runner.yml"))
+    files = [*((p, "github") for p in GITHUB), (_init_output(tmp_path, "github"), "github")]
+    files += [(p, "gitlab") for p in (*GITLAB, CI / "gitlab-imgbuild-runner.yml", _init_output(tmp_path, "gitlab"))]
+    scripts = [script for path, system in [*files, (child, "gitlab")] for script in _scripts(path, system)]
+    assert len(scripts) > 40
+    done = _shellcheck(scripts, tmp_path / "scripts")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_shellcheck_would_find_a_variable_left_unquoted(tmp_path):
+    done = _shellcheck(['imgbuild rebuild $RECIPE --push'], tmp_path)
+    assert done.returncode != 0 and "SC2086" in done.stdout
+
+
 def _schema(schema: str, *paths: Path) -> tuple[int, str]:
     """check-jsonschema's own command (in this process: its start is most of its time) on `paths`."""
     from check_jsonschema import main
