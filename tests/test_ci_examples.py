@@ -281,7 +281,7 @@ def test_shellcheck_finds_nothing_in_any_script_of_any_ci_file(tmp_path):
 
 
 def test_shellcheck_would_find_a_variable_left_unquoted(tmp_path):
-    done = _shellcheck(['imgbuild rebuild $RECIPE --push'], tmp_path)
+    done = _shellcheck(["imgbuild rebuild $RECIPE --push"], tmp_path)
     assert done.returncode != 0 and "SC2086" in done.stdout
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from imgbuild.ci.fanout import merge, plan_document, read_report, waves
 from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, STALE, Item
@@ -184,7 +186,9 @@ def test_the_gitlab_child_pipelines_report_job_merges_against_the_plan_it_was_ma
 def test_merge_reports_with_a_plan_and_no_report_at_all_fails_every_planned_recipe_in_a_junit(
     tmp_path, capsys, monkeypatch
 ):
-    plan = _plan_file(tmp_path, [[_planned("recipes/a.yaml", "lab/a:1", 1)], [_planned("recipes/b.yaml", "lab/b:1", 2)]])
+    plan = _plan_file(
+        tmp_path, [[_planned("recipes/a.yaml", "lab/a:1", 1)], [_planned("recipes/b.yaml", "lab/b:1", 2)]]
+    )
     monkeypatch.chdir(tmp_path)
     code, _, _ = imgbuild_here(capsys, "merge-reports", "--plan", str(plan), "--junit-xml", "m.xml")
     cases = ET.parse(tmp_path / "m.xml").getroot().findall("testcase")
@@ -422,3 +426,76 @@ def test_a_report_with_a_lone_surrogate_or_a_noncharacter_still_merges_into_vali
     assert failure is not None
     for text in (out, err, (tmp_path / "m.xml").read_text()):  # merged as a failure, or refused as one: never raw
         assert "\ud800" not in text and "\uffff" not in text
+
+
+def _under_github_actions(*argv: str) -> tuple[int, str, str]:
+    """imgbuild's entry point in this process under GitHub Actions, its streams UTF-8 as a runner's are (a lone
+    surrogate printed raises there): (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from imgbuild.cli import main
+
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
+    github = mock.patch.dict(os.environ, {"GITHUB_ACTIONS": "true"})
+    with github, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ended:
+        main(list(argv))
+    return int(ended.value.code or 0), *(s.buffer.getvalue().decode() for s in (out, err))  # type: ignore[attr-defined]
+
+
+#: What a hostile runner may write in any field: any text, and the pieces each sink reads as commands or markup.
+_PIECES = ["::", "::error::", "::stop-commands::", "##[", "\n", "\r", "\r\n", "\x85", "\u2028", "\ud800", "\uffff",
+           "\ufffe", "\x1b[31m", "\x00", "\x9b", "\u202e", "]]>", "<", "&", '"', "[bold]", "[/]", "%0A", " ", "/"]  # fmt: skip
+_PLAIN = st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))  # what a report may hold
+_HOSTILE = st.builds(
+    lambda lead, rest: lead + "".join(rest),
+    st.sampled_from(["", *_PIECES]),
+    st.lists(st.one_of(_PLAIN, _PLAIN, st.sampled_from(_PIECES), st.characters()), max_size=10),
+)  # a piece at the start (where a sink reads a command), and in the middle; mostly text a report may hold
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None)
+@given(
+    recipe=_HOSTILE, image=_HOSTILE, error=_HOSTILE, reason=_HOSTILE,
+    status=st.one_of(st.sampled_from([BUILT, FRESH, FAILED, "skipped", STALE]), _HOSTILE),
+)  # fmt: skip
+def test_any_text_in_a_runners_report_is_escaped_for_every_sink(recipe, image, error, reason, status):
+    """Whatever a runner writes in any field (surrogates, noncharacters, controls, `::` commands at a line's start,
+    XML's own characters, markup), merge-reports ends 0 or 1 with a JUnit file the stdlib's XML parser reads, its
+    table and lines encodable and terminal-safe, and no line of its output a GitHub workflow command."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        row = _row(recipe or "r", status, image=image, error=error, reasons=[reason])
+        report = folder / "r.json"
+        report.write_text(json.dumps({"images": [row, _row("recipes/ok.yaml", FRESH)]}))
+        code, out, err = _under_github_actions("merge-reports", str(report), "--junit-xml", str(folder / "m.xml"))
+        assert code in (0, 1), err
+        cases = ET.parse(folder / "m.xml").getroot().findall("testcase")
+    assert len(cases) in (1, 2)  # the two rows, or the refused report's one failed row
+    for text in (out, err):
+        text.encode("utf-8")
+        for line in text.replace("\r", "\n").split("\n"):
+            assert not line.lstrip().startswith("::") and "##[" not in line, line
+            assert all(ch.isprintable() or ch == "\t" for ch in line), repr(line)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None)
+@given(
+    name=_HOSTILE, target=_HOSTILE, error=_HOSTILE, reason=_HOSTILE, status=st.sampled_from([BUILT, FAILED, "skipped"])
+)
+def test_any_text_of_a_rebuild_is_valid_xml_in_its_junit_file(name, target, error, reason, status):
+    """The one JUnit writer, fed what a build's or a runner's text may hold (a lone surrogate, U+FFFF, controls,
+    `]]>`): the stdlib's parser reads it, and every character it could keep is there as written."""
+    from imgbuild.ci.outcome import junit_xml
+
+    item = Item(Path("recipes") / (name.replace("\x00", "") or "r"), target=target, status=status, error=error)
+    item.reasons = [reason]
+    case = ET.fromstring(junit_xml([item], 1.0).encode("utf-8")).find("testcase")
+    assert case is not None
+    kept = "".join(ch if ch in "\t\n\r" or (ch >= " " and ch not in "\ufffe\uffff" and not "\ud800" <= ch <= "\udfff")
+                   else "\ufffd" for ch in error)  # fmt: skip
+    if status == FAILED and error:
+        assert (case.findtext("failure") or "").replace("\r\n", "\n") == kept.replace("\r\n", "\n").replace("\r", "\n")

@@ -219,7 +219,8 @@ def gitlab_child(plan: dict[str, Any], include: str, key: str = "cosign.pub") ->
         + ["--junit-xml rebuild.xml --report-json rebuild.json"]
     )
     # what merge-reports checks against: the plan's rows as planned (JSON of letters, digits and . _ / - : @)
-    planned = {"waves": [[{k: row[k] for k in ("recipe", "image", "wave", "after")} for row in w] for w in plan["waves"]]}
+    fields = ("recipe", "image", "wave", "after")
+    planned = {"waves": [[{k: row[k] for k in fields} for row in wave] for wave in plan["waves"]]}
     jobs["report"] = {
         "extends": ".imgbuild-runner",
         "stage": "report",
