@@ -301,19 +301,25 @@ def served():
     registry.close()
 
 
-def _pushed(registry, repo: str, tag: str, signer=None) -> str:
-    """An image at `repo:tag` in `registry` (and, with `signer`, its cosign signature); its digest."""
+def _pushed(registry, repo: str, tag: str, signer=None, content: str = "", base: str = "", mark: str = "") -> str:
+    """An image at `repo:tag` in `registry` (`mark` tells two apart) and, with `signer`, what imgbuild attaches to a
+    build it signs: the signature, the provenance (the recipe's `content` hash, built on `base`), the SBOM; its
+    digest."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.supply import attest
 
-    body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "repo": repo}).encode()
+    body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "repo": repo, "mark": mark}).encode()
     digest = registry.put(repo, tag, body, attest.OCI_MANIFEST)
     if signer is not None:
-        payload = attest.simple_signing(f"{registry.host}/{repo}", digest)
-        notes = {attest.SIGNATURE_ANNOTATION: __import__("base64").b64encode(signer.sign(payload)).decode()}
-        signature = attest.artifact([(attest.SIMPLE_SIGNING, payload, notes)])
+        made = attest.Made(
+            image=f"{registry.host}/{repo}", digest=digest, tag=tag, recipe_path=f"recipes/{repo}.yaml",
+            recipe_sha256="sha256:" + "c" * 64, content_hash=content or "sha256:" + "7" * 64, git_commit=None,
+            lock_path=None, lock_sha256=None, base_ref="nvcr.io/nvidia/pytorch:24.05-py3",
+            base_digest=base or "sha256:" + "b" * 64, added=(), hashes={}, apt=(), files={}, builder={},
+            imgbuild_version="0", smoke={"ok": True}, fleet=(),
+        )  # fmt: skip
         client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
-        attest.publish(client, repo, digest, {"sig": signature})
+        attest.publish(client, repo, digest, attest.attachments(made, signer))
     return digest
 
 
@@ -380,6 +386,72 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
     assert any("nobody planned" in message and "never-planned" in name for name, message in failed.items())
     assert any("died.json" in name for name in failed)  # the report that never came is a failed row too
     assert any("unreadable.json" in name for name in failed)
+
+
+def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_signed_image(
+    tmp_path, served, capsys, monkeypatch
+):
+    """A runner that re-reports a stale image as "fresh", or its old digest as "built", and a child built on its
+    parent's old image: each image is signed by the key, and each was merged green on that signature. The image a
+    row stands for must carry a signed provenance of the recipe as it is here, built on what its planned parent
+    holds now; the honest rows still merge."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.pipeline.plan import content_hash
+    from imgbuild.recipe import load_recipe
+    from imgbuild.supply import attest
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    signer = attest.Signer(key)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "cosign.pub").write_bytes(public)
+    img = {n: f"{served.host}/lab/{n}:v1" for n in ("edited", "parent", "child")}
+    (tmp_path / "recipes").mkdir()
+    base = '{framework: pytorch, tag: "24.05"}'
+    for name, from_ in (("edited", base), ("parent", base), ("child", f'{{image: "{img["parent"]}"}}')):
+        (tmp_path / f"recipes/{name}.yaml").write_text(
+            f"name: {name}\nimage: {served.host}/lab/{name}\ntag: v1\nbase: {from_}\n"
+        )
+    here = {n: content_hash(load_recipe(tmp_path / f"recipes/{n}.yaml")) for n in img}
+    old_edited = _pushed(served, "lab/edited", "v1", signer, content="sha256:" + "0" * 64)  # the recipe changed since
+    old_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="old")
+    new_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="new")
+    on_old = _pushed(served, "lab/child", "v1", signer, content=here["child"], base=old_parent)
+    plan = _plan_file(tmp_path, [
+        [_planned("recipes/edited.yaml", img["edited"], 1), _planned("recipes/parent.yaml", img["parent"], 1)],
+        [_planned("recipes/child.yaml", img["child"], 2, ("recipes/parent.yaml",))],
+    ])  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+
+    def merged(rows: list[dict]) -> dict[str, str | None]:
+        report = _report(tmp_path, "r.json", rows)
+        imgbuild_here(
+            capsys, "merge-reports", str(report), "--plan", str(plan), "--key", "cosign.pub", "--junit-xml", "m.xml"
+        )
+        cases = ET.parse(tmp_path / "m.xml").getroot().iter("testcase")
+        failures = {c.get("name", "").split(" (")[0]: c.find("failure") for c in cases}
+        return {name: None if f is None else f.get("message") for name, f in failures.items()}
+
+    parent_row = _row("recipes/parent.yaml", BUILT, image=img["parent"], pushed_digest=new_parent)
+    said = merged([
+        _row("recipes/edited.yaml", FRESH, image=img["edited"]), parent_row,
+        _row("recipes/child.yaml", BUILT, image=img["child"], pushed_digest=on_old),
+    ])  # fmt: skip
+    assert said["recipes/parent.yaml"] is None  # the honest row
+    assert "as it was then" in (said["recipes/edited.yaml"] or "")
+    assert (
+        f"was built on {old_parent}" in (said["recipes/child.yaml"] or "") and new_parent in said["recipes/child.yaml"]
+    )
+    as_built = merged([_row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=old_edited), parent_row])
+    assert "as it was then" in (as_built["recipes/edited.yaml"] or "")
+    on_new = _pushed(served, "lab/child", "v1", signer, content=here["child"], base=new_parent)
+    edited = _pushed(served, "lab/edited", "v1", signer, content=here["edited"])
+    honest = merged([
+        _row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=edited), parent_row,
+        _row("recipes/child.yaml", FRESH, image=img["child"], pushed_digest=on_new),
+    ])  # fmt: skip
+    assert honest == dict.fromkeys(["recipes/edited.yaml", "recipes/parent.yaml", "recipes/child.yaml"])
 
 
 def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(

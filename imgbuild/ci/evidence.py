@@ -5,8 +5,10 @@ A plan (`rebuild --plan --json`) is read as untrusted input and refused when its
 (a child planned in or before the wave of an image it builds on: it would be built, and signed, on its parent's old
 image). Against it, a report's row for a recipe nobody planned, or for another image than planned, is a failed row,
 and so is a planned recipe no report names. A "built" row is believed only where the registry's tag holds the
-digest it names, a "fresh" one only where the tag holds an image (and, with the signer's public key, where what
-the tag holds is signed by it).
+digest it names, a "fresh" one only where the tag holds an image; with the signer's public key, only where what
+the tag holds is that key's build of this plan: signed by it, with a signed provenance naming the recipe as it is
+here (a stale image re-reported as "fresh", or its old digest as "built", was merged green on its old signature),
+built on the current image of each planned recipe it builds on (a child built first, on its parent's old image).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.imageref import DIGEST_RE
 
 if TYPE_CHECKING:
+    from imgbuild.registry.client import RegistryClient
     from imgbuild.supply.attest import PublicKey
 
 
@@ -58,8 +61,16 @@ def read_plan(path: Path, settings: Settings) -> FanoutPlan:
     plan = FanoutPlan(shown, rows)
     if len(plan.by_recipe()) != len(rows):
         raise UsageError(f"{shown}: a recipe is planned twice")
-    refuse_out_of_order(plan, recipes_build_on(plan, settings))
-    return plan
+    builds_on = recipes_build_on(plan, settings)
+    refuse_out_of_order(plan, builds_on)
+    # each row's parents as the plan says and as the recipes here say: the images its build must stand on
+    return FanoutPlan(
+        shown,
+        tuple(
+            PlannedRecipe(r.recipe, r.image, r.wave, tuple(dict.fromkeys((*r.after, *builds_on.get(r.recipe, ())))))
+            for r in rows
+        ),
+    )
 
 
 def _row(row: Any, wave: int, where: str) -> PlannedRecipe:
@@ -122,12 +133,13 @@ def against_plan(items: list[Item], plan: FanoutPlan) -> list[Item]:
     return out
 
 
-def against_registry(items: list[Item], settings: Settings, verifier: PublicKey | None = None) -> None:
+def against_registry(
+    items: list[Item], settings: Settings, verifier: PublicKey | None = None, plan: FanoutPlan | None = None
+) -> None:
     """Fail each "built" row whose digest the registry's tag does not hold, and each "fresh" row whose tag holds
-    nothing; with `verifier` (the signer's public key), each whose image there is not signed by it."""
+    nothing; with `verifier` (the signer's public key), each whose image there is not its build of `plan`."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.registry.manifest import split_reference
-    from imgbuild.supply.verify import check_signature
 
     for n, item in enumerate(items):
         if item.status not in (BUILT, FRESH):
@@ -142,10 +154,62 @@ def against_registry(items: list[Item], settings: Settings, verifier: PublicKey 
             held = client.content_digest(repo, tag)
             if not held or (item.status == BUILT and held != item.pushed):
                 items[n] = _failed(item, f"{said}, but {item.target} holds {held or 'nothing'} in the registry")
-            elif verifier is not None and not check_signature(client, repo, f"{host}/{repo}", held, verifier).ok:
-                items[n] = _failed(item, f"{said}, but {item.target}@{held} is not signed there by the key")
+            elif verifier is not None and (why := _unvouched(client, item, held, verifier, plan, settings)):
+                items[n] = _failed(item, f"{said}, but {item.target}@{held} {why}")
         except ImgbuildError as exc:
             items[n] = _failed(item, f"{said}, but the registry could not show {item.target}: {exc}")
+
+
+def _unvouched(
+    client: RegistryClient, item: Item, digest: str, verifier: PublicKey, plan: FanoutPlan | None, settings: Settings
+) -> str:
+    """Why the image at `digest` (what `item`'s tag holds) is not the key's build of this plan, or "": it must be
+    signed by the key, with a provenance signed by it that names the recipe as it is here (where it is here), built
+    on the image each planned recipe it builds on holds now."""
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.registry.manifest import split_reference
+    from imgbuild.supply.verify import check_attestation, check_signature
+
+    host, repo, _ = split_reference(item.target)
+    image = f"{host}/{repo}"
+    if not check_signature(client, repo, image, digest, verifier).ok:
+        return "is not signed there by the key"
+    verdicts, statement = check_attestation(client, repo, image, digest, verifier, _content_here(item, settings))
+    if bad := next((v for v in verdicts if not v.ok), None):
+        return f"is not this plan's build: {bad.detail}"
+    planned = plan.by_recipe() if plan is not None else {}
+    row = planned.get(item.name)
+    for parent in (planned[p] for p in (row.after if row else ()) if p in planned):
+        parent_host, parent_repo, parent_tag = split_reference(parent.image)
+        current = RegistryClient.for_host(parent_host, settings).content_digest(parent_repo, parent_tag)
+        base = _base_digest(statement or {})
+        if base != current:
+            return (
+                f"was built on {base or 'no named base'}, not on what {parent.image} holds now ({current or 'nothing'})"
+            )
+    return ""
+
+
+def _content_here(item: Item, settings: Settings) -> str | None:
+    """The content hash of `item`'s recipe as it is here (None where it is not here, or does not load)."""
+    from imgbuild.pipeline.plan import content_hash
+    from imgbuild.recipe import load_recipe
+
+    if not item.path.is_file():
+        return None
+    try:
+        return content_hash(load_recipe(item.path, secrets=settings.secrets()))
+    except ImgbuildError:
+        return None
+
+
+def _base_digest(statement: dict[str, Any]) -> str:
+    """The base image's digest a provenance names, or ""."""
+    try:
+        digest = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"]
+    except (KeyError, IndexError, TypeError):
+        return ""
+    return f"sha256:{digest}" if isinstance(digest, str) else ""
 
 
 def merged(
@@ -165,7 +229,7 @@ def merged(
     items = merge(read)
     if plan is not None:
         items = against_plan(items, plan)
-        against_registry(items, settings, verifier)
+        against_registry(items, settings, verifier, plan)
     return items + unreadable
 
 
