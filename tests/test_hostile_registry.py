@@ -7,6 +7,7 @@ The server is a real HTTP server on 127.0.0.1 that answers each path in one bad 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -592,3 +593,36 @@ def test_docker_pushing_to_a_registry_that_stalls_the_upload_ends_in_one_line_ex
         registry.close()
     assert time.monotonic() - start < 15, said
     assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in str(info.value) and "stalled" in str(info.value)
+
+
+def test_a_blob_the_registry_trickles_a_byte_at_a_time_ends_within_the_deadline(tmp_path):
+    """A byte every half second restarts the socket's timeout each time, and one read waits for its whole chunk: a
+    mirror's download ran 100 s under a 4 s deadline. It ends at the deadline, in one line, exit 3."""
+    from imgbuild.errors import EXIT_ENVIRONMENT
+
+    class Trickle(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(10**6))
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(120):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.5)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    server.block_on_close = False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = RegistryClient(f"127.0.0.1:{server.server_address[1]}", insecure=True, timeout=2, command_seconds=3)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            client.download_blob("lab/x", "sha256:" + "a" * 64, 10**6, tmp_path / "blob")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - start < 6
+    assert "did not finish within 3 s" in str(info.value) and "\n" not in str(info.value)
+    assert info.value.exit_code == EXIT_ENVIRONMENT

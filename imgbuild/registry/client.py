@@ -24,12 +24,14 @@ from imgbuild.registry.auth import Credentials, credentials_for, parse_challenge
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
 from imgbuild.registry.transport import (
     RETRY_STATUS,
+    TRANSPORT_ERRORS,
     Deadlined,
     PastDeadline,
     Reply,
     Stalled,
     TooBig,
     Unreachable,
+    Watchdog,
     digest_of,
     error_code,
     is_loopback,
@@ -41,6 +43,9 @@ from imgbuild.registry.transport import (
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+
+#: What a streamed body's read raises when the connection breaks (or the watchdog shuts it)
+BROKEN_OFF: tuple[type[BaseException], ...] = (requests.RequestException, *TRANSPORT_ERRORS)
 
 
 class RegistryClient:
@@ -404,26 +409,31 @@ class RegistryClient:
 
     def download_blob(self, repo: str, digest: str, size: int, dest: Path) -> None:
         """Stream a blob to `dest`, checking its size and digest on the way (a blob is never held in memory)."""
+        if not DIGEST_RE.fullmatch(digest):
+            raise RegistryError(f"registry {self.host}: {digest[:80]!r} is no sha256 digest of {repo}: not read")
         url = self._url(f"/v2/{repo}/blobs/{digest}")
         resp = self._stream("GET", url, f"repository:{repo}:pull")
         sha, received = hashlib.sha256(), 0
+        late = f"did not finish within {self.command_seconds:.0f} s"
+        watch = Watchdog(resp, self._left())
         try:
             self._check(Reply(resp.status_code, resp.headers, b"", url), f"blob {digest[:19]}", repo)
-            with open(dest, "wb") as out:
+            with watch, open(dest, "wb") as out:
                 for chunk in resp.iter_content(1 << 20):
                     received += len(chunk)
                     if received > size:
                         raise RegistryError(
                             f"registry {self.host}: blob {digest[:19]} is larger than its manifest says"
                         )
-                    if time.monotonic() > self.deadline:
-                        raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
                     sha.update(chunk)
                     out.write(chunk)
-        except requests.RequestException as exc:
-            raise self._unavailable(f"broke off a download ({type(exc).__name__})") from None
+        except BROKEN_OFF as exc:
+            why = late if watch.fired.is_set() else f"broke off a download ({type(exc).__name__})"
+            raise self._unavailable(why) from None
         finally:
             resp.close()
+        if watch.fired.is_set():  # the body ended where the watchdog shut it
+            raise self._unavailable(late)
         if (served := "sha256:" + sha.hexdigest()) != digest:
             raise self._corrupt(repo, digest, served)
 

@@ -150,12 +150,38 @@ def read_body(resp: requests.Response, cap: int) -> bytes:
     return bytes(out)
 
 
+class Watchdog:
+    """Shuts `resp`'s socket down once `seconds` have passed: a streamed body that trickles a byte now and then holds
+    one read for as long as it likes (each byte restarts the socket's timeout, and a read waits for its whole
+    chunk), so only a clock outside the read bounds it. `fired`: whether it did."""
+
+    def __init__(self, resp: requests.Response, seconds: float):
+        self.resp = resp
+        self.fired = threading.Event()
+        self.timer = threading.Timer(max(0.0, seconds), self._fire)
+        self.timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired.set()
+        shutdown(self.resp)
+
+    def __enter__(self) -> Watchdog:
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+
+
 def shutdown(resp: requests.Response) -> None:
     """Shut the response's socket down without taking the reader's locks (close() would wait for them)."""
     import socket
 
     conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
     sock = getattr(conn, "sock", None)
+    if sock is None:  # a connection that closes after this answer (HTTP/1.0) handed its socket to the answer's file
+        body = getattr(getattr(resp.raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(body, "raw", None), "_sock", None)
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
