@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -211,3 +212,18 @@ def test_errors_and_said_lines_never_start_a_workflow_command(capsys, monkeypatc
     err = capsys.readouterr().err
     _no_hostile_controls(err)
     _no_command_starts(err)
+
+
+def test_every_line_the_cli_hands_a_command_to_say_goes_through_ui_say():
+    """A build's, an export's or a launch's lines (a RUN step's output: `\\r::stop-commands::`, escape sequences) are
+    printed by the command line through the one helper that makes them safe for a terminal and a CI log; a callback
+    that echoes them raw is a door around it."""
+    import re
+
+    cli = Path(ui.__file__).parent / "cli"
+    raw = [
+        f"{path.name}: {m.group(0)}"
+        for path in sorted(cli.glob("*.py"))
+        for m in re.finditer(r"lambda \w+: click\.echo\(|def say\([^)]*\)[^:]*:\s+click\.echo\(", path.read_text())
+    ]
+    assert raw == []

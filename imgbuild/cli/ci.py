@@ -22,10 +22,10 @@ SECTION = Section("CI over many recipes")
 def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | None, as_json: bool) -> None:
     from imgbuild.ci.reproduce import verify
     from imgbuild.engine import connect_engine
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     settings = settings_of(ctx, backend=backend)
-    verdicts = verify(paths, settings, lambda line: click.echo(line[:200], err=True), connect_engine(settings))
+    verdicts = verify(paths, settings, lambda line: say(line[:200]), connect_engine(settings))
     if as_json:
         emit_json([v.to_json() for v in verdicts])
     else:

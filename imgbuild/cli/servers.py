@@ -112,7 +112,7 @@ def run(
     from imgbuild.servers import run as runmod
     from imgbuild.servers.admission import check_signed
     from imgbuild.servers.startfail import rlimit_cure
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     settings = settings_of(ctx)
     if wait is not None and os.environ.get("IMGBUILD_QUEUE_JOB") == "1":
@@ -140,7 +140,7 @@ def run(
         notify=notify,
     )
     with _queued_busy():
-        done = runmod.launch(request, settings, wait=wait, dry_run=dry_run, say=lambda line: click.echo(line, err=True))
+        done = runmod.launch(request, settings, wait=wait, dry_run=dry_run, say=say)
     if done.command_line:  # --dry-run
         click.echo(done.command_line)
         return
