@@ -301,22 +301,27 @@ def served():
     registry.close()
 
 
-def _pushed(registry, repo: str, tag: str, signer=None, content: str = "", base: str = "", mark: str = "") -> str:
+def _pushed(registry, repo: str, tag: str, signer=None, content: str = "", base_ref: str = "", mark: str = "") -> str:
     """An image at `repo:tag` in `registry` (`mark` tells two apart) and, with `signer`, what imgbuild attaches to a
-    build it signs: the signature, the provenance (the recipe's `content` hash, built on `base`), the SBOM; its
-    digest."""
+    build it signs: the signature, the provenance (the recipe's `content` hash; built on what `base_ref`, by default
+    lab/base:1 of `registry`, holds now), the SBOM; its digest."""
+    from imgbuild import imageref
     from imgbuild.registry.client import RegistryClient
     from imgbuild.supply import attest
 
     body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "repo": repo, "mark": mark}).encode()
     digest = registry.put(repo, tag, body, attest.OCI_MANIFEST)
     if signer is not None:
+        if not base_ref:
+            base_ref = f"{registry.host}/lab/base:1"
+            if ("lab/base", "1") not in registry.tags:
+                registry.put("lab/base", "1", b'{"base": 1}', attest.OCI_MANIFEST)
+        base = imageref.parse(base_ref)
         made = attest.Made(
             image=f"{registry.host}/{repo}", digest=digest, tag=tag, recipe_path=f"recipes/{repo}.yaml",
             recipe_sha256="sha256:" + "c" * 64, content_hash=content or "sha256:" + "7" * 64, git_commit=None,
-            lock_path=None, lock_sha256=None, base_ref="nvcr.io/nvidia/pytorch:24.05-py3",
-            base_digest=base or "sha256:" + "b" * 64, added=(), hashes={}, apt=(), files={}, builder={},
-            imgbuild_version="0", smoke={"ok": True}, fleet=(),
+            lock_path=None, lock_sha256=None, base_ref=base_ref, base_digest=registry.tags[(base.path, base.tag)],
+            added=(), hashes={}, apt=(), files={}, builder={}, imgbuild_version="0", smoke={"ok": True}, fleet=(),
         )  # fmt: skip
         client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
         attest.publish(client, repo, digest, attest.attachments(made, signer))
@@ -416,8 +421,8 @@ def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_sign
     here = {n: content_hash(load_recipe(tmp_path / f"recipes/{n}.yaml")) for n in img}
     old_edited = _pushed(served, "lab/edited", "v1", signer, content="sha256:" + "0" * 64)  # the recipe changed since
     old_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="old")
+    on_old = _pushed(served, "lab/child", "v1", signer, content=here["child"], base_ref=img["parent"])
     new_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="new")
-    on_old = _pushed(served, "lab/child", "v1", signer, content=here["child"], base=old_parent)
     plan = _plan_file(tmp_path, [
         [_planned("recipes/edited.yaml", img["edited"], 1), _planned("recipes/parent.yaml", img["parent"], 1)],
         [_planned("recipes/child.yaml", img["child"], 2, ("recipes/parent.yaml",))],
@@ -440,18 +445,20 @@ def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_sign
     ])  # fmt: skip
     assert said["recipes/parent.yaml"] is None  # the honest row
     assert "as it was then" in (said["recipes/edited.yaml"] or "")
-    assert (
-        f"was built on {old_parent}" in (said["recipes/child.yaml"] or "") and new_parent in said["recipes/child.yaml"]
-    )
+    assert f"was built on {img['parent']}@{old_parent}" in (said["recipes/child.yaml"] or "")
+    assert f"not on what it holds now ({new_parent})" in (said["recipes/child.yaml"] or "")
     as_built = merged([_row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=old_edited), parent_row])
     assert "as it was then" in (as_built["recipes/edited.yaml"] or "")
-    on_new = _pushed(served, "lab/child", "v1", signer, content=here["child"], base=new_parent)
+    on_new = _pushed(served, "lab/child", "v1", signer, content=here["child"], base_ref=img["parent"])
     edited = _pushed(served, "lab/edited", "v1", signer, content=here["edited"])
     honest = merged([
         _row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=edited), parent_row,
         _row("recipes/child.yaml", FRESH, image=img["child"], pushed_digest=on_new),
     ])  # fmt: skip
     assert honest == dict.fromkeys(["recipes/edited.yaml", "recipes/parent.yaml", "recipes/child.yaml"])
+    moved = served.put("lab/base", "1", b'{"base": 2}', attest.OCI_MANIFEST)  # the base the parent was built on moved
+    stale = merged([parent_row])["recipes/parent.yaml"] or ""
+    assert f"was built on {served.host}/lab/base:1@" in stale and f"not on what it holds now ({moved})" in stale
 
 
 def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(

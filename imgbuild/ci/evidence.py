@@ -8,7 +8,7 @@ and so is a planned recipe no report names. A "built" row is believed only where
 digest it names, a "fresh" one only where the tag holds an image; with the signer's public key, only where what
 the tag holds is that key's build of this plan: signed by it, with a signed provenance naming the recipe as it is
 here (a stale image re-reported as "fresh", or its old digest as "built", was merged green on its old signature),
-built on the current image of each planned recipe it builds on (a child built first, on its parent's old image).
+built on what its base holds now (a child built first, on its parent's old image; an image on a moved base).
 """
 
 from __future__ import annotations
@@ -61,16 +61,8 @@ def read_plan(path: Path, settings: Settings) -> FanoutPlan:
     plan = FanoutPlan(shown, rows)
     if len(plan.by_recipe()) != len(rows):
         raise UsageError(f"{shown}: a recipe is planned twice")
-    builds_on = recipes_build_on(plan, settings)
-    refuse_out_of_order(plan, builds_on)
-    # each row's parents as the plan says and as the recipes here say: the images its build must stand on
-    return FanoutPlan(
-        shown,
-        tuple(
-            PlannedRecipe(r.recipe, r.image, r.wave, tuple(dict.fromkeys((*r.after, *builds_on.get(r.recipe, ())))))
-            for r in rows
-        ),
-    )
+    refuse_out_of_order(plan, recipes_build_on(plan, settings))
+    return plan
 
 
 def _row(row: Any, wave: int, where: str) -> PlannedRecipe:
@@ -133,9 +125,7 @@ def against_plan(items: list[Item], plan: FanoutPlan) -> list[Item]:
     return out
 
 
-def against_registry(
-    items: list[Item], settings: Settings, verifier: PublicKey | None = None, plan: FanoutPlan | None = None
-) -> None:
+def against_registry(items: list[Item], settings: Settings, verifier: PublicKey | None = None) -> None:
     """Fail each "built" row whose digest the registry's tag does not hold, and each "fresh" row whose tag holds
     nothing; with `verifier` (the signer's public key), each whose image there is not its build of `plan`."""
     from imgbuild.registry.client import RegistryClient
@@ -154,18 +144,16 @@ def against_registry(
             held = client.content_digest(repo, tag)
             if not held or (item.status == BUILT and held != item.pushed):
                 items[n] = _failed(item, f"{said}, but {item.target} holds {held or 'nothing'} in the registry")
-            elif verifier is not None and (why := _unvouched(client, item, held, verifier, plan, settings)):
+            elif verifier is not None and (why := _unvouched(client, item, held, verifier, settings)):
                 items[n] = _failed(item, f"{said}, but {item.target}@{held} {why}")
         except ImgbuildError as exc:
             items[n] = _failed(item, f"{said}, but the registry could not show {item.target}: {exc}")
 
 
-def _unvouched(
-    client: RegistryClient, item: Item, digest: str, verifier: PublicKey, plan: FanoutPlan | None, settings: Settings
-) -> str:
+def _unvouched(client: RegistryClient, item: Item, digest: str, verifier: PublicKey, settings: Settings) -> str:
     """Why the image at `digest` (what `item`'s tag holds) is not the key's build of this plan, or "": it must be
     signed by the key, with a provenance signed by it that names the recipe as it is here (where it is here), built
-    on the image each planned recipe it builds on holds now."""
+    on what its base holds now (a planned parent's new image, a moved NGC tag's)."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.registry.manifest import split_reference
     from imgbuild.supply.verify import check_attestation, check_signature
@@ -177,16 +165,13 @@ def _unvouched(
     verdicts, statement = check_attestation(client, repo, image, digest, verifier, _content_here(item, settings))
     if bad := next((v for v in verdicts if not v.ok), None):
         return f"is not this plan's build: {bad.detail}"
-    planned = plan.by_recipe() if plan is not None else {}
-    row = planned.get(item.name)
-    for parent in (planned[p] for p in (row.after if row else ()) if p in planned):
-        parent_host, parent_repo, parent_tag = split_reference(parent.image)
-        current = RegistryClient.for_host(parent_host, settings).content_digest(parent_repo, parent_tag)
-        base = _base_digest(statement or {})
-        if base != current:
-            return (
-                f"was built on {base or 'no named base'}, not on what {parent.image} holds now ({current or 'nothing'})"
-            )
+    base_ref, base = _base_of(statement or {})
+    if not base_ref:
+        return "is not this plan's build: its provenance names no base image"
+    base_host, base_repo, reference = split_reference(base_ref)
+    current = RegistryClient.for_host(base_host, settings).content_digest(base_repo, reference)
+    if current != base:
+        return f"was built on {base_ref}@{base}, not on what it holds now ({current or 'nothing'})"
     return ""
 
 
@@ -203,13 +188,16 @@ def _content_here(item: Item, settings: Settings) -> str | None:
         return None
 
 
-def _base_digest(statement: dict[str, Any]) -> str:
-    """The base image's digest a provenance names, or ""."""
+def _base_of(statement: dict[str, Any]) -> tuple[str, str]:
+    """(the base image's reference, its digest) as a provenance names them, or ("", "")."""
     try:
-        digest = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]["digest"]["sha256"]
+        base = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]
+        uri, digest = base["uri"], base["digest"]["sha256"]
     except (KeyError, IndexError, TypeError):
-        return ""
-    return f"sha256:{digest}" if isinstance(digest, str) else ""
+        return "", ""
+    if not isinstance(uri, str) or not uri.startswith("oci://") or not isinstance(digest, str):
+        return "", ""
+    return uri.removeprefix("oci://"), f"sha256:{digest}"
 
 
 def merged(
@@ -229,7 +217,7 @@ def merged(
     items = merge(read)
     if plan is not None:
         items = against_plan(items, plan)
-        against_registry(items, settings, verifier, plan)
+        against_registry(items, settings, verifier)
     return items + unreadable
 
 

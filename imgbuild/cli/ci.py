@@ -210,7 +210,7 @@ def _print_plan(
 @click.option(
     "--key", type=click.Path(dir_okay=False, path_type=Path),
     help="With --plan: each built or fresh image must be this key's (cosign.pub) build of the plan: signed, its "
-    "signed provenance naming the recipe as it is here, built on its planned parents' current images.",
+    "signed provenance naming the recipe as it is here, built on what its base holds now.",
 )  # fmt: skip
 @click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the merged JSON report.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write one JUnit XML report.")
