@@ -9,6 +9,7 @@ OCI indexes, and config blobs.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from imgbuild.registry.transport import (
     next_link,
     read_whole,
     retry_after,
+    within,
 )
 
 if TYPE_CHECKING:
@@ -461,20 +463,29 @@ class RegistryClient:
         self, method: str, url: str, scope: str, headers: dict[str, str] | None = None, **kw: Any
     ) -> requests.Response:
         """A request whose body is streamed (blobs): authorised like `request`, bounded by an idle timeout
-        per read and by this client's deadline; the caller reads and closes it."""
+        per read and by this client's deadline, its answer's headers within one request's time (an upload's: what
+        is left of the deadline, the body is sent first); the caller reads and closes it."""
         for _ in range(3):
             if self._left() <= 0:
                 raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
             self.requests_made += 1
+            sent = {**(headers or {}), **self._authorization(scope)}
+            budget = self._left() if "data" in kw else min(self.timeout, self._left())
             try:
-                resp = self.session.request(
-                    method,
-                    url,
-                    headers={**(headers or {}), **self._authorization(scope)},
-                    timeout=(min(10.0, self.timeout), self.timeout),  # the first: a send's bound too
-                    stream=True,
-                    **kw,
+                resp = within(
+                    budget,
+                    functools.partial(
+                        self.session.request,
+                        method,
+                        url,
+                        headers=sent,
+                        timeout=(min(10.0, self.timeout), self.timeout),  # the first: a send's bound too
+                        stream=True,
+                        **kw,
+                    ),
                 )
+            except Stalled:
+                raise self._unavailable(f"did not answer within {budget:.0f} s") from None
             except (requests.RequestException, OSError) as exc:
                 if is_stall(exc):
                     raise self._unavailable(f"did not answer within {self.timeout:.0f} s") from None

@@ -9,8 +9,9 @@ import re
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -19,6 +20,7 @@ from imgbuild.errors import RegistryError
 from imgbuild.registry_identity import is_loopback as is_loopback  # the client reads it here
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+T = TypeVar("T")
 
 
 @dataclass
@@ -148,6 +150,28 @@ def read_body(resp: requests.Response, cap: int) -> bytes:
         if len(out) > cap:
             raise TooBig()
     return bytes(out)
+
+
+def within(budget: float, call: Callable[[], T]) -> T:
+    """`call()`'s result, waited for at most `budget` seconds (Stalled past it). A server that trickles its answer's
+    headers a byte at a time restarts each read's timeout, so only a clock outside the call bounds it; the call goes
+    on in a daemon thread until that server lets go."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="imgbuild-http", daemon=True)
+    worker.start()
+    worker.join(max(0.0, budget))
+    if worker.is_alive():
+        raise Stalled
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 class Watchdog:
