@@ -595,7 +595,7 @@ def test_docker_pushing_to_a_registry_that_stalls_the_upload_ends_in_one_line_ex
     assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in str(info.value) and "stalled" in str(info.value)
 
 
-@pytest.mark.parametrize(("where", "said"), [("body", "did not finish within 3 s"), ("headers", "did not answer")])
+@pytest.mark.parametrize(("where", "said"), [("body", "did not finish within 2 s"), ("headers", "did not answer")])
 def test_a_blob_the_registry_trickles_a_byte_at_a_time_ends_within_the_deadline(tmp_path, where, said):
     """A byte every half second restarts the socket's timeout each time, and one read waits for its whole chunk (or
     line): a mirror's download ran 100 s under a 4 s deadline, and as long again where the headers trickled. It ends
@@ -617,7 +617,7 @@ def test_a_blob_the_registry_trickles_a_byte_at_a_time_ends_within_the_deadline(
     server.daemon_threads = True
     server.block_on_close = False
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    client = RegistryClient(f"127.0.0.1:{server.server_address[1]}", insecure=True, timeout=2, command_seconds=3)
+    client = RegistryClient(f"127.0.0.1:{server.server_address[1]}", insecure=True, timeout=1, command_seconds=2)
     start = time.monotonic()
     try:
         with pytest.raises(RegistryUnavailable) as info:
