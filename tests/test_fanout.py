@@ -578,3 +578,16 @@ def test_any_text_of_a_rebuild_is_valid_xml_in_its_junit_file(name, target, erro
                    else "\ufffd" for ch in error)  # fmt: skip
     if status == FAILED and error:
         assert (case.findtext("failure") or "").replace("\r\n", "\n") == kept.replace("\r\n", "\n").replace("\r", "\n")
+
+
+@pytest.mark.parametrize("recipe", ["recipes/x$(touch pwned).yaml", "recipes/-rf.yaml", "", "recipes/a b.yaml"])
+def test_a_plan_naming_a_recipe_outside_what_ci_passes_on_is_refused_with_a_junit_still_written(
+    tmp_path, capsys, monkeypatch, recipe
+):
+    """The plan is read by the rule it was written by (rebuild --plan refuses such names): one line, exit 2."""
+    plan = _plan_file(tmp_path, [[_planned(recipe, "lab/a:1", 1)]])
+    report = _report(tmp_path, "r.json", [_row("recipes/a.yaml", FRESH)])
+    monkeypatch.chdir(tmp_path)
+    code, _, err = imgbuild_here(capsys, "merge-reports", str(report), "--plan", str(plan), "--junit-xml", "m.xml")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "waves[0][0].recipe" in err, err
+    assert 'failures="1"' in (tmp_path / "m.xml").read_text()

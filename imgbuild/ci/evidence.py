@@ -22,6 +22,7 @@ from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, Item
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.imageref import DIGEST_RE
+from imgbuild.recipe.loaded import CI_PATH_RE
 
 if TYPE_CHECKING:
     from imgbuild.registry.client import RegistryClient
@@ -69,8 +70,9 @@ def _row(row: Any, wave: int, where: str) -> PlannedRecipe:
     if not isinstance(row, dict):
         raise UsageError(f"{where}: not an object")
     recipe, image, after = row.get("recipe"), row.get("image"), row.get("after", [])
-    if not isinstance(recipe, str) or not recipe or len(recipe) > 1024:
-        raise UsageError(f"{where}.recipe: not a recipe's path")
+    if not isinstance(recipe, str) or len(recipe) > 1024 or not CI_PATH_RE.fullmatch(recipe):
+        # the one rule of a recipe path CI passes on (recipe.ci_path), as rebuild --plan wrote it
+        raise UsageError(f"{where}.recipe: not a recipe's path CI passes on (letters, digits and . _ / -)")
     if not isinstance(image, str) or len(image) > 1024:
         raise UsageError(f"{where}.image: not an image reference")
     if row.get("wave", wave) != wave:
