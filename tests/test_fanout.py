@@ -411,10 +411,17 @@ def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_sign
     signer = attest.Signer(key)
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     (tmp_path / "cosign.pub").write_bytes(public)
-    img = {n: f"{served.host}/lab/{n}:v1" for n in ("edited", "parent", "child")}
+    img = {n: f"{served.host}/lab/{n}:v1" for n in ("edited", "parent", "child", "pinned")}
     (tmp_path / "recipes").mkdir()
     base = '{framework: pytorch, tag: "24.05"}'
-    for name, from_ in (("edited", base), ("parent", base), ("child", f'{{image: "{img["parent"]}"}}')):
+    first_base = served.put("lab/base", "1", b'{"base": 1}', attest.OCI_MANIFEST)
+    pin = f'{{image: "{served.host}/lab/base:1@{first_base}"}}'
+    for name, from_ in (
+        ("edited", base),
+        ("parent", base),
+        ("child", f'{{image: "{img["parent"]}"}}'),
+        ("pinned", pin),
+    ):
         (tmp_path / f"recipes/{name}.yaml").write_text(
             f"name: {name}\nimage: {served.host}/lab/{name}\ntag: v1\nbase: {from_}\n"
         )
@@ -423,8 +430,10 @@ def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_sign
     old_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="old")
     on_old = _pushed(served, "lab/child", "v1", signer, content=here["child"], base_ref=img["parent"])
     new_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="new")
+    pinned = _pushed(served, "lab/pinned", "v1", signer, content=here["pinned"])  # on lab/base:1 as pinned
     plan = _plan_file(tmp_path, [
-        [_planned("recipes/edited.yaml", img["edited"], 1), _planned("recipes/parent.yaml", img["parent"], 1)],
+        [_planned("recipes/edited.yaml", img["edited"], 1), _planned("recipes/parent.yaml", img["parent"], 1),
+         _planned("recipes/pinned.yaml", img["pinned"], 1)],
         [_planned("recipes/child.yaml", img["child"], 2, ("recipes/parent.yaml",))],
     ])  # fmt: skip
     monkeypatch.chdir(tmp_path)
@@ -439,6 +448,7 @@ def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_sign
         return {name: None if f is None else f.get("message") for name, f in failures.items()}
 
     parent_row = _row("recipes/parent.yaml", BUILT, image=img["parent"], pushed_digest=new_parent)
+    pinned_row = _row("recipes/pinned.yaml", FRESH, image=img["pinned"], pushed_digest=pinned)
     said = merged([
         _row("recipes/edited.yaml", FRESH, image=img["edited"]), parent_row,
         _row("recipes/child.yaml", BUILT, image=img["child"], pushed_digest=on_old),
@@ -452,13 +462,16 @@ def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_sign
     on_new = _pushed(served, "lab/child", "v1", signer, content=here["child"], base_ref=img["parent"])
     edited = _pushed(served, "lab/edited", "v1", signer, content=here["edited"])
     honest = merged([
-        _row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=edited), parent_row,
+        _row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=edited), parent_row, pinned_row,
         _row("recipes/child.yaml", FRESH, image=img["child"], pushed_digest=on_new),
     ])  # fmt: skip
-    assert honest == dict.fromkeys(["recipes/edited.yaml", "recipes/parent.yaml", "recipes/child.yaml"])
+    assert honest == dict.fromkeys(["recipes/edited.yaml", "recipes/parent.yaml", "recipes/pinned.yaml",
+                                    "recipes/child.yaml"])  # fmt: skip
     moved = served.put("lab/base", "1", b'{"base": 2}', attest.OCI_MANIFEST)  # the base the parent was built on moved
-    stale = merged([parent_row])["recipes/parent.yaml"] or ""
+    after_move = merged([parent_row, pinned_row])
+    stale = after_move["recipes/parent.yaml"] or ""
     assert f"was built on {served.host}/lab/base:1@" in stale and f"not on what it holds now ({moved})" in stale
+    assert after_move["recipes/pinned.yaml"] is None  # built on the digest its recipe pins, wherever the tag went
 
 
 def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(

@@ -129,7 +129,8 @@ def against_plan(items: list[Item], plan: FanoutPlan) -> list[Item]:
 
 def against_registry(items: list[Item], settings: Settings, verifier: PublicKey | None = None) -> None:
     """Fail each "built" row whose digest the registry's tag does not hold, and each "fresh" row whose tag holds
-    nothing; with `verifier` (the signer's public key), each whose image there is not its build of `plan`."""
+    nothing; with `verifier` (the signer's public key), each whose image there is not the key's build of the plan
+    (_unvouched)."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.registry.manifest import split_reference
 
@@ -155,7 +156,7 @@ def against_registry(items: list[Item], settings: Settings, verifier: PublicKey 
 def _unvouched(client: RegistryClient, item: Item, digest: str, verifier: PublicKey, settings: Settings) -> str:
     """Why the image at `digest` (what `item`'s tag holds) is not the key's build of this plan, or "": it must be
     signed by the key, with a provenance signed by it that names the recipe as it is here (where it is here), built
-    on what its base holds now (a planned parent's new image, a moved NGC tag's)."""
+    on what its base holds now (a planned parent's new image, a moved NGC tag's), or on the digest the recipe pins."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.registry.manifest import split_reference
     from imgbuild.supply.verify import check_attestation, check_signature
@@ -164,9 +165,12 @@ def _unvouched(client: RegistryClient, item: Item, digest: str, verifier: Public
     image = f"{host}/{repo}"
     if not check_signature(client, repo, image, digest, verifier).ok:
         return "is not signed there by the key"
-    verdicts, statement = check_attestation(client, repo, image, digest, verifier, _content_here(item, settings))
+    content, pinned = _recipe_here(item, settings)
+    verdicts, statement = check_attestation(client, repo, image, digest, verifier, content)
     if bad := next((v for v in verdicts if not v.ok), None):
         return f"is not this plan's build: {bad.detail}"
+    if pinned:  # the base is the digest the recipe names, and the content hash just compared covers that name
+        return ""
     base_ref, base = _base_of(statement or {})
     if not base_ref:
         return "is not this plan's build: its provenance names no base image"
@@ -177,17 +181,21 @@ def _unvouched(client: RegistryClient, item: Item, digest: str, verifier: Public
     return ""
 
 
-def _content_here(item: Item, settings: Settings) -> str | None:
-    """The content hash of `item`'s recipe as it is here (None where it is not here, or does not load)."""
+def _recipe_here(item: Item, settings: Settings) -> tuple[str | None, bool]:
+    """(the content hash of `item`'s recipe as it is here, whether it names its base by digest); (None, False) where
+    it is not here, or does not load."""
+    from imgbuild import imageref
     from imgbuild.pipeline.plan import content_hash
     from imgbuild.recipe import load_recipe
 
     if not item.path.is_file():
-        return None
+        return None, False
     try:
-        return content_hash(load_recipe(item.path, secrets=settings.secrets()))
-    except ImgbuildError:
-        return None
+        loaded = load_recipe(item.path, secrets=settings.secrets())
+        pinned = bool(loaded.recipe.base.image and imageref.parse(loaded.recipe.base.image).digest)
+        return content_hash(loaded), pinned
+    except (ImgbuildError, imageref.BadReference):
+        return None, False
 
 
 def _base_of(statement: dict[str, Any]) -> tuple[str, str]:
