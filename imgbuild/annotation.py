@@ -1,15 +1,17 @@
 """A problem as the CI system shows it on its run's page, pinned to the file, line and column it is about.
 
-Under GitHub Actions that is a workflow command, `::error file=F,line=L,col=C::message`, each part escaped as
-GitHub's toolkit escapes it (the message: `%`, CR, LF; a property: those and `:` and `,`), so no text of a recipe
-or of a build can end the command early or start a command of its own. Elsewhere (GitLab, which has no
-annotations; a terminal) the message is the line as it is.
+Under GitHub Actions that is a workflow command, `::error file=F,line=L,col=C::message`, each part first made safe
+for a terminal (escape.terminal: no control, escape sequence, lone surrogate or noncharacter, which the log shows or
+cannot even encode) and then escaped as GitHub's toolkit escapes it (the message: `%`, CR, LF; a property: those
+and `:` and `,`), so no text of a recipe or of a build can end the command early or start a command of its own.
+Elsewhere (GitLab, which has no annotations; a terminal) the message is the terminal-safe line.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from imgbuild import escape
 from imgbuild.errors import Problem
 from imgbuild.ui import ci_kind
 
@@ -43,8 +45,8 @@ def workflow_command(note: Annotation) -> str:
 
 
 def shown(note: Annotation, environ: dict[str, str] | None = None) -> str:
-    """The line to print for `note`: the workflow command under GitHub Actions, else its message as it is."""
-    return workflow_command(note) if ci_kind(environ) == "github" else note.message
+    """The line to print for `note`: the workflow command under GitHub Actions, else its message, terminal-safe."""
+    return workflow_command(note) if ci_kind(environ) == "github" else escape.terminal(note.message)
 
 
 def annotating(environ: dict[str, str] | None = None) -> bool:
@@ -53,7 +55,8 @@ def annotating(environ: dict[str, str] | None = None) -> bool:
 
 
 def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """`text` terminal-safe, then escaped as the toolkit does (a CR is kept as `%0D`, not replaced as a control)."""
+    return "%0D".join(escape.terminal(part).replace("%", "%25").replace("\n", "%0A") for part in text.split("\r"))
 
 
 def _property(text: str) -> str:

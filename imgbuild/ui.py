@@ -24,14 +24,6 @@ def ci_kind(environ: dict[str, str] | None = None) -> str:
     return ""
 
 
-def annotate(level: str, text: str, environ: dict[str, str] | None = None) -> str:
-    """`text` as the CI system shows an error or warning on its run's page (GitHub's ::error::); else as it is,
-    safe for a terminal."""
-    if ci_kind(environ) == "github":
-        return f"::{level}::" + escape.terminal(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
-    return escape.terminal(text)
-
-
 def for_log(text: str, environ: dict[str, str] | None = None) -> str:
     """`text` (anything someone else wrote may be in it) as a line of output: safe for a terminal, and under GitHub
     Actions no line of it a workflow command."""

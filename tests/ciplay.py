@@ -55,7 +55,28 @@ rebuild)
     [ -z "$report" ] || printf '{"images": [{"recipe": %s, "status": "built"}]}\n' "$(json "$2")" > "$report"
   fi ;;
 merge-reports)
-  for flag in --junit-xml --report-json; do out=$(value "$flag" "$@"); [ -z "$out" ] || echo merged > "$out"; done ;;
+  for flag in --junit-xml --report-json; do out=$(value "$flag" "$@"); [ -z "$out" ] || echo merged > "$out"; done
+  # as imgbuild does with --plan: the plan the runners were given (exit 2 when it is not that plan, or the key is
+  # not there), and a planned recipe no report names fails the merge (exit 1)
+  plan=$(value --plan "$@")
+  [ -n "$plan" ] || exit 0
+  [ -f "$(value --key "$@")" ] || exit 2
+  python3 - "$plan" "$@" <<'PY' || exit $?
+import json, os, sys
+rows = lambda plan: [[{k: r[k] for k in ("recipe", "image", "wave", "after")} for r in w] for w in plan["waves"]]
+plan = json.load(open(sys.argv[1]))
+if rows(plan) != rows(json.load(open(os.environ["CIPLAY_PLAN"]))):
+    sys.exit(2)
+reported = set()
+for arg in sys.argv[2:]:
+    if arg.endswith("report.json") or arg.startswith("report-"):
+        try:
+            reported |= {i["recipe"] for i in json.load(open(arg))["images"]}
+        except OSError:
+            pass
+sys.exit(1 if [r for w in plan["waves"] for r in w if r["recipe"] not in reported] else 0)
+PY
+  ;;
 esac
 exit 0
 """

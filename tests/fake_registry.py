@@ -52,6 +52,7 @@ class ServedRegistry:
     RegistryClient's own checks run. It misbehaves on request:
     - `after_put(repo, reference)`: runs after a manifest PUT is stored (another pusher moving the tag);
     - `lies[digest] = bytes`: other bytes served for a read by that digest (manifest or blob), never by a tag;
+    - `announce[(repo, tag)] = digest`: the Docker-Content-Digest header of that tag's answers (a HEAD's claim);
     - `stall_uploads`: a blob upload (PUT, or an engine's PATCH) is accepted and never answered;
     - `status`: every request answered with this HTTP status (a registry in trouble)."""
 
@@ -65,6 +66,7 @@ class ServedRegistry:
         self.tags: dict[tuple[str, str], str] = {}  # (repo, tag) -> digest
         self.blobs: dict[str, bytes] = {}
         self.lies: dict[str, bytes] = {}
+        self.announce: dict[tuple[str, str], str] = {}
         self.after_put: Callable[[str, str], None] | None = None
         self.stall_uploads = False
         self.status = 0
@@ -78,7 +80,7 @@ class ServedRegistry:
                 import re
 
                 path = self.path.split("?")[0]
-                m = re.fullmatch(r"/v2/(.+)/(manifests|blobs/uploads|blobs)/([^/]*)", path)
+                m = re.fullmatch(r"/v2/(.+)/(manifests|blobs/uploads|blobs|tags)/([^/]*)", path)
                 return (m.group(1), m.group(2), m.group(3)) if m else ("", "", "")
 
             def _get(self, head: bool) -> None:
@@ -96,13 +98,17 @@ class ServedRegistry:
                 repo, kind, ref = self._route()
                 if registry.status:
                     return registry.status, b"{}", {}
+                if kind == "tags":
+                    tags = sorted(tag for (name, tag) in registry.tags if name == repo)
+                    return 200, json.dumps({"name": repo, "tags": tags}).encode(), {}
                 if kind == "manifests":
                     digest = registry.tags.get((repo, ref), ref)
                     if digest not in registry.manifests:
                         return 404, b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}', {}
                     body, media_type = registry.manifests[digest]
                     body = registry.lies.get(ref, body)  # a lie told to a read by digest only
-                    return 200, body, {"Content-Type": media_type, "Docker-Content-Digest": digest}
+                    said = registry.announce.get((repo, ref), digest)
+                    return 200, body, {"Content-Type": media_type, "Docker-Content-Digest": said}
                 if kind == "blobs" and ref in registry.blobs:
                     return 200, registry.lies.get(ref, registry.blobs[ref]), {"Docker-Content-Digest": ref}
                 return (404 if kind else 200), b"{}", {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from imgbuild.annotation import Annotation, shown, workflow_command
 from imgbuild.errors import Problem
@@ -71,3 +73,28 @@ def test_rebuild_annotates_a_failure_without_a_place_at_its_recipe():
     assert failure_annotations([failed, fresh]) == [
         Annotation("recipes/a.yaml: pip: no such package x", file="recipes/a.yaml")
     ]
+
+
+def _unescaped(data: str) -> str:
+    """A workflow command's message as GitHub's runner reads it back."""
+    return data.replace("%0D", "\r").replace("%0A", "\n").replace("%25", "%")
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None)
+@given(message=st.text(max_size=40), file=st.text(max_size=20), line=st.integers(0, 10**6))
+def test_any_message_or_file_is_one_printable_line_of_one_command_that_reads_back_as_shown(message, file, line):
+    """Whatever a recipe, a build or a registry wrote (lone surrogates, noncharacters, escape sequences, CR and LF,
+    `%`, `::`), the annotation is one line the runner reads as exactly one command, encodable as UTF-8, and its
+    message reads back as the terminal-safe text; elsewhere the line is that text."""
+    from imgbuild import escape
+
+    command = workflow_command(Annotation(message, file=file, line=line))
+    command.encode("utf-8")  # a lone surrogate raised UnicodeEncodeError when printed
+    assert "\r" not in command and "\n" not in command and command.isprintable()
+    assert command.startswith("::error") and command.count("::") >= 2
+    head, _, data = command[2:].partition("::")
+    assert "::" not in head  # no property ends the properties early
+    assert _unescaped(data) == "\r".join(escape.terminal(part) for part in message.split("\r"))
+    plain = shown(Annotation(message, file=file), {})
+    plain.encode("utf-8")
+    assert all(ch == "\n" or ch.isprintable() for ch in plain)

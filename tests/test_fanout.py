@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from imgbuild.ci.fanout import merge, plan_document, read_report, waves
 from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, STALE, Item
@@ -151,10 +153,48 @@ def test_the_gitlab_child_pipeline_is_a_stage_per_wave_and_a_job_per_image_that_
     words = shlex.split(jobs[odd]["script"][0])
     assert words[:3] == ["imgbuild", "rebuild", "recipes/$(touch x) 'q'.yaml"]  # one word for the shell, never code
     assert jobs["report"]["stage"] == "report" and jobs["report"]["when"] == "always"
-    assert jobs["report"]["script"] == [
-        "imgbuild merge-reports report-1.json report-2.json report-3.json --junit-xml rebuild.xml "
-        "--report-json rebuild.json"
+    write_plan, merge_line = jobs["report"]["script"]
+    assert merge_line == (
+        "imgbuild merge-reports report-1.json report-2.json report-3.json --plan plan.json --key cosign.pub "
+        "--junit-xml rebuild.xml --report-json rebuild.json"
+    )
+
+
+def test_the_gitlab_child_pipelines_report_job_merges_against_the_plan_it_was_made_from(tmp_path):
+    """The child's last job writes the plan into plan.json (as a shell runs its script line) and merges against it:
+    the same rows, the waves read back by merge-reports' own reader."""
+    import subprocess
+
+    from imgbuild.ci.evidence import read_plan
+    from imgbuild.ci.fanout import gitlab_child, plan_document
+    from imgbuild.config.settings import load_settings
+
+    items = [_item("parent", STALE), _item("child", FRESH, deps=("lab/parent:1",)), _item("other", STALE)]
+    plan = plan_document(items)
+    child = yaml.safe_load(gitlab_child(plan, ".gitlab/imgbuild-runner.yml", "keys/site.pub"))
+    write_plan, merge_line = child["report"]["script"]
+    subprocess.run(["bash", "-c", write_plan], cwd=tmp_path, check=True, timeout=10)
+    read = read_plan(tmp_path / "plan.json", load_settings({"user": "alice"}, environ={}))
+    assert [(r.recipe, r.image, r.wave, r.after) for r in read.rows] == [
+        (row["recipe"], row["image"], row["wave"], tuple(row["after"])) for wave in plan["waves"] for row in wave
     ]
+    assert "--plan plan.json --key keys/site.pub" in merge_line
+    with pytest.raises(UsageError, match="--gitlab-key"):
+        gitlab_child(plan, ".gitlab/imgbuild-runner.yml", "../outside.pub")
+
+
+def test_merge_reports_with_a_plan_and_no_report_at_all_fails_every_planned_recipe_in_a_junit(
+    tmp_path, capsys, monkeypatch
+):
+    plan = _plan_file(
+        tmp_path, [[_planned("recipes/a.yaml", "lab/a:1", 1)], [_planned("recipes/b.yaml", "lab/b:1", 2)]]
+    )
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = imgbuild_here(capsys, "merge-reports", "--plan", str(plan), "--junit-xml", "m.xml")
+    cases = ET.parse(tmp_path / "m.xml").getroot().findall("testcase")
+    assert code == 1 and len(cases) == 2 and all(case.find("failure") is not None for case in cases)
+    code, _, err = imgbuild_here(capsys, "merge-reports", "--junit-xml", "m.xml")
+    assert code == 2 and "--plan" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("include", ["/etc/passwd", "../x.yml", "a/../../b.yml", "a b.yml", "", "x\n- remote: y"])
@@ -261,19 +301,30 @@ def served():
     registry.close()
 
 
-def _pushed(registry, repo: str, tag: str, signer=None) -> str:
-    """An image at `repo:tag` in `registry` (and, with `signer`, its cosign signature); its digest."""
+def _pushed(registry, repo: str, tag: str, signer=None, content: str = "", base_ref: str = "", mark: str = "") -> str:
+    """An image at `repo:tag` in `registry` (`mark` tells two apart) and, with `signer`, what imgbuild attaches to a
+    build it signs: the signature, the provenance (the recipe's `content` hash; built on what `base_ref`, by default
+    lab/base:1 of `registry`, holds now), the SBOM; its digest."""
+    from imgbuild import imageref
     from imgbuild.registry.client import RegistryClient
     from imgbuild.supply import attest
 
-    body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "repo": repo}).encode()
+    body = json.dumps({"schemaVersion": 2, "mediaType": attest.OCI_MANIFEST, "repo": repo, "mark": mark}).encode()
     digest = registry.put(repo, tag, body, attest.OCI_MANIFEST)
     if signer is not None:
-        payload = attest.simple_signing(f"{registry.host}/{repo}", digest)
-        notes = {attest.SIGNATURE_ANNOTATION: __import__("base64").b64encode(signer.sign(payload)).decode()}
-        signature = attest.artifact([(attest.SIMPLE_SIGNING, payload, notes)])
+        if not base_ref:
+            base_ref = f"{registry.host}/lab/base:1"
+            if ("lab/base", "1") not in registry.tags:
+                registry.put("lab/base", "1", b'{"base": 1}', attest.OCI_MANIFEST)
+        base = imageref.parse(base_ref)
+        made = attest.Made(
+            image=f"{registry.host}/{repo}", digest=digest, tag=tag, recipe_path=f"recipes/{repo}.yaml",
+            recipe_sha256="sha256:" + "c" * 64, content_hash=content or "sha256:" + "7" * 64, git_commit=None,
+            lock_path=None, lock_sha256=None, base_ref=base_ref, base_digest=registry.tags[(base.path, base.tag)],
+            added=(), hashes={}, apt=(), files={}, builder={}, imgbuild_version="0", smoke={"ok": True}, fleet=(),
+        )  # fmt: skip
         client = RegistryClient(registry.host, insecure=True, retries=0, timeout=3, command_seconds=10)
-        attest.publish(client, repo, digest, {"sig": signature})
+        attest.publish(client, repo, digest, attest.attachments(made, signer))
     return digest
 
 
@@ -342,6 +393,87 @@ def test_merge_reports_with_a_plan_fails_forged_unplanned_missing_and_unsigned_r
     assert any("unreadable.json" in name for name in failed)
 
 
+def test_merge_reports_with_a_key_believes_only_this_plans_build_not_an_old_signed_image(
+    tmp_path, served, capsys, monkeypatch
+):
+    """A runner that re-reports a stale image as "fresh", or its old digest as "built", and a child built on its
+    parent's old image: each image is signed by the key, and each was merged green on that signature. The image a
+    row stands for must carry a signed provenance of the recipe as it is here, built on what its planned parent
+    holds now; the honest rows still merge."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from imgbuild.pipeline.plan import content_hash
+    from imgbuild.recipe import load_recipe
+    from imgbuild.supply import attest
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    signer = attest.Signer(key)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "cosign.pub").write_bytes(public)
+    img = {n: f"{served.host}/lab/{n}:v1" for n in ("edited", "parent", "child", "pinned")}
+    (tmp_path / "recipes").mkdir()
+    base = '{framework: pytorch, tag: "24.05"}'
+    first_base = served.put("lab/base", "1", b'{"base": 1}', attest.OCI_MANIFEST)
+    pin = f'{{image: "{served.host}/lab/base:1@{first_base}"}}'
+    for name, from_ in (
+        ("edited", base),
+        ("parent", base),
+        ("child", f'{{image: "{img["parent"]}"}}'),
+        ("pinned", pin),
+    ):
+        (tmp_path / f"recipes/{name}.yaml").write_text(
+            f"name: {name}\nimage: {served.host}/lab/{name}\ntag: v1\nbase: {from_}\n"
+        )
+    here = {n: content_hash(load_recipe(tmp_path / f"recipes/{n}.yaml")) for n in img}
+    old_edited = _pushed(served, "lab/edited", "v1", signer, content="sha256:" + "0" * 64)  # the recipe changed since
+    old_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="old")
+    on_old = _pushed(served, "lab/child", "v1", signer, content=here["child"], base_ref=img["parent"])
+    new_parent = _pushed(served, "lab/parent", "v1", signer, content=here["parent"], mark="new")
+    pinned = _pushed(served, "lab/pinned", "v1", signer, content=here["pinned"])  # on lab/base:1 as pinned
+    plan = _plan_file(tmp_path, [
+        [_planned("recipes/edited.yaml", img["edited"], 1), _planned("recipes/parent.yaml", img["parent"], 1),
+         _planned("recipes/pinned.yaml", img["pinned"], 1)],
+        [_planned("recipes/child.yaml", img["child"], 2, ("recipes/parent.yaml",))],
+    ])  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+
+    def merged(rows: list[dict]) -> dict[str, str | None]:
+        report = _report(tmp_path, "r.json", rows)
+        imgbuild_here(
+            capsys, "merge-reports", str(report), "--plan", str(plan), "--key", "cosign.pub", "--junit-xml", "m.xml"
+        )
+        cases = ET.parse(tmp_path / "m.xml").getroot().iter("testcase")
+        failures = {c.get("name", "").split(" (")[0]: c.find("failure") for c in cases}
+        return {name: None if f is None else f.get("message") for name, f in failures.items()}
+
+    parent_row = _row("recipes/parent.yaml", BUILT, image=img["parent"], pushed_digest=new_parent)
+    pinned_row = _row("recipes/pinned.yaml", FRESH, image=img["pinned"], pushed_digest=pinned)
+    said = merged([
+        _row("recipes/edited.yaml", FRESH, image=img["edited"]), parent_row,
+        _row("recipes/child.yaml", BUILT, image=img["child"], pushed_digest=on_old),
+    ])  # fmt: skip
+    assert said["recipes/parent.yaml"] is None  # the honest row
+    assert "as it was then" in (said["recipes/edited.yaml"] or "")
+    assert f"was built on {img['parent']}@{old_parent}" in (said["recipes/child.yaml"] or "")
+    assert f"not on what it holds now ({new_parent})" in (said["recipes/child.yaml"] or "")
+    as_built = merged([_row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=old_edited), parent_row])
+    assert "as it was then" in (as_built["recipes/edited.yaml"] or "")
+    on_new = _pushed(served, "lab/child", "v1", signer, content=here["child"], base_ref=img["parent"])
+    edited = _pushed(served, "lab/edited", "v1", signer, content=here["edited"])
+    honest = merged([
+        _row("recipes/edited.yaml", BUILT, image=img["edited"], pushed_digest=edited), parent_row, pinned_row,
+        _row("recipes/child.yaml", FRESH, image=img["child"], pushed_digest=on_new),
+    ])  # fmt: skip
+    assert honest == dict.fromkeys(["recipes/edited.yaml", "recipes/parent.yaml", "recipes/pinned.yaml",
+                                    "recipes/child.yaml"])  # fmt: skip
+    moved = served.put("lab/base", "1", b'{"base": 2}', attest.OCI_MANIFEST)  # the base the parent was built on moved
+    after_move = merged([parent_row, pinned_row])
+    stale = after_move["recipes/parent.yaml"] or ""
+    assert f"was built on {served.host}/lab/base:1@" in stale and f"not on what it holds now ({moved})" in stale
+    assert after_move["recipes/pinned.yaml"] is None  # built on the digest its recipe pins, wherever the tag went
+
+
 def test_a_plan_whose_waves_are_out_of_dependency_order_is_refused_with_a_junit_still_written(
     tmp_path, served, monkeypatch, capsys
 ):
@@ -386,3 +518,89 @@ def test_a_report_with_a_lone_surrogate_or_a_noncharacter_still_merges_into_vali
     assert failure is not None
     for text in (out, err, (tmp_path / "m.xml").read_text()):  # merged as a failure, or refused as one: never raw
         assert "\ud800" not in text and "\uffff" not in text
+
+
+def _under_github_actions(*argv: str) -> tuple[int, str, str]:
+    """imgbuild's entry point in this process under GitHub Actions, its streams UTF-8 as a runner's are (a lone
+    surrogate printed raises there): (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from imgbuild.cli import main
+
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
+    github = mock.patch.dict(os.environ, {"GITHUB_ACTIONS": "true"})
+    with github, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ended:
+        main(list(argv))
+    return int(ended.value.code or 0), *(s.buffer.getvalue().decode() for s in (out, err))  # type: ignore[attr-defined]
+
+
+#: What a hostile runner may write in any field: any text, and the pieces each sink reads as commands or markup.
+_PIECES = ["::", "::error::", "::stop-commands::", "##[", "\n", "\r", "\r\n", "\x85", "\u2028", "\ud800", "\uffff",
+           "\ufffe", "\x1b[31m", "\x00", "\x9b", "\u202e", "]]>", "<", "&", '"', "[bold]", "[/]", "%0A", " ", "/"]  # fmt: skip
+_PLAIN = st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))  # what a report may hold
+_HOSTILE = st.builds(
+    lambda lead, rest: lead + "".join(rest),
+    st.sampled_from(["", *_PIECES]),
+    st.lists(st.one_of(_PLAIN, _PLAIN, st.sampled_from(_PIECES), st.characters()), max_size=10),
+)  # a piece at the start (where a sink reads a command), and in the middle; mostly text a report may hold
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None)
+@given(
+    recipe=_HOSTILE, image=_HOSTILE, error=_HOSTILE, reason=_HOSTILE,
+    status=st.one_of(st.sampled_from([BUILT, FRESH, FAILED, "skipped", STALE]), _HOSTILE),
+)  # fmt: skip
+def test_any_text_in_a_runners_report_is_escaped_for_every_sink(recipe, image, error, reason, status):
+    """Whatever a runner writes in any field (surrogates, noncharacters, controls, `::` commands at a line's start,
+    XML's own characters, markup), merge-reports ends 0 or 1 with a JUnit file the stdlib's XML parser reads, its
+    table and lines encodable and terminal-safe, and no line of its output a GitHub workflow command."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        row = _row(recipe or "r", status, image=image, error=error, reasons=[reason])
+        report = folder / "r.json"
+        report.write_text(json.dumps({"images": [row, _row("recipes/ok.yaml", FRESH)]}))
+        code, out, err = _under_github_actions("merge-reports", str(report), "--junit-xml", str(folder / "m.xml"))
+        assert code in (0, 1), err
+        cases = ET.parse(folder / "m.xml").getroot().findall("testcase")
+    assert len(cases) in (1, 2)  # the two rows, or the refused report's one failed row
+    for text in (out, err):
+        text.encode("utf-8")
+        for line in text.replace("\r", "\n").split("\n"):
+            assert not line.lstrip().startswith("::") and "##[" not in line, line
+            assert all(ch.isprintable() or ch == "\t" for ch in line), repr(line)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None)
+@given(
+    name=_HOSTILE, target=_HOSTILE, error=_HOSTILE, reason=_HOSTILE, status=st.sampled_from([BUILT, FAILED, "skipped"])
+)
+def test_any_text_of_a_rebuild_is_valid_xml_in_its_junit_file(name, target, error, reason, status):
+    """The one JUnit writer, fed what a build's or a runner's text may hold (a lone surrogate, U+FFFF, controls,
+    `]]>`): the stdlib's parser reads it, and every character it could keep is there as written."""
+    from imgbuild.ci.outcome import junit_xml
+
+    item = Item(Path("recipes") / (name.replace("\x00", "") or "r"), target=target, status=status, error=error)
+    item.reasons = [reason]
+    case = ET.fromstring(junit_xml([item], 1.0).encode("utf-8")).find("testcase")
+    assert case is not None
+    kept = "".join(ch if ch in "\t\n\r" or (ch >= " " and ch not in "\ufffe\uffff" and not "\ud800" <= ch <= "\udfff")
+                   else "\ufffd" for ch in error)  # fmt: skip
+    if status == FAILED and error:
+        assert (case.findtext("failure") or "").replace("\r\n", "\n") == kept.replace("\r\n", "\n").replace("\r", "\n")
+
+
+@pytest.mark.parametrize("recipe", ["recipes/x$(touch pwned).yaml", "recipes/-rf.yaml", "", "recipes/a b.yaml"])
+def test_a_plan_naming_a_recipe_outside_what_ci_passes_on_is_refused_with_a_junit_still_written(
+    tmp_path, capsys, monkeypatch, recipe
+):
+    """The plan is read by the rule it was written by (rebuild --plan refuses such names): one line, exit 2."""
+    plan = _plan_file(tmp_path, [[_planned(recipe, "lab/a:1", 1)]])
+    report = _report(tmp_path, "r.json", [_row("recipes/a.yaml", FRESH)])
+    monkeypatch.chdir(tmp_path)
+    code, _, err = imgbuild_here(capsys, "merge-reports", str(report), "--plan", str(plan), "--junit-xml", "m.xml")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "waves[0][0].recipe" in err, err
+    assert 'failures="1"' in (tmp_path / "m.xml").read_text()

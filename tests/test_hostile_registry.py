@@ -7,6 +7,7 @@ The server is a real HTTP server on 127.0.0.1 that answers each path in one bad 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -592,3 +593,38 @@ def test_docker_pushing_to_a_registry_that_stalls_the_upload_ends_in_one_line_ex
         registry.close()
     assert time.monotonic() - start < 15, said
     assert info.value.exit_code == EXIT_ENVIRONMENT and "\n" not in str(info.value) and "stalled" in str(info.value)
+
+
+@pytest.mark.parametrize(("where", "said"), [("body", "did not finish within 2 s"), ("headers", "did not answer")])
+def test_a_blob_the_registry_trickles_a_byte_at_a_time_ends_within_the_deadline(tmp_path, where, said):
+    """A byte every half second restarts the socket's timeout each time, and one read waits for its whole chunk (or
+    line): a mirror's download ran 100 s under a 4 s deadline, and as long again where the headers trickled. It ends
+    within the deadline, in one line, exit 3."""
+    from imgbuild.errors import EXIT_ENVIRONMENT
+
+    class Trickle(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            with contextlib.suppress(OSError):
+                self.wfile.write(b"HTTP/1.0 200 OK\r\n")
+                if where == "body":
+                    self.wfile.write(f"Content-Length: {10**6}\r\n\r\n".encode())
+                for _ in range(120):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.5)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    server.block_on_close = False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = RegistryClient(f"127.0.0.1:{server.server_address[1]}", insecure=True, timeout=1, command_seconds=2)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RegistryUnavailable) as info:
+            client.download_blob("lab/x", "sha256:" + "a" * 64, 10**6, tmp_path / "blob")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - start < 6
+    assert said in str(info.value) and "\n" not in str(info.value)
+    assert info.value.exit_code == EXIT_ENVIRONMENT

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -53,12 +54,14 @@ def test_ci_logs_fold_each_command_into_a_group(monkeypatch):
 
 
 def test_errors_are_annotations_under_github_actions_and_plain_elsewhere():
-    assert ui.annotate("error", "a.yaml:3:1: pip: bad\nsecond", {"GITHUB_ACTIONS": "true"}) == (
+    from imgbuild.annotation import Annotation, shown
+
+    assert shown(Annotation("a.yaml:3:1: pip: bad\nsecond"), {"GITHUB_ACTIONS": "true"}) == (
         "::error::a.yaml:3:1: pip: bad%0Asecond"
     )
-    assert ui.annotate("error", "100% bad", {"GITHUB_ACTIONS": "true"}) == "::error::100%25 bad"
-    assert ui.annotate("error", "plain", {}) == "plain"
-    assert ui.annotate("error", "plain", {"GITLAB_CI": "true"}) == "plain"
+    assert shown(Annotation("100% bad"), {"GITHUB_ACTIONS": "true"}) == "::error::100%25 bad"
+    assert shown(Annotation("plain"), {}) == "plain"
+    assert shown(Annotation("plain\x1b[31m"), {"GITLAB_CI": "true"}) == "plain\ufffd[31m"
 
 
 def test_a_push_says_each_layers_state_once_not_each_progress_update():
@@ -198,12 +201,29 @@ def test_every_progress_line_shows_markup_controls_and_workflow_commands_as_text
 
 
 def test_errors_and_said_lines_never_start_a_workflow_command(capsys, monkeypatch):
+    from imgbuild.annotation import Annotation, shown
+
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     for text in HOSTILE:
-        line = ui.annotate("error", text)
-        assert line.startswith("::error::") and "\n" not in line and "\r" not in line
+        line = shown(Annotation(text, file=text))
+        assert line.startswith("::error file=") and "\n" not in line and "\r" not in line
         _no_hostile_controls(line)
         ui.say(text)
     err = capsys.readouterr().err
     _no_hostile_controls(err)
     _no_command_starts(err)
+
+
+def test_every_line_the_cli_hands_a_command_to_say_goes_through_ui_say():
+    """A build's, an export's or a launch's lines (a RUN step's output: `\\r::stop-commands::`, escape sequences) are
+    printed by the command line through the one helper that makes them safe for a terminal and a CI log; a callback
+    that echoes them raw is a door around it."""
+    import re
+
+    cli = Path(ui.__file__).parent / "cli"
+    raw = [
+        f"{path.name}: {m.group(0)}"
+        for path in sorted(cli.glob("*.py"))
+        for m in re.finditer(r"lambda \w+: click\.echo\(|def say\([^)]*\)[^:]*:\s+click\.echo\(", path.read_text())
+    ]
+    assert raw == []

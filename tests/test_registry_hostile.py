@@ -32,7 +32,7 @@ class _Source:
 
 
 class _Target:
-    def manifest_digest(self, repo, reference):
+    def content_digest(self, repo, reference):
         return None
 
     def has_blob(self, repo, digest):
@@ -186,3 +186,55 @@ def test_a_registry_that_refuses_says_its_code_and_is_not_called_unreachable():
     assert not isinstance(info.value, RegistryUnavailable)
     with pytest.raises(RegistryUnavailable):
         client._check(Reply(503, {}, b"", "http://r.example/v2/"), "manifest t", "x")
+
+
+def test_a_mirror_takes_no_heads_word_that_a_tag_is_already_copied(tmp_path):
+    """The source's HEAD announces the digest the mirror already holds while its GET serves the tag's new image:
+    the tag was called "present" and the site stayed on the old image. What a tag holds is the hash of what it
+    serves: a header that disagrees is refused, and an honest source's new image is copied."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.errors import RegistryError
+    from imgbuild.registry.mirror import MirrorRequest, mirror
+    from tests.fake_registry import ServedRegistry
+
+    source, target = ServedRegistry(), ServedRegistry()
+    repo, tag = "nvidia/pytorch", "24.05-py3"
+    config = b'{"config":{}}'
+    config_digest = "sha256:" + __import__("hashlib").sha256(config).hexdigest()
+    source.blobs[config_digest] = config
+
+    def image(n: int) -> bytes:
+        body = {"schemaVersion": 2, "mediaType": MANIFEST, "config": {"digest": config_digest, "size": len(config)},
+                "layers": [], "annotations": {"n": str(n)}}  # fmt: skip
+        return json.dumps(body).encode()
+
+    old = target.put(repo, tag, image(1), MANIFEST)  # mirrored before
+    new = source.put(repo, tag, image(2), MANIFEST)  # the source has moved on
+    source.announce[(repo, tag)] = old
+    settings = load_settings({"ngc_registry": source.host, "cache_dir": str(tmp_path / "cache")}, environ={})
+    request = MirrorRequest(to=target.host, tags=(tag,))
+    try:
+        with pytest.raises(RegistryError, match=f"announced as {old} but serves {new}"):
+            mirror(settings, request)
+        assert target.tags[(repo, tag)] == old
+        del source.announce[(repo, tag)]
+        copied = mirror(settings, request)
+    finally:
+        source.close()
+        target.close()
+    assert [(c.status, c.digest) for c in copied] == [("copied", new)]
+    assert target.tags[(repo, tag)] == new
+
+
+@pytest.mark.parametrize("reference", ["sha256:" + "A" * 64, "sha512:" + "a" * 128, "../../lab/y/manifests/v1", "v1?x"])
+def test_a_read_by_what_is_neither_a_tag_nor_a_sha256_digest_is_refused_before_any_request(reference):
+    """A reference whose answer nothing could be checked against (another digest algorithm, a digest in capitals,
+    a path) is never sent: the one door every manifest and blob read passes refuses it."""
+    from imgbuild.errors import RegistryError
+    from imgbuild.registry.client import RegistryClient
+
+    client = RegistryClient("127.0.0.1:9", insecure=True, retries=0, timeout=1, command_seconds=2)
+    for read in (client.manifest, client.manifest_raw, client.blob_json, client.blob_bytes, client.content_digest):
+        with pytest.raises(RegistryError, match="neither a tag nor a sha256 digest"):
+            read("lab/x", reference)
+    assert client.requests_made == 0

@@ -5,8 +5,10 @@ A plan (`rebuild --plan --json`) is read as untrusted input and refused when its
 (a child planned in or before the wave of an image it builds on: it would be built, and signed, on its parent's old
 image). Against it, a report's row for a recipe nobody planned, or for another image than planned, is a failed row,
 and so is a planned recipe no report names. A "built" row is believed only where the registry's tag holds the
-digest it names, a "fresh" one only where the tag holds an image (and, with the signer's public key, where what
-the tag holds is signed by it).
+digest it names, a "fresh" one only where the tag holds an image; with the signer's public key, only where what
+the tag holds is that key's build of this plan: signed by it, with a signed provenance naming the recipe as it is
+here (a stale image re-reported as "fresh", or its old digest as "built", was merged green on its old signature),
+built on what its base holds now (a child built first, on its parent's old image; an image on a moved base).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, Item
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.imageref import DIGEST_RE
+from imgbuild.recipe.loaded import CI_PATH_RE
 
 if TYPE_CHECKING:
+    from imgbuild.registry.client import RegistryClient
     from imgbuild.supply.attest import PublicKey
 
 
@@ -66,8 +70,9 @@ def _row(row: Any, wave: int, where: str) -> PlannedRecipe:
     if not isinstance(row, dict):
         raise UsageError(f"{where}: not an object")
     recipe, image, after = row.get("recipe"), row.get("image"), row.get("after", [])
-    if not isinstance(recipe, str) or not recipe or len(recipe) > 1024:
-        raise UsageError(f"{where}.recipe: not a recipe's path")
+    if not isinstance(recipe, str) or len(recipe) > 1024 or not CI_PATH_RE.fullmatch(recipe):
+        # the one rule of a recipe path CI passes on (recipe.ci_path), as rebuild --plan wrote it
+        raise UsageError(f"{where}.recipe: not a recipe's path CI passes on (letters, digits and . _ / -)")
     if not isinstance(image, str) or len(image) > 1024:
         raise UsageError(f"{where}.image: not an image reference")
     if row.get("wave", wave) != wave:
@@ -124,10 +129,10 @@ def against_plan(items: list[Item], plan: FanoutPlan) -> list[Item]:
 
 def against_registry(items: list[Item], settings: Settings, verifier: PublicKey | None = None) -> None:
     """Fail each "built" row whose digest the registry's tag does not hold, and each "fresh" row whose tag holds
-    nothing; with `verifier` (the signer's public key), each whose image there is not signed by it."""
+    nothing; with `verifier` (the signer's public key), each whose image there is not the key's build of the plan
+    (_unvouched)."""
     from imgbuild.registry.client import RegistryClient
     from imgbuild.registry.manifest import split_reference
-    from imgbuild.supply.verify import check_signature
 
     for n, item in enumerate(items):
         if item.status not in (BUILT, FRESH):
@@ -142,10 +147,67 @@ def against_registry(items: list[Item], settings: Settings, verifier: PublicKey 
             held = client.content_digest(repo, tag)
             if not held or (item.status == BUILT and held != item.pushed):
                 items[n] = _failed(item, f"{said}, but {item.target} holds {held or 'nothing'} in the registry")
-            elif verifier is not None and not check_signature(client, repo, f"{host}/{repo}", held, verifier).ok:
-                items[n] = _failed(item, f"{said}, but {item.target}@{held} is not signed there by the key")
+            elif verifier is not None and (why := _unvouched(client, item, held, verifier, settings)):
+                items[n] = _failed(item, f"{said}, but {item.target}@{held} {why}")
         except ImgbuildError as exc:
             items[n] = _failed(item, f"{said}, but the registry could not show {item.target}: {exc}")
+
+
+def _unvouched(client: RegistryClient, item: Item, digest: str, verifier: PublicKey, settings: Settings) -> str:
+    """Why the image at `digest` (what `item`'s tag holds) is not the key's build of this plan, or "": it must be
+    signed by the key, with a provenance signed by it that names the recipe as it is here (where it is here), built
+    on what its base holds now (a planned parent's new image, a moved NGC tag's), or on the digest the recipe pins."""
+    from imgbuild.registry.client import RegistryClient
+    from imgbuild.registry.manifest import split_reference
+    from imgbuild.supply.verify import check_attestation, check_signature
+
+    host, repo, _ = split_reference(item.target)
+    image = f"{host}/{repo}"
+    if not check_signature(client, repo, image, digest, verifier).ok:
+        return "is not signed there by the key"
+    content, pinned = _recipe_here(item, settings)
+    verdicts, statement = check_attestation(client, repo, image, digest, verifier, content)
+    if bad := next((v for v in verdicts if not v.ok), None):
+        return f"is not this plan's build: {bad.detail}"
+    if pinned:  # the base is the digest the recipe names, and the content hash just compared covers that name
+        return ""
+    base_ref, base = _base_of(statement or {})
+    if not base_ref:
+        return "is not this plan's build: its provenance names no base image"
+    base_host, base_repo, reference = split_reference(base_ref)
+    current = RegistryClient.for_host(base_host, settings).content_digest(base_repo, reference)
+    if current != base:
+        return f"was built on {base_ref}@{base}, not on what it holds now ({current or 'nothing'})"
+    return ""
+
+
+def _recipe_here(item: Item, settings: Settings) -> tuple[str | None, bool]:
+    """(the content hash of `item`'s recipe as it is here, whether it names its base by digest); (None, False) where
+    it is not here, or does not load."""
+    from imgbuild import imageref
+    from imgbuild.pipeline.plan import content_hash
+    from imgbuild.recipe import load_recipe
+
+    if not item.path.is_file():
+        return None, False
+    try:
+        loaded = load_recipe(item.path, secrets=settings.secrets())
+        pinned = bool(loaded.recipe.base.image and imageref.parse(loaded.recipe.base.image).digest)
+        return content_hash(loaded), pinned
+    except (ImgbuildError, imageref.BadReference):
+        return None, False
+
+
+def _base_of(statement: dict[str, Any]) -> tuple[str, str]:
+    """(the base image's reference, its digest) as a provenance names them, or ("", "")."""
+    try:
+        base = statement["predicate"]["buildDefinition"]["resolvedDependencies"][0]
+        uri, digest = base["uri"], base["digest"]["sha256"]
+    except (KeyError, IndexError, TypeError):
+        return "", ""
+    if not isinstance(uri, str) or not uri.startswith("oci://") or not isinstance(digest, str):
+        return "", ""
+    return uri.removeprefix("oci://"), f"sha256:{digest}"
 
 
 def merged(

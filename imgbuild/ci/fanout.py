@@ -11,6 +11,7 @@ Pure: the plan is made from the items a dry run judged; the reports are read as 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,17 +187,20 @@ def merge(reports: list[list[Item]]) -> list[Item]:
 INCLUDE_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}(?:/[A-Za-z0-9_.-]{1,100}){0,15}")
 
 
-def gitlab_child(plan: dict[str, Any], include: str) -> str:
+def gitlab_child(plan: dict[str, Any], include: str, key: str = "cosign.pub") -> str:
     """The plan as a GitLab dynamic child pipeline: a stage per wave, a job per image that `needs` the jobs of the
     images it builds on (so it starts as soon as they are pushed), each extending the `.imgbuild-runner` job that
     `include` (a file of the repository) defines for the site (its tags, image, registry login), and a last job
-    that merges the runners' reports. Recipe paths are quoted for the shell: a file name is data, never code."""
+    that merges the runners' reports against the plan itself (written into that job: a recipe nobody planned, a
+    planned one no report names, an image the registry does not hold or `key` did not sign, each a failed row).
+    Recipe paths are quoted for the shell: a file name is data, never code."""
     import shlex
 
     import yaml
 
-    if not INCLUDE_RE.fullmatch(include) or ".." in include.split("/"):
-        raise UsageError(f"--gitlab-include {include[:80]!r}: a file of the repository, as a relative path (a/b.yml)")
+    for option, path in (("--gitlab-include", include), ("--gitlab-key", key)):
+        if not INCLUDE_RE.fullmatch(path) or ".." in path.split("/"):
+            raise UsageError(f"{option} {path[:80]!r}: a file of the repository, as a relative path (a/b.yml)")
     rows = [row for wave in plan["waves"] for row in wave]
     names = {row["recipe"]: f"build {n}: {row['recipe'][:200]}" for n, row in enumerate(rows, 1)}  # GitLab: 255
     jobs: dict[str, Any] = {}
@@ -210,12 +214,20 @@ def gitlab_child(plan: dict[str, Any], include: str) -> str:
         }
     reports = [f"report-{n}.json" for n in range(1, len(rows) + 1)]
     stages = [f"wave-{n}" for n in range(1, len(plan["waves"]) + 1)]
-    merge = "imgbuild merge-reports " + " ".join(reports) + " --junit-xml rebuild.xml --report-json rebuild.json"
+    merge = " ".join(
+        ["imgbuild merge-reports", *reports, f"--plan plan.json --key {key}"]
+        + ["--junit-xml rebuild.xml --report-json rebuild.json"]
+    )
+    # what merge-reports checks against: the plan's rows as planned (JSON of letters, digits and . _ / - : @)
+    fields = ("recipe", "image", "wave", "after")
+    planned = {"waves": [[{k: row[k] for k in fields} for row in wave] for wave in plan["waves"]]}
     jobs["report"] = {
         "extends": ".imgbuild-runner",
         "stage": "report",
         "when": "always",  # in the last stage: it has every earlier job's artifacts (no `needs`: no 50-job limit)
-        "script": [merge] if reports else ["echo 'imgbuild: nothing to build'"],
+        "script": [f"printf '%s\\n' {shlex.quote(json.dumps(planned))} > plan.json", merge]
+        if reports
+        else ["echo 'imgbuild: nothing to build'"],
         "artifacts": {"when": "always", "paths": ["rebuild.json"], "reports": {"junit": "rebuild.xml"}},
     }
     document = {"include": [{"local": include}], "stages": [*stages, "report"], **jobs}

@@ -22,10 +22,10 @@ SECTION = Section("CI over many recipes")
 def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | None, as_json: bool) -> None:
     from imgbuild.ci.reproduce import verify
     from imgbuild.engine import connect_engine
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
     settings = settings_of(ctx, backend=backend)
-    verdicts = verify(paths, settings, lambda line: click.echo(line[:200], err=True), connect_engine(settings))
+    verdicts = verify(paths, settings, lambda line: say(line[:200]), connect_engine(settings))
     if as_json:
         emit_json([v.to_json() for v in verdicts])
     else:
@@ -54,6 +54,10 @@ def _verify_reproducible(ctx: click.Context, paths: list[str], backend: str | No
     "--gitlab-include", default=".gitlab/imgbuild-runner.yml", show_default=True,
     help="The repository file the child pipeline includes: it defines the .imgbuild-runner job.",
 )  # fmt: skip
+@click.option(
+    "--gitlab-key", default="cosign.pub", show_default=True,
+    help="The repository's public key the child pipeline's last job checks every built image's signature with.",
+)  # fmt: skip
 @click.option("--push", is_flag=True, help="Push built images (and re-push ones the registry lacks).")
 @SIGN_KEY
 @click.option(
@@ -77,6 +81,7 @@ def rebuild(
     as_plan: bool,
     gitlab_child: Path | None,
     gitlab_include: str,
+    gitlab_key: str,
     push: bool,
     sign_key: Path | None,
     jobs: int,
@@ -126,7 +131,7 @@ def rebuild(
         None if check else connect_engine(settings),  # --check reads no engine
     )
     if as_plan:
-        _print_plan(report.items, as_json, gitlab_child, gitlab_include)
+        _print_plan(report.items, as_json, gitlab_child, gitlab_include, gitlab_key)
         return
     _write_reports(report, report_json, junit_xml)
     if as_json:
@@ -165,7 +170,9 @@ def _write_reports(report: Report, report_json: Path | None, junit_xml: Path | N
         write_atomic(junit_xml, outcome.junit_xml(report.items, report.seconds))
 
 
-def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "") -> None:
+def _print_plan(
+    items: list[Any], as_json: bool, gitlab_child: Path | None = None, include: str = "", key: str = "cosign.pub"
+) -> None:
     from imgbuild.ci import outcome
     from imgbuild.ci.fanout import plan_document
     from imgbuild.ui import print_table, say
@@ -175,7 +182,7 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
         from imgbuild.ci.fanout import gitlab_child as child_pipeline
         from imgbuild.hostio.regular import write_atomic
 
-        write_atomic(gitlab_child, child_pipeline(plan, include))
+        write_atomic(gitlab_child, child_pipeline(plan, include, key))
     if as_json:
         emit_json(plan)
     else:
@@ -195,14 +202,15 @@ def _print_plan(items: list[Any], as_json: bool, gitlab_child: Path | None = Non
 
 
 @SECTION.command("merge-reports")
-@click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("reports", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
     help="The plan the runners built (rebuild --plan --json): each row is checked against it and the registry.",
 )  # fmt: skip
 @click.option(
     "--key", type=click.Path(dir_okay=False, path_type=Path),
-    help="With --plan: each built image must be signed by this public key (cosign.pub) in the registry.",
+    help="With --plan: each built or fresh image must be this key's (cosign.pub) build of the plan: signed, its "
+    "signed provenance naming the recipe as it is here, built on what its base holds now.",
 )  # fmt: skip
 @click.option("--report-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the merged JSON report.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), help="Write one JUnit XML report.")
@@ -219,13 +227,16 @@ def merge_reports(
 ) -> None:
     """Join the JSON reports of runners that each built part of a `rebuild --plan` into one (exit 1 on a failure,
     a report that cannot be read included). With --plan, a recipe nobody planned, a planned recipe no report names
-    and a "built" image the registry's tag does not hold (signed by --key, where given) are failures too."""
+    (no report at all: each planned recipe) and a "built" image the registry's tag does not hold (signed by --key,
+    where given) are failures too."""
     from imgbuild.ci import evidence
     from imgbuild.ci import rebuild as rb
     from imgbuild.ui import print_table, say
 
     if key is not None and plan_file is None:
         raise UsageError("--key: only with --plan (the built images of the plan are checked in the registry)")
+    if not reports and plan_file is None:  # with a plan, no report at all is every planned recipe failed
+        raise UsageError("merge-reports: name the runners' reports (REPORT...), or give --plan")
     settings = settings_of(ctx)
     verifier = None
     if key is not None:

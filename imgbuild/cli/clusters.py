@@ -107,10 +107,9 @@ def _export_apptainer(
     plan: Plan, settings: Settings, bootstrap: str, out: Path | None, to_stdout: bool, build: bool
 ) -> None:
     from imgbuild.clusters.apptainer import export_definition
+    from imgbuild.ui import say
 
-    done = export_definition(
-        plan, settings, bootstrap, out, to_stdout=to_stdout, build=build, say=lambda line: click.echo(line, err=True)
-    )
+    done = export_definition(plan, settings, bootstrap, out, to_stdout=to_stdout, build=build, say=say)
     if done.path is None:
         click.echo(done.exported.definition, nl=False)
         return
@@ -130,7 +129,9 @@ def _export_oci(target: str, folder: Path | None, sqsh: Path | None, binds: list
             raise UsageError(f"--bind {bind[:80]!r}: not /HOST[:/CONTAINER][:ro]")
 
     def say(line: str) -> None:
-        click.echo(f"export: {line}", err=True)
+        from imgbuild import ui
+
+        ui.say(f"export: {line}")
 
     engine = connect_engine(settings)
     if sqsh is not None:

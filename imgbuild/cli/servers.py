@@ -32,9 +32,9 @@ def run(call: RunCall) -> None:
     """
     from imgbuild.servers.run import launch
     from imgbuild.servers.startfail import rlimit_cure
-    from imgbuild.ui import print_table
+    from imgbuild.ui import print_table, say
 
-    done = launch(call, settings_of(click.get_current_context()), say=lambda line: click.echo(line, err=True))
+    done = launch(call, settings_of(click.get_current_context()), say=say)
     if done.command_line:  # --dry-run
         click.echo(done.command_line)
         return

@@ -9,6 +9,7 @@ OCI indexes, and config blobs.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import time
 from pathlib import Path
@@ -19,17 +20,19 @@ import requests
 
 from imgbuild import limits
 from imgbuild.errors import RegistryCorrupt, RegistryError, RegistryUnavailable
-from imgbuild.imageref import DIGEST_RE
+from imgbuild.imageref import DIGEST_RE, TAG_RE
 from imgbuild.registry.auth import Credentials, credentials_for, parse_challenge, plain_http
 from imgbuild.registry.manifest import INDEX_TYPES, MANIFEST_TYPES, Manifest, host_platform
 from imgbuild.registry.transport import (
     RETRY_STATUS,
+    TRANSPORT_ERRORS,
     Deadlined,
     PastDeadline,
     Reply,
     Stalled,
     TooBig,
     Unreachable,
+    Watchdog,
     digest_of,
     error_code,
     is_loopback,
@@ -37,10 +40,14 @@ from imgbuild.registry.transport import (
     next_link,
     read_whole,
     retry_after,
+    within,
 )
 
 if TYPE_CHECKING:
     from imgbuild.config.settings import Settings
+
+#: What a streamed body's read raises when the connection breaks (or the watchdog shuts it)
+BROKEN_OFF: tuple[type[BaseException], ...] = (requests.RequestException, *TRANSPORT_ERRORS)
 
 
 class RegistryClient:
@@ -299,10 +306,16 @@ class RegistryClient:
     def _read(self, repo: str, kind: str, reference: str) -> Reply:
         """GET a manifest or a blob (`kind`: "manifests", "blobs"). Whatever is asked for by digest is checked
         against it here, the one door every read passes: no caller ever sees bytes that are not the ones named."""
+        by_digest = DIGEST_RE.fullmatch(reference) is not None
+        if not by_digest and (kind == "blobs" or not TAG_RE.fullmatch(reference)):
+            # what is neither a tag nor a sha256 digest names nothing its answer could be checked against
+            raise RegistryError(
+                f"registry {self.host}: {reference[:80]!r} is neither a tag nor a sha256 digest of {repo}: not read"
+            )
         headers = {"Accept": MANIFEST_TYPES} if kind == "manifests" else {}
         resp = self.request("GET", f"/v2/{repo}/{kind}/{reference}", f"repository:{repo}:pull", headers)
         self._check(resp, f"{kind[:-1]} {reference}", repo)
-        if DIGEST_RE.fullmatch(reference) and (served := digest_of(resp.content)) != reference:
+        if by_digest and (served := digest_of(resp.content)) != reference:
             raise self._corrupt(repo, reference, served)
         return resp
 
@@ -344,7 +357,7 @@ class RegistryClient:
             if "no such" in str(exc) or "not found" in str(exc).lower() or "MANIFEST_UNKNOWN" in str(exc):
                 return None
             raise
-        headed = self.manifest_digest(repo, reference)
+        headed = self._announced_digest(repo, reference)
         if headed is not None and headed != digest:
             raise RegistryError(
                 f"registry {self.host}: {repo}:{reference[:80]} is announced as {headed} but serves {digest}: "
@@ -352,8 +365,9 @@ class RegistryClient:
             )
         return digest
 
-    def manifest_digest(self, repo: str, reference: str) -> str | None:
-        """The digest `reference` points at here, or None when there is none."""
+    def _announced_digest(self, repo: str, reference: str) -> str | None:
+        """The digest a HEAD's Docker-Content-Digest header announces for `reference` (None: none). A header is a
+        claim, never an answer: only content_digest reads it, to refuse a registry whose claim and bytes differ."""
         resp = self.request(
             "HEAD", f"/v2/{repo}/manifests/{reference}", f"repository:{repo}:pull", {"Accept": MANIFEST_TYPES}
         )
@@ -397,26 +411,31 @@ class RegistryClient:
 
     def download_blob(self, repo: str, digest: str, size: int, dest: Path) -> None:
         """Stream a blob to `dest`, checking its size and digest on the way (a blob is never held in memory)."""
+        if not DIGEST_RE.fullmatch(digest):
+            raise RegistryError(f"registry {self.host}: {digest[:80]!r} is no sha256 digest of {repo}: not read")
         url = self._url(f"/v2/{repo}/blobs/{digest}")
         resp = self._stream("GET", url, f"repository:{repo}:pull")
         sha, received = hashlib.sha256(), 0
+        late = f"did not finish within {self.command_seconds:.0f} s"
+        watch = Watchdog(resp, self._left())
         try:
             self._check(Reply(resp.status_code, resp.headers, b"", url), f"blob {digest[:19]}", repo)
-            with open(dest, "wb") as out:
+            with watch, open(dest, "wb") as out:
                 for chunk in resp.iter_content(1 << 20):
                     received += len(chunk)
                     if received > size:
                         raise RegistryError(
                             f"registry {self.host}: blob {digest[:19]} is larger than its manifest says"
                         )
-                    if time.monotonic() > self.deadline:
-                        raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
                     sha.update(chunk)
                     out.write(chunk)
-        except requests.RequestException as exc:
-            raise self._unavailable(f"broke off a download ({type(exc).__name__})") from None
+        except BROKEN_OFF as exc:
+            why = late if watch.fired.is_set() else f"broke off a download ({type(exc).__name__})"
+            raise self._unavailable(why) from None
         finally:
             resp.close()
+        if watch.fired.is_set():  # the body ended where the watchdog shut it
+            raise self._unavailable(late)
         if (served := "sha256:" + sha.hexdigest()) != digest:
             raise self._corrupt(repo, digest, served)
 
@@ -444,20 +463,29 @@ class RegistryClient:
         self, method: str, url: str, scope: str, headers: dict[str, str] | None = None, **kw: Any
     ) -> requests.Response:
         """A request whose body is streamed (blobs): authorised like `request`, bounded by an idle timeout
-        per read and by this client's deadline; the caller reads and closes it."""
+        per read and by this client's deadline, its answer's headers within one request's time (an upload's: what
+        is left of the deadline, the body is sent first); the caller reads and closes it."""
         for _ in range(3):
             if self._left() <= 0:
                 raise self._unavailable(f"did not finish within {self.command_seconds:.0f} s")
             self.requests_made += 1
+            sent = {**(headers or {}), **self._authorization(scope)}
+            budget = self._left() if "data" in kw else min(self.timeout, self._left())
             try:
-                resp = self.session.request(
-                    method,
-                    url,
-                    headers={**(headers or {}), **self._authorization(scope)},
-                    timeout=(min(10.0, self.timeout), self.timeout),  # the first: a send's bound too
-                    stream=True,
-                    **kw,
+                resp = within(
+                    budget,
+                    functools.partial(
+                        self.session.request,
+                        method,
+                        url,
+                        headers=sent,
+                        timeout=(min(10.0, self.timeout), self.timeout),  # the first: a send's bound too
+                        stream=True,
+                        **kw,
+                    ),
                 )
+            except Stalled:
+                raise self._unavailable(f"did not answer within {budget:.0f} s") from None
             except (requests.RequestException, OSError) as exc:
                 if is_stall(exc):
                     raise self._unavailable(f"did not answer within {self.timeout:.0f} s") from None

@@ -87,7 +87,7 @@ class _Copier:
                 child = str(entry.get("digest", "")) if isinstance(entry, dict) else ""
                 if not DIGEST_RE.fullmatch(child):
                     raise RegistryError(f"{bad} lists a malformed digest")
-                if self.target.manifest_digest(self.repo, child) != child:
+                if self.target.content_digest(self.repo, child) != child:
                     self.manifest(child, tally, depth=depth + 1)
         else:
             layers = body.get("layers") or []
@@ -189,8 +189,8 @@ def mirror(settings: Settings, req: MirrorRequest, progress: Callable[[str], Non
     results = []
     for tag in chosen:
         tally = TagCopy(tag)
-        tally.digest = source.manifest_digest(repo, tag) or ""
-        if tally.digest and target.manifest_digest(repo, tag) == tally.digest:
+        tally.digest = source.content_digest(repo, tag) or ""  # the hash of what it serves, never a header
+        if tally.digest and target.content_digest(repo, tag) == tally.digest:
             tally.status = "present"
         elif req.dry_run:
             tally.status = "would copy"
@@ -240,7 +240,7 @@ def _prune(target: RegistryClient, repo: str, req: MirrorRequest, kept: set[str]
     for tag in selection:
         if tag in newest:
             continue
-        digest = target.manifest_digest(repo, tag) or ""
+        digest = target.content_digest(repo, tag) or ""
         if not req.dry_run and digest:
             target.delete_manifest(repo, digest)
         out.append(TagCopy(tag, digest, "would prune" if req.dry_run else "pruned"))

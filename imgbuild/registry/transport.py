@@ -9,8 +9,9 @@ import re
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -19,6 +20,7 @@ from imgbuild.errors import RegistryError
 from imgbuild.registry_identity import is_loopback as is_loopback  # the client reads it here
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+T = TypeVar("T")
 
 
 @dataclass
@@ -150,12 +152,60 @@ def read_body(resp: requests.Response, cap: int) -> bytes:
     return bytes(out)
 
 
+def within(budget: float, call: Callable[[], T]) -> T:
+    """`call()`'s result, waited for at most `budget` seconds (Stalled past it). A server that trickles its answer's
+    headers a byte at a time restarts each read's timeout, so only a clock outside the call bounds it; the call goes
+    on in a daemon thread until that server lets go."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="imgbuild-http", daemon=True)
+    worker.start()
+    worker.join(max(0.0, budget))
+    if worker.is_alive():
+        raise Stalled
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+class Watchdog:
+    """Shuts `resp`'s socket down once `seconds` have passed: a streamed body that trickles a byte now and then holds
+    one read for as long as it likes (each byte restarts the socket's timeout, and a read waits for its whole
+    chunk), so only a clock outside the read bounds it. `fired`: whether it did."""
+
+    def __init__(self, resp: requests.Response, seconds: float):
+        self.resp = resp
+        self.fired = threading.Event()
+        self.timer = threading.Timer(max(0.0, seconds), self._fire)
+        self.timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired.set()
+        shutdown(self.resp)
+
+    def __enter__(self) -> Watchdog:
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+
+
 def shutdown(resp: requests.Response) -> None:
     """Shut the response's socket down without taking the reader's locks (close() would wait for them)."""
     import socket
 
     conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
     sock = getattr(conn, "sock", None)
+    if sock is None:  # a connection that closes after this answer (HTTP/1.0) handed its socket to the answer's file
+        body = getattr(getattr(resp.raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(body, "raw", None), "_sock", None)
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
