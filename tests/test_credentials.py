@@ -214,3 +214,15 @@ def test_a_credential_in_any_field_or_key_of_the_schema_is_refused_there_and_nev
     shown = field.removesuffix(".K").replace(".K[", "[")
     assert any(p.field.startswith(shown.split("[")[0]) for p in caught.value.problems), said
     assert secret[:12] not in said and caught.value.exit_code == 2, said
+
+
+def test_a_field_named_by_a_key_holding_a_credential_never_shows_it(tmp_path):
+    """Every message names its field through one function: a key shaped like a credential is named, not shown
+    (here YAML's own duplicate-key refusal, which no credential rule wrote)."""
+    key = SECRETS["NGC personal key"]
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(RECIPE_HEAD + f"env:\n  {key}: a\n  {key}: b\n")
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(tmp_path / "r.yaml", environ={})
+    said = str(caught.value)
+    assert "duplicate key" in said and "env[(a key holding a credential)]" in said and key[:12] not in said, said
