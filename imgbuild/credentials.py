@@ -51,6 +51,18 @@ JWT_RE = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{
 #: A secret-named variable given a literal in text (`PGPASSWORD=hunter2`, `export TOKEN: abc`): the value is in the
 #: text, whatever it looks like. A reference (`$TOKEN`, `${TOKEN}`) or a path (`TOKEN_FILE=/run/secrets/t`) is not.
 _ASSIGNMENT_RE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*[=:]\s*['\"]?([^\s'\"$/][^\s'\"]{3,})")
+#: A URL's user information (`scheme://USER[:PASSWORD]@host`): a password there is a credential whatever it looks
+#: like, and so is a user name as long as a token (GitHub's 40-hex OAuth tokens, Sentry's DSN keys and any PAT are
+#: handed to git and HTTP clients as the URL's user); a short name (`git@`, `oauth2@`, `x-access-token@`) is not.
+_URL_USERINFO_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://([^/\s?#@'\"]+)@")
+TOKEN_USER_CHARS = 16
+#: A command-line option named for a credential and handed a literal (`--password hunter2`, `--api-token=abc`,
+#: `-p`-less forms are the assignments above), and the user:password pair of curl's and wget's `-u`/`--user`.
+_OPTION_RE = re.compile(r"(?<![\w-])--?([A-Za-z][A-Za-z0-9_-]*)(?:=|\s+)['\"]?([^\s'\"$/-][^\s'\"]{3,})")
+_OPTION_NAME_RE = re.compile(
+    r"(?:^|[_-])(?:pass(?:word|wd|phrase)?|token|secret|(?:api|access|secret)[_-]?key|pat)$", re.I
+)
+_USER_PAIR_RE = re.compile(r"(?<![\w-])(?:-u|-U|--user|--proxy-user)(?:=|\s*)['\"]?[^\s:'\"$]+:([^\s'\"@]{4,})")
 #: detect-secrets plugins that judge randomness or addresses, not credentials: a sha256 pin or a digest is random,
 #: a public IP no secret. Every other regex plugin it ships is used.
 NOT_CREDENTIALS = frozenset(
@@ -73,10 +85,30 @@ def credential_kind(text: str) -> str:
         return "an access token or key by its issuer's prefix"
     if JWT_RE.search(text):
         return "a JSON Web Token"
+    return _by_place(text) or next((kind for kind, pattern in detector_shapes() if pattern.search(text)), "")
+
+
+def _by_place(text: str) -> str:
+    """A credential known by where it stands, whatever it looks like: assigned to a secret's name, handed to a
+    password option, a user:password pair, a URL's user information."""
     for name, value in _ASSIGNMENT_RE.findall(text):
-        if secret_name(name) and not value.isdigit() and value.lower() not in ("true", "false", "yes", "no"):
+        if secret_name(name) and _literal(value):
             return f"a value given to {name}"
-    return next((kind for kind, pattern in detector_shapes() if pattern.search(text)), "")
+    for name, value in _OPTION_RE.findall(text):
+        if _OPTION_NAME_RE.search(name) and _literal(value):
+            return f"a value given to the option {name}"
+    if any(not value.startswith("$") for value in _USER_PAIR_RE.findall(text)):
+        return "a user:password pair"
+    for userinfo in _URL_USERINFO_RE.findall(text):
+        user, colon, password = userinfo.partition(":")
+        if (colon and password and not password.startswith("$")) or len(user) >= TOKEN_USER_CHARS:
+            return "a URL's user information (a password, or a token as its user)"
+    return ""
+
+
+def _literal(value: str) -> bool:
+    """A value that is itself the secret: not a number, a flag's word or a reference."""
+    return not value.isdigit() and value.lower() not in ("true", "false", "yes", "no") and not value.startswith("$")
 
 
 def named_secret(name: str, value: str) -> bool:
@@ -94,12 +126,3 @@ def named_secret(name: str, value: str) -> bool:
 CREDENTIAL_REFUSAL = (
     "would be in the image and its history; pass it at run time (imgbuild run -e NAME) or as a build secret"
 )
-
-
-def refuse_credential(value: str) -> str:
-    """A recipe field's rule: a token, key, password or webhook URL ends in the image or its history; refused,
-    never shown."""
-    kind = credential_kind(value)
-    if kind:
-        raise ValueError(f"holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}")
-    return value

@@ -23,7 +23,7 @@ from imgbuild import limits
 from imgbuild.registry_identity import DOCKER_HUB, Registry, registry_identity
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_HOST = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?"
+_HOST = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?"  # the port: any digits Docker reads, 1-65535 (registry_identity)
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _DIGEST = r"sha256:[a-f0-9]{64}"

@@ -1,15 +1,19 @@
 """Which registry a host names, whatever its spelling: the one place registries are compared.
 
-Host names are case-insensitive; the engine reads a port as a number (`:05000` is `:5000`) and reaches a registry
-written without one on 443 (or 80, plain HTTP); Docker Hub answers to four names; `localhost`, `127.0.0.1` and
-`::1` are this machine. Every comparison of registries (build targets, `run.signed_only`, the mirror's source
-and target, credentials, signatures) goes through `registry_identity`, so a second spelling of one registry is
-never "another registry" (a test scans the source for any other comparison of hosts).
+Host names are case-insensitive and a name in another script is its IDNA (punycode) form; an address is the address
+whatever its spelling (`127.1`, `0x7f.0.0.1`, `[::FFFF:127.0.0.1]`, `[2001:DB8:0::1]`); the engine reads a port as
+a number (`:05000` is `:5000`) and reaches a registry written without one on 443 (or 80, plain HTTP); Docker Hub
+answers to four names; `localhost`, every loopback address and the unspecified ones (`0.0.0.0`, `::`, which a
+connection takes for this machine) are this machine. Every comparison of registries (build targets,
+`run.signed_only`, the mirror's source and target, credentials and their helpers, signatures) goes through
+`registry_identity`, so a second spelling of one registry is never "another registry" (a test scans the source for
+any other comparison of hosts).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 
 DOCKER_HUB = "docker.io"
@@ -70,21 +74,54 @@ def registry_identity(text: str) -> Registry:
     port = port_number(port_text) if port_text else None
     if port in DEFAULT_PORTS:
         port = None
-    name = name.rstrip(".")
-    if name in DOCKER_HUB_ALIASES:
-        name = DOCKER_HUB
-    elif _loopback_name(name):
-        name = LOOPBACK
-    return Registry(name, port)
+    return Registry(_host_name(name.rstrip(".")), port)
 
 
-def _loopback_name(name: str) -> bool:
-    if name == LOOPBACK:
-        return True
+#: An IPv4 address as the C library's inet_aton reads it: one to four parts, each decimal, octal (0...) or hex (0x...).
+_INET_ATON_RE = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]+)){0,3}")
+
+
+def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address `name` spells (an IPv4 address in any form inet_aton reads, an IPv6 one with the IPv4 it maps),
+    or None for a name."""
+    found: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     try:
-        return ipaddress.ip_address(name).is_loopback
+        found = ipaddress.ip_address(name)
     except ValueError:
-        return False
+        found = _inet_aton(name) if _INET_ATON_RE.fullmatch(name) else None
+    if isinstance(found, ipaddress.IPv6Address) and found.ipv4_mapped is not None:
+        return found.ipv4_mapped
+    return found
+
+
+def _inet_aton(name: str) -> ipaddress.IPv4Address | None:
+    parts = []
+    for part in name.split("."):
+        base = 16 if part.startswith("0x") else 8 if len(part) > 1 and part.startswith("0") else 10
+        try:
+            parts.append(int(part[2:] if base == 16 else part, base))
+        except ValueError:
+            return None
+    *head, last = parts
+    if any(p > 255 for p in head) or last >= 256 ** (4 - len(head)):
+        return None
+    value = sum(p << (8 * (3 - i)) for i, p in enumerate(head)) + last
+    return ipaddress.IPv4Address(value)
+
+
+def _host_name(name: str) -> str:
+    """A host as one spelling: an address in its canonical form (this machine's as `localhost`), a name lower-cased
+    in its ASCII (IDNA) form with Docker Hub's aliases folded. ValueError for a name with no IDNA form."""
+    address = _address(name)
+    if address is not None:
+        return LOOPBACK if address.is_loopback or address.is_unspecified else address.compressed
+    if not name.isascii():
+        try:
+            name = name.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError(f"not a host name: {name[:40]!r}") from None
+    name = name.lower()
+    return DOCKER_HUB if name in DOCKER_HUB_ALIASES else LOOPBACK if name == LOOPBACK else name
 
 
 def same_registry(a: str, b: str) -> bool:

@@ -66,10 +66,15 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@+-]{0,79}")
 
 
 def dotted(path: PathKey) -> str:
+    """A field's name for a message; a key holding what looks like a credential is named as such, never shown."""
+    from imgbuild.credentials import credential_kind
+
     out = ""
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif credential_kind(str(part)):
+            out += "[(a key holding a credential)]"
         elif _PLAIN_KEY.fullmatch(str(part)):
             out += f".{part}" if out else str(part)
         else:

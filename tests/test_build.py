@@ -325,6 +325,13 @@ DOOR_CHANGES = [
         {"v.py": "version = '0'\n"},
         f"{SITE}/numpy/version.py: modified",
     ),
+    (  # a CUDA-named library the linker's cache now points into, through a configuration removed after ldconfig
+        "run",
+        "run: ['mkdir /opt/ldc && cp /usr/lib/x86_64-linux-gnu/libz.so.1 /opt/ldc/libcudart.so.12 && echo /opt/ldc "
+        "> /etc/ld.so.conf.d/0-ldc.conf && ldconfig && rm /etc/ld.so.conf.d/0-ldc.conf']\n",
+        {},
+        "/opt/ldc/libcudart.so.12: added",
+    ),
     (
         "env",
         "files: [{src: t.py, dest: /opt/shadow/torch/__init__.py}]\nenv: {PYTHONPATH: /opt/shadow}\n",
@@ -346,7 +353,9 @@ def _stack_recipe(tmp_path: Path, door: str, lines: str, beside: dict[str, str])
     return recipe, name
 
 
-@pytest.mark.parametrize(("door", "lines", "beside", "names"), DOOR_CHANGES, ids=[d[0] for d in DOOR_CHANGES])
+@pytest.mark.parametrize(
+    ("door", "lines", "beside", "names"), DOOR_CHANGES, ids=["pip", "run", "files", "run-ldcache", "env"]
+)
 def test_the_byte_check_fails_the_build_at_the_door_that_changed_the_bases_stack(
     door, lines, beside, names, testbed, docker_client, tmp_path
 ):

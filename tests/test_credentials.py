@@ -132,3 +132,97 @@ def test_checking_a_recipe_loads_neither_the_detector_package_nor_http():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+#: Credentials in forms no issuer prefix names: a token as a URL's user, a password in a URL, a client's
+#: user:password option, a password option.
+UNPREFIXED = {
+    "a 40-hex token as a git URL's user": "git clone https://" + "0a1b2c3d4e" * 4 + "@github.com/lab/repo /opt/r",
+    "a DSN's key as the URL's user": "https://" + "f00dbeef" * 4 + "@o1.ingest.sentry.example/42",
+    "a password in a URL, whatever it looks like": "https://ci:p@ss-w0rd!@files.lab.example/x.whl",
+    "curl's user:password": "curl -u admin:hunter22 -o /x https://files.lab.example/x",
+    "a password option": "mytool --password hunter22",
+    "a token option": "huggingface-cli login --token Zq8v1Zq8v1Zq8v1",
+}
+#: What those rules leave alone: a short user name, references, flags, paths.
+UNPREFIXED_PLAIN = [
+    "git clone ssh://git@github.com/lab/repo",
+    "git clone https://x-access-token@github.com/lab/repo",
+    "curl -u $USER:$PASSWORD https://files.lab.example/x",
+    "https://ci:${CI_PASSWORD}@files.lab.example/x",
+    "huggingface-cli login --token $HF_TOKEN",
+    "mytool --token-file /run/secrets/t --password-stdin",
+    "python train.py --auth-mode local --passes 3",
+    "mkdir -p build && ls -p /tmp",
+]
+
+
+@pytest.mark.parametrize("kind", UNPREFIXED)
+def test_a_credential_without_an_issuers_prefix_is_known_by_where_it_stands(kind):
+    assert credential_kind(UNPREFIXED[kind])
+
+
+@pytest.mark.parametrize("text", UNPREFIXED_PLAIN)
+def test_short_user_names_references_and_flags_are_no_credential(text):
+    assert credential_kind(text) == ""
+
+
+def _string_places(schema: dict, defs: dict, at: str = "") -> list[tuple[str, object]]:
+    """(field, a function putting a value there) for every place of the recipe's JSON schema that holds text: a
+    string, a list's item, a map's value and a map's key."""
+    if "$ref" in schema:
+        return _string_places(defs[schema["$ref"].rsplit("/", 1)[1]], defs, at)
+    for option in schema.get("anyOf", ()):
+        if places := _string_places(option, defs, at):
+            return places
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind):
+        return [(at, lambda v: v)]
+    if kind == "array":
+        return [(f"{at}[0]", lambda v, put=put: [put(v)]) for _, put in _string_places(schema["items"], defs)][:1]
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        inner = _string_places(schema["additionalProperties"], defs)
+        return [(f"{at}.K", lambda v, put=put: {"K": put(v)}) for _, put in inner][:1] + [(at, lambda v: {v: "x"})]
+    places = []
+    for name, part in schema.get("properties", {}).items():
+        for field, put in _string_places(part, defs, f"{at}.{name}" if at else name):
+            places.append((field, lambda v, put=put, name=name: {name: put(v)}))
+    return places
+
+
+def _schema_places() -> list[tuple[str, object]]:
+    import json
+    from pathlib import Path
+
+    schema = json.loads((Path(__file__).resolve().parent.parent / "docs" / "recipe.schema.json").read_text())
+    return [(f, put) for f, put in _string_places(schema, schema["$defs"]) if f not in ("name", "base.framework")]
+
+
+@pytest.mark.parametrize(("field", "put"), _schema_places(), ids=[f for f, _ in _schema_places()])
+def test_a_credential_in_any_field_or_key_of_the_schema_is_refused_there_and_never_shown(tmp_path, field, put):
+    import yaml
+
+    secret = SECRETS["NGC personal key"]
+    data = yaml.safe_load(RECIPE_HEAD)
+    for name, value in put(secret).items():
+        data[name] = {**data[name], **value} if isinstance(data.get(name), dict) else value
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(tmp_path / "r.yaml", environ={})
+    said = str(caught.value)
+    shown = field.removesuffix(".K").replace(".K[", "[")
+    assert any(p.field.startswith(shown.split("[")[0]) for p in caught.value.problems), said
+    assert secret[:12] not in said and caught.value.exit_code == 2, said
+
+
+def test_a_field_named_by_a_key_holding_a_credential_never_shows_it(tmp_path):
+    """Every message names its field through one function: a key shaped like a credential is named, not shown
+    (here YAML's own duplicate-key refusal, which no credential rule wrote)."""
+    key = SECRETS["NGC personal key"]
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "r.yaml").write_text(RECIPE_HEAD + f"env:\n  {key}: a\n  {key}: b\n")
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(tmp_path / "r.yaml", environ={})
+    said = str(caught.value)
+    assert "duplicate key" in said and "env[(a key holding a credential)]" in said and key[:12] not in said, said

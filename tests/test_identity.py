@@ -104,6 +104,77 @@ def test_a_port_is_ascii_digits_within_range(port):
         registry_identity(f"lab.example:{port}")
 
 
+from hypothesis import HealthCheck, Phase, given  # noqa: E402
+from hypothesis import settings as hsettings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+#: A fixed seed and a small budget: the property runs in CI on two cores.
+FIXED = hsettings(derandomize=True, database=None, deadline=None, max_examples=60,
+                  phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+_LABEL = st.from_regex(r"\A[a-z][a-z0-9]{0,6}\Z")
+
+
+def _cased(draw, text: str) -> str:
+    return "".join(c.upper() if draw(st.booleans()) else c for c in text)
+
+
+@st.composite
+def one_registry(draw) -> tuple[list[str], bool]:
+    """Two or more spellings the engine sends to one registry (host, port), and whether a reference may carry them
+    (Docker's grammar has no brackets and no other script)."""
+    kind = draw(st.sampled_from(["name", "loopback", "hub", "ipv6", "idna"]))
+    port = draw(st.one_of(st.none(), st.integers(1, 65535)))
+    if kind == "loopback":
+        hosts = ["localhost", "LOCALHOST", "127.0.0.1", f"127.{draw(st.integers(0, 255))}.0.1", "127.1",
+                 "0x7f.0.0.1", "0.0.0.0", "[::1]", "[0:0:0:0:0:0:0:1]", "[::]", "[::ffff:127.0.0.1]", "localhost."]  # fmt: skip
+    elif kind == "hub":
+        hosts, port = ["docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"], None
+    elif kind == "ipv6":
+        address = draw(st.ip_addresses(v=6).filter(lambda a: a.ipv4_mapped is None and not a.is_loopback
+                                                   and not a.is_unspecified))  # fmt: skip
+        hosts = [f"[{address.compressed}]", f"[{address.exploded.upper()}]"]
+    elif kind == "idna":
+        hosts = ["xn--bcher-kva.example", "bücher.example", "BÜCHER.EXAMPLE."]
+    else:
+        name = ".".join(draw(st.lists(_LABEL, min_size=2, max_size=3)))
+        hosts = [name, f"{name}.", _cased(draw, name)]
+    spellings = []
+    for host in hosts:
+        if port is None:
+            spellings.append(host + draw(st.sampled_from(["", ":443"])))
+        else:
+            spellings.append(f"{host}:{'0' * draw(st.integers(0, 2))}{port}")
+    legal = kind in ("name", "hub", "loopback")
+    return [_cased(draw, s) if kind != "idna" else s for s in spellings], legal
+
+
+@FIXED
+@given(drawn=one_registry(), data=st.data())
+def test_spellings_the_engine_sends_to_one_registry_are_one_identity_to_every_checker(drawn, data):
+    from imgbuild.pipeline.targets import target_refusal
+    from imgbuild.registry.auth import credentials_for, plain_http
+    from imgbuild.servers.admission import under_prefix
+    from tests.support import settings
+
+    spellings, legal = drawn
+    a, b = data.draw(st.sampled_from(spellings)), data.draw(st.sampled_from(spellings))
+    assert registry_identity(a) == registry_identity(b) and same_registry(a, b) and same_registry(b, a)
+    site = settings(ngc_registry=b, insecure_registries=[b], ngc_api_key="nvapi-test")
+    assert plain_http(a, site) and plain_http(b, site)  # the same answer for both spellings
+    assert credentials_for(a, site).username == "$oauthtoken"
+    # Docker's grammar: a host is a first part with a "." or a ":", or `localhost` as written; no brackets, no
+    # trailing dot
+    refs = [
+        f"{s}/lab/x:v1"
+        for s in (a, b)
+        if "[" not in s and ("." in s or ":" in s or s == "localhost") and not s.split(":")[0].endswith(".")
+    ]
+    if legal and len(refs) == 2:
+        assert parse(refs[0]).normal() == parse(refs[1]).normal()
+        assert under_prefix(parse(refs[0]), f"{b}/lab") == under_prefix(parse(refs[1]), f"{b}/lab")
+        assert target_refusal(f"{a.split('/')[0]}/nvidia/pytorch:24.05-py3", "ubuntu:22.04", b) is not None
+
+
 def _host_comparisons(path):
     """Lines of `path` that compare a registry or host by its spelling (==, !=, in, not in)."""
     import ast

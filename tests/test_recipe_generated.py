@@ -41,6 +41,8 @@ FIXED = hsettings(
 )
 #: One refusal line: FILE:LINE:COL: FIELD: what (hint).
 LINE_RE = re.compile(r"[^\n]+:\d+:\d+: [^\n]+: [^\n]+")
+#: CPU seconds one recipe's validate and render may take (a hostile shape must not make either slow).
+CPU_BOUND = 5.0
 #: Fields whose verdict needs the base's own facts (its framework's version, its pins), read by render only.
 NEEDS_THE_BASE = ("pip.", "lock")
 BASE = {"framework": "pytorch", "tag": "24.05"}
@@ -55,12 +57,18 @@ def _compiled_templates():
 
 
 def _verdicts(folder: Path, data: dict) -> tuple[RecipeError | None, ImgbuildError | None, Path]:
-    """(validate's refusal, render's refusal, the context folder) for the recipe `data`, both offline."""
+    """(validate's refusal, render's refusal, the context folder) for the recipe `data`, both offline; any other
+    exception is a traceback and fails. Both together stay within CPU_BOUND, and nothing is written beside the
+    recipe but the context (and the settings' cache)."""
+    import time
+
     for old in folder.glob("*"):
         if old.is_file():
             old.unlink()
     path = folder / "r.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    before = _written(folder)
+    started = time.process_time()
     conf = settings(cache_dir=str(folder / "cache"))
     said: RecipeError | None = None
     try:
@@ -76,7 +84,15 @@ def _verdicts(folder: Path, data: dict) -> tuple[RecipeError | None, ImgbuildErr
         write_context(render(plan, "buildkit", cache=_compiled_templates()), out)
     except ImgbuildError as exc:
         done = exc
+    assert time.process_time() - started < CPU_BOUND, f"validate and render took over {CPU_BOUND} s of CPU"
+    assert _written(folder) == before, "something was written outside the context"
     return said, done, out
+
+
+def _written(folder: Path) -> set[Path]:
+    """Everything beside the recipe's folder and in it, but its context and the settings' cache."""
+    kept = (folder / "ctx", folder / "cache")
+    return {p for p in folder.parent.rglob("*") if not any(p == k or k in p.parents for k in kept)}
 
 
 def _fields(exc: ImgbuildError) -> list[str]:
@@ -147,6 +163,8 @@ TEXT_FIELDS = {
     "smoke.run[0]": lambda v: {"smoke": {"run": [v]}},
     "cmd": lambda v: {"cmd": v},
     "entrypoint[0]": lambda v: {"entrypoint": [v, "x"]},
+    "tag": lambda v: {"tag": v},
+    "smoke.skip_imports[0]": lambda v: {"smoke": {"skip_imports": [v]}},
 }
 
 
@@ -180,6 +198,8 @@ SECRET_SHAPES = [
     ("https://user:", "[a-z0-9]{12}@git.example/repo.git"),
     ("PGPASSWORD=", "[a-z0-9]{12}"),
     ("SG.", "[A-Za-z0-9_-]{22}\\.[A-Za-z0-9_-]{43}"),
+    ("https://", "[0-9a-f]{40}@github.com/lab/repo.git"),
+    ("curl -u admin:", "[a-z0-9]{10}"),
 ]
 
 

@@ -50,7 +50,7 @@ BAD_RECIPES = [
         HEAD + "pip:\n  index_url: https://bob:hunter2@pypi.example/simple\n",
         4,
         "pip.index_url",
-        "credentials in a recipe",
+        "looks like a credential",
     ),
     ("pip-packages-not-list", HEAD + "pip:\n  packages: einops\n", 4, "pip.packages", "must be a list"),
     (

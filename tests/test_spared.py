@@ -96,10 +96,10 @@ def test_the_system_scope_is_everything_but_the_python_requirements(recipe, chan
     "dest, env, counts",
     [
         ("/workspace/yaml.py", "", True),  # the working folder: `python -c` imports it before PyYAML
-        ("/usr/lib/python3/dist-packages/sitecustomize.py", "", True),
+        ("/usr/lib/python3/dist-packages/mymodule.py", "", True),  # (a startup file is refused at the door)
         ("/usr/local/lib/libmagic.so.1", "", True),
         ("/etc/ld.so.conf.d/extra.conf", "", True),
-        ("/opt/conda/lib/python3.11/site-packages/x.pth", "", True),
+        ("/opt/conda/lib/python3.11/site-packages/x.py", "", True),
         ("/srv/pkgs/site-packages/numpy/__init__.py", "", True),
         ("/opt/app/numpy.py", 'env: {PYTHONPATH: "/opt/app:/x"}', True),
         ("/opt/libs/libfoo.so", 'env: {LD_LIBRARY_PATH: "$LD_LIBRARY_PATH:/opt/libs"}', True),

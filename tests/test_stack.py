@@ -179,6 +179,10 @@ def recorded(tmp_path_factory):
         "torch/__init__.py,,\ntorch-2.4.0.dist-info/METADATA,,\ntorch-2.4.0.dist-info/RECORD,,\n"
     )
     (root / "constraint.txt").write_text("")
+    (root / "bashrc").write_text("# the base's own\n")  # BASH_ENV's script: bash runs it before NGC's entrypoint
+    (root / "alt").mkdir()  # a link in the stack leading through one outside it (as /etc/alternatives)
+    (root / "alt" / "libnvrtc.so.12").symlink_to("real-a")
+    (lib / "libnvrtc.so.12").symlink_to("../../alt/libnvrtc.so.12")
     spec = {"distributions": ["torch"], "unpinned": [], "trees": [f"{root}/cuda*", f"{root}/nvidia"],
             "files": [f"{root}/preload"], "own": [], "cuda_wheels": "nvidia-cudnn-cu[0-9]+",
             "unpinned_prefixes": ["nvidia-"]}  # fmt: skip
@@ -196,6 +200,7 @@ def _env(top: Path) -> dict[str, str]:
         "PIP_CONSTRAINT": str(root / "constraint.txt"),
         "LD_LIBRARY_PATH": str(root / "cuda" / "lib64"),
         "PYTHONPATH": f"{root / 'early'}:{root / 'site'}",
+        "BASH_ENV": str(root / "bashrc"),
     }
 
 
@@ -262,6 +267,18 @@ def test_an_untouched_base_passes_and_a_touch_that_keeps_the_bytes_is_no_change(
             lambda r: (r / "site/sitecustomize.py").write_text(""),
             "sitecustomize.py: added (it runs at every Python start)",
         ),
+        (lambda r: (r / "bashrc").write_text("export LD_PRELOAD=/x.so\n"), "bashrc: modified"),
+        (
+            lambda r: (r / "alt/libnvrtc.so.12").unlink() or (r / "alt/libnvrtc.so.12").symlink_to("real-b"),
+            "libnvrtc.so.12: repointed",
+        ),
+        (
+            lambda r: (
+                (r / "cuda/lib64/glibc-hwcaps/x86-64-v3").mkdir(parents=True)
+                or (r / "cuda/lib64/glibc-hwcaps/x86-64-v3/libcudart.so.12").write_bytes(b"mine")
+            ),
+            "libcudart.so.12: shadowed for the dynamic linker",
+        ),
     ],
     ids=[
         "modified",
@@ -275,6 +292,9 @@ def test_an_untouched_base_passes_and_a_touch_that_keeps_the_bytes_is_no_change(
         "mode",
         "import-shadow",
         "sitecustomize",
+        "bash-startup",
+        "link-repointed",
+        "hwcaps-shadow",
     ],  # fmt: skip
 )
 def test_a_change_to_the_stack_fails_naming_the_file_and_the_step(stand, change, says):
@@ -284,6 +304,39 @@ def test_a_change_to_the_stack_fails_naming_the_file_and_the_step(stand, change,
     assert done.returncode == 1, done.stdout
     assert any(line.startswith("imgbuild: the run step changed the base's stack: ") and says in line
                for line in done.stdout.splitlines()), done.stdout  # fmt: skip
+
+
+def test_the_linkers_cache_is_read_as_the_linker_reads_it(tmp_path):
+    """glibc's cache (its format since 2.32, alone or after the old one) gives each name's files; the linker takes
+    LD_LIBRARY_PATH's (glibc-hwcaps subfolders first), then the cache's, whatever configuration wrote it."""
+    import struct
+
+    from imgbuild.payload.stack_check import _resolve, ld_cache
+
+    def cache(entries: list[tuple[str, str]], old: bool) -> bytes:
+        strings, offsets = b"", []
+        table = 48 + 24 * len(entries)
+        for key, value in entries:
+            offsets.append((table + len(strings), table + len(strings) + len(key) + 1))
+            strings += key.encode() + b"\0" + value.encode() + b"\0"
+        head = b"glibc-ld.so.cache1.1" + struct.pack("<IIB3xI12x", len(entries), len(strings), 2, 0)
+        body = b"".join(struct.pack("<iIIIQ", 771, k, v, 0, 0) for k, v in offsets)
+        return (b"ld.so-1.7.0\0" + struct.pack("<I", 0) if old else b"") + head + body + strings
+
+    evil, real = tmp_path / "evil", tmp_path / "real"
+    for folder in (evil, real, tmp_path / "env" / "glibc-hwcaps" / "x86-64-v3"):
+        folder.mkdir(parents=True)
+    (evil / "libcudnn.so.9").write_bytes(b"evil")
+    (real / "libcudnn.so.9").write_bytes(b"real")
+    (tmp_path / "env" / "glibc-hwcaps" / "x86-64-v3" / "libcudart.so.12").write_bytes(b"hw")
+    for old in (False, True):
+        (tmp_path / "ld.so.cache").write_bytes(cache([("libcudnn.so.9", f"{evil}/libcudnn.so.9")], old))
+        table = ld_cache(str(tmp_path / "ld.so.cache"))
+        assert table == {"libcudnn.so.9": [f"{evil}/libcudnn.so.9"]}
+    env = {"LD_LIBRARY_PATH": str(tmp_path / "env")}
+    assert _resolve("libcudnn.so.9", env, table, {}) == str(evil / "libcudnn.so.9")
+    assert _resolve("libcudnn.so.9", {"LD_LIBRARY_PATH": str(real)}, table, {}) == str(real / "libcudnn.so.9")
+    assert _resolve("libcudart.so.12", env, {}, {}).endswith("glibc-hwcaps/x86-64-v3/libcudart.so.12")
 
 
 def test_a_library_earlier_on_the_loader_path_shadows_the_bases(stand, tmp_path):
@@ -324,11 +377,32 @@ def test_a_step_naming_the_bases_stack_is_refused_before_the_build(text, field, 
 
 
 @pytest.mark.parametrize(
+    ("held", "dest"),
+    [
+        ("torch/__init__.py", "/usr/local/lib/python3.10/dist-packages"),
+        ("lib/libcudart.so.12", "/usr/local"),
+        ("x86_64-linux-gnu/libcudnn.so.9", "/usr/lib"),
+        ("nvidia/nvidia_entrypoint.sh", "/opt"),
+        ("python3.10/dist-packages/sitecustomize.py", "/usr/local/lib"),
+        ("dist-packages/zz-hook.pth", "/usr/lib/python3"),
+        ("sitecustomize.py", "/etc/python3.10"),
+    ],
+)
+def test_a_copied_folder_holding_the_bases_stack_is_refused_by_the_file_it_holds(held, dest, tmp_path):
+    """The door judges each file a copied folder holds at the path it lands on, not only the folder's own."""
+    (tmp_path / "tree" / held).parent.mkdir(parents=True)
+    (tmp_path / "tree" / held).write_text("x")
+    assert _one_refusal(tmp_path, f"files: [{{src: tree, dest: {dest}}}]\n", True, "files[0].dest")
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "apt: [git, libcurl4, cups, nvtop]\n",
         "files: [{src: f.txt, dest: /usr/local/lib/python3.10/dist-packages/torchmetrics_extra.py}]\n",
         "files: [{src: f.txt, dest: /opt/app/cudnn_notes.txt}]\n",
+        "files: [{src: f.txt, dest: /opt/app/site-packages/notes.pth.txt}]\n",
+        "files: [{src: f.txt, dest: /workspace/mypkg/customize.py}]\n",
     ],
 )
 def test_steps_beside_the_stack_pass_the_door(text, tmp_path):

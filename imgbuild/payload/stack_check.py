@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 
@@ -40,7 +41,14 @@ LIBRARY_RE = re.compile(
 #: them and is an absolute folder (an empty or relative entry is the process's own working folder).
 SEARCH_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 #: Variables whose value is the base's: where its CUDA is, which Python runs, what every process preloads.
-FIXED_VARS = ("CUDA_HOME", "CUDA_PATH", "LD_PRELOAD", "LD_AUDIT", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE")
+FIXED_VARS = ("CUDA_HOME", "CUDA_PATH", "LD_PRELOAD", "LD_AUDIT", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
+              "BASH_ENV", "ENV")  # fmt: skip
+#: Variables naming a script a shell runs before any other: bash before every script (NGC's entrypoint is one),
+#: sh before every interactive session. The files the base's name are its stack, like its entrypoint.
+STARTUP_SCRIPT_VARS = ("BASH_ENV", "ENV")
+#: The dynamic linker's cache (what ldconfig wrote: the linker reads it, not the configuration).
+LD_CACHE = "/etc/ld.so.cache"
+_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
 #: Where CUDA_HOME and CUDA_PATH may point when the base sets neither.
 CUDA_HOME = "/usr/local/cuda"
 #: Modules Python imports at every start from the first folder on sys.path that has them (a .pth file runs at
@@ -101,8 +109,8 @@ def _stat(path: str) -> list | None:
 
 
 def _content(path: str, kind: str) -> str:
-    if kind == "l":
-        return os.readlink(path)
+    if kind == "l":  # a link is what it says and where it finally leads (a link further on may be repointed)
+        return f"{os.readlink(path)} -> {os.path.realpath(path)}"
     if kind == "f" and os.path.isfile(path):
         return _sha256(path)
     return ""
@@ -199,11 +207,55 @@ def _ld_conf_dirs(path: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]:
     return found
 
 
-def _loader_dirs(env: dict[str, str]) -> list[str]:
-    """Where the dynamic linker looks, in order: LD_LIBRARY_PATH, its cache's folders, the default ones."""
+def ld_cache(path: str = LD_CACHE) -> dict[str, list[str]]:
+    """The dynamic linker's cache: each library name with the files it maps it to, in the cache's order (glibc's
+    format since 2.32, alone or after the old one; string offsets count from its header)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(64 << 20)
+    except OSError:
+        return {}
+    start = data.find(_CACHE_MAGIC)
+    if start < 0 or len(data) < start + 48:
+        return {}
+    count = struct.unpack_from("<I", data, start + 20)[0]
+
+    def text(offset: int) -> str:
+        at = start + offset
+        end = data.find(b"\0", at)
+        return data[at:end].decode("utf-8", "replace") if 0 <= at < len(data) and end > 0 else ""
+
+    found: dict[str, list[str]] = {}
+    for i in range(min(count, (len(data) - start - 48) // 24)):
+        _, key, value, _, _ = struct.unpack_from("<iIIIQ", data, start + 48 + 24 * i)
+        found.setdefault(text(key), []).append(os.path.normpath(text(value)))
+    return found
+
+
+def _with_hwcaps(dirs: list[str]) -> list[str]:
+    """`dirs` as the linker searches them: each folder's glibc-hwcaps subfolders (x86-64-v3, ...) before it."""
+    found: list[str] = []
+    for folder in dirs:
+        found += sorted(glob.glob(os.path.join(glob.escape(folder), "glibc-hwcaps", "*"))) + [folder]
+    return [os.path.normpath(d) for d in dict.fromkeys(found)]
+
+
+def _loader_dirs(env: dict[str, str], cache: dict[str, list[str]] | None = None) -> list[str]:
+    """Every folder the dynamic linker may take a library from: LD_LIBRARY_PATH's, its cache's (whatever
+    configuration wrote it), the configured and the default ones, each with its glibc-hwcaps subfolders."""
     dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
-    dirs += _ld_conf_dirs() + ["/lib", "/usr/lib", "/lib64", "/usr/lib64"]
-    return [os.path.normpath(d) for d in dict.fromkeys(dirs)]
+    cached = [os.path.dirname(p) for paths in (ld_cache() if cache is None else cache).values() for p in paths]
+    dirs += _ld_conf_dirs() + cached + ["/lib", "/usr/lib", "/lib64", "/usr/lib64"]
+    return _with_hwcaps([os.path.normpath(d) for d in dict.fromkeys(dirs)])
+
+
+def _resolve(name: str, env: dict[str, str], cache: dict[str, list[str]], listing: dict[str, set[str]]) -> str:
+    """Where the dynamic linker takes `name` from, as a real path ("" when nowhere): LD_LIBRARY_PATH's folders,
+    then its cache, then the default folders, glibc-hwcaps subfolders first."""
+    first = _first(name, _with_hwcaps([d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]), listing)
+    first = first or next(iter(cache.get(name, ())), "")
+    first = first or _first(name, _with_hwcaps(["/lib", "/usr/lib", "/lib64", "/usr/lib64"]), listing)
+    return os.path.realpath(first) if first else ""
 
 
 def _listing(folder: str, listing: dict[str, set[str]]) -> set[str]:
@@ -275,9 +327,11 @@ def record(spec: dict, hashing: bool = True) -> dict:
     env = {k: v for k, v in os.environ.items() if k in SEARCH_VARS + FIXED_VARS}
     trees = sorted({os.path.normpath(p) for pattern in spec["trees"] for p in glob.glob(pattern)})
     dist_trees, dist_files, tops = _distributions(spec)
-    loader = _loader_dirs(env)
+    cache = ld_cache()
+    loader = _loader_dirs(env, cache)
     constraint = os.environ.get("PIP_CONSTRAINT", "")
-    singles = [*spec["files"], *dist_files, *_library_files(loader), *([constraint] if constraint else [])]
+    startup = [env_script for name in STARTUP_SCRIPT_VARS if (env_script := os.environ.get(name, "")).startswith("/")]
+    singles = [*spec["files"], *dist_files, *_library_files(loader), *([constraint] if constraint else []), *startup]
     entries: dict[str, list] = {}
     for path in [p for tree in [*trees, *dist_trees] for p in _walk(tree)] + singles:
         st = _stat(path)
@@ -288,7 +342,7 @@ def record(spec: dict, hashing: bool = True) -> dict:
     for folder in loader:
         for name in sorted(_listing(folder, listing)):
             if ".so" in name and name not in libs and os.path.realpath(os.path.join(folder, name)) in protected:
-                libs[name] = _first(name, loader, listing)
+                libs[name] = _resolve(name, env, cache, listing)
     python = os.path.realpath(sys.executable)
     view = _python_view(python, tops)
     base_path = [d for d in env.get("PATH", "").split(":") if d]
@@ -320,6 +374,8 @@ def _changed(path: str, was: list, base_root: str = "") -> str:
         return "replaced by another kind of file"
     if now[4:7] != was[4:7]:
         return f"mode or owner changed ({was[4]:o} {was[5]}:{was[6]} -> {now[4]:o} {now[5]}:{now[6]})"
+    if now[0] == "l":  # a link further on may be repointed while this one's stat stays
+        return "" if _content(path, "l") == was[7] else "repointed (where it leads changed)"
     if now[0] == "d" or now[1:4] == was[1:4]:
         return ""
     if now[1] != was[1]:
@@ -372,9 +428,9 @@ def _added(spec: dict, manifest: dict, env: dict[str, str]) -> list[str]:
 def _shadowed(manifest: dict, env: dict[str, str]) -> list[str]:
     """Protected names that the dynamic linker, the shell or Python now find somewhere else first."""
     found = []
-    loader, listing = _loader_dirs(env), {}  # type: ignore[var-annotated]
+    cache, listing = ld_cache(), {}  # type: ignore[var-annotated]
     for name, where in manifest["libs"].items():
-        if (now := _first(name, loader, listing)) != where:
+        if (now := _resolve(name, env, cache, listing)) != where:
             found.append(_moved(where, now, "the dynamic linker"))
     for command, where in manifest["commands"].items():  # a command the base lacks may be added
         if where and (now := shutil.which(command, path=env.get("PATH")) or "") != where:

@@ -264,7 +264,8 @@ def check_stack(loaded: LoadedRecipe, base: BaseImage | None) -> None:
     found: list[tuple[tuple[str | int, ...], str]] = [
         (("env", name), why) for name, why in env_problems(recipe.env, recipe.args, known)
     ]
-    found += door_problems(recipe)
+    copied = {dest: tuple(f.rel for f in files) for dest, files in loaded.file_manifest.items()}
+    found += door_problems(recipe, copied)
     if found:
         raise RecipeError([field_problem(loaded, at, why, hint) for at, why in found])
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from imgbuild.facts import IMAGE_DIR
 from imgbuild.ngc import CUDA_LIBRARY_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORK_PACKAGES, FRAMEWORKS
 from imgbuild.payload import SMOKE_MODULES
-from imgbuild.payload.stack_check import FIXED_VARS, LIBRARY_RE, SEARCH_VARS, judge_env
+from imgbuild.payload.stack_check import FIXED_VARS, LIBRARY_RE, SEARCH_VARS, STARTUP_RE, judge_env
 
 if TYPE_CHECKING:
     from imgbuild.recipe.model import Recipe
@@ -144,9 +144,12 @@ def _expand(value: str, scope: dict[str, str]) -> str:
     return _REFERENCE.sub(one, value)
 
 
-def door_problems(recipe: Recipe) -> list[tuple[tuple[str | int, ...], str]]:
+def door_problems(
+    recipe: Recipe, copied: dict[str, tuple[str, ...]] | None = None
+) -> list[tuple[tuple[str | int, ...], str]]:
     """(field, what is wrong) for each step that names the base's stack outright: an apt package of the CUDA stack
-    or a framework, a file copied over or into the stack's folders, a CUDA library's or a framework's files, or
+    or a framework, a file copied over or into the stack's folders, a CUDA library's or a framework's files or a
+    file Python runs at its start (each file a copied folder holds, `copied`: a destination's paths below it), or
     the user's home or workdir there. Earlier and friendlier than the byte check, which catches every other way."""
     found: list[tuple[tuple[str | int, ...], str]] = []
     for i, package in enumerate(recipe.apt):
@@ -154,7 +157,9 @@ def door_problems(recipe: Recipe) -> list[tuple[tuple[str | int, ...], str]]:
         if STACK_DEB_RE.fullmatch(name):
             found.append((("apt", i), f"{name} is the CUDA stack or a framework, which the base already carries"))
     for i, spec in enumerate(recipe.files):
-        if why := stack_path(spec.dest):
+        below = (copied or {}).get(spec.dest) or ("",)
+        paths = (posixpath.join(spec.dest, rel) if rel else spec.dest for rel in below)
+        if why := next((why for path in paths if (why := stack_path(path))), ""):
             found.append((("files", i, "dest"), why))
     places: list[tuple[tuple[str | int, ...], str]] = [(("workdir",), recipe.workdir)]
     if recipe.user and recipe.user.home:
@@ -174,8 +179,12 @@ def stack_path(path: str) -> str:
             return f"{path} is in the base's stack ({head}): a recipe may add beside it, never over or into it"
     if LIBRARY_RE.fullmatch(parts[-1]):
         return f"{path}: {parts[-1]} is a CUDA library's name; the base's own are the stack"
+    if STARTUP_RE.fullmatch(parts[-1]):
+        return f"{path}: Python runs {parts[-1]} at every start, before the base's framework"
     modules = {fw.module for fw in FRAMEWORKS.values()}
     for at, part in enumerate(parts[:-1]):
         if part in ("dist-packages", "site-packages") and parts[at + 1].split(".")[0] in modules:
             return f"{path} is inside the base's framework ({parts[at + 1]})"
+        if part in ("dist-packages", "site-packages") and at + 2 == len(parts) and parts[-1].endswith(".pth"):
+            return f"{path}: a .pth file in a site folder runs its import lines at every Python start"
     return ""

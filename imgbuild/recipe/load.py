@@ -28,7 +28,7 @@ from imgbuild.recipe.repofiles import (
     resolve_inside,
     source_files,
 )
-from imgbuild.yamlpos import Located, dotted, read_text_bounded
+from imgbuild.yamlpos import Located, PathKey, Pos, dotted, read_text_bounded
 
 _RELATIVE_HINT = "paths are relative to the recipe that names them"
 
@@ -245,6 +245,7 @@ def load_recipe(
         )
     layers = load_chain(path, environ, problems, [], root, tuple(secrets))
     located = merged_positions(layers)
+    refused, held = _refuse_credentials(located)
     manifest: dict[str, list[SourceFile]] = {}
     digests: dict[str, str] = {}
     requirements = _check_paths(manifest, digests, located, root, tuple(secrets), problems)
@@ -256,6 +257,8 @@ def load_recipe(
         for i in issues
         if dotted(i.at) not in reported
     )
+    if held:  # what another rule says of a field holding a credential may show it: the refusal says enough
+        problems = refused + [p for p in problems if not _shows(p.field, held)]
     if problems:
         raise RecipeError(_dedupe(problems))
     assert recipe is not None
@@ -278,6 +281,39 @@ def load_recipe(
         requirement_options=tuple(requirements.options),
         file_digests=digests,
     )
+
+
+def _refuse_credentials(located: Located) -> tuple[list[Problem], tuple[str, ...]]:
+    """Every text the recipe holds, keys and values of every field (as merged and interpolated), judged by the one
+    credential rule: whatever field a token is in, it reaches the context, the image or its history. Returns the
+    refusals (a key is named by its map, never shown) and the fields they hold, which no other message may show."""
+    from imgbuild.credentials import CREDENTIAL_REFUSAL, credential_kind
+
+    problems: list[Problem] = []
+    held: list[str] = []
+
+    def walk(value: Any, at: PathKey) -> None:
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(key, str) and (kind := credential_kind(key)):
+                pos = located.where((*at, key), key=True) or Pos("", 0, 0)
+                said = f"a key holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}"
+                problems.append(Problem(pos.file, pos.line, pos.col, dotted(at), said))
+                held.append(dotted((*at, key)))
+            walk(item, (*at, key))
+        if isinstance(value, str) and (kind := credential_kind(value)):
+            problems.append(
+                located.problem(at, f"holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}")
+            )
+            held.append(dotted(at))
+
+    walk(located.data, ())
+    return problems, tuple(held)
+
+
+def _shows(field: str, held: tuple[str, ...]) -> bool:
+    """Whether a problem at `field` is about one of the `held` fields (or inside one)."""
+    return any(field == f or field.startswith((f"{f}.", f"{f}[")) for f in held)
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.credentials import CREDENTIAL_REFUSAL, named_secret, refuse_credential
+from imgbuild.credentials import CREDENTIAL_REFUSAL, named_secret
 from imgbuild.facts import IMAGE_DIR, LOADER_ENV
 from imgbuild.fields import Flag, Integer, ListOf, ListOrText, MapOf, Maybe, Model, Number, OneOf, Text, matches, typed
 from imgbuild.fields import show as _show
@@ -279,12 +279,12 @@ _MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 
 # The field types, as data (checked by imgbuild.fields; the same declarations give the JSON schema).
-ONE_LINE = Text(_no_newline, refuse_credential)
+ONE_LINE = Text(_no_newline)
 OWNED_DIR = Text(_abs_path, _owned_dir)
-PIP_SPEC = Text(_pip_requirement, refuse_credential)
-INDEX_URL = Text(_index_url, refuse_credential)
+PIP_SPEC = Text(_pip_requirement)
+INDEX_URL = Text(_index_url)
 #: `OMP_NUM_THREADS: 4` means the text "4"; yes/no stay an error
-ENV_VALUE = Text(_no_newline, refuse_credential, numbers=True)
+ENV_VALUE = Text(_no_newline, numbers=True)
 ENV_KEY = Text(matches(ENV_KEY_RE, "not a valid environment variable name"), _env_key)
 APT_NAME = Text(
     matches(APT_RE, "not a Debian/Ubuntu package name", "letters, digits and + . - only; optional =version")

@@ -46,11 +46,12 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
     config = read_docker_config(config_path)
     hub = is_docker_hub(host)
     helpers: dict = config["credHelpers"] if isinstance(config.get("credHelpers"), dict) else {}
-    helper = helpers.get(DOCKER_HUB_KEY if hub else host) or helpers.get(host) or config.get("credsStore")
+    # the CLI's keys are hosts or URLs, compared by identity; the helper is asked under the key it was given
+    key, helper = next(((k, h) for k, h in helpers.items() if same_registry(_config_host(k), host)), (host, None))
+    helper = helper or config.get("credsStore")
     auths: dict = config["auths"] if isinstance(config.get("auths"), dict) else {}
-    for key, entry in auths.items():
-        named = str(key).removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0]
-        if not isinstance(entry, dict) or not same_registry(named, host):
+    for named, entry in auths.items():
+        if not isinstance(entry, dict) or not same_registry(_config_host(named), host):
             continue
         try:
             if entry.get("auth"):
@@ -64,7 +65,7 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
         try:
             out = subprocess.run(
                 [f"docker-credential-{helper}", "get"],
-                input=DOCKER_HUB_KEY if hub else host,
+                input=DOCKER_HUB_KEY if hub else str(key),
                 capture_output=True,
                 text=True,
                 timeout=10,
@@ -75,6 +76,11 @@ def docker_config_credentials(host: str, config_path: Path | None = None) -> Cre
         except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
             return None
     return None
+
+
+def _config_host(key: object) -> str:
+    """The registry a docker config key names (`https://index.docker.io/v1/`, `registry.lab:5000`)."""
+    return str(key).removeprefix("https://").removeprefix("http://").rstrip("/").split("/")[0]
 
 
 def engine_auth(ref: str) -> dict[str, str] | None:
