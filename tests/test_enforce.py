@@ -895,7 +895,7 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     """The smoke test's container, acting for a user through sudo: their IDs, no new privileges, no capabilities,
     and an IPC namespace of its own (another user's /dev/shm segments are not in it)."""
     from imgbuild.engine import connect_engine
-    from imgbuild.engine.probe import Probe
+    from imgbuild.payload.probes import Probe
 
     script = (
         "import json,os\n"
