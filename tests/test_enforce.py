@@ -881,7 +881,7 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     """The smoke test's container, acting for a user through sudo: their IDs, no new privileges, no capabilities,
     and an IPC namespace of its own (another user's /dev/shm segments are not in it)."""
     from imgbuild.engine import connect_engine
-    from imgbuild.engine.probe import Probe
+    from imgbuild.payload.probes import Probe
 
     script = (
         "import json,os\n"
@@ -894,7 +894,8 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     engine = connect_engine(load_settings({}))
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     probe = Probe("probe", script, "ANSWER")
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, as_user="4321:4322", timeout=120)
+    them = acting.ContainerUser(4321, 4322, "imgbt-nobody")
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, as_user=them, timeout=120)
     answer = probe.answer(output)
     assert code == 0 and answer, output
     assert (answer["uid"], answer["gid"], answer["nnp"]) == (4321, 4322, "1")
@@ -1006,12 +1007,49 @@ def test_the_engine_creates_containers_in_two_places_only():
     assert sites == {("imgbuild/engine/containers.py", "prepared"), ("imgbuild/engine/lease.py", "claim")}
 
 
-def test_a_script_container_for_a_user_runs_as_them_without_privileges():
+def test_a_script_container_for_a_user_runs_as_them_without_privileges_within_their_runs_caps():
     from imgbuild.engine.containers import _script_container
 
-    hardened = _script_container("alice/x:1", {}, False, "host", None, as_user="1001:1001")
+    alice = acting.ContainerUser(1001, 1001, "alice", memory=2 << 30, pids_limit=100, cgroup_parent="u-1001.slice")
+    hardened = _script_container("alice/x:1", {}, False, "host", None, as_user=alice)
     assert hardened["user"] == "1001:1001" and hardened["cap_drop"] == ["ALL"]
     assert hardened["security_opt"] == ["no-new-privileges"] and hardened["ipc_mode"] == "private"
+    assert hardened["pids_limit"] == 100 and hardened["mem_limit"] == hardened["memswap_limit"] == 2 << 30
+    assert hardened["cgroup_parent"] == "u-1001.slice"
+    plain = _script_container("alice/x:1", {}, False, "host", None, as_user=None)  # root's own: the house's
+    assert plain["ipc_mode"] == "host" and not {"user", "pids_limit", "mem_limit", "cgroup_parent"} & set(plain)
+
+
+def test_a_script_containers_owner_and_gpus_are_imgbuilds_never_its_images_labels():
+    """A smoke test of an image labelled as bob's, holding every GPU, past its deadline: the engine lays the
+    create's labels over the image's, and every key imgbuild reads is the create's. The container is alice's,
+    holds the GPU her test was given (the next run cannot take it), and nothing of bob's."""
+    import types
+
+    from imgbuild.engine.containers import DockerContainers, _script_container
+    from imgbuild.facts import Label
+    from imgbuild.servers.holds import check_quota, held_on_host
+
+    image_labels = {Label.USER: "bob", Label.GPU_UUIDS: "GPU-0,GPU-1,GPU-2,GPU-3", Label.GPUS: "0,1,2,3",
+                    Label.DEADLINE: "1", Label.NOTIFY: "1", Label.SLURM_JOB: "7"}  # fmt: skip
+    alice = acting.ContainerUser(1001, 1001, "alice")
+
+    def row(as_user: acting.ContainerUser | None, gpus: list[str] | None):  # type: ignore[no-untyped-def]
+        made = _script_container("alice/x:1", {}, False, "host", None, as_user=as_user, gpus=gpus)
+        attrs = {"Config": {"Labels": {**image_labels, **made["labels"]}, "Image": "alice/x:1"}, "HostConfig": {}}
+        container = types.SimpleNamespace(name="eager_hopper", short_id="c1", status="running", attrs=attrs)
+        client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: [container]))
+        (found,) = DockerContainers(client, images=None).rows()  # type: ignore[arg-type]
+        return found
+
+    hers = row(alice, ["GPU-2"])
+    assert (hers.user, hers.smoke, hers.deadline, hers.notify) == ("alice", True, None, False)
+    held = held_on_host([hers], [], [])
+    assert {uuid: [c.user for c in claims] for uuid, claims in held.gpus.items()} == {"GPU-2": ["alice"]}
+    from imgbuild.gpu.allocate import Selection
+
+    check_quota("bob", Selection([]), held, run_rules({"max_gpus_per_user": 1}))  # bob holds nothing
+    assert row(None, None).user == "" and not held_on_host([row(None, None)], [], []).gpus  # nobody's, no GPU
 
 
 def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch):
@@ -1020,7 +1058,8 @@ def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch
     settings = types.SimpleNamespace(caller=Caller("alice", 1001, 1002, via_sudo=True), run=run_rules({}))
     monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert acting.container_user(settings) == "1001:1002"  # type: ignore[arg-type]
+    given = acting.container_user(settings)  # type: ignore[arg-type]
+    assert given is not None and (given.ids, given.name, given.pids_limit) == ("1001:1002", "alice", 4096)
     monkeypatch.setattr(os, "geteuid", lambda: 1001)  # the user's own engine (the docker group): no sudo
     assert acting.container_user(settings) is None  # type: ignore[arg-type]
     assert acting.container_user(None) is None
@@ -1459,3 +1498,23 @@ def _shell_word(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def test_a_users_run_through_sudo_never_shares_the_hosts_ipc_namespace():
+    """With the site's `ipc: host` (NVIDIA's advice), a run acting for a user gets its own IPC namespace and a
+    /dev/shm as large as its memory cap: the host's /dev/shm holds other users' files, and what a run leaves
+    there outlives it. Root's own run keeps the house's IPC, and a site's or a user's shm size stands."""
+    from imgbuild.servers.spec import RunSpec
+    from tests.conftest import run_words
+
+    def words(enforced: bool, **rules: object) -> list[str]:
+        spec = RunSpec("img:1", "x", "alice", 1001, 1001, house=run_rules(rules), memory=2 << 30, workspace=False,
+                       enforced=[] if enforced else None)  # fmt: skip
+        return run_words(spec)
+
+    hers = words(True)
+    assert hers[hers.index("--ipc") + 1] == "private" and hers[hers.index("--shm-size") + 1] == f"{2 << 30}b"
+    root = words(False)
+    assert root[root.index("--ipc") + 1] == "host" and "--shm-size" not in root
+    sized = words(True, shm_size="8g")
+    assert sized[sized.index("--shm-size") + 1] == "8g" and "--ipc" not in sized

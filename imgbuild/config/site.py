@@ -30,6 +30,7 @@ from imgbuild.config.checks import (
     memory_cap,
     shm_size,
     site_only,
+    size_bytes,
 )
 from imgbuild.fields import (
     Flag,
@@ -172,6 +173,21 @@ class RunRules:
     def ipc_mode(self) -> str | None:
         """`--ipc`: None where a `shm_size` is set (a private /dev/shm of that size instead)."""
         return None if self.shm_size else self.ipc
+
+    def memory_bytes(self, host_bytes: int | None) -> int | None:
+        """A run's memory cap in bytes: `memory`, else three quarters of the host's (`host_bytes`; None where
+        the host's cannot be read)."""
+        if self.memory is not None:
+            return size_bytes(self.memory)
+        return host_bytes * 3 // 4 if host_bytes else None
+
+    def cgroup_parent_of(self, user: str, uid: int, gid: int) -> str:
+        """The slice a run of `user` goes in (`cgroup_parent` with {user}, {uid}, {gid} given); "" for none."""
+        if not self.cgroup_parent:
+            return ""
+        from imgbuild.hostio.host import expand
+
+        return expand(self.cgroup_parent, user=user, uid=uid, gid=gid)
 
 
 @dataclass(frozen=True, kw_only=True)

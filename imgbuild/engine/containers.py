@@ -12,10 +12,11 @@ from typing import Any
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages, engine_time
 from imgbuild.engine.probe import SCRIPT_CACHE
-from imgbuild.engine.runargs import env_file, hide_gpus, run_argv
+from imgbuild.engine.runargs import env_file, hide_gpus, own_ipc, run_argv
 from imgbuild.engine.types import ContainerInfo, RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
+from imgbuild.hostio.acting import ContainerUser
 from imgbuild.payload.probes import SCRIPT_FOLDER, SCRIPT_NAME, Probe
 
 SMOKE_LABEL = Label.SMOKE_OF
@@ -273,13 +274,13 @@ class DockerContainers:
         timeout: int = 1800,
         ipc: str | None = None,
         shm_size: str | None = None,
-        as_user: str | None,
+        as_user: ContainerUser | None,
         cache: str | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:
         """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user;
-        `as_user` ("UID:GID", a user imgbuild acts for through sudo): as them instead, with no new privileges, no
-        capabilities and a private IPC namespace.
+        `as_user` (a user imgbuild acts for through sudo): as them instead, with no new privileges, no
+        capabilities, a private IPC namespace and their runs' caps, labelled theirs.
 
         `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
         `note` says why GPUs were asked for but not given. The container is labelled with the image it
@@ -299,7 +300,7 @@ class DockerContainers:
         command = ["python3", f"{SCRIPT_FOLDER}/{SCRIPT_NAME}", *args]
         env = probe.environment(env)  # the script's marker: the one way a probe learns it
         self.sweep_orphans()
-        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user, cache)
+        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user, cache, gpus)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -372,6 +373,7 @@ def _start_otherwise(
         else ""
     )
     kwargs["environment"] = _gpu_env(env, None)
+    kwargs["labels"] = {**kwargs["labels"], Label.GPU_UUIDS: ""}  # started without them: it holds none
     container = prepared(None)
     try:
         _start(container, stdin)
@@ -406,20 +408,31 @@ def _script_container(
     stdin: bool,
     ipc: str | None,
     shm_size: str | None,
-    as_user: str | None = None,
+    as_user: ContainerUser | None = None,
     cache: str | None = None,
+    gpus: list[str] | None = None,
 ) -> dict:
-    """The create() arguments of a script's container: labelled with the image and the process running it; for a
-    user imgbuild acts for (`as_user`), as that user, hardened as their `imgbuild run` is, IPC its own."""
+    """The create() arguments of a script's container: labelled with the image, the process running it, whom it
+    runs for and the GPUs it holds (every other key imgbuild reads set empty: an image's own `org.imgbuild.*`
+    labels never make it another user's, hold GPUs or move a deadline); for a user imgbuild acts for (`as_user`),
+    as that user, hardened and capped as their `imgbuild run` is, IPC its own."""
     from imgbuild.hostio.host import engine_token
 
-    labels = {SMOKE_LABEL: image, Label.STARTED_BY: engine_token()}
+    labels = {**dict.fromkeys(Label.CONTAINER_KEYS, ""), SMOKE_LABEL: image, Label.STARTED_BY: engine_token()}
+    labels[Label.USER] = as_user.name if as_user else ""
+    labels[Label.GPU_UUIDS] = ",".join(gpus or [])  # every GPU ([]) names none to label
     kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
     if stdin:
         kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})
     if as_user:
-        kwargs.update(user=as_user, security_opt=["no-new-privileges"], cap_drop=["ALL"])
-        ipc = "private" if ipc == "host" else ipc
+        kwargs.update(user=as_user.ids, security_opt=["no-new-privileges"], cap_drop=["ALL"])
+        if as_user.pids_limit:
+            kwargs["pids_limit"] = as_user.pids_limit
+        if as_user.memory:
+            kwargs.update(mem_limit=as_user.memory, memswap_limit=as_user.memory)  # no swap past the cap
+        if as_user.cgroup_parent:
+            kwargs["cgroup_parent"] = as_user.cgroup_parent
+    ipc = own_ipc(ipc, as_user is not None)
     if shm_size:
         kwargs["shm_size"] = shm_size
     elif ipc:

@@ -68,10 +68,24 @@ def run_command_line(o: RunOptions, docker: str = "docker") -> str:
     return shlex.join([docker, *_run_words(o, values=True)])
 
 
+def own_ipc(ipc: str | None, hardened: bool) -> str | None:
+    """The IPC mode of a container: one started for a user imgbuild acts for through sudo (`hardened`) never
+    shares the host's, where other users' /dev/shm files and System V segments are (and outlive the run);
+    a `run` and a script container alike."""
+    return "private" if hardened and ipc == "host" else ipc
+
+
 def house_flags(o: RunOptions) -> list[tuple[str, str]]:
     """(flag, value) of a site's house rules: IPC or shm, ulimits, capped json-file logs. Dev containers' runArgs
-    take the same (clusters.devcontainer)."""
-    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc)] if o.ipc else []
+    take the same (clusters.devcontainer). A hardened run's private IPC has a /dev/shm as large as its memory
+    cap, which its tmpfs pages count against."""
+    ipc = own_ipc(o.ipc, o.hardened)
+    if o.shm_size:
+        flags = [("--shm-size", o.shm_size)]
+    elif ipc != o.ipc:
+        flags = [("--ipc", "private"), *([("--shm-size", f"{o.memory}b")] if o.memory else [])]
+    else:
+        flags = [("--ipc", ipc)] if ipc else []
     flags += [("--ulimit", f"{key}={value}") for key, value in o.ulimits]
     if o.log_max_size or o.log_max_file:
         flags.append(("--log-driver", "json-file"))

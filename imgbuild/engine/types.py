@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from imgbuild import limits
 from imgbuild.engine.lease import LeaseStore
+from imgbuild.hostio.acting import ContainerUser
 from imgbuild.payload.probes import Probe
 from imgbuild.text import printable
 
@@ -185,7 +186,7 @@ class ContainerRunner(Protocol):
         timeout: int = ...,
         ipc: str | None = ...,
         shm_size: str | None = ...,
-        as_user: str | None,
+        as_user: ContainerUser | None,
         cache: str | None = ...,
         on_line: Callable[[str], None] | None = ...,
     ) -> tuple[int, str, str]: ...

@@ -26,7 +26,7 @@ from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageE
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.hostio.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
-from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
+from imgbuild.servers.caps import cpus_of, run_cpus
 from imgbuild.servers.containers import deadline_of
 from imgbuild.servers.holds import Held, OverQuota, choose_gpus, held_on_host
 from imgbuild.servers.spec import (
@@ -119,7 +119,7 @@ def prepare(
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
-    from imgbuild.hostio.host import usable_cpus
+    from imgbuild.hostio.host import host_memory, usable_cpus
 
     house = house if house is not None else settings.run
     held = held or Held()
@@ -186,7 +186,7 @@ def prepare(
         entrypoint=req.entrypoint,
         cpus=cpus,
         cpuset=cpuset,
-        memory=run_memory(house, host_memory()),
+        memory=house.memory_bytes(host_memory()),
         enforced=enforced,
         workdir=workdir,
         workspace=not req.no_workspace and enforced is None,  # enforced: the workspace is a checked mount

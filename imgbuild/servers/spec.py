@@ -96,9 +96,7 @@ class RunSpec:
             cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
             memory=self.memory,
             pids_limit=h.pids_limit,
-            cgroup_parent=expand(h.cgroup_parent, user=self.user, uid=self.uid, gid=self.gid)
-            if h.cgroup_parent
-            else "",
+            cgroup_parent=h.cgroup_parent_of(self.user, self.uid, self.gid),
             ipc=h.ipc_mode,
             shm_size=h.shm_size,
             ulimits=tuple(h.ulimits.items()),
