@@ -429,18 +429,12 @@ def _dry_run(args: list[str], cwd: str) -> tuple[int, str]:
 def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     """`imgbuild run -d ARGS` as the job's user; (exit code, the container's name or the last line said). Root
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
-    its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder."""
-    if as_root and job.uid != 0:
-        from imgbuild.servers.enforce import resolve_as
-
-        seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)
-        if "error" in seen or not seen.get("dir"):
-            why = seen.get("error") or "not a folder"
-            return 2, f"the job's folder {job.cwd[:200]}: {why} (checked as {job.user})"
+    its privileges dropped. Either child enters the job's folder with the job's user's permissions only."""
     if as_root and not root_filed and job.uid != 0:
         code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _user_env(job), as_user=job)
     else:
-        code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _child_env(job if as_root else None))
+        env, enter_as = _child_env(job if as_root else None), (job if as_root and job.uid != 0 else None)
+        code, said = _imgbuild(["run", "-d", *job.args], job.cwd, env, enter_as=enter_as)
     if code == 0:
         match = re.search(r"starting (\S+) \(", said)
         return 0, match.group(1) if match else ""
@@ -456,26 +450,40 @@ def _user_env(job: Job) -> dict[str, str]:
 
 #: The child: an isolated interpreter (no working folder, no PYTHON* variable, no user site on its path) that takes
 #: its folder and arguments on standard input, so no job's words (a `-e` value) stand in an argv every user can
-#: read. It starts in `/` as whoever it runs as, and enters the job's folder itself: a process that is already
-#: the user's (never root on its way to becoming them) is what opens a folder the user named.
+#: read. It starts in `/` as whoever it runs as, and enters the job's folder itself with the job's user's
+#: permissions: as a process that is already theirs, or, where it stays root to act for them (`enter_as`), with
+#: their IDs and groups for the one `chdir`, root's again after. A folder they cannot enter (another user's 0700
+#: home, a link swapped in after the job was filed) is refused, exit 2, whoever starts the job.
 _CHILD = (
-    "import json,os,sys;w=json.load(sys.stdin)\n"
-    "try:os.chdir(w['cwd'])\n"
-    "except OSError as e:sys.exit(f\"imgbuild: the job's folder {w['cwd'][:200]}: {e.strerror}\")\n"
+    "import json,os,sys;w=json.load(sys.stdin);e=w.get('enter_as');g=os.getgroups()\n"
+    "try:\n"
+    " if e:os.setgroups(e[2]);os.setegid(e[1]);os.seteuid(e[0])\n"
+    " os.chdir(w['cwd'])\n"
+    "except OSError as x:\n"
+    " print(f\"imgbuild: the job's folder {w['cwd'][:200]}: {x.strerror}\",file=sys.stderr);sys.exit(2)\n"
+    "finally:\n"
+    " if e:os.seteuid(0);os.setegid(0);os.setgroups(g)\n"
     "sys.argv=['imgbuild',*w['args']];from imgbuild.cli import main;main()"
 )
 
 
-def _imgbuild(args: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None) -> tuple[int, str]:
+def _imgbuild(
+    args: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None, enter_as: Job | None = None
+) -> tuple[int, str]:
+    """The child for `args` in `cwd`: `as_user` runs it as that job's user (root's privileges dropped before it
+    starts); `enter_as` keeps it root but has it enter `cwd` with that job's user's permissions."""
     ids: dict[str, Any] = {}
     if as_user is not None:  # in the child, before exec: the user's own groups and IDs, nothing of root's
         ids = {"user": as_user.uid, "group": as_user.gid,
                "extra_groups": os.getgrouplist(as_user.user, as_user.gid)}  # fmt: skip
+    work: dict[str, Any] = {"cwd": cwd, "args": args}
+    if enter_as is not None:
+        work["enter_as"] = [enter_as.uid, enter_as.gid, os.getgrouplist(enter_as.user, enter_as.gid)]
     try:
         proc = subprocess.run(
             [sys.executable, "-I", "-c", _CHILD], cwd="/",
             env=env, capture_output=True, text=True, timeout=START_SECONDS,
-            input=json.dumps({"cwd": cwd, "args": args}),
+            input=json.dumps(work),
             **ids,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
