@@ -1518,3 +1518,25 @@ def test_a_users_run_through_sudo_never_shares_the_hosts_ipc_namespace():
     assert root[root.index("--ipc") + 1] == "host" and "--shm-size" not in root
     sized = words(True, shm_size="8g")
     assert sized[sized.index("--shm-size") + 1] == "8g" and "--ipc" not in sized
+
+
+def test_an_unlabelled_container_is_a_users_only_by_the_user_underscore_prefix():
+    """An admin's `docker run --name ubuntu` (root inside, Docker's capabilities) is nobody's, not the host user
+    `ubuntu`'s to `exec` into; `bob_debug` is bob's (the server convention), and a label has the last word."""
+    import types
+
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.facts import Label
+    from imgbuild.servers.containers import check_owner, find_container
+
+    def rows(*named: tuple[str, dict[str, str]]):  # type: ignore[no-untyped-def]
+        made = [types.SimpleNamespace(name=name, short_id=name[:4], status="running",
+                                      attrs={"Config": {"Labels": labels}, "HostConfig": {}}) for name, labels in named]  # fmt: skip
+        client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: made))
+        return DockerContainers(client, images=None).rows()  # type: ignore[arg-type]
+
+    found = {r.name: r.user for r in rows(("ubuntu", {}), ("bob_debug", {}), ("x_y", {Label.USER: "carol"}))}
+    assert found == {"ubuntu": "", "bob_debug": "bob", "x_y": "carol"}
+    ubuntu = Caller("ubuntu", 1000, 1000, via_sudo=True)
+    with pytest.raises(UsageError, match="belongs to nobody known"):
+        check_owner(find_container(rows(("ubuntu", {})), "ubuntu", "ubuntu"), ubuntu, "exec", force=False)

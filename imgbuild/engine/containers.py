@@ -102,7 +102,7 @@ class DockerContainers:
                     image=str((c.attrs.get("Config") or {}).get("Image", "")),
                     image_id=str(c.attrs.get("Image") or ""),
                     status=str(c.status),
-                    user=str(labels.get(Label.USER, c.name.split("_", 1)[0])),
+                    user=str(labels.get(Label.USER, c.name.split("_", 1)[0] if "_" in c.name else "")),
                     gpus=str(labels.get(Label.GPUS, "")),
                     gpu_uuids=str(labels.get(Label.GPU_UUIDS, "")),
                     cpuset=str(host.get("CpusetCpus") or ""),
