@@ -134,6 +134,23 @@ def test_gpus_held_by_containers_and_starting_runs_are_not_free():
     assert select_gpus("device=0", gpus, "bob", claims=held.gpus).uuids == [gpus[0].uuid]  # bob's own, named
 
 
+def test_a_host_port_a_starting_run_holds_is_not_anothers_to_publish(monkeypatch):
+    """bob's `--jupyter` chose port 8890 a moment ago and holds it in the ledger until his container has it:
+    alice's `-p 127.0.0.1:8890:80` (any spelling of it, a range over it) is refused, not raced to the engine."""
+    from imgbuild.servers.spec import published_ports
+
+    monkeypatch.setattr("imgbuild.servers.run.read_gpus_or_none", lambda settings: [])
+    held = held_on_host([], [Entry("bob_nb_1", "bob", 1, "1", ports=[8890])], [])
+    from imgbuild.config.settings import load_settings
+
+    settings = load_settings({})
+    for spec in ("127.0.0.1:8890:80", "8890:80", "127.0.0.1:8880-8899:80/tcp"):
+        with pytest.raises(UsageError, match="host port 8890 is another run's"):
+            prepare(RunRequest("ubuntu:22.04", ["true"], ports=[spec], no_workspace=True), settings, held)
+    assert prepare(RunRequest("ubuntu:22.04", ["true"], ports=["127.0.0.1:8891:80"], no_workspace=True), settings, held)
+    assert published_ports(["127.0.0.1:8891:80", "80", "127.0.0.1::80", "[::1]:9000:90/udp"]) == [8891, 9000]
+
+
 # --- CPUs -----------------------------------------------------------------------------------------------
 
 

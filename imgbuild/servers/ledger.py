@@ -109,7 +109,7 @@ class Entry:
     gpus: list[str] = field(default_factory=list)
     cpus: list[int] = field(default_factory=list)
     since: float = 0.0  # when the hold began, or when its waiter last looked (a queue place)
-    ports: list[int] = field(default_factory=list)  # host ports it publishes (`run --jupyter`)
+    ports: list[int] = field(default_factory=list)  # host ports it publishes (`--jupyter`, `-p`)
     waiting: str = ""  # a place in the queue (`run --wait`): what it waits for ("2 GPUs"); holds nothing
     uid: int = -1  # who wrote it (the owner of the file it is read from; -1: unknown)
     seen: float = 0.0  # a queue place: when its waiter last looked (it lapses unrefreshed)

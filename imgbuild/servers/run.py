@@ -42,6 +42,7 @@ from imgbuild.servers.spec import (
     jupyter_notes,
     next_name,
     parse_duration,
+    published_ports,
     resolve_image,
 )
 from imgbuild.servers.startfail import DOCKER_START_CODES, explain_start_failure
@@ -155,6 +156,9 @@ def prepare(
         mounted = [expand(m, user=user, home=own, uid=uid).split(":") for m in house.mounts]
         home = own if any(len(m) > 1 and m[1] == own for m in mounted) else "/tmp/home"
         env = [f"HOME={home}", *env]
+    clash = sorted(set(published_ports(ports)) & held.ports)
+    if clash:  # a starting run holds it in the ledger (a --jupyter port chosen a moment ago) or a container has it
+        raise UsageError(f"-p: host port {clash[0]} is another run's; publish another")
     jupyter_port = None
     if req.jupyter:
         jupyter_port = free_port(held.ports)
@@ -262,8 +266,7 @@ def reserved(
                         # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
                         taken = {r.name for r in rows} | {e.name for e in book.entries}
                         spec.name = next_name(spec.user, spec.short_name, taken)
-                        ports = [spec.jupyter_port] if spec.jupyter_port else []
-                        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, ports)
+                        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, published_ports(spec.ports))
                         break
                 if deadline is None:  # runs are queued for GPUs: first come, first served
                     raise GpusBusy(

@@ -199,6 +199,19 @@ def jupyter_command(workspace: str | None) -> list[str]:
     ]
 
 
+def published_ports(specs: list[str]) -> list[int]:
+    """The host ports `-p` words publish (`[IP:]HOST[-HIGH]:CONTAINER[/PROTO]`; none where the engine picks one),
+    at most 1024 of a range: what a starting run holds in the ledger until its container does."""
+    found: list[int] = []
+    for spec in specs:
+        parts = spec.split("/", 1)[0].rsplit(":", 2)
+        low, _, high = (parts[-2] if len(parts) > 1 else "").partition("-")
+        if low.isascii() and low.isdigit() and (not high or (high.isascii() and high.isdigit())):
+            first = int(low[:5])
+            found += range(first, min(int((high or low)[:5]), 65535, first + 1023) + 1)
+    return found
+
+
 def free_port(taken: set[int], candidates: range = JUPYTER_HOST_PORTS) -> int:
     """A host port no container publishes and nothing on 127.0.0.1 listens on."""
     import socket
