@@ -238,3 +238,23 @@ def test_queue_ls_shows_another_users_job_without_its_folder_command_or_error(tm
     table = CliRunner().invoke(cli, ["queue", "ls"], terminal_width=200)
     assert "0000beef" in table.output and "someone" in table.output
     assert "secret-project" not in table.output and "train.py" not in table.output and "key" not in table.output
+
+
+@pytest.mark.root("another user's files in the shared state folder")
+def test_queue_files_a_user_makes_at_other_uids_names_are_never_opened(tmp_path, monkeypatch):
+    """`queue-<uid>.json` names of other uids, and other spellings of one (`queue-0065534.json`), made by one user
+    in the sticky state folder: only a file of the uid its name gives (or root's) is read."""
+    import pwd
+
+    tmp_path.chmod(0o1777)
+    nobody = pwd.getpwnam("nobody")
+    for name in [f"queue-{i}.json" for i in range(1, 200)] + [f"queue-0{nobody.pw_uid}.json"]:
+        (tmp_path / name).write_text('{"jobs": []}')
+        os.chown(tmp_path / name, nobody.pw_uid, nobody.pw_gid)
+    read: list[int] = []
+    real = jobs._read
+    monkeypatch.setattr(
+        jobs, "_read", lambda path, uid, root_only=False: read.append(uid) or real(path, uid, root_only)
+    )
+    jobs.Queue(tmp_path).load()
+    assert read == []

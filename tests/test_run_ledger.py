@@ -151,6 +151,32 @@ def test_a_host_port_a_starting_run_holds_is_not_anothers_to_publish(monkeypatch
     assert published_ports(["127.0.0.1:8891:80", "80", "127.0.0.1::80", "[::1]:9000:90/udp"]) == [8891, 9000]
 
 
+@pytest.mark.root("another user's files in the shared state folder")
+def test_names_a_user_makes_by_the_thousand_in_the_state_folder_are_never_opened_or_looked_up(tmp_path, monkeypatch):
+    """Every `run` reads the ledger under its lock: thousands of `ledger-<uid>.json` (and `ledger-000…1.json`)
+    that nobody made in the sticky state folder cost every user seconds of user lookups and opens. Only a file
+    owned by the uid its name gives is read: nobody's own."""
+    import pwd
+
+    from imgbuild.servers import ledger as ledger_module
+
+    tmp_path.chmod(0o1777)
+    nobody = pwd.getpwnam("nobody")
+    for i in range(1, 301):
+        for name in (f"ledger-{i:010d}.json", f"ledger-{i}.json"):
+            path = tmp_path / name
+            path.write_text('{"entries": []}')
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    for name in (f"ledger-{nobody.pw_uid}.json", f"ledger-0{nobody.pw_uid}.json"):  # the second: a spelling
+        (tmp_path / name).write_text('{"entries": []}')
+        os.chown(tmp_path / name, nobody.pw_uid, nobody.pw_gid)
+    read: list[int] = []
+    real = ledger_module._read_user_file
+    monkeypatch.setattr(ledger_module, "_read_user_file", lambda path, uid: read.append(uid) or real(path, uid))
+    Ledger(tmp_path).read()
+    assert read == [nobody.pw_uid]
+
+
 # --- CPUs -----------------------------------------------------------------------------------------------
 
 

@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import pwd
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -36,7 +35,6 @@ from imgbuild.hostio.regular import open_regular
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 LOCK_FILE = "ledger.lock"
-USER_FILE_RE = re.compile(r"ledger-([0-9]{1,10})\.json")
 #: A user's ledger is a few KB; a larger file is not ours (or was vandalised) and is read as empty.
 LEDGER_BYTES = 1024 * 1024
 #: A hold lasts as long as a start (choosing, then `docker run`, an image pull included); older is stale.
@@ -275,12 +273,13 @@ class Ledger:
         return Book(entries, self.clock, extended)
 
     def _user_files(self) -> list[tuple[int, Path]]:
+        """Each user's file, `ledger-<uid>.json` owned by that uid (root's `ledger-0.json` among them)."""
+        from imgbuild.hostio.regular import files_of_uids
+
         try:
-            names = os.listdir(self.dir)
+            return files_of_uids(self.dir, "ledger-", ".json")
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read the state folder {self.dir}: {exc.strerror}") from None
-        found = [(int(m.group(1)), self.dir / n) for n in names if (m := USER_FILE_RE.fullmatch(n))]
-        return sorted(found)[:100_000]
 
     def _write(self, entries: list[Entry], extended: dict[str, dict[str, Any]]) -> None:
         """Replace this user's file whole, by the one writer. In a sticky folder nobody can replace a file another

@@ -49,8 +49,8 @@ from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.hostio.host import Caller
+from imgbuild.hostio.regular import files_of_uids
 
-QUEUE_FILE_RE = re.compile(r"queue-([0-9]{1,10})\.json")
 DRAIN_FILE = "queue-drained"  # in root's folder of the state folder: present while drained
 QUEUE_BYTES = 1024 * 1024
 MAX_JOBS = 200  # one user's waiting jobs
@@ -159,19 +159,19 @@ class Queue:
         self.root_filed = set()
         found: dict[int, tuple[list[Job], bool]] = {}
         for folder, roots in ((self.state_dir / REAPER_DIR, True), (self.state_dir, False)):
-            try:
-                names = os.listdir(folder)
+            try:  # in the shared folder, a user's own file or root's of an earlier version; in root's, root's
+                files = files_of_uids(folder, "queue-", ".json", root_too=True)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 if roots:
                     continue  # root's folder, unreadable to a user without sudo: their own file only
                 raise EnvironmentProblem(f"cannot read the state folder {self.state_dir}: {exc.strerror}") from None
-            for name in sorted(names)[:100_000]:
-                if (m := QUEUE_FILE_RE.fullmatch(name)) and int(m.group(1)) not in found:
-                    jobs, by_root = _read(folder / name, int(m.group(1)), root_only=roots)
+            for uid, path in files:
+                if uid not in found:
+                    jobs, by_root = _read(path, uid, root_only=roots)
                     if jobs or by_root:
-                        found[int(m.group(1))] = (jobs, by_root)
+                        found[uid] = (jobs, by_root)
         for uid, (jobs, by_root) in sorted(found.items()):
             self.jobs += jobs
             if by_root:
