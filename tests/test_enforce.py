@@ -1540,3 +1540,34 @@ def test_an_unlabelled_container_is_a_users_only_by_the_user_underscore_prefix()
     ubuntu = Caller("ubuntu", 1000, 1000, via_sudo=True)
     with pytest.raises(UsageError, match="belongs to nobody known"):
         check_owner(find_container(rows(("ubuntu", {})), "ubuntu", "ubuntu"), ubuntu, "exec", force=False)
+
+
+def test_through_sudo_a_user_enters_only_a_container_running_as_them_without_privileges(monkeypatch):
+    """`alice_debug`, started by an admin with `docker run` (root inside, Docker's capabilities, setuid binaries
+    that work), is alice's by its name: she may read its logs or stop it, never `exec`, `shell` or `attach` into
+    it through sudo. Her own run (her UID, no capabilities, no new privileges) she enters as before."""
+    import types
+
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.servers.containers import check_owner
+
+    hers = {"Config": {"User": "1001:1001"}, "HostConfig": {"CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges"]}}
+    admins = {"Config": {"User": ""}, "HostConfig": {}}
+    nearly = {"Config": {"User": "1001:1001"}, "HostConfig": {"CapDrop": ["ALL"], "CapAdd": ["CAP_SYS_ADMIN"],
+                                                               "SecurityOpt": ["no-new-privileges"]}}  # fmt: skip
+    made = [types.SimpleNamespace(name=n, short_id=n[:4], status="running", attrs=a)
+            for n, a in (("alice_job_1", hers), ("alice_debug", admins), ("alice_x_1", nearly))]  # fmt: skip
+    client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: made))
+    rows = {r.name: r for r in DockerContainers(client, images=None).rows()}  # type: ignore[arg-type]
+    alice = Caller("alice", 1001, 1001, via_sudo=True)
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    for verb in ("exec", "attach", "logs", "stop"):
+        check_owner(rows["alice_job_1"], alice, verb, force=False)
+    for name in ("alice_debug", "alice_x_1"):
+        for verb in ("exec", "attach"):
+            with pytest.raises(UsageError, match="does not run as you"):
+                check_owner(rows[name], alice, verb, force=False)
+        check_owner(rows[name], alice, "logs", force=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)  # her own engine (the docker group): hers to enter
+    check_owner(rows["alice_debug"], Caller("alice", 1001, 1001), "exec", force=False)

@@ -112,6 +112,7 @@ class DockerContainers:
                     memory=_positive(host.get("Memory")),
                     pids_limit=_positive(host.get("PidsLimit")),
                     cgroup_parent=str(host.get("CgroupParent") or ""),
+                    runs_as=_unprivileged_user(c.attrs),
                 )
             )
         return sorted(rows, key=lambda r: r.name)
@@ -485,6 +486,18 @@ def _number(text: Any) -> float | None:
 def _positive(value: Any) -> int | None:
     """An engine's limit (bytes, a count); None for its "none" (0, -1, absent)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _unprivileged_user(attrs: dict[str, Any]) -> str:
+    """The user a container runs as, where it runs without privileges: not privileged, every capability dropped
+    and none added, no new privileges (no setuid binary in it makes root); "" for any other container."""
+    host, config = attrs.get("HostConfig") or {}, attrs.get("Config") or {}
+    dropped = {str(c).upper().removeprefix("CAP_") for c in host.get("CapDrop") or []}
+    opts = {str(o).replace("=", ":") for o in host.get("SecurityOpt") or []}
+    plain = not host.get("Privileged") and not host.get("CapAdd") and "ALL" in dropped
+    if plain and opts & {"no-new-privileges", "no-new-privileges:true"}:
+        return str(config.get("User") or "")
+    return ""
 
 
 def _host_ports(bindings: Any) -> list[int]:

@@ -139,6 +139,7 @@ class ContainerInfo:
     memory: int | None = None  # its memory cap in bytes (None: none)
     pids_limit: int | None = None  # its processes cap (None: none)
     cgroup_parent: str = ""
+    runs_as: str = ""  # "UID[:GID]" it runs as where it has no capabilities and no new privileges; "" otherwise
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ports": list(self.ports)}
