@@ -1545,7 +1545,9 @@ def test_an_unlabelled_container_is_a_users_only_by_the_user_underscore_prefix()
 def test_through_sudo_a_user_enters_only_a_container_running_as_them_without_privileges(monkeypatch):
     """`alice_debug`, started by an admin with `docker run` (root inside, Docker's capabilities, setuid binaries
     that work), is alice's by its name: she may read its logs or stop it, never `exec`, `shell` or `attach` into
-    it through sudo. Her own run (her UID, no capabilities, no new privileges) she enters as before."""
+    it through sudo. Her own run (her UID, no capabilities, no new privileges) she enters as before; her smoke
+    test's container, whose output imgbuild believes, takes no verb of hers at all."""
+    import dataclasses
     import types
 
     from imgbuild.engine.containers import DockerContainers
@@ -1569,5 +1571,9 @@ def test_through_sudo_a_user_enters_only_a_container_running_as_them_without_pri
             with pytest.raises(UsageError, match="does not run as you"):
                 check_owner(rows[name], alice, verb, force=False)
         check_owner(rows[name], alice, "logs", force=False)
+    smoke = dataclasses.replace(rows["alice_job_1"], smoke=True)  # her smoke test's, hers for GPUs and quota
+    for verb in ("exec", "attach", "logs", "stop"):  # its output is the answer imgbuild believes
+        with pytest.raises(UsageError, match="runs for a check"):
+            check_owner(smoke, alice, verb, force=False)
     monkeypatch.setattr(os, "geteuid", lambda: 1001)  # her own engine (the docker group): hers to enter
     check_owner(rows["alice_debug"], Caller("alice", 1001, 1001), "exec", force=False)

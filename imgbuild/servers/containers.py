@@ -46,7 +46,10 @@ def check_owner(row: ContainerInfo, who: Caller, verb: str, force: bool) -> None
     The owner is the `org.imgbuild.user` label `imgbuild run` writes (else the `<user>_` name prefix);
     the caller is who really runs imgbuild (sudo-aware), never a --user flag. Through sudo, a user enters (`exec`,
     `shell`, `attach`) only a container that runs as them without privileges, as `imgbuild run` starts theirs:
-    never one named theirs by hand, root inside with Docker's capabilities."""
+    never one named theirs by hand, root inside with Docker's capabilities; and no verb reaches a script
+    container (labelled theirs for its GPUs and quota), whose output imgbuild believes."""
+    if row.smoke and acting_for_user(who):  # its output is imgbuild's answer (a smoke test, a base's pins)
+        raise UsageError(f"{row.name} is a container imgbuild runs for a check; it ends with the check")
     if row.user == who.name:
         if verb in ENTERING and acting_for_user(who) and row.runs_as.split(":")[0] != str(who.uid):
             raise UsageError(
