@@ -1577,3 +1577,23 @@ def test_through_sudo_a_user_enters_only_a_container_running_as_them_without_pri
             check_owner(smoke, alice, verb, force=False)
     monkeypatch.setattr(os, "geteuid", lambda: 1001)  # her own engine (the docker group): hers to enter
     check_owner(rows["alice_debug"], Caller("alice", 1001, 1001), "exec", force=False)
+
+
+def test_through_sudo_a_users_cached_answers_are_never_another_users(tmp_path, monkeypatch):
+    """A base's pins are read in a container running as the user whose build needs them (one they can reach
+    into): cached in root's shared cache, alice's answer for a base would be bob's build's. Through sudo each
+    user's caches are their own folder; root's own and the docker group's stay where they were."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.resolve import base_pins
+
+    monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(tmp_path))
+    with monkeypatch.context() as acting_as_root:
+        acting_as_root.setattr(Caller, "is_admin", property(lambda self: False))
+        acting_as_root.setattr(os, "geteuid", lambda: 0)
+        alice = load_settings({}, who=Caller("alice", 1001, 1001, via_sudo=True))
+        bob = load_settings({}, who=Caller("bob", 1002, 1002, via_sudo=True))
+    own = load_settings({}, who=Caller("carol", os.getuid(), os.getgid()))
+    assert own.cache_dir == str(tmp_path) and alice.cache_dir == str(tmp_path / "users" / "1001")
+    base_pins(alice).put("sha256:" + "a" * 64, {"origin": "hers", "lines": ["torch==0.0.1"]})
+    assert base_pins(alice).get("sha256:" + "a" * 64) is not None
+    assert base_pins(bob).get("sha256:" + "a" * 64) is None and base_pins(own).get("sha256:" + "a" * 64) is None
