@@ -33,6 +33,7 @@ class DockerContainers:
         self.client = client
         self.images = images
         self._cli_hint = docker_cli
+        self._stalled: set[str] = set()  # containers an exec of this process's did not end in (exec_bounded)
 
     def cli(self) -> str:
         """A docker CLI for interactive commands (run -it, attach, exec); any version will do."""
@@ -179,7 +180,8 @@ class DockerContainers:
         (-1, why). Nothing in it is looked up in the container's environment: the program is named by absolute
         path (a word would be found on a PATH the container's owner sets: their own `sh` or `timeout`, that
         never returns), and the exec gets a fixed PATH. Bounded: past `seconds` (EXEC_SECONDS) the caller goes on
-        (the program is left to its container, whose owner made it so)."""
+        (the program is left to its container, whose owner made it so), and this process makes no further call into
+        that container (its waiting thread is the only one)."""
         import threading
 
         seconds = EXEC_SECONDS if seconds is None else seconds
@@ -187,6 +189,8 @@ class DockerContainers:
 
         if not argv or not argv[0].startswith("/"):
             raise ValueError(f"exec_bounded: {argv[:1]!r}: the program by absolute path")
+        if name in self._stalled:  # one waiting thread per container at most: `gpus --watch` asks again and again
+            return -1, "an earlier call into it has not ended"
         api = self.client.api
         try:
             exec_id = api.exec_create(name, argv, stdout=True, stderr=True, environment={"PATH": EXEC_PATH})["Id"]
@@ -205,6 +209,7 @@ class DockerContainers:
         thread.start()
         thread.join(seconds)
         if thread.is_alive():
+            self._stalled.add(name)
             return -1, f"it did not end within {seconds:g} s"
         if "error" in answer:
             return -1, str(answer["error"])
