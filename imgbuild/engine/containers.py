@@ -12,7 +12,7 @@ from typing import Any
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages, engine_time
 from imgbuild.engine.probe import SCRIPT_CACHE
-from imgbuild.engine.runargs import env_file, hide_gpus, own_ipc, run_argv
+from imgbuild.engine.runargs import env_file, hide_gpus, own_ipc, run_argv, shown_gpus
 from imgbuild.engine.types import ContainerInfo, RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
@@ -402,10 +402,13 @@ def cdi_only(error: str) -> bool:
 
 
 def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
-    """A script's environment: with no GPU asked for, none seen either. Where the engine's default runtime is
-    nvidia, an NGC image's own NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users'
-    included) without any device request."""
-    return dict(hide_gpus(env.items())) if gpus is None else dict(env)
+    """A script's environment: with no GPU asked for, none seen either; with some, those named (`[]`: every GPU,
+    asked for by count). Where the engine's default runtime is nvidia, an NGC image's own
+    NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users' included) beside or without
+    any device request."""
+    if gpus is None:
+        return dict(hide_gpus(env.items()))
+    return dict(shown_gpus(env.items(), gpus)) if gpus else dict(env)
 
 
 def _script_container(

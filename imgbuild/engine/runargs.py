@@ -130,11 +130,19 @@ def hide_gpus(env: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(key, value) for key, value in env if key not in hidden] + list(GPUS_HIDDEN)
 
 
+def shown_gpus(env: Iterable[tuple[str, str]], gpus: Iterable[str]) -> list[tuple[str, str]]:
+    """`env` for a container given the GPUs `gpus` (UUIDs), however the engine is handed them (`--gpus`, CDI
+    devices, the variable alone): NVIDIA_VISIBLE_DEVICES names exactly those, the last word. An NGC image's own
+    `NVIDIA_VISIBLE_DEVICES=all` would otherwise have a default nvidia runtime (legacy or in CDI mode) add every
+    GPU of the host to the ones a CDI device request asked for."""
+    return [(key, value) for key, value in env if key != "NVIDIA_VISIBLE_DEVICES"] + [
+        ("NVIDIA_VISIBLE_DEVICES", ",".join(gpus))
+    ]
+
+
 def container_env(o: RunOptions) -> list[tuple[str, str]]:
     """The container's variables: the given ones, then the GPUs' (the last word on NVIDIA_VISIBLE_DEVICES)."""
-    if not o.gpus:
-        return hide_gpus(o.env)
-    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", ",".join(o.gpus))] if o.gpus_by_env else [])]
+    return shown_gpus(o.env, o.gpus) if o.gpus else hide_gpus(o.env)
 
 
 def _run_words(o: RunOptions, values: bool) -> list[str]:
