@@ -151,6 +151,23 @@ def test_a_host_port_a_starting_run_holds_is_not_anothers_to_publish(monkeypatch
     assert published_ports(["127.0.0.1:8891:80", "80", "127.0.0.1::80", "[::1]:9000:90/udp"]) == [8891, 9000]
 
 
+def test_a_user_has_at_most_the_sites_containers_at_once_and_others_are_not_held_back(monkeypatch):
+    """Every run has its memory and pids caps; `run.max_containers_per_user` bounds one user's runs together (and
+    the engine's disk): stopped ones and starts under way count, script containers and other users' do not."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.config.site import run_rules
+
+    monkeypatch.setattr("imgbuild.servers.run.read_gpus_or_none", lambda settings: [])
+    rows = [ContainerInfo(f"{ME}_j_{i}", user=ME, status="exited") for i in range(2)]
+    rows += [ContainerInfo("bob_j_1", user="bob", status="running"), ContainerInfo("x_1", user=ME, smoke=True)]
+    held = held_on_host(rows, [Entry(f"{ME}_j_9", ME, 1, "1")], [])
+    settings, req = load_settings({}), RunRequest("ubuntu:22.04", ["true"], no_workspace=True)
+    with pytest.raises(UsageError, match=r"you have 3 containers.*run.max_containers_per_user"):
+        prepare(req, settings, held, run_rules({"max_containers_per_user": 3}))
+    assert prepare(req, settings, held, run_rules({"max_containers_per_user": 4}))
+    assert run_rules({}).max_containers_per_user == 64
+
+
 @pytest.mark.root("another user's files in the shared state folder")
 def test_names_a_user_makes_by_the_thousand_in_the_state_folder_are_never_opened_or_looked_up(tmp_path, monkeypatch):
     """Every `run` reads the ledger under its lock: thousands of `ledger-<uid>.json` (and `ledger-000…1.json`)

@@ -121,6 +121,13 @@ class RunRules:
     )
     state_dir: str | None = site_only(PATH, None, doc=f"the host-wide GPU ledger (default {DEFAULT_STATE_DIR})")
     max_gpus_per_user: int | None = site_only(Maybe(COUNT), None, how=LOWER, doc="GPUs one user may hold at once")
+    max_containers_per_user: int | None = site_only(
+        Maybe(COUNT),
+        64,
+        how=LOWER,
+        doc="containers one user may have at once, running or stopped (each with its own memory and pids caps: "
+        "this bounds theirs all together, and the engine's disk)",
+    )
     max_gpus_per_group: dict[str, int] = site_only(
         MapOf(Text(matches(_NAME, "not a group name")), COUNT),
         how=LOWER,

@@ -28,7 +28,7 @@ from imgbuild.hostio.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, pull_to_inspect
 from imgbuild.servers.caps import cpus_of, run_cpus
 from imgbuild.servers.containers import deadline_of
-from imgbuild.servers.holds import Held, OverQuota, choose_gpus, held_on_host
+from imgbuild.servers.holds import Held, OverQuota, check_count, choose_gpus, held_on_host
 from imgbuild.servers.spec import (
     JUPYTER_ENV,
     JUPYTER_PORT,
@@ -135,6 +135,7 @@ def prepare(
     who = settings.caller
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced, workdir = _enforce(req, who, house, ref)
+    check_count(user, held, house)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
     selection = choose_gpus(user, req.gpu_request, gpus, held, house, req.force)  # never-startable: refused now
     cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced is not None)
