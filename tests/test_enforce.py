@@ -1597,3 +1597,19 @@ def test_through_sudo_a_users_cached_answers_are_never_another_users(tmp_path, m
     base_pins(alice).put("sha256:" + "a" * 64, {"origin": "hers", "lines": ["torch==0.0.1"]})
     assert base_pins(alice).get("sha256:" + "a" * 64) is not None
     assert base_pins(bob).get("sha256:" + "a" * 64) is None and base_pins(own).get("sha256:" + "a" * 64) is None
+
+
+def test_a_user_has_at_most_the_sites_commands_running_through_sudo_at_once(tmp_path):
+    """Each command through sudo is a root process her own limits do not count (a thousand `run --wait` waiters
+    polling the ledger under its lock): past `run.max_commands_per_user` she is refused at once; bob's places are
+    his own, and a place comes free when its command ends."""
+    house = run_rules({"state_dir": str(tmp_path / "state"), "max_commands_per_user": 2})
+    alice, bob = Caller("alice", 1001, 1001, via_sudo=True), Caller("bob", 1002, 1002, via_sudo=True)
+    held = [enforce.command_place(alice, house) for _ in range(2)]
+    with pytest.raises(UsageError, match=r"2 imgbuild commands running through sudo.*max_commands_per_user"):
+        enforce.command_place(alice, house)
+    os.close(enforce.command_place(bob, house))
+    os.close(held.pop())
+    held.append(enforce.command_place(alice, house))
+    for fd in held:
+        os.close(fd)

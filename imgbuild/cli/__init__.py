@@ -52,9 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         acting = acting_for_user(who)
         if acting:  # only then the rules are imported: root's own commands and everyone else's never pay for them
+            from imgbuild.config.settings import load_settings
             from imgbuild.servers import enforce
 
             enforce.gate(args)  # through sudo: the user commands, and nothing else
+            _place = enforce.command_place(who, load_settings(who=who).run)  # held until this process ends
         cli.main(args=argv, prog_name="imgbuild", standalone_mode=False, obj=who)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):

@@ -128,6 +128,12 @@ class RunRules:
         doc="containers one user may have at once, running or stopped (each with its own memory and pids caps: "
         "this bounds theirs all together, and the engine's disk)",
     )
+    max_commands_per_user: int = site_only(
+        Integer(ge=1, le=4096),
+        16,
+        doc="imgbuild commands one user may have running through sudo at once (each a root process their own "
+        "limits do not count: a run waiting for GPUs, a build, a logs -f)",
+    )
     max_gpus_per_group: dict[str, int] = site_only(
         MapOf(Text(matches(_NAME, "not a group name")), COUNT),
         how=LOWER,
