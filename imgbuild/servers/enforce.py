@@ -101,9 +101,9 @@ COMMANDS_DIR = "commands"  # in root's folder of the state folder: one lock file
 
 def command_place(who: Caller, house: RunRules) -> int:
     """One of the site's `max_commands_per_user` places for a command `who` runs through sudo: a descriptor holding
-    a lock in root's folder for as long as the process lives (closed on exec). Each such command is a root
-    process the user's own limits do not count; a loop or a crowd of them (a thousand `run --wait` waiters, each
-    polling the ledger under its lock) is refused past the site's number, at once."""
+    a lock in root's folder for as long as the process lives, the docker CLI it may become included. Each such
+    command is a root process the user's own limits do not count; a loop or a crowd of them (a thousand
+    `run --wait` waiters, each polling the ledger under its lock) is refused past the site's number, at once."""
     import fcntl
 
     from imgbuild.hostio.regular import open_regular
@@ -121,9 +121,11 @@ def command_place(who: Caller, house: RunRules) -> int:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
         except BlockingIOError:
             os.close(fd)
+            continue
+        os.set_inheritable(fd, True)  # kept by the docker CLI imgbuild becomes (`logs -f`, `attach`, `exec`)
+        return fd
     raise UsageError(
         f"you have {house.max_commands_per_user} imgbuild commands running through sudo already "
         "(run.max_commands_per_user); wait for one to end"
