@@ -190,18 +190,25 @@ def test_an_extension_moves_only_its_owners_container(tmp_path):
 
 @pytest.mark.root("root clearing what another user planted")
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("plant", ["fifo", "folder"])
+@pytest.mark.parametrize("plant", ["fifo", "folder", "hard link"])
 def test_a_planted_lock_never_blocks_and_root_clears_it(plant, tmp_path):
+    """A FIFO, a folder, or a hard link to root's own file (where the kernel lets users link files not theirs:
+    root made a shared lock 0666, so the linked file too) at the lock's name: root takes it away and goes on."""
     import os
 
     from imgbuild.servers.ledger import Ledger
 
     state = tmp_path / "state"
     state.mkdir(mode=0o1777)
-    (os.mkfifo if plant == "fifo" else os.mkdir)(state / "ledger.lock")
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:x\n")
+    shadow.chmod(0o600)
+    plants = {"fifo": os.mkfifo, "folder": os.mkdir, "hard link": lambda path: os.link(shadow, path)}
+    plants[plant](state / "ledger.lock")
     with Ledger(state).transaction() as book:  # root removes what was planted and goes on
         book.add("x_1", "root", [], [])
-    assert (state / "ledger.lock").is_file()
+    assert (state / "ledger.lock").is_file() and os.stat(state / "ledger.lock").st_nlink == 1
+    assert oct(shadow.stat().st_mode & 0o777) == oct(0o600) and shadow.stat().st_nlink == 1
 
 
 @pytest.mark.root("a state folder another user owns (chown)")

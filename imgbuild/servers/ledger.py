@@ -49,15 +49,16 @@ SHARED_LOCK_SECONDS = 5
 
 def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS, shared: bool = True) -> int:
     """A host-wide lock file held exclusively (bounded wait): shared by every user, or (`shared=False`) root's
-    own, 0600; the descriptor to close. A planted FIFO or folder is removed by root and refused for anyone else."""
+    own, 0600; the descriptor to close. A planted FIFO, folder or hard link is removed by root and refused for
+    anyone else."""
     mode = 0o666 if shared else 0o600
     if os.geteuid() == 0 and os.path.islink(path):
         _remove(path)  # root's name in a sticky folder: a link planted there goes, never followed
     try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+        fd = _single(open_regular(path, os.O_RDWR | os.O_CREAT, mode))
         if fd is None and os.geteuid() == 0:
             _remove(path)
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+            fd = _single(open_regular(path, os.O_RDWR | os.O_CREAT, mode))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise EnvironmentProblem(f"{path} is a symbolic link; remove it (run.state_dir)") from None
@@ -79,6 +80,15 @@ def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS, shared: bool
                     f"another process has held {what} {path} for {seconds:.0f} s; try again"
                 ) from None
             time.sleep(0.05)
+
+
+def _single(fd: int | None) -> int | None:
+    """`fd` where its file has one name only; None (closed) for a hard link someone made at a lock's name to
+    another file (root would make `/etc/shadow` mode 0666 where the kernel lets users link files not theirs)."""
+    if fd is not None and os.fstat(fd).st_nlink != 1:
+        os.close(fd)
+        return None
+    return fd
 
 
 def host_locks(state_dir: Path, name: str, what: str) -> list[int]:
