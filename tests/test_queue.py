@@ -194,12 +194,12 @@ def test_a_users_job_never_enters_a_folder_they_cannot(tmp_path):
     tmp_path.chmod(0o755)
     victim = jobs.Job("0000000a", "nobody", nobody.pw_uid, nobody.pw_gid, 1.0, str(private / "proj"), ["img"])
     code, said = jobs._start(victim, as_root=True, root_filed=True)
-    assert code == 2 and said == f"the job's folder {private / 'proj'}: Permission denied", said
+    assert code == 2 and said == f"the job's folder {private / 'proj'}: Permission denied (as nobody)", said
     env = {"PATH": "/usr/bin:/bin"}
     code, said = jobs._imgbuild(["--version"], str(private / "proj"), env, as_user=victim)
     assert code != 0 and "Permission denied" in said
     code, said = jobs._imgbuild(["--version"], str(private / "proj"), env, enter_as=victim)  # no check before it
-    assert code == 2 and said.endswith("Permission denied"), said
+    assert code == 2 and said.endswith("Permission denied (as nobody)"), said
     code, said = jobs._imgbuild(["--version"], "/tmp", env, enter_as=victim)
     assert code == 0, said
 

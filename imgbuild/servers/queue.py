@@ -460,7 +460,8 @@ _CHILD = (
     " if e:os.setgroups(e[2]);os.setegid(e[1]);os.seteuid(e[0])\n"
     " os.chdir(w['cwd'])\n"
     "except OSError as x:\n"
-    " print(f\"imgbuild: the job's folder {w['cwd'][:200]}: {x.strerror}\",file=sys.stderr);sys.exit(2)\n"
+    " print(f\"imgbuild: the job's folder {w['cwd'][:200]}: {x.strerror} (as {w['user']})\",file=sys.stderr)\n"
+    " sys.exit(2)\n"
     "finally:\n"
     " if e:os.seteuid(0);os.setegid(0);os.setgroups(g)\n"
     "sys.argv=['imgbuild',*w['args']];from imgbuild.cli import main;main()"
@@ -476,7 +477,8 @@ def _imgbuild(
     if as_user is not None:  # in the child, before exec: the user's own groups and IDs, nothing of root's
         ids = {"user": as_user.uid, "group": as_user.gid,
                "extra_groups": os.getgrouplist(as_user.user, as_user.gid)}  # fmt: skip
-    work: dict[str, Any] = {"cwd": cwd, "args": args}
+    job = as_user or enter_as
+    work: dict[str, Any] = {"cwd": cwd, "args": args, "user": job.user if job else "you"}
     if enter_as is not None:
         work["enter_as"] = [enter_as.uid, enter_as.gid, os.getgrouplist(enter_as.user, enter_as.gid)]
     try:
