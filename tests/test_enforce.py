@@ -1329,9 +1329,13 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
 
         # -- run from her project (the workspace and a data folder: bind mounts the daemon sees) with a VT inside a
         # value, look-alike variables, device nodes and imgbuild's labels in her image, 100 processes to fork
+        bobs_shm, her_shm = Path(f"/dev/shm/imgbt-bob-{unique}"), Path(f"/dev/shm/e5-{unique}")
+        bobs_shm.write_text("bob's dataloader segment\n")
+        os.chown(bobs_shm, bob.pw_uid, bob.pw_gid)  # 0644: what a careless umask leaves in the host's /dev/shm
         probe = ("env; echo LDP=[$LD_PRELOAD]; echo uid=$(id -u); cat /data/train.txt /shared/README; grep -E '^(NoNewPrivs|CapEff)' /proc/self/status; "
                  "head -c 16 /opt/e5mem >/dev/null 2>&1 && echo READ-MEM; head -c 1 /opt/e5loop >/dev/null 2>&1 "
-                 f"&& echo READ-LOOP; touch /workspace/made; python3 -c {_shell_word(_FORK_100)}")  # fmt: skip
+                 f"&& echo READ-LOOP; cat {bobs_shm} 2>/dev/null | grep -q dataloader && echo READ-BOB-SHM; "
+                 f"echo hers > {her_shm}; touch /workspace/made; python3 -c {_shell_word(_FORK_100)}")  # fmt: skip
         outside = as_user("imgbt-alice", "run", img, "--", "true", cwd="/tmp")  # the workspace is a mount too
         row("the current folder as /workspace, outside what she may mount", _refused(outside)
             and "the current folder as /workspace" in outside.stderr and "--no-workspace" in outside.stderr, outside)  # fmt: skip
@@ -1345,6 +1349,8 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
         row("-enVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all" not in lines, ran)
         row("a run of her image: as her, no new privileges, no capabilities", f"uid={alice.pw_uid}" in lines and "NoNewPrivs:\t1" in lines
             and "CapEff:\t0000000000000000" in lines, ran)  # fmt: skip
+        row("bob's file in the host's /dev/shm, from her run", "READ-BOB-SHM" not in lines, ran)
+        row("her run's /dev/shm file left in the host's", not her_shm.exists(), f"host has it: {her_shm.exists()}")
         row("/dev/mem's node in her image", "READ-MEM" not in lines, ran)
         row("a loop device's node in her image", "READ-LOOP" not in lines, ran)
         started = int(ran.stdout.split("STARTED", 1)[1].split()[0])
@@ -1364,6 +1370,7 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
             row(why, done.returncode != 0 and "Traceback" not in done.stderr, done)
 
         # -- root's script containers of her image: the jupyter check, a base's pins (the hook ends a privileged one)
+        scripts_from = int(time.time())
         notebook = as_user(
             "imgbt-alice", "run", "--no-workspace", "--jupyter", "--name", f"jn{unique}", img, timeout=180
         )
@@ -1375,6 +1382,12 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
         pins = as_user("imgbt-alice", "build", "pins.yaml", cwd=str(project), timeout=300)
         row("build on her image (the base's pins read as root)", pins.returncode == 2
             and "pinned by a freeze of the base's packages" in pins.stderr, pins)  # fmt: skip
+        created = docker_client.events(since=scripts_from, until=int(time.time()) + 1, decode=True,
+                                       filters={"type": "container", "event": "create"})  # fmt: skip
+        scripts = [e["Actor"]["Attributes"] for e in created if e["Actor"]["Attributes"].get("org.imgbuild.smoke-of")]
+        row("her image's labels (bob's, a deadline passed) on root's script containers of it", len(scripts) >= 2
+            and all(a.get("org.imgbuild.user") == "imgbt-alice" and not a.get("org.imgbuild.deadline")
+                    for a in scripts), json.dumps(scripts)[:400])  # fmt: skip
         for why, target in [
             ("extends: a file in bob's private folder", f"{private}/proj/notes.txt"),
             ("extends: /etc/shadow", "/etc/shadow"),
@@ -1403,6 +1416,37 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
                           ("extend bob's notebook", ["extend", notebook_name, "1d"])]:  # fmt: skip
             done = as_user("imgbt-alice", *args)
             row(why, _refused(done) and token not in done.stdout + done.stderr, done)
+
+        # -- containers an admin started by hand, named hers (root inside, Docker's capabilities): not hers to enter
+        by_hand = []
+        for name in (f"imgbt-alice_debug{unique}", "imgbt-alice"):
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(name).remove(force=True)
+            by_hand.append(docker_client.containers.run(base, ["sleep", "120"], name=name, entrypoint=[], detach=True))
+        try:
+            for why, args in [("exec into a container an admin named hers", ["exec", f"debug{unique}", "--", "id"]),
+                              ("shell in a container an admin named hers", ["shell", f"debug{unique}"]),
+                              ("attach to a container an admin named hers", ["attach", f"debug{unique}"]),
+                              ("exec into a container named just her user", ["exec", "imgbt-alice", "--", "id"])]:  # fmt: skip
+                done = as_user("imgbt-alice", *args, timeout=60)
+                row(why, _refused(done) and "uid=0" not in done.stdout, done)
+        finally:
+            for made in by_hand:
+                with contextlib.suppress(Exception):
+                    made.remove(force=True)
+        began = time.monotonic()
+        as_user("imgbt-bob", "ps", timeout=120)
+        plain = time.monotonic() - began
+        junk = f"cd {state} && seq -f 'ledger-%010g.json' 1 30000 | xargs touch"
+        planted_junk = _as_plain("imgbt-alice", junk)
+        began = time.monotonic()
+        crowded = as_user("imgbt-bob", "ps", timeout=300)
+        took = time.monotonic() - began
+        for name in os.listdir(state):
+            if name.startswith("ledger-") and len(name) == len("ledger-0000000001.json"):
+                (state / name).unlink()
+        row("30,000 ledger names of hers in the state folder vs bob's ps", planted_junk.returncode == 0
+            and crowded.returncode == 0 and took < plain + 3, f"ps {plain:.1f} s, then {took:.1f} s")  # fmt: skip
 
         # -- her own queue file: a job in bob's private folder, two filed at time 0, one of absurd numbers; root's
         # queue runs it while bob files his first job, a folder planted at his queue file's name before
@@ -1473,6 +1517,8 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
             and fresh_state.stat().st_uid == 0, went)  # fmt: skip
     finally:
         listener.close()
+        for shm in Path("/dev/shm").glob(f"*{unique}"):
+            shm.unlink(missing_ok=True)
         for tag in (img, bobs_img):
             with contextlib.suppress(Exception):
                 docker_client.images.remove(tag, force=True)
