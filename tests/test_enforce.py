@@ -1659,3 +1659,33 @@ def test_a_user_has_at_most_the_sites_commands_running_through_sudo_at_once(tmp_
     held.append(enforce.command_place(alice, house))
     for fd in held:
         os.close(fd)
+
+
+def test_every_container_imgbuild_starts_sets_each_label_imgbuild_reads():
+    """`run`, a script container, a lease's placeholder and a Slurm node's docker each set every key imgbuild reads
+    on a container (empty where unused): the engine lays them over the image's own, so no image's label makes a
+    container another user's, holds GPUs or moves a deadline."""
+    import shlex
+    import types
+
+    from imgbuild.engine.containers import _script_container
+    from imgbuild.engine.lease import DockerLeases
+    from imgbuild.engine.noderun import NodeRun, docker_prefix
+    from imgbuild.engine.runargs import run_argv
+    from imgbuild.facts import Label
+    from imgbuild.servers.spec import RunSpec
+
+    def flagged(words: list[str]) -> set[str]:
+        return {words[i + 1].split("=", 1)[0] for i, word in enumerate(words) if word == "--label"}
+
+    run_words, _ = run_argv(RunSpec("img:1", "x", "alice", 1001, 1001, workspace=False).options())
+    node = shlex.split(docker_prefix(NodeRun(image="img"))[2].split("docker run ", 1)[1].split(" & wait", 1)[0])
+    created: list[dict[str, str]] = []
+    client = types.SimpleNamespace(
+        containers=types.SimpleNamespace(create=lambda *a, **kw: created.append(kw["labels"]))
+    )
+    DockerLeases(client).claim("imgbuild-lease-x", "img", {Label.LEASE_OF: "k"})
+    script = _script_container("img", {}, False, None, None)["labels"]
+    for site, keys in (("run", flagged(run_words)), ("a Slurm node", flagged(node)), ("a lease", set(created[0])),
+                       ("a script", set(script))):  # fmt: skip
+        assert set(Label.CONTAINER_KEYS) <= keys, f"{site} leaves {set(Label.CONTAINER_KEYS) - keys} to the image"
