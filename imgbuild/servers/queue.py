@@ -429,7 +429,16 @@ def _dry_run(args: list[str], cwd: str) -> tuple[int, str]:
 def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     """`imgbuild run -d ARGS` as the job's user; (exit code, the container's name or the last line said). Root
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
-    its privileges dropped. Either child enters the job's folder with the job's user's permissions only."""
+    its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder (a refusal
+    that names whom it was checked as, before any child starts); either child then enters it with the job's
+    user's permissions only, so a link swapped in between changes nothing."""
+    if as_root and job.uid != 0:
+        from imgbuild.servers.enforce import resolve_as
+
+        seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)
+        if "error" in seen or not seen.get("dir"):
+            why = seen.get("error") or "not a folder"
+            return 2, f"the job's folder {job.cwd[:200]}: {why} (checked as {job.user})"
     if as_root and not root_filed and job.uid != 0:
         code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _user_env(job), as_user=job)
     else:
