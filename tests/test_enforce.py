@@ -1387,7 +1387,7 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
         scripts = [
             a for a in (e["Actor"]["Attributes"] for e in created) if a.get("org.imgbuild.smoke-of", "").startswith(img)
         ]  # of her image (the engine is shared)
-        row("her image's labels (bob's, a deadline passed) on root's script containers of it", len(scripts) >= 2
+        row("her image's labels (bob's, a deadline passed) on root's script containers of it", len(scripts) >= 1
             and all(a.get("org.imgbuild.user") == "imgbt-alice" and not a.get("org.imgbuild.deadline")
                     for a in scripts), json.dumps(scripts)[:400])  # fmt: skip
         for why, target in [
