@@ -1002,21 +1002,21 @@ def test_every_script_container_runs_as_the_user_it_is_for_through_one_helper():
 
 def test_the_engine_creates_containers_in_two_places_only():
     """The SDK's `containers.create` is called where a script container is made (its arguments from
-    `_script_container`, hardened for `as_user`) and for a lease's placeholder, which never starts."""
+    `scriptrun.script_container`, hardened for `as_user`) and for a lease's placeholder, which never starts."""
     sites = {(f, fn) for f, fn, _ in _calls_of("create") if f.startswith("imgbuild/engine/")}
     assert sites == {("imgbuild/engine/containers.py", "prepared"), ("imgbuild/engine/lease.py", "claim")}
 
 
 def test_a_script_container_for_a_user_runs_as_them_without_privileges_within_their_runs_caps():
-    from imgbuild.engine.containers import _script_container
+    from imgbuild.engine.scriptrun import script_container
 
     alice = acting.ContainerUser(1001, 1001, "alice", memory=2 << 30, pids_limit=100, cgroup_parent="u-1001.slice")
-    hardened = _script_container("alice/x:1", {}, False, "host", None, as_user=alice)
+    hardened = script_container("alice/x:1", {}, False, "host", None, as_user=alice)
     assert hardened["user"] == "1001:1001" and hardened["cap_drop"] == ["ALL"]
     assert hardened["security_opt"] == ["no-new-privileges"] and hardened["ipc_mode"] == "private"
     assert hardened["pids_limit"] == 100 and hardened["mem_limit"] == hardened["memswap_limit"] == 2 << 30
     assert hardened["cgroup_parent"] == "u-1001.slice"
-    plain = _script_container("alice/x:1", {}, False, "host", None, as_user=None)  # root's own: the house's
+    plain = script_container("alice/x:1", {}, False, "host", None, as_user=None)  # root's own: the house's
     assert plain["ipc_mode"] == "host" and not {"user", "pids_limit", "mem_limit", "cgroup_parent"} & set(plain)
 
 
@@ -1026,7 +1026,8 @@ def test_a_script_containers_owner_and_gpus_are_imgbuilds_never_its_images_label
     holds the GPU her test was given (the next run cannot take it), and nothing of bob's."""
     import types
 
-    from imgbuild.engine.containers import DockerContainers, _script_container
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.scriptrun import script_container
     from imgbuild.facts import Label
     from imgbuild.servers.holds import check_quota, held_on_host
 
@@ -1035,7 +1036,7 @@ def test_a_script_containers_owner_and_gpus_are_imgbuilds_never_its_images_label
     alice = acting.ContainerUser(1001, 1001, "alice")
 
     def row(as_user: acting.ContainerUser | None, gpus: list[str] | None):  # type: ignore[no-untyped-def]
-        made = _script_container("alice/x:1", {}, False, "host", None, as_user=as_user, gpus=gpus)
+        made = script_container("alice/x:1", {}, False, "host", None, as_user=as_user, gpus=gpus)
         attrs = {"Config": {"Labels": {**image_labels, **made["labels"]}, "Image": "alice/x:1"}, "HostConfig": {}}
         container = types.SimpleNamespace(name="eager_hopper", short_id="c1", status="running", attrs=attrs)
         client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: [container]))
@@ -1670,10 +1671,10 @@ def test_every_container_imgbuild_starts_sets_each_label_imgbuild_reads():
     import shlex
     import types
 
-    from imgbuild.engine.containers import _script_container
     from imgbuild.engine.lease import DockerLeases
     from imgbuild.engine.noderun import NodeRun, docker_prefix
     from imgbuild.engine.runargs import run_argv
+    from imgbuild.engine.scriptrun import script_container
     from imgbuild.facts import Label
     from imgbuild.servers.spec import RunSpec
 
@@ -1687,7 +1688,7 @@ def test_every_container_imgbuild_starts_sets_each_label_imgbuild_reads():
         containers=types.SimpleNamespace(create=lambda *a, **kw: created.append(kw["labels"]))
     )
     DockerLeases(client).claim("imgbuild-lease-x", "img", {Label.LEASE_OF: "k"})
-    script = _script_container("img", {}, False, None, None)["labels"]
+    script = script_container("img", {}, False, None, None)["labels"]
     for site, keys in (("run", flagged(run_words)), ("a Slurm node", flagged(node)), ("a lease", set(created[0])),
                        ("a script", set(script))):  # fmt: skip
         assert set(Label.CONTAINER_KEYS) <= keys, f"{site} leaves {set(Label.CONTAINER_KEYS) - keys} to the image"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from imgbuild.engine.containers import _gpu_env
 from imgbuild.engine.noderun import NodeRun, docker_prefix
 from imgbuild.engine.runargs import GPUS_HIDDEN, run_argv
+from imgbuild.engine.scriptrun import script_env
 from imgbuild.engine.types import RunOptions
 
 
@@ -28,7 +28,7 @@ def test_every_path_that_starts_a_container_without_gpus_hides_them_the_same_way
     mine = (("CUDA_VISIBLE_DEVICES", "0"), ("A", "1"))
     _argv, run_env = run_argv(RunOptions(image="img", env=mine))
     assert run_env == {"A": "1", **dict(GPUS_HIDDEN)} and list(run_env)[-2:] == [k for k, _ in GPUS_HIDDEN]
-    assert _gpu_env(dict(mine), None) == run_env
+    assert script_env(dict(mine), None) == run_env
     node = _node_variables(NodeRun(image="img"))
     assert node[-2:] == hidden
 
@@ -40,7 +40,7 @@ def test_a_container_given_gpus_sees_exactly_those_however_the_engine_is_handed_
     for how in ({}, {"gpus_by_cdi": True}, {"gpus_by_env": True}):
         _argv, env = run_argv(RunOptions(image="img", env=mine, gpus=("GPU-1", "GPU-3"), **how))  # type: ignore[arg-type]
         assert env == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-3"} and "CUDA_VISIBLE_DEVICES" not in env
-    assert _gpu_env({"A": "1"}, ["GPU-2"]) == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-2"}
-    assert _gpu_env({"A": "1"}, []) == {"A": "1"}  # all GPUs asked for
+    assert script_env({"A": "1"}, ["GPU-2"]) == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-2"}
+    assert script_env({"A": "1"}, []) == {"A": "1"}  # all GPUs asked for
     node = _node_variables(NodeRun(image="img", gpus=2, gpu_flag="env"))
     assert [v for v in node if "VISIBLE_DEVICES" in v] == ["NVIDIA_VISIBLE_DEVICES=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}"]

@@ -121,19 +121,10 @@ class RunRules:
     )
     state_dir: str | None = site_only(PATH, None, doc=f"the host-wide GPU ledger (default {DEFAULT_STATE_DIR})")
     max_gpus_per_user: int | None = site_only(Maybe(COUNT), None, how=LOWER, doc="GPUs one user may hold at once")
-    max_containers_per_user: int | None = site_only(
-        Maybe(COUNT),
-        64,
-        how=LOWER,
-        doc="containers one user may have at once, running or stopped (each with its own memory and pids caps: "
-        "this bounds theirs all together, and the engine's disk)",
-    )
-    max_commands_per_user: int = site_only(
-        Integer(ge=1, le=4096),
-        16,
-        doc="imgbuild commands one user may have running through sudo at once (each a root process their own "
-        "limits do not count: a run waiting for GPUs, a build, a logs -f)",
-    )
+    max_containers_per_user: int | None = site_only(Maybe(COUNT), 64, how=LOWER, doc="containers one user may have "
+        "at once, running or stopped: each run's memory and pids caps together, and the engine's disk")  # fmt: skip
+    max_commands_per_user: int = site_only(Integer(ge=1, le=4096), 16, doc="imgbuild commands one user may run "
+        "through sudo at once (root processes their own limits do not count: waiters, builds, logs -f)")  # fmt: skip
     max_gpus_per_group: dict[str, int] = site_only(
         MapOf(Text(matches(_NAME, "not a group name")), COUNT),
         how=LOWER,
@@ -188,8 +179,7 @@ class RunRules:
         return None if self.shm_size else self.ipc
 
     def memory_bytes(self, host_bytes: int | None) -> int | None:
-        """A run's memory cap in bytes: `memory`, else three quarters of the host's (`host_bytes`; None where
-        the host's cannot be read)."""
+        """A run's memory cap in bytes: `memory`, else three quarters of `host_bytes` (None: unknown)."""
         if self.memory is not None:
             return size_bytes(self.memory)
         return host_bytes * 3 // 4 if host_bytes else None

@@ -15,19 +15,17 @@ they filed without it. A file is believed only when it is the user's own or root
 come from the file's name and the password database, never from its JSON: nobody can queue for another, or as
 another group. A job's folder must be absolute, and the time a job of a user's own file was filed is never earlier
 than the kernel's last change of the file (its ctime, which no user sets): a hand-written `submitted` cannot jump
-the queue. Starting a job is `imgbuild run -d` in a child process, by
-an isolated interpreter (`python -I`: no working folder, no PYTHON* variable on its path) whose arguments come on
-its standard input (never an argv others can read) and whose environment is fixed (`rootside.environment`):
+the queue. Starting a job is `imgbuild run -d` in a child process, by an isolated interpreter (`python -I`) whose
+arguments come on its standard input and whose environment is fixed (`rootside.environment`):
 
 - a file root wrote (a user's `sudo imgbuild queue add`, or root's own) is started by root for the user, through
   sudo's variables: the enforced mode's rules apply to it as to the user;
 - a file the user wrote themself is started as that user, root's privileges dropped first (their own groups,
   their own environment's HOME): it can do nothing the user could not do by typing `imgbuild run -d`.
 
-Every child starts in `/` and enters the job's folder itself, after it became who it runs as: a folder the job's
-user cannot enter is refused before anything starts, checked as them, and never entered by a process of theirs
-while it is still root. Jobs are claimed under the queue's lock and started outside it: a start that stalls (a
-user's own engine socket that answers nothing) holds nobody else's `queue add`.
+A folder the job's user cannot enter is refused before anything starts, checked as them; every child starts in
+`/` and enters the job's folder with the user's permissions only (theirs already, or their IDs for that `chdir`).
+Jobs are claimed under the queue's lock and started outside it: a stalling start holds nobody's `queue add`.
 """
 
 from __future__ import annotations
@@ -429,21 +427,19 @@ def _dry_run(args: list[str], cwd: str) -> tuple[int, str]:
 def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     """`imgbuild run -d ARGS` as the job's user; (exit code, the container's name or the last line said). Root
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
-    its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder (a refusal
-    that names whom it was checked as, before any child starts); either child then enters it with the job's
-    user's permissions only, so a link swapped in between changes nothing."""
+    its privileges dropped. Root first checks as the job's user that they may enter the job's folder; either
+    child then enters it with their permissions only, so a link swapped in between changes nothing."""
     if as_root and job.uid != 0:
         from imgbuild.servers.enforce import resolve_as
 
         seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)
         if "error" in seen or not seen.get("dir"):
-            why = seen.get("error") or "not a folder"
-            return 2, f"the job's folder {job.cwd[:200]}: {why} (checked as {job.user})"
+            return 2, f"the job's folder {job.cwd[:200]}: {seen.get('error') or 'not a folder'} (checked as {job.user})"
     if as_root and not root_filed and job.uid != 0:
         code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _user_env(job), as_user=job)
-    else:
-        env, enter_as = _child_env(job if as_root else None), (job if as_root and job.uid != 0 else None)
-        code, said = _imgbuild(["run", "-d", *job.args], job.cwd, env, enter_as=enter_as)
+    else:  # where root stays root to act for them, it enters the folder as them
+        enter = job if as_root and job.uid != 0 else None
+        code, said = _imgbuild(["run", "-d", *job.args], job.cwd, _child_env(job if as_root else None), enter_as=enter)
     if code == 0:
         match = re.search(r"starting (\S+) \(", said)
         return 0, match.group(1) if match else ""
@@ -457,12 +453,10 @@ def _user_env(job: Job) -> dict[str, str]:
     return {"PATH": SECURE_PATH, "HOME": home, "USER": job.user, "LOGNAME": job.user, "IMGBUILD_QUEUE_JOB": "1"}
 
 
-#: The child: an isolated interpreter (no working folder, no PYTHON* variable, no user site on its path) that takes
-#: its folder and arguments on standard input, so no job's words (a `-e` value) stand in an argv every user can
-#: read. It starts in `/` as whoever it runs as, and enters the job's folder itself with the job's user's
-#: permissions: as a process that is already theirs, or, where it stays root to act for them (`enter_as`), with
-#: their IDs and groups for the one `chdir`, root's again after. A folder they cannot enter (another user's 0700
-#: home, a link swapped in after the job was filed) is refused, exit 2, whoever starts the job.
+#: The child: an isolated interpreter (no working folder, no PYTHON* variable, no user site on its path) taking its
+#: folder and arguments on standard input (no job's `-e` value in an argv). It starts in `/` and enters the job's
+#: folder itself with the job's user's permissions: already theirs, or, staying root to act for them (`enter_as`),
+#: with their IDs and groups for the one `chdir`; a folder they cannot enter is refused, exit 2.
 _CHILD = (
     "import json,os,sys;w=json.load(sys.stdin);e=w.get('enter_as');g=os.getgroups()\n"
     "try:\n"
@@ -480,8 +474,7 @@ _CHILD = (
 def _imgbuild(
     args: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None, enter_as: Job | None = None
 ) -> tuple[int, str]:
-    """The child for `args` in `cwd`: `as_user` runs it as that job's user (root's privileges dropped before it
-    starts); `enter_as` keeps it root but has it enter `cwd` with that job's user's permissions."""
+    """The child for `args` in `cwd`: as that job's user (`as_user`), or root entering `cwd` as them (`enter_as`)."""
     ids: dict[str, Any] = {}
     if as_user is not None:  # in the child, before exec: the user's own groups and IDs, nothing of root's
         ids = {"user": as_user.uid, "group": as_user.gid,
