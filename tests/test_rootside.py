@@ -143,6 +143,7 @@ def test_the_queue_child_runs_isolated_with_its_arguments_on_stdin(monkeypatch):
     assert json.loads(seen["input"]) == {
         "cwd": "/home/alice/proj",
         "args": ["run", "-d", "-e", "HF_TOKEN=hf_secret", "img"],
+        "user": "you",  # whom a refusal at the folder names: no job's user given
     }
     assert seen["cwd"] == "/"  # the child enters the job's folder itself, as whoever it runs as
 
