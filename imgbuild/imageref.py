@@ -136,10 +136,14 @@ IMAGE_FILES = {
 FILE_RUNTIMES = frozenset(name for runtimes, _, _ in IMAGE_FILES.values() for name in runtimes)
 
 
+#: A path under a site's variable: `$SCRATCH/x.sif`, `${WORK}/x.sqsh` (never a command substitution, `$(...)`).
+_SITE_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
+
+
 def is_file_path(image: str) -> bool:
     """`image` names a file or folder on the cluster (a path, or one under the site's variable), not a registry's
     image."""
-    return image.startswith(("/", "./", "../", "~/", "$"))
+    return image.startswith(("/", "./", "../", "~/")) or bool(_SITE_VARIABLE.match(image))
 
 
 def file_kind(image: str) -> tuple[str, ...] | None:

@@ -908,7 +908,8 @@ def test_a_script_container_for_a_user_runs_as_them_hardened_with_its_own_ipc(te
     engine = connect_engine(load_settings({}))
     image = f"{testbed['IMGBUILD_TESTBED_REGISTRY']}/nvidia/pytorch:24.05-py3"
     probe = Probe("probe", script, "ANSWER")
-    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, as_user="4321:4322", timeout=120)
+    them = acting.ContainerUser(4321, 4322, "imgbt-nobody")
+    code, output, _ = engine.containers.run_script(image, probe, [], {}, gpus=None, as_user=them, timeout=120)
     answer = probe.answer(output)
     assert code == 0 and answer, output
     assert (answer["uid"], answer["gid"], answer["nnp"]) == (4321, 4322, "1")
@@ -1016,17 +1017,55 @@ def test_every_script_container_runs_as_the_user_it_is_for_through_one_helper():
 
 def test_the_engine_creates_containers_in_two_places_only():
     """The SDK's `containers.create` is called where a script container is made (its arguments from
-    `_script_container`, hardened for `as_user`) and for a lease's placeholder, which never starts."""
+    `scriptrun.script_container`, hardened for `as_user`) and for a lease's placeholder, which never starts."""
     sites = {(f, fn) for f, fn, _ in _calls_of("create") if f.startswith("imgbuild/engine/")}
     assert sites == {("imgbuild/engine/containers.py", "prepared"), ("imgbuild/engine/lease.py", "claim")}
 
 
-def test_a_script_container_for_a_user_runs_as_them_without_privileges():
-    from imgbuild.engine.containers import _script_container
+def test_a_script_container_for_a_user_runs_as_them_without_privileges_within_their_runs_caps():
+    from imgbuild.engine.scriptrun import script_container
 
-    hardened = _script_container("alice/x:1", {}, False, "host", None, as_user="1001:1001")
+    alice = acting.ContainerUser(1001, 1001, "alice", memory=2 << 30, pids_limit=100, cgroup_parent="u-1001.slice")
+    hardened = script_container("alice/x:1", {}, False, "host", None, as_user=alice)
     assert hardened["user"] == "1001:1001" and hardened["cap_drop"] == ["ALL"]
     assert hardened["security_opt"] == ["no-new-privileges"] and hardened["ipc_mode"] == "private"
+    assert hardened["pids_limit"] == 100 and hardened["mem_limit"] == hardened["memswap_limit"] == 2 << 30
+    assert hardened["cgroup_parent"] == "u-1001.slice"
+    plain = script_container("alice/x:1", {}, False, "host", None, as_user=None)  # root's own: the house's
+    assert plain["ipc_mode"] == "host" and not {"user", "pids_limit", "mem_limit", "cgroup_parent"} & set(plain)
+
+
+def test_a_script_containers_owner_and_gpus_are_imgbuilds_never_its_images_labels():
+    """A smoke test of an image labelled as bob's, holding every GPU, past its deadline: the engine lays the
+    create's labels over the image's, and every key imgbuild reads is the create's. The container is alice's,
+    holds the GPU her test was given (the next run cannot take it), and nothing of bob's."""
+    import types
+
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.engine.scriptrun import script_container
+    from imgbuild.facts import Label
+    from imgbuild.servers.holds import check_quota, held_on_host
+
+    image_labels = {Label.USER: "bob", Label.GPU_UUIDS: "GPU-0,GPU-1,GPU-2,GPU-3", Label.GPUS: "0,1,2,3",
+                    Label.DEADLINE: "1", Label.NOTIFY: "1", Label.SLURM_JOB: "7"}  # fmt: skip
+    alice = acting.ContainerUser(1001, 1001, "alice")
+
+    def row(as_user: acting.ContainerUser | None, gpus: list[str] | None):  # type: ignore[no-untyped-def]
+        made = script_container("alice/x:1", {}, False, "host", None, as_user=as_user, gpus=gpus)
+        attrs = {"Config": {"Labels": {**image_labels, **made["labels"]}, "Image": "alice/x:1"}, "HostConfig": {}}
+        container = types.SimpleNamespace(name="eager_hopper", short_id="c1", status="running", attrs=attrs)
+        client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: [container]))
+        (found,) = DockerContainers(client, images=None).rows()  # type: ignore[arg-type]
+        return found
+
+    hers = row(alice, ["GPU-2"])
+    assert (hers.user, hers.smoke, hers.deadline, hers.notify) == ("alice", True, None, False)
+    held = held_on_host([hers], [], [])
+    assert {uuid: [c.user for c in claims] for uuid, claims in held.gpus.items()} == {"GPU-2": ["alice"]}
+    from imgbuild.gpu.allocate import Selection
+
+    check_quota("bob", Selection([]), held, run_rules({"max_gpus_per_user": 1}))  # bob holds nothing
+    assert row(None, None).user == "" and not held_on_host([row(None, None)], [], []).gpus  # nobody's, no GPU
 
 
 def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch):
@@ -1035,7 +1074,8 @@ def test_container_user_is_the_callers_ids_only_when_acting_for_them(monkeypatch
     settings = types.SimpleNamespace(caller=Caller("alice", 1001, 1002, via_sudo=True), run=run_rules({}))
     monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert acting.container_user(settings) == "1001:1002"  # type: ignore[arg-type]
+    given = acting.container_user(settings)  # type: ignore[arg-type]
+    assert given is not None and (given.ids, given.name, given.pids_limit) == ("1001:1002", "alice", 4096)
     monkeypatch.setattr(os, "geteuid", lambda: 1001)  # the user's own engine (the docker group): no sudo
     assert acting.container_user(settings) is None  # type: ignore[arg-type]
     assert acting.container_user(None) is None
@@ -1306,9 +1346,13 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
 
         # -- run from her project (the workspace and a data folder: bind mounts the daemon sees) with a VT inside a
         # value, look-alike variables, device nodes and imgbuild's labels in her image, 100 processes to fork
+        bobs_shm, her_shm = Path(f"/dev/shm/imgbt-bob-{unique}"), Path(f"/dev/shm/e5-{unique}")
+        bobs_shm.write_text("bob's dataloader segment\n")
+        os.chown(bobs_shm, bob.pw_uid, bob.pw_gid)  # 0644: what a careless umask leaves in the host's /dev/shm
         probe = ("env; echo LDP=[$LD_PRELOAD]; echo uid=$(id -u); cat /data/train.txt /shared/README; grep -E '^(NoNewPrivs|CapEff)' /proc/self/status; "
                  "head -c 16 /opt/e5mem >/dev/null 2>&1 && echo READ-MEM; head -c 1 /opt/e5loop >/dev/null 2>&1 "
-                 f"&& echo READ-LOOP; touch /workspace/made; python3 -c {_shell_word(_FORK_100)}")  # fmt: skip
+                 f"&& echo READ-LOOP; cat {bobs_shm} 2>/dev/null | grep -q dataloader && echo READ-BOB-SHM; "
+                 f"echo hers > {her_shm}; touch /workspace/made; python3 -c {_shell_word(_FORK_100)}")  # fmt: skip
         outside = as_user("imgbt-alice", "run", img, "--", "true", cwd="/tmp")  # the workspace is a mount too
         row("the current folder as /workspace, outside what she may mount", _refused(outside)
             and "the current folder as /workspace" in outside.stderr and "--no-workspace" in outside.stderr, outside)  # fmt: skip
@@ -1322,6 +1366,8 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
         row("-enVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all" not in lines, ran)
         row("a run of her image: as her, no new privileges, no capabilities", f"uid={alice.pw_uid}" in lines and "NoNewPrivs:\t1" in lines
             and "CapEff:\t0000000000000000" in lines, ran)  # fmt: skip
+        row("bob's file in the host's /dev/shm, from her run", "READ-BOB-SHM" not in lines, ran)
+        row("her run's /dev/shm file left in the host's", not her_shm.exists(), f"host has it: {her_shm.exists()}")
         row("/dev/mem's node in her image", "READ-MEM" not in lines, ran)
         row("a loop device's node in her image", "READ-LOOP" not in lines, ran)
         started = int(ran.stdout.split("STARTED", 1)[1].split()[0])
@@ -1341,6 +1387,7 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
             row(why, done.returncode != 0 and "Traceback" not in done.stderr, done)
 
         # -- root's script containers of her image: the jupyter check, a base's pins (the hook ends a privileged one)
+        scripts_from = int(time.time())
         notebook = as_user(
             "imgbt-alice", "run", "--no-workspace", "--jupyter", "--name", f"jn{unique}", img, timeout=180
         )
@@ -1352,6 +1399,14 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
         pins = as_user("imgbt-alice", "build", "pins.yaml", cwd=str(project), timeout=300)
         row("build on her image (the base's pins read as root)", pins.returncode == 2
             and "pinned by a freeze of the base's packages" in pins.stderr, pins)  # fmt: skip
+        created = docker_client.events(since=scripts_from, until=int(time.time()) + 1, decode=True,
+                                       filters={"type": "container", "event": "create"})  # fmt: skip
+        scripts = [
+            a for a in (e["Actor"]["Attributes"] for e in created) if a.get("org.imgbuild.smoke-of", "").startswith(img)
+        ]  # of her image (the engine is shared)
+        row("her image's labels (bob's, a deadline passed) on root's script containers of it", len(scripts) >= 1
+            and all(a.get("org.imgbuild.user") == "imgbt-alice" and not a.get("org.imgbuild.deadline")
+                    for a in scripts), json.dumps(scripts)[:400])  # fmt: skip
         for why, target in [
             ("extends: a file in bob's private folder", f"{private}/proj/notes.txt"),
             ("extends: /etc/shadow", "/etc/shadow"),
@@ -1380,6 +1435,37 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
                           ("extend bob's notebook", ["extend", notebook_name, "1d"])]:  # fmt: skip
             done = as_user("imgbt-alice", *args)
             row(why, _refused(done) and token not in done.stdout + done.stderr, done)
+
+        # -- containers an admin started by hand, named hers (root inside, Docker's capabilities): not hers to enter
+        by_hand = []
+        for name in (f"imgbt-alice_debug{unique}", "imgbt-alice"):
+            with contextlib.suppress(Exception):
+                docker_client.containers.get(name).remove(force=True)
+            by_hand.append(docker_client.containers.run(base, ["sleep", "120"], name=name, entrypoint=[], detach=True))
+        try:
+            for why, args in [("exec into a container an admin named hers", ["exec", f"debug{unique}", "--", "id"]),
+                              ("shell in a container an admin named hers", ["shell", f"debug{unique}"]),
+                              ("attach to a container an admin named hers", ["attach", f"debug{unique}"]),
+                              ("exec into a container named just her user", ["exec", "imgbt-alice", "--", "id"])]:  # fmt: skip
+                done = as_user("imgbt-alice", *args, timeout=60)
+                row(why, _refused(done) and "uid=0" not in done.stdout, done)
+        finally:
+            for made in by_hand:
+                with contextlib.suppress(Exception):
+                    made.remove(force=True)
+        began = time.monotonic()
+        as_user("imgbt-bob", "ps", timeout=120)
+        plain = time.monotonic() - began
+        junk = f"cd {state} && seq -f 'ledger-%010g.json' 1 30000 | xargs touch"
+        planted_junk = _as_plain("imgbt-alice", junk)
+        began = time.monotonic()
+        crowded = as_user("imgbt-bob", "ps", timeout=300)
+        took = time.monotonic() - began
+        for name in os.listdir(state):
+            if name.startswith("ledger-") and len(name) == len("ledger-0000000001.json"):
+                (state / name).unlink()
+        row("30,000 ledger names of hers in the state folder vs bob's ps", planted_junk.returncode == 0
+            and crowded.returncode == 0 and took < plain + 3, f"ps {plain:.1f} s, then {took:.1f} s")  # fmt: skip
 
         # -- her own queue file: a job in bob's private folder, two filed at time 0, one of absurd numbers; root's
         # queue runs it while bob files his first job, a folder planted at his queue file's name before
@@ -1450,6 +1536,8 @@ def test_two_hostile_users_through_sudo_are_refused_every_attempt(enforced, uniq
             and fresh_state.stat().st_uid == 0, went)  # fmt: skip
     finally:
         listener.close()
+        for shm in Path("/dev/shm").glob(f"*{unique}"):
+            shm.unlink(missing_ok=True)
         for tag in (img, bobs_img):
             with contextlib.suppress(Exception):
                 docker_client.images.remove(tag, force=True)
@@ -1475,3 +1563,148 @@ def _shell_word(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def test_a_users_run_through_sudo_never_shares_the_hosts_ipc_namespace():
+    """With the site's `ipc: host` (NVIDIA's advice), a run acting for a user gets its own IPC namespace and a
+    /dev/shm as large as its memory cap: the host's /dev/shm holds other users' files, and what a run leaves
+    there outlives it. Root's own run keeps the house's IPC, and a site's or a user's shm size stands."""
+    from imgbuild.servers.spec import RunSpec
+    from tests.conftest import run_words
+
+    def words(enforced: bool, **rules: object) -> list[str]:
+        spec = RunSpec("img:1", "x", "alice", 1001, 1001, house=run_rules(rules), memory=2 << 30, workspace=False,
+                       enforced=[] if enforced else None)  # fmt: skip
+        return run_words(spec)
+
+    hers = words(True)
+    assert hers[hers.index("--ipc") + 1] == "private" and hers[hers.index("--shm-size") + 1] == f"{2 << 30}b"
+    root = words(False)
+    assert root[root.index("--ipc") + 1] == "host" and "--shm-size" not in root
+    sized = words(True, shm_size="8g")
+    assert sized[sized.index("--shm-size") + 1] == "8g" and "--ipc" not in sized
+
+
+def test_an_unlabelled_container_is_a_users_only_by_the_user_underscore_prefix():
+    """An admin's `docker run --name ubuntu` (root inside, Docker's capabilities) is nobody's, not the host user
+    `ubuntu`'s to `exec` into; `bob_debug` is bob's (the server convention), and a label has the last word."""
+    import types
+
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.facts import Label
+    from imgbuild.servers.containers import check_owner, find_container
+
+    def rows(*named: tuple[str, dict[str, str]]):  # type: ignore[no-untyped-def]
+        made = [types.SimpleNamespace(name=name, short_id=name[:4], status="running",
+                                      attrs={"Config": {"Labels": labels}, "HostConfig": {}}) for name, labels in named]  # fmt: skip
+        client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: made))
+        return DockerContainers(client, images=None).rows()  # type: ignore[arg-type]
+
+    found = {r.name: r.user for r in rows(("ubuntu", {}), ("bob_debug", {}), ("x_y", {Label.USER: "carol"}))}
+    assert found == {"ubuntu": "", "bob_debug": "bob", "x_y": "carol"}
+    ubuntu = Caller("ubuntu", 1000, 1000, via_sudo=True)
+    with pytest.raises(UsageError, match="belongs to nobody known"):
+        check_owner(find_container(rows(("ubuntu", {})), "ubuntu", "ubuntu"), ubuntu, "exec", force=False)
+
+
+def test_through_sudo_a_user_enters_only_a_container_running_as_them_without_privileges(monkeypatch):
+    """`alice_debug`, started by an admin with `docker run` (root inside, Docker's capabilities, setuid binaries
+    that work), is alice's by its name: she may read its logs or stop it, never `exec`, `shell` or `attach` into
+    it through sudo. Her own run (her UID, no capabilities, no new privileges) she enters as before; her smoke
+    test's container, whose output imgbuild believes, takes no verb of hers at all."""
+    import dataclasses
+    import types
+
+    from imgbuild.engine.containers import DockerContainers
+    from imgbuild.servers.containers import check_owner
+
+    hers = {"Config": {"User": "1001:1001"}, "HostConfig": {"CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges"]}}
+    admins = {"Config": {"User": ""}, "HostConfig": {}}
+    nearly = {"Config": {"User": "1001:1001"}, "HostConfig": {"CapDrop": ["ALL"], "CapAdd": ["CAP_SYS_ADMIN"],
+                                                               "SecurityOpt": ["no-new-privileges"]}}  # fmt: skip
+    made = [types.SimpleNamespace(name=n, short_id=n[:4], status="running", attrs=a)
+            for n, a in (("alice_job_1", hers), ("alice_debug", admins), ("alice_x_1", nearly))]  # fmt: skip
+    client = types.SimpleNamespace(containers=types.SimpleNamespace(list=lambda **kw: made))
+    rows = {r.name: r for r in DockerContainers(client, images=None).rows()}  # type: ignore[arg-type]
+    alice = Caller("alice", 1001, 1001, via_sudo=True)
+    monkeypatch.setattr(Caller, "is_admin", property(lambda self: False))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    for verb in ("exec", "attach", "logs", "stop"):
+        check_owner(rows["alice_job_1"], alice, verb, force=False)
+    for name in ("alice_debug", "alice_x_1"):
+        for verb in ("exec", "attach"):
+            with pytest.raises(UsageError, match="does not run as you"):
+                check_owner(rows[name], alice, verb, force=False)
+        check_owner(rows[name], alice, "logs", force=False)
+    smoke = dataclasses.replace(rows["alice_job_1"], smoke=True)  # her smoke test's, hers for GPUs and quota
+    for verb in ("exec", "attach", "logs", "stop"):  # its output is the answer imgbuild believes
+        with pytest.raises(UsageError, match="runs for a check"):
+            check_owner(smoke, alice, verb, force=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 1001)  # her own engine (the docker group): hers to enter
+    check_owner(rows["alice_debug"], Caller("alice", 1001, 1001), "exec", force=False)
+
+
+def test_through_sudo_a_users_cached_answers_are_never_another_users(tmp_path, monkeypatch):
+    """A base's pins are read in a container running as the user whose build needs them (one they can reach
+    into): cached in root's shared cache, alice's answer for a base would be bob's build's. Through sudo each
+    user's caches are their own folder; root's own and the docker group's stay where they were."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.pipeline.resolve import base_pins
+
+    monkeypatch.setenv("IMGBUILD_CACHE_DIR", str(tmp_path))
+    with monkeypatch.context() as acting_as_root:
+        acting_as_root.setattr(Caller, "is_admin", property(lambda self: False))
+        acting_as_root.setattr(os, "geteuid", lambda: 0)
+        alice = load_settings({}, who=Caller("alice", 1001, 1001, via_sudo=True))
+        bob = load_settings({}, who=Caller("bob", 1002, 1002, via_sudo=True))
+    own = load_settings({}, who=Caller("carol", os.getuid(), os.getgid()))
+    assert own.cache_dir == str(tmp_path) and alice.cache_dir == str(tmp_path / "users" / "1001")
+    base_pins(alice).put("sha256:" + "a" * 64, {"origin": "hers", "lines": ["torch==0.0.1"]})
+    assert base_pins(alice).get("sha256:" + "a" * 64) is not None
+    assert base_pins(bob).get("sha256:" + "a" * 64) is None and base_pins(own).get("sha256:" + "a" * 64) is None
+
+
+def test_a_user_has_at_most_the_sites_commands_running_through_sudo_at_once(tmp_path):
+    """Each command through sudo is a root process her own limits do not count (a thousand `run --wait` waiters
+    polling the ledger under its lock): past `run.max_commands_per_user` she is refused at once; bob's places are
+    his own, and a place comes free when its command ends."""
+    house = run_rules({"state_dir": str(tmp_path / "state"), "max_commands_per_user": 2})
+    alice, bob = Caller("alice", 1001, 1001, via_sudo=True), Caller("bob", 1002, 1002, via_sudo=True)
+    held = [enforce.command_place(alice, house) for _ in range(2)]
+    with pytest.raises(UsageError, match=r"2 imgbuild commands running through sudo.*max_commands_per_user"):
+        enforce.command_place(alice, house)
+    os.close(enforce.command_place(bob, house))
+    os.close(held.pop())
+    held.append(enforce.command_place(alice, house))
+    for fd in held:
+        os.close(fd)
+
+
+def test_every_container_imgbuild_starts_sets_each_label_imgbuild_reads():
+    """`run`, a script container, a lease's placeholder and a Slurm node's docker each set every key imgbuild reads
+    on a container (empty where unused): the engine lays them over the image's own, so no image's label makes a
+    container another user's, holds GPUs or moves a deadline."""
+    import shlex
+    import types
+
+    from imgbuild.engine.lease import DockerLeases
+    from imgbuild.engine.noderun import NodeRun, docker_prefix
+    from imgbuild.engine.runargs import run_argv
+    from imgbuild.engine.scriptrun import script_container
+    from imgbuild.facts import Label
+    from imgbuild.servers.spec import RunSpec
+
+    def flagged(words: list[str]) -> set[str]:
+        return {words[i + 1].split("=", 1)[0] for i, word in enumerate(words) if word == "--label"}
+
+    run_words, _ = run_argv(RunSpec("img:1", "x", "alice", 1001, 1001, workspace=False).options())
+    node = shlex.split(docker_prefix(NodeRun(image="img"))[2].split("docker run ", 1)[1].split(" & wait", 1)[0])
+    created: list[dict[str, str]] = []
+    client = types.SimpleNamespace(
+        containers=types.SimpleNamespace(create=lambda *a, **kw: created.append(kw["labels"]))
+    )
+    DockerLeases(client).claim("imgbuild-lease-x", "img", {Label.LEASE_OF: "k"})
+    script = script_container("img", {}, False, None, None)["labels"]
+    for site, keys in (("run", flagged(run_words)), ("a Slurm node", flagged(node)), ("a lease", set(created[0])),
+                       ("a script", set(script))):  # fmt: skip
+        assert set(Label.CONTAINER_KEYS) <= keys, f"{site} leaves {set(Label.CONTAINER_KEYS) - keys} to the image"

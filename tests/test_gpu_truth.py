@@ -636,8 +636,9 @@ def test_a_start_error_for_gpus_falls_back_without_them_and_says_why():
     assert "nvidia-ctk cdi generate" in note
     assert "user" not in first and first["ipc_mode"] == "host"  # bug 3.10: the image's user, run's IPC
     assert "org.imgbuild.started-by" in first["labels"]  # a killed run's container is swept by the next
-    # where the default runtime is nvidia, no device request still meant NGC's NVIDIA_VISIBLE_DEVICES=all
-    assert "NVIDIA_VISIBLE_DEVICES" not in first["environment"]
+    # the GPUs asked for are named; where the default runtime is nvidia, no device request still meant NGC's
+    # NVIDIA_VISIBLE_DEVICES=all, hidden in the fallback without GPUs
+    assert first["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
     assert second["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
@@ -1015,7 +1016,7 @@ def test_a_cdi_only_host_gets_its_gpus_by_cdi_name():
     assert code == 0 and note == ""
     legacy, cdi = client.created
     assert cdi["device_requests"][0]["DeviceIDs"] == ["nvidia.com/gpu=GPU-1", "nvidia.com/gpu=GPU-2"]
-    assert "NVIDIA_VISIBLE_DEVICES" not in cdi["environment"]
+    assert cdi["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-1,GPU-2"  # a runtime in CDI mode reads it too
 
 
 def test_a_registry_tag_is_judged_on_the_platform_of_each_target():

@@ -235,8 +235,11 @@ def test_a_job_taken_back_while_it_starts_is_not_written_back(tmp_path):
 
 @pytest.mark.root("a job started as another user")
 def test_a_users_job_never_enters_a_folder_they_cannot(tmp_path):
-    """The job's user (nobody) cannot enter the folder: refused before anything starts, checked as them; and the
-    child itself enters the folder only after it became them."""
+    """The job's user (nobody) cannot enter the folder: refused before anything starts, checked as them; and where
+    root stays root to act for them (a file root wrote), the child itself enters the folder with their
+    permissions only, and stops there, exit 2 (a link swapped in after the check changes nothing); a folder they
+    may enter it enters, and goes on as root. Where root drops to them (their own file), the child is theirs
+    before it enters anything."""
     import pwd
 
     nobody = pwd.getpwnam("nobody")
@@ -247,8 +250,15 @@ def test_a_users_job_never_enters_a_folder_they_cannot(tmp_path):
     victim = jobs.Job("0000000a", "nobody", nobody.pw_uid, nobody.pw_gid, 1.0, str(private / "proj"), ["img"])
     code, said = jobs._start(victim, as_root=True, root_filed=False)
     assert code == 2 and "checked as nobody" in said
+    code, said = jobs._start(victim, as_root=True, root_filed=True)
+    assert code == 2 and "checked as nobody" in said, said
     code, said = jobs._child(["--help"], str(private / "proj"), {"PATH": "/usr/bin:/bin"}, as_user=victim)
     assert code != 0 and "Permission denied" in said
+    env = {"PATH": "/usr/bin:/bin"}
+    code, said = jobs._child(["--help"], str(private / "proj"), env, enter_as=victim)  # no check before it
+    assert code == 2 and said.endswith("Permission denied (as nobody)"), said
+    code, said = jobs._child(["--help"], "/tmp", env, enter_as=victim)
+    assert code == 0, said
 
 
 @pytest.mark.root("a queue file of root's beside a user's")
@@ -285,3 +295,23 @@ def test_queue_ls_shows_another_users_job_without_its_folder_command_or_error(tm
     table = CliRunner().invoke(cli, ["queue", "ls"], terminal_width=200)
     assert "0000beef" in table.output and "someone" in table.output
     assert "secret-project" not in table.output and "train.py" not in table.output and "key" not in table.output
+
+
+@pytest.mark.root("another user's files in the shared state folder")
+def test_queue_files_a_user_makes_at_other_uids_names_are_never_opened(tmp_path, monkeypatch):
+    """`queue-<uid>.json` names of other uids, and other spellings of one (`queue-0065534.json`), made by one user
+    in the sticky state folder: only a file of the uid its name gives (or root's) is read."""
+    import pwd
+
+    tmp_path.chmod(0o1777)
+    nobody = pwd.getpwnam("nobody")
+    for name in [f"queue-{i}.json" for i in range(1, 200)] + [f"queue-0{nobody.pw_uid}.json"]:
+        (tmp_path / name).write_text('{"jobs": []}')
+        os.chown(tmp_path / name, nobody.pw_uid, nobody.pw_gid)
+    read: list[int] = []
+    real = jobs._read
+    monkeypatch.setattr(
+        jobs, "_read", lambda path, uid, root_only=False: read.append(uid) or real(path, uid, root_only)
+    )
+    jobs.Queue(tmp_path).load()
+    assert read == []

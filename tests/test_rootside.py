@@ -140,7 +140,11 @@ def test_the_queue_child_runs_isolated_with_its_arguments_on_stdin(monkeypatch):
     jobs._child(["-d", "-e", "HF_TOKEN=hf_secret", "img"], "/home/alice/proj", {})
     assert seen["argv"][:3] == [sys.executable, "-I", "-c"]
     assert "hf_secret" not in " ".join(seen["argv"])
-    assert json.loads(seen["input"]) == {"cwd": "/home/alice/proj", "words": ["-d", "-e", "HF_TOKEN=hf_secret", "img"]}
+    assert json.loads(seen["input"]) == {
+        "cwd": "/home/alice/proj",
+        "words": ["-d", "-e", "HF_TOKEN=hf_secret", "img"],
+        "user": "",  # whom a refusal at the folder names: no job's user given
+    }
     assert seen["cwd"] == "/"  # the child enters the job's folder itself, as whoever it runs as
 
 

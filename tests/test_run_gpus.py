@@ -628,10 +628,10 @@ def test_every_run_is_capped_in_memory_processes_and_cpus_with_or_without_gpus(t
 
 def test_without_site_caps_a_run_gets_three_quarters_of_the_memory_and_one_gpus_cpus():
     from imgbuild.config.site import run_rules
-    from imgbuild.servers.caps import run_cpus, run_memory
+    from imgbuild.servers.caps import run_cpus
 
-    assert run_memory(run_rules({}), 64 << 30) == 48 << 30
-    assert run_memory(run_rules({"memory": "2g"}), 64 << 30) == 2 << 30
+    assert run_rules({}).memory_bytes(64 << 30) == 48 << 30
+    assert run_rules({"memory": "2g"}).memory_bytes(64 << 30) == 2 << 30
     assert run_cpus(0, 128, 8, run_rules({})) == 16.0  # a GPU's share of a DGX, for a run without GPUs
     assert run_cpus(0, 128, 8, run_rules({"cpus": 2})) == 2.0
     assert run_rules({}).pids_limit == 4096

@@ -135,6 +135,66 @@ def test_gpus_held_by_containers_and_starting_runs_are_not_free():
     assert select_gpus("device=0", gpus, "bob", claims=held.gpus).uuids == [gpus[0].uuid]  # bob's own, named
 
 
+def test_a_host_port_a_starting_run_holds_is_not_anothers_to_publish(monkeypatch):
+    """bob's `--jupyter` chose port 8890 a moment ago and holds it in the ledger until his container has it:
+    alice's `-p 127.0.0.1:8890:80` (any spelling of it, a range over it) is refused, not raced to the engine."""
+    from imgbuild.servers.spec import published_ports
+
+    monkeypatch.setattr("imgbuild.servers.run.read_gpus_or_none", lambda settings: [])
+    held = held_on_host([], [Entry("bob_nb_1", "bob", 1, "1", ports=[8890])], [])
+    from imgbuild.config.settings import load_settings
+
+    settings = load_settings({})
+    for spec in ("127.0.0.1:8890:80", "8890:80", "127.0.0.1:8880-8899:80/tcp"):
+        with pytest.raises(UsageError, match="host port 8890 is another run's"):
+            prepare(RunRequest("ubuntu:22.04", ["true"], ports=[spec], no_workspace=True), settings, held)
+    assert prepare(RunRequest("ubuntu:22.04", ["true"], ports=["127.0.0.1:8891:80"], no_workspace=True), settings, held)
+    assert published_ports(["127.0.0.1:8891:80", "80", "127.0.0.1::80", "[::1]:9000:90/udp"]) == [8891, 9000]
+
+
+def test_a_user_has_at_most_the_sites_containers_at_once_and_others_are_not_held_back(monkeypatch):
+    """Every run has its memory and pids caps; `run.max_containers_per_user` bounds one user's runs together (and
+    the engine's disk): stopped ones and starts under way count, script containers and other users' do not."""
+    from imgbuild.config.settings import load_settings
+    from imgbuild.config.site import run_rules
+
+    monkeypatch.setattr("imgbuild.servers.run.read_gpus_or_none", lambda settings: [])
+    rows = [ContainerInfo(f"{ME}_j_{i}", user=ME, status="exited") for i in range(2)]
+    rows += [ContainerInfo("bob_j_1", user="bob", status="running"), ContainerInfo("x_1", user=ME, smoke=True)]
+    held = held_on_host(rows, [Entry(f"{ME}_j_9", ME, 1, "1")], [])
+    settings, req = load_settings({}), RunRequest("ubuntu:22.04", ["true"], no_workspace=True)
+    with pytest.raises(UsageError, match=r"you have 3 containers.*run.max_containers_per_user"):
+        prepare(req, settings, held, run_rules({"max_containers_per_user": 3}))
+    assert prepare(req, settings, held, run_rules({"max_containers_per_user": 4}))
+    assert run_rules({}).max_containers_per_user == 64
+
+
+@pytest.mark.root("another user's files in the shared state folder")
+def test_names_a_user_makes_by_the_thousand_in_the_state_folder_are_never_opened_or_looked_up(tmp_path, monkeypatch):
+    """Every `run` reads the ledger under its lock: thousands of `ledger-<uid>.json` (and `ledger-000…1.json`)
+    that nobody made in the sticky state folder cost every user seconds of user lookups and opens. Only a file
+    owned by the uid its name gives is read: nobody's own."""
+    import pwd
+
+    from imgbuild.servers import ledger as ledger_module
+
+    tmp_path.chmod(0o1777)
+    nobody = pwd.getpwnam("nobody")
+    for i in range(1, 301):
+        for name in (f"ledger-{i:010d}.json", f"ledger-{i}.json"):
+            path = tmp_path / name
+            path.write_text('{"entries": []}')
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    for name in (f"ledger-{nobody.pw_uid}.json", f"ledger-0{nobody.pw_uid}.json"):  # the second: a spelling
+        (tmp_path / name).write_text('{"entries": []}')
+        os.chown(tmp_path / name, nobody.pw_uid, nobody.pw_gid)
+    read: list[int] = []
+    real = ledger_module._read_user_file
+    monkeypatch.setattr(ledger_module, "_read_user_file", lambda path, uid: read.append(uid) or real(path, uid))
+    Ledger(tmp_path).read()
+    assert read == [nobody.pw_uid]
+
+
 # --- CPUs -----------------------------------------------------------------------------------------------
 
 

@@ -207,7 +207,9 @@ def shell(ctx: click.Context, name: str, force: bool) -> None:
 @SECTION.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable readings.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds between refreshes."
+)
 @click.option("--count", type=click.IntRange(min=1), help="With --watch: stop after N readings.")
 @click.pass_context
 def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None) -> None:

@@ -196,7 +196,19 @@ def load_settings(
     values.setdefault("user", who.name)
     settings = Settings(**values, **sections, sources={**sources, **section_sources}, caller=who)
     _check(settings)
-    return settings
+    return _scoped(settings)
+
+
+def _scoped(settings: Settings) -> Settings:
+    """Through sudo, a user's caches are theirs alone (`<cache_dir>/users/<uid>`): what their script containers
+    answered (a base's pins, read in a container running as them, which they can reach into) is never what
+    another user's build believes, nor another's lock or log theirs to hold or read."""
+    from imgbuild.hostio.acting import acting_for_user
+
+    who = settings.caller
+    if who is None or not acting_for_user(who):
+        return settings
+    return dataclasses.replace(settings, cache_dir=str(Path(settings.cache_dir) / "users" / str(who.uid)))
 
 
 def _where(origin: str, name: str, files: list[ConfigFile]) -> str:

@@ -30,6 +30,7 @@ from imgbuild.config.checks import (
     memory_cap,
     shm_size,
     site_only,
+    size_bytes,
 )
 from imgbuild.config.slurmtime import SLURM_TIME_RE
 from imgbuild.fields import (
@@ -120,6 +121,10 @@ class RunRules:
     )
     state_dir: str | None = site_only(PATH, None, doc=f"the host-wide GPU ledger (default {DEFAULT_STATE_DIR})")
     max_gpus_per_user: int | None = site_only(Maybe(COUNT), None, how=LOWER, doc="GPUs one user may hold at once")
+    max_containers_per_user: int | None = site_only(Maybe(COUNT), 64, how=LOWER, doc="containers one user may have "
+        "at once, running or stopped: each run's memory and pids caps together, and the engine's disk")  # fmt: skip
+    max_commands_per_user: int = site_only(Integer(ge=1, le=4096), 16, doc="imgbuild commands one user may run "
+        "through sudo at once (root processes their own limits do not count: waiters, builds, logs -f)")  # fmt: skip
     max_gpus_per_group: dict[str, int] = site_only(
         MapOf(Text(matches(_NAME, "not a group name")), COUNT),
         how=LOWER,
@@ -172,6 +177,20 @@ class RunRules:
     def ipc_mode(self) -> str | None:
         """`--ipc`: None where a `shm_size` is set (a private /dev/shm of that size instead)."""
         return None if self.shm_size else self.ipc
+
+    def memory_bytes(self, host_bytes: int | None) -> int | None:
+        """A run's memory cap in bytes: `memory`, else three quarters of `host_bytes` (None: unknown)."""
+        if self.memory is not None:
+            return size_bytes(self.memory)
+        return host_bytes * 3 // 4 if host_bytes else None
+
+    def cgroup_parent_of(self, user: str, uid: int, gid: int) -> str:
+        """The slice a run of `user` goes in (`cgroup_parent` with {user}, {uid}, {gid} given); "" for none."""
+        if not self.cgroup_parent:
+            return ""
+        from imgbuild.hostio.host import expand
+
+        return expand(self.cgroup_parent, user=user, uid=uid, gid=gid)
 
 
 @dataclass(frozen=True, kw_only=True)

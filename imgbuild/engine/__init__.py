@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported from its home on first use
     from imgbuild.config.settings import Settings
-    from imgbuild.engine.containers import SMOKE_LABEL as SMOKE_LABEL
     from imgbuild.engine.docker import Engine as Engine
+    from imgbuild.engine.scriptrun import SMOKE_LABEL as SMOKE_LABEL
     from imgbuild.engine.types import BuildRequest as BuildRequest
     from imgbuild.engine.types import ContainerInfo as ContainerInfo
     from imgbuild.engine.types import ContainerRunner as ContainerRunner
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each is imported 
 #: Where each name lives, imported on first use: `imgbuild.engine.probe` (which validate and render reach) costs
 #: no import of the Docker client's modules.
 _HOMES = {
-    "SMOKE_LABEL": "imgbuild.engine.containers",
+    "SMOKE_LABEL": "imgbuild.engine.scriptrun",
     "Engine": "imgbuild.engine.docker",
     **dict.fromkeys(
         (

@@ -11,14 +11,20 @@ from typing import Any
 
 from imgbuild.engine.buildkit import docker_clis
 from imgbuild.engine.images import DockerImages, engine_time
-from imgbuild.engine.probe import SCRIPT_CACHE
-from imgbuild.engine.runargs import env_file, hide_gpus, run_argv
+from imgbuild.engine.runargs import env_file, run_argv
+from imgbuild.engine.scriptrun import (
+    follow_lines,
+    script_container,
+    script_env,
+    start_fed,
+    start_otherwise,
+)
 from imgbuild.engine.types import ContainerInfo, RunOptions
 from imgbuild.errors import EngineUnavailable, ImgbuildError
 from imgbuild.facts import Label
+from imgbuild.hostio.acting import ContainerUser
 from imgbuild.payload.probes import SCRIPT_FOLDER, SCRIPT_NAME, Probe
 
-SMOKE_LABEL = Label.SMOKE_OF
 #: The longest a call into a running container may take (a note from the reaper, a probe for `ps`).
 EXEC_SECONDS = 10
 #: The only PATH an exec into a container is given: never the one its owner set.
@@ -32,6 +38,7 @@ class DockerContainers:
         self.client = client
         self.images = images
         self._cli_hint = docker_cli
+        self._stalled: set[str] = set()  # containers an exec of this process's did not end in (exec_bounded)
 
     def cli(self) -> str:
         """A docker CLI for interactive commands (run -it, attach, exec); any version will do."""
@@ -101,7 +108,7 @@ class DockerContainers:
                     image=str((c.attrs.get("Config") or {}).get("Image", "")),
                     image_id=str(c.attrs.get("Image") or ""),
                     status=str(c.status),
-                    user=str(labels.get(Label.USER, c.name.split("_", 1)[0])),
+                    user=str(labels.get(Label.USER, c.name.split("_", 1)[0] if "_" in c.name else "")),
                     gpus=str(labels.get(Label.GPUS, "")),
                     gpu_uuids=str(labels.get(Label.GPU_UUIDS, "")),
                     cpuset=str(host.get("CpusetCpus") or ""),
@@ -111,6 +118,7 @@ class DockerContainers:
                     memory=_positive(host.get("Memory")),
                     pids_limit=_positive(host.get("PidsLimit")),
                     cgroup_parent=str(host.get("CgroupParent") or ""),
+                    runs_as=_unprivileged_user(c.attrs),
                 )
             )
         return sorted(rows, key=lambda r: r.name)
@@ -177,7 +185,8 @@ class DockerContainers:
         (-1, why). Nothing in it is looked up in the container's environment: the program is named by absolute
         path (a word would be found on a PATH the container's owner sets: their own `sh` or `timeout`, that
         never returns), and the exec gets a fixed PATH. Bounded: past `seconds` (EXEC_SECONDS) the caller goes on
-        (the program is left to its container, whose owner made it so)."""
+        (the program is left to its container, whose owner made it so), and this process makes no further call into
+        that container (its waiting thread is the only one)."""
         import threading
 
         seconds = EXEC_SECONDS if seconds is None else seconds
@@ -185,6 +194,8 @@ class DockerContainers:
 
         if not argv or not argv[0].startswith("/"):
             raise ValueError(f"exec_bounded: {argv[:1]!r}: the program by absolute path")
+        if name in self._stalled:  # one waiting thread per container at most: `gpus --watch` asks again and again
+            return -1, "an earlier call into it has not ended"
         api = self.client.api
         try:
             exec_id = api.exec_create(name, argv, stdout=True, stderr=True, environment={"PATH": EXEC_PATH})["Id"]
@@ -203,6 +214,7 @@ class DockerContainers:
         thread.start()
         thread.join(seconds)
         if thread.is_alive():
+            self._stalled.add(name)
             return -1, f"it did not end within {seconds:g} s"
         if "error" in answer:
             return -1, str(answer["error"])
@@ -273,13 +285,13 @@ class DockerContainers:
         timeout: int = 1800,
         ipc: str | None = None,
         shm_size: str | None = None,
-        as_user: str | None,
+        as_user: ContainerUser | None,
         cache: str | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:
         """Run `probe`'s Python script inside `image` (copied in, so remote engines work too), as the image's user;
-        `as_user` ("UID:GID", a user imgbuild acts for through sudo): as them instead, with no new privileges, no
-        capabilities and a private IPC namespace.
+        `as_user` (a user imgbuild acts for through sudo): as them instead, with no new privileges, no
+        capabilities, a private IPC namespace and their runs' caps, labelled theirs.
 
         `gpus`: None for no GPU, [] for all of them, else the GPUs' UUIDs. Returns (exit code, output, note);
         `note` says why GPUs were asked for but not given. The container is labelled with the image it
@@ -299,7 +311,7 @@ class DockerContainers:
         command = ["python3", f"{SCRIPT_FOLDER}/{SCRIPT_NAME}", *args]
         env = probe.environment(env)  # the script's marker: the one way a probe learns it
         self.sweep_orphans()
-        kwargs = _script_container(image, _gpu_env(env, gpus), stdin is not None, ipc, shm_size, as_user, cache)
+        kwargs = script_container(image, script_env(env, gpus), stdin is not None, ipc, shm_size, as_user, cache, gpus)
         if not keep_entrypoint:
             kwargs["entrypoint"] = command[:1]
             command = command[1:]
@@ -324,15 +336,15 @@ class DockerContainers:
         container = prepared(gpu_requests)
         try:
             try:
-                _start(container, stdin)
+                start_fed(container, stdin)
             except APIError as exc:
                 if not gpu_requests:
                     raise
                 container.remove(force=True)
                 container = None
                 why = str(exc.explanation)[:200]
-                container, note = _start_otherwise(prepared, list(gpus or []), stdin, env, kwargs, why)
-            follower = _follow(container, on_line) if on_line is not None else None
+                container, note = start_otherwise(prepared, list(gpus or []), stdin, env, kwargs, why)
+            follower = follow_lines(container, on_line) if on_line is not None else None
             try:
                 code = container.wait(timeout=timeout)["StatusCode"]
             except requests.RequestException:  # the SDK's read timeout: the script ran past `timeout`
@@ -349,119 +361,6 @@ class DockerContainers:
                     container.remove(force=True)
 
 
-def _start_otherwise(
-    prepared: Any, gpus: list[str], stdin: bytes | None, env: dict[str, str], kwargs: dict[str, Any], why: str
-) -> tuple[Any, str]:
-    """The GPUs' device request failed at start: (the started container, a note saying why it has no GPUs or "").
-    Where the engine has no legacy `nvidia` device driver, the same GPUs by CDI name; else, no GPU, said."""
-    from docker.errors import APIError
-    from docker.types import DeviceRequest
-
-    if cdi_only(why):  # a CDI-only host (the toolkit in cdi mode, the GPU Operator), or no toolkit at all
-        names = [f"nvidia.com/gpu={g}" for g in gpus] if gpus else ["nvidia.com/gpu=all"]
-        container = prepared([DeviceRequest(driver="cdi", device_ids=names)])
-        try:
-            _start(container, stdin)
-            return container, ""
-        except APIError as cdi_exc:
-            container.remove(force=True)
-            why += f"; by CDI: {str(cdi_exc.explanation)[:200]}"
-    note = f"the host has GPUs but the engine cannot pass them ({why}); install nvidia-container-toolkit" + (
-        ", or on a CDI-only host generate its specs (nvidia-ctk cdi generate) for an engine with CDI"
-        if cdi_only(why)
-        else ""
-    )
-    kwargs["environment"] = _gpu_env(env, None)
-    container = prepared(None)
-    try:
-        _start(container, stdin)
-    except APIError as again:  # a default nvidia runtime whose hook fails for every container
-        container.remove(force=True)
-        raise ImgbuildError(
-            f"{note}; the engine cannot start it without GPUs either "
-            f"({str(again.explanation)[:200]}): check the engine's default runtime"
-        ) from None
-    return container, note
-
-
-#: What an engine says when it has no legacy `nvidia` device driver for `--gpus` but the host has CDI specs: Docker
-#: before moby/moby#50228 ("could not select device driver"), the NVIDIA runtime in cdi mode (its hook refuses).
-_CDI_ONLY = ("could not select device driver", "invoking the nvidia container runtime hook directly")
-
-
-def cdi_only(error: str) -> bool:
-    return any(words in error.lower() for words in _CDI_ONLY)
-
-
-def _gpu_env(env: dict[str, str], gpus: list[str] | None) -> dict[str, str]:
-    """A script's environment: with no GPU asked for, none seen either. Where the engine's default runtime is
-    nvidia, an NGC image's own NVIDIA_VISIBLE_DEVICES=all would hand it every GPU of the host (other users'
-    included) without any device request."""
-    return dict(hide_gpus(env.items())) if gpus is None else dict(env)
-
-
-def _script_container(
-    image: str,
-    env: dict[str, str],
-    stdin: bool,
-    ipc: str | None,
-    shm_size: str | None,
-    as_user: str | None = None,
-    cache: str | None = None,
-) -> dict:
-    """The create() arguments of a script's container: labelled with the image and the process running it; for a
-    user imgbuild acts for (`as_user`), as that user, hardened as their `imgbuild run` is, IPC its own."""
-    from imgbuild.hostio.host import engine_token
-
-    labels = {SMOKE_LABEL: image, Label.STARTED_BY: engine_token()}
-    kwargs: dict[str, Any] = dict(environment=env, detach=True, labels=labels)
-    if stdin:
-        kwargs.update(stdin_open=True, tmpfs={"/run/imgbuild": "size=16m,mode=0700"})
-    if as_user:
-        kwargs.update(user=as_user, security_opt=["no-new-privileges"], cap_drop=["ALL"])
-        ipc = "private" if ipc == "host" else ipc
-    if shm_size:
-        kwargs["shm_size"] = shm_size
-    elif ipc:
-        kwargs["ipc_mode"] = ipc
-    if cache:
-        kwargs["volumes"] = {cache: {"bind": SCRIPT_CACHE, "mode": "rw"}}
-    return kwargs
-
-
-def _follow(container: Any, on_line: Callable[[str], None]) -> Any:
-    """A thread handing each line of the container's output to `on_line` as it comes; it ends with the container.
-    A line is cut at 4 KiB (what is shown of it is the caller's to bound further)."""
-    import threading
-
-    def follow() -> None:
-        pending = b""
-        with contextlib.suppress(Exception):  # the stream ends, or the container is gone: the run's result says why
-            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    on_line(line[:4096].decode(errors="replace"))
-                pending = pending[-4096:]
-
-    thread = threading.Thread(target=follow, daemon=True)
-    thread.start()
-    return thread
-
-
-def _start(container: Any, stdin: bytes | None) -> None:
-    """Start the container; with `stdin`, attached first, then fed `<length>\\n<bytes>` and let go."""
-    feed = container.attach_socket(params={"stdin": 1, "stream": 1}) if stdin is not None else None
-    container.start()
-    if feed is not None and stdin is not None:
-        raw = getattr(feed, "_sock", feed)
-        try:
-            raw.sendall(str(len(stdin)).encode() + b"\n" + stdin)
-        finally:
-            with contextlib.suppress(OSError):
-                raw.close()
-
-
 def _number(text: Any) -> float | None:
     try:
         return float(text) if text not in (None, "") else None
@@ -472,6 +371,18 @@ def _number(text: Any) -> float | None:
 def _positive(value: Any) -> int | None:
     """An engine's limit (bytes, a count); None for its "none" (0, -1, absent)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _unprivileged_user(attrs: dict[str, Any]) -> str:
+    """The user a container runs as, where it runs without privileges: not privileged, every capability dropped
+    and none added, no new privileges (no setuid binary in it makes root); "" for any other container."""
+    host, config = attrs.get("HostConfig") or {}, attrs.get("Config") or {}
+    dropped = {str(c).upper().removeprefix("CAP_") for c in host.get("CapDrop") or []}
+    opts = {str(o).replace("=", ":") for o in host.get("SecurityOpt") or []}
+    plain = not host.get("Privileged") and not host.get("CapAdd") and "ALL" in dropped
+    if plain and opts & {"no-new-privileges", "no-new-privileges:true"}:
+        return str(config.get("User") or "")
+    return ""
 
 
 def _host_ports(bindings: Any) -> list[int]:

@@ -28,6 +28,7 @@ from imgbuild.engine.types import (
     RunOptions,
 )
 from imgbuild.errors import BuildFailed, ImgbuildError
+from imgbuild.hostio.acting import ContainerUser
 from imgbuild.imageref import parse
 from imgbuild.payload.probes import Probe
 from imgbuild.platforms import arch_of
@@ -48,7 +49,7 @@ class ProbeRun:
     env: dict[str, str]
     stdin: bytes | None
     gpus: list[str] | None
-    as_user: str | None = None
+    as_user: ContainerUser | None = None
     cache: str | None = None  # the named volume asked for
 
 
@@ -189,7 +190,7 @@ class FakeContainers:
         timeout: int = 1800,
         ipc: str | None = None,
         shm_size: str | None = None,
-        as_user: str | None,
+        as_user: ContainerUser | None,
         cache: str | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> tuple[int, str, str]:

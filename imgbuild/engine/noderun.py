@@ -119,6 +119,9 @@ def docker_prefix(job: NodeRun) -> list[str]:
         "$name",
         "--label",
         f"{Label.SLURM_JOB}=$SLURM_JOB_ID",
+        # every other key imgbuild reads on a container, empty: an image's own `org.imgbuild.*` labels never make
+        # a job's container another user's, hold GPUs or move a deadline (as `imgbuild run` sets them)
+        *[word for key in Label.CONTAINER_KEYS if key != Label.SLURM_JOB for word in ("--label", f"{key}=")],
         "--cpus",
         str(job.cpus),
         "--cpuset-cpus",

@@ -68,10 +68,24 @@ def run_command_line(o: RunOptions, docker: str = "docker") -> str:
     return shlex.join([docker, *_run_words(o, values=True)])
 
 
+def own_ipc(ipc: str | None, hardened: bool) -> str | None:
+    """The IPC mode of a container: one started for a user imgbuild acts for through sudo (`hardened`) never
+    shares the host's, where other users' /dev/shm files and System V segments are (and outlive the run);
+    a `run` and a script container alike."""
+    return "private" if hardened and ipc == "host" else ipc
+
+
 def house_flags(o: RunOptions) -> list[tuple[str, str]]:
     """(flag, value) of a site's house rules: IPC or shm, ulimits, capped json-file logs. Dev containers' runArgs
-    take the same (clusters.devcontainer)."""
-    flags = [("--shm-size", o.shm_size)] if o.shm_size else [("--ipc", o.ipc)] if o.ipc else []
+    take the same (clusters.devcontainer). A hardened run's private IPC has a /dev/shm as large as its memory
+    cap, which its tmpfs pages count against."""
+    ipc = own_ipc(o.ipc, o.hardened)
+    if o.shm_size:
+        flags = [("--shm-size", o.shm_size)]
+    elif ipc != o.ipc:
+        flags = [("--ipc", "private"), *([("--shm-size", f"{o.memory}b")] if o.memory else [])]
+    else:
+        flags = [("--ipc", ipc)] if ipc else []
     flags += [("--ulimit", f"{key}={value}") for key, value in o.ulimits]
     if o.log_max_size or o.log_max_file:
         flags.append(("--log-driver", "json-file"))
@@ -116,11 +130,19 @@ def hide_gpus(env: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(key, value) for key, value in env if key not in hidden] + list(GPUS_HIDDEN)
 
 
+def shown_gpus(env: Iterable[tuple[str, str]], gpus: Iterable[str]) -> list[tuple[str, str]]:
+    """`env` for a container given the GPUs `gpus` (UUIDs), however the engine is handed them (`--gpus`, CDI
+    devices, the variable alone): NVIDIA_VISIBLE_DEVICES names exactly those, the last word. An NGC image's own
+    `NVIDIA_VISIBLE_DEVICES=all` would otherwise have a default nvidia runtime (legacy or in CDI mode) add every
+    GPU of the host to the ones a CDI device request asked for."""
+    return [(key, value) for key, value in env if key != "NVIDIA_VISIBLE_DEVICES"] + [
+        ("NVIDIA_VISIBLE_DEVICES", ",".join(gpus))
+    ]
+
+
 def container_env(o: RunOptions) -> list[tuple[str, str]]:
     """The container's variables: the given ones, then the GPUs' (the last word on NVIDIA_VISIBLE_DEVICES)."""
-    if not o.gpus:
-        return hide_gpus(o.env)
-    return [*o.env, *([("NVIDIA_VISIBLE_DEVICES", ",".join(o.gpus))] if o.gpus_by_env else [])]
+    return shown_gpus(o.env, o.gpus) if o.gpus else hide_gpus(o.env)
 
 
 def _run_words(o: RunOptions, values: bool) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from imgbuild import limits
 from imgbuild.engine.lease import LeaseStore
+from imgbuild.hostio.acting import ContainerUser
 from imgbuild.payload.probes import Probe
 from imgbuild.text import printable
 
@@ -138,6 +139,7 @@ class ContainerInfo:
     memory: int | None = None  # its memory cap in bytes (None: none)
     pids_limit: int | None = None  # its processes cap (None: none)
     cgroup_parent: str = ""
+    runs_as: str = ""  # "UID[:GID]" it runs as where it has no capabilities and no new privileges; "" otherwise
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ports": list(self.ports)}
@@ -185,7 +187,7 @@ class ContainerRunner(Protocol):
         timeout: int = ...,
         ipc: str | None = ...,
         shm_size: str | None = ...,
-        as_user: str | None,
+        as_user: ContainerUser | None,
         cache: str | None = ...,
         on_line: Callable[[str], None] | None = ...,
     ) -> tuple[int, str, str]: ...

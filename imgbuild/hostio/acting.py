@@ -27,14 +27,44 @@ def acting_for_user(who: Caller) -> bool:
     return who.via_sudo and os.geteuid() == 0 and not who.is_admin
 
 
-def container_user(settings: Settings | None) -> str | None:
-    """ "UID:GID" of the user every container imgbuild starts for them runs as (a smoke test, a jupyter check, a
-    base's pins, a lock: each a script container of an image they may have made), with no new privileges, no
-    capabilities and its own IPC (`run_script(as_user=...)`); None where imgbuild does not act for a user through
+@dataclass(frozen=True)
+class ContainerUser:
+    """Whom a script container runs for (a user imgbuild acts for through sudo): their IDs and name (the
+    container's owner label), and the caps every run of theirs has (memory with no swap past it, processes, their
+    slice), so that a smoke test of their own image is no way round `imgbuild run`'s."""
+
+    uid: int
+    gid: int
+    name: str
+    memory: int | None = None  # bytes
+    pids_limit: int | None = None
+    cgroup_parent: str = ""
+
+    @property
+    def ids(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+
+def container_user(settings: Settings | None) -> ContainerUser | None:
+    """The user every container imgbuild starts for them runs as (a smoke test, a jupyter check, a base's pins, a
+    lock: each a script container of an image they may have made), with no new privileges, no capabilities, its
+    own IPC and their runs' caps (`run_script(as_user=...)`); None where imgbuild does not act for a user through
     sudo (the caller's own engine: the docker group, or root). Every `run_script` call passes its `as_user` from
     here (a test reads them all)."""
+    from imgbuild.hostio.host import host_memory
+
     who = settings.caller if settings is not None else None
-    return f"{who.uid}:{who.gid}" if who is not None and acting_for_user(who) else None
+    if settings is None or who is None or not acting_for_user(who):
+        return None
+    house = settings.run
+    return ContainerUser(
+        who.uid,
+        who.gid,
+        who.name,
+        memory=house.memory_bytes(host_memory()),
+        pids_limit=house.pids_limit,
+        cgroup_parent=house.cgroup_parent_of(who.name, who.uid, who.gid),
+    )
 
 
 @dataclass(frozen=True)

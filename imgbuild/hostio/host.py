@@ -110,6 +110,14 @@ def format_cpulist(cpus: list[int] | set[int]) -> str:
     return ",".join(runs)
 
 
+def host_memory() -> int | None:
+    """This host's memory in bytes (None where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
 def usable_cpus() -> list[int]:
     """The CPUs this process may run on (its affinity: a cgroup or taskset narrows the host's)."""
     try:

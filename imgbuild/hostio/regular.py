@@ -78,6 +78,27 @@ def clear_planted(path: Path, owner: int = 0) -> None:
             os.unlink(path)
 
 
+def files_of_uids(folder: Path, prefix: str, suffix: str, root_too: bool = False) -> list[tuple[int, Path]]:
+    """(uid, path) of each `PREFIX<uid>SUFFIX` in `folder` (a shared, sticky one) that the uid it names owns (or
+    root, `root_too`), by uid: the uid written one way only (no leading zero), each name judged by one lstat
+    before anything is opened or looked up, so the names a user makes there by the hundred thousand cost a
+    reader next to nothing and stand for nobody. OSError when the folder cannot be listed."""
+    pattern = re.compile(re.escape(prefix) + r"(0|[1-9][0-9]{0,9})" + re.escape(suffix))
+    found = []
+    for name in os.listdir(folder):
+        match = pattern.fullmatch(name)
+        if match is None:
+            continue
+        uid = int(match.group(1))
+        try:
+            owner = os.lstat(folder / name).st_uid
+        except OSError:
+            continue
+        if owner == uid or (root_too and owner == 0):
+            found.append((uid, folder / name))
+    return sorted(found)
+
+
 @contextlib.contextmanager
 def whole_file(
     path: Path, mode: int | None = None, owner: int = 0, replace: bool = True, planted: bool = False

@@ -1,11 +1,10 @@
-"""A run's caps, pure but for the host's memory: its CPUs (the GPUs' share, or one GPU's for a run without GPUs;
-`--cpus` within the site's share under sudo) and its memory (the site's `run.memory`, else three quarters of the
-host's). Processes and the user's slice come straight from the site (`RunSpec.options`)."""
+"""A run's CPUs, pure: the GPUs' share, or one GPU's for a run without GPUs; `--cpus` within the site's share
+under sudo. Its memory, processes and the user's slice are the site's (`RunRules.memory_bytes`,
+`RunRules.cgroup_parent_of`), for a run and a script container alike."""
 
 from __future__ import annotations
 
 import math
-import os
 
 from imgbuild.config.site import RunRules
 from imgbuild.errors import UsageError
@@ -31,20 +30,3 @@ def run_cpus(gpu_count: int, host_cores: int, total_gpus: int, house: RunRules) 
     if gpu_count:
         return cpus_for(gpu_count, host_cores, total_gpus, house.cpus_per_gpu)
     return house.cpus if house.cpus is not None else cpus_for(1, host_cores, total_gpus, house.cpus_per_gpu)
-
-
-def run_memory(house: RunRules, host_bytes: int | None) -> int | None:
-    """A run's memory cap in bytes: the site's `run.memory`, else three quarters of the host's (None where the
-    host's cannot be read)."""
-    from imgbuild.config.checks import size_bytes
-
-    if house.memory is not None:
-        return size_bytes(house.memory)
-    return host_bytes * 3 // 4 if host_bytes else None
-
-
-def host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.config.site import RunRules
 from imgbuild.engine.types import ContainerInfo
 from imgbuild.errors import ImgbuildError, UsageError
+from imgbuild.hostio.acting import acting_for_user
 from imgbuild.servers.spec import parse_duration
 
 if TYPE_CHECKING:
@@ -35,12 +36,26 @@ def find_container(rows: list[ContainerInfo], name: str, user: str) -> Container
     raise UsageError(f"no container {name!r} (yours are named {user}_...; see imgbuild ps)")
 
 
+#: The verbs that put the caller inside a container (a process of theirs in it, or its terminal).
+ENTERING = ("exec", "attach")
+
+
 def check_owner(row: ContainerInfo, who: Caller, verb: str, force: bool) -> None:
     """Every verb on a container follows one rule: it is the caller's, or an admin says --force.
 
     The owner is the `org.imgbuild.user` label `imgbuild run` writes (else the `<user>_` name prefix);
-    the caller is who really runs imgbuild (sudo-aware), never a --user flag."""
+    the caller is who really runs imgbuild (sudo-aware), never a --user flag. Through sudo, a user enters (`exec`,
+    `shell`, `attach`) only a container that runs as them without privileges, as `imgbuild run` starts theirs:
+    never one named theirs by hand, root inside with Docker's capabilities; and no verb reaches a script
+    container (labelled theirs for its GPUs and quota), whose output imgbuild believes."""
+    if row.smoke and acting_for_user(who):  # its output is imgbuild's answer (a smoke test, a base's pins)
+        raise UsageError(f"{row.name} is a container imgbuild runs for a check; it ends with the check")
     if row.user == who.name:
+        if verb in ENTERING and acting_for_user(who) and row.runs_as.split(":")[0] != str(who.uid):
+            raise UsageError(
+                f"{row.name} does not run as you ({who.uid}) without privileges: through sudo you {verb} only into "
+                "containers imgbuild run started for you (an admin may)"
+            )
         return
     if force and who.is_admin:
         return

@@ -96,6 +96,42 @@ def gate(args: list[str]) -> None:
         )
 
 
+COMMANDS_DIR = "commands"  # in root's folder of the state folder: one lock file per user and place
+
+
+def command_place(who: Caller, house: RunRules) -> int:
+    """One of the site's `max_commands_per_user` places for a command `who` runs through sudo: a descriptor holding
+    a lock in root's folder for as long as the process lives, the docker CLI it may become included. Each such
+    command is a root process the user's own limits do not count; a loop or a crowd of them (a thousand
+    `run --wait` waiters, each polling the ledger under its lock) is refused past the site's number, at once."""
+    import fcntl
+
+    from imgbuild.hostio.regular import open_regular
+    from imgbuild.servers.ledger import reaper_dir
+
+    folder = reaper_dir(house.ledger_dir) / COMMANDS_DIR
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    for place in range(house.max_commands_per_user):
+        try:
+            fd = open_regular(folder / f"{who.uid}-{place}", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot use {folder}: {exc.strerror}") from None
+        if fd is None:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.set_inheritable(fd, True)  # kept by the docker CLI imgbuild becomes (`logs -f`, `attach`, `exec`)
+        return fd
+    raise UsageError(
+        f"you have {house.max_commands_per_user} imgbuild commands running through sudo already "
+        "(run.max_commands_per_user); wait for one to end"
+    )
+
+
 # --- run: flags, image, env, ports -------------------------------------------------------------------------
 
 

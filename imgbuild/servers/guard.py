@@ -41,9 +41,11 @@ def guarded(args: list[str], body: Callable[[Caller], None], show: Show) -> int:
     try:
         acting = acting_for_user(who)
         if acting:  # only then the rules are imported: root's own commands and everyone else's never pay for them
+            from imgbuild.config.settings import load_settings
             from imgbuild.servers import enforce
 
             enforce.gate(args)  # through sudo: the user commands, and nothing else
+            _place = enforce.command_place(who, load_settings(who=who).run)  # held until this process ends
         body(who)
     except BaseException as exc:  # noqa: BLE001 - every way out becomes lines and an exit code, below
         if os.environ.get("IMGBUILD_DEBUG") and not isinstance(exc, (ImgbuildError, click.ClickException)):

@@ -3,6 +3,7 @@ ledger's starting runs, and the quotas over them (per user, per group)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ class Held:
     gpus: Claims = field(default_factory=dict)
     cpus: dict[int, int] = field(default_factory=dict)  # CPU -> how many containers are pinned to it
     ports: set[int] = field(default_factory=set)  # host ports published by containers or starting runs
+    containers: dict[str, int] = field(default_factory=dict)  # user -> their containers, any state, and starts
 
 
 def gpu_claims(settings: Settings) -> Callable[[Any, list[Any]], dict[str, list[Claim]]]:
@@ -63,6 +65,8 @@ def held_on_host(rows: list[ContainerInfo], entries: list[Any], gpus: list[Any])
     def claim(uuid: str, user: str, what: str) -> None:
         held.gpus.setdefault(uuid, []).append(Claim(user, what))
 
+    mine = Counter(row.user for row in rows if not row.smoke)  # a script container ends with its check
+    held.containers = dict(mine + Counter(entry.user for entry in entries))  # starts: not listed yet
     for row in rows:
         if row.status not in ("running", "restarting", "paused"):
             continue
@@ -137,6 +141,18 @@ def choose_gpus(
     selection = select_gpus(request, gpus, user, force=force, claims=held.gpus)
     _check_quota(user, set(selection.uuids), held, house)
     return selection
+
+
+def check_count(user: str, held: Held, house: RunRules) -> None:
+    """One more container keeps `user` within the site's `max_containers_per_user` (refused at once: their own
+    containers, not others', are what stands in the way)."""
+    most = house.max_containers_per_user
+    have = held.containers.get(user, 0)
+    if most is not None and have >= most:
+        raise UsageError(
+            f"you have {have} containers, running or stopped, and this site allows {most} "
+            "(run.max_containers_per_user): remove some first (imgbuild ps; imgbuild stop --rm NAME)"
+        )
 
 
 def check_quota(user: str, selection: Selection, held: Held, house: RunRules) -> None:

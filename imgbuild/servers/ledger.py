@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import pwd
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -36,7 +35,6 @@ from imgbuild.hostio.regular import open_regular
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 LOCK_FILE = "ledger.lock"
-USER_FILE_RE = re.compile(r"ledger-([0-9]{1,10})\.json")
 #: A user's ledger is a few KB; a larger file is not ours (or was vandalised) and is read as empty.
 LEDGER_BYTES = 1024 * 1024
 #: A hold lasts as long as a start (choosing, then `docker run`, an image pull included); older is stale.
@@ -51,15 +49,16 @@ SHARED_LOCK_SECONDS = 5
 
 def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS, shared: bool = True) -> int:
     """A host-wide lock file held exclusively (bounded wait): shared by every user, or (`shared=False`) root's
-    own, 0600; the descriptor to close. A planted FIFO or folder is removed by root and refused for anyone else."""
+    own, 0600; the descriptor to close. A planted FIFO, folder or hard link is removed by root and refused for
+    anyone else."""
     mode = 0o666 if shared else 0o600
     if os.geteuid() == 0 and os.path.islink(path):
         _remove(path)  # root's name in a sticky folder: a link planted there goes, never followed
     try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+        fd = _single(open_regular(path, os.O_RDWR | os.O_CREAT, mode))
         if fd is None and os.geteuid() == 0:
             _remove(path)
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT, mode)
+            fd = _single(open_regular(path, os.O_RDWR | os.O_CREAT, mode))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise EnvironmentProblem(f"{path} is a symbolic link; remove it (run.state_dir)") from None
@@ -81,6 +80,15 @@ def hold_lock(path: Path, what: str, seconds: float = LOCK_SECONDS, shared: bool
                     f"another process has held {what} {path} for {seconds:.0f} s; try again"
                 ) from None
             time.sleep(0.05)
+
+
+def _single(fd: int | None) -> int | None:
+    """`fd` where its file has one name only; None (closed) for a hard link someone made at a lock's name to
+    another file (root would make `/etc/shadow` mode 0666 where the kernel lets users link files not theirs)."""
+    if fd is not None and os.fstat(fd).st_nlink != 1:
+        os.close(fd)
+        return None
+    return fd
 
 
 def host_locks(state_dir: Path, name: str, what: str) -> list[int]:
@@ -109,7 +117,7 @@ class Entry:
     gpus: list[str] = field(default_factory=list)
     cpus: list[int] = field(default_factory=list)
     since: float = 0.0  # when the hold began, or when its waiter last looked (a queue place)
-    ports: list[int] = field(default_factory=list)  # host ports it publishes (`run --jupyter`)
+    ports: list[int] = field(default_factory=list)  # host ports it publishes (`--jupyter`, `-p`)
     waiting: str = ""  # a place in the queue (`run --wait`): what it waits for ("2 GPUs"); holds nothing
     uid: int = -1  # who wrote it (the owner of the file it is read from; -1: unknown)
     seen: float = 0.0  # a queue place: when its waiter last looked (it lapses unrefreshed)
@@ -275,12 +283,13 @@ class Ledger:
         return Book(entries, self.clock, extended)
 
     def _user_files(self) -> list[tuple[int, Path]]:
+        """Each user's file, `ledger-<uid>.json` owned by that uid (root's `ledger-0.json` among them)."""
+        from imgbuild.hostio.regular import files_of_uids
+
         try:
-            names = os.listdir(self.dir)
+            return files_of_uids(self.dir, "ledger-", ".json")
         except OSError as exc:
             raise EnvironmentProblem(f"cannot read the state folder {self.dir}: {exc.strerror}") from None
-        found = [(int(m.group(1)), self.dir / n) for n in names if (m := USER_FILE_RE.fullmatch(n))]
-        return sorted(found)[:100_000]
 
     def _write(self, entries: list[Entry], extended: dict[str, dict[str, Any]]) -> None:
         """Replace this user's file whole, by the one writer. In a sticky folder nobody can replace a file another

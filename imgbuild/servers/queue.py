@@ -25,10 +25,9 @@ environment is fixed (`rootside.environment`):
 - a file the user wrote themself is started as that user, root's privileges dropped first (their own groups,
   their own environment's HOME): it can do nothing the user could not do by typing `imgbuild run -d`.
 
-Every child starts in `/` and enters the job's folder itself, after it became who it runs as: a folder the job's
-user cannot enter is refused before anything starts, checked as them, and never entered by a process of theirs
-while it is still root. Jobs are claimed under the queue's lock and started outside it: a start that stalls (a
-user's own engine socket that answers nothing) holds nobody else's `queue add`.
+A folder the job's user cannot enter is refused before anything starts, checked as them; every child starts in
+`/` and enters the job's folder with the user's permissions only (theirs already, or their IDs for that `chdir`).
+Jobs are claimed under the queue's lock and started outside it: a stalling start holds nobody's `queue add`.
 """
 
 from __future__ import annotations
@@ -50,9 +49,9 @@ from typing import Any
 
 from imgbuild.errors import EnvironmentProblem, UsageError
 from imgbuild.hostio.host import Caller
+from imgbuild.hostio.regular import files_of_uids
 from imgbuild.servers.queuechild import BUSY
 
-QUEUE_FILE_RE = re.compile(r"queue-([0-9]{1,10})\.json")
 DRAIN_FILE = "queue-drained"  # in root's folder of the state folder: present while drained
 QUEUE_BYTES = 1024 * 1024
 MAX_JOBS = 200  # one user's waiting jobs
@@ -159,19 +158,19 @@ class Queue:
         self.root_filed = set()
         found: dict[int, tuple[list[Job], bool]] = {}
         for folder, roots in ((self.state_dir / REAPER_DIR, True), (self.state_dir, False)):
-            try:
-                names = os.listdir(folder)
+            try:  # in the shared folder, a user's own file or root's of an earlier version; in root's, root's
+                files = files_of_uids(folder, "queue-", ".json", root_too=True)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 if roots:
                     continue  # root's folder, unreadable to a user without sudo: their own file only
                 raise EnvironmentProblem(f"cannot read the state folder {self.state_dir}: {exc.strerror}") from None
-            for name in sorted(names)[:100_000]:
-                if (m := QUEUE_FILE_RE.fullmatch(name)) and int(m.group(1)) not in found:
-                    jobs, by_root = _read(folder / name, int(m.group(1)), root_only=roots)
+            for uid, path in files:
+                if uid not in found:
+                    jobs, by_root = _read(path, uid, root_only=roots)
                     if jobs or by_root:
-                        found[int(m.group(1))] = (jobs, by_root)
+                        found[uid] = (jobs, by_root)
         for uid, (jobs, by_root) in sorted(found.items()):
             self.jobs += jobs
             if by_root:
@@ -405,18 +404,19 @@ def _dry_run(args: list[str], cwd: str) -> tuple[int, str]:
 def _start(job: Job, as_root: bool, root_filed: bool = True) -> tuple[int, str]:
     """`imgbuild run -d ARGS` as the job's user; (exit code, the container's name or the last line said). Root
     starts a job it filed for the user under sudo's variables, and a job from a file the user wrote as the user,
-    its privileges dropped. Root first checks, as the job's user, that they may enter the job's folder."""
+    its privileges dropped. Root first checks as the job's user that they may enter the job's folder; either
+    child then enters it with their permissions only, so a link swapped in between changes nothing."""
     if as_root and job.uid != 0:
         from imgbuild.servers.enforce import resolve_as
 
         seen = resolve_as(Caller(job.user, job.uid, job.gid), job.cwd)
         if "error" in seen or not seen.get("dir"):
-            why = seen.get("error") or "not a folder"
-            return 2, f"the job's folder {job.cwd[:200]}: {why} (checked as {job.user})"
+            return 2, f"the job's folder {job.cwd[:200]}: {seen.get('error') or 'not a folder'} (checked as {job.user})"
     if as_root and not root_filed and job.uid != 0:
         code, said = _child(["-d", *job.args], job.cwd, _user_env(job), as_user=job)
-    else:
-        code, said = _child(["-d", *job.args], job.cwd, _child_env(job if as_root else None))
+    else:  # where root stays root to act for them, it enters the folder as them
+        enter = job if as_root and job.uid != 0 else None
+        code, said = _child(["-d", *job.args], job.cwd, _child_env(job if as_root else None), enter_as=enter)
     if code == 0:
         match = re.search(r"starting (\S+) \(", said)
         return 0, match.group(1) if match else ""
@@ -437,18 +437,25 @@ def _user_env(job: Job) -> dict[str, str]:
 _CHILD = "from imgbuild.servers.queuechild import main;main()"
 
 
-def _child(words: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None) -> tuple[int, str]:
+def _child(
+    words: list[str], cwd: str, env: dict[str, str], as_user: Job | None = None, enter_as: Job | None = None
+) -> tuple[int, str]:
     """`imgbuild run WORDS` in the job's folder `cwd`, by the queue's child (`_CHILD`) with the environment `env`
-    (`as_user`: with that job's user's own IDs and groups): (exit code, all it said on success, else its last line)."""
+    (`as_user`: with that job's user's own IDs and groups; `enter_as`: root, entering `cwd` with that user's IDs and
+    groups for the one `chdir`): (exit code, all it said on success, else its last line)."""
     ids: dict[str, Any] = {}
     if as_user is not None:  # in the child, before exec: the user's own groups and IDs, nothing of root's
         ids = {"user": as_user.uid, "group": as_user.gid,
                "extra_groups": os.getgrouplist(as_user.user, as_user.gid)}  # fmt: skip
+    job = as_user or enter_as
+    work: dict[str, Any] = {"cwd": cwd, "words": words, "user": job.user if job else ""}
+    if enter_as is not None:
+        work["enter_as"] = [enter_as.uid, enter_as.gid, os.getgrouplist(enter_as.user, enter_as.gid)]
     try:
         proc = subprocess.run(
             [sys.executable, "-I", "-c", _CHILD], cwd="/",
             env=env, capture_output=True, text=True, timeout=START_SECONDS,
-            input=json.dumps({"cwd": cwd, "words": words}),
+            input=json.dumps(work),
             **ids,
         )  # fmt: skip
     except subprocess.TimeoutExpired:

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from imgbuild.errors import EXIT_FAILED, ImgbuildError, UsageError
+from imgbuild.errors import EXIT_USAGE, ImgbuildError, UsageError
 
 if TYPE_CHECKING:
     from imgbuild.hostio.host import Caller
@@ -32,22 +32,44 @@ class StillQueued(ImgbuildError):
 
 
 def main() -> None:
-    """The child's whole life: `{"cwd": FOLDER, "words": [...]}` on standard input; exits with the start's code."""
+    """The child's whole life: `{"cwd": FOLDER, "words": [...], "user": NAME, "enter_as": [UID, GID, GROUPS]}` on
+    standard input (`enter_as` only where root stays root to act for the user); exits with the start's code."""
     job = json.load(sys.stdin)
-    sys.exit(start(str(job["cwd"]), [str(word) for word in job["words"]]))
+    enter = job.get("enter_as")
+    ids = (int(enter[0]), int(enter[1]), [int(g) for g in enter[2]]) if enter else None
+    sys.exit(start(str(job["cwd"]), [str(word) for word in job["words"]], ids, str(job.get("user") or "")))
 
 
-def start(cwd: str, words: list[str]) -> int:
+def start(cwd: str, words: list[str], enter_as: tuple[int, int, list[int]] | None = None, user: str = "") -> int:
     """`imgbuild run WORDS` in the folder `cwd`, for a queued job: its exit code, every line said on stderr (where
     the queue reads the container's name, or why it failed)."""
     from imgbuild.servers.guard import guarded
 
-    try:
-        os.chdir(cwd)  # as whoever this process already is: never root on its way to becoming the job's user
-    except OSError as exc:
-        _say(f"imgbuild: the job's folder {cwd[:200]}: {exc.strerror}")
-        return EXIT_FAILED
+    if not _enter(cwd, enter_as, user):
+        return EXIT_USAGE
     return guarded(["run", *words], lambda who: _run(words, who), _show)
+
+
+def _enter(cwd: str, enter_as: tuple[int, int, list[int]] | None, user: str) -> bool:
+    """Into the job's folder with its user's permissions: as whoever this process already is (the user, never root
+    on its way to becoming them), or, where root stays root to act for them (`enter_as`: their uid, gid and
+    groups), with their IDs for the one `chdir` and root's back after it. A folder they cannot enter is said."""
+    groups = os.getgroups()
+    try:
+        if enter_as is not None:
+            os.setgroups(enter_as[2])
+            os.setegid(enter_as[1])
+            os.seteuid(enter_as[0])
+        os.chdir(cwd)
+    except OSError as exc:
+        _say(f"imgbuild: the job's folder {cwd[:200]}: {exc.strerror}" + (f" (as {user})" if user else ""))
+        return False
+    finally:
+        if enter_as is not None:
+            os.seteuid(0)
+            os.setegid(0)
+            os.setgroups(groups)
+    return True
 
 
 def _run(words: list[str], who: Caller) -> None:

@@ -25,9 +25,9 @@ from imgbuild.errors import EnvironmentProblem, ImgbuildError, JobFailed, UsageE
 from imgbuild.gpu.allocate import pick_cpus
 from imgbuild.hostio.host import Caller, expand, format_cpulist
 from imgbuild.servers.admission import built_here, check_preload, check_signed, pull_to_inspect
-from imgbuild.servers.caps import cpus_of, host_memory, run_cpus, run_memory
+from imgbuild.servers.caps import cpus_of, run_cpus
 from imgbuild.servers.containers import deadline_of
-from imgbuild.servers.holds import Held, OverQuota, choose_gpus, held_on_host
+from imgbuild.servers.holds import Held, OverQuota, check_count, choose_gpus, held_on_host
 from imgbuild.servers.runwords import RunCall, RunRequest
 from imgbuild.servers.spec import (
     JUPYTER_ENV,
@@ -42,6 +42,7 @@ from imgbuild.servers.spec import (
     jupyter_notes,
     next_name,
     parse_duration,
+    published_ports,
     resolve_image,
 )
 from imgbuild.servers.startfail import DOCKER_START_CODES, explain_start_failure
@@ -93,7 +94,7 @@ def prepare(
     """The container to start: house rules, the caller's name and IDs, free GPUs (not `held` by anyone),
     a CPU share pinned near them (no engine yet). `gpus`: this host's GPUs where the caller has read them;
     `resolved`: the image and short name, where the caller resolved them once (a waiting run polls)."""
-    from imgbuild.hostio.host import usable_cpus
+    from imgbuild.hostio.host import host_memory, usable_cpus
 
     house = house if house is not None else settings.run
     held = held or Held()
@@ -108,6 +109,7 @@ def prepare(
     who = settings.caller
     user = who.name  # containers are named and owned by who runs imgbuild, never by --user
     enforced, workdir = _enforce(req, who, house, ref)
+    check_count(user, held, house)
     gpus = read_gpus_or_none(settings) if gpus is None else gpus
     selection = choose_gpus(user, req.gpu_request, gpus, held, house, req.force)  # never-startable: refused now
     cpus = cpus_of(req.cpus, run_cpus(len(selection.gpus), os.cpu_count() or 1, len(gpus), house), enforced is not None)
@@ -129,6 +131,9 @@ def prepare(
         mounted = [expand(m, user=user, home=own, uid=uid).split(":") for m in house.mounts]
         home = own if any(len(m) > 1 and m[1] == own for m in mounted) else "/tmp/home"
         env = [f"HOME={home}", *env]
+    clash = sorted(set(published_ports(ports)) & held.ports)
+    if clash:  # a starting run holds it in the ledger (a --jupyter port chosen a moment ago) or a container has it
+        raise UsageError(f"-p: host port {clash[0]} is another run's; publish another")
     jupyter_port = None
     if req.jupyter:
         jupyter_port = free_port(held.ports)
@@ -160,7 +165,7 @@ def prepare(
         entrypoint=req.entrypoint,
         cpus=cpus,
         cpuset=cpuset,
-        memory=run_memory(house, host_memory()),
+        memory=house.memory_bytes(host_memory()),
         enforced=enforced,
         workdir=workdir,
         workspace=not req.no_workspace and enforced is None,  # enforced: the workspace is a checked mount
@@ -239,8 +244,7 @@ def reserved(
                         # Names are handed out here too: two starts at one moment would both take <user>_<name>_1.
                         taken = {r.name for r in rows} | {e.name for e in book.entries}
                         spec.name = next_name(spec.user, spec.short_name, taken)
-                        ports = [spec.jupyter_port] if spec.jupyter_port else []
-                        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, ports)
+                        book.add(spec.name, spec.user, spec.gpus.uuids, spec.cpuset, published_ports(spec.ports))
                         break
                 if deadline is None:  # runs are queued for GPUs: first come, first served
                     raise GpusBusy(

@@ -77,6 +77,7 @@ def site_config_text(state_dir: Path) -> str:
         "reap:\n"
         "  idle_timeout: 4h\n"
         "  exited_max_age: 7d\n"
+        "  image_max_age: 30d               # users' images no container used for this long: removed\n"
         "  remove: true\n"
     )
 

@@ -96,9 +96,7 @@ class RunSpec:
             cpuset=format_cpulist(self.cpuset) if self.cpuset else "",
             memory=self.memory,
             pids_limit=h.pids_limit,
-            cgroup_parent=expand(h.cgroup_parent, user=self.user, uid=self.uid, gid=self.gid)
-            if h.cgroup_parent
-            else "",
+            cgroup_parent=h.cgroup_parent_of(self.user, self.uid, self.gid),
             ipc=h.ipc_mode,
             shm_size=h.shm_size,
             ulimits=tuple(h.ulimits.items()),
@@ -195,6 +193,19 @@ def jupyter_command(workspace: str | None) -> list[str]:
         "--no-browser",
         f"--ServerApp.root_dir={workspace or '/'}",
     ]
+
+
+def published_ports(specs: list[str]) -> list[int]:
+    """The host ports `-p` words publish (`[IP:]HOST[-HIGH]:CONTAINER[/PROTO]`; none where the engine picks one),
+    at most 1024 of a range: what a starting run holds in the ledger until its container does."""
+    found: list[int] = []
+    for spec in specs:
+        parts = spec.split("/", 1)[0].rsplit(":", 2)
+        low, _, high = (parts[-2] if len(parts) > 1 else "").partition("-")
+        if low.isascii() and low.isdigit() and (not high or (high.isascii() and high.isdigit())):
+            first = int(low[:5])
+            found += range(first, min(int((high or low)[:5]), 65535, first + 1023) + 1)
+    return found
 
 
 def free_port(taken: set[int], candidates: range = JUPYTER_HOST_PORTS) -> int:
