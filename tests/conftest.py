@@ -174,7 +174,11 @@ def _built_once(tmp_path_factory: pytest.TempPathFactory, name: str, text: str) 
     (folder / ".git").mkdir()
     recipe = folder / f"{name}.yaml"
     recipe.write_text(text)
-    built = run_cli("build", str(recipe), cwd=folder, env=bed)
+    # a session's fixture is made before each test's own environment (`isolated_settings`): the same user namespace, and
+    # a config and cache of its own, are given here, so that the tests find the image under the name they derive
+    isolated = {"IMGBUILD_USER": "imgbuildtest", "IMGBUILD_CONFIG": str(folder / "config.yaml"),
+                "IMGBUILD_CACHE_DIR": str(folder / "cache")}  # fmt: skip
+    built = run_cli("build", str(recipe), cwd=folder, env={**bed, **isolated})
     assert built.code == 0, built.err
     return BuiltRecipe(recipe, built.out.strip().splitlines()[-1].split(" -> ")[0])
 
