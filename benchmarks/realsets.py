@@ -153,14 +153,19 @@ def edit_loop(name: str) -> int:
 MAX_ROUNDS = 5
 
 
+def _cli(cwd: Path) -> Any:
+    """`imgbuild ARGS` in `cwd`, its exit status."""
+    return lambda args: subprocess.run([sys.executable, "-m", "imgbuild", *args], cwd=cwd).returncode
+
+
 def follow_set(realset: Any) -> tuple[str, ...]:
     """One set as a scripted user meets it: (set, rounds, minutes, ended, cures followed)."""
     from follow import follow, imgbuild
 
     cures: list[str] = []
     with tempfile.TemporaryDirectory(prefix=f"follow-{realset.name}-") as tmp:
-        recipe = realset.stage(Path(tmp))
         run = imgbuild(Path(tmp))
+        recipe = realset.prepare(Path(tmp), lambda args: run(args).returncode)
         start, rounds, ended = time.monotonic(), 0, ""
         while rounds < MAX_ROUNDS:
             rounds += 1
@@ -211,7 +216,7 @@ def main() -> int:
     rows = []
     for realset in sets:
         with tempfile.TemporaryDirectory(prefix=f"realset-{realset.name}-") as tmp:
-            recipe = realset.stage(Path(tmp))
+            recipe = realset.prepare(Path(tmp), _cli(Path(tmp)))
             start = time.monotonic()
             proc = subprocess.run(
                 [sys.executable, "-m", "imgbuild", "build", str(recipe)], cwd=tmp, capture_output=True, text=True
