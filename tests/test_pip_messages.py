@@ -364,8 +364,8 @@ FAILED = [
     "six==9.9: no such package or version on the index for this Python and platform (a typo in the recipe or its "
     "requirements file? the name as the index spells it); see above",
     "building cudaext needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA toolkit "
-    "(NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not), or add apt: "
-    "[cuda-toolkit-13-0] (NVIDIA's CUDA apt repository)",
+    "(CUDA 13.0's, as this base's CUDA): NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only "
+    "base does not",
 ]
 
 
@@ -458,3 +458,24 @@ def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tm
         index.close()
     assert done.returncode == 0, done.stdout + done.stderr
     assert step.pip("show", "pagelib").stdout.splitlines()[1] == "Version: 0.4.0"
+
+
+@pytest.mark.parametrize("kind", ["nvcc", "ninja", "headers", "compiler", "isolated"])
+def test_every_apt_package_a_build_failure_names_passes_imgbuilds_own_apt_door(kind, monkeypatch):
+    """A cure the recipe's apt door would refuse (the CUDA toolkit's Debian packages are the base's stack) cannot be
+    followed: no build-tool line names one, on a base with its CUDA release said or not."""
+    import re
+
+    from imgbuild.pipeline.stack import STACK_DEB_RE
+    from tests.support import guard_module
+
+    guard = guard_module()
+    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    watch = guard.Watch()
+    watch.building, watch.kinds = "srcpkg", {kind}
+    said = watch.installing_failure()
+    assert "srcpkg" in said and "see its output above" not in said, said
+    named = [p.strip() for found in re.findall(r"apt: \[([^\]]+)\]", said) for p in found.split(",")]
+    assert named or kind in ("nvcc", "ninja"), said
+    assert not [p for p in named if STACK_DEB_RE.fullmatch(p)], said

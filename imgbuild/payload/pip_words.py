@@ -144,14 +144,16 @@ KINDS = (
 
 
 def nvcc_cure(environ=None):
-    """A base that carries the toolkit, or NVIDIA's apt package of the base's own CUDA release (CUDA_VERSION)."""
+    """A base that carries the toolkit, of the base's own CUDA release (CUDA_VERSION) where the base says it. Never
+    an apt line: the toolkit's Debian packages are the CUDA stack, which imgbuild's apt door refuses beside the
+    base's own (pipeline/stack.py's STACK_DEB_RE), so that cure could not be followed."""
     found = re.match(
         r"([0-9]{1,3})\.([0-9]{1,3})", (os.environ if environ is None else environ).get("CUDA_VERSION") or ""
     )
-    apt = f", or add apt: [cuda-toolkit-{found[1]}-{found[2]}] (NVIDIA's CUDA apt repository)" if found else ""
+    which = f" (CUDA {found[1]}.{found[2]}'s, as this base's CUDA)" if found else ""
     return (
-        "use a base that carries the CUDA toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or "
-        f"CPU-only base does not){apt}"
+        f"use a base that carries the CUDA toolkit{which}: NGC's framework images have /usr/local/cuda/bin/nvcc; a "
+        "runtime or CPU-only base does not"
     )
 
 

@@ -1,4 +1,5 @@
 """Flax MNIST's task: a small CNN's jitted training steps on random images, and tensorflow_datasets imports."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,6 @@
 """LitGPT's dependencies at work: Lightning Fabric training steps, a BPE tokenizer trained and used, safetensors
 round trip, jsonargparse parsing a signature."""
+
 import tempfile
 
 import jsonargparse

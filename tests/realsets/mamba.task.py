@@ -1,4 +1,5 @@
 """Mamba's task: both compiled kernels load, and the selective scan runs (the reference path on a machine with no GPU)."""
+
 import causal_conv1d_cuda  # noqa: F401
 import selective_scan_cuda  # noqa: F401
 import torch

@@ -1,4 +1,5 @@
 """PyG's task: a two-layer GCN trains 20 steps on a small graph; torch_scatter aggregates."""
+
 import torch
 import torch_scatter
 from torch_geometric.data import Data

@@ -1,4 +1,5 @@
 """spaCy's GPU task: CuPy imports (what spacy.prefer_gpu() uses), and a text classifier trains five steps."""
+
 import random
 
 import cupy  # noqa: F401

@@ -1,4 +1,5 @@
 """TRL's task: SFTTrainer, two steps, on a tiny Llama and a word-level tokenizer made here."""
+
 import tempfile
 
 from datasets import Dataset
@@ -13,8 +14,16 @@ tokenizer = PreTrainedTokenizerFast(
     tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
 )
 config = LlamaConfig(
-    vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-    num_key_value_heads=2, max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    vocab_size=len(words),
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 data = Dataset.from_dict({"text": ["the cat sat on the mat", "a dog ran on a mat"] * 4})
 with tempfile.TemporaryDirectory() as out:
