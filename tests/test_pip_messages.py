@@ -479,3 +479,56 @@ def test_every_apt_package_a_build_failure_names_passes_imgbuilds_own_apt_door(k
     named = [p.strip() for found in re.findall(r"apt: \[([^\]]+)\]", said) for p in found.split(",")]
     assert named or kind in ("nvcc", "ninja"), said
     assert not [p for p in named if STACK_DEB_RE.fullmatch(p)], said
+
+
+PAGE = "https://data.pyg.org/whl/torch-2.4.0+cu124.html"
+#: each installer's own output when the find-links page cannot be reached (recorded here, where only the index is)
+UNREAD_PAGE = {
+    "uv": [
+        f"error: Failed to read `--find-links` URL: {PAGE}",
+        "  cause: Request failed after 3 retries in 11.7s",
+        f"  cause: Failed to fetch: {PAGE}",
+        f"  cause: error sending request for url ({PAGE})",
+        "  cause: client error (Connect)",
+        "  cause: dns error",
+        "  cause: error resolving DNS",
+        "  cause: failed to lookup address information: Name or service not known",
+    ],
+    "pip": [
+        f"Looking in links: {PAGE}",
+        "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection "
+        "broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at 0x7fe49a9d0850>: "
+        "Failed to establish a new connection: [Errno -2] Name or service not known')': /whl/torch-2.4.0+cu124.html",
+        "ERROR: Could not find a version that satisfies the requirement pyg_lib (from versions: none)",
+        "ERROR: No matching distribution found for pyg_lib",
+    ],
+}
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_find_links_page_the_build_cannot_reach_is_named_not_the_index_nor_a_typo(installer, tmp_path):
+    """PyG's and JAX's own install lines read a page of links beside the index: where the build cannot reach it,
+    the line names that page, by either installer's words (uv's URL, pip's path of the page it retried)."""
+    from tests.support import guard_module
+
+    guard = guard_module()
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"torch_geometric\n--find-links {PAGE}\npyg_lib\n")
+    watch = guard.Watch(pages=guard.find_links_pages(["uv", "pip", "install", "-r", str(requirements)]))
+    for line in UNREAD_PAGE[installer]:
+        watch.see(line + "\n")
+    said = watch.failure("the base's pins")
+    assert said.startswith(f"network failure reaching the find-links page {PAGE} "), said
+    assert "typo" not in said and "package index (" not in said
+
+
+def test_a_network_failure_elsewhere_still_names_the_index():
+    from tests.support import guard_module
+
+    guard = guard_module()
+    watch = guard.Watch(pages=[PAGE])
+    watch.see(
+        "WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError(Failed to establish a new "
+        "connection)': /simple/einops/\n"
+    )
+    assert watch.failure("the base's pins").startswith("network failure reaching the package index")

@@ -30,6 +30,7 @@ from pip_versions import (  # noqa: E402
     canon,
     exact_pin,
     fallback_line,
+    find_links_pages,
     framework_needs,
     installed_from,
     meets,
@@ -49,7 +50,9 @@ from pip_words import (  # noqa: E402
     MISSING,
     NAME,
     OTHER_FRAMEWORK,
+    PAGE_UNREAD,
     REQUESTED,
+    RETRIED_PATH,
     UV_DEPENDS,
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
@@ -88,8 +91,11 @@ def size(count):  # in the settings' units ("16G": 16 GiB): a limit reads as it 
 class Watch:
     """What pip's output has said so far, line by line (nothing is kept but these facts)."""
 
-    def __init__(self, sources=None, named=None):
+    def __init__(self, sources=None, named=None, pages=()):
         self.sources = sources or {}  # canonical name -> [(spec, who holds it)], from the -c files
+        self.pages = tuple(pages)  # the find-links pages the install reads (pip_versions.find_links_pages)
+        self.page_unread = ""  # the find-links page the installer said it could not read (uv)
+        self.retried = ""  # the path of the last request pip retried (a page's path, or an index's)
         self.asked = {}  # canonical name -> what the recipe asked for ("The user requested ...")
         self.installing = False
         self.looking_at = ""
@@ -130,6 +136,10 @@ class Watch:
             self.build_framework = found.group(1)
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
+        if found := PAGE_UNREAD.search(line):
+            self.page_unread = found.group(1)
+        elif found := RETRIED_PATH.search(line):
+            self.retried = found.group(1)
         self.see_pip(line)
 
     def see_uv(self, line):
@@ -270,7 +280,7 @@ class Watch:
         if "tls" in self.kinds:
             return "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)"
         if "network" in self.kinds:
-            return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
+            return self.network_failure()
         if self.other_framework:
             other = canon(self.other_framework)
             asked = [(pkg, wanted) for (pkg, dep), wanted in self.depends.items() if dep == other and pkg]
@@ -297,6 +307,21 @@ class Watch:
         if "conflict" in self.kinds:
             return self.conflict(origin)
         return self.installing_failure()
+
+    def network_failure(self):
+        """The place the installer could not reach: a find-links page where the installer named one (uv by its URL,
+        pip by its path), else the index."""
+        from urllib.parse import urlsplit
+
+        retried = [p for p in self.pages if self.retried and urlsplit(p).path == self.retried]
+        page = self.page_unread or (retried[0] if retried else "")
+        if page:
+            return (
+                f"network failure reaching the find-links page {page} (a --find-links line of the requirements): "
+                "the build could not read it (offline? a proxy? a network that reaches only the package index?), "
+                "and what only that page serves cannot be installed without it"
+            )
+        return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
 
     def installing_failure(self, alike=(), then=""):
         """Past resolving: a file that is not the one locked, or a source build that failed (with the cure where
@@ -465,7 +490,7 @@ def main(argv):
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
-    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named)
+    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named, find_links_pages(command))
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before

@@ -154,6 +154,14 @@ def files_in(command, flags):
     return found
 
 
+def find_links_pages(command):
+    """The web pages of links (`--find-links URL`) the install reads, on its command line or in its requirements
+    files (render writes a requirements file's `--find-links` there)."""
+    words = list(command) + [w for _, lines in files_in(command, ("-r",)) for line in lines for w in line.split()]
+    pages = [words[i + 1] for i in range(len(words) - 1) if words[i] in ("-f", "--find-links")]
+    return [url for url in pages if url.startswith(("http://", "https://"))]
+
+
 def asked_lines(command):
     """The lines of the recipe's own requirement and constraint files in `command` (never the lock's or the
     base's pins): what the recipe asked for by name."""

@@ -52,6 +52,11 @@ MISSING = re.compile(
 #: allows only the base's, which no index has: "Because there is no version of torch==2.13.0a0+07cecf4 and you
 #: require torch==2.13.0a0+07cecf4, we can conclude ..."
 BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) and you require \1==\2,")
+#: a find-links page the installer could not read: uv's "error: Failed to read `--find-links` URL: https://...";
+#: pip's retries name only the page's path: "WARNING: Retrying (Retry(total=4, ...)) after connection broken by
+#: 'NewConnectionError(...)': /whl/torch-2.4.0+cu124.html"
+PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
+RETRIED_PATH = re.compile(r"Retrying \(Retry\(.*\)\) after .*: (/\S*)$")
 #: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
 #: seen wins, in this order.
 KINDS = (
