@@ -259,6 +259,39 @@ def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerel
     )
 
 
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_pre_release_fallback_names_what_holds_the_newest_release_back(tmp_path, pip_bases, installer):
+    """Every tf-models-official release pins another TensorFlow than the base's, so the resolver took a 2020 dev
+    release: the line names the newest release and the base's pin it needs otherwise, by either installer."""
+    from tests.fake_index import FakeIndex, Release
+
+    index = FakeIndex(
+        "127.0.0.1",
+        {
+            "numlib": [Release("1.26.4"), Release("2.1.0")],
+            "oldtf": [Release("2.1.0.dev2"), Release("2.20.0", ["numlib==1.26.4"])],
+        },
+    )
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    try:
+        step = PipStep(pip_bases, tmp_path, folder, ["numlib==2.1.0"], installer=installer)
+        said = step.failure(step.run(["oldtf"], index=index.url))
+    finally:
+        index.close()
+    held = "numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of the base's packages)"
+    if installer == "pip":  # pip takes no pre-release while a final release exists: it names the conflict itself
+        assert said.startswith(f"oldtf 2.20.0 needs {held}: pin oldtf to a version made for the base"), said
+        return
+    assert said == (  # uv names the range it ruled out
+        "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
+        "oldtf fits the base's pins and the recipe's other packages; the newest, oldtf 2.20.0, is held back: "
+        f"oldtf >=2.20.0 needs {held}; pin oldtf to a release made for this base, or ask for this one by its version "
+        "(oldtf==2.1.0.dev2)"
+    )
+
+
 @pytest.mark.parametrize("packages", [["oldtf==2.1.0.dev2"], ["otel"], ["oldtf>=2.1.0.dev2"]])
 def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelease_step, packages):
     done = prerelease_step.run(packages)

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pip_versions import canon, files_in, meets, release_tuple  # beside this script
+from pip_versions import canon, fallback, files_in, meets, release_tuple, resolver_cause  # beside this script
 
 PAGE_LIMIT = 32 << 20  # bytes of one project's page (PyPI's torch page is about 3 MB of JSON)
 TIMEOUT = 8.0  # seconds for one page
@@ -275,7 +275,7 @@ def old_release_line(installed, named, command, ask, locked=frozenset()):
         if old:
             newest, now, then = old
             why = ask(name, newest)
-            because = f", because {why.rsplit('): ', 1)[0] + ')' if '): ' in why else why}" if why else ""
+            because = f", because {resolver_cause(why)}" if why else ""
             return (
                 f"the resolver fell back to {name} {version} ({then:%Y-%m}), {(now - then).days / 365:.1f} years "
                 f"older than {name} {newest} ({now:%Y-%m}), the newest the recipe admits{because}: if {name} "
@@ -283,6 +283,23 @@ def old_release_line(installed, named, command, ask, locked=frozenset()):
                 f"{name} back (a base made for {name} {newest}, or a pin)"
             )
     return ""
+
+
+def fallback_held_back(installed, named, command, ask):
+    """Why the newest final release of the package the resolver fell back to a pre-release of (pip_versions.fallback)
+    was not chosen, as the resolver says when asked for it (`ask(name, newest)`): "the newest, X 2.20.0, is held
+    back: X 2.20.0 needs tensorflow~=2.20.0, but the base holds ..."; "" when there is none or nobody can say."""
+    late = fallback(installed, named)
+    if not late:
+        return ""
+    name = late[0]
+    known = look_up([name], command).get(canon(name), {})
+    finals = [v for v, (_, yanked, usable) in known.items() if usable and not yanked]
+    if not finals:
+        return ""
+    newest = max(finals, key=release_tuple)
+    why = ask(name, newest)
+    return f"the newest, {name} {newest}, is held back: {resolver_cause(why)}" if why else ""
 
 
 def dry_run(command):
