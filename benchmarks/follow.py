@@ -26,6 +26,11 @@ EXTRA_LACKS = re.compile(rf"({NAME}) declares no \[[^\]]+\] extra: ask for \1 an
 #: the smoke test's other-CUDA cure, checked against the index: "vllm 0.2.5: ask for its CUDA 13 build,
 #: vllm==0.11.0+cu130 (on the index), ..." or "... build, faiss-gpu-cu13 (on the index)"
 CUDA_BUILD = re.compile(rf"({NAME}) \S+: ask for its CUDA [0-9]+ build, ({NAME}(?:==[^\s,]+)?) \(on the index\)")
+#: the pip step's, for what an install brought: "faiss-gpu brought CUDA 12 libraries (...) beside the base's CUDA 13:
+#: ...: ask for its CUDA 13 build, faiss-gpu-cu13 (on the index), or use a base with CUDA 12"
+BROUGHT = re.compile(
+    rf"({NAME}) brought CUDA [0-9]+ libraries .*?: ask for its CUDA [0-9]+ build, ({NAME}) \(on the index\)"
+)
 #: NGC's pre-release framework: "... drop the pin, or write it to admit the pre-release (torch>=2.9.0a0)"
 PRERELEASE = re.compile(rf"write it to admit the pre-release \(({NAME})(>=[^)\s]+)\)")
 BY_VERSION = re.compile(rf"ask for (?:it|this one) by its version \(({NAME})==([^)\s]+)\)")
@@ -39,7 +44,8 @@ DROP = re.compile(
 )
 LOCK = re.compile(r"run imgbuild lock")
 #: the cures other than dropping the line: a refusal that names one of them is cured by it
-CURES = (APT, NO_ISOLATION, UNPIN, OTHER_CUDA, EXTRA_LACKS, CUDA_BUILD, PRERELEASE, BY_VERSION, RESTORE, TOOL, ACCEPT)
+CURES = (APT, NO_ISOLATION, UNPIN, OTHER_CUDA, EXTRA_LACKS, CUDA_BUILD, BROUGHT, PRERELEASE, BY_VERSION, RESTORE, TOOL)
+CURES += (ACCEPT,)
 #: a plan-time refusal at its place: FILE:LINE:COL: pip.requirements: ... or pip.packages[I]: ...
 LOCATED = re.compile(r"(\S+?):([0-9]+):[0-9]+: pip\.(?:requirements|packages\[([0-9]+)\]): (.*)")
 
@@ -151,6 +157,7 @@ REPLACES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[str, str]
     (OTHER_CUDA, lambda m: (m.group(1), m.group(2))),  # another CUDA's build: jax[cuda12] -> jax[cuda13]
     (EXTRA_LACKS, lambda m: (m.group(1), m.group(1))),  # spacy[cuda12x] -> spacy (and cupy-cuda13x beside it)
     (CUDA_BUILD, lambda m: (m.group(1), m.group(2))),  # vllm -> vllm==0.11.0+cu130
+    (BROUGHT, lambda m: (m.group(1), m.group(2))),  # faiss-gpu -> faiss-gpu-cu13
     (PRERELEASE, lambda m: (m.group(1), m.group(1) + m.group(2))),  # torch>=2.9 -> torch>=2.9.0a0
     (BY_VERSION, lambda m: (m.group(1), f"{m.group(1)}=={m.group(2)}")),
 )

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from follow import follow  # noqa: E402
 
@@ -195,6 +196,20 @@ def test_the_smoke_tests_other_cuda_cure_checked_against_the_index_asks_for_the_
     said = f"imgbuild: smoke test failed: imports: srcpkg 0.2.5: {other_cuda_cure('srcpkg', '12', '13', found)}"
     assert follow(said, recipe, _never) == f"asked for {asked}"
     assert _field(recipe, "pip", "packages")[-1] == asked
+
+
+@pytest.mark.parametrize("there, done", [(True, "asked for srcpkg-cu13"), (False, None), (None, None)])
+def test_the_pip_steps_other_cuda_cure_is_followed_only_where_the_index_has_the_build(recipe, there, done):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("owners", ROOT / "imgbuild/payload/pip_owners.py")
+    assert spec and spec.loader
+    owners = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(owners)
+    recipe.write_text(RECIPE.replace(", srcpkg]", ", srcpkg-cu12]"))
+    line = owners.other_cuda([("srcpkg-cu12", "1.0")], paths=[], cuda_version="13.0.2.006", has=lambda name: there)
+    assert follow(f"imgbuild: pip step failed: {line}", recipe, _never) == done
+    assert _field(recipe, "pip", "packages")[-1] == ("srcpkg-cu13" if there else "srcpkg-cu12")
 
 
 def test_the_other_cuda_cure_where_the_index_has_no_build_is_not_followed(recipe):

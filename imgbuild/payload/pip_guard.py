@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_index import dry_run, fallback_held_back, old_release_line, question  # noqa: E402
+from pip_index import dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -495,7 +495,8 @@ def main(argv):
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
         why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
-        why = why or (other_cuda(watch.installed) if before is not None else "")
+        if not why and before is not None:
+            why = other_cuda(watch.installed, has=lambda name: project_on_index(name, command))
         ask = functools.partial(why_not, command, origin)
         if not why:  # the index and the resolver are asked only where there is a fallback to explain
             why = fallback_line(watch.installed, named, fallback_held_back(watch.installed, named, command, ask))

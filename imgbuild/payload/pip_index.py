@@ -90,8 +90,9 @@ class _SameHost(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def page(url, name, trusted=(), environ=os.environ):
-    """(body, content type) of the index's page for `name`, or None."""
+def page(url, name, trusted=(), environ=os.environ, missing=None):
+    """(body, content type) of the index's page for `name`, or None; `missing` where the index says it has no such
+    project (404)."""
     parts = urllib.parse.urlsplit(url.rstrip("/") + "/" + canon(name) + "/")
     headers = {"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1", "User-Agent": "imgbuild-pip-step"}
     if parts.username is not None:
@@ -116,6 +117,8 @@ def page(url, name, trusted=(), environ=os.environ):
                 if not chunk:
                     return bytes(body), kind
                 body += chunk
+    except urllib.error.HTTPError as err:  # 404 is "no such project"; any other error is no answer
+        return missing if err.code == 404 else None
     except (OSError, ValueError, urllib.error.URLError, ssl.SSLError, http.client.HTTPException):
         return None
     return None
@@ -224,6 +227,19 @@ def look_up(names, command, environ=os.environ, deadline=20.0):
         if answer is not None:
             found.setdefault(canon(name), []).append(releases(files_of(*answer)))
     return {name: merged(pages) for name, pages in found.items()}
+
+
+def project_on_index(name, command, environ=os.environ):
+    """Whether an index the install reads has a release of `name` this Python can install: True, False (every index
+    that answered has none, or says it has no such project), or None where no index answered."""
+    trusted, answers = trusted_hosts(command, environ), []
+    for url in index_urls(command, environ):
+        answer = page(url, name, trusted, environ, missing=(b"", "text/html"))
+        if answer is not None:
+            answers.append(releases(files_of(*answer)))
+    if not answers:
+        return None
+    return any(usable and not yanked for found in answers for _, yanked, usable in found.values())
 
 
 def old_fallback(name, version, wanted, known):
