@@ -70,9 +70,16 @@ def test_each_cure_imgbuild_prints_is_applied_as_written(recipe, said, done, fie
     assert data == value
 
 
-def test_the_cure_for_another_cuda_is_imgbuilds_own_words_applied(recipe, tmp_path):
-    """The line the plan prints for jax[cuda12] on the real 25.10 config, followed: the requirement becomes the
-    cure it names, and the plan accepts it."""
+@pytest.mark.parametrize(
+    "asked, done, cured",
+    [
+        ('"jax[cuda12]"', "asked for jax[cuda13]", '"jax[cuda13]"'),  # another CUDA's build
+        ('"torch>=2.9"', "asked for torch>=2.9.0a0", '"torch>=2.9.0a0"'),  # NGC's pre-release framework
+    ],
+)
+def test_the_plans_own_refusal_on_the_real_2510_config_is_followed_and_the_plan_accepts_the_cure(
+    recipe, tmp_path, asked, done, cured
+):
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
@@ -81,11 +88,11 @@ def test_the_cure_for_another_cuda_is_imgbuilds_own_words_applied(recipe, tmp_pa
     (tmp_path / ".git").mkdir()
     base = real_base("pytorch:25.10-py3")
     config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
-    recipe.write_text(RECIPE.replace(", srcpkg", ""))
+    recipe.write_text(RECIPE.replace('"jax[cuda12]", srcpkg', asked))
     with pytest.raises(RecipeError) as err:
         make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))
-    assert follow(str(err.value), recipe, _never) == "asked for jax[cuda13]"
-    assert yaml.safe_load(recipe.read_text())["pip"]["packages"] == ["einops", "jax[cuda13]"]
+    assert follow(str(err.value), recipe, _never) == done
+    assert yaml.safe_load(recipe.read_text())["pip"]["packages"] == ["einops", yaml.safe_load(cured)]
     make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))  # accepted
 
 
@@ -116,13 +123,21 @@ def test_words_that_name_no_cure_leave_the_scripted_user_stuck(recipe):
     assert recipe.read_text() == RECIPE
 
 
-def test_a_line_whose_cure_is_to_drop_it_is_dropped_where_the_refusal_places_it(tmp_path):
+def _staged(tmp_path: Path, recipe_text: str, requirements: str) -> Path:
+    """recipes/r.yaml with its requirements file recipes/r.txt."""
     (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.txt").write_text(requirements)
     recipe = tmp_path / "recipes" / "r.yaml"
-    recipe.write_text(
-        'name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: {requirements: r.txt, packages: [a, torch]}\n'
+    recipe.write_text(recipe_text)
+    return recipe
+
+
+def test_a_line_whose_cure_is_to_drop_it_is_dropped_where_the_refusal_places_it(tmp_path):
+    recipe = _staged(
+        tmp_path,
+        'name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: {requirements: r.txt, packages: [a, torch]}\n',
+        "torch<2.6\nnumpy==1.26.2\neinops\n",
     )
-    (tmp_path / "recipes" / "r.txt").write_text("torch<2.6\nnumpy==1.26.2\neinops\n")
     said = (
         "imgbuild: recipes/r.txt:1:1: pip.requirements: torch<2.6 conflicts with the base's torch 2.13.0a0 (the base's "
         "framework is protected: drop it)\n"
@@ -218,23 +233,6 @@ def test_the_other_cuda_cure_where_the_index_has_no_build_is_not_followed(recipe
     said = other_cuda_cure("srcpkg", "12", "13", CudaBuildAnswer((), "", None))
     assert "the index has no CUDA 13 build of srcpkg" in said
     assert follow(f"imgbuild: smoke test failed: imports: srcpkg 0.2.5: {said}", recipe, _never) is None
-
-
-def test_ngcs_pre_release_framework_is_cured_by_the_pin_that_admits_it(recipe, tmp_path):
-    """The plan's own refusal of torch>=2.9 on the real 25.10 config, followed: the plan accepts the cure."""
-    from imgbuild.errors import RecipeError
-    from imgbuild.pipeline.plan import make_plan
-    from imgbuild.recipe import load_recipe
-    from tests.support import real_base, settings
-
-    (tmp_path / ".git").mkdir()
-    base = real_base("pytorch:25.10-py3")
-    config = {"config": {"Env": [f"{k}={v}" for k, v in base.env.items()]}}
-    recipe.write_text(RECIPE.replace('"jax[cuda12]", srcpkg', '"torch>=2.9"'))
-    with pytest.raises(RecipeError) as err:
-        make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))
-    assert follow(str(err.value), recipe, _never) == "asked for torch>=2.9.0a0"
-    make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))  # accepted
 
 
 def test_the_words_of_a_pre_release_fallback_are_followed(recipe):
@@ -336,10 +334,11 @@ def test_the_apt_line_for_all_failed_imports_is_added(recipe, monkeypatch):
 
 
 def test_cures_on_several_lines_are_all_applied_in_one_round_and_a_line_cured_otherwise_is_not_dropped(tmp_path):
-    (tmp_path / "recipes").mkdir()
-    recipe = tmp_path / "recipes" / "r.yaml"
-    recipe.write_text('name: r\nbase: {framework: tensorflow, tag: "24.05"}\npip: {requirements: r.txt}\n')
-    (tmp_path / "recipes" / "r.txt").write_text("absl-py==1.0.0\ntensorflow==2.8.1\nflax\n")
+    recipe = _staged(
+        tmp_path,
+        'name: r\nbase: {framework: tensorflow, tag: "24.05"}\npip: {requirements: r.txt}\n',
+        "absl-py==1.0.0\ntensorflow==2.8.1\nflax\n",
+    )
     said = (
         "imgbuild: recipes/r.txt:1:1: pip.requirements: absl-py==1.0.0 conflicts with the base's absl-py==2.1.0 "
         "(pinned by the base: drop the pin, or let pip move it with pip.unpin: [absl-py])\n"
