@@ -123,30 +123,41 @@ def test_words_that_name_no_cure_leave_the_scripted_user_stuck(recipe):
     assert recipe.read_text() == RECIPE
 
 
-def _staged(tmp_path: Path, recipe_text: str, requirements: str) -> Path:
-    """recipes/r.yaml with its requirements file recipes/r.txt."""
+@pytest.mark.parametrize(
+    "pip, requirements, said, done, left",
+    [
+        (  # the base's framework, at two places: both dropped where the refusals place them
+            "{requirements: r.txt, packages: [a, torch]}",
+            "torch<2.6\nnumpy==1.26.2\neinops\n",
+            "imgbuild: recipes/r.txt:1:1: pip.requirements: torch<2.6 conflicts with the base's torch 2.13.0a0 (the "
+            "base's framework is protected: drop it)\n"
+            "imgbuild: recipes/r.yaml:3:48: pip.packages[1]: torch is the base's framework (the base's framework is "
+            "protected: drop it)\n",
+            "dropped torch, torch<2.6",
+            "numpy==1.26.2\neinops\n",
+        ),
+        (  # two lines, two cures, one round; the line cured by unpinning is not dropped
+            "{requirements: r.txt}",
+            "absl-py==1.0.0\ntensorflow==2.8.1\nflax\n",
+            "imgbuild: recipes/r.txt:1:1: pip.requirements: absl-py==1.0.0 conflicts with the base's absl-py==2.1.0 "
+            "(pinned by the base: drop the pin, or let pip move it with pip.unpin: [absl-py])\n"
+            "imgbuild: recipes/r.txt:2:1: pip.requirements: tensorflow==2.8.1 conflicts with the base's tensorflow "
+            "2.21.0 (the base's framework is protected: drop the pin, or choose a base tag that carries it)\n",
+            "pip.unpin: [absl-py]; dropped tensorflow==2.8.1",
+            "absl-py==1.0.0\nflax\n",
+        ),
+    ],
+)
+def test_every_refused_line_is_cured_in_one_round_a_drop_where_the_refusal_places_it(
+    tmp_path, pip, requirements, said, done, left
+):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "r.txt").write_text(requirements)
     recipe = tmp_path / "recipes" / "r.yaml"
-    recipe.write_text(recipe_text)
-    return recipe
-
-
-def test_a_line_whose_cure_is_to_drop_it_is_dropped_where_the_refusal_places_it(tmp_path):
-    recipe = _staged(
-        tmp_path,
-        'name: r\nbase: {framework: pytorch, tag: "24.05"}\npip: {requirements: r.txt, packages: [a, torch]}\n',
-        "torch<2.6\nnumpy==1.26.2\neinops\n",
-    )
-    said = (
-        "imgbuild: recipes/r.txt:1:1: pip.requirements: torch<2.6 conflicts with the base's torch 2.13.0a0 (the base's "
-        "framework is protected: drop it)\n"
-        "imgbuild: recipes/r.yaml:3:48: pip.packages[1]: torch is the base's framework (the base's framework is "
-        "protected: drop it)\n"
-    )
-    assert follow(said, recipe, _never) == "dropped torch, torch<2.6"
-    assert (tmp_path / "recipes" / "r.txt").read_text() == "numpy==1.26.2\neinops\n"
-    assert yaml.safe_load(recipe.read_text())["pip"]["packages"] == ["a"]
+    recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {pip}\n')
+    assert follow(said, recipe, _never) == done
+    assert (tmp_path / "recipes" / "r.txt").read_text() == left
+    assert yaml.safe_load(recipe.read_text())["pip"].get("packages", ["a"]) == ["a"]
 
 
 # --- every cure imgbuild prints now, built by imgbuild's own code, then followed ---------------------------------
@@ -331,19 +342,3 @@ def test_the_apt_line_for_all_failed_imports_is_added(recipe, monkeypatch):
         smoke_imports.check_imports()
     assert "for all of them, add to the recipe: apt: [ffmpeg]" in str(failed.value)
     assert follow(f"imgbuild: smoke test failed: imports: {failed.value}", recipe, _never) == "apt: [ffmpeg]"
-
-
-def test_cures_on_several_lines_are_all_applied_in_one_round_and_a_line_cured_otherwise_is_not_dropped(tmp_path):
-    recipe = _staged(
-        tmp_path,
-        'name: r\nbase: {framework: tensorflow, tag: "24.05"}\npip: {requirements: r.txt}\n',
-        "absl-py==1.0.0\ntensorflow==2.8.1\nflax\n",
-    )
-    said = (
-        "imgbuild: recipes/r.txt:1:1: pip.requirements: absl-py==1.0.0 conflicts with the base's absl-py==2.1.0 "
-        "(pinned by the base: drop the pin, or let pip move it with pip.unpin: [absl-py])\n"
-        "imgbuild: recipes/r.txt:2:1: pip.requirements: tensorflow==2.8.1 conflicts with the base's tensorflow "
-        "2.21.0 (the base's framework is protected: drop the pin, or choose a base tag that carries it)\n"
-    )
-    assert follow(said, recipe, _never) == "pip.unpin: [absl-py]; dropped tensorflow==2.8.1"
-    assert (tmp_path / "recipes" / "r.txt").read_text() == "absl-py==1.0.0\nflax\n"
