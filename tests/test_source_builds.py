@@ -149,7 +149,7 @@ def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_
     assert said.startswith("building srcpkg imports the base's framework") and "add srcpkg to pip.no_build_isolation"
     assert said.endswith(
         "; then building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA "
-        "toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not)"
+        "toolkit: NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not"
     )
 
 
