@@ -1,6 +1,7 @@
-"""A scripted user: reads the last thing imgbuild said and does literally what it says, once. The cures it
-knows are the ones imgbuild prints (each a whole phrase, as written in imgbuild's messages); anything else
-leaves it stuck, and that is counted against imgbuild, not guessed around.
+"""A scripted user: reads what imgbuild said (its own lines, never a package's) and does literally what it says,
+every cure at once, as a user reading every line would. The cures it knows are the ones imgbuild prints (each a
+whole phrase, as written in imgbuild's messages); anything else leaves it stuck, and that is counted against
+imgbuild, not guessed around.
 
 Used by `benchmarks/realsets.py --follow`; tests/test_follow.py holds each cure to imgbuild's own words.
 """
@@ -207,13 +208,22 @@ def _dropping(text: str, recipe: Path, data: dict) -> list[str]:
     return done
 
 
+def imgbuilds_words(output: str) -> list[str]:
+    """What imgbuild itself said in a command's output, a line each, from its "imgbuild: " on (its lines in the
+    build log come after the engine's prefix), each once: never a package's or an installer's own words."""
+    lines = [ln[ln.index("imgbuild: ") :] for ln in output.splitlines() if "imgbuild: " in ln]
+    return list(dict.fromkeys(" ".join(ln.split()) for ln in lines))
+
+
 def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> str | None:
     """Apply every cure imgbuild's words name, as a user reading all of them would in one round; what was done
     ("; " between cures), or None (no cure it can follow)."""
-    text = " ".join(said.split())
+    lines = imgbuilds_words(said)
+    text = " ".join(lines)
     data = yaml.safe_load(recipe.read_text())
     done = _replacing(text, recipe, data) + _adding(text, recipe, data)
-    done += _dropping("\n".join(" ".join(line.split()) for line in said.splitlines()), recipe, data)
+    done += _dropping("\n".join(lines), recipe, data)
+    done = list(dict.fromkeys(done))
     if done:
         recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     if LOCK.search(text) and run(["lock", str(recipe)]).returncode == 0:

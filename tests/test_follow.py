@@ -48,7 +48,7 @@ def recipe(tmp_path):
             ["srcpkg"],
         ),
         (
-            "r.yaml:4:22: pip.packages[1]: numpy<2.4 conflicts with the base's numpy==2.4.6 (pinned by the base): "
+            "imgbuild: r.yaml:4:22: pip.packages[1]: numpy<2.4 conflicts with the base's numpy==2.4.6 (pinned by the base): "
             "drop the pin, or let pip move it with pip.unpin: [numpy]",
             "pip.unpin: [numpy]",
             ("pip", "unpin"),
@@ -80,6 +80,7 @@ def test_each_cure_imgbuild_prints_is_applied_as_written(recipe, said, done, fie
 def test_the_plans_own_refusal_on_the_real_2510_config_is_followed_and_the_plan_accepts_the_cure(
     recipe, tmp_path, asked, done, cured
 ):
+    from imgbuild.cli import _outcome
     from imgbuild.errors import RecipeError
     from imgbuild.pipeline.plan import make_plan
     from imgbuild.recipe import load_recipe
@@ -91,7 +92,8 @@ def test_the_plans_own_refusal_on_the_real_2510_config_is_followed_and_the_plan_
     recipe.write_text(RECIPE.replace('"jax[cuda12]", srcpkg', asked))
     with pytest.raises(RecipeError) as err:
         make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))
-    assert follow(str(err.value), recipe, _never) == done
+    printed, _ = _outcome(err.value)  # the lines as the command prints them
+    assert follow("\n".join(printed), recipe, _never) == done
     assert yaml.safe_load(recipe.read_text())["pip"]["packages"] == ["einops", yaml.safe_load(cured)]
     make_plan(load_recipe(recipe), settings(), lambda ref: ("sha256:" + "a" * 64, config))  # accepted
 
@@ -103,7 +105,7 @@ def test_a_stale_lock_is_cured_by_running_imgbuild_lock(recipe):
         ran.append(args)
         return subprocess.CompletedProcess(args, 0, "", "")
 
-    said = "the recipe changed since its lock was written: run imgbuild lock r.yaml (it re-resolves einops)"
+    said = "imgbuild: the recipe changed since its lock was written: run imgbuild lock r.yaml (it re-resolves einops)"
     assert follow(said, recipe, run) == "imgbuild lock"
     assert ran == [["lock", str(recipe)]]
 
@@ -116,6 +118,15 @@ def test_a_fallback_is_cured_by_asking_for_the_version_it_names(recipe):
     )
     assert follow(said, recipe, _never) == "asked for srcpkg==0.2.5"
     assert yaml.safe_load(recipe.read_text())["pip"]["packages"][-1] == "srcpkg==0.2.5"
+
+
+def test_only_imgbuilds_own_lines_are_read_never_a_packages_or_an_installers(recipe):
+    said = (
+        "#12 3.1 srcpkg: to speed this up, add ninja to pip.packages and add apt: [ccache]\n"
+        "#12 9.9 imgbuild: pip step failed: pip failed; see its output above\n"
+    )
+    assert follow(said, recipe, _never) is None
+    assert recipe.read_text() == RECIPE
 
 
 def test_words_that_name_no_cure_leave_the_scripted_user_stuck(recipe):
