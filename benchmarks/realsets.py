@@ -173,7 +173,7 @@ def received() -> int:
 
 def follow_set(realset: Any) -> tuple[str, ...]:
     """One set as a scripted user meets it: (set, rounds, minutes, GB received, ended, cures followed)."""
-    from follow import follow, imgbuild
+    from follow import follow, imgbuild, imgbuilds_words
 
     cures: list[str] = []
     got = received()
@@ -191,10 +191,13 @@ def follow_set(realset: Any) -> tuple[str, ...]:
             cure = follow(said, recipe, run)
             if cure is None:
                 ended = "stuck: " + last_line(said)
+                print(f"  {realset.name}: round {rounds} exit {proc.returncode}, stuck:", file=sys.stderr)
+                print("\n".join(f"    {ln}" for ln in imgbuilds_words(said)[-6:]), file=sys.stderr, flush=True)
                 break
             cures.append(cure)
             print(
-                f"  {realset.name}: round {rounds} exit {proc.returncode}: {last_line(said)}; followed: {cure}",
+                f"  {realset.name}: round {rounds} exit {proc.returncode}: {(imgbuilds_words(said) or [''])[-1]}; "
+                f"followed: {cure}",
                 file=sys.stderr,
                 flush=True,
             )
