@@ -265,7 +265,7 @@ def test_two_distributions_installing_one_module_with_other_contents_fail(first,
 
 
 XFORMERS = (
-    "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\\n"
+    "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\n"
     "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.13.0a0+07cecf4)"
 )
 
@@ -295,6 +295,9 @@ def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation
         results = smoke_importing.import_all(work, 60, 2)
     xformersish, visionish, chatty = results
     assert xformersish["xformersish"].startswith("ExtensionNotLoaded: WARNING[XFORMERS]: xFormers can't load C++")
+    assert xformersish["xformersish"].endswith(
+        "was built for: PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.13.0a0+07cecf4)"
+    )
     assert "Failed to load image Python extension" in visionish["visionish"]
     assert chatty == {}
     failures, *_ = smoke_imports._classify(work, results)
