@@ -41,7 +41,9 @@ ACCEPT = re.compile(r"smoke\.accept_pip_check: \[([^\]]+)\]")
 #: a package whose only cure is to go: a binary wheel built for another framework build, or one that needs
 #: another distribution of the base's framework
 DROP = re.compile(
-    rf"no recipe field changes a binary wheel: drop ({NAME})|\(drop ({NAME}), or pin a release of it that needs no "
+    rf"no recipe field changes a binary wheel: drop "
+    rf"(?:({NAME}) \(what uses it|((?:{NAME}, )*{NAME}), which requires? it)"
+    rf"|\(drop ({NAME}), or pin a release of it that needs no "
 )
 LOCK = re.compile(r"run imgbuild lock")
 #: the cures other than dropping the line: a refusal that names one of them is cured by it
@@ -202,7 +204,8 @@ def _adding(text: str, recipe: Path, data: dict) -> list[str]:
 def _dropping(text: str, recipe: Path, data: dict) -> list[str]:
     """The cure that takes a package out: by name (a binary wheel no field changes), or at the place a plan-time
     refusal names."""
-    done = [f"dropped {n}" for n in dict.fromkeys(a or b for a, b in DROP.findall(text)) if _remove(recipe, data, n)]
+    names = dict.fromkeys(n for found in DROP.findall(text) for group in found for n in group.split(", ") if n)
+    done = [f"dropped {n}" for n in names if _remove(recipe, data, n)]
     if dropped := _drop(text, recipe, data):
         done.append("dropped " + ", ".join(dropped))
     return done

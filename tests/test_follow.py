@@ -294,14 +294,24 @@ def test_a_missing_nvcc_names_a_base_with_the_toolkit_and_no_cure_a_script_could
     assert follow(f"imgbuild: pip step failed: {said}", recipe, _never) is None
 
 
-def test_a_binary_wheel_built_for_another_framework_build_is_dropped_as_its_line_says_first(recipe):
+@pytest.mark.parametrize(
+    "needs, dropped, left",
+    [
+        ({}, "dropped srcpkg", ["einops", "jax[cuda12]"]),  # the recipe's own package
+        ({"einops": {"srcpkg"}}, "dropped einops", ["jax[cuda12]", "srcpkg"]),  # a dependency: what requires it
+    ],
+)
+def test_a_binary_wheel_built_for_another_framework_build_is_dropped_as_its_line_says_first(
+    recipe, needs, dropped, left
+):
     from imgbuild.payload.smoke import imports as smoke_imports
     from imgbuild.payload.smoke.hints import EXTENSION_ERROR
 
     work = [("srcpkg", "0.0.35", ["srcpkg"])]
-    failures, *_ = smoke_imports._classify(work, [{"srcpkg": EXTENSION_ERROR + "built for torch 2.10.0+cu128"}])
-    assert follow("imgbuild: smoke test failed: imports: " + failures[0], recipe, _never) == "dropped srcpkg"
-    assert _field(recipe, "pip", "packages") == ["einops", "jax[cuda12]"]
+    results = [{"srcpkg": EXTENSION_ERROR + "built for torch 2.10.0+cu128"}]
+    failures, *_ = smoke_imports._classify(work, results, needs=needs)
+    assert follow("imgbuild: smoke test failed: imports: " + failures[0], recipe, _never) == dropped
+    assert _field(recipe, "pip", "packages") == left
 
 
 def test_a_package_needing_another_distribution_of_the_framework_is_dropped(recipe):

@@ -335,3 +335,16 @@ def test_a_name_one_added_package_imports_from_another_that_lacks_it_names_both_
     results = [{"diffusersish": error}, {}]
     failures, *_ = smoke_imports._classify(work, results, {"huggingface_hubish": owner})
     assert failures == [f"diffusersish 0.25.0: import diffusersish: {error}: {said}"]
+
+
+def test_a_dependency_whose_extension_did_not_load_is_cured_by_dropping_what_requires_it():
+    """vLLM 0.2.5 brought xformers, which the recipe never named: "drop xformers" could not be done; the line names
+    the package that requires it."""
+    from imgbuild.payload.smoke.hints import EXTENSION_ERROR
+
+    work = [("xformers", "0.0.35", ["xformers"])]
+    results = [{"xformers": EXTENSION_ERROR + "xFormers can't load C++/CUDA extensions"}]
+    failures, *_ = smoke_imports._classify(work, results, needs={"vllm": {"xformers", "torch"}, "xformers": set()})
+    assert "no recipe field changes a binary wheel: drop vllm, which requires it, or build it" in failures[0]
+    alone, *_ = smoke_imports._classify(work, results, needs={"xformers": {"torch"}})
+    assert "drop xformers (what uses it optionally runs without it)" in alone[0]
