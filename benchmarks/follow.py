@@ -18,12 +18,14 @@ import yaml
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 NAMES = rf"{NAME}(?:(?:, | and ){NAME})*"  # imgbuild's spoken list: "a", "a and b", "a, b and c"
-APT = re.compile(r"add (?:to the recipe: )?apt: \[([^\]]+)\]")
+APT = re.compile(r"add (?:to the recipe: )?apt: \[([^\]\n]+)\]")
 NO_ISOLATION = re.compile(rf"add ({NAMES}) to pip\.no_build_isolation")
-UNPIN = re.compile(r"pip\.unpin: \[([^\]]+)\](?! cannot help)")  # "pip.unpin: [numpy] cannot help: ..." is no cure
-OTHER_CUDA = re.compile(rf"({NAME}(?:\[[^\]]+\])?) is built for CUDA [0-9]+.*ask for the CUDA [0-9]+ build \(([^)]+)\)")
+UNPIN = re.compile(r"pip\.unpin: \[([^\]\n]+)\](?! cannot help)")  # "pip.unpin: [numpy] cannot help: ..." is no cure
+OTHER_CUDA = re.compile(
+    rf"({NAME}(?:\[[^\]\n]+\])?) is built for CUDA [0-9]+.*ask for the CUDA [0-9]+ build \(([^)\n]+)\)"
+)
 #: the extra the project lacks: "spacy declares no [cuda13x] extra: ask for spacy and cupy-cuda13x (the CUDA 13 ..."
-EXTRA_LACKS = re.compile(rf"({NAME}) declares no \[[^\]]+\] extra: ask for \1 and ({NAMES}) \(the CUDA [0-9]+ build")
+EXTRA_LACKS = re.compile(rf"({NAME}) declares no \[[^\]\n]+\] extra: ask for \1 and ({NAMES}) \(the CUDA [0-9]+ build")
 #: the smoke test's other-CUDA cure, checked against the index: "vllm 0.2.5: ask for its CUDA 13 build,
 #: vllm==0.11.0+cu130 (on the index), ..." or "... build, faiss-gpu-cu13 (on the index)"
 CUDA_BUILD = re.compile(rf"({NAME}) \S+: ask for its CUDA [0-9]+ build, ({NAME}(?:==[^\s,]+)?) \(on the index\)")
@@ -37,7 +39,7 @@ PRERELEASE = re.compile(rf"write it to admit the pre-release \(({NAME})(>=[^)\s]
 BY_VERSION = re.compile(rf"ask for (?:it|this one) by its version \(({NAME})==([^)\s]+)\)")
 RESTORE = re.compile(rf"pin ({NAME}) to the release {NAME} was made for \(({NAME}[<>=!~][^)\s]+)\)")
 TOOL = re.compile(rf"add ({NAME}) to pip\.packages")
-ACCEPT = re.compile(r"smoke\.accept_pip_check: \[([^\]]+)\]")
+ACCEPT = re.compile(r"smoke\.accept_pip_check: \[([^\]\n]+)\]")
 #: a package whose only cure is to go: a binary wheel built for another framework build, or one that needs
 #: another distribution of the base's framework
 DROP = re.compile(
@@ -213,19 +215,20 @@ def _dropping(text: str, recipe: Path, data: dict) -> list[str]:
 
 def imgbuilds_words(output: str) -> list[str]:
     """What imgbuild itself said in a command's output, a line each, from its "imgbuild: " on (its lines in the
-    build log come after the engine's prefix), each once: never a package's or an installer's own words."""
-    lines = [ln[ln.index("imgbuild: ") :] for ln in output.splitlines() if "imgbuild: " in ln]
-    return list(dict.fromkeys(" ".join(ln.split()) for ln in lines))
+    build log come after the engine's prefix; a line the progress cut short runs into the next one's), each once:
+    never a package's or an installer's own words."""
+    lines = [piece for ln in output.splitlines() for piece in re.split(r"(?=imgbuild: )", ln)]
+    return list(dict.fromkeys(" ".join(ln.split()) for ln in lines if ln.startswith("imgbuild: ")))
 
 
 def follow(said: str, recipe: Path, run: Callable[[list[str]], subprocess.CompletedProcess[str]]) -> str | None:
     """Apply every cure imgbuild's words name, as a user reading all of them would in one round; what was done
     ("; " between cures), or None (no cure it can follow)."""
     lines = imgbuilds_words(said)
-    text = " ".join(lines)
+    text = "\n".join(lines)  # no cure's words run from one line into the next (a line the progress cut short)
     data = yaml.safe_load(recipe.read_text())
     done = _replacing(text, recipe, data) + _adding(text, recipe, data)
-    done += _dropping("\n".join(lines), recipe, data)
+    done += _dropping(text, recipe, data)
     done = list(dict.fromkeys(done))
     if done:
         recipe.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -129,6 +129,20 @@ def test_only_imgbuilds_own_lines_are_read_never_a_packages_or_an_installers(rec
     assert recipe.read_text() == RECIPE
 
 
+def test_a_line_the_progress_cut_short_is_not_read_into_the_next(recipe, monkeypatch):
+    """The build's progress shows a step's line cut at its width, with imgbuild's summary after it on one line: the
+    cure is read from the whole line the step printed, never from the cut one running into the next."""
+    from tests.support import guard_module
+
+    guard = guard_module()
+    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    watch = guard.Watch()
+    watch.building, watch.kinds = "srcpkg", {"isolated"}
+    line = "imgbuild: pip step failed: " + watch.installing_failure()
+    said = f"#9 12.0 {line}\n{line[:-4]} imgbuild: build failed at the pip step [stage-3 2/6, python3-dev]\n"
+    assert follow(said, recipe, _never) == "pip.no_build_isolation: [srcpkg]; apt: [g++, python3-dev]"
+
+
 def test_words_that_name_no_cure_leave_the_scripted_user_stuck(recipe):
     assert follow("imgbuild: pip step failed: pip failed; see its output above", recipe, _never) is None
     assert recipe.read_text() == RECIPE
