@@ -10,8 +10,9 @@ the line it ended with. The heavy sets download GBs of wheels (ultralytics, diff
 
 `--follow` plays a scripted user (benchmarks/follow.py): each set is built, and after each failure the cure
 imgbuild's last words name is applied literally (an apt line, pip.no_build_isolation, a version, imgbuild lock)
-and the set built again, up to five rounds. Columns: rounds and minutes to a working image (one whose added
-packages all import), or where it got stuck, and the cures followed.
+and the set built again, up to five rounds. Columns: rounds, minutes and GB this machine received (every build's
+downloads: run it alone) to a working image (one whose added packages all import and whose own task in smoke.run
+passes), or where it got stuck, and the cures followed.
 
 `--edit-loop` measures the edit loop instead (issue 30, item 6): one package added to a locked set (by default
 hf-text-classification, 59 locked distributions), `imgbuild build` end to end (render, build, smoke test,
@@ -153,14 +154,32 @@ def edit_loop(name: str) -> int:
 MAX_ROUNDS = 5
 
 
+def _cli(cwd: Path) -> Any:
+    """`imgbuild ARGS` in `cwd`, its exit status."""
+    return lambda args: subprocess.run([sys.executable, "-m", "imgbuild", *args], cwd=cwd).returncode
+
+
+def received() -> int:
+    """Bytes this machine received on its default route's interface: what every build downloaded (and anything else
+    the machine did meanwhile: a run is measured alone)."""
+    try:
+        routes = Path("/proc/net/route").read_text().splitlines()[1:]
+        default = next(r.split()[0] for r in routes if r.split()[1] == "00000000")
+        rows = Path("/proc/net/dev").read_text().splitlines()[2:]
+        return next(int(r.split(":", 1)[1].split()[0]) for r in rows if r.split(":", 1)[0].strip() == default)
+    except (OSError, StopIteration, IndexError, ValueError):
+        return 0
+
+
 def follow_set(realset: Any) -> tuple[str, ...]:
-    """One set as a scripted user meets it: (set, rounds, minutes, ended, cures followed)."""
-    from follow import follow, imgbuild
+    """One set as a scripted user meets it: (set, rounds, minutes, GB received, ended, cures followed)."""
+    from follow import follow, imgbuild, imgbuilds_words
 
     cures: list[str] = []
+    got = received()
     with tempfile.TemporaryDirectory(prefix=f"follow-{realset.name}-") as tmp:
-        recipe = realset.stage(Path(tmp))
         run = imgbuild(Path(tmp))
+        recipe = realset.prepare(Path(tmp), lambda args: run(args).returncode)
         start, rounds, ended = time.monotonic(), 0, ""
         while rounds < MAX_ROUNDS:
             rounds += 1
@@ -172,13 +191,21 @@ def follow_set(realset: Any) -> tuple[str, ...]:
             cure = follow(said, recipe, run)
             if cure is None:
                 ended = "stuck: " + last_line(said)
+                print(f"  {realset.name}: round {rounds} exit {proc.returncode}, stuck:", file=sys.stderr)
+                print("\n".join(f"    {ln}" for ln in imgbuilds_words(said)[-6:]), file=sys.stderr, flush=True)
                 break
             cures.append(cure)
-            print(f"  {realset.name}: round {rounds} exit {proc.returncode}; followed: {cure}", file=sys.stderr)
+            print(
+                f"  {realset.name}: round {rounds} exit {proc.returncode}: {(imgbuilds_words(said) or [''])[-1]}; "
+                f"followed: {cure}",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             ended = f"no working image in {MAX_ROUNDS} rounds"
         minutes = (time.monotonic() - start) / 60
-    return realset.name, str(rounds), f"{minutes:.1f}", ended[:90], "; ".join(cures) or "-"
+    gigabytes = f"{(received() - got) / 1e9:.2f}" if got else "?"
+    return realset.name, str(rounds), f"{minutes:.1f}", gigabytes, ended[:150], "; ".join(cures) or "-"
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -203,15 +230,15 @@ def main() -> int:
     ]
     if args.follow:
         followed = [follow_set(s) for s in sets]
-        working = [r for r in followed if r[3] == "working image"]
-        _table(("set", "rounds", "minutes", "ended", "cures followed"), followed)
+        working = [r for r in followed if r[4] == "working image"]
+        _table(("set", "rounds", "minutes", "GB", "ended", "cures followed"), followed)
         total = sum(float(r[2]) for r in followed)
         print(f"\n{len(working)} of {len(followed)} sets reached a working image; {total:.1f} minutes in all")
         return 0
     rows = []
     for realset in sets:
         with tempfile.TemporaryDirectory(prefix=f"realset-{realset.name}-") as tmp:
-            recipe = realset.stage(Path(tmp))
+            recipe = realset.prepare(Path(tmp), _cli(Path(tmp)))
             start = time.monotonic()
             proc = subprocess.run(
                 [sys.executable, "-m", "imgbuild", "build", str(recipe)], cwd=tmp, capture_output=True, text=True

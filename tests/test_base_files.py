@@ -312,5 +312,31 @@ def test_a_package_bringing_another_cuda_is_judged_by_what_it_brings_not_its_nam
     assert said == (
         f"{package} brought CUDA 12 libraries (nvidia-cublas-cu12) beside the base's CUDA 13: its code is built for "
         "them, as a package named for CUDA 12 is (refused before the build): ask for the CUDA 13 build of "
-        f"{package}, or drop it, or use a base with CUDA 12"
+        f"{package}, or drop it, or use a base with CUDA 12 (the index could not be asked whether it has "
+        "vecsearch-cu13)"
     )
+
+
+@pytest.mark.parametrize(
+    "package, there, cure",
+    [
+        ("vecsearch", True, "ask for its CUDA 13 build, vecsearch-cu13 (on the index), or use a base with CUDA 12"),
+        ("vecsearch-cu12", True, "ask for its CUDA 13 build, vecsearch-cu13 (on the index)"),
+        ("vecsearch", False, "the index has no CUDA 13 build of vecsearch (vecsearch-cu13 is not there): drop it"),
+        ("vecsearch", None, "the index could not be asked whether it has vecsearch-cu13"),
+    ],
+)
+def test_the_cuda_build_a_pip_step_cure_names_is_one_the_index_has(package, there, cure):
+    """faiss-gpu's cure named "the CUDA 13 build of faiss-gpu", which PyPI does not have: the build is asked of the
+    index first, and named only where it is there."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "owners", Path(__file__).parent.parent / "imgbuild/payload/pip_owners.py"
+    )
+    assert spec and spec.loader
+    owners = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(owners)
+    asked = []
+    said = owners.cuda_build_cure(package, "12", "13", lambda name: asked.append(name) or there)
+    assert cure in said and asked == ["vecsearch-cu13"], said

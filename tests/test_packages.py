@@ -1322,7 +1322,9 @@ def test_the_guard_reads_its_bounds_from_the_steps_secret_or_the_environment_as_
 ):
     """The bounds arrive as a secret on BuildKit and Buildah (no layer's cache key holds them), in the environment
     for `imgbuild lock` and the sdk backend. Anything but ASCII digits is no bound, never an error."""
-    guard = guard_module()
+    guard_module()  # puts the step's scripts on the path, as the guard finds them beside it
+    import pip_bounds
+
     path = tmp_path / "imgbuild-pip-bounds"
     if secret is not None:
         path.write_bytes(secret.encode("utf-8", "surrogateescape") if "\xff" not in secret else b"\x00\xff garbage")
@@ -1330,8 +1332,8 @@ def test_the_guard_reads_its_bounds_from_the_steps_secret_or_the_environment_as_
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert guard.bound("IMGBUILD_PIP_RESOLVE_SECONDS", float, str(path)) == seconds
-    assert guard.bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int, str(path)) == limit
+    assert pip_bounds.bound("IMGBUILD_PIP_RESOLVE_SECONDS", float, str(path)) == seconds
+    assert pip_bounds.bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int, str(path)) == limit
 
 
 def test_the_debian_packages_an_image_added_are_read_with_their_versions_and_nothing_else():

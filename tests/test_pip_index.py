@@ -184,3 +184,34 @@ def test_a_ca_file_that_is_not_there_or_a_broken_answer_is_no_answer(index, monk
 
     monkeypatch.setattr(index, "page", broken)
     assert index.look_up(["x"], ["pip"], {"PIP_INDEX_URL": "https://idx.example/simple"}) == {}
+
+
+def test_whether_the_index_has_a_project_is_yes_no_or_unknown_never_a_guess(index):
+    """The CUDA build a cure names is asked of the index first: a 404 is "not there", a page with an installable
+    release is "there", and an index that fails to answer says nothing either way."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path.startswith("/simple/there-cu13/"):
+                body = json.dumps({"files": [{"filename": "there_cu13-1.0-py3-none-any.whl"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", JSON)
+                self.end_headers()
+                self.wfile.write(body)
+            else:
+                self.send_error(500 if self.path.startswith("/simple/broken") else 404)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        environ = {"PIP_INDEX_URL": f"http://127.0.0.1:{server.server_address[1]}/simple"}
+        assert index.project_on_index("there-cu13", ["pip"], environ) is True
+        assert index.project_on_index("gone-cu13", ["pip"], environ) is False
+        assert index.project_on_index("broken-cu13", ["pip"], environ) is None
+    finally:
+        server.shutdown()

@@ -259,6 +259,39 @@ def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerel
     )
 
 
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_pre_release_fallback_names_what_holds_the_newest_release_back(tmp_path, pip_bases, installer):
+    """Every tf-models-official release pins another TensorFlow than the base's, so the resolver took a 2020 dev
+    release: the line names the newest release and the base's pin it needs otherwise, by either installer."""
+    from tests.fake_index import FakeIndex, Release
+
+    index = FakeIndex(
+        "127.0.0.1",
+        {
+            "numlib": [Release("1.26.4"), Release("2.1.0")],
+            "oldtf": [Release("2.1.0.dev2"), Release("2.20.0", ["numlib==1.26.4"])],
+        },
+    )
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    try:
+        step = PipStep(pip_bases, tmp_path, folder, ["numlib==2.1.0"], installer=installer)
+        said = step.failure(step.run(["oldtf"], index=index.url))
+    finally:
+        index.close()
+    held = "numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of the base's packages)"
+    if installer == "pip":  # pip takes no pre-release while a final release exists: it names the conflict itself
+        assert said.startswith(f"oldtf 2.20.0 needs {held}: pin oldtf to a version made for the base"), said
+        return
+    assert said == (  # uv names the range it ruled out
+        "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
+        "oldtf fits the base's pins and the recipe's other packages; the newest, oldtf 2.20.0, is held back: "
+        f"oldtf >=2.20.0 needs {held}; pin oldtf to a release made for this base, or ask for this one by its version "
+        "(oldtf==2.1.0.dev2)"
+    )
+
+
 @pytest.mark.parametrize("packages", [["oldtf==2.1.0.dev2"], ["otel"], ["oldtf>=2.1.0.dev2"]])
 def test_a_pre_release_asked_for_by_version_or_by_a_dependency_installs(prerelease_step, packages):
     done = prerelease_step.run(packages)
@@ -364,8 +397,8 @@ FAILED = [
     "six==9.9: no such package or version on the index for this Python and platform (a typo in the recipe or its "
     "requirements file? the name as the index spells it); see above",
     "building cudaext needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA toolkit "
-    "(NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not), or add apt: "
-    "[cuda-toolkit-13-0] (NVIDIA's CUDA apt repository)",
+    "(CUDA 13.0's, as this base's CUDA): NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only "
+    "base does not",
 ]
 
 
@@ -458,3 +491,77 @@ def test_a_find_links_web_page_is_read_as_a_page_of_links_by_either_installer(tm
         index.close()
     assert done.returncode == 0, done.stdout + done.stderr
     assert step.pip("show", "pagelib").stdout.splitlines()[1] == "Version: 0.4.0"
+
+
+@pytest.mark.parametrize("kind", ["nvcc", "ninja", "headers", "compiler", "isolated"])
+def test_every_apt_package_a_build_failure_names_passes_imgbuilds_own_apt_door(kind, monkeypatch):
+    """A cure the recipe's apt door would refuse (the CUDA toolkit's Debian packages are the base's stack) cannot be
+    followed: no build-tool line names one, on a base with its CUDA release said or not."""
+    import re
+
+    from imgbuild.pipeline.stack import STACK_DEB_RE
+    from tests.support import guard_module
+
+    guard = guard_module()
+    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
+    watch = guard.Watch()
+    watch.building, watch.kinds = "srcpkg", {kind}
+    said = watch.installing_failure()
+    assert "srcpkg" in said and "see its output above" not in said, said
+    named = [p.strip() for found in re.findall(r"apt: \[([^\]]+)\]", said) for p in found.split(",")]
+    assert named or kind in ("nvcc", "ninja"), said
+    assert not [p for p in named if STACK_DEB_RE.fullmatch(p)], said
+
+
+PAGE = "https://data.pyg.org/whl/torch-2.4.0+cu124.html"
+#: each installer's own output when the find-links page cannot be reached (recorded here, where only the index is)
+UNREAD_PAGE = {
+    "uv": [
+        f"error: Failed to read `--find-links` URL: {PAGE}",
+        "  cause: Request failed after 3 retries in 11.7s",
+        f"  cause: Failed to fetch: {PAGE}",
+        f"  cause: error sending request for url ({PAGE})",
+        "  cause: client error (Connect)",
+        "  cause: dns error",
+        "  cause: error resolving DNS",
+        "  cause: failed to lookup address information: Name or service not known",
+    ],
+    "pip": [
+        f"Looking in links: {PAGE}",
+        "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection "
+        "broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at 0x7fe49a9d0850>: "
+        "Failed to establish a new connection: [Errno -2] Name or service not known')': /whl/torch-2.4.0+cu124.html",
+        "ERROR: Could not find a version that satisfies the requirement pyg_lib (from versions: none)",
+        "ERROR: No matching distribution found for pyg_lib",
+    ],
+}
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_find_links_page_the_build_cannot_reach_is_named_not_the_index_nor_a_typo(installer, tmp_path):
+    """PyG's and JAX's own install lines read a page of links beside the index: where the build cannot reach it,
+    the line names that page, by either installer's words (uv's URL, pip's path of the page it retried)."""
+    from tests.support import guard_module
+
+    guard = guard_module()
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"torch_geometric\n--find-links {PAGE}\npyg_lib\n")
+    watch = guard.Watch(pages=guard.find_links_pages(["uv", "pip", "install", "-r", str(requirements)]))
+    for line in UNREAD_PAGE[installer]:
+        watch.see(line + "\n")
+    said = watch.failure("the base's pins")
+    assert said.startswith(f"network failure reaching the find-links page {PAGE} "), said
+    assert "typo" not in said and "package index (" not in said
+
+
+def test_a_network_failure_elsewhere_still_names_the_index():
+    from tests.support import guard_module
+
+    guard = guard_module()
+    watch = guard.Watch(pages=[PAGE])
+    watch.see(
+        "WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError(Failed to establish a new "
+        "connection)': /simple/einops/\n"
+    )
+    assert watch.failure("the base's pins").startswith("network failure reaching the package index")

@@ -265,7 +265,7 @@ def test_two_distributions_installing_one_module_with_other_contents_fail(first,
 
 
 XFORMERS = (
-    "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\\n"
+    "WARNING[XFORMERS]: xFormers can't load C++/CUDA extensions. xFormers was built for:\n"
     "    PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.13.0a0+07cecf4)"
 )
 
@@ -295,6 +295,9 @@ def test_an_import_whose_compiled_extension_did_not_load_fails_and_a_deprecation
         results = smoke_importing.import_all(work, 60, 2)
     xformersish, visionish, chatty = results
     assert xformersish["xformersish"].startswith("ExtensionNotLoaded: WARNING[XFORMERS]: xFormers can't load C++")
+    assert xformersish["xformersish"].endswith(
+        "was built for: PyTorch 2.5.1+cu121 with CUDA 1201 (you have 2.13.0a0+07cecf4)"
+    )
     assert "Failed to load image Python extension" in visionish["visionish"]
     assert chatty == {}
     failures, *_ = smoke_imports._classify(work, results)
@@ -332,3 +335,16 @@ def test_a_name_one_added_package_imports_from_another_that_lacks_it_names_both_
     results = [{"diffusersish": error}, {}]
     failures, *_ = smoke_imports._classify(work, results, {"huggingface_hubish": owner})
     assert failures == [f"diffusersish 0.25.0: import diffusersish: {error}: {said}"]
+
+
+def test_a_dependency_whose_extension_did_not_load_is_cured_by_dropping_what_requires_it():
+    """vLLM 0.2.5 brought xformers, which the recipe never named: "drop xformers" could not be done; the line names
+    the package that requires it."""
+    from imgbuild.payload.smoke.hints import EXTENSION_ERROR
+
+    work = [("xformers", "0.0.35", ["xformers"])]
+    results = [{"xformers": EXTENSION_ERROR + "xFormers can't load C++/CUDA extensions"}]
+    failures, *_ = smoke_imports._classify(work, results, needs={"vllm": {"xformers", "torch"}, "xformers": set()})
+    assert "no recipe field changes a binary wheel: drop vllm, which requires it, or build it" in failures[0]
+    alone, *_ = smoke_imports._classify(work, results, needs={"xformers": {"torch"}})
+    assert "drop xformers (what uses it optionally runs without it)" in alone[0]

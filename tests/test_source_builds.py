@@ -68,8 +68,16 @@ def test_a_package_that_builds_against_the_framework_fails_isolated_and_names_th
     )
 
 
-def test_the_cure_builds_it_against_the_bases_own_framework(step):
+def test_the_cure_builds_it_against_the_bases_own_framework(step, monkeypatch):
+    import shutil
+
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # as in an image: Python writes its caches
+    caches = list(step.venv.glob("lib/python*/site-packages/torch/__pycache__"))
+    for cache in caches:  # a base whose files carry no bytecode cache (the stand-ins' setuptools)
+        shutil.rmtree(cache)
     done = step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"})
+    # the build imported the base's torch and wrote nothing into the base's folders (no change of its stack)
+    assert caches and not list(step.venv.glob("lib/python*/site-packages/torch/__pycache__"))
     assert done.returncode == 0, done.stdout + done.stderr
     if step.installer == "pip":  # pip builds them first, alone; uv per package (--no-build-isolation-package)
         assert "imgbuild: building srcpkg against the base's own packages (pip.no_build_isolation)" in done.stdout
@@ -149,7 +157,7 @@ def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_
     assert said.startswith("building srcpkg imports the base's framework") and "add srcpkg to pip.no_build_isolation"
     assert said.endswith(
         "; then building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA "
-        "toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not)"
+        "toolkit: NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not"
     )
 
 

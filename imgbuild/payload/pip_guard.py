@@ -22,7 +22,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_index import dry_run, old_release_line, question  # noqa: E402
+from pip_bounds import over, received_bytes, size  # noqa: E402
+from pip_index import dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -30,6 +31,7 @@ from pip_versions import (  # noqa: E402
     canon,
     exact_pin,
     fallback_line,
+    find_links_pages,
     framework_needs,
     installed_from,
     meets,
@@ -49,7 +51,9 @@ from pip_words import (  # noqa: E402
     MISSING,
     NAME,
     OTHER_FRAMEWORK,
+    PAGE_UNREAD,
     REQUESTED,
+    RETRIED_PATH,
     UV_DEPENDS,
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
@@ -62,34 +66,14 @@ QUIET_SECONDS = 20
 FRAMEWORK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt")  # render writes it
 
 
-def received_bytes():
-    """Bytes received on this network namespace's interfaces but loopback (a build step has its own)."""
-    try:
-        with open("/proc/net/dev") as handle:
-            rows = handle.read().splitlines()[2:]
-    except OSError:
-        return 0
-    total = 0
-    for row in rows:
-        name, _, counters = row.partition(":")
-        fields = counters.split()
-        if name.strip() != "lo" and fields and fields[0].isdigit():
-            total += int(fields[0])
-    return total
-
-
-def size(count):  # in the settings' units ("16G": 16 GiB): a limit reads as it was written
-    for unit, bytes_ in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= bytes_:
-            return f"{count / bytes_:.1f} {unit}"
-    return f"{count} B"
-
-
 class Watch:
     """What pip's output has said so far, line by line (nothing is kept but these facts)."""
 
-    def __init__(self, sources=None, named=None):
+    def __init__(self, sources=None, named=None, pages=()):
         self.sources = sources or {}  # canonical name -> [(spec, who holds it)], from the -c files
+        self.pages = tuple(pages)  # the find-links pages the install reads (pip_versions.find_links_pages)
+        self.page_unread = ""  # the find-links page the installer said it could not read (uv)
+        self.retried = ""  # the path of the last request pip retried (a page's path, or an index's)
         self.asked = {}  # canonical name -> what the recipe asked for ("The user requested ...")
         self.installing = False
         self.looking_at = ""
@@ -130,6 +114,10 @@ class Watch:
             self.build_framework = found.group(1)
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
+        if found := PAGE_UNREAD.search(line):
+            self.page_unread = found.group(1)
+        elif found := RETRIED_PATH.search(line):
+            self.retried = found.group(1)
         self.see_pip(line)
 
     def see_uv(self, line):
@@ -270,7 +258,7 @@ class Watch:
         if "tls" in self.kinds:
             return "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)"
         if "network" in self.kinds:
-            return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
+            return self.network_failure()
         if self.other_framework:
             other = canon(self.other_framework)
             asked = [(pkg, wanted) for (pkg, dep), wanted in self.depends.items() if dep == other and pkg]
@@ -297,6 +285,21 @@ class Watch:
         if "conflict" in self.kinds:
             return self.conflict(origin)
         return self.installing_failure()
+
+    def network_failure(self):
+        """The place the installer could not reach: a find-links page where the installer named one (uv by its URL,
+        pip by its path), else the index."""
+        from urllib.parse import urlsplit
+
+        retried = [p for p in self.pages if self.retried and urlsplit(p).path == self.retried]
+        page = self.page_unread or (retried[0] if retried else "")
+        if page:
+            return (
+                f"network failure reaching the find-links page {page} (a --find-links line of the requirements): "
+                "the build could not read it (offline? a proxy? a network that reaches only the package index?), "
+                "and what only that page serves cannot be installed without it"
+            )
+        return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
 
     def installing_failure(self, alike=(), then=""):
         """Past resolving: a file that is not the one locked, or a source build that failed (with the cure where
@@ -352,33 +355,6 @@ class Watch:
 
 
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
-BOUNDS_SECRET = "/run/secrets/imgbuild-pip-bounds"
-
-
-def bound(name, kind, secret=BOUNDS_SECRET):
-    """A bound set by imgbuild from its settings: a `NAME=digits` line of the step's secret (BuildKit, Buildah),
-    else the environment (the sdk backend's ARG, `imgbuild lock`); 0: none."""
-    text = os.environ.get(name) or ""
-    try:
-        with open(secret, encoding="ascii") as handle:
-            lines = handle.read(4096).splitlines()
-    except (OSError, ValueError):
-        lines = []
-    for line in lines:
-        key, _, value = line.partition("=")
-        if key == name and re.fullmatch(r"[0-9]{1,20}", value):
-            text = value
-    return max(kind(text), 0) if re.fullmatch(r"[0-9]{1,20}(\.[0-9]{1,9})?", text) else 0
-
-
-def over(watch, elapsed, got):
-    """Why pip must stop now, or ""."""
-    limit_s, limit_b = bound("IMGBUILD_PIP_RESOLVE_SECONDS", float), bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int)
-    if limit_b and got > limit_b:
-        return f"the step downloaded more than the limit of {size(limit_b)} (pip_download_limit)"
-    if limit_s and not watch.installing and elapsed > limit_s:
-        return f"still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
-    return ""
 
 
 def stop(proc):
@@ -465,19 +441,20 @@ def main(argv):
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
-    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named)
+    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named, find_links_pages(command))
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
         why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
-        why = why or (other_cuda(watch.installed) if before is not None else "")
-        why = why or fallback_line(watch.installed, named)
+        if not why and before is not None:
+            why = other_cuda(watch.installed, has=lambda name: project_on_index(name, command))
+        ask = functools.partial(why_not, command, origin)
+        if not why:  # the index and the resolver are asked only where there is a fallback to explain
+            why = fallback_line(watch.installed, named, fallback_held_back(watch.installed, named, command, ask))
         locked = {
             name for name, held in watch.sources.items() if any(who == PIN_FILES["resolved.txt"] for _, who in held)
         }
-        why = why or old_release_line(
-            watch.installed, named, command, functools.partial(why_not, command, origin), frozenset(locked)
-        )
+        why = why or old_release_line(watch.installed, named, command, ask, frozenset(locked))
         if not why:
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)

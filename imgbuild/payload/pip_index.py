@@ -23,7 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pip_versions import canon, files_in, meets, release_tuple  # beside this script
+from pip_versions import canon, fallback, files_in, meets, release_tuple, resolver_cause  # beside this script
 
 PAGE_LIMIT = 32 << 20  # bytes of one project's page (PyPI's torch page is about 3 MB of JSON)
 TIMEOUT = 8.0  # seconds for one page
@@ -90,8 +90,9 @@ class _SameHost(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def page(url, name, trusted=(), environ=os.environ):
-    """(body, content type) of the index's page for `name`, or None."""
+def page(url, name, trusted=(), environ=os.environ, missing=None):
+    """(body, content type) of the index's page for `name`, or None; `missing` where the index says it has no such
+    project (404)."""
     parts = urllib.parse.urlsplit(url.rstrip("/") + "/" + canon(name) + "/")
     headers = {"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1", "User-Agent": "imgbuild-pip-step"}
     if parts.username is not None:
@@ -116,6 +117,8 @@ def page(url, name, trusted=(), environ=os.environ):
                 if not chunk:
                     return bytes(body), kind
                 body += chunk
+    except urllib.error.HTTPError as err:  # 404 is "no such project"; any other error is no answer
+        return missing if err.code == 404 else None
     except (OSError, ValueError, urllib.error.URLError, ssl.SSLError, http.client.HTTPException):
         return None
     return None
@@ -226,6 +229,19 @@ def look_up(names, command, environ=os.environ, deadline=20.0):
     return {name: merged(pages) for name, pages in found.items()}
 
 
+def project_on_index(name, command, environ=os.environ):
+    """Whether an index the install reads has a release of `name` this Python can install: True, False (every index
+    that answered has none, or says it has no such project), or None where no index answered."""
+    trusted, answers = trusted_hosts(command, environ), []
+    for url in index_urls(command, environ):
+        answer = page(url, name, trusted, environ, missing=(b"", "text/html"))
+        if answer is not None:
+            answers.append(releases(files_of(*answer)))
+    if not answers:
+        return None
+    return any(usable and not yanked for found in answers for _, yanked, usable in found.values())
+
+
 def old_fallback(name, version, wanted, known):
     """(newest, its upload, the chosen one's upload) when `version` is a final release more than OLD_DAYS older
     than the newest installable, unyanked final release that `wanted` (the recipe's clauses) admits; else None."""
@@ -275,7 +291,7 @@ def old_release_line(installed, named, command, ask, locked=frozenset()):
         if old:
             newest, now, then = old
             why = ask(name, newest)
-            because = f", because {why.rsplit('): ', 1)[0] + ')' if '): ' in why else why}" if why else ""
+            because = f", because {resolver_cause(why)}" if why else ""
             return (
                 f"the resolver fell back to {name} {version} ({then:%Y-%m}), {(now - then).days / 365:.1f} years "
                 f"older than {name} {newest} ({now:%Y-%m}), the newest the recipe admits{because}: if {name} "
@@ -283,6 +299,23 @@ def old_release_line(installed, named, command, ask, locked=frozenset()):
                 f"{name} back (a base made for {name} {newest}, or a pin)"
             )
     return ""
+
+
+def fallback_held_back(installed, named, command, ask):
+    """Why the newest final release of the package the resolver fell back to a pre-release of (pip_versions.fallback)
+    was not chosen, as the resolver says when asked for it (`ask(name, newest)`): "the newest, X 2.20.0, is held
+    back: X 2.20.0 needs tensorflow~=2.20.0, but the base holds ..."; "" when there is none or nobody can say."""
+    late = fallback(installed, named)
+    if not late:
+        return ""
+    name = late[0]
+    known = look_up([name], command).get(canon(name), {})
+    finals = [v for v, (_, yanked, usable) in known.items() if usable and not yanked]
+    if not finals:
+        return ""
+    newest = max(finals, key=release_tuple)
+    why = ask(name, newest)
+    return f"the newest, {name} {newest}, is held back: {resolver_cause(why)}" if why else ""
 
 
 def dry_run(command):

@@ -153,10 +153,11 @@ def protected(hits, paths=None, cuda_version=None):
     )
 
 
-def other_cuda(installed, paths=None, cuda_version=None):
+def other_cuda(installed, paths=None, cuda_version=None, has=None):
     """One line when the install added libraries built for another CUDA major than the base's (`installed`: the
     installer's (name, version) list): faiss-gpu brings nvidia-*-cu12 onto a CUDA 13 base as faiss-gpu-cu12 does,
-    judged by what it brings, not by its name; "" when it did not."""
+    judged by what it brings, not by its name; "" when it did not. `has(name)`: whether the index has the project
+    (True, False, None: not known), so that the CUDA build the cure names is one the index has."""
     cuda = (cuda_version if cuda_version is not None else os.environ.get("CUDA_VERSION", "")).split(".")[0]
     if not (cuda.isascii() and cuda.isdigit()):
         return ""
@@ -173,6 +174,20 @@ def other_cuda(installed, paths=None, cuda_version=None):
     shown = ", ".join(libraries[:3]) + (f" and {len(libraries) - 3} more" if len(libraries) > 3 else "")
     return (
         f"{who} brought CUDA {theirs} libraries ({shown}) beside the base's CUDA {cuda}: its code is built for "
-        f"them, as a package named for CUDA {theirs} is (refused before the build): ask for the CUDA {cuda} build "
-        f"of {who}, or drop it, or use a base with CUDA {theirs}"
+        f"them, as a package named for CUDA {theirs} is (refused before the build): "
+        + cuda_build_cure((outside or roots)[0], theirs, cuda, has)
     )
+
+
+def cuda_build_cure(name, theirs, cuda, has=None):
+    """The cure for `name`, built for CUDA `theirs` on a base with CUDA `cuda`: the same project named for the base's
+    CUDA (faiss-gpu-cu12 -> faiss-gpu-cu13, faiss-gpu -> faiss-gpu-cu13) where the index has it, what else works
+    where it does not."""
+    found = CUDA_BUILD_RE.search(name)
+    renamed = name[: found.start(1)] + cuda + name[found.end(1) :] if found and cuda_build(name) else f"{name}-cu{cuda}"
+    there = has(renamed) if has is not None else None
+    if there:
+        return f"ask for its CUDA {cuda} build, {renamed} (on the index), or use a base with CUDA {theirs}"
+    if there is False:
+        return f"the index has no CUDA {cuda} build of {name} ({renamed} is not there): drop it, or use a base with CUDA {theirs}"  # noqa: E501
+    return f"ask for the CUDA {cuda} build of {name}, or drop it, or use a base with CUDA {theirs} (the index could not be asked whether it has {renamed})"  # noqa: E501

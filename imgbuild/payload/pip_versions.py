@@ -154,6 +154,14 @@ def files_in(command, flags):
     return found
 
 
+def find_links_pages(command):
+    """The web pages of links (`--find-links URL`) the install reads, on its command line or in its requirements
+    files (render writes a requirements file's `--find-links` there)."""
+    words = list(command) + [w for _, lines in files_in(command, ("-r",)) for line in lines for w in line.split()]
+    pages = [words[i + 1] for i in range(len(words) - 1) if words[i] in ("-f", "--find-links")]
+    return [url for url in pages if url.startswith(("http://", "https://"))]
+
+
 def asked_lines(command):
     """The lines of the recipe's own requirement and constraint files in `command` (never the lock's or the
     base's pins): what the recipe asked for by name."""
@@ -161,17 +169,25 @@ def asked_lines(command):
     return [line for path, lines in files_in(command, ("-r", "-c")) if os.path.basename(path) in own for line in lines]
 
 
-def fallback_line(installed, named):
-    """The failure line for a pre-release the resolver fell back to (see `fallback`), or ""."""
+def fallback_line(installed, named, held_back=""):
+    """The failure line for a pre-release the resolver fell back to (see `fallback`), or "". `held_back`: why the
+    newest final release was not chosen, as the resolver says it (pip_index.fallback_held_back), or ""."""
     late = fallback(installed, named)
     if not late:
         return ""
     name, version = late
+    because = f"; {held_back}" if held_back else ""
     return (
         f"the resolver fell back to {name} {version}, a pre-release the recipe did not ask for: no final release of "
-        f"{name} fits the base's pins and the recipe's other packages; pin {name} to a release made for this base, "
-        f"or ask for this one by its version ({name}=={version})"
+        f"{name} fits the base's pins and the recipe's other packages{because}; pin {name} to a release made for this "
+        f"base, or ask for this one by its version ({name}=={version})"
     )
+
+
+def resolver_cause(why):
+    """The resolver's reason without the cure the guard put after it: "a 2.0 needs b<2, but the base holds b==2.1
+    (from ...)" of "...(from ...): pin a to a version made for the base, or drop it"."""
+    return why.rsplit("): ", 1)[0] + ")" if "): " in why else why
 
 
 def read_names(path):

@@ -52,6 +52,11 @@ MISSING = re.compile(
 #: allows only the base's, which no index has: "Because there is no version of torch==2.13.0a0+07cecf4 and you
 #: require torch==2.13.0a0+07cecf4, we can conclude ..."
 BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) and you require \1==\2,")
+#: a find-links page the installer could not read: uv's "error: Failed to read `--find-links` URL: https://...";
+#: pip's retries name only the page's path: "WARNING: Retrying (Retry(total=4, ...)) after connection broken by
+#: 'NewConnectionError(...)': /whl/torch-2.4.0+cu124.html"
+PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
+RETRIED_PATH = re.compile(r"Retrying \(Retry\(.*\)\) after .*: (/\S*)$")
 #: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
 #: seen wins, in this order.
 KINDS = (
@@ -144,14 +149,16 @@ KINDS = (
 
 
 def nvcc_cure(environ=None):
-    """A base that carries the toolkit, or NVIDIA's apt package of the base's own CUDA release (CUDA_VERSION)."""
+    """A base that carries the toolkit, of the base's own CUDA release (CUDA_VERSION) where the base says it. Never
+    an apt line: the toolkit's Debian packages are the CUDA stack, which imgbuild's apt door refuses beside the
+    base's own (pipeline/stack.py's STACK_DEB_RE), so that cure could not be followed."""
     found = re.match(
         r"([0-9]{1,3})\.([0-9]{1,3})", (os.environ if environ is None else environ).get("CUDA_VERSION") or ""
     )
-    apt = f", or add apt: [cuda-toolkit-{found[1]}-{found[2]}] (NVIDIA's CUDA apt repository)" if found else ""
+    which = f" (CUDA {found[1]}.{found[2]}'s, as this base's CUDA)" if found else ""
     return (
-        "use a base that carries the CUDA toolkit (NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or "
-        f"CPU-only base does not){apt}"
+        f"use a base that carries the CUDA toolkit{which}: NGC's framework images have /usr/local/cuda/bin/nvcc; a "
+        "runtime or CPU-only base does not"
     )
 
 

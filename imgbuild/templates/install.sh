@@ -91,6 +91,10 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_WARN_S
 # Bytecode that records its source's hash, not the install time (py_compile does so when SOURCE_DATE_EPOCH is
 # set): the same inputs give the same layer, and build --reproducible the same digest. 1980: ZIP's earliest.
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-315532800}"
+# A source build against the base's own packages (pip.no_build_isolation) imports them: no bytecode cache is written
+# into the base's folders by those imports (the stack check would rightly call each a change of the base); what the
+# step installs is compiled by the installer as before.
+export PYTHONDONTWRITEBYTECODE=1
 # The recipe's lock (imgbuild lock): the versions resolved before, installed again.
 locked=""; [ -f "$here/resolved.txt" ] && locked="-c $here/resolved.txt"
 # The lock layer (its requirements are the lock's exact pins): install exactly those, resolving nothing.

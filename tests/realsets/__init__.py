@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,15 +25,36 @@ class RealSet:
     expect: str  # "built", or the words of the one line it must fail with
     exit: int  # 0 built, 1 failed in the pip step or the smoke test, 2 refused at plan time
     source: str
+    init: str = ""  # `imgbuild init NAME` arguments that write the recipe (from NAME.pyproject.toml), else ""
 
     def stage(self, project: Path) -> Path:
-        """Copy the recipe, its requirements files and its lock into a repository of their own."""
+        """Copy the recipe, its requirements files, its task and its lock into a repository of their own; a set
+        made by `imgbuild init` gets its project file (NAME.pyproject.toml) at the root, as pyproject.toml."""
         (project / ".git").mkdir(parents=True, exist_ok=True)
         recipes = project / "recipes"
         recipes.mkdir(exist_ok=True)
         for path in HERE.glob(f"{self.name}.*"):
-            shutil.copyfile(path, recipes / path.name)
+            if path.name == f"{self.name}.pyproject.toml":
+                shutil.copyfile(path, project / "pyproject.toml")
+            else:
+                shutil.copyfile(path, recipes / path.name)
         return recipes / f"{self.name}.yaml"
+
+    def prepare(self, project: Path, imgbuild: Callable[[list[str]], int]) -> Path:
+        """The staged recipe, written by `imgbuild init` first where the set says so (`imgbuild` runs the CLI in
+        `project` and returns its exit status), with the set's task (NAME.task.py) added to it as its user adds it."""
+        recipe = self.stage(project)
+        if not self.init:
+            return recipe
+        if imgbuild(["init", self.name, *self.init.split()]) != 0:
+            raise RuntimeError(f"imgbuild init {self.name} {self.init} failed")
+        task = recipe.parent / f"{self.name}.task.py"
+        if task.exists():
+            data = yaml.safe_load(recipe.read_text())
+            data.setdefault("files", []).append({"src": task.name, "dest": f"/workspace/{self.name}_task.py"})
+            data.setdefault("smoke", {}).setdefault("run", []).append(f"python3 /workspace/{self.name}_task.py")
+            recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+        return recipe
 
     def problems(self, code: int, err: str, project: Path) -> list[str]:
         """What is wrong with how the build ended ([] when it ended as the table says)."""

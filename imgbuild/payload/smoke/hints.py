@@ -145,10 +145,15 @@ EXTENSION_ERROR = "ExtensionNotLoaded: "
 
 
 def extension_not_loaded(output: str) -> str:
-    """The line of an import's output that says its compiled extension did not load, as an error; or ""."""
-    for line in output.splitlines():
+    """The line of an import's output that says its compiled extension did not load, as an error, with the lines it
+    introduces where it ends in a colon (xformers' "xFormers was built for:" and the builds it names); or ""."""
+    lines = output.splitlines()
+    for n, line in enumerate(lines):
         if re.search(EXTENSION_NOT_LOADED, line):
-            return EXTENSION_ERROR + line.strip()[:300]
+            said = [line.strip()]
+            while said[-1].endswith(":") and n + len(said) < len(lines) and len(said) < 4:
+                said.append(lines[n + len(said)].strip())
+            return EXTENSION_ERROR + " ".join(w for w in said if w)[:300]
     return ""
 
 

@@ -133,9 +133,13 @@ def start(i):
                 sys.stdout.flush()
                 sys.stderr.flush()
                 _seek(said.fileno(), 0, 0)
-                for line in _read(said.fileno(), 1 << 20).decode("utf-8", "replace").splitlines():
-                    if _search(line):
-                        errors[work[i][0]] = "ExtensionNotLoaded: " + line.strip()[:300]
+                lines = _read(said.fileno(), 1 << 20).decode("utf-8", "replace").splitlines()
+                for n, line in enumerate(lines):
+                    if _search(line):  # with the lines it introduces, as hints.extension_not_loaded reads them
+                        told = [line.strip()]
+                        while told[-1].endswith(":") and n + len(told) < len(lines) and len(told) < 4:
+                            told.append(lines[n + len(told)].strip())
+                        errors[work[i][0]] = "ExtensionNotLoaded: " + " ".join(w for w in told if w)[:300]
                         break
             data = _dumps(errors).encode()  # the child's own references: an import may have replaced json.dumps
             while data:

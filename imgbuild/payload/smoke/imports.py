@@ -42,10 +42,11 @@ from .importing import (
 from .report import Fail, Skip, say
 
 
-def _classify(work: list, results: list, owners: dict | None = None) -> tuple:
+def _classify(work: list, results: list, owners: dict | None = None, needs: dict | None = None) -> tuple:
     """Import errors as (failures, needing the driver, needing an optional package, the apt packages that cure
     the failures: one list for all of them). `owners`: top-level module -> (distribution, version), for naming
-    the other package of a name one imports from another."""
+    the other package of a name one imports from another; `needs`: each added distribution's requirement names,
+    for naming what brought in a distribution the cure is to drop."""
     failures, driver_only, optional, apt = [], [], [], []
     added = {n for n, _, _ in work}
     framework = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}.get(detect_framework() or "", "framework build")
@@ -64,11 +65,17 @@ def _classify(work: list, results: list, owners: dict | None = None) -> tuple:
             elif error.startswith(EXTENSION_ERROR):
                 # a binary wheel: pip.no_build_isolation changes source builds only, and the installer would take
                 # the same wheel again; what works is doing without it, or a source build against the base's own
+                users = sorted(n for n, wants in (needs or {}).items() if name in wants and n != name)
+                drop = (  # a dependency is dropped with what requires it: the recipe does not name it
+                    f"drop {', '.join(users)}, which require{'s' if len(users) == 1 else ''} it"
+                    if users
+                    else f"drop {name} (what uses it optionally runs without it)"
+                )
                 failures.append(
                     f"{name} {version}: import {module}: it imports, but its compiled extension did not load "
                     f"({error[len(EXTENSION_ERROR) :]}): its wheel was built for another {framework} than the "
-                    f"base's, and no recipe field changes a binary wheel: drop {name} (what uses it optionally runs "
-                    f"without it), or build it from source against the base's: a requirements file "
+                    f"base's, and no recipe field changes a binary wheel: {drop}, or build it from source against "
+                    f"the base's: a requirements file "
                     f"(pip.requirements) with the lines `--no-binary {name}` and `{name}`, and pip.no_build_isolation: "
                     f"[{name}] (it compiles: a base with a C++ compiler and, for CUDA code, nvcc)"
                 )
@@ -123,7 +130,7 @@ def check_imports() -> dict:
     drifted = any(MISSING_NAME.search(str(e)) for errors in results for e in errors.values())
     # who owns each top-level module (the first on the path wins), read only when an import needs it named
     owners = {m: (n, d.version) for n, d in reversed(every) for m in _modules(d)} if drifted else {}
-    failures, driver_only, optional, apt = _classify(work, results, owners)
+    failures, driver_only, optional, apt = _classify(work, results, owners, needs)
     added_names = [n for n, _, _ in work]
     for name, tool, package in missing_tools(added_names):
         failures.append(f"{name}: runs `{tool}`, which is not installed (add apt: [{package}])")

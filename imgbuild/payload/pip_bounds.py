@@ -1,0 +1,59 @@
+"""The pip step's bounds, for guard.py beside it: the time until the installer starts installing and the bytes the
+whole step downloads, as imgbuild set them (a secret's `NAME=digits` lines, else the environment), and what this
+network namespace received so far. Stdlib only: it runs in the base.
+"""
+
+import os
+import re
+
+
+def received_bytes():
+    """Bytes received on this network namespace's interfaces but loopback (a build step has its own)."""
+    try:
+        with open("/proc/net/dev") as handle:
+            rows = handle.read().splitlines()[2:]
+    except OSError:
+        return 0
+    total = 0
+    for row in rows:
+        name, _, counters = row.partition(":")
+        fields = counters.split()
+        if name.strip() != "lo" and fields and fields[0].isdigit():
+            total += int(fields[0])
+    return total
+
+
+def size(count):  # in the settings' units ("16G": 16 GiB): a limit reads as it was written
+    for unit, bytes_ in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= bytes_:
+            return f"{count / bytes_:.1f} {unit}"
+    return f"{count} B"
+
+
+BOUNDS_SECRET = "/run/secrets/imgbuild-pip-bounds"
+
+
+def bound(name, kind, secret=BOUNDS_SECRET):
+    """A bound set by imgbuild from its settings: a `NAME=digits` line of the step's secret (BuildKit, Buildah),
+    else the environment (the sdk backend's ARG, `imgbuild lock`); 0: none."""
+    text = os.environ.get(name) or ""
+    try:
+        with open(secret, encoding="ascii") as handle:
+            lines = handle.read(4096).splitlines()
+    except (OSError, ValueError):
+        lines = []
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == name and re.fullmatch(r"[0-9]{1,20}", value):
+            text = value
+    return max(kind(text), 0) if re.fullmatch(r"[0-9]{1,20}(\.[0-9]{1,9})?", text) else 0
+
+
+def over(watch, elapsed, got):
+    """Why pip must stop now, or ""."""
+    limit_s, limit_b = bound("IMGBUILD_PIP_RESOLVE_SECONDS", float), bound("IMGBUILD_PIP_DOWNLOAD_LIMIT", int)
+    if limit_b and got > limit_b:
+        return f"the step downloaded more than the limit of {size(limit_b)} (pip_download_limit)"
+    if limit_s and not watch.installing and elapsed > limit_s:
+        return f"still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
+    return ""
