@@ -90,9 +90,12 @@ def _verdicts(folder: Path, data: dict) -> tuple[RecipeError | None, ImgbuildErr
 
 
 def _written(folder: Path) -> set[Path]:
-    """Everything beside the recipe's folder and in it, but its context and the settings' cache."""
+    """Everything in the recipe's folder but its context and the settings' cache, and everything beside it. Only
+    the folder is walked: its parent is the session's temporary root, which holds every other test's files (walking
+    it for each drawn example made the suite quadratic in its own leftovers)."""
     kept = (folder / "ctx", folder / "cache")
-    return {p for p in folder.parent.rglob("*") if not any(p == k or k in p.parents for k in kept)}
+    inside = {p for p in folder.rglob("*") if not any(p == k or k in p.parents for k in kept)}
+    return inside | set(folder.parent.iterdir())
 
 
 def _fields(exc: ImgbuildError) -> list[str]:
