@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from imgbuild.ci.fanout import merge, plan_document, read_report, waves
 from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, STALE, Item
 from imgbuild.errors import UsageError
 from tests.conftest import run_cli
+from tests.cosign_keys import write_key_pair
 from tests.support import imgbuild_here
 
 
@@ -260,6 +262,9 @@ def test_a_three_wave_plan_of_five_recipes_built_by_three_runners_merges_into_on
     else:
         written = run_cli("rebuild", "--plan", "--gitlab-child", "child.yml", cwd=tmp_path)
         assert written.code == 0, written.err
+        # the site's runner job (`.imgbuild-runner`) signs with the CI key; the report job checks by its pair
+        private, _ = write_key_pair(tmp_path, b"child-pw")
+        signing = {"IMGBUILD_SIGN_KEY": str(private), "IMGBUILD_SIGN_PASSWORD": "child-pw"}
         child = yaml.safe_load((tmp_path / "child.yml").read_text())
         jobs = {k: v for k, v in child.items() if k not in ("include", "stages")}
         assert child["stages"] == ["wave-1", "wave-2", "wave-3", "report"]
@@ -273,11 +278,14 @@ def test_a_three_wave_plan_of_five_recipes_built_by_three_runners_merges_into_on
                 (command,) = job["script"]
                 words = shlex.split(command)
                 assert words[0] == "imgbuild"
-                built = run_cli(*words[1:], cwd=tmp_path)
+                built = run_cli(*words[1:], cwd=tmp_path, env=signing)
                 assert built.code == 0, built.err[-3000:]
                 done.append(name)
-        (merge_command,) = jobs["report"]["script"]
+        *preparing, merge_command = jobs["report"]["script"]  # the plan it was made from, written first
+        for line in preparing:
+            subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True, timeout=60)
         merged = run_cli(*shlex.split(merge_command)[1:], "--json", cwd=tmp_path)
+        assert merged.code == 0, merged.err
         (tmp_path / "all.xml").write_text((tmp_path / "rebuild.xml").read_text())
     assert merged.code == 0, merged.err
     images = json.loads(merged.out)["images"]
