@@ -348,7 +348,7 @@ DIFFERENCES = (
     (
         "OS and Python",
         "Ubuntu 22.04 / Python 3.10 (<= 24.10), Ubuntu 24.04 / Python 3.12 (>= 25.01) [E23.10][T25.01]",
-        "Debian 12 / Python 3.11 (debootstrap: no Ubuntu mirror is reachable here)",
+        "Debian 12 / Python 3.11 (mmdebstrap, or debootstrap: no Ubuntu mirror is reachable here)",
         "the same Debian layout (`/usr/bin/python3`, `/usr/local/lib/python3.X/dist-packages`, no venv); "
         "PATH and LD_LIBRARY_PATH carry `python3.11` in NGC's shape, so the Python is found the same way",
     ),

@@ -126,21 +126,21 @@ def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path, pip_ba
 
 @pytest.mark.parametrize("installer", INSTALLERS)
 def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_path, pip_bases, installer):
-    """TorchDrug and PyG in miniature: two source builds import the framework. uv is asked again, per package, until
-    the set resolves, and the one line names both; pip has one switch for all builds, so it names the first."""
+    """TorchDrug and PyG in miniature: two source builds import the framework, and the one line names both. uv is
+    asked again, per package, until the set resolves; pip, which has one switch for all builds, resolves once with
+    it and then asks each other package it built from source alone, isolated."""
     folder = _index(tmp_path / "index")
     sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    sdist(folder, "plainsrc", "1.0", BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+          .replace("COMPILE", "pass").replace('"srcpkg"', '"plainsrc"'))
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
-    said = step.failure(step.run(["srcpkg", "srcpkg-two"]))
+    said = step.failure(step.run(["srcpkg", "plainsrc", "srcpkg-two"]))
     said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
-    if installer == "uv":
-        assert said == (
-            "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
-            "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
-            "framework"
-        )
-    else:
-        assert said.endswith("to pip.no_build_isolation, so that it builds against the base's own framework")
+    assert said == (
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
+        "framework"
+    )
     done = step.run(["srcpkg", "srcpkg-two"], **{"no-build-isolation": "srcpkg\nsrcpkg-two\n"})
     assert done.returncode == 0, done.stdout + done.stderr  # the cure named is the cure that works
 

@@ -54,6 +54,7 @@ from pip_words import (  # noqa: E402
     PAGE_UNREAD,
     REQUESTED,
     RETRIED_PATH,
+    SOURCE_STEP,
     UV_DEPENDS,
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
@@ -84,6 +85,7 @@ class Watch:
         self.held = {}  # canonical dependency -> the base's constraint, e.g. "torch==2.3.0"
         self.other_framework = ""
         self.building = ""  # the package being built from source, when one is
+        self.from_source = []  # every package pip prepared from source (its metadata, or a wheel), in order
         self.build_framework = ""  # the framework a source build asked for in its isolated environment (uv)
         self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
@@ -109,6 +111,8 @@ class Watch:
         self.installed += installed_from(raw)
         if found := BUILDING.match(line.strip()):
             self.building = found.group(1)
+        if SOURCE_STEP.match(line) and self.building and self.building not in self.from_source:
+            self.from_source.append(self.building)
         self.build_requires = self.build_requires or "`build-system.requires`" in line
         if self.build_requires and (found := BUILD_FRAMEWORK.search(line)):  # install.sh's --build-constraint
             self.build_framework = found.group(1)
@@ -415,11 +419,13 @@ ALIKE_ROUNDS = 6  # dry runs, each a resolve: the same cure found for up to this
 
 def builds_alike(command, origin, watch):
     """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
-    they are all built against the base (a build tool the base lacks), or "": found by resolving again, each time
-    with those found so far built against the base (uv: per package; pip has only the global switch, so it finds
-    what comes after, not the others). The user gets one round for one cure."""
+    they are all built against the base (a build tool the base lacks), or "". uv: resolved again, each time with
+    those found so far built against the base (per package). pip has only the global switch: resolved once with it,
+    then each other package it prepared from source is resolved alone, isolated, to see whether it asks for the
+    framework too. The user gets one round for one cure."""
     uv = os.path.basename(command[0]) == "uv"
     names = [watch.building]
+    tool = ""
     for _ in range(ALIKE_ROUNDS):
         unisolated = [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
         print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
@@ -430,8 +436,50 @@ def builds_alike(command, origin, watch):
         if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
             names.append(again.building)
             continue
-        return names[1:], again.build_tool(f"building {again.building or 'a package from source'}")
-    return names[1:], ""
+        tool = again.build_tool(f"building {again.building or 'a package from source'}")
+        break
+    if not uv:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            for name in again.from_source[:ALIKE_ROUNDS]:
+                if canon(name) in {canon(n) for n in names}:
+                    continue
+                print(f"imgbuild: asking whether building {name} needs the base's framework too", flush=True)
+                alone = Watch(watch.sources, watch.named)
+                if run(dry_run(by_itself(command, name, folder)), alone) != 0 and alone.needs_the_framework():
+                    names.append(name)
+    return names[1:], tool
+
+
+def by_itself(command, name, folder):
+    """The same install of `name` alone: the recipe's requirement files replaced by one in `folder` holding only
+    their option lines (an index, find-links, trusted hosts) and `name`; its dependencies not asked for; the same
+    pins, constraints and options."""
+    asked, files, skip = [], [], False
+    for word in command:
+        if skip:
+            files.append(word)
+            skip = False
+        elif word in ("-r", "--requirement"):
+            skip = True
+        elif word.startswith("--requirement="):
+            files.append(word.split("=", 1)[1])
+        elif word.startswith("-r") and not word.startswith("--"):
+            files.append(word[2:])
+        else:
+            asked.append(word)
+    options = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                options += [line.strip() for line in handle if line.strip().startswith("-") and line.strip()[:2] != "-r"]
+        except OSError:
+            continue
+    alone = os.path.join(folder, "alone.txt")
+    with open(alone, "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{line}\n" for line in [*options, name]))
+    return [*asked, "--no-deps", "-r", alone]
 
 
 def main(argv):

@@ -19,6 +19,9 @@ BUILDING = re.compile(
     r"(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
     rf"`?(?:\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
 )
+#: pip working on a source distribution (the package BUILDING last named): "Preparing metadata (setup.py) ... done",
+#: "Getting requirements to build wheel: started", "Installing build dependencies ... done"
+SOURCE_STEP = re.compile(r"(?:Preparing metadata \(|Getting requirements to build |Installing build dependencies)")
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
 UV_DEPENDS = re.compile(rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we")
