@@ -172,7 +172,7 @@ def main() -> None:
         import_check_row(engine),
         fresh_runner_row(engine),
         Row("README main command on a fresh machine", None, None, "s", 180, False,
-            "needs a machine with nothing cached (docs/benchmarks.md)"),
+            "needs a machine with nothing cached: sudo benchmarks/fresh_machine.sh, the bed down"),
     ]  # fmt: skip
     print(f"\nTargets, {started}, {os.cpu_count()} cores {platform.machine()}; medians; the alternative measured in "
           "the same run (hpccm; for the import check the floor, one interpreter importing the whole set; for the "

@@ -131,8 +131,15 @@ def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_
     it and then asks each other package it built from source alone, isolated."""
     folder = _index(tmp_path / "index")
     sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
-    sdist(folder, "plainsrc", "1.0", BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
-          .replace("COMPILE", "pass").replace('"srcpkg"', '"plainsrc"'))
+    sdist(
+        folder,
+        "plainsrc",
+        "1.0",
+        BACKEND.replace("import torch", "pass")
+        .replace("torch.__version__", "'none'")
+        .replace("COMPILE", "pass")
+        .replace('"srcpkg"', '"plainsrc"'),
+    )
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg", "plainsrc", "srcpkg-two"]))
     said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")

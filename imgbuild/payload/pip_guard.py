@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_bounds import over, received_bytes, size  # noqa: E402
-from pip_index import dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
+from pip_index import by_itself, dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402,E501
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -450,36 +450,6 @@ def builds_alike(command, origin, watch):
                 if run(dry_run(by_itself(command, name, folder)), alone) != 0 and alone.needs_the_framework():
                     names.append(name)
     return names[1:], tool
-
-
-def by_itself(command, name, folder):
-    """The same install of `name` alone: the recipe's requirement files replaced by one in `folder` holding only
-    their option lines (an index, find-links, trusted hosts) and `name`; its dependencies not asked for; the same
-    pins, constraints and options."""
-    asked, files, skip = [], [], False
-    for word in command:
-        if skip:
-            files.append(word)
-            skip = False
-        elif word in ("-r", "--requirement"):
-            skip = True
-        elif word.startswith("--requirement="):
-            files.append(word.split("=", 1)[1])
-        elif word.startswith("-r") and not word.startswith("--"):
-            files.append(word[2:])
-        else:
-            asked.append(word)
-    options = []
-    for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                options += [line.strip() for line in handle if line.strip().startswith("-") and line.strip()[:2] != "-r"]
-        except OSError:
-            continue
-    alone = os.path.join(folder, "alone.txt")
-    with open(alone, "w", encoding="utf-8") as handle:
-        handle.write("".join(f"{line}\n" for line in [*options, name]))
-    return [*asked, "--no-deps", "-r", alone]
 
 
 def main(argv):

@@ -336,3 +336,34 @@ def question(command, name, newest, folder):
     with open(path, "w") as handle:
         handle.write(f"{name}=={newest}\n")
     return [*dry_run(command), "-c", path]
+
+
+def by_itself(command, name, folder):
+    """The same install of `name` alone: the recipe's requirement files replaced by one in `folder` holding only
+    their option lines (an index, find-links, trusted hosts) and `name`; its dependencies not asked for; the same
+    pins, constraints and options."""
+    asked, files, skip = [], [], False
+    for word in command:
+        if skip:
+            files.append(word)
+            skip = False
+        elif word in ("-r", "--requirement"):
+            skip = True
+        elif word.startswith("--requirement="):
+            files.append(word.split("=", 1)[1])
+        elif word.startswith("-r") and not word.startswith("--"):
+            files.append(word[2:])
+        else:
+            asked.append(word)
+    options = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                lines = [line.strip() for line in handle]
+        except OSError:
+            continue
+        options += [line for line in lines if line.startswith("-") and line[:2] != "-r"]
+    alone = os.path.join(folder, "alone.txt")
+    with open(alone, "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{line}\n" for line in [*options, name]))
+    return [*asked, "--no-deps", "-r", alone]
