@@ -12,8 +12,8 @@ ARG PACKAGES
 RUN --mount=type=bind,source=wheels,target=/tmp/wheels \
     rm -f /usr/lib/python3*/EXTERNALLY-MANAGED \
  && python3 -m pip install --no-index --no-cache-dir --no-compile --find-links /tmp/wheels ${PACKAGES} \
- && site=/usr/local/lib/python3.11/dist-packages && mkdir -p /apart/lib/torch /apart/cuda \
- && if [ -d "$site/torch/lib" ]; then mv "$site/torch/lib" /apart/lib/torch/; fi \
+ && site=/usr/local/lib/python3.11/dist-packages && mkdir -p /apart/lib /apart/cuda \
+ && if [ -d "$site/torch/lib" ]; then mkdir /apart/lib/torch && mv "$site/torch/lib" /apart/lib/torch/; fi \
  && if [ -d "$site/nvidia" ]; then mv "$site/nvidia" /apart/cuda/; fi
 
 FROM ${ROOTFS_IMAGE}
