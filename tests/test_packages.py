@@ -725,9 +725,13 @@ def test_a_lock_that_links_out_of_the_repository_is_not_read(tmp_path):
 BASE_PINS = ("numpy==2.1.0", "torchvision==0.20.0", "pillow==10.4.0", "torch==2.13.0", "nvidia-cudnn-cu12==9.1.0.70")
 
 
-def _conflicts(tmp_path: Path, pip: str, files: dict[str, str] | None = None) -> list[str]:
+def _conflicts(
+    tmp_path: Path, pip: str, files: dict[str, str] | None = None, requires: dict[str, list[str]] | None = None
+) -> list[str]:
+    """The plan's conflicts for a recipe asking `pip`, on a base with BASE_PINS whose distributions require
+    `requires` (as the pins probe reads them; none read by default)."""
     from imgbuild.errors import RecipeError
-    from imgbuild.pipeline.plan import make_plan
+    from imgbuild.pipeline.plan import BasePins, make_plan
     from imgbuild.recipe import load_recipe
     from tests.support import fake_inspect, settings
 
@@ -736,7 +740,10 @@ def _conflicts(tmp_path: Path, pip: str, files: dict[str, str] | None = None) ->
         (tmp_path / name).write_text(text)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {pip}\n')
-    pins = lambda base: ("the base's /etc/pip/constraint.txt", BASE_PINS)  # noqa: E731
+    read = BasePins(
+        "the base's /etc/pip/constraint.txt", BASE_PINS, tuple((k, tuple(v)) for k, v in (requires or {}).items())
+    )
+    pins = lambda base: read  # noqa: E731
     try:
         make_plan(load_recipe(recipe), settings(), fake_inspect, read_pins=pins)
     except RecipeError as exc:
@@ -776,6 +783,31 @@ def test_a_base_pin_that_is_a_pre_release_of_the_asked_release_is_named_as_ngc_s
     assert _conflicts(tmp_path, '["torchvision>=0.28.0a0", "torchvision"]') == []
     (other,) = _conflicts(tmp_path, '["torchvision==0.27.1"]')
     assert "conflicts with the base's torchvision==0.28.0a0+094e7af5" in other, other
+
+
+@pytest.mark.parametrize(
+    ("requires", "says"),
+    [
+        ({"torch": ["numpy>=2.0", "filelock"]}, "pip.unpin: [numpy] cannot help: the base's torch needs numpy>=2.0:"),
+        (  # needed through another of the base's distributions
+            {"torch": ["sympy>=1.13"], "sympy": ["mpmath<1.4", "numpy<1; extra == 'plot'", "numpy>=2.1"]},
+            "pip.unpin: [numpy] cannot help: the base's torch needs numpy>=2.1 via sympy:",
+        ),
+        ({"torch": ["numpy>=1.22"]}, "let pip move it with pip.unpin: [numpy]"),  # numpy 1.26 meets both
+        ({"torch": ["numpy"]}, "let pip move it with pip.unpin: [numpy]"),  # no clause: any numpy
+        ({}, "let pip move it with pip.unpin: [numpy]"),  # the base's requirements not read: pip's step judges
+    ],
+)
+def test_the_unpin_cure_is_named_only_where_the_bases_framework_admits_what_the_recipe_asks(tmp_path, requires, says):
+    """Moving a pinned package is a cure only if the base's framework can live with the version asked for: read
+    from the base's own requirements, the plan says when it cannot, and what would be needed instead."""
+    (line,) = _conflicts(tmp_path, '["numpy<2"]', requires=requires)
+    assert "numpy<2 conflicts with the base's numpy==2.1.0" in line and says in line, line
+    if "cannot help" in says:
+        assert line.endswith("drop the pin, or use a base whose torch admits numpy<2)"), line
+    from benchmarks.follow import UNPIN  # the scripted user never follows a cure imgbuild says cannot help
+
+    assert bool(UNPIN.search(line)) == ("cannot help" not in says)
 
 
 @pytest.mark.parametrize(

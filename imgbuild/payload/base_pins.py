@@ -1,10 +1,13 @@
 """Run inside a recipe's base (stdlib only), never imported: the pins install.sh will hold the base's packages at,
-from the same source: NGC's PIP_CONSTRAINT file where the base has one, else a freeze. Bounded: 1 MiB of the file,
-20,000 lines, 120 s for the freeze. One line answers: its marker (in IMGBUILD_PROBE_MARKER) and the
-JSON (imgbuild.pipeline.resolve reads it)."""
+from the same source: NGC's PIP_CONSTRAINT file where the base has one, else a freeze; and each installed
+distribution's requirements (what the base's framework needs, so that a cure that would break it is not named).
+Bounded: 1 MiB of the file, 20,000 lines, 120 s for the freeze, 5,000 distributions of 300 requirements. One line
+answers: its marker (in IMGBUILD_PROBE_MARKER) and the JSON (imgbuild.pipeline.resolve reads it)."""
 
+import importlib.metadata as md
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,4 +19,10 @@ else:
     args = [sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude", "pip"]
     text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
     origin = "a freeze of the base's packages"
-print(os.environ["IMGBUILD_PROBE_MARKER"] + json.dumps({"origin": origin, "lines": text.splitlines()[:20000]}))
+requires = {}
+for dist in list(md.distributions())[:5000]:
+    name = re.sub(r"[-_.]+", "-", str(dist.metadata["Name"] or "")).lower()
+    if name and name not in requires:
+        requires[name] = [str(line)[:500] for line in (dist.requires or [])[:300]]
+answer = {"origin": origin, "lines": text.splitlines()[:20000], "requires": requires}
+print(os.environ["IMGBUILD_PROBE_MARKER"] + json.dumps(answer))

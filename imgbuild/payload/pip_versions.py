@@ -202,22 +202,30 @@ def read_names(path):
 REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?")
 
 
-def framework_needs(dep, frameworks, limit=2000):
-    """(framework, the chain of base distributions through which it needs `dep`, their clauses on it) for each of the
-    base's framework distributions (`frameworks`: framework.txt's names) whose installed requirements reach `dep`:
-    TensorFlow needs numpy>=2 through ml-dtypes. What no extra asks for, read from the base's own metadata, bounded."""
+def installed_requires(name):
+    """The installed distribution `name`'s Requires-Dist lines (none when it is not installed)."""
     import importlib.metadata as md
 
+    try:
+        return md.requires(name) or []
+    except (md.PackageNotFoundError, ValueError, OSError):
+        return []
+
+
+def framework_needs(dep, frameworks, limit=2000, requires=installed_requires):
+    """(framework, the chain of base distributions through which it needs `dep`, their clauses on it) for each of the
+    base's framework distributions (`frameworks`: framework.txt's names) whose installed requirements reach `dep`:
+    TensorFlow needs numpy>=2 through ml-dtypes. What no extra asks for, read from the base's own metadata (or
+    `requires`: a name's Requires-Dist lines, as the base's pins probe read them), bounded."""
     found = []
     for framework in frameworks:
         seen, queue = {framework}, [(framework, [])]
         while queue and len(seen) < limit:
             name, chain = queue.pop(0)
-            try:
-                requires = md.requires(name) or []
-            except (md.PackageNotFoundError, ValueError, OSError):
+            requires_lines = requires(name)
+            if not requires_lines:
                 continue
-            for line in requires:
+            for line in requires_lines:
                 req = REQUIREMENT.fullmatch(line)
                 if not req or "extra" in (req.group(3) or ""):
                     continue

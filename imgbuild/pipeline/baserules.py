@@ -69,6 +69,13 @@ def pin_conflict(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
         return None
     pinned, version = pins[name]
     hint = f"pinned by {base.pins_origin or 'the base'}: drop the pin, or let pip move it with pip.unpin: [{pinned}]"
+    if blocked := framework_blocks(req, base):
+        framework, chain, spec = blocked
+        via = f" via {chain}" if chain else ""
+        hint = (
+            f"pinned by {base.pins_origin or 'the base'}; pip.unpin: [{pinned}] cannot help: the base's {framework} "
+            f"needs {pinned}{spec}{via}: drop the pin, or use a base whose {framework} admits {req.name}{req.specifier}"
+        )
     if req.url:
         return f"{req.name} from a URL would replace the base's {pinned}=={version}", hint
     try:
@@ -81,6 +88,22 @@ def pin_conflict(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
         # NGC's torchvision is a pre-release of the release the recipe names, as its torch is
         return prerelease_conflict(pinned, str(req.specifier), version, base.ref)
     return f"{req.name}{req.specifier} conflicts with the base's {pinned}=={version} ({base.ref})", hint
+
+
+def framework_blocks(req: Pin, base: BaseImage) -> tuple[str, str, str] | None:
+    """(framework distribution, the chain through which it needs `req`'s package, its clause) when the base's
+    framework needs a version of that package `req` excludes altogether, so that moving it (pip.unpin) would break
+    the framework: read from the base's own requirements (the pins probe), by the pip step's own rule. None when
+    they were not read, or some version would meet both."""
+    from packaging.utils import canonicalize_name
+
+    from imgbuild.payload.pip_versions import admit_together, framework_needs
+
+    own = FRAMEWORKS.get(base.framework)
+    if own is None or not base.requires or not req.specifier:
+        return None
+    needs = framework_needs(str(canonicalize_name(req.name)), own.packages, requires=base.requirements_of)
+    return next((need for need in needs if admit_together(str(req.specifier), need[2]) is False), None)
 
 
 def base_refuses(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:

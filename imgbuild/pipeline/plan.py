@@ -55,6 +55,14 @@ class BaseImage:
     image_id: str = ""  # for a local, never-pushed base (e.g. another recipe's image): no digest exists
     pins: tuple[str, ...] = ()  # every `name==version` the base holds its packages at (see bases.pin_reader)
     pins_origin: str = ""  # where those pins were read: the base's PIP_CONSTRAINT file, or a freeze
+    #: each installed distribution's Requires-Dist lines, by canonical name, read with the pins
+    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def requirements_of(self, name: str) -> list[str]:
+        """The base's distribution `name`'s requirements as the pins probe read them (none when unread)."""
+        from packaging.utils import canonicalize_name
+
+        return list(dict(self.requires).get(str(canonicalize_name(name)), ()))
 
     @property
     def pinned(self) -> str:
@@ -78,8 +86,20 @@ class BaseImage:
 InspectBase = Callable[[str], tuple[str, dict[str, Any]]]
 #: (repository reference without tag, pattern) -> concrete tag.
 ResolveTag = Callable[[str, str | None, str], str]
-#: (resolved base) -> (where the pins come from, `name==version` lines); reads inside the base image.
-ReadPins = Callable[["BaseImage"], tuple[str, tuple[str, ...]]]
+
+
+@dataclass(frozen=True)
+class BasePins:
+    """What a base holds its packages at (`name==version` lines, and where they come from) and what each of its
+    distributions requires, read inside it."""
+
+    origin: str = ""
+    pins: tuple[str, ...] = ()
+    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+#: (resolved base) -> its pins; reads inside the base image.
+ReadPins = Callable[["BaseImage"], BasePins]
 
 
 @dataclass(frozen=True)
@@ -271,8 +291,8 @@ def check_stack(loaded: LoadedRecipe, base: BaseImage | None) -> None:
 
 
 def _with_pins(base: BaseImage, read_pins: ReadPins) -> BaseImage:
-    origin, pins = read_pins(base)
-    return dataclasses.replace(base, pins=pins, pins_origin=origin)
+    read = read_pins(base)
+    return dataclasses.replace(base, pins=read.pins, pins_origin=read.origin, requires=read.requires)
 
 
 def with_base_pins(plan: Plan, read_pins: ReadPins) -> Plan:

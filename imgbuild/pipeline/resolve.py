@@ -16,7 +16,7 @@ from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, RecipeError, RegistryUnavailable
 from imgbuild.hostio.cache import JsonCache
 from imgbuild.payload.probes import BASE_PINS
-from imgbuild.pipeline.plan import Plan, make_plan
+from imgbuild.pipeline.plan import BasePins, Plan, make_plan
 from imgbuild.recipe import LoadedRecipe
 
 if TYPE_CHECKING:
@@ -195,8 +195,8 @@ def check_known(loaded: LoadedRecipe, settings: Settings) -> str:
             return kept
         raise NotKnownHere(ref)
 
-    def read_pins(base: BaseImage) -> tuple[str, tuple[str, ...]]:
-        return (_pins_in(base_pins(settings).get(base.identity)) if base.identity else None) or ("", ())
+    def read_pins(base: BaseImage) -> BasePins:
+        return (_pins_in(base_pins(settings).get(base.identity)) if base.identity else None) or BasePins()
 
     def pattern(repo: str, framework: str | None, tag: str) -> str:
         raise NotKnownHere(f"{repo}:{tag}")
@@ -214,7 +214,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> ReadPins:
     """Reads a base's pins in a throwaway container of the base (pulled if need be; the build needs it
     anyway), cached per base digest. A base whose pins cannot be read gives none: pip still checks them."""
 
-    def read(base: BaseImage) -> tuple[str, tuple[str, ...]]:
+    def read(base: BaseImage) -> BasePins:
         key = base.identity or ""  # a digest: the pins of one base never change
         cache = base_pins(settings)
         found = _pins_in(cache.get(key)) if key else None
@@ -231,18 +231,27 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> ReadPins:
                 base.pinned, probe, [], {}, gpus=None, timeout=300, as_user=container_user(settings)
             )
         except (ImgbuildError, OSError):
-            return "", ()
+            return BasePins()
         found = _pins_in(probe.answer(output))
         if found is None:
-            return "", ()
+            return BasePins()
         if key:
-            cache.put(key, {"origin": found[0], "lines": list(found[1])})
+            requires = {name: list(lines) for name, lines in found.requires}
+            cache.put(key, {"origin": found.origin, "lines": list(found.pins), "requires": requires})
         return found
 
     return read
 
 
-def _pins_in(data: Any) -> tuple[str, tuple[str, ...]] | None:
+def _pins_in(data: Any) -> BasePins | None:
+    """The pins probe's answer (or the cache's copy of it), bounded; None when it is not one. An answer without
+    requirements (a cache an older imgbuild wrote) is still the base's pins."""
     if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not isinstance(data.get("lines"), list):
         return None
-    return data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000])
+    table = data.get("requires")
+    requires = tuple(
+        (name[:200], tuple(str(line)[:500] for line in lines[:300]))
+        for name, lines in (list(table.items())[:5000] if isinstance(table, dict) else [])
+        if isinstance(name, str) and isinstance(lines, list)
+    )
+    return BasePins(data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000]), requires)
