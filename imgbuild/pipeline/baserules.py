@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imgbuild.ngc import CUDA_BUILD_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORKS, cuda_build, cuda_major, is_cuda_library
+from imgbuild.payload.pip_versions import admit_together, framework_needs  # the pip step's own rule, at plan time
 
 if TYPE_CHECKING:
     from imgbuild.pipeline.plan import BaseImage
@@ -96,8 +97,6 @@ def framework_blocks(req: Pin, base: BaseImage) -> tuple[str, str, str] | None:
     the framework: read from the base's own requirements (the pins probe), by the pip step's own rule. None when
     they were not read, or some version would meet both."""
     from packaging.utils import canonicalize_name
-
-    from imgbuild.payload.pip_versions import admit_together, framework_needs
 
     own = FRAMEWORKS.get(base.framework)
     if own is None or not base.requires or not req.specifier:
