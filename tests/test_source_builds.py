@@ -153,6 +153,32 @@ def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize("layout", ["relative find-links", "nested requirement file"])
+def test_a_package_found_through_a_relative_or_nested_option_is_named_with_the_others(
+    tmp_path, pip_bases, installer, layout
+):
+    """srcpkg-two lies in a folder of its own, which the recipe's requirement file reaches by a path relative to
+    itself, or through another requirement file: asked alone, it is still found, and named with srcpkg."""
+    folder = _index(tmp_path / "index")
+    extra = tmp_path / "pip" / "extra"
+    extra.mkdir(parents=True)
+    sdist(extra, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    if layout == "nested requirement file":
+        (tmp_path / "pip" / "more.txt").write_text("-f extra\nsrcpkg-two\n")
+        asked = ["srcpkg", "-r more.txt"]
+    else:
+        asked = ["--find-links=extra", "srcpkg", "srcpkg-two"]
+    said = step.failure(step.run(asked))
+    said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
+    assert said == (
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
+        "framework"
+    )
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
 def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
     tmp_path, pip_bases, installer
 ):

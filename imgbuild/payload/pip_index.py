@@ -357,13 +357,41 @@ def by_itself(command, name, folder):
             asked.append(word)
     options = []
     for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                lines = [line.strip() for line in handle]
-        except OSError:
-            continue
-        options += [line for line in lines if line.startswith("-") and line[:2] != "-r"]
+        options += option_lines(path, set())
     alone = os.path.join(folder, "alone.txt")
     with open(alone, "w", encoding="utf-8") as handle:
         handle.write("".join(f"{line}\n" for line in [*options, name]))
     return [*asked, "--no-deps", "-r", alone]
+
+
+#: a requirement file's line that names another file or folder: `-r more.txt`, `--find-links=wheels`, `-f wheels`
+PATH_OPTION = re.compile(r"^(-[rcf]|--requirement|--constraint|--find-links)(?:\s*=\s*|\s+|(?<=^-[rcf]))(\S.*)$")
+
+
+def option_lines(path, seen):
+    """The option lines of requirement file `path` and of those it names (`-r`), each path in them made absolute
+    as pip reads it (relative to the file that holds it, where such a path exists), the requirements left out."""
+    real = os.path.realpath(path)
+    if real in seen:
+        return []
+    seen.add(real)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = [line.strip() for line in handle]
+    except OSError:
+        return []
+    here, options = os.path.dirname(os.path.abspath(path)), []
+    for line in lines:
+        if not line.startswith("-"):
+            continue
+        found = PATH_OPTION.match(line)
+        option, value = (found.group(1), found.group(2).strip()) if found else ("", "")
+        if found and "://" not in value and os.path.exists(os.path.join(here, value)):
+            value = os.path.join(here, value)
+        if option in ("-r", "--requirement"):
+            options += option_lines(value, seen)
+        elif found:
+            options.append(f"{option} {value}")
+        else:
+            options.append(line)
+    return options
