@@ -153,12 +153,14 @@ def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
-@pytest.mark.parametrize("layout", ["relative find-links", "nested requirement file"])
-def test_a_package_found_through_a_relative_or_nested_option_is_named_with_the_others(
-    tmp_path, pip_bases, installer, layout
-):
+@pytest.mark.parametrize(
+    "layout",
+    ["relative find-links", "nested requirement file", "local path", "extras and a version range, spelled otherwise"],
+)
+def test_a_package_however_the_recipe_asks_for_it_is_named_with_the_others(tmp_path, pip_bases, installer, layout):
     """srcpkg-two lies in a folder of its own, which the recipe's requirement file reaches by a path relative to
-    itself, or through another requirement file: asked alone, it is still found, and named with srcpkg."""
+    itself, through another requirement file, or by the file's own path; or it is asked with extras and a range,
+    spelled otherwise: asked alone, it is still found as the recipe asks for it, and named with srcpkg."""
     folder = _index(tmp_path / "index")
     extra = tmp_path / "pip" / "extra"
     extra.mkdir(parents=True)
@@ -167,6 +169,10 @@ def test_a_package_found_through_a_relative_or_nested_option_is_named_with_the_o
     if layout == "nested requirement file":
         (tmp_path / "pip" / "more.txt").write_text("-f extra\nsrcpkg-two\n")
         asked = ["srcpkg", "-r more.txt"]
+    elif layout == "local path":
+        asked = [str(folder / "srcpkg-1.0.tar.gz"), str(extra / "srcpkg-two-1.0.tar.gz")]
+    elif layout == "extras and a version range, spelled otherwise":
+        asked = ["--find-links=extra", "srcpkg", "Srcpkg_Two[fast]>=1.0"]
     else:
         asked = ["--find-links=extra", "srcpkg", "srcpkg-two"]
     said = step.failure(step.run(asked))

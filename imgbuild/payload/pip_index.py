@@ -355,12 +355,13 @@ def by_itself(command, name, folder):
             files.append(word[2:])
         else:
             asked.append(word)
-    options = []
+    options, lines, seen = [], [], set()
     for path in files:
-        options += option_lines(path, set())
+        options += option_lines(path, seen, lines)
+    own = [line for line in lines if canon(requirement_name(line)) == canon(name)]  # a path, a URL, its extras
     alone = os.path.join(folder, "alone.txt")
     with open(alone, "w", encoding="utf-8") as handle:
-        handle.write("".join(f"{line}\n" for line in [*options, name]))
+        handle.write("".join(f"{line}\n" for line in [*options, *(own[:1] or [name])]))
     return [*asked, "--no-deps", "-r", alone]
 
 
@@ -368,9 +369,10 @@ def by_itself(command, name, folder):
 PATH_OPTION = re.compile(r"^(-[rcf]|--requirement|--constraint|--find-links)(?:\s*=\s*|\s+|(?<=^-[rcf]))(\S.*)$")
 
 
-def option_lines(path, seen):
+def option_lines(path, seen, requirements):
     """The option lines of requirement file `path` and of those it names (`-r`), each path in them made absolute
-    as pip reads it (relative to the file that holds it, where such a path exists), the requirements left out."""
+    as pip reads it (relative to the file that holds it, where such a path exists); its requirement lines are added
+    to `requirements`."""
     real = os.path.realpath(path)
     if real in seen:
         return []
@@ -382,6 +384,9 @@ def option_lines(path, seen):
         return []
     here, options = os.path.dirname(os.path.abspath(path)), []
     for line in lines:
+        line = re.sub(r"(^|\s)#.*", "", line).strip()
+        if line and not line.startswith("-"):
+            requirements.append(line)
         if not line.startswith("-"):
             continue
         found = PATH_OPTION.match(line)
@@ -389,9 +394,24 @@ def option_lines(path, seen):
         if found and "://" not in value and os.path.exists(os.path.join(here, value)):
             value = os.path.join(here, value)
         if option in ("-r", "--requirement"):
-            options += option_lines(value, seen)
+            options += option_lines(value, seen, requirements)
         elif found:
             options.append(f"{option} {value}")
         else:
             options.append(line)
     return options
+
+
+def requirement_name(line):
+    """The project a requirement line asks for: `name[extra]>=1`, `name @ URL`, or a path or URL to a
+    distribution file (`.../Name_Two-1.0.tar.gz`, `...whl`, `#egg=name`); "" when it names none."""
+    if found := re.search(r"#egg=([A-Za-z0-9][A-Za-z0-9_.-]*)", line):
+        return found.group(1)
+    if found := re.match(r"([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^]]*\]\s*)?@", line):
+        return found.group(1)
+    if "/" in line or "\\" in line or re.search(r"\.(?:whl|tar\.gz|zip|tgz|tar\.bz2)$", line.split(";")[0].strip()):
+        base = os.path.basename(line.split(";")[0].strip().rstrip("/"))
+        found = re.match(r"([A-Za-z0-9][A-Za-z0-9_.]*?(?:-[A-Za-z_][A-Za-z0-9_.]*?)*)-[0-9]", base)
+        return found.group(1) if found else ""
+    found = re.match(r"[A-Za-z0-9][A-Za-z0-9_.-]*", line)
+    return found.group(0) if found else ""
