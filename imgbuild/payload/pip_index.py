@@ -338,10 +338,9 @@ def question(command, name, newest, folder):
     return [*dry_run(command), "-c", path]
 
 
-def by_itself(command, name, folder):
-    """The same install of `name` alone: the recipe's requirement files replaced by one in `folder` holding only
-    their option lines (an index, find-links, trusted hosts) and `name`; its dependencies not asked for; the same
-    pins, constraints and options."""
+def recipe_lines(command):
+    """The install's words but its requirement files, their option lines (nested files read, paths made
+    absolute), and their requirement lines."""
     asked, files, skip = [], [], False
     for word in command:
         if skip:
@@ -358,10 +357,21 @@ def by_itself(command, name, folder):
     options, lines, seen = [], [], set()
     for path in files:
         options += option_lines(path, seen, lines)
-    own = [line for line in lines if canon(requirement_name(line)) == canon(name)]  # a path, a URL, its extras
+    return asked, options, lines
+
+
+def by_itself(command, names, folder):
+    """The same install of `names` alone: the recipe's requirement files replaced by one in `folder` holding only
+    their option lines (an index, find-links, trusted hosts) and each name as the recipe asks for it (else the name
+    alone); their dependencies not asked for; the same pins, constraints and options."""
+    asked, options, lines = recipe_lines(command)
+    asked_for = []
+    for name in names:  # a path, a URL, its extras and range: the recipe's own line for it
+        own = [line for line in lines if canon(requirement_name(line)) == canon(name)]
+        asked_for.append(own[0] if own else name)
     alone = os.path.join(folder, "alone.txt")
     with open(alone, "w", encoding="utf-8") as handle:
-        handle.write("".join(f"{line}\n" for line in [*options, *(own[:1] or [name])]))
+        handle.write("".join(f"{line}\n" for line in [*options, *asked_for]))
     return [*asked, "--no-deps", "-r", alone]
 
 
