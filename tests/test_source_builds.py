@@ -153,6 +153,72 @@ def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize(
+    "layout",
+    ["relative find-links", "nested requirement file", "local path", "extras and a version range, spelled otherwise"],
+)
+def test_a_package_however_the_recipe_asks_for_it_is_named_with_the_others(tmp_path, pip_bases, installer, layout):
+    """srcpkg-two lies in a folder of its own, which the recipe's requirement file reaches by a path relative to
+    itself, through another requirement file, or by the file's own path; or it is asked with extras and a range,
+    spelled otherwise: asked alone, it is still found as the recipe asks for it, and named with srcpkg."""
+    folder = _index(tmp_path / "index")
+    extra = tmp_path / "pip" / "extra"
+    extra.mkdir(parents=True)
+    sdist(extra, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    if layout == "nested requirement file":
+        (tmp_path / "pip" / "more.txt").write_text("-f extra\nsrcpkg-two\n")
+        asked = ["srcpkg", "-r more.txt"]
+    elif layout == "local path":
+        asked = [str(folder / "srcpkg-1.0.tar.gz"), str(extra / "srcpkg-two-1.0.tar.gz")]
+    elif layout == "extras and a version range, spelled otherwise":
+        asked = ["--find-links=extra", "srcpkg", "Srcpkg_Two[fast]>=1.0"]
+    else:
+        asked = ["--find-links=extra", "srcpkg", "srcpkg-two"]
+    said = step.failure(step.run(asked))
+    said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
+    assert said == (
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
+        "framework"
+    )
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_eight_packages_that_need_the_same_build_cure_are_all_named_in_one_round(tmp_path, pip_bases, installer):
+    """A recipe of many extensions (PyG's family and more): every one whose build imports the framework is named,
+    however many, and the plain source builds among them are not."""
+    folder = _index(tmp_path / "index")
+    needing = ["srcpkg", *(f"ext{n}" for n in range(1, 8))]
+    for name in needing[1:]:
+        sdist(folder, name, "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', f'"{name}"'))
+    plain = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'").replace("COMPILE", "pass")
+    for name in ("plain1", "plain2"):
+        sdist(folder, name, "1.0", plain.replace('"srcpkg"', f'"{name}"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["srcpkg", "plain1", *needing[1:4], "plain2", *needing[4:]]))
+    said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
+    assert said.startswith("building ext1, ext2, ext3, ext4, ext5, ext6, ext7 and srcpkg import the base's framework")
+    assert f"add {', '.join(sorted(needing))} to pip.no_build_isolation," in said
+
+
+def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_the_framework(tmp_path, pip_bases):
+    """cpkg's build needs a compiler the base lacks, not the framework: it is not named in the cure, and srcpkg-two,
+    asked for after it, is."""
+    folder = _index(tmp_path / "index")
+    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"])
+    said = step.failure(step.run(["srcpkg", "cpkg", "srcpkg-two"]))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    )
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
 def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
     tmp_path, pip_bases, installer
 ):

@@ -414,15 +414,15 @@ def why_not(command, origin, name, newest):
     return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
 
 
-ALIKE_ROUNDS = 6  # dry runs, each a resolve: the same cure found for up to this many more packages
+ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to this many more packages
 
 
 def builds_alike(command, origin, watch):
     """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
     they are all built against the base (a build tool the base lacks), or "". uv: resolved again, each time with
     those found so far built against the base (per package). pip has only the global switch: resolved once with it,
-    then each other package it prepared from source is resolved alone, isolated, to see whether it asks for the
-    framework too. The user gets one round for one cure."""
+    then the others it prepared from source and the recipe's own are asked alone, isolated, until none fails. The
+    user gets one round for one cure."""
     uv = os.path.basename(command[0]) == "uv"
     names = [watch.building]
     tool = ""
@@ -438,17 +438,26 @@ def builds_alike(command, origin, watch):
             continue
         tool = again.build_tool(f"building {again.building or 'a package from source'}")
         break
-    if not uv:
+    if not uv:  # one switch: what it built and the recipe's own, those after a build that failed otherwise too
         import tempfile
 
+        from pip_index import recipe_lines, requirement_name
+
+        recipe = [requirement_name(line) for line in recipe_lines(command)[2]]  # those it never reached too
+        rest = [n for n in [*again.from_source, *recipe] if n and canon(n) not in map(canon, names)]
+        rest = [n for i, n in enumerate(rest) if canon(n) not in map(canon, rest[:i])]  # as it first spelled them
         with tempfile.TemporaryDirectory() as folder:
-            for name in again.from_source[:ALIKE_ROUNDS]:
-                if canon(name) in {canon(n) for n in names}:
-                    continue
-                print(f"imgbuild: asking whether building {name} needs the base's framework too", flush=True)
+            while rest:  # each round drops the one whose build failed, or ends: a round per failing build at most
+                print(f"imgbuild: asking whether building {spoken(rest)} needs the base's framework too", flush=True)
                 alone = Watch(watch.sources, watch.named)
-                if run(dry_run(by_itself(command, name, folder)), alone) != 0 and alone.needs_the_framework():
-                    names.append(name)
+                if run(dry_run(by_itself(command, rest, folder)), alone) == 0:
+                    break
+                failed = [n for n in rest if canon(n) == canon(alone.building)]
+                if not failed:
+                    break
+                if alone.needs_the_framework():
+                    names.append(failed[0])
+                rest.remove(failed[0])
     return names[1:], tool
 
 

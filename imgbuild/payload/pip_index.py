@@ -338,10 +338,9 @@ def question(command, name, newest, folder):
     return [*dry_run(command), "-c", path]
 
 
-def by_itself(command, name, folder):
-    """The same install of `name` alone: the recipe's requirement files replaced by one in `folder` holding only
-    their option lines (an index, find-links, trusted hosts) and `name`; its dependencies not asked for; the same
-    pins, constraints and options."""
+def recipe_lines(command):
+    """The install's words but its requirement files, their option lines (nested files read, paths made
+    absolute), and their requirement lines."""
     asked, files, skip = [], [], False
     for word in command:
         if skip:
@@ -355,15 +354,74 @@ def by_itself(command, name, folder):
             files.append(word[2:])
         else:
             asked.append(word)
-    options = []
+    options, lines, seen = [], [], set()
     for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                lines = [line.strip() for line in handle]
-        except OSError:
-            continue
-        options += [line for line in lines if line.startswith("-") and line[:2] != "-r"]
+        options += option_lines(path, seen, lines)
+    return asked, options, lines
+
+
+def by_itself(command, names, folder):
+    """The same install of `names` alone: the recipe's requirement files replaced by one in `folder` holding only
+    their option lines (an index, find-links, trusted hosts) and each name as the recipe asks for it (else the name
+    alone); their dependencies not asked for; the same pins, constraints and options."""
+    asked, options, lines = recipe_lines(command)
+    asked_for = []
+    for name in names:  # a path, a URL, its extras and range: the recipe's own line for it
+        own = [line for line in lines if canon(requirement_name(line)) == canon(name)]
+        asked_for.append(own[0] if own else name)
     alone = os.path.join(folder, "alone.txt")
     with open(alone, "w", encoding="utf-8") as handle:
-        handle.write("".join(f"{line}\n" for line in [*options, name]))
+        handle.write("".join(f"{line}\n" for line in [*options, *asked_for]))
     return [*asked, "--no-deps", "-r", alone]
+
+
+#: a requirement file's line that names another file or folder: `-r more.txt`, `--find-links=wheels`, `-f wheels`
+PATH_OPTION = re.compile(r"^(-[rcf]|--requirement|--constraint|--find-links)(?:\s*=\s*|\s+|(?<=^-[rcf]))(\S.*)$")
+
+
+def option_lines(path, seen, requirements):
+    """The option lines of requirement file `path` and of those it names (`-r`), each path in them made absolute
+    as pip reads it (relative to the file that holds it, where such a path exists); its requirement lines are added
+    to `requirements`."""
+    real = os.path.realpath(path)
+    if real in seen:
+        return []
+    seen.add(real)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = [line.strip() for line in handle]
+    except OSError:
+        return []
+    here, options = os.path.dirname(os.path.abspath(path)), []
+    for line in lines:
+        line = re.sub(r"(^|\s)#.*", "", line).strip()
+        if line and not line.startswith("-"):
+            requirements.append(line)
+        if not line.startswith("-"):
+            continue
+        found = PATH_OPTION.match(line)
+        option, value = (found.group(1), found.group(2).strip()) if found else ("", "")
+        if found and "://" not in value and os.path.exists(os.path.join(here, value)):
+            value = os.path.join(here, value)
+        if option in ("-r", "--requirement"):
+            options += option_lines(value, seen, requirements)
+        elif found:
+            options.append(f"{option} {value}")
+        else:
+            options.append(line)
+    return options
+
+
+def requirement_name(line):
+    """The project a requirement line asks for: `name[extra]>=1`, `name @ URL`, or a path or URL to a
+    distribution file (`.../Name_Two-1.0.tar.gz`, `...whl`, `#egg=name`); "" when it names none."""
+    if found := re.search(r"#egg=([A-Za-z0-9][A-Za-z0-9_.-]*)", line):
+        return found.group(1)
+    if found := re.match(r"([A-Za-z0-9][A-Za-z0-9_.-]*)\s*(?:\[[^]]*\]\s*)?@", line):
+        return found.group(1)
+    if "/" in line or "\\" in line or re.search(r"\.(?:whl|tar\.gz|zip|tgz|tar\.bz2)$", line.split(";")[0].strip()):
+        base = os.path.basename(line.split(";")[0].strip().rstrip("/"))
+        found = re.match(r"([A-Za-z0-9][A-Za-z0-9_.]*?(?:-[A-Za-z_][A-Za-z0-9_.]*?)*)-[0-9]", base)
+        return found.group(1) if found else ""
+    found = re.match(r"[A-Za-z0-9][A-Za-z0-9_.-]*", line)
+    return found.group(0) if found else ""
