@@ -740,9 +740,7 @@ def _conflicts(
         (tmp_path / name).write_text(text)
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f'name: r\nbase: {{framework: pytorch, tag: "24.05"}}\npip: {pip}\n')
-    read = BasePins(
-        "the base's /etc/pip/constraint.txt", BASE_PINS, tuple((k, tuple(v)) for k, v in (requires or {}).items())
-    )
+    read = BasePins("the base's /etc/pip/constraint.txt", BASE_PINS, {k: tuple(v) for k, v in (requires or {}).items()})
     pins = lambda base: read  # noqa: E731
     try:
         make_plan(load_recipe(recipe), settings(), fake_inspect, read_pins=pins)

@@ -7,7 +7,6 @@ answers: its marker (in IMGBUILD_PROBE_MARKER) and the JSON (imgbuild.pipeline.r
 import importlib.metadata as md
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -19,10 +18,8 @@ else:
     args = [sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude", "pip"]
     text = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
     origin = "a freeze of the base's packages"
-requires = {}
+requires: dict[str, list[str]] = {}  # by the name each distribution gives itself (imgbuild canonicalizes it)
 for dist in list(md.distributions())[:5000]:
-    name = re.sub(r"[-_.]+", "-", str(dist.metadata["Name"] or "")).lower()
-    if name and name not in requires:
-        requires[name] = [str(line)[:500] for line in (dist.requires or [])[:300]]
+    requires.setdefault(str(dist.metadata["Name"] or ""), [str(line)[:500] for line in (dist.requires or [])[:300]])
 answer = {"origin": origin, "lines": text.splitlines()[:20000], "requires": requires}
 print(os.environ["IMGBUILD_PROBE_MARKER"] + json.dumps(answer))

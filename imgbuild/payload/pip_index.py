@@ -23,7 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pip_versions import canon, fallback, files_in, meets, release_tuple, resolver_cause  # beside this script
+from pip_versions import canon, fallback, files_in, meets, read_lines, release_tuple, resolver_cause  # beside it
 
 PAGE_LIMIT = 32 << 20  # bytes of one project's page (PyPI's torch page is about 3 MB of JSON)
 TIMEOUT = 8.0  # seconds for one page
@@ -387,13 +387,8 @@ def option_lines(path, seen, requirements):
     if real in seen:
         return []
     seen.add(real)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = [line.strip() for line in handle]
-    except OSError:
-        return []
     here, options = os.path.dirname(os.path.abspath(path)), []
-    for line in lines:
+    for line in read_lines(path):
         line = re.sub(r"(^|\s)#.*", "", line).strip()
         if line and not line.startswith("-"):
             requirements.append(line)

@@ -141,17 +141,17 @@ def fallback(installed, named):
     return None
 
 
+def read_lines(path):
+    """The lines of a requirement or constraint file, read bounded (4 MiB); none when it cannot be read."""
+    with contextlib.suppress(OSError), open(path, errors="replace") as handle:
+        return handle.read(1 << 22).splitlines()
+    return []
+
+
 def files_in(command, flags):
     """(path, lines) of each file in `command` that follows one of `flags` ("-r", "-c"), read bounded; a file that
     cannot be read gives no lines."""
-    found = []
-    for flag, path in zip(command, command[1:], strict=False):
-        if flag in flags:
-            lines = []
-            with contextlib.suppress(OSError), open(path, errors="replace") as handle:
-                lines = handle.read(1 << 22).splitlines()
-            found.append((path, lines))
-    return found
+    return [(path, read_lines(path)) for flag, path in zip(command, command[1:], strict=False) if flag in flags]
 
 
 def find_links_pages(command):

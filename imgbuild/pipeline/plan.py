@@ -56,13 +56,11 @@ class BaseImage:
     pins: tuple[str, ...] = ()  # every `name==version` the base holds its packages at (see bases.pin_reader)
     pins_origin: str = ""  # where those pins were read: the base's PIP_CONSTRAINT file, or a freeze
     #: each installed distribution's Requires-Dist lines, by canonical name, read with the pins
-    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def requirements_of(self, name: str) -> list[str]:
-        """The base's distribution `name`'s requirements as the pins probe read them (none when unread)."""
-        from packaging.utils import canonicalize_name
-
-        return list(dict(self.requires).get(str(canonicalize_name(name)), ()))
+        """The base's distribution `name` (canonical) requirements as the pins probe read them (none when unread)."""
+        return list(self.requires.get(name, ()))
 
     @property
     def pinned(self) -> str:
@@ -95,7 +93,7 @@ class BasePins:
 
     origin: str = ""
     pins: tuple[str, ...] = ()
-    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    requires: dict[str, tuple[str, ...]] = field(default_factory=dict)  # canonical name -> Requires-Dist lines
 
 
 #: (resolved base) -> its pins; reads inside the base image.

@@ -236,7 +236,7 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> ReadPins:
         if found is None:
             return BasePins()
         if key:
-            requires = {name: list(lines) for name, lines in found.requires}
+            requires = {name: list(lines) for name, lines in found.requires.items()}
             cache.put(key, {"origin": found.origin, "lines": list(found.pins), "requires": requires})
         return found
 
@@ -244,14 +244,16 @@ def pin_reader(settings: Settings, engine: ImageEngine) -> ReadPins:
 
 
 def _pins_in(data: Any) -> BasePins | None:
-    """The pins probe's answer (or the cache's copy of it), bounded; None when it is not one. An answer without
-    requirements (a cache an older imgbuild wrote) is still the base's pins."""
+    """The pins probe's answer (or the cache's copy of it), bounded; None when it is not one. Requirements are
+    keyed by canonical name here (the probe sends each distribution's name as the base spells it; the first of a
+    name counts). An answer without them (a cache an older imgbuild wrote) is still the base's pins."""
+    from packaging.utils import canonicalize_name
+
     if not isinstance(data, dict) or not isinstance(data.get("origin"), str) or not isinstance(data.get("lines"), list):
         return None
     table = data.get("requires")
-    requires = tuple(
-        (name[:200], tuple(str(line)[:500] for line in lines[:300]))
-        for name, lines in (list(table.items())[:5000] if isinstance(table, dict) else [])
-        if isinstance(name, str) and isinstance(lines, list)
-    )
+    requires: dict[str, tuple[str, ...]] = {}
+    for name, lines in list(table.items())[:5000] if isinstance(table, dict) else []:
+        if isinstance(name, str) and isinstance(lines, list):
+            requires.setdefault(str(canonicalize_name(name[:200])), tuple(str(line)[:500] for line in lines[:300]))
     return BasePins(data["origin"][:200], tuple(str(line)[:500] for line in data["lines"][:20000]), requires)
