@@ -394,7 +394,7 @@ def option_lines(path, seen, requirements):
             requirements.append(line)
         if not line.startswith("-"):
             continue
-        found = PATH_OPTION.match(line)
+        found = PATH_OPTION.fullmatch(line)
         option, value = (found.group(1), found.group(2).strip()) if found else ("", "")
         if found and "://" not in value and os.path.exists(os.path.join(here, value)):
             value = os.path.join(here, value)
