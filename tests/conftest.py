@@ -322,7 +322,10 @@ def _tiers_of(item: pytest.Item) -> list[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for a bed or Slurm fixture without its marker is an error at collection, not a slow
-    surprise in the fast tier; a test that no tier runs, or two do, is an error too."""
+    surprise in the fast tier; a test that no tier runs, or two do, is an error too. The front door's engine tests
+    come first, so that README's test command (one run, three xdist workers) starts them at once, on the first
+    worker's first batch, while the others run the unit tier beside them."""
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("frontdoor") is None)  # stable: else as found
     unmarked = [
         f"{item.nodeid} uses the fixture `{fixture}` but is not marked `{marker}`"
         for item in items
@@ -336,6 +339,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError("\n".join(unmarked))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """The front door's engine tests run one at a time on this machine, whichever worker has them: each holds a
+    lock for its set-up, run and teardown (dockerd 20.10's BuildKit is not safe under unrelated concurrent builds)."""
+    if item.get_closest_marker("frontdoor") is None:
+        return (yield)
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / f"imgbuild-frontdoor-{os.getuid()}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return (yield)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -202,15 +202,18 @@ def test_eight_packages_that_need_the_same_build_cure_are_all_named_in_one_round
     assert f"add {', '.join(sorted(needing))} to pip.no_build_isolation," in said
 
 
-def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_the_framework(tmp_path, pip_bases):
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_the_framework(
+    tmp_path, pip_bases, installer
+):
     """cpkg's build needs a compiler the base lacks, not the framework: it is not named in the cure, and srcpkg-two,
-    asked for after it, is."""
+    asked for after it, is (uv's resolve stops at cpkg's failed build: the ones after it are asked alone)."""
     folder = _index(tmp_path / "index")
     no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
     compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
     sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
     sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
-    step = PipStep(pip_bases, tmp_path, folder, ["torch"])
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg", "cpkg", "srcpkg-two"]))
     assert said.startswith(
         "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
@@ -232,6 +235,20 @@ def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_
         "; then building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA "
         "toolkit: NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only base does not"
     )
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_build_tool_missing_for_the_first_package_hides_none_after_it(tmp_path, pip_bases, installer):
+    """Mamba as its README installs it: causal-conv1d and mamba-ssm both import torch to build, and the first then
+    needs nvcc, which the base lacks. Once the first is built against the base its resolve fails at nvcc; the second,
+    never reached, is still asked for and named in the same line as the tool."""
+    nvcc = 'subprocess.check_output(["/opt/no-cuda/bin/nvcc", "-V"])'
+    folder = _index(tmp_path / "index", nvcc)
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["srcpkg", "srcpkg-two"]))
+    assert "add srcpkg, srcpkg-two to pip.no_build_isolation" in said, said
+    assert "building srcpkg needs CUDA's compiler (nvcc), which the base lacks" in said, said
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,18 @@
 """The pip step's bounds, for guard.py beside it: the time until the installer starts installing and the bytes the
-whole step downloads, as imgbuild set them (a secret's `NAME=digits` lines, else the environment), and what this
-network namespace received so far. Stdlib only: it runs in the base.
+whole step downloads, as imgbuild set them (a secret's `NAME=digits` lines, else the environment), what this
+network namespace received so far, and the installer run under them (`run`), its output passed on as it comes and
+a status line when it has been quiet for a while. Stdlib only: it runs in the base.
 """
 
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+QUIET_SECONDS = 20
 
 
 def received_bytes():
@@ -57,3 +65,43 @@ def over(watch, elapsed, got):
     if limit_s and not watch.installing and elapsed > limit_s:
         return f"still resolving after {elapsed:.0f} s, the limit (pip_resolve_timeout)"
     return ""
+
+
+def stop(proc):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=5)
+            return
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+
+
+def run(command, watch):
+    """pip's exit status, or (text) the reason a bound stopped it."""
+    start, start_rx = time.monotonic(), received_bytes()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def pump():
+        for raw in proc.stdout:
+            sys.stdout.buffer.write(raw)
+            sys.stdout.flush()
+            watch.see(raw.decode(errors="replace"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        time.sleep(0.2)
+        elapsed, got = time.monotonic() - start, received_bytes() - start_rx
+        reason = over(watch, elapsed, got)
+        if reason:
+            stop(proc)
+            reader.join(timeout=5)
+            return reason
+        if time.monotonic() - watch.last_line > QUIET_SECONDS:
+            doing = "installing" if watch.installing else "resolving"
+            busy = f", backtracking through {watch.backtracking()}" if watch.backtracking() else ""
+            print(f"imgbuild: pip still {doing}: {elapsed:.0f} s, {size(got)} downloaded{busy}", flush=True)
+            watch.last_line = time.monotonic()
+    reader.join(timeout=30)
+    return proc.returncode

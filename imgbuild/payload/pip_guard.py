@@ -15,14 +15,11 @@ import functools
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_bounds import over, received_bytes, size  # noqa: E402
+from pip_bounds import run  # noqa: E402
 from pip_index import by_itself, dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402,E501
 from pip_versions import (  # noqa: E402
     PIN_FILES,
@@ -63,7 +60,6 @@ from pip_words import (  # noqa: E402
     spoken,
 )
 
-QUIET_SECONDS = 20
 FRAMEWORK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "framework.txt")  # render writes it
 
 
@@ -361,46 +357,6 @@ class Watch:
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
 
 
-def stop(proc):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=5)
-            return
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-
-
-def run(command, watch):
-    """pip's exit status, or (text) the reason a bound stopped it."""
-    start, start_rx = time.monotonic(), received_bytes()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def pump():
-        for raw in proc.stdout:
-            sys.stdout.buffer.write(raw)
-            sys.stdout.flush()
-            watch.see(raw.decode(errors="replace"))
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    while proc.poll() is None:
-        time.sleep(0.2)
-        elapsed, got = time.monotonic() - start, received_bytes() - start_rx
-        reason = over(watch, elapsed, got)
-        if reason:
-            stop(proc)
-            reader.join(timeout=5)
-            return reason
-        if time.monotonic() - watch.last_line > QUIET_SECONDS:
-            doing = "installing" if watch.installing else "resolving"
-            busy = f", backtracking through {watch.backtracking()}" if watch.backtracking() else ""
-            print(f"imgbuild: pip still {doing}: {elapsed:.0f} s, {size(got)} downloaded{busy}", flush=True)
-            watch.last_line = time.monotonic()
-    reader.join(timeout=30)
-    return proc.returncode
-
-
 def why_not(command, origin, name, newest):
     """What the resolver says when asked for `name`==`newest` on top of the same install, resolved only: the
     requirement that forced a fallback, as the guard names any conflict; "" when it resolves."""
@@ -420,9 +376,10 @@ ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to thi
 def builds_alike(command, origin, watch):
     """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
     they are all built against the base (a build tool the base lacks), or "". uv: resolved again, each time with
-    those found so far built against the base (per package). pip has only the global switch: resolved once with it,
-    then the others it prepared from source and the recipe's own are asked alone, isolated, until none fails. The
-    user gets one round for one cure."""
+    those found so far built against the base (per package). pip has only the global switch: resolved once with it.
+    Then the recipe's own not found yet (and, with pip, the others it prepared from source) are asked alone,
+    isolated, until none fails: with pip always, with uv where a build failing for another reason ended its
+    resolve before it reached them. The user gets one round for one cure."""
     uv = os.path.basename(command[0]) == "uv"
     names = [watch.building]
     tool = ""
@@ -438,27 +395,41 @@ def builds_alike(command, origin, watch):
             continue
         tool = again.build_tool(f"building {again.building or 'a package from source'}")
         break
-    if not uv:  # one switch: what it built and the recipe's own, those after a build that failed otherwise too
-        import tempfile
-
-        from pip_index import recipe_lines, requirement_name
-
-        recipe = [requirement_name(line) for line in recipe_lines(command)[2]]  # those it never reached too
-        rest = [n for n in [*again.from_source, *recipe] if n and canon(n) not in map(canon, names)]
-        rest = [n for i, n in enumerate(rest) if canon(n) not in map(canon, rest[:i])]  # as it first spelled them
-        with tempfile.TemporaryDirectory() as folder:
-            while rest:  # each round drops the one whose build failed, or ends: a round per failing build at most
-                print(f"imgbuild: asking whether building {spoken(rest)} needs the base's framework too", flush=True)
-                alone = Watch(watch.sources, watch.named)
-                if run(dry_run(by_itself(command, rest, folder)), alone) == 0:
-                    break
-                failed = [n for n in rest if canon(n) == canon(alone.building)]
-                if not failed:
-                    break
-                if alone.needs_the_framework():
-                    names.append(failed[0])
-                rest.remove(failed[0])
+    if not uv or tool:
+        names += asked_alone(command, watch, [*(() if uv else again.from_source)], names)
     return names[1:], tool
+
+
+def asked_alone(command, watch, built, names):
+    """Of `built` and the recipe's own requirements not in `names`, those whose build asks for the base's
+    framework when asked alone, isolated; each round drops the one whose build failed (a round per failing build
+    at most). uv resolves them with their dependencies (with `--no-deps` it builds nothing), those in `names`
+    built against the base."""
+    import tempfile
+
+    from pip_index import recipe_lines, requirement_name
+
+    uv = os.path.basename(command[0]) == "uv"
+    recipe = [requirement_name(line) for line in recipe_lines(command)[2]]  # those it never reached too
+    rest = [n for n in [*built, *recipe] if n and canon(n) not in map(canon, names)]
+    rest = [n for i, n in enumerate(rest) if canon(n) not in map(canon, rest[:i])]  # as it first spelled them
+    found = []
+    with tempfile.TemporaryDirectory() as folder:
+        while rest:
+            print(f"imgbuild: asking whether building {spoken(rest)} needs the base's framework too", flush=True)
+            alone = Watch(watch.sources, watch.named)
+            asked = dry_run(by_itself(command, rest, folder, deps=uv))
+            if uv:
+                asked += [w for n in [*names, *found] for w in ("--no-build-isolation-package", n)]
+            if run(asked, alone) == 0:
+                break
+            failed = [n for n in rest if canon(n) == canon(alone.building)]
+            if not failed:
+                break
+            if alone.needs_the_framework():
+                found.append(failed[0])
+            rest.remove(failed[0])
+    return found
 
 
 def main(argv):

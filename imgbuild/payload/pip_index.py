@@ -360,10 +360,10 @@ def recipe_lines(command):
     return asked, options, lines
 
 
-def by_itself(command, names, folder):
+def by_itself(command, names, folder, deps=False):
     """The same install of `names` alone: the recipe's requirement files replaced by one in `folder` holding only
     their option lines (an index, find-links, trusted hosts) and each name as the recipe asks for it (else the name
-    alone); their dependencies not asked for; the same pins, constraints and options."""
+    alone); their dependencies not asked for unless `deps`; the same pins, constraints and options."""
     asked, options, lines = recipe_lines(command)
     asked_for = []
     for name in names:  # a path, a URL, its extras and range: the recipe's own line for it
@@ -372,7 +372,7 @@ def by_itself(command, names, folder):
     alone = os.path.join(folder, "alone.txt")
     with open(alone, "w", encoding="utf-8") as handle:
         handle.write("".join(f"{line}\n" for line in [*options, *asked_for]))
-    return [*asked, "--no-deps", "-r", alone]
+    return [*asked, *(() if deps else ("--no-deps",)), "-r", alone]
 
 
 #: a requirement file's line that names another file or folder: `-r more.txt`, `--find-links=wheels`, `-f wheels`
