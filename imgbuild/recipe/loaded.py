@@ -42,13 +42,12 @@ class LoadedRecipe:
     file_digests: dict[str, str] = field(default_factory=dict)
     #: `recipes/x.yaml` (stable_name): the recipe as every label, record and provenance names it, fixed at load
     name: str = field(init=False, default="")
+    #: the path as its writer sees it (display_path: relative to the working folder), for every message; fixed at load
+    display: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.name = stable_name(self.path)
-
-    @property
-    def display(self) -> str:
-        return display_path(self.path)
+        self.display = display_path(self.path)
 
 
 def stable_name(path: Path) -> str:
