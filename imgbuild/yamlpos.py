@@ -87,6 +87,15 @@ _OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 
+def display_path(path: Path) -> str:
+    """`path` as the person who wrote it sees it: relative to the working folder where it lies inside it; the name
+    every Problem about the file carries."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def read_text_bounded(path: Path, display: str, limit: int, field: str = "") -> str:
     """A file's text as UTF-8, refusing what is too big, not UTF-8, or carries NUL bytes.
 

@@ -218,16 +218,18 @@ def _env(**values: str) -> Iterator[None]:
 #: hops to 18 when the build became one BuildJob made at the edge: the command line loads the recipe into it, and the
 #: pipeline runs every stage, the push included, with no second load and no return to the command line; 18 to 16 when
 #: the recipe's name (`recipes/x.yaml`) became a fact of the loaded recipe, fixed at load, which the render, the
-#: record and the provenance read instead of each asking recipe.loaded to work it out again; 16 to 14 when the path
-#: as its writer sees it (`display`) became such a fact too, which the plan's messages read. (b) went
+#: record and the provenance read instead of each asking the loaded recipe's module to work it out again; 16 to 14
+#: when the path as its writer sees it (`display`) became such a fact too, which the plan's messages read; 10 modules
+#: to 9 and 14 hops to 13 when the LoadedRecipe came to live with its maker (recipe.load) and how a path is shown
+#: with the positions that show it (yamlpos). (b) went
 #: from 18 to 15 when the site's rules over a GPU request became one step (servers.holds.choose_gpus: the request
 #: that could never start, the choice, the quota) instead of three calls to and fro. (b) crosses servers.runwords
 #: since run's grammar and its typed RunCall have one home, where the command line and the queue's child both read
 #: words (16 hops with RunCall followed as a carrier: the words read, the command line's edge, then the launch,
 #: which checks and resolves the image once where it was resolved twice).
 CEILINGS = {
-    "build": (walk_recipe_in_build, 10, 14),
-    "build --push": (walk_recipe_in_build_push, 10, 14),
+    "build": (walk_recipe_in_build, 9, 13),
+    "build --push": (walk_recipe_in_build_push, 9, 13),
     "run": (walk_gpus_in_run, 8, 16),
 }
 

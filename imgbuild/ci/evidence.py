@@ -22,7 +22,7 @@ from imgbuild.ci.rebuild import BUILT, FAILED, FRESH, Item
 from imgbuild.config.settings import Settings
 from imgbuild.errors import ImgbuildError, UsageError
 from imgbuild.imageref import DIGEST_RE
-from imgbuild.recipe.loaded import CI_PATH_RE
+from imgbuild.recipe.load import CI_PATH_RE
 
 if TYPE_CHECKING:
     from imgbuild.registry.client import RegistryClient

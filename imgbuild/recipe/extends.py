@@ -13,12 +13,11 @@ from imgbuild import limits
 from imgbuild.errors import Problem, RecipeError
 from imgbuild.fields import show as _show
 from imgbuild.recipe.interpolate import interpolate
-from imgbuild.recipe.loaded import display_path
 from imgbuild.recipe.repofiles import (
     OutsideRepository,
     resolve_inside,
 )
-from imgbuild.yamlpos import Located, PathKey, Pos, load_located
+from imgbuild.yamlpos import Located, PathKey, Pos, display_path, load_located
 
 # --- shorthands and merging -----------------------------------------------------------------------
 

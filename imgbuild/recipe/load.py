@@ -1,15 +1,18 @@
-"""load_recipe: one recipe file (and what it extends, its requirements, its lock, its files) to a LoadedRecipe,
-every problem at once as FILE:LINE:COL."""
+"""load_recipe: one recipe file (and what it extends, its requirements, its lock, its files) to a LoadedRecipe (the
+typed Recipe with where it came from and what it names outside itself, read once), every problem at once as
+FILE:LINE:COL; and the names a recipe's path goes by (stable_name in labels and records, ci_path where CI passes it
+on)."""
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imgbuild import limits
-from imgbuild.errors import Problem, RecipeError
+from imgbuild.errors import Problem, RecipeError, UsageError
 from imgbuild.fields import json_schema as _json_schema
 from imgbuild.fields import show as _show
 from imgbuild.fields import (
@@ -17,7 +20,6 @@ from imgbuild.fields import (
 )
 from imgbuild.recipe import reqfile
 from imgbuild.recipe.extends import PATH_FIELDS, list_at, load_chain, merged_positions
-from imgbuild.recipe.loaded import LoadedRecipe, display_path
 from imgbuild.recipe.model import Recipe
 from imgbuild.recipe.repofiles import (
     OutsideRepository,
@@ -28,9 +30,67 @@ from imgbuild.recipe.repofiles import (
     resolve_inside,
     source_files,
 )
-from imgbuild.yamlpos import Located, PathKey, Pos, dotted, read_text_bounded
+from imgbuild.yamlpos import Located, PathKey, Pos, display_path, dotted, read_text_bounded
 
 _RELATIVE_HINT = "paths are relative to the recipe that names them"
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe with where it came from: the file, its `extends` chain, resolved paths."""
+
+    recipe: Recipe
+    path: Path
+    chain: list[Path]
+    file_sources: dict[str, Path] = field(default_factory=dict)  # files[i].dest -> absolute src
+    requirements_path: Path | None = None
+    ca_bundle_path: Path | None = None
+    located: Located | None = field(default=None, repr=False)
+    root: Path | None = None  # the repository every named path stays inside
+    #: files[i].dest -> the files to copy (checked: inside the repository, regular, bounded)
+    file_manifest: dict[str, list[SourceFile]] = field(default_factory=dict)
+    #: the requirements file's requirements (its nested -r files' too), each with its file and line, read once
+    requirements: tuple[reqfile.ReqLine, ...] = ()
+    #: its constraints (-c files), and the pip options it sets (index URLs, trusted hosts, --pre, ...)
+    requirement_constraints: tuple[reqfile.ReqLine, ...] = ()
+    requirement_options: tuple[str, ...] = ()
+    #: the recipe's lock (`<recipe>.lock.txt` beside it, written by `imgbuild lock`): name==version lines
+    lock_path: Path | None = None
+    lock_pins: tuple[str, ...] = ()
+    lock_lines: tuple[reqfile.ReqLine, ...] = ()  # the same pins, each with its line (for located conflicts)
+    #: files[i].dest -> sha256 of what will be copied (names, exec bits, content), hashed once at load
+    file_digests: dict[str, str] = field(default_factory=dict)
+    #: `recipes/x.yaml` (stable_name): the recipe as every label, record and provenance names it, fixed at load
+    name: str = field(init=False, default="")
+    #: the path as its writer sees it (display_path: relative to the working folder), for every message; fixed at load
+    display: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        self.name = stable_name(self.path)
+        self.display = display_path(self.path)
+
+
+def stable_name(path: Path) -> str:
+    """`recipes/x.yaml`: the recipe's folder and file name, the same on every machine and from any cwd."""
+    path = Path(path)
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+#: A recipe's path as CI passes it on (a plan's matrix, a child pipeline's script, a workflow `init` writes): letters,
+#: digits and `. _ / -`, no part that starts with `-`. Such a name is the same word to every shell, YAML file and
+#: template expression it passes through, and never an option.
+CI_PATH_RE = re.compile(r"/?(?!-)[A-Za-z0-9._-]+(?:/(?!-)[A-Za-z0-9._-]+)*")
+
+
+def ci_path(shown: str) -> str:
+    """`shown` (a recipe's path as display_path gives it), checked as a name CI may pass on; else UsageError, one
+    line naming it."""
+    if not CI_PATH_RE.fullmatch(shown):
+        raise UsageError(
+            f"{shown!r}: a recipe's path CI passes on may hold only letters, digits and . _ / - (no part starting "
+            "with -): rename the file or its folder"
+        )
+    return shown
 
 
 def _check_paths(

@@ -1,6 +1,6 @@
 """A recipe's fields: the typed model (Base, Pip, User, FileSpec, Smoke, Recipe) and each field's rules, as data
 (fields.Model checks them, gives defaults and writes the JSON schema). The recipe as read from its file, with
-where it came from, is `imgbuild.recipe.loaded`."""
+where it came from, is `imgbuild.recipe.load`'s LoadedRecipe."""
 
 from __future__ import annotations
 
