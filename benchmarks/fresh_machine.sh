@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# README's main command, verbatim, as on a machine with nothing cached: an empty Docker data root, an empty bed
-# cache, a fresh HOME (no pip or imgbuild caches) and a clean clone of this repository. Each output line gets the
-# seconds since the start; the last line is the total.
+# README's main command (or another of its blocks: test-command), verbatim, as on a machine with nothing cached: an
+# empty Docker data root, an empty bed cache, a fresh HOME (no pip or imgbuild caches) and a clean clone of this
+# repository. Each output line gets the seconds since the start; the last line is the total.
 #
-#     sudo benchmarks/fresh_machine.sh            (root; the test bed must be down: tests/testbed/down)
+#     sudo benchmarks/fresh_machine.sh [BLOCK]    (root; the test bed must be down: tests/testbed/down)
 #
 # What a fresh machine would also do and this does not: install Debian's docker.io, docker-registry and curl (the
 # bed installs what is missing, as it does mmdebstrap). Remove mmdebstrap first (apt-get remove mmdebstrap) to
@@ -16,6 +16,7 @@ if pgrep -x dockerd >/dev/null; then
   exit 3
 fi
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+case "${1:-main-command}" in main-command|test-command) ;; *) echo "fresh_machine.sh: BLOCK is main-command or test-command" >&2; exit 2 ;; esac
 F=${FRESH:-/tmp/imgbuild-fresh}
 CACHE=${IMGBUILD_TESTBED_CACHE:-/var/cache/imgbuild-testbed}
 rm -rf "$F"
@@ -31,7 +32,8 @@ cleanup() {
 trap cleanup EXIT
 git clone -q "$REPO" "$F/repo"
 cd "$F/repo"
-main=$(awk '$0 == "<!-- main-command -->" {found=1; next} found && /^```/{if (inblock) exit; inblock=1; next} inblock{print}' README.md)
+BLOCK=${1:-main-command}
+main=$(awk -v mark="<!-- $BLOCK -->" '$0 == mark {found=1; next} found && /^```/{if (inblock) exit; inblock=1; next} inblock{print}' README.md)
 start=$(date +%s.%N)
 elapsed() { python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):6.1f}')" "$start"; }
 rc=0
