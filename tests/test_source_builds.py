@@ -222,6 +222,29 @@ def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwise_is_named(
+    tmp_path, pip_bases, installer
+):
+    """srcpkg-two is no line of the recipe: parent, a wheel the recipe asks for after cpkg (whose build needs a
+    compiler the base lacks), depends on it. The resolve that stops at cpkg never reached it; the cure names it with
+    srcpkg all the same, and never cpkg."""
+    folder = _index(tmp_path / "index")
+    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    wheel(folder, "parent", "1.0", {"parent/__init__.py": b""}, ("srcpkg-two",))
+    asked = ["srcpkg", "cpkg", "parent"]
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(asked))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    ), said
+    assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
 def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
     tmp_path, pip_bases, installer
 ):
