@@ -375,28 +375,41 @@ ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to thi
 
 def builds_alike(command, origin, watch):
     """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
-    they are all built against the base (a build tool the base lacks), or "". uv: resolved again, each time with
-    those found so far built against the base (per package). pip has only the global switch: resolved once with it.
-    Then the recipe's own not found yet (and, with pip, the others it prepared from source) are asked alone,
-    isolated, until none fails: with pip always, with uv where a build failing for another reason ended its
-    resolve before it reached them. The user gets one round for one cure."""
+    they are all built against the base (a build tool the base lacks), or "". Resolved again with those found so far
+    built against the base (uv: per package; pip has only the global switch), each round without the recipe's line
+    whose build failed for another reason, until it resolves (a round per failing build). Then, with pip, what it
+    built and the recipe's own are asked alone, isolated; with uv too where a build failing otherwise was no line of
+    the recipe (a dependency's). The user gets one round for one cure."""
+    import tempfile
+
+    from pip_index import recipe_lines, requirement_name
+
     uv = os.path.basename(command[0]) == "uv"
-    names = [watch.building]
-    tool = ""
-    for _ in range(ALIKE_ROUNDS):
-        unisolated = [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
-        print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
-        again = Watch(watch.sources, watch.named)
-        outcome = run([*dry_run(command), *unisolated], again)
-        if outcome == 0 or isinstance(outcome, str):
-            break
-        if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
-            names.append(again.building)
-            continue
-        tool = again.build_tool(f"building {again.building or 'a package from source'}")
-        break
-    if not uv or tool:
-        names += asked_alone(command, watch, [*(() if uv else again.from_source)], names)
+    names, tool, built, kept, outcome = [watch.building], "", [], None, 1
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(ALIKE_ROUNDS):
+            unisolated = (
+                [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
+            )
+            print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
+            again = Watch(watch.sources, watch.named)
+            asked = command if kept is None else by_itself(command, kept, folder, deps=True)
+            outcome = run([*dry_run(asked), *unisolated], again)
+            built += again.from_source
+            if outcome == 0 or isinstance(outcome, str):
+                break
+            if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
+                names.append(again.building)
+                continue
+            tool = tool or again.build_tool(f"building {again.building or 'a package from source'}")
+            if kept is None:  # the recipe's own lines, each by its name
+                kept = [n for n in (requirement_name(line) for line in recipe_lines(command)[2]) if n]
+            failed = [n for n in kept if canon(n) == canon(again.building)]
+            if not failed or len(kept) == 1:
+                break
+            kept.remove(failed[0])
+    if not uv or (outcome != 0 and not isinstance(outcome, str)):
+        names += asked_alone(command, watch, [*(() if uv else built)], names)
     return names[1:], tool
 
 
