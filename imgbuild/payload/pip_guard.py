@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_bounds import run  # noqa: E402
-from pip_index import by_itself, dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402,E501
+from pip_index import by_itself, dry_run, fallback_held_back, old_release_line, project_on_index, question, recipe_names  # noqa: E402,E501
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -49,6 +49,7 @@ from pip_words import (  # noqa: E402
     NAME,
     OTHER_FRAMEWORK,
     PAGE_UNREAD,
+    PULLED,
     REQUESTED,
     RETRIED_PATH,
     SOURCE_STEP,
@@ -82,6 +83,7 @@ class Watch:
         self.other_framework = ""
         self.building = ""  # the package being built from source, when one is
         self.from_source = []  # every package pip prepared from source (its metadata, or a wheel), in order
+        self.pulled = {}  # canonical name -> the names of those that asked for it, the installer's words (PULLED)
         self.build_framework = ""  # the framework a source build asked for in its isolated environment (uv)
         self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
@@ -107,6 +109,7 @@ class Watch:
         self.installed += installed_from(raw)
         if found := BUILDING.match(line.strip()):
             self.building = found.group(1)
+        self.see_pulled(line)
         if SOURCE_STEP.match(line) and self.building and self.building not in self.from_source:
             self.from_source.append(self.building)
         self.build_requires = self.build_requires or "`build-system.requires`" in line
@@ -132,6 +135,14 @@ class Watch:
             self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
             if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
                 self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+
+    def see_pulled(self, line):
+        """Who asked for a package: pip says it on the line that names the package, uv after its failed build."""
+        if found := PULLED.search(line):
+            who, chain = (self.building, found.group(1)) if found.group(1) else found.group(2, 3)
+            chain = chain.split("->") if found.group(1) else re.findall(rf"`({NAME})`", chain)  # pip: a->b->-r file
+            named = [m.group(0) for m in (re.match(NAME, part) for part in chain) if m]
+            self.pulled[canon(who)] = [n for n in named if canon(n) != canon(who)]
 
     def see_pip(self, line):
         """pip's own lines: what it fetched, backtracked through, and said of the conflict."""
@@ -349,6 +360,11 @@ class Watch:
             return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
         return ""
 
+    def whose(self, names):
+        """Of `names` (the recipe's lines), the one whose build failed, else the one that asked for it; or ""."""
+        chain = [canon(n) for n in (self.building, *self.pulled.get(canon(self.building), ()))]
+        return next((n for c in chain for n in names if canon(n) == c), "")
+
     def needs_the_framework(self):
         """Whether the failure is a source build asking for the base's framework in its isolated environment."""
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
@@ -376,16 +392,13 @@ ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to thi
 def builds_alike(command, origin, watch):
     """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
     they are all built against the base (a build tool the base lacks), or "". Resolved again with those found so far
-    built against the base (uv: per package; pip has only the global switch), each round without the recipe's line
-    whose build failed for another reason, until it resolves (a round per failing build). Then, with pip, what it
-    built and the recipe's own are asked alone, isolated; with uv too where a build failing otherwise was no line of
-    the recipe (a dependency's). The user gets one round for one cure."""
+    built against the base (uv: per package; pip: its global switch), each round without the recipe's line whose
+    build failed for another reason (or that asked for it), until it resolves. Then, with pip, what it built and the
+    recipe's own are asked alone, isolated (uv too where a failed build was no line's). One round for one cure."""
     import tempfile
 
-    from pip_index import recipe_lines, requirement_name
-
     uv = os.path.basename(command[0]) == "uv"
-    names, tool, built, kept, outcome = [watch.building], "", [], None, 1
+    names, tool, built, kept, done = [watch.building], "", [], None, False
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(ALIKE_ROUNDS):
             unisolated = (
@@ -396,19 +409,22 @@ def builds_alike(command, origin, watch):
             asked = command if kept is None else by_itself(command, kept, folder, deps=True)
             outcome = run([*dry_run(asked), *unisolated], again)
             built += again.from_source
-            if outcome == 0 or isinstance(outcome, str):
+            done = outcome == 0 or isinstance(outcome, str)
+            if done:
                 break
             if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
                 names.append(again.building)
                 continue
             tool = tool or again.build_tool(f"building {again.building or 'a package from source'}")
             if kept is None:  # the recipe's own lines, each by its name
-                kept = [n for n in (requirement_name(line) for line in recipe_lines(command)[2]) if n]
-            failed = [n for n in kept if canon(n) == canon(again.building)]
-            if not failed or len(kept) == 1:
+                kept = recipe_names(command)
+            failed = again.whose(kept)  # the recipe's line whose build failed otherwise, or that asked for it
+            if failed:
+                kept.remove(failed)
+            done = bool(failed) and not kept
+            if done or not failed:
                 break
-            kept.remove(failed[0])
-    if not uv or (outcome != 0 and not isinstance(outcome, str)):
+    if not uv or not done:
         names += asked_alone(command, watch, [*(() if uv else built)], names)
     return names[1:], tool
 
@@ -420,15 +436,12 @@ def asked_alone(command, watch, built, names):
     built against the base."""
     import tempfile
 
-    from pip_index import recipe_lines, requirement_name
-
     uv = os.path.basename(command[0]) == "uv"
-    recipe = [requirement_name(line) for line in recipe_lines(command)[2]]  # those it never reached too
-    rest = [n for n in [*built, *recipe] if n and canon(n) not in map(canon, names)]
+    rest = [n for n in [*built, *recipe_names(command)] if canon(n) not in map(canon, names)]  # never reached too
     rest = [n for i, n in enumerate(rest) if canon(n) not in map(canon, rest[:i])]  # as it first spelled them
     found = []
     with tempfile.TemporaryDirectory() as folder:
-        while rest:
+        for _ in range(ALIKE_ROUNDS if rest else 0):
             print(f"imgbuild: asking whether building {spoken(rest)} needs the base's framework too", flush=True)
             alone = Watch(watch.sources, watch.named)
             asked = dry_run(by_itself(command, rest, folder, deps=uv))
@@ -436,12 +449,15 @@ def asked_alone(command, watch, built, names):
                 asked += [w for n in [*names, *found] for w in ("--no-build-isolation-package", n)]
             if run(asked, alone) == 0:
                 break
-            failed = [n for n in rest if canon(n) == canon(alone.building)]
-            if not failed:
+            failed, new = alone.whose(rest), alone.needs_the_framework()
+            if new and canon(alone.building) not in {canon(n) for n in [*names, *found]}:
+                found.append(alone.building)  # uv: a dependency's, built against the base next round
+            elif not failed:
                 break
-            if alone.needs_the_framework():
-                found.append(failed[0])
-            rest.remove(failed[0])
+            if failed and (not new or canon(failed) == canon(alone.building)):
+                rest.remove(failed)
+            if not rest:
+                break
     return found
 
 
