@@ -249,6 +249,28 @@ def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwi
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_build_failing_otherwise_before_those_that_need_the_framework_is_named_with_them(
+    tmp_path, pip_bases, installer
+):
+    """cpkg, the recipe's first line, needs a compiler the base lacks and fails first: srcpkg and srcpkg-two after it
+    import the framework to build. The one line names both cures, the field with both packages and the compiler."""
+    folder = _index(tmp_path / "index")
+    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["cpkg", "srcpkg", "srcpkg-two"]))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    ), said
+    assert said.endswith(
+        "; then building cpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
+    ), said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
 def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
     tmp_path, pip_bases, installer
 ):
