@@ -19,8 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
+from pip_alike import builds_alike  # noqa: E402
 from pip_bounds import run  # noqa: E402
-from pip_index import by_itself, dry_run, fallback_held_back, old_release_line, project_on_index, question, recipe_names  # noqa: E402,E501
+from pip_index import fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -386,81 +387,6 @@ def why_not(command, origin, name, newest):
     return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
 
 
-ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to this many more packages
-
-
-def builds_alike(command, origin, watch):
-    """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
-    they are all built against the base (a build tool the base lacks), or "". Resolved again with those found so far
-    built against the base (uv: per package; pip: its global switch), each round without the recipe's line whose
-    build failed for another reason (or that asked for it), until it resolves. Then, with pip, what it built and the
-    recipe's own are asked alone, isolated (uv too where a failed build was no line's). One round for one cure."""
-    import tempfile
-
-    uv = os.path.basename(command[0]) == "uv"
-    names, tool, built, kept, done = [watch.building], "", [], None, False
-    with tempfile.TemporaryDirectory() as folder:
-        for _ in range(ALIKE_ROUNDS):
-            unisolated = (
-                [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
-            )
-            print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
-            again = Watch(watch.sources, watch.named)
-            asked = command if kept is None else by_itself(command, kept, folder, deps=True)
-            outcome = run([*dry_run(asked), *unisolated], again)
-            built += again.from_source
-            done = outcome == 0 or isinstance(outcome, str)
-            if done:
-                break
-            if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
-                names.append(again.building)
-                continue
-            tool = tool or again.build_tool(f"building {again.building or 'a package from source'}")
-            if kept is None:  # the recipe's own lines, each by its name
-                kept = recipe_names(command)
-            failed = again.whose(kept)  # the recipe's line whose build failed otherwise, or that asked for it
-            if failed:
-                kept.remove(failed)
-            done = bool(failed) and not kept
-            if done or not failed:
-                break
-    if not uv or not done:
-        names += asked_alone(command, watch, [*(() if uv else built)], names)
-    return names[1:], tool
-
-
-def asked_alone(command, watch, built, names):
-    """Of `built` and the recipe's own requirements not in `names`, those whose build asks for the base's
-    framework when asked alone, isolated; each round drops the one whose build failed (a round per failing build
-    at most). uv resolves them with their dependencies (with `--no-deps` it builds nothing), those in `names`
-    built against the base."""
-    import tempfile
-
-    uv = os.path.basename(command[0]) == "uv"
-    rest = [n for n in [*built, *recipe_names(command)] if canon(n) not in map(canon, names)]  # never reached too
-    rest = [n for i, n in enumerate(rest) if canon(n) not in map(canon, rest[:i])]  # as it first spelled them
-    found = []
-    with tempfile.TemporaryDirectory() as folder:
-        for _ in range(ALIKE_ROUNDS if rest else 0):
-            print(f"imgbuild: asking whether building {spoken(rest)} needs the base's framework too", flush=True)
-            alone = Watch(watch.sources, watch.named)
-            asked = dry_run(by_itself(command, rest, folder, deps=uv))
-            if uv:
-                asked += [w for n in [*names, *found] for w in ("--no-build-isolation-package", n)]
-            if run(asked, alone) == 0:
-                break
-            failed, new = alone.whose(rest), alone.needs_the_framework()
-            if new and canon(alone.building) not in {canon(n) for n in [*names, *found]}:
-                found.append(alone.building)  # uv: a dependency's, built against the base next round
-            elif not failed:
-                break
-            if failed and (not new or canon(failed) == canon(alone.building)):
-                rest.remove(failed)
-            if not rest:
-                break
-    return found
-
-
 def main(argv):
     origin, command = argv[1], argv[2:]
     from owners import dist_paths, other_cuda, overwritten, owners, protected  # beside this script
@@ -487,8 +413,15 @@ def main(argv):
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
-    if not isinstance(outcome, str) and watch.needs_the_framework():
-        why = watch.installing_failure(*builds_alike(command, origin, watch))
+    tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
+    if not isinstance(outcome, str) and (watch.needs_the_framework() or tool):
+        alike, then = builds_alike(command, watch)
+        if watch.needs_the_framework():
+            why = watch.installing_failure(alike, then)
+        elif alike:  # a build that failed otherwise came first: those after it that need the framework, with it
+            first = Watch()
+            first.building, first.kinds = alike[0], {"isolated"}
+            why = first.installing_failure(alike[1:], tool)
     if watch.backtracking() not in why:  # a conflict that names the package says it already
         why += watch.backtrack_note(origin)
     print(f"imgbuild: pip step failed: {why}", flush=True)
