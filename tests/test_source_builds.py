@@ -222,13 +222,14 @@ def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
-@pytest.mark.parametrize("cpkg_asked_by", ["the recipe", "a wheel the recipe asks for"])
+@pytest.mark.parametrize("cpkg_asked_by", ["the recipe", "a wheel the recipe asks for", "a wheel's extra"])
 def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwise_is_named(
     tmp_path, pip_bases, installer, cpkg_asked_by
 ):
     """srcpkg-two is no line of the recipe: parent, a wheel the recipe asks for after cpkg (whose build needs a
-    compiler the base lacks), depends on it; cpkg is a line of the recipe, or the dependency of another wheel. The
-    resolve that stops at cpkg never reached srcpkg-two; the cure names it with srcpkg all the same, and never cpkg."""
+    compiler the base lacks), depends on it; cpkg is a line of the recipe, or the dependency of another wheel's extra
+    (the recipe spelling the wheel as the installer does, or otherwise). The resolve that stops at cpkg never reached
+    srcpkg-two; the cure names it with srcpkg all the same, and never cpkg."""
     folder = _index(tmp_path / "index")
     no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
     compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
@@ -237,8 +238,8 @@ def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwi
     wheel(folder, "parent", "1.0", {"parent/__init__.py": b""}, ("srcpkg-two",))
     asked = ["srcpkg", "cpkg", "parent"]
     if cpkg_asked_by != "the recipe":
-        wheel(folder, "needs-c", "1.0", {"needs_c/__init__.py": b""}, ("cpkg",))
-        asked = ["srcpkg", "needs-c", "parent"]
+        wheel(folder, "needs-c", "1.0", {"needs_c/__init__.py": b""}, ("cpkg; extra == 'c'",), extras=("c",))
+        asked = ["srcpkg", "Needs_C[c]" if cpkg_asked_by == "a wheel's extra" else "needs-c[c]", "parent"]
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(asked))
     assert said.startswith(
