@@ -141,7 +141,9 @@ class Watch:
         """Who asked for a package: pip says it on the line that names the package, uv after its failed build."""
         if found := PULLED.search(line):
             who, chain = (self.building, found.group(1)) if found.group(1) else found.group(2, 3)
-            chain = chain.split("->") if found.group(1) else re.findall(rf"`({NAME})`", chain)  # pip: a->b->-r file
+            chain = (
+                chain.split("->") if found.group(1) else re.findall(rf"`({NAME})(?:\[[^]`]*\])?`", chain)
+            )  # pip: a->b->-r file
             named = [m.group(0) for m in (re.match(NAME, part) for part in chain) if m]
             self.pulled[canon(who)] = [n for n in named if canon(n) != canon(who)]
 
