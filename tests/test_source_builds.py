@@ -272,6 +272,29 @@ def test_a_build_failing_otherwise_before_those_that_need_the_framework_is_named
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+def test_two_builds_failing_for_two_other_reasons_name_both_tools_with_those_that_need_the_framework(
+    tmp_path, pip_bases, installer
+):
+    """cpkg needs a compiler and nvpkg CUDA's compiler, both lacking in the base, between srcpkg and srcpkg-two,
+    which import the framework: one line names the field with both, and both tools, each once."""
+    folder = _index(tmp_path / "index")
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    for name, tool in (("cpkg", "c++ --version"), ("nvpkg", "nvcc --version"), ("cpkg2", "c++ --version")):
+        missing = f'subprocess.run(["/bin/sh", "-c", "{tool}"], env={{"PATH": "/nonexistent"}}, check=True)'
+        sdist(folder, name, "1.0", compiles.replace("COMPILE", missing).replace('"srcpkg"', f'"{name}"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["srcpkg", "cpkg", "nvpkg", "cpkg2", "srcpkg-two"]))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    ), said
+    assert said.count("; then building") == 2, said
+    assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
+    assert "; then building nvpkg needs CUDA's compiler (nvcc), which the base lacks" in said, said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
 def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
     tmp_path, pip_bases, installer
 ):
