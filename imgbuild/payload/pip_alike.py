@@ -13,16 +13,16 @@ from pip_words import spoken
 ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to this many more packages
 
 
-def builds_alike(command, watch):
+def builds_alike(command, watch, tools=()):
     """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
-    they are all built against the base (a build tool the base lacks), or "". Resolved again with those found so far
-    built against the base (uv: per package; pip: its global switch), each round without the recipe's line whose
-    build failed for another reason (or that asked for it), until it resolves. Then, with pip, what it built and the
-    recipe's own are asked alone, isolated (uv too where a failed build was no line's). One round for one cure."""
+    they are all built against the base (each build tool the base lacks, once, after `tools`), or "". Resolved again
+    with those found so far built against the base (uv: per package; pip: its global switch), each round without the
+    recipe's line whose build failed for another reason (or that asked for it), until it resolves. Then, with pip,
+    what it built and the recipe's own are asked alone, isolated (uv too where a failed build was no line's)."""
     import tempfile
 
     uv = os.path.basename(command[0]) == "uv"
-    names, tool, built, kept, done = [watch.building], "", [], None, False
+    names, tools, built, kept, done = [watch.building], list(tools), [], None, False
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(ALIKE_ROUNDS):
             unisolated = (
@@ -39,7 +39,9 @@ def builds_alike(command, watch):
             if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
                 names.append(again.building)
                 continue
-            tool = tool or again.build_tool(f"building {again.building or 'a package from source'}")
+            tool = again.build_tool(f"building {again.building or 'a package from source'}")
+            if tool and all(tool.split(" needs ")[-1] != t.split(" needs ")[-1] for t in tools):  # each cure once
+                tools.append(tool)
             if kept is None:  # the recipe's own lines, each by its name
                 kept = recipe_names(command)
             failed = again.whose(kept)  # the recipe's line whose build failed otherwise, or that asked for it
@@ -50,7 +52,7 @@ def builds_alike(command, watch):
                 break
     if not uv or not done:
         names += asked_alone(command, watch, [*(() if uv else built)], names)
-    return names[1:], tool
+    return names[1:], "; then ".join(tools)
 
 
 def asked_alone(command, watch, built, names):

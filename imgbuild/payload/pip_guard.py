@@ -417,13 +417,13 @@ def main(argv):
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
     tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
     if not isinstance(outcome, str) and (watch.needs_the_framework() or tool):
-        alike, then = builds_alike(command, watch)
+        alike, then = builds_alike(command, watch, [tool] if tool and not watch.needs_the_framework() else [])
         if watch.needs_the_framework():
             why = watch.installing_failure(alike, then)
         elif alike:  # a build that failed otherwise came first: those after it that need the framework, with it
             first = Watch()
             first.building, first.kinds = alike[0], {"isolated"}
-            why = first.installing_failure(alike[1:], tool)
+            why = first.installing_failure(alike[1:], then)
     if watch.backtracking() not in why:  # a conflict that names the package says it already
         why += watch.backtrack_note(origin)
     print(f"imgbuild: pip step failed: {why}", flush=True)
