@@ -416,8 +416,9 @@ def main(argv):
         return 1
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
     tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
+    tool = tool if tool == why else ""  # the failure was that build's, for want of a tool
     if not isinstance(outcome, str) and (watch.needs_the_framework() or tool):
-        alike, then = builds_alike(command, watch, [tool] if tool and not watch.needs_the_framework() else [])
+        alike, then = builds_alike(command, watch, [tool] if tool else [])
         if watch.needs_the_framework():
             why = watch.installing_failure(alike, then)
         elif alike:  # a build that failed otherwise came first: those after it that need the framework, with it
