@@ -22,13 +22,18 @@ def builds_alike(command, watch, tools=()):
     import tempfile
 
     uv = os.path.basename(command[0]) == "uv"
-    names, tools, built, kept, done = [watch.building], list(tools), [], None, False
+    names = [watch.building] if watch.needs_the_framework() else []  # else its build failed otherwise: past it
+    first, tools, built, kept, done = len(names), list(tools), [], None, False
+    if not names:  # the recipe's own lines, each by its name, but the one whose build failed (or that asked for it)
+        kept = [n for n in recipe_names(command) if n != watch.whose(recipe_names(command))]
+        done = not kept
     with tempfile.TemporaryDirectory() as folder:
-        for _ in range(ALIKE_ROUNDS):
+        for _ in range(0 if done else ALIKE_ROUNDS):
             unisolated = (
                 [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
             )
-            print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
+            with_ = f"with {spoken(names)} built against the base's own packages" if names else "past that build"
+            print(f"imgbuild: resolving again {with_}", flush=True)
             again = type(watch)(watch.sources, watch.named)
             asked = command if kept is None else by_itself(command, kept, folder, deps=True)
             outcome = run([*dry_run(asked), *unisolated], again)
@@ -51,8 +56,8 @@ def builds_alike(command, watch, tools=()):
             if done or not failed:
                 break
     if not uv or not done:
-        names += asked_alone(command, watch, [*(() if uv else built)], names)
-    return names[1:], "; then ".join(tools)
+        names += asked_alone(command, watch, [*(() if uv else built)], [*names, watch.building])
+    return names[first:], "; then ".join(tools)
 
 
 def asked_alone(command, watch, built, names):
