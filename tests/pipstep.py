@@ -34,11 +34,19 @@ def install_script(folder: Path, installer: str) -> None:
     (folder / "install.sh").write_text(text)
 
 
-def wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requires: tuple[str, ...] = ()) -> None:
-    """A real wheel: METADATA, WHEEL and a RECORD with sha256 hashes, as build backends write them."""
+def wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    files: dict[str, bytes],
+    requires: tuple[str, ...] = (),
+    extras: tuple[str, ...] = (),
+) -> None:
+    """A real wheel: METADATA (its extras, and requirements, which may name them), WHEEL and a RECORD with sha256
+    hashes, as build backends write them."""
     dist = f"{name.replace('-', '_')}-{version}.dist-info"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {req}\n" for req in requires
+        [*(f"Provides-Extra: {extra}\n" for extra in extras), *(f"Requires-Dist: {req}\n" for req in requires)]
     )
     content = dict(files)
     content[f"{dist}/METADATA"] = meta.encode()

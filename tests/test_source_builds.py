@@ -222,6 +222,79 @@ def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize("cpkg_asked_by", ["the recipe", "a wheel the recipe asks for", "a wheel's extra"])
+def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwise_is_named(
+    tmp_path, pip_bases, installer, cpkg_asked_by
+):
+    """srcpkg-two is no line of the recipe: parent, a wheel the recipe asks for after cpkg (whose build needs a
+    compiler the base lacks), depends on it; cpkg is a line of the recipe, or the dependency of another wheel's extra
+    (the recipe spelling the wheel as the installer does, or otherwise). The resolve that stops at cpkg never reached
+    srcpkg-two; the cure names it with srcpkg all the same, and never cpkg."""
+    folder = _index(tmp_path / "index")
+    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    wheel(folder, "parent", "1.0", {"parent/__init__.py": b""}, ("srcpkg-two",))
+    asked = ["srcpkg", "cpkg", "parent"]
+    if cpkg_asked_by != "the recipe":
+        wheel(folder, "needs-c", "1.0", {"needs_c/__init__.py": b""}, ("cpkg; extra == 'c'",), extras=("c",))
+        asked = ["srcpkg", "Needs_C[c]" if cpkg_asked_by == "a wheel's extra" else "needs-c[c]", "parent"]
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(asked))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    ), said
+    assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_build_failing_otherwise_before_those_that_need_the_framework_is_named_with_them(
+    tmp_path, pip_bases, installer
+):
+    """cpkg, the recipe's first line, needs a compiler the base lacks and fails first: srcpkg and srcpkg-two after it
+    import the framework to build. The one line names both cures, the field with both packages and the compiler."""
+    folder = _index(tmp_path / "index")
+    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["cpkg", "srcpkg", "srcpkg-two"]))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    ), said
+    assert said.endswith(
+        "; then building cpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
+    ), said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_two_builds_failing_for_two_other_reasons_name_both_tools_with_those_that_need_the_framework(
+    tmp_path, pip_bases, installer
+):
+    """cpkg needs a compiler and nvpkg CUDA's compiler, both lacking in the base, between srcpkg and srcpkg-two,
+    which import the framework: one line names the field with both, and both tools, each once."""
+    folder = _index(tmp_path / "index")
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    for name, tool in (("cpkg", "c++ --version"), ("nvpkg", "nvcc --version"), ("cpkg2", "c++ --version")):
+        missing = f'subprocess.run(["/bin/sh", "-c", "{tool}"], env={{"PATH": "/nonexistent"}}, check=True)'
+        sdist(folder, name, "1.0", compiles.replace("COMPILE", missing).replace('"srcpkg"', f'"{name}"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
+    said = step.failure(step.run(["srcpkg", "cpkg", "nvpkg", "cpkg2", "srcpkg-two"]))
+    assert said.startswith(
+        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
+    ), said
+    assert said.count("; then building") == 2, said
+    assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
+    assert "; then building nvpkg needs CUDA's compiler (nvcc), which the base lacks" in said, said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
 def test_the_build_tool_a_package_needs_once_built_against_the_base_is_named_in_the_same_round(
     tmp_path, pip_bases, installer
 ):

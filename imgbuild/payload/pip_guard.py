@@ -19,8 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
+from pip_alike import builds_alike  # noqa: E402
 from pip_bounds import run  # noqa: E402
-from pip_index import by_itself, dry_run, fallback_held_back, old_release_line, project_on_index, question  # noqa: E402,E501
+from pip_index import fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -49,6 +50,7 @@ from pip_words import (  # noqa: E402
     NAME,
     OTHER_FRAMEWORK,
     PAGE_UNREAD,
+    PULLED,
     REQUESTED,
     RETRIED_PATH,
     SOURCE_STEP,
@@ -82,6 +84,7 @@ class Watch:
         self.other_framework = ""
         self.building = ""  # the package being built from source, when one is
         self.from_source = []  # every package pip prepared from source (its metadata, or a wheel), in order
+        self.pulled = {}  # canonical name -> the names of those that asked for it, the installer's words (PULLED)
         self.build_framework = ""  # the framework a source build asked for in its isolated environment (uv)
         self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
@@ -107,6 +110,7 @@ class Watch:
         self.installed += installed_from(raw)
         if found := BUILDING.match(line.strip()):
             self.building = found.group(1)
+        self.see_pulled(line)
         if SOURCE_STEP.match(line) and self.building and self.building not in self.from_source:
             self.from_source.append(self.building)
         self.build_requires = self.build_requires or "`build-system.requires`" in line
@@ -132,6 +136,16 @@ class Watch:
             self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
             if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
                 self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+
+    def see_pulled(self, line):
+        """Who asked for a package: pip says it on the line that names the package, uv after its failed build."""
+        if found := PULLED.search(line):
+            who, chain = (self.building, found.group(1)) if found.group(1) else found.group(2, 3)
+            chain = (
+                chain.split("->") if found.group(1) else re.findall(rf"`({NAME})(?:\[[^]`]*\])?`", chain)
+            )  # pip: a->b->-r file
+            named = [m.group(0) for m in (re.match(NAME, part) for part in chain) if m]
+            self.pulled[canon(who)] = [n for n in named if canon(n) != canon(who)]
 
     def see_pip(self, line):
         """pip's own lines: what it fetched, backtracked through, and said of the conflict."""
@@ -349,6 +363,11 @@ class Watch:
             return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
         return ""
 
+    def whose(self, names):
+        """Of `names` (the recipe's lines), the one whose build failed, else the one that asked for it; or ""."""
+        chain = [canon(n) for n in (self.building, *self.pulled.get(canon(self.building), ()))]
+        return next((n for c in chain for n in names if canon(n) == c), "")
+
     def needs_the_framework(self):
         """Whether the failure is a source build asking for the base's framework in its isolated environment."""
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
@@ -368,68 +387,6 @@ def why_not(command, origin, name, newest):
         watch = Watch(pin_sources(asked, origin, read_names(FRAMEWORK_FILE)))
         outcome = run(asked, watch)
     return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
-
-
-ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to this many more packages
-
-
-def builds_alike(command, origin, watch):
-    """The other packages whose source builds ask for the base's framework, as `watch`'s does, and what fails once
-    they are all built against the base (a build tool the base lacks), or "". uv: resolved again, each time with
-    those found so far built against the base (per package). pip has only the global switch: resolved once with it.
-    Then the recipe's own not found yet (and, with pip, the others it prepared from source) are asked alone,
-    isolated, until none fails: with pip always, with uv where a build failing for another reason ended its
-    resolve before it reached them. The user gets one round for one cure."""
-    uv = os.path.basename(command[0]) == "uv"
-    names = [watch.building]
-    tool = ""
-    for _ in range(ALIKE_ROUNDS):
-        unisolated = [w for n in names for w in ("--no-build-isolation-package", n)] if uv else ["--no-build-isolation"]
-        print(f"imgbuild: resolving again with {spoken(names)} built against the base's own packages", flush=True)
-        again = Watch(watch.sources, watch.named)
-        outcome = run([*dry_run(command), *unisolated], again)
-        if outcome == 0 or isinstance(outcome, str):
-            break
-        if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
-            names.append(again.building)
-            continue
-        tool = again.build_tool(f"building {again.building or 'a package from source'}")
-        break
-    if not uv or tool:
-        names += asked_alone(command, watch, [*(() if uv else again.from_source)], names)
-    return names[1:], tool
-
-
-def asked_alone(command, watch, built, names):
-    """Of `built` and the recipe's own requirements not in `names`, those whose build asks for the base's
-    framework when asked alone, isolated; each round drops the one whose build failed (a round per failing build
-    at most). uv resolves them with their dependencies (with `--no-deps` it builds nothing), those in `names`
-    built against the base."""
-    import tempfile
-
-    from pip_index import recipe_lines, requirement_name
-
-    uv = os.path.basename(command[0]) == "uv"
-    recipe = [requirement_name(line) for line in recipe_lines(command)[2]]  # those it never reached too
-    rest = [n for n in [*built, *recipe] if n and canon(n) not in map(canon, names)]
-    rest = [n for i, n in enumerate(rest) if canon(n) not in map(canon, rest[:i])]  # as it first spelled them
-    found = []
-    with tempfile.TemporaryDirectory() as folder:
-        while rest:
-            print(f"imgbuild: asking whether building {spoken(rest)} needs the base's framework too", flush=True)
-            alone = Watch(watch.sources, watch.named)
-            asked = dry_run(by_itself(command, rest, folder, deps=uv))
-            if uv:
-                asked += [w for n in [*names, *found] for w in ("--no-build-isolation-package", n)]
-            if run(asked, alone) == 0:
-                break
-            failed = [n for n in rest if canon(n) == canon(alone.building)]
-            if not failed:
-                break
-            if alone.needs_the_framework():
-                found.append(failed[0])
-            rest.remove(failed[0])
-    return found
 
 
 def main(argv):
@@ -458,8 +415,16 @@ def main(argv):
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
-    if not isinstance(outcome, str) and watch.needs_the_framework():
-        why = watch.installing_failure(*builds_alike(command, origin, watch))
+    tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
+    tool = tool if tool == why else ""  # the failure was that build's, for want of a tool
+    if not isinstance(outcome, str) and (watch.needs_the_framework() or tool):
+        alike, then = builds_alike(command, watch, [tool] if tool else [])
+        if watch.needs_the_framework():
+            why = watch.installing_failure(alike, then)
+        elif alike:  # a build that failed otherwise came first: those after it that need the framework, with it
+            first = Watch()
+            first.building, first.kinds = alike[0], {"isolated"}
+            why = first.installing_failure(alike[1:], then)
     if watch.backtracking() not in why:  # a conflict that names the package says it already
         why += watch.backtrack_note(origin)
     print(f"imgbuild: pip step failed: {why}", flush=True)

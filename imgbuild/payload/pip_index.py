@@ -360,6 +360,11 @@ def recipe_lines(command):
     return asked, options, lines
 
 
+def recipe_names(command):
+    """The project each of the recipe's requirement lines asks for, as it spells it (those that name one)."""
+    return [name for name in (requirement_name(line) for line in recipe_lines(command)[2]) if name]
+
+
 def by_itself(command, names, folder, deps=False):
     """The same install of `names` alone: the recipe's requirement files replaced by one in `folder` holding only
     their option lines (an index, find-links, trusted hosts) and each name as the recipe asks for it (else the name

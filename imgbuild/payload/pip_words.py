@@ -19,6 +19,10 @@ BUILDING = re.compile(
     r"(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
     rf"`?(?:\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
 )
+#: who asked for the package a line is about (a dependency's chain, the recipe's line among them): pip's "Collecting
+#: cpkg (from parent==1.0->-r requirements.txt (line 4))", uv's "hint: `cpkg` (v1.0) was included because
+#: `parent[gpu]` (v1.0) depends on `cpkg`"
+PULLED = re.compile(rf"^(?:Collecting|Processing) .*\(from (.*)\)$|`({NAME})` \(v\S+\) was included because (.*)")
 #: pip working on a source distribution (the package BUILDING last named): "Preparing metadata (setup.py) ... done",
 #: "Getting requirements to build wheel: started", "Installing build dependencies ... done"
 SOURCE_STEP = re.compile(r"(?:Preparing metadata \(|Getting requirements to build |Installing build dependencies)")
