@@ -54,6 +54,17 @@ def _index(folder, compile_step: str = "pass"):
     return folder
 
 
+def _index_with_cpkg(folder):
+    """The index of _index, with cpkg (its build needs a compiler the base lacks, not the framework) and srcpkg-two
+    (its build imports the framework, as srcpkg's does)."""
+    _index(folder)
+    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
+    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
+    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
+    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    return folder
+
+
 @pytest.fixture(params=INSTALLERS)
 def step(tmp_path, pip_bases, request):
     return PipStep(pip_bases, tmp_path, _index(tmp_path / "index"), ["torch"], installer=request.param)
@@ -203,22 +214,23 @@ def test_eight_packages_that_need_the_same_build_cure_are_all_named_in_one_round
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize("asked", [["srcpkg", "cpkg", "srcpkg-two"], ["cpkg", "srcpkg", "srcpkg-two"]])
 def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_the_framework(
-    tmp_path, pip_bases, installer
+    tmp_path, pip_bases, installer, asked
 ):
-    """cpkg's build needs a compiler the base lacks, not the framework: it is not named in the cure, and srcpkg-two,
-    asked for after it, is (uv's resolve stops at cpkg's failed build: the ones after it are asked alone)."""
-    folder = _index(tmp_path / "index")
-    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
-    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
-    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
-    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    """cpkg's build needs a compiler the base lacks, not the framework; between srcpkg and srcpkg-two or before
+    both, whose builds import it. The installer's resolve stops at cpkg's failed build, yet the one line names both
+    cures: the field with both packages (never cpkg), then the compiler."""
+    folder = _index_with_cpkg(tmp_path / "index")
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
-    said = step.failure(step.run(["srcpkg", "cpkg", "srcpkg-two"]))
+    said = step.failure(step.run(asked))
     assert said.startswith(
         "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
         "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
-    )
+    ), said
+    assert said.endswith(
+        "; then building cpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
+    ), said
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
@@ -230,11 +242,7 @@ def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwi
     compiler the base lacks), depends on it; cpkg is a line of the recipe, or the dependency of another wheel's extra
     (the recipe spelling the wheel as the installer does, or otherwise). The resolve that stops at cpkg never reached
     srcpkg-two; the cure names it with srcpkg all the same, and never cpkg."""
-    folder = _index(tmp_path / "index")
-    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
-    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
-    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
-    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
+    folder = _index_with_cpkg(tmp_path / "index")
     wheel(folder, "parent", "1.0", {"parent/__init__.py": b""}, ("srcpkg-two",))
     asked = ["srcpkg", "cpkg", "parent"]
     if cpkg_asked_by != "the recipe":
@@ -247,28 +255,6 @@ def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwi
         "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
     ), said
     assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
-
-
-@pytest.mark.parametrize("installer", INSTALLERS)
-def test_a_build_failing_otherwise_before_those_that_need_the_framework_is_named_with_them(
-    tmp_path, pip_bases, installer
-):
-    """cpkg, the recipe's first line, needs a compiler the base lacks and fails first: srcpkg and srcpkg-two after it
-    import the framework to build. The one line names both cures, the field with both packages and the compiler."""
-    folder = _index(tmp_path / "index")
-    no_compiler = 'subprocess.run(["/bin/sh", "-c", "c++ --version"], env={"PATH": "/nonexistent"}, check=True)'
-    compiles = BACKEND.replace("import torch", "pass").replace("torch.__version__", "'none'")
-    sdist(folder, "cpkg", "1.0", compiles.replace("COMPILE", no_compiler).replace('"srcpkg"', '"cpkg"'))
-    sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
-    step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
-    said = step.failure(step.run(["cpkg", "srcpkg", "srcpkg-two"]))
-    assert said.startswith(
-        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
-        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
-    ), said
-    assert said.endswith(
-        "; then building cpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
-    ), said
 
 
 @pytest.mark.parametrize("installer", INSTALLERS)
