@@ -54,6 +54,13 @@ def _index(folder, compile_step: str = "pass"):
     return folder
 
 
+#: The one line's start where srcpkg and srcpkg-two both import the framework to build.
+BOTH_NEED_THE_FRAMEWORK = (
+    "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment lacks: add "
+    "srcpkg, srcpkg-two to pip.no_build_isolation,"
+)
+
+
 def _index_with_cpkg(folder):
     """The index of _index, with cpkg (its build needs a compiler the base lacks, not the framework) and srcpkg-two
     (its build imports the framework, as srcpkg's does)."""
@@ -224,10 +231,7 @@ def test_a_package_that_fails_its_build_for_another_reason_hides_none_that_need_
     folder = _index_with_cpkg(tmp_path / "index")
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(asked))
-    assert said.startswith(
-        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
-        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
-    ), said
+    assert said.startswith(BOTH_NEED_THE_FRAMEWORK), said
     assert said.endswith(
         "; then building cpkg needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
     ), said
@@ -250,10 +254,7 @@ def test_a_dependency_that_needs_the_framework_behind_a_build_that_fails_otherwi
         asked = ["srcpkg", "Needs_C[c]" if cpkg_asked_by == "a wheel's extra" else "needs-c[c]", "parent"]
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(asked))
-    assert said.startswith(
-        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
-        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
-    ), said
+    assert said.startswith(BOTH_NEED_THE_FRAMEWORK), said
     assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
 
 
@@ -271,10 +272,7 @@ def test_two_builds_failing_for_two_other_reasons_name_both_tools_with_those_tha
     sdist(folder, "srcpkg-two", "1.0", BACKEND.replace("COMPILE", "pass").replace('"srcpkg"', '"srcpkg_two"'))
     step = PipStep(pip_bases, tmp_path, folder, ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg", "cpkg", "nvpkg", "cpkg2", "srcpkg-two"]))
-    assert said.startswith(
-        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
-        "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation,"
-    ), said
+    assert said.startswith(BOTH_NEED_THE_FRAMEWORK), said
     assert said.count("; then building") == 2, said
     assert "; then building cpkg needs a C/C++ compiler, which the base lacks" in said, said
     assert "; then building nvpkg needs CUDA's compiler (nvcc), which the base lacks" in said, said
