@@ -40,7 +40,7 @@ def recipe(tmp_path):
             ["g++", "python3-dev"],
         ),
         (
-            "imgbuild: pip step failed: building srcpkg imports the base's framework, which pip's isolated build "
+            "imgbuild: pip step failed: building srcpkg imports the base's framework, which the isolated build "
             "environment lacks: add srcpkg to pip.no_build_isolation, so that it builds against the base's own "
             "framework",
             "pip.no_build_isolation: [srcpkg]",

@@ -56,7 +56,7 @@ def _index(folder, compile_step: str = "pass"):
 
 #: The one line's start where srcpkg and srcpkg-two both import the framework to build.
 BOTH_NEED_THE_FRAMEWORK = (
-    "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment lacks: add "
+    "building srcpkg and srcpkg-two import the base's framework, which the isolated build environment lacks: add "
     "srcpkg, srcpkg-two to pip.no_build_isolation,"
 )
 
@@ -81,7 +81,7 @@ def test_a_package_that_builds_against_the_framework_fails_isolated_and_names_th
     said = step.failure(step.run(["srcpkg"]))
     said = said.removesuffix("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]")
     assert said == (  # (the compiler is named too where this machine has none)
-        "building srcpkg imports the base's framework, which pip's isolated build environment lacks: add srcpkg to "
+        "building srcpkg imports the base's framework, which the isolated build environment lacks: add srcpkg to "
         "pip.no_build_isolation, so that it builds against the base's own framework"
     )
 
@@ -162,7 +162,7 @@ def test_every_package_that_needs_the_same_build_cure_is_named_in_one_round(tmp_
     said = step.failure(step.run(["srcpkg", "plainsrc", "srcpkg-two"]))
     said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
     assert said == (
-        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "building srcpkg and srcpkg-two import the base's framework, which the isolated build environment "
         "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
         "framework"
     )
@@ -196,7 +196,7 @@ def test_a_package_however_the_recipe_asks_for_it_is_named_with_the_others(tmp_p
     said = step.failure(step.run(asked))
     said = said.replace("; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]", "")
     assert said == (
-        "building srcpkg and srcpkg-two import the base's framework, which pip's isolated build environment "
+        "building srcpkg and srcpkg-two import the base's framework, which the isolated build environment "
         "lacks: add srcpkg, srcpkg-two to pip.no_build_isolation, so that they build against the base's own "
         "framework"
     )

@@ -340,7 +340,7 @@ class Watch:
             )
         if "isolated" in self.kinds:
             return (
-                f"{what} {imports} the base's framework, which pip's isolated build environment lacks: add {who} to "
+                f"{what} {imports} the base's framework, which the isolated build environment lacks: add {who} to "
                 f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own "
                 f"framework{compiler}{then}"
             )
