@@ -25,7 +25,9 @@ def builds_alike(command, watch, tools=()):
     names = [watch.building] if watch.needs_the_framework() else []  # else its build failed otherwise: past it
     first, tools, built, kept, done = len(names), list(tools), [], None, False
     if not names:  # the recipe's own lines, each by its name, but the one whose build failed (or that asked for it)
-        kept = [n for n in recipe_names(command) if n != watch.whose(recipe_names(command))]
+        kept = recipe_names(command)
+        failed = watch.whose(kept)
+        kept = [n for n in kept if n != failed]
         done = not kept
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(0 if done else ALIKE_ROUNDS):

@@ -324,26 +324,10 @@ class Watch:
                 "a file the index served does not match the sha256 the recipe's lock holds for it (the index "
                 "changed a release, or the lock was edited); see above, and run imgbuild lock if the new file is right"
             )
+        if self.build_framework or "isolated" in self.kinds:
+            return isolation_cure([self.building, *alike], then, self.build_framework)
         names = sorted({n for n in (self.building, *alike) if n})
         what = f"building {spoken(names)}" if names else "building a package from source"
-        who, many = ", ".join(names) or "the package", len(names) > 1
-        it, builds, asks, imports = ("them", "build", "ask", "import") if many else ("it", "builds", "asks", "imports")
-        # built against the base, it will compile here: a base without a compiler is named now, not a round later
-        compiler = "" if shutil.which("c++") or shutil.which("g++") else NO_COMPILER
-        then = f"; then {then}" if then else ""
-        if self.build_framework:
-            return (
-                f"{what} {asks} for {self.build_framework} in {'their' if many else 'its'} isolated build environment, "
-                f"which would build {it} against another {self.build_framework} than the base's: add {who} to "
-                f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own"
-                f"{compiler}{then}"
-            )
-        if "isolated" in self.kinds:
-            return (
-                f"{what} {imports} the base's framework, which the isolated build environment lacks: add {who} to "
-                f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own "
-                f"framework{compiler}{then}"
-            )
         tool = self.build_tool(what)
         if tool:
             return tool
@@ -374,6 +358,29 @@ class Watch:
 
 
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
+
+
+def isolation_cure(names, then="", framework=""):
+    """The line for source builds of `names` that need the base's framework in the installer's isolated build
+    environment: asked for by name (`framework`, uv's words) or imported (pip's), the field that cures them, a
+    compiler the base lacks (they will compile here once built against the base), and `then`: what fails after."""
+    names = sorted({n for n in names if n})
+    what = f"building {spoken(names)}" if names else "building a package from source"
+    who, many = ", ".join(names) or "the package", len(names) > 1
+    it, builds, asks, imports = ("them", "build", "ask", "import") if many else ("it", "builds", "asks", "imports")
+    compiler = "" if shutil.which("c++") or shutil.which("g++") else NO_COMPILER
+    then = f"; then {then}" if then else ""
+    if framework:
+        return (
+            f"{what} {asks} for {framework} in {'their' if many else 'its'} isolated build environment, which would "
+            f"build {it} against another {framework} than the base's: add {who} to pip.no_build_isolation, so that "
+            f"{'they' if many else 'it'} {builds} against the base's own{compiler}{then}"
+        )
+    return (
+        f"{what} {imports} the base's framework, which the isolated build environment lacks: add {who} to "
+        f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own "
+        f"framework{compiler}{then}"
+    )
 
 
 def why_not(command, origin, name, newest):
@@ -422,9 +429,7 @@ def main(argv):
         if watch.needs_the_framework():
             why = watch.installing_failure(alike, then)
         elif alike:  # a build that failed otherwise came first: those after it that need the framework, with it
-            first = Watch()
-            first.building, first.kinds = alike[0], {"isolated"}
-            why = first.installing_failure(alike[1:], then)
+            why = isolation_cure(alike, then)
     if watch.backtracking() not in why:  # a conflict that names the package says it already
         why += watch.backtrack_note(origin)
     print(f"imgbuild: pip step failed: {why}", flush=True)
