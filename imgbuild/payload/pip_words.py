@@ -22,7 +22,7 @@ BUILDING = re.compile(
 #: who asked for the package a line is about (a dependency's chain, the recipe's line among them): pip's "Collecting
 #: cpkg (from parent==1.0->-r requirements.txt (line 4))", uv's "hint: `cpkg` (v1.0) was included because
 #: `parent[gpu]` (v1.0) depends on `cpkg`"
-PULLED = re.compile(rf"^(?:Collecting|Processing) .*\(from (.*)\)$|`({NAME})` \(v\S+\) was included because (.*)")
+PULLED = re.compile(rf"^(?:Collecting|Processing) .*\(from (.*)\)\Z|`({NAME})` \(v\S+\) was included because (.*)")
 #: pip working on a source distribution (the package BUILDING last named): "Preparing metadata (setup.py) ... done",
 #: "Getting requirements to build wheel: started", "Installing build dependencies ... done"
 SOURCE_STEP = re.compile(r"(?:Preparing metadata \(|Getting requirements to build |Installing build dependencies)")
@@ -63,7 +63,7 @@ BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) a
 #: pip's retries name only the page's path: "WARNING: Retrying (Retry(total=4, ...)) after connection broken by
 #: 'NewConnectionError(...)': /whl/torch-2.4.0+cu124.html"
 PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
-RETRIED_PATH = re.compile(r"Retrying \(Retry\(.*\)\) after .*: (/\S*)$")
+RETRIED_PATH = re.compile(r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z")  # searched: \Z is the very end, never before a newline
 #: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
 #: seen wins, in this order.
 KINDS = (
