@@ -63,7 +63,9 @@ BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) a
 #: pip's retries name only the page's path: "WARNING: Retrying (Retry(total=4, ...)) after connection broken by
 #: 'NewConnectionError(...)': /whl/torch-2.4.0+cu124.html"
 PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
-RETRIED_PATH = re.compile(r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z")  # searched: \Z is the very end, never before a newline
+RETRIED_PATH = re.compile(
+    r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z"
+)  # searched: \Z is the very end, never before a newline
 #: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
 #: seen wins, in this order.
 KINDS = (
