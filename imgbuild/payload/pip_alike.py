@@ -24,6 +24,7 @@ def builds_alike(command, watch, tools=()):
     uv = os.path.basename(command[0]) == "uv"
     names = [watch.building] if watch.needs_the_framework() else []  # else its build failed otherwise: past it
     first, tools, built, kept, done = len(names), list(tools), [], None, False
+    missing = {watch.missing_tool()} if tools else set()  # each build tool the base lacks, named once
     if not names:  # the recipe's own lines, each by its name, but the one whose build failed (or that asked for it)
         kept = recipe_names(command)
         failed = watch.whose(kept)
@@ -46,9 +47,9 @@ def builds_alike(command, watch, tools=()):
             if uv and again.needs_the_framework() and canon(again.building) not in {canon(n) for n in names}:
                 names.append(again.building)
                 continue
-            tool = again.build_tool(f"building {again.building or 'a package from source'}")
-            if tool and all(tool.split(" needs ")[-1] != t.split(" needs ")[-1] for t in tools):  # each cure once
-                tools.append(tool)
+            if again.missing_tool() not in {"", *missing}:
+                missing.add(again.missing_tool())
+                tools.append(again.build_tool(f"building {again.building or 'a package from source'}"))
             if kept is None:  # the recipe's own lines, each by its name
                 kept = recipe_names(command)
             failed = again.whose(kept)  # the recipe's line whose build failed otherwise, or that asked for it

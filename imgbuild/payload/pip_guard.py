@@ -335,15 +335,20 @@ class Watch:
             return "building a package from source failed; see the compiler or build output above"
         return "pip failed; see its output above"
 
+    def missing_tool(self):
+        """The kind of build tool a source build found missing (one of TOOL_KINDS, the most telling first), or ""."""
+        return next((kind for kind in TOOL_KINDS if kind in self.kinds), "")
+
     def build_tool(self, what):
         """The build tool a source build found missing, named with its cure; "" when none was."""
-        if "nvcc" in self.kinds:
+        kind = self.missing_tool()
+        if kind == "nvcc":
             return f"{what} needs CUDA's compiler (nvcc), which the base lacks: {nvcc_cure()}"
-        if "ninja" in self.kinds:
+        if kind == "ninja":
             return f"{what} needs the ninja build program, which the base lacks: add ninja to pip.packages"
-        if "headers" in self.kinds:
+        if kind == "headers":
             return f"{what} needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"  # noqa: E501
-        if "compiler" in self.kinds:
+        if kind == "compiler":
             return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
         return ""
 
@@ -357,6 +362,7 @@ class Watch:
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
 
 
+TOOL_KINDS = ("nvcc", "ninja", "headers", "compiler")  # the build tools a failed source build names
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
 
 
