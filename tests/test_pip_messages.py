@@ -360,20 +360,26 @@ def test_an_old_release_the_recipe_asked_for_or_that_is_not_far_behind_installs(
 
 
 LOGS = Path(__file__).parent / "data" / "installer-logs"  # real pip's and uv's output, recorded by record.sh there
+#: the output modes each installer was recorded in: as install.sh runs it (no terminal, no colour), colour forced on
+#: (FORCE_COLOR, CLICOLOR_FORCE), on a terminal (progress bars redrawn with carriage returns, CRLF ends), and -v
+MODES = ("plain", "color", "tty", "verbose")
 
 
-def recorded(installer: str) -> list[tuple[str, list[str], int]]:
-    """(command, its output lines as the installer printed them, exit status) of each command in the log."""
+def recorded(installer: str, mode: str = "plain") -> list[tuple[str, list[str], int]]:
+    """(command, its output lines as the installer printed them, exit status) of each command in the log. Each line
+    is kept as the guard's pump reads it: split at "\\n" only, its escapes, carriage returns and line end kept."""
     blocks: list[tuple[str, list[str], int]] = []
     command, lines = "", []
-    for line in (LOGS / f"{installer}-output.txt").read_text().splitlines():
+    name = f"{installer}-output.txt" if mode == "plain" else f"{installer}-output.{mode}.txt"
+    for raw in (LOGS / name).read_bytes().split(b"\n"):
+        line = raw.decode(errors="replace")
         if line.startswith("$ "):
             command, lines = line[2:], []
         elif line.startswith("[exit ") and command:
             blocks.append((command, lines, int(line[6:-1])))
             command = ""
         elif command:
-            lines.append(line)
+            lines.append(line + "\n")
     return blocks
 
 
@@ -386,7 +392,7 @@ INSTALLED = [
     {("six", "1.17.0")},  # a reinstall
     {("idna", "3.10"), ("six", "1.16.0")},  # a dry run
     {("typing-extensions", "4.13.0rc1")},  # a pre-release
-    {("idna", "3.9")},  # a local wheel
+    {("idna", "3.9")},  # a local wheel, from a folder named with a space and a non-ASCII letter
     set(),  # an uninstall
 ]
 FAILED = [
@@ -408,14 +414,14 @@ def watched(lines: list[str]):
 
     watch = guard_module().Watch()
     for line in lines:
-        watch.see(line + "\n")
+        watch.see(line)
     return watch
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer):
-    blocks = recorded(installer)
-    assert len(blocks) == len(INSTALLED) + len(FAILED)
+def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer, mode):
+    blocks = recorded(installer, mode)
     for (command, lines, code), expected in zip(blocks, INSTALLED, strict=False):
         assert code == 0, command
         got = {(name.lower(), version) for name, version in watched(lines).installed}
@@ -423,10 +429,12 @@ def test_what_a_real_install_installed_is_read_from_each_installers_own_output(i
         assert got or "uninstall" in command, f"nothing read from a real install: {command}"
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, monkeypatch):
+def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, mode, monkeypatch):
     monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
-    for (command, lines, code), expected in zip(recorded(installer)[len(INSTALLED) :], FAILED, strict=True):
+    failed = recorded(installer, mode)[len(INSTALLED) : len(INSTALLED) + len(FAILED)]
+    for (command, lines, code), expected in zip(failed, FAILED, strict=True):
         assert code == 1, command
         watch = watched(lines)
         assert watch.failure("the base's pins") == expected, command

@@ -59,6 +59,7 @@ from pip_words import (  # noqa: E402
     UV_NEEDS_REFUSED,
     UV_REQUIRES,
     nvcc_cure,
+    plain,
     spoken,
 )
 
@@ -92,10 +93,10 @@ class Watch:
         self.last_line = time.monotonic()
 
     def see(self, raw):
-        """One line of the installer's output as it printed it: every fact is read from its stripped text, and what
-        was installed from the line as it stands (uv indents those lines; the parser takes either)."""
+        """One line of the installer's output as it printed it (colour, progress redraws, a CRLF end and all): every
+        fact is read from its plain text (pip_words.plain), stripped."""
         self.last_line = time.monotonic()
-        line = raw.strip()
+        line = plain(raw).strip()
         installing = line.startswith("Installing collected packages") or bool(
             re.match(r"Resolved [0-9]+ packages? in", line)
         )
@@ -107,8 +108,8 @@ class Watch:
         for kind, words in KINDS:
             if any(word.lower() in lowered if isinstance(word, str) else word.search(line) for word in words):
                 self.kinds.add(kind)
-        self.installed += installed_from(raw)
-        if found := BUILDING.match(line.strip()):
+        self.installed += installed_from(line)
+        if found := BUILDING.match(line):
             self.building = found.group(1)
         self.see_pulled(line)
         if SOURCE_STEP.match(line) and self.building and self.building not in self.from_source:
