@@ -5,6 +5,7 @@ and guard; the plan-time checks with the recipe's FILE:LINE.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -395,24 +396,70 @@ INSTALLED = [
     {("idna", "3.9")},  # a local wheel, from a folder named with a space and a non-ASCII letter
     set(),  # an uninstall
 ]
-FAILED = [
-    "python-dateutil 2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's pins): pin "
-    "python-dateutil to a version made for the base, or drop it",
-    "einopz: no such package or version on the index for this Python and platform (a typo in the recipe or its "
-    "requirements file? the name as the index spells it); see above",
-    "six==9.9: no such package or version on the index for this Python and platform (a typo in the recipe or its "
-    "requirements file? the name as the index spells it); see above",
+MISSING = (
+    ": no such package or version on the index for this Python and platform (a typo in the recipe or its requirements "
+    "file? the name as the index spells it); see above"
+)
+NVCC = (
     "building cudaext needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA toolkit "
     "(CUDA 13.0's, as this base's CUDA): NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only "
-    "base does not",
+    "base does not"
+)
+#: the failure's one line for each command recorded after those, in order: one for both installers, or each one's
+#: (the guard has only the installer's words here, not the pins files that name who holds what); None where
+#: install.sh never runs that installer so (pip gets no --build-constraint)
+FAILED: list[str | dict[str, str | None]] = [
+    "python-dateutil 2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's pins): pin "
+    "python-dateutil to a version made for the base, or drop it",
+    "einopz" + MISSING,
+    "six==9.9" + MISSING,
+    NVCC,
+    {  # the recipe's constraint against what it asks for: pip names both sides, uv's sentence names no holder
+        "pip": "the recipe asks for six==1.16.0, but the base holds six<1.5 (from the base's pins): pin six to a "
+        "version made for the base, or drop it",
+        "uv": "the recipe's packages conflict with each other or with the pins (from the base's pins); see the conflict "
+        "above",
+    },
+    "python-dateutil 2.9.0.post0 needs six, another distribution of the base's framework: it would overwrite the "
+    "base's own; see the conflict above (drop python-dateutil, or pin a release of it that needs no six)",
+    {  # several releases refused for one reason: pip counts those it tried, uv names their range
+        "pip": "5 versions of python-dateutil need six>=1.5 (or similar), but the base holds six==1.4.1 (from the "
+        "base's pins): pin python-dateutil to a version made for the base, or drop it",
+        "uv": "python-dateutil >=2.8.0,<=2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's "
+        "pins): pin python-dateutil to a version made for the base, or drop it",
+    },
+    {
+        "pip": None,
+        "uv": "building cudaext asks for setuptools in its isolated build environment, which would build it against "
+        "another setuptools than the base's: add cudaext to pip.no_build_isolation, so that it builds against the "
+        "base's own",
+    },
+    NVCC,  # a dependency's build
+    "einopz" + MISSING,  # no index, a folder of links
+    "network failure reaching the find-links page http://127.0.0.1:9/whl/links.html (a --find-links line of the "
+    "requirements): the build could not read it (offline? a proxy? a network that reaches only the package index?), "
+    "and what only that page serves cannot be installed without it",
+    "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
+    "a file the index served does not match the sha256 the recipe's lock holds for it (the index changed a release, "
+    "or the lock was edited); see above, and run imgbuild lock if the new file is right",
+    "building needstorch imports the base's framework, which the isolated build environment lacks: add needstorch to "
+    "pip.no_build_isolation, so that it builds against the base's own framework",
+    "building noninja needs the ninja build program, which the base lacks: add ninja to pip.packages",
+    "building nocompiler needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe",
+    "building noheaders needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the "
+    "recipe",
+    # two of the recipe's packages need two versions of one dependency: neither is the base's
+    "the recipe's packages conflict with each other or with the pins (from the base's pins); see the conflict above",
 ]
 
 
-def watched(lines: list[str]):
-    """The guard's reading of one command's output, fed as its pump feeds it: each line as printed."""
+def watched(command: str, lines: list[str]):
+    """The guard's reading of one command's output, fed as its pump feeds it: each line as printed. The find-links
+    pages are the command's, as the guard reads them from it."""
     from tests.support import guard_module
 
-    watch = guard_module().Watch()
+    guard = guard_module()
+    watch = guard.Watch(pages=guard.find_links_pages(command.split()))
     for line in lines:
         watch.see(line)
     return watch
@@ -422,9 +469,10 @@ def watched(lines: list[str]):
 @pytest.mark.parametrize("installer", INSTALLERS)
 def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer, mode):
     blocks = recorded(installer, mode)
+    assert len(blocks) == len(INSTALLED) + len(FAILED)
     for (command, lines, code), expected in zip(blocks, INSTALLED, strict=False):
         assert code == 0, command
-        got = {(name.lower(), version) for name, version in watched(lines).installed}
+        got = {(name.lower(), version) for name, version in watched(command, lines).installed}
         assert got == expected, command
         assert got or "uninstall" in command, f"nothing read from a real install: {command}"
 
@@ -433,12 +481,77 @@ def test_what_a_real_install_installed_is_read_from_each_installers_own_output(i
 @pytest.mark.parametrize("installer", INSTALLERS)
 def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, mode, monkeypatch):
     monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
-    failed = recorded(installer, mode)[len(INSTALLED) : len(INSTALLED) + len(FAILED)]
-    for (command, lines, code), expected in zip(failed, FAILED, strict=True):
-        assert code == 1, command
-        watch = watched(lines)
-        assert watch.failure("the base's pins") == expected, command
+    for (command, lines, code), expected in zip(recorded(installer, mode)[len(INSTALLED) :], FAILED, strict=True):
+        assert code != 0, command
+        said = expected if isinstance(expected, str) else expected[installer]
+        watch = watched(command, lines)
+        if said is not None:
+            assert watch.failure("the base's pins") == said, command
         assert not watch.installed, command
+
+
+#: what a Watch is given by its caller, never read from a line
+WATCH_INPUTS = frozenset({"sources", "named", "pages", "last_line"})
+#: the facts only one installer prints: which one, and why the other never does
+ONE_INSTALLER = {
+    "versions": ("pip", "uv names no file it fetches (pip's Downloading lines, counted when it backtracks)"),
+    "looking_at": ("pip", "uv never says it is looking at multiple versions of a package"),
+    "from_source": ("pip", "uv says nothing of a source distribution's metadata step"),
+    "retried": ("pip", "uv names a page it could not read by its URL (page_unread)"),
+    "page_unread": ("uv", "pip names only the path it retried (retried)"),
+    "build_framework": ("uv", "install.sh gives only uv the base's framework as a build constraint"),
+    "build_requires": ("uv", "pip does not say when it resolves a source build's requirements"),
+}
+
+
+def facts(watch) -> set[str]:
+    """The names of the facts `watch` read (its attributes that are set), each kind of failure on its own."""
+    read = {name for name, value in vars(watch).items() if name not in WATCH_INPUTS and value}
+    return (read - {"kinds"}) | {f"kinds:{kind}" for kind in watch.kinds}
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_every_fact_the_guard_reads_is_read_from_real_output_of_each_installer_that_prints_it(installer):
+    """Each fact the guard reads from a line (each of Watch's attributes, each kind of failure) is read from at least
+    one real log of each installer, in some output mode: a parser that reads only one installer's spelling fails
+    here, unless ONE_INSTALLER says why the other never prints it (and then that other never yields it)."""
+    from tests.support import guard_module
+
+    guard = guard_module()
+    every = {name for name in vars(guard.Watch()) if name not in WATCH_INPUTS and name != "kinds"}
+    every |= {f"kinds:{kind}" for kind, _ in guard.KINDS}
+    others = {fact for fact, (who, _) in ONE_INSTALLER.items() if who != installer}
+    read: set[str] = set()
+    for mode in MODES:
+        for command, lines, _ in recorded(installer, mode):
+            read |= facts(watched(command, lines))
+    assert sorted(every - others - read) == [], "never read from this installer's real output"
+    assert sorted(read & others) == [], "read from an installer that ONE_INSTALLER says never prints it"
+
+
+def test_every_pattern_for_installer_output_matches_a_real_line_of_it():
+    """Each pattern of pip_words (the installers' words) and uv's install line find something in the recorded logs:
+    a pattern written for a spelling no installer prints is caught. The escapes pattern is matched on lines as
+    printed, the rest on their plain text, as the guard reads them."""
+    from imgbuild.payload import pip_versions
+    from imgbuild.payload import pip_words as words
+
+    patterns = {name: value for name, value in vars(words).items() if isinstance(value, re.Pattern)}
+    patterns["UV_ADDED"] = pip_versions.UV_ADDED
+    printed = [
+        line
+        for installer in INSTALLERS
+        for mode in MODES
+        for _, lines, _ in recorded(installer, mode)
+        for line in lines
+    ]
+    plain = [words.plain(line).strip() for line in printed]
+    unmatched = [
+        name
+        for name, pattern in patterns.items()
+        if not any(pattern.search(line) for line in (printed if name == "ESCAPE" else plain))
+    ]
+    assert unmatched == []
 
 
 @pytest.fixture(params=INSTALLERS)

@@ -130,13 +130,21 @@ class Watch:
         if found := UV_REQUIRES.search(line):
             self.asked.setdefault(canon(found.group(1)), found.group(1))
         if found := UV_NEEDS_REFUSED.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+            self.needs(*found.group(1, 2, 3, 4))
+        if found := UV_DEPENDS.search(line):
+            self.needs(*found.group(1, 2, 3, 4))
             if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
                 self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+        elif found := UV_DEPENDS_VIA.search(line):  # two packages' needs; the second's pin is the pins' own only
+            self.needs(*found.group(1, 2, 3, 4))  # where the pins files hold that name (uv folded it in first)
+            self.needs(*found.group(5, 6, 3, 7))
+            if found.group(7).startswith("==") and canon(found.group(3)) in self.sources:
+                self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(7))
+
+    def needs(self, package, version, dep, wanted):
+        """`package` (at `version`, "" for every version) needs `dep` with `wanted` after its name, as the installer
+        said it."""
+        self.depends.setdefault((package, canon(dep)), []).append((version or "", dep + wanted.strip()))
 
     def see_pulled(self, line):
         """Who asked for a package: pip says it on the line that names the package, uv after its failed build."""
@@ -155,8 +163,7 @@ class Watch:
         elif found := BACKTRACK.search(line):
             self.looking_at = canon(found.group(1))
         elif found := DEPENDS.match(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2), found.group(3) + found.group(4).strip()))
+            self.needs(*found.group(1, 2, 3, 4))
         elif (found := CONSTRAINT.match(line)) and found.group(2) != "<0":
             self.held[canon(found.group(1))] = found.group(1) + found.group(2)
         elif found := REQUESTED.match(line):

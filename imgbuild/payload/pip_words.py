@@ -45,20 +45,23 @@ SOURCE_STEP = re.compile(r"(?:Preparing metadata \(|Getting requirements to buil
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
 UV_DEPENDS = re.compile(rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we")
-#: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
-#: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
+#: uv, on two packages that need what excludes each other: "Because all versions of user depend on depx>=2 and all
+#: versions of pinner depend on depx==1.0, we can conclude ...", also where it folded the base's pin into the second
+#: first: "Because torchvision==0.28.0 depends on torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, ..."
 UV_DEPENDS_VIA = re.compile(
     rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and "
-    rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
+    rf"(?:all versions of )?({NAME}?){SPEC} depends? on \3(\S+), we"
 )
 #: uv, on two requirements of one name that exclude each other (the recipe's constraint and its lock): "Because you
 #: require hub-lib<1 and hub-lib==2.4.0, we can conclude ..." (pip: "The user requested hub-lib" and its constraints)
 UV_REQUIRES = re.compile(rf"Because you require ({NAME})\S* and \1\S*, we")
 OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
 #: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
-#: tensorflow and you require tensorflow<0, we can conclude ..."
+#: tensorflow and you require tensorflow<0, we can conclude ...", or with the refusal folded in first (uv 0.13):
+#: "Because python-dateutil==2.9.0.post0 depends on six<0, which does not allow any versions and you require ..."
 UV_NEEDS_REFUSED = re.compile(
-    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and you require \3<0"
+    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*?)"
+    r"(?: and you require \3<0|<0, which does not allow any versions)"
 )
 #: pip's "torchvision 0.18.0 depends on torch==2.3.0" (never uv's "Because X>=v depends on ...", whose first word
 #: is no package)
