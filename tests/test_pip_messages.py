@@ -36,10 +36,10 @@ def step(tmp_path, pip_bases, wheels, request):
 def test_each_pip_step_installs_into_an_environment_of_its_own(tmp_path, pip_bases, wheels):
     """Steps over the same base share how it was made, never what a step installs: each copy's pip and python
     are its own, and what one step installs is absent from the next."""
-    one = PipStep(pip_bases, tmp_path / "one", wheels, ["numlib==2.1.0"])
+    one = PipStep(pip_bases, tmp_path / "one", wheels, ["numlib==2.1.0"], installer="pip")
     done = one.run(["app"])
     assert done.returncode == 0, done.stdout + done.stderr
-    two = PipStep(pip_bases, tmp_path / "two", wheels, ["numlib==2.1.0"])
+    two = PipStep(pip_bases, tmp_path / "two", wheels, ["numlib==2.1.0"], installer="pip")
     assert (two.venv / "bin" / "pip").read_text().startswith(f"#!{two.venv / 'bin' / 'python'}")
     where = two.pip("--version").stdout
     assert str(two.venv / "lib") in where, where
@@ -73,6 +73,17 @@ def test_a_dependency_against_the_lock_names_the_package_that_asked_and_the_lock
 
 
 def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_from(step):
+    said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
+    assert said == (
+        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
+        "for the base, drop it, or let pip move numlib: pip.unpin: [numlib]"
+    )
+
+
+def test_a_narrow_terminal_leaves_each_installers_sentences_whole(step, monkeypatch):
+    """A build environment whose COLUMNS is narrow (uv wraps its explanation to it) gives the same line: install.sh
+    has the installer write one sentence a line."""
+    monkeypatch.setenv("COLUMNS", "40")
     said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
     assert said == (
         f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
@@ -128,9 +139,10 @@ def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
     )
 
 
-def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, wheels):
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, wheels, installer):
     """A base pin may be let go (pip.unpin), but not the framework's (framework.txt, as render writes it)."""
-    step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",))
+    step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",), installer=installer)
     said = step.failure(step.run(["oldapp"]))
     assert said.endswith("pin oldapp to a version made for the base, or drop it"), said
 
