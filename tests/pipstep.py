@@ -155,7 +155,8 @@ class PipStep:
         wheels: Path,
         base: list[str],
         frameworks: tuple[str, ...] = (),
-        installer: str = "pip",
+        *,
+        installer: str,  # one of INSTALLERS, named by each test: a test of the step runs with each
     ):
         self.wheels, self.venv, self.folder = wheels, tmp_path / "venv", tmp_path / "pip"
         self.installer, self.cache = installer, tmp_path / "uv-cache"

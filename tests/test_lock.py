@@ -4,6 +4,7 @@ build checks; the lock file is input like any other (a merge request can edit it
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import re
 
@@ -440,9 +441,11 @@ def test_an_empty_lock_is_refused_not_taken_for_no_pins(tmp_path, text):
     load_recipe(tmp_path / "demo.yaml", environ={})
 
 
-def test_the_locks_reading_of_uvs_dry_run_is_the_pip_steps_on_uvs_real_output(tmp_path, monkeypatch):
-    """The lock's resolver reads uv's "Would install" lines with the pip step's own parser (pip_versions, written
-    beside it), so a local wheel's `(from file://...)` line and an unindented one are read as the guard reads them."""
+@pytest.mark.parametrize("log", ["uv-output.txt", "uv-output.color.txt", "uv-output.tty.txt", "uv-output.verbose.txt"])
+def test_the_locks_reading_of_uvs_dry_run_is_the_pip_steps_on_uvs_real_output(tmp_path, monkeypatch, capsys, log):
+    """The lock's resolver reads uv's "Would install" lines as the install step printed them (uv's real output in
+    each of its modes: coloured, redrawn on a terminal, verbose) with the pip step's own reading of a line and its
+    parser (pip_words, pip_versions, written beside it); a local wheel's `(from file://...)` line too."""
     import importlib.util
     import shutil
     import sys
@@ -450,17 +453,25 @@ def test_the_locks_reading_of_uvs_dry_run_is_the_pip_steps_on_uvs_real_output(tm
 
     from imgbuild.payload import PAYLOAD_DIR
 
-    shutil.copy(PAYLOAD_DIR / "pip_versions.py", tmp_path / "pip_versions.py")
+    for name in ("pip_versions.py", "pip_words.py"):
+        shutil.copy(PAYLOAD_DIR / name, tmp_path / name)
     spec = importlib.util.spec_from_file_location("lock_resolve", LOCK.path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "HERE", str(tmp_path))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delitem(sys.modules, "pip_versions", raising=False)
-    log = (Path(__file__).parent / "data" / "installer-logs" / "uv-output.txt").read_text()
+    for name in ("pip_versions", "pip_words"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    data = (Path(__file__).parent / "data" / "installer-logs" / log).read_bytes()
+    dry_run = data.split(b"--dry-run idna==3.10 six==1.16.0\n", 1)[1].split(b"[exit", 1)[0]
+    local = data.split(b"idna-3.9-py3-none-any.whl\n", 1)[1].split(b"[exit", 1)[0]
+    (tmp_path / "install.out").write_bytes(dry_run + local)
+    (tmp_path / "install.sh").write_text('cat "$(dirname "$0")/install.out"\n')
     would: list = []
-    dry_run = log.split("--dry-run idna==3.10 six==1.16.0\n", 1)[1].split("[exit", 1)[0]
-    for line in [*dry_run.splitlines(), " + idna==3.9 (from file://wheels/idna-3.9-py3-none-any.whl)"]:
-        module._would_install(line, would)
+    assert (
+        module._run({"PATH": "/usr/bin:/bin"}, collections.deque(), {}, lambda line: module._would_install(line, would))
+        == 0
+    )
+    capsys.readouterr()
     assert would == [["idna", "3.10", []], ["six", "1.16.0", []], ["idna", "3.9", []]]

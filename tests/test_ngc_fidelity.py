@@ -240,8 +240,9 @@ def test_the_stand_ins_keep_every_ngc_shape_but_the_public_version():
 
 
 def test_uv_s_folded_conflict_names_the_package_and_the_trap():
-    """uv may fold the base's pin into another package's requirement before it explains (the timm set)."""
-    watch = _guard().Watch()
+    """uv may fold the base's pin into another package's requirement before it explains (the timm set): the pin is
+    the base's, as the base's constraint file (the guard's first -c file) says."""
+    watch = _guard().Watch({"torch": [("torch==2.13.0a0+07cecf4168.nv24.5", "the base's /etc/pip/constraint.txt")]})
     for line in (
         "error: No solution found when resolving dependencies",
         "  cause: Because torchvision==0.28.0 depends on torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, "

@@ -5,6 +5,7 @@ and guard; the plan-time checks with the recipe's FILE:LINE.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,10 @@ def step(tmp_path, pip_bases, wheels, request):
 def test_each_pip_step_installs_into_an_environment_of_its_own(tmp_path, pip_bases, wheels):
     """Steps over the same base share how it was made, never what a step installs: each copy's pip and python
     are its own, and what one step installs is absent from the next."""
-    one = PipStep(pip_bases, tmp_path / "one", wheels, ["numlib==2.1.0"])
+    one = PipStep(pip_bases, tmp_path / "one", wheels, ["numlib==2.1.0"], installer="pip")
     done = one.run(["app"])
     assert done.returncode == 0, done.stdout + done.stderr
-    two = PipStep(pip_bases, tmp_path / "two", wheels, ["numlib==2.1.0"])
+    two = PipStep(pip_bases, tmp_path / "two", wheels, ["numlib==2.1.0"], installer="pip")
     assert (two.venv / "bin" / "pip").read_text().startswith(f"#!{two.venv / 'bin' / 'python'}")
     where = two.pip("--version").stdout
     assert str(two.venv / "lib") in where, where
@@ -72,6 +73,17 @@ def test_a_dependency_against_the_lock_names_the_package_that_asked_and_the_lock
 
 
 def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_from(step):
+    said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
+    assert said == (
+        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
+        "for the base, drop it, or let pip move numlib: pip.unpin: [numlib]"
+    )
+
+
+def test_a_narrow_terminal_leaves_each_installers_sentences_whole(step, monkeypatch):
+    """A build environment whose COLUMNS is narrow (uv wraps its explanation to it) gives the same line: install.sh
+    has the installer write one sentence a line."""
+    monkeypatch.setenv("COLUMNS", "40")
     said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
     assert said == (
         f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
@@ -127,9 +139,10 @@ def test_backtracking_through_a_package_pinned_on_purpose_does_not_say_pin_it():
     )
 
 
-def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, wheels):
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, wheels, installer):
     """A base pin may be let go (pip.unpin), but not the framework's (framework.txt, as render writes it)."""
-    step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",))
+    step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",), installer=installer)
     said = step.failure(step.run(["oldapp"]))
     assert said.endswith("pin oldapp to a version made for the base, or drop it"), said
 
@@ -360,20 +373,26 @@ def test_an_old_release_the_recipe_asked_for_or_that_is_not_far_behind_installs(
 
 
 LOGS = Path(__file__).parent / "data" / "installer-logs"  # real pip's and uv's output, recorded by record.sh there
+#: the output modes each installer was recorded in: as install.sh runs it (no terminal, no colour), colour forced on
+#: (FORCE_COLOR, CLICOLOR_FORCE), on a terminal (progress bars redrawn with carriage returns, CRLF ends), and -v
+MODES = ("plain", "color", "tty", "verbose")
 
 
-def recorded(installer: str) -> list[tuple[str, list[str], int]]:
-    """(command, its output lines as the installer printed them, exit status) of each command in the log."""
+def recorded(installer: str, mode: str = "plain") -> list[tuple[str, list[str], int]]:
+    """(command, its output lines as the installer printed them, exit status) of each command in the log. Each line
+    is kept as the guard's pump reads it: split at "\\n" only, its escapes, carriage returns and line end kept."""
     blocks: list[tuple[str, list[str], int]] = []
     command, lines = "", []
-    for line in (LOGS / f"{installer}-output.txt").read_text().splitlines():
+    name = f"{installer}-output.txt" if mode == "plain" else f"{installer}-output.{mode}.txt"
+    for raw in (LOGS / name).read_bytes().split(b"\n"):
+        line = raw.decode(errors="replace")
         if line.startswith("$ "):
             command, lines = line[2:], []
         elif line.startswith("[exit ") and command:
             blocks.append((command, lines, int(line[6:-1])))
             command = ""
         elif command:
-            lines.append(line)
+            lines.append(line + "\n")
     return blocks
 
 
@@ -386,51 +405,165 @@ INSTALLED = [
     {("six", "1.17.0")},  # a reinstall
     {("idna", "3.10"), ("six", "1.16.0")},  # a dry run
     {("typing-extensions", "4.13.0rc1")},  # a pre-release
-    {("idna", "3.9")},  # a local wheel
+    {("idna", "3.9")},  # a local wheel, from a folder named with a space and a non-ASCII letter
     set(),  # an uninstall
 ]
-FAILED = [
-    "python-dateutil 2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's pins): pin "
-    "python-dateutil to a version made for the base, or drop it",
-    "einopz: no such package or version on the index for this Python and platform (a typo in the recipe or its "
-    "requirements file? the name as the index spells it); see above",
-    "six==9.9: no such package or version on the index for this Python and platform (a typo in the recipe or its "
-    "requirements file? the name as the index spells it); see above",
+MISSING = (
+    ": no such package or version on the index for this Python and platform (a typo in the recipe or its requirements "
+    "file? the name as the index spells it); see above"
+)
+NVCC = (
     "building cudaext needs CUDA's compiler (nvcc), which the base lacks: use a base that carries the CUDA toolkit "
     "(CUDA 13.0's, as this base's CUDA): NGC's framework images have /usr/local/cuda/bin/nvcc; a runtime or CPU-only "
-    "base does not",
+    "base does not"
+)
+#: the failure's one line for each command recorded after those, in order: one for both installers, or each one's
+#: (the guard has only the installer's words here, not the pins files that name who holds what); None where
+#: install.sh never runs that installer so (pip gets no --build-constraint)
+FAILED: list[str | dict[str, str | None]] = [
+    "python-dateutil 2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's pins): pin "
+    "python-dateutil to a version made for the base, or drop it",
+    "einopz" + MISSING,
+    "six==9.9" + MISSING,
+    NVCC,
+    {  # the recipe's constraint against what it asks for: pip names both sides, uv's sentence names no holder
+        "pip": "the recipe asks for six==1.16.0, but the base holds six<1.5 (from the base's pins): pin six to a "
+        "version made for the base, or drop it",
+        "uv": "the recipe's packages conflict with each other or with the pins (from the base's pins); see the conflict "
+        "above",
+    },
+    "python-dateutil 2.9.0.post0 needs six, another distribution of the base's framework: it would overwrite the "
+    "base's own; see the conflict above (drop python-dateutil, or pin a release of it that needs no six)",
+    {  # several releases refused for one reason: pip counts those it tried, uv names their range
+        "pip": "5 versions of python-dateutil need six>=1.5 (or similar), but the base holds six==1.4.1 (from the "
+        "base's pins): pin python-dateutil to a version made for the base, or drop it",
+        "uv": "python-dateutil >=2.8.0,<=2.9.0.post0 needs six>=1.5, but the base holds six==1.4.1 (from the base's "
+        "pins): pin python-dateutil to a version made for the base, or drop it",
+    },
+    {
+        "pip": None,
+        "uv": "building cudaext asks for setuptools in its isolated build environment, which would build it against "
+        "another setuptools than the base's: add cudaext to pip.no_build_isolation, so that it builds against the "
+        "base's own",
+    },
+    NVCC,  # a dependency's build
+    "einopz" + MISSING,  # no index, a folder of links
+    "network failure reaching the find-links page http://127.0.0.1:9/whl/links.html (a --find-links line of the "
+    "requirements): the build could not read it (offline? a proxy? a network that reaches only the package index?), "
+    "and what only that page serves cannot be installed without it",
+    "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
+    "a file the index served does not match the sha256 the recipe's lock holds for it (the index changed a release, "
+    "or the lock was edited); see above, and run imgbuild lock if the new file is right",
+    "building needstorch imports the base's framework, which the isolated build environment lacks: add needstorch to "
+    "pip.no_build_isolation, so that it builds against the base's own framework",
+    "building noninja needs the ninja build program, which the base lacks: add ninja to pip.packages",
+    "building nocompiler needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe",
+    "building noheaders needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the "
+    "recipe",
+    # two of the recipe's packages need two versions of one dependency: neither is the base's
+    "the recipe's packages conflict with each other or with the pins (from the base's pins); see the conflict above",
 ]
 
 
-def watched(lines: list[str]):
-    """The guard's reading of one command's output, fed as its pump feeds it: each line as printed."""
+def watched(command: str, lines: list[str]):
+    """The guard's reading of one command's output, fed as its pump feeds it: each line as printed. The find-links
+    pages are the command's, as the guard reads them from it."""
     from tests.support import guard_module
 
-    watch = guard_module().Watch()
+    guard = guard_module()
+    watch = guard.Watch(pages=guard.find_links_pages(command.split()))
     for line in lines:
-        watch.see(line + "\n")
+        watch.see(line)
     return watch
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer):
-    blocks = recorded(installer)
+def test_what_a_real_install_installed_is_read_from_each_installers_own_output(installer, mode):
+    blocks = recorded(installer, mode)
     assert len(blocks) == len(INSTALLED) + len(FAILED)
     for (command, lines, code), expected in zip(blocks, INSTALLED, strict=False):
         assert code == 0, command
-        got = {(name.lower(), version) for name, version in watched(lines).installed}
+        got = {(name.lower(), version) for name, version in watched(command, lines).installed}
         assert got == expected, command
         assert got or "uninstall" in command, f"nothing read from a real install: {command}"
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("installer", INSTALLERS)
-def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, monkeypatch):
+def test_each_installers_own_failure_output_is_one_line_naming_the_cause(installer, mode, monkeypatch):
     monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
-    for (command, lines, code), expected in zip(recorded(installer)[len(INSTALLED) :], FAILED, strict=True):
-        assert code == 1, command
-        watch = watched(lines)
-        assert watch.failure("the base's pins") == expected, command
+    for (command, lines, code), expected in zip(recorded(installer, mode)[len(INSTALLED) :], FAILED, strict=True):
+        assert code != 0, command
+        said = expected if isinstance(expected, str) else expected[installer]
+        watch = watched(command, lines)
+        if said is not None:
+            assert watch.failure("the base's pins") == said, command
         assert not watch.installed, command
+
+
+#: what a Watch is given by its caller, never read from a line
+WATCH_INPUTS = frozenset({"sources", "named", "pages", "last_line"})
+#: the facts only one installer prints: which one, and why the other never does
+ONE_INSTALLER = {
+    "versions": ("pip", "uv names no file it fetches (pip's Downloading lines, counted when it backtracks)"),
+    "looking_at": ("pip", "uv never says it is looking at multiple versions of a package"),
+    "from_source": ("pip", "uv says nothing of a source distribution's metadata step"),
+    "retried": ("pip", "uv names a page it could not read by its URL (page_unread)"),
+    "page_unread": ("uv", "pip names only the path it retried (retried)"),
+    "build_framework": ("uv", "install.sh gives only uv the base's framework as a build constraint"),
+    "build_requires": ("uv", "pip does not say when it resolves a source build's requirements"),
+}
+
+
+def facts(watch) -> set[str]:
+    """The names of the facts `watch` read (its attributes that are set), each kind of failure on its own."""
+    read = {name for name, value in vars(watch).items() if name not in WATCH_INPUTS and value}
+    return (read - {"kinds"}) | {f"kinds:{kind}" for kind in watch.kinds}
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_every_fact_the_guard_reads_is_read_from_real_output_of_each_installer_that_prints_it(installer):
+    """Each fact the guard reads from a line (each of Watch's attributes, each kind of failure) is read from at least
+    one real log of each installer, in some output mode: a parser that reads only one installer's spelling fails
+    here, unless ONE_INSTALLER says why the other never prints it (and then that other never yields it)."""
+    from tests.support import guard_module
+
+    guard = guard_module()
+    every = {name for name in vars(guard.Watch()) if name not in WATCH_INPUTS and name != "kinds"}
+    every |= {f"kinds:{kind}" for kind, _ in guard.KINDS}
+    others = {fact for fact, (who, _) in ONE_INSTALLER.items() if who != installer}
+    read: set[str] = set()
+    for mode in MODES:
+        for command, lines, _ in recorded(installer, mode):
+            read |= facts(watched(command, lines))
+    assert sorted(every - others - read) == [], "never read from this installer's real output"
+    assert sorted(read & others) == [], "read from an installer that ONE_INSTALLER says never prints it"
+
+
+def test_every_pattern_for_installer_output_matches_a_real_line_of_it():
+    """Each pattern of pip_words (the installers' words) and uv's install line find something in the recorded logs:
+    a pattern written for a spelling no installer prints is caught. The escapes pattern is matched on lines as
+    printed, the rest on their plain text, as the guard reads them."""
+    from imgbuild.payload import pip_versions
+    from imgbuild.payload import pip_words as words
+
+    patterns = {name: value for name, value in vars(words).items() if isinstance(value, re.Pattern)}
+    patterns["UV_ADDED"] = pip_versions.UV_ADDED
+    printed = [
+        line
+        for installer in INSTALLERS
+        for mode in MODES
+        for _, lines, _ in recorded(installer, mode)
+        for line in lines
+    ]
+    plain = [words.plain(line).strip() for line in printed]
+    unmatched = [
+        name
+        for name, pattern in patterns.items()
+        if not any(pattern.search(line) for line in (printed if name == "ESCAPE" else plain))
+    ]
+    assert unmatched == []
 
 
 @pytest.fixture(params=INSTALLERS)

@@ -112,8 +112,11 @@ def test_the_cure_builds_it_against_the_bases_own_framework(step, monkeypatch):
         'subprocess.run(["x86_64-linux-gnu-g++", "--version"], env={"PATH": "/nonexistent"}, check=True)',
     ],
 )
-def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(tmp_path, pip_bases, compile_step):
-    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(
+    tmp_path, pip_bases, compile_step, installer
+):
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert (
         said
@@ -121,23 +124,25 @@ def test_a_source_build_without_a_compiler_names_the_apt_package_that_cures_it(t
     )
 
 
-def test_a_source_build_without_pythons_headers_names_the_apt_package_that_cures_it(tmp_path, pip_bases):
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_source_build_without_pythons_headers_names_the_apt_package_that_cures_it(tmp_path, pip_bases, installer):
     """A compiler but no Python.h (a slim base; the stand-in after apt: [g++]): gcc fails, and the cure is the
     headers, not the compiler again."""
     compile_step = (
         'subprocess.run(["/bin/sh", "-c", "echo \'fatal error: Python.h: No such file or directory\'; '
         'echo "error: command \'/usr/bin/x86_64-linux-gnu-gcc\' failed"; exit 1"], check=True)'
     )
-    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert said == (
         "building srcpkg needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"
     )
 
 
-def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path, pip_bases):
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_source_build_without_nvcc_names_the_base_that_has_it(tmp_path, pip_bases, installer):
     compile_step = 'subprocess.run(["/bin/sh", "-c", "nvcc --version"], env={"PATH": "/nonexistent"}, check=True)'
-    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"])
+    step = PipStep(pip_bases, tmp_path, _index(tmp_path / "index", compile_step), ["torch"], installer=installer)
     said = step.failure(step.run(["srcpkg"], **{"no-build-isolation": "srcpkg\n"}))
     assert said.startswith("building srcpkg needs CUDA's compiler (nvcc), which the base lacks: use a base that")
 

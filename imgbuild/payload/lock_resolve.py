@@ -72,12 +72,21 @@ def _credentials(env: dict) -> bytes:
 def _run(env: dict, tail: collections.deque, extra: dict, watch=None) -> int:
     proc = subprocess.Popen(["sh", HERE + "/install.sh"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", env=dict(env, **extra))  # fmt: skip
+    _beside()
+    from pip_words import plain  # the pip step's own reading of a line
+
     for line in proc.stdout or ():
         print(line, end="", flush=True)  # live: the caller shows it as progress
-        tail.append(line.rstrip()[:500])
+        tail.append(plain(line)[:500])
         if watch is not None:
-            watch(line.rstrip())
+            watch(plain(line))
     return proc.wait()
+
+
+def _beside() -> None:
+    """The pip step's scripts, written to HERE with the rest of its files, importable."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
 
 
 def _uv(requirement: str, folder: str, env: dict) -> str:
@@ -96,10 +105,9 @@ def _uv(requirement: str, folder: str, env: dict) -> str:
 
 
 def _would_install(line: str, would: list) -> None:
-    """What uv's dry run says it would install, read as the pip step's guard reads every install line (the step's
-    pip_versions.py, written to HERE with the rest of its files)."""
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
+    """What uv's dry run says it would install (`line`: plain, as `_run` reads each), read as the pip step's guard
+    reads every install line (the step's pip_versions.py, written to HERE with the rest of its files)."""
+    _beside()
     from pip_versions import installed_from
 
     would += [[name, version, []] for name, version in installed_from(line)]

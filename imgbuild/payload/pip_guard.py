@@ -59,6 +59,7 @@ from pip_words import (  # noqa: E402
     UV_NEEDS_REFUSED,
     UV_REQUIRES,
     nvcc_cure,
+    plain,
     spoken,
 )
 
@@ -92,10 +93,10 @@ class Watch:
         self.last_line = time.monotonic()
 
     def see(self, raw):
-        """One line of the installer's output as it printed it: every fact is read from its stripped text, and what
-        was installed from the line as it stands (uv indents those lines; the parser takes either)."""
+        """One line of the installer's output as it printed it (colour, progress redraws, a CRLF end and all): every
+        fact is read from its plain text (pip_words.plain), stripped."""
         self.last_line = time.monotonic()
-        line = raw.strip()
+        line = plain(raw).strip()
         installing = line.startswith("Installing collected packages") or bool(
             re.match(r"Resolved [0-9]+ packages? in", line)
         )
@@ -107,8 +108,8 @@ class Watch:
         for kind, words in KINDS:
             if any(word.lower() in lowered if isinstance(word, str) else word.search(line) for word in words):
                 self.kinds.add(kind)
-        self.installed += installed_from(raw)
-        if found := BUILDING.match(line.strip()):
+        self.installed += installed_from(line)
+        if found := BUILDING.match(line):
             self.building = found.group(1)
         self.see_pulled(line)
         if SOURCE_STEP.match(line) and self.building and self.building not in self.from_source:
@@ -129,13 +130,21 @@ class Watch:
         if found := UV_REQUIRES.search(line):
             self.asked.setdefault(canon(found.group(1)), found.group(1))
         if found := UV_NEEDS_REFUSED.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
-        if found := UV_DEPENDS.search(line) or UV_DEPENDS_VIA.search(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2) or "", found.group(3) + found.group(4)))
+            self.needs(*found.group(1, 2, 3, 4))
+        if found := UV_DEPENDS.search(line):
+            self.needs(*found.group(1, 2, 3, 4))
             if found.group(5).startswith("=="):  # an exact pin is the base's (or the lock's); a range is a package's
                 self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(5))  # uv's first word on it
+        elif found := UV_DEPENDS_VIA.search(line):  # two packages' needs; the second's pin is the pins' own only
+            self.needs(*found.group(1, 2, 3, 4))  # where the pins files hold that name (uv folded it in first)
+            self.needs(*found.group(5, 6, 3, 7))
+            if found.group(7).startswith("==") and canon(found.group(3)) in self.sources:
+                self.held.setdefault(canon(found.group(3)), found.group(3) + found.group(7))
+
+    def needs(self, package, version, dep, wanted):
+        """`package` (at `version`, "" for every version) needs `dep` with `wanted` after its name, as the installer
+        said it."""
+        self.depends.setdefault((package, canon(dep)), []).append((version or "", dep + wanted.strip()))
 
     def see_pulled(self, line):
         """Who asked for a package: pip says it on the line that names the package, uv after its failed build."""
@@ -154,8 +163,7 @@ class Watch:
         elif found := BACKTRACK.search(line):
             self.looking_at = canon(found.group(1))
         elif found := DEPENDS.match(line):
-            key = (found.group(1), canon(found.group(3)))
-            self.depends.setdefault(key, []).append((found.group(2), found.group(3) + found.group(4).strip()))
+            self.needs(*found.group(1, 2, 3, 4))
         elif (found := CONSTRAINT.match(line)) and found.group(2) != "<0":
             self.held[canon(found.group(1))] = found.group(1) + found.group(2)
         elif found := REQUESTED.match(line):

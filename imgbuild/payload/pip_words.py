@@ -7,17 +7,33 @@ import os
 import re
 
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+#: what a terminal does not show as text: colour and cursor escapes (CSI `ESC [ ... m`, `ESC [2K`), OSC titles and
+#: links (`ESC ] ... BEL`), and the two-byte ones. uv and pip colour their lines under FORCE_COLOR or CLICOLOR_FORCE,
+#: and draw progress bars with them on a terminal.
+ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def plain(raw):
+    """One line of an installer's output as a terminal leaves it, the only form every pattern here reads: escapes
+    removed, and of a line redrawn by carriage returns (a progress bar, then the line drawn over it; or a CRLF end)
+    the last text drawn; no line end. Its indent is kept."""
+    drawn = [part for part in ESCAPE.sub("", raw).split("\r") if part.strip()]
+    return drawn[-1].rstrip() if drawn else ""
+
+
 #: what follows a name in uv's sentences: `==2.1` (the version), or a range `>=2.20.0,<2.21` (kept whole)
 SPEC = r"(?:(?:==|(?=[<>!~]))(\S+))?"
 FETCH = re.compile(r"^(?:Downloading|Collecting|Using cached) (?:\S*/)?([A-Za-z0-9][A-Za-z0-9_.]*)-([0-9][^-\s]*)-")
 BACKTRACK = re.compile(rf"pip is looking at multiple versions of ({NAME})")
 #: the package pip or uv is working on (the last one named is the one a source build failure is about): pip's
 #: "Collecting flash-attn", "Processing /wheels/srcpkg-1.0.tar.gz", "Building wheel for flash-attn (setup.py)";
-#: uv's "Building flash-attn==2.7.4", "Failed to build `flash-attn==2.7.4`"
+#: uv's "Building flash-attn==2.7.4", "Failed to build `flash-attn==2.7.4`". pip's "Processing" names a path as
+#: given, spaces and all ("Processing ./wheels ü/srcpkg-1.0.tar.gz (from app)"): its folders run to the last "/"
+#: before the "(from".
 BUILDING = re.compile(
     r"(?:× |error: )?"
     r"(?:Building wheel for|Failed to build|Failed to download and build|Building|Collecting|Processing) "
-    rf"`?(?:\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
+    rf"`?(?:(?<=Processing )[^(]*/|\S*/)?(?!installable )({NAME}?)(?:==|-[0-9]|[ `(\[;<>=!~@]|$)"
 )
 #: who asked for the package a line is about (a dependency's chain, the recipe's line among them): pip's "Collecting
 #: cpkg (from parent==1.0->-r requirements.txt (line 4))", uv's "hint: `cpkg` (v1.0) was included because
@@ -29,20 +45,23 @@ SOURCE_STEP = re.compile(r"(?:Preparing metadata \(|Getting requirements to buil
 #: uv's way of saying it: "Because torchvision==0.18.0 depends on torch==2.3.0 and torch==2.13.0+cpu, we can
 #: conclude ..." (the second requirement is the base's pin).
 UV_DEPENDS = re.compile(rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and \3(\S+), we")
-#: uv, when it folded the base's pin into another package first: "Because torchvision==0.28.0 depends on
-#: torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, we can conclude ..."
+#: uv, on two packages that need what excludes each other: "Because all versions of user depend on depx>=2 and all
+#: versions of pinner depend on depx==1.0, we can conclude ...", also where it folded the base's pin into the second
+#: first: "Because torchvision==0.28.0 depends on torch==2.13.0 and timm>=1.0.31 depends on torch==2.13.0a0, ..."
 UV_DEPENDS_VIA = re.compile(
     rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and "
-    rf"(?:all versions of )?{NAME}\S* depends? on \3(\S+), we"
+    rf"(?:all versions of )?({NAME}?){SPEC} depends? on \3(\S+), we"
 )
 #: uv, on two requirements of one name that exclude each other (the recipe's constraint and its lock): "Because you
 #: require hub-lib<1 and hub-lib==2.4.0, we can conclude ..." (pip: "The user requested hub-lib" and its constraints)
 UV_REQUIRES = re.compile(rf"Because you require ({NAME})\S* and \1\S*, we")
 OTHER_FRAMEWORK = re.compile(rf"(?<![A-Za-z0-9_.-])({NAME})<0(?![A-Za-z0-9_.])")  # `<0` alone: not `<0.28`
 #: uv, on a package that needs another name of the base's framework: "Because keras-hub==0.18.1 depends on
-#: tensorflow and you require tensorflow<0, we can conclude ..."
+#: tensorflow and you require tensorflow<0, we can conclude ...", or with the refusal folded in first (uv 0.13):
+#: "Because python-dateutil==2.9.0.post0 depends on six<0, which does not allow any versions and you require ..."
 UV_NEEDS_REFUSED = re.compile(
-    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*) and you require \3<0"
+    rf"Because (?:all versions of )?({NAME}?){SPEC} depends? on ({NAME})(\S*?)"
+    r"(?: and you require \3<0|<0, which does not allow any versions)"
 )
 #: pip's "torchvision 0.18.0 depends on torch==2.3.0" (never uv's "Because X>=v depends on ...", whose first word
 #: is no package)
@@ -50,9 +69,10 @@ DEPENDS = re.compile(rf"^(?!(?:And )?[Bb]ecause )({NAME}) (\S+) depends on ({NAM
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
 #: the name pip or uv could not find: "No matching distribution found for nosuch", "Because nosuch was not found
-#: in the package registry", "Because there is no version of einops==9.9"
+#: in the package registry" (or "in the provided package locations", uv's words with --no-index --find-links),
+#: "Because there is no version of einops==9.9"
 MISSING = re.compile(
-    rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the package registry"
+    rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the "
     rf"|Because there is no version of ({NAME}\S*?)(?: and|,|$)"
 )
 #: uv, when a source build's isolated environment asks for the framework and install.sh's --build-constraint
@@ -83,6 +103,9 @@ KINDS = (
             "dns error",
             "failed to lookup address",
             "HTTP status server error",
+            # uv's words for every request that failed on the way (a refused connection, a name, a timeout, a
+            # proxy): "error sending request for url (https://...)", then its causes
+            "error sending request for url",
         ),
     ),
     # (uv says a name it cannot find as "... was not found in the package registry ... No solution found": both
@@ -92,7 +115,7 @@ KINDS = (
         (
             "No matching distribution found",
             "Could not find a version that satisfies",
-            "was not found in the package registry",
+            re.compile(rf"Because {NAME} was not found in the "),  # the registry, the find-links locations
             "there is no version of",
         ),
     ),
