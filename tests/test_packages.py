@@ -431,6 +431,46 @@ def test_a_find_links_web_page_is_passed_to_the_installer_as_a_page_of_links(tmp
     assert [r.spec for r in loaded.requirements] == ["pyg-lib"]
 
 
+#: a find-links line as projects write it; those marked True are read alike by pip and uv, or by pip and made so
+FIND_LINKS_SPELLINGS = {
+    "-f {url}": True,
+    "-f{url}": True,  # pip's attached short option (uv refuses it: imgbuild writes it again as --find-links URL)
+    "-f\t{url}": True,
+    "--find-links {url}": True,
+    "--find-links={url}": True,
+    "--find-links\t{url}": True,
+    '--find-links "{url}"': False,
+    "--find-link {url}": False,  # optparse's abbreviation: pip's alone
+    "-f {url} -f {url}.2": False,
+    "--find-links = {url}": False,  # pip reads a page named "="
+}
+
+
+@pytest.mark.parametrize("spelling", FIND_LINKS_SPELLINGS)
+def test_a_find_links_line_is_passed_on_as_pips_own_parser_reads_it_or_refused_at_its_line(tmp_path, spelling):
+    """pip's requirements-file parser is the oracle: a spelling both installers read as one page goes on as that
+    page, in the one form both read; any other is passed on as pip reads it, or refused at FILE:LINE without the
+    line."""
+    import optparse
+    import shlex
+
+    from pip._internal.req.req_file import break_args_options, build_parser
+
+    from imgbuild.errors import RecipeError
+
+    url = "https://data.pyg.org/whl/torch-2.4.0+cu124.html"
+    line = spelling.format(url=url)
+    read, _ = build_parser().parse_args(shlex.split(break_args_options(line)[1]), optparse.Values())
+    pages = [page for page in read.find_links if page.startswith("https://")]
+    try:
+        passed = list(_load(tmp_path, {"requirements.txt": f"{line}\npyg-lib\n"}).requirement_options)
+    except RecipeError as err:
+        assert not FIND_LINKS_SPELLINGS[spelling], str(err)
+        assert "requirements.txt:1:1: pip.requirements" in str(err) and url not in str(err), str(err)
+        return
+    assert passed == [f"--find-links {page}" for page in pages] == [f"--find-links {url}"], passed
+
+
 BAD_REQUIREMENT_LINES = [
     ("-e .", "an editable install needs its source in the image"),
     ("./local/pkg", "a local path is not in the build context"),
@@ -442,6 +482,16 @@ BAD_REQUIREMENT_LINES = [
     ("--find-links /opt/wheels", "a folder of wheels is not in the image"),
     ("-f file:///opt/wheels", "a folder of wheels is not in the image"),
     ("-f https://user:s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
+    ("-fhttps://user:s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
+    ("-ihttps://user:s3cret@pypi.example.org/simple", "credentials in an index URL"),
+    ("--find-links https://s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
+    ("--find-links https://data.example.org/whl/torch.html?X-Amz-Signature=s3cret", "a query (?...)"),
+    ("--extra-index-url https://pypi.example.org/simple?s=s3cret", "a query (?...)"),
+    ("--find-links https://[::1/whl/torch.html", "must be http:// or https:// with a host"),
+    ("--find-links https://data.example.org:99999/whl/torch.html", "must be http:// or https:// with a host"),
+    ("--extra-index-url https://pypi.example.org:port/simple", "must be http:// or https:// with a host"),
+    ("--find-links https://data.example.org/${PIP_INDEX_URL}/torch.html", "pip and uv replace ${NAME}"),
+    ("-Zhttps://user:s3cret@data.example.org/whl/torch.html", "pip option -Z is not supported"),
     ("--global-option=build_ext", "is not supported"),
     ("torch>=<2", "not a valid requirement"),
     ("-r requirements.txt", "the file includes itself"),

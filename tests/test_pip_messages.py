@@ -565,3 +565,29 @@ def test_a_network_failure_elsewhere_still_names_the_index():
         "connection)': /simple/einops/\n"
     )
     assert watch.failure("the base's pins").startswith("network failure reaching the package index")
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_either_installer_fills_in_a_dollar_brace_name_from_its_environment(tmp_path, installer):
+    """Why imgbuild refuses `${NAME}` in every pip field and line: the real installer reads the line with the
+    variable of the environment it runs in filled in (the pip step's holds the site's index URL), so the page it
+    reads is not the one reviewed."""
+    import os
+    import subprocess
+    import sys
+
+    import uv
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "pagelib", "0.4.0", {"pagelib/__init__.py": b""})
+    (tmp_path / "req.txt").write_text("--no-index\n--find-links ${IMGBUILD_TEST_PAGE}\npagelib\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    environ.update(IMGBUILD_TEST_PAGE=str(folder), PIP_CONFIG_FILE=os.devnull, UV_NO_CONFIG="1")
+    if installer == "uv":
+        command = [uv.find_uv_bin(), "pip", "compile", "--no-header", "--no-cache", str(tmp_path / "req.txt")]
+    else:
+        download = ["download", "--no-deps", "--no-cache-dir", "-d", str(tmp_path / "got"), "-r"]
+        command = [sys.executable, "-m", "pip", *download, str(tmp_path / "req.txt")]
+    done = subprocess.run(command, capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and "pagelib" in done.stdout, done.stdout + done.stderr
