@@ -50,9 +50,12 @@ DEPENDS = re.compile(rf"^(?!(?:And )?[Bb]ecause )({NAME}) (\S+) depends on ({NAM
 CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
 #: the name pip or uv could not find: "No matching distribution found for nosuch", "Because nosuch was not found
-#: in the package registry", "Because there is no version of einops==9.9"
+#: in the package registry", "Because there is no version of einops==9.9", "Because pyg-lib==0.4.0 has no wheels with
+#: a matching Python ABI tag"
 MISSING = re.compile(
-    rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the package registry"
+    rf"No matching distribution found for ({NAME}\S*)"
+    rf"|Because ({NAME}) was not found in the (?:package registry|provided package locations)"
+    rf"|Because ({NAME})==\S+ has no wheels with a matching"
     rf"|Because there is no version of ({NAME}\S*?)(?: and|,|$)"
 )
 #: uv, when a source build's isolated environment asks for the framework and install.sh's --build-constraint
@@ -63,6 +66,10 @@ BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) a
 #: pip's retries name only the page's path: "WARNING: Retrying (Retry(total=4, ...)) after connection broken by
 #: 'NewConnectionError(...)': /whl/torch-2.4.0+cu124.html"
 PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
+#: pip, of a plain-http index or find-links page on a host it does not trust (uv reads it): it reads nothing there
+IGNORED_HOST = re.compile(
+    r"The repository located at ([A-Za-z0-9.:\[\]-]{1,255}) is not a trusted or secure host and is being ignored"
+)
 RETRIED_PATH = re.compile(
     r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z"
 )  # searched: \Z is the very end, never before a newline
@@ -93,6 +100,8 @@ KINDS = (
             "No matching distribution found",
             "Could not find a version that satisfies",
             "was not found in the package registry",
+            "was not found in the provided package locations",  # uv, with find-links pages and no index
+            "has no wheels with a matching",  # uv: "... Python ABI tag (e.g., `cp311`)", "... platform tag"
             "there is no version of",
         ),
     ),

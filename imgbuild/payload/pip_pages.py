@@ -1,0 +1,76 @@
+"""What a find-links page (`--find-links URL`: JAX's jax_releases.html, PyG's data.pyg.org pages) says of a project,
+read as pip and uv read it: a page of links whose files are named by the last part of each link's path, fetched
+bounded and under the index's trust rules (pip_index.fetch). The guard asks it why the install found nothing there,
+so that the line names the page and what it said (a 404, not a page of links, no file of the project, none for
+this Python), never a typo in a name only that page serves. Imported by guard.py, beside it.
+"""
+
+import html
+import os
+import re
+import sys
+import urllib.parse
+
+import pip_index  # beside it
+from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable  # beside it
+from pip_versions import canon  # beside it
+
+ANCHOR = re.compile(r"<a\b([^>]{0,8192})>", re.IGNORECASE)  # bounded: a tag that never closes costs nothing
+
+
+def links_of(body):
+    """[(file name, requires-python)] of each link of a page of links (PEP 503's HTML, as pip and uv read a
+    find-links page): the file is the last part of the link's path, as the installers name it."""
+    out = []
+    for attrs in ANCHOR.findall(body.decode("utf-8", errors="replace")):
+        values = {k.lower(): html.unescape(a or b) for k, a, b in ATTRIBUTE.findall(attrs)}
+        path = urllib.parse.urlsplit(values.get("href", "")).path
+        if path:
+            out.append((urllib.parse.unquote(path.rsplit("/", 1)[-1]), values.get("data-requires-python", "")))
+    return out
+
+
+def project_of(filename):
+    """The project a distribution file is of, canonical: `jaxlib-0.3.2+cuda11.cudnn82-cp39-...whl` -> jaxlib."""
+    found = re.match(r"([A-Za-z0-9][A-Za-z0-9_.]*?(?:-[A-Za-z_][A-Za-z0-9_.]*?)*)-[0-9]", filename)
+    return canon(found.group(1)) if found and filename.endswith((".whl", *ARCHIVES)) else ""
+
+
+def page_trouble(url, trusted=(), environ=os.environ):
+    """Why the find-links page at `url` is no page of links, read as the installers read it (bounded, under the
+    index's trust rules), in words after "the page URL"; "" where it is one."""
+    return _read_links(url, trusted, environ)[0]
+
+
+def find_links_said(url, name, trusted=(), environ=os.environ):
+    """What the find-links page at `url` says of `name`: why it gives no file of `name` this Python can install
+    (page_trouble's words, or what it lists), in words after "the page URL"; "" where it has one."""
+    trouble, links = _read_links(url, trusted, environ)
+    if trouble:
+        return trouble
+    files = [(f, requires) for f, requires in links if project_of(f) == canon(name)]
+    if not files:
+        return f"lists no file of {name} (a typo? a page for another release of the framework or CUDA?)"
+    if any(installable(f, requires) for f, requires in files):
+        return ""
+    python = ".".join(str(part) for part in sys.version_info[:2])
+    return (
+        f"lists {len(files)} file(s) of {name}, none of them for this Python {python} on {MACHINE} (a page for "
+        "another framework or CUDA release, or a release of the package made for another Python?)"
+    )
+
+
+def _read_links(url, trusted, environ):
+    """(why the page is no page of links or "", its links)."""
+    status, body, kind = fetch(url, trusted, environ, accept="text/html")
+    if status == "unreached":
+        return "could not be reached (offline? a proxy? a network that reaches only the package index?)", []
+    if status == "long":
+        limit, seconds = pip_index.PAGE_LIMIT >> 20, 2 * pip_index.TIMEOUT
+        return f"did not end within {limit} MiB and {seconds:.0f} s, as a page of links does", []
+    if status != 200:
+        return f"answers HTTP {status} (has it moved? PyG's and JAX's pages are named for a release)", []
+    if kind != "text/html":
+        shown = re.sub(r"[^A-Za-z0-9.+/-]", "?", kind)[:60] or "none"
+        return f"is not a page of links (its Content-Type is {shown}; pip and uv read text/html)", []
+    return "", links_of(body)
