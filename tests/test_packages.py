@@ -7,6 +7,7 @@ them; the engine cases build real recipes on the test bed's stand-in bases.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import json
 import re
@@ -255,6 +256,44 @@ def test_a_cuda_build_the_index_has_is_named_by_its_exact_release(recorded_index
     report = _failed_imports(["vllm", "0.2.5", "12", "13"])
     name_cuda_cures(report, f"{index}/cuda")
     assert "ask for its CUDA 13 build, vllm==0.11.0+cu130 (on the index)" in report.checks[0]["reason"]
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_an_index_page_that_trickles_is_no_answer_within_its_time(where):
+    """imgbuild's own reader of index pages (the cures it checks before printing them) ends at its time however a
+    server trickles a page: a byte at a time restarts each read's timeout, so only a clock outside the read holds."""
+    import socket
+    import threading
+    import time
+
+    from imgbuild.registry import pypi
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drip() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n"
+            if where == "body":
+                conn.sendall(head)
+            for byte in head if where == "headers" else b"<" * 100:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.1)
+            conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    index = f"http://127.0.0.1:{listener.getsockname()[1]}/simple"
+    pypi.cuda_builds.cache_clear()
+    start = time.monotonic()
+    try:
+        if where == "body":
+            assert pypi.cuda_builds(index, "vllm", "13", timeout=0.5) is None
+        else:
+            assert pypi.has_project(index, "vllm", timeout=0.5) is None
+    finally:
+        listener.close()
+    assert time.monotonic() - start < 1.5
 
 
 def test_a_renamed_cuda_build_is_offered_only_where_the_index_has_that_project(recorded_index):
