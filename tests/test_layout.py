@@ -238,7 +238,7 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
             "pip_bounds",
             "pip_alike",
         },
-        "payload/pip_pages.py": {"pip_versions", "pip_index"},
+        "payload/pip_pages.py": {"pip_versions", "pip_index", "pip_words"},
         "payload/pip_alike.py": {"pip_versions", "pip_index", "pip_words", "pip_bounds"},
         "payload/pip_owners.py": {"pip_versions"},
         "payload/pip_index.py": {"pip_versions"},

@@ -282,7 +282,8 @@ def hostile_pages():
 
 def test_a_hostile_find_links_page_is_read_bounded_and_named_by_what_it_did(hostile_pages, monkeypatch):
     """A page of links is read as pip and uv read it, but bounded in bytes and time: a page past the bound, one
-    that never ends, one that is not HTML or not there, each said in words; a deep or long page costs linear time."""
+    that never ends, one that is not HTML or not there, each said in words (and the one that never ends named where
+    the step stopped at its bounds); a deep or long page costs linear time."""
     import time
 
     from tests.support import guard_module
@@ -295,12 +296,14 @@ def test_a_hostile_find_links_page_is_read_bounded_and_named_by_what_it_did(host
     start = time.monotonic()
     for name in ("huge", "drip", "binary", "gone", "deep", "many"):
         said[name] = pages.find_links_said(f"{url}/{name}.html", "pagelib")
-    assert time.monotonic() - start < 5
     assert said["huge"].startswith("did not end within 1 MiB") and said["drip"].startswith("did not end within")
     assert said["binary"].startswith("is not a page of links (its Content-Type is application/octet-stream")
     assert said["gone"].startswith("answers HTTP 404")
     assert said["deep"] == said["many"] == ""  # a file of pagelib this Python installs: the page is not the trouble
     assert pages.find_links_said(f"{url}/many.html", "pyg-lib").startswith("lists no file of pyg-lib")
+    note = pages.stopped_note([f"{url}/many.html", f"{url}/drip.html"])  # what a step stopped at its bounds read
+    assert time.monotonic() - start < 6
+    assert note.startswith(f"; the find-links page {url}/drip.html did not end within") and "many" not in note
 
 
 def test_a_find_links_page_may_redirect_to_another_host_but_credentials_never_follow(hostile_pages, index):

@@ -28,7 +28,7 @@ from pip_index import (  # noqa: E402
     question,
     trusted_hosts,
 )
-from pip_pages import find_links_said, page_trouble  # noqa: E402
+from pip_pages import missing_line, stopped_note, unread_line  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -338,36 +338,14 @@ class Watch:
         """The line for a find-links page the installer could not read (uv names it, for any reason: a 404, not a
         page of links), or found nothing on for a requirement it found nowhere; "" where there is none."""
         if self.page_unread:
-            return self.unread_page(self.page_unread)
+            return unread_line(self.page_unread, self.trusted)
         if self.ignored_host and "missing" in self.kinds:
             return (
                 f"{self.missing or 'a requirement'}: pip read nothing from the plain-http index or find-links page at "
                 f"{self.ignored_host}, a host it does not trust (uv reads it): use its https:// address, or add "
                 f"{self.ignored_host} to pip.trusted_hosts; see above"
             )
-        return self.missing_on_pages() if "missing" in self.kinds and self.missing and self.pages else ""
-
-    def unread_page(self, page):
-        """The find-links page the installer said it could not read (uv names it), and why, as the guard reads it."""
-        why = page_trouble(page, self.trusted) or "could not be read by the installer"
-        return (
-            f"the find-links page {page} (a --find-links line of the requirements) {why}: what only that page serves "
-            "cannot be installed without it; see above"
-        )
-
-    def missing_on_pages(self):
-        """The requirement the installer found nowhere, where the install reads find-links pages: what each page
-        says of it, read by the guard as the installers read it; "" where a page has a file of it for this Python
-        and platform (the trouble is elsewhere)."""
-        name = re.match(NAME, self.missing).group(0)
-        said = [(page, find_links_said(page, name, self.trusted)) for page in self.pages]
-        if not all(why for _, why in said):
-            return ""
-        pages = "; ".join(f"the find-links page {page} {why}" for page, why in said)
-        return (
-            f"{self.missing}: neither the index nor the find-links page{'s' if len(said) > 1 else ''} (a --find-links "
-            f"line of the requirements) has a file of it for this Python and platform: {pages}; see above"
-        )
+        return missing_line(self.missing, self.pages, self.trusted) if "missing" in self.kinds and self.missing else ""
 
     def installing_failure(self, alike=(), then=""):
         """Past resolving: a file that is not the one locked, or a source build that failed (with the cure where
@@ -476,7 +454,8 @@ def main(argv):
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
-    why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
+    stopped = f"stopped: {outcome}{stopped_note(watch.pages, watch.trusted)}" if isinstance(outcome, str) else ""
+    why = stopped or watch.failure(origin)
     tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
     tool = tool if tool == why else ""  # the failure was that build's, for want of a tool
     if not isinstance(outcome, str) and (watch.needs_the_framework() or tool):

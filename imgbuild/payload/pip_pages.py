@@ -14,6 +14,7 @@ import urllib.parse
 import pip_index  # beside it
 from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable  # beside it
 from pip_versions import canon  # beside it
+from pip_words import NAME  # beside it
 
 ANCHOR = re.compile(r"<a\b([^>]{0,8192})>", re.IGNORECASE)  # bounded: a tag that never closes costs nothing
 
@@ -74,3 +75,38 @@ def _read_links(url, trusted, environ):
         shown = re.sub(r"[^A-Za-z0-9.+/-]", "?", kind)[:60] or "none"
         return f"is not a page of links (its Content-Type is {shown}; pip and uv read text/html)", []
     return "", links_of(body)
+
+
+WHERE = "(a --find-links line of the requirements)"
+
+
+def unread_line(page, trusted=()):
+    """The failure line for the find-links page the installer said it could not read (uv names it), and why, as
+    the guard reads it."""
+    why = page_trouble(page, trusted) or "could not be read by the installer"
+    return (
+        f"the find-links page {page} {WHERE} {why}: what only that page serves cannot be installed without it; "
+        "see above"
+    )
+
+
+def missing_line(missing, pages, trusted=()):
+    """The failure line for the requirement the installer found nowhere (`missing`, its words for it), where the
+    install reads find-links `pages`: what each says of it; "" without pages, or where a page has a file of it for
+    this Python and platform (the trouble is elsewhere)."""
+    name = re.match(NAME, missing)
+    said = [(page, find_links_said(page, name.group(0), trusted)) for page in pages] if name else []
+    if not said or not all(why for _, why in said):
+        return ""
+    each = "; ".join(f"the find-links page {page} {why}" for page, why in said)
+    return (
+        f"{missing}: neither the index nor the find-links page{'s' if len(said) > 1 else ''} {WHERE} has a file of it "
+        f"for this Python and platform: {each}; see above"
+    )
+
+
+def stopped_note(pages, trusted=()):
+    """ "; the find-links page URL did not end ..." for each of `pages` that is no page of links: what a step stopped at
+    its bounds may have been reading; "" where none is."""
+    said = [f"the find-links page {page} {why}" for page in pages if (why := page_trouble(page, trusted))]
+    return f"; {'; '.join(said)} {WHERE}" if said else ""
