@@ -247,6 +247,7 @@ def hostile_pages():
                 "/many.html": lambda: self.send("text/html", link.encode() * 10_000),
                 "/binary.html": lambda: self.send("application/octet-stream", b"\x00\xff" * 1000),
                 "/away.html": self.redirect,
+                "/jax_releases.html": lambda: self.send("text/html", jax),
             }
             if self.path == "/drip.html":
                 self.send_response(200)
@@ -267,6 +268,13 @@ def hostile_pages():
             self.send_header("Location", f"http://localhost:{other.server_address[1]}/many.html")
             self.end_headers()
 
+    jax = b"".join(  # JAX's page: absolute links into folders, the file's name the last part of the path
+        b'<a href="https://storage.googleapis.com/jax-releases/%s">%s</a>\n' % (f, f)
+        for f in (
+            b"cuda11/jaxlib-0.3.2+cuda11.cudnn82-cp39-none-manylinux2010_x86_64.whl",
+            b"jaxlib-0.4.1-py3-none-any.whl",
+        )
+    )
     PAGE_LIMIT = 1 << 20
     servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(2)]
     main, other = servers
@@ -319,3 +327,17 @@ def test_a_find_links_page_may_redirect_to_another_host_but_credentials_never_fo
     with_user = url.replace("http://", "http://user:s3cret@")
     assert pages.find_links_said(f"{with_user}/away.html", "pagelib").startswith("answers HTTP 302")
     assert [s for s in seen if s[0] == other] == [] and seen[0][2].startswith("Basic ")
+
+
+def test_a_release_a_find_links_page_has_for_another_python_is_named_so_by_its_version(hostile_pages):
+    """Flax's `jaxlib==0.3.2+cuda11.cudnn82` with JAX's page: the page has jaxlib, but that release only for
+    Python 3.9; the line says so of that release, where the name alone has a file for this Python."""
+    from tests.support import guard_module
+
+    pages = sys.modules["pip_pages"] if guard_module() else None
+    url = f"{hostile_pages[0]}/jax_releases.html"
+    said = pages.missing_line("jaxlib==0.3.2+cuda11.cudnn82", [url])
+    assert said.startswith("jaxlib==0.3.2+cuda11.cudnn82: neither the index nor the find-links page"), said
+    assert f"the find-links page {url} lists 1 file(s) of jaxlib 0.3.2+cuda11.cudnn82, none of them" in said
+    assert pages.missing_line("jaxlib==0.9", [url]).count("lists no file of jaxlib 0.9") == 1
+    assert pages.missing_line("jaxlib", [url]) == ""  # a file this Python installs: the trouble is elsewhere

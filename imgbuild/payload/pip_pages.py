@@ -12,7 +12,7 @@ import sys
 import urllib.parse
 
 import pip_index  # beside it
-from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable  # beside it
+from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable, version_of  # beside it
 from pip_versions import canon  # beside it
 from pip_words import NAME  # beside it
 
@@ -43,20 +43,23 @@ def page_trouble(url, trusted=(), environ=os.environ):
     return _read_links(url, trusted, environ)[0]
 
 
-def find_links_said(url, name, trusted=(), environ=os.environ):
-    """What the find-links page at `url` says of `name`: why it gives no file of `name` this Python can install
-    (page_trouble's words, or what it lists), in words after "the page URL"; "" where it has one."""
+def find_links_said(url, name, trusted=(), environ=os.environ, version=""):
+    """What the find-links page at `url` says of `name` (of its release `version`, where the requirement pins one):
+    why it gives no file of it this Python can install (page_trouble's words, or what it lists), in words after
+    "the page URL"; "" where it has one."""
     trouble, links = _read_links(url, trusted, environ)
     if trouble:
         return trouble
     files = [(f, requires) for f, requires in links if project_of(f) == canon(name)]
+    release = f"{name} {version}" if version else name
+    files = [(f, requires) for f, requires in files if not version or version_of(f) == version]
     if not files:
-        return f"lists no file of {name} (a typo? a page for another release of the framework or CUDA?)"
+        return f"lists no file of {release} (a typo? a page for another release of the framework or CUDA?)"
     if any(installable(f, requires) for f, requires in files):
         return ""
     python = ".".join(str(part) for part in sys.version_info[:2])
     return (
-        f"lists {len(files)} file(s) of {name}, none of them for this Python {python} on {MACHINE} (a page for "
+        f"lists {len(files)} file(s) of {release}, none of them for this Python {python} on {MACHINE} (a page for "
         "another framework or CUDA release, or a release of the package made for another Python?)"
     )
 
@@ -94,8 +97,10 @@ def missing_line(missing, pages, trusted=()):
     """The failure line for the requirement the installer found nowhere (`missing`, its words for it), where the
     install reads find-links `pages`: what each says of it; "" without pages, or where a page has a file of it for
     this Python and platform (the trouble is elsewhere)."""
-    name = re.match(NAME, missing)
-    said = [(page, find_links_said(page, name.group(0), trusted)) for page in pages] if name else []
+    name = re.match(rf"({NAME})(?:==([A-Za-z0-9.+!_-]+)$)?", missing)
+    if not name:
+        return ""
+    said = [(page, find_links_said(page, name.group(1), trusted, version=name.group(2) or "")) for page in pages]
     if not said or not all(why for _, why in said):
         return ""
     each = "; ".join(f"the find-links page {page} {why}" for page, why in said)
