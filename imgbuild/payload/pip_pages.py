@@ -54,13 +54,13 @@ def find_links_said(url, name, trusted=(), environ=os.environ, version=""):
     release = f"{name} {version}" if version else name
     files = [(f, requires) for f, requires in files if not version or version_of(f) == version]
     if not files:
-        return f"lists no file of {release} (a typo? a page for another release of the framework or CUDA?)"
+        return f"lists no file of {release} (a typo? a page for another framework or CUDA release?)"
     if any(installable(f, requires) for f, requires in files):
         return ""
     python = ".".join(str(part) for part in sys.version_info[:2])
     return (
-        f"lists {len(files)} file(s) of {release}, none of them for this Python {python} on {MACHINE} (a page for "
-        "another framework or CUDA release, or a release of the package made for another Python?)"
+        f"lists {len(files)} file(s) of {release}, none for this Python {python} on {MACHINE} (made for another "
+        "Python or platform)"
     )
 
 
@@ -73,10 +73,10 @@ def _read_links(url, trusted, environ):
         limit, seconds = pip_index.PAGE_LIMIT >> 20, 2 * pip_index.TIMEOUT
         return f"did not end within {limit} MiB and {seconds:.0f} s, as a page of links does", []
     if status != 200:
-        return f"answers HTTP {status} (has it moved? PyG's and JAX's pages are named for a release)", []
+        return f"answers HTTP {status} (has it moved?)", []
     if kind != "text/html":
         shown = re.sub(r"[^A-Za-z0-9.+/-]", "?", kind)[:60] or "none"
-        return f"is not a page of links (its Content-Type is {shown}; pip and uv read text/html)", []
+        return f"is not a page of links (Content-Type {shown}, not text/html)", []
     return "", links_of(body)
 
 
@@ -85,12 +85,9 @@ WHERE = "(a --find-links line of the requirements)"
 
 def unread_line(page, trusted=()):
     """The failure line for the find-links page the installer said it could not read (uv names it), and why, as
-    the guard reads it."""
+    the guard reads it. Each line here stays short: a build's failure shows the first 300 characters."""
     why = page_trouble(page, trusted) or "could not be read by the installer"
-    return (
-        f"the find-links page {page} {WHERE} {why}: what only that page serves cannot be installed without it; "
-        "see above"
-    )
+    return f"the find-links page {page} {WHERE} {why}: what only it serves cannot be installed; see above"
 
 
 def missing_line(missing, pages, trusted=()):
@@ -104,14 +101,11 @@ def missing_line(missing, pages, trusted=()):
     if not said or not all(why for _, why in said):
         return ""
     each = "; ".join(f"the find-links page {page} {why}" for page, why in said)
-    return (
-        f"{missing}: neither the index nor the find-links page{'s' if len(said) > 1 else ''} {WHERE} has a file of it "
-        f"for this Python and platform: {each}; see above"
-    )
+    return f"{missing}: not on the index, and {each}; see above"
 
 
 def stopped_note(pages, trusted=()):
     """ "; the find-links page URL did not end ..." for each of `pages` that is no page of links: what a step stopped at
     its bounds may have been reading; "" where none is."""
     said = [f"the find-links page {page} {why}" for page in pages if (why := page_trouble(page, trusted))]
-    return f"; {'; '.join(said)} {WHERE}" if said else ""
+    return "".join(f"; {line}" for line in said)
