@@ -460,13 +460,15 @@ def test_real_requirements_files_nest_continue_and_carry_options(tmp_path):
         "--find-links https://storage.googleapis.com/jax-releases/jax_releases.html",
         "-f https://data.pyg.org/whl/torch-2.4.0+cu124.html",
         "--find-links=https://data.pyg.org/whl/torch-2.4.0+cu124.html",
+        "-f HTTPS://data.pyg.org/whl/torch-2.4.0+cu124.html",
     ],
 )
 def test_a_find_links_web_page_is_passed_to_the_installer_as_a_page_of_links(tmp_path, line):
-    """JAX's and PyG's own install lines point at a web page of wheel links: it goes to the installer as it is."""
+    """JAX's and PyG's own install lines point at a web page of wheel links: it goes to the installer as it is, its
+    scheme in the lower case the pip step's readers look for."""
     loaded = _load(tmp_path, {"requirements.txt": f"{line}\npyg-lib\n"})
     url = line.replace("=", " ", 1).split()[-1] if line.startswith("--find-links=") else line.split()[-1]
-    assert loaded.requirement_options == (f"--find-links {url}",)
+    assert loaded.requirement_options == (f"--find-links {url.replace('HTTPS:', 'https:')}",)
     assert [r.spec for r in loaded.requirements] == ["pyg-lib"]
 
 

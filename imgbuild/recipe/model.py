@@ -204,7 +204,7 @@ def _index_url(value: str) -> str:
         )
     if fault:
         raise ValueError(f"not an index URL ({reqfile.url_problem(value, 'an index URL')})")
-    return value
+    return reqfile.one_form(value)
 
 
 def _env_key(value: str) -> str:

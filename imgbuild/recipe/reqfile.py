@@ -138,7 +138,7 @@ class _Reader:
             self.nested(name, value, where, constraint=constraint or NESTING[name], depth=depth)
         elif name in INDEX:
             why = url_problem(value, "an index URL")
-            self.bad(where, f"{name}: {why}") if why else _add(self.out.options, f"{INDEX[name]} {value}")
+            self.bad(where, f"{name}: {why}") if why else _add(self.out.options, f"{INDEX[name]} {one_form(value)}")
         elif name == "--trusted-host":
             if re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", value):
                 _add(self.out.options, f"--trusted-host {value}")
@@ -162,7 +162,7 @@ class _Reader:
             self.bad(where, _FOLDER)
             return
         why = url_problem(value, "a find-links page's URL")
-        self.bad(where, f"--find-links: {why}") if why else _add(self.out.options, f"--find-links {value}")
+        self.bad(where, f"--find-links: {why}") if why else _add(self.out.options, f"--find-links {one_form(value)}")
 
     def nested(self, name: str, value: str, where: tuple[Path, str, int], *, constraint: bool, depth: int) -> None:
         if depth >= MAX_DEPTH:
@@ -241,6 +241,12 @@ def index_url_fault(url: str) -> str:
     if parts.query:
         return "query"
     return "" if parts.scheme in ("http", "https") and parts.hostname and port_ok else "scheme"
+
+
+def one_form(url: str) -> str:
+    """An index or find-links URL as imgbuild writes it: its scheme in lower case (`HTTPS://` is `https://` to pip and
+    uv, and to the pip step's own readers, which look for the lower-case form)."""
+    return re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:", lambda scheme: scheme.group(0).lower(), url)
 
 
 def line_fault(line: str) -> str:
