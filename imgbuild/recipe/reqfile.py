@@ -300,12 +300,14 @@ def requirement_text_fault(spec: str) -> None:
 
 def url_problem(url: str, what: str) -> str:
     """Why `url`, `what` ("an index URL"), cannot go to the installer, in words that never echo it; or ""."""
+    # a page of links has no build-time secret of its own: what needs credentials belongs on an index
+    cure = "set pip_index_url at build time" if "index" in what else "publish its wheels to an index, set pip_index_url"
     return {
         "scheme": f"{what} must be http:// or https:// with a host (and a port that is a number up to 65535)",
         "token": f"{what} must be one ASCII word (no white space or control character: pip would split it)",
-        "credentials": f"credentials in {what} would land in the image (set pip_index_url at build time)",
+        "credentials": f"credentials in {what} would land in the image ({cure})",
         "query": f"a query (?...) in {what} is how a signed or token URL carries its secret: it would land in the "
-        "image (set pip_index_url at build time)",
+        f"image ({cure})",
     }.get(index_url_fault(url), "")
 
 
