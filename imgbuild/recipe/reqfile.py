@@ -155,9 +155,10 @@ class _Reader:
 
     def find_links(self, value: str, where: tuple[Path, str, int]) -> None:
         """A web page of links to wheels (PEP 503's form: JAX's jax_releases.html, PyG's data.pyg.org pages) is passed
-        to the installer as it is, under an index's rules (http(s), one word, no credentials); imgbuild never reads
-        it, and the pip step's bounds (resolve time, bytes downloaded) hold for it as for an index. A local folder
-        or file:// is not in the image."""
+        to the installer, under an index URL's rules (index_url_fault); the pip step's bounds (resolve time, bytes
+        downloaded) hold for it as for an index, and where the installer finds nothing there the pip step reads it
+        as the installers do (payload/pip_pages.py) to say what it served. A local folder or file: is not in the
+        image."""
         if not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", value) or value[:5].lower() == "file:":
             self.bad(where, _FOLDER)
             return
