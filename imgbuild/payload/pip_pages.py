@@ -64,6 +64,16 @@ def find_links_said(url, name, trusted=(), environ=os.environ, version=""):
     )
 
 
+#: what an HTTP status of a find-links page most likely means, for the line that names it
+STATUS_WORDS = {
+    404: "has it moved?",
+    410: "has it moved?",
+    401: "it wants credentials",
+    403: "a proxy or the server refuses it",
+    **dict.fromkeys((301, 302, 303, 307, 308), "a redirect to another host, not followed with credentials"),
+}
+
+
 def _read_links(url, trusted, environ):
     """(why the page is no page of links or "", its links)."""
     status, body, kind = fetch(url, trusted, environ, accept="text/html")
@@ -73,7 +83,7 @@ def _read_links(url, trusted, environ):
         limit, seconds = pip_index.PAGE_LIMIT >> 20, 2 * pip_index.TIMEOUT
         return f"did not end within {limit} MiB and {seconds:.0f} s, as a page of links does", []
     if status != 200:
-        return f"answers HTTP {status} (has it moved?)", []
+        return f"answers HTTP {status} ({STATUS_WORDS.get(status, 'the server said no')})", []
     if kind != "text/html":
         shown = re.sub(r"[^A-Za-z0-9.+/-]", "?", kind)[:60] or "none"
         return f"is not a page of links (Content-Type {shown}, not text/html)", []
