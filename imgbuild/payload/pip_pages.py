@@ -84,7 +84,7 @@ def _read_links(url, trusted, environ):
         return f"did not end within {limit} MiB and {seconds:.0f} s, as a page of links does", []
     if status != 200:
         return f"answers HTTP {status} ({STATUS_WORDS.get(status, 'the server said no')})", []
-    if kind != "text/html":
+    if kind not in ("text/html", "application/vnd.pypi.simple.v1+html"):  # pip's and uv's HTML kinds
         shown = re.sub(r"[^A-Za-z0-9.+/-]", "?", kind)[:60] or "none"
         return f"is not a page of links (Content-Type {shown}, not text/html)", []
     return "", links_of(body)
