@@ -299,7 +299,7 @@ def test_a_hostile_find_links_page_is_read_bounded_and_named_by_what_it_did(host
     pages = sys.modules["pip_pages"] if guard_module() else None
     url, _, _, limit = hostile_pages
     monkeypatch.setattr(pages.pip_index, "PAGE_LIMIT", limit)
-    monkeypatch.setattr(pages.pip_index, "TIMEOUT", 0.3)
+    monkeypatch.setattr(pages.pip_index, "TIMEOUT", 0.2)
     said = {}
     start = time.monotonic()
     for name in ("huge", "drip", "binary", "gone", "deep", "many"):
