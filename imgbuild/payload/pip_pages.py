@@ -12,7 +12,7 @@ import sys
 import urllib.parse
 
 import pip_index  # beside it
-from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable, version_of  # beside it
+from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable, requirement_name, version_of  # beside it
 from pip_versions import canon  # beside it
 from pip_words import NAME  # beside it
 
@@ -33,8 +33,7 @@ def links_of(body):
 
 def project_of(filename):
     """The project a distribution file is of, canonical: `jaxlib-0.3.2+cuda11.cudnn82-cp39-...whl` -> jaxlib."""
-    found = re.match(r"([A-Za-z0-9][A-Za-z0-9_.]*?(?:-[A-Za-z_][A-Za-z0-9_.]*?)*)-[0-9]", filename)
-    return canon(found.group(1)) if found and filename.endswith((".whl", *ARCHIVES)) else ""
+    return canon(requirement_name(filename)) if filename.endswith((".whl", *ARCHIVES)) else ""
 
 
 def page_trouble(url, trusted=(), environ=os.environ):
