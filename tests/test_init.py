@@ -173,11 +173,21 @@ def test_a_pyprojects_dependencies_are_listed(project, monkeypatch):
 
 def test_a_dependency_dollar_stays_a_dollar_and_never_reads_the_environment(project, registry):
     """pyproject text is never interpolated, the recipe is: init writes a copied `$` as `$$`."""
-    url = "https://files.lab.example/${WHEEL_DIR}/p5pkg-1.0-py3-none-any.whl"
+    url = "https://files.lab.example/$WHEEL_DIR/p5pkg-1.0-py3-none-any.whl"
     (project / "pyproject.toml").write_text(f'[project]\nname = "x"\ndependencies = ["p5pkg @ {url}"]\n')
     assert run_cli("init", "demo", "--from", "pyproject.toml", cwd=project).code == 0
     loaded = load_recipe(project / "recipes" / "demo.yaml", environ={"WHEEL_DIR": "from-the-environment"})
     assert loaded.recipe.pip.packages == [f"p5pkg @ {url}"]
+
+
+def test_a_dependency_the_installer_would_fill_in_from_the_builds_environment_is_refused(project, registry):
+    """`${NAME}` survives imgbuild's own reading as written, but pip and uv replace it in the build: init refuses it,
+    naming the dependency, and writes nothing."""
+    url = "https://files.lab.example/${WHEEL_DIR}/p5pkg-1.0-py3-none-any.whl"
+    (project / "pyproject.toml").write_text(f'[project]\nname = "x"\ndependencies = ["p5pkg @ {url}"]\n')
+    done = run_cli("init", "demo", "--from", "pyproject.toml", cwd=project)
+    assert done.code == 2 and "${NAME}" in done.err and "Traceback" not in done.err, done.err
+    assert not list(project.glob("recipes/*")), done.err
 
 
 def test_a_dependency_holding_a_credential_is_refused_before_anything_is_written(project, registry):

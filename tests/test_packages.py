@@ -7,6 +7,7 @@ them; the engine cases build real recipes on the test bed's stand-in bases.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import json
 import re
@@ -257,6 +258,44 @@ def test_a_cuda_build_the_index_has_is_named_by_its_exact_release(recorded_index
     assert "ask for its CUDA 13 build, vllm==0.11.0+cu130 (on the index)" in report.checks[0]["reason"]
 
 
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_an_index_page_that_trickles_is_no_answer_within_its_time(where):
+    """imgbuild's own reader of index pages (the cures it checks before printing them) ends at its time however a
+    server trickles a page: a byte at a time restarts each read's timeout, so only a clock outside the read holds."""
+    import socket
+    import threading
+    import time
+
+    from imgbuild.registry import pypi
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drip() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n"
+            if where == "body":
+                conn.sendall(head)
+            for byte in head if where == "headers" else b"<" * 100:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.1)
+            conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    index = f"http://127.0.0.1:{listener.getsockname()[1]}/simple"
+    pypi.cuda_builds.cache_clear()
+    start = time.monotonic()
+    try:
+        if where == "body":
+            assert pypi.cuda_builds(index, "vllm", "13", timeout=0.5) is None
+        else:
+            assert pypi.has_project(index, "vllm", timeout=0.5) is None
+    finally:
+        listener.close()
+    assert time.monotonic() - start < 1.5
+
+
 def test_a_renamed_cuda_build_is_offered_only_where_the_index_has_that_project(recorded_index):
     """A dependency named for CUDA 12 (faiss-gpu-cu12, brought by another package): faiss-gpu-cu13 is not on the
     index, so it is not offered."""
@@ -421,14 +460,56 @@ def test_real_requirements_files_nest_continue_and_carry_options(tmp_path):
         "--find-links https://storage.googleapis.com/jax-releases/jax_releases.html",
         "-f https://data.pyg.org/whl/torch-2.4.0+cu124.html",
         "--find-links=https://data.pyg.org/whl/torch-2.4.0+cu124.html",
+        "-f HTTPS://data.pyg.org/whl/torch-2.4.0+cu124.html",
     ],
 )
 def test_a_find_links_web_page_is_passed_to_the_installer_as_a_page_of_links(tmp_path, line):
-    """JAX's and PyG's own install lines point at a web page of wheel links: it goes to the installer as it is."""
+    """JAX's and PyG's own install lines point at a web page of wheel links: it goes to the installer as it is, its
+    scheme in the lower case the pip step's readers look for."""
     loaded = _load(tmp_path, {"requirements.txt": f"{line}\npyg-lib\n"})
     url = line.replace("=", " ", 1).split()[-1] if line.startswith("--find-links=") else line.split()[-1]
-    assert loaded.requirement_options == (f"--find-links {url}",)
+    assert loaded.requirement_options == (f"--find-links {url.replace('HTTPS:', 'https:')}",)
     assert [r.spec for r in loaded.requirements] == ["pyg-lib"]
+
+
+#: a find-links line as projects write it; those marked True are read alike by pip and uv, or by pip and made so
+FIND_LINKS_SPELLINGS = {
+    "-f {url}": True,
+    "-f{url}": True,  # pip's attached short option (uv refuses it: imgbuild writes it again as --find-links URL)
+    "-f\t{url}": True,
+    "--find-links {url}": True,
+    "--find-links={url}": True,
+    "--find-links\t{url}": True,
+    '--find-links "{url}"': False,
+    "--find-link {url}": False,  # optparse's abbreviation: pip's alone
+    "-f {url} -f {url}.2": False,
+    "--find-links = {url}": False,  # pip reads a page named "="
+}
+
+
+@pytest.mark.parametrize("spelling", FIND_LINKS_SPELLINGS)
+def test_a_find_links_line_is_passed_on_as_pips_own_parser_reads_it_or_refused_at_its_line(tmp_path, spelling):
+    """pip's requirements-file parser is the oracle: a spelling both installers read as one page goes on as that
+    page, in the one form both read; any other is passed on as pip reads it, or refused at FILE:LINE without the
+    line."""
+    import optparse
+    import shlex
+
+    from pip._internal.req.req_file import break_args_options, build_parser
+
+    from imgbuild.errors import RecipeError
+
+    url = "https://data.pyg.org/whl/torch-2.4.0+cu124.html"
+    line = spelling.format(url=url)
+    read, _ = build_parser().parse_args(shlex.split(break_args_options(line)[1]), optparse.Values())
+    pages = [page for page in read.find_links if page.startswith("https://")]
+    try:
+        passed = list(_load(tmp_path, {"requirements.txt": f"{line}\npyg-lib\n"}).requirement_options)
+    except RecipeError as err:
+        assert not FIND_LINKS_SPELLINGS[spelling], str(err)
+        assert "requirements.txt:1:1: pip.requirements" in str(err) and url not in str(err), str(err)
+        return
+    assert passed == [f"--find-links {page}" for page in pages] == [f"--find-links {url}"], passed
 
 
 BAD_REQUIREMENT_LINES = [
@@ -442,6 +523,16 @@ BAD_REQUIREMENT_LINES = [
     ("--find-links /opt/wheels", "a folder of wheels is not in the image"),
     ("-f file:///opt/wheels", "a folder of wheels is not in the image"),
     ("-f https://user:s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
+    ("-fhttps://user:s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
+    ("-ihttps://user:s3cret@pypi.example.org/simple", "credentials in an index URL"),
+    ("--find-links https://s3cret@data.example.org/whl/torch.html", "credentials in a find-links page's URL"),
+    ("--find-links https://data.example.org/whl/torch.html?X-Amz-Signature=s3cret", "a query (?...)"),
+    ("--extra-index-url https://pypi.example.org/simple?s=s3cret", "a query (?...)"),
+    ("--find-links https://[::1/whl/torch.html", "must be http:// or https:// with a host"),
+    ("--find-links https://data.example.org:99999/whl/torch.html", "must be http:// or https:// with a host"),
+    ("--extra-index-url https://pypi.example.org:port/simple", "must be http:// or https:// with a host"),
+    ("--find-links https://data.example.org/${PIP_INDEX_URL}/torch.html", "pip and uv replace ${NAME}"),
+    ("-Zhttps://user:s3cret@data.example.org/whl/torch.html", "pip option -Z is not supported"),
     ("--global-option=build_ext", "is not supported"),
     ("torch>=<2", "not a valid requirement"),
     ("-r requirements.txt", "the file includes itself"),

@@ -215,3 +215,129 @@ def test_whether_the_index_has_a_project_is_yes_no_or_unknown_never_a_guess(inde
         assert index.project_on_index("broken-cu13", ["pip"], environ) is None
     finally:
         server.shutdown()
+
+
+@pytest.fixture
+def hostile_pages():
+    """A server of find-links pages as hostile hosts serve them, and a second host a page redirects to; each
+    request seen as (server's port, path, Authorization)."""
+    import contextlib
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+    link = '<a href="/w/pagelib-0.4.0-py3-none-any.whl#sha256=00" data-requires-python="&gt;=3">x</a>\n'
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def send(self, kind: str, body: bytes, status: int = 200) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            seen.append((self.server.server_address[1], self.path, self.headers.get("Authorization")))
+            pages = {
+                "/huge.html": lambda: self.send("text/html", link.encode() * (PAGE_LIMIT // len(link) + 10)),
+                "/deep.html": lambda: self.send("text/html", b"<div>" * 150_000 + link.encode()),
+                "/many.html": lambda: self.send("text/html", link.encode() * 10_000),
+                "/binary.html": lambda: self.send("application/octet-stream", b"\x00\xff" * 1000),
+                "/away.html": self.redirect,
+                "/jax_releases.html": lambda: self.send("text/html", jax),
+            }
+            if self.path == "/drip.html":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the reader hangs up at its bound
+                    for _ in range(40):  # a byte every 0.1 s: each read is within the timeout, the whole is not
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(0.1)
+            elif self.path in pages:
+                pages[self.path]()
+            else:
+                self.send_error(404)
+
+        def redirect(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{other.server_address[1]}/many.html")
+            self.end_headers()
+
+    jax = b"".join(  # JAX's page: absolute links into folders, the file's name the last part of the path
+        b'<a href="https://storage.googleapis.com/jax-releases/%s">%s</a>\n' % (f, f)
+        for f in (
+            b"cuda11/jaxlib-0.3.2+cuda11.cudnn82-cp39-none-manylinux2010_x86_64.whl",
+            b"jaxlib-0.4.1-py3-none-any.whl",
+        )
+    )
+    PAGE_LIMIT = 1 << 20
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(2)]
+    main, other = servers
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{main.server_address[1]}", other.server_address[1], seen, PAGE_LIMIT
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_hostile_find_links_page_is_read_bounded_and_named_by_what_it_did(hostile_pages, monkeypatch):
+    """A page of links is read as pip and uv read it, but bounded in bytes and time: a page past the bound, one
+    that never ends, one that is not HTML or not there, each said in words (and the one that never ends named where
+    the step stopped at its bounds); a deep or long page costs linear time."""
+    import time
+
+    from tests.support import guard_module
+
+    pages = sys.modules["pip_pages"] if guard_module() else None
+    url, _, _, limit = hostile_pages
+    monkeypatch.setattr(pages.pip_index, "PAGE_LIMIT", limit)
+    monkeypatch.setattr(pages.pip_index, "TIMEOUT", 0.2)
+    said = {}
+    start = time.monotonic()
+    for name in ("huge", "drip", "binary", "gone", "deep", "many"):
+        said[name] = pages.find_links_said(f"{url}/{name}.html", "pagelib")
+    assert said["huge"].startswith("did not end within 1 MiB") and said["drip"].startswith("did not end within")
+    assert said["binary"].startswith("is not a page of links (Content-Type application/octet-stream, not text/html)")
+    assert said["gone"].startswith("answers HTTP 404")
+    assert said["deep"] == said["many"] == ""  # a file of pagelib this Python installs: the page is not the trouble
+    assert pages.find_links_said(f"{url}/many.html", "pyg-lib").startswith("lists no file of pyg-lib")
+    note = pages.stopped_note([f"{url}/many.html", f"{url}/drip.html"])  # what a step stopped at its bounds read
+    assert time.monotonic() - start < 6
+    assert note.startswith(f"; the find-links page {url}/drip.html did not end within") and "many" not in note
+
+
+def test_a_find_links_page_may_redirect_to_another_host_but_credentials_never_follow(hostile_pages, index):
+    """A page without credentials is followed where pip and uv follow it; a request carrying credentials (a user
+    part, as pip.conf's index URL has) never goes to another host."""
+    from tests.support import guard_module
+
+    pages = sys.modules["pip_pages"] if guard_module() else None
+    url, other, seen, _ = hostile_pages
+    assert pages.find_links_said(f"{url}/away.html", "pagelib") == ""
+    assert [s for s in seen if s[0] == other] == [(other, "/many.html", None)]
+    seen.clear()
+    with_user = url.replace("http://", "http://user:s3cret@")
+    assert pages.find_links_said(f"{with_user}/away.html", "pagelib").startswith("answers HTTP 302")
+    assert [s for s in seen if s[0] == other] == [] and seen[0][2].startswith("Basic ")
+
+
+def test_a_release_a_find_links_page_has_for_another_python_is_named_so_by_its_version(hostile_pages):
+    """Flax's `jaxlib==0.3.2+cuda11.cudnn82` with JAX's page: the page has jaxlib, but that release only for
+    Python 3.9; the line says so of that release, where the name alone has a file for this Python."""
+    from tests.support import guard_module
+
+    pages = sys.modules["pip_pages"] if guard_module() else None
+    url = f"{hostile_pages[0]}/jax_releases.html"
+    said = pages.missing_line("jaxlib==0.3.2+cuda11.cudnn82", [url])
+    assert said.startswith(f"jaxlib==0.3.2+cuda11.cudnn82: not on the index, and the find-links page {url} "), said
+    assert f"the find-links page {url} lists 1 file(s) of jaxlib 0.3.2+cuda11.cudnn82, none for this Python" in said
+    assert pages.missing_line("jaxlib==0.9", [url]).count("lists no file of jaxlib 0.9") == 1
+    assert pages.missing_line("jaxlib", [url]) == ""  # a file this Python installs: the trouble is elsewhere

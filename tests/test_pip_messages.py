@@ -698,3 +698,100 @@ def test_a_network_failure_elsewhere_still_names_the_index():
         "connection)': /simple/einops/\n"
     )
     assert watch.failure("the base's pins").startswith("network failure reaching the package index")
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_either_installer_fills_in_a_dollar_brace_name_from_its_environment(tmp_path, installer):
+    """Why imgbuild refuses `${NAME}` in every pip field and line: the real installer reads the line with the
+    variable of the environment it runs in filled in (the pip step's holds the site's index URL), so the page it
+    reads is not the one reviewed."""
+    import os
+    import subprocess
+    import sys
+
+    import uv
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "pagelib", "0.4.0", {"pagelib/__init__.py": b""})
+    (tmp_path / "req.txt").write_text("--no-index\n--find-links ${IMGBUILD_TEST_PAGE}\npagelib\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    environ.update(IMGBUILD_TEST_PAGE=str(folder), PIP_CONFIG_FILE=os.devnull, UV_NO_CONFIG="1")
+    if installer == "uv":
+        command = [uv.find_uv_bin(), "pip", "compile", "--no-header", "--no-cache", str(tmp_path / "req.txt")]
+    else:
+        download = ["download", "--no-deps", "--no-cache-dir", "-d", str(tmp_path / "got"), "-r"]
+        command = [sys.executable, "-m", "pip", *download, str(tmp_path / "req.txt")]
+    done = subprocess.run(command, capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and "pagelib" in done.stdout, done.stdout + done.stderr
+
+
+#: find-links pages that serve nothing for the requirement, and the words the line says it with
+EMPTY_PAGES = {
+    "/gone/torch-2.4.0+cu124.html": "answers HTTP 404",
+    "/other/torch-2.4.0+cu124.html": "lists 1 file(s) of pagelib, none for this Python",
+}
+
+
+@pytest.mark.parametrize("path", EMPTY_PAGES)
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_find_links_page_that_serves_nothing_is_named_with_what_it_said_never_a_typo(
+    tmp_path, pip_bases, installer, path
+):
+    """PyG's page for another torch, or one that has moved: both installers say only that they found nothing (uv
+    names the page it could not read); the line names the page and what it served, read as they read it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if not self.path.startswith("/other/"):
+                self.send_error(404)
+                return
+            body = (
+                b'<a href="/whl/pagelib-0.4.0-cp39-cp39-linux_x86_64.whl">pagelib-0.4.0-cp39-cp39-linux_x86_64.whl</a>'
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "numlib", "2.1.0", {"numlib/__init__.py": b""})
+    page = f"http://127.0.0.1:{server.server_address[1]}{path}"
+    try:
+        step = PipStep(pip_bases, tmp_path, folder, ["numlib==2.1.0"], installer=installer)
+        done = step.run([f"--find-links {page}", "pagelib"])
+        said = step.failure(done)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f"the find-links page {page} " in said and EMPTY_PAGES[path] in said, done.stdout
+    assert "typo" not in said.split(page)[0] and "conflict" not in said, said
+    assert len(said.replace(page, PAGE)) <= 300, said  # a build's failure shows its first 300 characters
+
+
+def test_a_plain_http_page_pip_will_not_read_is_named_with_its_cure():
+    """pip reads no plain-http page or index on a host it does not trust (uv does): the line says so, not a typo."""
+    from tests.support import guard_module
+
+    watch = guard_module().Watch(pages=["http://192.0.2.2:8080/whl/torch-2.4.0+cu124.html"])
+    for line in (
+        "Looking in links: http://192.0.2.2:8080/whl/torch-2.4.0+cu124.html",
+        "WARNING: The repository located at 192.0.2.2 is not a trusted or secure host and is being ignored. If this "
+        "repository is available via HTTPS we recommend you use HTTPS instead, otherwise you may silence this warning "
+        "and allow it anyway with '--trusted-host 192.0.2.2'.",
+        "ERROR: Could not find a version that satisfies the requirement pyg_lib (from versions: none)",
+        "ERROR: No matching distribution found for pyg_lib",
+    ):
+        watch.see(line + "\n")
+    said = watch.failure("the base's pins")
+    assert said.startswith("pyg_lib: pip read nothing from the plain-http index or find-links page at 192.0.2.2"), said
+    assert "add 192.0.2.2 to pip.trusted_hosts" in said and "typo" not in said

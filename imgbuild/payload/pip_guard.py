@@ -21,7 +21,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_alike import builds_alike  # noqa: E402
 from pip_bounds import run  # noqa: E402
-from pip_index import fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
+from pip_index import (  # noqa: E402
+    fallback_held_back,
+    old_release_line,
+    project_on_index,
+    question,
+    trusted_hosts,
+)
+from pip_pages import missing_line, stopped_note, unread_line  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
     admit_together,
@@ -45,6 +52,7 @@ from pip_words import (  # noqa: E402
     CONSTRAINT,
     DEPENDS,
     FETCH,
+    IGNORED_HOST,
     KINDS,
     MISSING,
     NAME,
@@ -69,10 +77,12 @@ FRAMEWORK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "frame
 class Watch:
     """What pip's output has said so far, line by line (nothing is kept but these facts)."""
 
-    def __init__(self, sources=None, named=None, pages=()):
+    def __init__(self, sources=None, named=None, pages=(), trusted=()):
         self.sources = sources or {}  # canonical name -> [(spec, who holds it)], from the -c files
         self.pages = tuple(pages)  # the find-links pages the install reads (pip_versions.find_links_pages)
+        self.trusted = tuple(trusted)  # the hosts the install trusts without TLS checks (pip_index.trusted_hosts)
         self.page_unread = ""  # the find-links page the installer said it could not read (uv)
+        self.ignored_host = ""  # the plain-http host pip would not read (not trusted)
         self.retried = ""  # the path of the last request pip retried (a page's path, or an index's)
         self.asked = {}  # canonical name -> what the recipe asked for ("The user requested ...")
         self.installing = False
@@ -119,11 +129,18 @@ class Watch:
             self.build_framework = found.group(1)
         if not self.missing and (found := MISSING.search(line)):
             self.missing = next(g for g in found.groups() if g)
+        self.see_where(line)
+        self.see_pip(line)
+
+    def see_where(self, line):
+        """Where the installer could not read: a find-links page (uv by its URL, pip by the path it retried), or a
+        plain-http host pip does not trust."""
+        if found := IGNORED_HOST.search(line):
+            self.ignored_host = found.group(1)
         if found := PAGE_UNREAD.search(line):
             self.page_unread = found.group(1)
         elif found := RETRIED_PATH.search(line):
             self.retried = found.group(1)
-        self.see_pip(line)
 
     def see_uv(self, line):
         """uv's sentences: who depends on what, and which two requirements of one name exclude each other."""
@@ -297,6 +314,8 @@ class Watch:
             )
         if self.build_framework:  # uv's words for it read as a missing version: it is a source build's
             return self.installing_failure()
+        if said := self.pages_failure():
+            return said
         if "missing" in self.kinds and (self.missing or "conflict" not in self.kinds):
             if self.missing:
                 return (
@@ -322,6 +341,19 @@ class Watch:
                 "and what only that page serves cannot be installed without it"
             )
         return "network failure reaching the package index (offline? a proxy? set pip_index_url)"
+
+    def pages_failure(self):
+        """The line for a find-links page the installer could not read (uv names it, for any reason: a 404, not a
+        page of links), or found nothing on for a requirement it found nowhere; "" where there is none."""
+        if self.page_unread:
+            return unread_line(self.page_unread, self.trusted)
+        if self.ignored_host and "missing" in self.kinds:
+            return (
+                f"{self.missing or 'a requirement'}: pip read nothing from the plain-http index or find-links page at "
+                f"{self.ignored_host}, a host it does not trust (uv reads it): use its https:// address, or add "
+                f"{self.ignored_host} to pip.trusted_hosts; see above"
+            )
+        return missing_line(self.missing, self.pages, self.trusted) if "missing" in self.kinds and self.missing else ""
 
     def installing_failure(self, alike=(), then=""):
         """Past resolving: a file that is not the one locked, or a source build that failed (with the cure where
@@ -417,7 +449,8 @@ def main(argv):
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
-    watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named, find_links_pages(command))
+    sources = pin_sources(command, origin, read_names(FRAMEWORK_FILE))
+    watch = Watch(sources, named, find_links_pages(command), trusted_hosts(command))
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
@@ -435,7 +468,8 @@ def main(argv):
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
-    why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
+    stopped = f"stopped: {outcome}{stopped_note(watch.pages, watch.trusted)}" if isinstance(outcome, str) else ""
+    why = stopped or watch.failure(origin)
     tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
     tool = tool if tool == why else ""  # the failure was that build's, for want of a tool
     if not isinstance(outcome, str) and (watch.needs_the_framework() or tool):

@@ -33,6 +33,7 @@ ANCHOR = re.compile(r"<a\b([^>]{0,4096})>([^<]{1,512})</a>", re.IGNORECASE)
 ATTRIBUTE = re.compile(r"""([a-z-]{1,40})\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
 ARCHIVES = (".tar.gz", ".zip", ".tar.bz2", ".tgz")
 MACHINE = platform.machine()
+ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 
 
 def _words(value):
@@ -82,26 +83,31 @@ def trusted_hosts(command, environ=os.environ):
 
 
 class _SameHost(urllib.request.HTTPRedirectHandler):
-    """Redirects within the index's own host only: its credentials never go to another."""
+    """Redirects to another host only for a request that carries no credentials: the index's never go to another."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+        away = urllib.parse.urlsplit(newurl)[:2] != urllib.parse.urlsplit(req.full_url)[:2]  # https to http too
+        if away and req.has_header("Authorization"):
             return None
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def page(url, name, trusted=(), environ=os.environ, missing=None):
-    """(body, content type) of the index's page for `name`, or None; `missing` where the index says it has no such
-    project (404)."""
-    parts = urllib.parse.urlsplit(url.rstrip("/") + "/" + canon(name) + "/")
-    headers = {"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1", "User-Agent": "imgbuild-pip-step"}
+def fetch(url, trusted=(), environ=os.environ, accept=ACCEPT):
+    """(status, body, content type) of `url`, read bounded (PAGE_LIMIT bytes, 2 * TIMEOUT seconds): the HTTP status
+    (the body only with 200), or "long" (past either bound) or "unreached" (no answer) for a status. A user part of
+    the URL goes as a Basic Authorization header to its own host only (never in the URL, never redirected away)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    except ValueError:
+        return "unreached", b"", ""
+    headers = {"Accept": accept, "User-Agent": "imgbuild-pip-step"}
     if parts.username is not None:
         user = urllib.parse.unquote(parts.username)
         secret = urllib.parse.unquote(parts.password or "")
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    clean = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    clean = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
     deadline = time.monotonic() + 2 * TIMEOUT  # a server dripping a byte at a time ends here too
     body = bytearray()
     try:
@@ -115,13 +121,22 @@ def page(url, name, trusted=(), environ=os.environ, missing=None):
             while len(body) <= PAGE_LIMIT and time.monotonic() < deadline:
                 chunk = answer.read1(1 << 16)
                 if not chunk:
-                    return bytes(body), kind
+                    return 200, bytes(body), kind
                 body += chunk
-    except urllib.error.HTTPError as err:  # 404 is "no such project"; any other error is no answer
-        return missing if err.code == 404 else None
+    except urllib.error.HTTPError as err:
+        return err.code, b"", ""
     except (OSError, ValueError, urllib.error.URLError, ssl.SSLError, http.client.HTTPException):
-        return None
-    return None
+        return "unreached", b"", ""
+    return "long", b"", ""
+
+
+def page(url, name, trusted=(), environ=os.environ, missing=None):
+    """(body, content type) of the index's page for `name`, or None; `missing` where the index says it has no such
+    project (404)."""
+    status, body, kind = fetch(url.rstrip("/") + "/" + canon(name) + "/", trusted, environ)
+    if status == 200:
+        return body, kind
+    return missing if status == 404 else None
 
 
 def _when(text):

@@ -70,9 +70,10 @@ CONSTRAINT = re.compile(rf"^The user requested \(constraint\) ({NAME})(\S*)$")
 REQUESTED = re.compile(rf"^The user requested ({NAME})(\S*)$")
 #: the name pip or uv could not find: "No matching distribution found for nosuch", "Because nosuch was not found
 #: in the package registry" (or "in the provided package locations", uv's words with --no-index --find-links),
-#: "Because there is no version of einops==9.9"
+#: "Because there is no version of einops==9.9", "Because pyg-lib==0.4.0 has no wheels with a matching Python ABI tag"
 MISSING = re.compile(
     rf"No matching distribution found for ({NAME}\S*)|Because ({NAME}) was not found in the "
+    rf"|Because ({NAME})==\S+ has no wheels with a matching"
     rf"|Because there is no version of ({NAME}\S*?)(?: and|,|$)"
 )
 #: uv, when a source build's isolated environment asks for the framework and install.sh's --build-constraint
@@ -83,6 +84,10 @@ BUILD_FRAMEWORK = re.compile(rf"Because there is no version of ({NAME})==(\S+) a
 #: pip's retries name only the page's path: "WARNING: Retrying (Retry(total=4, ...)) after connection broken by
 #: 'NewConnectionError(...)': /whl/torch-2.4.0+cu124.html"
 PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
+#: pip, of a plain-http index or find-links page on a host it does not trust (uv reads it): it reads nothing there
+IGNORED_HOST = re.compile(
+    r"The repository located at ([A-Za-z0-9.:\[\]-]{1,255}) is not a trusted or secure host and is being ignored"
+)
 RETRIED_PATH = re.compile(
     r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z"
 )  # searched: \Z is the very end, never before a newline
@@ -116,6 +121,7 @@ KINDS = (
             "No matching distribution found",
             "Could not find a version that satisfies",
             re.compile(rf"Because {NAME} was not found in the "),  # the registry, the find-links locations
+            "has no wheels with a matching",  # uv: "... Python ABI tag (e.g., `cp311`)", "... platform tag"
             "there is no version of",
         ),
     ),

@@ -171,6 +171,8 @@ def _pip_requirement(value: str) -> str:
             f"pip options are not allowed in pip.packages: {_show(value)} "
             "(use pip.index_url / pip.extra_index_urls / pip.requirements)"
         )
+    if why := reqfile.line_fault(value):
+        raise ValueError(why.replace("the line holds", "the requirement holds"))
     reqfile.requirement_text_fault(value)
     try:
         req = Requirement(value)
@@ -188,18 +190,21 @@ def _octal_mode(value: str) -> str:
 
 
 def _index_url(value: str) -> str:
+    """An index URL, under the rules of a requirements file's index and find-links lines; never echoed (a URL
+    refused for what it holds may hold a secret)."""
     _no_newline(value)
+    if why := reqfile.line_fault(value):
+        raise ValueError(why.replace("the line holds", "the URL holds"))
     fault = reqfile.index_url_fault(value)
-    if fault == "token":
-        raise ValueError(f"not an index URL: {_show(value)} (one ASCII word: no white space or control character)")
-    if fault == "scheme":
-        raise ValueError(f"not an index URL: {_show(value)} (http:// or https://)")
-    if fault == "credentials":
+    if fault in ("credentials", "query"):
         raise ValueError(
-            "credentials in a recipe end up in git and in the image "
-            "(set IMGBUILD_PIP_INDEX_URL in the environment at build time instead)"
+            f"{'credentials' if fault == 'credentials' else 'a query (?...), where a signed URL keeps its secret,'} "
+            "in a recipe end up in git and in the image (set IMGBUILD_PIP_INDEX_URL in the environment at build "
+            "time instead)"
         )
-    return _no_newline(value)
+    if fault:
+        raise ValueError(f"not an index URL ({reqfile.url_problem(value, 'an index URL')})")
+    return reqfile.one_form(value)
 
 
 def _env_key(value: str) -> str:

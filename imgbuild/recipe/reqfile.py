@@ -4,7 +4,9 @@ repository), `\\` continuations, comments, index options, `--hash`, PEP 508 URL 
 What pip would do with something that cannot work in an image is refused with the reason: an editable
 install or a local path (the source is not in the build context), a bare URL (no name to check against the
 base's framework), credentials in a URL (they would land in a layer), `--find-links` to a local folder (a
-find-links web page is passed on, under an index's rules).
+find-links web page is passed on, under an index's rules), `${NAME}` (pip and uv fill it in from the build's
+environment). Options are read in pip's grammar (`-fURL`, `-f URL`, `--find-links=URL`, a tab for a space) and
+written again in one form.
 Messages name FILE:LINE and never echo the line: a requirements file is not ours to print.
 """
 
@@ -31,7 +33,11 @@ FIELD = "pip.requirements"
 MAX_DEPTH = 8  # -r / -c nesting
 #: Global options passed through to pip as they are.
 PASS_THROUGH = ("--pre", "--prefer-binary", "--only-binary", "--no-binary")
-_OPTION_RE = re.compile(r"(--?[A-Za-z][A-Za-z-]*)(?:[= ]\s*(.*))?")
+#: an option line as pip's parser splits it: `--name`, `--name=VALUE`, `--name VALUE`; `-n`, `-nVALUE`, `-n VALUE`
+_LONG_OPTION = re.compile(r"(--[A-Za-z][A-Za-z-]{0,40})(?:(?:=|[ \t]+)(.*))?")
+_SHORT_OPTION = re.compile(r"(-[A-Za-z])(?:=|[ \t]*)(.*)")
+#: what pip and uv replace with a variable of the environment they run in, in every line of a requirements file
+_EXPANDED = re.compile(r"\$\{")
 _HASH_RE = re.compile(r"\s+--hash[= ](sha256|sha384|sha512):[0-9a-f]{32,128}")
 
 
@@ -123,13 +129,16 @@ class _Reader:
         self.problems.append(Problem(where[1], where[2], 1, FIELD, message))
 
     def option(self, line: str, where: tuple[Path, str, int], *, constraint: bool, depth: int) -> None:
-        match = _OPTION_RE.fullmatch(line)
-        name, value = (match.group(1), (match.group(2) or "").strip()) if match else (line.split()[0], "")
+        match = _LONG_OPTION.fullmatch(line) or _SHORT_OPTION.fullmatch(line)
+        if match is None:  # never echoed: what follows the dash may be anything, a URL with a token too
+            self.bad(where, "not a pip option (a dash, then a letter)")
+            return
+        name, value = match.group(1), (match.group(2) or "").strip()
         if name in NESTING:
             self.nested(name, value, where, constraint=constraint or NESTING[name], depth=depth)
         elif name in INDEX:
-            why = _url_problem(value)
-            self.bad(where, f"{name}: {why}") if why else _add(self.out.options, f"{INDEX[name]} {value}")
+            why = url_problem(value, "an index URL")
+            self.bad(where, f"{name}: {why}") if why else _add(self.out.options, f"{INDEX[name]} {one_form(value)}")
         elif name == "--trusted-host":
             if re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", value):
                 _add(self.out.options, f"--trusted-host {value}")
@@ -146,14 +155,15 @@ class _Reader:
 
     def find_links(self, value: str, where: tuple[Path, str, int]) -> None:
         """A web page of links to wheels (PEP 503's form: JAX's jax_releases.html, PyG's data.pyg.org pages) is passed
-        to the installer as it is, under an index's rules (http(s), one word, no credentials); imgbuild never reads
-        it, and the pip step's bounds (resolve time, bytes downloaded) hold for it as for an index. A local folder
-        or file:// is not in the image."""
-        if urlsplit(value).scheme not in ("http", "https"):
+        to the installer, under an index URL's rules (index_url_fault); the pip step's bounds (resolve time, bytes
+        downloaded) hold for it as for an index, and where the installer finds nothing there the pip step reads it
+        as the installers do (payload/pip_pages.py) to say what it served. A local folder or file: is not in the
+        image."""
+        if not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", value) or value[:5].lower() == "file:":
             self.bad(where, _FOLDER)
             return
-        why = _url_problem(value).replace("an index URL", "a find-links page's URL")
-        self.bad(where, f"--find-links: {why}") if why else _add(self.out.options, f"--find-links {value}")
+        why = url_problem(value, "a find-links page's URL")
+        self.bad(where, f"--find-links: {why}") if why else _add(self.out.options, f"--find-links {one_form(value)}")
 
     def nested(self, name: str, value: str, where: tuple[Path, str, int], *, constraint: bool, depth: int) -> None:
         if depth >= MAX_DEPTH:
@@ -216,15 +226,28 @@ def _add(options: list[str], option: str) -> None:
 
 
 def index_url_fault(url: str) -> str:
-    """What is wrong with a package index URL, the one rule for recipes and requirements files:
-    "scheme" (not http(s) with a host), "token" (white space, a control or non-ASCII character: pip would
-    split it into options), "credentials" (a user or password in it), or ""."""
+    """What is wrong with the URL of a package index or a find-links page, the one rule for recipes and
+    requirements files: "token" (white space, a control or non-ASCII character: pip would split it into options),
+    "credentials" (a user part, even an empty one, or a password in it), "query" (`?...`: where a signed or token
+    URL carries its secret), "scheme" (not http(s) with a host and a port that is one), or ""."""
     if token_fault(url):
         return "token"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if _user_part(url):  # before the rest: no message echoes the URL, and this one is said first
+        return "credentials"
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0  # urllib raises on a port that is none (99999, "x")
+    except ValueError:  # an IPv6 host without its bracket, a port that is not a number
         return "scheme"
-    return "credentials" if parts.username or parts.password else ""
+    if parts.query:
+        return "query"
+    return "" if parts.scheme in ("http", "https") and parts.hostname and port_ok else "scheme"
+
+
+def one_form(url: str) -> str:
+    """An index or find-links URL as imgbuild writes it: its scheme in lower case (`HTTPS://` is `https://` to pip and
+    uv, and to the pip step's own readers, which look for the lower-case form)."""
+    return re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:", lambda scheme: scheme.group(0).lower(), url)
 
 
 def line_fault(line: str) -> str:
@@ -235,6 +258,11 @@ def line_fault(line: str) -> str:
     bad = unsafe_character(line, allow_tab=True) or next((c for c in line if c.isspace() and c not in " \t"), None)
     if bad:
         return f"the line holds {describe(bad)}: pip would split it, a reviewer would not see it"
+    if _EXPANDED.search(line):
+        return (
+            "the line holds '${': pip and uv replace ${NAME} with a variable of the build's environment (the site's "
+            "index settings are there), so what they would read is not what was reviewed; write the value itself"
+        )
     if re.search(r"://[^/\s@]+@", line):
         return ""  # a user or password in a URL: the URL rules refuse it, saying where credentials go instead
     kind = credential_kind(line)
@@ -244,12 +272,19 @@ def line_fault(line: str) -> str:
 def requirement_url_fault(url: str) -> str:
     """Why a `NAME @ URL` requirement cannot be installed as written, or "": a `file:` source (any VCS over
     `file:` too) names a path of the build container, never the project's; credentials would land in a layer."""
-    parts = urlsplit(url)
-    if parts.scheme == "file" or parts.scheme.endswith("+file"):
+    scheme = url.split(":", 1)[0].lower() if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", url) else ""
+    if scheme == "file" or scheme.endswith("+file"):
         return "a local path (file:) is not in the build context: copy it with files: and install it with run:"
-    if parts.username or parts.password:
+    if _user_part(url):
         return "credentials in a requirement URL would land in the image (give them through pip_index_url)"
     return ""
+
+
+def _user_part(url: str) -> bool:
+    """Whether `url`'s authority holds a user part (`user:secret@`, `token@`, even an empty `@`): read without
+    urllib, which raises on a malformed host or port."""
+    authority = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)", url)
+    return bool(authority and "@" in authority.group(1))
 
 
 def requirement_text_fault(spec: str) -> None:
@@ -264,11 +299,16 @@ def requirement_text_fault(spec: str) -> None:
         raise ValueError("a requirement URL must be ASCII (write the host in its punycode form)")
 
 
-def _url_problem(url: str) -> str:
+def url_problem(url: str, what: str) -> str:
+    """Why `url`, `what` ("an index URL"), cannot go to the installer, in words that never echo it; or ""."""
+    # a page of links has no build-time secret of its own: what needs credentials belongs on an index
+    cure = "set pip_index_url at build time" if "index" in what else "publish its wheels to an index, set pip_index_url"
     return {
-        "scheme": "not an http(s) index URL",
-        "token": "an index URL must be one ASCII word (no white space or control character: pip would split it)",
-        "credentials": "credentials in an index URL would land in the image (set pip_index_url at build time)",
+        "scheme": f"{what} must be http:// or https:// with a host (and a port that is a number up to 65535)",
+        "token": f"{what} must be one ASCII word (no white space or control character: pip would split it)",
+        "credentials": f"credentials in {what} would land in the image ({cure})",
+        "query": f"a query (?...) in {what} is how a signed or token URL carries its secret: it would land in the "
+        f"image ({cure})",
     }.get(index_url_fault(url), "")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import requests
 
-from imgbuild.registry.transport import TRANSPORT_ERRORS, shutdown
+from imgbuild.registry.transport import Stalled, TooBig, Unreachable, read_whole, within
 
 PYPI = "https://pypi.org/simple"
 PYPI_JSON = "https://pypi.org/pypi"
@@ -25,7 +25,8 @@ METADATA_BYTES = 1 << 20
 
 def has_project(index_url: str, name: str, timeout: float = 5.0, verify: bool | str = True) -> bool | None:
     url = f"{index_url.rstrip('/')}/{re.sub(r'[-_.]+', '-', name).lower()}/"
-    try:
+
+    def status() -> int:
         resp = requests.get(
             url,
             headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"},
@@ -33,35 +34,27 @@ def has_project(index_url: str, name: str, timeout: float = 5.0, verify: bool | 
             stream=True,  # the status is the answer: the page is never read
             verify=verify,
         )
-    except (requests.RequestException, OSError, ValueError, *TRANSPORT_ERRORS):  # type: ignore[misc]
-        return None
-    try:
-        return True if resp.status_code == 200 else False if resp.status_code == 404 else None
-    finally:
-        shutdown(resp)
         resp.close()
+        return resp.status_code
+
+    try:  # a server that trickles its headers a byte at a time is bounded by the clock outside the call
+        found = within(timeout, status)
+    except (Stalled, requests.RequestException, OSError, ValueError):
+        return None
+    return True if found == 200 else False if found == 404 else None
 
 
 def _bounded(url: str, accept: str, limit: int, deadline: float, verify: bool | str) -> bytes | None:
-    """The body at `url`, or None: not 200, over `limit` bytes, or past `deadline` (time.monotonic())."""
-    try:
-        resp = requests.get(url, headers={"Accept": accept}, timeout=5.0, stream=True, verify=verify)
-    except (requests.RequestException, OSError, ValueError, *TRANSPORT_ERRORS):  # type: ignore[misc]
+    """The body at `url`, or None: not 200, over `limit` bytes, or past `deadline` (time.monotonic()), however the
+    server trickles it (transport.read_whole, the registry's bounded reader)."""
+    budget = deadline - time.monotonic()
+    if budget <= 0:
         return None
     try:
-        if resp.status_code != 200:
-            return None
-        body = b""
-        for chunk in resp.iter_content(1 << 16):
-            body += chunk
-            if len(body) > limit or time.monotonic() > deadline:
-                return None
-        return body
-    except (requests.RequestException, OSError, ValueError, *TRANSPORT_ERRORS):  # type: ignore[misc]
+        reply = read_whole(requests.Session(), "GET", url, {"Accept": accept}, {"verify": verify}, budget, limit)
+    except (Stalled, Unreachable, TooBig, requests.RequestException, OSError, ValueError):
         return None
-    finally:
-        shutdown(resp)
-        resp.close()
+    return reply.content if reply.status_code == 200 else None
 
 
 def _newest_metadata_url(body: bytes | None, page_url: str) -> str | None:
