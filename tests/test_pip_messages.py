@@ -452,6 +452,13 @@ FAILED: list[str | dict[str, str | None]] = [
     "requirements): the build could not read it (offline? a proxy? a network that reaches only the package index?), "
     "and what only that page serves cannot be installed without it",
     "TLS failure reaching the package index (a proxy's CA? set pip_ca_bundle)",
+    {  # a plain-http page on a host other than loopback: pip ignores it unread, uv reads it (nothing listens there)
+        "pip": "cudaext==1.0: pip read nothing from the plain-http index or find-links page at 192.0.2.2, a host it "
+        "does not trust (uv reads it): use its https:// address, or add 192.0.2.2 to pip.trusted_hosts; see above",
+        "uv": "network failure reaching the find-links page http://192.0.2.2:9/whl/links.html (a --find-links line of "
+        "the requirements): the build could not read it (offline? a proxy? a network that reaches only the package "
+        "index?), and what only that page serves cannot be installed without it",
+    },
     "a file the index served does not match the sha256 the recipe's lock holds for it (the index changed a release, "
     "or the lock was edited); see above, and run imgbuild lock if the new file is right",
     "building needstorch imports the base's framework, which the isolated build environment lacks: add needstorch to "
@@ -503,7 +510,7 @@ def test_each_installers_own_failure_output_is_one_line_naming_the_cause(install
 
 
 #: what a Watch is given by its caller, never read from a line
-WATCH_INPUTS = frozenset({"sources", "named", "pages", "last_line"})
+WATCH_INPUTS = frozenset({"sources", "named", "pages", "trusted", "last_line"})
 #: the facts only one installer prints: which one, and why the other never does
 ONE_INSTALLER = {
     "versions": ("pip", "uv names no file it fetches (pip's Downloading lines, counted when it backtracks)"),
@@ -511,6 +518,7 @@ ONE_INSTALLER = {
     "from_source": ("pip", "uv says nothing of a source distribution's metadata step"),
     "retried": ("pip", "uv names a page it could not read by its URL (page_unread)"),
     "page_unread": ("uv", "pip names only the path it retried (retried)"),
+    "ignored_host": ("pip", "uv reads a plain-http page from any host"),
     "build_framework": ("uv", "install.sh gives only uv the base's framework as a build constraint"),
     "build_requires": ("uv", "pip does not say when it resolves a source build's requirements"),
 }

@@ -89,6 +89,7 @@ server=$!
 trap 'kill "$server"; rm -rf "$lab"' EXIT
 while [ ! -s tls.port ]; do sleep 0.1; done
 untrusted="https://127.0.0.1:$(cat tls.port)/simple"
+outside=$(hostname -I | tr ' ' '\n' | grep -v '^127\.' | head -1)  # an address of this machine's, not loopback
 export UV_HTTP_RETRIES=0  # pip: --retries 1 (its retry names the path it could not reach)
 
 run() {  # in $mode: plain, color, tty or verbose
@@ -137,6 +138,9 @@ record() {  # installer, mode: the command prefix for "install", then "uninstall
   run "$@" --no-index --find-links "$wheels" einopz
   run "$@" "${once[@]}" --no-index --find-links http://127.0.0.1:9/whl/links.html cudaext==1.0
   run "$@" "${once[@]}" --index-url "$untrusted" cudaext==1.0
+  # a plain-http page on a host that is not this machine's loopback (pip trusts only those, and ignores the page; uv
+  # reads it: this machine's own address, where nothing listens on port 9)
+  run "$@" "${once[@]}" --no-index --find-links "http://$outside:9/whl/links.html" cudaext==1.0
   run "$@" -r hashes.txt
   run "$@" --no-index --find-links "$wheels" --no-build-isolation needstorch
   run "$@" --no-index --find-links "$wheels" --no-build-isolation noninja
