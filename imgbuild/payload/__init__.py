@@ -17,6 +17,7 @@ PIP_SCRIPTS = {
     "pip_words.py": "pip_words.py",
     "pip_bounds.py": "pip_bounds.py",
     "pip_alike.py": "pip_alike.py",
+    "pip_cures.py": "pip_cures.py",
 }
 
 #: The smoke test, a package by check: copied into every image's context as a folder and run inside the image.

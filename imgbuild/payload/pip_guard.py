@@ -21,6 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_alike import builds_alike  # noqa: E402
 from pip_bounds import run  # noqa: E402
+from pip_cures import UNASKED, Cures  # noqa: E402
 from pip_index import fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
@@ -89,6 +90,8 @@ class Watch:
         self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
         self.named = named or {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
+        self.cures = None  # pip_cures.Cures: the resolver, asked of each cure before it is printed (main sets it)
+        self.blocked = None  # (package, dependency, what it wants) of the conflict with a pin of the base it named
         self.last_line = time.monotonic()
 
     def see(self, raw):
@@ -186,7 +189,7 @@ class Watch:
             )
         return (
             f"; pip backtracked through {count} of {name}: each likely needs another version of a package "
-            f"the base pins (its framework?); pin {name} to a version made for the base"
+            f"the base pins (its framework?); {self.pin_cure(name, 'it', 'the base')}"
         )
 
     def causes(self, dep, want=""):
@@ -220,22 +223,50 @@ class Watch:
             return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
         if who and all(w.startswith("the recipe") for w in who):
             return f"loosen the recipe's constraint on {dep}, or drop {package}"
+        pin = self.pin_cure(package, "it", f"the base's {self.held.get(dep, dep)}")
         if (
             not who
             or dep in read_names(FRAMEWORK_FILE)
             or dep.startswith("nvidia-")
             or any("framework" in w for w in who)
         ):
-            return f"pin {package} to a version made for the base, or drop it"
+            return pin
         named = re.match(NAME, want)
         wanted = want[named.end() :] if named else ""
         for framework, chain, spec in framework_needs(dep, read_names(FRAMEWORK_FILE)):
             if admit_together(wanted, spec) is False:  # moving it would break the framework: no cure
                 return (
-                    f"pin {package} to a version made for the base, or drop it (pip.unpin: [{dep}] cannot help: the "
-                    f"base's {framework} needs {dep}{spec}{f' via {chain}' if chain else ''})"
+                    f"{pin} (pip.unpin: [{dep}] cannot help: the base's {framework} needs {dep}"
+                    f"{spec}{f' via {chain}' if chain else ''})"
                 )
-        return f"pin {package} to a version made for the base, drop it, or let pip move {dep}: pip.unpin: [{dep}]"
+        return self.unpin_cure(pin, package, dep, wanted)
+
+    def pin_cure(self, package, it, holder):
+        """"pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
+        version that resolves named, or no pin offered where none does (what would be needed said instead)."""
+        version = self.cures.pin(package) if self.cures else UNASKED
+        if version is UNASKED:
+            return f"pin {package} to a version made for the base, or drop {it}"
+        if version:
+            return f"pin {package}=={version} (the newest release that resolves with the base), or drop {it}"
+        return (
+            f"drop {package if it == 'it' else it}: no release of {package} resolves with {holder}; what would be "
+            f"needed is a base whose packages admit one"
+        )
+
+    def unpin_cure(self, pin, package, dep, wanted):
+        """`pin` (pin_cure's) and the unpin cure for `dep`, named only where the install resolves with it (and with
+        every base pin that then stands in the way, all in one list); else why it cannot help."""
+        answer = self.cures.unpin(dep, wanted) if self.cures else UNASKED
+        freed, why = ((dep,), "") if answer is UNASKED else answer
+        unpin = f"let pip move {dep}: pip.unpin: [{', '.join(freed)}]"
+        if freed and pin.startswith("drop "):  # no pin resolves, the unpin does
+            return f"{unpin}, or drop {package} (no release of {package} resolves with the base as it is)"
+        if freed:
+            return f"{pin.replace(', or drop', ', drop', 1)}, or {unpin}"
+        if pin.startswith("drop "):
+            return f"{pin.split(';')[0]}, and pip.unpin: [{dep}] cannot help ({why}); what would be needed is a base whose {dep} admits {dep}{wanted}"
+        return f"{pin} (pip.unpin: [{dep}] cannot help: {why})"
 
     def conflict(self, origin):
         """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
@@ -246,9 +277,13 @@ class Watch:
                 trap = prerelease_trap(self.held[dep], want)
                 if trap:
                     named = f"{package} {version}" if version else f"every version of {package}"
+                    older = self.cures.pin(package) if self.cures else UNASKED
+                    cure = f"pin {package} to an older release that admits it, or drop it"
+                    if older is not UNASKED:
+                        cure = self.pin_cure(package, "it", f"the base's {self.held[dep]}")
                     return (
                         f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
-                        f"{trap}; pin {package} to an older release that admits it, or drop it"
+                        f"{trap}; {cure}"
                     )
         for (package, dep), wanted in self.depends.items():
             if dep in self.held or dep in self.sources:
@@ -256,6 +291,10 @@ class Watch:
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 if not wanted[0][0]:  # uv: "all versions of X depend on ..."
                     versions = f"every version of {package} needs"
+                if dep in self.held and dep not in self.sources or any(
+                    not w.startswith(("the recipe", "imgbuild")) for _, w in self.causes(dep, wanted[0][1])
+                ):
+                    self.blocked = (package, dep, wanted[0][1])
                 return (
                     f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but "
                     f"{self.holders(dep, origin, wanted[0][1])}: {self.cure(dep, package, wanted[0][1])}"
@@ -404,6 +443,7 @@ def main(argv):
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
     watch = Watch(pin_sources(command, origin, read_names(FRAMEWORK_FILE)), named, find_links_pages(command))
+    watch.cures = Cures(command, origin, Watch, read_names(FRAMEWORK_FILE))
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before

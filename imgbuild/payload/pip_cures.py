@@ -1,0 +1,145 @@
+"""The guard's cures for a conflict, checked before they are printed (guard.py, beside it): each cure is the same
+install changed as the cure says, resolved again on the base, resolved only and bounded in time. `pin X` is
+printed with the version the resolver picks once the recipe's clause on X is left to it (none: no release of X
+resolves with the base, and the cure is not printed); `pip.unpin: [Y]` only where the install resolves with Y's
+base pin gone and every base distribution that needs Y kept at its version, the further base pins that then
+stand in the way unpinned with it, all named in one line. Stdlib only: it runs in the base.
+"""
+
+import importlib.metadata as md
+import os
+import re
+import tempfile
+
+from pip_bounds import run
+from pip_index import dry_run, recipe_lines, requirement_name
+from pip_versions import REQUIREMENT, admit_together, canon, is_prerelease, pin_sources, read_lines
+
+CHECK_SECONDS = 120.0  # one resolve of a checked cure; past it the cure is printed as not checked
+UNPIN_ROUNDS = 4  # base pins let go together, at most, before the unpin cure is called no cure
+UNASKED = object()  # the resolver could not be asked (bounded out, or no install to change)
+
+
+class Cures:
+    """The resolver, asked of cures to the failed install `command` (guard.py's Watch.cures)."""
+
+    def __init__(self, command, origin, watch_type, frameworks=()):
+        self.command, self.origin, self.watch_type = list(command), origin, watch_type
+        self.frameworks = set(frameworks)
+        self.answers = {}  # each question once: a line may name one cure twice
+
+    def resolve(self, command, what):
+        """(resolved, the watch of that resolve), or UNASKED where a bound stopped it."""
+        print(f"imgbuild: checking the cure ({what}): resolving again, resolved only", flush=True)
+        watch = self.watch_type(pin_sources(command, self.origin, self.frameworks))
+        outcome = run(dry_run(command), watch, limit_s=CHECK_SECONDS)
+        return UNASKED if isinstance(outcome, str) else (outcome == 0, watch)
+
+    def pin(self, package):
+        """The final release of `package` the resolver picks for the same install with the recipe's own clause on
+        it left to the resolver: the pin that resolves with the base. None: no release does; UNASKED."""
+        key = ("pin", canon(package))
+        if key not in self.answers:
+            self.answers[key] = self._pin(package)
+        return self.answers[key]
+
+    def _pin(self, package):
+        asked, options, lines = recipe_lines(self.command)
+        freed = [_without_clause(line) if canon(requirement_name(line)) == canon(package) else line for line in lines]
+        if freed == lines:  # the recipe asked for it by name alone, or not at all: the resolver tried every release
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "freed.txt")
+            _write(path, [*options, *freed])
+            answer = self.resolve([*asked, "-r", path], f"{package} by name, its version left to the resolver")
+        if answer is UNASKED:
+            return UNASKED
+        resolved, watch = answer
+        if not resolved:
+            return None
+        version = next((v for n, v in watch.installed if canon(n) == canon(package)), "") or _installed(package)
+        return version if version and not is_prerelease(version) else None
+
+    def unpin(self, dep, want):
+        """(the base pins to let go, all of them, dep first; "") when the install resolves without them, each base
+        distribution that needs one kept at its version; ((), why not) when it does not; UNASKED."""
+        key = ("unpin", canon(dep), want)
+        if key not in self.answers:
+            self.answers[key] = self._unpin(canon(dep), want)
+        return self.answers[key]
+
+    def _unpin(self, dep, want):
+        freed = [dep]
+        for _ in range(UNPIN_ROUNDS):
+            if dep in self.frameworks:
+                return (), f"the base's framework {dep} is never moved"
+            needs = dependents(freed[-1], want) if len(freed) == 1 else []
+            if needs:  # a base distribution that needs what `want` excludes: moving it breaks that one
+                return (), " and ".join(f"the base's {name} {version} needs {need}" for name, version, need in needs)
+            with tempfile.TemporaryDirectory() as folder:
+                answer = self.resolve(self._unpinned(freed, folder), f"pip.unpin: [{', '.join(freed)}]")
+            if answer is UNASKED:
+                return UNASKED
+            resolved, watch = answer
+            if resolved:
+                return tuple(freed), ""
+            why = watch.failure(self.origin)  # names the conflict, and the base pin in it (watch.blocked)
+            blocked = watch.blocked  # (package, dep, want) of the conflict that failed it, when a base pin holds
+            if not blocked or blocked[1] in freed or blocked[1] in self.frameworks:
+                return (), why.rsplit("): ", 1)[0] + ")" if "): " in why else why
+            freed.append(blocked[1])
+        return (), f"more than {UNPIN_ROUNDS} of the base's pins would have to move"
+
+    def _unpinned(self, freed, folder):
+        """The install with the base's pins (its first -c file) without `freed`, and every base distribution that
+        needs one of them asked for at its installed version (moving it must keep them)."""
+        command, first = list(self.command), True
+        for at, word in enumerate(self.command[:-1]):
+            if word in ("-c", "--constraint") and first:
+                first = False
+                path = os.path.join(folder, "pins.txt")
+                kept = [ln for ln in read_lines(self.command[at + 1]) if canon(requirement_name(ln)) not in freed]
+                _write(path, kept)
+                command[at + 1] = path
+        keep = os.path.join(folder, "kept.txt")
+        _write(keep, [f"{name}=={version}" for dep in freed for name, version, _ in dependents(dep, "")])
+        return [*command, "-r", keep]
+
+
+def dependents(dep, want):
+    """(name, version, what it needs of `dep`) of each installed distribution that needs `dep` (its extras' needs
+    aside); with `want`, only those whose need `want` excludes altogether."""
+    found, seen = [], set()
+    for dist in md.distributions():
+        name = dist.metadata["Name"] or ""
+        if not name or canon(name) in seen or canon(name) == dep:
+            continue
+        seen.add(canon(name))
+        for line in dist.requires or []:
+            req = REQUIREMENT.match(line)
+            if not req or canon(req.group(1)) != dep or "extra" in (req.group(3) or ""):
+                continue
+            need = req.group(2).replace(" ", "")
+            if not want or (need and admit_together(want, need) is False):
+                found.append((name, dist.version, dep + need))
+    return found
+
+
+def _without_clause(line):
+    """A requirement line with its version clause gone, its extras and marker kept: `x[a]>=2 ; m` -> `x[a] ; m`."""
+    found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*\s*(?:\[[^\]]*\])?)\s*[^;@]*(;.*)?$", line)
+    if not found or "@" in line:
+        return line
+    return found.group(1) + (f" {found.group(2)}" if found.group(2) else "")
+
+
+def _installed(name):
+    try:
+        return md.version(name)
+    except (md.PackageNotFoundError, ValueError):
+        return ""
+
+
+def _write(path, lines):
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{line}\n" for line in lines))
