@@ -206,6 +206,31 @@ def test_a_cure_that_names_a_package_or_an_extra_is_printed_only_where_the_recip
         assert spacy_line.endswith("; the index could not be asked whether it has spacy[cuda13x])"), spacy_line
 
 
+def test_an_extra_the_project_lacks_is_cured_by_what_its_extra_brings_only_where_the_index_has_that():
+    """spacy[cuda13x] does not exist, and its cure is spacy beside cupy-cuda13x: named only where the index has
+    cupy-cuda13x; where it does not, what would be needed is said and no package is invented."""
+    from imgbuild.pipeline.baserules import extra_cure
+
+    extras = {"cuda11x": ("cupy-cuda11x",), "cuda12x": ("cupy-cuda12x",), "lookups": ()}
+    asked: list[str] = []
+
+    def index(answer: bool | None):
+        return lambda name: asked.append(name) or answer
+
+    there = extra_cure("spacy[cuda13x]", extras, index(True))
+    assert asked == ["cupy-cuda13x"]
+    assert there.startswith("spacy declares no [cuda13x] extra: ask for spacy and cupy-cuda13x"), there
+    missing = extra_cure("spacy[cuda13x]", extras, index(False))
+    assert "ask for" not in missing, missing
+    assert missing == (
+        "spacy declares no [cuda13x] extra, and the index has no cupy-cuda13x (the CUDA 13 build of what its "
+        "[cuda12x] extra brings): what would be needed is a CUDA 13 build of cupy-cuda12x; drop it, or use a base "
+        "with CUDA 12"
+    )
+    unsure = extra_cure("spacy[cuda13x]", extras, index(None))
+    assert unsure.endswith("or drop it; the index could not be asked whether it has cupy-cuda13x"), unsure
+
+
 # --- the real pip step on the CUDA 13 stand-in, whose cuDNN is NVIDIA's nvidia-cudnn-cu13 wheel ------------
 
 

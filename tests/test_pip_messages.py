@@ -132,8 +132,10 @@ def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, 
     step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",))
     said = step.failure(step.run(["oldapp"]))
     assert "pip.unpin" not in said, said
-    assert said.endswith("drop oldapp: no release of oldapp resolves with the base's numlib==2.1.0; what would be "
-                         "needed is a base whose packages admit one"), said
+    assert said.endswith(
+        "drop oldapp: no release of oldapp resolves with the base's numlib==2.1.0; what would be "
+        "needed is a base whose packages admit one"
+    ), said
 
 
 @pytest.mark.parametrize(
@@ -284,7 +286,9 @@ def test_a_pre_release_fallback_names_what_holds_the_newest_release_back(tmp_pat
         index.close()
     held = "numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of the base's packages)"
     if installer == "pip":  # pip takes no pre-release while a final release exists: it names the conflict itself
-        assert said.startswith(f"oldtf 2.20.0 needs {held}: let pip move numlib: pip.unpin: [numlib], or drop oldtf"), said
+        assert said.startswith(f"oldtf 2.20.0 needs {held}: let pip move numlib: pip.unpin: [numlib], or drop oldtf"), (
+            said
+        )
         return
     assert said == (  # uv names the range it ruled out
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
@@ -567,3 +571,72 @@ def test_a_network_failure_elsewhere_still_names_the_index():
         "connection)': /simple/einops/\n"
     )
     assert watch.failure("the base's pins").startswith("network failure reaching the package index")
+
+
+@pytest.fixture(scope="module")
+def cure_wheels(tmp_path_factory):
+    """Releases whose cures can be followed: numlib and abslib as the base pins them and older, a base package
+    (holder) that needs numlib>=2, packages that need the older ones, and app whose newer release needs numlib>=2."""
+    folder = tmp_path_factory.mktemp("cure-wheels")
+    for version in ("1.26.4", "2.1.0"):
+        wheel(folder, "numlib", version, {"numlib/__init__.py": b""})
+    for version in ("1.4.0", "2.0.0"):
+        wheel(folder, "abslib", version, {"abslib/__init__.py": b""})
+    wheel(folder, "holder", "1.0", {"holder/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "oldapp", "0.9", {"oldapp/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "tfmot", "0.8", {"tfmot/__init__.py": b""}, ("numlib<2", "abslib<2"))
+    wheel(folder, "app", "1.0", {"app_one/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "app", "2.0", {"app_two/__init__.py": b""}, ("numlib>=2",))
+    return folder
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_an_unpin_that_would_break_a_base_package_is_not_offered_and_that_package_is_named(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    """Unpinning numlib resolves (the installer never asks the base's holder again) but leaves holder, which needs
+    numlib>=2, broken: no unpin is offered, nor a pin of oldapp, which has no release for the base; what would be
+    needed is said."""
+    from benchmarks.follow import PIN, UNPIN
+
+    step = PipStep(pip_bases, tmp_path, cure_wheels, ["numlib==2.1.0", "holder==1.0"], installer=installer)
+    said = step.failure(step.run(["oldapp"]))
+    assert not UNPIN.search(said) and not PIN.search(said), said
+    assert said.endswith(
+        "drop oldapp: no release of oldapp resolves with the base's numlib==2.1.0, and pip.unpin: [numlib] cannot "
+        "help (the base's holder 1.0 needs numlib>=2); what would be needed is a base whose numlib admits numlib<2"
+    ), said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_every_base_pin_in_the_way_is_unpinned_in_one_line_and_following_it_installs(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    """tfmot needs older numlib and abslib than the base pins: one round names both, and the step with them
+    unpinned installs (the cure is asked of the resolver before it is printed)."""
+    from benchmarks.follow import UNPIN
+
+    base = ["numlib==2.1.0", "abslib==2.0.0"]
+    step = PipStep(pip_bases, tmp_path / "one", cure_wheels, base, installer=installer)
+    said = step.failure(step.run(["tfmot"]))
+    found = UNPIN.search(said)
+    assert found and sorted(found.group(1).split(", ")) == ["abslib", "numlib"], said
+    assert "pin tfmot" not in said, said  # its one release needs both: no pin is a cure
+    again = PipStep(pip_bases, tmp_path / "two", cure_wheels, base, installer=installer)
+    done = again.run(["tfmot"], unpin="\n".join(found.group(1).split(", ")) + "\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_pin_cure_names_the_release_that_resolves_and_following_it_installs(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    from benchmarks.follow import PIN
+
+    step = PipStep(pip_bases, tmp_path / "one", cure_wheels, ["numlib==2.1.0"], installer=installer)
+    said = step.failure(step.run(["app<2"]))
+    found = PIN.search(said)
+    assert found and found.group(1, 2) == ("app", "2.0"), said
+    again = PipStep(pip_bases, tmp_path / "two", cure_wheels, ["numlib==2.1.0"], installer=installer)
+    done = again.run([f"app=={found.group(2)}"])
+    assert done.returncode == 0, done.stdout + done.stderr

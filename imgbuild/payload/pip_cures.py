@@ -13,7 +13,7 @@ import tempfile
 
 from pip_bounds import run
 from pip_index import dry_run, recipe_lines, requirement_name
-from pip_versions import REQUIREMENT, admit_together, canon, is_prerelease, pin_sources, read_lines
+from pip_versions import canon, is_prerelease, needing, pin_sources, read_lines
 
 CHECK_SECONDS = 120.0  # one resolve of a checked cure; past it the cure is printed as not checked
 UNPIN_ROUNDS = 4  # base pins let go together, at most, before the unpin cure is called no cure
@@ -75,7 +75,9 @@ class Cures:
                 return (), f"the base's framework {dep} is never moved"
             needs = dependents(freed[-1], want) if len(freed) == 1 else []
             if needs:  # a base distribution that needs what `want` excludes: moving it breaks that one
-                return (), " and ".join(f"the base's {name} {version} needs {need}" for name, version, need in needs)
+                return (), " and ".join(
+                    f"the base's {name} {version} needs {dep}{need}" for name, version, need in needs
+                )
             with tempfile.TemporaryDirectory() as folder:
                 answer = self.resolve(self._unpinned(freed, folder), f"pip.unpin: [{', '.join(freed)}]")
             if answer is UNASKED:
@@ -107,22 +109,14 @@ class Cures:
 
 
 def dependents(dep, want):
-    """(name, version, what it needs of `dep`) of each installed distribution that needs `dep` (its extras' needs
-    aside); with `want`, only those whose need `want` excludes altogether."""
-    found, seen = [], set()
+    """pip_versions.needing over the base's installed distributions (the first of each name, as Python imports)."""
+    dists, seen = [], set()
     for dist in md.distributions():
         name = dist.metadata["Name"] or ""
-        if not name or canon(name) in seen or canon(name) == dep:
-            continue
-        seen.add(canon(name))
-        for line in dist.requires or []:
-            req = REQUIREMENT.match(line)
-            if not req or canon(req.group(1)) != dep or "extra" in (req.group(3) or ""):
-                continue
-            need = req.group(2).replace(" ", "")
-            if not want or (need and admit_together(want, need) is False):
-                found.append((name, dist.version, dep + need))
-    return found
+        if name and canon(name) not in seen:
+            seen.add(canon(name))
+            dists.append((name, dist.version, dist.requires or []))
+    return needing(dep, want, dists)
 
 
 def _without_clause(line):

@@ -189,7 +189,7 @@ class Watch:
             )
         return (
             f"; pip backtracked through {count} of {name}: each likely needs another version of a package "
-            f"the base pins (its framework?); {self.pin_cure(name, 'it', 'the base')}"
+            f"the base pins (its framework?); {self.pin_cure(name, 'the base')}"
         )
 
     def causes(self, dep, want=""):
@@ -223,7 +223,7 @@ class Watch:
             return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
         if who and all(w.startswith("the recipe") for w in who):
             return f"loosen the recipe's constraint on {dep}, or drop {package}"
-        pin = self.pin_cure(package, "it", f"the base's {self.held.get(dep, dep)}")
+        pin = self.pin_cure(package, f"the base's {self.held.get(dep, dep)}")
         if (
             not who
             or dep in read_names(FRAMEWORK_FILE)
@@ -241,16 +241,16 @@ class Watch:
                 )
         return self.unpin_cure(pin, package, dep, wanted)
 
-    def pin_cure(self, package, it, holder):
-        """"pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
+    def pin_cure(self, package, holder):
+        """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
         version that resolves named, or no pin offered where none does (what would be needed said instead)."""
         version = self.cures.pin(package) if self.cures else UNASKED
         if version is UNASKED:
-            return f"pin {package} to a version made for the base, or drop {it}"
+            return f"pin {package} to a version made for the base, or drop it"
         if version:
-            return f"pin {package}=={version} (the newest release that resolves with the base), or drop {it}"
+            return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
         return (
-            f"drop {package if it == 'it' else it}: no release of {package} resolves with {holder}; what would be "
+            f"drop {package}: no release of {package} resolves with {holder}; what would be "
             f"needed is a base whose packages admit one"
         )
 
@@ -265,7 +265,10 @@ class Watch:
         if freed:
             return f"{pin.replace(', or drop', ', drop', 1)}, or {unpin}"
         if pin.startswith("drop "):
-            return f"{pin.split(';')[0]}, and pip.unpin: [{dep}] cannot help ({why}); what would be needed is a base whose {dep} admits {dep}{wanted}"
+            return (
+                f"{pin.split(';')[0]}, and pip.unpin: [{dep}] cannot help ({why}); what would be needed is a base "
+                f"whose {dep} admits {dep}{wanted}"
+            )
         return f"{pin} (pip.unpin: [{dep}] cannot help: {why})"
 
     def conflict(self, origin):
@@ -277,10 +280,7 @@ class Watch:
                 trap = prerelease_trap(self.held[dep], want)
                 if trap:
                     named = f"{package} {version}" if version else f"every version of {package}"
-                    older = self.cures.pin(package) if self.cures else UNASKED
-                    cure = f"pin {package} to an older release that admits it, or drop it"
-                    if older is not UNASKED:
-                        cure = self.pin_cure(package, "it", f"the base's {self.held[dep]}")
+                    cure = self.pin_cure(package, f"the base's {self.held[dep]}")
                     return (
                         f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
                         f"{trap}; {cure}"
@@ -291,8 +291,10 @@ class Watch:
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 if not wanted[0][0]:  # uv: "all versions of X depend on ..."
                     versions = f"every version of {package} needs"
-                if dep in self.held and dep not in self.sources or any(
-                    not w.startswith(("the recipe", "imgbuild")) for _, w in self.causes(dep, wanted[0][1])
+                if (
+                    dep in self.held
+                    and dep not in self.sources
+                    or any(not w.startswith(("the recipe", "imgbuild")) for _, w in self.causes(dep, wanted[0][1]))
                 ):
                     self.blocked = (package, dep, wanted[0][1])
                 return (

@@ -238,6 +238,24 @@ def framework_needs(dep, frameworks, limit=2000, requires=installed_requires):
     return found
 
 
+def needing(dep, want, dists):
+    """(name, version, its clause on `dep`) of each of `dists` ((name, version, Requires-Dist lines): the base's
+    distributions) that needs `dep`, its extras' needs aside; with `want` (a clause list, "<2"), only those whose
+    clause `want` excludes altogether: moving `dep` there would break them."""
+    found = []
+    for name, version, lines in dists:
+        if canon(name) == dep:
+            continue
+        for line in lines:
+            req = REQUIREMENT.fullmatch(line)
+            if not req or canon(req.group(1)) != dep or "extra" in (req.group(3) or ""):
+                continue
+            need = req.group(2).replace(" ", "")
+            if not want or (need and admit_together(want, need) is False):
+                found.append((name, version, need))
+    return found
+
+
 #: Who holds the pins of each -c file install.sh passes, by the file's name; the first -c file (a temporary
 #: copy of the base's constraint file, or a freeze) is the base's.
 PIN_FILES = {"constraints.txt": "the recipe's pip.constraints", "resolved.txt": "the recipe's lock"}
