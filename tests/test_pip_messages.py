@@ -5,10 +5,15 @@ and guard; the plan-time checks with the recipe's FILE:LINE.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
+from imgbuild.payload.pip_versions import canon
 from tests.pipstep import INSTALLERS, PipStep, wheel
 
 ORIGIN = "a freeze of the base's packages"
@@ -640,3 +645,32 @@ def test_a_pin_cure_names_the_release_that_resolves_and_following_it_installs(
     again = PipStep(pip_bases, tmp_path / "two", cure_wheels, ["numlib==2.1.0"], installer=installer)
     done = again.run([f"app=={found.group(2)}"])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+BASES = (["numlib==2.1.0"], ["numlib==2.1.0", "abslib==2.0.0"], ["numlib==2.1.0", "holder==1.0"])
+ASKS = ("oldapp", "tfmot", "app", "app<2", "app==1.0", "abslib<2", "numlib<2")
+
+
+@given(base=st.sampled_from(BASES), asked=st.lists(st.sampled_from(ASKS), min_size=1, max_size=2, unique=True))
+@hypothesis_settings(
+    derandomize=True, max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_each_cure_the_guard_prints_installs_when_followed(tmp_path_factory, pip_bases, cure_wheels, base, asked):
+    """Generated recipes and bases, uv the oracle: every pin and unpin a failure line names, applied as the
+    scripted user applies them, gives a step that installs; none leads back to a failure."""
+    from benchmarks.follow import PIN, UNPIN
+
+    folder = tmp_path_factory.mktemp("follow")
+    step = PipStep(pip_bases, folder / "one", cure_wheels, base, installer="uv")
+    first = step.run(asked)
+    if first.returncode == 0:
+        return
+    said = step.failure(first)
+    pins = {canon(m.group(1)): f"{m.group(1)}=={m.group(2)}" for m in PIN.finditer(said)}
+    unpin = [name for m in UNPIN.finditer(said) for name in m.group(1).split(", ")]
+    if not pins and not unpin:
+        return  # no cure to follow: the line says what would be needed
+    followed = [pins.get(canon(re.split(r"[<>=]", line)[0]), line) for line in asked]
+    again = PipStep(pip_bases, folder / "two", cure_wheels, base, installer="uv")
+    done = again.run(followed, unpin="".join(f"{n}\n" for n in unpin))
+    assert done.returncode == 0, f"{asked} on {base}: {said}\nfollowed: {followed} unpin {unpin}\n{done.stdout}"
