@@ -16,8 +16,8 @@ from pip_index import dry_run, recipe_lines, requirement_name
 from pip_versions import canon, is_prerelease, needing, pin_sources, read_lines
 
 CHECK_SECONDS = 120.0  # one resolve of a checked cure; past it the cure is printed as not checked
+QUIET = ("-q", "--quiet", "-qq", "-qqq")
 UNPIN_ROUNDS = 4  # base pins let go together, at most, before the unpin cure is called no cure
-UNASKED = object()  # the resolver could not be asked (bounded out, or no install to change)
 
 
 class Cures:
@@ -29,40 +29,47 @@ class Cures:
         self.answers = {}  # each question once: a line may name one cure twice
 
     def resolve(self, command, what):
-        """(resolved, the watch of that resolve), or UNASKED where a bound stopped it."""
+        """(resolved, the watch of that resolve), or None where a bound stopped it."""
         print(f"imgbuild: checking the cure ({what}): resolving again, resolved only", flush=True)
         watch = self.watch_type(pin_sources(command, self.origin, self.frameworks))
-        outcome = run(dry_run(command), watch, limit_s=CHECK_SECONDS)
-        return UNASKED if isinstance(outcome, str) else (outcome == 0, watch)
+        told = [word for word in dry_run(command) if word not in QUIET]  # its "Would install" line is the answer
+        outcome = run(told, watch, limit_s=CHECK_SECONDS)
+        return None if isinstance(outcome, str) else (outcome == 0, watch)
 
-    def pin(self, package):
+    def pin(self, package, without=""):
         """The final release of `package` the resolver picks for the same install with the recipe's own clause on
-        it left to the resolver: the pin that resolves with the base. None: no release does; UNASKED."""
-        key = ("pin", canon(package))
+        it left to the resolver (and, with `without`, that distribution refused): the pin that resolves with the
+        base. "": no release does; None: the resolver could not be asked."""
+        key = ("pin", canon(package), canon(without))
         if key not in self.answers:
-            self.answers[key] = self._pin(package)
+            self.answers[key] = self._pin(package, without)
         return self.answers[key]
 
-    def _pin(self, package):
+    def _pin(self, package, without):
         asked, options, lines = recipe_lines(self.command)
         freed = [_without_clause(line) if canon(requirement_name(line)) == canon(package) else line for line in lines]
-        if freed == lines:  # the recipe asked for it by name alone, or not at all: the resolver tried every release
-            return None
+        if freed == lines and not without:  # asked for by name alone, or not at all: the resolver tried every release
+            return ""
         with tempfile.TemporaryDirectory() as folder:
-            path = os.path.join(folder, "freed.txt")
+            path, refused = os.path.join(folder, "freed.txt"), os.path.join(folder, "refused.txt")
             _write(path, [*options, *freed])
-            answer = self.resolve([*asked, "-r", path], f"{package} by name, its version left to the resolver")
-        if answer is UNASKED:
-            return UNASKED
+            _write(refused, [f"{without}<0"] if without else [])
+            what = f"{package} by name, its version left to the resolver" + (f", without {without}" if without else "")
+            # past a finished install (without: its layer is not kept) what it installed is no answer: the index is
+            fresh = ["--reinstall" if os.path.basename(asked[0]) == "uv" else "--ignore-installed"] if without else []
+            answer = self.resolve([*asked, *fresh, "-r", path, "-c", refused], what)
+        if answer is None:
+            return None
         resolved, watch = answer
         if not resolved:
-            return None
-        version = next((v for n, v in watch.installed if canon(n) == canon(package)), "") or _installed(package)
-        return version if version and not is_prerelease(version) else None
+            return ""
+        version = next((v for n, v in watch.installed if canon(n) == canon(package)), "")
+        version = version or ("" if without else _installed(package))
+        return version if version and not is_prerelease(version) else ""
 
     def unpin(self, dep, want):
         """(the base pins to let go, all of them, dep first; "") when the install resolves without them, each base
-        distribution that needs one kept at its version; ((), why not) when it does not; UNASKED."""
+        distribution that needs one kept at its version; ((), why not) when it does not; None: not asked."""
         key = ("unpin", canon(dep), want)
         if key not in self.answers:
             self.answers[key] = self._unpin(canon(dep), want)
@@ -80,8 +87,8 @@ class Cures:
                 )
             with tempfile.TemporaryDirectory() as folder:
                 answer = self.resolve(self._unpinned(freed, folder), f"pip.unpin: [{', '.join(freed)}]")
-            if answer is UNASKED:
-                return UNASKED
+            if answer is None:
+                return None
             resolved, watch = answer
             if resolved:
                 return tuple(freed), ""

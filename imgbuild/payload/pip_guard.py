@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_alike import builds_alike  # noqa: E402
 from pip_bounds import run  # noqa: E402
-from pip_cures import UNASKED, Cures  # noqa: E402
+from pip_cures import Cures  # noqa: E402
 from pip_index import fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
@@ -244,8 +244,8 @@ class Watch:
     def pin_cure(self, package, holder):
         """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
         version that resolves named, or no pin offered where none does (what would be needed said instead)."""
-        version = self.cures.pin(package) if self.cures else UNASKED
-        if version is UNASKED:
+        version = self.cures.pin(package) if self.cures else None
+        if version is None:
             return f"pin {package} to a version made for the base, or drop it"
         if version:
             return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
@@ -257,8 +257,8 @@ class Watch:
     def unpin_cure(self, pin, package, dep, wanted):
         """`pin` (pin_cure's) and the unpin cure for `dep`, named only where the install resolves with it (and with
         every base pin that then stands in the way, all in one list); else why it cannot help."""
-        answer = self.cures.unpin(dep, wanted) if self.cures else UNASKED
-        freed, why = ((dep,), "") if answer is UNASKED else answer
+        answer = self.cures.unpin(dep, wanted) if self.cures else None
+        freed, why = ((dep,), "") if answer is None else answer
         unpin = f"let pip move {dep}: pip.unpin: [{', '.join(freed)}]"
         if freed and pin.startswith("drop "):  # no pin resolves, the unpin does
             return f"{unpin}, or drop {package} (no release of {package} resolves with the base as it is)"
@@ -449,9 +449,11 @@ def main(argv):
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
-        why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
+        has = functools.partial(project_on_index, command=command)
+        hits = overwritten(before, owners(skip=present)) if before is not None else {}
+        why = protected(hits, has=has, without=watch.cures.pin)
         if not why and before is not None:
-            why = other_cuda(watch.installed, has=lambda name: project_on_index(name, command))
+            why = other_cuda(watch.installed, has=has)
         ask = functools.partial(why_not, command, origin)
         if not why:  # the index and the resolver are asked only where there is a fallback to explain
             why = fallback_line(watch.installed, named, fallback_held_back(watch.installed, named, command, ask))
