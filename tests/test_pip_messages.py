@@ -263,8 +263,9 @@ def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerel
     said = prerelease_step.failure(prerelease_step.run(["oldtf"]))
     assert said == (
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
-        "oldtf fits the base's pins and the recipe's other packages; pin oldtf to a release made for this base, or "
-        "ask for this one by its version (oldtf==2.1.0.dev2)"
+        "oldtf fits the base's pins and the recipe's other packages (the resolver takes a pre-release only then: no "
+        "final release to pin exists): ask for this one by its version (oldtf==2.1.0.dev2) if it is what you want; "
+        "else drop oldtf, or use a base whose pins admit a final release of oldtf"
     )
 
 
@@ -674,3 +675,33 @@ def test_each_cure_the_guard_prints_installs_when_followed(tmp_path_factory, pip
     again = PipStep(pip_bases, folder / "two", cure_wheels, base, installer="uv")
     done = again.run(followed, unpin="".join(f"{n}\n" for n in unpin))
     assert done.returncode == 0, f"{asked} on {base}: {said}\nfollowed: {followed} unpin {unpin}\n{done.stdout}"
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize(
+    ("releases", "cure"),
+    [
+        (("1.0", "2.0"), "pin plug==1.0 (the newest release that resolves with the base), or drop it"),
+        (("2.0",), "drop plug: no release of plug resolves with the base's fwk==2.9.0a0"),  # no older release exists
+    ],
+)
+def test_ngcs_pre_release_trap_names_the_older_release_that_resolves_or_none(
+    tmp_path, pip_bases, installer, releases, cure
+):
+    """plug 2.0 needs fwk>=2.9, which NGC's fwk 2.9.0a0 does not meet: the older release is named by its version
+    where one resolves with the base (and following it installs), and none is invented where none exists."""
+    from benchmarks.follow import PIN
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "fwk", "2.9.0a0", {"fwk/__init__.py": b""})
+    for version in releases:
+        wheel(folder, "plug", version, {"plug/__init__.py": b""}, ("fwk>=2.9" if version == "2.0" else "fwk>=2.0",))
+    step = PipStep(pip_bases, tmp_path / "one", folder, ["fwk==2.9.0a0"], frameworks=("fwk",), installer=installer)
+    said = step.failure(step.run(["plug>=2"]))
+    assert "NGC" in said or "pre-release" in said, said
+    assert cure in said, said
+    if found := PIN.search(said):
+        again = PipStep(pip_bases, tmp_path / "two", folder, ["fwk==2.9.0a0"], frameworks=("fwk",), installer=installer)
+        done = again.run([f"plug=={found.group(2)}"])
+        assert done.returncode == 0, done.stdout + done.stderr

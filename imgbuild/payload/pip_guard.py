@@ -241,12 +241,12 @@ class Watch:
                 )
         return self.unpin_cure(pin, package, dep, wanted)
 
-    def pin_cure(self, package, holder):
+    def pin_cure(self, package, holder, unchecked="a version made for the base"):
         """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
         version that resolves named, or no pin offered where none does (what would be needed said instead)."""
         version = self.cures.pin(package) if self.cures else None
-        if version is None:
-            return f"pin {package} to a version made for the base, or drop it"
+        if version is None:  # the resolver could not be asked: the cure as the failure suggests it
+            return f"pin {package} to {unchecked}, or drop it"
         if version:
             return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
         return (
@@ -280,7 +280,8 @@ class Watch:
                 trap = prerelease_trap(self.held[dep], want)
                 if trap:
                     named = f"{package} {version}" if version else f"every version of {package}"
-                    cure = self.pin_cure(package, f"the base's {self.held[dep]}")
+                    older = "an older release that admits it"
+                    cure = self.pin_cure(package, f"the base's {self.held[dep]}", older)
                     return (
                         f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
                         f"{trap}; {cure}"
