@@ -705,3 +705,34 @@ def test_ngcs_pre_release_trap_names_the_older_release_that_resolves_or_none(
         again = PipStep(pip_bases, tmp_path / "two", folder, ["fwk==2.9.0a0"], frameworks=("fwk",), installer=installer)
         done = again.run([f"plug=={found.group(2)}"])
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_cure_the_resolver_could_not_be_asked_of_in_time_is_said_to_be_unchecked(tmp_path, monkeypatch):
+    """The checks are bounded: a resolve past its time (or past the step's budget for them) answers nothing, and
+    the cure is printed as the failure suggests it, marked as not checked, never as checked."""
+    import sys
+
+    from tests.support import guard_module
+
+    guard = guard_module()
+    asked: list[list[str]] = []
+
+    def stopped(command, watch, limit_s=0.0):
+        asked.append(command)
+        assert 0 < limit_s <= sys.modules["pip_cures"].CHECK_SECONDS
+        return f"past {limit_s:.0f} s"
+
+    monkeypatch.setattr(sys.modules["pip_cures"], "run", stopped)
+    (tmp_path / "requirements.txt").write_text("oldapp>=0.5\n")
+    watch = guard.Watch({"numlib": [("numlib==2.1.0", ORIGIN)]})
+    watch.cures = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
+    said = watch.cure("numlib", "oldapp", "numlib<2")
+    assert said == (
+        "pin oldapp to a version made for the base, drop it (not checked: the resolver could not be asked again in "
+        "time), or let pip move numlib: pip.unpin: [numlib] (not checked: the resolver could not be asked again in "
+        "time)"
+    )
+    assert len(asked) == 2 and all("--dry-run" in command for command in asked), asked
+    monkeypatch.setattr(sys.modules["pip_cures"], "CHECK_BUDGET", 0.0)
+    spent = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
+    assert spent.pin("oldapp") is None and len(asked) == 2  # the budget spent: not even asked

@@ -10,12 +10,14 @@ import importlib.metadata as md
 import os
 import re
 import tempfile
+import time
 
 from pip_bounds import run
 from pip_index import dry_run, recipe_lines, requirement_name
 from pip_versions import canon, is_prerelease, needing, pin_sources, read_lines
 
 CHECK_SECONDS = 120.0  # one resolve of a checked cure; past it the cure is printed as not checked
+CHECK_BUDGET = 240.0  # every check of one failed step together: past it, the rest are printed as not checked
 QUIET = ("-q", "--quiet", "-qq", "-qqq")
 UNPIN_ROUNDS = 4  # base pins let go together, at most, before the unpin cure is called no cure
 
@@ -27,13 +29,18 @@ class Cures:
         self.command, self.origin, self.watch_type = list(command), origin, watch_type
         self.frameworks = set(frameworks)
         self.answers = {}  # each question once: a line may name one cure twice
+        self.deadline = None  # CHECK_BUDGET from the first question on
 
     def resolve(self, command, what):
-        """(resolved, the watch of that resolve), or None where a bound stopped it."""
+        """(resolved, the watch of that resolve), or None where a bound stopped it (or the budget is spent)."""
+        self.deadline = self.deadline or time.monotonic() + CHECK_BUDGET
+        left = min(CHECK_SECONDS, self.deadline - time.monotonic())
+        if left <= 0:
+            return None
         print(f"imgbuild: checking the cure ({what}): resolving again, resolved only", flush=True)
         watch = self.watch_type(pin_sources(command, self.origin, self.frameworks))
         told = [word for word in dry_run(command) if word not in QUIET]  # its "Would install" line is the answer
-        outcome = run(told, watch, limit_s=CHECK_SECONDS)
+        outcome = run(told, watch, limit_s=left)
         return None if isinstance(outcome, str) else (outcome == 0, watch)
 
     def pin(self, package, without=""):

@@ -245,8 +245,8 @@ class Watch:
         """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
         version that resolves named, or no pin offered where none does (what would be needed said instead)."""
         version = self.cures.pin(package) if self.cures else None
-        if version is None:  # the resolver could not be asked: the cure as the failure suggests it
-            return f"pin {package} to {unchecked}, or drop it"
+        if version is None:  # the resolver could not be asked: the cure as the failure suggests it, said to be so
+            return f"pin {package} to {unchecked}, or drop it{NOT_CHECKED if self.cures else ''}"
         if version:
             return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
         return (
@@ -260,6 +260,8 @@ class Watch:
         answer = self.cures.unpin(dep, wanted) if self.cures else None
         freed, why = ((dep,), "") if answer is None else answer
         unpin = f"let pip move {dep}: pip.unpin: [{', '.join(freed)}]"
+        if answer is None and self.cures:
+            unpin += NOT_CHECKED
         if freed and pin.startswith("drop "):  # no pin resolves, the unpin does
             return f"{unpin}, or drop {package} (no release of {package} resolves with the base as it is)"
         if freed:
@@ -399,6 +401,7 @@ class Watch:
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
 
 
+NOT_CHECKED = " (not checked: the resolver could not be asked again in time)"
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
 
 
