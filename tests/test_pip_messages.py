@@ -299,8 +299,9 @@ def test_a_pre_release_fallback_names_what_holds_the_newest_release_back(tmp_pat
     assert said == (  # uv names the range it ruled out
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
         "oldtf fits the base's pins and the recipe's other packages; the newest, oldtf 2.20.0, is held back: "
-        f"oldtf >=2.20.0 needs {held}; pin oldtf to a release made for this base, or ask for this one by its version "
-        "(oldtf==2.1.0.dev2)"
+        f"oldtf >=2.20.0 needs {held} (the resolver takes a pre-release only then: no final release to pin exists): "
+        "ask for this one by its version (oldtf==2.1.0.dev2) if it is what you want; else drop oldtf, or use a base "
+        "whose pins admit a final release of oldtf"
     )
 
 

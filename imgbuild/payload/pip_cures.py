@@ -3,7 +3,10 @@ install changed as the cure says, resolved again on the base, resolved only and 
 printed with the version the resolver picks once the recipe's clause on X is left to it (none: no release of X
 resolves with the base, and the cure is not printed); `pip.unpin: [Y]` only where the install resolves with Y's
 base pin gone and every base distribution that needs Y kept at its version, the further base pins that then
-stand in the way unpinned with it, all named in one line. Stdlib only: it runs in the base.
+stand in the way unpinned with it, all named in one line. The words of each such cure are here too (pin_cure,
+unpin_cure, backtrack_cure): the one place a conflict's cure is written. Every question is bounded (CHECK_SECONDS,
+and CHECK_BUDGET for the step); a cure not asked in time is printed marked as not checked. Stdlib only: it runs in
+the base.
 """
 
 import importlib.metadata as md
@@ -31,9 +34,13 @@ class Cures:
         self.answers = {}  # each question once: a line may name one cure twice
         self.deadline = None  # CHECK_BUDGET from the first question on
 
+    def spend(self):
+        """No more questions: the step itself was stopped by a bound, which a question would run into again."""
+        self.deadline = time.monotonic()
+
     def resolve(self, command, what):
         """(resolved, the watch of that resolve), or None where a bound stopped it (or the budget is spent)."""
-        self.deadline = self.deadline or time.monotonic() + CHECK_BUDGET
+        self.deadline = self.deadline if self.deadline is not None else time.monotonic() + CHECK_BUDGET
         left = min(CHECK_SECONDS, self.deadline - time.monotonic())
         if left <= 0:
             return None
@@ -120,6 +127,57 @@ class Cures:
         keep = os.path.join(folder, "kept.txt")
         _write(keep, [f"{name}=={version}" for dep in freed for name, version, _ in dependents(dep, "")])
         return [*command, "-r", keep]
+
+
+NOT_CHECKED = " (not checked: the resolver could not be asked again in time)"
+
+
+# The words of each checked cure, for guard.py's Watch (`cures`: its Cures, or None where there is no install to
+# ask again of, as for lines read alone).
+
+
+def pin_cure(cures, package, holder, unchecked="a version made for the base"):
+    """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
+    version that resolves named, or no pin offered where none does (what would be needed said instead)."""
+    version = cures.pin(package) if cures else None
+    if version is None:  # the resolver could not be asked: the cure as the failure suggests it, said to be so
+        return f"pin {package} to {unchecked}, or drop it{NOT_CHECKED if cures else ''}"
+    if version:
+        return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
+    return (
+        f"drop {package}: no release of {package} resolves with {holder}; what would be "
+        f"needed is a base whose packages admit one"
+    )
+
+
+def unpin_cure(cures, pin, package, dep, wanted):
+    """`pin` (pin_cure's) and the unpin cure for `dep`, named only where the install resolves with it (and with
+    every base pin that then stands in the way, all in one list); else why it cannot help."""
+    answer = cures.unpin(dep, wanted) if cures else None
+    freed, why = ((dep,), "") if answer is None else answer
+    unpin = f"let pip move {dep}: pip.unpin: [{', '.join(freed)}]"
+    if answer is None and cures:
+        unpin += NOT_CHECKED
+    if freed and pin.startswith("drop "):  # no pin resolves, the unpin does
+        return f"{unpin}, or drop {package} (no release of {package} resolves with the base as it is)"
+    if freed:
+        return f"{pin.replace(', or drop', ', drop', 1)}, or {unpin}"
+    if pin.startswith("drop "):
+        return (
+            f"{pin.split(';')[0]}, and pip.unpin: [{dep}] cannot help ({why}); what would be needed is a base "
+            f"whose {dep} admits {dep}{wanted}"
+        )
+    return f"{pin} (pip.unpin: [{dep}] cannot help: {why})"
+
+
+def backtrack_cure(cures, name):
+    """The pin that ends a backtrack: the version the resolver picks once asked again, where it answers; else the
+    guess, said to be one (the resolver did not say which release fits: no release is called missing)."""
+    version = cures.pin(name) if cures else None
+    if version:
+        return f"pin {name}=={version} (the newest release that resolves with the base)"
+    unsure = " (not checked: the resolver did not say which release fits)" if cures else ""
+    return f"pin {name} to a version made for the base{unsure}"
 
 
 def dependents(dep, want):

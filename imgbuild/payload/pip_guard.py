@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
 from pip_alike import builds_alike  # noqa: E402
 from pip_bounds import run  # noqa: E402
-from pip_cures import Cures  # noqa: E402
+from pip_cures import Cures, backtrack_cure, pin_cure, unpin_cure  # noqa: E402
 from pip_index import fallback_held_back, old_release_line, project_on_index, question  # noqa: E402
 from pip_versions import (  # noqa: E402
     PIN_FILES,
@@ -189,7 +189,7 @@ class Watch:
             )
         return (
             f"; pip backtracked through {count} of {name}: each likely needs another version of a package "
-            f"the base pins (its framework?); {self.pin_cure(name, 'the base')}"
+            f"the base pins (its framework?); {backtrack_cure(self.cures, name)}"
         )
 
     def causes(self, dep, want=""):
@@ -223,7 +223,7 @@ class Watch:
             return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
         if who and all(w.startswith("the recipe") for w in who):
             return f"loosen the recipe's constraint on {dep}, or drop {package}"
-        pin = self.pin_cure(package, f"the base's {self.held.get(dep, dep)}")
+        pin = pin_cure(self.cures, package, f"the base's {self.held.get(dep, dep)}")
         if (
             not who
             or dep in read_names(FRAMEWORK_FILE)
@@ -239,39 +239,7 @@ class Watch:
                     f"{pin} (pip.unpin: [{dep}] cannot help: the base's {framework} needs {dep}"
                     f"{spec}{f' via {chain}' if chain else ''})"
                 )
-        return self.unpin_cure(pin, package, dep, wanted)
-
-    def pin_cure(self, package, holder, unchecked="a version made for the base"):
-        """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
-        version that resolves named, or no pin offered where none does (what would be needed said instead)."""
-        version = self.cures.pin(package) if self.cures else None
-        if version is None:  # the resolver could not be asked: the cure as the failure suggests it, said to be so
-            return f"pin {package} to {unchecked}, or drop it{NOT_CHECKED if self.cures else ''}"
-        if version:
-            return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
-        return (
-            f"drop {package}: no release of {package} resolves with {holder}; what would be "
-            f"needed is a base whose packages admit one"
-        )
-
-    def unpin_cure(self, pin, package, dep, wanted):
-        """`pin` (pin_cure's) and the unpin cure for `dep`, named only where the install resolves with it (and with
-        every base pin that then stands in the way, all in one list); else why it cannot help."""
-        answer = self.cures.unpin(dep, wanted) if self.cures else None
-        freed, why = ((dep,), "") if answer is None else answer
-        unpin = f"let pip move {dep}: pip.unpin: [{', '.join(freed)}]"
-        if answer is None and self.cures:
-            unpin += NOT_CHECKED
-        if freed and pin.startswith("drop "):  # no pin resolves, the unpin does
-            return f"{unpin}, or drop {package} (no release of {package} resolves with the base as it is)"
-        if freed:
-            return f"{pin.replace(', or drop', ', drop', 1)}, or {unpin}"
-        if pin.startswith("drop "):
-            return (
-                f"{pin.split(';')[0]}, and pip.unpin: [{dep}] cannot help ({why}); what would be needed is a base "
-                f"whose {dep} admits {dep}{wanted}"
-            )
-        return f"{pin} (pip.unpin: [{dep}] cannot help: {why})"
+        return unpin_cure(self.cures, pin, package, dep, wanted)
 
     def conflict(self, origin):
         """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
@@ -283,7 +251,7 @@ class Watch:
                 if trap:
                     named = f"{package} {version}" if version else f"every version of {package}"
                     older = "an older release that admits it"
-                    cure = self.pin_cure(package, f"the base's {self.held[dep]}", older)
+                    cure = pin_cure(self.cures, package, f"the base's {self.held[dep]}", older)
                     return (
                         f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
                         f"{trap}; {cure}"
@@ -401,7 +369,6 @@ class Watch:
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
 
 
-NOT_CHECKED = " (not checked: the resolver could not be asked again in time)"
 NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
 
 
@@ -469,6 +436,8 @@ def main(argv):
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
+    if isinstance(outcome, str):
+        watch.cures.spend()
     why = f"stopped: {outcome}" if isinstance(outcome, str) else watch.failure(origin)
     tool = watch.build_tool(f"building {watch.building}") if watch.building else ""
     tool = tool if tool == why else ""  # the failure was that build's, for want of a tool
