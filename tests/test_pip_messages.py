@@ -594,6 +594,8 @@ def cure_wheels(tmp_path_factory):
     wheel(folder, "tfmot", "0.8", {"tfmot/__init__.py": b""}, ("numlib<2", "abslib<2"))
     wheel(folder, "app", "1.0", {"app_one/__init__.py": b""}, ("numlib<2",))
     wheel(folder, "app", "2.0", {"app_two/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "bapp", "1.0", {"bapp_one/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "bapp", "2.0", {"bapp_two/__init__.py": b""}, ("numlib>=2",))
     return folder
 
 
@@ -682,7 +684,7 @@ def test_each_cure_the_guard_prints_installs_when_followed(tmp_path_factory, pip
 @pytest.mark.parametrize(
     ("releases", "cure"),
     [
-        (("1.0", "2.0"), "pin plug==1.0 (the newest release that resolves with the base), or drop it"),
+        (("1.0", "2.0"), "pin plug==1.0 (the newest release that resolves with the base), or drop plug"),
         (("2.0",), "drop plug: no release of plug resolves with the base's fwk==2.9.0a0"),  # no older release exists
     ],
 )
@@ -728,12 +730,35 @@ def test_a_cure_the_resolver_could_not_be_asked_of_in_time_is_said_to_be_uncheck
     watch = guard.Watch({"numlib": [("numlib==2.1.0", ORIGIN)]})
     watch.cures = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
     said = watch.cure("numlib", "oldapp", "numlib<2")
+    unchecked = " (not checked: the resolver did not answer it in time, or not for one line)"
     assert said == (
-        "pin oldapp to a version made for the base, drop it (not checked: the resolver could not be asked again in "
-        "time), or let pip move numlib: pip.unpin: [numlib] (not checked: the resolver could not be asked again in "
-        "time)"
+        f"pin oldapp to a version made for the base, drop it{unchecked}, or let pip move numlib: pip.unpin: [numlib]"
+        f"{unchecked}"
     )
     assert len(asked) == 2 and all("--dry-run" in command for command in asked), asked
     monkeypatch.setattr(sys.modules["pip_cures"], "CHECK_BUDGET", 0.0)
     spent = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
     assert spent.pin("oldapp") is None and len(asked) == 2  # the budget spent: not even asked
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_two_lines_held_back_by_one_base_pin_never_call_a_release_missing_that_resolves(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    """app<2 and bapp<2 both exclude the releases made for the base's numlib, which holder keeps: uv names both pins
+    in one line (and following them installs); pip names only the last package it backtracked through, and the
+    line says app 2.0 resolves with the base, never that no release of app does."""
+    from benchmarks.follow import PIN
+
+    base = ["numlib==2.1.0", "holder==1.0"]
+    step = PipStep(pip_bases, tmp_path / "one", cure_wheels, base, installer=installer)
+    said = step.failure(step.run(["app<2", "bapp<2"]))
+    assert "no release of app" not in said and "no release of bapp" not in said, said
+    if installer == "pip":
+        assert "app==2.0 resolves with the base alone, but not beside the recipe's other lines" in said, said
+        return
+    pins = {m.group(1): m.group(2) for m in PIN.finditer(said)}
+    assert pins == {"app": "2.0", "bapp": "2.0"}, said
+    again = PipStep(pip_bases, tmp_path / "two", cure_wheels, base, installer=installer)
+    done = again.run([f"{name}=={version}" for name, version in pins.items()])
+    assert done.returncode == 0, done.stdout + done.stderr

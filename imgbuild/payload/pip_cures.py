@@ -22,6 +22,7 @@ from pip_versions import canon, is_prerelease, needing, pin_sources, read_lines
 CHECK_SECONDS = 120.0  # one resolve of a checked cure; past it the cure is printed as not checked
 CHECK_BUDGET = 240.0  # every check of one failed step together: past it, the rest are printed as not checked
 QUIET = ("-q", "--quiet", "-qq", "-qqq")
+PIN_ROUNDS = 4  # the recipe's lines freed or left out together, at most, in asking for a pin
 UNPIN_ROUNDS = 4  # base pins let go together, at most, before the unpin cure is called no cure
 
 
@@ -51,35 +52,72 @@ class Cures:
         return None if isinstance(outcome, str) else (outcome == 0, watch)
 
     def pin(self, package, without=""):
-        """The final release of `package` the resolver picks for the same install with the recipe's own clause on
-        it left to the resolver (and, with `without`, that distribution refused): the pin that resolves with the
-        base. "": no release does; None: the resolver could not be asked."""
+        """The final release of `package` the resolver picks (pins' answer for it): "" for none, None: not asked."""
+        answer = self.pins(package, without)
+        return None if answer is None or answer[1] else answer[0].get(canon(package), "")
+
+    def pins(self, package, without=""):
+        """({canonical name: the final release the resolver picks, or "" where none resolves}, whether the rest of
+        the recipe still stands in the way) for `package`, its version left to the resolver (the recipe's clause on
+        it dropped; with `without`, that distribution refused), and for each other line of the recipe that then
+        stands in the way: freed the same where it has a clause, else found to have no release (and left out, to
+        see whether the rest resolves). Where the resolver names `package` still, it is asked of `package` alone
+        with the base. None: the resolver could not be asked, or the failure was not one line's to say."""
         key = ("pin", canon(package), canon(without))
         if key not in self.answers:
-            self.answers[key] = self._pin(package, without)
+            self.answers[key] = self._pins(canon(package), canon(without))
         return self.answers[key]
 
-    def _pin(self, package, without):
+    def _pins(self, package, without):
         asked, options, lines = recipe_lines(self.command)
-        freed = [_without_clause(line) if canon(requirement_name(line)) == canon(package) else line for line in lines]
-        if freed == lines and not without:  # asked for by name alone, or not at all: the resolver tried every release
-            return ""
-        with tempfile.TemporaryDirectory() as folder:
-            path, refused = os.path.join(folder, "freed.txt"), os.path.join(folder, "refused.txt")
-            _write(path, [*options, *freed])
-            _write(refused, [f"{without}<0"] if without else [])
-            what = f"{package} by name, its version left to the resolver" + (f", without {without}" if without else "")
-            # past a finished install (without: its layer is not kept) what it installed is no answer: the index is
-            fresh = ["--reinstall" if os.path.basename(asked[0]) == "uv" else "--ignore-installed"] if without else []
-            answer = self.resolve([*asked, *fresh, "-r", path, "-c", refused], what)
+        named = {canon(requirement_name(line)): line for line in lines}
+        freed, dropped = [package], []
+        for _ in range(1 if without else PIN_ROUNDS):
+            kept = [line for line in lines if canon(requirement_name(line)) not in dropped]
+            changed = [_without_clause(ln) if canon(requirement_name(ln)) in freed else ln for ln in kept]
+            if changed == lines and not without:  # asked for by name alone, or not at all: the resolver tried them
+                return {package: ""}, False
+            answer = self._resolve_freed(asked, [*options, *changed], freed, without)
+            if answer is None:
+                return None
+            resolved, watch = answer
+            if resolved:
+                found = {name: _version(watch, name, without) for name in freed}
+                return {**found, **dict.fromkeys(dropped, "")}, False
+            if without:
+                return {package: ""}, False
+            other = _standing(watch, freed)
+            if other == package:  # pip names only the last it backtracked through: asked of it alone
+                return self._alone(asked, options, named.get(package, package), package)
+            if other in freed or (other in named and _without_clause(named[other]) == named[other]):
+                freed = [n for n in freed if n != other]  # no release of it resolves: without it, does the rest?
+                dropped.append(other)
+            elif other in named:
+                freed.append(other)
+            else:  # a dependency no line names, or no conflict: not one line's to say
+                return None
+        return None
+
+    def _alone(self, asked, options, line, package):
+        """`package` alone with the base, its clause dropped: ({package: its release}, True: the rest of the recipe
+        stands in its way) where it resolves, ({package: ""}, False) where it does not."""
+        answer = self._resolve_freed(asked, [*options, _without_clause(line)], [package], "")
         if answer is None:
             return None
         resolved, watch = answer
-        if not resolved:
-            return ""
-        version = next((v for n, v in watch.installed if canon(n) == canon(package)), "")
-        version = version or ("" if without else _installed(package))
-        return version if version and not is_prerelease(version) else ""
+        version = _version(watch, package, "") if resolved else ""
+        return ({package: version}, True) if version else ({package: ""}, False)
+
+    def _resolve_freed(self, asked, lines, freed, without):
+        with tempfile.TemporaryDirectory() as folder:
+            path, refused = os.path.join(folder, "freed.txt"), os.path.join(folder, "refused.txt")
+            _write(path, lines)
+            _write(refused, [f"{without}<0"] if without else [])
+            what = f"{', '.join(freed)} by name, the version left to the resolver"
+            what += f", without {without}" if without else ""
+            # past a finished install (without: its layer is not kept) what it installed is no answer: the index is
+            fresh = ["--reinstall" if os.path.basename(asked[0]) == "uv" else "--ignore-installed"] if without else []
+            return self.resolve([*asked, *fresh, "-r", path, "-c", refused], what)
 
     def unpin(self, dep, want):
         """(the base pins to let go, all of them, dep first; "") when the install resolves without them, each base
@@ -129,7 +167,7 @@ class Cures:
         return [*command, "-r", keep]
 
 
-NOT_CHECKED = " (not checked: the resolver could not be asked again in time)"
+NOT_CHECKED = " (not checked: the resolver did not answer it in time, or not for one line)"
 
 
 # The words of each checked cure, for guard.py's Watch (`cures`: its Cures, or None where there is no install to
@@ -138,16 +176,26 @@ NOT_CHECKED = " (not checked: the resolver could not be asked again in time)"
 
 def pin_cure(cures, package, holder, unchecked="a version made for the base"):
     """ "pin X to a version made for the base, or drop it", checked where the resolver can be asked: the
-    version that resolves named, or no pin offered where none does (what would be needed said instead)."""
-    version = cures.pin(package) if cures else None
-    if version is None:  # the resolver could not be asked: the cure as the failure suggests it, said to be so
+    version that resolves named (with the other lines that then stand in the way: their pins, or which have no
+    release for the base), or no pin offered where none does (what would be needed said instead)."""
+    answer = cures.pins(package) if cures else None
+    if answer is None:  # the resolver could not be asked: the cure as the failure suggests it, said to be so
         return f"pin {package} to {unchecked}, or drop it{NOT_CHECKED if cures else ''}"
-    if version:
-        return f"pin {package}=={version} (the newest release that resolves with the base), or drop it"
-    return (
-        f"drop {package}: no release of {package} resolves with {holder}; what would be "
-        f"needed is a base whose packages admit one"
-    )
+    answer, rest = answer
+    if rest:  # it resolves alone: another of the recipe's lines is what stands in the way
+        return (
+            f"{package}=={answer[canon(package)]} resolves with the base alone, but not beside the recipe's other "
+            f"lines (see the conflict above): ask for it and change the line that conflicts with it, or drop {package}"
+        )
+    if not answer.get(canon(package)):
+        return (
+            f"drop {package}: no release of {package} resolves with {holder}; what would be "
+            f"needed is a base whose packages admit one"
+        )
+    pins = [f"pin {n}=={v} (the newest release that resolves with the base)" for n, v in answer.items() if v]
+    drops = [n for n, v in answer.items() if not v]
+    gone = f" and drop {', '.join(drops)} (no release of {', '.join(drops)} resolves with {holder})" if drops else ""
+    return f"{' and '.join(pins)}{gone}, or drop {package}"
 
 
 def unpin_cure(cures, pin, package, dep, wanted):
@@ -178,6 +226,21 @@ def backtrack_cure(cures, name):
         return f"pin {name}=={version} (the newest release that resolves with the base)"
     unsure = " (not checked: the resolver did not say which release fits)" if cures else ""
     return f"pin {name} to a version made for the base{unsure}"
+
+
+def _standing(watch, freed):
+    """The package a failed resolve's conflict with a pin names (canonical), one not `freed` first: the resolver
+    names a freed one's old releases too (uv: "app<=1.0 needs numlib<2"); "" where it names none."""
+    watch.failure("")  # reads the conflict as the guard's line does
+    held = [canon(requirement_name(package)) for (package, dep) in watch.depends if dep in watch.held]
+    held += [canon(requirement_name(watch.blocked[0]))] if watch.blocked else []
+    return next((name for name in held if name not in freed), held[0] if held else "")
+
+
+def _version(watch, name, without):
+    """The final release of `name` a resolve would install (or, past no finished install, the one installed)."""
+    version = next((v for n, v in watch.installed if canon(n) == name), "") or ("" if without else _installed(name))
+    return version if version and not is_prerelease(version) else ""
 
 
 def dependents(dep, want):
