@@ -138,7 +138,7 @@ class Cures:
                     f"the base's {name} {version} needs {dep}{need}" for name, version, need in needs
                 )
             with tempfile.TemporaryDirectory() as folder:
-                answer = self.resolve(self._unpinned(freed, folder), f"pip.unpin: [{', '.join(freed)}]")
+                answer = self.resolve(self._unpinned(freed, folder), f"the base's pins on {', '.join(freed)} let go")
             if answer is None:
                 return None
             resolved, watch = answer
