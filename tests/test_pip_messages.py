@@ -263,9 +263,9 @@ def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerel
     said = prerelease_step.failure(prerelease_step.run(["oldtf"]))
     assert said == (
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
-        "oldtf fits the base's pins and the recipe's other packages (the resolver takes a pre-release only then: no "
-        "final release to pin exists): ask for this one by its version (oldtf==2.1.0.dev2) if it is what you want; "
-        "else drop oldtf, or use a base whose pins admit a final release of oldtf"
+        "oldtf fits the base's pins and the recipe's other packages, so none is there to pin: ask for this one by its "
+        "version (oldtf==2.1.0.dev2) if it is what you want; else drop oldtf, or use a base whose pins admit a final "
+        "release of oldtf"
     )
 
 
@@ -298,10 +298,10 @@ def test_a_pre_release_fallback_names_what_holds_the_newest_release_back(tmp_pat
         return
     assert said == (  # uv names the range it ruled out
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
-        "oldtf fits the base's pins and the recipe's other packages; the newest, oldtf 2.20.0, is held back: "
-        f"oldtf >=2.20.0 needs {held} (the resolver takes a pre-release only then: no final release to pin exists): "
-        "ask for this one by its version (oldtf==2.1.0.dev2) if it is what you want; else drop oldtf, or use a base "
-        "whose pins admit a final release of oldtf"
+        "oldtf fits the base's pins and the recipe's other packages, so none is there to pin; the newest, oldtf "
+        f"2.20.0, is held back: oldtf >=2.20.0 needs {held}; pip.unpin: [numlib] lets the resolver take oldtf 2.20.0 "
+        "(asked of it): ask for this one by its version (oldtf==2.1.0.dev2) if it is what you want; else drop oldtf, "
+        "or use a base whose pins admit a final release of oldtf"
     )
 
 

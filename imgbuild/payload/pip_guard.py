@@ -38,6 +38,7 @@ from pip_versions import (  # noqa: E402
     pin_sources,
     prerelease_trap,
     read_names,
+    resolver_cause,
 )
 from pip_words import (  # noqa: E402
     BACKTRACK,
@@ -405,7 +406,19 @@ def why_not(command, origin, name, newest):
         print(f"imgbuild: asking the resolver why not {name} {newest}", flush=True)
         watch = Watch(pin_sources(asked, origin, read_names(FRAMEWORK_FILE)))
         outcome = run(asked, watch)
-    return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
+        if outcome == 0 or isinstance(outcome, str):
+            return ""
+        why = resolver_cause(watch.failure(origin))
+        if not watch.blocked:
+            return why
+        _, dep, want = watch.blocked  # a base pin holds it back: would letting it go (pip.unpin) take the newest?
+        named = re.match(NAME, want)
+        answer = Cures(asked, origin, Watch, read_names(FRAMEWORK_FILE)).unpin(
+            dep, want[named.end() :] if named else ""
+        )
+        if answer and answer[0]:
+            why += f"; pip.unpin: [{', '.join(answer[0])}] lets the resolver take {name} {newest} (asked of it)"
+        return why
 
 
 def main(argv):

@@ -179,9 +179,9 @@ def fallback_line(installed, named, held_back=""):
     because = f"; {held_back}" if held_back else ""
     return (
         f"the resolver fell back to {name} {version}, a pre-release the recipe did not ask for: no final release of "
-        f"{name} fits the base's pins and the recipe's other packages{because} (the resolver takes a pre-release only "
-        f"then: no final release to pin exists): ask for this one by its version ({name}=={version}) if it is what "
-        f"you want; else drop {name}, or use a base whose pins admit a final release of {name}"
+        f"{name} fits the base's pins and the recipe's other packages, so none is there to pin{because}: ask for this "
+        f"one by its version ({name}=={version}) if it is what you want; else drop {name}, or use a base whose pins "
+        f"admit a final release of {name}"
     )
 
 
