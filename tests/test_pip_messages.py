@@ -765,3 +765,21 @@ def test_two_lines_held_back_by_one_base_pin_never_call_a_release_missing_that_r
     again = PipStep(pip_bases, tmp_path / "two", cure_wheels, base, installer=installer)
     done = again.run([f"{name}=={version}" for name, version in pins.items()])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_check_that_fails_to_run_leaves_the_step_its_line_with_the_cure_marked_unchecked(tmp_path, monkeypatch):
+    import sys
+
+    from tests.support import guard_module
+
+    guard = guard_module()
+
+    def broken(command, watch, limit_s=0.0):
+        raise OSError("no such installer")
+
+    monkeypatch.setattr(sys.modules["pip_cures"], "run", broken)
+    (tmp_path / "requirements.txt").write_text("oldapp>=0.5\n")
+    watch = guard.Watch({"numlib": [("numlib==2.1.0", ORIGIN)]})
+    watch.cures = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
+    said = watch.cure("numlib", "oldapp", "numlib<2")
+    assert said.count("(not checked: ") == 2 and "pip.unpin: [numlib]" in said, said

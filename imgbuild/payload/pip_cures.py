@@ -65,11 +65,13 @@ class Cures:
         with the base. None: the resolver could not be asked, or the failure was not one line's to say."""
         key = ("pin", canon(package), canon(without))
         if key not in self.answers:
-            self.answers[key] = self._pins(canon(package), canon(without))
+            self.answers[key] = _guarded(self._pins, canon(package), canon(without))
         return self.answers[key]
 
     def _pins(self, package, without):
         asked, options, lines = recipe_lines(self.command)
+        if any("--hash" in line for line in lines):  # hash-checking mode: a line changed here has no hash to check
+            return None
         named = {canon(requirement_name(line)): line for line in lines}
         freed, dropped = [package], []
         for _ in range(1 if without else PIN_ROUNDS):
@@ -124,7 +126,7 @@ class Cures:
         distribution that needs one kept at its version; ((), why not) when it does not; None: not asked."""
         key = ("unpin", canon(dep), want)
         if key not in self.answers:
-            self.answers[key] = self._unpin(canon(dep), want)
+            self.answers[key] = _guarded(self._unpin, canon(dep), want)
         return self.answers[key]
 
     def _unpin(self, dep, want):
@@ -226,6 +228,14 @@ def backtrack_cure(cures, name):
         return f"pin {name}=={version} (the newest release that resolves with the base)"
     unsure = " (not checked: the resolver did not say which release fits)" if cures else ""
     return f"pin {name} to a version made for the base{unsure}"
+
+
+def _guarded(question, *args):
+    """A check's answer, or None (not asked) where asking failed: a check never fails the step's own line."""
+    try:
+        return question(*args)
+    except Exception:  # noqa: BLE001 - best effort, as the index's answers are: the cure is then printed unchecked
+        return None
 
 
 def _standing(watch, freed):
