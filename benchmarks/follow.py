@@ -37,6 +37,8 @@ BROUGHT = re.compile(
 #: NGC's pre-release framework: "... drop the pin, or write it to admit the pre-release (torch>=2.9.0a0)"
 PRERELEASE = re.compile(rf"write it to admit the pre-release \(({NAME})(>=[^)\s]+)\)")
 BY_VERSION = re.compile(rf"ask for (?:it|this one) by its version \(({NAME})==([^)\s]+)\)")
+#: the pin the guard asked the resolver for before naming it
+PIN = re.compile(rf"pin ({NAME})==([^\s,;()]+) \(the newest release that resolves with the base\)")
 RESTORE = re.compile(rf"pin ({NAME}) to the release {NAME} was made for \(({NAME}[<>=!~][^)\s]+)\)")
 TOOL = re.compile(rf"add ({NAME}) to pip\.packages")
 ACCEPT = re.compile(r"smoke\.accept_pip_check: \[([^\]\n]+)\]")
@@ -50,7 +52,7 @@ DROP = re.compile(
 LOCK = re.compile(r"run imgbuild lock")
 #: the cures other than dropping the line: a refusal that names one of them is cured by it
 CURES = (APT, NO_ISOLATION, UNPIN, OTHER_CUDA, EXTRA_LACKS, CUDA_BUILD, BROUGHT, PRERELEASE, BY_VERSION, RESTORE, TOOL)
-CURES += (ACCEPT,)
+CURES += (ACCEPT, PIN)
 #: a plan-time refusal at its place: FILE:LINE:COL: pip.requirements: ... or pip.packages[I]: ...
 LOCATED = re.compile(r"(\S+?):([0-9]+):[0-9]+: pip\.(?:requirements|packages\[([0-9]+)\]): (.*)")
 
@@ -165,6 +167,7 @@ REPLACES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[str, str]
     (BROUGHT, lambda m: (m.group(1), m.group(2))),  # faiss-gpu -> faiss-gpu-cu13
     (PRERELEASE, lambda m: (m.group(1), m.group(1) + m.group(2))),  # torch>=2.9 -> torch>=2.9.0a0
     (BY_VERSION, lambda m: (m.group(1), f"{m.group(1)}=={m.group(2)}")),
+    (PIN, lambda m: (m.group(1), f"{m.group(1)}=={m.group(2)}")),  # app<2 -> app==2.0, the release that resolves
 )
 
 

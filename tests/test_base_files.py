@@ -35,6 +35,8 @@ def env(tmp_path, pip_bases):
     _wheel(wheels, "friend", "2.0", {"friend/__init__.py": b"", "gns/__init__.py": b""})
     _wheel(wheels, "squatter", "0.1", {"basetool/__init__.py": b"import os\n"})
     _wheel(wheels, "needs-squatter", "3.0", {"needs_squatter/__init__.py": b""}, ("squatter",))
+    _wheel(wheels, "wraps-squatter", "1.0", {"wraps_squatter/__init__.py": b""})
+    _wheel(wheels, "wraps-squatter", "2.0", {"wraps_squatter/__init__.py": b""}, ("squatter",))
     venv, guard = tmp_path / "venv", guard_folder(tmp_path / "pip")
     pip_bases.copy(venv, wheels, ["nvidia-cudnn-cu13", "basetool==1.0"], with_pip=False)
     python = venv / "bin" / "python"
@@ -58,7 +60,8 @@ def test_a_dependency_for_another_cuda_that_writes_over_the_bases_cudnn_fails_th
         "imgbuild: pip step failed: nvidia-cudnn-cu12 9.10.2.21 (needed by jax-cuda12-plugin 0.7.2) would overwrite "
         "1 file(s) of the base's nvidia-cudnn-cu13 9.20.0.48 (nvidia/cudnn/lib/libcudnn.so.9); the base's files "
         "are protected, so this layer is not kept: nvidia-cudnn-cu12 is built for CUDA 12 and the base has CUDA 13: "
-        "ask for the CUDA 13 build of jax-cuda12-plugin (e.g. its cuda13 extra or -cu13 name), or drop it"
+        "ask for the CUDA 13 build of jax-cuda12-plugin, or drop it, or use a base with CUDA 12 (the index could not "
+        "be asked whether it has jax-cuda13-plugin)"  # --no-index: no index to ask
     )
 
 
@@ -68,8 +71,23 @@ def test_a_package_of_another_name_over_a_base_module_names_who_asked_and_the_cu
     assert proc.stdout.strip().splitlines()[-1] == (
         "imgbuild: pip step failed: squatter 0.1 (needed by needs-squatter 3.0) would overwrite 1 file(s) of the "
         "base's basetool 1.0 (basetool/__init__.py); the base's files are protected, so this layer is not kept: "
-        "pin needs-squatter to a release that does not need squatter, or drop it"
+        "drop needs-squatter: no release of it resolves without squatter"  # its one release needs it
     )
+
+
+def test_the_release_that_does_without_the_squatter_is_named_only_as_the_resolver_finds_it_and_installs(env):
+    proc = env("wraps-squatter")
+    assert proc.returncode == 1
+    assert (
+        proc.stdout.strip()
+        .splitlines()[-1]
+        .endswith(
+            "this layer is not kept: pin wraps-squatter==1.0 (the newest release that resolves without squatter), or "
+            "drop it"
+        )
+    ), proc.stdout
+    followed = env("wraps-squatter==1.0")
+    assert followed.returncode == 0, followed.stdout + followed.stderr
 
 
 def test_a_package_the_recipe_names_over_a_base_module_is_named_as_the_recipes(env):
@@ -204,6 +222,31 @@ def test_a_cure_that_names_a_package_or_an_extra_is_printed_only_where_the_recip
     else:
         assert faiss.endswith("or drop it; the index could not be asked whether it has faiss-gpu-cu13)"), faiss
         assert spacy_line.endswith("; the index could not be asked whether it has spacy[cuda13x])"), spacy_line
+
+
+def test_an_extra_the_project_lacks_is_cured_by_what_its_extra_brings_only_where_the_index_has_that():
+    """spacy[cuda13x] does not exist, and its cure is spacy beside cupy-cuda13x: named only where the index has
+    cupy-cuda13x; where it does not, what would be needed is said and no package is invented."""
+    from imgbuild.pipeline.baserules import extra_cure
+
+    extras = {"cuda11x": ("cupy-cuda11x",), "cuda12x": ("cupy-cuda12x",), "lookups": ()}
+    asked: list[str] = []
+
+    def index(answer: bool | None):
+        return lambda name: asked.append(name) or answer
+
+    there = extra_cure("spacy[cuda13x]", extras, index(True))
+    assert asked == ["cupy-cuda13x"]
+    assert there.startswith("spacy declares no [cuda13x] extra: ask for spacy and cupy-cuda13x"), there
+    missing = extra_cure("spacy[cuda13x]", extras, index(False))
+    assert "ask for" not in missing, missing
+    assert missing == (
+        "spacy declares no [cuda13x] extra, and the index has no cupy-cuda13x (the CUDA 13 build of what its "
+        "[cuda12x] extra brings): what would be needed is a CUDA 13 build of cupy-cuda12x; drop it, or use a base "
+        "with CUDA 12"
+    )
+    unsure = extra_cure("spacy[cuda13x]", extras, index(None))
+    assert unsure.endswith("or drop it; the index could not be asked whether it has cupy-cuda13x"), unsure
 
 
 # --- the real pip step on the CUDA 13 stand-in, whose cuDNN is NVIDIA's nvidia-cudnn-cu13 wheel ------------

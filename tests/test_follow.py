@@ -226,7 +226,7 @@ def test_an_extra_the_project_lacks_is_cured_by_the_project_and_the_cuda_build_o
     from imgbuild.pipeline.baserules import extra_cure
 
     recipe.write_text(RECIPE.replace('"jax[cuda12]"', '"spacy[cuda12x]"'))
-    cure = extra_cure("spacy[cuda13x]", {"cuda11x": ("cupy-cuda11x",), "cuda12x": ("cupy-cuda12x",)})
+    cure = extra_cure("spacy[cuda13x]", {"cuda11x": ("cupy-cuda11x",), "cuda12x": ("cupy-cuda12x",)}, lambda n: True)
     said = f"imgbuild: r.yaml:4:22: pip.packages[1]: spacy[cuda12x] is built for CUDA 12 ({cure})"
     assert follow(said, recipe, _never) == "asked for spacy and cupy-cuda13x"
     assert _field(recipe, "pip", "packages") == ["einops", "spacy", "srcpkg", "cupy-cuda13x"]

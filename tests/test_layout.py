@@ -230,16 +230,12 @@ def test_what_runs_inside_images_imports_only_the_stdlib(script):
         assert all(n.level == 1 for n in relative) and named <= siblings, named - siblings
     beside = {
         "payload/pip_guard.py": {
-            "owners",
-            "pip_versions",
-            "pip_index",
-            "pip_pages",
-            "pip_words",
-            "pip_bounds",
-            "pip_alike",
+            *("owners", "pip_versions", "pip_index", "pip_pages", "pip_words", "pip_bounds", "pip_alike"),
+            "pip_cures",
         },
         "payload/pip_pages.py": {"pip_versions", "pip_index", "pip_words"},
         "payload/pip_alike.py": {"pip_versions", "pip_index", "pip_words", "pip_bounds"},
+        "payload/pip_cures.py": {"pip_versions", "pip_index", "pip_bounds"},
         "payload/pip_owners.py": {"pip_versions"},
         "payload/pip_index.py": {"pip_versions"},
         "payload/lock_resolve.py": {"pip_versions", "pip_words"},  # the pip step's own, written beside install.sh

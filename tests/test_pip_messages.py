@@ -9,7 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
+from imgbuild.payload.pip_versions import canon
 from tests.pipstep import INSTALLERS, PipStep, wheel
 
 ORIGIN = "a freeze of the base's packages"
@@ -75,8 +79,8 @@ def test_a_dependency_against_the_lock_names_the_package_that_asked_and_the_lock
 def test_a_dependency_against_the_base_names_the_base_and_where_its_pins_came_from(step):
     said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
     assert said == (
-        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
-        "for the base, drop it, or let pip move numlib: pip.unpin: [numlib]"
+        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): let pip move numlib: "
+        "pip.unpin: [numlib], or drop oldapp (no release of oldapp resolves with the base as it is)"
     )
 
 
@@ -144,7 +148,11 @@ def test_the_bases_framework_is_never_offered_to_pip_unpin(tmp_path, pip_bases, 
     """A base pin may be let go (pip.unpin), but not the framework's (framework.txt, as render writes it)."""
     step = PipStep(pip_bases, tmp_path, wheels, ["numlib==2.1.0"], frameworks=("numlib",), installer=installer)
     said = step.failure(step.run(["oldapp"]))
-    assert said.endswith("pin oldapp to a version made for the base, or drop it"), said
+    assert "pip.unpin" not in said, said
+    assert said.endswith(
+        "drop oldapp: no release of oldapp resolves with the base's numlib==2.1.0; what would be "
+        "needed is a base whose packages admit one"
+    ), said
 
 
 @pytest.mark.parametrize(
@@ -267,8 +275,9 @@ def test_a_pre_release_the_recipe_did_not_ask_for_fails_and_names_the_pin(prerel
     said = prerelease_step.failure(prerelease_step.run(["oldtf"]))
     assert said == (
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
-        "oldtf fits the base's pins and the recipe's other packages; pin oldtf to a release made for this base, or "
-        "ask for this one by its version (oldtf==2.1.0.dev2)"
+        "oldtf fits the base's pins and the recipe's other packages, so none is there to pin: ask for this one by its "
+        "version (oldtf==2.1.0.dev2) if it is what you want; else drop oldtf, or use a base whose pins admit a final "
+        "release of oldtf"
     )
 
 
@@ -295,13 +304,16 @@ def test_a_pre_release_fallback_names_what_holds_the_newest_release_back(tmp_pat
         index.close()
     held = "numlib==1.26.4, but the base holds numlib==2.1.0 (from a freeze of the base's packages)"
     if installer == "pip":  # pip takes no pre-release while a final release exists: it names the conflict itself
-        assert said.startswith(f"oldtf 2.20.0 needs {held}: pin oldtf to a version made for the base"), said
+        assert said.startswith(f"oldtf 2.20.0 needs {held}: let pip move numlib: pip.unpin: [numlib], or drop oldtf"), (
+            said
+        )
         return
     assert said == (  # uv names the range it ruled out
         "the resolver fell back to oldtf 2.1.0.dev2, a pre-release the recipe did not ask for: no final release of "
-        "oldtf fits the base's pins and the recipe's other packages; the newest, oldtf 2.20.0, is held back: "
-        f"oldtf >=2.20.0 needs {held}; pin oldtf to a release made for this base, or ask for this one by its version "
-        "(oldtf==2.1.0.dev2)"
+        "oldtf fits the base's pins and the recipe's other packages, so none is there to pin; the newest, oldtf "
+        f"2.20.0, is held back: oldtf >=2.20.0 needs {held}; pip.unpin: [numlib] lets the resolver take oldtf 2.20.0 "
+        "(asked of it): ask for this one by its version (oldtf==2.1.0.dev2) if it is what you want; else drop oldtf, "
+        "or use a base whose pins admit a final release of oldtf"
     )
 
 
@@ -803,3 +815,208 @@ def test_a_plain_http_page_pip_will_not_read_is_named_with_its_cure():
     said = watch.failure("the base's pins")
     assert said.startswith("pyg_lib: pip read nothing from the plain-http index or find-links page at 192.0.2.2"), said
     assert "add 192.0.2.2 to pip.trusted_hosts" in said and "typo" not in said
+
+
+@pytest.fixture(scope="module")
+def cure_wheels(tmp_path_factory):
+    """Releases whose cures can be followed: numlib and abslib as the base pins them and older, a base package
+    (holder) that needs numlib>=2, packages that need the older ones, and app whose newer release needs numlib>=2."""
+    folder = tmp_path_factory.mktemp("cure-wheels")
+    for version in ("1.26.4", "2.1.0"):
+        wheel(folder, "numlib", version, {"numlib/__init__.py": b""})
+    for version in ("1.4.0", "2.0.0"):
+        wheel(folder, "abslib", version, {"abslib/__init__.py": b""})
+    wheel(folder, "holder", "1.0", {"holder/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "oldapp", "0.9", {"oldapp/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "tfmot", "0.8", {"tfmot/__init__.py": b""}, ("numlib<2", "abslib<2"))
+    wheel(folder, "app", "1.0", {"app_one/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "app", "2.0", {"app_two/__init__.py": b""}, ("numlib>=2",))
+    wheel(folder, "bapp", "1.0", {"bapp_one/__init__.py": b""}, ("numlib<2",))
+    wheel(folder, "bapp", "2.0", {"bapp_two/__init__.py": b""}, ("numlib>=2",))
+    return folder
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_an_unpin_that_would_break_a_base_package_is_not_offered_and_that_package_is_named(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    """Unpinning numlib resolves (the installer never asks the base's holder again) but leaves holder, which needs
+    numlib>=2, broken: no unpin is offered, nor a pin of oldapp, which has no release for the base; what would be
+    needed is said."""
+    from benchmarks.follow import PIN, UNPIN
+
+    step = PipStep(pip_bases, tmp_path, cure_wheels, ["numlib==2.1.0", "holder==1.0"], installer=installer)
+    said = step.failure(step.run(["oldapp"]))
+    assert not UNPIN.search(said) and not PIN.search(said), said
+    assert said.endswith(
+        "drop oldapp: no release of oldapp resolves with the base's numlib==2.1.0, and pip.unpin: [numlib] cannot "
+        "help (the base's holder 1.0 needs numlib>=2); what would be needed is a base whose numlib admits numlib<2"
+    ), said
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_every_base_pin_in_the_way_is_unpinned_in_one_line_and_following_it_installs(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    """tfmot needs older numlib and abslib than the base pins: one round names both, and the step with them
+    unpinned installs (the cure is asked of the resolver before it is printed)."""
+    from benchmarks.follow import UNPIN, imgbuilds_words
+
+    base = ["numlib==2.1.0", "abslib==2.0.0"]
+    step = PipStep(pip_bases, tmp_path / "one", cure_wheels, base, installer=installer)
+    first = step.run(["tfmot"])
+    said = step.failure(first)
+    curing = [line for line in imgbuilds_words(first.stdout) if UNPIN.search(line)]
+    assert len(curing) == 1 and curing[0].startswith("imgbuild: pip step failed: "), curing  # no check reads as one
+    found = UNPIN.search(said)
+    assert found and sorted(found.group(1).split(", ")) == ["abslib", "numlib"], said
+    assert "pin tfmot" not in said, said  # its one release needs both: no pin is a cure
+    again = PipStep(pip_bases, tmp_path / "two", cure_wheels, base, installer=installer)
+    done = again.run(["tfmot"], unpin="\n".join(found.group(1).split(", ")) + "\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_a_pin_cure_names_the_release_that_resolves_and_following_it_installs(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    from benchmarks.follow import PIN
+
+    step = PipStep(pip_bases, tmp_path / "one", cure_wheels, ["numlib==2.1.0"], installer=installer)
+    said = step.failure(step.run(["app<2"]))
+    found = PIN.search(said)
+    assert found and found.group(1, 2) == ("app", "2.0"), said
+    again = PipStep(pip_bases, tmp_path / "two", cure_wheels, ["numlib==2.1.0"], installer=installer)
+    done = again.run([f"app=={found.group(2)}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+BASES = (["numlib==2.1.0"], ["numlib==2.1.0", "abslib==2.0.0"], ["numlib==2.1.0", "holder==1.0"])
+ASKS = ("oldapp", "tfmot", "app", "app<2", "app==1.0", "abslib<2", "numlib<2")
+
+
+@given(base=st.sampled_from(BASES), asked=st.lists(st.sampled_from(ASKS), min_size=1, max_size=2, unique=True))
+@hypothesis_settings(
+    derandomize=True, max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_each_cure_the_guard_prints_installs_when_followed(tmp_path_factory, pip_bases, cure_wheels, base, asked):
+    """Generated recipes and bases, uv the oracle: every pin and unpin a failure line names, applied as the
+    scripted user applies them, gives a step that installs; none leads back to a failure."""
+    from benchmarks.follow import PIN, UNPIN
+
+    folder = tmp_path_factory.mktemp("follow")
+    step = PipStep(pip_bases, folder / "one", cure_wheels, base, installer="uv")
+    first = step.run(asked)
+    if first.returncode == 0:
+        return
+    said = step.failure(first)
+    pins = {canon(m.group(1)): f"{m.group(1)}=={m.group(2)}" for m in PIN.finditer(said)}
+    unpin = [name for m in UNPIN.finditer(said) for name in m.group(1).split(", ")]
+    if not pins and not unpin:
+        return  # no cure to follow: the line says what would be needed
+    followed = [pins.get(canon(re.split(r"[<>=]", line)[0]), line) for line in asked]
+    again = PipStep(pip_bases, folder / "two", cure_wheels, base, installer="uv")
+    done = again.run(followed, unpin="".join(f"{n}\n" for n in unpin))
+    assert done.returncode == 0, f"{asked} on {base}: {said}\nfollowed: {followed} unpin {unpin}\n{done.stdout}"
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+@pytest.mark.parametrize(
+    ("releases", "cure"),
+    [
+        (("1.0", "2.0"), "pin plug==1.0 (the newest release that resolves with the base), or drop plug"),
+        (("2.0",), "drop plug: no release of plug resolves with the base's fwk==2.9.0a0"),  # no older release exists
+    ],
+)
+def test_ngcs_pre_release_trap_names_the_older_release_that_resolves_or_none(
+    tmp_path, pip_bases, installer, releases, cure
+):
+    """plug 2.0 needs fwk>=2.9, which NGC's fwk 2.9.0a0 does not meet: the older release is named by its version
+    where one resolves with the base (and following it installs), and none is invented where none exists."""
+    from benchmarks.follow import PIN
+
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    wheel(folder, "fwk", "2.9.0a0", {"fwk/__init__.py": b""})
+    for version in releases:
+        wheel(folder, "plug", version, {"plug/__init__.py": b""}, ("fwk>=2.9" if version == "2.0" else "fwk>=2.0",))
+    step = PipStep(pip_bases, tmp_path / "one", folder, ["fwk==2.9.0a0"], frameworks=("fwk",), installer=installer)
+    said = step.failure(step.run(["plug>=2"]))
+    assert "NGC" in said or "pre-release" in said, said
+    assert cure in said, said
+    if found := PIN.search(said):
+        again = PipStep(pip_bases, tmp_path / "two", folder, ["fwk==2.9.0a0"], frameworks=("fwk",), installer=installer)
+        done = again.run([f"plug=={found.group(2)}"])
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_cure_the_resolver_could_not_be_asked_of_in_time_is_said_to_be_unchecked(tmp_path, monkeypatch):
+    """The checks are bounded: a resolve past its time (or past the step's budget for them) answers nothing, and
+    the cure is printed as the failure suggests it, marked as not checked, never as checked."""
+    import sys
+
+    from tests.support import guard_module
+
+    guard = guard_module()
+    asked: list[list[str]] = []
+
+    def stopped(command, watch, limit_s=0.0):
+        asked.append(command)
+        assert 0 < limit_s <= sys.modules["pip_cures"].CHECK_SECONDS
+        return f"past {limit_s:.0f} s"
+
+    monkeypatch.setattr(sys.modules["pip_cures"], "run", stopped)
+    (tmp_path / "requirements.txt").write_text("oldapp>=0.5\n")
+    watch = guard.Watch({"numlib": [("numlib==2.1.0", ORIGIN)]})
+    watch.cures = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
+    said = watch.cure("numlib", "oldapp", "numlib<2")
+    unchecked = " (not checked: the resolver did not answer it in time, or not for one line)"
+    assert said == (
+        f"pin oldapp to a version made for the base, drop it{unchecked}, or let pip move numlib: pip.unpin: [numlib]"
+        f"{unchecked}"
+    )
+    assert len(asked) == 2 and all("--dry-run" in command for command in asked), asked
+    monkeypatch.setattr(sys.modules["pip_cures"], "CHECK_BUDGET", 0.0)
+    spent = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
+    assert spent.pin("oldapp") is None and len(asked) == 2  # the budget spent: not even asked
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_two_lines_held_back_by_one_base_pin_never_call_a_release_missing_that_resolves(
+    tmp_path, pip_bases, cure_wheels, installer
+):
+    """app<2 and bapp<2 both exclude the releases made for the base's numlib, which holder keeps: uv names both pins
+    in one line (and following them installs); pip names only the last package it backtracked through, and the
+    line says app 2.0 resolves with the base, never that no release of app does."""
+    from benchmarks.follow import PIN
+
+    base = ["numlib==2.1.0", "holder==1.0"]
+    step = PipStep(pip_bases, tmp_path / "one", cure_wheels, base, installer=installer)
+    said = step.failure(step.run(["app<2", "bapp<2"]))
+    assert "no release of app" not in said and "no release of bapp" not in said, said
+    if installer == "pip":
+        assert "app==2.0 resolves with the base alone, but not beside the recipe's other lines" in said, said
+        return
+    pins = {m.group(1): m.group(2) for m in PIN.finditer(said)}
+    assert pins == {"app": "2.0", "bapp": "2.0"}, said
+    again = PipStep(pip_bases, tmp_path / "two", cure_wheels, base, installer=installer)
+    done = again.run([f"{name}=={version}" for name, version in pins.items()])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_check_that_fails_to_run_leaves_the_step_its_line_with_the_cure_marked_unchecked(tmp_path, monkeypatch):
+    import sys
+
+    from tests.support import guard_module
+
+    guard = guard_module()
+
+    def broken(command, watch, limit_s=0.0):
+        raise OSError("no such installer")
+
+    monkeypatch.setattr(sys.modules["pip_cures"], "run", broken)
+    (tmp_path / "requirements.txt").write_text("oldapp>=0.5\n")
+    watch = guard.Watch({"numlib": [("numlib==2.1.0", ORIGIN)]})
+    watch.cures = guard.Cures(["uv", "pip", "install", "-r", str(tmp_path / "requirements.txt")], ORIGIN, guard.Watch)
+    said = watch.cure("numlib", "oldapp", "numlib<2")
+    assert said.count("(not checked: ") == 2 and "pip.unpin: [numlib]" in said, said

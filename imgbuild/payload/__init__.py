@@ -1,9 +1,9 @@
 """What runs inside images, stdlib and the framework only: the smoke test (smoke/, a package by check), the base's
 stack by its bytes (stack_check), the engine's GPU read (engine_gpus), a base's pins (base_pins), whether an image
 has jupyter (has_jupyter), `imgbuild lock`'s resolver (lock_resolve), and the pip step's guard (pip_guard) with what
-it imports beside it (pip_owners, pip_versions, pip_index, pip_pages, pip_words, pip_bounds, pip_alike). The scripts
-imgbuild runs in an image for an answer are declared in `probes`, each with its marker. The templates folder holds
-the Dockerfiles and the build's shell scripts."""
+it imports beside it (pip_owners, pip_versions, pip_index, pip_pages, pip_words, pip_bounds, pip_alike,
+pip_cures). The scripts imgbuild runs in an image for an answer are declared in `probes`, each with its marker. The
+templates folder holds the Dockerfiles and the build's shell scripts."""
 
 from pathlib import Path
 
@@ -18,6 +18,7 @@ PIP_SCRIPTS = {
     "pip_bounds.py": "pip_bounds.py",
     "pip_alike.py": "pip_alike.py",
     "pip_pages.py": "pip_pages.py",
+    "pip_cures.py": "pip_cures.py",
 }
 
 #: The smoke test, a package by check: copied into every image's context as a folder and run inside the image.

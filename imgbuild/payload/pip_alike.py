@@ -1,16 +1,57 @@
-"""The other packages of a failed pip step whose source builds ask for the base's framework in the installer's
-isolated build environment, for guard.py beside it (`builds_alike`), found by resolving again, resolved only.
-Stdlib only: it runs in the base.
+"""Source builds of a failed pip step, for guard.py beside it: the cure for those that ask for the base's framework
+in the installer's isolated build environment (`isolation_cure`), the cure for each build tool the base lacks
+(`tool_cure`), and the other packages whose builds need the same cure (`builds_alike`), found by resolving again,
+resolved only. Stdlib only: it runs in the base.
 """
 
 import os
+import shutil
 
 from pip_bounds import run
 from pip_index import by_itself, dry_run, recipe_names
 from pip_versions import canon
-from pip_words import spoken
+from pip_words import nvcc_cure, spoken
 
 ALIKE_ROUNDS = 32  # dry runs, each a resolve: the same cure found for up to this many more packages
+TOOL_KINDS = ("nvcc", "ninja", "headers", "compiler")  # the build tools a failed source build names
+NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
+
+
+def isolation_cure(names, then="", framework=""):
+    """The line for source builds of `names` that need the base's framework in the installer's isolated build
+    environment: asked for by name (`framework`, uv's words) or imported (pip's), the field that cures them, a
+    compiler the base lacks (they will compile here once built against the base), and `then`: what fails after."""
+    names = sorted({n for n in names if n})
+    what = f"building {spoken(names)}" if names else "building a package from source"
+    who, many = ", ".join(names) or "the package", len(names) > 1
+    it, builds, asks, imports = ("them", "build", "ask", "import") if many else ("it", "builds", "asks", "imports")
+    compiler = "" if shutil.which("c++") or shutil.which("g++") else NO_COMPILER
+    then = f"; then {then}" if then else ""
+    if framework:
+        return (
+            f"{what} {asks} for {framework} in {'their' if many else 'its'} isolated build environment, which would "
+            f"build {it} against another {framework} than the base's: add {who} to pip.no_build_isolation, so that "
+            f"{'they' if many else 'it'} {builds} against the base's own{compiler}{then}"
+        )
+    return (
+        f"{what} {imports} the base's framework, which the isolated build environment lacks: add {who} to "
+        f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own "
+        f"framework{compiler}{then}"
+    )
+
+
+def tool_cure(kind, what):
+    """The line for a source build (`what`) that found a build tool missing, by its kind (one of TOOL_KINDS) with
+    its cure; "" for no kind."""
+    if kind == "nvcc":
+        return f"{what} needs CUDA's compiler (nvcc), which the base lacks: {nvcc_cure()}"
+    if kind == "ninja":
+        return f"{what} needs the ninja build program, which the base lacks: add ninja to pip.packages"
+    if kind == "headers":
+        return f"{what} needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"
+    if kind == "compiler":
+        return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
+    return ""
 
 
 def builds_alike(command, watch, tools=()):

@@ -77,8 +77,9 @@ def stop(proc):
             continue
 
 
-def run(command, watch):
-    """pip's exit status, or (text) the reason a bound stopped it."""
+def run(command, watch, limit_s=0.0):
+    """pip's exit status, or (text) the reason a bound stopped it; `limit_s`: a bound of the caller's own on the
+    whole run (a check's resolve), beside the step's."""
     start, start_rx = time.monotonic(), received_bytes()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -93,7 +94,7 @@ def run(command, watch):
     while proc.poll() is None:
         time.sleep(0.2)
         elapsed, got = time.monotonic() - start, received_bytes() - start_rx
-        reason = over(watch, elapsed, got)
+        reason = over(watch, elapsed, got) or (f"past {limit_s:.0f} s" if limit_s and elapsed > limit_s else "")
         if reason:
             stop(proc)
             reader.join(timeout=5)

@@ -14,13 +14,13 @@ this script): a distribution of another name writing over one fails the step, so
 import functools
 import os
 import re
-import shutil
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its helpers beside it, however it is loaded
-from pip_alike import builds_alike  # noqa: E402
+from pip_alike import TOOL_KINDS, builds_alike, isolation_cure, tool_cure  # noqa: E402
 from pip_bounds import run  # noqa: E402
+from pip_cures import Cures, backtrack_cure, pin_cure, unpin_cure  # noqa: E402
 from pip_index import (  # noqa: E402
     fallback_held_back,
     old_release_line,
@@ -44,6 +44,7 @@ from pip_versions import (  # noqa: E402
     pin_sources,
     prerelease_trap,
     read_names,
+    resolver_cause,
 )
 from pip_words import (  # noqa: E402
     BACKTRACK,
@@ -66,7 +67,6 @@ from pip_words import (  # noqa: E402
     UV_DEPENDS_VIA,
     UV_NEEDS_REFUSED,
     UV_REQUIRES,
-    nvcc_cure,
     plain,
     spoken,
 )
@@ -100,6 +100,8 @@ class Watch:
         self.build_requires = False  # uv said it resolved a source build's `build-system.requires`
         self.installed = []  # (name, version) the installer said it installed (or would)
         self.named = named or {}  # canonical name -> the recipe's own clauses for it (pip_versions.named_specs)
+        self.cures = None  # pip_cures.Cures: the resolver, asked of each cure before it is printed (main sets it)
+        self.blocked = None  # (package, dependency, what it wants) of the conflict with a pin of the base it named
         self.last_line = time.monotonic()
 
     def see(self, raw):
@@ -211,7 +213,7 @@ class Watch:
             )
         return (
             f"; pip backtracked through {count} of {name}: each likely needs another version of a package "
-            f"the base pins (its framework?); pin {name} to a version made for the base"
+            f"the base pins (its framework?); {backtrack_cure(self.cures, name)}"
         )
 
     def causes(self, dep, want=""):
@@ -245,22 +247,23 @@ class Watch:
             return f"the recipe changed since its lock was written: run imgbuild lock (it re-resolves {dep})"
         if who and all(w.startswith("the recipe") for w in who):
             return f"loosen the recipe's constraint on {dep}, or drop {package}"
+        pin = pin_cure(self.cures, package, f"the base's {self.held.get(dep, dep)}")
         if (
             not who
             or dep in read_names(FRAMEWORK_FILE)
             or dep.startswith("nvidia-")
             or any("framework" in w for w in who)
         ):
-            return f"pin {package} to a version made for the base, or drop it"
+            return pin
         named = re.match(NAME, want)
         wanted = want[named.end() :] if named else ""
         for framework, chain, spec in framework_needs(dep, read_names(FRAMEWORK_FILE)):
             if admit_together(wanted, spec) is False:  # moving it would break the framework: no cure
                 return (
-                    f"pin {package} to a version made for the base, or drop it (pip.unpin: [{dep}] cannot help: the "
-                    f"base's {framework} needs {dep}{spec}{f' via {chain}' if chain else ''})"
+                    f"{pin} (pip.unpin: [{dep}] cannot help: the base's {framework} needs {dep}"
+                    f"{spec}{f' via {chain}' if chain else ''})"
                 )
-        return f"pin {package} to a version made for the base, drop it, or let pip move {dep}: pip.unpin: [{dep}]"
+        return unpin_cure(self.cures, pin, package, dep, wanted)
 
     def conflict(self, origin):
         """Which package needs what the base holds otherwise, from pip's "conflict is caused by" lines. A
@@ -271,9 +274,11 @@ class Watch:
                 trap = prerelease_trap(self.held[dep], want)
                 if trap:
                     named = f"{package} {version}" if version else f"every version of {package}"
+                    older = "an older release that admits it"
+                    cure = pin_cure(self.cures, package, f"the base's {self.held[dep]}", older)
                     return (
                         f"{named} needs {want}, which the base's {self.held[dep]} (from {origin}) does not meet: "
-                        f"{trap}; pin {package} to an older release that admits it, or drop it"
+                        f"{trap}; {cure}"
                     )
         for (package, dep), wanted in self.depends.items():
             if dep in self.held or dep in self.sources:
@@ -281,6 +286,12 @@ class Watch:
                 versions = f"{len(wanted)} versions of {package} need" if many else f"{package} {wanted[0][0]} needs"
                 if not wanted[0][0]:  # uv: "all versions of X depend on ..."
                     versions = f"every version of {package} needs"
+                if (
+                    dep in self.held
+                    and dep not in self.sources
+                    or any(not w.startswith(("the recipe", "imgbuild")) for _, w in self.causes(dep, wanted[0][1]))
+                ):
+                    self.blocked = (package, dep, wanted[0][1])
                 return (
                     f"{versions} {wanted[0][1]}{' (or similar)' if many else ''}, but "
                     f"{self.holders(dep, origin, wanted[0][1])}: {self.cure(dep, package, wanted[0][1])}"
@@ -381,16 +392,7 @@ class Watch:
 
     def build_tool(self, what):
         """The build tool a source build found missing, named with its cure; "" when none was."""
-        kind = self.missing_tool()
-        if kind == "nvcc":
-            return f"{what} needs CUDA's compiler (nvcc), which the base lacks: {nvcc_cure()}"
-        if kind == "ninja":
-            return f"{what} needs the ninja build program, which the base lacks: add ninja to pip.packages"
-        if kind == "headers":
-            return f"{what} needs Python's C headers (Python.h), which the base lacks: add apt: [python3-dev] to the recipe"  # noqa: E501
-        if kind == "compiler":
-            return f"{what} needs a C/C++ compiler, which the base lacks: add apt: [g++, python3-dev] to the recipe"
-        return ""
+        return tool_cure(self.missing_tool(), what)
 
     def whose(self, names):
         """Of `names` (the recipe's lines), the one whose build failed, else the one that asked for it; or ""."""
@@ -400,33 +402,6 @@ class Watch:
     def needs_the_framework(self):
         """Whether the failure is a source build asking for the base's framework in its isolated environment."""
         return bool(self.building) and (bool(self.build_framework) or "isolated" in self.kinds)
-
-
-TOOL_KINDS = ("nvcc", "ninja", "headers", "compiler")  # the build tools a failed source build names
-NO_COMPILER = "; it needs a C/C++ compiler too, which the base lacks: add apt: [g++, python3-dev]"
-
-
-def isolation_cure(names, then="", framework=""):
-    """The line for source builds of `names` that need the base's framework in the installer's isolated build
-    environment: asked for by name (`framework`, uv's words) or imported (pip's), the field that cures them, a
-    compiler the base lacks (they will compile here once built against the base), and `then`: what fails after."""
-    names = sorted({n for n in names if n})
-    what = f"building {spoken(names)}" if names else "building a package from source"
-    who, many = ", ".join(names) or "the package", len(names) > 1
-    it, builds, asks, imports = ("them", "build", "ask", "import") if many else ("it", "builds", "asks", "imports")
-    compiler = "" if shutil.which("c++") or shutil.which("g++") else NO_COMPILER
-    then = f"; then {then}" if then else ""
-    if framework:
-        return (
-            f"{what} {asks} for {framework} in {'their' if many else 'its'} isolated build environment, which would "
-            f"build {it} against another {framework} than the base's: add {who} to pip.no_build_isolation, so that "
-            f"{'they' if many else 'it'} {builds} against the base's own{compiler}{then}"
-        )
-    return (
-        f"{what} {imports} the base's framework, which the isolated build environment lacks: add {who} to "
-        f"pip.no_build_isolation, so that {'they' if many else 'it'} {builds} against the base's own "
-        f"framework{compiler}{then}"
-    )
 
 
 def why_not(command, origin, name, newest):
@@ -439,7 +414,19 @@ def why_not(command, origin, name, newest):
         print(f"imgbuild: asking the resolver why not {name} {newest}", flush=True)
         watch = Watch(pin_sources(asked, origin, read_names(FRAMEWORK_FILE)))
         outcome = run(asked, watch)
-    return watch.failure(origin) if outcome != 0 and not isinstance(outcome, str) else ""
+        if outcome == 0 or isinstance(outcome, str):
+            return ""
+        why = resolver_cause(watch.failure(origin))
+        if not watch.blocked:
+            return why
+        _, dep, want = watch.blocked  # a base pin holds it back: would letting it go (pip.unpin) take the newest?
+        named = re.match(NAME, want)
+        answer = Cures(asked, origin, Watch, read_names(FRAMEWORK_FILE)).unpin(
+            dep, want[named.end() :] if named else ""
+        )
+        if answer and answer[0]:
+            why += f"; pip.unpin: [{', '.join(answer[0])}] lets the resolver take {name} {newest} (asked of it)"
+        return why
 
 
 def main(argv):
@@ -451,12 +438,15 @@ def main(argv):
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
     sources = pin_sources(command, origin, read_names(FRAMEWORK_FILE))
     watch = Watch(sources, named, find_links_pages(command), trusted_hosts(command))
+    watch.cures = Cures(command, origin, Watch, read_names(FRAMEWORK_FILE))
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before
-        why = protected(overwritten(before, owners(skip=present))) if before is not None else ""
+        has = functools.partial(project_on_index, command=command)
+        hits = overwritten(before, owners(skip=present)) if before is not None else {}
+        why = protected(hits, has=has, without=watch.cures.pin)
         if not why and before is not None:
-            why = other_cuda(watch.installed, has=lambda name: project_on_index(name, command))
+            why = other_cuda(watch.installed, has=has)
         ask = functools.partial(why_not, command, origin)
         if not why:  # the index and the resolver are asked only where there is a fallback to explain
             why = fallback_line(watch.installed, named, fallback_held_back(watch.installed, named, command, ask))
@@ -468,6 +458,8 @@ def main(argv):
             return 0
         print(f"imgbuild: pip step failed: {why}", flush=True)
         return 1
+    if isinstance(outcome, str):
+        watch.cures.spend()
     stopped = f"stopped: {outcome}{stopped_note(watch.pages, watch.trusted)}" if isinstance(outcome, str) else ""
     why = stopped or watch.failure(origin)
     tool = watch.build_tool(f"building {watch.building}") if watch.building else ""

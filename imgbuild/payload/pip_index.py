@@ -63,7 +63,7 @@ def index_urls(command, environ=os.environ):
     """The indexes the installer reads, as it is told: the requirement files' `--index-url` and
     `--extra-index-url`, then uv's and pip's environment, then pip.conf, then PyPI; none with `--no-index`."""
     options = _file_options(command)
-    if ("--no-index", "") in options:
+    if ("--no-index", "") in options or "--no-index" in command:  # in a requirements file or on the command line
         return []
     primary = next((value for option, value in options if option in ("--index-url", "-i")), "")
     extra = [value for option, value in options if option == "--extra-index-url"]

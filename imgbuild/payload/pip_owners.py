@@ -123,9 +123,11 @@ def cuda_build(name):
     return digits if len(digits) == 2 else digits[:2].lstrip("0") or None
 
 
-def protected(hits, paths=None, cuda_version=None):
+def protected(hits, paths=None, cuda_version=None, has=None, without=None):
     """One line on the first distribution that wrote over the base's files: which, who asked for it, whose
-    files, and the cure; "" when none did."""
+    files, and the cure, checked where it can be: `has(name)` (the index has the project: True, False, None), and
+    `without(package, name)` (the release of package the resolver picks with name refused: a version, "" for none,
+    None where it could not be asked); "" when none did."""
     if not hits:
         return ""
     (name, version), victims = sorted(hits.items())[0]
@@ -138,12 +140,15 @@ def protected(hits, paths=None, cuda_version=None):
     theirs = cuda_build(name)
     first = canon(asked[0].split()[0]) if asked else name
     if theirs and cuda.isascii() and cuda.isdigit() and theirs != cuda:
-        cure = (
-            f"{name} is built for CUDA {theirs} and the base has CUDA {cuda}: ask for the CUDA {cuda} "
-            f"build of {first} (e.g. its cuda{cuda} extra or -cu{cuda} name), or drop it"
-        )
+        cure = f"{name} is built for CUDA {theirs} and the base has CUDA {cuda}: "
+        cure += cuda_build_cure(first, theirs, cuda, has)
     elif asked:
+        release = without(first, name) if without is not None else None
         cure = f"pin {first} to a release that does not need {name}, or drop it"
+        if release:
+            cure = f"pin {first}=={release} (the newest release that resolves without {name}), or drop it"
+        elif release == "":
+            cure = f"drop {first}: no release of it resolves without {name}"
     else:
         cure = f"drop {name}: the base's {base} provides these files"
     others = f" (and {len(hits) - 1} other distribution(s))" if len(hits) > 1 else ""

@@ -179,8 +179,9 @@ def fallback_line(installed, named, held_back=""):
     because = f"; {held_back}" if held_back else ""
     return (
         f"the resolver fell back to {name} {version}, a pre-release the recipe did not ask for: no final release of "
-        f"{name} fits the base's pins and the recipe's other packages{because}; pin {name} to a release made for this "
-        f"base, or ask for this one by its version ({name}=={version})"
+        f"{name} fits the base's pins and the recipe's other packages, so none is there to pin{because}: ask for this "
+        f"one by its version ({name}=={version}) if it is what you want; else drop {name}, or use a base whose pins "
+        f"admit a final release of {name}"
     )
 
 
@@ -235,6 +236,24 @@ def framework_needs(dep, frameworks, limit=2000, requires=installed_requires):
                 elif child not in seen:
                     seen.add(child)
                     queue.append((child, chain + [name]))
+    return found
+
+
+def needing(dep, want, dists):
+    """(name, version, its clause on `dep`) of each of `dists` ((name, version, Requires-Dist lines): the base's
+    distributions) that needs `dep`, its extras' needs aside; with `want` (a clause list, "<2"), only those whose
+    clause `want` excludes altogether: moving `dep` there would break them."""
+    found = []
+    for name, version, lines in dists:
+        if canon(name) == dep:
+            continue
+        for line in lines:
+            req = REQUIREMENT.fullmatch(line)
+            if not req or canon(req.group(1)) != dep or "extra" in (req.group(3) or ""):
+                continue
+            need = req.group(2).replace(" ", "")
+            if not want or (need and admit_together(want, need) is False):
+                found.append((name, version, need))
     return found
 
 

@@ -10,9 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imgbuild.ngc import CUDA_BUILD_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORKS, cuda_build, cuda_major, is_cuda_library
-from imgbuild.payload.pip_versions import admit_together, framework_needs  # the pip step's own rule, at plan time
+from imgbuild.payload.pip_versions import (
+    admit_together,
+    framework_needs,
+    needing,
+)  # the pip step's own rule, at plan time
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from imgbuild.pipeline.plan import BaseImage
     from imgbuild.recipe.reqfile import Pin
 
@@ -70,7 +76,7 @@ def pin_conflict(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) ->
         return None
     pinned, version = pins[name]
     hint = f"pinned by {base.pins_origin or 'the base'}: drop the pin, or let pip move it with pip.unpin: [{pinned}]"
-    if blocked := framework_blocks(req, base):
+    if blocked := framework_blocks(req, base) or base_blocks(req, base):
         framework, chain, spec = blocked
         via = f" via {chain}" if chain else ""
         hint = (
@@ -103,6 +109,19 @@ def framework_blocks(req: Pin, base: BaseImage) -> tuple[str, str, str] | None:
         return None
     needs = framework_needs(str(canonicalize_name(req.name)), own.packages, requires=base.requirements_of)
     return next((need for need in needs if admit_together(str(req.specifier), need[2]) is False), None)
+
+
+def base_blocks(req: Pin, base: BaseImage) -> tuple[str, str, str] | None:
+    """(a base distribution, "", its clause) where one of the base's distributions needs a version
+    of `req`'s package that `req` excludes altogether (pip.unpin would break it), by the pip step's own rule
+    (pip_versions.needing); None when the base's requirements were not read or none does."""
+    from packaging.utils import canonicalize_name
+
+    if not base.requires or not req.specifier:
+        return None
+    dists = [(name, "", base.requirements_of(name)) for name in sorted(base.requires)]
+    found = needing(str(canonicalize_name(req.name)), str(req.specifier), dists)
+    return next(((name, "", need) for name, _, need in found), None)
 
 
 def base_refuses(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:
@@ -235,19 +254,29 @@ def for_cuda(word: str, major: str) -> str:
     return CUDA_BUILD_RE.sub(lambda m: m.group(0).replace(m.group(1), major), word)
 
 
-def extra_cure(need: str, extras: dict[str, tuple[str, ...]]) -> str:
+def extra_cure(need: str, extras: dict[str, tuple[str, ...]], has: Callable[[str], bool | None]) -> str:
     """The cure for an extra the project does not declare (`need`: spacy[cuda13x]), from the extras it does declare
     (`extras`: {extra: the distributions it brings}): the project, and the CUDA build of the base's major of what its
-    extra for another major brings (spacy and cupy-cuda13x); "" when no declared extra is another major's form."""
+    extra for another major brings (spacy and cupy-cuda13x), named only where `has` (the recipe's index) has each;
+    what would be needed where it lacks one; "" when no declared extra is another major's form."""
     name, _, wanted = need.rstrip("]").partition("[")
     major = cuda_build("-" + wanted)
     newest_first = sorted(extras.items(), key=lambda item: (cuda_build("-" + item[0]) or "").zfill(3), reverse=True)
     for extra, brings in newest_first:
         if major and extra != wanted and for_cuda("-" + extra, major)[1:] == wanted and brings:
             cured = [for_cuda(dist, major) for dist in brings]
+            found = {dist: has(dist) for dist in cured}
+            if lacking := [dist for dist, there in found.items() if there is False]:
+                return (
+                    f"{name} declares no [{wanted}] extra, and the index has no {', '.join(lacking)} (the CUDA "
+                    f"{major} build of what its [{extra}] extra brings): what would be needed is a CUDA {major} build "
+                    f"of {', '.join(brings)}; drop it, or use a base with CUDA {cuda_build('-' + extra)}"
+                )
+            unsure = [dist for dist, there in found.items() if there is None]
+            unchecked = f"; the index could not be asked whether it has {', '.join(unsure)}" if unsure else ""
             return (
                 f"{name} declares no [{wanted}] extra: ask for {name} and {', '.join(cured)} (the CUDA {major} build "
-                f"of what its [{extra}] extra brings), or drop it"
+                f"of what its [{extra}] extra brings), or drop it{unchecked}"
             )
     return ""
 

@@ -171,7 +171,7 @@ def cures_checked(loaded: LoadedRecipe, settings: Settings, offline: bool = Fals
             hint = problem.otherwise if found is False else problem.hint
             if found is False and "[" in problem.needs:  # an extra it lacks: name what its other extra brings
                 extras = extras_of(index, problem.needs.split("[")[0], verify=verify) or {}
-                hint = extra_cure(problem.needs, extras) or hint
+                hint = extra_cure(problem.needs, extras, has) or hint
             if found is None and problem.needs:
                 hint += f"; the index could not be asked whether it has {problem.needs}"
             problems.append(dataclasses.replace(problem, hint=hint, needs="", otherwise=""))
