@@ -134,7 +134,7 @@ def test_a_line_the_progress_cut_short_is_not_read_into_the_next(recipe, monkeyp
     from tests.support import guard_module
 
     guard = guard_module()
-    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     watch = guard.Watch()
     watch.building, watch.kinds = "srcpkg", {"isolated"}
     line = "imgbuild: pip step failed: " + watch.installing_failure()
@@ -198,7 +198,7 @@ def test_several_source_builds_named_in_one_line_are_all_built_against_the_base_
     from tests.support import guard_module
 
     guard = guard_module()
-    monkeypatch.setattr(guard.shutil, "which", lambda name: None)  # a slim base: no compiler
+    monkeypatch.setattr("shutil.which", lambda name: None)  # a slim base: no compiler
     watch = guard.Watch()
     watch.building, watch.kinds = "srcpkg", {"isolated"}
     said = "imgbuild: pip step failed: " + watch.installing_failure(["mamba-ssm", "causal-conv1d"])

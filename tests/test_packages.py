@@ -1151,7 +1151,7 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/..."""
 )
 def test_a_pip_failure_is_one_line_saying_which_kind_and_which_package(output, why, monkeypatch):
     guard = guard_module()
-    monkeypatch.setattr(guard.shutil, "which", lambda name: f"/usr/bin/{name}")  # a base with a compiler
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a base with a compiler
     watch = guard.Watch()
     for line in output.splitlines():
         watch.see(line.strip())
@@ -1162,7 +1162,7 @@ def test_a_source_build_to_be_built_against_the_base_names_the_compiler_the_base
     """torchsort on the slim stand-in took a round for pip.no_build_isolation and another for the compiler: the
     line that names the field names the compiler too, where the base has none."""
     guard = guard_module()
-    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     watch = guard.Watch()
     for line in ("error: Failed to download and build `srcpkg==1.0`", "ModuleNotFoundError: No module named 'torch'"):
         watch.see(line)

@@ -90,8 +90,8 @@ def test_a_narrow_terminal_leaves_each_installers_sentences_whole(step, monkeypa
     monkeypatch.setenv("COLUMNS", "40")
     said = as_pip_says(step.failure(step.run(["oldapp"])), "oldapp", "0.9")
     assert said == (
-        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): pin oldapp to a version made "
-        "for the base, drop it, or let pip move numlib: pip.unpin: [numlib]"
+        f"oldapp 0.9 needs numlib<2, but the base holds numlib==2.1.0 (from {ORIGIN}): let pip move numlib: "
+        "pip.unpin: [numlib], or drop oldapp (no release of oldapp resolves with the base as it is)"
     )
 
 
@@ -521,8 +521,8 @@ def test_each_installers_own_failure_output_is_one_line_naming_the_cause(install
         assert not watch.installed, command
 
 
-#: what a Watch is given by its caller, never read from a line
-WATCH_INPUTS = frozenset({"sources", "named", "pages", "trusted", "last_line"})
+#: what a Watch is given by its caller or works out when asked for its failure, never read from a line
+WATCH_INPUTS = frozenset({"sources", "named", "pages", "trusted", "last_line", "cures", "blocked"})
 #: the facts only one installer prints: which one, and why the other never does
 ONE_INSTALLER = {
     "versions": ("pip", "uv names no file it fetches (pip's Downloading lines, counted when it backtracks)"),
@@ -656,7 +656,7 @@ def test_every_apt_package_a_build_failure_names_passes_imgbuilds_own_apt_door(k
     from tests.support import guard_module
 
     guard = guard_module()
-    monkeypatch.setattr(guard.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     monkeypatch.setenv("CUDA_VERSION", "13.0.2.006")
     watch = guard.Watch()
     watch.building, watch.kinds = "srcpkg", {kind}
