@@ -258,7 +258,7 @@ def test_a_dependency_writing_over_the_stand_ins_cudnn_fails_the_pip_step_and_ta
 ):
     """`jaxish-plugin` (no CUDA in its name: the plan cannot know) needs `nvidia-cudnn-cu12`, whose wheel
     writes nvidia/cudnn/lib/libcudnn.so.9 as jax[cuda12]'s does: the step fails with the package, who asked,
-    whose file and the cure, and no image is tagged."""
+    whose file and the cure (its CUDA 13 build, asked of the index first), and no image is tagged."""
     import uuid
 
     from tests.conftest import bridge_gateway, run_cli
@@ -270,6 +270,7 @@ def test_a_dependency_writing_over_the_stand_ins_cudnn_fails_the_pip_step_and_ta
         gateway,
         {
             "jaxish-plugin": [Release("0.7.2", ["nvidia-cudnn-cu12"])],
+            "jaxish-plugin-cu13": [Release("0.7.2")],  # its CUDA 13 build, which the cure names once the index has it
             "nvidia-cudnn-cu12": [Release("9.10.2.21", files=cudnn12)],
         },
     )
@@ -288,7 +289,7 @@ def test_a_dependency_writing_over_the_stand_ins_cudnn_fails_the_pip_step_and_ta
         "nvidia-cudnn-cu12 9.10.2.21 (needed by jaxish-plugin 0.7.2) would overwrite 1 file(s) of the base's "
         "nvidia-cudnn-cu13 9.20.0.48 (nvidia/cudnn/lib/libcudnn.so.9)"
     ) in res.err, res.err[-3000:]
-    assert "ask for the CUDA 13 build of jaxish-plugin" in res.err
+    assert "ask for its CUDA 13 build, jaxish-plugin-cu13 (on the index), or use a base with CUDA 12" in res.err
     assert not [i for i in docker_client.images.list() if any(name in t for t in i.tags)]
 
 
