@@ -17,7 +17,7 @@ import time
 
 from pip_bounds import run
 from pip_index import dry_run, recipe_lines, requirement_name
-from pip_versions import canon, is_prerelease, needing, pin_sources, read_lines
+from pip_versions import canon, is_prerelease, needing, pin_sources, read_lines, resolver_cause
 
 CHECK_SECONDS = 120.0  # one resolve of a checked cure; past it the cure is printed as not checked
 CHECK_BUDGET = 240.0  # every check of one failed step together: past it, the rest are printed as not checked
@@ -149,7 +149,7 @@ class Cures:
             why = watch.failure(self.origin)  # names the conflict, and the base pin in it (watch.blocked)
             blocked = watch.blocked  # (package, dep, want) of the conflict that failed it, when a base pin holds
             if not blocked or blocked[1] in freed or blocked[1] in self.frameworks:
-                return (), why.rsplit("): ", 1)[0] + ")" if "): " in why else why
+                return (), resolver_cause(why)
             freed.append(blocked[1])
         return (), f"more than {UNPIN_ROUNDS} of the base's pins would have to move"
 
@@ -266,7 +266,7 @@ def dependents(dep, want):
 
 def _without_clause(line):
     """A requirement line with its version clause gone, its extras and marker kept: `x[a]>=2 ; m` -> `x[a] ; m`."""
-    found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*\s*(?:\[[^\]]*\])?)\s*[^;@]*(;.*)?$", line)
+    found = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*\s*(?:\[[^\]]*\])?)\s*[^;@]*(;.*)?", line)
     if not found or "@" in line:
         return line
     return found.group(1) + (f" {found.group(2)}" if found.group(2) else "")

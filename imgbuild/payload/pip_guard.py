@@ -169,9 +169,8 @@ class Watch:
         """Who asked for a package: pip says it on the line that names the package, uv after its failed build."""
         if found := PULLED.search(line):
             who, chain = (self.building, found.group(1)) if found.group(1) else found.group(2, 3)
-            chain = (
-                chain.split("->") if found.group(1) else re.findall(rf"`({NAME})(?:\[[^]`]*\])?`", chain)
-            )  # pip: a->b->-r file
+            # pip's "a->b->-r file", uv's "`parent[gpu]` (v1.0) depends on `cpkg`"
+            chain = chain.split("->") if found.group(1) else re.findall(rf"`({NAME})(?:\[[^]`]*\])?`", chain)
             named = [m.group(0) for m in (re.match(NAME, part) for part in chain) if m]
             self.pulled[canon(who)] = [n for n in named if canon(n) != canon(who)]
 
@@ -436,9 +435,9 @@ def main(argv):
     before = None if "--dry-run" in command else owners()
     present = dist_paths() if before is not None else set()
     named = named_specs(asked_lines(command))  # the recipe's own lines, read once for every judgement below
-    sources = pin_sources(command, origin, read_names(FRAMEWORK_FILE))
-    watch = Watch(sources, named, find_links_pages(command), trusted_hosts(command))
-    watch.cures = Cures(command, origin, Watch, read_names(FRAMEWORK_FILE))
+    frameworks = read_names(FRAMEWORK_FILE)
+    watch = Watch(pin_sources(command, origin, frameworks), named, find_links_pages(command), trusted_hosts(command))
+    watch.cures = Cures(command, origin, Watch, frameworks)
     outcome = run(command, watch)
     if outcome == 0:
         # what the install added or replaced: a distribution it left alone lists what it listed before

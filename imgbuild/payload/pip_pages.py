@@ -16,14 +16,14 @@ from pip_index import ARCHIVES, ATTRIBUTE, MACHINE, fetch, installable, requirem
 from pip_versions import canon  # beside it
 from pip_words import NAME  # beside it
 
-ANCHOR = re.compile(r"<a\b([^>]{0,8192})>", re.IGNORECASE)  # bounded: a tag that never closes costs nothing
+LINK_TAG = re.compile(r"<a\b([^>]{0,8192})>", re.IGNORECASE)  # bounded: a tag that never closes costs nothing
 
 
 def links_of(body):
     """[(file name, requires-python)] of each link of a page of links (PEP 503's HTML, as pip and uv read a
     find-links page): the file is the last part of the link's path, as the installers name it."""
     out = []
-    for attrs in ANCHOR.findall(body.decode("utf-8", errors="replace")):
+    for attrs in LINK_TAG.findall(body.decode("utf-8", errors="replace")):
         values = {k.lower(): html.unescape(a or b) for k, a, b in ATTRIBUTE.findall(attrs)}
         path = urllib.parse.urlsplit(values.get("href", "")).path
         if path:

@@ -88,9 +88,8 @@ PAGE_UNREAD = re.compile(r"Failed to read `--find-links` URL: (\S+)")
 IGNORED_HOST = re.compile(
     r"The repository located at ([A-Za-z0-9.:\[\]-]{1,255}) is not a trusted or secure host and is being ignored"
 )
-RETRIED_PATH = re.compile(
-    r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z"
-)  # searched: \Z is the very end, never before a newline
+#: searched: \Z is the very end, never before a newline
+RETRIED_PATH = re.compile(r"Retrying \(Retry\(.*\)\) after .*: (/\S*)\Z")
 #: (kind, the words in pip's output that say so: text, or a pattern where the words hold a path); the first kind
 #: seen wins, in this order.
 KINDS = (

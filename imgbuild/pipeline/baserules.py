@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imgbuild.ngc import CUDA_BUILD_RE, CUDA_PACKAGE_PREFIXES, FRAMEWORKS, cuda_build, cuda_major, is_cuda_library
-from imgbuild.payload.pip_versions import (
-    admit_together,
-    framework_needs,
-    needing,
-)  # the pip step's own rule, at plan time
+
+# the pip step's own rules, at plan time
+from imgbuild.payload.pip_versions import admit_together, framework_needs, needing
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -121,7 +119,7 @@ def base_blocks(req: Pin, base: BaseImage) -> tuple[str, str, str] | None:
         return None
     dists = [(name, "", base.requirements_of(name)) for name in sorted(base.requires)]
     found = needing(str(canonicalize_name(req.name)), str(req.specifier), dists)
-    return next(((name, "", need) for name, _, need in found), None)
+    return found[0] if found else None  # (name, "" as its version, need): framework_blocks' shape
 
 
 def base_refuses(req: Pin, base: BaseImage, pins: dict[str, tuple[str, str]]) -> bool:

@@ -171,8 +171,8 @@ def _pip_requirement(value: str) -> str:
             f"pip options are not allowed in pip.packages: {_show(value)} "
             "(use pip.index_url / pip.extra_index_urls / pip.requirements)"
         )
-    if why := reqfile.line_fault(value):
-        raise ValueError(why.replace("the line holds", "the requirement holds"))
+    if why := reqfile.line_fault(value, "the requirement"):
+        raise ValueError(why)
     reqfile.requirement_text_fault(value)
     try:
         req = Requirement(value)
@@ -193,8 +193,8 @@ def _index_url(value: str) -> str:
     """An index URL, under the rules of a requirements file's index and find-links lines; never echoed (a URL
     refused for what it holds may hold a secret)."""
     _no_newline(value)
-    if why := reqfile.line_fault(value):
-        raise ValueError(why.replace("the line holds", "the URL holds"))
+    if why := reqfile.line_fault(value, "the URL"):
+        raise ValueError(why)
     fault = reqfile.index_url_fault(value)
     if fault in ("credentials", "query"):
         raise ValueError(

@@ -38,6 +38,8 @@ _LONG_OPTION = re.compile(r"(--[A-Za-z][A-Za-z-]{0,40})(?:(?:=|[ \t]+)(.*))?")
 _SHORT_OPTION = re.compile(r"(-[A-Za-z])(?:=|[ \t]*)(.*)")
 #: what pip and uv replace with a variable of the environment they run in, in every line of a requirements file
 _EXPANDED = re.compile(r"\$\{")
+#: a URL's scheme and its colon (RFC 3986): `https:`, `git+file:`
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 _HASH_RE = re.compile(r"\s+--hash[= ](sha256|sha384|sha512):[0-9a-f]{32,128}")
 
 
@@ -159,7 +161,7 @@ class _Reader:
         downloaded) hold for it as for an index, and where the installer finds nothing there the pip step reads it
         as the installers do (payload/pip_pages.py) to say what it served. A local folder or file: is not in the
         image."""
-        if not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", value) or value[:5].lower() == "file:":
+        if not _SCHEME.match(value) or value[:5].lower() == "file:":
             self.bad(where, _FOLDER)
             return
         why = url_problem(value, "a find-links page's URL")
@@ -247,32 +249,34 @@ def index_url_fault(url: str) -> str:
 def one_form(url: str) -> str:
     """An index or find-links URL as imgbuild writes it: its scheme in lower case (`HTTPS://` is `https://` to pip and
     uv, and to the pip step's own readers, which look for the lower-case form)."""
-    return re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:", lambda scheme: scheme.group(0).lower(), url)
+    scheme = _SCHEME.match(url)
+    return scheme.group(0).lower() + url[scheme.end() :] if scheme else url
 
 
-def line_fault(line: str) -> str:
-    """Why a requirements file line is refused before it is read: a character pip would split on or an editor
-    hides (a line break other than the newline, a control, a bidi control), or ""."""
+def line_fault(line: str, holder: str = "the line") -> str:
+    """Why a requirements file line (or a pip field's value: `holder` names it, "the requirement") is refused
+    before it is read: a character pip would split on or an editor hides (a line break other than the newline, a
+    control, a bidi control), `${`, a credential; or ""."""
     from imgbuild.credentials import CREDENTIAL_REFUSAL, credential_kind
 
     bad = unsafe_character(line, allow_tab=True) or next((c for c in line if c.isspace() and c not in " \t"), None)
     if bad:
-        return f"the line holds {describe(bad)}: pip would split it, a reviewer would not see it"
+        return f"{holder} holds {describe(bad)}: pip would split it, a reviewer would not see it"
     if _EXPANDED.search(line):
         return (
-            "the line holds '${': pip and uv replace ${NAME} with a variable of the build's environment (the site's "
-            "index settings are there), so what they would read is not what was reviewed; write the value itself"
+            f"{holder} holds '${{': pip and uv replace ${{NAME}} with a variable of the build's environment (the "
+            "site's index settings are there), so what they would read is not what was reviewed; write the value itself"
         )
     if re.search(r"://[^/\s@]+@", line):
         return ""  # a user or password in a URL: the URL rules refuse it, saying where credentials go instead
     kind = credential_kind(line)
-    return f"the line holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}" if kind else ""
+    return f"{holder} holds what looks like a credential ({kind}): it {CREDENTIAL_REFUSAL}" if kind else ""
 
 
 def requirement_url_fault(url: str) -> str:
     """Why a `NAME @ URL` requirement cannot be installed as written, or "": a `file:` source (any VCS over
     `file:` too) names a path of the build container, never the project's; credentials would land in a layer."""
-    scheme = url.split(":", 1)[0].lower() if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", url) else ""
+    scheme = url.split(":", 1)[0].lower() if _SCHEME.match(url) else ""
     if scheme == "file" or scheme.endswith("+file"):
         return "a local path (file:) is not in the build context: copy it with files: and install it with run:"
     if _user_part(url):
@@ -283,7 +287,7 @@ def requirement_url_fault(url: str) -> str:
 def _user_part(url: str) -> bool:
     """Whether `url`'s authority holds a user part (`user:secret@`, `token@`, even an empty `@`): read without
     urllib, which raises on a malformed host or port."""
-    authority = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)", url)
+    authority = re.match(rf"{_SCHEME.pattern}//([^/?#]*)", url)
     return bool(authority and "@" in authority.group(1))
 
 

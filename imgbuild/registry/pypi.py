@@ -51,7 +51,8 @@ def _bounded(url: str, accept: str, limit: int, deadline: float, verify: bool | 
     if budget <= 0:
         return None
     try:
-        reply = read_whole(requests.Session(), "GET", url, {"Accept": accept}, {"verify": verify}, budget, limit)
+        with requests.Session() as session:
+            reply = read_whole(session, "GET", url, {"Accept": accept}, {"verify": verify}, budget, limit)
     except (Stalled, Unreachable, TooBig, requests.RequestException, OSError, ValueError):
         return None
     return reply.content if reply.status_code == 200 else None
